@@ -1,0 +1,96 @@
+"""The cantrip: LLM + identity + circle, bound into a reusable value (1.4).
+
+Casting the same cantrip many times produces independent entities
+(CANTRIP-2); they share the cantrip's loom, so every thread of every cast
+lands in one tree.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from cantrip._circle import Circle
+from cantrip._entity import CastResult, Entity
+from cantrip._errors import ConstructionError
+from cantrip._identity import Identity
+from cantrip.llm._contract import LLM
+from cantrip.llm._retry import RetryingLLM, RetryPolicy
+from cantrip.loom._loom import Loom
+
+
+def cantrip_problems(llm: object, identity: object, circle: object) -> list[str]:
+    problems = []
+    if llm is None:
+        problems.append("cantrip requires an llm (CANTRIP-1)")
+    elif not isinstance(llm, LLM):
+        problems.append(f"cantrip's llm must implement query(); got {type(llm).__name__}")
+    if identity is None:
+        problems.append("cantrip requires an identity (CANTRIP-1); Identity() is the minimal one")
+    elif not isinstance(identity, Identity):
+        problems.append(f"cantrip's identity must be an Identity; got {type(identity).__name__}")
+    if circle is None:
+        problems.append("cantrip requires a circle (CANTRIP-1)")
+    elif not isinstance(circle, Circle):
+        problems.append(f"cantrip's circle must be a Circle; got {type(circle).__name__}")
+    return problems
+
+
+def _new_cantrip_id() -> str:
+    return "cantrip-" + uuid.uuid4().hex[:16]
+
+
+@attrs.frozen(eq=False)
+class Cantrip:
+    """A value: cast it as often as you like."""
+
+    llm: LLM
+    identity: Identity
+    circle: Circle
+    loom: Loom = attrs.field(factory=Loom)
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    llms: Mapping[str, LLM] = attrs.field(factory=dict)
+    """Other LLMs by name: for children (``call_agent(llm=...)``) and forks."""
+    id: str = attrs.field(factory=_new_cantrip_id)
+
+    def __attrs_post_init__(self) -> None:
+        problems = cantrip_problems(self.llm, self.identity, self.circle)
+        if problems:
+            raise ConstructionError(problems)
+
+    def stack(self, llm: LLM) -> LLM:
+        """The provider stack a turn queries through: retries inside the turn."""
+        return RetryingLLM(llm, self.retry)
+
+    def resolve_llm(self, llm: LLM | str | None) -> LLM:
+        if llm is None:
+            return self.llm
+        if isinstance(llm, str):
+            try:
+                return self.llms[llm]
+            except KeyError:
+                known = ", ".join(sorted(self.llms)) or "none"
+                raise ConstructionError(f"unknown llm {llm!r} (known: {known})") from None
+        return llm
+
+    def summon(self, *, llm: LLM | str | None = None, entity_id: str | None = None) -> Entity:
+        """A persistent entity: send it intents, one cast each (ENTITY-5)."""
+        return Entity(self, llm=self.resolve_llm(llm), entity_id=entity_id)
+
+    async def cast_async(self, intent: str | None, *, llm: LLM | str | None = None) -> CastResult:
+        """Summon, run one intent, close (ENTITY-1: casting is summoning + cleanup)."""
+        entity = self.summon(llm=llm)
+        async with entity:
+            return await entity.send(intent)
+
+    def cast(self, intent: str | None, *, llm: LLM | str | None = None) -> CastResult:
+        """Synchronous :meth:`cast_async`, for scripts and notebooks without a trio loop."""
+        return trio.run(lambda: self.cast_async(intent, llm=llm))
+
+    def with_(self, **changes: Any) -> Cantrip:
+        """A new cantrip with some parts replaced (the original is unchanged)."""
+        return attrs.evolve(self, **changes)

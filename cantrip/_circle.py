@@ -1,0 +1,188 @@
+"""The circle: one medium, its gates, its wards (chapter 4).
+
+A circle is validated when it is built: it must have the ``done`` gate
+(CIRCLE-1) and a ward that guarantees termination (CIRCLE-2, LOOP-2), every
+gate dependency must be bound (CIRCLE-10), and gate names must be unique.
+At ``max_depth`` 0 delegation gates are removed structurally (COMP-6).
+
+The circle is also the one place gates are called: :meth:`Circle.call` is the
+gate-call boundary where a gate's own failures become ``is_error`` records
+(CIRCLE-5, seed 002). Nothing else in the runtime catches them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from cantrip._errors import ConstructionError
+from cantrip._gate import Gate, GateArgumentError
+from cantrip._wards import Ward, WardSet
+from cantrip.llm._contract import ToolChoice, ToolDefinition
+from cantrip.loom._model import CallStatus, GateCallRecord
+from mediums.base import Medium
+from mediums.conversation import conversation
+
+
+def circle_problems(gates: Sequence[Gate], wards: WardSet) -> list[str]:
+    """Everything wrong with a circle, in words a user can act on."""
+    problems: list[str] = []
+    names = [g.name for g in gates]
+    if not any(g.terminates for g in gates):
+        problems.append("circle must have a done gate (CIRCLE-1)")
+        if wards.require_done_tool:
+            problems.append(
+                "cantrip with require_done must have a done gate: "
+                "require_done_tool makes done the only way to finish (LOOP-2)"
+            )
+    if not wards.guarantees_termination:
+        problems.append(
+            "cantrip must have at least one truncation ward, e.g. max_turns (CIRCLE-2, LOOP-2)"
+        )
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        problems.append(f"gate names must be unique; repeated: {', '.join(duplicates)}")
+    for g in gates:
+        missing = g.missing_dependencies
+        if missing:
+            problems.append(
+                f"gate {g.name!r} needs its dependencies bound at construction (CIRCLE-10): "
+                f"{', '.join(missing)}"
+            )
+    return problems
+
+
+def _gate_tuple(value: Iterable[Gate]) -> tuple[Gate, ...]:
+    return tuple(value)
+
+
+def _ward_tuple(value: Iterable[Ward]) -> tuple[Ward, ...]:
+    return tuple(value)
+
+
+@attrs.frozen(eq=False)
+class Circle:
+    """Medium + gates + wards. Built once, shared by every entity of a cantrip."""
+
+    gates: tuple[Gate, ...] = attrs.field(converter=_gate_tuple)
+    wards: tuple[Ward, ...] = attrs.field(converter=_ward_tuple)
+    medium: Medium = attrs.field(default=conversation)
+    resolved: WardSet = attrs.field(init=False)
+    _by_name: Mapping[str, Gate] = attrs.field(init=False, repr=False)
+    _warded_off: frozenset[str] = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        resolved = WardSet.resolve(self.wards)
+        gates = self.gates
+        warded_off: set[str] = set()
+        if resolved.max_depth == 0:
+            for g in gates:
+                if g.delegates:
+                    warded_off.update((g.name, *g.aliases))
+            gates = tuple(g for g in gates if not g.delegates)
+            object.__setattr__(self, "gates", gates)
+        object.__setattr__(self, "_warded_off", frozenset(warded_off))
+        problems = circle_problems(gates, resolved)
+        if problems:
+            raise ConstructionError(problems)
+        by_name: dict[str, Gate] = {}
+        for g in gates:
+            by_name[g.name] = g
+        for g in gates:
+            for alias in g.aliases:
+                by_name.setdefault(alias, g)
+        object.__setattr__(self, "resolved", resolved)
+        object.__setattr__(self, "_by_name", by_name)
+
+    # -- presentation --------------------------------------------------------
+
+    def tools(self) -> tuple[ToolDefinition, ...]:
+        """The capability presentation the LLM receives on every query (CIRCLE-11)."""
+        return self.medium.present(self.gates)
+
+    def tool_choice(self, override: ToolChoice | None = None) -> ToolChoice:
+        return override or self.medium.default_tool_choice
+
+    def gate(self, name: str) -> Gate | None:
+        return self._by_name.get(name)
+
+    @property
+    def gate_names(self) -> list[str]:
+        return [g.name for g in self.gates]
+
+    # -- the gate-call boundary ----------------------------------------------
+
+    def terminates(self, name: str) -> bool:
+        g = self._by_name.get(name)
+        return g is not None and g.terminates
+
+    async def call(
+        self, name: str, args: Mapping[str, Any], tool_call_id: str | None = None
+    ) -> GateCallRecord:
+        """Run one gate call and record its completion; never raises for gate faults."""
+        started = time.perf_counter()
+        g = self._by_name.get(name)
+        if g is None:
+            return self._record(
+                name, args, tool_call_id, started, self._unknown_gate_message(name), error=True
+            )
+        detail = {"ephemeral": True} if g.ephemeral else {}
+        try:
+            result = await g.invoke(args)
+        except GateArgumentError as exc:
+            return self._record(name, args, tool_call_id, started, str(exc), error=True)
+        except Exception as exc:  # the gate-call boundary (CIRCLE-5, D-011)
+            message = str(exc) or type(exc).__name__
+            return self._record(name, args, tool_call_id, started, message, error=True, detail=detail)
+        return self._record(name, args, tool_call_id, started, result, detail=detail)
+
+    def unexecuted(
+        self,
+        name: str,
+        args: Mapping[str, Any],
+        tool_call_id: str | None,
+        status: CallStatus,
+        message: str,
+    ) -> GateCallRecord:
+        return GateCallRecord(
+            gate=name,
+            args=args,
+            result=message,
+            is_error=status != "skipped",
+            tool_call_id=tool_call_id,
+            status=status,
+        )
+
+    def _unknown_gate_message(self, name: str) -> str:
+        if name in self._warded_off:
+            return (
+                f"gate {name!r} is warded off: max_depth is 0, so this entity cannot "
+                "delegate (COMP-6)"
+            )
+        known = ", ".join(self.gate_names)
+        return f"unknown gate {name!r}: this circle has {known}"
+
+    @staticmethod
+    def _record(
+        name: str,
+        args: Mapping[str, Any],
+        tool_call_id: str | None,
+        started: float,
+        result: Any,
+        *,
+        error: bool = False,
+        detail: Mapping[str, Any] | None = None,
+    ) -> GateCallRecord:
+        return GateCallRecord(
+            gate=name,
+            args=args,
+            result=result,
+            is_error=error,
+            tool_call_id=tool_call_id,
+            status="error" if error else "ok",
+            duration_ms=(time.perf_counter() - started) * 1000.0,
+            detail=detail or {},
+        )

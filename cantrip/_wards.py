@@ -1,0 +1,164 @@
+"""Wards: subtractive restrictions on the loop, and how they compose (WARD-1/2).
+
+A circle holds any number of :class:`Ward` values. They are *resolved* into one
+:class:`WardSet` by kind: numeric limits take the minimum, boolean restrictions
+take the logical OR. The same rule composes a child circle's wards with its
+parent's, so a child can only ever be more restricted. Nothing here is "first
+match wins".
+
+Mediums add their own ward kinds (WARD-2) by registering them with
+:func:`register_ward_kind`; they compose with the same rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import attrs
+
+from cantrip._errors import ConstructionError
+
+WardCombine = Literal["min", "or"]
+
+
+@attrs.frozen
+class WardKind:
+    """How one kind of ward is typed and how two values of it compose."""
+
+    name: str
+    combine: WardCombine
+    truncates: bool = False
+    """Whether this ward alone guarantees that the loop ends (CIRCLE-2)."""
+    doc: str = ""
+
+
+_KINDS: dict[str, WardKind] = {}
+
+
+def register_ward_kind(kind: WardKind) -> WardKind:
+    """Make a ward kind known (mediums call this for their own wards, WARD-2)."""
+    existing = _KINDS.get(kind.name)
+    if existing is not None and existing != kind:
+        raise ConstructionError(f"ward kind {kind.name!r} is already registered differently")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def ward_kinds() -> Mapping[str, WardKind]:
+    return dict(_KINDS)
+
+
+for _kind in (
+    WardKind("max_turns", "min", truncates=True, doc="turns per cast"),
+    WardKind("timeout_s", "min", truncates=True, doc="wall-clock seconds per cast"),
+    WardKind("max_tokens_total", "min", truncates=True, doc="prompt+completion tokens per cast"),
+    WardKind("max_depth", "min", doc="delegation depth below this entity"),
+    WardKind("max_concurrency", "min", doc="children of one batch running at once"),
+    WardKind("max_batch_size", "min", doc="children in one batch"),
+    WardKind("require_done_tool", "or", doc="only the done gate terminates"),
+):
+    register_ward_kind(_kind)
+
+
+@attrs.frozen
+class Ward:
+    """One restriction, e.g. ``Ward("max_turns", 10)``. See :func:`max_turns`."""
+
+    kind: str
+    value: int | float | bool
+
+    def __attrs_post_init__(self) -> None:
+        spec = _KINDS.get(self.kind)
+        if spec is None:
+            known = ", ".join(sorted(_KINDS))
+            raise ConstructionError(f"unknown ward {self.kind!r} (known wards: {known})")
+        if spec.combine == "or":
+            if not isinstance(self.value, bool):
+                raise ConstructionError(
+                    f"ward {self.kind} takes true or false, not {self.value!r}"
+                )
+        elif isinstance(self.value, bool) or not isinstance(self.value, int | float):
+            raise ConstructionError(f"ward {self.kind} takes a number, not {self.value!r}")
+        elif self.value < 0:
+            raise ConstructionError(f"ward {self.kind} must not be negative (got {self.value})")
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any] | Ward) -> list[Ward]:
+        """Wards from a declarative mapping such as ``{"max_turns": 10}``."""
+        if isinstance(data, Ward):
+            return [data]
+        if not isinstance(data, Mapping) or not data:
+            raise ConstructionError(f"a ward is a mapping like {{max_turns: 10}}, not {data!r}")
+        return [cls(str(kind), value) for kind, value in data.items()]
+
+
+def max_turns(n: int) -> Ward:
+    return Ward("max_turns", n)
+
+
+def max_depth(n: int) -> Ward:
+    return Ward("max_depth", n)
+
+
+def require_done_tool(flag: bool = True) -> Ward:
+    return Ward("require_done_tool", flag)
+
+
+def timeout(seconds: float) -> Ward:
+    return Ward("timeout_s", seconds)
+
+
+@attrs.frozen
+class WardSet:
+    """The resolved value of every ward kind present in a circle."""
+
+    values: Mapping[str, int | float | bool] = attrs.field(factory=dict)
+
+    @classmethod
+    def resolve(cls, wards: Iterable[Ward]) -> WardSet:
+        values: dict[str, int | float | bool] = {}
+        for ward in wards:
+            values[ward.kind] = _combine(ward.kind, values.get(ward.kind), ward.value)
+        return cls(values)
+
+    def compose(self, other: WardSet) -> WardSet:
+        """Parent and child wards together: min for numbers, OR for booleans."""
+        values = dict(self.values)
+        for kind, value in other.values.items():
+            values[kind] = _combine(kind, values.get(kind), value)
+        return WardSet(values)
+
+    def get(self, kind: str) -> int | float | bool | None:
+        return self.values.get(kind)
+
+    @property
+    def max_turns(self) -> int | None:
+        value = self.values.get("max_turns")
+        return None if value is None else int(value)
+
+    @property
+    def max_depth(self) -> int | None:
+        value = self.values.get("max_depth")
+        return None if value is None else int(value)
+
+    @property
+    def require_done_tool(self) -> bool:
+        return bool(self.values.get("require_done_tool", False))
+
+    @property
+    def guarantees_termination(self) -> bool:
+        return any(_KINDS[kind].truncates for kind in self.values)
+
+    def as_wards(self) -> list[Ward]:
+        return [Ward(kind, value) for kind, value in self.values.items()]
+
+
+def _combine(
+    kind: str, current: int | float | bool | None, new: int | float | bool
+) -> int | float | bool:
+    if current is None:
+        return new
+    if _KINDS[kind].combine == "or":
+        return bool(current) or bool(new)
+    return min(current, new)

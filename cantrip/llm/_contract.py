@@ -1,0 +1,190 @@
+"""The LLM contract of spec 2.1 as typed values.
+
+``llm.query(messages, tools, tool_choice, extra) -> Response``. Everything a
+provider sends back is normalized into these values (LLM-6) before the loop
+sees it; provider-specific fields travel in ``Response.metadata`` and nothing
+requires them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import attrs
+
+from cantrip._errors import InvalidResponseError
+
+Role = Literal["system", "user", "assistant", "tool"]
+ToolChoice = Literal["auto", "required", "none"]
+
+
+def _frozen_dict(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value or {}))
+
+
+@attrs.frozen
+class ToolCall:
+    """One gate invocation the LLM asked for.
+
+    ``arguments`` is the parsed JSON object; ``raw_arguments`` keeps the text a
+    provider sent when it could not be parsed (the call then becomes an
+    ``is_error`` observation naming that text, never a crash).
+    """
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
+    raw_arguments: str | None = None
+
+    @property
+    def arguments_json(self) -> str:
+        """The arguments as a JSON string (LLM-4's wire form)."""
+        if self.raw_arguments is not None and not self.arguments:
+            return self.raw_arguments
+        return json.dumps(dict(self.arguments), ensure_ascii=False, sort_keys=True)
+
+
+@attrs.frozen
+class Message:
+    """One message of the context sent to an LLM."""
+
+    role: Role
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
+    tool_call_id: str | None = None
+    name: str | None = None
+    """For ``tool`` messages: the gate that produced the result."""
+    thinking: str | None = None
+    is_error: bool = False
+
+    def text(self) -> str:
+        """Everything a reader of the transcript sees in this message."""
+        parts = [self.content or ""]
+        parts.extend(f"{c.name}({c.arguments_json})" for c in self.tool_calls)
+        return "\n".join(p for p in parts if p)
+
+
+@attrs.frozen
+class ToolDefinition:
+    """A gate as the LLM sees it: name, description, JSON Schema parameters."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = attrs.field(
+        factory=lambda: {"type": "object", "properties": {}}, converter=_frozen_dict
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": _plain(self.parameters),
+        }
+
+
+@attrs.frozen
+class Usage:
+    """Token counts of one query (or a sum of them)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+
+StopReason = Literal["end_turn", "tool_use", "max_tokens", "stop_sequence", "error"]
+
+
+@attrs.frozen
+class Response:
+    """What one query returns, normalized (spec 2.1)."""
+
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
+    usage: Usage = attrs.field(factory=Usage)
+    thinking: str | None = None
+    stop_reason: StopReason | None = None
+    model: str | None = None
+    provider: str | None = None
+    metadata: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
+
+    def validate(self) -> Response:
+        """Check LLM-3 and LLM-4; return self so callers can chain."""
+        if not self.content and not self.tool_calls:
+            raise InvalidResponseError("llm returned neither content nor tool_calls (LLM-3)")
+        seen: set[str] = set()
+        for call in self.tool_calls:
+            if not call.id:
+                raise InvalidResponseError(f"tool call to {call.name!r} has no ID (LLM-4)")
+            if call.id in seen:
+                raise InvalidResponseError(f"duplicate tool call ID {call.id!r} (LLM-4)")
+            seen.add(call.id)
+        return self
+
+
+@attrs.frozen
+class Query:
+    """Everything one ``llm.query`` call receives, as recorded by test LLMs."""
+
+    messages: Sequence[Message]
+    tools: tuple[ToolDefinition, ...] = ()
+    tool_choice: ToolChoice | None = None
+    extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
+
+
+@runtime_checkable
+class LLM(Protocol):
+    """The one interface every model, provider and wrapper implements (LLM-1).
+
+    Implementations hold no conversation state between queries.
+    """
+
+    name: str
+
+    async def query(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Response: ...
+
+
+def _plain(value: Any) -> Any:
+    """Turn read-only mappings back into plain JSON-ready data."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def plain_json(value: Any) -> Any:
+    return _plain(value)

@@ -1,0 +1,101 @@
+"""Provider retries inside one turn (PROD-2, D-006).
+
+A retried query is still one query from the loop's point of view: failed
+attempts never reach the loom or the entity's context. ``max_retries`` counts
+attempts *after* the first. Only transient failures are retried (429, 5xx
+overload codes, connection problems); any other 4xx is final.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from cantrip._errors import ProviderError
+from cantrip.llm._contract import LLM, Message, Response, ToolChoice, ToolDefinition
+
+log = logging.getLogger("cantrip.llm.retry")
+
+DEFAULT_RETRYABLE = frozenset({429, 500, 502, 503, 504, 529})
+
+
+@attrs.frozen
+class RetryPolicy:
+    """Exponential backoff from ``base_delay`` seconds, doubled per attempt, capped.
+
+    Jitter adds up to ``jitter`` x the backoff; a provider's ``Retry-After`` is
+    honoured up to ``max_retry_after``.
+    """
+
+    max_retries: int = 3
+    retryable_status_codes: frozenset[int] = attrs.field(
+        default=DEFAULT_RETRYABLE, converter=frozenset
+    )
+    base_delay: float = 1.0
+    max_delay: float = 30.0
+    jitter: float = 0.25
+    max_retry_after: float = 60.0
+
+    def is_retryable(self, error: ProviderError) -> bool:
+        if error.retryable is not None:
+            return error.retryable
+        return error.status is not None and error.status in self.retryable_status_codes
+
+    def delay(self, attempt: int, error: ProviderError, rng: random.Random) -> float:
+        """Seconds to wait before retry number ``attempt`` (1-based)."""
+        if error.retry_after is not None:
+            return min(max(error.retry_after, 0.0), self.max_retry_after)
+        backoff = min(self.base_delay * (2 ** (attempt - 1)), self.max_delay)
+        return backoff + rng.uniform(0.0, self.jitter * backoff)
+
+
+@attrs.define
+class RetryingLLM:
+    """Wraps an LLM; retries transient provider errors within one query."""
+
+    inner: LLM
+    policy: RetryPolicy = attrs.field(factory=RetryPolicy)
+    rng: random.Random = attrs.field(factory=random.Random, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    async def query(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Response:
+        attempt = 0
+        while True:
+            try:
+                response = await self.inner.query(messages, tools, tool_choice, extra)
+            except ProviderError as error:
+                attempt += 1
+                if attempt > self.policy.max_retries or not self.policy.is_retryable(error):
+                    if attempt > 1:
+                        error.add_note(f"after {attempt} attempts")
+                    raise
+                wait = self.policy.delay(attempt, error, self.rng)
+                log.info(
+                    "retrying %s in %.2fs (attempt %d of %d): %s",
+                    self.name,
+                    wait,
+                    attempt + 1,
+                    self.policy.max_retries + 1,
+                    error,
+                )
+                await trio.sleep(wait)
+                continue
+            if attempt:
+                return attrs.evolve(
+                    response, metadata={**response.metadata, "attempts": attempt + 1}
+                )
+            return response

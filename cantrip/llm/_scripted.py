@@ -1,0 +1,197 @@
+"""A scripted LLM: replays a list of responses, records every query.
+
+For tests, examples and offline demos. It is stateless in the LLM-1 sense (it
+answers from its script, not from memory of the conversation) and it never
+invents an answer: once the script is spent it raises
+:class:`~cantrip.ScriptExhaustedError`.
+
+A script entry is a mapping with any of:
+
+* ``content`` -- text; ``thinking`` -- a reasoning trace;
+* ``tool_calls`` -- ``[{gate, args, id?}]`` (``name``/``arguments`` also accepted);
+* ``code`` -- source for a code medium: a call of the single code tool offered;
+* ``usage`` -- ``{prompt_tokens, completion_tokens, cached_tokens}``;
+* ``error`` -- ``{status, message, retry_after?}``: raise a provider error;
+* ``raw_response`` -- a provider payload, parsed by that provider's real code;
+* ``tool_result`` -- ``{tool_call_id, content}``: a reply that tries to be a
+  tool result (only meaningful with a provider format; it is refused, LLM-7);
+* ``delay_ms`` -- latency before answering.
+
+With ``provider="openai"`` every entry is turned into a Chat Completions
+payload and normalized by :mod:`cantrip.llm._openai_chat` (LLM-6).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from cantrip._errors import ConstructionError, InvalidResponseError, ProviderError, ScriptExhaustedError
+from cantrip.llm._contract import (
+    Message,
+    Query,
+    Response,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    Usage,
+    plain_json,
+)
+from cantrip.llm._openai_chat import parse_chat_completion
+
+_ENTRY_KEYS = frozenset(
+    {"content", "thinking", "tool_calls", "code", "usage", "error", "raw_response",
+     "tool_result", "delay_ms"}
+)
+_FORMATS = ("openai",)
+_ids = itertools.count(1)
+
+
+def _usage(data: Mapping[str, Any] | None) -> Usage:
+    data = data or {}
+    unknown = set(data) - {"prompt_tokens", "completion_tokens", "cached_tokens"}
+    if unknown:
+        raise ConstructionError(f"unknown usage fields: {sorted(unknown)}")
+    return Usage(
+        int(data.get("prompt_tokens", 0)),
+        int(data.get("completion_tokens", 0)),
+        int(data.get("cached_tokens", 0)),
+    )
+
+
+@attrs.define(eq=False)
+class ScriptedLLM:
+    """Replays ``responses`` in order; shared safely by concurrent entities."""
+
+    responses: Sequence[Mapping[str, Any]] = attrs.field(converter=tuple)
+    name: str = "scripted"
+    usage: Usage | None = None
+    """Usage reported by entries that give none of their own."""
+    provider: str | None = None
+    """Wire format to normalize through (``"openai"``), or ``None`` for direct."""
+    latency_s: float = 0.0
+    invocations: list[Query] = attrs.field(factory=list)
+    _cursor: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        if self.provider is not None and self.provider not in _FORMATS:
+            raise ConstructionError(
+                f"scripted LLM cannot speak provider format {self.provider!r} "
+                f"(known: {', '.join(_FORMATS)})"
+            )
+        for index, entry in enumerate(self.responses):
+            unknown = set(entry) - _ENTRY_KEYS
+            if unknown:
+                raise ConstructionError(
+                    f"scripted response #{index + 1} has unknown fields: {sorted(unknown)}"
+                )
+
+    @property
+    def remaining(self) -> int:
+        return len(self.responses) - self._cursor
+
+    async def query(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Response:
+        self.invocations.append(Query(messages, tuple(tools), tool_choice, extra or {}))
+        if self._cursor >= len(self.responses):
+            raise ScriptExhaustedError(
+                f"scripted LLM {self.name!r} has no response left for query "
+                f"#{len(self.invocations)} (its script has {len(self.responses)})"
+            )
+        entry = self.responses[self._cursor]
+        self._cursor += 1
+        delay = float(entry.get("delay_ms", 0)) / 1000.0 + self.latency_s
+        if delay:
+            await trio.sleep(delay)
+        if entry.get("error"):
+            error = entry["error"]
+            raise ProviderError(
+                str(error.get("message", "scripted provider error")),
+                status=error.get("status"),
+                retry_after=error.get("retry_after"),
+            )
+        if self.provider == "openai":
+            payload = entry.get("raw_response") or self._openai_payload(entry, tools)
+            response = parse_chat_completion(plain_json(payload), messages)
+            if "usage" not in payload and self.usage is not None:
+                response = attrs.evolve(response, usage=self.usage)
+            return response
+        if entry.get("raw_response") or entry.get("tool_result"):
+            raise InvalidResponseError(
+                "a raw provider payload needs a provider format to be normalized through"
+            )
+        return Response(
+            content=entry.get("content"),
+            tool_calls=self._calls(entry, tools),
+            usage=_usage(entry["usage"]) if "usage" in entry else (self.usage or Usage()),
+            thinking=entry.get("thinking"),
+            model=self.name,
+            provider="scripted",
+        )
+
+    def _calls(self, entry: Mapping[str, Any], tools: Sequence[ToolDefinition]) -> tuple[ToolCall, ...]:
+        calls: list[ToolCall] = []
+        if entry.get("code") is not None:
+            calls.append(ToolCall(self._next_id(), _code_tool(tools), {"code": entry["code"]}))
+        for raw in entry.get("tool_calls") or ():
+            name = raw.get("gate", raw.get("name"))
+            args = raw.get("args", raw.get("arguments", {}))
+            raw_text = None
+            if isinstance(args, str):
+                raw_text, args = args, {}
+            calls.append(ToolCall(str(raw.get("id") or self._next_id()), str(name), args, raw_text))
+        return tuple(calls)
+
+    def _openai_payload(
+        self, entry: Mapping[str, Any], tools: Sequence[ToolDefinition]
+    ) -> dict[str, Any]:
+        if entry.get("tool_result"):
+            result = entry["tool_result"]
+            message: dict[str, Any] = {
+                "role": "tool",
+                "tool_call_id": result.get("tool_call_id"),
+                "content": result.get("content"),
+            }
+        else:
+            message = {"role": "assistant", "content": entry.get("content")}
+            calls = self._calls(entry, tools)
+            if calls:
+                message["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments_json},
+                    }
+                    for c in calls
+                ]
+        payload: dict[str, Any] = {
+            "object": "chat.completion",
+            "model": self.name,
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        }
+        if "usage" in entry:
+            payload["usage"] = _usage(entry["usage"]).to_dict()
+        return payload
+
+    def _next_id(self) -> str:
+        return f"call_{next(_ids)}"
+
+
+def _code_tool(tools: Sequence[ToolDefinition]) -> str:
+    """The code medium's tool: the one offered tool that takes ``code``."""
+    candidates = [t.name for t in tools if "code" in (t.parameters.get("properties") or {})]
+    if len(candidates) != 1:
+        raise InvalidResponseError(
+            "a scripted code response needs exactly one offered tool that takes 'code' "
+            f"(offered: {', '.join(t.name for t in tools) or 'none'})"
+        )
+    return candidates[0]

@@ -1,0 +1,249 @@
+"""The values the loom stores: turns, gate-call records, entity records (spec 6.1).
+
+All frozen. A turn is written once; the only later change the loom allows is a
+reward annotation, which the loom keeps beside the turn rather than in it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Literal
+
+import attrs
+
+from cantrip.llm._contract import ToolCall, Usage, plain_json
+
+CallStatus = Literal["ok", "error", "skipped", "cancelled", "crashed"]
+"""How a gate call completed. Every call an utterance makes has exactly one
+completion (seed 001): a real result, an error, ``skipped`` (a call after
+``done`` in the same utterance, LOOP-3), ``cancelled`` (cut off by a
+cancellation, COMP-9) or ``crashed`` (the entity's task crashed)."""
+
+
+def _frozen(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value or {}))
+
+
+def result_text(value: Any) -> str:
+    """How a gate result reads in an observation: strings as they are, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "null"
+    return json.dumps(plain_json(value), ensure_ascii=False, default=str)
+
+
+@attrs.frozen
+class GateCallRecord:
+    """One gate invocation and its completion (D-005 plus seed 001's status).
+
+    ``args`` are the arguments as the entity gave them, ``result`` the gate's
+    return value (or the error message when ``is_error``).
+    """
+
+    gate: str
+    args: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen)
+    result: Any = None
+    is_error: bool = False
+    tool_call_id: str | None = None
+    status: CallStatus = "ok"
+    duration_ms: float = 0.0
+    detail: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen)
+    """Medium- or gate-specific facts, e.g. ``{"truncated": true}`` for a child
+    entity cut off by a ward, or ``{"ephemeral": true}``."""
+
+    @property
+    def gate_name(self) -> str:
+        """Spec 4.3's name for :attr:`gate`."""
+        return self.gate
+
+    @property
+    def arguments(self) -> str:
+        """Spec 4.3's JSON-encoded arguments."""
+        return json.dumps(plain_json(self.args), ensure_ascii=False, sort_keys=True)
+
+    @property
+    def executed(self) -> bool:
+        return self.status in ("ok", "error")
+
+    @property
+    def text(self) -> str:
+        return result_text(self.result)
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "gate": self.gate,
+            "args": plain_json(self.args),
+            "result": plain_json(self.result),
+            "is_error": self.is_error,
+            "tool_call_id": self.tool_call_id,
+            "status": self.status,
+            "duration_ms": self.duration_ms,
+        }
+        if self.detail:
+            data["detail"] = plain_json(self.detail)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GateCallRecord:
+        return cls(
+            gate=data["gate"],
+            args=data.get("args") or {},
+            result=data.get("result"),
+            is_error=bool(data.get("is_error", False)),
+            tool_call_id=data.get("tool_call_id"),
+            status=data.get("status", "ok"),
+            duration_ms=float(data.get("duration_ms", 0.0)),
+            detail=data.get("detail") or {},
+        )
+
+
+@attrs.frozen
+class TurnMetadata:
+    """Usage and timing of one turn (LOOM-9)."""
+
+    tokens_prompt: int = 0
+    tokens_completion: int = 0
+    tokens_cached: int = 0
+    duration_ms: float = 0.0
+    timestamp: str = ""
+    attempts: int = 1
+    """Provider attempts this turn needed; retries never make extra turns (PROD-2)."""
+    model: str | None = None
+    provider: str | None = None
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(self.tokens_prompt, self.tokens_completion, self.tokens_cached)
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TurnMetadata:
+        return cls(**dict(data))
+
+
+@attrs.frozen
+class Turn:
+    """One cycle of the loop: the entity's utterance and the circle's observation."""
+
+    id: str
+    parent_id: str | None
+    entity_id: str
+    sequence: int
+    cantrip_id: str = ""
+    role: Literal["turn"] = "turn"
+    intent: str | None = None
+    """Set on the first turn of each cast: the intent that cast pursued."""
+    utterance: str = ""
+    content: str | None = None
+    thinking: str | None = None
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
+    observation: str = ""
+    gate_calls: tuple[GateCallRecord, ...] = attrs.field(default=(), converter=tuple)
+    metadata: TurnMetadata = attrs.field(factory=TurnMetadata)
+    terminated: bool = False
+    truncated: bool = False
+    reason: str | None = None
+    """Why the thread ended here: ``done``, ``text``, a ward name, ``llm_error``,
+    ``parent_terminated``, ``cancelled`` or ``crashed``."""
+    result: Any = None
+    extras: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen)
+    """Medium output beyond gate calls (console output, last value, errors)."""
+
+    @property
+    def is_error(self) -> bool:
+        """Whether any gate call in the observation failed."""
+        return any(record.is_error for record in self.gate_calls) or bool(
+            self.extras.get("error")
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "parent_id": self.parent_id,
+            "entity_id": self.entity_id,
+            "cantrip_id": self.cantrip_id,
+            "role": self.role,
+            "sequence": self.sequence,
+            "intent": self.intent,
+            "utterance": self.utterance,
+            "content": self.content,
+            "thinking": self.thinking,
+            "tool_calls": [
+                {
+                    "id": c.id,
+                    "name": c.name,
+                    "arguments": plain_json(c.arguments),
+                    "raw_arguments": c.raw_arguments,
+                }
+                for c in self.tool_calls
+            ],
+            "observation": self.observation,
+            "gate_calls": [r.to_dict() for r in self.gate_calls],
+            "metadata": self.metadata.to_dict(),
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "reason": self.reason,
+            "result": plain_json(self.result),
+            "extras": plain_json(self.extras),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Turn:
+        return cls(
+            id=data["id"],
+            parent_id=data.get("parent_id"),
+            entity_id=data["entity_id"],
+            sequence=int(data["sequence"]),
+            cantrip_id=data.get("cantrip_id", ""),
+            intent=data.get("intent"),
+            utterance=data.get("utterance", ""),
+            content=data.get("content"),
+            thinking=data.get("thinking"),
+            tool_calls=tuple(
+                ToolCall(c["id"], c["name"], c.get("arguments") or {}, c.get("raw_arguments"))
+                for c in data.get("tool_calls", ())
+            ),
+            observation=data.get("observation", ""),
+            gate_calls=tuple(GateCallRecord.from_dict(r) for r in data.get("gate_calls", ())),
+            metadata=TurnMetadata.from_dict(data.get("metadata") or {}),
+            terminated=bool(data.get("terminated", False)),
+            truncated=bool(data.get("truncated", False)),
+            reason=data.get("reason"),
+            result=data.get("result"),
+            extras=data.get("extras") or {},
+        )
+
+
+@attrs.frozen
+class EntityRecord:
+    """Who an entity is: written to the loom when the entity first appears.
+
+    The identity is the root context every thread of the entity starts from
+    (IDENTITY-4); ``spawned_from`` links a child to the parent turn that
+    delegated to it (COMP-5).
+    """
+
+    entity_id: str
+    cantrip_id: str
+    identity: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen)
+    medium: str = "conversation"
+    llm: str | None = None
+    parent_entity_id: str | None = None
+    spawned_from: str | None = None
+    created_at: str = ""
+    forked_from: str | None = None
+    fork_strategy: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = attrs.asdict(self)
+        data["identity"] = plain_json(self.identity)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EntityRecord:
+        return cls(**dict(data))

@@ -1,0 +1,14 @@
+"""Built-in gates, one module each. Users write theirs the same way (``cantrip.gate``)."""
+
+from __future__ import annotations
+
+from cantrip._gate import Gate
+from gates.done import done
+from gates.echo import echo
+from gates.fetch import fetch
+from gates.read import read
+
+BUILTIN: dict[str, Gate] = {g.name: g for g in (done, echo, read, fetch)}
+"""Gates a declarative spec can name."""
+
+__all__ = ["BUILTIN", "done", "echo", "fetch", "read"]

@@ -1,0 +1,86 @@
+"""The conversation medium: gates as tool calls, results as tool messages (4.5).
+
+The default medium of the Python API. Each gate is its own tool definition and
+``tool_choice`` defaults to ``auto``. Calls run in the order the utterance
+gives them; after a successful ``done`` the rest are recorded as ``skipped``
+(LOOP-3, D-003) so every call still has exactly one completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from cantrip._gate import Gate
+from cantrip._wards import WardKind
+from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
+from cantrip.loom._model import GateCallRecord, Turn
+from mediums.base import Execution, GateHost
+
+SKIPPED_AFTER_DONE = "skipped: done was already called in this utterance"
+
+
+@attrs.frozen
+class ConversationMedium:
+    """Natural language plus structured gate calls: A = G - W."""
+
+    name: str = "conversation"
+    default_tool_choice: ToolChoice = "auto"
+
+    def ward_kinds(self) -> Sequence[WardKind]:
+        return ()
+
+    def present(self, gates: Sequence[Gate]) -> tuple[ToolDefinition, ...]:
+        return tuple(g.definition() for g in gates)
+
+    async def open(self) -> ConversationSession:
+        return ConversationSession()
+
+    def render_observation(self, turn: Turn) -> list[Message]:
+        return [
+            Message(
+                role="tool",
+                content=record.text,
+                tool_call_id=record.tool_call_id,
+                name=record.gate,
+                is_error=record.is_error,
+            )
+            for record in turn.gate_calls
+        ]
+
+
+class ConversationSession:
+    """Conversation keeps no state of its own: the loom thread is the state."""
+
+    async def execute(self, response: Response, host: GateHost) -> Execution:
+        if not response.tool_calls:
+            return Execution(text_only=True)
+        records: list[GateCallRecord] = []
+        terminated = False
+        result = None
+        for call in response.tool_calls:
+            if terminated:
+                records.append(
+                    host.unexecuted(call.name, call.arguments, call.id, "skipped", SKIPPED_AFTER_DONE)
+                )
+                continue
+            if call.raw_arguments is not None and not call.arguments:
+                message = f"arguments of {call.name!r} are not valid JSON: {call.raw_arguments!r}"
+                records.append(host.unexecuted(call.name, {}, call.id, "error", message))
+                continue
+            record = await host.call(call.name, call.arguments, call.id)
+            records.append(record)
+            if record.status == "ok" and host.terminates(call.name):
+                terminated = True
+                result = record.result
+        observation = "\n".join(r.text for r in records if r.executed)
+        return Execution(
+            gate_calls=tuple(records), terminated=terminated, result=result, observation=observation
+        )
+
+    async def aclose(self) -> None:
+        pass
+
+
+conversation = ConversationMedium()
