@@ -17,10 +17,12 @@ import trio
 from cantrip._circle import Circle
 from cantrip._entity import CastResult, Entity
 from cantrip._errors import ConstructionError
+from cantrip._folding import FoldingPolicy
 from cantrip._identity import Identity
 from cantrip.llm._contract import LLM
 from cantrip.llm._retry import RetryingLLM, RetryPolicy
 from cantrip.loom._loom import Loom
+from cantrip.loom._model import Turn
 
 
 def cantrip_problems(llm: object, identity: object, circle: object) -> list[str]:
@@ -53,6 +55,8 @@ class Cantrip:
     circle: Circle
     loom: Loom = attrs.field(factory=Loom)
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    folding: FoldingPolicy | None = None
+    """Automatic folding of the working context (6.8); None keeps every turn in view."""
     llms: Mapping[str, LLM] = attrs.field(factory=dict)
     """Other LLMs by name: for children (``call_agent(llm=...)``) and forks."""
     id: str = attrs.field(factory=_new_cantrip_id)
@@ -80,6 +84,19 @@ class Cantrip:
     def summon(self, *, llm: LLM | str | None = None, entity_id: str | None = None) -> Entity:
         """A persistent entity: send it intents, one cast each (ENTITY-5)."""
         return Entity(self, llm=self.resolve_llm(llm), entity_id=entity_id)
+
+    def fork(
+        self,
+        turn: str | Turn,
+        *,
+        llm: LLM | str | None = None,
+        entity_id: str | None = None,
+    ) -> Entity:
+        """A new entity continuing from ``turn`` (LOOM-4): its context is the thread
+        from the root to that turn; the original thread is untouched. Send it an
+        intent to continue."""
+        point = self.loom.get(turn) if isinstance(turn, str) else turn
+        return Entity(self, llm=self.resolve_llm(llm), entity_id=entity_id, fork_point=point)
 
     async def cast_async(self, intent: str | None, *, llm: LLM | str | None = None) -> CastResult:
         """Summon, run one intent, close (ENTITY-1: casting is summoning + cleanup)."""

@@ -134,9 +134,11 @@ class Circle:
             result = await g.invoke(args)
         except GateArgumentError as exc:
             return self._record(name, args, tool_call_id, started, str(exc), error=True)
-        except Exception as exc:  # the gate-call boundary (CIRCLE-5, D-011)
+        except Exception as exc:  # noqa: BLE001 -- the gate-call boundary (CIRCLE-5, D-011)
             message = str(exc) or type(exc).__name__
-            return self._record(name, args, tool_call_id, started, message, error=True, detail=detail)
+            return self._record(
+                name, args, tool_call_id, started, message, error=True, detail=detail
+            )
         return self._record(name, args, tool_call_id, started, result, detail=detail)
 
     def unexecuted(

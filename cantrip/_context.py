@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import overload
 
+from cantrip._folding import CHARS_PER_TOKEN, FoldingPolicy
 from cantrip.llm._contract import Message
 from cantrip.loom._model import Turn
 from mediums.base import Medium
@@ -59,21 +60,69 @@ class Transcript(Sequence[Message]):
 
 
 class Context:
-    """Renders identity, intents and turns into messages, one append at a time."""
+    """Renders identity, intents and turns into messages, one append at a time.
 
-    def __init__(self, system_prompt: str | None, medium: Medium) -> None:
+    With a :class:`FoldingPolicy`, older turns are folded into one marked
+    summary when a trigger fires; folding starts a fresh list, so snapshots
+    already handed out never change.
+    """
+
+    def __init__(
+        self, system_prompt: str | None, medium: Medium, folding: FoldingPolicy | None = None
+    ) -> None:
         self._medium = medium
-        self._items: list[Message] = []
-        if system_prompt is not None:
-            self._items.append(Message(role="system", content=system_prompt))
+        self._folding = folding
+        self._system = (
+            Message(role="system", content=system_prompt) if system_prompt is not None else None
+        )
+        self._items: list[Message] = [self._system] if self._system else []
+        self._intent: Message | None = None
+        self._in_view: list[tuple[Turn, int]] = []
+        """Turns rendered verbatim, with the message count each took."""
+        self._folded: list[Turn] = []
+        self._chars = 0
 
     def add_intent(self, intent: str) -> None:
-        self._items.append(Message(role="user", content=intent))
+        self._intent = Message(role="user", content=intent)
+        self._items.append(self._intent)
+        if self._folding is not None:
+            self._chars += len(intent)
 
     def add_turn(self, turn: Turn) -> None:
         if turn.intent is not None and not self._has_pending_intent(turn.intent):
             self.add_intent(turn.intent)
-        self._items.extend(render_turn(turn, self._medium))
+        rendered = render_turn(turn, self._medium)
+        self._items.extend(rendered)
+        if self._folding is None:
+            return
+        self._in_view.append((turn, len(rendered)))
+        self._chars += sum(len(m.text()) for m in rendered)
+        if self._folding.should_fold(len(self._in_view), self._chars // CHARS_PER_TOKEN):
+            self._fold(self._folding)
+
+    @property
+    def folded_turns(self) -> int:
+        return len(self._folded)
+
+    def _fold(self, policy: FoldingPolicy) -> None:
+        keep = policy.keep_recent
+        leaving = [turn for turn, _ in self._in_view[: len(self._in_view) - keep]]
+        self._folded.extend(leaving)
+        self._in_view = self._in_view[len(self._in_view) - keep :]
+        marker = policy.marker(self._folded[0].sequence, self._folded[-1].sequence)
+        summary = Message(
+            role="user",
+            content=f"{marker}\n{policy.folder(self._folded)}\n"
+            "(Summary of earlier turns; the full turns are kept in the loom.)",
+        )
+        items: list[Message] = [self._system] if self._system else []
+        if self._intent is not None:
+            items.append(self._intent)
+        items.append(summary)
+        for turn, _count in self._in_view:
+            items.extend(render_turn(turn, self._medium))
+        self._items = items
+        self._chars = sum(len(m.text()) for m in items)
 
     def replay(self, turns: Iterable[Turn]) -> None:
         """Rebuild from a recorded thread (a resumed or forked entity)."""
@@ -89,7 +138,13 @@ class Context:
 
 
 def render_turn(turn: Turn, medium: Medium) -> list[Message]:
-    """One recorded turn as messages: the utterance, then the observation."""
+    """One recorded turn as messages: the utterance, then the observation.
+
+    A turn cut off before the LLM answered (an LLM error, a cancellation
+    mid-query) has no utterance and renders as nothing.
+    """
+    if not turn.content and not turn.tool_calls:
+        return []
     messages = [
         Message(
             role="assistant",

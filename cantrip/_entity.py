@@ -14,26 +14,41 @@ other exception is a runtime bug and is deliberately not caught here.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
-import uuid
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import trio
+import trio.lowlevel
 
+from cantrip._circle import Circle
 from cantrip._context import NUDGE_DONE_REQUIRED, Context
 from cantrip._errors import IntentError, LLMError
+from cantrip._redact import get_logger
 from cantrip.llm._contract import LLM, Response, Usage
-from cantrip.loom._model import EntityRecord, Turn, TurnMetadata, result_text
+from cantrip.loom._model import (
+    CallStatus,
+    EntityRecord,
+    GateCallRecord,
+    Turn,
+    TurnMetadata,
+    result_text,
+)
 from mediums.base import Execution, MediumSession
 
 if TYPE_CHECKING:
     from cantrip._cantrip import Cantrip
 
+log = get_logger("cantrip.entity")
+
 
 def new_entity_id() -> str:
-    return "entity-" + uuid.uuid4().hex[:20]
+    return "entity-" + os.urandom(10).hex()
 
 
 @attrs.frozen
@@ -55,6 +70,83 @@ class CastResult:
         return result_text(self.result)
 
 
+class _TurnHost:
+    """The circle as one turn's medium sees it, remembering every completion so a
+    cut-off turn can be recorded with what had already happened."""
+
+    __slots__ = ("circle", "records")
+
+    def __init__(self, circle: Circle) -> None:
+        self.circle = circle
+        self.records: list[GateCallRecord] = []
+
+    def terminates(self, name: str) -> bool:
+        return self.circle.terminates(name)
+
+    async def call(
+        self, name: str, args: Mapping[str, Any], tool_call_id: str | None = None
+    ) -> GateCallRecord:
+        record = await self.circle.call(name, args, tool_call_id)
+        self.records.append(record)
+        return record
+
+    def unexecuted(
+        self,
+        name: str,
+        args: Mapping[str, Any],
+        tool_call_id: str | None,
+        status: CallStatus,
+        message: str,
+    ) -> GateCallRecord:
+        record = self.circle.unexecuted(name, args, tool_call_id, status, message)
+        self.records.append(record)
+        return record
+
+
+@attrs.define
+class _Inflight:
+    """The turn being taken: enough to record it if it is cut off."""
+
+    started: float
+    timestamp: str
+    host: _TurnHost
+    response: Response | None = None
+
+
+@attrs.define
+class _Cast:
+    """One cast's running totals."""
+
+    intent: str
+    turns: list[Turn] = attrs.field(factory=list)
+    usage: Usage = attrs.field(factory=Usage)
+
+    @property
+    def tokens(self) -> int:
+        return self.usage.total_tokens
+
+    def intent_for_turn(self) -> str | None:
+        """The intent is recorded on the first turn of its cast."""
+        return None if self.turns else self.intent
+
+    def add(self, turn: Turn) -> None:
+        self.turns.append(turn)
+        if turn.metadata.tokens_prompt or turn.metadata.tokens_completion:
+            self.usage = self.usage + turn.metadata.usage
+
+    def result(self, entity_id: str, last: Turn, value: Any) -> CastResult:
+        return CastResult(
+            result=value,
+            terminated=last.terminated,
+            truncated=last.truncated,
+            reason=last.reason,
+            entity_id=entity_id,
+            turns=tuple(self.turns),
+            usage=self.usage,
+            summary=None if last.terminated else _truncation_summary(self.turns, last.reason),
+        )
+
+
 class Entity:
     """A running (or resting, between casts) instance of a cantrip."""
 
@@ -66,17 +158,26 @@ class Entity:
         entity_id: str | None = None,
         parent_entity_id: str | None = None,
         spawned_from: str | None = None,
+        fork_point: Turn | None = None,
     ) -> None:
         self.id = entity_id or new_entity_id()
+        self.parent_entity_id = parent_entity_id
+        self._inflight: _Inflight | None = None
         self.cantrip = cantrip
         self.llm = llm
         self.loom = cantrip.loom
         self.circle = cantrip.circle
         self.usage = Usage()
         self._query_llm = cantrip.stack(llm)
-        self._context = Context(cantrip.identity.system_prompt, self.circle.medium)
+        self._context = Context(cantrip.identity.system_prompt, self.circle.medium, cantrip.folding)
         self._leaf: str | None = spawned_from
         self._sequence = 0
+        if fork_point is not None:
+            # Fork by replay (LOOM-4/13): the context is rebuilt from the recorded
+            # thread; gate results come from the loom and no gate runs again.
+            self._context.replay(self.loom.thread(fork_point.id))
+            self._leaf = fork_point.id
+            self._sequence = fork_point.sequence
         self._session: MediumSession | None = None
         self._closed = False
         self._tools = self.circle.tools()
@@ -92,6 +193,8 @@ class Entity:
                 parent_entity_id=parent_entity_id,
                 spawned_from=spawned_from,
                 created_at=_now(),
+                forked_from=fork_point.id if fork_point is not None else None,
+                fork_strategy="replay" if fork_point is not None else None,
             )
         )
 
@@ -122,39 +225,71 @@ class Entity:
     # -- the loop --------------------------------------------------------------
 
     async def send(self, intent: str | None) -> CastResult:
-        """One cast on this entity: run ``intent`` until done or a ward (ENTITY-5)."""
+        """One cast on this entity: run ``intent`` until done or a ward (ENTITY-5).
+
+        Wards: ``max_turns`` and ``max_tokens_total`` are checked after each turn;
+        ``timeout_s`` cuts the cast off wherever it is. Cancellation from outside
+        (a parent ending, an API call) is recorded as a truncated turn -- with the
+        in-flight gate calls completed as ``cancelled`` -- and then re-raised.
+        """
         if intent is None or not isinstance(intent, str) or not intent.strip():
             raise IntentError("intent is required: a cantrip cannot be cast without one (INTENT-1)")
         if self._closed:
             raise IntentError(f"entity {self.id} is closed; summon a new one")
         if self._session is None:
             self._session = await self.circle.medium.open()
+        self._context.add_intent(intent)
+        cast = _Cast(intent)
+        timeout = self.circle.resolved.get("timeout_s")
+        try:
+            with trio.move_on_after(math.inf if timeout is None else float(timeout)) as scope:
+                return await self._loop(cast)
+        except trio.Cancelled:
+            self._record_cut(cast, self.cancel_reason)
+            raise
+        finally:
+            self._inflight = None
+        assert scope.cancelled_caught
+        turn = self._record_cut(cast, "timeout")
+        return cast.result(self.id, turn, None)
+
+    async def _loop(self, cast: _Cast) -> CastResult:
         wards = self.circle.resolved
         max_turns = wards.max_turns
-        self._context.add_intent(intent)
-        cast_turns: list[Turn] = []
-        cast_usage = Usage()
+        max_tokens = wards.get("max_tokens_total")
+        session = self._session
+        assert session is not None
         while True:
-            started = time.perf_counter()
-            timestamp = _now()
-            messages = self._context.snapshot()
+            await trio.lowlevel.checkpoint_if_cancelled()
+            inflight = self._inflight = _Inflight(
+                time.perf_counter(), _now(), _TurnHost(self.circle)
+            )
             try:
                 response = (
                     await self._query_llm.query(
-                        messages, self._tools, self._tool_choice, self._extra
+                        self._context.snapshot(), self._tools, self._tool_choice, self._extra
                     )
                 ).validate()
             except LLMError as error:
-                self._record(
-                    self._failed_turn(intent if not cast_turns else None, error, started, timestamp)
-                )
+                self._record(self._failed_turn(cast.intent_for_turn(), error, inflight))
                 raise
-            execution = await self._session.execute(response, self.circle)
-            terminated, result, observation = self._outcome(response, execution, wards.require_done_tool)
-            truncated = (
-                not terminated and max_turns is not None and len(cast_turns) + 1 >= max_turns
+            inflight.response = response
+            execution = await session.execute(response, inflight.host)
+            terminated, result, observation = self._outcome(
+                response, execution, wards.require_done_tool
             )
-            reason = _reason(terminated, truncated, execution)
+            reason: str | None = None
+            if terminated:
+                reason = "text" if execution.text_only else "done"
+            if not terminated:
+                if max_turns is not None and len(cast.turns) + 1 >= max_turns:
+                    reason = "max_turns"
+                elif (
+                    max_tokens is not None
+                    and cast.tokens + response.usage.total_tokens >= max_tokens
+                ):
+                    reason = "max_tokens_total"
+            truncated = not terminated and reason is not None
             turn = self._record(
                 Turn(
                     id=self.loom.new_turn_id(),
@@ -162,14 +297,14 @@ class Entity:
                     entity_id=self.id,
                     sequence=self._sequence + 1,
                     cantrip_id=self.cantrip.id,
-                    intent=intent if not cast_turns else None,
+                    intent=cast.intent_for_turn(),
                     utterance=_utterance(response),
                     content=response.content,
                     thinking=response.thinking,
                     tool_calls=response.tool_calls,
                     observation=observation,
                     gate_calls=execution.gate_calls,
-                    metadata=_metadata(response, started, timestamp),
+                    metadata=_metadata(response, inflight.started, inflight.timestamp),
                     terminated=terminated,
                     truncated=truncated,
                     reason=reason,
@@ -177,19 +312,60 @@ class Entity:
                     extras=execution.extras,
                 )
             )
-            cast_turns.append(turn)
-            cast_usage = cast_usage + response.usage
+            self._inflight = None
+            cast.add(turn)
             if terminated or truncated:
-                return CastResult(
-                    result=result if terminated else None,
-                    terminated=terminated,
-                    truncated=truncated,
-                    reason=reason,
-                    entity_id=self.id,
-                    turns=tuple(cast_turns),
-                    usage=cast_usage,
-                    summary=None if terminated else _truncation_summary(cast_turns, reason),
+                return cast.result(self.id, turn, result if terminated else None)
+
+    @property
+    def cancel_reason(self) -> str:
+        """How a cancellation from outside is recorded (COMP-9)."""
+        return "parent_terminated" if self.parent_entity_id else "cancelled"
+
+    def _record_cut(self, cast: _Cast, reason: str) -> Turn:
+        """Record the turn a timeout or cancellation interrupted, losing nothing.
+
+        Gate calls that completed keep their results; the rest of the
+        utterance's calls are completed as ``cancelled`` (seed 001).
+        """
+        inflight = self._inflight
+        self._inflight = None
+        response = inflight.response if inflight else None
+        records = list(inflight.host.records) if inflight else []
+        done_ids = {r.tool_call_id for r in records}
+        calls = response.tool_calls if response else ()
+        for call in calls:
+            if call.id not in done_ids:
+                records.append(
+                    self.circle.unexecuted(
+                        call.name, call.arguments, call.id, "cancelled", f"cancelled: {reason}"
+                    )
                 )
+        started = inflight.started if inflight else time.perf_counter()
+        turn = self._record(
+            Turn(
+                id=self.loom.new_turn_id(),
+                parent_id=self._leaf,
+                entity_id=self.id,
+                sequence=self._sequence + 1,
+                cantrip_id=self.cantrip.id,
+                intent=cast.intent_for_turn(),
+                utterance=_utterance(response) if response else "",
+                content=response.content if response else None,
+                thinking=response.thinking if response else None,
+                tool_calls=calls,
+                observation=f"cut off: {reason}",
+                gate_calls=tuple(records),
+                metadata=TurnMetadata(
+                    duration_ms=(time.perf_counter() - started) * 1000.0,
+                    timestamp=inflight.timestamp if inflight else _now(),
+                ),
+                truncated=True,
+                reason=reason,
+            )
+        )
+        cast.add(turn)
+        return turn
 
     def _outcome(
         self, response: Response, execution: Execution, require_done: bool
@@ -203,15 +379,18 @@ class Entity:
 
     def _record(self, turn: Turn) -> Turn:
         self.loom.append(turn)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s turn %d: %s -> %s", self.id, turn.sequence, turn.utterance, turn.observation
+            )
         self._context.add_turn(turn)
         self._leaf = turn.id
         self._sequence = turn.sequence
-        self.usage = self.usage + turn.metadata.usage
+        if turn.metadata.tokens_prompt or turn.metadata.tokens_completion:
+            self.usage = self.usage + turn.metadata.usage
         return turn
 
-    def _failed_turn(
-        self, intent: str | None, error: LLMError, started: float, timestamp: str
-    ) -> Turn:
+    def _failed_turn(self, intent: str | None, error: LLMError, inflight: _Inflight) -> Turn:
         return Turn(
             id=self.loom.new_turn_id(),
             parent_id=self._leaf,
@@ -221,7 +400,8 @@ class Entity:
             intent=intent,
             observation=f"llm error: {error}",
             metadata=TurnMetadata(
-                duration_ms=(time.perf_counter() - started) * 1000.0, timestamp=timestamp
+                duration_ms=(time.perf_counter() - inflight.started) * 1000.0,
+                timestamp=inflight.timestamp,
             ),
             truncated=True,
             reason="llm_error",
@@ -251,14 +431,6 @@ def _metadata(response: Response, started: float, timestamp: str) -> TurnMetadat
         model=response.model,
         provider=response.provider,
     )
-
-
-def _reason(terminated: bool, truncated: bool, execution: Execution) -> str | None:
-    if terminated:
-        return "text" if execution.text_only else "done"
-    if truncated:
-        return "max_turns"
-    return None
 
 
 def _truncation_summary(turns: Sequence[Turn], reason: str | None) -> str:

@@ -58,6 +58,10 @@ class Gate:
     """A delegation gate (call_agent*): removed structurally at depth 0 (COMP-6)."""
     aliases: tuple[str, ...] = ()
     """Other names the gate answers to at parsing boundaries (D-002)."""
+    _is_async: bool = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_is_async", inspect.iscoroutinefunction(self.fn))
 
     def bind(self, **dependencies: Any) -> Gate:
         """A copy with dependencies supplied (CIRCLE-10). Unknown names are refused."""
@@ -87,17 +91,21 @@ class Gate:
     def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Validated keyword arguments, or :class:`GateArgumentError` in plain words."""
         try:
-            model = self.args_model.model_validate(dict(args))
+            model = self.args_model.__pydantic_validator__.validate_python(args)
         except pydantic.ValidationError as exc:
             raise GateArgumentError(_describe_validation(self.name, exc)) from None
-        return {field: getattr(model, field) for field in type(model).model_fields}
+        values = dict(model.__dict__)
+        if model.model_extra:
+            values.update(model.model_extra)
+        return values
 
     async def invoke(self, args: Mapping[str, Any]) -> Any:
         """Validate and run. Exceptions of the gate's own code propagate to the caller,
         which is the gate-call boundary that turns them into observations."""
         kwargs = self.validate(args)
-        kwargs.update(self.bound)
-        if inspect.iscoroutinefunction(self.fn):
+        if self.bound:
+            kwargs.update(self.bound)
+        if self._is_async:
             return await self.fn(**kwargs)
         if self.blocking:
             return await trio.to_thread.run_sync(lambda: self.fn(**kwargs))
@@ -203,7 +211,7 @@ def _args_model(
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, default)
     config = pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-    model: type[pydantic.BaseModel] = pydantic.create_model(  # type: ignore[call-overload]
+    model: type[pydantic.BaseModel] = pydantic.create_model(
         f"{gate_name}_arguments", __config__=config, **fields
     )
     return model

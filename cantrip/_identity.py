@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -20,6 +20,10 @@ def _refuse_mutation(instance: object, attribute: attrs.Attribute[Any], value: o
         f"identity is immutable: cannot set {attribute.name!r}; "
         "build a new cantrip with a new identity"
     )
+
+
+def _strings(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
 
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -40,12 +44,10 @@ class Identity:
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
-    stop: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     seed: int | None = None
     tool_choice: ToolChoice | None = None
-    extra: Mapping[str, Any] = attrs.field(
-        factory=dict, converter=_frozen_mapping, hash=False
-    )
+    extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping, hash=False)
 
     def __delattr__(self, name: str) -> None:
         raise ImmutableError(f"identity is immutable: cannot delete {name!r}")

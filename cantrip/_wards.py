@@ -75,9 +75,7 @@ class Ward:
             raise ConstructionError(f"unknown ward {self.kind!r} (known wards: {known})")
         if spec.combine == "or":
             if not isinstance(self.value, bool):
-                raise ConstructionError(
-                    f"ward {self.kind} takes true or false, not {self.value!r}"
-                )
+                raise ConstructionError(f"ward {self.kind} takes true or false, not {self.value!r}")
         elif isinstance(self.value, bool) or not isinstance(self.value, int | float):
             raise ConstructionError(f"ward {self.kind} takes a number, not {self.value!r}")
         elif self.value < 0:

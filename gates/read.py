@@ -27,7 +27,7 @@ def confine(root: str | Path, path: str) -> Path:
 
 
 @gate(dependencies=("root",))
-def read(path: str, root: str) -> str:
+def read(path: str, root: Path) -> str:
     """Read the text file at ``path`` (relative to the circle's data root)."""
     target = confine(root, path)
     if not target.exists():

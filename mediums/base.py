@@ -26,6 +26,17 @@ from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
 from cantrip.loom._model import CallStatus, GateCallRecord, Turn
 
 
+def visible_result(record: GateCallRecord) -> str:
+    """A gate result as the working context shows it.
+
+    An ephemeral gate's result is kept whole in the loom but projected as
+    ``[ephemeral:<gate>]`` in every rendering of the context (PROD-5, D-010).
+    """
+    if record.detail.get("ephemeral") and record.status == "ok":
+        return f"[ephemeral:{record.gate}]"
+    return record.text
+
+
 class GateHost(Protocol):
     """What a medium may do with the circle's gates: call them, by name, in order."""
 
@@ -71,8 +82,11 @@ class MediumSession(Protocol):
 class Medium(Protocol):
     """A substrate the entity works in."""
 
-    name: str
-    default_tool_choice: ToolChoice
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def default_tool_choice(self) -> ToolChoice: ...
 
     def ward_kinds(self) -> Sequence[WardKind]: ...
 

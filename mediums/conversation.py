@@ -16,7 +16,7 @@ from cantrip._gate import Gate
 from cantrip._wards import WardKind
 from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
-from mediums.base import Execution, GateHost
+from mediums.base import Execution, GateHost, visible_result
 
 SKIPPED_AFTER_DONE = "skipped: done was already called in this utterance"
 
@@ -41,7 +41,7 @@ class ConversationMedium:
         return [
             Message(
                 role="tool",
-                content=record.text,
+                content=visible_result(record),
                 tool_call_id=record.tool_call_id,
                 name=record.gate,
                 is_error=record.is_error,
@@ -62,7 +62,9 @@ class ConversationSession:
         for call in response.tool_calls:
             if terminated:
                 records.append(
-                    host.unexecuted(call.name, call.arguments, call.id, "skipped", SKIPPED_AFTER_DONE)
+                    host.unexecuted(
+                        call.name, call.arguments, call.id, "skipped", SKIPPED_AFTER_DONE
+                    )
                 )
                 continue
             if call.raw_arguments is not None and not call.arguments:

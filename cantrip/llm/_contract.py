@@ -8,8 +8,9 @@ requires them.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -21,8 +22,19 @@ Role = Literal["system", "user", "assistant", "tool"]
 ToolChoice = Literal["auto", "required", "none"]
 
 
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
 def _frozen_dict(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    return MappingProxyType(dict(value or {}))
+    if not value:
+        return EMPTY
+    if isinstance(value, MappingProxyType):
+        return value
+    return MappingProxyType(dict(value))
+
+
+def _calls(value: Iterable[ToolCall]) -> tuple[ToolCall, ...]:
+    return tuple(value)
 
 
 @attrs.frozen
@@ -39,7 +51,7 @@ class ToolCall:
     arguments: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
     raw_arguments: str | None = None
 
-    @property
+    @functools.cached_property
     def arguments_json(self) -> str:
         """The arguments as a JSON string (LLM-4's wire form)."""
         if self.raw_arguments is not None and not self.arguments:
@@ -53,7 +65,7 @@ class Message:
 
     role: Role
     content: str | None = None
-    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
     tool_call_id: str | None = None
     name: str | None = None
     """For ``tool`` messages: the gate that produced the result."""
@@ -127,7 +139,7 @@ class Response:
     """What one query returns, normalized (spec 2.1)."""
 
     content: str | None = None
-    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
     usage: Usage = attrs.field(factory=Usage)
     thinking: str | None = None
     stop_reason: StopReason | None = None
@@ -166,7 +178,8 @@ class LLM(Protocol):
     Implementations hold no conversation state between queries.
     """
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     async def query(
         self,

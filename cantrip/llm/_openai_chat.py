@@ -55,15 +55,13 @@ def parse_arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
     return {}, json.dumps(raw)
 
 
-def parse_chat_completion(
-    payload: Mapping[str, Any], request: Sequence[Message] = ()
-) -> Response:
+def parse_chat_completion(payload: Mapping[str, Any], request: Sequence[Message] = ()) -> Response:
     """A chat.completion object as a :class:`Response`.
 
     ``request`` is the transcript that was sent; it is needed to judge a reply
     that tries to carry a tool result (LLM-7).
     """
-    if "error" in payload and payload["error"]:
+    if payload.get("error"):
         error = payload["error"]
         message = error.get("message", str(error)) if isinstance(error, Mapping) else str(error)
         code = error.get("code") if isinstance(error, Mapping) else None
@@ -96,7 +94,7 @@ def parse_chat_completion(
         tool_calls=tuple(calls),
         usage=parse_usage(payload.get("usage")),
         thinking=thinking if isinstance(thinking, str) else None,
-        stop_reason=_STOP_REASONS.get(str(choice.get("finish_reason")), None),
+        stop_reason=_STOP_REASONS.get(str(choice.get("finish_reason"))),
         model=payload.get("model"),
         provider="openai",
         metadata={"id": payload["id"]} if "id" in payload else {},

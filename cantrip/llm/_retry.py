@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -24,6 +24,10 @@ log = logging.getLogger("cantrip.llm.retry")
 DEFAULT_RETRYABLE = frozenset({429, 500, 502, 503, 504, 529})
 
 
+def _codes(value: Iterable[int]) -> frozenset[int]:
+    return frozenset(value)
+
+
 @attrs.frozen
 class RetryPolicy:
     """Exponential backoff from ``base_delay`` seconds, doubled per attempt, capped.
@@ -34,7 +38,7 @@ class RetryPolicy:
 
     max_retries: int = 3
     retryable_status_codes: frozenset[int] = attrs.field(
-        default=DEFAULT_RETRYABLE, converter=frozenset
+        default=DEFAULT_RETRYABLE, converter=_codes
     )
     base_delay: float = 1.0
     max_delay: float = 30.0
@@ -43,14 +47,14 @@ class RetryPolicy:
 
     def is_retryable(self, error: ProviderError) -> bool:
         if error.retryable is not None:
-            return error.retryable
+            return bool(error.retryable)
         return error.status is not None and error.status in self.retryable_status_codes
 
     def delay(self, attempt: int, error: ProviderError, rng: random.Random) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based)."""
         if error.retry_after is not None:
-            return min(max(error.retry_after, 0.0), self.max_retry_after)
-        backoff = min(self.base_delay * (2 ** (attempt - 1)), self.max_delay)
+            return float(min(max(error.retry_after, 0.0), self.max_retry_after))
+        backoff = min(self.base_delay * 2.0 ** (attempt - 1), self.max_delay)
         return backoff + rng.uniform(0.0, self.jitter * backoff)
 
 

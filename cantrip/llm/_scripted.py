@@ -24,13 +24,18 @@ payload and normalized by :mod:`cantrip.llm._openai_chat` (LLM-6).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import trio
 
-from cantrip._errors import ConstructionError, InvalidResponseError, ProviderError, ScriptExhaustedError
+from cantrip._errors import (
+    ConstructionError,
+    InvalidResponseError,
+    ProviderError,
+    ScriptExhaustedError,
+)
 from cantrip.llm._contract import (
     Message,
     Query,
@@ -44,8 +49,17 @@ from cantrip.llm._contract import (
 from cantrip.llm._openai_chat import parse_chat_completion
 
 _ENTRY_KEYS = frozenset(
-    {"content", "thinking", "tool_calls", "code", "usage", "error", "raw_response",
-     "tool_result", "delay_ms"}
+    {
+        "content",
+        "thinking",
+        "tool_calls",
+        "code",
+        "usage",
+        "error",
+        "raw_response",
+        "tool_result",
+        "delay_ms",
+    }
 )
 _FORMATS = ("openai",)
 _ids = itertools.count(1)
@@ -63,11 +77,15 @@ def _usage(data: Mapping[str, Any] | None) -> Usage:
     )
 
 
+def _entries(value: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    return tuple(value)
+
+
 @attrs.define(eq=False)
 class ScriptedLLM:
     """Replays ``responses`` in order; shared safely by concurrent entities."""
 
-    responses: Sequence[Mapping[str, Any]] = attrs.field(converter=tuple)
+    responses: Sequence[Mapping[str, Any]] = attrs.field(converter=_entries)
     name: str = "scripted"
     usage: Usage | None = None
     """Usage reported by entries that give none of their own."""
@@ -138,7 +156,9 @@ class ScriptedLLM:
             provider="scripted",
         )
 
-    def _calls(self, entry: Mapping[str, Any], tools: Sequence[ToolDefinition]) -> tuple[ToolCall, ...]:
+    def _calls(
+        self, entry: Mapping[str, Any], tools: Sequence[ToolDefinition]
+    ) -> tuple[ToolCall, ...]:
         calls: list[ToolCall] = []
         if entry.get("code") is not None:
             calls.append(ToolCall(self._next_id(), _code_tool(tools), {"code": entry["code"]}))

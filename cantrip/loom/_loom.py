@@ -8,7 +8,6 @@ path and is extracted by walking parent links, O(depth).
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -51,7 +50,7 @@ class Loom:
 
     @staticmethod
     def new_turn_id() -> str:
-        return "turn-" + uuid.uuid4().hex
+        return "turn-" + os.urandom(16).hex()
 
     def register_entity(self, record: EntityRecord) -> None:
         if record.entity_id in self._entities:

@@ -7,13 +7,12 @@ reward annotation, which the loom keeps beside the turn rather than in it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from types import MappingProxyType
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import attrs
 
-from cantrip.llm._contract import ToolCall, Usage, plain_json
+from cantrip.llm._contract import ToolCall, Usage, _calls, _frozen_dict, plain_json
 
 CallStatus = Literal["ok", "error", "skipped", "cancelled", "crashed"]
 """How a gate call completed. Every call an utterance makes has exactly one
@@ -22,8 +21,7 @@ completion (seed 001): a real result, an error, ``skipped`` (a call after
 cancellation, COMP-9) or ``crashed`` (the entity's task crashed)."""
 
 
-def _frozen(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    return MappingProxyType(dict(value or {}))
+_frozen = _frozen_dict
 
 
 def result_text(value: Any) -> str:
@@ -100,6 +98,10 @@ class GateCallRecord:
         )
 
 
+def _records(value: Iterable[GateCallRecord]) -> tuple[GateCallRecord, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class TurnMetadata:
     """Usage and timing of one turn (LOOM-9)."""
@@ -141,9 +143,9 @@ class Turn:
     utterance: str = ""
     content: str | None = None
     thinking: str | None = None
-    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
     observation: str = ""
-    gate_calls: tuple[GateCallRecord, ...] = attrs.field(default=(), converter=tuple)
+    gate_calls: tuple[GateCallRecord, ...] = attrs.field(default=(), converter=_records)
     metadata: TurnMetadata = attrs.field(factory=TurnMetadata)
     terminated: bool = False
     truncated: bool = False
@@ -157,9 +159,7 @@ class Turn:
     @property
     def is_error(self) -> bool:
         """Whether any gate call in the observation failed."""
-        return any(record.is_error for record in self.gate_calls) or bool(
-            self.extras.get("error")
-        )
+        return any(record.is_error for record in self.gate_calls) or bool(self.extras.get("error"))
 
     def to_dict(self) -> dict[str, Any]:
         return {

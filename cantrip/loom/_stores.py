@@ -19,9 +19,11 @@ from typing import IO, Any, Literal, Protocol
 from cantrip._errors import LoomAppendOnlyError, LoomError
 from cantrip.loom._model import EntityRecord, Turn
 
-Record = tuple[Literal["entity"], EntityRecord] | tuple[Literal["turn"], Turn] | tuple[
-    Literal["reward"], tuple[str, float | None]
-]
+Record = (
+    tuple[Literal["entity"], EntityRecord]
+    | tuple[Literal["turn"], Turn]
+    | tuple[Literal["reward"], tuple[str, float | None]]
+)
 
 
 class LoomStore(Protocol):
@@ -60,12 +62,12 @@ class MemoryStore:
 _SCHEMA = """
 PRAGMA journal_mode=WAL;
 CREATE TABLE IF NOT EXISTS entities (
-    pos INTEGER PRIMARY KEY AUTOINCREMENT,
+    pos INTEGER PRIMARY KEY,
     entity_id TEXT UNIQUE NOT NULL,
     data TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS turns (
-    pos INTEGER PRIMARY KEY AUTOINCREMENT,
+    pos INTEGER PRIMARY KEY,
     id TEXT UNIQUE NOT NULL,
     parent_id TEXT,
     entity_id TEXT NOT NULL,
@@ -73,8 +75,6 @@ CREATE TABLE IF NOT EXISTS turns (
     data TEXT NOT NULL,
     reward REAL
 );
-CREATE INDEX IF NOT EXISTS turns_parent ON turns(parent_id);
-CREATE INDEX IF NOT EXISTS turns_entity ON turns(entity_id, sequence);
 CREATE TRIGGER IF NOT EXISTS turns_append_only_delete BEFORE DELETE ON turns
 BEGIN SELECT RAISE(ABORT, 'loom is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS turns_append_only_update
@@ -182,17 +182,24 @@ class JSONLStore:
                 continue
             try:
                 obj = json.loads(line)
-                kind = obj.pop("type")
-            except (json.JSONDecodeError, KeyError, AttributeError) as exc:
-                raise LoomError(f"{self.path}:{number}: not a loom record ({exc})") from exc
-            if kind == "entity":
-                yield "entity", EntityRecord.from_dict(obj)
-            elif kind == "turn":
-                yield "turn", Turn.from_dict(obj)
-            elif kind == "reward":
-                yield "reward", (obj["turn_id"], obj["reward"])
-            else:
-                raise LoomError(f"{self.path}:{number}: unknown record type {kind!r}")
+            except json.JSONDecodeError as exc:
+                raise LoomError(f"{self.path}:{number}: not JSON ({exc})") from exc
+            if not isinstance(obj, dict) or "type" not in obj:
+                raise LoomError(f"{self.path}:{number}: not a loom record (no 'type' field)")
+            kind = obj.pop("type")
+            try:
+                if kind == "entity":
+                    yield "entity", EntityRecord.from_dict(obj)
+                elif kind == "turn":
+                    yield "turn", Turn.from_dict(obj)
+                elif kind == "reward":
+                    yield "reward", (obj["turn_id"], obj["reward"])
+                else:
+                    raise LoomError(f"{self.path}:{number}: unknown record type {kind!r}")
+            except (KeyError, TypeError, ValueError) as exc:
+                raise LoomError(
+                    f"{self.path}:{number}: malformed {kind} record ({type(exc).__name__}: {exc})"
+                ) from exc
         self._file.seek(0, os.SEEK_END)
 
     def close(self) -> None:

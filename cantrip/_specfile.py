@@ -1,0 +1,431 @@
+"""Declarative cantrips: a TOML spec file (or a mapping) to a :class:`Cantrip`.
+
+Everything that crosses this boundary is validated by pydantic models with
+``extra="forbid"``, so a misspelt key is an error, not a silent default. All
+problems of a document are reported together in one
+:class:`~cantrip.ConstructionError`.
+
+Declarative construction is strict about the medium (MEDIUM-1): a spec file
+must say ``medium = "..."``. The aliases ``type`` and ``circle_type`` are
+accepted; declarations that disagree are refused. (The Python API defaults to
+conversation.)
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal, get_type_hints
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+import gates as builtin_gates
+from cantrip._cantrip import Cantrip, cantrip_problems
+from cantrip._circle import Circle, circle_problems
+from cantrip._errors import ConstructionError
+from cantrip._folding import FoldingPolicy
+from cantrip._gate import Gate
+from cantrip._identity import Identity
+from cantrip._wards import Ward, WardSet
+from cantrip.llm._contract import LLM, Usage
+from cantrip.llm._retry import DEFAULT_RETRYABLE, RetryPolicy
+from cantrip.llm._scripted import ScriptedLLM
+from cantrip.loom._loom import Loom
+from gates.fixtures import fixture_gate
+from mediums.base import Medium
+from mediums.conversation import conversation
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LLMSpec(_Strict):
+    """``[llm]``: which model answers. ``provider = "scripted"`` needs no key."""
+
+    provider: str | None = None
+    model: str | None = None
+    name: str | None = None
+    type: Literal["code_circle", "tool_calling", "conversation"] | None = None
+    """What the script's responses are shaped for (informational)."""
+    responses: list[dict[str, Any]] | None = None
+    raw_response: dict[str, Any] | None = None
+    usage: dict[str, int] | None = None
+    latency_ms: float = 0.0
+    record_inputs: bool = True
+    stateless: bool = False
+    """Declares the LLM keeps no state between queries; the runner checks it."""
+    retry_behavior: bool = False
+    """Declares the script contains provider errors for the retry policy."""
+
+
+class IdentitySpec(_Strict):
+    system_prompt: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+    tool_choice: Literal["auto", "required", "none"] | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class GateSpec(_Strict):
+    name: str
+    description: str | None = None
+    dependencies: dict[str, Any] = Field(default_factory=dict)
+    parameters: dict[str, Any] | None = None
+    ephemeral: bool = False
+    behavior: Literal["constant", "delay", "throw", "counter"] | None = None
+    result: Any = None
+    error: str | None = None
+    delay_ms: float = 0.0
+    stateful: bool = False
+
+
+class CircleSpec(_Strict):
+    medium: str | None = None
+    type: str | None = None
+    circle_type: str | None = None
+    gates: list[str | GateSpec] = Field(default_factory=list)
+    wards: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class RetrySpec(_Strict):
+    max_retries: int = 3
+    retryable_status_codes: list[int] = Field(default_factory=lambda: sorted(DEFAULT_RETRYABLE))
+    base_delay: float = 1.0
+    max_delay: float = 30.0
+
+
+class FoldingSpec(_Strict):
+    trigger_after_turns: int | None = Field(default=None, ge=1)
+    context_window: int | None = Field(default=None, ge=1)
+    trigger_ratio: float = Field(default=0.8, gt=0, le=1)
+    keep_recent: int = Field(default=1, ge=0)
+
+
+class LoomSpec(_Strict):
+    path: str | None = None
+
+
+class SpecDocument(_Strict):
+    """A whole declarative cantrip."""
+
+    llm: LLMSpec | None = None
+    identity: IdentitySpec | None = None
+    circle: CircleSpec | None = None
+    retry: RetrySpec | None = None
+    loom: LoomSpec | None = None
+    folding: FoldingSpec | None = None
+    llms: dict[str, LLMSpec] = Field(default_factory=dict)
+    """Further LLMs by name, for children and forks."""
+
+
+MEDIUM_ALIASES: dict[str, str] = {
+    "conversation": "conversation",
+    "tool": "conversation",
+    "tool_calling": "conversation",
+    "tools": "conversation",
+    "code": "js",
+    "javascript": "js",
+    "js": "js",
+    "python": "python",
+    "py": "python",
+    "bash": "bash",
+    "shell": "bash",
+}
+
+MediumFactory = Callable[[], Medium]
+_MEDIUMS: dict[str, MediumFactory] = {"conversation": lambda: conversation}
+
+
+def register_medium(name: str, factory: MediumFactory, *aliases: str) -> None:
+    """Make a medium nameable from spec files (``medium = "name"``)."""
+    _MEDIUMS[name] = factory
+    MEDIUM_ALIASES[name] = name
+    for alias in aliases:
+        MEDIUM_ALIASES[alias] = name
+
+
+def load_spec_file(path: str | Path) -> SpecDocument:
+    """Parse and validate a TOML spec file; errors name the file and the key."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConstructionError(f"spec file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConstructionError(f"{path}: not valid TOML: {exc}") from None
+    return parse_spec(data, source=str(path))
+
+
+def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> SpecDocument:
+    try:
+        return SpecDocument.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise ConstructionError([f"{source}: {p}" for p in _pydantic_problems(exc)]) from None
+
+
+def build_cantrip(
+    doc: SpecDocument,
+    *,
+    strict_medium: bool = True,
+    base_dir: Path | None = None,
+    fs_root: Path | None = None,
+    llms: Mapping[str, LLM] | None = None,
+    loom: Loom | None = None,
+    llm: LLM | None = None,
+) -> Cantrip:
+    """Construct the cantrip a document describes, reporting every problem at once.
+
+    ``base_dir`` anchors relative paths (the spec file's folder) and is the
+    default for path dependencies left unset (``read``'s root). ``fs_root``,
+    when given, is a sandbox folder in which absolute paths are re-rooted (the
+    conformance runner's virtual filesystem). ``llms`` adds named LLMs built
+    elsewhere (tests); named LLMs of the document are built here. ``llm``
+    swaps in an already-built LLM for the document's own (spec 2.2).
+    """
+    problems: list[str] = []
+    if llm is None and doc.llm is not None:
+        llm = build_llm(doc.llm, problems, "llm")
+    named: dict[str, LLM] = dict(llms or {})
+    for key, spec in doc.llms.items():
+        built = build_llm(spec, problems, f"llms.{key}")
+        if built is not None:
+            named[spec.name or key] = built
+    identity = _build_identity(doc.identity)
+    circle_spec = doc.circle or CircleSpec()
+    medium = _resolve_medium(circle_spec, strict_medium, problems)
+    gate_list = [
+        g
+        for g in (
+            _build_gate(spec, problems, base_dir=base_dir, fs_root=fs_root)
+            for spec in circle_spec.gates
+        )
+        if g is not None
+    ]
+    wards: list[Ward] = []
+    for raw in circle_spec.wards:
+        try:
+            wards.extend(Ward.parse(raw))
+        except ConstructionError as exc:
+            problems.extend(exc.problems)
+    resolved = WardSet.resolve(wards)
+    if resolved.max_depth == 0:
+        gate_list = [g for g in gate_list if not g.delegates]
+    problems.extend(circle_problems(gate_list, resolved))
+    problems.extend(p for p in cantrip_problems(llm, identity, True) if "circle" not in p)
+    if problems:
+        raise ConstructionError(_dedupe(problems))
+    assert llm is not None and medium is not None
+    circle = Circle(gate_list, wards, medium)
+    retry = _build_retry(doc.retry)
+    if loom is None:
+        loom = Loom.open(_path(doc.loom.path, base_dir)) if doc.loom and doc.loom.path else Loom()
+    folding = FoldingPolicy(**doc.folding.model_dump()) if doc.folding is not None else None
+    return Cantrip(
+        llm=llm,
+        identity=identity,
+        circle=circle,
+        loom=loom,
+        retry=retry,
+        llms=named,
+        folding=folding,
+    )
+
+
+def build_llm(spec: LLMSpec, problems: list[str], where: str) -> LLM | None:
+    """An LLM from its spec. Only scripted LLMs exist until the provider layer lands."""
+    provider = spec.provider or "scripted"
+    wire: str | None = None
+    if provider.startswith("mock_"):
+        wire = provider.removeprefix("mock_")
+    elif provider != "scripted":
+        problems.append(
+            f"{where}: provider {provider!r} is not available (available: scripted, mock_openai)"
+        )
+        return None
+    responses = list(spec.responses or [])
+    if spec.raw_response is not None:
+        responses.append({"raw_response": spec.raw_response})
+    usage = None
+    if spec.usage is not None:
+        usage = Usage(
+            spec.usage.get("prompt_tokens", 0),
+            spec.usage.get("completion_tokens", 0),
+            spec.usage.get("cached_tokens", 0),
+        )
+    if spec.retry_behavior and not any("error" in r for r in responses):
+        problems.append(f"{where}: retry_behavior is set but the script has no error entry")
+    try:
+        return ScriptedLLM(
+            responses,
+            name=spec.name or where,
+            usage=usage,
+            provider=wire,
+            latency_s=spec.latency_ms / 1000.0,
+        )
+    except ConstructionError as exc:
+        problems.extend(f"{where}: {p}" for p in exc.problems)
+        return None
+
+
+def _build_identity(spec: IdentitySpec | None) -> Identity:
+    if spec is None:
+        return Identity()
+    return Identity(
+        system_prompt=spec.system_prompt,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        max_tokens=spec.max_tokens,
+        stop=tuple(spec.stop),
+        seed=spec.seed,
+        tool_choice=spec.tool_choice,
+        extra=spec.extra,
+    )
+
+
+def _resolve_medium(spec: CircleSpec, strict: bool, problems: list[str]) -> Medium | None:
+    declared = {
+        key: value
+        for key, value in (
+            ("medium", spec.medium),
+            ("type", spec.type),
+            ("circle_type", spec.circle_type),
+        )
+        if value is not None
+    }
+    canonical = {key: MEDIUM_ALIASES.get(value, value) for key, value in declared.items()}
+    if len(set(canonical.values())) > 1:
+        listed = ", ".join(f"{k}={v!r}" for k, v in declared.items())
+        problems.append(f"circle must declare exactly one medium; these disagree: {listed}")
+        return None
+    for key, name in canonical.items():
+        if name not in MEDIUM_ALIASES.values():
+            problems.append(
+                f"circle: unknown medium {declared[key]!r} "
+                f"(known: {', '.join(sorted(MEDIUM_ALIASES))})"
+            )
+            return None
+        if name not in _MEDIUMS:
+            problems.append(
+                f"circle: medium {declared[key]!r} is not available in this build "
+                f"(available: {', '.join(sorted(_MEDIUMS))})"
+            )
+            return None
+    if not canonical:
+        if strict:
+            problems.append(
+                "circle must declare a medium (MEDIUM-1): medium = "
+                + " | ".join(f'"{m}"' for m in sorted(_MEDIUMS))
+            )
+            return None
+        return conversation
+    return _MEDIUMS[next(iter(canonical.values()))]()
+
+
+def _build_gate(
+    spec: str | GateSpec, problems: list[str], *, base_dir: Path | None, fs_root: Path | None
+) -> Gate | None:
+    if isinstance(spec, str):
+        spec = GateSpec(name=spec)
+    is_fixture = spec.behavior is not None or spec.stateful or spec.result is not None
+    builtin = builtin_gates.BUILTIN.get(spec.name)
+    if builtin is None:
+        for candidate in builtin_gates.BUILTIN.values():
+            if spec.name in candidate.aliases:
+                builtin = candidate.renamed(spec.name)
+    if is_fixture or builtin is None:
+        if not is_fixture:
+            known = ", ".join(sorted(builtin_gates.BUILTIN))
+            problems.append(
+                f"unknown gate {spec.name!r} (built-in gates: {known}; or declare a fixture "
+                "gate with result/behavior)"
+            )
+            return None
+        if spec.dependencies:
+            problems.append(f"gate {spec.name!r}: fixture gates take no dependencies")
+        try:
+            g = fixture_gate(
+                spec.name,
+                behavior=spec.behavior,
+                result=spec.result,
+                error=spec.error,
+                delay_ms=spec.delay_ms,
+                stateful=spec.stateful,
+                parameters=spec.parameters,
+                description=spec.description,
+            )
+        except ConstructionError as exc:
+            problems.extend(exc.problems)
+            return None
+        return g.with_options(ephemeral=spec.ephemeral)
+    g = builtin
+    if spec.parameters is not None:
+        declared = set((spec.parameters.get("properties") or {}).keys())
+        actual = set((g.parameters.get("properties") or {}).keys())
+        if not declared <= actual:
+            problems.append(
+                f"gate {spec.name!r}: declared parameters {sorted(declared - actual)} "
+                f"are not parameters of the gate (it takes {sorted(actual)})"
+            )
+    if spec.description:
+        g = g.with_options(description=spec.description)
+    if spec.ephemeral:
+        g = g.with_options(ephemeral=True)
+    hints = get_type_hints(g.fn)
+    values = {
+        name: _path(value, base_dir, fs_root) if hints.get(name) is Path else value
+        for name, value in spec.dependencies.items()
+    }
+    for name in g.missing_dependencies:
+        # A path dependency left unset is the document's own folder.
+        if hints.get(name) is Path and name not in values and base_dir is not None:
+            values[name] = base_dir
+    if values:
+        try:
+            g = g.bind(**values)
+        except ConstructionError as exc:
+            problems.extend(exc.problems)
+            return None
+    return g
+
+
+def _path(value: Any, base_dir: Path | None, fs_root: Path | None = None) -> Path:
+    path = Path(str(value))
+    if fs_root is not None:
+        return fs_root / path.relative_to(path.anchor) if path.is_absolute() else fs_root / path
+    if not path.is_absolute() and base_dir is not None:
+        return base_dir / path
+    return path
+
+
+def _build_retry(spec: RetrySpec | None) -> RetryPolicy:
+    if spec is None:
+        return RetryPolicy()
+    return RetryPolicy(
+        max_retries=spec.max_retries,
+        retryable_status_codes=frozenset(spec.retryable_status_codes),
+        base_delay=spec.base_delay,
+        max_delay=spec.max_delay,
+    )
+
+
+def _pydantic_problems(exc: pydantic.ValidationError) -> list[str]:
+    out = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"])
+        if error["type"] == "extra_forbidden":
+            out.append(f"unknown key {where!r}")
+        elif error["type"] == "missing":
+            out.append(f"missing key {where!r}")
+        else:
+            out.append(f"{where}: {error['msg']}")
+    return out
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
