@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import os
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any

@@ -71,9 +71,7 @@ def _params(path: Path, pending: list[str | None] | None = None) -> list[Any]:
         else:
             need = REFERENCE_PENDING.get((rule, name))
         marks = (
-            [pytest.mark.xfail(strict=True, reason=f"needs {need} (a later issue)")]
-            if need
-            else []
+            [pytest.mark.xfail(strict=True, reason=f"needs {need} (a later issue)")] if need else []
         )
         params.append(pytest.param(case, id=f"{index:02d}-{rule}-{name}", marks=marks))
     return params
