@@ -21,7 +21,8 @@ completion (seed 001): a real result, an error, ``skipped`` (a call after
 cancellation, COMP-9) or ``crashed`` (the entity's task crashed)."""
 
 
-_frozen = _frozen_dict
+def _frozen(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return _frozen_dict(value)
 
 
 def result_text(value: Any) -> str:
