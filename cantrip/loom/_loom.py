@@ -27,6 +27,13 @@ class Loom:
         self._entities: dict[str, EntityRecord] = {}
         self._entity_turns: dict[str, list[Turn]] = {}
         self._rewards: dict[str, float | None] = {}
+        try:
+            self._load()
+        except BaseException:
+            self.store.close()
+            raise
+
+    def _load(self) -> None:
         for kind, payload in self.store.load():
             if kind == "entity":
                 assert isinstance(payload, EntityRecord)
