@@ -24,7 +24,13 @@ from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import ToolChoice, ToolDefinition
 from cantrip.loom._model import CallStatus, GateCallRecord
 from mediums.base import Medium
-from mediums.conversation import conversation
+
+
+def _default_medium() -> Medium:
+    """Conversation: the Python API's default medium (MEDIUM-1)."""
+    from mediums.conversation import conversation
+
+    return conversation
 
 
 def circle_problems(gates: Sequence[Gate], wards: WardSet) -> list[str]:
@@ -69,7 +75,7 @@ class Circle:
 
     gates: tuple[Gate, ...] = attrs.field(converter=_gate_tuple)
     wards: tuple[Ward, ...] = attrs.field(converter=_ward_tuple)
-    medium: Medium = attrs.field(default=conversation)
+    medium: Medium = attrs.field(factory=_default_medium)
     resolved: WardSet = attrs.field(init=False)
     _by_name: Mapping[str, Gate] = attrs.field(init=False, repr=False)
     _warded_off: frozenset[str] = attrs.field(init=False, repr=False)
@@ -129,6 +135,7 @@ class Circle:
             return self._record(
                 name, args, tool_call_id, started, self._unknown_gate_message(name), error=True
             )
+        name = g.name  # an alias (submit_answer) is recorded under the gate's own name
         detail = {"ephemeral": True} if g.ephemeral else {}
         try:
             result = await g.invoke(args)

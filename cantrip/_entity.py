@@ -29,6 +29,7 @@ import trio.lowlevel
 from cantrip._circle import Circle
 from cantrip._context import NUDGE_DONE_REQUIRED, Context
 from cantrip._errors import IntentError, LLMError
+from cantrip._gate import Gate
 from cantrip._redact import get_logger
 from cantrip.llm._contract import LLM, Response, Usage
 from cantrip.loom._model import (
@@ -79,6 +80,13 @@ class _TurnHost:
     def __init__(self, circle: Circle) -> None:
         self.circle = circle
         self.records: list[GateCallRecord] = []
+
+    @property
+    def gates(self) -> Sequence[Gate]:
+        return self.circle.gates
+
+    def gate(self, name: str) -> Gate | None:
+        return self.circle.gate(name)
 
     def terminates(self, name: str) -> bool:
         return self.circle.terminates(name)
@@ -237,7 +245,7 @@ class Entity:
         if self._closed:
             raise IntentError(f"entity {self.id} is closed; summon a new one")
         if self._session is None:
-            self._session = await self.circle.medium.open()
+            self._session = await self.circle.medium.open(self.circle.resolved)
         self._context.add_intent(intent)
         cast = _Cast(intent)
         timeout = self.circle.resolved.get("timeout_s")

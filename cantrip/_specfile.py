@@ -36,6 +36,7 @@ from cantrip.loom._loom import Loom
 from gates.fixtures import fixture_gate
 from mediums.base import Medium
 from mediums.conversation import conversation
+from mediums.js import js
 
 
 class _Strict(BaseModel):
@@ -139,7 +140,7 @@ MEDIUM_ALIASES: dict[str, str] = {
 }
 
 MediumFactory = Callable[[], Medium]
-_MEDIUMS: dict[str, MediumFactory] = {"conversation": lambda: conversation}
+_MEDIUMS: dict[str, MediumFactory] = {"conversation": lambda: conversation, "js": lambda: js}
 
 
 def register_medium(name: str, factory: MediumFactory, *aliases: str) -> None:

@@ -2,12 +2,15 @@
 
 from mediums.base import Execution, GateHost, Medium, MediumSession
 from mediums.conversation import ConversationMedium, conversation
+from mediums.js import JsMedium, js
 
 __all__ = [
     "ConversationMedium",
     "Execution",
     "GateHost",
+    "JsMedium",
     "Medium",
     "MediumSession",
     "conversation",
+    "js",
 ]

@@ -16,14 +16,15 @@ A medium is the inside of a circle. It does four things:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from cantrip._gate import Gate
-from cantrip._wards import WardKind
-from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
-from cantrip.loom._model import CallStatus, GateCallRecord, Turn
+if TYPE_CHECKING:  # only types: mediums.base must import without the runtime
+    from cantrip._gate import Gate
+    from cantrip._wards import WardKind, WardSet
+    from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
+    from cantrip.loom._model import CallStatus, GateCallRecord, Turn
 
 
 def visible_result(record: GateCallRecord) -> str:
@@ -39,6 +40,11 @@ def visible_result(record: GateCallRecord) -> str:
 
 class GateHost(Protocol):
     """What a medium may do with the circle's gates: call them, by name, in order."""
+
+    @property
+    def gates(self) -> Sequence[Gate]: ...
+
+    def gate(self, name: str) -> Gate | None: ...
 
     def terminates(self, name: str) -> bool: ...
 
@@ -92,6 +98,8 @@ class Medium(Protocol):
 
     def present(self, gates: Sequence[Gate]) -> tuple[ToolDefinition, ...]: ...
 
-    async def open(self) -> MediumSession: ...
+    async def open(self, wards: WardSet) -> MediumSession:
+        """A fresh session for one entity, with the circle's resolved wards."""
+        ...
 
     def render_observation(self, turn: Turn) -> list[Message]: ...

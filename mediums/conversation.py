@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import attrs
 
 from cantrip._gate import Gate
-from cantrip._wards import WardKind
+from cantrip._wards import WardKind, WardSet
 from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
 from mediums.base import Execution, GateHost, visible_result
@@ -34,7 +34,7 @@ class ConversationMedium:
     def present(self, gates: Sequence[Gate]) -> tuple[ToolDefinition, ...]:
         return tuple(g.definition() for g in gates)
 
-    async def open(self) -> ConversationSession:
+    async def open(self, wards: WardSet) -> ConversationSession:
         return ConversationSession()
 
     def render_observation(self, turn: Turn) -> list[Message]:

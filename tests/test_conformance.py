@@ -22,7 +22,6 @@ REFERENCE = ROOT.parent / "shared" / "reference" / "tests.yaml"
 
 # Reference cases whose capability is not built yet: (rule, name) -> capability.
 REFERENCE_PENDING: dict[tuple[str, str], str] = {
-    ("MEDIUM-3", "sandbox state persists across turns in code circle"): "code-medium",
     ("WARD-1", "ward resolution uses min for numeric, OR for boolean"): "composition",
     ("COMP-1", "child circle is independently constructed"): "composition",
     ("COMP-2", "call_entity blocks parent until child completes"): "composition",

@@ -1,0 +1,128 @@
+"""What every code medium shares: presentation, argument mapping, the viewport.
+
+A code medium shows the LLM exactly one tool (its language), whose
+description documents the circle's gates as host functions; ``tool_choice``
+is ``required``. Inside the sandbox a gate is an ordinary synchronous
+function. Positional arguments map onto the gate's parameters in order; a
+single object whose keys are all parameter names is taken as keyword
+arguments (``call_agent({intent: ...})``).
+
+Results are shown viewport-style (spec 4.6): short values verbatim, long ones
+as size, type and a preview, so the entity works with data through code
+instead of reading dumps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cantrip._gate import Gate
+from cantrip.llm._contract import Message, ToolDefinition
+from cantrip.loom._model import GateCallRecord, Turn
+from mediums.base import visible_result
+
+VIEWPORT_CHARS = 500
+PREVIEW_CHARS = 150
+
+
+def code_tool(language: str, tool_name: str, gates: Sequence[Gate], notes: str) -> ToolDefinition:
+    """The single tool of a code medium, documenting the host functions."""
+    lines = [
+        f"Run {language} code in a persistent sandbox. Variables and functions you define "
+        "persist between calls. The last expression's value, console output and every host "
+        "function call are returned to you; long values are summarised.",
+        "",
+        "Host functions (synchronous; a failure raises an error you can catch):",
+    ]
+    for g in gates:
+        params = ", ".join((g.parameters.get("properties") or {}).keys())
+        names = " / ".join((g.name, *g.aliases))
+        summary = g.description.splitlines()[0] if g.description else ""
+        lines.append(f"- {names}({params}): {summary}")
+    if notes:
+        lines += ["", notes]
+    return ToolDefinition(
+        name=tool_name,
+        description="\n".join(lines),
+        parameters={
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": f"{language} source"}},
+            "required": ["code"],
+        },
+    )
+
+
+def map_arguments(gate: Gate, args: Sequence[Any]) -> dict[str, Any]:
+    """Positional host-call arguments as the gate's keyword arguments."""
+    names = list((gate.parameters.get("properties") or {}).keys())
+    if len(args) == 1 and isinstance(args[0], Mapping) and len(names) > 1:
+        keys = set(args[0])
+        if keys and keys <= set(names):
+            return dict(args[0])
+    if len(args) > len(names):
+        extra = len(args) - len(names)
+        raise TypeError(
+            f"{gate.name}() takes {len(names)} argument(s) ({', '.join(names)}); "
+            f"{extra} too many given"
+        )
+    return dict(zip(names, args, strict=False))
+
+
+def viewport(kind: str, value: Any) -> str:
+    """A value as the entity sees it: verbatim when short, summarised when long."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    if len(text) <= VIEWPORT_CHARS:
+        return text if kind != "string" else json.dumps(text, ensure_ascii=False)
+    preview = text[:PREVIEW_CHARS].replace("\n", "\\n")
+    size = f"{len(value)} items, " if isinstance(value, list | dict) else ""
+    return f"[Result: {kind}, {size}{len(text)} chars] {preview!r}..."
+
+
+def call_line(record: GateCallRecord) -> str:
+    args = record.arguments
+    status = "" if record.status == "ok" else f" [{record.status}]"
+    return f"{record.gate}({args}) -> {viewport('value', visible_result(record))}{status}"
+
+
+def observation_text(
+    *,
+    records: Sequence[GateCallRecord],
+    console: Sequence[str],
+    console_truncated: bool = False,
+    kind: str = "undefined",
+    value: Any = None,
+    error: str | None = None,
+    notice: str | None = None,
+) -> str:
+    """The composite observation of one code execution."""
+    parts: list[str] = []
+    if notice:
+        parts.append(notice)
+    if console:
+        parts.append(
+            "console:\n"
+            + "\n".join(console)
+            + ("\n[output truncated]" if console_truncated else "")
+        )
+    if records:
+        parts.append("host calls:\n" + "\n".join(call_line(r) for r in records))
+    if error:
+        parts.append(f"error: {error}")
+    elif kind != "undefined":
+        parts.append(f"result: {viewport(kind, value)}")
+    return "\n".join(parts) if parts else "(no output)"
+
+
+def render_code_observation(turn: Turn) -> list[Message]:
+    """One tool message per code call, carrying the turn's observation."""
+    texts = turn.extras.get("observations")
+    messages = []
+    for index, call in enumerate(turn.tool_calls):
+        if isinstance(texts, list | tuple) and index < len(texts):
+            text = str(texts[index])
+        else:
+            text = turn.observation
+        messages.append(Message(role="tool", content=text, tool_call_id=call.id, name=call.name))
+    return messages

@@ -1,0 +1,193 @@
+"""The JavaScript sandbox worker: QuickJS in its own process.
+
+Run by :mod:`mediums.js` as ``python -m mediums._js_worker``; it speaks JSON
+lines on stdin/stdout and never touches anything else:
+
+* host -> worker ``{"op": "eval", "code": ...}``; the worker evaluates it in
+  the one long-lived QuickJS context (variables persist, MEDIUM-3);
+* while evaluating, every host function call goes out as ``{"op": "call",
+  "gate": name, "args": [...]}`` and blocks until ``{"op": "return", ...}``
+  comes back -- so gates are synchronous functions inside JS;
+* when the code finishes: ``{"op": "result", ...}`` with the last value,
+  console output and any uncaught error.
+
+Limits are enforced by the operating system, not by the host's clock: an
+interval timer (``SIGALRM``, default action: terminate) bounds evaluation
+time and is paused while a host call is outstanding, so a gate's own latency
+never counts; QuickJS's allocator limit turns a memory bomb into a catchable
+``out of memory`` error; ``RLIMIT_AS`` backs it up; the stack limit turns
+runaway recursion into a ``stack overflow`` error. The context has no
+``std``/``os`` modules: host functions are the only way out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import sys
+from typing import Any, BinaryIO
+
+import quickjs
+
+_PRELUDE = r"""
+var __cantrip_stop = new Error("__cantrip_stop__: done was called; the rest is skipped");
+function __cantrip_call(name, args) {
+  var reply = JSON.parse(__cantrip_host(name, JSON.stringify(args)));
+  if (reply.stop) { throw __cantrip_stop; }
+  if (!reply.ok) { throw new Error(reply.error); }
+  return reply.value;
+}
+var console = (function () {
+  function show(x) {
+    if (typeof x === 'string') return x;
+    try { var s = JSON.stringify(x); return s === undefined ? String(x) : s; }
+    catch (e) { return String(x); }
+  }
+  function log() { __cantrip_console(Array.prototype.map.call(arguments, show).join(' ')); }
+  return {log: log, info: log, warn: log, error: log, debug: log};
+})();
+"""
+
+MAX_CONSOLE_CHARS = 20_000
+
+
+class Worker:
+    def __init__(self, inp: BinaryIO, out: BinaryIO, eval_ms: int) -> None:
+        self.inp = inp
+        self.out = out
+        self.eval_s = eval_ms / 1000.0
+        self.remaining = self.eval_s
+        self.console: list[str] = []
+        self.console_chars = 0
+        self.stopped = False
+        self.ctx = quickjs.Context()
+
+    def setup(self, gates: list[str], memory_bytes: int, stack_bytes: int) -> None:
+        self.ctx.set_memory_limit(memory_bytes)
+        self.ctx.set_max_stack_size(stack_bytes)
+        self.ctx.add_callable("__cantrip_host", self.host_call)
+        self.ctx.add_callable("__cantrip_console", self.console_line)
+        self.ctx.eval(_PRELUDE)
+        for name in gates:
+            self.ctx.eval(
+                f"function {name}() {{ return __cantrip_call({json.dumps(name)}, "
+                "Array.prototype.slice.call(arguments)); }"
+            )
+
+    # -- host functions (must never raise into QuickJS) -----------------------
+
+    def host_call(self, name: str, args_json: str) -> str:
+        self.remaining = _pause_timer()
+        try:
+            self.send({"op": "call", "gate": name, "args": json.loads(args_json)})
+            reply = self.receive()
+        finally:
+            _arm_timer(self.remaining)
+        if reply.get("stop"):
+            self.stopped = True
+        return json.dumps({k: reply.get(k) for k in ("ok", "value", "error", "stop")}, default=str)
+
+    def console_line(self, text: str) -> None:
+        if self.console_chars < MAX_CONSOLE_CHARS:
+            self.console.append(text)
+            self.console_chars += len(text)
+
+    # -- protocol -------------------------------------------------------------
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.out.write(json.dumps(message, default=str).encode() + b"\n")
+        self.out.flush()
+
+    def receive(self) -> dict[str, Any]:
+        line = self.inp.readline()
+        if not line:
+            os._exit(0)  # the host went away
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    def evaluate(self, code: str) -> dict[str, Any]:
+        self.console, self.console_chars = [], 0
+        self.stopped = False
+        self.remaining = self.eval_s
+        _arm_timer(self.remaining)
+        error = None
+        value: Any = None
+        kind = "undefined"
+        try:
+            raw = self.ctx.eval(code)
+            kind, value = _convert(raw)
+        except quickjs.JSException as exc:
+            text = str(exc).strip()
+            if not (self.stopped and "__cantrip_stop__" in text):
+                error = text.splitlines()[0] if text else "Error"
+                if "stack overflow" in text:
+                    error = "RangeError: stack overflow (recursion too deep)"
+        finally:
+            _pause_timer()
+        stopped = self.stopped
+        return {
+            "op": "result",
+            "kind": kind,
+            "value": value,
+            "error": error,
+            "stopped": stopped,
+            "console": self.console,
+            "console_truncated": self.console_chars >= MAX_CONSOLE_CHARS,
+        }
+
+    def serve(self) -> None:
+        while True:
+            message = self.receive()
+            if message.get("op") == "eval":
+                self.send(self.evaluate(str(message.get("code", ""))))
+            elif message.get("op") == "exit":
+                return
+
+
+def _convert(raw: Any) -> tuple[str, Any]:
+    """(type name, JSON-ready value) of an evaluation result."""
+    if raw is None:
+        return "undefined", None
+    if isinstance(raw, bool):
+        return "boolean", raw
+    if isinstance(raw, int | float):
+        return "number", raw
+    if isinstance(raw, str):
+        return "string", raw
+    if isinstance(raw, quickjs.Object):
+        text = raw.json()
+        try:
+            return ("array" if text.startswith("[") else "object"), json.loads(text)
+        except (TypeError, ValueError):
+            return "object", str(text)
+    return type(raw).__name__, str(raw)
+
+
+def _arm_timer(seconds: float) -> None:
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+
+
+def _pause_timer() -> float:
+    remaining, _interval = signal.setitimer(signal.ITIMER_REAL, 0)
+    return float(remaining)
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    address_space = int(config.get("address_space_bytes", 0))
+    if address_space:
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    inp = sys.stdin.buffer
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    sys.stdout = sys.stderr  # nothing but the protocol may reach the host's pipe
+    worker = Worker(inp, out, int(config["eval_ms"]))
+    worker.setup(list(config["gates"]), int(config["memory_bytes"]), int(config["stack_bytes"]))
+    worker.send({"op": "ready"})
+    worker.serve()
+
+
+if __name__ == "__main__":
+    main()

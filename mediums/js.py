@@ -1,0 +1,245 @@
+"""The JavaScript medium: QuickJS in a supervised worker process (4.1, MEDIUM-2/3).
+
+The entity writes JavaScript; the circle's gates are synchronous host
+functions inside it (``done(x)``, ``submit_answer(x)``, ``read(path)``, ...).
+Each entity gets its own worker process and QuickJS context, so variables
+persist across its turns (MEDIUM-3) and two entities never share state
+(COMP-4).
+
+A gate that fails throws a JS ``Error`` whose message is the error text, so
+``try/catch`` sees it; every host call is still recorded, in order. After a
+successful ``done`` the rest of the code is skipped (LOOP-3).
+
+Wards (WARD-2; they compose like all wards): ``max_eval_ms`` (default 5000)
+bounds the evaluation time of one code call, not counting time spent inside
+gates; ``max_memory_mb`` (default 64) bounds the JS heap. Runaway loops,
+memory bombs and deep recursion end that call with an error observation; if
+the worker had to be killed, the next turn gets a fresh sandbox and the
+observation says that the variables were lost.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from cantrip._gate import Gate
+from cantrip._wards import WardKind, WardSet, register_ward_kind
+from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
+from cantrip.loom._model import GateCallRecord, Turn
+from mediums._code import code_tool, map_arguments, observation_text, render_code_observation
+from mediums._worker import WorkerDied, WorkerProcess
+from mediums.base import Execution, GateHost
+
+MAX_EVAL_MS = register_ward_kind(
+    WardKind("max_eval_ms", "min", doc="milliseconds one code call may run (code mediums)")
+)
+MAX_MEMORY_MB = register_ward_kind(
+    WardKind("max_memory_mb", "min", doc="heap megabytes of a code sandbox (code mediums)")
+)
+
+TOOL_NAME = "js"
+WORKER_SCRIPT = str(Path(__file__).with_name("_js_worker.py"))
+
+
+@attrs.frozen
+class JsMedium:
+    """JavaScript (QuickJS) as the medium: A = M + G - W."""
+
+    max_eval_ms: int = 5000
+    max_memory_mb: int = 64
+    stack_kb: int = 1024
+    name: str = "js"
+    default_tool_choice: ToolChoice = "required"
+
+    def ward_kinds(self) -> Sequence[WardKind]:
+        return (MAX_EVAL_MS, MAX_MEMORY_MB)
+
+    def present(self, gates: Sequence[Gate]) -> tuple[ToolDefinition, ...]:
+        notes = (
+            "Call done(answer) (or submit_answer(answer)) when the task is complete; code after "
+            "it does not run. console.log output is returned to you."
+        )
+        return (code_tool("JavaScript", TOOL_NAME, gates, notes),)
+
+    async def open(self, wards: WardSet) -> JsSession:
+        eval_ms = int(min(self.max_eval_ms, wards.get("max_eval_ms") or self.max_eval_ms))
+        memory_mb = int(min(self.max_memory_mb, wards.get("max_memory_mb") or self.max_memory_mb))
+        return JsSession(eval_ms, memory_mb, self.stack_kb)
+
+    def render_observation(self, turn: Turn) -> list[Message]:
+        return render_code_observation(turn)
+
+
+class JsSession:
+    """One entity's sandbox: a worker process started on first use."""
+
+    def __init__(self, eval_ms: int, memory_mb: int, stack_kb: int) -> None:
+        self._eval_ms = eval_ms
+        self._memory_mb = memory_mb
+        self._stack_kb = stack_kb
+        self._worker: WorkerProcess | None = None
+        self._lost_state = False
+        self._gates: tuple[str, ...] = ()
+
+    async def execute(self, response: Response, host: GateHost) -> Execution:
+        if not response.tool_calls:
+            return Execution(text_only=True)
+        records: list[GateCallRecord] = []
+        observations: list[str] = []
+        terminated = False
+        result: Any = None
+        for call in response.tool_calls:
+            if terminated:
+                records.append(
+                    host.unexecuted(
+                        call.name,
+                        call.arguments,
+                        call.id,
+                        "skipped",
+                        "skipped: done was already called",
+                    )
+                )
+                observations.append("skipped: done was already called")
+                continue
+            text, call_records, done, value = await self._run_call(call, host)
+            records.extend(call_records)
+            observations.append(text)
+            if done:
+                terminated, result = True, value
+        return Execution(
+            gate_calls=tuple(records),
+            terminated=terminated,
+            result=result,
+            observation="\n\n".join(observations),
+            extras={"observations": observations},
+        )
+
+    async def _run_call(
+        self, call: ToolCall, host: GateHost
+    ) -> tuple[str, list[GateCallRecord], bool, Any]:
+        code = call.arguments.get("code")
+        if call.name != TOOL_NAME or not isinstance(code, str):
+            problem = (
+                f"this circle's medium is JavaScript: call the {TOOL_NAME!r} tool with "
+                f'{{"code": "..."}} (got {call.name}({call.arguments_json}))'
+            )
+            return f"error: {problem}", [], False, None
+        notice = None
+        if self._lost_state:
+            notice = (
+                "notice: the sandbox was restarted after the previous failure; "
+                "variables defined before it are gone"
+            )
+            self._lost_state = False
+        records: list[GateCallRecord] = []
+        terminated = False
+        value: Any = None
+        try:
+            worker = await self._ensure_worker(host)
+            await worker.send({"op": "eval", "code": code})
+            while True:
+                message = await worker.receive()
+                if message.get("op") == "call":
+                    reply, record, stop = await self._host_call(message, host, terminated)
+                    if record is not None:
+                        records.append(record)
+                        if stop and not terminated:
+                            terminated, value = True, record.result
+                    await worker.send(reply)
+                    continue
+                text = observation_text(
+                    records=records,
+                    console=message.get("console") or [],
+                    console_truncated=bool(message.get("console_truncated")),
+                    kind=str(message.get("kind", "undefined")),
+                    value=message.get("value"),
+                    error=message.get("error"),
+                    notice=notice,
+                )
+                return text, records, terminated, value
+        except WorkerDied as death:
+            await self._discard_worker()
+            self._lost_state = True
+            error = (
+                f"the code was stopped: {death.reason} (max_eval_ms={self._eval_ms}, "
+                f"max_memory_mb={self._memory_mb}); the sandbox will restart without its state"
+            )
+            text = observation_text(records=records, console=[], error=error, notice=notice)
+            return text, records, terminated, value
+
+    async def _host_call(
+        self, message: dict[str, Any], host: GateHost, terminated: bool
+    ) -> tuple[dict[str, Any], GateCallRecord | None, bool]:
+        name = str(message.get("gate"))
+        raw_args = message.get("args") or []
+        found = host.gate(name)
+        if terminated:
+            record = host.unexecuted(
+                name, {"args": raw_args}, None, "skipped", "skipped: done was already called"
+            )
+            return {"op": "return", "ok": False, "stop": True}, record, False
+        if found is None:
+            record = host.unexecuted(
+                name, {"args": raw_args}, None, "error", f"unknown gate {name!r}"
+            )
+            return {"op": "return", "ok": False, "error": record.result}, record, False
+        try:
+            kwargs = map_arguments(found, raw_args)
+        except TypeError as exc:
+            record = host.unexecuted(name, {"args": raw_args}, None, "error", str(exc))
+            return {"op": "return", "ok": False, "error": str(exc)}, record, False
+        record = await host.call(name, kwargs)
+        if record.is_error:
+            return {"op": "return", "ok": False, "error": record.text}, record, False
+        stop = host.terminates(name)
+        reply = {"op": "return", "ok": True, "value": _json_ready(record.result), "stop": stop}
+        return reply, record, stop
+
+    async def _ensure_worker(self, host: GateHost) -> WorkerProcess:
+        if self._worker is not None:
+            return self._worker
+        names: list[str] = []
+        for g in host.gates:
+            names.extend((g.name, *g.aliases))
+        config = {
+            "eval_ms": self._eval_ms,
+            "memory_bytes": self._memory_mb * 1024 * 1024,
+            "stack_bytes": self._stack_kb * 1024,
+            "gates": names,
+            "address_space_bytes": max(self._memory_mb * 4, 1024) * 1024 * 1024,
+        }
+        worker = await WorkerProcess.start(WORKER_SCRIPT, [json.dumps(config)])
+        try:
+            ready = await worker.receive()
+        except WorkerDied:
+            await worker.kill()
+            raise
+        if ready.get("op") != "ready":
+            await worker.kill()
+            raise WorkerDied(f"unexpected first message {ready!r}", None)
+        self._worker = worker
+        return worker
+
+    async def _discard_worker(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await worker.kill()
+
+    async def aclose(self) -> None:
+        await self._discard_worker()
+
+
+def _json_ready(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
+
+
+js = JsMedium()
