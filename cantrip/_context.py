@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import overload
 
+import attrs
+
 from cantrip._folding import CHARS_PER_TOKEN, FoldingPolicy
 from cantrip.llm._contract import Message
 from cantrip.loom._model import Turn
@@ -81,6 +83,8 @@ class Context:
         """Turns rendered verbatim, with the message count each took."""
         self._folded: list[Turn] = []
         self._chars = 0
+        self._open: Turn | None = None
+        """A turn whose utterance is shown but whose observation is still to come."""
 
     def add_intent(self, intent: str) -> None:
         self._intent = Message(role="user", content=intent)
@@ -91,7 +95,32 @@ class Context:
     def add_turn(self, turn: Turn) -> None:
         if turn.intent is not None and not self._has_pending_intent(turn.intent):
             self.add_intent(turn.intent)
-        rendered = render_turn(turn, self._medium)
+        phase = turn.extras.get("phase")
+        if phase == "checkpoint":
+            # The utterance is shown now; its observation when the turn completes.
+            self._open = turn
+            self._items.extend(render_turn(turn, self._medium)[:1])
+            return
+        if phase == "continuation+checkpoint" and self._open is not None:
+            self._open = attrs.evolve(
+                self._open, gate_calls=self._open.gate_calls + turn.gate_calls
+            )
+            return
+        if phase == "continuation" and self._open is not None:
+            turn = attrs.evolve(
+                self._open,
+                gate_calls=self._open.gate_calls + turn.gate_calls,
+                observation=turn.observation,
+                terminated=turn.terminated,
+                truncated=turn.truncated,
+                reason=turn.reason,
+                result=turn.result,
+                extras={k: v for k, v in turn.extras.items() if k != "phase"},
+            )
+            self._open = None
+            rendered = render_turn(turn, self._medium)[1:]
+        else:
+            rendered = render_turn(turn, self._medium)
         self._items.extend(rendered)
         if self._folding is None:
             return

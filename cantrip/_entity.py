@@ -14,6 +14,7 @@ other exception is a runtime bug and is deliberately not caught here.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import os
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
     from cantrip._cantrip import Cantrip
 
 log = get_logger("cantrip.entity")
+
+CURRENT_ENTITY: contextvars.ContextVar[Entity] = contextvars.ContextVar("cantrip_current_entity")
+"""The entity on whose behalf a gate is running (for delegation gates)."""
 
 
 def new_entity_id() -> str:
@@ -119,6 +123,10 @@ class _Inflight:
     timestamp: str
     host: _TurnHost
     response: Response | None = None
+    checkpoint_id: str | None = None
+    """Set once a delegation committed part of this turn (see Entity.checkpoint)."""
+    recorded_upto: int = 0
+    """How many of ``host.records`` the checkpoints already hold."""
 
 
 @attrs.define
@@ -128,6 +136,8 @@ class _Cast:
     intent: str
     turns: list[Turn] = attrs.field(factory=list)
     usage: Usage = attrs.field(factory=Usage)
+    utterances: int = 0
+    """LLM answers this cast; max_turns counts these (a split turn is one)."""
 
     @property
     def tokens(self) -> int:
@@ -167,10 +177,13 @@ class Entity:
         parent_entity_id: str | None = None,
         spawned_from: str | None = None,
         fork_point: Turn | None = None,
+        depth: int = 0,
     ) -> None:
         self.id = entity_id or new_entity_id()
         self.parent_entity_id = parent_entity_id
+        self.depth = depth
         self._inflight: _Inflight | None = None
+        self._cast: _Cast | None = None
         self.cantrip = cantrip
         self.llm = llm
         self.loom = cantrip.loom
@@ -247,19 +260,25 @@ class Entity:
         if self._session is None:
             self._session = await self.circle.medium.open(self.circle.resolved)
         self._context.add_intent(intent)
-        cast = _Cast(intent)
+        cast = self._cast = _Cast(intent)
         timeout = self.circle.resolved.get("timeout_s")
         try:
-            with trio.move_on_after(math.inf if timeout is None else float(timeout)) as scope:
+            with trio.move_on_after(math.inf if timeout is None else float(timeout)):
                 return await self._loop(cast)
+            turn = self._record_cut(cast, "timeout")
+            return cast.result(self.id, turn, None)
         except trio.Cancelled:
             self._record_cut(cast, self.cancel_reason)
             raise
+        except LLMError:
+            raise  # already recorded as an llm_error turn
+        except Exception:
+            # A runtime bug: record what happened, then crash to the supervisor.
+            self._record_cut(cast, "crashed")
+            raise
         finally:
             self._inflight = None
-        assert scope.cancelled_caught
-        turn = self._record_cut(cast, "timeout")
-        return cast.result(self.id, turn, None)
+            self._cast = None
 
     async def _loop(self, cast: _Cast) -> CastResult:
         wards = self.circle.resolved
@@ -282,7 +301,12 @@ class Entity:
                 self._record(self._failed_turn(cast.intent_for_turn(), error, inflight))
                 raise
             inflight.response = response
-            execution = await session.execute(response, inflight.host)
+            cast.utterances += 1
+            token = CURRENT_ENTITY.set(self)
+            try:
+                execution = await session.execute(response, inflight.host)
+            finally:
+                CURRENT_ENTITY.reset(token)
             terminated, result, observation = self._outcome(
                 response, execution, wards.require_done_tool
             )
@@ -290,7 +314,7 @@ class Entity:
             if terminated:
                 reason = "text" if execution.text_only else "done"
             if not terminated:
-                if max_turns is not None and len(cast.turns) + 1 >= max_turns:
+                if max_turns is not None and cast.utterances >= max_turns:
                     reason = "max_turns"
                 elif (
                     max_tokens is not None
@@ -298,6 +322,19 @@ class Entity:
                 ):
                     reason = "max_tokens_total"
             truncated = not terminated and reason is not None
+            utterance: dict[str, Any] = {
+                "utterance": _utterance(response),
+                "content": response.content,
+                "thinking": response.thinking,
+                "tool_calls": response.tool_calls,
+            }
+            extras = execution.extras
+            gate_calls = execution.gate_calls
+            if inflight.checkpoint_id is not None:
+                # The utterance is in the checkpoint; this turn completes it.
+                utterance = {}
+                extras = {**extras, "phase": "continuation"}
+                gate_calls = tuple(inflight.host.records[inflight.recorded_upto :])
             turn = self._record(
                 Turn(
                     id=self.loom.new_turn_id(),
@@ -306,24 +343,64 @@ class Entity:
                     sequence=self._sequence + 1,
                     cantrip_id=self.cantrip.id,
                     intent=cast.intent_for_turn(),
-                    utterance=_utterance(response),
-                    content=response.content,
-                    thinking=response.thinking,
-                    tool_calls=response.tool_calls,
                     observation=observation,
-                    gate_calls=execution.gate_calls,
+                    gate_calls=gate_calls,
                     metadata=_metadata(response, inflight.started, inflight.timestamp),
                     terminated=terminated,
                     truncated=truncated,
                     reason=reason,
                     result=result if terminated else None,
-                    extras=execution.extras,
+                    extras=extras,
+                    **utterance,
                 )
             )
             self._inflight = None
             cast.add(turn)
             if terminated or truncated:
                 return cast.result(self.id, turn, result if terminated else None)
+
+    def checkpoint(self) -> str:
+        """Commit the turn in flight up to this moment; return its id.
+
+        Called by delegation gates before a child starts (LOOM-1 + COMP-5):
+        the child's root turn points at the checkpoint, and the rest of the
+        utterance is recorded later as a continuation turn whose parent is the
+        checkpoint. Gate calls completed since the previous checkpoint of the
+        same utterance get a checkpoint of their own, so nothing that happened
+        before a child started is recorded after it.
+        """
+        inflight, cast = self._inflight, self._cast
+        if inflight is None or cast is None or inflight.response is None:
+            raise RuntimeError("checkpoint() is only meaningful while a turn executes")
+        fresh = tuple(inflight.host.records[inflight.recorded_upto :])
+        if inflight.checkpoint_id is not None and not fresh:
+            return inflight.checkpoint_id
+        response = inflight.response
+        first = inflight.checkpoint_id is None
+        turn = self._record(
+            Turn(
+                id=self.loom.new_turn_id(),
+                parent_id=self._leaf,
+                entity_id=self.id,
+                sequence=self._sequence + 1,
+                cantrip_id=self.cantrip.id,
+                intent=cast.intent_for_turn(),
+                utterance=_utterance(response) if first else "",
+                content=response.content if first else None,
+                thinking=response.thinking if first else None,
+                tool_calls=response.tool_calls if first else (),
+                gate_calls=fresh,
+                metadata=_metadata(response, inflight.started, inflight.timestamp)
+                if first
+                else TurnMetadata(timestamp=_now()),
+                reason="delegating",
+                extras={"phase": "checkpoint" if first else "continuation+checkpoint"},
+            )
+        )
+        cast.add(turn)
+        inflight.checkpoint_id = turn.id
+        inflight.recorded_upto = len(inflight.host.records)
+        return turn.id
 
     @property
     def cancel_reason(self) -> str:
@@ -342,6 +419,10 @@ class Entity:
         records = list(inflight.host.records) if inflight else []
         done_ids = {r.tool_call_id for r in records}
         calls = response.tool_calls if response else ()
+        continuation = inflight is not None and inflight.checkpoint_id is not None
+        if continuation:
+            assert inflight is not None
+            records = records[inflight.recorded_upto :]
         for call in calls:
             if call.id not in done_ids:
                 records.append(
@@ -358,12 +439,13 @@ class Entity:
                 sequence=self._sequence + 1,
                 cantrip_id=self.cantrip.id,
                 intent=cast.intent_for_turn(),
-                utterance=_utterance(response) if response else "",
-                content=response.content if response else None,
-                thinking=response.thinking if response else None,
-                tool_calls=calls,
+                utterance=_utterance(response) if response and not continuation else "",
+                content=response.content if response and not continuation else None,
+                thinking=response.thinking if response and not continuation else None,
+                tool_calls=() if continuation else calls,
                 observation=f"cut off: {reason}",
                 gate_calls=tuple(records),
+                extras={"phase": "continuation"} if continuation else {},
                 metadata=TurnMetadata(
                     duration_ms=(time.perf_counter() - started) * 1000.0,
                     timestamp=inflight.timestamp if inflight else _now(),

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from cantrip.loom._model import Turn
+from mediums.base import visible_result
 
 Folder = Callable[[Sequence[Turn]], str]
 """Writes the summary text for a range of turns."""
@@ -35,7 +36,8 @@ def template_summary(turns: Sequence[Turn]) -> str:
             lines.append(f"- intent: {turn.intent}")
         if turn.gate_calls:
             calls = "; ".join(
-                f"{r.gate}({r.arguments}) -> {'ERROR ' if r.is_error else ''}{_short(r.text)}"
+                f"{r.gate}({r.arguments}) -> "
+                f"{'ERROR ' if r.is_error else ''}{_short(visible_result(r))}"
                 for r in turn.gate_calls
             )
             lines.append(f"- turn {turn.sequence}: {calls}")

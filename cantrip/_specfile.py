@@ -139,6 +139,13 @@ MEDIUM_ALIASES: dict[str, str] = {
     "shell": "bash",
 }
 
+_LLM_TYPE_MEDIUM = {
+    "code_circle": "code",
+    "tool_calling": "conversation",
+    "conversation": "conversation",
+}
+"""What an LLM spec's ``type`` says about the medium its responses are written for."""
+
 MediumFactory = Callable[[], Medium]
 _MEDIUMS: dict[str, MediumFactory] = {"conversation": lambda: conversation, "js": lambda: js}
 
@@ -149,6 +156,15 @@ def register_medium(name: str, factory: MediumFactory, *aliases: str) -> None:
     MEDIUM_ALIASES[name] = name
     for alias in aliases:
         MEDIUM_ALIASES[alias] = name
+
+
+def resolve_medium_name(name: str) -> Medium:
+    """A medium by (alias) name, as spec files and child requests give it."""
+    canonical = MEDIUM_ALIASES.get(name)
+    if canonical is None or canonical not in _MEDIUMS:
+        available = ", ".join(sorted(k for k, v in MEDIUM_ALIASES.items() if v in _MEDIUMS))
+        raise ConstructionError(f"unknown medium {name!r} (available: {available})")
+    return _MEDIUMS[canonical]()
 
 
 def load_spec_file(path: str | Path) -> SpecDocument:
@@ -268,6 +284,7 @@ def build_llm(spec: LLMSpec, problems: list[str], where: str) -> LLM | None:
             usage=usage,
             provider=wire,
             latency_s=spec.latency_ms / 1000.0,
+            medium_hint=_LLM_TYPE_MEDIUM.get(spec.type) if spec.type else None,
         )
     except ConstructionError as exc:
         problems.extend(f"{where}: {p}" for p in exc.problems)
@@ -338,7 +355,7 @@ def _build_gate(
     if builtin is None:
         for candidate in builtin_gates.BUILTIN.values():
             if spec.name in candidate.aliases:
-                builtin = candidate.renamed(spec.name)
+                builtin = candidate  # aliases normalize to the canonical gate (D-002)
     if is_fixture or builtin is None:
         if not is_fixture:
             known = ", ".join(sorted(builtin_gates.BUILTIN))

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from cantrip._gate import Gate
+from gates.call_agent import call_agent, call_agent_batch
 from gates.done import done
 from gates.echo import echo
 from gates.fetch import fetch
 from gates.read import read
 
-BUILTIN: dict[str, Gate] = {g.name: g for g in (done, echo, read, fetch)}
+BUILTIN: dict[str, Gate] = {
+    g.name: g for g in (done, echo, read, fetch, call_agent, call_agent_batch)
+}
 """Gates a declarative spec can name."""
 
-__all__ = ["BUILTIN", "done", "echo", "fetch", "read"]
+__all__ = ["BUILTIN", "call_agent", "call_agent_batch", "done", "echo", "fetch", "read"]

@@ -22,17 +22,6 @@ REFERENCE = ROOT.parent / "shared" / "reference" / "tests.yaml"
 
 # Reference cases whose capability is not built yet: (rule, name) -> capability.
 REFERENCE_PENDING: dict[tuple[str, str], str] = {
-    ("WARD-1", "ward resolution uses min for numeric, OR for boolean"): "composition",
-    ("COMP-1", "child circle is independently constructed"): "composition",
-    ("COMP-2", "call_entity blocks parent until child completes"): "composition",
-    ("COMP-3", "call_entity_batch returns results in request order"): "composition",
-    ("COMP-4", "child entity has independent context"): "composition",
-    ("COMP-6", "max_depth 0 removes call_entity gate"): "composition",
-    ("COMP-8", "child failure returns error to parent"): "composition",
-    ("COMP-5", "child turns recorded as subtree in loom"): "composition",
-    ("COMP-7", "child can use different llm"): "composition",
-    ("COMP-6", "depth decrements through recursion levels"): "composition",
-    ("LOOM-8", "child turns stored in parent loom"): "composition",
     ("PROD-6", "ACP supports initialize and session prompt flow"): "acp",
     ("PROD-7", "protocol session preserves conversational continuity"): "acp",
     ("ENTITY-5", "summoned entity accumulates state across sends"): "acp",

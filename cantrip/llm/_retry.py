@@ -8,7 +8,6 @@ overload codes, connection problems); any other 4xx is final.
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -17,9 +16,10 @@ import attrs
 import trio
 
 from cantrip._errors import ProviderError
+from cantrip._redact import get_logger
 from cantrip.llm._contract import LLM, Message, Response, ToolChoice, ToolDefinition
 
-log = logging.getLogger("cantrip.llm.retry")
+log = get_logger("cantrip.llm.retry")
 
 DEFAULT_RETRYABLE = frozenset({429, 500, 502, 503, 504, 529})
 

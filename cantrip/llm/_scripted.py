@@ -92,6 +92,8 @@ class ScriptedLLM:
     provider: str | None = None
     """Wire format to normalize through (``"openai"``), or ``None`` for direct."""
     latency_s: float = 0.0
+    medium_hint: str | None = None
+    """The medium the script is written for; inferred from the script when unset."""
     invocations: list[Query] = attrs.field(factory=list)
     _cursor: int = 0
 
@@ -107,6 +109,17 @@ class ScriptedLLM:
                 raise ConstructionError(
                     f"scripted response #{index + 1} has unknown fields: {sorted(unknown)}"
                 )
+
+    @property
+    def speaks(self) -> str | None:
+        """``code`` if the script writes code, ``conversation`` if it calls tools."""
+        if self.medium_hint is not None:
+            return self.medium_hint
+        if any(entry.get("code") is not None for entry in self.responses):
+            return "code"
+        if any(entry.get("tool_calls") for entry in self.responses):
+            return "conversation"
+        return None
 
     @property
     def remaining(self) -> int:
