@@ -39,6 +39,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     cast.add_argument("--json", action="store_true", help="print a JSON result")
     cast.add_argument("--loom", type=Path, help="loom file to record into (.db or .jsonl)")
 
+    acp = commands.add_parser(
+        "acp", help="serve the Agent Client Protocol on stdio (one JSON message per line)"
+    )
+    acp.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
+    acp.add_argument("--check", action="store_true", help="load the spec, report, and exit")
+    acp.add_argument("--log", type=Path, help="write a debug log to this file (never stdout)")
+
     conformance = commands.add_parser("conformance", help="run tests.yaml conformance vectors")
     conformance.add_argument("paths", nargs="*", type=Path, help="default: ./tests.yaml")
     conformance.add_argument("-v", "--verbose", action="store_true", help="list passing cases")
@@ -46,7 +53,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "cast":
         return _cast(args)
+    if args.command == "acp":
+        return _acp(args)
     return _conformance(args)
+
+
+def _acp(args: argparse.Namespace) -> int:
+    import logging
+
+    from cantrip.protocols import serve_stdio
+
+    if args.log is not None:
+        logging.basicConfig(filename=args.log, level=logging.DEBUG)
+    try:
+        spell = build_cantrip(load_spec_file(args.spec), base_dir=args.spec.resolve().parent)
+    except CantripError as exc:
+        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.check:
+        gates = ", ".join(spell.circle.gate_names)
+        print(
+            f"ok: {args.spec} loads (medium {spell.circle.medium.name}; gates {gates})",
+            file=sys.stderr,
+        )
+        return 0
+    trio.run(serve_stdio, spell)
+    return 0
 
 
 def _cast(args: argparse.Namespace) -> int:

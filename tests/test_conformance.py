@@ -21,11 +21,7 @@ OWN = ROOT / "tests.yaml"
 REFERENCE = ROOT.parent / "shared" / "reference" / "tests.yaml"
 
 # Reference cases whose capability is not built yet: (rule, name) -> capability.
-REFERENCE_PENDING: dict[tuple[str, str], str] = {
-    ("PROD-6", "ACP supports initialize and session prompt flow"): "acp",
-    ("PROD-7", "protocol session preserves conversational continuity"): "acp",
-    ("ENTITY-5", "summoned entity accumulates state across sends"): "acp",
-}
+REFERENCE_PENDING: dict[tuple[str, str], str] = {}
 
 _NEEDS = re.compile(r"^\s*#\s*needs:\s*([\w-]+)")
 _CASE_START = re.compile(r"^-\s+rule:")

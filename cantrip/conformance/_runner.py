@@ -14,6 +14,7 @@ their full delays, but idle waiting costs no real time.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -43,6 +44,7 @@ from cantrip.llm._scripted import ScriptedLLM
 from cantrip.loom._export import export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
+from cantrip.protocols._acp import AcpServer
 from gates.fixtures import call_count
 
 CASE_KEYS = ("rule", "name", "description", "setup", "action", "expect")
@@ -277,6 +279,24 @@ class Runner:
             raise Mismatch(f"export_loom: unsupported format {value.get('format')!r}")
         world.exports.append(export_jsonl(world.loom, redaction=value.get("redaction", "default")))
 
+    async def _acp_exchange(self, world: World, value: Any) -> None:
+        if not isinstance(value, list):
+            raise Mismatch("acp_exchange takes a list of JSON-RPC requests")
+        notes: list[dict[str, Any]] = []
+
+        async def notify(message: dict[str, Any]) -> None:
+            notes.append(message)
+
+        server = AcpServer(world.cantrip(), notify=notify)
+        try:
+            for request in value:
+                message = {"jsonrpc": "2.0", **dict(request)}
+                response = await server.handle(message)
+                if response is not None:
+                    world.acp_responses.append(response)
+        finally:
+            await server.aclose()
+
 
 _ACTIONS: dict[str, Callable[[Runner, World, Any], Any]] = {
     "construct_cantrip": Runner._construct,
@@ -287,6 +307,7 @@ _ACTIONS: dict[str, Callable[[Runner, World, Any], Any]] = {
     "extract_thread": Runner._extract_thread,
     "fork": Runner._fork,
     "export_loom": Runner._export_loom,
+    "acp_exchange": Runner._acp_exchange,
 }
 
 
@@ -588,6 +609,27 @@ class Expectations:
         for export in self.world.exports:
             if str(value) in export:
                 raise Mismatch(f"loom_export_exclude: {value!r} appears in the export")
+
+    def _x_acp_responses(self, value: Any) -> None:
+        responses = {str(r.get("id")): r for r in self.world.acp_responses}
+        for index, expected in enumerate(value):
+            require_keys(expected, ("id", "has_result", "result_contains", "has_error"), "acp")
+            where = f"acp_responses[{index}]"
+            response = responses.get(str(expected.get("id")))
+            if response is None:
+                raise Mismatch(f"{where}: no response with id {expected.get('id')!r}")
+            if "has_result" in expected:
+                check_value("result" in response, expected["has_result"], f"{where}.has_result")
+            if "has_error" in expected:
+                check_value("error" in response, expected["has_error"], f"{where}.has_error")
+            if "result_contains" in expected:
+                if "result" not in response:
+                    raise Mismatch(f"{where}: an error came back: {response.get('error')}")
+                text = json.dumps(response["result"], default=str)
+                if str(expected["result_contains"]) not in text:
+                    raise Mismatch(
+                        f"{where}.result_contains: {expected['result_contains']!r} not in {text}"
+                    )
 
     def _x_logs_exclude(self, value: Any) -> None:
         if not self.world.logs:
