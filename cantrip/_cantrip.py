@@ -85,6 +85,14 @@ class Cantrip:
         """A persistent entity: send it intents, one cast each (ENTITY-5)."""
         return Entity(self, llm=self.resolve_llm(llm), entity_id=entity_id)
 
+    def resume(self, entity_id: str, *, llm: LLM | str | None = None) -> Entity:
+        """The entity ``entity_id`` again, its context rebuilt from its loom thread.
+
+        Used after a crash (the supervisor restarts it) or a process restart
+        (``invoke --resume``): turns up to the last committed one are the state.
+        """
+        return Entity(self, llm=self.resolve_llm(llm), entity_id=entity_id, resume=True)
+
     def fork(
         self,
         turn: str | Turn,

@@ -178,6 +178,7 @@ class Entity:
         spawned_from: str | None = None,
         fork_point: Turn | None = None,
         depth: int = 0,
+        resume: bool = False,
     ) -> None:
         self.id = entity_id or new_entity_id()
         self.parent_entity_id = parent_entity_id
@@ -193,17 +194,27 @@ class Entity:
         self._context = Context(cantrip.identity.system_prompt, self.circle.medium, cantrip.folding)
         self._leaf: str | None = spawned_from
         self._sequence = 0
+        self._session: MediumSession | None = None
+        self._closed = False
+        self._tools = self.circle.tools()
+        self._tool_choice = self.circle.tool_choice(cantrip.identity.tool_choice)
+        self._extra = {**cantrip.identity.hyperparameters(), **cantrip.identity.extra}
+        if resume:
+            # A restarted incarnation: state comes from the loom, not from memory.
+            record = self.loom.entity(self.id)
+            self.parent_entity_id = record.parent_entity_id
+            last = self.loom.last_turn(self.id)
+            if last is not None:
+                self._context.replay(self.loom.thread(last.id))
+                self._leaf = last.id
+                self._sequence = last.sequence
+            return
         if fork_point is not None:
             # Fork by replay (LOOM-4/13): the context is rebuilt from the recorded
             # thread; gate results come from the loom and no gate runs again.
             self._context.replay(self.loom.thread(fork_point.id))
             self._leaf = fork_point.id
             self._sequence = fork_point.sequence
-        self._session: MediumSession | None = None
-        self._closed = False
-        self._tools = self.circle.tools()
-        self._tool_choice = self.circle.tool_choice(cantrip.identity.tool_choice)
-        self._extra = {**cantrip.identity.hyperparameters(), **cantrip.identity.extra}
         self.loom.register_entity(
             EntityRecord(
                 entity_id=self.id,

@@ -1,0 +1,77 @@
+"""A long-lived, supervised entity: intents arrive in an inbox, each one a cast.
+
+This is the shape ``invoke`` and protocol sessions run on. The entity's main
+loop is a supervisor child: if the entity crashes (a runtime bug, not a gate
+failure), the crash is recorded in the loom, the caller waiting on that cast
+gets the error, and the supervisor starts a new incarnation that resumes from
+the last committed turn -- state rebuilt from the loom, not from memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import trio
+
+from cantrip._cantrip import Cantrip
+from cantrip._entity import CastResult, new_entity_id
+from cantrip._supervisor import ChildSpec, Restart, Supervisor
+
+
+@attrs.define(eq=False)
+class _Request:
+    intent: str
+    reply: trio.MemorySendChannel[CastResult | BaseException]
+
+
+class EntityServer:
+    """A summoned entity behind an inbox, meant to run under a :class:`Supervisor`.
+
+    Transient by default: closing the inbox ends it normally and for good; a
+    crash restarts it.
+    """
+
+    def __init__(
+        self,
+        spell: Cantrip,
+        *,
+        entity_id: str | None = None,
+        restart: Restart = Restart.TRANSIENT,
+    ) -> None:
+        self.spell = spell
+        self.entity_id = entity_id or new_entity_id()
+        self.restart = restart
+        self.incarnations = 0
+        self._send, self._receive = trio.open_memory_channel[_Request](math.inf)
+
+    def child_spec(self) -> ChildSpec:
+        return ChildSpec(self.entity_id, self.main, self.restart)
+
+    async def ask(self, intent: str) -> CastResult:
+        """Send one intent and wait for its cast; the entity's failure is raised here."""
+        reply_send, reply_receive = trio.open_memory_channel[CastResult | BaseException](1)
+        await self._send.send(_Request(intent, reply_send))
+        outcome = await reply_receive.receive()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def close(self) -> None:
+        """No more intents: the entity finishes the queued ones and ends normally."""
+        self._send.close()
+
+    async def main(self, supervisor: Supervisor) -> None:
+        self.incarnations += 1
+        if self.entity_id in self.spell.loom.entities:
+            entity = self.spell.resume(self.entity_id)
+        else:
+            entity = self.spell.summon(entity_id=self.entity_id)
+        async with entity:
+            async for request in self._receive:
+                try:
+                    outcome = await entity.send(request.intent)
+                except BaseException as exc:
+                    request.reply.send_nowait(exc)  # the caller learns; the supervisor decides
+                    raise
+                request.reply.send_nowait(outcome)
