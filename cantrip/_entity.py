@@ -278,14 +278,16 @@ class Entity:
                 return await self._loop(cast)
             turn = self._record_cut(cast, "timeout")
             return cast.result(self.id, turn, None)
-        except trio.Cancelled:
-            self._record_cut(cast, self.cancel_reason)
-            raise
         except LLMError:
             raise  # already recorded as an llm_error turn
         except Exception:
             # A runtime bug: record what happened, then crash to the supervisor.
             self._record_cut(cast, "crashed")
+            raise
+        except BaseException as exc:
+            # Cancellation, possibly grouped by a nursery (a batch of children).
+            if _is_cancellation(exc):
+                self._record_cut(cast, self.cancel_reason)
             raise
         finally:
             self._inflight = None
@@ -508,6 +510,15 @@ class Entity:
             reason="llm_error",
             extras={"error": str(error), "error_type": type(error).__name__},
         )
+
+
+def _is_cancellation(exc: BaseException) -> bool:
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        cancelled, _rest = exc.split(trio.Cancelled)
+        return cancelled is not None
+    return False
 
 
 def _now() -> str:

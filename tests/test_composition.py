@@ -200,3 +200,43 @@ async def test_child_llm_by_level_and_by_name(medium: str) -> None:
     outcome = await spell.cast_async("two children")
     results = [r.result for t in outcome.turns for r in t.gate_calls if r.gate == "call_agent"]
     assert results == ["from level one", "from named"]
+
+
+class FanOutLLM:
+    """Fans out by batch where it can; leaves wait on their LLM 'forever'."""
+
+    name = "fan-out"
+
+    async def query(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Response:
+        if any(t.name == "call_agent_batch" for t in tools):
+            requests = [{"intent": f"leaf {i}"} for i in range(3)]
+            return Response(
+                tool_calls=(cantrip.ToolCall("b", "call_agent_batch", {"requests": requests}),)
+            )
+        await trio.sleep(1000)
+        raise AssertionError("never reached")
+
+
+async def test_cancelling_batches_records_every_entity(autojump_clock: Any) -> None:
+    spell = cantrip.Cantrip(
+        llm=FanOutLLM(),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, call_agent_batch], [cantrip.max_turns(5), cantrip.max_depth(2)]
+        ),
+    )
+    with trio.move_on_after(5):
+        await spell.cast_async("fan out twice")
+    loom = spell.loom
+    assert len(loom.entities) == 1 + 3 + 9
+    for entity_id, record in loom.entities.items():
+        final = loom.last_turn(entity_id)
+        assert final is not None and final.truncated, entity_id
+        expected = "cancelled" if record.parent_entity_id is None else "parent_terminated"
+        assert final.reason == expected
