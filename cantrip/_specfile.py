@@ -37,6 +37,7 @@ from gates.fixtures import fixture_gate
 from mediums.base import Medium
 from mediums.conversation import conversation
 from mediums.js import js
+from mediums.python import python
 
 
 class _Strict(BaseModel):
@@ -147,7 +148,11 @@ _LLM_TYPE_MEDIUM = {
 """What an LLM spec's ``type`` says about the medium its responses are written for."""
 
 MediumFactory = Callable[[], Medium]
-_MEDIUMS: dict[str, MediumFactory] = {"conversation": lambda: conversation, "js": lambda: js}
+_MEDIUMS: dict[str, MediumFactory] = {
+    "conversation": lambda: conversation,
+    "js": lambda: js,
+    "python": lambda: python,
+}
 
 
 def register_medium(name: str, factory: MediumFactory, *aliases: str) -> None:

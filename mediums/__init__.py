@@ -3,6 +3,7 @@
 from mediums.base import Execution, GateHost, Medium, MediumSession
 from mediums.conversation import ConversationMedium, conversation
 from mediums.js import JsMedium, js
+from mediums.python import PythonMedium, python
 
 __all__ = [
     "ConversationMedium",
@@ -11,6 +12,8 @@ __all__ = [
     "JsMedium",
     "Medium",
     "MediumSession",
+    "PythonMedium",
     "conversation",
     "js",
+    "python",
 ]

@@ -1,0 +1,620 @@
+"""The Python medium: Monty, a sandboxed Python interpreter, in its own process (MEDIUM-2/3).
+
+The entity writes Python; the circle's gates are synchronous host functions
+inside it (``done(x)``, ``submit_answer(x)``, ``read(path)``, ...). The code
+runs in `pydantic-monty <https://github.com/pydantic/monty>`_: a Python
+interpreter written in Rust, executed in a ``monty`` worker subprocess, whose
+only ways out are suspensions the host answers. Nothing is ``exec()``-ed in
+the host process.
+
+**Host calls.** Monty runs a snippet until it calls a name the sandbox does
+not define, then suspends with a snapshot. This module drives those
+snapshots: the blocking Monty work runs in a trio worker thread
+(``trio.to_thread.run_sync``, awaited), and each gate call comes back to the
+trio side, where it goes through ``await host.call(...)`` -- so every call is
+recorded, in order -- before the snapshot is resumed with the result. A gate
+that fails raises ``RuntimeError(<error text>)`` in the sandbox (catchable);
+argument mapping errors raise ``TypeError``; calling any other undefined name
+raises ``NameError``. Gates are first-class (``f = done`` works). After a
+successful terminating gate (``done``) the rest of the code is skipped
+(LOOP-3): the call is answered with ``SystemExit``, which ``except Exception``
+does not catch; should the code swallow it anyway, every later gate call is
+recorded as ``skipped`` and answered with ``SystemExit`` again.
+
+**State (MEDIUM-3, COMP-4).** Each entity's session checks out its own Monty
+worker (one pool of one process per session). A Monty REPL session keeps its
+globals, functions and classes across ``feed`` calls, so state persists
+between the entity's turns natively: nothing is replayed and no gate is ever
+called twice. Two entities never share a worker. A feed interrupted from
+outside (a ``timeout_s`` ward or a parent's cancellation while a gate was
+running) is finished off at the start of the next turn, answering every
+remaining gate call with ``SystemExit`` and recording none; the variables
+survive.
+
+**Sandbox.** Monty has no real filesystem, network, environment or process
+access: ``open()`` and ``os``/``pathlib`` operations surface to the host as OS
+calls and are refused (``PermissionError``/``RuntimeError``), modules such as
+``subprocess`` and ``socket`` do not exist (``ModuleNotFoundError``),
+``__import__`` is not defined, dunder attributes (``().__class__``) do not
+exist, and ``eval``/``exec`` run inside the same sandbox. ``import os`` itself
+succeeds, but it is Monty's virtual module (no ``system``, no ``environ``).
+``time.sleep`` is answered on the trio side and counts against the time budget.
+
+**Wards (WARD-2).** The same ``max_eval_ms`` and ``max_memory_mb`` ward kinds
+as the JavaScript medium. ``max_eval_ms`` (default 5000) is Monty's
+``max_feed_duration_secs``: execution time of one code call, not counting time
+suspended in gates; ``max_memory_mb`` (default 64) is Monty's heap limit;
+recursion is bounded by ``max_recursion_depth`` (default 1000). A memory bomb
+or runaway recursion raises ``MemoryError``/``RecursionError`` (Monty's limit
+errors cannot be caught by the code) and the session stays usable. A time
+limit also cannot be caught; Monty then gives no guarantees about the heap, so
+-- as its documentation asks, and as the JS medium does after a kill -- the
+session is discarded and the next turn gets a fresh sandbox whose observation
+says that the variables were lost. The same happens if the worker process
+dies (Monty's pool kills it if it overruns the time limit by more than a
+second). The host process is never at risk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import decimal
+import math
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from pathlib import PurePath
+from typing import Any, Literal
+
+import attrs
+import pydantic_monty as monty
+import trio
+
+from cantrip._gate import Gate
+from cantrip._wards import WardKind, WardSet
+from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
+from cantrip.loom._model import GateCallRecord, Turn
+from mediums._code import code_tool, map_arguments, observation_text, render_code_observation
+from mediums.base import Execution, GateHost
+from mediums.js import MAX_EVAL_MS, MAX_MEMORY_MB
+
+TOOL_NAME = "python"
+MAX_CONSOLE_CHARS = 20_000
+MAX_ERROR_CHARS = 2_000
+MAX_SUSPENSIONS = 1_000_000_000
+"""Monty counts host calls per checkout (default 1000); an entity's life may need more."""
+
+STOP_MESSAGE = "done was called; the rest of the code is skipped"
+_SLEEPS = frozenset({"time.sleep", "asyncio.sleep"})
+
+_NOTES = (
+    "The sandbox runs Monty, a secure subset of Python 3: no files, network, environment or "
+    "subprocesses (open() and os operations fail), no third-party packages, no class "
+    "inheritance. Modules include json, re, math, datetime, collections, itertools, "
+    "functools, random, dataclasses, typing, decimal, bisect, copy, base64, hashlib, csv, "
+    "tomllib and time.\n"
+    "A host function that fails raises RuntimeError with the error message. Call "
+    "done(answer) (or submit_answer(answer)) when the task is complete; code after it does "
+    "not run. print() output is returned to you."
+)
+
+
+@attrs.frozen
+class PythonMedium:
+    """Python (Monty) as the medium: A = M + G - W."""
+
+    max_eval_ms: int = 5000
+    max_memory_mb: int = 64
+    max_recursion_depth: int = 1000
+    name: str = "python"
+    default_tool_choice: ToolChoice = "required"
+
+    def ward_kinds(self) -> Sequence[WardKind]:
+        return (MAX_EVAL_MS, MAX_MEMORY_MB)
+
+    def present(self, gates: Sequence[Gate]) -> tuple[ToolDefinition, ...]:
+        return (code_tool("Python", TOOL_NAME, gates, _NOTES),)
+
+    async def open(self, wards: WardSet) -> PythonSession:
+        eval_ms = int(min(self.max_eval_ms, wards.get("max_eval_ms") or self.max_eval_ms))
+        memory_mb = int(min(self.max_memory_mb, wards.get("max_memory_mb") or self.max_memory_mb))
+        return PythonSession(eval_ms, memory_mb, self.max_recursion_depth)
+
+    def render_observation(self, turn: Turn) -> list[Message]:
+        return render_code_observation(turn)
+
+
+@attrs.define
+class _Feed:
+    """One code call as the worker thread and the trio side both see it."""
+
+    gate_names: frozenset[str]
+    sleep_left: float
+    stubs: dict[str, Callable[..., Any]]
+    console: list[str] = attrs.field(factory=list)
+    console_chars: int = 0
+    console_truncated: bool = False
+
+    def output(self, stream: Literal["stdout", "stderr"], text: str) -> None:
+        """Monty's print callback; never raises into the sandbox."""
+        if self.console_chars >= MAX_CONSOLE_CHARS:
+            self.console_truncated = True
+            return
+        room = MAX_CONSOLE_CHARS - self.console_chars
+        if len(text) > room:
+            text, self.console_truncated = text[:room], True
+        self.console.append(text)
+        self.console_chars += len(text)
+
+    def lines(self) -> list[str]:
+        text = "".join(self.console)
+        if text.endswith("\n"):
+            text = text[:-1]
+        return text.split("\n") if text else []
+
+
+@attrs.define
+class _Outcome:
+    records: list[GateCallRecord] = attrs.field(factory=list)
+    terminated: bool = False
+    value: Any = None
+    result: Any = None
+    has_result: bool = False
+    error: str | None = None
+
+
+class PythonSession:
+    """One entity's sandbox: a Monty worker of its own, checked out on first use."""
+
+    def __init__(self, eval_ms: int, memory_mb: int, recursion_depth: int) -> None:
+        self._eval_ms = eval_ms
+        self._memory_mb = memory_mb
+        self._limits: monty.ResourceLimits = {
+            "max_feed_duration_secs": eval_ms / 1000.0,
+            "max_memory": memory_mb * 1024 * 1024,
+            "max_recursion_depth": recursion_depth,
+            "max_suspensions": MAX_SUSPENSIONS,
+        }
+        self._pool: monty.Monty | None = None
+        self._session: monty.MontySession | None = None
+        self._pending: monty.SyncSnapshot | None = None
+        self._lost_state = False
+        self._stubs: dict[str, Callable[..., Any]] = {}
+
+    # -- the medium contract --------------------------------------------------
+
+    async def execute(self, response: Response, host: GateHost) -> Execution:
+        if not response.tool_calls:
+            return Execution(text_only=True)
+        records: list[GateCallRecord] = []
+        observations: list[str] = []
+        terminated = False
+        result: Any = None
+        for call in response.tool_calls:
+            if terminated:
+                records.append(
+                    host.unexecuted(
+                        call.name, call.arguments, call.id, "skipped", "skipped: " + STOP_MESSAGE
+                    )
+                )
+                observations.append("skipped: done was already called")
+                continue
+            text, outcome = await self._run_call(call, host)
+            records.extend(outcome.records)
+            observations.append(text)
+            if outcome.terminated:
+                terminated, result = True, outcome.value
+        return Execution(
+            gate_calls=tuple(records),
+            terminated=terminated,
+            result=result,
+            observation="\n\n".join(observations),
+            extras={"observations": observations},
+        )
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            self._pending = None
+            await self._discard_session()
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                await trio.to_thread.run_sync(_exit_quietly, pool)
+
+    # -- one code call ----------------------------------------------------------
+
+    async def _run_call(self, call: ToolCall, host: GateHost) -> tuple[str, _Outcome]:
+        code = call.arguments.get("code")
+        if call.name != TOOL_NAME or not isinstance(code, str):
+            problem = (
+                f"this circle's medium is Python: call the {TOOL_NAME!r} tool with "
+                f'{{"code": "..."}} (got {call.name}({call.arguments_json}))'
+            )
+            return f"error: {problem}", _Outcome()
+        await self._finish_pending()
+        names: set[str] = set()
+        for g in host.gates:
+            names.update((g.name, *g.aliases))
+        feed = _Feed(frozenset(names), self._eval_ms / 1000.0, self._stubs)
+        outcome = _Outcome()
+        notice = self._take_notice()
+        try:
+            session = await self._ensure_session()
+            step = await trio.to_thread.run_sync(_start, session, code, feed)
+            await self._drive(step, feed, host, outcome)
+        except monty.MontyError as exc:
+            await self._failed(exc, outcome)
+        kind, rendered = "undefined", None
+        if outcome.has_result and not outcome.terminated and outcome.error is None:
+            kind, rendered = _render_result(outcome.result)
+        text = observation_text(
+            records=outcome.records,
+            console=feed.lines(),
+            console_truncated=feed.console_truncated,
+            kind=kind,
+            value=rendered,
+            error=outcome.error,
+            notice=notice,
+        )
+        return text, outcome
+
+    async def _drive(
+        self, step: monty.SyncSnapshot, feed: _Feed, host: GateHost, outcome: _Outcome
+    ) -> None:
+        """Answer the snapshots that need trio (gate calls, sleeps) until the code ends."""
+        try:
+            while not isinstance(step, monty.MontyComplete):
+                if not isinstance(step, monty.FunctionSnapshot):  # _settle never returns these
+                    raise AssertionError(f"unexpected snapshot {step!r}")
+                if step.is_os_function:
+                    answer = await _sleep(step, feed, self._eval_ms)
+                else:
+                    answer = await self._host_call(step, host, outcome)
+                step = await trio.to_thread.run_sync(_resume, step, answer, feed)
+            outcome.result, outcome.has_result = step.output, True
+        except monty.MontyError:
+            raise
+        except BaseException:
+            # Cancelled while the sandbox waits on us: keep the suspended feed and
+            # finish it off before the next one, so the variables survive.
+            if not isinstance(step, monty.MontyComplete):
+                self._pending = step
+            raise
+
+    async def _host_call(
+        self, snap: monty.FunctionSnapshot, host: GateHost, outcome: _Outcome
+    ) -> monty.ExternalResult:
+        name = str(snap.function_name)
+        args = [_from_sandbox(a) for a in snap.args]
+        kwargs = {str(k): _from_sandbox(v) for k, v in snap.kwargs.items()}
+        shown: dict[str, Any] = {"args": args, **({"kwargs": kwargs} if kwargs else {})}
+        if outcome.terminated:
+            outcome.records.append(
+                host.unexecuted(name, shown, None, "skipped", "skipped: " + STOP_MESSAGE)
+            )
+            return _raise("SystemExit", STOP_MESSAGE)
+        found = host.gate(name)
+        if found is None:  # _settle only hands over the circle's gates
+            return _raise("NameError", f"name {name!r} is not defined")
+        try:
+            call_args = _call_arguments(found, args, kwargs)
+        except TypeError as exc:
+            outcome.records.append(host.unexecuted(name, shown, None, "error", str(exc)))
+            return _raise("TypeError", str(exc))
+        record = await host.call(name, call_args)
+        outcome.records.append(record)
+        if record.is_error:
+            return _raise("RuntimeError", record.text)
+        if host.terminates(name):
+            outcome.terminated, outcome.value = True, record.result
+            return _raise("SystemExit", STOP_MESSAGE)
+        return {"return_value": _to_sandbox(record.result)}
+
+    async def _failed(self, exc: monty.MontyError, outcome: _Outcome) -> None:
+        """The code ended with an exception: say what happened, in the entity's terms."""
+        limits = f"max_eval_ms={self._eval_ms}, max_memory_mb={self._memory_mb}"
+        if isinstance(exc, monty.MontyCrashedError):
+            await self._discard_session()
+            self._lost_state = True
+            reason = "time limit exceeded" if exc.timed_out else str(exc)
+            outcome.error = (
+                f"the code was stopped: {reason} ({limits}); "
+                "the sandbox will restart without its state"
+            )
+            return
+        inner = exc.exception()
+        if isinstance(inner, SystemExit) and outcome.terminated:
+            return  # the stop after done: not an error
+        if _timed_out(exc):
+            await self._discard_session()
+            self._lost_state = True
+            outcome.error = (
+                f"TimeoutError: the code ran longer than max_eval_ms={self._eval_ms} and was "
+                "stopped; the sandbox will restart without its state"
+            )
+            return
+        hint = ""
+        if isinstance(inner, MemoryError) and "memory limit" in str(inner):
+            hint = f" (max_memory_mb={self._memory_mb})"
+        outcome.error = _error_text(exc, hint)
+
+    # -- the Monty worker --------------------------------------------------------
+
+    async def _ensure_session(self) -> monty.MontySession:
+        if self._session is None:
+            if self._pool is None:
+                self._pool = await trio.to_thread.run_sync(_open_pool)
+            self._session = await trio.to_thread.run_sync(_checkout, self._pool, self._limits)
+        return self._session
+
+    async def _discard_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_exit_quietly, session)
+
+    async def _finish_pending(self) -> None:
+        """Run an interrupted feed to its end, answering every gate call with SystemExit."""
+        snap, self._pending = self._pending, None
+        if snap is None:
+            return
+        try:
+            await trio.to_thread.run_sync(_drain, snap)
+        except monty.MontyError as exc:
+            if isinstance(exc, monty.MontyCrashedError) or _timed_out(exc):
+                await self._discard_session()
+                self._lost_state = True
+        except RuntimeError:  # the snapshot could not be resumed: the feed is unusable
+            await self._discard_session()
+            self._lost_state = True
+
+    def _take_notice(self) -> str | None:
+        if not self._lost_state:
+            return None
+        self._lost_state = False
+        return (
+            "notice: the sandbox was restarted after the previous failure; "
+            "variables defined before it are gone"
+        )
+
+
+# -- worker-thread side (blocking Monty calls; never touches trio or the host) ---
+
+
+def _open_pool() -> monty.Monty:
+    pool = monty.Monty(min_processes=1, max_processes=1)
+    pool.__enter__()
+    return pool
+
+
+def _checkout(pool: monty.Monty, limits: monty.ResourceLimits) -> monty.MontySession:
+    session = pool.checkout(
+        script_name="main.py",
+        limits=limits,
+        os_policy={"sleep": "call_host"},
+    )
+    session.__enter__()
+    return session
+
+
+def _exit_quietly(resource: monty.Monty | monty.MontySession) -> None:
+    with contextlib.suppress(monty.MontyError, RuntimeError, OSError):  # a dead worker
+        resource.__exit__(None, None, None)
+
+
+def _start(session: monty.MontySession, code: str, feed: _Feed) -> monty.SyncSnapshot:
+    return _settle(session.feed_start(code, print_callback=feed.output), feed)
+
+
+def _resume(
+    snap: monty.FunctionSnapshot, answer: monty.ExternalResult, feed: _Feed
+) -> monty.SyncSnapshot:
+    return _settle(snap.resume(answer), feed)
+
+
+def _settle(step: monty.SyncSnapshot, feed: _Feed) -> monty.SyncSnapshot:
+    """Answer every suspension that needs no host call; stop at one that does."""
+    while True:
+        if isinstance(step, monty.MontyComplete):
+            return step
+        if isinstance(step, monty.NameLookupSnapshot):
+            name = step.variable_name
+            if step.object_id is None and name in feed.gate_names:
+                step = step.resume(value=_stub(feed.stubs, name))
+            else:
+                step = step.resume()  # NameError / AttributeError in the sandbox
+        elif isinstance(step, monty.FutureSnapshot):
+            # Nothing here answers with a future; settle any that appear as errors.
+            error = _raise("RuntimeError", "asynchronous host calls are not supported")
+            step = step.resume(dict.fromkeys(step.pending_call_ids, error))
+        elif step.is_os_function:
+            if str(step.function_name) in _SLEEPS:
+                return step  # slept on the trio side
+            step = step.resume_not_handled()  # files, env, imports: refused by Monty
+        elif step.object_id is None and str(step.function_name) in feed.gate_names:
+            return step  # a gate call: the trio side calls it
+        else:
+            step = step.resume(
+                _raise("NameError", f"name {str(step.function_name)!r} is not defined")
+            )
+
+
+def _drain(step: monty.SyncSnapshot) -> None:
+    """Finish an abandoned feed without calling anything."""
+    stop = _raise("SystemExit", STOP_MESSAGE)
+    while not isinstance(step, monty.MontyComplete):
+        if isinstance(step, monty.NameLookupSnapshot):
+            step = step.resume()
+        elif isinstance(step, monty.FutureSnapshot):
+            step = step.resume(dict.fromkeys(step.pending_call_ids, stop))
+        else:
+            step = step.resume(stop)
+
+
+def _stub(stubs: dict[str, Callable[..., Any]], name: str) -> Callable[..., Any]:
+    """A host function value for a gate name; Monty calls it back by its ``__name__``."""
+    found = stubs.get(name)
+    if found is None:
+
+        def gate_function(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("gate stubs are answered by the medium, never called")
+
+        gate_function.__name__ = gate_function.__qualname__ = name
+        found = stubs[name] = gate_function
+    return found
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+async def _sleep(snap: monty.FunctionSnapshot, feed: _Feed, eval_ms: int) -> monty.ExternalResult:
+    """``time.sleep`` on the trio side (cancellable), within the code call's time budget."""
+    try:
+        seconds = float(snap.args[0]) if snap.args else 0.0
+    except (TypeError, ValueError):
+        return _raise("TypeError", "sleep() needs a number of seconds")
+    if math.isnan(seconds) or seconds < 0:
+        return _raise("ValueError", "sleep length must be non-negative")
+    if seconds > feed.sleep_left:
+        await trio.sleep(feed.sleep_left)
+        feed.sleep_left = 0.0
+        return _raise("TimeoutError", f"sleeping exceeds max_eval_ms={eval_ms}")
+    await trio.sleep(seconds)
+    feed.sleep_left -= seconds
+    return {"return_value": None}
+
+
+def _timed_out(exc: monty.MontyError) -> bool:
+    """Monty's own (uncatchable) time limit, as opposed to a TimeoutError of the code."""
+    if isinstance(exc, monty.MontyCrashedError):
+        return False
+    inner = exc.exception()
+    return isinstance(inner, TimeoutError) and "time limit exceeded" in str(inner)
+
+
+def _raise(exc_type: monty.ExcType, message: str) -> monty.ExternalExceptionData:
+    return {"exc_type": exc_type, "message": message}
+
+
+def _call_arguments(gate: Gate, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Positional (mapped like every code medium) and keyword arguments of a gate call."""
+    mapped = map_arguments(gate, args)
+    for key, value in kwargs.items():
+        if key in mapped:
+            raise TypeError(f"{gate.name}() got multiple values for argument {key!r}")
+        mapped[key] = value
+    return mapped
+
+
+def _error_text(exc: monty.MontyError, hint: str = "") -> str:
+    """``Type: message`` first, then where it happened (Monty's traceback), kept short."""
+    if not isinstance(exc, monty.MontySyntaxError | monty.MontyRuntimeError):
+        return str(exc) + hint
+    headline = exc.display("type-msg")
+    frames = exc.display("traceback").removeprefix("Traceback (most recent call last):\n")
+    frames = frames.removesuffix(headline).rstrip()
+    headline += hint
+    if len(frames) > MAX_ERROR_CHARS:
+        frames = "  ...\n" + frames[-MAX_ERROR_CHARS:]
+    return f"{headline}\n{frames}" if frames else headline
+
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+_DATA = (
+    *_PLAIN,
+    datetime.datetime,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    decimal.Decimal,
+)
+
+
+def _to_sandbox(value: Any, depth: int = 0) -> Any:
+    """A gate result as a value Monty can take: data stays data, the rest becomes text."""
+    if isinstance(value, _DATA):
+        return value
+    if depth > 100:
+        return str(value)
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {_key(k): _to_sandbox(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_to_sandbox(v, depth + 1) for v in value)
+    if isinstance(value, list):
+        return [_to_sandbox(v, depth + 1) for v in value]
+    if isinstance(value, frozenset):
+        return frozenset(_key(v) for v in value)
+    if isinstance(value, AbstractSet):
+        return {_key(v) for v in value}
+    return str(value)
+
+
+def _key(value: Any) -> Any:
+    return value if isinstance(value, _DATA) else str(value)
+
+
+def _from_sandbox(value: Any, depth: int = 0) -> Any:
+    """An argument from the sandbox as plain host data (proxies unwrapped)."""
+    if isinstance(value, _PLAIN):
+        return value
+    if depth > 100:
+        return repr(value)
+    if isinstance(value, monty.MontyClassProxy):
+        return {str(k): _from_sandbox(v, depth + 1) for k, v in value.attributes.items()}
+    if isinstance(value, monty.MontyClassTypeProxy | monty.MontyStdTypeProxy):
+        return _repr(value)
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _from_sandbox(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_sandbox(v, depth + 1) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_from_sandbox(v, depth + 1) for v in value)
+    return value
+
+
+def _render_result(value: Any) -> tuple[str, str | None]:
+    """(kind, text) of a snippet's last value; ``None`` shows nothing, as in a REPL."""
+    if value is None:
+        return "undefined", None
+    kind = value.name if isinstance(value, monty.MontyClassProxy) else type(value).__name__
+    if isinstance(value, list | tuple | dict | set | frozenset):
+        kind = f"{kind}, {len(value)} items"
+    return kind, _repr(value)
+
+
+def _repr(value: Any, depth: int = 0) -> str:
+    """Python's repr, with Monty's proxies shown as the sandbox would show them."""
+    if depth > 50:
+        return "..."
+    inner = depth + 1
+    if isinstance(value, monty.MontyClassProxy):
+        fields = ", ".join(f"{k}={_repr(v, inner)}" for k, v in value.attributes.items())
+        return f"{value.name}({fields})"
+    if isinstance(value, monty.MontyClassTypeProxy):
+        return f"<class {value.name!r}>"
+    if isinstance(value, monty.MontyStdTypeProxy):
+        if value.kind == "function":
+            return f"<built-in function {value.name}>"
+        return f"<class {value.name!r}>"
+    if isinstance(value, list):
+        return "[" + ", ".join(_repr(v, inner) for v in value) + "]"
+    if isinstance(value, tuple):
+        items = ", ".join(_repr(v, inner) for v in value)
+        return f"({items},)" if len(value) == 1 else f"({items})"
+    if isinstance(value, dict):
+        pairs = (f"{_repr(k, inner)}: {_repr(v, inner)}" for k, v in value.items())
+        return "{" + ", ".join(pairs) + "}"
+    if isinstance(value, set | frozenset):
+        if not value:
+            return f"{type(value).__name__}()"
+        items = "{" + ", ".join(_repr(v, inner) for v in value) + "}"
+        return items if isinstance(value, set) else f"frozenset({items})"
+    return repr(value)
+
+
+python = PythonMedium()
