@@ -1,9 +1,13 @@
-"""Mediums: the substrates an entity works in, all behind one protocol."""
+"""Mediums: the substrates an entity works in, all behind one protocol.
+
+The classes are exported here; each module also has a default instance
+(``mediums.js.js``, ...), not re-exported so the module names stay modules.
+"""
 
 from mediums.base import Execution, GateHost, Medium, MediumSession
-from mediums.conversation import ConversationMedium, conversation
-from mediums.js import JsMedium, js
-from mediums.python import PythonMedium, python
+from mediums.conversation import ConversationMedium
+from mediums.js import JsMedium
+from mediums.python import PythonMedium
 
 __all__ = [
     "ConversationMedium",
@@ -13,7 +17,4 @@ __all__ = [
     "Medium",
     "MediumSession",
     "PythonMedium",
-    "conversation",
-    "js",
-    "python",
 ]

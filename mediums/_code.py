@@ -82,6 +82,8 @@ def viewport(kind: str, value: Any) -> str:
 
 def call_line(record: GateCallRecord) -> str:
     args = record.arguments
+    if len(args) > VIEWPORT_CHARS:  # the entity wrote them; echo a preview, not a dump
+        args = f"[{len(args)} chars] {args[:PREVIEW_CHARS]!r}..."
     status = "" if record.status == "ok" else f" [{record.status}]"
     return f"{record.gate}({args}) -> {viewport('value', visible_result(record))}{status}"
 
@@ -113,6 +115,15 @@ def observation_text(
     elif kind != "undefined":
         parts.append(f"result: {viewport(kind, value)}")
     return "\n".join(parts) if parts else "(no output)"
+
+
+def code_extras(observations: Sequence[str], errors: Sequence[str]) -> dict[str, Any]:
+    """Per-call observation texts, and the code's own errors: they make the turn
+    an error turn (``Turn.is_error``) even when no gate failed."""
+    extras: dict[str, Any] = {"observations": list(observations)}
+    if errors:
+        extras["error"] = "; ".join(errors)
+    return extras
 
 
 def render_code_observation(turn: Turn) -> list[Message]:

@@ -8,14 +8,17 @@ lines on stdin/stdout and never touches anything else:
 * while evaluating, every host function call goes out as ``{"op": "call",
   "gate": name, "args": [...]}`` and blocks until ``{"op": "return", ...}``
   comes back -- so gates are synchronous functions inside JS;
-* when the code finishes: ``{"op": "result", ...}`` with the last value,
-  console output and any uncaught error.
+* when the code finishes (pending Promise jobs included): ``{"op": "result",
+  ...}`` with the last value, console output and any uncaught error;
+  ``"restart": true`` when that error was running out of memory, after which
+  the context is not trusted and the host replaces the worker.
 
 Limits are enforced by the operating system, not by the host's clock: an
 interval timer (``SIGALRM``, default action: terminate) bounds evaluation
 time and is paused while a host call is outstanding, so a gate's own latency
 never counts; QuickJS's allocator limit turns a memory bomb into a catchable
-``out of memory`` error; ``RLIMIT_AS`` backs it up; the stack limit turns
+``out of memory`` error (left uncaught, the host restarts the sandbox);
+``RLIMIT_AS`` backs it up; the stack limit turns
 runaway recursion into a ``stack overflow`` error. The context has no
 ``std``/``os`` modules: host functions are the only way out.
 """
@@ -51,6 +54,7 @@ var console = (function () {
 """
 
 MAX_CONSOLE_CHARS = 20_000
+OUT_OF_MEMORY = "InternalError: out of memory"
 
 
 class Worker:
@@ -90,6 +94,8 @@ class Worker:
         return json.dumps({k: reply.get(k) for k in ("ok", "value", "error", "stop")}, default=str)
 
     def console_line(self, text: str) -> None:
+        if self.stopped:
+            return  # code after done (reached through a catch) has no visible effect
         if self.console_chars < MAX_CONSOLE_CHARS:
             self.console.append(text)
             self.console_chars += len(text)
@@ -116,17 +122,24 @@ class Worker:
         value: Any = None
         kind = "undefined"
         try:
-            raw = self.ctx.eval(code)
-            kind, value = _convert(raw)
-        except quickjs.JSException as exc:
-            text = str(exc).strip()
-            if not (self.stopped and "__cantrip_stop__" in text):
-                error = text.splitlines()[0] if text else "Error"
-                if "stack overflow" in text:
-                    error = "RangeError: stack overflow (recursion too deep)"
+            try:
+                raw = self.ctx.eval(code)
+                kind, value = _convert(raw)
+            except quickjs.JSException as exc:
+                error = self.describe(exc)
+            try:
+                # Promise jobs (then-callbacks, async functions, import()) run now,
+                # still under the time limit, as they would when a script ends.
+                while self.ctx.execute_pending_job():
+                    pass
+            except quickjs.JSException as exc:
+                error = error or self.describe(exc)
         finally:
             _pause_timer()
         stopped = self.stopped
+        if stopped:
+            kind, value = "undefined", None
+        out_of_memory = error is not None and error.startswith(OUT_OF_MEMORY)
         return {
             "op": "result",
             "kind": kind,
@@ -135,7 +148,32 @@ class Worker:
             "stopped": stopped,
             "console": self.console,
             "console_truncated": self.console_chars >= MAX_CONSOLE_CHARS,
+            # The heap is exhausted by what the code kept: the context cannot be
+            # trusted any more (QuickJS even fails to report later errors).
+            "restart": out_of_memory,
         }
+
+    def describe(self, exc: quickjs.JSException) -> str | None:
+        """The one-line error of an uncaught exception; None for done's own stop."""
+        text = str(exc).strip()
+        if self.stopped and "__cantrip_stop__" in text:
+            return None
+        if "stack overflow" in text:
+            return "RangeError: stack overflow (recursion too deep)"
+        unshowable = "Failed obtaining QuickJS error string" in text
+        if text.startswith(OUT_OF_MEMORY) or (
+            (text == "null" or unshowable) and self.heap_exhausted()
+        ):
+            # QuickJS throws null when it runs out of memory while building the error,
+            # and then cannot even turn later errors into strings.
+            return OUT_OF_MEMORY
+        if unshowable:
+            return "Error: uncaught exception whose value cannot be shown (its toString threw)"
+        return text.splitlines()[0] if text else "Error"
+
+    def heap_exhausted(self) -> bool:
+        usage = self.ctx.memory()
+        return bool(usage["malloc_size"] >= 0.9 * usage["malloc_limit"] > 0)
 
     def serve(self) -> None:
         while True:

@@ -14,8 +14,9 @@ Wards (WARD-2; they compose like all wards): ``max_eval_ms`` (default 5000)
 bounds the evaluation time of one code call, not counting time spent inside
 gates; ``max_memory_mb`` (default 64) bounds the JS heap. Runaway loops,
 memory bombs and deep recursion end that call with an error observation; if
-the worker had to be killed, the next turn gets a fresh sandbox and the
-observation says that the variables were lost.
+the worker had to be killed (time limit, an uncaught out-of-memory error, or a
+cast cut off mid-evaluation by cancellation or ``timeout_s``), the next turn
+gets a fresh sandbox and the observation says that the variables were lost.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ from cantrip._gate import Gate
 from cantrip._wards import WardKind, WardSet, register_ward_kind
 from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
-from mediums._code import code_tool, map_arguments, observation_text, render_code_observation
+from mediums._code import (
+    code_extras,
+    code_tool,
+    map_arguments,
+    observation_text,
+    render_code_observation,
+)
 from mediums._worker import WorkerDied, WorkerProcess
 from mediums.base import Execution, GateHost
 
@@ -91,6 +98,7 @@ class JsSession:
             return Execution(text_only=True)
         records: list[GateCallRecord] = []
         observations: list[str] = []
+        errors: list[str] = []
         terminated = False
         result: Any = None
         for call in response.tool_calls:
@@ -106,9 +114,11 @@ class JsSession:
                 )
                 observations.append("skipped: done was already called")
                 continue
-            text, call_records, done, value = await self._run_call(call, host)
+            text, call_records, done, value, error = await self._run_call(call, host)
             records.extend(call_records)
             observations.append(text)
+            if error:
+                errors.append(error)
             if done:
                 terminated, result = True, value
         return Execution(
@@ -116,19 +126,19 @@ class JsSession:
             terminated=terminated,
             result=result,
             observation="\n\n".join(observations),
-            extras={"observations": observations},
+            extras=code_extras(observations, errors),
         )
 
     async def _run_call(
         self, call: ToolCall, host: GateHost
-    ) -> tuple[str, list[GateCallRecord], bool, Any]:
+    ) -> tuple[str, list[GateCallRecord], bool, Any, str | None]:
         code = call.arguments.get("code")
         if call.name != TOOL_NAME or not isinstance(code, str):
             problem = (
                 f"this circle's medium is JavaScript: call the {TOOL_NAME!r} tool with "
                 f'{{"code": "..."}} (got {call.name}({call.arguments_json}))'
             )
-            return f"error: {problem}", [], False, None
+            return f"error: {problem}", [], False, None, problem
         notice = None
         if self._lost_state:
             notice = (
@@ -152,16 +162,24 @@ class JsSession:
                             terminated, value = True, record.result
                     await worker.send(reply)
                     continue
+                error = message.get("error")
+                if message.get("restart"):
+                    await self._discard_worker()
+                    self._lost_state = True
+                    error = (
+                        f"{error} (max_memory_mb={self._memory_mb}); "
+                        "the sandbox will restart without its state"
+                    )
                 text = observation_text(
                     records=records,
                     console=message.get("console") or [],
                     console_truncated=bool(message.get("console_truncated")),
                     kind=str(message.get("kind", "undefined")),
                     value=message.get("value"),
-                    error=message.get("error"),
+                    error=error,
                     notice=notice,
                 )
-                return text, records, terminated, value
+                return text, records, terminated, value, error
         except WorkerDied as death:
             await self._discard_worker()
             self._lost_state = True
@@ -170,7 +188,15 @@ class JsSession:
                 f"max_memory_mb={self._memory_mb}); the sandbox will restart without its state"
             )
             text = observation_text(records=records, console=[], error=error, notice=notice)
-            return text, records, terminated, value
+            return text, records, terminated, value, error
+        except BaseException:
+            # Cut off mid-exchange (cancelled, timeout_s): the worker may still be
+            # running the code or waiting for a gate's reply, so it can never be
+            # talked to again -- reusing it would pair the next code with this
+            # code's result. Kill it; the next turn starts a fresh sandbox.
+            await self._discard_worker()
+            self._lost_state = True
+            raise
 
     async def _host_call(
         self, message: dict[str, Any], host: GateHost, terminated: bool

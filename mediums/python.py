@@ -74,7 +74,13 @@ from cantrip._gate import Gate
 from cantrip._wards import WardKind, WardSet
 from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
-from mediums._code import code_tool, map_arguments, observation_text, render_code_observation
+from mediums._code import (
+    code_extras,
+    code_tool,
+    map_arguments,
+    observation_text,
+    render_code_observation,
+)
 from mediums.base import Execution, GateHost
 from mediums.js import MAX_EVAL_MS, MAX_MEMORY_MB
 
@@ -188,6 +194,7 @@ class PythonSession:
             return Execution(text_only=True)
         records: list[GateCallRecord] = []
         observations: list[str] = []
+        errors: list[str] = []
         terminated = False
         result: Any = None
         for call in response.tool_calls:
@@ -202,6 +209,8 @@ class PythonSession:
             text, outcome = await self._run_call(call, host)
             records.extend(outcome.records)
             observations.append(text)
+            if outcome.error:
+                errors.append(outcome.error)
             if outcome.terminated:
                 terminated, result = True, outcome.value
         return Execution(
@@ -209,7 +218,7 @@ class PythonSession:
             terminated=terminated,
             result=result,
             observation="\n\n".join(observations),
-            extras={"observations": observations},
+            extras=code_extras(observations, errors),
         )
 
     async def aclose(self) -> None:
