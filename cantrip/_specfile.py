@@ -36,6 +36,7 @@ from cantrip.loom._loom import Loom
 from gates.fixtures import fixture_gate
 from mediums.base import Medium
 from mediums.conversation import conversation
+from mediums.bash import BashMedium
 from mediums.js import js
 from mediums.python import python
 
@@ -152,6 +153,7 @@ _MEDIUMS: dict[str, MediumFactory] = {
     "conversation": lambda: conversation,
     "js": lambda: js,
     "python": lambda: python,
+    "bash": BashMedium,  # opt-in only: not a sandbox (see mediums.bash)
 }
 
 

@@ -1,0 +1,708 @@
+"""The bash medium: a persistent ``bash`` process per entity (MEDIUM-2/3).
+
+**This is NOT a sandbox, and it must never be a default medium.** The entity's
+code runs as a real ``bash --noprofile --norc`` with the permissions of the
+user running cantrip: it can read and write every file that user can (the
+working directory is only where it *starts*), start any program, reach the
+network, and leave background processes running until they are killed. Use it
+only in circles whose author means to hand an LLM a real shell on this
+machine (a container or VM is the place for untrusted work).
+
+What the medium *does* give:
+
+* **working directory** -- the shell starts in ``workdir`` (a constructor
+  argument). Without one, each session gets a fresh temporary directory that
+  is deleted when the session closes. A given ``workdir`` is shared by every
+  entity of the circle (each still has its own shell) and is never deleted.
+* **environment scrubbing** -- the shell sees only ``PATH``, ``HOME`` (the
+  working directory) and ``LANG=C.UTF-8`` (plus what bash sets itself), so
+  API keys and other secrets in the host's environment are not inherited.
+  Nothing stops the code from reading them from files it can reach.
+* **process-group kill** -- the shell is started in its own session
+  (``start_new_session``); on timeout, cancellation and close the whole
+  process group is killed with ``SIGKILL``, background jobs included. A
+  process that leaves the group on purpose (``setsid``, a daemon) escapes,
+  and if the host process itself is killed outright (no ``aclose``), the
+  shell exits when its stdin closes but its background jobs live on.
+* **time limit** -- the ``max_eval_ms`` ward (the kind the JavaScript medium
+  registers; default 10000 here) bounds one code call, not counting time
+  spent inside gates. On timeout the process group is killed, the
+  observation says "timed out", and the next call starts a fresh shell whose
+  observation says that the shell state was lost (files remain).
+* **output cap** -- stdout and stderr (merged, in order) are kept up to
+  ``max_output_chars`` (default 20000): the start and the end are shown with a
+  note saying how much was left out.
+* **error turns** -- a non-zero exit status, a timeout or the shell exiting
+  is the code's own error (``extras["error"]``, so ``Turn.is_error``).
+
+**State (MEDIUM-3, COMP-4).** Each entity's session has its own shell,
+started on first use; every code call is written to a private control file
+and sourced (``. file``) in that same shell, with stdin from ``/dev/null``,
+so the current directory, variables, functions and ``set`` options persist
+between turns. The end of a call is detected by a per-session random
+sentinel line printed after it together with ``$?``. ``exit`` (or ``set -e``
+tripping) ends the shell: the next call gets a fresh one and says so.
+
+**Gates.** The circle's gates are shell commands: ``cantrip_gate NAME
+[ARG...]`` calls any gate, mapping the string arguments onto its parameters
+in order (``cantrip_gate --json NAME JSON`` passes a JSON object as keyword
+arguments, or a JSON array as positional ones). Each gate name (and alias)
+that is a valid shell name and not a bash keyword, builtin or program on
+``PATH`` is also a function of its own (``submit_answer 42``, ``tally x``);
+``done``, ``echo`` and ``read`` are keywords/builtins, so the done gate is
+called as ``submit_answer ANSWER`` (or ``cantrip_gate done ANSWER``) and the
+others through ``cantrip_gate``. The shell function writes a NUL-separated
+request to a pipe (an inherited fd, see ``pass_fds``) and blocks reading
+the reply from a second pipe; the trio host answers every request with
+``await host.call(...)``, so each call is a recorded gate call, in order. A
+result is printed on stdout (strings as-is, other values as JSON) so
+``x=$(cantrip_gate echo hi)`` works; a failing gate prints its error on
+stderr and returns status 1.
+
+After a successful terminating gate (``submit_answer``/``done``) the rest of
+the code call is skipped (LOOP-3): a DEBUG trap (``extdebug``) returns from
+the sourced code. Limits: called inside a subshell (``$(...)``, a pipeline,
+``( ... )``) only that subshell stops; the rest of the code runs on, but every
+later gate call is recorded as ``skipped`` and stops the shell code at that
+point. Gate calls from concurrent background jobs are not supported (their
+requests could interleave). A gate reply cannot carry NUL bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+import trio.lowlevel
+
+from cantrip._gate import Gate
+from cantrip._wards import WardKind, WardSet
+from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
+from cantrip.loom._model import GateCallRecord, Turn
+from mediums._code import (
+    code_extras,
+    code_tool,
+    map_arguments,
+    observation_text,
+    render_code_observation,
+)
+from mediums.base import Execution, GateHost
+from mediums.js import MAX_EVAL_MS
+
+TOOL_NAME = "bash"
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+START_TIMEOUT_S = 10.0
+EXIT_GRACE_S = 0.2
+"""After the shell exits, how long to wait for the rest of its output."""
+
+_RESERVED = """
+if then else elif fi case esac for select while until do done in function time coproc
+alias bg bind break builtin caller cd command compgen complete compopt continue declare dirs
+disown echo enable eval exec exit export false fc fg getopts hash help history jobs kill let
+local logout mapfile popd printf pushd pwd read readarray readonly return set shift shopt source
+suspend test times trap true type typeset ulimit umask unalias unset wait
+"""
+_SHELL_WORDS = frozenset(_RESERVED.split())
+"""bash keywords and builtins: a gate of such a name is reached through cantrip_gate."""
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+_INIT = r"""
+exec {__CANTRIP_REQ}>&%(req)d {__CANTRIP_REP}<&%(rep)d %(req)d>&- %(rep)d<&-
+readonly __CANTRIP_REQ __CANTRIP_REP
+__cantrip_stop=
+__cantrip_trap() {
+  if [[ -n $__cantrip_stop ]] && (( ${#FUNCNAME[@]} > 1 )); then return 2; fi
+  return 0
+}
+__cantrip_halt() {
+  __cantrip_stop=1
+  builtin shopt -s extdebug
+  builtin trap __cantrip_trap DEBUG
+}
+cantrip_gate() {
+  local __mode=args __status= __value=
+  if [[ ${1-} == --json ]]; then __mode=json; shift; fi
+  if (( $# < 1 )); then
+    builtin printf '%%s\n' 'usage: cantrip_gate NAME [ARG...] | cantrip_gate --json NAME JSON' >&2
+    return 2
+  fi
+  builtin printf '%%s\0' "$__mode" "$#" "$@" >&"$__CANTRIP_REQ" || return 3
+  IFS= builtin read -r -d '' __status <&"$__CANTRIP_REP" || {
+    builtin printf '%%s\n' 'cantrip_gate: no reply from the host' >&2
+    return 3
+  }
+  IFS= builtin read -r -d '' __value <&"$__CANTRIP_REP"
+  case $__status in
+    ok) builtin printf '%%s\n' "$__value" ;;
+    stop) __cantrip_halt ;;
+    skip) builtin printf '%%s\n' "$__value" >&2; __cantrip_halt; return 1 ;;
+    *) builtin printf '%%s\n' "$__value" >&2; return 1 ;;
+  esac
+}
+%(functions)s
+"""
+
+_NOTES_TEMPLATE = """\
+Run bash code in a persistent bash shell on the host machine (NOT a sandbox). The current \
+directory, variables, functions and options persist between calls; the shell starts in its \
+working directory. stdout and stderr are returned to you (long output is cut: write it to a \
+file and inspect it with head/grep/sed), with the exit status when it is not 0. stdin is \
+/dev/null, so do not run interactive programs. One call may run {seconds:g} s (less if the \
+circle says so); a call that runs longer is killed together with its background jobs, and \
+the shell restarts without its state. `exit` also ends the shell.
+
+Gates are shell commands; `cantrip_gate NAME ARG...` calls any of them (string arguments, \
+mapped onto the parameters in order; `cantrip_gate --json NAME '{{"param": value}}'` passes \
+JSON). A result is printed on stdout (use x=$(...) to keep it); a failure prints on stderr \
+and returns status 1.
+{listing}
+
+Finish with `submit_answer ANSWER` (the done gate; `done` itself is a bash keyword): the rest \
+of the code after it does not run."""
+
+
+@attrs.frozen
+class BashMedium:
+    """A real bash shell as the medium: A = M + G - W. Not a sandbox; never a default."""
+
+    workdir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    max_eval_ms: int = 10000
+    max_output_chars: int = 20000
+    name: str = "bash"
+    default_tool_choice: ToolChoice = "required"
+
+    def ward_kinds(self) -> Sequence[WardKind]:
+        return (MAX_EVAL_MS,)
+
+    def present(self, gates: Sequence[Gate]) -> tuple[ToolDefinition, ...]:
+        lines = []
+        for g in gates:
+            params = " ".join(
+                p.upper() for p in (g.parameters.get("properties") or {}) if isinstance(p, str)
+            )
+            commands = [n for n in (g.name, *g.aliases) if n in gate_commands([n])]
+            usage = " / ".join(f"{c} {params}".strip() for c in commands)
+            if not usage:
+                usage = f"cantrip_gate {g.name} {params}".strip()
+            summary = g.description.splitlines()[0] if g.description else ""
+            lines.append(f"- {usage}: {summary}")
+        notes = _NOTES_TEMPLATE.format(seconds=self.max_eval_ms / 1000, listing="\n".join(lines))
+        tool = code_tool("bash", TOOL_NAME, gates, "")
+        return (attrs.evolve(tool, description=notes),)
+
+    async def open(self, wards: WardSet) -> BashSession:
+        eval_ms = int(min(self.max_eval_ms, wards.get("max_eval_ms") or self.max_eval_ms))
+        if self.workdir is None:
+            workdir, owned = Path(tempfile.mkdtemp(prefix="cantrip-bash-")), True
+        else:
+            workdir, owned = self.workdir.resolve(), False
+            workdir.mkdir(parents=True, exist_ok=True)
+        return BashSession(workdir, owned, eval_ms, self.max_output_chars)
+
+    def render_observation(self, turn: Turn) -> list[Message]:
+        return render_code_observation(turn)
+
+
+def gate_commands(names: Sequence[str]) -> list[str]:
+    """The gate names that can be shell functions without hiding anything."""
+    path = os.environ.get("PATH") or DEFAULT_PATH
+    return [
+        n
+        for n in names
+        if _SHELL_NAME.match(n)
+        and n not in _SHELL_WORDS
+        and not n.startswith("__cantrip")
+        and n != "cantrip_gate"
+        and shutil.which(n, path=path) is None
+    ]
+
+
+class ShellDied(Exception):
+    """The shell could not be started."""
+
+
+class _Output:
+    """A code call's merged output: the head and the tail, with a count of the rest."""
+
+    def __init__(self, limit_chars: int) -> None:
+        self._head_limit = max(limit_chars - limit_chars // 4, 0) * 4
+        self._tail_limit = (limit_chars // 4) * 4
+        self._limit_chars = limit_chars
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self._head_limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data and self._tail_limit:
+            self.tail += data
+            del self.tail[: max(len(self.tail) - self._tail_limit, 0)]
+
+    def lines(self, block_path: str) -> list[str]:
+        """The output as console lines, cut to the limit with a note when too long."""
+        head = self.head.decode(errors="replace").replace(block_path, "bash")
+        tail = self.tail.decode(errors="replace").replace(block_path, "bash")
+        dropped = self.total > len(self.head) + len(self.tail)
+        first = head if dropped else head + tail
+        last = tail if dropped else first
+        if not dropped and len(first) <= self._limit_chars:
+            return _split(first)
+        tail_chars = self._limit_chars // 4
+        head_chars = self._limit_chars - tail_chars
+        shown_tail = last[-tail_chars:] if tail_chars else ""
+        note = (
+            f"[output truncated: {self.total} bytes in all; only the first {head_chars} and the "
+            f"last {len(shown_tail)} characters are shown -- redirect long output to a file "
+            "and inspect it with head, tail, grep or sed]"
+        )
+        return [*first[:head_chars].split("\n"), note, *_split(shown_tail)]
+
+
+def _split(text: str) -> list[str]:
+    if text.endswith("\n"):
+        text = text[:-1]
+    return text.split("\n") if text else []
+
+
+class _Shell:
+    """One live ``bash`` process with its control pipes."""
+
+    def __init__(
+        self,
+        process: trio.Process,
+        requests: trio.lowlevel.FdStream,
+        replies: trio.lowlevel.FdStream,
+        control: Path,
+        token: str,
+    ) -> None:
+        self.process = process
+        self.requests = requests
+        self.replies = replies
+        self.control = control
+        self.token = token.encode()
+        self.stdout_buffer = bytearray()
+        self.request_buffer = bytearray()
+        self.blocks = 0
+
+    @classmethod
+    async def start(cls, workdir: Path, gate_names: Sequence[str]) -> _Shell:
+        control = Path(tempfile.mkdtemp(prefix="cantrip-bash-control-"))
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        env = {
+            "PATH": os.environ.get("PATH") or DEFAULT_PATH,
+            "HOME": str(workdir),
+            "LANG": "C.UTF-8",
+        }
+        try:
+            functions = "\n".join(
+                f'{n}() {{ cantrip_gate {n} "$@"; }}' for n in gate_commands(gate_names)
+            )
+            init = _INIT % {"req": req_w, "rep": rep_r, "functions": functions}
+            (control / "init.sh").write_text(init, encoding="utf-8")
+            process = await trio.lowlevel.open_process(
+                [shutil.which("bash", path=env["PATH"]) or "/bin/bash", "--noprofile", "--norc"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=str(workdir),
+                env=env,
+                start_new_session=True,
+                pass_fds=(req_w, rep_r),
+            )
+        except BaseException:
+            for fd in (req_r, req_w, rep_r, rep_w):
+                os.close(fd)
+            shutil.rmtree(control, ignore_errors=True)
+            raise
+        os.close(req_w)
+        os.close(rep_r)
+        shell = cls(
+            process,
+            trio.lowlevel.FdStream(req_r),
+            trio.lowlevel.FdStream(rep_w),
+            control,
+            "__CANTRIP_END_" + secrets.token_hex(12) + "__",
+        )
+        try:
+            with trio.fail_after(START_TIMEOUT_S):
+                await shell.send_line(f". {shlex.quote(str(control / 'init.sh'))}; " + shell.tail)
+                status, output = await shell.read_to_sentinel()
+            if status != 0 or output.strip():
+                raise ShellDied(f"bash failed to start: {output.decode(errors='replace')!r}")
+        except BaseException:
+            await shell.kill()
+            raise
+        return shell
+
+    @property
+    def tail(self) -> str:
+        """The shell code that follows every code call: reset the stop trap, print the end."""
+        return (
+            "__cantrip_status=$?; if [[ -n $__cantrip_stop ]]; then builtin trap - DEBUG; "
+            "builtin shopt -u extdebug; __cantrip_stop=; fi; "
+            f"builtin printf '\\n%s %d\\n' {self.token.decode()} "
+            '"$__cantrip_status"'
+        )
+
+    async def send_line(self, line: str) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.send_all(line.encode() + b"\n")
+
+    async def read_to_sentinel(self, sink: _Output | None = None) -> tuple[int | None, bytes]:
+        """Read stdout up to the sentinel line; ``(status, output)``, or ``None`` at EOF."""
+        assert self.process.stdout is not None
+        marker = b"\n" + self.token + b" "
+        collected = bytearray()
+        buffer = self.stdout_buffer
+        while True:
+            at = buffer.find(marker)
+            if at >= 0:
+                end = buffer.find(b"\n", at + len(marker))
+                if end >= 0:
+                    status = int(buffer[at + len(marker) : end] or b"0")
+                    self._emit(bytes(buffer[:at]), sink, collected)
+                    del buffer[: end + 1]
+                    return status, bytes(collected)
+            else:
+                keep = len(marker) + 16
+                if len(buffer) > keep:
+                    self._emit(bytes(buffer[:-keep]), sink, collected)
+                    del buffer[:-keep]
+            try:
+                chunk = await self.process.stdout.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                chunk = b""
+            if not chunk:
+                self._emit(bytes(buffer), sink, collected)
+                buffer.clear()
+                return None, bytes(collected)
+            buffer += chunk
+
+    @staticmethod
+    def _emit(data: bytes, sink: _Output | None, collected: bytearray) -> None:
+        if not data:
+            return
+        if sink is not None:
+            sink.add(data)
+        else:
+            collected += data
+
+    async def next_request(self) -> tuple[str, list[str]] | None:
+        """The next gate request from the shell: ``(mode, [name, *args])``; ``None`` at EOF."""
+        buffer = self.request_buffer
+        while True:
+            fields = buffer.split(b"\0")
+            if len(fields) >= 3:
+                try:
+                    count = int(fields[1])
+                except ValueError:
+                    count = 0
+                if len(fields) > 2 + count:
+                    raw = fields[: 2 + count]
+                    del buffer[: sum(len(f) + 1 for f in raw)]
+                    values = [f.decode(errors="replace") for f in raw]
+                    return values[0], values[2:]
+            chunk = await self.requests.receive_some(65536)
+            if not chunk:
+                return None
+            buffer += chunk
+
+    async def reply(self, status: str, value: str) -> None:
+        data = status.encode() + b"\0" + value.replace("\0", "").encode() + b"\0"
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.replies.send_all(data)
+
+    async def kill(self) -> None:
+        """Kill the shell's whole process group, reap it, close the pipes."""
+        # Even when the shell itself has exited, its background jobs may live on in
+        # its group (the group id outlives the leader while members remain).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with trio.CancelScope(shield=True):
+            await self.process.wait()
+            for stream in (self.requests, self.replies, self.process.stdin, self.process.stdout):
+                if stream is not None:
+                    await stream.aclose()
+        shutil.rmtree(self.control, ignore_errors=True)
+
+
+@attrs.define
+class _Block:
+    """What one code call did."""
+
+    records: list[GateCallRecord] = attrs.field(factory=list)
+    terminated: bool = False
+    value: Any = None
+    status: int | None = None
+    exited: bool = False
+    timed_out: bool = False
+    gate_busy: bool = False
+    finished: bool = False
+    error: str | None = None
+    """The code's own failure (non-zero exit, timeout, ...): makes the turn an error turn."""
+
+
+class BashSession:
+    """One entity's shell, started on first use and restarted after a kill."""
+
+    def __init__(self, workdir: Path, owned: bool, eval_ms: int, output_chars: int) -> None:
+        self.workdir = workdir
+        self._owned = owned
+        self._eval_ms = eval_ms
+        self._output_chars = output_chars
+        self._shell: _Shell | None = None
+        self._lost_state: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The live shell's pid (its process group id), if one is running."""
+        return None if self._shell is None else self._shell.process.pid
+
+    async def execute(self, response: Response, host: GateHost) -> Execution:
+        if not response.tool_calls:
+            return Execution(text_only=True)
+        records: list[GateCallRecord] = []
+        observations: list[str] = []
+        errors: list[str] = []
+        terminated = False
+        result: Any = None
+        for call in response.tool_calls:
+            if terminated:
+                records.append(
+                    host.unexecuted(
+                        call.name,
+                        call.arguments,
+                        call.id,
+                        "skipped",
+                        "skipped: done was already called",
+                    )
+                )
+                observations.append("skipped: done was already called")
+                continue
+            text, block = await self._run_call(call, host)
+            records.extend(block.records)
+            observations.append(text)
+            if block.error:
+                errors.append(block.error)
+            if block.terminated:
+                terminated, result = True, block.value
+        return Execution(
+            gate_calls=tuple(records),
+            terminated=terminated,
+            result=result,
+            observation="\n\n".join(observations),
+            extras=code_extras(observations, errors),
+        )
+
+    async def _run_call(self, call: ToolCall, host: GateHost) -> tuple[str, _Block]:
+        code = call.arguments.get("code")
+        if call.name != TOOL_NAME or not isinstance(code, str):
+            problem = (
+                f"this circle's medium is bash: call the {TOOL_NAME!r} tool with "
+                f'{{"code": "..."}} (got {call.name}({call.arguments_json}))'
+            )
+            return f"error: {problem}", _Block(error=problem)
+        notice = None
+        if self._lost_state is not None:
+            notice = (
+                f"notice: {self._lost_state}, so this is a fresh shell: the shell state was "
+                "lost (current directory, variables, functions, options); files remain"
+            )
+            self._lost_state = None
+        block = _Block()
+        output = _Output(self._output_chars)
+        try:
+            shell = await self._ensure_shell(host)
+            shell.blocks += 1
+            path = shell.control / f"block-{shell.blocks}.sh"
+            path.write_text(code if code.endswith("\n") else code + "\n", encoding="utf-8")
+            await self._drive(shell, path, block, output, host)
+        except ShellDied as death:
+            block.error = str(death)
+            text = observation_text(records=[], console=[], error=block.error, notice=notice)
+            return text, block
+        except BaseException:
+            # Cut off from outside (cancelled, timeout_s): the shell may be running
+            # the code or waiting for a gate's reply and can never be trusted to be
+            # in step again. Kill it; the next call starts a fresh shell.
+            await self._discard_shell("the previous code call was interrupted")
+            raise
+        error = None
+        if block.timed_out:
+            await self._discard_shell(
+                f"the previous code call timed out after {self._eval_ms} ms and was killed"
+            )
+            error = (
+                f"timed out after {self._eval_ms} ms (max_eval_ms): the shell and every "
+                "process it started were killed; the next call starts a fresh shell without "
+                "the previous state"
+            )
+        elif block.exited:
+            returncode = shell.process.returncode
+            await self._discard_shell("the previous shell exited")
+            error = (
+                f"the shell exited (status {returncode}); the next call starts a fresh shell "
+                "without the previous state"
+            )
+        elif block.status and not block.terminated:
+            error = f"exit status {block.status}"
+        lines = output.lines(str(path))
+        if error and any("unexpected token `done'" in line for line in lines):
+            error += (
+                " (hint: `done` is a bash keyword; finish with submit_answer ANSWER "
+                "or cantrip_gate done ANSWER)"
+            )
+        block.error = error
+        text = observation_text(records=block.records, console=lines, error=error, notice=notice)
+        return text, block
+
+    async def _drive(
+        self, shell: _Shell, path: Path, block: _Block, output: _Output, host: GateHost
+    ) -> None:
+        """Run one code call to its end, answering gate requests, within the time limit."""
+        await shell.send_line(f". {shlex.quote(str(path))} </dev/null; " + shell.tail)
+        with trio.CancelScope(deadline=trio.current_time() + self._eval_ms / 1000) as scope:
+            async with trio.open_nursery() as nursery:
+
+                def finish() -> None:
+                    block.finished = True
+                    if not block.gate_busy:
+                        nursery.cancel_scope.cancel()
+
+                async def read_output() -> None:
+                    block.status, _ = await shell.read_to_sentinel(output)
+                    if block.status is not None:
+                        finish()
+
+                async def watch_exit() -> None:
+                    await shell.process.wait()
+                    await trio.sleep(EXIT_GRACE_S)  # let the output reader drain the pipe
+                    if not block.finished:
+                        block.exited = True
+                        finish()
+
+                async def serve_gates() -> None:
+                    while True:
+                        request = await shell.next_request()
+                        if request is None:
+                            return
+                        block.gate_busy = True
+                        remaining = scope.deadline - trio.current_time()
+                        scope.deadline = float("inf")  # time in gates does not count
+                        try:
+                            await self._host_call(shell, request, block, host)
+                        finally:
+                            block.gate_busy = False
+                            scope.deadline = trio.current_time() + max(remaining, 0.0)
+                        if block.finished:
+                            nursery.cancel_scope.cancel()
+
+                nursery.start_soon(read_output)
+                nursery.start_soon(watch_exit)
+                nursery.start_soon(serve_gates)
+        if scope.cancelled_caught and not block.finished:
+            block.timed_out = True
+        if not block.finished:  # what the reader held back while looking for the sentinel
+            output.add(bytes(shell.stdout_buffer))
+            shell.stdout_buffer.clear()
+
+    async def _host_call(
+        self, shell: _Shell, request: tuple[str, list[str]], block: _Block, host: GateHost
+    ) -> None:
+        mode, fields = request
+        if not fields:  # only a malformed request (not written by cantrip_gate) has no name
+            await shell.reply("error", "cantrip_gate: a request without a gate name")
+            return
+        name, raw = fields[0], fields[1:]
+        args_for_record: dict[str, Any] = {"args": raw}
+        if block.terminated:
+            message = "skipped: done was already called"
+            block.records.append(host.unexecuted(name, args_for_record, None, "skipped", message))
+            await shell.reply("skip", message)
+            return
+        found = host.gate(name)
+        if found is None:
+            record = host.unexecuted(name, args_for_record, None, "error", f"unknown gate {name!r}")
+            block.records.append(record)
+            await shell.reply("error", f"cantrip_gate: {record.text}")
+            return
+        try:
+            kwargs = _arguments(found, mode, raw)
+        except (TypeError, ValueError) as exc:
+            block.records.append(host.unexecuted(name, args_for_record, None, "error", str(exc)))
+            await shell.reply("error", f"{name}: {exc}")
+            return
+        record = await host.call(name, kwargs)
+        block.records.append(record)
+        if record.is_error:
+            await shell.reply("error", f"{name}: {record.text}")
+        elif host.terminates(name):
+            block.terminated, block.value = True, record.result
+            await shell.reply("stop", "")
+        else:
+            value = record.result
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            await shell.reply("ok", text)
+
+    async def _ensure_shell(self, host: GateHost) -> _Shell:
+        if self._shell is None:
+            names: list[str] = []
+            for g in host.gates:
+                names.extend((g.name, *g.aliases))
+            try:
+                self._shell = await _Shell.start(self.workdir, names)
+            except (OSError, trio.TooSlowError) as exc:
+                raise ShellDied(f"bash could not be started: {exc or type(exc).__name__}") from None
+        return self._shell
+
+    async def _discard_shell(self, why: str) -> None:
+        shell, self._shell = self._shell, None
+        if shell is not None:
+            self._lost_state = why
+            await shell.kill()
+
+    async def aclose(self) -> None:
+        shell, self._shell = self._shell, None
+        if shell is not None:
+            await shell.kill()
+        if self._owned:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _arguments(gate: Gate, mode: str, raw: list[str]) -> dict[str, Any]:
+    """A gate request's arguments as the gate's keyword arguments."""
+    if mode != "json":
+        return map_arguments(gate, raw)
+    if len(raw) != 1:
+        raise ValueError("cantrip_gate --json NAME JSON takes exactly one JSON argument")
+    try:
+        value = json.loads(raw[0])
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    if isinstance(value, dict):
+        return value
+    return map_arguments(gate, value if isinstance(value, list) else [value])
+
+
+bash = BashMedium()
+"""A bash medium with a fresh temporary working directory per session.
+
+Not registered anywhere by default: a circle must ask for it explicitly."""
