@@ -12,6 +12,7 @@ gate-call boundary where a gate's own failures become ``is_error`` records
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -106,7 +107,13 @@ class Circle:
     # -- presentation --------------------------------------------------------
 
     def tools(self) -> tuple[ToolDefinition, ...]:
-        """The capability presentation the LLM receives on every query (CIRCLE-11)."""
+        """The capability presentation the LLM receives on every query (CIRCLE-11).
+
+        Built once per circle: it changes only when the circle does."""
+        return self._tools
+
+    @functools.cached_property
+    def _tools(self) -> tuple[ToolDefinition, ...]:
         return self.medium.present(self.gates)
 
     def tool_choice(self, override: ToolChoice | None = None) -> ToolChoice:

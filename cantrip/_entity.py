@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -274,7 +273,9 @@ class Entity:
         cast = self._cast = _Cast(intent)
         timeout = self.circle.resolved.get("timeout_s")
         try:
-            with trio.move_on_after(math.inf if timeout is None else float(timeout)):
+            if timeout is None:
+                return await self._loop(cast)
+            with trio.move_on_after(float(timeout)):
                 return await self._loop(cast)
             turn = self._record_cut(cast, "timeout")
             return cast.result(self.id, turn, None)

@@ -35,8 +35,8 @@ from cantrip.llm._scripted import ScriptedLLM
 from cantrip.loom._loom import Loom
 from gates.fixtures import fixture_gate
 from mediums.base import Medium
-from mediums.conversation import conversation
 from mediums.bash import BashMedium
+from mediums.conversation import conversation
 from mediums.js import js
 from mediums.python import python
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -187,6 +187,26 @@ class LLM(Protocol):
         tools: Sequence[ToolDefinition] = (),
         tool_choice: ToolChoice | None = None,
         extra: Mapping[str, Any] | None = None,
+    ) -> Response: ...
+
+
+@runtime_checkable
+class StreamingLLM(LLM, Protocol):
+    """An LLM that can also stream: same answer as ``query``, with events on the way.
+
+    ``on_event`` receives :mod:`cantrip._events` values (text and thinking
+    deltas, tool calls announced then finalized, usage). The returned
+    response is authoritative.
+    """
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+        *,
+        on_event: Callable[[Any], None],
     ) -> Response: ...
 
 

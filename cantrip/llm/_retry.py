@@ -9,7 +9,7 @@ overload codes, connection problems); any other 4xx is final.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -17,11 +17,19 @@ import trio
 
 from cantrip._errors import ProviderError
 from cantrip._redact import get_logger
-from cantrip.llm._contract import LLM, Message, Response, ToolChoice, ToolDefinition
+from cantrip.llm._contract import (
+    LLM,
+    Message,
+    Response,
+    StreamingLLM,
+    ToolChoice,
+    ToolDefinition,
+)
 
 log = get_logger("cantrip.llm.retry")
 
 DEFAULT_RETRYABLE = frozenset({429, 500, 502, 503, 504, 529})
+_JITTER = random.Random()
 
 
 def _codes(value: Iterable[int]) -> frozenset[int]:
@@ -64,7 +72,8 @@ class RetryingLLM:
 
     inner: LLM
     policy: RetryPolicy = attrs.field(factory=RetryPolicy)
-    rng: random.Random = attrs.field(factory=random.Random, repr=False)
+    rng: random.Random = attrs.field(default=_JITTER, repr=False)
+    """Jitter source; shared by default (seeding one per entity costs more than it buys)."""
 
     @property
     def name(self) -> str:
@@ -77,10 +86,41 @@ class RetryingLLM:
         tool_choice: ToolChoice | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> Response:
+        return await self._attempts(messages, tools, tool_choice, extra, None)
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+        *,
+        on_event: Callable[[Any], None],
+    ) -> Response:
+        """Stream when the wrapped LLM can; a retry starts a new message."""
+        return await self._attempts(messages, tools, tool_choice, extra, on_event)
+
+    async def _attempts(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        tool_choice: ToolChoice | None,
+        extra: Mapping[str, Any] | None,
+        on_event: Callable[[Any], None] | None,
+    ) -> Response:
         attempt = 0
         while True:
             try:
-                response = await self.inner.query(messages, tools, tool_choice, extra)
+                if on_event is not None:
+                    from cantrip._events import MessageStart
+
+                    on_event(MessageStart(attempt=attempt + 1))
+                if on_event is not None and isinstance(self.inner, StreamingLLM):
+                    response = await self.inner.stream(
+                        messages, tools, tool_choice, extra, on_event=on_event
+                    )
+                else:
+                    response = await self.inner.query(messages, tools, tool_choice, extra)
             except ProviderError as error:
                 attempt += 1
                 if attempt > self.policy.max_retries or not self.policy.is_retryable(error):

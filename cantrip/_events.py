@@ -1,0 +1,100 @@
+"""Streaming events: what the loop is doing, as it happens (spec 7.5).
+
+An observation channel, never a control channel: sinks are plain callables
+that receive events and return nothing; what they do cannot change a turn.
+A streamed cast records exactly the turns an unstreamed one would.
+
+LLM adapters that stream emit the message-level events (with an empty
+``entity_id``); the entity fills in its id and adds the loop-level ones.
+Tool calls are announced when they appear, possibly with partial arguments;
+the finalized arguments (``final=True``) are authoritative (seed 000).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from cantrip.llm._contract import Response, Usage
+from cantrip.loom._model import GateCallRecord, Turn
+
+
+@attrs.frozen
+class Event:
+    entity_id: str = attrs.field(default="", kw_only=True)
+
+
+@attrs.frozen
+class StepStart(Event):
+    """A turn begins (the LLM is about to be queried)."""
+
+    sequence: int = 0
+
+
+@attrs.frozen
+class MessageStart(Event):
+    """The LLM began answering (sent again if a retry starts over)."""
+
+    attempt: int = 1
+
+
+@attrs.frozen
+class TextDelta(Event):
+    """A chunk of the answer's text (TextEvent)."""
+
+    text: str = ""
+
+
+@attrs.frozen
+class ThinkingDelta(Event):
+    """A chunk of the reasoning trace (ThinkingEvent)."""
+
+    text: str = ""
+
+
+@attrs.frozen
+class ToolCallEvent(Event):
+    """A tool call announced (``final=False``, arguments may be partial) or finalized."""
+
+    call_id: str = ""
+    name: str = ""
+    arguments: Mapping[str, Any] | str = attrs.field(factory=dict)
+    final: bool = False
+
+
+@attrs.frozen
+class MessageComplete(Event):
+    """The LLM's answer is complete and normalized."""
+
+    response: Response = attrs.field(factory=Response)
+
+
+@attrs.frozen
+class UsageEvent(Event):
+    usage: Usage = attrs.field(factory=Usage)
+
+
+@attrs.frozen
+class ToolResultEvent(Event):
+    """A gate call completed (or was skipped / cancelled)."""
+
+    record: GateCallRecord = attrs.field(factory=lambda: GateCallRecord(gate=""))
+
+
+@attrs.frozen
+class StepComplete(Event):
+    """A turn was recorded in the loom."""
+
+    turn: Turn | None = None
+
+
+@attrs.frozen
+class FinalResponse(Event):
+    """The cast terminated with this result (the done gate's answer, or final text)."""
+
+    result: Any = None
+
+
+EventSink = Callable[[Event], None]
