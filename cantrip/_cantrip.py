@@ -17,6 +17,7 @@ import trio
 from cantrip._circle import Circle
 from cantrip._entity import CastResult, Entity
 from cantrip._errors import ConstructionError
+from cantrip._events import EventSink
 from cantrip._folding import FoldingPolicy
 from cantrip._identity import Identity
 from cantrip.llm._contract import LLM
@@ -81,9 +82,15 @@ class Cantrip:
                 raise ConstructionError(f"unknown llm {llm!r} (known: {known})") from None
         return llm
 
-    def summon(self, *, llm: LLM | str | None = None, entity_id: str | None = None) -> Entity:
+    def summon(
+        self,
+        *,
+        llm: LLM | str | None = None,
+        entity_id: str | None = None,
+        on_event: EventSink | None = None,
+    ) -> Entity:
         """A persistent entity: send it intents, one cast each (ENTITY-5)."""
-        return Entity(self, llm=self.resolve_llm(llm), entity_id=entity_id)
+        return Entity(self, llm=self.resolve_llm(llm), entity_id=entity_id, on_event=on_event)
 
     def resume(self, entity_id: str, *, llm: LLM | str | None = None) -> Entity:
         """The entity ``entity_id`` again, its context rebuilt from its loom thread.
@@ -106,9 +113,17 @@ class Cantrip:
         point = self.loom.get(turn) if isinstance(turn, str) else turn
         return Entity(self, llm=self.resolve_llm(llm), entity_id=entity_id, fork_point=point)
 
-    async def cast_async(self, intent: str | None, *, llm: LLM | str | None = None) -> CastResult:
-        """Summon, run one intent, close (ENTITY-1: casting is summoning + cleanup)."""
-        entity = self.summon(llm=llm)
+    async def cast_async(
+        self,
+        intent: str | None,
+        *,
+        llm: LLM | str | None = None,
+        on_event: EventSink | None = None,
+    ) -> CastResult:
+        """Summon, run one intent, close (ENTITY-1: casting is summoning + cleanup).
+
+        ``on_event`` receives streaming events as the cast runs (spec 7.5)."""
+        entity = self.summon(llm=llm, on_event=on_event)
         async with entity:
             return await entity.send(intent)
 

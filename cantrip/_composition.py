@@ -129,6 +129,7 @@ async def _run_child(parent: Entity, request: dict[str, Any], spawn_point: str) 
         parent_entity_id=parent.id,
         spawned_from=spawn_point,
         depth=parent.depth + 1,
+        on_event=parent.on_event,
     )
     try:
         async with child:

@@ -18,7 +18,7 @@ import contextvars
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -29,9 +29,19 @@ import trio.lowlevel
 from cantrip._circle import Circle
 from cantrip._context import NUDGE_DONE_REQUIRED, Context
 from cantrip._errors import IntentError, LLMError
+from cantrip._events import (
+    Event,
+    EventSink,
+    FinalResponse,
+    MessageComplete,
+    StepComplete,
+    StepStart,
+    ToolResultEvent,
+    UsageEvent,
+)
 from cantrip._gate import Gate
 from cantrip._redact import get_logger
-from cantrip.llm._contract import LLM, Response, Usage
+from cantrip.llm._contract import LLM, Response, StreamingLLM, Usage
 from cantrip.loom._model import (
     CallStatus,
     EntityRecord,
@@ -78,10 +88,11 @@ class _TurnHost:
     """The circle as one turn's medium sees it, remembering every completion so a
     cut-off turn can be recorded with what had already happened."""
 
-    __slots__ = ("circle", "records")
+    __slots__ = ("circle", "emit", "records")
 
-    def __init__(self, circle: Circle) -> None:
+    def __init__(self, circle: Circle, emit: Callable[[Event], None] | None = None) -> None:
         self.circle = circle
+        self.emit = emit
         self.records: list[GateCallRecord] = []
 
     @property
@@ -99,6 +110,8 @@ class _TurnHost:
     ) -> GateCallRecord:
         record = await self.circle.call(name, args, tool_call_id)
         self.records.append(record)
+        if self.emit is not None:
+            self.emit(ToolResultEvent(record=record))
         return record
 
     def unexecuted(
@@ -111,6 +124,8 @@ class _TurnHost:
     ) -> GateCallRecord:
         record = self.circle.unexecuted(name, args, tool_call_id, status, message)
         self.records.append(record)
+        if self.emit is not None:
+            self.emit(ToolResultEvent(record=record))
         return record
 
 
@@ -178,10 +193,13 @@ class Entity:
         fork_point: Turn | None = None,
         depth: int = 0,
         resume: bool = False,
+        on_event: EventSink | None = None,
     ) -> None:
         self.id = entity_id or new_entity_id()
         self.parent_entity_id = parent_entity_id
         self.depth = depth
+        self.on_event = on_event
+        """Receives streaming events of this entity (and its children); see cantrip._events."""
         self._inflight: _Inflight | None = None
         self._cast: _Cast | None = None
         self.cantrip = cantrip
@@ -302,18 +320,28 @@ class Entity:
         assert session is not None
         while True:
             await trio.lowlevel.checkpoint_if_cancelled()
-            inflight = self._inflight = _Inflight(
-                time.perf_counter(), _now(), _TurnHost(self.circle)
-            )
+            emit = self._emit if self.on_event is not None else None
+            inflight = _Inflight(time.perf_counter(), _now(), _TurnHost(self.circle, emit))
+            self._inflight = inflight
+            if emit is not None:
+                emit(StepStart(sequence=self._sequence + 1))
             try:
-                response = (
-                    await self._query_llm.query(
-                        self._context.snapshot(), self._tools, self._tool_choice, self._extra
+                messages = self._context.snapshot()
+                if emit is not None and isinstance(self._query_llm, StreamingLLM):
+                    response = await self._query_llm.stream(
+                        messages, self._tools, self._tool_choice, self._extra, on_event=emit
                     )
-                ).validate()
+                else:
+                    response = await self._query_llm.query(
+                        messages, self._tools, self._tool_choice, self._extra
+                    )
+                response.validate()
             except LLMError as error:
                 self._record(self._failed_turn(cast.intent_for_turn(), error, inflight))
                 raise
+            if emit is not None:
+                emit(MessageComplete(response=response))
+                emit(UsageEvent(usage=response.usage))
             inflight.response = response
             cast.utterances += 1
             token = CURRENT_ENTITY.set(self)
@@ -370,8 +398,18 @@ class Entity:
             )
             self._inflight = None
             cast.add(turn)
+            if emit is not None:
+                emit(StepComplete(turn=turn))
+                if terminated:
+                    emit(FinalResponse(result=result))
             if terminated or truncated:
                 return cast.result(self.id, turn, result if terminated else None)
+
+    def _emit(self, event: Event) -> None:
+        """Deliver an event, stamped with this entity's id unless it carries one."""
+        sink = self.on_event
+        if sink is not None:
+            sink(event if event.entity_id else attrs.evolve(event, entity_id=self.id))
 
     def checkpoint(self) -> str:
         """Commit the turn in flight up to this moment; return its id.

@@ -24,7 +24,7 @@ payload and normalized by :mod:`cantrip.llm._openai_chat` (LLM-6).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -63,6 +63,7 @@ _ENTRY_KEYS = frozenset(
 )
 _FORMATS = ("openai",)
 _ids = itertools.count(1)
+STREAM_CHUNK = 8
 
 
 def _usage(data: Mapping[str, Any] | None) -> Usage:
@@ -168,6 +169,32 @@ class ScriptedLLM:
             model=self.name,
             provider="scripted",
         )
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+        *,
+        on_event: Callable[[Any], None],
+    ) -> Response:
+        """The same answer as :meth:`query`, emitted the way a provider streams it:
+        thinking and text in chunks, each tool call announced with partial
+        arguments, then finalized."""
+        from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
+
+        response = await self.query(messages, tools, tool_choice, extra)
+        for text, kind in ((response.thinking, ThinkingDelta), (response.content, TextDelta)):
+            for start in range(0, len(text or ""), STREAM_CHUNK):
+                on_event(kind(text=(text or "")[start : start + STREAM_CHUNK]))
+        for call in response.tool_calls:
+            raw = call.arguments_json
+            on_event(ToolCallEvent(call_id=call.id, name=call.name, arguments=raw[: len(raw) // 2]))
+            on_event(
+                ToolCallEvent(call_id=call.id, name=call.name, arguments=call.arguments, final=True)
+            )
+        return response
 
     def _calls(
         self, entry: Mapping[str, Any], tools: Sequence[ToolDefinition]
