@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -202,6 +203,8 @@ class Entity:
         """Receives streaming events of this entity (and its children); see cantrip._events."""
         self._inflight: _Inflight | None = None
         self._cast: _Cast | None = None
+        self._scope: trio.CancelScope | None = None
+        self._cancel_requested = False
         self.cantrip = cantrip
         self.llm = llm
         self.loom = cantrip.loom
@@ -290,12 +293,12 @@ class Entity:
         self._context.add_intent(intent)
         cast = self._cast = _Cast(intent)
         timeout = self.circle.resolved.get("timeout_s")
+        deadline = math.inf if timeout is None else trio.current_time() + float(timeout)
+        scope = self._scope = trio.CancelScope(deadline=deadline)
         try:
-            if timeout is None:
+            with scope:
                 return await self._loop(cast)
-            with trio.move_on_after(float(timeout)):
-                return await self._loop(cast)
-            turn = self._record_cut(cast, "timeout")
+            turn = self._record_cut(cast, "cancelled" if self._cancel_requested else "timeout")
             return cast.result(self.id, turn, None)
         except LLMError:
             raise  # already recorded as an llm_error turn
@@ -311,6 +314,8 @@ class Entity:
         finally:
             self._inflight = None
             self._cast = None
+            self._scope = None
+            self._cancel_requested = False
 
     async def _loop(self, cast: _Cast) -> CastResult:
         wards = self.circle.resolved
@@ -404,6 +409,16 @@ class Entity:
                     emit(FinalResponse(result=result))
             if terminated or truncated:
                 return cast.result(self.id, turn, result if terminated else None)
+
+    def cancel(self) -> bool:
+        """Cancel the running cast, if any (COMP-9): it ends as truncated with reason
+        ``cancelled`` (its children as ``parent_terminated``); the entity stays
+        usable for the next intent. Returns whether a cast was running."""
+        if self._scope is None:
+            return False
+        self._cancel_requested = True
+        self._scope.cancel()
+        return True
 
     def _emit(self, event: Event) -> None:
         """Deliver an event, stamped with this entity's id unless it carries one."""

@@ -240,3 +240,35 @@ async def test_cancelling_batches_records_every_entity(autojump_clock: Any) -> N
         assert final is not None and final.truncated, entity_id
         expected = "cancelled" if record.parent_entity_id is None else "parent_terminated"
         assert final.reason == expected
+
+
+async def test_entity_cancel_api_ends_the_cast_and_keeps_the_entity(autojump_clock: Any) -> None:
+    llm = cantrip.ScriptedLLM(
+        [
+            {"tool_calls": [{"gate": "call_agent", "args": {"intent": "slow child"}}]},
+            {"tool_calls": [{"gate": "done", "args": {"answer": "second cast"}}]},
+        ]
+    )
+    spell = cantrip.Cantrip(
+        llm=llm,
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, call_agent], [cantrip.max_turns(5)]),
+        llms={"child_llm": SleepyLLM()},
+    )
+    async with spell.summon() as entity:
+        async with trio.open_nursery() as nursery:
+            results: list[cantrip.CastResult] = []
+
+            async def run() -> None:
+                results.append(await entity.send("first"))
+
+            nursery.start_soon(run)
+            await trio.sleep(1)
+            assert entity.cancel()
+        first = results[0]
+        assert first.truncated and first.reason == "cancelled"
+        second = await entity.send("again")
+        assert second.result == "second cast"
+    child = next(e for e in spell.loom.entities.values() if e.parent_entity_id)
+    assert spell.loom.last_turn(child.entity_id).reason == "parent_terminated"
+    assert not entity.cancel()
