@@ -42,7 +42,7 @@ from cantrip._events import (
 )
 from cantrip._gate import Gate
 from cantrip._redact import get_logger
-from cantrip.llm._contract import LLM, Response, StreamingLLM, Usage
+from cantrip.llm._contract import LLM, ZERO_USAGE, Response, StreamingLLM, Usage
 from cantrip.loom._model import (
     CallStatus,
     EntityRecord,
@@ -150,7 +150,7 @@ class _Cast:
 
     intent: str
     turns: list[Turn] = attrs.field(factory=list)
-    usage: Usage = attrs.field(factory=Usage)
+    usage: Usage = attrs.field(factory=lambda: ZERO_USAGE)
     utterances: int = 0
     """LLM answers this cast; max_turns counts these (a split turn is one)."""
 

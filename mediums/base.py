@@ -16,6 +16,7 @@ A medium is the inside of a circle. It does four things:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -64,6 +65,9 @@ class GateHost(Protocol):
         ...
 
 
+_NO_EXTRAS: Mapping[str, Any] = MappingProxyType({})
+
+
 @attrs.frozen
 class Execution:
     """What one utterance did in the medium."""
@@ -72,7 +76,7 @@ class Execution:
     terminated: bool = False
     result: Any = None
     observation: str = ""
-    extras: Mapping[str, Any] = attrs.field(factory=dict)
+    extras: Mapping[str, Any] = attrs.field(factory=lambda: _NO_EXTRAS)
     text_only: bool = False
     """The utterance made no gate call and ran no code (LOOP-6)."""
 

@@ -131,6 +131,9 @@ class Usage:
         }
 
 
+ZERO_USAGE = Usage()
+"""Shared by every response that reports no usage (frozen, so sharing is safe)."""
+
 StopReason = Literal["end_turn", "tool_use", "max_tokens", "stop_sequence", "error"]
 
 
@@ -140,7 +143,7 @@ class Response:
 
     content: str | None = None
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
-    usage: Usage = attrs.field(factory=Usage)
+    usage: Usage = attrs.field(factory=lambda: ZERO_USAGE)
     thinking: str | None = None
     stop_reason: StopReason | None = None
     model: str | None = None
