@@ -19,7 +19,7 @@ from cantrip._errors import (
     ProviderError,
     ScriptExhaustedError,
 )
-from cantrip._gate import Gate, GateArgumentError, GateError, gate
+from cantrip._gate import Gate, GateArgumentError, GateError, GateResult, gate
 from cantrip._identity import Identity
 from cantrip._wards import Ward, WardSet, max_depth, max_turns, require_done_tool, timeout
 from cantrip.llm import (
@@ -50,6 +50,7 @@ __all__ = [
     "GateArgumentError",
     "GateCallRecord",
     "GateError",
+    "GateResult",
     "Identity",
     "ImmutableError",
     "IntentError",

@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from cantrip._errors import ConstructionError
-from cantrip._gate import Gate, GateArgumentError
+from cantrip._gate import Gate, GateArgumentError, GateResult
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import ToolChoice, ToolDefinition
 from cantrip.loom._model import CallStatus, GateCallRecord
@@ -153,6 +153,9 @@ class Circle:
             return self._record(
                 name, args, tool_call_id, started, message, error=True, detail=detail
             )
+        if isinstance(result, GateResult):
+            detail = {**detail, **result.detail}
+            result = result.value
         return self._record(name, args, tool_call_id, started, result, detail=detail)
 
     def unexecuted(

@@ -46,6 +46,7 @@ CHILD_IDENTITY = (
     "are given, using your gates, and finish by calling done with your answer."
 )
 DEFAULT_DEPTH = 1
+UNSANDBOXED_MEDIUMS = frozenset({"bash"})
 DEFAULT_CONCURRENCY = 8
 MAX_BATCH = 50
 
@@ -208,7 +209,14 @@ def _child_medium(parent: Entity, name: Any, llm: LLM) -> Any:
         raise ConstructionError(f"medium must be a name, not {declared!r}")
     if declared == parent.circle.medium.name:
         return parent.circle.medium
-    return resolve_medium_name(declared)
+    medium = resolve_medium_name(declared)
+    if medium.name in UNSANDBOXED_MEDIUMS and parent.circle.medium.name not in UNSANDBOXED_MEDIUMS:
+        # Delegation must not be a way out of a sandbox (DESIGN principle 7).
+        raise ConstructionError(
+            f"medium {declared!r} is not a sandbox; a child may use it only when its "
+            "parent already works in it"
+        )
+    return medium
 
 
 def _child_gates(parent: Entity, names: Any) -> list[Gate]:

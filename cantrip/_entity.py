@@ -29,7 +29,7 @@ import trio.lowlevel
 
 from cantrip._circle import Circle
 from cantrip._context import NUDGE_DONE_REQUIRED, Context
-from cantrip._errors import IntentError, LLMError
+from cantrip._errors import IntentError, LLMError, ProviderError
 from cantrip._events import (
     Event,
     EventSink,
@@ -342,8 +342,18 @@ class Entity:
                     )
                 response.validate()
             except LLMError as error:
-                self._record(self._failed_turn(cast.intent_for_turn(), error, inflight))
-                raise
+                transient = self._transient(error)
+                cast.utterances += 1
+                last = max_turns is not None and cast.utterances >= max_turns
+                failed = self._failed_turn(cast.intent_for_turn(), error, inflight, transient, last)
+                self._record(failed)
+                self._inflight = None
+                cast.add(failed)
+                if not transient:
+                    raise
+                if last:
+                    return cast.result(self.id, failed, None)
+                continue  # an operational failure stays in the loop (D-011)
             if emit is not None:
                 emit(MessageComplete(response=response))
                 emit(UsageEvent(usage=response.usage))
@@ -365,7 +375,9 @@ class Entity:
                     reason = "max_turns"
                 elif (
                     max_tokens is not None
-                    and cast.tokens + response.usage.total_tokens >= max_tokens
+                    and cast.tokens
+                    + (response.usage.total_tokens if inflight.checkpoint_id is None else 0)
+                    >= max_tokens
                 ):
                     reason = "max_tokens_total"
             truncated = not terminated and reason is not None
@@ -392,7 +404,13 @@ class Entity:
                     intent=cast.intent_for_turn(),
                     observation=observation,
                     gate_calls=gate_calls,
-                    metadata=_metadata(response, inflight.started, inflight.timestamp),
+                    metadata=_metadata(
+                        response,
+                        inflight.started,
+                        inflight.timestamp,
+                        # a checkpoint already carries this reply's usage (PROD-3)
+                        count_usage=inflight.checkpoint_id is None,
+                    ),
                     terminated=terminated,
                     truncated=truncated,
                     reason=reason,
@@ -494,7 +512,11 @@ class Entity:
             if call.id not in done_ids:
                 records.append(
                     self.circle.unexecuted(
-                        call.name, call.arguments, call.id, "cancelled", f"cancelled: {reason}"
+                        call.name,
+                        call.arguments,
+                        call.id,
+                        "crashed" if reason == "crashed" else "cancelled",
+                        f"{reason}: the call did not complete",
                     )
                 )
         started = inflight.started if inflight else time.perf_counter()
@@ -547,7 +569,38 @@ class Entity:
             self.usage = self.usage + turn.metadata.usage
         return turn
 
-    def _failed_turn(self, intent: str | None, error: LLMError, inflight: _Inflight) -> Turn:
+    def _transient(self, error: LLMError) -> bool:
+        """A provider failure that may pass (rate limit, overload, network) even
+        after the retries inside the turn: it becomes an ``is_error`` observation and
+        the loop goes on, bounded by the wards (D-011, DESIGN principle 3). Anything
+        else -- an invalid answer, a rejected request, a spent script -- ends the cast."""
+        return isinstance(error, ProviderError) and self.cantrip.retry.is_retryable(error)
+
+    def _failed_turn(
+        self,
+        intent: str | None,
+        error: LLMError,
+        inflight: _Inflight,
+        transient: bool,
+        last: bool,
+    ) -> Turn:
+        if transient:
+            return Turn(
+                id=self.loom.new_turn_id(),
+                parent_id=self._leaf,
+                entity_id=self.id,
+                sequence=self._sequence + 1,
+                cantrip_id=self.cantrip.id,
+                intent=intent,
+                observation=f"provider failure after retries, the loop goes on: {error}",
+                metadata=TurnMetadata(
+                    duration_ms=(time.perf_counter() - inflight.started) * 1000.0,
+                    timestamp=inflight.timestamp,
+                ),
+                truncated=last,
+                reason="max_turns" if last else None,
+                extras={"error": str(error), "error_type": type(error).__name__},
+            )
         return Turn(
             id=self.loom.new_turn_id(),
             parent_id=self._leaf,
@@ -585,8 +638,10 @@ def _utterance(response: Response) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def _metadata(response: Response, started: float, timestamp: str) -> TurnMetadata:
-    usage = response.usage
+def _metadata(
+    response: Response, started: float, timestamp: str, *, count_usage: bool = True
+) -> TurnMetadata:
+    usage = response.usage if count_usage else ZERO_USAGE
     return TurnMetadata(
         tokens_prompt=usage.prompt_tokens,
         tokens_completion=usage.completion_tokens,

@@ -33,6 +33,16 @@ class GateError(Exception):
     """Raise from a gate to report a failure in plain words (no traceback noise)."""
 
 
+@attrs.frozen
+class GateResult:
+    """A gate's return value plus facts for its record (``GateCallRecord.detail``),
+    e.g. ``GateResult(summary, {"truncated": True})`` from a delegation whose child
+    was cut off by a ward. The entity sees only ``value``."""
+
+    value: Any
+    detail: Mapping[str, Any] = attrs.field(factory=dict)
+
+
 def _frozen(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value or {}))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from cantrip._composition import delegate, delegate_batch
-from cantrip._gate import gate
+from cantrip._gate import GateResult, gate
 
 
 @gate(delegates=True, aliases=("call_entity",))
@@ -44,7 +44,10 @@ async def call_agent(
         if value is not None
     }
     outcome = await delegate(request)
-    return outcome.value
+    if outcome.truncated:
+        # Not a failure (DESIGN): the summary is the result; the record says truncated.
+        return GateResult(outcome.value, {"truncated": True, "child": outcome.entity_id})
+    return GateResult(outcome.value, {"child": outcome.entity_id})
 
 
 @gate(delegates=True, aliases=("call_entity_batch",))

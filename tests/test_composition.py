@@ -272,3 +272,61 @@ async def test_entity_cancel_api_ends_the_cast_and_keeps_the_entity(autojump_clo
     child = next(e for e in spell.loom.entities.values() if e.parent_entity_id)
     assert spell.loom.last_turn(child.entity_id).reason == "parent_terminated"
     assert not entity.cancel()
+
+
+async def test_a_child_cannot_escape_the_sandbox_into_bash() -> None:
+    from mediums.js import JsMedium
+
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(
+            [
+                {
+                    "code": "var r; try { r = call_agent({intent: 'x', medium: 'bash'}); }"
+                    " catch (e) { r = 'refused: ' + e.message; } done(r);"
+                }
+            ]
+        ),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, call_agent], [cantrip.max_turns(3)], JsMedium()),
+        llms={"child_llm": cantrip.ScriptedLLM([{"code": "submit_answer $(id -un)"}])},
+    )
+    outcome = await spell.cast_async("try to get a shell")
+    assert outcome.result.startswith("refused:") and "not a sandbox" in outcome.result
+    assert len(spell.loom.entities) == 1  # no child was ever created
+
+
+async def test_delegating_turn_counts_its_usage_once() -> None:
+    usage = {"prompt_tokens": 100, "completion_tokens": 10}
+    spell = parent_spell(
+        [
+            {"tool_calls": [{"gate": "call_agent", "args": {"intent": "x"}}], "usage": usage},
+            {"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}], "usage": usage},
+        ],
+        cantrip.ScriptedLLM([finish("child")]),
+    )
+    outcome = await spell.cast_async("count once")
+    assert outcome.usage.prompt_tokens == 200 and outcome.usage.completion_tokens == 20
+    per_turn = [t.metadata.tokens_prompt for t in outcome.turns]
+    assert per_turn == [100, 0, 100]  # checkpoint, continuation, final turn
+
+
+async def test_a_truncated_child_is_marked_on_the_parents_record() -> None:
+    child = cantrip.ScriptedLLM(
+        [{"tool_calls": [{"gate": "echo", "args": {"text": str(i)}}]} for i in range(5)]
+    )
+    spell = parent_spell(
+        [
+            {
+                "tool_calls": [
+                    {"gate": "call_agent", "args": {"intent": "long", "wards": [{"max_turns": 2}]}}
+                ]
+            },
+            finish(),
+        ],
+        child,
+    )
+    outcome = await spell.cast_async("delegate")
+    record = outcome.turns[1].gate_calls[0]
+    assert record.gate == "call_agent" and not record.is_error
+    assert record.detail["truncated"] is True
+    assert "Truncated by max_turns" in record.result

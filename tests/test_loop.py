@@ -407,14 +407,22 @@ async def test_retryable_provider_error_is_retried_inside_one_turn(autojump_cloc
     assert roles(llm.invocations[1].messages) == ["system", "user"]
 
 
-async def test_retries_give_up_after_max_retries(autojump_clock: Any) -> None:
-    c, llm = make([{"error": {"status": 429, "message": "slow down"}}] * 5)
-    with pytest.raises(ProviderError) as info:
-        await c.cast_async("go")
-    assert info.value.status == 429
-    assert len(llm.invocations) == 4  # one attempt + 3 retries
-    (turn,) = c.loom.turns
-    assert turn.reason == "llm_error"
+async def test_transient_failure_after_retries_stays_in_the_loop(autojump_clock: Any) -> None:
+    c, llm = make([{"error": {"status": 429, "message": "slow down"}}] * 4 + [done("recovered")])
+    outcome = await c.cast_async("go")
+    assert len(llm.invocations) == 5  # one attempt + 3 retries, then the next turn
+    failed, finished = c.loom.turns
+    assert failed.is_error and "slow down" in failed.observation
+    assert not failed.truncated and failed.reason is None  # the loop went on (D-011)
+    assert finished.terminated and outcome.result == "recovered"
+
+
+async def test_transient_failures_are_bounded_by_max_turns(autojump_clock: Any) -> None:
+    c, _ = make([{"error": {"status": 503, "message": "down"}}] * 40)
+    outcome = await c.cast_async("go")
+    assert outcome.truncated and outcome.reason == "max_turns"
+    assert all(t.is_error for t in c.loom.turns)
+    assert len(c.loom.turns) == c.circle.resolved.max_turns
 
 
 async def test_client_error_is_not_retried() -> None:
