@@ -395,13 +395,8 @@ class Entity:
                 extras = {**extras, "phase": "continuation"}
                 gate_calls = tuple(inflight.host.records[inflight.recorded_upto :])
             turn = self._record(
-                Turn(
-                    id=self.loom.new_turn_id(),
-                    parent_id=self._leaf,
-                    entity_id=self.id,
-                    sequence=self._sequence + 1,
-                    cantrip_id=self.cantrip.id,
-                    intent=cast.intent_for_turn(),
+                self._new_turn(
+                    cast.intent_for_turn(),
                     observation=observation,
                     gate_calls=gate_calls,
                     metadata=_metadata(
@@ -463,13 +458,8 @@ class Entity:
         response = inflight.response
         first = inflight.checkpoint_id is None
         turn = self._record(
-            Turn(
-                id=self.loom.new_turn_id(),
-                parent_id=self._leaf,
-                entity_id=self.id,
-                sequence=self._sequence + 1,
-                cantrip_id=self.cantrip.id,
-                intent=cast.intent_for_turn(),
+            self._new_turn(
+                cast.intent_for_turn(),
                 utterance=_utterance(response) if first else "",
                 content=response.content if first else None,
                 thinking=response.thinking if first else None,
@@ -521,13 +511,8 @@ class Entity:
                 )
         started = inflight.started if inflight else time.perf_counter()
         turn = self._record(
-            Turn(
-                id=self.loom.new_turn_id(),
-                parent_id=self._leaf,
-                entity_id=self.id,
-                sequence=self._sequence + 1,
-                cantrip_id=self.cantrip.id,
-                intent=cast.intent_for_turn(),
+            self._new_turn(
+                cast.intent_for_turn(),
                 utterance=_utterance(response) if response and not continuation else "",
                 content=response.content if response and not continuation else None,
                 thinking=response.thinking if response and not continuation else None,
@@ -585,22 +570,24 @@ class Entity:
         last: bool,
     ) -> Turn:
         if transient:
-            return Turn(
-                id=self.loom.new_turn_id(),
-                parent_id=self._leaf,
-                entity_id=self.id,
-                sequence=self._sequence + 1,
-                cantrip_id=self.cantrip.id,
-                intent=intent,
-                observation=f"provider failure after retries, the loop goes on: {error}",
-                metadata=TurnMetadata(
-                    duration_ms=(time.perf_counter() - inflight.started) * 1000.0,
-                    timestamp=inflight.timestamp,
-                ),
-                truncated=last,
-                reason="max_turns" if last else None,
-                extras={"error": str(error), "error_type": type(error).__name__},
-            )
+            observation = f"provider failure after retries, the loop goes on: {error}"
+            truncated, reason = last, ("max_turns" if last else None)
+        else:
+            observation, truncated, reason = f"llm error: {error}", True, "llm_error"
+        return self._new_turn(
+            intent,
+            observation=observation,
+            metadata=TurnMetadata(
+                duration_ms=(time.perf_counter() - inflight.started) * 1000.0,
+                timestamp=inflight.timestamp,
+            ),
+            truncated=truncated,
+            reason=reason,
+            extras={"error": str(error), "error_type": type(error).__name__},
+        )
+
+    def _new_turn(self, intent: str | None, **fields: Any) -> Turn:
+        """The next turn of this entity's thread, with the given contents."""
         return Turn(
             id=self.loom.new_turn_id(),
             parent_id=self._leaf,
@@ -608,14 +595,7 @@ class Entity:
             sequence=self._sequence + 1,
             cantrip_id=self.cantrip.id,
             intent=intent,
-            observation=f"llm error: {error}",
-            metadata=TurnMetadata(
-                duration_ms=(time.perf_counter() - inflight.started) * 1000.0,
-                timestamp=inflight.timestamp,
-            ),
-            truncated=True,
-            reason="llm_error",
-            extras={"error": str(error), "error_type": type(error).__name__},
+            **fields,
         )
 
 
