@@ -1,10 +1,21 @@
-"""The LLM contract, the scripted LLM, and the provider stack's building blocks."""
+"""The LLM contract, the scripted LLM, and the provider stack's building blocks.
+
+Provider adapters and the resilience wrappers are imported on first use
+(``cantrip.llm.load_llm``, ``cantrip.llm.FallbackLLM``, ...), so importing
+cantrip never loads httpx or a provider module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from cantrip.llm._contract import (
     LLM,
     Message,
     Query,
     Response,
+    StreamingLLM,
     ToolCall,
     ToolChoice,
     ToolDefinition,
@@ -13,18 +24,96 @@ from cantrip.llm._contract import (
 from cantrip.llm._openai_chat import parse_chat_completion
 from cantrip.llm._retry import RetryingLLM, RetryPolicy
 from cantrip.llm._scripted import ScriptedLLM
+from cantrip.llm._transcript import (
+    DEFAULT_POLICY,
+    PROVIDER_FORMATS,
+    CompletionPolicy,
+    IncrementalRenderer,
+    ProviderFormat,
+    RenderDiagnostics,
+    RenderedTranscript,
+    RenderedView,
+    TranscriptError,
+    project_id,
+    render_transcript,
+    validate_transcript,
+)
+
+if TYPE_CHECKING:
+    from cantrip.llm._config import (
+        Compat,
+        ModelInfo,
+        ProviderConfig,
+        available_providers,
+        clear_cache,
+        load_llm,
+        load_provider_config,
+    )
+    from cantrip.llm._fallback import FallbackLLM
+    from cantrip.llm._ratelimit import RateLimitedLLM, TokenBucket
+    from cantrip.llm._telemetry import Pricing, TelemetryLLM
+
+_LAZY = {
+    "Compat": "cantrip.llm._config",
+    "ModelInfo": "cantrip.llm._config",
+    "ProviderConfig": "cantrip.llm._config",
+    "available_providers": "cantrip.llm._config",
+    "clear_cache": "cantrip.llm._config",
+    "load_llm": "cantrip.llm._config",
+    "load_provider_config": "cantrip.llm._config",
+    "FallbackLLM": "cantrip.llm._fallback",
+    "RateLimitedLLM": "cantrip.llm._ratelimit",
+    "TokenBucket": "cantrip.llm._ratelimit",
+    "Pricing": "cantrip.llm._telemetry",
+    "TelemetryLLM": "cantrip.llm._telemetry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
+    "DEFAULT_POLICY",
     "LLM",
+    "PROVIDER_FORMATS",
+    "Compat",
+    "CompletionPolicy",
+    "FallbackLLM",
+    "IncrementalRenderer",
     "Message",
+    "ModelInfo",
+    "Pricing",
+    "ProviderConfig",
+    "ProviderFormat",
     "Query",
+    "RateLimitedLLM",
+    "RenderDiagnostics",
+    "RenderedTranscript",
+    "RenderedView",
     "Response",
     "RetryPolicy",
     "RetryingLLM",
     "ScriptedLLM",
+    "StreamingLLM",
+    "TelemetryLLM",
+    "TokenBucket",
     "ToolCall",
     "ToolChoice",
     "ToolDefinition",
+    "TranscriptError",
     "Usage",
+    "available_providers",
+    "clear_cache",
+    "load_llm",
+    "load_provider_config",
     "parse_chat_completion",
+    "project_id",
+    "render_transcript",
+    "validate_transcript",
 ]

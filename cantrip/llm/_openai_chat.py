@@ -1,15 +1,21 @@
 """OpenAI Chat Completions: normalizing a response payload to the contract (LLM-6).
 
-This is the parsing half of the OpenAI adapter; the scripted LLM feeds raw
-payloads through it so tests exercise the same code a real provider does.
+This is the parsing half of the OpenAI-compatible adapters (OpenAI, OpenRouter,
+local servers); the scripted LLM feeds raw payloads through it so tests
+exercise the same code a real provider does, and a streamed answer is
+reassembled into the same payload shape and parsed here too, so streaming and
+not streaming give equal responses.
+
 Tool-call arguments are parsed exactly once: a dict stays a dict, a string is
-decoded, and text that is not JSON is kept as ``raw_arguments`` so the call
-becomes an error observation naming it -- never a crash, never re-encoded.
+decoded, and text that is not a JSON object is kept as ``raw_arguments`` so
+the call becomes an error observation naming it -- never a crash, never
+re-encoded.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,22 +24,27 @@ from cantrip.llm._contract import Message, Response, StopReason, ToolCall, Usage
 
 _STOP_REASONS: dict[str, StopReason] = {
     "stop": "end_turn",
+    "end_turn": "end_turn",
     "tool_calls": "tool_use",
     "function_call": "tool_use",
     "length": "max_tokens",
     "content_filter": "error",
+    "error": "error",
 }
+_THINK = re.compile(r"^\s*<think>(.*?)(?:</think>\s*|$)(.*)$", re.DOTALL)
 
 
 def parse_usage(data: Mapping[str, Any] | None) -> Usage:
-    if not data:
+    if not data or not isinstance(data, Mapping):
         return Usage()
     prompt_details = data.get("prompt_tokens_details") or {}
     completion_details = data.get("completion_tokens_details") or {}
+    cached = prompt_details.get("cached_tokens") or data.get("prompt_cache_hit_tokens") or 0
     return Usage(
         prompt_tokens=int(data.get("prompt_tokens") or 0),
         completion_tokens=int(data.get("completion_tokens") or 0),
-        cached_tokens=int(prompt_details.get("cached_tokens") or 0),
+        cached_tokens=int(cached),
+        cache_write_tokens=int(prompt_details.get("cache_write_tokens") or 0),
         reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
     )
 
@@ -55,21 +66,93 @@ def parse_arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
     return {}, json.dumps(raw)
 
 
-def parse_chat_completion(payload: Mapping[str, Any], request: Sequence[Message] = ()) -> Response:
+def split_think_tags(content: str | None) -> tuple[str | None, str | None]:
+    """(content, thinking) of text that may open with a ``<think>`` block."""
+    if not content:
+        return content, None
+    match = _THINK.match(content)
+    if match is None:
+        return content, None
+    return match.group(2) or None, match.group(1) or None
+
+
+def error_from_payload(
+    error: Any, *, status: int | None = None, default_code: str | None = None
+) -> ProviderError:
+    """A provider's error object (OpenAI, Anthropic or Google shape) as a ProviderError."""
+    code: Any = None
+    if isinstance(error, Mapping):
+        message = error.get("message") or error.get("detail") or json.dumps(error)[:500]
+        code = error.get("code")
+        if code is None or isinstance(code, int):
+            if isinstance(code, int) and status is None and 100 <= code < 600:
+                status = code
+            code = error.get("status") or error.get("type") or code
+        metadata = error.get("metadata")
+        if isinstance(metadata, Mapping) and metadata.get("raw"):
+            message = f"{message} ({str(metadata['raw'])[:300]})"
+    else:
+        message = str(error)
+    code_text = str(code) if code is not None else default_code
+    return ProviderError(
+        str(message)[:2000],
+        status=status,
+        code=code_text,
+        retryable=is_retryable(status, code_text),
+    )
+
+
+_RETRYABLE_CODES = frozenset(
+    {
+        "overloaded_error",
+        "api_error",
+        "rate_limit_error",
+        "rate_limit_exceeded",
+        "server_error",
+        "timeout",
+        "timeout_error",
+        "internal_error",
+        "service_unavailable",
+        "RESOURCE_EXHAUSTED",
+        "UNAVAILABLE",
+        "INTERNAL",
+        "DEADLINE_EXCEEDED",
+    }
+)
+
+
+def is_retryable(status: int | None, code: str | None) -> bool:
+    """429, 5xx (529 included) and transient error codes; any other 4xx is final."""
+    if status is not None:
+        return status == 429 or status >= 500
+    return code in _RETRYABLE_CODES
+
+
+def parse_chat_completion(
+    payload: Mapping[str, Any],
+    request: Sequence[Message] = (),
+    *,
+    provider: str = "openai",
+    think_tags: bool = False,
+) -> Response:
     """A chat.completion object as a :class:`Response`.
 
     ``request`` is the transcript that was sent; it is needed to judge a reply
-    that tries to carry a tool result (LLM-7).
+    that tries to carry a tool result (LLM-7). With ``think_tags`` a leading
+    ``<think>...</think>`` block of the text becomes the thinking.
     """
     if payload.get("error"):
-        error = payload["error"]
-        message = error.get("message", str(error)) if isinstance(error, Mapping) else str(error)
-        code = error.get("code") if isinstance(error, Mapping) else None
-        raise ProviderError(str(message), code=str(code) if code is not None else None)
+        raise error_from_payload(payload["error"])
     choices = payload.get("choices") or []
-    if not choices:
+    if not choices or not isinstance(choices[0], Mapping):
         raise InvalidResponseError("llm returned neither content nor tool_calls (no choices)")
     choice = choices[0]
+    finish = choice.get("finish_reason")
+    if finish == "error":
+        raise error_from_payload(
+            choice.get("error") or f"the provider ended the response with an error ({finish})",
+            default_code="error",
+        )
     message = choice.get("message") or {}
     role = message.get("role", "assistant")
     if role == "tool":
@@ -89,16 +172,41 @@ def parse_chat_completion(payload: Mapping[str, Any], request: Sequence[Message]
             )
         )
     thinking = message.get("reasoning_content") or message.get("reasoning")
+    thinking = thinking if isinstance(thinking, str) and thinking else None
+    content = message.get("content")
+    if not isinstance(content, str):
+        content = _text_parts(content)
+    if think_tags and content:
+        content, tagged = split_think_tags(content)
+        thinking = "".join(t for t in (thinking, tagged) if t) or None
+    metadata: dict[str, Any] = {}
+    if "id" in payload:
+        metadata["id"] = payload["id"]
+    usage = payload.get("usage")
+    if isinstance(usage, Mapping) and isinstance(usage.get("cost"), int | float):
+        metadata["cost"] = float(usage["cost"])
     return Response(
-        content=message.get("content"),
+        content=content,
         tool_calls=tuple(calls),
-        usage=parse_usage(payload.get("usage")),
-        thinking=thinking if isinstance(thinking, str) else None,
-        stop_reason=_STOP_REASONS.get(str(choice.get("finish_reason"))),
+        usage=parse_usage(usage),
+        thinking=thinking,
+        stop_reason=_STOP_REASONS.get(str(finish)),
         model=payload.get("model"),
-        provider="openai",
-        metadata={"id": payload["id"]} if "id" in payload else {},
+        provider=provider,
+        metadata=metadata,
     )
+
+
+def _text_parts(content: Any) -> str | None:
+    """Content given as a list of parts (some servers do): its text, joined."""
+    if not isinstance(content, list):
+        return None
+    texts = [
+        str(part.get("text", ""))
+        for part in content
+        if isinstance(part, Mapping) and part.get("type") == "text"
+    ]
+    return "".join(texts) or None
 
 
 def _refuse_tool_result(message: Mapping[str, Any], request: Sequence[Message]) -> None:

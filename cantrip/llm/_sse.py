@@ -1,0 +1,128 @@
+"""Server-sent events: the framing every streaming provider uses.
+
+A tolerant decoder after the WHATWG event-stream rules: ``field: value``
+lines, a blank line dispatches, ``:`` starts a comment (keep-alives such as
+OpenRouter's ``: OPENROUTER PROCESSING``), several ``data`` lines join with
+newlines, unknown fields and lines that are not fields at all are ignored.
+A final event not followed by a blank line is still delivered (several
+servers end with ``data: [DONE]`` and close).
+
+Reading from an httpx response, a connection that drops or stalls mid-stream
+becomes a retryable :class:`~cantrip.ProviderError` (``stream_interrupted``
+or ``timeout``), never a bare transport exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import attrs
+
+from cantrip._errors import ProviderError
+
+if TYPE_CHECKING:
+    import httpx
+
+
+@attrs.frozen(slots=True)
+class SSEEvent:
+    """One dispatched event: its type (``message`` unless named), data, id, retry."""
+
+    event: str = "message"
+    data: str = ""
+    id: str | None = None
+    retry: int | None = None
+
+
+class SSEDecoder:
+    """Feeds on lines (without their line terminators); returns events as they complete."""
+
+    __slots__ = ("_data", "_event", "_first", "_retry", "last_event_id")
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+        self._retry: int | None = None
+        self._first = True
+        self.last_event_id: str | None = None
+
+    def decode(self, line: str) -> SSEEvent | None:
+        if self._first:
+            self._first = False
+            line = line.removeprefix("\ufeff")
+        if not line:
+            return self._dispatch()
+        if line[0] == ":":
+            return None  # a comment or keep-alive
+        field, colon, value = line.partition(":")
+        if colon and value[:1] == " ":
+            value = value[1:]
+        if field == "data":
+            self._data.append(value)
+        elif field == "event":
+            self._event = value
+        elif field == "id":
+            if "\0" not in value:
+                self.last_event_id = value
+        elif field == "retry" and value.isdigit():
+            self._retry = int(value)
+        # Any other field -- or a line of garbage -- is ignored, as the rules require.
+        return None
+
+    def flush(self) -> SSEEvent | None:
+        """The event pending at end of stream, if it has data."""
+        return self._dispatch()
+
+    def _dispatch(self) -> SSEEvent | None:
+        if not self._data:
+            self._event = ""
+            return None
+        event = SSEEvent(
+            event=self._event or "message",
+            data="\n".join(self._data),
+            id=self.last_event_id,
+            retry=self._retry,
+        )
+        self._event = ""
+        self._data = []
+        return event
+
+
+def iter_sse(lines: Iterable[str]) -> Iterator[SSEEvent]:
+    """Events of an already-split stream (tests, recorded transcripts)."""
+    decoder = SSEDecoder()
+    for line in lines:
+        event = decoder.decode(line.rstrip("\r\n"))
+        if event is not None:
+            yield event
+    tail = decoder.flush()
+    if tail is not None:
+        yield tail
+
+
+async def aiter_sse(
+    response: httpx.Response, provider: str = "provider"
+) -> AsyncGenerator[SSEEvent, None]:
+    """Events of a streaming httpx response, as they arrive."""
+    import httpx
+
+    decoder = SSEDecoder()
+    try:
+        async for line in response.aiter_lines():
+            event = decoder.decode(line)
+            if event is not None:
+                yield event
+    except httpx.TimeoutException as exc:
+        raise ProviderError(
+            f"{provider}: the stream stalled (read timeout)", retryable=True, code="timeout"
+        ) from exc
+    except httpx.TransportError as exc:
+        raise ProviderError(
+            f"{provider}: the connection dropped mid-stream ({type(exc).__name__}: {exc})",
+            retryable=True,
+            code="stream_interrupted",
+        ) from exc
+    tail = decoder.flush()
+    if tail is not None:
+        yield tail

@@ -1,0 +1,592 @@
+"""What every HTTP adapter shares: the client, errors, streaming, LLM-5, the renderer.
+
+An adapter is three pure functions over JSON -- build the request body from
+rendered canonical messages, parse a response payload, fold a stream of SSE
+events into that same payload shape -- plus this class, which does the I/O:
+
+* the transcript goes through the renderer first (pairing, adjacency, dedupe
+  and id projection are its job, never the adapter's), then to the wire;
+* HTTP failures become :class:`~cantrip.ProviderError` with ``status``,
+  ``code``, ``retryable`` (429, 5xx, connection errors and timeouts) and
+  ``retry_after`` (``Retry-After``, ``retry-after-ms`` or Google's RetryInfo);
+* streaming emits :mod:`cantrip._events` live and returns exactly what
+  ``query`` would have returned for the same payload;
+* ``tool_choice="required"`` on an endpoint that cannot force a call is
+  simulated by re-prompting once with an instruction (LLM-5).
+
+One ``httpx.AsyncClient`` per adapter and trio run, closed when the run ends.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any, ClassVar, Protocol
+
+import attrs
+import httpx
+import trio
+
+from cantrip import __version__
+from cantrip._errors import ProviderError
+from cantrip._events import MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
+from cantrip._redact import get_logger
+from cantrip.llm._config import Compat, ModelInfo, ProviderConfig
+from cantrip.llm._contract import (
+    EMPTY,
+    Message,
+    Response,
+    ToolChoice,
+    ToolDefinition,
+)
+from cantrip.llm._openai_chat import error_from_payload
+from cantrip.llm._sse import SSEEvent, aiter_sse
+from cantrip.llm._transcript import IncrementalRenderer, ProviderFormat, render_transcript
+
+log = get_logger("cantrip.llm.providers")
+
+EventSink = Callable[[Any], None]
+HYPERPARAMETERS = frozenset({"temperature", "top_p", "max_tokens", "stop", "seed"})
+REQUIRED_NUDGE = (
+    "You must answer by calling one of the available tools now; a reply in plain text "
+    "is not accepted."
+)
+_CONTEXT_HINTS = (
+    "context length",
+    "context_length",
+    "context window",
+    "prompt is too long",
+    "maximum number of tokens",
+    "too many tokens",
+    "maximum context",
+)
+_LOOPBACK = ("127.", "localhost", "[::1]")
+_TRANSPORT_CODES = frozenset({"stream_interrupted", "timeout"})
+DRAIN_S = 0.5
+"""How long the rest of a stream is read after an error event before it is abandoned."""
+
+
+class StreamState(Protocol):
+    """Folds one response's SSE events; ``finish`` returns the normalized response."""
+
+    def feed(self, event: SSEEvent) -> bool:
+        """Take one event; ``True`` once the stream says it is complete."""
+        ...
+
+    def finish(self) -> Response: ...
+
+
+@attrs.frozen
+class Rendered:
+    messages: Sequence[Message]
+    id_map: Mapping[str, str]
+
+
+def render(messages: Sequence[Message], family: ProviderFormat, keep_thinking: bool) -> Rendered:
+    """The transcript made provider-valid by :func:`cantrip.llm._transcript.render_transcript`.
+
+    Interaction repair (pairing, adjacency, dedupe, synthetic completions, id
+    projection) belongs to the renderer alone; adapters only translate shape.
+    """
+    result = render_transcript(messages, family, keep_thinking=keep_thinking)
+    diagnostics = result.diagnostics
+    if log.isEnabledFor(logging.DEBUG) and (
+        diagnostics.synthetic_completions
+        or diagnostics.dropped_orphan_results
+        or diagnostics.dedupe_decisions
+        or diagnostics.moved_results
+    ):
+        log.debug("transcript repaired for %s: %s", family, diagnostics.to_dict())
+    return Rendered(result.messages, result.id_map)
+
+
+@attrs.define
+class _Memo:
+    renderer: IncrementalRenderer
+    seen: list[Message]
+
+
+class RenderCache:
+    """Incremental rendering across calls, so a turn costs O(new messages).
+
+    A pure memo: what it returns always equals ``render_transcript`` of the
+    whole history (the renderer guarantees it); it only remembers how far each
+    recent conversation was already rendered. A call whose messages begin
+    with exactly the message objects seen before (a growing context) renders
+    only the new ones; anything else (a folded context, another entity)
+    starts a fresh renderer, and the least recently used of ``size`` is dropped.
+    """
+
+    def __init__(self, family: ProviderFormat, keep_thinking: bool, size: int = 8) -> None:
+        self.family = family
+        self.keep_thinking = keep_thinking
+        self.size = size
+        self._memos: list[_Memo] = []
+
+    def render(self, messages: Sequence[Message]) -> Rendered:
+        count = len(messages)
+        for position, memo in enumerate(self._memos):
+            seen = memo.seen
+            known = len(seen)
+            if known <= count and all(messages[i] is seen[i] for i in range(known - 1, -1, -1)):
+                new = [messages[i] for i in range(known, count)]
+                view = memo.renderer.extend(new)
+                seen.extend(new)
+                if position:
+                    self._memos.insert(0, self._memos.pop(position))
+                return Rendered(view, memo.renderer.id_map)
+        renderer = IncrementalRenderer(self.family, keep_thinking=self.keep_thinking)
+        seen = list(messages)
+        view = renderer.extend(seen)
+        self._memos.insert(0, _Memo(renderer, seen))
+        del self._memos[self.size :]
+        return Rendered(view, renderer.id_map)
+
+
+def dumps(body: Any) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def split_extra(
+    extra: Mapping[str, Any], reserved: frozenset[str], provider: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(identity hyperparameters, pass-through fields) of a query's ``extra``."""
+    hyper: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for key, value in extra.items():
+        if value is None:
+            continue
+        if key in HYPERPARAMETERS:
+            hyper[key] = value
+        elif key in reserved:
+            log.warning("%s: extra field %r is set by the adapter; ignored", provider, key)
+        else:
+            rest[key] = value
+    if isinstance(hyper.get("stop"), str):
+        hyper["stop"] = [hyper["stop"]]
+    elif "stop" in hyper:
+        hyper["stop"] = list(hyper["stop"])
+        if not hyper["stop"]:
+            del hyper["stop"]
+    return hyper, rest
+
+
+def parse_retry_after(headers: Mapping[str, str], payload: Any = None) -> float | None:
+    """Seconds a provider asked us to wait, from whichever form it used."""
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return max(float(ms) / 1000.0, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value:
+        try:
+            return max(float(value), 0.0)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                when = None
+            if when is not None:
+                return max(when.timestamp() - time.time(), 0.0)
+    error = payload.get("error") if isinstance(payload, Mapping) else None
+    details = error.get("details") if isinstance(error, Mapping) else None
+    for detail in details if isinstance(details, list) else ():
+        if isinstance(detail, Mapping) and str(detail.get("@type", "")).endswith("RetryInfo"):
+            delay = str(detail.get("retryDelay", "")).removesuffix("s")
+            try:
+                return max(float(delay), 0.0)
+            except ValueError:
+                return None
+    return None
+
+
+def synthetic_call_id(seed: str | None, index: int) -> str:
+    """A tool-call id for a provider that gave none: deterministic given the response id."""
+    if not seed:
+        return f"call_{uuid.uuid4().hex[:24]}"
+    return "call_" + hashlib.sha256(f"{seed}:{index}".encode()).hexdigest()[:24]
+
+
+def replay(response: Response, on_event: EventSink) -> None:
+    """Events for an answer that arrived whole (a server that did not stream)."""
+    if response.thinking:
+        on_event(ThinkingDelta(text=response.thinking))
+    if response.content:
+        on_event(TextDelta(text=response.content))
+    for call in response.tool_calls:
+        on_event(ToolCallEvent(call_id=call.id, name=call.name, arguments=call.arguments_json))
+
+
+def _is_loopback(url: str) -> bool:
+    host = url.split("://", 1)[-1]
+    return host.startswith(_LOOPBACK)
+
+
+class HTTPAdapter:
+    """Base of the provider adapters; see the module docstring."""
+
+    family: ClassVar[ProviderFormat] = "openai"
+    """The transcript renderer's provider format."""
+    reserved: ClassVar[frozenset[str]] = frozenset()
+    """Body fields ``extra`` may not override."""
+
+    def __init__(
+        self,
+        config: ProviderConfig,
+        model: str,
+        *,
+        api_key: str | None,
+        base_url: str | None = None,
+        timeout_s: float | None = None,
+        compat: Compat | None = None,
+        name: str | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.base_url = (base_url or config.provider.base_url or "").rstrip("/")
+        self.compat = compat or config.compat_for(model)
+        self.info: ModelInfo = config.model_info(model)
+        self.timeout = httpx.Timeout(
+            timeout_s or config.provider.timeout_s, connect=config.provider.connect_timeout_s
+        )
+        self._name = name or f"{config.name}:{model}"
+        self._api_key = api_key
+        self._client = client
+        self._owned: httpx.AsyncClient | None = None
+        self._owned_token: trio.lowlevel.TrioToken | None = None
+        self._trust_env = not _is_loopback(self.base_url)
+        self._renders = RenderCache(self.render_family, self.keep_thinking)
+        headers = {
+            "content-type": "application/json",
+            "user-agent": f"cantrip/{__version__}",
+            **config.provider.headers,
+            **self.auth_headers(api_key),
+        }
+        self._headers = {**headers, "accept": "application/json"}
+        self._stream_headers = {**headers, "accept": "text/event-stream"}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(provider={self.provider!r}, model={self.model!r})"
+
+    # -- identity ---------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def provider(self) -> str:
+        return self.config.name
+
+    @property
+    def rate_limit_key(self) -> str:
+        """Requests sharing a key share a rate-limit bucket: the provider and its credentials."""
+        return f"{self.provider}:{self.config.provider.api_key_env or self.base_url}"
+
+    # -- what subclasses provide ---------------------------------------------------
+
+    def auth_headers(self, api_key: str | None) -> dict[str, str]:
+        return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def build_request(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        tool_choice: ToolChoice | None,
+        extra: Mapping[str, Any],
+        stream: bool,
+    ) -> tuple[str, dict[str, Any]]:
+        """(URL, JSON body) of one request."""
+        raise NotImplementedError
+
+    def parse(self, payload: Mapping[str, Any], messages: Sequence[Message]) -> Response:
+        raise NotImplementedError
+
+    def new_stream(self, messages: Sequence[Message], on_event: EventSink) -> StreamState:
+        raise NotImplementedError
+
+    # -- the LLM protocol ------------------------------------------------------------
+
+    async def query(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Response:
+        return await self._answer(messages, tools, tool_choice, extra or EMPTY, None)
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+        *,
+        on_event: EventSink,
+    ) -> Response:
+        return await self._answer(messages, tools, tool_choice, extra or EMPTY, on_event)
+
+    async def aclose(self) -> None:
+        if self._owned is not None:
+            client, self._owned = self._owned, None
+            await client.aclose()
+
+    # -- one turn ----------------------------------------------------------------------
+
+    def _forces_tools(self) -> bool:
+        return self.compat.tool_choice and self.compat.tool_choice_required
+
+    async def _answer(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        tool_choice: ToolChoice | None,
+        extra: Mapping[str, Any],
+        on_event: EventSink | None,
+    ) -> Response:
+        simulate = tool_choice == "required" and bool(tools) and not self._forces_tools()
+        first = await self._exchange(
+            messages, tools, "auto" if simulate else tool_choice, extra, on_event
+        )
+        if not simulate or first.tool_calls:
+            return first
+        # LLM-5: the endpoint cannot force a tool call, so ask once more, explicitly.
+        log.info("%s: no tool call under tool_choice=required; re-prompting once", self.name)
+        follow = list(messages)
+        if first.content:
+            follow.append(Message(role="assistant", content=first.content))
+        follow.append(Message(role="user", content=REQUIRED_NUDGE))
+        if on_event is not None:
+            on_event(MessageStart(attempt=2))
+        second = await self._exchange(follow, tools, "auto", extra, on_event, memo=False)
+        return attrs.evolve(
+            second,
+            usage=first.usage + second.usage,
+            metadata={**second.metadata, "tool_choice_reprompted": True},
+        )
+
+    async def _exchange(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        tool_choice: ToolChoice | None,
+        extra: Mapping[str, Any],
+        on_event: EventSink | None,
+        *,
+        memo: bool = True,
+    ) -> Response:
+        if memo:
+            rendered = self._renders.render(messages)
+        else:
+            rendered = render(messages, self.render_family, self.keep_thinking)
+        url, body = self.build_request(
+            rendered.messages, tools, tool_choice, extra, on_event is not None
+        )
+        data = dumps(body)
+        if on_event is None:
+            payload = await self._post(url, data)
+            response = self.parse(payload, rendered.messages)
+        else:
+            response = await self._stream(url, data, rendered.messages, on_event)
+        response = self._finish(response, rendered.id_map)
+        if on_event is not None:
+            for call in response.tool_calls:
+                on_event(
+                    ToolCallEvent(
+                        call_id=call.id,
+                        name=call.name,
+                        arguments=call.raw_arguments
+                        if call.raw_arguments is not None and not call.arguments
+                        else call.arguments,
+                        final=True,
+                    )
+                )
+        return response
+
+    @property
+    def render_family(self) -> ProviderFormat:
+        return self.family
+
+    @property
+    def keep_thinking(self) -> bool:
+        """Whether earlier reasoning is sent back (it needs signatures we do not keep)."""
+        return False
+
+    def _finish(self, response: Response, id_map: Mapping[str, str]) -> Response:
+        calls = response.tool_calls
+        if calls and any(canonical != wire for canonical, wire in id_map.items()):
+            # A provider that echoes a projected id gets the canonical one back; keys of
+            # reused ids ("id#2") name no call and are not mapped back.
+            back = {wire: key for key, wire in id_map.items() if key != wire and "#" not in key}
+            calls = tuple(
+                attrs.evolve(c, id=back[c.id]) if c.id in back else c for c in response.tool_calls
+            )
+        return attrs.evolve(
+            response,
+            tool_calls=calls,
+            provider=self.provider,
+            model=response.model or self.model,
+            metadata={**response.metadata, "requested_model": self.model},
+        )
+
+    # -- HTTP ---------------------------------------------------------------------------
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is not None:
+            return self._client
+        token = trio.lowlevel.current_trio_token()
+        if self._owned is None or self._owned_token is not token:
+            client = httpx.AsyncClient(
+                timeout=self.timeout,
+                trust_env=self._trust_env,
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+            )
+            self._owned, self._owned_token = client, token
+            trio.lowlevel.spawn_system_task(_close_at_run_end, client, name="cantrip-http-close")
+        return self._owned
+
+    async def _post(self, url: str, data: bytes) -> Mapping[str, Any]:
+        try:
+            response = await self._http().post(url, content=data, headers=self._headers)
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc) from exc
+        if response.status_code >= 400:
+            raise self._status_error(response.status_code, response.headers, response.content)
+        return self._decode(response.content, response.status_code)
+
+    async def _stream(
+        self, url: str, data: bytes, messages: Sequence[Message], on_event: EventSink
+    ) -> Response:
+        state = self.new_stream(messages, on_event)
+        try:
+            async with self._http().stream(
+                "POST", url, content=data, headers=self._stream_headers
+            ) as response:
+                if response.status_code >= 400:
+                    body = await response.aread()
+                    raise self._status_error(response.status_code, response.headers, body)
+                kind = response.headers.get("content-type", "")
+                if "event-stream" not in kind and "json" in kind:
+                    # A server that answered whole although asked to stream.
+                    payload = self._decode(await response.aread(), response.status_code)
+                    whole = self.parse(payload, messages)
+                    replay(whole, on_event)
+                    return whole
+                await self._read_events(response, state)
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc) from exc
+        return state.finish()
+
+    async def _read_events(self, response: httpx.Response, state: StreamState) -> None:
+        """Feed every event to ``state``, then read the stream to its end.
+
+        Reading on after the final event (or after an error event, for at most
+        :data:`DRAIN_S`) returns the connection to the pool and leaves no
+        half-read response behind. An error event is raised once read; a
+        connection lost after the final event changes nothing.
+        """
+        complete = False
+        failure: ProviderError | None = None
+        with trio.CancelScope() as drain:
+            try:
+                async with aclosing(aiter_sse(response, self.provider)) as events:
+                    async for event in events:
+                        if complete or failure is not None:
+                            continue
+                        try:
+                            complete = state.feed(event)
+                        except ProviderError as error:
+                            failure = error
+                            drain.deadline = trio.current_time() + DRAIN_S
+            except ProviderError as error:
+                if failure is None and not (complete and error.code in _TRANSPORT_CODES):
+                    raise
+                log.debug("%s: connection lost after the final event: %s", self.name, error)
+        if failure is not None:
+            raise failure
+
+    def _decode(self, body: bytes, status: int) -> Mapping[str, Any]:
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            payload = None
+        if not isinstance(payload, Mapping):
+            snippet = body[:200].decode("utf-8", errors="replace")
+            raise ProviderError(
+                f"{self.provider}: the response is not a JSON object: {snippet!r}",
+                status=status,
+                retryable=True,
+                code="malformed_response",
+            )
+        return payload
+
+    def _status_error(self, status: int, headers: Mapping[str, str], body: bytes) -> ProviderError:
+        try:
+            payload: Any = json.loads(body) if body else None
+        except (ValueError, UnicodeDecodeError):
+            payload = None
+        if isinstance(payload, list) and payload and isinstance(payload[0], Mapping):
+            payload = payload[0]  # Google sometimes wraps the error in a list
+        error: Any = payload.get("error") if isinstance(payload, Mapping) else None
+        if error is None:
+            if isinstance(payload, Mapping) and ("message" in payload or "detail" in payload):
+                error = payload
+            else:
+                error = body[:500].decode("utf-8", errors="replace").strip() or f"HTTP {status}"
+        base = error_from_payload(error, status=status)
+        code = base.code
+        if status in (400, 413) and any(h in base.message.lower() for h in _CONTEXT_HINTS):
+            code = "context_length_exceeded"
+        return ProviderError(
+            f"{self.provider}: {base.message}",
+            status=status,
+            retryable=base.retryable,
+            retry_after=parse_retry_after(headers, payload),
+            code=code,
+        )
+
+    def _transport_error(self, exc: httpx.TransportError) -> ProviderError:
+        kind = type(exc).__name__
+        if isinstance(exc, httpx.TimeoutException):
+            return ProviderError(
+                f"{self.provider}: the request timed out ({kind})", retryable=True, code="timeout"
+            )
+        if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
+            return ProviderError(
+                f"{self.provider}: invalid request ({kind}: {exc})",
+                retryable=False,
+                code="invalid_request",
+            )
+        if isinstance(exc, httpx.ConnectError):
+            return ProviderError(
+                f"{self.provider}: cannot connect to {self.base_url} ({exc})",
+                retryable=True,
+                code="connect_error",
+            )
+        return ProviderError(
+            f"{self.provider}: the connection failed ({kind}: {exc})",
+            retryable=True,
+            code="connection_error",
+        )
+
+
+async def _close_at_run_end(client: httpx.AsyncClient) -> None:
+    """Keeps a run's client open until the run ends, then closes it."""
+    try:
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            try:
+                await client.aclose()
+            except (httpx.HTTPError, OSError) as exc:  # a system task must not crash the run
+                log.debug("closing an http client failed: %s", exc)

@@ -1,0 +1,326 @@
+"""Anthropic Messages over httpx (``POST {base_url}/messages``).
+
+Wire shape: ``x-api-key`` and ``anthropic-version`` headers; system text
+hoisted to the top-level ``system``; tool calls are ``tool_use`` blocks in
+assistant messages and results ``tool_result`` blocks in the following user
+message (consecutive results share one message); ``max_tokens`` is required
+(the identity's, else the provider's ``default_max_tokens``); ``tool_choice``
+is ``{"type": "auto" | "any" | "none"}``.
+
+Usage is normalized so ``prompt_tokens`` counts every input token: Anthropic
+reports cache reads and writes apart from ``input_tokens``, and they are
+added back (and kept in ``cached_tokens`` / ``cache_write_tokens``).
+Earlier reasoning is not sent back: replaying it needs the signatures, which
+the canonical transcript does not carry. Streams are folded into the same
+message object a non-streamed call returns and parsed by the same function.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cantrip._errors import ProviderError
+from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
+from cantrip.llm._contract import (
+    Message,
+    Response,
+    StopReason,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    Usage,
+    plain_json,
+)
+from cantrip.llm._openai_chat import error_from_payload, parse_arguments
+from cantrip.llm._sse import SSEEvent
+from cantrip.llm.providers._base import EventSink, HTTPAdapter, StreamState, log, split_extra
+
+STOP_REASONS: dict[str, StopReason] = {
+    "end_turn": "end_turn",
+    "tool_use": "tool_use",
+    "max_tokens": "max_tokens",
+    "stop_sequence": "stop_sequence",
+    "pause_turn": "end_turn",
+    "refusal": "error",
+    "model_context_window_exceeded": "max_tokens",
+}
+FALLBACK_MAX_TOKENS = 4096
+
+
+class AnthropicAdapter(HTTPAdapter):
+    family = "anthropic"
+    reserved = frozenset(
+        {"model", "messages", "system", "stream", "tools", "tool_choice", "max_tokens"}
+    )
+
+    def auth_headers(self, api_key: str | None) -> dict[str, str]:
+        headers = {"x-api-key": api_key} if api_key else {}
+        if not any(k.lower() == "anthropic-version" for k in self.config.provider.headers):
+            headers["anthropic-version"] = "2023-06-01"
+        return headers
+
+    def build_request(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        tool_choice: ToolChoice | None,
+        extra: Mapping[str, Any],
+        stream: bool,
+    ) -> tuple[str, dict[str, Any]]:
+        hyper, rest = split_extra(extra, self.reserved, self.provider)
+        system = [m.content for m in messages if m.role == "system" and m.content]
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": int(
+                hyper.get("max_tokens")
+                or self.config.provider.default_max_tokens
+                or FALLBACK_MAX_TOKENS
+            ),
+            "messages": self.wire_messages(messages),
+        }
+        if system:
+            body["system"] = "\n\n".join(system)
+        if tools:
+            body["tools"] = [
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "input_schema": plain_json(t.parameters),
+                }
+                for t in tools
+            ]
+            if tool_choice is not None:
+                body["tool_choice"] = {
+                    "type": {"auto": "auto", "required": "any", "none": "none"}[tool_choice]
+                }
+        if "temperature" in hyper:
+            body["temperature"] = hyper["temperature"]
+        if "top_p" in hyper:
+            body["top_p"] = hyper["top_p"]
+        if "stop" in hyper:
+            body["stop_sequences"] = hyper["stop"]
+        if "seed" in hyper:
+            log.debug("%s: the Messages API has no seed; not sent", self.provider)
+        body.update(rest)
+        if stream:
+            body["stream"] = True
+        return f"{self.base_url}/messages", body
+
+    def wire_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+
+        def push(role: str, blocks: list[dict[str, Any]]) -> None:
+            if not blocks:
+                return
+            if out and out[-1]["role"] == role:
+                out[-1]["content"].extend(blocks)
+            else:
+                out.append({"role": role, "content": blocks})
+
+        for m in messages:
+            if m.role == "system":
+                continue
+            if m.role == "user":
+                push("user", [{"type": "text", "text": m.content or "(empty)"}])
+            elif m.role == "tool":
+                block: dict[str, Any] = {
+                    "type": "tool_result",
+                    "tool_use_id": m.tool_call_id or "",
+                    "content": m.content or "",
+                }
+                if m.is_error:
+                    block["is_error"] = True
+                push("user", [block])
+            else:
+                blocks: list[dict[str, Any]] = []
+                if m.content:
+                    blocks.append({"type": "text", "text": m.content})
+                for call in m.tool_calls:
+                    blocks.append(
+                        {
+                            "type": "tool_use",
+                            "id": call.id,
+                            "name": call.name,
+                            # The API takes an object; unparsable text cannot be replayed as one.
+                            "input": plain_json(call.arguments),
+                        }
+                    )
+                push("assistant", blocks)
+        return out
+
+    def parse(self, payload: Mapping[str, Any], messages: Sequence[Message]) -> Response:
+        return parse_message(payload, self.provider)
+
+    def new_stream(self, messages: Sequence[Message], on_event: EventSink) -> StreamState:
+        return MessageStream(self, on_event)
+
+
+def parse_usage(data: Any) -> Usage:
+    if not isinstance(data, Mapping):
+        return Usage()
+    read = int(data.get("cache_read_input_tokens") or 0)
+    write = int(data.get("cache_creation_input_tokens") or 0)
+    return Usage(
+        prompt_tokens=int(data.get("input_tokens") or 0) + read + write,
+        completion_tokens=int(data.get("output_tokens") or 0),
+        cached_tokens=read,
+        cache_write_tokens=write,
+    )
+
+
+def parse_message(payload: Mapping[str, Any], provider: str = "anthropic") -> Response:
+    """A Messages API ``message`` object as a :class:`Response`."""
+    if payload.get("type") == "error" or payload.get("error"):
+        raise error_from_payload(payload.get("error") or payload)
+    texts: list[str] = []
+    thinking: list[str] = []
+    signatures: list[str] = []
+    calls: list[ToolCall] = []
+    for block in payload.get("content") or ():
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(str(block.get("text") or ""))
+        elif kind == "thinking":
+            thinking.append(str(block.get("thinking") or ""))
+            if block.get("signature"):
+                signatures.append(str(block["signature"]))
+        elif kind == "tool_use":
+            arguments, raw = parse_arguments(block.get("input"))
+            calls.append(
+                ToolCall(
+                    id=str(block.get("id") or ""),
+                    name=str(block.get("name") or ""),
+                    arguments=arguments,
+                    raw_arguments=raw,
+                )
+            )
+    metadata: dict[str, Any] = {}
+    if payload.get("id"):
+        metadata["id"] = payload["id"]
+    if payload.get("stop_sequence"):
+        metadata["stop_sequence"] = payload["stop_sequence"]
+    if signatures:
+        metadata["thinking_signatures"] = tuple(signatures)
+    return Response(
+        content="".join(texts) or None,
+        tool_calls=tuple(calls),
+        usage=parse_usage(payload.get("usage")),
+        thinking="".join(thinking) or None,
+        stop_reason=STOP_REASONS.get(str(payload.get("stop_reason"))),
+        model=payload.get("model"),
+        provider=provider,
+        metadata=metadata,
+    )
+
+
+class MessageStream:
+    """``message_start`` ... ``message_stop`` folded into one ``message`` object."""
+
+    def __init__(self, adapter: AnthropicAdapter, on_event: EventSink) -> None:
+        self.adapter = adapter
+        self.on_event = on_event
+        self.message: dict[str, Any] = {}
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.json_parts: dict[int, list[str]] = {}
+        self.usage: dict[str, Any] = {}
+        self.done = False
+
+    def feed(self, event: SSEEvent) -> bool:
+        try:
+            data = json.loads(event.data)
+        except ValueError:
+            log.warning("%s: skipped a stream event that is not JSON", self.adapter.provider)
+            return False
+        if not isinstance(data, dict):
+            return False
+        kind = data.get("type") or event.event
+        if kind == "error":
+            raise error_from_payload(data.get("error") or data, default_code="stream_error")
+        if kind == "message_start":
+            self.message = dict(data.get("message") or {})
+            self.usage.update(self.message.get("usage") or {})
+        elif kind == "content_block_start":
+            index = int(data.get("index", len(self.blocks)))
+            block = dict(data.get("content_block") or {})
+            self.blocks[index] = block
+            if block.get("type") == "tool_use":
+                self.json_parts[index] = []
+                self.on_event(
+                    ToolCallEvent(
+                        call_id=str(block.get("id") or ""),
+                        name=str(block.get("name") or ""),
+                        arguments="",
+                    )
+                )
+            elif block.get("type") == "text" and block.get("text"):
+                self.on_event(TextDelta(text=block["text"]))
+        elif kind == "content_block_delta":
+            self._delta(int(data.get("index", 0)), data.get("delta") or {})
+        elif kind == "content_block_stop":
+            index = int(data.get("index", 0))
+            stopped = self.blocks.get(index)
+            if stopped is not None and stopped.get("type") == "tool_use":
+                text = "".join(self.json_parts.get(index, ()))
+                stopped["input"] = _json_or_text(text) if text else stopped.get("input") or {}
+        elif kind == "message_delta":
+            delta = data.get("delta") or {}
+            for key in ("stop_reason", "stop_sequence"):
+                if delta.get(key) is not None:
+                    self.message[key] = delta[key]
+            usage = data.get("usage") or {}
+            self.usage.update({k: v for k, v in usage.items() if v is not None})
+        elif kind == "message_stop":
+            self.done = True
+            return True
+        return False
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> None:
+        block = self.blocks.setdefault(index, {"type": "text", "text": ""})
+        kind = delta.get("type")
+        if kind == "text_delta":
+            text = str(delta.get("text") or "")
+            block["text"] = block.get("text", "") + text
+            if text:
+                self.on_event(TextDelta(text=text))
+        elif kind == "thinking_delta":
+            text = str(delta.get("thinking") or "")
+            block["thinking"] = block.get("thinking", "") + text
+            if text:
+                self.on_event(ThinkingDelta(text=text))
+        elif kind == "signature_delta":
+            block["signature"] = block.get("signature", "") + str(delta.get("signature") or "")
+        elif kind == "input_json_delta":
+            self.json_parts.setdefault(index, []).append(str(delta.get("partial_json") or ""))
+
+    def finish(self) -> Response:
+        if not self.done:
+            raise ProviderError(
+                f"{self.adapter.provider}: the stream ended before message_stop",
+                retryable=True,
+                code="stream_incomplete",
+            )
+        for index, block in self.blocks.items():
+            if block.get("type") == "tool_use" and "input" not in block:
+                text = "".join(self.json_parts.get(index, ()))
+                block["input"] = _json_or_text(text) if text else {}
+        message = {
+            **self.message,
+            "content": [block for _, block in sorted(self.blocks.items())],
+            "usage": self.usage,
+        }
+        return parse_message(message, self.adapter.provider)
+
+
+def _json_or_text(text: str) -> Any:
+    """Streamed tool input: the object if it parses, else the text (kept as raw_arguments)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+ADAPTER = AnthropicAdapter

@@ -1,0 +1,395 @@
+"""Google Gemini over httpx: ``models/{model}:generateContent`` and
+``:streamGenerateContent?alt=sse``.
+
+Wire shape: the key in ``x-goog-api-key`` (never in the URL); system text in
+``systemInstruction``; turns are ``contents`` with roles ``user``/``model``
+and ``parts``; tool calls are ``functionCall`` parts and results
+``functionResponse`` parts (``response: {"result": ...}`` or
+``{"error": ...}``), consecutive ones sharing a turn; declarations go in
+``tools[].functionDeclarations`` with their JSON Schema reduced to the subset
+Gemini accepts; ``toolConfig.functionCallingConfig.mode`` is
+``AUTO``/``ANY``/``NONE``; sampling parameters go in ``generationConfig``.
+
+Gemini's function calls carry no ids. Each gets one derived from the
+response id and its position, so it is stable, unique across responses, and
+identical whether the answer was streamed or not. Thought parts
+(``thought: true``) become the thinking; ``thoughtsTokenCount`` counts toward
+completion and reasoning tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from cantrip._errors import ProviderError
+from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
+from cantrip.llm._contract import (
+    Message,
+    Response,
+    StopReason,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    Usage,
+    plain_json,
+)
+from cantrip.llm._openai_chat import error_from_payload, parse_arguments
+from cantrip.llm._sse import SSEEvent
+from cantrip.llm.providers._base import (
+    EventSink,
+    HTTPAdapter,
+    StreamState,
+    log,
+    split_extra,
+    synthetic_call_id,
+)
+
+FINISH_REASONS: dict[str, StopReason] = {
+    "STOP": "end_turn",
+    "MAX_TOKENS": "max_tokens",
+    "SAFETY": "error",
+    "RECITATION": "error",
+    "LANGUAGE": "error",
+    "BLOCKLIST": "error",
+    "PROHIBITED_CONTENT": "error",
+    "SPII": "error",
+    "MALFORMED_FUNCTION_CALL": "error",
+    "UNEXPECTED_TOOL_CALL": "error",
+    "OTHER": "error",
+}
+TOP_LEVEL = frozenset({"safetySettings", "cachedContent", "labels"})
+"""``extra`` fields that belong at the top of the request; the rest go in generationConfig."""
+SCHEMA_KEYS = frozenset(
+    {
+        "type",
+        "format",
+        "title",
+        "description",
+        "nullable",
+        "enum",
+        "maxItems",
+        "minItems",
+        "properties",
+        "required",
+        "minProperties",
+        "maxProperties",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "example",
+        "anyOf",
+        "propertyOrdering",
+        "default",
+        "items",
+        "minimum",
+        "maximum",
+    }
+)
+
+
+class GeminiAdapter(HTTPAdapter):
+    family = "gemini"
+    reserved = frozenset({"contents", "systemInstruction", "tools", "toolConfig"})
+
+    def auth_headers(self, api_key: str | None) -> dict[str, str]:
+        return {"x-goog-api-key": api_key} if api_key else {}
+
+    def build_request(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        tool_choice: ToolChoice | None,
+        extra: Mapping[str, Any],
+        stream: bool,
+    ) -> tuple[str, dict[str, Any]]:
+        hyper, rest = split_extra(extra, self.reserved, self.provider)
+        body: dict[str, Any] = {"contents": self.wire_contents(messages)}
+        system = [m.content for m in messages if m.role == "system" and m.content]
+        if system:
+            body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
+        if tools:
+            body["tools"] = [{"functionDeclarations": [declaration(t) for t in tools]}]
+            if tool_choice is not None:
+                mode = {"auto": "AUTO", "required": "ANY", "none": "NONE"}[tool_choice]
+                body["toolConfig"] = {"functionCallingConfig": {"mode": mode}}
+        config: dict[str, Any] = {}
+        for ours, theirs in (
+            ("temperature", "temperature"),
+            ("top_p", "topP"),
+            ("max_tokens", "maxOutputTokens"),
+            ("stop", "stopSequences"),
+            ("seed", "seed"),
+        ):
+            if ours in hyper:
+                config[theirs] = hyper[ours]
+        for key, value in rest.items():
+            if key in TOP_LEVEL:
+                body[key] = value
+            elif key == "generationConfig" and isinstance(value, Mapping):
+                config.update(value)
+            else:
+                config[key] = value
+        if config:
+            body["generationConfig"] = config
+        model = quote(self.model.removeprefix("models/"), safe="-._~")
+        if stream:
+            return f"{self.base_url}/models/{model}:streamGenerateContent?alt=sse", body
+        return f"{self.base_url}/models/{model}:generateContent", body
+
+    def wire_contents(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        names: dict[str, str] = {}
+
+        def push(role: str, parts: list[dict[str, Any]]) -> None:
+            if not parts:
+                return
+            if out and out[-1]["role"] == role:
+                out[-1]["parts"].extend(parts)
+            else:
+                out.append({"role": role, "parts": parts})
+
+        for m in messages:
+            if m.role == "system":
+                continue
+            if m.role == "user":
+                push("user", [{"text": m.content or "(empty)"}])
+            elif m.role == "tool":
+                name = m.name or names.get(m.tool_call_id or "", "")
+                key = "error" if m.is_error else "result"
+                push(
+                    "user",
+                    [{"functionResponse": {"name": name, "response": {key: m.content or ""}}}],
+                )
+            else:
+                parts: list[dict[str, Any]] = []
+                if m.content:
+                    parts.append({"text": m.content})
+                for call in m.tool_calls:
+                    names[call.id] = call.name
+                    parts.append(
+                        {"functionCall": {"name": call.name, "args": plain_json(call.arguments)}}
+                    )
+                push("model", parts)
+        return out
+
+    def parse(self, payload: Mapping[str, Any], messages: Sequence[Message]) -> Response:
+        return parse_generate_content(payload, self.provider)
+
+    def new_stream(self, messages: Sequence[Message], on_event: EventSink) -> StreamState:
+        return GenerateStream(self, on_event)
+
+
+def declaration(tool: ToolDefinition) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": tool.name, "description": tool.description}
+    schema = gemini_schema(plain_json(tool.parameters))
+    if schema.get("properties"):
+        out["parameters"] = schema  # an OBJECT without properties is refused
+    return out
+
+
+def gemini_schema(schema: Any) -> dict[str, Any]:
+    """The subset of JSON Schema Gemini's ``Schema`` accepts (unknown keys are refused)."""
+    if not isinstance(schema, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key not in SCHEMA_KEYS:
+            continue
+        if key == "type" and isinstance(value, list):
+            kinds = [v for v in value if v != "null"]
+            if len(kinds) < len(value):
+                out["nullable"] = True
+            if kinds:
+                out["type"] = kinds[0]
+        elif key == "properties" and isinstance(value, Mapping):
+            out[key] = {name: gemini_schema(sub) for name, sub in value.items()}
+        elif key == "items":
+            out[key] = gemini_schema(value)
+        elif key == "anyOf" and isinstance(value, list):
+            out[key] = [gemini_schema(sub) for sub in value]
+        elif key == "enum" and isinstance(value, list):
+            out[key] = [str(v) for v in value]
+        else:
+            out[key] = value
+    return out
+
+
+def parse_usage(data: Any) -> Usage:
+    if not isinstance(data, Mapping):
+        return Usage()
+    thoughts = int(data.get("thoughtsTokenCount") or 0)
+    return Usage(
+        prompt_tokens=int(data.get("promptTokenCount") or 0),
+        completion_tokens=int(data.get("candidatesTokenCount") or 0) + thoughts,
+        cached_tokens=int(data.get("cachedContentTokenCount") or 0),
+        reasoning_tokens=thoughts,
+    )
+
+
+def parse_generate_content(payload: Mapping[str, Any], provider: str = "gemini") -> Response:
+    """A ``GenerateContentResponse`` as a :class:`Response`."""
+    if payload.get("error"):
+        raise error_from_payload(payload["error"])
+    candidates = payload.get("candidates") or []
+    response_id = payload.get("responseId")
+    metadata: dict[str, Any] = {}
+    if response_id:
+        metadata["id"] = response_id
+    if not candidates:
+        feedback = payload.get("promptFeedback") or {}
+        if isinstance(feedback, Mapping) and feedback.get("blockReason"):
+            reason = str(feedback["blockReason"])
+            raise ProviderError(
+                f"{provider}: the prompt was blocked ({reason})",
+                retryable=False,
+                code=f"prompt_blocked:{reason}",
+            )
+        return Response(
+            usage=parse_usage(payload.get("usageMetadata")),
+            model=payload.get("modelVersion"),
+            provider=provider,
+            metadata=metadata,
+        )
+    candidate = candidates[0] if isinstance(candidates[0], Mapping) else {}
+    texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[ToolCall] = []
+    for part in (candidate.get("content") or {}).get("parts") or ():
+        if not isinstance(part, Mapping):
+            continue
+        if "functionCall" in part:
+            function = part["functionCall"] or {}
+            arguments, raw = parse_arguments(function.get("args"))
+            calls.append(
+                ToolCall(
+                    id=str(function.get("id") or synthetic_call_id(response_id, len(calls))),
+                    name=str(function.get("name") or ""),
+                    arguments=arguments,
+                    raw_arguments=raw,
+                )
+            )
+        elif isinstance(part.get("text"), str):
+            (thoughts if part.get("thought") else texts).append(part["text"])
+    finish = candidate.get("finishReason")
+    stop: StopReason | None = FINISH_REASONS.get(str(finish))
+    if stop == "end_turn" and calls:
+        stop = "tool_use"
+    if finish and stop == "error":
+        metadata["finish_reason"] = finish
+    return Response(
+        content="".join(texts) or None,
+        tool_calls=tuple(calls),
+        usage=parse_usage(payload.get("usageMetadata")),
+        thinking="".join(thoughts) or None,
+        stop_reason=stop,
+        model=payload.get("modelVersion"),
+        provider=provider,
+        metadata=metadata,
+    )
+
+
+class GenerateStream:
+    """Streamed ``GenerateContentResponse`` chunks merged into one."""
+
+    def __init__(self, adapter: GeminiAdapter, on_event: EventSink) -> None:
+        self.adapter = adapter
+        self.on_event = on_event
+        self.parts: list[dict[str, Any]] = []
+        self.finish_reason: str | None = None
+        self.usage: Any = None
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.blocked: Any = None
+        self.calls = 0
+        self.chunks = 0
+
+    def feed(self, event: SSEEvent) -> bool:
+        try:
+            chunk = json.loads(event.data)
+        except ValueError:
+            log.warning("%s: skipped a stream event that is not JSON", self.adapter.provider)
+            return False
+        if isinstance(chunk, list):  # a JSON-array stream rather than SSE
+            return any(self._chunk(c) for c in chunk if isinstance(c, dict))
+        return self._chunk(chunk) if isinstance(chunk, dict) else False
+
+    def _chunk(self, chunk: Mapping[str, Any]) -> bool:
+        if chunk.get("error"):
+            raise error_from_payload(chunk["error"], default_code="stream_error")
+        self.chunks += 1
+        self.response_id = self.response_id or chunk.get("responseId")
+        self.model = chunk.get("modelVersion") or self.model
+        if chunk.get("usageMetadata"):
+            self.usage = chunk["usageMetadata"]
+        feedback = chunk.get("promptFeedback")
+        if isinstance(feedback, Mapping) and feedback.get("blockReason"):
+            self.blocked = feedback
+        candidates = chunk.get("candidates") or []
+        if not candidates or not isinstance(candidates[0], Mapping):
+            return False
+        candidate = candidates[0]
+        for part in (candidate.get("content") or {}).get("parts") or ():
+            if isinstance(part, Mapping):
+                self._part(part)
+        if candidate.get("finishReason"):
+            self.finish_reason = str(candidate["finishReason"])
+        return False  # usage may still follow; the stream ends when the server closes it
+
+    def _part(self, part: Mapping[str, Any]) -> None:
+        if "functionCall" in part:
+            function = part["functionCall"] or {}
+            self.parts.append(dict(part))
+            self.on_event(
+                ToolCallEvent(
+                    call_id=str(
+                        function.get("id") or synthetic_call_id(self.response_id, self.calls)
+                    ),
+                    name=str(function.get("name") or ""),
+                    arguments=json.dumps(function.get("args") or {}),
+                )
+            )
+            self.calls += 1
+            return
+        text = part.get("text")
+        if not isinstance(text, str):
+            return
+        thought = bool(part.get("thought"))
+        last = self.parts[-1] if self.parts else None
+        if last is not None and "text" in last and bool(last.get("thought")) == thought:
+            last["text"] += text
+        else:
+            self.parts.append({"text": text, **({"thought": True} if thought else {})})
+        if text:
+            self.on_event(ThinkingDelta(text=text) if thought else TextDelta(text=text))
+
+    def finish_payload(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {}
+        if self.parts or self.finish_reason:
+            candidate: dict[str, Any] = {"content": {"role": "model", "parts": self.parts}}
+            if self.finish_reason:
+                candidate["finishReason"] = self.finish_reason
+            payload["candidates"] = [candidate]
+        if self.blocked is not None:
+            payload["promptFeedback"] = self.blocked
+        if self.usage is not None:
+            payload["usageMetadata"] = self.usage
+        if self.model:
+            payload["modelVersion"] = self.model
+        if self.response_id:
+            payload["responseId"] = self.response_id
+        return payload
+
+    def finish(self) -> Response:
+        if self.finish_reason is None and self.blocked is None:
+            raise ProviderError(
+                f"{self.adapter.provider}: the stream ended without a finish reason",
+                retryable=True,
+                code="stream_incomplete",
+            )
+        return parse_generate_content(self.finish_payload(), self.adapter.provider)
+
+
+ADAPTER = GeminiAdapter

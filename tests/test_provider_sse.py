@@ -1,0 +1,75 @@
+"""The SSE decoder: tolerant of everything real streams contain."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cantrip.llm._sse import SSEDecoder, SSEEvent, iter_sse
+
+
+def events(text: str) -> list[SSEEvent]:
+    return list(iter_sse(text.splitlines()))
+
+
+def test_data_lines_dispatch_on_a_blank_line() -> None:
+    assert events("data: one\n\ndata: two\n\n") == [SSEEvent(data="one"), SSEEvent(data="two")]
+
+
+def test_event_names_ids_and_retry() -> None:
+    (event,) = events("event: message_start\nid: 42\nretry: 1500\ndata: {}\n\n")
+    assert event == SSEEvent(event="message_start", data="{}", id="42", retry=1500)
+
+
+def test_multi_line_data_joins_with_newlines() -> None:
+    assert events("data: first\ndata: second\ndata:third\n\n") == [
+        SSEEvent(data="first\nsecond\nthird")
+    ]
+
+
+def test_comments_keep_alives_and_garbage_are_ignored() -> None:
+    text = (
+        ": OPENROUTER PROCESSING\n\n"
+        ":\n"
+        "this line has no colon\n"
+        "unknown: field\n"
+        "retry: soon\n"
+        "data: payload\n\n"
+        "\n\n\n"
+    )
+    assert events(text) == [SSEEvent(data="payload")]
+
+
+def test_an_event_without_data_is_not_dispatched() -> None:
+    assert events("event: ping\n\nid: 3\n\n") == []
+
+
+def test_crlf_bom_and_one_leading_space_only() -> None:
+    decoder = SSEDecoder()
+    assert decoder.decode("\ufeffdata:  two spaces") is None
+    assert decoder.decode("") == SSEEvent(data=" two spaces")
+    assert events("data: a\r\n\r\ndata: b\r\n\r\n") == [SSEEvent(data="a"), SSEEvent(data="b")]
+
+
+def test_a_final_event_without_a_blank_line_is_delivered() -> None:
+    assert events("data: one\n\ndata: [DONE]") == [SSEEvent(data="one"), SSEEvent(data="[DONE]")]
+
+
+def test_the_event_name_does_not_leak_into_the_next_event() -> None:
+    assert [e.event for e in events("event: error\ndata: x\n\ndata: y\n\n")] == ["error", "message"]
+
+
+TEXT = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\ufeff"),
+    max_size=40,
+)
+
+
+@given(st.lists(TEXT))
+def test_any_payload_round_trips(payloads: list[str]) -> None:
+    text = "".join(
+        "".join(f"data: {line}\n" for line in payload.split("\n")) + "\n" for payload in payloads
+    )
+    lines = text.split("\n")
+    decoded = list(iter_sse(lines))
+    assert [e.data for e in decoded] == payloads
