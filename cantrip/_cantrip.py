@@ -15,8 +15,8 @@ import attrs
 import trio
 
 from cantrip._circle import Circle
-from cantrip._entity import CastResult, Entity
-from cantrip._errors import ConstructionError
+from cantrip._entity import CastResult, Entity, require_intent
+from cantrip._errors import ConstructionError, LoomError
 from cantrip._events import EventSink
 from cantrip._folding import FoldingPolicy
 from cantrip._identity import Identity
@@ -97,21 +97,57 @@ class Cantrip:
 
         Used after a crash (the supervisor restarts it) or a process restart
         (``invoke --resume``): turns up to the last committed one are the state.
+        A code medium's sandbox is rebuilt the way a fork's is, by replay from
+        the loom, when the entity first runs again; no gate is called again.
         """
         return Entity(self, llm=self.resolve_llm(llm), entity_id=entity_id, resume=True)
 
     def fork(
         self,
-        turn: str | Turn,
+        turn: str | Turn | int,
         *,
+        thread: str | None = None,
         llm: LLM | str | None = None,
         entity_id: str | None = None,
+        on_event: EventSink | None = None,
     ) -> Entity:
         """A new entity continuing from ``turn`` (LOOM-4): its context is the thread
-        from the root to that turn; the original thread is untouched. Send it an
-        intent to continue."""
-        point = self.loom.get(turn) if isinstance(turn, str) else turn
-        return Entity(self, llm=self.resolve_llm(llm), entity_id=entity_id, fork_point=point)
+        from the root to that turn; the original thread is untouched and the two
+        share that prefix in the loom. Send it an intent to continue.
+
+        ``turn`` is a :class:`Turn`, a turn id, or a sequence number on
+        ``thread`` (an entity id -- its latest thread -- or the id of the turn
+        the thread ends at). A code medium's sandbox is rebuilt by replaying
+        the thread's code with gate results taken from the loom (LOOM-13), when
+        the entity first runs; the entity record notes ``fork_strategy``.
+        """
+        if isinstance(turn, int):
+            if thread is None:
+                raise LoomError("a fork by sequence number needs thread= (an entity or turn id)")
+            point = self.loom.find(thread, turn)
+        else:
+            point = self.loom.get(turn) if isinstance(turn, str) else turn
+        return Entity(
+            self,
+            llm=self.resolve_llm(llm),
+            entity_id=entity_id,
+            fork_point=point,
+            on_event=on_event,
+        )
+
+    async def fork_async(
+        self,
+        turn: str | Turn | int,
+        intent: str | None,
+        *,
+        thread: str | None = None,
+        llm: LLM | str | None = None,
+        on_event: EventSink | None = None,
+    ) -> CastResult:
+        """Fork from ``turn`` (see :meth:`fork`), run ``intent`` there, close the fork."""
+        entity = self.fork(turn, thread=thread, llm=llm, on_event=on_event)
+        async with entity:
+            return await entity.send(intent)
 
     async def cast_async(
         self,
@@ -123,6 +159,7 @@ class Cantrip:
         """Summon, run one intent, close (ENTITY-1: casting is summoning + cleanup).
 
         ``on_event`` receives streaming events as the cast runs (spec 7.5)."""
+        require_intent(intent)  # before summoning: a refused cast leaves no entity behind
         entity = self.summon(llm=llm, on_event=on_event)
         async with entity:
             return await entity.send(intent)

@@ -10,14 +10,24 @@ costs O(what is new), not O(history).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import overload
+from typing import Protocol, overload
 
 import attrs
 
-from cantrip._folding import CHARS_PER_TOKEN, FoldingPolicy
+from cantrip._folding import CHARS_PER_TOKEN, AsyncFolder, FoldingPolicy, template_summary
+from cantrip._redact import get_logger
 from cantrip.llm._contract import Message
 from cantrip.loom._model import Turn
-from mediums.base import Medium
+from cantrip.loom._view import merge_pieces
+
+log = get_logger("cantrip.context")
+
+
+class ObservationRenderer(Protocol):
+    """The part of a medium the context needs: how a recorded turn's observation reads."""
+
+    def render_observation(self, turn: Turn) -> list[Message]: ...
+
 
 NUDGE_DONE_REQUIRED = (
     "No gate was called. This circle ends only through the done gate: "
@@ -66,11 +76,24 @@ class Context:
 
     With a :class:`FoldingPolicy`, older turns are folded into one marked
     summary when a trigger fires; folding starts a fresh list, so snapshots
-    already handed out never change.
+    already handed out never change. A synchronous folder folds at once, inside
+    :meth:`add_turn`; an asynchronous one (:class:`~cantrip._folding.AsyncFolder`)
+    leaves the fold *pending* until the owner awaits :meth:`complete_fold`
+    (the entity does so at the start of its next turn). Appending a turn is
+    never async.
+
+    The token trigger's estimate is the larger of two figures: the characters
+    in view divided by :data:`CHARS_PER_TOKEN`, and -- once the provider has
+    reported a turn's prompt size -- that measured prompt plus the turn's
+    completion plus what was rendered after it (tool definitions and system
+    prompt included, since the provider counted them).
     """
 
     def __init__(
-        self, system_prompt: str | None, medium: Medium, folding: FoldingPolicy | None = None
+        self,
+        system_prompt: str | None,
+        medium: ObservationRenderer,
+        folding: FoldingPolicy | None = None,
     ) -> None:
         self._medium = medium
         self._folding = folding
@@ -79,10 +102,15 @@ class Context:
         )
         self._items: list[Message] = [self._system] if self._system else []
         self._intent: Message | None = None
-        self._in_view: list[tuple[Turn, int]] = []
-        """Turns rendered verbatim, with the message count each took."""
+        self._in_view: list[Turn] = []
+        """Turns rendered verbatim (delegation pieces merged into one turn)."""
         self._folded: list[Turn] = []
+        self._summary: str | None = None
+        """The current fold summary's body (without marker and note)."""
         self._chars = 0
+        self._measured: int | None = None
+        """Provider-measured prompt tokens of the latest turn plus what followed it."""
+        self._pending = False
         self._open: Turn | None = None
         """A turn whose utterance is shown but whose observation is still to come."""
 
@@ -91,6 +119,8 @@ class Context:
         self._items.append(self._intent)
         if self._folding is not None:
             self._chars += len(intent)
+            if self._measured is not None:
+                self._measured += len(intent) // CHARS_PER_TOKEN
 
     def add_turn(self, turn: Turn) -> None:
         if turn.intent is not None and not self._has_pending_intent(turn.intent):
@@ -107,16 +137,7 @@ class Context:
             )
             return
         if phase == "continuation" and self._open is not None:
-            turn = attrs.evolve(
-                self._open,
-                gate_calls=self._open.gate_calls + turn.gate_calls,
-                observation=turn.observation,
-                terminated=turn.terminated,
-                truncated=turn.truncated,
-                reason=turn.reason,
-                result=turn.result,
-                extras={k: v for k, v in turn.extras.items() if k != "phase"},
-            )
+            turn = merge_pieces(self._open, turn)
             self._open = None
             rendered = render_turn(turn, self._medium)[1:]
         else:
@@ -124,34 +145,97 @@ class Context:
         self._items.extend(rendered)
         if self._folding is None:
             return
-        self._in_view.append((turn, len(rendered)))
-        self._chars += sum(len(m.text()) for m in rendered)
-        if self._folding.should_fold(len(self._in_view), self._chars // CHARS_PER_TOKEN):
-            self._fold(self._folding)
+        self._in_view.append(turn)
+        added = sum(len(m.text()) for m in rendered)
+        self._chars += added
+        meta = turn.metadata
+        if meta.tokens_prompt:
+            observed = sum(len(m.text()) for m in rendered if m.role != "assistant")
+            self._measured = (
+                meta.tokens_prompt + meta.tokens_completion + observed // CHARS_PER_TOKEN
+            )
+        elif self._measured is not None:
+            self._measured += added // CHARS_PER_TOKEN
+        if self._pending or self._open is not None:
+            return
+        if self._folding.should_fold(len(self._in_view), self.estimated_tokens):
+            if self._folding.deferred:
+                self._pending = True
+            else:
+                self._fold(self._folding)
+
+    @property
+    def estimated_tokens(self) -> int:
+        """The token trigger's estimate of the prompt as it stands (see the class doc)."""
+        estimate = self._chars // CHARS_PER_TOKEN
+        return max(estimate, self._measured) if self._measured is not None else estimate
 
     @property
     def folded_turns(self) -> int:
         return len(self._folded)
 
-    def _fold(self, policy: FoldingPolicy) -> None:
+    @property
+    def fold_pending(self) -> bool:
+        """A trigger fired and the (asynchronous) folder has yet to be awaited."""
+        return self._pending
+
+    async def complete_fold(self) -> None:
+        """Run a pending fold: await the folder, then re-render (no-op when none is due).
+
+        If the folder fails (an LLM error, an empty answer), the fold still
+        happens with the deterministic template summary: folding exists to
+        keep the context inside the window, so it must not be skipped.
+        """
+        policy = self._folding
+        if not self._pending or policy is None:
+            return
+        self._pending = False
+        leaving = self._leaving(policy)
+        if not leaving:
+            return
+        folder = policy.folder
+        assert isinstance(folder, AsyncFolder)
+        try:
+            body = await folder.summarize(leaving, self._summary)
+        except Exception as exc:  # noqa: BLE001 -- any folder failure falls back (see above)
+            log.warning("fold summary failed (%s: %s); using the template", type(exc).__name__, exc)
+            body = template_summary([*self._folded, *leaving])
+        except BaseException:
+            self._pending = True  # cancelled: the fold is still due next time
+            raise
+        self._apply_fold(policy, leaving, body)
+
+    def _leaving(self, policy: FoldingPolicy) -> list[Turn]:
         keep = policy.keep_recent
-        leaving = [turn for turn, _ in self._in_view[: len(self._in_view) - keep]]
+        return self._in_view[: max(len(self._in_view) - keep, 0)]
+
+    def _fold(self, policy: FoldingPolicy) -> None:
+        leaving = self._leaving(policy)
+        if not leaving:
+            return
+        folder = policy.folder
+        assert callable(folder)
+        self._apply_fold(policy, leaving, folder([*self._folded, *leaving]))
+
+    def _apply_fold(self, policy: FoldingPolicy, leaving: Sequence[Turn], body: str) -> None:
         self._folded.extend(leaving)
-        self._in_view = self._in_view[len(self._in_view) - keep :]
+        self._in_view = self._in_view[len(leaving) :]
+        self._summary = body
         marker = policy.marker(self._folded[0].sequence, self._folded[-1].sequence)
         summary = Message(
             role="user",
-            content=f"{marker}\n{policy.folder(self._folded)}\n"
+            content=f"{marker}\n{body}\n"
             "(Summary of earlier turns; the full turns are kept in the loom.)",
         )
         items: list[Message] = [self._system] if self._system else []
         if self._intent is not None:
             items.append(self._intent)
         items.append(summary)
-        for turn, _count in self._in_view:
+        for turn in self._in_view:
             items.extend(render_turn(turn, self._medium))
         self._items = items
         self._chars = sum(len(m.text()) for m in items)
+        self._measured = None  # the provider has not seen the folded prompt yet
 
     def replay(self, turns: Iterable[Turn]) -> None:
         """Rebuild from a recorded thread (a resumed or forked entity)."""
@@ -166,7 +250,7 @@ class Context:
         return last is not None and last.role == "user" and last.content == intent
 
 
-def render_turn(turn: Turn, medium: Medium) -> list[Message]:
+def render_turn(turn: Turn, medium: ObservationRenderer) -> list[Message]:
     """One recorded turn as messages: the utterance, then the observation.
 
     A turn cut off before the LLM answered (an LLM error, a cancellation

@@ -29,7 +29,7 @@ import trio.lowlevel
 
 from cantrip._circle import Circle
 from cantrip._context import NUDGE_DONE_REQUIRED, Context
-from cantrip._errors import IntentError, LLMError, ProviderError
+from cantrip._errors import IntentError, LLMError, LoomError, ProviderError
 from cantrip._events import (
     Event,
     EventSink,
@@ -40,8 +40,10 @@ from cantrip._events import (
     ToolResultEvent,
     UsageEvent,
 )
+from cantrip._folding import effective_policy
 from cantrip._gate import Gate
 from cantrip._redact import get_logger
+from cantrip._replay import ReplayReport, fork_strategy, restore_session
 from cantrip.llm._contract import LLM, ZERO_USAGE, Response, StreamingLLM, Usage
 from cantrip.loom._model import (
     CallStatus,
@@ -60,6 +62,13 @@ log = get_logger("cantrip.entity")
 
 CURRENT_ENTITY: contextvars.ContextVar[Entity] = contextvars.ContextVar("cantrip_current_entity")
 """The entity on whose behalf a gate is running (for delegation gates)."""
+
+
+def require_intent(intent: object) -> str:
+    """The intent, or :class:`IntentError` (INTENT-1)."""
+    if not isinstance(intent, str) or not intent.strip():
+        raise IntentError("intent is required: a cantrip cannot be cast without one (INTENT-1)")
+    return intent
 
 
 def new_entity_id() -> str:
@@ -211,7 +220,14 @@ class Entity:
         self.circle = cantrip.circle
         self.usage = Usage()
         self._query_llm = cantrip.stack(llm)
-        self._context = Context(cantrip.identity.system_prompt, self.circle.medium, cantrip.folding)
+        self._context = Context(
+            cantrip.identity.system_prompt,
+            self.circle.medium,
+            effective_policy(cantrip.folding, llm),
+        )
+        self._restore: Sequence[Turn] = ()
+        """Recorded turns to replay into the sandbox when it opens (forks, resumes)."""
+        self.restore_report: ReplayReport | None = None
         self._leaf: str | None = spawned_from
         self._sequence = 0
         self._session: MediumSession | None = None
@@ -225,14 +241,22 @@ class Entity:
             self.parent_entity_id = record.parent_entity_id
             last = self.loom.last_turn(self.id)
             if last is not None:
-                self._context.replay(self.loom.thread(last.id))
+                self._restore = self.loom.lineage(last.id)
+                self._context.replay(self._restore)
                 self._leaf = last.id
                 self._sequence = last.sequence
             return
         if fork_point is not None:
             # Fork by replay (LOOM-4/13): the context is rebuilt from the recorded
-            # thread; gate results come from the loom and no gate runs again.
-            self._context.replay(self.loom.thread(fork_point.id))
+            # thread, the sandbox when it opens (cantrip._replay); gate results come
+            # from the loom and no gate runs again.
+            if fork_point.extras.get("phase") in ("checkpoint", "continuation+checkpoint"):
+                raise LoomError(
+                    f"turn {fork_point.id} is a delegation checkpoint, the middle of an "
+                    "utterance; fork from the turn that completes it"
+                )
+            self._restore = self.loom.lineage(fork_point.id)
+            self._context.replay(self._restore)
             self._leaf = fork_point.id
             self._sequence = fork_point.sequence
         self.loom.register_entity(
@@ -246,7 +270,7 @@ class Entity:
                 spawned_from=spawned_from,
                 created_at=_now(),
                 forked_from=fork_point.id if fork_point is not None else None,
-                fork_strategy="replay" if fork_point is not None else None,
+                fork_strategy=fork_strategy(self.circle.medium) if fork_point else None,
             )
         )
 
@@ -284,12 +308,11 @@ class Entity:
         (a parent ending, an API call) is recorded as a truncated turn -- with the
         in-flight gate calls completed as ``cancelled`` -- and then re-raised.
         """
-        if intent is None or not isinstance(intent, str) or not intent.strip():
-            raise IntentError("intent is required: a cantrip cannot be cast without one (INTENT-1)")
+        intent = require_intent(intent)
         if self._closed:
             raise IntentError(f"entity {self.id} is closed; summon a new one")
         if self._session is None:
-            self._session = await self.circle.medium.open(self.circle.resolved)
+            self._session = await self._open_session()
         self._context.add_intent(intent)
         cast = self._cast = _Cast(intent)
         timeout = self.circle.resolved.get("timeout_s")
@@ -317,6 +340,21 @@ class Entity:
             self._scope = None
             self._cancel_requested = False
 
+    async def _open_session(self) -> MediumSession:
+        """The medium session, with a fork's or resumed entity's sandbox replayed into it."""
+        session = await self.circle.medium.open(self.circle.resolved)
+        if self._restore:
+            try:
+                self.restore_report = await restore_session(
+                    session, self.circle, self.loom, self._restore
+                )
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await session.aclose()
+                raise
+            self._restore = ()
+        return session
+
     async def _loop(self, cast: _Cast) -> CastResult:
         wards = self.circle.resolved
         max_turns = wards.max_turns
@@ -325,6 +363,8 @@ class Entity:
         assert session is not None
         while True:
             await trio.lowlevel.checkpoint_if_cancelled()
+            if self._context.fold_pending:
+                await self._context.complete_fold()  # an async folder (LLMFolder) folds here
             emit = self._emit if self.on_event is not None else None
             inflight = _Inflight(time.perf_counter(), _now(), _TurnHost(self.circle, emit))
             self._inflight = inflight

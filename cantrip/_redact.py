@@ -75,13 +75,21 @@ def redact_value(value: Any) -> Any:
 
 
 class RedactingFilter(logging.Filter):
-    """Rewrites a record's message with secrets redacted before any handler sees it."""
+    """Rewrites a record with secrets redacted before any handler sees it: the
+    message, and the traceback and stack text a formatter would append."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         cleaned = redact(message)
         if cleaned != message or record.args:
             record.msg, record.args = cleaned, None
+        if record.exc_info and not record.exc_text:
+            # Formatters reuse exc_text when it is set, so the raw traceback is never shown.
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
         return True
 
 

@@ -13,11 +13,13 @@ conversation.)
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
+import attrs
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,12 +47,62 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class RateLimitSpec(_Strict):
+    """``rate_limit = {requests_per_minute = 60, burst = 10}``: a bucket per provider key."""
+
+    requests_per_minute: float = Field(gt=0)
+    burst: int | None = Field(default=None, ge=1)
+
+
+class TelemetrySpec(_Strict):
+    """``telemetry = {log_level = "INFO", include_content = false}`` (or ``true``)."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING"] = "INFO"
+    include_content: bool = False
+
+
+class ProviderRefSpec(_Strict):
+    """A fallback member: a provider and the model to ask there."""
+
+    provider: str
+    model: str | None = None
+    base_url: str | None = None
+    api_key_env: str | None = None
+    timeout_s: float | None = Field(default=None, gt=0)
+    compat: dict[str, Any] = Field(default_factory=dict)
+
+
+_PROVIDER_ONLY = ("base_url", "api_key_env", "timeout_s", "compat")
+"""LLMSpec keys that only mean something for a real provider."""
+_SCRIPT_ONLY = ("responses", "raw_response", "usage", "retry_behavior")
+"""LLMSpec keys that only mean something for a scripted LLM."""
+
+
 class LLMSpec(_Strict):
-    """``[llm]``: which model answers. ``provider = "scripted"`` needs no key."""
+    """``[llm]``: which model answers. ``provider = "scripted"`` needs no key.
+
+    A real provider (``openai``, ``anthropic``, ``gemini``, ``openrouter``,
+    ``ollama``, ``lmstudio``, ``vllm``, ``llamacpp``, ``local`` or one a user
+    config adds) is configured from its TOML; the key comes from the
+    environment variable the config names (or ``api_key_env``).
+    """
 
     provider: str | None = None
     model: str | None = None
     name: str | None = None
+    base_url: str | None = None
+    api_key_env: str | None = None
+    """The environment variable holding the key (never the key itself)."""
+    timeout_s: float | None = Field(default=None, gt=0)
+    compat: dict[str, Any] = Field(default_factory=dict)
+    """Compatibility flags overriding the provider config's (OpenAI-compatible servers)."""
+    fallback: list[str | ProviderRefSpec] = Field(default_factory=list)
+    """Tried in order when the primary fails for good: ``"provider"``,
+    ``"provider:model"`` or a table."""
+    fallback_retries: int | None = Field(default=None, ge=0)
+    """Retries of each chain member before moving on (default: one attempt each)."""
+    rate_limit: RateLimitSpec | None = None
+    telemetry: bool | TelemetrySpec = False
     type: Literal["code_circle", "tool_calling", "conversation"] | None = None
     """What the script's responses are shaped for (informational)."""
     responses: list[dict[str, Any]] | None = None
@@ -94,6 +146,8 @@ class CircleSpec(_Strict):
     circle_type: str | None = None
     gates: list[str | GateSpec] = Field(default_factory=list)
     wards: list[dict[str, Any]] = Field(default_factory=list)
+    expose_loom: bool | None = None
+    """Code mediums: a read-only ``loom`` object in the sandbox (LOOM-11; on by default)."""
 
 
 class RetrySpec(_Strict):
@@ -223,6 +277,8 @@ def build_cantrip(
     identity = _build_identity(doc.identity)
     circle_spec = doc.circle or CircleSpec()
     medium = _resolve_medium(circle_spec, strict_medium, problems)
+    if medium is not None and circle_spec.expose_loom is not None:
+        medium = _with_loom(medium, circle_spec.expose_loom, problems)
     gate_list = [
         g
         for g in (
@@ -262,16 +318,106 @@ def build_cantrip(
 
 
 def build_llm(spec: LLMSpec, problems: list[str], where: str) -> LLM | None:
-    """An LLM from its spec. Only scripted LLMs exist until the provider layer lands."""
+    """An LLM from its spec: scripted, or a real provider with its optional wrappers.
+
+    Real providers are checked completely here (name, config, model, key
+    variable), so a bad spec fails before any request. The stack built is
+    ``telemetry -> fallback -> rate limit -> adapter``; the cantrip adds its
+    retry policy around it.
+    """
     provider = spec.provider or "scripted"
-    wire: str | None = None
-    if provider.startswith("mock_"):
-        wire = provider.removeprefix("mock_")
-    elif provider != "scripted":
-        problems.append(
-            f"{where}: provider {provider!r} is not available (available: scripted, mock_openai)"
+    scripted = provider == "scripted" or provider.startswith("mock_")
+    count = len(problems)
+    if scripted:
+        for key in _PROVIDER_ONLY:
+            if key in spec.model_fields_set:
+                problems.append(f"{where}: {key!r} applies only to a real provider, not {provider}")
+        primary = _scripted_llm(spec, problems, where)
+    else:
+        for key in _SCRIPT_ONLY:
+            if key in spec.model_fields_set:
+                problems.append(f"{where}: {key!r} applies only to a scripted LLM")
+        primary = _provider_llm(
+            ProviderRefSpec(
+                provider=provider,
+                model=spec.model,
+                base_url=spec.base_url,
+                api_key_env=spec.api_key_env,
+                timeout_s=spec.timeout_s,
+                compat=spec.compat,
+            ),
+            spec.name,
+            problems,
+            where,
+        )
+    chain = [primary]
+    for index, entry in enumerate(spec.fallback):
+        ref = entry if isinstance(entry, ProviderRefSpec) else _provider_ref(entry)
+        chain.append(_provider_llm(ref, None, problems, f"{where}.fallback[{index}]"))
+    if len(problems) > count or any(llm is None for llm in chain):
+        return None
+    members: list[LLM] = [llm for llm in chain if llm is not None]
+    if not spec.fallback and spec.rate_limit is None and not spec.telemetry:
+        return members[0]
+    from cantrip.llm._fallback import FallbackLLM
+    from cantrip.llm._ratelimit import RateLimitedLLM
+    from cantrip.llm._telemetry import TelemetryLLM
+
+    if spec.rate_limit is not None:
+        members = [
+            RateLimitedLLM(m, spec.rate_limit.requests_per_minute, spec.rate_limit.burst)
+            for m in members
+        ]
+    llm: LLM = members[0]
+    if spec.fallback:
+        retry = RetryPolicy(max_retries=spec.fallback_retries) if spec.fallback_retries else None
+        llm = FallbackLLM(members, retry=retry)
+    if spec.telemetry:
+        options = spec.telemetry if isinstance(spec.telemetry, TelemetrySpec) else TelemetrySpec()
+        llm = TelemetryLLM(
+            llm,
+            log_level=logging.getLevelName(options.log_level),
+            include_content=options.include_content,
+        )
+    return llm
+
+
+def _provider_ref(text: str) -> ProviderRefSpec:
+    """``"provider"`` or ``"provider:model"`` (models may contain ``:`` and ``/``)."""
+    provider, _, model = text.partition(":")
+    return ProviderRefSpec(provider=provider.strip(), model=model.strip() or None)
+
+
+def _provider_llm(
+    ref: ProviderRefSpec, name: str | None, problems: list[str], where: str
+) -> LLM | None:
+    if ref.provider == "scripted" or ref.provider.startswith("mock_"):
+        problems.append(f"{where}: a fallback member must be a real provider, not {ref.provider}")
+        return None
+    from cantrip.llm._config import load_llm
+
+    try:
+        return load_llm(
+            ref.provider,
+            ref.model,
+            base_url=ref.base_url,
+            api_key_env=ref.api_key_env,
+            timeout_s=ref.timeout_s,
+            compat=ref.compat,
+            name=name,
+        )
+    except ConstructionError as exc:
+        problems.extend(
+            f"{where}: {p}"
+            + (" -- or scripted, mock_openai" if p.startswith("unknown provider") else "")
+            for p in exc.problems
         )
         return None
+
+
+def _scripted_llm(spec: LLMSpec, problems: list[str], where: str) -> LLM | None:
+    provider = spec.provider or "scripted"
+    wire = provider.removeprefix("mock_") if provider.startswith("mock_") else None
     responses = list(spec.responses or [])
     if spec.raw_response is not None:
         responses.append({"raw_response": spec.raw_response})
@@ -350,6 +496,15 @@ def _resolve_medium(spec: CircleSpec, strict: bool, problems: list[str]) -> Medi
             return None
         return conversation
     return _MEDIUMS[next(iter(canonical.values()))]()
+
+
+def _with_loom(medium: Medium, expose: bool, problems: list[str]) -> Medium:
+    if attrs.has(type(medium)) and hasattr(medium, "expose_loom"):
+        evolved: Medium = attrs.evolve(medium, expose_loom=expose)  # type: ignore[misc]
+        return evolved
+    if expose:
+        problems.append(f"circle: the {medium.name} medium cannot expose the loom (expose_loom)")
+    return medium
 
 
 def _build_gate(

@@ -15,13 +15,13 @@ instead of reading dumps.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cantrip._gate import Gate
 from cantrip.llm._contract import Message, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
-from mediums.base import visible_result
+from mediums.base import GateHost, visible_result
 
 VIEWPORT_CHARS = 500
 PREVIEW_CHARS = 150
@@ -117,13 +117,71 @@ def observation_text(
     return "\n".join(parts) if parts else "(no output)"
 
 
-def code_extras(observations: Sequence[str], errors: Sequence[str]) -> dict[str, Any]:
+def code_extras(
+    observations: Sequence[str],
+    errors: Sequence[str],
+    *,
+    host_calls: Sequence[int] = (),
+    resets: Sequence[int] = (),
+) -> dict[str, Any]:
     """Per-call observation texts, and the code's own errors: they make the turn
-    an error turn (``Turn.is_error``) even when no gate failed."""
+    an error turn (``Turn.is_error``) even when no gate failed.
+
+    For replay (LOOM-4/13): ``host_calls`` is how many of the turn's gate-call
+    records each code call produced, ``resets`` the indexes of code calls after
+    which the sandbox was discarded (time limit, a killed worker) -- replay
+    resets the sandbox there instead of running that code again.
+    """
     extras: dict[str, Any] = {"observations": list(observations)}
     if errors:
         extras["error"] = "; ".join(errors)
+    if host_calls:
+        extras["host_calls"] = list(host_calls)
+    if resets:
+        extras["sandbox_resets"] = list(resets)
     return extras
+
+
+LOOM_NAME = "loom"
+"""The name of the read-only loom object inside a code sandbox (LOOM-11)."""
+
+LOOM_DOC = (
+    "A read-only `loom` object holds your own history: loom.turns (also "
+    "loom.thread()) lists your earlier turns, oldest first, each with sequence, intent, "
+    "utterance, observation, gate_calls (gate, args, result, is_error, status), terminated, "
+    "truncated, reason, result and reward; loom.turn(n) is the turn with sequence n. Use it "
+    "to look back at work that has left your context."
+)
+
+HistorySource = Callable[[], list[dict[str, Any]]]
+
+
+def history_source(host: GateHost) -> HistorySource:
+    """Where a code call's ``loom`` object reads from, fixed when the call starts.
+
+    A replaying host supplies the history as it stood when the replayed code
+    first ran; otherwise it is the thread of the entity whose turn is running
+    (its lineage up to its latest recorded turn), read lazily and redacted.
+    Resolved on the trio side, so the returned function may run in a thread.
+    """
+    own = getattr(host, "history", None)
+    if callable(own):
+        source: HistorySource = own
+        return source
+    from cantrip._entity import CURRENT_ENTITY
+    from cantrip.loom._view import history_view
+
+    entity = CURRENT_ENTITY.get(None)
+    if entity is None:
+        return list
+    loom, leaf, entity_id = entity.loom, entity.leaf, entity.id
+
+    def read() -> list[dict[str, Any]]:
+        if leaf is None or leaf == loom.entity(entity_id).spawned_from:
+            return []  # a child before its first turn: its parent's turns are not its own
+        return history_view(loom.lineage(leaf), loom.reward)
+
+    return read
 
 
 def render_code_observation(turn: Turn) -> list[Message]:

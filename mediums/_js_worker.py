@@ -11,7 +11,11 @@ lines on stdin/stdout and never touches anything else:
 * when the code finishes (pending Promise jobs included): ``{"op": "result",
   ...}`` with the last value, console output and any uncaught error;
   ``"restart": true`` when that error was running out of memory, after which
-  the context is not trusted and the host replaces the worker.
+  the context is not trusted and the host replaces the worker;
+* when the code reads the global ``loom`` (LOOM-11, if the host enabled it):
+  ``{"op": "loom"}`` out, ``{"op": "loom", "turns": [...]}`` back, once per
+  evaluation; every read hands the code fresh copies, so nothing it does to
+  them reaches the loom.
 
 Limits are enforced by the operating system, not by the host's clock: an
 interval timer (``SIGALRM``, default action: terminate) bounds evaluation
@@ -53,6 +57,24 @@ var console = (function () {
 })();
 """
 
+_LOOM = r"""
+(function () {
+  function load() { return JSON.parse(__cantrip_loom()); }
+  var view = {};
+  Object.defineProperty(view, 'turns', { get: load, enumerable: true });
+  view.thread = function () { return load(); };
+  view.turn = function (sequence) {
+    var turns = load();
+    for (var i = 0; i < turns.length; i++) {
+      if (turns[i].sequence === sequence) { return turns[i]; }
+    }
+    return null;
+  };
+  Object.freeze(view);
+  Object.defineProperty(globalThis, 'loom', { value: view, writable: false, configurable: false });
+})();
+"""
+
 MAX_CONSOLE_CHARS = 20_000
 OUT_OF_MEMORY = "InternalError: out of memory"
 
@@ -66,14 +88,20 @@ class Worker:
         self.console: list[str] = []
         self.console_chars = 0
         self.stopped = False
+        self.loom_json: str | None = None
         self.ctx = quickjs.Context()
 
-    def setup(self, gates: list[str], memory_bytes: int, stack_bytes: int) -> None:
+    def setup(
+        self, gates: list[str], memory_bytes: int, stack_bytes: int, loom: bool = False
+    ) -> None:
         self.ctx.set_memory_limit(memory_bytes)
         self.ctx.set_max_stack_size(stack_bytes)
         self.ctx.add_callable("__cantrip_host", self.host_call)
         self.ctx.add_callable("__cantrip_console", self.console_line)
         self.ctx.eval(_PRELUDE)
+        if loom:
+            self.ctx.add_callable("__cantrip_loom", self.loom_data)
+            self.ctx.eval(_LOOM)
         for name in gates:
             self.ctx.eval(
                 f"function {name}() {{ return __cantrip_call({json.dumps(name)}, "
@@ -92,6 +120,18 @@ class Worker:
         if reply.get("stop"):
             self.stopped = True
         return json.dumps({k: reply.get(k) for k in ("ok", "value", "error", "stop")}, default=str)
+
+    def loom_data(self) -> str:
+        """The entity's history as JSON text, asked of the host once per evaluation."""
+        if self.loom_json is None:
+            self.remaining = _pause_timer()
+            try:
+                self.send({"op": "loom"})
+                reply = self.receive()
+            finally:
+                _arm_timer(self.remaining)
+            self.loom_json = json.dumps(reply.get("turns") or [], default=str)
+        return self.loom_json
 
     def console_line(self, text: str) -> None:
         if self.stopped:
@@ -116,6 +156,7 @@ class Worker:
     def evaluate(self, code: str) -> dict[str, Any]:
         self.console, self.console_chars = [], 0
         self.stopped = False
+        self.loom_json = None
         self.remaining = self.eval_s
         _arm_timer(self.remaining)
         error = None
@@ -222,7 +263,12 @@ def main() -> None:
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr  # nothing but the protocol may reach the host's pipe
     worker = Worker(inp, out, int(config["eval_ms"]))
-    worker.setup(list(config["gates"]), int(config["memory_bytes"]), int(config["stack_bytes"]))
+    worker.setup(
+        list(config["gates"]),
+        int(config["memory_bytes"]),
+        int(config["stack_bytes"]),
+        bool(config.get("loom", False)),
+    )
     worker.send({"op": "ready"})
     worker.serve()
 

@@ -17,6 +17,16 @@ memory bombs and deep recursion end that call with an error observation; if
 the worker had to be killed (time limit, an uncaught out-of-memory error, or a
 cast cut off mid-evaluation by cancellation or ``timeout_s``), the next turn
 gets a fresh sandbox and the observation says that the variables were lost.
+
+The loom (LOOM-11): unless ``expose_loom=False``, the sandbox has a read-only
+global ``loom`` -- ``loom.turns`` (and ``loom.thread()``) is the entity's own
+history as plain objects, ``loom.turn(n)`` one turn by sequence -- fetched from
+the host when first read in a code call (see :func:`mediums._code.history_source`).
+
+Forks and resumes (LOOM-4/13): :meth:`JsSession.replay_call` runs recorded code
+again against a replaying host that answers every host call from the loom, so
+a forked or restarted entity's sandbox is rebuilt without calling any gate
+(see :mod:`cantrip._replay`).
 """
 
 from __future__ import annotations
@@ -33,8 +43,11 @@ from cantrip._wards import WardKind, WardSet, register_ward_kind
 from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
 from mediums._code import (
+    LOOM_DOC,
+    HistorySource,
     code_extras,
     code_tool,
+    history_source,
     map_arguments,
     observation_text,
     render_code_observation,
@@ -60,8 +73,12 @@ class JsMedium:
     max_eval_ms: int = 5000
     max_memory_mb: int = 64
     stack_kb: int = 1024
+    expose_loom: bool = True
+    """A read-only ``loom`` object with the entity's own history in the sandbox (LOOM-11)."""
     name: str = "js"
     default_tool_choice: ToolChoice = "required"
+    fork_strategy: str = "replay"
+    """How a fork's (or a resumed entity's) sandbox state is rebuilt (LOOM-4)."""
 
     def ward_kinds(self) -> Sequence[WardKind]:
         return (MAX_EVAL_MS, MAX_MEMORY_MB)
@@ -71,12 +88,14 @@ class JsMedium:
             "Call done(answer) (or submit_answer(answer)) when the task is complete; code after "
             "it does not run. console.log output is returned to you."
         )
+        if self.expose_loom:
+            notes += "\n" + LOOM_DOC
         return (code_tool("JavaScript", TOOL_NAME, gates, notes),)
 
     async def open(self, wards: WardSet) -> JsSession:
         eval_ms = int(min(self.max_eval_ms, wards.get("max_eval_ms") or self.max_eval_ms))
         memory_mb = int(min(self.max_memory_mb, wards.get("max_memory_mb") or self.max_memory_mb))
-        return JsSession(eval_ms, memory_mb, self.stack_kb)
+        return JsSession(eval_ms, memory_mb, self.stack_kb, expose_loom=self.expose_loom)
 
     def render_observation(self, turn: Turn) -> list[Message]:
         return render_code_observation(turn)
@@ -85,10 +104,17 @@ class JsMedium:
 class JsSession:
     """One entity's sandbox: a worker process started on first use."""
 
-    def __init__(self, eval_ms: int, memory_mb: int, stack_kb: int) -> None:
+    replay_cut_resets = True
+    """A code call cut off from outside kills the worker (see ``_run_call``), so a
+    replay of such a turn resets the sandbox instead of running it."""
+
+    def __init__(
+        self, eval_ms: int, memory_mb: int, stack_kb: int, *, expose_loom: bool = True
+    ) -> None:
         self._eval_ms = eval_ms
         self._memory_mb = memory_mb
         self._stack_kb = stack_kb
+        self._expose_loom = expose_loom
         self._worker: WorkerProcess | None = None
         self._lost_state = False
         self._gates: tuple[str, ...] = ()
@@ -99,9 +125,11 @@ class JsSession:
         records: list[GateCallRecord] = []
         observations: list[str] = []
         errors: list[str] = []
+        counts: list[int] = []
+        resets: list[int] = []
         terminated = False
         result: Any = None
-        for call in response.tool_calls:
+        for index, call in enumerate(response.tool_calls):
             if terminated:
                 records.append(
                     host.unexecuted(
@@ -113,10 +141,14 @@ class JsSession:
                     )
                 )
                 observations.append("skipped: done was already called")
+                counts.append(1)
                 continue
             text, call_records, done, value, error = await self._run_call(call, host)
             records.extend(call_records)
             observations.append(text)
+            counts.append(len(call_records))
+            if self._lost_state:
+                resets.append(index)
             if error:
                 errors.append(error)
             if done:
@@ -126,8 +158,19 @@ class JsSession:
             terminated=terminated,
             result=result,
             observation="\n\n".join(observations),
-            extras=code_extras(observations, errors),
+            extras=code_extras(observations, errors, host_calls=counts, resets=resets),
         )
+
+    async def replay_call(self, call: ToolCall, host: GateHost) -> bool:
+        """Run one recorded code call again (``host`` answers from the loom);
+        True when it ended with a successful ``done``."""
+        _text, _records, done, _value, _error = await self._run_call(call, host)
+        return done
+
+    async def replay_reset(self) -> None:
+        """The recorded sandbox was lost at this point: lose it here too."""
+        await self._discard_worker()
+        self._lost_state = True
 
     async def _run_call(
         self, call: ToolCall, host: GateHost
@@ -149,11 +192,15 @@ class JsSession:
         records: list[GateCallRecord] = []
         terminated = False
         value: Any = None
+        history: HistorySource | None = history_source(host) if self._expose_loom else None
         try:
             worker = await self._ensure_worker(host)
             await worker.send({"op": "eval", "code": code})
             while True:
                 message = await worker.receive()
+                if message.get("op") == "loom":
+                    await worker.send({"op": "loom", "turns": history() if history else []})
+                    continue
                 if message.get("op") == "call":
                     reply, record, stop = await self._host_call(message, host, terminated)
                     if record is not None:
@@ -237,6 +284,7 @@ class JsSession:
             "memory_bytes": self._memory_mb * 1024 * 1024,
             "stack_bytes": self._stack_kb * 1024,
             "gates": names,
+            "loom": self._expose_loom and "loom" not in names,  # a gate named loom wins
             "address_space_bytes": max(self._memory_mb * 4, 1024) * 1024 * 1024,
         }
         worker = await WorkerProcess.start(WORKER_SCRIPT, [json.dumps(config)])

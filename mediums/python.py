@@ -53,6 +53,18 @@ session is discarded and the next turn gets a fresh sandbox whose observation
 says that the variables were lost. The same happens if the worker process
 dies (Monty's pool kills it if it overruns the time limit by more than a
 second). The host process is never at risk.
+
+**The loom (LOOM-11).** Unless ``expose_loom=False``, the name ``loom`` is a
+host-backed read-only object (Monty's ``ClassInstance``): ``loom.turns`` (and
+``loom.thread()``) is the entity's own history as a list of dicts,
+``loom.turn(n)`` one turn by sequence. It is read lazily, when the code touches
+it; assigning to its attributes changes nothing outside the sandbox.
+
+**Forks and resumes (LOOM-4/13).** :meth:`PythonSession.replay_call` runs
+recorded code again against a replaying host that answers every gate call
+from the loom (see :mod:`cantrip._replay`). A recorded code call that was cut
+off mid-way is replayed up to the cut and then finished off like the
+interrupted feed it was, so the variables end up as they were.
 """
 
 from __future__ import annotations
@@ -75,8 +87,12 @@ from cantrip._wards import WardKind, WardSet
 from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
 from mediums._code import (
+    LOOM_DOC,
+    LOOM_NAME,
+    HistorySource,
     code_extras,
     code_tool,
+    history_source,
     map_arguments,
     observation_text,
     render_code_observation,
@@ -112,22 +128,57 @@ class PythonMedium:
     max_eval_ms: int = 5000
     max_memory_mb: int = 64
     max_recursion_depth: int = 1000
+    expose_loom: bool = True
+    """A read-only ``loom`` object with the entity's own history in the sandbox (LOOM-11)."""
     name: str = "python"
     default_tool_choice: ToolChoice = "required"
+    fork_strategy: str = "replay"
+    """How a fork's (or a resumed entity's) sandbox state is rebuilt (LOOM-4)."""
 
     def ward_kinds(self) -> Sequence[WardKind]:
         return (MAX_EVAL_MS, MAX_MEMORY_MB)
 
     def present(self, gates: Sequence[Gate]) -> tuple[ToolDefinition, ...]:
-        return (code_tool("Python", TOOL_NAME, gates, _NOTES),)
+        notes = _NOTES + ("\n" + LOOM_DOC if self.expose_loom else "")
+        return (code_tool("Python", TOOL_NAME, gates, notes),)
 
     async def open(self, wards: WardSet) -> PythonSession:
         eval_ms = int(min(self.max_eval_ms, wards.get("max_eval_ms") or self.max_eval_ms))
         memory_mb = int(min(self.max_memory_mb, wards.get("max_memory_mb") or self.max_memory_mb))
-        return PythonSession(eval_ms, memory_mb, self.max_recursion_depth)
+        return PythonSession(
+            eval_ms, memory_mb, self.max_recursion_depth, expose_loom=self.expose_loom
+        )
 
     def render_observation(self, turn: Turn) -> list[Message]:
         return render_code_observation(turn)
+
+
+class LoomView:
+    """What ``loom`` is inside the sandbox: the entity's history, read on demand.
+
+    One per session (the sandbox may keep the name bound across feeds); each
+    feed points :attr:`source` at its own history before the code runs.
+    """
+
+    def __init__(self) -> None:
+        self.source: HistorySource = list
+
+    @property
+    def turns(self) -> list[dict[str, Any]]:
+        return self.source()
+
+    def thread(self) -> list[dict[str, Any]]:
+        return self.source()
+
+    def turn(self, sequence: int) -> dict[str, Any] | None:
+        for turn in self.source():
+            if turn.get("sequence") == sequence:
+                return turn
+        return None
+
+
+def _loom_object(view: LoomView) -> monty.ClassInstance:
+    return monty.ClassInstance(view, lazy_attrs={"turns"}, allowed_methods={"thread", "turn"})
 
 
 @attrs.define
@@ -137,6 +188,7 @@ class _Feed:
     gate_names: frozenset[str]
     sleep_left: float
     stubs: dict[str, Callable[..., Any]]
+    loom: monty.ClassInstance | None = None
     console: list[str] = attrs.field(factory=list)
     console_chars: int = 0
     console_truncated: bool = False
@@ -172,7 +224,13 @@ class _Outcome:
 class PythonSession:
     """One entity's sandbox: a Monty worker of its own, checked out on first use."""
 
-    def __init__(self, eval_ms: int, memory_mb: int, recursion_depth: int) -> None:
+    replay_cut_resets = False
+    """A code call cut off from outside leaves the feed suspended and it is finished
+    off later, keeping the variables; a replay of such a turn does the same."""
+
+    def __init__(
+        self, eval_ms: int, memory_mb: int, recursion_depth: int, *, expose_loom: bool = True
+    ) -> None:
         self._eval_ms = eval_ms
         self._memory_mb = memory_mb
         self._limits: monty.ResourceLimits = {
@@ -186,6 +244,10 @@ class PythonSession:
         self._pending: monty.SyncSnapshot | None = None
         self._lost_state = False
         self._stubs: dict[str, Callable[..., Any]] = {}
+        self._loom_view = LoomView() if expose_loom else None
+        self._loom: monty.ClassInstance | None = (
+            _loom_object(self._loom_view) if self._loom_view is not None else None
+        )
 
     # -- the medium contract --------------------------------------------------
 
@@ -195,9 +257,11 @@ class PythonSession:
         records: list[GateCallRecord] = []
         observations: list[str] = []
         errors: list[str] = []
+        counts: list[int] = []
+        resets: list[int] = []
         terminated = False
         result: Any = None
-        for call in response.tool_calls:
+        for index, call in enumerate(response.tool_calls):
             if terminated:
                 records.append(
                     host.unexecuted(
@@ -205,10 +269,14 @@ class PythonSession:
                     )
                 )
                 observations.append("skipped: done was already called")
+                counts.append(1)
                 continue
             text, outcome = await self._run_call(call, host)
             records.extend(outcome.records)
             observations.append(text)
+            counts.append(len(outcome.records))
+            if self._lost_state:
+                resets.append(index)
             if outcome.error:
                 errors.append(outcome.error)
             if outcome.terminated:
@@ -218,8 +286,20 @@ class PythonSession:
             terminated=terminated,
             result=result,
             observation="\n\n".join(observations),
-            extras=code_extras(observations, errors),
+            extras=code_extras(observations, errors, host_calls=counts, resets=resets),
         )
+
+    async def replay_call(self, call: ToolCall, host: GateHost) -> bool:
+        """Run one recorded code call again (``host`` answers from the loom);
+        True when it ended with a successful ``done``."""
+        _text, outcome = await self._run_call(call, host)
+        return outcome.terminated
+
+    async def replay_reset(self) -> None:
+        """The recorded sandbox was lost at this point: lose it here too."""
+        self._pending = None
+        await self._discard_session()
+        self._lost_state = True
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
@@ -243,7 +323,9 @@ class PythonSession:
         names: set[str] = set()
         for g in host.gates:
             names.update((g.name, *g.aliases))
-        feed = _Feed(frozenset(names), self._eval_ms / 1000.0, self._stubs)
+        if self._loom_view is not None:
+            self._loom_view.source = history_source(host)
+        feed = _Feed(frozenset(names), self._eval_ms / 1000.0, self._stubs, self._loom)
         outcome = _Outcome()
         notice = self._take_notice()
         try:
@@ -429,6 +511,10 @@ def _settle(step: monty.SyncSnapshot, feed: _Feed) -> monty.SyncSnapshot:
             name = step.variable_name
             if step.object_id is None and name in feed.gate_names:
                 step = step.resume(value=_stub(feed.stubs, name))
+            elif step.object_id is None and name == LOOM_NAME and feed.loom is not None:
+                step = step.resume(value=feed.loom)
+            elif _is_loom(step.object_id, feed):
+                step = step.resume_auto()  # an attribute of loom, by its wrapper's policy
             else:
                 step = step.resume()  # NameError / AttributeError in the sandbox
         elif isinstance(step, monty.FutureSnapshot):
@@ -441,10 +527,16 @@ def _settle(step: monty.SyncSnapshot, feed: _Feed) -> monty.SyncSnapshot:
             step = step.resume_not_handled()  # files, env, imports: refused by Monty
         elif step.object_id is None and str(step.function_name) in feed.gate_names:
             return step  # a gate call: the trio side calls it
+        elif _is_loom(step.object_id, feed):
+            step = step.resume_auto()  # a method of loom: reads the history
         else:
             step = step.resume(
                 _raise("NameError", f"name {str(step.function_name)!r} is not defined")
             )
+
+
+def _is_loom(object_id: Any, feed: _Feed) -> bool:
+    return object_id is not None and feed.loom is not None and str(object_id) == str(feed.loom.id)
 
 
 def _drain(step: monty.SyncSnapshot) -> None:

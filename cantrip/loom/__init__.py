@@ -1,5 +1,13 @@
-"""The loom: turns, their records, and the stores that keep them."""
+"""The loom: turns, their records, the stores that keep them, and its exports."""
 
+from cantrip.loom._export import (
+    ExportedTurn,
+    chat_conversation,
+    export_chat,
+    export_jsonl,
+    export_thread_jsonl,
+    load_jsonl,
+)
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import CallStatus, EntityRecord, GateCallRecord, Turn, TurnMetadata
 from cantrip.loom._stores import JSONLStore, LoomStore, MemoryStore, SQLiteStore, open_store
@@ -7,6 +15,7 @@ from cantrip.loom._stores import JSONLStore, LoomStore, MemoryStore, SQLiteStore
 __all__ = [
     "CallStatus",
     "EntityRecord",
+    "ExportedTurn",
     "GateCallRecord",
     "JSONLStore",
     "Loom",
@@ -15,5 +24,10 @@ __all__ = [
     "SQLiteStore",
     "Turn",
     "TurnMetadata",
+    "chat_conversation",
+    "export_chat",
+    "export_jsonl",
+    "export_thread_jsonl",
+    "load_jsonl",
     "open_store",
 ]

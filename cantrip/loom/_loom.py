@@ -8,6 +8,7 @@ path and is extracted by walking parent links, O(depth).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -57,7 +58,11 @@ class Loom:
 
     @staticmethod
     def new_turn_id() -> str:
-        return "turn-" + os.urandom(16).hex()
+        """``turn-`` and 128 bits: a 48-bit millisecond clock, then 80 random bits.
+
+        Ids of one process sort roughly by creation time, so a store's id index
+        grows at its end instead of at random places (cheaper appends)."""
+        return f"turn-{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
     def register_entity(self, record: EntityRecord) -> None:
         if record.entity_id in self._entities:
@@ -157,6 +162,48 @@ class Loom:
             current = turn.parent_id
         path.reverse()
         return path
+
+    def lineage(self, leaf_id: str) -> list[Turn]:
+        """The part of the thread ending at ``leaf_id`` that its entity's context
+        is rendered from: the thread, cut just below the delegation checkpoint
+        that spawned the leaf's lineage (a child never saw its parent's turns).
+
+        For a top-level entity this is the whole thread; for a fork it includes
+        the prefix it was forked from (LOOM-4); for a child -- or a fork of a
+        child -- it starts at the child's root turn. O(depth).
+        """
+        path: list[Turn] = []
+        current = self.get(leaf_id)
+        while True:
+            path.append(current)
+            parent_id = current.parent_id
+            if parent_id is None:
+                break
+            parent = self.get(parent_id)
+            if parent.entity_id != current.entity_id:
+                record = self._entities.get(current.entity_id)
+                if record is not None and record.spawned_from == parent_id:
+                    break
+            current = parent
+        path.reverse()
+        return path
+
+    def find(self, where: str, sequence: int) -> Turn:
+        """The turn with ``sequence`` on a thread, as its entity counts turns.
+
+        ``where`` is an entity id (its latest thread) or a turn id (the thread
+        ending there). A fork's thread includes the prefix it was forked from,
+        so sequence 1 of a fork is the first turn of the original.
+        """
+        if where in self._entities:
+            last = self.last_turn(where)
+            if last is None:
+                raise LoomError(f"entity {where!r} has no turns yet")
+            where = last.id
+        for turn in self.lineage(where):
+            if turn.sequence == sequence:
+                return turn
+        raise LoomError(f"no turn with sequence {sequence} on the thread of {where!r}")
 
     def leaves(self) -> list[Turn]:
         """Turns without children, in the order they were recorded."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 import attrs
@@ -23,6 +24,25 @@ cancellation, COMP-9) or ``crashed`` (the entity's task crashed)."""
 
 def _frozen(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return _frozen_dict(value)
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> Any:
+    """:func:`plain_json` with a fast path for the types turns are made of.
+
+    Serialising a turn is on every append's path (LOOM-1), so exact-type checks
+    come first; anything unusual takes the general route.
+    """
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict or kind is MappingProxyType:
+        return {k if type(k) is str else str(k): _plain(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_plain(v) for v in value]
+    return plain_json(value)
 
 
 def result_text(value: Any) -> str:
@@ -74,15 +94,15 @@ class GateCallRecord:
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "gate": self.gate,
-            "args": plain_json(self.args),
-            "result": plain_json(self.result),
+            "args": _plain(self.args),
+            "result": _plain(self.result),
             "is_error": self.is_error,
             "tool_call_id": self.tool_call_id,
             "status": self.status,
             "duration_ms": self.duration_ms,
         }
         if self.detail:
-            data["detail"] = plain_json(self.detail)
+            data["detail"] = _plain(self.detail)
         return data
 
     @classmethod
@@ -122,7 +142,16 @@ class TurnMetadata:
         return Usage(self.tokens_prompt, self.tokens_completion, self.tokens_cached)
 
     def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        return {
+            "tokens_prompt": self.tokens_prompt,
+            "tokens_completion": self.tokens_completion,
+            "tokens_cached": self.tokens_cached,
+            "duration_ms": self.duration_ms,
+            "timestamp": self.timestamp,
+            "attempts": self.attempts,
+            "model": self.model,
+            "provider": self.provider,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TurnMetadata:
@@ -178,7 +207,7 @@ class Turn:
                 {
                     "id": c.id,
                     "name": c.name,
-                    "arguments": plain_json(c.arguments),
+                    "arguments": _plain(c.arguments),
                     "raw_arguments": c.raw_arguments,
                 }
                 for c in self.tool_calls
@@ -189,8 +218,8 @@ class Turn:
             "terminated": self.terminated,
             "truncated": self.truncated,
             "reason": self.reason,
-            "result": plain_json(self.result),
-            "extras": plain_json(self.extras),
+            "result": _plain(self.result),
+            "extras": _plain(self.extras),
         }
 
     @classmethod

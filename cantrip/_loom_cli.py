@@ -1,0 +1,425 @@
+"""``cantrip loom FILE ...``: inspect, export, reward and fork from a loom file.
+
+Subcommands (FILE is a loom written by ``cantrip cast --loom`` or ``[loom]
+path``: ``.jsonl`` or SQLite):
+
+- ``list`` -- every entity (medium, parent or fork origin, turns, tokens) and
+  every thread (leaf, entity, length, outcome, tokens, reward);
+- ``show REF`` -- a thread turn by turn: utterance, gate calls, observation,
+  tokens, duration, outcome and reward;
+- ``export [--format jsonl|chat] [--thread REF] [--raw]`` -- turn JSONL or
+  chat-format training data (one conversation per thread) on stdout;
+  redacted unless ``--raw`` is given;
+- ``reward REF VALUE`` -- set (or, with ``none``, clear) a turn's reward;
+- ``fork REF SPEC.toml INTENT [--llm NAME] [--json]`` -- continue from a turn
+  with the cantrip a spec file describes, recording into the same loom.
+
+REF names a turn: a turn id or a unique prefix or suffix of one (ids begin
+with a clock, so the end of an id is what tells turns of one run apart;
+``turn-`` may be left out of a prefix), ``ENTITY:SEQ`` (sequence SEQ on that
+entity's thread; the entity id may be a unique prefix), ``#N`` (the leaf of
+thread N as ``list`` numbers them), or an entity id (its latest turn).
+``show`` shows the thread from the root to that turn.
+
+Everything printed passes through redaction (PROD-8), except ``export --raw``.
+Exit codes: 0 success (``fork``: terminated), 2 (``fork``: truncated by a
+ward), 1 error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import trio
+
+from cantrip._errors import CantripError, LoomError
+from cantrip._redact import redact
+from cantrip.loom._export import Redaction, export_chat, export_jsonl
+from cantrip.loom._loom import Loom
+from cantrip.loom._model import Turn
+from cantrip.loom._view import CHECKPOINT_PHASES
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_TRUNCATED = 2
+PREVIEW = 400
+
+
+def add_loom_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``loom`` command (with its subcommands) to a ``cantrip`` parser."""
+    loom = subparsers.add_parser(
+        "loom",
+        help="inspect, export, reward or fork from a loom file",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    loom.add_argument("loom_file", type=Path, metavar="FILE", help="a loom file (.db or .jsonl)")
+    commands = loom.add_subparsers(dest="loom_command", required=True, metavar="COMMAND")
+
+    listing = commands.add_parser("list", help="entities and threads, with outcome and usage")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+
+    show = commands.add_parser("show", help="a thread, turn by turn")
+    show.add_argument("ref", metavar="THREAD_OR_TURN", help="#N, a turn id/prefix, ENTITY:SEQ")
+    show.add_argument("--full", action="store_true", help="do not shorten long texts")
+
+    export = commands.add_parser("export", help="export turns or chat-format training data")
+    export.add_argument("--format", choices=("jsonl", "chat"), default="jsonl")
+    export.add_argument("--thread", metavar="REF", help="only the thread ending at REF")
+    export.add_argument(
+        "--raw", action="store_true", help="do not redact secrets (explicit opt-in, PROD-8)"
+    )
+
+    reward = commands.add_parser("reward", help="set a turn's reward")
+    reward.add_argument("ref", metavar="TURN")
+    reward.add_argument("value", metavar="VALUE", help="a number, or none to clear it")
+
+    fork = commands.add_parser("fork", help="continue from a turn with a spec file's cantrip")
+    fork.add_argument("ref", metavar="TURN")
+    fork.add_argument("spec", type=Path, metavar="SPEC.toml")
+    fork.add_argument("intent", metavar="INTENT")
+    fork.add_argument("--llm", help="a named LLM of the spec ([llms.NAME]) to continue with")
+    fork.add_argument("--json", action="store_true", help="print a JSON result")
+    parser: argparse.ArgumentParser = loom
+    return parser
+
+
+def run_loom(args: argparse.Namespace) -> int:
+    """Run a parsed ``cantrip loom`` command; the exit code."""
+    out, err = sys.stdout, sys.stderr
+    path: Path = args.loom_file
+    if not path.exists():
+        print(f"cantrip: no loom file at {path}", file=err)
+        return EXIT_ERROR
+    try:
+        loom = Loom.open(path)
+    except CantripError as exc:
+        print(f"cantrip: cannot read {path}: {redact(str(exc))}", file=err)
+        return EXIT_ERROR
+    try:
+        command = args.loom_command
+        if command == "list":
+            return _list(loom, args, out)
+        if command == "show":
+            return _show(loom, args, out)
+        if command == "export":
+            return _export(loom, args, out, err)
+        if command == "reward":
+            return _reward(loom, args, out)
+        return _fork(loom, args, out, err)
+    except CantripError as exc:
+        print(f"cantrip: {redact(str(exc))}", file=err)
+        return EXIT_ERROR
+    finally:
+        loom.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m cantrip._loom_cli FILE COMMAND ...`` (the same as ``cantrip loom``)."""
+    parser = argparse.ArgumentParser(prog="cantrip")
+    add_loom_parser(parser.add_subparsers(dest="command", required=True))
+    return run_loom(parser.parse_args(["loom", *(sys.argv[1:] if argv is None else argv)]))
+
+
+# -- references ------------------------------------------------------------------
+
+
+def resolve_ref(loom: Loom, ref: str) -> Turn:
+    """The turn a REF names (see the module docstring)."""
+    ref = ref.strip()
+    if not ref:
+        raise LoomError("empty turn reference")
+    if ref.startswith("#"):
+        leaves = loom.leaves()
+        try:
+            index = int(ref[1:])
+        except ValueError:
+            raise LoomError(f"{ref!r}: a thread number is #1, #2, ...") from None
+        if not 1 <= index <= len(leaves):
+            raise LoomError(f"{ref!r}: the loom has {len(leaves)} thread(s)")
+        return leaves[index - 1]
+    if ":" in ref:
+        who, _, seq = ref.rpartition(":")
+        try:
+            sequence = int(seq)
+        except ValueError:
+            raise LoomError(f"{ref!r}: ENTITY:SEQ needs a number after the colon") from None
+        return loom.find(_entity(loom, who), sequence)
+    try:
+        return loom.get(ref)
+    except LoomError:
+        pass
+    if ref in loom.entities:
+        return _last_of(loom, ref)
+    turns = [
+        t.id
+        for t in loom.turns
+        if t.id.startswith(ref) or t.id.startswith("turn-" + ref) or t.id.endswith(ref)
+    ]
+    entities = [e for e in loom.entities if e.startswith(ref) or e.startswith("entity-" + ref)]
+    if len(turns) == 1 and not entities:
+        return loom.get(turns[0])
+    if len(entities) == 1 and not turns:
+        return _last_of(loom, entities[0])
+    if not turns and not entities:
+        hint = f" (thread {ref} is #{ref}; turn {ref} of an entity is ENTITY:{ref})"
+        raise LoomError(f"no turn or entity matches {ref!r}" + (hint if ref.isdigit() else ""))
+    raise LoomError(
+        f"{ref!r} is ambiguous: {len(turns)} turn(s) and {len(entities)} entity(ies) match"
+    )
+
+
+def _entity(loom: Loom, who: str) -> str:
+    if who in loom.entities:
+        return who
+    found = [e for e in loom.entities if e.startswith(who) or e.startswith("entity-" + who)]
+    if len(found) != 1:
+        raise LoomError(f"{who!r} names {len(found)} entities; give more of the id")
+    return found[0]
+
+
+def _last_of(loom: Loom, entity_id: str) -> Turn:
+    last = loom.last_turn(entity_id)
+    if last is None:
+        raise LoomError(f"entity {entity_id} has no turns")
+    return last
+
+
+# -- list --------------------------------------------------------------------------
+
+
+def _outcome(turn: Turn) -> str:
+    if turn.terminated:
+        return f"terminated ({turn.reason})"
+    if turn.truncated:
+        return f"truncated ({turn.reason})"
+    if turn.extras.get("phase") in CHECKPOINT_PHASES:
+        return "delegating"
+    return "active"
+
+
+def _tokens(turns: Sequence[Turn]) -> dict[str, int]:
+    return {
+        "prompt": sum(t.metadata.tokens_prompt for t in turns),
+        "completion": sum(t.metadata.tokens_completion for t in turns),
+        "cached": sum(t.metadata.tokens_cached for t in turns),
+    }
+
+
+def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
+    entities: list[dict[str, Any]] = []
+    for record in loom.entities.values():
+        turns = loom.entity_turns(record.entity_id)
+        last = turns[-1] if turns else None
+        entities.append(
+            {
+                "entity_id": record.entity_id,
+                "medium": record.medium,
+                "llm": record.llm,
+                "parent_entity_id": record.parent_entity_id,
+                "forked_from": record.forked_from,
+                "fork_strategy": record.fork_strategy,
+                "turns": len(turns),
+                "outcome": _outcome(last) if last else "no turns",
+                "tokens": _tokens(turns),
+                "created_at": record.created_at,
+            }
+        )
+    threads: list[dict[str, Any]] = []
+    for number, leaf in enumerate(loom.leaves(), start=1):
+        thread = loom.thread(leaf.id)
+        threads.append(
+            {
+                "thread": f"#{number}",
+                "leaf": leaf.id,
+                "entity_id": leaf.entity_id,
+                "turns": len(thread),
+                "outcome": _outcome(leaf),
+                "result": leaf.result if leaf.terminated else None,
+                "tokens": _tokens(thread),
+                "reward": loom.reward(leaf.id),
+            }
+        )
+    if args.json:
+        _print(out, json.dumps({"entities": entities, "threads": threads}, default=str))
+        return EXIT_OK
+    _print(out, f"entities ({len(entities)}):")
+    for e in entities:
+        origin = ""
+        if e["parent_entity_id"]:
+            origin = f"  child of {e['parent_entity_id']}"
+        elif e["forked_from"]:
+            origin = f"  forked from {e['forked_from']} ({e['fork_strategy']})"
+        t = e["tokens"]
+        _print(
+            out,
+            f"  {e['entity_id']}  {e['medium']}  llm={e['llm'] or '-'}  {e['turns']} turn(s)  "
+            f"{e['outcome']}  tokens {t['prompt']}+{t['completion']}{origin}",
+        )
+    _print(out, f"threads ({len(threads)}):")
+    for th in threads:
+        t = th["tokens"]
+        reward = "" if th["reward"] is None else f"  reward {th['reward']}"
+        result = "" if th["result"] is None else f"  result {_short(_text(th['result']), 60)}"
+        _print(
+            out,
+            f"  {th['thread']}  {th['leaf']}  {th['entity_id']}  {th['turns']} turn(s)  "
+            f"{th['outcome']}  tokens {t['prompt']}+{t['completion']}{result}{reward}",
+        )
+    return EXIT_OK
+
+
+# -- show --------------------------------------------------------------------------
+
+
+def _show(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
+    target = resolve_ref(loom, args.ref)
+    thread = loom.thread(target.id)
+    limit = None if args.full else PREVIEW
+    _print(out, f"thread to {target.id}: {len(thread)} turn(s)")
+    for turn in thread:
+        meta = turn.metadata
+        phase = turn.extras.get("phase")
+        _print(
+            out,
+            f"\n-- turn {turn.sequence}  {turn.id}  {turn.entity_id}"
+            + (f"  [{phase}]" if phase else ""),
+        )
+        _print(
+            out,
+            f"   tokens {meta.tokens_prompt} prompt / {meta.tokens_completion} completion / "
+            f"{meta.tokens_cached} cached   {meta.duration_ms:.1f} ms"
+            + (f"   attempts {meta.attempts}" if meta.attempts != 1 else ""),
+        )
+        if turn.intent is not None:
+            _block(out, "intent", turn.intent, limit)
+        if turn.utterance:
+            _block(out, "utterance", turn.utterance, limit)
+        if turn.gate_calls:
+            _print(out, "   gate calls:")
+            for r in turn.gate_calls:
+                status = "" if r.status == "ok" else f" [{r.status}]"
+                _print(
+                    out,
+                    f"     {r.gate}({_short(r.arguments, limit)}) -> "
+                    f"{'ERROR ' if r.is_error and r.status == 'error' else ''}"
+                    f"{_short(r.text, limit)}{status}",
+                )
+        if turn.observation:
+            _block(out, "observation", turn.observation, limit)
+        if turn.terminated or turn.truncated:
+            result = f": {_short(_text(turn.result), limit)}" if turn.terminated else ""
+            _print(out, f"   {_outcome(turn)}{result}")
+        reward = loom.reward(turn.id)
+        if reward is not None:
+            _print(out, f"   reward {reward}")
+    return EXIT_OK
+
+
+def _block(out: TextIO, label: str, text: str, limit: int | None) -> None:
+    _print(out, f"   {label}:")
+    for line in _short(text, limit).splitlines() or [""]:
+        _print(out, f"     {line}")
+
+
+# -- export / reward / fork ----------------------------------------------------------
+
+
+def _export(loom: Loom, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    redaction: Redaction = "none" if args.raw else "default"
+    if args.raw:
+        print("cantrip: raw export: secrets are NOT redacted", file=err)
+    leaf = resolve_ref(loom, args.thread).id if args.thread else None
+    if args.format == "chat":
+        text = export_chat(loom, None if leaf is None else [leaf], redaction=redaction)
+    else:
+        turns = None if leaf is None else loom.thread(leaf)
+        text = export_jsonl(loom, turns, redaction=redaction)
+    out.write(text)  # already redacted unless --raw was asked for
+    return EXIT_OK
+
+
+def _reward(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
+    turn = resolve_ref(loom, args.ref)
+    raw = str(args.value).strip().lower()
+    value: float | None
+    if raw in ("none", "null", "-"):
+        value = None
+    else:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise LoomError(f"reward must be a number or none, not {args.value!r}") from None
+    loom.annotate_reward(turn.id, value)
+    _print(out, f"reward of {turn.id} (turn {turn.sequence} of {turn.entity_id}): {value}")
+    return EXIT_OK
+
+
+def _fork(loom: Loom, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from cantrip._specfile import build_cantrip, load_spec_file
+
+    point = resolve_ref(loom, args.ref)
+    spell = build_cantrip(load_spec_file(args.spec), base_dir=args.spec.resolve().parent, loom=loom)
+    recorded = loom.entity(point.entity_id).medium
+    if recorded != spell.circle.medium.name:
+        print(
+            f"cantrip: note: the turn was recorded in the {recorded} medium and the spec "
+            f"uses {spell.circle.medium.name}; its sandbox state is not carried over",
+            file=err,
+        )
+
+    async def run() -> Any:
+        async with spell.fork(point, llm=args.llm) as entity:
+            return await entity.send(args.intent)
+
+    outcome = trio.run(run)
+    if args.json:
+        _print(
+            out,
+            json.dumps(
+                {
+                    "result": outcome.result,
+                    "terminated": outcome.terminated,
+                    "truncated": outcome.truncated,
+                    "reason": outcome.reason,
+                    "turns": len(outcome.turns),
+                    "entity_id": outcome.entity_id,
+                    "forked_from": point.id,
+                    "leaf": outcome.turns[-1].id if outcome.turns else None,
+                    "usage": outcome.usage.to_dict(),
+                    "summary": outcome.summary,
+                },
+                default=str,
+            ),
+        )
+    elif outcome.terminated:
+        _print(out, outcome.text)
+    else:
+        print(redact(outcome.summary or "truncated"), file=err)
+    return EXIT_OK if outcome.terminated else EXIT_TRUNCATED
+
+
+# -- output ---------------------------------------------------------------------------
+
+
+def _print(out: TextIO, text: str) -> None:
+    print(redact(text), file=out)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _short(text: str, limit: int | None) -> str:
+    if limit is None or len(text) <= limit:
+        return text
+    return text[:limit] + f"... [{len(text)} chars]"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
