@@ -1,19 +1,27 @@
-"""The ``cantrip`` command: ``cast`` a spec file, run ``conformance`` vectors.
+"""The ``cantrip`` command: cast, invoke, serve a spec file (ACP or HTTP), run conformance.
+
+Every command builds the same :class:`~cantrip.Cantrip` from the same spec
+file and reaches its entities through ``Entity.send`` (PROD-1).
 
 Exit codes of ``cast``: 0 terminated (done or a final answer), 2 truncated by
-a ward, 1 error (bad spec, LLM failure) -- the message goes to stderr.
+a ward, 130 interrupted (Ctrl-C; the loom records the cast as cancelled), 1
+error (bad spec, LLM failure) -- the message goes to stderr. Progress is drawn
+on stderr when it is a terminal; stdout carries only the result.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 
+from cantrip._cantrip import Cantrip
 from cantrip._errors import CantripError
 from cantrip._redact import redact
 from cantrip._specfile import build_cantrip, load_spec_file
@@ -21,6 +29,7 @@ from cantrip._specfile import build_cantrip, load_spec_file
 EXIT_TERMINATED = 0
 EXIT_ERROR = 1
 EXIT_TRUNCATED = 2
+EXIT_INTERRUPTED = 130
 
 
 def _own_tests() -> Path:
@@ -29,7 +38,7 @@ def _own_tests() -> Path:
     return here if here.exists() else Path(__file__).resolve().parents[1] / "tests.yaml"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> tuple[argparse.ArgumentParser, Any]:
     parser = argparse.ArgumentParser(prog="cantrip", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -38,6 +47,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     cast.add_argument("intent", nargs="?", help="the intent; read from stdin when omitted")
     cast.add_argument("--json", action="store_true", help="print a JSON result")
     cast.add_argument("--loom", type=Path, help="loom file to record into (.db or .jsonl)")
+    cast.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress on stderr, even on a terminal"
+    )
+
+    invoke = commands.add_parser(
+        "invoke", help="a long-lived entity: one intent per line, state carried across them"
+    )
+    invoke.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
+    invoke.add_argument(
+        "--resume", metavar="ENTITY_ID", help="continue this entity from the spec's loom file"
+    )
+    invoke.add_argument("--loom", type=Path, help="loom file to record into (.db or .jsonl)")
+    invoke.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
     acp = commands.add_parser(
         "acp", help="serve the Agent Client Protocol on stdio (one JSON message per line)"
@@ -46,81 +68,227 @@ def main(argv: Sequence[str] | None = None) -> int:
     acp.add_argument("--check", action="store_true", help="load the spec, report, and exit")
     acp.add_argument("--log", type=Path, help="write a debug log to this file (never stdout)")
 
+    serve = commands.add_parser("serve", help="serve the HTTP session API")
+    serve.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
+    serve.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
+    serve.add_argument("--check", action="store_true", help="load the spec, report, and exit")
+    serve.add_argument("--log", type=Path, help="write a debug log to this file")
+
     conformance = commands.add_parser("conformance", help="run tests.yaml conformance vectors")
     conformance.add_argument("paths", nargs="*", type=Path, help="default: ./tests.yaml")
     conformance.add_argument("-v", "--verbose", action="store_true", help="list passing cases")
 
+    try:
+        from cantrip._loom_cli import add_loom_parser  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        pass
+    else:
+        add_loom_parser(commands)
+    return parser, commands
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, _ = _parser()
     args = parser.parse_args(argv)
     if args.command == "cast":
         return _cast(args)
+    if args.command == "invoke":
+        return _invoke(args)
     if args.command == "acp":
         return _acp(args)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "loom":
+        from cantrip._loom_cli import run_loom  # type: ignore[import-not-found,unused-ignore]
+
+        return int(run_loom(args))
     return _conformance(args)
 
 
-def _acp(args: argparse.Namespace) -> int:
-    import logging
+def _fail(message: str) -> int:
+    print(f"cantrip: {redact(message)}", file=sys.stderr)
+    return EXIT_ERROR
 
-    from cantrip.protocols import serve_stdio
 
-    if args.log is not None:
-        logging.basicConfig(filename=args.log, level=logging.DEBUG)
-    try:
-        spell = build_cantrip(load_spec_file(args.spec), base_dir=args.spec.resolve().parent)
-    except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
-    if args.check:
-        gates = ", ".join(spell.circle.gate_names)
-        print(
-            f"ok: {args.spec} loads (medium {spell.circle.medium.name}; gates {gates})",
-            file=sys.stderr,
-        )
-        return 0
-    trio.run(serve_stdio, spell)
+def _load(spec: Path, loom_path: Path | None = None) -> Cantrip:
+    """The spec file's cantrip (a CantripError names every problem at once)."""
+    doc = load_spec_file(spec)
+    loom = None
+    if loom_path is not None:
+        from cantrip.loom._loom import Loom
+
+        loom = Loom.open(loom_path)
+    return build_cantrip(doc, base_dir=spec.resolve().parent, loom=loom)
+
+
+def _loom_path(spell: Cantrip) -> Path | None:
+    path = getattr(spell.loom.store, "path", None)
+    return Path(path) if path else None
+
+
+def _check(spec: Path, spell: Cantrip) -> int:
+    gates = ", ".join(spell.circle.gate_names)
+    loom = _loom_path(spell)
+    print(
+        f"ok: {spec} loads (medium {spell.circle.medium.name}; gates {gates}; "
+        f"loom {loom or 'in memory'})",
+        file=sys.stderr,
+    )
     return 0
 
 
+# -- cast ------------------------------------------------------------------------------
+
+
 def _cast(args: argparse.Namespace) -> int:
+    from cantrip.protocols._terminal import Progress, cast_with_progress, wants_progress
+
+    if args.intent is None and sys.stdin.isatty():
+        print("cantrip: type the intent, then Ctrl-D", file=sys.stderr)
     intent = args.intent if args.intent is not None else sys.stdin.read().strip()
     try:
-        doc = load_spec_file(args.spec)
-        loom = None
-        if args.loom is not None:
-            from cantrip.loom._loom import Loom
-
-            loom = Loom.open(args.loom)
-        spell = build_cantrip(doc, base_dir=args.spec.resolve().parent, loom=loom)
-        outcome = trio.run(spell.cast_async, intent)
+        spell = _load(args.spec, args.loom)
     except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
-    loom_path = getattr(spell.loom.store, "path", None)
+        return _fail(str(exc))
+    progress = Progress(enabled=wants_progress(sys.stderr, args.quiet))
+    try:
+        outcome, interrupted = trio.run(cast_with_progress, spell, intent, progress)
+    except CantripError as exc:
+        return _fail(str(exc))
+    finally:
+        spell.loom.close()
+    loom_path = _loom_path(spell)
     if args.json:
-        print(
-            redact(
-                json.dumps(
-                    {
-                        "result": outcome.result,
-                        "terminated": outcome.terminated,
-                        "truncated": outcome.truncated,
-                        "reason": outcome.reason,
-                        "turns": len(outcome.turns),
-                        "entity_id": outcome.entity_id,
-                        "usage": outcome.usage.to_dict(),
-                        "loom": str(loom_path) if loom_path else None,
-                        "summary": outcome.summary,
-                    },
-                    default=str,
-                )
-            )
-        )
-    else:
-        if outcome.terminated:
-            print(redact(outcome.text))
-        else:
-            print(redact(outcome.summary or "truncated"), file=sys.stderr)
+        from cantrip.protocols._sessions import result_dict
+
+        data = result_dict(outcome)
+        data["loom"] = str(loom_path) if loom_path else None
+        print(json.dumps(data, default=str))
+    elif outcome is not None and outcome.terminated:
+        print(redact(outcome.text))
+    elif outcome is not None and outcome.reason != "cancelled":
+        print(redact(outcome.summary or "truncated"), file=sys.stderr)
+    if interrupted or outcome is None or outcome.reason == "cancelled":
+        if not args.json:
+            print("cantrip: interrupted; the cast is recorded as cancelled", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_TERMINATED if outcome.terminated else EXIT_TRUNCATED
+
+
+# -- invoke ----------------------------------------------------------------------------
+
+
+def _invoke(args: argparse.Namespace) -> int:
+    from cantrip.protocols._terminal import (
+        Invocation,
+        Progress,
+        print_out,
+        stderr_console,
+        wants_progress,
+    )
+
+    try:
+        spell = _load(args.spec, args.loom)
+    except CantripError as exc:
+        return _fail(str(exc))
+    try:
+        if args.resume is not None:
+            if _loom_path(spell) is None:
+                return _fail(
+                    "--resume needs a loom file: add [loom] path = ... to the spec (or --loom)"
+                )
+            record = spell.loom.entities.get(args.resume)
+            if record is None or record.parent_entity_id is not None:
+                return _fail(f"no entity {args.resume!r} in {_loom_path(spell)}")
+        console = stderr_console()
+        invocation = Invocation(
+            spell,
+            entity_id=args.resume,
+            out=print_out,
+            err=console,
+            progress=Progress(console, enabled=wants_progress(sys.stderr, args.quiet)),
+            interactive=sys.stdin.isatty(),
+        )
+        return trio.run(invocation.run)
+    finally:
+        spell.loom.close()
+
+
+# -- protocols ---------------------------------------------------------------------------
+
+
+def _debug_log(path: Path | None) -> None:
+    if path is not None:
+        logging.basicConfig(
+            filename=path,
+            level=logging.DEBUG,
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )
+
+
+def _acp(args: argparse.Namespace) -> int:
+    from cantrip.protocols import serve_stdio
+
+    _debug_log(args.log)
+    try:
+        spell = _load(args.spec)
+    except CantripError as exc:
+        return _fail(str(exc))
+    if args.check:
+        return _check(args.spec, spell)
+    try:
+        trio.run(serve_stdio, spell)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        spell.loom.close()
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import signal
+
+    from cantrip.protocols._http import serve_http
+
+    _debug_log(args.log)
+    try:
+        spell = _load(args.spec)
+    except CantripError as exc:
+        return _fail(str(exc))
+    if args.check:
+        return _check(args.spec, spell)
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+            async def until_signal() -> None:
+                async for _ in signals:
+                    return
+
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(
+                    lambda task_status: serve_http(
+                        spell,
+                        args.host,
+                        args.port,
+                        shutdown_trigger=until_signal,
+                        task_status=task_status,
+                    )
+                )
+                for bind in binds:
+                    print(f"cantrip: serving {args.spec} on {bind}", file=sys.stderr, flush=True)
+
+    try:
+        trio.run(run)
+    except OSError as exc:
+        return _fail(f"cannot serve on {args.host}:{args.port}: {exc}")
+    finally:
+        spell.loom.close()
+    return 0
+
+
+# -- conformance -------------------------------------------------------------------------
 
 
 def _conformance(args: argparse.Namespace) -> int:

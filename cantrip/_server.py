@@ -15,7 +15,8 @@ import attrs
 import trio
 
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult, new_entity_id
+from cantrip._entity import CastResult, Entity, new_entity_id
+from cantrip._events import EventSink
 from cantrip._supervisor import ChildSpec, Restart, Supervisor
 
 
@@ -29,7 +30,9 @@ class EntityServer:
     """A summoned entity behind an inbox, meant to run under a :class:`Supervisor`.
 
     Transient by default: closing the inbox ends it normally and for good; a
-    crash restarts it.
+    crash restarts it. ``on_event`` receives the streaming events of every
+    incarnation (spec 7.5); :meth:`cancel` cuts off the cast running now (it
+    is recorded as cancelled and the entity stays alive for the next intent).
     """
 
     def __init__(
@@ -38,11 +41,17 @@ class EntityServer:
         *,
         entity_id: str | None = None,
         restart: Restart = Restart.TRANSIENT,
+        on_event: EventSink | None = None,
     ) -> None:
         self.spell = spell
         self.entity_id = entity_id or new_entity_id()
         self.restart = restart
+        self.on_event = on_event
         self.incarnations = 0
+        self.entity: Entity | None = None
+        """The current incarnation, once it runs."""
+        self.ready = trio.Event()
+        """Set once the first incarnation exists (summoned or resumed)."""
         self._send, self._receive = trio.open_memory_channel[_Request](math.inf)
 
     def child_spec(self) -> ChildSpec:
@@ -57,6 +66,10 @@ class EntityServer:
             raise outcome
         return outcome
 
+    def cancel(self) -> bool:
+        """Cancel the cast running now, if any; returns whether one was running."""
+        return self.entity.cancel() if self.entity is not None else False
+
     def close(self) -> None:
         """No more intents: the entity finishes the queued ones and ends normally."""
         self._send.close()
@@ -67,6 +80,9 @@ class EntityServer:
             entity = self.spell.resume(self.entity_id)
         else:
             entity = self.spell.summon(entity_id=self.entity_id)
+        entity.on_event = self.on_event
+        self.entity = entity
+        self.ready.set()
         async with entity:
             async for request in self._receive:
                 try:

@@ -1,5 +1,21 @@
-"""Protocol adapters: the same cantrip behind ACP (and, later, HTTP) (PROD-1)."""
+"""Protocol adapters: the same cantrip behind ACP, HTTP and the terminal (PROD-1).
+
+All of them reach entities through one :class:`SessionHub` (ACP, HTTP) or an
+:class:`~cantrip._server.EntityServer` (``cantrip invoke``), and every cast
+is ``Entity.send``.
+"""
 
 from cantrip.protocols._acp import AcpServer, prompt_text, serve_stdio
+from cantrip.protocols._http import HttpApp, serve_http
+from cantrip.protocols._sessions import Session, SessionError, SessionHub
 
-__all__ = ["AcpServer", "prompt_text", "serve_stdio"]
+__all__ = [
+    "AcpServer",
+    "HttpApp",
+    "Session",
+    "SessionError",
+    "SessionHub",
+    "prompt_text",
+    "serve_http",
+    "serve_stdio",
+]
