@@ -16,6 +16,7 @@ import trio
 
 from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult, Entity, new_entity_id
+from cantrip._errors import CantripError
 from cantrip._events import EventSink
 from cantrip._supervisor import ChildSpec, Restart, Supervisor
 
@@ -87,6 +88,11 @@ class EntityServer:
             async for request in self._receive:
                 try:
                     outcome = await entity.send(request.intent)
+                except CantripError as exc:
+                    # An expected failure (no intent, an LLM that gave up): recorded in
+                    # the loom, reported to the caller, and the entity serves on (D-011).
+                    request.reply.send_nowait(exc)
+                    continue
                 except BaseException as exc:
                     request.reply.send_nowait(exc)  # the caller learns; the supervisor decides
                     raise

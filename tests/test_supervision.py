@@ -159,3 +159,23 @@ async def test_orderly_stop_cancels_after_the_grace_period(autojump_clock: Any) 
         supervisor.stop(grace_s=2)
     assert finished_cleanly == ["polite"]
     assert 1.9 <= trio.current_time() - started <= 2.1
+
+
+async def test_an_llm_failure_is_not_a_crash_of_the_served_entity() -> None:
+    llm = cantrip.ScriptedLLM(
+        [
+            {"error": {"status": 400, "message": "bad request"}},
+            {"tool_calls": [{"gate": "done", "args": {"answer": "still here"}}]},
+        ]
+    )
+    spell = spell_with(llm)
+    server = EntityServer(spell)
+    supervisor = Supervisor([server.child_spec()], max_restarts=0, period_s=60)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(supervisor.run)
+        with pytest.raises(cantrip.ProviderError, match="bad request"):
+            await server.ask("first")
+        second = await server.ask("second")
+        server.close()
+    assert second.result == "still here"
+    assert server.incarnations == 1 and not supervisor.crashes
