@@ -293,3 +293,23 @@ async def test_a_spec_with_fallback_answers_from_the_second_provider() -> None:
 async def test_running_helper_cleans_up() -> None:
     async with running("openai", [Answer(text="x")]) as (_, llm):
         assert (await llm.query([cantrip.Message("user", "hi")])).content == "x"
+
+
+def test_the_models_window_reaches_the_folding_trigger(
+    user_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folding triggers from provider metadata without any folding policy (PROD-4)."""
+    from cantrip._folding import effective_policy
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-proj-abcdefghijklmnop")
+    (user_dir / "openai.toml").write_text('[models."tiny"]\ncontext_window = 1000\n')
+    clear_cache()
+    adapter = load_llm("openai", "tiny")
+    assert adapter.context_window == 1000
+    stacked = cantrip.RetryPolicy()  # the entity wraps every LLM in the retry layer
+    from cantrip.llm._retry import RetryingLLM
+
+    policy = effective_policy(None, RetryingLLM(adapter, stacked))
+    assert policy is not None and policy.context_window == 1000
+    assert policy.should_fold(turns_in_view=3, estimated_tokens=801)
+    assert not policy.should_fold(turns_in_view=3, estimated_tokens=799)

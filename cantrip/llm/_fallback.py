@@ -61,6 +61,13 @@ class FallbackLLM:
     def name(self) -> str:
         return self.chain[0].name
 
+    @property
+    def context_window(self) -> int | None:
+        """The smallest known window of the chain: any member may have to answer."""
+        windows = [getattr(llm, "context_window", None) for llm in self.chain]
+        known = [w for w in windows if isinstance(w, int)]
+        return min(known) if known else None
+
     async def query(
         self,
         messages: Sequence[Message],

@@ -79,6 +79,12 @@ class RetryingLLM:
     def name(self) -> str:
         return self.inner.name
 
+    @property
+    def context_window(self) -> int | None:
+        """The wrapped model's window, for the folding trigger."""
+        value = getattr(self.inner, "context_window", None)
+        return value if isinstance(value, int) else None
+
     async def query(
         self,
         messages: Sequence[Message],

@@ -238,6 +238,11 @@ class HTTPAdapter:
     reserved: ClassVar[frozenset[str]] = frozenset()
     """Body fields ``extra`` may not override."""
 
+    @property
+    def context_window(self) -> int | None:
+        """The model's window from provider metadata: the default folding trigger (PROD-4)."""
+        return self.info.context_window
+
     def __init__(
         self,
         config: ProviderConfig,
