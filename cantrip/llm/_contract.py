@@ -8,7 +8,6 @@ requires them.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -50,13 +49,15 @@ class ToolCall:
     name: str
     arguments: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
     raw_arguments: str | None = None
+    arguments_json: str = attrs.field(init=False, eq=False, repr=False)
+    """The arguments as a JSON string (LLM-4's wire form), encoded once."""
 
-    @functools.cached_property
-    def arguments_json(self) -> str:
-        """The arguments as a JSON string (LLM-4's wire form)."""
+    def __attrs_post_init__(self) -> None:
         if self.raw_arguments is not None and not self.arguments:
-            return self.raw_arguments
-        return json.dumps(dict(self.arguments), ensure_ascii=False, sort_keys=True)
+            text = self.raw_arguments
+        else:
+            text = json.dumps(dict(self.arguments), ensure_ascii=False, sort_keys=True)
+        object.__setattr__(self, "arguments_json", text)
 
 
 @attrs.frozen

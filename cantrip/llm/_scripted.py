@@ -37,6 +37,7 @@ from cantrip._errors import (
     ScriptExhaustedError,
 )
 from cantrip.llm._contract import (
+    ZERO_USAGE,
     Message,
     Query,
     Response,
@@ -96,6 +97,8 @@ class ScriptedLLM:
     medium_hint: str | None = None
     """The medium the script is written for; inferred from the script when unset."""
     invocations: list[Query] = attrs.field(factory=list)
+    _ready: dict[int, Response] = attrs.field(factory=dict, repr=False)
+    """Responses built once at construction: entries that need no query context."""
     _cursor: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -110,6 +113,11 @@ class ScriptedLLM:
                 raise ConstructionError(
                     f"scripted response #{index + 1} has unknown fields: {sorted(unknown)}"
                 )
+        if self.provider is None:
+            for index, entry in enumerate(self.responses):
+                plain = not set(entry) & {"code", "error", "raw_response", "tool_result"}
+                if plain:
+                    self._ready[index] = self._response(entry, ())
 
     @property
     def speaks(self) -> str | None:
@@ -161,10 +169,16 @@ class ScriptedLLM:
             raise InvalidResponseError(
                 "a raw provider payload needs a provider format to be normalized through"
             )
+        ready = self._ready.get(self._cursor - 1)
+        if ready is not None:
+            return ready
+        return self._response(entry, tools)
+
+    def _response(self, entry: Mapping[str, Any], tools: Sequence[ToolDefinition]) -> Response:
         return Response(
             content=entry.get("content"),
             tool_calls=self._calls(entry, tools),
-            usage=_usage(entry["usage"]) if "usage" in entry else (self.usage or Usage()),
+            usage=_usage(entry["usage"]) if "usage" in entry else (self.usage or ZERO_USAGE),
             thinking=entry.get("thinking"),
             model=self.name,
             provider="scripted",
