@@ -81,26 +81,30 @@ async def many_entities(n: int) -> None:
 
 async def batch_waves() -> None:
     requests = [{"intent": f"part {i}"} for i in range(50)]
-    parent = cantrip.ScriptedLLM(
-        [
-            {"tool_calls": [{"gate": "call_agent_batch", "args": {"requests": requests}}]},
-            {"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]},
-        ]
-    )
     latency = 0.05
-    spell = cantrip.Cantrip(
-        llm=parent,
-        identity=cantrip.Identity(),
-        circle=cantrip.Circle([done, call_agent_batch], [cantrip.max_turns(3)]),
-        llms={"child_llm": LatencyLLM(latency, 1)},
-    )
-    start = time.perf_counter()
-    await spell.cast_async("fan out")
-    wall = time.perf_counter() - start
+    walls = []
+    for _ in range(3):  # the first run also pays one-time costs (imports, caches)
+        parent = cantrip.ScriptedLLM(
+            [
+                {"tool_calls": [{"gate": "call_agent_batch", "args": {"requests": requests}}]},
+                {"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]},
+            ]
+        )
+        spell = cantrip.Cantrip(
+            llm=parent,
+            identity=cantrip.Identity(),
+            circle=cantrip.Circle([done, call_agent_batch], [cantrip.max_turns(3)]),
+            llms={"child_llm": LatencyLLM(latency, 1)},
+        )
+        start = time.perf_counter()
+        await spell.cast_async("fan out")
+        walls.append(time.perf_counter() - start)
+    wall = min(walls)
     ideal = math.ceil(50 / 8) * latency
     print(
-        f"(b) batch of 50 under the default limit 8: {wall * 1000:.0f} ms vs ideal "
-        f"{ideal * 1000:.0f} ms ({(wall / ideal - 1) * 100:+.1f} %; target within 10 %)"
+        f"(b) batch of 50 under the default limit 8: {wall * 1000:.0f} ms (best of 3; first "
+        f"{walls[0] * 1000:.0f} ms) vs ideal {ideal * 1000:.0f} ms "
+        f"({(wall / ideal - 1) * 100:+.1f} %; target within 10 %)"
     )
 
 
