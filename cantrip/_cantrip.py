@@ -68,7 +68,16 @@ class Cantrip:
             raise ConstructionError(problems)
 
     def stack(self, llm: LLM) -> LLM:
-        """The provider stack a turn queries through: retries inside the turn."""
+        """The provider stack a turn queries through: retries inside the turn.
+
+        The order is telemetry -> retry -> fallback -> rate limit -> adapter: a
+        telemetry wrapper stays outermost (one record per turn's query, retries
+        included), and the retry layer goes right beneath it.
+        """
+        from cantrip.llm._telemetry import TelemetryLLM
+
+        if isinstance(llm, TelemetryLLM):
+            return attrs.evolve(llm, inner=RetryingLLM(llm.inner, self.retry))
         return RetryingLLM(llm, self.retry)
 
     def resolve_llm(self, llm: LLM | str | None) -> LLM:

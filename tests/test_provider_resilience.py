@@ -247,3 +247,28 @@ async def test_unknown_prices_give_no_cost(caplog: pytest.LogCaptureFixture) -> 
         with caplog.at_level(logging.INFO, logger="cantrip.llm.telemetry"):
             await TelemetryLLM(llm).query(HELLO)
     assert caplog.records[0].telemetry["cost_usd"] is None  # type: ignore[attr-defined]
+
+
+async def test_telemetry_sits_above_the_retries_of_a_turn(
+    caplog: pytest.LogCaptureFixture, autojump_clock: Any
+) -> None:
+    """The stack is telemetry -> retry -> ... : one record per turn, retries inside it."""
+    import cantrip
+    from gates import done
+
+    llm = ScriptedLLM(
+        [
+            {"error": {"status": 503, "message": "overloaded"}},
+            {"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]},
+        ]
+    )
+    spell = cantrip.Cantrip(
+        llm=TelemetryLLM(llm),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done], [cantrip.max_turns(3)]),
+    )
+    with caplog.at_level(logging.INFO, logger="cantrip.llm.telemetry"):
+        outcome = await spell.cast_async("go")
+    records = [r for r in caplog.records if r.name == "cantrip.llm.telemetry"]
+    assert len(records) == 1 and records[0].telemetry["status"] == "ok"  # type: ignore[attr-defined]
+    assert outcome.result == "ok" and outcome.turns[0].metadata.attempts == 2
