@@ -15,13 +15,15 @@ instead of reading dumps.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from cantrip._gate import Gate
-from cantrip.llm._contract import Message, ToolDefinition
+from cantrip.llm._contract import Message, Response, ToolCall, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
-from mediums.base import GateHost, visible_result
+from mediums.base import Execution, GateHost, visible_result
 
 VIEWPORT_CHARS = 500
 PREVIEW_CHARS = 150
@@ -115,6 +117,72 @@ def observation_text(
     elif kind != "undefined":
         parts.append(f"result: {viewport(kind, value)}")
     return "\n".join(parts) if parts else "(no output)"
+
+
+SKIPPED_AFTER_DONE = "skipped: done was already called"
+
+
+@attrs.frozen
+class CodeRun:
+    """What one code call did, as a medium reports it to :func:`execute_code_calls`."""
+
+    text: str
+    records: tuple[GateCallRecord, ...] = ()
+    terminated: bool = False
+    value: Any = None
+    error: str | None = None
+
+
+async def execute_code_calls(
+    response: Response,
+    host: GateHost,
+    run: Callable[[ToolCall, GateHost], Awaitable[CodeRun]],
+    *,
+    lost_state: Callable[[], bool] | None = None,
+) -> Execution:
+    """One utterance of a code medium: its code calls in order, through ``run``.
+
+    After a call ends with ``done`` the remaining calls are completed as
+    ``skipped`` (LOOP-3). With ``lost_state`` (mediums that replay, LOOM-13) the
+    extras also record how many gate calls each code call made and after which
+    calls the sandbox was lost.
+    """
+    if not response.tool_calls:
+        return Execution(text_only=True)
+    records: list[GateCallRecord] = []
+    observations: list[str] = []
+    errors: list[str] = []
+    counts: list[int] = []
+    resets: list[int] = []
+    terminated = False
+    result: Any = None
+    for index, call in enumerate(response.tool_calls):
+        if terminated:
+            records.append(
+                host.unexecuted(call.name, call.arguments, call.id, "skipped", SKIPPED_AFTER_DONE)
+            )
+            observations.append(SKIPPED_AFTER_DONE)
+            counts.append(1)
+            continue
+        outcome = await run(call, host)
+        records.extend(outcome.records)
+        observations.append(outcome.text)
+        counts.append(len(outcome.records))
+        if lost_state is not None and lost_state():
+            resets.append(index)
+        if outcome.error:
+            errors.append(outcome.error)
+        if outcome.terminated:
+            terminated, result = True, outcome.value
+    if lost_state is None:
+        counts, resets = [], []
+    return Execution(
+        gate_calls=tuple(records),
+        terminated=terminated,
+        result=result,
+        observation="\n\n".join(observations),
+        extras=code_extras(observations, errors, host_calls=counts, resets=resets),
+    )
 
 
 def code_extras(

@@ -93,8 +93,9 @@ from cantrip._wards import WardKind, WardSet
 from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
 from mediums._code import (
-    code_extras,
+    CodeRun,
     code_tool,
+    execute_code_calls,
     map_arguments,
     observation_text,
     render_code_observation,
@@ -477,40 +478,11 @@ class BashSession:
         return None if self._shell is None else self._shell.process.pid
 
     async def execute(self, response: Response, host: GateHost) -> Execution:
-        if not response.tool_calls:
-            return Execution(text_only=True)
-        records: list[GateCallRecord] = []
-        observations: list[str] = []
-        errors: list[str] = []
-        terminated = False
-        result: Any = None
-        for call in response.tool_calls:
-            if terminated:
-                records.append(
-                    host.unexecuted(
-                        call.name,
-                        call.arguments,
-                        call.id,
-                        "skipped",
-                        "skipped: done was already called",
-                    )
-                )
-                observations.append("skipped: done was already called")
-                continue
-            text, block = await self._run_call(call, host)
-            records.extend(block.records)
-            observations.append(text)
-            if block.error:
-                errors.append(block.error)
-            if block.terminated:
-                terminated, result = True, block.value
-        return Execution(
-            gate_calls=tuple(records),
-            terminated=terminated,
-            result=result,
-            observation="\n\n".join(observations),
-            extras=code_extras(observations, errors),
-        )
+        return await execute_code_calls(response, host, self._run_code)
+
+    async def _run_code(self, call: ToolCall, host: GateHost) -> CodeRun:
+        text, block = await self._run_call(call, host)
+        return CodeRun(text, tuple(block.records), block.terminated, block.value, block.error)
 
     async def _run_call(self, call: ToolCall, host: GateHost) -> tuple[str, _Block]:
         code = call.arguments.get("code")

@@ -44,9 +44,10 @@ from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolD
 from cantrip.loom._model import GateCallRecord, Turn
 from mediums._code import (
     LOOM_DOC,
+    CodeRun,
     HistorySource,
-    code_extras,
     code_tool,
+    execute_code_calls,
     history_source,
     map_arguments,
     observation_text,
@@ -120,46 +121,13 @@ class JsSession:
         self._gates: tuple[str, ...] = ()
 
     async def execute(self, response: Response, host: GateHost) -> Execution:
-        if not response.tool_calls:
-            return Execution(text_only=True)
-        records: list[GateCallRecord] = []
-        observations: list[str] = []
-        errors: list[str] = []
-        counts: list[int] = []
-        resets: list[int] = []
-        terminated = False
-        result: Any = None
-        for index, call in enumerate(response.tool_calls):
-            if terminated:
-                records.append(
-                    host.unexecuted(
-                        call.name,
-                        call.arguments,
-                        call.id,
-                        "skipped",
-                        "skipped: done was already called",
-                    )
-                )
-                observations.append("skipped: done was already called")
-                counts.append(1)
-                continue
-            text, call_records, done, value, error = await self._run_call(call, host)
-            records.extend(call_records)
-            observations.append(text)
-            counts.append(len(call_records))
-            if self._lost_state:
-                resets.append(index)
-            if error:
-                errors.append(error)
-            if done:
-                terminated, result = True, value
-        return Execution(
-            gate_calls=tuple(records),
-            terminated=terminated,
-            result=result,
-            observation="\n\n".join(observations),
-            extras=code_extras(observations, errors, host_calls=counts, resets=resets),
+        return await execute_code_calls(
+            response, host, self._run_code, lost_state=lambda: self._lost_state
         )
+
+    async def _run_code(self, call: ToolCall, host: GateHost) -> CodeRun:
+        text, records, done, value, error = await self._run_call(call, host)
+        return CodeRun(text, tuple(records), done, value, error)
 
     async def replay_call(self, call: ToolCall, host: GateHost) -> bool:
         """Run one recorded code call again (``host`` answers from the loom);

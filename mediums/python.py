@@ -89,9 +89,10 @@ from cantrip.loom._model import GateCallRecord, Turn
 from mediums._code import (
     LOOM_DOC,
     LOOM_NAME,
+    CodeRun,
     HistorySource,
-    code_extras,
     code_tool,
+    execute_code_calls,
     history_source,
     map_arguments,
     observation_text,
@@ -252,41 +253,14 @@ class PythonSession:
     # -- the medium contract --------------------------------------------------
 
     async def execute(self, response: Response, host: GateHost) -> Execution:
-        if not response.tool_calls:
-            return Execution(text_only=True)
-        records: list[GateCallRecord] = []
-        observations: list[str] = []
-        errors: list[str] = []
-        counts: list[int] = []
-        resets: list[int] = []
-        terminated = False
-        result: Any = None
-        for index, call in enumerate(response.tool_calls):
-            if terminated:
-                records.append(
-                    host.unexecuted(
-                        call.name, call.arguments, call.id, "skipped", "skipped: " + STOP_MESSAGE
-                    )
-                )
-                observations.append("skipped: done was already called")
-                counts.append(1)
-                continue
-            text, outcome = await self._run_call(call, host)
-            records.extend(outcome.records)
-            observations.append(text)
-            counts.append(len(outcome.records))
-            if self._lost_state:
-                resets.append(index)
-            if outcome.error:
-                errors.append(outcome.error)
-            if outcome.terminated:
-                terminated, result = True, outcome.value
-        return Execution(
-            gate_calls=tuple(records),
-            terminated=terminated,
-            result=result,
-            observation="\n\n".join(observations),
-            extras=code_extras(observations, errors, host_calls=counts, resets=resets),
+        return await execute_code_calls(
+            response, host, self._run_code, lost_state=lambda: self._lost_state
+        )
+
+    async def _run_code(self, call: ToolCall, host: GateHost) -> CodeRun:
+        text, outcome = await self._run_call(call, host)
+        return CodeRun(
+            text, tuple(outcome.records), outcome.terminated, outcome.value, outcome.error
         )
 
     async def replay_call(self, call: ToolCall, host: GateHost) -> bool:
