@@ -26,7 +26,8 @@ import trio
 
 from cantrip._errors import ConstructionError
 from cantrip._redact import get_logger
-from cantrip.llm._contract import LLM, Message, Response, StreamingLLM, ToolChoice, ToolDefinition
+from cantrip.llm._contract import LLM, Message, Response, ToolChoice, ToolDefinition
+from cantrip.llm._wrapper import Wrapper, call
 
 log = get_logger("cantrip.llm.ratelimit")
 
@@ -101,7 +102,7 @@ def clear_buckets() -> None:
 
 
 @attrs.define
-class RateLimitedLLM:
+class RateLimitedLLM(Wrapper):
     """Waits for a token of its key's bucket before each query."""
 
     inner: LLM
@@ -118,16 +119,6 @@ class RateLimitedLLM:
         if self.key is None:
             self.key = str(getattr(self.inner, "rate_limit_key", None) or self.inner.name)
         self.bucket = shared_bucket(self.key, self.requests_per_minute, self.burst)
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def context_window(self) -> int | None:
-        """The wrapped model's window, for the folding trigger."""
-        value = getattr(self.inner, "context_window", None)
-        return value if isinstance(value, int) else None
 
     async def acquire(self) -> None:
         wait = self.bucket.reserve()
@@ -162,11 +153,4 @@ class RateLimitedLLM:
         on_event: Callable[[Any], None],
     ) -> Response:
         await self.acquire()
-        if isinstance(self.inner, StreamingLLM):
-            return await self.inner.stream(messages, tools, tool_choice, extra, on_event=on_event)
-        return await self.inner.query(messages, tools, tool_choice, extra)
-
-    async def aclose(self) -> None:
-        closer = getattr(self.inner, "aclose", None)
-        if closer is not None:
-            await closer()
+        return await call(self.inner, messages, tools, tool_choice, extra, on_event)

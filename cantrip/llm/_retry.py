@@ -21,10 +21,10 @@ from cantrip.llm._contract import (
     LLM,
     Message,
     Response,
-    StreamingLLM,
     ToolChoice,
     ToolDefinition,
 )
+from cantrip.llm._wrapper import Wrapper, call
 
 log = get_logger("cantrip.llm.retry")
 
@@ -67,23 +67,13 @@ class RetryPolicy:
 
 
 @attrs.define
-class RetryingLLM:
+class RetryingLLM(Wrapper):
     """Wraps an LLM; retries transient provider errors within one query."""
 
     inner: LLM
     policy: RetryPolicy = attrs.field(factory=RetryPolicy)
     rng: random.Random = attrs.field(default=_JITTER, repr=False)
     """Jitter source; shared by default (seeding one per entity costs more than it buys)."""
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def context_window(self) -> int | None:
-        """The wrapped model's window, for the folding trigger."""
-        value = getattr(self.inner, "context_window", None)
-        return value if isinstance(value, int) else None
 
     async def query(
         self,
@@ -121,12 +111,7 @@ class RetryingLLM:
                     from cantrip._events import MessageStart
 
                     on_event(MessageStart(attempt=attempt + 1))
-                if on_event is not None and isinstance(self.inner, StreamingLLM):
-                    response = await self.inner.stream(
-                        messages, tools, tool_choice, extra, on_event=on_event
-                    )
-                else:
-                    response = await self.inner.query(messages, tools, tool_choice, extra)
+                response = await call(self.inner, messages, tools, tool_choice, extra, on_event)
             except ProviderError as error:
                 attempt += 1
                 if attempt > self.policy.max_retries or not self.policy.is_retryable(error):

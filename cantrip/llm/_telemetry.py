@@ -31,11 +31,11 @@ from cantrip.llm._contract import (
     LLM,
     Message,
     Response,
-    StreamingLLM,
     ToolChoice,
     ToolDefinition,
     Usage,
 )
+from cantrip.llm._wrapper import Wrapper, call
 
 log = get_logger("cantrip.llm.telemetry")
 
@@ -83,7 +83,7 @@ def config_pricing(provider: str | None, model: str | None) -> Pricing | None:
 
 
 @attrs.define
-class TelemetryLLM:
+class TelemetryLLM(Wrapper):
     """Wraps an LLM; logs one record per call (see the module docstring)."""
 
     inner: LLM
@@ -91,16 +91,6 @@ class TelemetryLLM:
     log_level: int = logging.INFO
     include_content: bool = False
     logger: logging.Logger = attrs.field(default=log, repr=False)
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def context_window(self) -> int | None:
-        """The wrapped model's window, for the folding trigger."""
-        value = getattr(self.inner, "context_window", None)
-        return value if isinstance(value, int) else None
 
     async def query(
         self,
@@ -122,11 +112,6 @@ class TelemetryLLM:
     ) -> Response:
         return await self._call(messages, tools, tool_choice, extra, on_event)
 
-    async def aclose(self) -> None:
-        closer = getattr(self.inner, "aclose", None)
-        if closer is not None:
-            await closer()
-
     async def _call(
         self,
         messages: Sequence[Message],
@@ -143,12 +128,7 @@ class TelemetryLLM:
             "tools_provided": len(tools),
         }
         try:
-            if on_event is not None and isinstance(self.inner, StreamingLLM):
-                response = await self.inner.stream(
-                    messages, tools, tool_choice, extra, on_event=on_event
-                )
-            else:
-                response = await self.inner.query(messages, tools, tool_choice, extra)
+            response = await call(self.inner, messages, tools, tool_choice, extra, on_event)
         except LLMError as error:
             record = {
                 **base,
