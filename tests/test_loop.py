@@ -626,3 +626,13 @@ async def test_sqlite_loom_records_every_turn(tmp_path: Path) -> None:
             other.close()
     finally:
         loom.close()
+
+
+def test_retry_policy_judges_statuses_by_its_own_list() -> None:
+    policy = cantrip.RetryPolicy(retryable_status_codes=frozenset({429}))
+    assert policy.is_retryable(ProviderError("slow down", status=429, retryable=True))
+    # an adapter may call a 503 retryable, but this policy's list says no
+    assert not policy.is_retryable(ProviderError("overloaded", status=503, retryable=True))
+    # without a status (a dropped connection) the adapter's judgement stands
+    assert policy.is_retryable(ProviderError("connection reset", retryable=True))
+    assert not policy.is_retryable(ProviderError("bad certificate", retryable=False))

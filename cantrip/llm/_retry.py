@@ -54,9 +54,11 @@ class RetryPolicy:
     max_retry_after: float = 60.0
 
     def is_retryable(self, error: ProviderError) -> bool:
-        if error.retryable is not None:
-            return bool(error.retryable)
-        return error.status is not None and error.status in self.retryable_status_codes
+        """An HTTP status is judged by this policy's list; an error without one
+        (a dropped connection, a timeout) by what the adapter says about it."""
+        if error.status is not None:
+            return error.status in self.retryable_status_codes
+        return bool(error.retryable)
 
     def delay(self, attempt: int, error: ProviderError, rng: random.Random) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based)."""
