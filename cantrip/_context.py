@@ -115,6 +115,7 @@ class Context:
         """A turn whose utterance is shown but whose observation is still to come."""
 
     def add_intent(self, intent: str) -> None:
+        self._close_open()
         self._intent = Message(role="user", content=intent)
         self._items.append(self._intent)
         if self._folding is not None:
@@ -126,6 +127,8 @@ class Context:
         if turn.intent is not None and not self._has_pending_intent(turn.intent):
             self.add_intent(turn.intent)
         phase = turn.extras.get("phase")
+        if phase not in ("continuation", "continuation+checkpoint"):
+            self._close_open()
         if phase == "checkpoint":
             # The utterance is shown now; its observation when the turn completes.
             self._open = turn
@@ -163,6 +166,22 @@ class Context:
                 self._pending = True
             else:
                 self._fold(self._folding)
+
+    def _close_open(self) -> None:
+        """Show what a delegating turn recorded when its continuation never came.
+
+        A loom whose process died while a child ran ends at a checkpoint; the
+        results recorded up to it are real and belong in the context (the
+        transcript renderer completes the calls that have none).
+        """
+        if self._open is None:
+            return
+        turn, self._open = self._open, None
+        rendered = render_turn(turn, self._medium)[1:]
+        self._items.extend(rendered)
+        if self._folding is not None:
+            self._in_view.append(turn)
+            self._chars += sum(len(m.text()) for m in rendered)
 
     @property
     def estimated_tokens(self) -> int:

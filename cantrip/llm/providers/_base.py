@@ -12,7 +12,12 @@ events into that same payload shape -- plus this class, which does the I/O:
 * streaming emits :mod:`cantrip._events` live and returns exactly what
   ``query`` would have returned for the same payload;
 * ``tool_choice="required"`` on an endpoint that cannot force a call is
-  simulated by re-prompting once with an instruction (LLM-5).
+  simulated by re-prompting once with an instruction (LLM-5);
+* the renderer's diagnostics (seed 001, section 10) go to the
+  ``cantrip.llm.transcript`` logger: at WARNING when the provider refuses a
+  request as a client error (400, 409, 413, 422, ...: not auth, not a missing
+  model, nothing retryable), and at DEBUG for every request when the adapter
+  was made with ``debug=True`` or ``CANTRIP_DEBUG_TRANSCRIPT=1`` was set.
 
 One ``httpx.AsyncClient`` per adapter and trio run, closed when the run ends.
 """
@@ -23,6 +28,7 @@ import email.utils
 import hashlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -47,9 +53,19 @@ from cantrip.llm._contract import (
 )
 from cantrip.llm._openai_chat import error_from_payload
 from cantrip.llm._sse import SSEEvent, aiter_sse
-from cantrip.llm._transcript import IncrementalRenderer, ProviderFormat, render_transcript
+from cantrip.llm._transcript import (
+    IncrementalRenderer,
+    ProviderFormat,
+    render_transcript,
+    validate_transcript,
+)
 
 log = get_logger("cantrip.llm.providers")
+transcript_log = get_logger("cantrip.llm.transcript")
+DEBUG_TRANSCRIPT_ENV = "CANTRIP_DEBUG_TRANSCRIPT"
+"""Set to ``1`` to log every request's transcript diagnostics at DEBUG."""
+_NOT_THE_TRANSCRIPT = frozenset({401, 403, 404})
+"""Client errors a transcript cannot cause: credentials, permissions, an unknown model."""
 
 EventSink = Callable[[Any], None]
 HYPERPARAMETERS = frozenset({"temperature", "top_p", "max_tokens", "stop", "seed"})
@@ -254,8 +270,15 @@ class HTTPAdapter:
         compat: Compat | None = None,
         name: str | None = None,
         client: httpx.AsyncClient | None = None,
+        debug: bool | None = None,
     ) -> None:
         self.config = config
+        self.debug_transcript = (
+            debug
+            if debug is not None
+            else os.environ.get(DEBUG_TRANSCRIPT_ENV, "").strip().lower() in ("1", "true", "yes")
+        )
+        """Log every request's transcript diagnostics at DEBUG (``CANTRIP_DEBUG_TRANSCRIPT``)."""
         self.model = model
         self.base_url = (base_url or config.provider.base_url or "").rstrip("/")
         self.compat = compat or config.compat_for(model)
@@ -398,11 +421,23 @@ class HTTPAdapter:
             rendered.messages, tools, tool_choice, extra, on_event is not None
         )
         data = dumps(body)
-        if on_event is None:
-            payload = await self._post(url, data)
-            response = self.parse(payload, rendered.messages)
-        else:
-            response = await self._stream(url, data, rendered.messages, on_event)
+        if self.debug_transcript:
+            self._log_transcript(logging.DEBUG, messages, rendered.messages, None)
+        try:
+            if on_event is None:
+                payload = await self._post(url, data)
+                response = self.parse(payload, rendered.messages)
+            else:
+                response = await self._stream(url, data, rendered.messages, on_event)
+        except ProviderError as error:
+            if (
+                error.status is not None
+                and 400 <= error.status < 500
+                and error.status not in _NOT_THE_TRANSCRIPT
+                and not error.retryable
+            ):
+                self._log_transcript(logging.WARNING, messages, rendered.messages, error)
+            raise
         response = self._finish(response, rendered.id_map)
         if on_event is not None:
             for call in response.tool_calls:
@@ -417,6 +452,47 @@ class HTTPAdapter:
                     )
                 )
         return response
+
+    def _log_transcript(
+        self,
+        level: int,
+        messages: Sequence[Message],
+        sent: Sequence[Message],
+        error: ProviderError | None,
+    ) -> None:
+        """The renderer's diagnostics of one request (seed 001, section 10).
+
+        The diagnostics come from rendering ``messages`` again (pure, so equal to
+        what was sent; this costs O(messages), only here). ``render_problems`` is
+        :func:`validate_transcript` of what was sent: non-empty means a renderer
+        fault, empty with a refused request points at the adapter's wire shape or
+        at something other than the transcript. The report is also the record's
+        ``transcript`` attribute; it holds ids, names and counts, never content.
+        """
+        if not transcript_log.isEnabledFor(level):
+            return
+        family = self.render_family
+        again = render_transcript(messages, family, keep_thinking=self.keep_thinking)
+        report: dict[str, Any] = {
+            "adapter": self.name,
+            **again.diagnostics.to_dict(),
+            "render_problems": validate_transcript(sent, family),
+        }
+        if error is None:
+            transcript_log.log(
+                level, "%s: transcript sent: %s", self.name, report, extra={"transcript": report}
+            )
+            return
+        report["status"] = error.status
+        report["code"] = error.code
+        transcript_log.log(
+            level,
+            "%s: the provider refused the request (%s); transcript diagnostics: %s",
+            self.name,
+            error,
+            report,
+            extra={"transcript": report},
+        )
 
     @property
     def render_family(self) -> ProviderFormat:
