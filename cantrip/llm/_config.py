@@ -294,11 +294,14 @@ def load_llm(
     compat: Mapping[str, Any] | None = None,
     name: str | None = None,
     client: httpx.AsyncClient | None = None,
+    debug: bool | None = None,
 ) -> HTTPAdapter:
     """A provider adapter, configured from its TOML and keyed from the environment.
 
     Everything is checked here -- the name, the config, the model, the key,
-    the base URL -- so a bad configuration fails before any request.
+    the base URL -- so a bad configuration fails before any request. ``debug``
+    logs the transcript diagnostics of every request (default: the
+    ``CANTRIP_DEBUG_TRANSCRIPT`` environment variable).
     """
     config = load_provider_config(provider)
     model = model or config.provider.default_model
@@ -321,6 +324,7 @@ def load_llm(
         compat=config.compat_for(model, compat),
         name=name,
         client=client,
+        debug=debug,
     )
 
 
