@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
+import orjson
+
 from cantrip._errors import LoomAppendOnlyError, LoomError
 from cantrip.loom._model import EntityRecord, Turn
 
@@ -26,18 +28,13 @@ Record = (
 )
 
 
-_encode = json.JSONEncoder(
-    separators=(",", ":"),
-    default=str,
-    check_circular=False,  # records are trees
-).encode
-
-
 def _json(record: dict[str, Any]) -> str:
-    """A record as compact, ASCII-only JSON (non-JSON leaves, such as datetimes, as
-    text). Serialising is on every append's path; this is the fastest form the
-    standard library writes."""
-    return _encode(record)
+    """A record as compact JSON (non-JSON leaves, such as datetimes, as text).
+
+    Serialising is on every append's path (LOOM-1 commits each turn before the
+    next begins); orjson does it several times faster than the standard library.
+    """
+    return orjson.dumps(record, default=str).decode()
 
 
 class LoomStore(Protocol):
@@ -150,10 +147,10 @@ class SQLiteStore:
     def load(self) -> Iterator[Record]:
         entities = self._db.execute("SELECT data FROM entities ORDER BY pos").fetchall()
         for (data,) in entities:
-            yield "entity", EntityRecord.from_dict(json.loads(data))
+            yield "entity", EntityRecord.from_dict(orjson.loads(data))
         rows = self._db.execute("SELECT data, reward FROM turns ORDER BY pos").fetchall()
         for data, reward in rows:
-            turn = Turn.from_dict(json.loads(data))
+            turn = Turn.from_dict(orjson.loads(data))
             yield "turn", turn
             if reward is not None:
                 yield "reward", (turn.id, reward)
@@ -196,7 +193,7 @@ class JSONLStore:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = orjson.loads(line)
             except json.JSONDecodeError as exc:
                 raise LoomError(f"{self.path}:{number}: not JSON ({exc})") from exc
             if not isinstance(obj, dict) or "type" not in obj:
