@@ -101,7 +101,7 @@ class Gate:
     def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Validated keyword arguments, or :class:`GateArgumentError` in plain words."""
         try:
-            model = self.args_model.__pydantic_validator__.validate_python(args)
+            model = self.args_model.__pydantic_validator__.validate_python(dict(args))
         except pydantic.ValidationError as exc:
             raise GateArgumentError(_describe_validation(self.name, exc)) from None
         values = dict(model.__dict__)
