@@ -297,7 +297,12 @@ def build_cantrip(
     if resolved.max_depth == 0:
         gate_list = [g for g in gate_list if not g.delegates]
     problems.extend(circle_problems(gate_list, resolved))
-    problems.extend(p for p in cantrip_problems(llm, identity, True) if "circle" not in p)
+    llm_reported = doc.llm is not None and llm is None  # its own problems say why
+    problems.extend(
+        p
+        for p in cantrip_problems(llm, identity, True)
+        if "circle" not in p and not (llm_reported and "requires an llm" in p)
+    )
     if problems:
         raise ConstructionError(_dedupe(problems))
     assert llm is not None and medium is not None

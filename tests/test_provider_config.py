@@ -313,3 +313,18 @@ def test_the_models_window_reaches_the_folding_trigger(
     assert policy is not None and policy.context_window == 1000
     assert policy.should_fold(turns_in_view=3, estimated_tokens=801)
     assert not policy.should_fold(turns_in_view=3, estimated_tokens=799)
+
+
+def test_a_missing_key_is_the_one_problem_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    doc = parse_spec(
+        {
+            "llm": {"provider": "openai", "model": "gpt-4o-mini"},
+            "circle": {"medium": "conversation", "gates": ["done"], "wards": [{"max_turns": 2}]},
+        }
+    )
+    with pytest.raises(ConstructionError) as info:
+        build_cantrip(doc)
+    assert info.value.problems == [
+        "llm: provider 'openai' needs an API key: set the environment variable OPENAI_API_KEY"
+    ]
