@@ -27,12 +27,12 @@ import gates as builtin_gates
 from cantrip._cantrip import Cantrip, cantrip_problems
 from cantrip._circle import Circle, circle_problems
 from cantrip._errors import ConstructionError
-from cantrip._folding import FoldingPolicy
+from cantrip._folding import FoldingPolicy, LLMFolder
 from cantrip._gate import Gate
 from cantrip._identity import Identity
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import LLM, Usage
-from cantrip.llm._retry import DEFAULT_RETRYABLE, RetryPolicy
+from cantrip.llm._retry import DEFAULT_RETRYABLE, RetryingLLM, RetryPolicy
 from cantrip.llm._scripted import ScriptedLLM
 from cantrip.loom._loom import Loom
 from gates.fixtures import fixture_gate
@@ -162,6 +162,10 @@ class FoldingSpec(_Strict):
     context_window: int | None = Field(default=None, ge=1)
     trigger_ratio: float = Field(default=0.8, gt=0, le=1)
     keep_recent: int = Field(default=1, ge=0)
+    folder: Literal["template", "llm"] = "template"
+    """Who writes the fold summary: the deterministic template, or an LLM."""
+    folder_llm: str | None = None
+    """With ``folder = "llm"``: a name from ``[llms]`` (default: the cantrip's own LLM)."""
 
 
 class LoomSpec(_Strict):
@@ -310,7 +314,7 @@ def build_cantrip(
     retry = _build_retry(doc.retry)
     if loom is None:
         loom = Loom.open(_path(doc.loom.path, base_dir)) if doc.loom and doc.loom.path else Loom()
-    folding = FoldingPolicy(**doc.folding.model_dump()) if doc.folding is not None else None
+    folding = _build_folding(doc.folding, llm, named) if doc.folding is not None else None
     return Cantrip(
         llm=llm,
         identity=identity,
@@ -320,6 +324,23 @@ def build_cantrip(
         llms=named,
         folding=folding,
     )
+
+
+def _build_folding(spec: FoldingSpec, llm: LLM, named: Mapping[str, LLM]) -> FoldingPolicy:
+    fields = spec.model_dump(exclude={"folder", "folder_llm"})
+    if spec.folder == "template":
+        if spec.folder_llm is not None:
+            raise ConstructionError('folding: folder_llm needs folder = "llm"')
+        return FoldingPolicy(**fields)
+    summarizer = llm
+    if spec.folder_llm is not None:
+        if spec.folder_llm not in named:
+            known = ", ".join(sorted(named)) or "none"
+            raise ConstructionError(
+                f"folding: folder_llm {spec.folder_llm!r} is not a named llm (known: {known})"
+            )
+        summarizer = named[spec.folder_llm]
+    return FoldingPolicy(**fields, folder=LLMFolder(RetryingLLM(summarizer)))
 
 
 def build_llm(spec: LLMSpec, problems: list[str], where: str) -> LLM | None:

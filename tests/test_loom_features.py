@@ -594,3 +594,43 @@ async def test_a_child_reads_only_its_own_history() -> None:
     child_id = next(e for e in spell.loom.entities.values() if e.parent_entity_id).entity_id
     last = spell.loom.last_turn(child_id)
     assert last is not None and last.result == [child_id]
+
+
+async def test_a_spec_file_can_have_an_llm_write_the_fold_summary() -> None:
+    from cantrip._specfile import build_cantrip, parse_spec
+
+    echo_turn = {"tool_calls": [{"gate": "echo", "args": {"text": "step"}}]}
+    doc = parse_spec(
+        {
+            "llm": {"responses": [echo_turn] * 4 + [{"content": "finished"}]},
+            "llms": {"summarizer": {"responses": [{"content": "SUMMARY BY THE LLM"}] * 5}},
+            "circle": {
+                "medium": "conversation",
+                "gates": ["done", "echo"],
+                "wards": [{"max_turns": 8}],
+            },
+            "folding": {"trigger_after_turns": 2, "folder": "llm", "folder_llm": "summarizer"},
+        }
+    )
+    spell = build_cantrip(doc)
+    outcome = await spell.cast_async("work in steps")
+    assert outcome.result == "finished"
+    queries = spell.llm.invocations  # type: ignore[attr-defined]
+    folded = [q for q in queries if any("[Folded:" in (m.content or "") for m in q.messages)]
+    assert folded and any("SUMMARY BY THE LLM" in (m.content or "") for m in folded[-1].messages)
+    assert len(spell.loom) == 5  # the loom keeps every turn
+
+
+def test_folder_llm_must_name_a_known_llm() -> None:
+    from cantrip import ConstructionError
+    from cantrip._specfile import build_cantrip, parse_spec
+
+    doc = parse_spec(
+        {
+            "llm": {"responses": [{"content": "x"}]},
+            "circle": {"medium": "conversation", "gates": ["done"], "wards": [{"max_turns": 2}]},
+            "folding": {"trigger_after_turns": 2, "folder": "llm", "folder_llm": "ghost"},
+        }
+    )
+    with pytest.raises(ConstructionError, match="folder_llm 'ghost' is not a named llm"):
+        build_cantrip(doc)
