@@ -4,6 +4,8 @@ An LLM in a loop with an environment. The public API is everything imported
 here; modules whose names start with an underscore are private.
 """
 
+from typing import TYPE_CHECKING
+
 from cantrip._cantrip import Cantrip
 from cantrip._circle import Circle
 from cantrip._entity import CastResult, Entity
@@ -35,17 +37,81 @@ from cantrip.llm import (
 )
 from cantrip.loom import EntityRecord, GateCallRecord, Loom, Turn, TurnMetadata
 
+if TYPE_CHECKING:
+    from cantrip._events import (
+        Event,
+        FinalResponse,
+        MessageComplete,
+        MessageStart,
+        StepComplete,
+        StepStart,
+        TextDelta,
+        ThinkingDelta,
+        ToolCallEvent,
+        ToolResultEvent,
+        UsageEvent,
+    )
+    from cantrip._folding import FoldingPolicy, LLMFolder
+    from cantrip._server import EntityServer
+    from cantrip._supervisor import ChildSpec, Restart, Strategy, Supervisor, SupervisorEscalation
+    from cantrip.llm._config import load_llm
+    from cantrip.loom import export_chat, export_jsonl, export_thread_jsonl, load_jsonl
+
 __version__ = "0.1.0"
+
+# Loaded on first use, so `import cantrip` stays cheap (no provider, supervisor or
+# export machinery until a program asks for it).
+_LAZY = {
+    "Supervisor": "cantrip._supervisor",
+    "ChildSpec": "cantrip._supervisor",
+    "Restart": "cantrip._supervisor",
+    "Strategy": "cantrip._supervisor",
+    "SupervisorEscalation": "cantrip._supervisor",
+    "EntityServer": "cantrip._server",
+    "FoldingPolicy": "cantrip._folding",
+    "LLMFolder": "cantrip._folding",
+    "load_llm": "cantrip.llm._config",
+    "export_jsonl": "cantrip.loom",
+    "export_thread_jsonl": "cantrip.loom",
+    "export_chat": "cantrip.loom",
+    "load_jsonl": "cantrip.loom",
+    "Event": "cantrip._events",
+    "StepStart": "cantrip._events",
+    "StepComplete": "cantrip._events",
+    "MessageStart": "cantrip._events",
+    "MessageComplete": "cantrip._events",
+    "TextDelta": "cantrip._events",
+    "ThinkingDelta": "cantrip._events",
+    "ToolCallEvent": "cantrip._events",
+    "ToolResultEvent": "cantrip._events",
+    "UsageEvent": "cantrip._events",
+    "FinalResponse": "cantrip._events",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cantrip' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "LLM",
     "Cantrip",
     "CantripError",
     "CastResult",
+    "ChildSpec",
     "Circle",
     "ConstructionError",
     "Entity",
     "EntityRecord",
+    "EntityServer",
+    "Event",
+    "FinalResponse",
+    "FoldingPolicy",
     "Gate",
     "GateArgumentError",
     "GateCallRecord",
@@ -56,24 +122,43 @@ __all__ = [
     "IntentError",
     "InvalidResponseError",
     "LLMError",
+    "LLMFolder",
     "Loom",
     "LoomAppendOnlyError",
     "LoomError",
     "Message",
+    "MessageComplete",
+    "MessageStart",
     "ProviderError",
     "Query",
     "Response",
+    "Restart",
     "RetryPolicy",
     "ScriptExhaustedError",
     "ScriptedLLM",
+    "StepComplete",
+    "StepStart",
+    "Strategy",
+    "Supervisor",
+    "SupervisorEscalation",
+    "TextDelta",
+    "ThinkingDelta",
     "ToolCall",
+    "ToolCallEvent",
     "ToolDefinition",
+    "ToolResultEvent",
     "Turn",
     "TurnMetadata",
     "Usage",
+    "UsageEvent",
     "Ward",
     "WardSet",
+    "export_chat",
+    "export_jsonl",
+    "export_thread_jsonl",
     "gate",
+    "load_jsonl",
+    "load_llm",
     "max_depth",
     "max_turns",
     "require_done_tool",
