@@ -32,6 +32,10 @@ def _frozen_dict(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
 
 
+_encode_arguments = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
+"""One encoder for every call (``json.dumps`` with options builds a new one each time)."""
+
+
 def _calls(value: Iterable[ToolCall]) -> tuple[ToolCall, ...]:
     return tuple(value)
 
@@ -56,7 +60,7 @@ class ToolCall:
         if self.raw_arguments is not None and not self.arguments:
             text = self.raw_arguments
         else:
-            text = json.dumps(dict(self.arguments), ensure_ascii=False, sort_keys=True)
+            text = _encode_arguments(dict(self.arguments))
         object.__setattr__(self, "arguments_json", text)
 
 

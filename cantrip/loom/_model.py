@@ -13,7 +13,14 @@ from typing import Any, Literal
 
 import attrs
 
-from cantrip.llm._contract import ToolCall, Usage, _calls, _frozen_dict, plain_json
+from cantrip.llm._contract import (
+    ToolCall,
+    Usage,
+    _calls,
+    _encode_arguments,
+    _frozen_dict,
+    plain_json,
+)
 
 CallStatus = Literal["ok", "error", "skipped", "cancelled", "crashed"]
 """How a gate call completed. Every call an utterance makes has exactly one
@@ -81,7 +88,7 @@ class GateCallRecord:
     @property
     def arguments(self) -> str:
         """Spec 4.3's JSON-encoded arguments."""
-        return json.dumps(plain_json(self.args), ensure_ascii=False, sort_keys=True)
+        return _encode_arguments(plain_json(self.args))
 
     @property
     def executed(self) -> bool:
