@@ -34,6 +34,7 @@ from cantrip.llm._contract import (
     ToolDefinition,
 )
 from cantrip.llm._retry import RetryPolicy
+from cantrip.llm._wrapper import Delegating
 
 log = get_logger("cantrip.llm.fallback")
 MAX_CHAIN = 10
@@ -49,7 +50,7 @@ def _chain(value: Iterable[LLM]) -> tuple[LLM, ...]:
 
 
 @attrs.define
-class FallbackLLM:
+class FallbackLLM(Delegating):
     """Tries ``chain`` in order; see the module docstring."""
 
     chain: tuple[LLM, ...] = attrs.field(converter=_chain)
@@ -68,33 +69,13 @@ class FallbackLLM:
         known = [w for w in windows if isinstance(w, int)]
         return min(known) if known else None
 
-    async def query(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition] = (),
-        tool_choice: ToolChoice | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> Response:
-        return await self._run(messages, tools, tool_choice, extra, None)
-
-    async def stream(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition] = (),
-        tool_choice: ToolChoice | None = None,
-        extra: Mapping[str, Any] | None = None,
-        *,
-        on_event: Callable[[Any], None],
-    ) -> Response:
-        return await self._run(messages, tools, tool_choice, extra, on_event)
-
     async def aclose(self) -> None:
         for llm in self.chain:
             closer = getattr(llm, "aclose", None)
             if closer is not None:
                 await closer()
 
-    async def _run(
+    async def _call(
         self,
         messages: Sequence[Message],
         tools: Sequence[ToolDefinition],

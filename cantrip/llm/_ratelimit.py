@@ -133,24 +133,13 @@ class RateLimitedLLM(Wrapper):
             if not done:
                 self.bucket.refund()
 
-    async def query(
+    async def _call(
         self,
         messages: Sequence[Message],
-        tools: Sequence[ToolDefinition] = (),
-        tool_choice: ToolChoice | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> Response:
-        await self.acquire()
-        return await self.inner.query(messages, tools, tool_choice, extra)
-
-    async def stream(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition] = (),
-        tool_choice: ToolChoice | None = None,
-        extra: Mapping[str, Any] | None = None,
-        *,
-        on_event: Callable[[Any], None],
+        tools: Sequence[ToolDefinition],
+        tool_choice: ToolChoice | None,
+        extra: Mapping[str, Any] | None,
+        on_event: Callable[[Any], None] | None,
     ) -> Response:
         await self.acquire()
         return await call(self.inner, messages, tools, tool_choice, extra, on_event)

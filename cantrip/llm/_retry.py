@@ -77,28 +77,7 @@ class RetryingLLM(Wrapper):
     rng: random.Random = attrs.field(default=_JITTER, repr=False)
     """Jitter source; shared by default (seeding one per entity costs more than it buys)."""
 
-    async def query(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition] = (),
-        tool_choice: ToolChoice | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> Response:
-        return await self._attempts(messages, tools, tool_choice, extra, None)
-
-    async def stream(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition] = (),
-        tool_choice: ToolChoice | None = None,
-        extra: Mapping[str, Any] | None = None,
-        *,
-        on_event: Callable[[Any], None],
-    ) -> Response:
-        """Stream when the wrapped LLM can; a retry starts a new message."""
-        return await self._attempts(messages, tools, tool_choice, extra, on_event)
-
-    async def _attempts(
+    async def _call(
         self,
         messages: Sequence[Message],
         tools: Sequence[ToolDefinition],

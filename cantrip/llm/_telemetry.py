@@ -92,26 +92,6 @@ class TelemetryLLM(Wrapper):
     include_content: bool = False
     logger: logging.Logger = attrs.field(default=log, repr=False)
 
-    async def query(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition] = (),
-        tool_choice: ToolChoice | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> Response:
-        return await self._call(messages, tools, tool_choice, extra, None)
-
-    async def stream(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition] = (),
-        tool_choice: ToolChoice | None = None,
-        extra: Mapping[str, Any] | None = None,
-        *,
-        on_event: Callable[[Any], None],
-    ) -> Response:
-        return await self._call(messages, tools, tool_choice, extra, on_event)
-
     async def _call(
         self,
         messages: Sequence[Message],

@@ -13,7 +13,43 @@ from typing import Any
 from cantrip.llm._contract import LLM, Message, Response, StreamingLLM, ToolChoice, ToolDefinition
 
 
-class Wrapper:
+class Delegating:
+    """Mixin: ``query`` and ``stream`` are one method, ``_call``, with or without a sink."""
+
+    __slots__ = ()
+
+    async def query(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Response:
+        return await self._call(messages, tools, tool_choice, extra, None)
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+        *,
+        on_event: Callable[[Any], None],
+    ) -> Response:
+        return await self._call(messages, tools, tool_choice, extra, on_event)
+
+    async def _call(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        tool_choice: ToolChoice | None,
+        extra: Mapping[str, Any] | None,
+        on_event: Callable[[Any], None] | None,
+    ) -> Response:
+        raise NotImplementedError
+
+
+class Wrapper(Delegating):
     """Mixin for wrappers with an ``inner`` LLM attribute."""
 
     __slots__ = ()
