@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         UsageEvent,
     )
     from cantrip._folding import FoldingPolicy, LLMFolder
+    from cantrip._gc import gc_for_throughput
     from cantrip._server import EntityServer
     from cantrip._supervisor import ChildSpec, Restart, Strategy, Supervisor, SupervisorEscalation
     from cantrip.llm._config import load_llm
@@ -71,6 +72,7 @@ _LAZY = {
     "FoldingPolicy": "cantrip._folding",
     "LLMFolder": "cantrip._folding",
     "load_llm": "cantrip.llm._config",
+    "gc_for_throughput": "cantrip._gc",
     "export_jsonl": "cantrip.loom",
     "export_thread_jsonl": "cantrip.loom",
     "export_chat": "cantrip.loom",
@@ -157,6 +159,7 @@ __all__ = [
     "export_jsonl",
     "export_thread_jsonl",
     "gate",
+    "gc_for_throughput",
     "load_jsonl",
     "load_llm",
     "max_depth",

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import attrs
 import trio
 
 from cantrip._circle import Circle
-from cantrip._entity import CastResult, Entity, require_intent
+from cantrip._entity import CastResult, Entity, EntitySetup, require_intent
 from cantrip._errors import ConstructionError, LoomError
 from cantrip._events import EventSink
-from cantrip._folding import FoldingPolicy
+from cantrip._folding import FoldingPolicy, effective_policy
 from cantrip._identity import Identity
-from cantrip.llm._contract import LLM
+from cantrip.llm._contract import LLM, Message
 from cantrip.llm._retry import RetryingLLM, RetryPolicy
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
@@ -43,6 +44,9 @@ def cantrip_problems(llm: object, identity: object, circle: object) -> list[str]
     return problems
 
 
+_MAX_SETUPS = 64
+
+
 def _new_cantrip_id() -> str:
     return "cantrip-" + uuid.uuid4().hex[:16]
 
@@ -61,6 +65,9 @@ class Cantrip:
     llms: Mapping[str, LLM] = attrs.field(factory=dict)
     """Other LLMs by name: for children (``call_agent(llm=...)``) and forks."""
     id: str = attrs.field(factory=_new_cantrip_id)
+    _setups: dict[int, tuple[LLM, EntitySetup]] = attrs.field(factory=dict, init=False, repr=False)
+    """EntitySetup per LLM (by identity; the entry keeps its LLM alive, so an id
+    cannot be reused while it is cached)."""
 
     def __attrs_post_init__(self) -> None:
         problems = cantrip_problems(self.llm, self.identity, self.circle)
@@ -79,6 +86,28 @@ class Cantrip:
         if isinstance(llm, TelemetryLLM):
             return attrs.evolve(llm, inner=RetryingLLM(llm.inner, self.retry))
         return RetryingLLM(llm, self.retry)
+
+    def setup_for(self, llm: LLM) -> EntitySetup:
+        """What every entity of this cantrip with ``llm`` shares (computed once per LLM)."""
+        cached = self._setups.get(id(llm))
+        if cached is not None and cached[0] is llm:
+            return cached[1]
+        identity = self.identity
+        system = identity.system_prompt
+        setup = EntitySetup(
+            query_llm=self.stack(llm),
+            folding=effective_policy(self.folding, llm),
+            tools=self.circle.tools(),
+            tool_choice=self.circle.tool_choice(identity.tool_choice),
+            extra=MappingProxyType({**identity.hyperparameters(), **identity.extra}),
+            identity=MappingProxyType(identity.to_dict()),
+            system=Message(role="system", content=system) if system is not None else None,
+            llm_name=getattr(llm, "name", None),
+        )
+        if len(self._setups) >= _MAX_SETUPS:  # LLM objects made per call: do not hoard them
+            self._setups.clear()
+        self._setups[id(llm)] = (llm, setup)
+        return setup
 
     def resolve_llm(self, llm: LLM | str | None) -> LLM:
         if llm is None:

@@ -91,14 +91,16 @@ class Context:
 
     def __init__(
         self,
-        system_prompt: str | None,
+        system_prompt: str | Message | None,
         medium: ObservationRenderer,
         folding: FoldingPolicy | None = None,
     ) -> None:
         self._medium = medium
         self._folding = folding
         self._system = (
-            Message(role="system", content=system_prompt) if system_prompt is not None else None
+            Message(role="system", content=system_prompt)
+            if isinstance(system_prompt, str)
+            else system_prompt
         )
         self._items: list[Message] = [self._system] if self._system else []
         self._intent: Message | None = None

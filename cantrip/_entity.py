@@ -40,11 +40,20 @@ from cantrip._events import (
     ToolResultEvent,
     UsageEvent,
 )
-from cantrip._folding import effective_policy
+from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
-from cantrip.llm._contract import LLM, ZERO_USAGE, Response, StreamingLLM, Usage
+from cantrip.llm._contract import (
+    LLM,
+    ZERO_USAGE,
+    Message,
+    Response,
+    StreamingLLM,
+    ToolChoice,
+    ToolDefinition,
+    Usage,
+)
 from cantrip.loom._model import (
     CallStatus,
     EntityRecord,
@@ -145,7 +154,10 @@ class _Inflight:
 
     started: float
     timestamp: str
-    host: _TurnHost
+    host: _TurnHost | None = None
+    """Made once the LLM has answered: nothing of a turn waits on the provider
+    that does not have to (every object alive across that wait is one more for
+    the garbage collector to scan when thousands of entities wait at once)."""
     response: Response | None = None
     checkpoint_id: str | None = None
     """Set once a delegation committed part of this turn (see Entity.checkpoint)."""
@@ -189,6 +201,28 @@ class _Cast:
         )
 
 
+@attrs.frozen
+class EntitySetup:
+    """What every entity of one cantrip and one LLM shares, worked out once.
+
+    Summoning is on the path of every cast and every child. Recomputing these
+    per entity cost more than a short cast's turns, and kept one more copy of
+    each alive per entity; :meth:`Cantrip.setup_for` caches one per LLM.
+    """
+
+    query_llm: LLM
+    """The LLM behind its provider stack (retries inside the turn)."""
+    folding: FoldingPolicy | None
+    tools: tuple[ToolDefinition, ...]
+    tool_choice: ToolChoice
+    extra: Mapping[str, Any]
+    """Hyperparameters and provider extras, sent with every query (read-only)."""
+    identity: Mapping[str, Any]
+    """The identity as the loom's entity records store it (IDENTITY-4)."""
+    system: Message | None
+    llm_name: str | None
+
+
 class Entity:
     """A running (or resting, between casts) instance of a cantrip."""
 
@@ -218,13 +252,9 @@ class Entity:
         self.llm = llm
         self.loom = cantrip.loom
         self.circle = cantrip.circle
-        self.usage = Usage()
-        self._query_llm = cantrip.stack(llm)
-        self._context = Context(
-            cantrip.identity.system_prompt,
-            self.circle.medium,
-            effective_policy(cantrip.folding, llm),
-        )
+        self.usage = ZERO_USAGE
+        setup = self._setup = cantrip.setup_for(llm)
+        self._context = Context(setup.system, self.circle.medium, setup.folding)
         self._restore: Sequence[Turn] = ()
         """Recorded turns to replay into the sandbox when it opens (forks, resumes)."""
         self.restore_report: ReplayReport | None = None
@@ -232,9 +262,6 @@ class Entity:
         self._sequence = 0
         self._session: MediumSession | None = None
         self._closed = False
-        self._tools = self.circle.tools()
-        self._tool_choice = self.circle.tool_choice(cantrip.identity.tool_choice)
-        self._extra = {**cantrip.identity.hyperparameters(), **cantrip.identity.extra}
         if resume:
             # A restarted incarnation: state comes from the loom, not from memory.
             record = self.loom.entity(self.id)
@@ -263,9 +290,9 @@ class Entity:
             EntityRecord(
                 entity_id=self.id,
                 cantrip_id=cantrip.id,
-                identity=cantrip.identity.to_dict(),
+                identity=setup.identity,
                 medium=self.circle.medium.name,
-                llm=getattr(llm, "name", None),
+                llm=setup.llm_name,
                 parent_entity_id=parent_entity_id,
                 spawned_from=spawned_from,
                 created_at=_now(),
@@ -356,112 +383,144 @@ class Entity:
         return session
 
     async def _loop(self, cast: _Cast) -> CastResult:
-        wards = self.circle.resolved
-        max_turns = wards.max_turns
-        max_tokens = wards.get("max_tokens_total")
         session = self._session
         assert session is not None
+        setup = self._setup
+        llm = setup.query_llm
         while True:
             await trio.lowlevel.checkpoint_if_cancelled()
             if self._context.fold_pending:
                 await self._context.complete_fold()  # an async folder (LLMFolder) folds here
             emit = self._emit if self.on_event is not None else None
-            inflight = _Inflight(time.perf_counter(), _now(), _TurnHost(self.circle, emit))
-            self._inflight = inflight
+            inflight = self._inflight = _Inflight(time.perf_counter(), _now())
             if emit is not None:
                 emit(StepStart(sequence=self._sequence + 1))
             try:
-                messages = self._context.snapshot()
-                if emit is not None and isinstance(self._query_llm, StreamingLLM):
-                    response = await self._query_llm.stream(
-                        messages, self._tools, self._tool_choice, self._extra, on_event=emit
+                if emit is not None and isinstance(llm, StreamingLLM):
+                    response = await llm.stream(
+                        self._context.snapshot(),
+                        setup.tools,
+                        setup.tool_choice,
+                        setup.extra,
+                        on_event=emit,
                     )
                 else:
-                    response = await self._query_llm.query(
-                        messages, self._tools, self._tool_choice, self._extra
+                    response = await llm.query(
+                        self._context.snapshot(), setup.tools, setup.tool_choice, setup.extra
                     )
                 response.validate()
             except LLMError as error:
-                transient = self._transient(error)
-                cast.utterances += 1
-                last = max_turns is not None and cast.utterances >= max_turns
-                failed = self._failed_turn(cast.intent_for_turn(), error, inflight, transient, last)
-                self._record(failed)
-                self._inflight = None
-                cast.add(failed)
-                if not transient:
-                    raise
-                if last:
-                    return cast.result(self.id, failed, None)
+                ended = self._llm_failed(cast, inflight, error)
+                if ended is not None:
+                    return ended
                 continue  # an operational failure stays in the loop (D-011)
             if emit is not None:
                 emit(MessageComplete(response=response))
                 emit(UsageEvent(usage=response.usage))
             inflight.response = response
+            host = inflight.host = _TurnHost(self.circle, emit)
             cast.utterances += 1
             token = CURRENT_ENTITY.set(self)
             try:
-                execution = await session.execute(response, inflight.host)
+                execution = await session.execute(response, host)
             finally:
                 CURRENT_ENTITY.reset(token)
-            terminated, result, observation = self._outcome(
-                response, execution, wards.require_done_tool
+            ended = self._conclude(cast, inflight, response, execution, emit)
+            if ended is not None:
+                return ended
+            # Nothing of a finished turn should wait through the next LLM call but
+            # what the loom and the context keep.
+            del response, execution, host, token
+
+    def _llm_failed(self, cast: _Cast, inflight: _Inflight, error: LLMError) -> CastResult | None:
+        """Record a turn whose LLM call failed; the cast's result if it ends here.
+
+        A transient failure that outlasted the retries stays in the loop as an
+        ``is_error`` observation (D-011); anything else is re-raised."""
+        transient = self._transient(error)
+        cast.utterances += 1
+        max_turns = self.circle.resolved.max_turns
+        last = max_turns is not None and cast.utterances >= max_turns
+        failed = self._failed_turn(cast.intent_for_turn(), error, inflight, transient, last)
+        self._record(failed)
+        self._inflight = None
+        cast.add(failed)
+        if not transient:
+            raise error
+        return cast.result(self.id, failed, None) if last else None
+
+    def _conclude(
+        self,
+        cast: _Cast,
+        inflight: _Inflight,
+        response: Response,
+        execution: Execution,
+        emit: Callable[[Event], None] | None,
+    ) -> CastResult | None:
+        """Record an executed utterance as a turn; the cast's result if it ends here."""
+        wards = self.circle.resolved
+        terminated, result, observation = self._outcome(
+            response, execution, wards.require_done_tool
+        )
+        reason: str | None = None
+        if terminated:
+            reason = "text" if execution.text_only else "done"
+        else:
+            max_turns = wards.max_turns
+            max_tokens = wards.get("max_tokens_total")
+            if max_turns is not None and cast.utterances >= max_turns:
+                reason = "max_turns"
+            elif (
+                max_tokens is not None
+                and cast.tokens
+                + (response.usage.total_tokens if inflight.checkpoint_id is None else 0)
+                >= max_tokens
+            ):
+                reason = "max_tokens_total"
+        truncated = not terminated and reason is not None
+        utterance: dict[str, Any] = {
+            "utterance": _utterance(response),
+            "content": response.content,
+            "thinking": response.thinking,
+            "tool_calls": response.tool_calls,
+        }
+        extras = execution.extras
+        gate_calls = execution.gate_calls
+        if inflight.checkpoint_id is not None:
+            # The utterance is in the checkpoint; this turn completes it.
+            assert inflight.host is not None
+            utterance = {}
+            extras = {**extras, "phase": "continuation"}
+            gate_calls = tuple(inflight.host.records[inflight.recorded_upto :])
+        turn = self._record(
+            self._new_turn(
+                cast.intent_for_turn(),
+                observation=observation,
+                gate_calls=gate_calls,
+                metadata=_metadata(
+                    response,
+                    inflight.started,
+                    inflight.timestamp,
+                    # a checkpoint already carries this reply's usage (PROD-3)
+                    count_usage=inflight.checkpoint_id is None,
+                ),
+                terminated=terminated,
+                truncated=truncated,
+                reason=reason,
+                result=result if terminated else None,
+                extras=extras,
+                **utterance,
             )
-            reason: str | None = None
+        )
+        self._inflight = None
+        cast.add(turn)
+        if emit is not None:
+            emit(StepComplete(turn=turn))
             if terminated:
-                reason = "text" if execution.text_only else "done"
-            if not terminated:
-                if max_turns is not None and cast.utterances >= max_turns:
-                    reason = "max_turns"
-                elif (
-                    max_tokens is not None
-                    and cast.tokens
-                    + (response.usage.total_tokens if inflight.checkpoint_id is None else 0)
-                    >= max_tokens
-                ):
-                    reason = "max_tokens_total"
-            truncated = not terminated and reason is not None
-            utterance: dict[str, Any] = {
-                "utterance": _utterance(response),
-                "content": response.content,
-                "thinking": response.thinking,
-                "tool_calls": response.tool_calls,
-            }
-            extras = execution.extras
-            gate_calls = execution.gate_calls
-            if inflight.checkpoint_id is not None:
-                # The utterance is in the checkpoint; this turn completes it.
-                utterance = {}
-                extras = {**extras, "phase": "continuation"}
-                gate_calls = tuple(inflight.host.records[inflight.recorded_upto :])
-            turn = self._record(
-                self._new_turn(
-                    cast.intent_for_turn(),
-                    observation=observation,
-                    gate_calls=gate_calls,
-                    metadata=_metadata(
-                        response,
-                        inflight.started,
-                        inflight.timestamp,
-                        # a checkpoint already carries this reply's usage (PROD-3)
-                        count_usage=inflight.checkpoint_id is None,
-                    ),
-                    terminated=terminated,
-                    truncated=truncated,
-                    reason=reason,
-                    result=result if terminated else None,
-                    extras=extras,
-                    **utterance,
-                )
-            )
-            self._inflight = None
-            cast.add(turn)
-            if emit is not None:
-                emit(StepComplete(turn=turn))
-                if terminated:
-                    emit(FinalResponse(result=result))
-            if terminated or truncated:
-                return cast.result(self.id, turn, result if terminated else None)
+                emit(FinalResponse(result=result))
+        if terminated or truncated:
+            return cast.result(self.id, turn, result if terminated else None)
+        return None
 
     def cancel(self) -> bool:
         """Cancel the running cast, if any (COMP-9): it ends as truncated with reason
@@ -490,7 +549,7 @@ class Entity:
         before a child started is recorded after it.
         """
         inflight, cast = self._inflight, self._cast
-        if inflight is None or cast is None or inflight.response is None:
+        if inflight is None or cast is None or inflight.response is None or inflight.host is None:
             raise RuntimeError("checkpoint() is only meaningful while a turn executes")
         fresh = tuple(inflight.host.records[inflight.recorded_upto :])
         if inflight.checkpoint_id is not None and not fresh:
@@ -531,7 +590,7 @@ class Entity:
         inflight = self._inflight
         self._inflight = None
         response = inflight.response if inflight else None
-        records = list(inflight.host.records) if inflight else []
+        records = list(inflight.host.records) if inflight and inflight.host else []
         done_ids = {r.tool_call_id for r in records}
         calls = response.tool_calls if response else ()
         continuation = inflight is not None and inflight.checkpoint_id is not None
@@ -648,8 +707,21 @@ def _is_cancellation(exc: BaseException) -> bool:
     return False
 
 
+_second: tuple[int, str] = (-1, "")
+"""The last second :func:`_now` formatted, and its text up to the seconds."""
+
+
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
+    """UTC now in ISO 8601 with microseconds, as ``datetime.isoformat`` writes it.
+
+    Every turn is stamped, so the date and time of day are formatted once per
+    second and only the microseconds per call (a third of the cost)."""
+    global _second
+    seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
+    if seconds != _second[0]:
+        text = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _second = (seconds, text)
+    return f"{_second[1]}.{micros:06d}+00:00"
 
 
 def _utterance(response: Response) -> str:

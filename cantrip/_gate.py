@@ -120,10 +120,13 @@ class Gate:
         if self.blocking:
             return await trio.to_thread.run_sync(lambda: self.fn(**kwargs))
         result = self.fn(**kwargs)
-        if inspect.isawaitable(result):
+        if type(result) not in _PLAIN and inspect.isawaitable(result):
             return await result
         return result
 
+
+_PLAIN = frozenset({str, int, float, bool, type(None), dict, list, tuple})
+"""Result types that are never awaitable: no need to ask ``inspect`` (every call)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -35,7 +35,7 @@ class ConversationMedium:
         return tuple(g.definition() for g in gates)
 
     async def open(self, wards: WardSet) -> ConversationSession:
-        return ConversationSession()
+        return _SESSION  # stateless, so one serves every entity
 
     def render_observation(self, turn: Turn) -> list[Message]:
         return [
@@ -85,4 +85,5 @@ class ConversationSession:
         pass
 
 
+_SESSION = ConversationSession()
 conversation = ConversationMedium()

@@ -636,3 +636,40 @@ def test_retry_policy_judges_statuses_by_its_own_list() -> None:
     # without a status (a dropped connection) the adapter's judgement stands
     assert policy.is_retryable(ProviderError("connection reset", retryable=True))
     assert not policy.is_retryable(ProviderError("bad certificate", retryable=False))
+
+
+# -- what entities share ------------------------------------------------------------
+
+
+async def test_entities_of_one_cantrip_share_their_setup_per_llm() -> None:
+    """Summoning computes the provider stack, tools and identity record once per LLM."""
+    c, llm = make([done("a"), done("b"), done("c")])
+    other = ScriptedLLM([done("d")])
+    first, second = c.summon(), c.summon()
+    third = c.summon(llm=other)
+    assert first._setup is second._setup
+    assert third._setup is not first._setup
+    assert third._setup.llm_name == other.name
+    # the shared parts reach the LLM unchanged, entity after entity
+    await first.send("one")
+    await second.send("two")
+    assert llm.invocations[0].tools == llm.invocations[1].tools
+    assert [m.role for m in llm.invocations[1].messages] == ["system", "user"]
+    # a changed cantrip does not inherit the old one's cache
+    changed = c.with_(identity=Identity(system_prompt="changed"))
+    assert changed.summon()._setup.system == Message(role="system", content="changed")
+
+
+def test_turn_timestamps_are_iso_8601_utc_with_microseconds() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from cantrip._entity import _now
+
+    before = datetime.now(UTC)
+    stamps = [_now() for _ in range(3)]
+    after = datetime.now(UTC)
+    for stamp in stamps:
+        parsed = datetime.fromisoformat(stamp)
+        assert parsed.isoformat(timespec="microseconds") == stamp
+        assert before - timedelta(milliseconds=1) <= parsed <= after + timedelta(milliseconds=1)
+    assert stamps == sorted(stamps)

@@ -77,6 +77,23 @@ class RetryingLLM(Wrapper):
     rng: random.Random = attrs.field(default=_JITTER, repr=False)
     """Jitter source; shared by default (seeding one per entity costs more than it buys)."""
 
+    async def query(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Response:
+        """The first attempt is a plain await of the inner LLM; only a failure
+        enters the retry loop. Every turn queries through here, and each
+        coroutine that waits on the provider lives as long as the provider
+        takes, so the common path keeps the await chain one link long."""
+        try:
+            return await self.inner.query(messages, tools, tool_choice, extra)
+        except ProviderError as error:
+            failed = error
+        return await self._retry(failed, messages, tools, tool_choice, extra, None)
+
     async def _call(
         self,
         messages: Sequence[Message],
@@ -85,33 +102,51 @@ class RetryingLLM(Wrapper):
         extra: Mapping[str, Any] | None,
         on_event: Callable[[Any], None] | None,
     ) -> Response:
-        attempt = 0
-        while True:
-            try:
-                if on_event is not None:
-                    from cantrip._events import MessageStart
+        if on_event is not None:
+            from cantrip._events import MessageStart
 
-                    on_event(MessageStart(attempt=attempt + 1))
+            on_event(MessageStart(attempt=1))
+        try:
+            return await call(self.inner, messages, tools, tool_choice, extra, on_event)
+        except ProviderError as error:
+            failed = error
+        return await self._retry(failed, messages, tools, tool_choice, extra, on_event)
+
+    async def _retry(
+        self,
+        error: ProviderError,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        tool_choice: ToolChoice | None,
+        extra: Mapping[str, Any] | None,
+        on_event: Callable[[Any], None] | None,
+    ) -> Response:
+        """Attempts after the first failed with ``error``, until one succeeds,
+        the policy gives up, or the error is not transient."""
+        attempt = 1
+        while True:
+            if attempt > self.policy.max_retries or not self.policy.is_retryable(error):
+                if attempt > 1:
+                    error.add_note(f"after {attempt} attempts")
+                raise error
+            wait = self.policy.delay(attempt, error, self.rng)
+            log.info(
+                "retrying %s in %.2fs (attempt %d of %d): %s",
+                self.name,
+                wait,
+                attempt + 1,
+                self.policy.max_retries + 1,
+                error,
+            )
+            await trio.sleep(wait)
+            if on_event is not None:
+                from cantrip._events import MessageStart
+
+                on_event(MessageStart(attempt=attempt + 1))
+            try:
                 response = await call(self.inner, messages, tools, tool_choice, extra, on_event)
-            except ProviderError as error:
+            except ProviderError as next_error:
                 attempt += 1
-                if attempt > self.policy.max_retries or not self.policy.is_retryable(error):
-                    if attempt > 1:
-                        error.add_note(f"after {attempt} attempts")
-                    raise
-                wait = self.policy.delay(attempt, error, self.rng)
-                log.info(
-                    "retrying %s in %.2fs (attempt %d of %d): %s",
-                    self.name,
-                    wait,
-                    attempt + 1,
-                    self.policy.max_retries + 1,
-                    error,
-                )
-                await trio.sleep(wait)
+                error = next_error
                 continue
-            if attempt:
-                return attrs.evolve(
-                    response, metadata={**response.metadata, "attempts": attempt + 1}
-                )
-            return response
+            return attrs.evolve(response, metadata={**response.metadata, "attempts": attempt + 1})
