@@ -21,6 +21,7 @@ from cantrip.llm._contract import (
     ToolDefinition,
     Usage,
 )
+from cantrip.llm._latency import simulate_latency
 from cantrip.llm._openai_chat import parse_chat_completion
 from cantrip.llm._retry import RetryingLLM, RetryPolicy
 from cantrip.llm._scripted import ScriptedLLM
@@ -115,5 +116,6 @@ __all__ = [
     "parse_chat_completion",
     "project_id",
     "render_transcript",
+    "simulate_latency",
     "validate_transcript",
 ]

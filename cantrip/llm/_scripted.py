@@ -15,7 +15,7 @@ A script entry is a mapping with any of:
 * ``raw_response`` -- a provider payload, parsed by that provider's real code;
 * ``tool_result`` -- ``{tool_call_id, content}``: a reply that tries to be a
   tool result (only meaningful with a provider format; it is refused, LLM-7);
-* ``delay_ms`` -- latency before answering.
+* ``delay_ms`` -- latency before answering, added to the LLM's ``latency_s``.
 
 With ``provider="openai"`` every entry is turned into a Chat Completions
 payload and normalized by :mod:`cantrip.llm._openai_chat` (LLM-6).
@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import trio
 
 from cantrip._errors import (
     ConstructionError,
@@ -47,6 +46,7 @@ from cantrip.llm._contract import (
     Usage,
     plain_json,
 )
+from cantrip.llm._latency import simulate_latency
 from cantrip.llm._openai_chat import parse_chat_completion
 
 _ENTRY_KEYS = frozenset(
@@ -94,6 +94,10 @@ class ScriptedLLM:
     provider: str | None = None
     """Wire format to normalize through (``"openai"``), or ``None`` for direct."""
     latency_s: float = 0.0
+    """Simulated provider latency before every answer (query and stream), in
+    seconds; an entry's ``delay_ms`` adds to it. Waited with
+    :func:`~cantrip.llm.simulate_latency`: the run's clock, cancellable, and cheap
+    with thousands of concurrent entities."""
     medium_hint: str | None = None
     """The medium the script is written for; inferred from the script when unset."""
     invocations: list[Query] = attrs.field(factory=list)
@@ -151,7 +155,7 @@ class ScriptedLLM:
         self._cursor += 1
         delay = float(entry.get("delay_ms", 0)) / 1000.0 + self.latency_s
         if delay:
-            await trio.sleep(delay)
+            await simulate_latency(delay)
         if entry.get("error"):
             error = entry["error"]
             raise ProviderError(
