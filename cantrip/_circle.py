@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -22,9 +23,11 @@ import attrs
 from cantrip._errors import ConstructionError
 from cantrip._gate import Gate, GateArgumentError, GateResult
 from cantrip._wards import Ward, WardSet
-from cantrip.llm._contract import ToolChoice, ToolDefinition
+from cantrip.llm._contract import EMPTY, ToolChoice, ToolDefinition
 from cantrip.loom._model import CallStatus, GateCallRecord
 from mediums.base import Medium
+
+_EPHEMERAL: Mapping[str, Any] = MappingProxyType({"ephemeral": True})
 
 
 def _default_medium() -> Medium:
@@ -143,7 +146,7 @@ class Circle:
                 name, args, tool_call_id, started, self._unknown_gate_message(name), error=True
             )
         name = g.name  # an alias (submit_answer) is recorded under the gate's own name
-        detail = {"ephemeral": True} if g.ephemeral else {}
+        detail = _EPHEMERAL if g.ephemeral else EMPTY
         try:
             result = await g.invoke(args)
         except GateArgumentError as exc:
@@ -203,5 +206,5 @@ class Circle:
             tool_call_id=tool_call_id,
             status="error" if error else "ok",
             duration_ms=(time.perf_counter() - started) * 1000.0,
-            detail=detail or {},
+            detail=detail or EMPTY,
         )

@@ -725,6 +725,9 @@ def _now() -> str:
 
 
 def _utterance(response: Response) -> str:
+    calls = response.tool_calls
+    if not response.content and len(calls) == 1:  # the common shape: one call, no text
+        return f"{calls[0].name}({calls[0].arguments_json})"
     parts = [response.content or ""]
     parts.extend(f"{call.name}({call.arguments_json})" for call in response.tool_calls)
     return "\n".join(p for p in parts if p)

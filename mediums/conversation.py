@@ -76,7 +76,10 @@ class ConversationSession:
             if record.status == "ok" and host.terminates(call.name):
                 terminated = True
                 result = record.result
-        observation = "\n".join(r.text for r in records if r.executed)
+        if len(records) == 1:  # the common case, without a generator
+            observation = records[0].text if records[0].executed else ""
+        else:
+            observation = "\n".join(r.text for r in records if r.executed)
         return Execution(
             gate_calls=tuple(records), terminated=terminated, result=result, observation=observation
         )

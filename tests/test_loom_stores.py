@@ -410,6 +410,13 @@ def test_thread_is_root_to_leaf_in_a_branched_tree(kind: str, tmp_path: Path, cl
     assert [x.id for x in loom.thread("a")] == ["r", "a"]
     assert [x.id for x in loom.children("a")] == ["b", "d"]
     assert [x.id for x in loom.children(None)] == ["r"]
+    assert [x.id for x in loom.children("b")] == []
+    # a third sibling, and a child of a turn that had one
+    loom.append(make_turn("e", "a", 3))
+    loom.append(make_turn("f", "b", 4))
+    assert [x.id for x in loom.children("a")] == ["b", "d", "e"]
+    assert [x.id for x in loom.children("b")] == ["f"]
+    assert [x.id for x in loom.leaves()] == ["c", "d", "e", "f"]
     with pytest.raises(LoomError):
         loom.thread("missing")
 

@@ -24,7 +24,10 @@ class Loom:
         self.store: LoomStore = store if store is not None else MemoryStore()
         self._turns: list[Turn] = []
         self._by_id: dict[str, Turn] = {}
-        self._children: dict[str | None, list[str]] = {}
+        self._children: dict[str | None, str | list[str]] = {}
+        """Child turn ids by parent id: a lone child as its id, siblings (forks,
+        several roots) as a list -- most turns have one child, and a list per
+        turn would be one more object per turn for the collector to track."""
         self._entities: dict[str, EntityRecord] = {}
         self._entity_turns: dict[str, list[Turn]] = {}
         self._rewards: dict[str, float | None] = {}
@@ -125,7 +128,10 @@ class Loom:
         return self._rewards.get(turn_id)
 
     def children(self, turn_id: str | None) -> list[Turn]:
-        return [self._by_id[i] for i in self._children.get(turn_id, ())]
+        children = self._children.get(turn_id, ())
+        if isinstance(children, str):
+            return [self._by_id[children]]
+        return [self._by_id[i] for i in children]
 
     @property
     def entities(self) -> Mapping[str, EntityRecord]:
@@ -222,5 +228,11 @@ class Loom:
     def _index_turn(self, turn: Turn) -> None:
         self._turns.append(turn)
         self._by_id[turn.id] = turn
-        self._children.setdefault(turn.parent_id, []).append(turn.id)
+        siblings = self._children.get(turn.parent_id)
+        if siblings is None:
+            self._children[turn.parent_id] = turn.id
+        elif isinstance(siblings, str):
+            self._children[turn.parent_id] = [siblings, turn.id]
+        else:
+            siblings.append(turn.id)
         self._entity_turns.setdefault(turn.entity_id, []).append(turn)
