@@ -188,16 +188,18 @@ async def test_scripted_llm_latency_and_entry_delay_add_up(autojump_clock: Any) 
     llm = ScriptedLLM(
         [{"content": "a"}, {"content": "b", "delay_ms": 500}, {"content": "c"}], latency_s=2.0
     )
-    messages = [Message("user", "hi")]
-    before = trio.current_time()
-    assert (await llm.query(messages)).content == "a"
-    assert trio.current_time() - before == pytest.approx(2.0)
-    before = trio.current_time()
-    assert (await llm.query(messages)).content == "b"
-    assert trio.current_time() - before == pytest.approx(2.5)
-    before = trio.current_time()
-    assert (await llm.stream(messages, on_event=lambda event: None)).content == "c"
-    assert trio.current_time() - before == pytest.approx(2.0)
+    # virtual time: a timer that never wakes would otherwise hang, not fail
+    with trio.fail_after(60):
+        messages = [Message("user", "hi")]
+        before = trio.current_time()
+        assert (await llm.query(messages)).content == "a"
+        assert trio.current_time() - before == pytest.approx(2.0)
+        before = trio.current_time()
+        assert (await llm.query(messages)).content == "b"
+        assert trio.current_time() - before == pytest.approx(2.5)
+        before = trio.current_time()
+        assert (await llm.stream(messages, on_event=lambda event: None)).content == "c"
+        assert trio.current_time() - before == pytest.approx(2.0)
     assert _TIMER.get().heap == []  # waited on the shared timer, not trio.sleep
 
 
