@@ -425,7 +425,7 @@ class Entity:
                 execution = await session.execute(response, host)
             finally:
                 CURRENT_ENTITY.reset(token)
-            ended = self._conclude(cast, inflight, response, execution, emit)
+            ended = self._conclude(cast, inflight, execution, emit)
             if ended is not None:
                 return ended
             # Nothing of a finished turn should wait through the next LLM call but
@@ -453,11 +453,12 @@ class Entity:
         self,
         cast: _Cast,
         inflight: _Inflight,
-        response: Response,
         execution: Execution,
         emit: Callable[[Event], None] | None,
     ) -> CastResult | None:
         """Record an executed utterance as a turn; the cast's result if it ends here."""
+        response, host = inflight.response, inflight.host
+        assert response is not None and host is not None
         wards = self.circle.resolved
         terminated, result, observation = self._outcome(
             response, execution, wards.require_done_tool
@@ -488,10 +489,9 @@ class Entity:
         gate_calls = execution.gate_calls
         if inflight.checkpoint_id is not None:
             # The utterance is in the checkpoint; this turn completes it.
-            assert inflight.host is not None
             utterance = {}
             extras = {**extras, "phase": "continuation"}
-            gate_calls = tuple(inflight.host.records[inflight.recorded_upto :])
+            gate_calls = tuple(host.records[inflight.recorded_upto :])
         turn = self._record(
             self._new_turn(
                 cast.intent_for_turn(),

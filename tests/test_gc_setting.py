@@ -9,6 +9,7 @@ import pytest
 import trio
 
 import cantrip
+import gates
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +46,7 @@ def test_casts_run_inside_it_and_cyclic_garbage_is_still_collected() -> None:
     spell = cantrip.Cantrip(
         llm=cantrip.ScriptedLLM([{"tool_calls": [{"gate": "done", "args": {"answer": 1}}]}]),
         identity=cantrip.Identity(),
-        circle=cantrip.Circle([__import__("gates").done], [cantrip.max_turns(2)]),
+        circle=cantrip.Circle([gates.done], [cantrip.max_turns(2)]),
     )
 
     class Cycle:

@@ -102,10 +102,7 @@ class RetryingLLM(Wrapper):
         extra: Mapping[str, Any] | None,
         on_event: Callable[[Any], None] | None,
     ) -> Response:
-        if on_event is not None:
-            from cantrip._events import MessageStart
-
-            on_event(MessageStart(attempt=1))
+        _announce(on_event, 1)
         try:
             return await call(self.inner, messages, tools, tool_choice, extra, on_event)
         except ProviderError as error:
@@ -139,10 +136,7 @@ class RetryingLLM(Wrapper):
                 error,
             )
             await trio.sleep(wait)
-            if on_event is not None:
-                from cantrip._events import MessageStart
-
-                on_event(MessageStart(attempt=attempt + 1))
+            _announce(on_event, attempt + 1)
             try:
                 response = await call(self.inner, messages, tools, tool_choice, extra, on_event)
             except ProviderError as next_error:
@@ -150,3 +144,11 @@ class RetryingLLM(Wrapper):
                 error = next_error
                 continue
             return attrs.evolve(response, metadata={**response.metadata, "attempts": attempt + 1})
+
+
+def _announce(on_event: Callable[[Any], None] | None, attempt: int) -> None:
+    """Tell a streaming caller that attempt number ``attempt`` starts."""
+    if on_event is not None:
+        from cantrip._events import MessageStart
+
+        on_event(MessageStart(attempt=attempt))
