@@ -23,7 +23,16 @@ from cantrip._errors import (
 )
 from cantrip._gate import Gate, GateArgumentError, GateError, GateResult, gate
 from cantrip._identity import Identity
-from cantrip._wards import Ward, WardSet, max_depth, max_turns, require_done_tool, timeout
+from cantrip._output import OutputSchema
+from cantrip._wards import (
+    Ward,
+    WardSet,
+    max_cost_usd,
+    max_depth,
+    max_turns,
+    require_done_tool,
+    timeout,
+)
 from cantrip.llm import (
     LLM,
     Message,
@@ -56,6 +65,7 @@ if TYPE_CHECKING:
     from cantrip._server import EntityServer
     from cantrip._supervisor import ChildSpec, Restart, Strategy, Supervisor, SupervisorEscalation
     from cantrip.llm._config import load_llm
+    from cantrip.llm._telemetry import Pricing
     from cantrip.loom import export_chat, export_jsonl, export_thread_jsonl, load_jsonl
 
 __version__ = "0.1.0"
@@ -72,6 +82,7 @@ _LAZY = {
     "FoldingPolicy": "cantrip._folding",
     "LLMFolder": "cantrip._folding",
     "load_llm": "cantrip.llm._config",
+    "Pricing": "cantrip.llm._telemetry",
     "gc_for_throughput": "cantrip._gc",
     "export_jsonl": "cantrip.loom",
     "export_thread_jsonl": "cantrip.loom",
@@ -131,6 +142,8 @@ __all__ = [
     "Message",
     "MessageComplete",
     "MessageStart",
+    "OutputSchema",
+    "Pricing",
     "ProviderError",
     "Query",
     "Response",
@@ -162,6 +175,7 @@ __all__ = [
     "gc_for_throughput",
     "load_jsonl",
     "load_llm",
+    "max_cost_usd",
     "max_depth",
     "max_turns",
     "require_done_tool",

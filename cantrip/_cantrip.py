@@ -21,6 +21,7 @@ from cantrip._errors import ConstructionError, LoomError
 from cantrip._events import EventSink
 from cantrip._folding import FoldingPolicy, effective_policy
 from cantrip._identity import Identity
+from cantrip._output import OutputSchema
 from cantrip.llm._contract import LLM, Message
 from cantrip.llm._retry import RetryingLLM, RetryPolicy
 from cantrip.loom._loom import Loom
@@ -47,6 +48,10 @@ def cantrip_problems(llm: object, identity: object, circle: object) -> list[str]
 _MAX_SETUPS = 64
 
 
+def _output_schema(value: Any) -> OutputSchema | None:
+    return None if value is None else OutputSchema.of(value)
+
+
 def _new_cantrip_id() -> str:
     return "cantrip-" + uuid.uuid4().hex[:16]
 
@@ -65,6 +70,9 @@ class Cantrip:
     llms: Mapping[str, LLM] = attrs.field(factory=dict)
     """Other LLMs by name: for children (``call_agent(llm=...)``) and forks."""
     id: str = attrs.field(factory=_new_cantrip_id)
+    output: OutputSchema | None = attrs.field(default=None, converter=_output_schema)
+    """The shape of the answer (a pydantic model, a type or a JSON Schema): ``done``
+    takes it as its parameter schema and a cast's ``result`` is the parsed value."""
     _setups: dict[int, tuple[LLM, EntitySetup]] = attrs.field(factory=dict, init=False, repr=False)
     """EntitySetup per LLM (by identity; the entry keeps its LLM alive, so an id
     cannot be reused while it is cached)."""
@@ -73,6 +81,8 @@ class Cantrip:
         problems = cantrip_problems(self.llm, self.identity, self.circle)
         if problems:
             raise ConstructionError(problems)
+        if self.output is not None and self.circle.output is not self.output:
+            object.__setattr__(self, "circle", self.circle.with_output(self.output))
 
     def stack(self, llm: LLM) -> LLM:
         """The provider stack a turn queries through: retries inside the turn.

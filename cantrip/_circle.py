@@ -22,6 +22,7 @@ import attrs
 
 from cantrip._errors import ConstructionError
 from cantrip._gate import Gate, GateArgumentError, GateResult
+from cantrip._output import OutputSchema
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import EMPTY, ToolChoice, ToolDefinition
 from cantrip.loom._model import CallStatus, GateCallRecord
@@ -80,6 +81,8 @@ class Circle:
     gates: tuple[Gate, ...] = attrs.field(converter=_gate_tuple)
     wards: tuple[Ward, ...] = attrs.field(converter=_ward_tuple)
     medium: Medium = attrs.field(factory=_default_medium)
+    output: OutputSchema | None = attrs.field(default=None, kw_only=True)
+    """Set by :meth:`with_output`: the schema ``done``'s answer takes."""
     resolved: WardSet = attrs.field(init=False)
     _by_name: Mapping[str, Gate] = attrs.field(init=False, repr=False)
     _warded_off: frozenset[str] = attrs.field(init=False, repr=False)
@@ -106,6 +109,16 @@ class Circle:
                 by_name.setdefault(alias, g)
         object.__setattr__(self, "resolved", resolved)
         object.__setattr__(self, "_by_name", by_name)
+
+    def with_output(self, output: OutputSchema) -> Circle:
+        """This circle with its ``done`` gate answering in ``output``'s schema.
+
+        A structured answer needs the ``done`` gate, so ``require_done_tool`` is
+        added: a text-only reply is nudged toward ``done`` instead of ending the cast.
+        """
+        gates = tuple(output.done_gate(g) if g.terminates else g for g in self.gates)
+        wards = (*self.wards, Ward("require_done_tool", True))
+        return Circle(gates, wards, self.medium, output=output)
 
     # -- presentation --------------------------------------------------------
 

@@ -29,6 +29,7 @@ import trio.lowlevel
 
 from cantrip._circle import Circle
 from cantrip._context import NUDGE_DONE_REQUIRED, Context
+from cantrip._cost import CostMeter
 from cantrip._errors import IntentError, LLMError, LoomError, ProviderError
 from cantrip._events import (
     Event,
@@ -54,6 +55,7 @@ from cantrip.llm._contract import (
     ToolDefinition,
     Usage,
 )
+from cantrip.llm._cost import llm_pricing, prompt_cost, response_cost
 from cantrip.loom._model import (
     CallStatus,
     EntityRecord,
@@ -97,6 +99,8 @@ class CastResult:
     usage: Usage
     summary: str | None = None
     """For a truncated cast: what happened before the ward cut in (LOOP-4)."""
+    cost_usd: float | None = None
+    """USD this cast and the casts it spawned spent; ``None`` if a price is unknown."""
 
     @property
     def text(self) -> str:
@@ -170,6 +174,8 @@ class _Cast:
     """One cast's running totals."""
 
     intent: str
+    meter: CostMeter = attrs.field(factory=CostMeter)
+    """USD spent, charged up the entity tree (the cost ward)."""
     turns: list[Turn] = attrs.field(factory=list)
     usage: Usage = attrs.field(factory=lambda: ZERO_USAGE)
     utterances: int = 0
@@ -185,8 +191,12 @@ class _Cast:
 
     def add(self, turn: Turn) -> None:
         self.turns.append(turn)
-        if turn.metadata.tokens_prompt or turn.metadata.tokens_completion:
-            self.usage = self.usage + turn.metadata.usage
+        metadata = turn.metadata
+        if metadata.tokens_prompt or metadata.tokens_completion:
+            self.usage = self.usage + metadata.usage
+            self.meter.charge(metadata.cost_usd)
+        elif metadata.cost_usd:
+            self.meter.charge(metadata.cost_usd)
 
     def result(self, entity_id: str, last: Turn, value: Any) -> CastResult:
         return CastResult(
@@ -198,6 +208,7 @@ class _Cast:
             turns=tuple(self.turns),
             usage=self.usage,
             summary=None if last.terminated else _truncation_summary(self.turns, last.reason),
+            cost_usd=self.meter.total,
         )
 
 
@@ -341,7 +352,7 @@ class Entity:
         if self._session is None:
             self._session = await self._open_session()
         self._context.add_intent(intent)
-        cast = self._cast = _Cast(intent)
+        cast = self._cast = _Cast(intent, self._meter())
         timeout = self.circle.resolved.get("timeout_s")
         deadline = math.inf if timeout is None else trio.current_time() + float(timeout)
         scope = self._scope = trio.CancelScope(deadline=deadline)
@@ -367,6 +378,37 @@ class Entity:
             self._scope = None
             self._cancel_requested = False
 
+    def _meter(self) -> CostMeter:
+        """This cast's cost meter, charging the cast that spawned it (if any)."""
+        limit = self.circle.resolved.get("max_cost_usd")
+        parent = CURRENT_ENTITY.get(None)
+        parent_cast = parent._cast if parent is not None and parent is not self else None
+        return CostMeter(
+            limit=None if limit is None else float(limit),
+            parent=parent_cast.meter if parent_cast is not None else None,
+        )
+
+    def _cost_refusal(self, cast: _Cast) -> str | None:
+        """Why the cost ward forbids the next LLM call (``None``: go ahead).
+
+        The least the call costs is its prompt at the input price; the prompt
+        is estimated from the last call's tokens plus what was added since
+        (about four characters a token), so no turn re-reads the history."""
+        pricing = llm_pricing(self.llm)
+        estimate = 0.0
+        if pricing is not None:
+            added = 0  # characters recorded since the last call that reported tokens
+            for turn in reversed(cast.turns):
+                metadata = turn.metadata
+                added += len(turn.observation)
+                if metadata.tokens_prompt:
+                    tokens = metadata.tokens_prompt + metadata.tokens_completion + added // 4
+                    break
+            else:
+                tokens = sum(len(m.text()) for m in self._context.snapshot()) // 4
+            estimate = prompt_cost(tokens, pricing)
+        return cast.meter.refusal(estimate)
+
     async def _open_session(self) -> MediumSession:
         """The medium session, with a fork's or resumed entity's sandbox replayed into it."""
         session = await self.circle.medium.open(self.circle.resolved)
@@ -389,6 +431,11 @@ class Entity:
         llm = setup.query_llm
         while True:
             await trio.lowlevel.checkpoint_if_cancelled()
+            if cast.meter.bounded:
+                refusal = self._cost_refusal(cast)
+                if refusal is not None:
+                    turn = self._record_cut(cast, "max_cost_usd", observation=refusal)
+                    return cast.result(self.id, turn, None)
             if self._context.fold_pending:
                 await self._context.complete_fold()  # an async folder (LLMFolder) folds here
             emit = self._emit if self.on_event is not None else None
@@ -478,6 +525,8 @@ class Entity:
                 >= max_tokens
             ):
                 reason = "max_tokens_total"
+            elif cast.meter.bounded and self._spent_after(cast, response, inflight):
+                reason = "max_cost_usd"
         truncated = not terminated and reason is not None
         utterance: dict[str, Any] = {
             "utterance": _utterance(response),
@@ -503,6 +552,7 @@ class Entity:
                     inflight.timestamp,
                     # a checkpoint already carries this reply's usage (PROD-3)
                     count_usage=inflight.checkpoint_id is None,
+                    llm=self.llm,
                 ),
                 terminated=terminated,
                 truncated=truncated,
@@ -519,8 +569,16 @@ class Entity:
             if terminated:
                 emit(FinalResponse(result=result))
         if terminated or truncated:
+            if terminated and reason == "done" and self.circle.output is not None:
+                result = self.circle.output.load(result)  # the parsed value (a model)
             return cast.result(self.id, turn, result if terminated else None)
         return None
+
+    def _spent_after(self, cast: _Cast, response: Response, inflight: _Inflight) -> bool:
+        """Whether this turn (not yet charged) uses up a cost budget."""
+        if inflight.checkpoint_id is not None:
+            return cast.meter.exhausted_by(0.0)  # the checkpoint carried this reply's cost
+        return cast.meter.exhausted_by(response_cost(response, self.llm))
 
     def cancel(self) -> bool:
         """Cancel the running cast, if any (COMP-9): it ends as truncated with reason
@@ -564,7 +622,7 @@ class Entity:
                 thinking=response.thinking if first else None,
                 tool_calls=response.tool_calls if first else (),
                 gate_calls=fresh,
-                metadata=_metadata(response, inflight.started, inflight.timestamp)
+                metadata=_metadata(response, inflight.started, inflight.timestamp, llm=self.llm)
                 if first
                 else TurnMetadata(timestamp=_now()),
                 reason="delegating",
@@ -581,7 +639,7 @@ class Entity:
         """How a cancellation from outside is recorded (COMP-9)."""
         return "parent_terminated" if self.parent_entity_id else "cancelled"
 
-    def _record_cut(self, cast: _Cast, reason: str) -> Turn:
+    def _record_cut(self, cast: _Cast, reason: str, *, observation: str | None = None) -> Turn:
         """Record the turn a timeout or cancellation interrupted, losing nothing.
 
         Gate calls that completed keep their results; the rest of the
@@ -616,7 +674,7 @@ class Entity:
                 content=response.content if response and not continuation else None,
                 thinking=response.thinking if response and not continuation else None,
                 tool_calls=() if continuation else calls,
-                observation=f"cut off: {reason}",
+                observation=observation or f"cut off: {reason}",
                 gate_calls=tuple(records),
                 extras={"phase": "continuation"} if continuation else {},
                 metadata=TurnMetadata(
@@ -734,7 +792,12 @@ def _utterance(response: Response) -> str:
 
 
 def _metadata(
-    response: Response, started: float, timestamp: str, *, count_usage: bool = True
+    response: Response,
+    started: float,
+    timestamp: str,
+    *,
+    count_usage: bool = True,
+    llm: LLM | None = None,
 ) -> TurnMetadata:
     usage = response.usage if count_usage else ZERO_USAGE
     return TurnMetadata(
@@ -746,6 +809,7 @@ def _metadata(
         attempts=int(response.metadata.get("attempts", 1)),
         model=response.model,
         provider=response.provider,
+        cost_usd=response_cost(response, llm) if count_usage else None,
     )
 
 

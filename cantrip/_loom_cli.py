@@ -211,6 +211,37 @@ def _tokens(turns: Sequence[Turn]) -> dict[str, int]:
     }
 
 
+def _cost(turns: Sequence[Turn]) -> float | None:
+    """USD of these turns; ``None`` if any turn used tokens at an unknown price."""
+    total = 0.0
+    for t in turns:
+        meta = t.metadata
+        if meta.cost_usd is not None:
+            total += meta.cost_usd
+        elif meta.tokens_prompt or meta.tokens_completion:
+            return None
+    return total
+
+
+def _cost_text(cost: float | None) -> str:
+    return "cost unknown" if cost is None else f"${cost:.6f}"
+
+
+def _tree_turns(loom: Loom, entity_id: str) -> list[Turn]:
+    """The turns of an entity and of every entity it spawned, at any depth."""
+    children: dict[str, list[str]] = {}
+    for record in loom.entities.values():
+        if record.parent_entity_id:
+            children.setdefault(record.parent_entity_id, []).append(record.entity_id)
+    turns: list[Turn] = []
+    pending = [entity_id]
+    while pending:
+        current = pending.pop()
+        turns.extend(loom.entity_turns(current))
+        pending.extend(children.get(current, ()))
+    return turns
+
+
 def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
     entities: list[dict[str, Any]] = []
     for record in loom.entities.values():
@@ -227,6 +258,8 @@ def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
                 "turns": len(turns),
                 "outcome": _outcome(last) if last else "no turns",
                 "tokens": _tokens(turns),
+                "cost_usd": _cost(turns),
+                "tree_cost_usd": _cost(_tree_turns(loom, record.entity_id)),
                 "created_at": record.created_at,
             }
         )
@@ -242,6 +275,7 @@ def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
                 "outcome": _outcome(leaf),
                 "result": leaf.result if leaf.terminated else None,
                 "tokens": _tokens(thread),
+                "cost_usd": _cost(thread),
                 "reward": loom.reward(leaf.id),
             }
         )
@@ -259,7 +293,8 @@ def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
         _print(
             out,
             f"  {e['entity_id']}  {e['medium']}  llm={e['llm'] or '-'}  {e['turns']} turn(s)  "
-            f"{e['outcome']}  tokens {t['prompt']}+{t['completion']}{origin}",
+            f"{e['outcome']}  tokens {t['prompt']}+{t['completion']}  "
+            f"{_cost_text(e['cost_usd'])} (tree {_cost_text(e['tree_cost_usd'])}){origin}",
         )
     _print(out, f"threads ({len(threads)}):")
     for th in threads:
@@ -269,7 +304,8 @@ def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
         _print(
             out,
             f"  {th['thread']}  {th['leaf']}  {th['entity_id']}  {th['turns']} turn(s)  "
-            f"{th['outcome']}  tokens {t['prompt']}+{t['completion']}{result}{reward}",
+            f"{th['outcome']}  tokens {t['prompt']}+{t['completion']}  "
+            f"{_cost_text(th['cost_usd'])}{result}{reward}",
         )
     return EXIT_OK
 
@@ -281,7 +317,11 @@ def _show(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
     target = resolve_ref(loom, args.ref)
     thread = loom.thread(target.id)
     limit = None if args.full else PREVIEW
-    _print(out, f"thread to {target.id}: {len(thread)} turn(s)")
+    _print(
+        out,
+        f"thread to {target.id}: {len(thread)} turn(s), {_cost_text(_cost(thread))}; "
+        f"entity tree {_cost_text(_cost(_tree_turns(loom, target.entity_id)))}",
+    )
     for turn in thread:
         meta = turn.metadata
         phase = turn.extras.get("phase")
@@ -294,7 +334,8 @@ def _show(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
             out,
             f"   tokens {meta.tokens_prompt} prompt / {meta.tokens_completion} completion / "
             f"{meta.tokens_cached} cached   {meta.duration_ms:.1f} ms"
-            + (f"   attempts {meta.attempts}" if meta.attempts != 1 else ""),
+            + (f"   attempts {meta.attempts}" if meta.attempts != 1 else "")
+            + (f"   {_cost_text(_cost((turn,)))}" if turn.metadata.model or meta.cost_usd else ""),
         )
         if turn.intent is not None:
             _block(out, "intent", turn.intent, limit)

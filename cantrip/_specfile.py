@@ -30,6 +30,7 @@ from cantrip._errors import ConstructionError
 from cantrip._folding import FoldingPolicy, LLMFolder
 from cantrip._gate import Gate
 from cantrip._identity import Identity
+from cantrip._output import OutputSchema
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import LLM, Usage
 from cantrip.llm._retry import DEFAULT_RETRYABLE, RetryingLLM, RetryPolicy
@@ -172,6 +173,14 @@ class LoomSpec(_Strict):
     path: str | None = None
 
 
+class OutputSpec(_Strict):
+    """``[output]``: the answer's shape -- an inline JSON Schema or a pydantic model."""
+
+    output_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    model: str | None = None
+    """``"package.module:Class"``: a pydantic model importable where the cast runs."""
+
+
 class SpecDocument(_Strict):
     """A whole declarative cantrip."""
 
@@ -181,6 +190,7 @@ class SpecDocument(_Strict):
     retry: RetrySpec | None = None
     loom: LoomSpec | None = None
     folding: FoldingSpec | None = None
+    output: OutputSpec | None = None
     llms: dict[str, LLMSpec] = Field(default_factory=dict)
     """Further LLMs by name, for children and forks."""
 
@@ -307,6 +317,7 @@ def build_cantrip(
         for p in cantrip_problems(llm, identity, True)
         if "circle" not in p and not (llm_reported and "requires an llm" in p)
     )
+    output = _build_output(doc.output, problems) if doc.output is not None else None
     if problems:
         raise ConstructionError(_dedupe(problems))
     assert llm is not None and medium is not None
@@ -323,7 +334,22 @@ def build_cantrip(
         retry=retry,
         llms=named,
         folding=folding,
+        output=output,
     )
+
+
+def _build_output(spec: OutputSpec, problems: list[str]) -> OutputSchema | None:
+    if (spec.output_schema is None) == (spec.model is None):
+        problems.append("output: give exactly one of schema = {...} or model = 'module:Class'")
+        return None
+    try:
+        if spec.model is not None:
+            return OutputSchema.from_reference(spec.model)
+        assert spec.output_schema is not None
+        return OutputSchema.from_json_schema(spec.output_schema)
+    except ConstructionError as exc:
+        problems.extend(exc.problems)
+        return None
 
 
 def _build_folding(spec: FoldingSpec, llm: LLM, named: Mapping[str, LLM]) -> FoldingPolicy:

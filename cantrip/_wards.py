@@ -53,6 +53,7 @@ for _kind in (
     WardKind("max_turns", "min", truncates=True, doc="turns per cast"),
     WardKind("timeout_s", "min", truncates=True, doc="wall-clock seconds per cast"),
     WardKind("max_tokens_total", "min", truncates=True, doc="prompt+completion tokens per cast"),
+    WardKind("max_cost_usd", "min", doc="USD per cast, the casts it spawns included"),
     WardKind("max_depth", "min", doc="delegation depth below this entity"),
     WardKind("max_concurrency", "min", doc="children of one batch running at once"),
     WardKind("max_batch_size", "min", doc="children in one batch"),
@@ -105,6 +106,14 @@ def require_done_tool(flag: bool = True) -> Ward:
 
 def timeout(seconds: float) -> Ward:
     return Ward("timeout_s", seconds)
+
+
+def max_cost_usd(dollars: float) -> Ward:
+    """Stop the entity tree before a call that would spend more than ``dollars``.
+
+    Not a termination guarantee on its own (a model may be free), so a circle
+    still needs ``max_turns`` or another truncating ward beside it."""
+    return Ward("max_cost_usd", dollars)
 
 
 @attrs.frozen

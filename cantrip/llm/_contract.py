@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
+import pydantic
 
 from cantrip._errors import InvalidResponseError
 
@@ -224,6 +225,8 @@ def _plain(value: Any) -> Any:
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
+    if isinstance(value, pydantic.BaseModel):  # a structured answer (cantrip._output)
+        return value.model_dump(mode="json")
     return value
 
 

@@ -48,6 +48,7 @@ from cantrip.llm._contract import (
 )
 from cantrip.llm._latency import simulate_latency
 from cantrip.llm._openai_chat import parse_chat_completion
+from cantrip.llm._telemetry import Pricing
 
 _ENTRY_KEYS = frozenset(
     {
@@ -98,6 +99,9 @@ class ScriptedLLM:
     seconds; an entry's ``delay_ms`` adds to it. Waited with
     :func:`~cantrip.llm.simulate_latency`: the run's clock, cancellable, and cheap
     with thousands of concurrent entities."""
+    pricing: Pricing | None = None
+    """Prices to bill this LLM's usage at (the cost ward and ``cost_usd``); unpriced
+    by default, so its cost is unknown unless it reports no tokens."""
     medium_hint: str | None = None
     """The medium the script is written for; inferred from the script when unset."""
     invocations: list[Query] = attrs.field(factory=list)

@@ -143,6 +143,8 @@ class TurnMetadata:
     """Provider attempts this turn needed; retries never make extra turns (PROD-2)."""
     model: str | None = None
     provider: str | None = None
+    cost_usd: float | None = None
+    """What the turn's LLM call cost; ``None`` when its price is unknown (or no call)."""
 
     @property
     def usage(self) -> Usage:
@@ -158,6 +160,7 @@ class TurnMetadata:
             "attempts": self.attempts,
             "model": self.model,
             "provider": self.provider,
+            **({"cost_usd": self.cost_usd} if self.cost_usd is not None else {}),
         }
 
     @classmethod

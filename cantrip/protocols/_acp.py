@@ -228,6 +228,7 @@ class AcpServer:
                 "turns": len(outcome.turns),
                 "reason": outcome.reason,
                 "usage": outcome.usage.to_dict(),
+                "costUsd": outcome.cost_usd,
             }
         return {"stopReason": stop, "_meta": {"cantrip": meta}}
 

@@ -233,6 +233,7 @@ def result_dict(outcome: CastResult | None, session: Session | None = None) -> d
             "turns": 0,
             "entity_id": session.entity_id if session else None,
             "usage": None,
+            "cost_usd": None,
             "summary": "cancelled before the first turn",
         }
     else:
@@ -244,6 +245,7 @@ def result_dict(outcome: CastResult | None, session: Session | None = None) -> d
             "turns": len(outcome.turns),
             "entity_id": outcome.entity_id,
             "usage": outcome.usage.to_dict(),
+            "cost_usd": outcome.cost_usd,
             "summary": outcome.summary,
         }
     data["stop_reason"] = stop_reason(outcome)

@@ -1,0 +1,61 @@
+"""What an LLM call costs, in USD, and what the next one will cost at least.
+
+One answer for every consumer (the loom's turn metadata, the cost ward, the
+progress display): the provider's own figure when it reports one
+(OpenRouter's ``usage.cost``), else the model's prices from the provider
+catalogue (cached-token prices included), else the prices an LLM object
+declares itself (``pricing``; a scripted LLM in tests, a custom adapter).
+Otherwise the cost is *unknown* -- ``None``, never 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cantrip.llm._contract import Response, Usage
+from cantrip.llm._telemetry import Pricing, config_pricing
+
+
+def llm_pricing(llm: Any) -> Pricing | None:
+    """The prices of the model ``llm`` queries first, looking through wrappers.
+
+    Wrappers (retry, telemetry, rate limit) expose ``inner``; a fallback chain
+    its members (``chain``, priced by its first). An adapter is priced by its
+    provider catalogue; any LLM may declare ``pricing`` itself.
+    """
+    seen = 0
+    while llm is not None and seen < 16:
+        seen += 1
+        declared = getattr(llm, "pricing", None)
+        if isinstance(declared, Pricing):
+            return declared
+        provider, model = getattr(llm, "provider", None), getattr(llm, "model", None)
+        if isinstance(provider, str) and isinstance(model, str):
+            found = config_pricing(provider, model)
+            if found is not None:
+                return found
+        chain = getattr(llm, "chain", None)
+        llm = getattr(llm, "inner", None) or (chain[0] if chain else None)
+    return None
+
+
+def response_cost(response: Response, llm: Any = None) -> float | None:
+    """USD of one answered call; ``None`` when no price is known for its model."""
+    usage = response.usage
+    reported = response.metadata.get("cost")
+    if isinstance(reported, int | float) and not isinstance(reported, bool):
+        return round(float(reported), 10)
+    if not usage.prompt_tokens and not usage.completion_tokens:
+        return 0.0  # nothing was consumed (or reported): nothing to price
+    for model in (response.metadata.get("requested_model"), response.model):
+        if isinstance(model, str):
+            pricing = config_pricing(response.provider, model)
+            if pricing is not None:
+                return round(pricing.cost(usage), 10)
+    declared = llm_pricing(llm) if llm is not None else None
+    return round(declared.cost(usage), 10) if declared is not None else None
+
+
+def prompt_cost(tokens: int, pricing: Pricing) -> float:
+    """The least the next call costs: its prompt at the input price, uncached."""
+    return pricing.cost(Usage(prompt_tokens=tokens))

@@ -1,0 +1,239 @@
+"""Cost accounting per turn and per tree, and the ``max_cost_usd`` ward."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cantrip
+from cantrip._cli import main as cli_main
+from cantrip._loom_cli import main as loom_main
+from cantrip.llm._cost import response_cost
+from cantrip.protocols._sessions import result_dict
+from gates import call_agent, done, echo
+
+# $1 per million prompt tokens, $2 per million completion tokens
+PRICES = cantrip.Pricing(1.0, 2.0)
+
+
+def echo_call(text: str = "x", prompt: int = 1000, completion: int = 0) -> dict[str, Any]:
+    return {
+        "tool_calls": [{"gate": "echo", "args": {"text": text}}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion},
+    }
+
+
+def finish(answer: str = "ok", prompt: int = 1000, completion: int = 0) -> dict[str, Any]:
+    return {
+        "tool_calls": [{"gate": "done", "args": {"answer": answer}}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion},
+    }
+
+
+def spell(
+    script: list[dict[str, Any]],
+    *wards: cantrip.Ward,
+    pricing: cantrip.Pricing | None = PRICES,
+    loom: cantrip.Loom | None = None,
+) -> cantrip.Cantrip:
+    return cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script, pricing=pricing),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, echo], [cantrip.max_turns(10), *wards]),
+        loom=cantrip.Loom() if loom is None else loom,
+    )
+
+
+async def test_each_turn_records_its_cost_and_the_cast_sums_them() -> None:
+    s = spell([echo_call(prompt=1000, completion=500), finish(prompt=2000, completion=0)])
+    outcome = await s.cast_async("spend")
+    costs = [t.metadata.cost_usd for t in outcome.turns]
+    assert costs == [pytest.approx(0.002), pytest.approx(0.002)]
+    assert outcome.cost_usd == pytest.approx(0.004)
+    assert result_dict(outcome)["cost_usd"] == pytest.approx(0.004)
+    # the cost survives the loom's round trip
+    stored = s.loom.get(outcome.turns[0].id)
+    assert stored.metadata.cost_usd == pytest.approx(0.002)
+
+
+async def test_an_unknown_price_is_unknown_never_zero() -> None:
+    s = spell([echo_call(), finish()], pricing=None)
+    outcome = await s.cast_async("spend")
+    assert [t.metadata.cost_usd for t in outcome.turns] == [None, None]
+    assert outcome.cost_usd is None
+    assert result_dict(outcome)["cost_usd"] is None
+    assert "cost_usd" not in outcome.turns[0].metadata.to_dict()
+
+
+async def test_a_reported_cost_wins_over_prices() -> None:
+    response = cantrip.Response(
+        content="hi",
+        usage=cantrip.Usage(100, 100),
+        metadata={"cost": 0.5},
+    )
+    assert response_cost(response) == 0.5
+    unpriced = cantrip.Response(content="hi", usage=cantrip.Usage(100, 100))
+    assert response_cost(unpriced) is None
+    assert response_cost(unpriced, cantrip.ScriptedLLM([], pricing=PRICES)) == pytest.approx(0.0003)
+
+
+async def test_the_cost_ward_stops_before_the_call_that_would_go_over() -> None:
+    # Each call costs $0.001; after two the budget of $0.0025 cannot afford a third.
+    s = spell([echo_call(), echo_call(), echo_call(), finish()], cantrip.max_cost_usd(0.0025))
+    outcome = await s.cast_async("spend")
+    assert len(s.llm.invocations) == 2  # type: ignore[attr-defined]
+    assert outcome.truncated and not outcome.terminated
+    assert outcome.reason == "max_cost_usd"
+    last = outcome.turns[-1]
+    assert last.truncated and last.reason == "max_cost_usd"
+    assert "$0.0025 budget" in last.observation
+    assert outcome.cost_usd == pytest.approx(0.002)
+
+
+async def test_a_turn_that_spends_the_budget_ends_the_cast() -> None:
+    s = spell([echo_call(prompt=5000), finish()], cantrip.max_cost_usd(0.004))
+    outcome = await s.cast_async("spend")
+    assert len(outcome.turns) == 1
+    assert outcome.reason == "max_cost_usd"
+    assert outcome.turns[0].gate_calls[0].result == "x"  # the call that ran kept its result
+
+
+async def test_a_budget_with_an_unknown_price_stops_rather_than_spend_blindly() -> None:
+    s = spell([echo_call(), finish()], cantrip.max_cost_usd(1.0), pricing=None)
+    outcome = await s.cast_async("spend")
+    assert outcome.reason == "max_cost_usd"
+    assert len(s.llm.invocations) == 1  # type: ignore[attr-defined]
+    assert "price is unknown" in outcome.turns[-1].observation or outcome.turns[-1].truncated
+
+
+async def test_children_spend_the_parents_budget_and_the_whole_tree_stops() -> None:
+    # Each child call costs $0.001. The parent's budget is $0.0035: the child runs
+    # three calls ($0.003 + the parent's own $0.001 = $0.004 would be over), so the
+    # child is stopped by the tree's budget, and the parent stops right after.
+    child_llm = cantrip.ScriptedLLM(
+        [echo_call("c1"), echo_call("c2"), echo_call("c3"), echo_call("c4"), finish("child")],
+        pricing=PRICES,
+    )
+    parent_llm = cantrip.ScriptedLLM(
+        [
+            {
+                "tool_calls": [{"gate": "call_agent", "args": {"intent": "work"}}],
+                "usage": {"prompt_tokens": 1000},
+            },
+            finish("parent"),
+        ],
+        pricing=PRICES,
+    )
+    s = cantrip.Cantrip(
+        llm=parent_llm,
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, echo, call_agent],
+            [cantrip.max_turns(10), cantrip.max_depth(1), cantrip.max_cost_usd(0.0035)],
+        ),
+        llms={"child_llm": child_llm},
+    )
+    outcome = await s.cast_async("delegate")
+    child_turns = [t for t in s.loom.turns if t.entity_id != outcome.entity_id]
+    assert child_turns[-1].reason == "max_cost_usd"
+    assert len(child_llm.invocations) == 2
+    assert outcome.reason == "max_cost_usd" and outcome.truncated
+    assert len(parent_llm.invocations) == 1  # the parent's next call was never made
+    # the tree's cost: the parent's call plus the child's two
+    assert outcome.cost_usd == pytest.approx(0.003)
+
+
+async def test_a_childs_own_smaller_budget_stops_only_the_child() -> None:
+    child_llm = cantrip.ScriptedLLM(
+        [echo_call("c1"), echo_call("c2"), finish("child")], pricing=PRICES
+    )
+    delegate = {"intent": "work", "wards": [{"max_cost_usd": 0.0015}]}
+    parent_llm = cantrip.ScriptedLLM(
+        [
+            {"tool_calls": [{"gate": "call_agent", "args": delegate}]},
+            finish("parent", prompt=0),
+        ],
+        pricing=PRICES,
+    )
+    s = cantrip.Cantrip(
+        llm=parent_llm,
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, echo, call_agent],
+            [cantrip.max_turns(10), cantrip.max_depth(1), cantrip.max_cost_usd(1.0)],
+        ),
+        llms={"child_llm": child_llm},
+    )
+    outcome = await s.cast_async("delegate")
+    assert outcome.terminated and outcome.result == "parent"
+    assert len(child_llm.invocations) == 1  # a second $0.001 call would pass $0.0015
+    child_turns = [t for t in s.loom.turns if t.entity_id != outcome.entity_id]
+    assert child_turns[-1].reason == "max_cost_usd"
+    assert outcome.cost_usd == pytest.approx(0.001)
+
+
+def test_the_ward_composes_by_minimum_and_parses_from_a_mapping() -> None:
+    wards = cantrip.WardSet.resolve(
+        [*cantrip.Ward.parse({"max_cost_usd": 0.5}), cantrip.max_cost_usd(0.2)]
+    )
+    assert wards.get("max_cost_usd") == 0.2
+    with pytest.raises(cantrip.ConstructionError, match="must not be negative"):
+        cantrip.max_cost_usd(-1)
+
+
+def test_loom_show_and_list_report_cost_per_turn_and_tree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "costs.db"
+    s = spell([echo_call(), finish()], loom=cantrip.Loom.open(path))
+    outcome = s.cast("spend")
+    s.loom.close()
+    assert loom_main([str(path), "show", outcome.entity_id]) == 0
+    shown = capsys.readouterr().out
+    assert "$0.002000" in shown  # the thread and the tree
+    assert shown.count("$0.001000") == 2  # each turn
+    assert loom_main([str(path), "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["entities"][0]["cost_usd"] == pytest.approx(0.002)
+    assert listed["threads"][0]["cost_usd"] == pytest.approx(0.002)
+
+
+def test_loom_show_says_unknown_for_an_unpriced_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "unpriced.db"
+    s = spell([echo_call(), finish()], pricing=None, loom=cantrip.Loom.open(path))
+    outcome = s.cast("spend")
+    s.loom.close()
+    assert loom_main([str(path), "show", outcome.entity_id]) == 0
+    shown = capsys.readouterr().out
+    assert "cost unknown" in shown and "$0.0" not in shown
+
+
+def test_cast_json_reports_cost_and_the_ward_from_a_spec(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "budget.toml"
+    spec.write_text(
+        """
+[llm]
+provider = "scripted"
+responses = [
+  {tool_calls = [{gate = "echo", args = {text = "a"}}], usage = {prompt_tokens = 10}},
+  {tool_calls = [{gate = "done", args = {answer = "b"}}], usage = {prompt_tokens = 10}},
+]
+
+[circle]
+medium = "conversation"
+gates = ["done", "echo"]
+wards = [{max_turns = 5}, {max_cost_usd = 0.5}]
+"""
+    )
+    code = cli_main(["cast", "--json", "-q", str(spec), "spend"])
+    data = json.loads(capsys.readouterr().out)
+    # a scripted LLM from a spec has no prices: the budget cannot be kept
+    assert data["cost_usd"] is None
+    assert data["reason"] == "max_cost_usd" and code == 2
