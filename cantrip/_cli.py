@@ -50,6 +50,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     cast.add_argument(
         "-q", "--quiet", action="store_true", help="no progress on stderr, even on a terminal"
     )
+    _add_otlp(cast)
 
     invoke = commands.add_parser(
         "invoke", help="a long-lived entity: one intent per line, state carried across them"
@@ -60,6 +61,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     )
     invoke.add_argument("--loom", type=Path, help="loom file to record into (.db or .jsonl)")
     invoke.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    _add_otlp(invoke)
 
     acp = commands.add_parser(
         "acp", help="serve the Agent Client Protocol on stdio (one JSON message per line)"
@@ -74,6 +76,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     serve.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
     serve.add_argument("--check", action="store_true", help="load the spec, report, and exit")
     serve.add_argument("--log", type=Path, help="write a debug log to this file")
+    _add_otlp(serve)
 
     conformance = commands.add_parser("conformance", help="run tests.yaml conformance vectors")
     conformance.add_argument("paths", nargs="*", type=Path, help="default: ./tests.yaml")
@@ -88,9 +91,32 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     return parser, commands
 
 
+def _add_otlp(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--otlp",
+        metavar="URL",
+        help="send OpenTelemetry traces to this OTLP/HTTP endpoint (needs cantrip[otel])",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser, _ = _parser()
     args = parser.parse_args(argv)
+    if getattr(args, "otlp", None):
+        from cantrip._otel_setup import configure_otlp
+
+        try:
+            shutdown = configure_otlp(args.otlp)
+        except CantripError as exc:
+            return _fail(str(exc))
+        try:
+            return _run(args)
+        finally:
+            shutdown()  # flush the spans of this run before the process ends
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "cast":
         return _cast(args)
     if args.command == "invoke":

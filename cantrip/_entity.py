@@ -45,6 +45,7 @@ from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
+from cantrip._tracing import with_tracing
 from cantrip.llm._contract import (
     LLM,
     ZERO_USAGE,
@@ -253,8 +254,9 @@ class Entity:
         self.id = entity_id or new_entity_id()
         self.parent_entity_id = parent_entity_id
         self.depth = depth
-        self.on_event = on_event
-        """Receives streaming events of this entity (and its children); see cantrip._events."""
+        self.on_event = with_tracing(on_event, cantrip.loom)
+        """Receives streaming events of this entity (and its children); see cantrip._events.
+        With OpenTelemetry configured, a trace sink sees them too (cantrip._tracing)."""
         self._inflight: _Inflight | None = None
         self._cast: _Cast | None = None
         self._scope: trio.CancelScope | None = None
@@ -492,6 +494,8 @@ class Entity:
         self._record(failed)
         self._inflight = None
         cast.add(failed)
+        if self.on_event is not None:
+            self._emit(StepComplete(turn=failed))
         if not transient:
             raise error
         return cast.result(self.id, failed, None) if last else None
@@ -686,6 +690,8 @@ class Entity:
             )
         )
         cast.add(turn)
+        if self.on_event is not None:
+            self._emit(StepComplete(turn=turn))  # a cut-off turn is recorded like any other
         return turn
 
     def _outcome(

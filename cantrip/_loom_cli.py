@@ -7,8 +7,9 @@ path``: ``.jsonl`` or SQLite):
   every thread (leaf, entity, length, outcome, tokens, reward);
 - ``show REF`` -- a thread turn by turn: utterance, gate calls, observation,
   tokens, duration, outcome and reward;
-- ``export [--format jsonl|chat] [--thread REF] [--raw]`` -- turn JSONL or
-  chat-format training data (one conversation per thread) on stdout;
+- ``export [--format jsonl|chat|otlp] [--thread REF] [--raw]`` -- turn JSONL,
+  chat-format training data (one conversation per thread) or OTLP/JSON traces
+  (GenAI conventions, no message content) on stdout;
   redacted unless ``--raw`` is given;
 - ``reward REF VALUE`` -- set (or, with ``none``, clear) a turn's reward;
 - ``fork REF SPEC.toml INTENT [--llm NAME] [--json]`` -- continue from a turn
@@ -69,7 +70,7 @@ def add_loom_parser(subparsers: Any) -> argparse.ArgumentParser:
     show.add_argument("--full", action="store_true", help="do not shorten long texts")
 
     export = commands.add_parser("export", help="export turns or chat-format training data")
-    export.add_argument("--format", choices=("jsonl", "chat"), default="jsonl")
+    export.add_argument("--format", choices=("jsonl", "chat", "otlp"), default="jsonl")
     export.add_argument("--thread", metavar="REF", help="only the thread ending at REF")
     export.add_argument(
         "--raw", action="store_true", help="do not redact secrets (explicit opt-in, PROD-8)"
@@ -376,7 +377,11 @@ def _export(loom: Loom, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     if args.raw:
         print("cantrip: raw export: secrets are NOT redacted", file=err)
     leaf = resolve_ref(loom, args.thread).id if args.thread else None
-    if args.format == "chat":
+    if args.format == "otlp":
+        from cantrip._otlp import export_otlp
+
+        text = export_otlp(loom)  # content-free: tokens, timings, names, statuses
+    elif args.format == "chat":
         text = export_chat(loom, None if leaf is None else [leaf], redaction=redaction)
     else:
         turns = None if leaf is None else loom.thread(leaf)

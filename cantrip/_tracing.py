@@ -1,0 +1,267 @@
+"""OpenTelemetry traces as a view of the event stream (DESIGN, wave 2).
+
+When the ``opentelemetry-api`` package is installed *and* the program has set a
+tracer provider, every entity's events also go to a :class:`TraceSink`, which
+builds the GenAI spans (:mod:`cantrip._genai`):
+
+* ``invoke_agent`` from an entity's first step of a cast to the turn that ends
+  it -- an error status when the cast was cancelled, crashed or its LLM failed;
+* ``chat`` per LLM request, with provider, models, tokens, finish reasons, and
+  one ``gen_ai.retry`` span event per extra attempt;
+* ``execute_tool`` per gate call. A delegation's span is opened when its first
+  child starts, so every child's ``invoke_agent`` nests under the parent's
+  ``call_agent`` span.
+
+Nothing in the loop calls this module: the entity hands its events to the sink
+the way it hands them to a progress display. Without OpenTelemetry (or with no
+tracer provider set) :func:`with_tracing` returns the sink it was given and the
+loop pays one cached check per entity.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from cantrip import _genai
+from cantrip._events import (
+    Event,
+    EventSink,
+    MessageComplete,
+    MessageStart,
+    StepComplete,
+    StepStart,
+    ToolResultEvent,
+)
+from cantrip.llm._contract import ZERO_USAGE, Usage
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
+
+    from cantrip.loom._loom import Loom
+
+_installed: bool | None = None
+
+
+def otel_installed() -> bool:
+    """Whether ``opentelemetry-api`` can be imported (looked up once per process)."""
+    global _installed
+    if _installed is None:
+        _installed = importlib.util.find_spec("opentelemetry") is not None
+    return _installed
+
+
+def configured_tracer() -> Tracer | None:
+    """cantrip's tracer, if the program set a tracer provider; ``None`` otherwise."""
+    if not otel_installed():
+        return None
+    from opentelemetry import trace
+
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return None
+    from cantrip import __version__
+
+    return provider.get_tracer("cantrip", __version__)
+
+
+def with_tracing(on_event: EventSink | None, loom: Loom) -> EventSink | None:
+    """``on_event`` plus a trace sink when tracing is on (once per entity tree)."""
+    if isinstance(on_event, TraceSink):
+        return on_event  # a child: its parent's sink already traces the tree
+    tracer = configured_tracer()
+    if tracer is None:
+        return on_event
+    return TraceSink(tracer, loom, on_event)
+
+
+def _now_ns() -> int:
+    return time.time_ns()
+
+
+@attrs.define(eq=False)
+class _EntityTrace:
+    agent: Span
+    chat: Span | None = None
+    delegation: Span | None = None
+    turns: int = 0
+    usage: Usage = ZERO_USAGE
+    cost: float | None = 0.0
+
+
+class TraceSink:
+    """Builds GenAI spans from one entity tree's events; passes every event on."""
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        loom: Loom,
+        inner: EventSink | None = None,
+        *,
+        capture_content: bool | None = None,
+    ) -> None:
+        self.tracer = tracer
+        self.loom = loom
+        self.inner = inner
+        self.capture_content = (
+            _genai.capture_content_default() if capture_content is None else capture_content
+        )
+        self._entities: dict[str, _EntityTrace] = {}
+        self._handlers: dict[type[Event], Callable[[Any], None]] = {
+            StepStart: self._step_start,
+            MessageStart: self._message_start,
+            MessageComplete: self._message_complete,
+            ToolResultEvent: self._tool_result,
+            StepComplete: self._step_complete,
+        }
+
+    def __call__(self, event: Event) -> None:
+        if self.inner is not None:
+            self.inner(event)
+        handler = self._handlers.get(type(event))
+        if handler is not None and event.entity_id:
+            handler(event)
+
+    # -- spans ---------------------------------------------------------------------
+
+    def _entity(self, entity_id: str) -> _EntityTrace:
+        state = self._entities.get(entity_id)
+        if state is not None:
+            return state
+        from opentelemetry import trace
+
+        context = None  # the caller's current span, for a root entity
+        name = "cantrip"
+        record = self.loom.entities.get(entity_id)
+        if record is not None:
+            name = record.cantrip_id
+            parent = self._entities.get(record.parent_entity_id or "")
+            if parent is not None:
+                if parent.delegation is None:
+                    parent.delegation = self.tracer.start_span(
+                        _genai.tool_name("call_agent"),
+                        context=trace.set_span_in_context(parent.agent),
+                    )
+                context = trace.set_span_in_context(parent.delegation)
+        agent = self.tracer.start_span(
+            f"invoke_agent {name}",
+            context=context,
+            kind=trace.SpanKind.INTERNAL,
+            attributes=_genai.agent_attributes(entity_id, name),
+        )
+        state = self._entities[entity_id] = _EntityTrace(agent)
+        return state
+
+    def _step_start(self, event: StepStart) -> None:
+        from opentelemetry import trace
+
+        state = self._entity(event.entity_id)
+        state.chat = self.tracer.start_span(
+            "chat",
+            context=trace.set_span_in_context(state.agent),
+            kind=trace.SpanKind.CLIENT,
+            attributes={"gen_ai.operation.name": "chat"},
+        )
+
+    def _message_start(self, event: MessageStart) -> None:
+        state = self._entities.get(event.entity_id)
+        if state is not None and state.chat is not None and event.attempt > 1:
+            state.chat.add_event("gen_ai.retry", {"cantrip.attempt": event.attempt})
+
+    def _message_complete(self, event: MessageComplete) -> None:
+        from cantrip.llm._cost import response_cost
+
+        state = self._entities.get(event.entity_id)
+        if state is None or state.chat is None:
+            return
+        response = event.response
+        requested = response.metadata.get("requested_model")
+        request_model = requested if isinstance(requested, str) else response.model
+        attempts = int(response.metadata.get("attempts", 1))
+        span, state.chat = state.chat, None
+        cost = response_cost(response)
+        span.update_name(_genai.chat_name(request_model))
+        span.set_attributes(
+            _genai.chat_attributes(
+                provider=response.provider,
+                request_model=request_model,
+                response_model=response.model,
+                usage=response.usage,
+                stop_reason=response.stop_reason
+                or _genai.turn_stop_reason({}, bool(response.tool_calls)),
+                attempts=attempts,
+                response_id=_text(response.metadata.get("id")),
+                cost=cost,
+            )
+        )
+        if self.capture_content:
+            span.set_attribute(
+                "gen_ai.output.messages",
+                _genai.output_messages(response.content, response.tool_calls),
+            )
+        span.end()
+        state.usage = state.usage + response.usage
+        if state.cost is not None:
+            state.cost = None if cost is None else state.cost + cost
+
+    def _tool_result(self, event: ToolResultEvent) -> None:
+        from opentelemetry import trace
+
+        state = self._entities.get(event.entity_id)
+        if state is None:
+            return
+        record = event.record
+        if state.delegation is not None:
+            span, state.delegation = state.delegation, None
+            span.update_name(_genai.tool_name(record.gate))
+        else:
+            end = _now_ns()
+            span = self.tracer.start_span(
+                _genai.tool_name(record.gate),
+                context=trace.set_span_in_context(state.agent),
+                start_time=end - int(record.duration_ms * 1_000_000),
+            )
+        span.set_attributes(_genai.tool_attributes(record, self.capture_content))
+        if record.is_error:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, _genai.tool_error(record)))
+        span.end()
+
+    def _step_complete(self, event: StepComplete) -> None:
+        from opentelemetry import trace
+
+        turn = event.turn
+        state = self._entities.get(event.entity_id)
+        if turn is None or state is None:
+            return
+        state.turns += 1
+        if state.chat is not None:  # the LLM call failed: no MessageComplete came
+            span, state.chat = state.chat, None
+            error = str(turn.extras.get("error_type") or turn.reason or "error")
+            span.set_attribute("error.type", error)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, turn.observation[:200]))
+            span.end()
+        if not (turn.terminated or turn.truncated):
+            return
+        if state.delegation is not None:  # cut off while children ran
+            span, state.delegation = state.delegation, None
+            span.set_status(trace.Status(trace.StatusCode.ERROR, turn.reason or "cut off"))
+            span.end()
+        del self._entities[event.entity_id]
+        agent = state.agent
+        agent.set_attributes(
+            _genai.agent_end_attributes(
+                turn.reason, turn.terminated, state.turns, state.usage, state.cost
+            )
+        )
+        if _genai.reason_is_error(turn.reason):
+            agent.set_attribute("error.type", turn.reason or "error")
+            agent.set_status(trace.Status(trace.StatusCode.ERROR, turn.reason or "error"))
+        agent.end()
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
