@@ -322,6 +322,66 @@ def profile(n: int = FLATNESS_N, top: int = 30) -> None:
         print(out.getvalue())
 
 
+def tracing_overhead(n: int = FLATNESS_N, repeats: int = 5) -> None:
+    """Per-turn cost of OpenTelemetry tracing: off, events only, and spans.
+
+    "off" is what every user without a tracer provider runs (the loop emits no
+    events); "events only" adds an event sink that drops everything (what any
+    streaming front end costs); "otel spans" traces every turn with the SDK and
+    a processor that drops finished spans, so the figure is cantrip's and the
+    SDK's span work, not an exporter's I/O.
+    """
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+        from opentelemetry.sdk.trace.export import SpanExportResult as Result
+    except ImportError:
+        print("tracing overhead: opentelemetry-sdk is not installed (pip install cantrip[otel])")
+        return
+    from cantrip._tracing import TraceSink
+
+    class Drop(SpanExporter):
+        def export(self, spans: Any) -> Result:
+            return Result.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(Drop()))
+    tracer = provider.get_tracer("bench")
+
+    def nothing(event: Any) -> None:
+        return None
+
+    def timed(mode: str) -> float:
+        spell = make_cantrip(n, cantrip.Loom())
+        sink: Any = None
+        if mode == "events only":
+            sink = nothing
+        elif mode == "otel spans":
+            sink = TraceSink(tracer, spell.loom)
+
+        async def cast() -> float:
+            started = time.perf_counter()
+            await spell.cast_async("benchmark the loop", on_event=sink)
+            return time.perf_counter() - started
+
+        return trio.run(cast) / n * 1e6
+
+    modes = ("off", "events only", "otel spans")
+    for mode in modes:
+        timed(mode)  # warm-up
+    results = {mode: [] for mode in modes}  # type: dict[str, list[float]]
+    for _ in range(repeats):
+        for mode in modes:  # interleaved, so drift hits every mode alike
+            gc.collect()
+            results[mode].append(timed(mode))
+    print(f"Tracing overhead, memory loom, N={n} (best / median of {repeats} runs, us/turn)")
+    base = min(results["off"])
+    for mode in modes:
+        best, median = min(results[mode]), statistics.median(results[mode])
+        print(f"  {mode:<12}{best:>8.1f}{median:>10.1f}   +{best - base:.1f} us/turn vs off")
+    print()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--repeats", type=int, default=5, help="runs per configuration")
@@ -330,7 +390,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--stores", nargs="+", choices=STORES, default=list(STORES), help="looms to compare"
     )
     parser.add_argument("--profile", action="store_true", help="also cProfile memory, N=1000")
+    parser.add_argument(
+        "--tracing", action="store_true", help="only the OpenTelemetry tracing comparison"
+    )
     args = parser.parse_args(argv)
+    if args.tracing:
+        tracing_overhead(repeats=args.repeats)
+        return 0
 
     stores: list[Store] = args.stores
     sizes: list[int] = args.sizes
@@ -349,6 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(runs, args.repeats)
     print_fit(runs)
     print_flatness(runs)
+    tracing_overhead(repeats=args.repeats)
     if args.profile:
         profile()
     return 0
