@@ -164,6 +164,10 @@ class SQLiteQueries:
     def journal_write(
         self, entity_id: str, sequence: int, ordinal: int, gate: str, data: str, record: str | None
     ) -> None:
+        if ordinal < 0:  # a new utterance: what an abandoned attempt left is void
+            self._db.execute(
+                "DELETE FROM journal WHERE entity_id = ? AND sequence = ?", (entity_id, sequence)
+            )
         self._db.execute(
             "INSERT INTO journal (entity_id, sequence, ordinal, gate, data, record) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (entity_id, sequence, ordinal) "
