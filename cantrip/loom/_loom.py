@@ -200,12 +200,17 @@ class Loom:
                     failures: list[tuple[int, str]] = await trio.to_thread.run_sync(
                         write_batch, batch, limiter=limiter
                     )
+                    unfenced: list[str] = []
                     for index, why in failures:
                         self._refused(batch[index], why)
+                        if batch[index][2] is None:
+                            unfenced.append(why)
+                    if unfenced:
+                        raise LoomAppendOnlyError("; ".join(unfenced))
         if entity_id is not None:
-            why = self.lease_lost(entity_id)
-            if why is not None:
-                raise LeaseLostError(f"entity {entity_id}: {why}")
+            lost = self.lease_lost(entity_id)
+            if lost is not None:
+                raise LeaseLostError(f"entity {entity_id}: {lost}")
 
     def _refused(self, op: PendingOp, why: str) -> None:
         """A queued write the store refused: it is not in the loom, so not in the cache."""
@@ -375,21 +380,21 @@ class Loom:
         turns = self._entity_turns.get(entity_id)
         return turns[-1] if turns else None
 
-    def refresh(self, entity_id: str) -> Turn | None:
-        """Read ``entity_id``'s record, latest turn and its thread from the store into
-        the cache (a worker does this, in a thread, before resuming an entity another
-        worker may have written last). Returns the latest turn."""
+    def refresh(self, entity_id: str) -> tuple[EntityRecord | None, Turn | None]:
+        """Read ``entity_id``'s record, latest turn and that turn's thread from the store
+        into the cache: a worker does this (in a thread) before running an entity that
+        another worker may have written last. Returns (record, latest turn)."""
         self._last.pop(entity_id, None)
         self._entities.pop(entity_id, None)
+        record = self._entity_or_none(entity_id)
         if self._indexed is None:
-            return self.last_turn(entity_id)
-        self._entity_or_none(entity_id)
+            return record, self.last_turn(entity_id)
         last = self._indexed.last_turn(entity_id)
         self._last[entity_id] = last
         if last is not None:
             for turn in self._indexed.thread(last.id):
                 self._cache(turn)
-        return last
+        return record, last
 
     @property
     def identity(self) -> Mapping[str, Any] | None:
