@@ -265,7 +265,8 @@ class Worker:
                         "entity_id": claim.entity_id,
                         "turns": len(recorded),
                     }
-                if recorded:
+                if recorded or claim.attempt > 1:
+                    # an earlier attempt may have journaled the turn it was taking
                     result = await self._cast(owned, entity.resume_cast(claim.intent, recorded))
                 else:
                     result = await self._cast(owned, entity.send(claim.intent))
