@@ -100,7 +100,7 @@ class WorkQueue:
             row = conn.execute(_CLAIM).fetchone()
             if row is None:
                 return None
-            work_id, entity_id, intent, spell, state, attempts = row
+            work_id, entity_id, intent, spell, _state, attempts = row
             lease = conn.execute(
                 _TAKE_LEASE, {"entity": entity_id, "owner": owner, "lease": lease_s}
             ).fetchone()

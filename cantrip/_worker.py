@@ -172,7 +172,9 @@ class Worker:
             task_status.started()
             while True:
                 notes = await trio.to_thread.run_sync(
-                    lambda: [(n.channel, n.payload) for n in conn.notifies(timeout=0.25)],
+                    lambda: [
+                        (n.channel, n.payload) for n in conn.notifies(timeout=0.25, stop_after=1)
+                    ],
                     limiter=limiter,
                 )
                 for channel, payload in notes:

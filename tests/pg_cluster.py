@@ -70,8 +70,18 @@ def postgres_cluster() -> Iterator[str]:
         "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
     )
     subprocess.run(
-        [*prefix, _bin("pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w"]
-        + ["start"],
+        [
+            *prefix,
+            _bin("pg_ctl"),
+            "-D",
+            str(data),
+            "-o",
+            options,
+            "-l",
+            str(root / "log"),
+            "-w",
+            "start",
+        ],
         check=True,
         capture_output=True,
         env=env,

@@ -29,7 +29,6 @@ from cantrip._worker import Dispatcher, Worker, spell_from_factory
 from cantrip.loom import Loom
 from cantrip.loom._fence import Fence, LeaseLostError
 from cantrip.loom._model import EntityRecord, Turn
-from cantrip.loom._postgres import PostgresStore
 from gates import done
 
 TESTS = Path(__file__).resolve().parent
@@ -47,7 +46,9 @@ def effects_db(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def _effects(url: str) -> list[tuple[str, int, int]]:
     with psycopg.connect(url) as conn:
-        rows = conn.execute("SELECT job, step, count(*) FROM chaos_effects GROUP BY 1, 2").fetchall()
+        rows = conn.execute(
+            "SELECT job, step, count(*) FROM chaos_effects GROUP BY 1, 2"
+        ).fetchall()
     return [(j, int(s), int(n)) for j, s, n in rows]
 
 
@@ -73,7 +74,11 @@ async def test_postgres_loom_is_one_append_only_tree_read_by_query(pg_url: str) 
     spell = cantrip.Cantrip(
         llm=cantrip.ScriptedLLM(
             [
-                {"tool_calls": [{"gate": "done", "args": {"answer": "first sk-abcdefghijklmnopqrstuvwx"}}]},
+                {
+                    "tool_calls": [
+                        {"gate": "done", "args": {"answer": "first sk-abcdefghijklmnopqrstuvwx"}}
+                    ]
+                },
                 {"tool_calls": [{"gate": "done", "args": {"answer": "forked"}}]},
             ]
         ),
@@ -252,11 +257,17 @@ async def test_journal_reuses_recorded_results_and_refuses_to_guess_unknown_outc
 
         return orjson.dumps({"args": dict(call.arguments), "tool_call_id": call.id}).decode()
 
-    loom.store.journal_write("entity-j", 1, -1, "", encode_response(Response(tool_calls=calls)), None)  # type: ignore[attr-defined]
-    paid = cantrip.GateCallRecord(gate="pay", args={"to": "ann"}, result="paid ann", tool_call_id="a")
+    loom.store.journal_write(
+        "entity-j", 1, -1, "", encode_response(Response(tool_calls=calls)), None
+    )  # type: ignore[attr-defined]
+    paid = cantrip.GateCallRecord(
+        gate="pay", args={"to": "ann"}, result="paid ann", tool_call_id="a"
+    )
     import orjson
 
-    loom.store.journal_write("entity-j", 1, 0, "pay", data(calls[0]), orjson.dumps(paid.to_dict()).decode())  # type: ignore[attr-defined]
+    loom.store.journal_write(
+        "entity-j", 1, 0, "pay", data(calls[0]), orjson.dumps(paid.to_dict()).decode()
+    )  # type: ignore[attr-defined]
     loom.store.journal_write("entity-j", 1, 1, "pay", data(calls[1]), None)  # type: ignore[attr-defined]
     loom.store.journal_write("entity-j", 1, 2, "lookup", data(calls[2]), None)  # type: ignore[attr-defined]
 
@@ -280,8 +291,18 @@ async def test_journal_reuses_recorded_results_and_refuses_to_guess_unknown_outc
 
 def _spawn(url: str, lease: float, log: Path, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "cantrip", "worker", "--db", url, "--lease", str(lease)]
-        + ["--concurrency", "40"],
+        [
+            sys.executable,
+            "-m",
+            "cantrip",
+            "worker",
+            "--db",
+            url,
+            "--lease",
+            str(lease),
+            "--concurrency",
+            "40",
+        ],
         env={**os.environ, "PYTHONPATH": str(TESTS), **env},
         stdout=subprocess.DEVNULL,
         stderr=log.open("ab"),
@@ -346,7 +367,9 @@ def test_chaos_workers_killed_at_random_lose_no_turn_and_repeat_no_effect(
     dispatcher.close()
     assert kills >= 3
     with psycopg.connect(effects_db) as conn:
-        states = dict(conn.execute("SELECT state, count(*) FROM cantrip_work GROUP BY 1").fetchall())
+        states = dict(
+            conn.execute("SELECT state, count(*) FROM cantrip_work GROUP BY 1").fetchall()
+        )
         resumed = conn.execute("SELECT count(*) FROM cantrip_work WHERE attempts > 1").fetchone()[0]
     assert states == {"done": entities}
     assert resumed > 0  # some casts really were taken over from a killed worker

@@ -309,7 +309,7 @@ class PostgresStore:
 
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self.pool.connection() as conn:
-            return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+            return conn.execute(sql, params).fetchall()
 
     def get_turn(self, turn_id: str) -> Turn | None:
         rows = self._rows("SELECT data FROM cantrip_turns WHERE id = %s", (turn_id,))
@@ -395,8 +395,6 @@ def _safe(url: str) -> str:
         parts = conninfo_to_dict(url)
     except Exception:  # noqa: BLE001 -- a malformed URL: say nothing of it
         return "postgresql://..."
-    host = parts.get("host", "")
-    port = parts.get("port", "")
-    user = parts.get("user", "")
-    db = parts.get("dbname", "")
-    return f"postgresql://{user + '@' if user else ''}{host}{':' + str(port) if port else ''}/{db}"
+    host, port = str(parts.get("host", "")), str(parts.get("port", ""))
+    user, db = str(parts.get("user", "")), str(parts.get("dbname", ""))
+    return f"postgresql://{user + '@' if user else ''}{host}{':' + port if port else ''}/{db}"
