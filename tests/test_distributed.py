@@ -413,3 +413,42 @@ def test_a_worker_frozen_past_its_lease_cannot_append_after_it_wakes(
     _check_threads(effects_db, {entity_id: "fenced"}, 10)
     assert all(n == 1 for _, _, n in _effects(effects_db))
     assert frozen_at >= 2
+
+
+def test_spec_loom_url_and_cast_db_through_a_worker_process(
+    effects_db: str, workers: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    from cantrip._specfile import build_cantrip, parse_spec
+    from cantrip.loom._postgres import PostgresStore
+
+    spec = parse_spec(
+        {
+            "llm": {"responses": [{"tool_calls": [{"gate": "done", "args": {"answer": "hi"}}]}]},
+            "circle": {"medium": "conversation", "gates": ["done"], "wards": [{"max_turns": 2}]},
+            "loom": {"url": effects_db},
+        }
+    )
+    spell = build_cantrip(spec)
+    assert isinstance(spell.loom.store, PostgresStore)
+    assert spell.cast("hello").result == "hi"
+    spell.loom.close()
+
+    workers.append(_spawn(effects_db, 5.0, tmp_path / "cast.log"))
+    example = TESTS.parent / "examples" / "hello.toml"
+    done_ = subprocess.run(
+        [
+            *(sys.executable, "-m", "cantrip", "cast", str(example)),
+            *("Greet the world, then finish.", "--db", effects_db, "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done_.returncode == 0, done_.stderr
+    import json
+
+    outcome = json.loads(done_.stdout)
+    assert outcome["state"] == "done" and outcome["terminated"]
+    loom = Loom.open(effects_db)
+    assert loom.last_turn(outcome["entity_id"]) is not None
+    loom.close()
