@@ -51,6 +51,17 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         "-q", "--quiet", action="store_true", help="no progress on stderr, even on a terminal"
     )
     _add_otlp(cast)
+    cast.add_argument(
+        "--db", metavar="URL", help="enqueue on PostgreSQL for `cantrip worker`s; wait for it"
+    )
+
+    worker = commands.add_parser(
+        "worker", help="run the casts queued in a PostgreSQL loom (any number, any machine)"
+    )
+    worker.add_argument("--db", metavar="URL", required=True, help="postgresql://...")
+    worker.add_argument("--concurrency", type=int, default=16, help="entities at once (16)")
+    worker.add_argument("--lease", type=float, default=10.0, help="lease seconds (10)")
+    _add_otlp(worker)
 
     invoke = commands.add_parser(
         "invoke", help="a long-lived entity: one intent per line, state carried across them"
@@ -117,8 +128,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "cast" and args.db:
+        from cantrip._worker_cli import cast_on_db
+
+        return cast_on_db(args)
     if args.command == "cast":
         return _cast(args)
+    if args.command == "worker":
+        from cantrip._worker_cli import run_worker
+
+        return run_worker(args)
     if args.command == "invoke":
         return _invoke(args)
     if args.command == "acp":

@@ -43,6 +43,7 @@ from cantrip._events import (
 )
 from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate
+from cantrip._journal import TurnJournal
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
 from cantrip._tracing import with_tracing
@@ -57,6 +58,7 @@ from cantrip.llm._contract import (
     Usage,
 )
 from cantrip.llm._cost import llm_pricing, prompt_cost, response_cost
+from cantrip.loom._fence import LeaseLostError
 from cantrip.loom._model import (
     CallStatus,
     EntityRecord,
@@ -112,11 +114,18 @@ class _TurnHost:
     """The circle as one turn's medium sees it, remembering every completion so a
     cut-off turn can be recorded with what had already happened."""
 
-    __slots__ = ("circle", "emit", "records")
+    __slots__ = ("circle", "emit", "journal", "records")
 
-    def __init__(self, circle: Circle, emit: Callable[[Event], None] | None = None) -> None:
+    def __init__(
+        self,
+        circle: Circle,
+        emit: Callable[[Event], None] | None = None,
+        journal: TurnJournal | None = None,
+    ) -> None:
         self.circle = circle
         self.emit = emit
+        self.journal = journal
+        """Set when the loom keeps a gate journal: calls go through it (cantrip._journal)."""
         self.records: list[GateCallRecord] = []
 
     @property
@@ -132,7 +141,10 @@ class _TurnHost:
     async def call(
         self, name: str, args: Mapping[str, Any], tool_call_id: str | None = None
     ) -> GateCallRecord:
-        record = await self.circle.call(name, args, tool_call_id)
+        if self.journal is not None:
+            record = await self.journal.call(self.circle, name, args, tool_call_id)
+        else:
+            record = await self.circle.call(name, args, tool_call_id)
         self.records.append(record)
         if self.emit is not None:
             self.emit(ToolResultEvent(record=record))
@@ -275,6 +287,8 @@ class Entity:
         self._sequence = 0
         self._session: MediumSession | None = None
         self._closed = False
+        self._continuing = False
+        """Set by :meth:`resume_cast`: the next turn may continue from the gate journal."""
         if resume:
             # A restarted incarnation: state comes from the loom, not from memory.
             record = self.loom.entity(self.id)
@@ -349,36 +363,69 @@ class Entity:
         in-flight gate calls completed as ``cancelled`` -- and then re-raised.
         """
         intent = require_intent(intent)
+        return await self._run_cast(_Cast(intent, self._meter()), fresh=True)
+
+    async def resume_cast(self, intent: str, recorded: Sequence[Turn]) -> CastResult:
+        """Continue a cast that an earlier incarnation of this entity began and never
+        finished (its worker died): ``recorded`` are the cast's turns already in the
+        loom -- they count toward the wards -- and the turn that was in flight
+        continues from the gate journal (its utterance and recorded gate results are
+        reused; see cantrip._journal). The intent is already in the context."""
+        intent = require_intent(intent)
+        cast = _Cast(intent, self._meter())
+        for turn in recorded:
+            cast.add(turn)
+            if turn.extras.get("phase") not in ("continuation", "continuation+checkpoint"):
+                cast.utterances += 1
+        self._continuing = True
+        return await self._run_cast(cast, fresh=not recorded)
+
+    async def _run_cast(self, cast: _Cast, *, fresh: bool) -> CastResult:
         if self._closed:
             raise IntentError(f"entity {self.id} is closed; summon a new one")
         if self._session is None:
             self._session = await self._open_session()
-        self._context.add_intent(intent)
-        cast = self._cast = _Cast(intent, self._meter())
+        if fresh:
+            self._context.add_intent(cast.intent)
+        self._cast = cast
         timeout = self.circle.resolved.get("timeout_s")
         deadline = math.inf if timeout is None else trio.current_time() + float(timeout)
         scope = self._scope = trio.CancelScope(deadline=deadline)
         try:
             with scope:
-                return await self._loop(cast)
+                outcome = await self._loop(cast)
+                await self.loom.sync(self.id)
+                return outcome
             turn = self._record_cut(cast, "cancelled" if self._cancel_requested else "timeout")
+            await self.loom.sync(self.id)
             return cast.result(self.id, turn, None)
         except LLMError:
+            await self._sync_shielded()
             raise  # already recorded as an llm_error turn
+        except LeaseLostError:
+            raise  # nothing more can be recorded: another worker owns the entity now
         except Exception:
             # A runtime bug: record what happened, then crash to the supervisor.
             self._record_cut(cast, "crashed")
+            await self._sync_shielded()
             raise
         except BaseException as exc:
             # Cancellation, possibly grouped by a nursery (a batch of children).
             if _is_cancellation(exc):
                 self._record_cut(cast, self.cancel_reason)
+                await self._sync_shielded()
             raise
         finally:
             self._inflight = None
             self._cast = None
             self._scope = None
             self._cancel_requested = False
+            self._continuing = False
+
+    async def _sync_shielded(self) -> None:
+        """Make a cut-off turn durable even while the cast is being cancelled (LOOM-1)."""
+        with trio.CancelScope(shield=True):
+            await self.loom.sync(self.id)
 
     def _meter(self) -> CostMeter:
         """This cast's cost meter, charging the cast that spawned it (if any)."""
@@ -431,7 +478,9 @@ class Entity:
         assert session is not None
         setup = self._setup
         llm = setup.query_llm
+        loom = self.loom
         while True:
+            await loom.sync(self.id)  # LOOM-1 on a deferred store (a no-op on the others)
             await trio.lowlevel.checkpoint_if_cancelled()
             if cast.meter.bounded:
                 refusal = self._cost_refusal(cast)
@@ -444,8 +493,15 @@ class Entity:
             inflight = self._inflight = _Inflight(time.perf_counter(), _now())
             if emit is not None:
                 emit(StepStart(sequence=self._sequence + 1))
+            journal: TurnJournal | None = None
+            replayed: Response | None = None
+            if loom.journaled:
+                journal = await self._turn_journal()
+                replayed = journal.utterance
             try:
-                if emit is not None and isinstance(llm, StreamingLLM):
+                if replayed is not None:
+                    response = replayed  # the answer a crashed attempt of this turn got
+                elif emit is not None and isinstance(llm, StreamingLLM):
                     response = await llm.stream(
                         self._context.snapshot(),
                         setup.tools,
@@ -463,11 +519,13 @@ class Entity:
                 if ended is not None:
                     return ended
                 continue  # an operational failure stays in the loop (D-011)
+            if journal is not None and replayed is None:
+                await journal.record_utterance(response)
             if emit is not None:
                 emit(MessageComplete(response=response))
                 emit(UsageEvent(usage=response.usage))
             inflight.response = response
-            host = inflight.host = _TurnHost(self.circle, emit)
+            host = inflight.host = _TurnHost(self.circle, emit, journal)
             cast.utterances += 1
             token = CURRENT_ENTITY.set(self)
             try:
@@ -480,6 +538,16 @@ class Entity:
             # Nothing of a finished turn should wait through the next LLM call but
             # what the loom and the context keep.
             del response, execution, host, token
+
+    async def _turn_journal(self) -> TurnJournal:
+        """The journal of the turn about to be taken; what a crashed attempt of it
+        left there is read only when continuing an interrupted cast."""
+        sequence = self._sequence + 1
+        entries = []
+        if self._continuing:
+            self._continuing = False
+            entries = await self.loom.journal_read(self.id, sequence)
+        return TurnJournal(self.loom, self.id, sequence, entries)
 
     def _llm_failed(self, cast: _Cast, inflight: _Inflight, error: LLMError) -> CastResult | None:
         """Record a turn whose LLM call failed; the cast's result if it ends here.

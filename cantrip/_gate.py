@@ -68,6 +68,11 @@ class Gate:
     """A delegation gate (call_agent*): removed structurally at depth 0 (COMP-6)."""
     aliases: tuple[str, ...] = ()
     """Other names the gate answers to at parsing boundaries (D-002)."""
+    idempotent: bool = False
+    """Safe to run twice with the same arguments. A call that was started but whose
+    result was never recorded (its worker crashed) is re-run on resume only if the
+    gate is idempotent; otherwise the entity is told the outcome is unknown
+    (cantrip._journal)."""
     _is_async: bool = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -147,6 +152,7 @@ def gate(
     delegates: bool = ...,
     aliases: tuple[str, ...] = ...,
     parameters: Mapping[str, Any] | None = ...,
+    idempotent: bool = ...,
 ) -> Callable[[Callable[..., Any]], Gate]: ...
 
 
@@ -163,6 +169,7 @@ def gate(
     delegates: bool = False,
     aliases: tuple[str, ...] = (),
     parameters: Mapping[str, Any] | None = None,
+    idempotent: bool = False,
 ) -> Gate | Callable[[Callable[..., Any]], Gate]:
     """Make a gate of a function. Usable bare (``@gate``) or with options.
 
@@ -194,6 +201,7 @@ def gate(
             blocking=blocking,
             delegates=delegates,
             aliases=aliases,
+            idempotent=idempotent,
         )
 
     if fn is not None:

@@ -171,6 +171,8 @@ class FoldingSpec(_Strict):
 
 class LoomSpec(_Strict):
     path: str | None = None
+    url: str | None = None
+    """``postgresql://...``: the loom on PostgreSQL (shared by workers; see cantrip._worker)."""
 
 
 class OutputSpec(_Strict):
@@ -324,7 +326,12 @@ def build_cantrip(
     circle = Circle(gate_list, wards, medium)
     retry = _build_retry(doc.retry)
     if loom is None:
-        loom = Loom.open(_path(doc.loom.path, base_dir)) if doc.loom and doc.loom.path else Loom()
+        if doc.loom and doc.loom.url:
+            loom = Loom.open(doc.loom.url)
+        else:
+            loom = (
+                Loom.open(_path(doc.loom.path, base_dir)) if doc.loom and doc.loom.path else Loom()
+            )
     folding = _build_folding(doc.folding, llm, named) if doc.folding is not None else None
     return Cantrip(
         llm=llm,

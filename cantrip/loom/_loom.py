@@ -3,6 +3,18 @@
 One loom serves a whole execution tree -- the entity, its children, forks and
 later casts (D-008). Turns link to their parents; a thread is any root-to-leaf
 path and is extracted by walking parent links, O(depth).
+
+Two ways to hold it. A store that can only replay its records (memory, JSONL)
+is read once into an in-memory index. A store that answers queries
+(:class:`~cantrip.loom._sqlite_index.IndexedStore`: SQLite, PostgreSQL) is
+never read whole: the loom asks it for what a request needs -- a thread, an
+entity's latest turn, a page of entities -- and keeps what it read or wrote
+in a bounded cache (turns never change, so a cached turn is never stale).
+
+A *deferred* store (PostgreSQL) is written from worker threads: ``append``
+queues the record and :meth:`Loom.sync` -- awaited by the entity before its
+next turn begins (LOOM-1) -- commits the queue in order, in one transaction,
+under each entity's :class:`~cantrip.loom._fence.Fence`.
 """
 
 from __future__ import annotations
@@ -12,9 +24,19 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import trio
+
 from cantrip._errors import LoomAppendOnlyError, LoomError
+from cantrip.loom._fence import Fence, LeaseLostError
 from cantrip.loom._model import EntityRecord, Turn
+from cantrip.loom._sqlite_index import IndexedStore, JournalEntry, JournalStore
 from cantrip.loom._stores import LoomStore, MemoryStore, open_store
+
+CACHE_TURNS = 200_000
+"""Turns an indexed loom keeps in memory before it forgets the oldest it read."""
+
+PendingOp = tuple[str, Any, Fence | None]
+"""A queued write of a deferred store: ("entity" | "turn" | "reward", payload, fence)."""
 
 
 class Loom:
@@ -22,6 +44,17 @@ class Loom:
 
     def __init__(self, store: LoomStore | None = None) -> None:
         self.store: LoomStore = store if store is not None else MemoryStore()
+        self._indexed: IndexedStore | None = (
+            self.store if isinstance(self.store, IndexedStore) else None
+        )
+        self._deferred = bool(getattr(self.store, "deferred", False))
+        self._pending: list[PendingOp] = []
+        self._flushing: trio.Lock | None = None
+        self._fences: dict[str, Fence] = {}
+        self._lost: dict[str, str] = {}
+        """Lease entities whose writes were refused (why), until released."""
+        self._last: dict[str, Turn | None] = {}
+        """Indexed mode: each entity's latest turn, as this process wrote or read it."""
         self._turns: list[Turn] = []
         self._by_id: dict[str, Turn] = {}
         self._children: dict[str | None, str | list[str]] = {}
@@ -31,11 +64,18 @@ class Loom:
         self._entities: dict[str, EntityRecord] = {}
         self._entity_turns: dict[str, list[Turn]] = {}
         self._rewards: dict[str, float | None] = {}
+        if self._indexed is not None:
+            return
         try:
             self._load()
         except BaseException:
             self.store.close()
             raise
+
+    @property
+    def indexed(self) -> bool:
+        """Whether reads are queries to the store (never a load of the whole loom)."""
+        return self._indexed is not None
 
     def _load(self) -> None:
         for kind, payload in self.store.load():
@@ -51,10 +91,20 @@ class Loom:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Loom:
-        """Open (or create) a loom file: ``*.jsonl`` as JSONL, anything else as SQLite."""
+        """Open (or create) a loom: ``postgresql://...`` on PostgreSQL (schema created
+        on first use), ``*.jsonl`` as JSONL, anything else as an SQLite file."""
+        text = str(path)
+        if text.startswith(("postgresql://", "postgres://")):
+            from cantrip.loom._postgres import PostgresStore
+
+            return cls(PostgresStore(text))
         return cls(open_store(path))
 
     def close(self) -> None:
+        if self._pending:  # a deferred store: commit what is queued before closing
+            batch, self._pending = self._pending, []
+            for index, why in self.store.write_batch(batch):  # type: ignore[attr-defined]
+                self._refused(batch[index], why)
         self.store.close()
 
     # -- writing -------------------------------------------------------------
@@ -72,26 +122,155 @@ class Loom:
             raise LoomAppendOnlyError(
                 f"loom is append-only: entity {record.entity_id} is already recorded"
             )
-        self.store.append_entity(record)
+        fence = self._fence_for(record)
+        if self._deferred:
+            self._pending.append(("entity", record, fence))
+        else:
+            self.store.append_entity(record)
         self._index_entity(record)
+        if self._indexed is not None:
+            self._last[record.entity_id] = None
 
     def append(self, turn: Turn) -> Turn:
-        """Record ``turn`` durably. Its parent must already be in the loom."""
+        """Record ``turn`` durably. Its parent must already be in the loom.
+
+        On a deferred store the turn is durable once :meth:`sync` returns."""
         if turn.id in self._by_id:
             raise LoomAppendOnlyError(f"loom is append-only: turn {turn.id} already exists")
-        if turn.parent_id is not None and turn.parent_id not in self._by_id:
+        if turn.parent_id is not None and self._lookup(turn.parent_id) is None:
             raise LoomError(f"turn {turn.id} names unknown parent {turn.parent_id}")
-        if turn.entity_id not in self._entities:
+        if self._entity_or_none(turn.entity_id) is None:
             raise LoomError(f"turn {turn.id} belongs to unregistered entity {turn.entity_id}")
-        self.store.append_turn(turn)
+        if self._deferred:
+            self._pending.append(("turn", turn, self._fences.get(turn.entity_id)))
+        else:
+            self.store.append_turn(turn)
         self._index_turn(turn)
         return turn
+
+    # -- ownership and deferred writes -----------------------------------------
+
+    def hold(self, entity_id: str, fence: Fence) -> None:
+        """Write everything of ``entity_id`` (and the children it spawns here) under ``fence``."""
+        self._fences[entity_id] = fence
+        self._lost.pop(fence.lease_entity, None)
+
+    def release(self, entity_id: str) -> None:
+        """Forget the fence of ``entity_id`` and of the children that inherited it,
+        and what this process cached of them (another worker may write next)."""
+        fence = self._fences.pop(entity_id, None)
+        if fence is None:
+            return
+        for other, held in list(self._fences.items()):
+            if held.lease_entity == fence.lease_entity:
+                del self._fences[other]
+                self._last.pop(other, None)
+        self._last.pop(entity_id, None)
+        self._lost.pop(fence.lease_entity, None)
+
+    def lease_lost(self, entity_id: str) -> str | None:
+        """Why writes for ``entity_id`` are refused, if they are."""
+        fence = self._fences.get(entity_id)
+        return None if fence is None else self._lost.get(fence.lease_entity)
+
+    def _fence_for(self, record: EntityRecord) -> Fence | None:
+        if record.entity_id in self._fences:
+            return self._fences[record.entity_id]
+        parent = record.parent_entity_id
+        if parent is not None and parent in self._fences:
+            self._fences[record.entity_id] = self._fences[parent]
+            return self._fences[record.entity_id]
+        return None
+
+    async def sync(self, entity_id: str | None = None) -> None:
+        """Wait until every record appended so far is durable (LOOM-1).
+
+        A no-op on stores that commit as they append. On a deferred store the
+        queue is written in order from a worker thread (one transaction, each
+        write checked against its fence); raises :class:`LeaseLostError` if a
+        write of ``entity_id``'s lease was refused."""
+        if self._deferred:
+            if self._flushing is None:
+                self._flushing = trio.Lock()
+            async with self._flushing:
+                if self._pending:
+                    batch, self._pending = self._pending, []
+                    write_batch = self.store.write_batch  # type: ignore[attr-defined]
+                    limiter = self.store.limiter  # type: ignore[attr-defined]
+                    failures: list[tuple[int, str]] = await trio.to_thread.run_sync(
+                        write_batch, batch, limiter=limiter
+                    )
+                    unfenced: list[str] = []
+                    for index, why in failures:
+                        self._refused(batch[index], why)
+                        if batch[index][2] is None:
+                            unfenced.append(why)
+                    if unfenced:
+                        raise LoomAppendOnlyError("; ".join(unfenced))
+        if entity_id is not None:
+            lost = self.lease_lost(entity_id)
+            if lost is not None:
+                raise LeaseLostError(f"entity {entity_id}: {lost}")
+
+    def _refused(self, op: PendingOp, why: str) -> None:
+        """A queued write the store refused: it is not in the loom, so not in the cache."""
+        kind, payload, fence = op
+        if fence is not None:
+            self._lost.setdefault(fence.lease_entity, why)
+        if kind == "turn":
+            self._by_id.pop(payload.id, None)
+            self._last.pop(payload.entity_id, None)
+        elif kind == "entity":
+            self._entities.pop(payload.entity_id, None)
+
+    # -- the gate journal ------------------------------------------------------
+
+    @property
+    def journaled(self) -> bool:
+        """Whether the store keeps a gate journal (SQLite, PostgreSQL)."""
+        return isinstance(self.store, JournalStore)
+
+    async def journal_read(self, entity_id: str, sequence: int) -> list[JournalEntry]:
+        """What the journal holds of ``entity_id``'s turn ``sequence`` (see cantrip._journal)."""
+        store = self.store
+        assert isinstance(store, JournalStore)
+        if self._deferred:
+            limiter = self.store.limiter  # type: ignore[attr-defined]
+            return await trio.to_thread.run_sync(
+                store.journal_read, entity_id, sequence, limiter=limiter
+            )
+        return store.journal_read(entity_id, sequence)
+
+    async def journal_write(
+        self, entity_id: str, sequence: int, ordinal: int, gate: str, data: str, record: str | None
+    ) -> None:
+        """Journal an utterance (ordinal -1), a started call (``record`` None) or its result."""
+        store = self.store
+        assert isinstance(store, JournalStore)
+        if not self._deferred:
+            store.journal_write(entity_id, sequence, ordinal, gate, data, record)
+            return
+        fence = self._fences.get(entity_id)
+        if fence is not None and fence.lease_entity in self._lost:
+            raise LeaseLostError(f"entity {entity_id}: {self._lost[fence.lease_entity]}")
+        limiter = self.store.limiter  # type: ignore[attr-defined]
+        refused: str | None = await trio.to_thread.run_sync(
+            lambda: self.store.journal_write_fenced(  # type: ignore[attr-defined]
+                entity_id, sequence, ordinal, gate, data, record, fence
+            ),
+            limiter=limiter,
+        )
+        if refused is not None:
+            if fence is not None:
+                self._lost.setdefault(fence.lease_entity, refused)
+            raise LeaseLostError(f"entity {entity_id}: {refused}")
 
     def annotate_reward(self, turn_id: str, reward: float | None) -> None:
         """Assign or update a turn's reward -- the one change LOOM-3 allows."""
         self.get(turn_id)
         self.store.set_reward(turn_id, reward)
-        self._rewards[turn_id] = reward
+        if self._indexed is None:
+            self._rewards[turn_id] = reward
 
     def delete_turn(self, turn_id: str) -> None:
         """Always refused: the loom is append-only (LOOM-3)."""
@@ -109,25 +288,43 @@ class Loom:
 
     @property
     def turns(self) -> Sequence[Turn]:
-        """Every turn, in the order it was recorded."""
+        """Every turn, in the order it was recorded (on an indexed store: a full scan)."""
+        if self._indexed is not None:
+            return tuple(self._indexed.iter_turns())
         return tuple(self._turns)
 
     def __len__(self) -> int:
+        if self._indexed is not None:
+            return self._indexed.count_turns()
         return len(self._turns)
 
     def __iter__(self) -> Iterator[Turn]:
+        if self._indexed is not None:
+            return self._indexed.iter_turns()
         return iter(tuple(self._turns))
 
+    def _lookup(self, turn_id: str) -> Turn | None:
+        turn = self._by_id.get(turn_id)
+        if turn is None and self._indexed is not None:
+            turn = self._indexed.get_turn(turn_id)
+            if turn is not None:
+                self._cache(turn)
+        return turn
+
     def get(self, turn_id: str) -> Turn:
-        try:
-            return self._by_id[turn_id]
-        except KeyError:
-            raise LoomError(f"no turn {turn_id!r} in this loom") from None
+        turn = self._lookup(turn_id)
+        if turn is None:
+            raise LoomError(f"no turn {turn_id!r} in this loom")
+        return turn
 
     def reward(self, turn_id: str) -> float | None:
+        if self._indexed is not None:
+            return self._indexed.reward(turn_id)
         return self._rewards.get(turn_id)
 
     def children(self, turn_id: str | None) -> list[Turn]:
+        if self._indexed is not None:
+            return self._indexed.children(turn_id)
         children = self._children.get(turn_id, ())
         if isinstance(children, str):
             return [self._by_id[children]]
@@ -135,31 +332,88 @@ class Loom:
 
     @property
     def entities(self) -> Mapping[str, EntityRecord]:
+        if self._indexed is not None:
+            records = {r.entity_id: r for r in self._indexed.entities()}
+            for entity_id, record in self._entities.items():
+                records.setdefault(entity_id, record)  # queued on a deferred store
+            return records
         return dict(self._entities)
 
+    def _entity_or_none(self, entity_id: str) -> EntityRecord | None:
+        record = self._entities.get(entity_id)
+        if record is None and self._indexed is not None:
+            record = self._indexed.get_entity(entity_id)
+            if record is not None:
+                self._entities[entity_id] = record
+        return record
+
+    def has_entity(self, entity_id: str) -> bool:
+        return self._entity_or_none(entity_id) is not None
+
     def entity(self, entity_id: str) -> EntityRecord:
-        try:
-            return self._entities[entity_id]
-        except KeyError:
-            raise LoomError(f"no entity {entity_id!r} in this loom") from None
+        record = self._entity_or_none(entity_id)
+        if record is None:
+            raise LoomError(f"no entity {entity_id!r} in this loom")
+        return record
 
     def entity_turns(self, entity_id: str) -> Sequence[Turn]:
+        if self._indexed is not None:
+            stored = self._indexed.entity_turns(entity_id)
+            if self._pending:  # queued on a deferred store, not committed yet
+                seen = {t.id for t in stored}
+                stored.extend(
+                    p
+                    for k, p, _ in self._pending
+                    if k == "turn" and p.entity_id == entity_id and p.id not in seen
+                )
+            return tuple(stored)
         return tuple(self._entity_turns.get(entity_id, ()))
 
     def last_turn(self, entity_id: str) -> Turn | None:
+        if self._indexed is not None:
+            if entity_id in self._last:
+                return self._last[entity_id]
+            turn = self._indexed.last_turn(entity_id)
+            if turn is not None:
+                self._cache(turn)
+            return turn
         turns = self._entity_turns.get(entity_id)
         return turns[-1] if turns else None
+
+    def refresh(self, entity_id: str) -> tuple[EntityRecord | None, Turn | None]:
+        """Read ``entity_id``'s record, latest turn and that turn's thread from the store
+        into the cache: a worker does this (in a thread) before running an entity that
+        another worker may have written last. Returns (record, latest turn)."""
+        self._last.pop(entity_id, None)
+        self._entities.pop(entity_id, None)
+        record = self._entity_or_none(entity_id)
+        if self._indexed is None:
+            return record, self.last_turn(entity_id)
+        last = self._indexed.last_turn(entity_id)
+        self._last[entity_id] = last
+        if last is not None:
+            for turn in self._indexed.thread(last.id):
+                self._cache(turn)
+        return record, last
 
     @property
     def identity(self) -> Mapping[str, Any] | None:
         """The root context: the identity of the first top-level entity (IDENTITY-4)."""
-        for record in self._entities.values():
+        entities = self.entities if self._indexed is not None else self._entities
+        for record in entities.values():
             if record.parent_entity_id is None:
                 return record.identity
         return None
 
+    def _warm(self, leaf_id: str) -> None:
+        """Indexed mode: fetch a thread in one query if its leaf is not cached."""
+        if self._indexed is not None and leaf_id not in self._by_id:
+            for turn in self._indexed.thread(leaf_id):
+                self._cache(turn)
+
     def thread(self, leaf_id: str) -> list[Turn]:
         """The root-to-leaf path ending at ``leaf_id`` (LOOM-10)."""
+        self._warm(leaf_id)
         path: list[Turn] = []
         current: str | None = leaf_id
         while current is not None:
@@ -178,6 +432,7 @@ class Loom:
         the prefix it was forked from (LOOM-4); for a child -- or a fork of a
         child -- it starts at the child's root turn. O(depth).
         """
+        self._warm(leaf_id)
         path: list[Turn] = []
         current = self.get(leaf_id)
         while True:
@@ -187,7 +442,7 @@ class Loom:
                 break
             parent = self.get(parent_id)
             if parent.entity_id != current.entity_id:
-                record = self._entities.get(current.entity_id)
+                record = self._entity_or_none(current.entity_id)
                 if record is not None and record.spawned_from == parent_id:
                     break
             current = parent
@@ -201,7 +456,7 @@ class Loom:
         ending there). A fork's thread includes the prefix it was forked from,
         so sequence 1 of a fork is the first turn of the original.
         """
-        if where in self._entities:
+        if self._entity_or_none(where) is not None:
             last = self.last_turn(where)
             if last is None:
                 raise LoomError(f"entity {where!r} has no turns yet")
@@ -213,6 +468,8 @@ class Loom:
 
     def leaves(self) -> list[Turn]:
         """Turns without children, in the order they were recorded."""
+        if self._indexed is not None:
+            return self._indexed.leaves()
         return [t for t in self._turns if not self._children.get(t.id)]
 
     def threads(self) -> list[list[Turn]]:
@@ -223,9 +480,20 @@ class Loom:
 
     def _index_entity(self, record: EntityRecord) -> None:
         self._entities[record.entity_id] = record
-        self._entity_turns.setdefault(record.entity_id, [])
+        if self._indexed is None:
+            self._entity_turns.setdefault(record.entity_id, [])
+
+    def _cache(self, turn: Turn) -> None:
+        by_id = self._by_id
+        if len(by_id) >= CACHE_TURNS:
+            del by_id[next(iter(by_id))]  # the oldest read or written
+        by_id[turn.id] = turn
 
     def _index_turn(self, turn: Turn) -> None:
+        if self._indexed is not None:
+            self._cache(turn)
+            self._last[turn.entity_id] = turn
+            return
         self._turns.append(turn)
         self._by_id[turn.id] = turn
         siblings = self._children.get(turn.parent_id)

@@ -20,6 +20,7 @@ import orjson
 
 from cantrip._errors import LoomAppendOnlyError, LoomError
 from cantrip.loom._model import EntityRecord, Turn
+from cantrip.loom._sqlite_index import SQLiteQueries
 
 Record = (
     tuple[Literal["entity"], EntityRecord]
@@ -98,14 +99,15 @@ BEGIN SELECT RAISE(ABORT, 'loom is append-only'); END;
 """
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteQueries):
     """The embedded default for a loom on disk.
 
     WAL mode, one commit per record. ``durability="normal"`` survives a crash
     of the process (the default); ``"full"`` also survives a power loss, at the
     cost of an fsync per turn. Append-only is enforced by triggers in the
     database itself, so another program cannot quietly edit history either.
-    A loom written by one process can be opened and read by another.
+    A loom written by one process can be opened and read by another. The loom
+    reads it by query (:class:`~cantrip.loom._sqlite_index.SQLiteQueries`), never whole.
     """
 
     def __init__(
@@ -115,14 +117,20 @@ class SQLiteStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.executescript(_SCHEMA)
+        self._index_schema()
         self._db.execute(f"PRAGMA synchronous={durability.upper()}")
         self._cursor = self._db.cursor()  # reused: one fewer object per append
 
     def append_entity(self, record: EntityRecord) -> None:
-        self._db.execute(
-            "INSERT INTO entities (entity_id, data) VALUES (?, ?)",
-            (record.entity_id, _json(record.to_dict())),
-        )
+        try:
+            self._db.execute(
+                "INSERT INTO entities (entity_id, data) VALUES (?, ?)",
+                (record.entity_id, _json(record.to_dict())),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise LoomAppendOnlyError(
+                f"loom is append-only: entity {record.entity_id} is already recorded"
+            ) from exc
 
     def append_turn(self, turn: Turn) -> None:
         try:

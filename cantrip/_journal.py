@@ -1,0 +1,155 @@
+"""The gate-call journal: effects happen once, even when a worker dies mid-turn.
+
+A turn reaches the loom only when it is complete, so a crash in the middle of
+one loses the utterance and the gate calls it made. The journal keeps them,
+keyed by (entity, turn sequence, call ordinal), in the loom's own database
+(SQLite or PostgreSQL; DESIGN "Effects are journaled at the gate boundary"):
+
+* the utterance (ordinal -1), written as soon as the LLM answers -- on resume the
+  turn continues with the *same* utterance instead of asking the LLM again;
+* each gate call as *started* before the gate runs, and its result as soon as
+  it returns.
+
+On resume, for each call of the journaled utterance:
+
+* a recorded result is reused -- the gate does not run again;
+* a call that was started but never finished is run again only if the gate is
+  ``idempotent=True``; otherwise the entity gets an ``is_error`` observation
+  "outcome unknown after a worker crash" (and that answer is journaled, so a
+  second crash gives the same one) -- never a silent second side effect;
+* a call never started runs normally.
+
+The ``done`` gate and unknown gate names have no effects and are not journaled.
+Guarantees (SPEC.md): a turn is attempted at least once and recorded at most
+once; a gate call whose result was journaled takes effect exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from cantrip.llm._contract import Response, ToolCall, Usage, plain_json
+from cantrip.loom._model import GateCallRecord
+from cantrip.loom._sqlite_index import JournalEntry
+
+if TYPE_CHECKING:
+    from cantrip._circle import Circle
+    from cantrip.loom._loom import Loom
+
+UTTERANCE = -1
+"""The journal ordinal of a turn's utterance (gate calls count from 0)."""
+
+OUTCOME_UNKNOWN = (
+    "outcome unknown after a worker crash: this call was started but its result was "
+    "never recorded, and the gate is not idempotent, so it was not run again"
+)
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(plain_json(value), default=str).decode()
+
+
+def encode_response(response: Response) -> str:
+    """An LLM response as journal data (everything a turn is made from)."""
+    return _dumps(
+        {
+            "content": response.content,
+            "tool_calls": [
+                {
+                    "id": c.id,
+                    "name": c.name,
+                    "arguments": c.arguments,
+                    "raw_arguments": c.raw_arguments,
+                }
+                for c in response.tool_calls
+            ],
+            "usage": {k: v for k, v in response.usage.to_dict().items() if k != "total_tokens"},
+            "thinking": response.thinking,
+            "stop_reason": response.stop_reason,
+            "model": response.model,
+            "provider": response.provider,
+            "metadata": response.metadata,
+        }
+    )
+
+
+def decode_response(data: str) -> Response:
+    obj = orjson.loads(data)
+    return Response(
+        content=obj["content"],
+        tool_calls=tuple(
+            ToolCall(c["id"], c["name"], c.get("arguments") or {}, c.get("raw_arguments"))
+            for c in obj["tool_calls"]
+        ),
+        usage=Usage(**obj["usage"]),
+        thinking=obj.get("thinking"),
+        stop_reason=obj.get("stop_reason"),
+        model=obj.get("model"),
+        provider=obj.get("provider"),
+        metadata=obj.get("metadata") or {},
+    )
+
+
+class TurnJournal:
+    """The journal of one turn in flight; the gate calls of the turn go through it."""
+
+    __slots__ = ("entity_id", "entries", "loom", "ordinal", "sequence")
+
+    def __init__(
+        self, loom: Loom, entity_id: str, sequence: int, entries: list[JournalEntry]
+    ) -> None:
+        self.loom = loom
+        self.entity_id = entity_id
+        self.sequence = sequence
+        self.entries: Mapping[int, JournalEntry] = {e[0]: e for e in entries}
+        self.ordinal = 0
+
+    @property
+    def utterance(self) -> Response | None:
+        """The utterance a crashed attempt of this turn already received, if any."""
+        entry = self.entries.get(UTTERANCE)
+        return decode_response(entry[2]) if entry is not None else None
+
+    async def record_utterance(self, response: Response) -> None:
+        await self.loom.journal_write(
+            self.entity_id, self.sequence, UTTERANCE, "", encode_response(response), None
+        )
+
+    async def call(
+        self, circle: Circle, name: str, args: Mapping[str, Any], tool_call_id: str | None
+    ) -> GateCallRecord:
+        """One gate call through the journal (see the module docstring)."""
+        ordinal = self.ordinal
+        self.ordinal += 1
+        g = circle.gate(name)
+        if g is None or g.terminates:
+            return await circle.call(name, args, tool_call_id)
+        data = _dumps({"args": args, "tool_call_id": tool_call_id})
+        entry = self.entries.get(ordinal)
+        if entry is not None and entry[1] == g.name and entry[2] == data:
+            if entry[3] is not None:  # recorded before the crash: reuse, never re-run
+                return GateCallRecord.from_dict(orjson.loads(entry[3]))
+            if not g.idempotent:
+                record = GateCallRecord(
+                    gate=g.name,
+                    args=args,
+                    result=OUTCOME_UNKNOWN,
+                    is_error=True,
+                    tool_call_id=tool_call_id,
+                    status="error",
+                    detail={"outcome_unknown": True},
+                )
+                await self._finish(ordinal, g.name, data, record)
+                return record
+        await self.loom.journal_write(self.entity_id, self.sequence, ordinal, g.name, data, None)
+        record = await circle.call(name, args, tool_call_id)
+        await self._finish(ordinal, g.name, data, record)
+        return record
+
+    async def _finish(self, ordinal: int, gate: str, data: str, record: GateCallRecord) -> None:
+        await self.loom.journal_write(
+            self.entity_id, self.sequence, ordinal, gate, data, _dumps(record.to_dict())
+        )

@@ -1,0 +1,400 @@
+"""The loom on PostgreSQL: one shared tree for any number of worker processes.
+
+The same records and rules as the SQLite store -- append-only (enforced by
+triggers in the database), one unified tree, rewards as the one annotation --
+plus what many writers need: every write is checked against the writer's
+:class:`~cantrip.loom._fence.Fence` in the same transaction (the lease row is
+locked ``FOR SHARE`` so a claim by another worker cannot interleave), the
+gate journal, and the tables the work queue uses (:mod:`cantrip._queue`).
+
+psycopg is blocking. The loom calls the write side (:meth:`write_batch`,
+:meth:`journal_write_fenced`, :meth:`journal_read`) through
+``trio.to_thread`` behind :attr:`limiter`, one pool connection per call. The
+read side answers the loom's synchronous queries directly; a worker reads
+what an entity needs in a thread before running it (``Loom.refresh``).
+
+The schema is created (and migrated) on first use, under an advisory lock so
+that workers starting together do not race.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import orjson
+import trio
+
+from cantrip._errors import LoomAppendOnlyError, LoomError
+from cantrip.loom._fence import Fence
+from cantrip.loom._model import EntityRecord, Turn
+from cantrip.loom._sqlite_index import JournalEntry
+from cantrip.loom._stores import Record, _json
+
+SCHEMA_VERSION = 1
+_SCHEMA_LOCK = 0x63616E74  # "cant": the advisory lock schema creation runs under
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS cantrip_schema (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS cantrip_entities (
+    pos BIGSERIAL PRIMARY KEY,
+    entity_id TEXT UNIQUE NOT NULL,
+    parent_entity_id TEXT,
+    data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cantrip_turns (
+    pos BIGSERIAL PRIMARY KEY,
+    id TEXT UNIQUE NOT NULL,
+    parent_id TEXT,
+    entity_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    data TEXT NOT NULL,
+    reward DOUBLE PRECISION,
+    UNIQUE (entity_id, sequence)
+);
+CREATE INDEX IF NOT EXISTS cantrip_turns_by_entity ON cantrip_turns (entity_id, pos);
+CREATE INDEX IF NOT EXISTS cantrip_turns_by_parent ON cantrip_turns (parent_id);
+CREATE OR REPLACE FUNCTION cantrip_append_only() RETURNS trigger AS $$
+BEGIN RAISE EXCEPTION 'loom is append-only'; END $$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS cantrip_turns_no_delete ON cantrip_turns;
+CREATE TRIGGER cantrip_turns_no_delete BEFORE DELETE ON cantrip_turns
+    FOR EACH ROW EXECUTE FUNCTION cantrip_append_only();
+DROP TRIGGER IF EXISTS cantrip_turns_no_update ON cantrip_turns;
+CREATE TRIGGER cantrip_turns_no_update
+    BEFORE UPDATE OF id, parent_id, entity_id, sequence, data ON cantrip_turns
+    FOR EACH ROW EXECUTE FUNCTION cantrip_append_only();
+DROP TRIGGER IF EXISTS cantrip_entities_no_change ON cantrip_entities;
+CREATE TRIGGER cantrip_entities_no_change BEFORE UPDATE OR DELETE ON cantrip_entities
+    FOR EACH ROW EXECUTE FUNCTION cantrip_append_only();
+CREATE TABLE IF NOT EXISTS cantrip_leases (
+    entity_id TEXT PRIMARY KEY,
+    owner TEXT,
+    epoch BIGINT NOT NULL DEFAULT 0,
+    expires_at TIMESTAMPTZ NOT NULL DEFAULT '-infinity'
+);
+CREATE TABLE IF NOT EXISTS cantrip_work (
+    id BIGSERIAL PRIMARY KEY,
+    entity_id TEXT NOT NULL,
+    intent TEXT NOT NULL,
+    spell TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'queued',
+    owner TEXT,
+    epoch BIGINT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    cancel_requested BOOLEAN NOT NULL DEFAULT false,
+    result TEXT,
+    enqueued_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    claimed_at TIMESTAMPTZ,
+    finished_at TIMESTAMPTZ
+);
+CREATE INDEX IF NOT EXISTS cantrip_work_open ON cantrip_work (id)
+    WHERE state IN ('queued', 'running');
+CREATE INDEX IF NOT EXISTS cantrip_work_by_entity ON cantrip_work (entity_id, id);
+CREATE TABLE IF NOT EXISTS cantrip_journal (
+    entity_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    ordinal INTEGER NOT NULL,
+    gate TEXT NOT NULL,
+    data TEXT NOT NULL,
+    record TEXT,
+    PRIMARY KEY (entity_id, sequence, ordinal)
+);
+"""
+
+_LEASE_HELD = (
+    "SELECT 1 FROM cantrip_leases WHERE entity_id = %s AND owner = %s AND epoch = %s "
+    "AND expires_at > clock_timestamp() FOR SHARE"
+)
+"""The fence check: this worker's lease, at this epoch, unexpired -- and locked
+against a concurrent claim until the write's transaction ends."""
+
+_THREAD = """
+WITH RECURSIVE up(id, parent_id, data, depth) AS (
+    SELECT id, parent_id, data, 0 FROM cantrip_turns WHERE id = %s
+    UNION ALL
+    SELECT t.id, t.parent_id, t.data, up.depth + 1
+    FROM cantrip_turns t JOIN up ON t.id = up.parent_id
+)
+SELECT data FROM up ORDER BY depth DESC
+"""
+
+
+def _turn(data: str) -> Turn:
+    return Turn.from_dict(orjson.loads(data))
+
+
+def _entity(data: str) -> EntityRecord:
+    return EntityRecord.from_dict(orjson.loads(data))
+
+
+def lease_lost_message(fence: Fence) -> str:
+    return (
+        f"lease lost: worker {fence.owner} no longer holds {fence.lease_entity} "
+        f"at epoch {fence.epoch} (expired or claimed by another worker)"
+    )
+
+
+class PostgresStore:
+    """A loom store on PostgreSQL (psycopg 3 + a connection pool)."""
+
+    deferred = True
+    """Writes are queued by the loom and committed by :meth:`write_batch` in a thread."""
+
+    def __init__(self, url: str, *, max_connections: int = 8) -> None:
+        try:
+            import psycopg_pool
+        except ImportError as exc:  # the optional dependency (pip install 'cantrip[postgres]')
+            raise LoomError(
+                "a postgresql:// loom needs psycopg: pip install 'cantrip[postgres]'"
+            ) from exc
+        self.url = url
+        self.path = None
+        """Not a file (front ends that print a loom path print :meth:`__str__`)."""
+        self.pool = psycopg_pool.ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max_connections,
+            kwargs={"autocommit": True},
+            open=False,
+        )
+        try:
+            self.pool.open(wait=True, timeout=10.0)
+        except psycopg_pool.PoolTimeout as exc:
+            self.pool.close()
+            raise LoomError(f"cannot connect to PostgreSQL at {_safe(url)}: {exc}") from None
+        self.limiter = trio.CapacityLimiter(max_connections)
+        """Worker threads that may hold a pool connection at once."""
+        self._migrate()
+
+    def __str__(self) -> str:
+        return _safe(self.url)
+
+    def _migrate(self) -> None:
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            exists = conn.execute("SELECT to_regclass('cantrip_schema')").fetchone()
+            if exists is not None and exists[0] is not None:
+                row = conn.execute("SELECT max(version) FROM cantrip_schema").fetchone()
+                if row is not None and row[0] is not None and int(row[0]) >= SCHEMA_VERSION:
+                    return
+            conn.execute(_SCHEMA)
+            conn.execute("INSERT INTO cantrip_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+
+    # -- writing ----------------------------------------------------------------
+
+    def write_batch(self, batch: Sequence[tuple[str, Any, Fence | None]]) -> list[tuple[int, str]]:
+        """Commit queued writes in order, in one transaction. Each write whose fence
+        no longer holds is left out; returns (index, why) for every refused write."""
+        refused: list[tuple[int, str]] = []
+        with self.pool.connection() as conn, conn.transaction():
+            held: dict[Fence, bool] = {}
+            for index, (kind, payload, fence) in enumerate(batch):
+                if fence is not None:
+                    ok = held.get(fence)
+                    if ok is None:
+                        row = conn.execute(
+                            _LEASE_HELD, (fence.lease_entity, fence.owner, fence.epoch)
+                        ).fetchone()
+                        ok = held[fence] = row is not None
+                    if not ok:
+                        refused.append((index, lease_lost_message(fence)))
+                        continue
+                if kind == "turn":
+                    turn: Turn = payload
+                    cursor = conn.execute(
+                        "INSERT INTO cantrip_turns (id, parent_id, entity_id, sequence, data) "
+                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                        (
+                            turn.id,
+                            turn.parent_id,
+                            turn.entity_id,
+                            turn.sequence,
+                            _json(turn.to_dict()),
+                        ),
+                    )
+                    if cursor.rowcount != 1:
+                        refused.append(
+                            (
+                                index,
+                                f"loom is append-only: turn {turn.id} (or sequence "
+                                f"{turn.sequence} of {turn.entity_id}) is already recorded",
+                            )
+                        )
+                elif kind == "entity":
+                    record: EntityRecord = payload
+                    cursor = conn.execute(
+                        "INSERT INTO cantrip_entities (entity_id, parent_entity_id, data) "
+                        "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                        (record.entity_id, record.parent_entity_id, _json(record.to_dict())),
+                    )
+                    if cursor.rowcount != 1:
+                        refused.append(
+                            (index, f"loom is append-only: entity {record.entity_id} exists")
+                        )
+                else:
+                    turn_id, reward = payload
+                    conn.execute(
+                        "UPDATE cantrip_turns SET reward = %s WHERE id = %s", (reward, turn_id)
+                    )
+        return refused
+
+    def _write_now(self, op: tuple[str, Any, Fence | None]) -> None:
+        refused = self.write_batch([op])
+        if refused:
+            raise LoomAppendOnlyError(refused[0][1])
+
+    def append_entity(self, record: EntityRecord) -> None:
+        self._write_now(("entity", record, None))
+
+    def append_turn(self, turn: Turn) -> None:
+        self._write_now(("turn", turn, None))
+
+    def set_reward(self, turn_id: str, reward: float | None) -> None:
+        with self.pool.connection() as conn:
+            cursor = conn.execute(
+                "UPDATE cantrip_turns SET reward = %s WHERE id = %s", (reward, turn_id)
+            )
+            if cursor.rowcount != 1:
+                raise LoomError(f"no turn {turn_id!r} in {self}")
+
+    # -- the gate journal -------------------------------------------------------
+
+    def journal_write(
+        self, entity_id: str, sequence: int, ordinal: int, gate: str, data: str, record: str | None
+    ) -> None:
+        refused = self.journal_write_fenced(entity_id, sequence, ordinal, gate, data, record, None)
+        assert refused is None
+
+    def journal_write_fenced(
+        self,
+        entity_id: str,
+        sequence: int,
+        ordinal: int,
+        gate: str,
+        data: str,
+        record: str | None,
+        fence: Fence | None,
+    ) -> str | None:
+        """Journal one entry under ``fence``; why it was refused, or None."""
+        with self.pool.connection() as conn, conn.transaction():
+            if fence is not None:
+                row = conn.execute(
+                    _LEASE_HELD, (fence.lease_entity, fence.owner, fence.epoch)
+                ).fetchone()
+                if row is None:
+                    return lease_lost_message(fence)
+            if ordinal < 0:  # a new utterance: what an abandoned attempt left is void
+                conn.execute(
+                    "DELETE FROM cantrip_journal WHERE entity_id = %s AND sequence = %s",
+                    (entity_id, sequence),
+                )
+            conn.execute(
+                "INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (entity_id, sequence, ordinal) "
+                "DO UPDATE SET record = excluded.record WHERE cantrip_journal.record IS NULL",
+                (entity_id, sequence, ordinal, gate, data, record),
+            )
+        return None
+
+    def journal_read(self, entity_id: str, sequence: int) -> list[JournalEntry]:
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT ordinal, gate, data, record FROM cantrip_journal "
+                "WHERE entity_id = %s AND sequence = %s ORDER BY ordinal",
+                (entity_id, sequence),
+            ).fetchall()
+        return [(int(o), str(g), str(d), r) for o, g, d, r in rows]
+
+    # -- reading (IndexedStore) -------------------------------------------------
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        with self.pool.connection() as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def get_turn(self, turn_id: str) -> Turn | None:
+        rows = self._rows("SELECT data FROM cantrip_turns WHERE id = %s", (turn_id,))
+        return _turn(rows[0][0]) if rows else None
+
+    def get_entity(self, entity_id: str) -> EntityRecord | None:
+        rows = self._rows("SELECT data FROM cantrip_entities WHERE entity_id = %s", (entity_id,))
+        return _entity(rows[0][0]) if rows else None
+
+    def entities(self) -> list[EntityRecord]:
+        return [_entity(d) for (d,) in self._rows("SELECT data FROM cantrip_entities ORDER BY pos")]
+
+    def entity_turns(self, entity_id: str) -> list[Turn]:
+        rows = self._rows(
+            "SELECT data FROM cantrip_turns WHERE entity_id = %s ORDER BY pos", (entity_id,)
+        )
+        return [_turn(d) for (d,) in rows]
+
+    def last_turn(self, entity_id: str) -> Turn | None:
+        rows = self._rows(
+            "SELECT data FROM cantrip_turns WHERE entity_id = %s ORDER BY pos DESC LIMIT 1",
+            (entity_id,),
+        )
+        return _turn(rows[0][0]) if rows else None
+
+    def children(self, turn_id: str | None) -> list[Turn]:
+        if turn_id is None:
+            rows = self._rows("SELECT data FROM cantrip_turns WHERE parent_id IS NULL ORDER BY pos")
+        else:
+            rows = self._rows(
+                "SELECT data FROM cantrip_turns WHERE parent_id = %s ORDER BY pos", (turn_id,)
+            )
+        return [_turn(d) for (d,) in rows]
+
+    def thread(self, leaf_id: str) -> list[Turn]:
+        return [_turn(d) for (d,) in self._rows(_THREAD, (leaf_id,))]
+
+    def reward(self, turn_id: str) -> float | None:
+        rows = self._rows("SELECT reward FROM cantrip_turns WHERE id = %s", (turn_id,))
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+    def count_turns(self) -> int:
+        return int(self._rows("SELECT count(*) FROM cantrip_turns")[0][0])
+
+    def iter_turns(self) -> Iterator[Turn]:
+        """Every turn in order, streamed with a server-side cursor (export, ``loom.turns``)."""
+        with self.pool.connection() as conn, conn.transaction():
+            cursor = conn.cursor(name="cantrip_iter_turns")
+            cursor.execute("SELECT data FROM cantrip_turns ORDER BY pos")
+            for (data,) in cursor:
+                yield _turn(data)
+
+    def leaves(self) -> list[Turn]:
+        rows = self._rows(
+            "SELECT data FROM cantrip_turns t WHERE NOT EXISTS "
+            "(SELECT 1 FROM cantrip_turns c WHERE c.parent_id = t.id) ORDER BY pos"
+        )
+        return [_turn(d) for (d,) in rows]
+
+    def load(self) -> Iterator[Record]:
+        for record in self.entities():
+            yield "entity", record
+        with self.pool.connection() as conn, conn.transaction():
+            cursor = conn.cursor(name="cantrip_load")
+            cursor.execute("SELECT data, reward FROM cantrip_turns ORDER BY pos")
+            for data, reward in cursor:
+                turn = _turn(data)
+                yield "turn", turn
+                if reward is not None:
+                    yield "reward", (turn.id, float(reward))
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _safe(url: str) -> str:
+    """The URL without its password (secrets never reach a message, PROD-8)."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        return "postgresql://..."
+    try:
+        parts = conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 -- a malformed URL: say nothing of it
+        return "postgresql://..."
+    host, port = str(parts.get("host", "")), str(parts.get("port", ""))
+    user, db = str(parts.get("user", "")), str(parts.get("dbname", ""))
+    return f"postgresql://{user + '@' if user else ''}{host}{':' + port if port else ''}/{db}"

@@ -1,0 +1,94 @@
+"""The workload the distributed tests and ``bench/distributed.py`` queue for workers.
+
+``build()`` (named ``distributed_workload:build`` in queued spells) returns a
+cantrip whose LLM is stateless like a real one: it tells which turn it is on
+from the context, so an entity resumed on another worker after a crash asks
+for exactly the turn it was on. Each of the first ``TURNS - 1`` turns calls
+the effectful ``charge`` gate, which inserts a row into ``chaos_effects`` --
+a second run of the same call would be a second row, so duplicated effects
+are counted, not guessed. The last turn calls ``done``.
+
+Settings come from the environment (workers are separate processes):
+``CANTRIP_TEST_DB`` (where ``charge`` writes), ``WORKLOAD_TURNS`` (default 10),
+``WORKLOAD_LATENCY_MS`` (default 0) and ``WORKLOAD_GATE_MS`` (default 0: how
+long ``charge`` takes after its insert -- a window for a crash mid-call).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import cantrip
+from cantrip.llm import Message, Response, ToolChoice, ToolDefinition, simulate_latency
+from gates import done
+
+EFFECTS_TABLE = """
+CREATE TABLE IF NOT EXISTS chaos_effects (
+    id BIGSERIAL PRIMARY KEY, job TEXT NOT NULL, step INTEGER NOT NULL, pid INTEGER NOT NULL
+)
+"""
+
+
+class CountingLLM:
+    """Calls ``charge`` once per turn until the last, then ``done``."""
+
+    name = "counting"
+
+    def __init__(self, latency_s: float, turns: int) -> None:
+        self.latency_s = latency_s
+        self.turns = turns
+
+    async def query(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Response:
+        await simulate_latency(self.latency_s)
+        intent = next(m.content for m in messages if m.role == "user")
+        answered = sum(1 for m in messages if m.role == "assistant")
+        if answered + 1 >= self.turns:
+            call = cantrip.ToolCall(f"d{answered}", "done", {"answer": f"{intent} ok"})
+        else:
+            call = cantrip.ToolCall(
+                f"c{answered}", "charge", {"job": str(intent), "step": answered + 1}
+            )
+        return Response(tool_calls=(call,))
+
+
+_connection: Any = None
+
+
+def _db() -> Any:
+    global _connection
+    if _connection is None:
+        import psycopg
+
+        _connection = psycopg.connect(os.environ["CANTRIP_TEST_DB"], autocommit=True)
+    return _connection
+
+
+@cantrip.gate(blocking=True)
+def charge(job: str, step: int) -> str:
+    """Charge the customer for one step of a job (a side effect: one row per call)."""
+    _db().execute(
+        "INSERT INTO chaos_effects (job, step, pid) VALUES (%s, %s, %s)", (job, step, os.getpid())
+    )
+    pause = float(os.environ.get("WORKLOAD_GATE_MS", "0")) / 1000.0
+    if pause:
+        time.sleep(pause)
+    return f"charged {job} step {step}"
+
+
+def build() -> cantrip.Cantrip:
+    turns = int(os.environ.get("WORKLOAD_TURNS", "10"))
+    latency = float(os.environ.get("WORKLOAD_LATENCY_MS", "0")) / 1000.0
+    return cantrip.Cantrip(
+        llm=CountingLLM(latency, turns),
+        identity=cantrip.Identity(system_prompt="distributed workload"),
+        circle=cantrip.Circle([done, charge], [cantrip.max_turns(turns + 5)]),
+    )

@@ -1,0 +1,107 @@
+"""A throwaway PostgreSQL server for the tests and benchmarks: initdb into a temp dir.
+
+The PostgreSQL 15 server binaries are on the machine image (and installed by
+``.ci/run`` on CI). ``initdb`` refuses to run as root, so when the tests run as
+root the cluster is created and run as the unprivileged ``postgres`` user.
+The server listens on 127.0.0.1 only, on a free port, with a private socket
+directory; ``trust`` authentication is safe because nothing else can reach it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _bin(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)
+    if candidates:
+        return candidates[0]
+    raise RuntimeError(
+        f"PostgreSQL server binary {name!r} not found: install it "
+        "(Debian: apt-get install -y postgresql)"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_user() -> list[str]:
+    """The prefix that runs a command as an unprivileged user when we are root."""
+    if os.geteuid() != 0:
+        return []
+    return [shutil.which("runuser") or "/sbin/runuser", "-u", "postgres", "--"]
+
+
+@contextlib.contextmanager
+def postgres_cluster() -> Iterator[str]:
+    """Start a fresh cluster; yield its URL; stop it and delete it at the end."""
+    root = Path(tempfile.mkdtemp(prefix="cantrip-pg-"))
+    data, sockets = root / "data", root / "sock"
+    sockets.mkdir()
+    prefix = _as_user()
+    if prefix:
+        shutil.chown(root, "postgres")
+        shutil.chown(sockets, "postgres")
+        os.chmod(root, 0o700)
+    port = _free_port()
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+    subprocess.run(
+        [*prefix, _bin("initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8"],
+        check=True,
+        capture_output=True,
+        env=env,
+    )
+    options = (
+        f"-k {sockets} -p {port} -c listen_addresses=127.0.0.1 -c fsync=off "
+        "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+    )
+    subprocess.run(
+        [
+            *prefix,
+            _bin("pg_ctl"),
+            "-D",
+            str(data),
+            "-o",
+            options,
+            "-l",
+            str(root / "log"),
+            "-w",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+    )
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [*prefix, _bin("pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+            capture_output=True,
+            env=env,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def fresh_database(url: str, name: str) -> str:
+    """A new empty database on the cluster at ``url``; its URL."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return url.rsplit("/", 1)[0] + "/" + name
