@@ -68,6 +68,10 @@ class Gate:
     """A delegation gate (call_agent*): removed structurally at depth 0 (COMP-6)."""
     aliases: tuple[str, ...] = ()
     """Other names the gate answers to at parsing boundaries (D-002)."""
+    requires_approval: bool = False
+    """Every call waits for a human's yes first (a pause, see cantrip._approval)."""
+    asks_user: bool = False
+    """The gate is a question to a human: the answer is its result (``ask_user``)."""
     _is_async: bool = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -147,6 +151,8 @@ def gate(
     delegates: bool = ...,
     aliases: tuple[str, ...] = ...,
     parameters: Mapping[str, Any] | None = ...,
+    requires_approval: bool = ...,
+    asks_user: bool = ...,
 ) -> Callable[[Callable[..., Any]], Gate]: ...
 
 
@@ -163,6 +169,8 @@ def gate(
     delegates: bool = False,
     aliases: tuple[str, ...] = (),
     parameters: Mapping[str, Any] | None = None,
+    requires_approval: bool = False,
+    asks_user: bool = False,
 ) -> Gate | Callable[[Callable[..., Any]], Gate]:
     """Make a gate of a function. Usable bare (``@gate``) or with options.
 
@@ -194,6 +202,8 @@ def gate(
             blocking=blocking,
             delegates=delegates,
             aliases=aliases,
+            requires_approval=requires_approval,
+            asks_user=asks_user,
         )
 
     if fn is not None:
