@@ -6,6 +6,7 @@ here; modules whose names start with an underscore are private.
 
 from typing import TYPE_CHECKING
 
+from cantrip._approval import ApprovalPolicy, Decision, Pause, PauseError, Verdict
 from cantrip._cantrip import Cantrip
 from cantrip._circle import Circle
 from cantrip._entity import CastResult, Entity
@@ -113,12 +114,14 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "LLM",
+    "ApprovalPolicy",
     "Cantrip",
     "CantripError",
     "CastResult",
     "ChildSpec",
     "Circle",
     "ConstructionError",
+    "Decision",
     "Entity",
     "EntityRecord",
     "EntityServer",
@@ -143,6 +146,8 @@ __all__ = [
     "MessageComplete",
     "MessageStart",
     "OutputSchema",
+    "Pause",
+    "PauseError",
     "Pricing",
     "ProviderError",
     "Query",
@@ -166,6 +171,7 @@ __all__ = [
     "TurnMetadata",
     "Usage",
     "UsageEvent",
+    "Verdict",
     "Ward",
     "WardSet",
     "export_chat",

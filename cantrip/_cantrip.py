@@ -10,13 +10,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import trio
 
 from cantrip._circle import Circle
-from cantrip._entity import CastResult, Entity, EntitySetup, require_intent
+from cantrip._entity import CastResult, Entity, EntitySetup, PauseHandler, require_intent
 from cantrip._errors import ConstructionError, LoomError
 from cantrip._events import EventSink
 from cantrip._folding import FoldingPolicy, effective_policy
@@ -136,11 +136,32 @@ class Cantrip:
         llm: LLM | str | None = None,
         entity_id: str | None = None,
         on_event: EventSink | None = None,
+        on_pause: PauseHandler | None = None,
+        pause: Literal["return", "wait"] = "return",
     ) -> Entity:
-        """A persistent entity: send it intents, one cast each (ENTITY-5)."""
-        return Entity(self, llm=self.resolve_llm(llm), entity_id=entity_id, on_event=on_event)
+        """A persistent entity: send it intents, one cast each (ENTITY-5).
 
-    def resume(self, entity_id: str, *, llm: LLM | str | None = None) -> Entity:
+        ``on_pause`` answers calls that need a human (approvals, ``ask_user``) in
+        place; without it a cast returns ``paused`` (``pause="return"``) or waits
+        for :meth:`Entity.answer` (``pause="wait"``)."""
+        return Entity(
+            self,
+            llm=self.resolve_llm(llm),
+            entity_id=entity_id,
+            on_event=on_event,
+            on_pause=on_pause,
+            pause=pause,
+        )
+
+    def resume(
+        self,
+        entity_id: str,
+        *,
+        llm: LLM | str | None = None,
+        on_event: EventSink | None = None,
+        on_pause: PauseHandler | None = None,
+        pause: Literal["return", "wait"] = "return",
+    ) -> Entity:
         """The entity ``entity_id`` again, its context rebuilt from its loom thread.
 
         Used after a crash (the supervisor restarts it) or a process restart
@@ -148,7 +169,15 @@ class Cantrip:
         A code medium's sandbox is rebuilt the way a fork's is, by replay from
         the loom, when the entity first runs again; no gate is called again.
         """
-        return Entity(self, llm=self.resolve_llm(llm), entity_id=entity_id, resume=True)
+        return Entity(
+            self,
+            llm=self.resolve_llm(llm),
+            entity_id=entity_id,
+            resume=True,
+            on_event=on_event,
+            on_pause=on_pause,
+            pause=pause,
+        )
 
     def fork(
         self,

@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from cantrip._approval import ApprovalPolicy, Verdict
 from cantrip._errors import ConstructionError
 from cantrip._gate import Gate, GateArgumentError, GateResult
 from cantrip._output import OutputSchema
@@ -83,6 +84,8 @@ class Circle:
     medium: Medium = attrs.field(factory=_default_medium)
     output: OutputSchema | None = attrs.field(default=None, kw_only=True)
     """Set by :meth:`with_output`: the schema ``done``'s answer takes."""
+    approval: ApprovalPolicy | None = attrs.field(default=None, kw_only=True)
+    """Which calls wait for a human first (besides gates marked ``requires_approval``)."""
     resolved: WardSet = attrs.field(init=False)
     _by_name: Mapping[str, Gate] = attrs.field(init=False, repr=False)
     _warded_off: frozenset[str] = attrs.field(init=False, repr=False)
@@ -118,7 +121,25 @@ class Circle:
         """
         gates = tuple(output.done_gate(g) if g.terminates else g for g in self.gates)
         wards = (*self.wards, Ward("require_done_tool", True))
-        return Circle(gates, wards, self.medium, output=output)
+        return Circle(gates, wards, self.medium, output=output, approval=self.approval)
+
+    @functools.cached_property
+    def needs_humans(self) -> bool:
+        """Whether any call of this circle can pause for a human (checked once)."""
+        return (self.approval is not None and self.approval.active) or any(
+            g.requires_approval or g.asks_user for g in self.gates
+        )
+
+    def verdict(self, name: str, args: Mapping[str, Any]) -> Verdict:
+        """Whether a call runs (allow), is refused (deny) or waits for a human (ask)."""
+        g = self._by_name.get(name)
+        if g is None:
+            return "allow"  # the gate-call boundary reports the unknown gate
+        if g.asks_user or g.requires_approval:
+            return "ask"
+        if self.approval is None:
+            return "allow"
+        return self.approval.verdict(g.name, args)
 
     # -- presentation --------------------------------------------------------
 

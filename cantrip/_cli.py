@@ -51,6 +51,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         "-q", "--quiet", action="store_true", help="no progress on stderr, even on a terminal"
     )
     _add_otlp(cast)
+    _add_approvals(cast)
     cast.add_argument(
         "--db", metavar="URL", help="enqueue on PostgreSQL for `cantrip worker`s; wait for it"
     )
@@ -73,6 +74,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     invoke.add_argument("--loom", type=Path, help="loom file to record into (.db or .jsonl)")
     invoke.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     _add_otlp(invoke)
+    _add_approvals(invoke)
 
     acp = commands.add_parser(
         "acp", help="serve the Agent Client Protocol on stdio (one JSON message per line)"
@@ -100,6 +102,34 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     else:
         add_loom_parser(commands)
     return parser, commands
+
+
+def _add_approvals(command: argparse.ArgumentParser) -> None:
+    rule = command.add_mutually_exclusive_group()
+    rule.add_argument(
+        "--approve-all", action="store_true", help="approve every call that asks for approval"
+    )
+    rule.add_argument(
+        "--deny-all", action="store_true", help="deny every call that asks for approval"
+    )
+
+
+def _pause_handler(args: argparse.Namespace, spell: Cantrip, interactive: bool) -> Any:
+    """Who answers the circle's pauses: a standing rule, the terminal, or nobody
+    (then the command refuses to start rather than wait on a human who is not there)."""
+    from cantrip.protocols._human import standing_rule
+
+    if args.approve_all or args.deny_all:
+        return standing_rule(approve=args.approve_all)
+    if not spell.circle.needs_humans:
+        return None
+    if interactive:
+        return "ask"
+    raise CantripError(
+        "this circle asks a human before some calls (approve = [...], ask_user, or gates "
+        "that require approval) but there is no terminal to ask on: "
+        "pass --approve-all or --deny-all"
+    )
 
 
 def _add_otlp(command: argparse.ArgumentParser) -> None:
@@ -198,7 +228,13 @@ def _cast(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     progress = Progress(enabled=wants_progress(sys.stderr, args.quiet))
     try:
-        outcome, interrupted = trio.run(cast_with_progress, spell, intent, progress)
+        on_pause = _pause_handler(args, spell, args.intent is not None and sys.stdin.isatty())
+        if on_pause == "ask":
+            from cantrip.protocols._human import TerminalHuman
+            from cantrip.protocols._terminal import stderr_console
+
+            on_pause = TerminalHuman(stderr_console(), _stdin_line)
+        outcome, interrupted = trio.run(cast_with_progress, spell, intent, progress, on_pause)
     except CantripError as exc:
         return _fail(str(exc))
     finally:
@@ -219,6 +255,12 @@ def _cast(args: argparse.Namespace) -> int:
             print("cantrip: interrupted; the cast is recorded as cancelled", file=sys.stderr)
         return EXIT_INTERRUPTED
     return EXIT_TERMINATED if outcome.terminated else EXIT_TRUNCATED
+
+
+async def _stdin_line() -> str | None:
+    """One line from stdin, read in a worker thread (a blocking read the run can abandon)."""
+    line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+    return line.rstrip("\n") if line else None
 
 
 # -- invoke ----------------------------------------------------------------------------
@@ -247,6 +289,10 @@ def _invoke(args: argparse.Namespace) -> int:
             if record is None or record.parent_entity_id is not None:
                 return _fail(f"no entity {args.resume!r} in {_loom_path(spell)}")
         console = stderr_console()
+        try:
+            on_pause = _pause_handler(args, spell, sys.stdin.isatty())
+        except CantripError as exc:
+            return _fail(str(exc))
         invocation = Invocation(
             spell,
             entity_id=args.resume,
@@ -254,6 +300,7 @@ def _invoke(args: argparse.Namespace) -> int:
             err=console,
             progress=Progress(console, enabled=wants_progress(sys.stderr, args.quiet)),
             interactive=sys.stdin.isatty(),
+            on_pause=on_pause,
         )
         return trio.run(invocation.run)
     finally:

@@ -161,7 +161,7 @@ def _child_cantrip(parent: Entity, request: Mapping[str, Any]) -> tuple[Any, LLM
     llm = _child_llm(parent, request.get("llm"))
     medium = _child_medium(parent, request.get("medium"), llm)
     gates = _child_gates(parent, request.get("gates"))
-    circle = Circle(gates, wards.as_wards(), medium)
+    circle = Circle(gates, wards.as_wards(), medium, approval=parent.circle.approval)
     identity = _child_identity(request.get("identity"))
     child = Cantrip(
         llm=llm,

@@ -19,14 +19,15 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import trio
 import trio.lowlevel
 
+from cantrip._approval import Decision, Pause, PauseError, new_pause_id
 from cantrip._circle import Circle
 from cantrip._context import NUDGE_DONE_REQUIRED, Context
 from cantrip._cost import CostMeter
@@ -36,13 +37,14 @@ from cantrip._events import (
     EventSink,
     FinalResponse,
     MessageComplete,
+    PauseEvent,
     StepComplete,
     StepStart,
     ToolResultEvent,
     UsageEvent,
 )
 from cantrip._folding import FoldingPolicy
-from cantrip._gate import Gate
+from cantrip._gate import Gate, GateArgumentError
 from cantrip._journal import TurnJournal
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
@@ -68,6 +70,9 @@ from cantrip.loom._model import (
     result_text,
 )
 from mediums.base import Execution, MediumSession
+
+PauseHandler = Callable[[Pause], Awaitable[Decision]]
+"""A front end's way to ask its human: shows the pause, returns the decision."""
 
 if TYPE_CHECKING:
     from cantrip._cantrip import Cantrip
@@ -104,6 +109,13 @@ class CastResult:
     """For a truncated cast: what happened before the ward cut in (LOOP-4)."""
     cost_usd: float | None = None
     """USD this cast and the casts it spawned spent; ``None`` if a price is unknown."""
+    pending: tuple[Pause, ...] = ()
+    """Calls waiting for a human: the cast is paused (``reason == "paused"``); answer
+    them with :meth:`Entity.answer` to continue it."""
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.pending)
 
     @property
     def text(self) -> str:
@@ -114,18 +126,22 @@ class _TurnHost:
     """The circle as one turn's medium sees it, remembering every completion so a
     cut-off turn can be recorded with what had already happened."""
 
-    __slots__ = ("circle", "emit", "journal", "records")
+    __slots__ = ("circle", "emit", "gatekeeper", "journal", "records")
 
     def __init__(
         self,
         circle: Circle,
         emit: Callable[[Event], None] | None = None,
         journal: TurnJournal | None = None,
+        gatekeeper: Gatekeeper | None = None,
     ) -> None:
         self.circle = circle
         self.emit = emit
         self.journal = journal
         """Set when the loom keeps a gate journal: calls go through it (cantrip._journal)."""
+        self.gatekeeper = gatekeeper
+        """Set when a call may need a human (Entity._gate_call); it runs the gate through
+        :meth:`run` once the call may go ahead."""
         self.records: list[GateCallRecord] = []
 
     @property
@@ -141,14 +157,22 @@ class _TurnHost:
     async def call(
         self, name: str, args: Mapping[str, Any], tool_call_id: str | None = None
     ) -> GateCallRecord:
-        if self.journal is not None:
-            record = await self.journal.call(self.circle, name, args, tool_call_id)
+        if self.gatekeeper is not None:
+            record = await self.gatekeeper(name, args, tool_call_id)
         else:
-            record = await self.circle.call(name, args, tool_call_id)
+            record = await self.run(name, args, tool_call_id)
         self.records.append(record)
         if self.emit is not None:
             self.emit(ToolResultEvent(record=record))
         return record
+
+    async def run(
+        self, name: str, args: Mapping[str, Any], tool_call_id: str | None
+    ) -> GateCallRecord:
+        """The gate call itself, through the journal when the loom keeps one."""
+        if self.journal is not None:
+            return await self.journal.call(self.circle, name, args, tool_call_id)
+        return await self.circle.call(name, args, tool_call_id)
 
     def unexecuted(
         self,
@@ -163,6 +187,38 @@ class _TurnHost:
         if self.emit is not None:
             self.emit(ToolResultEvent(record=record))
         return record
+
+
+Gatekeeper = Callable[[str, Mapping[str, Any], "str | None"], Awaitable[GateCallRecord]]
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    pause: Pause
+    event: trio.Event = attrs.field(factory=trio.Event)
+    decision: Decision | None = None
+
+
+@attrs.define(eq=False)
+class PauseBoard:
+    """The pauses of one entity tree that a live task waits on, and who answers them.
+
+    Shared by a root entity and every child it spawns, so an answer given to the
+    root (an API call, an HTTP request, an ACP permission reply) reaches a child
+    that waits inside a batch."""
+
+    waiting: dict[str, _Waiter] = attrs.field(factory=dict)
+    always: set[str] = attrs.field(factory=set)
+    """Gates the human approved "always" (for this tree, in this process)."""
+    handler: PauseHandler | None = None
+
+
+class _PauseExit(Exception):
+    """Leaves a cast at a pause (``pause="return"``): the loom holds the pause."""
+
+    def __init__(self, pause: Pause) -> None:
+        super().__init__(pause.pause_id)
+        self.pause = pause
 
 
 @attrs.define
@@ -193,6 +249,8 @@ class _Cast:
     usage: Usage = attrs.field(factory=lambda: ZERO_USAGE)
     utterances: int = 0
     """LLM answers this cast; max_turns counts these (a split turn is one)."""
+    resumed: bool = False
+    """A cast that goes on from a pause: its intent was recorded by the cast it continues."""
 
     @property
     def tokens(self) -> int:
@@ -200,7 +258,7 @@ class _Cast:
 
     def intent_for_turn(self) -> str | None:
         """The intent is recorded on the first turn of its cast."""
-        return None if self.turns else self.intent
+        return None if self.turns or self.resumed else self.intent
 
     def add(self, turn: Turn) -> None:
         self.turns.append(turn)
@@ -262,6 +320,8 @@ class Entity:
         depth: int = 0,
         resume: bool = False,
         on_event: EventSink | None = None,
+        on_pause: PauseHandler | None = None,
+        pause: Literal["return", "wait"] = "return",
     ) -> None:
         self.id = entity_id or new_entity_id()
         self.parent_entity_id = parent_entity_id
@@ -273,6 +333,17 @@ class Entity:
         self._cast: _Cast | None = None
         self._scope: trio.CancelScope | None = None
         self._cancel_requested = False
+        spawner = CURRENT_ENTITY.get(None)
+        if spawner is not None and parent_entity_id == spawner.id:
+            # A child waits in place and is answered through its root (one board).
+            self._board: PauseBoard = spawner._board
+            self.pause_mode: Literal["return", "wait"] = "wait"
+        else:
+            self._board = PauseBoard(handler=on_pause)
+            self.pause_mode = pause
+            """``"return"``: a cast that meets a pause returns ``paused`` (answer it to go
+            on); ``"wait"``: it waits in place for :meth:`answer` or the ``on_pause``
+            handler. Children always wait in place."""
         self.cantrip = cantrip
         self.llm = llm
         self.loom = cantrip.loom
@@ -380,7 +451,15 @@ class Entity:
         self._continuing = True
         return await self._run_cast(cast, fresh=not recorded)
 
-    async def _run_cast(self, cast: _Cast, *, fresh: bool) -> CastResult:
+    async def _run_cast(
+        self,
+        cast: _Cast,
+        *,
+        fresh: bool,
+        first: Callable[[], Awaitable[CastResult | None]] | None = None,
+    ) -> CastResult:
+        """Run a cast's loop (after ``first``, a step that continues a paused turn),
+        with the timeout ward, and record how it ends whatever ends it."""
         if self._closed:
             raise IntentError(f"entity {self.id} is closed; summon a new one")
         if self._session is None:
@@ -393,12 +472,19 @@ class Entity:
         scope = self._scope = trio.CancelScope(deadline=deadline)
         try:
             with scope:
-                outcome = await self._loop(cast)
+                outcome = None
+                if first is not None:
+                    outcome = await first()
+                if outcome is None:
+                    outcome = await self._loop(cast)
                 await self.loom.sync(self.id)
                 return outcome
             turn = self._record_cut(cast, "cancelled" if self._cancel_requested else "timeout")
             await self.loom.sync(self.id)
             return cast.result(self.id, turn, None)
+        except _PauseExit as paused:
+            await self._sync_shielded()
+            return self._paused_result(cast, paused.pause)
         except LLMError:
             await self._sync_shielded()
             raise  # already recorded as an llm_error turn
@@ -525,7 +611,9 @@ class Entity:
                 emit(MessageComplete(response=response))
                 emit(UsageEvent(usage=response.usage))
             inflight.response = response
-            host = inflight.host = _TurnHost(self.circle, emit, journal)
+            host = inflight.host = _TurnHost(
+                self.circle, emit, journal, self._gate_call if self.circle.needs_humans else None
+            )
             cast.utterances += 1
             token = CURRENT_ENTITY.set(self)
             try:
@@ -668,7 +756,7 @@ class Entity:
         if sink is not None:
             sink(event if event.entity_id else attrs.evolve(event, entity_id=self.id))
 
-    def checkpoint(self) -> str:
+    def checkpoint(self, *, marks: Mapping[str, Any] | None = None) -> str:
         """Commit the turn in flight up to this moment; return its id.
 
         Called by delegation gates before a child starts (LOOM-1 + COMP-5):
@@ -677,12 +765,15 @@ class Entity:
         checkpoint. Gate calls completed since the previous checkpoint of the
         same utterance get a checkpoint of their own, so nothing that happened
         before a child started is recorded after it.
+
+        ``marks`` (a pause's ``pending`` marker, an ``answered`` record) always
+        make a checkpoint of their own: they are facts the loom must hold.
         """
         inflight, cast = self._inflight, self._cast
         if inflight is None or cast is None or inflight.response is None or inflight.host is None:
             raise RuntimeError("checkpoint() is only meaningful while a turn executes")
         fresh = tuple(inflight.host.records[inflight.recorded_upto :])
-        if inflight.checkpoint_id is not None and not fresh:
+        if inflight.checkpoint_id is not None and not fresh and not marks:
             return inflight.checkpoint_id
         response = inflight.response
         first = inflight.checkpoint_id is None
@@ -697,14 +788,300 @@ class Entity:
                 metadata=_metadata(response, inflight.started, inflight.timestamp, llm=self.llm)
                 if first
                 else TurnMetadata(timestamp=_now()),
-                reason="delegating",
-                extras={"phase": "checkpoint" if first else "continuation+checkpoint"},
+                reason="paused" if marks and "pending" in marks else "delegating",
+                extras={
+                    "phase": "checkpoint" if first else "continuation+checkpoint",
+                    **(marks or {}),
+                },
             )
         )
         cast.add(turn)
         inflight.checkpoint_id = turn.id
         inflight.recorded_upto = len(inflight.host.records)
         return turn.id
+
+    # -- pauses: humans in the loop (cantrip._approval) ------------------------------
+
+    @property
+    def pending(self) -> tuple[Pause, ...]:
+        """Calls of this entity (and, while it runs, its children) waiting for a human:
+        those a live task waits on, else the one the loom holds at this entity's
+        leaf -- after a restart, or a cast that returned ``paused``."""
+        live = tuple(w.pause for w in self._board.waiting.values() if w.decision is None)
+        if live or self._cast is not None:
+            return live
+        stored = self._stored_pause()
+        return (stored,) if stored is not None else ()
+
+    def _stored_pause(self) -> Pause | None:
+        if self._leaf is None:
+            return None
+        last = self.loom.get(self._leaf)
+        marker = last.extras.get("pending")
+        if last.entity_id != self.id or not isinstance(marker, Mapping):
+            return None
+        return Pause.from_dict(marker, checkpoint_id=last.id)
+
+    async def answer(
+        self, pause_id: str, decision: Decision | Mapping[str, Any]
+    ) -> CastResult | None:
+        """Answer a pending pause (approve / deny / edit, or the text of an answer).
+
+        A pause a live task waits on is handed its decision and ``None`` is
+        returned (the waiting cast goes on). A pause only the loom holds (after a
+        restart, or a cast that returned ``paused``) is continued here: the same
+        turn goes on from the call that paused, and the cast's result is returned.
+        A second answer to the same pause raises :class:`~cantrip.PauseError`.
+        """
+        decision = Decision.parse(decision)
+        waiter = self._board.waiting.get(pause_id)
+        if waiter is not None:
+            _check_decision(waiter.pause, decision)
+            if waiter.decision is not None:
+                raise PauseError(f"pause {pause_id} was already answered")
+            waiter.decision = decision
+            waiter.event.set()
+            return None
+        stored = self._stored_pause() if self._cast is None else None
+        if stored is None or stored.pause_id != pause_id:
+            raise PauseError(
+                f"entity {self.id} has no pending pause {pause_id!r} (already answered?)"
+            )
+        _check_decision(stored, decision)
+        return await self._continue_paused(stored, decision)
+
+    async def _gate_call(
+        self, name: str, args: Mapping[str, Any], tool_call_id: str | None
+    ) -> GateCallRecord:
+        """A gate call in a circle where calls may need a human (the pause)."""
+        circle = self.circle
+        g = circle.gate(name)
+        verdict = circle.verdict(name, args)
+        if g is None or verdict == "allow":
+            return await self._run_gate(name, args, tool_call_id)
+        if verdict == "deny":
+            message = f"denied by the approval policy: {g.name} may not be called with these"
+            return circle.unexecuted(g.name, args, tool_call_id, "error", message)
+        if not g.asks_user and g.name in self._board.always:
+            return await self._run_gate(name, args, tool_call_id)
+        try:
+            g.validate(args)  # a human is never asked about a call that cannot run
+        except GateArgumentError as exc:
+            return circle.unexecuted(g.name, args, tool_call_id, "error", str(exc))
+        pause = self._open_pause(g, args, tool_call_id)
+        decision = await self._await_decision(pause)
+        return await self._apply_decision(pause, decision)
+
+    def _open_pause(self, g: Gate, args: Mapping[str, Any], tool_call_id: str | None) -> Pause:
+        question = args.get("question") if g.asks_user else None
+        pause = Pause(
+            pause_id=new_pause_id(),
+            entity_id=self.id,
+            kind="question" if g.asks_user else "approval",
+            gate=g.name,
+            args=args,
+            tool_call_id=tool_call_id,
+            question=None if question is None else str(question),
+        )
+        checkpoint = self.checkpoint(marks={"pending": pause.to_dict()})
+        pause = attrs.evolve(pause, checkpoint_id=checkpoint)
+        self._board.waiting[pause.pause_id] = _Waiter(pause)
+        log.info("%s paused: %s %s waits for a human", self.id, pause.kind, pause.gate)
+        if self.on_event is not None:
+            self._emit(PauseEvent(pause=pause))
+        return pause
+
+    async def _await_decision(self, pause: Pause) -> Decision:
+        board = self._board
+        waiter = board.waiting[pause.pause_id]
+        try:
+            if self.pause_mode == "return" and board.handler is None and self._returnable(pause):
+                raise _PauseExit(pause)
+            policy = self.circle.approval
+            timeout = policy.timeout_s if policy is not None and pause.kind == "approval" else None
+            with trio.move_on_after(math.inf if timeout is None else timeout):
+                async with trio.open_nursery() as nursery:
+                    if board.handler is not None:
+                        nursery.start_soon(self._ask_human, board.handler, waiter)
+                    await waiter.event.wait()
+                    nursery.cancel_scope.cancel()
+            if waiter.decision is None:
+                waiter.decision = Decision.deny("timed out")
+            return waiter.decision
+        finally:
+            board.waiting.pop(pause.pause_id, None)
+
+    def _returnable(self, pause: Pause) -> bool:
+        """A cast can leave at a pause only between tool calls, not inside running code."""
+        inflight = self._inflight
+        calls = inflight.response.tool_calls if inflight and inflight.response else ()
+        return any(c.id == pause.tool_call_id and c.name == pause.gate for c in calls)
+
+    async def _ask_human(self, handler: PauseHandler, waiter: _Waiter) -> None:
+        decision = await handler(waiter.pause)
+        if waiter.decision is None:  # an answer from elsewhere may have come first
+            _check_decision(waiter.pause, decision)
+            waiter.decision = decision
+            waiter.event.set()
+
+    async def _apply_decision(self, pause: Pause, decision: Decision) -> GateCallRecord:
+        """Record the answer, then carry it out: the gate runs at most once per answer."""
+        self.checkpoint(marks={"answered": {"pause_id": pause.pause_id, **decision.to_dict()}})
+        if decision.always:
+            self._board.always.add(pause.gate)
+        circle = self.circle
+        approval: dict[str, Any] = {"pause_id": pause.pause_id, "decision": decision.kind}
+        if decision.reason:
+            approval["reason"] = decision.reason
+        if decision.kind == "deny":
+            who = (
+                "the user declined to answer" if pause.kind == "question" else "denied by the user"
+            )
+            message = f"{who}: {decision.reason or 'no reason given'}"
+            record = circle.unexecuted(pause.gate, pause.args, pause.tool_call_id, "error", message)
+        elif pause.kind == "question":
+            record = GateCallRecord(
+                gate=pause.gate,
+                args=pause.args,
+                result=decision.text,
+                tool_call_id=pause.tool_call_id,
+            )
+        else:
+            args = pause.args
+            if decision.kind == "edit" and decision.args is not None:
+                args = decision.args
+                approval["original_args"] = dict(pause.args)
+            record = await self._run_gate(pause.gate, args, pause.tool_call_id)
+        return attrs.evolve(record, detail={**record.detail, "approval": approval})
+
+    async def _run_gate(
+        self, name: str, args: Mapping[str, Any], tool_call_id: str | None
+    ) -> GateCallRecord:
+        """Run a gate the human (or the policy) let through, journaled like any call."""
+        host = self._inflight.host if self._inflight is not None else None
+        if host is not None:
+            return await host.run(name, args, tool_call_id)
+        return await self.circle.call(name, args, tool_call_id)
+
+    def _paused_result(self, cast: _Cast, pause: Pause) -> CastResult:
+        return CastResult(
+            result=None,
+            terminated=False,
+            truncated=False,
+            reason="paused",
+            entity_id=self.id,
+            turns=tuple(cast.turns),
+            usage=cast.usage,
+            cost_usd=cast.meter.total,
+            pending=(pause,),
+        )
+
+    async def _continue_paused(self, pause: Pause, decision: Decision) -> CastResult:
+        """Go on with an utterance that a pause recorded in the loom interrupted."""
+        if self._closed:
+            raise IntentError(f"entity {self.id} is closed; resume it to answer its pause")
+        assert pause.checkpoint_id is not None
+        pieces = [self.loom.get(pause.checkpoint_id)]
+        while pieces[0].extras.get("phase") == "continuation+checkpoint":
+            pieces.insert(0, self.loom.get(str(pieces[0].parent_id)))
+        first = pieces[0]
+        response = Response(
+            content=first.content,
+            thinking=first.thinking,
+            tool_calls=first.tool_calls,
+            model=first.metadata.model,
+            provider=first.metadata.provider,
+        )
+        cast = self._cast = _Cast("", self._meter(), resumed=True)
+
+        async def resume_step() -> CastResult | None:
+            if self._session is None:
+                self._session = await self._open_session()
+            emit = self._emit if self.on_event is not None else None
+            inflight = self._inflight = _Inflight(
+                time.perf_counter(), _now(), response=response, checkpoint_id=pause.checkpoint_id
+            )
+            journal = await self._turn_journal() if self.loom.journaled else None
+            host = inflight.host = _TurnHost(self.circle, emit, journal, self._gate_call)
+            cast.utterances += 1
+            token = CURRENT_ENTITY.set(self)
+            try:
+                record = await self._apply_decision(pause, decision)
+                host.records.append(record)
+                if emit is not None:
+                    emit(ToolResultEvent(record=record))
+                done_before = sum(len(p.gate_calls) for p in pieces)
+                execution = await self._rest_of_utterance(
+                    pause, record, response, host, done_before
+                )
+            finally:
+                CURRENT_ENTITY.reset(token)
+            return self._conclude(cast, inflight, execution, emit)
+
+        return await self._run_cast(cast, fresh=False, first=resume_step)
+
+    async def _rest_of_utterance(
+        self,
+        pause: Pause,
+        record: GateCallRecord,
+        response: Response,
+        host: _TurnHost,
+        done_before: int,
+    ) -> Execution:
+        calls = response.tool_calls
+        index = next(
+            (i for i, c in enumerate(calls) if c.id == pause.tool_call_id and c.name == pause.gate),
+            None,
+        )
+        if index is not None:  # a tool call of its own: the rest of the calls run now
+            records = [record]
+            terminated = record.status == "ok" and self.circle.terminates(pause.gate)
+            result = record.result if terminated else None
+            remaining = calls[index + 1 :]
+            if remaining and not terminated:
+                assert self._session is not None
+                rest = await self._session.execute(
+                    attrs.evolve(response, tool_calls=remaining), host
+                )
+                records.extend(rest.gate_calls)
+                terminated, result = rest.terminated, rest.result
+            elif remaining:
+                records.extend(
+                    host.unexecuted(
+                        c.name, c.arguments, c.id, "skipped", "skipped: done was called"
+                    )
+                    for c in remaining
+                )
+            observation = "\n".join(r.text for r in records if r.executed)
+            return Execution(
+                gate_calls=tuple(records),
+                terminated=terminated,
+                result=result,
+                observation=observation,
+            )
+        # Inside code: the process that ran it is gone, so the code cannot go on from
+        # the call. The model learns what the human decided and what it did.
+        message = (
+            f"Your code stopped at {pause.gate}() to wait for a human; it was answered after "
+            f"the sandbox had been released, so the rest of that code block did not run. "
+            f"The call's outcome: {record.text}"
+        )
+        skipped = [
+            host.unexecuted(c.name, c.arguments, c.id, "skipped", "skipped: the block ended")
+            for c in calls[1:]
+        ]
+        texts = [message, *(r.text for r in skipped)]
+        return Execution(
+            gate_calls=(record, *skipped),
+            terminated=record.status == "ok" and self.circle.terminates(pause.gate),
+            result=record.result,
+            observation="\n\n".join(texts),
+            extras={
+                "observations": texts,
+                "host_calls": [done_before + 1, *([1] * len(skipped))],
+                "sandbox_resets": [0],
+            },
+        )
 
     @property
     def cancel_reason(self) -> str:
@@ -828,6 +1205,14 @@ class Entity:
             intent=intent,
             **fields,
         )
+
+
+def _check_decision(pause: Pause, decision: Decision) -> None:
+    """A question takes an answer (or a refusal); an approval takes approve/deny/edit."""
+    if pause.kind == "question" and decision.kind not in ("answer", "deny"):
+        raise PauseError(f"pause {pause.pause_id} asks a question: answer it with text")
+    if pause.kind == "approval" and decision.kind == "answer":
+        raise PauseError(f"pause {pause.pause_id} asks for approval: approve, deny or edit")
 
 
 def _is_cancellation(exc: BaseException) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from cantrip._approval import Pause
 from cantrip.llm._contract import Response, Usage
 from cantrip.loom._model import GateCallRecord, Turn
 
@@ -95,6 +96,14 @@ class FinalResponse(Event):
     """The cast terminated with this result (the done gate's answer, or final text)."""
 
     result: Any = None
+
+
+@attrs.frozen
+class PauseEvent(Event):
+    """A call waits for a human (an approval or an ``ask_user`` question); answer it
+    with ``Entity.answer(pause.pause_id, decision)``."""
+
+    pause: Pause | None = None
 
 
 EventSink = Callable[[Event], None]

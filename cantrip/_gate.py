@@ -73,6 +73,10 @@ class Gate:
     result was never recorded (its worker crashed) is re-run on resume only if the
     gate is idempotent; otherwise the entity is told the outcome is unknown
     (cantrip._journal)."""
+    requires_approval: bool = False
+    """Every call waits for a human's yes first (a pause, see cantrip._approval)."""
+    asks_user: bool = False
+    """The gate is a question to a human: the answer is its result (``ask_user``)."""
     _is_async: bool = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -153,6 +157,8 @@ def gate(
     aliases: tuple[str, ...] = ...,
     parameters: Mapping[str, Any] | None = ...,
     idempotent: bool = ...,
+    requires_approval: bool = ...,
+    asks_user: bool = ...,
 ) -> Callable[[Callable[..., Any]], Gate]: ...
 
 
@@ -170,6 +176,8 @@ def gate(
     aliases: tuple[str, ...] = (),
     parameters: Mapping[str, Any] | None = None,
     idempotent: bool = False,
+    requires_approval: bool = False,
+    asks_user: bool = False,
 ) -> Gate | Callable[[Callable[..., Any]], Gate]:
     """Make a gate of a function. Usable bare (``@gate``) or with options.
 
@@ -202,6 +210,8 @@ def gate(
             delegates=delegates,
             aliases=aliases,
             idempotent=idempotent,
+            requires_approval=requires_approval,
+            asks_user=asks_user,
         )
 
     if fn is not None:

@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult, Entity, new_entity_id
+from cantrip._entity import CastResult, Entity, PauseHandler, new_entity_id
 from cantrip._errors import CantripError
 from cantrip._events import EventSink
 from cantrip._supervisor import ChildSpec, Restart, Supervisor
@@ -43,8 +43,11 @@ class EntityServer:
         entity_id: str | None = None,
         restart: Restart = Restart.TRANSIENT,
         on_event: EventSink | None = None,
+        on_pause: PauseHandler | None = None,
     ) -> None:
         self.spell = spell
+        self.on_pause = on_pause
+        """Answers calls that need a human, in place (the entity waits for it)."""
         self.entity_id = entity_id or new_entity_id()
         self.restart = restart
         self.on_event = on_event
@@ -77,11 +80,19 @@ class EntityServer:
 
     async def main(self, supervisor: Supervisor) -> None:
         self.incarnations += 1
+        # A served entity waits in place at a pause: its front end answers it
+        # (on_pause, or Entity.answer from another request).
         if self.entity_id in self.spell.loom.entities:
-            entity = self.spell.resume(self.entity_id)
+            entity = self.spell.resume(
+                self.entity_id, on_event=self.on_event, on_pause=self.on_pause, pause="wait"
+            )
         else:
-            entity = self.spell.summon(entity_id=self.entity_id)
-        entity.on_event = self.on_event
+            entity = self.spell.summon(
+                entity_id=self.entity_id,
+                on_event=self.on_event,
+                on_pause=self.on_pause,
+                pause="wait",
+            )
         self.entity = entity
         self.ready.set()
         async with entity:

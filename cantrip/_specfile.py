@@ -24,6 +24,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 import gates as builtin_gates
+from cantrip._approval import ApprovalPolicy
 from cantrip._cantrip import Cantrip, cantrip_problems
 from cantrip._circle import Circle, circle_problems
 from cantrip._errors import ConstructionError
@@ -149,6 +150,10 @@ class CircleSpec(_Strict):
     wards: list[dict[str, Any]] = Field(default_factory=list)
     expose_loom: bool | None = None
     """Code mediums: a read-only ``loom`` object in the sandbox (LOOM-11; on by default)."""
+    approve: list[str] = Field(default_factory=list)
+    """Gate-name globs whose calls wait for a human's yes (``["bash", "mcp_*"]``)."""
+    approval_timeout_s: float | None = Field(default=None, gt=0)
+    """Deny a pending approval with "timed out" after this many seconds."""
 
 
 class RetrySpec(_Strict):
@@ -323,7 +328,12 @@ def build_cantrip(
     if problems:
         raise ConstructionError(_dedupe(problems))
     assert llm is not None and medium is not None
-    circle = Circle(gate_list, wards, medium)
+    approval = (
+        ApprovalPolicy(circle_spec.approve, timeout_s=circle_spec.approval_timeout_s)
+        if circle_spec.approve
+        else None
+    )
+    circle = Circle(gate_list, wards, medium, approval=approval)
     retry = _build_retry(doc.retry)
     if loom is None:
         if doc.loom and doc.loom.url:

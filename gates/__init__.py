@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cantrip._gate import Gate
+from gates.ask_user import ask_user
 from gates.call_agent import call_agent, call_agent_batch
 from gates.done import done
 from gates.echo import echo
@@ -10,8 +11,8 @@ from gates.fetch import fetch
 from gates.read import read
 
 BUILTIN: dict[str, Gate] = {
-    g.name: g for g in (done, echo, read, fetch, call_agent, call_agent_batch)
+    g.name: g for g in (done, echo, read, fetch, call_agent, call_agent_batch, ask_user)
 }
 """Gates a declarative spec can name."""
 
-__all__ = ["BUILTIN", "call_agent", "call_agent_batch", "done", "echo", "fetch", "read"]
+__all__ = ["BUILTIN", "ask_user", "call_agent", "call_agent_batch", "done", "echo", "fetch", "read"]

@@ -283,7 +283,15 @@ async def test_echo_returns_its_text() -> None:
 
 
 def test_builtin_registry() -> None:
-    assert set(gates.BUILTIN) == {"done", "echo", "read", "fetch", "call_agent", "call_agent_batch"}
+    assert set(gates.BUILTIN) == {
+        "done",
+        "echo",
+        "read",
+        "fetch",
+        "call_agent",
+        "call_agent_batch",
+        "ask_user",
+    }
     assert gates.BUILTIN["call_agent"].delegates and "call_entity" in gates.call_agent.aliases
     assert gates.BUILTIN["done"] is gates.done
 

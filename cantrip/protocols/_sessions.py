@@ -32,6 +32,7 @@ from cantrip._events import (
     FinalResponse,
     MessageComplete,
     MessageStart,
+    PauseEvent,
     StepComplete,
     StepStart,
     TextDelta,
@@ -301,6 +302,8 @@ def event_dict(event: Event) -> dict[str, Any]:
             )
     elif isinstance(event, FinalResponse):
         data["result"] = plain_json(event.result)
+    elif isinstance(event, PauseEvent) and event.pause is not None:
+        data["pause"] = event.pause.to_dict()
     return redact_value(data)  # type: ignore[no-any-return]
 
 
@@ -315,4 +318,5 @@ EVENT_TYPES: dict[type[Event], str] = {
     ToolResultEvent: "tool_result",
     StepComplete: "step_complete",
     FinalResponse: "final_response",
+    PauseEvent: "pause",
 }

@@ -19,7 +19,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import trio
 from rich.console import Console, Group, RenderableType
@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult
+from cantrip._entity import CastResult, PauseHandler
 from cantrip._errors import CantripError
 from cantrip._events import (
     Event,
@@ -47,6 +47,7 @@ from cantrip._server import EntityServer
 from cantrip._supervisor import Supervisor
 from cantrip.llm._contract import Response, Usage
 from cantrip.loom._model import GateCallRecord
+from cantrip.protocols._human import TerminalHuman
 
 PREVIEW = 100
 COST_KEYS = ("cost_usd", "cost", "total_cost")
@@ -232,7 +233,7 @@ def wants_progress(stream: TextIO, quiet: bool) -> bool:
 
 
 async def cast_with_progress(
-    spell: Cantrip, intent: str, progress: Progress
+    spell: Cantrip, intent: str, progress: Progress, on_pause: PauseHandler | None = None
 ) -> tuple[CastResult | None, bool]:
     """One cast -- summon, send, close, exactly :meth:`Cantrip.cast_async` -- with
     progress, where Ctrl-C cancels the cast (recorded as cancelled).
@@ -242,7 +243,7 @@ async def cast_with_progress(
     interrupted = False
     outcome: CastResult | None = None
     error: BaseException | None = None
-    entity = spell.summon(on_event=progress)
+    entity = spell.summon(on_event=progress, on_pause=on_pause, pause="wait")
     async with entity:
         with trio.open_signal_receiver(signal.SIGINT) as signals, progress:
             async with trio.open_nursery() as nursery:
@@ -307,6 +308,7 @@ class Invocation:
         progress: Progress,
         interactive: bool,
         stdin_fd: int = 0,
+        on_pause: PauseHandler | Literal["ask"] | None = None,
     ) -> None:
         self.spell = spell
         self.out = out
@@ -314,7 +316,10 @@ class Invocation:
         self.progress = progress
         self.interactive = interactive
         self.stdin_fd = stdin_fd
-        self.server = EntityServer(spell, entity_id=entity_id, on_event=progress)
+        self._lines_send, self._lines = trio.open_memory_channel[str | None](math.inf)
+        if on_pause == "ask":  # the human at this terminal, through the same line reader
+            on_pause = TerminalHuman(err, self._lines.receive)
+        self.server = EntityServer(spell, entity_id=entity_id, on_event=progress, on_pause=on_pause)
         self.casting = False
         self.armed = False
         self.casts = 0
@@ -330,7 +335,7 @@ class Invocation:
         server = self.server
         resumed = server.entity_id in self.spell.loom.entities
         supervisor = Supervisor([server.child_spec()], name="invoke")
-        lines_send, lines = trio.open_memory_channel[str | None](math.inf)
+        lines_send, lines = self._lines_send, self._lines
         finished = trio.Event()
 
         async def supervise() -> None:
