@@ -22,6 +22,7 @@ import attrs
 
 from cantrip._errors import ConstructionError
 from cantrip._gate import Gate, GateArgumentError, GateResult
+from cantrip._providers import GateProvider
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import EMPTY, ToolChoice, ToolDefinition
 from cantrip.loom._model import CallStatus, GateCallRecord
@@ -73,6 +74,17 @@ def _ward_tuple(value: Iterable[Ward]) -> tuple[Ward, ...]:
     return tuple(value)
 
 
+def _provider_tuple(value: Iterable[GateProvider]) -> tuple[GateProvider, ...]:
+    providers = tuple(value)
+    for p in providers:
+        if not isinstance(p, GateProvider):
+            raise ConstructionError(
+                f"circle providers must be gate providers (e.g. cantrip.MCPServer); "
+                f"got {type(p).__name__}"
+            )
+    return providers
+
+
 @attrs.frozen(eq=False)
 class Circle:
     """Medium + gates + wards. Built once, shared by every entity of a cantrip."""
@@ -80,6 +92,9 @@ class Circle:
     gates: tuple[Gate, ...] = attrs.field(converter=_gate_tuple)
     wards: tuple[Ward, ...] = attrs.field(converter=_ward_tuple)
     medium: Medium = attrs.field(factory=_default_medium)
+    providers: tuple[GateProvider, ...] = attrs.field(default=(), converter=_provider_tuple)
+    """Outside tool sources (MCP servers): opened per entity, their gates added to
+    that entity's circle (see :mod:`cantrip._providers`)."""
     resolved: WardSet = attrs.field(init=False)
     _by_name: Mapping[str, Gate] = attrs.field(init=False, repr=False)
     _warded_off: frozenset[str] = attrs.field(init=False, repr=False)
@@ -106,6 +121,10 @@ class Circle:
                 by_name.setdefault(alias, g)
         object.__setattr__(self, "resolved", resolved)
         object.__setattr__(self, "_by_name", by_name)
+
+    def with_provided(self, gates: Sequence[Gate]) -> Circle:
+        """This circle plus gates its providers contributed (an entity's own circle)."""
+        return attrs.evolve(self, gates=(*self.gates, *gates), providers=())
 
     # -- presentation --------------------------------------------------------
 
@@ -156,10 +175,12 @@ class Circle:
             return self._record(
                 name, args, tool_call_id, started, message, error=True, detail=detail
             )
+        error = False
         if isinstance(result, GateResult):
             detail = {**detail, **result.detail}
+            error = result.is_error
             result = result.value
-        return self._record(name, args, tool_call_id, started, result, detail=detail)
+        return self._record(name, args, tool_call_id, started, result, error=error, detail=detail)
 
     def unexecuted(
         self,
