@@ -32,6 +32,7 @@ def _mark(line: str) -> None:
 @server.tool()
 def add(a: int, b: int) -> int:
     """Add two integers."""
+    _mark(f"call add {a} {b}")
     return a + b
 
 
