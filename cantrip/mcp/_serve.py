@@ -227,8 +227,8 @@ def check_bind(host: str, token: str | None) -> None:
     """Off loopback, a token is required (clients then send it as a bearer token)."""
     if not _is_loopback(host) and not token:
         raise ConstructionError(
-            f"cantrip mcp --http on {host!r} (not loopback) needs a token: "
-            "--token or CANTRIP_MCP_TOKEN; clients send 'Authorization: Bearer <token>'"
+            f"cantrip mcp --http on {host!r} (not loopback) needs a token (pass --token "
+            "or set CANTRIP_MCP_TOKEN); clients then send it as a bearer token"
         )
 
 
