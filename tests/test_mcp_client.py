@@ -14,14 +14,6 @@ from typing import Any
 
 import pytest
 import trio
-
-import cantrip
-from cantrip._cli import main as cli_main
-from cantrip._events import GateProgress
-from cantrip._providers import ProviderStartError
-from cantrip.mcp import MCPServer, servers_from_tables
-from gates import done, echo
-from mediums.python import python
 from mcp_support import (
     BIN,
     PYTHON,
@@ -38,6 +30,14 @@ from mcp_support import (
     toolbox,
     wait_for_mark,
 )
+
+import cantrip
+from cantrip._cli import main as cli_main
+from cantrip._events import GateProgress
+from cantrip._providers import ProviderStartError
+from cantrip.mcp import MCPServer, servers_from_tables
+from gates import done, echo
+from mediums.python import python
 
 
 async def test_tools_become_gates_with_their_schema_and_results_become_observations(
@@ -125,9 +125,7 @@ async def test_allow_list_and_prefix(tmp_path: Path) -> None:
             return await super().query(messages, tools, *rest, **kw)
 
     script = [call("plus", a=1, b=2), finish()]
-    s = spell(script, toolbox(tmp_path / "m", tools=["add"], prefix="")).with_(
-        llm=Names(script)
-    )
+    s = spell(script, toolbox(tmp_path / "m", tools=["add"], prefix="")).with_(llm=Names(script))
     outcome = await s.cast_async("add")
     assert seen[0] == ["done", "add"]
     assert outcome.turns[0].gate_calls[0].is_error  # "plus" is not a gate
@@ -280,11 +278,13 @@ async def test_a_child_entity_gets_its_own_session(tmp_path: Path) -> None:
         finish("parent done"),
     ]
     s = spell(script, toolbox(log), gates=(done, call_agent))
-    s = s.with_(circle=cantrip.Circle(
-        [done, call_agent],
-        [cantrip.max_turns(6), cantrip.max_depth(1)],
-        providers=[toolbox(log)],
-    ))
+    s = s.with_(
+        circle=cantrip.Circle(
+            [done, call_agent],
+            [cantrip.max_turns(6), cantrip.max_depth(1)],
+            providers=[toolbox(log)],
+        )
+    )
     outcome = await s.cast_async("delegate")
     assert outcome.result == "parent done"
     pids = started_pids(log)
@@ -318,7 +318,7 @@ async def test_a_server_that_exits_at_once_reports_its_stderr() -> None:
 async def test_a_server_that_hangs_at_start_up_is_a_clear_error(mode: str) -> None:
     s = spell([finish()], misbehaving(mode, startup_timeout_s=1.5))
     with trio.fail_after(30):  # never a hang
-        with pytest.raises(ProviderStartError, match="did not finish starting .* within 1.5s"):
+        with pytest.raises(ProviderStartError, match=r"did not finish starting .* within 1\.5s"):
             await s.cast_async("go")
     assert list(s.loom.turns) == []
 
@@ -376,9 +376,10 @@ async def test_published_time_server_from_pypi() -> None:
         args=["--local-timezone", "UTC"],
         tools=["convert_time"],
     )
+    convert = "time_convert_time"
     script = [
-        call("time_convert_time", source_timezone="UTC", time="12:00", target_timezone="Asia/Tokyo"),
-        call("time_convert_time", source_timezone="Nowhere/Land", time="12:00", target_timezone="UTC"),
+        call(convert, source_timezone="UTC", time="12:00", target_timezone="Asia/Tokyo"),
+        call(convert, source_timezone="Nowhere/Land", time="12:00", target_timezone="UTC"),
         finish(),
     ]
     outcome = await spell(script, server).cast_async("what time in Tokyo")

@@ -14,12 +14,12 @@ import httpx
 import pytest
 import trio
 from mcp import Client, StdioServerParameters
+from mcp_support import BIN, call, finish, spell
 
 import cantrip
 from cantrip._cli import main as cli_main
 from cantrip.loom import Loom
 from cantrip.mcp import MCPServer
-from mcp_support import BIN, call, finish, spell
 
 CANTRIP = str(BIN / "cantrip")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -17,13 +18,9 @@ from cantrip._errors import CantripError
 
 
 def add_mcp_parser(commands: Any) -> None:
-    mcp = commands.add_parser(
-        "mcp", help="serve the spec's cantrip as an MCP server (tool: cast)"
-    )
+    mcp = commands.add_parser("mcp", help="serve the spec's cantrip as an MCP server (tool: cast)")
     mcp.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
-    mcp.add_argument(
-        "--http", action="store_true", help="streamable HTTP at /mcp instead of stdio"
-    )
+    mcp.add_argument("--http", action="store_true", help="streamable HTTP at /mcp instead of stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="with --http; default: 127.0.0.1")
     mcp.add_argument(
         "--port", type=int, default=8000, help="with --http; default: 8000 (0: any free port)"
@@ -59,10 +56,8 @@ def run_mcp(
         if not args.http:
             from cantrip.mcp._serve import serve_stdio
 
-            try:
+            with contextlib.suppress(KeyboardInterrupt):
                 trio.run(serve_stdio, spell)
-            except KeyboardInterrupt:
-                pass
             return 0
         return _serve_http(args, spell, fail)
     finally:

@@ -22,10 +22,9 @@ send ``notifications/cancelled`` for the request before the call unwinds.
 from __future__ import annotations
 
 import math
-
 import tempfile
 from collections.abc import Mapping
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TextIO, cast
 
 import pydantic
 import trio
@@ -118,7 +117,9 @@ class MCPProvider:
             try:
                 self._connection = await self._connect()
             except ProviderStartError as exc:
-                raise GateError(f"MCP server {self.spec.name!r} could not be restarted: {exc}")
+                raise GateError(
+                    f"MCP server {self.spec.name!r} could not be restarted: {exc}"
+                ) from None
             return self._connection
 
     def _gate(self, tool: mcp_types.Tool) -> Gate:
@@ -219,8 +220,8 @@ def tool_result_value(result: mcp_types.CallToolResult) -> Any:
         if kind == "text":
             parts.append(block.text)  # type: ignore[union-attr]
         elif kind in ("image", "audio"):
-            data = getattr(block, "data", "")
-            parts.append(f"[{kind}: {getattr(block, 'mime_type', '?')}, {len(data) * 3 // 4} bytes]")
+            size = len(getattr(block, "data", "")) * 3 // 4
+            parts.append(f"[{kind}: {getattr(block, 'mime_type', '?')}, {size} bytes]")
         elif kind == "resource":
             resource = block.resource  # type: ignore[union-attr]
             text = getattr(resource, "text", None)
@@ -244,6 +245,7 @@ class _Connection:
         self._done = trio.Event()
         self._scope = trio.CancelScope()
         self._stderr: IO[str] | None = None
+        self._last_stderr = ""
 
     async def start(self, nursery: trio.Nursery) -> None:
         failure: str | None = await nursery.start(self._run)
@@ -266,13 +268,26 @@ class _Connection:
             await self._done.wait()
 
     def stderr_note(self) -> str:
-        tail = _tail(self._stderr)
+        tail = _tail(self._stderr) if self._stderr is not None else self._last_stderr
         return f"; its stderr ends: {tail}" if tail else ""
 
     async def _run(self, task_status: trio.TaskStatus[str | None]) -> None:
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stderr:
+            self._stderr = stderr
+            try:
+                await self._hold(task_status)
+            finally:
+                self._last_stderr = _tail(stderr)
+                self._stderr = None
+                self.alive = False
+                self.client = None
+                self._done.set()
+
+    async def _hold(self, task_status: trio.TaskStatus[str | None]) -> None:
+        """Start the session, report how that went, then hold it until told to stop."""
         spec = self.spec
+        assert self._stderr is not None
         started = False
-        self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
         try:
             with self._scope:
                 startup = trio.CancelScope(deadline=trio.current_time() + spec.startup_timeout_s)
@@ -298,11 +313,6 @@ class _Connection:
                 )
             else:
                 log.warning("MCP server %r: session ended with %s", spec.name, _describe(exc))
-        finally:
-            self.alive = False
-            self.client = None
-            self._done.set()
-            self._stderr.close()
 
 
 def _client(spec: MCPServer, stderr: IO[str]) -> Any:
@@ -316,7 +326,9 @@ def _client(spec: MCPServer, stderr: IO[str]) -> Any:
         params = StdioServerParameters(
             command=spec.command, args=list(spec.args), env=dict(spec.env) or None, cwd=spec.cwd
         )
-        return Client(stdio_client(params, errlog=stderr), client_info=info, cache=None)
+        return Client(
+            stdio_client(params, errlog=cast(TextIO, stderr)), client_info=info, cache=None
+        )
     return _HttpClient(spec, info)
 
 
@@ -403,6 +415,3 @@ def _version() -> str:
     from cantrip import __version__
 
     return __version__
-
-
-

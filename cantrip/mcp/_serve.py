@@ -200,9 +200,7 @@ def _thread_json(spell: Cantrip, entity_id: str) -> str:
         raise ValueError(f"no entity {entity_id!r} in the loom")
     last = loom.last_turn(entity_id)
     turns = loom.thread(last.id) if last is not None else []
-    return json.dumps(
-        {"entity_id": entity_id, "turns": [turn_dict(t) for t in turns]}, default=str
-    )
+    return json.dumps({"entity_id": entity_id, "turns": [turn_dict(t) for t in turns]}, default=str)
 
 
 # -- transports ---------------------------------------------------------------------------
