@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from cantrip._events import (
         Event,
         FinalResponse,
+        GateProgress,
         MessageComplete,
         MessageStart,
         StepComplete,
@@ -53,10 +54,12 @@ if TYPE_CHECKING:
     )
     from cantrip._folding import FoldingPolicy, LLMFolder
     from cantrip._gc import gc_for_throughput
+    from cantrip._providers import GateProvider, ProviderStartError
     from cantrip._server import EntityServer
     from cantrip._supervisor import ChildSpec, Restart, Strategy, Supervisor, SupervisorEscalation
     from cantrip.llm._config import load_llm
     from cantrip.loom import export_chat, export_jsonl, export_thread_jsonl, load_jsonl
+    from cantrip.mcp import MCPServer
 
 __version__ = "0.1.0"
 
@@ -88,6 +91,10 @@ _LAZY = {
     "ToolResultEvent": "cantrip._events",
     "UsageEvent": "cantrip._events",
     "FinalResponse": "cantrip._events",
+    "GateProgress": "cantrip._events",
+    "GateProvider": "cantrip._providers",
+    "ProviderStartError": "cantrip._providers",
+    "MCPServer": "cantrip.mcp._spec",
 }
 
 
@@ -118,6 +125,8 @@ __all__ = [
     "GateArgumentError",
     "GateCallRecord",
     "GateError",
+    "GateProgress",
+    "GateProvider",
     "GateResult",
     "Identity",
     "ImmutableError",
@@ -128,10 +137,12 @@ __all__ = [
     "Loom",
     "LoomAppendOnlyError",
     "LoomError",
+    "MCPServer",
     "Message",
     "MessageComplete",
     "MessageStart",
     "ProviderError",
+    "ProviderStartError",
     "Query",
     "Response",
     "Restart",

@@ -472,3 +472,49 @@ command = "/no/such/server"
     err = capsys.readouterr().err
     assert "MCP server 'ghost' (stdio: /no/such/server) failed to start" in err
     assert "Traceback" not in err
+
+
+def test_public_names_and_no_sdk_at_import() -> None:
+    import subprocess
+
+    assert cantrip.MCPServer is MCPServer
+    assert cantrip.ProviderStartError is ProviderStartError
+    assert cantrip.GateProgress is GateProgress
+    assert isinstance(MCPServer(name="x", command="y"), cantrip.GateProvider)
+    probe = "import sys, cantrip; print('mcp' in sys.modules, 'mcp_types' in sys.modules)"
+    out = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False", "the SDK loads only when a server is opened"
+
+
+def test_a_circle_refuses_a_provider_that_is_not_one() -> None:
+    with pytest.raises(cantrip.ConstructionError, match="gate providers"):
+        cantrip.Circle([done], [cantrip.max_turns(2)], providers=["mcp-server-time"])  # type: ignore[list-item]
+
+
+async def test_an_http_session_keeps_its_mcp_session_across_prompts(tmp_path: Path) -> None:
+    import httpx
+
+    from cantrip.protocols._http import serve_http
+
+    log = tmp_path / "m"
+    s = spell(
+        [call("tb_pid"), finish(1), call("tb_count", n=2), call("tb_pid"), finish(2)],
+        toolbox(log),
+    )
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(serve_http, s, "127.0.0.1", 0)
+        async with httpx.AsyncClient(base_url=binds[0], timeout=30) as http:
+            sid = (await http.post("/sessions")).json()["session_id"]
+            first = (await http.post(f"/sessions/{sid}/prompt", json={"prompt": "one"})).json()
+            pid = started_pids(log)[0]
+            assert alive(pid), "the MCP session outlives the prompt"
+            async with http.stream(
+                "POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": "two"}
+            ) as streamed:
+                lines = [line async for line in streamed.aiter_lines()]
+        nursery.cancel_scope.cancel()
+    assert first["result"] == 1
+    progress = [json.loads(x[6:]) for x in lines if x.startswith("data: ") and "gate_progress" in x]
+    assert [(p["gate"], p["progress"]) for p in progress] == [("tb_count", 1.0), ("tb_count", 2.0)]
+    assert started_pids(log) == [pid], "one server for both prompts"
+    assert not alive(pid), "closed with the server"

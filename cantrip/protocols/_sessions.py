@@ -30,6 +30,7 @@ from cantrip._errors import CantripError
 from cantrip._events import (
     Event,
     FinalResponse,
+    GateProgress,
     MessageComplete,
     MessageStart,
     StepComplete,
@@ -110,6 +111,9 @@ class SessionHub:
     def __init__(self, spell: Cantrip) -> None:
         self.spell = spell
         self.sessions: dict[str, Session] = {}
+        self.nursery: trio.Nursery | None = None
+        """Lent to every session's entity for its gate providers (MCP sessions), so
+        they live across prompts; set by the adapter that runs the hub."""
 
     @property
     def persistent(self) -> bool:
@@ -154,6 +158,7 @@ class SessionHub:
     def _adopt(self, session_id: str, entity: Entity) -> Session:
         session = Session(session_id, entity)
         entity.on_event = session.dispatch
+        entity.provider_nursery = self.nursery
         self.sessions[session_id] = session
         return session
 
@@ -188,6 +193,7 @@ class SessionHub:
                 crashed = session.entity
                 session.entity = self.spell.resume(crashed.id)
                 session.entity.on_event = session.dispatch
+                session.entity.provider_nursery = self.nursery
                 with trio.CancelScope(shield=True):
                     await crashed.aclose()
                 raise
@@ -299,6 +305,10 @@ def event_dict(event: Event) -> dict[str, Any]:
             )
     elif isinstance(event, FinalResponse):
         data["result"] = plain_json(event.result)
+    elif isinstance(event, GateProgress):
+        data.update(
+            gate=event.gate, progress=event.progress, total=event.total, message=event.message
+        )
     return redact_value(data)  # type: ignore[no-any-return]
 
 
@@ -313,4 +323,5 @@ EVENT_TYPES: dict[type[Event], str] = {
     ToolResultEvent: "tool_result",
     StepComplete: "step_complete",
     FinalResponse: "final_response",
+    GateProgress: "gate_progress",
 }
