@@ -518,3 +518,20 @@ async def test_an_http_session_keeps_its_mcp_session_across_prompts(tmp_path: Pa
     assert [(p["gate"], p["progress"]) for p in progress] == [("tb_count", 1.0), ("tb_count", 2.0)]
     assert started_pids(log) == [pid], "one server for both prompts"
     assert not alive(pid), "closed with the server"
+
+
+def test_the_readme_mcp_snippets_are_valid() -> None:
+    import re
+    import tomllib
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    toml_block = next(
+        b for b in re.findall(r"```toml\n(.*?)```", readme, re.S) if "circle.mcp" in b
+    )
+    servers = servers_from_tables(tomllib.loads(toml_block)["circle"]["mcp"])
+    assert [(s.name, s.transport, s.gate_prefix) for s in servers] == [
+        ("time", "stdio", "time_"),
+        ("search", "http", "web_"),
+    ]
+    config = next(b for b in re.findall(r"```json\n(.*?)```", readme, re.S) if "mcpServers" in b)
+    assert json.loads(config)["mcpServers"]["cantrip"]["args"][0] == "mcp"
