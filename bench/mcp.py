@@ -43,11 +43,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import trio
+# This script shares its name with the SDK's package: keep its own folder off the
+# import path, or ``import mcp`` would find this file.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-import cantrip
-from cantrip.mcp import MCPServer
-from gates import done
+import trio  # noqa: E402
+
+import cantrip  # noqa: E402
+from cantrip.mcp import MCPServer  # noqa: E402
+from gates import done  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLBOX = ROOT / "tests" / "mcp_servers" / "toolbox.py"
