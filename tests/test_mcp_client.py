@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -535,3 +536,27 @@ def test_the_readme_mcp_snippets_are_valid() -> None:
     ]
     config = next(b for b in re.findall(r"```json\n(.*?)```", readme, re.S) if "mcpServers" in b)
     assert json.loads(config)["mcpServers"]["cantrip"]["args"][0] == "mcp"
+
+
+def test_cast_progress_on_a_terminal_shows_gate_progress() -> None:
+    from rich.console import Console
+
+    from cantrip.protocols._terminal import Progress
+
+    buffer = io.StringIO()
+    progress = Progress(Console(file=buffer, width=120), enabled=True)
+    progress(GateProgress(entity_id="e1", gate="tb_count", progress=2, total=3, message="step 2"))
+    progress(GateProgress(entity_id="e1", gate="tb_count", progress=5))
+    assert buffer.getvalue().splitlines() == ["  … tb_count 2/3 step 2", "  … tb_count 5"]
+
+
+async def test_an_entity_without_a_nursery_opens_its_servers_per_cast(tmp_path: Path) -> None:
+    log = tmp_path / "m"
+    entity = spell([call("tb_pid"), finish(1), call("tb_pid"), finish(2)], toolbox(log)).summon()
+    first = await entity.send("one")
+    pid = first.turns[0].gate_calls[0].result["result"]
+    assert not alive(pid), "no nursery outlives the cast, so neither does the server"
+    second = await entity.send("two")
+    assert second.turns[0].gate_calls[0].result["result"] != pid
+    await entity.aclose()
+    assert len(started_pids(log)) == 2
