@@ -560,3 +560,26 @@ async def test_an_entity_without_a_nursery_opens_its_servers_per_cast(tmp_path: 
     assert second.turns[0].gate_calls[0].result["result"] != pid
     await entity.aclose()
     assert len(started_pids(log)) == 2
+
+
+async def test_cancelling_from_outside_cancels_the_call_and_closes_the_session(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "m"
+    s = spell([call("tb_wait_forever", tag="c2"), finish()], toolbox(log))
+    with trio.CancelScope() as outer:
+
+        async def cancel_when_started() -> None:
+            await wait_for_mark(log, "started c2")
+            outer.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel_when_started)
+            await s.cast_async("wait")
+    assert outer.cancelled_caught
+    assert "cancelled c2" in marks(log), "the server saw the call cancelled"
+    pid = started_pids(log)[0]
+    assert not alive(pid), "and the session was closed with the entity"
+    cut = s.loom.turns[-1]
+    assert cut.truncated and cut.reason == "cancelled"
+    assert cut.gate_calls[0].status == "cancelled"
