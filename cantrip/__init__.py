@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from cantrip._events import (
         Event,
         FinalResponse,
+        GateProgress,
         MessageComplete,
         MessageStart,
         StepComplete,
@@ -63,11 +64,13 @@ if TYPE_CHECKING:
     )
     from cantrip._folding import FoldingPolicy, LLMFolder
     from cantrip._gc import gc_for_throughput
+    from cantrip._providers import GateProvider, ProviderStartError
     from cantrip._server import EntityServer
     from cantrip._supervisor import ChildSpec, Restart, Strategy, Supervisor, SupervisorEscalation
     from cantrip.llm._config import load_llm
     from cantrip.llm._telemetry import Pricing
     from cantrip.loom import export_chat, export_jsonl, export_thread_jsonl, load_jsonl
+    from cantrip.mcp import MCPServer
 
 __version__ = "0.1.0"
 
@@ -100,6 +103,10 @@ _LAZY = {
     "ToolResultEvent": "cantrip._events",
     "UsageEvent": "cantrip._events",
     "FinalResponse": "cantrip._events",
+    "GateProgress": "cantrip._events",
+    "GateProvider": "cantrip._providers",
+    "ProviderStartError": "cantrip._providers",
+    "MCPServer": "cantrip.mcp._spec",
 }
 
 
@@ -132,6 +139,8 @@ __all__ = [
     "GateArgumentError",
     "GateCallRecord",
     "GateError",
+    "GateProgress",
+    "GateProvider",
     "GateResult",
     "Identity",
     "ImmutableError",
@@ -142,6 +151,7 @@ __all__ = [
     "Loom",
     "LoomAppendOnlyError",
     "LoomError",
+    "MCPServer",
     "Message",
     "MessageComplete",
     "MessageStart",
@@ -150,6 +160,7 @@ __all__ = [
     "PauseError",
     "Pricing",
     "ProviderError",
+    "ProviderStartError",
     "Query",
     "Response",
     "Restart",

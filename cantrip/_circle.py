@@ -24,6 +24,7 @@ from cantrip._approval import ApprovalPolicy, Verdict
 from cantrip._errors import ConstructionError
 from cantrip._gate import Gate, GateArgumentError, GateResult
 from cantrip._output import OutputSchema
+from cantrip._providers import GateProvider
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import EMPTY, ToolChoice, ToolDefinition
 from cantrip.loom._model import CallStatus, GateCallRecord
@@ -75,6 +76,17 @@ def _ward_tuple(value: Iterable[Ward]) -> tuple[Ward, ...]:
     return tuple(value)
 
 
+def _provider_tuple(value: Iterable[GateProvider]) -> tuple[GateProvider, ...]:
+    providers = tuple(value)
+    for p in providers:
+        if not isinstance(p, GateProvider):
+            raise ConstructionError(
+                f"circle providers must be gate providers (e.g. cantrip.MCPServer); "
+                f"got {type(p).__name__}"
+            )
+    return providers
+
+
 @attrs.frozen(eq=False)
 class Circle:
     """Medium + gates + wards. Built once, shared by every entity of a cantrip."""
@@ -86,6 +98,9 @@ class Circle:
     """Set by :meth:`with_output`: the schema ``done``'s answer takes."""
     approval: ApprovalPolicy | None = attrs.field(default=None, kw_only=True)
     """Which calls wait for a human first (besides gates marked ``requires_approval``)."""
+    providers: tuple[GateProvider, ...] = attrs.field(default=(), converter=_provider_tuple)
+    """Outside tool sources (MCP servers): opened per entity, their gates added to
+    that entity's circle (see :mod:`cantrip._providers`)."""
     resolved: WardSet = attrs.field(init=False)
     _by_name: Mapping[str, Gate] = attrs.field(init=False, repr=False)
     _warded_off: frozenset[str] = attrs.field(init=False, repr=False)
@@ -121,7 +136,14 @@ class Circle:
         """
         gates = tuple(output.done_gate(g) if g.terminates else g for g in self.gates)
         wards = (*self.wards, Ward("require_done_tool", True))
-        return Circle(gates, wards, self.medium, output=output, approval=self.approval)
+        return Circle(
+            gates,
+            wards,
+            self.medium,
+            output=output,
+            approval=self.approval,
+            providers=self.providers,
+        )
 
     @functools.cached_property
     def needs_humans(self) -> bool:
@@ -140,6 +162,10 @@ class Circle:
         if self.approval is None:
             return "allow"
         return self.approval.verdict(g.name, args)
+
+    def with_provided(self, gates: Sequence[Gate]) -> Circle:
+        """This circle plus gates its providers contributed (an entity's own circle)."""
+        return attrs.evolve(self, gates=(*self.gates, *gates), providers=())
 
     # -- presentation --------------------------------------------------------
 
@@ -190,10 +216,12 @@ class Circle:
             return self._record(
                 name, args, tool_call_id, started, message, error=True, detail=detail
             )
+        error = False
         if isinstance(result, GateResult):
             detail = {**detail, **result.detail}
+            error = result.is_error
             result = result.value
-        return self._record(name, args, tool_call_id, started, result, detail=detail)
+        return self._record(name, args, tool_call_id, started, result, error=error, detail=detail)
 
     def unexecuted(
         self,

@@ -91,6 +91,10 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     serve.add_argument("--log", type=Path, help="write a debug log to this file")
     _add_otlp(serve)
 
+    from cantrip.mcp._cli import add_mcp_parser
+
+    add_mcp_parser(commands)
+
     conformance = commands.add_parser("conformance", help="run tests.yaml conformance vectors")
     conformance.add_argument("paths", nargs="*", type=Path, help="default: ./tests.yaml")
     conformance.add_argument("-v", "--verbose", action="store_true", help="list passing cases")
@@ -174,6 +178,10 @@ def _run(args: argparse.Namespace) -> int:
         return _acp(args)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "mcp":
+        from cantrip.mcp._cli import run_mcp
+
+        return run_mcp(args, _load, _fail)
     if args.command == "loom":
         from cantrip._loom_cli import run_loom  # type: ignore[import-not-found,unused-ignore]
 

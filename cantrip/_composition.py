@@ -161,7 +161,18 @@ def _child_cantrip(parent: Entity, request: Mapping[str, Any]) -> tuple[Any, LLM
     llm = _child_llm(parent, request.get("llm"))
     medium = _child_medium(parent, request.get("medium"), llm)
     gates = _child_gates(parent, request.get("gates"))
-    circle = Circle(gates, wards.as_wards(), medium, approval=parent.circle.approval)
+    providers = spell.circle.providers if request.get("gates") is None else ()
+    if providers:
+        # A child that inherits the circle inherits its gate providers, not the
+        # parent's open sessions: it opens its own (and closes them when it ends).
+        gates = list(spell.circle.gates)
+    circle = Circle(
+        gates,
+        wards.as_wards(),
+        medium,
+        approval=parent.circle.approval,
+        providers=providers,
+    )
     identity = _child_identity(request.get("identity"))
     child = Cantrip(
         llm=llm,

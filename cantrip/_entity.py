@@ -46,6 +46,7 @@ from cantrip._events import (
 from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate, GateArgumentError
 from cantrip._journal import TurnJournal
+from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
 from cantrip._tracing import with_tracing
@@ -360,6 +361,11 @@ class Entity:
         self._closed = False
         self._continuing = False
         """Set by :meth:`resume_cast`: the next turn may continue from the gate journal."""
+        self.provider_nursery: trio.Nursery | None = None
+        """A nursery a long-lived host lends to this entity's gate providers (MCP
+        servers), so their sessions outlive one cast without ``async with``."""
+        self._providers: ProviderScope | None = None
+        self._provided = False
         if resume:
             # A restarted incarnation: state comes from the loom, not from memory.
             record = self.loom.entity(self.id)
@@ -411,13 +417,23 @@ class Entity:
         return self._leaf
 
     async def aclose(self) -> None:
-        """End the entity: its medium state is released; its record endures (ENTITY-4)."""
+        """End the entity: its medium state and gate providers are released; its
+        record endures (ENTITY-4)."""
         self._closed = True
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.aclose()
+        try:
+            if self._session is not None:
+                session, self._session = self._session, None
+                await session.aclose()
+        finally:
+            if self._providers is not None:
+                providers, self._providers = self._providers, None
+                await providers.aclose()
 
     async def __aenter__(self) -> Entity:
+        if self.cantrip.circle.providers and self._providers is None:
+            # The entity's nursery: its gate providers (MCP sessions) live here,
+            # across every cast until the entity is closed.
+            self._providers = await ProviderScope.enter()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -462,6 +478,53 @@ class Entity:
         with the timeout ward, and record how it ends whatever ends it."""
         if self._closed:
             raise IntentError(f"entity {self.id} is closed; summon a new one")
+        if self.cantrip.circle.providers and not self._provided:
+            per_cast = await self._open_providers()
+            if per_cast is not None:
+                try:
+                    return await self._run_cast_here(cast, fresh=fresh, first=first)
+                finally:
+                    self._provided = False
+                    self._providers = None
+                    await per_cast.aclose()
+        return await self._run_cast_here(cast, fresh=fresh, first=first)
+
+    async def _open_providers(self) -> ProviderScope | None:
+        """Open the circle's gate providers and add their gates to this entity's
+        circle. Returns the scope when it lives for this cast only (no entity
+        nursery and none lent); a provider that fails to open raises
+        :class:`~cantrip.ProviderStartError` before any turn is taken."""
+        base = self.cantrip.circle
+        scope = self._providers
+        per_cast: ProviderScope | None = None
+        if scope is None:
+            if self.provider_nursery is not None:
+                scope = ProviderScope.lent(self.provider_nursery)
+            else:
+                scope = per_cast = await ProviderScope.enter()
+            self._providers = scope
+        try:
+            gates = await scope.open_all(base.providers, base.gates)
+        except BaseException:
+            # open_all closed what it had opened; the entity's own nursery stays
+            # for __aexit__, a per-cast one is left now, a lent one is forgotten.
+            if not scope.owns_nursery or per_cast is not None:
+                self._providers = None
+            if per_cast is not None:
+                await per_cast.aclose()
+            raise
+        self.circle = base.with_provided(gates)
+        self._setup = attrs.evolve(self._setup, tools=self.circle.tools())
+        self._provided = True
+        return per_cast
+
+    async def _run_cast_here(
+        self,
+        cast: _Cast,
+        *,
+        fresh: bool,
+        first: Callable[[], Awaitable[CastResult | None]] | None,
+    ) -> CastResult:
         if self._session is None:
             self._session = await self._open_session()
         if fresh:

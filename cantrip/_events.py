@@ -85,6 +85,18 @@ class ToolResultEvent(Event):
 
 
 @attrs.frozen
+class GateProgress(Event):
+    """A gate still running reported progress (an MCP tool's progress notification).
+
+    ``progress`` only grows; ``total`` is given when the gate knows it."""
+
+    gate: str = ""
+    progress: float = 0.0
+    total: float | None = None
+    message: str | None = None
+
+
+@attrs.frozen
 class StepComplete(Event):
     """A turn was recorded in the loom."""
 

@@ -41,6 +41,9 @@ class GateResult:
 
     value: Any
     detail: Mapping[str, Any] = attrs.field(factory=dict)
+    is_error: bool = False
+    """Record the call as failed (``is_error``) while keeping ``detail``: a gate
+    provider's tool that reported an error, e.g. an MCP result with ``isError``."""
 
 
 def _frozen(value: Mapping[str, Any] | None) -> Mapping[str, Any]:

@@ -346,6 +346,8 @@ def _show(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
             _print(out, "   gate calls:")
             for r in turn.gate_calls:
                 status = "" if r.status == "ok" else f" [{r.status}]"
+                via = r.detail.get("via")
+                status += f"  (via {via})" if via else ""
                 _print(
                     out,
                     f"     {r.gate}({_short(r.arguments, limit)}) -> "

@@ -37,6 +37,7 @@ from cantrip.llm._contract import LLM, Usage
 from cantrip.llm._retry import DEFAULT_RETRYABLE, RetryingLLM, RetryPolicy
 from cantrip.llm._scripted import ScriptedLLM
 from cantrip.loom._loom import Loom
+from cantrip.mcp._spec import MCPServer, servers_from_tables
 from gates.fixtures import fixture_gate
 from mediums.base import Medium
 from mediums.bash import BashMedium
@@ -154,6 +155,8 @@ class CircleSpec(_Strict):
     """Gate-name globs whose calls wait for a human's yes (``["bash", "mcp_*"]``)."""
     approval_timeout_s: float | None = Field(default=None, gt=0)
     """Deny a pending approval with "timed out" after this many seconds."""
+    mcp: list[dict[str, Any]] = Field(default_factory=list)
+    """``[[circle.mcp]]``: MCP servers whose tools become gates (cantrip.mcp)."""
 
 
 class RetrySpec(_Strict):
@@ -318,6 +321,7 @@ def build_cantrip(
     if resolved.max_depth == 0:
         gate_list = [g for g in gate_list if not g.delegates]
     problems.extend(circle_problems(gate_list, resolved))
+    servers = _mcp_servers(circle_spec.mcp, base_dir, problems)
     llm_reported = doc.llm is not None and llm is None  # its own problems say why
     problems.extend(
         p
@@ -333,7 +337,7 @@ def build_cantrip(
         if circle_spec.approve
         else None
     )
-    circle = Circle(gate_list, wards, medium, approval=approval)
+    circle = Circle(gate_list, wards, medium, approval=approval, providers=servers)
     retry = _build_retry(doc.retry)
     if loom is None:
         if doc.loom and doc.loom.url:
@@ -367,6 +371,27 @@ def _build_output(spec: OutputSpec, problems: list[str]) -> OutputSchema | None:
     except ConstructionError as exc:
         problems.extend(exc.problems)
         return None
+
+
+def _mcp_servers(
+    tables: list[dict[str, Any]], base_dir: Path | None, problems: list[str]
+) -> tuple[MCPServer, ...]:
+    """``[[circle.mcp]]`` tables as servers; a relative ``cwd`` (and an unset one)
+    is the spec file's folder, so ``args = ["server.py"]`` finds its script."""
+    if not tables:
+        return ()
+    if base_dir is not None:
+        tables = [
+            {**t, "cwd": str(_path(t.get("cwd") or ".", base_dir))}
+            if isinstance(t, dict) and t.get("command") is not None
+            else t
+            for t in tables
+        ]
+    try:
+        return servers_from_tables(tables)
+    except ConstructionError as exc:
+        problems.extend(exc.problems)
+        return ()
 
 
 def _build_folding(spec: FoldingSpec, llm: LLM, named: Mapping[str, LLM]) -> FoldingPolicy:

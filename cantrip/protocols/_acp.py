@@ -52,6 +52,7 @@ from cantrip._events import (
     ToolCallEvent,
     ToolResultEvent,
 )
+from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import GateCallRecord, Turn, result_text
@@ -555,6 +556,8 @@ async def serve_stdio(
 
     buffer = bytearray()
     log.info("serving ACP on stdio (idle until a request arrives)")
+    providers = await ProviderScope.enter()  # sessions' gate providers live here
+    server.hub.nursery = providers.nursery
     try:
         async with trio.open_nursery() as nursery:
             while True:
@@ -589,3 +592,4 @@ async def serve_stdio(
     finally:
         with trio.CancelScope(shield=True):
             await server.aclose()
+        await providers.aclose()

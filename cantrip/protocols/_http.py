@@ -35,6 +35,7 @@ from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult
 from cantrip._errors import CantripError
 from cantrip._events import Event
+from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
 from cantrip.protocols._acp import RpcError, prompt_text
 from cantrip.protocols._sessions import (
@@ -87,14 +88,22 @@ class HttpApp:
             await _json(send, exc.status, {"error": {"code": exc.code, "message": exc.message}})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.aclose()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        # The nursery the sessions' gate providers (MCP sessions) live in.
+        providers = await ProviderScope.enter()
+        self.hub.nursery = providers.nursery
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        finally:
+            await self.aclose()  # the entities close their providers first
+            self.hub.nursery = None
+            await providers.aclose()
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"]

@@ -30,6 +30,7 @@ from cantrip._errors import CantripError
 from cantrip._events import (
     Event,
     FinalResponse,
+    GateProgress,
     MessageComplete,
     MessageStart,
     PauseEvent,
@@ -111,6 +112,9 @@ class SessionHub:
     def __init__(self, spell: Cantrip) -> None:
         self.spell = spell
         self.sessions: dict[str, Session] = {}
+        self.nursery: trio.Nursery | None = None
+        """Lent to every session's entity for its gate providers (MCP sessions), so
+        they live across prompts; set by the adapter that runs the hub."""
 
     @property
     def persistent(self) -> bool:
@@ -155,6 +159,7 @@ class SessionHub:
     def _adopt(self, session_id: str, entity: Entity) -> Session:
         session = Session(session_id, entity)
         entity.on_event = session.dispatch
+        entity.provider_nursery = self.nursery
         self.sessions[session_id] = session
         return session
 
@@ -189,6 +194,7 @@ class SessionHub:
                 crashed = session.entity
                 session.entity = self.spell.resume(crashed.id)
                 session.entity.on_event = session.dispatch
+                session.entity.provider_nursery = self.nursery
                 with trio.CancelScope(shield=True):
                     await crashed.aclose()
                 raise
@@ -304,6 +310,10 @@ def event_dict(event: Event) -> dict[str, Any]:
         data["result"] = plain_json(event.result)
     elif isinstance(event, PauseEvent) and event.pause is not None:
         data["pause"] = event.pause.to_dict()
+    elif isinstance(event, GateProgress):
+        data.update(
+            gate=event.gate, progress=event.progress, total=event.total, message=event.message
+        )
     return redact_value(data)  # type: ignore[no-any-return]
 
 
@@ -319,4 +329,5 @@ EVENT_TYPES: dict[type[Event], str] = {
     StepComplete: "step_complete",
     FinalResponse: "final_response",
     PauseEvent: "pause",
+    GateProgress: "gate_progress",
 }

@@ -33,6 +33,7 @@ from cantrip._errors import CantripError
 from cantrip._events import (
     Event,
     FinalResponse,
+    GateProgress,
     MessageComplete,
     StepComplete,
     StepStart,
@@ -185,6 +186,12 @@ class Progress:
             self.usage = self.usage + event.usage
         elif isinstance(event, ToolResultEvent):
             self._result(event.record, indent)
+        elif isinstance(event, GateProgress):
+            of = f"/{event.total:g}" if event.total is not None else ""
+            note = f" {_short(redact(event.message), 60)}" if event.message else ""
+            self._print(
+                f"{indent}  [dim]… {escape(event.gate)} {event.progress:g}{of}{escape(note)}[/]"
+            )
         elif isinstance(event, StepComplete) and event.turn is not None:
             turn = event.turn
             if turn.truncated:

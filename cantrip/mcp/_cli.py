@@ -1,0 +1,107 @@
+"""``cantrip mcp SPEC.toml [--http [--host H] [--port P] [--token T]]``: the CLI side."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from cantrip._cantrip import Cantrip
+from cantrip._errors import CantripError
+
+
+def add_mcp_parser(commands: Any) -> None:
+    mcp = commands.add_parser("mcp", help="serve the spec's cantrip as an MCP server (tool: cast)")
+    mcp.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
+    mcp.add_argument("--http", action="store_true", help="streamable HTTP at /mcp instead of stdio")
+    mcp.add_argument("--host", default="127.0.0.1", help="with --http; default: 127.0.0.1")
+    mcp.add_argument(
+        "--port", type=int, default=8000, help="with --http; default: 8000 (0: any free port)"
+    )
+    mcp.add_argument(
+        "--token",
+        help="with --http: require 'Authorization: Bearer TOKEN' (needed off loopback; "
+        "default: $CANTRIP_MCP_TOKEN)",
+    )
+    mcp.add_argument("--check", action="store_true", help="load the spec, report, and exit")
+    mcp.add_argument("--log", type=Path, help="write a debug log to this file (never stdout)")
+
+
+def run_mcp(
+    args: argparse.Namespace,
+    load: Callable[[Path], Cantrip],
+    fail: Callable[[str], int],
+) -> int:
+    if args.log is not None:
+        logging.basicConfig(
+            filename=args.log,
+            level=logging.DEBUG,
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )
+    try:
+        spell = load(args.spec)
+    except CantripError as exc:
+        return fail(str(exc))
+    try:
+        if args.check:
+            print(f"ok: {args.spec} loads; tool: cast", file=sys.stderr)
+            return 0
+        if not args.http:
+            from cantrip.mcp._serve import serve_stdio
+
+            with contextlib.suppress(KeyboardInterrupt):
+                trio.run(serve_stdio, spell)
+            return 0
+        return _serve_http(args, spell, fail)
+    finally:
+        spell.loom.close()
+
+
+def _serve_http(args: argparse.Namespace, spell: Cantrip, fail: Callable[[str], int]) -> int:
+    import signal
+
+    from cantrip.mcp._serve import check_bind, serve_http
+
+    token = args.token or os.environ.get("CANTRIP_MCP_TOKEN") or None
+    try:
+        check_bind(args.host, token)  # a public bind without a token is refused up front
+    except CantripError as exc:
+        return fail(str(exc))
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+            async def until_signal() -> None:
+                async for _ in signals:
+                    return
+
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(
+                    lambda task_status: serve_http(
+                        spell,
+                        args.host,
+                        args.port,
+                        token=token,
+                        shutdown_trigger=until_signal,
+                        task_status=task_status,
+                    )
+                )
+                for bind in binds:
+                    print(
+                        f"cantrip: MCP (streamable HTTP) for {args.spec} at {bind}/mcp",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+
+    try:
+        trio.run(run)
+    except OSError as exc:
+        return fail(f"cannot serve on {args.host}:{args.port}: {exc}")
+    return 0

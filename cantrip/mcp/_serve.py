@@ -1,0 +1,296 @@
+"""``cantrip mcp SPEC.toml``: a cantrip served as an MCP server (official SDK).
+
+One tool, ``cast``: its input is an intent, its result the cast's answer as
+text plus structured content ``{result, terminated, truncated, reason, turns,
+usage, entity_id}``. Every recorded turn is reported as a progress
+notification (when the client asked for progress). A client that cancels the
+request cancels the cast: the SDK cancels the tool's task, and the entity
+records the cut-off turn as ``cancelled`` exactly as any cancellation.
+
+When the spec has a loom file (``[loom] path``), each entity's thread is an MCP
+resource, ``cantrip://threads/<entity_id>`` (JSON; secrets redacted).
+
+Transports: stdio (the default) and streamable HTTP (``--http``), served by
+hypercorn's trio worker on 127.0.0.1. Bound to any other host it requires a
+bearer token (``--token`` or ``CANTRIP_MCP_TOKEN``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Annotated, Any
+
+import pydantic
+import trio
+
+from cantrip._cantrip import Cantrip
+from cantrip._errors import CantripError, ConstructionError
+from cantrip._events import Event, StepComplete
+from cantrip._redact import get_logger, redact, redact_value
+from cantrip.llm._contract import plain_json
+from cantrip.loom._model import result_text
+
+if TYPE_CHECKING:
+    from mcp.server import MCPServer as SDKServer
+
+log = get_logger("cantrip.mcp.serve")
+
+THREAD_SCHEME = "cantrip://threads/"
+_MAX_LISTED = 500
+"""Resources listed at most (newest entities first); any thread is readable by URI."""
+
+
+CAST_DESCRIPTION = (
+    "Cast the cantrip on an intent: an entity works on it turn by turn until it calls "
+    "done or a ward stops it. Returns the result; the structured content says whether "
+    "it terminated or was truncated, after how many turns, at what token cost. "
+    "Progress is reported once per turn."
+)
+
+
+class CastOutput(pydantic.BaseModel):
+    """The structured content of a ``cast`` result."""
+
+    result: Any = None
+    terminated: bool
+    truncated: bool
+    reason: str | None = None
+    turns: int
+    usage: dict[str, int]
+    entity_id: str
+
+
+def build_server(spell: Cantrip) -> SDKServer:
+    """The MCP server for ``spell``: the ``cast`` tool, and loom threads as resources."""
+    from mcp.server import MCPServer
+    from mcp.server.mcpserver import Context
+    from mcp_types import CallToolResult, TextContent
+
+    persistent = getattr(spell.loom.store, "path", None) is not None
+
+    class CantripMCP(MCPServer):
+        async def list_resources(self) -> Any:
+            listed = list(await super().list_resources())
+            if persistent:
+                listed.extend(_thread_resources(spell))
+            return listed
+
+    server = CantripMCP(
+        "cantrip",
+        instructions=(
+            "Call the `cast` tool with an intent; a cantrip entity works on it "
+            "(a model in a loop with its gates) and answers with the result."
+        ),
+        version=_version(),
+        log_level="WARNING",
+    )
+    max_turns = spell.circle.resolved.max_turns
+
+    async def cast(intent: str, ctx: Context) -> CallToolResult:
+        send, receive = trio.open_memory_channel[Event](math.inf)
+
+        def sink(event: Event) -> None:
+            if isinstance(event, StepComplete) and event.turn is not None:
+                send.send_nowait(event)
+
+        async def report() -> None:
+            async for event in receive:
+                assert isinstance(event, StepComplete) and event.turn is not None
+                turn = event.turn
+                await ctx.report_progress(
+                    float(turn.sequence),
+                    float(max_turns) if max_turns is not None else None,
+                    _progress_message(turn.sequence, turn.utterance, turn.observation),
+                )
+
+        outcome = None
+        failure: str | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(report)
+            try:
+                outcome = await spell.cast_async(intent, on_event=sink)
+            except CantripError as exc:  # a refused intent, an LLM that gave up: the tool fails
+                failure = f"{type(exc).__name__}: {exc}"
+            finally:
+                send.close()
+        if failure is not None or outcome is None:
+            return CallToolResult(
+                content=[TextContent(type="text", text=redact(failure or "no result"))],
+                is_error=True,
+            )
+        structured = CastOutput(
+            result=redact_value(plain_json(outcome.result)),
+            terminated=outcome.terminated,
+            truncated=outcome.truncated,
+            reason=outcome.reason,
+            turns=len(outcome.turns),
+            usage=outcome.usage.to_dict(),
+            entity_id=outcome.entity_id,
+        )
+        text = (
+            result_text(outcome.result)
+            if outcome.terminated
+            else outcome.summary or f"truncated: {outcome.reason}"
+        )
+        return CallToolResult(
+            content=[TextContent(type="text", text=redact(text))],
+            structured_content=structured.model_dump(mode="json"),
+        )
+
+    # The SDK reads the signature for the schemas; with postponed annotations and
+    # the SDK imported here, hand it the evaluated ones (output: CastOutput).
+    cast.__annotations__ = {
+        "intent": str,
+        "ctx": Context,
+        "return": Annotated[CallToolResult, CastOutput],
+    }
+    server.tool(name="cast", description=CAST_DESCRIPTION)(cast)
+
+    if persistent:
+
+        @server.resource(
+            THREAD_SCHEME + "{entity_id}",
+            name="thread",
+            description="An entity's thread in the loom: its turns, root to latest (JSON).",
+            mime_type="application/json",
+        )
+        def thread(entity_id: str) -> str:
+            return _thread_json(spell, entity_id)
+
+    return server
+
+
+def _version() -> str:
+    from cantrip import __version__
+
+    return __version__
+
+
+def _progress_message(sequence: int, utterance: str, observation: str) -> str:
+    said = utterance.replace("\n", " ")
+    said = said if len(said) <= 120 else said[:117] + "..."
+    return redact(f"turn {sequence}: {said}" if said else f"turn {sequence}")
+
+
+def _thread_resources(spell: Cantrip) -> Iterable[Any]:
+    from mcp_types import Resource
+
+    records = list(spell.loom.entities.values())[-_MAX_LISTED:]
+    for record in reversed(records):
+        yield Resource(
+            uri=THREAD_SCHEME + record.entity_id,
+            name=record.entity_id,
+            description=(
+                f"thread of {record.entity_id}"
+                + (f" (child of {record.parent_entity_id})" if record.parent_entity_id else "")
+            ),
+            mime_type="application/json",
+        )
+
+
+def _thread_json(spell: Cantrip, entity_id: str) -> str:
+    from cantrip.protocols._sessions import turn_dict
+
+    loom = spell.loom
+    if entity_id not in loom.entities:
+        raise ValueError(f"no entity {entity_id!r} in the loom")
+    last = loom.last_turn(entity_id)
+    turns = loom.thread(last.id) if last is not None else []
+    return json.dumps({"entity_id": entity_id, "turns": [turn_dict(t) for t in turns]}, default=str)
+
+
+# -- transports ---------------------------------------------------------------------------
+
+
+async def serve_stdio(spell: Cantrip) -> None:
+    """Serve on this process's stdin/stdout until the client closes stdin."""
+    server = build_server(spell)
+    await server.run_stdio_async()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Off loopback, a token is required (clients then send it as a bearer token)."""
+    if not _is_loopback(host) and not token:
+        raise ConstructionError(
+            f"cantrip mcp --http on {host!r} (not loopback) needs a token (pass --token "
+            "or set CANTRIP_MCP_TOKEN); clients then send it as a bearer token"
+        )
+
+
+def http_app(spell: Cantrip, host: str, token: str | None) -> Any:
+    """The streamable HTTP ASGI app (at ``/mcp``), behind a bearer token when given."""
+    check_bind(host, token)
+    server = build_server(spell)
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    security = (
+        None
+        if _is_loopback(host)
+        else TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    )
+    app = server.streamable_http_app(host=host, transport_security=security)
+    return app if token is None else _BearerGate(app, token)
+
+
+class _BearerGate:
+    """ASGI middleware: HTTP requests need ``Authorization: Bearer <token>``."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(
+        self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]], send: Any
+    ) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                body = b'{"error": "a bearer token is required"}'
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"www-authenticate", b"Bearer"),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+async def serve_http(
+    spell: Cantrip,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    token: str | None = None,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve streamable HTTP with hypercorn's trio worker; ``task_status`` gets the URLs."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    app = http_app(spell, host, token)
+    config = Config()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+    config.graceful_timeout = 2.0
+    await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)

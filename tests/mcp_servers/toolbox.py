@@ -1,0 +1,103 @@
+"""An MCP server for the tests, written with the official SDK (``mcp.server.MCPServer``).
+
+Run as ``python toolbox.py`` (stdio) or ``python toolbox.py --http PORT`` (streamable
+HTTP on 127.0.0.1). Its tools cover what the MCP client must handle: plain and
+structured results, a tool error (``isError``), progress notifications, a call that
+waits until it is cancelled, and a call that kills the server mid-call.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel
+
+server = MCPServer("toolbox", version="1.0", log_level="WARNING")
+MARKS = Path(os.environ.get("TOOLBOX_MARKS", os.devnull))
+"""A file the server appends lines to (``cancelled <id>``), so tests can see its side."""
+
+
+def _mark(line: str) -> None:
+    if str(MARKS) != os.devnull:
+        with MARKS.open("a") as f:
+            f.write(line + "\n")
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    _mark(f"call add {a} {b}")
+    return a + b
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Say the text back."""
+    return text
+
+
+class Weather(BaseModel):
+    city: str
+    celsius: float
+
+
+@server.tool()
+def weather(city: str) -> Weather:
+    """Structured content: the weather in a city (always mild)."""
+    return Weather(city=city, celsius=21.5)
+
+
+@server.tool()
+def refuse(reason: str) -> str:
+    """Always fails: the result has isError true."""
+    raise ToolError(f"refused: {reason}")
+
+
+@server.tool()
+async def count(n: int, ctx: Context) -> str:
+    """Report progress n times, then answer."""
+    for i in range(1, n + 1):
+        await ctx.report_progress(i, n, f"step {i}")
+    return f"counted to {n}"
+
+
+@server.tool()
+async def wait_forever(tag: str) -> str:
+    """Never answers on its own; records its cancellation."""
+    _mark(f"started {tag}")
+    try:
+        await anyio.sleep_forever()
+    finally:
+        _mark(f"cancelled {tag}")
+    return "unreachable"
+
+
+@server.tool()
+def die(code: int = 1) -> str:
+    """The server process exits in the middle of this call."""
+    _mark("died")
+    os._exit(code)
+
+
+@server.tool()
+def pid() -> int:
+    """The server's process id (to tell incarnations apart)."""
+    return os.getpid()
+
+
+def main() -> None:
+    _mark(f"start {os.getpid()}")
+    if len(sys.argv) >= 3 and sys.argv[1] == "--http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")
+
+
+if __name__ == "__main__":
+    main()
