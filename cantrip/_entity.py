@@ -44,6 +44,7 @@ from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
+from cantrip._wards import WardSet
 from cantrip.llm._contract import (
     LLM,
     ZERO_USAGE,
@@ -68,6 +69,11 @@ if TYPE_CHECKING:
     from cantrip._cantrip import Cantrip
 
 log = get_logger("cantrip.entity")
+
+CONTINUE_CUT_OFF = (
+    "Your reply was cut off by the output token limit. Continue exactly where it "
+    "stopped, without repeating anything you already wrote."
+)
 
 CURRENT_ENTITY: contextvars.ContextVar[Entity] = contextvars.ContextVar("cantrip_current_entity")
 """The entity on whose behalf a gate is running (for delegation gates)."""
@@ -97,6 +103,9 @@ class CastResult:
     usage: Usage
     summary: str | None = None
     """For a truncated cast: what happened before the ward cut in (LOOP-4)."""
+    partial: str | None = None
+    """For a cast cut off by the output-token limit (reason ``max_tokens``): the
+    text the model had written, never a final answer (issue 22)."""
 
     @property
     def text(self) -> str:
@@ -174,6 +183,11 @@ class _Cast:
     usage: Usage = attrs.field(factory=lambda: ZERO_USAGE)
     utterances: int = 0
     """LLM answers this cast; max_turns counts these (a split turn is one)."""
+    pending: list[str] = attrs.field(factory=list)
+    """Text of consecutive answers cut off by the output-token limit, waiting to be
+    continued; joined with the answer that finishes it."""
+    continuations: int = 0
+    """Continuations asked for this cast (bounded by the ``max_continuations`` ward)."""
 
     @property
     def tokens(self) -> int:
@@ -197,8 +211,16 @@ class _Cast:
             entity_id=entity_id,
             turns=tuple(self.turns),
             usage=self.usage,
-            summary=None if last.terminated else _truncation_summary(self.turns, last.reason),
+            summary=None
+            if last.terminated
+            else _truncation_summary(self.turns, last.reason, self.partial),
+            partial=None if last.terminated else self.partial,
         )
+
+    @property
+    def partial(self) -> str | None:
+        """The cut-off text not yet continued, if any."""
+        return "".join(self.pending) or None
 
 
 @attrs.frozen
@@ -460,13 +482,21 @@ class Entity:
         response, host = inflight.response, inflight.host
         assert response is not None and host is not None
         wards = self.circle.resolved
-        terminated, result, observation = self._outcome(
-            response, execution, wards.require_done_tool
-        )
         reason: str | None = None
+        if execution.text_only and response.stop_reason == "max_tokens":
+            # Cut off by the output-token limit: never a final answer (issue 22).
+            terminated, result = False, None
+            observation, reason = self._cut_off(cast, response, wards)
+        else:
+            terminated, result, observation = self._outcome(
+                response, execution, wards.require_done_tool
+            )
+            if terminated and execution.text_only and cast.pending:
+                result = "".join(cast.pending) + (response.content or "")
+            cast.pending.clear()
         if terminated:
             reason = "text" if execution.text_only else "done"
-        else:
+        elif reason is None:
             max_turns = wards.max_turns
             max_tokens = wards.get("max_tokens_total")
             if max_turns is not None and cast.utterances >= max_turns:
@@ -521,6 +551,22 @@ class Entity:
         if terminated or truncated:
             return cast.result(self.id, turn, result if terminated else None)
         return None
+
+    def _cut_off(self, cast: _Cast, response: Response, wards: WardSet) -> tuple[str, str | None]:
+        """(observation, reason) of a text answer the token limit cut off.
+
+        With continuations left (the ``max_continuations`` ward, default 0) the
+        model is asked to go on and the pieces are joined when it finishes;
+        otherwise the cast ends truncated with reason ``max_tokens``. An answer
+        cut off before it said anything is not continued: the same request
+        would be cut again.
+        """
+        cast.pending.append(response.content or "")
+        allowed = int(wards.get("max_continuations") or 0)
+        if response.content and cast.continuations < allowed:
+            cast.continuations += 1
+            return CONTINUE_CUT_OFF, None
+        return "cut off: the answer reached the output token limit (max_tokens)", "max_tokens"
 
     def cancel(self) -> bool:
         """Cancel the running cast, if any (COMP-9): it ends as truncated with reason
@@ -749,7 +795,13 @@ def _metadata(
     )
 
 
-def _truncation_summary(turns: Sequence[Turn], reason: str | None) -> str:
+def _truncation_summary(turns: Sequence[Turn], reason: str | None, partial: str | None) -> str:
+    if reason == "max_tokens":
+        return (
+            f"Cut off by the output token limit (max_tokens) after {len(turns)} turn(s); "
+            "this is not a finished answer. "
+            + (f"Partial answer:\n{partial}" if partial else "Nothing was written before the cut.")
+        )
     calls = [r for t in turns for r in t.gate_calls]
     errors = sum(1 for r in calls if r.is_error)
     gates = sorted({r.gate for r in calls})

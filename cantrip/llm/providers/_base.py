@@ -88,6 +88,21 @@ DRAIN_S = 0.5
 """How long the rest of a stream is read after an error event before it is abandoned."""
 
 
+def corrupt_event(provider: str, data: str) -> ProviderError:
+    """A stream event whose data is not the JSON object the API promises.
+
+    A stream with a hole in it cannot be folded into a whole answer, so it is
+    a transient provider fault: the retry layer asks again inside the turn
+    (issue 23); nothing of the broken attempt is recorded.
+    """
+    snippet = data[:120]
+    return ProviderError(
+        f"{provider}: the stream carried an event that is not a JSON object: {snippet!r}",
+        retryable=True,
+        code="malformed_stream",
+    )
+
+
 class StreamState(Protocol):
     """Folds one response's SSE events; ``finish`` returns the normalized response."""
 
