@@ -618,9 +618,11 @@ class HTTPAdapter:
             payload = None
         if not isinstance(payload, Mapping):
             snippet = body[:200].decode("utf-8", errors="replace")
+            # A 200 whose body is cut or garbled is a transient fault, like a dropped
+            # connection (issue 13): it carries no error status for a policy to judge.
             raise ProviderError(
                 f"{self.provider}: the response is not a JSON object: {snippet!r}",
-                status=status,
+                status=status if status >= 400 else None,
                 retryable=True,
                 code="malformed_response",
             )
