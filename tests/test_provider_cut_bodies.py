@@ -113,7 +113,7 @@ async def test_a_stream_that_stays_corrupt_is_an_error_observation_not_a_partial
     script = [Corrupt(FOX, at_event=3)] * 4 + [Answer(calls=(Call("done", {"answer": "ok"}),))]
     async with running("anthropic", script) as (_, llm):
         outcome = await spell(llm).cast_async("say it", on_event=lambda e: None)
-    first, second = outcome.turns
+    first, _finished = outcome.turns
     assert first.is_error and first.content is None  # nothing of the broken attempts
     assert "not a JSON object" in first.observation
     assert outcome.result == "ok"
