@@ -229,6 +229,8 @@ class AcpServer:
                 "reason": outcome.reason,
                 "usage": outcome.usage.to_dict(),
             }
+            if outcome.partial is not None:
+                meta["partial"] = outcome.partial  # cut off by the token limit: not a result
         return {"stopReason": stop, "_meta": {"cantrip": meta}}
 
     async def _cancel(self, params: Mapping[str, Any]) -> None:
