@@ -174,6 +174,20 @@ async def test_a_cut_off_code_call_is_not_run(tmp_path: Path) -> None:
     assert first.gate_calls[0].status == "error"
 
 
+async def test_a_fork_does_not_replay_a_cut_off_code_call() -> None:
+    from mediums.js import JsMedium
+
+    llm = ScriptedLLM(
+        [{"code": "var x = 1;", "stop_reason": "max_tokens"}, {"code": "done(typeof x)"}]
+    )
+    js = Cantrip(llm=llm, identity=Identity(), circle=Circle([done], [max_turns(4)], JsMedium()))
+    original = await js.cast_async("run")
+    assert original.result == "undefined"  # the cut-off code never ran
+    other = ScriptedLLM([{"code": "done(typeof x)"}])
+    forked = await js.fork_async(original.turns[0], "again", llm=other)
+    assert forked.result == "undefined"  # and replay does not run it either
+
+
 async def test_a_cut_off_call_survives_the_loom_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "loom.jsonl"
     llm = ScriptedLLM(
