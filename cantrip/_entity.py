@@ -44,7 +44,6 @@ from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
-from cantrip._wards import WardSet
 from cantrip.llm._contract import (
     LLM,
     ZERO_USAGE,
@@ -67,6 +66,7 @@ from mediums.base import Execution, MediumSession
 
 if TYPE_CHECKING:
     from cantrip._cantrip import Cantrip
+    from cantrip._wards import WardSet
 
 log = get_logger("cantrip.entity")
 
@@ -101,11 +101,11 @@ class CastResult:
     entity_id: str
     turns: tuple[Turn, ...]
     usage: Usage
-    summary: str | None = None
-    """For a truncated cast: what happened before the ward cut in (LOOP-4)."""
     partial: str | None = None
     """For a cast cut off by the output-token limit (reason ``max_tokens``): the
     text the model had written, never a final answer (issue 22)."""
+    summary: str | None = None
+    """For a truncated cast: what happened before the ward cut in (LOOP-4)."""
 
     @property
     def text(self) -> str:
@@ -183,9 +183,6 @@ class _Cast:
     usage: Usage = attrs.field(factory=lambda: ZERO_USAGE)
     utterances: int = 0
     """LLM answers this cast; max_turns counts these (a split turn is one)."""
-    pending: list[str] = attrs.field(factory=list)
-    """Text of consecutive answers cut off by the output-token limit, waiting to be
-    continued; joined with the answer that finishes it."""
     continuations: int = 0
     """Continuations asked for this cast (bounded by the ``max_continuations`` ward)."""
 
@@ -211,16 +208,9 @@ class _Cast:
             entity_id=entity_id,
             turns=tuple(self.turns),
             usage=self.usage,
-            summary=None
-            if last.terminated
-            else _truncation_summary(self.turns, last.reason, self.partial),
-            partial=None if last.terminated else self.partial,
+            partial=None if last.terminated else _cut_text(self.turns),
+            summary=None if last.terminated else _truncation_summary(self.turns, last.reason),
         )
-
-    @property
-    def partial(self) -> str | None:
-        """The cut-off text not yet continued, if any."""
-        return "".join(self.pending) or None
 
 
 @attrs.frozen
@@ -483,7 +473,8 @@ class Entity:
         assert response is not None and host is not None
         wards = self.circle.resolved
         reason: str | None = None
-        if execution.text_only and response.stop_reason == "max_tokens":
+        cut = execution.text_only and response.stop_reason == "max_tokens"
+        if cut:
             # Cut off by the output-token limit: never a final answer (issue 22).
             terminated, result = False, None
             observation, reason = self._cut_off(cast, response, wards)
@@ -491,9 +482,8 @@ class Entity:
             terminated, result, observation = self._outcome(
                 response, execution, wards.require_done_tool
             )
-            if terminated and execution.text_only and cast.pending:
-                result = "".join(cast.pending) + (response.content or "")
-            cast.pending.clear()
+            if terminated and execution.text_only and cast.continuations:
+                result = (_cut_text(cast.turns) or "") + (response.content or "")
         if terminated:
             reason = "text" if execution.text_only else "done"
         elif reason is None:
@@ -515,7 +505,7 @@ class Entity:
             "thinking": response.thinking,
             "tool_calls": response.tool_calls,
         }
-        extras = execution.extras
+        extras = {**execution.extras, "cut_off": "max_tokens"} if cut else execution.extras
         gate_calls = execution.gate_calls
         if inflight.checkpoint_id is not None:
             # The utterance is in the checkpoint; this turn completes it.
@@ -551,22 +541,6 @@ class Entity:
         if terminated or truncated:
             return cast.result(self.id, turn, result if terminated else None)
         return None
-
-    def _cut_off(self, cast: _Cast, response: Response, wards: WardSet) -> tuple[str, str | None]:
-        """(observation, reason) of a text answer the token limit cut off.
-
-        With continuations left (the ``max_continuations`` ward, default 0) the
-        model is asked to go on and the pieces are joined when it finishes;
-        otherwise the cast ends truncated with reason ``max_tokens``. An answer
-        cut off before it said anything is not continued: the same request
-        would be cut again.
-        """
-        cast.pending.append(response.content or "")
-        allowed = int(wards.get("max_continuations") or 0)
-        if response.content and cast.continuations < allowed:
-            cast.continuations += 1
-            return CONTINUE_CUT_OFF, None
-        return "cut off: the answer reached the output token limit (max_tokens)", "max_tokens"
 
     def cancel(self) -> bool:
         """Cancel the running cast, if any (COMP-9): it ends as truncated with reason
@@ -686,6 +660,21 @@ class Entity:
             return True, response.content, ""
         return execution.terminated, execution.result, execution.observation
 
+    def _cut_off(self, cast: _Cast, response: Response, wards: WardSet) -> tuple[str, str | None]:
+        """(observation, reason) of a text answer the token limit cut off.
+
+        With continuations left (the ``max_continuations`` ward, default 0) the
+        model is asked to go on and the pieces are joined when it finishes;
+        otherwise the cast ends truncated with reason ``max_tokens``. An answer
+        cut off before it said anything is not continued: the same request
+        would be cut again.
+        """
+        allowed = int(wards.get("max_continuations") or 0)
+        if response.content and cast.continuations < allowed:
+            cast.continuations += 1
+            return CONTINUE_CUT_OFF, None
+        return "cut off: the answer reached the output token limit (max_tokens)", "max_tokens"
+
     def _record(self, turn: Turn) -> Turn:
         self.loom.append(turn)
         if log.isEnabledFor(logging.DEBUG):
@@ -795,8 +784,20 @@ def _metadata(
     )
 
 
-def _truncation_summary(turns: Sequence[Turn], reason: str | None, partial: str | None) -> str:
+def _cut_text(turns: Sequence[Turn]) -> str | None:
+    """The text of the answers at the end of ``turns`` that the token limit cut off
+    (one cut-off answer and the continuations before it), from the loom's turns."""
+    pieces: list[str] = []
+    for turn in reversed(turns):
+        if turn.extras.get("cut_off") != "max_tokens":
+            break
+        pieces.append(turn.content or "")
+    return "".join(reversed(pieces)) or None
+
+
+def _truncation_summary(turns: Sequence[Turn], reason: str | None) -> str:
     if reason == "max_tokens":
+        partial = _cut_text(turns)
         return (
             f"Cut off by the output token limit (max_tokens) after {len(turns)} turn(s); "
             "this is not a finished answer. "

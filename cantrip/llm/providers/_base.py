@@ -9,6 +9,8 @@ events into that same payload shape -- plus this class, which does the I/O:
 * HTTP failures become :class:`~cantrip.ProviderError` with ``status``,
   ``code``, ``retryable`` (429, 5xx, connection errors and timeouts) and
   ``retry_after`` (``Retry-After``, ``retry-after-ms`` or Google's RetryInfo);
+  a 200 that is not a whole answer (a body that is not JSON, a stream event
+  that is not JSON, a stream without its terminal event) is retryable too;
 * streaming emits :mod:`cantrip._events` live and returns exactly what
   ``query`` would have returned for the same payload;
 * ``tool_choice="required"`` on an endpoint that cannot force a call is

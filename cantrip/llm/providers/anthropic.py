@@ -233,18 +233,20 @@ def parse_message(
     if signatures:
         metadata["thinking_signatures"] = tuple(signatures)
     reason = payload.get("stop_reason")
-    details = payload.get("stop_details")
+    text = "".join(texts)
     stop = resolve_finish(
         provider,
         str(reason) if reason is not None else None,
         STOP_REASONS,
         has_calls=bool(calls),
-        detail=_details_text(details) or "".join(texts)[:500],
+        # A refusal is explained by stop_details (newer API versions), else by what
+        # the model wrote when it declined.
+        detail=_details_text(payload.get("stop_details")) or text[:500],
     )
     if reason is not None:
         metadata["finish_reason"] = str(reason)
     return Response(
-        content="".join(texts) or None,
+        content=text or None,
         tool_calls=mark_cut_off(calls, stop, arguments_as_text=streamed),
         usage=parse_usage(payload.get("usage")),
         thinking="".join(thinking) or None,
