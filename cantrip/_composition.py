@@ -58,6 +58,8 @@ class ChildOutcome:
     value: Any
     truncated: bool = False
     entity_id: str = ""
+    reason: str | None = None
+    """Why a truncated child ended (``max_turns``, ``max_tokens``, ...)."""
 
 
 def current_entity() -> Entity:
@@ -142,7 +144,9 @@ async def _run_child(parent: Entity, request: dict[str, Any], spawn_point: str) 
     except Exception as exc:  # noqa: BLE001 -- a crashed child is the parent's observation
         raise GateError(f"child entity {child.id} crashed: {type(exc).__name__}: {exc}") from None
     if outcome.truncated:
-        return ChildOutcome(outcome.summary, truncated=True, entity_id=child.id)
+        return ChildOutcome(
+            outcome.summary, truncated=True, entity_id=child.id, reason=outcome.reason
+        )
     return ChildOutcome(outcome.result, entity_id=child.id)
 
 

@@ -77,8 +77,14 @@ PauseHandler = Callable[[Pause], Awaitable[Decision]]
 
 if TYPE_CHECKING:
     from cantrip._cantrip import Cantrip
+    from cantrip._wards import WardSet
 
 log = get_logger("cantrip.entity")
+
+CONTINUE_CUT_OFF = (
+    "Your reply was cut off by the output token limit. Continue exactly where it "
+    "stopped, without repeating anything you already wrote."
+)
 
 CURRENT_ENTITY: contextvars.ContextVar[Entity] = contextvars.ContextVar("cantrip_current_entity")
 """The entity on whose behalf a gate is running (for delegation gates)."""
@@ -106,6 +112,9 @@ class CastResult:
     entity_id: str
     turns: tuple[Turn, ...]
     usage: Usage
+    partial: str | None = None
+    """For a cast cut off by the output-token limit (reason ``max_tokens``): the
+    text the model had written, never a final answer (issue 22)."""
     summary: str | None = None
     """For a truncated cast: what happened before the ward cut in (LOOP-4)."""
     cost_usd: float | None = None
@@ -252,6 +261,8 @@ class _Cast:
     """LLM answers this cast; max_turns counts these (a split turn is one)."""
     resumed: bool = False
     """A cast that goes on from a pause: its intent was recorded by the cast it continues."""
+    continuations: int = 0
+    """Continuations asked for this cast (bounded by the ``max_continuations`` ward)."""
 
     @property
     def tokens(self) -> int:
@@ -279,6 +290,7 @@ class _Cast:
             entity_id=entity_id,
             turns=tuple(self.turns),
             usage=self.usage,
+            partial=None if last.terminated else _cut_text(self.turns),
             summary=None if last.terminated else _truncation_summary(self.turns, last.reason),
             cost_usd=self.meter.total,
         )
@@ -730,13 +742,21 @@ class Entity:
         response, host = inflight.response, inflight.host
         assert response is not None and host is not None
         wards = self.circle.resolved
-        terminated, result, observation = self._outcome(
-            response, execution, wards.require_done_tool
-        )
         reason: str | None = None
+        cut = execution.text_only and response.stop_reason == "max_tokens"
+        if cut:
+            # Cut off by the output-token limit: never a final answer (issue 22).
+            terminated, result = False, None
+            observation, reason = self._cut_off(cast, response, wards)
+        else:
+            terminated, result, observation = self._outcome(
+                response, execution, wards.require_done_tool
+            )
+            if terminated and execution.text_only and cast.continuations:
+                result = (_cut_text(cast.turns) or "") + (response.content or "")
         if terminated:
             reason = "text" if execution.text_only else "done"
-        else:
+        elif reason is None:
             max_turns = wards.max_turns
             max_tokens = wards.get("max_tokens_total")
             if max_turns is not None and cast.utterances >= max_turns:
@@ -757,7 +777,7 @@ class Entity:
             "thinking": response.thinking,
             "tool_calls": response.tool_calls,
         }
-        extras = execution.extras
+        extras = {**execution.extras, "cut_off": "max_tokens"} if cut else execution.extras
         gate_calls = execution.gate_calls
         if inflight.checkpoint_id is not None:
             # The utterance is in the checkpoint; this turn completes it.
@@ -1212,6 +1232,21 @@ class Entity:
             return True, response.content, ""
         return execution.terminated, execution.result, execution.observation
 
+    def _cut_off(self, cast: _Cast, response: Response, wards: WardSet) -> tuple[str, str | None]:
+        """(observation, reason) of a text answer the token limit cut off.
+
+        With continuations left (the ``max_continuations`` ward, default 0) the
+        model is asked to go on and the pieces are joined when it finishes;
+        otherwise the cast ends truncated with reason ``max_tokens``. An answer
+        cut off before it said anything is not continued: the same request
+        would be cut again.
+        """
+        allowed = int(wards.get("max_continuations") or 0)
+        if response.content and cast.continuations < allowed:
+            cast.continuations += 1
+            return CONTINUE_CUT_OFF, None
+        return "cut off: the answer reached the output token limit (max_tokens)", "max_tokens"
+
     def _record(self, turn: Turn) -> Turn:
         self.loom.append(turn)
         if log.isEnabledFor(logging.DEBUG):
@@ -1335,7 +1370,25 @@ def _metadata(
     )
 
 
+def _cut_text(turns: Sequence[Turn]) -> str | None:
+    """The text of the answers at the end of ``turns`` that the token limit cut off
+    (one cut-off answer and the continuations before it), from the loom's turns."""
+    pieces: list[str] = []
+    for turn in reversed(turns):
+        if turn.extras.get("cut_off") != "max_tokens":
+            break
+        pieces.append(turn.content or "")
+    return "".join(reversed(pieces)) or None
+
+
 def _truncation_summary(turns: Sequence[Turn], reason: str | None) -> str:
+    if reason == "max_tokens":
+        partial = _cut_text(turns)
+        return (
+            f"Cut off by the output token limit (max_tokens) after {len(turns)} turn(s); "
+            "this is not a finished answer. "
+            + (f"Partial answer:\n{partial}" if partial else "Nothing was written before the cut.")
+        )
     calls = [r for t in turns for r in t.gate_calls]
     errors = sum(1 for r in calls if r.is_error)
     gates = sorted({r.gate for r in calls})

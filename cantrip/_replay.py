@@ -225,6 +225,10 @@ async def _replay_turn(
     for index, call in enumerate(turn.tool_calls):
         size = counts[index] if counts is not None else None
         window = records[offset : offset + size] if size is not None else records[offset:]
+        if call.cut_off:
+            # Never run the first time (its arguments were cut by the token limit).
+            offset += size if size is not None else 1
+            continue
         if index in resets:
             report.resets += 1
             await session.replay_reset()

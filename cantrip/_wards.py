@@ -58,6 +58,11 @@ for _kind in (
     WardKind("max_concurrency", "min", doc="children of one batch running at once"),
     WardKind("max_batch_size", "min", doc="children in one batch"),
     WardKind("require_done_tool", "or", doc="only the done gate terminates"),
+    WardKind(
+        "max_continuations",
+        "min",
+        doc="answers cut off by the output token limit the model may continue per cast",
+    ),
 ):
     register_ward_kind(_kind)
 

@@ -23,7 +23,7 @@ import attrs
 from cantrip._gate import Gate
 from cantrip.llm._contract import Message, Response, ToolCall, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
-from mediums.base import Execution, GateHost, visible_result
+from mediums.base import Execution, GateHost, cut_off, visible_result
 
 VIEWPORT_CHARS = 500
 PREVIEW_CHARS = 150
@@ -162,6 +162,13 @@ async def execute_code_calls(
                 host.unexecuted(call.name, call.arguments, call.id, "skipped", SKIPPED_AFTER_DONE)
             )
             observations.append(SKIPPED_AFTER_DONE)
+            counts.append(1)
+            continue
+        if call.cut_off:
+            message = cut_off(call)
+            records.append(host.unexecuted(call.name, call.arguments, call.id, "error", message))
+            observations.append(message)
+            errors.append(message)
             counts.append(1)
             continue
         outcome = await run(call, host)

@@ -24,7 +24,7 @@ import attrs
 if TYPE_CHECKING:  # only types: mediums.base must import without the runtime
     from cantrip._gate import Gate
     from cantrip._wards import WardKind, WardSet
-    from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
+    from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
     from cantrip.loom._model import CallStatus, GateCallRecord, Turn
 
 
@@ -37,6 +37,20 @@ def visible_result(record: GateCallRecord) -> str:
     if record.detail.get("ephemeral") and record.status == "ok":
         return f"[ephemeral:{record.gate}]"
     return record.text
+
+
+def cut_off(call: ToolCall) -> str:
+    """What the model reads about a call the output-token limit cut off (issue 22).
+
+    The call is not run: its arguments may be incomplete even where they parse.
+    """
+    shown = call.raw_arguments if call.raw_arguments is not None else call.arguments_json
+    preview = shown if len(shown) <= 200 else shown[:200] + "..."
+    return (
+        f"the arguments of {call.name!r} were cut off by the output token limit (max_tokens), "
+        f"so the call was not made; received only {preview!r}. Make the call again with "
+        "shorter arguments, or split the work into smaller calls."
+    )
 
 
 class GateHost(Protocol):

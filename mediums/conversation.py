@@ -16,7 +16,7 @@ from cantrip._gate import Gate
 from cantrip._wards import WardKind, WardSet
 from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
-from mediums.base import Execution, GateHost, visible_result
+from mediums.base import Execution, GateHost, cut_off, visible_result
 
 SKIPPED_AFTER_DONE = "skipped: done was already called in this utterance"
 
@@ -65,6 +65,11 @@ class ConversationSession:
                     host.unexecuted(
                         call.name, call.arguments, call.id, "skipped", SKIPPED_AFTER_DONE
                     )
+                )
+                continue
+            if call.cut_off:
+                records.append(
+                    host.unexecuted(call.name, call.arguments, call.id, "error", cut_off(call))
                 )
                 continue
             if call.raw_arguments is not None and not call.arguments:

@@ -17,7 +17,10 @@ provider's error body and headers such as ``Retry-After``), :class:`Stall`
 (no answer within the client's timeout), :class:`Drop` (the connection dies
 after some events), :class:`Garbage` (comments, keep-alives, unknown fields
 and broken lines mixed into a stream), :class:`Malformed` (a body that is not
-JSON), :class:`StreamError` (an error event mid-stream) and :class:`Raw`.
+JSON), :class:`StreamError` (an error event mid-stream), :class:`Corrupt` (a
+``data:`` event that is not JSON, mid-stream), :class:`CutBody` (a 200 whose
+body or stream ends early but cleanly: half a JSON object, or a stream without
+its terminal event) and :class:`Raw`.
 """
 
 from __future__ import annotations
@@ -58,7 +61,10 @@ class Answer:
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
     stop: str = "end"
-    """``end`` or ``length``."""
+    """``end``, ``length`` (the output-token limit), or ``filtered`` (the
+    provider's content filter / refusal / safety stop)."""
+    finish: str | None = None
+    """A raw finish reason sent verbatim instead (to test unknown ones)."""
 
 
 @attrs.frozen
@@ -86,6 +92,25 @@ class Garbage:
 
 
 @attrs.frozen
+class Corrupt:
+    """The answer's stream with event number ``at_event`` replaced by data that is
+    not JSON (a proxy that mangled a chunk): the rest of the stream is intact."""
+
+    answer: Answer
+    at_event: int = 2
+
+
+@attrs.frozen
+class CutBody:
+    """A 200 whose body ends early without a transport error: a whole answer's
+    JSON cut at ``keep`` of its length, or (streaming) every event but the
+    terminal one, after which the server ends the response cleanly."""
+
+    answer: Answer
+    keep: float = 0.5
+
+
+@attrs.frozen
 class Malformed:
     body: bytes = b"{not json"
 
@@ -109,7 +134,7 @@ class Raw:
     headers: Mapping[str, str] = attrs.field(factory=dict)
 
 
-Reply = Answer | Fault | Stall | Drop | Garbage | Malformed | StreamError | Raw
+Reply = Answer | Fault | Stall | Drop | Garbage | Malformed | StreamError | Raw | Corrupt | CutBody
 
 
 @attrs.define
@@ -206,6 +231,17 @@ class FakeProvider:
             await send.events(self.events(reply.answer, body, n)[: reply.after_events], drop=True)
         elif isinstance(reply, Garbage):
             await send.events(garble(self.events(reply.answer, body, n)))
+        elif isinstance(reply, Corrupt):
+            events = self.events(reply.answer, body, n)
+            events[reply.at_event] = 'data: {"id": "x", "choices": [{"delta": {"content": "ov\n\n'
+            await send.events(events)
+        elif isinstance(reply, CutBody):
+            if stream:
+                await send.events(self.unterminated(reply.answer, body, n))
+            else:
+                whole = json.dumps(self.whole(reply.answer, body, n)).encode()
+                cut = whole[: int(len(whole) * reply.keep)]
+                await send.raw(200, cut, {"content-type": "application/json"})
         elif isinstance(reply, StreamError):
             await send.events(self.failing_stream(reply, body, n))
         elif stream:
@@ -217,6 +253,10 @@ class FakeProvider:
         events = self.events(fault.answer, body, n)[: fault.after_events]
         return events + (self.stream_error(fault) if fault.explicit else [])
 
+    def unterminated(self, answer: Answer, body: Any, n: int) -> list[str]:
+        """The stream without its terminal event (each provider says which)."""
+        return self.events(answer, body, n)[:-1]
+
 
 def sse(data: Any, event: str | None = None) -> str:
     text = data if isinstance(data, str) else json.dumps(data)
@@ -225,13 +265,16 @@ def sse(data: Any, event: str | None = None) -> str:
 
 
 def garble(events: list[str]) -> list[str]:
-    """The same events with everything a tolerant reader must skip mixed in."""
+    """The same events with everything a tolerant reader must skip mixed in.
+
+    Only what the SSE rules say to ignore: comments, unknown fields, lines that
+    are not fields, empty events. A ``data:`` line that is not JSON is not
+    noise but a corrupted stream (see :class:`Corrupt`)."""
     noise = [
         ": keep-alive\n\n",
         "retry: 1000\n\n",
         "this line is not a field at all\n\n",
         "id: 7\nfoo: bar\n\n",
-        "data: {this is not json\n\n",
         "\n\n",
     ]
     out: list[str] = []
@@ -300,8 +343,13 @@ class FakeOpenAI(FakeProvider):
         }
 
     def finish(self, answer: Answer) -> str:
+        # https://platform.openai.com/docs/api-reference/chat/object (finish_reason)
+        if answer.finish is not None:
+            return answer.finish
         if answer.stop == "length":
             return "length"
+        if answer.stop == "filtered":
+            return "content_filter"
         return "tool_calls" if answer.calls else "stop"
 
     def call_id(self, call: Call, n: int, i: int) -> str:
@@ -499,8 +547,13 @@ class FakeAnthropic(FakeProvider):
         }
 
     def stop(self, answer: Answer) -> str:
+        # https://docs.anthropic.com/en/api/messages (stop_reason)
+        if answer.finish is not None:
+            return answer.finish
         if answer.stop == "length":
             return "max_tokens"
+        if answer.stop == "filtered":
+            return "refusal"
         return "tool_use" if answer.calls else "end_turn"
 
     def call_id(self, call: Call, n: int, i: int) -> str:
@@ -705,6 +758,27 @@ class FakeGemini(FakeProvider):
             parts.append({"functionCall": {"name": call.name, "args": call.arguments}})
         return parts
 
+    def finish(self, answer: Answer) -> str:
+        # https://ai.google.dev/api/generate-content#FinishReason
+        if answer.finish is not None:
+            return answer.finish
+        return {"length": "MAX_TOKENS", "filtered": "SAFETY"}.get(answer.stop, "STOP")
+
+    def candidate_extra(self, answer: Answer) -> dict[str, Any]:
+        """A SAFETY stop names the categories that fired (Candidate.safetyRatings)."""
+        if answer.stop != "filtered":
+            return {}
+        return {
+            "safetyRatings": [
+                {
+                    "category": "HARM_CATEGORY_DANGEROUS_CONTENT",
+                    "probability": "HIGH",
+                    "blocked": True,
+                },
+                {"category": "HARM_CATEGORY_HARASSMENT", "probability": "NEGLIGIBLE"},
+            ]
+        }
+
     def model(self, request: Request) -> str:
         match = self._PATH.match(request.path.split("?")[0])
         return match.group(1) if match else "unknown"
@@ -714,8 +788,9 @@ class FakeGemini(FakeProvider):
             "candidates": [
                 {
                     "content": {"role": "model", "parts": self.parts(answer)},
-                    "finishReason": "MAX_TOKENS" if answer.stop == "length" else "STOP",
+                    "finishReason": self.finish(answer),
                     "index": 0,
+                    **self.candidate_extra(answer),
                 }
             ],
             "usageMetadata": self.usage(answer),
@@ -734,7 +809,8 @@ class FakeGemini(FakeProvider):
                 "responseId": f"resp-{n}",
             }
             if final:
-                candidate["finishReason"] = "MAX_TOKENS" if answer.stop == "length" else "STOP"
+                candidate["finishReason"] = self.finish(answer)
+                candidate.update(self.candidate_extra(answer))
                 data["usageMetadata"] = self.usage(answer)
             out.append(sse(data))
 

@@ -161,8 +161,10 @@ async def test_rate_limited_llms_share_one_bucket_and_log_waits(
 ) -> None:
     answers = [Answer(text=str(i)) for i in range(4)]
     async with running("openai", answers) as (fake, llm):
-        a = RateLimitedLLM(llm, requests_per_minute=600, burst=1)  # one request per 0.1 s
-        b = RateLimitedLLM(llm, requests_per_minute=600, burst=1)
+        # one request per 0.5 s: wide enough that a loaded machine's scheduling
+        # delays cannot let a token refill before a waiting request asks for it
+        a = RateLimitedLLM(llm, requests_per_minute=120, burst=1)
+        b = RateLimitedLLM(llm, requests_per_minute=120, burst=1)
         assert a.bucket is b.bucket and a.key == "openai:OPENAI_API_KEY"
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="cantrip.llm.ratelimit"):
@@ -171,7 +173,7 @@ async def test_rate_limited_llms_share_one_bucket_and_log_waits(
                     nursery.start_soon(limited.query, HELLO)
         elapsed = time.monotonic() - started
     assert len(fake.requests) == 4
-    assert elapsed >= 0.28  # three waits of 0.1 s behind the first request
+    assert elapsed >= 1.4  # three waits of 0.5 s behind the first request
     waits = [r for r in caplog.records if "waiting" in r.getMessage()]
     assert len(waits) == 3 and "openai:OPENAI_API_KEY" in waits[0].getMessage()
 

@@ -21,6 +21,7 @@ from cantrip.llm._contract import (
     ToolDefinition,
     Usage,
 )
+from cantrip.llm._finish import Finish, mark_cut_off, resolve_finish
 from cantrip.llm._latency import simulate_latency
 from cantrip.llm._openai_chat import parse_chat_completion
 from cantrip.llm._retry import RetryingLLM, RetryPolicy
@@ -86,6 +87,7 @@ __all__ = [
     "Compat",
     "CompletionPolicy",
     "FallbackLLM",
+    "Finish",
     "IncrementalRenderer",
     "Message",
     "ModelInfo",
@@ -113,9 +115,11 @@ __all__ = [
     "clear_cache",
     "load_llm",
     "load_provider_config",
+    "mark_cut_off",
     "parse_chat_completion",
     "project_id",
     "render_transcript",
+    "resolve_finish",
     "simulate_latency",
     "validate_transcript",
 ]

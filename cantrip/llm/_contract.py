@@ -54,6 +54,9 @@ class ToolCall:
     name: str
     arguments: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
     raw_arguments: str | None = None
+    cut_off: bool = False
+    """The output-token limit ended the answer inside this call: its arguments
+    may be incomplete, so it is never run (see :mod:`cantrip.llm._finish`)."""
     arguments_json: str = attrs.field(init=False, eq=False, repr=False)
     """The arguments as a JSON string (LLM-4's wire form), encoded once."""
 
@@ -141,6 +144,9 @@ ZERO_USAGE = Usage()
 """Shared by every response that reports no usage (frozen, so sharing is safe)."""
 
 StopReason = Literal["end_turn", "tool_use", "max_tokens", "stop_sequence", "error"]
+"""Why an answer ended. ``max_tokens`` means it was cut off by the output-token
+limit and is not a final answer; adapters map every provider reason through
+:func:`cantrip.llm._finish.resolve_finish` (refusals and faults raise instead)."""
 
 
 @attrs.frozen
@@ -158,7 +164,9 @@ class Response:
 
     def validate(self) -> Response:
         """Check LLM-3 and LLM-4; return self so callers can chain."""
-        if not self.content and not self.tool_calls:
+        if not self.content and not self.tool_calls and self.stop_reason != "max_tokens":
+            # A cut-off answer may be empty (the limit spent on reasoning): the
+            # loop reports it as cut off rather than as a broken response.
             raise InvalidResponseError("llm returned neither content nor tool_calls (LLM-3)")
         seen: set[str] = set()
         for call in self.tool_calls:

@@ -20,16 +20,41 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cantrip._errors import InvalidResponseError, ProviderError
-from cantrip.llm._contract import Message, Response, StopReason, ToolCall, Usage
+from cantrip.llm._contract import Message, Response, ToolCall, Usage
+from cantrip.llm._finish import (
+    TOKEN_LIMIT,
+    Finish,
+    answer,
+    failure,
+    mark_cut_off,
+    refusal,
+    resolve_finish,
+    transient,
+)
 
-_STOP_REASONS: dict[str, StopReason] = {
-    "stop": "end_turn",
-    "end_turn": "end_turn",
-    "tool_calls": "tool_use",
-    "function_call": "tool_use",
-    "length": "max_tokens",
-    "content_filter": "error",
-    "error": "error",
+FINISH_REASONS: dict[str, Finish] = {
+    # OpenAI Chat Completions, choices[].finish_reason
+    # (https://platform.openai.com/docs/api-reference/chat/object):
+    "stop": answer("end_turn"),  # a natural stop or a stop sequence (not told apart)
+    "length": TOKEN_LIMIT,  # max_tokens / max_completion_tokens, or the context
+    "tool_calls": answer("tool_use"),
+    "function_call": answer("tool_use"),  # deprecated functions API
+    "content_filter": refusal("content was withheld by the provider's content filter"),
+    # OpenRouter normalizes every upstream to stop/length/tool_calls/content_filter/error
+    # (https://openrouter.ai/docs/api-reference/overview#finish-reason); "error"
+    # arrives with an error object, raised before this table is read.
+    "error": failure("the provider ended the response with an error"),
+    # vLLM ends a request its engine gave up on with "abort" (its FinishReason:
+    # stop, length, abort -- vllm/v1/engine/__init__.py).
+    "abort": transient("the server aborted the request"),
+    # DeepSeek (https://api-docs.deepseek.com/api/create-chat-completion):
+    "insufficient_system_resource": transient(
+        "the provider interrupted the request for lack of resources"
+    ),
+    # Some OpenAI-compatible proxies pass Anthropic's names through unchanged.
+    "end_turn": answer("end_turn"),
+    "tool_use": answer("tool_use"),
+    "max_tokens": TOKEN_LIMIT,
 }
 _THINK = re.compile(r"^\s*<think>(.*?)(?:</think>\s*|$)(.*)$", re.DOTALL)
 
@@ -154,6 +179,14 @@ def parse_chat_completion(
             default_code="error",
         )
     message = choice.get("message") or {}
+    refused = message.get("refusal")
+    if isinstance(refused, str) and refused:
+        # A refusal message (structured outputs) is never an answer.
+        raise ProviderError(
+            f"{provider}: the model refused to answer: {refused[:1000]}",
+            retryable=False,
+            code="refusal",
+        )
     role = message.get("role", "assistant")
     if role == "tool":
         _refuse_tool_result(message, request)
@@ -185,12 +218,22 @@ def parse_chat_completion(
     usage = payload.get("usage")
     if isinstance(usage, Mapping) and isinstance(usage.get("cost"), int | float):
         metadata["cost"] = float(usage["cost"])
+    native = choice.get("native_finish_reason")  # OpenRouter: the upstream's own reason
+    stop = resolve_finish(
+        provider,
+        str(finish) if finish is not None else None,
+        FINISH_REASONS,
+        has_calls=bool(calls),
+        detail=f"upstream reason {native}" if native and native != finish else "",
+    )
+    if finish is not None:
+        metadata["finish_reason"] = str(finish)
     return Response(
         content=content,
-        tool_calls=tuple(calls),
+        tool_calls=mark_cut_off(calls, stop, arguments_as_text=True),
         usage=parse_usage(usage),
         thinking=thinking,
-        stop_reason=_STOP_REASONS.get(str(finish)),
+        stop_reason=stop,
         model=payload.get("model"),
         provider=provider,
         metadata=metadata,

@@ -54,9 +54,10 @@ class RetryPolicy:
     max_retry_after: float = 60.0
 
     def is_retryable(self, error: ProviderError) -> bool:
-        """An HTTP status is judged by this policy's list; an error without one
-        (a dropped connection, a timeout) by what the adapter says about it."""
-        if error.status is not None:
+        """An HTTP error status is judged by this policy's list; an error without
+        one (a dropped connection, a timeout, a 200 with a cut-off body) by what
+        the adapter says about it."""
+        if error.status is not None and error.status >= 400:
             return error.status in self.retryable_status_codes
         return bool(error.retryable)
 

@@ -15,7 +15,10 @@ A script entry is a mapping with any of:
 * ``raw_response`` -- a provider payload, parsed by that provider's real code;
 * ``tool_result`` -- ``{tool_call_id, content}``: a reply that tries to be a
   tool result (only meaningful with a provider format; it is refused, LLM-7);
-* ``delay_ms`` -- latency before answering, added to the LLM's ``latency_s``.
+* ``delay_ms`` -- latency before answering, added to the LLM's ``latency_s``;
+* ``stop_reason`` -- why the answer ended (``end_turn``, ``tool_use``,
+  ``max_tokens``, ``stop_sequence``): ``max_tokens`` scripts an answer cut off
+  by the output-token limit (``finish_reason: length`` in the OpenAI format).
 
 With ``provider="openai"`` every entry is turned into a Chat Completions
 payload and normalized by :mod:`cantrip.llm._openai_chat` (LLM-6).
@@ -46,6 +49,7 @@ from cantrip.llm._contract import (
     Usage,
     plain_json,
 )
+from cantrip.llm._finish import mark_cut_off
 from cantrip.llm._latency import simulate_latency
 from cantrip.llm._openai_chat import parse_chat_completion
 from cantrip.llm._telemetry import Pricing
@@ -61,8 +65,15 @@ _ENTRY_KEYS = frozenset(
         "raw_response",
         "tool_result",
         "delay_ms",
+        "stop_reason",
     }
 )
+_FINISH_FOR = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+}
 _FORMATS = ("openai",)
 _ids = itertools.count(1)
 STREAM_CHUNK = 8
@@ -120,6 +131,12 @@ class ScriptedLLM:
             if unknown:
                 raise ConstructionError(
                     f"scripted response #{index + 1} has unknown fields: {sorted(unknown)}"
+                )
+            stop = entry.get("stop_reason")
+            if stop is not None and stop not in _FINISH_FOR:
+                raise ConstructionError(
+                    f"scripted response #{index + 1}: stop_reason {stop!r} is not one of "
+                    f"{', '.join(_FINISH_FOR)}"
                 )
         if self.provider is None:
             for index, entry in enumerate(self.responses):
@@ -183,11 +200,14 @@ class ScriptedLLM:
         return self._response(entry, tools)
 
     def _response(self, entry: Mapping[str, Any], tools: Sequence[ToolDefinition]) -> Response:
+        stop = entry.get("stop_reason")
         return Response(
             content=entry.get("content"),
-            tool_calls=self._calls(entry, tools),
+            # Arguments given as objects: a cut shows only by position (see _finish).
+            tool_calls=mark_cut_off(self._calls(entry, tools), stop, arguments_as_text=False),
             usage=_usage(entry["usage"]) if "usage" in entry else (self.usage or ZERO_USAGE),
             thinking=entry.get("thinking"),
+            stop_reason=stop,
             model=self.name,
             provider="scripted",
         )
@@ -258,7 +278,13 @@ class ScriptedLLM:
         payload: dict[str, Any] = {
             "object": "chat.completion",
             "model": self.name,
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": _FINISH_FOR[entry.get("stop_reason") or "end_turn"],
+                }
+            ],
         }
         if "usage" in entry:
             payload["usage"] = _usage(entry["usage"]).to_dict()

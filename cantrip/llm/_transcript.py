@@ -425,14 +425,7 @@ class _Engine:
                 calls.append(call)
             else:
                 same = False
-                calls.append(
-                    ToolCall(
-                        id=projected,
-                        name=call.name,
-                        arguments=call.arguments,
-                        raw_arguments=call.raw_arguments,
-                    )
-                )
+                calls.append(attrs.evolve(call, id=projected))
         self.by_id.update(in_group)
         thinking = message.thinking
         if thinking is not None and not self.keep_thinking:

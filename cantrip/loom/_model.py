@@ -219,6 +219,7 @@ class Turn:
                     "name": c.name,
                     "arguments": _plain(c.arguments),
                     "raw_arguments": c.raw_arguments,
+                    **({"cut_off": True} if c.cut_off else {}),
                 }
                 for c in self.tool_calls
             ],
@@ -245,7 +246,13 @@ class Turn:
             content=data.get("content"),
             thinking=data.get("thinking"),
             tool_calls=tuple(
-                ToolCall(c["id"], c["name"], c.get("arguments") or {}, c.get("raw_arguments"))
+                ToolCall(
+                    c["id"],
+                    c["name"],
+                    c.get("arguments") or {},
+                    c.get("raw_arguments"),
+                    bool(c.get("cut_off", False)),
+                )
                 for c in data.get("tool_calls", ())
             ),
             observation=data.get("observation", ""),

@@ -231,6 +231,8 @@ class AcpServer:
                 "usage": outcome.usage.to_dict(),
                 "costUsd": outcome.cost_usd,
             }
+            if outcome.partial is not None:
+                meta["partial"] = outcome.partial  # cut off by the token limit: not a result
         return {"stopReason": stop, "_meta": {"cantrip": meta}}
 
     async def _cancel(self, params: Mapping[str, Any]) -> None:

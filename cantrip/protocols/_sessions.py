@@ -216,7 +216,11 @@ class SessionHub:
 
 # -- JSON shapes -------------------------------------------------------------------
 
-STOP_REASONS = {"max_tokens_total": "max_tokens", "cancelled": "cancelled"}
+STOP_REASONS = {
+    "max_tokens_total": "max_tokens",
+    "max_tokens": "max_tokens",  # the answer was cut off by the output-token limit
+    "cancelled": "cancelled",
+}
 
 
 def stop_reason(outcome: CastResult | None) -> str:
@@ -255,6 +259,8 @@ def result_dict(outcome: CastResult | None, session: Session | None = None) -> d
             "cost_usd": outcome.cost_usd,
             "summary": outcome.summary,
         }
+        if outcome.partial is not None:
+            data["partial"] = outcome.partial  # cut off: never under "result"
     data["stop_reason"] = stop_reason(outcome)
     if session is not None:
         data["session_id"] = session.id

@@ -9,6 +9,8 @@ events into that same payload shape -- plus this class, which does the I/O:
 * HTTP failures become :class:`~cantrip.ProviderError` with ``status``,
   ``code``, ``retryable`` (429, 5xx, connection errors and timeouts) and
   ``retry_after`` (``Retry-After``, ``retry-after-ms`` or Google's RetryInfo);
+  a 200 that is not a whole answer (a body that is not JSON, a stream event
+  that is not JSON, a stream without its terminal event) is retryable too;
 * streaming emits :mod:`cantrip._events` live and returns exactly what
   ``query`` would have returned for the same payload;
 * ``tool_choice="required"`` on an endpoint that cannot force a call is
@@ -86,6 +88,21 @@ _LOOPBACK = ("127.", "localhost", "[::1]")
 _TRANSPORT_CODES = frozenset({"stream_interrupted", "timeout"})
 DRAIN_S = 0.5
 """How long the rest of a stream is read after an error event before it is abandoned."""
+
+
+def corrupt_event(provider: str, data: str) -> ProviderError:
+    """A stream event whose data is not the JSON object the API promises.
+
+    A stream with a hole in it cannot be folded into a whole answer, so it is
+    a transient provider fault: the retry layer asks again inside the turn
+    (issue 23); nothing of the broken attempt is recorded.
+    """
+    snippet = data[:120]
+    return ProviderError(
+        f"{provider}: the stream carried an event that is not a JSON object: {snippet!r}",
+        retryable=True,
+        code="malformed_stream",
+    )
 
 
 class StreamState(Protocol):
@@ -603,9 +620,11 @@ class HTTPAdapter:
             payload = None
         if not isinstance(payload, Mapping):
             snippet = body[:200].decode("utf-8", errors="replace")
+            # A 200 whose body is cut or garbled is a transient fault, like a dropped
+            # connection (issue 13): it carries no error status for a policy to judge.
             raise ProviderError(
                 f"{self.provider}: the response is not a JSON object: {snippet!r}",
-                status=status,
+                status=status if status >= 400 else None,
                 retryable=True,
                 code="malformed_response",
             )

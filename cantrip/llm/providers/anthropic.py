@@ -26,25 +26,46 @@ from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._contract import (
     Message,
     Response,
-    StopReason,
     ToolCall,
     ToolChoice,
     ToolDefinition,
     Usage,
     plain_json,
 )
+from cantrip.llm._finish import (
+    TOKEN_LIMIT,
+    Finish,
+    answer,
+    failure,
+    mark_cut_off,
+    refusal,
+    resolve_finish,
+)
 from cantrip.llm._openai_chat import error_from_payload, parse_arguments
 from cantrip.llm._sse import SSEEvent
-from cantrip.llm.providers._base import EventSink, HTTPAdapter, StreamState, log, split_extra
+from cantrip.llm.providers._base import (
+    EventSink,
+    HTTPAdapter,
+    StreamState,
+    corrupt_event,
+    log,
+    split_extra,
+)
 
-STOP_REASONS: dict[str, StopReason] = {
-    "end_turn": "end_turn",
-    "tool_use": "tool_use",
-    "max_tokens": "max_tokens",
-    "stop_sequence": "stop_sequence",
-    "pause_turn": "end_turn",
-    "refusal": "error",
-    "model_context_window_exceeded": "max_tokens",
+STOP_REASONS: dict[str, Finish] = {
+    # Every stop_reason of the Messages API
+    # (https://docs.anthropic.com/en/api/messages, "stop_reason";
+    # https://docs.anthropic.com/en/docs/build-with-claude/handling-stop-reasons):
+    "end_turn": answer("end_turn"),
+    "tool_use": answer("tool_use"),
+    "stop_sequence": answer("stop_sequence"),
+    "max_tokens": TOKEN_LIMIT,
+    # The answer filled the model's context window: cut off, like max_tokens.
+    "model_context_window_exceeded": TOKEN_LIMIT,
+    "refusal": refusal("the model declined to answer"),
+    # Only server tools (web search, code execution) pause a turn; cantrip sends
+    # none (``tools`` is reserved), so a pause cannot be continued here.
+    "pause_turn": failure("a server-tool turn was paused; cantrip sends no server tools"),
 }
 FALLBACK_MAX_TOKENS = 4096
 
@@ -170,8 +191,14 @@ def parse_usage(data: Any) -> Usage:
     )
 
 
-def parse_message(payload: Mapping[str, Any], provider: str = "anthropic") -> Response:
-    """A Messages API ``message`` object as a :class:`Response`."""
+def parse_message(
+    payload: Mapping[str, Any], provider: str = "anthropic", *, streamed: bool = False
+) -> Response:
+    """A Messages API ``message`` object as a :class:`Response`.
+
+    ``streamed``: the tool inputs were assembled from JSON text, so a cut one
+    shows as text that does not parse (see :func:`cantrip.llm._finish.mark_cut_off`).
+    """
     if payload.get("type") == "error" or payload.get("error"):
         raise error_from_payload(payload.get("error") or payload)
     texts: list[str] = []
@@ -205,16 +232,38 @@ def parse_message(payload: Mapping[str, Any], provider: str = "anthropic") -> Re
         metadata["stop_sequence"] = payload["stop_sequence"]
     if signatures:
         metadata["thinking_signatures"] = tuple(signatures)
+    reason = payload.get("stop_reason")
+    text = "".join(texts)
+    stop = resolve_finish(
+        provider,
+        str(reason) if reason is not None else None,
+        STOP_REASONS,
+        has_calls=bool(calls),
+        # A refusal is explained by stop_details (newer API versions), else by what
+        # the model wrote when it declined.
+        detail=_details_text(payload.get("stop_details")) or text[:500],
+    )
+    if reason is not None:
+        metadata["finish_reason"] = str(reason)
     return Response(
-        content="".join(texts) or None,
-        tool_calls=tuple(calls),
+        content=text or None,
+        tool_calls=mark_cut_off(calls, stop, arguments_as_text=streamed),
         usage=parse_usage(payload.get("usage")),
         thinking="".join(thinking) or None,
-        stop_reason=STOP_REASONS.get(str(payload.get("stop_reason"))),
+        stop_reason=stop,
         model=payload.get("model"),
         provider=provider,
         metadata=metadata,
     )
+
+
+def _details_text(details: Any) -> str:
+    """A refusal's ``stop_details`` (newer API versions) as text."""
+    if not details:
+        return ""
+    if isinstance(details, Mapping):
+        return "; ".join(f"{k}: {v}" for k, v in details.items() if v)[:500]
+    return str(details)[:500]
 
 
 class MessageStream:
@@ -233,10 +282,9 @@ class MessageStream:
         try:
             data = json.loads(event.data)
         except ValueError:
-            log.warning("%s: skipped a stream event that is not JSON", self.adapter.provider)
-            return False
+            raise corrupt_event(self.adapter.provider, event.data) from None
         if not isinstance(data, dict):
-            return False
+            raise corrupt_event(self.adapter.provider, event.data)
         kind = data.get("type") or event.event
         if kind == "error":
             raise error_from_payload(data.get("error") or data, default_code="stream_error")
@@ -312,7 +360,7 @@ class MessageStream:
             "content": [block for _, block in sorted(self.blocks.items())],
             "usage": self.usage,
         }
-        return parse_message(message, self.adapter.provider)
+        return parse_message(message, self.adapter.provider, streamed=True)
 
 
 def _json_or_text(text: str) -> Any:

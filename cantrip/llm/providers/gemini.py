@@ -29,12 +29,21 @@ from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._contract import (
     Message,
     Response,
-    StopReason,
     ToolCall,
     ToolChoice,
     ToolDefinition,
     Usage,
     plain_json,
+)
+from cantrip.llm._finish import (
+    TOKEN_LIMIT,
+    Finish,
+    answer,
+    failure,
+    mark_cut_off,
+    refusal,
+    resolve_finish,
+    transient,
 )
 from cantrip.llm._openai_chat import error_from_payload, parse_arguments
 from cantrip.llm._sse import SSEEvent
@@ -42,23 +51,33 @@ from cantrip.llm.providers._base import (
     EventSink,
     HTTPAdapter,
     StreamState,
-    log,
+    corrupt_event,
     split_extra,
     synthetic_call_id,
 )
 
-FINISH_REASONS: dict[str, StopReason] = {
-    "STOP": "end_turn",
-    "MAX_TOKENS": "max_tokens",
-    "SAFETY": "error",
-    "RECITATION": "error",
-    "LANGUAGE": "error",
-    "BLOCKLIST": "error",
-    "PROHIBITED_CONTENT": "error",
-    "SPII": "error",
-    "MALFORMED_FUNCTION_CALL": "error",
-    "UNEXPECTED_TOOL_CALL": "error",
-    "OTHER": "error",
+FINISH_REASONS: dict[str, Finish] = {
+    # Every Candidate.FinishReason of the Gemini API
+    # (https://ai.google.dev/api/generate-content#FinishReason):
+    "STOP": answer("end_turn"),  # a natural stop or a stop sequence
+    "MAX_TOKENS": TOKEN_LIMIT,
+    "SAFETY": refusal("the answer was flagged for safety reasons"),
+    "RECITATION": refusal("the answer was flagged for recitation"),
+    "LANGUAGE": refusal("the answer was flagged for an unsupported language"),
+    "BLOCKLIST": refusal("the answer contained forbidden terms"),
+    "PROHIBITED_CONTENT": refusal("the answer may contain prohibited content"),
+    "SPII": refusal("the answer may contain sensitive personal information"),
+    "IMAGE_SAFETY": refusal("a generated image was flagged for safety reasons"),
+    "IMAGE_PROHIBITED_CONTENT": refusal("a generated image may contain prohibited content"),
+    "IMAGE_RECITATION": refusal("a generated image was flagged for recitation"),
+    "MALFORMED_FUNCTION_CALL": transient("the model generated an invalid function call"),
+    "UNEXPECTED_TOOL_CALL": transient("the model called a tool although none was enabled"),
+    "TOO_MANY_TOOL_CALLS": transient("the model called too many tools in a row"),
+    "MISSING_THOUGHT_SIGNATURE": failure("the request lacks a thought signature"),
+    "IMAGE_OTHER": failure("image generation stopped for another reason"),
+    "NO_IMAGE": failure("an image was expected and none was generated"),
+    "OTHER": failure("the provider stopped for an unspecified reason"),
+    "FINISH_REASON_UNSPECIFIED": failure("the provider gave no finish reason"),
 }
 TOP_LEVEL = frozenset({"safetySettings", "cachedContent", "labels"})
 """``extra`` fields that belong at the top of the request; the rest go in generationConfig."""
@@ -274,14 +293,18 @@ def parse_generate_content(payload: Mapping[str, Any], provider: str = "gemini")
         elif isinstance(part.get("text"), str):
             (thoughts if part.get("thought") else texts).append(part["text"])
     finish = candidate.get("finishReason")
-    stop: StopReason | None = FINISH_REASONS.get(str(finish))
-    if stop == "end_turn" and calls:
-        stop = "tool_use"
-    if finish and stop == "error":
-        metadata["finish_reason"] = finish
+    stop = resolve_finish(
+        provider,
+        str(finish) if finish else None,
+        FINISH_REASONS,
+        has_calls=bool(calls),
+        detail=_safety_text(candidate),
+    )
+    if finish:
+        metadata["finish_reason"] = str(finish)
     return Response(
         content="".join(texts) or None,
-        tool_calls=tuple(calls),
+        tool_calls=mark_cut_off(calls, stop, arguments_as_text=False),
         usage=parse_usage(payload.get("usageMetadata")),
         thinking="".join(thoughts) or None,
         stop_reason=stop,
@@ -289,6 +312,23 @@ def parse_generate_content(payload: Mapping[str, Any], provider: str = "gemini")
         provider=provider,
         metadata=metadata,
     )
+
+
+def _safety_text(candidate: Mapping[str, Any]) -> str:
+    """The safety categories that blocked a candidate, and its finishMessage."""
+    ratings = candidate.get("safetyRatings") or ()
+    blocked = [
+        f"{r.get('category')} ({r.get('probability')})"
+        for r in ratings
+        if isinstance(r, Mapping) and r.get("blocked")
+    ]
+    parts = []
+    if blocked:
+        parts.append("blocked: " + ", ".join(blocked))
+    message = candidate.get("finishMessage")
+    if isinstance(message, str) and message:
+        parts.append(message[:500])
+    return "; ".join(parts)
 
 
 class GenerateStream:
@@ -305,16 +345,19 @@ class GenerateStream:
         self.blocked: Any = None
         self.calls = 0
         self.chunks = 0
+        self.candidate_extra: dict[str, Any] = {}
+        """What a refusal is explained by (safety ratings, finishMessage)."""
 
     def feed(self, event: SSEEvent) -> bool:
         try:
             chunk = json.loads(event.data)
         except ValueError:
-            log.warning("%s: skipped a stream event that is not JSON", self.adapter.provider)
-            return False
-        if isinstance(chunk, list):  # a JSON-array stream rather than SSE
-            return any(self._chunk(c) for c in chunk if isinstance(c, dict))
-        return self._chunk(chunk) if isinstance(chunk, dict) else False
+            raise corrupt_event(self.adapter.provider, event.data) from None
+        if isinstance(chunk, list) and all(isinstance(c, dict) for c in chunk):
+            return any([self._chunk(c) for c in chunk])  # a JSON-array stream rather than SSE
+        if not isinstance(chunk, dict):
+            raise corrupt_event(self.adapter.provider, event.data)
+        return self._chunk(chunk)
 
     def _chunk(self, chunk: Mapping[str, Any]) -> bool:
         if chunk.get("error"):
@@ -336,6 +379,9 @@ class GenerateStream:
                 self._part(part)
         if candidate.get("finishReason"):
             self.finish_reason = str(candidate["finishReason"])
+        for key in ("safetyRatings", "finishMessage"):
+            if candidate.get(key):
+                self.candidate_extra[key] = candidate[key]
         return False  # usage may still follow; the stream ends when the server closes it
 
     def _part(self, part: Mapping[str, Any]) -> None:
@@ -368,7 +414,10 @@ class GenerateStream:
     def finish_payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {}
         if self.parts or self.finish_reason:
-            candidate: dict[str, Any] = {"content": {"role": "model", "parts": self.parts}}
+            candidate: dict[str, Any] = {
+                "content": {"role": "model", "parts": self.parts},
+                **self.candidate_extra,
+            }
             if self.finish_reason:
                 candidate["finishReason"] = self.finish_reason
             payload["candidates"] = [candidate]

@@ -24,7 +24,7 @@ from cantrip.llm.providers._base import (
     EventSink,
     HTTPAdapter,
     StreamState,
-    log,
+    corrupt_event,
     split_extra,
     synthetic_call_id,
 )
@@ -179,10 +179,9 @@ class ChatStream:
         try:
             chunk = json.loads(data)
         except ValueError:
-            log.warning("%s: skipped a stream event that is not JSON", self.adapter.provider)
-            return False
+            raise corrupt_event(self.adapter.provider, data) from None
         if not isinstance(chunk, dict):
-            return False
+            raise corrupt_event(self.adapter.provider, data)
         if event.event == "error" or chunk.get("error"):
             # The explicit error event wins over anything the stream said before (seed 000).
             raise error_from_payload(chunk.get("error") or chunk, default_code="stream_error")
@@ -264,9 +263,14 @@ class ChatStream:
     def finish(self) -> Response:
         from cantrip._errors import ProviderError
 
-        if not self.done and self.finish_reason is None:
+        if not self.done:
+            # The terminal event of a Chat Completions stream is ``data: [DONE]``
+            # (https://platform.openai.com/docs/api-reference/chat-streaming); a
+            # stream that ends without it was cut, even after a finish_reason (the
+            # usage chunk, or more choices, may be missing).
             raise ProviderError(
-                f"{self.adapter.provider}: the stream ended before the response was complete",
+                f"{self.adapter.provider}: the stream ended before the response was complete"
+                f" (no [DONE]{'' if self.finish_reason is None else ' after the finish reason'})",
                 retryable=True,
                 code="stream_incomplete",
             )
