@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from cantrip._gate import Gate
+from cantrip._values import preview, to_loom_value
 from cantrip.llm._contract import Message, Response, ToolCall, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
 from mediums.base import Execution, GateHost, visible_result
@@ -72,9 +73,29 @@ def map_arguments(gate: Gate, args: Sequence[Any]) -> dict[str, Any]:
     return dict(zip(names, args, strict=False))
 
 
+def boundary_arguments(gate: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """A gate call's arguments from the sandbox in the loom's value model (the value
+    boundary, :mod:`cantrip._values`); :class:`ValueBoundaryError` names the argument."""
+    return {
+        str(key): to_loom_value(value, f"{gate}() argument {str(key)!r}")
+        for key, value in args.items()
+    }
+
+
+def refused_arguments(args: Any) -> dict[str, Any]:
+    """What a gate-call record keeps of arguments the boundary refused: a bounded preview."""
+    return {"refused": preview(args)}
+
+
 def viewport(kind: str, value: Any) -> str:
     """A value as the entity sees it: verbatim when short, summarised when long."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False, default=str)
+        except (ValueError, RecursionError):  # what sandboxed code built: anything
+            text = preview(value)
     if len(text) <= VIEWPORT_CHARS:
         return text if kind != "string" else json.dumps(text, ensure_ascii=False)
     preview = text[:PREVIEW_CHARS].replace("\n", "\\n")

@@ -111,9 +111,14 @@ class Worker:
     # -- host functions (must never raise into QuickJS) -----------------------
 
     def host_call(self, name: str, args_json: str) -> str:
+        try:  # code may call __cantrip_host itself, with anything
+            args = json.loads(args_json)
+        except (TypeError, ValueError, RecursionError) as exc:
+            problem = f"{name}() arguments could not be read ({type(exc).__name__})"
+            return json.dumps({"ok": False, "error": problem})
         self.remaining = _pause_timer()
         try:
-            self.send({"op": "call", "gate": name, "args": json.loads(args_json)})
+            self.send({"op": "call", "gate": str(name), "args": args})
             reply = self.receive()
         finally:
             _arm_timer(self.remaining)
@@ -239,8 +244,8 @@ def _convert(raw: Any) -> tuple[str, Any]:
         text = raw.json()
         try:
             return ("array" if text.startswith("[") else "object"), json.loads(text)
-        except (TypeError, ValueError):
-            return "object", str(text)
+        except (TypeError, ValueError, RecursionError):
+            return "object", str(text)[:1000]
     return type(raw).__name__, str(raw)
 
 

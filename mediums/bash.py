@@ -94,6 +94,7 @@ from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolD
 from cantrip.loom._model import GateCallRecord, Turn
 from mediums._code import (
     CodeRun,
+    boundary_arguments,
     code_tool,
     execute_code_calls,
     map_arguments,
@@ -616,8 +617,8 @@ class BashSession:
             block.records.append(record)
             await shell.reply("error", f"cantrip_gate: {record.text}")
             return
-        try:
-            kwargs = _arguments(found, mode, raw)
+        try:  # JSON arguments pass the value boundary (cantrip._values) too
+            kwargs = boundary_arguments(name, _arguments(found, mode, raw))
         except (TypeError, ValueError) as exc:
             block.records.append(host.unexecuted(name, args_for_record, None, "error", str(exc)))
             await shell.reply("error", f"{name}: {exc}")
@@ -669,6 +670,8 @@ def _arguments(gate: Gate, mode: str, raw: list[str]) -> dict[str, Any]:
         value = json.loads(raw[0])
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("the JSON argument is nested too deeply") from None
     if isinstance(value, dict):
         return value
     return map_arguments(gate, value if isinstance(value, list) else [value])

@@ -83,6 +83,7 @@ import pydantic_monty as monty
 import trio
 
 from cantrip._gate import Gate
+from cantrip._values import ValueBoundaryError, to_loom_value
 from cantrip._wards import WardKind, WardSet
 from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
@@ -91,11 +92,13 @@ from mediums._code import (
     LOOM_NAME,
     CodeRun,
     HistorySource,
+    boundary_arguments,
     code_tool,
     execute_code_calls,
     history_source,
     map_arguments,
     observation_text,
+    refused_arguments,
     render_code_observation,
 )
 from mediums.base import Execution, GateHost
@@ -354,17 +357,22 @@ class PythonSession:
         shown: dict[str, Any] = {"args": args, **({"kwargs": kwargs} if kwargs else {})}
         if outcome.terminated:
             outcome.records.append(
-                host.unexecuted(name, shown, None, "skipped", "skipped: " + STOP_MESSAGE)
+                host.unexecuted(name, _shown(shown), None, "skipped", "skipped: " + STOP_MESSAGE)
             )
             return _raise("SystemExit", STOP_MESSAGE)
         found = host.gate(name)
         if found is None:  # _settle only hands over the circle's gates
             return _raise("NameError", f"name {name!r} is not defined")
         try:
-            call_args = _call_arguments(found, args, kwargs)
+            call_args = boundary_arguments(name, _call_arguments(found, args, kwargs))
         except TypeError as exc:
-            outcome.records.append(host.unexecuted(name, shown, None, "error", str(exc)))
+            outcome.records.append(host.unexecuted(name, _shown(shown), None, "error", str(exc)))
             return _raise("TypeError", str(exc))
+        except ValueBoundaryError as exc:  # the value boundary (cantrip._values)
+            outcome.records.append(
+                host.unexecuted(name, refused_arguments(shown), None, "error", str(exc))
+            )
+            return _raise("ValueError", str(exc))
         record = await host.call(name, call_args)
         outcome.records.append(record)
         if record.is_error:
@@ -570,6 +578,15 @@ def _raise(exc_type: monty.ExcType, message: str) -> monty.ExternalExceptionData
     return {"exc_type": exc_type, "message": message}
 
 
+def _shown(shown: dict[str, Any]) -> dict[str, Any]:
+    """The arguments as a record keeps them: loom values, or a preview if they are not."""
+    try:
+        value: dict[str, Any] = to_loom_value(shown)
+    except ValueBoundaryError:
+        return refused_arguments(shown)
+    return value
+
+
 def _call_arguments(gate: Gate, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Positional (mapped like every code medium) and keyword arguments of a gate call."""
     mapped = map_arguments(gate, args)
@@ -636,7 +653,7 @@ def _from_sandbox(value: Any, depth: int = 0) -> Any:
     if isinstance(value, _PLAIN):
         return value
     if depth > 100:
-        return repr(value)
+        return value  # the value boundary refuses it, with a message
     if isinstance(value, monty.MontyClassProxy):
         return {str(k): _from_sandbox(v, depth + 1) for k, v in value.attributes.items()}
     if isinstance(value, monty.MontyClassTypeProxy | monty.MontyStdTypeProxy):
