@@ -85,15 +85,14 @@ def _convert(value: Any, where: str, depth: int) -> Any:
         for key, item in value.items():
             out[_key(key, where)] = _convert(item, where, depth + 1)
         return out
-    if isinstance(value, bool | int | str) and not isinstance(value, type):
+    if isinstance(value, bool | int | str):
         return _convert(_base(value), where, depth)  # subclasses (IntEnum, str enums)
     if isinstance(value, float):
         return _convert(float(value), where, depth)
     name = type(value).__name__
     hint = _HINTS.get(name, "pass a str, number, bool, None, list or dict instead")
     raise ValueBoundaryError(
-        f"{where} is a {name} ({preview(value)}), which the loom cannot store "
-        f"losslessly; {hint}"
+        f"{where} is a {name} ({preview(value)}), which the loom cannot store losslessly; {hint}"
     )
 
 

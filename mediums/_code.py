@@ -21,7 +21,8 @@ from typing import Any
 import attrs
 
 from cantrip._gate import Gate
-from cantrip._values import preview, to_loom_value
+from cantrip._values import preview as value_preview
+from cantrip._values import to_loom_value
 from cantrip.llm._contract import Message, Response, ToolCall, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
 from mediums.base import Execution, GateHost, visible_result
@@ -84,7 +85,7 @@ def boundary_arguments(gate: str, args: Mapping[str, Any]) -> dict[str, Any]:
 
 def refused_arguments(args: Any) -> dict[str, Any]:
     """What a gate-call record keeps of arguments the boundary refused: a bounded preview."""
-    return {"refused": preview(args)}
+    return {"refused": value_preview(args)}
 
 
 def viewport(kind: str, value: Any) -> str:
@@ -95,7 +96,7 @@ def viewport(kind: str, value: Any) -> str:
         try:
             text = json.dumps(value, ensure_ascii=False, default=str)
         except (ValueError, RecursionError):  # what sandboxed code built: anything
-            text = preview(value)
+            text = value_preview(value)
     if len(text) <= VIEWPORT_CHARS:
         return text if kind != "string" else json.dumps(text, ensure_ascii=False)
     preview = text[:PREVIEW_CHARS].replace("\n", "\\n")

@@ -420,7 +420,8 @@ class _Shell:
                 if len(fields) > 2 + count:
                     raw = fields[: 2 + count]
                     del buffer[: sum(len(f) + 1 for f in raw)]
-                    values = [f.decode(errors="replace") for f in raw]
+                    # bytes that are not UTF-8 become lone surrogates: carried exactly
+                    values = [f.decode(errors="surrogateescape") for f in raw]
                     return values[0], values[2:]
             chunk = await self.requests.receive_some(65536)
             if not chunk:
@@ -428,7 +429,7 @@ class _Shell:
             buffer += chunk
 
     async def reply(self, status: str, value: str) -> None:
-        data = status.encode() + b"\0" + value.replace("\0", "").encode() + b"\0"
+        data = status.encode() + b"\0" + _shell_bytes(value.replace("\0", "")) + b"\0"
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await self.replies.send_all(data)
 
@@ -658,6 +659,15 @@ class BashSession:
             await shell.kill()
         if self._owned:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _shell_bytes(text: str) -> bytes:
+    """Text for the shell: the bytes it came from (surrogate escapes), else UTF-8 with
+    any other lone surrogate replaced -- a shell has no way to hold one."""
+    try:
+        return text.encode(errors="surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode(errors="replace")
 
 
 def _arguments(gate: Gate, mode: str, raw: list[str]) -> dict[str, Any]:

@@ -225,7 +225,11 @@ class JsSession:
                 raise ValueBoundaryError(
                     f"{name}() needs its arguments as a list, got {preview(raw_args)}"
                 )
-            shown: dict[str, Any] = {"args": to_loom_value(raw_args, f"{name}() arguments")}
+            shown: dict[str, Any] = {
+                "args": [
+                    to_loom_value(a, f"{name}() argument {i + 1}") for i, a in enumerate(raw_args)
+                ]
+            }
         except ValueBoundaryError as exc:
             shown = refused_arguments(raw_args)
             if not terminated:
