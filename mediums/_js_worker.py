@@ -186,6 +186,10 @@ class Worker:
         if stopped:
             kind, value = "undefined", None
         out_of_memory = error is not None and error.startswith(OUT_OF_MEMORY)
+        if not out_of_memory and self.heap_exhausted():
+            # The code caught an out-of-memory error and kept what filled the heap:
+            # every later call (done included) would fail. Restart now (issue 13, item 3).
+            error, out_of_memory = OUT_OF_MEMORY + " (the variables fill the heap)", True
         return {
             "op": "result",
             "kind": kind,

@@ -73,10 +73,12 @@ import contextlib
 import datetime
 import decimal
 import math
+import os
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import PurePath
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import attrs
 import pydantic_monty as monty
@@ -103,6 +105,8 @@ from mediums._code import (
 )
 from mediums.base import Execution, GateHost
 from mediums.js import MAX_EVAL_MS, MAX_MEMORY_MB
+
+_T = TypeVar("_T")
 
 TOOL_NAME = "python"
 MAX_CONSOLE_CHARS = 20_000
@@ -245,6 +249,7 @@ class PythonSession:
         }
         self._pool: monty.Monty | None = None
         self._session: monty.MontySession | None = None
+        self._worker_pid: int | None = None
         self._pending: monty.SyncSnapshot | None = None
         self._lost_state = False
         self._stubs: dict[str, Callable[..., Any]] = {}
@@ -307,7 +312,7 @@ class PythonSession:
         notice = self._take_notice()
         try:
             session = await self._ensure_session()
-            step = await trio.to_thread.run_sync(_start, session, code, feed)
+            step = await self._in_sandbox(_start, session, code, feed)
             await self._drive(step, feed, host, outcome)
         except monty.MontyError as exc:
             await self._failed(exc, outcome)
@@ -337,14 +342,15 @@ class PythonSession:
                     answer = await _sleep(step, feed, self._eval_ms)
                 else:
                     answer = await self._host_call(step, host, outcome)
-                step = await trio.to_thread.run_sync(_resume, step, answer, feed)
+                step = await self._in_sandbox(_resume, step, answer, feed)
             outcome.result, outcome.has_result = step.output, True
         except monty.MontyError:
             raise
         except BaseException:
             # Cancelled while the sandbox waits on us: keep the suspended feed and
-            # finish it off before the next one, so the variables survive.
-            if not isinstance(step, monty.MontyComplete):
+            # finish it off before the next one, so the variables survive. (Cancelled
+            # while the code ran, the worker was killed: nothing is left to finish.)
+            if not isinstance(step, monty.MontyComplete) and self._session is not None:
                 self._pending = step
             raise
 
@@ -408,15 +414,86 @@ class PythonSession:
         hint = ""
         if isinstance(inner, MemoryError) and "memory limit" in str(inner):
             hint = f" (max_memory_mb={self._memory_mb})"
+            if not await self._has_headroom():
+                # What the code kept fills the heap: every later code call (done
+                # included) would fail the same way. Start afresh (issue 13, item 3).
+                await self._discard_session()
+                self._lost_state = True
+                hint += (
+                    "; the variables still fill the memory limit, so the sandbox will "
+                    "restart without its state"
+                )
         outcome.error = _error_text(exc, hint)
 
     # -- the Monty worker --------------------------------------------------------
+
+    async def _in_sandbox(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run blocking Monty work (code running in the worker) in a trio thread.
+
+        Monty cannot be interrupted from outside, and a thread cannot be cancelled;
+        so when this task is cancelled (``timeout_s``, a parent's cancel) the worker
+        process is killed, which makes the blocked call return at once, and the
+        cancellation goes on within milliseconds instead of when the code's own
+        time limit ends (issue 13, item 4). The sandbox is then lost, and the next
+        code call says so.
+        """
+        finished = trio.Event()
+        killed = False
+        result: list[_T] = []
+        failure: list[BaseException] = []
+
+        async def run() -> None:
+            with trio.CancelScope(shield=True):
+                try:
+                    result.append(await trio.to_thread.run_sync(fn, *args))
+                except BaseException as exc:  # noqa: BLE001 -- handed to the caller below
+                    failure.append(exc)
+            finished.set()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                try:
+                    await finished.wait()
+                except trio.Cancelled:
+                    if not finished.is_set():
+                        killed = True
+                        self._kill_worker()
+                    raise
+        finally:
+            if killed:  # the blocked call has returned: release the dead session
+                await self._discard_session()
+        if failure:
+            raise failure[0]
+        return result[0]
+
+    async def _has_headroom(self) -> bool:
+        """After a memory error: can the session still allocate a little? (A bomb whose
+        memory was freed leaves it usable, with its variables; a list kept growing in a
+        global does not.)"""
+        session = self._session
+        if session is None:
+            return False
+        try:
+            await self._in_sandbox(_probe, session)
+        except monty.MontyError:
+            return False
+        return True
+
+    def _kill_worker(self) -> None:
+        pid, self._worker_pid = self._worker_pid, None
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self._pending = None
+        self._lost_state = True
 
     async def _ensure_session(self) -> monty.MontySession:
         if self._session is None:
             if self._pool is None:
                 self._pool = await trio.to_thread.run_sync(_open_pool)
-            self._session = await trio.to_thread.run_sync(_checkout, self._pool, self._limits)
+            session = await trio.to_thread.run_sync(_checkout, self._pool, self._limits)
+            self._session, self._worker_pid = session, session.worker_pid
         return self._session
 
     async def _discard_session(self) -> None:
@@ -431,7 +508,7 @@ class PythonSession:
         if snap is None:
             return
         try:
-            await trio.to_thread.run_sync(_drain, snap)
+            await self._in_sandbox(_drain, snap)
         except monty.MontyError as exc:
             if isinstance(exc, monty.MontyCrashedError) or _timed_out(exc):
                 await self._discard_session()
@@ -476,6 +553,16 @@ def _exit_quietly(resource: monty.Monty | monty.MontySession) -> None:
 
 def _start(session: monty.MontySession, code: str, feed: _Feed) -> monty.SyncSnapshot:
     return _settle(session.feed_start(code, print_callback=feed.output), feed)
+
+
+HEADROOM_PROBE = "len('x' * 262144)"
+"""Allocates 256 KB and keeps nothing: fails only when the heap is (nearly) full."""
+
+
+def _probe(session: monty.MontySession) -> None:
+    step = session.feed_start(HEADROOM_PROBE)
+    if not isinstance(step, monty.MontyComplete):  # pragma: no cover -- pure code
+        raise AssertionError(f"the probe suspended: {step!r}")
 
 
 def _resume(
