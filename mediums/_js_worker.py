@@ -208,7 +208,7 @@ class Worker:
         text = str(exc).strip()
         if self.stopped and "__cantrip_stop__" in text:
             return None
-        if "stack overflow" in text:
+        if "stack overflow" in text or "Maximum call stack size exceeded" in text:
             return "RangeError: stack overflow (recursion too deep)"
         unshowable = "Failed obtaining QuickJS error string" in text
         if text.startswith(OUT_OF_MEMORY) or (

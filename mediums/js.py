@@ -1,5 +1,7 @@
 """The JavaScript medium: QuickJS in a supervised worker process (4.1, MEDIUM-2/3).
 
+The engine is quickjs-ng, the maintained fork of QuickJS (``import quickjs``).
+
 The entity writes JavaScript; the circle's gates are synchronous host
 functions inside it (``done(x)``, ``submit_answer(x)``, ``read(path)``, ...).
 Each entity gets its own worker process and QuickJS context, so variables
