@@ -44,6 +44,7 @@ from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
+from cantrip._values import OBSERVATION_CAP_CHARS
 from cantrip.llm._contract import (
     LLM,
     ZERO_USAGE,
@@ -62,7 +63,7 @@ from cantrip.loom._model import (
     TurnMetadata,
     result_text,
 )
-from mediums.base import Execution, MediumSession
+from mediums.base import Execution, MediumSession, capped_execution
 
 if TYPE_CHECKING:
     from cantrip._cantrip import Cantrip
@@ -425,6 +426,8 @@ class Entity:
                 execution = await session.execute(response, host)
             finally:
                 CURRENT_ENTITY.reset(token)
+            cap = self.circle.resolved.get("max_observation_chars")
+            execution = capped_execution(execution, int(cap or OBSERVATION_CAP_CHARS))
             ended = self._conclude(cast, inflight, execution, emit)
             if ended is not None:
                 return ended

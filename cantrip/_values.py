@@ -126,3 +126,26 @@ def preview(value: Any) -> str:
     except Exception:  # noqa: BLE001 -- a hostile __repr__; the type name will do
         text = f"<{type(value).__name__}>"
     return text if len(text) <= 200 else text[:200] + "..."
+
+
+# -- the observation cap (issue 13, item 2) -------------------------------------------
+
+OBSERVATION_CAP_CHARS = 65_536
+"""Default size of one observation text (``max_observation_chars`` ward)."""
+
+
+def cap_text(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, with a marker saying how much was cut.
+
+    Everything an entity observes (console output, gate results, error messages,
+    child results) passes through this before it reaches the loom's observation
+    and the next LLM request: one ``console.log`` of 30 MB must not become a
+    30 MB observation and a 30 MB request.
+    """
+    if len(text) <= limit:
+        return text
+    cut = len(text) - limit
+    return (
+        f"{text[:limit]}\n[truncated: {cut} of {len(text)} characters cut "
+        f"(max_observation_chars={limit})]"
+    )

@@ -57,6 +57,11 @@ for _kind in (
     WardKind("max_concurrency", "min", doc="children of one batch running at once"),
     WardKind("max_batch_size", "min", doc="children in one batch"),
     WardKind("require_done_tool", "or", doc="only the done gate terminates"),
+    WardKind(
+        "max_observation_chars",
+        "min",
+        doc="characters of one observation; more is cut with a marker (default 65536)",
+    ),
 ):
     register_ward_kind(_kind)
 

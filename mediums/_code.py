@@ -116,7 +116,7 @@ def observation_text(
     *,
     records: Sequence[GateCallRecord],
     console: Sequence[str],
-    console_truncated: bool = False,
+    console_truncated: bool | int = False,
     kind: str = "undefined",
     value: Any = None,
     error: str | None = None,
@@ -127,11 +127,7 @@ def observation_text(
     if notice:
         parts.append(notice)
     if console:
-        parts.append(
-            "console:\n"
-            + "\n".join(console)
-            + ("\n[output truncated]" if console_truncated else "")
-        )
+        parts.append("console:\n" + "\n".join(console) + _console_marker(console_truncated))
     if records:
         parts.append("host calls:\n" + "\n".join(call_line(r) for r in records))
     if error:
@@ -139,6 +135,15 @@ def observation_text(
     elif kind != "undefined":
         parts.append(f"result: {viewport(kind, value)}")
     return "\n".join(parts) if parts else "(no output)"
+
+
+def _console_marker(cut: bool | int) -> str:
+    """What says that console output was cut, and how much when the medium knows."""
+    if cut is True:
+        return "\n[output truncated]"
+    if cut:
+        return f"\n[output truncated: {cut} more characters not shown]"
+    return ""
 
 
 SKIPPED_AFTER_DONE = "skipped: done was already called"

@@ -76,6 +76,7 @@ _LOOM = r"""
 """
 
 MAX_CONSOLE_CHARS = 20_000
+MAX_ERROR_CHARS = 4_000
 OUT_OF_MEMORY = "InternalError: out of memory"
 
 
@@ -87,6 +88,7 @@ class Worker:
         self.remaining = self.eval_s
         self.console: list[str] = []
         self.console_chars = 0
+        self.console_cut = 0
         self.stopped = False
         self.loom_json: str | None = None
         self.ctx = quickjs.Context()
@@ -141,7 +143,11 @@ class Worker:
     def console_line(self, text: str) -> None:
         if self.stopped:
             return  # code after done (reached through a catch) has no visible effect
-        if self.console_chars < MAX_CONSOLE_CHARS:
+        room = MAX_CONSOLE_CHARS - self.console_chars
+        if len(text) > room:  # one 30 MB line must not cross the pipe (issue 13, item 2)
+            self.console_cut += len(text) - max(room, 0)
+            text = text[: max(room, 0)]
+        if text:
             self.console.append(text)
             self.console_chars += len(text)
 
@@ -159,7 +165,7 @@ class Worker:
         return message
 
     def evaluate(self, code: str) -> dict[str, Any]:
-        self.console, self.console_chars = [], 0
+        self.console, self.console_chars, self.console_cut = [], 0, 0
         self.stopped = False
         self.loom_json = None
         self.remaining = self.eval_s
@@ -197,7 +203,7 @@ class Worker:
             "error": error,
             "stopped": stopped,
             "console": self.console,
-            "console_truncated": self.console_chars >= MAX_CONSOLE_CHARS,
+            "console_truncated": self.console_cut,
             # The heap is exhausted by what the code kept: the context cannot be
             # trusted any more (QuickJS even fails to report later errors).
             "restart": out_of_memory,
@@ -219,7 +225,10 @@ class Worker:
             return OUT_OF_MEMORY
         if unshowable:
             return "Error: uncaught exception whose value cannot be shown (its toString threw)"
-        return text.splitlines()[0] if text else "Error"
+        line = text.splitlines()[0] if text else "Error"
+        if len(line) > MAX_ERROR_CHARS:
+            line = f"{line[:MAX_ERROR_CHARS]}... [{len(line) - MAX_ERROR_CHARS} characters cut]"
+        return line
 
     def heap_exhausted(self) -> bool:
         usage = self.ctx.memory()

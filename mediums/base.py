@@ -81,6 +81,36 @@ class Execution:
     """The utterance made no gate call and ran no code (LOOP-6)."""
 
 
+def capped_execution(execution: Execution, limit: int) -> Execution:
+    """``execution`` with everything the entity will observe cut to ``limit`` characters
+    (issue 13, item 2): the observation, each code call's observation, the code's
+    error, and -- for mediums that render gate results directly (conversation) --
+    each result's shown text, kept in ``extras["shown"]``. The gate-call records
+    themselves keep the full results: they are the data code worked with and what a
+    replay answers from (LOOM-13).
+    """
+    from cantrip._values import cap_text
+
+    extras = execution.extras
+    changed: dict[str, Any] = {}
+    texts = extras.get("observations")
+    if isinstance(texts, list | tuple) and any(len(str(t)) > limit for t in texts):
+        changed["observations"] = [cap_text(str(t), limit) for t in texts]
+    error = extras.get("error")
+    if isinstance(error, str) and len(error) > limit:
+        changed["error"] = cap_text(error, limit)
+    if texts is None and execution.gate_calls:
+        shown = [visible_result(r) for r in execution.gate_calls]
+        if any(len(t) > limit for t in shown):
+            changed["shown"] = [cap_text(t, limit) for t in shown]
+    observation = execution.observation
+    if not changed and len(observation) <= limit:
+        return execution  # the common case: nothing to copy
+    return attrs.evolve(
+        execution, observation=cap_text(observation, limit), extras={**extras, **changed}
+    )
+
+
 class MediumSession(Protocol):
     """One entity's private state inside the medium (MEDIUM-3, COMP-4)."""
 

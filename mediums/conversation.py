@@ -40,15 +40,18 @@ class ConversationMedium:
         return _SESSION  # stateless, so one serves every entity
 
     def render_observation(self, turn: Turn) -> list[Message]:
+        shown = turn.extras.get("shown")  # results cut to max_observation_chars, if any
         return [
             Message(
                 role="tool",
-                content=visible_result(record),
+                content=str(shown[index])
+                if isinstance(shown, list | tuple) and index < len(shown)
+                else visible_result(record),
                 tool_call_id=record.tool_call_id,
                 name=record.gate,
                 is_error=record.is_error,
             )
-            for record in turn.gate_calls
+            for index, record in enumerate(turn.gate_calls)
         ]
 
 

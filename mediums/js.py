@@ -192,7 +192,7 @@ class JsSession:
                 text = observation_text(
                     records=records,
                     console=message.get("console") or [],
-                    console_truncated=bool(message.get("console_truncated")),
+                    console_truncated=int(message.get("console_truncated") or 0),
                     kind=str(message.get("kind", "undefined")),
                     value=message.get("value"),
                     error=error,

@@ -199,18 +199,18 @@ class _Feed:
     loom: monty.ClassInstance | None = None
     console: list[str] = attrs.field(factory=list)
     console_chars: int = 0
-    console_truncated: bool = False
+    console_truncated: int = 0
+    """Characters of console output cut off (and how many)."""
 
     def output(self, stream: Literal["stdout", "stderr"], text: str) -> None:
         """Monty's print callback; never raises into the sandbox."""
-        if self.console_chars >= MAX_CONSOLE_CHARS:
-            self.console_truncated = True
-            return
         room = MAX_CONSOLE_CHARS - self.console_chars
         if len(text) > room:
-            text, self.console_truncated = text[:room], True
-        self.console.append(text)
-        self.console_chars += len(text)
+            self.console_truncated += len(text) - max(room, 0)
+            text = text[: max(room, 0)]
+        if text:
+            self.console.append(text)
+            self.console_chars += len(text)
 
     def lines(self) -> list[str]:
         text = "".join(self.console)

@@ -463,9 +463,17 @@ async def test_console_output_is_bounded() -> None:
         "for (var i = 0; i < 1000; i++) console.log(i + ' ' + 'x'.repeat(100));", "done(1)"
     )
     text = observations(result)[0]
-    assert text.endswith("[output truncated]")
+    # 10 lines of 102 characters, 90 of 103, 900 of 104: 103890, of which 20000 are shown
+    assert text.endswith("[output truncated: 83890 more characters not shown]")
     assert len(text) < 25_000
     assert "999 " not in text
+
+
+async def test_one_huge_console_line_is_cut_in_the_worker() -> None:
+    result = await cast("console.log('x'.repeat(30 * 1000 * 1000)); 1", "done(1)")
+    text = observations(result)[0]
+    assert text.endswith("[output truncated: 29980000 more characters not shown]\nresult: 1")
+    assert len(text) < 25_000
 
 
 async def test_large_values_are_shown_viewport_style() -> None:
