@@ -148,6 +148,10 @@ class CircleSpec(_Strict):
     wards: list[dict[str, Any]] = Field(default_factory=list)
     expose_loom: bool | None = None
     """Code mediums: a read-only ``loom`` object in the sandbox (LOOM-11; on by default)."""
+    isolation: Literal["none", "bwrap"] | None = None
+    """The bash medium: ``"bwrap"`` runs the shell under bubblewrap (mediums._bwrap)."""
+    network: bool | None = None
+    """The bash medium under ``isolation = "bwrap"``: allow the network (off by default)."""
 
 
 class RetrySpec(_Strict):
@@ -283,6 +287,8 @@ def build_cantrip(
     medium = _resolve_medium(circle_spec, strict_medium, problems)
     if medium is not None and circle_spec.expose_loom is not None:
         medium = _with_loom(medium, circle_spec.expose_loom, problems)
+    if medium is not None and (circle_spec.isolation or circle_spec.network is not None):
+        medium = _with_isolation(medium, circle_spec, problems)
     gate_list = [
         g
         for g in (
@@ -522,6 +528,25 @@ def _resolve_medium(spec: CircleSpec, strict: bool, problems: list[str]) -> Medi
             return None
         return conversation
     return _MEDIUMS[next(iter(canonical.values()))]()
+
+
+def _with_isolation(medium: Medium, spec: CircleSpec, problems: list[str]) -> Medium:
+    """The bash medium's ``isolation``/``network`` keys (issue 13, item 7)."""
+    if not isinstance(medium, BashMedium):
+        problems.append(
+            f"circle: isolation and network apply to the bash medium, not {medium.name}"
+        )
+        return medium
+    changes: dict[str, Any] = {}
+    if spec.isolation is not None:
+        changes["isolation"] = spec.isolation
+    if spec.network is not None:
+        changes["network"] = spec.network
+    try:
+        return attrs.evolve(medium, **changes)
+    except ConstructionError as exc:
+        problems.append(f"circle: {exc}")
+        return medium
 
 
 def _with_loom(medium: Medium, expose: bool, problems: list[str]) -> Medium:
