@@ -192,7 +192,7 @@ class Worker:
         if stopped:
             kind, value = "undefined", None
         out_of_memory = error is not None and error.startswith(OUT_OF_MEMORY)
-        if not out_of_memory and self.heap_exhausted():
+        if not out_of_memory and not self.has_headroom():
             # The code caught an out-of-memory error and kept what filled the heap:
             # every later call (done included) would fail. Restart now (issue 13, item 3).
             error, out_of_memory = OUT_OF_MEMORY + " (the variables fill the heap)", True
@@ -229,6 +229,15 @@ class Worker:
         if len(line) > MAX_ERROR_CHARS:
             line = f"{line[:MAX_ERROR_CHARS]}... [{len(line) - MAX_ERROR_CHARS} characters cut]"
         return line
+
+    def has_headroom(self) -> bool:
+        """Can the heap still take 256 KB? (Cheap: one allocation, freed at once;
+        ``memory()`` walks the whole heap.)"""
+        try:
+            self.ctx.eval("void new ArrayBuffer(262144)")
+        except quickjs.JSException:
+            return False
+        return True
 
     def heap_exhausted(self) -> bool:
         usage = self.ctx.memory()
