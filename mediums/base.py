@@ -99,11 +99,12 @@ def capped_execution(execution: Execution, limit: int) -> Execution:
     error = extras.get("error")
     if isinstance(error, str) and len(error) > limit:
         changed["error"] = cap_text(error, limit)
-    if texts is None and execution.gate_calls:
+    observation = execution.observation
+    if texts is None and execution.gate_calls and len(observation) > limit:
+        # (the observation holds every executed result: when it fits, each one does)
         shown = [visible_result(r) for r in execution.gate_calls]
         if any(len(t) > limit for t in shown):
             changed["shown"] = [cap_text(t, limit) for t in shown]
-    observation = execution.observation
     if not changed and len(observation) <= limit:
         return execution  # the common case: nothing to copy
     return attrs.evolve(
