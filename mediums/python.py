@@ -46,13 +46,19 @@ as the JavaScript medium. ``max_eval_ms`` (default 5000) is Monty's
 suspended in gates; ``max_memory_mb`` (default 64) is Monty's heap limit;
 recursion is bounded by ``max_recursion_depth`` (default 1000). A memory bomb
 or runaway recursion raises ``MemoryError``/``RecursionError`` (Monty's limit
-errors cannot be caught by the code) and the session stays usable. A time
+errors cannot be caught by the code) and the session stays usable -- unless the
+code's variables still fill the heap after a ``MemoryError`` (a small probe
+allocation fails), in which case the session is discarded like after a time
+limit, so the next call (``done`` included) does not fail the same way. A time
 limit also cannot be caught; Monty then gives no guarantees about the heap, so
 -- as its documentation asks, and as the JS medium does after a kill -- the
 session is discarded and the next turn gets a fresh sandbox whose observation
 says that the variables were lost. The same happens if the worker process
 dies (Monty's pool kills it if it overruns the time limit by more than a
-second). The host process is never at risk.
+second). The host process is never at risk. Monty cannot be interrupted, so
+when a code call is cancelled from outside while its code runs (``timeout_s``,
+a parent's cancel) the worker process is killed at once and the session
+replaced (:meth:`PythonSession._in_sandbox`).
 
 **The loom (LOOM-11).** Unless ``expose_loom=False``, the name ``loom`` is a
 host-backed read-only object (Monty's ``ClassInstance``): ``loom.turns`` (and
