@@ -77,10 +77,14 @@ def map_arguments(gate: Gate, args: Sequence[Any]) -> dict[str, Any]:
 def boundary_arguments(gate: str, args: Mapping[str, Any]) -> dict[str, Any]:
     """A gate call's arguments from the sandbox in the loom's value model (the value
     boundary, :mod:`cantrip._values`); :class:`ValueBoundaryError` names the argument."""
-    return {
-        str(key): to_loom_value(value, f"{gate}() argument {str(key)!r}")
-        for key, value in args.items()
-    }
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        kind = type(value)
+        if (kind is str or kind is int or kind is bool or value is None) and type(key) is str:
+            out[key] = value  # the common case, on every gate call: nothing to convert
+        else:
+            out[str(key)] = to_loom_value(value, f"{gate}() argument {str(key)!r}")
+    return out
 
 
 def refused_arguments(args: Any) -> dict[str, Any]:

@@ -89,24 +89,27 @@ def capped_execution(execution: Execution, limit: int) -> Execution:
     themselves keep the full results: they are the data code worked with and what a
     replay answers from (LOOM-13).
     """
-    from cantrip._values import cap_text
-
     extras = execution.extras
-    changed: dict[str, Any] = {}
-    texts = extras.get("observations")
-    if isinstance(texts, list | tuple) and any(len(str(t)) > limit for t in texts):
-        changed["observations"] = [cap_text(str(t), limit) for t in texts]
-    error = extras.get("error")
-    if isinstance(error, str) and len(error) > limit:
-        changed["error"] = cap_text(error, limit)
     observation = execution.observation
+    texts = extras.get("observations") if extras else None
+    error = extras.get("error") if extras else None
+    over = len(observation) > limit or (isinstance(error, str) and len(error) > limit)
+    if not over and isinstance(texts, list | tuple):
+        over = any(len(str(t)) > limit for t in texts)
+    if not over:
+        return execution  # the common case, every turn: nothing to cut, nothing to copy
+    from cantrip._values import cap_text  # (mediums.base imports without the runtime)
+
+    changed: dict[str, Any] = {}
+    if isinstance(texts, list | tuple):
+        changed["observations"] = [cap_text(str(t), limit) for t in texts]
+    if isinstance(error, str):
+        changed["error"] = cap_text(error, limit)
     if texts is None and execution.gate_calls and len(observation) > limit:
         # (the observation holds every executed result: when it fits, each one does)
         shown = [visible_result(r) for r in execution.gate_calls]
         if any(len(t) > limit for t in shown):
             changed["shown"] = [cap_text(t, limit) for t in shown]
-    if not changed and len(observation) <= limit:
-        return execution  # the common case: nothing to copy
     return attrs.evolve(
         execution, observation=cap_text(observation, limit), extras={**extras, **changed}
     )
