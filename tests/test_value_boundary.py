@@ -341,3 +341,42 @@ def test_bash_medium(values: list[Any], depth: int) -> None:
     assert records[len(values) + 1].is_error  # too deep for the JSON parser
     assert records[-1].result == "x\udcff\udcfe"  # bytes that are not UTF-8, kept exactly
     assert not records[-1].is_error
+
+
+# -- what the user sees, for each value the issue names ---------------------------------
+
+
+def first_observation(medium: Any, code: str) -> str:
+    turns = cast_everywhere(medium, [{"code": code}, {"code": "done('end')"}])
+    return turns[0].observation
+
+
+def test_python_messages() -> None:
+    seen = first_observation(
+        PythonMedium(),
+        "for v in [b'x', 1j, {1, 2}, frozenset(), float('nan')]:\n"
+        "    try:\n        done(v)\n    except ValueError as e:\n        print(e)",
+    )
+    assert (
+        "done() argument 'answer' is a bytes (b'x'), which the loom cannot store "
+        "losslessly; decode it to text first (b.decode())"
+    ) in seen
+    assert "is a complex (1j)" in seen and "pass its parts as a list" in seen
+    assert "is a set ({1, 2})" in seen and "pass a sorted list (sorted(s))" in seen
+    assert "is a frozenset" in seen
+    assert "done() argument 'answer' is nan, which JSON cannot carry" in seen
+
+
+def test_js_messages() -> None:
+    seen = first_observation(
+        JsMedium(),
+        "var deep = 0; for (var i = 0; i < 300; i++) deep = [deep];\n"
+        "console.log(__cantrip_host('done', '{\"a\": 1}'));\n"
+        "try { done(deep); } catch (e) { console.log(String(e)); }\n"
+        "try { done(2n ** 70n); } catch (e) { console.log(String(e)); }\n"
+        "console.log(keep('\\ud800') === '\\ud800', keep(2 ** 60));",
+    )
+    assert "done() needs its arguments as a list, got {'a': 1}" in seen  # no KeyError
+    assert "Error: done() argument 1 is nested deeper than 100 levels; flatten it first" in seen
+    assert "TypeError" in seen  # JSON has no BigInt: the engine refuses it, catchably
+    assert "true 1152921504606847000" in seen
