@@ -621,7 +621,7 @@ class Entity:
                 tool_calls=() if continuation else calls,
                 observation=f"cut off: {reason}",
                 gate_calls=tuple(records),
-                extras={"phase": "continuation"} if continuation else {},
+                extras=self._cut_extras(continuation),
                 metadata=TurnMetadata(
                     duration_ms=(time.perf_counter() - started) * 1000.0,
                     timestamp=inflight.timestamp if inflight else _now(),
@@ -632,6 +632,14 @@ class Entity:
         )
         cast.add(turn)
         return turn
+
+    def _cut_extras(self, continuation: bool) -> dict[str, Any]:
+        """Extras of a cut turn: the phase, and whether the cut cost the sandbox its
+        state (a Python worker killed mid-code), so a replay resets there (LOOM-13)."""
+        extras: dict[str, Any] = {"phase": "continuation"} if continuation else {}
+        if getattr(self._session, "cut_lost_sandbox", False):
+            extras["sandbox_lost"] = True
+        return extras
 
     def _outcome(
         self, response: Response, execution: Execution, require_done: bool

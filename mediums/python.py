@@ -486,6 +486,12 @@ class PythonSession:
             return False
         return True
 
+    @property
+    def cut_lost_sandbox(self) -> bool:
+        """The last cut (cancellation) killed the worker mid-code: the entity records
+        it on the cut turn (``extras["sandbox_lost"]``) and a replay resets there."""
+        return self._lost_state and self._session is None
+
     def _kill_worker(self) -> None:
         pid, self._worker_pid = self._worker_pid, None
         if pid is not None:

@@ -130,3 +130,21 @@ async def test_a_blocking_gate_is_abandoned_on_timeout_and_recorded_cancelled() 
     assert turn.truncated and turn.reason == "timeout"
     assert [r.status for r in turn.gate_calls] == ["cancelled"]
     await trio.sleep(0)
+
+
+async def test_a_python_cut_mid_code_is_recorded_and_a_fork_replays_it_as_a_reset() -> None:
+    # The cut killed the worker, so the variables were lost: the cut turn says so, and a
+    # fork from it resets the sandbox there instead of running the loop again (which
+    # would take the whole 60 s limit) and ends up with the same (lost) state.
+    medium = PythonMedium(max_eval_ms=60_000)
+    circle = Circle([gates.done], [max_turns(10), Ward("timeout_s", 0.5)], medium)
+    llm = ScriptedLLM([{"code": "x = 1"}, {"code": "while True:\n    pass"}])
+    spell = Cantrip(llm=llm, identity=Identity(), circle=circle)
+    cut = await spell.cast_async("loop")
+    last = cut.turns[-1]
+    assert last.truncated and last.extras.get("sandbox_lost") is True
+    probe = "try:\n    x\n    kept = True\nexcept NameError:\n    kept = False\ndone(kept)"
+    started = time.monotonic()
+    forked = await spell.fork_async(last, "again", llm=ScriptedLLM([{"code": probe}]))
+    assert time.monotonic() - started < 20
+    assert forked.result is False
