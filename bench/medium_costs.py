@@ -30,6 +30,15 @@ script runs -- through the medium protocol every entity uses (``medium.open``
   turns 2..N of a cast of trivial snippets: the per-turn cost as the loop sees
   it.
 
+* **cancel latency** (issue 13, item 4) -- a runaway snippet (``while true``)
+  in a session whose own time limit is 60 s, cut off by a trio cancel scope
+  deadline 100 ms after it started: the time from the deadline until
+  ``execute`` has returned (worker killed and reaped), p50 and max over
+  ``--cancels`` fresh sessions. ``own limit`` is the same runaway code ended by
+  the medium's own ``max_eval_ms`` (200 ms): how long past that limit it ends.
+  The row ``gate thread`` is a blocking gate (``@gate(blocking=True)``)
+  running in a worker thread, cancelled the same way.
+
 Every figure is reported as median and p95 (nearest rank) over the samples.
 Targets (from the issue): start-up <= 100 ms; trivial turn <= 2 ms (JS),
 <= 1 ms (Python). The bash medium has no stated target.
@@ -41,6 +50,7 @@ From the repository root::
     python bench/medium_costs.py                      # every medium found
     python bench/medium_costs.py --mediums js         # only some
     python bench/medium_costs.py --starts 50 --turns 1000
+    python bench/medium_costs.py --only-cancel        # just the cancel latencies
 
 If a medium's snippets stop fitting it (its gate conventions change), or the
 medium raises, the script says so and shows the observation or the error
@@ -54,6 +64,7 @@ import gc
 import math
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -91,6 +102,15 @@ SNIPPETS: dict[str, Snippets] = {
         "submit_answer 1",
     ),
 }
+
+
+RUNAWAY: dict[str, str] = {
+    "js": "while (true) {}",
+    "python": "while True:\n    pass",
+    "bash": "while :; do :; done",
+}
+RUN_BEFORE_CANCEL_S = 0.1
+OWN_LIMIT_MS = 200
 
 
 def available_mediums(wanted: Sequence[str]) -> tuple[dict[str, Medium], list[str]]:
@@ -184,6 +204,8 @@ class Figures:
     trivial_ms: list[float] = attrs.field(factory=list)
     echoes_ms: list[float] = attrs.field(factory=list)
     loop_ms: list[float] = attrs.field(factory=list)
+    cancel_ms: list[float] = attrs.field(factory=list)
+    own_limit_ms: list[float] = attrs.field(factory=list)
     problem: str | None = None
 
 
@@ -290,6 +312,105 @@ async def measure(name: str, medium: Medium, starts: int, turns: int) -> Figures
     return figures
 
 
+async def cancel_latency(medium: Medium, name: str, samples: int) -> list[float]:
+    """ms from a cancel scope's deadline until a runaway ``execute`` has returned."""
+    runner = Runner(attrs.evolve(medium, max_eval_ms=60_000))  # type: ignore[misc]
+    latencies = []
+    for _ in range(samples):
+        session = await runner.medium.open(runner.circle.resolved)
+        try:
+            _elapsed, execution = await runner.execute(session, SNIPPETS[name].trivial)
+            check_trivial(execution)  # the sandbox is up: only the cut-off is timed
+            with trio.CancelScope() as scope:
+                scope.deadline = trio.current_time() + RUN_BEFORE_CANCEL_S
+                await runner.execute(session, RUNAWAY[name])
+            if not scope.cancelled_caught:
+                raise SnippetFailed("the runaway snippet ended on its own")
+            latencies.append((trio.current_time() - scope.deadline) * 1000)
+        finally:
+            await session.aclose()
+    return latencies
+
+
+async def own_limit_overshoot(medium: Medium, name: str, samples: int) -> list[float]:
+    """ms past the medium's own ``max_eval_ms`` until a runaway ``execute`` returned."""
+    runner = Runner(attrs.evolve(medium, max_eval_ms=OWN_LIMIT_MS))  # type: ignore[misc]
+    overshoots = []
+    for _ in range(samples):
+        session = await runner.medium.open(runner.circle.resolved)
+        try:
+            await runner.execute(session, SNIPPETS[name].trivial)
+            elapsed, execution = await runner.execute(session, RUNAWAY[name])
+            if "error" not in execution.observation and "timed out" not in execution.observation:
+                raise SnippetFailed(f"runaway code was not stopped: {execution.observation!r}")
+            overshoots.append(elapsed * 1000 - OWN_LIMIT_MS)
+        finally:
+            await session.aclose()
+    return overshoots
+
+
+async def gate_thread_latency(samples: int) -> list[float]:
+    """A blocking gate in a worker thread, cancelled: ms from the deadline to return."""
+    release = threading.Event()
+
+    @cantrip.gate(blocking=True)
+    def wait_forever() -> str:
+        """Blocks its thread until released."""
+        release.wait(60)
+        return "released"
+
+    circle = Circle([gates.done, wait_forever], [max_turns(10)])
+    latencies = []
+    try:
+        for _ in range(samples):
+            with trio.CancelScope() as scope:
+                scope.deadline = trio.current_time() + RUN_BEFORE_CANCEL_S
+                await circle.call("wait_forever", {})
+            latencies.append((trio.current_time() - scope.deadline) * 1000)
+    finally:
+        release.set()
+    return latencies
+
+
+async def measure_cancels(found: dict[str, Medium], samples: int) -> dict[str, Figures]:
+    results = {}
+    for name, medium in found.items():
+        figures = Figures()
+        try:
+            figures.cancel_ms = await cancel_latency(medium, name, samples)
+            figures.own_limit_ms = await own_limit_overshoot(medium, name, samples)
+        except SnippetFailed as exc:
+            figures.problem = str(exc)
+        except Exception as exc:  # noqa: BLE001 -- one broken medium must not hide the others
+            figures.problem = f"the medium raised {exc!r}"
+        results[name] = figures
+    results["gate thread"] = Figures(cancel_ms=await gate_thread_latency(samples))
+    return results
+
+
+def report_cancels(results: dict[str, Figures], samples: int) -> None:
+    print(
+        f"Cancel latency, ms after the deadline (p50 / max of {samples}; "
+        "runaway code, medium limit 60 s; target ~100 ms)"
+    )
+    print()
+    header = f"{'medium':<12}{'cancel p50':>12}{'cancel max':>12}{'own limit p50':>15}{'max':>8}"
+    print(header)
+    print("-" * len(header))
+
+    def fmt(values: list[float], width: int) -> str:
+        return f"{statistics.median(values):>{width}.1f}" if values else f"{'-':>{width}}"
+
+    for name, f in results.items():
+        top = f"{max(f.cancel_ms):>12.1f}" if f.cancel_ms else f"{'-':>12}"
+        own_top = f"{max(f.own_limit_ms):>8.1f}" if f.own_limit_ms else f"{'-':>8}"
+        print(f"{name:<12}{fmt(f.cancel_ms, 12)}{top}{fmt(f.own_limit_ms, 15)}{own_top}")
+    print(f"own limit = ms past max_eval_ms={OWN_LIMIT_MS} until the runaway code call returned")
+    for name, f in results.items():
+        if f.problem:
+            print(f"{name}: measurement incomplete -- {f.problem}")
+
+
 # -- report ---------------------------------------------------------------------------
 
 
@@ -362,8 +483,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--mediums", nargs="+", default=list(SNIPPETS), choices=list(SNIPPETS), help="which"
     )
+    parser.add_argument("--cancels", type=int, default=10, help="cut-offs per medium")
+    parser.add_argument(
+        "--only-cancel", action="store_true", help="measure only the cancel latencies"
+    )
     args = parser.parse_args(argv)
     found, notes = available_mediums(args.mediums)
+    if args.only_cancel:
+        cancels = trio.run(measure_cancels, found, args.cancels)
+        print(f"python {sys.version.split()[0]}, trio {trio.__version__}")
+        print()
+        report_cancels(cancels, args.cancels)
+        return 0
 
     async def run() -> tuple[dict[str, Figures], list[float]]:
         baseline = await conversation_baseline(args.starts)
@@ -374,11 +505,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return results, baseline
 
     results, baseline = trio.run(run)
+    cancels = trio.run(measure_cancels, found, args.cancels)
     print(f"python {sys.version.split()[0]}, trio {trio.__version__}")
     for note in notes:
         print(note)
     print()
     report(results, baseline, args.starts, args.turns)
+    print()
+    report_cancels(cancels, args.cancels)
     return 0
 
 

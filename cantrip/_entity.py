@@ -50,6 +50,7 @@ from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
 from cantrip._tracing import with_tracing
+from cantrip._values import OBSERVATION_CAP_CHARS
 from cantrip.llm._contract import (
     LLM,
     ZERO_USAGE,
@@ -70,7 +71,7 @@ from cantrip.loom._model import (
     TurnMetadata,
     result_text,
 )
-from mediums.base import Execution, MediumSession
+from mediums.base import Execution, MediumSession, capped_execution
 
 PauseHandler = Callable[[Pause], Awaitable[Decision]]
 """A front end's way to ask its human: shows the pause, returns the decision."""
@@ -695,6 +696,8 @@ class Entity:
                 execution = await session.execute(response, host)
             finally:
                 CURRENT_ENTITY.reset(token)
+            cap = self.circle.resolved.get("max_observation_chars")
+            execution = capped_execution(execution, int(cap or OBSERVATION_CAP_CHARS))
             ended = self._conclude(cast, inflight, execution, emit)
             if ended is not None:
                 return ended
@@ -1099,6 +1102,8 @@ class Entity:
                 )
             finally:
                 CURRENT_ENTITY.reset(token)
+            cap = self.circle.resolved.get("max_observation_chars")
+            execution = capped_execution(execution, int(cap or OBSERVATION_CAP_CHARS))
             return self._conclude(cast, inflight, execution, emit)
 
         return await self._run_cast(cast, fresh=False, first=resume_step)
@@ -1208,7 +1213,7 @@ class Entity:
                 tool_calls=() if continuation else calls,
                 observation=observation or f"cut off: {reason}",
                 gate_calls=tuple(records),
-                extras={"phase": "continuation"} if continuation else {},
+                extras=self._cut_extras(continuation),
                 metadata=TurnMetadata(
                     duration_ms=(time.perf_counter() - started) * 1000.0,
                     timestamp=inflight.timestamp if inflight else _now(),
@@ -1221,6 +1226,14 @@ class Entity:
         if self.on_event is not None:
             self._emit(StepComplete(turn=turn))  # a cut-off turn is recorded like any other
         return turn
+
+    def _cut_extras(self, continuation: bool) -> dict[str, Any]:
+        """Extras of a cut turn: the phase, and whether the cut cost the sandbox its
+        state (a Python worker killed mid-code), so a replay resets there (LOOM-13)."""
+        extras: dict[str, Any] = {"phase": "continuation"} if continuation else {}
+        if getattr(self._session, "cut_lost_sandbox", False):
+            extras["sandbox_lost"] = True
+        return extras
 
     def _outcome(
         self, response: Response, execution: Execution, require_done: bool

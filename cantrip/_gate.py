@@ -130,7 +130,10 @@ class Gate:
         if self._is_async:
             return await self.fn(**kwargs)
         if self.blocking:
-            return await trio.to_thread.run_sync(lambda: self.fn(**kwargs))
+            # A thread cannot be stopped: on cancellation (timeout_s, a parent's cancel)
+            # the call is abandoned at once and recorded cancelled; the function runs on
+            # to its end in its thread and its result is dropped (issue 13, item 4).
+            return await trio.to_thread.run_sync(lambda: self.fn(**kwargs), abandon_on_cancel=True)
         result = self.fn(**kwargs)
         if type(result) not in _PLAIN and inspect.isawaitable(result):
             return await result

@@ -29,9 +29,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from cantrip.llm._contract import Response, ToolCall, Usage, plain_json
+from cantrip.loom._codec import decode_record, encode_record
 from cantrip.loom._model import GateCallRecord
 from cantrip.loom._sqlite_index import JournalEntry
 
@@ -49,7 +48,9 @@ OUTCOME_UNKNOWN = (
 
 
 def _dumps(value: Any) -> str:
-    return orjson.dumps(plain_json(value), default=str).decode()
+    """Journal data, encoded as the loom's records are: exactly, whatever the
+    value boundary let through (big integers, lone surrogates; cantrip._values)."""
+    return encode_record(plain_json(value))
 
 
 def encode_response(response: Response) -> str:
@@ -77,7 +78,7 @@ def encode_response(response: Response) -> str:
 
 
 def decode_response(data: str) -> Response:
-    obj = orjson.loads(data)
+    obj = decode_record(data)
     return Response(
         content=obj["content"],
         tool_calls=tuple(
@@ -131,7 +132,7 @@ class TurnJournal:
         entry = self.entries.get(ordinal)
         if entry is not None and entry[1] == g.name and entry[2] == data:
             if entry[3] is not None:  # recorded before the crash: reuse, never re-run
-                return GateCallRecord.from_dict(orjson.loads(entry[3]))
+                return GateCallRecord.from_dict(decode_record(entry[3]))
             if not g.idempotent:
                 record = GateCallRecord(
                     gate=g.name,

@@ -214,7 +214,7 @@ async def _replay_turn(
     seen: Callable[[], list[dict[str, Any]]],
 ) -> None:
     cut = turn.truncated and turn.reason in CUT_REASONS
-    if cut and session.replay_cut_resets:
+    if cut and (session.replay_cut_resets or turn.extras.get("sandbox_lost") is True):
         report.resets += 1
         await session.replay_reset()
         return

@@ -157,6 +157,10 @@ class CircleSpec(_Strict):
     """Deny a pending approval with "timed out" after this many seconds."""
     mcp: list[dict[str, Any]] = Field(default_factory=list)
     """``[[circle.mcp]]``: MCP servers whose tools become gates (cantrip.mcp)."""
+    isolation: Literal["none", "bwrap"] | None = None
+    """The bash medium: ``"bwrap"`` runs the shell under bubblewrap (mediums._bwrap)."""
+    network: bool | None = None
+    """The bash medium under ``isolation = "bwrap"``: allow the network (off by default)."""
 
 
 class RetrySpec(_Strict):
@@ -303,6 +307,8 @@ def build_cantrip(
     medium = _resolve_medium(circle_spec, strict_medium, problems)
     if medium is not None and circle_spec.expose_loom is not None:
         medium = _with_loom(medium, circle_spec.expose_loom, problems)
+    if medium is not None and (circle_spec.isolation or circle_spec.network is not None):
+        medium = _with_isolation(medium, circle_spec, problems)
     gate_list = [
         g
         for g in (
@@ -590,6 +596,25 @@ def _resolve_medium(spec: CircleSpec, strict: bool, problems: list[str]) -> Medi
             return None
         return conversation
     return _MEDIUMS[next(iter(canonical.values()))]()
+
+
+def _with_isolation(medium: Medium, spec: CircleSpec, problems: list[str]) -> Medium:
+    """The bash medium's ``isolation``/``network`` keys (issue 13, item 7)."""
+    if not isinstance(medium, BashMedium):
+        problems.append(
+            f"circle: isolation and network apply to the bash medium, not {medium.name}"
+        )
+        return medium
+    changes: dict[str, Any] = {}
+    if spec.isolation is not None:
+        changes["isolation"] = spec.isolation
+    if spec.network is not None:
+        changes["network"] = spec.network
+    try:
+        return attrs.evolve(medium, **changes)
+    except ConstructionError as exc:
+        problems.append(f"circle: {exc}")
+        return medium
 
 
 def _with_loom(medium: Medium, expose: bool, problems: list[str]) -> Medium:

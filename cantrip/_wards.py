@@ -63,6 +63,11 @@ for _kind in (
         "min",
         doc="answers cut off by the output token limit the model may continue per cast",
     ),
+    WardKind(
+        "max_observation_chars",
+        "min",
+        doc="characters of one observation; more is cut with a marker (default 65536)",
+    ),
 ):
     register_ward_kind(_kind)
 

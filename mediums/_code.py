@@ -21,6 +21,8 @@ from typing import Any
 import attrs
 
 from cantrip._gate import Gate
+from cantrip._values import preview as value_preview
+from cantrip._values import to_loom_value
 from cantrip.llm._contract import Message, Response, ToolCall, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
 from mediums.base import Execution, GateHost, cut_off, visible_result
@@ -72,9 +74,33 @@ def map_arguments(gate: Gate, args: Sequence[Any]) -> dict[str, Any]:
     return dict(zip(names, args, strict=False))
 
 
+def boundary_arguments(gate: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """A gate call's arguments from the sandbox in the loom's value model (the value
+    boundary, :mod:`cantrip._values`); :class:`ValueBoundaryError` names the argument."""
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        kind = type(value)
+        if (kind is str or kind is int or kind is bool or value is None) and type(key) is str:
+            out[key] = value  # the common case, on every gate call: nothing to convert
+        else:
+            out[str(key)] = to_loom_value(value, f"{gate}() argument {str(key)!r}")
+    return out
+
+
+def refused_arguments(args: Any) -> dict[str, Any]:
+    """What a gate-call record keeps of arguments the boundary refused: a bounded preview."""
+    return {"refused": value_preview(args)}
+
+
 def viewport(kind: str, value: Any) -> str:
     """A value as the entity sees it: verbatim when short, summarised when long."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False, default=str)
+        except (ValueError, RecursionError):  # what sandboxed code built: anything
+            text = value_preview(value)
     if len(text) <= VIEWPORT_CHARS:
         return text if kind != "string" else json.dumps(text, ensure_ascii=False)
     preview = text[:PREVIEW_CHARS].replace("\n", "\\n")
@@ -94,7 +120,7 @@ def observation_text(
     *,
     records: Sequence[GateCallRecord],
     console: Sequence[str],
-    console_truncated: bool = False,
+    console_truncated: bool | int = False,
     kind: str = "undefined",
     value: Any = None,
     error: str | None = None,
@@ -105,11 +131,7 @@ def observation_text(
     if notice:
         parts.append(notice)
     if console:
-        parts.append(
-            "console:\n"
-            + "\n".join(console)
-            + ("\n[output truncated]" if console_truncated else "")
-        )
+        parts.append("console:\n" + "\n".join(console) + _console_marker(console_truncated))
     if records:
         parts.append("host calls:\n" + "\n".join(call_line(r) for r in records))
     if error:
@@ -117,6 +139,15 @@ def observation_text(
     elif kind != "undefined":
         parts.append(f"result: {viewport(kind, value)}")
     return "\n".join(parts) if parts else "(no output)"
+
+
+def _console_marker(cut: bool | int) -> str:
+    """What says that console output was cut, and how much when the medium knows."""
+    if cut is True:
+        return "\n[output truncated]"
+    if cut:
+        return f"\n[output truncated: {cut} more characters not shown]"
+    return ""
 
 
 SKIPPED_AFTER_DONE = "skipped: done was already called"

@@ -76,6 +76,7 @@ _LOOM = r"""
 """
 
 MAX_CONSOLE_CHARS = 20_000
+MAX_ERROR_CHARS = 4_000
 OUT_OF_MEMORY = "InternalError: out of memory"
 
 
@@ -87,6 +88,7 @@ class Worker:
         self.remaining = self.eval_s
         self.console: list[str] = []
         self.console_chars = 0
+        self.console_cut = 0
         self.stopped = False
         self.loom_json: str | None = None
         self.ctx = quickjs.Context()
@@ -111,9 +113,14 @@ class Worker:
     # -- host functions (must never raise into QuickJS) -----------------------
 
     def host_call(self, name: str, args_json: str) -> str:
+        try:  # code may call __cantrip_host itself, with anything
+            args = json.loads(args_json)
+        except (TypeError, ValueError, RecursionError) as exc:
+            problem = f"{name}() arguments could not be read ({type(exc).__name__})"
+            return json.dumps({"ok": False, "error": problem})
         self.remaining = _pause_timer()
         try:
-            self.send({"op": "call", "gate": name, "args": json.loads(args_json)})
+            self.send({"op": "call", "gate": str(name), "args": args})
             reply = self.receive()
         finally:
             _arm_timer(self.remaining)
@@ -136,7 +143,11 @@ class Worker:
     def console_line(self, text: str) -> None:
         if self.stopped:
             return  # code after done (reached through a catch) has no visible effect
-        if self.console_chars < MAX_CONSOLE_CHARS:
+        room = MAX_CONSOLE_CHARS - self.console_chars
+        if len(text) > room:  # one 30 MB line must not cross the pipe (issue 13, item 2)
+            self.console_cut += len(text) - max(room, 0)
+            text = text[: max(room, 0)]
+        if text:
             self.console.append(text)
             self.console_chars += len(text)
 
@@ -154,7 +165,7 @@ class Worker:
         return message
 
     def evaluate(self, code: str) -> dict[str, Any]:
-        self.console, self.console_chars = [], 0
+        self.console, self.console_chars, self.console_cut = [], 0, 0
         self.stopped = False
         self.loom_json = None
         self.remaining = self.eval_s
@@ -181,6 +192,10 @@ class Worker:
         if stopped:
             kind, value = "undefined", None
         out_of_memory = error is not None and error.startswith(OUT_OF_MEMORY)
+        if not out_of_memory and not self.has_headroom():
+            # The code caught an out-of-memory error and kept what filled the heap:
+            # every later call (done included) would fail. Restart now (issue 13, item 3).
+            error, out_of_memory = OUT_OF_MEMORY + " (the variables fill the heap)", True
         return {
             "op": "result",
             "kind": kind,
@@ -188,7 +203,7 @@ class Worker:
             "error": error,
             "stopped": stopped,
             "console": self.console,
-            "console_truncated": self.console_chars >= MAX_CONSOLE_CHARS,
+            "console_truncated": self.console_cut,
             # The heap is exhausted by what the code kept: the context cannot be
             # trusted any more (QuickJS even fails to report later errors).
             "restart": out_of_memory,
@@ -199,7 +214,7 @@ class Worker:
         text = str(exc).strip()
         if self.stopped and "__cantrip_stop__" in text:
             return None
-        if "stack overflow" in text:
+        if "stack overflow" in text or "Maximum call stack size exceeded" in text:
             return "RangeError: stack overflow (recursion too deep)"
         unshowable = "Failed obtaining QuickJS error string" in text
         if text.startswith(OUT_OF_MEMORY) or (
@@ -210,7 +225,19 @@ class Worker:
             return OUT_OF_MEMORY
         if unshowable:
             return "Error: uncaught exception whose value cannot be shown (its toString threw)"
-        return text.splitlines()[0] if text else "Error"
+        line = text.splitlines()[0] if text else "Error"
+        if len(line) > MAX_ERROR_CHARS:
+            line = f"{line[:MAX_ERROR_CHARS]}... [{len(line) - MAX_ERROR_CHARS} characters cut]"
+        return line
+
+    def has_headroom(self) -> bool:
+        """Can the heap still take 256 KB? (Cheap: one allocation, freed at once;
+        ``memory()`` walks the whole heap.)"""
+        try:
+            self.ctx.eval("void new ArrayBuffer(262144)")
+        except quickjs.JSException:
+            return False
+        return True
 
     def heap_exhausted(self) -> bool:
         usage = self.ctx.memory()
@@ -239,8 +266,8 @@ def _convert(raw: Any) -> tuple[str, Any]:
         text = raw.json()
         try:
             return ("array" if text.startswith("[") else "object"), json.loads(text)
-        except (TypeError, ValueError):
-            return "object", str(text)
+        except (TypeError, ValueError, RecursionError):
+            return "object", str(text)[:1000]
     return type(raw).__name__, str(raw)
 
 

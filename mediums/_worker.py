@@ -76,7 +76,15 @@ class WorkerProcess:
             if newline >= 0:
                 line = bytes(self._buffer[:newline])
                 del self._buffer[: newline + 1]
-                message: dict[str, Any] = json.loads(line)
+                try:
+                    message: dict[str, Any] = json.loads(line)
+                except (ValueError, RecursionError) as exc:  # the worker runs hostile code
+                    raise WorkerDied(
+                        f"the sandbox sent a message the host cannot read ({type(exc).__name__})",
+                        None,
+                    ) from None
+                if not isinstance(message, dict):
+                    raise WorkerDied("the sandbox sent a message that is not an object", None)
                 return message
             try:
                 chunk = await self._process.stdout.receive_some(65536)

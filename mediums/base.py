@@ -95,6 +95,40 @@ class Execution:
     """The utterance made no gate call and ran no code (LOOP-6)."""
 
 
+def capped_execution(execution: Execution, limit: int) -> Execution:
+    """``execution`` with everything the entity will observe cut to ``limit`` characters
+    (issue 13, item 2): the observation, each code call's observation, the code's
+    error, and -- for mediums that render gate results directly (conversation) --
+    each result's shown text, kept in ``extras["shown"]``. The gate-call records
+    themselves keep the full results: they are the data code worked with and what a
+    replay answers from (LOOM-13).
+    """
+    extras = execution.extras
+    observation = execution.observation
+    texts = extras.get("observations") if extras else None
+    error = extras.get("error") if extras else None
+    over = len(observation) > limit or (isinstance(error, str) and len(error) > limit)
+    if not over and isinstance(texts, list | tuple):
+        over = any(len(str(t)) > limit for t in texts)
+    if not over:
+        return execution  # the common case, every turn: nothing to cut, nothing to copy
+    from cantrip._values import cap_text  # (mediums.base imports without the runtime)
+
+    changed: dict[str, Any] = {}
+    if isinstance(texts, list | tuple):
+        changed["observations"] = [cap_text(str(t), limit) for t in texts]
+    if isinstance(error, str):
+        changed["error"] = cap_text(error, limit)
+    if texts is None and execution.gate_calls and len(observation) > limit:
+        # (the observation holds every executed result: when it fits, each one does)
+        shown = [visible_result(r) for r in execution.gate_calls]
+        if any(len(t) > limit for t in shown):
+            changed["shown"] = [cap_text(t, limit) for t in shown]
+    return attrs.evolve(
+        execution, observation=cap_text(observation, limit), extras={**extras, **changed}
+    )
+
+
 class MediumSession(Protocol):
     """One entity's private state inside the medium (MEDIUM-3, COMP-4)."""
 

@@ -82,18 +82,21 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import trio
 import trio.lowlevel
 
+from cantrip._errors import ConstructionError
 from cantrip._gate import Gate
 from cantrip._wards import WardKind, WardSet
 from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
+from mediums._bwrap import bwrap_command, bwrap_path, bwrap_problem
 from mediums._code import (
     CodeRun,
+    boundary_arguments,
     code_tool,
     execute_code_calls,
     map_arguments,
@@ -184,6 +187,18 @@ class BashMedium:
     max_output_chars: int = 20000
     name: str = "bash"
     default_tool_choice: ToolChoice = "required"
+    isolation: Literal["none", "bwrap"] = "none"
+    """``"bwrap"``: run the shell under bubblewrap (see :mod:`mediums._bwrap`)."""
+    network: bool = False
+    """With ``isolation="bwrap"``: let the shell reach the network (off by default)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.isolation not in ("none", "bwrap"):
+            raise ConstructionError(
+                f"bash isolation must be 'none' or 'bwrap', not {self.isolation!r}"
+            )
+        if self.isolation == "bwrap":
+            bwrap_path()  # a clear error now, not at the first code call
 
     def ward_kinds(self) -> Sequence[WardKind]:
         return (MAX_EVAL_MS,)
@@ -206,12 +221,19 @@ class BashMedium:
 
     async def open(self, wards: WardSet) -> BashSession:
         eval_ms = int(min(self.max_eval_ms, wards.get("max_eval_ms") or self.max_eval_ms))
+        sandbox = None
+        if self.isolation == "bwrap":
+            bwrap = bwrap_path()
+            problem = await trio.to_thread.run_sync(bwrap_problem, bwrap)
+            if problem is not None:
+                raise ConstructionError(f"isolation='bwrap': {problem}")
+            sandbox = _Sandbox(bwrap, self.network)
         if self.workdir is None:
             workdir, owned = Path(tempfile.mkdtemp(prefix="cantrip-bash-")), True
         else:
             workdir, owned = self.workdir.resolve(), False
             workdir.mkdir(parents=True, exist_ok=True)
-        return BashSession(workdir, owned, eval_ms, self.max_output_chars)
+        return BashSession(workdir, owned, eval_ms, self.max_output_chars, sandbox)
 
     def render_observation(self, turn: Turn) -> list[Message]:
         return render_code_observation(turn)
@@ -229,6 +251,17 @@ def gate_commands(names: Sequence[str]) -> list[str]:
         and n != "cantrip_gate"
         and shutil.which(n, path=path) is None
     ]
+
+
+@attrs.frozen
+class _Sandbox:
+    """How to wrap a shell in bubblewrap: the program, and whether it has network."""
+
+    bwrap: str
+    network: bool
+
+    def command(self, workdir: Path, control: Path, argv: list[str]) -> list[str]:
+        return [*bwrap_command(self.bwrap, workdir, control, network=self.network), "--", *argv]
 
 
 class ShellDied(Exception):
@@ -303,7 +336,9 @@ class _Shell:
         self.blocks = 0
 
     @classmethod
-    async def start(cls, workdir: Path, gate_names: Sequence[str]) -> _Shell:
+    async def start(
+        cls, workdir: Path, gate_names: Sequence[str], sandbox: _Sandbox | None = None
+    ) -> _Shell:
         control = Path(tempfile.mkdtemp(prefix="cantrip-bash-control-"))
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
@@ -318,8 +353,11 @@ class _Shell:
             )
             init = _INIT % {"req": req_w, "rep": rep_r, "functions": functions}
             (control / "init.sh").write_text(init, encoding="utf-8")
+            argv = [shutil.which("bash", path=env["PATH"]) or "/bin/bash", "--noprofile", "--norc"]
+            if sandbox is not None:
+                argv = sandbox.command(workdir, control, argv)
             process = await trio.lowlevel.open_process(
-                [shutil.which("bash", path=env["PATH"]) or "/bin/bash", "--noprofile", "--norc"],
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -419,7 +457,8 @@ class _Shell:
                 if len(fields) > 2 + count:
                     raw = fields[: 2 + count]
                     del buffer[: sum(len(f) + 1 for f in raw)]
-                    values = [f.decode(errors="replace") for f in raw]
+                    # bytes that are not UTF-8 become lone surrogates: carried exactly
+                    values = [f.decode(errors="surrogateescape") for f in raw]
                     return values[0], values[2:]
             chunk = await self.requests.receive_some(65536)
             if not chunk:
@@ -427,7 +466,7 @@ class _Shell:
             buffer += chunk
 
     async def reply(self, status: str, value: str) -> None:
-        data = status.encode() + b"\0" + value.replace("\0", "").encode() + b"\0"
+        data = status.encode() + b"\0" + _shell_bytes(value.replace("\0", "")) + b"\0"
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await self.replies.send_all(data)
 
@@ -464,7 +503,15 @@ class _Block:
 class BashSession:
     """One entity's shell, started on first use and restarted after a kill."""
 
-    def __init__(self, workdir: Path, owned: bool, eval_ms: int, output_chars: int) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        owned: bool,
+        eval_ms: int,
+        output_chars: int,
+        sandbox: _Sandbox | None = None,
+    ) -> None:
+        self._sandbox = sandbox
         self.workdir = workdir
         self._owned = owned
         self._eval_ms = eval_ms
@@ -616,8 +663,8 @@ class BashSession:
             block.records.append(record)
             await shell.reply("error", f"cantrip_gate: {record.text}")
             return
-        try:
-            kwargs = _arguments(found, mode, raw)
+        try:  # JSON arguments pass the value boundary (cantrip._values) too
+            kwargs = boundary_arguments(name, _arguments(found, mode, raw))
         except (TypeError, ValueError) as exc:
             block.records.append(host.unexecuted(name, args_for_record, None, "error", str(exc)))
             await shell.reply("error", f"{name}: {exc}")
@@ -640,7 +687,7 @@ class BashSession:
             for g in host.gates:
                 names.extend((g.name, *g.aliases))
             try:
-                self._shell = await _Shell.start(self.workdir, names)
+                self._shell = await _Shell.start(self.workdir, names, self._sandbox)
             except (OSError, trio.TooSlowError) as exc:
                 raise ShellDied(f"bash could not be started: {exc or type(exc).__name__}") from None
         return self._shell
@@ -659,6 +706,15 @@ class BashSession:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def _shell_bytes(text: str) -> bytes:
+    """Text for the shell: the bytes it came from (surrogate escapes), else UTF-8 with
+    any other lone surrogate replaced -- a shell has no way to hold one."""
+    try:
+        return text.encode(errors="surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode(errors="replace")
+
+
 def _arguments(gate: Gate, mode: str, raw: list[str]) -> dict[str, Any]:
     """A gate request's arguments as the gate's keyword arguments."""
     if mode != "json":
@@ -669,6 +725,8 @@ def _arguments(gate: Gate, mode: str, raw: list[str]) -> dict[str, Any]:
         value = json.loads(raw[0])
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("the JSON argument is nested too deeply") from None
     if isinstance(value, dict):
         return value
     return map_arguments(gate, value if isinstance(value, list) else [value])

@@ -13,9 +13,11 @@ from collections.abc import Sequence
 import attrs
 
 from cantrip._gate import Gate
+from cantrip._values import ValueBoundaryError
 from cantrip._wards import WardKind, WardSet
 from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
+from mediums._code import boundary_arguments, refused_arguments
 from mediums.base import Execution, GateHost, cut_off, visible_result
 
 SKIPPED_AFTER_DONE = "skipped: done was already called in this utterance"
@@ -38,15 +40,18 @@ class ConversationMedium:
         return _SESSION  # stateless, so one serves every entity
 
     def render_observation(self, turn: Turn) -> list[Message]:
+        shown = turn.extras.get("shown")  # results cut to max_observation_chars, if any
         return [
             Message(
                 role="tool",
-                content=visible_result(record),
+                content=str(shown[index])
+                if isinstance(shown, list | tuple) and index < len(shown)
+                else visible_result(record),
                 tool_call_id=record.tool_call_id,
                 name=record.gate,
                 is_error=record.is_error,
             )
-            for record in turn.gate_calls
+            for index, record in enumerate(turn.gate_calls)
         ]
 
 
@@ -76,7 +81,16 @@ class ConversationSession:
                 message = f"arguments of {call.name!r} are not valid JSON: {call.raw_arguments!r}"
                 records.append(host.unexecuted(call.name, {}, call.id, "error", message))
                 continue
-            record = await host.call(call.name, call.arguments, call.id)
+            try:  # the value boundary (cantrip._values): NaN, nesting too deep
+                arguments = boundary_arguments(call.name, call.arguments)
+            except ValueBoundaryError as exc:
+                records.append(
+                    host.unexecuted(
+                        call.name, refused_arguments(call.arguments), call.id, "error", str(exc)
+                    )
+                )
+                continue
+            record = await host.call(call.name, arguments, call.id)
             records.append(record)
             if record.status == "ok" and host.terminates(call.name):
                 terminated = True

@@ -1,5 +1,7 @@
 """The JavaScript medium: QuickJS in a supervised worker process (4.1, MEDIUM-2/3).
 
+The engine is quickjs-ng, the maintained fork of QuickJS (``import quickjs``).
+
 The entity writes JavaScript; the circle's gates are synchronous host
 functions inside it (``done(x)``, ``submit_answer(x)``, ``read(path)``, ...).
 Each entity gets its own worker process and QuickJS context, so variables
@@ -39,6 +41,7 @@ from typing import Any
 import attrs
 
 from cantrip._gate import Gate
+from cantrip._values import ValueBoundaryError, preview, to_loom_value
 from cantrip._wards import WardKind, WardSet, register_ward_kind
 from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
@@ -51,6 +54,7 @@ from mediums._code import (
     history_source,
     map_arguments,
     observation_text,
+    refused_arguments,
     render_code_observation,
 )
 from mediums._worker import WorkerDied, WorkerProcess
@@ -188,7 +192,7 @@ class JsSession:
                 text = observation_text(
                     records=records,
                     console=message.get("console") or [],
-                    console_truncated=bool(message.get("console_truncated")),
+                    console_truncated=int(message.get("console_truncated") or 0),
                     kind=str(message.get("kind", "undefined")),
                     value=message.get("value"),
                     error=error,
@@ -217,22 +221,35 @@ class JsSession:
         self, message: dict[str, Any], host: GateHost, terminated: bool
     ) -> tuple[dict[str, Any], GateCallRecord | None, bool]:
         name = str(message.get("gate"))
-        raw_args = message.get("args") or []
+        raw_args = message.get("args")
+        try:  # the value boundary (cantrip._values): the worker is sandboxed code
+            if not isinstance(raw_args, list):
+                raise ValueBoundaryError(
+                    f"{name}() needs its arguments as a list, got {preview(raw_args)}"
+                )
+            shown: dict[str, Any] = {
+                "args": [
+                    to_loom_value(a, f"{name}() argument {i + 1}") for i, a in enumerate(raw_args)
+                ]
+            }
+        except ValueBoundaryError as exc:
+            shown = refused_arguments(raw_args)
+            if not terminated:
+                record = host.unexecuted(name, shown, None, "error", str(exc))
+                return {"op": "return", "ok": False, "error": str(exc)}, record, False
         found = host.gate(name)
         if terminated:
             record = host.unexecuted(
-                name, {"args": raw_args}, None, "skipped", "skipped: done was already called"
+                name, shown, None, "skipped", "skipped: done was already called"
             )
             return {"op": "return", "ok": False, "stop": True}, record, False
         if found is None:
-            record = host.unexecuted(
-                name, {"args": raw_args}, None, "error", f"unknown gate {name!r}"
-            )
+            record = host.unexecuted(name, shown, None, "error", f"unknown gate {name!r}")
             return {"op": "return", "ok": False, "error": record.result}, record, False
         try:
-            kwargs = map_arguments(found, raw_args)
+            kwargs = map_arguments(found, shown["args"])
         except TypeError as exc:
-            record = host.unexecuted(name, {"args": raw_args}, None, "error", str(exc))
+            record = host.unexecuted(name, shown, None, "error", str(exc))
             return {"op": "return", "ok": False, "error": str(exc)}, record, False
         record = await host.call(name, kwargs)
         if record.is_error:

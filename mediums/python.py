@@ -46,13 +46,19 @@ as the JavaScript medium. ``max_eval_ms`` (default 5000) is Monty's
 suspended in gates; ``max_memory_mb`` (default 64) is Monty's heap limit;
 recursion is bounded by ``max_recursion_depth`` (default 1000). A memory bomb
 or runaway recursion raises ``MemoryError``/``RecursionError`` (Monty's limit
-errors cannot be caught by the code) and the session stays usable. A time
+errors cannot be caught by the code) and the session stays usable -- unless the
+code's variables still fill the heap after a ``MemoryError`` (a small probe
+allocation fails), in which case the session is discarded like after a time
+limit, so the next call (``done`` included) does not fail the same way. A time
 limit also cannot be caught; Monty then gives no guarantees about the heap, so
 -- as its documentation asks, and as the JS medium does after a kill -- the
 session is discarded and the next turn gets a fresh sandbox whose observation
 says that the variables were lost. The same happens if the worker process
 dies (Monty's pool kills it if it overruns the time limit by more than a
-second). The host process is never at risk.
+second). The host process is never at risk. Monty cannot be interrupted, so
+when a code call is cancelled from outside while its code runs (``timeout_s``,
+a parent's cancel) the worker process is killed at once and the session
+replaced (:meth:`PythonSession._in_sandbox`).
 
 **The loom (LOOM-11).** Unless ``expose_loom=False``, the name ``loom`` is a
 host-backed read-only object (Monty's ``ClassInstance``): ``loom.turns`` (and
@@ -73,16 +79,19 @@ import contextlib
 import datetime
 import decimal
 import math
+import os
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import PurePath
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import attrs
 import pydantic_monty as monty
 import trio
 
 from cantrip._gate import Gate
+from cantrip._values import ValueBoundaryError, to_loom_value
 from cantrip._wards import WardKind, WardSet
 from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
 from cantrip.loom._model import GateCallRecord, Turn
@@ -91,15 +100,19 @@ from mediums._code import (
     LOOM_NAME,
     CodeRun,
     HistorySource,
+    boundary_arguments,
     code_tool,
     execute_code_calls,
     history_source,
     map_arguments,
     observation_text,
+    refused_arguments,
     render_code_observation,
 )
 from mediums.base import Execution, GateHost
 from mediums.js import MAX_EVAL_MS, MAX_MEMORY_MB
+
+_T = TypeVar("_T")
 
 TOOL_NAME = "python"
 MAX_CONSOLE_CHARS = 20_000
@@ -192,18 +205,18 @@ class _Feed:
     loom: monty.ClassInstance | None = None
     console: list[str] = attrs.field(factory=list)
     console_chars: int = 0
-    console_truncated: bool = False
+    console_truncated: int = 0
+    """Characters of console output cut off (and how many)."""
 
     def output(self, stream: Literal["stdout", "stderr"], text: str) -> None:
         """Monty's print callback; never raises into the sandbox."""
-        if self.console_chars >= MAX_CONSOLE_CHARS:
-            self.console_truncated = True
-            return
         room = MAX_CONSOLE_CHARS - self.console_chars
         if len(text) > room:
-            text, self.console_truncated = text[:room], True
-        self.console.append(text)
-        self.console_chars += len(text)
+            self.console_truncated += len(text) - max(room, 0)
+            text = text[: max(room, 0)]
+        if text:
+            self.console.append(text)
+            self.console_chars += len(text)
 
     def lines(self) -> list[str]:
         text = "".join(self.console)
@@ -242,6 +255,7 @@ class PythonSession:
         }
         self._pool: monty.Monty | None = None
         self._session: monty.MontySession | None = None
+        self._worker_pid: int | None = None
         self._pending: monty.SyncSnapshot | None = None
         self._lost_state = False
         self._stubs: dict[str, Callable[..., Any]] = {}
@@ -304,7 +318,7 @@ class PythonSession:
         notice = self._take_notice()
         try:
             session = await self._ensure_session()
-            step = await trio.to_thread.run_sync(_start, session, code, feed)
+            step = await self._in_sandbox(_start, session, code, feed)
             await self._drive(step, feed, host, outcome)
         except monty.MontyError as exc:
             await self._failed(exc, outcome)
@@ -334,14 +348,15 @@ class PythonSession:
                     answer = await _sleep(step, feed, self._eval_ms)
                 else:
                     answer = await self._host_call(step, host, outcome)
-                step = await trio.to_thread.run_sync(_resume, step, answer, feed)
+                step = await self._in_sandbox(_resume, step, answer, feed)
             outcome.result, outcome.has_result = step.output, True
         except monty.MontyError:
             raise
         except BaseException:
             # Cancelled while the sandbox waits on us: keep the suspended feed and
-            # finish it off before the next one, so the variables survive.
-            if not isinstance(step, monty.MontyComplete):
+            # finish it off before the next one, so the variables survive. (Cancelled
+            # while the code ran, the worker was killed: nothing is left to finish.)
+            if not isinstance(step, monty.MontyComplete) and self._session is not None:
                 self._pending = step
             raise
 
@@ -354,17 +369,22 @@ class PythonSession:
         shown: dict[str, Any] = {"args": args, **({"kwargs": kwargs} if kwargs else {})}
         if outcome.terminated:
             outcome.records.append(
-                host.unexecuted(name, shown, None, "skipped", "skipped: " + STOP_MESSAGE)
+                host.unexecuted(name, _shown(shown), None, "skipped", "skipped: " + STOP_MESSAGE)
             )
             return _raise("SystemExit", STOP_MESSAGE)
         found = host.gate(name)
         if found is None:  # _settle only hands over the circle's gates
             return _raise("NameError", f"name {name!r} is not defined")
         try:
-            call_args = _call_arguments(found, args, kwargs)
+            call_args = boundary_arguments(name, _call_arguments(found, args, kwargs))
         except TypeError as exc:
-            outcome.records.append(host.unexecuted(name, shown, None, "error", str(exc)))
+            outcome.records.append(host.unexecuted(name, _shown(shown), None, "error", str(exc)))
             return _raise("TypeError", str(exc))
+        except ValueBoundaryError as exc:  # the value boundary (cantrip._values)
+            outcome.records.append(
+                host.unexecuted(name, refused_arguments(shown), None, "error", str(exc))
+            )
+            return _raise("ValueError", str(exc))
         record = await host.call(name, call_args)
         outcome.records.append(record)
         if record.is_error:
@@ -400,15 +420,92 @@ class PythonSession:
         hint = ""
         if isinstance(inner, MemoryError) and "memory limit" in str(inner):
             hint = f" (max_memory_mb={self._memory_mb})"
+            if not await self._has_headroom():
+                # What the code kept fills the heap: every later code call (done
+                # included) would fail the same way. Start afresh (issue 13, item 3).
+                await self._discard_session()
+                self._lost_state = True
+                hint += (
+                    "; the variables still fill the memory limit, so the sandbox will "
+                    "restart without its state"
+                )
         outcome.error = _error_text(exc, hint)
 
     # -- the Monty worker --------------------------------------------------------
+
+    async def _in_sandbox(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run blocking Monty work (code running in the worker) in a trio thread.
+
+        Monty cannot be interrupted from outside, and a thread cannot be cancelled;
+        so when this task is cancelled (``timeout_s``, a parent's cancel) the worker
+        process is killed, which makes the blocked call return at once, and the
+        cancellation goes on within milliseconds instead of when the code's own
+        time limit ends (issue 13, item 4). The sandbox is then lost, and the next
+        code call says so.
+        """
+        finished = trio.Event()
+        killed = False
+        result: list[_T] = []
+        failure: list[BaseException] = []
+
+        async def run() -> None:
+            with trio.CancelScope(shield=True):
+                try:
+                    result.append(await trio.to_thread.run_sync(fn, *args))
+                except BaseException as exc:  # noqa: BLE001 -- handed to the caller below
+                    failure.append(exc)
+            finished.set()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                try:
+                    await finished.wait()
+                except trio.Cancelled:
+                    if not finished.is_set():
+                        killed = True
+                        self._kill_worker()
+                    raise
+        finally:
+            if killed:  # the blocked call has returned: release the dead session
+                await self._discard_session()
+        if failure:
+            raise failure[0]
+        return result[0]
+
+    async def _has_headroom(self) -> bool:
+        """After a memory error: can the session still allocate a little? (A bomb whose
+        memory was freed leaves it usable, with its variables; a list kept growing in a
+        global does not.)"""
+        session = self._session
+        if session is None:
+            return False
+        try:
+            await self._in_sandbox(_probe, session)
+        except monty.MontyError:
+            return False
+        return True
+
+    @property
+    def cut_lost_sandbox(self) -> bool:
+        """The last cut (cancellation) killed the worker mid-code: the entity records
+        it on the cut turn (``extras["sandbox_lost"]``) and a replay resets there."""
+        return self._lost_state and self._session is None
+
+    def _kill_worker(self) -> None:
+        pid, self._worker_pid = self._worker_pid, None
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self._pending = None
+        self._lost_state = True
 
     async def _ensure_session(self) -> monty.MontySession:
         if self._session is None:
             if self._pool is None:
                 self._pool = await trio.to_thread.run_sync(_open_pool)
-            self._session = await trio.to_thread.run_sync(_checkout, self._pool, self._limits)
+            session = await trio.to_thread.run_sync(_checkout, self._pool, self._limits)
+            self._session, self._worker_pid = session, session.worker_pid
         return self._session
 
     async def _discard_session(self) -> None:
@@ -423,7 +520,7 @@ class PythonSession:
         if snap is None:
             return
         try:
-            await trio.to_thread.run_sync(_drain, snap)
+            await self._in_sandbox(_drain, snap)
         except monty.MontyError as exc:
             if isinstance(exc, monty.MontyCrashedError) or _timed_out(exc):
                 await self._discard_session()
@@ -468,6 +565,16 @@ def _exit_quietly(resource: monty.Monty | monty.MontySession) -> None:
 
 def _start(session: monty.MontySession, code: str, feed: _Feed) -> monty.SyncSnapshot:
     return _settle(session.feed_start(code, print_callback=feed.output), feed)
+
+
+HEADROOM_PROBE = "len('x' * 262144)"
+"""Allocates 256 KB and keeps nothing: fails only when the heap is (nearly) full."""
+
+
+def _probe(session: monty.MontySession) -> None:
+    step = session.feed_start(HEADROOM_PROBE)
+    if not isinstance(step, monty.MontyComplete):  # pragma: no cover -- pure code
+        raise AssertionError(f"the probe suspended: {step!r}")
 
 
 def _resume(
@@ -570,6 +677,15 @@ def _raise(exc_type: monty.ExcType, message: str) -> monty.ExternalExceptionData
     return {"exc_type": exc_type, "message": message}
 
 
+def _shown(shown: dict[str, Any]) -> dict[str, Any]:
+    """The arguments as a record keeps them: loom values, or a preview if they are not."""
+    try:
+        value: dict[str, Any] = to_loom_value(shown)
+    except ValueBoundaryError:
+        return refused_arguments(shown)
+    return value
+
+
 def _call_arguments(gate: Gate, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Positional (mapped like every code medium) and keyword arguments of a gate call."""
     mapped = map_arguments(gate, args)
@@ -636,7 +752,7 @@ def _from_sandbox(value: Any, depth: int = 0) -> Any:
     if isinstance(value, _PLAIN):
         return value
     if depth > 100:
-        return repr(value)
+        return value  # the value boundary refuses it, with a message
     if isinstance(value, monty.MontyClassProxy):
         return {str(k): _from_sandbox(v, depth + 1) for k, v in value.attributes.items()}
     if isinstance(value, monty.MontyClassTypeProxy | monty.MontyStdTypeProxy):

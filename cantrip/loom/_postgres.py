@@ -22,14 +22,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import orjson
 import trio
 
 from cantrip._errors import LoomAppendOnlyError, LoomError
+from cantrip.loom._codec import decode_record, encode_record
 from cantrip.loom._fence import Fence
 from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._sqlite_index import JournalEntry
-from cantrip.loom._stores import Record, _json
+from cantrip.loom._stores import Record
 
 SCHEMA_VERSION = 1
 _SCHEMA_LOCK = 0x63616E74  # "cant": the advisory lock schema creation runs under
@@ -120,11 +120,11 @@ SELECT data FROM up ORDER BY depth DESC
 
 
 def _turn(data: str) -> Turn:
-    return Turn.from_dict(orjson.loads(data))
+    return Turn.from_dict(decode_record(data))
 
 
 def _entity(data: str) -> EntityRecord:
-    return EntityRecord.from_dict(orjson.loads(data))
+    return EntityRecord.from_dict(decode_record(data))
 
 
 def lease_lost_message(fence: Fence) -> str:
@@ -209,7 +209,7 @@ class PostgresStore:
                             turn.parent_id,
                             turn.entity_id,
                             turn.sequence,
-                            _json(turn.to_dict()),
+                            encode_record(turn.to_dict()),
                         ),
                     )
                     if cursor.rowcount != 1:
@@ -225,7 +225,11 @@ class PostgresStore:
                     cursor = conn.execute(
                         "INSERT INTO cantrip_entities (entity_id, parent_entity_id, data) "
                         "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                        (record.entity_id, record.parent_entity_id, _json(record.to_dict())),
+                        (
+                            record.entity_id,
+                            record.parent_entity_id,
+                            encode_record(record.to_dict()),
+                        ),
                     )
                     if cursor.rowcount != 1:
                         refused.append(

@@ -18,8 +18,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-import orjson
-
+from cantrip.loom._codec import decode_record
 from cantrip.loom._model import EntityRecord, Turn
 
 INDEX_SCHEMA = """
@@ -81,7 +80,7 @@ class JournalStore(Protocol):
 
 
 def _turn(data: str | bytes) -> Turn:
-    return Turn.from_dict(orjson.loads(data))
+    return Turn.from_dict(decode_record(data))
 
 
 _THREAD = """
@@ -110,11 +109,11 @@ class SQLiteQueries:
         row = self._db.execute(
             "SELECT data FROM entities WHERE entity_id = ?", (entity_id,)
         ).fetchone()
-        return EntityRecord.from_dict(orjson.loads(row[0])) if row else None
+        return EntityRecord.from_dict(decode_record(row[0])) if row else None
 
     def entities(self) -> list[EntityRecord]:
         rows = self._db.execute("SELECT data FROM entities ORDER BY pos").fetchall()
-        return [EntityRecord.from_dict(orjson.loads(d)) for (d,) in rows]
+        return [EntityRecord.from_dict(decode_record(d)) for (d,) in rows]
 
     def entity_turns(self, entity_id: str) -> list[Turn]:
         rows = self._db.execute(

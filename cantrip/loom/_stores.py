@@ -9,18 +9,19 @@ handing it to a worker thread would.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
-import orjson
-
 from cantrip._errors import LoomAppendOnlyError, LoomError
+from cantrip._redact import get_logger
+from cantrip.loom._codec import decode_record, encode_record
 from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._sqlite_index import SQLiteQueries
+
+_log = get_logger("cantrip.loom")
 
 Record = (
     tuple[Literal["entity"], EntityRecord]
@@ -29,13 +30,8 @@ Record = (
 )
 
 
-def _json(record: dict[str, Any]) -> str:
-    """A record as compact JSON (non-JSON leaves, such as datetimes, as text).
-
-    Serialising is on every append's path (LOOM-1 commits each turn before the
-    next begins); orjson does it several times faster than the standard library.
-    """
-    return orjson.dumps(record, default=str).decode()
+_json = encode_record
+_loads = decode_record
 
 
 class LoomStore(Protocol):
@@ -155,10 +151,10 @@ class SQLiteStore(SQLiteQueries):
     def load(self) -> Iterator[Record]:
         entities = self._db.execute("SELECT data FROM entities ORDER BY pos").fetchall()
         for (data,) in entities:
-            yield "entity", EntityRecord.from_dict(orjson.loads(data))
+            yield "entity", EntityRecord.from_dict(_loads(data))
         rows = self._db.execute("SELECT data, reward FROM turns ORDER BY pos").fetchall()
         for data, reward in rows:
-            turn = Turn.from_dict(orjson.loads(data))
+            turn = Turn.from_dict(_loads(data))
             yield "turn", turn
             if reward is not None:
                 yield "reward", (turn.id, reward)
@@ -178,7 +174,7 @@ class JSONLStore:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fsync = fsync
-        self._file: IO[str] = self.path.open("a+", encoding="utf-8")
+        self._file: IO[str] = self.path.open("a+", encoding="utf-8", errors="surrogateescape")
 
     def _write(self, obj: dict[str, Any]) -> None:
         self._file.write(_json(obj) + "\n")
@@ -196,14 +192,31 @@ class JSONLStore:
         self._write({"type": "reward", "turn_id": turn_id, "reward": reward})
 
     def load(self) -> Iterator[Record]:
+        """Every record, in order. A torn final line (a process killed mid-append: no
+        newline, not JSON) is dropped with a warning and set aside in ``<file>.torn``;
+        every complete line is kept. A bad line anywhere else is corruption: an error
+        naming the line and how to recover."""
         self._file.seek(0)
-        for number, line in enumerate(self._file, start=1):
+        lines = self._file.read().split("\n")
+        tail = lines.pop()  # "" when the file ends with a newline, as every append does
+        if tail and self._is_torn(tail):
+            self._set_aside(tail)
+        elif tail:
+            lines.append(tail)  # a complete record that lost only its newline
+            self._file.write("\n")
+            self._file.flush()
+        for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                obj = orjson.loads(line)
-            except json.JSONDecodeError as exc:
-                raise LoomError(f"{self.path}:{number}: not JSON ({exc})") from exc
+                obj = _loads(line)
+            except (ValueError, RecursionError) as exc:
+                raise LoomError(
+                    f"{self.path}:{number}: not JSON ({exc}); the loom is corrupted in the "
+                    f"middle. Lines 1-{number - 1} are intact: to recover them, copy them "
+                    f"to a new file (head -n {number - 1} {self.path} > recovered.jsonl) "
+                    "and open that"
+                ) from exc
             if not isinstance(obj, dict) or "type" not in obj:
                 raise LoomError(f"{self.path}:{number}: not a loom record (no 'type' field)")
             kind = obj.pop("type")
@@ -221,6 +234,33 @@ class JSONLStore:
                     f"{self.path}:{number}: malformed {kind} record ({type(exc).__name__}: {exc})"
                 ) from exc
         self._file.seek(0, os.SEEK_END)
+
+    @staticmethod
+    def _is_torn(tail: str) -> bool:
+        try:
+            _loads(tail)
+        except (ValueError, RecursionError):
+            return True
+        return False
+
+    def _set_aside(self, tail: str) -> None:
+        """Cut the torn fragment off the file (appends must start on a fresh line), keeping
+        it in ``<file>.torn`` so that nothing is destroyed."""
+        aside = self.path.with_name(self.path.name + ".torn")
+        with aside.open("a", encoding="utf-8", errors="surrogateescape") as out:
+            out.write(tail + "\n")
+        size = self.path.stat().st_size
+        cut = len(tail.encode("utf-8", errors="surrogateescape"))
+        self._file.flush()
+        os.truncate(self.path, size - cut)
+        self._file.seek(0, os.SEEK_END)
+        _log.warning(
+            "%s: dropped a torn final line (%d bytes, a write cut off by a crash); every "
+            "complete record is kept, the fragment is saved in %s",
+            self.path,
+            cut,
+            aside,
+        )
 
     def close(self) -> None:
         self._file.close()

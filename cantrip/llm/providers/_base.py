@@ -183,7 +183,11 @@ class RenderCache:
 
 
 def dumps(body: Any) -> bytes:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (sandbox output): send it as a JSON escape
+        return json.dumps(body, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def split_extra(
