@@ -248,8 +248,10 @@ class ViewerApp:
     Bearer TOKEN`` (the page sends it when opened with ``?token=``); the static
     assets hold no loom data and are served to anyone who can reach the port."""
 
-    def __init__(self, source: LoomFile, token: str | None = None) -> None:
-        self.viewer = Viewer(LoomViews(source, source=source.path.name))
+    def __init__(
+        self, source: Callable[[], Loom], token: str | None = None, name: str | None = None
+    ) -> None:
+        self.viewer = Viewer(LoomViews(source, source=name))
         self.token = token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -307,7 +309,7 @@ async def serve_viewer(
     source = LoomFile(path)
     try:
         await serve(
-            ViewerApp(source, token),  # type: ignore[arg-type]
+            ViewerApp(source, token, path.name),  # type: ignore[arg-type]
             config,
             shutdown_trigger=shutdown_trigger,
             task_status=task_status,
