@@ -406,9 +406,7 @@ class EntityPage {
     this.renderHead();
     try {
       await this.tree.open(turnId);
-      if (this.tree.forkedFrom) {
-        this.head.append(el("a", { href: "#/thread/" + this.tree.forkedFrom, text: "forked from " + this.tree.forkedFrom }));
-      }
+      this.renderHead();
     } catch (error) {
       if (error.code !== "unknown_entity") showError(error);
       this.treeBox.replaceChildren(el("p", { class: "empty muted", text: "no turns yet" }));
@@ -425,6 +423,8 @@ class EntityPage {
         el("span", { class: "muted", text: `${s.medium} · ${s.turns} turns · ${tokenTotal(s.tokens)} tokens · ${cost(s.cost_usd, tokenTotal(s.tokens))} (tree ${cost(s.tree_cost_usd, tokenTotal(s.tokens))})` }));
       if (s.parent_entity_id) parts.push(el("a", { href: "#/e/" + s.parent_entity_id, text: "parent " + s.parent_entity_id }));
     }
+    const forked = (s && s.forked_from) || this.tree.forkedFrom;
+    if (forked) parts.push(el("a", { href: "#/thread/" + forked, text: "forked from " + forked }));
     this.head.replaceChildren(...parts);
   }
 
@@ -441,13 +441,16 @@ class EntityPage {
   startLive() {
     this.status = el("div", { class: "status", id: "live-status", text: "connecting…" });
     this.stream = el("pre", { class: "stream", id: "live-stream" });
+    // What this page's own prompt ended with (the prompt's response), apart from
+    // the event stream's status: the two streams may arrive in either order.
+    this.outcome = el("div", { class: "status", id: "live-result" });
     this.prompt = el("textarea", { id: "prompt", placeholder: "send a prompt to this session…", "aria-label": "prompt" });
     this.send = el("button", { class: "primary", id: "send", type: "submit", text: "Send", disabled: true });
     this.cancel = el("button", { class: "danger", id: "cancel", type: "button", text: "Cancel", disabled: true,
       onclick: () => this.cancelCast() });
     const form = el("form", { onsubmit: (event) => { event.preventDefault(); this.sendPrompt(this.prompt.value); } },
       this.prompt, this.send, this.cancel);
-    this.left.append(el("div", { class: "live" }, this.status, this.stream, form));
+    this.left.append(el("div", { class: "live" }, this.status, this.stream, this.outcome, form));
     this.subscribe();
   }
 
@@ -488,18 +491,28 @@ class EntityPage {
       return; // a child's streamed text belongs to the child's page
     }
     if (name === "step_start") {
+      // One cast's stream stays in the panel until the next cast starts. (The
+      // prompt's own response may end before this stream catches up, so the
+      // cast's boundaries come from these events, not from the prompt.)
+      if (!this.castOpen) this.stream.textContent = "";
+      this.castOpen = true;
       this.setRunning(true);
-      this.stream.textContent = "";
+      if (this.stream.textContent) this.stream.append("\n");
+      this.stream.append(`— turn ${data.sequence} —\n`);
       this.status.textContent = `turn ${data.sequence}: thinking…`;
     } else if (name === "text_delta") {
       this.stream.append(data.text);
       this.stream.scrollTop = this.stream.scrollHeight;
+    } else if (name === "final_response") {
+      this.castOpen = false;
+      this.setRunning(false);
     } else if (name === "tool_call" && data.final) {
       this.stream.append(`\n→ ${data.name}(${JSON.stringify(data.arguments)})`);
     } else if (name === "tool_result") {
       const record = data.record || {};
       this.stream.append(`\n← ${record.gate}: ${pretty(record.result).slice(0, 500)}`);
     } else if (name === "step_complete") {
+      if (data.terminated || data.truncated) { this.castOpen = false; this.setRunning(false); }
       this.status.textContent = `turn ${data.sequence} recorded` + (data.reason ? ` (${data.reason})` : "");
       this.refresh();
     }
@@ -517,6 +530,8 @@ class EntityPage {
   async sendPrompt(text) {
     if (!text.trim()) return;
     this.prompt.value = "";
+    this.stream.textContent = "";
+    this.outcome.textContent = "";
     this.setRunning(true);
     this.status.textContent = "sending…";
     try {
@@ -530,7 +545,7 @@ class EntityPage {
         throw new Error((data.error && data.error.message) || response.statusText);
       }
       await readSSE(response, (name, data) => {
-        if (name === "result") this.status.textContent = `done: ${data.stop_reason}` + (data.summary ? ` — ${data.summary}` : "");
+        if (name === "result") this.outcome.textContent = `done: ${data.stop_reason}` + (data.summary ? ` — ${data.summary}` : "");
         if (name === "error") showError(data.error.message);
       });
     } catch (error) {
@@ -543,7 +558,8 @@ class EntityPage {
   async cancelCast() {
     try {
       const answer = await postJSON(`/sessions/${this.sessionId}/cancel`);
-      this.status.textContent = answer.cancelled ? "cancelling…" : "nothing to cancel";
+      // The prompt's own answer may already be here; it has the last word.
+      if (!this.outcome.textContent) this.outcome.textContent = answer.cancelled ? "cancel requested" : "nothing to cancel";
     } catch (error) { showError(error); }
   }
 }
