@@ -165,8 +165,10 @@ def test_watch_prompt_inspect_cancel_and_fork_a_live_session(
         # The original entity's tree now holds the fork, nested under its turn.
         page.goto(f"{url}/#/e/{entity}")
         expect(page.locator(".tree .row")).to_have_count(4)
-        expect(page.locator(".tree .row").nth(1).locator(".branch")).to_have_text("⑂")
-        page.screenshot(path=ARTIFACTS / "tree-with-fork.png")
+        expect(page.locator(".tree .row").nth(1).locator(".branch")).to_have_text("fork")
+        page.locator(".tree .row").first.click()
+        expect(page.locator('#turn .call[data-gate="echo"]')).to_be_visible()
+        page.screenshot(path=ARTIFACTS / "viewer.png")
         page.goto(url + "/")
         expect(page.locator("tr.entity")).to_have_count(2)
         page.fill('input[type="search"]', "train")

@@ -353,8 +353,8 @@ class TreeList {
 
   row(item, index) {
     const marks = [];
-    if (item.branch === "fork") marks.push(el("span", { class: "branch", title: "fork", text: "⑂" }));
-    if (item.branch === "child") marks.push(el("span", { class: "branch", title: "call_agent child", text: "↳" }));
+    if (item.branch === "fork") marks.push(el("span", { class: "branch badge fork", title: "a fork starts here", text: "fork" }));
+    if (item.branch === "child") marks.push(el("span", { class: "branch badge child", title: "a call_agent child starts here", text: "child" }));
     const status = item.status === "ok" ? null : badge(item.status);
     return el("div", {
       class: "row" + (item.id === this.selected ? " selected" : ""),
