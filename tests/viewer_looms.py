@@ -12,10 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cantrip.llm._contract import ToolCall
 from cantrip.loom import EntityRecord, GateCallRecord, Loom, Turn, TurnMetadata
 from cantrip.loom._stores import open_store
 
 SECRET = "sk-proj-abcdefghijklmnop1234"
+CODE = "# add them\nfor n in range(2):\n    total = 40 + n\nprint('sum', total)"
 
 
 def _meta(n: int, cost: float | None, tokens: tuple[int, int] = (10, 2)) -> TurnMetadata:
@@ -115,6 +117,7 @@ def build(path: Path | None = None, turns: int = 6) -> Loom:
                     intent="sum it",
                     utterance="print(40 + 2)",
                     metadata=_meta(n, None),
+                    tool_calls=(ToolCall("c1", "python", {"code": CODE}),),
                 )
             )
             loom.append(
