@@ -452,7 +452,7 @@ def _view(args: argparse.Namespace, err: TextIO) -> int:
                     print(f"cantrip: viewing {args.loom_file} at {bind}/", file=err, flush=True)
                 if token is not None:
                     print(
-                        "cantrip: the API requires the token: open the page with ?token=TOKEN",
+                        "cantrip: a token is required: open the page as URL/?token=TOKEN",
                         file=err,
                         flush=True,
                     )

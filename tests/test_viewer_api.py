@@ -282,8 +282,13 @@ def test_loom_view_needs_a_token_beyond_loopback(
         viewing(path, env={"CANTRIP_TOKEN": "s3cret-token"}) as url,
         httpx.Client(base_url=url, timeout=10) as http,
     ):
-        assert http.get("/").status_code == 200  # the page holds no loom data
+        refused = http.get("/")
+        assert refused.status_code == 401 and "?token=" in refused.json()["error"]["message"]
+        assert http.get("/?token=nope").status_code == 401
+        assert http.get("/?token=s3cret-token").status_code == 200
+        assert http.get("/ui/app.js").status_code == 200  # code, no loom data
         assert http.get("/api/loom").status_code == 401
+        assert http.get("/api/loom?token=s3cret-token").status_code == 401  # header only
         wrong = http.get("/api/loom", headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401
         ok = http.get("/api/loom", headers={"Authorization": "Bearer s3cret-token"})

@@ -60,6 +60,7 @@ CSP = (
 )
 MAX_FORK_BODY = 64 * 1024
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+UNAUTHORIZED = "a valid token is required: open the page as /?token=TOKEN"
 
 
 def asset(name: str) -> bytes:
@@ -244,9 +245,9 @@ class LoomFile:
 class ViewerApp:
     """The ASGI application of ``cantrip loom FILE view``: the viewer, read-only.
 
-    With a ``token``, every ``/api/`` request must carry ``Authorization:
-    Bearer TOKEN`` (the page sends it when opened with ``?token=``); the static
-    assets hold no loom data and are served to anyone who can reach the port."""
+    With a ``token``, the page (``/?token=TOKEN``) and every ``/api/`` request
+    (``Authorization: Bearer TOKEN``, which the page sends) need it; the scripts
+    and styles under ``/ui/`` hold no loom data and are served to anyone."""
 
     def __init__(
         self, source: Callable[[], Loom], token: str | None = None, name: str | None = None
@@ -264,15 +265,28 @@ class ViewerApp:
                     return
         if scope["type"] != "http":
             return
-        if self.token is not None and scope["path"].startswith("/api"):
-            headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            expected = f"Bearer {self.token}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
-                await send_json(send, 401, error_body("unauthorized", "a valid token is required"))
-                return
+        public = scope["path"].startswith("/ui/")
+        if self.token is not None and not public and not self._authorized(scope):
+            await send_json(send, 401, error_body("unauthorized", UNAUTHORIZED))
+            return
         if not await self.viewer.dispatch(scope, receive, send):
             await send_json(send, 404, error_body("not_found", f"no route {scope['path']!r}"))
+
+    def _authorized(self, scope: Scope) -> bool:
+        """``Authorization: Bearer TOKEN``; the page itself also takes ``?token=``
+        (a browser cannot add a header to the address it is asked to open)."""
+        assert self.token is not None
+        expected = self.token.encode()
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(b"authorization", b"")
+        if given[:7].lower() == b"bearer " and hmac.compare_digest(given[7:].strip(), expected):
+            return True
+        if scope["path"] in ("/", "/index.html"):
+            query = parse_qs(scope.get("query_string", b"").decode())
+            for value in query.get("token", []):
+                if hmac.compare_digest(value.encode(), expected):
+                    return True
+        return False
 
 
 def viewer_token(host: str, token: str | None) -> str | None:

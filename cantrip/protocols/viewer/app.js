@@ -397,6 +397,8 @@ class EntityPage {
   close() { this.abort.abort(); }
 
   async open(turnId) {
+    // The tree's first page and the entity's summary are fetched side by side.
+    const opening = this.tree.open(turnId);
     let summary = null;
     try {
       const found = await api("/api/entities?" + new URLSearchParams({ q: this.entityId, limit: 5 }));
@@ -405,7 +407,7 @@ class EntityPage {
     this.summary = summary;
     this.renderHead();
     try {
-      await this.tree.open(turnId);
+      await opening;
       this.renderHead();
     } catch (error) {
       if (error.code !== "unknown_entity") showError(error);
