@@ -7,10 +7,10 @@ same figures, computed here once (cost per turn is ``TurnMetadata.cost_usd``;
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from cantrip.loom._loom import Loom
-from cantrip.loom._model import Turn
+from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._view import CHECKPOINT_PHASES
 
 
@@ -45,16 +45,26 @@ def cost(turns: Sequence[Turn]) -> float | None:
     return total
 
 
-def tree_turns(loom: Loom, entity_id: str) -> list[Turn]:
-    """The turns of an entity and of every entity it spawned, at any depth."""
+def tree_turns(
+    loom: Loom,
+    entity_id: str,
+    *,
+    entities: Iterable[EntityRecord] | None = None,
+    turns_of: Callable[[str], Sequence[Turn]] | None = None,
+) -> list[Turn]:
+    """The turns of an entity and of every entity it spawned, at any depth.
+
+    ``entities`` and ``turns_of`` let a caller that has already read the loom
+    (the viewer: one scan for every entity) answer without asking it again."""
     children: dict[str, list[str]] = {}
-    for record in loom.entities.values():
+    for record in loom.entities.values() if entities is None else entities:
         if record.parent_entity_id:
             children.setdefault(record.parent_entity_id, []).append(record.entity_id)
+    read = loom.entity_turns if turns_of is None else turns_of
     turns: list[Turn] = []
     pending = [entity_id]
     while pending:
         current = pending.pop()
-        turns.extend(loom.entity_turns(current))
+        turns.extend(read(current))
         pending.extend(children.get(current, ()))
     return turns

@@ -98,6 +98,25 @@ def _is_ephemeral(turn: Turn) -> bool:
     return any(r.detail.get("ephemeral") for r in turn.gate_calls)
 
 
+class _Index:
+    """One scan of the loom, grouped the ways the viewer reads it: every
+    entity's turns and every turn's children, in recording order. Built once
+    per loom size, so the reads below never ask the store turn by turn (on an
+    indexed store each ``children()`` would be a query)."""
+
+    def __init__(self, loom: Loom) -> None:
+        self.by_entity: dict[str, list[Turn]] = {}
+        self.children: dict[str | None, list[Turn]] = {}
+        self.entity_of: dict[str, str] = {}
+        for turn in loom.turns:
+            self.by_entity.setdefault(turn.entity_id, []).append(turn)
+            self.children.setdefault(turn.parent_id, []).append(turn)
+            self.entity_of[turn.id] = turn.entity_id
+
+    def turns_of(self, entity_id: str) -> Sequence[Turn]:
+        return self.by_entity.get(entity_id, ())
+
+
 class LoomViews:
     """The viewer's paged reads of one loom (the loom may grow between calls).
 
@@ -121,6 +140,7 @@ class LoomViews:
         self._summaries: list[dict[str, Any]] = []
         self._search: list[str] = []
         self._trees: dict[str, list[TreeRow]] = {}
+        self._scan: _Index | None = None
 
     @property
     def loom(self) -> Loom:
@@ -135,7 +155,13 @@ class LoomViews:
             self._summaries = []
             self._search = []
             self._trees = {}
+            self._scan = None
         return loom
+
+    def _index(self, loom: Loom) -> _Index:
+        if self._scan is None:
+            self._scan = _Index(loom)
+        return self._scan
 
     # -- the loom and its entities ------------------------------------------------
 
@@ -165,9 +191,11 @@ class LoomViews:
         return {"total": len(rows), "offset": offset, "limit": limit, "items": page}
 
     def _build_summaries(self, loom: Loom) -> None:
+        index = self._index(loom)
+        records = list(loom.entities.values())
         summaries: list[tuple[str, dict[str, Any], str]] = []
-        for record in loom.entities.values():
-            turns = loom.entity_turns(record.entity_id)
+        for record in records:
+            turns = index.turns_of(record.entity_id)
             last = turns[-1] if turns else None
             intents = [t.intent for t in turns if t.intent]
             activity = last.metadata.timestamp if last is not None else ""
@@ -185,7 +213,9 @@ class LoomViews:
                 "turns": len(turns),
                 "tokens": _tokens(turns),
                 "cost_usd": _cost(turns),
-                "tree_cost_usd": _cost(_tree_turns(loom, record.entity_id)),
+                "tree_cost_usd": _cost(
+                    _tree_turns(loom, record.entity_id, entities=records, turns_of=index.turns_of)
+                ),
                 "intent": _short(intents[0]) if intents else "",
                 "last_activity": activity or record.created_at,
                 "created_at": record.created_at,
@@ -207,7 +237,7 @@ class LoomViews:
         record = self._entity(loom, entity_id)
         rows = self._trees.get(entity_id)
         if rows is None:
-            rows = self._trees[entity_id] = self._flatten(loom, entity_id)
+            rows = self._trees[entity_id] = self._flatten(loom, self._index(loom), entity_id)
         turn_values = query.get("turn")
         wanted = turn_values[-1] if turn_values else None
         index = None
@@ -235,16 +265,19 @@ class LoomViews:
             raise ViewerError(404, "unknown_entity", f"no entity {entity_id!r}") from None
 
     @staticmethod
-    def _flatten(loom: Loom, entity_id: str) -> list[TreeRow]:
+    def _flatten(loom: Loom, index: _Index, entity_id: str) -> list[TreeRow]:
         """Depth-first: a turn, its call_agent children's subtrees, its forks'
         subtrees (each one level deeper), then the rest of its own thread at the
         same depth -- so a 10,000-turn thread is 10,000 rows at depth 0, not a
         10,000-level staircase. Iterative: no recursion limit."""
         entities = loom.entities
-        own = loom.entity_turns(entity_id)
+        entity_of = index.entity_of
         roots = [
-            t for t in own if t.parent_id is None or loom.get(t.parent_id).entity_id != entity_id
+            t
+            for t in index.turns_of(entity_id)
+            if t.parent_id is None or entity_of.get(t.parent_id) != entity_id
         ]
+        no_children: list[Turn] = []
         stack: list[TreeRow] = [TreeRow(t, 0, None) for t in reversed(roots)]
         rows: list[TreeRow] = []
         while stack:
@@ -254,7 +287,7 @@ class LoomViews:
             mainline: Turn | None = None
             spawned: list[Turn] = []
             forks: list[Turn] = []
-            for child in loom.children(turn.id):
+            for child in index.children.get(turn.id, no_children):
                 if child.entity_id == turn.entity_id and mainline is None:
                     mainline = child
                     continue
