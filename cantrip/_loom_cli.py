@@ -13,7 +13,9 @@ path``: ``.jsonl`` or SQLite):
   redacted unless ``--raw`` is given;
 - ``reward REF VALUE`` -- set (or, with ``none``, clear) a turn's reward;
 - ``fork REF SPEC.toml INTENT [--llm NAME] [--json]`` -- continue from a turn
-  with the cantrip a spec file describes, recording into the same loom.
+  with the cantrip a spec file describes, recording into the same loom;
+- ``view [--host 127.0.0.1] [--port 0] [--token T]`` -- browse the loom in a
+  web browser: a read-only local server that prints its URL and opens nothing.
 
 REF names a turn: a turn id or a unique prefix or suffix of one (ids begin
 with a clock, so the end of an id is what tells turns of one run apart;
@@ -43,7 +45,10 @@ from cantrip._redact import redact
 from cantrip.loom._export import Redaction, export_chat, export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
-from cantrip.loom._view import CHECKPOINT_PHASES
+from cantrip.loom._summary import cost as _cost
+from cantrip.loom._summary import outcome as _outcome
+from cantrip.loom._summary import tokens as _tokens
+from cantrip.loom._summary import tree_turns as _tree_turns
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -86,6 +91,12 @@ def add_loom_parser(subparsers: Any) -> argparse.ArgumentParser:
     fork.add_argument("intent", metavar="INTENT")
     fork.add_argument("--llm", help="a named LLM of the spec ([llms.NAME]) to continue with")
     fork.add_argument("--json", action="store_true", help="print a JSON result")
+    view = commands.add_parser("view", help="browse the loom in a web browser (read-only)")
+    view.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    view.add_argument("--port", type=int, default=0, help="default: 0 (any free port)")
+    view.add_argument(
+        "--token", help="require this bearer token (default: CANTRIP_TOKEN; needed off loopback)"
+    )
     parser: argparse.ArgumentParser = loom
     return parser
 
@@ -97,6 +108,8 @@ def run_loom(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"cantrip: no loom file at {path}", file=err)
         return EXIT_ERROR
+    if args.loom_command == "view":
+        return _view(args, err)
     try:
         loom = Loom.open(path)
     except CantripError as exc:
@@ -194,53 +207,8 @@ def _last_of(loom: Loom, entity_id: str) -> Turn:
 # -- list --------------------------------------------------------------------------
 
 
-def _outcome(turn: Turn) -> str:
-    if turn.terminated:
-        return f"terminated ({turn.reason})"
-    if turn.truncated:
-        return f"truncated ({turn.reason})"
-    if turn.extras.get("phase") in CHECKPOINT_PHASES:
-        return "delegating"
-    return "active"
-
-
-def _tokens(turns: Sequence[Turn]) -> dict[str, int]:
-    return {
-        "prompt": sum(t.metadata.tokens_prompt for t in turns),
-        "completion": sum(t.metadata.tokens_completion for t in turns),
-        "cached": sum(t.metadata.tokens_cached for t in turns),
-    }
-
-
-def _cost(turns: Sequence[Turn]) -> float | None:
-    """USD of these turns; ``None`` if any turn used tokens at an unknown price."""
-    total = 0.0
-    for t in turns:
-        meta = t.metadata
-        if meta.cost_usd is not None:
-            total += meta.cost_usd
-        elif meta.tokens_prompt or meta.tokens_completion:
-            return None
-    return total
-
-
 def _cost_text(cost: float | None) -> str:
     return "cost unknown" if cost is None else f"${cost:.6f}"
-
-
-def _tree_turns(loom: Loom, entity_id: str) -> list[Turn]:
-    """The turns of an entity and of every entity it spawned, at any depth."""
-    children: dict[str, list[str]] = {}
-    for record in loom.entities.values():
-        if record.parent_entity_id:
-            children.setdefault(record.parent_entity_id, []).append(record.entity_id)
-    turns: list[Turn] = []
-    pending = [entity_id]
-    while pending:
-        current = pending.pop()
-        turns.extend(loom.entity_turns(current))
-        pending.extend(children.get(current, ()))
-    return turns
 
 
 def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
@@ -450,6 +418,56 @@ def _fork(loom: Loom, args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     else:
         print(redact(outcome.summary or "truncated"), file=err)
     return EXIT_OK if outcome.terminated else EXIT_TRUNCATED
+
+
+def _view(args: argparse.Namespace, err: TextIO) -> int:
+    """``loom FILE view``: serve the browser viewer until Ctrl-C; prints the URL."""
+    import signal
+
+    from cantrip.protocols._viewer import serve_viewer, viewer_token
+
+    try:
+        token = viewer_token(args.host, args.token)
+    except CantripError as exc:
+        print(f"cantrip: {exc}", file=err)
+        return EXIT_ERROR
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+            async def until_signal() -> None:
+                async for _ in signals:
+                    return
+
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(
+                    lambda task_status: serve_viewer(
+                        args.loom_file,
+                        args.host,
+                        args.port,
+                        token=token,
+                        shutdown_trigger=until_signal,
+                        task_status=task_status,
+                    )
+                )
+                for bind in binds:
+                    print(f"cantrip: viewing {args.loom_file} at {bind}/", file=err, flush=True)
+                if token is not None:
+                    print(
+                        "cantrip: a token is required: open the page as URL/?token=TOKEN",
+                        file=err,
+                        flush=True,
+                    )
+
+    try:
+        trio.run(run)
+    except OSError as exc:
+        print(f"cantrip: cannot serve on {args.host}:{args.port}: {exc}", file=err)
+        return EXIT_ERROR
+    except CantripError as exc:
+        print(f"cantrip: cannot read {args.loom_file}: {redact(str(exc))}", file=err)
+        return EXIT_ERROR
+    return EXIT_OK
 
 
 # -- output ---------------------------------------------------------------------------

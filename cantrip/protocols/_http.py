@@ -46,6 +46,7 @@ from cantrip.protocols._sessions import (
     result_dict,
     turn_dict,
 )
+from cantrip.protocols._viewer import Viewer
 
 log = get_logger("cantrip.http")
 
@@ -71,6 +72,7 @@ class HttpApp:
     def __init__(self, spell: Cantrip) -> None:
         self.spell = spell
         self.hub = SessionHub(spell)
+        self.viewer = Viewer.for_hub(self.hub)  # the browser viewer at / and /api/
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
@@ -106,6 +108,8 @@ class HttpApp:
             await providers.aclose()
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if await self.viewer.dispatch(scope, receive, send):
+            return
         method = scope["method"]
         parts = [p for p in scope["path"].split("/") if p]
         query = parse_qs(scope.get("query_string", b"").decode())

@@ -133,6 +133,11 @@ class SessionHub:
         entity = self.spell.summon()
         return self._adopt(session_id_for(entity.id), entity)
 
+    def fork(self, turn_id: str) -> Session:
+        """A new session whose entity continues from ``turn_id`` (LOOM-4)."""
+        entity = self.spell.fork(turn_id)
+        return self._adopt(session_id_for(entity.id), entity)
+
     def get(self, session_id: str) -> Session:
         """A live session, or one resumed from the loom (after a restart)."""
         session = self.sessions.get(session_id)

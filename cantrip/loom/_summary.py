@@ -1,0 +1,70 @@
+"""Totals of a loom's turns: tokens, cost, outcome, an entity's whole tree.
+
+What ``cantrip loom list``/``show`` print and the browser viewer shows are the
+same figures, computed here once (cost per turn is ``TurnMetadata.cost_usd``;
+``None`` -- unknown -- is never counted as zero).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from cantrip.loom._loom import Loom
+from cantrip.loom._model import EntityRecord, Turn
+from cantrip.loom._view import CHECKPOINT_PHASES
+
+
+def outcome(turn: Turn) -> str:
+    """How the thread stands at ``turn``: terminated, truncated, delegating or active."""
+    if turn.terminated:
+        return f"terminated ({turn.reason})"
+    if turn.truncated:
+        return f"truncated ({turn.reason})"
+    if turn.extras.get("phase") in CHECKPOINT_PHASES:
+        return "delegating"
+    return "active"
+
+
+def tokens(turns: Sequence[Turn]) -> dict[str, int]:
+    return {
+        "prompt": sum(t.metadata.tokens_prompt for t in turns),
+        "completion": sum(t.metadata.tokens_completion for t in turns),
+        "cached": sum(t.metadata.tokens_cached for t in turns),
+    }
+
+
+def cost(turns: Sequence[Turn]) -> float | None:
+    """USD of these turns; ``None`` if any turn used tokens at an unknown price."""
+    total = 0.0
+    for t in turns:
+        meta = t.metadata
+        if meta.cost_usd is not None:
+            total += meta.cost_usd
+        elif meta.tokens_prompt or meta.tokens_completion:
+            return None
+    return total
+
+
+def tree_turns(
+    loom: Loom,
+    entity_id: str,
+    *,
+    entities: Iterable[EntityRecord] | None = None,
+    turns_of: Callable[[str], Sequence[Turn]] | None = None,
+) -> list[Turn]:
+    """The turns of an entity and of every entity it spawned, at any depth.
+
+    ``entities`` and ``turns_of`` let a caller that has already read the loom
+    (the viewer: one scan for every entity) answer without asking it again."""
+    children: dict[str, list[str]] = {}
+    for record in loom.entities.values() if entities is None else entities:
+        if record.parent_entity_id:
+            children.setdefault(record.parent_entity_id, []).append(record.entity_id)
+    read = loom.entity_turns if turns_of is None else turns_of
+    turns: list[Turn] = []
+    pending = [entity_id]
+    while pending:
+        current = pending.pop()
+        turns.extend(read(current))
+        pending.extend(children.get(current, ()))
+    return turns

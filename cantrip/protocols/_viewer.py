@@ -1,0 +1,333 @@
+"""The loom viewer in the browser: static pages plus the paged JSON API.
+
+One more front end over the session layer (DESIGN, Wave 2), in two settings:
+
+* ``cantrip loom FILE view`` -- :func:`serve_viewer`: a read-only local server
+  over a loom file (reopened when the file grows, so a running cast's new turns
+  show up), which prints its URL and opens nothing by itself;
+* ``cantrip serve`` -- :class:`Viewer` is mounted at ``/`` of the HTTP API
+  (:class:`~cantrip.protocols._http.HttpApp` hands it every request first). Live:
+  the page streams a session's events from ``GET /sessions/{id}/events``,
+  prompts with ``POST /sessions/{id}/prompt?stream=1``, cancels with
+  ``POST /sessions/{id}/cancel`` and forks with ``POST /api/fork`` (the one
+  write this module adds: a new session continuing from a turn, LOOM-4).
+
+Routes (``GET`` unless said; errors are ``{"error": {"code", "message"}}``):
+``/`` (the page), ``/ui/{asset}``, ``/api/loom``,
+``/api/entities?q=&offset=&limit=``, ``/api/entities/{id}/tree?offset=&limit=&turn=``,
+``/api/turns/{id}``, ``/api/threads/{turn id}?offset=&limit=``, ``POST /api/fork``.
+
+The assets are plain HTML, CSS and JavaScript in ``cantrip/protocols/viewer/``
+(no CDN, no build step). They are served with a content security policy that
+allows only this origin's own scripts, and the page builds every element with
+``textContent`` -- loom text is data, never markup.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+import trio
+
+from cantrip._errors import CantripError
+from cantrip._redact import get_logger, redact
+from cantrip.loom._loom import Loom
+from cantrip.protocols._sessions import SessionHub, session_id_for
+from cantrip.protocols._viewer_api import LoomViews, ViewerError
+
+log = get_logger("cantrip.viewer")
+
+Scope = Mapping[str, Any]
+Receive = Callable[[], Awaitable[Mapping[str, Any]]]
+Send = Callable[[Mapping[str, Any]], Awaitable[None]]
+
+ASSETS: dict[str, str] = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "app.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
+CSP = (
+    b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    b"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+MAX_FORK_BODY = 64 * 1024
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+UNAUTHORIZED = "a valid token is required: open the page as /?token=TOKEN"
+
+
+def asset(name: str) -> bytes:
+    """A packaged asset's bytes (package data: works from a wheel as from a checkout)."""
+    return (resources.files("cantrip.protocols") / "viewer" / name).read_bytes()
+
+
+class Viewer:
+    """The viewer's routes over ``views``; with a ``hub``, the live routes too."""
+
+    def __init__(self, views: LoomViews, hub: SessionHub | None = None) -> None:
+        self.views = views
+        self.hub = hub
+        self._assets: dict[str, bytes] = {}
+
+    @classmethod
+    def for_hub(cls, hub: SessionHub) -> Viewer:
+        """The live viewer of ``cantrip serve``: the cantrip's own loom, its sessions."""
+
+        def running(entity_id: str) -> bool:
+            session = hub.sessions.get(session_id_for(entity_id))
+            return session is not None and session.running is not None
+
+        views = LoomViews(lambda: hub.spell.loom, live=True, running=running)
+        return cls(views, hub)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer the request if it is the viewer's; ``False`` leaves it to the caller."""
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if path in ("/", "/index.html"):
+            await self._asset(send, method, "index.html")
+            return True
+        if path.startswith("/ui/"):
+            await self._asset(send, method, path.removeprefix("/ui/"))
+            return True
+        if path != "/api" and not path.startswith("/api/"):
+            return False
+        try:
+            data = await self._api(scope, receive, method, path)
+        except ViewerError as exc:
+            await send_json(send, exc.status, error_body(exc.code, exc.message))
+        else:
+            await send_json(send, 201 if method == "POST" else 200, data)
+        return True
+
+    async def _asset(self, send: Send, method: str, name: str) -> None:
+        if method not in ("GET", "HEAD"):
+            await send_json(send, 405, error_body("method_not_allowed", "use GET"))
+            return
+        if name not in ASSETS:
+            await send_json(send, 404, error_body("not_found", f"no asset {name!r}"))
+            return
+        body = self._assets.get(name)
+        if body is None:
+            body = self._assets[name] = asset(name)
+        headers = [
+            (b"content-type", ASSETS[name].encode()),
+            (b"content-length", str(len(body)).encode()),
+            (b"content-security-policy", CSP),
+            (b"x-content-type-options", b"nosniff"),
+            (b"cache-control", b"no-cache"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
+
+    async def _api(self, scope: Scope, receive: Receive, method: str, path: str) -> Any:
+        parts = [unquote(p) for p in path.split("/") if p][1:]
+        query = parse_qs(scope.get("query_string", b"").decode())
+        views = self.views
+        if parts == ["fork"]:
+            _allow(method, "POST")
+            return await self._fork(receive)
+        _allow(method, "GET")
+        if parts == ["loom"]:
+            return views.overview()
+        if parts == ["entities"]:
+            return views.entities(query)
+        if len(parts) == 3 and parts[0] == "entities" and parts[2] == "tree":
+            return views.tree(parts[1], query)
+        if len(parts) == 2 and parts[0] == "turns":
+            return views.turn(parts[1])
+        if len(parts) == 2 and parts[0] == "threads":
+            return views.thread(parts[1], query)
+        raise ViewerError(404, "not_found", f"no route {path!r}")
+
+    async def _fork(self, receive: Receive) -> dict[str, Any]:
+        """A new session continuing from a turn (LOOM-4); the page then prompts it."""
+        if self.hub is None:
+            raise ViewerError(
+                405, "read_only", "this viewer is read-only; fork with `cantrip serve`"
+            )
+        body = await read_json(receive, MAX_FORK_BODY)
+        turn_id = body.get("turn_id") if isinstance(body, dict) else None
+        if not isinstance(turn_id, str) or not turn_id:
+            raise ViewerError(400, "bad_request", 'the body must be {"turn_id": "turn-..."}')
+        views = self.views
+        views.turn(turn_id)  # 404 for an unknown turn, before anything is created
+        try:
+            session = self.hub.fork(turn_id)
+        except CantripError as exc:
+            raise ViewerError(409, "cannot_fork", redact(str(exc))) from None
+        return {
+            "session_id": session.id,
+            "entity_id": session.entity_id,
+            "forked_from": turn_id,
+        }
+
+
+def _allow(method: str, *allowed: str) -> None:
+    if method not in allowed:
+        raise ViewerError(405, "method_not_allowed", f"use {' or '.join(allowed)}")
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+async def read_json(receive: Receive, limit: int) -> Any:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ViewerError(400, "bad_request", "the client went away")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ViewerError(413, "too_large", f"the body is larger than {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    try:
+        return json.loads(b"".join(chunks) or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ViewerError(400, "bad_json", f"the body is not JSON: {exc}") from None
+
+
+async def send_json(send: Send, status: int, data: Any) -> None:
+    body = json.dumps(data, default=str).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-store"),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# -- the read-only server of `cantrip loom FILE view` -----------------------------------
+
+
+class LoomFile:
+    """A loom file, reopened when it has changed on disk since it was last read
+    (another process -- a running cast -- may be appending to it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp = self._stat()
+        self._loom = Loom.open(path)
+
+    def _stat(self) -> tuple[int, int]:
+        stat = self.path.stat()
+        return stat.st_size, stat.st_mtime_ns
+
+    def __call__(self) -> Loom:
+        stamp = self._stat()
+        if stamp != self._stamp:
+            try:
+                fresh = Loom.open(self.path)
+            except CantripError as exc:  # e.g. a line still being written: keep the last
+                log.warning("cannot reread %s: %s", self.path, exc)
+                return self._loom
+            self._loom.close()
+            self._loom, self._stamp = fresh, stamp
+        return self._loom
+
+    def close(self) -> None:
+        self._loom.close()
+
+
+class ViewerApp:
+    """The ASGI application of ``cantrip loom FILE view``: the viewer, read-only.
+
+    With a ``token``, the page (``/?token=TOKEN``) and every ``/api/`` request
+    (``Authorization: Bearer TOKEN``, which the page sends) need it; the scripts
+    and styles under ``/ui/`` hold no loom data and are served to anyone."""
+
+    def __init__(
+        self, source: Callable[[], Loom], token: str | None = None, name: str | None = None
+    ) -> None:
+        self.viewer = Viewer(LoomViews(source, source=name))
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = message["type"].removeprefix("lifespan.")
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        if scope["type"] != "http":
+            return
+        public = scope["path"].startswith("/ui/")
+        if self.token is not None and not public and not self._authorized(scope):
+            await send_json(send, 401, error_body("unauthorized", UNAUTHORIZED))
+            return
+        if not await self.viewer.dispatch(scope, receive, send):
+            await send_json(send, 404, error_body("not_found", f"no route {scope['path']!r}"))
+
+    def _authorized(self, scope: Scope) -> bool:
+        """``Authorization: Bearer TOKEN``; the page itself also takes ``?token=``
+        (a browser cannot add a header to the address it is asked to open)."""
+        assert self.token is not None
+        expected = self.token.encode()
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(b"authorization", b"")
+        if given[:7].lower() == b"bearer " and hmac.compare_digest(given[7:].strip(), expected):
+            return True
+        if scope["path"] in ("/", "/index.html"):
+            query = parse_qs(scope.get("query_string", b"").decode())
+            for value in query.get("token", []):
+                if hmac.compare_digest(value.encode(), expected):
+                    return True
+        return False
+
+
+def viewer_token(host: str, token: str | None) -> str | None:
+    """The token the server requires: the given one, or ``CANTRIP_TOKEN``; binding
+    beyond loopback without one is refused (a loom is private data)."""
+    token = token or os.environ.get("CANTRIP_TOKEN") or None
+    if token is None and host not in LOOPBACK:
+        raise CantripError(
+            f"refusing to serve a loom on {host} without a token: "
+            "give --token or set CANTRIP_TOKEN (or bind to 127.0.0.1)"
+        )
+    return token
+
+
+async def serve_viewer(
+    path: Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    token: str | None = None,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the read-only viewer of the loom at ``path`` with hypercorn's trio
+    worker until ``shutdown_trigger`` returns; ``task_status`` gets the URLs."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    config = Config()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+    config.graceful_timeout = 1.0
+    source = LoomFile(path)
+    try:
+        await serve(
+            ViewerApp(source, token, path.name),  # type: ignore[arg-type]
+            config,
+            shutdown_trigger=shutdown_trigger,
+            task_status=task_status,
+            mode="asgi",
+        )
+    finally:
+        source.close()
