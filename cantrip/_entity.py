@@ -170,6 +170,8 @@ class _Cast:
     """One cast's running totals."""
 
     intent: str
+    tags: Mapping[str, Any] = attrs.field(factory=dict)
+    """Recorded in the extras of the cast's first turn (e.g. an idempotency key)."""
     turns: list[Turn] = attrs.field(factory=list)
     usage: Usage = attrs.field(factory=lambda: ZERO_USAGE)
     utterances: int = 0
@@ -248,6 +250,8 @@ class Entity:
         self._cast: _Cast | None = None
         self._scope: trio.CancelScope | None = None
         self._cancel_requested = False
+        self._cancel_reason = "cancelled"
+        self._cancel_next: str | None = None
         self.cantrip = cantrip
         self.llm = llm
         self.loom = cantrip.loom
@@ -327,8 +331,13 @@ class Entity:
 
     # -- the loop --------------------------------------------------------------
 
-    async def send(self, intent: str | None) -> CastResult:
+    async def send(
+        self, intent: str | None, *, tags: Mapping[str, Any] | None = None
+    ) -> CastResult:
         """One cast on this entity: run ``intent`` until done or a ward (ENTITY-5).
+
+        ``tags`` are recorded in the extras of the cast's first turn, so what a
+        front end knows about the request (an idempotency key) is in the loom.
 
         Wards: ``max_turns`` and ``max_tokens_total`` are checked after each turn;
         ``timeout_s`` cuts the cast off wherever it is. Cancellation from outside
@@ -341,14 +350,20 @@ class Entity:
         if self._session is None:
             self._session = await self._open_session()
         self._context.add_intent(intent)
-        cast = self._cast = _Cast(intent)
+        cast = self._cast = _Cast(intent, dict(tags or {}))
         timeout = self.circle.resolved.get("timeout_s")
         deadline = math.inf if timeout is None else trio.current_time() + float(timeout)
         scope = self._scope = trio.CancelScope(deadline=deadline)
+        if self._cancel_next is not None:  # a cancel that arrived just before (sticky)
+            self._cancel_requested, self._cancel_reason = True, self._cancel_next
+            self._cancel_next = None
+            scope.cancel()
         try:
             with scope:
                 return await self._loop(cast)
-            turn = self._record_cut(cast, "cancelled" if self._cancel_requested else "timeout")
+            turn = self._record_cut(
+                cast, self._cancel_reason if self._cancel_requested else "timeout"
+            )
             return cast.result(self.id, turn, None)
         except LLMError:
             raise  # already recorded as an llm_error turn
@@ -366,6 +381,7 @@ class Entity:
             self._cast = None
             self._scope = None
             self._cancel_requested = False
+            self._cancel_reason = "cancelled"
 
     async def _open_session(self) -> MediumSession:
         """The medium session, with a fork's or resumed entity's sandbox replayed into it."""
@@ -522,15 +538,27 @@ class Entity:
             return cast.result(self.id, turn, result if terminated else None)
         return None
 
-    def cancel(self) -> bool:
+    def cancel(self, reason: str = "cancelled", *, next_cast: bool = False) -> bool:
         """Cancel the running cast, if any (COMP-9): it ends as truncated with reason
-        ``cancelled`` (its children as ``parent_terminated``); the entity stays
-        usable for the next intent. Returns whether a cast was running."""
+        ``reason`` (``cancelled``, or e.g. ``shutdown``; its children as
+        ``parent_terminated``); the entity stays usable for the next intent.
+        Returns whether a cast was running.
+
+        With ``next_cast``, a cancel that finds no cast running applies to the
+        next one instead (a sticky cancel): it is recorded as cut off with
+        ``reason`` before its first LLM call."""
         if self._scope is None:
+            if next_cast:
+                self._cancel_next = reason
             return False
-        self._cancel_requested = True
+        self._cancel_requested, self._cancel_reason = True, reason
         self._scope.cancel()
         return True
+
+    def uncancel(self) -> bool:
+        """Withdraw a sticky cancel that no cast has taken yet; whether there was one."""
+        pending, self._cancel_next = self._cancel_next, None
+        return pending is not None
 
     def _emit(self, event: Event) -> None:
         """Deliver an event, stamped with this entity's id unless it carries one."""
@@ -687,6 +715,9 @@ class Entity:
 
     def _new_turn(self, intent: str | None, **fields: Any) -> Turn:
         """The next turn of this entity's thread, with the given contents."""
+        cast = self._cast
+        if intent is not None and cast is not None and cast.tags:
+            fields["extras"] = {**cast.tags, **fields.get("extras", {})}
         return Turn(
             id=self.loom.new_turn_id(),
             parent_id=self._leaf,
