@@ -60,6 +60,12 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     )
     invoke.add_argument("--loom", type=Path, help="loom file to record into (.db or .jsonl)")
     invoke.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    invoke.add_argument(
+        "--grace-s",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, how long a running cast may finish before it is cut off (default 10)",
+    )
 
     acp = commands.add_parser(
         "acp", help="serve the Agent Client Protocol on stdio (one JSON message per line)"
@@ -74,6 +80,27 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     serve.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
     serve.add_argument("--check", action="store_true", help="load the spec, report, and exit")
     serve.add_argument("--log", type=Path, help="write a debug log to this file")
+    serve.add_argument(
+        "--grace-s",
+        type=float,
+        default=10.0,
+        help="on SIGTERM/SIGINT, how long running casts may finish before they are cut off "
+        "with reason 'shutdown' (default 10)",
+    )
+    serve.add_argument(
+        "--keep-alive-s",
+        type=float,
+        default=75.0,
+        help="idle keep-alive connections close after this (default 75; keep it above "
+        "your clients' pool expiry)",
+    )
+    serve.add_argument("--backlog", type=int, default=1024, help="listen queue (default 1024)")
+    serve.add_argument(
+        "--max-running",
+        type=int,
+        default=1000,
+        help="prompts running at once; more get 503 with Retry-After (default 1000)",
+    )
 
     conformance = commands.add_parser("conformance", help="run tests.yaml conformance vectors")
     conformance.add_argument("paths", nargs="*", type=Path, help="default: ./tests.yaml")
@@ -209,6 +236,7 @@ def _invoke(args: argparse.Namespace) -> int:
             err=console,
             progress=Progress(console, enabled=wants_progress(sys.stderr, args.quiet)),
             interactive=sys.stdin.isatty(),
+            grace_s=args.grace_s,
         )
         return trio.run(invocation.run)
     finally:
@@ -250,6 +278,7 @@ def _serve(args: argparse.Namespace) -> int:
     import signal
 
     from cantrip.protocols._http import serve_http
+    from cantrip.protocols._lifecycle import ServeOptions
 
     _debug_log(args.log)
     try:
@@ -258,12 +287,24 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.check:
         return _check(args.spec, spell)
+    options = ServeOptions(
+        grace_s=args.grace_s,
+        keep_alive_s=args.keep_alive_s,
+        backlog=args.backlog,
+        max_running=args.max_running,
+    )
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
             async def until_signal() -> None:
-                async for _ in signals:
+                async for signum in signals:
+                    print(
+                        f"cantrip: {signal.Signals(signum).name}: draining (grace "
+                        f"{options.grace_s:g} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     return
 
             async with trio.open_nursery() as nursery:
@@ -273,6 +314,7 @@ def _serve(args: argparse.Namespace) -> int:
                         args.host,
                         args.port,
                         shutdown_trigger=until_signal,
+                        options=options,
                         task_status=task_status,
                     )
                 )

@@ -67,9 +67,10 @@ class EntityServer:
             raise outcome
         return outcome
 
-    def cancel(self) -> bool:
-        """Cancel the cast running now, if any; returns whether one was running."""
-        return self.entity.cancel() if self.entity is not None else False
+    def cancel(self, reason: str = "cancelled") -> bool:
+        """Cancel the cast running now, if any (recorded with ``reason``); returns
+        whether one was running."""
+        return self.entity.cancel(reason) if self.entity is not None else False
 
     def close(self) -> None:
         """No more intents: the entity finishes the queued ones and ends normally."""

@@ -84,7 +84,8 @@ class Drain:
             scope.cancel()
         self._streams.add(scope)
         try:
-            yield scope
+            with scope:
+                yield scope
         finally:
             self._streams.discard(scope)
 
