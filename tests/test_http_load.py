@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -439,3 +443,110 @@ async def test_entity_sticky_cancel_tags_and_withdrawal(autojump_clock: Any) -> 
     first, second = spell.loom.turns
     assert first.extras["idempotency_key"] == "k1" and "idempotency_key" not in second.extras
     assert json.loads(json.dumps(first.to_dict()))["extras"] == {"idempotency_key": "k1"}
+
+
+# -- the commands, stopped by signals ----------------------------------------------------
+
+CANTRIP = str(Path(sys.executable).with_name("cantrip"))
+SLOW_SPEC = """
+[llm]
+provider = "scripted"
+responses = [
+  { tool_calls = [{ gate = "echo", args = { text = "first step" } }] },
+  { content = "thinking for a long time", delay_ms = 600000 },
+]
+[circle]
+medium = "conversation"
+gates = ["done", "echo"]
+wards = [{ max_turns = 4 }]
+[loom]
+path = "slow.db"
+"""
+
+
+def recorded(path: Path) -> list[cantrip.Turn]:
+    loom = cantrip.Loom.open(path)
+    try:
+        return list(loom.turns)
+    finally:
+        loom.close()
+
+
+async def wait_for_turns(path: Path, n: int) -> None:
+    with trio.fail_after(30):
+        while len(recorded(path)) < n:
+            await trio.sleep(0.02)
+
+
+async def started(process: trio.Process) -> str:
+    """The URL `cantrip serve` prints on stderr once it listens."""
+    assert process.stderr is not None
+    seen = b""
+    with trio.fail_after(30):
+        while b"\n" not in seen:
+            seen += await process.stderr.receive_some(1)
+    line = seen.decode()
+    assert "serving" in line, line
+    return line.strip().rsplit(" ", 1)[-1]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_cantrip_serve_on_a_signal_answers_the_request_in_flight_and_exits_0(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    (tmp_path / "slow.toml").write_text(SLOW_SPEC)
+    process = await trio.lowlevel.open_process(
+        [CANTRIP, "serve", "slow.toml", "--port", "0", "--grace-s", "0.2"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    answers: list[httpx.Response] = []
+    try:
+        base = await started(process)
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            sid = (await http.post("/sessions")).json()["session_id"]
+
+            async def ask() -> None:
+                answers.append(await http.post(f"/sessions/{sid}/prompt", json={"prompt": "go"}))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask)
+                await wait_for_turns(tmp_path / "slow.db", 1)  # now in its slow second turn
+                process.send_signal(signum)
+            with trio.fail_after(30):
+                assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    body = answers[0].json()
+    assert answers[0].status_code == 200
+    assert (body["reason"], body["stop_reason"], body["turns"]) == ("shutdown", "cancelled", 2)
+    assert [t.reason for t in recorded(tmp_path / "slow.db")] == [None, "shutdown"]
+
+
+async def test_cantrip_invoke_on_sigterm_records_the_cast_as_shutdown_and_exits_0(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "slow.toml").write_text(SLOW_SPEC)
+    process = await trio.lowlevel.open_process(
+        [CANTRIP, "invoke", "slow.toml", "-q", "--grace-s", "0.2"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdin is not None
+        await process.stdin.send_all(b"take your time\n")
+        await wait_for_turns(tmp_path / "slow.db", 1)
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    turns = recorded(tmp_path / "slow.db")
+    assert [(t.intent, t.reason) for t in turns] == [("take your time", None), (None, "shutdown")]
