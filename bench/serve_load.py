@@ -41,6 +41,8 @@ import trio
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "bench-key"
+STICKY_S = 5.0
+"""The server's sticky-cancel window (ServeOptions.sticky_cancel_s)."""
 
 
 # -- the provider process ------------------------------------------------------------------
@@ -163,14 +165,28 @@ async def prompt_wave(
     }
 
 
-async def cancel_wave(clients: list[httpx.AsyncClient], sids: list[str]) -> dict[str, int]:
-    """Each session: a prompt and, at the same moment, a cancel on another connection."""
+async def cancel_wave(
+    clients: list[httpx.AsyncClient], sids: list[str], server: str
+) -> tuple[dict[str, int], dict[str, float]]:
+    """Each session: a prompt and, at the same moment, a cancel on another connection.
+
+    Returns how the prompts ended (by reason) and what the cancels said they hit."""
     outcomes: dict[str, int] = {}
-    side = httpx.AsyncClient(base_url=str(clients[0].base_url), timeout=60)
+    targets: dict[str, float] = {}
+    waits: list[float] = []
+    side = httpx.AsyncClient(
+        base_url=server, timeout=60, limits=httpx.Limits(max_connections=len(sids))
+    )
+
+    async def cancel(i: int) -> None:
+        start = time.perf_counter()
+        target = (await side.post(f"/sessions/{sids[i]}/cancel")).json()["target"]
+        waits.append(time.perf_counter() - start)
+        targets[target] = targets.get(target, 0) + 1
 
     async def one(i: int) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(clients[i].post, f"/sessions/{sids[i]}/cancel")
+            nursery.start_soon(cancel, i)
             answer = await clients[i].post(f"/sessions/{sids[i]}/prompt", json={"prompt": "x"})
         reason = answer.json().get("reason") if answer.status_code == 200 else answer.status_code
         outcomes[str(reason)] = outcomes.get(str(reason), 0) + 1
@@ -178,7 +194,9 @@ async def cancel_wave(clients: list[httpx.AsyncClient], sids: list[str]) -> dict
     async with side, trio.open_nursery() as nursery:
         for i in range(len(sids)):
             nursery.start_soon(one, i)
-    return outcomes
+    targets["cancel p50 s"] = round(percentile(waits, 0.5), 2)
+    targets["cancel p99 s"] = round(percentile(waits, 0.99), 2)
+    return outcomes, targets
 
 
 async def idempotent_wave(
@@ -271,8 +289,12 @@ async def drive(server: str, pid: int, provider_pid: int, args: argparse.Namespa
             if args.pause:
                 await trio.sleep(args.pause)
         if args.checks:
-            outcomes = await cancel_wave(clients, sids)
-            print(f"cancel sent with each prompt: outcomes {json.dumps(outcomes)}")
+            outcomes, targets = await cancel_wave(clients, sids, server)
+            print(
+                f"a cancel sent with each prompt: prompts ended {json.dumps(outcomes)}; "
+                f"the cancels hit {json.dumps(targets)}"
+            )
+            await trio.sleep(STICKY_S)  # let any unused sticky cancel expire
             same, before, after = await idempotent_wave(clients, sids, server)
             print(
                 f"each prompt sent twice with one Idempotency-Key: {same}/{args.sessions} "
