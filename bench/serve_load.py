@@ -113,6 +113,13 @@ class Peak:
             await trio.sleep(0.05)
 
 
+def listen_overflows() -> int:
+    """The kernel's count of connections refused by a full listen queue (system-wide)."""
+    with open("/proc/net/netstat") as netstat:
+        header, values = [line.split() for line in netstat if line.startswith("TcpExt:")][:2]
+    return int(dict(zip(header, values, strict=True)).get("ListenOverflows", 0))
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU a process has used, from /proc/PID/stat."""
     with open(f"/proc/{pid}/stat") as stat:
@@ -249,21 +256,30 @@ async def drive(server: str, pid: int, provider_pid: int, args: argparse.Namespa
     ]
     sids: list[str] = [""] * args.sessions
 
+    creating_s: list[float] = []
+
     async def create(i: int) -> None:
+        start = time.perf_counter()
         sids[i] = (await clients[i].post("/sessions")).json()["session_id"]
+        creating_s.append(time.perf_counter() - start)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(peak.watch)
+        overflows = listen_overflows()
         async with trio.open_nursery() as creating:
             for i in range(args.sessions):
                 creating.start_soon(create, i)
         print(
-            f"server {server}: {args.sessions} sessions created; idle RSS "
-            f"{idle_rss / 1024:.0f} MiB, {idle_fds} fds"
+            f"server {server}: {args.sessions} sessions created at once on new connections: "
+            f"p50 {percentile(creating_s, 0.5):.2f} s, p99 {percentile(creating_s, 0.99):.2f} s; "
+            f"listen queue overflows {listen_overflows() - overflows}; "
+            f"idle RSS {idle_rss / 1024:.0f} MiB, {idle_fds} fds"
         )
+        answered = 0
         for wave in range(1, args.waves + 1):
             cpu = cpu_seconds(pid), cpu_seconds(provider_pid), time.process_time()
             result = await prompt_wave(clients, sids, wave)
+            answered += result["statuses"].get("200", 0)
             spent = (
                 cpu_seconds(pid) - cpu[0],
                 cpu_seconds(provider_pid) - cpu[1],
@@ -288,6 +304,13 @@ async def drive(server: str, pid: int, provider_pid: int, args: argparse.Namespa
             )
             if args.pause:
                 await trio.sleep(args.pause)
+        turns = 0
+        for sid in sids:
+            turns += len((await clients[0].get(f"/sessions/{sid}/thread")).json()["turns"])
+        print(
+            f"casts recorded {turns // args.turns}, answered {answered}: "
+            f"{turns // args.turns - answered} ran although their answer was lost"
+        )
         if args.checks:
             outcomes, targets = await cancel_wave(clients, sids, server)
             print(

@@ -7,12 +7,15 @@ under load gets an answer, each chosen by measurement (bench/serve_load.py):
   idle time. Its default, 5 s, equals httpx's (and many clients') pool expiry:
   a client that reuses a connection just as the server closes it loses the
   request -- and hypercorn may already have started it, so the prompt ran
-  with nobody to answer. Measured: 12 of 1,200 prompts dropped with waves
-  4.95 s apart; none at 75 s (nginx's default). The server must outlast the
-  clients' idle expiry, never match it.
+  with nobody to answer. Measured (200 sessions, 6 waves of prompts 4.95 s
+  apart): 12 and 5 of 1,200 prompts dropped in two runs at 5 s, none at 75 s
+  (nginx's default). The server must outlast the clients' idle expiry, never
+  match it.
 * ``backlog`` -- the listen queue. Hypercorn's 100 is less than 200 clients
-  connecting at once; the kernel then drops SYNs and the client retries after
-  a second. 1024 (the kernel caps it at ``net.core.somaxconn``).
+  connecting at once: the kernel counted 63-78 listen-queue overflows, each a
+  dropped SYN the client re-sends a second later (p99 of creating 200
+  sessions 1.5-1.8 s; 0 overflows and p99 0.9-1.0 s at 1024, which the kernel
+  caps at ``net.core.somaxconn``).
 * ``max_running`` -- prompts that may run at once; beyond it a prompt gets
   ``503`` with ``Retry-After`` instead of queueing without bound.
 * ``grace_s`` -- at shutdown, how long running casts may go on before they are
