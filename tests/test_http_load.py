@@ -130,6 +130,14 @@ async def test_a_repeated_idempotency_key_returns_the_recorded_result_without_ca
         # the same key for another prompt is a client mistake, and changes nothing
         other = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "sell"}, headers=key)
         assert other.status_code == 422 and other.json()["error"]["code"] == "key_reused"
+        async with http.stream(
+            "POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": "sell"}, headers=key
+        ) as streamed:
+            assert streamed.status_code == 422
+        replay_stream = await http.post(
+            f"/sessions/{sid}/prompt?stream=1", json={"prompt": "book"}, headers=key
+        )
+        assert "event: result" in replay_stream.text and '"result": "book"' in replay_stream.text
         bad = await http.post(
             f"/sessions/{sid}/prompt", json={"prompt": "x"}, headers={"Idempotency-Key": "k" * 256}
         )

@@ -231,10 +231,13 @@ class HttpApp:
         key: str | None = None,
         cancel_on_disconnect: bool = False,
     ) -> None:
-        joins = key is not None and (
-            (session.current is not None and session.current.key == key)
-            or self.hub.replay(session, intent, key) is not None
-        )
+        try:
+            joins = key is not None and (
+                (session.current is not None and session.current.key == key)
+                or self.hub.replay(session, intent, key) is not None
+            )
+        except SessionError as exc:  # the key was used for another prompt
+            raise HttpError(SESSION_ERRORS[exc.kind], exc.kind, exc.message) from None
         if session.running is not None and not joins:
             raise HttpError(409, "busy", f"session {session.id} is already running a prompt")
         await _start_sse(send)
