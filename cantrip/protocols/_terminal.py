@@ -395,7 +395,8 @@ class Invocation:
             with trio.move_on_after(self.grace_s):
                 await self.idle.wait()
             if self.casting:
-                self.server.cancel("shutdown")
+                # sticky: the intent may still be on its way to the entity
+                self.server.cancel("shutdown", next_cast=True)
                 await self.idle.wait()
         done.set()
 
