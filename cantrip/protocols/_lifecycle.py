@@ -6,9 +6,12 @@ under load gets an answer, each chosen by measurement (bench/serve_load.py):
 * ``keep_alive_s`` -- hypercorn closes a kept-alive connection after this much
   idle time. Its default, 5 s, equals httpx's (and many clients') pool expiry:
   a client that reuses a connection just as the server closes it loses the
-  request -- and hypercorn may already have started it, so the prompt ran
-  with nobody to answer. Measured (200 sessions, 6 waves of prompts 4.95 s
-  apart): 12 and 5 of 1,200 prompts dropped in two runs at 5 s, none at 75 s
+  request. (In our runs the lost requests had not started a cast -- the loom
+  held exactly the answered ones -- but hypercorn's idle close does not stop a
+  request whose bytes arrived in the same moment, which is how the issue saw
+  lost prompts run anyway; the Idempotency-Key makes the retry safe either
+  way.) Measured (200 sessions, 6 waves of prompts 4.95 s apart): 12, 5 and
+  69 of 1,200 prompts dropped in three runs at 5 s, none in two runs at 75 s
   (nginx's default). The server must outlast the clients' idle expiry, never
   match it.
 * ``backlog`` -- the listen queue. Hypercorn's 100 is less than 200 clients
