@@ -27,9 +27,9 @@ import trio.testing
 import cantrip
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
 from cantrip.protocols._http import serve_http
-from cantrip.protocols._idempotency import session_entity_id
+from cantrip.protocols._idempotency import recorded_cast, session_entity_id
 from cantrip.protocols._lifecycle import ServeOptions
-from cantrip.protocols._sessions import SessionError, SessionHub
+from cantrip.protocols._sessions import SessionError, SessionHub, result_dict
 from gates import done, echo
 
 pytest.importorskip("hypercorn")
@@ -558,3 +558,31 @@ async def test_cantrip_invoke_on_sigterm_records_the_cast_as_shutdown_and_exits_
             await process.wait()
     turns = recorded(tmp_path / "slow.db")
     assert [(t.intent, t.reason) for t in turns] == [("take your time", None), (None, "shutdown")]
+
+
+def test_a_cast_a_killed_process_never_finished_replays_as_interrupted() -> None:
+    script: list[dict[str, Any]] = [
+        {"tool_calls": [{"gate": "echo", "args": {"text": "half way"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "whole"}}]},
+    ]
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, echo], [cantrip.max_turns(3)]),
+    )
+    turns = spell.cast("job").turns
+    whole = recorded_cast(turns, 0)
+    assert (whole.result, whole.reason, whole.terminated, len(whole.turns)) == (
+        "whole",
+        "done",
+        True,
+        2,
+    )
+    cut = recorded_cast(turns[:1], 0)  # the process died after the first turn
+    assert (cut.result, cut.reason, cut.truncated, cut.terminated) == (
+        None,
+        "interrupted",
+        True,
+        False,
+    )
+    assert result_dict(cut)["stop_reason"] == "cancelled"
