@@ -75,6 +75,12 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     invoke.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     _add_otlp(invoke)
     _add_approvals(invoke)
+    invoke.add_argument(
+        "--grace-s",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, how long a running cast may finish before it is cut off (default 10)",
+    )
 
     acp = commands.add_parser(
         "acp", help="serve the Agent Client Protocol on stdio (one JSON message per line)"
@@ -94,6 +100,27 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     from cantrip.mcp._cli import add_mcp_parser
 
     add_mcp_parser(commands)
+    serve.add_argument(
+        "--grace-s",
+        type=float,
+        default=10.0,
+        help="on SIGTERM/SIGINT, how long running casts may finish before they are cut off "
+        "with reason 'shutdown' (default 10)",
+    )
+    serve.add_argument(
+        "--keep-alive-s",
+        type=float,
+        default=75.0,
+        help="idle keep-alive connections close after this (default 75; keep it above "
+        "your clients' pool expiry)",
+    )
+    serve.add_argument("--backlog", type=int, default=1024, help="listen queue (default 1024)")
+    serve.add_argument(
+        "--max-running",
+        type=int,
+        default=1000,
+        help="prompts running at once; more get 503 with Retry-After (default 1000)",
+    )
 
     conformance = commands.add_parser("conformance", help="run tests.yaml conformance vectors")
     conformance.add_argument("paths", nargs="*", type=Path, help="default: ./tests.yaml")
@@ -309,6 +336,7 @@ def _invoke(args: argparse.Namespace) -> int:
             progress=Progress(console, enabled=wants_progress(sys.stderr, args.quiet)),
             interactive=sys.stdin.isatty(),
             on_pause=on_pause,
+            grace_s=args.grace_s,
         )
         return trio.run(invocation.run)
     finally:
@@ -350,6 +378,7 @@ def _serve(args: argparse.Namespace) -> int:
     import signal
 
     from cantrip.protocols._http import serve_http
+    from cantrip.protocols._lifecycle import ServeOptions
 
     _debug_log(args.log)
     try:
@@ -358,12 +387,24 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.check:
         return _check(args.spec, spell)
+    options = ServeOptions(
+        grace_s=args.grace_s,
+        keep_alive_s=args.keep_alive_s,
+        backlog=args.backlog,
+        max_running=args.max_running,
+    )
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
             async def until_signal() -> None:
-                async for _ in signals:
+                async for signum in signals:
+                    print(
+                        f"cantrip: {signal.Signals(signum).name}: draining (grace "
+                        f"{options.grace_s:g} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     return
 
             async with trio.open_nursery() as nursery:
@@ -373,6 +414,7 @@ def _serve(args: argparse.Namespace) -> int:
                         args.host,
                         args.port,
                         shutdown_trigger=until_signal,
+                        options=options,
                         task_status=task_status,
                     )
                 )

@@ -256,6 +256,8 @@ class _Cast:
     intent: str
     meter: CostMeter = attrs.field(factory=CostMeter)
     """USD spent, charged up the entity tree (the cost ward)."""
+    tags: Mapping[str, Any] = attrs.field(factory=dict)
+    """Recorded in the extras of the cast's first turn (e.g. an idempotency key)."""
     turns: list[Turn] = attrs.field(factory=list)
     usage: Usage = attrs.field(factory=lambda: ZERO_USAGE)
     utterances: int = 0
@@ -358,6 +360,8 @@ class Entity:
             """``"return"``: a cast that meets a pause returns ``paused`` (answer it to go
             on); ``"wait"``: it waits in place for :meth:`answer` or the ``on_pause``
             handler. Children always wait in place."""
+        self._cancel_reason = "cancelled"
+        self._cancel_next: str | None = None
         self.cantrip = cantrip
         self.llm = llm
         self.loom = cantrip.loom
@@ -454,8 +458,13 @@ class Entity:
 
     # -- the loop --------------------------------------------------------------
 
-    async def send(self, intent: str | None) -> CastResult:
+    async def send(
+        self, intent: str | None, *, tags: Mapping[str, Any] | None = None
+    ) -> CastResult:
         """One cast on this entity: run ``intent`` until done or a ward (ENTITY-5).
+
+        ``tags`` are recorded in the extras of the cast's first turn, so what a
+        front end knows about the request (an idempotency key) is in the loom.
 
         Wards: ``max_turns`` and ``max_tokens_total`` are checked after each turn;
         ``timeout_s`` cuts the cast off wherever it is. Cancellation from outside
@@ -463,7 +472,8 @@ class Entity:
         in-flight gate calls completed as ``cancelled`` -- and then re-raised.
         """
         intent = require_intent(intent)
-        return await self._run_cast(_Cast(intent, self._meter()), fresh=True)
+        cast = _Cast(intent, self._meter(), dict(tags or {}))
+        return await self._run_cast(cast, fresh=True)
 
     async def resume_cast(self, intent: str, recorded: Sequence[Turn]) -> CastResult:
         """Continue a cast that an earlier incarnation of this entity began and never
@@ -546,6 +556,10 @@ class Entity:
         timeout = self.circle.resolved.get("timeout_s")
         deadline = math.inf if timeout is None else trio.current_time() + float(timeout)
         scope = self._scope = trio.CancelScope(deadline=deadline)
+        if self._cancel_next is not None:  # a cancel that arrived just before (sticky)
+            self._cancel_requested, self._cancel_reason = True, self._cancel_next
+            self._cancel_next = None
+            scope.cancel()
         try:
             with scope:
                 outcome = None
@@ -555,7 +569,9 @@ class Entity:
                     outcome = await self._loop(cast)
                 await self.loom.sync(self.id)
                 return outcome
-            turn = self._record_cut(cast, "cancelled" if self._cancel_requested else "timeout")
+            turn = self._record_cut(
+                cast, self._cancel_reason if self._cancel_requested else "timeout"
+            )
             await self.loom.sync(self.id)
             return cast.result(self.id, turn, None)
         except _PauseExit as paused:
@@ -583,6 +599,7 @@ class Entity:
             self._scope = None
             self._cancel_requested = False
             self._continuing = False
+            self._cancel_reason = "cancelled"
 
     async def _sync_shielded(self) -> None:
         """Make a cut-off turn durable even while the cast is being cancelled (LOOM-1)."""
@@ -826,15 +843,27 @@ class Entity:
             return cast.meter.exhausted_by(0.0)  # the checkpoint carried this reply's cost
         return cast.meter.exhausted_by(response_cost(response, self.llm))
 
-    def cancel(self) -> bool:
+    def cancel(self, reason: str = "cancelled", *, next_cast: bool = False) -> bool:
         """Cancel the running cast, if any (COMP-9): it ends as truncated with reason
-        ``cancelled`` (its children as ``parent_terminated``); the entity stays
-        usable for the next intent. Returns whether a cast was running."""
+        ``reason`` (``cancelled``, or e.g. ``shutdown``; its children as
+        ``parent_terminated``); the entity stays usable for the next intent.
+        Returns whether a cast was running.
+
+        With ``next_cast``, a cancel that finds no cast running applies to the
+        next one instead (a sticky cancel): it is recorded as cut off with
+        ``reason`` before its first LLM call."""
         if self._scope is None:
+            if next_cast:
+                self._cancel_next = reason
             return False
-        self._cancel_requested = True
+        self._cancel_requested, self._cancel_reason = True, reason
         self._scope.cancel()
         return True
+
+    def uncancel(self) -> bool:
+        """Withdraw a sticky cancel that no cast has taken yet; whether there was one."""
+        pending, self._cancel_next = self._cancel_next, None
+        return pending is not None
 
     def _emit(self, event: Event) -> None:
         """Deliver an event, stamped with this entity's id unless it carries one."""
@@ -1307,6 +1336,9 @@ class Entity:
 
     def _new_turn(self, intent: str | None, **fields: Any) -> Turn:
         """The next turn of this entity's thread, with the given contents."""
+        cast = self._cast
+        if intent is not None and cast is not None and cast.tags:
+            fields["extras"] = {**cast.tags, **fields.get("extras", {})}
         return Turn(
             id=self.loom.new_turn_id(),
             parent_id=self._leaf,

@@ -70,9 +70,13 @@ class EntityServer:
             raise outcome
         return outcome
 
-    def cancel(self) -> bool:
-        """Cancel the cast running now, if any; returns whether one was running."""
-        return self.entity.cancel() if self.entity is not None else False
+    def cancel(self, reason: str = "cancelled", *, next_cast: bool = False) -> bool:
+        """Cancel the cast running now, if any (recorded with ``reason``); returns
+        whether one was running. With ``next_cast``, a cancel that finds none
+        running applies to the next cast (see :meth:`Entity.cancel`)."""
+        if self.entity is None:
+            return False
+        return self.entity.cancel(reason, next_cast=next_cast)
 
     def close(self) -> None:
         """No more intents: the entity finishes the queued ones and ends normally."""

@@ -174,7 +174,12 @@ async def test_cancel_cuts_off_the_running_prompt_and_the_session_goes_on() -> N
             busy = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "too"})
             assert busy.status_code == 409 and busy.json()["error"]["code"] == "busy"
             cancelled = await http.post(f"/sessions/{sid}/cancel")
-            assert cancelled.json() == {"cancelled": True}
+            assert cancelled.json() == {
+                "cancelled": True,
+                "target": "running",
+                "intent": "slow",
+                "idempotency_key": None,
+            }
         body = answers[0].json()
         assert (body["stop_reason"], body["reason"], body["truncated"]) == (
             "cancelled",
@@ -184,7 +189,7 @@ async def test_cancel_cuts_off_the_running_prompt_and_the_session_goes_on() -> N
         again = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "go on"})
         assert again.json()["result"] == "after the cancel"
         idle = await http.post(f"/sessions/{sid}/cancel")
-        assert idle.json() == {"cancelled": False}
+        assert idle.json() == {"cancelled": False, "target": "next", "sticky_s": 5.0}
     reasons = [t.reason for t in spell.loom.turns]
     assert reasons == ["cancelled", "done"]
 

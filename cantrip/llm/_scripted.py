@@ -97,7 +97,11 @@ def _entries(value: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...
 
 @attrs.define(eq=False)
 class ScriptedLLM:
-    """Replays ``responses`` in order; shared safely by concurrent entities."""
+    """Replays ``responses`` in order; shared safely by concurrent entities.
+
+    Each query takes the next entry when it arrives (one script slot per
+    query, in arrival order), so entities sharing one scripted LLM get the
+    entries in the order they asked, whatever their latency."""
 
     responses: Sequence[Mapping[str, Any]] = attrs.field(converter=_entries)
     name: str = "scripted"
@@ -172,8 +176,12 @@ class ScriptedLLM:
                 f"scripted LLM {self.name!r} has no response left for query "
                 f"#{len(self.invocations)} (its script has {len(self.responses)})"
             )
-        entry = self.responses[self._cursor]
+        # The slot is taken now, on arrival: concurrent queries (entities sharing
+        # this LLM) each own one entry, in the order they asked, whatever order
+        # their latency waits end in.
+        slot = self._cursor
         self._cursor += 1
+        entry = self.responses[slot]
         delay = float(entry.get("delay_ms", 0)) / 1000.0 + self.latency_s
         if delay:
             await simulate_latency(delay)
@@ -194,7 +202,7 @@ class ScriptedLLM:
             raise InvalidResponseError(
                 "a raw provider payload needs a provider format to be normalized through"
             )
-        ready = self._ready.get(self._cursor - 1)
+        ready = self._ready.get(slot)
         if ready is not None:
             return ready
         return self._response(entry, tools)

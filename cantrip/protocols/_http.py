@@ -20,6 +20,14 @@ Routes (JSON in and out; errors are ``{"error": {"code", "message"}}``):
 * ``GET  /sessions/{id}/thread`` -- the session's turns, root first;
 * ``GET  /sessions/{id}/events`` -- server-sent events of every prompt of the
   session from now on (heartbeat comments keep idle connections open).
+
+Under load and at shutdown (issue 24; :mod:`cantrip.protocols._lifecycle`):
+``POST /sessions`` and ``POST /sessions/{id}/prompt`` accept an
+``Idempotency-Key`` header (a repeat returns the recorded result, or joins the
+running cast); a cancel is sticky (it applies to a prompt starting within
+``sticky_cancel_s``) and says what it cancelled; ``?cancel_on_disconnect=1``
+cancels a streamed prompt whose client hangs up; too many running prompts, or a
+server shutting down, get ``503`` with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ from cantrip._events import Event
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
 from cantrip.protocols._acp import RpcError, prompt_text
+from cantrip.protocols._idempotency import BadKeyError, check_key
+from cantrip.protocols._lifecycle import Drain, ServeOptions
 from cantrip.protocols._sessions import (
     Session,
     SessionError,
@@ -59,20 +69,34 @@ HEARTBEAT_S = 15.0
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = dict(headers or {})
+
+
+SESSION_ERRORS = {"busy": 409, "key_reused": 422, "overloaded": 503, "shutting_down": 503}
+"""HTTP status of each SessionError kind (422 for a reused key: the
+Idempotency-Key draft, section 2.7)."""
 
 
 class HttpApp:
     """The ASGI application: one cantrip, its sessions."""
 
-    def __init__(self, spell: Cantrip) -> None:
+    def __init__(self, spell: Cantrip, options: ServeOptions | None = None) -> None:
         self.spell = spell
-        self.hub = SessionHub(spell)
+        self.options = options or ServeOptions()
+        self.hub = SessionHub(
+            spell,
+            sticky_cancel_s=self.options.sticky_cancel_s,
+            max_running=self.options.max_running,
+        )
         self.viewer = Viewer.for_hub(self.hub)  # the browser viewer at / and /api/
+        self.drain = Drain()
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
@@ -84,10 +108,21 @@ class HttpApp:
             return
         if scope["type"] != "http":
             return
-        try:
-            await self._route(scope, receive, send)
-        except HttpError as exc:
-            await _json(send, exc.status, {"error": {"code": exc.code, "message": exc.message}})
+        with self.drain.request():
+            try:
+                if self.drain.closing:
+                    raise self._unavailable("shutting_down", "the server is shutting down")
+                await self._route(scope, receive, send)
+            except HttpError as exc:
+                body = {"error": {"code": exc.code, "message": exc.message}}
+                await _json(send, exc.status, body, exc.headers)
+
+    def _unavailable(self, code: str, message: str) -> HttpError:
+        """A 503 that tells the client when to come back (RFC 9110 15.6.4, 10.2.3)."""
+        headers = {"retry-after": str(self.options.retry_after_s)}
+        if code == "shutting_down":
+            headers["connection"] = "close"
+        return HttpError(503, code, message, headers)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         # The nursery the sessions' gate providers (MCP sessions) live in.
@@ -120,8 +155,8 @@ class HttpApp:
         elif parts == ["sessions"]:
             _allow(method, "GET", "POST")
             if method == "POST":
-                session = self.hub.new()
-                await _json(send, 201, _session_info(session))
+                session, created = self.hub.create(_idempotency_key(scope))
+                await _json(send, 201 if created else 200, _session_info(session))
             else:
                 sessions = [_session_info(s) for s in self.hub.sessions.values()]
                 await _json(send, 200, {"sessions": sessions})
@@ -133,18 +168,23 @@ class HttpApp:
                 await _json(send, 200, _session_info(session))
             elif action == "prompt":
                 _allow(method, "POST")
-                body = await _body(receive)
-                intent = _intent(body)
+                key = _idempotency_key(scope)
+                session.starting += 1
+                try:
+                    intent = _intent(await _body(receive))
+                finally:
+                    session.starting -= 1
                 accept = dict(scope.get("headers") or []).get(b"accept", b"").decode()
                 streaming = "text/event-stream" in accept or _truthy(query.get("stream"))
                 if streaming:
-                    await self._prompt_stream(session, intent, send)
+                    hang_up = _truthy(query.get("cancel_on_disconnect"))
+                    await self._prompt_stream(session, intent, receive, send, key, hang_up)
                 else:
-                    outcome = await self._prompt(session, intent)
+                    outcome = await self._prompt(session, intent, key=key)
                     await _json(send, 200, result_dict(outcome, session))
             elif action == "cancel":
                 _allow(method, "POST")
-                await _json(send, 200, {"cancelled": self.hub.cancel(session)})
+                await _json(send, 200, self.hub.request_cancel(session))
             elif action == "thread":
                 _allow(method, "GET")
                 turns = [turn_dict(t) for t in self.hub.history(session)]
@@ -161,6 +201,7 @@ class HttpApp:
         circle = self.spell.circle
         return {
             "ok": True,
+            "running": self.hub.running,
             "cantrip": self.spell.id,
             "medium": circle.medium.name,
             "gates": list(circle.gate_names),
@@ -175,40 +216,81 @@ class HttpApp:
             raise HttpError(404, "unknown_session", exc.message) from None
 
     async def _prompt(
-        self, session: Session, intent: str, on_event: Callable[[Event], None] | None = None
+        self,
+        session: Session,
+        intent: str,
+        on_event: Callable[[Event], None] | None = None,
+        *,
+        key: str | None = None,
     ) -> CastResult | None:
         try:
-            return await self.hub.prompt(session, intent, on_event=on_event)
+            return await self.hub.prompt(session, intent, on_event=on_event, key=key)
         except SessionError as exc:
-            raise HttpError(409, "busy", exc.message) from None
+            if SESSION_ERRORS.get(exc.kind) == 503:
+                raise self._unavailable(exc.kind, exc.message) from None
+            raise HttpError(SESSION_ERRORS.get(exc.kind, 409), exc.kind, exc.message) from None
         except CantripError as exc:
             raise HttpError(500, "cast_failed", f"the cast failed: {exc}") from None
         except Exception as exc:
             log.exception("session %s: the entity crashed", session.id)
             raise HttpError(500, "crashed", f"the entity crashed: {exc!r}") from None
 
-    async def _prompt_stream(self, session: Session, intent: str, send: Send) -> None:
-        if session.running is not None:
+    async def _prompt_stream(
+        self,
+        session: Session,
+        intent: str,
+        receive: Receive,
+        send: Send,
+        key: str | None = None,
+        cancel_on_disconnect: bool = False,
+    ) -> None:
+        try:
+            joins = key is not None and (
+                (session.current is not None and session.current.key == key)
+                or self.hub.replay(session, intent, key) is not None
+            )
+        except SessionError as exc:  # the key was used for another prompt
+            raise HttpError(SESSION_ERRORS[exc.kind], exc.kind, exc.message) from None
+        if session.running is not None and not joins:
             raise HttpError(409, "busy", f"session {session.id} is already running a prompt")
         await _start_sse(send)
         events_send, events = trio.open_memory_channel[Event](float("inf"))
+        sink = events_send.send_nowait
         final: dict[str, Any] = {}
+        gone = trio.Event()
 
         async def run() -> None:
             async with events_send:
+                if gone.is_set():
+                    final["error"] = {"code": "client_gone", "message": "the client hung up"}
+                    return
                 try:
-                    outcome = await self._prompt(session, intent, on_event=events_send.send_nowait)
+                    outcome = await self._prompt(
+                        session, intent, on_event=None if joins else sink, key=key
+                    )
                 except HttpError as exc:
                     final["error"] = {"code": exc.code, "message": exc.message}
                     return
                 final["result"] = result_dict(outcome, session)
 
+        async def watch() -> None:
+            # The body has been read: the next message is the client hanging up.
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+            if session.sink == sink:  # our cast is running: cancel it
+                log.info("session %s: the client hung up; cancelling its prompt", session.id)
+                self.hub.cancel(session)
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run)
+            if cancel_on_disconnect:
+                nursery.start_soon(watch)
             async with events:
                 async for event in events:
                     data = event_dict(event)
                     await _sse(send, data["type"], data)
+            nursery.cancel_scope.cancel()  # the watcher: the cast has ended
         if "error" in final:
             await _sse(send, "error", {"error": final["error"]})
         else:
@@ -227,16 +309,21 @@ class HttpApp:
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(until_disconnect)
-            async with subscription:
-                while True:
-                    with trio.move_on_after(HEARTBEAT_S) as idle:
-                        event = await subscription.receive()
-                    if idle.cancelled_caught:
-                        await send({"type": "http.response.body", "body": b": idle\n\n",
-                                    "more_body": True})  # fmt: skip
-                        continue
-                    data = event_dict(event)
-                    await _sse(send, data["type"], data)
+            with self.drain.stream() as closing:
+                async with subscription:
+                    while not closing.cancel_called:
+                        with trio.move_on_after(HEARTBEAT_S) as idle:
+                            event = await subscription.receive()
+                        if idle.cancelled_caught:
+                            await send({"type": "http.response.body", "body": b": idle\n\n",
+                                        "more_body": True})  # fmt: skip
+                            continue
+                        data = event_dict(event)
+                        await _sse(send, data["type"], data)
+            if closing.cancelled_caught:  # the server shuts down: say so, end the stream
+                await _sse(send, "shutdown", {"type": "shutdown"})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                nursery.cancel_scope.cancel()
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -258,6 +345,16 @@ def _session_info(session: Session) -> dict[str, Any]:
         "running": session.running is not None,
         "turns": len(session.entity.turns),
     }
+
+
+def _idempotency_key(scope: Scope) -> str | None:
+    for name, value in scope.get("headers") or ():
+        if name == b"idempotency-key":
+            try:
+                return check_key(value.decode("latin-1"))
+            except BadKeyError as exc:
+                raise HttpError(400, "bad_idempotency_key", str(exc)) from None
+    return None
 
 
 def _intent(body: Any) -> str:
@@ -294,7 +391,9 @@ async def _body(receive: Receive) -> Any:
         raise HttpError(400, "bad_json", f"the body is not JSON: {exc}") from None
 
 
-async def _json(send: Send, status: int, data: Any) -> None:
+async def _json(
+    send: Send, status: int, data: Any, headers: Mapping[str, str] | None = None
+) -> None:
     body = json.dumps(data, default=str).encode()
     await send(
         {
@@ -303,6 +402,7 @@ async def _json(send: Send, status: int, data: Any) -> None:
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                *((k.encode(), v.encode()) for k, v in (headers or {}).items()),
             ],
         }
     )
@@ -337,24 +437,40 @@ async def serve_http(
     port: int = 8000,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    options: ServeOptions | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the HTTP API with hypercorn's trio worker until ``shutdown_trigger``
-    returns (or the task is cancelled); ``task_status`` gets the bound URLs."""
+    returns (or the task is cancelled); ``task_status`` gets the bound URLs.
+
+    When ``shutdown_trigger`` returns, the server drains first (see
+    :class:`~cantrip.protocols._lifecycle.Drain`): every open request is
+    answered before hypercorn stops listening and closes connections."""
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
+    app = HttpApp(spell, options)
+    options = app.options
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
     config.errorlog = None
-    config.graceful_timeout = 2.0
-    app = HttpApp(spell)
+    config.keep_alive_timeout = options.keep_alive_s
+    config.backlog = options.backlog
+    config.graceful_timeout = 5.0  # only idle connections are left by then
+
+    async def drained() -> None:
+        if shutdown_trigger is None:
+            await trio.sleep_forever()
+        else:
+            await shutdown_trigger()
+        await app.drain.close(app.hub, options)
+
     try:
         await serve(
             app,  # type: ignore[arg-type]
             config,
-            shutdown_trigger=shutdown_trigger,
+            shutdown_trigger=drained,
             task_status=task_status,
             mode="asgi",
         )

@@ -13,6 +13,14 @@ Every adapter goes through :meth:`SessionHub.prompt`, which is
 (spec 7.5) delivered to the prompt's sink and to any subscriber, refusing a
 second prompt while one runs, and :meth:`SessionHub.cancel`. The JSON shapes
 of events, results and turns that HTTP and the CLI print live here too.
+
+Issue 24 added three things a client needs under load: idempotency keys
+(:mod:`cantrip.protocols._idempotency`: a repeated prompt returns the recorded
+result or joins the running cast), a *sticky* cancel
+(:meth:`SessionHub.request_cancel`: a cancel that finds no prompt running
+applies to the one starting next, within ``sticky_cancel_s``), and
+:meth:`SessionHub.shutdown` (a grace period, then every running cast is cut
+off with reason ``shutdown``).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from cantrip._events import (
 from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import Turn
+from cantrip.protocols._idempotency import KEY_TAG, key_index, recorded_cast, session_entity_id
 
 log = get_logger("cantrip.sessions")
 
@@ -57,8 +66,19 @@ class SessionError(Exception):
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # "not_found" | "busy"
+        self.kind = kind  # "not_found" | "busy" | "key_reused" | "overloaded" | "shutting_down"
         self.message = message
+
+
+@attrs.define(eq=False)
+class Prompt:
+    """The prompt a session is running: what a repeat with its key joins."""
+
+    intent: str
+    key: str | None
+    done: trio.Event = attrs.field(factory=trio.Event)
+    outcome: CastResult | None = None
+    error: BaseException | None = None
 
 
 def session_id_for(entity_id: str) -> str:
@@ -81,6 +101,14 @@ class Session:
     """The running prompt's own event sink."""
     subscribers: list[trio.MemorySendChannel[Event]] = attrs.field(factory=list)
     """Live listeners (HTTP ``/events``); each gets every event of every prompt."""
+    current: Prompt | None = None
+    """The running prompt (set with ``running``)."""
+    starting: int = 0
+    """Prompt requests that have arrived but not begun (their body is being read)."""
+    cancel_until: float | None = None
+    """A sticky cancel is armed on the entity until this time (trio clock)."""
+    keys: dict[str, int] | None = None
+    """Idempotency key -> position of its cast's first turn (built on first use)."""
 
     @property
     def entity_id(self) -> str:
@@ -109,12 +137,27 @@ class Session:
 class SessionHub:
     """The sessions of one cantrip; every protocol adapter serves through one."""
 
-    def __init__(self, spell: Cantrip) -> None:
+    def __init__(
+        self,
+        spell: Cantrip,
+        *,
+        sticky_cancel_s: float = 5.0,
+        max_running: int | None = None,
+    ) -> None:
         self.spell = spell
         self.sessions: dict[str, Session] = {}
         self.nursery: trio.Nursery | None = None
         """Lent to every session's entity for its gate providers (MCP sessions), so
         they live across prompts; set by the adapter that runs the hub."""
+        self.sticky_cancel_s = sticky_cancel_s
+        """How long a cancel that found nothing running waits for a prompt to cut off."""
+        self.max_running = max_running
+        """Prompts that may run at once; more are refused as ``overloaded``."""
+        self.running = 0
+        self.accepting = True
+        """False once shutdown began: new prompts are refused as ``shutting_down``."""
+        self._idle = trio.Event()
+        self._idle.set()
 
     @property
     def persistent(self) -> bool:
@@ -137,6 +180,18 @@ class SessionHub:
         """A new session whose entity continues from ``turn_id`` (LOOM-4)."""
         entity = self.spell.fork(turn_id)
         return self._adopt(session_id_for(entity.id), entity)
+
+    def create(self, key: str | None = None) -> tuple[Session, bool]:
+        """A new session, or with an idempotency key the session that key created
+        (live, or resumed from the loom); the flag says whether it is new."""
+        if key is None:
+            return self.new(), True
+        entity_id = session_entity_id(key)
+        session_id = session_id_for(entity_id)
+        if session_id in self.sessions or entity_id in self.spell.loom.entities:
+            return self.get(session_id), False
+        entity = self.spell.summon(entity_id=entity_id)
+        return self._adopt(session_id, entity), True
 
     def get(self, session_id: str) -> Session:
         """A live session, or one resumed from the loom (after a restart)."""
@@ -175,26 +230,82 @@ class SessionHub:
 
     # -- prompts -----------------------------------------------------------------
 
+    def replay(self, session: Session, intent: str, key: str) -> CastResult | None:
+        """The recorded result of the cast ``key`` started on this session, if any."""
+        if session.keys is None:
+            session.keys = key_index(session.entity.turns)
+        start = session.keys.get(key)
+        if start is None:
+            return None
+        turns = session.entity.turns
+        if turns[start].intent != intent:
+            raise SessionError(
+                "key_reused",
+                f"Idempotency-Key {key!r} was used for a different prompt on this session",
+            )
+        return recorded_cast(turns, start)
+
     async def prompt(
-        self, session: Session, intent: str, on_event: Callable[[Event], None] | None = None
+        self,
+        session: Session,
+        intent: str,
+        on_event: Callable[[Event], None] | None = None,
+        *,
+        key: str | None = None,
     ) -> CastResult | None:
         """One cast on the session's entity; ``None`` if it was cancelled before it
         produced a result. A second prompt while one runs is refused ("busy").
 
+        With an idempotency ``key`` that this session has seen, nothing is cast
+        again: the recorded result comes back, or, while that cast runs, its
+        result once it ends. The key is recorded with the cast's first turn.
+
         A runtime crash of the entity (not a gate failure, not an LLM error) is
         raised to the caller, and the session's entity is resumed from the loom
         -- what a supervisor does for a crashed child."""
+        if key is not None:
+            current = session.current
+            if current is not None and current.key == key:
+                if current.intent != intent:
+                    raise SessionError(
+                        "key_reused",
+                        f"Idempotency-Key {key!r} was used for a different prompt on this session",
+                    )
+                await current.done.wait()
+                if current.error is not None:
+                    raise current.error
+                return current.outcome
+            recorded = self.replay(session, intent, key)
+            if recorded is not None:
+                return recorded
         if session.running is not None:
             raise SessionError("busy", f"session {session.id} is already running a prompt")
+        if not self.accepting:
+            raise SessionError("shutting_down", "the server is shutting down")
+        if self.max_running is not None and self.running >= self.max_running:
+            raise SessionError(
+                "overloaded", f"{self.running} prompts are running (the limit); try again"
+            )
+        if session.cancel_until is not None:
+            if trio.current_time() > session.cancel_until:
+                session.entity.uncancel()  # the sticky cancel expired unused
+            session.cancel_until = None
         outcome: CastResult | None = None
+        prompt = session.current = Prompt(intent, key)
+        first = len(session.entity.turns)
+        self.running += 1
+        self._idle = trio.Event() if self.running == 1 else self._idle
         with trio.CancelScope() as scope:
             session.running = scope
             session.sink = on_event
             try:
-                outcome = await session.entity.send(intent)
+                outcome = await session.entity.send(
+                    intent, tags={KEY_TAG: key} if key is not None else None
+                )
             except CantripError:
                 raise
-            except Exception:
+            except Exception as exc:
+                prompt.error = exc
                 log.exception("session %s: the entity crashed; resuming it", session.id)
                 crashed = session.entity
                 session.entity = self.spell.resume(crashed.id)
@@ -206,17 +317,62 @@ class SessionHub:
             finally:
                 session.running = None
                 session.sink = None
+                session.current = None
+                wrote = len(session.entity.turns) > first
+                if key is not None and session.keys is not None and wrote:
+                    session.keys.setdefault(key, first)
+                prompt.outcome = outcome
+                prompt.done.set()
+                self.running -= 1
+                if self.running == 0:
+                    self._idle.set()
         return outcome
 
-    def cancel(self, session: Session) -> bool:
+    def cancel(self, session: Session, reason: str = "cancelled") -> bool:
         """Cancel the session's running prompt; returns whether one was running.
 
-        The cast is cut off and recorded as ``cancelled``; the session stays."""
+        The cast is cut off and recorded with ``reason``; the session stays."""
         if session.running is None:
             return False
-        if not session.entity.cancel():
+        if not session.entity.cancel(reason):
             session.running.cancel()  # the cast had not started its loop yet
         return True
+
+    def request_cancel(self, session: Session) -> dict[str, Any]:
+        """A client's cancel: the running prompt, else the one starting (sticky).
+
+        A cancel that finds nothing running is armed on the entity for
+        ``sticky_cancel_s``: a prompt that starts within that time is cut off
+        before its first LLM call, and recorded as ``cancelled``. The answer
+        says what was (or will be) cancelled."""
+        current = session.current
+        if current is not None and self.cancel(session):
+            return {
+                "cancelled": True,
+                "target": "running",
+                "intent": current.intent,
+                "idempotency_key": current.key,
+            }
+        session.entity.cancel(next_cast=True)
+        session.cancel_until = trio.current_time() + self.sticky_cancel_s
+        if session.starting:
+            return {"cancelled": True, "target": "starting"}
+        return {"cancelled": False, "target": "next", "sticky_s": self.sticky_cancel_s}
+
+    async def shutdown(self, grace_s: float) -> int:
+        """Stop taking prompts; let running casts finish for ``grace_s``, then cut
+        them off with reason ``shutdown``. Returns how many were cut off."""
+        self.accepting = False
+        with trio.move_on_after(grace_s):
+            await self._idle.wait()
+        cut = 0
+        for session in list(self.sessions.values()):
+            if self.cancel(session, "shutdown"):
+                cut += 1
+        if cut:
+            log.info("shutdown: %d running prompt(s) cut off after %.1f s", cut, grace_s)
+        await self._idle.wait()
+        return cut
 
 
 # -- JSON shapes -------------------------------------------------------------------
@@ -225,6 +381,8 @@ STOP_REASONS = {
     "max_tokens_total": "max_tokens",
     "max_tokens": "max_tokens",  # the answer was cut off by the output-token limit
     "cancelled": "cancelled",
+    "shutdown": "cancelled",
+    "interrupted": "cancelled",
 }
 
 

@@ -316,6 +316,7 @@ class Invocation:
         interactive: bool,
         stdin_fd: int = 0,
         on_pause: PauseHandler | Literal["ask"] | None = None,
+        grace_s: float = 10.0,
     ) -> None:
         self.spell = spell
         self.out = out
@@ -327,9 +328,14 @@ class Invocation:
         if on_pause == "ask":  # the human at this terminal, through the same line reader
             on_pause = TerminalHuman(err, self._lines.receive)
         self.server = EntityServer(spell, entity_id=entity_id, on_event=progress, on_pause=on_pause)
+        self.grace_s = grace_s
+        """On SIGTERM, how long a running cast may finish before it is cut off."""
+        self.idle = trio.Event()
+        self.idle.set()
         self.casting = False
         self.armed = False
         self.casts = 0
+        self.stopping = False
 
     def _note(self, markup: str) -> None:
         self.err.print(markup, highlight=False, soft_wrap=True)
@@ -360,7 +366,7 @@ class Invocation:
                 f"[dim]entity {server.entity_id} {how}. One intent per line; "
                 "Ctrl-C cancels a cast, Ctrl-C twice or Ctrl-D exits.[/]"
             )
-            with trio.open_signal_receiver(signal.SIGINT) as signals:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 done = trio.Event()
                 nursery.start_soon(read_lines, self.stdin_fd, lines_send)
                 nursery.start_soon(self._signals, signals, done)
@@ -378,7 +384,10 @@ class Invocation:
         return 0
 
     async def _signals(self, signals: Any, done: trio.Event) -> None:
-        async for _ in signals:
+        async for signum in signals:
+            if signum == signal.SIGTERM:
+                await self._terminate(done)
+                return
             if self.casting:
                 self.server.cancel()
             elif self.armed:
@@ -388,6 +397,20 @@ class Invocation:
                 self.armed = True
                 self._note("\n[dim](Ctrl-C again, or Ctrl-D, to exit)[/]")
                 self._prompt()
+
+    async def _terminate(self, done: trio.Event) -> None:
+        """SIGTERM: no new intents; the running cast gets ``grace_s`` to finish,
+        then it is cut off -- recorded with reason ``shutdown`` -- and we exit 0."""
+        self._note(f"\n[dim]SIGTERM: finishing (grace {self.grace_s:g} s)[/]")
+        self.stopping = True
+        if self.casting:
+            with trio.move_on_after(self.grace_s):
+                await self.idle.wait()
+            if self.casting:
+                # sticky: the intent may still be on its way to the entity
+                self.server.cancel("shutdown", next_cast=True)
+                await self.idle.wait()
+        done.set()
 
     async def _loop(self, lines: trio.MemoryReceiveChannel[str | None], done: trio.Event) -> None:
         try:
@@ -404,7 +427,10 @@ class Invocation:
             done.set()
 
     async def _cast(self, intent: str) -> None:
+        if self.stopping:
+            return
         self.casting = True
+        self.idle = trio.Event()
         self.casts += 1
         try:
             with self.progress:
@@ -421,9 +447,10 @@ class Invocation:
             return
         finally:
             self.casting = False
+            self.idle.set()
         if outcome.terminated:
             self.out(redact(outcome.text))
-        elif outcome.reason == "cancelled":
+        elif outcome.reason in ("cancelled", "shutdown"):
             self._note("[yellow]cancelled[/] (recorded in the loom); the entity is still here")
         else:
             self._note(f"[yellow]{escape(redact(outcome.summary or 'truncated'))}[/]")

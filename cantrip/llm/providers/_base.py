@@ -310,7 +310,9 @@ class HTTPAdapter:
         self._name = name or f"{config.name}:{model}"
         self._api_key = api_key
         self._client = client
-        self._owned: httpx.AsyncClient | None = None
+        self._owned: list[httpx.AsyncClient] = []
+        self._load: list[int] = []
+        """Requests in flight on each of ``_owned`` (see ``_http``)."""
         self._owned_token: trio.lowlevel.TrioToken | None = None
         self._trust_env = not _is_loopback(self.base_url)
         self._renders = RenderCache(self.render_family, self.keep_thinking)
@@ -386,8 +388,8 @@ class HTTPAdapter:
         return await self._answer(messages, tools, tool_choice, extra or EMPTY, on_event)
 
     async def aclose(self) -> None:
-        if self._owned is not None:
-            client, self._owned = self._owned, None
+        clients, self._owned, self._load = self._owned, [], []
+        for client in clients:
             await client.aclose()
 
     # -- one turn ----------------------------------------------------------------------
@@ -544,24 +546,53 @@ class HTTPAdapter:
     # -- HTTP ---------------------------------------------------------------------------
 
     def _http(self) -> httpx.AsyncClient:
+        """The client for one request; the caller gives it back with :meth:`_release`.
+
+        Several small pools rather than one big one: httpcore's pool scans its
+        connections (and every queued request) on each request's start and end,
+        so with 200 concurrent casts one pool of 64 connections cost ~5 ms of CPU
+        per turn (bench/serve_load.py). A request takes the first pool with a free
+        connection (pools are created when first needed), so a quiet adapter
+        keeps one pool and one connection; each pool keeps its connections alive."""
         if self._client is not None:
             return self._client
         token = trio.lowlevel.current_trio_token()
-        if self._owned is None or self._owned_token is not token:
+        if self._owned_token is not token:
+            self._owned, self._owned_token, self._load = [], token, []
+        load = self._load
+        index = next((i for i, n in enumerate(load) if n < POOL_CONNECTIONS), len(load))
+        if index == POOLS:  # every pool is full: queue in the least loaded one
+            index = load.index(min(load))
+        if index == len(self._owned):
             client = httpx.AsyncClient(
                 timeout=self.timeout,
                 trust_env=self._trust_env,
-                limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+                limits=httpx.Limits(
+                    max_connections=POOL_CONNECTIONS, max_keepalive_connections=POOL_CONNECTIONS
+                ),
             )
-            self._owned, self._owned_token = client, token
+            self._owned.append(client)
+            load.append(0)
             trio.lowlevel.spawn_system_task(_close_at_run_end, client, name="cantrip-http-close")
-        return self._owned
+        load[index] += 1
+        return self._owned[index]
+
+    def _release(self, client: httpx.AsyncClient) -> None:
+        """A request on ``client`` (from :meth:`_http`) has ended."""
+        if client is not self._client:
+            for index, owned in enumerate(self._owned):
+                if owned is client:
+                    self._load[index] -= 1
+                    return
 
     async def _post(self, url: str, data: bytes) -> Mapping[str, Any]:
+        client = self._http()
         try:
-            response = await self._http().post(url, content=data, headers=self._headers)
+            response = await client.post(url, content=data, headers=self._headers)
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
+        finally:
+            self._release(client)
         if response.status_code >= 400:
             raise self._status_error(response.status_code, response.headers, response.content)
         return self._decode(response.content, response.status_code)
@@ -570,8 +601,9 @@ class HTTPAdapter:
         self, url: str, data: bytes, messages: Sequence[Message], on_event: EventSink
     ) -> Response:
         state = self.new_stream(messages, on_event)
+        client = self._http()
         try:
-            async with self._http().stream(
+            async with client.stream(
                 "POST", url, content=data, headers=self._stream_headers
             ) as response:
                 if response.status_code >= 400:
@@ -587,6 +619,8 @@ class HTTPAdapter:
                 await self._read_events(response, state)
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
+        finally:
+            self._release(client)
         return state.finish()
 
     async def _read_events(self, response: httpx.Response, state: StreamState) -> None:
@@ -682,6 +716,12 @@ class HTTPAdapter:
             retryable=True,
             code="connection_error",
         )
+
+
+POOLS = 8
+"""Connection pools per adapter and trio run, filled in order (see ``_http``)."""
+POOL_CONNECTIONS = 32
+"""Connections per pool: 256 concurrent requests per adapter before any queues."""
 
 
 async def _close_at_run_end(client: httpx.AsyncClient) -> None:

@@ -1,0 +1,588 @@
+"""`cantrip serve` under load and at shutdown (issue 24).
+
+Idempotency keys (recorded in the loom, so they survive a restart), the sticky
+cancel, 503 with Retry-After, graceful drain on shutdown, cancel on client
+hang-up -- each over real sockets, with hypercorn serving and httpx asking.
+The casts wait on a :class:`GatedLLM` the test opens, so nothing is timed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+import cantrip
+from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
+from cantrip.protocols._http import serve_http
+from cantrip.protocols._idempotency import recorded_cast, session_entity_id
+from cantrip.protocols._lifecycle import ServeOptions
+from cantrip.protocols._sessions import SessionError, SessionHub, result_dict
+from gates import done, echo
+
+pytest.importorskip("hypercorn")
+
+
+class GatedLLM:
+    """Answers ``done`` with the intent once :attr:`release` is set; counts queries."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.release = trio.Event()
+        self.waiting = 0
+        self.queries = 0
+        self.asked = trio.Event()
+
+    async def query(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Response:
+        self.queries += 1
+        self.waiting += 1
+        self.asked.set()
+        try:
+            await self.release.wait()
+        finally:
+            self.waiting -= 1
+        intent = next(m.text() for m in reversed(messages) if m.role == "user")
+        return Response(
+            tool_calls=(cantrip.ToolCall(f"d{self.queries}", "done", {"answer": intent}),)
+        )
+
+
+def gated_spell(llm: GatedLLM, loom: Path | None = None) -> cantrip.Cantrip:
+    return cantrip.Cantrip(
+        llm=llm,
+        identity=cantrip.Identity(system_prompt="load"),
+        circle=cantrip.Circle([done], [cantrip.max_turns(3)]),
+        loom=cantrip.Loom.open(loom) if loom is not None else cantrip.Loom(),
+    )
+
+
+@asynccontextmanager
+async def serving(
+    spell: cantrip.Cantrip,
+    options: ServeOptions | None = None,
+    shutdown: trio.Event | None = None,
+) -> AsyncIterator[httpx.AsyncClient]:
+    async with trio.open_nursery() as nursery:
+        trigger = shutdown.wait if shutdown is not None else None
+        binds = await nursery.start(
+            lambda task_status: serve_http(
+                spell,
+                "127.0.0.1",
+                0,
+                shutdown_trigger=trigger,
+                options=options,
+                task_status=task_status,
+            )
+        )
+        async with httpx.AsyncClient(base_url=binds[0], timeout=20) as client:
+            yield client
+        if shutdown is None:
+            nursery.cancel_scope.cancel()
+
+
+async def new_session(http: httpx.AsyncClient) -> str:
+    return str((await http.post("/sessions")).json()["session_id"])
+
+
+async def wait_until(predicate: Any) -> None:
+    while not predicate():
+        await trio.sleep(0.005)
+
+
+# -- idempotency -------------------------------------------------------------------------
+
+
+async def test_a_repeated_idempotency_key_returns_the_recorded_result_without_casting(
+    tmp_path: Path,
+) -> None:
+    llm = GatedLLM()
+    llm.release.set()
+    spell = gated_spell(llm, tmp_path / "keys.db")
+    key = {"Idempotency-Key": "order-7"}
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        first = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "book"}, headers=key)
+        again = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "book"}, headers=key)
+        assert first.status_code == again.status_code == 200
+        assert again.json() == first.json() and first.json()["result"] == "book"
+        assert llm.queries == 1 and len(spell.loom) == 1
+        # the key is in the loom, on the cast's first turn
+        assert spell.loom.turns[0].extras["idempotency_key"] == "order-7"
+        # the same key for another prompt is a client mistake, and changes nothing
+        other = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "sell"}, headers=key)
+        assert other.status_code == 422 and other.json()["error"]["code"] == "key_reused"
+        async with http.stream(
+            "POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": "sell"}, headers=key
+        ) as streamed:
+            assert streamed.status_code == 422
+        replay_stream = await http.post(
+            f"/sessions/{sid}/prompt?stream=1", json={"prompt": "book"}, headers=key
+        )
+        assert "event: result" in replay_stream.text and '"result": "book"' in replay_stream.text
+        bad = await http.post(
+            f"/sessions/{sid}/prompt", json={"prompt": "x"}, headers={"Idempotency-Key": "k" * 256}
+        )
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_idempotency_key"
+        assert llm.queries == 1 and len(spell.loom) == 1
+    spell.loom.close()
+
+    # A restart: a new process on the same loom file still knows the key.
+    fresh = GatedLLM()
+    restarted = gated_spell(fresh, tmp_path / "keys.db")
+    async with serving(restarted) as http:
+        replayed = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "book"}, headers=key)
+        assert replayed.status_code == 200
+        assert {k: v for k, v in replayed.json().items()} == first.json()
+    assert fresh.queries == 0 and len(restarted.loom) == 1
+    restarted.loom.close()
+
+
+async def test_a_repeat_while_the_cast_runs_joins_it() -> None:
+    llm = GatedLLM()
+    hub = SessionHub(gated_spell(llm))
+    session = hub.new()
+    outcomes: list[cantrip.CastResult | None] = []
+
+    async def ask() -> None:
+        outcomes.append(await hub.prompt(session, "once", key="join-me"))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask)
+        await llm.asked.wait()
+        nursery.start_soon(ask)  # the retry of a client that lost its connection
+        await trio.testing.wait_all_tasks_blocked()
+        assert session.current is not None and llm.waiting == 1
+        with pytest.raises(SessionError, match="already running"):
+            await hub.prompt(session, "another")  # a different prompt is still refused
+        with pytest.raises(SessionError, match="different prompt"):
+            await hub.prompt(session, "changed", key="join-me")
+        llm.release.set()
+    assert len(outcomes) == 2 and outcomes[0] is outcomes[1]
+    assert outcomes[0] is not None and outcomes[0].result == "once"
+    assert llm.queries == 1 and len(hub.spell.loom) == 1
+    await hub.aclose()
+
+
+async def test_session_creation_with_a_key_names_the_same_session_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    llm = GatedLLM()
+    llm.release.set()
+    spell = gated_spell(llm, tmp_path / "sessions.db")
+    key = {"Idempotency-Key": "client-42-session"}
+    async with serving(spell) as http:
+        created = await http.post("/sessions", headers=key)
+        repeated = await http.post("/sessions", headers=key)
+        other = await http.post("/sessions", headers={"Idempotency-Key": "someone-else"})
+    assert (created.status_code, repeated.status_code, other.status_code) == (201, 200, 201)
+    sid = created.json()["session_id"]
+    assert repeated.json()["session_id"] == sid != other.json()["session_id"]
+    assert created.json()["entity_id"] == session_entity_id("client-42-session")
+    assert len(spell.loom.entities) == 2
+    spell.loom.close()
+
+    restarted = gated_spell(GatedLLM(), tmp_path / "sessions.db")
+    async with serving(restarted) as http:
+        again = await http.post("/sessions", headers=key)
+    assert again.status_code == 200 and again.json()["session_id"] == sid
+    assert len(restarted.loom.entities) == 2
+    restarted.loom.close()
+
+
+# -- sticky cancel ------------------------------------------------------------------------
+
+
+async def test_a_cancel_just_before_the_prompt_applies_to_it_and_is_recorded() -> None:
+    llm = GatedLLM()
+    llm.release.set()
+    spell = gated_spell(llm)
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        early = await http.post(f"/sessions/{sid}/cancel")
+        assert early.json() == {"cancelled": False, "target": "next", "sticky_s": 5.0}
+        cut = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "too late"})
+        assert cut.json()["reason"] == "cancelled" and cut.json()["stop_reason"] == "cancelled"
+        # taken once: the next prompt runs
+        ok = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "go"})
+        assert ok.json()["result"] == "go"
+    assert llm.queries == 1  # the cancelled prompt never reached the LLM
+    assert [(t.intent, t.reason) for t in spell.loom.turns] == [
+        ("too late", "cancelled"),
+        ("go", "done"),
+    ]
+
+
+async def test_a_cancel_while_the_prompt_body_arrives_cancels_that_prompt() -> None:
+    llm = GatedLLM()
+    llm.release.set()
+    spell = gated_spell(llm)
+    cancelled = trio.Event()
+    answers: dict[str, Any] = {}
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        side = httpx.AsyncClient(base_url=str(http.base_url), timeout=20)
+
+        async def body() -> AsyncIterator[bytes]:
+            yield b'{"prompt": '
+            await cancelled.wait()
+            yield b'"slow body"}'
+
+        async def prompt() -> None:
+            answer = await http.post(
+                f"/sessions/{sid}/prompt",
+                content=body(),
+                headers={"content-type": "application/json"},
+            )
+            answers["prompt"] = answer.json()
+
+        async with side, trio.open_nursery() as nursery:
+            nursery.start_soon(prompt)
+            while True:  # until the server has the request and waits for its body
+                info = (await side.get(f"/sessions/{sid}")).json()
+                answer = (await side.post(f"/sessions/{sid}/cancel")).json()
+                if answer["target"] == "starting":
+                    break
+                await trio.sleep(0.005)
+            answers["cancel"] = answer
+            cancelled.set()
+    assert info["running"] is False
+    assert answers["cancel"] == {"cancelled": True, "target": "starting"}
+    assert answers["prompt"]["reason"] == "cancelled"
+    assert llm.queries == 0
+
+
+async def test_an_expired_sticky_cancel_is_dropped() -> None:
+    llm = GatedLLM()
+    llm.release.set()
+    spell = gated_spell(llm)
+    async with serving(spell, ServeOptions(sticky_cancel_s=0.0)) as http:
+        sid = await new_session(http)
+        await http.post(f"/sessions/{sid}/cancel")
+        await trio.sleep(0.01)  # past the (zero) window: trio's clock has moved on
+        ok = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "runs"})
+    assert ok.json()["result"] == "runs"
+
+
+# -- load --------------------------------------------------------------------------------
+
+
+async def test_beyond_max_running_a_prompt_gets_503_with_retry_after() -> None:
+    llm = GatedLLM()
+    spell = gated_spell(llm)
+    async with serving(spell, ServeOptions(max_running=1, retry_after_s=3)) as http:
+        first, second = await new_session(http), await new_session(http)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                functools.partial(http.post, f"/sessions/{first}/prompt", json={"prompt": "a"})
+            )
+            await llm.asked.wait()
+            refused = await http.post(f"/sessions/{second}/prompt", json={"prompt": "b"})
+            llm.release.set()
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "3"
+        assert refused.json()["error"]["code"] == "overloaded"
+        ok = await http.post(f"/sessions/{second}/prompt", json={"prompt": "b"})
+        assert ok.json()["result"] == "b"
+    assert [t.intent for t in spell.loom.turns] == ["a", "b"]
+
+
+async def test_concurrent_sessions_on_a_shared_scripted_llm_each_run_their_turns() -> None:
+    """Issue 24 (1), inside serve: concurrent casts used to get each other's answers."""
+    n = 20
+    script: list[dict[str, Any]] = [
+        {"tool_calls": [{"gate": "echo", "args": {"text": f"entry {i}"}}], "delay_ms": 20}
+        for i in range(2 * n)
+    ]
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, echo], [cantrip.max_turns(2)]),
+    )
+    results: list[dict[str, Any]] = []
+    async with serving(spell) as http:
+        sids = [await new_session(http) for _ in range(n)]
+        async with trio.open_nursery() as nursery:
+            for sid in sids:
+                await nursery.start(_prompt_started, http, sid, results)
+    assert [r["turns"] for r in results] == [2] * n
+    # every script entry answered exactly one query: nobody got another's answer
+    echoed = sorted(t.gate_calls[0].result for t in spell.loom.turns)
+    assert echoed == sorted(f"entry {i}" for i in range(2 * n))
+
+
+async def _prompt_started(
+    http: httpx.AsyncClient,
+    sid: str,
+    results: list[dict[str, Any]],
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    task_status.started()
+    results.append((await http.post(f"/sessions/{sid}/prompt", json={"prompt": "go"})).json())
+
+
+# -- shutdown ----------------------------------------------------------------------------
+
+
+async def test_shutdown_lets_running_casts_finish_within_grace_and_refuses_new_work() -> None:
+    llm = GatedLLM()
+    spell = gated_spell(llm)
+    stop = trio.Event()
+    answers: list[httpx.Response] = []
+    async with serving(spell, ServeOptions(grace_s=60), shutdown=stop) as http:
+        sid, other = await new_session(http), await new_session(http)
+        async with trio.open_nursery() as nursery:
+
+            async def ask() -> None:
+                answers.append(await http.post(f"/sessions/{sid}/prompt", json={"prompt": "a"}))
+
+            nursery.start_soon(ask)
+            await llm.asked.wait()
+            stop.set()
+            refused = await http.post(f"/sessions/{other}/prompt", json={"prompt": "b"})
+            health = await http.get("/health")
+            llm.release.set()  # the running cast finishes inside its grace period
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "shutting_down"
+    assert health.status_code == 503
+    assert answers[0].status_code == 200 and answers[0].json()["result"] == "a"
+    assert [(t.intent, t.reason) for t in spell.loom.turns] == [("a", "done")]
+
+
+async def test_after_the_grace_period_casts_are_cut_off_with_reason_shutdown() -> None:
+    llm = GatedLLM()
+    spell = gated_spell(llm)
+    stop = trio.Event()
+    answers: list[httpx.Response] = []
+    events: list[str] = []
+    async with serving(spell, ServeOptions(grace_s=0), shutdown=stop) as http:
+        sid, watched = await new_session(http), await new_session(http)
+        subscribed = trio.Event()
+        async with trio.open_nursery() as nursery:
+
+            async def ask() -> None:
+                answers.append(await http.post(f"/sessions/{sid}/prompt", json={"prompt": "a"}))
+
+            async def listen() -> None:
+                async with http.stream("GET", f"/sessions/{watched}/events") as stream:
+                    async for line in stream.aiter_lines():
+                        if line.startswith(": subscribed"):
+                            subscribed.set()
+                        events.append(line)
+
+            nursery.start_soon(listen)
+            await subscribed.wait()
+            nursery.start_soon(ask)
+            await llm.asked.wait()
+            stop.set()
+    assert answers[0].status_code == 200
+    body = answers[0].json()
+    assert (body["reason"], body["stop_reason"], body["truncated"]) == (
+        "shutdown",
+        "cancelled",
+        True,
+    )
+    assert "event: shutdown" in events  # the event stream was told, then ended
+    assert [(t.intent, t.reason) for t in spell.loom.turns] == [("a", "shutdown")]
+
+
+# -- client hang-up ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cancel_on_disconnect", [True, False])
+async def test_a_streamed_prompt_whose_client_hangs_up(cancel_on_disconnect: bool) -> None:
+    llm = GatedLLM()
+    spell = gated_spell(llm)
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        flag = "&cancel_on_disconnect=1" if cancel_on_disconnect else ""
+        async with http.stream(
+            "POST", f"/sessions/{sid}/prompt?stream=1{flag}", json={"prompt": "a"}
+        ) as stream:
+            async for line in stream.aiter_lines():
+                if line.startswith("event: step_start"):
+                    break
+        # the client has gone
+        if cancel_on_disconnect:
+            await wait_until(lambda: spell.loom.turns)
+            assert spell.loom.turns[0].reason == "cancelled"
+        else:
+            await llm.asked.wait()
+            llm.release.set()  # the cast runs on, unobserved, to its end in the loom
+            await wait_until(lambda: spell.loom.turns)
+            assert spell.loom.turns[0].reason == "done"
+        info = (await http.get(f"/sessions/{sid}")).json()
+    assert info["turns"] == 1
+
+
+# -- the entity underneath ---------------------------------------------------------------
+
+
+async def test_entity_sticky_cancel_tags_and_withdrawal(autojump_clock: Any) -> None:
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM([{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]}]),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done], [cantrip.max_turns(2)]),
+    )
+    entity = spell.summon()
+    assert entity.cancel("shutdown", next_cast=True) is False
+    cut = await entity.send("first", tags={"idempotency_key": "k1"})
+    assert (cut.reason, cut.truncated) == ("shutdown", True)
+    assert entity.cancel(next_cast=True) is False and entity.uncancel() is True
+    ok = await entity.send("second")
+    assert ok.result == "ok"
+    first, second = spell.loom.turns
+    assert first.extras["idempotency_key"] == "k1" and "idempotency_key" not in second.extras
+    assert json.loads(json.dumps(first.to_dict()))["extras"] == {"idempotency_key": "k1"}
+
+
+# -- the commands, stopped by signals ----------------------------------------------------
+
+CANTRIP = str(Path(sys.executable).with_name("cantrip"))
+SLOW_SPEC = """
+[llm]
+provider = "scripted"
+responses = [
+  { tool_calls = [{ gate = "echo", args = { text = "first step" } }] },
+  { content = "thinking for a long time", delay_ms = 600000 },
+]
+[circle]
+medium = "conversation"
+gates = ["done", "echo"]
+wards = [{ max_turns = 4 }]
+[loom]
+path = "slow.db"
+"""
+
+
+def recorded(path: Path) -> list[cantrip.Turn]:
+    loom = cantrip.Loom.open(path)
+    try:
+        return list(loom.turns)
+    finally:
+        loom.close()
+
+
+async def wait_for_turns(path: Path, n: int) -> None:
+    with trio.fail_after(30):
+        while len(recorded(path)) < n:
+            await trio.sleep(0.02)
+
+
+async def started(process: trio.Process) -> str:
+    """The URL `cantrip serve` prints on stderr once it listens."""
+    assert process.stderr is not None
+    seen = b""
+    with trio.fail_after(30):
+        while b"\n" not in seen:
+            seen += await process.stderr.receive_some(1)
+    line = seen.decode()
+    assert "serving" in line, line
+    return line.strip().rsplit(" ", 1)[-1]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_cantrip_serve_on_a_signal_answers_the_request_in_flight_and_exits_0(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    (tmp_path / "slow.toml").write_text(SLOW_SPEC)
+    process = await trio.lowlevel.open_process(
+        [CANTRIP, "serve", "slow.toml", "--port", "0", "--grace-s", "0.2"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    answers: list[httpx.Response] = []
+    try:
+        base = await started(process)
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            sid = (await http.post("/sessions")).json()["session_id"]
+
+            async def ask() -> None:
+                answers.append(await http.post(f"/sessions/{sid}/prompt", json={"prompt": "go"}))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask)
+                await wait_for_turns(tmp_path / "slow.db", 1)  # now in its slow second turn
+                process.send_signal(signum)
+            with trio.fail_after(30):
+                assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    body = answers[0].json()
+    assert answers[0].status_code == 200
+    assert (body["reason"], body["stop_reason"], body["turns"]) == ("shutdown", "cancelled", 2)
+    assert [t.reason for t in recorded(tmp_path / "slow.db")] == [None, "shutdown"]
+
+
+async def test_cantrip_invoke_on_sigterm_records_the_cast_as_shutdown_and_exits_0(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "slow.toml").write_text(SLOW_SPEC)
+    process = await trio.lowlevel.open_process(
+        [CANTRIP, "invoke", "slow.toml", "-q", "--grace-s", "0.2"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdin is not None
+        await process.stdin.send_all(b"take your time\n")
+        await wait_for_turns(tmp_path / "slow.db", 1)
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    turns = recorded(tmp_path / "slow.db")
+    assert [(t.intent, t.reason) for t in turns] == [("take your time", None), (None, "shutdown")]
+
+
+def test_a_cast_a_killed_process_never_finished_replays_as_interrupted() -> None:
+    script: list[dict[str, Any]] = [
+        {"tool_calls": [{"gate": "echo", "args": {"text": "half way"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "whole"}}]},
+    ]
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, echo], [cantrip.max_turns(3)]),
+    )
+    turns = spell.cast("job").turns
+    whole = recorded_cast(turns, 0)
+    assert (whole.result, whole.reason, whole.terminated, len(whole.turns)) == (
+        "whole",
+        "done",
+        True,
+        2,
+    )
+    cut = recorded_cast(turns[:1], 0)  # the process died after the first turn
+    assert (cut.result, cut.reason, cut.truncated, cut.terminated) == (
+        None,
+        "interrupted",
+        True,
+        False,
+    )
+    assert result_dict(cut)["stop_reason"] == "cancelled"
