@@ -19,6 +19,7 @@ from typing import IO, Any, Literal, Protocol
 import orjson
 
 from cantrip._errors import LoomAppendOnlyError, LoomError
+from cantrip._redact import scrub_known, secret_values
 from cantrip.loom._model import EntityRecord, Turn
 
 Record = (
@@ -33,8 +34,19 @@ def _json(record: dict[str, Any]) -> str:
 
     Serialising is on every append's path (LOOM-1 commits each turn before the
     next begins); orjson does it several times faster than the standard library.
+
+    Every record is checked for the secret values the environment holds before
+    it is written, and scrubbed if one is there (PROD-8: the loom is not a
+    credential store): a provider error quoting the key is stored as
+    ``[REDACTED]``, so an export made later, by a process that does not know
+    the key, cannot leak it. Every durable store writes through here. (Shapes
+    of credentials are redacted on the way out, by exports and front ends.)
     """
-    return orjson.dumps(record, default=str).decode()
+    text = orjson.dumps(record, default=str).decode()
+    secrets = secret_values()
+    if any(secret in text for secret in secrets):
+        text = orjson.dumps(scrub_known(record, secrets), default=str).decode()
+    return text
 
 
 class LoomStore(Protocol):

@@ -35,7 +35,7 @@ from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult
 from cantrip._errors import CantripError
 from cantrip._events import Event
-from cantrip._redact import get_logger
+from cantrip._redact import get_logger, redact_value
 from cantrip.protocols._acp import RpcError, prompt_text
 from cantrip.protocols._sessions import (
     Session,
@@ -282,7 +282,8 @@ async def _body(receive: Receive) -> Any:
 
 
 async def _json(send: Send, status: int, data: Any) -> None:
-    body = json.dumps(data, default=str).encode()
+    # Every body passes the redactor here, error bodies included (PROD-8).
+    body = json.dumps(redact_value(data), default=str).encode()
     await send(
         {
             "type": "http.response.start",
@@ -311,7 +312,7 @@ async def _start_sse(send: Send) -> None:
 
 
 async def _sse(send: Send, event: str, data: Any) -> None:
-    payload = f"event: {event}\ndata: {json.dumps(data, default=str)}\n\n".encode()
+    payload = f"event: {event}\ndata: {json.dumps(redact_value(data), default=str)}\n\n".encode()
     await send({"type": "http.response.body", "body": payload, "more_body": True})
 
 
