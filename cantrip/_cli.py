@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,6 +75,39 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     serve.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
     serve.add_argument("--check", action="store_true", help="load the spec, report, and exit")
     serve.add_argument("--log", type=Path, help="write a debug log to this file")
+    serve.add_argument(
+        "--token",
+        help="require 'Authorization: Bearer TOKEN' (default: $CANTRIP_TOKEN; "
+        "required when --host is not loopback)",
+    )
+    serve.add_argument(
+        "--allow-host", action="append", default=[], metavar="NAME",
+        help="also accept this Host header name (repeatable)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--allow-origin", action="append", default=[], metavar="ORIGIN",
+        help="accept browser requests from this Origin, e.g. http://localhost:3000 (repeatable)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-body", type=int, default=1 << 20, metavar="BYTES",
+        help="largest request body (default: 1 MiB; 413 beyond it)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-sessions", type=int, default=256, metavar="N",
+        help="live sessions kept in memory (default: 256)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--idle-timeout", type=float, default=900.0, metavar="SECONDS",
+        help="drop a session idle this long from memory; it resumes from the loom (default: 900)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--client-timeout",
+        type=int,
+        default=30,
+        metavar="SECONDS",
+        help="drop a client that sends nothing for this long, or whose body takes longer "
+        "(default: 30)",
+    )
 
     conformance = commands.add_parser("conformance", help="run tests.yaml conformance vectors")
     conformance.add_argument("paths", nargs="*", type=Path, help="default: ./tests.yaml")
@@ -249,9 +283,24 @@ def _acp(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import signal
 
+    from cantrip.protocols._guard import BindError, Guard
     from cantrip.protocols._http import serve_http
+    from cantrip.protocols._limits import SessionLimits
 
     _debug_log(args.log)
+    try:
+        guard = Guard(
+            bind_host=args.host,
+            allow_hosts=frozenset(h.lower() for h in args.allow_host),
+            allow_origins=frozenset(args.allow_origin),
+            token=args.token or os.environ.get("CANTRIP_TOKEN") or None,
+            max_body=args.max_body,
+            body_timeout_s=float(args.client_timeout),
+        )
+        guard.check_bind()
+        limits = SessionLimits(max_sessions=args.max_sessions, idle_s=args.idle_timeout)
+    except (BindError, ValueError) as exc:
+        return _fail(str(exc))
     try:
         spell = _load(args.spec)
     except CantripError as exc:
@@ -274,6 +323,9 @@ def _serve(args: argparse.Namespace) -> int:
                         args.port,
                         shutdown_trigger=until_signal,
                         task_status=task_status,
+                        guard=guard,
+                        limits=limits,
+                        read_timeout_s=args.client_timeout,
                     )
                 )
                 for bind in binds:

@@ -8,6 +8,8 @@ the CLI (PROD-1). Sessions come from the same :class:`SessionHub` as ACP's.
 Routes (JSON in and out; errors are ``{"error": {"code", "message"}}``):
 
 * ``GET  /health`` -- liveness, and what the cantrip is;
+* ``GET  /openapi.json`` -- this API as an OpenAPI 3.1 document, generated from
+  the pydantic models that validate the requests (:mod:`._api`);
 * ``POST /sessions`` -- summon an entity: ``{"session_id", "entity_id"}`` (201);
 * ``GET  /sessions`` -- the live sessions;
 * ``GET  /sessions/{id}`` -- one session (a session in the loom file is resumed);
@@ -20,6 +22,10 @@ Routes (JSON in and out; errors are ``{"error": {"code", "message"}}``):
 * ``GET  /sessions/{id}/thread`` -- the session's turns, root first;
 * ``GET  /sessions/{id}/events`` -- server-sent events of every prompt of the
   session from now on (heartbeat comments keep idle connections open).
+
+Before a request reaches a route, :mod:`._guard` has checked its Host, Origin,
+token, content type, size and JSON; :mod:`._limits` bounds the sessions kept in
+memory (idle ones are dropped and resumed from the loom when named again).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
+import pydantic
 import trio
 
 from cantrip._cantrip import Cantrip
@@ -37,6 +44,9 @@ from cantrip._errors import CantripError
 from cantrip._events import Event
 from cantrip._redact import get_logger, redact_value
 from cantrip.protocols._acp import RpcError, prompt_text
+from cantrip.protocols._api import CreateSession, PromptRequest, openapi_document
+from cantrip.protocols._guard import Guard
+from cantrip.protocols._limits import SessionLimits, make_room
 from cantrip.protocols._sessions import (
     Session,
     SessionError,
@@ -67,9 +77,10 @@ class HttpError(Exception):
 class HttpApp:
     """The ASGI application: one cantrip, its sessions."""
 
-    def __init__(self, spell: Cantrip) -> None:
+    def __init__(self, spell: Cantrip, limits: SessionLimits | None = None) -> None:
         self.spell = spell
         self.hub = SessionHub(spell)
+        self.limits = limits or SessionLimits()
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
@@ -104,16 +115,21 @@ class HttpApp:
         if parts == ["health"]:
             _allow(method, "GET")
             await _json(send, 200, self._health())
+        elif parts == ["openapi.json"]:
+            _allow(method, "GET")
+            await _json(send, 200, openapi_document())
         elif parts == ["sessions"]:
             _allow(method, "GET", "POST")
             if method == "POST":
+                _validated(CreateSession, await _body(receive))
+                await self._make_room(adding=True)
                 session = self.hub.new()
                 await _json(send, 201, _session_info(session))
             else:
                 sessions = [_session_info(s) for s in self.hub.sessions.values()]
                 await _json(send, 200, {"sessions": sessions})
         elif len(parts) >= 2 and parts[0] == "sessions" and len(parts) <= 3:
-            session = self._session(parts[1])
+            session = await self._session(parts[1])
             action = parts[2] if len(parts) == 3 else None
             if action is None:
                 _allow(method, "GET")
@@ -155,11 +171,20 @@ class HttpApp:
             "sessions": len(self.hub.sessions),
         }
 
-    def _session(self, session_id: str) -> Session:
+    async def _session(self, session_id: str) -> Session:
+        await self._make_room(adding=session_id not in self.hub.sessions)
         try:
-            return self.hub.get(session_id)
+            session = self.hub.get(session_id)
         except SessionError as exc:
             raise HttpError(404, "unknown_session", exc.message) from None
+        session.last_used = trio.current_time()
+        return session
+
+    async def _make_room(self, *, adding: bool) -> None:
+        try:
+            await make_room(self.hub, self.limits, adding=adding)
+        except SessionError as exc:
+            raise HttpError(503, "too_many_sessions", exc.message) from None
 
     async def _prompt(
         self, session: Session, intent: str, on_event: Callable[[Event], None] | None = None
@@ -173,6 +198,8 @@ class HttpApp:
         except Exception as exc:
             log.exception("session %s: the entity crashed", session.id)
             raise HttpError(500, "crashed", f"the entity crashed: {exc!r}") from None
+        finally:
+            session.last_used = trio.current_time()
 
     async def _prompt_stream(self, session: Session, intent: str, send: Send) -> None:
         if session.running is not None:
@@ -247,13 +274,23 @@ def _session_info(session: Session) -> dict[str, Any]:
     }
 
 
+def _validated(model: type[pydantic.BaseModel], body: Any) -> Any:
+    """``body`` checked by the model ``/openapi.json`` publishes for it (one line on failure)."""
+    try:
+        return model.model_validate(body)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise HttpError(400, "bad_request", f"{where}: {first['msg']}{more}") from None
+
+
 def _intent(body: Any) -> str:
     if not isinstance(body, Mapping):
         raise HttpError(400, "bad_request", "the body must be a JSON object with a prompt")
-    if "prompt" not in body and "content" not in body:
-        body = {"prompt": body.get("intent", body.get("text"))}
+    request: PromptRequest = _validated(PromptRequest, body)
     try:
-        return prompt_text(body)
+        return prompt_text(request.as_params())
     except RpcError as exc:
         raise HttpError(400, "bad_request", exc.message) from None
 
@@ -279,6 +316,8 @@ async def _body(receive: Receive) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise HttpError(400, "bad_json", f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise HttpError(400, "bad_json", "the body is not JSON: nested too deeply") from None
 
 
 async def _json(send: Send, status: int, data: Any) -> None:
@@ -326,9 +365,17 @@ async def serve_http(
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+    guard: Guard | None = None,
+    limits: SessionLimits | None = None,
+    read_timeout_s: int = 30,
 ) -> None:
     """Serve the HTTP API with hypercorn's trio worker until ``shutdown_trigger``
-    returns (or the task is cancelled); ``task_status`` gets the bound URLs."""
+    returns (or the task is cancelled); ``task_status`` gets the bound URLs.
+
+    ``guard`` is the request policy (default: loopback names only, no token);
+    it refuses to start on a non-loopback address without a token
+    (:class:`~cantrip.protocols._guard.BindError`). ``read_timeout_s`` bounds
+    each socket read, so a client that stops sending is dropped."""
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
@@ -337,10 +384,13 @@ async def serve_http(
     config.accesslog = None
     config.errorlog = None
     config.graceful_timeout = 2.0
-    app = HttpApp(spell)
+    config.read_timeout = read_timeout_s
+    guard = guard if guard is not None else Guard(bind_host=host)
+    guard.check_bind()
+    app = HttpApp(spell, limits)
     try:
         await serve(
-            app,  # type: ignore[arg-type]
+            guard.wrap(app),  # type: ignore[arg-type]
             config,
             shutdown_trigger=shutdown_trigger,
             task_status=task_status,

@@ -55,7 +55,7 @@ class SessionError(Exception):
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # "not_found" | "busy"
+        self.kind = kind  # "not_found" | "busy" | "full"
         self.message = message
 
 
@@ -79,6 +79,8 @@ class Session:
     """The running prompt's own event sink."""
     subscribers: list[trio.MemorySendChannel[Event]] = attrs.field(factory=list)
     """Live listeners (HTTP ``/events``); each gets every event of every prompt."""
+    last_used: float = 0.0
+    """trio time of the last request that named it (idle eviction, protocols._limits)."""
 
     @property
     def entity_id(self) -> str:
@@ -152,7 +154,7 @@ class SessionHub:
         return next(iter(self.sessions.values()))
 
     def _adopt(self, session_id: str, entity: Entity) -> Session:
-        session = Session(session_id, entity)
+        session = Session(session_id, entity, last_used=trio.current_time())
         entity.on_event = session.dispatch
         self.sessions[session_id] = session
         return session
