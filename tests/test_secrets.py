@@ -16,15 +16,14 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import trio
+from fake_providers import Answer, Call, FakeOpenAI, Request, Sender, serve
 
 from cantrip._specfile import build_cantrip, load_spec_file
 from cantrip.protocols._http import serve_http
-from fake_providers import Answer, Call, FakeOpenAI, Request, Sender, serve
 
 CANTRIP = str(Path(sys.executable).with_name("cantrip"))
 KEY = "plain-provider-secret-0042-zz"
@@ -176,5 +175,3 @@ def test_variables_named_like_secrets_are_redacted(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("SHORT_TOKEN", "1234")  # too short to guess at
     text = redact("abcdefgh-ijkl zyxwvut-98765 1234")
     assert text == "[REDACTED] [REDACTED] 1234"
-
-
