@@ -175,3 +175,87 @@ def test_variables_named_like_secrets_are_redacted(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("SHORT_TOKEN", "1234")  # too short to guess at
     text = redact("abcdefgh-ijkl zyxwvut-98765 1234")
     assert text == "[REDACTED] [REDACTED] 1234"
+
+
+# -- 6. file gates cannot read the loom or the spec ---------------------------------------
+
+READS = ["notes.txt", "loom.db", "loom.db-wal", "./loom.db-shm", "spec.toml", "other.db"]
+
+
+def reading_spec(folder: Path, hidden: str = "") -> Path:
+    calls = ", ".join(f'{{ gate = "read", args = {{ path = "{p}" }} }}' for p in READS)
+    dependencies = f'{{ root = "."{hidden} }}'
+    spec = folder / "spec.toml"
+    spec.write_text(
+        f'[llm]\nprovider = "scripted"\nresponses = [{{ tool_calls = [{calls}] }},\n'
+        '  { tool_calls = [{ gate = "done", args = { answer = "read" } }] }]\n'
+        '[circle]\nmedium = "conversation"\n'
+        f'gates = ["done", {{ name = "read", dependencies = {dependencies} }}]\n'
+        'wards = [{ max_turns = 3 }]\n[loom]\npath = "loom.db"\n'
+    )
+    return spec
+
+
+async def read_results(spec: Path) -> dict[str, str]:
+    import sqlite3
+
+    folder = spec.parent
+    (folder / "notes.txt").write_text("plain notes")
+    other = sqlite3.connect(folder / "other.db")  # another loom: other sessions' transcripts
+    other.execute("CREATE TABLE turns (data TEXT)")
+    other.commit()
+    other.close()
+    spell = build_cantrip(load_spec_file(spec), base_dir=folder)
+    try:
+        outcome = await spell.cast_async("Read everything")
+    finally:
+        spell.loom.close()
+    records = outcome.turns[0].gate_calls
+    return {
+        path: ("ERROR " if r.is_error else "") + r.text
+        for path, r in zip(READS, records, strict=True)
+    }
+
+
+async def test_the_read_gate_cannot_open_the_loom_its_journals_or_the_spec(
+    tmp_path: Path,
+) -> None:
+    seen = await read_results(reading_spec(tmp_path))
+    assert seen["notes.txt"] == "plain notes"
+    for hidden in ("loom.db", "loom.db-wal", "./loom.db-shm", "spec.toml"):
+        assert seen[hidden].startswith("ERROR ENOENT"), (hidden, seen[hidden])
+    assert "is a database" in seen["other.db"]
+
+
+async def test_a_spec_can_override_what_is_hidden(tmp_path: Path) -> None:
+    seen = await read_results(reading_spec(tmp_path, ', hidden = ["notes.txt"]'))
+    assert seen["notes.txt"].startswith("ERROR ENOENT")
+    assert "[llm]" in seen["spec.toml"], "the spec chose to show itself"
+    assert "is a database" in seen["loom.db"], "a database is never read as text"
+
+
+# -- 7. the (non-isolated) bash medium can read the host's environment ----------------------
+
+BASH_PROBE = r"""submit_answer "$(tr '\0' '\n' < /proc/$PPID/environ | grep '^PROBE_VALUE=')" """
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_the_readme_states_that_bash_can_read_the_hosts_environment(tmp_path: Path) -> None:
+    """The documented risk is real: bash's scrubbed environment does not stop it from
+    reading the cantrip process's own through ``/proc/$PPID/environ``."""
+    spec = tmp_path / "bash.toml"
+    spec.write_text(
+        f"[llm]\nprovider = \"scripted\"\nresponses = [{{ code = '''{BASH_PROBE}''' }}]\n"
+        '[circle]\nmedium = "bash"\ngates = ["done"]\nwards = [{ max_turns = 2 }]\n'
+    )
+    done = subprocess.run(
+        [CANTRIP, "cast", str(spec), "leak it"],
+        env={**isolated_env(tmp_path), "PROBE_VALUE": "visible-to-bash-4711"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.strip() == "PROBE_VALUE=visible-to-bash-4711", done.stderr
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    bash_row = next(line for line in readme.splitlines() if line.startswith("| `bash`"))
+    assert "/proc/$PPID/environ" in bash_row, "the README's bash row names this exact risk"
