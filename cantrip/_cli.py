@@ -7,6 +7,12 @@ Exit codes of ``cast``: 0 terminated (done or a final answer), 2 truncated by
 a ward, 130 interrupted (Ctrl-C; the loom records the cast as cancelled), 1
 error (bad spec, LLM failure) -- the message goes to stderr. Progress is drawn
 on stderr when it is a terminal; stdout carries only the result.
+
+Every command reports a mistake in its input -- a file that is missing or not
+what it should be, text that is not UTF-8, a bad spec, a damaged loom -- as one
+line on stderr (``cantrip: ...``, exit 1), never a traceback. Anything else is
+a bug in cantrip: it prints the traceback and a line saying so (exit 70).
+``--debug`` (or ``CANTRIP_DEBUG=1``) shows the traceback of any error.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ EXIT_TERMINATED = 0
 EXIT_ERROR = 1
 EXIT_TRUNCATED = 2
 EXIT_INTERRUPTED = 130
+EXIT_BUG = 70
+"""An internal error (``EX_SOFTWARE``): a traceback and a "this is a bug" line."""
+EXIT_USAGE = 2
+"""argparse's code for a command line it cannot parse."""
 
 
 def _own_tests() -> Path:
@@ -40,10 +50,22 @@ def _own_tests() -> Path:
 
 
 def _parser() -> tuple[argparse.ArgumentParser, Any]:
-    parser = argparse.ArgumentParser(prog="cantrip", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the traceback of any error (also: CANTRIP_DEBUG=1)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="cantrip",
+        description=__doc__,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    cast = commands.add_parser("cast", help="cast a spec file on an intent")
+    cast = commands.add_parser("cast", parents=[common], help="cast a spec file on an intent")
     cast.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
     cast.add_argument("intent", nargs="?", help="the intent; read from stdin when omitted")
     cast.add_argument("--json", action="store_true", help="print a JSON result")
@@ -53,7 +75,9 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     )
 
     invoke = commands.add_parser(
-        "invoke", help="a long-lived entity: one intent per line, state carried across them"
+        "invoke",
+        parents=[common],
+        help="a long-lived entity: one intent per line, state carried across them",
     )
     invoke.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
     invoke.add_argument(
@@ -63,13 +87,15 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     invoke.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
     acp = commands.add_parser(
-        "acp", help="serve the Agent Client Protocol on stdio (one JSON message per line)"
+        "acp",
+        parents=[common],
+        help="serve the Agent Client Protocol on stdio (one JSON message per line)",
     )
     acp.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
     acp.add_argument("--check", action="store_true", help="load the spec, report, and exit")
     acp.add_argument("--log", type=Path, help="write a debug log to this file (never stdout)")
 
-    serve = commands.add_parser("serve", help="serve the HTTP session API")
+    serve = commands.add_parser("serve", parents=[common], help="serve the HTTP session API")
     serve.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
     serve.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
     serve.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
@@ -109,7 +135,9 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         "(default: 30)",
     )
 
-    conformance = commands.add_parser("conformance", help="run tests.yaml conformance vectors")
+    conformance = commands.add_parser(
+        "conformance", parents=[common], help="run tests.yaml conformance vectors"
+    )
     conformance.add_argument("paths", nargs="*", type=Path, help="default: ./tests.yaml")
     conformance.add_argument("-v", "--verbose", action="store_true", help="list passing cases")
 
@@ -118,13 +146,30 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     except ImportError:
         pass
     else:
-        add_loom_parser(commands)
+        add_loom_parser(commands, parents=[common])
     return parser, commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser, _ = _parser()
     args = parser.parse_args(argv)
+    debug = getattr(args, "debug", False) or os.environ.get("CANTRIP_DEBUG", "") not in (
+        "", "0", "false", "no",
+    )  # fmt: skip
+    from cantrip._failure import report
+
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("cantrip: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BaseException as exc:
+        if isinstance(exc, SystemExit):
+            raise
+        return report(exc, debug=debug, stream=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "cast":
         return _cast(args)
     if args.command == "invoke":
@@ -176,11 +221,15 @@ def _check(spec: Path, spell: Cantrip) -> int:
 
 
 def _cast(args: argparse.Namespace) -> int:
+    from cantrip._text import check_text, decode_input
     from cantrip.protocols._terminal import Progress, cast_with_progress, wants_progress
 
     if args.intent is None and sys.stdin.isatty():
         print("cantrip: type the intent, then Ctrl-D", file=sys.stderr)
-    intent = args.intent if args.intent is not None else sys.stdin.read().strip()
+    if args.intent is not None:
+        intent = check_text(args.intent, "the intent argument")
+    else:
+        intent = decode_input(sys.stdin.buffer.read(), "the intent on stdin").strip()
     try:
         spell = _load(args.spec, args.loom)
     except CantripError as exc:

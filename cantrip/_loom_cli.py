@@ -12,7 +12,15 @@ path``: ``.jsonl`` or SQLite):
   redacted unless ``--raw`` is given;
 - ``reward REF VALUE`` -- set (or, with ``none``, clear) a turn's reward;
 - ``fork REF SPEC.toml INTENT [--llm NAME] [--json]`` -- continue from a turn
-  with the cantrip a spec file describes, recording into the same loom.
+  with the cantrip a spec file describes, recording into the same loom;
+- ``check [--json]`` -- SQLite's integrity check and a count of what is
+  readable (exit 0 intact, 1 damaged); reads only;
+- ``recover NEW [--json]`` -- copy every complete turn (readable, with its
+  entity and parent) into the new loom file NEW; the damaged file is only read.
+
+A file that is not a loom (a text file, another program's database) is refused
+with one line and never written to; a damaged loom's error names ``check`` and
+``recover``.
 
 REF names a turn: a turn id or a unique prefix or suffix of one (ids begin
 with a clock, so the end of an id is what tells turns of one run apart;
@@ -23,7 +31,7 @@ thread N as ``list`` numbers them), or an entity id (its latest turn).
 
 Everything printed passes through redaction (PROD-8), except ``export --raw``.
 Exit codes: 0 success (``fork``: terminated), 2 (``fork``: truncated by a
-ward), 1 error.
+ward), 1 error (``check``: the loom is damaged).
 """
 
 from __future__ import annotations
@@ -50,10 +58,13 @@ EXIT_TRUNCATED = 2
 PREVIEW = 400
 
 
-def add_loom_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_loom_parser(
+    subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()
+) -> argparse.ArgumentParser:
     """Add the ``loom`` command (with its subcommands) to a ``cantrip`` parser."""
     loom = subparsers.add_parser(
         "loom",
+        parents=list(parents),
         help="inspect, export, reward or fork from a loom file",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -85,6 +96,14 @@ def add_loom_parser(subparsers: Any) -> argparse.ArgumentParser:
     fork.add_argument("intent", metavar="INTENT")
     fork.add_argument("--llm", help="a named LLM of the spec ([llms.NAME]) to continue with")
     fork.add_argument("--json", action="store_true", help="print a JSON result")
+
+    checking = commands.add_parser("check", help="integrity check: what is readable (read-only)")
+    checking.add_argument("--json", action="store_true", help="print JSON")
+    recovering = commands.add_parser(
+        "recover", help="copy the complete turns of a damaged loom into a new file"
+    )
+    recovering.add_argument("out", type=Path, metavar="NEW", help="the new loom file to write")
+    recovering.add_argument("--json", action="store_true", help="print JSON")
     parser: argparse.ArgumentParser = loom
     return parser
 
@@ -96,10 +115,12 @@ def run_loom(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"cantrip: no loom file at {path}", file=err)
         return EXIT_ERROR
+    if args.loom_command in ("check", "recover"):
+        return _repair(args, out, err)
     try:
         loom = Loom.open(path)
     except CantripError as exc:
-        print(f"cantrip: cannot read {path}: {redact(str(exc))}", file=err)
+        print(f"cantrip: {redact(str(exc))}", file=err)
         return EXIT_ERROR
     try:
         command = args.loom_command
@@ -124,6 +145,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cantrip")
     add_loom_parser(parser.add_subparsers(dest="command", required=True))
     return run_loom(parser.parse_args(["loom", *(sys.argv[1:] if argv is None else argv)]))
+
+
+def _repair(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from cantrip.loom import _repair as repair
+
+    try:
+        if args.loom_command == "check":
+            found = repair.check(args.loom_file)
+        else:
+            found = repair.recover(args.loom_file, args.out)
+    except CantripError as exc:
+        print(f"cantrip: {redact(str(exc))}", file=err)
+        return EXIT_ERROR
+    if args.json:
+        _print(out, repair.dumps(found))
+    else:
+        for line in repair.report_lines(found):
+            _print(out, line)
+        if args.loom_command == "recover":
+            _print(
+                out,
+                f"recovered {len(found.turns)} complete turn(s) of {len(found.entities)} "
+                f"entit(ies) into {args.out}",
+            )
+    if args.loom_command == "check":
+        return EXIT_OK if found.intact else EXIT_ERROR
+    return EXIT_OK
 
 
 # -- references ------------------------------------------------------------------

@@ -8,6 +8,7 @@ path and is extracted by walking parent links, O(depth).
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -51,8 +52,19 @@ class Loom:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Loom:
-        """Open (or create) a loom file: ``*.jsonl`` as JSONL, anything else as SQLite."""
-        return cls(open_store(path))
+        """Open (or create) a loom file: ``*.jsonl`` as JSONL, anything else as SQLite.
+
+        A file that is not a loom is refused before anything is written to it,
+        and a damaged one is a :class:`LoomError` that says how to recover what
+        it holds (``cantrip.loom._repair``)."""
+        from cantrip.loom._repair import damaged_hint, ensure_loom
+
+        if str(path) != ":memory:":
+            ensure_loom(path)
+        try:
+            return cls(open_store(path))
+        except sqlite3.DatabaseError as exc:
+            raise LoomError(f"{path} is a damaged loom ({exc}); {damaged_hint(path)}") from None
 
     def close(self) -> None:
         self.store.close()
