@@ -153,10 +153,9 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser, _ = _parser()
     args = parser.parse_args(argv)
-    debug = getattr(args, "debug", False) or os.environ.get("CANTRIP_DEBUG", "") not in (
-        "", "0", "false", "no",
-    )  # fmt: skip
-    from cantrip._failure import report
+    from cantrip._failure import debug_requested, report
+
+    debug = debug_requested(args)
 
     try:
         return _run(args)
@@ -230,15 +229,10 @@ def _cast(args: argparse.Namespace) -> int:
         intent = check_text(args.intent, "the intent argument")
     else:
         intent = decode_input(sys.stdin.buffer.read(), "the intent on stdin").strip()
-    try:
-        spell = _load(args.spec, args.loom)
-    except CantripError as exc:
-        return _fail(str(exc))
+    spell = _load(args.spec, args.loom)
     progress = Progress(enabled=wants_progress(sys.stderr, args.quiet))
     try:
         outcome, interrupted = trio.run(cast_with_progress, spell, intent, progress)
-    except CantripError as exc:
-        return _fail(str(exc))
     finally:
         spell.loom.close()
     loom_path = _loom_path(spell)
@@ -271,10 +265,7 @@ def _invoke(args: argparse.Namespace) -> int:
         wants_progress,
     )
 
-    try:
-        spell = _load(args.spec, args.loom)
-    except CantripError as exc:
-        return _fail(str(exc))
+    spell = _load(args.spec, args.loom)
     try:
         if args.resume is not None:
             if _loom_path(spell) is None:
@@ -314,10 +305,7 @@ def _acp(args: argparse.Namespace) -> int:
     from cantrip.protocols import serve_stdio
 
     _debug_log(args.log)
-    try:
-        spell = _load(args.spec)
-    except CantripError as exc:
-        return _fail(str(exc))
+    spell = _load(args.spec)
     if args.check:
         return _check(args.spec, spell)
     try:
@@ -347,13 +335,12 @@ def _serve(args: argparse.Namespace) -> int:
             body_timeout_s=float(args.client_timeout),
         )
         guard.check_bind()
+        if not 0 <= args.port <= 65535:
+            raise ValueError(f"--port {args.port} is not a port number (0-65535; 0: any free)")
         limits = SessionLimits(max_sessions=args.max_sessions, idle_s=args.idle_timeout)
     except (BindError, ValueError) as exc:
         return _fail(str(exc))
-    try:
-        spell = _load(args.spec)
-    except CantripError as exc:
-        return _fail(str(exc))
+    spell = _load(args.spec)
     if args.check:
         return _check(args.spec, spell)
 

@@ -15,9 +15,10 @@ are looked through: a group of user errors is reported as its first one.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import traceback
-from typing import TextIO
+from typing import Any, TextIO
 
 from cantrip._errors import CantripError
 from cantrip._redact import redact
@@ -25,6 +26,13 @@ from cantrip._text import TextError
 
 EXIT_ERROR = 1
 EXIT_BUG = 70
+
+
+def debug_requested(args: Any = None) -> bool:
+    """``--debug`` on the command line, or ``CANTRIP_DEBUG`` set to anything but 0/false/no."""
+    if getattr(args, "debug", False):
+        return True
+    return os.environ.get("CANTRIP_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def leaves(exc: BaseException) -> list[BaseException]:

@@ -46,6 +46,7 @@ from typing import Any, TextIO
 import trio
 
 from cantrip._errors import CantripError, LoomError
+from cantrip._failure import debug_requested
 from cantrip._redact import redact
 from cantrip.loom._export import Redaction, export_chat, export_jsonl
 from cantrip.loom._loom import Loom
@@ -115,13 +116,19 @@ def run_loom(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"cantrip: no loom file at {path}", file=err)
         return EXIT_ERROR
+    try:
+        return _run(args, path, out, err)
+    except CantripError as exc:
+        if debug_requested(args):
+            raise  # the caller prints the traceback
+        print(f"cantrip: {redact(' '.join(str(exc).split()))}", file=err)
+        return EXIT_ERROR
+
+
+def _run(args: argparse.Namespace, path: Path, out: TextIO, err: TextIO) -> int:
     if args.loom_command in ("check", "recover"):
         return _repair(args, out, err)
-    try:
-        loom = Loom.open(path)
-    except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=err)
-        return EXIT_ERROR
+    loom = Loom.open(path)  # a foreign or damaged file is a LoomError saying which
     try:
         command = args.loom_command
         if command == "list":
@@ -133,31 +140,24 @@ def run_loom(args: argparse.Namespace) -> int:
         if command == "reward":
             return _reward(loom, args, out)
         return _fork(loom, args, out, err)
-    except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=err)
-        return EXIT_ERROR
     finally:
         loom.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cantrip._loom_cli FILE COMMAND ...`` (the same as ``cantrip loom``)."""
-    parser = argparse.ArgumentParser(prog="cantrip")
-    add_loom_parser(parser.add_subparsers(dest="command", required=True))
-    return run_loom(parser.parse_args(["loom", *(sys.argv[1:] if argv is None else argv)]))
+    from cantrip._cli import main as cli_main
+
+    return cli_main(["loom", *(sys.argv[1:] if argv is None else argv)])
 
 
 def _repair(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from cantrip.loom import _repair as repair
 
-    try:
-        if args.loom_command == "check":
-            found = repair.check(args.loom_file)
-        else:
-            found = repair.recover(args.loom_file, args.out)
-    except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=err)
-        return EXIT_ERROR
+    if args.loom_command == "check":
+        found = repair.check(args.loom_file)
+    else:
+        found = repair.recover(args.loom_file, args.out)
     if args.json:
         _print(out, repair.dumps(found))
     else:

@@ -97,9 +97,13 @@ def _readonly(file: Path) -> sqlite3.Connection:
 
 
 def _tables(file: Path) -> set[str]:
-    """The tables of an SQLite file, read-only; a damaged schema is a :class:`LoomError`."""
+    """The tables of an SQLite file; a damaged schema is a :class:`LoomError`.
+
+    Opened ``immutable``: no lock, no ``-shm`` or ``-wal`` file is created -- looking
+    leaves no trace. (A schema still only in a live loom's WAL reads as no tables:
+    an empty database, which is a loom to be.)"""
     try:
-        db = _readonly(file)
+        db = sqlite3.connect(f"{file.resolve().as_uri()}?immutable=1", uri=True)
         try:
             rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
         finally:
