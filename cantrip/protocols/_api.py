@@ -16,6 +16,8 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+
+
 Text = Annotated[str, Field(pattern=r"\S")]
 """Prompt text: something that is not whitespace."""
 
@@ -33,12 +35,12 @@ class TextBlock(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class EmbeddedText(BaseModel):
     model_config = ConfigDict(extra="allow")
-    text: str
+    text: Text
     uri: str | None = None
 
 
@@ -50,7 +52,8 @@ class ResourceBlock(BaseModel):
     resource: EmbeddedText
 
 
-Block = TextBlock | ResourceBlock | str
+Block = TextBlock | ResourceBlock | Text
+Blocks = Annotated[list[Block], Field(min_length=1)]
 
 
 class PromptRequest(_In):
@@ -63,13 +66,13 @@ class PromptRequest(_In):
             "maxProperties": 1,
         },
     )
-    prompt: Text | list[Block] | SkipJsonSchema[None] = Field(
+    prompt: Text | Blocks | SkipJsonSchema[None] = Field(
         default=None, examples=["Book a flight"]
     )
     """Text, or ACP content blocks (text and embedded resources are read)."""
     intent: Text | SkipJsonSchema[None] = None
     text: Text | SkipJsonSchema[None] = None
-    content: list[Block] | SkipJsonSchema[None] = None
+    content: Blocks | SkipJsonSchema[None] = None
 
     @pydantic.model_validator(mode="after")
     def _one_field(self) -> PromptRequest:
@@ -216,7 +219,16 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
     components = schemas.get("$defs", {})
     session = [_SESSION_ID]
     found = ("404", "405", "503")
-    sse = {"text/event-stream": {"schema": {"type": "string"}}}
+    sse = {
+        "text/event-stream": {
+            "schema": {
+                "description": "One server-sent event: `event` names it (step_start, "
+                "text_delta, tool_call, ..., then result or error); `data` is its JSON",
+                "type": "object",
+                "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+            }
+        }
+    }
     prompt_ok = _responses(
         {"200": ("PromptResult", "The cast's outcome")}, "404", "405", "409", "500"
     )
