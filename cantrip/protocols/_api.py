@@ -16,8 +16,6 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
-
-
 Text = Annotated[str, Field(pattern=r"\S")]
 """Prompt text: something that is not whitespace."""
 
@@ -66,9 +64,7 @@ class PromptRequest(_In):
             "maxProperties": 1,
         },
     )
-    prompt: Text | Blocks | SkipJsonSchema[None] = Field(
-        default=None, examples=["Book a flight"]
-    )
+    prompt: Text | Blocks | SkipJsonSchema[None] = Field(default=None, examples=["Book a flight"])
     """Text, or ACP content blocks (text and embedded resources are read)."""
     intent: Text | SkipJsonSchema[None] = None
     text: Text | SkipJsonSchema[None] = None
