@@ -367,10 +367,15 @@ def _serve(args: argparse.Namespace) -> int:
                 for bind in binds:
                     print(f"cantrip: serving {args.spec} on {bind}", file=sys.stderr, flush=True)
 
+    from cantrip._failure import leaves, message
+
     try:
         trio.run(run)
-    except OSError as exc:
-        return _fail(f"cannot serve on {args.host}:{args.port}: {exc}")
+    except BaseException as exc:
+        found = leaves(exc)
+        if all(isinstance(leaf, OSError) for leaf in found):  # e.g. the port is taken
+            return _fail(f"cannot serve on {args.host}:{args.port}: {message(found[0])}")
+        raise
     finally:
         spell.loom.close()
     return 0

@@ -247,3 +247,22 @@ def test_a_damaged_loom_can_be_checked_and_its_complete_turns_recovered(
     assert code == 0 and "intact" in out
     code, out, _ = run_main(["loom", "good.db", "check", "--json"], None, monkeypatch, capsys)
     assert code == 0 and '"intact": true' in out and '"complete_turns": 3' in out
+
+
+def test_serve_on_a_taken_port_is_one_line(
+    files: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    monkeypatch.chdir(files)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = run_main(
+            ["serve", "good.toml", "--port", str(port)], None, monkeypatch, capsys
+        )
+    assert code == 1
+    assert err.strip().splitlines() == [
+        f"cantrip: cannot serve on 127.0.0.1:{port}: Address already in use"
+    ]
