@@ -330,7 +330,7 @@ def _serve(args: argparse.Namespace) -> int:
             bind_host=args.host,
             allow_hosts=frozenset(h.lower() for h in args.allow_host),
             allow_origins=frozenset(args.allow_origin),
-            token=args.token or os.environ.get("CANTRIP_TOKEN") or None,
+            token=_token(args.token),
             max_body=args.max_body,
             body_timeout_s=float(args.client_timeout),
         )
@@ -379,6 +379,14 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         spell.loom.close()
     return 0
+
+
+def _token(flag: str | None) -> str | None:
+    """The serve token: ``--token`` or ``$CANTRIP_TOKEN``. A token given as a flag is put
+    into ``CANTRIP_TOKEN`` too, so the redactor knows its value (PROD-8)."""
+    if flag:
+        os.environ["CANTRIP_TOKEN"] = flag
+    return os.environ.get("CANTRIP_TOKEN") or None
 
 
 # -- conformance -------------------------------------------------------------------------

@@ -92,25 +92,31 @@ def _looks_like_text(head: bytes) -> bool:
     return b"\x00" not in head
 
 
-def _readonly(file: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)
-
-
 def _tables(file: Path) -> set[str]:
     """The tables of an SQLite file; a damaged schema is a :class:`LoomError`.
 
     Opened ``immutable``: no lock, no ``-shm`` or ``-wal`` file is created -- looking
     leaves no trace. (A schema still only in a live loom's WAL reads as no tables:
-    an empty database, which is a loom to be.)"""
-    try:
-        db = sqlite3.connect(f"{file.resolve().as_uri()}?immutable=1", uri=True)
+    an empty database, which is a loom to be.) If that read fails while a WAL file
+    is present -- another process is writing the loom -- it is read again the
+    ordinary way, through the WAL, before the file is called damaged."""
+    uri = file.resolve().as_uri()
+    attempts = [f"{uri}?immutable=1"]
+    if file.with_name(file.name + "-wal").exists():
+        attempts.append(f"{uri}?mode=ro")
+    problem: sqlite3.DatabaseError | None = None
+    for target in attempts:
         try:
-            rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-        finally:
-            db.close()
-    except sqlite3.DatabaseError as exc:
-        raise LoomError(f"{file} is a damaged loom ({exc}); {damaged_hint(file)}") from None
-    return {str(name) for (name,) in rows}
+            db = sqlite3.connect(target, uri=True)
+            try:
+                rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+            finally:
+                db.close()
+        except sqlite3.DatabaseError as exc:
+            problem = exc
+            continue
+        return {str(name) for (name,) in rows}
+    raise LoomError(f"{file} is a damaged loom ({problem}); {damaged_hint(file)}")
 
 
 # -- check and salvage ------------------------------------------------------------------

@@ -59,6 +59,14 @@ class SessionError(Exception):
         self.message = message
 
 
+def _now() -> float:
+    """trio's clock (virtual under a MockClock); 0 outside a trio run."""
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return 0.0
+
+
 def session_id_for(entity_id: str) -> str:
     return SESSION_PREFIX + entity_id.removeprefix(ENTITY_PREFIX)
 
@@ -154,7 +162,7 @@ class SessionHub:
         return next(iter(self.sessions.values()))
 
     def _adopt(self, session_id: str, entity: Entity) -> Session:
-        session = Session(session_id, entity, last_used=trio.current_time())
+        session = Session(session_id, entity, last_used=_now())
         entity.on_event = session.dispatch
         self.sessions[session_id] = session
         return session
