@@ -266,3 +266,18 @@ def test_serve_on_a_taken_port_is_one_line(
     assert err.strip().splitlines() == [
         f"cantrip: cannot serve on 127.0.0.1:{port}: Address already in use"
     ]
+
+
+def test_invoke_refuses_a_line_that_is_not_utf8_and_goes_on(files: Path) -> None:
+    done = subprocess.run(
+        [CANTRIP, "invoke", "good.toml", "-q"],
+        input=b"\xff\xfe not text\nhello\n",
+        capture_output=True,
+        cwd=files,
+        timeout=120,
+    )
+    assert done.returncode == 0
+    assert done.stdout.decode().strip() == "hi", "the next line was cast"
+    err = done.stderr.decode()
+    assert "Traceback" not in err
+    assert "that line is not valid UTF-8 text" in err and "nothing was cast" in err

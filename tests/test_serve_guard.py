@@ -295,3 +295,15 @@ def test_slow_clients_are_dropped_by_the_read_timeout() -> None:
                 return await trio.to_thread.run_sync(sock.recv, 100)
 
     assert trio.run(main) == b"", "the server closed the silent connection"
+
+
+def test_a_token_given_as_a_flag_is_redacted_like_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cantrip import _cli
+    from cantrip._redact import redact
+
+    monkeypatch.setenv("CANTRIP_TOKEN", "")  # restored after the test
+    assert _cli._token(None) is None
+    assert _cli._token("flag-token-value-77") == "flag-token-value-77"
+    assert redact("Bearer-less flag-token-value-77 echoed") == "Bearer-less [REDACTED] echoed"
