@@ -567,6 +567,7 @@ async def serve_stdio(
                 chunk = await reader.receive_some(65536)
                 if not chunk:
                     break
+                scanned = len(buffer)  # what is already buffered holds no newline
                 buffer.extend(chunk)
                 if skipping:  # the rest of an oversized line: dropped unread
                     newline = buffer.find(b"\n")
@@ -575,9 +576,11 @@ async def serve_stdio(
                         continue
                     del buffer[: newline + 1]
                     skipping = False
-                while (newline := buffer.find(b"\n")) >= 0:
+                    scanned = 0
+                while (newline := buffer.find(b"\n", scanned)) >= 0:
                     line = bytes(buffer[:newline]).strip()
                     del buffer[: newline + 1]
+                    scanned = 0
                     if not line:
                         continue
                     log.debug("<- %s", line[:2000])
