@@ -7,6 +7,12 @@ Exit codes of ``cast``: 0 terminated (done or a final answer), 2 truncated by
 a ward, 130 interrupted (Ctrl-C; the loom records the cast as cancelled), 1
 error (bad spec, LLM failure) -- the message goes to stderr. Progress is drawn
 on stderr when it is a terminal; stdout carries only the result.
+
+Every command reports a mistake in its input -- a file that is missing or not
+what it should be, text that is not UTF-8, a bad spec, a damaged loom -- as one
+line on stderr (``cantrip: ...``, exit 1), never a traceback. Anything else is
+a bug in cantrip: it prints the traceback and a line saying so (exit 70).
+``--debug`` (or ``CANTRIP_DEBUG=1``) shows the traceback of any error.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +37,10 @@ EXIT_TERMINATED = 0
 EXIT_ERROR = 1
 EXIT_TRUNCATED = 2
 EXIT_INTERRUPTED = 130
+EXIT_BUG = 70
+"""An internal error (``EX_SOFTWARE``): a traceback and a "this is a bug" line."""
+EXIT_USAGE = 2
+"""argparse's code for a command line it cannot parse."""
 
 
 def _own_tests() -> Path:
@@ -39,10 +50,22 @@ def _own_tests() -> Path:
 
 
 def _parser() -> tuple[argparse.ArgumentParser, Any]:
-    parser = argparse.ArgumentParser(prog="cantrip", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the traceback of any error (also: CANTRIP_DEBUG=1)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="cantrip",
+        description=__doc__,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    cast = commands.add_parser("cast", help="cast a spec file on an intent")
+    cast = commands.add_parser("cast", parents=[common], help="cast a spec file on an intent")
     cast.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
     cast.add_argument("intent", nargs="?", help="the intent; read from stdin when omitted")
     cast.add_argument("--json", action="store_true", help="print a JSON result")
@@ -57,7 +80,9 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     )
 
     worker = commands.add_parser(
-        "worker", help="run the casts queued in a PostgreSQL loom (any number, any machine)"
+        "worker",
+        parents=[common],
+        help="run the casts queued in a PostgreSQL loom (any number, any machine)",
     )
     worker.add_argument("--db", metavar="URL", required=True, help="postgresql://...")
     worker.add_argument("--concurrency", type=int, default=16, help="entities at once (16)")
@@ -65,7 +90,9 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     _add_otlp(worker)
 
     invoke = commands.add_parser(
-        "invoke", help="a long-lived entity: one intent per line, state carried across them"
+        "invoke",
+        parents=[common],
+        help="a long-lived entity: one intent per line, state carried across them",
     )
     invoke.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
     invoke.add_argument(
@@ -83,13 +110,15 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     )
 
     acp = commands.add_parser(
-        "acp", help="serve the Agent Client Protocol on stdio (one JSON message per line)"
+        "acp",
+        parents=[common],
+        help="serve the Agent Client Protocol on stdio (one JSON message per line)",
     )
     acp.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
     acp.add_argument("--check", action="store_true", help="load the spec, report, and exit")
     acp.add_argument("--log", type=Path, help="write a debug log to this file (never stdout)")
 
-    serve = commands.add_parser("serve", help="serve the HTTP session API")
+    serve = commands.add_parser("serve", parents=[common], help="serve the HTTP session API")
     serve.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
     serve.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
     serve.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
@@ -99,7 +128,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
 
     from cantrip.mcp._cli import add_mcp_parser
 
-    add_mcp_parser(commands)
+    add_mcp_parser(commands, parents=[common])
     serve.add_argument(
         "--grace-s",
         type=float,
@@ -121,8 +150,43 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         default=1000,
         help="prompts running at once; more get 503 with Retry-After (default 1000)",
     )
+    serve.add_argument(
+        "--token",
+        help="require 'Authorization: Bearer TOKEN' (default: $CANTRIP_TOKEN; "
+        "required when --host is not loopback)",
+    )
+    serve.add_argument(
+        "--allow-host", action="append", default=[], metavar="NAME",
+        help="also accept this Host header name (repeatable)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--allow-origin", action="append", default=[], metavar="ORIGIN",
+        help="accept browser requests from this Origin, e.g. http://localhost:3000 (repeatable)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-body", type=int, default=1 << 20, metavar="BYTES",
+        help="largest request body (default: 1 MiB; 413 beyond it)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-sessions", type=int, default=256, metavar="N",
+        help="live sessions kept in memory (default: 256)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--idle-timeout", type=float, default=900.0, metavar="SECONDS",
+        help="drop a session idle this long from memory; it resumes from the loom (default: 900)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--client-timeout",
+        type=int,
+        default=30,
+        metavar="SECONDS",
+        help="drop a client that sends nothing for this long, or whose body takes longer "
+        "(default: 30)",
+    )
 
-    conformance = commands.add_parser("conformance", help="run tests.yaml conformance vectors")
+    conformance = commands.add_parser(
+        "conformance", parents=[common], help="run tests.yaml conformance vectors"
+    )
     conformance.add_argument("paths", nargs="*", type=Path, help="default: ./tests.yaml")
     conformance.add_argument("-v", "--verbose", action="store_true", help="list passing cases")
 
@@ -131,7 +195,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     except ImportError:
         pass
     else:
-        add_loom_parser(commands)
+        add_loom_parser(commands, parents=[common])
     return parser, commands
 
 
@@ -182,10 +246,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         except CantripError as exc:
             return _fail(str(exc))
         try:
-            return _run(args)
+            return _guarded(args)
         finally:
             shutdown()  # flush the spans of this run before the process ends
-    return _run(args)
+    return _guarded(args)
+
+
+def _guarded(args: argparse.Namespace) -> int:
+    """Run the command; a user's mistake is one line, a bug its traceback (issue 20)."""
+    from cantrip._failure import debug_requested, report
+
+    debug = debug_requested(args)
+
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("cantrip: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BaseException as exc:
+        if isinstance(exc, SystemExit):
+            raise
+        return report(exc, debug=debug, stream=sys.stderr)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -252,15 +333,16 @@ def _check(spec: Path, spell: Cantrip) -> int:
 
 
 def _cast(args: argparse.Namespace) -> int:
+    from cantrip._text import check_text, decode_input
     from cantrip.protocols._terminal import Progress, cast_with_progress, wants_progress
 
     if args.intent is None and sys.stdin.isatty():
         print("cantrip: type the intent, then Ctrl-D", file=sys.stderr)
-    intent = args.intent if args.intent is not None else sys.stdin.read().strip()
-    try:
-        spell = _load(args.spec, args.loom)
-    except CantripError as exc:
-        return _fail(str(exc))
+    if args.intent is not None:
+        intent = check_text(args.intent, "the intent argument")
+    else:
+        intent = decode_input(sys.stdin.buffer.read(), "the intent on stdin").strip()
+    spell = _load(args.spec, args.loom)
     progress = Progress(enabled=wants_progress(sys.stderr, args.quiet))
     try:
         on_pause = _pause_handler(args, spell, args.intent is not None and sys.stdin.isatty())
@@ -270,8 +352,6 @@ def _cast(args: argparse.Namespace) -> int:
 
             on_pause = TerminalHuman(stderr_console(), _stdin_line)
         outcome, interrupted = trio.run(cast_with_progress, spell, intent, progress, on_pause)
-    except CantripError as exc:
-        return _fail(str(exc))
     finally:
         spell.loom.close()
     loom_path = _loom_path(spell)
@@ -310,10 +390,7 @@ def _invoke(args: argparse.Namespace) -> int:
         wants_progress,
     )
 
-    try:
-        spell = _load(args.spec, args.loom)
-    except CantripError as exc:
-        return _fail(str(exc))
+    spell = _load(args.spec, args.loom)
     try:
         if args.resume is not None:
             if _loom_path(spell) is None:
@@ -359,10 +436,7 @@ def _acp(args: argparse.Namespace) -> int:
     from cantrip.protocols import serve_stdio
 
     _debug_log(args.log)
-    try:
-        spell = _load(args.spec)
-    except CantripError as exc:
-        return _fail(str(exc))
+    spell = _load(args.spec)
     if args.check:
         return _check(args.spec, spell)
     try:
@@ -377,14 +451,28 @@ def _acp(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import signal
 
+    from cantrip.protocols._guard import BindError, Guard
     from cantrip.protocols._http import serve_http
     from cantrip.protocols._lifecycle import ServeOptions
+    from cantrip.protocols._limits import SessionLimits
 
     _debug_log(args.log)
     try:
-        spell = _load(args.spec)
-    except CantripError as exc:
+        guard = Guard(
+            bind_host=args.host,
+            allow_hosts=frozenset(h.lower() for h in args.allow_host),
+            allow_origins=frozenset(args.allow_origin),
+            token=_token(args.token),
+            max_body=args.max_body,
+            body_timeout_s=float(args.client_timeout),
+        )
+        guard.check_bind()
+        if not 0 <= args.port <= 65535:
+            raise ValueError(f"--port {args.port} is not a port number (0-65535; 0: any free)")
+        limits = SessionLimits(max_sessions=args.max_sessions, idle_s=args.idle_timeout)
+    except (BindError, ValueError) as exc:
         return _fail(str(exc))
+    spell = _load(args.spec)
     if args.check:
         return _check(args.spec, spell)
     options = ServeOptions(
@@ -416,18 +504,34 @@ def _serve(args: argparse.Namespace) -> int:
                         shutdown_trigger=until_signal,
                         options=options,
                         task_status=task_status,
+                        guard=guard,
+                        limits=limits,
+                        read_timeout_s=args.client_timeout,
                     )
                 )
                 for bind in binds:
                     print(f"cantrip: serving {args.spec} on {bind}", file=sys.stderr, flush=True)
 
+    from cantrip._failure import leaves, message
+
     try:
         trio.run(run)
-    except OSError as exc:
-        return _fail(f"cannot serve on {args.host}:{args.port}: {exc}")
+    except BaseException as exc:
+        found = leaves(exc)
+        if all(isinstance(leaf, OSError) for leaf in found):  # e.g. the port is taken
+            return _fail(f"cannot serve on {args.host}:{args.port}: {message(found[0])}")
+        raise
     finally:
         spell.loom.close()
     return 0
+
+
+def _token(flag: str | None) -> str | None:
+    """The serve token: ``--token`` or ``$CANTRIP_TOKEN``. A token given as a flag is put
+    into ``CANTRIP_TOKEN`` too, so the redactor knows its value (PROD-8)."""
+    if flag:
+        os.environ["CANTRIP_TOKEN"] = flag
+    return os.environ.get("CANTRIP_TOKEN") or None
 
 
 # -- conformance -------------------------------------------------------------------------

@@ -16,6 +16,14 @@ path``: ``.jsonl`` or SQLite):
   with the cantrip a spec file describes, recording into the same loom;
 - ``view [--host 127.0.0.1] [--port 0] [--token T]`` -- browse the loom in a
   web browser: a read-only local server that prints its URL and opens nothing.
+- ``check [--json]`` -- SQLite's integrity check and a count of what is
+  readable (exit 0 intact, 1 damaged); reads only;
+- ``recover NEW [--json]`` -- copy every complete turn (readable, with its
+  entity and parent) into the new loom file NEW; the damaged file is only read.
+
+A file that is not a loom (a text file, another program's database) is refused
+with one line and never written to; a damaged loom's error names ``check`` and
+``recover``.
 
 REF names a turn: a turn id or a unique prefix or suffix of one (ids begin
 with a clock, so the end of an id is what tells turns of one run apart;
@@ -26,7 +34,7 @@ thread N as ``list`` numbers them), or an entity id (its latest turn).
 
 Everything printed passes through redaction (PROD-8), except ``export --raw``.
 Exit codes: 0 success (``fork``: terminated), 2 (``fork``: truncated by a
-ward), 1 error.
+ward), 1 error (``check``: the loom is damaged).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from typing import Any, TextIO
 import trio
 
 from cantrip._errors import CantripError, LoomError
+from cantrip._failure import debug_requested
 from cantrip._redact import redact
 from cantrip.loom._export import Redaction, export_chat, export_jsonl
 from cantrip.loom._loom import Loom
@@ -56,10 +65,13 @@ EXIT_TRUNCATED = 2
 PREVIEW = 400
 
 
-def add_loom_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_loom_parser(
+    subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()
+) -> argparse.ArgumentParser:
     """Add the ``loom`` command (with its subcommands) to a ``cantrip`` parser."""
     loom = subparsers.add_parser(
         "loom",
+        parents=list(parents),
         help="inspect, export, reward or fork from a loom file",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -97,6 +109,14 @@ def add_loom_parser(subparsers: Any) -> argparse.ArgumentParser:
     view.add_argument(
         "--token", help="require this bearer token (default: CANTRIP_TOKEN; needed off loopback)"
     )
+
+    checking = commands.add_parser("check", help="integrity check: what is readable (read-only)")
+    checking.add_argument("--json", action="store_true", help="print JSON")
+    recovering = commands.add_parser(
+        "recover", help="copy the complete turns of a damaged loom into a new file"
+    )
+    recovering.add_argument("out", type=Path, metavar="NEW", help="the new loom file to write")
+    recovering.add_argument("--json", action="store_true", help="print JSON")
     parser: argparse.ArgumentParser = loom
     return parser
 
@@ -111,10 +131,18 @@ def run_loom(args: argparse.Namespace) -> int:
     if args.loom_command == "view":
         return _view(args, err)
     try:
-        loom = Loom.open(path)
+        return _run(args, path, out, err)
     except CantripError as exc:
-        print(f"cantrip: cannot read {path}: {redact(str(exc))}", file=err)
+        if debug_requested(args):
+            raise  # the caller prints the traceback
+        print(f"cantrip: {redact(' '.join(str(exc).split()))}", file=err)
         return EXIT_ERROR
+
+
+def _run(args: argparse.Namespace, path: Path, out: TextIO, err: TextIO) -> int:
+    if args.loom_command in ("check", "recover"):
+        return _repair(args, out, err)
+    loom = Loom.open(path)  # a foreign or damaged file is a LoomError saying which
     try:
         command = args.loom_command
         if command == "list":
@@ -126,18 +154,38 @@ def run_loom(args: argparse.Namespace) -> int:
         if command == "reward":
             return _reward(loom, args, out)
         return _fork(loom, args, out, err)
-    except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=err)
-        return EXIT_ERROR
     finally:
         loom.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cantrip._loom_cli FILE COMMAND ...`` (the same as ``cantrip loom``)."""
-    parser = argparse.ArgumentParser(prog="cantrip")
-    add_loom_parser(parser.add_subparsers(dest="command", required=True))
-    return run_loom(parser.parse_args(["loom", *(sys.argv[1:] if argv is None else argv)]))
+    from cantrip._cli import main as cli_main
+
+    return cli_main(["loom", *(sys.argv[1:] if argv is None else argv)])
+
+
+def _repair(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from cantrip.loom import _repair as repair
+
+    if args.loom_command == "check":
+        found = repair.check(args.loom_file)
+    else:
+        found = repair.recover(args.loom_file, args.out)
+    if args.json:
+        _print(out, repair.dumps(found))
+    else:
+        for line in repair.report_lines(found):
+            _print(out, line)
+        if args.loom_command == "recover":
+            _print(
+                out,
+                f"recovered {len(found.turns)} complete turn(s) of {len(found.entities)} "
+                f"entit(ies) into {args.out}",
+            )
+    if args.loom_command == "check":
+        return EXIT_OK if found.intact else EXIT_ERROR
+    return EXIT_OK
 
 
 # -- references ------------------------------------------------------------------

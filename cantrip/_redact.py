@@ -3,9 +3,12 @@
 Two sources of knowledge: the *shapes* of common credentials (OpenAI,
 Anthropic, Google, GitHub, AWS, Slack keys, bearer tokens, ``api_key=...``
 pairs) and the *actual values* of the environment variables configured to
-hold provider keys. Log records of cantrip's loggers, loom exports and the
-CLI's output pass through :func:`redact` unless raw output is asked for
-explicitly.
+hold provider keys (and of variables whose names say they hold a secret).
+Log records of cantrip's loggers, every byte the front ends emit (CLI, ACP,
+HTTP bodies and events) and loom exports pass through :func:`redact`. Every
+record a loom store writes first loses the secret *values* the environment
+holds (:func:`scrub_known`), so a loom file never keeps a key that a later
+process, with other variables set, could not recognise (PROD-8).
 """
 
 from __future__ import annotations
@@ -18,20 +21,21 @@ from typing import Any
 
 REDACTED = "[REDACTED]"
 
-_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
-    re.compile(p)
-    for p in (
-        r"\bsk-(?:ant-|proj-|or-v1-)?[A-Za-z0-9_\-]{8,}",  # OpenAI, Anthropic, OpenRouter
-        r"\bAIza[0-9A-Za-z_\-]{20,}",  # Google API keys
-        r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}",  # GitHub tokens
-        r"\bgithub_pat_[A-Za-z0-9_]{20,}",
-        r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key ids
-        r"\bxox[abposr]-[A-Za-z0-9\-]{10,}",  # Slack
-        r"(?i)\bbearer\s+[A-Za-z0-9._~+/=\-]{12,}",
-        r"(?i)\b(?:api[_-]?key|secret|token|password|passwd|aws_secret_access_key)"
-        r"\s*[=:]\s*['\"]?[^\s'\",;]{6,}",
-    )
+_SHAPES = (
+    r"\bsk-(?:ant-|proj-|or-v1-)?[A-Za-z0-9_\-]{8,}",  # OpenAI, Anthropic, OpenRouter
+    r"\bAIza[0-9A-Za-z_\-]{20,}",  # Google API keys
+    r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}",  # GitHub tokens
+    r"\bgithub_pat_[A-Za-z0-9_]{20,}",
+    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key ids
+    r"\bxox[abposr]-[A-Za-z0-9\-]{10,}",  # Slack
+    r"(?i:\bbearer\s+[A-Za-z0-9._~+/=\-]{12,})",
+    r"(?i:\b(?:api[_-]?key|secret|token|password|passwd|aws_secret_access_key)"
+    r"\s*[=:]\s*['\"]?[^\s'\",;\\]{6,})",
 )
+_PATTERN = re.compile("|".join(f"(?:{shape})" for shape in _SHAPES))
+"""Every credential shape in one alternation: one scan of the text, not one per shape
+(the loom scans every turn before it is recorded). A value stops at a backslash, so
+redacting serialised JSON can never eat an escape."""
 
 KEY_ENV_VARS: set[str] = {
     "OPENAI_API_KEY",
@@ -39,28 +43,84 @@ KEY_ENV_VARS: set[str] = {
     "GOOGLE_API_KEY",
     "GEMINI_API_KEY",
     "OPENROUTER_API_KEY",
+    "CANTRIP_TOKEN",
 }
-"""Variables whose values are secrets; providers add the ones they read."""
+"""Variables whose values are secrets; providers add the ones they read, and every
+provider config loaded adds the variable it names (``api_key_env``)."""
+
+_SECRET_NAME = re.compile(r"(?i)(?:API_?KEY|_KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$")
+"""Names that say "this variable holds a secret" (``MY_PROVIDER_KEY``, ``GITHUB_TOKEN``):
+their values are redacted even when no loaded config names them, so a process that
+never saw the spec (a later ``cantrip loom export``) still catches them."""
+_MIN_GUESSED = 8
+"""A value found only by its variable's name must be this long (no redacting ``1``)."""
 
 
 def register_secret_env(*names: str) -> None:
     KEY_ENV_VARS.update(names)
 
 
-def _env_secrets() -> Iterable[str]:
-    for name in KEY_ENV_VARS:
-        value = os.environ.get(name)
-        if value and len(value) >= 6:
-            yield value
+_cache: tuple[object, list[str]] = ((), [])
+
+
+def _env_secrets() -> list[str]:
+    # Cached against a snapshot of the environment: the loom asks before every turn
+    # it records, and decoding every variable each time would cost more than the turn.
+    data = getattr(os.environ, "_data", None)
+    snapshot = (
+        id(KEY_ENV_VARS),
+        len(KEY_ENV_VARS),
+        tuple(data.items()) if isinstance(data, dict) else tuple(os.environ.items()),
+    )
+    global _cache
+    if _cache[0] == snapshot:
+        return _cache[1]
+    found: set[str] = set()
+    for name, value in os.environ.items():
+        value = value.strip()
+        if not value:
+            continue
+        if name in KEY_ENV_VARS:
+            if len(value) >= 6:
+                found.add(value)
+        elif len(value) >= _MIN_GUESSED and _SECRET_NAME.search(name):
+            found.add(value)
+    # Longest first, so a secret that contains another is replaced whole.
+    values = sorted(found, key=len, reverse=True)
+    _cache = (snapshot, values)
+    return values
+
+
+def secret_values() -> list[str]:
+    """The secret values the environment holds right now (see :data:`KEY_ENV_VARS`)."""
+    return _env_secrets()
 
 
 def redact(text: str) -> str:
     """``text`` with every recognisable secret replaced by ``[REDACTED]``."""
     for secret in _env_secrets():
-        text = text.replace(secret, REDACTED)
-    for pattern in _PATTERNS:
-        text = pattern.sub(REDACTED, text)
-    return text
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return _PATTERN.sub(REDACTED, text)
+
+
+def scrub_known(value: Any, secrets: Iterable[str]) -> Any:
+    """``value`` (JSON-like data) with every string's known secret values replaced.
+
+    What the loom applies before it records anything: the *values* the
+    environment holds (exact, cheap, no false positives), not the shapes --
+    those are redacted on the way out (exports, front ends), where a false
+    positive costs a display, not the record."""
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, dict):
+        return {k: scrub_known(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub_known(v, secrets) for v in value]
+    return value
 
 
 def redact_value(value: Any) -> Any:

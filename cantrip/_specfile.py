@@ -21,7 +21,7 @@ from typing import Any, Literal, get_type_hints
 
 import attrs
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 import gates as builtin_gates
 from cantrip._approval import ApprovalPolicy
@@ -207,6 +207,8 @@ class SpecDocument(_Strict):
     output: OutputSpec | None = None
     llms: dict[str, LLMSpec] = Field(default_factory=dict)
     """Further LLMs by name, for children and forks."""
+    _source: Path | None = PrivateAttr(default=None)
+    """The file the document was read from (hidden from file gates by default)."""
 
 
 MEDIUM_ALIASES: dict[str, str] = {
@@ -265,7 +267,9 @@ def load_spec_file(path: str | Path) -> SpecDocument:
         raise ConstructionError(f"spec file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConstructionError(f"{path}: not valid TOML: {exc}") from None
-    return parse_spec(data, source=str(path))
+    doc = parse_spec(data, source=str(path))
+    doc._source = path.resolve()
+    return doc
 
 
 def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> SpecDocument:
@@ -309,10 +313,14 @@ def build_cantrip(
         medium = _with_loom(medium, circle_spec.expose_loom, problems)
     if medium is not None and (circle_spec.isolation or circle_spec.network is not None):
         medium = _with_isolation(medium, circle_spec, problems)
+    loom_file = getattr(loom.store, "path", None) if loom is not None else None
+    if loom is None and doc.loom and doc.loom.path:
+        loom_file = _path(doc.loom.path, base_dir)
+    hidden = protected_files(doc._source, loom_file)
     gate_list = [
         g
         for g in (
-            _build_gate(spec, problems, base_dir=base_dir, fs_root=fs_root)
+            _build_gate(spec, problems, base_dir=base_dir, fs_root=fs_root, hidden=hidden)
             for spec in circle_spec.gates
         )
         if g is not None
@@ -626,8 +634,25 @@ def _with_loom(medium: Medium, expose: bool, problems: list[str]) -> Medium:
     return medium
 
 
+def protected_files(spec_file: Path | None, loom_file: str | Path | None) -> tuple[str, ...]:
+    """What file gates may not read by default (issue 21): the spec file, and the
+    loom with its SQLite companions (write-ahead log, shared memory, rollback journal)."""
+    found: list[str] = []
+    if spec_file is not None:
+        found.append(str(Path(spec_file).resolve()))
+    if loom_file is not None:
+        loom = Path(loom_file).resolve()
+        found.extend(str(loom) + suffix for suffix in ("", "-wal", "-shm", "-journal"))
+    return tuple(found)
+
+
 def _build_gate(
-    spec: str | GateSpec, problems: list[str], *, base_dir: Path | None, fs_root: Path | None
+    spec: str | GateSpec,
+    problems: list[str],
+    *,
+    base_dir: Path | None,
+    fs_root: Path | None,
+    hidden: tuple[str, ...] = (),
 ) -> Gate | None:
     if isinstance(spec, str):
         spec = GateSpec(name=spec)
@@ -684,6 +709,8 @@ def _build_gate(
         # A path dependency left unset is the document's own folder.
         if hints.get(name) is Path and name not in values and base_dir is not None:
             values[name] = base_dir
+    if "hidden" in g.dependencies and "hidden" not in spec.dependencies and hidden:
+        values["hidden"] = hidden  # a spec that sets hidden (even to []) decides itself
     if values:
         try:
             g = g.bind(**values)

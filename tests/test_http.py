@@ -203,9 +203,18 @@ async def test_mistakes_are_json_errors_and_the_server_keeps_serving() -> None:
             (lambda: http.delete("/sessions"), 405, "method_not_allowed"),
             (lambda: http.get(f"/sessions/{sid}/prompt"), 405, "method_not_allowed"),
             (
-                lambda: http.post(f"/sessions/{sid}/prompt", content=b"{not json"),
+                lambda: http.post(
+                    f"/sessions/{sid}/prompt",
+                    content=b"{not json",
+                    headers={"content-type": "application/json"},
+                ),
                 400,
                 "bad_json",
+            ),
+            (
+                lambda: http.post(f"/sessions/{sid}/prompt", content=b'{"prompt": "hi"}'),
+                400,
+                "bad_content_type",
             ),
             (
                 lambda: http.post(f"/sessions/{sid}/prompt", json={"prompt": "  "}),

@@ -193,7 +193,9 @@ async def test_session_creation_with_a_key_names_the_same_session_after_a_restar
         created = await http.post("/sessions", headers=key)
         repeated = await http.post("/sessions", headers=key)
         other = await http.post("/sessions", headers={"Idempotency-Key": "someone-else"})
-    assert (created.status_code, repeated.status_code, other.status_code) == (201, 200, 201)
+    assert (created.status_code, repeated.status_code, other.status_code) == (201, 201, 201)
+    assert repeated.headers["idempotent-replayed"] == "true"
+    assert "idempotent-replayed" not in created.headers
     sid = created.json()["session_id"]
     assert repeated.json()["session_id"] == sid != other.json()["session_id"]
     assert created.json()["entity_id"] == session_entity_id("client-42-session")
@@ -203,7 +205,8 @@ async def test_session_creation_with_a_key_names_the_same_session_after_a_restar
     restarted = gated_spell(GatedLLM(), tmp_path / "sessions.db")
     async with serving(restarted) as http:
         again = await http.post("/sessions", headers=key)
-    assert again.status_code == 200 and again.json()["session_id"] == sid
+    assert again.status_code == 201 and again.json()["session_id"] == sid
+    assert again.headers["idempotent-replayed"] == "true"
     assert len(restarted.loom.entities) == 2
     restarted.loom.close()
 

@@ -28,6 +28,8 @@ from cantrip.protocols._viewer_api import LoomViews, ViewerError
 
 CANTRIP = str(Path(sys.executable).with_name("cantrip"))
 
+JSON_TYPE = {"content-type": "application/json"}
+
 
 def views(turns: int = 6) -> LoomViews:
     loom = build(turns=turns)
@@ -198,7 +200,7 @@ async def test_cantrip_serve_mounts_the_page_the_api_and_fork() -> None:
         bad = await http.post("/api/fork", json={"turn": first})
         assert bad.status_code == 400 and "turn_id" in bad.json()["error"]["message"]
         assert (await http.post("/api/fork", json={"turn_id": "turn-nope"})).status_code == 404
-        assert (await http.post("/api/fork", content=b"{nope")).json()["error"][
+        assert (await http.post("/api/fork", content=b"{nope", headers=JSON_TYPE)).json()["error"][
             "code"
         ] == "bad_json"
         forked = await http.post("/api/fork", json={"turn_id": first})

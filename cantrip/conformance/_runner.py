@@ -71,7 +71,10 @@ class CaseResult:
 
 def load_cases(path: str | Path) -> list[dict[str, Any]]:
     text = Path(path).read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CantripError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
     if not isinstance(data, list):
         raise CantripError(f"{path}: a tests file is a YAML list of cases")
     return [case for case in data if case is not None]

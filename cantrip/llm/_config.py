@@ -237,6 +237,10 @@ def load_provider_config(name: str) -> ProviderConfig:
                 for e in exc.errors()
             ]
         ) from None
+    if config.provider.api_key_env:
+        # Any variable a loaded config names holds a secret, whether or not this
+        # process ends up reading it (issue 21: the redactor knows them all).
+        register_secret_env(config.provider.api_key_env)
     with _LOCK:
         _CACHE[key] = config
     return config

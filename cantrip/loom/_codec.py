@@ -13,11 +13,30 @@ from typing import Any
 
 import orjson
 
+from cantrip._redact import scrub_known, secret_values
+
 CODEC_KEY = "codec"
 """Marks a record written by the exact (standard-library) encoder; see :func:`encode_record`."""
 
 
 def encode_record(record: dict[str, Any]) -> str:
+    """A record as every loom store writes it: exact (see :func:`_encode`) and with
+    the secret values the environment holds replaced by ``[REDACTED]``.
+
+    PROD-8: the loom is not a credential store. A provider error that quotes the
+    key is stored redacted, so an export made later, by a process that does not
+    know the key, cannot leak it. Every durable store and the gate journal write
+    through here. (Shapes of credentials are redacted on the way out, by exports
+    and front ends: a false match there costs a display, here it would cost data.)
+    """
+    text = _encode(record)
+    secrets = secret_values()
+    if secrets and any(secret in text for secret in secrets):
+        text = _encode(scrub_known(record, secrets))
+    return text
+
+
+def _encode(record: dict[str, Any]) -> str:
     """A record as compact JSON (non-JSON leaves, such as datetimes, as text).
 
     Serialising is on every append's path (LOOM-1 commits each turn before the

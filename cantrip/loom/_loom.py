@@ -20,6 +20,7 @@ under each entity's :class:`~cantrip.loom._fence.Fence`.
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -92,13 +93,24 @@ class Loom:
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Loom:
         """Open (or create) a loom: ``postgresql://...`` on PostgreSQL (schema created
-        on first use), ``*.jsonl`` as JSONL, anything else as an SQLite file."""
+        on first use), ``*.jsonl`` as JSONL, anything else as an SQLite file.
+
+        A file that is not a loom is refused before anything is written to it,
+        and a damaged one is a :class:`LoomError` that says how to recover what
+        it holds (``cantrip.loom._repair``)."""
         text = str(path)
         if text.startswith(("postgresql://", "postgres://")):
             from cantrip.loom._postgres import PostgresStore
 
             return cls(PostgresStore(text))
-        return cls(open_store(path))
+        from cantrip.loom._repair import damaged_hint, ensure_loom
+
+        if text != ":memory:":
+            ensure_loom(path)
+        try:
+            return cls(open_store(path))
+        except sqlite3.DatabaseError as exc:
+            raise LoomError(f"{path} is a damaged loom ({exc}); {damaged_hint(path)}") from None
 
     def close(self) -> None:
         if self._pending:  # a deferred store: commit what is queued before closing

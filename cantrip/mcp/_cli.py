@@ -17,8 +17,10 @@ from cantrip._cantrip import Cantrip
 from cantrip._errors import CantripError
 
 
-def add_mcp_parser(commands: Any) -> None:
-    mcp = commands.add_parser("mcp", help="serve the spec's cantrip as an MCP server (tool: cast)")
+def add_mcp_parser(commands: Any, parents: list[Any] | None = None) -> None:
+    mcp = commands.add_parser(
+        "mcp", parents=parents or [], help="serve the spec's cantrip as an MCP server (tool: cast)"
+    )
     mcp.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
     mcp.add_argument("--http", action="store_true", help="streamable HTTP at /mcp instead of stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="with --http; default: 127.0.0.1")

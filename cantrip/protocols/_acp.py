@@ -54,6 +54,7 @@ from cantrip._events import (
 )
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger, redact_value
+from cantrip._text import TextError, check_text
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import GateCallRecord, Turn, result_text
 from cantrip.protocols._sessions import Session, SessionError, SessionHub, stop_reason
@@ -66,6 +67,8 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = (
     -32602,
     -32603,
 )
+MAX_LINE = 16 << 20
+"""The longest JSON-RPC message line accepted on stdio (bytes)."""
 RESOURCE_NOT_FOUND = -32002
 """ACP's code for an unknown session."""
 
@@ -507,7 +510,10 @@ def prompt_text(params: Mapping[str, Any]) -> str:
         raise RpcError(INVALID_PARAMS, "the prompt needs text: a string or text content blocks")
     if not text.strip():
         raise RpcError(INVALID_PARAMS, "the prompt is empty")
-    return text
+    try:
+        return check_text(text, "the prompt")
+    except TextError as exc:
+        raise RpcError(INVALID_PARAMS, str(exc)) from None
 
 
 def _error(msg_id: Any, code: int, message: str) -> dict[str, Any]:
@@ -557,6 +563,7 @@ async def serve_stdio(
             await send(response)
 
     buffer = bytearray()
+    skipping = False
     log.info("serving ACP on stdio (idle until a request arrives)")
     providers = await ProviderScope.enter()  # sessions' gate providers live here
     server.hub.nursery = providers.nursery
@@ -566,10 +573,20 @@ async def serve_stdio(
                 chunk = await reader.receive_some(65536)
                 if not chunk:
                     break
+                scanned = len(buffer)  # what is already buffered holds no newline
                 buffer.extend(chunk)
-                while (newline := buffer.find(b"\n")) >= 0:
+                if skipping:  # the rest of an oversized line: dropped unread
+                    newline = buffer.find(b"\n")
+                    if newline < 0:
+                        buffer.clear()
+                        continue
+                    del buffer[: newline + 1]
+                    skipping = False
+                    scanned = 0
+                while (newline := buffer.find(b"\n", scanned)) >= 0:
                     line = bytes(buffer[:newline]).strip()
                     del buffer[: newline + 1]
+                    scanned = 0
                     if not line:
                         continue
                     log.debug("<- %s", line[:2000])
@@ -577,6 +594,9 @@ async def serve_stdio(
                         message = json.loads(line)
                     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                         await send(_error(None, PARSE_ERROR, f"not JSON: {exc}"))
+                        continue
+                    except RecursionError:
+                        await send(_error(None, PARSE_ERROR, "not JSON: nested too deeply"))
                         continue
                     if isinstance(message, list):
                         await send(
@@ -590,6 +610,12 @@ async def serve_stdio(
                             await send(prepared)
                     else:
                         await answer(message)
+                if len(buffer) > MAX_LINE:
+                    # One message may not hold the server's memory hostage: the
+                    # oversized line is answered with an error and skipped.
+                    await send(_error(None, INVALID_REQUEST, f"a message over {MAX_LINE} bytes"))
+                    buffer.clear()
+                    skipping = True
             log.info("stdin closed; finishing running prompts")
     finally:
         with trio.CancelScope(shield=True):

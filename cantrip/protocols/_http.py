@@ -8,6 +8,8 @@ the CLI (PROD-1). Sessions come from the same :class:`SessionHub` as ACP's.
 Routes (JSON in and out; errors are ``{"error": {"code", "message"}}``):
 
 * ``GET  /health`` -- liveness, and what the cantrip is;
+* ``GET  /openapi.json`` -- this API as an OpenAPI 3.1 document, generated from
+  the pydantic models that validate the requests (:mod:`._api`);
 * ``POST /sessions`` -- summon an entity: ``{"session_id", "entity_id"}`` (201);
 * ``GET  /sessions`` -- the live sessions;
 * ``GET  /sessions/{id}`` -- one session (a session in the loom file is resumed);
@@ -28,15 +30,21 @@ running cast); a cancel is sticky (it applies to a prompt starting within
 ``sticky_cancel_s``) and says what it cancelled; ``?cancel_on_disconnect=1``
 cancels a streamed prompt whose client hangs up; too many running prompts, or a
 server shutting down, get ``503`` with ``Retry-After``.
+
+Before a request reaches a route, :mod:`._guard` has checked its Host, Origin,
+token, content type, size and JSON; :mod:`._limits` bounds the sessions kept in
+memory (idle ones are dropped and resumed from the loom when named again).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
+import pydantic
 import trio
 
 from cantrip._cantrip import Cantrip
@@ -44,10 +52,13 @@ from cantrip._entity import CastResult
 from cantrip._errors import CantripError
 from cantrip._events import Event
 from cantrip._providers import ProviderScope
-from cantrip._redact import get_logger
+from cantrip._redact import get_logger, redact_value
 from cantrip.protocols._acp import RpcError, prompt_text
+from cantrip.protocols._api import CreateSession, PromptRequest, openapi_document
+from cantrip.protocols._guard import Guard
 from cantrip.protocols._idempotency import BadKeyError, check_key
 from cantrip.protocols._lifecycle import Drain, ServeOptions
+from cantrip.protocols._limits import SessionLimits, make_room
 from cantrip.protocols._sessions import (
     Session,
     SessionError,
@@ -87,7 +98,12 @@ Idempotency-Key draft, section 2.7)."""
 class HttpApp:
     """The ASGI application: one cantrip, its sessions."""
 
-    def __init__(self, spell: Cantrip, options: ServeOptions | None = None) -> None:
+    def __init__(
+        self,
+        spell: Cantrip,
+        options: ServeOptions | None = None,
+        limits: SessionLimits | None = None,
+    ) -> None:
         self.spell = spell
         self.options = options or ServeOptions()
         self.hub = SessionHub(
@@ -95,6 +111,7 @@ class HttpApp:
             sticky_cancel_s=self.options.sticky_cancel_s,
             max_running=self.options.max_running,
         )
+        self.limits = limits or SessionLimits()
         self.viewer = Viewer.for_hub(self.hub)  # the browser viewer at / and /api/
         self.drain = Drain()
 
@@ -152,16 +169,25 @@ class HttpApp:
         if parts == ["health"]:
             _allow(method, "GET")
             await _json(send, 200, self._health())
+        elif parts == ["openapi.json"]:
+            _allow(method, "GET")
+            await _json(send, 200, openapi_document())
         elif parts == ["sessions"]:
             _allow(method, "GET", "POST")
             if method == "POST":
+                _validated(CreateSession, await _body(receive))
+                await self._make_room(adding=True)
                 session, created = self.hub.create(_idempotency_key(scope))
-                await _json(send, 201 if created else 200, _session_info(session))
+                # A repeated key gets the response the key first got (201, the same
+                # session), marked as a replay -- one status per outcome keeps the
+                # documented contract independent of server state.
+                replayed = {} if created else {"idempotent-replayed": "true"}
+                await _json(send, 201, _session_info(session), replayed)
             else:
                 sessions = [_session_info(s) for s in self.hub.sessions.values()]
                 await _json(send, 200, {"sessions": sessions})
         elif len(parts) >= 2 and parts[0] == "sessions" and len(parts) <= 3:
-            session = self._session(parts[1])
+            session = await self._session(parts[1])
             action = parts[2] if len(parts) == 3 else None
             if action is None:
                 _allow(method, "GET")
@@ -197,6 +223,30 @@ class HttpApp:
         else:
             raise HttpError(404, "not_found", f"no route {scope['path']!r}")
 
+    @contextlib.contextmanager
+    def arriving(self, scope: Scope) -> Iterator[None]:
+        """While a prompt's body is still arriving (read by the guard), its session
+        counts it as starting, so a cancel sent meanwhile applies to it (sticky)."""
+        parts = [p for p in scope.get("path", "").split("/") if p]
+        session = None
+        if (
+            scope.get("method") == "POST"
+            and len(parts) == 3
+            and parts[0:3:2]
+            == [
+                "sessions",
+                "prompt",
+            ]
+        ):
+            session = self.hub.sessions.get(parts[1])
+        if session is not None:
+            session.starting += 1
+        try:
+            yield
+        finally:
+            if session is not None:
+                session.starting -= 1
+
     def _health(self) -> dict[str, Any]:
         circle = self.spell.circle
         return {
@@ -209,11 +259,20 @@ class HttpApp:
             "sessions": len(self.hub.sessions),
         }
 
-    def _session(self, session_id: str) -> Session:
+    async def _session(self, session_id: str) -> Session:
+        await self._make_room(adding=session_id not in self.hub.sessions)
         try:
-            return self.hub.get(session_id)
+            session = self.hub.get(session_id)
         except SessionError as exc:
             raise HttpError(404, "unknown_session", exc.message) from None
+        session.last_used = trio.current_time()
+        return session
+
+    async def _make_room(self, *, adding: bool) -> None:
+        try:
+            await make_room(self.hub, self.limits, adding=adding)
+        except SessionError as exc:
+            raise HttpError(503, "too_many_sessions", exc.message) from None
 
     async def _prompt(
         self,
@@ -234,6 +293,8 @@ class HttpApp:
         except Exception as exc:
             log.exception("session %s: the entity crashed", session.id)
             raise HttpError(500, "crashed", f"the entity crashed: {exc!r}") from None
+        finally:
+            session.last_used = trio.current_time()
 
     async def _prompt_stream(
         self,
@@ -357,13 +418,23 @@ def _idempotency_key(scope: Scope) -> str | None:
     return None
 
 
+def _validated(model: type[pydantic.BaseModel], body: Any) -> Any:
+    """``body`` checked by the model ``/openapi.json`` publishes for it (one line on failure)."""
+    try:
+        return model.model_validate(body)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise HttpError(400, "bad_request", f"{where}: {first['msg']}{more}") from None
+
+
 def _intent(body: Any) -> str:
     if not isinstance(body, Mapping):
         raise HttpError(400, "bad_request", "the body must be a JSON object with a prompt")
-    if "prompt" not in body and "content" not in body:
-        body = {"prompt": body.get("intent", body.get("text"))}
+    request: PromptRequest = _validated(PromptRequest, body)
     try:
-        return prompt_text(body)
+        return prompt_text(request.as_params())
     except RpcError as exc:
         raise HttpError(400, "bad_request", exc.message) from None
 
@@ -389,12 +460,15 @@ async def _body(receive: Receive) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise HttpError(400, "bad_json", f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise HttpError(400, "bad_json", "the body is not JSON: nested too deeply") from None
 
 
 async def _json(
     send: Send, status: int, data: Any, headers: Mapping[str, str] | None = None
 ) -> None:
-    body = json.dumps(data, default=str).encode()
+    # Every body passes the redactor here, error bodies included (PROD-8).
+    body = json.dumps(redact_value(data), default=str).encode()
     await send(
         {
             "type": "http.response.start",
@@ -424,7 +498,7 @@ async def _start_sse(send: Send) -> None:
 
 
 async def _sse(send: Send, event: str, data: Any) -> None:
-    payload = f"event: {event}\ndata: {json.dumps(data, default=str)}\n\n".encode()
+    payload = f"event: {event}\ndata: {json.dumps(redact_value(data), default=str)}\n\n".encode()
     await send({"type": "http.response.body", "body": payload, "more_body": True})
 
 
@@ -439,17 +513,25 @@ async def serve_http(
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     options: ServeOptions | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+    guard: Guard | None = None,
+    limits: SessionLimits | None = None,
+    read_timeout_s: int = 30,
 ) -> None:
     """Serve the HTTP API with hypercorn's trio worker until ``shutdown_trigger``
     returns (or the task is cancelled); ``task_status`` gets the bound URLs.
 
     When ``shutdown_trigger`` returns, the server drains first (see
     :class:`~cantrip.protocols._lifecycle.Drain`): every open request is
-    answered before hypercorn stops listening and closes connections."""
+    answered before hypercorn stops listening and closes connections.
+
+    ``guard`` is the request policy (default: loopback names only, no token);
+    it refuses to start on a non-loopback address without a token
+    (:class:`~cantrip.protocols._guard.BindError`). ``read_timeout_s`` bounds
+    each socket read, so a client that stops sending is dropped."""
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
-    app = HttpApp(spell, options)
+    app = HttpApp(spell, options, limits)
     options = app.options
     config = Config()
     config.bind = [f"{host}:{port}"]
@@ -458,6 +540,9 @@ async def serve_http(
     config.keep_alive_timeout = options.keep_alive_s
     config.backlog = options.backlog
     config.graceful_timeout = 5.0  # only idle connections are left by then
+    config.read_timeout = read_timeout_s
+    guard = guard if guard is not None else Guard(bind_host=host)
+    guard.check_bind()
 
     async def drained() -> None:
         if shutdown_trigger is None:
@@ -468,7 +553,7 @@ async def serve_http(
 
     try:
         await serve(
-            app,  # type: ignore[arg-type]
+            guard.wrap(app, app.arriving),  # type: ignore[arg-type]
             config,
             shutdown_trigger=drained,
             task_status=task_status,

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 from cantrip._entity import CastResult, _cut_text, _truncation_summary
 from cantrip.llm._contract import ZERO_USAGE
-from cantrip.loom._summary import cost
 from cantrip.loom._model import Turn
+from cantrip.loom._summary import cost
 
 KEY_TAG = "idempotency_key"
 """The extras field of a cast's first turn that holds its idempotency key."""

@@ -66,7 +66,8 @@ class SessionError(Exception):
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # "not_found" | "busy" | "key_reused" | "overloaded" | "shutting_down"
+        self.kind = kind
+        """not_found, busy, full, key_reused, overloaded or shutting_down."""
         self.message = message
 
 
@@ -79,6 +80,14 @@ class Prompt:
     done: trio.Event = attrs.field(factory=trio.Event)
     outcome: CastResult | None = None
     error: BaseException | None = None
+
+
+def _now() -> float:
+    """trio's clock (virtual under a MockClock); 0 outside a trio run."""
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return 0.0
 
 
 def session_id_for(entity_id: str) -> str:
@@ -109,6 +118,8 @@ class Session:
     """A sticky cancel is armed on the entity until this time (trio clock)."""
     keys: dict[str, int] | None = None
     """Idempotency key -> position of its cast's first turn (built on first use)."""
+    last_used: float = 0.0
+    """trio time of the last request that named it (idle eviction, protocols._limits)."""
 
     @property
     def entity_id(self) -> str:
@@ -217,7 +228,7 @@ class SessionHub:
         return next(iter(self.sessions.values()))
 
     def _adopt(self, session_id: str, entity: Entity) -> Session:
-        session = Session(session_id, entity)
+        session = Session(session_id, entity, last_used=_now())
         entity.on_event = session.dispatch
         entity.provider_nursery = self.nursery
         self.sessions[session_id] = session

@@ -46,6 +46,7 @@ from cantrip._events import (
 from cantrip._redact import redact
 from cantrip._server import EntityServer
 from cantrip._supervisor import Supervisor
+from cantrip._text import TextError, check_text
 from cantrip.llm._contract import Response, Usage
 from cantrip.loom._model import GateCallRecord
 from cantrip.protocols._human import TerminalHuman
@@ -278,20 +279,21 @@ async def cast_with_progress(
 
 async def read_lines(fd: int, send: trio.MemorySendChannel[str | None]) -> None:
     """Lines of ``fd``, read in a worker thread (plain ``os.read``, so an abandoned
-    read holds no lock at exit); ``None`` marks end of input."""
+    read holds no lock at exit); ``None`` marks end of input. Bytes that are not
+    UTF-8 survive as lone surrogates, for the reader to refuse (``cantrip._text``)."""
     buffer = b""
     async with send:
         while True:
             chunk = await trio.to_thread.run_sync(os.read, fd, 65536, abandon_on_cancel=True)
             if not chunk:
                 if buffer:
-                    await send.send(buffer.decode(errors="replace"))
+                    await send.send(buffer.decode(errors="surrogateescape"))
                 await send.send(None)
                 return
             buffer += chunk
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
-                await send.send(line.decode(errors="replace").rstrip("\r"))
+                await send.send(line.decode(errors="surrogateescape").rstrip("\r"))
 
 
 class Invocation:
@@ -422,7 +424,12 @@ class Invocation:
                 self.armed = False
                 if not line.strip():
                     continue
-                await self._cast(line.strip())
+                try:
+                    intent = check_text(line.strip(), "that line")
+                except TextError as exc:
+                    self._note(f"[red]cantrip: {escape(str(exc))}[/]; nothing was cast")
+                    continue
+                await self._cast(intent)
         finally:
             done.set()
 

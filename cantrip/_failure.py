@@ -1,0 +1,78 @@
+"""How the command line reports a failure: one line for the user's mistakes, a
+traceback for cantrip's own bugs (issue 20).
+
+The distinction is by exception type, decided here once for every command:
+what a user can cause by what they type, pipe or point cantrip at -- a
+:class:`~cantrip.CantripError` (bad spec, LLM failure, damaged or foreign loom
+file), text that is not UTF-8 (:class:`~cantrip._text.TextError`), a file
+that is missing, unreadable or a folder (:class:`OSError`), a database file
+SQLite cannot read -- is one redacted line, ``cantrip: <what is wrong>``, exit
+1. Anything else reaching the top of a command is a bug: its traceback is
+printed (redacted) with a line that says so, exit 70. Trio's exception groups
+are looked through: a group of user errors is reported as its first one.
+``debug`` prints the traceback of user errors too.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import traceback
+from typing import Any, TextIO
+
+from cantrip._errors import CantripError
+from cantrip._redact import redact
+from cantrip._text import TextError
+
+EXIT_ERROR = 1
+EXIT_BUG = 70
+
+
+def debug_requested(args: Any = None) -> bool:
+    """``--debug`` on the command line, or ``CANTRIP_DEBUG`` set to anything but 0/false/no."""
+    if getattr(args, "debug", False):
+        return True
+    return os.environ.get("CANTRIP_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
+
+
+def is_user_error(exc: BaseException) -> bool:
+    if isinstance(exc, sqlite3.ProgrammingError | sqlite3.InterfaceError):
+        return False  # how cantrip used SQLite, not what the file holds
+    return isinstance(exc, CantripError | TextError | OSError | sqlite3.DatabaseError)
+
+
+def message(exc: BaseException) -> str:
+    """One line saying what is wrong, redacted."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        text = f"{where}{exc.strerror}"
+    elif isinstance(exc, sqlite3.DatabaseError):
+        text = f"the database cannot be read ({exc})"
+    else:
+        text = str(exc) or type(exc).__name__
+    return redact(" ".join(text.split()))
+
+
+def report(exc: BaseException, *, debug: bool, stream: TextIO) -> int:
+    """Print ``exc`` for a user (see the module docstring); the exit code."""
+    found = leaves(exc)
+    if all(is_user_error(leaf) for leaf in found):
+        if debug:
+            stream.write(redact("".join(traceback.format_exception(exc))))
+        print(f"cantrip: {message(found[0])}", file=stream)
+        return EXIT_ERROR
+    bug = next(leaf for leaf in found if not is_user_error(leaf))
+    stream.write(redact("".join(traceback.format_exception(exc))))
+    print(
+        f"cantrip: internal error -- this is a bug in cantrip, not in your input; please "
+        f"report it with the traceback above ({type(bug).__name__}: {message(bug)})",
+        file=stream,
+    )
+    return EXIT_BUG

@@ -1,0 +1,379 @@
+"""The HTTP API's contract: pydantic models for what goes in and out, and the OpenAPI
+3.1 document built from them (issue 20).
+
+The same :class:`PromptRequest` validates every prompt body the server accepts
+and describes it in ``/openapi.json``, so the published contract cannot drift
+from what is enforced. Response models describe what the handlers send (the
+schemathesis run in the test suite checks every live response against them).
+Pydantic emits JSON Schema 2020-12, which is the schema dialect of OpenAPI 3.1.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+
+Text = Annotated[str, Field(pattern=r"\S")]
+"""Prompt text: something that is not whitespace."""
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextBlock(BaseModel):
+    """An ACP text content block."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text"]
+    text: Text
+
+
+class EmbeddedText(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    text: Text
+    uri: str | None = None
+
+
+class ResourceBlock(BaseModel):
+    """An ACP embedded resource whose text is part of the prompt."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["resource"]
+    resource: EmbeddedText
+
+
+Block = TextBlock | ResourceBlock | Text
+Blocks = Annotated[list[Block], Field(min_length=1)]
+
+
+class PromptRequest(_In):
+    """A prompt: one cast on the session's entity. Give exactly one of the fields."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "minProperties": 1,
+            "maxProperties": 1,
+        },
+    )
+    prompt: Text | Blocks | SkipJsonSchema[None] = Field(default=None, examples=["Book a flight"])
+    """Text, or ACP content blocks (text and embedded resources are read)."""
+    intent: Text | SkipJsonSchema[None] = None
+    text: Text | SkipJsonSchema[None] = None
+    content: Blocks | SkipJsonSchema[None] = None
+
+    @pydantic.model_validator(mode="after")
+    def _one_field(self) -> PromptRequest:
+        given = [k for k in ("prompt", "intent", "text", "content") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of prompt, intent, text or content")
+        return self
+
+    def as_params(self) -> dict[str, Any]:
+        """The prompt in the shape ACP's ``prompt_text`` reads."""
+        if self.prompt is not None:
+            return {"prompt": _plain(self.prompt)}
+        if self.content is not None:
+            return {"content": _plain(self.content)}
+        return {"prompt": self.intent if self.intent is not None else self.text}
+
+
+def _plain(value: str | list[Block]) -> Any:
+    if isinstance(value, str):
+        return value
+    return [b if isinstance(b, str) else b.model_dump() for b in value]
+
+
+class CreateSession(_In):
+    """``POST /sessions`` takes no options: an empty body or ``{}``."""
+
+
+class ErrorDetail(_Out):
+    code: str
+    message: str
+
+
+class ErrorBody(_Out):
+    error: ErrorDetail
+
+
+class Health(_Out):
+    ok: bool
+    running: int
+    """Prompts running now."""
+    cantrip: str
+    medium: str
+    gates: list[str]
+    persistent: bool
+    sessions: int
+
+
+class SessionInfo(_Out):
+    session_id: str
+    entity_id: str
+    running: bool
+    turns: int
+
+
+class SessionList(_Out):
+    sessions: list[SessionInfo]
+
+
+class ThreadBody(_Out):
+    session_id: str
+    entity_id: str
+    running: bool
+    turns: list[dict[str, Any]]
+    """The session's turns, root first, as ``cantrip loom export`` writes them."""
+
+
+class PromptResult(_Out):
+    result: Any = None
+    terminated: bool
+    truncated: bool
+    reason: str | None
+    turns: int
+    entity_id: str | None
+    usage: dict[str, Any] | None
+    summary: str | None
+    stop_reason: Literal["end_turn", "max_tokens", "max_turn_requests", "cancelled", "refusal"]
+    session_id: str
+    cost_usd: float | None = None
+    """USD the cast (and the casts it spawned) spent; null when a price is unknown."""
+    partial: str | None = None
+    """For a cast cut off by the output-token limit: the text written so far."""
+
+
+class Cancelled(_Out):
+    cancelled: bool
+    target: Literal["running", "starting", "next"] | None = None
+    """What the cancel applied to: the running prompt, one whose request is arriving,
+    or (sticky) the next prompt to start within a few seconds."""
+    intent: str | None = None
+    """The running prompt that was cancelled (``target: running``)."""
+    idempotency_key: str | None = None
+    """Its Idempotency-Key, if it had one."""
+    sticky_s: float | None = None
+    """``target: next``: for how many seconds the cancel waits for a prompt to start."""
+
+
+# -- the document ---------------------------------------------------------------------------
+
+_ERRORS = {
+    "400": "Malformed JSON, a wrong content type, or a body that does not match the schema",
+    "401": "A token is required (``Authorization: Bearer ...``) and was missing or wrong",
+    "403": "The Host or Origin header is not allowed (DNS rebinding, cross-site requests)",
+    "408": "The body did not arrive in time",
+    "413": "The body is larger than the server's limit",
+}
+
+
+def _json_content(name: str) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}
+
+
+def _responses(ok: dict[str, tuple[str, str]], *errors: str) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        status: {"description": text, "content": _json_content(model)}
+        for status, (model, text) in ok.items()
+    }
+    for status in (*_ERRORS, *errors):
+        text = _ERRORS.get(status) or _EXTRA_ERRORS[status]
+        out[status] = {"description": text, "content": _json_content("ErrorBody")}
+    return out
+
+
+_EXTRA_ERRORS = {
+    "404": "No such session (nor one in the loom to resume)",
+    "405": "The route exists; the method does not",
+    "409": "The session is already running a prompt",
+    "500": "The cast failed (the LLM failed for good) or the entity crashed",
+    "422": "The Idempotency-Key was already used for a different prompt",
+    "503": "The live-session cap is reached and every session is busy, too many prompts "
+    "are running, or the server is shutting down (see Retry-After)",
+}
+
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "A repeat with the same key returns the recorded result (or joins the "
+    "running cast) instead of running again; recorded in the loom, so it survives a restart",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+}
+
+_SESSION_ID = {
+    "name": "session_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]+$", "maxLength": 100},
+}
+
+
+def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
+    """The OpenAPI 3.1 description of ``cantrip serve`` (served at ``/openapi.json``)."""
+    models: list[type[BaseModel]] = [
+        PromptRequest,
+        CreateSession,
+        ErrorBody,
+        Health,
+        SessionInfo,
+        SessionList,
+        ThreadBody,
+        PromptResult,
+        Cancelled,
+    ]
+    _, schemas = pydantic.json_schema.models_json_schema(
+        [
+            (m, "validation" if m in (PromptRequest, CreateSession) else "serialization")
+            for m in models
+        ],
+        ref_template="#/components/schemas/{model}",
+    )
+    components = schemas.get("$defs", {})
+    session = [_SESSION_ID]
+    found = ("404", "405", "503")
+    sse = {
+        "text/event-stream": {
+            "schema": {
+                "description": "One server-sent event: `event` names it (step_start, "
+                "text_delta, tool_call, ..., then result or error); `data` is its JSON",
+                "type": "object",
+                "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+            }
+        }
+    }
+    prompt_ok = _responses(
+        {"200": ("PromptResult", "The cast's outcome")}, "404", "405", "409", "422", "500"
+    )
+    prompt_ok["200"]["content"].update(sse)
+    paths: dict[str, Any] = {
+        "/health": {
+            "get": {
+                "operationId": "health",
+                "summary": "Liveness, and what the cantrip is",
+                "responses": _responses({"200": ("Health", "The server is up")}, "405"),
+            }
+        },
+        "/sessions": {
+            "get": {
+                "operationId": "listSessions",
+                "summary": "The live sessions",
+                "responses": _responses({"200": ("SessionList", "Live sessions")}, "405"),
+            },
+            "post": {
+                "operationId": "createSession",
+                "summary": "Summon an entity",
+                "parameters": [_IDEMPOTENCY_KEY],
+                "requestBody": {"required": False, "content": _json_content("CreateSession")},
+                "responses": {
+                    **_responses({"201": ("SessionInfo", "The new session")}, "405", "503"),
+                    "201": {
+                        "description": "The new session (with a repeated Idempotency-Key: "
+                        "the session that key created, and the header Idempotent-Replayed)",
+                        "content": _json_content("SessionInfo"),
+                        "links": {
+                            "prompt": {
+                                "operationId": "prompt",
+                                "parameters": {"session_id": "$response.body#/session_id"},
+                            },
+                            "getSession": {
+                                "operationId": "getSession",
+                                "parameters": {"session_id": "$response.body#/session_id"},
+                            },
+                            "thread": {
+                                "operationId": "thread",
+                                "parameters": {"session_id": "$response.body#/session_id"},
+                            },
+                            "cancel": {
+                                "operationId": "cancel",
+                                "parameters": {"session_id": "$response.body#/session_id"},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+        "/sessions/{session_id}": {
+            "get": {
+                "operationId": "getSession",
+                "summary": "One session (a session in the loom file is resumed)",
+                "parameters": session,
+                "responses": _responses({"200": ("SessionInfo", "The session")}, *found),
+            }
+        },
+        "/sessions/{session_id}/prompt": {
+            "post": {
+                "operationId": "prompt",
+                "summary": "One cast; with Accept: text/event-stream or ?stream=1, its events",
+                "parameters": [
+                    *session,
+                    {
+                        "name": "stream",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": ["0", "1", "true", "false"]},
+                    },
+                    {
+                        "name": "cancel_on_disconnect",
+                        "in": "query",
+                        "required": False,
+                        "description": "Streamed prompts: cancel the cast if the client hangs up",
+                        "schema": {"type": "string", "enum": ["0", "1", "true", "false"]},
+                    },
+                    _IDEMPOTENCY_KEY,
+                ],
+                "requestBody": {"required": True, "content": _json_content("PromptRequest")},
+                "responses": {**prompt_ok, "503": _responses({}, "503")["503"]},
+            }
+        },
+        "/sessions/{session_id}/cancel": {
+            "post": {
+                "operationId": "cancel",
+                "summary": "Cancel the running prompt (recorded as cancelled)",
+                "parameters": session,
+                "responses": _responses({"200": ("Cancelled", "Whether one ran")}, *found),
+            }
+        },
+        "/sessions/{session_id}/thread": {
+            "get": {
+                "operationId": "thread",
+                "summary": "The session's turns, root first",
+                "parameters": session,
+                "responses": _responses({"200": ("ThreadBody", "The thread")}, *found),
+            }
+        },
+        "/sessions/{session_id}/events": {
+            "get": {
+                "operationId": "events",
+                "summary": "Server-sent events of every prompt of the session from now on",
+                "parameters": session,
+                "responses": {
+                    **_responses({}, "404", "405", "503"),
+                    "200": {"description": "An endless event stream", "content": sse},
+                },
+            }
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": title,
+            "version": "1",
+            "description": "The HTTP session API of a cantrip (see README: cantrip serve).",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{}, {"bearer": []}],
+    }

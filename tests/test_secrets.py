@@ -1,0 +1,261 @@
+"""Issue 21: secrets never leave -- not through serve, not through the loom file.
+
+An attacker's provider quotes the API key back in its error body ("Incorrect
+API key provided: <KEY>"), as OpenAI's API does for a wrong key
+(https://platform.openai.com/docs/guides/error-codes -- 401 "Incorrect API key
+provided"). The key used here has no credential *shape*, so only the
+redactor's knowledge of the environment can catch it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from fake_providers import Answer, Call, FakeOpenAI, Request, Sender, serve
+
+from cantrip._specfile import build_cantrip, load_spec_file
+from cantrip.protocols._http import serve_http
+
+CANTRIP = str(Path(sys.executable).with_name("cantrip"))
+KEY = "plain-provider-secret-0042-zz"
+"""No known credential shape: only the environment tells the redactor it is secret."""
+
+
+class QuotingOpenAI(FakeOpenAI):
+    """An OpenAI-style server that, like the real one, quotes a wrong key in its 401."""
+
+    async def respond(self, request: Request, send: Sender) -> None:
+        if not self.check_auth(request):
+            self.requests.append(request)
+            sent = request.headers.get("authorization", "").removeprefix("Bearer ")
+            await send.json(
+                401,
+                self.error_body(401, f"Incorrect API key provided: {sent}.", "invalid_api_key"),
+            )
+            return
+        await super().respond(request, send)
+
+
+def spec_text(base_url: str, env: str, loom: str = "loom.db") -> str:
+    return (
+        f'[llm]\nprovider = "openai"\nmodel = "gpt-4o-mini"\nbase_url = "{base_url}"\n'
+        f'api_key_env = "{env}"\n'
+        '[circle]\nmedium = "conversation"\ngates = ["done", "echo"]\nwards = [{max_turns = 3}]\n'
+        f'[retry]\nmax_retries = 0\n[loom]\npath = "{loom}"\n'
+    )
+
+
+@asynccontextmanager
+async def quoting_provider() -> AsyncIterator[str]:
+    fake = QuotingOpenAI([Answer(calls=(Call("done", {"answer": "ok"}),))], key="the-right-key")
+    async with serve(fake, "/v1") as url:
+        yield url
+
+
+def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("_KEY", "_TOKEN"))}
+    env["CANTRIP_PROVIDERS_DIR"] = str(tmp_path / "no-user-providers")
+    env.update(extra)
+    return env
+
+
+def every_byte(folder: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file())
+
+
+# -- 1. serve's error paths --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_serve_never_sends_a_key_the_provider_quotes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    monkeypatch.setenv("LLM_CRED", KEY)  # a name no heuristic would guess
+    monkeypatch.setenv("CANTRIP_PROVIDERS_DIR", str(tmp_path / "none"))
+    async with quoting_provider() as url:
+        spec = tmp_path / "spec.toml"
+        spec.write_text(spec_text(url, "LLM_CRED"))
+        spell = build_cantrip(load_spec_file(spec), base_dir=tmp_path)
+        try:
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(serve_http, spell, "127.0.0.1", 0)
+                async with httpx.AsyncClient(base_url=binds[0], timeout=20) as http:
+                    sid = (await http.post("/sessions")).json()["session_id"]
+                    if stream:
+                        response = await http.post(
+                            f"/sessions/{sid}/prompt?stream=1", json={"prompt": "hi"}
+                        )
+                        assert "event: error" in response.text
+                    else:
+                        response = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "hi"})
+                        assert response.status_code == 500
+                        assert response.json()["error"]["code"] == "cast_failed"
+                    thread = await http.get(f"/sessions/{sid}/thread")
+                nursery.cancel_scope.cancel()
+        finally:
+            spell.loom.close()
+    assert "Incorrect API key provided" in response.text, "the error itself is reported"
+    assert KEY not in response.text and "[REDACTED]" in response.text
+    assert KEY not in thread.text
+    assert KEY.encode() not in every_byte(tmp_path), "nor does the loom file keep it"
+
+
+# -- 2 + 3. a custom key variable, and a later process exporting the loom ----------------
+
+
+@pytest.mark.parametrize("variable", ["MY_PROVIDER_KEY", "LLM_CRED"])
+async def test_a_later_export_by_another_process_cannot_leak_the_key(
+    tmp_path: Path, variable: str
+) -> None:
+    async with quoting_provider() as url:
+        (tmp_path / "spec.toml").write_text(spec_text(url, variable))
+        cast = await trio.run_process(
+            [CANTRIP, "cast", str(tmp_path / "spec.toml"), "hello"],
+            env=isolated_env(tmp_path, **{variable: KEY}),
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert cast.returncode == 1
+    assert b"Incorrect API key provided" in cast.stderr and KEY.encode() not in cast.stderr
+    loom = tmp_path / "loom.db"
+    assert loom.exists()
+    # every byte of every store file (database, WAL, shared memory)
+    assert KEY.encode() not in every_byte(tmp_path)
+    # a later process that knows nothing of the variable: the default export is clean
+    for raw in ([], ["--raw"]):
+        export = subprocess.run(
+            [CANTRIP, "loom", str(loom), "export", *raw],
+            env=isolated_env(tmp_path),
+            capture_output=True,
+            check=True,
+        )
+        assert KEY.encode() not in export.stdout + export.stderr
+    recorded = [json.loads(line) for line in export.stdout.splitlines()]
+    assert any("[REDACTED]" in json.dumps(r) for r in recorded), "the error turn is recorded"
+
+
+def test_every_variable_a_loaded_provider_config_names_is_known(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cantrip import _redact
+    from cantrip.llm import clear_cache
+    from cantrip.llm._config import load_provider_config
+
+    folder = tmp_path / "providers"
+    folder.mkdir()
+    (folder / "acme.toml").write_text(
+        '[provider]\nadapter = "openai"\napi_format = "openai-chat"\n'
+        'base_url = "http://127.0.0.1:9/v1"\napi_key_env = "ACME_CRED"\n'
+    )
+    monkeypatch.setenv("CANTRIP_PROVIDERS_DIR", str(folder))
+    monkeypatch.setenv("ACME_CRED", KEY)
+    monkeypatch.setattr(_redact, "KEY_ENV_VARS", set(_redact.KEY_ENV_VARS))
+    clear_cache()
+    assert KEY in _redact.redact(f"quoted {KEY}"), "not known before the config is loaded"
+    load_provider_config("acme")  # loaded, never used to build an LLM
+    assert _redact.redact(f"quoted {KEY}") == "quoted [REDACTED]"
+    clear_cache()
+
+
+def test_variables_named_like_secrets_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cantrip._redact import redact
+
+    monkeypatch.setenv("SOME_SERVICE_TOKEN", "abcdefgh-ijkl")
+    monkeypatch.setenv("WIDGET_API_KEY", "zyxwvut-98765")
+    monkeypatch.setenv("SHORT_TOKEN", "1234")  # too short to guess at
+    text = redact("abcdefgh-ijkl zyxwvut-98765 1234")
+    assert text == "[REDACTED] [REDACTED] 1234"
+
+
+# -- 6. file gates cannot read the loom or the spec ---------------------------------------
+
+READS = ["notes.txt", "loom.db", "loom.db-wal", "./loom.db-shm", "spec.toml", "other.db"]
+
+
+def reading_spec(folder: Path, hidden: str = "") -> Path:
+    calls = ", ".join(f'{{ gate = "read", args = {{ path = "{p}" }} }}' for p in READS)
+    dependencies = f'{{ root = "."{hidden} }}'
+    spec = folder / "spec.toml"
+    spec.write_text(
+        f'[llm]\nprovider = "scripted"\nresponses = [{{ tool_calls = [{calls}] }},\n'
+        '  { tool_calls = [{ gate = "done", args = { answer = "read" } }] }]\n'
+        '[circle]\nmedium = "conversation"\n'
+        f'gates = ["done", {{ name = "read", dependencies = {dependencies} }}]\n'
+        'wards = [{ max_turns = 3 }]\n[loom]\npath = "loom.db"\n'
+    )
+    return spec
+
+
+async def read_results(spec: Path) -> dict[str, str]:
+    import sqlite3
+
+    folder = spec.parent
+    (folder / "notes.txt").write_text("plain notes")
+    other = sqlite3.connect(folder / "other.db")  # another loom: other sessions' transcripts
+    other.execute("CREATE TABLE turns (data TEXT)")
+    other.commit()
+    other.close()
+    spell = build_cantrip(load_spec_file(spec), base_dir=folder)
+    try:
+        outcome = await spell.cast_async("Read everything")
+    finally:
+        spell.loom.close()
+    records = outcome.turns[0].gate_calls
+    return {
+        path: ("ERROR " if r.is_error else "") + r.text
+        for path, r in zip(READS, records, strict=True)
+    }
+
+
+async def test_the_read_gate_cannot_open_the_loom_its_journals_or_the_spec(
+    tmp_path: Path,
+) -> None:
+    seen = await read_results(reading_spec(tmp_path))
+    assert seen["notes.txt"] == "plain notes"
+    for hidden in ("loom.db", "loom.db-wal", "./loom.db-shm", "spec.toml"):
+        assert seen[hidden].startswith("ERROR ENOENT"), (hidden, seen[hidden])
+    assert "is a database" in seen["other.db"]
+
+
+async def test_a_spec_can_override_what_is_hidden(tmp_path: Path) -> None:
+    seen = await read_results(reading_spec(tmp_path, ', hidden = ["notes.txt"]'))
+    assert seen["notes.txt"].startswith("ERROR ENOENT")
+    assert "[llm]" in seen["spec.toml"], "the spec chose to show itself"
+    assert "is a database" in seen["loom.db"], "a database is never read as text"
+
+
+# -- 7. the (non-isolated) bash medium can read the host's environment ----------------------
+
+BASH_PROBE = r"""submit_answer "$(tr '\0' '\n' < /proc/$PPID/environ | grep '^PROBE_VALUE=')" """
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_the_readme_states_that_bash_can_read_the_hosts_environment(tmp_path: Path) -> None:
+    """The documented risk is real: bash's scrubbed environment does not stop it from
+    reading the cantrip process's own through ``/proc/$PPID/environ``."""
+    spec = tmp_path / "bash.toml"
+    spec.write_text(
+        f"[llm]\nprovider = \"scripted\"\nresponses = [{{ code = '''{BASH_PROBE}''' }}]\n"
+        '[circle]\nmedium = "bash"\ngates = ["done"]\nwards = [{ max_turns = 2 }]\n'
+    )
+    done = subprocess.run(
+        [CANTRIP, "cast", str(spec), "leak it"],
+        env={**isolated_env(tmp_path), "PROBE_VALUE": "visible-to-bash-4711"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.strip() == "PROBE_VALUE=visible-to-bash-4711", done.stderr
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    bash_row = next(line for line in readme.splitlines() if line.startswith("| `bash`"))
+    assert "/proc/$PPID/environ" in bash_row, "the README's bash row names this exact risk"

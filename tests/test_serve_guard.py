@@ -1,0 +1,323 @@
+"""``cantrip serve`` under hostile and careless requests (issues 20 and 21).
+
+A real server (hypercorn's trio worker on 127.0.0.1, an ephemeral port) is
+driven by httpx, except where virtual time is the point (idle eviction, slow
+bodies), which drive the guard and the session limits directly under trio's
+MockClock.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+import cantrip
+from cantrip._specfile import build_cantrip, parse_spec
+from cantrip.protocols._guard import BindError, Guard
+from cantrip.protocols._http import HttpApp, serve_http
+from cantrip.protocols._lifecycle import ServeOptions
+from cantrip.protocols._limits import SessionLimits, make_room
+from cantrip.protocols._sessions import SessionError, SessionHub
+
+CANTRIP = str(Path(sys.executable).with_name("cantrip"))
+
+
+def make_spell(loom: Path | None = None) -> cantrip.Cantrip:
+    answers = [
+        {"tool_calls": [{"gate": "done", "args": {"answer": f"answer {i}"}}]} for i in range(20)
+    ]
+    doc: dict[str, Any] = {
+        "llm": {"provider": "scripted", "responses": answers},
+        "circle": {"medium": "conversation", "gates": ["done"], "wards": [{"max_turns": 3}]},
+    }
+    if loom is not None:
+        doc["loom"] = {"path": str(loom)}
+    return build_cantrip(parse_spec(doc))
+
+
+@asynccontextmanager
+async def serving(
+    spell: cantrip.Cantrip, **options: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(lambda task_status: serve_http(
+            spell, "127.0.0.1", 0, task_status=task_status, **options
+        ))  # fmt: skip
+        async with httpx.AsyncClient(base_url=binds[0], timeout=20) as http:
+            yield http, binds[0]
+        nursery.cancel_scope.cancel()
+
+
+async def session_count(http: httpx.AsyncClient) -> int:
+    return len((await http.get("/sessions")).json()["sessions"])
+
+
+# -- issue 21.4: a web page cannot drive a local server ------------------------------------
+
+
+async def test_a_foreign_host_or_origin_is_refused_and_nothing_happens() -> None:
+    async with serving(make_spell()) as (http, _):
+        rebinding = await http.post("/sessions", headers={"host": "attacker.example:8000"})
+        assert rebinding.status_code == 403
+        assert rebinding.json()["error"]["code"] == "bad_host"
+        listing = await http.get("/sessions", headers={"host": "attacker.example"})
+        assert listing.status_code == 403, "nor can it list the sessions"
+        # a cross-site "simple" request: text/plain body, no preflight
+        cross_site = await http.post(
+            "/sessions",
+            content=b'{"x": 1}',
+            headers={"origin": "https://evil.example", "content-type": "text/plain"},
+        )
+        assert cross_site.status_code == 403
+        assert cross_site.json()["error"]["code"] == "bad_origin"
+        plain = await http.post("/sessions", content=b"{}", headers={"content-type": "text/plain"})
+        assert plain.status_code == 400
+        assert plain.json()["error"]["code"] == "bad_content_type"
+        assert await session_count(http) == 0, "no request created a session"
+        # the server's own origin, and loopback names, are fine
+        port = http.base_url.port
+        own = await http.post("/sessions", headers={"origin": f"http://127.0.0.1:{port}"})
+        assert own.status_code == 201
+        local = await http.get("/health", headers={"host": f"localhost:{port}"})
+        assert local.status_code == 200
+
+
+async def test_allowed_origins_and_hosts_can_be_configured() -> None:
+    guard = Guard(
+        allow_origins=frozenset({"http://localhost:3000"}), allow_hosts=frozenset({"box"})
+    )
+    async with serving(make_spell(), guard=guard) as (http, _):
+        ok = await http.post("/sessions", headers={"origin": "http://localhost:3000"})
+        assert ok.status_code == 201
+        assert (await http.get("/health", headers={"host": "box:80"})).status_code == 200
+        other = await http.post("/sessions", headers={"origin": "http://localhost:3001"})
+        assert other.status_code == 403
+
+
+async def test_a_token_is_required_when_configured() -> None:
+    async with serving(make_spell(), guard=Guard(token="s3cret-token-123")) as (http, _):
+        assert (await http.post("/sessions")).status_code == 401
+        wrong = await http.post("/sessions", headers={"authorization": "Bearer s3cret-token-124"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "unauthorized"
+        assert (await http.get("/sessions")).status_code == 401
+        right = await http.post("/sessions", headers={"authorization": "Bearer s3cret-token-123"})
+        assert right.status_code == 201
+
+
+def test_a_server_beyond_loopback_refuses_to_start_without_a_token(tmp_path: Path) -> None:
+    with pytest.raises(BindError, match="needs a token"):
+        Guard(bind_host="0.0.0.0").check_bind()
+    Guard(bind_host="0.0.0.0", token="t0ken-value").check_bind()
+    Guard(bind_host="::1").check_bind()
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        '[llm]\nprovider = "scripted"\nresponses = []\n'
+        '[circle]\nmedium = "conversation"\ngates = ["done"]\nwards = [{max_turns = 2}]\n'
+    )
+    env = {"PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [CANTRIP, "serve", str(spec), "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "cantrip: serving on 0.0.0.0 (not loopback) needs a token: pass --token or set "
+        "CANTRIP_TOKEN, and send it as 'Authorization: Bearer <token>'"
+    ]
+
+
+# -- issue 21.5 and issue 20: bodies ---------------------------------------------------------
+
+
+async def test_deeply_nested_json_is_a_json_400_and_the_server_keeps_serving() -> None:
+    async with serving(make_spell()) as (http, _):
+        sid = (await http.post("/sessions")).json()["session_id"]
+        for path in ("/sessions", f"/sessions/{sid}/prompt"):
+            deep = await http.post(
+                path, content=b"[" * 200_000, headers={"content-type": "application/json"}
+            )
+            assert deep.status_code == 400
+            assert deep.json() == {
+                "error": {"code": "bad_json", "message": "the body is not JSON: nested too deeply"}
+            }
+        ok = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "go"})
+        assert ok.status_code == 200 and ok.json()["result"] == "answer 0"
+
+
+async def test_malformed_bodies_create_nothing() -> None:
+    async with serving(make_spell()) as (http, _):
+        for body in (b"{not json", b'{"prompt": "x"', b"\xff\xfe"):
+            bad = await http.post(
+                "/sessions", content=body, headers={"content-type": "application/json"}
+            )
+            assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_json"
+        unknown = await http.post("/sessions", json={"model": "gpt-9"})
+        assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "bad_request"
+        assert await session_count(http) == 0
+        sid = (await http.post("/sessions", json={})).json()["session_id"]
+        surrogate = await http.post(
+            f"/sessions/{sid}/prompt",
+            content=b'{"prompt": "bad \\ud800 text"}',
+            headers={"content-type": "application/json"},
+        )
+        assert surrogate.status_code == 400
+        assert "unicode" in surrogate.json()["error"]["message"].lower()
+        both = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "a", "intent": "b"})
+        assert both.status_code == 400
+        thread = (await http.get(f"/sessions/{sid}/thread")).json()
+        assert thread["turns"] == [], "nothing was cast, nothing recorded"
+
+
+async def test_bodies_over_the_limit_are_413_declared_or_streamed() -> None:
+    async with serving(make_spell(), guard=Guard(max_body=1000)) as (http, _):
+        sid = (await http.post("/sessions")).json()["session_id"]
+        big = {"prompt": "x" * 2000}
+        declared = await http.post(f"/sessions/{sid}/prompt", json=big)
+        assert declared.status_code == 413 and declared.json()["error"]["code"] == "too_large"
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(20):
+                yield b" " * 100
+
+        # The server answers 413 and closes the connection while the client may
+        # still be sending (RFC 9110 15.5.14 allows closing it); depending on the
+        # timing the client reads the 413 or sees the connection closed.
+        try:
+            streamed = await http.post(
+                f"/sessions/{sid}/prompt",
+                content=chunks(),
+                headers={"content-type": "application/json"},
+            )
+        except httpx.RemoteProtocolError:
+            pass
+        else:
+            assert streamed.status_code == 413
+        # the refused connections are closed; the server goes on serving new ones
+        async with httpx.AsyncClient(base_url=str(http.base_url), timeout=20) as fresh:
+            ok = await fresh.post(f"/sessions/{sid}/prompt", json={"prompt": "small"})
+        assert ok.status_code == 200
+
+
+async def test_the_default_body_limit_is_one_mebibyte() -> None:
+    async with serving(make_spell()) as (http, _):
+        sid = (await http.post("/sessions")).json()["session_id"]
+        response = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "x" * 10_000_000})
+        assert response.status_code == 413
+        assert "1048576" in response.json()["error"]["message"]
+
+
+# -- issue 20: sessions are capped, idle ones leave memory and come back ---------------------
+
+
+async def test_the_session_cap_evicts_the_least_recently_used_and_it_resumes(
+    tmp_path: Path,
+) -> None:
+    spell = make_spell(tmp_path / "loom.db")
+    try:
+        async with serving(spell, limits=SessionLimits(max_sessions=2)) as (http, _):
+            first = (await http.post("/sessions")).json()["session_id"]
+            answer = await http.post(f"/sessions/{first}/prompt", json={"prompt": "remember"})
+            assert answer.json()["result"] == "answer 0"
+            second = (await http.post("/sessions")).json()["session_id"]
+            third = (await http.post("/sessions")).json()["session_id"]
+            live = [s["session_id"] for s in (await http.get("/sessions")).json()["sessions"]]
+            assert live == [second, third], "the least recently used session left memory"
+            back = await http.get(f"/sessions/{first}/thread")
+            assert back.status_code == 200, "and resumes from the loom when named again"
+            assert [t["intent"] for t in back.json()["turns"] if t["intent"]] == ["remember"]
+            assert await session_count(http) == 2
+    finally:
+        spell.loom.close()
+
+
+async def test_idle_sessions_are_evicted_in_virtual_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    hub = SessionHub(make_spell())
+    limits = SessionLimits(max_sessions=3, idle_s=60)
+    quiet, busy = hub.new(), hub.new()
+    await trio.sleep(30)
+    recent = hub.new()
+    busy.running = trio.CancelScope()  # a prompt in progress is never dropped
+    await trio.sleep(45)
+    await make_room(hub, limits, adding=False)
+    assert set(hub.sessions) == {busy.id, recent.id}
+    assert hub.get(quiet.id).entity_id == quiet.entity_id, "named again, it is back"
+    for session in hub.sessions.values():  # three live, all busy: a fourth is refused
+        session.running = trio.CancelScope()
+    with pytest.raises(SessionError, match="live and busy"):
+        await make_room(hub, limits, adding=True)
+    for session in hub.sessions.values():
+        session.running = None
+    await hub.aclose()
+
+
+async def test_a_body_that_never_arrives_times_out(autojump_clock: trio.testing.MockClock) -> None:
+    sent: list[Mapping[str, Any]] = []
+
+    async def never() -> Mapping[str, Any]:
+        await trio.sleep_forever()
+        raise AssertionError
+
+    async def send(message: Mapping[str, Any]) -> None:
+        sent.append(message)
+
+    app = Guard(body_timeout_s=30).wrap(HttpApp(make_spell()))
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/sessions",
+        "headers": [
+            (b"host", b"127.0.0.1:8000"),
+            (b"content-type", b"application/json"),
+            (b"content-length", b"100"),
+        ],
+    }
+    start = trio.current_time()
+    await app(scope, never, send)
+    assert trio.current_time() - start == pytest.approx(30)
+    assert sent[0]["status"] == 408
+    assert b'"timeout"' in sent[1]["body"]
+
+
+def test_slow_clients_are_dropped_by_the_read_timeout() -> None:
+    """A client that opens a connection and sends nothing is disconnected.
+
+    hypercorn closes such a connection once both its read timeout and its
+    keep-alive timer have run out, so the test sets both short."""
+
+    async def main() -> bytes:
+        options = ServeOptions(keep_alive_s=1)
+        async with serving(make_spell(), read_timeout_s=1, options=options) as (_, url):
+            port = int(url.rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(b"POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                sock.settimeout(20)
+                return await trio.to_thread.run_sync(sock.recv, 100)
+
+    assert trio.run(main) == b"", "the server closed the silent connection"
+
+
+def test_a_token_given_as_a_flag_is_redacted_like_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cantrip import _cli
+    from cantrip._redact import redact
+
+    monkeypatch.setenv("CANTRIP_TOKEN", "")  # restored after the test
+    assert _cli._token(None) is None
+    assert _cli._token("flag-token-value-77") == "flag-token-value-77"
+    assert redact("Bearer-less flag-token-value-77 echoed") == "Bearer-less [REDACTED] echoed"
