@@ -484,6 +484,7 @@ class Entity:
             "content": response.content,
             "thinking": response.thinking,
             "tool_calls": response.tool_calls,
+            "reasoning": response.reasoning,
         }
         extras = execution.extras
         gate_calls = execution.gate_calls
@@ -563,6 +564,7 @@ class Entity:
                 content=response.content if first else None,
                 thinking=response.thinking if first else None,
                 tool_calls=response.tool_calls if first else (),
+                reasoning=response.reasoning if first else (),
                 gate_calls=fresh,
                 metadata=_metadata(response, inflight.started, inflight.timestamp)
                 if first
@@ -616,6 +618,7 @@ class Entity:
                 content=response.content if response and not continuation else None,
                 thinking=response.thinking if response and not continuation else None,
                 tool_calls=() if continuation else calls,
+                reasoning=response.reasoning if response and not continuation else (),
                 observation=f"cut off: {reason}",
                 gate_calls=tuple(records),
                 extras={"phase": "continuation"} if continuation else {},

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 SHIPPED_DIR = Path(__file__).parent / "providers"
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-ADAPTERS = frozenset({"openai", "anthropic", "gemini", "openrouter", "local"})
+ADAPTERS = frozenset({"openai", "openai_responses", "anthropic", "gemini", "openrouter", "local"})
 """Adapter modules in :mod:`cantrip.llm.providers` a config may name."""
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key"})
 
@@ -75,6 +75,9 @@ class Compat(_Strict):
     """Give tool calls that arrive without an id a deterministic one (else LLM-4 refuses)."""
     tool_message_name: bool = False
     """Whether tool-result messages carry the gate's ``name`` (Mistral-style servers)."""
+    prompt_cache: bool = False
+    """Ask for prompt caching: Anthropic ``cache_control`` breakpoints, OpenAI
+    ``prompt_cache_key`` (a server that does not know the field must keep it off)."""
 
 
 class RateLimitConfig(_Strict):
@@ -103,7 +106,9 @@ class ProviderSettings(_Strict):
     """``[provider]``: how to reach it (D-024)."""
 
     adapter: str
-    api_format: Literal["openai-chat", "anthropic-messages", "gemini-generate-content"]
+    api_format: Literal[
+        "openai-chat", "openai-responses", "anthropic-messages", "gemini-generate-content"
+    ]
     base_url: str | None = None
     api_key_env: str | None = None
     api_key_required: bool = True

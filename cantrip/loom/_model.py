@@ -14,6 +14,7 @@ from typing import Any, Literal
 import attrs
 
 from cantrip.llm._contract import (
+    ReasoningPart,
     ToolCall,
     Usage,
     _calls,
@@ -181,6 +182,8 @@ class Turn:
     content: str | None = None
     thinking: str | None = None
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
+    reasoning: tuple[ReasoningPart, ...] = attrs.field(default=(), converter=tuple)
+    """The utterance's opaque reasoning artefacts, replayed only to their own wire format."""
     observation: str = ""
     gate_calls: tuple[GateCallRecord, ...] = attrs.field(default=(), converter=_records)
     metadata: TurnMetadata = attrs.field(factory=TurnMetadata)
@@ -219,6 +222,7 @@ class Turn:
                 }
                 for c in self.tool_calls
             ],
+            **({"reasoning": [r.to_dict() for r in self.reasoning]} if self.reasoning else {}),
             "observation": self.observation,
             "gate_calls": [r.to_dict() for r in self.gate_calls],
             "metadata": self.metadata.to_dict(),
@@ -245,6 +249,7 @@ class Turn:
                 ToolCall(c["id"], c["name"], c.get("arguments") or {}, c.get("raw_arguments"))
                 for c in data.get("tool_calls", ())
             ),
+            reasoning=tuple(ReasoningPart.from_dict(r) for r in data.get("reasoning") or ()),
             observation=data.get("observation", ""),
             gate_calls=tuple(GateCallRecord.from_dict(r) for r in data.get("gate_calls", ())),
             metadata=TurnMetadata.from_dict(data.get("metadata") or {}),

@@ -10,9 +10,22 @@ is ``{"type": "auto" | "any" | "none"}``.
 Usage is normalized so ``prompt_tokens`` counts every input token: Anthropic
 reports cache reads and writes apart from ``input_tokens``, and they are
 added back (and kept in ``cached_tokens`` / ``cache_write_tokens``).
-Earlier reasoning is not sent back: replaying it needs the signatures, which
-the canonical transcript does not carry. Streams are folded into the same
-message object a non-streamed call returns and parsed by the same function.
+Streams are folded into the same message object a non-streamed call returns
+and parsed by the same function.
+
+Reasoning: ``thinking`` and ``redacted_thinking`` blocks become opaque
+:class:`~cantrip.llm.ReasoningPart` values (format ``anthropic-messages``),
+each at its place among the text and ``tool_use`` blocks, and are sent back
+unchanged, signature included, in that place -- the API refuses a tool-use
+follow-up whose thinking was dropped or altered (extended thinking docs,
+"Preserving thinking blocks"). ``reasoning_effort`` in ``extra`` turns
+thinking on with a token budget (``thinking = {...}`` in ``extra`` is sent as
+given instead).
+
+Prompt caching (compat ``prompt_cache``, on in the shipped config): a
+``cache_control`` breakpoint on the last tool definition, on the system text
+and on the last block of the conversation, so each turn reads the prefix the
+previous one wrote (prompt caching docs: at most 4 breakpoints).
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from cantrip._errors import ProviderError
 from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._contract import (
     Message,
+    ReasoningPart,
     Response,
     StopReason,
     ToolCall,
@@ -32,6 +46,7 @@ from cantrip.llm._contract import (
     ToolDefinition,
     Usage,
     plain_json,
+    reasoning_part,
 )
 from cantrip.llm._openai_chat import error_from_payload, parse_arguments
 from cantrip.llm._sse import SSEEvent
@@ -47,10 +62,15 @@ STOP_REASONS: dict[str, StopReason] = {
     "model_context_window_exceeded": "max_tokens",
 }
 FALLBACK_MAX_TOKENS = 4096
+FORMAT = "anthropic-messages"
+THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384}
+"""``reasoning_effort`` as a thinking budget (the API's minimum is 1024 tokens)."""
+EPHEMERAL = {"type": "ephemeral"}
 
 
 class AnthropicAdapter(HTTPAdapter):
     family = "anthropic"
+    reasoning_format = FORMAT
     reserved = frozenset(
         {"model", "messages", "system", "stream", "tools", "tool_choice", "max_tokens"}
     )
@@ -71,17 +91,32 @@ class AnthropicAdapter(HTTPAdapter):
     ) -> tuple[str, dict[str, Any]]:
         hyper, rest = split_extra(extra, self.reserved, self.provider)
         system = [m.content for m in messages if m.role == "system" and m.content]
+        cache = self.compat.prompt_cache
+        max_tokens = int(
+            hyper.get("max_tokens")
+            or self.config.provider.default_max_tokens
+            or FALLBACK_MAX_TOKENS
+        )
+        effort = rest.pop("reasoning_effort", None)
+        if effort is not None and "thinking" not in rest:
+            budget = THINKING_BUDGETS.get(str(effort))
+            if budget is None:
+                log.warning("%s: unknown reasoning_effort %r; ignored", self.provider, effort)
+            else:
+                rest["thinking"] = {"type": "enabled", "budget_tokens": budget}
+                if max_tokens <= budget:
+                    # budget_tokens must stay below max_tokens (extended thinking docs)
+                    max_tokens += budget
         body: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": int(
-                hyper.get("max_tokens")
-                or self.config.provider.default_max_tokens
-                or FALLBACK_MAX_TOKENS
-            ),
+            "max_tokens": max_tokens,
             "messages": self.wire_messages(messages),
         }
         if system:
-            body["system"] = "\n\n".join(system)
+            text = "\n\n".join(system)
+            body["system"] = (
+                [{"type": "text", "text": text, "cache_control": EPHEMERAL}] if cache else text
+            )
         if tools:
             body["tools"] = [
                 {
@@ -91,6 +126,8 @@ class AnthropicAdapter(HTTPAdapter):
                 }
                 for t in tools
             ]
+            if cache:
+                body["tools"][-1]["cache_control"] = EPHEMERAL
             if tool_choice is not None:
                 body["tool_choice"] = {
                     "type": {"auto": "auto", "required": "any", "none": "none"}[tool_choice]
@@ -104,6 +141,8 @@ class AnthropicAdapter(HTTPAdapter):
         if "seed" in hyper:
             log.debug("%s: the Messages API has no seed; not sent", self.provider)
         body.update(rest)
+        if cache:
+            _mark_conversation_end(body["messages"])
         if stream:
             body["stream"] = True
         return f"{self.base_url}/messages", body
@@ -134,24 +173,52 @@ class AnthropicAdapter(HTTPAdapter):
                     block["is_error"] = True
                 push("user", [block])
             else:
-                blocks: list[dict[str, Any]] = []
-                if m.content:
-                    blocks.append({"type": "text", "text": m.content})
-                for call in m.tool_calls:
-                    blocks.append(
-                        {
-                            "type": "tool_use",
-                            "id": call.id,
-                            "name": call.name,
-                            # The API takes an object; unparsable text cannot be replayed as one.
-                            "input": plain_json(call.arguments),
-                        }
-                    )
-                push("assistant", blocks)
+                push("assistant", assistant_blocks(m))
         return out
 
     def parse(self, payload: Mapping[str, Any], messages: Sequence[Message]) -> Response:
         return parse_message(payload, self.provider)
+
+
+def assistant_blocks(message: Message) -> list[dict[str, Any]]:
+    """An assistant message's content blocks, its reasoning artefacts back in their places."""
+    parts: list[ReasoningPart] = list(message.reasoning)
+    blocks: list[dict[str, Any]] = []
+
+    def replay(position: int) -> None:
+        for part in parts:
+            if part.position == position and part.kind == "part":
+                blocks.append(json.loads(part.payload))
+
+    replay(0)
+    if message.content:
+        blocks.append({"type": "text", "text": message.content})
+    for i, call in enumerate(message.tool_calls):
+        replay(1 + i)
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call.id,
+                "name": call.name,
+                # The API takes an object; unparsable text cannot be replayed as one.
+                "input": plain_json(call.arguments),
+            }
+        )
+    last = 1 + len(message.tool_calls)
+    for part in parts:
+        if part.kind == "part" and part.position >= last:
+            blocks.append(json.loads(part.payload))
+    return blocks
+
+
+def _mark_conversation_end(messages: list[dict[str, Any]]) -> None:
+    """A cache breakpoint on the last block that may carry one (not thinking, not empty)."""
+    for message in reversed(messages):
+        for block in reversed(message["content"]):
+            if block.get("type") in ("thinking", "redacted_thinking"):
+                continue
+            block["cache_control"] = EPHEMERAL
+            return
 
     def new_stream(self, messages: Sequence[Message], on_event: EventSink) -> StreamState:
         return MessageStream(self, on_event)
@@ -178,16 +245,23 @@ def parse_message(payload: Mapping[str, Any], provider: str = "anthropic") -> Re
     thinking: list[str] = []
     signatures: list[str] = []
     calls: list[ToolCall] = []
+    reasoning: list[ReasoningPart] = []
     for block in payload.get("content") or ():
         if not isinstance(block, Mapping):
             continue
         kind = block.get("type")
+        # Where the block stands among the canonical parts (0: text, 1 + i: call i).
+        position = 1 + len(calls) if texts or calls else 0
         if kind == "text":
             texts.append(str(block.get("text") or ""))
         elif kind == "thinking":
-            thinking.append(str(block.get("thinking") or ""))
+            text = str(block.get("thinking") or "")
+            thinking.append(text)
             if block.get("signature"):
                 signatures.append(str(block["signature"]))
+            reasoning.append(reasoning_part(FORMAT, position, dict(block), text=text))
+        elif kind == "redacted_thinking":
+            reasoning.append(reasoning_part(FORMAT, position, dict(block), redacted=True))
         elif kind == "tool_use":
             arguments, raw = parse_arguments(block.get("input"))
             calls.append(
@@ -214,6 +288,7 @@ def parse_message(payload: Mapping[str, Any], provider: str = "anthropic") -> Re
         model=payload.get("model"),
         provider=provider,
         metadata=metadata,
+        reasoning=tuple(reasoning),
     )
 
 
