@@ -179,6 +179,9 @@ class AnthropicAdapter(HTTPAdapter):
     def parse(self, payload: Mapping[str, Any], messages: Sequence[Message]) -> Response:
         return parse_message(payload, self.provider)
 
+    def new_stream(self, messages: Sequence[Message], on_event: EventSink) -> StreamState:
+        return MessageStream(self, on_event)
+
 
 def assistant_blocks(message: Message) -> list[dict[str, Any]]:
     """An assistant message's content blocks, its reasoning artefacts back in their places."""
@@ -219,9 +222,6 @@ def _mark_conversation_end(messages: list[dict[str, Any]]) -> None:
                 continue
             block["cache_control"] = EPHEMERAL
             return
-
-    def new_stream(self, messages: Sequence[Message], on_event: EventSink) -> StreamState:
-        return MessageStream(self, on_event)
 
 
 def parse_usage(data: Any) -> Usage:

@@ -83,7 +83,7 @@ class OpenAIAdapter(HTTPAdapter):
         if "max_tokens" in hyper:
             body[self.compat.max_tokens_field] = hyper["max_tokens"]
         if self.compat.prompt_cache:
-            # One routing key per identity (instructions + tools), as the prompt caching guide advises.
+            # One routing key per identity (instructions + tools): the prompt caching guide.
             system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
             body["prompt_cache_key"] = cache_key(system, tools)
         body.update(rest)
