@@ -64,7 +64,8 @@ STOP_REASONS: dict[str, StopReason] = {
 FALLBACK_MAX_TOKENS = 4096
 FORMAT = "anthropic-messages"
 THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384}
-"""``reasoning_effort`` as a thinking budget (the API's minimum is 1024 tokens)."""
+"""``reasoning_effort`` as a thinking budget for models without adaptive thinking
+(the API's minimum is 1024 tokens)."""
 EPHEMERAL = {"type": "ephemeral"}
 
 
@@ -100,13 +101,27 @@ class AnthropicAdapter(HTTPAdapter):
         effort = rest.pop("reasoning_effort", None)
         if effort is not None and "thinking" not in rest:
             budget = THINKING_BUDGETS.get(str(effort))
-            if budget is None:
+            if budget is None and effort != "max":
                 log.warning("%s: unknown reasoning_effort %r; ignored", self.provider, effort)
-            else:
+            elif self.compat.thinking_mode == "adaptive":
+                # Adaptive thinking docs: the effort steers how much the model thinks.
+                rest["thinking"] = {"type": "adaptive"}
+                level = "low" if effort == "minimal" else str(effort)
+                rest["output_config"] = {**rest.get("output_config", {}), "effort": level}
+            elif budget is not None:
                 rest["thinking"] = {"type": "enabled", "budget_tokens": budget}
                 if max_tokens <= budget:
                     # budget_tokens must stay below max_tokens (extended thinking docs)
                     max_tokens += budget
+        thinking = rest.get("thinking")
+        if (
+            isinstance(thinking, Mapping)
+            and thinking.get("type") in ("enabled", "adaptive")
+            and tool_choice == "required"
+        ):
+            # With thinking on, tool_choice may only be auto or none (extended thinking
+            # docs, "Feature compatibility"): a forced call is asked for as auto.
+            tool_choice = "auto"
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": max_tokens,

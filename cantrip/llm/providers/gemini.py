@@ -160,8 +160,13 @@ class GeminiAdapter(HTTPAdapter):
 
     def thinking_config(self, effort: str) -> dict[str, Any]:
         """``reasoning_effort`` in Gemini's terms: a level (Gemini 3) or a token budget."""
-        if self.model.removeprefix("models/").startswith("gemini-3"):
-            level = "low" if effort in ("minimal", "low") else "high"
+        model = self.model.removeprefix("models/")
+        if model.startswith("gemini-3"):
+            if "-pro" in model or effort not in ("minimal", "low", "medium", "high"):
+                # Gemini 3 Pro knows low and high only (Gemini 3 developer guide).
+                level = "low" if effort in ("minimal", "low") else "high"
+            else:
+                level = effort
             return {"thinkingLevel": level, "includeThoughts": True}
         return {"thinkingBudget": THINKING_BUDGETS.get(effort, -1), "includeThoughts": True}
 
