@@ -52,6 +52,9 @@ ANTHROPIC_THINKING = (
 ANTHROPIC_CACHING = (
     "https://docs.anthropic.com/en/docs/build-with-claude/prompt-caching#structuring-your-prompt"
 )
+ANTHROPIC_ADAPTIVE = "https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking"
+ADAPTIVE_ONLY = frozenset({"claude-sonnet-5-5", "claude-opus-5-5", "claude-fable-5-1"})
+"""Models that refuse a thinking budget (in the fake: the ones the tests use)."""
 GEMINI_SIGNATURES = "https://ai.google.dev/gemini-api/docs/thought-signatures"
 RESPONSES_REASONING = "https://platform.openai.com/docs/guides/reasoning#encrypted-reasoning-items"
 RESPONSES_FUNCTIONS = (
@@ -114,12 +117,25 @@ class FakeThinkingAnthropic(FakeAnthropic):
     def validate(self, request: Request, body: Any) -> None:
         super().validate(request, body)
         thinking = body.get("thinking")
-        enabled = isinstance(thinking, dict) and thinking.get("type") == "enabled"
-        if enabled:
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        enabled = kind in ("enabled", "adaptive")
+        adaptive = body["model"] in ADAPTIVE_ONLY
+        if kind == "enabled":
+            if adaptive:
+                # Current models take adaptive thinking only; a budget is a 400
+                # (ANTHROPIC_ADAPTIVE).
+                raise Rejected("thinking.type: 'enabled' is not supported for this model")
             budget = thinking.get("budget_tokens")
             # "budget_tokens must be set to a value less than max_tokens", minimum 1024.
             if not isinstance(budget, int) or budget < 1024 or budget >= body["max_tokens"]:
                 raise Rejected("thinking.budget_tokens: must be >= 1024 and less than max_tokens")
+        elif kind == "adaptive":
+            effort = (body.get("output_config") or {}).get("effort", "high")
+            if effort not in ("low", "medium", "high", "max"):
+                raise Rejected(f"output_config.effort: unknown value {effort!r}")
+        if enabled and (body.get("tool_choice") or {}).get("type") in ("any", "tool"):
+            # "Tool use with thinking only supports tool_choice auto or none" (ANTHROPIC_THINKING).
+            raise Rejected("Thinking may not be enabled when tool_choice forces tool use.")
         messages = body["messages"]
         for i, message in enumerate(messages):
             blocks = message["content"]
@@ -660,7 +676,7 @@ REASONING_FAKES: dict[str, type[FakeProvider]] = {
 }
 REASONING_PREFIXES = {"anthropic": "/v1", "gemini": "/v1beta", "openai_responses": "/v1"}
 REASONING_MODELS = {
-    "anthropic": "claude-sonnet-4-5",
+    "anthropic": "claude-sonnet-5-5",
     "gemini": "gemini-3-pro-preview",
     "openai_responses": "gpt-5-mini",
 }

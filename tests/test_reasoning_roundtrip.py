@@ -162,3 +162,31 @@ async def test_the_fakes_refuse_a_follow_up_that_dropped_or_altered_them(provide
         answer = await llm.query(honest, [ECHO], extra=EFFORT)
     assert answer.tool_calls[0].name == "done"
     assert len(fake.requests) == 4
+
+
+@pytest.mark.parametrize(
+    ("model", "thinking"),
+    [
+        ("claude-sonnet-5-5", {"type": "adaptive"}),
+        ("claude-sonnet-4-5", {"type": "enabled", "budget_tokens": 1024}),
+    ],
+)
+async def test_reasoning_effort_picks_the_model_s_thinking_mode(
+    model: str, thinking: dict[str, Any]
+) -> None:
+    async with running_reasoning("anthropic", [SCRIPT[0]], model=model) as (fake, llm):
+        await llm.query([Message("user", "go")], [ECHO], "required", extra=EFFORT)
+    body = fake.requests[0].json()
+    assert body["thinking"] == thinking
+    assert body.get("output_config") == ({"effort": "low"} if model.endswith("5-5") else None)
+    # With thinking on, a forced tool call is refused by the API: it is asked for as auto.
+    assert body["tool_choice"] == {"type": "auto"}
+
+
+async def test_a_thinking_budget_for_an_adaptive_only_model_is_refused_clearly() -> None:
+    extra = {"thinking": {"type": "enabled", "budget_tokens": 2048}}
+    async with running_reasoning("anthropic", [SCRIPT[0]]) as (_fake, llm):
+        with pytest.raises(ProviderError) as info:
+            await llm.query([Message("user", "go")], [ECHO], extra=extra)
+    assert info.value.status == 400 and not info.value.retryable
+    assert "'enabled' is not supported" in str(info.value)
