@@ -124,6 +124,11 @@ class IdentitySpec(_Strict):
     stop: list[str] = Field(default_factory=list)
     seed: int | None = None
     tool_choice: Literal["auto", "required", "none"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
+    """How hard a reasoning model thinks; each adapter says it in its API's terms
+    (sent as ``extra.reasoning_effort``)."""
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -481,7 +486,11 @@ def _build_identity(spec: IdentitySpec | None) -> Identity:
         stop=tuple(spec.stop),
         seed=spec.seed,
         tool_choice=spec.tool_choice,
-        extra=spec.extra,
+        extra=(
+            {**spec.extra, "reasoning_effort": spec.reasoning_effort}
+            if spec.reasoning_effort is not None
+            else spec.extra
+        ),
     )
 
 

@@ -63,7 +63,16 @@ STOP_REASONS: dict[str, StopReason] = {
 }
 FALLBACK_MAX_TOKENS = 4096
 FORMAT = "anthropic-messages"
-THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384}
+ADAPTIVE_EFFORTS = {
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "max",
+    "max": "max",
+}
+"""``reasoning_effort`` as ``output_config.effort`` (low, medium, high, max)."""
+THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384, "max": 32000}
 """``reasoning_effort`` as a thinking budget for models without adaptive thinking
 (the API's minimum is 1024 tokens)."""
 EPHEMERAL = {"type": "ephemeral"}
@@ -99,16 +108,16 @@ class AnthropicAdapter(HTTPAdapter):
             or FALLBACK_MAX_TOKENS
         )
         effort = rest.pop("reasoning_effort", None)
-        if effort is not None and "thinking" not in rest:
-            budget = THINKING_BUDGETS.get(str(effort))
-            if budget is None and effort != "max":
+        if effort is not None and effort != "none" and "thinking" not in rest:
+            level = ADAPTIVE_EFFORTS.get(str(effort))
+            if level is None:
                 log.warning("%s: unknown reasoning_effort %r; ignored", self.provider, effort)
             elif self.compat.thinking_mode == "adaptive":
                 # Adaptive thinking docs: the effort steers how much the model thinks.
                 rest["thinking"] = {"type": "adaptive"}
-                level = "low" if effort == "minimal" else str(effort)
                 rest["output_config"] = {**rest.get("output_config", {}), "effort": level}
-            elif budget is not None:
+            else:
+                budget = THINKING_BUDGETS[level]
                 rest["thinking"] = {"type": "enabled", "budget_tokens": budget}
                 if max_tokens <= budget:
                     # budget_tokens must stay below max_tokens (extended thinking docs)

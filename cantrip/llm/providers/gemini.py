@@ -162,12 +162,14 @@ class GeminiAdapter(HTTPAdapter):
         """``reasoning_effort`` in Gemini's terms: a level (Gemini 3) or a token budget."""
         model = self.model.removeprefix("models/")
         if model.startswith("gemini-3"):
-            if "-pro" in model or effort not in ("minimal", "low", "medium", "high"):
+            if "-pro" in model:
                 # Gemini 3 Pro knows low and high only (Gemini 3 developer guide).
-                level = "low" if effort in ("minimal", "low") else "high"
+                level = "low" if effort in ("none", "minimal", "low") else "high"
             else:
-                level = effort
+                level = {"none": "minimal", "xhigh": "high", "max": "high"}.get(effort, effort)
             return {"thinkingLevel": level, "includeThoughts": True}
+        if effort == "none":
+            return {"thinkingBudget": 0}
         return {"thinkingBudget": THINKING_BUDGETS.get(effort, -1), "includeThoughts": True}
 
     def wire_contents(self, messages: Sequence[Message]) -> list[dict[str, Any]]:

@@ -63,7 +63,7 @@ from cantrip.llm._sse import SSEEvent
 from cantrip.llm.providers._base import EventSink, HTTPAdapter, StreamState, log, split_extra
 
 FORMAT = "openai-responses"
-EFFORTS = frozenset({"minimal", "low", "medium", "high", "none"})
+EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
 INCOMPLETE_REASONS: dict[str, StopReason] = {
     "max_output_tokens": "max_tokens",
     "content_filter": "error",
