@@ -355,7 +355,8 @@ class FakeThinkingGemini(FakeGemini):
                 )
 
     def valid(self, token: str) -> bool:
-        return token in self.issued
+        # The documented stand-in for history Gemini 3 did not produce (GEMINI_SIGNATURES, FAQ).
+        return token in self.issued or token == "skip_thought_signature_validator"
 
     def parts(self, answer: Answer) -> list[dict[str, Any]]:
         parts = super().parts(answer)

@@ -136,8 +136,15 @@ REFUSALS = {
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-async def test_the_fakes_refuse_a_follow_up_that_dropped_or_altered_them(provider: str) -> None:
+async def test_the_fakes_refuse_a_follow_up_that_dropped_or_altered_them(
+    provider: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One fake answers, then judges doctored follow-ups the way the real API does."""
+    if provider == "gemini":
+        # Without the stand-in signature cantrip puts on calls that carry none.
+        from cantrip.llm.providers.gemini import GeminiAdapter
+
+        monkeypatch.setattr(GeminiAdapter, "strict_signatures", None)
     async with running_reasoning(provider, [SCRIPT[0], SCRIPT[2]]) as (fake, llm):
         base = [Message("system", "sys"), Message("user", "go")]
         first = await llm.query(base, [ECHO], extra=EFFORT)
@@ -190,3 +197,23 @@ async def test_a_thinking_budget_for_an_adaptive_only_model_is_refused_clearly()
             await llm.query([Message("user", "go")], [ECHO], extra=extra)
     assert info.value.status == 400 and not info.value.retryable
     assert "'enabled' is not supported" in str(info.value)
+
+
+async def test_gemini_3_gets_the_documented_stand_in_for_calls_it_did_not_sign() -> None:
+    """A hand-built (or another provider's) tool call has no signature: Gemini 3 would
+    refuse it, so the first call of each step gets Google's documented stand-in."""
+    from cantrip.llm import ToolCall
+
+    history = [
+        Message("user", "go"),
+        Message("assistant", None, tool_calls=(ToolCall("call_x", "echo", {"text": "a"}),)),
+        Message("tool", "a", tool_call_id="call_x", name="echo"),
+    ]
+    async with running_reasoning("gemini", [SCRIPT[2]]) as (fake, llm):
+        answer = await llm.query(history, [ECHO], extra=EFFORT)
+    assert answer.tool_calls[0].name == "done"
+    part = fake.requests[0].json()["contents"][1]["parts"][0]
+    assert part["thoughtSignature"] == "skip_thought_signature_validator"
+    async with running_reasoning("gemini", [SCRIPT[2]], model="gemini-2.5-flash") as (fake, llm):
+        await llm.query(history, [ECHO])
+    assert "thoughtSignature" not in fake.requests[0].json()["contents"][1]["parts"][0]

@@ -18,6 +18,7 @@ from cantrip.llm._contract import (
     ToolCall,
     Usage,
     _calls,
+    _parts,
     _encode_arguments,
     _frozen_dict,
     plain_json,
@@ -182,7 +183,7 @@ class Turn:
     content: str | None = None
     thinking: str | None = None
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
-    reasoning: tuple[ReasoningPart, ...] = attrs.field(default=(), converter=tuple)
+    reasoning: tuple[ReasoningPart, ...] = attrs.field(default=(), converter=_parts)
     """The utterance's opaque reasoning artefacts, replayed only to their own wire format."""
     observation: str = ""
     gate_calls: tuple[GateCallRecord, ...] = attrs.field(default=(), converter=_records)

@@ -73,6 +73,8 @@ FINISH_REASONS: dict[str, StopReason] = {
     "OTHER": "error",
 }
 FORMAT = "gemini-generate-content"
+FOREIGN_SIGNATURE = "skip_thought_signature_validator"
+"""Google's documented stand-in for a function call Gemini 3 did not produce."""
 THINKING_BUDGETS = {"minimal": 512, "low": 1024, "medium": 8192, "high": 24576}
 """``reasoning_effort`` as a ``thinkingBudget`` for models before Gemini 3."""
 TOP_LEVEL = frozenset({"safetySettings", "cachedContent", "labels"})
@@ -199,8 +201,15 @@ class GeminiAdapter(HTTPAdapter):
             else:
                 for call in m.tool_calls:
                     names[call.id] = call.name
-                push("model", model_parts(m))
+                push("model", model_parts(m, foreign=self.strict_signatures))
         return out
+
+    @property
+    def strict_signatures(self) -> str | None:
+        """The stand-in signature for function calls Gemini 3 did not make itself."""
+        return (
+            FOREIGN_SIGNATURE if self.model.removeprefix("models/").startswith("gemini-3") else None
+        )
 
     def parse(self, payload: Mapping[str, Any], messages: Sequence[Message]) -> Response:
         return parse_generate_content(payload, self.provider)
@@ -209,8 +218,13 @@ class GeminiAdapter(HTTPAdapter):
         return GenerateStream(self, on_event)
 
 
-def model_parts(message: Message) -> list[dict[str, Any]]:
-    """An assistant message as ``parts``, its signatures set back on the parts they came on."""
+def model_parts(message: Message, foreign: str | None = None) -> list[dict[str, Any]]:
+    """An assistant message as ``parts``, its signatures set back on the parts they came on.
+
+    ``foreign``: the signature to put on the first function call of a message
+    that carries no signature of its own (another provider's turn, a
+    hand-built history), so Gemini 3 accepts it.
+    """
     reasoning: Sequence[ReasoningPart] = message.reasoning
     canonical: list[dict[str, Any] | None] = [
         {"text": message.content} if message.content else None
@@ -224,6 +238,12 @@ def model_parts(message: Message) -> list[dict[str, Any]]:
             target = canonical[part.position]
             if target is not None:
                 target.update(json.loads(part.payload))
+    if foreign is not None and message.tool_calls and not reasoning:
+        # "If you are transferring a conversation trace from another model ... populate
+        # the field with [a] dummy string" (thought signatures docs, FAQ).
+        first = canonical[1]
+        assert first is not None
+        first["thoughtSignature"] = foreign
     out: list[dict[str, Any]] = []
     for position, item in enumerate(canonical):
         out.extend(
