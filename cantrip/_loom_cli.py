@@ -42,7 +42,7 @@ from cantrip._redact import redact
 from cantrip.loom._export import Redaction, export_chat, export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
-from cantrip.loom._view import CHECKPOINT_PHASES
+from cantrip.loom._view import CHECKPOINT_PHASES, reasoning_summary
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -298,6 +298,10 @@ def _show(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
         )
         if turn.intent is not None:
             _block(out, "intent", turn.intent, limit)
+        if turn.thinking:
+            _block(out, "thinking", turn.thinking, limit)
+        if turn.reasoning:
+            _print(out, f"   reasoning: {reasoning_summary(turn.reasoning)}")
         if turn.utterance:
             _block(out, "utterance", turn.utterance, limit)
         if turn.gate_calls:

@@ -18,9 +18,9 @@ from cantrip.llm._contract import (
     ToolCall,
     Usage,
     _calls,
-    _parts,
     _encode_arguments,
     _frozen_dict,
+    _parts,
     plain_json,
 )
 
