@@ -744,6 +744,8 @@ def _metadata(
         tokens_prompt=usage.prompt_tokens,
         tokens_completion=usage.completion_tokens,
         tokens_cached=usage.cached_tokens,
+        tokens_cache_write=usage.cache_write_tokens,
+        tokens_reasoning=usage.reasoning_tokens,
         duration_ms=(time.perf_counter() - started) * 1000.0,
         timestamp=timestamp,
         attempts=int(response.metadata.get("attempts", 1)),

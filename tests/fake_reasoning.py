@@ -226,9 +226,13 @@ class FakeThinkingAnthropic(FakeAnthropic):
         read = written = 0
         best = 0
         for mark in marks:
-            key = json.dumps(sequence[:mark], sort_keys=True)
-            if key in self.cached_prefixes:
-                best = max(best, _prefix_tokens(key))
+            # A hit may be at any block boundary up to ~20 blocks before a breakpoint
+            # ("automatic prefix checking", ANTHROPIC_CACHING).
+            for end in range(mark, max(mark - 20, 0), -1):
+                key = json.dumps(sequence[:end], sort_keys=True)
+                if key in self.cached_prefixes:
+                    best = max(best, _prefix_tokens(key))
+                    break
         for mark in marks:
             key = json.dumps(sequence[:mark], sort_keys=True)
             if key not in self.cached_prefixes:

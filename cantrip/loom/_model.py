@@ -145,13 +145,23 @@ class TurnMetadata:
     """Provider attempts this turn needed; retries never make extra turns (PROD-2)."""
     model: str | None = None
     provider: str | None = None
+    tokens_cache_write: int = 0
+    """Prompt tokens written to the provider's cache (priced apart from reads)."""
+    tokens_reasoning: int = 0
+    """Completion tokens the model spent reasoning."""
 
     @property
     def usage(self) -> Usage:
-        return Usage(self.tokens_prompt, self.tokens_completion, self.tokens_cached)
+        return Usage(
+            self.tokens_prompt,
+            self.tokens_completion,
+            self.tokens_cached,
+            self.tokens_cache_write,
+            self.tokens_reasoning,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "tokens_prompt": self.tokens_prompt,
             "tokens_completion": self.tokens_completion,
             "tokens_cached": self.tokens_cached,
@@ -161,6 +171,12 @@ class TurnMetadata:
             "model": self.model,
             "provider": self.provider,
         }
+        # Only when there are any, so turns without them read exactly as before.
+        if self.tokens_cache_write:
+            out["tokens_cache_write"] = self.tokens_cache_write
+        if self.tokens_reasoning:
+            out["tokens_reasoning"] = self.tokens_reasoning
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TurnMetadata:
