@@ -199,7 +199,11 @@ async def test_gemini_request_shape() -> None:
     assert [c["role"] for c in body["contents"]] == ["user", "model", "user"]
     assert body["contents"][1]["parts"] == [
         {"text": "Echoing."},
-        {"functionCall": {"name": "echo", "args": {"text": "hi"}}},
+        # A call Gemini 3 did not sign gets Google's documented stand-in signature.
+        {
+            "functionCall": {"name": "echo", "args": {"text": "hi"}},
+            "thoughtSignature": "skip_thought_signature_validator",
+        },
     ]
     assert body["contents"][2]["parts"] == [
         {"functionResponse": {"name": "echo", "response": {"result": "hi"}}}
