@@ -81,7 +81,7 @@ _SCRIPT_ONLY = ("responses", "raw_response", "usage", "retry_behavior")
 class LLMSpec(_Strict):
     """``[llm]``: which model answers. ``provider = "scripted"`` needs no key.
 
-    A real provider (``openai``, ``anthropic``, ``gemini``, ``openrouter``,
+    A real provider (``openai``, ``openai_responses``, ``anthropic``, ``gemini``, ``openrouter``,
     ``ollama``, ``lmstudio``, ``vllm``, ``llamacpp``, ``local`` or one a user
     config adds) is configured from its TOML; the key comes from the
     environment variable the config names (or ``api_key_env``).
