@@ -133,6 +133,10 @@ class FakeThinkingAnthropic(FakeAnthropic):
             effort = (body.get("output_config") or {}).get("effort", "high")
             if effort not in ("low", "medium", "high", "max"):
                 raise Rejected(f"output_config.effort: unknown value {effort!r}")
+        if enabled and ("temperature" in body or "top_p" in body):
+            # "Thinking isn't compatible with temperature or top_k modifications"
+            # (ANTHROPIC_THINKING, feature compatibility).
+            raise Rejected("temperature and top_p may not be set while thinking is enabled")
         if enabled and (body.get("tool_choice") or {}).get("type") in ("any", "tool"):
             # "Tool use with thinking only supports tool_choice auto or none" (ANTHROPIC_THINKING).
             raise Rejected("Thinking may not be enabled when tool_choice forces tool use.")

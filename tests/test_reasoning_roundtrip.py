@@ -181,13 +181,15 @@ async def test_the_fakes_refuse_a_follow_up_that_dropped_or_altered_them(
 async def test_reasoning_effort_picks_the_model_s_thinking_mode(
     model: str, thinking: dict[str, Any]
 ) -> None:
+    extra = {**EFFORT, "temperature": 0.2}
     async with running_reasoning("anthropic", [SCRIPT[0]], model=model) as (fake, llm):
-        await llm.query([Message("user", "go")], [ECHO], "required", extra=EFFORT)
+        await llm.query([Message("user", "go")], [ECHO], "required", extra=extra)
     body = fake.requests[0].json()
     assert body["thinking"] == thinking
     assert body.get("output_config") == ({"effort": "low"} if model.endswith("5-5") else None)
-    # With thinking on, a forced tool call is refused by the API: it is asked for as auto.
-    assert body["tool_choice"] == {"type": "auto"}
+    # With thinking on, the API refuses a forced tool call and a changed temperature:
+    # the call is asked for as auto, the temperature left out (the fake checks both).
+    assert body["tool_choice"] == {"type": "auto"} and "temperature" not in body
 
 
 async def test_a_thinking_budget_for_an_adaptive_only_model_is_refused_clearly() -> None:

@@ -123,14 +123,19 @@ class AnthropicAdapter(HTTPAdapter):
                     # budget_tokens must stay below max_tokens (extended thinking docs)
                     max_tokens += budget
         thinking = rest.get("thinking")
-        if (
-            isinstance(thinking, Mapping)
-            and thinking.get("type") in ("enabled", "adaptive")
-            and tool_choice == "required"
-        ):
-            # With thinking on, tool_choice may only be auto or none (extended thinking
-            # docs, "Feature compatibility"): a forced call is asked for as auto.
-            tool_choice = "auto"
+        thinking_on = isinstance(thinking, Mapping) and thinking.get("type") in (
+            "enabled",
+            "adaptive",
+        )
+        if thinking_on:
+            # Extended thinking docs, "Feature compatibility": with thinking on, tool_choice
+            # may only be auto or none (a forced call is asked for as auto), and temperature
+            # and top_p may not be changed (left out, with a warning).
+            if tool_choice == "required":
+                tool_choice = "auto"
+            for key in ("temperature", "top_p"):
+                if hyper.pop(key, None) is not None:
+                    log.warning("%s: %s is not sent while thinking is on", self.provider, key)
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": max_tokens,
