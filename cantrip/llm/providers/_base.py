@@ -81,6 +81,7 @@ _CONTEXT_HINTS = (
     "maximum number of tokens",
     "too many tokens",
     "maximum context",
+    "context size",  # llama.cpp's llama-server: "exceeds the available context size"
 )
 _LOOPBACK = ("127.", "localhost", "[::1]")
 _TRANSPORT_CODES = frozenset({"stream_interrupted", "timeout"})
