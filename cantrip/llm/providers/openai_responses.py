@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import orjson
 
 from cantrip._errors import ProviderError
 from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
@@ -336,7 +337,8 @@ class ResponseStream:
 
     def feed(self, event: SSEEvent) -> bool:
         try:
-            data = json.loads(event.data)
+            # orjson: these events carry whole items (encrypted reasoning included) more than once.
+            data = orjson.loads(event.data)
         except ValueError:
             log.warning("%s: skipped a stream event that is not JSON", self.adapter.provider)
             return False
