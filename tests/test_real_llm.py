@@ -155,6 +155,64 @@ def adapter(server: Server) -> Any:
     return load_llm("llamacpp", "smollm2", base_url=server.base_url)
 
 
+class Recorder:
+    """Passes every query (and stream) through, noting what the server answered."""
+
+    def __init__(self, inner: Any, server: Server | None = None, restart_at: int = 0) -> None:
+        self.inner = inner
+        self.server = server
+        self.restart_at = restart_at
+        self.calls = 0
+        self.answers: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+
+    @property
+    def name(self) -> str:
+        return str(self.inner.name)
+
+    async def _call(self, run: Any) -> Response:
+        self.calls += 1
+        if self.server is not None and self.calls == self.restart_at:
+            await self.server.stop()
+            await self.server.start(wait=False)  # the next request finds it down or loading
+        try:
+            response: Response = await run()
+        except ProviderError as error:
+            self.errors.append(f"{error.code}: {str(error)[:160]}")
+            raise
+        self.answers.append(
+            {
+                "stop_reason": response.stop_reason,
+                "tool_calls": [(c.name, c.raw_arguments is None) for c in response.tool_calls],
+                "usage": response.usage.to_dict(),
+                "model": response.model,
+            }
+        )
+        return response
+
+    async def query(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Any = None,
+    ) -> Response:
+        return await self._call(lambda: self.inner.query(messages, tools, tool_choice, extra))
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Any = None,
+        *,
+        on_event: Any,
+    ) -> Response:
+        return await self._call(
+            lambda: self.inner.stream(messages, tools, tool_choice, extra, on_event=on_event)
+        )
+
+
 def note(key: str, value: Any) -> None:
     REPORT[key] = value
     path = Path(os.environ.get("CANTRIP_REAL_LLM_REPORT", "/tmp/real-llm-report.json"))
@@ -199,17 +257,25 @@ TOOLS_PROMPT = (
 async def test_a_tool_calling_circle(stream: bool) -> None:
     async with llama() as server:
         llm = adapter(server)
+        recorder = Recorder(llm)
         spell = cantrip.Cantrip(
-            llm=llm,
+            llm=recorder,
             identity=cantrip.Identity(system_prompt=TOOLS_PROMPT, max_tokens=128),
-            circle=cantrip.Circle([done, echo], [cantrip.max_turns(4)]),
+            circle=cantrip.Circle(
+                [done, echo], [cantrip.max_turns(4), cantrip.require_done_tool()]
+            ),
         )
         result = await spell.cast_async(
             "Echo hello, then finish.", on_event=(lambda e: None) if stream else None
         )
         await llm.aclose()
-    note(f"tool_circle_{'streamed' if stream else 'whole'}", summary(result))
+    note(
+        f"tool_circle_{'streamed' if stream else 'whole'}",
+        {"answers": recorder.answers, "cast": summary(result)},
+    )
     check_recorded(result)
+    assert len(recorder.answers) == len([t for t in result.turns if t.content or t.tool_calls])
+    assert all(a["stop_reason"] in ("end_turn", "tool_use", "max_tokens") for a in recorder.answers)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -265,50 +331,26 @@ async def test_a_request_larger_than_the_context_is_a_clear_final_error() -> Non
     assert error.code == "context_length_exceeded"
 
 
-class RestartOnce:
-    """Restarts the server right before the second query, without waiting for it."""
-
-    def __init__(self, inner: Any, server: Server) -> None:
-        self.inner = inner
-        self.server = server
-        self.calls = 0
-        self.errors: list[str] = []
-
-    @property
-    def name(self) -> str:
-        return str(self.inner.name)
-
-    async def query(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition] = (),
-        tool_choice: ToolChoice | None = None,
-        extra: Any = None,
-    ) -> Response:
-        self.calls += 1
-        if self.calls == 2:
-            await self.server.stop()
-            await self.server.start(wait=False)
-        try:
-            return await self.inner.query(messages, tools, tool_choice, extra)
-        except ProviderError as error:
-            self.errors.append(f"{error.code}: {error}")
-            raise
-
-
 async def test_a_server_restarted_mid_cast_is_retried_within_the_turn() -> None:
     async with llama() as server:
         inner = adapter(server)
-        wrapped = RestartOnce(inner, server)
+        recorder = Recorder(inner, server, restart_at=2)
         spell = cantrip.Cantrip(
-            llm=wrapped,
+            llm=recorder,
             identity=cantrip.Identity(system_prompt=TOOLS_PROMPT, max_tokens=64),
-            circle=cantrip.Circle([done, echo], [cantrip.max_turns(3)]),
+            circle=cantrip.Circle(
+                [done, echo], [cantrip.max_turns(3), cantrip.require_done_tool()]
+            ),
             retry=cantrip.RetryPolicy(max_retries=8, base_delay=0.5, max_delay=4.0),
         )
         result = await spell.cast_async("Echo hello, then finish.")
         await inner.aclose()
-    note("server_restart", {"errors_seen": wrapped.errors, "cast": summary(result)})
+    note(
+        "server_restart",
+        {"errors_seen": recorder.errors, "answers": recorder.answers, "cast": summary(result)},
+    )
     check_recorded(result)
-    assert wrapped.errors, "the restart was not noticed"
-    assert all(t.metadata.attempts >= 1 for t in result.turns)
+    assert recorder.errors, "the restart was not noticed"
+    assert len(result.turns) >= 2, "the cast did not go on after the restart"
+    second = result.turns[1]
+    assert second.metadata.attempts > 1 and second.metadata.tokens_prompt > 0
