@@ -2,13 +2,20 @@
 
 What it measures
 ----------------
-1. **Adapter CPU per call** (no network): for OpenAI, Anthropic and Gemini,
+1. **Adapter CPU per call** (no network): for OpenAI chat completions, the
+   OpenAI Responses API, Anthropic and Gemini,
    the work an adapter does around one call -- render the transcript,
    build the request body, serialize it, then parse a canned response
    payload (``query``) or fold a canned SSE stream into a response
    (``stream``, events delivered to a no-op sink). Measured for a short
    context (system + user) and a long one (50 tool-calling turns), so the
    O(messages) part (rendering, serialization) is visible.
+
+   **Stream parse cost per event**: the fold of each canned stream alone
+   (SSE decoding, JSON parsing, the adapter's state machine, the final
+   parse), divided by its number of events -- the Responses stream (typed
+   events, a reasoning item with an encrypted payload) next to chat
+   completions' chunks.
 
 2. **Round trip over loopback** (``query`` and ``stream``): the whole adapter
    stack -- the above plus httpx on trio, one pooled keep-alive connection --
@@ -51,6 +58,7 @@ import h11
 import trio
 
 os.environ.setdefault("OPENAI_API_KEY", "bench-key")
+os.environ.setdefault("CANTRIP_PROVIDERS_DIR", "/nonexistent")
 os.environ.setdefault("ANTHROPIC_API_KEY", "bench-key")
 os.environ.setdefault("GEMINI_API_KEY", "bench-key")
 
@@ -58,7 +66,21 @@ from cantrip.llm import Message, ToolCall, ToolDefinition, load_llm
 from cantrip.llm._sse import iter_sse
 from cantrip.llm.providers._base import HTTPAdapter, RenderCache, dumps
 
-PROVIDERS = {"openai": "/v1", "anthropic": "/v1", "gemini": "/v1beta"}
+PROVIDERS = {
+    "openai": "/v1",
+    "openai_responses": "/v1",
+    "anthropic": "/v1",
+    "gemini": "/v1beta",
+}
+MODELS = {
+    "openai": "gpt-4o-mini",
+    "openai_responses": "gpt-5-mini",
+    "anthropic": "claude-sonnet-5-5",
+    "gemini": "gemini-2.5-flash",
+}
+SUMMARY = "The user wants their text echoed; call echo, then finish."
+ENCRYPTED = "gAAAAA" + "x" * 1500
+"""About the size of a short reasoning item's encrypted_content."""
 TOOLS = [
     ToolDefinition(
         "echo",
@@ -149,6 +171,74 @@ def canned(provider: str) -> tuple[bytes, bytes]:
         events.append(chunk({}, "tool_calls"))
         events.append(sse({"choices": [], "usage": whole["usage"]}))
         events.append("data: [DONE]\n\n")
+    elif provider == "openai_responses":
+        reasoning = {
+            "id": "rs_1",
+            "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": SUMMARY}],
+            "encrypted_content": ENCRYPTED,
+        }
+        message = {
+            "id": "msg_1",
+            "type": "message",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": TEXT, "annotations": []}],
+        }
+        call = {
+            "id": "fc_1",
+            "type": "function_call",
+            "status": "completed",
+            "call_id": "call_x",
+            "name": "echo",
+            "arguments": json.dumps(args),
+        }
+        usage = {
+            "input_tokens": 100,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 20,
+            "output_tokens_details": {"reasoning_tokens": 8},
+            "total_tokens": 120,
+        }
+        whole = {
+            "id": "resp_1",
+            "object": "response",
+            "status": "completed",
+            "model": "gpt-5-mini",
+            "output": [reasoning, message, call],
+            "usage": usage,
+        }
+        seq = iter(range(1000))
+
+        def typed(kind: str, **data: Any) -> str:
+            return sse({"type": kind, "sequence_number": next(seq), **data}, kind)
+
+        summary_words = [SUMMARY[i : i + 8] for i in range(0, len(SUMMARY), 8)]
+        events = [typed("response.created", response={**whole, "output": [], "usage": None})]
+        events.append(
+            typed("response.output_item.added", output_index=0, item={**reasoning, "summary": []})
+        )
+        events += [
+            typed("response.reasoning_summary_text.delta", output_index=0, delta=w)
+            for w in summary_words
+        ]
+        events.append(typed("response.output_item.done", output_index=0, item=reasoning))
+        events.append(
+            typed("response.output_item.added", output_index=1, item={**message, "content": []})
+        )
+        events += [
+            typed("response.output_text.delta", output_index=1, content_index=0, delta=w)
+            for w in words
+        ]
+        events.append(typed("response.output_item.done", output_index=1, item=message))
+        events.append(
+            typed("response.output_item.added", output_index=2, item={**call, "arguments": ""})
+        )
+        events.append(
+            typed("response.function_call_arguments.delta", output_index=2, delta=json.dumps(args))
+        )
+        events.append(typed("response.output_item.done", output_index=2, item=call))
+        events.append(typed("response.completed", response=whole))
     elif provider == "anthropic":
         whole = {
             "id": "msg_1",
@@ -338,7 +428,9 @@ def cpu_only(
     sink: Callable[[Any], None] = lambda event: None  # noqa: E731
 
     def one(streamed: bool) -> float:
-        cache = RenderCache(llm.render_family, llm.keep_thinking)
+        cache = RenderCache(
+            llm.render_family, llm.keep_thinking, reasoning_format=llm.reasoning_format
+        )
         if warm:
             cache.render(messages[:-2])
         started = time.perf_counter()
@@ -374,7 +466,7 @@ async def round_trips(calls: int, repeats: int) -> dict[str, tuple[float, float]
                 functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1")
             )
             port = listeners[0].socket.getsockname()[1]
-            llm = load_llm(provider, base_url=f"http://127.0.0.1:{port}{prefix}")
+            llm = load_llm(provider, MODELS[provider], base_url=f"http://127.0.0.1:{port}{prefix}")
             sink: Callable[[Any], None] = lambda event: None  # noqa: E731
             for _ in range(20):  # warm up the connection and caches
                 await llm.query(messages, TOOLS, "auto")
@@ -392,6 +484,26 @@ async def round_trips(calls: int, repeats: int) -> dict[str, tuple[float, float]
             nursery.cancel_scope.cancel()
         out[provider] = (statistics.median(timings["query"]), statistics.median(timings["stream"]))
     return out
+
+
+def per_event(provider: str, calls: int, repeats: int) -> tuple[int, float, float]:
+    """(events, us per event, us per whole stream): folding a canned stream, nothing else."""
+    llm = load_llm(provider, MODELS[provider], base_url="http://127.0.0.1:9/v1")
+    _whole, events = canned(provider)
+    lines = events.decode().split("\n")
+    count = sum(1 for _ in iter_sse(lines))
+    messages = context(0)
+    sink: Callable[[Any], None] = lambda event: None  # noqa: E731
+
+    def fold() -> None:
+        state = llm.new_stream(messages, sink)
+        for event in iter_sse(lines):
+            if state.feed(event):
+                break
+        state.finish()
+
+    whole_us = per_call_us(fold, calls, repeats)
+    return count, whole_us / count, whole_us
 
 
 def import_times(runs: int) -> dict[str, Any]:
@@ -448,23 +560,29 @@ def main() -> None:
     args = parser.parse_args()
 
     print("adapter CPU per call, no network (us; render + build + serialize + parse)")
-    print(f"{'provider':<10} {'context':>22} {'query':>9} {'stream':>9}")
+    print(f"{'provider':<17} {'context':>22} {'query':>9} {'stream':>9}")
     for provider in PROVIDERS:
-        llm = load_llm(provider, base_url="http://127.0.0.1:9/v1")
+        llm = load_llm(provider, MODELS[provider], base_url="http://127.0.0.1:9/v1")
         for label, turns, warm in (
             ("2 msgs", 0, False),
             ("102 msgs, first call", 50, False),
             ("102 msgs, next turn", 50, True),
         ):
             q, s = cpu_only(llm, provider, context(turns), args.calls, args.repeats, warm)
-            print(f"{provider:<10} {label:>22} {q:>9.1f} {s:>9.1f}")
+            print(f"{provider:<17} {label:>22} {q:>9.1f} {s:>9.1f}")
+
+    print("\nstream parse cost (us; SSE decode + JSON + fold + final parse, no network)")
+    print(f"{'provider':<17} {'events':>7} {'per event':>10} {'per stream':>11}")
+    for provider in PROVIDERS:
+        count, each, total = per_event(provider, args.calls, args.repeats)
+        print(f"{provider:<17} {count:>7} {each:>10.2f} {total:>11.1f}")
 
     print(
         "\nround trip over loopback, zero-latency server (us per call; httpx + h11 server included)"
     )
-    print(f"{'provider':<10} {'query':>9} {'stream':>9}")
+    print(f"{'provider':<17} {'query':>9} {'stream':>9}")
     for provider, (q, s) in trio.run(round_trips, args.calls, args.repeats).items():
-        print(f"{provider:<10} {q:>9.1f} {s:>9.1f}")
+        print(f"{provider:<17} {q:>9.1f} {s:>9.1f}")
 
     print("\nimport time")
     figures = import_times(args.imports)

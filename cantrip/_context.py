@@ -285,6 +285,7 @@ def render_turn(turn: Turn, medium: ObservationRenderer) -> list[Message]:
             content=turn.content,
             tool_calls=turn.tool_calls,
             thinking=turn.thinking,
+            reasoning=turn.reasoning,
         )
     ]
     if turn.tool_calls:

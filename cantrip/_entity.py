@@ -796,6 +796,7 @@ class Entity:
             "content": response.content,
             "thinking": response.thinking,
             "tool_calls": response.tool_calls,
+            "reasoning": response.reasoning,
         }
         extras = {**execution.extras, "cut_off": "max_tokens"} if cut else execution.extras
         gate_calls = execution.gate_calls
@@ -899,6 +900,7 @@ class Entity:
                 content=response.content if first else None,
                 thinking=response.thinking if first else None,
                 tool_calls=response.tool_calls if first else (),
+                reasoning=response.reasoning if first else (),
                 gate_calls=fresh,
                 metadata=_metadata(response, inflight.started, inflight.timestamp, llm=self.llm)
                 if first
@@ -1240,6 +1242,7 @@ class Entity:
                 content=response.content if response and not continuation else None,
                 thinking=response.thinking if response and not continuation else None,
                 tool_calls=() if continuation else calls,
+                reasoning=response.reasoning if response and not continuation else (),
                 observation=observation or f"cut off: {reason}",
                 gate_calls=tuple(records),
                 extras=self._cut_extras(continuation),
@@ -1406,6 +1409,8 @@ def _metadata(
         tokens_prompt=usage.prompt_tokens,
         tokens_completion=usage.completion_tokens,
         tokens_cached=usage.cached_tokens,
+        tokens_cache_write=usage.cache_write_tokens,
+        tokens_reasoning=usage.reasoning_tokens,
         duration_ms=(time.perf_counter() - started) * 1000.0,
         timestamp=timestamp,
         attempts=int(response.metadata.get("attempts", 1)),

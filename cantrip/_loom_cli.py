@@ -58,6 +58,7 @@ from cantrip.loom._summary import cost as _cost
 from cantrip.loom._summary import outcome as _outcome
 from cantrip.loom._summary import tokens as _tokens
 from cantrip.loom._summary import tree_turns as _tree_turns
+from cantrip.loom._view import reasoning_summary
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -356,6 +357,10 @@ def _show(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
         )
         if turn.intent is not None:
             _block(out, "intent", turn.intent, limit)
+        if turn.thinking:
+            _block(out, "thinking", turn.thinking, limit)
+        if turn.reasoning:
+            _print(out, f"   reasoning: {reasoning_summary(turn.reasoning)}")
         if turn.utterance:
             _block(out, "utterance", turn.utterance, limit)
         if turn.gate_calls:

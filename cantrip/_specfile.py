@@ -84,7 +84,7 @@ _SCRIPT_ONLY = ("responses", "raw_response", "usage", "retry_behavior")
 class LLMSpec(_Strict):
     """``[llm]``: which model answers. ``provider = "scripted"`` needs no key.
 
-    A real provider (``openai``, ``anthropic``, ``gemini``, ``openrouter``,
+    A real provider (``openai``, ``openai_responses``, ``anthropic``, ``gemini``, ``openrouter``,
     ``ollama``, ``lmstudio``, ``vllm``, ``llamacpp``, ``local`` or one a user
     config adds) is configured from its TOML; the key comes from the
     environment variable the config names (or ``api_key_env``).
@@ -127,6 +127,11 @@ class IdentitySpec(_Strict):
     stop: list[str] = Field(default_factory=list)
     seed: int | None = None
     tool_choice: Literal["auto", "required", "none"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
+    """How hard a reasoning model thinks; each adapter says it in its API's terms
+    (sent as ``extra.reasoning_effort``)."""
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -563,7 +568,11 @@ def _build_identity(spec: IdentitySpec | None) -> Identity:
         stop=tuple(spec.stop),
         seed=spec.seed,
         tool_choice=spec.tool_choice,
-        extra=spec.extra,
+        extra=(
+            {**spec.extra, "reasoning_effort": spec.reasoning_effort}
+            if spec.reasoning_effort is not None
+            else spec.extra
+        ),
     )
 
 

@@ -49,8 +49,8 @@ async def test_fallback_answers_from_the_next_provider_and_says_who() -> None:
     ):
         response = await FallbackLLM([primary, backup]).query(HELLO)
     assert response.content == "from claude"
-    assert response.provider == "anthropic" and response.model == "claude-sonnet-4-20250514"
-    assert response.metadata["answered_by"] == "anthropic:claude-sonnet-4-20250514"
+    assert response.provider == "anthropic" and response.model == "claude-sonnet-5-5"
+    assert response.metadata["answered_by"] == "anthropic:claude-sonnet-5-5"
     assert response.metadata["fallback_index"] == 1
     assert "primary down" in response.metadata["fallback_errors"][0]
     assert len(primary_fake.requests) == 1
@@ -209,9 +209,9 @@ async def test_telemetry_logs_audit_metadata_and_cost_not_content(
             await TelemetryLLM(llm).query([Message("user", "what is the launch code?")])
     (record,) = caplog.records
     data = record.telemetry  # type: ignore[attr-defined]
-    assert data["provider"] == "openai" and data["model"] == "gpt-4o-mini"
+    assert data["provider"] == "openai" and data["model"] == "gpt-5-mini"
     assert data["prompt_tokens"] == 1000 and data["completion_tokens"] == 500
-    assert data["cost_usd"] == pytest.approx((1000 * 0.15 + 500 * 0.60) / 1e6)
+    assert data["cost_usd"] == pytest.approx((1000 * 0.25 + 500 * 2.00) / 1e6)  # gpt-5-mini
     assert data["status"] == "ok" and data["stop_reason"] == "end_turn"
     assert data["message_count"] == 1 and data["content_length"] == len(secret_answer.text or "")
     assert data["duration_ms"] > 0

@@ -92,13 +92,13 @@ async def test_openai_request_shape() -> None:
     assert request.headers["authorization"] == "Bearer test-key"
     assert request.headers["content-type"] == "application/json"
     body = request.json()
-    assert body["model"] == "gpt-4o-mini"
+    assert body["model"] == "gpt-5-mini"  # the shipped default
     assert body["tool_choice"] == "required"
     assert body["temperature"] == 0.25 and body["top_p"] == 0.9 and body["seed"] == 7
     assert body["stop"] == ["STOP"]
     assert body["max_completion_tokens"] == 321 and "max_tokens" not in body
     assert "stream" not in body
-    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "tool"]
+    assert [m["role"] for m in body["messages"]] == ["developer", "user", "assistant", "tool"]
     assistant, tool = body["messages"][2], body["messages"][3]
     call = assistant["tool_calls"][0]
     assert call == {
@@ -130,7 +130,8 @@ async def test_reasoning_models_get_the_developer_role() -> None:
 
 
 async def test_anthropic_request_shape() -> None:
-    async with running("anthropic", [RICH]) as (fake, llm):
+    # The plain shape; cache breakpoints (on in the shipped config) are test_prompt_caching's.
+    async with running("anthropic", [RICH], compat={"prompt_cache": False}) as (fake, llm):
         await llm.query(history(), [ECHO, DONE], "required", EXTRA)
     request = fake.requests[0]
     assert request.path == "/v1/messages"
@@ -176,7 +177,7 @@ async def test_gemini_request_shape() -> None:
     async with running("gemini", [RICH]) as (fake, llm):
         await llm.query(history(), [ECHO, DONE], "required", EXTRA)
     request = fake.requests[0]
-    assert request.path == "/v1beta/models/gemini-2.5-flash:generateContent"
+    assert request.path == "/v1beta/models/gemini-3.5-flash:generateContent"
     assert request.headers["x-goog-api-key"] == "test-key"
     assert "key=" not in request.path  # the key never travels in the URL
     body = request.json()
@@ -198,7 +199,11 @@ async def test_gemini_request_shape() -> None:
     assert [c["role"] for c in body["contents"]] == ["user", "model", "user"]
     assert body["contents"][1]["parts"] == [
         {"text": "Echoing."},
-        {"functionCall": {"name": "echo", "args": {"text": "hi"}}},
+        # A call Gemini 3 did not sign gets Google's documented stand-in signature.
+        {
+            "functionCall": {"name": "echo", "args": {"text": "hi"}},
+            "thoughtSignature": "skip_thought_signature_validator",
+        },
     ]
     assert body["contents"][2]["parts"] == [
         {"functionResponse": {"name": "echo", "response": {"result": "hi"}}}
@@ -208,7 +213,7 @@ async def test_gemini_request_shape() -> None:
 async def test_gemini_streams_from_stream_generate_content_with_sse() -> None:
     async with running("gemini", [RICH]) as (fake, llm):
         await llm.stream(history(), [ECHO], on_event=lambda e: None)
-    assert fake.requests[0].path == "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
+    assert fake.requests[0].path == "/v1beta/models/gemini-3.5-flash:streamGenerateContent?alt=sse"
 
 
 async def test_openrouter_request_shape() -> None:
@@ -261,7 +266,7 @@ async def test_extra_fields_pass_through_but_cannot_override_the_adapter() -> No
         await llm.query(history(), [ECHO], None, extra)
     body = fake.requests[0].json()
     assert body["reasoning_effort"] == "low"
-    assert body["model"] == "gpt-4o-mini" and len(body["messages"]) == 4
+    assert body["model"] == "gpt-5-mini" and len(body["messages"]) == 4
 
 
 # -- responses --------------------------------------------------------------------------------

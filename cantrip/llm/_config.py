@@ -32,7 +32,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from cantrip._errors import ConstructionError
-from cantrip._redact import register_secret_env
+from cantrip._redact import get_logger, register_secret_env
 
 if TYPE_CHECKING:
     import httpx
@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 
 SHIPPED_DIR = Path(__file__).parent / "providers"
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-ADAPTERS = frozenset({"openai", "anthropic", "gemini", "openrouter", "local"})
+ADAPTERS = frozenset({"openai", "openai_responses", "anthropic", "gemini", "openrouter", "local"})
 """Adapter modules in :mod:`cantrip.llm.providers` a config may name."""
+log = get_logger("cantrip.llm.config")
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key"})
 
 
@@ -75,6 +76,13 @@ class Compat(_Strict):
     """Give tool calls that arrive without an id a deterministic one (else LLM-4 refuses)."""
     tool_message_name: bool = False
     """Whether tool-result messages carry the gate's ``name`` (Mistral-style servers)."""
+    thinking_mode: Literal["budget", "adaptive"] = "budget"
+    """How ``reasoning_effort`` turns Anthropic thinking on: a token budget
+    (``thinking.type = "enabled"``, older models) or ``"adaptive"`` with an
+    ``output_config.effort`` (current models refuse a budget)."""
+    prompt_cache: bool = False
+    """Ask for prompt caching: Anthropic ``cache_control`` breakpoints, OpenAI
+    ``prompt_cache_key`` (a server that does not know the field must keep it off)."""
 
 
 class RateLimitConfig(_Strict):
@@ -103,7 +111,9 @@ class ProviderSettings(_Strict):
     """``[provider]``: how to reach it (D-024)."""
 
     adapter: str
-    api_format: Literal["openai-chat", "anthropic-messages", "gemini-generate-content"]
+    api_format: Literal[
+        "openai-chat", "openai-responses", "anthropic-messages", "gemini-generate-content"
+    ]
     base_url: str | None = None
     api_key_env: str | None = None
     api_key_required: bool = True
@@ -317,6 +327,15 @@ def load_llm(
     if not re.match(r"^https?://[^\s/]+", url):
         raise ConstructionError(f"provider {provider!r}: base_url {url!r} is not an http(s) URL")
     key = resolve_api_key(config, api_key_env)
+    if config.models and model not in config.models:
+        # Lists go stale faster than models appear: an unlisted model still works.
+        log.warning(
+            "provider %r: model %r is not in its catalogue (%s); it is used as given, "
+            "with no context window and no cost figure",
+            provider,
+            model,
+            " + ".join(config.sources),
+        )
     module = importlib.import_module(f"cantrip.llm.providers.{config.provider.adapter}")
     adapter_cls: type[HTTPAdapter] = module.ADAPTER
     return adapter_cls(

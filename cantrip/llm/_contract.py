@@ -41,6 +41,87 @@ def _calls(value: Iterable[ToolCall]) -> tuple[ToolCall, ...]:
     return tuple(value)
 
 
+def _parts(value: Iterable[ReasoningPart]) -> tuple[ReasoningPart, ...]:
+    return tuple(value)
+
+
+ReasoningKind = Literal["part", "fields"]
+
+
+@attrs.frozen
+class ReasoningPart:
+    """An opaque reasoning artefact of one utterance, tagged with the wire format that made it.
+
+    Anthropic ``thinking``/``redacted_thinking`` blocks, OpenAI Responses
+    ``reasoning`` items, Gemini ``thoughtSignature`` fields: each provider needs
+    them back, unchanged and in place, on the next request of a tool loop, and
+    no other provider may see them. ``payload`` is the JSON text exactly as the
+    provider sent it; nothing in cantrip reads it except the adapter of
+    ``format`` when it replays it.
+
+    ``position`` places it among the utterance's canonical parts, numbered
+    0 for the text (whether or not there is any) and ``1 + i`` for tool call
+    ``i``. A ``part`` artefact is a part of its own, sent right before
+    canonical part ``position`` (``1 + len(tool_calls)``: after everything); a
+    ``fields`` artefact is a JSON object whose fields are set on canonical
+    part ``position`` itself (Gemini's ``thoughtSignature`` on a function call,
+    the item id of a Responses function call).
+    """
+
+    format: str
+    """The ``api_format`` of the adapter that produced it (``anthropic-messages``, ...)."""
+    position: int
+    payload: str
+    kind: ReasoningKind = "part"
+    text: str | None = None
+    """Readable reasoning it carries (a thinking text, a summary), for display only."""
+    redacted: bool = False
+    """Encrypted or redacted by the provider: nothing in it can be shown."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": self.format,
+            "position": self.position,
+            "kind": self.kind,
+            "payload": self.payload,
+        }
+        if self.text is not None:
+            out["text"] = self.text
+        if self.redacted:
+            out["redacted"] = True
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ReasoningPart:
+        kind = data.get("kind", "part")
+        if kind not in ("part", "fields"):
+            raise ValueError(f"unknown reasoning part kind {kind!r}")
+        return cls(
+            format=str(data["format"]),
+            position=int(data["position"]),
+            payload=str(data["payload"]),
+            kind=kind,
+            text=data.get("text"),
+            redacted=bool(data.get("redacted", False)),
+        )
+
+
+_encode_payload = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def reasoning_part(
+    format: str,
+    position: int,
+    value: Any,
+    *,
+    kind: ReasoningKind = "part",
+    text: str | None = None,
+    redacted: bool = False,
+) -> ReasoningPart:
+    """A :class:`ReasoningPart` whose payload is ``value`` as compact JSON (key order kept)."""
+    return ReasoningPart(format, position, _encode_payload(value), kind, text, redacted)
+
+
 @attrs.frozen
 class ToolCall:
     """One gate invocation the LLM asked for.
@@ -80,6 +161,8 @@ class Message:
     """For ``tool`` messages: the gate that produced the result."""
     thinking: str | None = None
     is_error: bool = False
+    reasoning: tuple[ReasoningPart, ...] = attrs.field(default=(), converter=_parts)
+    """Opaque reasoning artefacts of an assistant message (see :class:`ReasoningPart`)."""
 
     def text(self) -> str:
         """Everything a reader of the transcript sees in this message."""
@@ -161,6 +244,8 @@ class Response:
     model: str | None = None
     provider: str | None = None
     metadata: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
+    reasoning: tuple[ReasoningPart, ...] = attrs.field(default=(), converter=_parts)
+    """Opaque reasoning artefacts to replay to the same wire format (:class:`ReasoningPart`)."""
 
     def validate(self) -> Response:
         """Check LLM-3 and LLM-4; return self so callers can chain."""

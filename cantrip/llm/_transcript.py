@@ -26,7 +26,13 @@ canonical ``Message`` values again (roles ``system``/``user``/``assistant``/
    id, and distinct calls never share one (injective within a render).
 6. **Thinking** stays on the assistant message beside its tool calls;
    ``keep_thinking=False`` (for a provider that cannot accept another
-   provider's reasoning) removes it without touching pairing.
+   provider's reasoning) removes it without touching pairing. **Reasoning
+   artefacts** (:class:`~cantrip.llm.ReasoningPart`) stay only when their
+   ``format`` is the target's ``reasoning_format`` (the adapter replays them
+   byte for byte, in place); every other one is dropped and counted in
+   ``reasoning_dropped``, so another provider never sees them. When two
+   assistant messages are merged (rule 7) the merged message keeps the
+   artefacts of the later one only: their positions still name its parts.
 7. **Alternation** (``anthropic`` and ``gemini`` only): consecutive ``user``
    messages are merged into one (contents joined by a blank line), and so are
    consecutive ``assistant`` messages (the first has no tool calls, else its
@@ -182,6 +188,8 @@ class RenderDiagnostics:
     merged_messages: int = 0
     dropped_empty_messages: int = 0
     thinking_dropped: int = 0
+    reasoning_dropped: int = 0
+    """Reasoning artefacts of another wire format, left out (never shown to this one)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -196,6 +204,7 @@ class RenderDiagnostics:
             "merged_messages": self.merged_messages,
             "dropped_empty_messages": self.dropped_empty_messages,
             "thinking_dropped": self.thinking_dropped,
+            "reasoning_dropped": self.reasoning_dropped,
         }
 
 
@@ -365,7 +374,13 @@ def _join(first: str | None, second: str | None) -> str | None:
 class _Engine:
     """The input scanned once (pass 1), and emission of any suffix of it (pass 2)."""
 
-    def __init__(self, provider: ProviderFormat, policy: CompletionPolicy, keep_thinking: bool):
+    def __init__(
+        self,
+        provider: ProviderFormat,
+        policy: CompletionPolicy,
+        keep_thinking: bool,
+        reasoning_format: str | None = None,
+    ):
         if provider not in PROVIDER_FORMATS:
             raise ValueError(
                 f"unknown provider format {provider!r}; expected one of {PROVIDER_FORMATS}"
@@ -373,6 +388,7 @@ class _Engine:
         self.provider: ProviderFormat = provider
         self.policy = policy
         self.keep_thinking = keep_thinking
+        self.reasoning_format = reasoning_format
         self.alternating = provider in ALTERNATING_FORMATS
         self.entries: list[_Entry] = []
         self.slots: list[_Slot] = []
@@ -387,6 +403,7 @@ class _Engine:
         self.last_group: _Group | None = None
         self.position = 0
         self.thinking_dropped = 0
+        self.reasoning_dropped = 0
 
     # pass 1 ---------------------------------------------------------------------------------
 
@@ -432,6 +449,13 @@ class _Engine:
             self.thinking_dropped += 1
             thinking = None
             same = False
+        reasoning = message.reasoning
+        if reasoning:
+            kept = tuple(r for r in reasoning if r.format == self.reasoning_format)
+            if len(kept) != len(reasoning):
+                self.reasoning_dropped += len(reasoning) - len(kept)
+                reasoning = kept
+                same = False
         if message.content or calls:
             group.rendered = (
                 message
@@ -442,6 +466,7 @@ class _Engine:
                     tool_calls=tuple(calls),
                     name=message.name,
                     thinking=thinking,
+                    reasoning=reasoning,
                 )
             )
         self.entries.append(group)
@@ -547,6 +572,7 @@ class _Engine:
                         tool_calls=message.tool_calls,
                         name=previous.name,
                         thinking=_join(previous.thinking, message.thinking),
+                        reasoning=message.reasoning,
                     )
                     merged += 1
                     group_run[i] = run_start[-1]
@@ -633,6 +659,7 @@ class _Engine:
             merged_messages=emission.merged,
             dropped_empty_messages=emission.dropped,
             thinking_dropped=self.thinking_dropped,
+            reasoning_dropped=self.reasoning_dropped,
         )
 
 
@@ -642,6 +669,7 @@ def render_transcript(
     *,
     policy: CompletionPolicy = DEFAULT_POLICY,
     keep_thinking: bool = True,
+    reasoning_format: str | None = None,
     debug: bool = False,
 ) -> RenderedTranscript:
     """Render canonical history as a transcript valid for ``provider`` (see the module doc).
@@ -649,8 +677,10 @@ def render_transcript(
     With ``debug=True`` the result is checked with :func:`validate_transcript`
     and a :class:`TranscriptError` carrying the diagnostics is raised if the
     renderer produced anything invalid (a renderer bug, never an input problem).
+    ``reasoning_format`` names the reasoning artefacts the target accepts (the
+    adapter's ``api_format``); ``None`` drops them all.
     """
-    engine = _Engine(provider, policy, keep_thinking)
+    engine = _Engine(provider, policy, keep_thinking, reasoning_format)
     for message in messages:
         engine.ingest(message)
     emission = engine.emit(0, False)
@@ -659,7 +689,7 @@ def render_transcript(
         rendered, MappingProxyType(dict(engine.id_map)), engine.diagnostics(rendered, emission)
     )
     if debug:
-        problems = validate_transcript(rendered, provider)
+        problems = validate_transcript(rendered, provider, reasoning_format=reasoning_format)
         if problems:
             raise TranscriptError(
                 [*problems, f"renderer diagnostics: {result.diagnostics.to_dict()!r}"]
@@ -754,8 +784,9 @@ class IncrementalRenderer:
         *,
         policy: CompletionPolicy = DEFAULT_POLICY,
         keep_thinking: bool = True,
+        reasoning_format: str | None = None,
     ) -> None:
-        self._engine = _Engine(provider, policy, keep_thinking)
+        self._engine = _Engine(provider, policy, keep_thinking, reasoning_format)
         self._items: list[Message] = []
         self._open = 0
         """First entry of the open tail."""
@@ -843,8 +874,34 @@ def _id_problems(call: ToolCall, provider: ProviderFormat, ordinal: int, where: 
     return [f"message {where}: {provider} tool call id {cid!r} is not {rules[provider]}"]
 
 
+def _reasoning_problems(message: Message, where: int, accepted: str | None) -> list[str]:
+    if message.role != "assistant":
+        return [f"message {where}: a {message.role} message carries reasoning artefacts"]
+    problems: list[str] = []
+    last = len(message.tool_calls)
+    for part in message.reasoning:
+        if part.format != accepted:
+            problems.append(
+                f"message {where}: a reasoning artefact of {part.format!r} is sent to "
+                f"{accepted or 'a format that takes none'}"
+            )
+        if part.kind == "part" and not 0 <= part.position <= last + 1:
+            problems.append(f"message {where}: reasoning part at position {part.position}")
+        elif part.kind == "fields" and not (
+            (part.position == 0 and message.content) or 1 <= part.position <= last
+        ):
+            problems.append(
+                f"message {where}: reasoning fields for part {part.position}, which it lacks"
+            )
+    return problems
+
+
 def validate_transcript(
-    messages: Sequence[Message], provider: ProviderFormat, *, strict: bool = False
+    messages: Sequence[Message],
+    provider: ProviderFormat,
+    *,
+    strict: bool = False,
+    reasoning_format: str | None = None,
 ) -> list[str]:
     """Every way ``messages`` break ``provider``'s tool protocol; ``[]`` when valid.
 
@@ -859,6 +916,10 @@ def validate_transcript(
     assistant messages in a row, system messages only before the first other
     message, and a user message first (a tool block followed by a user message
     is fine: one user turn on the wire).
+
+    Reasoning artefacts may only ride on assistant messages, only in
+    ``reasoning_format`` (``None``: none at all), and only at a position the
+    message has (a ``fields`` artefact needs the part it is set on).
 
     With ``strict=True`` problems raise a :class:`TranscriptError` instead.
     """
@@ -878,6 +939,8 @@ def validate_transcript(
     while i < count:
         message = messages[i]
         role = message.role
+        if message.reasoning:
+            problems.extend(_reasoning_problems(message, i, reasoning_format))
         if role == "system":
             if alternating and started:
                 problems.append(

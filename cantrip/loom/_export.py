@@ -14,6 +14,9 @@ first). Schema ``cantrip.turn/1``, the fields of :meth:`Turn.to_dict` plus
   casts and from a fork point), ``intent`` (on a cast's first turn, else null);
 - ``utterance`` (the reply as text), ``content``, ``thinking``, ``tool_calls``
   (``[{id, name, arguments, raw_arguments}]``);
+- ``reasoning`` (only when the utterance has any: ``[{format, position, kind,
+  payload, text?, redacted?}]``, opaque provider artefacts replayed byte for
+  byte; a redacted export leaves out an artefact redaction would alter);
 - ``observation`` (text), ``gate_calls`` (``[{gate, args, result, is_error,
   tool_call_id, status, duration_ms, detail?}]``; ``status`` is ``ok``,
   ``error``, ``skipped``, ``cancelled`` or ``crashed``);
@@ -72,7 +75,16 @@ SCHEMA = "cantrip.turn/1"
 
 def _redacted(record: Any, redaction: Redaction) -> Any:
     if redaction == "default":
-        return redact_value(record)
+        reasoning = record.get("reasoning") if isinstance(record, dict) else None
+        if not reasoning:
+            return redact_value(record)
+        # An artefact is replayed byte for byte or not at all: redaction may not edit
+        # one (a signature would no longer verify), so one it would change is left out.
+        kept = [part for part in reasoning if redact_value(part) == part]
+        out = redact_value({k: v for k, v in record.items() if k != "reasoning"})
+        if kept:
+            out["reasoning"] = kept
+        return out
     if redaction != "none":
         raise ValueError(f"unknown redaction {redaction!r} (default or none)")
     return record

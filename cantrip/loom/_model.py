@@ -14,11 +14,13 @@ from typing import Any, Literal
 import attrs
 
 from cantrip.llm._contract import (
+    ReasoningPart,
     ToolCall,
     Usage,
     _calls,
     _encode_arguments,
     _frozen_dict,
+    _parts,
     plain_json,
 )
 
@@ -145,13 +147,23 @@ class TurnMetadata:
     provider: str | None = None
     cost_usd: float | None = None
     """What the turn's LLM call cost; ``None`` when its price is unknown (or no call)."""
+    tokens_cache_write: int = 0
+    """Prompt tokens written to the provider's cache (priced apart from reads)."""
+    tokens_reasoning: int = 0
+    """Completion tokens the model spent reasoning."""
 
     @property
     def usage(self) -> Usage:
-        return Usage(self.tokens_prompt, self.tokens_completion, self.tokens_cached)
+        return Usage(
+            self.tokens_prompt,
+            self.tokens_completion,
+            self.tokens_cached,
+            self.tokens_cache_write,
+            self.tokens_reasoning,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "tokens_prompt": self.tokens_prompt,
             "tokens_completion": self.tokens_completion,
             "tokens_cached": self.tokens_cached,
@@ -162,6 +174,12 @@ class TurnMetadata:
             "provider": self.provider,
             **({"cost_usd": self.cost_usd} if self.cost_usd is not None else {}),
         }
+        # Only when there are any, so turns without them read exactly as before.
+        if self.tokens_cache_write:
+            out["tokens_cache_write"] = self.tokens_cache_write
+        if self.tokens_reasoning:
+            out["tokens_reasoning"] = self.tokens_reasoning
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TurnMetadata:
@@ -184,6 +202,8 @@ class Turn:
     content: str | None = None
     thinking: str | None = None
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
+    reasoning: tuple[ReasoningPart, ...] = attrs.field(default=(), converter=_parts)
+    """The utterance's opaque reasoning artefacts, replayed only to their own wire format."""
     observation: str = ""
     gate_calls: tuple[GateCallRecord, ...] = attrs.field(default=(), converter=_records)
     metadata: TurnMetadata = attrs.field(factory=TurnMetadata)
@@ -223,6 +243,7 @@ class Turn:
                 }
                 for c in self.tool_calls
             ],
+            **({"reasoning": [r.to_dict() for r in self.reasoning]} if self.reasoning else {}),
             "observation": self.observation,
             "gate_calls": [r.to_dict() for r in self.gate_calls],
             "metadata": self.metadata.to_dict(),
@@ -255,6 +276,7 @@ class Turn:
                 )
                 for c in data.get("tool_calls", ())
             ),
+            reasoning=tuple(ReasoningPart.from_dict(r) for r in data.get("reasoning") or ()),
             observation=data.get("observation", ""),
             gate_calls=tuple(GateCallRecord.from_dict(r) for r in data.get("gate_calls", ())),
             metadata=TurnMetadata.from_dict(data.get("metadata") or {}),

@@ -9,13 +9,13 @@ code mediums, chat export -- merges the pieces first (:func:`logical_turns`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 
 from cantrip._redact import redact_value
-from cantrip.llm._contract import plain_json
+from cantrip.llm._contract import ReasoningPart, plain_json
 from cantrip.loom._model import Turn
 
 CHECKPOINT_PHASES = frozenset({"checkpoint", "continuation+checkpoint"})
@@ -100,3 +100,21 @@ def history_view(
     return [
         turn_view(t, reward(t.id) if reward is not None else None) for t in logical_turns(turns)
     ]
+
+
+def reasoning_summary(parts: Sequence[ReasoningPart]) -> str:
+    """What a person may see of a turn's reasoning artefacts: counts and kinds, never payloads.
+
+    The readable part of the reasoning is the turn's ``thinking``; an
+    artefact itself is the provider's opaque data (signatures, encrypted or
+    redacted reasoning) and stays unshown.
+    """
+    formats = sorted({p.format for p in parts})
+    redacted = sum(1 for p in parts if p.redacted)
+    readable = len(parts) - redacted
+    pieces = [f"{len(parts)} opaque artefact(s) for {', '.join(formats)}"]
+    if readable:
+        pieces.append(f"{readable} with readable thinking (shown above)")
+    if redacted:
+        pieces.append(f"{redacted} redacted or encrypted by the provider (not shown)")
+    return "; ".join(pieces)

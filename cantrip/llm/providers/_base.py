@@ -83,6 +83,7 @@ _CONTEXT_HINTS = (
     "maximum number of tokens",
     "too many tokens",
     "maximum context",
+    "context size",  # llama.cpp's llama-server: "exceeds the available context size"
 )
 _LOOPBACK = ("127.", "localhost", "[::1]")
 _TRANSPORT_CODES = frozenset({"stream_interrupted", "timeout"})
@@ -121,13 +122,20 @@ class Rendered:
     id_map: Mapping[str, str]
 
 
-def render(messages: Sequence[Message], family: ProviderFormat, keep_thinking: bool) -> Rendered:
+def render(
+    messages: Sequence[Message],
+    family: ProviderFormat,
+    keep_thinking: bool,
+    reasoning_format: str | None = None,
+) -> Rendered:
     """The transcript made provider-valid by :func:`cantrip.llm._transcript.render_transcript`.
 
     Interaction repair (pairing, adjacency, dedupe, synthetic completions, id
     projection) belongs to the renderer alone; adapters only translate shape.
     """
-    result = render_transcript(messages, family, keep_thinking=keep_thinking)
+    result = render_transcript(
+        messages, family, keep_thinking=keep_thinking, reasoning_format=reasoning_format
+    )
     diagnostics = result.diagnostics
     if log.isEnabledFor(logging.DEBUG) and (
         diagnostics.synthetic_completions
@@ -156,9 +164,16 @@ class RenderCache:
     starts a fresh renderer, and the least recently used of ``size`` is dropped.
     """
 
-    def __init__(self, family: ProviderFormat, keep_thinking: bool, size: int = 8) -> None:
+    def __init__(
+        self,
+        family: ProviderFormat,
+        keep_thinking: bool,
+        size: int = 8,
+        reasoning_format: str | None = None,
+    ) -> None:
         self.family = family
         self.keep_thinking = keep_thinking
+        self.reasoning_format = reasoning_format
         self.size = size
         self._memos: list[_Memo] = []
 
@@ -174,7 +189,9 @@ class RenderCache:
                 if position:
                     self._memos.insert(0, self._memos.pop(position))
                 return Rendered(view, memo.renderer.id_map)
-        renderer = IncrementalRenderer(self.family, keep_thinking=self.keep_thinking)
+        renderer = IncrementalRenderer(
+            self.family, keep_thinking=self.keep_thinking, reasoning_format=self.reasoning_format
+        )
         seen = list(messages)
         view = renderer.extend(seen)
         self._memos.insert(0, _Memo(renderer, seen))
@@ -274,6 +291,8 @@ class HTTPAdapter:
     """The transcript renderer's provider format."""
     reserved: ClassVar[frozenset[str]] = frozenset()
     """Body fields ``extra`` may not override."""
+    reasoning_format: ClassVar[str | None] = None
+    """The ``api_format`` whose reasoning artefacts this adapter replays (None: drops all)."""
 
     @property
     def context_window(self) -> int | None:
@@ -315,7 +334,9 @@ class HTTPAdapter:
         """Requests in flight on each of ``_owned`` (see ``_http``)."""
         self._owned_token: trio.lowlevel.TrioToken | None = None
         self._trust_env = not _is_loopback(self.base_url)
-        self._renders = RenderCache(self.render_family, self.keep_thinking)
+        self._renders = RenderCache(
+            self.render_family, self.keep_thinking, reasoning_format=self.reasoning_format
+        )
         headers = {
             "content-type": "application/json",
             "user-agent": f"cantrip/{__version__}",
@@ -439,7 +460,9 @@ class HTTPAdapter:
         if memo:
             rendered = self._renders.render(messages)
         else:
-            rendered = render(messages, self.render_family, self.keep_thinking)
+            rendered = render(
+                messages, self.render_family, self.keep_thinking, self.reasoning_format
+            )
         url, body = self.build_request(
             rendered.messages, tools, tool_choice, extra, on_event is not None
         )
@@ -495,11 +518,18 @@ class HTTPAdapter:
         if not transcript_log.isEnabledFor(level):
             return
         family = self.render_family
-        again = render_transcript(messages, family, keep_thinking=self.keep_thinking)
+        again = render_transcript(
+            messages,
+            family,
+            keep_thinking=self.keep_thinking,
+            reasoning_format=self.reasoning_format,
+        )
         report: dict[str, Any] = {
             "adapter": self.name,
             **again.diagnostics.to_dict(),
-            "render_problems": validate_transcript(sent, family),
+            "render_problems": validate_transcript(
+                sent, family, reasoning_format=self.reasoning_format
+            ),
         }
         if error is None:
             transcript_log.log(

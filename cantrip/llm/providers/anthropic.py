@@ -10,9 +10,22 @@ is ``{"type": "auto" | "any" | "none"}``.
 Usage is normalized so ``prompt_tokens`` counts every input token: Anthropic
 reports cache reads and writes apart from ``input_tokens``, and they are
 added back (and kept in ``cached_tokens`` / ``cache_write_tokens``).
-Earlier reasoning is not sent back: replaying it needs the signatures, which
-the canonical transcript does not carry. Streams are folded into the same
-message object a non-streamed call returns and parsed by the same function.
+Streams are folded into the same message object a non-streamed call returns
+and parsed by the same function.
+
+Reasoning: ``thinking`` and ``redacted_thinking`` blocks become opaque
+:class:`~cantrip.llm.ReasoningPart` values (format ``anthropic-messages``),
+each at its place among the text and ``tool_use`` blocks, and are sent back
+unchanged, signature included, in that place -- the API refuses a tool-use
+follow-up whose thinking was dropped or altered (extended thinking docs,
+"Preserving thinking blocks"). ``reasoning_effort`` in ``extra`` turns
+thinking on with a token budget (``thinking = {...}`` in ``extra`` is sent as
+given instead).
+
+Prompt caching (compat ``prompt_cache``, on in the shipped config): a
+``cache_control`` breakpoint on the last tool definition, on the system text
+and on the last block of the conversation, so each turn reads the prefix the
+previous one wrote (prompt caching docs: at most 4 breakpoints).
 """
 
 from __future__ import annotations
@@ -25,12 +38,14 @@ from cantrip._errors import ProviderError
 from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._contract import (
     Message,
+    ReasoningPart,
     Response,
     ToolCall,
     ToolChoice,
     ToolDefinition,
     Usage,
     plain_json,
+    reasoning_part,
 )
 from cantrip.llm._finish import (
     TOKEN_LIMIT,
@@ -68,10 +83,25 @@ STOP_REASONS: dict[str, Finish] = {
     "pause_turn": failure("a server-tool turn was paused; cantrip sends no server tools"),
 }
 FALLBACK_MAX_TOKENS = 4096
+FORMAT = "anthropic-messages"
+ADAPTIVE_EFFORTS = {
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "max",
+    "max": "max",
+}
+"""``reasoning_effort`` as ``output_config.effort`` (low, medium, high, max)."""
+THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384, "max": 32000}
+"""``reasoning_effort`` as a thinking budget for models without adaptive thinking
+(the API's minimum is 1024 tokens)."""
+EPHEMERAL = {"type": "ephemeral"}
 
 
 class AnthropicAdapter(HTTPAdapter):
     family = "anthropic"
+    reasoning_format = FORMAT
     reserved = frozenset(
         {"model", "messages", "system", "stream", "tools", "tool_choice", "max_tokens"}
     )
@@ -92,17 +122,51 @@ class AnthropicAdapter(HTTPAdapter):
     ) -> tuple[str, dict[str, Any]]:
         hyper, rest = split_extra(extra, self.reserved, self.provider)
         system = [m.content for m in messages if m.role == "system" and m.content]
+        cache = self.compat.prompt_cache
+        max_tokens = int(
+            hyper.get("max_tokens")
+            or self.config.provider.default_max_tokens
+            or FALLBACK_MAX_TOKENS
+        )
+        effort = rest.pop("reasoning_effort", None)
+        if effort is not None and effort != "none" and "thinking" not in rest:
+            level = ADAPTIVE_EFFORTS.get(str(effort))
+            if level is None:
+                log.warning("%s: unknown reasoning_effort %r; ignored", self.provider, effort)
+            elif self.compat.thinking_mode == "adaptive":
+                # Adaptive thinking docs: the effort steers how much the model thinks.
+                rest["thinking"] = {"type": "adaptive"}
+                rest["output_config"] = {**rest.get("output_config", {}), "effort": level}
+            else:
+                budget = THINKING_BUDGETS[level]
+                rest["thinking"] = {"type": "enabled", "budget_tokens": budget}
+                if max_tokens <= budget:
+                    # budget_tokens must stay below max_tokens (extended thinking docs)
+                    max_tokens += budget
+        thinking = rest.get("thinking")
+        thinking_on = isinstance(thinking, Mapping) and thinking.get("type") in (
+            "enabled",
+            "adaptive",
+        )
+        if thinking_on:
+            # Extended thinking docs, "Feature compatibility": with thinking on, tool_choice
+            # may only be auto or none (a forced call is asked for as auto), and temperature
+            # and top_p may not be changed (left out, with a warning).
+            if tool_choice == "required":
+                tool_choice = "auto"
+            for key in ("temperature", "top_p"):
+                if hyper.pop(key, None) is not None:
+                    log.warning("%s: %s is not sent while thinking is on", self.provider, key)
         body: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": int(
-                hyper.get("max_tokens")
-                or self.config.provider.default_max_tokens
-                or FALLBACK_MAX_TOKENS
-            ),
+            "max_tokens": max_tokens,
             "messages": self.wire_messages(messages),
         }
         if system:
-            body["system"] = "\n\n".join(system)
+            text = "\n\n".join(system)
+            body["system"] = (
+                [{"type": "text", "text": text, "cache_control": EPHEMERAL}] if cache else text
+            )
         if tools:
             body["tools"] = [
                 {
@@ -112,6 +176,8 @@ class AnthropicAdapter(HTTPAdapter):
                 }
                 for t in tools
             ]
+            if cache:
+                body["tools"][-1]["cache_control"] = EPHEMERAL
             if tool_choice is not None:
                 body["tool_choice"] = {
                     "type": {"auto": "auto", "required": "any", "none": "none"}[tool_choice]
@@ -125,6 +191,8 @@ class AnthropicAdapter(HTTPAdapter):
         if "seed" in hyper:
             log.debug("%s: the Messages API has no seed; not sent", self.provider)
         body.update(rest)
+        if cache:
+            _mark_conversation_end(body["messages"])
         if stream:
             body["stream"] = True
         return f"{self.base_url}/messages", body
@@ -155,20 +223,7 @@ class AnthropicAdapter(HTTPAdapter):
                     block["is_error"] = True
                 push("user", [block])
             else:
-                blocks: list[dict[str, Any]] = []
-                if m.content:
-                    blocks.append({"type": "text", "text": m.content})
-                for call in m.tool_calls:
-                    blocks.append(
-                        {
-                            "type": "tool_use",
-                            "id": call.id,
-                            "name": call.name,
-                            # The API takes an object; unparsable text cannot be replayed as one.
-                            "input": plain_json(call.arguments),
-                        }
-                    )
-                push("assistant", blocks)
+                push("assistant", assistant_blocks(m))
         return out
 
     def parse(self, payload: Mapping[str, Any], messages: Sequence[Message]) -> Response:
@@ -176,6 +231,47 @@ class AnthropicAdapter(HTTPAdapter):
 
     def new_stream(self, messages: Sequence[Message], on_event: EventSink) -> StreamState:
         return MessageStream(self, on_event)
+
+
+def assistant_blocks(message: Message) -> list[dict[str, Any]]:
+    """An assistant message's content blocks, its reasoning artefacts back in their places."""
+    parts: list[ReasoningPart] = list(message.reasoning)
+    blocks: list[dict[str, Any]] = []
+
+    def replay(position: int) -> None:
+        for part in parts:
+            if part.position == position and part.kind == "part":
+                blocks.append(json.loads(part.payload))
+
+    replay(0)
+    if message.content:
+        blocks.append({"type": "text", "text": message.content})
+    for i, call in enumerate(message.tool_calls):
+        replay(1 + i)
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call.id,
+                "name": call.name,
+                # The API takes an object; unparsable text cannot be replayed as one.
+                "input": plain_json(call.arguments),
+            }
+        )
+    last = 1 + len(message.tool_calls)
+    for part in parts:
+        if part.kind == "part" and part.position >= last:
+            blocks.append(json.loads(part.payload))
+    return blocks
+
+
+def _mark_conversation_end(messages: list[dict[str, Any]]) -> None:
+    """A cache breakpoint on the last block that may carry one (not thinking, not empty)."""
+    for message in reversed(messages):
+        for block in reversed(message["content"]):
+            if block.get("type") in ("thinking", "redacted_thinking"):
+                continue
+            block["cache_control"] = EPHEMERAL
+            return
 
 
 def parse_usage(data: Any) -> Usage:
@@ -205,16 +301,23 @@ def parse_message(
     thinking: list[str] = []
     signatures: list[str] = []
     calls: list[ToolCall] = []
+    reasoning: list[ReasoningPart] = []
     for block in payload.get("content") or ():
         if not isinstance(block, Mapping):
             continue
         kind = block.get("type")
+        # Where the block stands among the canonical parts (0: text, 1 + i: call i).
+        position = 1 + len(calls) if texts or calls else 0
         if kind == "text":
             texts.append(str(block.get("text") or ""))
         elif kind == "thinking":
-            thinking.append(str(block.get("thinking") or ""))
+            text = str(block.get("thinking") or "")
+            thinking.append(text)
             if block.get("signature"):
                 signatures.append(str(block["signature"]))
+            reasoning.append(reasoning_part(FORMAT, position, dict(block), text=text))
+        elif kind == "redacted_thinking":
+            reasoning.append(reasoning_part(FORMAT, position, dict(block), redacted=True))
         elif kind == "tool_use":
             arguments, raw = parse_arguments(block.get("input"))
             calls.append(
@@ -254,6 +357,7 @@ def parse_message(
         model=payload.get("model"),
         provider=provider,
         metadata=metadata,
+        reasoning=tuple(reasoning),
     )
 
 

@@ -15,6 +15,16 @@ response id and its position, so it is stable, unique across responses, and
 identical whether the answer was streamed or not. Thought parts
 (``thought: true``) become the thinking; ``thoughtsTokenCount`` counts toward
 completion and reasoning tokens.
+
+Thought signatures (Gemini 2.5 and 3): a ``thoughtSignature`` on a text or
+``functionCall`` part becomes an opaque :class:`~cantrip.llm.ReasoningPart`
+(format ``gemini-generate-content``, kind ``fields``) of that part and is set
+on the same part when the history goes back to Gemini; Gemini 3 refuses a
+function call of the current turn without it (thought signatures docs). A
+signed part cantrip has no canonical place for (a thought part, an empty text
+part) is kept whole and replayed where it stood. ``reasoning_effort`` in
+``extra`` becomes ``generationConfig.thinkingConfig`` (``thinkingLevel`` for
+Gemini 3, a ``thinkingBudget`` before), with thought summaries included.
 """
 
 from __future__ import annotations
@@ -28,12 +38,14 @@ from cantrip._errors import ProviderError
 from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._contract import (
     Message,
+    ReasoningPart,
     Response,
     ToolCall,
     ToolChoice,
     ToolDefinition,
     Usage,
     plain_json,
+    reasoning_part,
 )
 from cantrip.llm._finish import (
     TOKEN_LIMIT,
@@ -79,6 +91,11 @@ FINISH_REASONS: dict[str, Finish] = {
     "OTHER": failure("the provider stopped for an unspecified reason"),
     "FINISH_REASON_UNSPECIFIED": failure("the provider gave no finish reason"),
 }
+FORMAT = "gemini-generate-content"
+FOREIGN_SIGNATURE = "skip_thought_signature_validator"
+"""Google's documented stand-in for a function call Gemini 3 did not produce."""
+THINKING_BUDGETS = {"minimal": 512, "low": 1024, "medium": 8192, "high": 24576}
+"""``reasoning_effort`` as a ``thinkingBudget`` for models before Gemini 3."""
 TOP_LEVEL = frozenset({"safetySettings", "cachedContent", "labels"})
 """``extra`` fields that belong at the top of the request; the rest go in generationConfig."""
 SCHEMA_KEYS = frozenset(
@@ -111,6 +128,7 @@ SCHEMA_KEYS = frozenset(
 
 class GeminiAdapter(HTTPAdapter):
     family = "gemini"
+    reasoning_format = FORMAT
     reserved = frozenset({"contents", "systemInstruction", "tools", "toolConfig"})
 
     def auth_headers(self, api_key: str | None) -> dict[str, str]:
@@ -135,6 +153,9 @@ class GeminiAdapter(HTTPAdapter):
                 mode = {"auto": "AUTO", "required": "ANY", "none": "NONE"}[tool_choice]
                 body["toolConfig"] = {"functionCallingConfig": {"mode": mode}}
         config: dict[str, Any] = {}
+        effort = rest.pop("reasoning_effort", None)
+        if effort is not None:
+            config["thinkingConfig"] = self.thinking_config(str(effort))
         for ours, theirs in (
             ("temperature", "temperature"),
             ("top_p", "topP"),
@@ -157,6 +178,20 @@ class GeminiAdapter(HTTPAdapter):
         if stream:
             return f"{self.base_url}/models/{model}:streamGenerateContent?alt=sse", body
         return f"{self.base_url}/models/{model}:generateContent", body
+
+    def thinking_config(self, effort: str) -> dict[str, Any]:
+        """``reasoning_effort`` in Gemini's terms: a level (Gemini 3) or a token budget."""
+        model = self.model.removeprefix("models/")
+        if model.startswith("gemini-3"):
+            if "-pro" in model:
+                # Gemini 3 Pro knows low and high only (Gemini 3 developer guide).
+                level = "low" if effort in ("none", "minimal", "low") else "high"
+            else:
+                level = {"none": "minimal", "xhigh": "high", "max": "high"}.get(effort, effort)
+            return {"thinkingLevel": level, "includeThoughts": True}
+        if effort == "none":
+            return {"thinkingBudget": 0}
+        return {"thinkingBudget": THINKING_BUDGETS.get(effort, -1), "includeThoughts": True}
 
     def wire_contents(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -183,22 +218,64 @@ class GeminiAdapter(HTTPAdapter):
                     [{"functionResponse": {"name": name, "response": {key: m.content or ""}}}],
                 )
             else:
-                parts: list[dict[str, Any]] = []
-                if m.content:
-                    parts.append({"text": m.content})
                 for call in m.tool_calls:
                     names[call.id] = call.name
-                    parts.append(
-                        {"functionCall": {"name": call.name, "args": plain_json(call.arguments)}}
-                    )
-                push("model", parts)
+                push("model", model_parts(m, foreign=self.strict_signatures))
         return out
+
+    @property
+    def strict_signatures(self) -> str | None:
+        """The stand-in signature for function calls Gemini 3 did not make itself."""
+        return (
+            FOREIGN_SIGNATURE if self.model.removeprefix("models/").startswith("gemini-3") else None
+        )
 
     def parse(self, payload: Mapping[str, Any], messages: Sequence[Message]) -> Response:
         return parse_generate_content(payload, self.provider)
 
     def new_stream(self, messages: Sequence[Message], on_event: EventSink) -> StreamState:
         return GenerateStream(self, on_event)
+
+
+def model_parts(message: Message, foreign: str | None = None) -> list[dict[str, Any]]:
+    """An assistant message as ``parts``, its signatures set back on the parts they came on.
+
+    ``foreign``: the signature to put on the first function call of a message
+    that carries no signature of its own (another provider's turn, a
+    hand-built history), so Gemini 3 accepts it.
+    """
+    reasoning: Sequence[ReasoningPart] = message.reasoning
+    canonical: list[dict[str, Any] | None] = [
+        {"text": message.content} if message.content else None
+    ]
+    canonical.extend(
+        {"functionCall": {"name": call.name, "args": plain_json(call.arguments)}}
+        for call in message.tool_calls
+    )
+    for part in reasoning:
+        if part.kind == "fields" and 0 <= part.position < len(canonical):
+            target = canonical[part.position]
+            if target is not None:
+                target.update(json.loads(part.payload))
+    if foreign is not None and message.tool_calls and not reasoning:
+        # "If you are transferring a conversation trace from another model ... populate
+        # the field with [a] dummy string" (thought signatures docs, FAQ).
+        first = canonical[1]
+        assert first is not None
+        first["thoughtSignature"] = foreign
+    out: list[dict[str, Any]] = []
+    for position, item in enumerate(canonical):
+        out.extend(
+            json.loads(p.payload) for p in reasoning if p.kind == "part" and p.position == position
+        )
+        if item is not None:
+            out.append(item)
+    out.extend(
+        json.loads(p.payload)
+        for p in reasoning
+        if p.kind == "part" and p.position >= len(canonical)
+    )
+    return out
 
 
 def declaration(tool: ToolDefinition) -> dict[str, Any]:
@@ -276,9 +353,13 @@ def parse_generate_content(payload: Mapping[str, Any], provider: str = "gemini")
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[ToolCall] = []
+    reasoning: list[ReasoningPart] = []
     for part in (candidate.get("content") or {}).get("parts") or ():
         if not isinstance(part, Mapping):
             continue
+        signature = part.get("thoughtSignature")
+        if signature is not None:
+            reasoning.append(_signature(part, signature, texts, calls))
         if "functionCall" in part:
             function = part["functionCall"] or {}
             arguments, raw = parse_arguments(function.get("args"))
@@ -311,6 +392,7 @@ def parse_generate_content(payload: Mapping[str, Any], provider: str = "gemini")
         model=payload.get("modelVersion"),
         provider=provider,
         metadata=metadata,
+        reasoning=tuple(reasoning),
     )
 
 
@@ -329,6 +411,25 @@ def _safety_text(candidate: Mapping[str, Any]) -> str:
     if isinstance(message, str) and message:
         parts.append(message[:500])
     return "; ".join(parts)
+
+
+def _signature(
+    part: Mapping[str, Any], signature: Any, texts: list[str], calls: list[ToolCall]
+) -> ReasoningPart:
+    """The artefact of a signed part, placed by what came before it in the response."""
+    if "functionCall" in part:
+        return reasoning_part(
+            FORMAT, 1 + len(calls), {"thoughtSignature": signature}, kind="fields", redacted=True
+        )
+    text = part.get("text")
+    if isinstance(text, str) and text and not part.get("thought"):
+        # The canonical text is one part: a signature on the (last) signed text part.
+        return reasoning_part(
+            FORMAT, 0, {"thoughtSignature": signature}, kind="fields", redacted=True
+        )
+    position = 1 + len(calls) if texts or calls else 0
+    thought = part.get("text") if part.get("thought") else None
+    return reasoning_part(FORMAT, position, dict(part), text=thought or None, redacted=not thought)
 
 
 class GenerateStream:
@@ -403,11 +504,26 @@ class GenerateStream:
         if not isinstance(text, str):
             return
         thought = bool(part.get("thought"))
+        signature = part.get("thoughtSignature")
         last = self.parts[-1] if self.parts else None
-        if last is not None and "text" in last and bool(last.get("thought")) == thought:
+        if (
+            last is not None
+            and "text" in last
+            and "thoughtSignature" not in last
+            and bool(last.get("thought")) == thought
+        ):
+            # Chunks of one part; a signature arrives with the part's last chunk.
             last["text"] += text
+            if signature is not None:
+                last["thoughtSignature"] = signature
         else:
-            self.parts.append({"text": text, **({"thought": True} if thought else {})})
+            self.parts.append(
+                {
+                    "text": text,
+                    **({"thought": True} if thought else {}),
+                    **({"thoughtSignature": signature} if signature is not None else {}),
+                }
+            )
         if text:
             self.on_event(ThinkingDelta(text=text) if thought else TextDelta(text=text))
 

@@ -18,6 +18,7 @@ import attrs
 from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition, plain_json
 from cantrip.llm._openai_chat import error_from_payload, parse_chat_completion
+from cantrip.llm._prompt_cache import cache_key
 from cantrip.llm._sse import SSEEvent
 from cantrip.llm._transcript import ProviderFormat
 from cantrip.llm.providers._base import (
@@ -81,6 +82,10 @@ class OpenAIAdapter(HTTPAdapter):
                 body[key] = hyper[key]
         if "max_tokens" in hyper:
             body[self.compat.max_tokens_field] = hyper["max_tokens"]
+        if self.compat.prompt_cache:
+            # One routing key per identity (instructions + tools): the prompt caching guide.
+            system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
+            body["prompt_cache_key"] = cache_key(system, tools)
         body.update(rest)
         if stream:
             body["stream"] = True
