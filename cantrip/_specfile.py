@@ -74,7 +74,7 @@ class ProviderRefSpec(_Strict):
 
 _PROVIDER_ONLY = ("base_url", "api_key_env", "timeout_s", "compat")
 """LLMSpec keys that only mean something for a real provider."""
-_SCRIPT_ONLY = ("responses", "raw_response", "usage", "retry_behavior")
+_SCRIPT_ONLY = ("responses", "raw_response", "usage", "retry_behavior", "record_inputs")
 """LLMSpec keys that only mean something for a scripted LLM."""
 
 
@@ -110,6 +110,7 @@ class LLMSpec(_Strict):
     usage: dict[str, int] | None = None
     latency_ms: float = 0.0
     record_inputs: bool = True
+    """A scripted LLM records every query it receives; ``false`` is rejected."""
     stateless: bool = False
     """Declares the LLM keeps no state between queries; the runner checks it."""
     retry_behavior: bool = False
@@ -453,6 +454,11 @@ def _scripted_llm(spec: LLMSpec, problems: list[str], where: str) -> LLM | None:
             spec.usage.get("prompt_tokens", 0),
             spec.usage.get("completion_tokens", 0),
             spec.usage.get("cached_tokens", 0),
+        )
+    if not spec.record_inputs:
+        problems.append(
+            f"{where}: record_inputs = false is not supported -- a scripted LLM always "
+            "records the queries it receives"
         )
     if spec.retry_behavior and not any("error" in r for r in responses):
         problems.append(f"{where}: retry_behavior is set but the script has no error entry")
