@@ -11,6 +11,7 @@ from cantrip._circle import Circle
 from cantrip._entity import CastResult, Entity
 from cantrip._errors import (
     CantripError,
+    ChildCrashedError,
     ConstructionError,
     ImmutableError,
     IntentError,
@@ -105,6 +106,7 @@ __all__ = [
     "Cantrip",
     "CantripError",
     "CastResult",
+    "ChildCrashedError",
     "ChildSpec",
     "Circle",
     "ConstructionError",

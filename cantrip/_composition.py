@@ -26,13 +26,14 @@ failure: its truncation summary is the result, marked ``truncated``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
-from cantrip._errors import CantripError, ConstructionError, LLMError
+from cantrip._errors import CantripError, ChildCrashedError, ConstructionError
 from cantrip._gate import Gate, GateError
 from cantrip._identity import Identity
 from cantrip._wards import Ward, WardSet
@@ -49,6 +50,7 @@ DEFAULT_DEPTH = 1
 UNSANDBOXED_MEDIUMS = frozenset({"bash"})
 DEFAULT_CONCURRENCY = 8
 MAX_BATCH = 50
+_log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -135,12 +137,18 @@ async def _run_child(parent: Entity, request: dict[str, Any], spawn_point: str) 
     try:
         async with child:
             outcome: CastResult = await child.send(intent)
-    except LLMError as exc:  # the child boundary (COMP-8, D-011)
-        raise GateError(f"child entity {child.id} failed: {exc}") from None
-    except CantripError as exc:
-        raise GateError(f"child entity {child.id} failed: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 -- a crashed child is the parent's observation
-        raise GateError(f"child entity {child.id} crashed: {type(exc).__name__}: {exc}") from None
+    except CantripError as exc:  # the child boundary (COMP-8, D-011): its LLM gave up, ...
+        _log.warning("child entity %s failed", child.id, exc_info=exc)
+        raise GateError(f"child entity {child.id} failed: {type(exc).__name__}: {exc}") from exc
+    except ChildCrashedError:
+        raise  # a grandchild's crash, already described
+    except Exception as exc:
+        # Not a gate's fault (the child's own gate boundary took those) nor its
+        # LLM's: a runtime bug. It crashes the parent to its supervisor.
+        _log.error("child entity %s crashed", child.id, exc_info=exc)
+        raise ChildCrashedError(
+            f"child entity {child.id} crashed: {type(exc).__name__}: {exc}"
+        ) from exc
     if outcome.truncated:
         return ChildOutcome(outcome.summary, truncated=True, entity_id=child.id)
     return ChildOutcome(outcome.result, entity_id=child.id)
