@@ -159,7 +159,10 @@ class Circle:
         except Exception as exc:  # the gate-call boundary (CIRCLE-5, D-011)
             if _is_crash(exc):
                 raise  # a runtime bug in a child entity: the supervisor's, not the model's
-            _log.warning("gate %r raised %s", name, type(exc).__name__, exc_info=exc)
+            # A GateError is the gate's own plain-words report: logged quietly. Any
+            # other exception is a fault in the gate's code: a warning.
+            level = logging.INFO if isinstance(exc, GateError) else logging.WARNING
+            _log.log(level, "gate %r raised %s", name, type(exc).__name__, exc_info=exc)
             return self._record(
                 name,
                 args,

@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
 
 from cantrip._errors import CantripError, ChildCrashedError, ConstructionError
 from cantrip._gate import Gate, GateError
+from cantrip._gate_names import gate_names, named_gate
 from cantrip._identity import Identity
+from cantrip._running import CURRENT_ENTITY
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import LLM
 
@@ -63,12 +65,10 @@ class ChildOutcome:
 
 
 def current_entity() -> Entity:
-    from cantrip._entity import CURRENT_ENTITY
-
-    try:
-        return CURRENT_ENTITY.get()
-    except LookupError:
-        raise GateError("delegation gates can only run inside an entity's turn") from None
+    entity = CURRENT_ENTITY.get(None)
+    if entity is None:
+        raise GateError("delegation gates can only run inside an entity's turn")
+    return cast("Entity", entity)  # only entities set it (cantrip._entity)
 
 
 async def delegate(request: Mapping[str, Any]) -> ChildOutcome:
@@ -208,7 +208,7 @@ def _child_llm(parent: Entity, name: Any) -> LLM:
 
 
 def _child_medium(parent: Entity, name: Any, llm: LLM) -> Any:
-    from cantrip._specfile import resolve_medium_name
+    from cantrip._medium_names import resolve_medium_name
 
     declared = name if name is not None else getattr(llm, "speaks", None)
     if declared is None:
@@ -232,13 +232,11 @@ def _child_gates(parent: Entity, names: Any) -> list[Gate]:
         return list(parent.circle.gates)
     if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
         raise ConstructionError(f"gates must be a list of gate names, not {names!r}")
-    import gates as builtin
-
     chosen: list[Gate] = []
     for name in ["done", *names]:
-        g = parent.circle.gate(name) or builtin.BUILTIN.get(name) or _delegation_gate(name)
+        g = parent.circle.gate(name) or named_gate(name)
         if g is None:
-            known = sorted({*builtin.BUILTIN, *parent.circle.gate_names})
+            known = sorted({*gate_names(), *parent.circle.gate_names})
             raise ConstructionError(f"unknown gate {name!r} for the child (known: {known})")
         if g.missing_dependencies:
             raise ConstructionError(
@@ -248,15 +246,6 @@ def _child_gates(parent: Entity, names: Any) -> list[Gate]:
         if all(existing.name != g.name for existing in chosen):
             chosen.append(g)
     return chosen
-
-
-def _delegation_gate(name: str) -> Gate | None:
-    from gates.call_agent import DELEGATION_GATES
-
-    for g in DELEGATION_GATES:
-        if name == g.name or name in g.aliases:
-            return g
-    return None
 
 
 def _child_identity(proposed: Any) -> Identity:

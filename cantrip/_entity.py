@@ -14,14 +14,13 @@ other exception is a runtime bug and is deliberately not caught here.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -44,6 +43,7 @@ from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
+from cantrip._running import CURRENT_ENTITY
 from cantrip.llm._contract import (
     LLM,
     ZERO_USAGE,
@@ -54,6 +54,8 @@ from cantrip.llm._contract import (
     ToolDefinition,
     Usage,
 )
+from cantrip.llm._retry import RetryPolicy
+from cantrip.loom._loom import Loom
 from cantrip.loom._model import (
     CallStatus,
     EntityRecord,
@@ -64,13 +66,7 @@ from cantrip.loom._model import (
 )
 from mediums.base import Execution, MediumSession
 
-if TYPE_CHECKING:
-    from cantrip._cantrip import Cantrip
-
 log = get_logger("cantrip.entity")
-
-CURRENT_ENTITY: contextvars.ContextVar[Entity] = contextvars.ContextVar("cantrip_current_entity")
-"""The entity on whose behalf a gate is running (for delegation gates)."""
 
 
 def require_intent(intent: object) -> str:
@@ -223,12 +219,35 @@ class EntitySetup:
     llm_name: str | None
 
 
+class Spell(Protocol):
+    """What an entity reads from the cantrip that summoned it.
+
+    The cantrip layer sits above the entity and passes itself in; the entity
+    knows it only by this shape, so it never imports the layer above it.
+    """
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def loom(self) -> Loom: ...
+    @property
+    def circle(self) -> Circle: ...
+    @property
+    def retry(self) -> RetryPolicy: ...
+    @property
+    def llms(self) -> Mapping[str, LLM]: ...
+    @property
+    def folding(self) -> FoldingPolicy | None: ...
+    def setup_for(self, llm: LLM) -> EntitySetup: ...
+    def resolve_llm(self, llm: LLM | str | None) -> LLM: ...
+
+
 class Entity:
     """A running (or resting, between casts) instance of a cantrip."""
 
     def __init__(
         self,
-        cantrip: Cantrip,
+        cantrip: Spell,
         *,
         llm: LLM,
         entity_id: str | None = None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
@@ -30,6 +30,10 @@ from cantrip._errors import ConstructionError
 from cantrip._folding import FoldingPolicy, LLMFolder
 from cantrip._gate import Gate
 from cantrip._identity import Identity
+from cantrip._medium_names import _MEDIUMS, MEDIUM_ALIASES
+from cantrip._medium_names import MediumFactory as MediumFactory
+from cantrip._medium_names import register_medium as register_medium
+from cantrip._medium_names import resolve_medium_name as resolve_medium_name
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import LLM, Usage
 from cantrip.llm._retry import DEFAULT_RETRYABLE, RetryingLLM, RetryPolicy
@@ -37,10 +41,7 @@ from cantrip.llm._scripted import ScriptedLLM
 from cantrip.loom._loom import Loom
 from gates.fixtures import fixture_gate
 from mediums.base import Medium
-from mediums.bash import BashMedium
 from mediums.conversation import conversation
-from mediums.js import js
-from mediums.python import python
 
 
 class _Strict(BaseModel):
@@ -186,51 +187,12 @@ class SpecDocument(_Strict):
     """Further LLMs by name, for children and forks."""
 
 
-MEDIUM_ALIASES: dict[str, str] = {
-    "conversation": "conversation",
-    "tool": "conversation",
-    "tool_calling": "conversation",
-    "tools": "conversation",
-    "code": "js",
-    "javascript": "js",
-    "js": "js",
-    "python": "python",
-    "py": "python",
-    "bash": "bash",
-    "shell": "bash",
-}
-
 _LLM_TYPE_MEDIUM = {
     "code_circle": "code",
     "tool_calling": "conversation",
     "conversation": "conversation",
 }
 """What an LLM spec's ``type`` says about the medium its responses are written for."""
-
-MediumFactory = Callable[[], Medium]
-_MEDIUMS: dict[str, MediumFactory] = {
-    "conversation": lambda: conversation,
-    "js": lambda: js,
-    "python": lambda: python,
-    "bash": BashMedium,  # opt-in only: not a sandbox (see mediums.bash)
-}
-
-
-def register_medium(name: str, factory: MediumFactory, *aliases: str) -> None:
-    """Make a medium nameable from spec files (``medium = "name"``)."""
-    _MEDIUMS[name] = factory
-    MEDIUM_ALIASES[name] = name
-    for alias in aliases:
-        MEDIUM_ALIASES[alias] = name
-
-
-def resolve_medium_name(name: str) -> Medium:
-    """A medium by (alias) name, as spec files and child requests give it."""
-    canonical = MEDIUM_ALIASES.get(name)
-    if canonical is None or canonical not in _MEDIUMS:
-        available = ", ".join(sorted(k for k, v in MEDIUM_ALIASES.items() if v in _MEDIUMS))
-        raise ConstructionError(f"unknown medium {name!r} (available: {available})")
-    return _MEDIUMS[canonical]()
 
 
 def load_spec_file(path: str | Path) -> SpecDocument:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cantrip._gate import Gate
+from cantrip import Gate
+from cantrip.delegation import register_gates
 from gates.call_agent import call_agent, call_agent_batch
 from gates.done import done
 from gates.echo import echo
@@ -13,5 +14,7 @@ BUILTIN: dict[str, Gate] = {
     g.name: g for g in (done, echo, read, fetch, call_agent, call_agent_batch)
 }
 """Gates a declarative spec can name."""
+
+register_gates(*BUILTIN.values())  # ... and a child request (cantrip.delegation)
 
 __all__ = ["BUILTIN", "call_agent", "call_agent_batch", "done", "echo", "fetch", "read"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cantrip._gate import GateError, gate
+from cantrip import GateError, gate
 
 MAX_BYTES = 1_000_000
 

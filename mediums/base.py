@@ -22,10 +22,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 if TYPE_CHECKING:  # only types: mediums.base must import without the runtime
-    from cantrip._gate import Gate
-    from cantrip._wards import WardKind, WardSet
-    from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
-    from cantrip.loom._model import CallStatus, GateCallRecord, Turn
+    from cantrip.medium import (
+        CallStatus,
+        Gate,
+        GateCallRecord,
+        Message,
+        Response,
+        ToolChoice,
+        ToolDefinition,
+        Turn,
+        WardKind,
+        WardSet,
+    )
 
 
 def visible_result(record: GateCallRecord) -> str:

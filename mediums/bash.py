@@ -88,17 +88,25 @@ import attrs
 import trio
 import trio.lowlevel
 
-from cantrip._gate import Gate
-from cantrip._wards import WardKind, WardSet
-from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
-from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.medium import (
+    Gate,
+    GateCallRecord,
+    Message,
+    Response,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    Turn,
+    WardKind,
+    WardSet,
+    render_code_observation,
+)
 from mediums._code import (
     CodeRun,
     code_tool,
     execute_code_calls,
     map_arguments,
     observation_text,
-    render_code_observation,
 )
 from mediums.base import Execution, GateHost
 from mediums.js import MAX_EVAL_MS

@@ -12,10 +12,17 @@ from collections.abc import Sequence
 
 import attrs
 
-from cantrip._gate import Gate
-from cantrip._wards import WardKind, WardSet
-from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
-from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.medium import (
+    Gate,
+    GateCallRecord,
+    Message,
+    Response,
+    ToolChoice,
+    ToolDefinition,
+    Turn,
+    WardKind,
+    WardSet,
+)
 from mediums.base import Execution, GateHost, visible_result
 
 SKIPPED_AFTER_DONE = "skipped: done was already called in this utterance"

@@ -38,10 +38,20 @@ from typing import Any
 
 import attrs
 
-from cantrip._gate import Gate
-from cantrip._wards import WardKind, WardSet, register_ward_kind
-from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
-from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.medium import (
+    Gate,
+    GateCallRecord,
+    Message,
+    Response,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    Turn,
+    WardKind,
+    WardSet,
+    register_ward_kind,
+    render_code_observation,
+)
 from mediums._code import (
     LOOM_DOC,
     CodeRun,
@@ -51,7 +61,6 @@ from mediums._code import (
     history_source,
     map_arguments,
     observation_text,
-    render_code_observation,
 )
 from mediums._worker import WorkerDied, WorkerProcess
 from mediums.base import Execution, GateHost

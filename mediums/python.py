@@ -82,10 +82,19 @@ import attrs
 import pydantic_monty as monty
 import trio
 
-from cantrip._gate import Gate
-from cantrip._wards import WardKind, WardSet
-from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
-from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.medium import (
+    Gate,
+    GateCallRecord,
+    Message,
+    Response,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    Turn,
+    WardKind,
+    WardSet,
+    render_code_observation,
+)
 from mediums._code import (
     LOOM_DOC,
     LOOM_NAME,
@@ -96,7 +105,6 @@ from mediums._code import (
     history_source,
     map_arguments,
     observation_text,
-    render_code_observation,
 )
 from mediums.base import Execution, GateHost
 from mediums.js import MAX_EVAL_MS, MAX_MEMORY_MB

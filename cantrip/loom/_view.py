@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from cantrip._redact import redact_value
-from cantrip.llm._contract import plain_json
+from cantrip.llm._contract import Message, plain_json
 from cantrip.loom._model import Turn
 
 CHECKPOINT_PHASES = frozenset({"checkpoint", "continuation+checkpoint"})
@@ -100,3 +100,20 @@ def history_view(
     return [
         turn_view(t, reward(t.id) if reward is not None else None) for t in logical_turns(turns)
     ]
+
+
+def render_code_observation(turn: Turn) -> list[Message]:
+    """One tool message per code call, carrying the turn's observation.
+
+    How every code medium renders a recorded turn back into the context; here,
+    beside the other views of recorded turns, so the loom's exporter can render
+    a thread without importing a medium."""
+    texts = turn.extras.get("observations")
+    messages = []
+    for index, call in enumerate(turn.tool_calls):
+        if isinstance(texts, list | tuple) and index < len(texts):
+            text = str(texts[index])
+        else:
+            text = turn.observation
+        messages.append(Message(role="tool", content=text, tool_call_id=call.id, name=call.name))
+    return messages
