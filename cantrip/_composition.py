@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -37,7 +37,6 @@ from cantrip._errors import CantripError, ChildCrashedError, ConstructionError
 from cantrip._gate import Gate, GateError
 from cantrip._gate_names import gate_names, named_gate
 from cantrip._identity import Identity
-from cantrip._running import CURRENT_ENTITY
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import LLM
 
@@ -65,10 +64,12 @@ class ChildOutcome:
 
 
 def current_entity() -> Entity:
-    entity = CURRENT_ENTITY.get(None)
-    if entity is None:
-        raise GateError("delegation gates can only run inside an entity's turn")
-    return cast("Entity", entity)  # only entities set it (cantrip._entity)
+    from cantrip._entity import CURRENT_ENTITY
+
+    try:
+        return CURRENT_ENTITY.get()
+    except LookupError:
+        raise GateError("delegation gates can only run inside an entity's turn") from None
 
 
 async def delegate(request: Mapping[str, Any]) -> ChildOutcome:

@@ -14,13 +14,14 @@ other exception is a runtime bug and is deliberately not caught here.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import attrs
 import trio
@@ -43,7 +44,7 @@ from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
-from cantrip._running import CURRENT_ENTITY
+from cantrip._running import CURRENT_ENTITY as RUNNING
 from cantrip.llm._contract import (
     LLM,
     ZERO_USAGE,
@@ -67,6 +68,11 @@ from cantrip.loom._model import (
 from mediums.base import Execution, MediumSession
 
 log = get_logger("cantrip.entity")
+
+CURRENT_ENTITY = cast("contextvars.ContextVar[Entity]", RUNNING)
+"""The entity on whose behalf a gate is running (for delegation gates): the variable
+of :mod:`cantrip._running`, which mediums read as a ``RunningEntity``, typed here as the
+entity it always holds (only entities set it)."""
 
 
 def require_intent(intent: object) -> str:
