@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from cantrip.llm._config import load_llm
     from cantrip.loom import export_chat, export_jsonl, export_thread_jsonl, load_jsonl
 
-__version__ = "0.1.0"
+from cantrip._version import __version__ as __version__
 
 # Loaded on first use, so `import cantrip` stays cheap (no provider, supervisor or
 # export machinery until a program asks for it).
