@@ -461,7 +461,7 @@ class Expectations:
             return
         if not isinstance(value, list):
             raise Mismatch(f"{where}: expected a count or a list")
-        # The list form is a prefix check (SPEC.md "Conformance runner"): it
+        # The list form is a prefix check (SPEC.md "Conformance"): it
         # describes the first len(value) queries; a count pins the total.
         if len(value) > len(queries):
             raise Mismatch(f"{where}: expected at least {len(value)} queries, got {len(queries)}")
