@@ -32,8 +32,10 @@ its own.
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import gc
+import logging
 import math
 import os
 import resource
@@ -101,7 +103,8 @@ KEY_ENV = "CANTRIP_BENCH_KEY"  # a placeholder key for the loopback server, not 
 
 
 class GcCount:
-    """Counts collections and the time they take, through ``gc.callbacks``."""
+    """Counts collections and the CPU time they take, through ``gc.callbacks``
+    (CPU, not wall: on a shared machine a collection may be descheduled)."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -109,10 +112,22 @@ class GcCount:
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            self.seconds -= time.perf_counter()
+            self.seconds -= time.process_time()
         else:
             self.count += 1
-            self.seconds += time.perf_counter()
+            self.seconds += time.process_time()
+
+
+class RetryReasons(logging.Handler):
+    """Why turns needed a retry: the errors the retry policy announces."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seen: collections.Counter[str] = collections.Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        reason = record.args[-1] if isinstance(record.args, tuple) and record.args else None
+        self.seen[str(reason if reason is not None else record.getMessage())[:100]] += 1
 
 
 SHARD = 100
@@ -151,9 +166,13 @@ async def socket_entities(n: int, port: int, pool: str) -> None:
         identity=cantrip.Identity(system_prompt="bench"),
         circle=cantrip.Circle([done, echo], [cantrip.max_turns(6)]),
     )
-    collections = GcCount()
+    collected = GcCount()
+    reasons = RetryReasons()
+    retry_log = logging.getLogger("cantrip.llm.retry")
+    retry_log.setLevel(logging.INFO)
+    retry_log.addHandler(reasons)
     before = rss_kib()
-    gc.callbacks.append(collections)
+    gc.callbacks.append(collected)
     cpu = time.process_time()
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
@@ -163,7 +182,8 @@ async def socket_entities(n: int, port: int, pool: str) -> None:
             )
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu
-    gc.callbacks.remove(collections)
+    gc.callbacks.remove(collected)
+    retry_log.removeHandler(reasons)
     for client in clients:
         await client.aclose()
     after = rss_kib()
@@ -183,8 +203,10 @@ async def socket_entities(n: int, port: int, pool: str) -> None:
         f"    {len(turns)} turns recorded, {done_casts} casts done, {retried} turns retried; "
         f"peak RSS {after / 1024:.0f} MiB (grew {(after - before) / 1024:.0f} MiB), "
         f"{(after - before) / n:.1f} KiB per entity (target <= 50 KiB); "
-        f"{collections.count} collections took {collections.seconds:.2f} s"
+        f"{collected.count} collections took {collected.seconds:.2f} s of CPU"
     )
+    for reason, count in reasons.seen.most_common(3):
+        print(f"    retried {count}x: {reason}")
 
 
 async def socket_floor(n: int, port: int) -> None:
@@ -261,33 +283,27 @@ async def many_entities(n: int, wait: str, gc_setting: str) -> None:
         identity=cantrip.Identity(system_prompt="bench"),
         circle=cantrip.Circle([done, echo], [cantrip.max_turns(6)]),
     )
-    collections = [0, 0.0]
-
-    def count(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            collections[1] -= time.perf_counter()
-        else:
-            collections[0] += 1
-            collections[1] += time.perf_counter()
-
+    collected = GcCount()
     before = rss_kib()
-    gc.callbacks.append(count)
+    gc.callbacks.append(collected)
+    cpu = time.process_time()
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for i in range(n):
             nursery.start_soon(spell.cast_async, f"task {i}")
     wall = time.perf_counter() - start
-    gc.callbacks.remove(count)
+    cpu = time.process_time() - cpu
+    gc.callbacks.remove(collected)
     after = rss_kib()
     turns = len(spell.loom)
     print(
         f"(a') {n} entities x 5 turns, LLM waits in-process with {wait}, {gc_setting} GC: "
-        f"wall {wall:.2f} s, {turns} turns recorded"
+        f"wall {wall:.2f} s, CPU {cpu:.2f} s, {turns} turns recorded"
     )
     print(
         f"    peak RSS {after / 1024:.0f} MiB (grew {(after - before) / 1024:.0f} MiB), "
         f"{(after - before) / n:.1f} KiB per entity; "
-        f"{collections[0]} collections took {collections[1]:.2f} s"
+        f"{collected.count} collections took {collected.seconds:.2f} s of CPU"
     )
 
 
