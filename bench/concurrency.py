@@ -126,8 +126,8 @@ class RetryReasons(logging.Handler):
         self.seen: collections.Counter[str] = collections.Counter()
 
     def emit(self, record: logging.LogRecord) -> None:
-        reason = record.args[-1] if isinstance(record.args, tuple) and record.args else None
-        self.seen[str(reason if reason is not None else record.getMessage())[:100]] += 1
+        # "retrying <llm> in <s>s (attempt <n> of <m>): <the error>" -> the error
+        self.seen[record.getMessage().split("): ", 1)[-1][:160]] += 1
 
 
 SHARD = 100
