@@ -12,6 +12,7 @@ from cantrip._circle import Circle
 from cantrip._entity import CastResult, Entity
 from cantrip._errors import (
     CantripError,
+    ChildCrashedError,
     ConstructionError,
     ImmutableError,
     IntentError,
@@ -73,7 +74,7 @@ if TYPE_CHECKING:
     from cantrip.loom import export_chat, export_jsonl, export_thread_jsonl, load_jsonl
     from cantrip.mcp import MCPServer
 
-__version__ = "0.1.0"
+from cantrip._version import __version__ as __version__
 
 # Loaded on first use, so `import cantrip` stays cheap (no provider, supervisor or
 # export machinery until a program asks for it).
@@ -126,6 +127,7 @@ __all__ = [
     "Cantrip",
     "CantripError",
     "CastResult",
+    "ChildCrashedError",
     "ChildSpec",
     "Circle",
     "ConstructionError",

@@ -13,6 +13,7 @@ gate-call boundary where a gate's own failures become ``is_error`` records
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -21,8 +22,8 @@ from typing import Any
 import attrs
 
 from cantrip._approval import ApprovalPolicy, Verdict
-from cantrip._errors import ConstructionError
-from cantrip._gate import Gate, GateArgumentError, GateResult
+from cantrip._errors import ChildCrashedError, ConstructionError
+from cantrip._gate import Gate, GateArgumentError, GateError, GateResult
 from cantrip._output import OutputSchema
 from cantrip._providers import GateProvider
 from cantrip._wards import Ward, WardSet
@@ -31,6 +32,7 @@ from cantrip.loom._model import CallStatus, GateCallRecord
 from mediums.base import Medium
 
 _EPHEMERAL: Mapping[str, Any] = MappingProxyType({"ephemeral": True})
+_log = logging.getLogger(__name__)
 
 
 def _default_medium() -> Medium:
@@ -210,11 +212,25 @@ class Circle:
         try:
             result = await g.invoke(args)
         except GateArgumentError as exc:
-            return self._record(name, args, tool_call_id, started, str(exc), error=True)
-        except Exception as exc:  # noqa: BLE001 -- the gate-call boundary (CIRCLE-5, D-011)
-            message = str(exc) or type(exc).__name__
+            _log.info("gate %r: arguments refused", name, exc_info=exc)
             return self._record(
-                name, args, tool_call_id, started, message, error=True, detail=detail
+                name, args, tool_call_id, started, str(exc), error=True, detail=_kind(exc)
+            )
+        except Exception as exc:  # the gate-call boundary (CIRCLE-5, D-011)
+            if _is_crash(exc):
+                raise  # a runtime bug in a child entity: the supervisor's, not the model's
+            # A GateError is the gate's own plain-words report: logged quietly. Any
+            # other exception is a fault in the gate's code: a warning.
+            level = logging.INFO if isinstance(exc, GateError) else logging.WARNING
+            _log.log(level, "gate %r raised %s", name, type(exc).__name__, exc_info=exc)
+            return self._record(
+                name,
+                args,
+                tool_call_id,
+                started,
+                gate_error_text(exc),
+                error=True,
+                detail={**detail, **_kind(exc)},
             )
         error = False
         if isinstance(result, GateResult):
@@ -270,3 +286,27 @@ class Circle:
             duration_ms=(time.perf_counter() - started) * 1000.0,
             detail=detail or EMPTY,
         )
+
+
+def gate_error_text(exc: BaseException) -> str:
+    """What the entity reads for a gate's exception. A :class:`GateError` is the
+    gate's own plain-words report and reads as written; anything else keeps its
+    type, so ``KeyError('x')`` reads ``KeyError: 'x'`` rather than ``'x'``."""
+    if isinstance(exc, GateError):
+        return str(exc) or type(exc).__name__
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _kind(exc: BaseException) -> dict[str, str]:
+    """The exception's type for the record's ``detail`` (kept in the loom)."""
+    return {"exception": type(exc).__name__}
+
+
+def _is_crash(exc: BaseException) -> bool:
+    """A child's runtime crash, alone or inside a batch's exception group."""
+    if isinstance(exc, ChildCrashedError):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_is_crash(inner) for inner in exc.exceptions)
+    return False

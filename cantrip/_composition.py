@@ -26,14 +26,16 @@ failure: its truncation summary is the result, marked ``truncated``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
-from cantrip._errors import CantripError, ConstructionError, LLMError
+from cantrip._errors import CantripError, ChildCrashedError, ConstructionError
 from cantrip._gate import Gate, GateError
+from cantrip._gate_names import gate_names, named_gate
 from cantrip._identity import Identity
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import LLM
@@ -49,6 +51,7 @@ DEFAULT_DEPTH = 1
 UNSANDBOXED_MEDIUMS = frozenset({"bash"})
 DEFAULT_CONCURRENCY = 8
 MAX_BATCH = 50
+_log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -137,12 +140,18 @@ async def _run_child(parent: Entity, request: dict[str, Any], spawn_point: str) 
     try:
         async with child:
             outcome: CastResult = await child.send(intent)
-    except LLMError as exc:  # the child boundary (COMP-8, D-011)
-        raise GateError(f"child entity {child.id} failed: {exc}") from None
-    except CantripError as exc:
-        raise GateError(f"child entity {child.id} failed: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 -- a crashed child is the parent's observation
-        raise GateError(f"child entity {child.id} crashed: {type(exc).__name__}: {exc}") from None
+    except CantripError as exc:  # the child boundary (COMP-8, D-011): its LLM gave up, ...
+        _log.warning("child entity %s failed", child.id, exc_info=exc)
+        raise GateError(f"child entity {child.id} failed: {type(exc).__name__}: {exc}") from exc
+    except ChildCrashedError:
+        raise  # a grandchild's crash, already described
+    except Exception as exc:
+        # Not a gate's fault (the child's own gate boundary took those) nor its
+        # LLM's: a runtime bug. It crashes the parent to its supervisor.
+        _log.error("child entity %s crashed", child.id, exc_info=exc)
+        raise ChildCrashedError(
+            f"child entity {child.id} crashed: {type(exc).__name__}: {exc}"
+        ) from exc
     if outcome.truncated:
         return ChildOutcome(
             outcome.summary, truncated=True, entity_id=child.id, reason=outcome.reason
@@ -215,7 +224,7 @@ def _child_llm(parent: Entity, name: Any) -> LLM:
 
 
 def _child_medium(parent: Entity, name: Any, llm: LLM) -> Any:
-    from cantrip._specfile import resolve_medium_name
+    from cantrip._medium_names import resolve_medium_name
 
     declared = name if name is not None else getattr(llm, "speaks", None)
     if declared is None:
@@ -239,13 +248,11 @@ def _child_gates(parent: Entity, names: Any) -> list[Gate]:
         return list(parent.circle.gates)
     if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
         raise ConstructionError(f"gates must be a list of gate names, not {names!r}")
-    import gates as builtin
-
     chosen: list[Gate] = []
     for name in ["done", *names]:
-        g = parent.circle.gate(name) or builtin.BUILTIN.get(name) or _delegation_gate(name)
+        g = parent.circle.gate(name) or named_gate(name)
         if g is None:
-            known = sorted({*builtin.BUILTIN, *parent.circle.gate_names})
+            known = sorted({*gate_names(), *parent.circle.gate_names})
             raise ConstructionError(f"unknown gate {name!r} for the child (known: {known})")
         if g.missing_dependencies:
             raise ConstructionError(
@@ -255,15 +262,6 @@ def _child_gates(parent: Entity, names: Any) -> list[Gate]:
         if all(existing.name != g.name for existing in chosen):
             chosen.append(g)
     return chosen
-
-
-def _delegation_gate(name: str) -> Gate | None:
-    from gates.call_agent import DELEGATION_GATES
-
-    for g in DELEGATION_GATES:
-        if name == g.name or name in g.aliases:
-            return g
-    return None
 
 
 def _child_identity(proposed: Any) -> Identity:

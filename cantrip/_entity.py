@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import attrs
 import trio
@@ -49,6 +49,7 @@ from cantrip._journal import TurnJournal
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
+from cantrip._running import CURRENT_ENTITY as RUNNING
 from cantrip._tracing import with_tracing
 from cantrip._values import OBSERVATION_CAP_CHARS
 from cantrip.llm._contract import (
@@ -62,7 +63,9 @@ from cantrip.llm._contract import (
     Usage,
 )
 from cantrip.llm._cost import llm_pricing, prompt_cost, response_cost
+from cantrip.llm._retry import RetryPolicy
 from cantrip.loom._fence import LeaseLostError
+from cantrip.loom._loom import Loom
 from cantrip.loom._model import (
     CallStatus,
     EntityRecord,
@@ -77,7 +80,6 @@ PauseHandler = Callable[[Pause], Awaitable[Decision]]
 """A front end's way to ask its human: shows the pause, returns the decision."""
 
 if TYPE_CHECKING:
-    from cantrip._cantrip import Cantrip
     from cantrip._wards import WardSet
 
 log = get_logger("cantrip.entity")
@@ -87,8 +89,10 @@ CONTINUE_CUT_OFF = (
     "stopped, without repeating anything you already wrote."
 )
 
-CURRENT_ENTITY: contextvars.ContextVar[Entity] = contextvars.ContextVar("cantrip_current_entity")
-"""The entity on whose behalf a gate is running (for delegation gates)."""
+CURRENT_ENTITY = cast("contextvars.ContextVar[Entity]", RUNNING)
+"""The entity on whose behalf a gate is running (for delegation gates): the variable
+of :mod:`cantrip._running`, which mediums read as a ``RunningEntity``, typed here as the
+entity it always holds (only entities set it)."""
 
 
 def require_intent(intent: object) -> str:
@@ -321,12 +325,35 @@ class EntitySetup:
     llm_name: str | None
 
 
+class Spell(Protocol):
+    """What an entity reads from the cantrip that summoned it.
+
+    The cantrip layer sits above the entity and passes itself in; the entity
+    knows it only by this shape, so it never imports the layer above it.
+    """
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def loom(self) -> Loom: ...
+    @property
+    def circle(self) -> Circle: ...
+    @property
+    def retry(self) -> RetryPolicy: ...
+    @property
+    def llms(self) -> Mapping[str, LLM]: ...
+    @property
+    def folding(self) -> FoldingPolicy | None: ...
+    def setup_for(self, llm: LLM) -> EntitySetup: ...
+    def resolve_llm(self, llm: LLM | str | None) -> LLM: ...
+
+
 class Entity:
     """A running (or resting, between casts) instance of a cantrip."""
 
     def __init__(
         self,
-        cantrip: Cantrip,
+        cantrip: Spell,
         *,
         llm: LLM,
         entity_id: str | None = None,

@@ -95,3 +95,13 @@ class ScriptExhaustedError(LLMError):
 
     It never invents an answer: the test or example that scripted it is wrong.
     """
+
+
+class ChildCrashedError(Exception):
+    """A child entity crashed with a runtime bug (not a gate's fault, not its LLM's).
+
+    Deliberately not a :class:`CantripError` and not turned into an observation:
+    it passes through the parent's gate-call boundary, ends the parent's cast as
+    ``crashed`` and reaches the parent's supervisor (DESIGN: runtime bugs crash).
+    The child's own exception is its ``__cause__``.
+    """

@@ -160,10 +160,20 @@ def _run(args: argparse.Namespace, path: Path, out: TextIO, err: TextIO) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m cantrip._loom_cli FILE COMMAND ...`` (the same as ``cantrip loom``)."""
-    from cantrip._cli import main as cli_main
+    """``python -m cantrip._loom_cli FILE COMMAND ...`` (the same as ``cantrip loom``,
+    with the same one-line errors; ``--debug`` shows a traceback)."""
+    from cantrip._failure import debug_requested, report
 
-    return cli_main(["loom", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="cantrip")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_loom_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["loom", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return int(run_loom(args))
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 -- the command's boundary: one line
+        return report(exc, debug=debug_requested(args), stream=sys.stderr)
 
 
 def _repair(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -172,7 +182,7 @@ def _repair(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.loom_command == "check":
         found = repair.check(args.loom_file)
     else:
-        found = repair.recover(args.loom_file, args.out)
+        found = repair.recover(args.loom_file, args.out, Loom.open)
     if args.json:
         _print(out, repair.dumps(found))
     else:

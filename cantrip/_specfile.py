@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
@@ -31,6 +31,10 @@ from cantrip._errors import ConstructionError
 from cantrip._folding import FoldingPolicy, LLMFolder
 from cantrip._gate import Gate
 from cantrip._identity import Identity
+from cantrip._medium_names import _MEDIUMS, MEDIUM_ALIASES
+from cantrip._medium_names import MediumFactory as MediumFactory
+from cantrip._medium_names import register_medium as register_medium
+from cantrip._medium_names import resolve_medium_name as resolve_medium_name
 from cantrip._output import OutputSchema
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import LLM, Usage
@@ -42,8 +46,6 @@ from gates.fixtures import fixture_gate
 from mediums.base import Medium
 from mediums.bash import BashMedium
 from mediums.conversation import conversation
-from mediums.js import js
-from mediums.python import python
 
 
 class _Strict(BaseModel):
@@ -77,7 +79,7 @@ class ProviderRefSpec(_Strict):
 
 _PROVIDER_ONLY = ("base_url", "api_key_env", "timeout_s", "compat")
 """LLMSpec keys that only mean something for a real provider."""
-_SCRIPT_ONLY = ("responses", "raw_response", "usage", "retry_behavior")
+_SCRIPT_ONLY = ("responses", "raw_response", "usage", "retry_behavior", "record_inputs")
 """LLMSpec keys that only mean something for a scripted LLM."""
 
 
@@ -113,6 +115,7 @@ class LLMSpec(_Strict):
     usage: dict[str, int] | None = None
     latency_ms: float = 0.0
     record_inputs: bool = True
+    """A scripted LLM records every query it receives; ``false`` is rejected."""
     stateless: bool = False
     """Declares the LLM keeps no state between queries; the runner checks it."""
     retry_behavior: bool = False
@@ -216,51 +219,12 @@ class SpecDocument(_Strict):
     """The file the document was read from (hidden from file gates by default)."""
 
 
-MEDIUM_ALIASES: dict[str, str] = {
-    "conversation": "conversation",
-    "tool": "conversation",
-    "tool_calling": "conversation",
-    "tools": "conversation",
-    "code": "js",
-    "javascript": "js",
-    "js": "js",
-    "python": "python",
-    "py": "python",
-    "bash": "bash",
-    "shell": "bash",
-}
-
 _LLM_TYPE_MEDIUM = {
     "code_circle": "code",
     "tool_calling": "conversation",
     "conversation": "conversation",
 }
 """What an LLM spec's ``type`` says about the medium its responses are written for."""
-
-MediumFactory = Callable[[], Medium]
-_MEDIUMS: dict[str, MediumFactory] = {
-    "conversation": lambda: conversation,
-    "js": lambda: js,
-    "python": lambda: python,
-    "bash": BashMedium,  # opt-in only: not a sandbox (see mediums.bash)
-}
-
-
-def register_medium(name: str, factory: MediumFactory, *aliases: str) -> None:
-    """Make a medium nameable from spec files (``medium = "name"``)."""
-    _MEDIUMS[name] = factory
-    MEDIUM_ALIASES[name] = name
-    for alias in aliases:
-        MEDIUM_ALIASES[alias] = name
-
-
-def resolve_medium_name(name: str) -> Medium:
-    """A medium by (alias) name, as spec files and child requests give it."""
-    canonical = MEDIUM_ALIASES.get(name)
-    if canonical is None or canonical not in _MEDIUMS:
-        available = ", ".join(sorted(k for k, v in MEDIUM_ALIASES.items() if v in _MEDIUMS))
-        raise ConstructionError(f"unknown medium {name!r} (available: {available})")
-    return _MEDIUMS[canonical]()
 
 
 def load_spec_file(path: str | Path) -> SpecDocument:
@@ -540,6 +504,11 @@ def _scripted_llm(spec: LLMSpec, problems: list[str], where: str) -> LLM | None:
             spec.usage.get("prompt_tokens", 0),
             spec.usage.get("completion_tokens", 0),
             spec.usage.get("cached_tokens", 0),
+        )
+    if not spec.record_inputs:
+        problems.append(
+            f"{where}: record_inputs = false is not supported -- a scripted LLM always "
+            "records the queries it receives"
         )
     if spec.retry_behavior and not any("error" in r for r in responses):
         problems.append(f"{where}: retry_behavior is set but the script has no error entry")

@@ -64,7 +64,7 @@ def configured_tracer() -> Tracer | None:
     provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
-    from cantrip import __version__
+    from cantrip._version import __version__
 
     return provider.get_tracer("cantrip", __version__)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cantrip._gate import Gate
+from cantrip import Gate
+from cantrip.delegation import register_gates
 from gates.ask_user import ask_user
 from gates.call_agent import call_agent, call_agent_batch
 from gates.done import done
@@ -14,5 +15,7 @@ BUILTIN: dict[str, Gate] = {
     g.name: g for g in (done, echo, read, fetch, call_agent, call_agent_batch, ask_user)
 }
 """Gates a declarative spec can name."""
+
+register_gates(*BUILTIN.values())  # ... and a child request (cantrip.delegation)
 
 __all__ = ["BUILTIN", "ask_user", "call_agent", "call_agent_batch", "done", "echo", "fetch", "read"]

@@ -8,7 +8,7 @@ observation -- seconds or days later, across restarts.
 
 from __future__ import annotations
 
-from cantrip._gate import GateError, gate
+from cantrip import GateError, gate
 
 
 @gate(asks_user=True)

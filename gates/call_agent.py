@@ -3,15 +3,15 @@
 Canonical names per D-002; ``call_entity`` / ``call_entity_batch`` are
 accepted aliases. Both are ordinary gates: their failures are observations,
 and at ``max_depth`` 0 the circle removes them (COMP-6). The work is done by
-:mod:`cantrip._composition`.
+:mod:`cantrip.delegation`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from cantrip._composition import delegate, delegate_batch
-from cantrip._gate import GateResult, gate
+from cantrip import GateResult, gate
+from cantrip.delegation import delegate, delegate_batch
 
 
 @gate(delegates=True, aliases=("call_entity",))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cantrip._gate import gate
+from cantrip import gate
 
 
 @gate(terminates=True, aliases=("submit_answer",))

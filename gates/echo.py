@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cantrip._gate import gate
+from cantrip import gate
 
 
 @gate

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from cantrip._gate import GateError, gate
+from cantrip import GateError, gate
 
 MAX_CHARS = 100_000
 

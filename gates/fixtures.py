@@ -23,8 +23,7 @@ from typing import Any, Literal
 import pydantic
 import trio
 
-from cantrip._errors import ConstructionError
-from cantrip._gate import Gate, GateError
+from cantrip import ConstructionError, Gate, GateError
 
 Behavior = Literal["constant", "delay", "throw", "counter"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from cantrip._gate import GateError, gate
+from cantrip import GateError, gate
 
 MAX_BYTES = 1_000_000
 _DATABASE_MAGIC = (b"SQLite format 3\x00", b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83")

@@ -31,7 +31,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from cantrip._errors import ConstructionError
+from cantrip.medium import ConstructionError
 
 BWRAP = "bwrap"
 MISSING = (

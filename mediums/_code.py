@@ -20,11 +20,17 @@ from typing import Any
 
 import attrs
 
-from cantrip._gate import Gate
-from cantrip._values import preview as value_preview
-from cantrip._values import to_loom_value
-from cantrip.llm._contract import Message, Response, ToolCall, ToolDefinition
-from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.medium import (
+    Gate,
+    GateCallRecord,
+    Response,
+    ToolCall,
+    ToolDefinition,
+    history_view,
+    running_entity,
+    to_loom_value,
+)
+from cantrip.medium import preview as value_preview
 from mediums.base import Execution, GateHost, cut_off, visible_result
 
 VIEWPORT_CHARS = 500
@@ -274,10 +280,7 @@ def history_source(host: GateHost) -> HistorySource:
     if callable(own):
         source: HistorySource = own
         return source
-    from cantrip._entity import CURRENT_ENTITY
-    from cantrip.loom._view import history_view
-
-    entity = CURRENT_ENTITY.get(None)
+    entity = running_entity()
     if entity is None:
         return list
     loom, leaf, entity_id = entity.loom, entity.leaf, entity.id
@@ -288,16 +291,3 @@ def history_source(host: GateHost) -> HistorySource:
         return history_view(loom.lineage(leaf), loom.reward)
 
     return read
-
-
-def render_code_observation(turn: Turn) -> list[Message]:
-    """One tool message per code call, carrying the turn's observation."""
-    texts = turn.extras.get("observations")
-    messages = []
-    for index, call in enumerate(turn.tool_calls):
-        if isinstance(texts, list | tuple) and index < len(texts):
-            text = str(texts[index])
-        else:
-            text = turn.observation
-        messages.append(Message(role="tool", content=text, tool_call_id=call.id, name=call.name))
-    return messages

@@ -22,10 +22,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 if TYPE_CHECKING:  # only types: mediums.base must import without the runtime
-    from cantrip._gate import Gate
-    from cantrip._wards import WardKind, WardSet
-    from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
-    from cantrip.loom._model import CallStatus, GateCallRecord, Turn
+    from cantrip.medium import (
+        CallStatus,
+        Gate,
+        GateCallRecord,
+        Message,
+        Response,
+        ToolCall,
+        ToolChoice,
+        ToolDefinition,
+        Turn,
+        WardKind,
+        WardSet,
+    )
 
 
 def visible_result(record: GateCallRecord) -> str:
@@ -112,7 +121,7 @@ def capped_execution(execution: Execution, limit: int) -> Execution:
         over = any(len(str(t)) > limit for t in texts)
     if not over:
         return execution  # the common case, every turn: nothing to cut, nothing to copy
-    from cantrip._values import cap_text  # (mediums.base imports without the runtime)
+    from cantrip.medium import cap_text  # (mediums.base imports without the runtime)
 
     changed: dict[str, Any] = {}
     if isinstance(texts, list | tuple):

@@ -88,11 +88,20 @@ import attrs
 import trio
 import trio.lowlevel
 
-from cantrip._errors import ConstructionError
-from cantrip._gate import Gate
-from cantrip._wards import WardKind, WardSet
-from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
-from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.medium import (
+    ConstructionError,
+    Gate,
+    GateCallRecord,
+    Message,
+    Response,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    Turn,
+    WardKind,
+    WardSet,
+    render_code_observation,
+)
 from mediums._bwrap import bwrap_command, bwrap_path, bwrap_problem
 from mediums._code import (
     CodeRun,
@@ -101,7 +110,6 @@ from mediums._code import (
     execute_code_calls,
     map_arguments,
     observation_text,
-    render_code_observation,
 )
 from mediums.base import Execution, GateHost
 from mediums.js import MAX_EVAL_MS

@@ -12,11 +12,18 @@ from collections.abc import Sequence
 
 import attrs
 
-from cantrip._gate import Gate
-from cantrip._values import ValueBoundaryError
-from cantrip._wards import WardKind, WardSet
-from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
-from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.medium import (
+    Gate,
+    GateCallRecord,
+    Message,
+    Response,
+    ToolChoice,
+    ToolDefinition,
+    Turn,
+    ValueBoundaryError,
+    WardKind,
+    WardSet,
+)
 from mediums._code import boundary_arguments, refused_arguments
 from mediums.base import Execution, GateHost, cut_off, visible_result
 

@@ -40,11 +40,23 @@ from typing import Any
 
 import attrs
 
-from cantrip._gate import Gate
-from cantrip._values import ValueBoundaryError, preview, to_loom_value
-from cantrip._wards import WardKind, WardSet, register_ward_kind
-from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
-from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.medium import (
+    Gate,
+    GateCallRecord,
+    Message,
+    Response,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    Turn,
+    ValueBoundaryError,
+    WardKind,
+    WardSet,
+    preview,
+    register_ward_kind,
+    render_code_observation,
+    to_loom_value,
+)
 from mediums._code import (
     LOOM_DOC,
     CodeRun,
@@ -55,7 +67,6 @@ from mediums._code import (
     map_arguments,
     observation_text,
     refused_arguments,
-    render_code_observation,
 )
 from mediums._worker import WorkerDied, WorkerProcess
 from mediums.base import Execution, GateHost

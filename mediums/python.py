@@ -90,11 +90,21 @@ import attrs
 import pydantic_monty as monty
 import trio
 
-from cantrip._gate import Gate
-from cantrip._values import ValueBoundaryError, to_loom_value
-from cantrip._wards import WardKind, WardSet
-from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition
-from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.medium import (
+    Gate,
+    GateCallRecord,
+    Message,
+    Response,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    Turn,
+    ValueBoundaryError,
+    WardKind,
+    WardSet,
+    render_code_observation,
+    to_loom_value,
+)
 from mediums._code import (
     LOOM_DOC,
     LOOM_NAME,
@@ -107,7 +117,6 @@ from mediums._code import (
     map_arguments,
     observation_text,
     refused_arguments,
-    render_code_observation,
 )
 from mediums.base import Execution, GateHost
 from mediums.js import MAX_EVAL_MS, MAX_MEMORY_MB

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 import traceback
@@ -44,11 +45,11 @@ from cantrip.llm._scripted import ScriptedLLM
 from cantrip.loom._export import export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
+from cantrip.loom._view import logical_turns
 from cantrip.protocols._acp import AcpServer
 from gates.fixtures import call_count
 
 CASE_KEYS = ("rule", "name", "description", "setup", "action", "expect")
-RUNNER_SETUP_KEYS = ("filesystem",)
 MAIN_LLM = "llm"
 
 
@@ -107,7 +108,6 @@ class World:
     exports: list[str] = attrs.field(factory=list)
     logs: list[str] = attrs.field(factory=list)
     acp_responses: list[dict[str, Any]] = attrs.field(factory=list)
-    stateless_checked: set[str] = attrs.field(factory=set)
 
     def cantrip(self, llm_name: str | None = None, *, strict: bool = False) -> Cantrip:
         """The case's cantrip. Without an ``llm`` of its own, a cast that names an
@@ -341,11 +341,7 @@ class Expectations:
     def check(self, expect: dict[str, Any]) -> None:
         error = self.world.error
         if "error" in expect:
-            wanted = str(expect.pop("error"))
-            if error is None:
-                raise Mismatch(f"expected an error containing {wanted!r}, but none was raised")
-            if wanted.lower() not in str(error).lower():
-                raise Mismatch(f"expected an error containing {wanted!r}, got {error!r}")
+            check_error(error, expect.pop("error"))
         elif error is not None:
             raise Mismatch(f"unexpected error: {type(error).__name__}: {error}")
         for key, value in expect.items():
@@ -392,36 +388,43 @@ class Expectations:
 
     def _x_entity_ids_unique(self, value: Any) -> None:
         ids = [c.entity_id for c in self.world.casts]
+        if len(ids) < 2:
+            raise Mismatch(
+                f"entity_ids_unique: needs at least two casts to compare, the case made {len(ids)}"
+            )
         check_value(len(set(ids)) == len(ids), value, "entity_ids_unique")
 
     def _executed(self) -> list[Any]:
         return [r for t in self.world.last.turns for r in t.gate_calls if r.executed]
 
     def _x_gate_calls_executed(self, value: Any) -> None:
-        check_value([r.gate for r in self._executed()], value, "gate_calls_executed")
+        """Which gates ran, as a multiset: every name as often as it ran, in any order."""
+        if not isinstance(value, list):
+            raise Mismatch(f"gate_calls_executed takes a list of gate names, not {value!r}")
+        ran = [r.gate for r in self._executed()]
+        if sorted(ran) != sorted(str(v) for v in value):
+            raise Mismatch(f"gate_calls_executed: expected {sorted(value)} (any order), ran {ran}")
 
     def _x_gate_call_order(self, value: Any) -> None:
+        """Which gates ran, in the order they ran."""
         check_value([r.gate for r in self._executed()], value, "gate_call_order")
 
     def _x_gate_results(self, value: Any) -> None:
         check_value([r.result for r in self._executed()], value, "gate_results")
 
     def _x_usage(self, value: Any) -> None:
-        self._usage(value, "usage")
+        """The last cast's own usage, as the cast reports it."""
+        _check_usage(self.world.last.usage.to_dict(), value, "usage")
 
     def _x_cumulative_usage(self, value: Any) -> None:
-        self._usage(value, "cumulative_usage")
-
-    def _usage(self, value: Mapping[str, Any], where: str) -> None:
+        """The last cast's entity's running total: the sum over every turn the loom
+        records for that entity (PROD-3), read from the loom, not from the cast."""
         entity_id = self.world.last.entity_id
         usage = sum(
             (t.metadata.usage for t in self.world.loom.entity_turns(entity_id)),
             start=self.world.last.usage.__class__(),
         ).to_dict()
-        for field, expected in value.items():
-            if field not in usage:
-                raise Mismatch(f"{where}: unknown usage field {field!r}")
-            check_value(usage[field], expected, f"{where}.{field}")
+        _check_usage(usage, value, "cumulative_usage")
 
     def _turn_observation(self, sequence: int, value: Mapping[str, Any], where: str) -> None:
         turns = self.world.loom.entity_turns(self.world.last.entity_id)
@@ -461,13 +464,18 @@ class Expectations:
             return
         if not isinstance(value, list):
             raise Mismatch(f"{where}: expected a count or a list")
+        # The list form is a prefix check (SPEC.md "Conformance"): it
+        # describes the first len(value) queries; a count pins the total.
         if len(value) > len(queries):
             raise Mismatch(f"{where}: expected at least {len(value)} queries, got {len(queries)}")
         for index, (expected, query) in enumerate(zip(value, queries, strict=False)):
             _check_query(query, expected or {}, f"{where}[{index}]")
 
     def _x_llm_received_tool_choice(self, value: Any) -> None:
-        for index, query in enumerate(self._queries(MAIN_LLM)):
+        queries = self._queries(MAIN_LLM)
+        if not queries:
+            raise Mismatch("llm_received_tool_choice: the llm was never queried")
+        for index, query in enumerate(queries):
             check_value(query.tool_choice, value, f"llm_received_tool_choice[{index}]")
 
     def _x_llm_received_tools(self, value: Any) -> None:
@@ -499,11 +507,18 @@ class Expectations:
             for field, wanted in value["identity"].items():
                 check_value(identity.get(field), wanted, f"loom.identity.{field}")
         if "turns" in value:
-            self._turn_list(list(loom.turns), value["turns"], "loom.turns")
+            self._turn_list(list(loom.turns), value["turns"], "loom.turns", prefix=True)
 
-    def _turn_list(self, turns: Sequence[Turn], expected: list[Any], where: str) -> None:
-        if len(expected) > len(turns):
-            raise Mismatch(f"{where}: expected at least {len(expected)} turns, got {len(turns)}")
+    def _turn_list(
+        self, turns: Sequence[Turn], expected: list[Any], where: str, *, prefix: bool
+    ) -> None:
+        """``prefix``: the list describes the first turns (``loom.turns``, whose
+        total ``turn_count`` pins); otherwise it must describe every turn."""
+        if not isinstance(expected, list):
+            raise Mismatch(f"{where}: expected a list of turns, not {expected!r}")
+        if len(expected) > len(turns) or (not prefix and len(expected) != len(turns)):
+            bound = "at least " if prefix else ""
+            raise Mismatch(f"{where}: expected {bound}{len(expected)} turns, got {len(turns)}")
         for index, (turn, wanted) in enumerate(zip(turns, expected, strict=False)):
             self._turn(turn, wanted or {}, f"{where}[{index}]")
 
@@ -544,12 +559,12 @@ class Expectations:
 
     def _x_thread(self, value: Any) -> None:
         if isinstance(value, list):
-            turns = self.world.loom.thread(self.world.last.turns[-1].id)
-            roles = [role for _turn in turns for role in ("entity", "circle")]
-            for index in range(1, len(roles)):
-                if roles[index] == roles[index - 1]:
-                    raise Mismatch(f"thread: two {roles[index]} steps in a row at {index}")
-            check_value(roles, [step.get("role") for step in value], "thread roles")
+            last = self.world.last
+            if not last.turns:
+                raise Mismatch("thread: the last cast recorded no turn")
+            check_thread_steps(
+                rendered_steps(self.world.loom.thread(last.turns[-1].id)), value, "thread"
+            )
             return
         if self.world.extracted is None:
             raise Mismatch("thread: no thread was extracted")
@@ -557,7 +572,7 @@ class Expectations:
         if "length" in value:
             check_value(len(self.world.extracted), value["length"], "thread.length")
         if "turns" in value:
-            self._turn_list(self.world.extracted, value["turns"], "thread.turns")
+            self._turn_list(self.world.extracted, value["turns"], "thread.turns", prefix=False)
 
     def _x_threads(self, value: Any) -> None:
         check_value(len(self.world.loom.threads()), value, "threads")
@@ -594,17 +609,18 @@ class Expectations:
             check_value(bool(last and last.truncated), value, f"child_truncated[{child}]")
 
     def _x_gate_executions(self, value: Mapping[str, Any]) -> None:
-        """How often stateful fixture gates really ran (replay must not run them)."""
+        """How often stateful fixture gates really ran (replay must not run them),
+        summed over every cantrip of the case that has the gate."""
         for name, expected in value.items():
-            counts = [
-                count
+            gates = {
+                id(g): g
                 for spell in self.world.cantrips.values()
                 if (g := spell.circle.gate(name)) is not None
-                and (count := call_count(g)) is not None
-            ]
+            }
+            counts = [c for g in gates.values() if (c := call_count(g)) is not None]
             if not counts:
                 raise Mismatch(f"gate_executions: {name!r} is not a stateful fixture gate")
-            check_value(counts[0], expected, f"gate_executions.{name}")
+            check_value(sum(counts), expected, f"gate_executions.{name}")
 
     def _x_loom_export_exclude(self, value: Any) -> None:
         if not self.world.exports:
@@ -692,12 +708,32 @@ def _check_query(query: Query, expected: Mapping[str, Any], where: str) -> None:
         if not messages:
             raise Mismatch(f"{where}.first_message: no messages")
         _check_message(messages[0], expected["first_message"], f"{where}.first_message")
-    for key in ("messages_include", "message_count_includes"):
-        if key in expected and not any(str(expected[key]) in _message_text(m) for m in messages):
-            raise Mismatch(f"{where}.{key}: no message contains {expected[key]!r}")
-    for key in ("messages_exclude", "message_count_excludes"):
-        if key in expected and any(str(expected[key]) in _message_text(m) for m in messages):
-            raise Mismatch(f"{where}.{key}: a message contains {expected[key]!r}")
+    if "messages_include" in expected:
+        wanted_text = str(expected["messages_include"])
+        if not any(wanted_text in _message_text(m) for m in messages):
+            raise Mismatch(f"{where}.messages_include: no message contains {wanted_text!r}")
+    if "messages_exclude" in expected:
+        wanted_text = str(expected["messages_exclude"])
+        if any(wanted_text in _message_text(m) for m in messages):
+            raise Mismatch(f"{where}.messages_exclude: a message contains {wanted_text!r}")
+    for key, default in (("message_count_includes", "at_least(1)"), ("message_count_excludes", 0)):
+        if key in expected:
+            _check_message_count(messages, expected[key], default, f"{where}.{key}")
+
+
+def _check_message_count(messages: Sequence[Message], spec: Any, default: Any, where: str) -> None:
+    """How many messages contain a text: ``"X"`` (at least one for ``_includes``,
+    none for ``_excludes``) or ``{text: "X", count: n}`` (exactly that many, or any
+    matcher such as ``at_least(2)``)."""
+    if isinstance(spec, Mapping):
+        require_keys(spec, ("text", "count"), where)
+        if "text" not in spec or "count" not in spec:
+            raise Mismatch(f"{where}: the mapping form needs both text and count")
+        text, wanted = str(spec["text"]), spec["count"]
+    else:
+        text, wanted = str(spec), default
+    count = sum(1 for m in messages if text in _message_text(m))
+    check_value(count, wanted, f"{where} (messages containing {text!r})")
 
 
 def _check_message(message: Message, spec: Mapping[str, Any], where: str) -> None:
@@ -708,6 +744,11 @@ def _check_message(message: Message, spec: Mapping[str, Any], where: str) -> Non
 
 def _check_stateless(queries: Sequence[Query], where: str) -> None:
     """An LLM without memory must be sent the whole context every time (LLM-1)."""
+    if len(queries) < 2:
+        raise Mismatch(
+            f"{where}: the llm is declared stateless, but with {len(queries)} queries "
+            "there is no resent context to check"
+        )
     for index in range(1, len(queries)):
         before, now = list(queries[index - 1].messages), list(queries[index].messages)
         if len(now) <= len(before) or now[: len(before)] != before:
@@ -717,3 +758,111 @@ def _check_stateless(queries: Sequence[Query], where: str) -> None:
 def summarize(results: Sequence[CaseResult]) -> str:
     passed = sum(1 for r in results if r.passed)
     return f"{passed} passed, {len(results) - passed} failed"
+
+
+def _check_usage(usage: Mapping[str, int], value: Any, where: str) -> None:
+    if not isinstance(value, Mapping) or not value:
+        raise Mismatch(f"{where} takes a mapping of usage fields, not {value!r}")
+    for field, expected in value.items():
+        if field not in usage:
+            raise Mismatch(f"{where}: unknown usage field {field!r}")
+        check_value(usage[field], expected, f"{where}.{field}")
+
+
+# -- errors ---------------------------------------------------------------------
+
+
+def check_error(error: BaseException | None, spec: Any) -> None:
+    """``error:`` -- the case's action raised a :class:`CantripError`.
+
+    The string form names a phrase the message must contain as whole words
+    (case-insensitive): ``"intent"`` matches "intent is required" but not
+    "intents". The mapping form ``{kind, message}`` also pins the error's kind,
+    the exact class name (``IntentError``, ``ConstructionError``, ...), so a
+    different failure that happens to mention the same words fails the case.
+    """
+    if isinstance(spec, Mapping):
+        require_keys(spec, ("kind", "message"), "error")
+        if "kind" not in spec and "message" not in spec:
+            raise Mismatch("error: the mapping form needs kind, message or both")
+        kind, phrase = spec.get("kind"), spec.get("message")
+    else:
+        kind, phrase = None, spec
+    described = f"kind {kind!r}" if kind is not None else ""
+    if phrase is not None:
+        described += (" and " if described else "") + f"a message containing {str(phrase)!r}"
+    if error is None:
+        raise Mismatch(f"expected an error ({described}), but none was raised")
+    got = f"{type(error).__name__}: {error}"
+    if kind is not None and type(error).__name__ != str(kind):
+        raise Mismatch(f"error: expected kind {kind!r}, got {got}")
+    if phrase is not None and not _contains_phrase(str(error), str(phrase)):
+        raise Mismatch(f"error: expected a message containing {str(phrase)!r}, got {got}")
+
+
+def _contains_phrase(text: str, phrase: str) -> bool:
+    """``phrase`` occurs in ``text`` as whole words (case-insensitive)."""
+    if not phrase.strip():
+        return False
+    pattern = r"(?<!\w)" + re.escape(phrase.strip()) + r"(?!\w)"
+    return re.search(pattern, text, flags=re.IGNORECASE) is not None
+
+
+# -- threads as steps -----------------------------------------------------------
+
+_STEP_KEYS = ("role", "content", "content_contains", "gate_calls", "is_error")
+
+
+def rendered_steps(turns: Sequence[Turn]) -> list[dict[str, Any]]:
+    """A thread as the alternating steps it is made of, read from the recorded turns.
+
+    Each logical turn (delegation pieces merged) contributes an ``entity`` step
+    when the entity said anything (text, tool calls or code) and a ``circle``
+    step when the circle answered (an observation, gate calls, or the verdict
+    that ended the thread). A turn missing either shows as two steps of the same
+    role in a row.
+    """
+    steps: list[dict[str, Any]] = []
+    for turn in logical_turns(turns):
+        if turn.utterance or turn.tool_calls or turn.content:
+            steps.append(
+                {
+                    "role": "entity",
+                    "content": turn.utterance,
+                    "gate_calls": [r.gate for r in turn.gate_calls],
+                }
+            )
+        if turn.observation or turn.gate_calls or turn.terminated or turn.truncated:
+            steps.append(
+                {
+                    "role": "circle",
+                    "content": turn.observation,
+                    "gate_calls": [r.gate for r in turn.gate_calls],
+                    "is_error": turn.is_error,
+                }
+            )
+    return steps
+
+
+def check_thread_steps(steps: Sequence[Mapping[str, Any]], expected: list[Any], where: str) -> None:
+    """The list form of ``thread:``: the steps must alternate, there must be exactly
+    as many as listed, and every key given for a step must match it."""
+    for index in range(1, len(steps)):
+        if steps[index]["role"] == steps[index - 1]["role"]:
+            raise Mismatch(f"{where}: two {steps[index]['role']} steps in a row at step {index}")
+    if len(expected) != len(steps):
+        roles = [s["role"] for s in steps]
+        raise Mismatch(f"{where}: expected {len(expected)} steps, the thread has {roles}")
+    for index, (step, wanted) in enumerate(zip(steps, expected, strict=True)):
+        at = f"{where}[{index}]"
+        if not isinstance(wanted, Mapping):
+            raise Mismatch(f"{at}: a step is a mapping such as {{role: entity}}, not {wanted!r}")
+        require_keys(wanted, _STEP_KEYS, at)
+        for field, value in wanted.items():
+            if field == "content_contains":
+                if str(value) not in step["content"]:
+                    raise Mismatch(f"{at}.content_contains: {value!r} not in {step['content']!r}")
+            elif field not in step:
+                raise Mismatch(f"{at}.{field}: a {step['role']} step has no {field}")
+            else:
+                check_value(step[field], value, f"{at}.{field}")

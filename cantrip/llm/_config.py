@@ -37,7 +37,7 @@ from cantrip._redact import get_logger, register_secret_env
 if TYPE_CHECKING:
     import httpx
 
-    from cantrip.llm.providers._base import HTTPAdapter
+    from cantrip.llm._contract import LLM
 
 SHIPPED_DIR = Path(__file__).parent / "providers"
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -309,7 +309,7 @@ def load_llm(
     name: str | None = None,
     client: httpx.AsyncClient | None = None,
     debug: bool | None = None,
-) -> HTTPAdapter:
+) -> LLM:
     """A provider adapter, configured from its TOML and keyed from the environment.
 
     Everything is checked here -- the name, the config, the model, the key,
@@ -337,8 +337,10 @@ def load_llm(
             " + ".join(config.sources),
         )
     module = importlib.import_module(f"cantrip.llm.providers.{config.provider.adapter}")
-    adapter_cls: type[HTTPAdapter] = module.ADAPTER
-    return adapter_cls(
+    # The adapter module is found by name (config -> module), so this layer never
+    # imports the adapters' base, which itself reads the config types from here.
+    adapter_cls: Any = module.ADAPTER
+    adapter: LLM = adapter_cls(
         config,
         model,
         api_key=key,
@@ -349,6 +351,7 @@ def load_llm(
         client=client,
         debug=debug,
     )
+    return adapter
 
 
 def model_info(provider: str, model: str) -> ModelInfo | None:

@@ -66,7 +66,7 @@ from cantrip._redact import redact_value
 from cantrip.llm._contract import Message, ToolDefinition
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
-from mediums._code import render_code_observation
+from cantrip.loom._view import render_code_observation
 from mediums.base import visible_result
 
 Redaction = Literal["default", "none"]

@@ -22,9 +22,9 @@ import os
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import orjson
@@ -171,22 +171,35 @@ def salvage(path: str | os.PathLike[str]) -> Salvage:
     return found
 
 
+class LoomWriter(Protocol):
+    """What recovering needs of a loom: register, append, annotate, close."""
+
+    def register_entity(self, record: EntityRecord) -> None: ...
+    def append(self, turn: Turn) -> object: ...
+    def annotate_reward(self, turn_id: str, reward: float | None) -> None: ...
+    def close(self) -> None: ...
+
+
 def check(path: str | os.PathLike[str]) -> Salvage:
     """:func:`salvage`, for its report (``cantrip loom FILE check``)."""
     return salvage(path)
 
 
-def recover(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Salvage:
-    """Copy the complete turns of ``path`` into the new loom file ``out``."""
-    from cantrip.loom._loom import Loom
-
+def recover(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    open_loom: Callable[[Path], LoomWriter],
+) -> Salvage:
+    """Copy the complete turns of ``path`` into the new loom file ``out``, opened with
+    ``open_loom`` (``Loom.open``: the layer above hands it down, so this module needs
+    no import of the loom it repairs)."""
     target = Path(out)
     if target.exists():
         raise LoomError(f"{target} exists; recover writes a new file")
     if target.resolve() == Path(path).resolve():
         raise LoomError("recover writes a new file; give another name")
     found = salvage(path)
-    loom = Loom.open(target)
+    loom = open_loom(target)
     try:
         for record in found.entities:
             loom.register_entity(record)

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from cantrip._redact import redact_value
-from cantrip.llm._contract import ReasoningPart, plain_json
+from cantrip.llm._contract import Message, ReasoningPart, plain_json
 from cantrip.loom._model import Turn
 
 CHECKPOINT_PHASES = frozenset({"checkpoint", "continuation+checkpoint"})
@@ -118,3 +118,20 @@ def reasoning_summary(parts: Sequence[ReasoningPart]) -> str:
     if redacted:
         pieces.append(f"{redacted} redacted or encrypted by the provider (not shown)")
     return "; ".join(pieces)
+
+
+def render_code_observation(turn: Turn) -> list[Message]:
+    """One tool message per code call, carrying the turn's observation.
+
+    How every code medium renders a recorded turn back into the context; here,
+    beside the other views of recorded turns, so the loom's exporter can render
+    a thread without importing a medium."""
+    texts = turn.extras.get("observations")
+    messages = []
+    for index, call in enumerate(turn.tool_calls):
+        if isinstance(texts, list | tuple) and index < len(texts):
+            text = str(texts[index])
+        else:
+            text = turn.observation
+        messages.append(Message(role="tool", content=text, tool_call_id=call.id, name=call.name))
+    return messages

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Mapping
-from typing import IO, TYPE_CHECKING, Any, TextIO, cast
+from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO, cast
 
 import pydantic
 import trio
@@ -38,7 +38,36 @@ from cantrip._redact import get_logger, redact
 if TYPE_CHECKING:
     import mcp_types
 
-    from cantrip.mcp._spec import MCPServer
+
+class MCPServer(Protocol):
+    """What this module reads of a server's description (``cantrip.mcp._spec.MCPServer``
+    satisfies it; declared here so the description's module can import this one
+    without an import circle)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def command(self) -> str | None: ...
+    @property
+    def args(self) -> tuple[str, ...]: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def cwd(self) -> str | None: ...
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def tools(self) -> tuple[str, ...] | None: ...
+    @property
+    def timeout_s(self) -> float: ...
+    @property
+    def startup_timeout_s(self) -> float: ...
+    @property
+    def gate_prefix(self) -> str: ...
+    def describe(self) -> dict[str, Any]: ...
+
 
 log = get_logger("cantrip.mcp")
 
@@ -412,6 +441,6 @@ def _tail(file: IO[str] | None) -> str:
 
 
 def _version() -> str:
-    from cantrip import __version__
+    from cantrip._version import __version__
 
     return __version__

@@ -165,7 +165,7 @@ def build_server(spell: Cantrip) -> SDKServer:
 
 
 def _version() -> str:
-    from cantrip import __version__
+    from cantrip._version import __version__
 
     return __version__
 

@@ -14,6 +14,7 @@ tokens (and cost, when the provider reports one) so far.
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import os
 import signal
@@ -55,6 +56,8 @@ PREVIEW = 100
 COST_KEYS = ("cost_usd", "cost", "total_cost")
 """Response metadata keys under which a provider may report what a query cost."""
 
+_log = logging.getLogger(__name__)
+
 
 def _short(text: str, limit: int = PREVIEW) -> str:
     text = " ".join(text.split())
@@ -78,6 +81,12 @@ def _cost(response: Response) -> float | None:
                 if pricing is not None:
                     return float(pricing.cost(response.usage))
     except Exception:  # noqa: BLE001 -- progress is an observation; it never fails a cast
+        # Shown as "no cost", but never silently: a broken pricing table is a bug to fix.
+        _log.warning(
+            "pricing lookup for provider %r failed; the progress line shows no cost",
+            response.provider,
+            exc_info=True,
+        )
         return None
     return None
 

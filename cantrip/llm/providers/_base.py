@@ -41,10 +41,10 @@ import attrs
 import httpx
 import trio
 
-from cantrip import __version__
 from cantrip._errors import ProviderError
 from cantrip._events import MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip._redact import get_logger
+from cantrip._version import __version__
 from cantrip.llm._config import Compat, ModelInfo, ProviderConfig
 from cantrip.llm._contract import (
     EMPTY,

@@ -1,0 +1,5 @@
+"""The package version, in a module of its own so any layer may read it without
+importing the package's public surface (``cantrip/__init__.py``), which imports
+every layer."""
+
+__version__ = "0.1.0"
