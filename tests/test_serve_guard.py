@@ -114,6 +114,23 @@ async def test_a_token_is_required_when_configured() -> None:
         assert right.status_code == 201
 
 
+async def test_with_a_token_the_viewer_page_takes_it_once_and_its_files_are_public() -> None:
+    """A browser cannot send a header when it opens a page: the viewer's page takes the
+    token as ?token= (its script sends the header from then on); its static files hold
+    no loom data and load without one; the API and the page without it are refused."""
+    token = "s3cret-token-123"
+    async with serving(make_spell(), guard=Guard(token=token)) as (http, _):
+        assert (await http.get("/")).status_code == 401
+        assert (await http.get("/?token=wrong-token-000")).status_code == 401
+        page = await http.get(f"/?token={token}")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert (await http.get("/ui/app.js")).status_code == 200
+        assert (await http.get("/api/entities")).status_code == 401
+        assert (await http.get(f"/api/entities?token={token}")).status_code == 401
+        authorized = {"authorization": f"Bearer {token}"}
+        assert (await http.get("/api/entities", headers=authorized)).status_code == 200
+
+
 def test_a_server_beyond_loopback_refuses_to_start_without_a_token(tmp_path: Path) -> None:
     with pytest.raises(BindError, match="needs a token"):
         Guard(bind_host="0.0.0.0").check_bind()

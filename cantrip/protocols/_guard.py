@@ -120,9 +120,13 @@ class Guard:
         origin = headers.get("origin")
         if origin is not None and not self._origin_ok(origin, headers.get("host", "")):
             raise Refused(403, "bad_origin", f"requests from origin {origin!r} are not allowed")
-        if self.token is not None:
+        if self.token is not None and not _public_asset(scope):
             given = headers.get("authorization", "")
             scheme, _, credential = given.partition(" ")
+            if scheme.lower() != "bearer" and _is_page(scope):
+                # A browser opening the viewer cannot send a header: the page takes the
+                # token once as ?token= (its script then sends the header on every call).
+                scheme, credential = "bearer", _query_token(scope)
             expected = self.token.encode()
             if scheme.lower() != "bearer" or not hmac.compare_digest(
                 credential.strip().encode(), expected
@@ -235,3 +239,22 @@ async def error_response(send: Send, status: int, code: str, message: str) -> No
         }
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _public_asset(scope: Scope) -> bool:
+    """The viewer's static files (``GET /ui/...``): code shipped in the package, no loom
+    data, so a browser can load them without a token."""
+    return scope.get("method") == "GET" and str(scope.get("path", "")).startswith("/ui/")
+
+
+def _is_page(scope: Scope) -> bool:
+    return scope.get("method") == "GET" and scope.get("path") in ("/", "/index.html")
+
+
+def _query_token(scope: Scope) -> str:
+    from urllib.parse import parse_qs
+
+    raw = scope.get("query_string", b"")
+    query = raw.decode("latin-1") if isinstance(raw, bytes) else ""
+    values: list[str] = parse_qs(query).get("token") or [""]
+    return values[0]
