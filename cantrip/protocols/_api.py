@@ -96,6 +96,73 @@ class CreateSession(_In):
     """``POST /sessions`` takes no options: an empty body or ``{}``."""
 
 
+class AnswerRequest(_In):
+    """The human's answer to a pause: approve, deny (with a reason), edit (with the
+    arguments to run the gate with), or answer (the text of a reply to ``ask_user``)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {"properties": {"decision": {"const": "edit"}}},
+                    "then": {"required": ["args"]},
+                },
+                {
+                    "if": {"properties": {"decision": {"const": "answer"}}},
+                    "then": {"required": ["text"]},
+                },
+            ]
+        },
+    )
+
+    decision: Literal["approve", "deny", "edit", "answer"]
+    reason: str | SkipJsonSchema[None] = Field(default=None, max_length=10_000)
+    args: dict[str, Any] | SkipJsonSchema[None] = None
+    text: str | SkipJsonSchema[None] = Field(default=None, max_length=1_000_000)
+    always: bool = False
+    """With approve: later calls of the same gate are approved too (this process)."""
+
+    @pydantic.model_validator(mode="after")
+    def _complete(self) -> AnswerRequest:
+        if self.decision == "edit" and self.args is None:
+            raise ValueError("an edit needs args: the arguments to run the gate with")
+        if self.decision == "answer" and self.text is None:
+            raise ValueError("an answer needs text")
+        return self
+
+    def decision_value(self) -> Any:
+        from cantrip._approval import Decision
+
+        return Decision(
+            self.decision, reason=self.reason, args=self.args, text=self.text, always=self.always
+        )
+
+
+class PauseInfo(_Out):
+    pause_id: str
+    entity_id: str
+    kind: Literal["approval", "question"]
+    gate: str
+    args: dict[str, Any]
+    tool_call_id: str | None
+    question: str | None
+    checkpoint_id: str | None
+
+
+class PendingBody(_Out):
+    session_id: str
+    entity_id: str
+    running: bool
+    turns: int
+    pending: list[PauseInfo]
+
+
+class Answered(_Out):
+    answered: bool
+    pause_id: str
+
+
 class ErrorDetail(_Out):
     code: str
     message: str
@@ -146,6 +213,9 @@ class PromptResult(_Out):
     summary: str | None
     stop_reason: Literal["end_turn", "max_tokens", "max_turn_requests", "cancelled", "refusal"]
     session_id: str
+    pending: list[PauseInfo] | SkipJsonSchema[None] = None
+    """A cast that met a call needing a human ends ``paused``: answer each with
+    ``POST /sessions/{id}/pending/{pause_id}``."""
     cost_usd: float | None = None
     """USD the cast (and the casts it spawned) spent; null when a price is unknown."""
     partial: str | None = None
@@ -194,7 +264,7 @@ def _responses(ok: dict[str, tuple[str, str]], *errors: str) -> dict[str, Any]:
 _EXTRA_ERRORS = {
     "404": "No such session (nor one in the loom to resume)",
     "405": "The route exists; the method does not",
-    "409": "The session is already running a prompt",
+    "409": "The session is already running a prompt, or the pause was already answered",
     "500": "The cast failed (the LLM failed for good) or the entity crashed",
     "422": "The Idempotency-Key was already used for a different prompt",
     "503": "The live-session cap is reached and every session is busy, too many prompts "
@@ -230,10 +300,18 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
         ThreadBody,
         PromptResult,
         Cancelled,
+        AnswerRequest,
+        PendingBody,
+        Answered,
     ]
     _, schemas = pydantic.json_schema.models_json_schema(
         [
-            (m, "validation" if m in (PromptRequest, CreateSession) else "serialization")
+            (
+                m,
+                "validation"
+                if m in (PromptRequest, CreateSession, AnswerRequest)
+                else "serialization",
+            )
             for m in models
         ],
         ref_template="#/components/schemas/{model}",
@@ -341,6 +419,48 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
                 "summary": "Cancel the running prompt (recorded as cancelled)",
                 "parameters": session,
                 "responses": _responses({"200": ("Cancelled", "Whether one ran")}, *found),
+            }
+        },
+        "/sessions/{session_id}/pending": {
+            "get": {
+                "operationId": "pending",
+                "summary": "Calls waiting for a human (approvals, ask_user questions)",
+                "parameters": session,
+                "responses": _responses({"200": ("PendingBody", "The pending pauses")}, *found),
+            }
+        },
+        "/sessions/{session_id}/pending/{pause_id}": {
+            "post": {
+                "operationId": "answerPause",
+                "summary": "Answer a pause: the paused turn goes on (approve runs the gate "
+                "once; deny gives the model an error observation)",
+                "parameters": [
+                    *session,
+                    {
+                        "name": "pause_id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {
+                            "type": "string",
+                            "pattern": "^[A-Za-z0-9_-]+$",
+                            "maxLength": 100,
+                        },
+                    },
+                ],
+                "requestBody": {"required": True, "content": _json_content("AnswerRequest")},
+                "responses": {
+                    **_responses(
+                        {
+                            "200": ("PromptResult", "The continued cast's outcome"),
+                            "202": ("Answered", "A running prompt waited on it and goes on"),
+                        },
+                        "404",
+                        "405",
+                        "409",
+                        "500",
+                        "503",
+                    ),
+                },
             }
         },
         "/sessions/{session_id}/thread": {

@@ -47,6 +47,7 @@ from urllib.parse import parse_qs
 import pydantic
 import trio
 
+from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult
 from cantrip._errors import CantripError
@@ -54,7 +55,12 @@ from cantrip._events import Event
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger, redact_value
 from cantrip.protocols._acp import RpcError, prompt_text
-from cantrip.protocols._api import CreateSession, PromptRequest, openapi_document
+from cantrip.protocols._api import (
+    AnswerRequest,
+    CreateSession,
+    PromptRequest,
+    openapi_document,
+)
 from cantrip.protocols._guard import Guard
 from cantrip.protocols._idempotency import BadKeyError, check_key
 from cantrip.protocols._lifecycle import Drain, ServeOptions
@@ -186,6 +192,15 @@ class HttpApp:
             else:
                 sessions = [_session_info(s) for s in self.hub.sessions.values()]
                 await _json(send, 200, {"sessions": sessions})
+        elif len(parts) == 4 and parts[0] == "sessions" and parts[2] == "pending":
+            _allow(method, "POST")
+            session = await self._session(parts[1])
+            answer = _validated(AnswerRequest, await _body(receive))
+            outcome = await self._answer(session, parts[3], answer.decision_value())
+            if outcome is None:  # a running prompt waited on it: that prompt answers
+                await _json(send, 202, {"answered": True, "pause_id": parts[3]})
+            else:
+                await _json(send, 200, result_dict(outcome, session))
         elif len(parts) >= 2 and parts[0] == "sessions" and len(parts) <= 3:
             session = await self._session(parts[1])
             action = parts[2] if len(parts) == 3 else None
@@ -208,6 +223,10 @@ class HttpApp:
                 else:
                     outcome = await self._prompt(session, intent, key=key)
                     await _json(send, 200, result_dict(outcome, session))
+            elif action == "pending":
+                _allow(method, "GET")
+                pending = [p.to_dict() for p in session.entity.pending]
+                await _json(send, 200, {**_session_info(session), "pending": pending})
             elif action == "cancel":
                 _allow(method, "POST")
                 await _json(send, 200, self.hub.request_cancel(session))
@@ -258,6 +277,16 @@ class HttpApp:
             "persistent": self.hub.persistent,
             "sessions": len(self.hub.sessions),
         }
+
+    async def _answer(self, session: Session, pause_id: str, decision: Decision) -> Any:
+        try:
+            return await self.hub.answer(session, pause_id, decision)
+        except PauseError as exc:
+            raise HttpError(409, "pause_answered", str(exc)) from None
+        except SessionError as exc:
+            if SESSION_ERRORS.get(exc.kind) == 503:
+                raise self._unavailable(exc.kind, exc.message) from None
+            raise HttpError(SESSION_ERRORS.get(exc.kind, 409), exc.kind, exc.message) from None
 
     async def _session(self, session_id: str) -> Session:
         await self._make_room(adding=session_id not in self.hub.sessions)
@@ -395,8 +424,18 @@ def _allow(method: str, *allowed: str) -> None:
         raise HttpError(405, "method_not_allowed", f"use {' or '.join(allowed)}")
 
 
+_FLAGS = {"1": True, "true": True, "0": False, "false": False}
+"""The values a yes/no query parameter takes (as ``/openapi.json`` documents them)."""
+
+
 def _truthy(values: list[str] | None) -> bool:
-    return bool(values) and values[-1].lower() not in ("0", "false", "no", "")  # type: ignore[index]
+    """A yes/no query parameter; anything else is a 400, not silently "no"."""
+    if not values:
+        return False
+    flag = _FLAGS.get(values[-1])
+    if flag is None:
+        raise HttpError(400, "bad_request", "a yes/no query parameter takes 1, 0, true or false")
+    return flag
 
 
 def _session_info(session: Session) -> dict[str, Any]:

@@ -26,12 +26,13 @@ off with reason ``shutdown``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 import trio
 
+from cantrip._approval import Decision
 from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult, Entity
 from cantrip._errors import CantripError
@@ -339,6 +340,43 @@ class SessionHub:
                     self._idle.set()
         return outcome
 
+    async def answer(
+        self,
+        session: Session,
+        pause_id: str,
+        decision: Decision | Mapping[str, Any],
+        on_event: Callable[[Event], None] | None = None,
+    ) -> CastResult | None:
+        """Answer a pause of the session's entity (``Entity.answer``).
+
+        A pause the loom holds (the prompt returned ``paused``, or the server
+        restarted) is continued here like a prompt: the same turn goes on from
+        the call that paused, and its cast's result is returned. A pause a running
+        prompt waits on is handed the decision (``None`` is returned: that prompt
+        answers). A pause already answered, or unknown, is a :class:`PauseError`."""
+        if any(w.pause_id == pause_id for w in session.entity.pending) and (
+            session.running is not None
+        ):
+            return await session.entity.answer(pause_id, decision)  # a live waiter
+        if session.running is not None:
+            raise SessionError("busy", f"session {session.id} is already running a prompt")
+        if not self.accepting:
+            raise SessionError("shutting_down", "the server is shutting down")
+        self.running += 1
+        self._idle = trio.Event() if self.running == 1 else self._idle
+        with trio.CancelScope() as scope:
+            session.running = scope
+            session.sink = on_event
+            try:
+                return await session.entity.answer(pause_id, decision)
+            finally:
+                session.running = None
+                session.sink = None
+                self.running -= 1
+                if self.running == 0:
+                    self._idle.set()
+        return None  # cancelled before the continuation produced a result
+
     def cancel(self, session: Session, reason: str = "cancelled") -> bool:
         """Cancel the session's running prompt; returns whether one was running.
 
@@ -431,6 +469,7 @@ def result_dict(outcome: CastResult | None, session: Session | None = None) -> d
             "entity_id": outcome.entity_id,
             "usage": outcome.usage.to_dict(),
             "cost_usd": outcome.cost_usd,
+            **({"pending": [p.to_dict() for p in outcome.pending]} if outcome.pending else {}),
             "summary": outcome.summary,
         }
         if outcome.partial is not None:
