@@ -966,6 +966,12 @@ class Entity:
             return None
         return Pause.from_dict(marker, checkpoint_id=last.id)
 
+    def answer_pauses_with(self, handler: PauseHandler) -> None:
+        """Let ``handler`` answer this entity's pauses in place (a front end that can
+        ask its human, e.g. ACP's ``session/request_permission``)."""
+        self._board.handler = handler
+        self.pause_mode = "wait"
+
     async def answer(
         self, pause_id: str, decision: Decision | Mapping[str, Any]
     ) -> CastResult | None:

@@ -31,13 +31,16 @@ unknown sessions get JSON-RPC errors; the server keeps serving.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import attrs
 import trio
 
+from cantrip._approval import Decision, Pause
 from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult
 from cantrip._errors import CantripError
@@ -88,6 +91,13 @@ _KINDS = {
 """ACP tool kinds (icons in a client) for gates and code tools cantrip knows."""
 
 
+@attrs.define(eq=False)
+class _Reply:
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: Any = None
+    error: Mapping[str, Any] | None = None
+
+
 class RpcError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
@@ -103,6 +113,9 @@ class AcpServer:
         self.hub = SessionHub(spell)
         self._notify = notify
         self._locks: dict[str, trio.Lock] = {}
+        self._requests = itertools.count(1)
+        self._waiting: dict[str, _Reply] = {}
+        """Requests this agent sent the client (``session/request_permission``), by id."""
 
     async def aclose(self) -> None:
         await self.hub.aclose()
@@ -114,7 +127,8 @@ class AcpServer:
         msg_id = message.get("id")
         if not isinstance(message.get("method"), str):
             if msg_id is not None and ("result" in message or "error" in message):
-                return None  # a response to a request of ours; we send none
+                self._deliver(message)  # the client's answer to a request of ours
+                return None
             return _error(msg_id, INVALID_REQUEST, "not a JSON-RPC request (needs a method)")
         method = str(message["method"])
         params = message.get("params")
@@ -190,12 +204,85 @@ class AcpServer:
 
         return run
 
+    # -- requests to the client -------------------------------------------------
+
+    async def request_client(self, method: str, params: Mapping[str, Any]) -> Any:
+        """Send the client a JSON-RPC request and wait for its result."""
+        if self._notify is None:
+            raise RpcError(INTERNAL, f"no client to send {method} to")
+        request_id = f"cantrip-{next(self._requests)}"
+        reply = self._waiting[request_id] = _Reply()
+        try:
+            await self._notify(
+                {"jsonrpc": "2.0", "id": request_id, "method": method, "params": dict(params)}
+            )
+            await reply.done.wait()
+        finally:
+            self._waiting.pop(request_id, None)
+        if reply.error is not None:
+            raise RpcError(int(reply.error.get("code", INTERNAL)), str(reply.error.get("message")))
+        return reply.result
+
+    def _deliver(self, message: Mapping[str, Any]) -> None:
+        reply = self._waiting.get(str(message.get("id")))
+        if reply is None:
+            log.info("a response to no request of ours: %r", message.get("id"))
+            return
+        error = message.get("error")
+        reply.error = error if isinstance(error, Mapping) else None
+        reply.result = message.get("result")
+        reply.done.set()
+
+    async def _ask_permission(self, session: Session, pause: Pause) -> Decision:
+        """A pause as ACP's ``session/request_permission``: allow or reject, once or always."""
+        if pause.kind == "question":
+            return Decision.deny(
+                "this ACP client can only allow or reject calls, not answer a question: "
+                "ask it in your reply instead"
+            )
+        arguments = json.dumps(plain_json(pause.args), ensure_ascii=False, default=str)
+        params = {
+            "sessionId": session.id,
+            "toolCall": {
+                "toolCallId": pause.tool_call_id or pause.pause_id,
+                "title": f"{pause.gate}({arguments[:200]})",
+                "kind": "execute",
+                "status": "pending",
+                "rawInput": plain_json(pause.args),
+            },
+            "options": [
+                {"optionId": kind, "name": name, "kind": kind}
+                for kind, name in (
+                    ("allow_once", "Allow"),
+                    ("allow_always", f"Always allow {pause.gate}"),
+                    ("reject_once", "Reject"),
+                    ("reject_always", f"Always reject {pause.gate}"),
+                )
+            ],
+        }
+        try:
+            answer = await self.request_client("session/request_permission", params)
+        except RpcError as exc:
+            return Decision.deny(f"the client could not ask: {exc.message}")
+        outcome = answer.get("outcome") if isinstance(answer, Mapping) else None
+        chosen = outcome.get("optionId") if isinstance(outcome, Mapping) else None
+        if chosen == "allow_once":
+            return Decision.approve()
+        if chosen == "allow_always":
+            return Decision.approve(always=True)
+        if chosen in ("reject_once", "reject_always"):
+            return Decision.deny("rejected in the editor")
+        return Decision.deny("the permission request was cancelled")
+
     async def _run_locked(self, session: Session, text: str) -> dict[str, Any]:
         lock = self._locks.setdefault(session.id, trio.Lock())
         async with lock:  # prompts of one session run one after the other
             return await self._run_prompt(session, text)
 
     async def _run_prompt(self, session: Session, text: str) -> dict[str, Any]:
+        # The editor is asked before a call that needs a human (a crash-resumed
+        # entity is a new object, so this is set on every prompt).
+        session.entity.answer_pauses_with(lambda pause: self._ask_permission(session, pause))
         translator = _Translator(session)
         send, receive = trio.open_memory_channel[Event](math.inf)
 
