@@ -193,6 +193,9 @@ class LoomSpec(_Strict):
     path: str | None = None
     url: str | None = None
     """``postgresql://...``: the loom on PostgreSQL (shared by workers; see cantrip._worker)."""
+    journal: bool = False
+    """SQLite: keep the gate journal, so a gate's effect is not repeated after a crash
+    (always on for PostgreSQL)."""
 
 
 class OutputSpec(_Strict):
@@ -327,7 +330,9 @@ def build_cantrip(
             loom = Loom.open(doc.loom.url)
         else:
             loom = (
-                Loom.open(_path(doc.loom.path, base_dir)) if doc.loom and doc.loom.path else Loom()
+                Loom.open(_path(doc.loom.path, base_dir), journal=doc.loom.journal)
+                if doc.loom and doc.loom.path
+                else Loom()
             )
     folding = _build_folding(doc.folding, llm, named) if doc.folding is not None else None
     return Cantrip(

@@ -240,7 +240,7 @@ async def test_journal_reuses_recorded_results_and_refuses_to_guess_unknown_outc
         cantrip.ToolCall("c", "lookup", {"key": "k"}),
     )
     llm = cantrip.ScriptedLLM([{"tool_calls": [{"gate": "done", "args": {"answer": "fin"}}]}])
-    loom = Loom.open(tmp_path / "loom.db")
+    loom = Loom.open(tmp_path / "loom.db", journal=True)
     spell = cantrip.Cantrip(
         llm=llm,
         identity=cantrip.Identity(),

@@ -23,7 +23,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -43,8 +43,10 @@ PendingOp = tuple[str, Any, Fence | None]
 class Loom:
     """The tree of turns, indexed in memory, made durable by a :class:`LoomStore`."""
 
-    def __init__(self, store: LoomStore | None = None) -> None:
+    def __init__(self, store: LoomStore | None = None, *, journal: bool = True) -> None:
         self.store: LoomStore = store if store is not None else MemoryStore()
+        self._journaled = journal and isinstance(self.store, JournalStore)
+        """Checked once: a runtime protocol check costs ~20 us, and the loop asks every turn."""
         self._indexed: IndexedStore | None = (
             self.store if isinstance(self.store, IndexedStore) else None
         )
@@ -91,24 +93,30 @@ class Loom:
                 self._rewards[turn_id] = reward
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> Loom:
+    def open(cls, path: str | os.PathLike[str], *, journal: bool | None = None) -> Loom:
         """Open (or create) a loom: ``postgresql://...`` on PostgreSQL (schema created
         on first use), ``*.jsonl`` as JSONL, anything else as an SQLite file.
 
         A file that is not a loom is refused before anything is written to it,
         and a damaged one is a :class:`LoomError` that says how to recover what
-        it holds (``cantrip.loom._repair``)."""
+        it holds (``cantrip.loom._repair``).
+
+        ``journal``: keep the gate journal (effects exactly once across a crash; see
+        ``cantrip._journal``). Always on for PostgreSQL, where workers take over each
+        other's entities; off by default for an SQLite file, where it costs about three
+        more commits per turn with a gate call (``bench/turn_overhead.py``) -- turn it on
+        for single-process effects that must not repeat after a crash."""
         text = str(path)
         if text.startswith(("postgresql://", "postgres://")):
             from cantrip.loom._postgres import PostgresStore
 
-            return cls(PostgresStore(text))
+            return cls(PostgresStore(text), journal=True)
         from cantrip.loom._repair import damaged_hint, ensure_loom
 
         if text != ":memory:":
             ensure_loom(path)
         try:
-            return cls(open_store(path))
+            return cls(open_store(path), journal=bool(journal))
         except sqlite3.DatabaseError as exc:
             raise LoomError(f"{path} is a damaged loom ({exc}); {damaged_hint(path)}") from None
 
@@ -239,13 +247,14 @@ class Loom:
 
     @property
     def journaled(self) -> bool:
-        """Whether the store keeps a gate journal (SQLite, PostgreSQL)."""
-        return isinstance(self.store, JournalStore)
+        """Whether this loom keeps a gate journal (PostgreSQL always; SQLite when opened
+        with ``journal=True``)."""
+        return self._journaled
 
     async def journal_read(self, entity_id: str, sequence: int) -> list[JournalEntry]:
         """What the journal holds of ``entity_id``'s turn ``sequence`` (see cantrip._journal)."""
-        store = self.store
-        assert isinstance(store, JournalStore)
+        store = cast(JournalStore, self.store)
+        assert self._journaled, "this loom keeps no gate journal"
         if self._deferred:
             limiter = self.store.limiter  # type: ignore[attr-defined]
             return await trio.to_thread.run_sync(
@@ -257,8 +266,8 @@ class Loom:
         self, entity_id: str, sequence: int, ordinal: int, gate: str, data: str, record: str | None
     ) -> None:
         """Journal an utterance (ordinal -1), a started call (``record`` None) or its result."""
-        store = self.store
-        assert isinstance(store, JournalStore)
+        store = cast(JournalStore, self.store)
+        assert self._journaled, "this loom keeps no gate journal"
         if not self._deferred:
             store.journal_write(entity_id, sequence, ordinal, gate, data, record)
             return
