@@ -203,6 +203,9 @@ async def test_cantrip_serve_mounts_the_page_the_api_and_fork() -> None:
         assert (await http.post("/api/fork", content=b"{nope", headers=JSON_TYPE)).json()["error"][
             "code"
         ] == "bad_json"
+        # nested too deeply to parse: a 400 like any other non-JSON body, never a 500
+        deep = await http.post("/api/fork", content=b"[" * 100_000, headers=JSON_TYPE)
+        assert deep.status_code == 400 and deep.json()["error"]["code"] == "bad_json"
         forked = await http.post("/api/fork", json={"turn_id": first})
         assert forked.status_code == 201 and forked.json()["forked_from"] == first
         fork_session = forked.json()["session_id"]

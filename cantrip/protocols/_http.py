@@ -61,6 +61,7 @@ from cantrip.protocols._api import (
     PromptRequest,
     openapi_document,
 )
+from cantrip.protocols._body import BodyError, read_json_body
 from cantrip.protocols._guard import Guard
 from cantrip.protocols._idempotency import BadKeyError, check_key
 from cantrip.protocols._lifecycle import Drain, ServeOptions
@@ -479,28 +480,10 @@ def _intent(body: Any) -> str:
 
 
 async def _body(receive: Receive) -> Any:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise HttpError(400, "bad_request", "the client went away")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise HttpError(413, "too_large", f"the body is larger than {MAX_BODY} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            break
-    raw = b"".join(chunks)
-    if not raw.strip():
-        return {}
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HttpError(400, "bad_json", f"the body is not JSON: {exc}") from None
-    except RecursionError:
-        raise HttpError(400, "bad_json", "the body is not JSON: nested too deeply") from None
+        return await read_json_body(receive, MAX_BODY)
+    except BodyError as exc:
+        raise HttpError(exc.status, exc.code, exc.message) from None
 
 
 async def _json(

@@ -39,6 +39,7 @@ import trio
 from cantrip._errors import CantripError
 from cantrip._redact import get_logger, redact
 from cantrip.loom._loom import Loom
+from cantrip.protocols._body import BodyError, read_json_body
 from cantrip.protocols._sessions import SessionHub, session_id_for
 from cantrip.protocols._viewer_api import LoomViews, ViewerError
 
@@ -180,23 +181,10 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 
 async def read_json(receive: Receive, limit: int) -> Any:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ViewerError(400, "bad_request", "the client went away")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise ViewerError(413, "too_large", f"the body is larger than {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            break
     try:
-        return json.loads(b"".join(chunks) or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ViewerError(400, "bad_json", f"the body is not JSON: {exc}") from None
+        return await read_json_body(receive, limit)
+    except BodyError as exc:
+        raise ViewerError(exc.status, exc.code, exc.message) from None
 
 
 async def send_json(send: Send, status: int, data: Any) -> None:
