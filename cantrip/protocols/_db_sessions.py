@@ -197,10 +197,15 @@ class DbSessions:
                 raise SessionError("busy", f"session {session_id_for(entity_id)} is already "
                                    "running a prompt")  # fmt: skip
             sticky = conn.execute(
-                "UPDATE cantrip_sessions SET cancel_until = NULL WHERE entity_id = %s "
-                "AND cancel_until IS NOT NULL RETURNING cancel_until > clock_timestamp()",
+                "SELECT cancel_until > clock_timestamp() FROM cantrip_sessions "
+                "WHERE entity_id = %s AND cancel_until IS NOT NULL",
                 (entity_id,),
             ).fetchone()
+            if sticky is not None:  # used now, or expired unused: either way disarmed
+                conn.execute(
+                    "UPDATE cantrip_sessions SET cancel_until = NULL WHERE entity_id = %s",
+                    (entity_id,),
+                )
             base = conn.execute(
                 "SELECT coalesce(max(pos), 0) FROM cantrip_turns WHERE entity_id = %s",
                 (entity_id,),

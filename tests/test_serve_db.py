@@ -1,0 +1,488 @@
+"""``cantrip serve --db``: stateless HTTP replicas over PostgreSQL, prompts run by workers.
+
+Everything here is real and started by the tests: a PostgreSQL server
+(tests/conftest.py), a loopback OpenAI server that answers from the
+conversation it is sent (tests/serve_db_llm.py: the real wire format), two
+``cantrip serve --db`` replicas and ``cantrip worker --db`` processes. The
+workers run with a 1 s lease, so a killed worker's prompt is taken over fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import psycopg
+import pytest
+import trio
+from pg_cluster import fresh_database
+from serve_db_llm import KEY
+
+from cantrip.protocols._api import openapi_document
+
+TESTS = Path(__file__).resolve().parent
+TURNS = 3
+"""Turns the loopback LLM takes per prompt (echo, echo, done)."""
+DELAY_S = 0.3
+"""Its latency per answer: a prompt runs for about a second, long enough to act mid-cast."""
+
+SPEC = """
+[llm]
+provider = "openai"
+model = "gpt-5-mini"
+base_url = "{base_url}"
+api_key_env = "SERVE_DB_TEST_KEY"
+
+[identity]
+system_prompt = "Echo, then finish."
+
+[circle]
+medium = "conversation"
+gates = ["done", "echo"]
+wards = [{{ max_turns = 10 }}]
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@attrs.define
+class Stack:
+    url: str
+    spec: Path
+    log: Path
+    env: dict[str, str]
+    replicas: list[str] = attrs.Factory(list)
+    procs: list[subprocess.Popen[bytes]] = attrs.Factory(list)
+    workers: list[subprocess.Popen[bytes]] = attrs.Factory(list)
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "cantrip", "worker", "--db", self.url, "--lease", "1.0"],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("ab"),
+        )
+        self.procs.append(worker)
+        self.workers.append(worker)
+        return worker
+
+    def start_replica(self) -> str:
+        port = _free_port()
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "cantrip", "serve", str(self.spec)),
+                *("--db", self.url, "--port", str(port), "--grace-s", "1"),
+            ],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("ab"),
+        )
+        self.procs.append(proc)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"the replica exited; see {self.log.read_text()}"
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the replica did not come up"
+            time.sleep(0.1)
+        self.replicas.append(base)
+        return base
+
+    def rows(self, sql: str, *params: Any) -> list[Any]:
+        with psycopg.connect(self.url) as conn:
+            return conn.execute(sql, params).fetchall()
+
+
+@pytest.fixture(scope="module")
+def stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """PostgreSQL, the loopback LLM, two serve replicas and one worker, for this module."""
+    url = fresh_database(pg_server, "serve_db")
+    root = tmp_path_factory.mktemp("serve-db")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "SERVE_DB_TEST_KEY": KEY,
+        "CANTRIP_PROVIDERS_DIR": str(root / "providers"),
+    }
+    llm = subprocess.Popen(
+        [sys.executable, str(TESTS / "serve_db_llm.py"), "--turns", str(TURNS),
+         "--delay", str(DELAY_S)],  # fmt: skip
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert llm.stdout is not None
+    base_url = llm.stdout.readline().decode().split()[1]
+    spec = root / "spec.toml"
+    spec.write_text(SPEC.format(base_url=base_url))
+    built = Stack(url, spec, root / "processes.log", env)
+    built.procs.append(llm)
+    try:
+        built.start_worker()
+        built.start_replica()
+        built.start_replica()
+        yield built
+    finally:
+        for proc in built.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+async def _client(base: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=base, timeout=60)
+
+
+def _sequences(turns: list[dict[str, Any]]) -> list[int]:
+    return [t["sequence"] for t in turns]
+
+
+# -- the conversation across replicas -----------------------------------------------------
+
+
+async def test_a_session_made_on_one_replica_is_prompted_on_another_and_continues(
+    stack: Stack,
+) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        for client in (on_a, on_b):
+            health = (await client.get("/health")).json()
+            assert health["mode"] == "db" and health["persistent"] is True
+            assert health["gates"] == ["done", "echo"]
+            assert (await client.get("/openapi.json")).json() == openapi_document()
+        created = await on_a.post("/sessions")
+        assert created.status_code == 201
+        session = created.json()
+        sid = session["session_id"]
+        assert session == {
+            "session_id": sid,
+            "entity_id": session["entity_id"],
+            "running": False,
+            "turns": 0,
+        }
+        first = await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "hello"})
+        assert first.status_code == 200, first.text
+        result = first.json()
+        assert result["result"] == "hello ok #1" and result["turns"] == TURNS
+        assert result["stop_reason"] == "end_turn" and result["session_id"] == sid
+        assert result["usage"]["prompt_tokens"] > 0  # rebuilt from the loom, like in-process
+        thread = (await on_a.get(f"/sessions/{sid}/thread")).json()
+        assert _sequences(thread["turns"]) == [1, 2, 3]
+        assert thread["turns"][0]["intent"] == "hello"
+        again = await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "again"})
+        assert again.json()["result"] == "again ok #2"  # the LLM saw the first prompt
+        thread = (await on_b.get(f"/sessions/{sid}/thread")).json()
+        assert _sequences(thread["turns"]) == list(range(1, 2 * TURNS + 1))
+        assert [t["intent"] for t in thread["turns"] if t["intent"]] == ["hello", "again"]
+        info = (await on_b.get(f"/sessions/{sid}")).json()
+        assert info["turns"] == 2 * TURNS and info["running"] is False
+        listed = (await on_b.get("/sessions")).json()["sessions"]
+        assert info in listed
+
+
+async def test_a_streamed_prompt_sends_each_turn_as_it_lands_then_the_result(
+    stack: Stack,
+) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+    events: list[tuple[str, dict[str, Any]]] = []
+    async with (
+        httpx.AsyncClient(base_url=b, timeout=60) as on_b,
+        on_b.stream("POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": "streamed"})
+        as response,
+    ):
+        assert response.headers["content-type"].startswith("text/event-stream")
+        name = None
+        async for line in response.aiter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: ") and name is not None:
+                events.append((name, json.loads(line[6:])))
+    names = [n for n, _ in events]
+    assert names == ["step_complete"] * TURNS + ["final_response", "result"]
+    assert [e["sequence"] for n, e in events if n == "step_complete"] == [1, 2, 3]
+    assert events[-2][1]["result"] == "streamed ok #1"
+    assert events[-1][1]["result"] == "streamed ok #1" and events[-1][1]["session_id"] == sid
+
+
+# -- workers and replicas that go away ------------------------------------------------------
+
+
+async def test_a_prompt_whose_worker_is_killed_mid_cast_is_answered_by_the_next_worker(
+    stack: Stack,
+) -> None:
+    a = stack.replicas[0]
+    async with await _client(a) as on_a:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        answer: dict[str, Any] = {}
+
+        async def prompt() -> None:
+            response = await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "survive"})
+            answer.update(response.json())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prompt)
+            while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
+                await trio.sleep(0.05)
+            (victim,) = [w for w in stack.workers if w.poll() is None]
+            victim.kill()  # SIGKILL mid-cast: its lease simply stops being renewed
+            victim.wait()
+            stack.start_worker()
+        assert answer["result"] == "survive ok #1", answer
+        assert answer["turns"] == TURNS and answer["stop_reason"] == "end_turn"
+        thread = (await on_a.get(f"/sessions/{sid}/thread")).json()["turns"]
+    assert _sequences(thread) == [1, 2, 3]  # no turn lost, none recorded twice
+    ((attempts, state),) = stack.rows(
+        "SELECT attempts, state FROM cantrip_work WHERE entity_id = %s", entity
+    )
+    assert state == "done" and attempts == 2  # taken over by the new worker
+
+
+async def test_a_replica_killed_while_waiting_loses_nothing_a_retry_elsewhere_joins(
+    stack: Stack,
+) -> None:
+    doomed = stack.start_replica()
+    survivor = stack.replicas[0]
+    key = {"Idempotency-Key": "retry-after-replica-death"}
+    async with await _client(doomed) as on_doomed, await _client(survivor) as on_survivor:
+        sid = (await on_doomed.post("/sessions")).json()["session_id"]
+        async with trio.open_nursery() as nursery:
+
+            async def lost_request() -> None:
+                with pytest.raises(httpx.TransportError):
+                    await on_doomed.post(
+                        f"/sessions/{sid}/prompt", json={"prompt": "orphan"}, headers=key
+                    )
+
+            nursery.start_soon(lost_request)
+            entity = sid.replace("session-", "entity-")
+            while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                await trio.sleep(0.02)
+            (proc,) = [p for p in stack.procs if doomed.endswith(str(_port_of(p)))]
+            proc.kill()
+            proc.wait()
+        stack.replicas.remove(doomed)
+        retry = await on_survivor.post(
+            f"/sessions/{sid}/prompt", json={"prompt": "orphan"}, headers=key
+        )
+    assert retry.status_code == 200 and retry.json()["result"] == "orphan ok #1"
+    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+
+
+def _port_of(proc: subprocess.Popen[bytes]) -> int | None:
+    args = list(proc.args)  # type: ignore[arg-type]
+    return int(args[args.index("--port") + 1]) if "--port" in args else None
+
+
+# -- cancel ---------------------------------------------------------------------------------
+
+
+async def test_cancel_through_one_replica_stops_the_worker_running_the_prompt(
+    stack: Stack,
+) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        answer: dict[str, Any] = {}
+
+        async def prompt() -> None:
+            response = await on_a.post(
+                f"/sessions/{sid}/prompt", json={"prompt": "stop me"}, headers={
+                    "Idempotency-Key": "cancel-me"})  # fmt: skip
+            answer.update(response.json())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prompt)
+            while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
+                await trio.sleep(0.05)
+            busy = await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "me too"})
+            assert busy.status_code == 409 and busy.json()["error"]["code"] == "busy"
+            cancelled = (await on_b.post(f"/sessions/{sid}/cancel")).json()
+        assert cancelled == {
+            "cancelled": True,
+            "target": "running",
+            "intent": "stop me",
+            "idempotency_key": "cancel-me",
+        }
+        assert answer["stop_reason"] == "cancelled" and answer["reason"] == "cancelled"
+        assert answer["truncated"] is True and answer["result"] is None
+        thread = (await on_b.get(f"/sessions/{sid}/thread")).json()["turns"]
+    assert thread[-1]["reason"] == "cancelled" and thread[-1]["truncated"]
+    assert stack.rows("SELECT state FROM cantrip_work WHERE entity_id = %s", entity) == [
+        ("cancelled",)
+    ]
+
+
+async def test_a_cancel_with_nothing_running_is_sticky_for_the_next_prompt(stack: Stack) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        armed = (await on_a.post(f"/sessions/{sid}/cancel")).json()
+        assert armed == {"cancelled": False, "target": "next", "sticky_s": 5.0}
+        cut = (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "too late"})).json()
+        assert cut["stop_reason"] == "cancelled" and cut["turns"] == 0
+        assert cut["summary"] == "cancelled before the first turn"
+        # used up: the next prompt runs
+        ran = (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "now"})).json()
+        assert ran["result"] == "now ok #1"
+
+
+# -- idempotency keys across replicas -------------------------------------------------------
+
+
+async def test_one_idempotency_key_sent_to_both_replicas_is_one_session_and_one_cast(
+    stack: Stack,
+) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        key = {"Idempotency-Key": "session-key-1"}
+        made = await on_a.post("/sessions", headers=key)
+        again = await on_b.post("/sessions", headers=key)
+        assert made.status_code == again.status_code == 201
+        assert made.json() == again.json()
+        assert "idempotent-replayed" not in made.headers
+        assert again.headers["idempotent-replayed"] == "true"
+        sid = made.json()["session_id"]
+        entity = made.json()["entity_id"]
+        answers: list[dict[str, Any]] = []
+        prompt_key = {"Idempotency-Key": "prompt-key-1"}
+
+        async def send(client: httpx.AsyncClient) -> None:
+            response = await client.post(
+                f"/sessions/{sid}/prompt", json={"prompt": "once"}, headers=prompt_key
+            )
+            assert response.status_code == 200, response.text
+            answers.append(response.json())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, on_a)
+            nursery.start_soon(send, on_b)
+        assert answers[0] == answers[1] and answers[0]["result"] == "once ok #1"
+        replay = await on_b.post(
+            f"/sessions/{sid}/prompt", json={"prompt": "once"}, headers=prompt_key
+        )
+        assert replay.json() == answers[0]  # after it finished: the recorded result
+        reused = await on_a.post(
+            f"/sessions/{sid}/prompt", json={"prompt": "other"}, headers=prompt_key
+        )
+        assert reused.status_code == 422 and reused.json()["error"]["code"] == "key_reused"
+    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+    assert len(stack.rows("SELECT id FROM cantrip_turns WHERE entity_id = %s", entity)) == TURNS
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+async def test_bad_requests_get_clear_errors_and_lose_nothing(stack: Stack) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "keep me"})
+        before = (await on_b.get(f"/sessions/{sid}/thread")).json()
+        headers = {"content-type": "application/json"}
+        cases = [
+            (await on_b.post(f"/sessions/{sid}/prompt", content=b"{no", headers=headers),
+             400, "bad_json"),
+            (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "  "}), 400,
+             "bad_request"),
+            (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "x", "intent": "y"}),
+             400, "bad_request"),
+            (await on_b.post(f"/sessions/{sid}/prompt", content=b"{}", headers={}), 400,
+             "bad_content_type"),
+            (await on_b.post(f"/sessions/{sid}/prompt", content=b"[" * (1 << 21),
+                             headers=headers), 413, "too_large"),
+            (await on_b.post(f"/sessions/{sid}/prompt?stream=maybe", json={"prompt": "x"}),
+             400, "bad_request"),
+            (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "x"},
+                             headers={"Idempotency-Key": "k" * 256}), 400, "bad_idempotency_key"),
+            (await on_b.post("/sessions/session-0000/prompt", json={"prompt": "x"}), 404,
+             "unknown_session"),
+            (await on_b.get("/sessions/session-0000/thread"), 404, "unknown_session"),
+            (await on_b.post("/sessions/session-0000/cancel"), 404, "unknown_session"),
+            (await on_b.get(f"/sessions/{sid}/prompt"), 405, "method_not_allowed"),
+            (await on_b.get("/nowhere"), 404, "not_found"),
+            (await on_b.get("/health", headers={"host": "evil.example"}), 403, "bad_host"),
+            (await on_b.post(f"/sessions/{sid}/cancel", headers={
+                "origin": "http://evil.example"}), 403, "bad_origin"),
+        ]  # fmt: skip
+        for response, status, code in cases:
+            assert (response.status_code, response.json()["error"]["code"]) == (status, code)
+        after = (await on_a.get(f"/sessions/{sid}/thread")).json()
+    assert after == before  # nothing was cast, nothing changed
+    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+
+
+def test_serve_db_refuses_a_circle_that_pauses_and_a_public_bind_without_token(
+    stack: Stack, tmp_path: Path
+) -> None:
+    pausing = tmp_path / "pausing.toml"
+    pausing.write_text(
+        stack.spec.read_text().replace('gates = ["done", "echo"]', 'gates = ["done", "ask_user"]')
+    )
+    for argv, says in [
+        ([str(pausing), "--db", stack.url], "serve --db cannot run a circle that pauses"),
+        (
+            [str(stack.spec), "--db", stack.url, "--host", "0.0.0.0"],
+            "token",
+        ),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "cantrip", "serve", *argv, "--port", str(_free_port())],
+            env={k: v for k, v in stack.env.items() if k != "CANTRIP_TOKEN"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0], done.stderr
+
+
+async def test_a_token_is_required_when_set(stack: Stack) -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "cantrip", "serve", str(stack.spec), "--db", stack.url),
+            *("--port", str(port), "--token", "s3cret-token-for-tests"),
+        ],
+        env=stack.env,
+        stdout=subprocess.DEVNULL,
+        stderr=stack.log.open("ab"),
+    )
+    stack.procs.append(proc)
+    base = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        while True:
+            try:
+                response = await client.get("/health")
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None
+                await trio.sleep(0.1)
+        assert response.status_code == 401
+        auth = {"authorization": "Bearer s3cret-token-for-tests"}
+        assert (await client.get("/health", headers=auth)).json()["mode"] == "db"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0  # a clean drain
