@@ -123,8 +123,10 @@ def stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "CANTRIP_PROVIDERS_DIR": str(root / "providers"),
     }
     llm = subprocess.Popen(
-        [sys.executable, str(TESTS / "serve_db_llm.py"), "--turns", str(TURNS),
-         "--delay", str(DELAY_S)],  # fmt: skip
+        [
+            *(sys.executable, str(TESTS / "serve_db_llm.py")),
+            *("--turns", str(TURNS), "--delay", str(DELAY_S)),
+        ],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -207,8 +209,9 @@ async def test_a_streamed_prompt_sends_each_turn_as_it_lands_then_the_result(
     events: list[tuple[str, dict[str, Any]]] = []
     async with (
         httpx.AsyncClient(base_url=b, timeout=60) as on_b,
-        on_b.stream("POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": "streamed"})
-        as response,
+        on_b.stream(
+            "POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": "streamed"}
+        ) as response,
     ):
         assert response.headers["content-type"].startswith("text/event-stream")
         name = None
