@@ -227,6 +227,63 @@ async def test_a_streamed_prompt_sends_each_turn_as_it_lands_then_the_result(
     assert events[-1][1]["result"] == "streamed ok #1" and events[-1][1]["session_id"] == sid
 
 
+async def _sse_events(response: httpx.Response) -> Any:
+    name = None
+    async for line in response.aiter_lines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: ") and name is not None:
+            yield name, json.loads(line[6:])
+
+
+async def test_the_events_stream_of_one_replica_shows_a_prompt_sent_to_another(
+    stack: Stack,
+) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        seen: list[int] = []
+        async with (
+            trio.open_nursery() as nursery,
+            on_a.stream("GET", f"/sessions/{sid}/events") as events,
+        ):
+            assert events.status_code == 200
+            nursery.start_soon(
+                lambda: on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "watched"})
+            )
+            async for name, data in _sse_events(events):
+                if name == "step_complete":
+                    seen.append(data["sequence"])
+                if name == "final_response":
+                    assert data["result"] == "watched ok #1"
+                    break
+    assert seen == [1, 2, 3]
+
+
+async def test_a_streamed_prompt_whose_client_hangs_up_is_cancelled_when_asked(
+    stack: Stack,
+) -> None:
+    a = stack.replicas[0]
+    async with await _client(a) as on_a:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        async with on_a.stream(
+            "POST",
+            f"/sessions/{sid}/prompt?stream=1&cancel_on_disconnect=1",
+            json={"prompt": "hang up"},
+        ) as response:
+            async for name, _ in _sse_events(response):
+                assert name == "step_complete"
+                break  # one turn landed: hang up
+        with trio.fail_after(20):
+            while stack.rows(
+                "SELECT 1 FROM cantrip_work WHERE entity_id = %s AND state <> 'cancelled'", entity
+            ):
+                await trio.sleep(0.05)
+        thread = (await on_a.get(f"/sessions/{sid}/thread")).json()["turns"]
+    assert thread[-1]["reason"] == "cancelled" and len(thread) < TURNS
+
+
 # -- workers and replicas that go away ------------------------------------------------------
 
 

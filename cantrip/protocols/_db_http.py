@@ -28,7 +28,8 @@ a worker has no one to ask (see SPEC "serve on PostgreSQL").
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -73,14 +74,29 @@ class Notifier:
     def __init__(self, url: str) -> None:
         self.url = url
         self._events: dict[str, trio.Event] = {}
+        self._watchers: dict[str, int] = {}
         self.heard = 0
 
-    def event(self, entity_id: str) -> trio.Event:
-        """Set at the next notification about ``entity_id`` (take it before checking)."""
-        event = self._events.get(entity_id)
-        if event is None:
-            event = self._events[entity_id] = trio.Event()
-        return event
+    @contextmanager
+    def watching(self, entity_id: str) -> Iterator[Callable[[], trio.Event]]:
+        """While a task waits on ``entity_id``: ``next_event()`` is set at the next
+        notification about it (take it *before* checking the database, so none is
+        missed). Nothing is kept once no task watches the entity."""
+        self._watchers[entity_id] = self._watchers.get(entity_id, 0) + 1
+
+        def next_event() -> trio.Event:
+            event = self._events.get(entity_id)
+            if event is None:
+                event = self._events[entity_id] = trio.Event()
+            return event
+
+        try:
+            yield next_event
+        finally:
+            self._watchers[entity_id] -= 1
+            if not self._watchers[entity_id]:
+                del self._watchers[entity_id]
+                self._events.pop(entity_id, None)
 
     def _wake(self, entity_id: str) -> None:
         event = self._events.pop(entity_id, None)
@@ -158,6 +174,21 @@ class DbHttpApp:
         self.drain = _Drain()
         self.waiting = 0
         """Prompts this replica is waiting on (``max_running`` bounds it)."""
+        self._idle = trio.Event()
+        self._idle.set()
+
+    @contextmanager
+    def _counted(self) -> Iterator[None]:
+        """Count one prompt this replica waits on (``/health``, ``max_running``, shutdown)."""
+        if self.waiting == 0:
+            self._idle = trio.Event()
+        self.waiting += 1
+        try:
+            yield
+        finally:
+            self.waiting -= 1
+            if self.waiting == 0:
+                self._idle.set()
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking database call in a thread, behind the store's limiter."""
@@ -305,9 +336,9 @@ class DbHttpApp:
 
     async def _wait(self, entity_id: str, work_id: int) -> tuple[str, dict[str, Any] | None]:
         """Until the work ends: woken by NOTIFY, checking every ``poll_s`` regardless."""
-        with self.drain.stream() as closing:
+        with self.drain.stream() as closing, self.notifier.watching(entity_id) as next_event:
             while not closing.cancel_called:
-                woken = self.notifier.event(entity_id)  # before the check: none is missed
+                woken = next_event()  # before the check: none is missed
                 state, outcome = await self._db(self.sessions.status, work_id)
                 if state in ENDED:
                     return state, outcome
@@ -334,11 +365,8 @@ class DbHttpApp:
 
     async def _prompt(self, row: SessionRow, intent: str, key: str | None) -> dict[str, Any]:
         work_id, base_pos = await self._enqueue(row, intent, key)
-        self.waiting += 1
-        try:
+        with self._counted():
             return await self._finished(row, work_id, base_pos)
-        finally:
-            self.waiting -= 1
 
     async def _prompt_stream(
         self,
@@ -350,8 +378,7 @@ class DbHttpApp:
         cancel_on_disconnect: bool,
     ) -> None:
         work_id, base_pos = await self._enqueue(row, intent, key)
-        self.waiting += 1
-        try:
+        with self._counted():
             await _start_sse(send)
 
             async def watch() -> None:
@@ -379,24 +406,23 @@ class DbHttpApp:
             else:
                 await _sse(send, "result", final)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            self.waiting -= 1
 
     async def _tail(
         self, row: SessionRow, work_id: int, seen: int, send: Send
     ) -> tuple[str, dict[str, Any] | None]:
         """Send each turn of the work as it lands in the loom, until the work ends."""
-        while True:
-            woken = self.notifier.event(row.entity_id)
-            status = await self._db(self.sessions.status, work_id)
-            for pos, turn in await self._db(self.sessions.turns_after, row.entity_id, seen):
-                seen = pos
-                for event in _turn_events(turn):
-                    await _sse(send, event["type"], event)
-            if status[0] in ENDED:
-                return status  # type: ignore[no-any-return]
-            with trio.move_on_after(self.tail_s):
-                await woken.wait()
+        with self.notifier.watching(row.entity_id) as next_event:
+            while True:
+                woken = next_event()
+                status = await self._db(self.sessions.status, work_id)
+                for pos, turn in await self._db(self.sessions.turns_after, row.entity_id, seen):
+                    seen = pos
+                    for event in _turn_events(turn):
+                        await _sse(send, event["type"], event)
+                if status[0] in ENDED:
+                    return status  # type: ignore[no-any-return]
+                with trio.move_on_after(self.tail_s):
+                    await woken.wait()
 
     async def _events(self, row: SessionRow, receive: Receive, send: Send) -> None:
         """Every turn of the session from now on, as it lands in the loom."""
@@ -411,10 +437,13 @@ class DbHttpApp:
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(until_disconnect)
-            with self.drain.stream() as closing:
+            with (
+                self.drain.stream() as closing,
+                self.notifier.watching(row.entity_id) as next_event,
+            ):
                 quiet_since = trio.current_time()
                 while not closing.cancel_called:
-                    woken = self.notifier.event(row.entity_id)
+                    woken = next_event()
                     for pos, turn in await self._db(self.sessions.turns_after, row.entity_id, seen):
                         seen = pos
                         quiet_since = trio.current_time()
@@ -438,8 +467,7 @@ class DbHttpApp:
         log.info("shutting down: %d open request(s), grace %.1f s", self.drain.open,
                  self.options.grace_s)  # fmt: skip
         with trio.move_on_after(self.options.grace_s):
-            while self.waiting:
-                await trio.sleep(0.05)
+            await self._idle.wait()
         await self.drain.close_streams(self.options.answer_timeout_s)
 
 
