@@ -354,6 +354,31 @@ def _port_of(proc: subprocess.Popen[bytes]) -> int | None:
     return int(args[args.index("--port") + 1]) if "--port" in args else None
 
 
+async def test_a_replica_that_loses_its_listen_connection_listens_again(stack: Stack) -> None:
+    from cantrip.protocols._db_http import LISTENER_NAME
+
+    def listeners() -> list[int]:
+        rows = stack.rows(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", LISTENER_NAME
+        )
+        return sorted(pid for (pid,) in rows)
+
+    before = listeners()
+    assert len(before) == len(stack.replicas)  # one LISTEN connection per replica
+    stack.rows(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+        LISTENER_NAME,
+    )
+    async with await _client(stack.replicas[0]) as on_a:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        answer = await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "still here"})
+        assert answer.json()["result"] == "still here ok #1"
+    with trio.fail_after(20):
+        while len(listeners()) < len(stack.replicas):
+            await trio.sleep(0.1)
+    assert not set(listeners()) & set(before)  # new connections: each replica reconnected
+
+
 # -- cancel ---------------------------------------------------------------------------------
 
 

@@ -68,6 +68,10 @@ Receive = Callable[[], Awaitable[Mapping[str, Any]]]
 Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 
 
+LISTENER_NAME = "cantrip serve --db"
+"""The ``application_name`` of a replica's LISTEN connection (seen in ``pg_stat_activity``)."""
+
+
 class Notifier:
     """One LISTEN connection per replica: wakes the tasks waiting on an entity."""
 
@@ -109,32 +113,42 @@ class Notifier:
             event.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Listen until cancelled; reconnect after a lost connection (the waiters
-        poll meanwhile)."""
+        """Listen until cancelled. A connection lost later is opened again (the
+        waiters poll meanwhile); one that cannot be opened at start-up is an error."""
         import psycopg
 
         started = False
+
+        def listening() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                task_status.started()
+            else:  # notifications sent while we were away are lost: look again
+                self._wake_all()
+
         while True:
             try:
-                await self._listen(psycopg, task_status if not started else None)
+                await self._listen(psycopg, listening)
             except psycopg.OperationalError as exc:  # the database went away: the boundary
-                log.warning("serve --db: lost the LISTEN connection (%s); reconnecting", exc)
-                self._wake_all()  # let every waiter look for itself
                 if not started:
                     raise
+                log.warning("serve --db: lost the LISTEN connection (%s); reconnecting", exc)
+                self._wake_all()  # let every waiter look for itself
                 await trio.sleep(1.0)
-            started = True
 
-    async def _listen(self, psycopg: Any, task_status: trio.TaskStatus[None] | None) -> None:
-        conn = await trio.to_thread.run_sync(lambda: psycopg.connect(self.url, autocommit=True))
+    async def _listen(self, psycopg: Any, listening: Callable[[], None]) -> None:
+        """Wake the waiters an entity's notification concerns, until the connection fails."""
+        conn = await trio.to_thread.run_sync(
+            lambda: psycopg.connect(self.url, autocommit=True, application_name=LISTENER_NAME)
+        )
         limiter = trio.CapacityLimiter(1)
         try:
             await trio.to_thread.run_sync(
                 lambda: conn.execute(f"LISTEN {WORK_CHANNEL}; LISTEN {CANCEL_CHANNEL}"),
                 limiter=limiter,
             )
-            if task_status is not None:
-                task_status.started()
+            listening()
             while True:
                 notes = await trio.to_thread.run_sync(
                     lambda: [n.payload for n in conn.notifies(timeout=0.25, stop_after=64)],
