@@ -622,3 +622,21 @@ def test_a_replica_answers_as_its_openapi_document_says(stack: Stack) -> None:
             database=None,
         )
     )
+
+
+async def test_an_idempotency_key_is_checked_as_the_document_publishes_it(stack: Stack) -> None:
+    """``^[!-~]+$``: a key with a space inside is refused by both kinds of server (the
+    schemathesis run above found one accepted)."""
+    import re
+
+    pattern = openapi_document()["paths"]["/sessions"]["post"]["parameters"][0]["schema"]
+    assert not re.fullmatch(pattern["pattern"], "a b")
+    async with await _client(stack.replicas[0]) as client:
+        refused = await client.post("/sessions", headers={"Idempotency-Key": "a b"})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "bad_idempotency_key"
+    from cantrip.protocols._idempotency import BadKeyError, check_key
+
+    with pytest.raises(BadKeyError, match="no spaces"):
+        check_key("a b")  # the in-process server's check is the same function
+    assert check_key("  ok-key_1  ") == "ok-key_1"
