@@ -419,6 +419,41 @@ async def test_cancel_through_one_replica_stops_the_worker_running_the_prompt(
     ]
 
 
+async def test_a_cancelled_queued_prompt_never_starts(stack: Stack) -> None:
+    a, b = stack.replicas
+    (worker,) = [w for w in stack.workers if w.poll() is None]
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        answer: dict[str, Any] = {}
+
+        async def prompt() -> None:
+            response = await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "never"})
+            answer.update(response.json())
+
+        worker.send_signal(signal.SIGSTOP)  # no worker takes anything meanwhile
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(prompt)
+                while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                    await trio.sleep(0.02)
+                cancelled = (await on_b.post(f"/sessions/{sid}/cancel")).json()
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        assert cancelled == {
+            "cancelled": True,
+            "target": "queued",
+            "intent": "never",
+            "idempotency_key": None,
+        }
+        assert answer["stop_reason"] == "cancelled" and answer["turns"] == 0
+        info = (await on_b.get(f"/sessions/{sid}")).json()
+        assert info["turns"] == 0 and info["running"] is False
+    assert stack.rows("SELECT state, attempts FROM cantrip_work WHERE entity_id = %s", entity) == [
+        ("cancelled", 0)
+    ]
+
+
 async def test_a_cancel_with_nothing_running_is_sticky_for_the_next_prompt(stack: Stack) -> None:
     a, b = stack.replicas
     async with await _client(a) as on_a, await _client(b) as on_b:
