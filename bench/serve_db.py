@@ -173,6 +173,15 @@ def main() -> None:
             print(f"  through a serve --db replica: {_ms(http)}")
             print(f"  Dispatcher.submit + wait:     {_ms(direct)}")
             trio.run(_concurrent, base, args.concurrent, replica.pid)
+            dispatcher = Dispatcher(url)
+            start = time.perf_counter()
+            works = [dispatcher.submit(spell, "go")[0] for _ in range(args.concurrent)]
+            for work in works:
+                dispatcher.wait(work)
+            wall = time.perf_counter() - start
+            dispatcher.close()
+            print(f"  the same {args.concurrent} casts enqueued at once with Dispatcher "
+                  f"(no HTTP): wall {wall:.2f} s")  # fmt: skip
         finally:
             for proc in procs:
                 proc.kill()

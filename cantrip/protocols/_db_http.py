@@ -151,7 +151,7 @@ class Notifier:
             listening()
             while True:
                 notes = await trio.to_thread.run_sync(
-                    lambda: [n.payload for n in conn.notifies(timeout=0.25, stop_after=64)],
+                    lambda: [n.payload for n in conn.notifies(timeout=0.25, stop_after=1)],
                     limiter=limiter,
                 )
                 self.heard += len(notes)
