@@ -349,6 +349,42 @@ async def test_a_replica_killed_while_waiting_loses_nothing_a_retry_elsewhere_jo
     assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
 
 
+async def test_a_replica_shutting_down_answers_its_waits_503_and_the_cast_goes_on(
+    stack: Stack,
+) -> None:
+    leaving = stack.start_replica()
+    (proc,) = [p for p in stack.procs if leaving.endswith(str(_port_of(p)))]
+    stack.replicas.remove(leaving)
+    (worker,) = [w for w in stack.workers if w.poll() is None]
+    key = {"Idempotency-Key": "across-a-shutdown"}
+    async with await _client(leaving) as on_leaving, await _client(stack.replicas[0]) as other:
+        sid = (await on_leaving.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        worker.send_signal(signal.SIGSTOP)  # the prompt cannot finish before the drain
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def waiting() -> None:
+                    response = await on_leaving.post(
+                        f"/sessions/{sid}/prompt", json={"prompt": "outlive"}, headers=key
+                    )
+                    assert response.status_code == 503, response.text
+                    assert response.json()["error"]["code"] == "shutting_down"
+                    assert response.headers["retry-after"] == "1"
+
+                nursery.start_soon(waiting)
+                while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                    await trio.sleep(0.02)
+                proc.send_signal(signal.SIGTERM)  # --grace-s 1
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        assert await trio.to_thread.run_sync(proc.wait) == 0
+        retry = await other.post(f"/sessions/{sid}/prompt", json={"prompt": "outlive"},
+                                 headers=key)  # fmt: skip
+    assert retry.json()["result"] == "outlive ok #1"
+    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+
+
 def _port_of(proc: subprocess.Popen[bytes]) -> int | None:
     args = list(proc.args)  # type: ignore[arg-type]
     return int(args[args.index("--port") + 1]) if "--port" in args else None
@@ -531,8 +567,7 @@ async def test_bad_requests_get_clear_errors_and_lose_nothing(stack: Stack) -> N
              400, "bad_request"),
             (await on_b.post(f"/sessions/{sid}/prompt", content=b"{}", headers={}), 400,
              "bad_content_type"),
-            (await on_b.post(f"/sessions/{sid}/prompt", content=b"[" * (1 << 21),
-                             headers=headers), 413, "too_large"),
+            (await _declared_only(b, f"/sessions/{sid}/prompt", 1 << 21), 413, "too_large"),
             (await on_b.post(f"/sessions/{sid}/prompt?stream=maybe", json={"prompt": "x"}),
              400, "bad_request"),
             (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "x"},
@@ -552,6 +587,25 @@ async def test_bad_requests_get_clear_errors_and_lose_nothing(stack: Stack) -> N
         after = (await on_a.get(f"/sessions/{sid}/thread")).json()
     assert after == before  # nothing was cast, nothing changed
     assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+
+
+async def _declared_only(base: str, path: str, length: int) -> httpx.Response:
+    """A POST that declares a ``length``-byte body and sends none of it: the guard must
+    refuse it from Content-Length alone, before reading (a client still uploading a big
+    body may instead see the connection closed under it -- RFC 9110 15.5.14)."""
+    host, port = base.removeprefix("http://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\nConnection: close\r\n\r\n".encode()
+        )
+        raw = b""
+        while chunk := await stream.receive_some(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ")[1])
+    return httpx.Response(status, content=body, headers={"content-type": "application/json"})
 
 
 def test_serve_db_refuses_a_circle_that_pauses_and_a_public_bind_without_token(
