@@ -391,7 +391,7 @@ def _port_of(proc: subprocess.Popen[bytes]) -> int | None:
 
 
 async def test_a_replica_that_loses_its_listen_connection_listens_again(stack: Stack) -> None:
-    from cantrip.protocols._db_http import LISTENER_NAME
+    from cantrip.protocols._db_notify import LISTENER_NAME
 
     def listeners() -> list[int]:
         rows = stack.rows(
@@ -729,3 +729,19 @@ async def test_an_idempotency_key_is_checked_as_the_document_publishes_it(stack:
     with pytest.raises(BadKeyError, match="no spaces"):
         check_key("a b")  # the in-process server's check is the same function
     assert check_key("  ok-key_1  ") == "ok-key_1"
+
+
+def test_the_in_process_server_says_it_runs_the_entities_itself() -> None:
+    import cantrip
+    from cantrip.protocols._api import Health
+    from cantrip.protocols._http import HttpApp
+    from gates import done
+
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM([]),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done], [cantrip.max_turns(2)]),
+    )
+    health = HttpApp(spell)._health()
+    assert health["mode"] == "process"
+    Health.model_validate(health)  # the published shape, both modes

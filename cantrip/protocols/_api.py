@@ -178,7 +178,7 @@ class Health(_Out):
     """``process``: the server runs the entities; ``db``: a ``serve --db`` replica,
     the entities run on ``cantrip worker`` processes."""
     running: int
-    """Prompts running now."""
+    """Prompts running now (``db``: prompts this replica waits on)."""
     cantrip: str
     medium: str
     gates: list[str]
