@@ -33,7 +33,7 @@ from cantrip.protocols._api import openapi_document
 TESTS = Path(__file__).resolve().parent
 TURNS = 3
 """Turns the loopback LLM takes per prompt (echo, echo, done)."""
-DELAY_S = 0.3
+DELAY_S = 0.4
 """Its latency per answer: a prompt runs for about a second, long enough to act mid-cast."""
 
 SPEC = """
