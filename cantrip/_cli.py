@@ -124,6 +124,11 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     serve.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
     serve.add_argument("--check", action="store_true", help="load the spec, report, and exit")
     serve.add_argument("--log", type=Path, help="write a debug log to this file")
+    serve.add_argument(
+        "--db", metavar="URL",
+        help="a stateless replica on PostgreSQL: sessions in the database, prompts run by "
+        "`cantrip worker --db URL` processes (run any number of replicas)",
+    )  # fmt: skip
     _add_otlp(serve)
 
     from cantrip.mcp._cli import add_mcp_parser
@@ -472,15 +477,19 @@ def _serve(args: argparse.Namespace) -> int:
         limits = SessionLimits(max_sessions=args.max_sessions, idle_s=args.idle_timeout)
     except (BindError, ValueError) as exc:
         return _fail(str(exc))
-    spell = _load(args.spec)
-    if args.check:
-        return _check(args.spec, spell)
     options = ServeOptions(
         grace_s=args.grace_s,
         keep_alive_s=args.keep_alive_s,
         backlog=args.backlog,
         max_running=args.max_running,
     )
+    if args.db:
+        from cantrip._worker_cli import serve_on_db
+
+        return serve_on_db(args, guard, options)
+    spell = _load(args.spec)
+    if args.check:
+        return _check(args.spec, spell)
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

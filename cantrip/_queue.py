@@ -59,6 +59,35 @@ RETURNING epoch
 """
 
 
+def enqueue_on(conn: Any, spell: dict[str, Any], intent: str, entity_id: str) -> int:
+    """Queue work inside the caller's transaction on ``conn`` (a psycopg connection):
+    ``cantrip serve --db`` records a prompt's idempotency key in the same commit."""
+    row = conn.execute(
+        "INSERT INTO cantrip_work (entity_id, intent, spell) VALUES (%s, %s, %s) RETURNING id",
+        (entity_id, intent, json.dumps(spell)),
+    ).fetchone()
+    assert row is not None
+    conn.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, entity_id))
+    return int(row[0])
+
+
+def cancel_on(conn: Any, entity_id: str) -> int:
+    """:meth:`WorkQueue.cancel` inside the caller's transaction on ``conn``."""
+    queued = conn.execute(
+        "UPDATE cantrip_work SET state = 'cancelled', finished_at = clock_timestamp(), "
+        'result = \'{"reason": "cancelled"}\' '
+        "WHERE entity_id = %s AND state = 'queued' AND attempts = 0",
+        (entity_id,),
+    ).rowcount
+    running = conn.execute(
+        "UPDATE cantrip_work SET cancel_requested = true "
+        "WHERE entity_id = %s AND state IN ('queued', 'running')",
+        (entity_id,),
+    ).rowcount
+    conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, entity_id))
+    return int(queued) + int(running)
+
+
 @attrs.frozen
 class Claim:
     """A work item this worker now owns, under ``fence``."""
@@ -85,14 +114,7 @@ class WorkQueue:
     def enqueue(self, spell: dict[str, Any], intent: str, entity_id: str) -> int:
         """Queue ``intent`` for ``entity_id`` (new or existing); the work id."""
         with self.store.pool.connection() as conn, conn.transaction():
-            row = conn.execute(
-                "INSERT INTO cantrip_work (entity_id, intent, spell) VALUES (%s, %s, %s) "
-                "RETURNING id",
-                (entity_id, intent, json.dumps(spell)),
-            ).fetchone()
-            assert row is not None
-            conn.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, entity_id))
-        return int(row[0])
+            return enqueue_on(conn, spell, intent, entity_id)
 
     def claim(self, owner: str, lease_s: float) -> Claim | None:
         """The oldest runnable work item, now this worker's; None if there is none."""
@@ -179,19 +201,7 @@ class WorkQueue:
 
         Returns how many work items were open."""
         with self.store.pool.connection() as conn, conn.transaction():
-            queued = conn.execute(
-                "UPDATE cantrip_work SET state = 'cancelled', finished_at = clock_timestamp(), "
-                'result = \'{"reason": "cancelled"}\' '
-                "WHERE entity_id = %s AND state = 'queued' AND attempts = 0",
-                (entity_id,),
-            ).rowcount
-            running = conn.execute(
-                "UPDATE cantrip_work SET cancel_requested = true "
-                "WHERE entity_id = %s AND state IN ('queued', 'running')",
-                (entity_id,),
-            ).rowcount
-            conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, entity_id))
-        return int(queued) + int(running)
+            return cancel_on(conn, entity_id)
 
     def status(self, work_id: int) -> tuple[str, dict[str, Any] | None]:
         """(state, outcome) of a work item; outcome once it has ended."""

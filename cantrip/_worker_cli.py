@@ -6,6 +6,7 @@ import argparse
 import json
 import signal
 import sys
+from typing import Any
 
 import trio
 
@@ -76,3 +77,78 @@ def cast_on_db(args: argparse.Namespace) -> int:
     if state == "cancelled":
         return EXIT_INTERRUPTED
     return EXIT_TERMINATED if outcome.get("terminated") else EXIT_TRUNCATED
+
+
+def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
+    """``cantrip serve SPEC --db URL``: a stateless HTTP replica; prompts go to the workers.
+
+    The spec is built once here to check it and describe it on ``/health``; a circle
+    that can pause for a human is refused (a worker has no one to ask)."""
+    import signal
+
+    from cantrip._worker import build_spell, spell_from_spec
+    from cantrip.loom._loom import Loom
+    from cantrip.protocols._db_http import serve_http_db
+
+    try:
+        spell = spell_from_spec(args.spec)
+        cantrip = build_spell(spell, Loom())
+    except CantripError as exc:
+        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_ERROR
+    if cantrip.circle.needs_humans:
+        print(
+            "cantrip: serve --db cannot run a circle that pauses for a human (approve = [...], "
+            "ask_user, or gates that require approval): workers have no one to ask; "
+            "serve it without --db",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    if args.check:
+        gates = ", ".join(cantrip.circle.gate_names)
+        print(f"ok: {args.spec} loads (gates {gates}; serve --db)", file=sys.stderr)
+        return 0
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+            async def until_signal() -> None:
+                async for signum in signals:
+                    print(f"cantrip: {signal.Signals(signum).name}: draining", file=sys.stderr,
+                          flush=True)  # fmt: skip
+                    return
+
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(
+                    lambda task_status: serve_http_db(
+                        spell,
+                        cantrip,
+                        args.db,
+                        args.host,
+                        args.port,
+                        shutdown_trigger=until_signal,
+                        options=options,
+                        task_status=task_status,
+                        guard=guard,
+                        read_timeout_s=args.client_timeout,
+                    )
+                )
+                for bind in binds:
+                    print(f"cantrip: serving {args.spec} on {bind} (db mode)", file=sys.stderr,
+                          flush=True)  # fmt: skip
+
+    from cantrip._failure import leaves, message
+
+    try:
+        trio.run(run)
+    except CantripError as exc:
+        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_ERROR
+    except BaseException as exc:
+        found = leaves(exc)
+        if found and all(isinstance(leaf, OSError) for leaf in found):
+            print(f"cantrip: cannot serve on {args.host}:{args.port}: {message(found[0])}",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_ERROR
+        raise
+    return 0

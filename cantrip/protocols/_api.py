@@ -174,8 +174,11 @@ class ErrorBody(_Out):
 
 class Health(_Out):
     ok: bool
+    mode: Literal["process", "db"] = "process"
+    """``process``: the server runs the entities; ``db``: a ``serve --db`` replica,
+    the entities run on ``cantrip worker`` processes."""
     running: int
-    """Prompts running now."""
+    """Prompts running now (``db``: prompts this replica waits on)."""
     cantrip: str
     medium: str
     gates: list[str]
@@ -224,11 +227,12 @@ class PromptResult(_Out):
 
 class Cancelled(_Out):
     cancelled: bool
-    target: Literal["running", "starting", "next"] | None = None
+    target: Literal["running", "starting", "queued", "next"] | None = None
     """What the cancel applied to: the running prompt, one whose request is arriving,
-    or (sticky) the next prompt to start within a few seconds."""
+    one queued for a worker (``serve --db``), or (sticky) the next prompt to start
+    within a few seconds."""
     intent: str | None = None
-    """The running prompt that was cancelled (``target: running``)."""
+    """The prompt that was cancelled (``target: running`` or ``queued``)."""
     idempotency_key: str | None = None
     """Its Idempotency-Key, if it had one."""
     sticky_s: float | None = None

@@ -271,6 +271,7 @@ class HttpApp:
         circle = self.spell.circle
         return {
             "ok": True,
+            "mode": "process",
             "running": self.hub.running,
             "cantrip": self.spell.id,
             "medium": circle.medium.name,

@@ -36,11 +36,12 @@ class BadKeyError(ValueError):
 
 
 def check_key(raw: str) -> str:
-    """The key as given, if it is 1-255 printable ASCII characters."""
+    """The key as given (surrounding whitespace aside), if it is 1-255 visible ASCII
+    characters -- the ``^[!-~]+$`` that ``/openapi.json`` publishes (no inner spaces)."""
     key = raw.strip()
-    if not key or len(key) > MAX_KEY_LENGTH or not all(" " <= c <= "~" for c in key):
+    if not key or len(key) > MAX_KEY_LENGTH or not all("!" <= c <= "~" for c in key):
         raise BadKeyError(
-            f"an Idempotency-Key must be 1-{MAX_KEY_LENGTH} printable ASCII characters"
+            f"an Idempotency-Key must be 1-{MAX_KEY_LENGTH} visible ASCII characters (no spaces)"
         )
     return key
 

@@ -1,0 +1,478 @@
+"""``cantrip serve --db URL``: the HTTP session API as a stateless replica over PostgreSQL.
+
+The same routes, JSON shapes and OpenAPI document as the in-process server
+(:mod:`cantrip.protocols._http`), behind the same request guard, but the
+replica runs no entity. Sessions live in PostgreSQL (:mod:`._db_sessions`), a
+prompt is work on the queue that a ``cantrip worker`` runs, and every read is a
+query on the PostgreSQL loom. Any number of replicas can serve the same
+database behind any load balancer; a replica that dies loses nothing but the
+connections it held (the casts go on at the workers, and a retry with the same
+``Idempotency-Key`` at another replica joins or replays them).
+
+Waiting for a cast costs no thread: one ``LISTEN`` connection per replica
+(:class:`._db_notify.Notifier`) hears the queue's notifications (work finished, work
+cancelled, both carrying the entity id) and wakes the trio tasks waiting on
+that entity; each waiter also re-checks the work's state every ``poll_s`` in
+case a notification was missed. Every blocking psycopg call runs in
+``trio.to_thread`` behind the store's ``CapacityLimiter``.
+
+Streams carry what can cross processes: a ``step_complete`` event as each turn
+lands in the loom (the replica tails the entity's turns, woken by the
+notifications and polling every ``tail_s``), ``final_response`` and the
+``result``. Token deltas, tool-call and usage events happen inside the worker
+and are not carried.
+
+Circles that pause for a human (approvals, ``ask_user``) are refused at start-up:
+a worker has no one to ask (see SPEC "serve on PostgreSQL").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qs
+
+import trio
+
+from cantrip._cantrip import Cantrip
+from cantrip._entity import CastResult
+from cantrip._events import FinalResponse, StepComplete
+from cantrip._redact import get_logger
+from cantrip.loom._postgres import PostgresStore
+from cantrip.protocols._api import AnswerRequest, CreateSession, openapi_document
+from cantrip.protocols._db_notify import Notifier
+from cantrip.protocols._db_sessions import ENDED, DbSessions, SessionRow, failure_message
+from cantrip.protocols._guard import Guard
+from cantrip.protocols._http import (
+    HEARTBEAT_S,
+    SESSION_ERRORS,
+    HttpError,
+    _allow,
+    _body,
+    _idempotency_key,
+    _intent,
+    _json,
+    _sse,
+    _start_sse,
+    _truthy,
+    _validated,
+)
+from cantrip.protocols._lifecycle import Drain, ServeOptions
+from cantrip.protocols._sessions import SessionError, event_dict, result_dict
+
+log = get_logger("cantrip.http")
+
+Scope = Mapping[str, Any]
+Receive = Callable[[], Awaitable[Mapping[str, Any]]]
+Send = Callable[[Mapping[str, Any]], Awaitable[None]]
+
+
+class DbHttpApp:
+    """The ASGI application of one ``serve --db`` replica."""
+
+    def __init__(
+        self,
+        spell: Mapping[str, Any],
+        cantrip: Cantrip,
+        sessions: DbSessions,
+        notifier: Notifier,
+        options: ServeOptions | None = None,
+        *,
+        poll_s: float = 2.0,
+        tail_s: float = 0.25,
+    ) -> None:
+        self.spell = dict(spell)
+        """The queued spell (the spec's contents) every prompt is enqueued with."""
+        self.cantrip = cantrip
+        """The spec built once at start-up: what ``/health`` describes."""
+        self.sessions = sessions
+        self.notifier = notifier
+        self.options = options or ServeOptions()
+        self.poll_s = poll_s
+        self.tail_s = tail_s
+        self.drain = _Drain()
+        self.waiting = 0
+        """Prompts this replica is waiting on (``max_running`` bounds it)."""
+        self._idle = trio.Event()
+        self._idle.set()
+
+    @contextmanager
+    def _counted(self) -> Iterator[None]:
+        """Count one prompt this replica waits on (``/health``, ``max_running``, shutdown)."""
+        if self.waiting == 0:
+            self._idle = trio.Event()
+        self.waiting += 1
+        try:
+            yield
+        finally:
+            self.waiting -= 1
+            if self.waiting == 0:
+                self._idle.set()
+
+    async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A blocking database call in a thread, behind the store's limiter."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.sessions.store.limiter)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        with self.drain.request():
+            try:
+                if self.drain.closing:
+                    raise self._unavailable("shutting_down", "the server is shutting down")
+                await self._route(scope, receive, send)
+            except HttpError as exc:
+                body = {"error": {"code": exc.code, "message": exc.message}}
+                await _json(send, exc.status, body, exc.headers)
+
+    def _unavailable(self, code: str, message: str) -> HttpError:
+        headers = {"retry-after": str(self.options.retry_after_s)}
+        if code == "shutting_down":
+            headers["connection"] = "close"
+        return HttpError(503, code, message, headers)
+
+    def _session_error(self, exc: SessionError) -> HttpError:
+        if exc.kind == "not_found":
+            return HttpError(404, "unknown_session", exc.message)
+        if SESSION_ERRORS.get(exc.kind) == 503:
+            return self._unavailable(exc.kind, exc.message)
+        return HttpError(SESSION_ERRORS.get(exc.kind, 409), exc.kind, exc.message)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        parts = [p for p in scope["path"].split("/") if p]
+        query = parse_qs(scope.get("query_string", b"").decode())
+        if parts == ["health"]:
+            _allow(method, "GET")
+            await _json(send, 200, await self._health())
+        elif parts == ["openapi.json"]:
+            _allow(method, "GET")
+            await _json(send, 200, openapi_document())
+        elif parts == ["sessions"]:
+            _allow(method, "GET", "POST")
+            if method == "POST":
+                _validated(CreateSession, await _body(receive))
+                row, created = await self._db(self.sessions.create, _idempotency_key(scope))
+                replayed = {} if created else {"idempotent-replayed": "true"}
+                await _json(send, 201, row.info(), replayed)
+            else:
+                rows = await self._db(self.sessions.all)
+                await _json(send, 200, {"sessions": [r.info() for r in rows]})
+        elif len(parts) == 4 and parts[0] == "sessions" and parts[2] == "pending":
+            _allow(method, "POST")
+            await self._session(parts[1])
+            _validated(AnswerRequest, await _body(receive))
+            raise HttpError(
+                409,
+                "pause_answered",
+                f"no pause {parts[3]!r} is waiting: serve --db runs circles that never pause",
+            )
+        elif len(parts) >= 2 and parts[0] == "sessions" and len(parts) <= 3:
+            row = await self._session(parts[1])
+            action = parts[2] if len(parts) == 3 else None
+            if action is None:
+                _allow(method, "GET")
+                await _json(send, 200, row.info())
+            elif action == "prompt":
+                _allow(method, "POST")
+                key = _idempotency_key(scope)
+                intent = _intent(await _body(receive))
+                accept = dict(scope.get("headers") or []).get(b"accept", b"").decode()
+                if "text/event-stream" in accept or _truthy(query.get("stream")):
+                    hang_up = _truthy(query.get("cancel_on_disconnect"))
+                    await self._prompt_stream(row, intent, key, receive, send, hang_up)
+                else:
+                    await _json(send, 200, await self._prompt(row, intent, key))
+            elif action == "pending":
+                _allow(method, "GET")
+                await _json(send, 200, {**row.info(), "pending": []})
+            elif action == "cancel":
+                _allow(method, "POST")
+                await _json(send, 200, await self._db(self.sessions.cancel, row.entity_id))
+            elif action == "thread":
+                _allow(method, "GET")
+                turns = await self._db(self.sessions.thread, row.entity_id)
+                body = {**row.info(), "turns": [t.to_dict() for t in turns]}
+                await _json(send, 200, body)  # _json redacts every body
+            elif action == "events":
+                _allow(method, "GET")
+                await self._events(row, receive, send)
+            else:
+                raise HttpError(404, "not_found", f"no route {scope['path']!r}")
+        else:
+            raise HttpError(404, "not_found", f"no route {scope['path']!r}")
+
+    async def _health(self) -> dict[str, Any]:
+        circle = self.cantrip.circle
+        return {
+            "ok": True,
+            "mode": "db",
+            "running": self.waiting,
+            "cantrip": self.cantrip.id,
+            "medium": circle.medium.name,
+            "gates": list(circle.gate_names),
+            "persistent": True,
+            "sessions": await self._db(self.sessions.count),
+        }
+
+    async def _session(self, session_id: str) -> SessionRow:
+        try:
+            row: SessionRow = await self._db(self.sessions.require, session_id)
+        except SessionError as exc:
+            raise self._session_error(exc) from None
+        return row
+
+    # -- prompts -----------------------------------------------------------------
+
+    async def _enqueue(self, row: SessionRow, intent: str, key: str | None) -> tuple[int, int]:
+        if self.drain.closing:
+            raise self._unavailable("shutting_down", "the server is shutting down")
+        limit = self.options.max_running
+        if limit is not None and self.waiting >= limit:
+            raise self._unavailable(
+                "overloaded", f"{self.waiting} prompts are waiting here (the limit); try again"
+            )
+        try:
+            queued = await self._db(self.sessions.enqueue, row.entity_id, self.spell, intent, key)
+        except SessionError as exc:
+            raise self._session_error(exc) from None
+        log.debug("session %s: work %d (%s)", row.session_id, queued.work_id,
+                  "joined" if queued.replayed else "queued")  # fmt: skip
+        return queued.work_id, queued.base_pos
+
+    async def _finished(self, row: SessionRow, work_id: int, base_pos: int) -> dict[str, Any]:
+        """Wait for the work to end; its result in the in-process server's shape."""
+        state = await self._wait(row.entity_id, work_id)
+        return await self._result(row, state, base_pos)
+
+    async def _wait(self, entity_id: str, work_id: int) -> tuple[str, dict[str, Any] | None]:
+        """Until the work ends: woken by NOTIFY, checking every ``poll_s`` regardless."""
+        with self.drain.stream() as closing, self.notifier.watching(entity_id) as next_event:
+            while not closing.cancel_called:
+                woken = next_event()  # before the check: none is missed
+                state, outcome = await self._db(self.sessions.status, work_id)
+                if state in ENDED:
+                    return state, outcome
+                with trio.move_on_after(self.poll_s):
+                    await woken.wait()
+        raise self._unavailable(
+            "shutting_down",
+            "this replica is shutting down; the cast goes on at its worker: send the "
+            "request again (with the same Idempotency-Key) to get its result",
+        )
+
+    async def _result(
+        self, row: SessionRow, ended: tuple[str, dict[str, Any] | None], base_pos: int
+    ) -> dict[str, Any]:
+        state, outcome = ended
+        if state == "failed":
+            raise HttpError(500, "cast_failed", failure_message(outcome))
+        cast: CastResult | None = await self._db(self.sessions.outcome, row.entity_id, base_pos)
+        data = result_dict(cast)
+        data["session_id"] = row.session_id
+        if data.get("entity_id") is None:
+            data["entity_id"] = row.entity_id
+        return data
+
+    async def _prompt(self, row: SessionRow, intent: str, key: str | None) -> dict[str, Any]:
+        work_id, base_pos = await self._enqueue(row, intent, key)
+        with self._counted():
+            return await self._finished(row, work_id, base_pos)
+
+    async def _prompt_stream(
+        self,
+        row: SessionRow,
+        intent: str,
+        key: str | None,
+        receive: Receive,
+        send: Send,
+        cancel_on_disconnect: bool,
+    ) -> None:
+        work_id, base_pos = await self._enqueue(row, intent, key)
+        with self._counted():
+            await _start_sse(send)
+
+            async def watch() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                log.info("session %s: the client hung up; cancelling its prompt", row.session_id)
+                await self._db(self.sessions.cancel, row.entity_id)
+
+            ended: tuple[str, dict[str, Any] | None] | None = None
+            async with trio.open_nursery() as nursery:
+                if cancel_on_disconnect:
+                    nursery.start_soon(watch)
+                with self.drain.stream():
+                    ended = await self._tail(row, work_id, base_pos, send)
+                nursery.cancel_scope.cancel()
+            try:
+                if ended is None:
+                    raise self._unavailable(
+                        "shutting_down",
+                        "this replica is shutting down; the cast goes on at its worker",
+                    )
+                final = await self._result(row, ended, base_pos)
+            except HttpError as exc:
+                await _sse(send, "error", {"error": {"code": exc.code, "message": exc.message}})
+            else:
+                await _sse(send, "result", final)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _tail(
+        self, row: SessionRow, work_id: int, seen: int, send: Send
+    ) -> tuple[str, dict[str, Any] | None]:
+        """Send each turn of the work as it lands in the loom, until the work ends."""
+        with self.notifier.watching(row.entity_id) as next_event:
+            while True:
+                woken = next_event()
+                status = await self._db(self.sessions.status, work_id)
+                for pos, turn in await self._db(self.sessions.turns_after, row.entity_id, seen):
+                    seen = pos
+                    for event in _turn_events(turn):
+                        await _sse(send, event["type"], event)
+                if status[0] in ENDED:
+                    return status  # type: ignore[no-any-return]
+                with trio.move_on_after(self.tail_s):
+                    await woken.wait()
+
+    async def _events(self, row: SessionRow, receive: Receive, send: Send) -> None:
+        """Every turn of the session from now on, as it lands in the loom."""
+        seen: int = await self._db(self.sessions.last_pos, row.entity_id)
+        await _start_sse(send)
+        await send({"type": "http.response.body", "body": b": subscribed\n\n", "more_body": True})
+        async with trio.open_nursery() as nursery:
+
+            async def until_disconnect() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(until_disconnect)
+            with (
+                self.drain.stream() as closing,
+                self.notifier.watching(row.entity_id) as next_event,
+            ):
+                quiet_since = trio.current_time()
+                while not closing.cancel_called:
+                    woken = next_event()
+                    for pos, turn in await self._db(self.sessions.turns_after, row.entity_id, seen):
+                        seen = pos
+                        quiet_since = trio.current_time()
+                        for event in _turn_events(turn):
+                            await _sse(send, event["type"], event)
+                    if trio.current_time() - quiet_since >= HEARTBEAT_S:
+                        quiet_since = trio.current_time()
+                        await send({"type": "http.response.body", "body": b": idle\n\n",
+                                    "more_body": True})  # fmt: skip
+                    with trio.move_on_after(self.tail_s):
+                        await woken.wait()
+            if closing.cancelled_caught:
+                await _sse(send, "shutdown", {"type": "shutdown"})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                nursery.cancel_scope.cancel()
+
+    async def close(self) -> None:
+        """Stop taking requests; give open waits the grace period, then answer them
+        503 (their casts go on at the workers); end every event stream."""
+        self.drain.closing = True
+        log.info("shutting down: %d open request(s), grace %.1f s", self.drain.open,
+                 self.options.grace_s)  # fmt: skip
+        with trio.move_on_after(self.options.grace_s):
+            await self._idle.wait()
+        await self.drain.close_streams(self.options.answer_timeout_s)
+
+
+class _Drain(Drain):
+    """The in-process server's drain, without a hub: waits and streams are the
+    replica's only open work."""
+
+    async def close_streams(self, answer_timeout_s: float) -> None:
+        for scope in list(self._streams):
+            scope.cancel()
+        with trio.move_on_after(answer_timeout_s) as late:
+            await self._quiet.wait()
+        if late.cancelled_caught:
+            log.warning("shutdown: %d request(s) still open", self.open)
+
+
+def _turn_events(turn: Any) -> list[dict[str, Any]]:
+    """What a recorded turn tells a stream: ``step_complete``, and the result if it ended
+    the cast -- the same JSON as the in-process server's events."""
+    events = [event_dict(StepComplete(turn, entity_id=turn.entity_id))]
+    if turn.terminated:
+        events.append(event_dict(FinalResponse(turn.result, entity_id=turn.entity_id)))
+    return events
+
+
+# -- serving --------------------------------------------------------------------------
+
+
+async def serve_http_db(
+    spell: Mapping[str, Any],
+    cantrip: Cantrip,
+    url: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    options: ServeOptions | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+    guard: Guard | None = None,
+    read_timeout_s: int = 30,
+    max_connections: int = 8,
+) -> None:
+    """Serve the HTTP API of ``cantrip serve --db`` until ``shutdown_trigger`` returns
+    (or the task is cancelled); ``task_status`` gets the bound URLs."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    guard = guard if guard is not None else Guard(bind_host=host)
+    guard.check_bind()
+    store = await trio.to_thread.run_sync(
+        lambda: PostgresStore(url, max_connections=max_connections)
+    )
+    try:
+        options = options or ServeOptions()
+        sessions = await trio.to_thread.run_sync(
+            lambda: DbSessions(store, sticky_cancel_s=options.sticky_cancel_s)
+        )
+        notifier = Notifier(url)
+        app = DbHttpApp(spell, cantrip, sessions, notifier, options)
+        config = Config()
+        config.bind = [f"{host}:{port}"]
+        config.accesslog = None
+        config.errorlog = None
+        config.keep_alive_timeout = options.keep_alive_s
+        config.backlog = options.backlog
+        config.graceful_timeout = 5.0
+        config.read_timeout = read_timeout_s
+
+        async def drained() -> None:
+            if shutdown_trigger is None:
+                await trio.sleep_forever()
+            else:
+                await shutdown_trigger()
+            await app.close()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(notifier.run)
+            await serve(
+                guard.wrap(app),  # type: ignore[arg-type]
+                config,
+                shutdown_trigger=drained,
+                task_status=task_status,
+                mode="asgi",
+            )
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(store.close)

@@ -1,0 +1,301 @@
+"""HTTP sessions kept in PostgreSQL, so any ``cantrip serve --db`` replica serves any session.
+
+A replica runs no entity: a session is a row naming its entity, a prompt is
+work on the queue (:mod:`cantrip._queue`) that a ``cantrip worker`` runs, and
+what the session did is read from the PostgreSQL loom by query. Two small
+tables of our own, created beside the queue's:
+
+* ``cantrip_sessions`` -- session id -> entity id, and a *sticky* cancel
+  (``cancel_until``) that applies to the next prompt enqueued before it;
+* ``cantrip_prompts`` -- one row per prompt a replica enqueued: its work id,
+  its ``Idempotency-Key`` (unique per entity), its intent, and ``base_pos``,
+  the loom position of the entity's last turn before the prompt -- the cast's
+  turns are the entity's turns after it.
+
+Every change to one entity's prompts runs in one transaction under a
+transaction-scoped advisory lock on the entity, so two replicas cannot both
+enqueue a prompt for a busy session, nor both record the same key.
+
+Every method is blocking (psycopg); the HTTP app calls them through
+``trio.to_thread`` behind the store's ``CapacityLimiter``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from cantrip._entity import CastResult, new_entity_id
+from cantrip._queue import WorkQueue, cancel_on, enqueue_on
+from cantrip.loom._codec import decode_record
+from cantrip.loom._model import Turn
+from cantrip.loom._postgres import PostgresStore
+from cantrip.protocols._idempotency import recorded_cast, session_entity_id
+from cantrip.protocols._sessions import SessionError, entity_id_for, session_id_for
+
+_SCHEMA_LOCK = 0x73657276  # "serv": schema creation, once per database
+_ENTITY_LOCK = 0x70726F6D  # "prom": the advisory-lock class of one entity's prompts
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS cantrip_sessions (
+    session_id TEXT PRIMARY KEY,
+    entity_id TEXT UNIQUE NOT NULL,
+    cancel_until TIMESTAMPTZ,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS cantrip_sessions_by_age ON cantrip_sessions (created_at);
+CREATE TABLE IF NOT EXISTS cantrip_prompts (
+    work_id BIGINT PRIMARY KEY,
+    entity_id TEXT NOT NULL,
+    idempotency_key TEXT,
+    intent TEXT NOT NULL,
+    base_pos BIGINT NOT NULL,
+    UNIQUE (entity_id, idempotency_key)
+);
+"""
+
+_OPEN = "state IN ('queued', 'running')"
+ENDED = frozenset({"done", "failed", "cancelled"})
+LIST_LIMIT = 1000
+"""``GET /sessions`` lists the most recent sessions, at most this many."""
+
+
+@attrs.frozen
+class SessionRow:
+    """A session as the database knows it."""
+
+    session_id: str
+    entity_id: str
+    running: bool
+    turns: int
+
+    def info(self) -> dict[str, Any]:
+        """The ``SessionInfo`` shape of the in-process server."""
+        return {
+            "session_id": self.session_id,
+            "entity_id": self.entity_id,
+            "running": self.running,
+            "turns": self.turns,
+        }
+
+
+@attrs.frozen
+class Queued:
+    """A prompt on the queue (new, or the one its Idempotency-Key named)."""
+
+    work_id: int
+    base_pos: int
+    replayed: bool
+    """True when the key named a prompt enqueued earlier (nothing new was queued)."""
+
+
+class DbSessions:
+    """Sessions, prompts, cancels and reads for ``cantrip serve --db``."""
+
+    def __init__(self, store: PostgresStore, sticky_cancel_s: float = 5.0) -> None:
+        self.store = store
+        self.queue = WorkQueue(store)
+        self.sticky_cancel_s = sticky_cancel_s
+        with store.pool.connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            conn.execute(_SCHEMA)
+
+    # -- sessions ----------------------------------------------------------------
+
+    def create(self, key: str | None) -> tuple[SessionRow, bool]:
+        """A new session, or with a key the session that key created (any replica,
+        any time before); the flag says whether it is new."""
+        entity_id = session_entity_id(key) if key is not None else new_entity_id()
+        session_id = session_id_for(entity_id)
+        with self.store.pool.connection() as conn:
+            inserted = conn.execute(
+                "INSERT INTO cantrip_sessions (session_id, entity_id) VALUES (%s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING 1",
+                (session_id, entity_id),
+            ).fetchone()
+        row = self.get(session_id)
+        assert row is not None
+        return row, inserted is not None
+
+    def get(self, session_id: str) -> SessionRow | None:
+        """The session (a top-level entity the loom holds counts too: one enqueued by
+        ``cantrip cast --db``), or None."""
+        entity_id = entity_id_for(session_id)
+        with self.store.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT (SELECT 1 FROM cantrip_sessions WHERE entity_id = %(e)s) IS NOT NULL "
+                "OR EXISTS (SELECT 1 FROM cantrip_entities WHERE entity_id = %(e)s "
+                "AND parent_entity_id IS NULL), "
+                "(SELECT count(*) FROM cantrip_turns WHERE entity_id = %(e)s), "
+                f"EXISTS (SELECT 1 FROM cantrip_work WHERE entity_id = %(e)s AND {_OPEN})",
+                {"e": entity_id},
+            ).fetchone()
+        assert row is not None
+        known, turns, running = row
+        if not known:
+            return None
+        return SessionRow(session_id_for(entity_id), entity_id, bool(running), int(turns))
+
+    def require(self, session_id: str) -> SessionRow:
+        row = self.get(session_id)
+        if row is None:
+            raise SessionError("not_found", f"unknown session {session_id!r}")
+        return row
+
+    def all(self) -> list[SessionRow]:
+        with self.store.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT s.session_id, s.entity_id, "
+                "(SELECT count(*) FROM cantrip_turns t WHERE t.entity_id = s.entity_id), "
+                "EXISTS (SELECT 1 FROM cantrip_work w WHERE w.entity_id = s.entity_id "
+                f"AND w.{_OPEN}) "
+                "FROM (SELECT * FROM cantrip_sessions ORDER BY created_at DESC LIMIT %s) s "
+                "ORDER BY s.created_at",
+                (LIST_LIMIT,),
+            ).fetchall()
+        return [SessionRow(s, e, bool(r), int(n)) for s, e, n, r in rows]
+
+    def count(self) -> int:
+        with self.store.pool.connection() as conn:
+            row = conn.execute("SELECT count(*) FROM cantrip_sessions").fetchone()
+        return int(row[0]) if row else 0
+
+    # -- prompts -----------------------------------------------------------------
+
+    def enqueue(
+        self, entity_id: str, spell: dict[str, Any], intent: str, key: str | None
+    ) -> Queued:
+        """Queue a prompt for the entity's worker, in one transaction with its key.
+
+        A key this entity has seen returns that prompt (``key_reused`` if its intent
+        differs); a session with open work is ``busy``; an armed sticky cancel makes
+        the prompt cancelled before it starts."""
+        with self.store.pool.connection() as conn, conn.transaction():
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_ENTITY_LOCK, entity_id)
+            )
+            if key is not None:
+                seen = conn.execute(
+                    "SELECT work_id, intent, base_pos FROM cantrip_prompts "
+                    "WHERE entity_id = %s AND idempotency_key = %s",
+                    (entity_id, key),
+                ).fetchone()
+                if seen is not None:
+                    if seen[1] != intent:
+                        raise SessionError(
+                            "key_reused",
+                            f"Idempotency-Key {key!r} was used for a different prompt "
+                            "on this session",
+                        )
+                    return Queued(int(seen[0]), int(seen[2]), replayed=True)
+            busy = conn.execute(
+                f"SELECT 1 FROM cantrip_work WHERE entity_id = %s AND {_OPEN} LIMIT 1",
+                (entity_id,),
+            ).fetchone()
+            if busy is not None:
+                raise SessionError("busy", f"session {session_id_for(entity_id)} is already "
+                                   "running a prompt")  # fmt: skip
+            sticky = conn.execute(
+                "SELECT cancel_until > clock_timestamp() FROM cantrip_sessions "
+                "WHERE entity_id = %s AND cancel_until IS NOT NULL",
+                (entity_id,),
+            ).fetchone()
+            if sticky is not None:  # used now, or expired unused: either way disarmed
+                conn.execute(
+                    "UPDATE cantrip_sessions SET cancel_until = NULL WHERE entity_id = %s",
+                    (entity_id,),
+                )
+            base = conn.execute(
+                "SELECT coalesce(max(pos), 0) FROM cantrip_turns WHERE entity_id = %s",
+                (entity_id,),
+            ).fetchone()
+            base_pos = int(base[0]) if base else 0
+            work_id = enqueue_on(conn, spell, intent, entity_id)
+            if sticky is not None and sticky[0]:
+                # a cancel that found nothing running waited for this prompt
+                conn.execute(
+                    "UPDATE cantrip_work SET state = 'cancelled', finished_at = clock_timestamp(),"
+                    ' result = \'{"reason": "cancelled"}\' WHERE id = %s',
+                    (work_id,),
+                )
+            conn.execute(
+                "INSERT INTO cantrip_prompts (work_id, entity_id, idempotency_key, intent, "
+                "base_pos) VALUES (%s, %s, %s, %s, %s)",
+                (work_id, entity_id, key, intent, base_pos),
+            )
+        return Queued(work_id, base_pos, replayed=False)
+
+    def status(self, work_id: int) -> tuple[str, dict[str, Any] | None]:
+        return self.queue.status(work_id)
+
+    def outcome(self, entity_id: str, base_pos: int) -> CastResult | None:
+        """The cast that began after ``base_pos``, rebuilt from the loom (usage, cost,
+        summary and all); None if it recorded no turn (cancelled before it began)."""
+        turns = [t for _, t in self.turns_after(entity_id, base_pos)]
+        return recorded_cast(turns, 0) if turns else None
+
+    def turns_after(self, entity_id: str, pos: int) -> list[tuple[int, Turn]]:
+        """The entity's turns recorded after loom position ``pos`` (tailing the loom)."""
+        with self.store.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT pos, data FROM cantrip_turns WHERE entity_id = %s AND pos > %s "
+                "ORDER BY pos",
+                (entity_id, pos),
+            ).fetchall()
+        return [(int(p), Turn.from_dict(decode_record(d))) for p, d in rows]
+
+    def last_pos(self, entity_id: str) -> int:
+        with self.store.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT coalesce(max(pos), 0) FROM cantrip_turns WHERE entity_id = %s",
+                (entity_id,),
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def thread(self, entity_id: str) -> list[Turn]:
+        """The session's thread, root first: a recursive query from its latest turn."""
+        last = self.store.last_turn(entity_id)
+        return self.store.thread(last.id) if last is not None else []
+
+    # -- cancel ------------------------------------------------------------------
+
+    def cancel(self, entity_id: str) -> dict[str, Any]:
+        """Cancel the session's prompt through the queue; the ``Cancelled`` answer.
+
+        Running work is flagged and its worker told (NOTIFY, heartbeat poll as the
+        fallback): it cuts the cast off and records it as cancelled. Queued work is
+        cancelled before any worker takes it. With nothing open, the cancel is armed
+        for ``sticky_cancel_s``: a prompt enqueued within that time never starts."""
+        with self.store.pool.connection() as conn, conn.transaction():
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_ENTITY_LOCK, entity_id)
+            )
+            rows = conn.execute(
+                "SELECT w.id, w.state, w.attempts, w.intent, p.idempotency_key "
+                "FROM cantrip_work w LEFT JOIN cantrip_prompts p ON p.work_id = w.id "
+                f"WHERE w.entity_id = %s AND w.{_OPEN} ORDER BY w.id",
+                (entity_id,),
+            ).fetchall()
+            if not rows:
+                conn.execute(
+                    "UPDATE cantrip_sessions SET cancel_until = clock_timestamp() + "
+                    "%s * interval '1 second' WHERE entity_id = %s",
+                    (self.sticky_cancel_s, entity_id),
+                )
+                return {"cancelled": False, "target": "next", "sticky_s": self.sticky_cancel_s}
+            _, state, attempts, intent, key = rows[0]
+            cancel_on(conn, entity_id)
+        target = "queued" if state == "queued" and int(attempts) == 0 else "running"
+        return {"cancelled": True, "target": target, "intent": intent, "idempotency_key": key}
+
+
+def failure_message(outcome: dict[str, Any] | None) -> str:
+    """What a failed cast's worker recorded (an LLM that failed for good)."""
+    error = (outcome or {}).get("error")
+    return f"the cast failed: {error}" if error else "the cast failed"
+
+
+def _lock(conn: Any, entity_id: str) -> None:
+    """Serialize changes to one entity's prompts until the transaction ends."""
+    conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_ENTITY_LOCK, entity_id))

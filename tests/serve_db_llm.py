@@ -1,0 +1,64 @@
+"""A loopback OpenAI server for the ``serve --db`` tests, run as a process of its own.
+
+Workers on other processes share it, so its answers come from the request
+alone, like a real model's: :class:`ConversationOpenAI` is the OpenAI fake of
+``tests/fake_providers.py`` (the real wire format and request rules) whose next
+answer is computed from the messages. Within a prompt it calls ``echo`` until
+the prompt's ``TURNS``-th turn, then ``done`` with ``"<prompt> ok #<n>"``,
+where ``n`` counts the user messages it was sent -- a follow-up prompt that
+continues the conversation answers ``#2``.
+
+Run: ``python tests/serve_db_llm.py --turns 3 --delay 0.1``; prints ``url <base
+url>`` on stdout and serves until stdin closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import trio
+from fake_providers import Answer, Call, FakeOpenAI, Request, Sender, serve
+
+KEY = "serve-db-test-key"
+
+
+class ConversationOpenAI(FakeOpenAI):
+    def __init__(self, turns: int, delay_s: float) -> None:
+        super().__init__([], key=KEY)
+        self.turns = turns
+        self.delay_s = delay_s
+
+    async def respond(self, request: Request, send: Sender) -> None:
+        try:
+            body: Any = request.json()
+            messages = list(body.get("messages") or [])
+        except (ValueError, AttributeError):
+            messages = []
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        if users:
+            last = users[-1]
+            prompt = messages[last].get("content")
+            steps = sum(1 for m in messages[last:] if m.get("role") == "assistant")
+            if steps + 1 >= self.turns:
+                call = Call("done", {"answer": f"{prompt} ok #{len(users)}"})
+            else:
+                call = Call("echo", {"text": f"step {steps + 1}"})
+            self.script = [Answer(calls=(call,))]
+        await trio.sleep(self.delay_s)
+        await super().respond(request, send)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--delay", type=float, default=0.0)
+    args = parser.parse_args()
+    async with serve(ConversationOpenAI(args.turns, args.delay), "/v1") as url:
+        print(f"url {url}", flush=True)
+        await trio.to_thread.run_sync(sys.stdin.read)  # until the test closes our stdin
+
+
+if __name__ == "__main__":
+    trio.run(main)

@@ -1,0 +1,747 @@
+"""``cantrip serve --db``: stateless HTTP replicas over PostgreSQL, prompts run by workers.
+
+Everything here is real and started by the tests: a PostgreSQL server
+(tests/conftest.py), a loopback OpenAI server that answers from the
+conversation it is sent (tests/serve_db_llm.py: the real wire format), two
+``cantrip serve --db`` replicas and ``cantrip worker --db`` processes. The
+workers run with a 1 s lease, so a killed worker's prompt is taken over fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import psycopg
+import pytest
+import trio
+from pg_cluster import fresh_database
+from serve_db_llm import KEY
+
+from cantrip.protocols._api import openapi_document
+
+TESTS = Path(__file__).resolve().parent
+TURNS = 3
+"""Turns the loopback LLM takes per prompt (echo, echo, done)."""
+DELAY_S = 0.4
+"""Its latency per answer: a prompt runs for about a second, long enough to act mid-cast."""
+
+SPEC = """
+[llm]
+provider = "openai"
+model = "gpt-5-mini"
+base_url = "{base_url}"
+api_key_env = "SERVE_DB_TEST_KEY"
+
+[identity]
+system_prompt = "Echo, then finish."
+
+[circle]
+medium = "conversation"
+gates = ["done", "echo"]
+wards = [{{ max_turns = 10 }}]
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@attrs.define
+class Stack:
+    url: str
+    spec: Path
+    log: Path
+    env: dict[str, str]
+    replicas: list[str] = attrs.Factory(list)
+    procs: list[subprocess.Popen[bytes]] = attrs.Factory(list)
+    workers: list[subprocess.Popen[bytes]] = attrs.Factory(list)
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "cantrip", "worker", "--db", self.url, "--lease", "1.0"],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("ab"),
+        )
+        self.procs.append(worker)
+        self.workers.append(worker)
+        return worker
+
+    def start_replica(self) -> str:
+        port = _free_port()
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "cantrip", "serve", str(self.spec)),
+                *("--db", self.url, "--port", str(port), "--grace-s", "1"),
+            ],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("ab"),
+        )
+        self.procs.append(proc)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"the replica exited; see {self.log.read_text()}"
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the replica did not come up"
+            time.sleep(0.1)
+        self.replicas.append(base)
+        return base
+
+    def rows(self, sql: str, *params: Any) -> list[Any]:
+        with psycopg.connect(self.url) as conn:
+            return conn.execute(sql, params).fetchall()
+
+
+@pytest.fixture(scope="module")
+def stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """PostgreSQL, the loopback LLM, two serve replicas and one worker, for this module."""
+    url = fresh_database(pg_server, "serve_db")
+    root = tmp_path_factory.mktemp("serve-db")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "SERVE_DB_TEST_KEY": KEY,
+        "CANTRIP_PROVIDERS_DIR": str(root / "providers"),
+    }
+    llm = subprocess.Popen(
+        [
+            *(sys.executable, str(TESTS / "serve_db_llm.py")),
+            *("--turns", str(TURNS), "--delay", str(DELAY_S)),
+        ],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert llm.stdout is not None
+    base_url = llm.stdout.readline().decode().split()[1]
+    spec = root / "spec.toml"
+    spec.write_text(SPEC.format(base_url=base_url))
+    built = Stack(url, spec, root / "processes.log", env)
+    built.procs.append(llm)
+    try:
+        built.start_worker()
+        built.start_replica()
+        built.start_replica()
+        yield built
+    finally:
+        for proc in built.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+async def _client(base: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=base, timeout=60)
+
+
+def _sequences(turns: list[dict[str, Any]]) -> list[int]:
+    return [t["sequence"] for t in turns]
+
+
+# -- the conversation across replicas -----------------------------------------------------
+
+
+async def test_a_session_made_on_one_replica_is_prompted_on_another_and_continues(
+    stack: Stack,
+) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        for client in (on_a, on_b):
+            health = (await client.get("/health")).json()
+            assert health["mode"] == "db" and health["persistent"] is True
+            assert health["gates"] == ["done", "echo"]
+            assert (await client.get("/openapi.json")).json() == openapi_document()
+        created = await on_a.post("/sessions")
+        assert created.status_code == 201
+        session = created.json()
+        sid = session["session_id"]
+        assert session == {
+            "session_id": sid,
+            "entity_id": session["entity_id"],
+            "running": False,
+            "turns": 0,
+        }
+        first = await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "hello"})
+        assert first.status_code == 200, first.text
+        result = first.json()
+        assert result["result"] == "hello ok #1" and result["turns"] == TURNS
+        assert result["stop_reason"] == "end_turn" and result["session_id"] == sid
+        assert result["usage"]["prompt_tokens"] > 0  # rebuilt from the loom, like in-process
+        thread = (await on_a.get(f"/sessions/{sid}/thread")).json()
+        assert _sequences(thread["turns"]) == [1, 2, 3]
+        assert thread["turns"][0]["intent"] == "hello"
+        again = await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "again"})
+        assert again.json()["result"] == "again ok #2"  # the LLM saw the first prompt
+        thread = (await on_b.get(f"/sessions/{sid}/thread")).json()
+        assert _sequences(thread["turns"]) == list(range(1, 2 * TURNS + 1))
+        assert [t["intent"] for t in thread["turns"] if t["intent"]] == ["hello", "again"]
+        info = (await on_b.get(f"/sessions/{sid}")).json()
+        assert info["turns"] == 2 * TURNS and info["running"] is False
+        listed = (await on_b.get("/sessions")).json()["sessions"]
+        assert info in listed
+
+
+async def test_a_streamed_prompt_sends_each_turn_as_it_lands_then_the_result(
+    stack: Stack,
+) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+    events: list[tuple[str, dict[str, Any]]] = []
+    async with (
+        httpx.AsyncClient(base_url=b, timeout=60) as on_b,
+        on_b.stream(
+            "POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": "streamed"}
+        ) as response,
+    ):
+        assert response.headers["content-type"].startswith("text/event-stream")
+        name = None
+        async for line in response.aiter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: ") and name is not None:
+                events.append((name, json.loads(line[6:])))
+    names = [n for n, _ in events]
+    assert names == ["step_complete"] * TURNS + ["final_response", "result"]
+    assert [e["sequence"] for n, e in events if n == "step_complete"] == [1, 2, 3]
+    assert events[-2][1]["result"] == "streamed ok #1"
+    assert events[-1][1]["result"] == "streamed ok #1" and events[-1][1]["session_id"] == sid
+
+
+async def _sse_events(response: httpx.Response) -> Any:
+    name = None
+    async for line in response.aiter_lines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: ") and name is not None:
+            yield name, json.loads(line[6:])
+
+
+async def test_the_events_stream_of_one_replica_shows_a_prompt_sent_to_another(
+    stack: Stack,
+) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        seen: list[int] = []
+        async with (
+            trio.open_nursery() as nursery,
+            on_a.stream("GET", f"/sessions/{sid}/events") as events,
+        ):
+            assert events.status_code == 200
+            nursery.start_soon(
+                lambda: on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "watched"})
+            )
+            async for name, data in _sse_events(events):
+                if name == "step_complete":
+                    seen.append(data["sequence"])
+                if name == "final_response":
+                    assert data["result"] == "watched ok #1"
+                    break
+    assert seen == [1, 2, 3]
+
+
+async def test_a_streamed_prompt_whose_client_hangs_up_is_cancelled_when_asked(
+    stack: Stack,
+) -> None:
+    a = stack.replicas[0]
+    async with await _client(a) as on_a:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        async with on_a.stream(
+            "POST",
+            f"/sessions/{sid}/prompt?stream=1&cancel_on_disconnect=1",
+            json={"prompt": "hang up"},
+        ) as response:
+            async for name, _ in _sse_events(response):
+                assert name == "step_complete"
+                break  # one turn landed: hang up
+        with trio.fail_after(20):
+            while stack.rows(
+                "SELECT 1 FROM cantrip_work WHERE entity_id = %s AND state <> 'cancelled'", entity
+            ):
+                await trio.sleep(0.05)
+        thread = (await on_a.get(f"/sessions/{sid}/thread")).json()["turns"]
+    assert thread[-1]["reason"] == "cancelled" and len(thread) < TURNS
+
+
+# -- workers and replicas that go away ------------------------------------------------------
+
+
+async def test_a_prompt_whose_worker_is_killed_mid_cast_is_answered_by_the_next_worker(
+    stack: Stack,
+) -> None:
+    a = stack.replicas[0]
+    async with await _client(a) as on_a:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        answer: dict[str, Any] = {}
+
+        async def prompt() -> None:
+            response = await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "survive"})
+            answer.update(response.json())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prompt)
+            while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
+                await trio.sleep(0.05)
+            (victim,) = [w for w in stack.workers if w.poll() is None]
+            victim.kill()  # SIGKILL mid-cast: its lease simply stops being renewed
+            victim.wait()
+            stack.start_worker()
+        assert answer["result"] == "survive ok #1", answer
+        assert answer["turns"] == TURNS and answer["stop_reason"] == "end_turn"
+        thread = (await on_a.get(f"/sessions/{sid}/thread")).json()["turns"]
+    assert _sequences(thread) == [1, 2, 3]  # no turn lost, none recorded twice
+    ((attempts, state),) = stack.rows(
+        "SELECT attempts, state FROM cantrip_work WHERE entity_id = %s", entity
+    )
+    assert state == "done" and attempts == 2  # taken over by the new worker
+
+
+async def test_a_replica_killed_while_waiting_loses_nothing_a_retry_elsewhere_joins(
+    stack: Stack,
+) -> None:
+    doomed = stack.start_replica()
+    survivor = stack.replicas[0]
+    key = {"Idempotency-Key": "retry-after-replica-death"}
+    async with await _client(doomed) as on_doomed, await _client(survivor) as on_survivor:
+        sid = (await on_doomed.post("/sessions")).json()["session_id"]
+        async with trio.open_nursery() as nursery:
+
+            async def lost_request() -> None:
+                with pytest.raises(httpx.TransportError):
+                    await on_doomed.post(
+                        f"/sessions/{sid}/prompt", json={"prompt": "orphan"}, headers=key
+                    )
+
+            nursery.start_soon(lost_request)
+            entity = sid.replace("session-", "entity-")
+            while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                await trio.sleep(0.02)
+            (proc,) = [p for p in stack.procs if doomed.endswith(str(_port_of(p)))]
+            proc.kill()
+            proc.wait()
+        stack.replicas.remove(doomed)
+        retry = await on_survivor.post(
+            f"/sessions/{sid}/prompt", json={"prompt": "orphan"}, headers=key
+        )
+    assert retry.status_code == 200 and retry.json()["result"] == "orphan ok #1"
+    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+
+
+async def test_a_replica_shutting_down_answers_its_waits_503_and_the_cast_goes_on(
+    stack: Stack,
+) -> None:
+    leaving = stack.start_replica()
+    (proc,) = [p for p in stack.procs if leaving.endswith(str(_port_of(p)))]
+    stack.replicas.remove(leaving)
+    (worker,) = [w for w in stack.workers if w.poll() is None]
+    key = {"Idempotency-Key": "across-a-shutdown"}
+    async with await _client(leaving) as on_leaving, await _client(stack.replicas[0]) as other:
+        sid = (await on_leaving.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        worker.send_signal(signal.SIGSTOP)  # the prompt cannot finish before the drain
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def waiting() -> None:
+                    response = await on_leaving.post(
+                        f"/sessions/{sid}/prompt", json={"prompt": "outlive"}, headers=key
+                    )
+                    assert response.status_code == 503, response.text
+                    assert response.json()["error"]["code"] == "shutting_down"
+                    assert response.headers["retry-after"] == "1"
+
+                nursery.start_soon(waiting)
+                while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                    await trio.sleep(0.02)
+                proc.send_signal(signal.SIGTERM)  # --grace-s 1
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        assert await trio.to_thread.run_sync(proc.wait) == 0
+        retry = await other.post(f"/sessions/{sid}/prompt", json={"prompt": "outlive"},
+                                 headers=key)  # fmt: skip
+    assert retry.json()["result"] == "outlive ok #1"
+    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+
+
+def _port_of(proc: subprocess.Popen[bytes]) -> int | None:
+    args = list(proc.args)  # type: ignore[arg-type]
+    return int(args[args.index("--port") + 1]) if "--port" in args else None
+
+
+async def test_a_replica_that_loses_its_listen_connection_listens_again(stack: Stack) -> None:
+    from cantrip.protocols._db_notify import LISTENER_NAME
+
+    def listeners() -> list[int]:
+        rows = stack.rows(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", LISTENER_NAME
+        )
+        return sorted(pid for (pid,) in rows)
+
+    before = listeners()
+    assert len(before) == len(stack.replicas)  # one LISTEN connection per replica
+    stack.rows(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+        LISTENER_NAME,
+    )
+    async with await _client(stack.replicas[0]) as on_a:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        answer = await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "still here"})
+        assert answer.json()["result"] == "still here ok #1"
+    with trio.fail_after(20):
+        while len(listeners()) < len(stack.replicas):
+            await trio.sleep(0.1)
+    assert not set(listeners()) & set(before)  # new connections: each replica reconnected
+
+
+# -- cancel ---------------------------------------------------------------------------------
+
+
+async def test_cancel_through_one_replica_stops_the_worker_running_the_prompt(
+    stack: Stack,
+) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        answer: dict[str, Any] = {}
+
+        async def prompt() -> None:
+            response = await on_a.post(
+                f"/sessions/{sid}/prompt", json={"prompt": "stop me"}, headers={
+                    "Idempotency-Key": "cancel-me"})  # fmt: skip
+            answer.update(response.json())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prompt)
+            while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
+                await trio.sleep(0.05)
+            busy = await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "me too"})
+            assert busy.status_code == 409 and busy.json()["error"]["code"] == "busy"
+            cancelled = (await on_b.post(f"/sessions/{sid}/cancel")).json()
+        assert cancelled == {
+            "cancelled": True,
+            "target": "running",
+            "intent": "stop me",
+            "idempotency_key": "cancel-me",
+        }
+        assert answer["stop_reason"] == "cancelled" and answer["reason"] == "cancelled"
+        assert answer["truncated"] is True and answer["result"] is None
+        thread = (await on_b.get(f"/sessions/{sid}/thread")).json()["turns"]
+    assert thread[-1]["reason"] == "cancelled" and thread[-1]["truncated"]
+    assert stack.rows("SELECT state FROM cantrip_work WHERE entity_id = %s", entity) == [
+        ("cancelled",)
+    ]
+
+
+async def test_a_cancelled_queued_prompt_never_starts(stack: Stack) -> None:
+    a, b = stack.replicas
+    (worker,) = [w for w in stack.workers if w.poll() is None]
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        answer: dict[str, Any] = {}
+
+        async def prompt() -> None:
+            response = await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "never"})
+            answer.update(response.json())
+
+        worker.send_signal(signal.SIGSTOP)  # no worker takes anything meanwhile
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(prompt)
+                while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                    await trio.sleep(0.02)
+                cancelled = (await on_b.post(f"/sessions/{sid}/cancel")).json()
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        assert cancelled == {
+            "cancelled": True,
+            "target": "queued",
+            "intent": "never",
+            "idempotency_key": None,
+        }
+        assert answer["stop_reason"] == "cancelled" and answer["turns"] == 0
+        info = (await on_b.get(f"/sessions/{sid}")).json()
+        assert info["turns"] == 0 and info["running"] is False
+    assert stack.rows("SELECT state, attempts FROM cantrip_work WHERE entity_id = %s", entity) == [
+        ("cancelled", 0)
+    ]
+
+
+async def test_a_cancel_with_nothing_running_is_sticky_for_the_next_prompt(stack: Stack) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        armed = (await on_a.post(f"/sessions/{sid}/cancel")).json()
+        assert armed == {"cancelled": False, "target": "next", "sticky_s": 5.0}
+        cut = (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "too late"})).json()
+        assert cut["stop_reason"] == "cancelled" and cut["turns"] == 0
+        assert cut["summary"] == "cancelled before the first turn"
+        # used up: the next prompt runs
+        ran = (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "now"})).json()
+        assert ran["result"] == "now ok #1"
+
+
+# -- idempotency keys across replicas -------------------------------------------------------
+
+
+async def test_one_idempotency_key_sent_to_both_replicas_is_one_session_and_one_cast(
+    stack: Stack,
+) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        key = {"Idempotency-Key": "session-key-1"}
+        made = await on_a.post("/sessions", headers=key)
+        again = await on_b.post("/sessions", headers=key)
+        assert made.status_code == again.status_code == 201
+        assert made.json() == again.json()
+        assert "idempotent-replayed" not in made.headers
+        assert again.headers["idempotent-replayed"] == "true"
+        sid = made.json()["session_id"]
+        entity = made.json()["entity_id"]
+        answers: list[dict[str, Any]] = []
+        prompt_key = {"Idempotency-Key": "prompt-key-1"}
+
+        async def send(client: httpx.AsyncClient) -> None:
+            response = await client.post(
+                f"/sessions/{sid}/prompt", json={"prompt": "once"}, headers=prompt_key
+            )
+            assert response.status_code == 200, response.text
+            answers.append(response.json())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, on_a)
+            nursery.start_soon(send, on_b)
+        assert answers[0] == answers[1] and answers[0]["result"] == "once ok #1"
+        replay = await on_b.post(
+            f"/sessions/{sid}/prompt", json={"prompt": "once"}, headers=prompt_key
+        )
+        assert replay.json() == answers[0]  # after it finished: the recorded result
+        reused = await on_a.post(
+            f"/sessions/{sid}/prompt", json={"prompt": "other"}, headers=prompt_key
+        )
+        assert reused.status_code == 422 and reused.json()["error"]["code"] == "key_reused"
+    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+    assert len(stack.rows("SELECT id FROM cantrip_turns WHERE entity_id = %s", entity)) == TURNS
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+async def test_bad_requests_get_clear_errors_and_lose_nothing(stack: Stack) -> None:
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "keep me"})
+        before = (await on_b.get(f"/sessions/{sid}/thread")).json()
+        headers = {"content-type": "application/json"}
+        cases = [
+            (await on_b.post(f"/sessions/{sid}/prompt", content=b"{no", headers=headers),
+             400, "bad_json"),
+            (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "  "}), 400,
+             "bad_request"),
+            (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "x", "intent": "y"}),
+             400, "bad_request"),
+            (await on_b.post(f"/sessions/{sid}/prompt", content=b"{}", headers={}), 400,
+             "bad_content_type"),
+            (await _declared_only(b, f"/sessions/{sid}/prompt", 1 << 21), 413, "too_large"),
+            (await on_b.post(f"/sessions/{sid}/prompt?stream=maybe", json={"prompt": "x"}),
+             400, "bad_request"),
+            (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "x"},
+                             headers={"Idempotency-Key": "k" * 256}), 400, "bad_idempotency_key"),
+            (await on_b.post("/sessions/session-0000/prompt", json={"prompt": "x"}), 404,
+             "unknown_session"),
+            (await on_b.get("/sessions/session-0000/thread"), 404, "unknown_session"),
+            (await on_b.post("/sessions/session-0000/cancel"), 404, "unknown_session"),
+            (await on_b.get(f"/sessions/{sid}/prompt"), 405, "method_not_allowed"),
+            (await on_b.get("/nowhere"), 404, "not_found"),
+            (await on_b.get("/health", headers={"host": "evil.example"}), 403, "bad_host"),
+            (await on_b.post(f"/sessions/{sid}/cancel", headers={
+                "origin": "http://evil.example"}), 403, "bad_origin"),
+        ]  # fmt: skip
+        for response, status, code in cases:
+            assert (response.status_code, response.json()["error"]["code"]) == (status, code)
+        after = (await on_a.get(f"/sessions/{sid}/thread")).json()
+    assert after == before  # nothing was cast, nothing changed
+    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+
+
+async def _declared_only(base: str, path: str, length: int) -> httpx.Response:
+    """A POST that declares a ``length``-byte body and sends none of it: the guard must
+    refuse it from Content-Length alone, before reading (a client still uploading a big
+    body may instead see the connection closed under it -- RFC 9110 15.5.14)."""
+    host, port = base.removeprefix("http://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\nConnection: close\r\n\r\n".encode()
+        )
+        raw = b""
+        while chunk := await stream.receive_some(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ")[1])
+    return httpx.Response(status, content=body, headers={"content-type": "application/json"})
+
+
+def test_serve_db_refuses_a_circle_that_pauses_and_a_public_bind_without_token(
+    stack: Stack, tmp_path: Path
+) -> None:
+    pausing = tmp_path / "pausing.toml"
+    pausing.write_text(
+        stack.spec.read_text().replace('gates = ["done", "echo"]', 'gates = ["done", "ask_user"]')
+    )
+    for argv, says in [
+        ([str(pausing), "--db", stack.url], "serve --db cannot run a circle that pauses"),
+        (
+            [str(stack.spec), "--db", stack.url, "--host", "0.0.0.0"],
+            "token",
+        ),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "cantrip", "serve", *argv, "--port", str(_free_port())],
+            env={k: v for k, v in stack.env.items() if k != "CANTRIP_TOKEN"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0], done.stderr
+
+
+async def test_a_token_is_required_when_set(stack: Stack) -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "cantrip", "serve", str(stack.spec), "--db", stack.url),
+            *("--port", str(port), "--token", "s3cret-token-for-tests"),
+        ],
+        env=stack.env,
+        stdout=subprocess.DEVNULL,
+        stderr=stack.log.open("ab"),
+    )
+    stack.procs.append(proc)
+    base = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        while True:
+            try:
+                response = await client.get("/health")
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None
+                await trio.sleep(0.1)
+        assert response.status_code == 401
+        auth = {"authorization": "Bearer s3cret-token-for-tests"}
+        assert (await client.get("/health", headers=auth)).json()["mode"] == "db"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0  # a clean drain
+
+
+# -- the published contract -----------------------------------------------------------------
+
+
+def test_a_replica_answers_as_its_openapi_document_says(stack: Stack) -> None:
+    """schemathesis against a replica: generated valid and invalid requests for every
+    operation, then stateful sequences along the document's links (create a session,
+    prompt it through the workers, read its thread, cancel it)."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis.generation.modes import GenerationMode
+
+    api = schemathesis.openapi.from_url(f"{stack.replicas[0]}/openapi.json")
+    api = api.exclude(operation_id="events")  # endless by design; tested above
+    fuzz = settings(
+        max_examples=6,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+        database=None,
+    )
+    calls = 0
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        for result in api.get_all_operations():
+            operation = result.ok()
+            raw = operation.definition.raw
+            if mode is GenerationMode.NEGATIVE and not (
+                raw.get("parameters") or raw.get("requestBody")
+            ):
+                continue  # nothing to get wrong (GET /health, GET /sessions)
+
+            @fuzz
+            @given(case=operation.as_strategy(generation_mode=mode))
+            def run(case: schemathesis.Case) -> None:
+                nonlocal calls
+                case.call_and_validate(timeout=60)
+                calls += 1
+
+            run()
+    assert calls >= 9 + 7
+    api.as_state_machine().run(
+        settings=settings(
+            max_examples=5,
+            stateful_step_count=5,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+            database=None,
+        )
+    )
+
+
+async def test_an_idempotency_key_is_checked_as_the_document_publishes_it(stack: Stack) -> None:
+    """``^[!-~]+$``: a key with a space inside is refused by both kinds of server (the
+    schemathesis run above found one accepted)."""
+    import re
+
+    pattern = openapi_document()["paths"]["/sessions"]["post"]["parameters"][0]["schema"]
+    assert not re.fullmatch(pattern["pattern"], "a b")
+    async with await _client(stack.replicas[0]) as client:
+        refused = await client.post("/sessions", headers={"Idempotency-Key": "a b"})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "bad_idempotency_key"
+    from cantrip.protocols._idempotency import BadKeyError, check_key
+
+    with pytest.raises(BadKeyError, match="no spaces"):
+        check_key("a b")  # the in-process server's check is the same function
+    assert check_key("  ok-key_1  ") == "ok-key_1"
+
+
+def test_the_in_process_server_says_it_runs_the_entities_itself() -> None:
+    import cantrip
+    from cantrip.protocols._api import Health
+    from cantrip.protocols._http import HttpApp
+    from gates import done
+
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM([]),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done], [cantrip.max_turns(2)]),
+    )
+    health = HttpApp(spell)._health()
+    assert health["mode"] == "process"
+    Health.model_validate(health)  # the published shape, both modes
