@@ -21,7 +21,8 @@ events into that same payload shape -- plus this class, which does the I/O:
   model, nothing retryable), and at DEBUG for every request when the adapter
   was made with ``debug=True`` or ``CANTRIP_DEBUG_TRANSCRIPT=1`` was set.
 
-One ``httpx.AsyncClient`` per adapter and trio run, closed when the run ends.
+One single-connection ``httpx.AsyncClient`` per connection, in a pool per adapter
+and trio run (:mod:`cantrip.llm.providers._clients`), closed when the run ends.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from cantrip.llm._transcript import (
     render_transcript,
     validate_transcript,
 )
+from cantrip.llm.providers._clients import CONNECTIONS, ClientPool
 
 log = get_logger("cantrip.llm.providers")
 transcript_log = get_logger("cantrip.llm.transcript")
@@ -329,10 +331,11 @@ class HTTPAdapter:
         self._name = name or f"{config.name}:{model}"
         self._api_key = api_key
         self._client = client
-        self._owned: list[httpx.AsyncClient] = []
-        self._load: list[int] = []
-        """Requests in flight on each of ``_owned`` (see ``_http``)."""
-        self._owned_token: trio.lowlevel.TrioToken | None = None
+        self.max_connections = CONNECTIONS
+        """Requests in flight at once (one connection each) before the next waits."""
+        self._pool: ClientPool | None = None
+        """This trio run's connections (see ``_take``)."""
+        self._pool_token: trio.lowlevel.TrioToken | None = None
         self._trust_env = not _is_loopback(self.base_url)
         self._renders = RenderCache(
             self.render_family, self.keep_thinking, reasoning_format=self.reasoning_format
@@ -409,9 +412,9 @@ class HTTPAdapter:
         return await self._answer(messages, tools, tool_choice, extra or EMPTY, on_event)
 
     async def aclose(self) -> None:
-        clients, self._owned, self._load = self._owned, [], []
-        for client in clients:
-            await client.aclose()
+        pool, self._pool, self._pool_token = self._pool, None, None
+        if pool is not None:
+            await pool.aclose()
 
     # -- one turn ----------------------------------------------------------------------
 
@@ -575,54 +578,38 @@ class HTTPAdapter:
 
     # -- HTTP ---------------------------------------------------------------------------
 
-    def _http(self) -> httpx.AsyncClient:
-        """The client for one request; the caller gives it back with :meth:`_release`.
+    async def _take(self) -> httpx.AsyncClient:
+        """The client for one request; the caller gives it back with :meth:`_give`.
 
-        Several small pools rather than one big one: httpcore's pool scans its
-        connections (and every queued request) on each request's start and end,
-        so with 200 concurrent casts one pool of 64 connections cost ~5 ms of CPU
-        per turn (bench/serve_load.py). A request takes the first pool with a free
-        connection (pools are created when first needed), so a quiet adapter
-        keeps one pool and one connection; each pool keeps its connections alive."""
+        A client given to the adapter serves every request; otherwise each
+        request takes one connection of this run's :class:`ClientPool`
+        (O(1) whatever the concurrency; see :mod:`._clients`)."""
         if self._client is not None:
             return self._client
         token = trio.lowlevel.current_trio_token()
-        if self._owned_token is not token:
-            self._owned, self._owned_token, self._load = [], token, []
-        load = self._load
-        index = next((i for i, n in enumerate(load) if n < POOL_CONNECTIONS), len(load))
-        if index == POOLS:  # every pool is full: queue in the least loaded one
-            index = load.index(min(load))
-        if index == len(self._owned):
-            client = httpx.AsyncClient(
+        if self._pool is None or self._pool_token is not token:
+            self._pool = ClientPool(
                 timeout=self.timeout,
                 trust_env=self._trust_env,
-                limits=httpx.Limits(
-                    max_connections=POOL_CONNECTIONS, max_keepalive_connections=POOL_CONNECTIONS
-                ),
+                provider=self.provider,
+                limit=self.max_connections,
             )
-            self._owned.append(client)
-            load.append(0)
-            trio.lowlevel.spawn_system_task(_close_at_run_end, client, name="cantrip-http-close")
-        load[index] += 1
-        return self._owned[index]
+            self._pool_token = token
+        return await self._pool.take()
 
-    def _release(self, client: httpx.AsyncClient) -> None:
-        """A request on ``client`` (from :meth:`_http`) has ended."""
-        if client is not self._client:
-            for index, owned in enumerate(self._owned):
-                if owned is client:
-                    self._load[index] -= 1
-                    return
+    def _give(self, client: httpx.AsyncClient) -> None:
+        """A request on ``client`` (from :meth:`_take`) has ended."""
+        if client is not self._client and self._pool is not None:
+            self._pool.give(client)
 
     async def _post(self, url: str, data: bytes) -> Mapping[str, Any]:
-        client = self._http()
+        client = await self._take()
         try:
             response = await client.post(url, content=data, headers=self._headers)
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
         finally:
-            self._release(client)
+            self._give(client)
         if response.status_code >= 400:
             raise self._status_error(response.status_code, response.headers, response.content)
         return self._decode(response.content, response.status_code)
@@ -631,7 +618,7 @@ class HTTPAdapter:
         self, url: str, data: bytes, messages: Sequence[Message], on_event: EventSink
     ) -> Response:
         state = self.new_stream(messages, on_event)
-        client = self._http()
+        client = await self._take()
         try:
             async with client.stream(
                 "POST", url, content=data, headers=self._stream_headers
@@ -650,7 +637,7 @@ class HTTPAdapter:
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
         finally:
-            self._release(client)
+            self._give(client)
         return state.finish()
 
     async def _read_events(self, response: httpx.Response, state: StreamState) -> None:
@@ -746,21 +733,3 @@ class HTTPAdapter:
             retryable=True,
             code="connection_error",
         )
-
-
-POOLS = 8
-"""Connection pools per adapter and trio run, filled in order (see ``_http``)."""
-POOL_CONNECTIONS = 32
-"""Connections per pool: 256 concurrent requests per adapter before any queues."""
-
-
-async def _close_at_run_end(client: httpx.AsyncClient) -> None:
-    """Keeps a run's client open until the run ends, then closes it."""
-    try:
-        await trio.sleep_forever()
-    finally:
-        with trio.CancelScope(shield=True):
-            try:
-                await client.aclose()
-            except (httpx.HTTPError, OSError) as exc:  # a system task must not crash the run
-                log.debug("closing an http client failed: %s", exc)
