@@ -6,6 +6,7 @@ optimisation must keep, and that the history is not re-read per prompt.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +64,31 @@ async def test_an_unkeyed_prompt_does_not_read_the_entitys_recorded_turns(
     ]
     await hub.aclose()
     loom.close()
+
+
+def test_serve_collects_garbage_in_larger_batches_and_restores_the_setting() -> None:
+    from cantrip._cli import _serve_gc
+
+    before = gc.get_threshold()
+    with _serve_gc(None):  # the default of `cantrip serve`
+        assert gc.get_threshold() == (50_000, *before[1:])
+    assert gc.get_threshold() == before
+    with _serve_gc(1234):
+        assert gc.get_threshold()[0] == 1234
+    with _serve_gc(0):  # --gc-young 0: Python's own thresholds
+        assert gc.get_threshold() == before
+    assert gc.get_threshold() == before
+
+
+def test_a_negative_gc_threshold_is_one_line_and_serves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cantrip import _cli
+
+    before = gc.get_threshold()
+    code = _cli.main(["serve", str(tmp_path / "none.toml"), "--gc-young", "-1"])
+    err = capsys.readouterr().err
+    assert code == 1 and gc.get_threshold() == before
+    assert err.strip().splitlines() == [
+        "cantrip: --gc-young -1: give 0 (Python's own) or a positive threshold"
+    ]
