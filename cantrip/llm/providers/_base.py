@@ -226,6 +226,7 @@ class RenderCache:
                 memos.popitem(last=False)
         return Rendered(view, renderer.id_map)
 
+
 def dumps(body: Any) -> bytes:
     """A request body as compact UTF-8 JSON.
 
