@@ -159,3 +159,37 @@ def test_clients_close_when_the_run_ends_and_the_next_run_gets_new_ones() -> Non
     assert clients and all(client.is_closed for client in clients)  # closed at the run's end
     assert trio.run(one_run) == "two"
     assert pools[1][0] is not first and fake.connections == 2
+
+
+class SetsCookie(Gated):
+    """Sets a cookie with its first answer (as a CDN in front of a provider may)."""
+
+    async def respond(self, request: Request, send: Any) -> None:
+        if self.served == 0:
+            plain = send.json
+
+            async def with_cookie(status: int, payload: Any, headers: Any = None) -> None:
+                await plain(status, payload, {**(headers or {}), "set-cookie": "cf=abc; Path=/"})
+
+            send.json = with_cookie
+        await super().respond(request, send)
+
+
+async def test_a_cookie_the_provider_sets_is_sent_on_every_connection() -> None:
+    fake = SetsCookie([Answer(text="x")] * 4)
+    fake.release.set()
+    async with serve(fake, "/v1") as url:
+        llm = load_llm("openai", base_url=url)
+        try:
+            await llm.query(HELLO)
+            assert "cookie" not in fake.requests[0].headers
+            fake.release = trio.Event()
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):  # three at once: two of them on new connections
+                    nursery.start_soon(llm.query, HELLO)
+                await fake.until_waiting(3)
+                fake.release.set()
+            assert fake.connections == 3
+            assert [r.headers.get("cookie") for r in fake.requests[1:]] == ["cf=abc"] * 3
+        finally:
+            await llm.aclose()

@@ -18,6 +18,7 @@ when the run ends, from one system task.
 from __future__ import annotations
 
 import ssl
+from typing import Any
 
 import httpx
 import trio
@@ -29,6 +30,36 @@ log = get_logger("cantrip.llm.providers")
 
 CONNECTIONS = 256
 """Concurrent requests (so connections) per adapter and trio run before one waits."""
+
+
+class Cookies(httpx.Cookies):
+    """httpx's cookie jar, minus the cost of reading a response that sets no cookie.
+
+    httpx hands every response to :mod:`http.cookiejar` through urllib-shaped
+    wrappers (~100 us a response); without a ``Set-Cookie`` (or ``Set-Cookie2``)
+    header the jar takes nothing from it, so that work is skipped."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        headers = response.headers
+        if "set-cookie" in headers or "set-cookie2" in headers:
+            super().extract_cookies(response)
+
+
+class Client(httpx.AsyncClient):
+    """One connection's client; its cookies are its pool's jar, shared by all of them,
+    so a cookie a provider sets is sent on every connection (as with one httpx pool)."""
+
+    def __init__(self, jar: Cookies, **options: Any) -> None:
+        super().__init__(**options)
+        self._jar = jar
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return self._jar
+
+    @cookies.setter
+    def cookies(self, cookies: Any) -> None:
+        self._jar = Cookies(cookies)
 
 
 class ClientPool:
@@ -50,6 +81,7 @@ class ClientPool:
         self.clients: list[httpx.AsyncClient] = []
         self._slots = trio.Semaphore(limit)
         self._ssl: ssl.SSLContext | None = None
+        self.jar = Cookies()
         self._closed = False
         trio.lowlevel.spawn_system_task(self._close_at_run_end, name="cantrip-http-close")
 
@@ -92,7 +124,8 @@ class ClientPool:
         if self._ssl is None:
             # One TLS context for all of them: building one reads the CA bundle (~15 ms).
             self._ssl = httpx.create_ssl_context(trust_env=self.trust_env)
-        client = httpx.AsyncClient(
+        client = Client(
+            self.jar,
             timeout=self.timeout,
             trust_env=self.trust_env,
             verify=self._ssl,
