@@ -193,3 +193,19 @@ async def test_a_cookie_the_provider_sets_is_sent_on_every_connection() -> None:
             assert [r.headers.get("cookie") for r in fake.requests[1:]] == ["cf=abc"] * 3
         finally:
             await llm.aclose()
+
+
+async def test_requests_carry_the_headers_httpx_would_have_built() -> None:
+    """The pool builds its POSTs itself (parsed URL and merged headers made once);
+    on the wire they are what ``AsyncClient.build_request`` makes, streamed or not."""
+    async with running("openai", [Answer(text="a"), Answer(text="b")]) as (fake, llm):
+        await llm.query(HELLO)
+        await llm.stream(HELLO, on_event=lambda _: None)
+        for sent, headers in zip(fake.requests, (llm._headers, llm._stream_headers), strict=True):
+            async with httpx.AsyncClient() as reference:
+                built = reference.build_request(
+                    "POST", llm.base_url + "/chat/completions", content=sent.body, headers=headers
+                )
+            expected = {k.lower(): v for k, v in built.headers.items()}
+            assert sent.headers == expected
+            assert sent.method == "POST" and sent.path == "/v1/chat/completions"

@@ -636,6 +636,14 @@ class HTTPAdapter:
             self._pool_token = token
         return await self._pool.take()
 
+    def _request(
+        self, client: httpx.AsyncClient, url: str, data: bytes, headers: Mapping[str, str]
+    ) -> httpx.Request:
+        """One POST, as ``client.build_request`` would build it (see ``ClientPool.request``)."""
+        if client is self._client or self._pool is None:
+            return client.build_request("POST", url, content=data, headers=headers)
+        return self._pool.request(client, url, data, headers)
+
     def _give(self, client: httpx.AsyncClient) -> None:
         """A request on ``client`` (from :meth:`_take`) has ended."""
         if client is not self._client and self._pool is not None:
@@ -644,7 +652,7 @@ class HTTPAdapter:
     async def _post(self, url: str, data: bytes) -> Mapping[str, Any]:
         client = await self._take()
         try:
-            response = await client.post(url, content=data, headers=self._headers)
+            response = await client.send(self._request(client, url, data, self._headers))
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
         finally:
@@ -659,9 +667,9 @@ class HTTPAdapter:
         state = self.new_stream(messages, on_event)
         client = await self._take()
         try:
-            async with client.stream(
-                "POST", url, content=data, headers=self._stream_headers
-            ) as response:
+            request = self._request(client, url, data, self._stream_headers)
+            response = await client.send(request, stream=True)
+            try:
                 if response.status_code >= 400:
                     body = await response.aread()
                     raise self._status_error(response.status_code, response.headers, body)
@@ -673,6 +681,8 @@ class HTTPAdapter:
                     replay(whole, on_event)
                     return whole
                 await self._read_events(response, state)
+            finally:
+                await response.aclose()
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
         finally:

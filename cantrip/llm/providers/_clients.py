@@ -18,6 +18,7 @@ when the run ends, from one system task.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -82,6 +83,9 @@ class ClientPool:
         self._slots = trio.Semaphore(limit)
         self._ssl: ssl.SSLContext | None = None
         self.jar = Cookies()
+        self._prepared: dict[
+            tuple[str, int], tuple[httpx.URL, httpx.Headers, Mapping[str, str]]
+        ] = {}
         self._closed = False
         trio.lowlevel.spawn_system_task(self._close_at_run_end, name="cantrip-http-close")
 
@@ -110,6 +114,33 @@ class ClientPool:
                 code="timeout",
             ) from None
         return self._client()
+
+    def request(
+        self, client: httpx.AsyncClient, url: str, content: bytes, headers: Mapping[str, str]
+    ) -> httpx.Request:
+        """The POST ``client.build_request("POST", url, content=..., headers=...)`` builds.
+
+        Every client of the pool has httpx's default headers and no base URL,
+        query parameters or auth of its own, so the parsed URL and the merged
+        headers are made once per (URL, headers) and copied per request: merging
+        them anew (parsing the URL, normalising every header) cost ~80 us a turn."""
+        key = (url, id(headers))
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            merged = httpx.Headers(client.headers)
+            merged.update(headers)
+            prepared = self._prepared[key] = (httpx.URL(url), merged, headers)
+        target, merged, _kept_alive = prepared
+        request = httpx.Request(
+            "POST",
+            target,
+            content=content,
+            headers=merged,
+            extensions={"timeout": self.timeout.as_dict()},
+        )
+        if self.jar:
+            self.jar.set_cookie_header(request)
+        return request
 
     def give(self, client: httpx.AsyncClient) -> None:
         """A request taken with :meth:`take` has ended (however it ended)."""
