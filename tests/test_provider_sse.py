@@ -134,3 +134,24 @@ async def test_a_streamed_answer_keeps_a_line_separator_inside_its_text(
     async with running("openai", [reply]) as (_, llm):
         response = await llm.stream([Message("user", "hi")], on_event=lambda _: None)
     assert response.content == "one\u2028two\u0085three"
+
+
+def test_a_streams_charset_is_the_one_httpx_would_decode_it_with() -> None:
+    import httpx
+
+    from cantrip.llm._sse import _encoding
+
+    kinds = [
+        None,
+        "text/event-stream",
+        "text/event-stream; charset=utf-8",
+        "text/event-stream;charset=UTF-8",
+        'text/event-stream; charset="utf-8"',
+        "text/event-stream; charset=iso-8859-1",
+        "text/event-stream; charset=nonsense",
+    ]
+    for default in ("utf-8", "latin-1"):
+        for kind in kinds:
+            headers = {"content-type": kind} if kind else {}
+            response = httpx.Response(200, headers=headers, default_encoding=default)
+            assert _encoding(response) == (response.encoding or "utf-8"), (default, kind)

@@ -138,6 +138,20 @@ class LineSplitter:
 _LINE_END = re.compile("\r\n|\r|\n")
 
 
+def _encoding(response: httpx.Response) -> str:
+    """The charset httpx would decode the stream's text with (its ``encoding``).
+
+    Streams declare UTF-8 or nothing (then the client's default applies,
+    UTF-8 unless it was given another); only another charset or default needs
+    httpx's header parsing (~25 us a response)."""
+    kind = response.headers.get("content-type", "").lower()
+    if response.default_encoding == "utf-8" and (
+        "charset" not in kind or kind.replace(" ", "").endswith("charset=utf-8")
+    ):
+        return "utf-8"
+    return response.encoding or "utf-8"
+
+
 async def aiter_sse(
     response: httpx.Response, provider: str = "provider"
 ) -> AsyncGenerator[SSEEvent, None]:
@@ -149,7 +163,7 @@ async def aiter_sse(
     import httpx
 
     decoder = SSEDecoder()
-    lines = LineSplitter(response.encoding or "utf-8")
+    lines = LineSplitter(_encoding(response))
     try:
         async for chunk in response.aiter_bytes():
             for line in lines.feed(chunk):
