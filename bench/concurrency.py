@@ -12,7 +12,7 @@ Run: ``python bench/concurrency.py [--entities 1000 10000]``. Prints:
     socket waits (5 keep-alive HTTP requests each to the same server, no
     entity, no httpx, no JSON). Targets: <= 2.5 s wall, <= 50 KiB per entity.
     The adapter gets an ``httpx.AsyncClient`` whose pool holds one connection
-    per entity (the default pool of 64 would queue them; pass ``client=`` to
+    per entity (the default 256 connections would queue them; pass ``client=`` to
     ``load_llm`` to size yours).
 (a') The same loop without sockets, for comparison: the LLM waits in-process
     with ``cantrip.llm.simulate_latency`` (default GC, and inside
@@ -140,7 +140,7 @@ async def socket_entities(n: int, port: int, pool: str) -> None:
     """(a): entities whose LLM is the OpenAI adapter, waiting on a loopback socket.
 
     ``pool``: ``default`` -- one adapter as ``load_llm`` builds it (its own client,
-    64 connections); ``sharded`` -- one adapter per 100 entities, each given an
+    up to 256 connections); ``sharded`` -- one adapter per 100 entities, each given an
     ``httpx.AsyncClient`` with 100 connections (``load_llm(client=...)``).
     """
     os.environ[KEY_ENV] = "sk-loopback-bench"
@@ -191,7 +191,7 @@ async def socket_entities(n: int, port: int, pool: str) -> None:
     retried = sum(1 for t in turns if t.metadata.attempts > 1)
     done_casts = sum(1 for t in turns if t.reason == "done")
     shape = (
-        "one adapter, its default pool of 64"
+        "one adapter, its default 256 connections"
         if pool == "default"
         else (f"{len(llms)} adapters, a pool of {SHARD} each")
     )

@@ -57,10 +57,10 @@ from cantrip.llm._contract import (
     ZERO_USAGE,
     Message,
     Response,
-    StreamingLLM,
     ToolChoice,
     ToolDefinition,
     Usage,
+    can_stream,
 )
 from cantrip.llm._cost import llm_pricing, prompt_cost, response_cost
 from cantrip.llm._retry import RetryPolicy
@@ -707,7 +707,7 @@ class Entity:
             try:
                 if replayed is not None:
                     response = replayed  # the answer a crashed attempt of this turn got
-                elif emit is not None and isinstance(llm, StreamingLLM):
+                elif emit is not None and can_stream(llm):
                     response = await llm.stream(
                         self._context.snapshot(),
                         setup.tools,

@@ -98,7 +98,11 @@ def secret_values() -> list[str]:
 
 def redact(text: str) -> str:
     """``text`` with every recognisable secret replaced by ``[REDACTED]``."""
-    for secret in _env_secrets():
+    return _redact_with(text, _env_secrets())
+
+
+def _redact_with(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
         if secret in text:
             text = text.replace(secret, REDACTED)
     return _PATTERN.sub(REDACTED, text)
@@ -124,13 +128,20 @@ def scrub_known(value: Any, secrets: Iterable[str]) -> Any:
 
 
 def redact_value(value: Any) -> Any:
-    """Redact every string inside JSON-like data."""
+    """Redact every string inside JSON-like data.
+
+    The environment's secrets are looked up once for the whole value, not per
+    string (a turn's record holds dozens; each lookup snapshots the environment)."""
+    return _redact_tree(value, _env_secrets())
+
+
+def _redact_tree(value: Any, secrets: list[str]) -> Any:
     if isinstance(value, str):
-        return redact(value)
+        return _redact_with(value, secrets)
     if isinstance(value, dict):
-        return {k: redact_value(v) for k, v in value.items()}
+        return {k: _redact_tree(v, secrets) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [redact_value(v) for v in value]
+        return [_redact_tree(v, secrets) for v in value]
     return value
 
 

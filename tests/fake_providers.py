@@ -163,6 +163,8 @@ class FakeProvider:
         self.key = key
         self.requests: list[Request] = []
         self.served = 0
+        self.connections = 0
+        """TCP connections accepted so far (how many a client opened)."""
 
     # -- what a provider defines --------------------------------------------------
 
@@ -923,6 +925,7 @@ async def serve(provider: FakeProvider, prefix: str = "") -> AsyncIterator[str]:
     """Run ``provider`` on 127.0.0.1 (ephemeral port); yield its base URL."""
 
     async def handler(stream: trio.SocketStream) -> None:
+        provider.connections += 1
         await _connection(provider, stream)
 
     async with trio.open_nursery() as nursery:

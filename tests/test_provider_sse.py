@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -73,3 +76,82 @@ def test_any_payload_round_trips(payloads: list[str]) -> None:
     lines = text.split("\n")
     decoded = list(iter_sse(lines))
     assert [e.data for e in decoded] == payloads
+
+
+ENDS = st.sampled_from(["\n", "\r\n", "\r"])
+LINE = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=12
+)
+
+
+@given(st.lists(st.tuples(LINE, ENDS)), LINE, st.lists(st.integers(0, 200), max_size=8))
+def test_lines_split_at_cr_lf_and_crlf_only_wherever_the_chunks_break(
+    ended: list[tuple[str, str]], last: str, cuts: list[int]
+) -> None:
+    """The stream's bytes cut anywhere (inside a CRLF, inside a UTF-8 character)
+    give the lines the event-stream rules give: U+2028, U+0085 and the like are data."""
+    from cantrip.llm._sse import LineSplitter
+
+    text = "".join(line + end for line, end in ended) + last
+    data = text.encode()
+    splitter = LineSplitter()
+    got: list[str] = []
+    start = 0
+    for cut in sorted(c % (len(data) + 1) for c in cuts):
+        got += splitter.feed(data[start:cut])
+        start = cut
+    got += splitter.feed(data[start:])
+    got += splitter.close()
+    # the rules' split of the whole text (a CR then an LF is one CRLF)
+    whole = re.split("\r\n|\r|\n", text)
+    if not whole[-1]:
+        whole.pop()
+    assert got == whole
+    if all(end == "\n" for _, end in ended):
+        assert got == [line for line, _ in ended] + ([last] if last else [])
+
+
+async def test_a_streamed_answer_keeps_a_line_separator_inside_its_text(
+    monkeypatch: Any, tmp_path: Any
+) -> None:
+    """U+2028 sent raw inside a JSON string (as a server that does not escape it
+    sends it) is part of the text, not the end of a line."""
+    import json
+
+    from fake_providers import Raw, isolate, running
+
+    from cantrip.llm import Message
+
+    isolate(monkeypatch, tmp_path)
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "model": "m", "choices": []}
+    say = {**chunk, "choices": [{"index": 0, "delta": {"content": "one\u2028two\u0085three"}}]}
+    stop = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    body = (
+        "".join(f"data: {json.dumps(c, ensure_ascii=False)}\r\n\r\n" for c in (say, stop))
+        + "data: [DONE]\r\n\r\n"
+    )
+    reply = Raw(200, body.encode(), {"content-type": "text/event-stream; charset=utf-8"})
+    async with running("openai", [reply]) as (_, llm):
+        response = await llm.stream([Message("user", "hi")], on_event=lambda _: None)
+    assert response.content == "one\u2028two\u0085three"
+
+
+def test_a_streams_charset_is_the_one_httpx_would_decode_it_with() -> None:
+    import httpx
+
+    from cantrip.llm._sse import _encoding
+
+    kinds = [
+        None,
+        "text/event-stream",
+        "text/event-stream; charset=utf-8",
+        "text/event-stream;charset=UTF-8",
+        'text/event-stream; charset="utf-8"',
+        "text/event-stream; charset=iso-8859-1",
+        "text/event-stream; charset=nonsense",
+    ]
+    for default in ("utf-8", "latin-1"):
+        for kind in kinds:
+            headers = {"content-type": kind} if kind else {}
+            response = httpx.Response(200, headers=headers, default_encoding=default)
+            assert _encoding(response) == (response.encoding or "utf-8"), (default, kind)

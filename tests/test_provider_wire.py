@@ -422,3 +422,65 @@ def test_incremental_rendering_equals_a_full_render() -> None:
         other = [Message("user", "another entity")]
         assert list(cache.render(other).messages) == [other[0]]
         assert len(cache._memos) == 2
+
+
+def test_the_render_memo_serves_hundreds_of_interleaved_conversations_incrementally() -> None:
+    """One adapter serves every session of a server: 300 conversations, each growing
+    by a turn in turn, are each rendered afresh once and then only extended."""
+    from cantrip.llm._transcript import render_transcript
+    from cantrip.llm.providers._base import RenderCache
+
+    cache = RenderCache("openai", keep_thinking=False)
+    system = Message("system", "shared by all")  # one object in every conversation
+    talks: list[list[Message]] = [[system, Message("user", f"task {n}")] for n in range(300)]
+    renderers: dict[int, Any] = {}
+    for turn in range(4):
+        for n, talk in enumerate(talks):
+            if turn:
+                call = ToolCall(f"call_{n}_{turn}", "echo", {"text": str(turn)})
+                talk += [
+                    Message("assistant", None, tool_calls=(call,)),
+                    Message("tool", str(turn), tool_call_id=call.id, name="echo"),
+                ]
+            rendered = cache.render(list(talk))
+            if n % 50 == 0:
+                full = render_transcript(list(talk), "openai", keep_thinking=False)
+                assert list(rendered.messages) == list(full.messages), (n, turn)
+            memo = cache._memos[id(talk[-1])]
+            assert renderers.setdefault(n, memo.renderer) is memo.renderer, (n, turn)
+    assert len(cache._memos) == 300
+
+
+def test_the_render_memo_drops_the_least_recently_used_conversation() -> None:
+    from cantrip.llm.providers._base import RenderCache
+
+    cache = RenderCache("openai", keep_thinking=False, size=3)
+    talks = [[Message("user", f"u{n}")] for n in range(4)]
+    for talk in talks[:3]:
+        cache.render(talk)
+    cache.render(talks[0])  # used again: now the most recent
+    cache.render(talks[3])  # a fourth: the least recently used (talks[1]) goes
+    assert set(cache._memos) == {id(talks[0][0]), id(talks[2][0]), id(talks[3][0])}
+
+
+def test_request_bodies_are_the_standard_librarys_bytes_and_keep_what_orjson_refuses() -> None:
+    """The body encoder (orjson) writes what ``json.dumps`` wrote, and the values
+    orjson refuses still go out exactly (lone surrogates as escapes, big integers)."""
+    from cantrip.llm.providers._base import dumps
+
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": 'é \u2028 \x1f " \\ / 日本 🎉'},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "n": 1.5e16}]},
+        ],
+        "temperature": 0.1,
+        "seed": 2**63 - 1,
+        "stream": True,
+    }
+    standard = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    assert dumps(body) == standard
+    odd = {"content": "bad \ud800 text", "big": 2**80, "nested": {"1": [1.0]}}
+    sent = dumps(odd)
+    assert json.loads(sent) == odd and b"\\ud800" in sent and str(2**80).encode() in sent
+    assert json.loads(dumps({1: "int key"})) == {"1": "int key"}  # as json.dumps did

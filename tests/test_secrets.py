@@ -177,6 +177,26 @@ def test_variables_named_like_secrets_are_redacted(monkeypatch: pytest.MonkeyPat
     assert text == "[REDACTED] [REDACTED] 1234"
 
 
+def test_redacting_a_value_redacts_every_string_in_it_as_redact_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``redact_value`` looks the secrets up once per value: each string inside still
+    comes out exactly as ``redact`` gives it, keys and non-strings untouched."""
+    from cantrip._redact import redact, redact_value
+
+    monkeypatch.setenv("SOME_SERVICE_TOKEN", "abcdefgh-ijkl")
+    strings = ["abcdefgh-ijkl", "key sk-abcdefghijklmnopqrstuvwx here", "plain", ""]
+    value = {"a": strings[0], "b": [strings[1], {"c": (strings[2], 7, None)}], "d": strings[3]}
+    assert redact_value(value) == {
+        "a": redact(strings[0]),
+        "b": [redact(strings[1]), {"c": [redact(strings[2]), 7, None]}],
+        "d": "",
+    }
+    assert redact_value(value)["a"] == "[REDACTED]" and "sk-" not in redact_value(value)["b"][0]
+    monkeypatch.setenv("SOME_SERVICE_TOKEN", "changed-value-1")  # read afresh per call
+    assert redact_value({"x": "changed-value-1"}) == {"x": "[REDACTED]"}
+
+
 # -- 6. file gates cannot read the loom or the spec ---------------------------------------
 
 READS = ["notes.txt", "loom.db", "loom.db-wal", "./loom.db-shm", "spec.toml", "other.db"]

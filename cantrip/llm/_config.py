@@ -202,6 +202,7 @@ def clear_cache() -> None:
     """Forget parsed configs (tests; after editing files). Also clears rate-limit buckets."""
     with _LOCK:
         _CACHE.clear()
+        _BY_ENV.clear()
     from cantrip.llm._ratelimit import clear_buckets
 
     clear_buckets()
@@ -215,14 +216,28 @@ def available_providers() -> list[str]:
     return sorted(names)
 
 
+_FOLDER_ENV = ("CANTRIP_PROVIDERS_DIR", "XDG_CONFIG_HOME", "HOME")
+"""The variables :func:`user_dir` depends on."""
+_BY_ENV: dict[tuple[str, tuple[str | None, ...]], ProviderConfig] = {}
+"""The cache by name and those variables' values: each turn's cost looks its model's
+prices up here, and building the folder's path costs more than the rest of the lookup."""
+
+
 def load_provider_config(name: str) -> ProviderConfig:
     """The merged configuration of provider ``name`` (cached)."""
+    environ = os.environ
+    env_key = (name, tuple(environ.get(var) for var in _FOLDER_ENV))
+    fast = _BY_ENV.get(env_key)
+    if fast is not None:
+        return fast
     check_name(name)
     folder = user_dir()
     key = (name, str(folder))
     with _LOCK:
         cached = _CACHE.get(key)
     if cached is not None:
+        with _LOCK:
+            _BY_ENV[env_key] = cached
         return cached
     merged: dict[str, Any] = {}
     sources: list[str] = []
@@ -253,6 +268,7 @@ def load_provider_config(name: str) -> ProviderConfig:
         register_secret_env(config.provider.api_key_env)
     with _LOCK:
         _CACHE[key] = config
+        _BY_ENV[env_key] = config
     return config
 
 

@@ -29,9 +29,9 @@ from cantrip.llm._contract import (
     LLM,
     Message,
     Response,
-    StreamingLLM,
     ToolChoice,
     ToolDefinition,
+    can_stream,
 )
 from cantrip.llm._retry import RetryPolicy
 from cantrip.llm._wrapper import Delegating
@@ -94,7 +94,7 @@ class FallbackLLM(Delegating):
                     on_event(MessageStart(attempt=attempts + 1))  # what streamed so far is void
                 attempts += 1
                 try:
-                    if on_event is not None and isinstance(llm, StreamingLLM):
+                    if on_event is not None and can_stream(llm):
                         response = await llm.stream(
                             messages, tools, tool_choice, extra, on_event=on_event
                         )

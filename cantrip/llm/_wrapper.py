@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cantrip.llm._contract import LLM, Message, Response, StreamingLLM, ToolChoice, ToolDefinition
+from cantrip.llm._contract import LLM, Message, Response, ToolChoice, ToolDefinition, can_stream
 
 
 class Delegating:
@@ -80,6 +80,6 @@ async def call(
     on_event: Callable[[Any], None] | None,
 ) -> Response:
     """Query ``llm``, streaming when there is a sink and it can stream."""
-    if on_event is not None and isinstance(llm, StreamingLLM):
+    if on_event is not None and can_stream(llm):
         return await llm.stream(messages, tools, tool_choice, extra, on_event=on_event)
     return await llm.query(messages, tools, tool_choice, extra)

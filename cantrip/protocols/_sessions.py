@@ -304,7 +304,9 @@ class SessionHub:
             session.cancel_until = None
         outcome: CastResult | None = None
         prompt = session.current = Prompt(intent, key)
-        first = len(session.entity.turns)
+        # Where the cast's turns begin, for the key index: reading the entity's turns
+        # is O(its history) on a loom store, so only a keyed prompt pays it.
+        first = len(session.entity.turns) if key is not None else 0
         self.running += 1
         self._idle = trio.Event() if self.running == 1 else self._idle
         with trio.CancelScope() as scope:
@@ -330,8 +332,11 @@ class SessionHub:
                 session.running = None
                 session.sink = None
                 session.current = None
-                wrote = len(session.entity.turns) > first
-                if key is not None and session.keys is not None and wrote:
+                if (
+                    key is not None
+                    and session.keys is not None
+                    and len(session.entity.turns) > first  # the cast wrote a turn
+                ):
                     session.keys.setdefault(key, first)
                 prompt.outcome = outcome
                 prompt.done.set()

@@ -21,7 +21,8 @@ events into that same payload shape -- plus this class, which does the I/O:
   model, nothing retryable), and at DEBUG for every request when the adapter
   was made with ``debug=True`` or ``CANTRIP_DEBUG_TRANSCRIPT=1`` was set.
 
-One ``httpx.AsyncClient`` per adapter and trio run, closed when the run ends.
+One single-connection ``httpx.AsyncClient`` per connection, in a pool per adapter
+and trio run (:mod:`cantrip.llm.providers._clients`), closed when the run ends.
 """
 
 from __future__ import annotations
@@ -30,15 +31,18 @@ import email.utils
 import hashlib
 import json
 import logging
+import operator
 import os
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar, Protocol
 
 import attrs
 import httpx
+import orjson
 import trio
 
 from cantrip._errors import ProviderError
@@ -61,6 +65,7 @@ from cantrip.llm._transcript import (
     render_transcript,
     validate_transcript,
 )
+from cantrip.llm.providers._clients import CONNECTIONS, ClientPool
 
 log = get_logger("cantrip.llm.providers")
 transcript_log = get_logger("cantrip.llm.transcript")
@@ -153,6 +158,10 @@ class _Memo:
     seen: list[Message]
 
 
+RENDER_MEMOS = 1024
+"""Conversations an adapter remembers having rendered (the least recently used is dropped)."""
+
+
 class RenderCache:
     """Incremental rendering across calls, so a turn costs O(new messages).
 
@@ -160,46 +169,78 @@ class RenderCache:
     whole history (the renderer guarantees it); it only remembers how far each
     recent conversation was already rendered. A call whose messages begin
     with exactly the message objects seen before (a growing context) renders
-    only the new ones; anything else (a folded context, another entity)
-    starts a fresh renderer, and the least recently used of ``size`` is dropped.
+    only the new ones; anything else (a folded context, a new entity) starts a
+    fresh renderer, and the least recently used of ``size`` is dropped.
+
+    One adapter serves every entity of a server at once, so ``size`` must
+    cover the conversations in flight (200 sessions prompting at once missed
+    a memo of 8 on every call and re-rendered every history), and finding a
+    conversation must not cost a scan of all of them: memos are found by the
+    identity of the last message they saw, looked up from the newest message
+    backwards (a turn adds a few), then the whole prefix is checked object by
+    object (a C loop over references; the request body is O(history) anyway).
+    A memo holds only the messages its entity holds, plus their rendered view.
     """
 
     def __init__(
         self,
         family: ProviderFormat,
         keep_thinking: bool,
-        size: int = 8,
+        size: int = RENDER_MEMOS,
         reasoning_format: str | None = None,
     ) -> None:
         self.family = family
         self.keep_thinking = keep_thinking
         self.reasoning_format = reasoning_format
         self.size = size
-        self._memos: list[_Memo] = []
+        self._memos: OrderedDict[int, _Memo] = OrderedDict()
+        """By ``id`` of the last message each saw (kept alive by ``seen``), oldest first."""
 
     def render(self, messages: Sequence[Message]) -> Rendered:
-        count = len(messages)
-        for position, memo in enumerate(self._memos):
+        memos = self._memos
+        for last in range(len(messages) - 1, -1, -1):
+            memo = memos.get(id(messages[last]))
+            if memo is None:
+                continue
             seen = memo.seen
-            known = len(seen)
-            if known <= count and all(messages[i] is seen[i] for i in range(known - 1, -1, -1)):
-                new = [messages[i] for i in range(known, count)]
+            if len(seen) == last + 1 and all(map(operator.is_, seen, messages)):
+                new = messages[last + 1 :]
                 view = memo.renderer.extend(new)
-                seen.extend(new)
-                if position:
-                    self._memos.insert(0, self._memos.pop(position))
+                if new:
+                    del memos[id(seen[-1])]
+                    seen.extend(new)
+                    memos[id(seen[-1])] = memo
+                else:
+                    memos.move_to_end(id(seen[-1]))
                 return Rendered(view, memo.renderer.id_map)
+            break  # the conversation changed (folded, forked): render it afresh
         renderer = IncrementalRenderer(
             self.family, keep_thinking=self.keep_thinking, reasoning_format=self.reasoning_format
         )
         seen = list(messages)
         view = renderer.extend(seen)
-        self._memos.insert(0, _Memo(renderer, seen))
-        del self._memos[self.size :]
+        if seen:
+            memos.pop(id(seen[-1]), None)
+            memos[id(seen[-1])] = _Memo(renderer, seen)
+            while len(memos) > self.size:
+                memos.popitem(last=False)
         return Rendered(view, renderer.id_map)
 
 
 def dumps(body: Any) -> bytes:
+    """A request body as compact UTF-8 JSON.
+
+    orjson writes it ~10x faster than the standard library (the body carries
+    the whole conversation, so this is a turn's one O(history) step), the same
+    bytes for the same values, except NaN and infinities, which JSON has not:
+    ``null`` instead of the ``NaN`` no provider's parser accepts.
+    What orjson refuses -- lone surrogates (sandbox output), integers beyond
+    64 bits, non-string keys, very deep nesting -- the standard library
+    writes, as before."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        pass
     text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     try:
         return text.encode("utf-8")
@@ -329,10 +370,11 @@ class HTTPAdapter:
         self._name = name or f"{config.name}:{model}"
         self._api_key = api_key
         self._client = client
-        self._owned: list[httpx.AsyncClient] = []
-        self._load: list[int] = []
-        """Requests in flight on each of ``_owned`` (see ``_http``)."""
-        self._owned_token: trio.lowlevel.TrioToken | None = None
+        self.max_connections = CONNECTIONS
+        """Requests in flight at once (one connection each) before the next waits."""
+        self._pool: ClientPool | None = None
+        """This trio run's connections (see ``_take``)."""
+        self._pool_token: trio.lowlevel.TrioToken | None = None
         self._trust_env = not _is_loopback(self.base_url)
         self._renders = RenderCache(
             self.render_family, self.keep_thinking, reasoning_format=self.reasoning_format
@@ -409,9 +451,9 @@ class HTTPAdapter:
         return await self._answer(messages, tools, tool_choice, extra or EMPTY, on_event)
 
     async def aclose(self) -> None:
-        clients, self._owned, self._load = self._owned, [], []
-        for client in clients:
-            await client.aclose()
+        pool, self._pool, self._pool_token = self._pool, None, None
+        if pool is not None:
+            await pool.aclose()
 
     # -- one turn ----------------------------------------------------------------------
 
@@ -575,54 +617,46 @@ class HTTPAdapter:
 
     # -- HTTP ---------------------------------------------------------------------------
 
-    def _http(self) -> httpx.AsyncClient:
-        """The client for one request; the caller gives it back with :meth:`_release`.
+    async def _take(self) -> httpx.AsyncClient:
+        """The client for one request; the caller gives it back with :meth:`_give`.
 
-        Several small pools rather than one big one: httpcore's pool scans its
-        connections (and every queued request) on each request's start and end,
-        so with 200 concurrent casts one pool of 64 connections cost ~5 ms of CPU
-        per turn (bench/serve_load.py). A request takes the first pool with a free
-        connection (pools are created when first needed), so a quiet adapter
-        keeps one pool and one connection; each pool keeps its connections alive."""
+        A client given to the adapter serves every request; otherwise each
+        request takes one connection of this run's :class:`ClientPool`
+        (O(1) whatever the concurrency; see :mod:`._clients`)."""
         if self._client is not None:
             return self._client
         token = trio.lowlevel.current_trio_token()
-        if self._owned_token is not token:
-            self._owned, self._owned_token, self._load = [], token, []
-        load = self._load
-        index = next((i for i, n in enumerate(load) if n < POOL_CONNECTIONS), len(load))
-        if index == POOLS:  # every pool is full: queue in the least loaded one
-            index = load.index(min(load))
-        if index == len(self._owned):
-            client = httpx.AsyncClient(
+        if self._pool is None or self._pool_token is not token:
+            self._pool = ClientPool(
                 timeout=self.timeout,
                 trust_env=self._trust_env,
-                limits=httpx.Limits(
-                    max_connections=POOL_CONNECTIONS, max_keepalive_connections=POOL_CONNECTIONS
-                ),
+                provider=self.provider,
+                limit=self.max_connections,
             )
-            self._owned.append(client)
-            load.append(0)
-            trio.lowlevel.spawn_system_task(_close_at_run_end, client, name="cantrip-http-close")
-        load[index] += 1
-        return self._owned[index]
+            self._pool_token = token
+        return await self._pool.take()
 
-    def _release(self, client: httpx.AsyncClient) -> None:
-        """A request on ``client`` (from :meth:`_http`) has ended."""
-        if client is not self._client:
-            for index, owned in enumerate(self._owned):
-                if owned is client:
-                    self._load[index] -= 1
-                    return
+    def _request(
+        self, client: httpx.AsyncClient, url: str, data: bytes, headers: Mapping[str, str]
+    ) -> httpx.Request:
+        """One POST, as ``client.build_request`` would build it (see ``ClientPool.request``)."""
+        if client is self._client or self._pool is None:
+            return client.build_request("POST", url, content=data, headers=headers)
+        return self._pool.request(client, url, data, headers)
+
+    def _give(self, client: httpx.AsyncClient) -> None:
+        """A request on ``client`` (from :meth:`_take`) has ended."""
+        if client is not self._client and self._pool is not None:
+            self._pool.give(client)
 
     async def _post(self, url: str, data: bytes) -> Mapping[str, Any]:
-        client = self._http()
+        client = await self._take()
         try:
-            response = await client.post(url, content=data, headers=self._headers)
+            response = await client.send(self._request(client, url, data, self._headers))
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
         finally:
-            self._release(client)
+            self._give(client)
         if response.status_code >= 400:
             raise self._status_error(response.status_code, response.headers, response.content)
         return self._decode(response.content, response.status_code)
@@ -631,11 +665,11 @@ class HTTPAdapter:
         self, url: str, data: bytes, messages: Sequence[Message], on_event: EventSink
     ) -> Response:
         state = self.new_stream(messages, on_event)
-        client = self._http()
+        client = await self._take()
         try:
-            async with client.stream(
-                "POST", url, content=data, headers=self._stream_headers
-            ) as response:
+            request = self._request(client, url, data, self._stream_headers)
+            response = await client.send(request, stream=True)
+            try:
                 if response.status_code >= 400:
                     body = await response.aread()
                     raise self._status_error(response.status_code, response.headers, body)
@@ -647,10 +681,12 @@ class HTTPAdapter:
                     replay(whole, on_event)
                     return whole
                 await self._read_events(response, state)
+            finally:
+                await response.aclose()
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
         finally:
-            self._release(client)
+            self._give(client)
         return state.finish()
 
     async def _read_events(self, response: httpx.Response, state: StreamState) -> None:
@@ -746,21 +782,3 @@ class HTTPAdapter:
             retryable=True,
             code="connection_error",
         )
-
-
-POOLS = 8
-"""Connection pools per adapter and trio run, filled in order (see ``_http``)."""
-POOL_CONNECTIONS = 32
-"""Connections per pool: 256 concurrent requests per adapter before any queues."""
-
-
-async def _close_at_run_end(client: httpx.AsyncClient) -> None:
-    """Keeps a run's client open until the run ends, then closes it."""
-    try:
-        await trio.sleep_forever()
-    finally:
-        with trio.CancelScope(shield=True):
-            try:
-                await client.aclose()
-            except (httpx.HTTPError, OSError) as exc:  # a system task must not crash the run
-                log.debug("closing an http client failed: %s", exc)

@@ -1,0 +1,86 @@
+"""Per-turn shortcuts that must answer exactly what the slow path answered.
+
+Each turn asks whether its LLM can stream and what its model costs; both
+answers are now remembered (per type, per environment) -- these tests pin
+that the remembered answer is the one the full check gives, and that a
+change which should change it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_providers import isolate
+
+from cantrip.llm import (
+    Message,
+    Response,
+    RetryingLLM,
+    ScriptedLLM,
+    clear_cache,
+    load_llm,
+    load_provider_config,
+)
+from cantrip.llm._contract import StreamingLLM, can_stream
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    isolate(monkeypatch, tmp_path)
+
+
+class QueryOnly:
+    name = "q"
+
+    async def query(self, messages: Sequence[Message], *args: Any, **kw: Any) -> Response:
+        return Response(content="q")
+
+
+class StreamNone(QueryOnly):
+    stream = None
+
+
+class Streams(QueryOnly):
+    async def stream(self, messages: Sequence[Message], *args: Any, **kw: Any) -> Response:
+        return Response(content="s")
+
+
+def test_can_stream_answers_what_the_protocol_check_answers() -> None:
+    given = QueryOnly()
+    given.stream = Streams().stream  # type: ignore[attr-defined]  # on the instance only
+    objects: list[Any] = [
+        load_llm("openai", base_url="http://127.0.0.1:9/v1"),
+        ScriptedLLM([]),
+        RetryingLLM(ScriptedLLM([])),
+        RetryingLLM(load_llm("openai", base_url="http://127.0.0.1:9/v1")),
+        QueryOnly(),
+        StreamNone(),
+        Streams(),
+        given,
+        object(),
+    ]
+    for _ in range(2):  # the second round answers from what the first remembered
+        for obj in objects:
+            assert can_stream(obj) == isinstance(obj, StreamingLLM), obj
+    assert not can_stream(QueryOnly())  # the instance-only member did not make the type stream
+    assert can_stream(Streams())
+
+
+def test_provider_configs_are_cached_per_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    first = load_provider_config("openai")
+    assert load_provider_config("openai") is first
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    (folder / "openai.toml").write_text('[provider]\nbase_url = "http://127.0.0.1:7/v1"\n')
+    monkeypatch.setenv("CANTRIP_PROVIDERS_DIR", str(folder))
+    moved = load_provider_config("openai")  # another folder: read again
+    assert moved.provider.base_url == "http://127.0.0.1:7/v1"
+    monkeypatch.setenv("CANTRIP_PROVIDERS_DIR", str(tmp_path / "user-providers"))
+    assert load_provider_config("openai") is first  # back: the first folder's config
+    clear_cache()
+    assert load_provider_config("openai") is not first
