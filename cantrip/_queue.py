@@ -26,11 +26,22 @@ from typing import Any
 import attrs
 import orjson
 
+from cantrip._approval import Decision, Pause, PauseError, check_decision
 from cantrip.loom._fence import Fence
 from cantrip.loom._postgres import PostgresStore
 
 WORK_CHANNEL = "cantrip_work"
 CANCEL_CHANNEL = "cantrip_cancel"
+
+PAUSED = "paused"
+"""The end state of work whose cast paused for a human: its outcome lists the
+``pending`` calls; the lease is released and no worker holds the entity."""
+ENDED = frozenset({"done", "failed", "cancelled", PAUSED})
+"""States a work item does not leave (a paused item's answer is new work)."""
+ANSWER_KEY = "answer"
+"""The spell key of work that carries out a human's answer to a pause."""
+ENTITY_LOCK = 0x70726F6D
+"""The advisory-lock class of one entity's prompts and answers (``serve --db``)."""
 
 _CLAIM = """
 SELECT w.id, w.entity_id, w.intent, w.spell, w.state, w.attempts
@@ -212,8 +223,19 @@ class WorkQueue:
         if row is None:
             raise LookupError(f"no work item {work_id}")
         state, result = row
-        ended = state in ("done", "failed", "cancelled")
+        ended = state in ENDED
         return state, (json.loads(result) if ended and result else None)
+
+    def answer(self, entity_id: str, pause_id: str, decision: dict[str, Any]) -> int:
+        """Record a human's answer to a paused entity and queue its carrying-out."""
+        with self.store.pool.connection() as conn, conn.transaction():
+            return answer_on(conn, entity_id, pause_id, decision)
+
+    def pending(self, entity_id: str) -> list[dict[str, Any]]:
+        """The calls ``entity_id`` waits on a human for (its paused, unanswered work)."""
+        with self.store.pool.connection() as conn:
+            paused = pending_on(conn, entity_id)
+        return paused.pending if paused is not None else []
 
     def cancel_requested(self, work_id: int) -> bool:
         with self.store.pool.connection() as conn:
@@ -221,3 +243,58 @@ class WorkQueue:
                 "SELECT cancel_requested FROM cantrip_work WHERE id = %s", (work_id,)
             ).fetchone()
         return bool(row and row[0])
+
+
+@attrs.frozen
+class PausedWork:
+    """An entity's latest work item when it ended paused and nobody answered it yet."""
+
+    work_id: int
+    intent: str
+    spell: str
+    outcome: dict[str, Any]
+
+    @property
+    def pending(self) -> list[dict[str, Any]]:
+        return list(self.outcome.get("pending") or [])
+
+
+def pending_on(conn: Any, entity_id: str) -> PausedWork | None:
+    """The entity's paused, unanswered work (its latest work item), or None."""
+    row = conn.execute(
+        "SELECT id, state, result, intent, spell FROM cantrip_work WHERE entity_id = %s "
+        "ORDER BY id DESC LIMIT 1",
+        (entity_id,),
+    ).fetchone()
+    if row is None or row[1] != PAUSED or not row[2]:
+        return None
+    outcome = json.loads(row[2])
+    if outcome.get("answered") is not None:
+        return None
+    return PausedWork(int(row[0]), row[3], row[4], outcome)
+
+
+def answer_on(conn: Any, entity_id: str, pause_id: str, decision: dict[str, Any]) -> int:
+    """:meth:`WorkQueue.answer` inside the caller's transaction: under the entity's
+    advisory lock, the paused work's outcome is marked answered (an answer to a pause
+    that is not waiting -- answered already, here or at another replica -- or of the
+    wrong kind is a :class:`~cantrip.PauseError`) and work that carries the answer out
+    is queued with the paused work's spell and intent. The work id."""
+    conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (ENTITY_LOCK, entity_id))
+    paused = pending_on(conn, entity_id)
+    waiting = [Pause.from_dict(p) for p in (paused.pending if paused else [])]
+    found = [p for p in waiting if p.pause_id == pause_id]
+    if paused is None or not found:
+        raise PauseError(
+            f"entity {entity_id} has no pending pause {pause_id!r} (already answered?)"
+        )
+    check_decision(found[0], Decision.parse(decision))
+    answer = {"pause_id": pause_id, "decision": decision}
+    queued = enqueue_on(conn, {**json.loads(paused.spell), ANSWER_KEY: answer}, paused.intent,
+                        entity_id)  # fmt: skip
+    answered = {**paused.outcome, "answered": {"pause_id": pause_id, "work_id": queued}}
+    conn.execute(
+        "UPDATE cantrip_work SET result = %s WHERE id = %s",
+        (json.dumps(answered), paused.work_id),
+    )
+    return queued

@@ -30,10 +30,11 @@ from typing import Any
 import attrs
 import trio
 
+from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult, Entity, new_entity_id
 from cantrip._errors import CantripError, LLMError
-from cantrip._queue import CANCEL_CHANNEL, WORK_CHANNEL, Claim, WorkQueue
+from cantrip._queue import ANSWER_KEY, CANCEL_CHANNEL, ENDED, PAUSED, WORK_CHANNEL, Claim, WorkQueue
 from cantrip._redact import get_logger
 from cantrip.llm._contract import plain_json
 from cantrip.loom._fence import LeaseLostError
@@ -81,7 +82,7 @@ def build_spell(spell: Mapping[str, Any], loom: Loom) -> Cantrip:
 
 
 def outcome_of(result: CastResult) -> dict[str, Any]:
-    return {
+    outcome = {
         "result": plain_json(result.result),
         "terminated": result.terminated,
         "truncated": result.truncated,
@@ -89,6 +90,16 @@ def outcome_of(result: CastResult) -> dict[str, Any]:
         "entity_id": result.entity_id,
         "turns": len(result.turns),
     }
+    if result.pending:
+        outcome["pending"] = [p.to_dict() for p in result.pending]
+    return outcome
+
+
+def _state_of(result: CastResult) -> str:
+    """The work item's end state for a cast's result (``paused``: waits for an answer)."""
+    if result.reason == "cancelled":
+        return "cancelled"
+    return PAUSED if result.pending else "done"
 
 
 @attrs.define
@@ -237,10 +248,12 @@ class Worker:
 
     async def _execute(self, owned: _Owned) -> tuple[str, dict[str, Any]]:
         claim = owned.claim
-        key = json.dumps(claim.spell, sort_keys=True)
+        built = dict(claim.spell)
+        answer = built.pop(ANSWER_KEY, None)  # work that carries out a human's answer
+        key = json.dumps(built, sort_keys=True)
         spell = self._spells.get(key)
         if spell is None:
-            spell = self._spells[key] = build_spell(claim.spell, self.loom)
+            spell = self._spells[key] = build_spell(built, self.loom)
         record, last = await trio.to_thread.run_sync(
             self.loom.refresh,
             claim.entity_id,
@@ -248,6 +261,15 @@ class Worker:
         )
         entity: Entity
         try:
+            if answer is not None:
+                if record is None:
+                    raise CantripError(f"no entity {claim.entity_id} in the loom to answer")
+                entity = owned.entity = spell.resume(claim.entity_id)
+                ended = self._ended(claim, self._recorded(claim, last))
+                if ended is not None:
+                    return ended
+                result = await self._cast(owned, self._answered(entity, claim, answer, last))
+                return _state_of(result), outcome_of(result)
             if record is None:
                 entity = owned.entity = spell.summon(entity_id=claim.entity_id)
                 if owned.cancelled:
@@ -256,26 +278,56 @@ class Worker:
             else:
                 entity = owned.entity = spell.resume(claim.entity_id)
                 recorded = self._recorded(claim, last)
-                if recorded and (recorded[-1].terminated or recorded[-1].truncated):
-                    # the cast ended; its worker died before saying so
-                    end = recorded[-1]
-                    return ("cancelled" if end.reason == "cancelled" else "done"), {
-                        "result": plain_json(end.result),
-                        "terminated": end.terminated,
-                        "truncated": end.truncated,
-                        "reason": end.reason,
-                        "entity_id": claim.entity_id,
-                        "turns": len(recorded),
-                    }
+                ended = self._ended(claim, recorded)
+                if ended is not None:
+                    return ended
                 if recorded or claim.attempt > 1:
                     # an earlier attempt may have journaled the turn it was taking
                     result = await self._cast(owned, entity.resume_cast(claim.intent, recorded))
                 else:
                     result = await self._cast(owned, entity.send(claim.intent))
-        except LLMError as exc:
+        except (LLMError, PauseError) as exc:
             return "failed", {"error": f"{type(exc).__name__}: {exc}", "entity_id": claim.entity_id}
-        outcome = outcome_of(result)
-        return ("cancelled" if result.reason == "cancelled" else "done"), outcome
+        return _state_of(result), outcome_of(result)
+
+    @staticmethod
+    def _ended(claim: Claim, recorded: list[Turn]) -> tuple[str, dict[str, Any]] | None:
+        """How the work ended if an earlier attempt's worker died after the loom said so:
+        the cast's last turn ended it, or it is a pause (it waits for an answer)."""
+        if not recorded:
+            return None
+        end = recorded[-1]
+        marker = end.extras.get("pending")
+        if not (end.terminated or end.truncated or isinstance(marker, Mapping)):
+            return None
+        outcome: dict[str, Any] = {
+            "result": plain_json(end.result),
+            "terminated": end.terminated,
+            "truncated": end.truncated,
+            "reason": end.reason,
+            "entity_id": claim.entity_id,
+            "turns": len(recorded),
+        }
+        if isinstance(marker, Mapping):
+            outcome["pending"] = [Pause.from_dict(marker, checkpoint_id=end.id).to_dict()]
+            return PAUSED, outcome
+        return ("cancelled" if end.reason == "cancelled" else "done"), outcome
+
+    def _answered(
+        self, entity: Entity, claim: Claim, answer: Mapping[str, Any], last: Turn | None
+    ) -> Any:
+        """The cast that carries out a human's answer, from wherever the loom says it is:
+        not begun (answer it), recorded but not carried out to the end of its turn (carry
+        out the recorded answer through the journal), or further (resume the cast)."""
+        pause_id = str(answer["pause_id"])
+        decision = Decision.parse(answer["decision"])
+        recorded = self._recorded(claim, last)
+        if not recorded:
+            return entity.answer(pause_id, decision)
+        found = entity.recorded_answer()
+        if found is not None and found[0].pause_id == pause_id:
+            return entity.carry_out_recorded_answer()
+        return entity.resume_cast(claim.intent, recorded)
 
     async def _cast(self, owned: _Owned, running: Any) -> CastResult:
         entity = owned.entity
@@ -329,7 +381,9 @@ class Dispatcher:
         return self.queue.enqueue(dict(spell), intent, entity_id), entity_id
 
     def wait(self, work_id: int, *, timeout: float | None = None) -> tuple[str, dict[str, Any]]:
-        """Block until the work ends (LISTEN, with polling as the fallback)."""
+        """Block until the work ends (LISTEN, with polling as the fallback): done,
+        failed, cancelled, or ``paused`` -- its outcome's ``pending`` lists the calls
+        that wait for a human (:meth:`answer` them)."""
         import time
 
         import psycopg
@@ -339,7 +393,7 @@ class Dispatcher:
             conn.execute(f"LISTEN {WORK_CHANNEL}")
             while True:
                 state, outcome = self.queue.status(work_id)
-                if outcome is not None or state in ("done", "failed", "cancelled"):
+                if outcome is not None or state in ENDED:
                     return state, outcome or {}
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"work {work_id} still {state} after {timeout} s")
@@ -348,6 +402,20 @@ class Dispatcher:
 
     def cancel(self, entity_id: str) -> int:
         return self.queue.cancel(entity_id)
+
+    def pending(self, entity_id: str) -> list[Pause]:
+        """The calls ``entity_id`` waits on a human for: its work ended ``paused`` and
+        nobody has answered yet (empty otherwise)."""
+        return [Pause.from_dict(p) for p in self.queue.pending(entity_id)]
+
+    def answer(self, entity_id: str, pause_id: str, decision: Decision | Mapping[str, Any]) -> int:
+        """Answer a pause of a paused entity, from any process; the id of the work that
+        carries the answer out (a worker resumes the entity from the loom and continues
+        the cast to its end or its next pause -- :meth:`wait` for it). A pause that is
+        not waiting (unknown, or answered already -- by anyone, even at the same moment)
+        raises :class:`~cantrip.PauseError`; exactly one of two answers wins."""
+        parsed = Decision.parse(decision)
+        return self.queue.answer(entity_id, pause_id, parsed.to_dict())
 
     def close(self) -> None:
         self.store.close()
