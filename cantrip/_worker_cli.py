@@ -168,8 +168,9 @@ def _print_pending(outcome: dict[str, Any]) -> None:
 def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
     """``cantrip serve SPEC --db URL``: a stateless HTTP replica; prompts go to the workers.
 
-    The spec is built once here to check it and describe it on ``/health``; a circle
-    that can pause for a human is refused (a worker has no one to ask)."""
+    The spec is built once here to check it and describe it on ``/health``. A circle
+    that pauses for a human is served like in-process: the pause waits in the
+    database, answered through ``/sessions/{id}/pending/{pause_id}``."""
     import signal
 
     from cantrip._worker import build_spell, spell_from_spec
@@ -181,14 +182,6 @@ def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
         cantrip = build_spell(spell, Loom())
     except CantripError as exc:
         print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
-    if cantrip.circle.needs_humans:
-        print(
-            "cantrip: serve --db cannot run a circle that pauses for a human (approve = [...], "
-            "ask_user, or gates that require approval): workers have no one to ask; "
-            "serve it without --db",
-            file=sys.stderr,
-        )
         return EXIT_ERROR
     if args.check:
         gates = ", ".join(cantrip.circle.gate_names)
