@@ -364,7 +364,7 @@ class Entity:
         resume: bool = False,
         on_event: EventSink | None = None,
         on_pause: PauseHandler | None = None,
-        pause: Literal["return", "wait"] = "return",
+        pause: Literal["return", "wait", "leave"] = "return",
     ) -> None:
         self.id = entity_id or new_entity_id()
         self.parent_entity_id = parent_entity_id
@@ -380,13 +380,16 @@ class Entity:
         if spawner is not None and parent_entity_id == spawner.id:
             # A child waits in place and is answered through its root (one board).
             self._board: PauseBoard = spawner._board
-            self.pause_mode: Literal["return", "wait"] = "wait"
+            self.pause_mode: Literal["return", "wait", "leave"] = "wait"
         else:
             self._board = PauseBoard(handler=on_pause)
             self.pause_mode = pause
             """``"return"``: a cast that meets a pause returns ``paused`` (answer it to go
             on); ``"wait"``: it waits in place for :meth:`answer` or the ``on_pause``
-            handler. Children always wait in place."""
+            handler; ``"leave"`` (workers): returns ``paused`` even from inside running
+            code, whose process is then let go as if it had died -- the answer continues
+            from the loom (the rest of that code block does not run). Children always
+            wait in place."""
         self._cancel_reason = "cancelled"
         self._cancel_next: str | None = None
         self.cantrip = cantrip
@@ -1074,7 +1077,10 @@ class Entity:
         board = self._board
         waiter = board.waiting[pause.pause_id]
         try:
-            if self.pause_mode == "return" and board.handler is None and self._returnable(pause):
+            if board.handler is None and (
+                (self.pause_mode == "return" and self._returnable(pause))
+                or self.pause_mode == "leave"
+            ):
                 raise _PauseExit(pause)
             policy = self.circle.approval
             timeout = policy.timeout_s if policy is not None and pause.kind == "approval" else None

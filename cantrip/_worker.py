@@ -264,19 +264,19 @@ class Worker:
             if answer is not None:
                 if record is None:
                     raise CantripError(f"no entity {claim.entity_id} in the loom to answer")
-                entity = owned.entity = spell.resume(claim.entity_id)
+                entity = owned.entity = spell.resume(claim.entity_id, pause="leave")
                 ended = self._ended(claim, self._recorded(claim, last))
                 if ended is not None:
                     return ended
                 result = await self._cast(owned, self._answered(entity, claim, answer, last))
                 return _state_of(result), outcome_of(result)
             if record is None:
-                entity = owned.entity = spell.summon(entity_id=claim.entity_id)
+                entity = owned.entity = spell.summon(entity_id=claim.entity_id, pause="leave")
                 if owned.cancelled:
                     entity.cancel()
                 result = await self._cast(owned, entity.send(claim.intent))
             else:
-                entity = owned.entity = spell.resume(claim.entity_id)
+                entity = owned.entity = spell.resume(claim.entity_id, pause="leave")
                 recorded = self._recorded(claim, last)
                 ended = self._ended(claim, recorded)
                 if ended is not None:

@@ -81,3 +81,33 @@ def build() -> cantrip.Cantrip:
         identity=cantrip.Identity(system_prompt="pause workload"),
         circle=cantrip.Circle([done, pay], [cantrip.max_turns(6)]),
     )
+
+
+_CODE = {
+    "js": ("var r = pay('job-js'); done(r + '!')", "done('after: ' + 'the block was cut')"),
+    "python": ("r = pay('job-python')\ndone(r + '!')", "done('after: ' + 'the block was cut')"),
+}
+
+
+def _build_code(medium_name: str) -> cantrip.Cantrip:
+    """The same ``pay`` gate, called from inside a block of code: the block stops at
+    the call (it needs approval), the work ends paused, and the answer continues the
+    turn from the loom on a fresh sandbox."""
+    if medium_name == "js":
+        from mediums.js import js as medium
+    else:
+        from mediums.python import python as medium
+    first, second = _CODE[medium_name]
+    return cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM([{"code": first}, {"code": second}]),
+        identity=cantrip.Identity(system_prompt="pause workload, in code"),
+        circle=cantrip.Circle([done, pay], [cantrip.max_turns(6)], medium=medium),
+    )
+
+
+def build_js() -> cantrip.Cantrip:
+    return _build_code("js")
+
+
+def build_python() -> cantrip.Cantrip:
+    return _build_code("python")

@@ -326,3 +326,33 @@ def test_cast_db_with_a_pausing_spec_says_what_waits_and_how_to_answer(
     finally:
         worker.kill()
         worker.wait()
+
+
+@pytest.mark.parametrize("medium", ["js", "python"])
+async def test_a_pause_inside_running_code_leaves_the_worker_too(pay_db: str, medium: str) -> None:
+    """A code medium cannot go on from the middle of a block in another process, but
+    the worker lets it go anyway (as if it had died): the work ends paused and holds
+    nothing; the answer runs the gate once and tells the model the block's rest did
+    not run."""
+    dispatcher = await _call(Dispatcher, pay_db)
+
+    async def body(worker: Worker) -> None:
+        spell = spell_from_factory(f"pause_workload:build_{medium}")
+        work, entity = await _call(dispatcher.submit, spell, "in code")
+        state, outcome = await _call(dispatcher.wait, work, timeout=60)
+        assert state == "paused", outcome
+        (pending,) = outcome["pending"]
+        assert (pending["gate"], pending["args"]) == ("pay", {"job": f"job-{medium}"})
+        assert worker._owned == {} and _lease(pay_db, entity) == (None, False)
+        answered = await _call(dispatcher.answer, entity, pending["pause_id"], Decision.approve())
+        state, outcome = await _call(dispatcher.wait, answered, timeout=60)
+        assert (state, outcome["result"]) == ("done", "after: the block was cut"), outcome
+
+    await _with_worker(pay_db, body, concurrency=2)
+    dispatcher.close()
+    assert _effects(pay_db) == [f"job-{medium}"]
+    loom = Loom.open(pay_db)
+    (entity_id,) = loom.entities
+    observations = [t.observation for t in loom.entity_turns(entity_id)]
+    loom.close()
+    assert any("the rest of that code block did not run" in (o or "") for o in observations)
