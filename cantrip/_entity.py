@@ -960,6 +960,12 @@ class Entity:
         stored = self._stored_pause()
         return (stored,) if stored is not None else ()
 
+    @property
+    def live_pending(self) -> tuple[Pause, ...]:
+        """The calls a live task of this entity tree waits on in place (a child's, or
+        code's in ``"wait"`` mode): answered by :meth:`answer`, the cast goes on."""
+        return tuple(w.pause for w in self._board.waiting.values() if w.decision is None)
+
     def _stored_pause(self) -> Pause | None:
         if self._leaf is None:
             return None

@@ -34,7 +34,16 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult, Entity, new_entity_id
 from cantrip._errors import CantripError, LLMError
-from cantrip._queue import ANSWER_KEY, CANCEL_CHANNEL, ENDED, PAUSED, WORK_CHANNEL, Claim, WorkQueue
+from cantrip._queue import (
+    ANSWER_KEY,
+    CANCEL_CHANNEL,
+    ENDED,
+    PAUSED,
+    WORK_CHANNEL,
+    Claim,
+    LivePauses,
+    WorkQueue,
+)
 from cantrip._redact import get_logger
 from cantrip.llm._contract import plain_json
 from cantrip.loom._fence import LeaseLostError
@@ -43,6 +52,10 @@ from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 
 log = get_logger("cantrip.worker")
+
+LIVE_TICK_S = 0.25
+"""How often a worker looks for pauses its entities' children wait on in place (in
+memory; the database is asked only while one is published)."""
 
 
 def spell_from_factory(path: str) -> dict[str, Any]:
@@ -109,6 +122,8 @@ class _Owned:
     claim: Claim
     entity: Entity | None = None
     cancelled: bool = False
+    poke: trio.Event = attrs.Factory(trio.Event)
+    """Set when NOTIFY says something about this entity (an answer to a live pause)."""
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -144,6 +159,7 @@ class Worker:
         )
         self.loom = Loom(store)
         self.queue = WorkQueue(store)
+        self._live = await trio.to_thread.run_sync(LivePauses, store)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._listen)
@@ -191,6 +207,8 @@ class Worker:
                 for channel, payload in notes:
                     if channel == WORK_CHANNEL:
                         self._wake.set()
+                        if payload in self._owned:
+                            self._owned[payload].poke.set()
                     elif channel == CANCEL_CHANNEL and payload in self._owned:
                         self._owned[payload].cancel()
         finally:
@@ -206,6 +224,8 @@ class Worker:
             async with trio.open_nursery() as nursery:
                 run = trio.CancelScope()
                 nursery.start_soon(self._heartbeat, owned, run)
+                if self._asks_humans(claim):
+                    nursery.start_soon(self._live_pauses, owned)
                 try:
                     with run:
                         state, outcome = await self._execute(owned)
@@ -245,6 +265,52 @@ class Worker:
             if cancel and not owned.cancelled:
                 owned.cancel()  # the poll fallback of NOTIFY cantrip_cancel
             await trio.sleep(self.lease_s / 3)
+
+    def _asks_humans(self, claim: Claim) -> bool:
+        """Whether the claimed spell's circle can pause (only then are live pauses watched)."""
+        built = {k: v for k, v in claim.spell.items() if k != ANSWER_KEY}
+        spell = self._spells.get(json.dumps(built, sort_keys=True))
+        return spell is None or spell.circle.needs_humans
+
+    async def _live_pauses(self, owned: _Owned) -> None:
+        """Pauses the entity tree waits on in place -- a child's (children cannot leave
+        their parent's cast) -- published so that any process can answer them
+        (``Dispatcher.answer``, ``serve --db``); their answers handed to the entity."""
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        published: set[str] = set()
+        try:
+            while True:
+                owned.poke = trio.Event()  # before looking: a NOTIFY from now on wakes us
+                entity = owned.entity
+                live = {p.pause_id: p for p in (entity.live_pending if entity else ())}
+                fresh = [p.to_dict() for i, p in live.items() if i not in published]
+                if fresh:
+                    await trio.to_thread.run_sync(
+                        self._live.publish, owned.claim, fresh, limiter=limiter
+                    )
+                    published.update(p["pause_id"] for p in fresh)
+                if published and entity is not None:
+                    answers = await trio.to_thread.run_sync(
+                        self._live.answers, sorted(published), limiter=limiter
+                    )
+                    for pause_id, decision in answers:
+                        if pause_id in live:
+                            try:
+                                await entity.answer(pause_id, decision)
+                            except PauseError as exc:  # timed out meanwhile: it was denied
+                                log.info("%s: %s", owned.claim.entity_id, exc)
+                    gone = sorted(i for i in published if i not in live or i in dict(answers))
+                    if gone:
+                        await trio.to_thread.run_sync(self._live.forget, gone, limiter=limiter)
+                        published.difference_update(gone)
+                with trio.move_on_after(LIVE_TICK_S if not published else self.poll_s):
+                    await owned.poke.wait()
+        finally:
+            if published:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(
+                        self._live.forget, sorted(published), limiter=limiter
+                    )
 
     async def _execute(self, owned: _Owned) -> tuple[str, dict[str, Any]]:
         claim = owned.claim
@@ -415,7 +481,7 @@ class Dispatcher:
         not waiting (unknown, or answered already -- by anyone, even at the same moment)
         raises :class:`~cantrip.PauseError`; exactly one of two answers wins."""
         parsed = Decision.parse(decision)
-        return self.queue.answer(entity_id, pause_id, parsed.to_dict())
+        return self.queue.answer(entity_id, pause_id, parsed.to_dict()).work_id
 
     def close(self) -> None:
         self.store.close()

@@ -111,3 +111,29 @@ def build_js() -> cantrip.Cantrip:
 
 def build_python() -> cantrip.Cantrip:
     return _build_code("python")
+
+
+def build_delegating() -> cantrip.Cantrip:
+    """A parent that hands the paying to a child (``call_agent_batch``): the child's
+    ``pay`` pauses in place -- a child cannot leave its parent's cast."""
+    from gates import call_agent_batch
+
+    def scripted(*replies: dict[str, Any]) -> cantrip.ScriptedLLM:
+        return cantrip.ScriptedLLM([{"tool_calls": [r]} for r in replies])
+
+    return cantrip.Cantrip(
+        llm=scripted(
+            {"gate": "call_agent_batch", "args": {"requests": [{"intent": "child-job"}]}},
+            {"gate": "done", "args": {"answer": "parent"}},
+        ),
+        identity=cantrip.Identity(system_prompt="pause workload, delegating"),
+        circle=cantrip.Circle(
+            [done, pay, call_agent_batch], [cantrip.max_turns(6), cantrip.max_depth(1)]
+        ),
+        llms={
+            "child_llm": scripted(
+                {"gate": "pay", "args": {"job": "child-job"}},
+                {"gate": "done", "args": {"answer": "child"}},
+            )
+        },
+    )

@@ -365,3 +365,40 @@ async def test_a_pause_inside_running_code_leaves_the_worker_too(pay_db: str, me
     observations = [t.observation for t in loom.entity_turns(entity_id)]
     loom.close()
     assert any("the rest of that code block did not run" in (o or "") for o in observations)
+
+
+async def test_a_childs_pause_waits_in_place_and_is_answered_from_another_process(
+    pay_db: str,
+) -> None:
+    """A child cannot leave its parent's cast: its pause waits in place, in the worker,
+    but is published -- listed by ``pending`` and answered by any process."""
+    asking = await _call(Dispatcher, pay_db)
+    answering = await _call(Dispatcher, pay_db)
+
+    async def body(worker: Worker) -> None:
+        spell = spell_from_factory("pause_workload:build_delegating")
+        work, entity = await _call(asking.submit, spell, "delegate")
+        with trio.fail_after(30):
+            while not (pending := await _call(answering.pending, entity)):
+                await trio.sleep(0.05)
+        (pause,) = pending
+        assert (pause.gate, pause.args, pause.entity_id != entity) == (
+            "pay",
+            {"job": "child-job"},
+            True,
+        )
+        assert asking.queue.status(work)[0] == "running"  # the parent's cast goes on
+        with pytest.raises(PauseError, match="asks for approval"):
+            await _call(answering.answer, entity, pause.pause_id, Decision.answer("hm"))
+        carried = await _call(answering.answer, entity, pause.pause_id, Decision.approve())
+        assert carried == work  # the running work carries it out
+        with pytest.raises(PauseError, match="already answered"):
+            await _call(asking.answer, entity, pause.pause_id, Decision.deny())
+        state, outcome = await _call(asking.wait, work, timeout=30)
+        assert (state, outcome["result"]) == ("done", "parent")
+        assert await _call(asking.pending, entity) == []
+
+    await _with_worker(pay_db, body, concurrency=2)
+    asking.close()
+    answering.close()
+    assert _effects(pay_db) == ["child-job"]

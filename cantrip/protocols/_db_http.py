@@ -176,7 +176,11 @@ class DbHttpApp:
             _allow(method, "POST")
             row = await self._session(parts[1])
             answer = _validated(AnswerRequest, await _body(receive))
-            await _json(send, 200, await self._answer(row, parts[3], answer.decision_value()))
+            outcome = await self._answer(row, parts[3], answer.decision_value())
+            if outcome is None:  # a running prompt waited on it (a child's): it answers
+                await _json(send, 202, {"answered": True, "pause_id": parts[3]})
+            else:
+                await _json(send, 200, outcome)
         elif len(parts) >= 2 and parts[0] == "sessions" and len(parts) <= 3:
             row = await self._session(parts[1])
             action = parts[2] if len(parts) == 3 else None
@@ -285,7 +289,9 @@ class DbHttpApp:
             data["entity_id"] = row.entity_id
         return data
 
-    async def _answer(self, row: SessionRow, pause_id: str, decision: Decision) -> dict[str, Any]:
+    async def _answer(
+        self, row: SessionRow, pause_id: str, decision: Decision
+    ) -> dict[str, Any] | None:
         """Queue the answer (409 if the pause is not waiting: answered already, here or
         at another replica) and wait for the continued cast, like a prompt."""
         if self.drain.closing:
@@ -298,6 +304,8 @@ class DbHttpApp:
             raise HttpError(409, "pause_answered", str(exc)) from None
         log.debug("session %s: answer %s queued as work %d", row.session_id, pause_id,
                   queued.work_id)  # fmt: skip
+        if queued.replayed:  # handed to the running prompt, which answers with its result
+            return None
         with self._counted():
             return await self._finished(row, queued.work_id, queued.base_pos)
 

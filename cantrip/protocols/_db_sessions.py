@@ -236,14 +236,16 @@ class DbSessions:
         """Record the answer and queue its carrying-out, in one transaction under the
         entity's lock: of two answers to one pause (any replicas, any moment) one is
         queued and the other is a :class:`~cantrip.PauseError`. The continued cast's
-        turns are the entity's turns after ``base_pos``."""
+        turns are the entity's turns after ``base_pos``. ``replayed`` here means the
+        answer went to a running prompt whose tree waits in place (a child's pause):
+        that prompt answers, nothing new was queued."""
         with self.store.pool.connection() as conn, conn.transaction():
-            work_id = answer_on(conn, entity_id, pause_id, decision)  # takes the lock
+            answered = answer_on(conn, entity_id, pause_id, decision)  # takes the lock
             base = conn.execute(
                 "SELECT coalesce(max(pos), 0) FROM cantrip_turns WHERE entity_id = %s",
                 (entity_id,),
             ).fetchone()
-        return Queued(work_id, int(base[0]) if base else 0, replayed=False)
+        return Queued(answered.work_id, int(base[0]) if base else 0, replayed=answered.live)
 
     def status(self, work_id: int) -> tuple[str, dict[str, Any] | None]:
         return self.queue.status(work_id)
