@@ -26,7 +26,7 @@ from pause_workload import EFFECTS_TABLE
 
 from cantrip import Decision, PauseError
 from cantrip._queue import WorkQueue
-from cantrip._worker import Dispatcher, Worker, spell_from_factory
+from cantrip._worker import Dispatcher, Worker, build_spell, spell_from_factory
 from cantrip.loom import Loom
 
 TESTS = Path(__file__).resolve().parent
@@ -401,4 +401,60 @@ async def test_a_childs_pause_waits_in_place_and_is_answered_from_another_proces
     await _with_worker(pay_db, body, concurrency=2)
     asking.close()
     answering.close()
+    assert _effects(pay_db) == ["child-job"]
+
+
+async def test_serve_db_answers_a_childs_pause_202_and_the_prompt_answers(pay_db: str) -> None:
+    """``serve --db`` (its app, in this process, beside a worker): a prompt whose child
+    pauses keeps waiting; the pause is listed and answered 202 (a second answer 409), and
+    the waiting prompt answers with the finished cast."""
+    import socket
+
+    import httpx
+
+    from cantrip.protocols._db_http import serve_http_db
+
+    queued = spell_from_factory("pause_workload:build_delegating")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+
+    async def body(worker: Worker) -> None:
+        async with trio.open_nursery() as nursery:
+            (base,) = await nursery.start(
+                lambda task_status: serve_http_db(
+                    queued,
+                    build_spell(queued, Loom()),
+                    pay_db,
+                    "127.0.0.1",
+                    port,
+                    task_status=task_status,
+                )
+            )
+            async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+                sid = (await http.post("/sessions")).json()["session_id"]
+                prompt: list[httpx.Response] = []
+
+                async def send() -> None:
+                    prompt.append(await http.post(f"/sessions/{sid}/prompt", json={"intent": "x"}))
+
+                nursery.start_soon(send)
+                with trio.fail_after(30):
+                    while not (pending := (await http.get(f"/sessions/{sid}/pending")).json()[
+                        "pending"
+                    ]):  # fmt: skip
+                        await trio.sleep(0.05)
+                url = f"/sessions/{sid}/pending/{pending[0]['pause_id']}"
+                accepted = await http.post(url, json={"decision": "approve"})
+                assert accepted.status_code == 202, accepted.text
+                assert accepted.json() == {"answered": True, "pause_id": pending[0]["pause_id"]}
+                assert (await http.post(url, json={"decision": "approve"})).status_code == 409
+                with trio.fail_after(30):
+                    while not prompt:
+                        await trio.sleep(0.05)
+                assert prompt[0].status_code == 200
+                assert prompt[0].json()["result"] == "parent"
+            nursery.cancel_scope.cancel()
+
+    await _with_worker(pay_db, body, concurrency=2)
     assert _effects(pay_db) == ["child-job"]
