@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
 import os
 import socket
 from collections.abc import Mapping
@@ -55,7 +56,8 @@ log = get_logger("cantrip.worker")
 
 LIVE_TICK_S = 0.25
 """How often a worker looks for pauses its entities' children wait on in place (in
-memory; the database is asked only while one is published)."""
+memory; while one is published, the database is asked for its answer when NOTIFY
+says so, and every ``poll_s`` in case a notification was missed)."""
 
 
 def spell_from_factory(path: str) -> dict[str, Any]:
@@ -278,9 +280,10 @@ class Worker:
         (``Dispatcher.answer``, ``serve --db``); their answers handed to the entity."""
         limiter = self.loom.store.limiter  # type: ignore[attr-defined]
         published: set[str] = set()
+        asked_at = -math.inf
         try:
             while True:
-                owned.poke = trio.Event()  # before looking: a NOTIFY from now on wakes us
+                woken, owned.poke = owned.poke, trio.Event()  # a NOTIFY from now on wakes us
                 entity = owned.entity
                 live = {p.pause_id: p for p in (entity.live_pending if entity else ())}
                 fresh = [p.to_dict() for i, p in live.items() if i not in published]
@@ -289,21 +292,23 @@ class Worker:
                         self._live.publish, owned.claim, fresh, limiter=limiter
                     )
                     published.update(p["pause_id"] for p in fresh)
-                if published and entity is not None:
+                gone = {i for i in published if i not in live}  # answered by a timeout
+                due = woken.is_set() or trio.current_time() - asked_at >= self.poll_s
+                if entity is not None and published - gone and due:
+                    asked_at = trio.current_time()
                     answers = await trio.to_thread.run_sync(
-                        self._live.answers, sorted(published), limiter=limiter
+                        self._live.answers, sorted(published - gone), limiter=limiter
                     )
                     for pause_id, decision in answers:
-                        if pause_id in live:
-                            try:
-                                await entity.answer(pause_id, decision)
-                            except PauseError as exc:  # timed out meanwhile: it was denied
-                                log.info("%s: %s", owned.claim.entity_id, exc)
-                    gone = sorted(i for i in published if i not in live or i in dict(answers))
-                    if gone:
-                        await trio.to_thread.run_sync(self._live.forget, gone, limiter=limiter)
-                        published.difference_update(gone)
-                with trio.move_on_after(LIVE_TICK_S if not published else self.poll_s):
+                        gone.add(pause_id)
+                        try:
+                            await entity.answer(pause_id, decision)
+                        except PauseError as exc:  # timed out meanwhile: it was denied
+                            log.info("%s: %s", owned.claim.entity_id, exc)
+                if gone:
+                    await trio.to_thread.run_sync(self._live.forget, sorted(gone), limiter=limiter)
+                    published.difference_update(gone)
+                with trio.move_on_after(LIVE_TICK_S):
                     await owned.poke.wait()
         finally:
             if published:
