@@ -65,9 +65,7 @@ def _db() -> Any:
     return _connections[url]
 
 
-@cantrip.gate(blocking=True, requires_approval=True)
-def pay(job: str) -> str:
-    """Pay for a job (a side effect a human approves first: one row per call)."""
+def _pay(job: str) -> str:
     _db().execute("INSERT INTO pause_effects (job, pid) VALUES (%s, %s)", (job, os.getpid()))
     wait = float(os.environ.get("PAY_GATE_MS", "0")) / 1000.0
     if wait:
@@ -75,11 +73,32 @@ def pay(job: str) -> str:
     return f"paid {job}"
 
 
+@cantrip.gate(blocking=True, requires_approval=True)
+def pay(job: str) -> str:
+    """Pay for a job (a side effect a human approves first: one row per call)."""
+    return _pay(job)
+
+
+@cantrip.gate(name="pay", blocking=True)
+def pay_freely(job: str) -> str:
+    """Pay for a job (no approval needed)."""
+    return _pay(job)
+
+
 def build() -> cantrip.Cantrip:
     return cantrip.Cantrip(
         llm=PayThenReportLLM(),
         identity=cantrip.Identity(system_prompt="pause workload"),
         circle=cantrip.Circle([done, pay], [cantrip.max_turns(6)]),
+    )
+
+
+def build_unguarded() -> cantrip.Cantrip:
+    """The same two turns with nothing to approve (``bench/pause_answer.py``'s baseline)."""
+    return cantrip.Cantrip(
+        llm=PayThenReportLLM(),
+        identity=cantrip.Identity(system_prompt="pause workload, unguarded"),
+        circle=cantrip.Circle([done, pay_freely], [cantrip.max_turns(6)]),
     )
 
 
