@@ -158,6 +158,14 @@ class Decision:
         return data
 
 
+def check_decision(pause: Pause, decision: Decision) -> None:
+    """A question takes an answer (or a refusal); an approval takes approve/deny/edit."""
+    if pause.kind == "question" and decision.kind not in ("answer", "deny"):
+        raise PauseError(f"pause {pause.pause_id} asks a question: answer it with text")
+    if pause.kind == "approval" and decision.kind == "answer":
+        raise PauseError(f"pause {pause.pause_id} asks for approval: approve, deny or edit")
+
+
 def _patterns(value: Iterable[str]) -> tuple[str, ...]:
     patterns = tuple(value)
     for pattern in patterns:

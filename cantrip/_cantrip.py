@@ -137,7 +137,7 @@ class Cantrip:
         entity_id: str | None = None,
         on_event: EventSink | None = None,
         on_pause: PauseHandler | None = None,
-        pause: Literal["return", "wait"] = "return",
+        pause: Literal["return", "wait", "leave"] = "return",
     ) -> Entity:
         """A persistent entity: send it intents, one cast each (ENTITY-5).
 
@@ -160,7 +160,7 @@ class Cantrip:
         llm: LLM | str | None = None,
         on_event: EventSink | None = None,
         on_pause: PauseHandler | None = None,
-        pause: Literal["return", "wait"] = "return",
+        pause: Literal["return", "wait", "leave"] = "return",
     ) -> Entity:
         """The entity ``entity_id`` again, its context rebuilt from its loom thread.
 

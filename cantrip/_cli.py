@@ -5,7 +5,8 @@ file and reaches its entities through ``Entity.send`` (PROD-1).
 
 Exit codes of ``cast``: 0 terminated (done or a final answer), 2 truncated by
 a ward, 130 interrupted (Ctrl-C; the loom records the cast as cancelled), 1
-error (bad spec, LLM failure) -- the message goes to stderr. Progress is drawn
+error (bad spec, LLM failure) -- the message goes to stderr; with ``--db``, 3
+paused (the cast waits for a human: ``cantrip answer``). Progress is drawn
 on stderr when it is a terminal; stdout carries only the result.
 
 Every command reports a mistake in its input -- a file that is missing or not
@@ -89,6 +90,22 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     worker.add_argument("--concurrency", type=int, default=16, help="entities at once (16)")
     worker.add_argument("--lease", type=float, default=10.0, help="lease seconds (10)")
     _add_otlp(worker)
+
+    answer = commands.add_parser(
+        "answer",
+        parents=[common],
+        help="answer a cast paused on the workers (cast --db exit 3); wait for its result",
+    )
+    answer.add_argument("--db", metavar="URL", required=True, help="postgresql://...")
+    answer.add_argument("entity_id", help="the paused cast's entity")
+    answer.add_argument("pause_id", help="the pause to answer (pause-...)")
+    given = answer.add_mutually_exclusive_group(required=True)
+    given.add_argument("--approve", action="store_true", help="run the call")
+    given.add_argument(
+        "--deny", nargs="?", const="", metavar="REASON", help="refuse it (the model sees why)"
+    )
+    given.add_argument("--answer", metavar="TEXT", help="the reply to an ask_user question")
+    answer.add_argument("--json", action="store_true", help="print a JSON result")
 
     invoke = commands.add_parser(
         "invoke",
@@ -290,6 +307,10 @@ def _run(args: argparse.Namespace) -> int:
         return cast_on_db(args)
     if args.command == "cast":
         return _cast(args)
+    if args.command == "answer":
+        from cantrip._worker_cli import answer_on_db
+
+        return answer_on_db(args)
     if args.command == "worker":
         from cantrip._worker_cli import run_worker
 

@@ -27,7 +27,7 @@ import attrs
 import trio
 import trio.lowlevel
 
-from cantrip._approval import Decision, Pause, PauseError, new_pause_id
+from cantrip._approval import Decision, Pause, PauseError, check_decision, new_pause_id
 from cantrip._circle import Circle
 from cantrip._context import NUDGE_DONE_REQUIRED, Context
 from cantrip._cost import CostMeter
@@ -364,7 +364,7 @@ class Entity:
         resume: bool = False,
         on_event: EventSink | None = None,
         on_pause: PauseHandler | None = None,
-        pause: Literal["return", "wait"] = "return",
+        pause: Literal["return", "wait", "leave"] = "return",
     ) -> None:
         self.id = entity_id or new_entity_id()
         self.parent_entity_id = parent_entity_id
@@ -380,13 +380,16 @@ class Entity:
         if spawner is not None and parent_entity_id == spawner.id:
             # A child waits in place and is answered through its root (one board).
             self._board: PauseBoard = spawner._board
-            self.pause_mode: Literal["return", "wait"] = "wait"
+            self.pause_mode: Literal["return", "wait", "leave"] = "wait"
         else:
             self._board = PauseBoard(handler=on_pause)
             self.pause_mode = pause
             """``"return"``: a cast that meets a pause returns ``paused`` (answer it to go
             on); ``"wait"``: it waits in place for :meth:`answer` or the ``on_pause``
-            handler. Children always wait in place."""
+            handler; ``"leave"`` (workers): returns ``paused`` even from inside running
+            code, whose process is then let go as if it had died -- the answer continues
+            from the loom (the rest of that code block does not run). Children always
+            wait in place."""
         self._cancel_reason = "cancelled"
         self._cancel_next: str | None = None
         self.cantrip = cantrip
@@ -957,6 +960,12 @@ class Entity:
         stored = self._stored_pause()
         return (stored,) if stored is not None else ()
 
+    @property
+    def live_pending(self) -> tuple[Pause, ...]:
+        """The calls a live task of this entity tree waits on in place (a child's, or
+        code's in ``"wait"`` mode): answered by :meth:`answer`, the cast goes on."""
+        return tuple(w.pause for w in self._board.waiting.values() if w.decision is None)
+
     def _stored_pause(self) -> Pause | None:
         if self._leaf is None:
             return None
@@ -999,6 +1008,35 @@ class Entity:
             )
         _check_decision(stored, decision)
         return await self._continue_paused(stored, decision)
+
+    def recorded_answer(self) -> tuple[Pause, Decision] | None:
+        """The answer at this entity's leaf that was recorded but never carried out
+        to the end of its turn -- the process (a worker) died after recording it --
+        with the pause it answered; None if the leaf is not such an answer."""
+        if self._leaf is None or self._cast is not None:
+            return None
+        last = self.loom.get(self._leaf)
+        mark = last.extras.get("answered")
+        if last.entity_id != self.id or not isinstance(mark, Mapping) or last.parent_id is None:
+            return None
+        paused = self.loom.get(last.parent_id)
+        marker = paused.extras.get("pending")
+        if not isinstance(marker, Mapping) or marker.get("pause_id") != mark.get("pause_id"):
+            return None
+        decision = Decision.parse({k: v for k, v in mark.items() if k != "pause_id"})
+        return Pause.from_dict(marker, checkpoint_id=paused.id), decision
+
+    async def carry_out_recorded_answer(self) -> CastResult:
+        """Carry out the answer :meth:`recorded_answer` found, once: it is not
+        recorded again, and the gate journal of the answer's turn is read, so a gate
+        call whose result was journaled is reused, never run a second time (one
+        started but not finished is "outcome unknown" unless the gate is idempotent)."""
+        found = self.recorded_answer()
+        if found is None:
+            raise PauseError(f"entity {self.id} has no recorded answer to carry out")
+        pause, decision = found
+        assert self._leaf is not None
+        return await self._continue_paused(pause, decision, answered=self.loom.get(self._leaf))
 
     async def _gate_call(
         self, name: str, args: Mapping[str, Any], tool_call_id: str | None
@@ -1045,7 +1083,10 @@ class Entity:
         board = self._board
         waiter = board.waiting[pause.pause_id]
         try:
-            if self.pause_mode == "return" and board.handler is None and self._returnable(pause):
+            if board.handler is None and (
+                (self.pause_mode == "return" and self._returnable(pause))
+                or self.pause_mode == "leave"
+            ):
                 raise _PauseExit(pause)
             policy = self.circle.approval
             timeout = policy.timeout_s if policy is not None and pause.kind == "approval" else None
@@ -1074,9 +1115,18 @@ class Entity:
             waiter.decision = decision
             waiter.event.set()
 
-    async def _apply_decision(self, pause: Pause, decision: Decision) -> GateCallRecord:
-        """Record the answer, then carry it out: the gate runs at most once per answer."""
-        self.checkpoint(marks={"answered": {"pause_id": pause.pause_id, **decision.to_dict()}})
+    async def _apply_decision(
+        self, pause: Pause, decision: Decision, *, recorded: bool = False
+    ) -> GateCallRecord:
+        """Record the answer, then carry it out: the gate runs at most once per answer.
+
+        The answer is durable before the effect (on a deferred store -- PostgreSQL --
+        the loom is synced), so a worker that dies after this point leaves a loom
+        that says the answer was given: the next worker carries it out through the
+        journal (:meth:`carry_out_recorded_answer`) instead of taking it again."""
+        if not recorded:
+            self.checkpoint(marks={"answered": {"pause_id": pause.pause_id, **decision.to_dict()}})
+            await self.loom.sync(self.id)
         if decision.always:
             self._board.always.add(pause.gate)
         circle = self.circle
@@ -1126,8 +1176,11 @@ class Entity:
             pending=(pause,),
         )
 
-    async def _continue_paused(self, pause: Pause, decision: Decision) -> CastResult:
-        """Go on with an utterance that a pause recorded in the loom interrupted."""
+    async def _continue_paused(
+        self, pause: Pause, decision: Decision, *, answered: Turn | None = None
+    ) -> CastResult:
+        """Go on with an utterance that a pause recorded in the loom interrupted
+        (``answered``: the answer's checkpoint, already recorded by a process that died)."""
         if self._closed:
             raise IntentError(f"entity {self.id} is closed; resume it to answer its pause")
         assert pause.checkpoint_id is not None
@@ -1149,14 +1202,24 @@ class Entity:
                 self._session = await self._open_session()
             emit = self._emit if self.on_event is not None else None
             inflight = self._inflight = _Inflight(
-                time.perf_counter(), _now(), response=response, checkpoint_id=pause.checkpoint_id
+                time.perf_counter(),
+                _now(),
+                response=response,
+                checkpoint_id=pause.checkpoint_id if answered is None else answered.id,
             )
-            journal = await self._turn_journal() if self.loom.journaled else None
+            journal: TurnJournal | None = None
+            if self.loom.journaled and answered is None:
+                journal = await self._turn_journal()
+            elif self.loom.journaled and answered is not None:
+                # the journal the first attempt kept: it was opened before the answer
+                # was recorded, at the answer checkpoint's sequence
+                entries = await self.loom.journal_read(self.id, answered.sequence)
+                journal = TurnJournal(self.loom, self.id, answered.sequence, entries)
             host = inflight.host = _TurnHost(self.circle, emit, journal, self._gate_call)
             cast.utterances += 1
             token = CURRENT_ENTITY.set(self)
             try:
-                record = await self._apply_decision(pause, decision)
+                record = await self._apply_decision(pause, decision, recorded=answered is not None)
                 host.records.append(record)
                 if emit is not None:
                     emit(ToolResultEvent(record=record))
@@ -1388,10 +1451,7 @@ class Entity:
 
 def _check_decision(pause: Pause, decision: Decision) -> None:
     """A question takes an answer (or a refusal); an approval takes approve/deny/edit."""
-    if pause.kind == "question" and decision.kind not in ("answer", "deny"):
-        raise PauseError(f"pause {pause.pause_id} asks a question: answer it with text")
-    if pause.kind == "approval" and decision.kind == "answer":
-        raise PauseError(f"pause {pause.pause_id} asks for approval: approve, deny or edit")
+    check_decision(pause, decision)
 
 
 def _is_cancellation(exc: BaseException) -> bool:

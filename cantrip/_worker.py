@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
 import os
 import socket
 from collections.abc import Mapping
@@ -30,10 +31,20 @@ from typing import Any
 import attrs
 import trio
 
+from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult, Entity, new_entity_id
 from cantrip._errors import CantripError, LLMError
-from cantrip._queue import CANCEL_CHANNEL, WORK_CHANNEL, Claim, WorkQueue
+from cantrip._queue import (
+    ANSWER_KEY,
+    CANCEL_CHANNEL,
+    ENDED,
+    PAUSED,
+    WORK_CHANNEL,
+    Claim,
+    LivePauses,
+    WorkQueue,
+)
 from cantrip._redact import get_logger
 from cantrip.llm._contract import plain_json
 from cantrip.loom._fence import LeaseLostError
@@ -42,6 +53,11 @@ from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 
 log = get_logger("cantrip.worker")
+
+LIVE_TICK_S = 0.25
+"""How often a worker looks for pauses its entities' children wait on in place (in
+memory; while one is published, the database is asked for its answer when NOTIFY
+says so, and every ``poll_s`` in case a notification was missed)."""
 
 
 def spell_from_factory(path: str) -> dict[str, Any]:
@@ -81,7 +97,7 @@ def build_spell(spell: Mapping[str, Any], loom: Loom) -> Cantrip:
 
 
 def outcome_of(result: CastResult) -> dict[str, Any]:
-    return {
+    outcome = {
         "result": plain_json(result.result),
         "terminated": result.terminated,
         "truncated": result.truncated,
@@ -89,6 +105,16 @@ def outcome_of(result: CastResult) -> dict[str, Any]:
         "entity_id": result.entity_id,
         "turns": len(result.turns),
     }
+    if result.pending:
+        outcome["pending"] = [p.to_dict() for p in result.pending]
+    return outcome
+
+
+def _state_of(result: CastResult) -> str:
+    """The work item's end state for a cast's result (``paused``: waits for an answer)."""
+    if result.reason == "cancelled":
+        return "cancelled"
+    return PAUSED if result.pending else "done"
 
 
 @attrs.define
@@ -98,6 +124,8 @@ class _Owned:
     claim: Claim
     entity: Entity | None = None
     cancelled: bool = False
+    poke: trio.Event = attrs.Factory(trio.Event)
+    """Set when NOTIFY says something about this entity (an answer to a live pause)."""
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -133,6 +161,7 @@ class Worker:
         )
         self.loom = Loom(store)
         self.queue = WorkQueue(store)
+        self._live = await trio.to_thread.run_sync(LivePauses, store)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._listen)
@@ -180,6 +209,8 @@ class Worker:
                 for channel, payload in notes:
                     if channel == WORK_CHANNEL:
                         self._wake.set()
+                        if payload in self._owned:
+                            self._owned[payload].poke.set()
                     elif channel == CANCEL_CHANNEL and payload in self._owned:
                         self._owned[payload].cancel()
         finally:
@@ -195,6 +226,8 @@ class Worker:
             async with trio.open_nursery() as nursery:
                 run = trio.CancelScope()
                 nursery.start_soon(self._heartbeat, owned, run)
+                if self._asks_humans(claim):
+                    nursery.start_soon(self._live_pauses, owned)
                 try:
                     with run:
                         state, outcome = await self._execute(owned)
@@ -235,12 +268,63 @@ class Worker:
                 owned.cancel()  # the poll fallback of NOTIFY cantrip_cancel
             await trio.sleep(self.lease_s / 3)
 
+    def _asks_humans(self, claim: Claim) -> bool:
+        """Whether the claimed spell's circle can pause (only then are live pauses watched)."""
+        built = {k: v for k, v in claim.spell.items() if k != ANSWER_KEY}
+        spell = self._spells.get(json.dumps(built, sort_keys=True))
+        return spell is None or spell.circle.needs_humans
+
+    async def _live_pauses(self, owned: _Owned) -> None:
+        """Pauses the entity tree waits on in place -- a child's (children cannot leave
+        their parent's cast) -- published so that any process can answer them
+        (``Dispatcher.answer``, ``serve --db``); their answers handed to the entity."""
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        published: set[str] = set()
+        asked_at = -math.inf
+        try:
+            while True:
+                woken, owned.poke = owned.poke, trio.Event()  # a NOTIFY from now on wakes us
+                entity = owned.entity
+                live = {p.pause_id: p for p in (entity.live_pending if entity else ())}
+                fresh = [p.to_dict() for i, p in live.items() if i not in published]
+                if fresh:
+                    await trio.to_thread.run_sync(
+                        self._live.publish, owned.claim, fresh, limiter=limiter
+                    )
+                    published.update(p["pause_id"] for p in fresh)
+                gone = {i for i in published if i not in live}  # answered by a timeout
+                due = woken.is_set() or trio.current_time() - asked_at >= self.poll_s
+                if entity is not None and published - gone and due:
+                    asked_at = trio.current_time()
+                    answers = await trio.to_thread.run_sync(
+                        self._live.answers, sorted(published - gone), limiter=limiter
+                    )
+                    for pause_id, decision in answers:
+                        gone.add(pause_id)
+                        try:
+                            await entity.answer(pause_id, decision)
+                        except PauseError as exc:  # timed out meanwhile: it was denied
+                            log.info("%s: %s", owned.claim.entity_id, exc)
+                if gone:
+                    await trio.to_thread.run_sync(self._live.forget, sorted(gone), limiter=limiter)
+                    published.difference_update(gone)
+                with trio.move_on_after(LIVE_TICK_S):
+                    await owned.poke.wait()
+        finally:
+            if published:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(
+                        self._live.forget, sorted(published), limiter=limiter
+                    )
+
     async def _execute(self, owned: _Owned) -> tuple[str, dict[str, Any]]:
         claim = owned.claim
-        key = json.dumps(claim.spell, sort_keys=True)
+        built = dict(claim.spell)
+        answer = built.pop(ANSWER_KEY, None)  # work that carries out a human's answer
+        key = json.dumps(built, sort_keys=True)
         spell = self._spells.get(key)
         if spell is None:
-            spell = self._spells[key] = build_spell(claim.spell, self.loom)
+            spell = self._spells[key] = build_spell(built, self.loom)
         record, last = await trio.to_thread.run_sync(
             self.loom.refresh,
             claim.entity_id,
@@ -248,34 +332,73 @@ class Worker:
         )
         entity: Entity
         try:
+            if answer is not None:
+                if record is None:
+                    raise CantripError(f"no entity {claim.entity_id} in the loom to answer")
+                entity = owned.entity = spell.resume(claim.entity_id, pause="leave")
+                ended = self._ended(claim, self._recorded(claim, last))
+                if ended is not None:
+                    return ended
+                result = await self._cast(owned, self._answered(entity, claim, answer, last))
+                return _state_of(result), outcome_of(result)
             if record is None:
-                entity = owned.entity = spell.summon(entity_id=claim.entity_id)
+                entity = owned.entity = spell.summon(entity_id=claim.entity_id, pause="leave")
                 if owned.cancelled:
                     entity.cancel()
                 result = await self._cast(owned, entity.send(claim.intent))
             else:
-                entity = owned.entity = spell.resume(claim.entity_id)
+                entity = owned.entity = spell.resume(claim.entity_id, pause="leave")
                 recorded = self._recorded(claim, last)
-                if recorded and (recorded[-1].terminated or recorded[-1].truncated):
-                    # the cast ended; its worker died before saying so
-                    end = recorded[-1]
-                    return ("cancelled" if end.reason == "cancelled" else "done"), {
-                        "result": plain_json(end.result),
-                        "terminated": end.terminated,
-                        "truncated": end.truncated,
-                        "reason": end.reason,
-                        "entity_id": claim.entity_id,
-                        "turns": len(recorded),
-                    }
+                ended = self._ended(claim, recorded)
+                if ended is not None:
+                    return ended
                 if recorded or claim.attempt > 1:
                     # an earlier attempt may have journaled the turn it was taking
                     result = await self._cast(owned, entity.resume_cast(claim.intent, recorded))
                 else:
                     result = await self._cast(owned, entity.send(claim.intent))
-        except LLMError as exc:
+        except (LLMError, PauseError) as exc:
             return "failed", {"error": f"{type(exc).__name__}: {exc}", "entity_id": claim.entity_id}
-        outcome = outcome_of(result)
-        return ("cancelled" if result.reason == "cancelled" else "done"), outcome
+        return _state_of(result), outcome_of(result)
+
+    @staticmethod
+    def _ended(claim: Claim, recorded: list[Turn]) -> tuple[str, dict[str, Any]] | None:
+        """How the work ended if an earlier attempt's worker died after the loom said so:
+        the cast's last turn ended it, or it is a pause (it waits for an answer)."""
+        if not recorded:
+            return None
+        end = recorded[-1]
+        marker = end.extras.get("pending")
+        if not (end.terminated or end.truncated or isinstance(marker, Mapping)):
+            return None
+        outcome: dict[str, Any] = {
+            "result": plain_json(end.result),
+            "terminated": end.terminated,
+            "truncated": end.truncated,
+            "reason": end.reason,
+            "entity_id": claim.entity_id,
+            "turns": len(recorded),
+        }
+        if isinstance(marker, Mapping):
+            outcome["pending"] = [Pause.from_dict(marker, checkpoint_id=end.id).to_dict()]
+            return PAUSED, outcome
+        return ("cancelled" if end.reason == "cancelled" else "done"), outcome
+
+    def _answered(
+        self, entity: Entity, claim: Claim, answer: Mapping[str, Any], last: Turn | None
+    ) -> Any:
+        """The cast that carries out a human's answer, from wherever the loom says it is:
+        not begun (answer it), recorded but not carried out to the end of its turn (carry
+        out the recorded answer through the journal), or further (resume the cast)."""
+        pause_id = str(answer["pause_id"])
+        decision = Decision.parse(answer["decision"])
+        recorded = self._recorded(claim, last)
+        if not recorded:
+            return entity.answer(pause_id, decision)
+        found = entity.recorded_answer()
+        if found is not None and found[0].pause_id == pause_id:
+            return entity.carry_out_recorded_answer()
+        return entity.resume_cast(claim.intent, recorded)
 
     async def _cast(self, owned: _Owned, running: Any) -> CastResult:
         entity = owned.entity
@@ -329,7 +452,9 @@ class Dispatcher:
         return self.queue.enqueue(dict(spell), intent, entity_id), entity_id
 
     def wait(self, work_id: int, *, timeout: float | None = None) -> tuple[str, dict[str, Any]]:
-        """Block until the work ends (LISTEN, with polling as the fallback)."""
+        """Block until the work ends (LISTEN, with polling as the fallback): done,
+        failed, cancelled, or ``paused`` -- its outcome's ``pending`` lists the calls
+        that wait for a human (:meth:`answer` them)."""
         import time
 
         import psycopg
@@ -339,7 +464,7 @@ class Dispatcher:
             conn.execute(f"LISTEN {WORK_CHANNEL}")
             while True:
                 state, outcome = self.queue.status(work_id)
-                if outcome is not None or state in ("done", "failed", "cancelled"):
+                if outcome is not None or state in ENDED:
                     return state, outcome or {}
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"work {work_id} still {state} after {timeout} s")
@@ -348,6 +473,20 @@ class Dispatcher:
 
     def cancel(self, entity_id: str) -> int:
         return self.queue.cancel(entity_id)
+
+    def pending(self, entity_id: str) -> list[Pause]:
+        """The calls ``entity_id`` waits on a human for: its work ended ``paused`` and
+        nobody has answered yet (empty otherwise)."""
+        return [Pause.from_dict(p) for p in self.queue.pending(entity_id)]
+
+    def answer(self, entity_id: str, pause_id: str, decision: Decision | Mapping[str, Any]) -> int:
+        """Answer a pause of a paused entity, from any process; the id of the work that
+        carries the answer out (a worker resumes the entity from the loom and continues
+        the cast to its end or its next pause -- :meth:`wait` for it). A pause that is
+        not waiting (unknown, or answered already -- by anyone, even at the same moment)
+        raises :class:`~cantrip.PauseError`; exactly one of two answers wins."""
+        parsed = Decision.parse(decision)
+        return self.queue.answer(entity_id, pause_id, parsed.to_dict()).work_id
 
     def close(self) -> None:
         self.store.close()

@@ -14,6 +14,9 @@ from cantrip._errors import CantripError
 from cantrip._redact import redact
 
 EXIT_TERMINATED, EXIT_ERROR, EXIT_TRUNCATED, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_PAUSED = 3
+"""``cast --db`` / ``answer --db``: the cast paused for a human and waits, durable in
+the database, for ``cantrip answer`` (or any process's ``Dispatcher.answer``)."""
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -51,11 +54,17 @@ def cast_on_db(args: argparse.Namespace) -> int:
     except CantripError as exc:
         print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
+    rule = _standing_decision(args)
     try:
         work_id, entity_id = dispatcher.submit(spell, intent)
         print(f"cantrip: queued work {work_id} for {entity_id}", file=sys.stderr, flush=True)
         try:
             state, outcome = dispatcher.wait(work_id)
+            while state == "paused" and rule is not None:
+                # --approve-all / --deny-all: answer each pause as it comes, and go on
+                for pause in outcome.get("pending") or []:
+                    work_id = dispatcher.answer(entity_id, pause["pause_id"], rule)
+                state, outcome = dispatcher.wait(work_id)
         except KeyboardInterrupt:
             dispatcher.cancel(entity_id)
             print("cantrip: interrupted; the cast is cancelled", file=sys.stderr)
@@ -65,13 +74,72 @@ def cast_on_db(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     finally:
         dispatcher.close()
+    return _report(args, state, work_id, outcome)
+
+
+def _standing_decision(args: argparse.Namespace) -> Any:
+    """``--approve-all`` / ``--deny-all`` as the decision every pause gets (None: ask)."""
+    from cantrip._approval import Decision
+
+    if getattr(args, "approve_all", False):
+        return Decision.approve()
+    if getattr(args, "deny_all", False):
+        return Decision.deny("denied by --deny-all")
+    return None
+
+
+def answer_on_db(args: argparse.Namespace) -> int:
+    """``cantrip answer --db URL ENTITY PAUSE``: answer a paused cast from anywhere, wait
+    for a worker to carry the answer out, print the cast's result like ``cast --db``."""
+    from cantrip._approval import Decision, PauseError
+    from cantrip._worker import Dispatcher
+
+    if args.answer is not None:
+        decision = Decision.answer(args.answer)
+    elif args.deny is not None:
+        decision = Decision.deny(args.deny or None)
+    else:
+        decision = Decision.approve()
+    try:
+        dispatcher = Dispatcher(args.db)
+    except CantripError as exc:
+        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        try:
+            work_id = dispatcher.answer(args.entity_id, args.pause_id, decision)
+        except PauseError as exc:
+            print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
+            return EXIT_ERROR
+        print(f"cantrip: queued work {work_id} to carry out the answer", file=sys.stderr,
+              flush=True)  # fmt: skip
+        try:
+            state, outcome = dispatcher.wait(work_id)
+        except KeyboardInterrupt:
+            print("cantrip: interrupted; the answer is recorded and a worker carries it out",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_INTERRUPTED
+    except CantripError as exc:
+        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        dispatcher.close()
+    return _report(args, state, work_id, outcome)
+
+
+def _report(args: argparse.Namespace, state: str, work_id: int, outcome: dict[str, Any]) -> int:
+    """Print how the work ended (like ``cast``) and return the exit code."""
     if args.json:
         print(json.dumps({"state": state, "work_id": work_id, **outcome}, default=str))
     elif state == "failed":
         print(f"cantrip: {redact(str(outcome.get('error')))}", file=sys.stderr)
+    elif state == "paused":
+        _print_pending(outcome)
     elif outcome.get("terminated"):
         result = outcome.get("result")
         print(redact(result if isinstance(result, str) else json.dumps(result)))
+    if state == "paused":
+        return EXIT_PAUSED
     if state == "failed":
         return EXIT_ERROR
     if state == "cancelled":
@@ -79,11 +147,30 @@ def cast_on_db(args: argparse.Namespace) -> int:
     return EXIT_TERMINATED if outcome.get("terminated") else EXIT_TRUNCATED
 
 
+def _print_pending(outcome: dict[str, Any]) -> None:
+    """What the paused cast waits for, and the command that answers it (the database
+    URL is left for the user to fill in: it may hold a password)."""
+    entity_id = outcome.get("entity_id")
+    for pause in outcome.get("pending") or []:
+        what = pause.get("question") or json.dumps(pause.get("args") or {}, default=str)
+        how = "--answer TEXT | --deny" if pause.get("kind") == "question" else "--approve | --deny"
+        print(
+            redact(
+                f"cantrip: paused; {pause.get('pause_id')} waits for a human: "
+                f"{pause.get('gate')} {what}\n"
+                f"cantrip: answer it with: cantrip answer --db URL {entity_id} "
+                f"{pause.get('pause_id')} {how}"
+            ),
+            file=sys.stderr,
+        )
+
+
 def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
     """``cantrip serve SPEC --db URL``: a stateless HTTP replica; prompts go to the workers.
 
-    The spec is built once here to check it and describe it on ``/health``; a circle
-    that can pause for a human is refused (a worker has no one to ask)."""
+    The spec is built once here to check it and describe it on ``/health``. A circle
+    that pauses for a human is served like in-process: the pause waits in the
+    database, answered through ``/sessions/{id}/pending/{pause_id}``."""
     import signal
 
     from cantrip._worker import build_spell, spell_from_spec
@@ -95,14 +182,6 @@ def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
         cantrip = build_spell(spell, Loom())
     except CantripError as exc:
         print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
-    if cantrip.circle.needs_humans:
-        print(
-            "cantrip: serve --db cannot run a circle that pauses for a human (approve = [...], "
-            "ask_user, or gates that require approval): workers have no one to ask; "
-            "serve it without --db",
-            file=sys.stderr,
-        )
         return EXIT_ERROR
     if args.check:
         gates = ", ".join(cantrip.circle.gate_names)

@@ -7,6 +7,7 @@ because it imports the spec loader and the built-in gates, which import the root
 
 from __future__ import annotations
 
+from cantrip._approval import Decision, Pause, PauseError
 from cantrip._worker import Dispatcher, spell_from_factory, spell_from_spec
 
-__all__ = ["Dispatcher", "spell_from_factory", "spell_from_spec"]
+__all__ = ["Decision", "Dispatcher", "Pause", "PauseError", "spell_from_factory", "spell_from_spec"]

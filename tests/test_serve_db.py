@@ -80,11 +80,11 @@ class Stack:
         self.workers.append(worker)
         return worker
 
-    def start_replica(self) -> str:
+    def start_replica(self, spec: Path | None = None) -> str:
         port = _free_port()
         proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "cantrip", "serve", str(self.spec)),
+                *(sys.executable, "-m", "cantrip", "serve", str(spec or self.spec)),
                 *("--db", self.url, "--port", str(port), "--grace-s", "1"),
             ],
             env=self.env,
@@ -608,15 +608,8 @@ async def _declared_only(base: str, path: str, length: int) -> httpx.Response:
     return httpx.Response(status, content=body, headers={"content-type": "application/json"})
 
 
-def test_serve_db_refuses_a_circle_that_pauses_and_a_public_bind_without_token(
-    stack: Stack, tmp_path: Path
-) -> None:
-    pausing = tmp_path / "pausing.toml"
-    pausing.write_text(
-        stack.spec.read_text().replace('gates = ["done", "echo"]', 'gates = ["done", "ask_user"]')
-    )
+def test_serve_db_refuses_a_public_bind_without_token(stack: Stack) -> None:
     for argv, says in [
-        ([str(pausing), "--db", stack.url], "serve --db cannot run a circle that pauses"),
         (
             [str(stack.spec), "--db", stack.url, "--host", "0.0.0.0"],
             "token",
@@ -745,3 +738,91 @@ def test_the_in_process_server_says_it_runs_the_entities_itself() -> None:
     health = HttpApp(spell)._health()
     assert health["mode"] == "process"
     Health.model_validate(health)  # the published shape, both modes
+
+
+# -- pauses: a human approves what the workers' agents do -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def pausing(stack: Stack) -> tuple[str, str]:
+    """Two more replicas, serving the spec with ``approve = ["echo"]`` (same database and
+    worker: a queued prompt carries its spec)."""
+    spec = stack.spec.with_name("pausing.toml")
+    spec.write_text(stack.spec.read_text().replace("wards = [", 'approve = ["echo"]\nwards = [', 1))
+    return stack.start_replica(spec), stack.start_replica(spec)
+
+
+async def test_a_pause_is_answered_at_another_replica_once_and_the_cast_goes_on(
+    stack: Stack, pausing: tuple[str, str]
+) -> None:
+    """Prompt at A -> paused; the pending call is listed at B; two answers at once (A
+    and B) -> one continues the cast (to its next pause), the other is 409; a denial
+    at A -> the model sees it and finishes. Each approved echo ran exactly once."""
+    a, b = pausing
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        paused = (await on_a.post(f"/sessions/{sid}/prompt", json={"intent": "pay"})).json()
+        assert paused["reason"] == "paused" and paused["terminated"] is False
+        (pause,) = paused["pending"]
+        assert (pause["gate"], pause["args"]) == ("echo", {"text": "step 1"})
+        session = (await on_b.get(f"/sessions/{sid}/pending")).json()
+        assert session["running"] is False  # no worker holds it while a human thinks
+        assert [p["pause_id"] for p in session["pending"]] == [pause["pause_id"]]
+
+        url = f"/sessions/{sid}/pending/{pause['pause_id']}"
+        answers: list[httpx.Response] = []
+
+        async def answer(client: httpx.AsyncClient) -> None:
+            answers.append(await client.post(url, json={"decision": "approve"}))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(answer, on_a)
+            nursery.start_soon(answer, on_b)
+        assert sorted(r.status_code for r in answers) == [200, 409]
+        (lost,) = [r for r in answers if r.status_code == 409]
+        assert lost.json()["error"]["code"] == "pause_answered"
+        (continued,) = [r.json() for r in answers if r.status_code == 200]
+        # the approved echo ran; the next step pauses again
+        assert continued["reason"] == "paused" and continued["session_id"] == sid
+        (second,) = continued["pending"]
+        assert second["args"] == {"text": "step 2"}
+
+        denied = await on_a.post(
+            f"/sessions/{sid}/pending/{second['pause_id']}",
+            json={"decision": "deny", "reason": "not now"},
+        )
+        assert denied.status_code == 200, denied.text
+        final = denied.json()
+        assert final["terminated"] and final["result"] == "pay ok #1"
+        assert (await on_b.get(f"/sessions/{sid}/pending")).json()["pending"] == []
+        again = await on_b.post(url, json={"decision": "approve"})
+        assert again.status_code == 409
+        thread = (await on_b.get(f"/sessions/{sid}/thread")).json()["turns"]
+    echoes = [c for t in thread for c in t["gate_calls"] if c["gate"] == "echo"]
+    assert [(c["result"], c["is_error"]) for c in echoes] == [
+        ("step 1", False),
+        ("denied by the user: not now", True),
+    ]
+    entity = session["entity_id"]
+    journaled = stack.rows(
+        "SELECT count(*) FROM cantrip_journal WHERE entity_id = %s AND gate = 'echo' "
+        "AND record IS NOT NULL",
+        entity,
+    )
+    assert journaled == [(1,)]  # one execution of the approved call, never a second
+
+
+async def test_a_streamed_prompt_that_pauses_ends_with_its_pending_calls(
+    stack: Stack, pausing: tuple[str, str]
+) -> None:
+    a, _ = pausing
+    async with await _client(a) as client:
+        sid = (await client.post("/sessions")).json()["session_id"]
+        async with client.stream(
+            "POST", f"/sessions/{sid}/prompt?stream=1", json={"intent": "pay"}
+        ) as response:
+            lines = [line async for line in response.aiter_lines() if line.strip()]
+    assert lines[-2] == "event: result", lines
+    result = json.loads(lines[-1][len("data:") :])
+    assert result["reason"] == "paused" and result["pending"][0]["gate"] == "echo"
+    assert result["session_id"] == sid

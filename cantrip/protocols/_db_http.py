@@ -22,8 +22,12 @@ notifications and polling every ``tail_s``), ``final_response`` and the
 ``result``. Token deltas, tool-call and usage events happen inside the worker
 and are not carried.
 
-Circles that pause for a human (approvals, ``ask_user``) are refused at start-up:
-a worker has no one to ask (see SPEC "serve on PostgreSQL").
+Circles that pause for a human (approvals, ``ask_user``) work as in-process: the
+worker that meets the pause records it in the loom and ends the work ``paused``
+(it holds no slot or lease while the human thinks); the prompt answers with its
+``pending`` calls; ``POST /sessions/{id}/pending/{pause_id}`` at any replica
+queues the answer as work a worker carries out, and waits for the continued
+cast's result (see SPEC "Pauses under workers").
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from urllib.parse import parse_qs
 
 import trio
 
+from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult
 from cantrip._events import FinalResponse, StepComplete
@@ -42,7 +47,7 @@ from cantrip._redact import get_logger
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols._api import AnswerRequest, CreateSession, openapi_document
 from cantrip.protocols._db_notify import Notifier
-from cantrip.protocols._db_sessions import ENDED, DbSessions, SessionRow, failure_message
+from cantrip.protocols._db_sessions import ENDED, DbSessions, Queued, SessionRow, failure_message
 from cantrip.protocols._guard import Guard
 from cantrip.protocols._http import (
     HEARTBEAT_S,
@@ -169,13 +174,13 @@ class DbHttpApp:
                 await _json(send, 200, {"sessions": [r.info() for r in rows]})
         elif len(parts) == 4 and parts[0] == "sessions" and parts[2] == "pending":
             _allow(method, "POST")
-            await self._session(parts[1])
-            _validated(AnswerRequest, await _body(receive))
-            raise HttpError(
-                409,
-                "pause_answered",
-                f"no pause {parts[3]!r} is waiting: serve --db runs circles that never pause",
-            )
+            row = await self._session(parts[1])
+            answer = _validated(AnswerRequest, await _body(receive))
+            outcome = await self._answer(row, parts[3], answer.decision_value())
+            if outcome is None:  # a running prompt waited on it (a child's): it answers
+                await _json(send, 202, {"answered": True, "pause_id": parts[3]})
+            else:
+                await _json(send, 200, outcome)
         elif len(parts) >= 2 and parts[0] == "sessions" and len(parts) <= 3:
             row = await self._session(parts[1])
             action = parts[2] if len(parts) == 3 else None
@@ -194,7 +199,8 @@ class DbHttpApp:
                     await _json(send, 200, await self._prompt(row, intent, key))
             elif action == "pending":
                 _allow(method, "GET")
-                await _json(send, 200, {**row.info(), "pending": []})
+                pending = await self._db(self.sessions.pending, row.entity_id)
+                await _json(send, 200, {**row.info(), "pending": pending})
             elif action == "cancel":
                 _allow(method, "POST")
                 await _json(send, 200, await self._db(self.sessions.cancel, row.entity_id))
@@ -282,6 +288,26 @@ class DbHttpApp:
         if data.get("entity_id") is None:
             data["entity_id"] = row.entity_id
         return data
+
+    async def _answer(
+        self, row: SessionRow, pause_id: str, decision: Decision
+    ) -> dict[str, Any] | None:
+        """Queue the answer (409 if the pause is not waiting: answered already, here or
+        at another replica) and wait for the continued cast, like a prompt."""
+        if self.drain.closing:
+            raise self._unavailable("shutting_down", "the server is shutting down")
+        try:
+            queued: Queued = await self._db(
+                self.sessions.answer, row.entity_id, pause_id, decision.to_dict()
+            )
+        except PauseError as exc:
+            raise HttpError(409, "pause_answered", str(exc)) from None
+        log.debug("session %s: answer %s queued as work %d", row.session_id, pause_id,
+                  queued.work_id)  # fmt: skip
+        if queued.replayed:  # handed to the running prompt, which answers with its result
+            return None
+        with self._counted():
+            return await self._finished(row, queued.work_id, queued.base_pos)
 
     async def _prompt(self, row: SessionRow, intent: str, key: str | None) -> dict[str, Any]:
         work_id, base_pos = await self._enqueue(row, intent, key)

@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 
 from cantrip._entity import CastResult, new_entity_id
-from cantrip._queue import WorkQueue, cancel_on, enqueue_on
+from cantrip._queue import ENDED, ENTITY_LOCK, WorkQueue, answer_on, cancel_on, enqueue_on
 from cantrip.loom._codec import decode_record
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
@@ -35,7 +35,7 @@ from cantrip.protocols._idempotency import recorded_cast, session_entity_id
 from cantrip.protocols._sessions import SessionError, entity_id_for, session_id_for
 
 _SCHEMA_LOCK = 0x73657276  # "serv": schema creation, once per database
-_ENTITY_LOCK = 0x70726F6D  # "prom": the advisory-lock class of one entity's prompts
+_ENTITY_LOCK = ENTITY_LOCK  # "prom": the advisory-lock class of one entity's prompts (and answers)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS cantrip_sessions (
@@ -56,7 +56,7 @@ CREATE TABLE IF NOT EXISTS cantrip_prompts (
 """
 
 _OPEN = "state IN ('queued', 'running')"
-ENDED = frozenset({"done", "failed", "cancelled"})
+__all__ = ["ENDED", "DbSessions", "Queued", "SessionRow", "failure_message"]
 LIST_LIMIT = 1000
 """``GET /sessions`` lists the most recent sessions, at most this many."""
 
@@ -225,6 +225,27 @@ class DbSessions:
                 (work_id, entity_id, key, intent, base_pos),
             )
         return Queued(work_id, base_pos, replayed=False)
+
+    # -- pauses ------------------------------------------------------------------
+
+    def pending(self, entity_id: str) -> list[dict[str, Any]]:
+        """The calls the session's cast waits on a human for (its work ended paused)."""
+        return self.queue.pending(entity_id)
+
+    def answer(self, entity_id: str, pause_id: str, decision: dict[str, Any]) -> Queued:
+        """Record the answer and queue its carrying-out, in one transaction under the
+        entity's lock: of two answers to one pause (any replicas, any moment) one is
+        queued and the other is a :class:`~cantrip.PauseError`. The continued cast's
+        turns are the entity's turns after ``base_pos``. ``replayed`` here means the
+        answer went to a running prompt whose tree waits in place (a child's pause):
+        that prompt answers, nothing new was queued."""
+        with self.store.pool.connection() as conn, conn.transaction():
+            answered = answer_on(conn, entity_id, pause_id, decision)  # takes the lock
+            base = conn.execute(
+                "SELECT coalesce(max(pos), 0) FROM cantrip_turns WHERE entity_id = %s",
+                (entity_id,),
+            ).fetchone()
+        return Queued(answered.work_id, int(base[0]) if base else 0, replayed=answered.live)
 
     def status(self, work_id: int) -> tuple[str, dict[str, Any] | None]:
         return self.queue.status(work_id)

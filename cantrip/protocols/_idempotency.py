@@ -19,8 +19,9 @@ from the loom on first use.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from cantrip._approval import Pause
 from cantrip._entity import CastResult, _cut_text, _truncation_summary
 from cantrip.llm._contract import ZERO_USAGE
 from cantrip.loom._model import Turn
@@ -68,7 +69,8 @@ def recorded_cast(turns: Sequence[Turn], start: int) -> CastResult:
 
     A cast the process never finished (it was killed) ends on a turn that is
     neither terminated nor truncated; it is reported as truncated with reason
-    ``interrupted``."""
+    ``interrupted`` -- unless it ends on a pause, which is reported ``paused`` with
+    its pending call (the cast waits for a human to answer)."""
     cast = [turns[start]]
     for turn in turns[start + 1 :]:
         if turn.intent is not None:  # the next cast begins
@@ -80,6 +82,19 @@ def recorded_cast(turns: Sequence[Turn], start: int) -> CastResult:
         usage = usage + turn.metadata.usage
     finished = last.terminated or last.truncated
     reason = last.reason if finished else "interrupted"
+    marker = last.extras.get("pending")
+    if not finished and isinstance(marker, Mapping):  # it paused: a call waits for a human
+        return CastResult(
+            result=None,
+            terminated=False,
+            truncated=False,
+            reason="paused",
+            entity_id=last.entity_id,
+            turns=tuple(cast),
+            usage=usage,
+            cost_usd=cost(cast),
+            pending=(Pause.from_dict(marker, checkpoint_id=last.id),),
+        )
     return CastResult(
         result=last.result if last.terminated else None,
         terminated=last.terminated,
