@@ -19,6 +19,7 @@ that workers starting together do not race.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -101,12 +102,121 @@ CREATE TABLE IF NOT EXISTS cantrip_journal (
 );
 """
 
-_LEASE_HELD = (
-    "SELECT 1 FROM cantrip_leases WHERE entity_id = %s AND owner = %s AND epoch = %s "
-    "AND expires_at > clock_timestamp() FOR SHARE"
+_LEASE = (
+    "lease AS (SELECT 1 FROM cantrip_leases WHERE entity_id = %(lease_entity)s "
+    "AND owner = %(owner)s AND epoch = %(epoch)s AND expires_at > clock_timestamp() FOR SHARE)"
 )
-"""The fence check: this worker's lease, at this epoch, unexpired -- and locked
-against a concurrent claim until the write's transaction ends."""
+"""The fence check, as a common table expression: this worker's lease, at this epoch,
+unexpired -- and locked against a concurrent claim until the write's transaction ends.
+A fenced write is one statement: this check and the write it guards
+(``WHERE EXISTS (SELECT 1 FROM lease)``), so it costs one round trip and, alone, is
+its own transaction (the connections are in autocommit mode)."""
+
+_HELD = "EXISTS (SELECT 1 FROM lease)"
+
+
+def _fenced(write: str, fence: Fence | None, *, also: str = "") -> str:
+    return _fenced_sql(write, fence is not None, also)
+
+
+@functools.cache
+def _fenced_sql(write: str, fenced: bool, also: str) -> str:
+    """One statement: ``write`` -- an INSERT ... SELECT or UPDATE ... RETURNING 1 with
+    ``{where}`` / ``{and}`` where the fence's condition goes -- made only if ``fence``
+    holds (no condition without a fence). ``also``: another data-modifying common
+    table expression under the same condition. The statement answers one row,
+    (lease held, something written)."""
+    where, and_ = (f"WHERE {_HELD}", f"AND {_HELD}") if fenced else ("", "")
+    ctes = [_LEASE] if fenced else []
+    if also:
+        ctes.append(also.format(where=where, **{"and": and_}))
+    ctes.append(f"w AS ({write.format(where=where, **{'and': and_})})")
+    held = _HELD if fenced else "true"
+    return f"WITH {', '.join(ctes)} SELECT {held}, EXISTS (SELECT 1 FROM w)"
+
+
+def _fence_params(fence: Fence | None) -> dict[str, Any]:
+    if fence is None:
+        return {}
+    return {"lease_entity": fence.lease_entity, "owner": fence.owner, "epoch": fence.epoch}
+
+
+_INSERT_TURN = (
+    "INSERT INTO cantrip_turns (id, parent_id, entity_id, sequence, data) "
+    "SELECT %(id)s, %(parent_id)s, %(entity_id)s, %(sequence)s, %(data)s {where} "
+    "ON CONFLICT DO NOTHING RETURNING 1"
+)
+_INSERT_ENTITY = (
+    "INSERT INTO cantrip_entities (entity_id, parent_entity_id, data) "
+    "SELECT %(entity_id)s, %(parent_entity_id)s, %(data)s {where} "
+    "ON CONFLICT DO NOTHING RETURNING 1"
+)
+_SET_REWARD = "UPDATE cantrip_turns SET reward = %(reward)s WHERE id = %(id)s {and} RETURNING 1"
+_JOURNAL_CALL = (
+    "INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
+    "SELECT %(entity_id)s, %(sequence)s, %(ordinal)s, %(gate)s, %(data)s, %(record)s {where} "
+    "ON CONFLICT (entity_id, sequence, ordinal) "
+    "DO UPDATE SET record = excluded.record WHERE cantrip_journal.record IS NULL RETURNING 1"
+)
+"""A gate call started (``record`` NULL) or its result: a result is written once."""
+_JOURNAL_UTTERANCE = (
+    "INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
+    "SELECT %(entity_id)s, %(sequence)s, %(ordinal)s, %(gate)s, %(data)s, %(record)s {where} "
+    "ON CONFLICT (entity_id, sequence, ordinal) "
+    "DO UPDATE SET gate = excluded.gate, data = excluded.data, record = excluded.record "
+    "RETURNING 1"
+)
+"""A fresh utterance for a turn replaces an abandoned attempt's ..."""
+_JOURNAL_VOID = (
+    "void AS (DELETE FROM cantrip_journal WHERE entity_id = %(entity_id)s "
+    "AND sequence = %(sequence)s AND ordinal >= 0 {and})"
+)
+"""... and voids the gate calls that attempt journaled (one statement with the write)."""
+
+
+def _statement(op: tuple[str, Any, Fence | None]) -> tuple[str, dict[str, Any]]:
+    """The one statement that makes a queued loom write (see :func:`_fenced`)."""
+    kind, payload, fence = op
+    params = _fence_params(fence)
+    if kind == "turn":
+        turn: Turn = payload
+        params.update(
+            id=turn.id,
+            parent_id=turn.parent_id,
+            entity_id=turn.entity_id,
+            sequence=turn.sequence,
+            data=encode_record(turn.to_dict()),
+        )
+        return _fenced(_INSERT_TURN, fence), params
+    if kind == "entity":
+        record: EntityRecord = payload
+        params.update(
+            entity_id=record.entity_id,
+            parent_entity_id=record.parent_entity_id,
+            data=encode_record(record.to_dict()),
+        )
+        return _fenced(_INSERT_ENTITY, fence), params
+    turn_id, reward = payload
+    params.update(id=turn_id, reward=reward)
+    return _fenced(_SET_REWARD, fence), params
+
+
+def _refusal(op: tuple[str, Any, Fence | None], row: Any) -> str | None:
+    """Why a queued write was not made, from its statement's (held, written) row."""
+    kind, payload, fence = op
+    held, written = row
+    if not held:
+        assert fence is not None
+        return lease_lost_message(fence)
+    if written or kind == "reward":
+        return None
+    if kind == "turn":
+        return (
+            f"loom is append-only: turn {payload.id} (or sequence "
+            f"{payload.sequence} of {payload.entity_id}) is already recorded"
+        )
+    return f"loom is append-only: entity {payload.entity_id} exists"
+
 
 _THREAD = """
 WITH RECURSIVE up(id, parent_id, data, depth) AS (
@@ -184,62 +294,24 @@ class PostgresStore:
 
     def write_batch(self, batch: Sequence[tuple[str, Any, Fence | None]]) -> list[tuple[int, str]]:
         """Commit queued writes in order, in one transaction. Each write whose fence
-        no longer holds is left out; returns (index, why) for every refused write."""
+        no longer holds is left out; returns (index, why) for every refused write.
+
+        Each write is one statement that checks its own fence (:func:`_fenced`). One
+        write is one autocommit statement; several are sent in one pipeline
+        (``BEGIN``, the writes, ``COMMIT``): one round trip either way."""
+        statements = [_statement(op) for op in batch]
+        with self.pool.connection() as conn:
+            if len(statements) == 1:
+                rows = [conn.execute(*statements[0]).fetchone()]
+            else:
+                with conn.pipeline(), conn.transaction():
+                    cursors = [conn.execute(sql, params) for sql, params in statements]
+                rows = [cursor.fetchone() for cursor in cursors]
         refused: list[tuple[int, str]] = []
-        with self.pool.connection() as conn, conn.transaction():
-            held: dict[Fence, bool] = {}
-            for index, (kind, payload, fence) in enumerate(batch):
-                if fence is not None:
-                    ok = held.get(fence)
-                    if ok is None:
-                        row = conn.execute(
-                            _LEASE_HELD, (fence.lease_entity, fence.owner, fence.epoch)
-                        ).fetchone()
-                        ok = held[fence] = row is not None
-                    if not ok:
-                        refused.append((index, lease_lost_message(fence)))
-                        continue
-                if kind == "turn":
-                    turn: Turn = payload
-                    cursor = conn.execute(
-                        "INSERT INTO cantrip_turns (id, parent_id, entity_id, sequence, data) "
-                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                        (
-                            turn.id,
-                            turn.parent_id,
-                            turn.entity_id,
-                            turn.sequence,
-                            encode_record(turn.to_dict()),
-                        ),
-                    )
-                    if cursor.rowcount != 1:
-                        refused.append(
-                            (
-                                index,
-                                f"loom is append-only: turn {turn.id} (or sequence "
-                                f"{turn.sequence} of {turn.entity_id}) is already recorded",
-                            )
-                        )
-                elif kind == "entity":
-                    record: EntityRecord = payload
-                    cursor = conn.execute(
-                        "INSERT INTO cantrip_entities (entity_id, parent_entity_id, data) "
-                        "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                        (
-                            record.entity_id,
-                            record.parent_entity_id,
-                            encode_record(record.to_dict()),
-                        ),
-                    )
-                    if cursor.rowcount != 1:
-                        refused.append(
-                            (index, f"loom is append-only: entity {record.entity_id} exists")
-                        )
-                else:
-                    turn_id, reward = payload
-                    conn.execute(
-                        "UPDATE cantrip_turns SET reward = %s WHERE id = %s", (reward, turn_id)
-                    )
+        for index, (op, row) in enumerate(zip(batch, rows, strict=True)):
+            why = _refusal(op, row)
+            if why is not None:
+                refused.append((index, why))
         return refused
 
     def _write_now(self, op: tuple[str, Any, Fence | None]) -> None:
@@ -279,26 +351,28 @@ class PostgresStore:
         record: str | None,
         fence: Fence | None,
     ) -> str | None:
-        """Journal one entry under ``fence``; why it was refused, or None."""
-        with self.pool.connection() as conn, conn.transaction():
-            if fence is not None:
-                row = conn.execute(
-                    _LEASE_HELD, (fence.lease_entity, fence.owner, fence.epoch)
-                ).fetchone()
-                if row is None:
-                    return lease_lost_message(fence)
-            if ordinal < 0:  # a new utterance: what an abandoned attempt left is void
-                conn.execute(
-                    "DELETE FROM cantrip_journal WHERE entity_id = %s AND sequence = %s",
-                    (entity_id, sequence),
-                )
-            conn.execute(
-                "INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
-                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (entity_id, sequence, ordinal) "
-                "DO UPDATE SET record = excluded.record WHERE cantrip_journal.record IS NULL",
-                (entity_id, sequence, ordinal, gate, data, record),
-            )
-        return None
+        """Journal one entry under ``fence``; why it was refused, or None.
+
+        One statement (one round trip, its own transaction): the fence check and the
+        write -- for an utterance (``ordinal`` < 0), also voiding what an abandoned
+        attempt of the turn journaled."""
+        params = _fence_params(fence)
+        params.update(
+            entity_id=entity_id,
+            sequence=sequence,
+            ordinal=ordinal,
+            gate=gate,
+            data=data,
+            record=record,
+        )
+        if ordinal < 0:  # a new utterance: what an abandoned attempt left is void
+            sql = _fenced(_JOURNAL_UTTERANCE, fence, also=_JOURNAL_VOID)
+        else:
+            sql = _fenced(_JOURNAL_CALL, fence)
+        with self.pool.connection() as conn:
+            row = conn.execute(sql, params).fetchone()
+        assert row is not None
+        return None if row[0] else lease_lost_message(fence)  # type: ignore[arg-type]
 
     def journal_read(self, entity_id: str, sequence: int) -> list[JournalEntry]:
         with self.pool.connection() as conn:
