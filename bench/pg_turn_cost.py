@@ -40,6 +40,7 @@ import json
 import os
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -68,6 +69,7 @@ def child(url: str, concurrency: int) -> None:
     import trio
 
     from cantrip._worker import Worker
+    from cantrip.loom import Loom
 
     waits = collections.Counter[str]()
     lock = threading.Lock()
@@ -125,6 +127,38 @@ def child(url: str, concurrency: int) -> None:
 
     trio.to_thread.run_sync = timed_run_sync  # type: ignore[assignment]
 
+    pool = os.environ.get("PG_TURN_COST_POOL")
+    if pool:  # another pool/limiter size than the worker's own choice
+        import cantrip._worker as worker_module
+        from cantrip.loom._postgres import PostgresStore
+
+        def store(url: str, *, max_connections: int = 8) -> PostgresStore:
+            return PostgresStore(url, max_connections=int(pool))
+
+        worker_module.PostgresStore = store  # type: ignore[assignment,misc]
+    owned: list[tuple[float, float]] = []
+    original_own = Worker._own
+
+    async def timed_own(self: Any, claim: Any, free: Any) -> None:
+        began = time.perf_counter()
+        try:
+            await original_own(self, claim, free)
+        finally:
+            owned.append((began, time.perf_counter()))
+
+    Worker._own = timed_own  # type: ignore[method-assign]
+    sync_wall = [0, 0.0]
+    original_sync = Loom.sync
+
+    async def timed_sync(self: Any, entity_id: Any = None) -> None:
+        began = time.perf_counter()
+        try:
+            await original_sync(self, entity_id)
+        finally:
+            sync_wall[0] += 1
+            sync_wall[1] += time.perf_counter() - began
+
+    Loom.sync = timed_sync  # type: ignore[method-assign]
     worker = Worker(url, concurrency=concurrency)
     usage: dict[str, float] = {}
 
@@ -156,6 +190,8 @@ def child(url: str, concurrency: int) -> None:
                 "cpu_s": usage["end"] - usage["start"],
                 "waits": dict(waits),
                 "hops": {k: v for k, v in hops.items()},
+                "owned": owned,
+                "sync": sync_wall,
             }
         ),
         flush=True,
@@ -317,6 +353,15 @@ def measure(server: str, entities: int, latency_ms: int, concurrency: int) -> No
         f"CPU per turn: worker {cpu * 1e6 / n:,.0f} us (DB threads {hop_cpu * 1e6 / n:,.0f} us, "
         f"trio thread {(cpu - hop_cpu) * 1e6 / n:,.0f} us); "
         f"PostgreSQL server {server_cpu * 1e6 / n:,.0f} us"
+    )
+    owned = report["owned"]
+    cast_s = statistics.mean(e - b for b, e in owned)
+    spread = max(b for b, _ in owned) - min(b for b, _ in owned)
+    syncs, sync_s = report["sync"]
+    print(
+        f"an entity's cast (claim to finish): mean {cast_s:.3f} s; casts began over "
+        f"{spread:.3f} s; Loom.sync (waiting for the group commit + writing it) "
+        f"{sync_s * 1e6 / max(1, syncs):,.0f} us mean, {syncs / n:.2f} per turn"
     )
     print("thread hops per turn (to_thread.run_sync): count, then mean us queued / ran / back:")
     for name, (count, queued, ran, back, _cpu) in sorted(

@@ -3,15 +3,17 @@
 The same records and rules as the SQLite store -- append-only (enforced by
 triggers in the database), one unified tree, rewards as the one annotation --
 plus what many writers need: every write is checked against the writer's
-:class:`~cantrip.loom._fence.Fence` in the same transaction (the lease row is
+:class:`~cantrip.loom._fence.Fence` in the same statement (the lease row is
 locked ``FOR SHARE`` so a claim by another worker cannot interleave), the
 gate journal, and the tables the work queue uses (:mod:`cantrip._queue`).
 
-psycopg is blocking. The loom calls the write side (:meth:`write_batch`,
-:meth:`journal_write_fenced`, :meth:`journal_read`) through
-``trio.to_thread`` behind :attr:`limiter`, one pool connection per call. The
-read side answers the loom's synchronous queries directly; a worker reads
-what an entity needs in a thread before running it (``Loom.refresh``).
+psycopg is blocking. The loom calls the write side (:meth:`write_batch`: turns,
+entities, rewards and journal entries, queued by the loom and group-committed;
+:meth:`journal_read`) through ``trio.to_thread`` behind :attr:`limiter`, one
+pool connection per call. Each write is one statement with its fence check
+inside; a batch is one pipeline (one round trip, one commit). The read side
+answers the loom's synchronous queries directly; a worker reads what an
+entity needs in a thread before running it (``Loom.refresh``).
 
 The schema is created (and migrated) on first use, under an advisory lock so
 that workers starting together do not race.
@@ -196,6 +198,19 @@ def _statement(op: tuple[str, Any, Fence | None]) -> tuple[str, dict[str, Any]]:
             data=encode_record(record.to_dict()),
         )
         return _fenced(_INSERT_ENTITY, fence), params
+    if kind == "journal":
+        entity_id, sequence, ordinal, gate, data, journaled = payload
+        params.update(
+            entity_id=entity_id,
+            sequence=sequence,
+            ordinal=ordinal,
+            gate=gate,
+            data=data,
+            record=journaled,
+        )
+        if ordinal < 0:  # a new utterance: what an abandoned attempt left is void
+            return _fenced(_JOURNAL_UTTERANCE, fence, also=_JOURNAL_VOID), params
+        return _fenced(_JOURNAL_CALL, fence), params
     turn_id, reward = payload
     params.update(id=turn_id, reward=reward)
     return _fenced(_SET_REWARD, fence), params
@@ -208,7 +223,7 @@ def _refusal(op: tuple[str, Any, Fence | None], row: Any) -> str | None:
     if not held:
         assert fence is not None
         return lease_lost_message(fence)
-    if written or kind == "reward":
+    if written or kind in ("reward", "journal"):  # a result is journaled once: not an error
         return None
     if kind == "turn":
         return (
@@ -297,16 +312,17 @@ class PostgresStore:
         no longer holds is left out; returns (index, why) for every refused write.
 
         Each write is one statement that checks its own fence (:func:`_fenced`). One
-        write is one autocommit statement; several are sent in one pipeline
-        (``BEGIN``, the writes, ``COMMIT``): one round trip either way."""
+        write is one autocommit statement (one round trip, its own transaction);
+        several are ``BEGIN``, the writes, ``COMMIT`` -- one commit. (psycopg's
+        pipeline mode measured slower than this for the small batches a group
+        commit makes: ``bench/pg_turn_cost.py``.)"""
         statements = [_statement(op) for op in batch]
         with self.pool.connection() as conn:
             if len(statements) == 1:
                 rows = [conn.execute(*statements[0]).fetchone()]
             else:
-                with conn.pipeline(), conn.transaction():
-                    cursors = [conn.execute(sql, params) for sql, params in statements]
-                rows = [cursor.fetchone() for cursor in cursors]
+                with conn.transaction():
+                    rows = [conn.execute(sql, params).fetchone() for sql, params in statements]
         refused: list[tuple[int, str]] = []
         for index, (op, row) in enumerate(zip(batch, rows, strict=True)):
             why = _refusal(op, row)
@@ -356,23 +372,10 @@ class PostgresStore:
         One statement (one round trip, its own transaction): the fence check and the
         write -- for an utterance (``ordinal`` < 0), also voiding what an abandoned
         attempt of the turn journaled."""
-        params = _fence_params(fence)
-        params.update(
-            entity_id=entity_id,
-            sequence=sequence,
-            ordinal=ordinal,
-            gate=gate,
-            data=data,
-            record=record,
-        )
-        if ordinal < 0:  # a new utterance: what an abandoned attempt left is void
-            sql = _fenced(_JOURNAL_UTTERANCE, fence, also=_JOURNAL_VOID)
-        else:
-            sql = _fenced(_JOURNAL_CALL, fence)
+        op = ("journal", (entity_id, sequence, ordinal, gate, data, record), fence)
         with self.pool.connection() as conn:
-            row = conn.execute(sql, params).fetchone()
-        assert row is not None
-        return None if row[0] else lease_lost_message(fence)  # type: ignore[arg-type]
+            row = conn.execute(*_statement(op)).fetchone()
+        return _refusal(op, row)
 
     def journal_read(self, entity_id: str, sequence: int) -> list[JournalEntry]:
         with self.pool.connection() as conn:
