@@ -7,8 +7,10 @@ What it measures
 gate -- one INSERT into PostgreSQL -- on every turn but the last) are queued at
 once, then 1, 2 and 4 ``cantrip worker`` processes on one PostgreSQL run them;
 timed from the first enqueue to the last work item done. With 50 ms scripted
-LLM latency and with none. Every turn is a fenced commit, every gate call two
-journal commits (started, result) plus one for the utterance.
+LLM latency and with none. Every write (turn; journal entries: the utterance,
+each gate call started and its result) is one fenced statement, and a worker
+group-commits the writes of its concurrent entities (``Loom.sync``; where the
+time goes: ``bench/pg_turn_cost.py``).
 
 **Claim latency.** With idle workers, single casts are enqueued one at a time;
 the time from enqueue to claim (both stamped by PostgreSQL's clock) is the
