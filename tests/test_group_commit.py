@@ -233,3 +233,77 @@ def test_a_batch_refuses_exactly_the_writes_whose_fence_is_lost(pg_url: str) -> 
         assert _journal(pg_url, "held") == [(1, 0, None)] and _journal(pg_url, "gone") == []
     finally:
         store.close()
+
+
+def test_a_group_commit_batch_is_a_statement_per_kind_and_keeps_every_rule(
+    pg_url: str,
+) -> None:
+    from cantrip.loom._model import Turn
+    from cantrip.loom._postgres import _independent
+
+    store, fence = _claimed(pg_url, "a")
+    try:
+        queue = WorkQueue(store)
+        queue.enqueue({"factory": "x:y"}, "go", "b")
+        b = queue.claim("worker-2", lease_s=30)
+        assert b is not None
+        lost = Fence("c", "worker-3", 4)  # no such lease
+        with psycopg.connect(pg_url, autocommit=True) as conn:  # a turn already recorded
+            conn.execute(
+                "INSERT INTO cantrip_turns (id, entity_id, sequence, data) "
+                "VALUES ('t-old', 'a', 9, '{}')"
+            )
+            # what an abandoned attempt of b's turn 2 journaled: a new utterance voids it
+            conn.execute("INSERT INTO cantrip_journal VALUES ('b', 2, 0, 'charge', '{}', NULL)")
+
+        def turn(entity_id: str, sequence: int, turn_id: str | None = None) -> Turn:
+            return Turn(
+                id=turn_id or f"t-{entity_id}-{sequence}",
+                parent_id=None,
+                entity_id=entity_id,
+                sequence=sequence,
+                utterance="u",
+                observation="o",
+            )
+
+        batch: list[tuple[str, object, Fence | None]] = [
+            ("turn", turn("a", 1), fence),
+            ("journal", ("a", 2, -1, "", "answer", None), fence),
+            ("turn", turn("b", 1), b.fence),
+            ("turn", turn("c", 1), lost),  # refused: lease lost
+            ("journal", ("b", 1, 0, "charge", "{}", None), b.fence),
+            ("journal", ("c", 1, 0, "charge", "{}", None), lost),  # refused
+            ("turn", turn("a", 9, "t-new"), fence),  # refused: a's sequence 9 exists
+            ("journal", ("b", 2, -1, "", "again", None), b.fence),
+            ("turn", turn("u", 1), None),  # unfenced
+            ("journal", ("a", 1, 0, "charge", "{}", "done"), fence),
+        ]
+        assert _independent(batch)  # so it is written a kind at a time
+        refused = store.write_batch(batch)  # type: ignore[arg-type]
+        assert [i for i, _ in refused] == [3, 5, 6]
+        assert "lease lost" in refused[0][1] and "lease lost" in refused[1][1]
+        assert "already recorded" in refused[2][1]
+        with psycopg.connect(pg_url) as conn:
+            turns = conn.execute("SELECT id FROM cantrip_turns ORDER BY id").fetchall()
+            journal = conn.execute(
+                "SELECT entity_id, sequence, ordinal, data, record FROM cantrip_journal "
+                "ORDER BY 1, 2, 3"
+            ).fetchall()
+        assert [t for (t,) in turns] == ["t-a-1", "t-b-1", "t-old", "t-u-1"]
+        assert journal == [
+            ("a", 1, 0, "{}", "done"),
+            ("a", 2, -1, "answer", None),
+            ("b", 1, 0, "{}", None),
+            ("b", 2, -1, "again", None),  # b's abandoned call at (2, 0) is void
+        ]
+        # a batch whose writes touch one row twice is written in order, one by one
+        again = [
+            ("journal", ("b", 3, 0, "charge", "{}", None), b.fence),
+            ("journal", ("b", 3, 0, "charge", "{}", "result"), b.fence),
+            ("journal", ("b", 3, 0, "charge", "{}", "late"), b.fence),
+        ]
+        assert not _independent(again)
+        assert store.write_batch(again) == []  # type: ignore[arg-type]
+        assert store.journal_read("b", 3) == [(0, "charge", "{}", "result")]
+    finally:
+        store.close()

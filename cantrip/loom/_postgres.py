@@ -233,6 +233,135 @@ def _refusal(op: tuple[str, Any, Fence | None], row: Any) -> str | None:
     return f"loom is append-only: entity {payload.entity_id} exists"
 
 
+_ROWS_FENCE = """
+i AS (SELECT * FROM unnest({arrays}) WITH ORDINALITY AS i({columns}, n)),
+held AS (
+    SELECT i.n FROM i JOIN cantrip_leases l ON l.entity_id = i.lease_entity
+        AND l.owner = i.owner AND l.epoch = i.epoch AND l.expires_at > clock_timestamp()
+    FOR SHARE OF l
+),
+ok AS (SELECT * FROM i WHERE i.lease_entity IS NULL OR i.n IN (SELECT n FROM held))
+"""
+"""Many writes as one statement: their values as parallel arrays (``unnest``), each
+row's fence checked by a join with its lease row -- locked ``FOR SHARE`` as for one
+write -- and only the rows whose fence holds (or that have none) written."""
+
+_FENCE_COLUMNS = (("lease_entity", "text"), ("owner", "text"), ("epoch", "bigint"))
+_ROW_KINDS: dict[str, tuple[tuple[tuple[str, str], ...], str, str]] = {
+    "turn": (
+        (
+            ("id", "text"),
+            ("parent_id", "text"),
+            ("entity_id", "text"),
+            ("sequence", "integer"),
+            ("data", "text"),
+        ),
+        "w AS (INSERT INTO cantrip_turns (id, parent_id, entity_id, sequence, data) "
+        "SELECT id, parent_id, entity_id, sequence, data FROM ok ORDER BY n "
+        "ON CONFLICT DO NOTHING RETURNING id)",
+        "i.id IN (SELECT id FROM w)",
+    ),
+    "call": (
+        (
+            ("entity_id", "text"),
+            ("sequence", "integer"),
+            ("ordinal", "integer"),
+            ("gate", "text"),
+            ("data", "text"),
+            ("record", "text"),
+        ),
+        "w AS (INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
+        "SELECT entity_id, sequence, ordinal, gate, data, record FROM ok "
+        "ON CONFLICT (entity_id, sequence, ordinal) DO UPDATE SET record = excluded.record "
+        "WHERE cantrip_journal.record IS NULL RETURNING 1)",
+        "true",
+    ),
+    "utterance": (
+        (
+            ("entity_id", "text"),
+            ("sequence", "integer"),
+            ("ordinal", "integer"),
+            ("gate", "text"),
+            ("data", "text"),
+            ("record", "text"),
+        ),
+        "void AS (DELETE FROM cantrip_journal j USING ok WHERE j.entity_id = ok.entity_id "
+        "AND j.sequence = ok.sequence AND j.ordinal >= 0), "
+        "w AS (INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
+        "SELECT entity_id, sequence, ordinal, gate, data, record FROM ok "
+        "ON CONFLICT (entity_id, sequence, ordinal) DO UPDATE SET gate = excluded.gate, "
+        "data = excluded.data, record = excluded.record RETURNING 1)",
+        "true",
+    ),
+}
+
+
+@functools.cache
+def _rows_sql(kind: str) -> str:
+    columns, write, written = _ROW_KINDS[kind]
+    every = _FENCE_COLUMNS + columns
+    arrays = ", ".join(f"%({name})s::{kind_}[]" for name, kind_ in every)
+    head = _ROWS_FENCE.format(arrays=arrays, columns=", ".join(name for name, _ in every))
+    return (
+        f"WITH {head.strip()}, {write} "
+        f"SELECT i.n IN (SELECT n FROM ok), {written} FROM i ORDER BY i.n"
+    )
+
+
+def _row_kind(op: tuple[str, Any, Fence | None]) -> str:
+    kind, payload, _ = op
+    if kind == "journal":
+        return "utterance" if payload[2] < 0 else "call"
+    return kind
+
+
+def _row_values(op: tuple[str, Any, Fence | None]) -> tuple[Any, ...]:
+    kind, payload, fence = op
+    fenced = (None, None, None) if fence is None else (fence.lease_entity, fence.owner, fence.epoch)
+    if kind == "turn":
+        turn: Turn = payload
+        values = (turn.id, turn.parent_id, turn.entity_id, turn.sequence)
+        return (*fenced, *values, encode_record(turn.to_dict()))
+    return (*fenced, *payload)
+
+
+def _independent(batch: Sequence[tuple[str, Any, Fence | None]]) -> bool:
+    """Whether the batch's writes touch distinct rows, so that writing them a kind at a
+    time (one statement each) is the same as writing them in order. The loom's writers
+    make such batches (an entity waits for each journal entry before its next write);
+    anything else is written one statement per write, in order."""
+    turns: set[tuple[str, Any]] = set()
+    entities: set[str] = set()
+    calls: set[tuple[str, int, int]] = set()
+    call_turns: set[tuple[str, int]] = set()
+    utterances: set[tuple[str, int]] = set()
+    for kind, payload, _ in batch:
+        if kind == "turn":
+            keys = (("id", payload.id), ("seq", (payload.entity_id, payload.sequence)))
+            if any(key in turns for key in keys):
+                return False
+            turns.update(keys)
+        elif kind == "entity":
+            if payload.entity_id in entities:
+                return False
+            entities.add(payload.entity_id)
+        elif kind == "journal":
+            entity_id, sequence, ordinal = payload[0], payload[1], payload[2]
+            at = (entity_id, sequence)
+            if ordinal < 0:  # an utterance voids the calls of its turn: alone there
+                if at in utterances or at in call_turns:
+                    return False
+                utterances.add(at)
+            else:
+                if (entity_id, sequence, ordinal) in calls or at in utterances:
+                    return False
+                calls.add((entity_id, sequence, ordinal))
+                call_turns.add(at)
+        else:
+            return False  # a reward updates a turn that may be in this very batch
+    return True
+
+
 _THREAD = """
 WITH RECURSIVE up(id, parent_id, data, depth) AS (
     SELECT id, parent_id, data, 0 FROM cantrip_turns WHERE id = %s
@@ -311,18 +440,37 @@ class PostgresStore:
         """Commit queued writes in order, in one transaction. Each write whose fence
         no longer holds is left out; returns (index, why) for every refused write.
 
-        Each write is one statement that checks its own fence (:func:`_fenced`). One
-        write is one autocommit statement (one round trip, its own transaction);
-        several are ``BEGIN``, the writes, ``COMMIT`` -- one commit. (psycopg's
-        pipeline mode measured slower than this for the small batches a group
-        commit makes: ``bench/pg_turn_cost.py``.)"""
-        statements = [_statement(op) for op in batch]
+        Each write is one statement that checks its own fence (:func:`_fenced`), and
+        when a batch holds several turns or journal entries (a group commit of many
+        entities' writes) each kind is one statement for all of them
+        (:data:`_ROWS_FENCE`). One statement is its own transaction; several are
+        ``BEGIN``, the statements, ``COMMIT`` -- one commit either way. (psycopg's
+        pipeline mode measured slower than this: ``bench/pg_turn_cost.py``.)"""
+        plan: list[tuple[str, dict[str, Any], list[int]]] = []
+        if len(batch) > 2 and _independent(batch):
+            by_kind: dict[str, list[int]] = {}
+            for index, op in enumerate(batch):
+                by_kind.setdefault(_row_kind(op), []).append(index)
+            for kind, indexes in by_kind.items():
+                if len(indexes) == 1 or kind not in _ROW_KINDS:
+                    plan.extend((*_statement(batch[i]), [i]) for i in indexes)
+                    continue
+                columns = _FENCE_COLUMNS + _ROW_KINDS[kind][0]
+                rows_of = [_row_values(batch[i]) for i in indexes]
+                params = {name: [row[c] for row in rows_of] for c, (name, _) in enumerate(columns)}
+                plan.append((_rows_sql(kind), params, indexes))
+        else:
+            plan = [(*_statement(op), [index]) for index, op in enumerate(batch)]
+        rows: list[Any] = [None] * len(batch)
         with self.pool.connection() as conn:
-            if len(statements) == 1:
-                rows = [conn.execute(*statements[0]).fetchone()]
+            if len(plan) == 1:
+                results = [conn.execute(plan[0][0], plan[0][1]).fetchall()]
             else:
                 with conn.transaction():
-                    rows = [conn.execute(sql, params).fetchone() for sql, params in statements]
+                    results = [conn.execute(sql, params).fetchall() for sql, params, _ in plan]
+        for (_, _, indexes), answered in zip(plan, results, strict=True):
+            for index, row in zip(indexes, answered, strict=True):
+                rows[index] = row
         refused: list[tuple[int, str]] = []
         for index, (op, row) in enumerate(zip(batch, rows, strict=True)):
             why = _refusal(op, row)
