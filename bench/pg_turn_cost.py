@@ -45,6 +45,11 @@ From the repository root::
 
     python bench/pg_turn_cost.py                       # 100 entities, 0 ms latency
     python bench/pg_turn_cost.py --entities 200 --latency 50
+
+What-ifs, measured and not adopted: ``PG_TURN_COST_POOL=4`` (the worker's pool and
+thread limiter at 4 instead of concurrency/2 = 50: no difference once writes are
+group-committed) and ``PG_TURN_COST_SWITCH_S=0.0005`` (CPython's GIL switch
+interval at 0.5 ms instead of 5 ms: no difference).
 """
 
 from __future__ import annotations
@@ -142,6 +147,9 @@ def child(url: str, concurrency: int) -> None:
 
     trio.to_thread.run_sync = timed_run_sync  # type: ignore[assignment]
 
+    switch = os.environ.get("PG_TURN_COST_SWITCH_S")
+    if switch:  # another GIL switch interval than CPython's 5 ms
+        sys.setswitchinterval(float(switch))
     pool = os.environ.get("PG_TURN_COST_POOL")
     if pool:  # another pool/limiter size than the worker's own choice
         import cantrip._worker as worker_module
