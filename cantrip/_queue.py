@@ -59,26 +59,56 @@ LIMIT 1
 FOR UPDATE SKIP LOCKED
 """
 
-_TAKE_LEASE = """
-INSERT INTO cantrip_leases (entity_id, owner, epoch, expires_at)
-VALUES (%(entity)s, %(owner)s, 1, clock_timestamp() + %(lease)s * interval '1 second')
-ON CONFLICT (entity_id) DO UPDATE
-    SET owner = excluded.owner, epoch = cantrip_leases.epoch + 1,
-        expires_at = excluded.expires_at
-    WHERE cantrip_leases.owner IS NULL OR cantrip_leases.expires_at <= clock_timestamp()
-RETURNING epoch
+_CLAIM_AND_LEASE = f"""
+WITH pick AS ({_CLAIM}),
+lease AS (
+    INSERT INTO cantrip_leases (entity_id, owner, epoch, expires_at)
+    SELECT entity_id, %(owner)s, 1, clock_timestamp() + %(lease)s * interval '1 second'
+    FROM pick
+    ON CONFLICT (entity_id) DO UPDATE
+        SET owner = excluded.owner, epoch = cantrip_leases.epoch + 1,
+            expires_at = excluded.expires_at
+        WHERE cantrip_leases.owner IS NULL OR cantrip_leases.expires_at <= clock_timestamp()
+    RETURNING entity_id, epoch
+),
+claimed AS (
+    UPDATE cantrip_work w
+    SET state = 'running', owner = %(owner)s, epoch = lease.epoch,
+        attempts = w.attempts + 1, claimed_at = clock_timestamp(),
+        result = CASE WHEN w.attempts = 0 THEN json_build_object('base_turn', (
+            SELECT t.id FROM cantrip_turns t WHERE t.entity_id = lease.entity_id
+            ORDER BY t.pos DESC LIMIT 1))::text ELSE w.result END
+    FROM pick, lease
+    WHERE w.id = pick.id
+    RETURNING w.id, w.entity_id, w.intent, w.spell, w.attempts, lease.epoch, w.result,
+        extract(epoch FROM w.claimed_at - w.enqueued_at)
+)
+SELECT * FROM claimed
 """
+"""The claim, one statement (one round trip): the oldest runnable row (``SKIP LOCKED``),
+the entity's lease taken -- bumping the fencing epoch -- and the row marked running.
+A lease another worker took a moment ago makes it answer no row. The base turn (the
+entity's latest before its first claim) is read only on the first claim: no other
+worker can be writing the entity then (its earlier work is finished, its lease
+released, and a zombie's fence is stale)."""
 
 
 def enqueue_on(conn: Any, spell: dict[str, Any], intent: str, entity_id: str) -> int:
-    """Queue work inside the caller's transaction on ``conn`` (a psycopg connection):
-    ``cantrip serve --db`` records a prompt's idempotency key in the same commit."""
+    """Queue work on ``conn`` (a psycopg connection) in one statement (insert and NOTIFY),
+    inside the caller's transaction if one is open: ``cantrip serve --db`` records a
+    prompt's idempotency key in the same commit."""
     row = conn.execute(
-        "INSERT INTO cantrip_work (entity_id, intent, spell) VALUES (%s, %s, %s) RETURNING id",
-        (entity_id, intent, json.dumps(spell)),
+        "WITH queued AS (INSERT INTO cantrip_work (entity_id, intent, spell) "
+        "VALUES (%(entity)s, %(intent)s, %(spell)s) RETURNING id) "
+        "SELECT id, pg_notify(%(channel)s, %(entity)s) FROM queued",
+        {
+            "entity": entity_id,
+            "intent": intent,
+            "spell": json.dumps(spell),
+            "channel": WORK_CHANNEL,
+        },
     ).fetchone()
     assert row is not None
-    conn.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, entity_id))
     return int(row[0])
 
 
@@ -124,88 +154,79 @@ class WorkQueue:
 
     def enqueue(self, spell: dict[str, Any], intent: str, entity_id: str) -> int:
         """Queue ``intent`` for ``entity_id`` (new or existing); the work id."""
-        with self.store.pool.connection() as conn, conn.transaction():
+        with self.store.pool.connection() as conn:  # one statement: its own transaction
             return enqueue_on(conn, spell, intent, entity_id)
 
     def claim(self, owner: str, lease_s: float) -> Claim | None:
         """The oldest runnable work item, now this worker's; None if there is none."""
-        with self.store.pool.connection() as conn, conn.transaction():
-            row = conn.execute(_CLAIM).fetchone()
-            if row is None:
-                return None
-            work_id, entity_id, intent, spell, _state, attempts = row
-            lease = conn.execute(
-                _TAKE_LEASE, {"entity": entity_id, "owner": owner, "lease": lease_s}
-            ).fetchone()
-            if lease is None:  # taken by another worker a moment ago
-                return None
-            epoch = int(lease[0])
-            last = conn.execute(
-                "SELECT id FROM cantrip_turns WHERE entity_id = %s ORDER BY pos DESC LIMIT 1",
-                (entity_id,),
-            ).fetchone()
-            updated = conn.execute(
-                "UPDATE cantrip_work SET state = 'running', owner = %s, epoch = %s, "
-                "attempts = attempts + 1, claimed_at = clock_timestamp(), "
-                "result = CASE WHEN attempts = 0 THEN %s ELSE result END "
-                "WHERE id = %s RETURNING result, "
-                "extract(epoch FROM claimed_at - enqueued_at)",
-                (owner, epoch, json.dumps({"base_turn": last[0] if last else None}), work_id),
-            ).fetchone()
-            assert updated is not None
-        base = json.loads(updated[0]).get("base_turn") if updated[0] else None
+        with self.store.pool.connection() as conn:
+            row = conn.execute(_CLAIM_AND_LEASE, {"owner": owner, "lease": lease_s}).fetchone()
+        if row is None:  # nothing runnable, or its lease was taken a moment ago
+            return None
+        work_id, entity_id, intent, spell, attempts, epoch, result, waited = row
+        base = json.loads(result).get("base_turn") if result else None
         return Claim(
             work_id=int(work_id),
             entity_id=entity_id,
             intent=intent,
             spell=json.loads(spell),
-            fence=Fence(entity_id, owner, epoch),
-            attempt=int(attempts) + 1,
+            fence=Fence(entity_id, owner, int(epoch)),
+            attempt=int(attempts),
             base_turn=base,
-            claim_latency_s=float(updated[1]),
+            claim_latency_s=float(waited),
         )
 
     def heartbeat(self, fence: Fence, lease_s: float) -> tuple[bool, bool]:
-        """Extend the lease if it still holds: (held, cancel requested)."""
-        with self.store.pool.connection() as conn, conn.transaction():
+        """Extend the lease if it still holds: (held, cancel requested). One statement."""
+        with self.store.pool.connection() as conn:
             row = conn.execute(
-                "UPDATE cantrip_leases SET expires_at = clock_timestamp() + %s * interval "
-                "'1 second' WHERE entity_id = %s AND owner = %s AND epoch = %s "
-                "AND expires_at > clock_timestamp() RETURNING 1",
-                (lease_s, fence.lease_entity, fence.owner, fence.epoch),
+                "WITH renewed AS (UPDATE cantrip_leases SET expires_at = clock_timestamp() + "
+                "%(lease)s * interval '1 second' WHERE entity_id = %(entity)s "
+                "AND owner = %(owner)s AND epoch = %(epoch)s "
+                "AND expires_at > clock_timestamp() RETURNING 1) "
+                "SELECT EXISTS (SELECT 1 FROM renewed), EXISTS (SELECT 1 FROM cantrip_work "
+                "WHERE entity_id = %(entity)s AND state = 'running' AND owner = %(owner)s "
+                "AND epoch = %(epoch)s AND cancel_requested)",
+                {
+                    "lease": lease_s,
+                    "entity": fence.lease_entity,
+                    "owner": fence.owner,
+                    "epoch": fence.epoch,
+                },
             ).fetchone()
-            if row is None:
-                return False, False
-            flag = conn.execute(
-                "SELECT cancel_requested FROM cantrip_work WHERE entity_id = %s "
-                "AND state = 'running' AND owner = %s AND epoch = %s",
-                (fence.lease_entity, fence.owner, fence.epoch),
-            ).fetchone()
-        return True, bool(flag and flag[0])
+        assert row is not None
+        held, cancel = bool(row[0]), bool(row[1])
+        return held, held and cancel
 
     def finish(self, claim: Claim, state: str, outcome: dict[str, Any]) -> bool:
-        """Record how the work ended and release the lease; False if the lease was lost."""
+        """Record how the work ended and release the lease; False if the lease was lost.
+
+        One statement: the lease is released only if it is still this worker's at this
+        epoch and unexpired (the release locks it), and only then is the outcome
+        recorded and ``NOTIFY cantrip_work`` sent (at commit)."""
         fence = claim.fence
-        with self.store.pool.connection() as conn, conn.transaction():
-            held = conn.execute(
-                "SELECT 1 FROM cantrip_leases WHERE entity_id = %s AND owner = %s AND epoch = %s "
-                "AND expires_at > clock_timestamp() FOR UPDATE",
-                (fence.lease_entity, fence.owner, fence.epoch),
+        with self.store.pool.connection() as conn:
+            row = conn.execute(
+                "WITH released AS (UPDATE cantrip_leases SET owner = NULL, "
+                "expires_at = '-infinity' WHERE entity_id = %(entity)s AND owner = %(owner)s "
+                "AND epoch = %(epoch)s AND expires_at > clock_timestamp() RETURNING 1), "
+                "ended AS (UPDATE cantrip_work SET state = %(state)s, result = %(result)s, "
+                "finished_at = clock_timestamp() WHERE id = %(work)s "
+                "AND EXISTS (SELECT 1 FROM released) RETURNING 1) "
+                "SELECT EXISTS (SELECT 1 FROM released), "
+                "(SELECT count(pg_notify(%(channel)s, %(entity)s)) FROM ended)",
+                {
+                    "entity": fence.lease_entity,
+                    "owner": fence.owner,
+                    "epoch": fence.epoch,
+                    "state": state,
+                    "result": orjson.dumps(outcome, default=str).decode(),
+                    "work": claim.work_id,
+                    "channel": WORK_CHANNEL,
+                },
             ).fetchone()
-            if held is None:
-                return False
-            conn.execute(
-                "UPDATE cantrip_work SET state = %s, result = %s, finished_at = clock_timestamp() "
-                "WHERE id = %s",
-                (state, orjson.dumps(outcome, default=str).decode(), claim.work_id),
-            )
-            conn.execute(
-                "UPDATE cantrip_leases SET owner = NULL, expires_at = '-infinity' "
-                "WHERE entity_id = %s",
-                (fence.lease_entity,),
-            )
-            conn.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, fence.lease_entity))
-        return True
+        assert row is not None
+        return bool(row[0])
 
     def cancel(self, entity_id: str) -> int:
         """Cancel ``entity_id``'s open work (queued: at once; running: by its worker).

@@ -47,8 +47,11 @@ def _as_user() -> list[str]:
 
 
 @contextlib.contextmanager
-def postgres_cluster() -> Iterator[str]:
-    """Start a fresh cluster; yield its URL; stop it and delete it at the end."""
+def postgres_cluster(extra_options: str = "") -> Iterator[str]:
+    """Start a fresh cluster; yield its URL; stop it and delete it at the end.
+
+    ``extra_options``: more ``-c name=value`` server settings (the benchmarks load
+    ``pg_stat_statements`` to count statements)."""
     root = Path(tempfile.mkdtemp(prefix="cantrip-pg-"))
     data, sockets = root / "data", root / "sock"
     sockets.mkdir()
@@ -67,7 +70,7 @@ def postgres_cluster() -> Iterator[str]:
     )
     options = (
         f"-k {sockets} -p {port} -c listen_addresses=127.0.0.1 -c fsync=off "
-        "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200 " + extra_options
     )
     subprocess.run(
         [

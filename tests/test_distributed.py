@@ -349,16 +349,20 @@ def test_chaos_workers_killed_at_random_lose_no_turn_and_repeat_no_effect(
     rng = random.Random(17)
     kills, started = 0, time.monotonic()
     queue = dispatcher.queue
+    # Kills are paced by progress, not by the clock (however fast the workers are,
+    # six kills land while work runs): one each time another ~1/7 of the casts is done.
+    thresholds = [entities * k // 7 for k in range(1, 7)]
     while True:
         with psycopg.connect(effects_db) as conn:
-            open_work = conn.execute(
-                "SELECT count(*) FROM cantrip_work WHERE state IN ('queued', 'running')"
-            ).fetchone()[0]
+            open_work, done = conn.execute(
+                "SELECT count(*) FILTER (WHERE state IN ('queued', 'running')), "
+                "count(*) FILTER (WHERE state = 'done') FROM cantrip_work"
+            ).fetchone()
         if open_work == 0:
             break
         assert time.monotonic() - started < 90, f"{open_work} casts unfinished; see {log}"
-        time.sleep(1.0 + rng.random() * 1.5)
-        if kills < 6 and open_work > 20:
+        time.sleep(0.05 + rng.random() * 0.25)
+        if kills < len(thresholds) and done >= thresholds[kills] and open_work > 20:
             victim = rng.choice([w for w in workers if w.poll() is None])
             victim.kill()  # SIGKILL: no cleanup, the lease just stops being renewed
             victim.wait()

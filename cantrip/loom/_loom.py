@@ -37,7 +37,8 @@ CACHE_TURNS = 200_000
 """Turns an indexed loom keeps in memory before it forgets the oldest it read."""
 
 PendingOp = tuple[str, Any, Fence | None]
-"""A queued write of a deferred store: ("entity" | "turn" | "reward", payload, fence)."""
+"""A queued write of a deferred store: ("entity" | "turn" | "reward" | "journal",
+payload, fence)."""
 
 
 class Loom:
@@ -52,10 +53,17 @@ class Loom:
         )
         self._deferred = bool(getattr(self.store, "deferred", False))
         self._pending: list[PendingOp] = []
-        self._flushing: trio.Lock | None = None
+        self._queued = 0
+        """Deferred writes queued so far (the group commit counts them) ..."""
+        self._written = 0
+        """... and written (committed or refused, in order)."""
+        self._flush_done: trio.Event | None = None
+        """Set when the batch being written now is done (None: no batch is)."""
         self._fences: dict[str, Fence] = {}
         self._lost: dict[str, str] = {}
         """Lease entities whose writes were refused (why), until released."""
+        self._broken: str | None = None
+        """Why a deferred store's batch with unfenced writes failed (then every sync fails)."""
         self._last: dict[str, Turn | None] = {}
         """Indexed mode: each entity's latest turn, as this process wrote or read it."""
         self._turns: list[Turn] = []
@@ -123,6 +131,7 @@ class Loom:
     def close(self) -> None:
         if self._pending:  # a deferred store: commit what is queued before closing
             batch, self._pending = self._pending, []
+            self._written += len(batch)
             for index, why in self.store.write_batch(batch):  # type: ignore[attr-defined]
                 self._refused(batch[index], why)
         self.store.close()
@@ -144,7 +153,7 @@ class Loom:
             )
         fence = self._fence_for(record)
         if self._deferred:
-            self._pending.append(("entity", record, fence))
+            self._queue(("entity", record, fence))
         else:
             self.store.append_entity(record)
         self._index_entity(record)
@@ -162,13 +171,17 @@ class Loom:
         if self._entity_or_none(turn.entity_id) is None:
             raise LoomError(f"turn {turn.id} belongs to unregistered entity {turn.entity_id}")
         if self._deferred:
-            self._pending.append(("turn", turn, self._fences.get(turn.entity_id)))
+            self._queue(("turn", turn, self._fences.get(turn.entity_id)))
         else:
             self.store.append_turn(turn)
         self._index_turn(turn)
         return turn
 
     # -- ownership and deferred writes -----------------------------------------
+
+    def _queue(self, op: PendingOp) -> None:
+        self._pending.append(op)
+        self._queued += 1
 
     def hold(self, entity_id: str, fence: Fence) -> None:
         """Write everything of ``entity_id`` (and the children it spawns here) under ``fence``."""
@@ -208,29 +221,69 @@ class Loom:
         A no-op on stores that commit as they append. On a deferred store the
         queue is written in order from a worker thread (one transaction, each
         write checked against its fence); raises :class:`LeaseLostError` if a
-        write of ``entity_id``'s lease was refused."""
+        write of ``entity_id``'s lease was refused.
+
+        This is a group commit: while one batch is being written, what other
+        entities queue waits and goes into the next batch together, so many
+        concurrent entities share one thread hop and one commit, and a caller
+        whose writes were in a batch returns when it ends. The batch is
+        written shielded from cancellation -- it holds other entities' writes,
+        which their callers wait for -- and a batch that fails to commit fails
+        every write in it (no caller takes an unwritten record for durable)."""
         if self._deferred:
-            if self._flushing is None:
-                self._flushing = trio.Lock()
-            async with self._flushing:
-                if self._pending:
-                    batch, self._pending = self._pending, []
-                    write_batch = self.store.write_batch  # type: ignore[attr-defined]
-                    limiter = self.store.limiter  # type: ignore[attr-defined]
-                    failures: list[tuple[int, str]] = await trio.to_thread.run_sync(
-                        write_batch, batch, limiter=limiter
-                    )
-                    unfenced: list[str] = []
-                    for index, why in failures:
-                        self._refused(batch[index], why)
-                        if batch[index][2] is None:
-                            unfenced.append(why)
-                    if unfenced:
-                        raise LoomAppendOnlyError("; ".join(unfenced))
+            target = self._queued
+            while self._written < target:
+                if self._flush_done is not None:  # a batch is being written: wait for it
+                    await self._flush_done.wait()
+                else:  # write everything queued so far (others' writes too) in one batch
+                    await self._flush(entity_id)
+            if self._broken is not None:
+                raise LoomError(self._broken)
         if entity_id is not None:
             lost = self.lease_lost(entity_id)
             if lost is not None:
                 raise LeaseLostError(f"entity {entity_id}: {lost}")
+
+    async def _flush(self, entity_id: str | None) -> None:
+        """Write the queued batch; waiters on :attr:`_flush_done` re-check when it ends."""
+        batch, self._pending = self._pending, []
+        done = self._flush_done = trio.Event()
+        write_batch = self.store.write_batch  # type: ignore[attr-defined]
+        limiter = self.store.limiter  # type: ignore[attr-defined]
+        unfenced: list[str] = []
+        try:
+            try:
+                with trio.CancelScope(shield=True):
+                    failures: list[tuple[int, str]] = await trio.to_thread.run_sync(
+                        write_batch, batch, limiter=limiter
+                    )
+            except Exception as exc:
+                self._batch_failed(batch, exc)
+                lost = self.lease_lost(entity_id) if entity_id is not None else None
+                if lost is not None:
+                    raise LeaseLostError(f"entity {entity_id}: {lost}") from exc
+                raise
+            for index, why in failures:
+                self._refused(batch[index], why)
+                if batch[index][2] is None:
+                    unfenced.append(why)
+        finally:
+            self._written += len(batch)
+            self._flush_done = None
+            done.set()
+        if unfenced:
+            raise LoomAppendOnlyError("; ".join(unfenced))
+
+    def _batch_failed(self, batch: list[PendingOp], exc: Exception) -> None:
+        """A batch the store could not commit: none of its writes is in the loom.
+        The entities whose writes were fenced stop (as if their lease were lost:
+        the worker drops them and they are resumed from the loom); a loom with
+        unfenced writes in a failed batch refuses every later sync."""
+        why = f"a loom write failed ({type(exc).__name__}); nothing of the batch was recorded"
+        for op in batch:
+            self._refused(op, why)
+            if op[2] is None:
+                self._broken = f"{why}: this loom cannot promise durability any more"
 
     def _refused(self, op: PendingOp, why: str) -> None:
         """A queued write the store refused: it is not in the loom, so not in the cache."""
@@ -274,17 +327,9 @@ class Loom:
         fence = self._fences.get(entity_id)
         if fence is not None and fence.lease_entity in self._lost:
             raise LeaseLostError(f"entity {entity_id}: {self._lost[fence.lease_entity]}")
-        limiter = self.store.limiter  # type: ignore[attr-defined]
-        refused: str | None = await trio.to_thread.run_sync(
-            lambda: self.store.journal_write_fenced(  # type: ignore[attr-defined]
-                entity_id, sequence, ordinal, gate, data, record, fence
-            ),
-            limiter=limiter,
-        )
-        if refused is not None:
-            if fence is not None:
-                self._lost.setdefault(fence.lease_entity, refused)
-            raise LeaseLostError(f"entity {entity_id}: {refused}")
+        # queued with the loom's other writes and committed by the next group commit
+        self._queue(("journal", (entity_id, sequence, ordinal, gate, data, record), fence))
+        await self.sync(entity_id)
 
     def annotate_reward(self, turn_id: str, reward: float | None) -> None:
         """Assign or update a turn's reward -- the one change LOOM-3 allows."""

@@ -3,15 +3,17 @@
 The same records and rules as the SQLite store -- append-only (enforced by
 triggers in the database), one unified tree, rewards as the one annotation --
 plus what many writers need: every write is checked against the writer's
-:class:`~cantrip.loom._fence.Fence` in the same transaction (the lease row is
+:class:`~cantrip.loom._fence.Fence` in the same statement (the lease row is
 locked ``FOR SHARE`` so a claim by another worker cannot interleave), the
 gate journal, and the tables the work queue uses (:mod:`cantrip._queue`).
 
-psycopg is blocking. The loom calls the write side (:meth:`write_batch`,
-:meth:`journal_write_fenced`, :meth:`journal_read`) through
-``trio.to_thread`` behind :attr:`limiter`, one pool connection per call. The
-read side answers the loom's synchronous queries directly; a worker reads
-what an entity needs in a thread before running it (``Loom.refresh``).
+psycopg is blocking. The loom calls the write side (:meth:`write_batch`: turns,
+entities, rewards and journal entries, queued by the loom and group-committed;
+:meth:`journal_read`) through ``trio.to_thread`` behind :attr:`limiter`, one
+pool connection per call. Each write is one statement with its fence check
+inside; a batch is one pipeline (one round trip, one commit). The read side
+answers the loom's synchronous queries directly; a worker reads what an
+entity needs in a thread before running it (``Loom.refresh``).
 
 The schema is created (and migrated) on first use, under an advisory lock so
 that workers starting together do not race.
@@ -19,6 +21,7 @@ that workers starting together do not race.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -101,12 +104,263 @@ CREATE TABLE IF NOT EXISTS cantrip_journal (
 );
 """
 
-_LEASE_HELD = (
-    "SELECT 1 FROM cantrip_leases WHERE entity_id = %s AND owner = %s AND epoch = %s "
-    "AND expires_at > clock_timestamp() FOR SHARE"
+_LEASE = (
+    "lease AS (SELECT 1 FROM cantrip_leases WHERE entity_id = %(lease_entity)s "
+    "AND owner = %(owner)s AND epoch = %(epoch)s AND expires_at > clock_timestamp() FOR SHARE)"
 )
-"""The fence check: this worker's lease, at this epoch, unexpired -- and locked
-against a concurrent claim until the write's transaction ends."""
+"""The fence check, as a common table expression: this worker's lease, at this epoch,
+unexpired -- and locked against a concurrent claim until the write's transaction ends.
+A fenced write is one statement: this check and the write it guards
+(``WHERE EXISTS (SELECT 1 FROM lease)``), so it costs one round trip and, alone, is
+its own transaction (the connections are in autocommit mode)."""
+
+_HELD = "EXISTS (SELECT 1 FROM lease)"
+
+
+def _fenced(write: str, fence: Fence | None, *, also: str = "") -> str:
+    return _fenced_sql(write, fence is not None, also)
+
+
+@functools.cache
+def _fenced_sql(write: str, fenced: bool, also: str) -> str:
+    """One statement: ``write`` -- an INSERT ... SELECT or UPDATE ... RETURNING 1 with
+    ``{where}`` / ``{and}`` where the fence's condition goes -- made only if ``fence``
+    holds (no condition without a fence). ``also``: another data-modifying common
+    table expression under the same condition. The statement answers one row,
+    (lease held, something written)."""
+    where, and_ = (f"WHERE {_HELD}", f"AND {_HELD}") if fenced else ("", "")
+    ctes = [_LEASE] if fenced else []
+    if also:
+        ctes.append(also.format(where=where, **{"and": and_}))
+    ctes.append(f"w AS ({write.format(where=where, **{'and': and_})})")
+    held = _HELD if fenced else "true"
+    return f"WITH {', '.join(ctes)} SELECT {held}, EXISTS (SELECT 1 FROM w)"
+
+
+def _fence_params(fence: Fence | None) -> dict[str, Any]:
+    if fence is None:
+        return {}
+    return {"lease_entity": fence.lease_entity, "owner": fence.owner, "epoch": fence.epoch}
+
+
+_INSERT_TURN = (
+    "INSERT INTO cantrip_turns (id, parent_id, entity_id, sequence, data) "
+    "SELECT %(id)s, %(parent_id)s, %(entity_id)s, %(sequence)s, %(data)s {where} "
+    "ON CONFLICT DO NOTHING RETURNING 1"
+)
+_INSERT_ENTITY = (
+    "INSERT INTO cantrip_entities (entity_id, parent_entity_id, data) "
+    "SELECT %(entity_id)s, %(parent_entity_id)s, %(data)s {where} "
+    "ON CONFLICT DO NOTHING RETURNING 1"
+)
+_SET_REWARD = "UPDATE cantrip_turns SET reward = %(reward)s WHERE id = %(id)s {and} RETURNING 1"
+_JOURNAL_CALL = (
+    "INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
+    "SELECT %(entity_id)s, %(sequence)s, %(ordinal)s, %(gate)s, %(data)s, %(record)s {where} "
+    "ON CONFLICT (entity_id, sequence, ordinal) "
+    "DO UPDATE SET record = excluded.record WHERE cantrip_journal.record IS NULL RETURNING 1"
+)
+"""A gate call started (``record`` NULL) or its result: a result is written once."""
+_JOURNAL_UTTERANCE = (
+    "INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
+    "SELECT %(entity_id)s, %(sequence)s, %(ordinal)s, %(gate)s, %(data)s, %(record)s {where} "
+    "ON CONFLICT (entity_id, sequence, ordinal) "
+    "DO UPDATE SET gate = excluded.gate, data = excluded.data, record = excluded.record "
+    "RETURNING 1"
+)
+"""A fresh utterance for a turn replaces an abandoned attempt's ..."""
+_JOURNAL_VOID = (
+    "void AS (DELETE FROM cantrip_journal WHERE entity_id = %(entity_id)s "
+    "AND sequence = %(sequence)s AND ordinal >= 0 {and})"
+)
+"""... and voids the gate calls that attempt journaled (one statement with the write)."""
+
+
+def _statement(op: tuple[str, Any, Fence | None]) -> tuple[str, dict[str, Any]]:
+    """The one statement that makes a queued loom write (see :func:`_fenced`)."""
+    kind, payload, fence = op
+    params = _fence_params(fence)
+    if kind == "turn":
+        turn: Turn = payload
+        params.update(
+            id=turn.id,
+            parent_id=turn.parent_id,
+            entity_id=turn.entity_id,
+            sequence=turn.sequence,
+            data=encode_record(turn.to_dict()),
+        )
+        return _fenced(_INSERT_TURN, fence), params
+    if kind == "entity":
+        record: EntityRecord = payload
+        params.update(
+            entity_id=record.entity_id,
+            parent_entity_id=record.parent_entity_id,
+            data=encode_record(record.to_dict()),
+        )
+        return _fenced(_INSERT_ENTITY, fence), params
+    if kind == "journal":
+        entity_id, sequence, ordinal, gate, data, journaled = payload
+        params.update(
+            entity_id=entity_id,
+            sequence=sequence,
+            ordinal=ordinal,
+            gate=gate,
+            data=data,
+            record=journaled,
+        )
+        if ordinal < 0:  # a new utterance: what an abandoned attempt left is void
+            return _fenced(_JOURNAL_UTTERANCE, fence, also=_JOURNAL_VOID), params
+        return _fenced(_JOURNAL_CALL, fence), params
+    turn_id, reward = payload
+    params.update(id=turn_id, reward=reward)
+    return _fenced(_SET_REWARD, fence), params
+
+
+def _refusal(op: tuple[str, Any, Fence | None], row: Any) -> str | None:
+    """Why a queued write was not made, from its statement's (held, written) row."""
+    kind, payload, fence = op
+    held, written = row
+    if not held:
+        assert fence is not None
+        return lease_lost_message(fence)
+    if written or kind in ("reward", "journal"):  # a result is journaled once: not an error
+        return None
+    if kind == "turn":
+        return (
+            f"loom is append-only: turn {payload.id} (or sequence "
+            f"{payload.sequence} of {payload.entity_id}) is already recorded"
+        )
+    return f"loom is append-only: entity {payload.entity_id} exists"
+
+
+_ROWS_FENCE = """
+i AS (SELECT * FROM unnest({arrays}) WITH ORDINALITY AS i({columns}, n)),
+held AS (
+    SELECT i.n FROM i JOIN cantrip_leases l ON l.entity_id = i.lease_entity
+        AND l.owner = i.owner AND l.epoch = i.epoch AND l.expires_at > clock_timestamp()
+    FOR SHARE OF l
+),
+ok AS (SELECT * FROM i WHERE i.lease_entity IS NULL OR i.n IN (SELECT n FROM held))
+"""
+"""Many writes as one statement: their values as parallel arrays (``unnest``), each
+row's fence checked by a join with its lease row -- locked ``FOR SHARE`` as for one
+write -- and only the rows whose fence holds (or that have none) written."""
+
+_FENCE_COLUMNS = (("lease_entity", "text"), ("owner", "text"), ("epoch", "bigint"))
+_ROW_KINDS: dict[str, tuple[tuple[tuple[str, str], ...], str, str]] = {
+    "turn": (
+        (
+            ("id", "text"),
+            ("parent_id", "text"),
+            ("entity_id", "text"),
+            ("sequence", "integer"),
+            ("data", "text"),
+        ),
+        "w AS (INSERT INTO cantrip_turns (id, parent_id, entity_id, sequence, data) "
+        "SELECT id, parent_id, entity_id, sequence, data FROM ok ORDER BY n "
+        "ON CONFLICT DO NOTHING RETURNING id)",
+        "i.id IN (SELECT id FROM w)",
+    ),
+    "call": (
+        (
+            ("entity_id", "text"),
+            ("sequence", "integer"),
+            ("ordinal", "integer"),
+            ("gate", "text"),
+            ("data", "text"),
+            ("record", "text"),
+        ),
+        "w AS (INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
+        "SELECT entity_id, sequence, ordinal, gate, data, record FROM ok "
+        "ON CONFLICT (entity_id, sequence, ordinal) DO UPDATE SET record = excluded.record "
+        "WHERE cantrip_journal.record IS NULL RETURNING 1)",
+        "true",
+    ),
+    "utterance": (
+        (
+            ("entity_id", "text"),
+            ("sequence", "integer"),
+            ("ordinal", "integer"),
+            ("gate", "text"),
+            ("data", "text"),
+            ("record", "text"),
+        ),
+        "void AS (DELETE FROM cantrip_journal j USING ok WHERE j.entity_id = ok.entity_id "
+        "AND j.sequence = ok.sequence AND j.ordinal >= 0), "
+        "w AS (INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
+        "SELECT entity_id, sequence, ordinal, gate, data, record FROM ok "
+        "ON CONFLICT (entity_id, sequence, ordinal) DO UPDATE SET gate = excluded.gate, "
+        "data = excluded.data, record = excluded.record RETURNING 1)",
+        "true",
+    ),
+}
+
+
+@functools.cache
+def _rows_sql(kind: str) -> str:
+    columns, write, written = _ROW_KINDS[kind]
+    every = _FENCE_COLUMNS + columns
+    arrays = ", ".join(f"%({name})s::{kind_}[]" for name, kind_ in every)
+    head = _ROWS_FENCE.format(arrays=arrays, columns=", ".join(name for name, _ in every))
+    return (
+        f"WITH {head.strip()}, {write} "
+        f"SELECT i.n IN (SELECT n FROM ok), {written} FROM i ORDER BY i.n"
+    )
+
+
+def _row_kind(op: tuple[str, Any, Fence | None]) -> str:
+    kind, payload, _ = op
+    if kind == "journal":
+        return "utterance" if payload[2] < 0 else "call"
+    return kind
+
+
+def _row_values(op: tuple[str, Any, Fence | None]) -> tuple[Any, ...]:
+    kind, payload, fence = op
+    fenced = (None, None, None) if fence is None else (fence.lease_entity, fence.owner, fence.epoch)
+    if kind == "turn":
+        turn: Turn = payload
+        values = (turn.id, turn.parent_id, turn.entity_id, turn.sequence)
+        return (*fenced, *values, encode_record(turn.to_dict()))
+    return (*fenced, *payload)
+
+
+def _independent(batch: Sequence[tuple[str, Any, Fence | None]]) -> bool:
+    """Whether the batch's writes touch distinct rows, so that writing them a kind at a
+    time (one statement each) is the same as writing them in order. The loom's writers
+    make such batches (an entity waits for each journal entry before its next write);
+    anything else is written one statement per write, in order."""
+    turns: set[tuple[str, Any]] = set()
+    entities: set[str] = set()
+    calls: set[tuple[str, int, int]] = set()
+    call_turns: set[tuple[str, int]] = set()
+    utterances: set[tuple[str, int]] = set()
+    for kind, payload, _ in batch:
+        if kind == "turn":
+            keys = (("id", payload.id), ("seq", (payload.entity_id, payload.sequence)))
+            if any(key in turns for key in keys):
+                return False
+            turns.update(keys)
+        elif kind == "entity":
+            if payload.entity_id in entities:
+                return False
+            entities.add(payload.entity_id)
+        elif kind == "journal":
+            entity_id, sequence, ordinal = payload[0], payload[1], payload[2]
+            at = (entity_id, sequence)
+            if ordinal < 0:  # an utterance voids the calls of its turn: alone there
+                if at in utterances or at in call_turns:
+                    return False
+                utterances.add(at)
+            else:
+                if (entity_id, sequence, ordinal) in calls or at in utterances:
+                    return False
+                calls.add((entity_id, sequence, ordinal))
+                call_turns.add(at)
+        else:
+            return False  # a reward updates a turn that may be in this very batch
+    return True
+
 
 _THREAD = """
 WITH RECURSIVE up(id, parent_id, data, depth) AS (
@@ -184,62 +438,44 @@ class PostgresStore:
 
     def write_batch(self, batch: Sequence[tuple[str, Any, Fence | None]]) -> list[tuple[int, str]]:
         """Commit queued writes in order, in one transaction. Each write whose fence
-        no longer holds is left out; returns (index, why) for every refused write."""
+        no longer holds is left out; returns (index, why) for every refused write.
+
+        Each write is one statement that checks its own fence (:func:`_fenced`), and
+        when a batch holds several turns or journal entries (a group commit of many
+        entities' writes) each kind is one statement for all of them
+        (:data:`_ROWS_FENCE`). One statement is its own transaction; several are
+        ``BEGIN``, the statements, ``COMMIT`` -- one commit either way. (psycopg's
+        pipeline mode measured slower than this: ``bench/pg_turn_cost.py``.)"""
+        plan: list[tuple[str, dict[str, Any], list[int]]] = []
+        if len(batch) > 2 and _independent(batch):
+            by_kind: dict[str, list[int]] = {}
+            for index, op in enumerate(batch):
+                by_kind.setdefault(_row_kind(op), []).append(index)
+            for kind, indexes in by_kind.items():
+                if len(indexes) == 1 or kind not in _ROW_KINDS:
+                    plan.extend((*_statement(batch[i]), [i]) for i in indexes)
+                    continue
+                columns = _FENCE_COLUMNS + _ROW_KINDS[kind][0]
+                rows_of = [_row_values(batch[i]) for i in indexes]
+                params = {name: [row[c] for row in rows_of] for c, (name, _) in enumerate(columns)}
+                plan.append((_rows_sql(kind), params, indexes))
+        else:
+            plan = [(*_statement(op), [index]) for index, op in enumerate(batch)]
+        rows: list[Any] = [None] * len(batch)
+        with self.pool.connection() as conn:
+            if len(plan) == 1:
+                results = [conn.execute(plan[0][0], plan[0][1]).fetchall()]
+            else:
+                with conn.transaction():
+                    results = [conn.execute(sql, params).fetchall() for sql, params, _ in plan]
+        for (_, _, indexes), answered in zip(plan, results, strict=True):
+            for index, row in zip(indexes, answered, strict=True):
+                rows[index] = row
         refused: list[tuple[int, str]] = []
-        with self.pool.connection() as conn, conn.transaction():
-            held: dict[Fence, bool] = {}
-            for index, (kind, payload, fence) in enumerate(batch):
-                if fence is not None:
-                    ok = held.get(fence)
-                    if ok is None:
-                        row = conn.execute(
-                            _LEASE_HELD, (fence.lease_entity, fence.owner, fence.epoch)
-                        ).fetchone()
-                        ok = held[fence] = row is not None
-                    if not ok:
-                        refused.append((index, lease_lost_message(fence)))
-                        continue
-                if kind == "turn":
-                    turn: Turn = payload
-                    cursor = conn.execute(
-                        "INSERT INTO cantrip_turns (id, parent_id, entity_id, sequence, data) "
-                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                        (
-                            turn.id,
-                            turn.parent_id,
-                            turn.entity_id,
-                            turn.sequence,
-                            encode_record(turn.to_dict()),
-                        ),
-                    )
-                    if cursor.rowcount != 1:
-                        refused.append(
-                            (
-                                index,
-                                f"loom is append-only: turn {turn.id} (or sequence "
-                                f"{turn.sequence} of {turn.entity_id}) is already recorded",
-                            )
-                        )
-                elif kind == "entity":
-                    record: EntityRecord = payload
-                    cursor = conn.execute(
-                        "INSERT INTO cantrip_entities (entity_id, parent_entity_id, data) "
-                        "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                        (
-                            record.entity_id,
-                            record.parent_entity_id,
-                            encode_record(record.to_dict()),
-                        ),
-                    )
-                    if cursor.rowcount != 1:
-                        refused.append(
-                            (index, f"loom is append-only: entity {record.entity_id} exists")
-                        )
-                else:
-                    turn_id, reward = payload
-                    conn.execute(
-                        "UPDATE cantrip_turns SET reward = %s WHERE id = %s", (reward, turn_id)
-                    )
+        for index, (op, row) in enumerate(zip(batch, rows, strict=True)):
+            why = _refusal(op, row)
+            if why is not None:
+                refused.append((index, why))
         return refused
 
     def _write_now(self, op: tuple[str, Any, Fence | None]) -> None:
@@ -279,26 +515,15 @@ class PostgresStore:
         record: str | None,
         fence: Fence | None,
     ) -> str | None:
-        """Journal one entry under ``fence``; why it was refused, or None."""
-        with self.pool.connection() as conn, conn.transaction():
-            if fence is not None:
-                row = conn.execute(
-                    _LEASE_HELD, (fence.lease_entity, fence.owner, fence.epoch)
-                ).fetchone()
-                if row is None:
-                    return lease_lost_message(fence)
-            if ordinal < 0:  # a new utterance: what an abandoned attempt left is void
-                conn.execute(
-                    "DELETE FROM cantrip_journal WHERE entity_id = %s AND sequence = %s",
-                    (entity_id, sequence),
-                )
-            conn.execute(
-                "INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
-                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (entity_id, sequence, ordinal) "
-                "DO UPDATE SET record = excluded.record WHERE cantrip_journal.record IS NULL",
-                (entity_id, sequence, ordinal, gate, data, record),
-            )
-        return None
+        """Journal one entry under ``fence``; why it was refused, or None.
+
+        One statement (one round trip, its own transaction): the fence check and the
+        write -- for an utterance (``ordinal`` < 0), also voiding what an abandoned
+        attempt of the turn journaled."""
+        op = ("journal", (entity_id, sequence, ordinal, gate, data, record), fence)
+        with self.pool.connection() as conn:
+            row = conn.execute(*_statement(op)).fetchone()
+        return _refusal(op, row)
 
     def journal_read(self, entity_id: str, sequence: int) -> list[JournalEntry]:
         with self.pool.connection() as conn:

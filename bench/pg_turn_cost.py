@@ -1,0 +1,418 @@
+"""Where a PostgreSQL worker's time per turn goes: statements, round trips, commits, CPU.
+
+What it measures
+----------------
+One ``cantrip worker`` process (``--concurrency`` entities at once) runs ``E``
+entities x 10 turns of the distributed workload (``tests/distributed_workload.py``:
+an effectful ``charge`` gate on every turn but the last) on a throwaway
+PostgreSQL cluster with ``pg_stat_statements`` loaded. Reported per turn:
+
+* **statements** the server executed, by kind (``pg_stat_statements``: calls,
+  ``BEGIN``/``COMMIT`` included) and the server's execution time for them;
+* **transactions** committed (``pg_stat_database.xact_commit``; an autocommit
+  statement is a transaction of its own);
+* **round trips**: how often the worker waited on a PostgreSQL connection
+  (psycopg's ``Connection.wait`` calls that went to the server, counted in the
+  worker process; the workload's own effect INSERT included);
+* **CPU** of the worker process (its main trio thread and its DB threads
+  separately) and of the PostgreSQL server processes (the postmaster, its live
+  children and the children it reaped), in microseconds per turn;
+* **thread hops**: every ``trio.to_thread.run_sync`` the worker made, by what it
+  called -- how long it queued for the limiter (and a thread), how long it ran,
+  how long the result took to come back to trio.
+
+The worker here is ``cantrip worker`` itself with these counters wrapped around
+it (``--child``); nothing in cantrip is changed to be measured.
+
+Figures (2 shared, busy cores; 100 entities, --concurrency 100; before = the
+fence check, write, BEGIN/COMMIT as separate statements and one commit per
+journal entry; after = one fenced statement per write, group commit, one
+statement per kind per batch)::
+
+                         before (0 / 50 ms)    after (0 / 50 ms)
+    turns/s              312 / 296             645 / 625
+    statements/turn      18.1 / 18.2           2.35 / 2.49  (0.9 = the gate's effect)
+    round trips/turn     17.7 / 17.9           2.29 / 2.43
+    transactions/turn    4.75 / 4.81           1.86 / 1.89
+    worker CPU/turn      2,892 / 2,588 us      1,317 / 1,355 us
+      DB threads         1,688 / 1,479 us        620 /   626 us
+      trio thread        1,205 / 1,109 us        697 /   728 us
+    server CPU/turn      1,770 / 1,700 us        570 /   620 us
+
+How to run
+----------
+From the repository root::
+
+    python bench/pg_turn_cost.py                       # 100 entities, 0 ms latency
+    python bench/pg_turn_cost.py --entities 200 --latency 50
+
+What-ifs, measured and not adopted: ``PG_TURN_COST_POOL=4`` (the worker's pool and
+thread limiter at 4 instead of concurrency/2 = 50: no difference once writes are
+group-committed) and ``PG_TURN_COST_SWITCH_S=0.0005`` (CPython's GIL switch
+interval at 0.5 ms instead of 5 ms: no difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+TICK = os.sysconf("SC_CLK_TCK")
+STATS_OPTIONS = (
+    "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all "
+    "-c pg_stat_statements.track_utility=on -c pg_stat_statements.max=10000"
+)
+
+
+# -- the worker, instrumented (runs in a child process) -----------------------------
+
+
+def child(url: str, concurrency: int) -> None:
+    """``cantrip worker`` with counters; prints them as JSON on SIGTERM."""
+    import threading
+
+    import psycopg
+    import trio
+
+    from cantrip._worker import Worker
+    from cantrip.loom import Loom
+
+    waits = collections.Counter[str]()
+    lock = threading.Lock()
+    original_wait = psycopg.Connection.wait
+
+    def counted_wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        name = threading.current_thread().name.split("-")[0]
+
+        def tracked() -> Any:  # counts a wait that reached the server (the generator
+            try:  # yielded: it sends and/or waits for an answer); a no-op commit does not
+                value = gen.send(None)
+            except StopIteration as end:
+                return end.value
+            with lock:
+                waits[name] += 1
+            while True:
+                sent = yield value
+                try:
+                    value = gen.send(sent)
+                except StopIteration as end:
+                    return end.value
+
+        return original_wait(self, tracked(), *args, **kwargs)
+
+    psycopg.Connection.wait = counted_wait  # type: ignore[method-assign]
+
+    hops: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
+    original_run_sync = trio.to_thread.run_sync
+
+    async def timed_run_sync(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(fn, "__qualname__", repr(fn)).replace(".<locals>.<lambda>", "")
+        marks: list[float] = []
+
+        def inner() -> Any:
+            marks.append(time.perf_counter())
+            cpu = time.thread_time()
+            try:
+                return fn(*args)
+            finally:
+                marks.append(time.thread_time() - cpu)
+                marks.append(time.perf_counter())
+
+        asked = time.perf_counter()
+        try:
+            return await original_run_sync(inner, **kwargs)
+        finally:
+            if len(marks) == 3:
+                back = time.perf_counter()
+                row = hops[name]
+                row[0] += 1
+                row[1] += marks[0] - asked  # queued: limiter + thread start
+                row[2] += marks[2] - marks[0]  # ran in the thread
+                row[3] += back - marks[2]  # back to trio
+                row[4] += marks[1]  # CPU in the thread
+
+    trio.to_thread.run_sync = timed_run_sync  # type: ignore[assignment]
+
+    switch = os.environ.get("PG_TURN_COST_SWITCH_S")
+    if switch:  # another GIL switch interval than CPython's 5 ms
+        sys.setswitchinterval(float(switch))
+    pool = os.environ.get("PG_TURN_COST_POOL")
+    if pool:  # another pool/limiter size than the worker's own choice
+        import cantrip._worker as worker_module
+        from cantrip.loom._postgres import PostgresStore
+
+        def store(url: str, *, max_connections: int = 8) -> PostgresStore:
+            return PostgresStore(url, max_connections=int(pool))
+
+        worker_module.PostgresStore = store  # type: ignore[assignment,misc]
+    owned: list[tuple[float, float]] = []
+    original_own = Worker._own
+
+    async def timed_own(self: Any, claim: Any, free: Any) -> None:
+        began = time.perf_counter()
+        try:
+            await original_own(self, claim, free)
+        finally:
+            owned.append((began, time.perf_counter()))
+
+    Worker._own = timed_own  # type: ignore[method-assign]
+    sync_wall = [0, 0.0]
+    original_sync = Loom.sync
+
+    async def timed_sync(self: Any, entity_id: Any = None) -> None:
+        began = time.perf_counter()
+        try:
+            await original_sync(self, entity_id)
+        finally:
+            sync_wall[0] += 1
+            sync_wall[1] += time.perf_counter() - began
+
+    Loom.sync = timed_sync  # type: ignore[method-assign]
+    worker = Worker(url, concurrency=concurrency)
+    usage: dict[str, float] = {}
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                print("ready", file=sys.stderr, flush=True)
+                ru = resource.getrusage(resource.RUSAGE_SELF)
+                usage["start"] = ru.ru_utime + ru.ru_stime
+                async for _ in signals:
+                    ru = resource.getrusage(resource.RUSAGE_SELF)
+                    usage["end"] = ru.ru_utime + ru.ru_stime
+                    nursery.cancel_scope.cancel()
+                    break
+
+    if os.environ.get("PG_TURN_COST_PROFILE"):
+        import cProfile
+        import pstats
+
+        profile = cProfile.Profile()
+        profile.runcall(trio.run, run)
+        pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(35)
+    else:
+        trio.run(run)
+    print(
+        json.dumps(
+            {
+                "cpu_s": usage["end"] - usage["start"],
+                "waits": dict(waits),
+                "hops": {k: v for k, v in hops.items()},
+                "owned": owned,
+                "sync": sync_wall,
+            }
+        ),
+        flush=True,
+    )
+
+
+# -- the measuring side -------------------------------------------------------------
+
+
+def _server_cpu(conn: Any) -> float:
+    """CPU seconds of the postmaster, its live children and the children it reaped."""
+    data_dir = conn.execute("SHOW data_directory").fetchone()[0]
+    pid = int(Path(data_dir, "postmaster.pid").read_text().split()[0])
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    total = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == pid:
+            total += int(stat[11]) + int(stat[12])
+    return total / TICK
+
+
+def _kind(query: str) -> str:
+    q = " ".join(query.split())
+    for needle, kind in (
+        ("chaos_effects", "effect (the gate's INSERT)"),
+        ("INSERT INTO cantrip_journal", "journal write"),
+        ("DELETE FROM cantrip_journal", "journal void (new utterance)"),
+        ("FROM cantrip_journal", "journal read"),
+        ("INSERT INTO cantrip_turns", "turn insert"),
+        ("INSERT INTO cantrip_entities", "entity insert"),
+        (
+            "FROM cantrip_leases WHERE entity_id = $1 AND owner = $2 AND epoch = $3 AND expires_at "
+            "> clock_timestamp() FOR SHARE",
+            "fence check",
+        ),
+        ("INSERT INTO cantrip_leases", "claim: take lease"),
+        ("UPDATE cantrip_leases SET expires_at", "heartbeat"),
+        ("cancel_requested FROM cantrip_work", "heartbeat: cancel poll"),
+        ("FOR UPDATE SKIP LOCKED", "claim: pick work"),
+        ("UPDATE cantrip_work SET state = 'running'", "claim: mark running"),
+        ("FOR UPDATE", "finish: lease check"),
+        ("UPDATE cantrip_work SET state", "finish: record outcome"),
+        ("UPDATE cantrip_leases SET owner = NULL", "finish: release lease"),
+        ("pg_notify", "notify"),
+        (
+            "FROM cantrip_turns WHERE entity_id = $1 ORDER BY pos DESC",
+            "latest turn (claim/refresh)",
+        ),
+        ("WITH RECURSIVE", "thread read (refresh)"),
+        ("FROM cantrip_entities WHERE entity_id", "entity read (refresh)"),
+        ("BEGIN", "BEGIN"),
+        ("COMMIT", "COMMIT"),
+    ):
+        if needle in q:
+            return kind
+    return "other: " + q[:60]
+
+
+def measure(server: str, entities: int, latency_ms: int, concurrency: int) -> None:
+    import psycopg
+    from distributed_workload import EFFECTS_TABLE
+    from pg_cluster import fresh_database
+
+    from cantrip._queue import WorkQueue
+    from cantrip._worker import spell_from_factory
+    from cantrip.loom import Loom
+    from cantrip.loom._postgres import PostgresStore
+
+    url = fresh_database(server, f"cost_{latency_ms}")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(EFFECTS_TABLE)
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    Loom.open(url).close()
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{ROOT}",
+        "CANTRIP_TEST_DB": url,
+        "WORKLOAD_LATENCY_MS": str(latency_ms),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", url, "--concurrency", str(concurrency)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None and proc.stdout is not None
+    proc.stderr.readline()
+    spell = spell_from_factory("distributed_workload:build")
+    store = PostgresStore(url, max_connections=1)
+    queue = WorkQueue(store)
+    with psycopg.connect(url, autocommit=True) as mon:
+        dbid = mon.execute("SELECT oid FROM pg_database WHERE datname = current_database()")
+        oid = dbid.fetchone()[0]  # type: ignore[index]
+        mon.execute("SELECT pg_stat_statements_reset()")
+        mon.execute("SELECT pg_stat_reset()")
+        cpu0 = _server_cpu(mon)
+        started = time.perf_counter()
+        for i in range(entities):
+            queue.enqueue(spell, f"job-{i}", f"entity-{i:05d}")
+        while True:
+            row = mon.execute(
+                "SELECT count(*) FILTER (WHERE state IN ('queued', 'running')), "
+                "count(*) FILTER (WHERE state <> 'done') FROM cantrip_work"
+            ).fetchone()
+            assert row is not None
+            if row[0] == 0:
+                assert row[1] == 0, f"{row[1]} work items did not finish"
+                break
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - started
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        if os.environ.get("PG_TURN_COST_PROFILE"):
+            print(err.decode())
+        time.sleep(0.5)  # the worker's backends exit and are reaped
+        server_cpu = _server_cpu(mon) - cpu0
+        turns = mon.execute("SELECT count(*) FROM cantrip_turns").fetchone()[0]  # type: ignore[index]
+        commits = mon.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datid = %s", (oid,)
+        ).fetchone()[0]  # type: ignore[index]
+        rows = mon.execute(
+            "SELECT query, calls, total_exec_time FROM pg_stat_statements WHERE dbid = %s",
+            (oid,),
+        ).fetchall()
+    store.close()
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for query, calls, exec_ms in rows:
+        kind = _kind(query)
+        if "pg_stat" in query or ("cantrip_work WHERE" in query and "FILTER" in query):
+            continue  # this script's own monitoring
+        kinds[kind][0] += calls
+        kinds[kind][1] += exec_ms
+    n = float(turns)
+    rate = n / elapsed
+    print(
+        f"{entities} entities x 10 turns, {latency_ms} ms LLM latency, 1 worker "
+        f"(--concurrency {concurrency}): {turns} turns in {elapsed:.2f} s = {rate:,.0f} turns/s"
+    )
+    print("statements per turn (server side, pg_stat_statements):")
+    total_calls = 0.0
+    for kind, (calls, ms) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
+        total_calls += calls
+        print(f"  {calls / n:6.2f}  {ms * 1000 / calls if calls else 0:7.1f} us each   {kind}")
+    print(f"  {total_calls / n:6.2f}  total statements")
+    print(f"transactions committed per turn: {commits / n:.2f} (includes the enqueue's and reads)")
+    waits = {k: round(v / n, 2) for k, v in report["waits"].items()}
+    print(f"round trips per turn (worker waits on a connection): {sum(waits.values()):.2f}")
+    for name, count in sorted(waits.items(), key=lambda kv: -kv[1]):
+        print(f"  {count:6.2f}  from {name.removeprefix('inner from ')}")
+    cpu, hop_cpu = report["cpu_s"], sum(v[4] for v in report["hops"].values())
+    print(
+        f"CPU per turn: worker {cpu * 1e6 / n:,.0f} us (DB threads {hop_cpu * 1e6 / n:,.0f} us, "
+        f"trio thread {(cpu - hop_cpu) * 1e6 / n:,.0f} us); "
+        f"PostgreSQL server {server_cpu * 1e6 / n:,.0f} us"
+    )
+    owned = report["owned"]
+    cast_s = statistics.mean(e - b for b, e in owned)
+    spread = max(b for b, _ in owned) - min(b for b, _ in owned)
+    syncs, sync_s = report["sync"]
+    print(
+        f"an entity's cast (claim to finish): mean {cast_s:.3f} s; casts began over "
+        f"{spread:.3f} s; Loom.sync (waiting for the group commit + writing it) "
+        f"{sync_s * 1e6 / max(1, syncs):,.0f} us mean, {syncs / n:.2f} per turn"
+    )
+    print("thread hops per turn (to_thread.run_sync): count, then mean us queued / ran / back:")
+    for name, (count, queued, ran, back, _cpu) in sorted(
+        report["hops"].items(), key=lambda kv: -kv[1][0]
+    ):
+        print(
+            f"  {count / n:5.2f}  {queued * 1e6 / count:8.0f} {ran * 1e6 / count:8.0f} "
+            f"{back * 1e6 / count:8.0f}   {name}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--entities", type=int, default=100)
+    parser.add_argument("--latency", type=int, nargs="*", default=[0])
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.concurrency)
+        return
+    from pg_cluster import postgres_cluster
+
+    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+    with postgres_cluster(STATS_OPTIONS) as server:
+        for latency in args.latency:
+            measure(server, args.entities, latency, args.concurrency)
+
+
+if __name__ == "__main__":
+    main()
