@@ -56,6 +56,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "good.toml").write_text(GOOD_SPEC)
     (root / "bad.toml").write_text("[llm\nprovider = ")
     (root / "typo.toml").write_text(GOOD_SPEC + "\n[circel]\nmedium = 'js'\n")
+    (root / "nan.toml").write_text(GOOD_SPEC + "\n[identity]\ntemperature = nan\n")
     (root / "notes.txt").write_text("my notes, not a loom\n")
     (root / "notes.jsonl").write_text("just words\n")
     (root / "folder").mkdir()
@@ -77,6 +78,8 @@ ROWS: list[tuple[str, list[str], bytes | None, int, str]] = [
     ("missing spec", ["cast", "missing.toml", "hi"], None, 1, "spec file not found"),
     ("not TOML", ["cast", "bad.toml", "hi"], None, 1, "not valid TOML"),
     ("unknown key", ["cast", "typo.toml", "hi"], None, 1, "circel"),
+    ("NaN hyperparameter", ["cast", "nan.toml", "hi"], None, 1,
+     "temperature must be a finite number"),
     ("spec is a folder", ["cast", "folder", "hi"], None, 1, "Is a directory"),
     ("binary stdin", ["cast", "good.toml"], os.urandom(3000) + b"\xff", 1, "not UTF-8 text"),
     ("undecodable argv", ["cast", "good.toml", "caf\udce9"], None, 1, "not valid UTF-8 text"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attrs
@@ -310,3 +311,21 @@ def test_to_dict_from_dict_round_trip(identity: Identity) -> None:
 def test_stop_is_stored_as_a_tuple() -> None:
     identity = Identity(stop=["a", "b"])
     assert identity.stop == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    ("fields", "where"),
+    [
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": float("inf")}, "top_p"),
+        ({"extra": {"penalty": {"values": [0.5, float("-inf")]}}}, "extra.penalty.values[1]"),
+    ],
+)
+def test_identity_refuses_nan_and_infinity_naming_the_place(
+    fields: dict[str, Any], where: str
+) -> None:
+    """JSON has no NaN or infinity: a request carrying one would be refused by the
+    provider or sent with null in its place, so the identity refuses it when built."""
+    with pytest.raises(ConstructionError, match=rf"{re.escape(where)} must be a finite number"):
+        Identity(**fields)
+    assert Identity(temperature=0.0, extra={"penalty": [0.5, 1e308]}).temperature == 0.0

@@ -74,16 +74,29 @@ def parse_usage(data: Mapping[str, Any] | None) -> Usage:
     )
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json(text: str) -> Any:
+    """``json.loads`` without Python's extensions: ``NaN`` and ``Infinity`` are refused.
+
+    Arguments a model wrote with them are not JSON; taken as floats they would be
+    replayed to the provider as ``null`` (orjson) or as invalid JSON. Refused, the
+    call keeps its raw text and becomes an ``is_error`` observation saying so."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
 def parse_arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
-    """(arguments, raw text if it could not be parsed)."""
+    """(arguments, raw text if it could not be parsed as strict JSON)."""
     if raw is None or raw == "":
         return {}, None
     if isinstance(raw, Mapping):
         return dict(raw), None
     if isinstance(raw, str):
         try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
+            value = strict_json(raw)
+        except ValueError:  # JSONDecodeError, or a NaN/Infinity constant
             return {}, raw
         if isinstance(value, dict):
             return value, None

@@ -232,8 +232,9 @@ def dumps(body: Any) -> bytes:
 
     orjson writes it ~10x faster than the standard library (the body carries
     the whole conversation, so this is a turn's one O(history) step), the same
-    bytes for the same values, except NaN and infinities, which JSON has not:
-    ``null`` instead of the ``NaN`` no provider's parser accepts.
+    bytes for the same values. NaN and infinities, which JSON has not (orjson
+    writes ``null``), are refused before they get here: by the identity, and by
+    strict parsing of a model's tool arguments (``strict_json``).
     What orjson refuses -- lone surrogates (sandbox output), integers beyond
     64 bits, non-string keys, very deep nesting -- the standard library
     writes, as before."""

@@ -56,7 +56,7 @@ from cantrip.llm._finish import (
     refusal,
     resolve_finish,
 )
-from cantrip.llm._openai_chat import error_from_payload, parse_arguments
+from cantrip.llm._openai_chat import error_from_payload, parse_arguments, strict_json
 from cantrip.llm._sse import SSEEvent
 from cantrip.llm.providers._base import (
     EventSink,
@@ -470,7 +470,7 @@ class MessageStream:
 def _json_or_text(text: str) -> Any:
     """Streamed tool input: the object if it parses, else the text (kept as raw_arguments)."""
     try:
-        return json.loads(text)
+        return strict_json(text)
     except ValueError:
         return text
 
