@@ -124,6 +124,9 @@ class _Owned:
     claim: Claim
     entity: Entity | None = None
     cancelled: bool = False
+    releasing: bool = False
+    """Set just before ``finish`` releases the lease: from then on a heartbeat that finds
+    the lease gone is not a loss (finish itself reports a lease lost before it)."""
     poke: trio.Event = attrs.Factory(trio.Event)
     """Set when NOTIFY says something about this entity (an answer to a live pause)."""
 
@@ -231,6 +234,7 @@ class Worker:
                 try:
                     with run:
                         state, outcome = await self._execute(owned)
+                        owned.releasing = True
                         finished = await trio.to_thread.run_sync(
                             self.queue.finish,
                             claim,
@@ -261,6 +265,8 @@ class Worker:
                 self.queue.heartbeat, owned.claim.fence, self.lease_s, limiter=limiter
             )
             if not held:
+                if owned.releasing:  # given up on purpose by finish, not lost
+                    return
                 log.warning("%s: lease lost; stopping it here", owned.claim.entity_id)
                 run.cancel()
                 return
