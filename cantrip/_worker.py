@@ -171,17 +171,22 @@ class Worker:
                 task_status.started(self.worker_id)
                 free = trio.Semaphore(self.concurrency)
                 while True:
-                    await free.acquire()
-                    claim = await trio.to_thread.run_sync(
-                        self.queue.claim, self.worker_id, self.lease_s, limiter=store.limiter
+                    slots = await _take_free(free)
+                    claims = await trio.to_thread.run_sync(
+                        self.queue.claim_many,
+                        self.worker_id,
+                        self.lease_s,
+                        slots,
+                        limiter=store.limiter,
                     )
-                    if claim is None:
+                    for _ in range(slots - len(claims)):
                         free.release()
+                    for claim in claims:
+                        nursery.start_soon(self._own, claim, free)
+                    if len(claims) < slots:  # the queue is drained (for now)
                         with trio.move_on_after(self.poll_s):  # NOTIFY wakes us sooner
                             await self._wake.wait()
                         self._wake = trio.Event()
-                        continue
-                    nursery.start_soon(self._own, claim, free)
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self.loom.close)
@@ -432,6 +437,17 @@ class Worker:
             if claim.base_turn in ids:
                 turns = turns[ids.index(claim.base_turn) + 1 :]
         return turns
+
+
+async def _take_free(free: trio.Semaphore) -> int:
+    """Wait for a free slot, then take every other slot free now too: how many a
+    claim may ask for (each claimed item keeps its slot until its entity's task ends)."""
+    await free.acquire()
+    taken = 1
+    while free.value:
+        free.acquire_nowait()
+        taken += 1
+    return taken
 
 
 async def _cancel_soon(entity: Entity) -> None:
