@@ -430,6 +430,8 @@ class LivePauses:
                     (pause["pause_id"], claim.entity_id, claim.work_id, claim.fence.epoch,
                      json.dumps(pause)),
                 )  # fmt: skip
+            # wakes the replicas streaming the entity (``event: pause``) at commit
+            conn.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, claim.entity_id))
 
     def answers(self, pause_ids: list[str]) -> list[tuple[str, dict[str, Any]]]:
         with self.store.pool.connection() as conn:
