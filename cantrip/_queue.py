@@ -3,10 +3,11 @@
 The standard Postgres queue pattern and nothing of our own beyond it:
 
 * **enqueue** inserts a row in ``cantrip_work`` and ``NOTIFY cantrip_work``;
-* **claim** picks the oldest runnable row with ``SELECT ... FOR UPDATE SKIP
-  LOCKED`` (runnable: queued, or running under a lease that expired -- its
-  worker died), takes the entity's lease in ``cantrip_leases`` -- which bumps
-  the **fencing epoch** -- and marks the row running, all in one transaction.
+* **claim** picks the oldest runnable rows -- up to as many as the worker has
+  free slots, one per entity -- with ``SELECT ... FOR UPDATE SKIP LOCKED``
+  (runnable: queued, or running under a lease that expired -- its worker
+  died), takes each entity's lease in ``cantrip_leases`` -- which bumps the
+  **fencing epoch** -- and marks the rows running, all in one statement.
   Work for one entity runs in enqueue order, one at a time;
 * **heartbeat** extends the lease, but only while it is still this worker's at
   this epoch and unexpired (a worker paused past its lease cannot revive it);
@@ -55,7 +56,7 @@ WHERE w.state IN ('queued', 'running')
       SELECT 1 FROM cantrip_work e
       WHERE e.entity_id = w.entity_id AND e.id < w.id AND e.state IN ('queued', 'running'))
 ORDER BY w.id
-LIMIT 1
+LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 """
 
@@ -78,16 +79,18 @@ claimed AS (
         result = CASE WHEN w.attempts = 0 THEN json_build_object('base_turn', (
             SELECT t.id FROM cantrip_turns t WHERE t.entity_id = lease.entity_id
             ORDER BY t.pos DESC LIMIT 1))::text ELSE w.result END
-    FROM pick, lease
+    FROM pick JOIN lease ON lease.entity_id = pick.entity_id
     WHERE w.id = pick.id
     RETURNING w.id, w.entity_id, w.intent, w.spell, w.attempts, lease.epoch, w.result,
         extract(epoch FROM w.claimed_at - w.enqueued_at)
 )
 SELECT * FROM claimed
 """
-"""The claim, one statement (one round trip): the oldest runnable row (``SKIP LOCKED``),
-the entity's lease taken -- bumping the fencing epoch -- and the row marked running.
-A lease another worker took a moment ago makes it answer no row. The base turn (the
+"""The claim, one statement (one round trip): the oldest runnable rows, at most
+``limit`` (``SKIP LOCKED``), each entity's lease taken -- bumping its fencing epoch --
+and the rows marked running. The picked rows are of distinct entities: a row is
+runnable only if no older row of its entity is open. A lease another worker took a
+moment ago drops that row from the answer (fewer rows than picked). The base turn (the
 entity's latest before its first claim) is read only on the first claim: no other
 worker can be writing the entity then (its earlier work is finished, its lease
 released, and a zombie's fence is stale)."""
@@ -159,22 +162,35 @@ class WorkQueue:
 
     def claim(self, owner: str, lease_s: float) -> Claim | None:
         """The oldest runnable work item, now this worker's; None if there is none."""
+        claims = self.claim_many(owner, lease_s, 1)
+        return claims[0] if claims else None
+
+    def claim_many(self, owner: str, lease_s: float, limit: int) -> list[Claim]:
+        """Up to ``limit`` of the oldest runnable work items, each of another entity, now
+        this worker's (oldest first; empty if none is runnable). One statement: a worker
+        asks for as many as it has free slots, never more, so what it cannot run at once
+        stays for the other workers."""
+        if limit < 1:
+            raise ValueError(f"claim at least one work item, not {limit}")
         with self.store.pool.connection() as conn:
-            row = conn.execute(_CLAIM_AND_LEASE, {"owner": owner, "lease": lease_s}).fetchone()
-        if row is None:  # nothing runnable, or its lease was taken a moment ago
-            return None
-        work_id, entity_id, intent, spell, attempts, epoch, result, waited = row
-        base = json.loads(result).get("base_turn") if result else None
-        return Claim(
-            work_id=int(work_id),
-            entity_id=entity_id,
-            intent=intent,
-            spell=json.loads(spell),
-            fence=Fence(entity_id, owner, int(epoch)),
-            attempt=int(attempts),
-            base_turn=base,
-            claim_latency_s=float(waited),
-        )
+            rows = conn.execute(
+                _CLAIM_AND_LEASE, {"owner": owner, "lease": lease_s, "limit": limit}
+            ).fetchall()
+        claims = []
+        for work_id, entity_id, intent, spell, attempts, epoch, result, waited in rows:
+            claims.append(
+                Claim(
+                    work_id=int(work_id),
+                    entity_id=entity_id,
+                    intent=intent,
+                    spell=json.loads(spell),
+                    fence=Fence(entity_id, owner, int(epoch)),
+                    attempt=int(attempts),
+                    base_turn=json.loads(result).get("base_turn") if result else None,
+                    claim_latency_s=float(waited),
+                )
+            )
+        return sorted(claims, key=lambda c: c.work_id)
 
     def heartbeat(self, fence: Fence, lease_s: float) -> tuple[bool, bool]:
         """Extend the lease if it still holds: (held, cancel requested). One statement."""
@@ -414,6 +430,8 @@ class LivePauses:
                     (pause["pause_id"], claim.entity_id, claim.work_id, claim.fence.epoch,
                      json.dumps(pause)),
                 )  # fmt: skip
+            # wakes the replicas streaming the entity (``event: pause``) at commit
+            conn.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, claim.entity_id))
 
     def answers(self, pause_ids: list[str]) -> list[tuple[str, dict[str, Any]]]:
         with self.store.pool.connection() as conn:

@@ -124,6 +124,9 @@ class _Owned:
     claim: Claim
     entity: Entity | None = None
     cancelled: bool = False
+    releasing: bool = False
+    """Set just before ``finish`` releases the lease: from then on a heartbeat that finds
+    the lease gone is not a loss (finish itself reports a lease lost before it)."""
     poke: trio.Event = attrs.Factory(trio.Event)
     """Set when NOTIFY says something about this entity (an answer to a live pause)."""
 
@@ -168,17 +171,22 @@ class Worker:
                 task_status.started(self.worker_id)
                 free = trio.Semaphore(self.concurrency)
                 while True:
-                    await free.acquire()
-                    claim = await trio.to_thread.run_sync(
-                        self.queue.claim, self.worker_id, self.lease_s, limiter=store.limiter
+                    slots = await _take_free(free)
+                    claims = await trio.to_thread.run_sync(
+                        self.queue.claim_many,
+                        self.worker_id,
+                        self.lease_s,
+                        slots,
+                        limiter=store.limiter,
                     )
-                    if claim is None:
+                    for _ in range(slots - len(claims)):
                         free.release()
+                    for claim in claims:
+                        nursery.start_soon(self._own, claim, free)
+                    if len(claims) < slots:  # the queue is drained (for now)
                         with trio.move_on_after(self.poll_s):  # NOTIFY wakes us sooner
                             await self._wake.wait()
                         self._wake = trio.Event()
-                        continue
-                    nursery.start_soon(self._own, claim, free)
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self.loom.close)
@@ -231,6 +239,7 @@ class Worker:
                 try:
                     with run:
                         state, outcome = await self._execute(owned)
+                        owned.releasing = True
                         finished = await trio.to_thread.run_sync(
                             self.queue.finish,
                             claim,
@@ -261,6 +270,8 @@ class Worker:
                 self.queue.heartbeat, owned.claim.fence, self.lease_s, limiter=limiter
             )
             if not held:
+                if owned.releasing:  # given up on purpose by finish, not lost
+                    return
                 log.warning("%s: lease lost; stopping it here", owned.claim.entity_id)
                 run.cancel()
                 return
@@ -426,6 +437,17 @@ class Worker:
             if claim.base_turn in ids:
                 turns = turns[ids.index(claim.base_turn) + 1 :]
         return turns
+
+
+async def _take_free(free: trio.Semaphore) -> int:
+    """Wait for a free slot, then take every other slot free now too: how many a
+    claim may ask for (each claimed item keeps its slot until its entity's task ends)."""
+    await free.acquire()
+    taken = 1
+    while free.value:
+        free.acquire_nowait()
+        taken += 1
+    return taken
 
 
 async def _cancel_soon(entity: Entity) -> None:

@@ -458,3 +458,64 @@ async def test_serve_db_answers_a_childs_pause_202_and_the_prompt_answers(pay_db
 
     await _with_worker(pay_db, body, concurrency=2)
     assert _effects(pay_db) == ["child-job"]
+
+
+async def test_serve_db_streams_a_childs_live_pause_as_event_pause(pay_db: str) -> None:
+    """A streamed prompt whose child pauses in place: the stream sends ``event: pause``
+    (the child's entity id, the pause its worker published); answering that pause id
+    lets the stream go on to the result."""
+    import socket
+
+    import httpx
+
+    from cantrip.protocols._db_http import serve_http_db
+
+    queued = spell_from_factory("pause_workload:build_delegating")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+
+    async def body(worker: Worker) -> None:
+        async with trio.open_nursery() as nursery:
+            (base,) = await nursery.start(
+                lambda task_status: serve_http_db(
+                    queued,
+                    build_spell(queued, Loom()),
+                    pay_db,
+                    "127.0.0.1",
+                    port,
+                    task_status=task_status,
+                )
+            )
+            events: list[tuple[str, dict[str, Any]]] = []
+            async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+                sid = (await http.post("/sessions")).json()["session_id"]
+                entity = (await http.get(f"/sessions/{sid}")).json()["entity_id"]
+                with trio.fail_after(60):
+                    async with http.stream(
+                        "POST", f"/sessions/{sid}/prompt?stream=1", json={"intent": "x"}
+                    ) as response:
+                        name = None
+                        async for line in response.aiter_lines():
+                            if line.startswith("event: "):
+                                name = line[7:]
+                            elif line.startswith("data: ") and name is not None:
+                                events.append((name, json.loads(line[6:])))
+                                if name == "pause":
+                                    pause = events[-1][1]["pause"]
+                                    answered = await http.post(
+                                        f"/sessions/{sid}/pending/{pause['pause_id']}",
+                                        json={"decision": "approve"},
+                                    )
+                                    assert answered.status_code == 202, answered.text
+            nursery.cancel_scope.cancel()
+        pauses = [e for n, e in events if n == "pause"]
+        assert len(pauses) == 1  # sent once, though the stream polled on
+        (pause,) = pauses
+        assert pause["type"] == "pause" and pause["entity_id"] != entity
+        assert pause["entity_id"] == pause["pause"]["entity_id"]
+        assert (pause["pause"]["gate"], pause["pause"]["args"]) == ("pay", {"job": "child-job"})
+        assert events[-1][0] == "result" and events[-1][1]["result"] == "parent"
+
+    await _with_worker(pay_db, body, concurrency=2)
+    assert _effects(pay_db) == ["child-job"]

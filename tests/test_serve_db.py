@@ -826,3 +826,43 @@ async def test_a_streamed_prompt_that_pauses_ends_with_its_pending_calls(
     result = json.loads(lines[-1][len("data:") :])
     assert result["reason"] == "paused" and result["pending"][0]["gate"] == "echo"
     assert result["session_id"] == sid
+
+
+async def test_a_prompt_that_pauses_sends_event_pause_on_both_replicas_streams(
+    stack: Stack, pausing: tuple[str, str]
+) -> None:
+    """Streamed at B, watched at A (``/events``): both carry ``event: pause`` -- the
+    in-process server's event and payload -- for the call the work ended waiting on."""
+    a, b = pausing
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        entity = (await on_a.get(f"/sessions/{sid}")).json()["entity_id"]
+        streamed: list[tuple[str, dict[str, Any]]] = []
+        watched: list[tuple[str, dict[str, Any]]] = []
+
+        async def stream_at_b() -> None:
+            async with on_b.stream(
+                "POST", f"/sessions/{sid}/prompt?stream=1", json={"intent": "pay"}
+            ) as response:
+                streamed.extend([e async for e in _sse_events(response)])
+
+        with trio.fail_after(60):
+            async with (
+                trio.open_nursery() as nursery,
+                on_a.stream("GET", f"/sessions/{sid}/events") as events,
+            ):
+                assert events.status_code == 200
+                nursery.start_soon(stream_at_b)
+                async for name, data in _sse_events(events):
+                    watched.append((name, data))
+                    if name == "pause":
+                        break
+    names = [n for n, _ in streamed]
+    assert names[-2:] == ["pause", "result"] and "step_complete" in names
+    (pause,) = [e for n, e in streamed if n == "pause"]
+    result = streamed[-1][1]
+    assert result["reason"] == "paused"
+    assert pause == {"type": "pause", "entity_id": entity, "pause": result["pending"][0]}
+    assert pause["pause"]["gate"] == "echo" and pause["pause"]["args"] == {"text": "step 1"}
+    assert watched[-1] == ("pause", pause)
+    assert [n for n, _ in watched if n == "pause"] == ["pause"]  # sent once

@@ -39,10 +39,11 @@ from urllib.parse import parse_qs
 
 import trio
 
-from cantrip._approval import Decision, PauseError
+from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult
-from cantrip._events import FinalResponse, StepComplete
+from cantrip._events import FinalResponse, PauseEvent, StepComplete
+from cantrip._queue import PAUSED
 from cantrip._redact import get_logger
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols._api import AnswerRequest, CreateSession, openapi_document
@@ -356,7 +357,10 @@ class DbHttpApp:
     async def _tail(
         self, row: SessionRow, work_id: int, seen: int, send: Send
     ) -> tuple[str, dict[str, Any] | None]:
-        """Send each turn of the work as it lands in the loom, until the work ends."""
+        """Send each turn of the work as it lands in the loom, until the work ends; then
+        ``pause`` for each call it ended waiting on (it ended ``paused``). A pause the
+        running tree waits on in place (a child's) is sent as its worker publishes it."""
+        sent: set[str] = set()
         with self.notifier.watching(row.entity_id) as next_event:
             while True:
                 woken = next_event()
@@ -366,7 +370,12 @@ class DbHttpApp:
                     for event in _turn_events(turn):
                         await _sse(send, event["type"], event)
                 if status[0] in ENDED:
+                    if status[0] == PAUSED:
+                        await _send_pauses(send, (status[1] or {}).get("pending") or [], sent)
                     return status  # type: ignore[no-any-return]
+                if self.cantrip.circle.needs_humans:
+                    live = await self._db(self.sessions.live_pending, row.entity_id)
+                    await _send_pauses(send, live, sent)
                 with trio.move_on_after(self.tail_s):
                     await woken.wait()
 
@@ -388,23 +397,38 @@ class DbHttpApp:
                 self.notifier.watching(row.entity_id) as next_event,
             ):
                 quiet_since = trio.current_time()
+                humans = self.cantrip.circle.needs_humans
+                sent = {p["pause_id"] for p in await self._pending(row, humans)}  # not news
+                heard = False
                 while not closing.cancel_called:
                     woken = next_event()
-                    for pos, turn in await self._db(self.sessions.turns_after, row.entity_id, seen):
+                    landed = await self._db(self.sessions.turns_after, row.entity_id, seen)
+                    for pos, turn in landed:
                         seen = pos
                         quiet_since = trio.current_time()
                         for event in _turn_events(turn):
                             await _sse(send, event["type"], event)
+                    if heard or landed:  # a NOTIFY (work ended, a pause published) or turns
+                        await _send_pauses(send, await self._pending(row, humans), sent)
                     if trio.current_time() - quiet_since >= HEARTBEAT_S:
                         quiet_since = trio.current_time()
                         await send({"type": "http.response.body", "body": b": idle\n\n",
                                     "more_body": True})  # fmt: skip
                     with trio.move_on_after(self.tail_s):
                         await woken.wait()
+                    heard = woken.is_set()
             if closing.cancelled_caught:
                 await _sse(send, "shutdown", {"type": "shutdown"})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 nursery.cancel_scope.cancel()
+
+    async def _pending(self, row: SessionRow, humans: bool) -> list[dict[str, Any]]:
+        """The calls the session waits on a human for (none asked if its circle never
+        pauses)."""
+        if not humans:
+            return []
+        pending: list[dict[str, Any]] = await self._db(self.sessions.pending, row.entity_id)
+        return pending
 
     async def close(self) -> None:
         """Stop taking requests; give open waits the grace period, then answer them
@@ -437,6 +461,18 @@ def _turn_events(turn: Any) -> list[dict[str, Any]]:
     if turn.terminated:
         events.append(event_dict(FinalResponse(turn.result, entity_id=turn.entity_id)))
     return events
+
+
+async def _send_pauses(send: Send, pauses: list[dict[str, Any]], sent: set[str]) -> None:
+    """``event: pause`` for each pause not sent yet -- the in-process server's event and
+    payload (``{"type": "pause", "entity_id": <the pausing entity>, "pause": {...}}``)."""
+    for data in pauses:
+        if data["pause_id"] in sent:
+            continue
+        sent.add(data["pause_id"])
+        pause = Pause.from_dict(data)
+        event = event_dict(PauseEvent(pause=pause, entity_id=pause.entity_id))
+        await _sse(send, event["type"], event)
 
 
 # -- serving --------------------------------------------------------------------------

@@ -27,7 +27,15 @@ from typing import Any
 import attrs
 
 from cantrip._entity import CastResult, new_entity_id
-from cantrip._queue import ENDED, ENTITY_LOCK, WorkQueue, answer_on, cancel_on, enqueue_on
+from cantrip._queue import (
+    ENDED,
+    ENTITY_LOCK,
+    WorkQueue,
+    answer_on,
+    cancel_on,
+    enqueue_on,
+    live_pending_on,
+)
 from cantrip.loom._codec import decode_record
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
@@ -231,6 +239,11 @@ class DbSessions:
     def pending(self, entity_id: str) -> list[dict[str, Any]]:
         """The calls the session's cast waits on a human for (its work ended paused)."""
         return self.queue.pending(entity_id)
+
+    def live_pending(self, entity_id: str) -> list[dict[str, Any]]:
+        """The pauses the session's running cast waits on in place (a child's)."""
+        with self.store.pool.connection() as conn:
+            return live_pending_on(conn, entity_id)
 
     def answer(self, entity_id: str, pause_id: str, decision: dict[str, Any]) -> Queued:
         """Record the answer and queue its carrying-out, in one transaction under the
