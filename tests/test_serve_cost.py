@@ -92,3 +92,83 @@ def test_a_negative_gc_threshold_is_one_line_and_serves_nothing(
     assert err.strip().splitlines() == [
         "cantrip: --gc-young -1: give 0 (Python's own) or a positive threshold"
     ]
+
+
+async def test_after_the_key_index_a_keyed_prompt_reads_only_its_own_cast(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key index is built from the session's turns once; after that, neither a new
+    keyed prompt nor a keyed retry reads the session's whole history (O(its cast))."""
+    hub = SessionHub(spell(tmp_path / "keys.db", [answer(f"a{i}") for i in range(8)]))
+    session, _ = hub.create()
+    loom = hub.spell.loom
+    for i in range(3):
+        await hub.prompt(session, f"task {i}")
+    first = await hub.prompt(session, "keyed", key="k-1")  # builds the index (one read)
+    assert first is not None and first.result == "a3"
+    whole: list[str] = []
+    ranges: list[tuple[str, str]] = []
+    real_all, real_from = type(loom).entity_turns, type(loom).entity_turns_from
+
+    def counted_all(self: Any, entity_id: str) -> Any:
+        whole.append(entity_id)
+        return real_all(self, entity_id)
+
+    def counted_from(self: Any, entity_id: str, turn_id: str) -> Any:
+        ranges.append((entity_id, turn_id))
+        return real_from(self, entity_id, turn_id)
+
+    monkeypatch.setattr(type(loom), "entity_turns", counted_all)
+    monkeypatch.setattr(type(loom), "entity_turns_from", counted_from)
+    second = await hub.prompt(session, "keyed two", key="k-2")
+    assert second is not None and second.result == "a4"
+    await hub.prompt(session, "plain")
+    again = await hub.prompt(session, "keyed", key="k-1")  # a retry of an older cast
+    again_two = await hub.prompt(session, "keyed two", key="k-2")
+    assert whole == []
+    assert again is not None and again.result == "a3" and again.turns == first.turns
+    assert again_two is not None and again_two.result == "a4"
+    assert [turn.intent for turn in again_two.turns] == ["keyed two"]
+    assert len(ranges) == 2  # one range read per retry
+    with pytest.raises(cantrip.protocols._sessions.SessionError, match="different prompt"):
+        await hub.prompt(session, "another prompt", key="k-2")
+    await hub.aclose()
+    loom.close()
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite", "jsonl", "postgres"])
+def test_entity_turns_from_a_turn_on(
+    tmp_path: Path, store: str, request: pytest.FixtureRequest
+) -> None:
+    """``Loom.entity_turns_from``: the entity's turns from one of its turns on, in order
+    (a range query on SQLite and PostgreSQL -- the latter a real server, started by
+    the fixture -- a slice in memory)."""
+    import trio
+
+    if store == "memory":
+        loom = cantrip.Loom()
+    elif store == "postgres":
+        loom = cantrip.Loom.open(request.getfixturevalue("pg_url"))
+    else:
+        loom = cantrip.Loom.open(tmp_path / ("l.db" if store == "sqlite" else "l.jsonl"))
+    c = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM([answer(f"a{i}") for i in range(3)]),
+        identity=cantrip.Identity(system_prompt="range"),
+        circle=cantrip.Circle([done], [cantrip.max_turns(3)]),
+        loom=loom,
+    )
+    entity = c.summon()
+
+    async def run() -> None:
+        for i in range(3):
+            await entity.send(f"task {i}")
+        await loom.sync(entity.id)
+
+    trio.run(run)
+    turns = list(loom.entity_turns(entity.id))
+    assert [t.intent for t in turns] == ["task 0", "task 1", "task 2"]
+    for position, turn in enumerate(turns):
+        assert list(loom.entity_turns_from(entity.id, turn.id)) == turns[position:]
+    assert list(loom.entity_turns_from(entity.id, "no-such-turn")) == []
+    assert list(loom.entity_turns_from("no-such-entity", turns[0].id)) == []
+    loom.close()

@@ -424,16 +424,38 @@ class Loom:
 
     def entity_turns(self, entity_id: str) -> Sequence[Turn]:
         if self._indexed is not None:
-            stored = self._indexed.entity_turns(entity_id)
-            if self._pending:  # queued on a deferred store, not committed yet
-                seen = {t.id for t in stored}
-                stored.extend(
-                    p
-                    for k, p, _ in self._pending
-                    if k == "turn" and p.entity_id == entity_id and p.id not in seen
-                )
-            return tuple(stored)
+            return self._with_pending(entity_id, self._indexed.entity_turns(entity_id))
         return tuple(self._entity_turns.get(entity_id, ()))
+
+    def entity_turns_from(self, entity_id: str, turn_id: str) -> Sequence[Turn]:
+        """``entity_id``'s turns from ``turn_id`` (one of them) on, in order; empty if it
+        has no such turn. On a store that is queried, a range read: what happened since
+        a turn costs what was recorded since, not the entity's whole history."""
+        if self._indexed is not None:
+            stored = self._indexed.entity_turns_from(entity_id, turn_id)
+            if not stored and any(k == "turn" and p.id == turn_id for k, p, _ in self._pending):
+                stored = [  # the turn itself is queued on a deferred store, not committed
+                    p for k, p, _ in self._pending if k == "turn" and p.entity_id == entity_id
+                ]
+                ids = [t.id for t in stored]
+                return tuple(stored[ids.index(turn_id) :])
+            return self._with_pending(entity_id, stored) if stored else ()
+        turns = self._entity_turns.get(entity_id, [])
+        for position in range(len(turns) - 1, -1, -1):  # recent casts are asked for most
+            if turns[position].id == turn_id:
+                return tuple(turns[position:])
+        return ()
+
+    def _with_pending(self, entity_id: str, stored: list[Turn]) -> tuple[Turn, ...]:
+        """Stored turns plus ``entity_id``'s turns queued on a deferred store, not committed yet."""
+        if self._pending:
+            seen = {t.id for t in stored}
+            stored.extend(
+                p
+                for k, p, _ in self._pending
+                if k == "turn" and p.entity_id == entity_id and p.id not in seen
+            )
+        return tuple(stored)
 
     def last_turn(self, entity_id: str) -> Turn | None:
         if self._indexed is not None:

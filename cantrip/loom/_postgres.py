@@ -557,6 +557,14 @@ class PostgresStore:
         )
         return [_turn(d) for (d,) in rows]
 
+    def entity_turns_from(self, entity_id: str, turn_id: str) -> list[Turn]:
+        rows = self._rows(
+            "SELECT data FROM cantrip_turns WHERE entity_id = %s "
+            "AND pos >= (SELECT pos FROM cantrip_turns WHERE id = %s) ORDER BY pos",
+            (entity_id, turn_id),
+        )
+        return [_turn(d) for (d,) in rows]
+
     def last_turn(self, entity_id: str) -> Turn | None:
         rows = self._rows(
             "SELECT data FROM cantrip_turns WHERE entity_id = %s ORDER BY pos DESC LIMIT 1",

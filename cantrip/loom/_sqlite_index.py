@@ -53,6 +53,10 @@ class IndexedStore(Protocol):
 
     def entity_turns(self, entity_id: str) -> list[Turn]: ...
 
+    def entity_turns_from(self, entity_id: str, turn_id: str) -> list[Turn]:
+        """``entity_id``'s turns from ``turn_id`` on (an index range, not the history)."""
+        ...
+
     def last_turn(self, entity_id: str) -> Turn | None: ...
 
     def children(self, turn_id: str | None) -> list[Turn]: ...
@@ -118,6 +122,14 @@ class SQLiteQueries:
     def entity_turns(self, entity_id: str) -> list[Turn]:
         rows = self._db.execute(
             "SELECT data FROM turns WHERE entity_id = ? ORDER BY pos", (entity_id,)
+        ).fetchall()
+        return [_turn(d) for (d,) in rows]
+
+    def entity_turns_from(self, entity_id: str, turn_id: str) -> list[Turn]:
+        rows = self._db.execute(
+            "SELECT data FROM turns WHERE entity_id = ? "
+            "AND pos >= (SELECT pos FROM turns WHERE id = ?) ORDER BY pos",
+            (entity_id, turn_id),
         ).fetchall()
         return [_turn(d) for (d,) in rows]
 

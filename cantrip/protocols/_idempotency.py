@@ -53,14 +53,14 @@ def session_entity_id(key: str) -> str:
     return "entity-" + digest[:20]
 
 
-def key_index(turns: Sequence[Turn]) -> dict[str, int]:
-    """Every idempotency key in an entity's turns -> the position of its cast's first turn."""
-    index: dict[str, int] = {}
-    for position, turn in enumerate(turns):
+def key_index(turns: Sequence[Turn]) -> dict[str, str]:
+    """Every idempotency key in an entity's turns -> the id of its cast's first turn."""
+    index: dict[str, str] = {}
+    for turn in turns:
         if turn.intent is not None:
             key = turn.extras.get(KEY_TAG)
             if isinstance(key, str):
-                index.setdefault(key, position)
+                index.setdefault(key, turn.id)
     return index
 
 

@@ -117,8 +117,8 @@ class Session:
     """Prompt requests that have arrived but not begun (their body is being read)."""
     cancel_until: float | None = None
     """A sticky cancel is armed on the entity until this time (trio clock)."""
-    keys: dict[str, int] | None = None
-    """Idempotency key -> position of its cast's first turn (built on first use)."""
+    keys: dict[str, str] | None = None
+    """Idempotency key -> the id of its cast's first turn (built on first use)."""
     last_used: float = 0.0
     """trio time of the last request that named it (idle eviction, protocols._limits)."""
 
@@ -249,13 +249,26 @@ class SessionHub:
         start = session.keys.get(key)
         if start is None:
             return None
-        turns = session.entity.turns
-        if turns[start].intent != intent:
+        # from the cast's first turn on: a range read, not the session's whole history
+        turns = self.spell.loom.entity_turns_from(session.entity.id, start)
+        if turns[0].intent != intent:
             raise SessionError(
                 "key_reused",
                 f"Idempotency-Key {key!r} was used for a different prompt on this session",
             )
-        return recorded_cast(turns, start)
+        return recorded_cast(turns, 0)
+
+    def _first_turn_since(self, session: Session, before: str | None) -> str | None:
+        """The id of the first turn the session's entity wrote after ``before`` (its
+        leaf then), walking back from its leaf now: O(the turns of that cast)."""
+        loom, turn_id = self.spell.loom, session.entity.leaf
+        first = None
+        while turn_id is not None and turn_id != before:
+            turn = loom.get(turn_id)
+            if turn.entity_id != session.entity.id:
+                break
+            first, turn_id = turn_id, turn.parent_id
+        return first
 
     async def prompt(
         self,
@@ -304,9 +317,7 @@ class SessionHub:
             session.cancel_until = None
         outcome: CastResult | None = None
         prompt = session.current = Prompt(intent, key)
-        # Where the cast's turns begin, for the key index: reading the entity's turns
-        # is O(its history) on a loom store, so only a keyed prompt pays it.
-        first = len(session.entity.turns) if key is not None else 0
+        before = session.entity.leaf  # the cast's first turn, if it writes one, follows it
         self.running += 1
         self._idle = trio.Event() if self.running == 1 else self._idle
         with trio.CancelScope() as scope:
@@ -332,12 +343,10 @@ class SessionHub:
                 session.running = None
                 session.sink = None
                 session.current = None
-                if (
-                    key is not None
-                    and session.keys is not None
-                    and len(session.entity.turns) > first  # the cast wrote a turn
-                ):
-                    session.keys.setdefault(key, first)
+                if key is not None and session.keys is not None:
+                    first = self._first_turn_since(session, before)
+                    if first is not None:  # the cast wrote a turn
+                        session.keys.setdefault(key, first)
                 prompt.outcome = outcome
                 prompt.done.set()
                 self.running -= 1
