@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -521,21 +522,16 @@ def _serve(args: argparse.Namespace) -> int:
     if args.check:
         return _check(args.spec, spell)
 
-    def start(
-        until_signal: Callable[[], Awaitable[None]], task_status: trio.TaskStatus[list[str]]
-    ) -> Awaitable[None]:
-        return serve_http(
-            spell,
-            args.host,
-            args.port,
-            shutdown_trigger=until_signal,
-            options=options,
-            task_status=task_status,
-            guard=guard,
-            limits=limits,
-            read_timeout_s=args.client_timeout,
-        )
-
+    start = functools.partial(
+        serve_http,
+        spell,
+        args.host,
+        args.port,
+        options=options,
+        guard=guard,
+        limits=limits,
+        read_timeout_s=args.client_timeout,
+    )
     try:
         with collector:
             failure = serve_until_signal(

@@ -18,8 +18,8 @@ import trio
 from cantrip._failure import leaves, message
 
 Start = Callable[..., Awaitable[None]]
-"""A server bound to all its arguments but two: ``start(shutdown_trigger,
-task_status=...)`` (the task status gets the bound URLs)."""
+"""A server bound to all its arguments (:func:`functools.partial`) but two, given here
+as keywords: ``shutdown_trigger`` and ``task_status`` (which gets the bound URLs)."""
 
 
 def serve_until_signal(
@@ -40,7 +40,11 @@ def serve_until_signal(
                     return
 
             async with trio.open_nursery() as nursery:
-                binds = await nursery.start(start, until_signal)
+                binds = await nursery.start(
+                    lambda task_status: start(
+                        shutdown_trigger=until_signal, task_status=task_status
+                    )
+                )
                 for bind in binds:
                     print(f"cantrip: serving {spec} on {bind}{note}", file=sys.stderr, flush=True)
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -187,22 +187,17 @@ def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
         print(f"ok: {args.spec} loads (gates {gates}; serve --db)", file=sys.stderr)
         return 0
 
-    def start(
-        until_signal: Callable[[], Awaitable[None]], task_status: trio.TaskStatus[list[str]]
-    ) -> Awaitable[None]:
-        return serve_http_db(
-            spell,
-            cantrip,
-            args.db,
-            args.host,
-            args.port,
-            shutdown_trigger=until_signal,
-            options=options,
-            task_status=task_status,
-            guard=guard,
-            read_timeout_s=args.client_timeout,
-        )
-
+    start = functools.partial(
+        serve_http_db,
+        spell,
+        cantrip,
+        args.db,
+        args.host,
+        args.port,
+        options=options,
+        guard=guard,
+        read_timeout_s=args.client_timeout,
+    )
     try:
         failure = serve_until_signal(
             start, host=args.host, port=args.port, spec=args.spec, draining="draining",

@@ -52,26 +52,28 @@ from cantrip.protocols._asgi import (
     Receive,
     Scope,
     Send,
-    allow,
     end_body,
-    idempotency_key,
     json_response,
     not_found,
-    prompt_intent,
-    read_body,
     sse,
     sse_comment,
     sse_error,
     start_sse,
-    truthy,
-    until_disconnect,
-    validated,
-    wants_stream,
 )
 from cantrip.protocols._db_notify import Notifier
 from cantrip.protocols._db_sessions import ENDED, DbSessions, Queued, SessionRow, failure_message
 from cantrip.protocols._guard import Guard
 from cantrip.protocols._lifecycle import Drain, ServeOptions, Tally
+from cantrip.protocols._request import (
+    allow,
+    idempotency_key,
+    prompt_intent,
+    read_body,
+    truthy,
+    until_disconnect,
+    validated,
+    wants_stream,
+)
 from cantrip.protocols._sessions import SessionError, event_dict, result_dict
 from cantrip.protocols._shell import ServerShell, serve_asgi
 

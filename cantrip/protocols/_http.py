@@ -59,24 +59,26 @@ from cantrip.protocols._asgi import (
     Receive,
     Scope,
     Send,
-    allow,
     end_body,
-    idempotency_key,
     json_response,
     not_found,
-    prompt_intent,
-    read_body,
     sse,
     sse_comment,
     start_sse,
+)
+from cantrip.protocols._guard import Guard
+from cantrip.protocols._lifecycle import Drain, ServeOptions
+from cantrip.protocols._limits import SessionLimits, make_room
+from cantrip.protocols._request import (
+    allow,
+    idempotency_key,
+    prompt_intent,
+    read_body,
     truthy,
     until_disconnect,
     validated,
     wants_stream,
 )
-from cantrip.protocols._guard import Guard
-from cantrip.protocols._lifecycle import Drain, ServeOptions
-from cantrip.protocols._limits import SessionLimits, make_room
 from cantrip.protocols._sessions import (
     Session,
     SessionError,

@@ -28,9 +28,11 @@ from cantrip.protocols._asgi import (
     sse,
     sse_comment,
     start_sse,
-    until_disconnect,
 )
 from cantrip.protocols._lifecycle import Drain, ServeOptions
+from cantrip.protocols._request import (
+    until_disconnect,
+)
 from cantrip.protocols._sessions import SessionError
 
 SESSION_ERRORS = {"busy": 409, "key_reused": 422, "overloaded": 503, "shutting_down": 503}
