@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
-from urllib.parse import parse_qs
 
 import trio
 
@@ -45,16 +44,12 @@ from cantrip._events import FinalResponse, PauseEvent, StepComplete
 from cantrip._queue import PAUSED
 from cantrip._redact import get_logger
 from cantrip.loom._postgres import PostgresStore
-from cantrip.protocols._api import AnswerRequest, CreateSession, openapi_document
 from cantrip.protocols._asgi import (
     HEARTBEAT_S,
     HttpError,
     Receive,
-    Scope,
     Send,
     end_body,
-    json_response,
-    not_found,
     sse,
     sse_comment,
     sse_error,
@@ -65,14 +60,7 @@ from cantrip.protocols._db_sessions import ENDED, DbSessions, Queued, SessionRow
 from cantrip.protocols._guard import Guard
 from cantrip.protocols._lifecycle import Drain, ServeOptions, Tally
 from cantrip.protocols._request import (
-    allow,
-    idempotency_key,
-    prompt_intent,
-    read_body,
-    truthy,
     until_disconnect,
-    validated,
-    wants_stream,
 )
 from cantrip.protocols._sessions import SessionError, event_dict, result_dict
 from cantrip.protocols._shell import ServerShell, serve_asgi
@@ -116,71 +104,33 @@ class DbHttpApp(ServerShell):
         """A blocking database call in a thread, behind the store's limiter."""
         return await trio.to_thread.run_sync(fn, *args, limiter=self.sessions.store.limiter)
 
-    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        method = scope["method"]
-        parts = [p for p in scope["path"].split("/") if p]
-        query = parse_qs(scope.get("query_string", b"").decode())
-        if parts == ["health"]:
-            allow(method, "GET")
-            await json_response(send, 200, await self._health())
-        elif parts == ["openapi.json"]:
-            allow(method, "GET")
-            await json_response(send, 200, openapi_document())
-        elif parts == ["sessions"]:
-            allow(method, "GET", "POST")
-            if method == "POST":
-                validated(CreateSession, await read_body(receive))
-                row, created = await self._db(self.sessions.create, idempotency_key(scope))
-                replayed = {} if created else {"idempotent-replayed": "true"}
-                await json_response(send, 201, row.info(), replayed)
-            else:
-                rows = await self._db(self.sessions.all)
-                await json_response(send, 200, {"sessions": [r.info() for r in rows]})
-        elif len(parts) == 4 and parts[0] == "sessions" and parts[2] == "pending":
-            allow(method, "POST")
-            row = await self._session(parts[1])
-            answer = validated(AnswerRequest, await read_body(receive))
-            outcome = await self._answer(row, parts[3], answer.decision_value())
-            if outcome is None:  # a running prompt waited on it (a child's): it answers
-                await json_response(send, 202, {"answered": True, "pause_id": parts[3]})
-            else:
-                await json_response(send, 200, outcome)
-        elif len(parts) >= 2 and parts[0] == "sessions" and len(parts) <= 3:
-            row = await self._session(parts[1])
-            action = parts[2] if len(parts) == 3 else None
-            if action is None:
-                allow(method, "GET")
-                await json_response(send, 200, row.info())
-            elif action == "prompt":
-                allow(method, "POST")
-                key = idempotency_key(scope)
-                intent = prompt_intent(await read_body(receive))
-                if wants_stream(scope, query):
-                    hang_up = truthy(query.get("cancel_on_disconnect"))
-                    await self._prompt_stream(row, intent, key, receive, send, hang_up)
-                else:
-                    await json_response(send, 200, await self._prompt(row, intent, key))
-            elif action == "pending":
-                allow(method, "GET")
-                pending = await self._db(self.sessions.pending, row.entity_id)
-                await json_response(send, 200, {**row.info(), "pending": pending})
-            elif action == "cancel":
-                allow(method, "POST")
-                await json_response(send, 200, await self._db(self.sessions.cancel, row.entity_id))
-            elif action == "thread":
-                allow(method, "GET")
-                turns = await self._db(self.sessions.thread, row.entity_id)
-                body = {**row.info(), "turns": [t.to_dict() for t in turns]}
-                await json_response(send, 200, body)  # _json redacts every body
-            elif action == "events":
-                allow(method, "GET")
-                await self._events(row, receive, send)
-            else:
-                raise not_found(scope)
-        else:
-            raise not_found(scope)
+    async def _create(self, key: str | None) -> tuple[dict[str, Any], bool]:
+        row, created = await self._db(self.sessions.create, key)
+        return row.info(), created
 
-    async def _health(self) -> dict[str, Any]:
+    async def _list(self) -> list[dict[str, Any]]:
+        return [r.info() for r in await self._db(self.sessions.all)]
+
+    def _info(self, row: SessionRow) -> dict[str, Any]:
+        return row.info()
+
+    async def _prompt_result(self, row: SessionRow, intent: str, key: str | None) -> dict[str, Any]:
+        return await self._prompt(row, intent, key)
+
+    async def _pending_calls(self, row: SessionRow) -> list[dict[str, Any]]:
+        pending: list[dict[str, Any]] = await self._db(self.sessions.pending, row.entity_id)
+        return pending
+
+    async def _cancel(self, row: SessionRow) -> dict[str, Any]:
+        cancelled: dict[str, Any] = await self._db(self.sessions.cancel, row.entity_id)
+        return cancelled
+
+    async def _turns(self, row: SessionRow) -> list[dict[str, Any]]:
+        return [
+            t.to_dict() for t in await self._db(self.sessions.thread, row.entity_id)
+        ]  # redacted by json_response
+
+    async def _health_report(self) -> dict[str, Any]:
         circle = self.cantrip.circle
         return {
             "ok": True,

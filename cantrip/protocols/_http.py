@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
-from urllib.parse import parse_qs
 
 import trio
 
@@ -52,7 +51,6 @@ from cantrip._errors import CantripError
 from cantrip._events import Event
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
-from cantrip.protocols._api import AnswerRequest, CreateSession, openapi_document
 from cantrip.protocols._asgi import (
     HEARTBEAT_S,
     HttpError,
@@ -60,8 +58,6 @@ from cantrip.protocols._asgi import (
     Scope,
     Send,
     end_body,
-    json_response,
-    not_found,
     sse,
     sse_comment,
     start_sse,
@@ -70,14 +66,9 @@ from cantrip.protocols._guard import Guard
 from cantrip.protocols._lifecycle import Drain, ServeOptions
 from cantrip.protocols._limits import SessionLimits, make_room
 from cantrip.protocols._request import (
-    allow,
-    idempotency_key,
     prompt_intent,
     read_body,
-    truthy,
     until_disconnect,
-    validated,
-    wants_stream,
 )
 from cantrip.protocols._sessions import (
     Session,
@@ -135,80 +126,44 @@ class HttpApp(ServerShell):
     async def _shutting_down(self) -> None:
         await self.aclose()
 
-    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if await self.viewer.dispatch(scope, receive, send):
-            return
-        method = scope["method"]
-        parts = [p for p in scope["path"].split("/") if p]
-        query = parse_qs(scope.get("query_string", b"").decode())
-        log.debug("%s %s", method, scope["path"])
-        if parts == ["health"]:
-            allow(method, "GET")
-            await json_response(send, 200, self._health())
-        elif parts == ["openapi.json"]:
-            allow(method, "GET")
-            await json_response(send, 200, openapi_document())
-        elif parts == ["sessions"]:
-            allow(method, "GET", "POST")
-            if method == "POST":
-                validated(CreateSession, await read_body(receive))
-                await self._make_room(adding=True)
-                session, created = self.hub.create(idempotency_key(scope))
-                # A repeated key gets the response the key first got (201, the same
-                # session), marked as a replay -- one status per outcome keeps the
-                # documented contract independent of server state.
-                replayed = {} if created else {"idempotent-replayed": "true"}
-                await json_response(send, 201, _session_info(session), replayed)
-            else:
-                sessions = [_session_info(s) for s in self.hub.sessions.values()]
-                await json_response(send, 200, {"sessions": sessions})
-        elif len(parts) == 4 and parts[0] == "sessions" and parts[2] == "pending":
-            allow(method, "POST")
-            session = await self._session(parts[1])
-            answer = validated(AnswerRequest, await read_body(receive))
-            outcome = await self._answer(session, parts[3], answer.decision_value())
-            if outcome is None:  # a running prompt waited on it: that prompt answers
-                await json_response(send, 202, {"answered": True, "pause_id": parts[3]})
-            else:
-                await json_response(send, 200, result_dict(outcome, session))
-        elif len(parts) >= 2 and parts[0] == "sessions" and len(parts) <= 3:
-            session = await self._session(parts[1])
-            action = parts[2] if len(parts) == 3 else None
-            if action is None:
-                allow(method, "GET")
-                await json_response(send, 200, _session_info(session))
-            elif action == "prompt":
-                allow(method, "POST")
-                key = idempotency_key(scope)
-                session.starting += 1
-                try:
-                    intent = prompt_intent(await read_body(receive))
-                finally:
-                    session.starting -= 1
-                if wants_stream(scope, query):
-                    hang_up = truthy(query.get("cancel_on_disconnect"))
-                    await self._prompt_stream(session, intent, receive, send, key, hang_up)
-                else:
-                    outcome = await self._prompt(session, intent, key=key)
-                    await json_response(send, 200, result_dict(outcome, session))
-            elif action == "pending":
-                allow(method, "GET")
-                pending = [p.to_dict() for p in session.entity.pending]
-                await json_response(send, 200, {**_session_info(session), "pending": pending})
-            elif action == "cancel":
-                allow(method, "POST")
-                await json_response(send, 200, self.hub.request_cancel(session))
-            elif action == "thread":
-                allow(method, "GET")
-                turns = [turn_dict(t) for t in self.hub.history(session)]
-                await json_response(send, 200, {**_session_info(session), "turns": turns})
-            elif action == "events":
-                allow(method, "GET")
-                await self._events(session, receive, send)
-            else:
-                raise not_found(scope)
-        else:
-            raise not_found(scope)
+    async def _before_route(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        if await self.viewer.dispatch(scope, receive, send):  # the browser viewer
+            return True
+        log.debug("%s %s", scope["method"], scope["path"])
+        return False
+
+    async def _create(self, key: str | None) -> tuple[dict[str, Any], bool]:
+        await self._make_room(adding=True)
+        session, created = self.hub.create(key)
+        return _session_info(session), created
+
+    async def _list(self) -> list[dict[str, Any]]:
+        return [_session_info(s) for s in self.hub.sessions.values()]
+
+    def _info(self, session: Session) -> dict[str, Any]:
+        return _session_info(session)
+
+    async def _read_prompt(self, session: Session, receive: Receive) -> str:
+        # The body may still be arriving: a cancel sent meanwhile applies to it (sticky).
+        session.starting += 1
+        try:
+            return prompt_intent(await read_body(receive))
+        finally:
+            session.starting -= 1
+
+    async def _prompt_result(
+        self, session: Session, intent: str, key: str | None
+    ) -> dict[str, Any]:
+        return result_dict(await self._prompt(session, intent, key=key), session)
+
+    async def _pending_calls(self, session: Session) -> list[dict[str, Any]]:
+        return [p.to_dict() for p in session.entity.pending]
+
+    async def _cancel(self, session: Session) -> dict[str, Any]:
+        return self.hub.request_cancel(session)
+
+    async def _turns(self, session: Session) -> list[dict[str, Any]]:
+        return [turn_dict(t) for t in self.hub.history(session)]
 
     @contextlib.contextmanager
     def arriving(self, scope: Scope) -> Iterator[None]:
@@ -234,6 +189,9 @@ class HttpApp(ServerShell):
             if session is not None:
                 session.starting -= 1
 
+    async def _health_report(self) -> dict[str, Any]:
+        return self._health()
+
     def _health(self) -> dict[str, Any]:
         circle = self.spell.circle
         return {
@@ -247,13 +205,16 @@ class HttpApp(ServerShell):
             "sessions": len(self.hub.sessions),
         }
 
-    async def _answer(self, session: Session, pause_id: str, decision: Decision) -> Any:
+    async def _answer(
+        self, session: Session, pause_id: str, decision: Decision
+    ) -> dict[str, Any] | None:
         try:
-            return await self.hub.answer(session, pause_id, decision)
+            outcome = await self.hub.answer(session, pause_id, decision)
         except PauseError as exc:
             raise HttpError(409, "pause_answered", str(exc)) from None
         except SessionError as exc:
             raise self._session_error(exc) from None
+        return None if outcome is None else result_dict(outcome, session)
 
     async def _session(self, session_id: str) -> Session:
         await self._make_room(adding=session_id not in self.hub.sessions)
@@ -294,10 +255,10 @@ class HttpApp(ServerShell):
         self,
         session: Session,
         intent: str,
+        key: str | None,
         receive: Receive,
         send: Send,
-        key: str | None = None,
-        cancel_on_disconnect: bool = False,
+        cancel_on_disconnect: bool,
     ) -> None:
         try:
             joins = key is not None and (
