@@ -7,6 +7,7 @@ import functools
 import json
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -18,6 +19,10 @@ EXIT_TERMINATED, EXIT_ERROR, EXIT_TRUNCATED, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_PAUSED = 3
 """``cast --db`` / ``answer --db``: the cast paused for a human and waits, durable in
 the database, for ``cantrip answer`` (or any process's ``Dispatcher.answer``)."""
+
+
+Ended = tuple[str, int, dict[str, Any]]
+"""How a queued cast ended: its state, the last work item, and its outcome."""
 
 
 def _fail(message: str) -> int:
@@ -60,7 +65,8 @@ def cast_on_db(args: argparse.Namespace) -> int:
     except CantripError as exc:
         return _fail(str(exc))
     rule = _standing_decision(args)
-    try:
+
+    def run() -> Ended | int:
         work_id, entity_id = dispatcher.submit(spell, intent)
         print(f"cantrip: queued work {work_id} for {entity_id}", file=sys.stderr, flush=True)
         try:
@@ -74,11 +80,24 @@ def cast_on_db(args: argparse.Namespace) -> int:
             dispatcher.cancel(entity_id)
             print("cantrip: interrupted; the cast is cancelled", file=sys.stderr)
             return EXIT_INTERRUPTED
+        return state, work_id, outcome
+
+    return _on_dispatcher(args, dispatcher, run)
+
+
+def _on_dispatcher(
+    args: argparse.Namespace, dispatcher: Any, run: Callable[[], Ended | int]
+) -> int:
+    """Run a ``--db`` command's part that talks to the queue, then report how the work
+    ended like ``cast``. A CantripError is one line; the dispatcher is closed either
+    way; ``run`` returns an exit code itself when it ends early (interrupted, refused)."""
+    try:
+        ended = run()
     except CantripError as exc:
         return _fail(str(exc))
     finally:
         dispatcher.close()
-    return _report(args, state, work_id, outcome)
+    return ended if isinstance(ended, int) else _report(args, *ended)
 
 
 def _standing_decision(args: argparse.Namespace) -> Any:
@@ -108,7 +127,8 @@ def answer_on_db(args: argparse.Namespace) -> int:
         dispatcher = Dispatcher(args.db)
     except CantripError as exc:
         return _fail(str(exc))
-    try:
+
+    def run() -> Ended | int:
         try:
             work_id = dispatcher.answer(args.entity_id, args.pause_id, decision)
         except PauseError as exc:
@@ -121,11 +141,9 @@ def answer_on_db(args: argparse.Namespace) -> int:
             print("cantrip: interrupted; the answer is recorded and a worker carries it out",
                   file=sys.stderr)  # fmt: skip
             return EXIT_INTERRUPTED
-    except CantripError as exc:
-        return _fail(str(exc))
-    finally:
-        dispatcher.close()
-    return _report(args, state, work_id, outcome)
+        return state, work_id, outcome
+
+    return _on_dispatcher(args, dispatcher, run)
 
 
 def _report(args: argparse.Namespace, state: str, work_id: int, outcome: dict[str, Any]) -> int:
