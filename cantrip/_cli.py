@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -484,8 +485,7 @@ def _acp(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import signal
-
+    from cantrip._serve_cli import serve_until_signal
     from cantrip.protocols._guard import BindError, Guard
     from cantrip.protocols._http import serve_http
     from cantrip.protocols._lifecycle import ServeOptions
@@ -522,46 +522,27 @@ def _serve(args: argparse.Namespace) -> int:
     if args.check:
         return _check(args.spec, spell)
 
-    async def run() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-
-            async def until_signal() -> None:
-                async for signum in signals:
-                    print(
-                        f"cantrip: {signal.Signals(signum).name}: draining (grace "
-                        f"{options.grace_s:g} s)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    return
-
-            async with trio.open_nursery() as nursery:
-                binds = await nursery.start(
-                    lambda task_status: serve_http(
-                        spell,
-                        args.host,
-                        args.port,
-                        shutdown_trigger=until_signal,
-                        options=options,
-                        task_status=task_status,
-                        guard=guard,
-                        limits=limits,
-                        read_timeout_s=args.client_timeout,
-                    )
-                )
-                for bind in binds:
-                    print(f"cantrip: serving {args.spec} on {bind}", file=sys.stderr, flush=True)
-
-    from cantrip._failure import leaves, message
-
+    start = functools.partial(
+        serve_http,
+        spell,
+        args.host,
+        args.port,
+        options=options,
+        guard=guard,
+        limits=limits,
+        read_timeout_s=args.client_timeout,
+    )
     try:
         with collector:
-            trio.run(run)
-    except BaseException as exc:
-        found = leaves(exc)
-        if all(isinstance(leaf, OSError) for leaf in found):  # e.g. the port is taken
-            return _fail(f"cannot serve on {args.host}:{args.port}: {message(found[0])}")
-        raise
+            failure = serve_until_signal(
+                start,
+                host=args.host,
+                port=args.port,
+                spec=args.spec,
+                draining=f"draining (grace {options.grace_s:g} s)",
+            )
+        if failure is not None:
+            return _fail(failure)
     finally:
         spell.loom.close()
     return 0

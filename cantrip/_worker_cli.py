@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -17,6 +19,16 @@ EXIT_TERMINATED, EXIT_ERROR, EXIT_TRUNCATED, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_PAUSED = 3
 """``cast --db`` / ``answer --db``: the cast paused for a human and waits, durable in
 the database, for ``cantrip answer`` (or any process's ``Dispatcher.answer``)."""
+
+
+Ended = tuple[str, int, dict[str, Any]]
+"""How a queued cast ended: its state, the last work item, and its outcome."""
+
+
+def _fail(message: str) -> int:
+    """Say what is wrong in one redacted line; the exit code of an error."""
+    print(f"cantrip: {redact(message)}", file=sys.stderr)
+    return EXIT_ERROR
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -38,8 +50,7 @@ def run_worker(args: argparse.Namespace) -> int:
     try:
         trio.run(run)
     except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(str(exc))
     return 0
 
 
@@ -52,10 +63,10 @@ def cast_on_db(args: argparse.Namespace) -> int:
         spell = spell_from_spec(args.spec)
         dispatcher = Dispatcher(args.db)
     except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(str(exc))
     rule = _standing_decision(args)
-    try:
+
+    def run() -> Ended | int:
         work_id, entity_id = dispatcher.submit(spell, intent)
         print(f"cantrip: queued work {work_id} for {entity_id}", file=sys.stderr, flush=True)
         try:
@@ -69,12 +80,24 @@ def cast_on_db(args: argparse.Namespace) -> int:
             dispatcher.cancel(entity_id)
             print("cantrip: interrupted; the cast is cancelled", file=sys.stderr)
             return EXIT_INTERRUPTED
+        return state, work_id, outcome
+
+    return _on_dispatcher(args, dispatcher, run)
+
+
+def _on_dispatcher(
+    args: argparse.Namespace, dispatcher: Any, run: Callable[[], Ended | int]
+) -> int:
+    """Run a ``--db`` command's part that talks to the queue, then report how the work
+    ended like ``cast``. A CantripError is one line; the dispatcher is closed either
+    way; ``run`` returns an exit code itself when it ends early (interrupted, refused)."""
+    try:
+        ended = run()
     except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(str(exc))
     finally:
         dispatcher.close()
-    return _report(args, state, work_id, outcome)
+    return ended if isinstance(ended, int) else _report(args, *ended)
 
 
 def _standing_decision(args: argparse.Namespace) -> Any:
@@ -103,14 +126,13 @@ def answer_on_db(args: argparse.Namespace) -> int:
     try:
         dispatcher = Dispatcher(args.db)
     except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
-    try:
+        return _fail(str(exc))
+
+    def run() -> Ended | int:
         try:
             work_id = dispatcher.answer(args.entity_id, args.pause_id, decision)
         except PauseError as exc:
-            print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
-            return EXIT_ERROR
+            return _fail(str(exc))
         print(f"cantrip: queued work {work_id} to carry out the answer", file=sys.stderr,
               flush=True)  # fmt: skip
         try:
@@ -119,12 +141,9 @@ def answer_on_db(args: argparse.Namespace) -> int:
             print("cantrip: interrupted; the answer is recorded and a worker carries it out",
                   file=sys.stderr)  # fmt: skip
             return EXIT_INTERRUPTED
-    except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
-    finally:
-        dispatcher.close()
-    return _report(args, state, work_id, outcome)
+        return state, work_id, outcome
+
+    return _on_dispatcher(args, dispatcher, run)
 
 
 def _report(args: argparse.Namespace, state: str, work_id: int, outcome: dict[str, Any]) -> int:
@@ -171,8 +190,7 @@ def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
     The spec is built once here to check it and describe it on ``/health``. A circle
     that pauses for a human is served like in-process: the pause waits in the
     database, answered through ``/sessions/{id}/pending/{pause_id}``."""
-    import signal
-
+    from cantrip._serve_cli import serve_until_signal
     from cantrip._worker import build_spell, spell_from_spec
     from cantrip.loom._loom import Loom
     from cantrip.protocols._db_http import serve_http_db
@@ -181,53 +199,28 @@ def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
         spell = spell_from_spec(args.spec)
         cantrip = build_spell(spell, Loom())
     except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(str(exc))
     if args.check:
         gates = ", ".join(cantrip.circle.gate_names)
         print(f"ok: {args.spec} loads (gates {gates}; serve --db)", file=sys.stderr)
         return 0
 
-    async def run() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-
-            async def until_signal() -> None:
-                async for signum in signals:
-                    print(f"cantrip: {signal.Signals(signum).name}: draining", file=sys.stderr,
-                          flush=True)  # fmt: skip
-                    return
-
-            async with trio.open_nursery() as nursery:
-                binds = await nursery.start(
-                    lambda task_status: serve_http_db(
-                        spell,
-                        cantrip,
-                        args.db,
-                        args.host,
-                        args.port,
-                        shutdown_trigger=until_signal,
-                        options=options,
-                        task_status=task_status,
-                        guard=guard,
-                        read_timeout_s=args.client_timeout,
-                    )
-                )
-                for bind in binds:
-                    print(f"cantrip: serving {args.spec} on {bind} (db mode)", file=sys.stderr,
-                          flush=True)  # fmt: skip
-
-    from cantrip._failure import leaves, message
-
+    start = functools.partial(
+        serve_http_db,
+        spell,
+        cantrip,
+        args.db,
+        args.host,
+        args.port,
+        options=options,
+        guard=guard,
+        read_timeout_s=args.client_timeout,
+    )
     try:
-        trio.run(run)
+        failure = serve_until_signal(
+            start, host=args.host, port=args.port, spec=args.spec, draining="draining",
+            note=" (db mode)",
+        )  # fmt: skip
     except CantripError as exc:
-        print(f"cantrip: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
-    except BaseException as exc:
-        found = leaves(exc)
-        if found and all(isinstance(leaf, OSError) for leaf in found):
-            print(f"cantrip: cannot serve on {args.host}:{args.port}: {message(found[0])}",
-                  file=sys.stderr)  # fmt: skip
-            return EXIT_ERROR
-        raise
-    return 0
+        failure = str(exc)
+    return 0 if failure is None else _fail(failure)

@@ -32,10 +32,8 @@ cast's result (see SPEC "Pauses under workers").
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
-from urllib.parse import parse_qs
 
 import trio
 
@@ -46,35 +44,31 @@ from cantrip._events import FinalResponse, PauseEvent, StepComplete
 from cantrip._queue import PAUSED
 from cantrip._redact import get_logger
 from cantrip.loom._postgres import PostgresStore
-from cantrip.protocols._api import AnswerRequest, CreateSession, openapi_document
+from cantrip.protocols._asgi import (
+    HEARTBEAT_S,
+    HttpError,
+    Receive,
+    Send,
+    end_body,
+    sse,
+    sse_comment,
+    sse_error,
+    start_sse,
+)
 from cantrip.protocols._db_notify import Notifier
 from cantrip.protocols._db_sessions import ENDED, DbSessions, Queued, SessionRow, failure_message
 from cantrip.protocols._guard import Guard
-from cantrip.protocols._http import (
-    HEARTBEAT_S,
-    SESSION_ERRORS,
-    HttpError,
-    _allow,
-    _body,
-    _idempotency_key,
-    _intent,
-    _json,
-    _sse,
-    _start_sse,
-    _truthy,
-    _validated,
+from cantrip.protocols._lifecycle import Drain, ServeOptions, Tally
+from cantrip.protocols._request import (
+    until_disconnect,
 )
-from cantrip.protocols._lifecycle import Drain, ServeOptions
 from cantrip.protocols._sessions import SessionError, event_dict, result_dict
+from cantrip.protocols._shell import ServerShell, serve_asgi
 
 log = get_logger("cantrip.http")
 
-Scope = Mapping[str, Any]
-Receive = Callable[[], Awaitable[Mapping[str, Any]]]
-Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 
-
-class DbHttpApp:
+class DbHttpApp(ServerShell):
     """The ASGI application of one ``serve --db`` replica."""
 
     def __init__(
@@ -97,128 +91,46 @@ class DbHttpApp:
         self.options = options or ServeOptions()
         self.poll_s = poll_s
         self.tail_s = tail_s
-        self.drain = _Drain()
-        self.waiting = 0
-        """Prompts this replica is waiting on (``max_running`` bounds it)."""
-        self._idle = trio.Event()
-        self._idle.set()
+        self.drain = Drain()
+        self._waits = Tally()
+        """Prompts this replica is waiting on (``/health``, ``max_running``, shutdown)."""
 
-    @contextmanager
-    def _counted(self) -> Iterator[None]:
-        """Count one prompt this replica waits on (``/health``, ``max_running``, shutdown)."""
-        if self.waiting == 0:
-            self._idle = trio.Event()
-        self.waiting += 1
-        try:
-            yield
-        finally:
-            self.waiting -= 1
-            if self.waiting == 0:
-                self._idle.set()
+    @property
+    def waiting(self) -> int:
+        """How many prompts this replica is waiting on (``max_running`` bounds it)."""
+        return self._waits.count
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking database call in a thread, behind the store's limiter."""
         return await trio.to_thread.run_sync(fn, *args, limiter=self.sessions.store.limiter)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
-            return
-        with self.drain.request():
-            try:
-                if self.drain.closing:
-                    raise self._unavailable("shutting_down", "the server is shutting down")
-                await self._route(scope, receive, send)
-            except HttpError as exc:
-                body = {"error": {"code": exc.code, "message": exc.message}}
-                await _json(send, exc.status, body, exc.headers)
+    async def _create(self, key: str | None) -> tuple[dict[str, Any], bool]:
+        row, created = await self._db(self.sessions.create, key)
+        return row.info(), created
 
-    def _unavailable(self, code: str, message: str) -> HttpError:
-        headers = {"retry-after": str(self.options.retry_after_s)}
-        if code == "shutting_down":
-            headers["connection"] = "close"
-        return HttpError(503, code, message, headers)
+    async def _list(self) -> list[dict[str, Any]]:
+        return [r.info() for r in await self._db(self.sessions.all)]
 
-    def _session_error(self, exc: SessionError) -> HttpError:
-        if exc.kind == "not_found":
-            return HttpError(404, "unknown_session", exc.message)
-        if SESSION_ERRORS.get(exc.kind) == 503:
-            return self._unavailable(exc.kind, exc.message)
-        return HttpError(SESSION_ERRORS.get(exc.kind, 409), exc.kind, exc.message)
+    def _info(self, row: SessionRow) -> dict[str, Any]:
+        return row.info()
 
-    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        method = scope["method"]
-        parts = [p for p in scope["path"].split("/") if p]
-        query = parse_qs(scope.get("query_string", b"").decode())
-        if parts == ["health"]:
-            _allow(method, "GET")
-            await _json(send, 200, await self._health())
-        elif parts == ["openapi.json"]:
-            _allow(method, "GET")
-            await _json(send, 200, openapi_document())
-        elif parts == ["sessions"]:
-            _allow(method, "GET", "POST")
-            if method == "POST":
-                _validated(CreateSession, await _body(receive))
-                row, created = await self._db(self.sessions.create, _idempotency_key(scope))
-                replayed = {} if created else {"idempotent-replayed": "true"}
-                await _json(send, 201, row.info(), replayed)
-            else:
-                rows = await self._db(self.sessions.all)
-                await _json(send, 200, {"sessions": [r.info() for r in rows]})
-        elif len(parts) == 4 and parts[0] == "sessions" and parts[2] == "pending":
-            _allow(method, "POST")
-            row = await self._session(parts[1])
-            answer = _validated(AnswerRequest, await _body(receive))
-            outcome = await self._answer(row, parts[3], answer.decision_value())
-            if outcome is None:  # a running prompt waited on it (a child's): it answers
-                await _json(send, 202, {"answered": True, "pause_id": parts[3]})
-            else:
-                await _json(send, 200, outcome)
-        elif len(parts) >= 2 and parts[0] == "sessions" and len(parts) <= 3:
-            row = await self._session(parts[1])
-            action = parts[2] if len(parts) == 3 else None
-            if action is None:
-                _allow(method, "GET")
-                await _json(send, 200, row.info())
-            elif action == "prompt":
-                _allow(method, "POST")
-                key = _idempotency_key(scope)
-                intent = _intent(await _body(receive))
-                accept = dict(scope.get("headers") or []).get(b"accept", b"").decode()
-                if "text/event-stream" in accept or _truthy(query.get("stream")):
-                    hang_up = _truthy(query.get("cancel_on_disconnect"))
-                    await self._prompt_stream(row, intent, key, receive, send, hang_up)
-                else:
-                    await _json(send, 200, await self._prompt(row, intent, key))
-            elif action == "pending":
-                _allow(method, "GET")
-                pending = await self._db(self.sessions.pending, row.entity_id)
-                await _json(send, 200, {**row.info(), "pending": pending})
-            elif action == "cancel":
-                _allow(method, "POST")
-                await _json(send, 200, await self._db(self.sessions.cancel, row.entity_id))
-            elif action == "thread":
-                _allow(method, "GET")
-                turns = await self._db(self.sessions.thread, row.entity_id)
-                body = {**row.info(), "turns": [t.to_dict() for t in turns]}
-                await _json(send, 200, body)  # _json redacts every body
-            elif action == "events":
-                _allow(method, "GET")
-                await self._events(row, receive, send)
-            else:
-                raise HttpError(404, "not_found", f"no route {scope['path']!r}")
-        else:
-            raise HttpError(404, "not_found", f"no route {scope['path']!r}")
+    async def _prompt_result(self, row: SessionRow, intent: str, key: str | None) -> dict[str, Any]:
+        return await self._prompt(row, intent, key)
 
-    async def _health(self) -> dict[str, Any]:
+    async def _pending_calls(self, row: SessionRow) -> list[dict[str, Any]]:
+        pending: list[dict[str, Any]] = await self._db(self.sessions.pending, row.entity_id)
+        return pending
+
+    async def _cancel(self, row: SessionRow) -> dict[str, Any]:
+        cancelled: dict[str, Any] = await self._db(self.sessions.cancel, row.entity_id)
+        return cancelled
+
+    async def _turns(self, row: SessionRow) -> list[dict[str, Any]]:
+        return [
+            t.to_dict() for t in await self._db(self.sessions.thread, row.entity_id)
+        ]  # redacted by json_response
+
+    async def _health_report(self) -> dict[str, Any]:
         circle = self.cantrip.circle
         return {
             "ok": True,
@@ -307,12 +219,12 @@ class DbHttpApp:
                   queued.work_id)  # fmt: skip
         if queued.replayed:  # handed to the running prompt, which answers with its result
             return None
-        with self._counted():
+        with self._waits.held():
             return await self._finished(row, queued.work_id, queued.base_pos)
 
     async def _prompt(self, row: SessionRow, intent: str, key: str | None) -> dict[str, Any]:
         work_id, base_pos = await self._enqueue(row, intent, key)
-        with self._counted():
+        with self._waits.held():
             return await self._finished(row, work_id, base_pos)
 
     async def _prompt_stream(
@@ -325,12 +237,11 @@ class DbHttpApp:
         cancel_on_disconnect: bool,
     ) -> None:
         work_id, base_pos = await self._enqueue(row, intent, key)
-        with self._counted():
-            await _start_sse(send)
+        with self._waits.held():
+            await start_sse(send)
 
             async def watch() -> None:
-                while (await receive())["type"] != "http.disconnect":
-                    pass
+                await until_disconnect(receive)
                 log.info("session %s: the client hung up; cancelling its prompt", row.session_id)
                 await self._db(self.sessions.cancel, row.entity_id)
 
@@ -349,10 +260,10 @@ class DbHttpApp:
                     )
                 final = await self._result(row, ended, base_pos)
             except HttpError as exc:
-                await _sse(send, "error", {"error": {"code": exc.code, "message": exc.message}})
+                await sse_error(send, exc)
             else:
-                await _sse(send, "result", final)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await sse(send, "result", final)
+            await end_body(send)
 
     async def _tail(
         self, row: SessionRow, work_id: int, seen: int, send: Send
@@ -368,7 +279,7 @@ class DbHttpApp:
                 for pos, turn in await self._db(self.sessions.turns_after, row.entity_id, seen):
                     seen = pos
                     for event in _turn_events(turn):
-                        await _sse(send, event["type"], event)
+                        await sse(send, event["type"], event)
                 if status[0] in ENDED:
                     if status[0] == PAUSED:
                         await _send_pauses(send, (status[1] or {}).get("pending") or [], sent)
@@ -382,20 +293,10 @@ class DbHttpApp:
     async def _events(self, row: SessionRow, receive: Receive, send: Send) -> None:
         """Every turn of the session from now on, as it lands in the loom."""
         seen: int = await self._db(self.sessions.last_pos, row.entity_id)
-        await _start_sse(send)
-        await send({"type": "http.response.body", "body": b": subscribed\n\n", "more_body": True})
-        async with trio.open_nursery() as nursery:
 
-            async def until_disconnect() -> None:
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(until_disconnect)
-            with (
-                self.drain.stream() as closing,
-                self.notifier.watching(row.entity_id) as next_event,
-            ):
+        async def pump(closing: trio.CancelScope) -> None:
+            nonlocal seen
+            with self.notifier.watching(row.entity_id) as next_event:
                 quiet_since = trio.current_time()
                 humans = self.cantrip.circle.needs_humans
                 sent = {p["pause_id"] for p in await self._pending(row, humans)}  # not news
@@ -407,20 +308,17 @@ class DbHttpApp:
                         seen = pos
                         quiet_since = trio.current_time()
                         for event in _turn_events(turn):
-                            await _sse(send, event["type"], event)
+                            await sse(send, event["type"], event)
                     if heard or landed:  # a NOTIFY (work ended, a pause published) or turns
                         await _send_pauses(send, await self._pending(row, humans), sent)
                     if trio.current_time() - quiet_since >= HEARTBEAT_S:
                         quiet_since = trio.current_time()
-                        await send({"type": "http.response.body", "body": b": idle\n\n",
-                                    "more_body": True})  # fmt: skip
+                        await sse_comment(send, "idle")
                     with trio.move_on_after(self.tail_s):
                         await woken.wait()
                     heard = woken.is_set()
-            if closing.cancelled_caught:
-                await _sse(send, "shutdown", {"type": "shutdown"})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                nursery.cancel_scope.cancel()
+
+        await self._event_stream(receive, send, pump)
 
     async def _pending(self, row: SessionRow, humans: bool) -> list[dict[str, Any]]:
         """The calls the session waits on a human for (none asked if its circle never
@@ -430,28 +328,13 @@ class DbHttpApp:
         pending: list[dict[str, Any]] = await self._db(self.sessions.pending, row.entity_id)
         return pending
 
-    async def close(self) -> None:
+    async def shutdown(self) -> None:
         """Stop taking requests; give open waits the grace period, then answer them
         503 (their casts go on at the workers); end every event stream."""
-        self.drain.closing = True
-        log.info("shutting down: %d open request(s), grace %.1f s", self.drain.open,
-                 self.options.grace_s)  # fmt: skip
+        self.drain.begin(self.options.grace_s)
         with trio.move_on_after(self.options.grace_s):
-            await self._idle.wait()
-        await self.drain.close_streams(self.options.answer_timeout_s)
-
-
-class _Drain(Drain):
-    """The in-process server's drain, without a hub: waits and streams are the
-    replica's only open work."""
-
-    async def close_streams(self, answer_timeout_s: float) -> None:
-        for scope in list(self._streams):
-            scope.cancel()
-        with trio.move_on_after(answer_timeout_s) as late:
-            await self._quiet.wait()
-        if late.cancelled_caught:
-            log.warning("shutdown: %d request(s) still open", self.open)
+            await self._waits.empty()
+        await self.drain.end_streams(self.options.answer_timeout_s)
 
 
 def _turn_events(turn: Any) -> list[dict[str, Any]]:
@@ -472,7 +355,7 @@ async def _send_pauses(send: Send, pauses: list[dict[str, Any]], sent: set[str])
         sent.add(data["pause_id"])
         pause = Pause.from_dict(data)
         event = event_dict(PauseEvent(pause=pause, entity_id=pause.entity_id))
-        await _sse(send, event["type"], event)
+        await sse(send, event["type"], event)
 
 
 # -- serving --------------------------------------------------------------------------
@@ -494,9 +377,6 @@ async def serve_http_db(
 ) -> None:
     """Serve the HTTP API of ``cantrip serve --db`` until ``shutdown_trigger`` returns
     (or the task is cancelled); ``task_status`` gets the bound URLs."""
-    from hypercorn.config import Config
-    from hypercorn.trio import serve
-
     guard = guard if guard is not None else Guard(bind_host=host)
     guard.check_bind()
     store = await trio.to_thread.run_sync(
@@ -509,30 +389,16 @@ async def serve_http_db(
         )
         notifier = Notifier(url)
         app = DbHttpApp(spell, cantrip, sessions, notifier, options)
-        config = Config()
-        config.bind = [f"{host}:{port}"]
-        config.accesslog = None
-        config.errorlog = None
-        config.keep_alive_timeout = options.keep_alive_s
-        config.backlog = options.backlog
-        config.graceful_timeout = 5.0
-        config.read_timeout = read_timeout_s
-
-        async def drained() -> None:
-            if shutdown_trigger is None:
-                await trio.sleep_forever()
-            else:
-                await shutdown_trigger()
-            await app.close()
-
         async with trio.open_nursery() as nursery:
             await nursery.start(notifier.run)
-            await serve(
-                guard.wrap(app),  # type: ignore[arg-type]
-                config,
-                shutdown_trigger=drained,
+            await serve_asgi(
+                app,
+                guard.wrap(app),
+                host,
+                port,
+                shutdown_trigger=shutdown_trigger,
+                read_timeout_s=read_timeout_s,
                 task_status=task_status,
-                mode="asgi",
             )
             nursery.cancel_scope.cancel()
     finally:

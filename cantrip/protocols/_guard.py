@@ -36,11 +36,8 @@ from typing import Any
 import attrs
 import trio
 
-from cantrip._redact import redact_value
+from cantrip.protocols._asgi import HttpError, Receive, Scope, Send, error_response
 
-Scope = Mapping[str, Any]
-Receive = Callable[[], Awaitable[Mapping[str, Any]]]
-Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEFAULT_MAX_BODY = 1 << 20
@@ -105,7 +102,7 @@ class Guard:
                 with arriving(scope) if arriving is not None else nullcontext():
                     receive = await self._admit(scope, receive)
             except Refused as exc:
-                await error_response(send, exc.status, exc.code, exc.message)
+                await error_response(send, exc)
                 return
             await app(scope, receive, send)
 
@@ -184,12 +181,8 @@ class Guard:
         return _replay(bytes(body), receive)
 
 
-class Refused(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+class Refused(HttpError):
+    """A request turned away before it reaches a route (same error shape as a route's)."""
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -223,22 +216,6 @@ def _host_name(host: str) -> str:
 def _int(text: str) -> int | None:
     text = text.strip()
     return int(text) if text.isdigit() else None
-
-
-async def error_response(send: Send, status: int, code: str, message: str) -> None:
-    """The API's error shape, as the routes send it (redacted, JSON)."""
-    body = json.dumps(redact_value({"error": {"code": code, "message": message}})).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def _public_asset(scope: Scope) -> bool:

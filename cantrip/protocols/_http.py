@@ -39,12 +39,9 @@ memory (idle ones are dropped and resumed from the loom when named again).
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
-from urllib.parse import parse_qs
 
-import pydantic
 import trio
 
 from cantrip._approval import Decision, PauseError
@@ -53,19 +50,26 @@ from cantrip._entity import CastResult
 from cantrip._errors import CantripError
 from cantrip._events import Event
 from cantrip._providers import ProviderScope
-from cantrip._redact import get_logger, redact_value
-from cantrip.protocols._acp import RpcError, prompt_text
-from cantrip.protocols._api import (
-    AnswerRequest,
-    CreateSession,
-    PromptRequest,
-    openapi_document,
+from cantrip._redact import get_logger
+from cantrip.protocols._asgi import (
+    HEARTBEAT_S,
+    HttpError,
+    Receive,
+    Scope,
+    Send,
+    end_body,
+    sse,
+    sse_comment,
+    start_sse,
 )
-from cantrip.protocols._body import BodyError, read_json_body
 from cantrip.protocols._guard import Guard
-from cantrip.protocols._idempotency import BadKeyError, check_key
 from cantrip.protocols._lifecycle import Drain, ServeOptions
 from cantrip.protocols._limits import SessionLimits, make_room
+from cantrip.protocols._request import (
+    prompt_intent,
+    read_body,
+    until_disconnect,
+)
 from cantrip.protocols._sessions import (
     Session,
     SessionError,
@@ -74,36 +78,14 @@ from cantrip.protocols._sessions import (
     result_dict,
     turn_dict,
 )
+from cantrip.protocols._shell import ServerShell, serve_asgi
 from cantrip.protocols._viewer import Viewer
 
 log = get_logger("cantrip.http")
 
-Scope = Mapping[str, Any]
-Receive = Callable[[], Awaitable[Mapping[str, Any]]]
-Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 
-MAX_BODY = 1 << 20
-HEARTBEAT_S = 15.0
-
-
-class HttpError(Exception):
-    def __init__(
-        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = dict(headers or {})
-
-
-SESSION_ERRORS = {"busy": 409, "key_reused": 422, "overloaded": 503, "shutting_down": 503}
-"""HTTP status of each SessionError kind (422 for a reused key: the
-Idempotency-Key draft, section 2.7)."""
-
-
-class HttpApp:
-    """The ASGI application: one cantrip, its sessions."""
+class HttpApp(ServerShell):
+    """The ASGI application: one cantrip, its sessions, its entities in this process."""
 
     def __init__(
         self,
@@ -126,122 +108,62 @@ class HttpApp:
         with trio.CancelScope(shield=True):
             await self.hub.aclose()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        with self.drain.request():
-            try:
-                if self.drain.closing:
-                    raise self._unavailable("shutting_down", "the server is shutting down")
-                await self._route(scope, receive, send)
-            except HttpError as exc:
-                body = {"error": {"code": exc.code, "message": exc.message}}
-                await _json(send, exc.status, body, exc.headers)
+    async def shutdown(self) -> None:
+        await self.drain.close(self.hub, self.options)
 
-    def _unavailable(self, code: str, message: str) -> HttpError:
-        """A 503 that tells the client when to come back (RFC 9110 15.6.4, 10.2.3)."""
-        headers = {"retry-after": str(self.options.retry_after_s)}
-        if code == "shutting_down":
-            headers["connection"] = "close"
-        return HttpError(503, code, message, headers)
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
+    @contextlib.asynccontextmanager
+    async def _lifetime(self) -> AsyncIterator[None]:
         # The nursery the sessions' gate providers (MCP sessions) live in.
         providers = await ProviderScope.enter()
         self.hub.nursery = providers.nursery
         try:
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await self.aclose()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            yield
         finally:
             await self.aclose()  # the entities close their providers first
             self.hub.nursery = None
             await providers.aclose()
 
-    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if await self.viewer.dispatch(scope, receive, send):
-            return
-        method = scope["method"]
-        parts = [p for p in scope["path"].split("/") if p]
-        query = parse_qs(scope.get("query_string", b"").decode())
-        log.debug("%s %s", method, scope["path"])
-        if parts == ["health"]:
-            _allow(method, "GET")
-            await _json(send, 200, self._health())
-        elif parts == ["openapi.json"]:
-            _allow(method, "GET")
-            await _json(send, 200, openapi_document())
-        elif parts == ["sessions"]:
-            _allow(method, "GET", "POST")
-            if method == "POST":
-                _validated(CreateSession, await _body(receive))
-                await self._make_room(adding=True)
-                session, created = self.hub.create(_idempotency_key(scope))
-                # A repeated key gets the response the key first got (201, the same
-                # session), marked as a replay -- one status per outcome keeps the
-                # documented contract independent of server state.
-                replayed = {} if created else {"idempotent-replayed": "true"}
-                await _json(send, 201, _session_info(session), replayed)
-            else:
-                sessions = [_session_info(s) for s in self.hub.sessions.values()]
-                await _json(send, 200, {"sessions": sessions})
-        elif len(parts) == 4 and parts[0] == "sessions" and parts[2] == "pending":
-            _allow(method, "POST")
-            session = await self._session(parts[1])
-            answer = _validated(AnswerRequest, await _body(receive))
-            outcome = await self._answer(session, parts[3], answer.decision_value())
-            if outcome is None:  # a running prompt waited on it: that prompt answers
-                await _json(send, 202, {"answered": True, "pause_id": parts[3]})
-            else:
-                await _json(send, 200, result_dict(outcome, session))
-        elif len(parts) >= 2 and parts[0] == "sessions" and len(parts) <= 3:
-            session = await self._session(parts[1])
-            action = parts[2] if len(parts) == 3 else None
-            if action is None:
-                _allow(method, "GET")
-                await _json(send, 200, _session_info(session))
-            elif action == "prompt":
-                _allow(method, "POST")
-                key = _idempotency_key(scope)
-                session.starting += 1
-                try:
-                    intent = _intent(await _body(receive))
-                finally:
-                    session.starting -= 1
-                accept = dict(scope.get("headers") or []).get(b"accept", b"").decode()
-                streaming = "text/event-stream" in accept or _truthy(query.get("stream"))
-                if streaming:
-                    hang_up = _truthy(query.get("cancel_on_disconnect"))
-                    await self._prompt_stream(session, intent, receive, send, key, hang_up)
-                else:
-                    outcome = await self._prompt(session, intent, key=key)
-                    await _json(send, 200, result_dict(outcome, session))
-            elif action == "pending":
-                _allow(method, "GET")
-                pending = [p.to_dict() for p in session.entity.pending]
-                await _json(send, 200, {**_session_info(session), "pending": pending})
-            elif action == "cancel":
-                _allow(method, "POST")
-                await _json(send, 200, self.hub.request_cancel(session))
-            elif action == "thread":
-                _allow(method, "GET")
-                turns = [turn_dict(t) for t in self.hub.history(session)]
-                await _json(send, 200, {**_session_info(session), "turns": turns})
-            elif action == "events":
-                _allow(method, "GET")
-                await self._events(session, receive, send)
-            else:
-                raise HttpError(404, "not_found", f"no route {scope['path']!r}")
-        else:
-            raise HttpError(404, "not_found", f"no route {scope['path']!r}")
+    async def _shutting_down(self) -> None:
+        await self.aclose()
+
+    async def _before_route(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        if await self.viewer.dispatch(scope, receive, send):  # the browser viewer
+            return True
+        log.debug("%s %s", scope["method"], scope["path"])
+        return False
+
+    async def _create(self, key: str | None) -> tuple[dict[str, Any], bool]:
+        await self._make_room(adding=True)
+        session, created = self.hub.create(key)
+        return _session_info(session), created
+
+    async def _list(self) -> list[dict[str, Any]]:
+        return [_session_info(s) for s in self.hub.sessions.values()]
+
+    def _info(self, session: Session) -> dict[str, Any]:
+        return _session_info(session)
+
+    async def _read_prompt(self, session: Session, receive: Receive) -> str:
+        # The body may still be arriving: a cancel sent meanwhile applies to it (sticky).
+        session.starting += 1
+        try:
+            return prompt_intent(await read_body(receive))
+        finally:
+            session.starting -= 1
+
+    async def _prompt_result(
+        self, session: Session, intent: str, key: str | None
+    ) -> dict[str, Any]:
+        return result_dict(await self._prompt(session, intent, key=key), session)
+
+    async def _pending_calls(self, session: Session) -> list[dict[str, Any]]:
+        return [p.to_dict() for p in session.entity.pending]
+
+    async def _cancel(self, session: Session) -> dict[str, Any]:
+        return self.hub.request_cancel(session)
+
+    async def _turns(self, session: Session) -> list[dict[str, Any]]:
+        return [turn_dict(t) for t in self.hub.history(session)]
 
     @contextlib.contextmanager
     def arriving(self, scope: Scope) -> Iterator[None]:
@@ -267,6 +189,9 @@ class HttpApp:
             if session is not None:
                 session.starting -= 1
 
+    async def _health_report(self) -> dict[str, Any]:
+        return self._health()
+
     def _health(self) -> dict[str, Any]:
         circle = self.spell.circle
         return {
@@ -280,22 +205,23 @@ class HttpApp:
             "sessions": len(self.hub.sessions),
         }
 
-    async def _answer(self, session: Session, pause_id: str, decision: Decision) -> Any:
+    async def _answer(
+        self, session: Session, pause_id: str, decision: Decision
+    ) -> dict[str, Any] | None:
         try:
-            return await self.hub.answer(session, pause_id, decision)
+            outcome = await self.hub.answer(session, pause_id, decision)
         except PauseError as exc:
             raise HttpError(409, "pause_answered", str(exc)) from None
         except SessionError as exc:
-            if SESSION_ERRORS.get(exc.kind) == 503:
-                raise self._unavailable(exc.kind, exc.message) from None
-            raise HttpError(SESSION_ERRORS.get(exc.kind, 409), exc.kind, exc.message) from None
+            raise self._session_error(exc) from None
+        return None if outcome is None else result_dict(outcome, session)
 
     async def _session(self, session_id: str) -> Session:
         await self._make_room(adding=session_id not in self.hub.sessions)
         try:
             session = self.hub.get(session_id)
         except SessionError as exc:
-            raise HttpError(404, "unknown_session", exc.message) from None
+            raise self._session_error(exc) from None  # not_found: 404
         session.last_used = trio.current_time()
         return session
 
@@ -316,9 +242,7 @@ class HttpApp:
         try:
             return await self.hub.prompt(session, intent, on_event=on_event, key=key)
         except SessionError as exc:
-            if SESSION_ERRORS.get(exc.kind) == 503:
-                raise self._unavailable(exc.kind, exc.message) from None
-            raise HttpError(SESSION_ERRORS.get(exc.kind, 409), exc.kind, exc.message) from None
+            raise self._session_error(exc) from None
         except CantripError as exc:
             raise HttpError(500, "cast_failed", f"the cast failed: {exc}") from None
         except Exception as exc:
@@ -331,10 +255,10 @@ class HttpApp:
         self,
         session: Session,
         intent: str,
+        key: str | None,
         receive: Receive,
         send: Send,
-        key: str | None = None,
-        cancel_on_disconnect: bool = False,
+        cancel_on_disconnect: bool,
     ) -> None:
         try:
             joins = key is not None and (
@@ -342,10 +266,10 @@ class HttpApp:
                 or self.hub.replay(session, intent, key) is not None
             )
         except SessionError as exc:  # the key was used for another prompt
-            raise HttpError(SESSION_ERRORS[exc.kind], exc.kind, exc.message) from None
+            raise self._session_error(exc) from None
         if session.running is not None and not joins:
             raise HttpError(409, "busy", f"session {session.id} is already running a prompt")
-        await _start_sse(send)
+        await start_sse(send)
         events_send, events = trio.open_memory_channel[Event](float("inf"))
         sink = events_send.send_nowait
         final: dict[str, Any] = {}
@@ -366,9 +290,7 @@ class HttpApp:
                 final["result"] = result_dict(outcome, session)
 
         async def watch() -> None:
-            # The body has been read: the next message is the client hanging up.
-            while (await receive())["type"] != "http.disconnect":
-                pass
+            await until_disconnect(receive)
             gone.set()
             if session.sink == sink:  # our cast is running: cancel it
                 log.info("session %s: the client hung up; cancelling its prompt", session.id)
@@ -381,63 +303,32 @@ class HttpApp:
             async with events:
                 async for event in events:
                     data = event_dict(event)
-                    await _sse(send, data["type"], data)
+                    await sse(send, data["type"], data)
             nursery.cancel_scope.cancel()  # the watcher: the cast has ended
         if "error" in final:
-            await _sse(send, "error", {"error": final["error"]})
+            await sse(send, "error", {"error": final["error"]})
         else:
-            await _sse(send, "result", final["result"])
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await sse(send, "result", final["result"])
+        await end_body(send)
 
     async def _events(self, session: Session, receive: Receive, send: Send) -> None:
         subscription = session.subscribe()
-        await _start_sse(send)
-        await send({"type": "http.response.body", "body": b": subscribed\n\n", "more_body": True})
-        async with trio.open_nursery() as nursery:
 
-            async def until_disconnect() -> None:
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-                nursery.cancel_scope.cancel()
+        async def pump(closing: trio.CancelScope) -> None:
+            async with subscription:
+                while not closing.cancel_called:
+                    with trio.move_on_after(HEARTBEAT_S) as idle:
+                        event = await subscription.receive()
+                    if idle.cancelled_caught:
+                        await sse_comment(send, "idle")
+                        continue
+                    data = event_dict(event)
+                    await sse(send, data["type"], data)
 
-            nursery.start_soon(until_disconnect)
-            with self.drain.stream() as closing:
-                async with subscription:
-                    while not closing.cancel_called:
-                        with trio.move_on_after(HEARTBEAT_S) as idle:
-                            event = await subscription.receive()
-                        if idle.cancelled_caught:
-                            await send({"type": "http.response.body", "body": b": idle\n\n",
-                                        "more_body": True})  # fmt: skip
-                            continue
-                        data = event_dict(event)
-                        await _sse(send, data["type"], data)
-            if closing.cancelled_caught:  # the server shuts down: say so, end the stream
-                await _sse(send, "shutdown", {"type": "shutdown"})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                nursery.cancel_scope.cancel()
+        await self._event_stream(receive, send, pump)
 
 
 # -- helpers ------------------------------------------------------------------------
-
-
-def _allow(method: str, *allowed: str) -> None:
-    if method not in allowed:
-        raise HttpError(405, "method_not_allowed", f"use {' or '.join(allowed)}")
-
-
-_FLAGS = {"1": True, "true": True, "0": False, "false": False}
-"""The values a yes/no query parameter takes (as ``/openapi.json`` documents them)."""
-
-
-def _truthy(values: list[str] | None) -> bool:
-    """A yes/no query parameter; anything else is a 400, not silently "no"."""
-    if not values:
-        return False
-    flag = _FLAGS.get(values[-1])
-    if flag is None:
-        raise HttpError(400, "bad_request", "a yes/no query parameter takes 1, 0, true or false")
-    return flag
 
 
 def _session_info(session: Session) -> dict[str, Any]:
@@ -447,82 +338,6 @@ def _session_info(session: Session) -> dict[str, Any]:
         "running": session.running is not None,
         "turns": len(session.entity.turns),
     }
-
-
-def _idempotency_key(scope: Scope) -> str | None:
-    for name, value in scope.get("headers") or ():
-        if name == b"idempotency-key":
-            try:
-                return check_key(value.decode("latin-1"))
-            except BadKeyError as exc:
-                raise HttpError(400, "bad_idempotency_key", str(exc)) from None
-    return None
-
-
-def _validated(model: type[pydantic.BaseModel], body: Any) -> Any:
-    """``body`` checked by the model ``/openapi.json`` publishes for it (one line on failure)."""
-    try:
-        return model.model_validate(body)
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise HttpError(400, "bad_request", f"{where}: {first['msg']}{more}") from None
-
-
-def _intent(body: Any) -> str:
-    if not isinstance(body, Mapping):
-        raise HttpError(400, "bad_request", "the body must be a JSON object with a prompt")
-    request: PromptRequest = _validated(PromptRequest, body)
-    try:
-        return prompt_text(request.as_params())
-    except RpcError as exc:
-        raise HttpError(400, "bad_request", exc.message) from None
-
-
-async def _body(receive: Receive) -> Any:
-    try:
-        return await read_json_body(receive, MAX_BODY)
-    except BodyError as exc:
-        raise HttpError(exc.status, exc.code, exc.message) from None
-
-
-async def _json(
-    send: Send, status: int, data: Any, headers: Mapping[str, str] | None = None
-) -> None:
-    # Every body passes the redactor here, error bodies included (PROD-8).
-    body = json.dumps(redact_value(data), default=str).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *((k.encode(), v.encode()) for k, v in (headers or {}).items()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _start_sse(send: Send) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"text/event-stream"),
-                (b"cache-control", b"no-cache"),
-                (b"x-accel-buffering", b"no"),
-            ],
-        }
-    )
-
-
-async def _sse(send: Send, event: str, data: Any) -> None:
-    payload = f"event: {event}\ndata: {json.dumps(redact_value(data), default=str)}\n\n".encode()
-    await send({"type": "http.response.body", "body": payload, "more_body": True})
 
 
 # -- serving --------------------------------------------------------------------------
@@ -551,36 +366,18 @@ async def serve_http(
     it refuses to start on a non-loopback address without a token
     (:class:`~cantrip.protocols._guard.BindError`). ``read_timeout_s`` bounds
     each socket read, so a client that stops sending is dropped."""
-    from hypercorn.config import Config
-    from hypercorn.trio import serve
-
     app = HttpApp(spell, options, limits)
-    options = app.options
-    config = Config()
-    config.bind = [f"{host}:{port}"]
-    config.accesslog = None
-    config.errorlog = None
-    config.keep_alive_timeout = options.keep_alive_s
-    config.backlog = options.backlog
-    config.graceful_timeout = 5.0  # only idle connections are left by then
-    config.read_timeout = read_timeout_s
     guard = guard if guard is not None else Guard(bind_host=host)
     guard.check_bind()
-
-    async def drained() -> None:
-        if shutdown_trigger is None:
-            await trio.sleep_forever()
-        else:
-            await shutdown_trigger()
-        await app.drain.close(app.hub, options)
-
     try:
-        await serve(
-            guard.wrap(app, app.arriving),  # type: ignore[arg-type]
-            config,
-            shutdown_trigger=drained,
+        await serve_asgi(
+            app,
+            guard.wrap(app, app.arriving),
+            host,
+            port,
+            shutdown_trigger=shutdown_trigger,
+            read_timeout_s=read_timeout_s,
             task_status=task_status,
-            mode="asgi",
         )
     finally:
         await app.aclose()

@@ -32,6 +32,7 @@ has had its answer -- only then does hypercorn stop.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -59,28 +60,53 @@ class ServeOptions:
     """After the casts ended, how long open requests get to send their answers."""
 
 
-class Drain:
-    """Open requests and event streams of one server, and its shutdown."""
+class Tally:
+    """How many of something are open, and the moment none is: the count a server
+    waits on to empty at shutdown (open requests, or prompts a replica waits on)."""
 
     def __init__(self) -> None:
-        self.closing = False
-        self.open = 0
-        self._quiet = trio.Event()
-        self._quiet.set()
-        self._streams: set[trio.CancelScope] = set()
+        self.count = 0
+        self._empty = trio.Event()
+        self._empty.set()
 
     @contextmanager
-    def request(self) -> Iterator[None]:
-        """Count one request from its arrival until its answer is sent."""
-        if self.open == 0:
-            self._quiet = trio.Event()
-        self.open += 1
+    def held(self) -> Iterator[None]:
+        """Count one for as long as the block runs."""
+        if self.count == 0:
+            self._empty = trio.Event()
+        self.count += 1
         try:
             yield
         finally:
-            self.open -= 1
-            if self.open == 0:
-                self._quiet.set()
+            self.count -= 1
+            if self.count == 0:
+                self._empty.set()
+
+    async def empty(self) -> None:
+        """Return once nothing is counted (at once if nothing is)."""
+        await self._empty.wait()
+
+
+class Drain:
+    """Open requests and event streams of one server, and its shutdown.
+
+    The shutdown has three steps: :meth:`begin` (stop taking work), the server's
+    own wait for its work (an in-process server's casts: :meth:`close`; a replica's
+    waits on workers), then :meth:`end_streams`."""
+
+    def __init__(self) -> None:
+        self.closing = False
+        self._requests = Tally()
+        self._streams: set[trio.CancelScope] = set()
+
+    @property
+    def open(self) -> int:
+        """Requests that have arrived and not yet had their answer."""
+        return self._requests.count
+
+    def request(self) -> contextlib.AbstractContextManager[None]:
+        """Count one request from its arrival until its answer is sent."""
+        return self._requests.held()
 
     @contextmanager
     def stream(self) -> Iterator[trio.CancelScope]:
@@ -95,14 +121,23 @@ class Drain:
         finally:
             self._streams.discard(scope)
 
-    async def close(self, hub: SessionHub, options: ServeOptions) -> None:
-        """Stop taking work, let casts finish or cut them off, answer everyone."""
+    def begin(self, grace_s: float) -> None:
+        """Stop taking work: from now on a new request gets ``503`` + ``Retry-After``."""
         self.closing = True
-        log.info("shutting down: %d open request(s), grace %.1f s", self.open, options.grace_s)
-        await hub.shutdown(options.grace_s)
+        log.info("shutting down: %d open request(s), grace %.1f s", self.open, grace_s)
+
+    async def end_streams(self, answer_timeout_s: float) -> None:
+        """End every event stream, then give open requests ``answer_timeout_s`` to
+        send their answers."""
         for scope in list(self._streams):
             scope.cancel()
-        with trio.move_on_after(options.answer_timeout_s) as late:
-            await self._quiet.wait()
+        with trio.move_on_after(answer_timeout_s) as late:
+            await self._requests.empty()
         if late.cancelled_caught:
-            log.warning("shutdown: %d request(s) still open after the casts ended", self.open)
+            log.warning("shutdown: %d request(s) still open after the grace period", self.open)
+
+    async def close(self, hub: SessionHub, options: ServeOptions) -> None:
+        """Stop taking work, let casts finish or cut them off, answer everyone."""
+        self.begin(options.grace_s)
+        await hub.shutdown(options.grace_s)
+        await self.end_streams(options.answer_timeout_s)

@@ -1,0 +1,58 @@
+"""Running a session server from the command line: ``cantrip serve`` and ``cantrip
+serve --db`` both serve until SIGINT/SIGTERM, then drain, and both turn a port they
+cannot bind into one line for the user instead of a traceback.
+
+The two commands start different servers (:func:`cantrip.protocols._http.serve_http`,
+:func:`cantrip.protocols._db_http.serve_http_db`); the signal handling, the
+"serving on" lines and the bind failure are the same, so they live here once.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from cantrip._failure import leaves, message
+
+Start = Callable[..., Awaitable[None]]
+"""A server bound to all its arguments (:func:`functools.partial`) but two, given here
+as keywords: ``shutdown_trigger`` and ``task_status`` (which gets the bound URLs)."""
+
+
+def serve_until_signal(
+    start: Start, *, host: str, port: int, spec: object, draining: str, note: str = ""
+) -> str | None:
+    """Serve until SIGINT or SIGTERM, which starts the server's drain (said on stderr
+    as ``cantrip: SIGTERM: <draining>``); each bound URL is announced as
+    ``cantrip: serving <spec> on <url><note>``. Returns None when the server stopped,
+    or why it could not serve (the port is taken, the address is not ours)."""
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+            async def until_signal() -> None:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    print(f"cantrip: {name}: {draining}", file=sys.stderr, flush=True)
+                    return
+
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(
+                    lambda task_status: start(
+                        shutdown_trigger=until_signal, task_status=task_status
+                    )
+                )
+                for bind in binds:
+                    print(f"cantrip: serving {spec} on {bind}{note}", file=sys.stderr, flush=True)
+
+    try:
+        trio.run(run)
+    except BaseException as exc:
+        found = leaves(exc)
+        if all(isinstance(leaf, OSError) for leaf in found):  # e.g. the port is taken
+            return f"cannot serve on {host}:{port}: {message(found[0])}"
+        raise
+    return None

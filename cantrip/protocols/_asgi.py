@@ -1,0 +1,102 @@
+"""What our HTTP servers send: errors, JSON and server-sent events, over plain ASGI.
+
+``cantrip serve`` (:mod:`._http`, entities in process) and ``cantrip serve --db``
+(:mod:`._db_http`, a replica over PostgreSQL) promise the same routes, JSON shapes
+and errors (one OpenAPI document, :mod:`._api`), and the request guard
+(:mod:`._guard`) answers in the same error shape. Every answer is built here, once,
+so they cannot drift apart in how a body is redacted or how an error reads. What a
+request carries is parsed in :mod:`._request`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from cantrip._redact import redact_value
+
+Scope = Mapping[str, Any]
+Receive = Callable[[], Awaitable[Mapping[str, Any]]]
+Send = Callable[[Mapping[str, Any]], Awaitable[None]]
+
+HEARTBEAT_S = 15.0
+"""An idle event stream gets a comment this often, so proxies keep it open."""
+
+
+class HttpError(Exception):
+    """An answer other than success: its status, ``{"error": {"code", "message"}}``
+    and any headers (``Retry-After``)."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+def not_found(scope: Scope) -> HttpError:
+    return HttpError(404, "not_found", f"no route {scope['path']!r}")
+
+
+# -- answers -----------------------------------------------------------------------------
+
+
+async def json_response(
+    send: Send, status: int, data: Any, headers: Mapping[str, str] | None = None
+) -> None:
+    # Every body passes the redactor here, error bodies included (PROD-8).
+    body = json.dumps(redact_value(data), default=str).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *((k.encode(), v.encode()) for k, v in (headers or {}).items()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def error_response(send: Send, exc: HttpError) -> None:
+    body = {"error": {"code": exc.code, "message": exc.message}}
+    await json_response(send, exc.status, body, exc.headers)
+
+
+async def start_sse(send: Send) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"text/event-stream"),
+                (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no"),
+            ],
+        }
+    )
+
+
+async def sse(send: Send, event: str, data: Any) -> None:
+    payload = f"event: {event}\ndata: {json.dumps(redact_value(data), default=str)}\n\n".encode()
+    await send({"type": "http.response.body", "body": payload, "more_body": True})
+
+
+async def sse_comment(send: Send, text: str) -> None:
+    """A comment line: no event for the client, but bytes that keep the stream open."""
+    await send({"type": "http.response.body", "body": f": {text}\n\n".encode(), "more_body": True})
+
+
+async def sse_error(send: Send, exc: HttpError) -> None:
+    """A stream that already answered 200 reports its failure as an ``error`` event."""
+    await sse(send, "error", {"error": {"code": exc.code, "message": exc.message}})
+
+
+async def end_body(send: Send) -> None:
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

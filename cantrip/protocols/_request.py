@@ -1,0 +1,90 @@
+"""What a request to a session server carries, parsed the one way both servers
+(:mod:`._http`, :mod:`._db_http`) promise in ``/openapi.json``: the method, yes/no
+query flags, the ``Idempotency-Key``, the JSON body and the prompt in it. Each
+failure is an :class:`~cantrip.protocols._asgi.HttpError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pydantic
+
+from cantrip.protocols._acp import RpcError, prompt_text
+from cantrip.protocols._api import PromptRequest
+from cantrip.protocols._asgi import HttpError, Receive, Scope
+from cantrip.protocols._body import BodyError, read_json_body
+from cantrip.protocols._idempotency import BadKeyError, check_key
+
+MAX_BODY = 1 << 20
+
+
+def allow(method: str, *allowed: str) -> None:
+    if method not in allowed:
+        raise HttpError(405, "method_not_allowed", f"use {' or '.join(allowed)}")
+
+
+_FLAGS = {"1": True, "true": True, "0": False, "false": False}
+"""The values a yes/no query parameter takes (as ``/openapi.json`` documents them)."""
+
+
+def truthy(values: list[str] | None) -> bool:
+    """A yes/no query parameter; anything else is a 400, not silently "no"."""
+    if not values:
+        return False
+    flag = _FLAGS.get(values[-1])
+    if flag is None:
+        raise HttpError(400, "bad_request", "a yes/no query parameter takes 1, 0, true or false")
+    return flag
+
+
+def wants_stream(scope: Scope, query: Mapping[str, list[str]]) -> bool:
+    """A prompt answered as server-sent events: ``Accept: text/event-stream`` or ``?stream=1``."""
+    accept = dict(scope.get("headers") or []).get(b"accept", b"").decode()
+    return "text/event-stream" in accept or truthy(query.get("stream"))
+
+
+def idempotency_key(scope: Scope) -> str | None:
+    for name, value in scope.get("headers") or ():
+        if name == b"idempotency-key":
+            try:
+                return check_key(value.decode("latin-1"))
+            except BadKeyError as exc:
+                raise HttpError(400, "bad_idempotency_key", str(exc)) from None
+    return None
+
+
+def validated(model: type[pydantic.BaseModel], body: Any) -> Any:
+    """``body`` checked by the model ``/openapi.json`` publishes for it (one line on failure)."""
+    try:
+        return model.model_validate(body)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise HttpError(400, "bad_request", f"{where}: {first['msg']}{more}") from None
+
+
+def prompt_intent(body: Any) -> str:
+    """The prompt's text from a ``POST /sessions/{id}/prompt`` body."""
+    if not isinstance(body, Mapping):
+        raise HttpError(400, "bad_request", "the body must be a JSON object with a prompt")
+    request: PromptRequest = validated(PromptRequest, body)
+    try:
+        return prompt_text(request.as_params())
+    except RpcError as exc:
+        raise HttpError(400, "bad_request", exc.message) from None
+
+
+async def read_body(receive: Receive) -> Any:
+    try:
+        return await read_json_body(receive, MAX_BODY)
+    except BodyError as exc:
+        raise HttpError(exc.status, exc.code, exc.message) from None
+
+
+async def until_disconnect(receive: Receive) -> None:
+    """Once the body is read, the next message is the client hanging up."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
