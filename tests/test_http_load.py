@@ -589,3 +589,38 @@ def test_a_cast_a_killed_process_never_finished_replays_as_interrupted() -> None
         False,
     )
     assert result_dict(cut)["stop_reason"] == "cancelled"
+
+
+async def test_with_every_kept_session_busy_a_new_session_gets_503_with_retry_after() -> None:
+    """The session cap cannot make room while every kept session runs a prompt: that
+    503 says when to come back, as every other 503 of the server does."""
+    from cantrip.protocols._limits import SessionLimits
+
+    llm = GatedLLM()
+    spell = gated_spell(llm)
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: serve_http(
+                spell,
+                "127.0.0.1",
+                0,
+                options=ServeOptions(retry_after_s=4),
+                limits=SessionLimits(max_sessions=1),
+                task_status=task_status,
+            )
+        )
+        async with httpx.AsyncClient(base_url=binds[0], timeout=20) as http:
+            busy = await new_session(http)
+            async with trio.open_nursery() as prompts:
+                prompts.start_soon(
+                    functools.partial(http.post, f"/sessions/{busy}/prompt", json={"prompt": "a"})
+                )
+                await llm.asked.wait()
+                refused = await http.post("/sessions")
+                llm.release.set()
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "too_many_sessions"
+            assert refused.headers["retry-after"] == "4"
+            assert (await http.post("/sessions")).status_code == 201  # room again
+        nursery.cancel_scope.cancel()
+    assert [t.intent for t in spell.loom.turns] == ["a"]

@@ -229,7 +229,7 @@ class HttpApp(ServerShell):
         try:
             await make_room(self.hub, self.limits, adding=adding)
         except SessionError as exc:
-            raise HttpError(503, "too_many_sessions", exc.message) from None
+            raise self._unavailable("too_many_sessions", exc.message) from None
 
     async def _prompt(
         self,
