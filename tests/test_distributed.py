@@ -410,7 +410,11 @@ def test_a_worker_frozen_past_its_lease_cannot_append_after_it_wakes(
     state, outcome = dispatcher.wait(work, timeout=30)
     assert state == "done" and outcome["turns"] == 10
     frozen.send_signal(signal.SIGCONT)
-    time.sleep(1.5)  # the woken worker tries to go on: its appends are refused
+    # the woken worker tries to go on: its appends are refused and it says so (waited
+    # for, not slept on: under load the woken process may take a while to get there)
+    deadline = time.monotonic() + 30
+    while "lease lost" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
     dispatcher.close()
     assert "lease lost" in log.read_text()
     loom.close()
