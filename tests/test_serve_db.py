@@ -80,12 +80,16 @@ class Stack:
         self.workers.append(worker)
         return worker
 
-    def start_replica(self, spec: Path | None = None) -> str:
+    def start_replica(self, spec: Path | None = None, *, token: str | None = None) -> str:
+        """A `serve --db` replica on a free port, once its /health answers (with ``token``
+        when one is given: then the replica requires it)."""
         port = _free_port()
+        auth = ("--token", token) if token is not None else ()
+        headers = {"authorization": f"Bearer {token}"} if token is not None else {}
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "cantrip", "serve", str(spec or self.spec)),
-                *("--db", self.url, "--port", str(port), "--grace-s", "1"),
+                *("--db", self.url, "--port", str(port), "--grace-s", "1", *auth),
             ],
             env=self.env,
             stdout=subprocess.DEVNULL,
@@ -97,7 +101,7 @@ class Stack:
         while True:
             assert proc.poll() is None, f"the replica exited; see {self.log.read_text()}"
             try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                if httpx.get(base + "/health", headers=headers, timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -628,27 +632,10 @@ def test_serve_db_refuses_a_public_bind_without_token(stack: Stack) -> None:
 
 
 async def test_a_token_is_required_when_set(stack: Stack) -> None:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "cantrip", "serve", str(stack.spec), "--db", stack.url),
-            *("--port", str(port), "--token", "s3cret-token-for-tests"),
-        ],
-        env=stack.env,
-        stdout=subprocess.DEVNULL,
-        stderr=stack.log.open("ab"),
-    )
-    stack.procs.append(proc)
-    base = f"http://127.0.0.1:{port}"
+    base = stack.start_replica(token="s3cret-token-for-tests")
+    proc = stack.procs[-1]
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
-        while True:
-            try:
-                response = await client.get("/health")
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None
-                await trio.sleep(0.1)
-        assert response.status_code == 401
+        assert (await client.get("/health")).status_code == 401
         auth = {"authorization": "Bearer s3cret-token-for-tests"}
         assert (await client.get("/health", headers=auth)).json()["mode"] == "db"
     proc.send_signal(signal.SIGTERM)
