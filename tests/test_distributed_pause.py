@@ -16,9 +16,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 import trio
@@ -404,57 +407,53 @@ async def test_a_childs_pause_waits_in_place_and_is_answered_from_another_proces
     assert _effects(pay_db) == ["child-job"]
 
 
+@asynccontextmanager
+async def _delegating_replica(url: str) -> AsyncIterator[tuple[httpx.AsyncClient, trio.Nursery]]:
+    """``serve --db``'s app in this process, on the delegating workload: a client of it,
+    and the nursery it runs in (for requests a test sends alongside)."""
+    from cantrip.protocols._db_http import serve_http_db
+
+    queued = spell_from_factory("pause_workload:build_delegating")
+    async with trio.open_nursery() as nursery:
+        (base,) = await nursery.start(
+            lambda task_status: serve_http_db(
+                queued, build_spell(queued, Loom()), url, "127.0.0.1", 0, task_status=task_status
+            )
+        )
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            yield http, nursery
+        nursery.cancel_scope.cancel()
+
+
 async def test_serve_db_answers_a_childs_pause_202_and_the_prompt_answers(pay_db: str) -> None:
     """``serve --db`` (its app, in this process, beside a worker): a prompt whose child
     pauses keeps waiting; the pause is listed and answered 202 (a second answer 409), and
     the waiting prompt answers with the finished cast."""
-    import socket
-
-    import httpx
-
-    from cantrip.protocols._db_http import serve_http_db
-
-    queued = spell_from_factory("pause_workload:build_delegating")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
 
     async def body(worker: Worker) -> None:
-        async with trio.open_nursery() as nursery:
-            (base,) = await nursery.start(
-                lambda task_status: serve_http_db(
-                    queued,
-                    build_spell(queued, Loom()),
-                    pay_db,
-                    "127.0.0.1",
-                    port,
-                    task_status=task_status,
-                )
-            )
-            async with httpx.AsyncClient(base_url=base, timeout=60) as http:
-                sid = (await http.post("/sessions")).json()["session_id"]
-                prompt: list[httpx.Response] = []
+        async with _delegating_replica(pay_db) as (http, nursery):
+            sid = (await http.post("/sessions")).json()["session_id"]
+            prompt: list[httpx.Response] = []
 
-                async def send() -> None:
-                    prompt.append(await http.post(f"/sessions/{sid}/prompt", json={"intent": "x"}))
+            async def send() -> None:
+                prompt.append(await http.post(f"/sessions/{sid}/prompt", json={"intent": "x"}))
 
-                nursery.start_soon(send)
-                with trio.fail_after(30):
-                    while not (pending := (await http.get(f"/sessions/{sid}/pending")).json()[
-                        "pending"
-                    ]):  # fmt: skip
-                        await trio.sleep(0.05)
-                url = f"/sessions/{sid}/pending/{pending[0]['pause_id']}"
-                accepted = await http.post(url, json={"decision": "approve"})
-                assert accepted.status_code == 202, accepted.text
-                assert accepted.json() == {"answered": True, "pause_id": pending[0]["pause_id"]}
-                assert (await http.post(url, json={"decision": "approve"})).status_code == 409
-                with trio.fail_after(30):
-                    while not prompt:
-                        await trio.sleep(0.05)
-                assert prompt[0].status_code == 200
-                assert prompt[0].json()["result"] == "parent"
-            nursery.cancel_scope.cancel()
+            nursery.start_soon(send)
+            with trio.fail_after(30):
+                while not (pending := (await http.get(f"/sessions/{sid}/pending")).json()[
+                    "pending"
+                ]):  # fmt: skip
+                    await trio.sleep(0.05)
+            url = f"/sessions/{sid}/pending/{pending[0]['pause_id']}"
+            accepted = await http.post(url, json={"decision": "approve"})
+            assert accepted.status_code == 202, accepted.text
+            assert accepted.json() == {"answered": True, "pause_id": pending[0]["pause_id"]}
+            assert (await http.post(url, json={"decision": "approve"})).status_code == 409
+            with trio.fail_after(30):
+                while not prompt:
+                    await trio.sleep(0.05)
+            assert prompt[0].status_code == 200
+            assert prompt[0].json()["result"] == "parent"
 
     await _with_worker(pay_db, body, concurrency=2)
     assert _effects(pay_db) == ["child-job"]
@@ -464,51 +463,29 @@ async def test_serve_db_streams_a_childs_live_pause_as_event_pause(pay_db: str) 
     """A streamed prompt whose child pauses in place: the stream sends ``event: pause``
     (the child's entity id, the pause its worker published); answering that pause id
     lets the stream go on to the result."""
-    import socket
-
-    import httpx
-
-    from cantrip.protocols._db_http import serve_http_db
-
-    queued = spell_from_factory("pause_workload:build_delegating")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
 
     async def body(worker: Worker) -> None:
-        async with trio.open_nursery() as nursery:
-            (base,) = await nursery.start(
-                lambda task_status: serve_http_db(
-                    queued,
-                    build_spell(queued, Loom()),
-                    pay_db,
-                    "127.0.0.1",
-                    port,
-                    task_status=task_status,
-                )
-            )
+        async with _delegating_replica(pay_db) as (http, _):
             events: list[tuple[str, dict[str, Any]]] = []
-            async with httpx.AsyncClient(base_url=base, timeout=60) as http:
-                sid = (await http.post("/sessions")).json()["session_id"]
-                entity = (await http.get(f"/sessions/{sid}")).json()["entity_id"]
-                with trio.fail_after(60):
-                    async with http.stream(
-                        "POST", f"/sessions/{sid}/prompt?stream=1", json={"intent": "x"}
-                    ) as response:
-                        name = None
-                        async for line in response.aiter_lines():
-                            if line.startswith("event: "):
-                                name = line[7:]
-                            elif line.startswith("data: ") and name is not None:
-                                events.append((name, json.loads(line[6:])))
-                                if name == "pause":
-                                    pause = events[-1][1]["pause"]
-                                    answered = await http.post(
-                                        f"/sessions/{sid}/pending/{pause['pause_id']}",
-                                        json={"decision": "approve"},
-                                    )
-                                    assert answered.status_code == 202, answered.text
-            nursery.cancel_scope.cancel()
+            sid = (await http.post("/sessions")).json()["session_id"]
+            entity = (await http.get(f"/sessions/{sid}")).json()["entity_id"]
+            with trio.fail_after(60):
+                async with http.stream(
+                    "POST", f"/sessions/{sid}/prompt?stream=1", json={"intent": "x"}
+                ) as response:
+                    name = None
+                    async for line in response.aiter_lines():
+                        if line.startswith("event: "):
+                            name = line[7:]
+                        elif line.startswith("data: ") and name is not None:
+                            events.append((name, json.loads(line[6:])))
+                            if name == "pause":
+                                pause = events[-1][1]["pause"]
+                                answered = await http.post(
+                                    f"/sessions/{sid}/pending/{pause['pause_id']}",
+                                    json={"decision": "approve"},
+                                )
+                                assert answered.status_code == 202, answered.text
         pauses = [e for n, e in events if n == "pause"]
         assert len(pauses) == 1  # sent once, though the stream polled on
         (pause,) = pauses
