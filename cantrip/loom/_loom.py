@@ -433,14 +433,12 @@ class Loom:
         a turn costs what was recorded since, not the entity's whole history."""
         if self._indexed is not None:
             stored = self._indexed.entity_turns_from(entity_id, turn_id)
-            if not stored and any(k == "turn" and p.id == turn_id for k, p, _ in self._pending):
-                stored = [  # the turn itself is queued on a deferred store, not committed
-                    p for k, p, _ in self._pending if k == "turn" and p.entity_id == entity_id
-                ]
-                ids = [t.id for t in stored]
-                return tuple(stored[ids.index(turn_id) :])
-            return self._with_pending(entity_id, stored) if stored else ()
-        turns = self._entity_turns.get(entity_id, [])
+            if stored:
+                return self._with_pending(entity_id, stored)
+            # the turn itself may be queued on a deferred store, not committed yet
+            turns = [p for k, p, _ in self._pending if k == "turn" and p.entity_id == entity_id]
+        else:
+            turns = self._entity_turns.get(entity_id, [])
         for position in range(len(turns) - 1, -1, -1):  # recent casts are asked for most
             if turns[position].id == turn_id:
                 return tuple(turns[position:])
