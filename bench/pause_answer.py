@@ -4,7 +4,7 @@ What it measures
 ----------------
 ``N`` casts of ``tests/pause_workload.py`` (turn 1 calls ``pay``, which needs
 approval; turn 2 calls ``done``) are run one after another through a
-``Dispatcher`` and one in-process :class:`~cantrip._worker.Worker`:
+``Dispatcher`` and one in-process :class:`~cantrip.distributed._worker.Worker`:
 
 * **to paused** -- from ``submit`` until ``wait`` returns ``paused`` (the
   work queued, claimed, one LLM turn, the pause checkpoint synced, the work
@@ -46,7 +46,7 @@ from pause_workload import EFFECTS_TABLE  # noqa: E402
 from pg_cluster import fresh_database, postgres_cluster  # noqa: E402
 
 from cantrip._approval import Decision  # noqa: E402
-from cantrip._worker import Dispatcher, Worker, spell_from_factory  # noqa: E402
+from cantrip.distributed._worker import Dispatcher, Worker, spell_from_factory  # noqa: E402
 
 
 def _ms(values: list[float]) -> str:

@@ -94,7 +94,7 @@ def child(url: str, concurrency: int) -> None:
     import psycopg
     import trio
 
-    from cantrip._worker import Worker
+    from cantrip.distributed._worker import Worker
     from cantrip.loom import Loom
 
     waits = collections.Counter[str]()
@@ -158,7 +158,7 @@ def child(url: str, concurrency: int) -> None:
         sys.setswitchinterval(float(switch))
     pool = os.environ.get("PG_TURN_COST_POOL")
     if pool:  # another pool/limiter size than the worker's own choice
-        import cantrip._worker as worker_module
+        import cantrip.distributed._worker as worker_module
         from cantrip.loom._postgres import PostgresStore
 
         def store(url: str, *, max_connections: int = 8) -> PostgresStore:
@@ -290,8 +290,8 @@ def measure(server: str, entities: int, latency_ms: int, concurrency: int) -> No
     from distributed_workload import EFFECTS_TABLE
     from pg_cluster import fresh_database
 
-    from cantrip._queue import WorkQueue
-    from cantrip._worker import spell_from_factory
+    from cantrip.distributed._queue import WorkQueue
+    from cantrip.distributed._worker import spell_from_factory
     from cantrip.loom import Loom
     from cantrip.loom._postgres import PostgresStore
 

@@ -338,7 +338,7 @@ def tracing_overhead(n: int = FLATNESS_N, repeats: int = 5) -> None:
     except ImportError:
         print("tracing overhead: opentelemetry-sdk is not installed (pip install cantrip[otel])")
         return
-    from cantrip._tracing import TraceSink
+    from cantrip.tracing._sink import TraceSink
 
     class Drop(SpanExporter):
         def export(self, spans: Any) -> Result:

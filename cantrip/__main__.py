@@ -2,6 +2,6 @@
 
 import sys
 
-from cantrip._cli import main
+from cantrip.cli import main
 
 sys.exit(main())

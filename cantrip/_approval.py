@@ -2,7 +2,8 @@
 
 A call that needs a human -- an approval (a gate the policy marks) or a
 question (the ``ask_user`` gate) -- becomes a :class:`Pause`. The pause is a
-checkpoint in the loom, like a delegation (DESIGN, wave 2): the turn is recorded
+checkpoint in the loom, like a delegation (SPEC.md "Pauses: humans in the
+loop"): the turn is recorded
 up to that call, with the pause as its pending marker, so a process may stop
 while it waits and any later process can find it and answer it. The answer is a
 :class:`Decision`. This module holds only these values and the policy; the

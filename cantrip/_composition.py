@@ -235,7 +235,7 @@ def _child_medium(parent: Entity, name: Any, llm: LLM) -> Any:
         return parent.circle.medium
     medium = resolve_medium_name(declared)
     if medium.name in UNSANDBOXED_MEDIUMS and parent.circle.medium.name not in UNSANDBOXED_MEDIUMS:
-        # Delegation must not be a way out of a sandbox (DESIGN principle 7).
+        # Delegation must not be a way out of a sandbox (SPEC.md "Code mediums").
         raise ConstructionError(
             f"medium {declared!r} is not a sandbox; a child may use it only when its "
             "parent already works in it"

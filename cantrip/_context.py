@@ -1,7 +1,8 @@
 """The working context: what the entity perceives, rendered from its loom thread.
 
 The context is never a second source of truth: every message comes from the
-identity, an intent, or a recorded turn, in thread order (DESIGN principle 1).
+identity, an intent, or a recorded turn, in thread order
+(SPEC.md "The loom": the loom is the source of truth).
 It is rendered *incrementally*: appending a turn renders only that turn, and
 :meth:`Context.snapshot` hands the LLM an immutable view in O(1), so a turn
 costs O(what is new), not O(history).

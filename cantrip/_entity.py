@@ -50,7 +50,6 @@ from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
 from cantrip._running import CURRENT_ENTITY as RUNNING
-from cantrip._tracing import with_tracing
 from cantrip._values import OBSERVATION_CAP_CHARS
 from cantrip.llm._contract import (
     LLM,
@@ -74,6 +73,7 @@ from cantrip.loom._model import (
     TurnMetadata,
     result_text,
 )
+from cantrip.tracing._sink import with_tracing
 from mediums.base import Execution, MediumSession, capped_execution
 
 PauseHandler = Callable[[Pause], Awaitable[Decision]]
@@ -371,7 +371,7 @@ class Entity:
         self.depth = depth
         self.on_event = with_tracing(on_event, cantrip.loom)
         """Receives streaming events of this entity (and its children); see cantrip._events.
-        With OpenTelemetry configured, a trace sink sees them too (cantrip._tracing)."""
+        With OpenTelemetry configured, a trace sink sees them too (cantrip.tracing._sink)."""
         self._inflight: _Inflight | None = None
         self._cast: _Cast | None = None
         self._scope: trio.CancelScope | None = None
@@ -1404,7 +1404,7 @@ class Entity:
     def _transient(self, error: LLMError) -> bool:
         """A provider failure that may pass (rate limit, overload, network) even
         after the retries inside the turn: it becomes an ``is_error`` observation and
-        the loop goes on, bounded by the wards (D-011, DESIGN principle 3). Anything
+        the loop goes on, bounded by the wards (D-011, SPEC.md "Supervision model"). Anything
         else -- an invalid answer, a rejected request, a spent script -- ends the cast."""
         return isinstance(error, ProviderError) and self.cantrip.retry.is_retryable(error)
 

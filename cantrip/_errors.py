@@ -102,6 +102,7 @@ class ChildCrashedError(Exception):
 
     Deliberately not a :class:`CantripError` and not turned into an observation:
     it passes through the parent's gate-call boundary, ends the parent's cast as
-    ``crashed`` and reaches the parent's supervisor (DESIGN: runtime bugs crash).
+    ``crashed`` and reaches the parent's supervisor
+    (SPEC.md "Supervision model": runtime bugs crash).
     The child's own exception is its ``__cause__``.
     """

@@ -3,7 +3,7 @@
 A turn reaches the loom only when it is complete, so a crash in the middle of
 one loses the utterance and the gate calls it made. The journal keeps them,
 keyed by (entity, turn sequence, call ordinal), in the loom's own database
-(SQLite or PostgreSQL; DESIGN "Effects are journaled at the gate boundary"):
+(SQLite or PostgreSQL; SPEC.md "Ownership, fencing and effects on PostgreSQL"):
 
 * the utterance (ordinal -1), written as soon as the LLM answers -- on resume the
   turn continues with the *same* utterance instead of asking the LLM again;

@@ -1,7 +1,7 @@
 """Structured output: the shape a cast's answer must have.
 
 A structured answer is not a new phase of the loop; it is the ``done`` gate's
-parameter schema (DESIGN, wave 2). :class:`OutputSchema` turns a pydantic model
+parameter schema (SPEC.md "Structured output"). :class:`OutputSchema` turns a pydantic model
 (or any type pydantic can validate) or a plain JSON Schema into
 
 * the ``answer`` parameter the LLM sees on ``done`` -- the schema itself, so a

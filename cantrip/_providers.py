@@ -5,7 +5,7 @@ provider is a resource, not a list of functions: it is opened in the entity's
 nursery when the entity first runs, contributes gates that are added to the
 entity's circle, and is closed when the entity ends or is cancelled. The medium,
 the loom and replay see ordinary gate calls; only the provider knows that a
-process or a URL is behind them (DESIGN.md, Wave 2, "One seam for outside tools").
+process or a URL is behind them (SPEC.md, "Gate providers").
 
 This module is the seam: the :class:`GateProvider` protocol, and
 :class:`ProviderScope`, which opens a circle's providers in a nursery, checks

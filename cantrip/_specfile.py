@@ -192,7 +192,8 @@ class FoldingSpec(_Strict):
 class LoomSpec(_Strict):
     path: str | None = None
     url: str | None = None
-    """``postgresql://...``: the loom on PostgreSQL (shared by workers; see cantrip._worker)."""
+    """``postgresql://...``: the loom on PostgreSQL (shared by workers; see
+    cantrip.distributed._worker)."""
     journal: bool = False
     """SQLite: keep the gate journal, so a gate's effect is not repeated after a crash
     (always on for PostgreSQL)."""

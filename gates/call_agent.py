@@ -45,7 +45,8 @@ async def call_agent(
     }
     outcome = await delegate(request)
     if outcome.truncated:
-        # Not a failure (DESIGN): the summary is the result; the record says truncated.
+        # Not a failure (SPEC.md "Resolutions of ambiguous test vectors"): the
+        # summary is the result; the record says truncated.
         detail = {"truncated": True, "reason": outcome.reason, "child": outcome.entity_id}
         return GateResult(outcome.value, detail)
     return GateResult(outcome.value, {"child": outcome.entity_id})

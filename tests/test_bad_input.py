@@ -19,7 +19,8 @@ import pytest
 import trio
 
 import gates
-from cantrip import Cantrip, Circle, Identity, Loom, ScriptedLLM, _cli, max_turns
+from cantrip import Cantrip, Circle, Identity, Loom, ScriptedLLM, max_turns
+from cantrip.cli import _main as _cli
 
 CANTRIP = str(Path(sys.executable).with_name("cantrip"))
 

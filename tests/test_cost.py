@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import cantrip
-from cantrip._cli import main as cli_main
-from cantrip._loom_cli import main as loom_main
+from cantrip.cli._loom import main as loom_main
+from cantrip.cli._main import main as cli_main
 from cantrip.llm._cost import response_cost
 from cantrip.protocols._sessions import result_dict
 from gates import call_agent, done, echo

@@ -24,8 +24,8 @@ import trio
 from distributed_workload import EFFECTS_TABLE
 
 import cantrip
-from cantrip._queue import WorkQueue
-from cantrip._worker import Dispatcher, Worker, spell_from_factory
+from cantrip.distributed._queue import WorkQueue
+from cantrip.distributed._worker import Dispatcher, Worker, spell_from_factory
 from cantrip.loom import Loom
 from cantrip.loom._fence import Fence, LeaseLostError
 from cantrip.loom._model import EntityRecord, Turn

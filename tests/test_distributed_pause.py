@@ -28,8 +28,8 @@ import trio
 from pause_workload import EFFECTS_TABLE
 
 from cantrip import Decision, PauseError
-from cantrip._queue import WorkQueue
-from cantrip._worker import Dispatcher, Worker, build_spell, spell_from_factory
+from cantrip.distributed._queue import WorkQueue
+from cantrip.distributed._worker import Dispatcher, Worker, build_spell, spell_from_factory
 from cantrip.loom import Loom
 
 TESTS = Path(__file__).resolve().parent

@@ -20,7 +20,7 @@ import trio
 import trio.testing
 
 from cantrip._errors import LoomError
-from cantrip._queue import WorkQueue
+from cantrip.distributed._queue import WorkQueue
 from cantrip.loom import Loom
 from cantrip.loom._fence import Fence, LeaseLostError
 from cantrip.loom._model import EntityRecord

@@ -16,7 +16,7 @@ import trio
 
 import gates
 from cantrip import Cantrip, Circle, Identity, Loom, ScriptedLLM, Ward, _redact, max_turns
-from cantrip._loom_cli import add_loom_parser, resolve_ref, run_loom
+from cantrip.cli._loom import add_loom_parser, resolve_ref, run_loom
 from cantrip.loom import (
     chat_conversation,
     export_chat,
@@ -418,7 +418,7 @@ def test_loom_cli_runs_as_a_module(tmp_path: Path) -> None:
     path = tmp_path / "empty.jsonl"
     Loom.open(path).close()
     done = subprocess.run(
-        [sys.executable, "-m", "cantrip._loom_cli", str(path), "list"],
+        [sys.executable, "-m", "cantrip.cli._loom", str(path), "list"],
         capture_output=True,
         text=True,
         cwd=ROOT,

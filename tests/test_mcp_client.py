@@ -33,9 +33,9 @@ from mcp_support import (
 )
 
 import cantrip
-from cantrip._cli import main as cli_main
 from cantrip._events import GateProgress
 from cantrip._providers import ProviderStartError
+from cantrip.cli._main import main as cli_main
 from cantrip.mcp import MCPServer, servers_from_tables
 from gates import done, echo
 from mediums.python import python

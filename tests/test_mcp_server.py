@@ -17,7 +17,7 @@ from mcp import Client, StdioServerParameters
 from mcp_support import BIN, call, finish, spell
 
 import cantrip
-from cantrip._cli import main as cli_main
+from cantrip.cli._main import main as cli_main
 from cantrip.loom import Loom
 from cantrip.mcp import MCPServer
 

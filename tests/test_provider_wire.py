@@ -396,7 +396,7 @@ async def test_switching_provider_mid_history_keeps_tool_pairing_valid() -> None
 
 
 def test_incremental_rendering_equals_a_full_render() -> None:
-    """The adapters' render memo never changes what is sent (DESIGN: O(new messages))."""
+    """The adapters' render memo never changes what is sent (a turn renders O(new messages))."""
     from cantrip.llm._transcript import render_transcript
     from cantrip.llm.providers._base import RenderCache
 

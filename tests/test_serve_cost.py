@@ -67,7 +67,7 @@ async def test_an_unkeyed_prompt_does_not_read_the_entitys_recorded_turns(
 
 
 def test_serve_collects_garbage_in_larger_batches_and_restores_the_setting() -> None:
-    from cantrip._cli import _serve_gc
+    from cantrip.cli._main import _serve_gc
 
     before = gc.get_threshold()
     with _serve_gc(None):  # the default of `cantrip serve`
@@ -83,7 +83,7 @@ def test_serve_collects_garbage_in_larger_batches_and_restores_the_setting() -> 
 def test_a_negative_gc_threshold_is_one_line_and_serves_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from cantrip import _cli
+    from cantrip.cli import _main as _cli
 
     before = gc.get_threshold()
     code = _cli.main(["serve", str(tmp_path / "none.toml"), "--gc-young", "-1"])

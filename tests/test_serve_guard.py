@@ -331,8 +331,8 @@ def test_slow_clients_are_dropped_by_the_read_timeout() -> None:
 def test_a_token_given_as_a_flag_is_redacted_like_the_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from cantrip import _cli
     from cantrip._redact import redact
+    from cantrip.cli import _main as _cli
 
     monkeypatch.setenv("CANTRIP_TOKEN", "")  # restored after the test
     assert _cli._token(None) is None

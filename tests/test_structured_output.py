@@ -11,8 +11,8 @@ import pydantic
 import pytest
 
 import cantrip
-from cantrip._cli import main as cli_main
 from cantrip._specfile import build_cantrip, parse_spec
+from cantrip.cli._main import main as cli_main
 from gates import done, echo
 
 

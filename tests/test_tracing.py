@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 import cantrip
-from cantrip._loom_cli import main as loom_main
-from cantrip._tracing import TraceSink, configured_tracer, with_tracing
+from cantrip.cli._loom import main as loom_main
+from cantrip.tracing._sink import TraceSink, configured_tracer, with_tracing
 from gates import call_agent, done, echo
 
 PRICES = cantrip.Pricing(1.0, 2.0)
@@ -348,7 +348,7 @@ async def test_cast_otlp_posts_real_otlp_http_to_a_receiver(tmp_path: Path) -> N
 def test_otlp_without_a_url_scheme_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from cantrip._cli import main
+    from cantrip.cli._main import main
 
     assert main(["cast", "--otlp", "localhost:4318", str(tmp_path / "x.toml"), "go"]) == 1
     assert "--otlp wants an http(s) URL" in capsys.readouterr().err

@@ -20,8 +20,8 @@ from test_http import SCRIPT, make_spell, serving
 from viewer_looms import SECRET, build
 
 from cantrip._errors import CantripError
-from cantrip._loom_cli import main as loom_main
 from cantrip._redact import REDACTED
+from cantrip.cli._loom import main as loom_main
 from cantrip.loom import Turn, TurnMetadata, export_jsonl
 from cantrip.protocols._viewer import LoomFile, ViewerApp, viewer_token
 from cantrip.protocols._viewer_api import LoomViews, ViewerError

@@ -19,9 +19,9 @@ import pytest
 import trio
 from distributed_workload import EFFECTS_TABLE
 
-import cantrip._worker
-from cantrip._queue import Claim, WorkQueue
-from cantrip._worker import Dispatcher, Worker, spell_from_factory
+import cantrip.distributed._worker
+from cantrip.distributed._queue import Claim, WorkQueue
+from cantrip.distributed._worker import Dispatcher, Worker, spell_from_factory
 from cantrip.loom._fence import Fence
 
 WORKLOAD = spell_from_factory("distributed_workload:build")
@@ -56,7 +56,7 @@ async def test_a_lease_given_up_by_finish_is_never_reported_lost(
             finally:
                 finished.set()
 
-    monkeypatch.setattr(cantrip._worker, "WorkQueue", LateHeartbeat)
+    monkeypatch.setattr(cantrip.distributed._worker, "WorkQueue", LateHeartbeat)
     dispatcher = await trio.to_thread.run_sync(Dispatcher, effects_db)
     with caplog.at_level(logging.INFO, logger="cantrip.worker"):
         async with trio.open_nursery() as nursery:

@@ -5,7 +5,7 @@ triggers in the database), one unified tree, rewards as the one annotation --
 plus what many writers need: every write is checked against the writer's
 :class:`~cantrip.loom._fence.Fence` in the same statement (the lease row is
 locked ``FOR SHARE`` so a claim by another worker cannot interleave), the
-gate journal, and the tables the work queue uses (:mod:`cantrip._queue`).
+gate journal, and the tables the work queue uses (:mod:`cantrip.distributed._queue`).
 
 psycopg is blocking. The loom calls the write side (:meth:`write_batch`: turns,
 entities, rewards and journal entries, queued by the loom and group-committed;

@@ -7,7 +7,7 @@ latest turn, a page of entities -- with indexed queries, so opening costs
 O(1) and reading a thread O(depth) whatever the loom's size. The loom keeps
 what it reads or writes in a bounded cache (turns never change).
 
-The gate journal (DESIGN "Effects are journaled at the gate boundary") lives
+The gate journal (SPEC.md "Ownership, fencing and effects on PostgreSQL") lives
 in the same file: a table of utterances and gate calls of the turn in flight,
 keyed by (entity, turn sequence, call ordinal). See :mod:`cantrip._journal`.
 """

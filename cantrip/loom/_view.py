@@ -1,7 +1,7 @@
 """Read-only views of a thread: logical turns, and the loom as a sandbox sees it.
 
 A delegating utterance is recorded in pieces (a checkpoint before the child
-starts, a continuation after; DESIGN "Delegation checkpoints the turn"). The
+starts, a continuation after; SPEC.md "Resolutions of ambiguous test vectors"). The
 entity perceived it as one turn, so everything that re-reads a thread as the
 entity lived it -- the working context, sandbox replay, the ``loom`` object in
 code mediums, chat export -- merges the pieces first (:func:`logical_turns`).

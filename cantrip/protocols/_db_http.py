@@ -41,8 +41,8 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult
 from cantrip._events import FinalResponse, PauseEvent, StepComplete
-from cantrip._queue import PAUSED
 from cantrip._redact import get_logger
+from cantrip.distributed._queue import PAUSED
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols._asgi import (
     HEARTBEAT_S,

@@ -19,8 +19,8 @@ from typing import Any
 
 import trio
 
-from cantrip._queue import CANCEL_CHANNEL, WORK_CHANNEL
 from cantrip._redact import get_logger
+from cantrip.distributed._queue import CANCEL_CHANNEL, WORK_CHANNEL
 
 log = get_logger("cantrip.http")
 

@@ -1,7 +1,7 @@
 """HTTP sessions kept in PostgreSQL, so any ``cantrip serve --db`` replica serves any session.
 
 A replica runs no entity: a session is a row naming its entity, a prompt is
-work on the queue (:mod:`cantrip._queue`) that a ``cantrip worker`` runs, and
+work on the queue (:mod:`cantrip.distributed._queue`) that a ``cantrip worker`` runs, and
 what the session did is read from the PostgreSQL loom by query. Two small
 tables of our own, created beside the queue's:
 
@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 
 from cantrip._entity import CastResult, new_entity_id
-from cantrip._queue import (
+from cantrip.distributed._queue import (
     ENDED,
     ENTITY_LOCK,
     WorkQueue,

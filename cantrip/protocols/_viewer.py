@@ -1,6 +1,6 @@
 """The loom viewer in the browser: static pages plus the paged JSON API.
 
-One more front end over the session layer (DESIGN, Wave 2), in two settings:
+One more front end over the session layer (SPEC.md "The loom viewer"), in two settings:
 
 * ``cantrip loom FILE view`` -- :func:`serve_viewer`: a read-only local server
   over a loom file (reopened when the file grows, so a running cast's new turns

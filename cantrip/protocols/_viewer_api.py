@@ -2,7 +2,7 @@
 
 The browser viewer (``cantrip loom FILE view``, and ``/`` of ``cantrip serve``)
 reads the loom only through these functions, which compute what ``cantrip loom
-list`` and ``show`` compute (:mod:`cantrip._loom_cli`'s tokens, cost and
+list`` and ``show`` compute (:mod:`cantrip.cli._loom`'s tokens, cost and
 outcome helpers) and redact every record the way exports do
 (:func:`~cantrip.protocols._sessions.turn_dict` is the export's turn). Nothing
 here writes to the loom.

@@ -1,8 +1,8 @@
 """The OpenTelemetry GenAI semantic conventions, as cantrip maps its records to them.
 
 One mapping for both ways a trace is made: live, from the event stream
-(:mod:`cantrip._tracing`), and afterwards, from a recorded loom
-(:mod:`cantrip._otlp`). Everything here is plain data -- attribute names and
+(:mod:`cantrip.tracing._sink`), and afterwards, from a recorded loom
+(:mod:`cantrip.tracing._otlp`). Everything here is plain data -- attribute names and
 values -- so this module needs no OpenTelemetry package.
 
 Names follow the GenAI conventions (``gen_ai.*``, development status in 2026):

@@ -1,7 +1,7 @@
 """A recorded loom as OTLP/JSON traces (``cantrip loom FILE export --format otlp``).
 
 Past runs go into any OpenTelemetry backend (Jaeger, Phoenix, Logfire,
-Langfuse) with the same GenAI mapping live tracing uses (:mod:`cantrip._genai`):
+Langfuse) with the same GenAI mapping live tracing uses (:mod:`cantrip.tracing._genai`):
 one trace per root entity, an ``invoke_agent`` span per cast, ``chat`` per turn
 that queried the LLM and ``execute_tool`` per gate call; a child entity's
 ``invoke_agent`` sits under the parent's delegation span.
@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from cantrip import _genai
 from cantrip.llm._contract import ZERO_USAGE, Usage
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import EntityRecord, Turn
+from cantrip.tracing import _genai
 
 _KIND_INTERNAL, _KIND_CLIENT = 1, 3
 _STATUS_ERROR = 2

@@ -223,7 +223,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     conformance.add_argument("-v", "--verbose", action="store_true", help="list passing cases")
 
     try:
-        from cantrip._loom_cli import add_loom_parser  # type: ignore[import-not-found,unused-ignore]
+        from cantrip.cli._loom import add_loom_parser  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         pass
     else:
@@ -271,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, _ = _parser()
     args = parser.parse_args(argv)
     if getattr(args, "otlp", None):
-        from cantrip._otel_setup import configure_otlp
+        from cantrip.tracing._setup import configure_otlp
 
         try:
             shutdown = configure_otlp(args.otlp)
@@ -303,17 +303,17 @@ def _guarded(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "cast" and args.db:
-        from cantrip._worker_cli import cast_on_db
+        from cantrip.cli._worker import cast_on_db
 
         return cast_on_db(args)
     if args.command == "cast":
         return _cast(args)
     if args.command == "answer":
-        from cantrip._worker_cli import answer_on_db
+        from cantrip.cli._worker import answer_on_db
 
         return answer_on_db(args)
     if args.command == "worker":
-        from cantrip._worker_cli import run_worker
+        from cantrip.cli._worker import run_worker
 
         return run_worker(args)
     if args.command == "invoke":
@@ -327,7 +327,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_mcp(args, _load, _fail)
     if args.command == "loom":
-        from cantrip._loom_cli import run_loom  # type: ignore[import-not-found,unused-ignore]
+        from cantrip.cli._loom import run_loom  # type: ignore[import-not-found,unused-ignore]
 
         return int(run_loom(args))
     return _conformance(args)
@@ -485,7 +485,7 @@ def _acp(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from cantrip._serve_cli import serve_until_signal
+    from cantrip.cli._serve import serve_until_signal
     from cantrip.protocols._guard import BindError, Guard
     from cantrip.protocols._http import serve_http
     from cantrip.protocols._lifecycle import ServeOptions
@@ -515,7 +515,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_running=args.max_running,
     )
     if args.db:
-        from cantrip._worker_cli import serve_on_db
+        from cantrip.cli._worker import serve_on_db
 
         return serve_on_db(args, guard, options)
     spell = _load(args.spec)

@@ -1,8 +1,8 @@
-"""OpenTelemetry traces as a view of the event stream (DESIGN, wave 2).
+"""OpenTelemetry traces as a view of the event stream (SPEC.md "Traces").
 
 When the ``opentelemetry-api`` package is installed *and* the program has set a
 tracer provider, every entity's events also go to a :class:`TraceSink`, which
-builds the GenAI spans (:mod:`cantrip._genai`):
+builds the GenAI spans (:mod:`cantrip.tracing._genai`):
 
 * ``invoke_agent`` from an entity's first step of a cast to the turn that ends
   it -- an error status when the cast was cancelled, crashed or its LLM failed;
@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from cantrip import _genai
 from cantrip._events import (
     Event,
     EventSink,
@@ -38,6 +37,7 @@ from cantrip._events import (
     ToolResultEvent,
 )
 from cantrip.llm._contract import ZERO_USAGE, Usage
+from cantrip.tracing import _genai
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer

@@ -160,7 +160,7 @@ def _run(args: argparse.Namespace, path: Path, out: TextIO, err: TextIO) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m cantrip._loom_cli FILE COMMAND ...`` (the same as ``cantrip loom``,
+    """``python -m cantrip.cli._loom FILE COMMAND ...`` (the same as ``cantrip loom``,
     with the same one-line errors; ``--debug`` shows a traceback)."""
     from cantrip._failure import debug_requested, report
 
@@ -411,7 +411,7 @@ def _export(loom: Loom, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
         print("cantrip: raw export: secrets are NOT redacted", file=err)
     leaf = resolve_ref(loom, args.thread).id if args.thread else None
     if args.format == "otlp":
-        from cantrip._otlp import export_otlp
+        from cantrip.tracing._otlp import export_otlp
 
         text = export_otlp(loom)  # content-free: tokens, timings, names, statuses
     elif args.format == "chat":

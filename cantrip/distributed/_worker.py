@@ -1,7 +1,7 @@
 """Workers: processes on any number of machines that run the entities others enqueue.
 
 ``cantrip worker --db URL`` runs :class:`Worker`: it claims work from the queue
-(:mod:`cantrip._queue`), holds each entity under a lease it heartbeats, and
+(:mod:`cantrip.distributed._queue`), holds each entity under a lease it heartbeats, and
 runs the cast -- resuming it from the loom when an earlier worker died holding
 it. Every loom write carries the lease's fence, so a worker that lost its lease
 (paused, partitioned) can never append again: its writes are refused, it drops
@@ -35,7 +35,8 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult, Entity, new_entity_id
 from cantrip._errors import CantripError, LLMError
-from cantrip._queue import (
+from cantrip._redact import get_logger
+from cantrip.distributed._queue import (
     ANSWER_KEY,
     CANCEL_CHANNEL,
     ENDED,
@@ -45,7 +46,6 @@ from cantrip._queue import (
     LivePauses,
     WorkQueue,
 )
-from cantrip._redact import get_logger
 from cantrip.llm._contract import plain_json
 from cantrip.loom._fence import LeaseLostError
 from cantrip.loom._loom import Loom

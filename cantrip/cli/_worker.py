@@ -34,7 +34,7 @@ def _fail(message: str) -> int:
 def run_worker(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; casts in flight are left to the next worker (their
     leases expire) -- the loom and the gate journal hold everything they did."""
-    from cantrip._worker import Worker
+    from cantrip.distributed._worker import Worker
 
     worker = Worker(args.db, concurrency=args.concurrency, lease_s=args.lease)
 
@@ -56,7 +56,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 def cast_on_db(args: argparse.Namespace) -> int:
     """Enqueue the spec's cast, wait for a worker to finish it, print like ``cast``."""
-    from cantrip._worker import Dispatcher, spell_from_spec
+    from cantrip.distributed._worker import Dispatcher, spell_from_spec
 
     intent = args.intent if args.intent is not None else sys.stdin.read().strip()
     try:
@@ -115,7 +115,7 @@ def answer_on_db(args: argparse.Namespace) -> int:
     """``cantrip answer --db URL ENTITY PAUSE``: answer a paused cast from anywhere, wait
     for a worker to carry the answer out, print the cast's result like ``cast --db``."""
     from cantrip._approval import Decision, PauseError
-    from cantrip._worker import Dispatcher
+    from cantrip.distributed._worker import Dispatcher
 
     if args.answer is not None:
         decision = Decision.answer(args.answer)
@@ -190,8 +190,8 @@ def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
     The spec is built once here to check it and describe it on ``/health``. A circle
     that pauses for a human is served like in-process: the pause waits in the
     database, answered through ``/sessions/{id}/pending/{pause_id}``."""
-    from cantrip._serve_cli import serve_until_signal
-    from cantrip._worker import build_spell, spell_from_spec
+    from cantrip.cli._serve import serve_until_signal
+    from cantrip.distributed._worker import build_spell, spell_from_spec
     from cantrip.loom._loom import Loom
     from cantrip.protocols._db_http import serve_http_db
 
