@@ -222,6 +222,10 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     conformance.add_argument("paths", nargs="*", type=Path, help="default: ./tests.yaml")
     conformance.add_argument("-v", "--verbose", action="store_true", help="list passing cases")
 
+    from cantrip.cli._eval import add_eval_parser
+
+    add_eval_parser(commands, parents=[common])
+
     try:
         from cantrip.cli._loom import add_loom_parser  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
@@ -326,6 +330,10 @@ def _run(args: argparse.Namespace) -> int:
         from cantrip.mcp._cli import run_mcp
 
         return run_mcp(args, _load, _fail)
+    if args.command == "eval":
+        from cantrip.cli._eval import run_eval
+
+        return run_eval(args)
     if args.command == "loom":
         from cantrip.cli._loom import run_loom  # type: ignore[import-not-found,unused-ignore]
 

@@ -1,0 +1,188 @@
+"""``cantrip eval``: run a suite, compare two reports, turn a recorded cast into a case.
+
+    cantrip eval SUITE [--spec SPEC] [--concurrency N] [--repeat K] [--json FILE]
+                       [--junit FILE] [--loom FILE] [--record LOOM | --replay [LOOM]]
+                       [--max-cost-usd X]
+    cantrip eval compare A.json B.json
+    cantrip eval add LOOM REF --suite SUITE [--name NAME] [--spec SPEC]
+
+Exit codes: 0 every case passed, 1 a case failed or errored (or the input was
+wrong: one line says which), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from cantrip._errors import CantripError
+
+EXIT_USAGE = 2
+_SUITE_RECORDING = "suite's recording"
+
+
+def add_eval_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    evals = commands.add_parser(
+        "eval",
+        parents=parents,
+        help="run an eval suite; 'eval compare A.json B.json'; 'eval add LOOM REF --suite S'",
+        description=(
+            "Run every case of a suite against a spec and score it. "
+            "'cantrip eval compare A.json B.json' lists regressions and improvements between "
+            "two reports; 'cantrip eval add LOOM REF --suite SUITE' turns a recorded cast "
+            "into a regression case with its recording."
+        ),
+    )
+    evals.add_argument("target", help="the suite file, or 'compare' or 'add'")
+    evals.add_argument("more", nargs="*", help="compare: two JSON reports; add: LOOM and REF")
+    evals.add_argument("--spec", type=Path, help="the spec to evaluate (instead of the suite's)")
+    evals.add_argument("--concurrency", type=int, default=4, help="cases run at once (default 4)")
+    evals.add_argument("--repeat", type=int, default=1, help="runs of each case (default 1)")
+    evals.add_argument("--json", type=Path, metavar="FILE", help="write the JSON report here")
+    evals.add_argument("--junit", type=Path, metavar="FILE", help="write JUnit XML here")
+    evals.add_argument("--loom", type=Path, metavar="FILE", help="record the casts in this loom")
+    mode = evals.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--record", type=Path, metavar="LOOM", help="keep every case's cast here, for --replay"
+    )
+    mode.add_argument(
+        "--replay",
+        nargs="?",
+        const=_SUITE_RECORDING,
+        metavar="LOOM",
+        help="answer the agent's model requests from this recording (default: the suite's "
+        "'recording'); offline, no key needed",
+    )
+    evals.add_argument(
+        "--max-cost-usd", type=float, metavar="X", help="stop starting cases once X USD is spent"
+    )
+    evals.add_argument("--suite", type=Path, help="add: the suite file to add the case to")
+    evals.add_argument("--name", help="add: the new case's name")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Exit 0 all passed, 1 any case failed or errored, 2 nothing could run (a usage
+    error, a malformed suite or spec, a missing recording: one line says which)."""
+    try:
+        return _run_eval(args)
+    except CantripError as exc:
+        from cantrip._redact import redact
+
+        return _usage(redact(str(exc)))
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    if args.target == "compare":
+        return _compare(args)
+    if args.target == "add":
+        return _add(args)
+    if args.more:
+        return _usage(f"unexpected arguments after the suite: {' '.join(args.more)}")
+    if args.concurrency < 1 or args.repeat < 1:
+        return _usage("--concurrency and --repeat must be at least 1")
+    from cantrip.evals import load_suite, run_suite
+    from cantrip.evals._report import failure_lines, junit_xml, table
+
+    suite = load_suite(args.target)
+    replay: Path | None = None
+    if args.replay == _SUITE_RECORDING:
+        if suite.recording is None:
+            return _usage(f"{args.target}: the suite names no 'recording': give --replay LOOM")
+        replay = suite.recording
+    elif args.replay is not None:
+        replay = Path(args.replay)
+    if replay is not None and not replay.exists():
+        return _usage(f"{replay}: no such recording")
+    progress = _Progress(len(suite.cases) * args.repeat)
+    report = trio.run(
+        lambda: run_suite(
+            suite,
+            spec=args.spec,
+            record=args.record,
+            replay=replay,
+            loom=args.loom,
+            concurrency=args.concurrency,
+            repeat=args.repeat,
+            max_cost_usd=args.max_cost_usd,
+            on_result=progress.advance,
+        )
+    )
+    progress.close()
+    for line in failure_lines(report):
+        print(line)
+    print(table(report))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+    if args.junit is not None:
+        args.junit.write_text(junit_xml(report), encoding="utf-8")
+    return 0 if report.passed else 1
+
+
+class _Progress:
+    """A live bar on a terminal; nothing otherwise (reports stay clean in CI logs)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.failed = total, 0, 0
+        self.live = sys.stderr.isatty()
+
+    def advance(self, run: Any) -> None:
+        self.done += 1
+        self.failed += run.status != "passed"
+        if self.live:
+            width = 30
+            filled = width * self.done // max(1, self.total)
+            sys.stderr.write(
+                f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
+                f"  {self.failed} not passed"
+            )
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.live:
+            sys.stderr.write("\n")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    if len(args.more) != 2:
+        return _usage("eval compare takes two JSON reports: cantrip eval compare A.json B.json")
+    from cantrip.evals._report import compare, compare_text, read_report
+
+    a, b = (read_report(path) for path in args.more)
+    result = compare(a, b)
+    print(compare_text(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 1 if result["regressions"] else 0
+
+
+def _add(args: argparse.Namespace) -> int:
+    if len(args.more) != 2 or args.suite is None:
+        return _usage("eval add takes a loom and a reference: cantrip eval add LOOM REF --suite S")
+    from cantrip.evals import add_case
+    from cantrip.loom._loom import Loom
+
+    loom_path, ref = args.more
+    if not Path(loom_path).exists():
+        return _usage(f"{loom_path}: no such loom")
+    loom = Loom.open(loom_path)
+    try:
+        case = add_case(
+            loom, ref, args.suite, name=args.name, spec=str(args.spec) if args.spec else None
+        )
+    finally:
+        loom.close()
+    print(f"added case {case.name!r} to {args.suite}")
+    return 0
+
+
+def _usage(message: str) -> int:
+    print(f"cantrip eval: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+__all__ = ["add_eval_parser", "run_eval"]
