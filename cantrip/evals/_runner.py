@@ -138,8 +138,8 @@ async def run_cases(
     thread_limiter = trio.CapacityLimiter(max(1, min(concurrency, 8)))
     slots: list[RunResult | None] = [None] * (len(suite.cases) * repeat)
 
-    async def one(position: int, case: Case, attempt: int) -> None:
-        async with limiter:
+    async def one(position: int, case: Case, attempt: int, slot: object) -> None:
+        try:
             if budget.exhausted:
                 result = RunResult(
                     case.name,
@@ -151,6 +151,8 @@ async def run_cases(
                 result = await _run_one(
                     case, attempt, factory(), llm, judges or {}, budget, thread_limiter
                 )
+        finally:
+            limiter.release_on_behalf_of(slot)
         slots[position] = result
         if on_result is not None:
             on_result(result)
@@ -159,7 +161,10 @@ async def run_cases(
         position = 0
         for case in suite.cases:
             for attempt in range(repeat):
-                nursery.start_soon(one, position, case, attempt)
+                # a slot is taken before the task starts, so runs begin in suite order
+                slot = object()
+                await limiter.acquire_on_behalf_of(slot)
+                nursery.start_soon(one, position, case, attempt, slot)
                 position += 1
     return [r for r in slots if r is not None]
 
