@@ -595,3 +595,55 @@ def test_the_shipped_example_suite_passes_offline_through_replay(tmp_path: Path)
     out = eval_cli(EXAMPLES / "evals" / "hello.yaml", "--replay", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 passed, 0 failed" in out.stdout
+
+
+# -- in users' own test suites ------------------------------------------------------
+
+
+def test_users_test_their_agents_offline_with_cantrip_testing(tmp_path: Path) -> None:
+    greeter(tmp_path)
+    recording = tmp_path / "rec.jsonl"
+    import trio
+
+    trio.run(
+        lambda: run_suite(
+            Suite([Case(name="c", intent="Greet the world.")]),
+            spec=tmp_path / "spec.toml",
+            record=recording,
+        )
+    )
+    write(
+        tmp_path / "test_agent.py",
+        """
+        from cantrip.testing import cast_spec, expect, scripted
+
+        def test_scripted():
+            result = cast_spec("spec.toml", "Greet.", llm=scripted(
+                {"tool_calls": [{"gate": "done", "args": {"answer": "greeted"}}]},
+            ))
+            expect(result, result_contains="greeted", gates=["done"], max_turns=1)
+
+        def test_replayed():
+            result = cast_spec("spec.toml", "Greet the world.", replay="rec.jsonl")
+            expect(result, result_equals="I greeted the world.", gates=["echo", "done"])
+
+        def test_fails_with_reasons():
+            result = cast_spec("spec.toml", "Greet the world.", replay="rec.jsonl")
+            expect(result, gates_never=["echo"], max_turns=1)
+
+        def test_a_changed_intent_diverges():
+            cast_spec("spec.toml", "Something new.", replay="rec.jsonl")
+        """,
+    )
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_agent.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert "2 failed, 2 passed" in out.stdout, out.stdout[-3000:]
+    assert "gates_never: called echo; max_turns: took 2 turns (max 1)" in out.stdout
+    assert "replay diverged at turn 1" in out.stdout
