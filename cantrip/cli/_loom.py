@@ -118,6 +118,32 @@ def add_loom_parser(
     )
     recovering.add_argument("out", type=Path, metavar="NEW", help="the new loom file to write")
     recovering.add_argument("--json", action="store_true", help="print JSON")
+    pruning = commands.add_parser(
+        "prune",
+        help="remove whole entities (with their children) to keep the loom bounded",
+        description="Remove whole root entities with everything they spawned, their turns and "
+        "gate-journal rows; a tree another entity was forked from, or one still running, stays. "
+        "The loom stays valid and its space is reclaimed.",
+    )
+    rule = pruning.add_mutually_exclusive_group(required=True)
+    rule.add_argument(
+        "--before", metavar="DATE", help="trees last active before DATE (2026-01-31, or 30d ago)"
+    )
+    rule.add_argument(
+        "--keep-last", type=int, metavar="N", help="all but the N most recently active trees"
+    )
+    rule.add_argument("--entity", metavar="ID", help="one root entity's tree")
+    pruning.add_argument(
+        "--archive", metavar="FILE.jsonl", help="write the removed trees here first (a JSONL loom)"
+    )
+    pruning.add_argument(
+        "--dry-run", action="store_true", help="say what would be removed; remove nothing"
+    )
+    pruning.add_argument("--json", action="store_true", help="print JSON")
+    statistics = commands.add_parser(
+        "stats", help="entities, turns, bytes per table, oldest and newest activity"
+    )
+    statistics.add_argument("--json", action="store_true", help="print JSON")
     parser: argparse.ArgumentParser = loom
     return parser
 
@@ -154,6 +180,10 @@ def _run(args: argparse.Namespace, path: Path, out: TextIO, err: TextIO) -> int:
             return _export(loom, args, out, err)
         if command == "reward":
             return _reward(loom, args, out)
+        if command == "prune":
+            return _prune(loom, args, out)
+        if command == "stats":
+            return _stats(loom, args, out)
         return _fork(loom, args, out, err)
     finally:
         loom.close()
@@ -481,6 +511,58 @@ def _fork(loom: Loom, args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     else:
         print(redact(outcome.summary or "truncated"), file=err)
     return EXIT_OK if outcome.terminated else EXIT_TRUNCATED
+
+
+def _prune(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
+    from cantrip.loom._retention import parse_date, prune
+
+    before = parse_date(args.before) if args.before is not None else None
+    done = prune(
+        loom,
+        before=before,
+        keep_last=args.keep_last,
+        entity=args.entity,
+        archive=args.archive,
+        dry_run=args.dry_run,
+    )
+    if args.json:
+        _print(out, json.dumps(done.to_dict(), indent=2))
+        return 0
+    plan = done.plan
+    verb = "would remove" if args.dry_run else "removed"
+    _print(
+        out,
+        f"{verb} {len(plan.roots)} root entities ({len(plan.entities)} with children), "
+        f"{plan.turns} turns"
+        + (f"; archived to {done.archive}" if done.archive else "")
+        + (
+            ""
+            if args.dry_run
+            else f"; {done.bytes_before / 1e6:.1f} MB -> {done.bytes_after / 1e6:.1f} MB "
+            f"in {done.seconds:.2f} s"
+        ),
+    )
+    for entity_id, why in plan.kept:
+        _print(out, f"kept {entity_id}: {why}")
+    return 0
+
+
+def _stats(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
+    from cantrip.loom._retention import stats
+
+    figures = stats(loom)
+    if args.json:
+        _print(out, json.dumps(figures, indent=2))
+        return 0
+    _print(
+        out,
+        f"{figures['entities']} entities ({figures['roots']} roots), {figures['turns']} turns, "
+        f"{figures['bytes'] / 1e6:.2f} MB",
+    )
+    _print(out, f"oldest {figures['oldest'] or '-'}, newest {figures['newest'] or '-'}")
+    for table, size in figures["tables"].items():
+        _print(out, f"  {table}: {size / 1e6:.2f} MB")
+    return 0
 
 
 def _view(args: argparse.Namespace, err: TextIO) -> int:

@@ -34,7 +34,8 @@ from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._sqlite_index import JournalEntry
 from cantrip.loom._stores import Record
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: the append-only trigger lets prune delete whole trees (``cantrip.prune``)."""
 _SCHEMA_LOCK = 0x63616E74  # "cant": the advisory lock schema creation runs under
 
 _SCHEMA = """
@@ -58,7 +59,14 @@ CREATE TABLE IF NOT EXISTS cantrip_turns (
 CREATE INDEX IF NOT EXISTS cantrip_turns_by_entity ON cantrip_turns (entity_id, pos);
 CREATE INDEX IF NOT EXISTS cantrip_turns_by_parent ON cantrip_turns (parent_id);
 CREATE OR REPLACE FUNCTION cantrip_append_only() RETURNS trigger AS $$
-BEGIN RAISE EXCEPTION 'loom is append-only'; END $$ LANGUAGE plpgsql;
+BEGIN
+    -- prune (cantrip.loom._postgres_retention) removes whole trees in a transaction
+    -- that has set cantrip.prune; nothing else may delete or change history
+    IF TG_OP = 'DELETE' AND current_setting('cantrip.prune', true) = 'on' THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'loom is append-only';
+END $$ LANGUAGE plpgsql;
 DROP TRIGGER IF EXISTS cantrip_turns_no_delete ON cantrip_turns;
 CREATE TRIGGER cantrip_turns_no_delete BEFORE DELETE ON cantrip_turns
     FOR EACH ROW EXECUTE FUNCTION cantrip_append_only();

@@ -1,0 +1,117 @@
+"""Prune and stats on a PostgreSQL loom (see :mod:`cantrip.loom._retention`).
+
+The append-only triggers refuse every DELETE unless the transaction has set
+``cantrip.prune = 'on'`` (``SET LOCAL``: it ends with the transaction), so only this
+module's statements can remove history, and only whole trees. A tree with open work
+or an unexpired lease is never removed: checked when the plan is made and again,
+under lock, in the deleting transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from cantrip.loom._model import EntityRecord
+from cantrip.loom._postgres import PostgresStore
+from cantrip.loom._retention import Activity, recently_active
+
+_TABLES = (
+    "cantrip_turns",
+    "cantrip_entities",
+    "cantrip_journal",
+    "cantrip_work",
+    "cantrip_leases",
+    "cantrip_live_pauses",
+    "cantrip_sessions",
+    "cantrip_prompts",
+)
+_OPEN_WORK = "SELECT entity_id FROM cantrip_work WHERE state IN ('queued', 'running')"
+_HELD = (
+    "SELECT entity_id FROM cantrip_leases WHERE owner IS NOT NULL "
+    "AND expires_at > clock_timestamp()"
+)
+
+
+class PostgresRetention:
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    def _existing(self, conn: Any) -> list[str]:
+        rows = conn.execute(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname = ANY(%s)",
+            (list(_TABLES),),
+        ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def activity(self) -> list[Activity]:
+        with self._store.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT e.data, COALESCE(t.data::json->'metadata'->>'timestamp', ''), "
+                "COALESCE(c.n, 0), f.entity_id FROM cantrip_entities e "
+                "LEFT JOIN (SELECT entity_id, MAX(pos) AS last, COUNT(*) AS n "
+                "FROM cantrip_turns GROUP BY entity_id) c ON c.entity_id = e.entity_id "
+                "LEFT JOIN cantrip_turns t ON t.pos = c.last "
+                "LEFT JOIN cantrip_turns f ON f.id = e.data::json->>'forked_from' "
+                "ORDER BY e.pos"
+            ).fetchall()
+        out = []
+        for data, last, n, source in rows:
+            record = EntityRecord.from_dict(orjson.loads(data))
+            out.append(Activity(record, str(last or record.created_at or ""), int(n), source))
+        return out
+
+    def busy(self, activity: Sequence[Activity], busy_s: float) -> set[str]:
+        """Entities with queued or running work, or a live lease; and, as on SQLite,
+        those written to within ``busy_s`` (an in-process ``serve`` on this database
+        holds no lease)."""
+        with self._store.pool.connection() as conn:
+            rows = conn.execute(f"{_OPEN_WORK} UNION {_HELD}").fetchall()
+        return {str(r[0]) for r in rows} | recently_active(activity, busy_s)
+
+    def delete_entities(self, entity_ids: Sequence[str]) -> int:
+        ids = list(entity_ids)
+        with self._store.pool.connection() as conn, conn.transaction():
+            tables = set(self._existing(conn))
+            conn.execute("SET LOCAL cantrip.prune = 'on'")
+            # under lock: a claim made since the plan keeps the whole batch
+            conn.execute(
+                "SELECT 1 FROM cantrip_leases WHERE entity_id = ANY(%s) FOR UPDATE", (ids,)
+            )
+            late = conn.execute(
+                f"SELECT 1 FROM ({_OPEN_WORK} UNION {_HELD}) b WHERE entity_id = ANY(%s) LIMIT 1",
+                (ids,),
+            ).fetchone()
+            if late is not None:
+                return 0
+            deleted = conn.execute(
+                "DELETE FROM cantrip_turns WHERE entity_id = ANY(%s)", (ids,)
+            ).rowcount
+            for table in (
+                "cantrip_entities",
+                "cantrip_journal",
+                "cantrip_work",
+                "cantrip_leases",
+                "cantrip_live_pauses",
+                "cantrip_prompts",
+                "cantrip_sessions",
+            ):
+                if table in tables:
+                    conn.execute(f"DELETE FROM {table} WHERE entity_id = ANY(%s)", (ids,))
+        return int(deleted)
+
+    def reclaim(self) -> None:
+        with self._store.pool.connection() as conn:
+            for table in self._existing(conn):
+                conn.execute(f"VACUUM (ANALYZE) {table}")
+
+    def table_bytes(self) -> dict[str, int]:
+        with self._store.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT relname, pg_total_relation_size(oid) FROM pg_class "
+                "WHERE relkind = 'r' AND relname = ANY(%s) ORDER BY relname",
+                (list(_TABLES),),
+            ).fetchall()
+        return {str(name): int(size) for name, size in rows}
