@@ -139,6 +139,14 @@ def add_loom_parser(
     pruning.add_argument(
         "--dry-run", action="store_true", help="say what would be removed; remove nothing"
     )
+    pruning.add_argument(
+        "--idle-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="leave trees written to in the last S seconds (another process may be casting "
+        "on them; default 60)",
+    )
     pruning.add_argument("--json", action="store_true", help="print JSON")
     statistics = commands.add_parser(
         "stats", help="entities, turns, bytes per table, oldest and newest activity"
@@ -524,6 +532,7 @@ def _prune(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
         entity=args.entity,
         archive=args.archive,
         dry_run=args.dry_run,
+        busy_s=args.idle_s,
     )
     if args.json:
         _print(out, json.dumps(done.to_dict(), indent=2))

@@ -102,6 +102,19 @@ class PostgresRetention:
                     conn.execute(f"DELETE FROM {table} WHERE entity_id = ANY(%s)", (ids,))
         return int(deleted)
 
+    def collect_journal(self) -> int:
+        """Journal rows of casts that have ended (see the SQLite side): one statement."""
+        with self._store.pool.connection() as conn:
+            return int(
+                conn.execute(
+                    "DELETE FROM cantrip_journal j USING (SELECT DISTINCT ON (entity_id) "
+                    "entity_id, sequence, data FROM cantrip_turns "
+                    "ORDER BY entity_id, pos DESC) t WHERE t.entity_id = j.entity_id "
+                    "AND j.sequence <= t.sequence AND ((t.data::json->>'terminated')::boolean "
+                    "OR (t.data::json->>'truncated')::boolean)"
+                ).rowcount
+            )
+
     def reclaim(self) -> None:
         with self._store.pool.connection() as conn:
             for table in self._existing(conn):

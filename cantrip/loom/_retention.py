@@ -70,6 +70,8 @@ class Pruned:
     bytes_after: int
     seconds: float
     archive: str | None = None
+    journal_rows: int = 0
+    """Gate-journal rows of ended casts collected on the way."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +83,7 @@ class Pruned:
             "bytes_after": self.bytes_after,
             "seconds": round(self.seconds, 3),
             "archive": self.archive,
+            "journal_rows_collected": self.journal_rows,
         }
 
 
@@ -90,6 +93,7 @@ class RetentionStore(Protocol):
     def activity(self) -> list[Activity]: ...
     def busy(self, activity: Sequence[Activity], busy_s: float) -> set[str]: ...
     def delete_entities(self, entity_ids: Sequence[str]) -> int: ...
+    def collect_journal(self) -> int: ...
     def reclaim(self) -> None: ...
     def table_bytes(self) -> dict[str, int]: ...
 
@@ -232,8 +236,14 @@ def prune(
         busy=store.busy(activity, busy_s),
     )
     bytes_before = sum(store.table_bytes().values())
-    if dry_run or not chosen.entities:
+    if dry_run:
         return Pruned(chosen, bytes_before, bytes_before, time.perf_counter() - started, None)
+    collected = store.collect_journal()
+    if not chosen.entities:
+        if collected:
+            store.reclaim()
+        after = sum(store.table_bytes().values())
+        return Pruned(chosen, bytes_before, after, time.perf_counter() - started, None, collected)
     if archive is not None:
         write_archive(loom, chosen.entities, archive)
     by_root: dict[str, list[str]] = {}
@@ -253,7 +263,9 @@ def prune(
         store.delete_entities(batch)
     store.reclaim()
     bytes_after = sum(store.table_bytes().values())
-    return Pruned(chosen, bytes_before, bytes_after, time.perf_counter() - started, archive)
+    return Pruned(
+        chosen, bytes_before, bytes_after, time.perf_counter() - started, archive, collected
+    )
 
 
 def write_archive(loom: Loom, entity_ids: Sequence[str], path: str) -> None:
@@ -349,6 +361,21 @@ class SQLiteRetention:
             db.execute("ROLLBACK")
             raise
         return int(deleted)
+
+    def collect_journal(self) -> int:
+        """Journal rows of casts that have ended (their entity's latest turn terminated
+        or truncated, up to that turn): an effect recorded in a turn needs no journal."""
+        if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'journal'").fetchone():
+            return 0
+        return int(
+            self._db.execute(
+                "DELETE FROM journal WHERE EXISTS (SELECT 1 FROM turns t "
+                "JOIN (SELECT entity_id, MAX(pos) AS p FROM turns GROUP BY entity_id) m "
+                "ON t.pos = m.p WHERE t.entity_id = journal.entity_id "
+                "AND journal.sequence <= t.sequence "
+                "AND (json_extract(t.data, '$.terminated') OR json_extract(t.data, '$.truncated')))"
+            ).rowcount
+        )
 
     def reclaim(self) -> None:
         self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
