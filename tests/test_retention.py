@@ -285,3 +285,80 @@ async def test_journal_rows_of_ended_casts_are_collected(tmp_path: Path) -> None
     db = sqlite3.connect(path)
     assert db.execute("SELECT count(*) FROM journal").fetchone() == (0,)
     db.close()
+
+
+def old_entity(loom: Loom, entity_id: str, when: str) -> None:
+    """An entity whose only cast ended long ago (turns written as they were then)."""
+    from cantrip.loom import Turn, TurnMetadata
+
+    loom.register_entity(EntityRecord(entity_id, "old", {"system_prompt": "x"}, created_at=when))
+    loom.append(
+        Turn(
+            id=f"{entity_id}-1",
+            parent_id=None,
+            entity_id=entity_id,
+            sequence=1,
+            intent="long ago",
+            content="done",
+            metadata=TurnMetadata(timestamp=when),
+            terminated=True,
+            reason="done",
+            result="ok",
+        )
+    )
+
+
+async def test_serve_retain_days_prunes_idle_trees_and_keeps_serving(tmp_path: Path) -> None:
+    import re
+
+    import httpx
+
+    loom_path = tmp_path / "served.db"
+    loom = Loom.open(loom_path)
+    old_entity(loom, "entity-ancient", "2020-01-01T00:00:00+00:00")
+    fresh = (await greeter(loom).cast_async("recent")).entity_id
+    loom.close()
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        '[llm]\nprovider = "scripted"\nresponses = [{ content = "hi" }]\n'
+        '[circle]\nmedium = "conversation"\ngates = ["done"]\nwards = [{ max_turns = 2 }]\n'
+        f'[loom]\npath = "{loom_path.name}"\n',
+        encoding="utf-8",
+    )
+    server = await trio.lowlevel.open_process(
+        [*CLI, "serve", str(spec), "--port", "0", "--retain-days", "30"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert server.stderr is not None
+        seen = b""
+        with trio.fail_after(60):
+            while b"serving" not in seen or b"\n" not in seen.split(b"serving", 1)[1]:
+                seen += await server.stderr.receive_some(4096)
+        url = re.search(rb"on (http://\S+)", seen).group(1).decode()  # type: ignore[union-attr]
+        with trio.fail_after(60):
+            while "entity-ancient" in entity_ids(loom_path):
+                await trio.sleep(0.2)
+        assert fresh in entity_ids(loom_path)
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"{url}/health")).status_code == 200
+    finally:
+        server.terminate()
+        with trio.fail_after(60):
+            await server.wait()
+
+
+def test_retain_days_needs_a_loom_on_disk(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        '[llm]\nprovider = "scripted"\nresponses = [{ content = "hi" }]\n'
+        '[circle]\nmedium = "conversation"\ngates = ["done"]\nwards = [{ max_turns = 2 }]\n',
+        encoding="utf-8",
+    )
+    out = subprocess.run(
+        [*CLI, "serve", str(spec), "--retain-days", "7"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and "--retain-days needs a loom file" in out.stderr

@@ -175,6 +175,14 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         help="prompts running at once; more get 503 with Retry-After (default 1000)",
     )
     serve.add_argument(
+        "--retain-days",
+        type=float,
+        default=None,
+        metavar="N",
+        help="remove entities idle for more than N days from the loom, at start and hourly "
+        "(the loom file, or the --db database)",
+    )
+    serve.add_argument(
         "--gc-young",
         type=int,
         default=None,
@@ -529,6 +537,16 @@ def _serve(args: argparse.Namespace) -> int:
     spell = _load(args.spec)
     if args.check:
         return _check(args.spec, spell)
+    background = None
+    if args.retain_days is not None:
+        from cantrip.loom._retention import keep_retained, loom_location
+
+        location = loom_location(spell.loom)
+        if location is None:
+            return _fail(
+                "--retain-days needs a loom file ([loom] path, or --db): this loom is in memory"
+            )
+        background = functools.partial(keep_retained, location, args.retain_days)
 
     start = functools.partial(
         serve_http,
@@ -548,6 +566,7 @@ def _serve(args: argparse.Namespace) -> int:
                 port=args.port,
                 spec=args.spec,
                 draining=f"draining (grace {options.grace_s:g} s)",
+                background=background,
             )
         if failure is not None:
             return _fail(failure)

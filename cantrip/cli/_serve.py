@@ -23,12 +23,20 @@ as keywords: ``shutdown_trigger`` and ``task_status`` (which gets the bound URLs
 
 
 def serve_until_signal(
-    start: Start, *, host: str, port: int, spec: object, draining: str, note: str = ""
+    start: Start,
+    *,
+    host: str,
+    port: int,
+    spec: object,
+    draining: str,
+    note: str = "",
+    background: Callable[[], Awaitable[None]] | None = None,
 ) -> str | None:
     """Serve until SIGINT or SIGTERM, which starts the server's drain (said on stderr
     as ``cantrip: SIGTERM: <draining>``); each bound URL is announced as
     ``cantrip: serving <spec> on <url><note>``. Returns None when the server stopped,
-    or why it could not serve (the port is taken, the address is not ours)."""
+    or why it could not serve (the port is taken, the address is not ours).
+    ``background`` (retention) runs beside the server and is cancelled when it stops."""
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -40,11 +48,14 @@ def serve_until_signal(
                     return
 
             async with trio.open_nursery() as nursery:
-                binds = await nursery.start(
-                    lambda task_status: start(
-                        shutdown_trigger=until_signal, task_status=task_status
-                    )
-                )
+
+                async def serve(task_status: trio.TaskStatus[list[str]]) -> None:
+                    await start(shutdown_trigger=until_signal, task_status=task_status)
+                    nursery.cancel_scope.cancel()  # the server is done: so is the background
+
+                binds = await nursery.start(serve)
+                if background is not None:
+                    nursery.start_soon(background)
                 for bind in binds:
                     print(f"cantrip: serving {spec} on {bind}{note}", file=sys.stderr, flush=True)
 

@@ -217,9 +217,14 @@ def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
         read_timeout_s=args.client_timeout,
     )
     try:
+        background = None
+        if args.retain_days is not None:
+            from cantrip.loom._retention import keep_retained
+
+            background = functools.partial(keep_retained, args.db, args.retain_days)
         failure = serve_until_signal(
             start, host=args.host, port=args.port, spec=args.spec, draining="draining",
-            note=" (db mode)",
+            note=" (db mode)", background=background,
         )  # fmt: skip
     except CantripError as exc:
         failure = str(exc)

@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import attrs
+import trio
 
 from cantrip._errors import CantripError
 from cantrip.loom._loom import Loom
@@ -266,6 +267,54 @@ def prune(
     return Pruned(
         chosen, bytes_before, bytes_after, time.perf_counter() - started, archive, collected
     )
+
+
+RETENTION_INTERVAL_S = 3600.0
+
+
+def loom_location(loom: Loom) -> str | None:
+    """Where ``loom`` lives, for another connection to it (None: in memory or JSONL)."""
+    from cantrip.loom._stores import SQLiteStore
+
+    store = loom.store
+    if isinstance(store, SQLiteStore):
+        return str(store.path)
+    url = getattr(store, "url", None)
+    return str(url) if isinstance(url, str) else None
+
+
+async def keep_retained(
+    location: str, days: float, *, interval_s: float = RETENTION_INTERVAL_S
+) -> None:
+    """``serve --retain-days``: prune trees idle for ``days`` at start and every
+    ``interval_s``, on a connection of its own in a worker thread. A tree active within
+    ``days`` counts as busy, so a session still in use is never touched. Each pass that
+    removed something says so in one log line."""
+    import functools
+
+    from cantrip._redact import get_logger
+
+    log = get_logger("cantrip.retention")
+    while True:
+        cut = datetime.now(UTC) - timedelta(days=days)
+        loom = await trio.to_thread.run_sync(Loom.open, location)
+        try:
+            done = await trio.to_thread.run_sync(
+                functools.partial(prune, loom, before=cut, busy_s=days * 86400.0)
+            )
+        finally:
+            loom.close()
+        if done.plan.roots or done.journal_rows:
+            log.warning(
+                "retention: removed %d entities (%d turns) idle for %g days, collected %d "
+                "journal rows, in %.2f s",
+                len(done.plan.entities),
+                done.plan.turns,
+                days,
+                done.journal_rows,
+                done.seconds,
+            )
+        await trio.sleep(interval_s)
 
 
 def write_archive(loom: Loom, entity_ids: Sequence[str], path: str) -> None:
