@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
+from cantrip.loom._activity import Activity, recently_active
 from cantrip.loom._model import EntityRecord
 from cantrip.loom._postgres import PostgresStore
-from cantrip.loom._retention import Activity, recently_active
 
 _TABLES = (
     "cantrip_turns",

@@ -34,24 +34,13 @@ import attrs
 import trio
 
 from cantrip._errors import CantripError
+from cantrip.loom._activity import Activity, earlier, parse_time, recently_active
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import EntityRecord
 
 BATCH = 200
 """Trees deleted per transaction: short transactions, so casts on other entities wait
 for at most one batch."""
-
-
-@attrs.frozen
-class Activity:
-    """What prune needs to know of one entity."""
-
-    record: EntityRecord
-    last: str
-    """The timestamp of its latest turn (its creation time when it has none)."""
-    turns: int
-    fork_source: str | None = None
-    """For a forked entity: the entity its fork point (a turn) belongs to."""
 
 
 @attrs.frozen
@@ -159,7 +148,7 @@ def plan(
         chosen = [entity]
     elif before is not None:
         cut = before.astimezone(UTC).isoformat() if before.tzinfo else before.isoformat()
-        chosen = [root for root, when in last.items() if when and _earlier(when, cut)]
+        chosen = [root for root, when in last.items() if when and earlier(when, cut)]
     else:
         assert keep_last is not None
         if keep_last < 0:
@@ -194,25 +183,6 @@ def plan(
         turns=sum(by_id[e].turns for e in entities),
         kept=tuple(sorted(kept.items())),
     )
-
-
-def recently_active(activity: Iterable[Activity], busy_s: float) -> set[str]:
-    if busy_s <= 0:
-        return set()
-    cut = datetime.fromtimestamp(time.time() - busy_s, UTC).isoformat()
-    return {a.record.entity_id for a in activity if a.last and not _earlier(a.last, cut)}
-
-
-def _earlier(when: str, cut: str) -> bool:
-    try:
-        return _parse(when) < _parse(cut)
-    except ValueError:
-        return False  # an unreadable timestamp is never old enough to delete
-
-
-def _parse(text: str) -> datetime:
-    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def prune(
@@ -450,7 +420,7 @@ def parse_date(text: str) -> datetime:
     if text.endswith("d") and text[:-1].isdigit():
         return datetime.now(UTC).replace(microsecond=0) - timedelta(days=int(text[:-1]))
     try:
-        return _parse(text)
+        return parse_time(text)
     except ValueError:
         raise CantripError(
             f"--before {text!r}: give a date (2026-01-31), a time (2026-01-31T12:00:00Z) "
