@@ -116,6 +116,8 @@ class Context:
         self._pending = False
         self._open: Turn | None = None
         """A turn whose utterance is shown but whose observation is still to come."""
+        self._steered: tuple[str, ...] | None = None
+        """Steering shown live for the turn being taken (its record will carry them)."""
 
     def add_intent(self, intent: str) -> None:
         self._close_open()
@@ -126,10 +128,30 @@ class Context:
             if self._measured is not None:
                 self._measured += len(intent) // CHARS_PER_TOKEN
 
+    def add_steering(self, texts: Sequence[str]) -> None:
+        """Messages a user sent while the cast ran, shown before the next utterance.
+
+        The turn taken next records them (``extras["steering"]``), so a context
+        rebuilt from the loom shows them in the same place; :meth:`add_turn` does not
+        show them twice."""
+        self._close_open()
+        for text in texts:
+            self._items.append(Message(role="user", content=text))
+            if self._folding is not None:
+                self._chars += len(text)
+        self._steered = tuple(texts)
+
     def add_turn(self, turn: Turn) -> None:
         if turn.intent is not None and not self._has_pending_intent(turn.intent):
             self.add_intent(turn.intent)
         phase = turn.extras.get("phase")
+        steering = turn.extras.get("steering")
+        if steering and phase not in ("continuation", "continuation+checkpoint"):
+            if self._steered == tuple(steering):
+                self._steered = None  # shown live already
+            else:
+                self.add_steering(steering)
+                self._steered = None
         if phase not in ("continuation", "continuation+checkpoint"):
             self._close_open()
         if phase == "checkpoint":

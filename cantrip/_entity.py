@@ -31,7 +31,7 @@ from cantrip._approval import Decision, Pause, PauseError, check_decision, new_p
 from cantrip._circle import Circle
 from cantrip._context import NUDGE_DONE_REQUIRED, Context
 from cantrip._cost import CostMeter
-from cantrip._errors import IntentError, LLMError, LoomError, ProviderError
+from cantrip._errors import CantripError, IntentError, LLMError, LoomError, ProviderError
 from cantrip._events import (
     Event,
     EventSink,
@@ -127,6 +127,9 @@ class CastResult:
     pending: tuple[Pause, ...] = ()
     """Calls waiting for a human: the cast is paused (``reason == "paused"``); answer
     them with :meth:`Entity.answer` to continue it."""
+    undelivered: tuple[str, ...] = ()
+    """Steering messages (:meth:`Entity.steer`) that arrived too late to join a turn:
+    the cast ended first."""
 
     @property
     def paused(self) -> bool:
@@ -251,6 +254,8 @@ class _Inflight:
     """Set once a delegation committed part of this turn (see Entity.checkpoint)."""
     recorded_upto: int = 0
     """How many of ``host.records`` the checkpoints already hold."""
+    steering: tuple[str, ...] = ()
+    """Messages that joined this turn (recorded with its first piece)."""
 
 
 @attrs.define
@@ -405,6 +410,8 @@ class Entity:
         self._leaf: str | None = spawned_from
         self._sequence = 0
         self._session: MediumSession | None = None
+        self._steering: list[str] = []
+        """Messages sent to the running cast, waiting for its next turn."""
         self._closed = False
         self._continuing = False
         """Set by :meth:`resume_cast`: the next turn may continue from the gate journal."""
@@ -531,16 +538,62 @@ class Entity:
         with the timeout ward, and record how it ends whatever ends it."""
         if self._closed:
             raise IntentError(f"entity {self.id} is closed; summon a new one")
-        if self.cantrip.circle.providers and not self._provided:
-            per_cast = await self._open_providers()
-            if per_cast is not None:
-                try:
-                    return await self._run_cast_here(cast, fresh=fresh, first=first)
-                finally:
-                    self._provided = False
-                    self._providers = None
-                    await per_cast.aclose()
-        return await self._run_cast_here(cast, fresh=fresh, first=first)
+        try:
+            if self.cantrip.circle.providers and not self._provided:
+                per_cast = await self._open_providers()
+                if per_cast is not None:
+                    try:
+                        result = await self._run_cast_here(cast, fresh=fresh, first=first)
+                    finally:
+                        self._provided = False
+                        self._providers = None
+                        await per_cast.aclose()
+                    return self._with_undelivered(result)
+            return self._with_undelivered(
+                await self._run_cast_here(cast, fresh=fresh, first=first)
+            )
+        finally:
+            self._steering.clear()  # a message never outlives the cast it was sent to
+
+    def _with_undelivered(self, result: CastResult) -> CastResult:
+        if not self._steering:
+            return result
+        return attrs.evolve(result, undelivered=tuple(self._steering))
+
+    def steer(self, text: str) -> bool:
+        """Send a message to the running cast: it joins the cast's next turn, as a
+        user message recorded in that turn (``extras["steering"]``), so the thread,
+        exports and the viewer show it where the model saw it. A code medium's
+        entity receives it between turns, never inside running code. Returns
+        whether a cast was running to take it; one that ends before another turn
+        reports the message in :attr:`CastResult.undelivered`."""
+        text = text.strip()
+        if not text:
+            raise IntentError("a steering message needs some text")
+        if self._cast is None:
+            return False
+        self._steering.append(text)
+        return True
+
+    async def rewind(self, turn_id: str | None) -> None:
+        """Continue this entity's thread from ``turn_id`` (a turn of its own thread, or
+        ``None`` for its beginning) instead of its latest turn. The turns after it stay
+        in the loom, as a branch no longer in the thread (double-texting's
+        ``rollback``); the sandbox and the context are rebuilt from the loom, as for a
+        resumed entity. Sequence numbers keep increasing."""
+        if self._cast is not None:
+            raise CantripError("cannot rewind an entity while a cast runs")
+        if turn_id is not None and self.loom.get(turn_id).entity_id != self.id:
+            raise LoomError(f"turn {turn_id} is not a turn of entity {self.id}")
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.aclose()
+        lineage = self.loom.lineage(turn_id) if turn_id is not None else ()
+        setup = self._setup
+        self._context = Context(setup.system, self.circle.medium, setup.folding)
+        self._context.replay(lineage)
+        self._restore = lineage
+        self._leaf = turn_id
 
     async def _open_providers(self) -> ProviderScope | None:
         """Open the circle's gate providers and add their gates to this entity's
@@ -700,6 +753,10 @@ class Entity:
                 await self._context.complete_fold()  # an async folder (LLMFolder) folds here
             emit = self._emit if self.on_event is not None else None
             inflight = self._inflight = _Inflight(time.perf_counter(), _now())
+            if self._steering:
+                inflight.steering = tuple(self._steering)
+                self._steering.clear()
+                self._context.add_steering(inflight.steering)
             if emit is not None:
                 emit(StepStart(sequence=self._sequence + 1))
             journal: TurnJournal | None = None
@@ -1438,6 +1495,10 @@ class Entity:
         cast = self._cast
         if intent is not None and cast is not None and cast.tags:
             fields["extras"] = {**cast.tags, **fields.get("extras", {})}
+        inflight = self._inflight
+        if inflight is not None and inflight.steering:
+            fields["extras"] = {**fields.get("extras", {}), "steering": list(inflight.steering)}
+            inflight.steering = ()  # the turn's first piece carries them
         return Turn(
             id=self.loom.new_turn_id(),
             parent_id=self._leaf,
