@@ -549,9 +549,7 @@ class Entity:
                         self._providers = None
                         await per_cast.aclose()
                     return self._with_undelivered(result)
-            return self._with_undelivered(
-                await self._run_cast_here(cast, fresh=fresh, first=first)
-            )
+            return self._with_undelivered(await self._run_cast_here(cast, fresh=fresh, first=first))
         finally:
             self._steering.clear()  # a message never outlives the cast it was sent to
 

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
 import pytest
 import trio
 
 import cantrip
 from cantrip import Cantrip, Circle, Identity, Loom, ScriptedLLM, max_turns
 from cantrip.loom import export_chat
+from cantrip.protocols._http import serve_http
+from cantrip.protocols._lifecycle import ServeOptions
 from gates import done, echo
 
 
@@ -123,3 +130,104 @@ async def test_rewind_continues_from_an_earlier_turn_and_keeps_the_branch() -> N
     assert len(loom.entity_turns(entity.id)) == 3  # the branch stays in the loom
     messages = s.llm.invocations[2].messages  # type: ignore[attr-defined]
     assert "second (rolled back)" not in [m.content for m in messages]
+
+
+# -- over HTTP: /messages and double-texting -------------------------------------------
+
+
+@asynccontextmanager
+async def served(
+    script: list[dict[str, object]], on_busy: str = "reject"
+) -> AsyncIterator[tuple[httpx.AsyncClient, trio.Event, trio.Event, Any]]:
+    started, release = trio.Event(), trio.Event()
+    s = spell(Loom(), holding_gate(started, release), script)
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: serve_http(
+                s, "127.0.0.1", 0, options=ServeOptions(on_busy=on_busy), task_status=task_status
+            )
+        )
+        async with httpx.AsyncClient(base_url=binds[0], timeout=30) as client:
+            yield client, started, release, s.llm
+        nursery.cancel_scope.cancel()
+
+
+async def prompt_in_background(
+    nursery: trio.Nursery, http: httpx.AsyncClient, sid: str, text: str, query: str = ""
+) -> list[httpx.Response]:
+    out: list[httpx.Response] = []
+
+    async def run() -> None:
+        out.append(await http.post(f"/sessions/{sid}/prompt{query}", json={"prompt": text}))
+
+    nursery.start_soon(run)
+    return out
+
+
+async def test_http_messages_join_the_running_prompt() -> None:
+    async with served(SCRIPT) as (http, started, release, llm):
+        sid = (await http.post("/sessions")).json()["session_id"]
+        idle = await http.post(f"/sessions/{sid}/messages", json={"text": "hello?"})
+        assert idle.status_code == 409 and idle.json()["error"]["code"] == "not_running"
+        async with trio.open_nursery() as nursery:
+            first = await prompt_in_background(nursery, http, sid, "Do the work.")
+            await started.wait()
+            sent = await http.post(f"/sessions/{sid}/messages", json={"text": "Use metric."})
+            assert sent.status_code == 202 and sent.json() == {
+                "accepted": True,
+                "joins": "next_turn",
+            }
+            release.set()
+        assert first[0].status_code == 200 and first[0].json()["terminated"]
+        turns = (await http.get(f"/sessions/{sid}/thread")).json()["turns"]
+        assert turns[1]["extras"]["steering"] == ["Use metric."]
+        assert llm.invocations[1].messages[-1].content == "Use metric."
+        bad = await http.post(f"/sessions/{sid}/messages", json={"text": "  "})
+        assert bad.status_code == 400
+
+
+TWO_CASTS: list[dict[str, object]] = [
+    {"tool_calls": [{"gate": "work", "args": {"task": "a"}}]},
+    {"tool_calls": [{"gate": "done", "args": {"answer": "second"}}]},
+    {"tool_calls": [{"gate": "done", "args": {"answer": "third"}}]},
+]
+
+
+@pytest.mark.parametrize("policy", ["enqueue", "interrupt", "rollback"])
+async def test_double_texting_policies(policy: str) -> None:
+    async with served(TWO_CASTS) as (http, started, release, llm):
+        sid = (await http.post("/sessions")).json()["session_id"]
+        async with trio.open_nursery() as nursery:
+            first = await prompt_in_background(nursery, http, sid, "First task.")
+            await started.wait()
+            refused = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "No."})
+            assert refused.status_code == 409  # the server's default: reject
+            second = await prompt_in_background(
+                nursery, http, sid, "Second task.", f"?on_busy={policy}"
+            )
+            await trio.sleep(0.2)
+            if policy == "enqueue":
+                assert not second  # waiting for the first
+            release.set()
+        a, b = first[0].json(), second[0].json()
+        assert second[0].status_code == 200 and b["terminated"]
+        asked = [m.content for m in llm.invocations[-1].messages]
+        thread = (await http.get(f"/sessions/{sid}/thread")).json()["turns"]
+        intents = [t["intent"] for t in thread if t["intent"]]
+        if policy == "enqueue":
+            assert a["terminated"] and a["result"] == "second" and b["result"] == "third"
+            assert intents == ["First task.", "Second task."]
+        else:
+            assert a["truncated"] and a["reason"] == "interrupted"
+            if policy == "interrupt":
+                assert "First task." in asked and intents == ["First task.", "Second task."]
+            else:  # rollback: the first cast left the thread, not the loom
+                assert "First task." not in asked and intents == ["Second task."]
+
+
+async def test_a_bad_policy_is_a_clear_400() -> None:
+    async with served(TWO_CASTS) as (http, _started, _release, _llm):
+        sid = (await http.post("/sessions")).json()["session_id"]
+        out = await http.post(f"/sessions/{sid}/prompt?on_busy=maybe", json={"prompt": "x"})
+        assert out.status_code == 400
+        assert "on_busy must be one of reject, enqueue, interrupt, rollback" in out.text

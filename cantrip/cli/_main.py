@@ -175,6 +175,13 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         help="prompts running at once; more get 503 with Retry-After (default 1000)",
     )
     serve.add_argument(
+        "--on-busy",
+        choices=("reject", "enqueue", "interrupt", "rollback"),
+        default="reject",
+        help="what a prompt does when its session is already running one, unless the request "
+        "says (?on_busy=): reject (409), enqueue, interrupt or rollback (default: reject)",
+    )
+    serve.add_argument(
         "--retain-days",
         type=float,
         default=None,
@@ -529,8 +536,12 @@ def _serve(args: argparse.Namespace) -> int:
         keep_alive_s=args.keep_alive_s,
         backlog=args.backlog,
         max_running=args.max_running,
+        on_busy=args.on_busy,
     )
     if args.db:
+        if args.on_busy != "reject":
+            return _fail("serve --db supports --on-busy reject only (the in-process server "
+                         "supports enqueue, interrupt and rollback)")  # fmt: skip
         from cantrip.cli._worker import serve_on_db
 
         return serve_on_db(args, guard, options)

@@ -223,6 +223,27 @@ class PromptResult(_Out):
     """USD the cast (and the casts it spawned) spent; null when a price is unknown."""
     partial: str | None = None
     """For a cast cut off by the output-token limit: the text written so far."""
+    undelivered: list[str] | SkipJsonSchema[None] = None
+    """Messages sent to this prompt (``/messages``) that arrived as it ended, too late
+    to join a turn."""
+
+
+class SteerRequest(_In):
+    """A message for the running prompt: it joins the cast's next turn."""
+
+    text: Text = Field(examples=["Also check the return flight"])
+
+
+class Steered(_Out):
+    accepted: bool
+    joins: Literal["next_turn"] = "next_turn"
+    """Where the message goes: before the cast's next utterance, recorded in that turn.
+    One that arrives as the cast ends is reported in the prompt's result
+    (``undelivered``)."""
+
+
+ON_BUSY = ("reject", "enqueue", "interrupt", "rollback")
+"""What a prompt does when the session is already running one (double-texting)."""
 
 
 class Cancelled(_Out):
@@ -268,9 +289,11 @@ def _responses(ok: dict[str, tuple[str, str]], *errors: str) -> dict[str, Any]:
 _EXTRA_ERRORS = {
     "404": "No such session (nor one in the loom to resume)",
     "405": "The route exists; the method does not",
-    "409": "The session is already running a prompt, or the pause was already answered",
+    "409": "The session is already running a prompt, or the pause was already answered, "
+    "or (messages) no prompt is running to take the message",
     "500": "The cast failed (the LLM failed for good) or the entity crashed",
     "422": "The Idempotency-Key was already used for a different prompt",
+    "501": "Not supported by this server (serve --db: messages, on_busy other than reject)",
     "503": "The live-session cap is reached and every session is busy, too many prompts "
     "are running, or the server is shutting down (see Retry-After)",
 }
@@ -307,13 +330,15 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
         AnswerRequest,
         PendingBody,
         Answered,
+        SteerRequest,
+        Steered,
     ]
     _, schemas = pydantic.json_schema.models_json_schema(
         [
             (
                 m,
                 "validation"
-                if m in (PromptRequest, CreateSession, AnswerRequest)
+                if m in (PromptRequest, CreateSession, AnswerRequest, SteerRequest)
                 else "serialization",
             )
             for m in models
@@ -334,7 +359,7 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
         }
     }
     prompt_ok = _responses(
-        {"200": ("PromptResult", "The cast's outcome")}, "404", "405", "409", "422", "500"
+        {"200": ("PromptResult", "The cast's outcome")}, "404", "405", "409", "422", "500", "501"
     )
     prompt_ok["200"]["content"].update(sse)
     paths: dict[str, Any] = {
@@ -411,10 +436,32 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
                         "description": "Streamed prompts: cancel the cast if the client hangs up",
                         "schema": {"type": "string", "enum": ["0", "1", "true", "false"]},
                     },
+                    {
+                        "name": "on_busy",
+                        "in": "query",
+                        "required": False,
+                        "description": "When a prompt is already running: reject (409), enqueue "
+                        "(run after it), interrupt (cancel it, then run with both in the "
+                        "history) or rollback (cancel it, then run from before it; its turns "
+                        "stay in the loom as a branch). Default: the server's --on-busy",
+                        "schema": {"type": "string", "enum": list(ON_BUSY)},
+                    },
                     _IDEMPOTENCY_KEY,
                 ],
                 "requestBody": {"required": True, "content": _json_content("PromptRequest")},
                 "responses": {**prompt_ok, "503": _responses({}, "503")["503"]},
+            }
+        },
+        "/sessions/{session_id}/messages": {
+            "post": {
+                "operationId": "steer",
+                "summary": "Send a message to the running prompt: it joins the cast's next "
+                "turn and is recorded there",
+                "parameters": session,
+                "requestBody": {"required": True, "content": _json_content("SteerRequest")},
+                "responses": _responses(
+                    {"202": ("Steered", "Accepted for the next turn")}, *found, "409", "501"
+                ),
             }
         },
         "/sessions/{session_id}/cancel": {

@@ -114,8 +114,19 @@ class DbHttpApp(ServerShell):
     def _info(self, row: SessionRow) -> dict[str, Any]:
         return row.info()
 
-    async def _prompt_result(self, row: SessionRow, intent: str, key: str | None) -> dict[str, Any]:
+    async def _prompt_result(
+        self, row: SessionRow, intent: str, key: str | None, on_busy: str
+    ) -> dict[str, Any]:
+        _only_reject(on_busy)
         return await self._prompt(row, intent, key)
+
+    async def _steer(self, row: SessionRow, text: str) -> dict[str, Any]:
+        raise HttpError(
+            501,
+            "not_supported",
+            "serve --db does not take messages for a running prompt yet (the in-process "
+            "server does); cancel it and send a new prompt",
+        )
 
     async def _pending_calls(self, row: SessionRow) -> list[dict[str, Any]]:
         pending: list[dict[str, Any]] = await self._db(self.sessions.pending, row.entity_id)
@@ -235,7 +246,9 @@ class DbHttpApp(ServerShell):
         receive: Receive,
         send: Send,
         cancel_on_disconnect: bool,
+        on_busy: str,
     ) -> None:
+        _only_reject(on_busy)
         work_id, base_pos = await self._enqueue(row, intent, key)
         with self._waits.held():
             await start_sse(send)
@@ -404,3 +417,15 @@ async def serve_http_db(
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(store.close)
+
+
+def _only_reject(on_busy: str) -> None:
+    """serve --db refuses a second prompt while one runs (``reject``); the other
+    double-texting policies are the in-process server's for now."""
+    if on_busy != "reject":
+        raise HttpError(
+            501,
+            "not_supported",
+            f"serve --db supports on_busy=reject only (not {on_busy}); the in-process server "
+            "supports enqueue, interrupt and rollback",
+        )

@@ -152,9 +152,16 @@ class HttpApp(ServerShell):
             session.starting -= 1
 
     async def _prompt_result(
-        self, session: Session, intent: str, key: str | None
+        self, session: Session, intent: str, key: str | None, on_busy: str
     ) -> dict[str, Any]:
-        return result_dict(await self._prompt(session, intent, key=key), session)
+        outcome = await self._prompt(session, intent, key=key, on_busy=on_busy)
+        return result_dict(outcome, session)
+
+    async def _steer(self, session: Session, text: str) -> dict[str, Any]:
+        try:
+            return self.hub.steer(session, text)
+        except SessionError as exc:
+            raise self._session_error(exc) from None
 
     async def _pending_calls(self, session: Session) -> list[dict[str, Any]]:
         return [p.to_dict() for p in session.entity.pending]
@@ -238,9 +245,12 @@ class HttpApp(ServerShell):
         on_event: Callable[[Event], None] | None = None,
         *,
         key: str | None = None,
+        on_busy: str = "reject",
     ) -> CastResult | None:
         try:
-            return await self.hub.prompt(session, intent, on_event=on_event, key=key)
+            return await self.hub.prompt(
+                session, intent, on_event=on_event, key=key, on_busy=on_busy
+            )
         except SessionError as exc:
             raise self._session_error(exc) from None
         except CantripError as exc:
@@ -259,6 +269,7 @@ class HttpApp(ServerShell):
         receive: Receive,
         send: Send,
         cancel_on_disconnect: bool,
+        on_busy: str,
     ) -> None:
         try:
             joins = key is not None and (
@@ -267,7 +278,7 @@ class HttpApp(ServerShell):
             )
         except SessionError as exc:  # the key was used for another prompt
             raise self._session_error(exc) from None
-        if session.running is not None and not joins:
+        if session.running is not None and not joins and on_busy == "reject":
             raise HttpError(409, "busy", f"session {session.id} is already running a prompt")
         await start_sse(send)
         events_send, events = trio.open_memory_channel[Event](float("inf"))
@@ -282,7 +293,11 @@ class HttpApp(ServerShell):
                     return
                 try:
                     outcome = await self._prompt(
-                        session, intent, on_event=None if joins else sink, key=key
+                        session,
+                        intent,
+                        on_event=None if joins else sink,
+                        key=key,
+                        on_busy=on_busy,
                     )
                 except HttpError as exc:
                     final["error"] = {"code": exc.code, "message": exc.message}

@@ -58,6 +58,9 @@ class ServeOptions:
     sticky_cancel_s: float = 5.0
     answer_timeout_s: float = 10.0
     """After the casts ended, how long open requests get to send their answers."""
+    on_busy: str = "reject"
+    """Double-texting: what a prompt does when its session runs one, unless the request
+    says (``?on_busy=``): reject, enqueue, interrupt or rollback."""
 
 
 class Tally:

@@ -68,7 +68,7 @@ class SessionError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
-        """not_found, busy, full, key_reused, overloaded or shutting_down."""
+        """not_found, busy, not_running, full, key_reused, overloaded or shutting_down."""
         self.message = message
 
 
@@ -78,6 +78,8 @@ class Prompt:
 
     intent: str
     key: str | None
+    before: str | None = None
+    """The entity's leaf when the prompt began (``rollback`` returns there)."""
     done: trio.Event = attrs.field(factory=trio.Event)
     outcome: CastResult | None = None
     error: BaseException | None = None
@@ -277,9 +279,15 @@ class SessionHub:
         on_event: Callable[[Event], None] | None = None,
         *,
         key: str | None = None,
+        on_busy: str = "reject",
     ) -> CastResult | None:
         """One cast on the session's entity; ``None`` if it was cancelled before it
-        produced a result. A second prompt while one runs is refused ("busy").
+        produced a result. A second prompt while one runs (double-texting) follows
+        ``on_busy``: ``reject`` ("busy"), ``enqueue`` (it runs when the running one
+        has ended), ``interrupt`` (the running cast is cancelled -- recorded, reason
+        ``interrupted`` -- and this one runs with both in the history) or ``rollback``
+        (the same, then this one continues from before the cancelled cast, whose
+        turns stay in the loom as a branch).
 
         With an idempotency ``key`` that this session has seen, nothing is cast
         again: the recorded result comes back, or, while that cast runs, its
@@ -304,7 +312,7 @@ class SessionHub:
             if recorded is not None:
                 return recorded
         if session.running is not None:
-            raise SessionError("busy", f"session {session.id} is already running a prompt")
+            await self._make_way(session, on_busy)
         if not self.accepting:
             raise SessionError("shutting_down", "the server is shutting down")
         if self.max_running is not None and self.running >= self.max_running:
@@ -316,8 +324,8 @@ class SessionHub:
                 session.entity.uncancel()  # the sticky cancel expired unused
             session.cancel_until = None
         outcome: CastResult | None = None
-        prompt = session.current = Prompt(intent, key)
         before = session.entity.leaf  # the cast's first turn, if it writes one, follows it
+        prompt = session.current = Prompt(intent, key, before)
         self.running += 1
         self._idle = trio.Event() if self.running == 1 else self._idle
         with trio.CancelScope() as scope:
@@ -353,6 +361,35 @@ class SessionHub:
                 if self.running == 0:
                     self._idle.set()
         return outcome
+
+    async def _make_way(self, session: Session, on_busy: str) -> None:
+        """Double-texting: what a prompt does about the one running (see :meth:`prompt`).
+        Returns once the session is free for it."""
+        if on_busy == "reject":
+            raise SessionError("busy", f"session {session.id} is already running a prompt")
+        if on_busy not in ("enqueue", "interrupt", "rollback"):
+            raise ValueError(f"unknown on_busy policy {on_busy!r}")
+        rewind_to: list[str | None] = []
+        while session.running is not None:  # several waiters: the first to wake goes
+            current = session.current
+            if current is None:  # an answer is continuing a pause: wait for it
+                await trio.sleep(0.01)
+                continue
+            if on_busy != "enqueue" and not rewind_to:
+                rewind_to.append(current.before)
+                self.cancel(session, "interrupted")
+            await current.done.wait()
+        if on_busy == "rollback" and rewind_to:
+            await session.entity.rewind(rewind_to[0])
+
+    def steer(self, session: Session, text: str) -> dict[str, Any]:
+        """A message for the session's running prompt (``Entity.steer``)."""
+        if session.running is None or not session.entity.steer(text):
+            raise SessionError(
+                "not_running",
+                f"session {session.id} is not running a prompt: send it as a prompt instead",
+            )
+        return {"accepted": True, "joins": "next_turn"}
 
     async def answer(
         self,
@@ -488,6 +525,8 @@ def result_dict(outcome: CastResult | None, session: Session | None = None) -> d
         }
         if outcome.partial is not None:
             data["partial"] = outcome.partial  # cut off: never under "result"
+        if outcome.undelivered:
+            data["undelivered"] = list(outcome.undelivered)
     data["stop_reason"] = stop_reason(outcome)
     if session is not None:
         data["session_id"] = session.id

@@ -23,7 +23,13 @@ from urllib.parse import parse_qs
 import trio
 
 from cantrip._approval import Decision
-from cantrip.protocols._api import AnswerRequest, CreateSession, openapi_document
+from cantrip.protocols._api import (
+    ON_BUSY,
+    AnswerRequest,
+    CreateSession,
+    SteerRequest,
+    openapi_document,
+)
 from cantrip.protocols._asgi import (
     HttpError,
     Receive,
@@ -50,7 +56,13 @@ from cantrip.protocols._request import (
 )
 from cantrip.protocols._sessions import SessionError
 
-SESSION_ERRORS = {"busy": 409, "key_reused": 422, "overloaded": 503, "shutting_down": 503}
+SESSION_ERRORS = {
+    "busy": 409,
+    "not_running": 409,
+    "key_reused": 422,
+    "overloaded": 503,
+    "shutting_down": 503,
+}
 """HTTP status of each SessionError kind (422 for a reused key: the
 Idempotency-Key draft, section 2.7)."""
 
@@ -120,12 +132,18 @@ class ServerShell:
             elif action == "prompt":
                 allow(method, "POST")
                 key = idempotency_key(scope)
+                on_busy = self._on_busy(query)
                 intent = await self._read_prompt(session, receive)
                 if wants_stream(scope, query):
                     hang_up = truthy(query.get("cancel_on_disconnect"))
-                    await self._prompt_stream(session, intent, key, receive, send, hang_up)
+                    await self._prompt_stream(session, intent, key, receive, send, hang_up, on_busy)
                 else:
-                    await json_response(send, 200, await self._prompt_result(session, intent, key))
+                    result = await self._prompt_result(session, intent, key, on_busy)
+                    await json_response(send, 200, result)
+            elif action == "messages":
+                allow(method, "POST")
+                text = validated(SteerRequest, await read_body(receive)).text
+                await json_response(send, 202, await self._steer(session, text))
             elif action == "pending":
                 allow(method, "GET")
                 pending = await self._pending_calls(session)
@@ -178,7 +196,21 @@ class ServerShell:
     async def _read_prompt(self, session: Any, receive: Receive) -> str:
         return prompt_intent(await read_body(receive))
 
-    async def _prompt_result(self, session: Any, intent: str, key: str | None) -> dict[str, Any]:
+    def _on_busy(self, query: dict[str, list[str]]) -> str:
+        """The prompt's double-texting policy: the request's, else the server's."""
+        given = query.get("on_busy")
+        if not given:
+            return self.options.on_busy
+        if given[-1] not in ON_BUSY:
+            raise HttpError(400, "bad_request", f"on_busy must be one of {', '.join(ON_BUSY)}")
+        return given[-1]
+
+    async def _steer(self, session: Any, text: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def _prompt_result(
+        self, session: Any, intent: str, key: str | None, on_busy: str
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
     async def _prompt_stream(
@@ -189,6 +221,7 @@ class ServerShell:
         receive: Receive,
         send: Send,
         cancel_on_disconnect: bool,
+        on_busy: str,
     ) -> None:
         raise NotImplementedError
 
