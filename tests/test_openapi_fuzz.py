@@ -93,7 +93,7 @@ def test_the_document_is_openapi_3_1_built_from_the_request_models(server: str) 
     operations = {op["operationId"] for path in document["paths"].values() for op in path.values()}
     assert operations == {
         "health", "listSessions", "createSession", "getSession", "prompt", "cancel",
-        "thread", "events", "pending", "answerPause",
+        "thread", "events", "pending", "answerPause", "steer",
     }  # fmt: skip
 
 

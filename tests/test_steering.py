@@ -231,3 +231,51 @@ async def test_a_bad_policy_is_a_clear_400() -> None:
         out = await http.post(f"/sessions/{sid}/prompt?on_busy=maybe", json={"prompt": "x"})
         assert out.status_code == 400
         assert "on_busy must be one of reject, enqueue, interrupt, rollback" in out.text
+
+
+# -- invoke: a line typed while a cast runs --------------------------------------------
+
+
+async def test_invoke_sends_a_line_typed_during_a_cast_to_it(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    loom_path = tmp_path / "invoke.db"
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        '[llm]\nprovider = "scripted"\nlatency_ms = 1500\nresponses = [\n'
+        '  { tool_calls = [{ gate = "echo", args = { text = "one" } }] },\n'
+        '  { tool_calls = [{ gate = "echo", args = { text = "two" } }] },\n'
+        '  { tool_calls = [{ gate = "done", args = { answer = "finished" } }] },\n]\n'
+        '[circle]\nmedium = "conversation"\ngates = ["done", "echo"]\n'
+        "wards = [{ max_turns = 5 }]\n"
+        f'[loom]\npath = "{loom_path.name}"\n',
+        encoding="utf-8",
+    )
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "cantrip", "invoke", str(spec)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        await process.stdin.send_all(b"Do the thing.\n")
+        await trio.sleep(1.0)  # the first turn's model call takes 1.5 s
+        await process.stdin.send_all(b"Use metric units.\n")
+        out = b""
+        with trio.fail_after(60):
+            while b"finished" not in out:
+                out += await process.stdout.receive_some(4096)
+        await process.stdin.aclose()
+        with trio.fail_after(30):
+            await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+    loom = Loom.open(loom_path)
+    steered = [t.extras.get("steering") for t in loom.turns if t.extras.get("steering")]
+    intents = [t.intent for t in loom.turns if t.intent]
+    loom.close()
+    assert steered == [["Use metric units."]]
+    assert intents == ["Do the thing."]  # it joined the cast; no second cast was made

@@ -336,6 +336,11 @@ class Invocation:
         self.interactive = interactive
         self.stdin_fd = stdin_fd
         self._lines_send, self._lines = trio.open_memory_channel[str | None](math.inf)
+        self._steering: trio.Nursery | None = None
+        """Where a running cast's line reader runs (see :meth:`_steer_lines`)."""
+        self._typed: list[str] = []
+        """Lines the reader took as a cast ended: the next intents."""
+        self._eof = False
         if on_pause == "ask":  # the human at this terminal, through the same line reader
             on_pause = TerminalHuman(err, self._lines.receive)
         self.server = EntityServer(spell, entity_id=entity_id, on_event=progress, on_pause=on_pause)
@@ -425,22 +430,48 @@ class Invocation:
 
     async def _loop(self, lines: trio.MemoryReceiveChannel[str | None], done: trio.Event) -> None:
         try:
-            while True:
-                self._prompt()
-                line = await lines.receive()
-                if line is None:
-                    return
-                self.armed = False
-                if not line.strip():
-                    continue
-                try:
-                    intent = check_text(line.strip(), "that line")
-                except TextError as exc:
-                    self._note(f"[red]cantrip: {escape(str(exc))}[/]; nothing was cast")
-                    continue
-                await self._cast(intent)
+            async with trio.open_nursery() as steering:
+                self._steering = steering
+                while True:
+                    self._prompt()
+                    if self._typed:
+                        line: str | None = self._typed.pop(0)
+                    elif self._eof:
+                        return
+                    else:
+                        line = await lines.receive()
+                    if line is None:
+                        return
+                    self.armed = False
+                    if not line.strip():
+                        continue
+                    try:
+                        intent = check_text(line.strip(), "that line")
+                    except TextError as exc:
+                        self._note(f"[red]cantrip: {escape(str(exc))}[/]; nothing was cast")
+                        continue
+                    await self._cast(intent)
         finally:
+            self._steering = None
             done.set()
+
+    async def _steer_lines(self, scope: trio.CancelScope) -> None:
+        """While a cast runs, a typed line is a message to it: it joins the cast's next
+        turn (``Entity.steer``). One typed as the cast ends becomes the next intent."""
+        with scope:
+            while True:
+                line = await self._lines.receive()
+                if line is None:
+                    self._eof = True
+                    return
+                text = line.strip()
+                if not text:
+                    continue
+                entity = self.server.entity
+                if entity is not None and entity.steer(text):
+                    self._note("[dim]sent to the running cast: it joins the next turn[/]")
+                else:
+                    self._typed.append(line)
 
     async def _cast(self, intent: str) -> None:
         if self.stopping:
@@ -448,6 +479,10 @@ class Invocation:
         self.casting = True
         self.idle = trio.Event()
         self.casts += 1
+        steer = trio.CancelScope()
+        if self._steering is not None and not self.spell.circle.needs_humans:
+            # (a circle that asks a human reads the typed lines as its answers)
+            self._steering.start_soon(self._steer_lines, steer)
         try:
             with self.progress:
                 outcome = await self.server.ask(intent)
@@ -462,8 +497,11 @@ class Invocation:
             await self.server.ready.wait()
             return
         finally:
+            steer.cancel()
             self.casting = False
             self.idle.set()
+        for text in outcome.undelivered:
+            self._note(f"[yellow]not delivered[/] (the cast ended first): {escape(text)}")
         if outcome.terminated:
             self.out(redact(outcome.text))
         elif outcome.reason in ("cancelled", "shutdown"):
