@@ -279,3 +279,65 @@ async def test_invoke_sends_a_line_typed_during_a_cast_to_it(tmp_path: Any) -> N
     loom.close()
     assert steered == [["Use metric units."]]
     assert intents == ["Do the thing."]  # it joined the cast; no second cast was made
+
+
+# -- ACP: _meta.cantrip.onBusy ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["steer", "enqueue", "interrupt", "rollback", "reject"])
+async def test_acp_prompts_while_one_runs_follow_on_busy(policy: str) -> None:
+    from cantrip.protocols._acp import AcpServer
+
+    started, release = trio.Event(), trio.Event()
+    s = spell(Loom(), holding_gate(started, release), TWO_CASTS)
+    server = AcpServer(s, notify=lambda message: trio.lowlevel.checkpoint())
+
+    def prompt(msg_id: int, text: str, **meta: Any) -> dict[str, Any]:
+        params: dict[str, Any] = {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}
+        if meta:
+            params["_meta"] = {"cantrip": meta}
+        return {"jsonrpc": "2.0", "id": msg_id, "method": "session/prompt", "params": params}
+
+    await server.handle(
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}
+    )
+    created = await server.handle(
+        {
+            "jsonrpc": "2.0",
+            "id": 9,
+            "method": "session/new",
+            "params": {"cwd": "/", "mcpServers": []},
+        }
+    )
+    assert created is not None
+    sid = created["result"]["sessionId"]
+    answers: dict[int, dict[str, Any]] = {}
+
+    async def send(msg_id: int, message: dict[str, Any]) -> None:
+        reply = await server.handle(message)
+        assert reply is not None
+        answers[msg_id] = reply
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send, 1, prompt(1, "First task."))
+        await started.wait()
+        nursery.start_soon(send, 2, prompt(2, "Second task.", onBusy=policy))
+        await trio.sleep(0.2)
+        release.set()
+    first, second = answers[1], answers[2]
+    entity = s.loom.entities
+    turns = [t for e in entity for t in s.loom.entity_turns(e)]
+    if policy == "reject":
+        assert "is running a prompt" in second["error"]["message"]
+    elif policy == "steer":
+        assert second["result"]["_meta"]["cantrip"]["steered"] is True
+        assert [t.extras.get("steering") for t in turns if t.extras.get("steering")] == [
+            ["Second task."]
+        ]
+    elif policy == "enqueue":
+        assert first["result"]["stopReason"] == "end_turn"
+        assert second["result"]["_meta"]["cantrip"]["result"] == "third"
+    else:
+        assert first["result"]["_meta"]["cantrip"]["reason"] == "interrupted"
+        asked = [m.content for m in s.llm.invocations[-1].messages]  # type: ignore[attr-defined]
+        assert ("First task." in asked) is (policy == "interrupt")

@@ -175,7 +175,7 @@ class AcpServer:
 
     async def _prompt(self, params: Mapping[str, Any]) -> dict[str, Any]:
         session = self._session(params)
-        return await self._run_locked(session, prompt_text(params))
+        return await self._run_locked(session, prompt_text(params), on_busy(params))
 
     def prepare_prompt(
         self, message: Mapping[str, Any]
@@ -192,12 +192,13 @@ class AcpServer:
                 raise RpcError(INVALID_PARAMS, "params must be an object")
             session = self._session(params)
             text = prompt_text(params)
+            policy = on_busy(params)
         except RpcError as exc:
             return _error(msg_id, exc.code, exc.message)
 
         async def run() -> dict[str, Any] | None:
             try:
-                result = await self._run_locked(session, text)
+                result = await self._run_locked(session, text, policy)
             except RpcError as exc:
                 return None if msg_id is None else _error(msg_id, exc.code, exc.message)
             return None if msg_id is None else {"jsonrpc": "2.0", "id": msg_id, "result": result}
@@ -274,9 +275,29 @@ class AcpServer:
             return Decision.deny("rejected in the editor")
         return Decision.deny("the permission request was cancelled")
 
-    async def _run_locked(self, session: Session, text: str) -> dict[str, Any]:
+    async def _run_locked(self, session: Session, text: str, policy: str) -> dict[str, Any]:
+        """Prompts of one session run one after the other (``enqueue``, ACP's default);
+        ``_meta.cantrip.onBusy`` may ask instead to ``steer`` the running cast (the text
+        joins its next turn, answered at once), ``interrupt`` or ``rollback`` it (it is
+        cancelled, recorded; rollback then continues from before it) or ``reject``."""
+        rewind_to: list[str | None] = []
+        current = session.current
+        if session.running is not None and current is not None and policy != "enqueue":
+            if policy == "reject":
+                raise RpcError(INVALID_REQUEST, f"session {session.id} is running a prompt")
+            if policy == "steer":
+                try:
+                    self.hub.steer(session, text)
+                except SessionError as exc:
+                    raise RpcError(INVALID_REQUEST, exc.message) from None
+                meta = {"entityId": session.entity_id, "steered": True}
+                return {"stopReason": "end_turn", "_meta": {"cantrip": meta}}
+            rewind_to.append(current.before)
+            self.hub.cancel(session, "interrupted")
         lock = self._locks.setdefault(session.id, trio.Lock())
-        async with lock:  # prompts of one session run one after the other
+        async with lock:
+            if policy == "rollback" and rewind_to:
+                await session.entity.rewind(rewind_to[0])
             return await self._run_prompt(session, text)
 
     async def _run_prompt(self, session: Session, text: str) -> dict[str, Any]:
@@ -708,3 +729,20 @@ async def serve_stdio(
         with trio.CancelScope(shield=True):
             await server.aclose()
         await providers.aclose()
+
+
+ACP_ON_BUSY = ("enqueue", "steer", "interrupt", "rollback", "reject")
+
+
+def on_busy(params: Mapping[str, Any]) -> str:
+    """A ``session/prompt``'s double-texting policy: ``_meta.cantrip.onBusy``."""
+    meta = params.get("_meta")
+    cantrip_meta = meta.get("cantrip") if isinstance(meta, Mapping) else None
+    policy = cantrip_meta.get("onBusy") if isinstance(cantrip_meta, Mapping) else None
+    if policy is None:
+        return "enqueue"
+    if policy not in ACP_ON_BUSY:
+        raise RpcError(
+            INVALID_PARAMS, f"_meta.cantrip.onBusy must be one of {', '.join(ACP_ON_BUSY)}"
+        )
+    return str(policy)
