@@ -268,3 +268,45 @@ def test_a_ten_thousand_turn_loom_opens_and_scrolls(browser: Browser, tmp_path: 
 
 def build_turn_count(path: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if '"type":"turn"' in line]
+
+
+STEER_SPEC = """
+[llm]
+provider = "scripted"
+responses = [
+  { content = "Working.", delay_ms = 2500, tool_calls = [{ gate = "echo", args = { text = "step one" } }] },
+  { content = "Done.", delay_ms = 1500, tool_calls = [{ gate = "done", args = { answer = "finished" } }] },
+]
+[circle]
+medium = "conversation"
+gates = ["done", "echo"]
+wards = [{ max_turns = 4 }]
+[loom]
+path = "loom.jsonl"
+"""
+
+
+def test_a_message_typed_while_a_cast_runs_joins_its_next_turn(
+    browser: Browser, tmp_path: Path
+) -> None:
+    (tmp_path / "spell.toml").write_text(STEER_SPEC)
+    errors: list[str] = []
+    with started([CANTRIP, "serve", "spell.toml", "--port", "0"], tmp_path, "serving") as url:
+        page = new_page(browser, errors)
+        page.goto(url + "/")
+        page.click("#new-session")
+        expect(page.locator("#live-status")).to_have_text("idle")
+        page.fill("#prompt", "Do the work")
+        page.click("#send")
+        expect(page.locator("#send")).to_have_text("Send to the running cast")
+        page.fill("#prompt", "Please use metric units")
+        page.click("#send")
+        expect(page.locator("#live-status")).to_contain_text("joins the next turn")
+        expect(page.locator("#live-result")).to_contain_text("done: end_turn")
+        expect(page.locator("#send")).to_have_text("Send")
+        expect(page.locator(".tree .row")).to_have_count(2)
+        page.locator(".tree .row").last.click()
+        expect(page.locator("#steering")).to_contain_text("Please use metric units")
+        page.screenshot(path=ARTIFACTS / "steering.png")
+        page.close()
+    assert errors == []

@@ -450,8 +450,11 @@ class EntityPage {
     this.send = el("button", { class: "primary", id: "send", type: "submit", text: "Send", disabled: true });
     this.cancel = el("button", { class: "danger", id: "cancel", type: "button", text: "Cancel", disabled: true,
       onclick: () => this.cancelCast() });
-    const form = el("form", { onsubmit: (event) => { event.preventDefault(); this.sendPrompt(this.prompt.value); } },
-      this.prompt, this.send, this.cancel);
+    // While a cast runs, what is typed here is a message to it (it joins the next turn).
+    const form = el("form", { onsubmit: (event) => {
+      event.preventDefault();
+      if (this.running) this.steerCast(this.prompt.value); else this.sendPrompt(this.prompt.value);
+    } }, this.prompt, this.send, this.cancel);
     this.left.append(el("div", { class: "live" }, this.status, this.stream, this.outcome, form));
     this.subscribe();
   }
@@ -483,7 +486,10 @@ class EntityPage {
   setRunning(running) {
     this.running = running;
     this.cancel.disabled = !running;
-    this.send.disabled = running;
+    this.send.textContent = running ? "Send to the running cast" : "Send";
+    this.prompt.placeholder = running
+      ? "a message for the running cast (it joins the next turn)…"
+      : "send a prompt to this session…";
     this.renderHead();
   }
 
@@ -557,6 +563,16 @@ class EntityPage {
     }
   }
 
+  async steerCast(text) {
+    if (!text.trim()) return;
+    this.prompt.value = "";
+    try {
+      await postJSON(`/sessions/${this.sessionId}/messages`, { text });
+      this.stream.append(`\n✉ ${text}\n`);
+      this.status.textContent = "message sent: it joins the next turn";
+    } catch (error) { showError(error); }
+  }
+
   async cancelCast() {
     try {
       const answer = await postJSON(`/sessions/${this.sessionId}/cancel`);
@@ -608,6 +624,11 @@ function renderTurn(turn, onFork) {
   box.append(actions);
 
   if (turn.intent) box.append(el("section", {}, el("h3", { text: "intent" }), longText(turn.intent)));
+  const steering = (turn.extras && turn.extras.steering) || [];
+  if (steering.length) {
+    box.append(el("section", { id: "steering" }, el("h3", { text: "messages sent during the cast" }),
+      steering.map((text) => longText(text, "steering"))));
+  }
   if (turn.thinking) {
     box.append(el("section", {}, el("details", {}, el("summary", { text: "thinking" }), longText(turn.thinking))));
   }
