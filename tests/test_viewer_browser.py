@@ -283,7 +283,7 @@ gates = ["done", "echo"]
 wards = [{ max_turns = 4 }]
 [loom]
 path = "loom.jsonl"
-"""
+"""  # noqa: E501
 
 
 def test_a_message_typed_while_a_cast_runs_joins_its_next_turn(
