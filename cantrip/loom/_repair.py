@@ -17,6 +17,7 @@ get back what is readable:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ import attrs
 import orjson
 
 from cantrip._errors import LoomError
+from cantrip.loom._blobs import decode_blob, internalize
 from cantrip.loom._model import EntityRecord, Turn
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -215,6 +217,7 @@ def recover(
 def _salvage_jsonl(file: Path) -> Salvage:
     found = Salvage(str(file), "jsonl")
     rewards: dict[str, float | None] = {}
+    blobs: dict[str, Any] = {}
     with file.open("rb") as handle:
         for line in handle:
             if not line.strip():
@@ -225,7 +228,9 @@ def _salvage_jsonl(file: Path) -> Salvage:
                 if kind == "entity":
                     found.entities.append(EntityRecord.from_dict(obj))
                 elif kind == "turn":
-                    found.turns.append(Turn.from_dict(obj))
+                    found.turns.append(Turn.from_dict(internalize(obj, _salvaged(blobs.get))))
+                elif kind == "blob":
+                    blobs[str(obj["hash"])] = obj["data"]
                 elif kind == "reward":
                     rewards[str(obj["turn_id"])] = obj["reward"]
                 else:
@@ -271,9 +276,10 @@ def _read_sqlite(db: sqlite3.Connection, found: Salvage) -> None:
                 found.entities.append(EntityRecord.from_dict(orjson.loads(data)))
             except (orjson.JSONDecodeError, TypeError, ValueError):
                 found.unreadable += 1
+        fetch = _salvaged(functools.partial(_sqlite_blob, db))
         for data, reward in _rows(db, "turns", found):
             try:
-                turn = Turn.from_dict(orjson.loads(data))
+                turn = Turn.from_dict(internalize(orjson.loads(data), fetch))
             except (orjson.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError):
                 found.unreadable += 1
                 continue
@@ -282,6 +288,28 @@ def _read_sqlite(db: sqlite3.Connection, found: Salvage) -> None:
                 found.rewards[turn.id] = float(reward)
     finally:
         db.close()
+
+
+def _sqlite_blob(db: sqlite3.Connection, digest: str) -> Any:
+    try:
+        row = db.execute("SELECT data FROM blobs WHERE hash = ?", (digest,)).fetchone()
+    except sqlite3.DatabaseError:
+        return None
+    return None if row is None else decode_blob(row[0])
+
+
+def _salvaged(fetch: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A blob lookup for salvage: a big value the damage took is said, not fatal."""
+
+    def found(digest: str) -> Any:
+        value = fetch(digest)
+        return (
+            f"[a large value (blob {digest[:12]}) was lost with the damage]"
+            if value is None
+            else value
+        )
+
+    return found
 
 
 def _rows(db: sqlite3.Connection, table: str, found: Salvage) -> Iterator[tuple[Any, Any]]:

@@ -18,6 +18,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from cantrip.loom._blobs import MISSING, decode_blob, has_refs, internalize
 from cantrip.loom._codec import decode_record
 from cantrip.loom._model import EntityRecord, Turn
 
@@ -105,9 +106,19 @@ class SQLiteQueries:
     def _index_schema(self) -> None:
         self._db.executescript(INDEX_SCHEMA)
 
+    def _read_turn(self, data: str | bytes) -> Turn:
+        """A stored turn, its big values read back from the blobs table (``_blobs``)."""
+        if not has_refs(data):
+            return _turn(data)
+        return Turn.from_dict(internalize(decode_record(data), self._blob))
+
+    def _blob(self, digest: str) -> Any:
+        row = self._db.execute("SELECT data FROM blobs WHERE hash = ?", (digest,)).fetchone()
+        return MISSING if row is None else decode_blob(row[0])
+
     def get_turn(self, turn_id: str) -> Turn | None:
         row = self._db.execute("SELECT data FROM turns WHERE id = ?", (turn_id,)).fetchone()
-        return _turn(row[0]) if row else None
+        return self._read_turn(row[0]) if row else None
 
     def get_entity(self, entity_id: str) -> EntityRecord | None:
         row = self._db.execute(
@@ -123,7 +134,7 @@ class SQLiteQueries:
         rows = self._db.execute(
             "SELECT data FROM turns WHERE entity_id = ? ORDER BY pos", (entity_id,)
         ).fetchall()
-        return [_turn(d) for (d,) in rows]
+        return [self._read_turn(d) for (d,) in rows]
 
     def entity_turns_from(self, entity_id: str, turn_id: str) -> list[Turn]:
         rows = self._db.execute(
@@ -131,13 +142,13 @@ class SQLiteQueries:
             "AND pos >= (SELECT pos FROM turns WHERE id = ?) ORDER BY pos",
             (entity_id, turn_id),
         ).fetchall()
-        return [_turn(d) for (d,) in rows]
+        return [self._read_turn(d) for (d,) in rows]
 
     def last_turn(self, entity_id: str) -> Turn | None:
         row = self._db.execute(
             "SELECT data FROM turns WHERE entity_id = ? ORDER BY pos DESC LIMIT 1", (entity_id,)
         ).fetchone()
-        return _turn(row[0]) if row else None
+        return self._read_turn(row[0]) if row else None
 
     def children(self, turn_id: str | None) -> list[Turn]:
         if turn_id is None:
@@ -148,10 +159,10 @@ class SQLiteQueries:
             rows = self._db.execute(
                 "SELECT data FROM turns WHERE parent_id = ? ORDER BY pos", (turn_id,)
             ).fetchall()
-        return [_turn(d) for (d,) in rows]
+        return [self._read_turn(d) for (d,) in rows]
 
     def thread(self, leaf_id: str) -> list[Turn]:
-        return [_turn(d) for (d,) in self._db.execute(_THREAD, (leaf_id,)).fetchall()]
+        return [self._read_turn(d) for (d,) in self._db.execute(_THREAD, (leaf_id,)).fetchall()]
 
     def reward(self, turn_id: str) -> float | None:
         row = self._db.execute("SELECT reward FROM turns WHERE id = ?", (turn_id,)).fetchone()
@@ -163,14 +174,14 @@ class SQLiteQueries:
 
     def iter_turns(self) -> Iterator[Turn]:
         for (data,) in self._db.execute("SELECT data FROM turns ORDER BY pos"):
-            yield _turn(data)
+            yield self._read_turn(data)
 
     def leaves(self) -> list[Turn]:
         rows = self._db.execute(
             "SELECT data FROM turns t WHERE NOT EXISTS "
             "(SELECT 1 FROM turns c WHERE c.parent_id = t.id) ORDER BY pos"
         ).fetchall()
-        return [_turn(d) for (d,) in rows]
+        return [self._read_turn(d) for (d,) in rows]
 
     def journal_write(
         self, entity_id: str, sequence: int, ordinal: int, gate: str, data: str, record: str | None

@@ -17,6 +17,7 @@ from typing import IO, Any, Literal, Protocol
 
 from cantrip._errors import LoomAppendOnlyError, LoomError
 from cantrip._redact import get_logger
+from cantrip.loom._blobs import MISSING, Blob, encode_blob, externalize, internalize
 from cantrip.loom._codec import decode_record, encode_record
 from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._sqlite_index import SQLiteQueries
@@ -92,6 +93,12 @@ CREATE TRIGGER IF NOT EXISTS entities_append_only_delete BEFORE DELETE ON entiti
 BEGIN SELECT RAISE(ABORT, 'loom is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS entities_append_only_update BEFORE UPDATE ON entities
 BEGIN SELECT RAISE(ABORT, 'loom is append-only'); END;
+CREATE TABLE IF NOT EXISTS blobs (hash TEXT PRIMARY KEY, data TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS blob_refs (
+    hash TEXT NOT NULL,
+    entity_id TEXT NOT NULL,
+    PRIMARY KEY (hash, entity_id)
+) WITHOUT ROWID;
 """
 
 
@@ -129,19 +136,42 @@ class SQLiteStore(SQLiteQueries):
             ) from exc
 
     def append_turn(self, turn: Turn) -> None:
+        record, blobs = externalize(turn.to_dict())
+        if blobs:
+            self._append_with_blobs(turn, record, blobs)
+            return
         try:
             self._cursor.execute(
                 "INSERT INTO turns (id, parent_id, entity_id, sequence, data) VALUES (?,?,?,?,?)",
-                (
-                    turn.id,
-                    turn.parent_id,
-                    turn.entity_id,
-                    turn.sequence,
-                    _json(turn.to_dict()),
-                ),
+                (turn.id, turn.parent_id, turn.entity_id, turn.sequence, _json(record)),
             )
         except sqlite3.IntegrityError as exc:
             raise LoomAppendOnlyError(f"loom is append-only: turn {turn.id} exists") from exc
+
+    def _append_with_blobs(self, turn: Turn, record: dict[str, Any], blobs: list[Blob]) -> None:
+        """The turn, its new blobs and its references to them: one transaction."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.executemany(
+                "INSERT OR IGNORE INTO blobs (hash, data) VALUES (?, ?)",
+                [(digest, encode_blob(value)) for digest, value in blobs],
+            )
+            db.executemany(
+                "INSERT OR IGNORE INTO blob_refs (hash, entity_id) VALUES (?, ?)",
+                [(digest, turn.entity_id) for digest, _ in blobs],
+            )
+            db.execute(
+                "INSERT INTO turns (id, parent_id, entity_id, sequence, data) VALUES (?,?,?,?,?)",
+                (turn.id, turn.parent_id, turn.entity_id, turn.sequence, _json(record)),
+            )
+        except sqlite3.IntegrityError as exc:
+            db.execute("ROLLBACK")
+            raise LoomAppendOnlyError(f"loom is append-only: turn {turn.id} exists") from exc
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     def set_reward(self, turn_id: str, reward: float | None) -> None:
         cursor = self._db.execute("UPDATE turns SET reward = ? WHERE id = ?", (reward, turn_id))
@@ -154,7 +184,7 @@ class SQLiteStore(SQLiteQueries):
             yield "entity", EntityRecord.from_dict(_loads(data))
         rows = self._db.execute("SELECT data, reward FROM turns ORDER BY pos").fetchall()
         for data, reward in rows:
-            turn = Turn.from_dict(_loads(data))
+            turn = self._read_turn(data)
             yield "turn", turn
             if reward is not None:
                 yield "reward", (turn.id, reward)
@@ -175,6 +205,9 @@ class JSONLStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fsync = fsync
         self._file: IO[str] = self.path.open("a+", encoding="utf-8", errors="surrogateescape")
+        self._blobs: dict[str, Any] = {}
+        """Blobs this file holds (read by :meth:`load`, which every JSONL loom runs at
+        open, then written as turns need them)."""
 
     def _write(self, obj: dict[str, Any]) -> None:
         self._file.write(_json(obj) + "\n")
@@ -186,7 +219,12 @@ class JSONLStore:
         self._write({"type": "entity", **record.to_dict()})
 
     def append_turn(self, turn: Turn) -> None:
-        self._write({"type": "turn", **turn.to_dict()})
+        record, blobs = externalize(turn.to_dict())
+        for digest, value in blobs:
+            if digest not in self._blobs:
+                self._write({"type": "blob", "hash": digest, "data": value})
+                self._blobs[digest] = value
+        self._write({"type": "turn", **record})
 
     def set_reward(self, turn_id: str, reward: float | None) -> None:
         self._write({"type": "reward", "turn_id": turn_id, "reward": reward})
@@ -224,7 +262,9 @@ class JSONLStore:
                 if kind == "entity":
                     yield "entity", EntityRecord.from_dict(obj)
                 elif kind == "turn":
-                    yield "turn", Turn.from_dict(obj)
+                    yield "turn", Turn.from_dict(internalize(obj, self._blob))
+                elif kind == "blob":
+                    self._blobs[obj["hash"]] = obj["data"]
                 elif kind == "reward":
                     yield "reward", (obj["turn_id"], obj["reward"])
                 else:
@@ -234,6 +274,9 @@ class JSONLStore:
                     f"{self.path}:{number}: malformed {kind} record ({type(exc).__name__}: {exc})"
                 ) from exc
         self._file.seek(0, os.SEEK_END)
+
+    def _blob(self, digest: str) -> Any:
+        return self._blobs.get(digest, MISSING)
 
     @staticmethod
     def _is_torn(tail: str) -> bool:
