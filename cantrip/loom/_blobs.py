@@ -1,9 +1,9 @@
 """Big values stored once: content-addressed blobs that turns refer to.
 
 An agent that reads the same large file or tool result again and again would make
-its loom grow by that value every time. On disk (SQLite, JSONL; the memory store
-keeps objects), a turn's text fields and gate results of ``THRESHOLD`` characters or
-more are stored once, under the SHA-256 of their content, and the turn holds a
+its loom grow by that value every time. On disk (SQLite, JSONL, PostgreSQL; the memory
+store keeps objects), a turn's text fields, gate results and extras (what a medium
+showed) of ``THRESHOLD`` characters or more are stored once, under the SHA-256 of their content, and the turn holds a
 reference ``{"$blob": HASH, "size": N}`` (``"json": true`` for a structured value
 stored as its JSON text). Reading a turn resolves its references, so nothing above
 the store ever sees one: threads, exports, the viewer and replay read whole values.
@@ -23,7 +23,7 @@ import orjson
 
 from cantrip.loom._codec import decode_record, encode_record
 
-THRESHOLD = 64 * 1024
+THRESHOLD = 16 * 1024
 """Characters from which a value is stored as a blob (small values stay inline: a
 reference and a lookup would cost more than they save)."""
 
@@ -69,6 +69,9 @@ def externalize(turn: dict[str, Any]) -> tuple[dict[str, Any], list[Blob]]:
     calls = out.get("gate_calls")
     if calls:
         out["gate_calls"] = [{**call, "result": ref(call.get("result"))} for call in calls]
+    extras = out.get("extras")
+    if extras:  # what a medium showed (console output, the capped observation text)
+        out["extras"] = {key: ref(value) for key, value in extras.items()}
     return out, list(blobs.items())
 
 
@@ -109,6 +112,10 @@ def internalize(turn: dict[str, Any], fetch: Callable[[str], Any]) -> dict[str, 
         for call in calls:
             if "result" in call:
                 call["result"] = value(call["result"])
+    extras = turn.get("extras")
+    if extras:
+        for key in list(extras):
+            extras[key] = value(extras[key])
     return turn
 
 

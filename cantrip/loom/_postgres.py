@@ -28,14 +28,23 @@ from typing import Any
 import trio
 
 from cantrip._errors import LoomAppendOnlyError, LoomError
+from cantrip.loom._blobs import (
+    MISSING,
+    decode_blob,
+    encode_blob,
+    externalize,
+    has_refs,
+    internalize,
+)
 from cantrip.loom._codec import decode_record, encode_record
 from cantrip.loom._fence import Fence
 from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._sqlite_index import JournalEntry
 from cantrip.loom._stores import Record
 
-SCHEMA_VERSION = 2
-"""2: the append-only trigger lets prune delete whole trees (``cantrip.prune``)."""
+SCHEMA_VERSION = 3
+"""2: the append-only trigger lets prune delete whole trees (``cantrip.prune``).
+3: big values stored once (``cantrip_blobs``, ``cantrip_blob_refs``; see ``_blobs``)."""
 _SCHEMA_LOCK = 0x63616E74  # "cant": the advisory lock schema creation runs under
 
 _SCHEMA = """
@@ -101,6 +110,12 @@ CREATE TABLE IF NOT EXISTS cantrip_work (
 CREATE INDEX IF NOT EXISTS cantrip_work_open ON cantrip_work (id)
     WHERE state IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS cantrip_work_by_entity ON cantrip_work (entity_id, id);
+CREATE TABLE IF NOT EXISTS cantrip_blobs (hash TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS cantrip_blob_refs (
+    hash TEXT NOT NULL,
+    entity_id TEXT NOT NULL,
+    PRIMARY KEY (hash, entity_id)
+);
 CREATE TABLE IF NOT EXISTS cantrip_journal (
     entity_id TEXT NOT NULL,
     sequence INTEGER NOT NULL,
@@ -184,8 +199,11 @@ _JOURNAL_VOID = (
 """... and voids the gate calls that attempt journaled (one statement with the write)."""
 
 
-def _statement(op: tuple[str, Any, Fence | None]) -> tuple[str, dict[str, Any]]:
-    """The one statement that makes a queued loom write (see :func:`_fenced`)."""
+def _statement(
+    op: tuple[str, Any, Fence | None], data: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The one statement that makes a queued loom write (see :func:`_fenced`); ``data``:
+    a turn's stored record, its big values already out in blobs."""
     kind, payload, fence = op
     params = _fence_params(fence)
     if kind == "turn":
@@ -195,7 +213,7 @@ def _statement(op: tuple[str, Any, Fence | None]) -> tuple[str, dict[str, Any]]:
             parent_id=turn.parent_id,
             entity_id=turn.entity_id,
             sequence=turn.sequence,
-            data=encode_record(turn.to_dict()),
+            data=data if data is not None else encode_record(turn.to_dict()),
         )
         return _fenced(_INSERT_TURN, fence), params
     if kind == "entity":
@@ -323,14 +341,53 @@ def _row_kind(op: tuple[str, Any, Fence | None]) -> str:
     return kind
 
 
-def _row_values(op: tuple[str, Any, Fence | None]) -> tuple[Any, ...]:
+def _row_values(op: tuple[str, Any, Fence | None], data: str | None = None) -> tuple[Any, ...]:
     kind, payload, fence = op
     fenced = (None, None, None) if fence is None else (fence.lease_entity, fence.owner, fence.epoch)
     if kind == "turn":
         turn: Turn = payload
         values = (turn.id, turn.parent_id, turn.entity_id, turn.sequence)
-        return (*fenced, *values, encode_record(turn.to_dict()))
+        return (*fenced, *values, data if data is not None else encode_record(turn.to_dict()))
     return (*fenced, *payload)
+
+
+_INSERT_BLOBS = (
+    "WITH b AS (INSERT INTO cantrip_blobs (hash, data) "
+    "SELECT * FROM unnest(%(hashes)s::text[], %(datas)s::text[]) ON CONFLICT DO NOTHING) "
+    "INSERT INTO cantrip_blob_refs (hash, entity_id) "
+    "SELECT * FROM unnest(%(ref_hashes)s::text[], %(ref_entities)s::text[]) ON CONFLICT DO NOTHING"
+)
+"""A batch's new blobs and the references to them, in the batch's transaction (a blob
+written for a turn whose fence then fails is left unreferenced: harmless, and prune
+collects it)."""
+
+
+def _turn_records(
+    batch: Sequence[tuple[str, Any, Fence | None]],
+) -> tuple[dict[int, str], tuple[str, dict[str, Any]] | None]:
+    """Each turn's stored record (big values out, see ``_blobs``), and the statement
+    that writes the blobs they refer to (None: no turn has any)."""
+    records: dict[int, str] = {}
+    blobs: dict[str, Any] = {}
+    refs: set[tuple[str, str]] = set()
+    for index, (kind, payload, _) in enumerate(batch):
+        if kind != "turn":
+            continue
+        record, found = externalize(payload.to_dict())
+        records[index] = encode_record(record)
+        for digest, value in found:
+            blobs.setdefault(digest, value)
+            refs.add((digest, payload.entity_id))
+    if not blobs:
+        return records, None
+    ordered = sorted(refs)
+    params = {
+        "hashes": list(blobs),
+        "datas": [encode_blob(v) for v in blobs.values()],
+        "ref_hashes": [h for h, _ in ordered],
+        "ref_entities": [e for _, e in ordered],
+    }
+    return records, (_INSERT_BLOBS, params)
 
 
 def _independent(batch: Sequence[tuple[str, Any, Fence | None]]) -> bool:
@@ -379,6 +436,11 @@ WITH RECURSIVE up(id, parent_id, data, depth) AS (
 )
 SELECT data FROM up ORDER BY depth DESC
 """
+
+
+def _fetched(cursor: Any) -> list[Any]:
+    """A statement's rows (none for one that returns none, the blobs' insert)."""
+    return cursor.fetchall() if cursor.description is not None else []
 
 
 def _turn(data: str) -> Turn:
@@ -455,27 +517,32 @@ class PostgresStore:
         ``BEGIN``, the statements, ``COMMIT`` -- one commit either way. (psycopg's
         pipeline mode measured slower than this: ``bench/pg_turn_cost.py``.)"""
         plan: list[tuple[str, dict[str, Any], list[int]]] = []
+        records, blobs = _turn_records(batch)
         if len(batch) > 2 and _independent(batch):
             by_kind: dict[str, list[int]] = {}
             for index, op in enumerate(batch):
                 by_kind.setdefault(_row_kind(op), []).append(index)
             for kind, indexes in by_kind.items():
                 if len(indexes) == 1 or kind not in _ROW_KINDS:
-                    plan.extend((*_statement(batch[i]), [i]) for i in indexes)
+                    plan.extend((*_statement(batch[i], records.get(i)), [i]) for i in indexes)
                     continue
                 columns = _FENCE_COLUMNS + _ROW_KINDS[kind][0]
-                rows_of = [_row_values(batch[i]) for i in indexes]
+                rows_of = [_row_values(batch[i], records.get(i)) for i in indexes]
                 params = {name: [row[c] for row in rows_of] for c, (name, _) in enumerate(columns)}
                 plan.append((_rows_sql(kind), params, indexes))
         else:
-            plan = [(*_statement(op), [index]) for index, op in enumerate(batch)]
+            plan = [
+                (*_statement(op, records.get(index)), [index]) for index, op in enumerate(batch)
+            ]
+        if blobs is not None:
+            plan.insert(0, (*blobs, []))
         rows: list[Any] = [None] * len(batch)
         with self.pool.connection() as conn:
             if len(plan) == 1:
                 results = [conn.execute(plan[0][0], plan[0][1]).fetchall()]
             else:
                 with conn.transaction():
-                    results = [conn.execute(sql, params).fetchall() for sql, params, _ in plan]
+                    results = [_fetched(conn.execute(sql, params)) for sql, params, _ in plan]
         for (_, _, indexes), answered in zip(plan, results, strict=True):
             for index, row in zip(indexes, answered, strict=True):
                 rows[index] = row
@@ -544,13 +611,23 @@ class PostgresStore:
 
     # -- reading (IndexedStore) -------------------------------------------------
 
+    def _read_turn(self, data: str) -> Turn:
+        """A stored turn, its big values read back from ``cantrip_blobs``."""
+        if not has_refs(data):
+            return _turn(data)
+        return Turn.from_dict(internalize(decode_record(data), self._blob))
+
+    def _blob(self, digest: str) -> Any:
+        rows = self._rows("SELECT data FROM cantrip_blobs WHERE hash = %s", (digest,))
+        return decode_blob(rows[0][0]) if rows else MISSING
+
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self.pool.connection() as conn:
             return conn.execute(sql, params).fetchall()
 
     def get_turn(self, turn_id: str) -> Turn | None:
         rows = self._rows("SELECT data FROM cantrip_turns WHERE id = %s", (turn_id,))
-        return _turn(rows[0][0]) if rows else None
+        return self._read_turn(rows[0][0]) if rows else None
 
     def get_entity(self, entity_id: str) -> EntityRecord | None:
         rows = self._rows("SELECT data FROM cantrip_entities WHERE entity_id = %s", (entity_id,))
@@ -563,7 +640,7 @@ class PostgresStore:
         rows = self._rows(
             "SELECT data FROM cantrip_turns WHERE entity_id = %s ORDER BY pos", (entity_id,)
         )
-        return [_turn(d) for (d,) in rows]
+        return [self._read_turn(d) for (d,) in rows]
 
     def entity_turns_from(self, entity_id: str, turn_id: str) -> list[Turn]:
         rows = self._rows(
@@ -571,14 +648,14 @@ class PostgresStore:
             "AND pos >= (SELECT pos FROM cantrip_turns WHERE id = %s) ORDER BY pos",
             (entity_id, turn_id),
         )
-        return [_turn(d) for (d,) in rows]
+        return [self._read_turn(d) for (d,) in rows]
 
     def last_turn(self, entity_id: str) -> Turn | None:
         rows = self._rows(
             "SELECT data FROM cantrip_turns WHERE entity_id = %s ORDER BY pos DESC LIMIT 1",
             (entity_id,),
         )
-        return _turn(rows[0][0]) if rows else None
+        return self._read_turn(rows[0][0]) if rows else None
 
     def children(self, turn_id: str | None) -> list[Turn]:
         if turn_id is None:
@@ -587,10 +664,10 @@ class PostgresStore:
             rows = self._rows(
                 "SELECT data FROM cantrip_turns WHERE parent_id = %s ORDER BY pos", (turn_id,)
             )
-        return [_turn(d) for (d,) in rows]
+        return [self._read_turn(d) for (d,) in rows]
 
     def thread(self, leaf_id: str) -> list[Turn]:
-        return [_turn(d) for (d,) in self._rows(_THREAD, (leaf_id,))]
+        return [self._read_turn(d) for (d,) in self._rows(_THREAD, (leaf_id,))]
 
     def reward(self, turn_id: str) -> float | None:
         rows = self._rows("SELECT reward FROM cantrip_turns WHERE id = %s", (turn_id,))
@@ -605,14 +682,14 @@ class PostgresStore:
             cursor = conn.cursor(name="cantrip_iter_turns")
             cursor.execute("SELECT data FROM cantrip_turns ORDER BY pos")
             for (data,) in cursor:
-                yield _turn(data)
+                yield self._read_turn(data)
 
     def leaves(self) -> list[Turn]:
         rows = self._rows(
             "SELECT data FROM cantrip_turns t WHERE NOT EXISTS "
             "(SELECT 1 FROM cantrip_turns c WHERE c.parent_id = t.id) ORDER BY pos"
         )
-        return [_turn(d) for (d,) in rows]
+        return [self._read_turn(d) for (d,) in rows]
 
     def load(self) -> Iterator[Record]:
         for record in self.entities():
@@ -621,7 +698,7 @@ class PostgresStore:
             cursor = conn.cursor(name="cantrip_load")
             cursor.execute("SELECT data, reward FROM cantrip_turns ORDER BY pos")
             for data, reward in cursor:
-                turn = _turn(data)
+                turn = self._read_turn(data)
                 yield "turn", turn
                 if reward is not None:
                     yield "reward", (turn.id, float(reward))

@@ -27,6 +27,8 @@ _TABLES = (
     "cantrip_live_pauses",
     "cantrip_sessions",
     "cantrip_prompts",
+    "cantrip_blob_refs",
+    "cantrip_blobs",
 )
 _OPEN_WORK = "SELECT entity_id FROM cantrip_work WHERE state IN ('queued', 'running')"
 _HELD = (
@@ -97,9 +99,15 @@ class PostgresRetention:
                 "cantrip_live_pauses",
                 "cantrip_prompts",
                 "cantrip_sessions",
+                "cantrip_blob_refs",
             ):
                 if table in tables:
                     conn.execute(f"DELETE FROM {table} WHERE entity_id = ANY(%s)", (ids,))
+            if "cantrip_blobs" in tables:
+                conn.execute(
+                    "DELETE FROM cantrip_blobs b WHERE NOT EXISTS "
+                    "(SELECT 1 FROM cantrip_blob_refs r WHERE r.hash = b.hash)"
+                )
         return int(deleted)
 
     def collect_journal(self) -> int:

@@ -373,6 +373,8 @@ class SQLiteRetention:
             db.execute(f"DELETE FROM entities WHERE entity_id IN ({marks})", tuple(entity_ids))
             if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'journal'").fetchone():
                 db.execute(f"DELETE FROM journal WHERE entity_id IN ({marks})", tuple(entity_ids))
+            db.execute(f"DELETE FROM blob_refs WHERE entity_id IN ({marks})", tuple(entity_ids))
+            db.execute("DELETE FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs)")
             for create in _TRIGGERS.values():
                 db.execute(create)
             db.execute("COMMIT")
