@@ -310,3 +310,29 @@ def test_a_message_typed_while_a_cast_runs_joins_its_next_turn(
         page.screenshot(path=ARTIFACTS / "steering.png")
         page.close()
     assert errors == []
+
+
+def test_the_viewer_lists_eval_runs_and_links_their_cases(browser: Browser, tmp_path: Path) -> None:
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    done = subprocess.run(
+        [CANTRIP, "eval", str(examples / "evals" / "hello.yaml"), "--replay", "--loom",
+         "evals.db", "--json", "report.json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = json.loads((tmp_path / "report.json").read_text())["run_id"]
+    errors: list[str] = []
+    with started([CANTRIP, "loom", "evals.db", "view", "--port", "0"], tmp_path, "http") as url:
+        page = new_page(browser, errors)
+        page.goto(url + "/")
+        runs = page.locator("#eval-runs")
+        expect(runs).to_be_visible()
+        runs.select_option(run_id)
+        expect(page.locator("tr.entity")).to_have_count(2)
+        expect(page.locator("tr.entity .badge.eval")).to_have_count(2)
+        expect(page.locator("tr.entity").first).to_contain_text("greets")
+        page.locator("tr.entity").first.click()
+        expect(page.locator(".tree .row")).to_have_count(2)
+        page.screenshot(path=ARTIFACTS / "eval-runs.png")
+        page.close()
+    assert errors == []

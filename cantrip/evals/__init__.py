@@ -28,7 +28,7 @@ from cantrip.evals._add import add_case
 from cantrip.evals._evaluators import Check, EvaluatorError, Outcome
 from cantrip.evals._replay import ReplayDivergence, ReplayIndex, ReplayLLM, conversation_key
 from cantrip.evals._report import compare, junit_xml, read_report, table
-from cantrip.evals._runner import EvalReport, RunResult, now_iso
+from cantrip.evals._runner import EvalReport, RunResult, new_run_id, now_iso
 from cantrip.evals._runner import run_cases as _run_cases
 from cantrip.evals._suite import (
     EXPECTATIONS,
@@ -90,6 +90,7 @@ async def run_suite(
         "replay" if replay is not None else "record" if record is not None else "live"
     )
     started, clock = now_iso(), trio.current_time()
+    run_id = new_run_id()
     runs = await _run_cases(
         suite,
         factory,
@@ -99,6 +100,7 @@ async def run_suite(
         repeat=repeat,
         max_cost_usd=max_cost_usd,
         on_result=on_result,
+        run_id=run_id,
     )
     spec_path = spec if spec is not None else suite.spec
     return EvalReport(
@@ -112,6 +114,7 @@ async def run_suite(
         runs=tuple(runs),
         loom=str(getattr(cast_loom.store, "path", "")) or None,
         max_cost_usd=max_cost_usd,
+        run_id=run_id,
     )
 
 

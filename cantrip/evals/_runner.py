@@ -41,6 +41,17 @@ from cantrip.llm._contract import LLM, plain_json
 
 Status = Literal["passed", "failed", "errored", "skipped"]
 
+EVAL_TAG = "eval"
+"""The first turn of every case's cast records ``{"eval": {"run", "case", "repeat"}}``
+in its extras, so the loom knows which run and case a cast was (the viewer lists them)."""
+
+
+def new_run_id() -> str:
+    import secrets
+
+    return f"eval-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+
+
 EVALUATOR_TIMEOUT_S = 30.0
 """How long a user function or a pattern may take before its case is errored."""
 
@@ -125,6 +136,7 @@ async def run_cases(
     repeat: int = 1,
     max_cost_usd: float | None = None,
     on_result: Progress | None = None,
+    run_id: str = "",
 ) -> list[RunResult]:
     """Run every case ``repeat`` times; the results in suite order, then repeat order.
 
@@ -149,7 +161,7 @@ async def run_cases(
                 )
             else:
                 result = await _run_one(
-                    case, attempt, factory(), llm, judges or {}, budget, thread_limiter
+                    run_id, case, attempt, factory(), llm, judges or {}, budget, thread_limiter
                 )
         finally:
             limiter.release_on_behalf_of(slot)
@@ -170,6 +182,7 @@ async def run_cases(
 
 
 async def _run_one(
+    run_id: str,
     case: Case,
     attempt: int,
     spell: Cantrip,
@@ -179,8 +192,10 @@ async def _run_one(
     thread_limiter: trio.CapacityLimiter,
 ) -> RunResult:
     started = time.perf_counter()
+    tags = {EVAL_TAG: {"run": run_id, "case": case.name, "repeat": attempt}}
     try:
-        cast = await spell.cast_async(case.intent, llm=llm)
+        async with spell.summon(llm=llm) as entity:
+            cast = await entity.send(case.intent, tags=tags)
     except ReplayDivergence as exc:
         return RunResult(case.name, attempt, "failed", error=str(exc), latency_s=_since(started))
     except LLMError as exc:  # the agent's provider failed for good: this case fails
@@ -297,6 +312,7 @@ class EvalReport:
     runs: tuple[RunResult, ...]
     loom: str | None = None
     max_cost_usd: float | None = None
+    run_id: str = ""
 
     @property
     def passed(self) -> bool:
@@ -341,6 +357,7 @@ class EvalReport:
         judge_costs = [r.judge_cost_usd for r in counted if r.judge_cost_usd is not None]
         return {
             "schema": "cantrip.eval/1",
+            "run_id": self.run_id,
             "suite": self.suite,
             "spec": self.spec,
             "mode": self.mode,

@@ -3,10 +3,11 @@
 An agent that reads the same large file or tool result again and again would make
 its loom grow by that value every time. On disk (SQLite, JSONL, PostgreSQL; the memory
 store keeps objects), a turn's text fields, gate results and extras (what a medium
-showed) of ``THRESHOLD`` characters or more are stored once, under the SHA-256 of their content, and the turn holds a
-reference ``{"$blob": HASH, "size": N}`` (``"json": true`` for a structured value
-stored as its JSON text). Reading a turn resolves its references, so nothing above
-the store ever sees one: threads, exports, the viewer and replay read whole values.
+showed) of ``THRESHOLD`` characters or more are stored once, under the SHA-256 of
+their content, and the turn holds a reference ``{"$blob": HASH, "size": N}``
+(``"json": true`` for a structured value stored as its JSON text). Reading a turn
+resolves its references, so nothing above the store ever sees one: threads, exports,
+the viewer and replay read whole values.
 
 The blob's text goes through the same codec as every record (exact, and with the
 environment's secret values redacted), so a secret inside a big value is no more

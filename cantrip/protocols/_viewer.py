@@ -15,7 +15,8 @@ One more front end over the session layer (SPEC.md "The loom viewer"), in two se
 Routes (``GET`` unless said; errors are ``{"error": {"code", "message"}}``):
 ``/`` (the page), ``/ui/{asset}``, ``/api/loom``,
 ``/api/entities?q=&offset=&limit=``, ``/api/entities/{id}/tree?offset=&limit=&turn=``,
-``/api/turns/{id}``, ``/api/threads/{turn id}?offset=&limit=``, ``POST /api/fork``.
+``/api/turns/{id}``, ``/api/threads/{turn id}?offset=&limit=``, ``/api/evals`` (the eval
+runs recorded in the loom), ``POST /api/fork``.
 
 The assets are plain HTML, CSS and JavaScript in ``cantrip/protocols/viewer/``
 (no CDN, no build step). They are served with a content security policy that
@@ -140,6 +141,8 @@ class Viewer:
             return views.overview()
         if parts == ["entities"]:
             return views.entities(query)
+        if parts == ["evals"]:
+            return views.evals()
         if len(parts) == 3 and parts[0] == "entities" and parts[2] == "tree":
             return views.tree(parts[1], query)
         if len(parts) == 2 and parts[0] == "turns":

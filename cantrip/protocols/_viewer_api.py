@@ -190,6 +190,25 @@ class LoomViews:
         ]
         return {"total": len(rows), "offset": offset, "limit": limit, "items": page}
 
+    def evals(self) -> dict[str, Any]:
+        """The eval runs whose casts this loom records (``cantrip eval --record/--loom``),
+        newest first, each with its cases' entities (search a run's id to list them)."""
+        loom = self._fresh()
+        if not self._summaries:
+            self._build_summaries(loom)
+        runs: dict[str, dict[str, Any]] = {}
+        for summary in self._summaries:
+            tag = summary.get("eval")
+            if not tag:
+                continue
+            run = runs.setdefault(
+                str(tag["run"]), {"run": tag["run"], "cases": 0, "last_activity": ""}
+            )
+            run["cases"] += 1
+            run["last_activity"] = max(run["last_activity"], str(summary["last_activity"]))
+        items = sorted(runs.values(), key=lambda r: r["last_activity"], reverse=True)
+        return {"items": items}
+
     def _build_summaries(self, loom: Loom) -> None:
         index = self._index(loom)
         records = list(loom.entities.values())
@@ -220,7 +239,11 @@ class LoomViews:
                 "last_activity": activity or record.created_at,
                 "created_at": record.created_at,
             }
-            search = " ".join([record.entity_id, *intents]).lower()
+            tag = turns[0].extras.get("eval") if turns else None
+            if isinstance(tag, Mapping):  # a case of a `cantrip eval` run
+                summary["eval"] = {k: tag.get(k) for k in ("run", "case", "repeat")}
+            words = [str(tag.get("run")), str(tag.get("case"))] if isinstance(tag, Mapping) else []
+            search = " ".join([record.entity_id, *intents, *words]).lower()
             summaries.append((str(summary["last_activity"]), redact_value(summary), search))
         summaries.sort(key=lambda item: item[0], reverse=True)
         self._summaries = [s for _, s, _ in summaries]

@@ -209,7 +209,10 @@ class EntityList {
       clearTimeout(timer);
       timer = setTimeout(() => { this.query = this.search.value; this.offset = 0; this.load(); }, 200);
     });
-    const toolbar = el("div", { class: "toolbar" }, this.search);
+    this.runs = el("select", { id: "eval-runs", "aria-label": "eval runs", hidden: true,
+      onchange: () => { this.search.value = this.runs.value; this.query = this.runs.value; this.offset = 0; this.load(); } });
+    const toolbar = el("div", { class: "toolbar" }, this.search, this.runs);
+    this.loadRuns();
     if (state.live) {
       toolbar.append(el("button", { class: "primary", id: "new-session", text: "New session",
         onclick: () => this.newSession() }));
@@ -217,6 +220,16 @@ class EntityList {
     this.body = el("div", { class: "list" });
     main.append(toolbar, this.body);
     this.load();
+  }
+
+  async loadRuns() {
+    // The eval runs this loom records: choosing one lists its cases' entities.
+    let runs;
+    try { runs = await api("/api/evals"); } catch (error) { showError(error); return; }
+    if (!runs.items.length) return;
+    this.runs.replaceChildren(el("option", { value: "", text: "all entities" }),
+      ...runs.items.map((r) => el("option", { value: r.run, text: `${r.run} (${r.cases} cases)` })));
+    this.runs.hidden = false;
   }
 
   async newSession() {
@@ -239,7 +252,8 @@ class EntityList {
         e.parent_entity_id ? el("div", { class: "muted", text: "child of " + e.parent_entity_id }) : null,
         e.forked_from ? el("div", { class: "muted", text: "forked from " + e.forked_from }) : null),
       el("td", {}, e.running ? badge("running") : badge(e.status)),
-      el("td", { class: "intent", text: e.intent }),
+      el("td", { class: "intent" }, e.eval ? badge("eval", `${e.eval.case}${e.eval.repeat ? " #" + (e.eval.repeat + 1) : ""}`) : null,
+        e.eval ? " " : null, e.intent),
       el("td", { text: String(e.turns) }),
       el("td", { text: String(tokenTotal(e.tokens)) }),
       el("td", { text: cost(e.tree_cost_usd, tokenTotal(e.tokens)) }),
