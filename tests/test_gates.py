@@ -18,6 +18,8 @@ import cantrip
 import gates
 from cantrip import ConstructionError, Gate, GateArgumentError, GateError, gate
 
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
+
 # -- schema and description ------------------------------------------------------
 
 

@@ -32,6 +32,8 @@ from cantrip.protocols._lifecycle import ServeOptions
 from cantrip.protocols._sessions import SessionError, SessionHub, result_dict
 from gates import done, echo
 
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
+
 pytest.importorskip("hypercorn")
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import trio
-
 from loop_watch import LoopWatch
 
 pytest_plugins = ["pytester"]

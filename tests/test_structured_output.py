@@ -15,6 +15,8 @@ from cantrip._specfile import build_cantrip, parse_spec
 from cantrip.cli._main import main as cli_main
 from gates import done, echo
 
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
+
 
 class City(pydantic.BaseModel):
     name: str
