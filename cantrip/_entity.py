@@ -30,7 +30,7 @@ import trio.lowlevel
 from cantrip._approval import Decision, Pause, PauseError, check_decision, new_pause_id
 from cantrip._circle import Circle
 from cantrip._context import NUDGE_DONE_REQUIRED, Context
-from cantrip._cost import CostMeter
+from cantrip._cost import USAGE_UNKNOWN, CostMeter
 from cantrip._errors import CantripError, IntentError, LLMError, LoomError, ProviderError
 from cantrip._events import (
     Event,
@@ -292,6 +292,8 @@ class _Cast:
             self.meter.charge(metadata.cost_usd)
         elif metadata.cost_usd:
             self.meter.charge(metadata.cost_usd)
+        elif metadata.usage_missing:  # a call whose usage nobody knows: unknown, not $0
+            self.meter.charge(None, why=USAGE_UNKNOWN)
 
     def result(self, entity_id: str, last: Turn, value: Any) -> CastResult:
         return CastResult(
@@ -1595,6 +1597,7 @@ def _metadata(
         tokens_cached=usage.cached_tokens,
         tokens_cache_write=usage.cache_write_tokens,
         tokens_reasoning=usage.reasoning_tokens,
+        usage_missing=usage.missing,
         duration_ms=(time.perf_counter() - started) * 1000.0,
         timestamp=timestamp,
         attempts=int(response.metadata.get("attempts", 1)),

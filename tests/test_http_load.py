@@ -576,14 +576,14 @@ def test_a_cast_a_killed_process_never_finished_replays_as_interrupted() -> None
         circle=cantrip.Circle([done, echo], [cantrip.max_turns(3)]),
     )
     turns = spell.cast("job").turns
-    whole = recorded_cast(turns, 0)
+    whole = recorded_cast(turns, 0, spell.loom)
     assert (whole.result, whole.reason, whole.terminated, len(whole.turns)) == (
         "whole",
         "done",
         True,
         2,
     )
-    cut = recorded_cast(turns[:1], 0)  # the process died after the first turn
+    cut = recorded_cast(turns[:1], 0, spell.loom)  # the process died after the first turn
     assert (cut.result, cut.reason, cut.truncated, cut.terminated) == (
         None,
         "interrupted",
