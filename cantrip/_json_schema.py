@@ -53,6 +53,7 @@ _DEEPER_ONE = (
 )
 _DEEPER_MANY = ("prefixItems", "items")
 _DEEPER_MAP = ("properties", "patternProperties", "$defs", "definitions")
+"""(``$defs``/``definitions`` apply to nothing by themselves: walked only to be named.)"""
 _REFS = ("$ref", "$dynamicRef", "$recursiveRef")
 
 
