@@ -9,12 +9,24 @@ whole tree ends, each entity recording a truncated turn with reason
 ``max_cost_usd``.
 
 Nothing here reads the loom: the charges are the costs of turns as they are
-recorded (``TurnMetadata.cost_usd``), so the meter is O(1) per turn.
+recorded (``TurnMetadata.cost_usd``), so the meter is O(1) per turn. A cost that
+is unknown -- tokens at a price nobody knows, or an answer whose provider reported
+no usage -- is never counted as $0: a budget that cannot be measured stops the
+cast before its next call, saying which it was.
 """
 
 from __future__ import annotations
 
 import attrs
+
+PRICE_UNKNOWN = (
+    "a model's price is unknown (add cost_input_per_1m / cost_output_per_1m for it to the "
+    "provider config)"
+)
+USAGE_UNKNOWN = (
+    "the provider reported no token usage for a call, so what it cost is unknown "
+    "(a missing usage is never counted as $0)"
+)
 
 
 @attrs.define(eq=False)
@@ -26,7 +38,9 @@ class CostMeter:
     parent: CostMeter | None = None
     spent: float = 0.0
     unknown: int = 0
-    """Turns that consumed tokens at a price nobody knows."""
+    """Turns whose cost nobody knows: tokens at an unknown price, or no usage reported."""
+    unknown_why: str | None = None
+    """Why the first unknown cost is unknown (the cost ward's message says it)."""
 
     @property
     def bounded(self) -> bool:
@@ -43,11 +57,13 @@ class CostMeter:
         """What the tree below this cast spent; ``None`` if a price was unknown."""
         return None if self.unknown else self.spent
 
-    def charge(self, cost: float | None) -> None:
+    def charge(self, cost: float | None, *, why: str = PRICE_UNKNOWN) -> None:
+        """Add a turn's cost here and to every ancestor; ``None`` is unknown, for ``why``."""
         meter: CostMeter | None = self
         while meter is not None:
             if cost is None:
                 meter.unknown += 1
+                meter.unknown_why = meter.unknown_why or why
             else:
                 meter.spent += cost
             meter = meter.parent
@@ -66,11 +82,8 @@ class CostMeter:
             if limit is not None:
                 scope = "this cast" if meter is self else "the entity tree"
                 if meter.unknown:
-                    return (
-                        f"max_cost_usd ${limit:g} cannot be kept: a model's price is unknown "
-                        "(add cost_input_per_1m / cost_output_per_1m for it to the provider "
-                        "config)"
-                    )
+                    why = meter.unknown_why or PRICE_UNKNOWN
+                    return f"max_cost_usd ${limit:g} cannot be kept: {why}"
                 if meter.spent >= limit or meter.spent + estimate > limit:
                     return (
                         f"max_cost_usd: ${meter.spent:.6f} spent by {scope} of a "
@@ -80,12 +93,14 @@ class CostMeter:
         return None
 
     def exhausted_by(self, cost: float | None) -> bool:
-        """Whether charging ``cost`` (``None``: unknown) leaves some budget used up."""
+        """Whether charging ``cost`` leaves some budget used up. An unknown cost
+        (``None``) does not end the turn that incurred it: the next call is refused
+        by :meth:`refusal`, whose message says why the budget cannot be kept."""
+        if cost is None:
+            return False
         meter: CostMeter | None = self
         while meter is not None:
-            if meter.limit is not None and (
-                cost is None or meter.unknown or meter.spent + cost >= meter.limit
-            ):
+            if meter.limit is not None and (meter.unknown or meter.spent + cost >= meter.limit):
                 return True
             meter = meter.parent
         return False

@@ -30,7 +30,7 @@ import trio.lowlevel
 from cantrip._approval import Decision, Pause, PauseError, check_decision, new_pause_id
 from cantrip._circle import Circle
 from cantrip._context import NUDGE_DONE_REQUIRED, Context
-from cantrip._cost import CostMeter
+from cantrip._cost import USAGE_UNKNOWN, CostMeter
 from cantrip._errors import CantripError, IntentError, LLMError, LoomError, ProviderError
 from cantrip._events import (
     Event,
@@ -292,6 +292,8 @@ class _Cast:
             self.meter.charge(metadata.cost_usd)
         elif metadata.cost_usd:
             self.meter.charge(metadata.cost_usd)
+        elif metadata.usage_missing:  # a call whose usage nobody knows: unknown, not $0
+            self.meter.charge(None, why=USAGE_UNKNOWN)
 
     def result(self, entity_id: str, last: Turn, value: Any) -> CastResult:
         return CastResult(
@@ -1201,13 +1203,45 @@ class Entity:
                 result=decision.text,
                 tool_call_id=pause.tool_call_id,
             )
+        elif decision.kind == "edit" and decision.args is not None:
+            approval["original_args"] = dict(pause.args)
+            return await self._apply_edit(pause, decision.args, approval)
         else:
-            args = pause.args
-            if decision.kind == "edit" and decision.args is not None:
-                args = decision.args
-                approval["original_args"] = dict(pause.args)
-            record = await self._run_gate(pause.gate, args, pause.tool_call_id)
+            record = await self._run_gate(pause.gate, pause.args, pause.tool_call_id)
         return attrs.evolve(record, detail={**record.detail, "approval": approval})
+
+    async def _apply_edit(
+        self, pause: Pause, args: Mapping[str, Any], approval: Mapping[str, Any]
+    ) -> GateCallRecord:
+        """Run the human's edited arguments -- as a new call: they are validated and
+        judged by the approval policy like the model's own (issue 28, item 7). Denied:
+        an error observation with the reason; "ask": a new pause for these arguments
+        (answered like any other, here or by any later process); allowed: the gate runs.
+        Every answer, in place or from the loom, in any process, comes through here."""
+        circle = self.circle
+        g = circle.gate(pause.gate)
+        message: str | None = None
+        if g is not None:
+            policy = circle.approval
+            try:
+                g.validate(args)  # the policy only ever judges arguments that can run
+                verdict = policy.verdict(g.name, args) if policy is not None else "allow"
+            except GateArgumentError as exc:
+                message = f"the edited arguments were refused: {exc}"
+            else:
+                if verdict == "deny":
+                    message = (
+                        f"denied by the approval policy: {g.name} may not be called with the "
+                        "edited arguments"
+                    )
+                elif verdict == "ask":
+                    again = self._open_pause(g, args, pause.tool_call_id)
+                    return await self._apply_decision(again, await self._await_decision(again))
+        if message is not None:
+            record = circle.unexecuted(pause.gate, args, pause.tool_call_id, "error", message)
+        else:
+            record = await self._run_gate(pause.gate, args, pause.tool_call_id)
+        return attrs.evolve(record, detail={**record.detail, "approval": dict(approval)})
 
     async def _run_gate(
         self, name: str, args: Mapping[str, Any], tool_call_id: str | None
@@ -1563,6 +1597,7 @@ def _metadata(
         tokens_cached=usage.cached_tokens,
         tokens_cache_write=usage.cache_write_tokens,
         tokens_reasoning=usage.reasoning_tokens,
+        usage_missing=usage.missing,
         duration_ms=(time.perf_counter() - started) * 1000.0,
         timestamp=timestamp,
         attempts=int(response.metadata.get("attempts", 1)),

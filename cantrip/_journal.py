@@ -67,7 +67,10 @@ def encode_response(response: Response) -> str:
                 }
                 for c in response.tool_calls
             ],
-            "usage": {k: v for k, v in response.usage.to_dict().items() if k != "total_tokens"},
+            "usage": {
+                **{k: v for k, v in response.usage.to_dict().items() if k != "total_tokens"},
+                **({"missing": True} if response.usage.missing else {}),
+            },
             "thinking": response.thinking,
             "stop_reason": response.stop_reason,
             "model": response.model,

@@ -24,6 +24,7 @@ import pydantic
 
 from cantrip._errors import ConstructionError
 from cantrip._gate import Gate, GateArgumentError, gate
+from cantrip._json_schema import compile_schema
 
 
 def _identity(value: Any) -> Any:
@@ -73,7 +74,9 @@ class OutputSchema:
 
     @classmethod
     def from_json_schema(cls, schema: Mapping[str, Any]) -> OutputSchema:
-        """A plain JSON Schema; answers are checked with the ``jsonschema`` library."""
+        """A plain JSON Schema: checked against its meta-schema by the ``jsonschema``
+        library, answers checked by a compiled validator that cannot stall the loop
+        (linear-time patterns, no retrieval, no ``$ref`` cycles: :mod:`cantrip._json_schema`)."""
         import jsonschema
 
         plain = _plain(schema)
@@ -83,10 +86,12 @@ class OutputSchema:
         except jsonschema.SchemaError as exc:
             message = f"output schema is not a valid JSON Schema: {exc.message}"
             raise ConstructionError(message) from None
-        validator = validator_class(plain)
+        validator = compile_schema(plain)
 
         def check(value: Any) -> Any:
-            errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+            errors = sorted(
+                validator.iter_errors(value), key=lambda e: list(map(str, e.instance_path))
+            )
             if errors:
                 raise GateArgumentError(
                     "the answer does not match the output schema: "
@@ -174,5 +179,5 @@ def _pydantic_message(exc: pydantic.ValidationError) -> str:
 
 
 def _json_schema_message(error: Any) -> str:
-    where = ".".join(str(part) for part in error.absolute_path) or "answer"
+    where = ".".join(str(part) for part in error.instance_path) or "answer"
     return f"{where}: {error.message}"

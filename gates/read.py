@@ -10,18 +10,35 @@ database and its ``-wal``/``-shm``/``-journal`` companions -- unless the spec
 sets ``hidden`` itself), and SQLite databases and write-ahead logs are refused
 whatever their name, because another loom is other sessions' transcripts. A
 hidden file is reported as not existing, so its presence is not disclosed.
+
+Only regular files are read (issue 28): a FIFO, a socket or a device below the
+root is refused by what ``stat`` says, before anything opens it (opening a FIFO
+waits for a writer, forever). The path is opened once, non-blocking and without
+following a last-moment symlink, and checked again on the open descriptor, so a
+file swapped for a FIFO in between is refused too. All of it -- resolving,
+``stat``, reading -- runs in a worker thread behind a small limiter, and the call
+gives up after ``timeout_s`` (a hung network file system): the event loop, and
+with it every other task, is never held by a file.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+import trio
 
 from cantrip import GateError, gate
 
 MAX_BYTES = 1_000_000
+THREADS = 4
+"""File reads in flight at once (per trio run); a hung read holds one until it ends."""
 _DATABASE_MAGIC = (b"SQLite format 3\x00", b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83")
 """The first bytes of an SQLite database, and of its write-ahead log (either byte order)."""
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+_limiter: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("read_limiter")
 
 
 def confine(root: str | Path, path: str) -> Path:
@@ -42,18 +59,61 @@ def is_hidden(target: Path, root: str | Path, hidden: Iterable[str | Path]) -> b
     return any(target == (base / Path(h)).resolve() for h in hidden)
 
 
-@gate(dependencies=("root", "hidden"))
-def read(path: str, root: Path, hidden: Sequence[str | Path] = ()) -> str:
-    """Read the text file at ``path`` (relative to the circle's data root)."""
-    target = confine(root, path)
-    if not target.exists() or is_hidden(target, root, hidden):
-        raise GateError(f"ENOENT: no such file or directory: {path!r}")
-    if target.is_dir():
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a file"
+
+
+def _refuse_unless_file(mode: int, path: str) -> None:
+    if stat.S_ISDIR(mode):
         raise GateError(f"EISDIR: {path!r} is a directory")
-    with target.open("rb") as head:
-        if head.read(16).startswith(_DATABASE_MAGIC):
-            raise GateError(f"{path!r} is a database, not a text file; read does not open it")
-    size = target.stat().st_size
-    if size > MAX_BYTES:
-        raise GateError(f"{path!r} is {size} bytes; read is limited to {MAX_BYTES}")
-    return target.read_text(encoding="utf-8", errors="replace")
+    if not stat.S_ISREG(mode):
+        raise GateError(f"{path!r} is not a regular file ({_kind(mode)}); read opens only files")
+
+
+def _read_file(root: Path, path: str, hidden: Sequence[str | Path]) -> str:
+    """The blocking part, run in a worker thread: resolve, check, open once, read."""
+    target = confine(root, path)
+    missing = GateError(f"ENOENT: no such file or directory: {path!r}")
+    if is_hidden(target, root, hidden):
+        raise missing
+    try:
+        _refuse_unless_file(os.stat(target).st_mode, path)  # nothing opened yet
+        fd = os.open(target, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise missing from None
+    except OSError as exc:
+        raise GateError(f"{path!r} cannot be opened: {exc.strerror}") from None
+    with open(fd, "rb") as handle:
+        info = os.fstat(fd)
+        _refuse_unless_file(info.st_mode, path)  # swapped since the stat above
+        if info.st_size > MAX_BYTES:
+            raise GateError(f"{path!r} is {info.st_size} bytes; read is limited to {MAX_BYTES}")
+        data = handle.read(MAX_BYTES + 1)
+    if data.startswith(_DATABASE_MAGIC):
+        raise GateError(f"{path!r} is a database, not a text file; read does not open it")
+    if len(data) > MAX_BYTES:
+        raise GateError(f"{path!r} grew past {MAX_BYTES} bytes while read; read is limited")
+    return data.decode("utf-8", errors="replace")
+
+
+@gate(dependencies=("root", "hidden", "timeout_s"))
+async def read(
+    path: str, root: Path, hidden: Sequence[str | Path] = (), timeout_s: float = 10.0
+) -> str:
+    """Read the text file at ``path`` (relative to the circle's data root)."""
+    try:
+        limiter = _limiter.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(THREADS)
+        _limiter.set(limiter)
+    with trio.move_on_after(timeout_s):
+        return await trio.to_thread.run_sync(
+            _read_file, root, path, hidden, limiter=limiter, abandon_on_cancel=True
+        )
+    raise GateError(f"read {path!r} took longer than {timeout_s:g} s; gave up")

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real PostgreSQL server for the distributed tests (started here)."""
+"""Shared fixtures: a real PostgreSQL server for the distributed tests (started here), and
+the loop watch (``pytest.mark.loop_watch``: a test fails when the trio loop is blocked)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
+from loop_watch import pytest_configure, pytest_runtest_call
 from pg_cluster import fresh_database, postgres_cluster
+
+__all__ = ["pg_server", "pg_url", "pytest_configure", "pytest_runtest_call"]
 
 _databases = itertools.count()
 

@@ -65,6 +65,8 @@ class Answer:
     provider's content filter / refusal / safety stop)."""
     finish: str | None = None
     """A raw finish reason sent verbatim instead (to test unknown ones)."""
+    usage: bool = True
+    """False: the answer carries no usage at all, as some servers send (OpenAI format)."""
 
 
 @attrs.frozen
@@ -383,7 +385,7 @@ class FakeOpenAI(FakeProvider):
                     "finish_reason": self.finish(answer),
                 }
             ],
-            "usage": self.usage(answer),
+            **({"usage": self.usage(answer)} if answer.usage else {}),
         }
 
     def chunk(self, body: Any, n: int, delta: Any, finish: str | None = None) -> str:
@@ -425,7 +427,7 @@ class FakeOpenAI(FakeProvider):
                     )
                 )
         out.append(self.chunk(body, n, {}, self.finish(answer)))
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if (body.get("stream_options") or {}).get("include_usage") and answer.usage:
             out.append(
                 sse(
                     {

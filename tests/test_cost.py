@@ -237,3 +237,140 @@ wards = [{max_turns = 5}, {max_cost_usd = 0.5}]
     # a scripted LLM from a spec has no prices: the budget cannot be kept
     assert data["cost_usd"] is None
     assert data["reason"] == "max_cost_usd" and code == 2
+
+
+# -- a provider that reports no usage (issue 28, item 11) -------------------------------
+
+
+@pytest.mark.parametrize(
+    "parse",
+    [
+        "cantrip.llm._openai_chat",
+        "cantrip.llm.providers.anthropic",
+        "cantrip.llm.providers.gemini",
+        "cantrip.llm.providers.openai_responses",
+    ],
+)
+def test_no_usage_from_any_adapter_is_an_unknown_cost(parse: str) -> None:
+    import importlib
+
+    usage = importlib.import_module(parse).parse_usage(None)
+    assert usage.missing and usage == cantrip.Usage(missing=True)
+    response = cantrip.Response(content="hi", usage=usage)
+    assert response_cost(response, cantrip.ScriptedLLM([], pricing=PRICES)) is None
+    reported = cantrip.Response(content="hi", usage=usage, metadata={"cost": 0.25})
+    assert response_cost(reported) == 0.25  # a cost the provider reports still counts
+
+
+async def test_a_provider_without_usage_cannot_walk_past_the_cost_ward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$100 per million tokens, a $0.01 budget, and a server that never reports usage:
+    each call used to be recorded at $0, so nine ran. The first call's cost is
+    unknown; the budget cannot be kept, and the cast stops saying why."""
+    from fake_providers import Answer, Call, isolate, running
+
+    from cantrip.llm import clear_cache
+
+    isolate(monkeypatch, tmp_path)
+    user = tmp_path / "user-providers"
+    user.mkdir()
+    (user / "openai.toml").write_text(
+        '[models."priced"]\ncost_input_per_1m = 100.0\ncost_output_per_1m = 100.0\n'
+    )
+    clear_cache()
+    script = [Answer(calls=(Call("echo", {"text": f"c{i}"}),), usage=False) for i in range(9)]
+    script.append(Answer(calls=(Call("done", {"answer": "spent"}),), usage=False))
+    async with running("openai", script, model="priced") as (fake, llm):
+        loom = cantrip.Loom()
+        s = cantrip.Cantrip(
+            llm=llm,
+            identity=cantrip.Identity(),
+            circle=cantrip.Circle(
+                [done, echo], [cantrip.max_turns(20), cantrip.max_cost_usd(0.01)]
+            ),
+            loom=loom,
+        )
+        outcome = await s.cast_async("spend")
+    assert len(fake.requests) == 1
+    assert outcome.reason == "max_cost_usd" and outcome.truncated
+    assert outcome.cost_usd is None and result_dict(outcome)["cost_usd"] is None
+    first, last = outcome.turns
+    assert first.metadata.cost_usd is None and first.metadata.usage_missing
+    assert last.observation == (
+        "max_cost_usd $0.01 cannot be kept: the provider reported no token usage for a "
+        "call, so what it cost is unknown (a missing usage is never counted as $0)"
+    )
+    # the loom says so too: a result rebuilt from it reports the same unknown cost
+    stored = loom.get(first.id)
+    assert stored.metadata.usage_missing and stored.metadata.to_dict()["usage_missing"]
+    from cantrip.loom._summary import cost
+
+    assert cost(loom.entity_turns(outcome.entity_id)) is None
+
+
+# -- one cast, one cost: live and rebuilt from the loom (issue 28, item 11) ----------
+
+
+def delegating_spell(loom: cantrip.Loom) -> cantrip.Cantrip:
+    """The parent spends $0.002 (two calls), its child $0.002: the tree $0.004."""
+    child_llm = cantrip.ScriptedLLM([echo_call("c"), finish("child")], pricing=PRICES)
+    parent_llm = cantrip.ScriptedLLM(
+        [
+            {
+                "tool_calls": [{"gate": "call_agent", "args": {"intent": "work"}}],
+                "usage": {"prompt_tokens": 1000},
+            },
+            finish("parent"),
+        ],
+        pricing=PRICES,
+    )
+    return cantrip.Cantrip(
+        llm=parent_llm,
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, echo, call_agent], [cantrip.max_turns(10), cantrip.max_depth(1)]
+        ),
+        llms={"child_llm": child_llm},
+        loom=loom,
+    )
+
+
+async def test_an_idempotent_replay_reports_the_same_tree_cost_as_the_live_result() -> None:
+    from cantrip.protocols._sessions import SessionHub
+
+    hub = SessionHub(delegating_spell(cantrip.Loom()))
+    session, _ = hub.create()
+    live = await hub.prompt(session, "delegate", key="k-1")
+    replayed = await hub.prompt(session, "delegate", key="k-1")  # a retry: nothing runs again
+    assert live is not None and replayed is not None
+    assert replayed.turns == live.turns
+    assert result_dict(live)["cost_usd"] == pytest.approx(0.004)
+    assert result_dict(replayed)["cost_usd"] == pytest.approx(0.004)  # was $0.002: no child
+    await hub.aclose()
+
+
+async def test_a_result_rebuilt_from_postgres_counts_the_whole_tree(pg_url: str) -> None:
+    """What ``serve --db`` answers: the cast rebuilt from the database's turns."""
+    from cantrip.loom._postgres import PostgresStore
+    from cantrip.protocols._idempotency import recorded_cast
+
+    loom = cantrip.Loom.open(pg_url)
+    try:
+        live = await delegating_spell(loom).cast_async("delegate")
+        await loom.sync(live.entity_id)
+        store = loom.store
+        assert isinstance(store, PostgresStore)
+        rebuilt = recorded_cast(store.entity_turns(live.entity_id), 0, store)
+    finally:
+        loom.close()
+    assert live.cost_usd == pytest.approx(0.004)
+    assert rebuilt.cost_usd == pytest.approx(0.004)
+
+
+async def test_a_workers_outcome_reports_the_tree_cost() -> None:
+    """What ``cast --db --json`` prints for a cast a worker ran."""
+    from cantrip.distributed._worker import outcome_of
+
+    live = await delegating_spell(cantrip.Loom()).cast_async("delegate")
+    assert outcome_of(live)["cost_usd"] == pytest.approx(0.004)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import http.server
+import importlib
 import os
 import re
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,8 @@ import trio
 import cantrip
 import gates
 from cantrip import ConstructionError, Gate, GateArgumentError, GateError, gate
+
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
 
 # -- schema and description ------------------------------------------------------
 
@@ -371,6 +376,74 @@ async def test_read_directory_is_eisdir(data_root: Path) -> None:
     read = gates.read.bind(root=str(data_root))
     with pytest.raises(GateError, match="EISDIR"):
         await read.invoke({"path": "sub"})
+
+
+async def test_read_refuses_a_fifo_without_blocking_the_loop(data_root: Path) -> None:
+    """A FIFO below the root used to hang the whole process: read opened it on the
+    trio thread, twice. The loop watch (this module's mark) fails the test if the loop
+    blocks; a writer thread unblocks an opener, so an old gate returns "" late."""
+    fifo = data_root / "pipe"
+    os.mkfifo(fifo)
+    stop = threading.Event()
+
+    def unblock_openers() -> None:
+        while not stop.is_set():
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                time.sleep(0.05)  # no reader yet (ENXIO)
+
+    read = gates.read.bind(root=str(data_root))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.to_thread.run_sync, unblock_openers)
+        await trio.sleep(0.05)  # the writer thread is running before read is called
+        try:
+            with pytest.raises(GateError) as info:
+                await read.invoke({"path": "pipe"})
+        finally:
+            stop.set()
+    assert str(info.value) == "'pipe' is not a regular file (a FIFO); read opens only files"
+
+
+async def test_read_refuses_a_socket_and_says_what_it_is(data_root: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(data_root / "sock"))
+        read = gates.read.bind(root=str(data_root))
+        with pytest.raises(GateError) as info:
+            await read.invoke({"path": "sock"})
+    assert str(info.value) == "'sock' is not a regular file (a socket); read opens only files"
+
+
+async def test_read_refuses_a_device(tmp_path: Path) -> None:
+    read = gates.read.bind(root="/dev")  # a root that holds devices: still only files
+    with pytest.raises(GateError) as info:
+        await read.invoke({"path": "null"})
+    assert str(info.value) == "'null' is not a regular file (a device); read opens only files"
+
+
+async def test_read_runs_in_a_worker_thread_and_gives_up_after_its_timeout(
+    data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_module = importlib.import_module("gates.read")  # gates.read is also the gate
+
+    seen: list[threading.Thread] = []
+    release = threading.Event()
+    real = read_module._read_file
+
+    def slow(*args: Any) -> str:
+        seen.append(threading.current_thread())
+        release.wait(10)  # a hung file system
+        return real(*args)
+
+    monkeypatch.setattr(read_module, "_read_file", slow)
+    read = gates.read.bind(root=str(data_root), timeout_s=0.3)
+    try:
+        with pytest.raises(GateError) as info:
+            await read.invoke({"path": "hello.txt"})
+    finally:
+        release.set()
+    assert str(info.value) == "read 'hello.txt' took longer than 0.3 s; gave up"
+    assert seen and seen[0] is not threading.current_thread()
 
 
 # -- built-in gates: fetch -------------------------------------------------------

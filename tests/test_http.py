@@ -22,6 +22,8 @@ from cantrip._specfile import build_cantrip, parse_spec
 from cantrip.protocols._acp import AcpServer
 from cantrip.protocols._http import serve_http
 
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
+
 pytest.importorskip("hypercorn")
 
 CANTRIP = str(Path(sys.executable).with_name("cantrip"))

@@ -32,6 +32,8 @@ from cantrip.protocols._lifecycle import ServeOptions
 from cantrip.protocols._sessions import SessionError, SessionHub, result_dict
 from gates import done, echo
 
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
+
 pytest.importorskip("hypercorn")
 
 
@@ -574,14 +576,14 @@ def test_a_cast_a_killed_process_never_finished_replays_as_interrupted() -> None
         circle=cantrip.Circle([done, echo], [cantrip.max_turns(3)]),
     )
     turns = spell.cast("job").turns
-    whole = recorded_cast(turns, 0)
+    whole = recorded_cast(turns, 0, spell.loom)
     assert (whole.result, whole.reason, whole.terminated, len(whole.turns)) == (
         "whole",
         "done",
         True,
         2,
     )
-    cut = recorded_cast(turns[:1], 0)  # the process died after the first turn
+    cut = recorded_cast(turns[:1], 0, spell.loom)  # the process died after the first turn
     assert (cut.result, cut.reason, cut.truncated, cut.terminated) == (
         None,
         "interrupted",

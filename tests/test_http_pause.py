@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 import cantrip
 from cantrip.protocols._http import serve_http
 from gates import done
+
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
 
 
 def spell(counter: Path, loom: Path | None = None, *, skip: int = 0) -> cantrip.Cantrip:

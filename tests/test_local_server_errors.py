@@ -10,6 +10,8 @@ from fake_providers import Raw, isolate, running
 from cantrip import ProviderError
 from cantrip.llm import Message
 
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
+
 
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:

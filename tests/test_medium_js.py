@@ -21,6 +21,8 @@ import gates
 from cantrip import Cantrip, Circle, Identity, ScriptedLLM, Ward, max_turns
 from mediums.js import JsMedium
 
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
+
 # -- gates used by the tests ---------------------------------------------------
 
 CALLS: list[str] = []

@@ -17,6 +17,8 @@ import gates
 from cantrip import Cantrip, CastResult, Circle, Identity, ScriptedLLM, Ward, max_turns
 from mediums.python import PythonMedium
 
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
+
 
 def make(
     codes: Sequence[str],

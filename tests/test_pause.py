@@ -141,6 +141,100 @@ async def test_edit_runs_the_gate_with_the_humans_arguments(tmp_path: Path) -> N
     assert edited.detail["approval"]["original_args"] == {"by": 100}
 
 
+def bump_policy(gate: str, args: Mapping[str, Any]) -> cantrip.Verdict:
+    """Deny bump(by > 10), ask about any other bump, allow the rest."""
+    if gate != "bump":
+        return "allow"
+    return "deny" if int(args.get("by", 1)) > 10 else "ask"
+
+
+async def test_an_edit_the_policy_denies_is_denied_with_the_reason(tmp_path: Path) -> None:
+    """An edit cannot smuggle arguments the policy denies (issue 28, item 7): the
+    edited arguments are judged like the model's own call."""
+    counter = tmp_path / "n"
+    s = spell(
+        [reply(call("bump", {"by": 1})), reply(call("done", {"answer": "ok"}))],
+        counter_gate(counter),
+        approval=cantrip.ApprovalPolicy(function=bump_policy),
+    )
+    entity = s.summon()
+    (pause,) = (await entity.send("count")).pending
+    result = await entity.answer(pause.pause_id, Decision.edit({"by": 999}))
+    assert result is not None and result.result == "ok"
+    assert not counter.exists()  # bump(999) never ran
+    refused = next(r for t in result.turns for r in t.gate_calls if r.gate == "bump")
+    assert refused.is_error and dict(refused.args) == {"by": 999}
+    assert refused.result == (
+        "denied by the approval policy: bump may not be called with the edited arguments"
+    )
+    assert refused.detail["approval"]["original_args"] == {"by": 1}
+
+
+async def test_an_edit_the_policy_asks_about_is_a_new_pause(tmp_path: Path) -> None:
+    counter = tmp_path / "n"
+    s = spell(
+        [reply(call("bump", {"by": 1})), reply(call("done", {"answer": "ok"}))],
+        counter_gate(counter),
+        approval=cantrip.ApprovalPolicy(function=bump_policy),
+    )
+    entity = s.summon()
+    (pause,) = (await entity.send("count")).pending
+    again = await entity.answer(pause.pause_id, Decision.edit({"by": 5}))
+    assert again is not None and again.paused and not counter.exists()
+    (second,) = again.pending
+    assert second.pause_id != pause.pause_id
+    assert second.gate == "bump" and dict(second.args) == {"by": 5}
+    assert entity.pending == (second,)
+    result = await entity.answer(second.pause_id, Decision.approve())
+    assert result is not None and result.result == "ok" and counter.read_text() == "5"
+    ran = [r for t in s.loom.entity_turns(entity.id) for r in t.gate_calls if r.gate == "bump"]
+    assert [(dict(r.args), r.result) for r in ran] == [({"by": 5}, 5)]
+
+
+async def test_an_edit_with_invalid_arguments_is_refused_not_run(tmp_path: Path) -> None:
+    counter = tmp_path / "n"
+    s = spell(
+        [reply(call("bump", {"by": 1})), reply(call("done", {"answer": "ok"}))],
+        counter_gate(counter, requires_approval=True),
+    )
+    entity = s.summon()
+    (pause,) = (await entity.send("count")).pending
+    result = await entity.answer(pause.pause_id, Decision.edit({"by": "lots", "and": 1}))
+    assert result is not None and not counter.exists()
+    refused = next(r for t in result.turns for r in t.gate_calls if r.gate == "bump")
+    assert refused.is_error
+    assert str(refused.result).startswith(
+        "the edited arguments were refused: invalid arguments for gate 'bump': argument 'by': "
+    )
+    assert "unexpected argument 'and'" in str(refused.result)
+
+
+async def test_an_edit_answered_in_place_is_judged_too(tmp_path: Path) -> None:
+    """The live path (a handler answering in place) goes through the same check."""
+    counter = tmp_path / "n"
+    s = spell(
+        [reply(call("bump", {"by": 1})), reply(call("done", {"answer": "ok"}))],
+        counter_gate(counter),
+        approval=cantrip.ApprovalPolicy(function=bump_policy),
+    )
+    entity = s.summon()
+    answers = iter([Decision.edit({"by": 7}), Decision.edit({"by": 70})])
+    asked: list[dict[str, Any]] = []
+
+    async def human(pause: Pause) -> Decision:
+        asked.append(dict(pause.args))
+        return next(answers)
+
+    entity.answer_pauses_with(human)
+    result = await entity.send("count")
+    assert result.result == "ok" and not counter.exists()
+    assert asked == [{"by": 1}, {"by": 7}]  # the first edit was asked about again
+    refused = next(r for t in result.turns for r in t.gate_calls if r.gate == "bump")
+    assert refused.result == (
+        "denied by the approval policy: bump may not be called with the edited arguments"
+    )
+
+
 async def test_ask_user_returns_the_humans_answer_as_the_observation() -> None:
     s = spell(
         [

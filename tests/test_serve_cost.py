@@ -16,6 +16,8 @@ import cantrip
 from cantrip.protocols._sessions import SessionHub
 from gates import done
 
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
+
 
 def spell(path: Path, script: list[Any]) -> cantrip.Cantrip:
     return cantrip.Cantrip(

@@ -30,6 +30,8 @@ from serve_db_llm import KEY
 
 from cantrip.protocols._api import openapi_document
 
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
+
 TESTS = Path(__file__).resolve().parent
 TURNS = 3
 """Turns the loopback LLM takes per prompt (echo, echo, done)."""
@@ -632,14 +634,17 @@ def test_serve_db_refuses_a_public_bind_without_token(stack: Stack) -> None:
 
 
 async def test_a_token_is_required_when_set(stack: Stack) -> None:
-    base = stack.start_replica(token="s3cret-token-for-tests")
+    # the replica's start and drain are waited for in a thread: the loop stays free
+    base = await trio.to_thread.run_sync(
+        lambda: stack.start_replica(token="s3cret-token-for-tests")
+    )
     proc = stack.procs[-1]
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         assert (await client.get("/health")).status_code == 401
         auth = {"authorization": "Bearer s3cret-token-for-tests"}
         assert (await client.get("/health", headers=auth)).json()["mode"] == "db"
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0  # a clean drain
+    assert await trio.to_thread.run_sync(lambda: proc.wait(timeout=30)) == 0  # a clean drain
 
 
 # -- the published contract -----------------------------------------------------------------

@@ -29,6 +29,8 @@ from cantrip.protocols._lifecycle import ServeOptions
 from cantrip.protocols._limits import SessionLimits, make_room
 from cantrip.protocols._sessions import SessionError, SessionHub
 
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
+
 CANTRIP = str(Path(sys.executable).with_name("cantrip"))
 
 

@@ -15,6 +15,8 @@ from cantrip._specfile import build_cantrip, parse_spec
 from cantrip.cli._main import main as cli_main
 from gates import done, echo
 
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
+
 
 class City(pydantic.BaseModel):
     name: str
@@ -208,3 +210,152 @@ async def test_result_dict_reports_a_model_result_as_json() -> None:
     s = spell([done_with({"name": "Oslo", "population": 3})], City)
     outcome = await s.cast_async("Which city?")
     assert result_dict(outcome)["result"] == {"name": "Oslo", "population": 3}
+
+
+# -- untrusted answers against a schema: linear-time patterns, no retrieval, no ref cycles
+# (issue 28, item 2). The module's loop watch fails a test whose validation holds the loop.
+
+
+async def test_a_backtracking_pattern_cannot_stall_the_loop() -> None:
+    """``^(a+)+$`` against ``a...a!`` backtracks exponentially in a backtracking engine
+    (24 a's: about a second of the loop; 40: hours). Matched in linear time it is a
+    plain refusal, and the model can try again."""
+    schema = {"type": "string", "pattern": "^(a+)+$"}
+    s = spell([done_with("a" * 24 + "!"), done_with("aaaa")], schema)
+    outcome = await s.cast_async("Say a's")
+    assert outcome.result == "aaaa"
+    refused = outcome.turns[0].gate_calls[0]
+    assert refused.is_error
+    assert refused.result == (
+        "the answer does not match the output schema: answer: "
+        '"aaaaaaaaaaaaaaaaaaaaaaaa!" does not match "^(a+)+$"'
+    )
+
+
+async def test_pattern_properties_are_matched_in_linear_time_too() -> None:
+    schema = {
+        "type": "object",
+        "patternProperties": {"^(a+)+$": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    s = spell([done_with({"a" * 24 + "!": 1}), done_with({"aa": 1})], schema)
+    outcome = await s.cast_async("Name it")
+    assert outcome.result == {"aa": 1}
+    assert "Additional properties are not allowed" in str(outcome.turns[0].gate_calls[0].result)
+
+
+def test_a_pattern_the_linear_engine_cannot_compile_is_refused_at_load() -> None:
+    with pytest.raises(cantrip.ConstructionError) as info:
+        spell([], {"type": "string", "pattern": "^(a)\\1$"})
+    assert str(info.value) == (
+        'output schema cannot be used: "^(a)\\\\1$" is not a "regex" (patterns are '
+        "matched in linear time, so look-around and back-references are not supported)"
+    )
+
+
+@pytest.fixture
+def schema_server() -> Any:
+    """A loopback HTTP server that serves a schema and counts the requests it gets."""
+    import http.server
+    import threading
+
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            body = json.dumps({"type": "string"}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/schema.json", hits
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+async def test_a_remote_ref_is_refused_at_load_and_never_fetched(schema_server: Any) -> None:
+    url, hits = schema_server
+    schema = {"type": "object", "properties": {"x": {"$ref": url}}}
+    with pytest.raises(cantrip.ConstructionError) as info:
+        s = spell([done_with({"x": "a"}), done_with({"x": "b"})], schema)
+        await s.cast_async("Answer")
+    assert str(info.value) == (
+        f"output schema cannot be used: $ref {url!r} points outside the schema; "
+        "cantrip never retrieves a reference (remote URLs and files are refused)"
+    )
+    assert hits == []
+
+
+def test_a_file_ref_is_refused_at_load() -> None:
+    with pytest.raises(cantrip.ConstructionError) as info:
+        spell([], {"$ref": "file:///etc/passwd"})
+    assert str(info.value) == (
+        "output schema cannot be used: $ref 'file:///etc/passwd' points outside the schema; "
+        "cantrip never retrieves a reference (remote URLs and files are refused)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("schema", "cycle"),
+    [
+        ({"$ref": "#"}, "# -> #"),
+        ({"allOf": [{"$ref": "#"}]}, "# -> #"),
+        (
+            {
+                "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
+                "$ref": "#/$defs/a",
+            },
+            "#/$defs/a -> #/$defs/b -> #/$defs/a",
+        ),
+    ],
+)
+def test_a_ref_cycle_is_refused_at_load(schema: dict[str, Any], cycle: str) -> None:
+    with pytest.raises(cantrip.ConstructionError) as info:
+        spell([], schema)
+    assert str(info.value) == (
+        f"output schema cannot be used: $ref cycle {cycle} never reaches a value to check "
+        "(a reference may recur only inside properties or items)"
+    )
+
+
+async def test_a_recursive_schema_through_items_still_works() -> None:
+    tree = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "kids": {"type": "array", "items": {"$ref": "#"}},
+        },
+        "required": ["name"],
+    }
+    answer = {"name": "a", "kids": [{"name": "b", "kids": [{"name": "c"}]}]}
+    s = spell([done_with({"name": "a", "kids": [{"kids": []}]}), done_with(answer)], tree)
+    outcome = await s.cast_async("A tree")
+    assert outcome.result == answer
+    refused = str(outcome.turns[0].gate_calls[0].result)
+    assert refused.endswith('kids.0: "name" is a required property')
+
+
+async def test_an_answer_nested_too_deep_never_reaches_the_validator() -> None:
+    """The native validator recurses with the answer (10,000 levels crash it): the
+    value boundary refuses deep answers before any schema sees them."""
+    deep: Any = []
+    for _ in range(300):  # the native validator recurses with the answer
+        deep = [deep]
+    schema = {"type": "array", "items": {"$ref": "#"}}
+    s = spell([done_with(deep), done_with([[]])], schema)
+    outcome = await s.cast_async("Nest")
+    assert outcome.result == [[]]
+    assert outcome.turns[0].gate_calls[0].result == (
+        "done() argument 'answer' is nested deeper than 100 levels; flatten it first"
+    )

@@ -104,6 +104,7 @@ def outcome_of(result: CastResult) -> dict[str, Any]:
         "reason": result.reason,
         "entity_id": result.entity_id,
         "turns": len(result.turns),
+        "cost_usd": result.cost_usd,  # the whole tree's, as every result reports it
     }
     if result.pending:
         outcome["pending"] = [p.to_dict() for p in result.pending]

@@ -198,6 +198,9 @@ class Usage:
     cached_tokens: int = 0
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
+    missing: bool = attrs.field(default=False, kw_only=True)
+    """The provider's answer carried no usage at all (:data:`NO_USAGE`): the counts
+    are not zero but unknown, and so is what the call cost (issue 28, item 11)."""
 
     @property
     def total_tokens(self) -> int:
@@ -210,6 +213,7 @@ class Usage:
             self.cached_tokens + other.cached_tokens,
             self.cache_write_tokens + other.cache_write_tokens,
             self.reasoning_tokens + other.reasoning_tokens,
+            missing=self.missing or other.missing,
         )
 
     def to_dict(self) -> dict[str, int]:
@@ -224,7 +228,10 @@ class Usage:
 
 
 ZERO_USAGE = Usage()
-"""Shared by every response that reports no usage (frozen, so sharing is safe)."""
+"""Zero tokens: what a response built without usage states (frozen, so sharing is safe)."""
+
+NO_USAGE = Usage(missing=True)
+"""What an adapter returns when the provider's answer held no usage: unknown, not zero."""
 
 StopReason = Literal["end_turn", "tool_use", "max_tokens", "stop_sequence", "error"]
 """Why an answer ended. ``max_tokens`` means it was cut off by the output-token

@@ -5,7 +5,9 @@ progress display): the provider's own figure when it reports one
 (OpenRouter's ``usage.cost``), else the model's prices from the provider
 catalogue (cached-token prices included), else the prices an LLM object
 declares itself (``pricing``; a scripted LLM in tests, a custom adapter).
-Otherwise the cost is *unknown* -- ``None``, never 0.
+Otherwise the cost is *unknown* -- ``None``, never 0 -- and so it is when the
+provider's answer carried no usage at all (``Usage.missing``; issue 28, item 11):
+zero tokens would price every such call at $0 and walk past the cost ward.
 """
 
 from __future__ import annotations
@@ -40,13 +42,16 @@ def llm_pricing(llm: Any) -> Pricing | None:
 
 
 def response_cost(response: Response, llm: Any = None) -> float | None:
-    """USD of one answered call; ``None`` when no price is known for its model."""
+    """USD of one answered call; ``None`` when no price is known for its model or the
+    provider reported no usage (unless it reported the cost itself)."""
     usage = response.usage
     reported = response.metadata.get("cost")
     if isinstance(reported, int | float) and not isinstance(reported, bool):
         return round(float(reported), 10)
+    if usage.missing:
+        return None  # the provider said nothing about tokens: unknown, never $0
     if not usage.prompt_tokens and not usage.completion_tokens:
-        return 0.0  # nothing was consumed (or reported): nothing to price
+        return 0.0  # the provider reported that nothing was consumed
     for model in (response.metadata.get("requested_model"), response.model):
         if isinstance(model, str):
             pricing = config_pricing(response.provider, model)

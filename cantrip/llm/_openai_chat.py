@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cantrip._errors import InvalidResponseError, ProviderError
-from cantrip.llm._contract import Message, Response, ToolCall, Usage
+from cantrip.llm._contract import NO_USAGE, Message, Response, ToolCall, Usage
 from cantrip.llm._finish import (
     TOKEN_LIMIT,
     Finish,
@@ -61,7 +61,7 @@ _THINK = re.compile(r"^\s*<think>(.*?)(?:</think>\s*|$)(.*)$", re.DOTALL)
 
 def parse_usage(data: Mapping[str, Any] | None) -> Usage:
     if not data or not isinstance(data, Mapping):
-        return Usage()
+        return NO_USAGE  # no usage is unknown usage, never zero tokens
     prompt_details = data.get("prompt_tokens_details") or {}
     completion_details = data.get("completion_tokens_details") or {}
     cached = prompt_details.get("cached_tokens") or data.get("prompt_cache_hit_tokens") or 0

@@ -151,6 +151,9 @@ class TurnMetadata:
     """Prompt tokens written to the provider's cache (priced apart from reads)."""
     tokens_reasoning: int = 0
     """Completion tokens the model spent reasoning."""
+    usage_missing: bool = False
+    """The provider's answer carried no usage: the token counts are unknown (not zero),
+    and so is the cost unless the provider reported it (issue 28, item 11)."""
 
     @property
     def usage(self) -> Usage:
@@ -160,6 +163,7 @@ class TurnMetadata:
             self.tokens_cached,
             self.tokens_cache_write,
             self.tokens_reasoning,
+            missing=self.usage_missing,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,6 +183,8 @@ class TurnMetadata:
             out["tokens_cache_write"] = self.tokens_cache_write
         if self.tokens_reasoning:
             out["tokens_reasoning"] = self.tokens_reasoning
+        if self.usage_missing:
+            out["usage_missing"] = True
         return out
 
     @classmethod

@@ -8,6 +8,7 @@ same figures, computed here once (cost per turn is ``TurnMetadata.cost_usd``;
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import EntityRecord, Turn
@@ -34,15 +35,49 @@ def tokens(turns: Sequence[Turn]) -> dict[str, int]:
 
 
 def cost(turns: Sequence[Turn]) -> float | None:
-    """USD of these turns; ``None`` if any turn used tokens at an unknown price."""
+    """USD of these turns; ``None`` if any turn used tokens at an unknown price or
+    made a call whose provider reported no usage."""
     total = 0.0
     for t in turns:
         meta = t.metadata
         if meta.cost_usd is not None:
             total += meta.cost_usd
-        elif meta.tokens_prompt or meta.tokens_completion:
+        elif meta.tokens_prompt or meta.tokens_completion or meta.usage_missing:
             return None
     return total
+
+
+class TurnTree(Protocol):
+    """What :func:`cast_cost` reads: a :class:`Loom`, or a store (PostgreSQL)."""
+
+    def children(self, turn_id: str) -> Sequence[Turn]: ...
+
+    def entity_turns(self, entity_id: str) -> Sequence[Turn]: ...
+
+
+def cast_cost(turns: Sequence[Turn], tree: TurnTree) -> float | None:
+    """USD of one cast: its own ``turns`` and every turn of the entities it spawned,
+    at any depth -- what the live result's meter counted, so a result rebuilt from the
+    loom reports the same cost (issue 28, item 11). ``None`` if any is unknown."""
+    return cost([*turns, *spawned_turns(turns, tree)])
+
+
+def spawned_turns(turns: Sequence[Turn], tree: TurnTree) -> list[Turn]:
+    """The turns of every entity spawned from ``turns``, and from theirs. A child starts
+    at a checkpoint of its parent (its first turn's parent), so only checkpoints are asked."""
+    found: list[Turn] = []
+    seen: set[str] = set()
+    pending = [t for t in turns if t.extras.get("phase") in CHECKPOINT_PHASES]
+    while pending:
+        turn = pending.pop()
+        for child in tree.children(turn.id):
+            if child.entity_id == turn.entity_id or child.entity_id in seen:
+                continue  # the parent's own continuation, or a child already counted
+            seen.add(child.entity_id)
+            theirs = tree.entity_turns(child.entity_id)
+            found.extend(theirs)
+            pending.extend(t for t in theirs if t.extras.get("phase") in CHECKPOINT_PHASES)
+    return found
 
 
 def tree_turns(

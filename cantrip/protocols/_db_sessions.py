@@ -267,7 +267,7 @@ class DbSessions:
         """The cast that began after ``base_pos``, rebuilt from the loom (usage, cost,
         summary and all); None if it recorded no turn (cancelled before it began)."""
         turns = [t for _, t in self.turns_after(entity_id, base_pos)]
-        return recorded_cast(turns, 0) if turns else None
+        return recorded_cast(turns, 0, self.store) if turns else None
 
     def turns_after(self, entity_id: str, pos: int) -> list[tuple[int, Turn]]:
         """The entity's turns recorded after loom position ``pos`` (tailing the loom)."""

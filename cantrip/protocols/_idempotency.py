@@ -25,7 +25,7 @@ from cantrip._approval import Pause
 from cantrip._entity import CastResult, _cut_text, _truncation_summary
 from cantrip.llm._contract import ZERO_USAGE
 from cantrip.loom._model import Turn
-from cantrip.loom._summary import cost
+from cantrip.loom._summary import TurnTree, cast_cost
 
 KEY_TAG = "idempotency_key"
 """The extras field of a cast's first turn that holds its idempotency key."""
@@ -64,8 +64,10 @@ def key_index(turns: Sequence[Turn]) -> dict[str, str]:
     return index
 
 
-def recorded_cast(turns: Sequence[Turn], start: int) -> CastResult:
-    """The cast whose first turn is ``turns[start]``, as the loom recorded it.
+def recorded_cast(turns: Sequence[Turn], start: int, tree: TurnTree) -> CastResult:
+    """The cast whose first turn is ``turns[start]``, as the loom recorded it; its cost
+    counts the entities it spawned, read from ``tree`` (the loom or the store), as the
+    live result's does.
 
     A cast the process never finished (it was killed) ends on a turn that is
     neither terminated nor truncated; it is reported as truncated with reason
@@ -77,6 +79,7 @@ def recorded_cast(turns: Sequence[Turn], start: int) -> CastResult:
             break
         cast.append(turn)
     last = cast[-1]
+    cost_usd = cast_cost(cast, tree)
     usage = ZERO_USAGE
     for turn in cast:
         usage = usage + turn.metadata.usage
@@ -92,7 +95,7 @@ def recorded_cast(turns: Sequence[Turn], start: int) -> CastResult:
             entity_id=last.entity_id,
             turns=tuple(cast),
             usage=usage,
-            cost_usd=cost(cast),
+            cost_usd=cost_usd,
             pending=(Pause.from_dict(marker, checkpoint_id=last.id),),
         )
     return CastResult(
@@ -105,5 +108,5 @@ def recorded_cast(turns: Sequence[Turn], start: int) -> CastResult:
         usage=usage,
         summary=None if last.terminated else _truncation_summary(cast, reason),
         partial=None if last.terminated else _cut_text(cast),
-        cost_usd=cost(cast),
+        cost_usd=cost_usd,
     )

@@ -258,7 +258,7 @@ class SessionHub:
                 "key_reused",
                 f"Idempotency-Key {key!r} was used for a different prompt on this session",
             )
-        return recorded_cast(turns, 0)
+        return recorded_cast(turns, 0, self.spell.loom)
 
     def _first_turn_since(self, session: Session, before: str | None) -> str | None:
         """The id of the first turn the session's entity wrote after ``before`` (its

@@ -71,8 +71,8 @@ def _cost(response: Response) -> float | None:
         value = response.metadata.get(key)
         if isinstance(value, int | float):
             return float(value)
-    if response.provider in (None, "scripted"):
-        return None
+    if response.provider in (None, "scripted") or response.usage.missing:
+        return None  # no usage reported: unknown, never $0
     try:
         telemetry: Any = importlib.import_module("cantrip.llm._telemetry")
         for model in (response.metadata.get("requested_model"), response.model):

@@ -37,6 +37,7 @@ from typing import Any
 from cantrip._errors import ProviderError
 from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._contract import (
+    NO_USAGE,
     Message,
     ReasoningPart,
     Response,
@@ -275,8 +276,8 @@ def _mark_conversation_end(messages: list[dict[str, Any]]) -> None:
 
 
 def parse_usage(data: Any) -> Usage:
-    if not isinstance(data, Mapping):
-        return Usage()
+    if not isinstance(data, Mapping) or not data:
+        return NO_USAGE  # no usage is unknown usage, never zero tokens
     read = int(data.get("cache_read_input_tokens") or 0)
     write = int(data.get("cache_creation_input_tokens") or 0)
     return Usage(

@@ -37,6 +37,7 @@ from urllib.parse import quote
 from cantrip._errors import ProviderError
 from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._contract import (
+    NO_USAGE,
     Message,
     ReasoningPart,
     Response,
@@ -314,8 +315,8 @@ def gemini_schema(schema: Any) -> dict[str, Any]:
 
 
 def parse_usage(data: Any) -> Usage:
-    if not isinstance(data, Mapping):
-        return Usage()
+    if not isinstance(data, Mapping) or not data:
+        return NO_USAGE  # no usage is unknown usage, never zero tokens
     thoughts = int(data.get("thoughtsTokenCount") or 0)
     return Usage(
         prompt_tokens=int(data.get("promptTokenCount") or 0),

@@ -47,6 +47,7 @@ import orjson
 from cantrip._errors import ProviderError
 from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._contract import (
+    NO_USAGE,
     Message,
     ReasoningPart,
     Response,
@@ -198,8 +199,8 @@ def assistant_items(message: Message) -> list[dict[str, Any]]:
 
 
 def parse_usage(data: Any) -> Usage:
-    if not isinstance(data, Mapping):
-        return Usage()
+    if not isinstance(data, Mapping) or not data:
+        return NO_USAGE  # no usage is unknown usage, never zero tokens
     input_details = data.get("input_tokens_details") or {}
     output_details = data.get("output_tokens_details") or {}
     return Usage(

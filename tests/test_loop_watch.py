@@ -1,0 +1,84 @@
+"""The loop watch itself: it reports a blocked loop, and only a blocked loop."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import trio
+from loop_watch import LoopWatch
+
+pytest_plugins = ["pytester"]
+
+
+def test_a_step_that_blocks_the_loop_is_reported_with_its_task() -> None:
+    watch = LoopWatch(0.2)
+
+    async def stall() -> None:
+        time.sleep(0.35)  # what a sync FIFO open or a backtracking regex does
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stall, name="stall")
+            await trio.sleep(0.01)
+
+    trio.run(main, instruments=[watch])
+    watch.close()
+    report = watch.report()
+    assert report is not None
+    assert "blocked longer than 200 ms" in report and "'stall'" in report
+    (block,) = watch.blocks
+    assert block.held_s >= 0.3
+
+
+def test_waiting_in_a_thread_or_sleeping_is_not_a_block() -> None:
+    watch = LoopWatch(0.2)
+
+    async def main() -> None:
+        await trio.to_thread.run_sync(time.sleep, 0.3)
+        await trio.sleep(0.3)
+
+    trio.run(main, instruments=[watch])
+    watch.close()
+    assert watch.report() is None and watch.steps > 0
+
+
+def test_a_marked_async_test_that_blocks_the_loop_fails(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    here = str(Path(__file__).resolve().parent)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    )
+    pytester.makeini("[pytest]\ntrio_mode = true\n")
+    pytester.makepyfile(
+        test_blocking="""
+        import time
+        import pytest
+        import trio
+
+        pytestmark = pytest.mark.loop_watch
+
+        async def test_blocks():
+            await trio.sleep(0)
+            time.sleep(0.4)
+
+        async def test_awaits():
+            await trio.to_thread.run_sync(time.sleep, 0.4)
+
+        @pytest.mark.loop_watch(False)
+        async def test_opted_out():
+            time.sleep(0.4)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "loop_watch", "-p", "no:randomly", "-q")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_blocks*",
+            "*the trio loop was blocked longer than 200 ms*",
+            '*task "<test *test_blocks*>" held it 4?? ms*',
+        ]
+    )
