@@ -236,9 +236,8 @@ async def test_a_bad_policy_is_a_clear_400() -> None:
 # -- invoke: a line typed while a cast runs --------------------------------------------
 
 
-async def test_invoke_sends_a_line_typed_during_a_cast_to_it(tmp_path: Any) -> None:
-    import subprocess
-    import sys
+def test_invoke_sends_a_line_typed_during_a_cast_to_it(tmp_path: Any) -> None:
+    from test_cli import Terminal
 
     loom_path = tmp_path / "invoke.db"
     spec = tmp_path / "spec.toml"
@@ -252,27 +251,18 @@ async def test_invoke_sends_a_line_typed_during_a_cast_to_it(tmp_path: Any) -> N
         f'[loom]\npath = "{loom_path.name}"\n',
         encoding="utf-8",
     )
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "cantrip", "invoke", str(spec)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert process.stdin is not None and process.stdout is not None
+    terminal = Terminal("invoke", str(spec), cwd=tmp_path)
     try:
-        await process.stdin.send_all(b"Do the thing.\n")
-        await trio.sleep(1.0)  # the first turn's model call takes 1.5 s
-        await process.stdin.send_all(b"Use metric units.\n")
-        out = b""
-        with trio.fail_after(60):
-            while b"finished" not in out:
-                out += await process.stdout.receive_some(4096)
-        await process.stdin.aclose()
-        with trio.fail_after(30):
-            await process.wait()
+        terminal.expect("cantrip> ")
+        terminal.type("Do the thing.\r")
+        terminal.expect("turn 1")  # the cast is running (its progress line)
+        terminal.type("Use metric units.\r")
+        terminal.expect("joins the next turn")
+        terminal.expect(r"finished.*cantrip> ", timeout=60)
+        terminal.type("\x04")
+        assert terminal.wait() == 0
     finally:
-        if process.returncode is None:
-            process.kill()
+        terminal.close()
     loom = Loom.open(loom_path)
     steered = [t.extras.get("steering") for t in loom.turns if t.extras.get("steering")]
     intents = [t.intent for t in loom.turns if t.intent]

@@ -293,7 +293,6 @@ _EXTRA_ERRORS = {
     "or (messages) no prompt is running to take the message",
     "500": "The cast failed (the LLM failed for good) or the entity crashed",
     "422": "The Idempotency-Key was already used for a different prompt",
-    "501": "Not supported by this server (serve --db: messages, on_busy other than reject)",
     "503": "The live-session cap is reached and every session is busy, too many prompts "
     "are running, or the server is shutting down (see Retry-After)",
 }
@@ -315,8 +314,10 @@ _SESSION_ID = {
 }
 
 
-def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
-    """The OpenAPI 3.1 description of ``cantrip serve`` (served at ``/openapi.json``)."""
+def openapi_document(title: str = "cantrip serve", *, steering: bool = True) -> dict[str, Any]:
+    """The OpenAPI 3.1 description of ``cantrip serve`` (served at ``/openapi.json``).
+    ``steering=False`` (``serve --db``): no ``/messages`` route, and ``on_busy`` takes
+    ``reject`` only -- the document promises what the server does."""
     models: list[type[BaseModel]] = [
         PromptRequest,
         CreateSession,
@@ -359,7 +360,7 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
         }
     }
     prompt_ok = _responses(
-        {"200": ("PromptResult", "The cast's outcome")}, "404", "405", "409", "422", "500", "501"
+        {"200": ("PromptResult", "The cast's outcome")}, "404", "405", "409", "422", "500"
     )
     prompt_ok["200"]["content"].update(sse)
     paths: dict[str, Any] = {
@@ -444,7 +445,10 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
                         "(run after it), interrupt (cancel it, then run with both in the "
                         "history) or rollback (cancel it, then run from before it; its turns "
                         "stay in the loom as a branch). Default: the server's --on-busy",
-                        "schema": {"type": "string", "enum": list(ON_BUSY)},
+                        "schema": {
+                            "type": "string",
+                            "enum": list(ON_BUSY) if steering else ["reject"],
+                        },
                     },
                     _IDEMPOTENCY_KEY,
                 ],
@@ -460,7 +464,7 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
                 "parameters": session,
                 "requestBody": {"required": True, "content": _json_content("SteerRequest")},
                 "responses": _responses(
-                    {"202": ("Steered", "Accepted for the next turn")}, *found, "409", "501"
+                    {"202": ("Steered", "Accepted for the next turn")}, *found, "409"
                 ),
             }
         },
@@ -534,6 +538,8 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
             }
         },
     }
+    if not steering:
+        del paths["/sessions/{session_id}/messages"]
     return {
         "openapi": "3.1.0",
         "info": {

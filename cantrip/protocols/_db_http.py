@@ -44,6 +44,7 @@ from cantrip._events import FinalResponse, PauseEvent, StepComplete
 from cantrip._redact import get_logger
 from cantrip.distributed._queue import PAUSED
 from cantrip.loom._postgres import PostgresStore
+from cantrip.protocols._api import openapi_document
 from cantrip.protocols._asgi import (
     HEARTBEAT_S,
     HttpError,
@@ -120,9 +121,12 @@ class DbHttpApp(ServerShell):
         _only_reject(on_busy)
         return await self._prompt(row, intent, key)
 
+    def _openapi(self) -> dict[str, Any]:
+        return openapi_document("cantrip serve --db", steering=False)
+
     async def _steer(self, row: SessionRow, text: str) -> dict[str, Any]:
         raise HttpError(
-            501,
+            400,
             "not_supported",
             "serve --db does not take messages for a running prompt yet (the in-process "
             "server does); cancel it and send a new prompt",
@@ -424,7 +428,7 @@ def _only_reject(on_busy: str) -> None:
     double-texting policies are the in-process server's for now."""
     if on_busy != "reject":
         raise HttpError(
-            501,
+            400,
             "not_supported",
             f"serve --db supports on_busy=reject only (not {on_busy}); the in-process server "
             "supports enqueue, interrupt and rollback",

@@ -101,7 +101,7 @@ class ServerShell:
             await json_response(send, 200, await self._health_report())
         elif parts == ["openapi.json"]:
             allow(method, "GET")
-            await json_response(send, 200, openapi_document())
+            await json_response(send, 200, self._openapi())
         elif parts == ["sessions"]:
             allow(method, "GET", "POST")
             if method == "POST":
@@ -207,6 +207,10 @@ class ServerShell:
 
     async def _steer(self, session: Any, text: str) -> dict[str, Any]:
         raise NotImplementedError
+
+    def _openapi(self) -> dict[str, Any]:
+        """The document ``/openapi.json`` serves: what this server answers."""
+        return openapi_document()
 
     async def _prompt_result(
         self, session: Any, intent: str, key: str | None, on_busy: str

@@ -480,8 +480,9 @@ class Invocation:
         self.idle = trio.Event()
         self.casts += 1
         steer = trio.CancelScope()
-        if self._steering is not None and not self.spell.circle.needs_humans:
-            # (a circle that asks a human reads the typed lines as its answers)
+        if self._steering is not None and self.interactive and not self.spell.circle.needs_humans:
+            # Only a person types while a cast runs: lines piped in are intents, one cast
+            # each. (A circle that asks a human reads the typed lines as its answers.)
             self._steering.start_soon(self._steer_lines, steer)
         try:
             with self.progress:
