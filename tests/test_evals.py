@@ -175,7 +175,7 @@ async def run_one(tmp_path: Path, expect: Expect, **options: object) -> dict[str
         (Expect(result_matches=r"^I \w+ed"), True, ""),
         (Expect(result_matches=r"^waved"), False, "does not match"),
         (Expect(result_schema={"type": "string", "minLength": 3}), True, ""),
-        (Expect(result_schema={"type": "object"}), False, "is not of type 'object'"),
+        (Expect(result_schema={"type": "object"}), False, 'is not of type "object"'),
         (Expect(gates=["echo", "done"]), True, ""),
         (Expect(gates=["done", "echo"]), False, "no call to echo in order"),
         (Expect(gates=[{"gate": "echo", "args": {"text": "Hello, world!"}}]), True, ""),  # type: ignore[list-item]
@@ -647,3 +647,23 @@ def test_users_test_their_agents_offline_with_cantrip_testing(tmp_path: Path) ->
     assert "2 failed, 2 passed" in out.stdout, out.stdout[-3000:]
     assert "gates_never: called echo; max_turns: took 2 turns (max 1)" in out.stdout
     assert "replay diverged at turn 1" in out.stdout
+
+
+def test_a_result_schema_that_could_stall_is_refused_when_the_suite_loads(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "s.yaml",
+        """
+        cases:
+          - name: risky
+            intent: Go.
+            expect: { result_schema: { type: string, pattern: "^(a)\\\\1$" } }
+          - name: remote
+            intent: Go.
+            expect: { result_schema: { $ref: "http://example.invalid/s.json" } }
+        """,
+    )
+    with pytest.raises(cantrip.ConstructionError) as caught:
+        load_suite(path)
+    text = "\n".join(caught.value.problems)
+    assert "case 'risky': expect.result_schema: the schema cannot be used" in text
+    assert "case 'remote': expect.result_schema:" in text and "never retrieves" in text

@@ -18,10 +18,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
-import jsonschema
 
 from cantrip._entity import CastResult
+from cantrip._errors import ConstructionError
+from cantrip._json_schema import compile_schema
 from cantrip.evals._suite import Expect, GateExpectation
+from cantrip.llm._contract import plain_json
 from cantrip.loom._model import GateCallRecord, Turn, result_text
 
 
@@ -214,19 +216,20 @@ def resolve_function(ref: str) -> Callable[[Outcome], Any]:
 
 
 def _schema_check(schema: dict[str, Any], value: Any) -> Check:
+    """``result_schema``, checked by the linear-time validator the output schema uses
+    (no backtracking pattern, no reference retrieval: ``cantrip._json_schema``)."""
     if isinstance(value, str):
         with contextlib.suppress(ValueError):  # a JSON text is checked as its value
             value = json.loads(value)
     try:
-        validator = jsonschema.Draft202012Validator(schema)
-        validator.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise EvaluatorError(f"result_schema is not a valid JSON Schema: {exc.message}") from exc
-    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
+        validator = compile_schema(schema)
+    except ConstructionError as exc:
+        raise EvaluatorError(f"result_schema cannot be used: {exc}") from exc
+    errors = list(validator.iter_errors(plain_json(value)))
     if not errors:
         return Check("result_schema", True)
     first = errors[0]
-    where = "/".join(str(p) for p in first.path) or "the result"
+    where = "/".join(str(p) for p in first.instance_path) or "the result"
     return Check("result_schema", False, f"{where}: {first.message}")
 
 

@@ -76,6 +76,18 @@ class Expect(_Strict):
     ``(bool, message)`` pair."""
     judge: JudgeSpec | None = None
 
+    @field_validator("result_schema")
+    @classmethod
+    def _usable(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None:
+            from cantrip._json_schema import compile_schema
+
+            try:
+                compile_schema(schema)
+            except ConstructionError as exc:
+                raise ValueError(str(exc).replace("output schema", "the schema")) from None
+        return schema
+
     @field_validator("result_matches")
     @classmethod
     def _compiles(cls, pattern: str | None) -> str | None:
