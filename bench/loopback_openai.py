@@ -29,9 +29,16 @@ import trio
 MAX_REQUEST = 16 * 1024 * 1024
 
 
-def answer(body: bytes, turns: int) -> bytes:
+def answer(body: bytes, turns: int | None = None) -> bytes:
+    """The completion for one request body: ``echo`` until the cast's last turn, then ``done``.
+
+    ``turns`` of ``None``: the cast's length is read from its system prompt, which
+    ends with ``turns=<n>`` (``bench/realsocket.py`` runs casts of several lengths
+    against one server)."""
     request = json.loads(body)
     messages = request.get("messages") or []
+    if turns is None:
+        turns = int(messages[0]["content"].rpartition("turns=")[2])
     answered = (len(messages) - 2) // 2
     if answered + 1 >= turns:
         name, arguments = "done", {"answer": "ok"}
