@@ -291,7 +291,7 @@ def run(args: argparse.Namespace) -> None:
             f"client: OpenAI adapter, pool of {llm.max_connections} connections"  # type: ignore[attr-defined]
         )
 
-        profiler = cProfile.Profile() if args.profile else None
+        profiler = cProfile.Profile(time.thread_time) if args.profile else None
         turns_total = args.agents * args.turns
         with Phase(server) as phase:
             if profiler is not None:

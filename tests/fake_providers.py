@@ -166,6 +166,8 @@ class FakeProvider:
         self.requests: list[Request] = []
         self.served = 0
         self.connections = 0
+        self.received = bytearray()
+        """Every byte the clients sent, in arrival order (tests that send one request at a time)."""
         """TCP connections accepted so far (how many a client opened)."""
 
     # -- what a provider defines --------------------------------------------------
@@ -894,6 +896,7 @@ async def _connection(provider: FakeProvider, stream: trio.SocketStream) -> None
                 event = conn.next_event()
                 if event is h11.NEED_DATA:
                     data = await stream.receive_some(65536)
+                    provider.received += data
                     conn.receive_data(data)
                     continue
                 if isinstance(event, h11.Request):

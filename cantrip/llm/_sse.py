@@ -7,7 +7,7 @@ newlines, unknown fields and lines that are not fields at all are ignored.
 A final event not followed by a blank line is still delivered (several
 servers end with ``data: [DONE]`` and close).
 
-Reading from an httpx response, a connection that drops or stalls mid-stream
+Reading from a response, a connection that drops or stalls mid-stream
 becomes a retryable :class:`~cantrip.ProviderError` (``stream_interrupted``
 or ``timeout``), never a bare transport exception.
 """
@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import AsyncGenerator, Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
+from typing import Protocol
 
 import attrs
 
 from cantrip._errors import ProviderError
-
-if TYPE_CHECKING:
-    import httpx
 
 
 @attrs.frozen(slots=True)
@@ -138,7 +135,23 @@ class LineSplitter:
 _LINE_END = re.compile("\r\n|\r|\n")
 
 
-def _encoding(response: httpx.Response) -> str:
+class StreamedResponse(Protocol):
+    """The parts of a response a stream is read from: ``httpx.Response`` has them, and so
+    has the provider adapters' own HTTP/1.1 response (``providers/_wire.py``)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def default_encoding(self) -> object: ...
+
+    @property
+    def encoding(self) -> str | None: ...
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+
+def _encoding(response: StreamedResponse) -> str:
     """The charset httpx would decode the stream's text with (its ``encoding``).
 
     Streams declare UTF-8 or nothing (then the client's default applies,
@@ -153,9 +166,9 @@ def _encoding(response: httpx.Response) -> str:
 
 
 async def aiter_sse(
-    response: httpx.Response, provider: str = "provider"
+    response: StreamedResponse, provider: str = "provider"
 ) -> AsyncGenerator[SSEEvent, None]:
-    """Events of a streaming httpx response, as they arrive.
+    """Events of a streaming response, as they arrive.
 
     Reads the response's (decompressed) bytes and splits them itself: a chunk
     usually holds one event, and going through httpx's text and line layers

@@ -65,7 +65,7 @@ from cantrip.llm._transcript import (
     render_transcript,
     validate_transcript,
 )
-from cantrip.llm.providers._clients import CONNECTIONS, ClientPool
+from cantrip.llm.providers._clients import CONNECTIONS, ClientPool, GivenClient, Reply
 
 log = get_logger("cantrip.llm.providers")
 transcript_log = get_logger("cantrip.llm.transcript")
@@ -370,7 +370,7 @@ class HTTPAdapter:
         )
         self._name = name or f"{config.name}:{model}"
         self._api_key = api_key
-        self._client = client
+        self._given = GivenClient(client) if client is not None else None
         self.max_connections = CONNECTIONS
         """Requests in flight at once (one connection each) before the next waits."""
         self._pool: ClientPool | None = None
@@ -618,14 +618,14 @@ class HTTPAdapter:
 
     # -- HTTP ---------------------------------------------------------------------------
 
-    async def _take(self) -> httpx.AsyncClient:
-        """The client for one request; the caller gives it back with :meth:`_give`.
+    def _connections(self) -> ClientPool | GivenClient:
+        """Where this request goes: the client given to the adapter, or this run's pool.
 
         A client given to the adapter serves every request; otherwise each
         request takes one connection of this run's :class:`ClientPool`
         (O(1) whatever the concurrency; see :mod:`._clients`)."""
-        if self._client is not None:
-            return self._client
+        if self._given is not None:
+            return self._given
         token = trio.lowlevel.current_trio_token()
         if self._pool is None or self._pool_token is not token:
             self._pool = ClientPool(
@@ -635,42 +635,23 @@ class HTTPAdapter:
                 limit=self.max_connections,
             )
             self._pool_token = token
-        return await self._pool.take()
-
-    def _request(
-        self, client: httpx.AsyncClient, url: str, data: bytes, headers: Mapping[str, str]
-    ) -> httpx.Request:
-        """One POST, as ``client.build_request`` would build it (see ``ClientPool.request``)."""
-        if client is self._client or self._pool is None:
-            return client.build_request("POST", url, content=data, headers=headers)
-        return self._pool.request(client, url, data, headers)
-
-    def _give(self, client: httpx.AsyncClient) -> None:
-        """A request on ``client`` (from :meth:`_take`) has ended."""
-        if client is not self._client and self._pool is not None:
-            self._pool.give(client)
+        return self._pool
 
     async def _post(self, url: str, data: bytes) -> Mapping[str, Any]:
-        client = await self._take()
         try:
-            response = await client.send(self._request(client, url, data, self._headers))
+            status, headers, body = await self._connections().post(url, data, self._headers)
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
-        finally:
-            self._give(client)
-        if response.status_code >= 400:
-            raise self._status_error(response.status_code, response.headers, response.content)
-        return self._decode(response.content, response.status_code)
+        if status >= 400:
+            raise self._status_error(status, headers, body)
+        return self._decode(body, status)
 
     async def _stream(
         self, url: str, data: bytes, messages: Sequence[Message], on_event: EventSink
     ) -> Response:
         state = self.new_stream(messages, on_event)
-        client = await self._take()
         try:
-            request = self._request(client, url, data, self._stream_headers)
-            response = await client.send(request, stream=True)
-            try:
+            async with self._connections().stream(url, data, self._stream_headers) as response:
                 if response.status_code >= 400:
                     body = await response.aread()
                     raise self._status_error(response.status_code, response.headers, body)
@@ -682,15 +663,11 @@ class HTTPAdapter:
                     replay(whole, on_event)
                     return whole
                 await self._read_events(response, state)
-            finally:
-                await response.aclose()
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
-        finally:
-            self._give(client)
         return state.finish()
 
-    async def _read_events(self, response: httpx.Response, state: StreamState) -> None:
+    async def _read_events(self, response: Reply, state: StreamState) -> None:
         """Feed every event to ``state``, then read the stream to its end.
 
         Reading on after the final event (or after an error event, for at most

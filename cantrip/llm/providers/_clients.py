@@ -1,4 +1,9 @@
-"""An adapter's HTTP connections: one single-connection httpx client per connection.
+"""An adapter's HTTP connections: a pool of keep-alive connections per trio run.
+
+Requests go out on :mod:`._wire` connections (HTTP/1.1 straight on trio
+streams, the same bytes as httpx's); where that path does not reach -- proxies
+taken from the environment, a URL with credentials -- on httpx clients, one
+single-connection client per connection, as follows.
 
 httpcore's connection pool rescans every connection it holds on each request's
 start and end, and its keep-alive check is itself a scan, so a pool's cost per
@@ -17,15 +22,20 @@ when the run ends, from one system task.
 
 from __future__ import annotations
 
+import functools
 import ssl
-from collections.abc import Mapping
-from typing import Any
+import urllib.request
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
 
 import httpx
 import trio
 
 from cantrip._errors import ProviderError
 from cantrip._redact import get_logger
+from cantrip.llm._sse import StreamedResponse
+from cantrip.llm.providers._wire import Connection, Shape, tls_context
 
 log = get_logger("cantrip.llm.providers")
 
@@ -63,8 +73,72 @@ class Client(httpx.AsyncClient):
         self._jar = Cookies(cookies)
 
 
+class Reply(StreamedResponse, Protocol):
+    """What a request returns: ``httpx.Response`` or :class:`._wire.Response`."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    async def aread(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+def proxied(trust_env: bool) -> bool:
+    """Whether httpx would route requests through a proxy named by the environment."""
+    if not trust_env:
+        return False
+    proxies = urllib.request.getproxies()  # what httpx's get_environment_proxies reads
+    return any(proxies.get(scheme) for scheme in ("http", "https", "all"))
+
+
+class GivenClient:
+    """The user's own ``httpx.AsyncClient`` (``load_llm(client=...)``): every request on it."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def post(
+        self, url: str, content: bytes, headers: Mapping[str, str]
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        client = self.client
+        response = await client.send(
+            client.build_request("POST", url, content=content, headers=headers)
+        )
+        return response.status_code, response.headers, response.content
+
+    @asynccontextmanager
+    async def stream(
+        self, url: str, content: bytes, headers: Mapping[str, str]
+    ) -> AsyncIterator[Reply]:
+        client = self.client
+        request = client.build_request("POST", url, content=content, headers=headers)
+        response = await client.send(request, stream=True)
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+
+class _Prepared:
+    """One (URL, headers) of the pool's requests: httpx's parsed URL and merged headers,
+    and the request head they make on the wire (None: not for the wire path)."""
+
+    __slots__ = ("headers", "kept", "shape", "url")
+
+    def __init__(self, url: httpx.URL, headers: httpx.Headers, kept: Mapping[str, str]) -> None:
+        self.url = url
+        self.headers = headers
+        self.kept = kept  # the caller's mapping, alive while its id() keys this entry
+        self.shape: Shape | None = None
+
+
 class ClientPool:
-    """Hands out single-connection clients, at most ``limit`` at a time."""
+    """Hands out connections, at most ``limit`` at a time; sends requests on them.
+
+    A connection is a :class:`._wire.Connection` unless httpx would have used a
+    proxy from the environment (``trust_env`` and ``HTTPS_PROXY`` and the like),
+    then an httpx client of one connection (:class:`Client`)."""
 
     def __init__(
         self,
@@ -78,24 +152,25 @@ class ClientPool:
         self.trust_env = trust_env
         self.provider = provider
         self.limit = limit
-        self.idle: list[httpx.AsyncClient] = []
-        self.clients: list[httpx.AsyncClient] = []
+        self.wire = not proxied(trust_env)
+        """Whether requests go on wire connections (else on httpx clients)."""
+        self.idle: list[Any] = []
+        self.clients: list[Any] = []
+        """Every connection (or client) made; closed with the pool."""
         self._slots = trio.Semaphore(limit)
         self._ssl: ssl.SSLContext | None = None
         self.jar = Cookies()
-        self._prepared: dict[
-            tuple[str, int], tuple[httpx.URL, httpx.Headers, Mapping[str, str]]
-        ] = {}
+        self._prepared: dict[tuple[str, int], _Prepared] = {}
         self._closed = False
         trio.lowlevel.spawn_system_task(self._close_at_run_end, name="cantrip-http-close")
 
     @property
     def busy(self) -> int:
-        """Requests holding a client now."""
+        """Requests holding a connection now."""
         return len(self.clients) - len(self.idle)
 
-    async def take(self) -> httpx.AsyncClient:
-        """A free client (a new one if none is free); give it back with :meth:`give`.
+    async def take(self) -> Any:
+        """A free connection (a new one if none is free); give it back with :meth:`give`.
 
         When ``limit`` requests hold one, waits for one to end, as long as the
         timeout's ``pool`` allows (then a retryable ``timeout``, as httpx's own
@@ -107,70 +182,135 @@ class ClientPool:
                 self.timeout.pool if self.timeout.pool is not None else float("inf")
             ):
                 await self._slots.acquire()
-                return self._client()
+                return self._connection()
             raise ProviderError(
                 f"{self.provider}: no connection became free in time (PoolTimeout)",
                 retryable=True,
                 code="timeout",
             ) from None
-        return self._client()
+        return self._connection()
 
-    def request(
-        self, client: httpx.AsyncClient, url: str, content: bytes, headers: Mapping[str, str]
-    ) -> httpx.Request:
-        """The POST ``client.build_request("POST", url, content=..., headers=...)`` builds.
+    def give(self, connection: Any) -> None:
+        """A request taken with :meth:`take` has ended (however it ended)."""
+        if self._closed:
+            return
+        self.idle.append(connection)
+        self._slots.release()
 
-        Every client of the pool has httpx's default headers and no base URL,
-        query parameters or auth of its own, so the parsed URL and the merged
-        headers are made once per (URL, headers) and copied per request: merging
-        them anew (parsing the URL, normalising every header) cost ~80 us a turn."""
+    async def post(
+        self, url: str, content: bytes, headers: Mapping[str, str]
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """(status, headers, body) of one POST; the connection is free again after."""
+        connection = await self.take()
+        try:
+            response = await self._send(connection, url, content, headers, stream=False)
+            if not isinstance(response, httpx.Response):
+                await response.aread()
+            return response.status_code, response.headers, response.content
+        finally:
+            self.give(connection)
+
+    @asynccontextmanager
+    async def stream(
+        self, url: str, content: bytes, headers: Mapping[str, str]
+    ) -> AsyncIterator[Reply]:
+        """One POST whose body is read as it arrives; the connection is freed on exit."""
+        connection = await self.take()
+        try:
+            response = await self._send(connection, url, content, headers, stream=True)
+            try:
+                yield response
+            finally:
+                await response.aclose()
+        finally:
+            self.give(connection)
+
+    async def _send(
+        self, connection: Any, url: str, content: bytes, headers: Mapping[str, str], stream: bool
+    ) -> Any:
+        prepared = self._prepare(url, headers)
+        if not isinstance(connection, Connection):
+            return await connection.send(self.request(prepared, content), stream=stream)
+        shape = prepared.shape
+        if shape is None or self.jar:
+            # A cookie to send (rare): this request's own head, as httpx builds it.
+            shape = Shape(self.request(prepared, content))
+        response = await connection.exchange(shape, content, self.timeout, self._context)
+        if "set-cookie" in response.headers or "set-cookie2" in response.headers:
+            self._keep_cookies(prepared, content, response.status_code, response.headers.raw)
+        return response
+
+    def _prepare(self, url: str, headers: Mapping[str, str]) -> _Prepared:
+        """The parsed URL and merged headers of every request to ``url`` with ``headers``.
+
+        Every connection of the pool has httpx's default headers and no base URL,
+        query parameters or auth of its own, so they are made once per (URL,
+        headers) and reused: merging them anew (parsing the URL, normalising
+        every header) cost ~80 us a turn."""
         key = (url, id(headers))
         prepared = self._prepared.get(key)
         if prepared is None:
-            merged = httpx.Headers(client.headers)
+            merged = httpx.Headers(default_headers())
             merged.update(headers)
-            prepared = self._prepared[key] = (httpx.URL(url), merged, headers)
-        target, merged, _kept_alive = prepared
+            prepared = _Prepared(httpx.URL(url), merged, headers)
+            if self.wire and not (prepared.url.username or prepared.url.password):
+                # A body of one byte: httpx places the length of an empty one elsewhere.
+                prepared.shape = Shape(self.request(prepared, b"{"))
+            self._prepared[key] = prepared
+        return prepared
+
+    def request(self, prepared: _Prepared, content: bytes) -> httpx.Request:
+        """The POST ``client.build_request("POST", url, content=..., headers=...)`` builds."""
         request = httpx.Request(
             "POST",
-            target,
+            prepared.url,
             content=content,
-            headers=merged,
+            headers=prepared.headers,
             extensions={"timeout": self.timeout.as_dict()},
         )
         if self.jar:
             self.jar.set_cookie_header(request)
         return request
 
-    def give(self, client: httpx.AsyncClient) -> None:
-        """A request taken with :meth:`take` has ended (however it ended)."""
-        if self._closed:
-            return
-        self.idle.append(client)
-        self._slots.release()
+    def _keep_cookies(
+        self, prepared: _Prepared, content: bytes, status: int, raw: list[tuple[str, str]]
+    ) -> None:
+        """The jar takes a wire response's cookies as httpx takes an httpx response's."""
+        response = httpx.Response(status, headers=raw, request=self.request(prepared, content))
+        self.jar.extract_cookies(response)
 
-    def _client(self) -> httpx.AsyncClient:
+    def _context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            # One TLS context for all connections: building one reads the CA bundle (~15 ms).
+            self._ssl = tls_context(self.trust_env)
+        return self._ssl
+
+    def _connection(self) -> Any:
         if self.idle:
             return self.idle.pop()
-        if self._ssl is None:
-            # One TLS context for all of them: building one reads the CA bundle (~15 ms).
-            self._ssl = httpx.create_ssl_context(trust_env=self.trust_env)
-        client = Client(
-            self.jar,
-            timeout=self.timeout,
-            trust_env=self.trust_env,
-            verify=self._ssl,
-            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
-        )
-        self.clients.append(client)
-        return client
+        connection: Any
+        if self.wire:
+            connection = Connection()
+        else:
+            connection = Client(
+                self.jar,
+                timeout=self.timeout,
+                trust_env=self.trust_env,
+                verify=self._context(),
+                limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            )
+        self.clients.append(connection)
+        return connection
 
     async def aclose(self) -> None:
-        """Close every client (an adapter's ``aclose``, or the run's end)."""
+        """Close every connection (an adapter's ``aclose``, or the run's end)."""
         self._closed = True
         clients, self.clients, self.idle = self.clients, [], []
         for client in clients:
-            await client.aclose()
+            if isinstance(client, Connection):
+                client.close()
+            else:
+                await client.aclose()
 
     async def _close_at_run_end(self) -> None:
         try:
@@ -181,3 +321,9 @@ class ClientPool:
                     await self.aclose()
                 except (httpx.HTTPError, OSError) as exc:  # a system task must not crash the run
                     log.debug("closing http clients failed: %s", exc)
+
+
+@functools.cache
+def default_headers() -> httpx.Headers:
+    """The headers every httpx client starts with (its user agent, accepted encodings...)."""
+    return httpx.AsyncClient(transport=httpx.AsyncBaseTransport(), trust_env=False).headers

@@ -1,0 +1,533 @@
+"""HTTP/1.1 for the provider hot path, spoken directly on trio streams.
+
+Why: a turn's request went through httpx's client, its transport, httpcore's
+connection and h11's state machine -- layers of objects, events and checks that
+cost ~0.6 ms of CPU per request, six times what a lean server spends parsing
+the same request and answering it (``bench/realsocket.py``). An adapter sends
+one kind of request: a POST of a JSON body whose head changes only in its
+``Content-Length``. Here the head is made once per shape and a request is one
+``send``; the response's head and body are parsed straight from the bytes.
+
+What is kept from httpx, so nothing changes on the wire or for the adapters:
+
+* the request bytes: the head is the one httpx builds (its ``Request``: URL,
+  default and merged headers, ``Content-Length``), written as h11 writes it
+  (``Host`` first) and checked against h11's own output once per shape (a
+  header h11 refuses raises the same ``LocalProtocolError``);
+* TLS: httpx's SSL context (``httpx.create_ssl_context``: its CA bundle and
+  verification, ``SSL_CERT_FILE`` when the environment is trusted), ALPN
+  ``http/1.1``, SNI the URL's host, through ``trio.SSLStream`` as httpcore does;
+* timeouts: ``connect`` (TCP and TLS handshake), ``write``, ``read`` (each
+  receive), raised as httpx's exceptions, as are connection faults, so the
+  adapters' error mapping (:meth:`HTTPAdapter._transport_error`) is the same;
+* responses: h11's framing (``Content-Length``, chunked, read-to-close;
+  1xx skipped; 204/304 empty), its keep-alive rules (``Connection: close``,
+  HTTP/1.0 and read-to-close bodies end the connection) and its limit on a
+  head's size as httpcore set it; httpx's content decoders (gzip, deflate,
+  and br/zstd when installed: what its ``Accept-Encoding`` offered);
+* reuse: an idle connection the server closed (readable while idle) or that
+  idled past httpx's 5 s keep-alive expiry is not reused; a request cut short
+  (an error, a cancellation, a stream not read to its end) closes its
+  connection.
+
+Not covered here -- the pool keeps httpx for it (:mod:`._clients`): proxies from
+the environment, URLs carrying credentials, a client the user gives.
+"""
+
+from __future__ import annotations
+
+import re
+import select
+import ssl
+from collections.abc import AsyncIterator, Callable
+
+import h11
+import httpx
+import trio
+from httpx._decoders import SUPPORTED_DECODERS, ContentDecoder, MultiDecoder
+
+MAX_HEAD = 100 * 1024
+"""Bytes a response head may take (httpcore's h11 ``max_incomplete_event_size``)."""
+READ_SIZE = 64 * 1024
+"""Bytes asked of the socket per receive (httpcore's)."""
+KEEPALIVE_EXPIRY = 5.0
+"""Seconds an idle connection is kept (``httpx.Limits``' default ``keepalive_expiry``)."""
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_LINE = re.compile(rb"\r?\n")
+_STATUS = re.compile(rb"HTTP/(\d\.\d) (\d{3})(?: ([\t\x20-\x7e\x80-\xff]*))?")
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})[\t ]*(?:;[^\r\n]*)?\r?\n")
+_LENGTH, _CHUNKED, _TO_CLOSE = 0, 1, 2
+
+
+class Shape:
+    """The head of every request of one shape (method, URL, headers): all but its length.
+
+    ``head(n)`` is what h11 writes for that request with ``Content-Length: n``;
+    made from the ``httpx.Request`` httpx would send, so the same bytes."""
+
+    __slots__ = ("after", "before", "origin", "server_hostname")
+
+    def __init__(self, request: httpx.Request) -> None:
+        url = request.url
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"not an http(s) URL: {url}")
+        self.origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        self.server_hostname = str(request.extensions.get("sni_hostname") or url.host)
+        raw = request.headers.raw
+        method = request.method.encode("ascii")
+        target = url.raw_path
+        try:
+            written = h11.Connection(h11.CLIENT).send(
+                h11.Request(method=method, target=target, headers=raw)
+            )
+        except h11.LocalProtocolError as exc:  # as httpcore reports a header h11 refuses
+            raise httpx.LocalProtocolError(str(exc)) from exc
+        # h11 writes Host first, then the rest in order.
+        ordered = [p for p in raw if p[0].lower() == b"host"]
+        ordered += [p for p in raw if p[0].lower() != b"host"]
+        at = [i for i, (name, _) in enumerate(ordered) if name.lower() == b"content-length"]
+        if len(at) != 1:
+            raise ValueError("a request shape needs exactly one Content-Length")
+        i = at[0]
+        self.before = b"%s %s HTTP/1.1\r\n%s%s: " % (
+            method,
+            target,
+            b"".join(b"%s: %s\r\n" % pair for pair in ordered[:i]),
+            ordered[i][0],
+        )
+        self.after = b"\r\n%s\r\n" % b"".join(b"%s: %s\r\n" % pair for pair in ordered[i + 1 :])
+        if self.head(int(ordered[i][1])) != written:
+            raise ValueError("the request head differs from h11's")
+
+    def head(self, length: int) -> bytes:
+        return b"%s%d%s" % (self.before, length, self.after)
+
+
+class Headers(dict[str, str]):
+    """A response's headers by lower-case name; repeated ones joined with ``", "``
+    (what ``httpx.Headers.get`` answers). ``raw`` keeps every (name, value) pair."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.raw = raw
+        for name, value in raw:
+            key = name.lower()
+            if key in self:
+                self[key] = f"{self[key]}, {value}"
+            else:
+                self[key] = value
+
+
+def _decoder(headers: Headers) -> ContentDecoder | None:
+    """httpx's decoder for the response's ``Content-Encoding`` (None: identity)."""
+    coding = headers.get("content-encoding")
+    if not coding:
+        return None
+    decoders = [
+        SUPPORTED_DECODERS[name]()
+        for name in (part.strip().lower() for part in coding.split(","))
+        if name in SUPPORTED_DECODERS and name != "identity"
+    ]
+    if not decoders:
+        return None
+    return decoders[0] if len(decoders) == 1 else MultiDecoder(decoders)
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection, opened on first use and again after it closed.
+
+    Belongs to a pool (one request at a time); :meth:`exchange` sends a request
+    and reads the response's head; the body is read through the
+    :class:`Response` (which frees the connection for the next request)."""
+
+    __slots__ = ("buffer", "closed", "idle_since", "origin", "sock", "stream")
+
+    def __init__(self) -> None:
+        self.stream: trio.abc.Stream | None = None
+        self.sock: trio.socket.SocketType | None = None
+        self.origin: tuple[str, str, int] | None = None
+        self.buffer = bytearray()
+        self.idle_since = 0.0
+        self.closed = False
+        """Closed for good (its pool was closed)."""
+
+    @property
+    def is_closed(self) -> bool:
+        return self.closed
+
+    def drop(self) -> None:
+        """Close the socket now (synchronously: also from a cancelled request)."""
+        if self.sock is not None:
+            self.sock.close()
+        self.stream = self.sock = self.origin = None
+        self.buffer.clear()
+
+    def close(self) -> None:
+        self.drop()
+        self.closed = True
+
+    def _reusable(self, origin: tuple[str, str, int]) -> bool:
+        """Whether the open connection may carry the next request (httpcore's checks)."""
+        if origin != self.origin or trio.current_time() - self.idle_since > KEEPALIVE_EXPIRY:
+            return False
+        assert self.sock is not None
+        poll = select.poll()
+        poll.register(self.sock.fileno(), select.POLLIN)
+        return not poll.poll(0)  # readable while idle: closed by the server (or garbage)
+
+    async def _connect(
+        self, shape: Shape, timeout: float | None, context: Callable[[], ssl.SSLContext]
+    ) -> None:
+        scheme, host, port = shape.origin
+        with trio.move_on_after(float("inf") if timeout is None else timeout) as scope:
+            try:
+                tcp = await trio.open_tcp_stream(host, port)
+                self.sock = tcp.socket
+                stream: trio.abc.Stream = tcp
+                if scheme == "https":
+                    tls = trio.SSLStream(
+                        tcp, context(), server_hostname=shape.server_hostname, https_compatible=True
+                    )
+                    await tls.do_handshake()
+                    stream = tls
+            except (OSError, trio.BrokenResourceError) as exc:
+                self.drop()
+                cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
+                raise httpx.ConnectError(str(cause or exc)) from exc
+        if scope.cancelled_caught:
+            self.drop()
+            raise httpx.ConnectTimeout("timed out while connecting")
+        self.stream, self.origin = stream, shape.origin
+
+    async def exchange(
+        self,
+        shape: Shape,
+        content: bytes,
+        timeout: httpx.Timeout,
+        context: Callable[[], ssl.SSLContext],
+    ) -> Response:
+        """Send one request; the response with its head read (its body still to read)."""
+        if self.closed:
+            raise httpx.ConnectError("the connection pool is closed")
+        if self.stream is not None and not self._reusable(shape.origin):
+            self.drop()
+        try:
+            if self.stream is None:
+                await self._connect(shape, timeout.connect, context)
+            assert self.stream is not None
+            data = b"%s%d%s%s" % (shape.before, len(content), shape.after, content)
+            if timeout.write is None:
+                await self._send(data)
+            else:
+                with trio.move_on_after(timeout.write) as scope:
+                    await self._send(data)
+                if scope.cancelled_caught:
+                    raise httpx.WriteTimeout("timed out while sending the request")
+            return await self._head(timeout.read)
+        except BaseException:
+            self.drop()
+            raise
+
+    async def _send(self, data: bytes) -> None:
+        assert self.stream is not None
+        try:
+            await self.stream.send_all(data)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpx.WriteError(str(exc.__cause__ or exc)) from exc
+
+    async def receive(self, timeout: float | None) -> bytes | bytearray:
+        """The next bytes from the server (``b""``: it closed the connection)."""
+        assert self.stream is not None
+        try:
+            if timeout is None:
+                return await self.stream.receive_some(READ_SIZE)
+            with trio.move_on_after(timeout):
+                return await self.stream.receive_some(READ_SIZE)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpx.ReadError(str(exc.__cause__ or exc)) from exc
+        raise httpx.ReadTimeout("timed out while reading the response")
+
+    async def _head(self, timeout: float | None) -> Response:
+        """Read up to the end of the final response's head (1xx ones are skipped)."""
+        buffer = self.buffer
+        while True:
+            end = _HEAD_END.search(buffer)
+            while end is None:
+                if len(buffer) > MAX_HEAD:
+                    raise httpx.RemoteProtocolError("the response head is too large")
+                data = await self.receive(timeout)
+                if not data:
+                    raise httpx.RemoteProtocolError(
+                        "Server disconnected without sending a response."
+                        if not buffer
+                        else "peer closed connection without sending a complete response head"
+                    )
+                buffer += data
+                end = _HEAD_END.search(buffer)
+            head = bytes(buffer[: end.start()])
+            del buffer[: end.end()]
+            response = _parse_head(head, self, timeout)
+            if response is not None:
+                return response
+
+    def idle(self) -> None:
+        """The response was read to its end on a connection that stays open."""
+        self.idle_since = trio.current_time()
+
+
+def _parse_head(head: bytes, connection: Connection, timeout: float | None) -> Response | None:
+    """The response a head starts (None for an informational 1xx one)."""
+    lines = _LINE.split(head)
+    status_line = _STATUS.fullmatch(lines[0])
+    if status_line is None:
+        raise httpx.RemoteProtocolError(f"illegal status line: {lines[0][:100]!r}")
+    status = int(status_line.group(2))
+    if status < 200:
+        if status == 101:
+            raise httpx.RemoteProtocolError("unexpected 101 Switching Protocols")
+        return None
+    try:
+        text = b"\n".join(lines[1:]).decode("ascii")
+    except UnicodeDecodeError:
+        try:
+            text = b"\n".join(lines[1:]).decode("utf-8")
+        except UnicodeDecodeError:
+            text = b"\n".join(lines[1:]).decode("iso-8859-1")
+    raw: list[tuple[str, str]] = []
+    for line in text.split("\n") if text else ():
+        if line[:1] in (" ", "\t"):  # obs-fold: continues the previous value
+            if not raw:
+                raise httpx.RemoteProtocolError("a continuation line without a header")
+            name, value = raw[-1]
+            raw[-1] = (name, (value + " " + line.strip(" \t")).strip(" \t"))
+            continue
+        name, colon, value = line.partition(":")
+        if not colon or not _TOKEN.fullmatch(name.encode("iso-8859-1", "replace")):
+            raise httpx.RemoteProtocolError(f"illegal header line: {line[:100]!r}")
+        raw.append((name, value.strip(" \t")))
+    headers = Headers(raw)
+    keep_alive = status_line.group(1) == b"1.1" and "close" not in {
+        token.strip().lower() for token in headers.get("connection", "").split(",")
+    }
+    framing, length = _LENGTH, 0
+    if status in (204, 304):
+        pass
+    elif "transfer-encoding" in headers:
+        if headers["transfer-encoding"].strip().lower() != "chunked":
+            raise httpx.RemoteProtocolError("Only Transfer-Encoding: chunked is supported")
+        framing = _CHUNKED
+    elif "content-length" in headers:
+        lengths = {part.strip() for part in headers["content-length"].split(",")}
+        value = lengths.pop()
+        if lengths or not value.isdigit() or len(value) > 20:
+            raise httpx.RemoteProtocolError("bad Content-Length")
+        length = int(value)
+    else:
+        framing, keep_alive = _TO_CLOSE, False
+    return Response(status, headers, connection, framing, length, keep_alive, timeout)
+
+
+class Response:
+    """A response whose head is read: status, headers, and its body to read once.
+
+    Shaped like the parts of ``httpx.Response`` the adapters use (``status_code``,
+    ``headers``, ``aread``, ``aiter_bytes``, ``aclose``, the text encoding)."""
+
+    __slots__ = (
+        "_connection",
+        "_framing",
+        "_keep_alive",
+        "_remaining",
+        "_timeout",
+        "content",
+        "headers",
+        "status_code",
+    )
+    default_encoding = "utf-8"
+
+    def __init__(
+        self,
+        status: int,
+        headers: Headers,
+        connection: Connection,
+        framing: int,
+        length: int,
+        keep_alive: bool,
+        timeout: float | None,
+    ) -> None:
+        self.status_code = status
+        self.headers = headers
+        self._connection: Connection | None = connection
+        self._framing = framing
+        self._remaining = length
+        self._keep_alive = keep_alive
+        self._timeout = timeout
+        self.content = b""
+
+    @property
+    def encoding(self) -> str:
+        """The charset of the ``Content-Type`` (else UTF-8), as httpx tells it."""
+        kind = self.headers.get("content-type", "")
+        for param in kind.split(";")[1:]:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "charset" and value.strip(" \"'"):
+                return value.strip(" \"'")
+        return self.default_encoding
+
+    async def aread(self) -> bytes:
+        """The whole (decoded) body."""
+        connection = self._connection
+        if (
+            connection is not None
+            and self._framing == _LENGTH
+            and "content-encoding" not in self.headers
+        ):
+            # The common case, without a generator: a body of known length, not encoded.
+            buffer = connection.buffer
+            try:
+                while len(buffer) < self._remaining:
+                    data = await connection.receive(self._timeout)
+                    if not data:
+                        raise _incomplete(len(buffer), self._remaining)
+                    buffer += data
+            except BaseException:
+                self._abandon()
+                raise
+            self.content = bytes(buffer[: self._remaining])
+            del buffer[: self._remaining]
+            self._remaining = 0
+            self._complete()
+            return self.content
+        parts = [chunk async for chunk in self.aiter_bytes()]
+        self.content = b"".join(parts)
+        return self.content
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        """The body's (decoded) bytes as they arrive."""
+        decoder = _decoder(self.headers)
+        try:
+            async for chunk in self._raw():
+                if decoder is not None:
+                    chunk = decoder.decode(chunk)
+                if chunk:
+                    yield chunk
+            if decoder is not None:
+                tail = decoder.flush()
+                if tail:
+                    yield tail
+        except BaseException:
+            self._abandon()
+            raise
+        self._complete()
+
+    async def aclose(self) -> None:
+        """Done with the response: a body not read to its end closes the connection."""
+        self._abandon()
+
+    def _complete(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        if self._keep_alive and not connection.buffer:
+            connection.idle()
+        else:  # closing, or bytes after the response (a server out of step): not reusable
+            connection.drop()
+
+    def _abandon(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.drop()
+
+    async def _raw(self) -> AsyncIterator[bytes]:
+        connection = self._connection
+        if connection is None:
+            return
+        buffer = connection.buffer
+        if self._framing == _LENGTH:
+            while self._remaining:
+                if not buffer:
+                    data = await connection.receive(self._timeout)
+                    if not data:
+                        raise _incomplete(0, self._remaining)
+                    buffer += data
+                piece = bytes(buffer[: self._remaining])
+                del buffer[: len(piece)]
+                self._remaining -= len(piece)
+                yield piece
+        elif self._framing == _TO_CLOSE:
+            if buffer:
+                yield bytes(buffer)
+                buffer.clear()
+            while data := await connection.receive(self._timeout):
+                yield bytes(data)
+        else:
+            async for piece in self._chunks(connection, buffer):
+                yield piece
+
+    async def _chunks(self, connection: Connection, buffer: bytearray) -> AsyncIterator[bytes]:
+        """A chunked body's data, then its trailer read and dropped (as h11 does)."""
+
+        async def more() -> None:
+            data = await connection.receive(self._timeout)
+            if not data:
+                raise httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body: "
+                    "incomplete chunked read"
+                )
+            buffer.extend(data)
+
+        while True:
+            size_line = _CHUNK_SIZE.match(buffer)
+            while size_line is None:
+                if b"\n" in buffer[:1024] or len(buffer) > 1024:
+                    raise httpx.RemoteProtocolError("illegal chunk header")
+                await more()
+                size_line = _CHUNK_SIZE.match(buffer)
+            size = int(size_line.group(1), 16)
+            del buffer[: size_line.end()]
+            if size == 0:
+                break
+            while size:
+                if not buffer:
+                    await more()
+                piece = bytes(buffer[:size])
+                del buffer[: len(piece)]
+                size -= len(piece)
+                yield piece
+            while len(buffer) < 2 and not buffer.startswith(b"\n"):
+                await more()
+            if buffer.startswith(b"\r\n"):
+                del buffer[:2]
+            elif buffer.startswith(b"\n"):
+                del buffer[:1]
+            else:
+                raise httpx.RemoteProtocolError("a chunk not followed by its line end")
+        # The trailer: header lines up to an empty line.
+        while True:
+            end = _LINE.search(buffer)
+            while end is None:
+                if len(buffer) > MAX_HEAD:
+                    raise httpx.RemoteProtocolError("the trailer is too large")
+                await more()
+                end = _LINE.search(buffer)
+            line = bytes(buffer[: end.start()])
+            del buffer[: end.end()]
+            if not line:
+                return
+
+
+def _incomplete(received: int, expected: int) -> httpx.RemoteProtocolError:
+    return httpx.RemoteProtocolError(
+        "peer closed connection without sending complete message body: "
+        f"received {received} bytes, expected {expected}"
+    )
+
+
+def tls_context(trust_env: bool) -> ssl.SSLContext:
+    """httpx's SSL context (its CA bundle and checks), offering HTTP/1.1 by ALPN, as httpcore."""
+    context = httpx.create_ssl_context(trust_env=trust_env)
+    context.set_alpn_protocols(["http/1.1"])
+    return context

@@ -1,0 +1,549 @@
+"""The adapters' own HTTP/1.1 path (cantrip/llm/providers/_wire.py) against httpx's.
+
+httpx is the oracle: every adapter's requests, streamed and not, must be the
+same bytes on the wire whichever path sends them, and every response -- framed
+by length, by chunks or by the connection's end, compressed, split into odd
+pieces, preceded by 1xx heads, cut short or garbled -- must give the adapter the
+same answer or the same error. Then what the path must keep of httpx's
+connection handling: a connection the server closed while idle is not reused,
+nor one idle past the keep-alive expiry; a cancelled request closes its
+connection; TLS verifies the server as httpx did; proxies from the environment
+still work (they keep httpx).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import gzip
+import ipaddress
+import json
+import ssl
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from fake_providers import FAKES, PREFIXES, Answer, FakeOpenAI, _connection, isolate, serve
+from fake_reasoning import FakeResponses
+
+from cantrip import ProviderError, ToolCall
+from cantrip.llm import Message, ToolDefinition, load_llm
+from cantrip.llm.providers import _clients
+
+ADAPTERS = [
+    (name, FAKES[name], PREFIXES[name], "llama3.1:8b" if name == "ollama" else None)
+    for name in FAKES
+] + [("openai_responses", FakeResponses, "/v1", "gpt-5-mini")]
+TOOLS = [
+    ToolDefinition(
+        "lookup",
+        "Look a word up.",
+        {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+    )
+]
+HISTORY = [
+    Message("system", "You are terse."),
+    Message("user", "Look up 'wire', then say it — in one word: é."),
+    Message("assistant", tool_calls=(ToolCall("call_1", "lookup", {"word": "wire"}),)),
+    Message("tool", "a thin metal thread", tool_call_id="call_1", name="lookup"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    isolate(monkeypatch, tmp_path)
+
+
+# -- the same bytes on the wire --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("provider", "fake_type", "prefix", "model"), ADAPTERS)
+async def test_every_adapter_sends_the_bytes_httpx_sends_streamed_and_not(
+    monkeypatch: pytest.MonkeyPatch, provider: str, fake_type: Any, prefix: str, model: Any
+) -> None:
+    """Three paths to one server, each on a connection of its own: the pool's wire
+    connections, the pool's httpx clients (as with a proxy), and a user's httpx client."""
+    fake = fake_type([Answer(text=f"a{i}") for i in range(6)])
+    sent: dict[str, bytes] = {}
+    async with serve(fake, prefix) as url:
+        for how in ("wire", "pool-httpx", "given-httpx"):
+            monkeypatch.setattr(_clients, "proxied", lambda trust_env, h=how: h == "pool-httpx")
+            client = httpx.AsyncClient() if how == "given-httpx" else None
+            llm: Any = load_llm(provider, model, base_url=url, client=client)
+            start = len(fake.received)
+            try:
+                await llm.query(HISTORY, TOOLS, "auto", {"temperature": 0.5})
+                await llm.stream(HISTORY, TOOLS, on_event=lambda _: None)
+            finally:
+                await llm.aclose()
+                if client is not None:
+                    await client.aclose()
+            if how != "given-httpx":
+                assert llm._pool is None  # closed by aclose; it was used
+            sent[how] = bytes(fake.received[start:])
+    assert fake.served == 6 and fake.connections == 3
+    assert b"Content-Length" in sent["wire"] and sent["wire"].count(b"POST ") == 2
+    assert sent["wire"] == sent["pool-httpx"] == sent["given-httpx"]
+
+
+# -- responses: the same answer or the same error as httpx -----------------------------------
+
+COMPLETION = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "gpt-5-mini",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hé there"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+).encode()
+SSE = (
+    b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+    b'"delta":{"role":"assistant","content":"h\xc3\xa9 "}}]}\n\n'
+    b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+    b'"delta":{"content":"there"},"finish_reason":"stop"}]}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def chunked(body: bytes, size: int = 40, *, extension: bool = False) -> bytes:
+    out = b""
+    for i in range(0, len(body), size):
+        piece = body[i : i + size]
+        out += b"%x%s\r\n%s\r\n" % (len(piece), b";x=1" if extension else b"", piece)
+    return out + b"0\r\nx-trailer: yes\r\n\r\n"
+
+
+def head(status: bytes, *headers: bytes, version: bytes = b"1.1", end: bytes = b"\r\n") -> bytes:
+    return end.join([b"HTTP/" + version + b" " + status, *headers, b"", b""])
+
+
+def whole(body: bytes, kind: bytes = b"application/json") -> list[bytes]:
+    return [head(b"200 OK", b"content-type: " + kind, b"content-length: %d" % len(body)) + body]
+
+
+ZIPPED = gzip.compress(COMPLETION)
+RESPONSES: dict[str, tuple[bool, list[bytes]]] = {
+    # name: (stream?, the pieces the server sends, each its own send)
+    "length": (False, whole(COMPLETION)),
+    "length, split everywhere": (
+        False,
+        [(whole(COMPLETION)[0][i : i + 7]) for i in range(0, len(whole(COMPLETION)[0]), 7)],
+    ),
+    "chunked, extensions and a trailer": (
+        False,
+        [
+            head(b"200 OK", b"content-type: application/json", b"transfer-encoding: chunked")
+            + chunked(COMPLETION, extension=True)
+        ],
+    ),
+    "bare LF line ends": (
+        False,
+        [
+            head(
+                b"200 OK",
+                b"content-type: application/json",
+                b"content-length: %d" % len(COMPLETION),
+                end=b"\n",
+            )
+            + COMPLETION
+        ],
+    ),
+    "1xx heads first": (
+        False,
+        [
+            b"HTTP/1.1 100 Continue\r\n\r\n",
+            b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n",
+            *whole(COMPLETION),
+        ],
+    ),
+    "folded and repeated headers": (
+        False,
+        [
+            head(
+                b"429 Too Many Requests",
+                b"content-type: application/json",
+                b"x-folded: one",
+                b"  two",
+                b"retry-after: 7",
+                b"x-dup: a",
+                b"x-dup: b",
+                b"content-length: 2",
+            )
+            + b"{}"
+        ],
+    ),
+    "HTTP/1.0": (
+        False,
+        [
+            head(
+                b"200 OK",
+                b"content-type: application/json",
+                b"content-length: %d" % len(COMPLETION),
+                version=b"1.0",
+            )
+            + COMPLETION
+        ],
+    ),
+    "read to close": (
+        False,
+        [head(b"200 OK", b"content-type: application/json", b"connection: close"), COMPLETION],
+    ),
+    "gzip": (
+        False,
+        [
+            head(
+                b"200 OK",
+                b"content-type: application/json",
+                b"content-encoding: gzip",
+                b"content-length: %d" % len(ZIPPED),
+            )
+            + ZIPPED
+        ],
+    ),
+    "503 with a JSON error": (
+        False,
+        [
+            head(
+                b"503 Service Unavailable", b"content-type: application/json", b"content-length: 45"
+            )
+            + b'{"error": {"message": "overloaded", "x": 1}}\n'
+        ],
+    ),
+    "body cut short": (False, [whole(COMPLETION)[0][:-20]]),
+    "chunked body cut short": (
+        False,
+        [
+            head(b"200 OK", b"content-type: application/json", b"transfer-encoding: chunked")
+            + chunked(COMPLETION)[:-30]
+        ],
+    ),
+    "no answer at all": (False, []),
+    "a garbled status line": (False, [b"HTTP/1.1 OK 200\r\n\r\n"]),
+    "a garbled chunk": (
+        False,
+        [head(b"200 OK", b"transfer-encoding: chunked") + b"zz\r\nhello\r\n0\r\n\r\n"],
+    ),
+    "two content lengths": (
+        False,
+        [head(b"200 OK", b"content-length: 2", b"content-length: 3") + b"{}"],
+    ),
+    "an unknown transfer coding": (
+        False,
+        [head(b"200 OK", b"transfer-encoding: gzip, chunked") + chunked(ZIPPED)],
+    ),
+    "stream, chunked": (
+        True,
+        [
+            head(b"200 OK", b"content-type: text/event-stream", b"transfer-encoding: chunked"),
+            *[chunked(SSE, 30)[i : i + 50] for i in range(0, len(chunked(SSE, 30)), 50)],
+        ],
+    ),
+    "stream, gzip and chunked": (
+        True,
+        [
+            head(
+                b"200 OK",
+                b"content-type: text/event-stream",
+                b"content-encoding: gzip",
+                b"transfer-encoding: chunked",
+            )
+            + chunked(gzip.compress(SSE), 25)
+        ],
+    ),
+    "stream, read to close": (
+        True,
+        [head(b"200 OK", b"content-type: text/event-stream"), SSE[:100], SSE[100:]],
+    ),
+    "stream, latin-1": (
+        True,
+        [
+            head(
+                b"200 OK",
+                b"content-type: text/event-stream; charset=iso-8859-1",
+                b"content-length: %d" % len(SSE),
+            )
+            + SSE
+        ],
+    ),
+    "stream cut short": (
+        True,
+        [
+            head(b"200 OK", b"content-type: text/event-stream", b"transfer-encoding: chunked")
+            + chunked(SSE, 30)[:150]
+        ],
+    ),
+    "stream answered whole": (True, whole(COMPLETION)),
+}
+
+
+@asynccontextmanager
+async def raw_server(
+    answer: Callable[[trio.SocketStream, bytes], Any],
+) -> AsyncIterator[tuple[str, list[int]]]:
+    """A loopback server that reads each request and lets ``answer`` write raw bytes;
+    yields its base URL and a list counting its connections."""
+    connections: list[int] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        connections.append(1)
+        buffer = b""
+        async with stream:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buffer += data
+                top, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = int(top.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                while len(buffer) < length:
+                    buffer += await stream.receive_some(65536)
+                request, buffer = top + b"\r\n\r\n" + buffer[:length], buffer[length:]
+                if not await answer(stream, request):
+                    return
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1")
+        )
+        yield f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1", connections
+        nursery.cancel_scope.cancel()
+
+
+async def outcome(url: str, stream: bool, client: httpx.AsyncClient | None) -> Any:
+    llm: Any = load_llm("openai", base_url=url, client=client, timeout_s=5)
+    try:
+        if stream:
+            events: list[Any] = []
+            answer = await llm.stream(HISTORY[:2], on_event=events.append)
+        else:
+            answer = await llm.query(HISTORY[:2])
+        return ("answer", answer.content, answer.usage)
+    except ProviderError as error:
+        return ("error", error.code, error.retryable, error.status, error.retry_after)
+    finally:
+        await llm.aclose()
+
+
+@pytest.mark.parametrize("case", list(RESPONSES))
+async def test_every_response_gives_what_httpx_gives(case: str) -> None:
+    stream, pieces = RESPONSES[case]
+
+    async def answer(out: trio.SocketStream, request: bytes) -> bool:
+        for piece in pieces:
+            await out.send_all(piece)
+            await trio.sleep(0.002)  # each piece its own read
+        return False  # then close: ends a read-to-close body, cuts a short one
+
+    results = []
+    async with raw_server(answer) as (url, _):
+        for client in (None, httpx.AsyncClient()):
+            results.append(await outcome(url, stream, client))
+            if client is not None:
+                await client.aclose()
+    wire, oracle = results
+    assert wire == oracle
+    if case in ("length", "gzip", "stream, chunked", "1xx heads first"):
+        assert wire[0] == "answer" and wire[1] == "hé there"
+
+
+# -- connections ------------------------------------------------------------------------------
+
+
+async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
+    async def answer_then_hang_up(out: trio.SocketStream, request: bytes) -> bool:
+        await out.send_all(whole(COMPLETION)[0])
+        await trio.sleep(0.05)  # keep-alive said, then the server's idle timeout
+        return False
+
+    async with raw_server(answer_then_hang_up) as (url, connections):
+        llm = load_llm("openai", base_url=url)
+        try:
+            assert (await llm.query(HISTORY[:2])).content == "hé there"
+            await trio.sleep(0.3)
+            assert (await llm.query(HISTORY[:2])).content == "hé there"  # no error
+        finally:
+            await llm.aclose()
+    assert len(connections) == 2
+
+
+async def test_a_connection_idle_past_the_keepalive_expiry_is_not_reused(mock_clock: Any) -> None:
+    fake = FakeOpenAI([Answer(text="a"), Answer(text="b"), Answer(text="c")])
+    async with serve(fake, "/v1") as url:
+        llm = load_llm("openai", base_url=url)
+        try:
+            await llm.query(HISTORY[:2])
+            mock_clock.jump(4.0)
+            await llm.query(HISTORY[:2])  # within httpx's 5 s: the same connection
+            assert fake.connections == 1
+            mock_clock.jump(5.5)
+            await llm.query(HISTORY[:2])
+        finally:
+            await llm.aclose()
+    assert fake.connections == 2
+
+
+async def test_a_request_cancelled_mid_flight_closes_its_connection() -> None:
+    hung_up = trio.Event()
+
+    async def never_answer(out: trio.SocketStream, request: bytes) -> bool:
+        assert await out.receive_some(100) == b""  # the client closed the connection
+        hung_up.set()
+        return False
+
+    async with raw_server(never_answer) as (url, connections):
+        llm: Any = load_llm("openai", base_url=url)
+        try:
+            with trio.move_on_after(0.2):
+                await llm.query(HISTORY[:2])
+            with trio.fail_after(5):
+                await hung_up.wait()
+            assert llm._pool.busy == 0
+        finally:
+            await llm.aclose()
+    assert len(connections) == 1
+
+
+def test_a_header_h11_refuses_is_an_invalid_request_as_before() -> None:
+    async def main() -> None:
+        llm: Any = load_llm("openai", base_url="http://127.0.0.1:9/v1")
+        llm._headers = {**llm._headers, "x-bad": "a\nb"}
+        with pytest.raises(ProviderError) as info:
+            await llm.query(HISTORY[:2])
+        assert info.value.code == "invalid_request" and not info.value.retryable
+
+    trio.run(main)
+
+
+# -- TLS and proxies --------------------------------------------------------------------------
+
+
+def certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA and a certificate it signed for 127.0.0.1: (ca.pem, cert.pem, key.pem)."""
+    now = datetime.datetime.now(datetime.UTC)
+
+    def build(subject: str, key: Any, issuer: str, signer: Any, ca: bool) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False,
+            )
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = build("test CA", ca_key, "test CA", ca_key, True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = build("127.0.0.1", key, "test CA", ca_key, False)
+    paths = folder / "ca.pem", folder / "cert.pem", folder / "key.pem"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+@asynccontextmanager
+async def serve_tls(fake: Any, folder: Path, alpn: list[str]) -> AsyncIterator[str]:
+    _, cert, key = certificates(folder)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    context.set_alpn_protocols(["http/1.1"])
+
+    async def handler(tcp: trio.SocketStream) -> None:
+        tls = trio.SSLStream(tcp, context, server_side=True, https_compatible=True)
+        try:
+            await tls.do_handshake()
+        except trio.BrokenResourceError:
+            return  # the client refused our certificate
+        alpn.append(tls.selected_alpn_protocol() or "")
+        fake.connections += 1
+        await _connection(fake, tls)  # type: ignore[arg-type]
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1")
+        )
+        yield f"https://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1"
+        nursery.cancel_scope.cancel()
+
+
+async def test_https_verifies_the_server_and_sends_what_httpx_sends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeOpenAI([Answer(text="secure"), Answer(text="oracle")])
+    alpn: list[str] = []
+    async with serve_tls(fake, tmp_path, alpn) as url:
+        # Not trusted (httpx's CA bundle does not hold our test CA): refused, as httpx refuses.
+        llm: Any = load_llm("openai", base_url=url)
+        with pytest.raises(ProviderError) as info:
+            await llm.query(HISTORY[:2])
+        assert info.value.code == "connect_error" and "CERTIFICATE_VERIFY_FAILED" in str(info.value)
+        await llm.aclose()
+        assert fake.served == 0
+        # Trusted through the environment, as httpx trusts it (SSL_CERT_FILE, trust_env).
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+        llm = load_llm("openai", base_url=url)
+        llm._trust_env = True
+        oracle = httpx.AsyncClient(verify=ssl.create_default_context(cafile=tmp_path / "ca.pem"))
+        given = load_llm("openai", base_url=url, client=oracle)
+        try:
+            assert (await llm.query(HISTORY[:2])).content == "secure"
+            wire = bytes(fake.received)
+            assert (await given.query(HISTORY[:2])).content == "oracle"
+        finally:
+            await llm.aclose()
+            await oracle.aclose()
+    assert alpn == ["http/1.1", "http/1.1"]
+    assert wire == bytes(fake.received[len(wire) :]) and wire.startswith(b"POST /v1/chat")
+
+
+async def test_a_proxy_from_the_environment_is_used_as_httpx_uses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool keeps httpx where a proxy applies: the request goes to the proxy."""
+    seen: list[bytes] = []
+
+    async def proxy(out: trio.SocketStream, request: bytes) -> bool:
+        seen.append(request.split(b"\r\n")[0])
+        await out.send_all(whole(COMPLETION)[0])
+        return True
+
+    async with raw_server(proxy) as (proxy_url, _):
+        monkeypatch.setenv("HTTP_PROXY", proxy_url.removesuffix("/v1"))
+        llm: Any = load_llm("openai", base_url="http://provider.invalid/v1")
+        try:
+            assert (await llm.query(HISTORY[:2])).content == "hé there"
+            assert not llm._pool.wire
+        finally:
+            await llm.aclose()
+    assert seen == [b"POST http://provider.invalid/v1/chat/completions HTTP/1.1"]
