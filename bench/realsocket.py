@@ -50,6 +50,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -187,12 +188,23 @@ class RetryReasons(logging.Handler):
 
 
 class Phase:
-    """One measured stretch: client CPU and wall here, the server's requests and CPU there."""
+    """One measured stretch: client CPU and wall here, the server's requests and CPU there;
+    the client's cyclic-GC collections and their CPU (``gc.callbacks``)."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
+        self.collections = 0
+        self.gc_cpu = 0.0
+
+    def _collected(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.gc_cpu -= time.process_time()
+        else:
+            self.collections += 1
+            self.gc_cpu += time.process_time()
 
     def __enter__(self) -> Phase:
+        gc.callbacks.append(self._collected)
         self.requests, self.server_cpu = self.server.stats()
         self.cpu = time.process_time()
         self.start = time.perf_counter()
@@ -201,6 +213,7 @@ class Phase:
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self.start
         self.cpu = time.process_time() - self.cpu
+        gc.callbacks.remove(self._collected)
         requests, server_cpu = self.server.stats()
         self.requests = requests - self.requests
         self.server_cpu = server_cpu - self.server_cpu
@@ -273,14 +286,20 @@ def run(args: argparse.Namespace) -> None:
     os.environ[KEY_ENV] = "sk-loopback-bench"
     server = Server(args.latency)
     try:
-        llm = load_llm(
-            "openai",
-            "gpt-4o-mini",
-            base_url=f"http://127.0.0.1:{server.port}/v1",
-            api_key_env=KEY_ENV,
-        )
-        if args.connections:
-            llm.max_connections = args.connections  # type: ignore[attr-defined]
+
+        def adapter() -> Any:
+            """A fresh adapter: each phase starts with no memo of another's conversations."""
+            llm = load_llm(
+                "openai",
+                "gpt-4o-mini",
+                base_url=f"http://127.0.0.1:{server.port}/v1",
+                api_key_env=KEY_ENV,
+            )
+            if args.connections:
+                llm.max_connections = args.connections  # type: ignore[attr-defined]
+            return llm
+
+        llm = adapter()
         trio.run(casts, llm, 50, 3)  # warm-up: imports, the pool, first connections
         reasons = RetryReasons()
         retry_log = logging.getLogger("cantrip.llm.retry")
@@ -310,7 +329,9 @@ def run(args: argparse.Namespace) -> None:
         )
         print(
             f"    {len(recorded)} turns recorded (of {turns_total}), {phase.requests} requests "
-            f"served, {failed} casts not done, {retried} turns retried"
+            f"served, {failed} casts not done, {retried} turns retried; "
+            f"{phase.collections} GC collections took {phase.gc_cpu * 1e6 / len(recorded):.0f} "
+            "us/turn of CPU"
         )
         for reason, count in reasons.seen.most_common(3):
             print(f"    retried {count}x: {reason}")
@@ -321,6 +342,9 @@ def run(args: argparse.Namespace) -> None:
         per_turn: list[float] = []
         for n in args.history:
             repeats = max(1, args.sequential_turns // n)
+            del recorded, llm  # the last phase's looms and memos are not this one's heap
+            gc.collect()
+            llm = adapter()
             with Phase(server) as phase:
                 recorded = trio.run(casts, llm, 1, n, repeats)
             failed, retried = outcome(recorded, repeats)
@@ -329,7 +353,8 @@ def run(args: argparse.Namespace) -> None:
             print(
                 f"1 agent x {n} turns (x{repeats}, sequential): client {client:.0f} us/turn; "
                 f"server {served:.0f} us/request; ratio {ratio:.1f}x (goal <= 3x); "
-                f"{failed} casts not done, {retried} turns retried"
+                f"{failed} casts not done, {retried} turns retried; "
+                f"GC {phase.gc_cpu * 1e6 / len(recorded):.0f} us/turn"
             )
         if len(per_turn) > 1:
             print(

@@ -238,6 +238,25 @@ RESPONSES: dict[str, tuple[bool, list[bytes]]] = {
         False,
         [head(b"200 OK", b"transfer-encoding: chunked") + b"zz\r\nhello\r\n0\r\n\r\n"],
     ),
+    "a header line that is no field": (
+        False,
+        [head(b"200 OK", b"bad line: x", b"content-length: %d" % len(COMPLETION)) + COMPLETION],
+    ),
+    "a bare CR in a value": (
+        False,
+        [head(b"200 OK", b"x-a: 1\r2", b"content-length: %d" % len(COMPLETION)) + COMPLETION],
+    ),
+    "spaces around values": (
+        False,
+        [
+            head(
+                b"200 OK",
+                b"content-type:application/json  ",
+                b"content-length:\t%d " % len(COMPLETION),
+            )
+            + COMPLETION
+        ],
+    ),
     "two content lengths": (
         False,
         [head(b"200 OK", b"content-length: 2", b"content-length: 3") + b"{}"],

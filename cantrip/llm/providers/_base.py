@@ -697,9 +697,15 @@ class HTTPAdapter:
 
     def _decode(self, body: bytes, status: int) -> Mapping[str, Any]:
         try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            payload = None
+            # orjson reads the bytes ~4x faster, into the same values (but integers
+            # beyond 64 bits, which it reads as floats: no provider sends such counts);
+            # what it refuses (NaN, lone surrogates, ...) the standard library still reads.
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            try:
+                payload = json.loads(body)
+            except (ValueError, UnicodeDecodeError):
+                payload = None
         if not isinstance(payload, Mapping):
             snippet = body[:200].decode("utf-8", errors="replace")
             # A 200 whose body is cut or garbled is a transient fault, like a dropped

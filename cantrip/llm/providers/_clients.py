@@ -204,8 +204,6 @@ class ClientPool:
         connection = await self.take()
         try:
             response = await self._send(connection, url, content, headers, stream=False)
-            if not isinstance(response, httpx.Response):
-                await response.aread()
             return response.status_code, response.headers, response.content
         finally:
             self.give(connection)
@@ -235,7 +233,9 @@ class ClientPool:
         if shape is None or self.jar:
             # A cookie to send (rare): this request's own head, as httpx builds it.
             shape = Shape(self.request(prepared, content))
-        response = await connection.exchange(shape, content, self.timeout, self._context)
+        response = await connection.exchange(
+            shape, content, self.timeout, self._context, whole=not stream
+        )
         if "set-cookie" in response.headers or "set-cookie2" in response.headers:
             self._keep_cookies(prepared, content, response.status_code, response.headers.raw)
         return response

@@ -36,10 +36,12 @@ the environment, URLs carrying credentials, a client the user gives.
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import ssl
 from collections.abc import AsyncIterator, Callable
+from math import inf
 
 import h11
 import httpx
@@ -56,6 +58,13 @@ _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _LINE = re.compile(rb"\r?\n")
 _STATUS = re.compile(rb"HTTP/(\d\.\d) (\d{3})(?: ([\t\x20-\x7e\x80-\xff]*))?")
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+_FIELD = re.compile(
+    r"(?m)^([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*((?:[^\r\n]*[^\r\n \t])?)[ \t]*\r?\n"
+)
+"""One ``name: value`` line, its value without the whitespace around it."""
+_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+"""A field value's characters (h11's ``field-value``)."""
+_TEXT_LINE = re.compile(r"\r?\n")
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})[\t ]*(?:;[^\r\n]*)?\r?\n")
 _LENGTH, _CHUNKED, _TO_CLOSE = 0, 1, 2
 
@@ -111,14 +120,13 @@ class Headers(dict[str, str]):
     __slots__ = ("raw",)
 
     def __init__(self, raw: list[tuple[str, str]]) -> None:
-        super().__init__()
+        super().__init__([(name.lower(), value) for name, value in raw])
         self.raw = raw
-        for name, value in raw:
-            key = name.lower()
-            if key in self:
-                self[key] = f"{self[key]}, {value}"
-            else:
-                self[key] = value
+        if len(self) < len(raw):  # a name repeated: join its values in order
+            joined: dict[str, list[str]] = {}
+            for name, value in raw:
+                joined.setdefault(name.lower(), []).append(value)
+            self.update((key, ", ".join(values)) for key, values in joined.items())
 
 
 def _decoder(headers: Headers) -> ContentDecoder | None:
@@ -143,16 +151,32 @@ class Connection:
     and reads the response's head; the body is read through the
     :class:`Response` (which frees the connection for the next request)."""
 
-    __slots__ = ("buffer", "closed", "idle_since", "origin", "sock", "stream")
+    __slots__ = (
+        "buffer",
+        "closed",
+        "fd",
+        "idle_since",
+        "origin",
+        "reading",
+        "scope",
+        "sock",
+        "stream",
+    )
 
     def __init__(self) -> None:
         self.stream: trio.abc.Stream | None = None
         self.sock: trio.socket.SocketType | None = None
+        self.fd = -1
+        """The socket's descriptor when it is read and written directly (plain TCP)."""
         self.origin: tuple[str, str, int] | None = None
         self.buffer = bytearray()
         self.idle_since = 0.0
         self.closed = False
         """Closed for good (its pool was closed)."""
+        self.scope: trio.CancelScope | None = None
+        """The cancel scope of the request in :meth:`exchange` (its timeouts)."""
+        self.reading = False
+        """Whether that request got to reading (so a deadline is a read timeout)."""
 
     @property
     def is_closed(self) -> bool:
@@ -163,6 +187,7 @@ class Connection:
         if self.sock is not None:
             self.sock.close()
         self.stream = self.sock = self.origin = None
+        self.fd = -1
         self.buffer.clear()
 
     def close(self) -> None:
@@ -201,6 +226,7 @@ class Connection:
             self.drop()
             raise httpx.ConnectTimeout("timed out while connecting")
         self.stream, self.origin = stream, shape.origin
+        self.fd = tcp.socket.fileno() if scheme == "http" else -1
 
     async def exchange(
         self,
@@ -208,8 +234,13 @@ class Connection:
         content: bytes,
         timeout: httpx.Timeout,
         context: Callable[[], ssl.SSLContext],
+        *,
+        whole: bool = False,
     ) -> Response:
-        """Send one request; the response with its head read (its body still to read)."""
+        """Send one request; the response with its head read (and its body, if ``whole``).
+
+        One cancel scope serves the request's write and reads, its deadline moved
+        before each (a scope per operation cost more than the rest of the I/O)."""
         if self.closed:
             raise httpx.ConnectError("the connection pool is closed")
         if self.stream is not None and not self._reusable(shape.origin):
@@ -219,46 +250,96 @@ class Connection:
                 await self._connect(shape, timeout.connect, context)
             assert self.stream is not None
             data = b"%s%d%s%s" % (shape.before, len(content), shape.after, content)
-            if timeout.write is None:
+            with trio.CancelScope() as scope:
+                self.scope = scope
+                self.reading = False
+                if timeout.write is not None:
+                    scope.deadline = trio.current_time() + timeout.write
                 await self._send(data)
-            else:
-                with trio.move_on_after(timeout.write) as scope:
-                    await self._send(data)
-                if scope.cancelled_caught:
-                    raise httpx.WriteTimeout("timed out while sending the request")
-            return await self._head(timeout.read)
+                response = await self._head(timeout.read)
+                if whole:
+                    await response.aread()
+            self.scope = None
+            if scope.cancelled_caught:
+                if self.reading:
+                    raise httpx.ReadTimeout("timed out while reading the response")
+                raise httpx.WriteTimeout("timed out while sending the request")
+            return response
         except BaseException:
+            self.scope = None
             self.drop()
             raise
 
     async def _send(self, data: bytes) -> None:
-        assert self.stream is not None
+        fd = self.fd
         try:
-            await self.stream.send_all(data)
+            if fd < 0:
+                assert self.stream is not None
+                await self.stream.send_all(data)
+                return
+            view = memoryview(data)
+            while view:
+                try:
+                    view = view[os.write(fd, view) :]
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(fd)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise httpx.WriteError(str(exc.__cause__ or exc)) from exc
 
-    async def receive(self, timeout: float | None) -> bytes | bytearray:
-        """The next bytes from the server (``b""``: it closed the connection)."""
-        assert self.stream is not None
+    async def receive(self, timeout: float | None, *, wait: bool = False) -> bytes | bytearray:
+        """The next bytes from the server (``b""``: it closed the connection).
+
+        ``wait``: none can be there yet (a request was just sent), so wait for
+        them before the first read. A plain TCP connection is read with
+        ``os.read`` once trio says the socket is readable: trio's socket stream
+        costs a context manager, a failed read and a scheduling round per
+        receive."""
+        scope = self.scope
         try:
+            if scope is not None:  # within exchange(): move its deadline
+                self.reading = True
+                scope.deadline = inf if timeout is None else trio.current_time() + timeout
+                return await self._receive(wait)
             if timeout is None:
-                return await self.stream.receive_some(READ_SIZE)
+                return await self._receive(wait)
             with trio.move_on_after(timeout):
-                return await self.stream.receive_some(READ_SIZE)
+                return await self._receive(wait)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise httpx.ReadError(str(exc.__cause__ or exc)) from exc
         raise httpx.ReadTimeout("timed out while reading the response")
 
+    async def _receive(self, wait: bool) -> bytes | bytearray:
+        fd = self.fd
+        if fd < 0:
+            assert self.stream is not None
+            return await self.stream.receive_some(READ_SIZE)
+        if wait:
+            await trio.lowlevel.wait_readable(fd)
+        else:
+            try:
+                data = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(fd)
+            else:
+                await trio.lowlevel.cancel_shielded_checkpoint()  # as trio's streams do
+                return data
+        while True:
+            try:
+                return os.read(fd, READ_SIZE)
+            except BlockingIOError:  # woken for nothing
+                await trio.lowlevel.wait_readable(fd)
+
     async def _head(self, timeout: float | None) -> Response:
         """Read up to the end of the final response's head (1xx ones are skipped)."""
         buffer = self.buffer
+        wait = not buffer
         while True:
             end = _HEAD_END.search(buffer)
             while end is None:
                 if len(buffer) > MAX_HEAD:
                     raise httpx.RemoteProtocolError("the response head is too large")
-                data = await self.receive(timeout)
+                data = await self.receive(timeout, wait=wait)
+                wait = False
                 if not data:
                     raise httpx.RemoteProtocolError(
                         "Server disconnected without sending a response."
@@ -280,38 +361,32 @@ class Connection:
 
 def _parse_head(head: bytes, connection: Connection, timeout: float | None) -> Response | None:
     """The response a head starts (None for an informational 1xx one)."""
-    lines = _LINE.split(head)
-    status_line = _STATUS.fullmatch(lines[0])
+    first, _, rest = head.partition(b"\n")
+    status_line = _STATUS.fullmatch(first.removesuffix(b"\r"))
     if status_line is None:
-        raise httpx.RemoteProtocolError(f"illegal status line: {lines[0][:100]!r}")
+        raise httpx.RemoteProtocolError(f"illegal status line: {first[:100]!r}")
     status = int(status_line.group(2))
     if status < 200:
         if status == 101:
             raise httpx.RemoteProtocolError("unexpected 101 Switching Protocols")
         return None
-    try:
-        text = b"\n".join(lines[1:]).decode("ascii")
-    except UnicodeDecodeError:
+    # httpx decodes header bytes as ASCII, else UTF-8, else Latin-1.
+    if rest.isascii():
+        text = rest.decode("ascii")
+    else:
         try:
-            text = b"\n".join(lines[1:]).decode("utf-8")
+            text = rest.decode("utf-8")
         except UnicodeDecodeError:
-            text = b"\n".join(lines[1:]).decode("iso-8859-1")
-    raw: list[tuple[str, str]] = []
-    for line in text.split("\n") if text else ():
-        if line[:1] in (" ", "\t"):  # obs-fold: continues the previous value
-            if not raw:
-                raise httpx.RemoteProtocolError("a continuation line without a header")
-            name, value = raw[-1]
-            raw[-1] = (name, (value + " " + line.strip(" \t")).strip(" \t"))
-            continue
-        name, colon, value = line.partition(":")
-        if not colon or not _TOKEN.fullmatch(name.encode("iso-8859-1", "replace")):
-            raise httpx.RemoteProtocolError(f"illegal header line: {line[:100]!r}")
-        raw.append((name, value.strip(" \t")))
+            text = rest.decode("iso-8859-1")
+    text += "\n"
+    raw: list[tuple[str, str]] = _FIELD.findall(text)
+    if len(raw) != text.count("\n"):  # not every line a plain field: folded, or garbage
+        raw = _fields_one_by_one(text)
     headers = Headers(raw)
-    keep_alive = status_line.group(1) == b"1.1" and "close" not in {
-        token.strip().lower() for token in headers.get("connection", "").split(",")
-    }
+    keep_alive = status_line.group(1) == b"1.1" and (
+        "connection" not in headers
+        or "close" not in {token.strip().lower() for token in headers["connection"].split(",")}
+    )
     framing, length = _LENGTH, 0
     if status in (204, 304):
         pass
@@ -328,6 +403,27 @@ def _parse_head(head: bytes, connection: Connection, timeout: float | None) -> R
     else:
         framing, keep_alive = _TO_CLOSE, False
     return Response(status, headers, connection, framing, length, keep_alive, timeout)
+
+
+def _fields_one_by_one(text: str) -> list[tuple[str, str]]:
+    """The fields of a head with folded lines (obs-fold) or a line that is no field."""
+    raw: list[tuple[str, str]] = []
+    for line in _TEXT_LINE.split(text)[:-1]:
+        if line[:1] in (" ", "\t"):  # obs-fold: continues the previous value
+            if not raw:
+                raise httpx.RemoteProtocolError("a continuation line without a header")
+            name, value = raw[-1]
+            raw[-1] = (name, (value + " " + line.strip(" \t")).strip(" \t"))
+            continue
+        name, colon, value = line.partition(":")
+        if (
+            not colon
+            or not _TOKEN.fullmatch(name.encode("iso-8859-1", "replace"))
+            or not _VALUE.fullmatch(value)
+        ):
+            raise httpx.RemoteProtocolError(f"illegal header line: {line[:100]!r}")
+        raw.append((name, value.strip(" \t")))
+    return raw
 
 
 class Response:

@@ -173,7 +173,7 @@ class AnthropicAdapter(HTTPAdapter):
                 {
                     "name": t.name,
                     "description": t.description,
-                    "input_schema": plain_json(t.parameters),
+                    "input_schema": t.plain_parameters,
                 }
                 for t in tools
             ]

@@ -281,7 +281,7 @@ def model_parts(message: Message, foreign: str | None = None) -> list[dict[str, 
 
 def declaration(tool: ToolDefinition) -> dict[str, Any]:
     out: dict[str, Any] = {"name": tool.name, "description": tool.description}
-    schema = gemini_schema(plain_json(tool.parameters))
+    schema = gemini_schema(tool.plain_parameters)
     if schema.get("properties"):
         out["parameters"] = schema  # an OBJECT without properties is refused
     return out

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
-from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition, plain_json
+from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
 from cantrip.llm._openai_chat import error_from_payload, parse_chat_completion
 from cantrip.llm._prompt_cache import cache_key
 from cantrip.llm._sse import SSEEvent
@@ -70,7 +70,7 @@ class OpenAIAdapter(HTTPAdapter):
                     "function": {
                         "name": t.name,
                         "description": t.description,
-                        "parameters": plain_json(t.parameters),
+                        "parameters": t.plain_parameters,
                     },
                 }
                 for t in tools

@@ -56,7 +56,6 @@ from cantrip.llm._contract import (
     ToolChoice,
     ToolDefinition,
     Usage,
-    plain_json,
     reasoning_part,
 )
 from cantrip.llm._openai_chat import error_from_payload, parse_arguments
@@ -106,7 +105,7 @@ class ResponsesAdapter(HTTPAdapter):
                     "type": "function",
                     "name": t.name,
                     "description": t.description,
-                    "parameters": plain_json(t.parameters),
+                    "parameters": t.plain_parameters,
                     "strict": False,
                 }
                 for t in tools
