@@ -307,7 +307,7 @@ def run(args: argparse.Namespace) -> None:
         retry_log.addHandler(reasons)
         print(
             f"lean stdlib server (own process), {args.latency * 1000:.0f} ms latency; "
-            f"client: OpenAI adapter, pool of {llm.max_connections} connections"  # type: ignore[attr-defined]
+            f"client: OpenAI adapter, pool of {llm.max_connections} connections, {args.gc} GC"  # type: ignore[attr-defined]
         )
 
         profiler = cProfile.Profile(time.thread_time) if args.profile else None
@@ -377,13 +377,25 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--connections", type=int, help="the adapter's max_connections")
     parser.add_argument("--profile", metavar="FILE", help="cProfile phase 1 into FILE")
+    parser.add_argument(
+        "--gc",
+        choices=("default", "throughput"),
+        default="default",
+        help="CPython's collector settings, or cantrip.gc_for_throughput() around the phases",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         asyncio.run(serve(args.latency))
         return
     sys.path.insert(0, str(HERE.parent))  # gates/
-    run(args)
+    if args.gc == "throughput":
+        import cantrip
+
+        with cantrip.gc_for_throughput():
+            run(args)
+    else:
+        run(args)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from fake_reasoning import FakeResponses
 from cantrip import ProviderError, ToolCall
 from cantrip.llm import Message, ToolDefinition, load_llm
 from cantrip.llm.providers import _clients
+from cantrip.llm.providers._base import dumps, render
 
 ADAPTERS = [
     (name, FAKES[name], PREFIXES[name], "llama3.1:8b" if name == "ollama" else None)
@@ -92,6 +93,32 @@ async def test_every_adapter_sends_the_bytes_httpx_sends_streamed_and_not(
     assert fake.served == 6 and fake.connections == 3
     assert b"Content-Length" in sent["wire"] and sent["wire"].count(b"POST ") == 2
     assert sent["wire"] == sent["pool-httpx"] == sent["given-httpx"]
+
+
+async def test_a_growing_conversation_sends_what_its_whole_history_makes() -> None:
+    """The wire forms an adapter keeps of a conversation's history (made once, not
+    every turn) are what the history makes anew: each body equals the one built
+    from the whole rendered history as a plain tuple (no view, nothing kept)."""
+    turns = 6
+    fake = FakeOpenAI([Answer(text=f"a{i}") for i in range(turns)])
+    async with serve(fake, "/v1") as url:
+        llm: Any = load_llm("openai", base_url=url)
+        history = list(HISTORY)
+        expected = []
+        try:
+            for turn in range(turns):
+                if turn == 3:  # a second system message joins mid-conversation
+                    history.append(Message("system", "Now be verbose."))
+                history.append(Message("user", f"and {turn}?"))
+                await llm.query(history, TOOLS)
+                whole = tuple(render(history, llm.render_family, llm.keep_thinking).messages)
+                expected.append(dumps(llm.build_request(whole, TOOLS, None, {}, False)[1]))
+                history.append(Message("assistant", f"a{turn}"))
+        finally:
+            await llm.aclose()
+    assert [r.body for r in fake.requests] == expected
+    assert b"Now be verbose." in expected[-1] and b"prompt_cache_key" in expected[-1]
+    assert len(set(expected)) == turns
 
 
 # -- responses: the same answer or the same error as httpx -----------------------------------

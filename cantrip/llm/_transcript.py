@@ -743,6 +743,14 @@ class RenderedView(Sequence[Message]):
         """The messages as a tuple (a copy: O(messages))."""
         return (*self._items[: self._n], *self._tail)
 
+    def parts(self) -> tuple[list[Message], int, tuple[Message, ...]]:
+        """(the append-only list, how many of its items are in the view, the tail).
+
+        Every view a renderer returns shares the list until it rebuilds (then a new
+        list), so what was derived from its first items stays valid (adapters keep
+        their wire forms of a conversation's messages this way)."""
+        return self._items, self._n, self._tail
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str):
             return NotImplemented

@@ -10,7 +10,8 @@ same function, so both paths return the same :class:`~cantrip.llm.Response`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -20,8 +21,9 @@ from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
 from cantrip.llm._openai_chat import error_from_payload, parse_chat_completion
 from cantrip.llm._prompt_cache import cache_key
 from cantrip.llm._sse import SSEEvent
-from cantrip.llm._transcript import ProviderFormat
+from cantrip.llm._transcript import ProviderFormat, RenderedView
 from cantrip.llm.providers._base import (
+    RENDER_MEMOS,
     EventSink,
     HTTPAdapter,
     StreamState,
@@ -33,8 +35,29 @@ from cantrip.llm.providers._base import (
 _OPEN, _CLOSE = "<think>", "</think>"
 
 
+def _system_texts(messages: Iterable[Message]) -> list[str]:
+    return [m.content for m in messages if m.role == "system" and m.content]
+
+
+class _WireMemo:
+    """One conversation's wire forms: of the first items of its rendered list."""
+
+    __slots__ = ("items", "systems", "wire")
+
+    def __init__(self, items: list[Message]) -> None:
+        self.items = items
+        self.wire: list[dict[str, Any]] = []
+        self.systems: list[tuple[int, str]] = []
+        """(position, text) of the system messages among them."""
+
+
 class OpenAIAdapter(HTTPAdapter):
     """Chat Completions: Bearer auth, ``tools``/``tool_choice``, SSE with ``[DONE]``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._wire_memo: OrderedDict[int, _WireMemo] = OrderedDict()
+        """By ``id`` of a rendered list (kept alive by its memo), least recently used first."""
 
     family = "openai"
     reserved = frozenset(
@@ -58,10 +81,8 @@ class OpenAIAdapter(HTTPAdapter):
         stream: bool,
     ) -> tuple[str, dict[str, Any]]:
         hyper, rest = split_extra(extra, self.reserved, self.provider)
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": [self.wire_message(m) for m in messages],
-        }
+        wire, systems = self._wire_messages(messages)
+        body: dict[str, Any] = {"model": self.model, "messages": wire}
         # An endpoint that ignores tool_choice cannot be told "none": offer no tools instead.
         if tools and not (tool_choice == "none" and not self.compat.tool_choice):
             body["tools"] = [
@@ -84,14 +105,46 @@ class OpenAIAdapter(HTTPAdapter):
             body[self.compat.max_tokens_field] = hyper["max_tokens"]
         if self.compat.prompt_cache:
             # One routing key per identity (instructions + tools): the prompt caching guide.
-            system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
-            body["prompt_cache_key"] = cache_key(system, tools)
+            body["prompt_cache_key"] = cache_key("\n\n".join(systems), tools)
         body.update(rest)
         if stream:
             body["stream"] = True
             if self.compat.stream_usage:
                 body["stream_options"] = {"include_usage": True}
         return f"{self.base_url}/chat/completions", body
+
+    def _wire_messages(self, messages: Sequence[Message]) -> tuple[list[Any], list[str]]:
+        """(the messages' wire forms, the texts of the system messages among them).
+
+        A conversation's rendered history is an append-only list plus a short tail
+        (:class:`RenderedView`); the wire forms of the list's items are made once and
+        kept, by the list, for the next turn, which adds a few messages: making
+        them all anew each turn made a turn's cost grow with its history."""
+        if not isinstance(messages, RenderedView):
+            return [self.wire_message(m) for m in messages], _system_texts(messages)
+        items, n, tail = messages.parts()
+        memo = self._wire_memo.get(id(items))
+        if memo is None or memo.items is not items:
+            memo = self._wire_memo[id(items)] = _WireMemo(items)
+            while len(self._wire_memo) > RENDER_MEMOS:
+                self._wire_memo.popitem(last=False)
+        else:
+            self._wire_memo.move_to_end(id(items))
+        done = memo.wire
+        if len(done) < n:
+            start = len(done)
+            new = items[start:n]
+            done.extend(self.wire_message(m) for m in new)
+            memo.systems.extend(
+                (start + i, m.content)
+                for i, m in enumerate(new)
+                if m.role == "system" and m.content
+            )
+        wire = done[:n]
+        wire.extend(self.wire_message(m) for m in tail)
+        systems = [text for i, text in memo.systems if i < n]
+        systems.extend(_system_texts(tail))
+        return wire, systems
 
     def wire_message(self, message: Message) -> dict[str, Any]:
         role = message.role
