@@ -83,8 +83,12 @@ def strict_json(text: str) -> Any:
 
     Arguments a model wrote with them are not JSON; taken as floats they would be
     replayed to the provider as ``null`` (orjson) or as invalid JSON. Refused, the
-    call keeps its raw text and becomes an ``is_error`` observation saying so."""
-    return json.loads(text, parse_constant=_no_constant)
+    call keeps its raw text and becomes an ``is_error`` observation saying so.
+    One decoder serves every call (``json.loads`` with a hook builds a new one each time)."""
+    return _STRICT.decode(text)
+
+
+_STRICT = json.JSONDecoder(parse_constant=_no_constant)
 
 
 def parse_arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
