@@ -21,8 +21,10 @@ events into that same payload shape -- plus this class, which does the I/O:
   model, nothing retryable), and at DEBUG for every request when the adapter
   was made with ``debug=True`` or ``CANTRIP_DEBUG_TRANSCRIPT=1`` was set.
 
-One single-connection ``httpx.AsyncClient`` per connection, in a pool per adapter
-and trio run (:mod:`cantrip.llm.providers._clients`), closed when the run ends.
+Requests go out on a pool of keep-alive connections per adapter and trio run
+(:mod:`cantrip.llm.providers._clients`), closed when the run ends, speaking HTTP/1.1
+themselves (:mod:`cantrip.llm.providers._wire`: the bytes httpx would send), or on
+httpx where a proxy from the environment applies or the user gave a client.
 """
 
 from __future__ import annotations

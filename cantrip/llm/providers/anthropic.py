@@ -1,4 +1,4 @@
-"""Anthropic Messages over httpx (``POST {base_url}/messages``).
+"""Anthropic Messages over HTTP (``POST {base_url}/messages``).
 
 Wire shape: ``x-api-key`` and ``anthropic-version`` headers; system text
 hoisted to the top-level ``system``; tool calls are ``tool_use`` blocks in

@@ -1,4 +1,4 @@
-"""Google Gemini over httpx: ``models/{model}:generateContent`` and
+"""Google Gemini over HTTP: ``models/{model}:generateContent`` and
 ``:streamGenerateContent?alt=sse``.
 
 Wire shape: the key in ``x-goog-api-key`` (never in the URL); system text in

@@ -1,4 +1,4 @@
-"""OpenAI Chat Completions over httpx (``POST {base_url}/chat/completions``).
+"""OpenAI Chat Completions over HTTP (``POST {base_url}/chat/completions``).
 
 Also the base of every OpenAI-compatible adapter (OpenRouter, local servers):
 their differences are compatibility flags (:class:`~cantrip.llm._config.Compat`),

@@ -1,4 +1,4 @@
-"""OpenAI Responses API over httpx (``POST {base_url}/responses``), stateless.
+"""OpenAI Responses API over HTTP (``POST {base_url}/responses``), stateless.
 
 Why a second OpenAI adapter: current OpenAI reasoning models keep their
 reasoning across a tool loop only through ``reasoning`` output items, which
