@@ -17,6 +17,7 @@ stored than one inside a small one.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -50,10 +51,10 @@ def externalize(turn: dict[str, Any]) -> tuple[dict[str, Any], list[Blob]]:
                 return value
             text, structured = value, False
         elif isinstance(value, dict | list):
-            encoded = orjson.dumps(value, default=str)
-            if len(encoded) < THRESHOLD:
+            text = _json_text(value)
+            if len(text) < THRESHOLD:
                 return value
-            text, structured = encoded.decode(), True
+            structured = True
         else:
             return value
         digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -74,6 +75,16 @@ def externalize(turn: dict[str, Any]) -> tuple[dict[str, Any], list[Blob]]:
     if extras:  # what a medium showed (console output, the capped observation text)
         out["extras"] = {key: ref(value) for key, value in extras.items()}
     return out, list(blobs.items())
+
+
+def _json_text(value: Any) -> str:
+    """A structured value's JSON text, for its size and its hash: orjson, or the
+    standard library for what orjson refuses (big integers, lone surrogates: the same
+    fallback as the records' codec)."""
+    try:
+        return orjson.dumps(value, default=str).decode()
+    except TypeError:
+        return json.dumps(value, default=str, separators=(",", ":"))
 
 
 def is_ref(value: Any) -> bool:
