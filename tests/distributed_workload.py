@@ -92,3 +92,18 @@ def build() -> cantrip.Cantrip:
         identity=cantrip.Identity(system_prompt="distributed workload"),
         circle=cantrip.Circle([done, charge], [cantrip.max_turns(turns + 5)]),
     )
+
+
+def poison() -> cantrip.Cantrip:
+    """A queued spell that cannot be built here (its error carries a key-shaped secret,
+    which the recorded error must not)."""
+    raise RuntimeError("cannot build: the provider refused api_key=sk-poison-0123456789abcdef")
+
+
+def crasher() -> cantrip.Cantrip:
+    """A queued spell that kills the worker that builds it (like a segfault or the OOM
+    killer would): only the attempt limit stops it from killing the next one."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")

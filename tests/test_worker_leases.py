@@ -42,25 +42,30 @@ async def test_a_lease_given_up_by_finish_is_never_reported_lost(
 ) -> None:
     finished = threading.Event()
 
-    class LateHeartbeat(WorkQueue):
+    real_heartbeat = cantrip.distributed._worker.heartbeat_on
+    beats: list[int] = []
+    monkeypatch.setenv("WORKLOAD_LATENCY_MS", "150")  # the cast outlasts the first heartbeat
+
+    def late_heartbeat(conn: Any, owner: str, fences: list[Fence], lease_s: float) -> Any:
         """The race of a fast cast, made certain: the heartbeat's statement runs only
         after ``finish`` has released the lease."""
+        beats.append(len(fences))
+        finished.wait(timeout=20)
+        return real_heartbeat(conn, owner, fences, lease_s)
 
-        def heartbeat(self, fence: Fence, lease_s: float) -> tuple[bool, bool]:
-            finished.wait(timeout=20)
-            return super().heartbeat(fence, lease_s)
-
+    class LateFinish(WorkQueue):
         def finish(self, claim: Claim, state: str, outcome: dict[str, Any]) -> bool:
             try:
                 return super().finish(claim, state, outcome)
             finally:
                 finished.set()
 
-    monkeypatch.setattr(cantrip.distributed._worker, "WorkQueue", LateHeartbeat)
+    monkeypatch.setattr(cantrip.distributed._worker, "WorkQueue", LateFinish)
+    monkeypatch.setattr(cantrip.distributed._worker, "heartbeat_on", late_heartbeat)
     dispatcher = await trio.to_thread.run_sync(Dispatcher, effects_db)
     with caplog.at_level(logging.INFO, logger="cantrip.worker"):
         async with trio.open_nursery() as nursery:
-            worker = Worker(effects_db, concurrency=4)
+            worker = Worker(effects_db, concurrency=4, lease_s=3)
             await nursery.start(worker.run)
             work, _ = await trio.to_thread.run_sync(lambda: dispatcher.submit(WORKLOAD, "fast"))
             state, outcome = await trio.to_thread.run_sync(
@@ -71,7 +76,7 @@ async def test_a_lease_given_up_by_finish_is_never_reported_lost(
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
     dispatcher.close()
-    assert finished.is_set() and worker.completed == 1
+    assert finished.is_set() and worker.completed == 1 and beats[0] == 1
     lost = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
     assert lost == []
 

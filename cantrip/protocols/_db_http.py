@@ -42,7 +42,7 @@ from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult
 from cantrip._events import FinalResponse, PauseEvent, StepComplete
 from cantrip._redact import get_logger
-from cantrip.distributed._queue import PAUSED
+from cantrip.distributed._queue import DEAD, PAUSED
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols._api import openapi_document
 from cantrip.protocols._asgi import (
@@ -210,6 +210,8 @@ class DbHttpApp(ServerShell):
         state, outcome = ended
         if state == "failed":
             raise HttpError(500, "cast_failed", failure_message(outcome))
+        if state == DEAD:  # no worker could finish it within the attempt limit
+            raise HttpError(500, "cast_dead_lettered", failure_message(outcome))
         cast: CastResult | None = await self._db(self.sessions.outcome, row.entity_id, base_pos)
         data = result_dict(cast)
         data["session_id"] = row.session_id
