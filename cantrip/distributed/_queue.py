@@ -137,25 +137,38 @@ _HEARTBEAT = """
 WITH mine AS (
     SELECT * FROM unnest(%(entities)s::text[], %(epochs)s::bigint[]) AS m(entity_id, epoch)
 ),
+locked AS (
+    SELECT l.entity_id, l.epoch,
+        l.owner = %(owner)s AND l.epoch = mine.epoch AND l.expires_at > clock_timestamp() AS held
+    FROM cantrip_leases l JOIN mine ON mine.entity_id = l.entity_id
+    FOR UPDATE OF l SKIP LOCKED
+),
 renewed AS (
     UPDATE cantrip_leases l
     SET expires_at = clock_timestamp() + %(lease)s * interval '1 second'
-    FROM mine
-    WHERE l.entity_id = mine.entity_id AND l.owner = %(owner)s AND l.epoch = mine.epoch
-      AND l.expires_at > clock_timestamp()
+    FROM locked WHERE l.entity_id = locked.entity_id AND locked.held
     RETURNING l.entity_id, l.epoch
 )
-SELECT r.entity_id, EXISTS (
+SELECT m.entity_id, k.entity_id IS NULL, r.entity_id IS NOT NULL AND EXISTS (
     SELECT 1 FROM cantrip_work w WHERE w.entity_id = r.entity_id AND w.state = 'running'
         AND w.owner = %(owner)s AND w.epoch = r.epoch AND w.cancel_requested)
-FROM renewed r
+FROM mine m
+LEFT JOIN locked k ON k.entity_id = m.entity_id
+LEFT JOIN renewed r ON r.entity_id = m.entity_id
+WHERE r.entity_id IS NOT NULL OR k.entity_id IS NULL
 """
+"""Renew many leases in one statement without waiting on a lock: a lease row a loom
+write holds ``FOR SHARE`` at this moment is skipped (renewed at the next beat), so a
+heartbeat never deadlocks with the writes it runs beside."""
 
 
-def heartbeat_on(conn: Any, owner: str, fences: list[Fence], lease_s: float) -> dict[str, bool]:
+def heartbeat_on(
+    conn: Any, owner: str, fences: list[Fence], lease_s: float
+) -> dict[str, bool | None]:
     """Extend every lease of ``fences`` (one worker's) that still holds, in one statement:
-    {lease entity: cancel requested} for those renewed; one missing from the answer is
-    lost (expired, or claimed by another worker)."""
+    {lease entity: cancel requested} for those renewed, None for those skipped because a
+    write held their row this moment (neither renewed nor known lost); one missing from
+    the answer is lost (expired, or claimed by another worker)."""
     rows = conn.execute(
         _HEARTBEAT,
         {
@@ -165,7 +178,7 @@ def heartbeat_on(conn: Any, owner: str, fences: list[Fence], lease_s: float) -> 
             "lease": lease_s,
         },
     ).fetchall()
-    return {str(entity): bool(cancel) for entity, cancel in rows}
+    return {str(entity): None if skipped else bool(cancel) for entity, skipped, cancel in rows}
 
 
 def enqueue_on(conn: Any, spell: dict[str, Any], intent: str, entity_id: str) -> int:
@@ -285,8 +298,12 @@ class WorkQueue:
     def heartbeat(self, fence: Fence, lease_s: float) -> tuple[bool, bool]:
         """Extend the lease if it still holds: (held, cancel requested). One statement."""
         with self.store.pool.connection() as conn:
-            renewed = heartbeat_on(conn, fence.owner, [fence], lease_s)
-        return fence.lease_entity in renewed, renewed.get(fence.lease_entity, False)
+            while True:
+                renewed = heartbeat_on(conn, fence.owner, [fence], lease_s)
+                if renewed.get(fence.lease_entity, False) is not None:
+                    break  # renewed or lost (not skipped for a write holding the row)
+        cancel = renewed.get(fence.lease_entity)
+        return fence.lease_entity in renewed, bool(cancel)
 
     def abandon(self, claim: Claim) -> bool:
         """Give the lease up without an outcome (the run stopped on a fault that is not the
@@ -384,6 +401,34 @@ class WorkQueue:
             paused = pending_on(conn, entity_id)
             live = live_pending_on(conn, entity_id)
         return (paused.pending if paused is not None else []) + live
+
+    def open_work(self, entity_id: str, intent: str) -> int | None:
+        """The entity's latest open (queued or running) work with ``intent``, if any."""
+        with self.store.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT id FROM cantrip_work WHERE entity_id = %s AND intent = %s "
+                "AND state IN ('queued', 'running') ORDER BY id DESC LIMIT 1",
+                (entity_id, intent),
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    def answered_by(self, entity_id: str, pause_id: str, decision: dict[str, Any]) -> int | None:
+        """The work carrying out ``decision`` on ``pause_id`` if that very answer is recorded
+        (a retry of an answer whose reply was lost finds its own), else None."""
+        with self.store.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT w.result, q.spell FROM cantrip_work w LEFT JOIN cantrip_work q "
+                "ON q.id = ((w.result::json)->'answered'->>'work_id')::bigint "
+                "WHERE w.entity_id = %s AND w.state = %s ORDER BY w.id DESC LIMIT 1",
+                (entity_id, PAUSED),
+            ).fetchone()
+        if row is None or row[0] is None or row[1] is None:
+            return None
+        answered = json.loads(row[0]).get("answered") or {}
+        carried = json.loads(row[1]).get(ANSWER_KEY) or {}
+        if answered.get("pause_id") != pause_id or carried.get("decision") != decision:
+            return None
+        return int(answered["work_id"])
 
     def cancel_requested(self, work_id: int) -> bool:
         with self.store.pool.connection() as conn:

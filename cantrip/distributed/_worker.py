@@ -26,9 +26,10 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -58,6 +59,8 @@ from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore, lease_lost_message
 
 log = get_logger("cantrip.worker")
+dispatch_log = get_logger("cantrip.dispatcher")
+T = TypeVar("T")
 
 LIVE_TICK_S = 0.25
 """How often a worker looks for pauses its entities' children wait on in place (in
@@ -344,11 +347,16 @@ class Worker:
                     continue
                 outage.ok()
                 for o in owned:
+                    if self._owned.get(o.claim.entity_id) is not o or o.run.cancel_called:
+                        continue  # ended, or being stopped, while the beat was out
                     if o.claim.entity_id in renewed:
+                        cancel = renewed[o.claim.entity_id]
+                        if cancel is None:  # a write held the row: renewed next beat
+                            continue
                         until = sent + self.lease_s
                         o.run.deadline = max(o.run.deadline, until)
                         self.loom.renew(o.claim.fence.lease_entity, until)
-                        if renewed[o.claim.entity_id] and not o.cancelled:
+                        if cancel and not o.cancelled:
                             o.cancel()  # the poll fallback of NOTIFY cantrip_cancel
                     elif not o.releasing:  # given up on purpose by finish is not lost
                         self._lose(o, lease_lost_message(o.claim.fence))
@@ -362,7 +370,7 @@ class Worker:
         if owned.lost is None:
             owned.lost = why
             log.warning("%s: lease lost; stopping it here", owned.claim.entity_id)
-        self.loom.lose(owned.claim.fence.lease_entity, why)
+        self.loom.lose(owned.claim.fence, why)
         owned.run.cancel()
 
     # -- one entity --------------------------------------------------------------
@@ -631,63 +639,131 @@ async def _cancel_soon(entity: Entity) -> None:
 
 class Dispatcher:
     """Enqueue casts for the workers and wait for their outcomes (blocking calls:
-    from trio, run them with ``trio.to_thread.run_sync``)."""
+    from trio, run them with ``trio.to_thread.run_sync``).
+
+    A lost database connection (a restart, a failover) is waited out: every call
+    retries with backoff, logging once when the database goes away and once when it is
+    back (``cantrip.dispatcher``), and goes on."""
 
     def __init__(self, url: str) -> None:
         self.store = PostgresStore(url, max_connections=2)
         self.queue = WorkQueue(self.store)
 
+    def _retrying(self, what: str, call: Callable[[bool], T], deadline: float | None = None) -> T:
+        """``call(retry)`` until it does not fail on a lost connection (``retry``: an
+        earlier try failed, maybe after its statement committed)."""
+        outage = Outage(f"dispatcher {what}", dispatch_log)
+        retry = False
+        while True:
+            try:
+                result = call(retry)
+            except Exception as exc:
+                if not is_connection_error(exc):
+                    raise
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"{what}: the database is unreachable") from None
+                delay = outage.failed(exc)
+                with contextlib.suppress(Exception):  # drop the pool's broken connections
+                    self.store.pool.check()
+                time.sleep(delay)
+                retry = True
+                continue
+            outage.ok()
+            return result
+
     def submit(
         self, spell: Mapping[str, Any], intent: str, *, entity_id: str | None = None
     ) -> tuple[int, str]:
-        """Queue ``intent`` on a new entity (or ``entity_id``); (work id, entity id)."""
+        """Queue ``intent`` on a new entity (or ``entity_id``); (work id, entity id).
+
+        A try whose connection broke may have committed: the retry first looks for the
+        work it queued (the entity's open work with this intent) and queues it only if
+        it is not there."""
         from cantrip._entity import require_intent
 
         require_intent(intent)
         entity_id = entity_id or new_entity_id()
-        return self.queue.enqueue(dict(spell), intent, entity_id), entity_id
+
+        def enqueue(retry: bool) -> int:
+            if retry:
+                queued = self.queue.open_work(entity_id, intent)
+                if queued is not None:
+                    return queued
+            return self.queue.enqueue(dict(spell), intent, entity_id)
+
+        return self._retrying("submit", enqueue), entity_id
 
     def wait(self, work_id: int, *, timeout: float | None = None) -> tuple[str, dict[str, Any]]:
         """Block until the work ends (LISTEN, with polling as the fallback): done,
-        failed, cancelled, or ``paused`` -- its outcome's ``pending`` lists the calls
-        that wait for a human (:meth:`answer` them)."""
-        import time
-
+        failed, cancelled, ``dead`` (dead-lettered), or ``paused`` -- its outcome's
+        ``pending`` lists the calls that wait for a human (:meth:`answer` them)."""
         import psycopg
 
         deadline = None if timeout is None else time.monotonic() + timeout
-        with psycopg.connect(self.store.url, autocommit=True) as conn:
-            conn.execute(f"LISTEN {WORK_CHANNEL}")
+        conn: psycopg.Connection[Any] | None = None
+
+        def look(_retry: bool) -> tuple[str, dict[str, Any] | None, psycopg.Connection[Any]]:
+            nonlocal conn
+            if conn is None:
+                conn = psycopg.connect(self.store.url, autocommit=True, connect_timeout=5)
+                conn.execute(f"LISTEN {WORK_CHANNEL}")
+            try:
+                return (*self.queue.status(work_id), conn)
+            except Exception:
+                bad, conn = conn, None
+                bad.close()
+                raise
+
+        try:
             while True:
-                state, outcome = self.queue.status(work_id)
+                state, outcome, listening = self._retrying("wait", look, deadline)
                 if outcome is not None or state in ENDED:
                     return state, outcome or {}
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"work {work_id} still {state} after {timeout} s")
-                for _ in conn.notifies(timeout=0.5, stop_after=1):
-                    pass
+                try:
+                    for _ in listening.notifies(timeout=0.5, stop_after=1):
+                        pass
+                except psycopg.OperationalError:  # heard by the next look, which reconnects
+                    listening.close()
+                    conn = None
+        finally:
+            if conn is not None:
+                conn.close()
 
     def cancel(self, entity_id: str) -> int:
-        return self.queue.cancel(entity_id)
+        return self._retrying("cancel", lambda _retry: self.queue.cancel(entity_id))
 
     def dead_letters(self) -> list[dict[str, Any]]:
         """The work items no worker could finish within the attempt limit (state
         ``dead``): id, entity, intent, attempts, why, when."""
-        return self.queue.dead_letters()
+        return self._retrying("dead letters", lambda _retry: self.queue.dead_letters())
 
     def pending(self, entity_id: str) -> list[Pause]:
         """The calls ``entity_id`` waits on a human for: its work ended ``paused`` and
         nobody has answered yet (empty otherwise)."""
-        return [Pause.from_dict(p) for p in self.queue.pending(entity_id)]
+        pending = self._retrying("pending", lambda _retry: self.queue.pending(entity_id))
+        return [Pause.from_dict(p) for p in pending]
 
     def answer(self, entity_id: str, pause_id: str, decision: Decision | Mapping[str, Any]) -> int:
         """Answer a pause of a paused entity, from any process; the id of the work that
         carries the answer out (a worker resumes the entity from the loom and continues
         the cast to its end or its next pause -- :meth:`wait` for it). A pause that is
         not waiting (unknown, or answered already -- by anyone, even at the same moment)
-        raises :class:`~cantrip.PauseError`; exactly one of two answers wins."""
-        parsed = Decision.parse(decision)
-        return self.queue.answer(entity_id, pause_id, parsed.to_dict()).work_id
+        raises :class:`~cantrip.PauseError`; exactly one of two answers wins. A try whose
+        connection broke after its answer committed is found again by the retry."""
+        parsed = Decision.parse(decision).to_dict()
+
+        def answer(retry: bool) -> int:
+            try:
+                return self.queue.answer(entity_id, pause_id, parsed).work_id
+            except PauseError:
+                mine = self.queue.answered_by(entity_id, pause_id, parsed) if retry else None
+                if mine is None:
+                    raise
+                return mine
+
+        return self._retrying("answer", answer)
 
     def close(self) -> None:
         self.store.close()

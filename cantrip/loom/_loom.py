@@ -211,12 +211,21 @@ class Loom:
         The worker passes the time it *sent* the renewal plus the lease: never later than
         the database's own expiry, so a write this process lets through cannot outlive the
         lease, and a process that wakes from a stall past it sends nothing more."""
-        if lease_entity in self._until:
-            self._until[lease_entity] = max(self._until[lease_entity], until)
+        current = self._until.get(lease_entity)
+        if current is None or lease_entity in self._lost:
+            return
+        if trio.current_time() >= current:
+            # ran out before the renewal came back: the run is being stopped already
+            # (its cut-off turn must not land), so the renewal revives nothing
+            self._lost[lease_entity] = "the lease ran out here before its renewal came back"
+            return
+        self._until[lease_entity] = max(current, until)
 
-    def lose(self, lease_entity: str, why: str) -> None:
-        """The lease on ``lease_entity`` is gone: refuse its writes here from now on."""
-        self._lost.setdefault(lease_entity, why)
+    def lose(self, fence: Fence, why: str) -> None:
+        """The lease ``fence`` names is gone: refuse its writes here from now on (if this
+        process still holds the entity under that very fence)."""
+        if fence in self._fences.values():
+            self._lost.setdefault(fence.lease_entity, why)
 
     def _stale(self, fence: Fence) -> str | None:
         """Why writes under ``fence`` must not be sent (lost, or past the local deadline)."""
