@@ -379,38 +379,53 @@ class Worker:
         """Run one claimed item, then record its outcome; whatever stops it -- a lease
         that ran out, a lost connection, an error of its own -- stops it alone."""
         claim = owned.claim
-        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
         try:
             ended: tuple[str, dict[str, Any]] | None = None
-            async with trio.open_nursery() as nursery:
-                if self._asks_humans(claim):
-                    nursery.start_soon(self._live_pauses, owned)
-                try:
-                    with owned.run:
-                        ended = await self._execute(owned)
-                    if ended is None:  # the run's scope stopped it: the lease ran out here
-                        self._lose(owned, "the lease ran out here before it was renewed")
-                except LeaseLostError as exc:
-                    self._lose(owned, str(exc))
-                    log.info("%s", exc)  # another claim continues the entity from the loom
-                except Exception as exc:
-                    if not is_connection_error(exc):
-                        raise
-                    log.warning(
-                        "%s: the database connection was lost (%s); left for the next claim",
-                        claim.entity_id,
-                        describe(exc),
-                    )
-                    with contextlib.suppress(Exception):  # else the lease just runs out
-                        await trio.to_thread.run_sync(self.queue.abandon, claim, limiter=limiter)
-                finally:
-                    nursery.cancel_scope.cancel()
-            if ended is not None:
-                await self._finish(owned, *ended)
+            try:
+                async with trio.open_nursery() as nursery:
+                    if self._asks_humans(claim):
+                        nursery.start_soon(self._live_pauses, owned)
+                    try:
+                        with owned.run:
+                            ended = await self._execute(owned)
+                    finally:
+                        nursery.cancel_scope.cancel()
+                if ended is None:  # the run's scope stopped it: the lease ran out here
+                    self._lose(owned, "the lease ran out here before it was renewed")
+                else:
+                    await self._finish(owned, *ended)
+            except Exception as exc:  # noqa: BLE001 -- one cast's boundary: the worker goes on
+                await self._stopped(owned, exc)
         finally:
             self._owned.pop(claim.entity_id, None)
             self.loom.release(claim.entity_id)
             free.release()
+
+    async def _stopped(self, owned: _Owned, exc: Exception) -> None:
+        """A run stopped without an outcome: its lease was lost (another claim continues
+        it), its database connection was lost, or an error in cantrip stopped it outside
+        the cast (logged with its traceback). The last two give the lease up, so the next
+        claim -- counted against the attempt limit -- resumes it at once."""
+        claim = owned.claim
+        if _lease_lost(exc):
+            self._lose(owned, describe(exc))
+            log.info("%s: %s", claim.entity_id, describe(exc))
+            return
+        if is_connection_error(exc):
+            log.warning(
+                "%s: the database connection was lost (%s); left for the next claim",
+                claim.entity_id,
+                describe(exc),
+            )
+        else:
+            log.error(
+                "%s: an error in cantrip stopped the cast here; left for the next claim",
+                claim.entity_id,
+                exc_info=exc,
+            )
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):  # the database may be away: the lease runs out
+            await trio.to_thread.run_sync(self.queue.abandon, claim, limiter=limiter)
 
     async def _finish(self, owned: _Owned, state: str, outcome: dict[str, Any]) -> None:
         """Record the outcome and release the lease (fenced: refused if it was lost)."""
