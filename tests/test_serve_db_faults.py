@@ -140,6 +140,7 @@ async def test_a_database_restart_is_waited_out_by_workers_replicas_and_clients(
                     await trio.to_thread.run_sync(stop_cluster, url)
                     stopped = time.monotonic()
                     down = await client.get("/health")
+                    refused = await client.post("/sessions")
                     await trio.sleep(1.5)
                     await trio.to_thread.run_sync(start_cluster, url)
                     restarted = time.monotonic()
@@ -151,6 +152,7 @@ async def test_a_database_restart_is_waited_out_by_workers_replicas_and_clients(
             out, err = await trio.to_thread.run_sync(lambda: waiting.communicate(timeout=120))
             assert down.status_code == 503 and down.headers["retry-after"], down.text
             assert down.json()["error"]["code"] == "database_unavailable"
+            assert refused.status_code == 503 and refused.headers["retry-after"]
             assert [s for s, _ in waited] == ["done"] * casts, stack.log.read_text()[-3000:]
             assert waiting.returncode == 0, err.decode()
             assert json.loads(out)["state"] == "done"
@@ -172,3 +174,49 @@ async def test_a_database_restart_is_waited_out_by_workers_replicas_and_clients(
         f"all finished {recovered - restarted:.1f} s after the start; {taken_over} casts "
         "claimed again"
     )
+
+
+async def test_a_dead_lettered_prompt_is_reported_by_the_replica_and_cast_db(
+    pg_server: str, tmp_path: Path
+) -> None:
+    """Work dead-lettered while its clients wait (here by the statement a worker's claim
+    runs, once the item's last allowed attempt has run out) is reported to each of them:
+    the replica answers 500 ``cast_dead_lettered``, ``cast --db`` prints why and exits 1."""
+    from cantrip.distributed._queue import _DEAD_LETTER, WORK_CHANNEL
+
+    url = fresh_database(pg_server, "dead_letter")
+    with open_stack(url, tmp_path, workers=0, replicas=1) as stack:
+        waiting = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "cantrip", "cast", str(stack.spec), "doomed"),
+                *("--db", url),
+            ],
+            env=stack.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        async with httpx.AsyncClient(base_url=stack.replicas[0], timeout=60) as client:
+            sid = (await client.post("/sessions")).json()["session_id"]
+            answered: list[httpx.Response] = []
+
+            async def prompt() -> None:
+                answered.append(await client.post(f"/sessions/{sid}/prompt", json={"prompt": "x"}))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(prompt)
+                while len(stack.rows("SELECT 1 FROM cantrip_work")) < 2:
+                    await trio.sleep(0.05)
+                with psycopg.connect(url, autocommit=True) as conn:
+                    # two claims by workers that died: the leases ran out long ago
+                    conn.execute(
+                        "UPDATE cantrip_work SET state = 'running', attempts = 2, "
+                        "result = '{}', owner = 'gone', epoch = 1"
+                    )
+                    conn.execute(_DEAD_LETTER, {"max_attempts": 2, "channel": WORK_CHANNEL})
+        out, err = await trio.to_thread.run_sync(lambda: waiting.communicate(timeout=60))
+    (response,) = answered
+    assert response.status_code == 500, response.text
+    assert response.json()["error"]["code"] == "cast_dead_lettered"
+    assert "dead-lettered after 2 attempts" in response.json()["error"]["message"]
+    assert waiting.returncode == 1
+    assert "dead-lettered after 2 attempts" in err.decode() and not out
