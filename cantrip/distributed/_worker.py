@@ -428,25 +428,15 @@ class Worker:
             await trio.to_thread.run_sync(self.queue.abandon, claim, limiter=limiter)
 
     async def _finish(self, owned: _Owned, state: str, outcome: dict[str, Any]) -> None:
-        """Record the outcome and release the lease (fenced: refused if it was lost)."""
+        """Record the outcome and release the lease (fenced: refused if it was lost). A
+        lost connection here leaves the cast to the next claim, which finds its end in
+        the loom and records it then."""
         claim = owned.claim
         owned.releasing = True
         limiter = self.loom.store.limiter  # type: ignore[attr-defined]
-        try:
-            finished = await trio.to_thread.run_sync(
-                self.queue.finish, claim, state, outcome, limiter=limiter
-            )
-        except Exception as exc:
-            if not is_connection_error(exc):
-                raise
-            # the next claim finds the cast's end in the loom and records it then
-            log.warning(
-                "%s: the database connection was lost recording the outcome (%s); "
-                "left for the next claim",
-                claim.entity_id,
-                describe(exc),
-            )
-            return
+        finished = await trio.to_thread.run_sync(
+            self.queue.finish, claim, state, outcome, limiter=limiter
+        )
         if finished:
             self.completed += 1
         else:
