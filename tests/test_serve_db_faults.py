@@ -46,7 +46,10 @@ async def test_two_hundred_prompts_while_a_worker_is_killed_and_replaced(
 ) -> None:
     url = fresh_database(pg_server, "kill_200")
     prompts = 200
-    with open_stack(url, tmp_path, workers=2, replicas=2, delay_s=0.1) as stack:
+    busy = ("--concurrency", "64")  # each worker holds many casts: busy heartbeats
+    with open_stack(url, tmp_path, workers=0, replicas=2, delay_s=0.4) as stack:
+        for _ in range(2):
+            stack.start_worker(*busy)
         answers: dict[int, tuple[int, dict[str, Any]]] = {}
         took: list[float] = []
 
@@ -69,7 +72,7 @@ async def test_two_hundred_prompts_while_a_worker_is_killed_and_replaced(
                 victim.kill()
                 victim.wait()
                 killed_at = len(answers)
-                stack.start_worker()
+                stack.start_worker(*busy)
         finally:
             for client in clients:
                 await client.aclose()
