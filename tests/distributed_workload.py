@@ -65,7 +65,7 @@ _connection: Any = None
 
 def _db() -> Any:
     global _connection
-    if _connection is None:
+    if _connection is None or _connection.closed:  # first use, or lost (a restart)
         import psycopg
 
         _connection = psycopg.connect(os.environ["CANTRIP_TEST_DB"], autocommit=True)
@@ -75,9 +75,13 @@ def _db() -> Any:
 @cantrip.gate(blocking=True)
 def charge(job: str, step: int) -> str:
     """Charge the customer for one step of a job (a side effect: one row per call)."""
-    _db().execute(
-        "INSERT INTO chaos_effects (job, step, pid) VALUES (%s, %s, %s)", (job, step, os.getpid())
-    )
+    import psycopg
+
+    insert = "INSERT INTO chaos_effects (job, step, pid) VALUES (%s, %s, %s)"
+    try:
+        _db().execute(insert, (job, step, os.getpid()))
+    except psycopg.OperationalError:  # the connection was lost (a database restart): again
+        _db().execute(insert, (job, step, os.getpid()))
     pause = float(os.environ.get("WORKLOAD_GATE_MS", "0")) / 1000.0
     if pause:
         time.sleep(pause)
@@ -92,3 +96,18 @@ def build() -> cantrip.Cantrip:
         identity=cantrip.Identity(system_prompt="distributed workload"),
         circle=cantrip.Circle([done, charge], [cantrip.max_turns(turns + 5)]),
     )
+
+
+def poison() -> cantrip.Cantrip:
+    """A queued spell that cannot be built here (its error carries a key-shaped secret,
+    which the recorded error must not)."""
+    raise RuntimeError("cannot build: the provider refused api_key=sk-poison-0123456789abcdef")
+
+
+def crasher() -> cantrip.Cantrip:
+    """A queued spell that kills the worker that builds it (like a segfault or the OOM
+    killer would): only the attempt limit stops it from killing the next one."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")

@@ -72,32 +72,42 @@ def postgres_cluster(extra_options: str = "") -> Iterator[str]:
         f"-k {sockets} -p {port} -c listen_addresses=127.0.0.1 -c fsync=off "
         "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200 " + extra_options
     )
-    subprocess.run(
-        [
-            *prefix,
-            _bin("pg_ctl"),
-            "-D",
-            str(data),
-            "-o",
-            options,
-            "-l",
-            str(root / "log"),
-            "-w",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
-        env=env,
-    )
+    start = [*prefix, _bin("pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log")]
+    subprocess.run([*start, "-w", "start"], check=True, capture_output=True, env=env)
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    _running[url] = (start, [*prefix, _bin("pg_ctl"), "-D", str(data)], env)
     try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        yield url
     finally:
+        _running.pop(url, None)
         subprocess.run(
             [*prefix, _bin("pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
             capture_output=True,
             env=env,
         )
         shutil.rmtree(root, ignore_errors=True)
+
+
+_running: dict[str, tuple[list[str], list[str], dict[str, str]]] = {}
+"""The clusters started here, by URL: how to start one again, how to reach its pg_ctl."""
+
+
+def stop_cluster(url: str, mode: str = "fast") -> None:
+    """Stop the cluster at ``url`` (``pg_ctl stop -m fast``: every session is ended, as
+    in a deploy or a failover); :func:`start_cluster` brings it back on the same port
+    with the same data directory."""
+    _start, ctl, env = _running[_server_url(url)]
+    subprocess.run([*ctl, "-m", mode, "-w", "stop"], check=True, capture_output=True, env=env)
+
+
+def start_cluster(url: str) -> None:
+    start, _ctl, env = _running[_server_url(url)]
+    subprocess.run([*start, "-w", "start"], check=True, capture_output=True, env=env)
+
+
+def _server_url(url: str) -> str:
+    """The cluster URL of a URL to any of its databases."""
+    return url.rsplit("/", 1)[0] + "/postgres"
 
 
 def fresh_database(url: str, name: str) -> str:

@@ -31,6 +31,9 @@ class ConversationOpenAI(FakeOpenAI):
         self.delay_s = delay_s
 
     async def respond(self, request: Request, send: Sender) -> None:
+        # the delay comes first: from setting the script to the parent popping it there is
+        # no checkpoint, so concurrent requests never answer with each other's script
+        await trio.sleep(self.delay_s)
         try:
             body: Any = request.json()
             messages = list(body.get("messages") or [])
@@ -46,7 +49,6 @@ class ConversationOpenAI(FakeOpenAI):
             else:
                 call = Call("echo", {"text": f"step {steps + 1}"})
             self.script = [Answer(calls=(call,))]
-        await trio.sleep(self.delay_s)
         await super().respond(request, send)
 
 

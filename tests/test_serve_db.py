@@ -9,6 +9,7 @@ workers run with a 1 s lease, so a killed worker's prompt is taken over fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -71,9 +72,12 @@ class Stack:
     procs: list[subprocess.Popen[bytes]] = attrs.Factory(list)
     workers: list[subprocess.Popen[bytes]] = attrs.Factory(list)
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
+    def start_worker(self, *options: str) -> subprocess.Popen[bytes]:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "cantrip", "worker", "--db", self.url, "--lease", "1.0"],
+            [
+                *(sys.executable, "-m", "cantrip", "worker", "--db", self.url),
+                *("--lease", "1.0", *options),
+            ],
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=self.log.open("ab"),
@@ -117,23 +121,31 @@ class Stack:
             return conn.execute(sql, params).fetchall()
 
 
-@pytest.fixture(scope="module")
-def stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """PostgreSQL, the loopback LLM, two serve replicas and one worker, for this module."""
-    url = fresh_database(pg_server, "serve_db")
-    root = tmp_path_factory.mktemp("serve-db")
-    env = {
+@contextlib.contextmanager
+def open_stack(
+    url: str,
+    root: Path,
+    *,
+    workers: int = 1,
+    replicas: int = 2,
+    delay_s: float = DELAY_S,
+    **env: str,
+) -> Iterator[Stack]:
+    """The loopback LLM, ``replicas`` serve replicas and ``workers`` workers on the
+    database at ``url``; every process killed at the end. ``env``: more variables."""
+    environment = {
         **os.environ,
         "PYTHONPATH": str(TESTS),
         "SERVE_DB_TEST_KEY": KEY,
         "CANTRIP_PROVIDERS_DIR": str(root / "providers"),
+        **env,
     }
     llm = subprocess.Popen(
         [
             *(sys.executable, str(TESTS / "serve_db_llm.py")),
-            *("--turns", str(TURNS), "--delay", str(DELAY_S)),
+            *("--turns", str(TURNS), "--delay", str(delay_s)),
         ],
-        env=env,
+        env=environment,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
@@ -141,18 +153,28 @@ def stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     base_url = llm.stdout.readline().decode().split()[1]
     spec = root / "spec.toml"
     spec.write_text(SPEC.format(base_url=base_url))
-    built = Stack(url, spec, root / "processes.log", env)
+    built = Stack(url, spec, root / "processes.log", environment)
     built.procs.append(llm)
     try:
-        built.start_worker()
-        built.start_replica()
-        built.start_replica()
+        for _ in range(workers):
+            built.start_worker()
+        for _ in range(replicas):
+            built.start_replica()
         yield built
     finally:
         for proc in built.procs:
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
                 proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """PostgreSQL, the loopback LLM, two serve replicas and one worker, for this module."""
+    url = fresh_database(pg_server, "serve_db")
+    with open_stack(url, tmp_path_factory.mktemp("serve-db")) as built:
+        yield built
 
 
 async def _client(base: str) -> httpx.AsyncClient:

@@ -22,6 +22,7 @@ from distributed_workload import EFFECTS_TABLE
 import cantrip.distributed._worker
 from cantrip.distributed._queue import Claim, WorkQueue
 from cantrip.distributed._worker import Dispatcher, Worker, spell_from_factory
+from cantrip.loom import Loom
 from cantrip.loom._fence import Fence
 
 WORKLOAD = spell_from_factory("distributed_workload:build")
@@ -42,25 +43,30 @@ async def test_a_lease_given_up_by_finish_is_never_reported_lost(
 ) -> None:
     finished = threading.Event()
 
-    class LateHeartbeat(WorkQueue):
+    real_heartbeat = cantrip.distributed._worker.heartbeat_on
+    beats: list[int] = []
+    monkeypatch.setenv("WORKLOAD_LATENCY_MS", "150")  # the cast outlasts the first heartbeat
+
+    def late_heartbeat(conn: Any, owner: str, fences: list[Fence], lease_s: float) -> Any:
         """The race of a fast cast, made certain: the heartbeat's statement runs only
         after ``finish`` has released the lease."""
+        beats.append(len(fences))
+        finished.wait(timeout=20)
+        return real_heartbeat(conn, owner, fences, lease_s)
 
-        def heartbeat(self, fence: Fence, lease_s: float) -> tuple[bool, bool]:
-            finished.wait(timeout=20)
-            return super().heartbeat(fence, lease_s)
-
+    class LateFinish(WorkQueue):
         def finish(self, claim: Claim, state: str, outcome: dict[str, Any]) -> bool:
             try:
                 return super().finish(claim, state, outcome)
             finally:
                 finished.set()
 
-    monkeypatch.setattr(cantrip.distributed._worker, "WorkQueue", LateHeartbeat)
+    monkeypatch.setattr(cantrip.distributed._worker, "WorkQueue", LateFinish)
+    monkeypatch.setattr(cantrip.distributed._worker, "heartbeat_on", late_heartbeat)
     dispatcher = await trio.to_thread.run_sync(Dispatcher, effects_db)
     with caplog.at_level(logging.INFO, logger="cantrip.worker"):
         async with trio.open_nursery() as nursery:
-            worker = Worker(effects_db, concurrency=4)
+            worker = Worker(effects_db, concurrency=4, lease_s=3)
             await nursery.start(worker.run)
             work, _ = await trio.to_thread.run_sync(lambda: dispatcher.submit(WORKLOAD, "fast"))
             state, outcome = await trio.to_thread.run_sync(
@@ -71,7 +77,7 @@ async def test_a_lease_given_up_by_finish_is_never_reported_lost(
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
     dispatcher.close()
-    assert finished.is_set() and worker.completed == 1
+    assert finished.is_set() and worker.completed == 1 and beats[0] == 1
     lost = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
     assert lost == []
 
@@ -212,3 +218,98 @@ async def test_a_worker_never_claims_more_than_its_free_slots(
     dispatcher.close()
     assert most["small"] <= 2 and most["big"] <= 3
     assert most["small"] + most["big"] >= 4  # both ran casts side by side
+
+
+async def test_heartbeats_do_not_queue_behind_the_looms_writes(
+    effects_db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every thread slot of the loom's store held for 2.5 s (a flood of writes, a slow
+    commit) mid-cast: the 1 s lease is still renewed, the cast waits and ends ``done`` on
+    its first claim. (When the heartbeat went through the loom's pool and limiter, the
+    lease ran out and the cast was stopped and claimed again.)"""
+    import psycopg
+
+    monkeypatch.setenv("WORKLOAD_LATENCY_MS", "50")
+    dispatcher = await trio.to_thread.run_sync(Dispatcher, effects_db)
+    with caplog.at_level(logging.INFO, logger="cantrip.worker"):
+        async with trio.open_nursery() as nursery:
+            worker = Worker(effects_db, concurrency=4, lease_s=1.0)
+            await nursery.start(worker.run)
+            work, entity = await trio.to_thread.run_sync(
+                lambda: dispatcher.submit(WORKLOAD, "busy")
+            )
+            loom = Loom.open(effects_db)
+            while len(await trio.to_thread.run_sync(loom.entity_turns, entity)) < 2:
+                await trio.sleep(0.02)
+            limiter = worker.loom.store.limiter  # type: ignore[attr-defined]
+            holders = [object() for _ in range(int(limiter.total_tokens))]
+            for holder in holders:
+                await limiter.acquire_on_behalf_of(holder)
+            await trio.sleep(2.5)  # 2.5 leases with no loom write getting through
+            for holder in holders:
+                limiter.release_on_behalf_of(holder)
+            state, outcome = await trio.to_thread.run_sync(
+                lambda: dispatcher.wait(work, timeout=30)
+            )
+            nursery.cancel_scope.cancel()
+    dispatcher.close()
+    loom.close()
+    assert (state, outcome["turns"]) == ("done", 10)
+    with psycopg.connect(effects_db) as conn:
+        (attempts,) = conn.execute("SELECT attempts FROM cantrip_work WHERE id = %s", (work,))
+    assert attempts == (1,)
+    assert not [r for r in caplog.records if "lease" in r.getMessage()]
+
+
+async def test_a_retried_submit_or_answer_whose_first_try_committed_is_not_doubled(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection breaks after the statement committed, before its reply: the retry
+    finds the work the first try queued (and the answer it recorded) instead of doing it
+    twice."""
+    import psycopg
+
+    from cantrip._approval import Decision, Pause, PauseError
+
+    dispatcher = await trio.to_thread.run_sync(Dispatcher, pg_url)
+    queue = dispatcher.queue
+    real_enqueue, real_answer = queue.enqueue, queue.answer
+    broken: list[str] = []
+
+    def enqueue_then_break(*args: Any) -> int:
+        work = real_enqueue(*args)
+        if not broken:
+            broken.append("submit")
+            raise psycopg.OperationalError("the connection is lost")
+        return work
+
+    monkeypatch.setattr(queue, "enqueue", enqueue_then_break)
+    work, entity = await trio.to_thread.run_sync(lambda: dispatcher.submit({"x": 1}, "once"))
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute("SELECT id FROM cantrip_work WHERE entity_id = %s", (entity,))
+        assert [r[0] for r in rows] == [work]
+    # the work pauses for a human; the answer's reply is lost after it committed
+    (claim,) = queue.claim_many("w", 30, 1)
+    pause = Pause("p-1", entity, "approval", "charge", {"amount": 1})
+    assert queue.finish(claim, "paused", {"pending": [pause.to_dict()], "entity_id": entity})
+
+    def answer_then_break(*args: Any) -> Any:
+        answered = real_answer(*args)
+        if len(broken) == 1:
+            broken.append("answer")
+            raise psycopg.OperationalError("the connection is lost")
+        return answered
+
+    monkeypatch.setattr(queue, "answer", answer_then_break)
+    carried = await trio.to_thread.run_sync(
+        lambda: dispatcher.answer(entity, "p-1", Decision.approve())
+    )
+    assert broken == ["submit", "answer"]
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute(
+            "SELECT id FROM cantrip_work WHERE entity_id = %s ORDER BY id", (entity,)
+        ).fetchall()
+    assert [r[0] for r in rows] == [work, carried]  # one answer, carried out once
+    with pytest.raises(PauseError, match="already answered"):  # another answer still loses
+        await trio.to_thread.run_sync(lambda: dispatcher.answer(entity, "p-1", Decision.deny("no")))
+    dispatcher.close()

@@ -90,6 +90,18 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     worker.add_argument("--db", metavar="URL", required=True, help="postgresql://...")
     worker.add_argument("--concurrency", type=int, default=16, help="entities at once (16)")
     worker.add_argument("--lease", type=float, default=10.0, help="lease seconds (10)")
+    worker.add_argument(
+        "--max-attempts",
+        type=int,
+        default=5,
+        metavar="N",
+        help="claims of one cast before it is dead-lettered (5)",
+    )
+    worker.add_argument(
+        "--dead-letters",
+        action="store_true",
+        help="list the dead-lettered casts (one JSON object a line) and exit",
+    )
     _add_otlp(worker)
 
     answer = commands.add_parser(

@@ -36,7 +36,13 @@ def run_worker(args: argparse.Namespace) -> int:
     leases expire) -- the loom and the gate journal hold everything they did."""
     from cantrip.distributed._worker import Worker
 
-    worker = Worker(args.db, concurrency=args.concurrency, lease_s=args.lease)
+    if args.dead_letters:
+        return _list_dead_letters(args.db)
+    if args.max_attempts < 1:
+        return _fail(f"--max-attempts must be at least 1, not {args.max_attempts}")
+    worker = Worker(
+        args.db, concurrency=args.concurrency, lease_s=args.lease, max_attempts=args.max_attempts
+    )
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -51,6 +57,23 @@ def run_worker(args: argparse.Namespace) -> int:
         trio.run(run)
     except CantripError as exc:
         return _fail(str(exc))
+    return 0
+
+
+def _list_dead_letters(url: str) -> int:
+    """``cantrip worker --db URL --dead-letters``: the casts no worker could finish within
+    the attempt limit, one JSON object a line (redacted), oldest first."""
+    from cantrip.distributed._worker import Dispatcher
+
+    try:
+        dispatcher = Dispatcher(url)
+    except CantripError as exc:
+        return _fail(str(exc))
+    try:
+        for item in dispatcher.dead_letters():
+            print(redact(json.dumps(item)))
+    finally:
+        dispatcher.close()
     return 0
 
 
@@ -150,7 +173,7 @@ def _report(args: argparse.Namespace, state: str, work_id: int, outcome: dict[st
     """Print how the work ended (like ``cast``) and return the exit code."""
     if args.json:
         print(json.dumps({"state": state, "work_id": work_id, **outcome}, default=str))
-    elif state == "failed":
+    elif state in ("failed", "dead"):
         print(f"cantrip: {redact(str(outcome.get('error')))}", file=sys.stderr)
     elif state == "paused":
         _print_pending(outcome)
@@ -159,7 +182,7 @@ def _report(args: argparse.Namespace, state: str, work_id: int, outcome: dict[st
         print(redact(result if isinstance(result, str) else json.dumps(result)))
     if state == "paused":
         return EXIT_PAUSED
-    if state == "failed":
+    if state in ("failed", "dead"):
         return EXIT_ERROR
     if state == "cancelled":
         return EXIT_INTERRUPTED

@@ -10,7 +10,11 @@ The standard Postgres queue pattern and nothing of our own beyond it:
   **fencing epoch** -- and marks the rows running, all in one statement.
   Work for one entity runs in enqueue order, one at a time;
 * **heartbeat** extends the lease, but only while it is still this worker's at
-  this epoch and unexpired (a worker paused past its lease cannot revive it);
+  this epoch and unexpired (a worker paused past its lease cannot revive it); a
+  worker renews all its leases in one statement (:func:`heartbeat_on`);
+* **attempts** count claims: an item claimed ``max_attempts`` times whose worker
+  still stopped without an outcome (killed, crashed, lost its lease) is not claimed
+  again but *dead-lettered* -- state ``dead``, the reason in its result;
 * **finish** records the outcome and releases the lease, fenced the same way;
 * **cancel** marks queued work cancelled and running work ``cancel_requested``,
   and ``NOTIFY cantrip_cancel`` with the entity id so its worker stops it at once
@@ -34,10 +38,16 @@ from cantrip.loom._postgres import PostgresStore
 WORK_CHANNEL = "cantrip_work"
 CANCEL_CHANNEL = "cantrip_cancel"
 
+DEAD = "dead"
+"""The end state of work no worker could finish within the attempt limit (a
+dead letter: :meth:`WorkQueue.dead_letters` lists them)."""
+MAX_ATTEMPTS = 5
+"""Claims of one work item before it is dead-lettered (``cantrip worker --max-attempts``)."""
+
 PAUSED = "paused"
 """The end state of work whose cast paused for a human: its outcome lists the
 ``pending`` calls; the lease is released and no worker holds the entity."""
-ENDED = frozenset({"done", "failed", "cancelled", PAUSED})
+ENDED = frozenset({"done", "failed", "cancelled", PAUSED, DEAD})
 """States a work item does not leave (a paused item's answer is new work)."""
 ANSWER_KEY = "answer"
 """The spell key of work that carries out a human's answer to a pause."""
@@ -48,6 +58,8 @@ _CLAIM = """
 SELECT w.id, w.entity_id, w.intent, w.spell, w.state, w.attempts
 FROM cantrip_work w
 WHERE w.state IN ('queued', 'running')
+  AND w.attempts < %(max_attempts)s
+  AND NOT (w.entity_id = ANY(%(busy)s::text[]))
   AND NOT EXISTS (
       SELECT 1 FROM cantrip_leases l
       WHERE l.entity_id = w.entity_id AND l.owner IS NOT NULL
@@ -90,10 +102,83 @@ SELECT * FROM claimed
 ``limit`` (``SKIP LOCKED``), each entity's lease taken -- bumping its fencing epoch --
 and the rows marked running. The picked rows are of distinct entities: a row is
 runnable only if no older row of its entity is open. A lease another worker took a
-moment ago drops that row from the answer (fewer rows than picked). The base turn (the
+moment ago drops that row from the answer (fewer rows than picked). ``busy``: the
+entities the claiming worker still runs (an old run stopping after its lease ran out):
+never handed back to it until that run has ended. The base turn (the
 entity's latest before its first claim) is read only on the first claim: no other
 worker can be writing the entity then (its earlier work is finished, its lease
 released, and a zombie's fence is stale)."""
+
+
+_DEAD_LETTER = """
+WITH dead AS (
+    UPDATE cantrip_work w SET state = 'dead', finished_at = clock_timestamp(),
+        result = json_build_object(
+            'error', 'dead-lettered after ' || w.attempts || ' attempts: each worker that '
+                || 'claimed it stopped without recording an outcome (killed, crashed, or '
+                || 'lost its lease)',
+            'attempts', w.attempts, 'entity_id', w.entity_id,
+            'base_turn', (w.result::json)->>'base_turn')::text
+    WHERE w.state = 'running' AND w.attempts >= %(max_attempts)s
+      AND NOT EXISTS (
+          SELECT 1 FROM cantrip_leases l
+          WHERE l.entity_id = w.entity_id AND l.owner IS NOT NULL
+            AND l.expires_at > clock_timestamp())
+    RETURNING w.entity_id
+)
+SELECT count(pg_notify(%(channel)s, entity_id)) FROM dead
+"""
+"""Dead-letter the running items whose lease ran out after their last allowed claim
+(the waiting clients are told by NOTIFY). Run before each claim; an item at the limit
+is never claimed (``_CLAIM``), so one that crashes every worker that runs it stops
+being run."""
+
+_HEARTBEAT = """
+WITH mine AS (
+    SELECT * FROM unnest(%(entities)s::text[], %(epochs)s::bigint[]) AS m(entity_id, epoch)
+),
+locked AS (
+    SELECT l.entity_id, l.epoch,
+        l.owner = %(owner)s AND l.epoch = mine.epoch AND l.expires_at > clock_timestamp() AS held
+    FROM cantrip_leases l JOIN mine ON mine.entity_id = l.entity_id
+    FOR UPDATE OF l SKIP LOCKED
+),
+renewed AS (
+    UPDATE cantrip_leases l
+    SET expires_at = clock_timestamp() + %(lease)s * interval '1 second'
+    FROM locked WHERE l.entity_id = locked.entity_id AND locked.held
+    RETURNING l.entity_id, l.epoch
+)
+SELECT m.entity_id, k.entity_id IS NULL, r.entity_id IS NOT NULL AND EXISTS (
+    SELECT 1 FROM cantrip_work w WHERE w.entity_id = r.entity_id AND w.state = 'running'
+        AND w.owner = %(owner)s AND w.epoch = r.epoch AND w.cancel_requested)
+FROM mine m
+LEFT JOIN locked k ON k.entity_id = m.entity_id
+LEFT JOIN renewed r ON r.entity_id = m.entity_id
+WHERE r.entity_id IS NOT NULL OR k.entity_id IS NULL
+"""
+"""Renew many leases in one statement without waiting on a lock: a lease row a loom
+write holds ``FOR SHARE`` at this moment is skipped (renewed at the next beat), so a
+heartbeat never deadlocks with the writes it runs beside."""
+
+
+def heartbeat_on(
+    conn: Any, owner: str, fences: list[Fence], lease_s: float
+) -> dict[str, bool | None]:
+    """Extend every lease of ``fences`` (one worker's) that still holds, in one statement:
+    {lease entity: cancel requested} for those renewed, None for those skipped because a
+    write held their row this moment (neither renewed nor known lost); one missing from
+    the answer is lost (expired, or claimed by another worker)."""
+    rows = conn.execute(
+        _HEARTBEAT,
+        {
+            "entities": [f.lease_entity for f in fences],
+            "epochs": [f.epoch for f in fences],
+            "owner": owner,
+            "lease": lease_s,
+        },
+    ).fetchall()
+    return {str(entity): None if skipped else bool(cancel) for entity, skipped, cancel in rows}
 
 
 def enqueue_on(conn: Any, spell: dict[str, Any], intent: str, entity_id: str) -> int:
@@ -165,16 +250,34 @@ class WorkQueue:
         claims = self.claim_many(owner, lease_s, 1)
         return claims[0] if claims else None
 
-    def claim_many(self, owner: str, lease_s: float, limit: int) -> list[Claim]:
+    def claim_many(
+        self,
+        owner: str,
+        lease_s: float,
+        limit: int,
+        *,
+        busy: list[str] | None = None,
+        max_attempts: int = MAX_ATTEMPTS,
+    ) -> list[Claim]:
         """Up to ``limit`` of the oldest runnable work items, each of another entity, now
         this worker's (oldest first; empty if none is runnable). One statement: a worker
         asks for as many as it has free slots, never more, so what it cannot run at once
-        stays for the other workers."""
+        stays for the other workers. ``busy``: entities this worker still runs (never
+        claimed again until that run ended). Items past ``max_attempts`` are dead-lettered
+        first (one more statement)."""
         if limit < 1:
             raise ValueError(f"claim at least one work item, not {limit}")
         with self.store.pool.connection() as conn:
+            conn.execute(_DEAD_LETTER, {"max_attempts": max_attempts, "channel": WORK_CHANNEL})
             rows = conn.execute(
-                _CLAIM_AND_LEASE, {"owner": owner, "lease": lease_s, "limit": limit}
+                _CLAIM_AND_LEASE,
+                {
+                    "owner": owner,
+                    "lease": lease_s,
+                    "limit": limit,
+                    "busy": list(busy or ()),
+                    "max_attempts": max_attempts,
+                },
             ).fetchall()
         claims = []
         for work_id, entity_id, intent, spell, attempts, epoch, result, waited in rows:
@@ -195,24 +298,47 @@ class WorkQueue:
     def heartbeat(self, fence: Fence, lease_s: float) -> tuple[bool, bool]:
         """Extend the lease if it still holds: (held, cancel requested). One statement."""
         with self.store.pool.connection() as conn:
-            row = conn.execute(
-                "WITH renewed AS (UPDATE cantrip_leases SET expires_at = clock_timestamp() + "
-                "%(lease)s * interval '1 second' WHERE entity_id = %(entity)s "
-                "AND owner = %(owner)s AND epoch = %(epoch)s "
-                "AND expires_at > clock_timestamp() RETURNING 1) "
-                "SELECT EXISTS (SELECT 1 FROM renewed), EXISTS (SELECT 1 FROM cantrip_work "
-                "WHERE entity_id = %(entity)s AND state = 'running' AND owner = %(owner)s "
-                "AND epoch = %(epoch)s AND cancel_requested)",
-                {
-                    "lease": lease_s,
-                    "entity": fence.lease_entity,
-                    "owner": fence.owner,
-                    "epoch": fence.epoch,
-                },
-            ).fetchone()
-        assert row is not None
-        held, cancel = bool(row[0]), bool(row[1])
-        return held, held and cancel
+            while True:
+                renewed = heartbeat_on(conn, fence.owner, [fence], lease_s)
+                if renewed.get(fence.lease_entity, False) is not None:
+                    break  # renewed or lost (not skipped for a write holding the row)
+        cancel = renewed.get(fence.lease_entity)
+        return fence.lease_entity in renewed, bool(cancel)
+
+    def abandon(self, claim: Claim) -> bool:
+        """Give the lease up without an outcome (the run stopped on a fault that is not the
+        work's own: a lost database connection): another claim -- any worker's -- resumes
+        it at once instead of after the lease. False if the lease was not held any more."""
+        fence = claim.fence
+        with self.store.pool.connection() as conn:
+            released = conn.execute(
+                "UPDATE cantrip_leases SET owner = NULL, expires_at = '-infinity' "
+                "WHERE entity_id = %s AND owner = %s AND epoch = %s "
+                "AND expires_at > clock_timestamp()",
+                (fence.lease_entity, fence.owner, fence.epoch),
+            ).rowcount
+        return bool(released)
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """Work items dead-lettered after the attempt limit, oldest first."""
+        with self.store.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT id, entity_id, intent, attempts, result, enqueued_at, finished_at "
+                "FROM cantrip_work WHERE state = %s ORDER BY id",
+                (DEAD,),
+            ).fetchall()
+        return [
+            {
+                "work_id": int(work_id),
+                "entity_id": entity_id,
+                "intent": intent,
+                "attempts": int(attempts),
+                "error": (json.loads(result) if result else {}).get("error"),
+                "enqueued_at": enqueued.isoformat(),
+                "finished_at": finished.isoformat() if finished else None,
+            }
+            for work_id, entity_id, intent, attempts, result, enqueued, finished in rows
+        ]
 
     def finish(self, claim: Claim, state: str, outcome: dict[str, Any]) -> bool:
         """Record how the work ended and release the lease; False if the lease was lost.
@@ -275,6 +401,34 @@ class WorkQueue:
             paused = pending_on(conn, entity_id)
             live = live_pending_on(conn, entity_id)
         return (paused.pending if paused is not None else []) + live
+
+    def open_work(self, entity_id: str, intent: str) -> int | None:
+        """The entity's latest open (queued or running) work with ``intent``, if any."""
+        with self.store.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT id FROM cantrip_work WHERE entity_id = %s AND intent = %s "
+                "AND state IN ('queued', 'running') ORDER BY id DESC LIMIT 1",
+                (entity_id, intent),
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    def answered_by(self, entity_id: str, pause_id: str, decision: dict[str, Any]) -> int | None:
+        """The work carrying out ``decision`` on ``pause_id`` if that very answer is recorded
+        (a retry of an answer whose reply was lost finds its own), else None."""
+        with self.store.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT w.result, q.spell FROM cantrip_work w LEFT JOIN cantrip_work q "
+                "ON q.id = ((w.result::json)->'answered'->>'work_id')::bigint "
+                "WHERE w.entity_id = %s AND w.state = %s ORDER BY w.id DESC LIMIT 1",
+                (entity_id, PAUSED),
+            ).fetchone()
+        if row is None or row[0] is None or row[1] is None:
+            return None
+        answered = json.loads(row[0]).get("answered") or {}
+        carried = json.loads(row[1]).get(ANSWER_KEY) or {}
+        if answered.get("pause_id") != pause_id or carried.get("decision") != decision:
+            return None
+        return int(answered["work_id"])
 
     def cancel_requested(self, work_id: int) -> bool:
         with self.store.pool.connection() as conn:

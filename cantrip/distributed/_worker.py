@@ -18,15 +18,18 @@ whole tree, and every cut-off turn is recorded.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import json
 import logging
 import math
 import os
 import socket
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -36,23 +39,28 @@ from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult, Entity, new_entity_id
 from cantrip._errors import CantripError, LLMError
 from cantrip._redact import get_logger
+from cantrip.distributed._outage import Outage, describe, is_connection_error
 from cantrip.distributed._queue import (
     ANSWER_KEY,
     CANCEL_CHANNEL,
     ENDED,
+    MAX_ATTEMPTS,
     PAUSED,
     WORK_CHANNEL,
     Claim,
     LivePauses,
     WorkQueue,
+    heartbeat_on,
 )
 from cantrip.llm._contract import plain_json
 from cantrip.loom._fence import LeaseLostError
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
-from cantrip.loom._postgres import PostgresStore
+from cantrip.loom._postgres import PostgresStore, lease_lost_message
 
 log = get_logger("cantrip.worker")
+dispatch_log = get_logger("cantrip.dispatcher")
+T = TypeVar("T")
 
 LIVE_TICK_S = 0.25
 """How often a worker looks for pauses its entities' children wait on in place (in
@@ -111,6 +119,18 @@ def outcome_of(result: CastResult) -> dict[str, Any]:
     return outcome
 
 
+def failure_outcome(entity_id: str, exc: BaseException) -> dict[str, Any]:
+    """The recorded outcome of a cast that failed: its error in one redacted line."""
+    return {"error": describe(exc), "entity_id": entity_id}
+
+
+def _lease_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (or any exception grouped in it) is a refused write: lease lost."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_lease_lost(e) for e in exc.exceptions)
+    return isinstance(exc, LeaseLostError)
+
+
 def _state_of(result: CastResult) -> str:
     """The work item's end state for a cast's result (``paused``: waits for an answer)."""
     if result.reason == "cancelled":
@@ -123,11 +143,16 @@ class _Owned:
     """An entity this worker runs now."""
 
     claim: Claim
+    run: trio.CancelScope
+    """The run's scope; its deadline is the lease's local deadline (moved by each
+    renewal): a lease that runs out stops the run here, whatever the heartbeat is doing."""
     entity: Entity | None = None
     cancelled: bool = False
     releasing: bool = False
     """Set just before ``finish`` releases the lease: from then on a heartbeat that finds
     the lease gone is not a loss (finish itself reports a lease lost before it)."""
+    lost: str | None = None
+    """Why the lease is gone (said once, by whoever found out first)."""
     poke: trio.Event = attrs.Factory(trio.Event)
     """Set when NOTIFY says something about this entity (an answer to a live pause)."""
 
@@ -148,13 +173,16 @@ class Worker:
         lease_s: float = 10.0,
         poll_s: float = 2.0,
         worker_id: str | None = None,
+        max_attempts: int = MAX_ATTEMPTS,
     ) -> None:
         self.url = url
         self.concurrency = concurrency
         self.lease_s = lease_s
         self.poll_s = poll_s
+        self.max_attempts = max_attempts
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self._owned: dict[str, _Owned] = {}
+        """Entities whose run has not ended here (each is never claimed again until it has)."""
         self._wake = trio.Event()
         self._spells: dict[str, Cantrip] = {}
         self.completed = 0
@@ -166,24 +194,42 @@ class Worker:
         self.loom = Loom(store)
         self.queue = WorkQueue(store)
         self._live = await trio.to_thread.run_sync(LivePauses, store)
+        outage = Outage("worker claims", log)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._listen)
+                nursery.start_soon(self._heartbeats)
                 task_status.started(self.worker_id)
                 free = trio.Semaphore(self.concurrency)
                 while True:
                     slots = await _take_free(free)
-                    claims = await trio.to_thread.run_sync(
+                    sent = trio.current_time()
+                    claim = functools.partial(
                         self.queue.claim_many,
                         self.worker_id,
                         self.lease_s,
                         slots,
-                        limiter=store.limiter,
+                        busy=list(self._owned),  # runs not ended here are never claimed
+                        max_attempts=self.max_attempts,
                     )
+                    try:
+                        claims = await trio.to_thread.run_sync(claim, limiter=store.limiter)
+                    except Exception as exc:
+                        if not is_connection_error(exc):
+                            raise
+                        for _ in range(slots):
+                            free.release()
+                        await self._wait_out(outage, exc)
+                        continue
+                    outage.ok()
                     for _ in range(slots - len(claims)):
                         free.release()
-                    for claim in claims:
-                        nursery.start_soon(self._own, claim, free)
+                    for claimed in claims:
+                        until = sent + self.lease_s  # never after the database's expiry
+                        owned = _Owned(claimed, trio.CancelScope(deadline=until))
+                        self._owned[claimed.entity_id] = owned
+                        self.loom.hold(claimed.entity_id, claimed.fence, until=until)
+                        nursery.start_soon(self._own, owned, free)
                     if len(claims) < slots:  # the queue is drained (for now)
                         with trio.move_on_after(self.poll_s):  # NOTIFY wakes us sooner
                             await self._wake.wait()
@@ -192,21 +238,52 @@ class Worker:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self.loom.close)
 
+    async def _wait_out(self, outage: Outage, exc: BaseException) -> None:
+        """A database call failed on a lost connection: refresh the pool's idle
+        connections (a restarted server broke them all) and wait the backoff."""
+        delay = outage.failed(exc)
+        store: PostgresStore = self.loom.store  # type: ignore[assignment]
+        with contextlib.suppress(Exception):  # the database may still be away
+            await trio.to_thread.run_sync(store.pool.check, limiter=store.limiter)
+        await trio.sleep(delay)
+
     # -- wake-ups and cancels ------------------------------------------------------
 
     async def _listen(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """LISTEN for new work and cancel requests on a connection of its own."""
+        """LISTEN for new work and cancel requests on a connection of its own; a lost
+        connection is made again (with backoff), and the claim loop is woken then --
+        what was notified meanwhile was missed."""
+        outage = Outage("worker LISTEN", log)
+        limiter = trio.CapacityLimiter(1)
+        while True:
+            try:
+                await self._listen_once(limiter, outage, task_status)
+            except Exception as exc:
+                if not is_connection_error(exc):
+                    raise
+                delay = outage.failed(exc)
+                task_status = trio.TASK_STATUS_IGNORED
+                await trio.sleep(delay)
+
+    async def _listen_once(
+        self, limiter: trio.CapacityLimiter, outage: Outage, task_status: trio.TaskStatus[None]
+    ) -> None:
         import psycopg
 
-        conn = await trio.to_thread.run_sync(lambda: psycopg.connect(self.url, autocommit=True))
-        limiter = trio.CapacityLimiter(1)
+        conn = await trio.to_thread.run_sync(
+            lambda: psycopg.connect(self.url, autocommit=True, connect_timeout=5),
+            limiter=limiter,
+        )
         try:
             await trio.to_thread.run_sync(
                 lambda: conn.execute(f"LISTEN {WORK_CHANNEL}; LISTEN {CANCEL_CHANNEL}"),
                 limiter=limiter,
             )
+            if outage.down:
+                self._wake.set()  # look for work notified while the connection was lost
+            outage.ok()
             task_status.started()
             while True:
                 notes = await trio.to_thread.run_sync(
@@ -226,59 +303,144 @@ class Worker:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(conn.close)
 
+    # -- leases ----------------------------------------------------------------------
+
+    async def _heartbeats(self) -> None:
+        """Renew every lease this worker holds, every third of the lease, in one statement
+        on a connection of its own -- never queued behind the loom's writes. A renewal
+        moves each run's local deadline to when it was *sent* plus the lease; a lease
+        the database no longer holds stops its run at once; one that cannot be renewed
+        (the database is away) stops its run at its deadline."""
+        import psycopg
+
+        limiter = trio.CapacityLimiter(1)
+        outage = Outage("worker heartbeat", log)
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            while True:
+                await trio.sleep(self.lease_s / 3)
+                owned = [o for o in self._owned.values() if not o.releasing and o.lost is None]
+                if not owned:
+                    continue
+                sent = trio.current_time()
+                try:
+                    if conn is None:
+                        conn = await trio.to_thread.run_sync(
+                            lambda: psycopg.connect(self.url, autocommit=True, connect_timeout=5),
+                            limiter=limiter,
+                        )
+                    renewed = await trio.to_thread.run_sync(
+                        heartbeat_on,
+                        conn,
+                        self.worker_id,
+                        [o.claim.fence for o in owned],
+                        self.lease_s,
+                        limiter=limiter,
+                    )
+                except Exception as exc:
+                    if not is_connection_error(exc):
+                        raise
+                    outage.failed(exc)  # the next tick tries again; deadlines stop the runs
+                    if conn is not None:
+                        bad, conn = conn, None
+                        await trio.to_thread.run_sync(bad.close, limiter=limiter)
+                    continue
+                outage.ok()
+                for o in owned:
+                    if self._owned.get(o.claim.entity_id) is not o or o.run.cancel_called:
+                        continue  # ended, or being stopped, while the beat was out
+                    if o.claim.entity_id in renewed:
+                        cancel = renewed[o.claim.entity_id]
+                        if cancel is None:  # a write held the row: renewed next beat
+                            continue
+                        until = sent + self.lease_s
+                        o.run.deadline = max(o.run.deadline, until)
+                        self.loom.renew(o.claim.fence.lease_entity, until)
+                        if cancel and not o.cancelled:
+                            o.cancel()  # the poll fallback of NOTIFY cantrip_cancel
+                    elif not o.releasing:  # given up on purpose by finish is not lost
+                        self._lose(o, lease_lost_message(o.claim.fence))
+        finally:
+            if conn is not None:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(conn.close)
+
+    def _lose(self, owned: _Owned, why: str) -> None:
+        """The lease is gone: refuse the run's writes here and stop it (said once)."""
+        if owned.lost is None:
+            owned.lost = why
+            log.warning("%s: lease lost; stopping it here", owned.claim.entity_id)
+        self.loom.lose(owned.claim.fence, why)
+        owned.run.cancel()
+
     # -- one entity --------------------------------------------------------------
 
-    async def _own(self, claim: Claim, free: trio.Semaphore) -> None:
-        owned = self._owned[claim.entity_id] = _Owned(claim)
-        self.loom.hold(claim.entity_id, claim.fence)
+    async def _own(self, owned: _Owned, free: trio.Semaphore) -> None:
+        """Run one claimed item, then record its outcome; whatever stops it -- a lease
+        that ran out, a lost connection, an error of its own -- stops it alone."""
+        claim = owned.claim
         try:
-            async with trio.open_nursery() as nursery:
-                run = trio.CancelScope()
-                nursery.start_soon(self._heartbeat, owned, run)
-                if self._asks_humans(claim):
-                    nursery.start_soon(self._live_pauses, owned)
-                try:
-                    with run:
-                        state, outcome = await self._execute(owned)
-                        owned.releasing = True
-                        finished = await trio.to_thread.run_sync(
-                            self.queue.finish,
-                            claim,
-                            state,
-                            outcome,
-                            limiter=self.loom.store.limiter,  # type: ignore[attr-defined]
-                        )
-                        if finished:
-                            self.completed += 1
-                        else:
-                            log.warning(
-                                "%s: lease lost before the outcome was recorded", claim.entity_id
-                            )
-                except LeaseLostError as exc:
-                    log.warning("%s", exc)  # another worker continues the entity
-                finally:
-                    nursery.cancel_scope.cancel()
+            ended: tuple[str, dict[str, Any]] | None = None
+            try:
+                async with trio.open_nursery() as nursery:
+                    if self._asks_humans(claim):
+                        nursery.start_soon(self._live_pauses, owned)
+                    try:
+                        with owned.run:
+                            ended = await self._execute(owned)
+                    finally:
+                        nursery.cancel_scope.cancel()
+                if ended is None:  # the run's scope stopped it: the lease ran out here
+                    self._lose(owned, "the lease ran out here before it was renewed")
+                else:
+                    await self._finish(owned, *ended)
+            except Exception as exc:  # noqa: BLE001 -- one cast's boundary: the worker goes on
+                await self._stopped(owned, exc)
         finally:
             self._owned.pop(claim.entity_id, None)
             self.loom.release(claim.entity_id)
             free.release()
 
-    async def _heartbeat(self, owned: _Owned, run: trio.CancelScope) -> None:
-        """Extend the lease every third of it; stop the entity the moment it is lost."""
-        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
-        while True:
-            held, cancel = await trio.to_thread.run_sync(
-                self.queue.heartbeat, owned.claim.fence, self.lease_s, limiter=limiter
+    async def _stopped(self, owned: _Owned, exc: Exception) -> None:
+        """A run stopped without an outcome: its lease was lost (another claim continues
+        it), its database connection was lost, or an error in cantrip stopped it outside
+        the cast (logged with its traceback). The last two give the lease up, so the next
+        claim -- counted against the attempt limit -- resumes it at once."""
+        claim = owned.claim
+        if _lease_lost(exc):
+            self._lose(owned, describe(exc))
+            log.info("%s: %s", claim.entity_id, describe(exc))
+            return
+        if is_connection_error(exc):
+            log.warning(
+                "%s: the database connection was lost (%s); left for the next claim",
+                claim.entity_id,
+                describe(exc),
             )
-            if not held:
-                if owned.releasing:  # given up on purpose by finish, not lost
-                    return
-                log.warning("%s: lease lost; stopping it here", owned.claim.entity_id)
-                run.cancel()
-                return
-            if cancel and not owned.cancelled:
-                owned.cancel()  # the poll fallback of NOTIFY cantrip_cancel
-            await trio.sleep(self.lease_s / 3)
+        else:
+            log.error(
+                "%s: an error in cantrip stopped the cast here; left for the next claim",
+                claim.entity_id,
+                exc_info=exc,
+            )
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):  # the database may be away: the lease runs out
+            await trio.to_thread.run_sync(self.queue.abandon, claim, limiter=limiter)
+
+    async def _finish(self, owned: _Owned, state: str, outcome: dict[str, Any]) -> None:
+        """Record the outcome and release the lease (fenced: refused if it was lost). A
+        lost connection here leaves the cast to the next claim, which finds its end in
+        the loom and records it then."""
+        claim = owned.claim
+        owned.releasing = True
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        finished = await trio.to_thread.run_sync(
+            self.queue.finish, claim, state, outcome, limiter=limiter
+        )
+        if finished:
+            self.completed += 1
+        else:
+            log.warning("%s: lease lost before the outcome was recorded", claim.entity_id)
 
     def _asks_humans(self, claim: Claim) -> bool:
         """Whether the claimed spell's circle can pause (only then are live pauses watched)."""
@@ -289,47 +451,71 @@ class Worker:
     async def _live_pauses(self, owned: _Owned) -> None:
         """Pauses the entity tree waits on in place -- a child's (children cannot leave
         their parent's cast) -- published so that any process can answer them
-        (``Dispatcher.answer``, ``serve --db``); their answers handed to the entity."""
+        (``Dispatcher.answer``, ``serve --db``); their answers handed to the entity.
+        A lost connection is tried again at the next tick."""
         limiter = self.loom.store.limiter  # type: ignore[attr-defined]
         published: set[str] = set()
-        asked_at = -math.inf
+        asked_at = [-math.inf]
         try:
             while True:
-                woken, owned.poke = owned.poke, trio.Event()  # a NOTIFY from now on wakes us
-                entity = owned.entity
-                live = {p.pause_id: p for p in (entity.live_pending if entity else ())}
-                fresh = [p.to_dict() for i, p in live.items() if i not in published]
-                if fresh:
-                    await trio.to_thread.run_sync(
-                        self._live.publish, owned.claim, fresh, limiter=limiter
-                    )
-                    published.update(p["pause_id"] for p in fresh)
-                gone = {i for i in published if i not in live}  # answered by a timeout
-                due = woken.is_set() or trio.current_time() - asked_at >= self.poll_s
-                if entity is not None and published - gone and due:
-                    asked_at = trio.current_time()
-                    answers = await trio.to_thread.run_sync(
-                        self._live.answers, sorted(published - gone), limiter=limiter
-                    )
-                    for pause_id, decision in answers:
-                        gone.add(pause_id)
-                        try:
-                            await entity.answer(pause_id, decision)
-                        except PauseError as exc:  # timed out meanwhile: it was denied
-                            log.info("%s: %s", owned.claim.entity_id, exc)
-                if gone:
-                    await trio.to_thread.run_sync(self._live.forget, sorted(gone), limiter=limiter)
-                    published.difference_update(gone)
+                try:
+                    await self._live_tick(owned, published, asked_at)
+                except Exception as exc:
+                    if not is_connection_error(exc):
+                        raise
                 with trio.move_on_after(LIVE_TICK_S):
                     await owned.poke.wait()
         finally:
             if published:
-                with trio.CancelScope(shield=True):
+                with trio.CancelScope(shield=True), contextlib.suppress(Exception):
                     await trio.to_thread.run_sync(
                         self._live.forget, sorted(published), limiter=limiter
                     )
 
+    async def _live_tick(self, owned: _Owned, published: set[str], asked_at: list[float]) -> None:
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        woken, owned.poke = owned.poke, trio.Event()  # a NOTIFY from now on wakes us
+        entity = owned.entity
+        live = {p.pause_id: p for p in (entity.live_pending if entity else ())}
+        fresh = [p.to_dict() for i, p in live.items() if i not in published]
+        if fresh:
+            await trio.to_thread.run_sync(self._live.publish, owned.claim, fresh, limiter=limiter)
+            published.update(p["pause_id"] for p in fresh)
+        gone = {i for i in published if i not in live}  # answered by a timeout
+        due = woken.is_set() or trio.current_time() - asked_at[0] >= self.poll_s
+        if entity is not None and published - gone and due:
+            asked_at[0] = trio.current_time()
+            answers = await trio.to_thread.run_sync(
+                self._live.answers, sorted(published - gone), limiter=limiter
+            )
+            for pause_id, decision in answers:
+                gone.add(pause_id)
+                try:
+                    await entity.answer(pause_id, decision)
+                except PauseError as exc:  # timed out meanwhile: it was denied
+                    log.info("%s: %s", owned.claim.entity_id, exc)
+        if gone:
+            await trio.to_thread.run_sync(self._live.forget, sorted(gone), limiter=limiter)
+            published.difference_update(gone)
+
     async def _execute(self, owned: _Owned) -> tuple[str, dict[str, Any]]:
+        """The work's end state and outcome. A cast that cannot run -- its spell does not
+        build here, its LLM failed for good, an error of its own -- fails alone with the
+        error recorded (redacted): the worker and its other casts go on. A lost lease or
+        connection is not the cast's failure: it propagates, and another claim resumes."""
+        claim = owned.claim
+        try:
+            return await self._attempt(owned)
+        except Exception as exc:
+            if is_connection_error(exc) or _lease_lost(exc):
+                raise
+            if isinstance(exc, CantripError):
+                log.warning("%s: the cast failed: %s", claim.entity_id, describe(exc))
+            else:  # a bug: its traceback is for the log, the cast fails alone
+                log.exception("%s: the cast failed on an error in cantrip", claim.entity_id)
+            return "failed", failure_outcome(claim.entity_id, exc)
+
+    async def _attempt(self, owned: _Owned) -> tuple[str, dict[str, Any]]:
         claim = owned.claim
         built = dict(claim.spell)
         answer = built.pop(ANSWER_KEY, None)  # work that carries out a human's answer
@@ -370,7 +556,7 @@ class Worker:
                 else:
                     result = await self._cast(owned, entity.send(claim.intent))
         except (LLMError, PauseError) as exc:
-            return "failed", {"error": f"{type(exc).__name__}: {exc}", "entity_id": claim.entity_id}
+            return "failed", failure_outcome(claim.entity_id, exc)
         return _state_of(result), outcome_of(result)
 
     @staticmethod
@@ -458,58 +644,131 @@ async def _cancel_soon(entity: Entity) -> None:
 
 class Dispatcher:
     """Enqueue casts for the workers and wait for their outcomes (blocking calls:
-    from trio, run them with ``trio.to_thread.run_sync``)."""
+    from trio, run them with ``trio.to_thread.run_sync``).
+
+    A lost database connection (a restart, a failover) is waited out: every call
+    retries with backoff, logging once when the database goes away and once when it is
+    back (``cantrip.dispatcher``), and goes on."""
 
     def __init__(self, url: str) -> None:
         self.store = PostgresStore(url, max_connections=2)
         self.queue = WorkQueue(self.store)
 
+    def _retrying(self, what: str, call: Callable[[bool], T], deadline: float | None = None) -> T:
+        """``call(retry)`` until it does not fail on a lost connection (``retry``: an
+        earlier try failed, maybe after its statement committed)."""
+        outage = Outage(f"dispatcher {what}", dispatch_log)
+        retry = False
+        while True:
+            try:
+                result = call(retry)
+            except Exception as exc:
+                if not is_connection_error(exc):
+                    raise
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"{what}: the database is unreachable") from None
+                delay = outage.failed(exc)
+                with contextlib.suppress(Exception):  # drop the pool's broken connections
+                    self.store.pool.check()
+                time.sleep(delay)
+                retry = True
+                continue
+            outage.ok()
+            return result
+
     def submit(
         self, spell: Mapping[str, Any], intent: str, *, entity_id: str | None = None
     ) -> tuple[int, str]:
-        """Queue ``intent`` on a new entity (or ``entity_id``); (work id, entity id)."""
+        """Queue ``intent`` on a new entity (or ``entity_id``); (work id, entity id).
+
+        A try whose connection broke may have committed: the retry first looks for the
+        work it queued (the entity's open work with this intent) and queues it only if
+        it is not there."""
         from cantrip._entity import require_intent
 
         require_intent(intent)
         entity_id = entity_id or new_entity_id()
-        return self.queue.enqueue(dict(spell), intent, entity_id), entity_id
+
+        def enqueue(retry: bool) -> int:
+            if retry:
+                queued = self.queue.open_work(entity_id, intent)
+                if queued is not None:
+                    return queued
+            return self.queue.enqueue(dict(spell), intent, entity_id)
+
+        return self._retrying("submit", enqueue), entity_id
 
     def wait(self, work_id: int, *, timeout: float | None = None) -> tuple[str, dict[str, Any]]:
         """Block until the work ends (LISTEN, with polling as the fallback): done,
-        failed, cancelled, or ``paused`` -- its outcome's ``pending`` lists the calls
-        that wait for a human (:meth:`answer` them)."""
-        import time
-
+        failed, cancelled, ``dead`` (dead-lettered), or ``paused`` -- its outcome's
+        ``pending`` lists the calls that wait for a human (:meth:`answer` them)."""
         import psycopg
 
         deadline = None if timeout is None else time.monotonic() + timeout
-        with psycopg.connect(self.store.url, autocommit=True) as conn:
-            conn.execute(f"LISTEN {WORK_CHANNEL}")
+        conn: psycopg.Connection[Any] | None = None
+
+        def look(_retry: bool) -> tuple[str, dict[str, Any] | None, psycopg.Connection[Any]]:
+            nonlocal conn
+            if conn is None:
+                conn = psycopg.connect(self.store.url, autocommit=True, connect_timeout=5)
+                conn.execute(f"LISTEN {WORK_CHANNEL}")
+            try:
+                return (*self.queue.status(work_id), conn)
+            except Exception:
+                bad, conn = conn, None
+                bad.close()
+                raise
+
+        try:
             while True:
-                state, outcome = self.queue.status(work_id)
+                state, outcome, listening = self._retrying("wait", look, deadline)
                 if outcome is not None or state in ENDED:
                     return state, outcome or {}
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"work {work_id} still {state} after {timeout} s")
-                for _ in conn.notifies(timeout=0.5, stop_after=1):
-                    pass
+                try:
+                    for _ in listening.notifies(timeout=0.5, stop_after=1):
+                        pass
+                except psycopg.OperationalError:  # heard by the next look, which reconnects
+                    listening.close()
+                    conn = None
+        finally:
+            if conn is not None:
+                conn.close()
 
     def cancel(self, entity_id: str) -> int:
-        return self.queue.cancel(entity_id)
+        return self._retrying("cancel", lambda _retry: self.queue.cancel(entity_id))
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """The work items no worker could finish within the attempt limit (state
+        ``dead``): id, entity, intent, attempts, why, when."""
+        return self._retrying("dead letters", lambda _retry: self.queue.dead_letters())
 
     def pending(self, entity_id: str) -> list[Pause]:
         """The calls ``entity_id`` waits on a human for: its work ended ``paused`` and
         nobody has answered yet (empty otherwise)."""
-        return [Pause.from_dict(p) for p in self.queue.pending(entity_id)]
+        pending = self._retrying("pending", lambda _retry: self.queue.pending(entity_id))
+        return [Pause.from_dict(p) for p in pending]
 
     def answer(self, entity_id: str, pause_id: str, decision: Decision | Mapping[str, Any]) -> int:
         """Answer a pause of a paused entity, from any process; the id of the work that
         carries the answer out (a worker resumes the entity from the loom and continues
         the cast to its end or its next pause -- :meth:`wait` for it). A pause that is
         not waiting (unknown, or answered already -- by anyone, even at the same moment)
-        raises :class:`~cantrip.PauseError`; exactly one of two answers wins."""
-        parsed = Decision.parse(decision)
-        return self.queue.answer(entity_id, pause_id, parsed.to_dict()).work_id
+        raises :class:`~cantrip.PauseError`; exactly one of two answers wins. A try whose
+        connection broke after its answer committed is found again by the retry."""
+        parsed = Decision.parse(decision).to_dict()
+
+        def answer(retry: bool) -> int:
+            try:
+                return self.queue.answer(entity_id, pause_id, parsed).work_id
+            except PauseError:
+                mine = self.queue.answered_by(entity_id, pause_id, parsed) if retry else None
+                if mine is None:
+                    raise
+                return mine
+
+        return self._retrying("answer", answer)
 
     def close(self) -> None:
         self.store.close()

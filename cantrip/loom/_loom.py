@@ -62,6 +62,9 @@ class Loom:
         self._fences: dict[str, Fence] = {}
         self._lost: dict[str, str] = {}
         """Lease entities whose writes were refused (why), until released."""
+        self._until: dict[str, float] = {}
+        """Lease entities held until a local deadline (trio clock): past it, their writes
+        are refused here, never sent (the lease may be another worker's by now)."""
         self._broken: str | None = None
         """Why a deferred store's batch with unfenced writes failed (then every sync fails)."""
         self._last: dict[str, Turn | None] = {}
@@ -166,12 +169,17 @@ class Loom:
         On a deferred store the turn is durable once :meth:`sync` returns."""
         if turn.id in self._by_id:
             raise LoomAppendOnlyError(f"loom is append-only: turn {turn.id} already exists")
+        fence = self._fences.get(turn.entity_id)
+        if fence is not None:
+            stale = self._stale(fence)
+            if stale is not None:  # nothing of this run can be recorded any more
+                raise LeaseLostError(f"entity {turn.entity_id}: {stale}")
         if turn.parent_id is not None and self._lookup(turn.parent_id) is None:
             raise LoomError(f"turn {turn.id} names unknown parent {turn.parent_id}")
         if self._entity_or_none(turn.entity_id) is None:
             raise LoomError(f"turn {turn.id} belongs to unregistered entity {turn.entity_id}")
         if self._deferred:
-            self._queue(("turn", turn, self._fences.get(turn.entity_id)))
+            self._queue(("turn", turn, fence))
         else:
             self.store.append_turn(turn)
         self._index_turn(turn)
@@ -183,10 +191,56 @@ class Loom:
         self._pending.append(op)
         self._queued += 1
 
-    def hold(self, entity_id: str, fence: Fence) -> None:
-        """Write everything of ``entity_id`` (and the children it spawns here) under ``fence``."""
+    def hold(self, entity_id: str, fence: Fence, *, until: float | None = None) -> None:
+        """Write everything of ``entity_id`` (and the children it spawns here) under ``fence``.
+
+        ``until``: the lease's local deadline on the trio clock (see :meth:`renew`)."""
+        held = self._fences.get(entity_id)
+        if held is not None and held != fence:
+            # one run of an entity at a time: a second fence would let the old run's
+            # writes land under the new one (the worker never claims what it still runs)
+            raise LoomError(f"entity {entity_id} is held already (epoch {held.epoch})")
         self._fences[entity_id] = fence
         self._lost.pop(fence.lease_entity, None)
+        if until is not None:
+            self._until[fence.lease_entity] = until
+
+    def renew(self, lease_entity: str, until: float) -> None:
+        """The lease on ``lease_entity`` was extended: its writes are sent until ``until``.
+
+        The worker passes the time it *sent* the renewal plus the lease: never later than
+        the database's own expiry, so a write this process lets through cannot outlive the
+        lease, and a process that wakes from a stall past it sends nothing more."""
+        current = self._until.get(lease_entity)
+        if current is None or lease_entity in self._lost:
+            return
+        if trio.current_time() >= current:
+            # ran out before the renewal came back: the run is being stopped already
+            # (its cut-off turn must not land), so the renewal revives nothing
+            self._lost[lease_entity] = "the lease ran out here before its renewal came back"
+            return
+        self._until[lease_entity] = max(current, until)
+
+    def lose(self, fence: Fence, why: str) -> None:
+        """The lease ``fence`` names is gone: refuse its writes here from now on (if this
+        process still holds the entity under that very fence)."""
+        if fence in self._fences.values():
+            self._lost.setdefault(fence.lease_entity, why)
+
+    def _stale(self, fence: Fence) -> str | None:
+        """Why writes under ``fence`` must not be sent (lost, or past the local deadline)."""
+        lost = self._lost.get(fence.lease_entity)
+        if lost is not None:
+            return lost
+        until = self._until.get(fence.lease_entity)
+        if until is not None and trio.current_time() >= until:
+            why = (
+                f"lease on {fence.lease_entity} at epoch {fence.epoch} ran out here "
+                "before it was renewed; nothing more is written under it"
+            )
+            self._lost[fence.lease_entity] = why
+            return why
+        return None
 
     def release(self, entity_id: str) -> None:
         """Forget the fence of ``entity_id`` and of the children that inherited it,
@@ -200,6 +254,7 @@ class Loom:
                 self._last.pop(other, None)
         self._last.pop(entity_id, None)
         self._lost.pop(fence.lease_entity, None)
+        self._until.pop(fence.lease_entity, None)
 
     def lease_lost(self, entity_id: str) -> str | None:
         """Why writes for ``entity_id`` are refused, if they are."""
@@ -245,18 +300,30 @@ class Loom:
                 raise LeaseLostError(f"entity {entity_id}: {lost}")
 
     async def _flush(self, entity_id: str | None) -> None:
-        """Write the queued batch; waiters on :attr:`_flush_done` re-check when it ends."""
-        batch, self._pending = self._pending, []
+        """Write the queued batch; waiters on :attr:`_flush_done` re-check when it ends.
+
+        Writes under a lease lost or run out here are refused without being sent."""
+        queued, self._pending = self._pending, []
+        batch: list[PendingOp] = []
+        for op in queued:
+            stale = None if op[2] is None else self._stale(op[2])
+            if stale is None:
+                batch.append(op)
+            else:
+                self._refused(op, stale)
+        self._written += len(queued) - len(batch)
         done = self._flush_done = trio.Event()
         write_batch = self.store.write_batch  # type: ignore[attr-defined]
         limiter = self.store.limiter  # type: ignore[attr-defined]
         unfenced: list[str] = []
         try:
             try:
-                with trio.CancelScope(shield=True):
-                    failures: list[tuple[int, str]] = await trio.to_thread.run_sync(
-                        write_batch, batch, limiter=limiter
-                    )
+                failures: list[tuple[int, str]] = []
+                if batch:
+                    with trio.CancelScope(shield=True):
+                        failures = await trio.to_thread.run_sync(
+                            write_batch, batch, limiter=limiter
+                        )
             except Exception as exc:
                 self._batch_failed(batch, exc)
                 lost = self.lease_lost(entity_id) if entity_id is not None else None
@@ -325,8 +392,9 @@ class Loom:
             store.journal_write(entity_id, sequence, ordinal, gate, data, record)
             return
         fence = self._fences.get(entity_id)
-        if fence is not None and fence.lease_entity in self._lost:
-            raise LeaseLostError(f"entity {entity_id}: {self._lost[fence.lease_entity]}")
+        stale = None if fence is None else self._stale(fence)
+        if stale is not None:
+            raise LeaseLostError(f"entity {entity_id}: {stale}")
         # queued with the loom's other writes and committed by the next group commit
         self._queue(("journal", (entity_id, sequence, ordinal, gate, data, record), fence))
         await self.sync(entity_id)

@@ -45,6 +45,11 @@ from cantrip.loom._stores import Record
 SCHEMA_VERSION = 3
 """2: the append-only trigger lets prune delete whole trees (``cantrip.prune``).
 3: big values stored once (``cantrip_blobs``, ``cantrip_blob_refs``; see ``_blobs``)."""
+POOL_TIMEOUT_S = 5.0
+"""How long a call waits for a pool connection before it fails (psycopg_pool's default is
+30 s): callers are bounded by :attr:`PostgresStore.limiter` to the pool's size, so a
+wait this long means the database is unreachable -- fail and let the caller's retry
+loop back off, instead of hanging for half a minute after the database is back."""
 _SCHEMA_LOCK = 0x63616E74  # "cant": the advisory lock schema creation runs under
 
 _SCHEMA = """
@@ -478,8 +483,9 @@ class PostgresStore:
             url,
             min_size=1,
             max_size=max_connections,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, "connect_timeout": 5},
             open=False,
+            timeout=POOL_TIMEOUT_S,
         )
         try:
             self.pool.open(wait=True, timeout=10.0)

@@ -294,7 +294,8 @@ _EXTRA_ERRORS = {
     "500": "The cast failed (the LLM failed for good) or the entity crashed",
     "422": "The Idempotency-Key was already used for a different prompt",
     "503": "The live-session cap is reached and every session is busy, too many prompts "
-    "are running, or the server is shutting down (see Retry-After)",
+    "are running, the server is shutting down, or (serve --db) its database is unreachable "
+    "(see Retry-After)",
 }
 
 _IDEMPOTENCY_KEY = {
@@ -368,14 +369,14 @@ def openapi_document(title: str = "cantrip serve", *, steering: bool = True) -> 
             "get": {
                 "operationId": "health",
                 "summary": "Liveness, and what the cantrip is",
-                "responses": _responses({"200": ("Health", "The server is up")}, "405"),
+                "responses": _responses({"200": ("Health", "The server is up")}, "405", "503"),
             }
         },
         "/sessions": {
             "get": {
                 "operationId": "listSessions",
                 "summary": "The live sessions",
-                "responses": _responses({"200": ("SessionList", "Live sessions")}, "405"),
+                "responses": _responses({"200": ("SessionList", "Live sessions")}, "405", "503"),
             },
             "post": {
                 "operationId": "createSession",

@@ -32,6 +32,7 @@ cast's result (see SPEC "Pauses under workers").
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -42,7 +43,8 @@ from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult
 from cantrip._events import FinalResponse, PauseEvent, StepComplete
 from cantrip._redact import get_logger
-from cantrip.distributed._queue import PAUSED
+from cantrip.distributed._outage import Outage, is_connection_error
+from cantrip.distributed._queue import DEAD, PAUSED
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols._api import openapi_document
 from cantrip.protocols._asgi import (
@@ -67,6 +69,9 @@ from cantrip.protocols._sessions import SessionError, event_dict, result_dict
 from cantrip.protocols._shell import ServerShell, serve_asgi
 
 log = get_logger("cantrip.http")
+
+DB_UNAVAILABLE = "database_unavailable"
+"""The error code of a ``503`` answered while the database is unreachable."""
 
 
 class DbHttpApp(ServerShell):
@@ -93,6 +98,7 @@ class DbHttpApp(ServerShell):
         self.poll_s = poll_s
         self.tail_s = tail_s
         self.drain = Drain()
+        self._outage = Outage("serve --db", log)
         self._waits = Tally()
         """Prompts this replica is waiting on (``/health``, ``max_running``, shutdown)."""
 
@@ -102,8 +108,34 @@ class DbHttpApp(ServerShell):
         return self._waits.count
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """A blocking database call in a thread, behind the store's limiter."""
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.sessions.store.limiter)
+        """A blocking database call in a thread, behind the store's limiter. A lost
+        connection is ``503`` + ``Retry-After`` (the database restarts, fails over):
+        said once in the log, and once again when a call succeeds."""
+        limiter = self.sessions.store.limiter
+        try:
+            result = await trio.to_thread.run_sync(fn, *args, limiter=limiter)
+        except Exception as exc:
+            if not is_connection_error(exc):
+                raise
+            self._outage.failed(exc)
+            with contextlib.suppress(Exception):  # drop the pool's broken connections
+                await trio.to_thread.run_sync(self.sessions.store.pool.check, limiter=limiter)
+            raise self._unavailable(
+                DB_UNAVAILABLE, "the database is unreachable; try again shortly"
+            ) from None
+        self._outage.ok()
+        return result
+
+    async def _db_waiting(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """:meth:`_db` for a request that waits on a cast: while the database is away it
+        keeps waiting (the cast goes on once it is back) instead of answering 503."""
+        while True:
+            try:
+                return await self._db(fn, *args)
+            except HttpError as exc:
+                if exc.code != DB_UNAVAILABLE:
+                    raise
+            await trio.sleep(self.poll_s)
 
     async def _create(self, key: str | None) -> tuple[dict[str, Any], bool]:
         row, created = await self._db(self.sessions.create, key)
@@ -193,7 +225,7 @@ class DbHttpApp(ServerShell):
         with self.drain.stream() as closing, self.notifier.watching(entity_id) as next_event:
             while not closing.cancel_called:
                 woken = next_event()  # before the check: none is missed
-                state, outcome = await self._db(self.sessions.status, work_id)
+                state, outcome = await self._db_waiting(self.sessions.status, work_id)
                 if state in ENDED:
                     return state, outcome
                 with trio.move_on_after(self.poll_s):
@@ -210,6 +242,8 @@ class DbHttpApp(ServerShell):
         state, outcome = ended
         if state == "failed":
             raise HttpError(500, "cast_failed", failure_message(outcome))
+        if state == DEAD:  # no worker could finish it within the attempt limit
+            raise HttpError(500, "cast_dead_lettered", failure_message(outcome))
         cast: CastResult | None = await self._db(self.sessions.outcome, row.entity_id, base_pos)
         data = result_dict(cast)
         data["session_id"] = row.session_id
@@ -292,8 +326,9 @@ class DbHttpApp(ServerShell):
         with self.notifier.watching(row.entity_id) as next_event:
             while True:
                 woken = next_event()
-                status = await self._db(self.sessions.status, work_id)
-                for pos, turn in await self._db(self.sessions.turns_after, row.entity_id, seen):
+                status = await self._db_waiting(self.sessions.status, work_id)
+                turns = await self._db_waiting(self.sessions.turns_after, row.entity_id, seen)
+                for pos, turn in turns:
                     seen = pos
                     for event in _turn_events(turn):
                         await sse(send, event["type"], event)

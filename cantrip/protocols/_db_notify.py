@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from cantrip._redact import get_logger
+from cantrip.distributed._outage import Outage
 from cantrip.distributed._queue import CANCEL_CHANNEL, WORK_CHANNEL
 
 log = get_logger("cantrip.http")
@@ -83,17 +84,17 @@ class Notifier:
             else:  # notifications sent while we were away are lost: look again
                 self._wake_all()
 
+        outage = Outage("serve --db LISTEN", log)
         while True:
             try:
-                await self._listen(psycopg, listening)
+                await self._listen(psycopg, listening, outage)
             except psycopg.OperationalError as exc:  # the database went away: the boundary
                 if not started:
                     raise
-                log.warning("serve --db: lost the LISTEN connection (%s); reconnecting", exc)
                 self._wake_all()  # let every waiter look for itself
-                await trio.sleep(1.0)
+                await trio.sleep(outage.failed(exc))
 
-    async def _listen(self, psycopg: Any, listening: Callable[[], None]) -> None:
+    async def _listen(self, psycopg: Any, listening: Callable[[], None], outage: Outage) -> None:
         """Wake the waiters an entity's notification concerns, until the connection fails."""
         conn = await trio.to_thread.run_sync(
             lambda: psycopg.connect(self.url, autocommit=True, application_name=LISTENER_NAME)
@@ -105,6 +106,7 @@ class Notifier:
                 limiter=limiter,
             )
             listening()
+            outage.ok()
             while True:
                 notes = await trio.to_thread.run_sync(
                     lambda: [n.payload for n in conn.notifies(timeout=0.25, stop_after=1)],
