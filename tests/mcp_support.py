@@ -48,11 +48,17 @@ async def wait_for_mark(path: Path, line: str, *, within_s: float = 20.0) -> Non
 
 
 def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs. A zombie does not: an orphan's zombie waits for
+    whoever adopted it to reap it, and some init processes never do."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != b"Z"
 
 
 def started_pids(path: Path) -> list[int]:

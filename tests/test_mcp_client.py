@@ -87,6 +87,7 @@ async def test_tools_become_gates_with_their_schema_and_results_become_observati
         "tb_count",
         "tb_wait_forever",
         "tb_die",
+        "tb_spawn",
         "tb_pid",
     }
     assert presented["tb_add"].parameters == {
@@ -193,6 +194,39 @@ async def test_a_server_that_dies_mid_call_is_an_error_and_comes_back(tmp_path: 
     assert after.result["result"] != before.result["result"]
     assert outcome.terminated and len(outcome.turns) == 4, "no turn was lost"
     assert len(started_pids(log)) == 2
+
+
+async def test_a_servers_own_child_processes_end_with_the_cast(tmp_path: Path) -> None:
+    log = tmp_path / "m"
+    script = [call("tb_spawn"), call("tb_spawn", hold_stdout=True), finish()]
+    outcome = await spell(script, toolbox(log)).cast_async("spawn")
+    grandchildren = [t.gate_calls[0].result["result"] for t in outcome.turns[:2]]
+    assert [f"spawned {p}" for p in grandchildren] == [m for m in marks(log) if "spawned" in m]
+    assert not alive(started_pids(log)[0])
+    assert not any(alive(p) for p in grandchildren), "the server's children ended with it"
+
+
+async def test_a_server_that_crashes_while_its_child_holds_stdout_is_restarted(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "m"
+    script = [
+        call("tb_spawn", hold_stdout=True),
+        call("tb_die", code=7),
+        call("tb_pid"),
+        finish(),
+    ]
+    outcome = await spell(script, toolbox(log, timeout_s=60)).cast_async("die")
+    spawned, died, after = (t.gate_calls[0] for t in outcome.turns[:3])
+    # Noticed by the process's exit, not by a timeout (the pipe stays open).
+    assert died.is_error and "did not answer" not in died.result
+    assert "closed the connection during the call (its process exited with status 7)" in (
+        died.result
+    )
+    assert not alive(spawned.result["result"]), "the crashed server's group was ended"
+    assert not after.is_error, "the next call started the server again"
+    assert len(started_pids(log)) == 2 and started_pids(log)[1] == after.result["result"]
+    assert outcome.terminated and len(outcome.turns) == 4
 
 
 async def test_a_long_lived_entity_reconnects_after_the_server_dies(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Mapping
-from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO, cast
+from collections.abc import Callable, Mapping
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import pydantic
 import trio
@@ -34,6 +34,7 @@ from cantrip._events import GateProgress
 from cantrip._gate import Gate, GateError, GateResult
 from cantrip._providers import ProviderStartError
 from cantrip._redact import get_logger, redact
+from cantrip.mcp._stdio import stdio_transport
 
 if TYPE_CHECKING:
     import mcp_types
@@ -73,6 +74,8 @@ log = get_logger("cantrip.mcp")
 
 _STOP_GRACE_S = 10.0
 """How long closing waits for the SDK's own (bounded) shutdown before cutting it off."""
+_EXIT_NOTE_S = 1.0
+"""How long a call cut by a closed connection waits to learn the server's exit status."""
 _STDERR_TAIL = 2000
 _LIST_PAGES = 100
 
@@ -192,10 +195,11 @@ class MCPProvider:
             )
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
+                how = await connection.ended()
                 connection.lost()
                 return failed(
                     f"MCP server {self.spec.name!r} closed the connection during the call "
-                    f"(it died?); it will be started again for the next call"
+                    f"({how}); it will be started again for the next call"
                     + connection.stderr_note()
                 )
             if exc.code == REQUEST_TIMEOUT:
@@ -275,11 +279,34 @@ class _Connection:
         self._scope = trio.CancelScope()
         self._stderr: IO[str] | None = None
         self._last_stderr = ""
+        self.exit_status: int | None = None
+        """The server process's exit status, once it exited on its own (stdio)."""
+        self._exited = trio.Event()
 
     async def start(self, nursery: trio.Nursery) -> None:
         failure: str | None = await nursery.start(self._run)
         if failure is not None:
             raise ProviderStartError(scrub(self.spec, failure))
+
+    def _on_exit(self, status: int) -> None:
+        """The server process exited while in use: no call may wait on it any more."""
+        self.exit_status = status
+        self.alive = False
+        self._exited.set()
+
+    async def ended(self) -> str:
+        """How the connection ended, for the message of a call it cut: a stdio server's
+        exit is noticed by its process (waited for briefly: the end of its output
+        and its exit arrive together, in either order)."""
+        if self.spec.command is not None:
+            with trio.move_on_after(_EXIT_NOTE_S):
+                await self._exited.wait()
+        status = self.exit_status
+        if status is None:
+            return "it died?"
+        if status < 0:
+            return f"its process was killed by signal {-status}"
+        return f"its process exited with status {status}"
 
     def lost(self) -> None:
         """The server went away: stop holding the session (the task cleans up)."""
@@ -321,7 +348,7 @@ class _Connection:
             with self._scope:
                 startup = trio.CancelScope(deadline=trio.current_time() + spec.startup_timeout_s)
                 with startup:
-                    async with _client(spec, self._stderr) as client:
+                    async with _client(spec, self._stderr, self._on_exit) as client:
                         tools = await _list_tools(client)
                         startup.deadline = math.inf
                         self.client, self.tools, self.alive = client, tools, True
@@ -344,20 +371,15 @@ class _Connection:
                 log.warning("MCP server %r: session ended with %s", spec.name, _describe(exc))
 
 
-def _client(spec: MCPServer, stderr: IO[str]) -> Any:
-    """An ``mcp.Client`` for the spec's transport (an async context manager)."""
+def _client(spec: MCPServer, stderr: IO[str], on_exit: Callable[[int], None]) -> Any:
+    """An ``mcp.Client`` for the spec's transport (an async context manager); a
+    stdio server runs under cantrip's own supervision (:mod:`cantrip.mcp._stdio`)."""
     from mcp import Client, Implementation
 
     info = Implementation(name="cantrip", version=_version())
     if spec.command is not None:
-        from mcp import StdioServerParameters, stdio_client
-
-        params = StdioServerParameters(
-            command=spec.command, args=list(spec.args), env=dict(spec.env) or None, cwd=spec.cwd
-        )
-        return Client(
-            stdio_client(params, errlog=cast(TextIO, stderr)), client_info=info, cache=None
-        )
+        transport = stdio_transport(spec.command, spec.args, spec.env, spec.cwd, stderr, on_exit)
+        return Client(transport, client_info=info, cache=None)
     return _HttpClient(spec, info)
 
 

@@ -3,12 +3,14 @@
 Run as ``python toolbox.py`` (stdio) or ``python toolbox.py --http PORT`` (streamable
 HTTP on 127.0.0.1). Its tools cover what the MCP client must handle: plain and
 structured results, a tool error (``isError``), progress notifications, a call that
-waits until it is cancelled, and a call that kills the server mid-call.
+waits until it is cancelled, a call that kills the server mid-call, and a call that
+starts a grandchild process.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from pydantic import BaseModel
 server = MCPServer("toolbox", version="1.0", log_level="WARNING")
 MARKS = Path(os.environ.get("TOOLBOX_MARKS", os.devnull))
 """A file the server appends lines to (``cancelled <id>``), so tests can see its side."""
+WIRE = os.dup(1)
+"""The stdout the server was started with (over stdio: the pipe to the client)."""
 
 
 def _mark(line: str) -> None:
@@ -83,6 +87,22 @@ def die(code: int = 1) -> str:
     """The server process exits in the middle of this call."""
     _mark("died")
     os._exit(code)
+
+
+@server.tool()
+def spawn(hold_stdout: bool = False) -> int:
+    """Start a grandchild (``sleep 1000``) that outlives this call; its pid. With
+    ``hold_stdout`` its stdout is the server's own wire to the client, as a child
+    started by a shell wrapper or a server in another language would have it (the
+    SDK's server moves the wire off fd 1, so a plain child would not hold it)."""
+    child = subprocess.Popen(
+        ["sleep", "1000"],
+        stdin=subprocess.DEVNULL,
+        stdout=WIRE if hold_stdout else subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _mark(f"spawned {child.pid}")
+    return child.pid
 
 
 @server.tool()
