@@ -114,6 +114,23 @@ class ProviderScope:
             raise
         return gates
 
+    async def listing(
+        self, providers: Sequence[GateProvider], own_gates: Sequence[Gate]
+    ) -> list[tuple[str, str, str | None]]:
+        """Open every provider, note its gates, close them all again (a spec check):
+        ``(provider, gate, the provider's own name for it when that differs)``. An
+        open provider may say which gates it renamed in a ``renamed`` mapping
+        (gate -> own name; an MCP tool whose name providers refuse)."""
+        try:
+            await self.open_all(providers, own_gates)
+            listed: list[tuple[str, str, str | None]] = []
+            for provider, opened in zip(providers, self.opened, strict=True):
+                renamed = getattr(opened, "renamed", {})
+                listed.extend((provider.name, g.name, renamed.get(g.name)) for g in opened.gates)
+            return listed
+        finally:
+            await self.aclose()
+
     async def close_opened(self) -> None:
         """Close every open provider (shielded: closing is cleanup)."""
         with trio.CancelScope(shield=True):

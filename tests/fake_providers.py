@@ -38,6 +38,10 @@ import trio
 
 CHUNK = 7
 """Characters of text per streamed delta."""
+_OPENAI_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+"""Function/tool names OpenAI and Anthropic accept (their API references)."""
+_GEMINI_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_.:-]{0,63}")
+"""Function declaration names Gemini accepts (its API reference)."""
 
 
 @attrs.frozen
@@ -313,6 +317,12 @@ class FakeOpenAI(FakeProvider):
             raise Rejected("model and messages are required")
         if "tool_choice" in body and not body.get("tools"):
             raise Rejected("tool_choice is only allowed when tools are specified")
+        for i, tool in enumerate(body.get("tools") or ()):
+            if not _OPENAI_NAME.fullmatch(tool["function"]["name"]):
+                raise Rejected(
+                    f"Invalid 'tools[{i}].function.name': string does not match pattern. "
+                    "Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'."
+                )
         pending: list[str] = []
         for message in body["messages"]:
             role = message.get("role")
@@ -543,6 +553,11 @@ class FakeAnthropic(FakeProvider):
             raise Rejected("the conversation ends with unanswered tool_use blocks")
         if "tool_choice" in body and not body.get("tools"):
             raise Rejected("tool_choice may only be specified while providing tools")
+        for i, tool in enumerate(body.get("tools") or ()):
+            if "name" in tool and not _OPENAI_NAME.fullmatch(tool["name"]):
+                raise Rejected(
+                    f"tools.{i}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'"
+                )
 
     def usage(self, answer: Answer) -> dict[str, Any]:
         return {
@@ -738,6 +753,12 @@ class FakeGemini(FakeProvider):
                     raise Rejected("functionResponse.response must be an object")
         for tool in body.get("tools") or ():
             for decl in tool.get("functionDeclarations") or ():
+                if not _GEMINI_NAME.fullmatch(decl.get("name", "")):
+                    raise Rejected(
+                        "Invalid function name. Must start with a letter or an underscore. "
+                        "Must be alphameric (a-z, A-Z, 0-9), underscores (_), dots (.), colons "
+                        "(:), or dashes (-), with a maximum length of 64."
+                    )
                 schema = decl.get("parameters")
                 if schema is not None and "additionalProperties" in json.dumps(schema):
                     raise Rejected("Unknown name \"additionalProperties\" at 'tools[0]'")

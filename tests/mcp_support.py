@@ -19,6 +19,7 @@ from gates import done
 SERVERS = Path(__file__).parent / "mcp_servers"
 TOOLBOX = SERVERS / "toolbox.py"
 MISBEHAVING = SERVERS / "misbehaving.py"
+ODDNAMES = SERVERS / "oddnames.py"
 PYTHON = sys.executable
 BIN = Path(sys.executable).parent
 

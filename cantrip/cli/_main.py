@@ -81,6 +81,11 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     cast.add_argument(
         "--db", metavar="URL", help="enqueue on PostgreSQL for `cantrip worker`s; wait for it"
     )
+    cast.add_argument(
+        "--check",
+        action="store_true",
+        help="load the spec, start and list its MCP servers' gates, report, and exit",
+    )
 
     worker = commands.add_parser(
         "worker",
@@ -333,7 +338,7 @@ def _guarded(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.command == "cast" and args.db:
+    if args.command == "cast" and args.db and not args.check:
         from cantrip.cli._worker import cast_on_db
 
         return cast_on_db(args)
@@ -390,13 +395,33 @@ def _loom_path(spell: Cantrip) -> Path | None:
 
 
 def _check(spec: Path, spell: Cantrip) -> int:
-    gates = ", ".join(spell.circle.gate_names)
+    """Report what the spec loads to. Its gate providers (MCP servers) are started,
+    listed and stopped, so the check shows their gates -- and any tool renamed
+    because LLM providers would refuse its name -- or fails as a cast would."""
+    from cantrip._providers import ProviderScope
+
+    circle = spell.circle
+    provided: list[tuple[str, str, str | None]] = []
+    if circle.providers:
+
+        async def listing() -> list[tuple[str, str, str | None]]:
+            scope = await ProviderScope.enter()
+            return await scope.listing(circle.providers, circle.gates)
+
+        provided = trio.run(listing)
+    gates = ", ".join([*circle.gate_names, *(gate for _, gate, _ in provided)])
     loom = _loom_path(spell)
     print(
-        f"ok: {spec} loads (medium {spell.circle.medium.name}; gates {gates}; "
+        f"ok: {spec} loads (medium {circle.medium.name}; gates {gates}; "
         f"loom {loom or 'in memory'})",
         file=sys.stderr,
     )
+    for provider, gate, own in provided:
+        if own is not None:
+            print(
+                f"  {gate}: tool {own!r} of {provider!r} (renamed: LLM providers refuse its name)",
+                file=sys.stderr,
+            )
     return 0
 
 
@@ -407,6 +432,12 @@ def _cast(args: argparse.Namespace) -> int:
     from cantrip._text import check_text, decode_input
     from cantrip.protocols._terminal import Progress, cast_with_progress, wants_progress
 
+    if args.check:
+        spell = _load(args.spec, args.loom)
+        try:
+            return _check(args.spec, spell)
+        finally:
+            spell.loom.close()
     if args.intent is None and sys.stdin.isatty():
         print("cantrip: type the intent, then Ctrl-D", file=sys.stderr)
     if args.intent is not None:

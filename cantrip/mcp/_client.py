@@ -34,6 +34,7 @@ from cantrip._events import GateProgress
 from cantrip._gate import Gate, GateError, GateResult
 from cantrip._providers import ProviderStartError
 from cantrip._redact import get_logger, redact
+from cantrip.mcp._names import gate_names
 from cantrip.mcp._stdio import stdio_transport
 
 if TYPE_CHECKING:
@@ -103,6 +104,9 @@ class MCPProvider:
         self.gates: tuple[Gate, ...] = ()
         self.starts = 0
         """How many connections were made (1 + reconnects)."""
+        self.renamed: dict[str, str] = {}
+        """``gate name -> tool name`` for the tools whose names providers would refuse
+        (:mod:`cantrip.mcp._names`); ``cantrip cast --check`` shows them."""
         self._connection: _Connection | None = None
         self._lock = trio.Lock()
         self._closed = False
@@ -120,7 +124,17 @@ class MCPProvider:
                     f"(it offers: {sorted(offered)})"
                 )
         names = [t for t in offered if wanted is None or t in wanted]
-        self.gates = tuple(self._gate(offered[t]) for t in names)
+        try:
+            mapped = gate_names(self.spec.gate_prefix, names)
+        except ValueError as exc:
+            await connection.aclose()
+            raise ProviderStartError(f"MCP server {self.spec.name!r}: {exc}") from None
+        self.renamed = {
+            gate: tool for tool, gate in mapped.items() if gate != self.spec.gate_prefix + tool
+        }
+        for gate, tool in self.renamed.items():
+            log.info("MCP server %r: tool %r is the gate %r", self.spec.name, tool, gate)
+        self.gates = tuple(self._gate(offered[t], mapped[t]) for t in names)
         self._connection = connection
 
     async def aclose(self) -> None:
@@ -154,9 +168,8 @@ class MCPProvider:
                 ) from None
             return self._connection
 
-    def _gate(self, tool: mcp_types.Tool) -> Gate:
+    def _gate(self, tool: mcp_types.Tool, gate_name: str) -> Gate:
         name = tool.name
-        gate_name = self.spec.gate_prefix + name
 
         async def call(**arguments: Any) -> GateResult:
             return await self.call(gate_name, name, arguments)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from cantrip._providers import OpenProvider
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+_PREFIX = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_-]{0,47})?")
 
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_STARTUP_TIMEOUT_S = 30.0
@@ -87,6 +88,12 @@ class MCPServer:
             out.append(f"{where}: headers belong to a url, not a command")
         if not self.timeout_s > 0 or not self.startup_timeout_s > 0:
             out.append(f"{where}: timeout_s and startup_timeout_s must be positive")
+        if self.prefix is not None and not _PREFIX.fullmatch(self.prefix):
+            out.append(
+                f"{where}: prefix {self.prefix!r} must start with a letter or '_' and use "
+                "only letters, digits, '_' and '-' (at most 48), so that its gate names are "
+                "ones every LLM provider accepts"
+            )
         if self.tools is not None and len(set(self.tools)) != len(self.tools):
             out.append(f"{where}: tools lists a name twice")
         return out
