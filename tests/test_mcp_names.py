@@ -21,7 +21,7 @@ from fake_providers import Answer, Call, isolate, running
 from mcp_support import ODDNAMES, PYTHON
 
 import cantrip
-from cantrip._cli import main as cli_main
+from cantrip.cli._main import main as cli_main
 from cantrip.mcp import MCPServer
 from gates import done
 
