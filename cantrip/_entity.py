@@ -47,6 +47,7 @@ from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate, GateArgumentError
 from cantrip._journal import TurnJournal
 from cantrip._providers import ProviderScope
+from cantrip._record_cap import capped_turn, record_cap
 from cantrip._redact import get_logger
 from cantrip._replay import ReplayReport, fork_strategy, restore_session
 from cantrip._running import CURRENT_ENTITY as RUNNING
@@ -1478,6 +1479,7 @@ class Entity:
         return "cut off: the answer reached the output token limit (max_tokens)", "max_tokens"
 
     def _record(self, turn: Turn) -> Turn:
+        turn = capped_turn(turn, record_cap(self.circle.resolved))
         self.loom.append(turn)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(

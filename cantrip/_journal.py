@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from cantrip._record_cap import cap_record, record_cap
 from cantrip.llm._contract import Response, ToolCall, Usage, plain_json
 from cantrip.loom._codec import decode_record, encode_record
 from cantrip.loom._model import GateCallRecord
@@ -150,8 +151,9 @@ class TurnJournal:
                 return record
         await self.loom.journal_write(self.entity_id, self.sequence, ordinal, g.name, data, None)
         record = await circle.call(name, args, tool_call_id)
-        await self._finish(ordinal, g.name, data, record)
-        return record
+        stored = cap_record(record, record_cap(circle.resolved))
+        await self._finish(ordinal, g.name, data, stored)
+        return record  # the medium works with the whole result; the journal keeps the cap
 
     async def _finish(self, ordinal: int, gate: str, data: str, record: GateCallRecord) -> None:
         await self.loom.journal_write(

@@ -150,6 +150,13 @@ class ReplayHost:
         record = self._take(name)
         if record is not None:
             self._report.hydrated += 1
+            cut = record.detail.get("result_cut")
+            if isinstance(cut, Mapping):
+                self._report.divergences.append(
+                    f"replay: the loom keeps {cut.get('kept')} of the {cut.get('chars')} "
+                    f"characters {record.gate} returned (max_record_chars); the code sees "
+                    "that part, as text"
+                )
             return record
         if self._cut:
             raise ReplayCut(name)

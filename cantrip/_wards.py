@@ -68,6 +68,12 @@ for _kind in (
         "min",
         doc="characters of one observation; more is cut with a marker (default 65536)",
     ),
+    WardKind(
+        "max_record_chars",
+        "min",
+        doc="characters of one gate result a record stores; more is cut, its size and "
+        "sha256 kept (default 1048576)",
+    ),
 ):
     register_ward_kind(_kind)
 

@@ -109,8 +109,8 @@ def capped_execution(execution: Execution, limit: int) -> Execution:
     (issue 13, item 2): the observation, each code call's observation, the code's
     error, and -- for mediums that render gate results directly (conversation) --
     each result's shown text, kept in ``extras["shown"]``. The gate-call records
-    themselves keep the full results: they are the data code worked with and what a
-    replay answers from (LOOM-13).
+    themselves keep more: they are the data code worked with and what a replay answers
+    from (LOOM-13), cut only by the record cap (``max_record_chars``) when stored.
     """
     extras = execution.extras
     observation = execution.observation

@@ -88,6 +88,7 @@ async def test_tools_become_gates_with_their_schema_and_results_become_observati
         "tb_wait_forever",
         "tb_die",
         "tb_spawn",
+        "tb_big",
         "tb_pid",
     }
     assert presented["tb_add"].parameters == {

@@ -3,8 +3,8 @@
 Everything the entity observes -- console output, gate results, error
 messages, child results -- is cut to ``max_observation_chars`` (default 65536)
 with a marker saying how much was cut, in the loom's observation and in the
-next LLM request alike. Gate-call records keep the full result (the data code
-worked with, and what a replay answers from).
+next LLM request alike. Gate-call records keep the full result up to the record
+cap (the data code worked with, and what a replay answers from; test_record_cap.py).
 """
 
 from __future__ import annotations

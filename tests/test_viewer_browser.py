@@ -180,7 +180,7 @@ def test_watch_prompt_inspect_cancel_and_fork_a_live_session(
 
 def test_a_recorded_loom_reads_in_the_browser(browser: Browser, tmp_path: Path) -> None:
     path = tmp_path / "loom.jsonl"
-    build(path).close()
+    build(path, cut=True).close()
     errors: list[str] = []
     with started([CANTRIP, "loom", str(path), "view"], tmp_path, "viewing") as url:
         page = new_page(browser, errors)
@@ -197,6 +197,9 @@ def test_a_recorded_loom_reads_in_the_browser(browser: Browser, tmp_path: Path) 
         expect(page.locator("#prompt")).to_have_count(0)  # read-only: no live controls
         # Thinking is folded; a code medium's code is highlighted.
         rows.first.click()
+        cut = page.locator("#turn .call .badge.cut")  # a result stored in part (max_record_chars)
+        expect(cut).to_have_text("stored 1048576 of 30000000 characters")
+        expect(cut).to_have_attribute("title", "sha256 " + "ab" * 32)
         expect(page.locator("#turn details")).to_contain_text("thinking")
         expect(page.locator("#turn details")).not_to_have_attribute("open", "")
         expect(page.locator("#fork")).to_have_count(0)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from cantrip.llm._contract import ToolCall
 from cantrip.loom import EntityRecord, GateCallRecord, Loom, Turn, TurnMetadata
 from cantrip.loom._stores import open_store
@@ -31,7 +33,8 @@ def _meta(n: int, cost: float | None, tokens: tuple[int, int] = (10, 2)) -> Turn
     )
 
 
-def build(path: Path | None = None, turns: int = 6) -> Loom:
+def build(path: Path | None = None, turns: int = 6, *, cut: bool = False) -> Loom:
+    """``cut``: turn 1's call stored only in part (``detail.result_cut``, max_record_chars)."""
     loom = Loom(open_store(path)) if path is not None else Loom()
     loom.register_entity(EntityRecord("entity-a", "spell", medium="conversation", llm="main"))
     parent: str | None = None
@@ -42,6 +45,9 @@ def build(path: Path | None = None, turns: int = 6) -> Loom:
         elif n == 4:
             extras = {"phase": "continuation"}
         calls = [GateCallRecord("echo", {"text": f"step {n}"}, f"step {n}", status="ok")]
+        if cut and n == 1:
+            stored = {"chars": 30_000_000, "kept": 1_048_576, "sha256": "ab" * 32}
+            calls = [attrs.evolve(calls[0], detail={"result_cut": stored})]
         if n == 2:
             calls.append(
                 GateCallRecord("nosuch", {}, "unknown gate 'nosuch'", is_error=True, status="error")

@@ -42,7 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -415,8 +415,10 @@ def _show(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
             _print(out, "   gate calls:")
             for r in turn.gate_calls:
                 status = "" if r.status == "ok" else f" [{r.status}]"
-                via = r.detail.get("via")
+                via, cut = r.detail.get("via"), r.detail.get("result_cut")
                 status += f"  (via {via})" if via else ""
+                if isinstance(cut, Mapping):
+                    status += f"  (stored {cut.get('kept')} of {cut.get('chars')} characters)"
                 _print(
                     out,
                     f"     {r.gate}({_short(r.arguments, limit)}) -> "

@@ -3,8 +3,8 @@
 Run as ``python toolbox.py`` (stdio) or ``python toolbox.py --http PORT`` (streamable
 HTTP on 127.0.0.1). Its tools cover what the MCP client must handle: plain and
 structured results, a tool error (``isError``), progress notifications, a call that
-waits until it is cancelled, a call that kills the server mid-call, and a call that
-starts a grandchild process.
+waits until it is cancelled, a call that kills the server mid-call, a call that
+starts a grandchild process, and a huge result.
 """
 
 from __future__ import annotations
@@ -103,6 +103,12 @@ def spawn(hold_stdout: bool = False) -> int:
     )
     _mark(f"spawned {child.pid}")
     return child.pid
+
+
+@server.tool(structured_output=False)
+def big(megabytes: int) -> str:
+    """A text result of ``megabytes`` million characters (``z`` repeated)."""
+    return "z" * (megabytes * 1_000_000)
 
 
 @server.tool()

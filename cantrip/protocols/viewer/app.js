@@ -100,6 +100,13 @@ function el(tag, props, ...children) {
 
 function badge(kind, text) { return el("span", { class: "badge " + kind, text: text || kind }); }
 
+// A result the loom stored only in part (max_record_chars): how much, and the whole's hash.
+function resultCut(cut) {
+  const b = badge("cut", `stored ${cut.kept} of ${cut.chars} characters`);
+  b.title = `sha256 ${cut.sha256}`;
+  return b;
+}
+
 function showError(error) {
   const box = document.getElementById("error");
   box.textContent = error ? String(error.message || error) : "";
@@ -661,6 +668,7 @@ function renderTurn(turn, onFork) {
           r.status !== "ok" ? badge(r.status) : null,
           r.detail && r.detail.ephemeral ? badge("ephemeral") : null,
           r.detail && r.detail.truncated ? badge("truncated") : null,
+          r.detail && r.detail.result_cut ? resultCut(r.detail.result_cut) : null,
           el("span", { class: "muted", text: ` ${(r.duration_ms || 0).toFixed(1)} ms` })),
         el("div", { class: "muted", text: "arguments" }), longText(pretty(r.args), "args"),
         el("div", { class: "muted", text: failed ? "error" : "result" }), longText(pretty(r.result), "result"));
