@@ -58,8 +58,9 @@ async def measure(megabytes: int, cap: int | None, folder: Path) -> None:
     await spell.cast_async("big")
     elapsed = time.perf_counter() - started
     spell.loom.close()
-    turns = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    record = next(r for t in turns for r in t.get("gate_calls") or () if r["gate"] == "tb_big")
+    loom = cantrip.Loom.open(path)  # big values (blobs) read back whole
+    record = next(r for t in loom.turns for r in t.gate_calls if r.gate == "tb_big").to_dict()
+    loom.close()
     cut = (record.get("detail") or {}).get("result_cut")
     print(f"result of {megabytes} MB from an MCP server, JSONL loom")
     print(f"  loom file           {path.stat().st_size / 1e6:10.2f} MB")

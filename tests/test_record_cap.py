@@ -48,9 +48,13 @@ def tool(gate: str, **args: Any) -> dict[str, Any]:
     return {"tool_calls": [{"gate": gate, "args": args}]}
 
 
-def jsonl_records(path: Path) -> list[dict[str, Any]]:
-    turns = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for t in turns for r in t.get("gate_calls") or ()]
+def stored_records(path: Path) -> list[dict[str, Any]]:
+    """Every gate-call record a loom file holds, as stored (big values read back whole)."""
+    loom = cantrip.Loom.open(path)
+    try:
+        return [r.to_dict() for t in loom.turns for r in t.gate_calls]
+    finally:
+        loom.close()
 
 
 async def test_a_30mb_mcp_result_is_cut_in_the_jsonl_loom(
@@ -61,7 +65,7 @@ async def test_a_30mb_mcp_result_is_cut_in_the_jsonl_loom(
     s = s.with_(loom=cantrip.Loom.open(path))
     outcome = await s.cast_async("big")
     s.loom.close()
-    stored = next(r for r in jsonl_records(path) if r["gate"] == "tb_big")
+    stored = next(r for r in stored_records(path) if r["gate"] == "tb_big")
     cut = stored["detail"]["result_cut"]
     assert cut == {"chars": MB30, "kept": RECORD_CAP_CHARS, "sha256": sha256("z" * MB30)}
     marker = (
