@@ -35,6 +35,7 @@ from cantrip._cantrip import Cantrip
 from cantrip._errors import CantripError
 from cantrip._redact import redact
 from cantrip._specfile import build_cantrip, load_spec_file
+from cantrip._version import __version__
 
 EXIT_TERMINATED = 0
 EXIT_ERROR = 1
@@ -44,6 +45,60 @@ EXIT_BUG = 70
 """An internal error (``EX_SOFTWARE``): a traceback and a "this is a bug" line."""
 EXIT_USAGE = 2
 """argparse's code for a command line it cannot parse."""
+
+
+DESCRIPTION = """\
+cantrip runs LLM entities: a model in a loop with an environment (its circle of
+gates, medium and wards), every turn recorded in a loom. Each command takes a spec
+file (TOML) describing the cantrip; `cantrip init` writes a starter one.
+"""
+"""What ``cantrip --help`` says first: plain text (the module docstring is for readers of
+the code; argparse prints this one)."""
+
+EPILOG = """\
+exit codes: 0 done; 1 an error (one line on stderr; --debug for the traceback);
+2 truncated by a ward, or a command line that cannot be read; 3 paused for a human
+(cast --db); 70 a bug in cantrip; 130 interrupted (Ctrl-C).
+
+Run `cantrip COMMAND --help` for a command's options.
+"""
+
+DESCRIPTIONS = {
+    "init": "Write a starter spec file that runs offline (its LLM is scripted), with "
+    "the lines to change for a real provider.",
+    "cast": "Cast the spec's cantrip on one intent and print the result on stdout. On a "
+    "terminal, progress (turns, gate calls, streamed text, tokens, cost) is drawn on "
+    "stderr. Exit 0 terminated, 2 truncated, 3 paused (--db), 130 interrupted, 1 error.",
+    "worker": "Run the casts queued in a PostgreSQL loom. Start any number of workers on "
+    "any machines; each entity is owned by one worker at a time through a lease, and "
+    "another worker takes over when one dies.",
+    "answer": "Answer a cast that paused for a human on the workers (cast --db exits 3 "
+    "and prints this command), wait for a worker to carry the answer out, and print "
+    "the result like cast.",
+    "invoke": "A long-lived entity on the terminal: each line you type is a cast on it, "
+    "and its state carries over. Ctrl-C cancels the running cast; Ctrl-D (or Ctrl-C "
+    "twice at the prompt) exits.",
+    "acp": "Serve the Agent Client Protocol on stdio (one JSON message per line) for "
+    "editors such as Zed. Each session is an entity; with a [loom] path, sessions can "
+    "be reloaded after a restart.",
+    "serve": "Serve the HTTP session API (and the loom viewer at /) for the spec's "
+    "cantrip. The API is described at /openapi.json. SIGTERM or Ctrl-C drains running "
+    "casts, then stops.",
+    "mcp": "Serve the spec's cantrip as a Model Context Protocol server with one tool, "
+    "cast: over stdio by default, or streamable HTTP at /mcp with --http.",
+    "conformance": "Run conformance vectors (tests.yaml files): one line per failing "
+    "case and a final count; a non-zero exit on any failure.",
+    "loom": None,  # its own plain description (cantrip.cli._loom.LOOM_HELP)
+}
+"""Each command's ``--help`` description, plain text."""
+
+
+def _describe(commands: Any) -> None:
+    """Give every subcommand its description (argparse shows none by default)."""
+    for name, sub in commands.choices.items():
+        text = DESCRIPTIONS.get(name)
+        if text:
+            sub.description = text
 
 
 def _own_tests() -> Path:
@@ -62,11 +117,19 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     )
     parser = argparse.ArgumentParser(
         prog="cantrip",
-        description=__doc__,
+        description=DESCRIPTION,
+        epilog=EPILOG,
         parents=[common],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--version", action="version", version=f"cantrip {__version__}", help="print the version"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from cantrip.cli._init import add_init_parser
+
+    add_init_parser(commands, parents=[common])
 
     cast = commands.add_parser("cast", parents=[common], help="cast a spec file on an intent")
     cast.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
@@ -92,9 +155,19 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         parents=[common],
         help="run the casts queued in a PostgreSQL loom (any number, any machine)",
     )
-    worker.add_argument("--db", metavar="URL", required=True, help="postgresql://...")
-    worker.add_argument("--concurrency", type=int, default=16, help="entities at once (16)")
-    worker.add_argument("--lease", type=float, default=10.0, help="lease seconds (10)")
+    worker.add_argument(
+        "--db", metavar="URL", required=True, help="the PostgreSQL loom: postgresql://..."
+    )
+    worker.add_argument(
+        "--concurrency", type=int, default=16, help="entities run at once (default 16)"
+    )
+    worker.add_argument(
+        "--lease",
+        type=float,
+        default=10.0,
+        help="seconds an entity stays owned by this worker without a renewal; after that "
+        "another worker may take it over (default 10)",
+    )
     worker.add_argument(
         "--max-attempts",
         type=int,
@@ -114,7 +187,9 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         parents=[common],
         help="answer a cast paused on the workers (cast --db exit 3); wait for its result",
     )
-    answer.add_argument("--db", metavar="URL", required=True, help="postgresql://...")
+    answer.add_argument(
+        "--db", metavar="URL", required=True, help="the PostgreSQL loom: postgresql://..."
+    )
     answer.add_argument("entity_id", help="the paused cast's entity")
     answer.add_argument("pause_id", help="the pause to answer (pause-...)")
     given = answer.add_mutually_exclusive_group(required=True)
@@ -211,8 +286,8 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         type=int,
         default=None,
         metavar="N",
-        help="young-generation threshold of the garbage collector while serving (default "
-        "50000, see cantrip.gc_for_throughput; 0: Python's own)",
+        help="young-generation threshold of the garbage collector while serving: larger, "
+        "rarer collections (default 50000; 0: Python's own)",
     )
     serve.add_argument(
         "--token",
@@ -251,7 +326,9 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     conformance = commands.add_parser(
         "conformance", parents=[common], help="run tests.yaml conformance vectors"
     )
-    conformance.add_argument("paths", nargs="*", type=Path, help="default: ./tests.yaml")
+    conformance.add_argument(
+        "paths", nargs="*", type=Path, help="vector files (default: ./tests.yaml)"
+    )
     conformance.add_argument("-v", "--verbose", action="store_true", help="list passing cases")
 
     from cantrip.cli._eval import add_eval_parser
@@ -264,6 +341,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         pass
     else:
         add_loom_parser(commands, parents=[common])
+    _describe(commands)
     return parser, commands
 
 
@@ -338,6 +416,10 @@ def _guarded(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "init":
+        from cantrip.cli._init import run_init
+
+        return run_init(args)
     if args.command == "cast" and args.db and not args.check:
         from cantrip.cli._worker import cast_on_db
 

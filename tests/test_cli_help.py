@@ -1,0 +1,95 @@
+"""Every command's ``--help`` is plain text a user can read (issue 30.4).
+
+The argparse tree is walked, so a command or option added later is covered too: each
+``--help`` is rendered through the real ``cantrip`` entry point, and must be free of
+reST markup and spec rule ids, and every option and positional must say what it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+
+import pytest
+
+from cantrip._version import __version__
+from cantrip.cli import main
+from cantrip.cli._main import _parser
+
+MARKUP = re.compile(r":(class|mod|func|meth|attr|data|exc|ref):`|``|`[^`\n]+`_")
+RULE_ID = re.compile(r"\b[A-Z]{2,}-\d+\b")
+
+
+def _commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+def _argv(path: tuple[str, ...]) -> list[str]:
+    """The command line reaching ``path``'s help (``loom`` takes its FILE first)."""
+    argv: list[str] = []
+    for word in path:
+        argv.append(word)
+        if word == "loom":
+            argv.append("x.db")
+    return [*argv, "--help"]
+
+
+COMMANDS = list(_commands(_parser()[0]))
+
+
+def test_the_walk_finds_every_command() -> None:
+    names = {" ".join(path) for path, _ in COMMANDS}
+    assert {"cast", "serve", "loom", "loom export", "worker", "mcp", "init"} <= names
+
+
+@pytest.mark.parametrize(
+    ("path", "parser"), COMMANDS, ids=[" ".join(p) or "cantrip" for p, _ in COMMANDS]
+)
+def test_help_is_plain_and_complete(path: tuple[str, ...], parser: argparse.ArgumentParser) -> None:
+    out = io.StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit) as exited:
+        main(_argv(path))
+    assert exited.value.code == 0
+    text = out.getvalue()
+    assert text.startswith("usage: cantrip")
+    assert not MARKUP.search(text), f"reST markup in `cantrip {' '.join(path)} --help`:\n{text}"
+    assert not RULE_ID.search(text), f"a rule id in `cantrip {' '.join(path)} --help`:\n{text}"
+    assert parser.description, f"`cantrip {' '.join(path)}` has no description"
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            missing = [c.dest for c in action._choices_actions if not c.help]
+            assert not missing, f"subcommands with no help: {missing}"
+            continue
+        name = "/".join(action.option_strings) or action.dest
+        assert action.help and action.help != argparse.SUPPRESS, f"{name} has no help text"
+
+
+def test_export_format_explains_each_format() -> None:
+    text = subprocess.run(
+        [sys.executable, "-m", "cantrip", "loom", "x.db", "export", "--help"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    for word in ("jsonl", "chat", "otlp"):
+        assert re.search(rf"{word}\b.*\S", text), text
+    assert "training" in text and "OpenTelemetry" in text
+
+
+def test_version() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "cantrip", "--version"], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == f"cantrip {__version__}"
