@@ -336,7 +336,10 @@ def tracing_overhead(n: int = FLATNESS_N, repeats: int = 5) -> None:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
         from opentelemetry.sdk.trace.export import SpanExportResult as Result
     except ImportError:
-        print("tracing overhead: opentelemetry-sdk is not installed (pip install cantrip[otel])")
+        print(
+            "tracing overhead: opentelemetry-sdk is not installed "
+            "(pip install 'cantrip-runtime[otel]')"
+        )
         return
     from cantrip.tracing._sink import TraceSink
 

@@ -3,3 +3,7 @@ importing the package's public surface (``cantrip/__init__.py``), which imports
 every layer."""
 
 __version__ = "0.1.0"
+
+DISTRIBUTION = "cantrip-runtime"
+"""The name to ``pip install``: ``cantrip`` on the package index is an unrelated project.
+The import name and the command stay ``cantrip``."""

@@ -377,7 +377,7 @@ def _add_otlp(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--otlp",
         metavar="URL",
-        help="send OpenTelemetry traces to this OTLP/HTTP endpoint (needs cantrip[otel])",
+        help="send OpenTelemetry traces to this OTLP/HTTP endpoint (needs the otel extra)",
     )
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import trio
 
 from cantrip._errors import LoomAppendOnlyError, LoomError
+from cantrip._version import DISTRIBUTION
 from cantrip.loom._blobs import (
     MISSING,
     decode_blob,
@@ -472,9 +473,9 @@ class PostgresStore:
     def __init__(self, url: str, *, max_connections: int = 8) -> None:
         try:
             import psycopg_pool
-        except ImportError as exc:  # the optional dependency (pip install 'cantrip[postgres]')
+        except ImportError as exc:  # the optional dependency (the postgres extra)
             raise LoomError(
-                "a postgresql:// loom needs psycopg: pip install 'cantrip[postgres]'"
+                f"a postgresql:// loom needs psycopg: pip install '{DISTRIBUTION}[postgres]'"
             ) from exc
         self.url = url
         self.path = None
