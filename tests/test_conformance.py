@@ -149,6 +149,8 @@ def _clone_without_reference(tmp_path: Path) -> Path:
 
 
 def _pytest(repo: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # no plugin autoloading: the module needs none, and loading them all is most of the time
+    env = {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
          "-p", "no:xdist", "-rs", "tests/test_conformance.py::test_reference_case",

@@ -334,6 +334,7 @@ def _check_threads(url: str, jobs: dict[str, str], turns: int) -> None:
         loom.close()
 
 
+@pytest.mark.soak  # chaos: ~40 s under load; CI runs it (pytest -m soak)
 def test_chaos_workers_killed_at_random_lose_no_turn_and_repeat_no_effect(
     effects_db: str, workers: list[subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:

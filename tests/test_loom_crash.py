@@ -152,6 +152,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.soak  # a crash loop: ~40 s each under load; CI runs it (pytest -m soak)
 @pytest.mark.parametrize("name", ["loom.db", "loom.jsonl"])
 def test_kill_9_during_appends_then_reopen_and_resume(tmp_path: Path, name: str) -> None:
     path = tmp_path / name

@@ -24,6 +24,7 @@ from cantrip._version import DISTRIBUTION, __version__
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def _run(*argv: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
         [str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=600, env=env
