@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("cantrip", "gates", "mediums")
 
 PUBLIC_FOR = {
-    # what a medium may import from cantrip (README "Writing a medium")
+    # what a medium may import from cantrip (docs/how-to/gates.md)
     "mediums": {"cantrip", "cantrip.medium"},
-    # what a gate may import from cantrip (README "Writing a gate")
+    # what a gate may import from cantrip (docs/how-to/gates.md)
     "gates": {"cantrip", "cantrip.delegation"},
 }
 

@@ -556,11 +556,11 @@ async def test_an_http_session_keeps_its_mcp_session_across_prompts(tmp_path: Pa
     assert not alive(pid), "closed with the server"
 
 
-def test_the_readme_mcp_snippets_are_valid() -> None:
+def test_the_docs_mcp_snippets_are_valid() -> None:
     import re
     import tomllib
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "how-to" / "mcp.md").read_text()
     toml_block = next(
         b for b in re.findall(r"```toml\n(.*?)```", readme, re.S) if "circle.mcp" in b
     )

@@ -260,7 +260,7 @@ BASH_PROBE = r"""submit_answer "$(tr '\0' '\n' < /proc/$PPID/environ | grep '^PR
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
-def test_the_readme_states_that_bash_can_read_the_hosts_environment(tmp_path: Path) -> None:
+def test_the_docs_state_that_bash_can_read_the_hosts_environment(tmp_path: Path) -> None:
     """The documented risk is real: bash's scrubbed environment does not stop it from
     reading the cantrip process's own through ``/proc/$PPID/environ``."""
     spec = tmp_path / "bash.toml"
@@ -276,6 +276,6 @@ def test_the_readme_states_that_bash_can_read_the_hosts_environment(tmp_path: Pa
         timeout=60,
     )
     assert done.stdout.strip() == "PROBE_VALUE=visible-to-bash-4711", done.stderr
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs/how-to/code-mediums.md").read_text()
     bash_row = next(line for line in readme.splitlines() if line.startswith("| `bash`"))
-    assert "/proc/$PPID/environ" in bash_row, "the README's bash row names this exact risk"
+    assert "/proc/$PPID/environ" in bash_row, "the docs' bash row names this exact risk"

@@ -55,5 +55,8 @@ def run_init(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"cantrip: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    print(f'wrote {path}; try:\n  cantrip cast {path} "Greet the world, then finish."')
+    print(
+        f'cantrip: wrote {path}; try: cantrip cast {path} "Greet the world, then finish."',
+        file=sys.stderr,
+    )
     return 0

@@ -546,7 +546,7 @@ def openapi_document(title: str = "cantrip serve", *, steering: bool = True) -> 
         "info": {
             "title": title,
             "version": "1",
-            "description": "The HTTP session API of a cantrip (see README: cantrip serve).",
+            "description": "The HTTP session API of a cantrip (documentation: ACP and HTTP).",
         },
         "paths": paths,
         "components": {

@@ -1,0 +1,210 @@
+"""The documentation runs as written: every code block of README.md and docs/ (issue 30.10).
+
+A small collector of fenced blocks instead of a plugin, because the blocks are of
+several kinds and each is checked for what it is:
+
+- ``python``: run in a fresh folder holding a copy of ``examples/``; when the block is
+  followed by ``<!-- output -->`` and a ``text`` block, what it prints must be that;
+- ``console``: each ``$ command`` runs there with the ``cantrip`` of this environment on
+  ``PATH``; the lines after it are its stdout exactly, ``...`` accepts any output, and a
+  last line ``[exit N]`` expects that exit code (else 0);
+- ``bash``/``sh``: the block runs as one script (``set -euo pipefail``);
+- ``toml``: parsed; a whole spec (``[llm]`` and ``[circle]``) is also built, as
+  ``cantrip cast`` would build it;
+- ``json``: parsed.
+
+A block that needs the network, a real key or a server that is not started here is
+preceded by ``<!-- not run: REASON -->``: it is checked for syntax only (Python
+compiled, shell ``bash -n``, TOML and JSON parsed). Those blocks are listed by
+``test_blocks_that_do_not_run_are_few_and_say_why``; keep the list short.
+
+The site itself is built with ``mkdocs build --strict`` (broken links, missing pages
+and docstring warnings fail it), and the generated reference pages are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
+NOT_RUN = re.compile(r"<!-- not run: (.+?) -->\s*$")
+OUTPUT = re.compile(r"\A\s*<!-- output -->\s*```text\n(.*?)^```", re.S | re.M)
+CHECKED = ("python", "console", "bash", "sh", "toml", "json")
+MOST_NOT_RUN = 14
+"""The cap on blocks that only get a syntax check: raise it only with a reason."""
+
+
+@dataclass(frozen=True)
+class Block:
+    source: Path
+    line: int
+    lang: str
+    code: str
+    not_run: str | None
+    output: str | None
+
+    @property
+    def id(self) -> str:
+        return f"{self.source.relative_to(ROOT)}:{self.line}-{self.lang}"
+
+
+def blocks() -> list[Block]:
+    found = []
+    for source in SOURCES:
+        text = source.read_text(encoding="utf-8")
+        for match in FENCE.finditer(text):
+            lang = match.group(1)
+            if lang not in CHECKED:
+                continue
+            before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            marker = NOT_RUN.search(before)
+            after = OUTPUT.match(text, match.end())
+            found.append(
+                Block(
+                    source=source,
+                    line=text.count("\n", 0, match.start()) + 1,
+                    lang=lang,
+                    code=match.group(2),
+                    not_run=marker.group(1) if marker else None,
+                    output=after.group(1) if after else None,
+                )
+            )
+    return found
+
+
+BLOCKS = blocks()
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder like a fresh clone's root, as far as the examples need."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    shutil.copy(ROOT / "tests.yaml", tmp_path / "tests.yaml")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("CANTRIP_DEBUG", None)
+    return env
+
+
+def _console(code: str) -> list[tuple[str, list[str]]]:
+    steps: list[tuple[str, list[str]]] = []
+    for line in code.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:], []))
+        elif steps:
+            steps[-1][1].append(line)
+        elif line.strip():
+            raise AssertionError(f"console output before any command: {line!r}")
+    return steps
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if not b.not_run], ids=lambda b: b.id)
+def test_block_runs(block: Block, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    where = f"{block.id} does not run as written"
+    if block.lang == "python":
+        script = workdir / "example.py"
+        script.write_text(block.code, encoding="utf-8")
+        runpy.run_path(str(script), run_name="__main__")
+        if block.output is not None:
+            assert capsys.readouterr().out.strip() == block.output.strip(), where
+    elif block.lang == "console":
+        for command, expected in _console(block.code):
+            code = 0
+            if expected and re.fullmatch(r"\[exit \d+\]", expected[-1]):
+                code = int(expected.pop()[6:-1])
+            run = subprocess.run(
+                ["bash", "-c", command], cwd=workdir, env=_env(), capture_output=True,
+                text=True, timeout=120,
+            )  # fmt: skip
+            assert run.returncode == code, f"{where}: `{command}` exited {run.returncode}\n{run}"
+            if expected != ["..."]:
+                assert run.stdout.strip() == "\n".join(expected).strip(), f"{where}: `{command}`"
+    elif block.lang in ("bash", "sh"):
+        run = subprocess.run(
+            ["bash", "-c", "set -euo pipefail\n" + block.code], cwd=workdir, env=_env(),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert run.returncode == 0, f"{where}:\n{run.stdout}\n{run.stderr}"
+    elif block.lang == "toml":
+        data = tomllib.loads(block.code)
+        if "llm" in data and "circle" in data:
+            from cantrip._specfile import build_cantrip, parse_spec
+
+            build_cantrip(parse_spec(data), base_dir=workdir).loom.close()
+    else:
+        json.loads(block.code)
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.not_run], ids=lambda b: b.id)
+def test_block_not_run_is_valid_syntax(block: Block) -> None:
+    if block.lang == "python":
+        compile(block.code, block.id, "exec")
+    elif block.lang in ("bash", "sh", "console"):
+        code = (
+            "\n".join(c for c, _ in _console(block.code)) if block.lang == "console" else block.code
+        )
+        run = subprocess.run(["bash", "-n"], input=code, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+    elif block.lang == "toml":
+        tomllib.loads(block.code)
+    else:
+        json.loads(block.code)
+
+
+def test_blocks_that_do_not_run_are_few_and_say_why() -> None:
+    skipped = [f"{b.id}: {b.not_run}" for b in BLOCKS if b.not_run]
+    print("\n".join(skipped))
+    assert len(skipped) <= MOST_NOT_RUN, "\n".join(skipped)
+    assert all(b.not_run and len(b.not_run) > 10 for b in BLOCKS if b.not_run)
+
+
+def test_every_page_has_blocks_and_the_readme_has_its_quick_start() -> None:
+    langs = {b.lang for b in BLOCKS if b.source.name == "README.md" and not b.not_run}
+    assert {"python", "console"} <= langs
+    assert len([b for b in BLOCKS if not b.not_run]) >= 25
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    """``mkdocs build --strict``: no broken link, no missing page, no warning."""
+    site = tmp_path / "site"
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT, env={**_env(), "NO_MKDOCS_2_WARNING": "1"}, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    pages = {p.relative_to(site).as_posix(): p.read_text() for p in site.rglob("*.html")}
+    assert not [name for name, html in pages.items() if "<!-- generated:" in html]
+    from cantrip.protocols._api import openapi_document
+
+    published = json.loads((site / "reference" / "openapi.json").read_text())
+    assert published == json.loads(json.dumps(openapi_document()))
+    cli = pages["reference/cli/index.html"]
+    for command in ("cantrip loom export", "cantrip serve", "cantrip init", "--max-body"):
+        assert command in cli
+    http = pages["reference/http/index.html"]
+    assert "/sessions/{session_id}/prompt" in http and "PromptRequest" in http
+    api = pages["reference/api/index.html"]
+    import cantrip
+
+    missing = [name for name in cantrip.__all__ if f'id="cantrip.{name}"' not in api]
+    assert not missing, f"public names missing from the API reference: {missing}"
+    assert "mermaid" in pages["concepts/index.html"]
