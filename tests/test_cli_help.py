@@ -50,7 +50,7 @@ COMMANDS = list(_commands(_parser()[0]))
 
 def test_the_walk_finds_every_command() -> None:
     names = {" ".join(path) for path, _ in COMMANDS}
-    assert {"cast", "serve", "loom", "loom export", "worker", "mcp", "init"} <= names
+    assert {"cast", "serve", "loom", "loom export", "worker", "mcp", "init", "eval"} <= names
 
 
 @pytest.mark.parametrize(

@@ -6,12 +6,13 @@ several kinds and each is checked for what it is:
 - ``python``: run in a fresh folder holding a copy of ``examples/``; when the block is
   followed by ``<!-- output -->`` and a ``text`` block, what it prints must be that;
 - ``console``: each ``$ command`` runs there with the ``cantrip`` of this environment on
-  ``PATH``; the lines after it are its stdout exactly, ``...`` accepts any output, and a
-  last line ``[exit N]`` expects that exit code (else 0);
+  ``PATH``; the lines after it are its stdout, where a line ``...`` stands for any lines
+  and ``...`` inside a line for any text (timings), and a last line ``[exit N]`` expects
+  that exit code (else 0);
 - ``bash``/``sh``: the block runs as one script (``set -euo pipefail``);
 - ``toml``: parsed; a whole spec (``[llm]`` and ``[circle]``) is also built, as
   ``cantrip cast`` would build it;
-- ``json``: parsed.
+- ``json`` and ``yaml``: parsed.
 
 A block that needs the network, a real key or a server that is not started here is
 preceded by ``<!-- not run: REASON -->``: it is checked for syntax only (Python
@@ -36,14 +37,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 NOT_RUN = re.compile(r"<!-- not run: (.+?) -->\s*$")
 OUTPUT = re.compile(r"\A\s*<!-- output -->\s*```text\n(.*?)^```", re.S | re.M)
-CHECKED = ("python", "console", "bash", "sh", "toml", "json")
-MOST_NOT_RUN = 14
+CHECKED = ("python", "console", "bash", "sh", "toml", "json", "yaml")
+MOST_NOT_RUN = 18
 """The cap on blocks that only get a syntax check: raise it only with a reason."""
 
 
@@ -104,6 +106,18 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _matches(out: str, expected: list[str]) -> bool:
+    """``out`` against the expected lines: ``...`` alone is any lines, inside a line any text."""
+    pattern = "".join(
+        r"(?:.*\n)*"
+        if line.strip() == "..."
+        else ".*?".join(map(re.escape, line.split("..."))) + r"\n"
+        for line in expected
+    )
+    text = out.strip() + "\n" if out.strip() else ""
+    return re.fullmatch(pattern, text) is not None
+
+
 def _console(code: str) -> list[tuple[str, list[str]]]:
     steps: list[tuple[str, list[str]]] = []
     for line in code.splitlines():
@@ -135,14 +149,15 @@ def test_block_runs(block: Block, workdir: Path, capsys: pytest.CaptureFixture[s
                 text=True, timeout=120,
             )  # fmt: skip
             assert run.returncode == code, f"{where}: `{command}` exited {run.returncode}\n{run}"
-            if expected != ["..."]:
-                assert run.stdout.strip() == "\n".join(expected).strip(), f"{where}: `{command}`"
+            assert _matches(run.stdout, expected), f"{where}: `{command}` printed\n{run.stdout}"
     elif block.lang in ("bash", "sh"):
         run = subprocess.run(
             ["bash", "-c", "set -euo pipefail\n" + block.code], cwd=workdir, env=_env(),
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert run.returncode == 0, f"{where}:\n{run.stdout}\n{run.stderr}"
+    elif block.lang == "yaml":
+        yaml.safe_load(block.code)
     elif block.lang == "toml":
         data = tomllib.loads(block.code)
         if "llm" in data and "circle" in data:
@@ -165,6 +180,8 @@ def test_block_not_run_is_valid_syntax(block: Block) -> None:
         assert run.returncode == 0, run.stderr
     elif block.lang == "toml":
         tomllib.loads(block.code)
+    elif block.lang == "yaml":
+        yaml.safe_load(block.code)
     else:
         json.loads(block.code)
 

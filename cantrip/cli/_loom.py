@@ -218,7 +218,10 @@ def add_loom_parser(
     )
     pruning.add_argument("--json", action="store_true", help="print JSON")
     statistics = commands.add_parser(
-        "stats", help="entities, turns, bytes per table, oldest and newest activity"
+        "stats",
+        help="entities, turns, bytes per table, oldest and newest activity",
+        description="Say how big the loom is: entities, turns, bytes per table, and its "
+        "oldest and newest activity.",
     )
     statistics.add_argument("--json", action="store_true", help="print JSON")
     parser: argparse.ArgumentParser = loom
