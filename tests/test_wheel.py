@@ -11,6 +11,7 @@ with a plain ``pip install`` of the wheel, dependencies and all.
 from __future__ import annotations
 
 import os
+import re
 import site
 import subprocess
 import sys
@@ -37,6 +38,20 @@ def test_the_distribution_name_is_ours() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["name"] == DISTRIBUTION == "cantrip-runtime"
     assert project["license"] == "MIT"  # an SPDX expression, not the deprecated table
+
+
+def test_every_install_line_names_the_distribution() -> None:
+    """``pip install cantrip`` would install somebody else's project."""
+    wrong = re.compile(r"pip install\s+['\"]?cantrip(?!-runtime)\b")
+    texts = [ROOT / "README.md", ROOT / "SPEC.md", *ROOT.glob("docs/**/*.md")]
+    texts += [*ROOT.glob("cantrip/**/*.py"), *ROOT.glob("bench/*.py")]
+    found = [
+        f"{path.relative_to(ROOT)}: {line.strip()}"
+        for path in texts
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if wrong.search(line)
+    ]
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.soak  # a build and a venv: about a minute under load
