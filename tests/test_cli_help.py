@@ -22,7 +22,7 @@ from cantrip.cli import main
 from cantrip.cli._main import _parser
 
 MARKUP = re.compile(r":(class|mod|func|meth|attr|data|exc|ref):`|``|`[^`\n]+`_")
-RULE_ID = re.compile(r"\b[A-Z]{2,}-\d+\b")
+RULE_ID = re.compile(r"\b(?!UTF-)[A-Z]{2,}-\d+\b")  # LOOP-2, CIRCLE-10; not UTF-8
 
 
 def _commands(
