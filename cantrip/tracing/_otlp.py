@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from cantrip._redact import redact
 from cantrip.llm._contract import ZERO_USAGE, Usage
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import EntityRecord, Turn
-from cantrip._redact import redact
 from cantrip.tracing import _genai
 from cantrip.tracing._redacted import clean_attributes, clean_status
 
