@@ -18,6 +18,11 @@ from cantrip.protocols._body import BodyError, read_json_body
 from cantrip.protocols._idempotency import BadKeyError, check_key
 
 MAX_BODY = 1 << 20
+NUL = "\x00"
+NUL_MESSAGE = "text cannot hold a NUL character (U+0000): found in {where}"
+"""Issue 28.5: PostgreSQL text (and jsonb) cannot hold U+0000, so ``serve --db`` could not
+store such a prompt or look up such an id. Both servers refuse it while the request is
+parsed -- one API -- before anything reaches a store."""
 
 
 def allow(method: str, *allowed: str) -> None:
@@ -78,10 +83,54 @@ def prompt_intent(body: Any) -> str:
 
 
 async def read_body(receive: Receive) -> Any:
+    """The JSON body: 400 if it holds a NUL (:data:`NUL_MESSAGE`) anywhere but under
+    ``args`` -- an answer's edited arguments are free-form JSON for the gate, which the
+    in-process server hands on as they are (``serve --db`` cannot store a NUL there:
+    PostgreSQL's refusal becomes the same 400, see ``DbHttpApp._db``)."""
     try:
-        return await read_json_body(receive, MAX_BODY)
+        body = await read_json_body(receive, MAX_BODY)
     except BodyError as exc:
         raise HttpError(exc.status, exc.code, exc.message) from None
+    checked = {k: v for k, v in body.items() if k != "args"} if isinstance(body, dict) else body
+    where = _nul_in(checked)
+    if where is not None:
+        raise _nul("the body" + (f" at {where}" if where else ""))
+    return body
+
+
+def refuse_nul(scope: Scope) -> None:
+    """400 if the request's path or query holds a NUL (``%00`` included)."""
+    if NUL in scope["path"]:
+        raise _nul("the path")
+    raw = scope.get("query_string", b"")
+    if b"\x00" in raw or b"%00" in raw:
+        raise _nul("the query")
+
+
+def _nul(where: str) -> HttpError:
+    return HttpError(400, "bad_request", NUL_MESSAGE.format(where=where))
+
+
+def _nul_in(value: Any, at: str = "") -> str | None:
+    """Where in JSON data a NUL is (``content.0.text``; ``x (a key)``), or None.
+    Iterative: a body nested as deeply as the guard allows cannot exhaust the stack."""
+    stack: list[tuple[Any, str]] = [(value, at)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if NUL in item:
+                return where
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                path = f"{where}.{key}" if where else str(key)
+                if NUL in key:
+                    return f"{where} (a key)" if where else "a key"
+                stack.append((inner, path))
+        elif isinstance(item, list):
+            stack.extend(
+                (inner, f"{where}.{i}" if where else str(i)) for i, inner in enumerate(item)
+            )
+    return None
 
 
 async def until_disconnect(receive: Receive) -> None:

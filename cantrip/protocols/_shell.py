@@ -49,6 +49,7 @@ from cantrip.protocols._request import (
     idempotency_key,
     prompt_intent,
     read_body,
+    refuse_nul,
     truthy,
     until_disconnect,
     validated,
@@ -93,6 +94,7 @@ class ServerShell:
         method), the server answers through the hooks below."""
         if await self._before_route(scope, receive, send):
             return
+        refuse_nul(scope)
         method = scope["method"]
         parts = [p for p in scope["path"].split("/") if p]
         query = parse_qs(scope.get("query_string", b"").decode())
