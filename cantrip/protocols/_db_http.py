@@ -40,8 +40,8 @@ import trio
 
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult
 from cantrip._events import FinalResponse, PauseEvent, StepComplete
+from cantrip._outcome import CastResult, result_dict
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
 from cantrip.distributed._queue import DEAD, PAUSED
@@ -65,7 +65,7 @@ from cantrip.protocols._lifecycle import Drain, ServeOptions, Tally
 from cantrip.protocols._request import (
     until_disconnect,
 )
-from cantrip.protocols._sessions import SessionError, event_dict, result_dict
+from cantrip.protocols._sessions import SessionError, event_dict
 from cantrip.protocols._shell import ServerShell, serve_asgi
 
 log = get_logger("cantrip.http")
