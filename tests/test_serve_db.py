@@ -662,6 +662,17 @@ async def test_a_nul_anywhere_is_a_clear_400_and_loses_nothing(stack: Stack) -> 
     assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 2
 
 
+def drop_connections(admin_url: str, database: str) -> None:
+    """End every session on ``database`` (a lost connection, as a restart or a network
+    failure would cause one)."""
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database,),
+        )
+
+
 async def test_a_lost_database_connection_is_a_503_with_retry_after(
     stack: Stack, pg_server: str
 ) -> None:
@@ -673,11 +684,7 @@ async def test_a_lost_database_connection_is_a_503_with_retry_after(
     try:
         async with await _client(base) as http:
             assert (await http.post("/sessions")).status_code == 201
-            with psycopg.connect(pg_server, autocommit=True) as admin:
-                admin.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = 'serve_db_lost' AND pid <> pg_backend_pid()"
-                )
+            drop_connections(pg_server, "serve_db_lost")
             answers = [await http.get("/sessions") for _ in range(3)]
             refused = [r for r in answers if r.status_code != 200]
             assert refused, [r.status_code for r in answers]
@@ -693,6 +700,19 @@ async def test_a_lost_database_connection_is_a_503_with_retry_after(
                 await trio.sleep(0.2)
             else:
                 raise AssertionError("the replica did not recover")
+            # an event stream that already answered 200 ends with an error event
+            sid = (await http.post("/sessions")).json()["session_id"]
+            seen = ""
+            with trio.fail_after(30):
+                async with http.stream("GET", f"/sessions/{sid}/events") as events:
+                    async for chunk in events.aiter_text():
+                        seen += chunk
+                        if ": subscribed" in seen and "dropped" not in seen:
+                            drop_connections(pg_server, "serve_db_lost")
+                            seen += "(dropped)"
+                        if "event: error" in seen and seen.endswith("\n\n"):
+                            break
+            assert '"code": "database_unavailable"' in seen, seen
     finally:
         for proc in lost.procs:
             proc.kill()

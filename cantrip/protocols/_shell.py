@@ -41,6 +41,7 @@ from cantrip.protocols._asgi import (
     not_found,
     sse,
     sse_comment,
+    sse_error,
     start_sse,
 )
 from cantrip.protocols._lifecycle import Drain, ServeOptions
@@ -80,13 +81,24 @@ class ServerShell:
             return
         if scope["type"] != "http":
             return
+        started = False
+
+        async def sending(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         with self.drain.request():
             try:
                 if self.drain.closing:
                     raise self._unavailable("shutting_down", "the server is shutting down")
-                await self._route(scope, receive, send)
+                await self._route(scope, receive, sending)
             except HttpError as exc:
-                await error_response(send, exc)
+                if not started:
+                    await error_response(send, exc)
+                else:  # an event stream already answered 200: its last event says why
+                    await sse_error(send, exc)
+                    await end_body(send)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The routes ``/openapi.json`` documents, the same for every server: the path
