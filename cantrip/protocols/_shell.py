@@ -93,7 +93,9 @@ class ServerShell:
                 if self.drain.closing:
                     raise self._unavailable("shutting_down", "the server is shutting down")
                 await self._route(scope, receive, sending)
-            except HttpError as exc:
+            except* HttpError as group:
+                # also one raised inside a stream's nursery (trio groups those)
+                exc = _first(group)
                 if not started:
                     await error_response(send, exc)
                 else:  # an event stream already answered 200: its last event says why
@@ -314,6 +316,12 @@ class ServerShell:
                 await sse(send, "shutdown", {"type": "shutdown"})
                 await end_body(send)
                 nursery.cancel_scope.cancel()
+
+
+def _first(group: BaseExceptionGroup[HttpError]) -> HttpError:
+    """The first error of a group (however nested): the one the client is told."""
+    first = group.exceptions[0]
+    return first if isinstance(first, HttpError) else _first(first)
 
 
 async def serve_asgi(
