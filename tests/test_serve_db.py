@@ -692,7 +692,7 @@ async def test_a_lost_database_connection_is_a_503_with_retry_after(
                 assert response.status_code == 503 and response.headers["retry-after"]
                 assert response.json()["error"]["code"] == "database_unavailable"
                 assert response.json()["error"]["message"].startswith(
-                    "the database is unavailable; try again"
+                    "the database is unreachable; try again"
                 )
             for _ in range(50):  # the pool reconnects
                 if (await http.get("/sessions")).status_code == 200:
@@ -717,8 +717,7 @@ async def test_a_lost_database_connection_is_a_503_with_retry_after(
         for proc in lost.procs:
             proc.kill()
             proc.wait()
-    logged = stack.log.read_text()
-    assert logged.count("database unavailable") >= len(refused)
+    assert "lost the database" in stack.log.read_text()  # said once in the log
 
 
 async def _declared_only(base: str, path: str, length: int) -> httpx.Response:

@@ -41,7 +41,7 @@ class TextBlock(BaseModel):
 class EmbeddedText(BaseModel):
     model_config = ConfigDict(extra="allow")
     text: Text
-    uri: str | None = None
+    uri: NoNul | None = None
 
 
 class ResourceBlock(BaseModel):

@@ -83,18 +83,15 @@ def prompt_intent(body: Any) -> str:
 
 
 async def read_body(receive: Receive) -> Any:
-    """The JSON body: 400 if it holds a NUL (:data:`NUL_MESSAGE`) anywhere but under
-    ``args`` -- an answer's edited arguments are free-form JSON for the gate, which the
-    in-process server hands on as they are (``serve --db`` cannot store a NUL there:
-    PostgreSQL's refusal becomes the same 400, see ``DbHttpApp._db``)."""
+    """The JSON body: 400 if a text field the server stores holds a NUL
+    (:data:`NUL_MESSAGE`; :func:`_nul_in`)."""
     try:
         body = await read_json_body(receive, MAX_BODY)
     except BodyError as exc:
         raise HttpError(exc.status, exc.code, exc.message) from None
-    checked = {k: v for k, v in body.items() if k != "args"} if isinstance(body, dict) else body
-    where = _nul_in(checked)
+    where = _nul_in(body)
     if where is not None:
-        raise _nul("the body" + (f" at {where}" if where else ""))
+        raise _nul(f"the body at {where}")
     return body
 
 
@@ -111,26 +108,45 @@ def _nul(where: str) -> HttpError:
     return HttpError(400, "bad_request", NUL_MESSAGE.format(where=where))
 
 
-def _nul_in(value: Any, at: str = "") -> str | None:
-    """Where in JSON data a NUL is (``content.0.text``; ``x (a key)``), or None.
-    Iterative: a body nested as deeply as the guard allows cannot exhaust the stack."""
-    stack: list[tuple[Any, str]] = [(value, at)]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, str):
-            if NUL in item:
-                return where
-        elif isinstance(item, dict):
-            for key, inner in item.items():
-                path = f"{where}.{key}" if where else str(key)
-                if NUL in key:
-                    return f"{where} (a key)" if where else "a key"
-                stack.append((inner, path))
-        elif isinstance(item, list):
-            stack.extend(
-                (inner, f"{where}.{i}" if where else str(i)) for i, inner in enumerate(item)
-            )
+_TEXT_FIELDS = ("prompt", "intent", "text", "content", "reason")
+"""The body fields whose text the servers keep (a prompt's, an answer's reason or reply):
+checked here against the NUL the published schema excludes (``/openapi.json``). Other
+members -- an answer's free-form ``args`` for the gate, extra members of a content
+block -- are not: the in-process server hands them on as they are, and ``serve --db``
+answers a NUL there with the 400 PostgreSQL's refusal becomes (``DbHttpApp._db``)."""
+
+
+def _nul_in(body: Any) -> str | None:
+    """Where in a body's text fields a NUL is (``prompt``, ``content.0.text``), or None."""
+    if not isinstance(body, Mapping):
+        return None
+    for key in _TEXT_FIELDS:
+        value = body.get(key)
+        if isinstance(value, str):
+            if NUL in value:
+                return key
+        elif isinstance(value, list):
+            for i, block in enumerate(value):
+                for where, text in _block_texts(block):
+                    if NUL in text:
+                        return f"{key}.{i}{where}"
     return None
+
+
+def _block_texts(block: Any) -> list[tuple[str, str]]:
+    """A content block's texts: itself (a string), ``text``, and a resource's ``text``
+    and ``uri``."""
+    if isinstance(block, str):
+        return [("", block)]
+    if not isinstance(block, Mapping):
+        return []
+    found = [(".text", block["text"])] if isinstance(block.get("text"), str) else []
+    resource = block.get("resource")
+    if isinstance(resource, Mapping):
+        for name in ("text", "uri"):
+            if isinstance(resource.get(name), str):
+                found.append((f".resource.{name}", resource[name]))
+    return found
 
 
 async def until_disconnect(receive: Receive) -> None:
