@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from cantrip._approval import ApprovalPolicy, Decision, Pause, PauseError, Verdict
 from cantrip._cantrip import Cantrip
 from cantrip._circle import Circle
-from cantrip._entity import CastResult, Entity
+from cantrip._entity import Entity
 from cantrip._errors import (
     CantripError,
     ChildCrashedError,
@@ -25,6 +25,7 @@ from cantrip._errors import (
 )
 from cantrip._gate import Gate, GateArgumentError, GateError, GateResult, gate
 from cantrip._identity import Identity
+from cantrip._outcome import CastResult
 from cantrip._output import OutputSchema
 from cantrip._wards import (
     Ward,

@@ -16,11 +16,12 @@ import attrs
 import trio
 
 from cantrip._circle import Circle
-from cantrip._entity import CastResult, Entity, EntitySetup, PauseHandler, require_intent
+from cantrip._entity import Entity, EntitySetup, PauseHandler, require_intent
 from cantrip._errors import ConstructionError, LoomError
 from cantrip._events import EventSink
 from cantrip._folding import FoldingPolicy, effective_policy
 from cantrip._identity import Identity
+from cantrip._outcome import CastResult
 from cantrip._output import OutputSchema
 from cantrip.llm._contract import LLM, Message
 from cantrip.llm._retry import RetryingLLM, RetryPolicy

@@ -41,7 +41,8 @@ from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import LLM
 
 if TYPE_CHECKING:
-    from cantrip._entity import CastResult, Entity
+    from cantrip._entity import Entity
+    from cantrip._outcome import CastResult
 
 CHILD_IDENTITY = (
     "You are a worker entity created for one sub-task. Work only on the intent you "

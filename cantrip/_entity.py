@@ -46,6 +46,7 @@ from cantrip._events import (
 from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate, GateArgumentError
 from cantrip._journal import TurnJournal
+from cantrip._outcome import CastResult, cast_result, cut_text
 from cantrip._providers import ProviderScope
 from cantrip._record_cap import capped_turn, record_cap
 from cantrip._redact import get_logger
@@ -72,7 +73,6 @@ from cantrip.loom._model import (
     GateCallRecord,
     Turn,
     TurnMetadata,
-    result_text,
 )
 from cantrip.tracing._sink import with_tracing
 from mediums.base import Execution, MediumSession, capped_execution
@@ -105,40 +105,6 @@ def require_intent(intent: object) -> str:
 
 def new_entity_id() -> str:
     return "entity-" + os.urandom(10).hex()
-
-
-@attrs.frozen
-class CastResult:
-    """How one cast ended, with what it cost."""
-
-    result: Any
-    terminated: bool
-    truncated: bool
-    reason: str | None
-    entity_id: str
-    turns: tuple[Turn, ...]
-    usage: Usage
-    partial: str | None = None
-    """For a cast cut off by the output-token limit (reason ``max_tokens``): the
-    text the model had written, never a final answer (issue 22)."""
-    summary: str | None = None
-    """For a truncated cast: what happened before the ward cut in (LOOP-4)."""
-    cost_usd: float | None = None
-    """USD this cast and the casts it spawned spent; ``None`` if a price is unknown."""
-    pending: tuple[Pause, ...] = ()
-    """Calls waiting for a human: the cast is paused (``reason == "paused"``); answer
-    them with :meth:`Entity.answer` to continue it."""
-    undelivered: tuple[str, ...] = ()
-    """Steering messages (:meth:`Entity.steer`) that arrived too late to join a turn:
-    the cast ended first."""
-
-    @property
-    def paused(self) -> bool:
-        return bool(self.pending)
-
-    @property
-    def text(self) -> str:
-        return result_text(self.result)
 
 
 class _TurnHost:
@@ -297,18 +263,13 @@ class _Cast:
             self.meter.charge(None, why=USAGE_UNKNOWN)
 
     def result(self, entity_id: str, last: Turn, value: Any) -> CastResult:
-        return CastResult(
-            result=value,
-            terminated=last.terminated,
-            truncated=last.truncated,
-            reason=last.reason,
-            entity_id=entity_id,
-            turns=tuple(self.turns),
-            usage=self.usage,
-            partial=None if last.terminated else _cut_text(self.turns),
-            summary=None if last.terminated else _truncation_summary(self.turns, last.reason),
+        """The cast's result now that ``last`` (its latest turn) ended it; its cost is
+        the whole tree's, as the meter charged it."""
+        assert self.turns and self.turns[-1] is last
+        return cast_result(
+            self.turns, entity_id=entity_id, value=value, usage=self.usage,
             cost_usd=self.meter.total,
-        )
+        )  # fmt: skip
 
 
 @attrs.frozen
@@ -861,7 +822,7 @@ class Entity:
                 response, execution, wards.require_done_tool
             )
             if terminated and execution.text_only and cast.continuations:
-                result = (_cut_text(cast.turns) or "") + (response.content or "")
+                result = (cut_text(cast.turns) or "") + (response.content or "")
         if terminated:
             reason = "text" if execution.text_only else "done"
         elif reason is None:
@@ -1254,17 +1215,10 @@ class Entity:
         return await self.circle.call(name, args, tool_call_id)
 
     def _paused_result(self, cast: _Cast, pause: Pause) -> CastResult:
-        return CastResult(
-            result=None,
-            terminated=False,
-            truncated=False,
-            reason="paused",
-            entity_id=self.id,
-            turns=tuple(cast.turns),
-            usage=cast.usage,
-            cost_usd=cast.meter.total,
+        return cast_result(
+            cast.turns, entity_id=self.id, usage=cast.usage, cost_usd=cast.meter.total,
             pending=(pause,),
-        )
+        )  # fmt: skip
 
     async def _continue_paused(
         self, pause: Pause, decision: Decision, *, answered: Turn | None = None
@@ -1606,35 +1560,4 @@ def _metadata(
         model=response.model,
         provider=response.provider,
         cost_usd=response_cost(response, llm) if count_usage else None,
-    )
-
-
-def _cut_text(turns: Sequence[Turn]) -> str | None:
-    """The text of the answers at the end of ``turns`` that the token limit cut off
-    (one cut-off answer and the continuations before it), from the loom's turns."""
-    pieces: list[str] = []
-    for turn in reversed(turns):
-        if turn.extras.get("cut_off") != "max_tokens":
-            break
-        pieces.append(turn.content or "")
-    return "".join(reversed(pieces)) or None
-
-
-def _truncation_summary(turns: Sequence[Turn], reason: str | None) -> str:
-    if reason == "max_tokens":
-        partial = _cut_text(turns)
-        return (
-            f"Cut off by the output token limit (max_tokens) after {len(turns)} turn(s); "
-            "this is not a finished answer. "
-            + (f"Partial answer:\n{partial}" if partial else "Nothing was written before the cut.")
-        )
-    calls = [r for t in turns for r in t.gate_calls]
-    errors = sum(1 for r in calls if r.is_error)
-    gates = sorted({r.gate for r in calls})
-    last = turns[-1].observation if turns else ""
-    preview = (last[:150] + "...") if len(last) > 150 else last
-    return (
-        f"Truncated by {reason} after {len(turns)} turn(s) without calling done; "
-        f"{len(calls)} gate call(s) ({errors} failed) to {', '.join(gates) or 'no gates'}. "
-        f"Last observation: {preview!r}"
     )

@@ -15,9 +15,10 @@ import attrs
 import trio
 
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult, Entity, PauseHandler, new_entity_id
+from cantrip._entity import Entity, PauseHandler, new_entity_id
 from cantrip._errors import CantripError
 from cantrip._events import EventSink
+from cantrip._outcome import CastResult
 from cantrip._supervisor import ChildSpec, Restart, Supervisor
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import trio
 
-from cantrip._entity import CastResult
+from cantrip._outcome import CastResult
 from cantrip.evals import Expect, Outcome, replay_llm
 from cantrip.evals._evaluators import pattern_check, plain_checks
 from cantrip.llm._contract import LLM

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import cantrip
+from cantrip._outcome import result_dict
 from cantrip.cli._loom import main as loom_main
 from cantrip.cli._main import main as cli_main
 from cantrip.llm._cost import response_cost
-from cantrip.protocols._sessions import result_dict
 from gates import call_agent, done, echo
 
 # $1 per million prompt tokens, $2 per million completion tokens
@@ -352,8 +352,8 @@ async def test_an_idempotent_replay_reports_the_same_tree_cost_as_the_live_resul
 
 async def test_a_result_rebuilt_from_postgres_counts_the_whole_tree(pg_url: str) -> None:
     """What ``serve --db`` answers: the cast rebuilt from the database's turns."""
+    from cantrip._outcome import recorded_cast
     from cantrip.loom._postgres import PostgresStore
-    from cantrip.protocols._idempotency import recorded_cast
 
     loom = cantrip.Loom.open(pg_url)
     try:

@@ -25,11 +25,12 @@ import trio
 import trio.testing
 
 import cantrip
+from cantrip._outcome import recorded_cast, result_dict
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
 from cantrip.protocols._http import serve_http
-from cantrip.protocols._idempotency import recorded_cast, session_entity_id
+from cantrip.protocols._idempotency import session_entity_id
 from cantrip.protocols._lifecycle import ServeOptions
-from cantrip.protocols._sessions import SessionError, SessionHub, result_dict
+from cantrip.protocols._sessions import SessionError, SessionHub
 from gates import done, echo
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)

@@ -90,6 +90,7 @@ async def test_tools_become_gates_with_their_schema_and_results_become_observati
         "tb_spawn",
         "tb_big",
         "tb_pid",
+        "tb_env_digest",
     }
     assert presented["tb_add"].parameters == {
         "type": "object",

@@ -243,6 +243,57 @@ async def test_http_token_off_loopback_and_bearer_check(
         assert "wrong-token" not in str(raised.value)
 
 
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "probe", "version": "1"},
+    },
+}
+MCP_HEADERS = {"accept": "application/json, text/event-stream"}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.2", "127.0.0.1"])
+async def test_http_checks_host_and_origin_on_every_loopback_bind(
+    tmp_path: Path, host: str
+) -> None:
+    """Issue 28.3: bound to a loopback address other than 127.0.0.1 the server took any
+    Host and Origin, so a DNS-rebinding page could cast. One guard on every bind (the
+    one ``cantrip serve`` has): its refusals, as the client sees them."""
+    spec = write_spec(tmp_path, SCRIPT, loom=False)
+    async with http_server(spec, "--host", host) as url:
+        assert url.startswith(f"http://{host}:")
+        async with httpx.AsyncClient(timeout=20) as http:
+            rebound = await http.post(
+                url, json=INIT, headers={**MCP_HEADERS, "host": "evil.example"}
+            )
+            assert rebound.status_code == 403
+            assert rebound.json() == {
+                "error": {
+                    "code": "bad_host",
+                    "message": "the Host header 'evil.example' does not name this server",
+                }
+            }
+            page = await http.post(
+                url, json=INIT, headers={**MCP_HEADERS, "origin": "http://evil.example"}
+            )
+            assert page.status_code == 403
+            assert page.json()["error"] == {
+                "code": "bad_origin",
+                "message": "requests from origin 'http://evil.example' are not allowed",
+            }
+            assert rebound.headers["referrer-policy"] == "no-referrer"
+            fine = await http.post(url, json=INIT, headers=MCP_HEADERS)
+            assert fine.status_code == 200, fine.text
+        async with Client(url) as client:  # the SDK's own client still casts
+            result = await client.call_tool("cast", {"intent": "hi"})
+            assert result.structured_content is not None
+            assert result.structured_content["result"] == "first answer"
+
+
 def test_check_loads_the_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = write_spec(tmp_path, SCRIPT)
     assert cli_main(["mcp", str(spec), "--check"]) == 0

@@ -279,3 +279,53 @@ def test_the_docs_state_that_bash_can_read_the_hosts_environment(tmp_path: Path)
     readme = (Path(__file__).resolve().parents[1] / "docs/how-to/code-mediums.md").read_text()
     bash_row = next(line for line in readme.splitlines() if line.startswith("| `bash`"))
     assert "/proc/$PPID/environ" in bash_row, "the docs' bash row names this exact risk"
+
+
+# -- issue 28.1: OpenTelemetry traces never carry a key ----------------------------------
+
+
+class RepeatingOpenAI(QuotingOpenAI):
+    """Quotes the key a dozen times in a row: wherever a length cut falls inside the
+    quoted text, it leaves part of a key behind unless redaction came first."""
+
+    async def respond(self, request: Request, send: Sender) -> None:
+        self.requests.append(request)
+        sent = request.headers.get("authorization", "").removeprefix("Bearer ")
+        message = f"Incorrect API key provided: {sent * 12}."
+        await send.json(401, self.error_body(401, message, "invalid_api_key"))
+
+
+def key_pieces(data: bytes, key: str = KEY, size: int = 10) -> list[str]:
+    """Every run of ``size`` characters of ``key`` that ``data`` holds (a partial key)."""
+    return [
+        key[i : i + size] for i in range(len(key) - size + 1) if key[i : i + size].encode() in data
+    ]
+
+
+@pytest.mark.parametrize("capture", [False, True])
+async def test_otlp_traces_never_carry_a_key_the_provider_quotes(
+    tmp_path: Path, capture: bool
+) -> None:
+    """Issue 28.1: `cast --otlp` into a real OTLP/HTTP receiver; the provider's 401 quotes
+    the key, which ends up in the `chat` span's error status (cut at 200 characters)."""
+    from otlp_receiver import otlp_receiver
+
+    fake = RepeatingOpenAI([], key="the-right-key")
+    async with serve(fake, "/v1") as url, otlp_receiver() as (otlp, received):
+        (tmp_path / "spec.toml").write_text(spec_text(url, "LLM_CRED"))
+        env = isolated_env(tmp_path, LLM_CRED=KEY, PYTHONPATH=str(Path(__file__).parents[1]))
+        env["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "true" if capture else ""
+        cast = await trio.run_process(
+            [CANTRIP, "cast", "--otlp", otlp, str(tmp_path / "spec.toml"), "hello"],
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert cast.returncode == 1, cast.stderr.decode()
+    assert b"Incorrect API key provided" in cast.stderr  # what the user sees, redacted
+    assert KEY.encode() not in cast.stderr
+    chat = [s for s in received.spans() if s.name.startswith("chat")]  # type: ignore[attr-defined]
+    assert chat and "Incorrect API key provided: [REDACTED]" in chat[0].status.message
+    assert KEY.encode() not in received.raw
+    assert key_pieces(received.raw) == [], "no piece of a key left by a length cut"

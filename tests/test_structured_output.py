@@ -205,7 +205,7 @@ async def test_other_gates_are_untouched_by_the_output_schema() -> None:
 
 
 async def test_result_dict_reports_a_model_result_as_json() -> None:
-    from cantrip.protocols._sessions import result_dict
+    from cantrip._outcome import result_dict
 
     s = spell([done_with({"name": "Oslo", "population": 3})], City)
     outcome = await s.cast_async("Which city?")

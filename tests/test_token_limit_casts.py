@@ -23,7 +23,7 @@ from fake_providers import PREFIXES, PROVIDERS, Answer, Call, FakeOpenAI, isolat
 import cantrip
 from cantrip import Cantrip, Circle, Identity, ScriptedLLM, Ward, max_turns
 from cantrip._entity import CONTINUE_CUT_OFF
-from cantrip.protocols._sessions import result_dict, stop_reason
+from cantrip._outcome import result_dict, stop_reason
 from gates import call_agent, done, echo
 
 CUT_TEXT = "The story is about a"

@@ -3,7 +3,6 @@ shipped over real OTLP/HTTP to a receiver started by the test."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -14,11 +13,11 @@ from typing import Any
 
 import pytest
 import trio
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from otlp_receiver import otlp_receiver
 
 import cantrip
 from cantrip.cli._loom import main as loom_main
@@ -283,27 +282,6 @@ def test_a_recorded_loom_exports_as_otlp_json(
 
 async def test_cast_otlp_posts_real_otlp_http_to_a_receiver(tmp_path: Path) -> None:
     """`cantrip cast --otlp URL` with the real exporter, into a loopback receiver."""
-    bodies: list[bytes] = []
-
-    async def receive(stream: trio.SocketStream) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += await stream.receive_some(65536)
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":")[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length")
-        )
-        while len(body) < length:
-            body += await stream.receive_some(65536)
-        bodies.append(body)
-        await stream.send_all(
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\n"
-            b"content-length: 0\r\nconnection: close\r\n\r\n"
-        )
-        await stream.aclose()
-
     spec = tmp_path / "traced.toml"
     spec.write_text(
         textwrap.dedent(
@@ -318,12 +296,7 @@ async def test_cast_otlp_posts_real_otlp_http_to_a_receiver(tmp_path: Path) -> N
             """
         )
     )
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(
-            functools.partial(trio.serve_tcp, receive, 0, host="127.0.0.1")
-        )
-        port = listeners[0].socket.getsockname()[1]
-        url = f"http://127.0.0.1:{port}/v1/traces"
+    async with otlp_receiver() as (url, received):
         result = await trio.run_process(
             [sys.executable, "-m", "cantrip", "cast", "-q", "--otlp", url, str(spec), "go"],
             capture_stdout=True,
@@ -331,16 +304,8 @@ async def test_cast_otlp_posts_real_otlp_http_to_a_receiver(tmp_path: Path) -> N
             check=False,
             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
         )
-        nursery.cancel_scope.cancel()
     assert result.returncode == 0, result.stderr.decode()
-    request = ExportTraceServiceRequest()
-    request.ParseFromString(b"".join(bodies))
-    names = sorted(
-        span.name
-        for resource in request.resource_spans
-        for scope in resource.scope_spans
-        for span in scope.spans
-    )
+    names = sorted(span.name for span in received.spans())  # type: ignore[attr-defined]
     assert names[0].startswith("chat") and names[1] == "execute_tool done"
     assert names[2].startswith("invoke_agent")
 

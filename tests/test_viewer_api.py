@@ -19,11 +19,11 @@ import pytest
 from test_http import SCRIPT, make_spell, serving
 from viewer_looms import SECRET, build
 
-from cantrip._errors import CantripError
 from cantrip._redact import REDACTED
 from cantrip.cli._loom import main as loom_main
 from cantrip.loom import Turn, TurnMetadata, export_jsonl
-from cantrip.protocols._viewer import LoomFile, ViewerApp, viewer_token
+from cantrip.protocols._guard import BindError
+from cantrip.protocols._viewer import LoomFile, ViewerApp, viewer_guard
 from cantrip.protocols._viewer_api import LoomViews, ViewerError
 
 CANTRIP = str(Path(sys.executable).with_name("cantrip"))
@@ -123,17 +123,36 @@ def test_entities_carry_the_loom_list_figures_and_can_be_searched(tmp_path: Path
     source.close()
 
 
-def test_secrets_are_redacted_exactly_as_in_exports() -> None:
+async def asgi_get(app: Any, path: str, query: bytes = b"") -> tuple[int, Any]:
+    """One ``GET`` through the ASGI app itself: what goes out on the wire."""
+    sent: list[Any] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": query}
+    await app(scope, receive, send)
+    return sent[0]["status"], json.loads(sent[1]["body"])
+
+
+async def test_secrets_are_redacted_exactly_as_in_exports_by_whatever_sends_them() -> None:
+    """Issue 28.12: the viewer's sender redacts everything it sends (no route redacts
+    for itself, so a new route cannot forget): the JSON on the wire matches the export."""
     loom = build()
-    v = LoomViews(lambda: loom)
+    app = ViewerApp(lambda: loom)
     exported = {row["id"]: row for row in map(json.loads, export_jsonl(loom).splitlines())}
-    detail = v.turn("turn-a1")
+    _, detail = await asgi_get(app, "/api/turns/turn-a1")
     for key, value in exported["turn-a1"].items():
         if key != "reward":
             assert detail[key] == value, key
-    everything = json.dumps(
-        [v.entities({}), v.tree("entity-a", {}), detail, v.thread("turn-a6", {})]
-    )
+    answers = [
+        await asgi_get(app, path)
+        for path in ("/api/entities", "/api/entities/entity-a/tree", "/api/threads/turn-a6")
+    ]
+    everything = json.dumps([detail, *answers])
     assert SECRET not in everything
     assert f"Book a flight with key {REDACTED}" in everything
 
@@ -278,26 +297,55 @@ def test_loom_view_needs_a_token_beyond_loopback(
         timeout=30,
     )
     assert refused.returncode == 1
-    assert "without a token" in refused.stderr and "--token" in refused.stderr
-    with pytest.raises(CantripError, match="without a token"):
-        viewer_token("192.168.1.2", None)
-    assert viewer_token("127.0.0.1", None) is None
-    assert viewer_token("0.0.0.0", "given") == "given"
+    assert refused.stderr.strip() == (
+        "cantrip: cantrip loom view on 0.0.0.0 (not loopback) needs a token: pass --token "
+        "or set CANTRIP_TOKEN, and send it as 'Authorization: Bearer <token>'"
+    )
+    with pytest.raises(BindError, match="needs a token"):
+        viewer_guard("192.168.1.2", None)
+    assert viewer_guard("127.0.0.1", None).token is None
+    assert viewer_guard("0.0.0.0", "given").token == "given"
     with (
         viewing(path, env={"CANTRIP_TOKEN": "s3cret-token"}) as url,
         httpx.Client(base_url=url, timeout=10) as http,
     ):
-        refused = http.get("/")
+        assert http.get("/").status_code == 200  # the page and its files: code, no loom data
+        assert http.get("/ui/app.js").status_code == 200
+        refused = http.get("/api/loom")
         assert refused.status_code == 401 and "?token=" in refused.json()["error"]["message"]
-        assert http.get("/?token=nope").status_code == 401
-        assert http.get("/?token=s3cret-token").status_code == 200
-        assert http.get("/ui/app.js").status_code == 200  # code, no loom data
-        assert http.get("/api/loom").status_code == 401
         assert http.get("/api/loom?token=s3cret-token").status_code == 401  # header only
         wrong = http.get("/api/loom", headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401
         ok = http.get("/api/loom", headers={"Authorization": "Bearer s3cret-token"})
         assert ok.status_code == 200
+
+
+def test_loom_view_refuses_other_hosts_and_origins_and_sends_no_referrer(tmp_path: Path) -> None:
+    """Issue 28.4: ``cantrip loom FILE view`` had no Host/Origin guard, so a page on
+    another site could read the loom through DNS rebinding. The guard ``serve`` has, and
+    ``Referrer-Policy: no-referrer`` on every answer (a page address never leaks on)."""
+    path = tmp_path / "loom.jsonl"
+    build(path).close()
+    with viewing(path) as url, httpx.Client(base_url=url, timeout=10) as http:
+        rebound = http.get("/api/loom", headers={"host": "evil.example"})
+        assert rebound.status_code == 403
+        assert rebound.json()["error"] == {
+            "code": "bad_host",
+            "message": "the Host header 'evil.example' does not name this server",
+        }
+        page = http.get("/api/loom", headers={"origin": "http://evil.example"})
+        assert page.status_code == 403 and page.json()["error"]["code"] == "bad_origin"
+        answers = [
+            rebound,
+            page,
+            http.get("/"),
+            http.get("/ui/app.js"),
+            http.get("/api/loom"),
+            http.get("/api/nowhere"),
+            http.get("/elsewhere"),
+        ]
+        assert [a.headers.get("referrer-policy") for a in answers] == ["no-referrer"] * 7
+        assert answers[4].json()["turns"] == 10
 
 
 def test_loom_view_of_a_missing_file_is_an_error(tmp_path: Path) -> None:

@@ -217,6 +217,28 @@ def test_a_recorded_loom_reads_in_the_browser(browser: Browser, tmp_path: Path) 
     assert errors == []
 
 
+def test_the_token_leaves_the_address_bar_and_history(browser: Browser, tmp_path: Path) -> None:
+    """Issue 28.4: the page takes ``?token=`` once, then takes it out of the address (and
+    so out of history, bookmarks and any Referer); the tab keeps it in sessionStorage."""
+    path = tmp_path / "loom.jsonl"
+    build(path).close()
+    token = "view-token-5150-abcdef"
+    errors: list[str] = []
+    command = [CANTRIP, "loom", str(path), "view", "--token", token]
+    with started(command, tmp_path, "viewing") as url:
+        page = new_page(browser, errors)
+        response = page.goto(f"{url}/?token={token}#/e/entity-a")
+        assert response is not None and response.headers["referrer-policy"] == "no-referrer"
+        expect(page.locator(".tree .row")).to_have_count(10)  # the API calls carry it
+        assert token not in page.url and page.url.endswith("/#/e/entity-a")
+        assert token not in page.evaluate("history.state ? JSON.stringify(history.state) : ''")
+        page.reload()  # the same tab: the token is still known, not in the address
+        expect(page.locator(".tree .row")).to_have_count(10)
+        assert token not in page.url
+        page.close()
+    assert errors == []
+
+
 def test_a_ten_thousand_turn_loom_opens_and_scrolls(browser: Browser, tmp_path: Path) -> None:
     path = tmp_path / "big.jsonl"
     build(path, turns=10_000).close()

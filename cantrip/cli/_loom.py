@@ -652,11 +652,12 @@ def _view(args: argparse.Namespace, err: TextIO) -> int:
     """``loom FILE view``: serve the browser viewer until Ctrl-C; prints the URL."""
     import signal
 
-    from cantrip.protocols._viewer import serve_viewer, viewer_token
+    from cantrip.protocols._guard import BindError
+    from cantrip.protocols._viewer import serve_viewer, viewer_guard
 
     try:
-        token = viewer_token(args.host, args.token)
-    except CantripError as exc:
+        guard = viewer_guard(args.host, args.token)
+    except BindError as exc:
         print(f"cantrip: {exc}", file=err)
         return EXIT_ERROR
 
@@ -673,14 +674,14 @@ def _view(args: argparse.Namespace, err: TextIO) -> int:
                         args.loom_file,
                         args.host,
                         args.port,
-                        token=token,
+                        guard=guard,
                         shutdown_trigger=until_signal,
                         task_status=task_status,
                     )
                 )
                 for bind in binds:
                     print(f"cantrip: viewing {args.loom_file} at {bind}/", file=err, flush=True)
-                if token is not None:
+                if guard.token is not None:
                     print(
                         "cantrip: a token is required: open the page as URL/?token=TOKEN",
                         file=err,

@@ -540,7 +540,7 @@ def _cast(args: argparse.Namespace) -> int:
         spell.loom.close()
     loom_path = _loom_path(spell)
     if args.json:
-        from cantrip.protocols._sessions import result_dict
+        from cantrip._outcome import result_dict
 
         data = result_dict(outcome)
         data["loom"] = str(loom_path) if loom_path else None

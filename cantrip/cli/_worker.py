@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from cantrip._errors import CantripError
-from cantrip._redact import redact
+from cantrip._redact import redact, redact_value
 
 EXIT_TERMINATED, EXIT_ERROR, EXIT_TRUNCATED, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_PAUSED = 3
@@ -80,10 +80,12 @@ def _list_dead_letters(url: str) -> int:
 def cast_on_db(args: argparse.Namespace) -> int:
     """Enqueue the spec's cast, wait for a worker to finish it, print like ``cast``."""
     from cantrip.distributed._worker import Dispatcher, spell_from_spec
+    from cantrip.mcp._spec import check_queued_spell
 
     intent = args.intent if args.intent is not None else sys.stdin.read().strip()
     try:
         spell = spell_from_spec(args.spec)
+        check_queued_spell(spell)
         dispatcher = Dispatcher(args.db)
     except CantripError as exc:
         return _fail(str(exc))
@@ -172,7 +174,8 @@ def answer_on_db(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, state: str, work_id: int, outcome: dict[str, Any]) -> int:
     """Print how the work ended (like ``cast``) and return the exit code."""
     if args.json:
-        print(json.dumps({"state": state, "work_id": work_id, **outcome}, default=str))
+        printed = redact_value({"state": state, "work_id": work_id, **outcome})
+        print(json.dumps(printed, default=str))
     elif state in ("failed", "dead"):
         print(f"cantrip: {redact(str(outcome.get('error')))}", file=sys.stderr)
     elif state == "paused":
@@ -216,10 +219,12 @@ def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
     from cantrip.cli._serve import serve_until_signal
     from cantrip.distributed._worker import build_spell, spell_from_spec
     from cantrip.loom._loom import Loom
+    from cantrip.mcp._spec import check_queued_spell
     from cantrip.protocols._db_http import serve_http_db
 
     try:
         spell = spell_from_spec(args.spec)
+        check_queued_spell(spell)
         cantrip = build_spell(spell, Loom())
     except CantripError as exc:
         return _fail(str(exc))

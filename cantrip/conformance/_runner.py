@@ -30,8 +30,8 @@ import trio.testing
 import yaml
 
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult
 from cantrip._errors import CantripError
+from cantrip._outcome import CastResult
 from cantrip._specfile import SpecDocument, build_cantrip, build_llm, parse_spec
 from cantrip.conformance._matchers import (
     LabelBinding,

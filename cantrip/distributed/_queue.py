@@ -32,8 +32,10 @@ import attrs
 import orjson
 
 from cantrip._approval import Decision, Pause, PauseError, check_decision
+from cantrip._redact import redact_value
 from cantrip.loom._fence import Fence
 from cantrip.loom._postgres import PostgresStore
+from cantrip.mcp._spec import check_queued_spell
 
 WORK_CHANNEL = "cantrip_work"
 CANCEL_CHANNEL = "cantrip_cancel"
@@ -184,7 +186,9 @@ def heartbeat_on(
 def enqueue_on(conn: Any, spell: dict[str, Any], intent: str, entity_id: str) -> int:
     """Queue work on ``conn`` (a psycopg connection) in one statement (insert and NOTIFY),
     inside the caller's transaction if one is open: ``cantrip serve --db`` records a
-    prompt's idempotency key in the same commit."""
+    prompt's idempotency key in the same commit. A spell whose MCP servers hold literal
+    ``env``/``headers`` values is refused (no secret goes into a table)."""
+    check_queued_spell(spell)
     row = conn.execute(
         "WITH queued AS (INSERT INTO cantrip_work (entity_id, intent, spell) "
         "VALUES (%(entity)s, %(intent)s, %(spell)s) RETURNING id) "
@@ -362,7 +366,8 @@ class WorkQueue:
                     "owner": fence.owner,
                     "epoch": fence.epoch,
                     "state": state,
-                    "result": orjson.dumps(outcome, default=str).decode(),
+                    # redacted at rest: no secret goes into a table (issue 28.6)
+                    "result": orjson.dumps(redact_value(outcome), default=str).decode(),
                     "work": claim.work_id,
                     "channel": WORK_CHANNEL,
                 },

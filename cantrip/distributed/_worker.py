@@ -36,8 +36,9 @@ import trio
 
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult, Entity, new_entity_id
+from cantrip._entity import Entity, new_entity_id
 from cantrip._errors import CantripError, LLMError
+from cantrip._outcome import CastResult, recorded_cast, result_dict
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, describe, is_connection_error
 from cantrip.distributed._queue import (
@@ -52,7 +53,6 @@ from cantrip.distributed._queue import (
     WorkQueue,
     heartbeat_on,
 )
-from cantrip.llm._contract import plain_json
 from cantrip.loom._fence import LeaseLostError
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
@@ -105,18 +105,10 @@ def build_spell(spell: Mapping[str, Any], loom: Loom) -> Cantrip:
 
 
 def outcome_of(result: CastResult) -> dict[str, Any]:
-    outcome = {
-        "result": plain_json(result.result),
-        "terminated": result.terminated,
-        "truncated": result.truncated,
-        "reason": result.reason,
-        "entity_id": result.entity_id,
-        "turns": len(result.turns),
-        "cost_usd": result.cost_usd,  # the whole tree's, as every result reports it
-    }
-    if result.pending:
-        outcome["pending"] = [p.to_dict() for p in result.pending]
-    return outcome
+    """What ``cantrip_work`` stores for a cast that ended: the one JSON shape every front
+    end reports (:func:`cantrip._outcome.result_dict`, redacted; its cost the whole
+    tree's, as every result reports it)."""
+    return result_dict(result)
 
 
 def failure_outcome(entity_id: str, exc: BaseException) -> dict[str, Any]:
@@ -559,28 +551,16 @@ class Worker:
             return "failed", failure_outcome(claim.entity_id, exc)
         return _state_of(result), outcome_of(result)
 
-    @staticmethod
-    def _ended(claim: Claim, recorded: list[Turn]) -> tuple[str, dict[str, Any]] | None:
+    def _ended(self, claim: Claim, recorded: list[Turn]) -> tuple[str, dict[str, Any]] | None:
         """How the work ended if an earlier attempt's worker died after the loom said so:
         the cast's last turn ended it, or it is a pause (it waits for an answer)."""
         if not recorded:
             return None
         end = recorded[-1]
-        marker = end.extras.get("pending")
-        if not (end.terminated or end.truncated or isinstance(marker, Mapping)):
+        if not (end.terminated or end.truncated or isinstance(end.extras.get("pending"), Mapping)):
             return None
-        outcome: dict[str, Any] = {
-            "result": plain_json(end.result),
-            "terminated": end.terminated,
-            "truncated": end.truncated,
-            "reason": end.reason,
-            "entity_id": claim.entity_id,
-            "turns": len(recorded),
-        }
-        if isinstance(marker, Mapping):
-            outcome["pending"] = [Pause.from_dict(marker, checkpoint_id=end.id).to_dict()]
-            return PAUSED, outcome
-        return ("cancelled" if end.reason == "cancelled" else "done"), outcome
+        result = recorded_cast(recorded, 0, self.loom)
+        return _state_of(result), outcome_of(result)
 
     def _answered(
         self, entity: Entity, claim: Claim, answer: Mapping[str, Any], last: Turn | None

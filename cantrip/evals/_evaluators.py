@@ -19,9 +19,9 @@ from typing import Any
 
 import attrs
 
-from cantrip._entity import CastResult
 from cantrip._errors import ConstructionError
 from cantrip._json_schema import compile_schema
+from cantrip._outcome import CastResult
 from cantrip.evals._suite import Expect, GateExpectation
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import GateCallRecord, Turn, result_text

@@ -69,12 +69,13 @@ def run_mcp(
 def _serve_http(args: argparse.Namespace, spell: Cantrip, fail: Callable[[str], int]) -> int:
     import signal
 
-    from cantrip.mcp._serve import check_bind, serve_http
+    from cantrip.mcp._serve import http_guard, serve_http
+    from cantrip.protocols._guard import BindError
 
     token = args.token or os.environ.get("CANTRIP_MCP_TOKEN") or None
     try:
-        check_bind(args.host, token)  # a public bind without a token is refused up front
-    except CantripError as exc:
+        http_guard(args.host, token)  # a public bind without a token is refused up front
+    except BindError as exc:
         return fail(str(exc))
 
     async def run() -> None:

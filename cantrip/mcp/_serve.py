@@ -11,14 +11,14 @@ When the spec has a loom file (``[loom] path``), each entity's thread is an MCP
 resource, ``cantrip://threads/<entity_id>`` (JSON; secrets redacted).
 
 Transports: stdio (the default) and streamable HTTP (``--http``), served by
-hypercorn's trio worker on 127.0.0.1. Bound to any other host it requires a
-bearer token (``--token`` or ``CANTRIP_MCP_TOKEN``).
+hypercorn's trio worker on 127.0.0.1, behind the request guard every cantrip HTTP
+server has (:mod:`cantrip.protocols._guard`: Host and Origin checked on every bind,
+a bearer token -- ``--token`` or ``CANTRIP_MCP_TOKEN`` -- required beyond loopback
+and checked whenever one is set).
 """
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import json
 import math
 from collections.abc import Awaitable, Callable, Iterable
@@ -28,11 +28,12 @@ import pydantic
 import trio
 
 from cantrip._cantrip import Cantrip
-from cantrip._errors import CantripError, ConstructionError
+from cantrip._errors import CantripError
 from cantrip._events import Event, StepComplete
 from cantrip._redact import get_logger, redact, redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import result_text
+from cantrip.protocols._guard import Guard
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer as SDKServer
@@ -212,66 +213,28 @@ async def serve_stdio(spell: Cantrip) -> None:
     await server.run_stdio_async()
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+def http_guard(host: str, token: str | None) -> Guard:
+    """The guard of ``cantrip mcp --http`` (:class:`~cantrip.protocols._guard.BindError`
+    if a bind beyond loopback has no token)."""
+    guard = Guard(
+        bind_host=host,
+        token=token,
+        server="cantrip mcp --http",
+        token_hint="pass --token or set CANTRIP_MCP_TOKEN",
+    )
+    guard.check_bind()
+    return guard
 
 
-def check_bind(host: str, token: str | None) -> None:
-    """Off loopback, a token is required (clients then send it as a bearer token)."""
-    if not _is_loopback(host) and not token:
-        raise ConstructionError(
-            f"cantrip mcp --http on {host!r} (not loopback) needs a token (pass --token "
-            "or set CANTRIP_MCP_TOKEN); clients then send it as a bearer token"
-        )
-
-
-def http_app(spell: Cantrip, host: str, token: str | None) -> Any:
-    """The streamable HTTP ASGI app (at ``/mcp``), behind a bearer token when given."""
-    check_bind(host, token)
-    server = build_server(spell)
+def http_app(spell: Cantrip, guard: Guard) -> Any:
+    """The streamable HTTP ASGI app (at ``/mcp``) behind ``guard``. The SDK's own
+    DNS-rebinding check is off: it covered only some binds, the guard covers every one."""
     from mcp.server.transport_security import TransportSecuritySettings
 
-    security = (
-        None
-        if _is_loopback(host)
-        else TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    )
-    app = server.streamable_http_app(host=host, transport_security=security)
-    return app if token is None else _BearerGate(app, token)
-
-
-class _BearerGate:
-    """ASGI middleware: HTTP requests need ``Authorization: Bearer <token>``."""
-
-    def __init__(self, app: Any, token: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-
-    async def __call__(
-        self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]], send: Any
-    ) -> None:
-        if scope["type"] == "http":
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                body = b'{"error": "a bearer token is required"}'
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"www-authenticate", b"Bearer"),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
-        await self.app(scope, receive, send)
+    server = build_server(spell)
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    app: Any = server.streamable_http_app(host=guard.bind_host, transport_security=security)
+    return guard.wrap(app)
 
 
 async def serve_http(
@@ -287,7 +250,7 @@ async def serve_http(
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
-    app = http_app(spell, host, token)
+    app = http_app(spell, http_guard(host, token))
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None

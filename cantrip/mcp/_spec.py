@@ -7,10 +7,18 @@ tools become gates named ``<prefix><tool>`` (prefix ``<name>_`` unless given).
 
 This module is a plain value with checks; the SDK is imported only when a
 server is opened (:mod:`cantrip.mcp._client`), so ``import cantrip`` stays cheap.
+
+``env`` and ``headers`` values may name environment variables, ``"${NAME}"`` (alone or
+inside text: ``"Bearer ${API_TOKEN}"``), resolved from the environment of the process
+that opens the server -- the way ``api_key_env`` names a provider's key -- so a secret
+need not be written in the spec. A spec queued for workers (``cantrip cast --db``,
+``serve --db``) is stored in PostgreSQL: there every value must be given that way
+(:func:`check_queued_spell`, issue 28.6).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -20,6 +28,7 @@ import attrs
 import pydantic
 
 from cantrip._errors import ConstructionError
+from cantrip._redact import register_secret_env
 
 if TYPE_CHECKING:
     import trio
@@ -28,6 +37,8 @@ if TYPE_CHECKING:
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 _PREFIX = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_-]{0,47})?")
+REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""``${NAME}``: an environment variable, read by the process that opens the server."""
 
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_STARTUP_TIMEOUT_S = 30.0
@@ -111,10 +122,33 @@ class MCPServer:
         where = self.command if self.command is not None else _without_query(self.url or "")
         return {"name": self.name, "transport": self.transport, "target": where}
 
+    def resolved(self) -> MCPServer:
+        """This server with every ``${NAME}`` in ``env`` and ``headers`` replaced by the
+        variable's value here; each name becomes a known secret (redacted everywhere)."""
+        missing: list[str] = []
+
+        def resolve(where: str, values: Mapping[str, str]) -> dict[str, str]:
+            out: dict[str, str] = {}
+            for key, value in values.items():
+                for name in REFERENCE.findall(value):
+                    register_secret_env(name)
+                    if name not in os.environ:
+                        missing.append(f"{where}.{key} names ${{{name}}}")
+                out[key] = REFERENCE.sub(lambda m: os.environ.get(m.group(1), ""), value)
+            return out
+
+        env, headers = resolve("env", self.env), resolve("headers", self.headers)
+        if missing:
+            raise ConstructionError(
+                f"MCP server {self.name!r}: {', '.join(missing)}, which is not set in "
+                "this process's environment"
+            )
+        return attrs.evolve(self, env=env, headers=headers)
+
     async def open(self, nursery: trio.Nursery) -> OpenProvider:
         from cantrip.mcp._client import open_server
 
-        return await open_server(self, nursery)
+        return await open_server(self.resolved(), nursery)
 
 
 def _without_query(url: str) -> str:
@@ -172,3 +206,31 @@ def servers_from_tables(tables: Any) -> tuple[MCPServer, ...]:
     if problems:
         raise ConstructionError(problems)
     return tuple(servers)
+
+
+def check_queued_spell(spell: Mapping[str, Any]) -> None:
+    """Refuse a spell for the workers' queue whose MCP servers hold literal ``env`` or
+    ``headers`` values: the queue stores the spec in PostgreSQL, and no secret goes into
+    a table (issue 28.6). Each value must name variables (``"${NAME}"``), which every
+    worker reads from its own environment -- as a provider key travels as the name in
+    ``api_key_env``, never as the key."""
+    spec = spell.get("spec")
+    circle = spec.get("circle") if isinstance(spec, Mapping) else None
+    tables = circle.get("mcp") if isinstance(circle, Mapping) else None
+    if not isinstance(tables, list):
+        return
+    problems = []
+    for i, table in enumerate(tables):
+        if not isinstance(table, Mapping):
+            continue
+        for field in ("env", "headers"):
+            values = table.get(field)
+            for key, value in values.items() if isinstance(values, Mapping) else ():
+                if not (isinstance(value, str) and REFERENCE.search(value)):
+                    problems.append(
+                        f"circle.mcp[{i}].{field}.{key}: a spec run by workers is stored in "
+                        'the database, so give env and headers values as variables ("${NAME}") '
+                        "that each worker reads from its own environment, not as literal values"
+                    )
+    if problems:
+        raise ConstructionError(problems)

@@ -42,7 +42,6 @@ import trio
 
 from cantrip._approval import Decision, Pause
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult
 from cantrip._errors import CantripError
 from cantrip._events import (
     Event,
@@ -55,12 +54,13 @@ from cantrip._events import (
     ToolCallEvent,
     ToolResultEvent,
 )
+from cantrip._outcome import CastResult, stop_reason
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger, redact_value
 from cantrip._text import TextError, check_text
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import GateCallRecord, Turn, result_text
-from cantrip.protocols._sessions import Session, SessionError, SessionHub, stop_reason
+from cantrip.protocols._sessions import Session, SessionError, SessionHub
 
 PROTOCOL_VERSION = 1
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = (

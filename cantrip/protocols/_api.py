@@ -16,8 +16,10 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
-Text = Annotated[str, Field(pattern=r"\S")]
-"""Prompt text: something that is not whitespace."""
+Text = Annotated[str, Field(pattern=r"^[^\x00]*[^\s\x00][^\x00]*$")]
+"""Prompt text: something that is not whitespace, and no NUL (U+0000), which PostgreSQL
+text cannot hold (issue 28.5; the server refuses it in any body string)."""
+NoNul = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 
 
 class _In(BaseModel):
@@ -39,7 +41,7 @@ class TextBlock(BaseModel):
 class EmbeddedText(BaseModel):
     model_config = ConfigDict(extra="allow")
     text: Text
-    uri: str | None = None
+    uri: NoNul | None = None
 
 
 class ResourceBlock(BaseModel):
@@ -117,9 +119,11 @@ class AnswerRequest(_In):
     )
 
     decision: Literal["approve", "deny", "edit", "answer"]
-    reason: str | SkipJsonSchema[None] = Field(default=None, max_length=10_000)
+    reason: NoNul | SkipJsonSchema[None] = Field(default=None, max_length=10_000)
     args: dict[str, Any] | SkipJsonSchema[None] = None
-    text: str | SkipJsonSchema[None] = Field(default=None, max_length=1_000_000)
+    text: NoNul | SkipJsonSchema[None] = Field(default=None, max_length=50_000)
+    """At most 50,000 characters: so that one over the limit, even JSON-escaped at 12 bytes
+    a character, is still under the 1 MiB body limit and answered 400, not 413."""
     always: bool = False
     """With approve: later calls of the same gate are approved too (this process)."""
 

@@ -40,8 +40,8 @@ import trio
 
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult
 from cantrip._events import FinalResponse, PauseEvent, StepComplete
+from cantrip._outcome import CastResult, result_dict
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
 from cantrip.distributed._queue import DEAD, PAUSED
@@ -65,7 +65,7 @@ from cantrip.protocols._lifecycle import Drain, ServeOptions, Tally
 from cantrip.protocols._request import (
     until_disconnect,
 )
-from cantrip.protocols._sessions import SessionError, event_dict, result_dict
+from cantrip.protocols._sessions import SessionError, event_dict
 from cantrip.protocols._shell import ServerShell, serve_asgi
 
 log = get_logger("cantrip.http")
@@ -108,14 +108,31 @@ class DbHttpApp(ServerShell):
         return self._waits.count
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """A blocking database call in a thread, behind the store's limiter. A lost
-        connection is ``503`` + ``Retry-After`` (the database restarts, fails over):
-        said once in the log, and once again when a call succeeds."""
+        """A blocking database call in a thread, behind the store's limiter.
+
+        The HTTP boundary of the database (issue 28.5, 29.2): every psycopg error becomes
+        the API's JSON error here, never a bare 500 with an empty body. A lost connection
+        is ``503`` + ``Retry-After`` (the database restarts, fails over): said once in the
+        log, and once again when a call succeeds. Input PostgreSQL still cannot hold
+        (``DataError``) is a 400, any other database error a 500 ``database_error``, each
+        logged once here."""
+        import psycopg
+
         limiter = self.sessions.store.limiter
         try:
             result = await trio.to_thread.run_sync(fn, *args, limiter=limiter)
         except Exception as exc:
+            if isinstance(exc, psycopg.DataError):
+                log.info("input the database cannot hold: %s", _first_line(exc))
+                raise HttpError(
+                    400, "bad_request", f"the database cannot hold this input: {_first_line(exc)}"
+                ) from None
             if not is_connection_error(exc):
+                if isinstance(exc, psycopg.Error):
+                    log.error("database error (%s): %s", type(exc).__name__, _first_line(exc))
+                    raise HttpError(
+                        500, "database_error", f"the database failed: {type(exc).__name__}"
+                    ) from None
                 raise
             self._outage.failed(exc)
             with contextlib.suppress(Exception):  # drop the pool's broken connections
@@ -387,6 +404,10 @@ class DbHttpApp(ServerShell):
         with trio.move_on_after(self.options.grace_s):
             await self._waits.empty()
         await self.drain.end_streams(self.options.answer_timeout_s)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _turn_events(turn: Any) -> list[dict[str, Any]]:

@@ -26,7 +26,8 @@ from typing import Any
 
 import attrs
 
-from cantrip._entity import CastResult, new_entity_id
+from cantrip._entity import new_entity_id
+from cantrip._outcome import CastResult, recorded_cast
 from cantrip.distributed._queue import (
     ENDED,
     ENTITY_LOCK,
@@ -39,7 +40,7 @@ from cantrip.distributed._queue import (
 from cantrip.loom._codec import decode_record
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
-from cantrip.protocols._idempotency import recorded_cast, session_entity_id
+from cantrip.protocols._idempotency import session_entity_id
 from cantrip.protocols._sessions import SessionError, entity_id_for, session_id_for
 
 _SCHEMA_LOCK = 0x73657276  # "serv": schema creation, once per database

@@ -1,5 +1,7 @@
-"""What stands between the network and ``cantrip serve``'s routes (issues 20 and 21).
+"""What stands between the network and every HTTP server cantrip runs (issues 20, 21, 28).
 
+``cantrip serve`` (both kinds), ``cantrip loom FILE view`` and ``cantrip mcp --http``
+sit behind this one guard, so the rules cannot differ between them (issue 28.12).
 An ASGI middleware, so the application behind it only ever sees requests that
 passed; it answers everything else itself with the API's error shape
 (``{"error": {"code", "message"}}``, JSON, redacted like every body):
@@ -12,14 +14,18 @@ passed; it answers everything else itself with the API's error shape
   with ``--allow-origin``; cross-site requests (even "simple" ones a page may
   send without a preflight) are refused. (403 ``bad_origin``)
 * **Token**: with ``--token`` / ``CANTRIP_TOKEN`` every request needs
-  ``Authorization: Bearer <token>``, compared in constant time. A server bound
+  ``Authorization: Bearer <token>``, compared in constant time -- all but the
+  viewer's page and static files, which hold no data (a token in a URL is never
+  checked: URLs end up in history, logs and ``Referer``). A server bound
   to anything but loopback refuses to start without one (:func:`check_bind`).
-  (401 ``unauthorized``)
+  (401 ``unauthorized``, with ``WWW-Authenticate: Bearer``)
 * **Bodies**: a request with a body must say ``Content-Type:
   application/json`` (400 ``bad_content_type``), be at most ``max_body`` bytes
   (413 ``too_large``, refused from ``Content-Length`` before reading), arrive
   within ``body_timeout_s`` (408 ``timeout``) and parse as JSON, however deeply
   nested (400 ``bad_json``). The body that passed is handed on unchanged.
+* **Referrer-Policy: no-referrer** on every answer, the guard's and the app's: a
+  page's address (which may hold the viewer's ``?token=``) never travels on.
 
 The stdio transports (ACP, MCP) have no such exposure and are not involved.
 """
@@ -45,6 +51,12 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
+UNAUTHORIZED = (
+    "send 'Authorization: Bearer <token>' (in a browser: add ?token= and the token to "
+    "the viewer's address)"
+)
+
+
 class BindError(ValueError):
     """A server configuration that must not start (one line for the user)."""
 
@@ -68,6 +80,10 @@ class Guard:
     token: str | None = None
     max_body: int = DEFAULT_MAX_BODY
     body_timeout_s: float = 30.0
+    server: str = "serving"
+    """How the refusal to start names the server (``serving``, ``cantrip mcp --http``)."""
+    token_hint: str = "pass --token or set CANTRIP_TOKEN"
+    """Where this server takes its token from, for the refusal to start without one."""
 
     def hosts(self) -> frozenset[str] | None:
         """Host names a request may name; ``None``: any (a wildcard bind with a token)."""
@@ -79,8 +95,8 @@ class Guard:
         """Refuse to serve beyond loopback without a token (issue 21)."""
         if not is_loopback(self.bind_host) and not self.token:
             raise BindError(
-                f"serving on {self.bind_host} (not loopback) needs a token: pass --token or "
-                "set CANTRIP_TOKEN, and send it as 'Authorization: Bearer <token>'"
+                f"{self.server} on {self.bind_host} (not loopback) needs a token: "
+                f"{self.token_hint}, and send it as 'Authorization: Bearer <token>'"
             )
         if self.max_body < 1:
             raise BindError("--max-body must be at least 1 byte")
@@ -98,6 +114,7 @@ class Guard:
             if scope["type"] != "http":
                 await app(scope, receive, send)
                 return
+            send = _no_referrer(send)
             try:
                 with arriving(scope) if arriving is not None else nullcontext():
                     receive = await self._admit(scope, receive)
@@ -118,17 +135,11 @@ class Guard:
         if origin is not None and not self._origin_ok(origin, headers.get("host", "")):
             raise Refused(403, "bad_origin", f"requests from origin {origin!r} are not allowed")
         if self.token is not None and not _public_asset(scope):
-            given = headers.get("authorization", "")
-            scheme, _, credential = given.partition(" ")
-            if scheme.lower() != "bearer" and _is_page(scope):
-                # A browser opening the viewer cannot send a header: the page takes the
-                # token once as ?token= (its script then sends the header on every call).
-                scheme, credential = "bearer", _query_token(scope)
-            expected = self.token.encode()
+            scheme, _, credential = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(
-                credential.strip().encode(), expected
+                credential.strip().encode(), self.token.encode()
             ):
-                raise Refused(401, "unauthorized", "send 'Authorization: Bearer <token>'")
+                raise Refused(401, "unauthorized", UNAUTHORIZED, {"www-authenticate": "Bearer"})
         return await self._body(scope, headers, receive)
 
     def _origin_ok(self, origin: str, host_header: str) -> bool:
@@ -185,6 +196,20 @@ class Refused(HttpError):
     """A request turned away before it reaches a route (same error shape as a route's)."""
 
 
+def _no_referrer(send: Send) -> Send:
+    """``send`` that adds ``Referrer-Policy: no-referrer`` to the start of every answer."""
+
+    async def sending(message: Mapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers") or ())
+            if not any(name.lower() == b"referrer-policy" for name, _ in headers):
+                headers.append((b"referrer-policy", b"no-referrer"))
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return sending
+
+
 def _replay(body: bytes, receive: Receive) -> Receive:
     """A ``receive`` that hands the buffered body to the app, then the real channel."""
     sent = False
@@ -219,19 +244,11 @@ def _int(text: str) -> int | None:
 
 
 def _public_asset(scope: Scope) -> bool:
-    """The viewer's static files (``GET /ui/...``): code shipped in the package, no loom
-    data, so a browser can load them without a token."""
-    return scope.get("method") == "GET" and str(scope.get("path", "")).startswith("/ui/")
-
-
-def _is_page(scope: Scope) -> bool:
-    return scope.get("method") == "GET" and scope.get("path") in ("/", "/index.html")
-
-
-def _query_token(scope: Scope) -> str:
-    from urllib.parse import parse_qs
-
-    raw = scope.get("query_string", b"")
-    query = raw.decode("latin-1") if isinstance(raw, bytes) else ""
-    values: list[str] = parse_qs(query).get("token") or [""]
-    return values[0]
+    """The viewer's page and static files (``GET /``, ``/index.html``, ``/ui/...``): code
+    shipped in the package, no loom data, so a browser loads them without a token. The
+    page takes ``?token=`` into the tab's sessionStorage and out of the address, and
+    its script sends the header on every API call (SPEC "The loom viewer")."""
+    if scope.get("method") not in ("GET", "HEAD"):
+        return False
+    path = str(scope.get("path", ""))
+    return path in ("/", "/index.html") or path.startswith("/ui/")

@@ -46,9 +46,9 @@ import trio
 
 from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult
 from cantrip._errors import CantripError
 from cantrip._events import Event
+from cantrip._outcome import CastResult, result_dict
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
 from cantrip.protocols._asgi import (
@@ -75,7 +75,6 @@ from cantrip.protocols._sessions import (
     SessionError,
     SessionHub,
     event_dict,
-    result_dict,
     turn_dict,
 )
 from cantrip.protocols._shell import ServerShell, serve_asgi

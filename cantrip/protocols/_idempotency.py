@@ -19,13 +19,9 @@ from the loom on first use.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from cantrip._approval import Pause
-from cantrip._entity import CastResult, _cut_text, _truncation_summary
-from cantrip.llm._contract import ZERO_USAGE
 from cantrip.loom._model import Turn
-from cantrip.loom._summary import TurnTree, cast_cost
 
 KEY_TAG = "idempotency_key"
 """The extras field of a cast's first turn that holds its idempotency key."""
@@ -62,51 +58,3 @@ def key_index(turns: Sequence[Turn]) -> dict[str, str]:
             if isinstance(key, str):
                 index.setdefault(key, turn.id)
     return index
-
-
-def recorded_cast(turns: Sequence[Turn], start: int, tree: TurnTree) -> CastResult:
-    """The cast whose first turn is ``turns[start]``, as the loom recorded it; its cost
-    counts the entities it spawned, read from ``tree`` (the loom or the store), as the
-    live result's does.
-
-    A cast the process never finished (it was killed) ends on a turn that is
-    neither terminated nor truncated; it is reported as truncated with reason
-    ``interrupted`` -- unless it ends on a pause, which is reported ``paused`` with
-    its pending call (the cast waits for a human to answer)."""
-    cast = [turns[start]]
-    for turn in turns[start + 1 :]:
-        if turn.intent is not None:  # the next cast begins
-            break
-        cast.append(turn)
-    last = cast[-1]
-    cost_usd = cast_cost(cast, tree)
-    usage = ZERO_USAGE
-    for turn in cast:
-        usage = usage + turn.metadata.usage
-    finished = last.terminated or last.truncated
-    reason = last.reason if finished else "interrupted"
-    marker = last.extras.get("pending")
-    if not finished and isinstance(marker, Mapping):  # it paused: a call waits for a human
-        return CastResult(
-            result=None,
-            terminated=False,
-            truncated=False,
-            reason="paused",
-            entity_id=last.entity_id,
-            turns=tuple(cast),
-            usage=usage,
-            cost_usd=cost_usd,
-            pending=(Pause.from_dict(marker, checkpoint_id=last.id),),
-        )
-    return CastResult(
-        result=last.result if last.terminated else None,
-        terminated=last.terminated,
-        truncated=not last.terminated,
-        reason=reason,
-        entity_id=last.entity_id,
-        turns=tuple(cast),
-        usage=usage,
-        summary=None if last.terminated else _truncation_summary(cast, reason),
-        partial=None if last.terminated else _cut_text(cast),
-        cost_usd=cost_usd,
-    )

@@ -18,6 +18,11 @@ from cantrip.protocols._body import BodyError, read_json_body
 from cantrip.protocols._idempotency import BadKeyError, check_key
 
 MAX_BODY = 1 << 20
+NUL = "\x00"
+NUL_MESSAGE = "text cannot hold a NUL character (U+0000): found in {where}"
+"""Issue 28.5: PostgreSQL text (and jsonb) cannot hold U+0000, so ``serve --db`` could not
+store such a prompt or look up such an id. Both servers refuse it while the request is
+parsed -- one API -- before anything reaches a store."""
 
 
 def allow(method: str, *allowed: str) -> None:
@@ -78,10 +83,70 @@ def prompt_intent(body: Any) -> str:
 
 
 async def read_body(receive: Receive) -> Any:
+    """The JSON body: 400 if a text field the server stores holds a NUL
+    (:data:`NUL_MESSAGE`; :func:`_nul_in`)."""
     try:
-        return await read_json_body(receive, MAX_BODY)
+        body = await read_json_body(receive, MAX_BODY)
     except BodyError as exc:
         raise HttpError(exc.status, exc.code, exc.message) from None
+    where = _nul_in(body)
+    if where is not None:
+        raise _nul(f"the body at {where}")
+    return body
+
+
+def refuse_nul(scope: Scope) -> None:
+    """400 if the request's path or query holds a NUL (``%00`` included)."""
+    if NUL in scope["path"]:
+        raise _nul("the path")
+    raw = scope.get("query_string", b"")
+    if b"\x00" in raw or b"%00" in raw:
+        raise _nul("the query")
+
+
+def _nul(where: str) -> HttpError:
+    return HttpError(400, "bad_request", NUL_MESSAGE.format(where=where))
+
+
+_TEXT_FIELDS = ("prompt", "intent", "text", "content", "reason")
+"""The body fields whose text the servers keep (a prompt's, an answer's reason or reply):
+checked here against the NUL the published schema excludes (``/openapi.json``). Other
+members -- an answer's free-form ``args`` for the gate, extra members of a content
+block -- are not: the in-process server hands them on as they are, and ``serve --db``
+answers a NUL there with the 400 PostgreSQL's refusal becomes (``DbHttpApp._db``)."""
+
+
+def _nul_in(body: Any) -> str | None:
+    """Where in a body's text fields a NUL is (``prompt``, ``content.0.text``), or None."""
+    if not isinstance(body, Mapping):
+        return None
+    for key in _TEXT_FIELDS:
+        value = body.get(key)
+        if isinstance(value, str):
+            if NUL in value:
+                return key
+        elif isinstance(value, list):
+            for i, block in enumerate(value):
+                for where, text in _block_texts(block):
+                    if NUL in text:
+                        return f"{key}.{i}{where}"
+    return None
+
+
+def _block_texts(block: Any) -> list[tuple[str, str]]:
+    """A content block's texts: itself (a string), ``text``, and a resource's ``text``
+    and ``uri``."""
+    if isinstance(block, str):
+        return [("", block)]
+    if not isinstance(block, Mapping):
+        return []
+    found = [(".text", block["text"])] if isinstance(block.get("text"), str) else []
+    resource = block.get("resource")
+    if isinstance(resource, Mapping):
+        for name in ("text", "uri"):
+            if isinstance(resource.get(name), str):
+                found.append((f".resource.{name}", resource[name]))
+    return found
 
 
 async def until_disconnect(receive: Receive) -> None:

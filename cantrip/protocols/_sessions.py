@@ -34,7 +34,7 @@ import trio
 
 from cantrip._approval import Decision
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult, Entity
+from cantrip._entity import Entity
 from cantrip._errors import CantripError
 from cantrip._events import (
     Event,
@@ -51,10 +51,11 @@ from cantrip._events import (
     ToolResultEvent,
     UsageEvent,
 )
+from cantrip._outcome import CastResult, recorded_cast
 from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import Turn
-from cantrip.protocols._idempotency import KEY_TAG, key_index, recorded_cast, session_entity_id
+from cantrip.protocols._idempotency import KEY_TAG, key_index, session_entity_id
 
 log = get_logger("cantrip.sessions")
 
@@ -476,61 +477,6 @@ class SessionHub:
 
 
 # -- JSON shapes -------------------------------------------------------------------
-
-STOP_REASONS = {
-    "max_tokens_total": "max_tokens",
-    "max_tokens": "max_tokens",  # the answer was cut off by the output-token limit
-    "cancelled": "cancelled",
-    "shutdown": "cancelled",
-    "interrupted": "cancelled",
-}
-
-
-def stop_reason(outcome: CastResult | None) -> str:
-    """ACP's ``stopReason`` for a cast (HTTP reports the same)."""
-    if outcome is None:
-        return "cancelled"
-    if outcome.terminated:
-        return "end_turn"
-    return STOP_REASONS.get(outcome.reason or "", "max_turn_requests")
-
-
-def result_dict(outcome: CastResult | None, session: Session | None = None) -> dict[str, Any]:
-    """A cast's outcome as the CLI's ``--json`` and the HTTP API report it."""
-    data: dict[str, Any]
-    if outcome is None:
-        data = {
-            "result": None,
-            "terminated": False,
-            "truncated": True,
-            "reason": "cancelled",
-            "turns": 0,
-            "entity_id": session.entity_id if session else None,
-            "usage": None,
-            "cost_usd": None,
-            "summary": "cancelled before the first turn",
-        }
-    else:
-        data = {
-            "result": plain_json(outcome.result),
-            "terminated": outcome.terminated,
-            "truncated": outcome.truncated,
-            "reason": outcome.reason,
-            "turns": len(outcome.turns),
-            "entity_id": outcome.entity_id,
-            "usage": outcome.usage.to_dict(),
-            "cost_usd": outcome.cost_usd,
-            **({"pending": [p.to_dict() for p in outcome.pending]} if outcome.pending else {}),
-            "summary": outcome.summary,
-        }
-        if outcome.partial is not None:
-            data["partial"] = outcome.partial  # cut off: never under "result"
-        if outcome.undelivered:
-            data["undelivered"] = list(outcome.undelivered)
-    data["stop_reason"] = stop_reason(outcome)
-    if session is not None:
-        data["session_id"] = session.id
-    return redact_value(data)  # type: ignore[no-any-return]
 
 
 def turn_dict(turn: Turn) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from cantrip.protocols._asgi import (
     not_found,
     sse,
     sse_comment,
+    sse_error,
     start_sse,
 )
 from cantrip.protocols._lifecycle import Drain, ServeOptions
@@ -49,6 +50,7 @@ from cantrip.protocols._request import (
     idempotency_key,
     prompt_intent,
     read_body,
+    refuse_nul,
     truthy,
     until_disconnect,
     validated,
@@ -79,13 +81,26 @@ class ServerShell:
             return
         if scope["type"] != "http":
             return
+        started = False
+
+        async def sending(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         with self.drain.request():
             try:
                 if self.drain.closing:
                     raise self._unavailable("shutting_down", "the server is shutting down")
-                await self._route(scope, receive, send)
-            except HttpError as exc:
-                await error_response(send, exc)
+                await self._route(scope, receive, sending)
+            except* HttpError as group:
+                # also one raised inside a stream's nursery (trio groups those)
+                exc = _first(group)
+                if not started:
+                    await error_response(send, exc)
+                else:  # an event stream already answered 200: its last event says why
+                    await sse_error(send, exc)
+                    await end_body(send)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The routes ``/openapi.json`` documents, the same for every server: the path
@@ -93,6 +108,7 @@ class ServerShell:
         method), the server answers through the hooks below."""
         if await self._before_route(scope, receive, send):
             return
+        refuse_nul(scope)
         method = scope["method"]
         parts = [p for p in scope["path"].split("/") if p]
         query = parse_qs(scope.get("query_string", b"").decode())
@@ -300,6 +316,12 @@ class ServerShell:
                 await sse(send, "shutdown", {"type": "shutdown"})
                 await end_body(send)
                 nursery.cancel_scope.cancel()
+
+
+def _first(group: BaseExceptionGroup[HttpError]) -> HttpError:
+    """The first error of a group (however nested): the one the client is told."""
+    first = group.exceptions[0]
+    return first if isinstance(first, HttpError) else _first(first)
 
 
 async def serve_asgi(

@@ -29,7 +29,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult, PauseHandler
+from cantrip._entity import PauseHandler
 from cantrip._errors import CantripError
 from cantrip._events import (
     Event,
@@ -44,6 +44,7 @@ from cantrip._events import (
     ToolResultEvent,
     UsageEvent,
 )
+from cantrip._outcome import CastResult
 from cantrip._redact import redact
 from cantrip._server import EntityServer
 from cantrip._supervisor import Supervisor

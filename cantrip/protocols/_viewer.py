@@ -21,13 +21,14 @@ runs recorded in the loom), ``POST /api/fork``.
 The assets are plain HTML, CSS and JavaScript in ``cantrip/protocols/viewer/``
 (no CDN, no build step). They are served with a content security policy that
 allows only this origin's own scripts, and the page builds every element with
-``textContent`` -- loom text is data, never markup.
+``textContent`` -- loom text is data, never markup. Every JSON answer goes through
+:func:`~cantrip.protocols._asgi.json_response`, which redacts whatever it sends (a
+route cannot forget), and ``loom FILE view`` sits behind the same request guard as
+``serve`` (:mod:`._guard`: Host, Origin, token, ``Referrer-Policy``).
 """
 
 from __future__ import annotations
 
-import hmac
-import json
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
@@ -40,7 +41,9 @@ import trio
 from cantrip._errors import CantripError
 from cantrip._redact import get_logger, redact
 from cantrip.loom._loom import Loom
+from cantrip.protocols._asgi import json_response
 from cantrip.protocols._body import BodyError, read_json_body
+from cantrip.protocols._guard import Guard
 from cantrip.protocols._sessions import SessionHub, session_id_for
 from cantrip.protocols._viewer_api import LoomViews, ViewerError
 
@@ -61,8 +64,6 @@ CSP = (
     b"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 MAX_FORK_BODY = 64 * 1024
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
-UNAUTHORIZED = "a valid token is required: open the page as /?token=TOKEN"
 
 
 def asset(name: str) -> bytes:
@@ -191,14 +192,8 @@ async def read_json(receive: Receive, limit: int) -> Any:
 
 
 async def send_json(send: Send, status: int, data: Any) -> None:
-    body = json.dumps(data, default=str).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"cache-control", b"no-store"),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    """Every viewer answer: redacted (by :func:`json_response`), never cached."""
+    await json_response(send, status, data, {"cache-control": "no-store"})
 
 
 # -- the read-only server of `cantrip loom FILE view` -----------------------------------
@@ -236,15 +231,13 @@ class LoomFile:
 class ViewerApp:
     """The ASGI application of ``cantrip loom FILE view``: the viewer, read-only.
 
-    With a ``token``, the page (``/?token=TOKEN``) and every ``/api/`` request
-    (``Authorization: Bearer TOKEN``, which the page sends) need it; the scripts
-    and styles under ``/ui/`` hold no loom data and are served to anyone."""
+    Served behind :class:`~cantrip.protocols._guard.Guard` (:func:`serve_viewer`): with
+    a token, the page (``/?token=TOKEN``) and every ``/api/`` request
+    (``Authorization: Bearer TOKEN``, which the page sends) need it; the scripts and
+    styles under ``/ui/`` hold no loom data and are served to anyone."""
 
-    def __init__(
-        self, source: Callable[[], Loom], token: str | None = None, name: str | None = None
-    ) -> None:
+    def __init__(self, source: Callable[[], Loom], name: str | None = None) -> None:
         self.viewer = Viewer(LoomViews(source, source=name))
-        self.token = token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -256,40 +249,21 @@ class ViewerApp:
                     return
         if scope["type"] != "http":
             return
-        public = scope["path"].startswith("/ui/")
-        if self.token is not None and not public and not self._authorized(scope):
-            await send_json(send, 401, error_body("unauthorized", UNAUTHORIZED))
-            return
         if not await self.viewer.dispatch(scope, receive, send):
             await send_json(send, 404, error_body("not_found", f"no route {scope['path']!r}"))
 
-    def _authorized(self, scope: Scope) -> bool:
-        """``Authorization: Bearer TOKEN``; the page itself also takes ``?token=``
-        (a browser cannot add a header to the address it is asked to open)."""
-        assert self.token is not None
-        expected = self.token.encode()
-        headers = dict(scope.get("headers") or [])
-        given = headers.get(b"authorization", b"")
-        if given[:7].lower() == b"bearer " and hmac.compare_digest(given[7:].strip(), expected):
-            return True
-        if scope["path"] in ("/", "/index.html"):
-            query = parse_qs(scope.get("query_string", b"").decode())
-            for value in query.get("token", []):
-                if hmac.compare_digest(value.encode(), expected):
-                    return True
-        return False
 
-
-def viewer_token(host: str, token: str | None) -> str | None:
-    """The token the server requires: the given one, or ``CANTRIP_TOKEN``; binding
-    beyond loopback without one is refused (a loom is private data)."""
-    token = token or os.environ.get("CANTRIP_TOKEN") or None
-    if token is None and host not in LOOPBACK:
-        raise CantripError(
-            f"refusing to serve a loom on {host} without a token: "
-            "give --token or set CANTRIP_TOKEN (or bind to 127.0.0.1)"
-        )
-    return token
+def viewer_guard(host: str, token: str | None) -> Guard:
+    """The guard of ``loom FILE view``: the token given, or ``CANTRIP_TOKEN``; binding
+    beyond loopback without one is refused (:class:`~cantrip.protocols._guard.BindError`:
+    a loom is private data)."""
+    guard = Guard(
+        bind_host=host,
+        token=token or os.environ.get("CANTRIP_TOKEN") or None,
+        server="cantrip loom view",
+    )
+    guard.check_bind()
+    return guard
 
 
 async def serve_viewer(
@@ -297,12 +271,14 @@ async def serve_viewer(
     host: str = "127.0.0.1",
     port: int = 0,
     *,
-    token: str | None = None,
+    guard: Guard | None = None,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the read-only viewer of the loom at ``path`` with hypercorn's trio
-    worker until ``shutdown_trigger`` returns; ``task_status`` gets the URLs."""
+    worker, behind ``guard`` (default: :func:`viewer_guard` without a token), until
+    ``shutdown_trigger`` returns; ``task_status`` gets the URLs."""
+    guard = guard if guard is not None else viewer_guard(host, None)
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
@@ -314,7 +290,7 @@ async def serve_viewer(
     source = LoomFile(path)
     try:
         await serve(
-            ViewerApp(source, token, path.name),  # type: ignore[arg-type]
+            guard.wrap(ViewerApp(source, path.name)),  # type: ignore[arg-type]
             config,
             shutdown_trigger=shutdown_trigger,
             task_status=task_status,

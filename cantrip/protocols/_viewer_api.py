@@ -3,9 +3,10 @@
 The browser viewer (``cantrip loom FILE view``, and ``/`` of ``cantrip serve``)
 reads the loom only through these functions, which compute what ``cantrip loom
 list`` and ``show`` compute (:mod:`cantrip.cli._loom`'s tokens, cost and
-outcome helpers) and redact every record the way exports do
-(:func:`~cantrip.protocols._sessions.turn_dict` is the export's turn). Nothing
-here writes to the loom.
+outcome helpers); a turn is the export's record
+(:func:`~cantrip.protocols._sessions.turn_dict`). What goes out is redacted by the
+one sender every viewer answer passes (:func:`~cantrip.protocols._viewer.send_json`),
+not here. Nothing here writes to the loom.
 
 Every list is paged (``offset``, ``limit``, ``total``): the server never sends a
 whole loom at once, so a 10,000-turn loom costs the browser one page. The
@@ -20,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from cantrip._errors import LoomError
-from cantrip._redact import redact_value
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._summary import cost as _cost
@@ -244,7 +244,7 @@ class LoomViews:
                 summary["eval"] = {k: tag.get(k) for k in ("run", "case", "repeat")}
             words = [str(tag.get("run")), str(tag.get("case"))] if isinstance(tag, Mapping) else []
             search = " ".join([record.entity_id, *intents, *words]).lower()
-            summaries.append((str(summary["last_activity"]), redact_value(summary), search))
+            summaries.append((str(summary["last_activity"]), summary, search))
         summaries.sort(key=lambda item: item[0], reverse=True)
         self._summaries = [s for _, s, _ in summaries]
         self._search = [text for _, _, text in summaries]
@@ -350,8 +350,7 @@ class LoomViews:
             "reward": loom.reward(turn.id),
             "timestamp": meta.timestamp,
         }
-        redacted: dict[str, Any] = redact_value(data)
-        return redacted
+        return data
 
     # -- one turn, one thread ---------------------------------------------------------
 
@@ -382,7 +381,7 @@ class LoomViews:
             session_id=(
                 session_id_for(record.entity_id) if record.parent_entity_id is None else None
             ),
-            branches=redact_value(branches),
+            branches=branches,
         )
         return data
 
@@ -394,13 +393,12 @@ class LoomViews:
         messages: list[dict[str, Any]] = []
         for turn in turns[offset : offset + limit]:
             messages.extend(_transcript(turn))
-        redacted: list[dict[str, Any]] = redact_value(messages)
         return {
             "leaf": turn_id,
             "total": len(turns),
             "offset": offset,
             "limit": limit,
-            "messages": redacted,
+            "messages": messages,
         }
 
     @staticmethod

@@ -172,5 +172,6 @@ def turn_stop_reason(turn_extras: Mapping[str, Any], has_calls: bool) -> str:
 
 
 def tool_error(record: GateCallRecord) -> str:
-    """A failed call's status description: its message, redacted and short."""
-    return redact(str(record.result))[:200]
+    """A failed call's status description: its message (redacted whole and cut to length
+    by whoever sets the status, :mod:`cantrip.tracing._redacted`)."""
+    return str(record.result)

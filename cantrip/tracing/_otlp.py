@@ -21,10 +21,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from cantrip._redact import redact
 from cantrip.llm._contract import ZERO_USAGE, Usage
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import EntityRecord, Turn
 from cantrip.tracing import _genai
+from cantrip.tracing._redacted import clean_attributes, clean_status
 
 _KIND_INTERNAL, _KIND_CLIENT = 1, 3
 _STATUS_ERROR = 2
@@ -222,15 +224,16 @@ def _span(
     attributes: Mapping[str, Any],
     error: str | None,
 ) -> dict[str, Any]:
+    # Everything a span carries passes the redactor, whole, before any cut (issue 28.1).
     span: dict[str, Any] = {
         "traceId": trace_id,
         "spanId": span_id,
-        "name": name,
+        "name": redact(name),
         "kind": kind,
         "startTimeUnixNano": str(start),
         "endTimeUnixNano": str(max(start, end)),
-        "attributes": _attributes(attributes),
-        "status": {"code": _STATUS_ERROR, "message": error} if error else {},
+        "attributes": _attributes(clean_attributes(attributes)),
+        "status": {"code": _STATUS_ERROR, "message": clean_status(error)} if error else {},
     }
     if parent:
         span["parentSpanId"] = parent

@@ -38,9 +38,10 @@ from cantrip._events import (
 )
 from cantrip.llm._contract import ZERO_USAGE, Usage
 from cantrip.tracing import _genai
+from cantrip.tracing._redacted import RedactedSpan, clean_attributes
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Tracer
 
     from cantrip.loom._loom import Loom
 
@@ -85,9 +86,9 @@ def _now_ns() -> int:
 
 @attrs.define(eq=False)
 class _EntityTrace:
-    agent: Span
-    chat: Span | None = None
-    delegation: Span | None = None
+    agent: RedactedSpan
+    chat: RedactedSpan | None = None
+    delegation: RedactedSpan | None = None
     turns: int = 0
     usage: Usage = ZERO_USAGE
     cost: float | None = 0.0
@@ -128,13 +129,25 @@ class TraceSink:
 
     # -- spans ---------------------------------------------------------------------
 
+    def _start(self, name: str, parent: RedactedSpan | None = None, **options: Any) -> RedactedSpan:
+        """Every span starts here: its name and attributes redacted, and wrapped so that
+        nothing set on it later can skip the redactor (:mod:`._redacted`)."""
+        from opentelemetry import trace
+
+        from cantrip._redact import redact
+
+        if "attributes" in options:
+            options["attributes"] = clean_attributes(options["attributes"])
+        context = trace.set_span_in_context(parent.inner) if parent is not None else None
+        return RedactedSpan(self.tracer.start_span(redact(name), context=context, **options))
+
     def _entity(self, entity_id: str) -> _EntityTrace:
         state = self._entities.get(entity_id)
         if state is not None:
             return state
         from opentelemetry import trace
 
-        context = None  # the caller's current span, for a root entity
+        under = None  # None: the caller's current span, for a root entity
         name = "cantrip"
         record = self.loom.entities.get(entity_id)
         if record is not None:
@@ -142,14 +155,11 @@ class TraceSink:
             parent = self._entities.get(record.parent_entity_id or "")
             if parent is not None:
                 if parent.delegation is None:
-                    parent.delegation = self.tracer.start_span(
-                        _genai.tool_name("call_agent"),
-                        context=trace.set_span_in_context(parent.agent),
-                    )
-                context = trace.set_span_in_context(parent.delegation)
-        agent = self.tracer.start_span(
+                    parent.delegation = self._start(_genai.tool_name("call_agent"), parent.agent)
+                under = parent.delegation
+        agent = self._start(
             f"invoke_agent {name}",
-            context=context,
+            under,
             kind=trace.SpanKind.INTERNAL,
             attributes=_genai.agent_attributes(entity_id, name),
         )
@@ -160,9 +170,9 @@ class TraceSink:
         from opentelemetry import trace
 
         state = self._entity(event.entity_id)
-        state.chat = self.tracer.start_span(
+        state.chat = self._start(
             "chat",
-            context=trace.set_span_in_context(state.agent),
+            state.agent,
             kind=trace.SpanKind.CLIENT,
             attributes={"gen_ai.operation.name": "chat"},
         )
@@ -220,9 +230,9 @@ class TraceSink:
             span.update_name(_genai.tool_name(record.gate))
         else:
             end = _now_ns()
-            span = self.tracer.start_span(
+            span = self._start(
                 _genai.tool_name(record.gate),
-                context=trace.set_span_in_context(state.agent),
+                state.agent,
                 start_time=end - int(record.duration_ms * 1_000_000),
             )
         span.set_attributes(_genai.tool_attributes(record, self.capture_content))
@@ -242,7 +252,8 @@ class TraceSink:
             span, state.chat = state.chat, None
             error = str(turn.extras.get("error_type") or turn.reason or "error")
             span.set_attribute("error.type", error)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, turn.observation[:200]))
+            # redacted whole, then cut (RedactedSpan): a cut never leaves part of a key
+            span.set_status(trace.Status(trace.StatusCode.ERROR, turn.observation))
             span.end()
         if not (turn.terminated or turn.truncated):
             return

@@ -117,6 +117,16 @@ def pid() -> int:
     return os.getpid()
 
 
+@server.tool()
+def env_digest(name: str) -> str:
+    """The SHA-256 of the environment variable ``name`` as this server sees it (so a test
+    can check what the server was given without the value travelling anywhere)."""
+    import hashlib
+
+    value = os.environ.get(name)
+    return "unset" if value is None else hashlib.sha256(value.encode()).hexdigest()
+
+
 def main() -> None:
     _mark(f"start {os.getpid()}")
     if len(sys.argv) >= 3 and sys.argv[1] == "--http":

@@ -12,10 +12,20 @@
 // Loom text is data: every node is built with textContent, never innerHTML.
 "use strict";
 
+// The token arrives once as ?token= (a browser cannot send a header when it opens
+// a page). It moves to this tab's sessionStorage and out of the address at once, so
+// it is not kept in history or bookmarks, nor shown on screen (the server also sends
+// Referrer-Policy: no-referrer).
 const TOKEN_KEY = "cantrip-token";
 const TOKEN = (() => {
-  const given = new URLSearchParams(location.search).get("token");
-  if (given) sessionStorage.setItem(TOKEN_KEY, given);
+  const query = new URLSearchParams(location.search);
+  const given = query.get("token");
+  if (given) {
+    sessionStorage.setItem(TOKEN_KEY, given);
+    query.delete("token");
+    const rest = query.toString();
+    history.replaceState(null, "", location.pathname + (rest ? "?" + rest : "") + location.hash);
+  }
   return given || sessionStorage.getItem(TOKEN_KEY);
 })();
 const ROW_HEIGHT = 26;
