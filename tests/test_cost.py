@@ -106,7 +106,11 @@ async def test_a_budget_with_an_unknown_price_stops_rather_than_spend_blindly() 
     outcome = await s.cast_async("spend")
     assert outcome.reason == "max_cost_usd"
     assert len(s.llm.invocations) == 1  # type: ignore[attr-defined]
-    assert "price is unknown" in outcome.turns[-1].observation or outcome.turns[-1].truncated
+    # The one call's price cannot be known, so the turn that made it ends the cast
+    # (its gate result kept), and nothing claims a cost it cannot know.
+    (turn,) = outcome.turns
+    assert (turn.truncated, turn.reason, turn.observation) == (True, "max_cost_usd", "x")
+    assert turn.metadata.cost_usd is None and outcome.cost_usd is None
 
 
 async def test_children_spend_the_parents_budget_and_the_whole_tree_stops() -> None:
