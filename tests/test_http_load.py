@@ -213,27 +213,116 @@ async def test_session_creation_with_a_key_names_the_same_session_after_a_restar
     restarted.loom.close()
 
 
-# -- sticky cancel ------------------------------------------------------------------------
+# -- cancels target a prompt (issue 29) ---------------------------------------------------
 
 
-async def test_a_cancel_just_before_the_prompt_applies_to_it_and_is_recorded() -> None:
+async def test_a_cancel_with_nothing_running_cancels_nothing_and_says_so() -> None:
+    """The old sticky cancel cut off whichever prompt came next: a cancel that arrived
+    just after its prompt ended stopped an unrelated one. Now it says it found nothing."""
     llm = GatedLLM()
     llm.release.set()
     spell = gated_spell(llm)
     async with serving(spell) as http:
         sid = await new_session(http)
-        early = await http.post(f"/sessions/{sid}/cancel")
+        late = await http.post(f"/sessions/{sid}/cancel")
+        assert late.json() == {"cancelled": False, "target": "none"}
+        ok = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "runs"})
+    assert ok.json()["result"] == "runs" and ok.json()["reason"] == "done"
+    assert [(t.intent, t.reason) for t in spell.loom.turns] == [("runs", "done")]
+
+
+async def test_a_cancel_asked_for_the_next_prompt_applies_to_it_and_is_recorded() -> None:
+    llm = GatedLLM()
+    llm.release.set()
+    spell = gated_spell(llm)
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        early = await http.post(f"/sessions/{sid}/cancel", json={"next": True})
         assert early.json() == {"cancelled": False, "target": "next", "sticky_s": 5.0}
         cut = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "too late"})
         assert cut.json()["reason"] == "cancelled" and cut.json()["stop_reason"] == "cancelled"
         # taken once: the next prompt runs
         ok = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "go"})
         assert ok.json()["result"] == "go"
+        both = await http.post(
+            f"/sessions/{sid}/cancel", json={"next": True, "idempotency_key": "k"}
+        )
+        assert both.status_code == 400 and both.json()["error"]["code"] == "bad_request"
     assert llm.queries == 1  # the cancelled prompt never reached the LLM
     assert [(t.intent, t.reason) for t in spell.loom.turns] == [
         ("too late", "cancelled"),
         ("go", "done"),
     ]
+
+
+async def test_a_cancel_names_its_prompt_and_never_cuts_off_another() -> None:
+    """By Prompt-Id or Idempotency-Key: the named prompt while it runs; once it has
+    ended, nothing -- not the prompt running now."""
+    llm = GatedLLM()
+    spell = gated_spell(llm)
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        answers: dict[str, httpx.Response] = {}
+
+        async def prompt(name: str, key: str) -> None:
+            answers[name] = await http.post(
+                f"/sessions/{sid}/prompt", json={"prompt": name}, headers={"Idempotency-Key": key}
+            )
+
+        llm.release.set()
+        await prompt("first", "k1")
+        first_id = answers["first"].headers["prompt-id"]
+        assert answers["first"].json()["prompt_id"] == first_id
+        llm.release = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prompt, "second", "k2")
+            await wait_until(lambda: llm.waiting == 1)
+            by_key = await http.post(f"/sessions/{sid}/cancel", json={"idempotency_key": "k1"})
+            by_id = await http.post(f"/sessions/{sid}/cancel", json={"prompt_id": first_id})
+            unknown = await http.post(f"/sessions/{sid}/cancel", json={"prompt_id": "prompt-0"})
+            assert by_key.json() == {"cancelled": False, "target": "ended", "idempotency_key": "k1"}
+            assert by_id.json() == {"cancelled": False, "target": "none", "prompt_id": first_id}
+            assert unknown.json()["target"] == "none"
+            llm.release.set()
+        assert answers["second"].json()["result"] == "second"  # untouched
+
+        llm.release = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prompt, "third", "k3")
+            await wait_until(lambda: llm.waiting == 1)
+            hit = await http.post(f"/sessions/{sid}/cancel", json={"idempotency_key": "k3"})
+        assert hit.json()["target"] == "running" and hit.json()["intent"] == "third"
+        assert answers["third"].json()["reason"] == "cancelled"
+        assert answers["third"].json()["prompt_id"] == hit.json()["prompt_id"]
+    assert [(t.intent, t.reason) for t in spell.loom.turns] == [
+        ("first", "done"),
+        ("second", "done"),
+        ("third", "cancelled"),
+    ]
+
+
+async def test_a_cancel_that_overtakes_its_keyed_prompt_waits_for_that_key_only() -> None:
+    llm = GatedLLM()
+    llm.release.set()
+    spell = gated_spell(llm)
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        armed = await http.post(f"/sessions/{sid}/cancel", json={"idempotency_key": "late"})
+        assert armed.json() == {
+            "cancelled": False,
+            "target": "next",
+            "idempotency_key": "late",
+            "sticky_s": 5.0,
+        }
+        other = await http.post(
+            f"/sessions/{sid}/prompt", json={"prompt": "other"}, headers={"Idempotency-Key": "x"}
+        )
+        plain = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "plain"})
+        named = await http.post(
+            f"/sessions/{sid}/prompt", json={"prompt": "late"}, headers={"Idempotency-Key": "late"}
+        )
+    assert other.json()["reason"] == plain.json()["reason"] == "done"
+    assert named.json()["reason"] == "cancelled"
 
 
 async def test_a_cancel_while_the_prompt_body_arrives_cancels_that_prompt() -> None:
@@ -255,36 +344,59 @@ async def test_a_cancel_while_the_prompt_body_arrives_cancels_that_prompt() -> N
             answer = await http.post(
                 f"/sessions/{sid}/prompt",
                 content=body(),
-                headers={"content-type": "application/json"},
+                headers={"content-type": "application/json", "Idempotency-Key": "slow"},
             )
-            answers["prompt"] = answer.json()
+            answers["prompt"] = answer
 
         async with side, trio.open_nursery() as nursery:
             nursery.start_soon(prompt)
-            while True:  # until the server has the request and waits for its body
-                info = (await side.get(f"/sessions/{sid}")).json()
-                answer = (await side.post(f"/sessions/{sid}/cancel")).json()
-                if answer["target"] == "starting":
-                    break
-                await trio.sleep(0.005)
+            with trio.fail_after(60):
+                while True:  # until the server has the request and waits for its body
+                    info = (await side.get(f"/sessions/{sid}")).json()
+                    answer = (await side.post(f"/sessions/{sid}/cancel")).json()
+                    if answer["target"] == "starting":
+                        break
+                    assert answer == {"cancelled": False, "target": "none"}
+                    await trio.sleep(0.005)
             answers["cancel"] = answer
             cancelled.set()
     assert info["running"] is False
-    assert answers["cancel"] == {"cancelled": True, "target": "starting"}
-    assert answers["prompt"]["reason"] == "cancelled"
+    assert answers["cancel"] == {
+        "cancelled": True,
+        "target": "starting",
+        "prompt_id": answers["prompt"].headers["prompt-id"],
+        "intent": None,  # not read yet
+        "idempotency_key": "slow",
+    }
+    assert answers["prompt"].json()["reason"] == "cancelled"
     assert llm.queries == 0
 
 
-async def test_an_expired_sticky_cancel_is_dropped() -> None:
+async def test_a_cancel_of_the_next_prompt_expires_after_its_window() -> None:
+    """A real window (1.5 s): a prompt inside it is cut off, one after it runs -- for a
+    cancel of the next prompt and for one armed for an Idempotency-Key alike."""
     llm = GatedLLM()
     llm.release.set()
     spell = gated_spell(llm)
-    async with serving(spell, ServeOptions(sticky_cancel_s=0.0)) as http:
+    window = 1.5
+    async with serving(spell, ServeOptions(sticky_cancel_s=window)) as http:
         sid = await new_session(http)
-        await http.post(f"/sessions/{sid}/cancel")
-        await trio.sleep(0.01)  # past the (zero) window: trio's clock has moved on
-        ok = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "runs"})
-    assert ok.json()["result"] == "runs"
+        keyed = {"Idempotency-Key": "k"}
+        outcomes = []
+        for ask, headers in (({"next": True}, {}), ({"idempotency_key": "k"}, keyed)):
+            armed_at = trio.current_time()
+            armed = await http.post(f"/sessions/{sid}/cancel", json=ask)
+            assert armed.json()["target"] == "next" and armed.json()["sticky_s"] == window
+            inside = await http.post(
+                f"/sessions/{sid}/prompt", json={"prompt": "in"}, headers=headers
+            )
+            assert trio.current_time() - armed_at < window  # it did arrive in the window
+            again = await http.post(f"/sessions/{sid}/cancel", json=ask)
+            assert again.json()["target"] == ("next" if "next" in ask else "ended")
+            await trio.sleep(window + 0.3)
+            after = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "after"})
+            outcomes.append((inside.json()["reason"], after.json()["reason"]))
+    assert outcomes == [("cancelled", "done"), ("cancelled", "done")]
 
 
 # -- load --------------------------------------------------------------------------------

@@ -251,7 +251,8 @@ async def test_a_streamed_prompt_sends_each_turn_as_it_lands_then_the_result(
             elif line.startswith("data: ") and name is not None:
                 events.append((name, json.loads(line[6:])))
     names = [n for n, _ in events]
-    assert names == ["step_complete"] * TURNS + ["final_response", "result"]
+    assert names == ["prompt"] + ["step_complete"] * TURNS + ["final_response", "result"]
+    assert events[0][1]["prompt_id"] == response.headers["prompt-id"] == events[-1][1]["prompt_id"]
     assert [e["sequence"] for n, e in events if n == "step_complete"] == [1, 2, 3]
     assert events[-2][1]["result"] == "streamed ok #1"
     assert events[-1][1]["result"] == "streamed ok #1" and events[-1][1]["session_id"] == sid
@@ -303,6 +304,8 @@ async def test_a_streamed_prompt_whose_client_hangs_up_is_cancelled_when_asked(
             json={"prompt": "hang up"},
         ) as response:
             async for name, _ in _sse_events(response):
+                if name == "prompt":
+                    continue
                 assert name == "step_complete"
                 break  # one turn landed: hang up
         with trio.fail_after(20):
@@ -470,12 +473,15 @@ async def test_cancel_through_one_replica_stops_the_worker_running_the_prompt(
             busy = await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "me too"})
             assert busy.status_code == 409 and busy.json()["error"]["code"] == "busy"
             cancelled = (await on_b.post(f"/sessions/{sid}/cancel")).json()
+        work_id = stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)[0][0]
         assert cancelled == {
             "cancelled": True,
             "target": "running",
+            "prompt_id": f"work-{work_id}",
             "intent": "stop me",
             "idempotency_key": "cancel-me",
         }
+        assert answer["prompt_id"] == f"work-{work_id}"
         assert answer["stop_reason"] == "cancelled" and answer["reason"] == "cancelled"
         assert answer["truncated"] is True and answer["result"] is None
         thread = (await on_b.get(f"/sessions/{sid}/thread")).json()["turns"]
@@ -509,6 +515,7 @@ async def test_a_cancelled_queued_prompt_never_starts(stack: Stack) -> None:
         assert cancelled == {
             "cancelled": True,
             "target": "queued",
+            "prompt_id": answer["prompt_id"],
             "intent": "never",
             "idempotency_key": None,
         }
@@ -520,11 +527,15 @@ async def test_a_cancelled_queued_prompt_never_starts(stack: Stack) -> None:
     ]
 
 
-async def test_a_cancel_with_nothing_running_is_sticky_for_the_next_prompt(stack: Stack) -> None:
+async def test_a_cancel_with_nothing_running_cancels_nothing_unless_asked_for_the_next(
+    stack: Stack,
+) -> None:
     a, b = stack.replicas
     async with await _client(a) as on_a, await _client(b) as on_b:
         sid = (await on_a.post("/sessions")).json()["session_id"]
-        armed = (await on_a.post(f"/sessions/{sid}/cancel")).json()
+        late = (await on_a.post(f"/sessions/{sid}/cancel")).json()
+        assert late == {"cancelled": False, "target": "none"}
+        armed = (await on_a.post(f"/sessions/{sid}/cancel", json={"next": True})).json()
         assert armed == {"cancelled": False, "target": "next", "sticky_s": 5.0}
         cut = (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "too late"})).json()
         assert cut["stop_reason"] == "cancelled" and cut["turns"] == 0
@@ -532,6 +543,49 @@ async def test_a_cancel_with_nothing_running_is_sticky_for_the_next_prompt(stack
         # used up: the next prompt runs
         ran = (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "now"})).json()
         assert ran["result"] == "now ok #1"
+
+
+async def test_a_cancel_names_its_prompt_at_any_replica(stack: Stack) -> None:
+    """By the Prompt-Id a stream hands out at once, or by Idempotency-Key: only that
+    prompt; one that ended is not cancelled again, and cuts off nothing else; a key
+    no prompt had yet waits for the prompt that comes with it."""
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        async with on_a.stream(
+            "POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": "first"}
+        ) as response:
+            prompt_id = response.headers["prompt-id"]
+            lines = [line async for line in response.aiter_lines()]
+        assert lines[0] == "event: prompt" and prompt_id in lines[1]
+        ended = (await on_b.post(f"/sessions/{sid}/cancel", json={"prompt_id": prompt_id})).json()
+        assert ended["target"] == "ended" and ended["cancelled"] is False
+        assert (await on_b.post(f"/sessions/{sid}/cancel", json={"prompt_id": "work-x"})).json()[
+            "target"
+        ] == "none"
+        armed = (
+            await on_b.post(f"/sessions/{sid}/cancel", json={"idempotency_key": "soon"})
+        ).json()
+        assert armed == {
+            "cancelled": False,
+            "target": "next",
+            "idempotency_key": "soon",
+            "sticky_s": 5.0,
+        }
+        other = (await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "other"})).json()
+        assert other["reason"] == "done"
+        soon = (
+            await on_a.post(
+                f"/sessions/{sid}/prompt",
+                json={"prompt": "soon"},
+                headers={"Idempotency-Key": "soon"},
+            )
+        ).json()
+        assert soon["stop_reason"] == "cancelled" and soon["turns"] == 0
+        again = (
+            await on_b.post(f"/sessions/{sid}/cancel", json={"idempotency_key": "soon"})
+        ).json()
+        assert again["target"] == "ended" and again["prompt_id"] == soon["prompt_id"]
 
 
 # -- idempotency keys across replicas -------------------------------------------------------

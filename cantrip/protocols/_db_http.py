@@ -46,27 +46,34 @@ from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
 from cantrip.distributed._queue import DEAD, PAUSED
 from cantrip.loom._postgres import PostgresStore
-from cantrip.protocols._api import openapi_document
+from cantrip.protocols._api import CancelRequest, openapi_document
 from cantrip.protocols._asgi import (
     HEARTBEAT_S,
     HttpError,
     Receive,
+    Scope,
     Send,
     end_body,
     sse,
     sse_comment,
     sse_error,
-    start_sse,
 )
 from cantrip.protocols._db_notify import Notifier
-from cantrip.protocols._db_sessions import ENDED, DbSessions, Queued, SessionRow, failure_message
+from cantrip.protocols._db_sessions import (
+    ENDED,
+    DbSessions,
+    Queued,
+    SessionRow,
+    failure_message,
+    prompt_id_for,
+)
 from cantrip.protocols._guard import Guard
 from cantrip.protocols._lifecycle import Drain, ServeOptions, Tally
 from cantrip.protocols._request import (
     until_disconnect,
 )
 from cantrip.protocols._sessions import SessionError, event_dict, result_dict
-from cantrip.protocols._shell import ServerShell, serve_asgi
+from cantrip.protocols._shell import ServerShell, serve_asgi, start_prompt_stream
 
 log = get_logger("cantrip.http")
 
@@ -148,7 +155,7 @@ class DbHttpApp(ServerShell):
         return row.info()
 
     async def _prompt_result(
-        self, row: SessionRow, intent: str, key: str | None, on_busy: str
+        self, row: SessionRow, intent: str, key: str | None, on_busy: str, scope: Scope
     ) -> dict[str, Any]:
         _only_reject(on_busy)
         return await self._prompt(row, intent, key)
@@ -168,8 +175,14 @@ class DbHttpApp(ServerShell):
         pending: list[dict[str, Any]] = await self._db(self.sessions.pending, row.entity_id)
         return pending
 
-    async def _cancel(self, row: SessionRow) -> dict[str, Any]:
-        cancelled: dict[str, Any] = await self._db(self.sessions.cancel, row.entity_id)
+    async def _cancel(self, row: SessionRow, target: CancelRequest) -> dict[str, Any]:
+        cancelled: dict[str, Any] = await self._db(
+            self.sessions.cancel,
+            row.entity_id,
+            target.prompt_id,
+            target.idempotency_key,
+            target.next,
+        )
         return cancelled
 
     async def _turns(self, row: SessionRow) -> list[dict[str, Any]]:
@@ -274,13 +287,15 @@ class DbHttpApp(ServerShell):
     async def _prompt(self, row: SessionRow, intent: str, key: str | None) -> dict[str, Any]:
         work_id, base_pos = await self._enqueue(row, intent, key)
         with self._waits.held():
-            return await self._finished(row, work_id, base_pos)
+            result = await self._finished(row, work_id, base_pos)
+        return {**result, "prompt_id": prompt_id_for(work_id)}
 
     async def _prompt_stream(
         self,
         row: SessionRow,
         intent: str,
         key: str | None,
+        scope: Scope,
         receive: Receive,
         send: Send,
         cancel_on_disconnect: bool,
@@ -288,13 +303,14 @@ class DbHttpApp(ServerShell):
     ) -> None:
         _only_reject(on_busy)
         work_id, base_pos = await self._enqueue(row, intent, key)
+        prompt_id = prompt_id_for(work_id)
         with self._waits.held():
-            await start_sse(send)
+            await start_prompt_stream(send, prompt_id, row.session_id, key)
 
             async def watch() -> None:
                 await until_disconnect(receive)
                 log.info("session %s: the client hung up; cancelling its prompt", row.session_id)
-                await self._db(self.sessions.cancel, row.entity_id)
+                await self._db(self.sessions.cancel, row.entity_id, prompt_id)
 
             ended: tuple[str, dict[str, Any] | None] | None = None
             async with trio.open_nursery() as nursery:
@@ -309,7 +325,7 @@ class DbHttpApp(ServerShell):
                         "shutting_down",
                         "this replica is shutting down; the cast goes on at its worker",
                     )
-                final = await self._result(row, ended, base_pos)
+                final = {**await self._result(row, ended, base_pos), "prompt_id": prompt_id}
             except HttpError as exc:
                 await sse_error(send, exc)
             else:

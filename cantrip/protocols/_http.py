@@ -17,8 +17,9 @@ Routes (JSON in and out; errors are ``{"error": {"code", "message"}}``):
   ``content``, text blocks): one cast; the answer is the cast's result, or,
   with ``Accept: text/event-stream`` or ``?stream=1``, a stream of its events
   ending with a ``result`` event; 409 while another prompt runs;
-* ``POST /sessions/{id}/cancel`` -- cancel the running prompt (recorded as
-  ``cancelled``; the session stays): ``{"cancelled": bool}``;
+* ``POST /sessions/{id}/cancel`` -- cancel the running prompt, or the one the body
+  names (``prompt_id``, ``idempotency_key``), or with ``{"next": true}`` the next one
+  to start (recorded as ``cancelled``; the session stays): ``{"cancelled", "target"}``;
 * ``GET  /sessions/{id}/thread`` -- the session's turns, root first;
 * ``GET  /sessions/{id}/events`` -- server-sent events of every prompt of the
   session from now on (heartbeat comments keep idle connections open).
@@ -26,8 +27,9 @@ Routes (JSON in and out; errors are ``{"error": {"code", "message"}}``):
 Under load and at shutdown (issue 24; :mod:`cantrip.protocols._lifecycle`):
 ``POST /sessions`` and ``POST /sessions/{id}/prompt`` accept an
 ``Idempotency-Key`` header (a repeat returns the recorded result, or joins the
-running cast); a cancel is sticky (it applies to a prompt starting within
-``sticky_cancel_s``) and says what it cancelled; ``?cancel_on_disconnect=1``
+running cast); every prompt gets an id at once (``Prompt-Id``, a stream's first
+event) that a cancel can name, and a cancel says what it cancelled -- with nothing
+running and nothing named, nothing; ``?cancel_on_disconnect=1``
 cancels a streamed prompt whose client hangs up; too many running prompts, or a
 server shutting down, get ``503`` with ``Retry-After``.
 
@@ -39,7 +41,7 @@ memory (idle ones are dropped and resumed from the loom when named again).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 import trio
@@ -51,6 +53,7 @@ from cantrip._errors import CantripError
 from cantrip._events import Event
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
+from cantrip.protocols._api import CancelRequest
 from cantrip.protocols._asgi import (
     HEARTBEAT_S,
     HttpError,
@@ -60,17 +63,19 @@ from cantrip.protocols._asgi import (
     end_body,
     sse,
     sse_comment,
-    start_sse,
 )
 from cantrip.protocols._guard import Guard
+from cantrip.protocols._idempotency import keyed_prompt_id
 from cantrip.protocols._lifecycle import Drain, ServeOptions
 from cantrip.protocols._limits import SessionLimits, make_room
 from cantrip.protocols._request import (
+    idempotency_key,
     prompt_intent,
     read_body,
     until_disconnect,
 )
 from cantrip.protocols._sessions import (
+    Prompt,
     Session,
     SessionError,
     SessionHub,
@@ -78,10 +83,14 @@ from cantrip.protocols._sessions import (
     result_dict,
     turn_dict,
 )
-from cantrip.protocols._shell import ServerShell, serve_asgi
+from cantrip.protocols._shell import ServerShell, serve_asgi, start_prompt_stream
 from cantrip.protocols._viewer import Viewer
 
 log = get_logger("cantrip.http")
+
+PROMPT_SCOPE_KEY = "cantrip.prompt"
+"""Where a prompt request's scope carries its :class:`Prompt` from the moment it
+arrives (the guard reads its body) to its route, so a cancel meanwhile is kept."""
 
 
 class HttpApp(ServerShell):
@@ -143,19 +152,27 @@ class HttpApp(ServerShell):
     def _info(self, session: Session) -> dict[str, Any]:
         return _session_info(session)
 
-    async def _read_prompt(self, session: Session, receive: Receive) -> str:
-        # The body may still be arriving: a cancel sent meanwhile applies to it (sticky).
-        session.starting += 1
+    async def _read_prompt(self, session: Session, scope: Scope, receive: Receive) -> str:
+        # From here until it starts (or fails) the prompt is arriving: a cancel that
+        # names it, or an unnamed one, cuts it off as it starts.
+        handle = _handle(scope, session)
+        if handle not in session.arriving:
+            session.arriving.append(handle)
         try:
             return prompt_intent(await read_body(receive))
-        finally:
-            session.starting -= 1
+        except BaseException:
+            _depart(session, handle)
+            raise
 
     async def _prompt_result(
-        self, session: Session, intent: str, key: str | None, on_busy: str
+        self, session: Session, intent: str, key: str | None, on_busy: str, scope: Scope
     ) -> dict[str, Any]:
-        outcome = await self._prompt(session, intent, key=key, on_busy=on_busy)
-        return result_dict(outcome, session)
+        handle = _handle(scope, session)
+        try:
+            outcome = await self._prompt(session, intent, key=key, on_busy=on_busy, handle=handle)
+        finally:
+            _depart(session, handle)
+        return {**result_dict(outcome, session), "prompt_id": handle.id}
 
     async def _steer(self, session: Session, text: str) -> dict[str, Any]:
         try:
@@ -166,16 +183,23 @@ class HttpApp(ServerShell):
     async def _pending_calls(self, session: Session) -> list[dict[str, Any]]:
         return [p.to_dict() for p in session.entity.pending]
 
-    async def _cancel(self, session: Session) -> dict[str, Any]:
-        return self.hub.request_cancel(session)
+    async def _cancel(self, session: Session, target: CancelRequest) -> dict[str, Any]:
+        return self.hub.request_cancel(
+            session,
+            prompt_id=target.prompt_id,
+            key=target.idempotency_key,
+            next_prompt=target.next,
+        )
 
     async def _turns(self, session: Session) -> list[dict[str, Any]]:
         return [turn_dict(t) for t in self.hub.history(session)]
 
     @contextlib.contextmanager
     def arriving(self, scope: Scope) -> Iterator[None]:
-        """While a prompt's body is still arriving (read by the guard), its session
-        counts it as starting, so a cancel sent meanwhile applies to it (sticky)."""
+        """While a prompt's body is still arriving (read by the guard), it is known to
+        its session (:attr:`Session.arriving`), so a cancel meanwhile -- unnamed, or
+        naming its Idempotency-Key -- applies to it; the scope carries it on to the
+        route, which hands out its id."""
         parts = [p for p in scope.get("path", "").split("/") if p]
         session = None
         if (
@@ -188,13 +212,15 @@ class HttpApp(ServerShell):
             ]
         ):
             session = self.hub.sessions.get(parts[1])
-        if session is not None:
-            session.starting += 1
+        if session is None:
+            yield
+            return
+        handle = _handle(scope, session)
+        session.arriving.append(handle)
         try:
             yield
         finally:
-            if session is not None:
-                session.starting -= 1
+            _depart(session, handle)
 
     async def _health_report(self) -> dict[str, Any]:
         return self._health()
@@ -246,10 +272,11 @@ class HttpApp(ServerShell):
         *,
         key: str | None = None,
         on_busy: str = "reject",
+        handle: Prompt | None = None,
     ) -> CastResult | None:
         try:
             return await self.hub.prompt(
-                session, intent, on_event=on_event, key=key, on_busy=on_busy
+                session, intent, on_event=on_event, key=key, on_busy=on_busy, handle=handle
             )
         except SessionError as exc:
             raise self._session_error(exc) from None
@@ -266,21 +293,44 @@ class HttpApp(ServerShell):
         session: Session,
         intent: str,
         key: str | None,
+        scope: Scope,
         receive: Receive,
         send: Send,
         cancel_on_disconnect: bool,
         on_busy: str,
     ) -> None:
+        handle = _handle(scope, session)
+        try:
+            await self._stream_prompt(
+                session, intent, key, handle, receive, send, cancel_on_disconnect, on_busy
+            )
+        finally:
+            _depart(session, handle)
+
+    async def _stream_prompt(
+        self,
+        session: Session,
+        intent: str,
+        key: str | None,
+        handle: Prompt,
+        receive: Receive,
+        send: Send,
+        cancel_on_disconnect: bool,
+        on_busy: str,
+    ) -> None:
+        current = session.current
         try:
             joins = key is not None and (
-                (session.current is not None and session.current.key == key)
+                (current is not None and current.key == key)
                 or self.hub.replay(session, intent, key) is not None
             )
         except SessionError as exc:  # the key was used for another prompt
             raise self._session_error(exc) from None
         if session.running is not None and not joins and on_busy == "reject":
             raise HttpError(409, "busy", f"session {session.id} is already running a prompt")
-        await start_sse(send)
+        if joins and current is not None and current.key == key:
+            handle.id = current.id  # this request is that prompt
+        await start_prompt_stream(send, handle.id, session.id, key)
         events_send, events = trio.open_memory_channel[Event](float("inf"))
         sink = events_send.send_nowait
         final: dict[str, Any] = {}
@@ -298,11 +348,12 @@ class HttpApp(ServerShell):
                         on_event=None if joins else sink,
                         key=key,
                         on_busy=on_busy,
+                        handle=handle,
                     )
                 except HttpError as exc:
                     final["error"] = {"code": exc.code, "message": exc.message}
                     return
-                final["result"] = result_dict(outcome, session)
+                final["result"] = {**result_dict(outcome, session), "prompt_id": handle.id}
 
         async def watch() -> None:
             await until_disconnect(receive)
@@ -344,6 +395,30 @@ class HttpApp(ServerShell):
 
 
 # -- helpers ------------------------------------------------------------------------
+
+
+def _handle(scope: Scope, session: Session) -> Prompt:
+    """The request's :class:`Prompt`: the one registered when it arrived, or a new one
+    (kept in the scope from then on). A bad Idempotency-Key is left to the route."""
+    handle = scope.get(PROMPT_SCOPE_KEY)
+    if isinstance(handle, Prompt):
+        return handle
+    try:
+        key = idempotency_key(scope)
+    except HttpError:
+        key = None
+    handle = Prompt("", key)
+    if key is not None:
+        handle.id = keyed_prompt_id(session.entity_id, key)
+    if isinstance(scope, MutableMapping):
+        scope[PROMPT_SCOPE_KEY] = handle
+    return handle
+
+
+def _depart(session: Session, handle: Prompt) -> None:
+    """The prompt is no longer arriving (it started, failed, or was answered)."""
+    if handle in session.arriving:
+        session.arriving.remove(handle)
 
 
 def _session_info(session: Session) -> dict[str, Any]:
