@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -397,6 +398,88 @@ async def test_a_cancel_of_the_next_prompt_expires_after_its_window() -> None:
             after = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "after"})
             outcomes.append((inside.json()["reason"], after.json()["reason"]))
     assert outcomes == [("cancelled", "done"), ("cancelled", "done")]
+
+
+class JitteryLLM:
+    """Answers ``done`` with the intent after 0-40 ms (seeded): prompts end at
+    uneven moments, as under real load."""
+
+    name = "jittery"
+
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+
+    async def query(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Response:
+        await trio.sleep(self.random.uniform(0, 0.04))
+        intent = next(m.text() for m in reversed(messages) if m.role == "user")
+        return Response(tool_calls=(cantrip.ToolCall("d", "done", {"answer": intent}),))
+
+
+async def test_stale_cancels_under_mixed_load_never_cut_off_an_untargeted_prompt() -> None:
+    """Sessions prompting back to back -- streams cancelled by their Prompt-Id, keyed
+    prompts by their key, plain prompts never -- with each cancel sent 0-60 ms after
+    its prompt and not waited for: many arrive after their prompt ended, while the
+    next one runs. A cancel cuts off only the prompt it names (issue 29: the sticky
+    cancel stopped 206 plain prompts this way)."""
+    pick = random.Random(29)
+    spell = cantrip.Cantrip(
+        llm=JitteryLLM(29),
+        identity=cantrip.Identity(system_prompt="load"),
+        circle=cantrip.Circle([done], [cantrip.max_turns(3)]),
+    )
+    ended: list[tuple[str, str]] = []  # (kind, reason)
+
+    async with serving(spell) as http:
+
+        async def cancel_later(sid: str, delay: float, body: dict[str, Any]) -> None:
+            await trio.sleep(delay)
+            answer = await http.post(f"/sessions/{sid}/cancel", json=body)
+            assert answer.status_code == 200
+
+        async def client(n: int, nursery: trio.Nursery) -> None:
+            sid = await new_session(http)
+            for i in range(24):
+                kind = pick.choice(["stream", "keyed", "plain", "plain"])
+                delay = pick.uniform(0, 0.06)
+                if kind == "stream":
+                    async with http.stream(
+                        "POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": f"s{i}"}
+                    ) as response:
+                        named = response.headers.get("prompt-id")  # (none before issue 29)
+                        body = {"prompt_id": named} if named else {}
+                        nursery.start_soon(cancel_later, sid, delay, body)
+                        lines = [line async for line in response.aiter_lines()]
+                    result = json.loads(lines[lines.index("event: result") + 1][6:])
+                elif kind == "keyed":
+                    key = f"c{n}-{i}"
+                    nursery.start_soon(cancel_later, sid, delay, {"idempotency_key": key})
+                    answer = await http.post(
+                        f"/sessions/{sid}/prompt",
+                        json={"prompt": f"k{i}"},
+                        headers={"Idempotency-Key": key},
+                    )
+                    result = answer.json()
+                else:
+                    answer = await http.post(f"/sessions/{sid}/prompt", json={"prompt": f"p{i}"})
+                    result = answer.json()
+                ended.append((kind, result["reason"]))
+
+        with trio.fail_after(240):
+            async with trio.open_nursery() as cancels, trio.open_nursery() as clients:
+                for n in range(8):
+                    clients.start_soon(client, n, cancels)
+
+    plain = [reason for kind, reason in ended if kind == "plain"]
+    targeted = [reason for kind, reason in ended if kind != "plain"]
+    assert len(ended) == 8 * 24 and plain
+    assert set(plain) == {"done"}, f"{plain.count('cancelled')} plain prompts were cut off"
+    assert "cancelled" in targeted  # the cancels did land on the prompts they named
 
 
 # -- load --------------------------------------------------------------------------------
