@@ -632,6 +632,39 @@ async def test_a_streamed_prompt_whose_client_hangs_up(cancel_on_disconnect: boo
     assert info["turns"] == 1
 
 
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_plain_prompt_whose_client_hangs_up_lets_its_connection_go_at_once() -> None:
+    """hypercorn closes a connection when its request's task ends: a request that held
+    its cast kept the socket for as long as the cast ran. The cast now runs in the
+    server's nursery; the request ends at the hang-up, the cast runs on, recorded."""
+    llm = GatedLLM()
+    spell = gated_spell(llm)
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        before = _open_fds()
+        async with httpx.AsyncClient(base_url=str(http.base_url), timeout=20) as client:
+            with trio.move_on_after(60):  # (the hang-up below comes first)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(
+                        functools.partial(
+                            client.post, f"/sessions/{sid}/prompt", json={"prompt": "bye"}
+                        )
+                    )
+                    await llm.asked.wait()
+                    nursery.cancel_scope.cancel()  # hang up while the cast runs
+        with trio.fail_after(20):
+            while _open_fds() > before:  # the server's end of the socket is closed...
+                await trio.sleep(0.01)
+        assert llm.waiting == 1  # ...while the cast still runs
+        llm.release.set()
+        await wait_until(lambda: spell.loom.turns)
+        info = (await http.get(f"/sessions/{sid}")).json()
+    assert spell.loom.turns[0].reason == "done" and info["turns"] == 1
+
+
 # -- the entity underneath ---------------------------------------------------------------
 
 

@@ -155,10 +155,27 @@ class DbHttpApp(ServerShell):
         return row.info()
 
     async def _prompt_result(
-        self, row: SessionRow, intent: str, key: str | None, on_busy: str, scope: Scope
-    ) -> dict[str, Any]:
+        self,
+        row: SessionRow,
+        intent: str,
+        key: str | None,
+        on_busy: str,
+        scope: Scope,
+        receive: Receive,
+    ) -> dict[str, Any] | None:
+        """The worker's result; None if the client hung up first (the work goes on)."""
         _only_reject(on_busy)
-        return await self._prompt(row, intent, key)
+        answer: dict[str, Any] = {}
+        async with trio.open_nursery() as nursery:
+
+            async def hang_up() -> None:
+                await until_disconnect(receive)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(hang_up)
+            answer["result"] = await self._prompt(row, intent, key)
+            nursery.cancel_scope.cancel()
+        return answer.get("result")
 
     def _openapi(self) -> dict[str, Any]:
         return openapi_document("cantrip serve --db", steering=False)
@@ -307,18 +324,27 @@ class DbHttpApp(ServerShell):
         with self._waits.held():
             await start_prompt_stream(send, prompt_id, row.session_id, key)
 
-            async def watch() -> None:
-                await until_disconnect(receive)
-                log.info("session %s: the client hung up; cancelling its prompt", row.session_id)
-                await self._db(self.sessions.cancel, row.entity_id, prompt_id)
-
+            gone = False
             ended: tuple[str, dict[str, Any] | None] | None = None
             async with trio.open_nursery() as nursery:
-                if cancel_on_disconnect:
-                    nursery.start_soon(watch)
+
+                async def watch() -> None:
+                    nonlocal gone
+                    await until_disconnect(receive)
+                    gone = True
+                    if cancel_on_disconnect:
+                        log.info("session %s: the client hung up; cancelling its prompt",
+                                 row.session_id)  # fmt: skip
+                        with trio.CancelScope(shield=True):
+                            await self._db(self.sessions.cancel, row.entity_id, prompt_id)
+                    nursery.cancel_scope.cancel()  # stop tailing: the socket goes now
+
+                nursery.start_soon(watch)
                 with self.drain.stream():
                     ended = await self._tail(row, work_id, base_pos, send)
                 nursery.cancel_scope.cancel()
+            if gone:
+                return  # the work goes on at its worker; nobody to tell
             try:
                 if ended is None:
                     raise self._unavailable(

@@ -112,6 +112,10 @@ class HttpApp(ServerShell):
         self.limits = limits or SessionLimits()
         self.viewer = Viewer.for_hub(self.hub)  # the browser viewer at / and /api/
         self.drain = Drain()
+        self._casts: trio.Nursery | None = None
+        """Where prompts run while the server lives (set by its lifespan): a request
+        waits on its cast but does not hold it, so a client that hangs up frees its
+        connection at once and the cast still ends, recorded (issue 29)."""
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
@@ -126,9 +130,16 @@ class HttpApp(ServerShell):
         providers = await ProviderScope.enter()
         self.hub.nursery = providers.nursery
         try:
-            yield
+            async with trio.open_nursery() as casts:
+                self._casts = casts
+                try:
+                    yield
+                finally:
+                    self._casts = None
+                    # the casts still running here are cut off; the entities close
+                    # their providers before the providers' nursery goes
+                    await self.aclose()
         finally:
-            await self.aclose()  # the entities close their providers first
             self.hub.nursery = None
             await providers.aclose()
 
@@ -165,14 +176,40 @@ class HttpApp(ServerShell):
             raise
 
     async def _prompt_result(
-        self, session: Session, intent: str, key: str | None, on_busy: str, scope: Scope
-    ) -> dict[str, Any]:
+        self,
+        session: Session,
+        intent: str,
+        key: str | None,
+        on_busy: str,
+        scope: Scope,
+        receive: Receive,
+    ) -> dict[str, Any] | None:
         handle = _handle(scope, session)
-        try:
-            outcome = await self._prompt(session, intent, key=key, on_busy=on_busy, handle=handle)
-        finally:
-            _depart(session, handle)
-        return {**result_dict(outcome, session), "prompt_id": handle.id}
+        answer: dict[str, Any] = {}
+        ended = trio.Event()
+
+        async def run() -> None:
+            try:
+                outcome = await self._prompt(
+                    session, intent, key=key, on_busy=on_busy, handle=handle
+                )
+                answer["result"] = {**result_dict(outcome, session), "prompt_id": handle.id}
+            except HttpError as exc:
+                answer["error"] = exc
+            finally:
+                _depart(session, handle)
+                ended.set()
+
+        if self._casts is None:  # no lifespan: the request holds its cast
+            await run()
+        else:  # the cast runs on if the client hangs up; its connection goes at once
+            self._casts.start_soon(run)
+            if not await _until_either(ended, receive):
+                return None
+        if "error" in answer:
+            raise answer["error"]
+        result: dict[str, Any] = answer["result"]
+        return result
 
     async def _steer(self, session: Session, text: str) -> dict[str, Any]:
         try:
@@ -332,15 +369,19 @@ class HttpApp(ServerShell):
             handle.id = current.id  # this request is that prompt
         await start_prompt_stream(send, handle.id, session.id, key)
         events_send, events = trio.open_memory_channel[Event](float("inf"))
-        sink = events_send.send_nowait
+
+        def sink(event: Event) -> None:
+            # after a hang-up the stream is gone: the cast goes on, unwatched
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                events_send.send_nowait(event)
+
         final: dict[str, Any] = {}
         gone = trio.Event()
 
         async def run() -> None:
             async with events_send:
                 if gone.is_set():
-                    final["error"] = {"code": "client_gone", "message": "the client hung up"}
-                    return
+                    return  # hung up (asking to cancel) before the cast began
                 try:
                     outcome = await self._prompt(
                         session,
@@ -355,22 +396,29 @@ class HttpApp(ServerShell):
                     return
                 final["result"] = {**result_dict(outcome, session), "prompt_id": handle.id}
 
-        async def watch() -> None:
-            await until_disconnect(receive)
-            gone.set()
-            if session.sink == sink:  # our cast is running: cancel it
-                log.info("session %s: the client hung up; cancelling its prompt", session.id)
-                self.hub.cancel(session)
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(run)
-            if cancel_on_disconnect:
-                nursery.start_soon(watch)
+
+            async def watch() -> None:
+                await until_disconnect(receive)
+                gone.set()
+                if cancel_on_disconnect and session.sink is sink:  # our cast runs: cancel it
+                    log.info("session %s: the client hung up; cancelling its prompt", session.id)
+                    self.hub.cancel(session)
+                if self._casts is not None:
+                    nursery.cancel_scope.cancel()  # stop streaming: the socket goes now
+
+            nursery.start_soon(watch)
+            # The cast runs in the server's own nursery when there is one, so a client
+            # that hangs up is let go at once (hypercorn closes a connection only when
+            # its request's task ends) while its cast runs on and is recorded.
+            (self._casts or nursery).start_soon(run)
             async with events:
                 async for event in events:
                     data = event_dict(event)
                     await sse(send, data["type"], data)
             nursery.cancel_scope.cancel()  # the watcher: the cast has ended
+        if gone.is_set():
+            return  # nobody to tell
         if "error" in final:
             await sse(send, "error", {"error": final["error"]})
         else:
@@ -413,6 +461,20 @@ def _handle(scope: Scope, session: Session) -> Prompt:
     if isinstance(scope, MutableMapping):
         scope[PROMPT_SCOPE_KEY] = handle
     return handle
+
+
+async def _until_either(ended: trio.Event, receive: Receive) -> bool:
+    """Wait for ``ended`` or the client hanging up; True if ``ended`` came first."""
+    async with trio.open_nursery() as nursery:
+
+        async def hang_up() -> None:
+            await until_disconnect(receive)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(hang_up)
+        await ended.wait()
+        nursery.cancel_scope.cancel()
+    return ended.is_set()
 
 
 def _depart(session: Session, handle: Prompt) -> None:

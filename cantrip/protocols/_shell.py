@@ -141,8 +141,11 @@ class ServerShell:
                         session, intent, key, scope, receive, send, hang_up, on_busy
                     )
                 else:
-                    result = await self._prompt_result(session, intent, key, on_busy, scope)
-                    await json_response(send, 200, result, _prompt_id_header(result))
+                    result = await self._prompt_result(
+                        session, intent, key, on_busy, scope, receive
+                    )
+                    if result is not None:  # None: the client hung up, nobody to answer
+                        await json_response(send, 200, result, _prompt_id_header(result))
             elif action == "messages":
                 allow(method, "POST")
                 text = validated(SteerRequest, await read_body(receive)).text
@@ -217,9 +220,17 @@ class ServerShell:
         return openapi_document()
 
     async def _prompt_result(
-        self, session: Any, intent: str, key: str | None, on_busy: str, scope: Scope
-    ) -> dict[str, Any]:
-        """The cast's result; its ``prompt_id`` is sent as the ``Prompt-Id`` header too."""
+        self,
+        session: Any,
+        intent: str,
+        key: str | None,
+        on_busy: str,
+        scope: Scope,
+        receive: Receive,
+    ) -> dict[str, Any] | None:
+        """The cast's result; its ``prompt_id`` is sent as the ``Prompt-Id`` header too.
+        None if the client hung up first: its request ends at once (so its connection
+        is released), while the cast runs on and is recorded."""
         raise NotImplementedError
 
     async def _prompt_stream(
