@@ -178,8 +178,9 @@ async def test_cancel_cuts_off_the_running_prompt_and_the_session_goes_on() -> N
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(slow)
-            while not (await http.get(f"/sessions/{sid}")).json()["running"]:
-                await trio.sleep(0.01)
+            with trio.fail_after(30):
+                while not (await http.get(f"/sessions/{sid}")).json()["running"]:
+                    await trio.sleep(0.01)
             busy = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "too"})
             assert busy.status_code == 409 and busy.json()["error"]["code"] == "busy"
             cancelled = await http.post(f"/sessions/{sid}/cancel")

@@ -106,9 +106,10 @@ async def new_session(http: httpx.AsyncClient) -> str:
     return str((await http.post("/sessions")).json()["session_id"])
 
 
-async def wait_until(predicate: Any) -> None:
-    while not predicate():
-        await trio.sleep(0.005)
+async def wait_until(predicate: Any, within_s: float = 30.0) -> None:
+    with trio.fail_after(within_s):
+        while not predicate():
+            await trio.sleep(0.005)
 
 
 # -- idempotency -------------------------------------------------------------------------

@@ -335,8 +335,9 @@ async def test_a_prompt_whose_worker_is_killed_mid_cast_is_answered_by_the_next_
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(prompt)
-            while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
-                await trio.sleep(0.05)
+            with trio.fail_after(60):
+                while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
+                    await trio.sleep(0.05)
             (victim,) = [w for w in stack.workers if w.poll() is None]
             victim.kill()  # SIGKILL mid-cast: its lease simply stops being renewed
             victim.wait()
@@ -369,8 +370,9 @@ async def test_a_replica_killed_while_waiting_loses_nothing_a_retry_elsewhere_jo
 
             nursery.start_soon(lost_request)
             entity = sid.replace("session-", "entity-")
-            while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
-                await trio.sleep(0.02)
+            with trio.fail_after(60):
+                while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                    await trio.sleep(0.02)
             (proc,) = [p for p in stack.procs if doomed.endswith(str(_port_of(p)))]
             proc.kill()
             proc.wait()
@@ -406,8 +408,9 @@ async def test_a_replica_shutting_down_answers_its_waits_503_and_the_cast_goes_o
                     assert response.headers["retry-after"] == "1"
 
                 nursery.start_soon(waiting)
-                while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
-                    await trio.sleep(0.02)
+                with trio.fail_after(60):
+                    while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                        await trio.sleep(0.02)
                 proc.send_signal(signal.SIGTERM)  # --grace-s 1
         finally:
             worker.send_signal(signal.SIGCONT)
@@ -468,8 +471,9 @@ async def test_cancel_through_one_replica_stops_the_worker_running_the_prompt(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(prompt)
-            while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
-                await trio.sleep(0.05)
+            with trio.fail_after(60):
+                while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
+                    await trio.sleep(0.05)
             busy = await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "me too"})
             assert busy.status_code == 409 and busy.json()["error"]["code"] == "busy"
             cancelled = (await on_b.post(f"/sessions/{sid}/cancel")).json()
@@ -507,8 +511,9 @@ async def test_a_cancelled_queued_prompt_never_starts(stack: Stack) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(prompt)
-                while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
-                    await trio.sleep(0.02)
+                with trio.fail_after(60):
+                    while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                        await trio.sleep(0.02)
                 cancelled = (await on_b.post(f"/sessions/{sid}/cancel")).json()
         finally:
             worker.send_signal(signal.SIGCONT)
