@@ -317,6 +317,73 @@ async def test_a_streamed_prompt_whose_client_hangs_up_is_cancelled_when_asked(
     assert thread[-1]["reason"] == "cancelled" and len(thread) < TURNS
 
 
+def _client_connections(stack: Stack, base: str) -> int:
+    """Open TCP connections the replica at ``base`` holds on its HTTP port (its
+    PostgreSQL pool's connections, which come and go, are not counted)."""
+    port = base.rsplit(":", 1)[1]
+    (proc,) = [p for p in stack.procs if "serve" in p.args and port in p.args]  # type: ignore[operator]
+    inodes = set()
+    for fd in os.listdir(f"/proc/{proc.pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{proc.pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    held = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                local_port, state, inode = (
+                    int(fields[1].rsplit(":", 1)[1], 16),
+                    fields[3],
+                    fields[9],
+                )
+                if local_port == int(port) and state != "0A" and inode in inodes:  # 0A: LISTEN
+                    held += 1
+    return held
+
+
+async def test_a_replica_lets_go_of_clients_that_hang_up_while_their_work_goes_on(
+    stack: Stack,
+) -> None:
+    """A stream whose client hangs up ends at the replica at once (its socket closed)
+    instead of tailing the loom until the work ends; the work goes on (issue 29)."""
+    a = stack.replicas[0]
+    (worker,) = [w for w in stack.workers if w.poll() is None]
+    async with await _client(a) as on_a:
+        sids = [(await on_a.post("/sessions")).json()["session_id"] for _ in range(20)]
+        assert _client_connections(stack, a) >= 1  # this client's (the count sees them)
+
+    async def abandon(sid: str) -> None:
+        async with (
+            httpx.AsyncClient(base_url=a, timeout=60) as client,
+            client.stream("POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": "x"}) as r,
+        ):
+            async for line in r.aiter_lines():
+                if line == "event: prompt":
+                    return  # queued, handed its id: hang up
+
+    worker.send_signal(signal.SIGSTOP)  # the work stays queued meanwhile
+    try:
+        async with trio.open_nursery() as nursery:
+            for sid in sids:
+                nursery.start_soon(abandon, sid)
+        with trio.move_on_after(20):
+            while _client_connections(stack, a):
+                await trio.sleep(0.05)
+        assert _client_connections(stack, a) == 0  # every hung-up socket was closed
+        entities = [sid.replace("session-", "entity-") for sid in sids]
+        states = stack.rows("SELECT state FROM cantrip_work WHERE entity_id = ANY(%s)", entities)
+        assert sorted(states) == [("queued",)] * 20  # nothing was cancelled
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    with trio.fail_after(120):
+        while stack.rows(
+            "SELECT 1 FROM cantrip_work WHERE entity_id = ANY(%s) AND state <> 'done'", entities
+        ):
+            await trio.sleep(0.1)
+
+
 # -- workers and replicas that go away ------------------------------------------------------
 
 

@@ -353,6 +353,10 @@ async def serve_asgi(
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
+    from cantrip.protocols._hypercorn import install
+
+    install()  # a client that hangs up frees its connection now, not after keep-alive
+
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
