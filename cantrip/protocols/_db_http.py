@@ -165,17 +165,26 @@ class DbHttpApp(ServerShell):
     ) -> dict[str, Any] | None:
         """The worker's result; None if the client hung up first (the work goes on)."""
         _only_reject(on_busy)
+        work_id, base_pos = await self._enqueue(row, intent, key)  # busy etc. answer here
         answer: dict[str, Any] = {}
-        async with trio.open_nursery() as nursery:
+        with self._waits.held():
+            async with trio.open_nursery() as nursery:
 
-            async def hang_up() -> None:
-                await until_disconnect(receive)
+                async def hang_up() -> None:
+                    await until_disconnect(receive)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(hang_up)
+                try:
+                    answer["result"] = await self._finished(row, work_id, base_pos)
+                except HttpError as exc:  # raised out of here, not as an exception group
+                    answer["error"] = exc
                 nursery.cancel_scope.cancel()
-
-            nursery.start_soon(hang_up)
-            answer["result"] = await self._prompt(row, intent, key)
-            nursery.cancel_scope.cancel()
-        return answer.get("result")
+        if "error" in answer:
+            raise answer["error"]
+        if "result" not in answer:
+            return None
+        return {**answer["result"], "prompt_id": prompt_id_for(work_id)}
 
     def _openapi(self) -> dict[str, Any]:
         return openapi_document("cantrip serve --db", steering=False)
@@ -300,12 +309,6 @@ class DbHttpApp(ServerShell):
             return None
         with self._waits.held():
             return await self._finished(row, queued.work_id, queued.base_pos)
-
-    async def _prompt(self, row: SessionRow, intent: str, key: str | None) -> dict[str, Any]:
-        work_id, base_pos = await self._enqueue(row, intent, key)
-        with self._waits.held():
-            result = await self._finished(row, work_id, base_pos)
-        return {**result, "prompt_id": prompt_id_for(work_id)}
 
     async def _prompt_stream(
         self,
