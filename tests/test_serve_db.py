@@ -800,15 +800,6 @@ async def test_a_token_is_required_when_set(stack: Stack) -> None:
 # -- the published contract -----------------------------------------------------------------
 
 
-def _unsupported_here(response: Any) -> bool:
-    """A documented 501 of serve --db (``on_busy`` other than reject, messages): the
-    document lists these values for both servers; only the in-process one runs them.
-    (The generated requests of this branch's document reach ``on_busy=rollback``.)"""
-    if response.status_code != 501:
-        return False
-    return bool(response.json().get("error", {}).get("code") == "not_supported")
-
-
 def test_a_replica_answers_as_its_openapi_document_says(stack: Stack) -> None:
     """schemathesis against a replica: generated valid and invalid requests for every
     operation, then stateful sequences along the document's links (create a session,
@@ -840,20 +831,12 @@ def test_a_replica_answers_as_its_openapi_document_says(stack: Stack) -> None:
             @given(case=operation.as_strategy(generation_mode=mode))
             def run(case: schemathesis.Case) -> None:
                 nonlocal calls
-                response = case.call(timeout=60)
-                if not _unsupported_here(response):
-                    case.validate_response(response)
+                case.call_and_validate(timeout=60)
                 calls += 1
 
             run()
     assert calls >= 9 + 7
-
-    class Workflow(api.as_state_machine()):  # type: ignore[misc]
-        def validate_response(self, response: Any, case: Any, *args: Any, **kwargs: Any) -> None:
-            if not _unsupported_here(response):
-                super().validate_response(response, case, *args, **kwargs)
-
-    Workflow.run(
+    api.as_state_machine().run(
         settings=settings(
             max_examples=5,
             stateful_step_count=5,
