@@ -18,7 +18,8 @@ provider's error body and headers such as ``Retry-After``), :class:`Stall`
 after some events), :class:`Garbage` (comments, keep-alives, unknown fields
 and broken lines mixed into a stream), :class:`Malformed` (a body that is not
 JSON), :class:`StreamError` (an error event mid-stream), :class:`Corrupt` (a
-``data:`` event that is not JSON, mid-stream), :class:`CutBody` (a 200 whose
+``data:`` event that is not JSON, mid-stream), :class:`Blank` (events whose data is
+empty, which the SSE rules say are not dispatched), :class:`CutBody` (a 200 whose
 body or stream ends early but cleanly: half a JSON object, or a stream without
 its terminal event) and :class:`Raw`.
 """
@@ -107,6 +108,18 @@ class Corrupt:
 
 
 @attrs.frozen
+class Blank:
+    """The answer's stream with events whose data buffer is empty (``data:``, ``data: ``,
+    ``event: ping`` + ``data:``) before each event: by the SSE rules they are never
+    dispatched, so a reader sees the plain answer (issue 29)."""
+
+    answer: Answer
+
+
+BLANK_EVENTS = ("data:\n\n", "data: \n\n", "event: ping\ndata:\n\n", "id: 3\ndata:\r\n\r\n")
+
+
+@attrs.frozen
 class CutBody:
     """A 200 whose body ends early without a transport error: a whole answer's
     JSON cut at ``keep`` of its length, or (streaming) every event but the
@@ -140,7 +153,19 @@ class Raw:
     headers: Mapping[str, str] = attrs.field(factory=dict)
 
 
-Reply = Answer | Fault | Stall | Drop | Garbage | Malformed | StreamError | Raw | Corrupt | CutBody
+Reply = (
+    Answer
+    | Fault
+    | Stall
+    | Drop
+    | Garbage
+    | Malformed
+    | StreamError
+    | Raw
+    | Corrupt
+    | CutBody
+    | Blank
+)
 
 
 @attrs.define
@@ -241,6 +266,11 @@ class FakeProvider:
             await send.events(self.events(reply.answer, body, n)[: reply.after_events], drop=True)
         elif isinstance(reply, Garbage):
             await send.events(garble(self.events(reply.answer, body, n)))
+        elif isinstance(reply, Blank):
+            events = self.events(reply.answer, body, n)
+            await send.events(
+                [part for i, e in enumerate(events) for part in (BLANK_EVENTS[i % 4], e)]
+            )
         elif isinstance(reply, Corrupt):
             events = self.events(reply.answer, body, n)
             events[reply.at_event] = 'data: {"id": "x", "choices": [{"delta": {"content": "ov\n\n'

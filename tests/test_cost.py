@@ -106,7 +106,13 @@ async def test_a_budget_with_an_unknown_price_stops_rather_than_spend_blindly() 
     outcome = await s.cast_async("spend")
     assert outcome.reason == "max_cost_usd"
     assert len(s.llm.invocations) == 1  # type: ignore[attr-defined]
-    assert "price is unknown" in outcome.turns[-1].observation or outcome.turns[-1].truncated
+    # The one call's price cannot be known: its turn keeps its gate result, and the
+    # next call is refused, saying why, in a cut-off turn; no cost is claimed.
+    ran, cut = outcome.turns
+    assert [c.result for c in ran.gate_calls] == ["x"] and not ran.truncated
+    assert (cut.truncated, cut.reason, cut.gate_calls) == (True, "max_cost_usd", ())
+    assert "price is unknown" in cut.observation
+    assert outcome.cost_usd is None
 
 
 async def test_children_spend_the_parents_budget_and_the_whole_tree_stops() -> None:

@@ -197,8 +197,9 @@ async def test_cancel_reaches_the_worker_by_notify_and_is_recorded(
 
     async def body(worker: Worker) -> None:
         work, entity = await trio.to_thread.run_sync(lambda: dispatcher.submit(WORKLOAD, "slow"))
-        while entity not in worker._owned or worker._owned[entity].entity is None:
-            await trio.sleep(0.02)
+        with trio.fail_after(60):
+            while entity not in worker._owned or worker._owned[entity].entity is None:
+                await trio.sleep(0.02)
         await trio.sleep(0.3)
         await trio.to_thread.run_sync(lambda: dispatcher.cancel(entity))
         state, outcome = await trio.to_thread.run_sync(lambda: dispatcher.wait(work, timeout=10))
@@ -402,7 +403,9 @@ def test_a_worker_frozen_past_its_lease_cannot_append_after_it_wakes(
     dispatcher = Dispatcher(effects_db)
     work, entity_id = dispatcher.submit(WORKLOAD, "fenced")
     loom = Loom.open(effects_db)
+    deadline = time.monotonic() + 60
     while len(loom.entity_turns(entity_id)) < 2:
+        assert time.monotonic() < deadline, "the frozen worker's cast did not start"
         time.sleep(0.05)
     frozen.send_signal(signal.SIGSTOP)
     frozen_at = len(loom.entity_turns(entity_id))

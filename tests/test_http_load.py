@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -106,9 +107,10 @@ async def new_session(http: httpx.AsyncClient) -> str:
     return str((await http.post("/sessions")).json()["session_id"])
 
 
-async def wait_until(predicate: Any) -> None:
-    while not predicate():
-        await trio.sleep(0.005)
+async def wait_until(predicate: Any, within_s: float = 30.0) -> None:
+    with trio.fail_after(within_s):
+        while not predicate():
+            await trio.sleep(0.005)
 
 
 # -- idempotency -------------------------------------------------------------------------
@@ -214,27 +216,116 @@ async def test_session_creation_with_a_key_names_the_same_session_after_a_restar
     restarted.loom.close()
 
 
-# -- sticky cancel ------------------------------------------------------------------------
+# -- cancels target a prompt (issue 29) ---------------------------------------------------
 
 
-async def test_a_cancel_just_before_the_prompt_applies_to_it_and_is_recorded() -> None:
+async def test_a_cancel_with_nothing_running_cancels_nothing_and_says_so() -> None:
+    """The old sticky cancel cut off whichever prompt came next: a cancel that arrived
+    just after its prompt ended stopped an unrelated one. Now it says it found nothing."""
     llm = GatedLLM()
     llm.release.set()
     spell = gated_spell(llm)
     async with serving(spell) as http:
         sid = await new_session(http)
-        early = await http.post(f"/sessions/{sid}/cancel")
+        late = await http.post(f"/sessions/{sid}/cancel")
+        assert late.json() == {"cancelled": False, "target": "none"}
+        ok = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "runs"})
+    assert ok.json()["result"] == "runs" and ok.json()["reason"] == "done"
+    assert [(t.intent, t.reason) for t in spell.loom.turns] == [("runs", "done")]
+
+
+async def test_a_cancel_asked_for_the_next_prompt_applies_to_it_and_is_recorded() -> None:
+    llm = GatedLLM()
+    llm.release.set()
+    spell = gated_spell(llm)
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        early = await http.post(f"/sessions/{sid}/cancel", json={"next": True})
         assert early.json() == {"cancelled": False, "target": "next", "sticky_s": 5.0}
         cut = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "too late"})
         assert cut.json()["reason"] == "cancelled" and cut.json()["stop_reason"] == "cancelled"
         # taken once: the next prompt runs
         ok = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "go"})
         assert ok.json()["result"] == "go"
+        both = await http.post(
+            f"/sessions/{sid}/cancel", json={"next": True, "idempotency_key": "k"}
+        )
+        assert both.status_code == 400 and both.json()["error"]["code"] == "bad_request"
     assert llm.queries == 1  # the cancelled prompt never reached the LLM
     assert [(t.intent, t.reason) for t in spell.loom.turns] == [
         ("too late", "cancelled"),
         ("go", "done"),
     ]
+
+
+async def test_a_cancel_names_its_prompt_and_never_cuts_off_another() -> None:
+    """By Prompt-Id or Idempotency-Key: the named prompt while it runs; once it has
+    ended, nothing -- not the prompt running now."""
+    llm = GatedLLM()
+    spell = gated_spell(llm)
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        answers: dict[str, httpx.Response] = {}
+
+        async def prompt(name: str, key: str) -> None:
+            answers[name] = await http.post(
+                f"/sessions/{sid}/prompt", json={"prompt": name}, headers={"Idempotency-Key": key}
+            )
+
+        llm.release.set()
+        await prompt("first", "k1")
+        first_id = answers["first"].headers["prompt-id"]
+        assert answers["first"].json()["prompt_id"] == first_id
+        llm.release = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prompt, "second", "k2")
+            await wait_until(lambda: llm.waiting == 1)
+            by_key = await http.post(f"/sessions/{sid}/cancel", json={"idempotency_key": "k1"})
+            by_id = await http.post(f"/sessions/{sid}/cancel", json={"prompt_id": first_id})
+            unknown = await http.post(f"/sessions/{sid}/cancel", json={"prompt_id": "prompt-0"})
+            assert by_key.json() == {"cancelled": False, "target": "ended", "idempotency_key": "k1"}
+            assert by_id.json() == {"cancelled": False, "target": "none", "prompt_id": first_id}
+            assert unknown.json()["target"] == "none"
+            llm.release.set()
+        assert answers["second"].json()["result"] == "second"  # untouched
+
+        llm.release = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prompt, "third", "k3")
+            await wait_until(lambda: llm.waiting == 1)
+            hit = await http.post(f"/sessions/{sid}/cancel", json={"idempotency_key": "k3"})
+        assert hit.json()["target"] == "running" and hit.json()["intent"] == "third"
+        assert answers["third"].json()["reason"] == "cancelled"
+        assert answers["third"].json()["prompt_id"] == hit.json()["prompt_id"]
+    assert [(t.intent, t.reason) for t in spell.loom.turns] == [
+        ("first", "done"),
+        ("second", "done"),
+        ("third", "cancelled"),
+    ]
+
+
+async def test_a_cancel_that_overtakes_its_keyed_prompt_waits_for_that_key_only() -> None:
+    llm = GatedLLM()
+    llm.release.set()
+    spell = gated_spell(llm)
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        armed = await http.post(f"/sessions/{sid}/cancel", json={"idempotency_key": "late"})
+        assert armed.json() == {
+            "cancelled": False,
+            "target": "next",
+            "idempotency_key": "late",
+            "sticky_s": 5.0,
+        }
+        other = await http.post(
+            f"/sessions/{sid}/prompt", json={"prompt": "other"}, headers={"Idempotency-Key": "x"}
+        )
+        plain = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "plain"})
+        named = await http.post(
+            f"/sessions/{sid}/prompt", json={"prompt": "late"}, headers={"Idempotency-Key": "late"}
+        )
+    assert other.json()["reason"] == plain.json()["reason"] == "done"
+    assert named.json()["reason"] == "cancelled"
 
 
 async def test_a_cancel_while_the_prompt_body_arrives_cancels_that_prompt() -> None:
@@ -256,36 +347,141 @@ async def test_a_cancel_while_the_prompt_body_arrives_cancels_that_prompt() -> N
             answer = await http.post(
                 f"/sessions/{sid}/prompt",
                 content=body(),
-                headers={"content-type": "application/json"},
+                headers={"content-type": "application/json", "Idempotency-Key": "slow"},
             )
-            answers["prompt"] = answer.json()
+            answers["prompt"] = answer
 
         async with side, trio.open_nursery() as nursery:
             nursery.start_soon(prompt)
-            while True:  # until the server has the request and waits for its body
-                info = (await side.get(f"/sessions/{sid}")).json()
-                answer = (await side.post(f"/sessions/{sid}/cancel")).json()
-                if answer["target"] == "starting":
-                    break
-                await trio.sleep(0.005)
+            with trio.fail_after(60):
+                while True:  # until the server has the request and waits for its body
+                    info = (await side.get(f"/sessions/{sid}")).json()
+                    answer = (await side.post(f"/sessions/{sid}/cancel")).json()
+                    if answer["target"] == "starting":
+                        break
+                    assert answer == {"cancelled": False, "target": "none"}
+                    await trio.sleep(0.005)
             answers["cancel"] = answer
             cancelled.set()
     assert info["running"] is False
-    assert answers["cancel"] == {"cancelled": True, "target": "starting"}
-    assert answers["prompt"]["reason"] == "cancelled"
+    assert answers["cancel"] == {
+        "cancelled": True,
+        "target": "starting",
+        "prompt_id": answers["prompt"].headers["prompt-id"],
+        "intent": None,  # not read yet
+        "idempotency_key": "slow",
+    }
+    assert answers["prompt"].json()["reason"] == "cancelled"
     assert llm.queries == 0
 
 
-async def test_an_expired_sticky_cancel_is_dropped() -> None:
+async def test_a_cancel_of_the_next_prompt_expires_after_its_window() -> None:
+    """A real window (1.5 s): a prompt inside it is cut off, one after it runs -- for a
+    cancel of the next prompt and for one armed for an Idempotency-Key alike."""
     llm = GatedLLM()
     llm.release.set()
     spell = gated_spell(llm)
-    async with serving(spell, ServeOptions(sticky_cancel_s=0.0)) as http:
+    window = 1.5
+    async with serving(spell, ServeOptions(sticky_cancel_s=window)) as http:
         sid = await new_session(http)
-        await http.post(f"/sessions/{sid}/cancel")
-        await trio.sleep(0.01)  # past the (zero) window: trio's clock has moved on
-        ok = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "runs"})
-    assert ok.json()["result"] == "runs"
+        keyed = {"Idempotency-Key": "k"}
+        outcomes = []
+        for ask, headers in (({"next": True}, {}), ({"idempotency_key": "k"}, keyed)):
+            armed_at = trio.current_time()
+            armed = await http.post(f"/sessions/{sid}/cancel", json=ask)
+            assert armed.json()["target"] == "next" and armed.json()["sticky_s"] == window
+            inside = await http.post(
+                f"/sessions/{sid}/prompt", json={"prompt": "in"}, headers=headers
+            )
+            assert trio.current_time() - armed_at < window  # it did arrive in the window
+            again = await http.post(f"/sessions/{sid}/cancel", json=ask)
+            assert again.json()["target"] == ("next" if "next" in ask else "ended")
+            await trio.sleep(window + 0.3)
+            after = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "after"})
+            outcomes.append((inside.json()["reason"], after.json()["reason"]))
+    assert outcomes == [("cancelled", "done"), ("cancelled", "done")]
+
+
+class JitteryLLM:
+    """Answers ``done`` with the intent after 0-40 ms (seeded): prompts end at
+    uneven moments, as under real load."""
+
+    name = "jittery"
+
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+
+    async def query(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition] = (),
+        tool_choice: ToolChoice | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Response:
+        await trio.sleep(self.random.uniform(0, 0.04))
+        intent = next(m.text() for m in reversed(messages) if m.role == "user")
+        return Response(tool_calls=(cantrip.ToolCall("d", "done", {"answer": intent}),))
+
+
+async def test_stale_cancels_under_mixed_load_never_cut_off_an_untargeted_prompt() -> None:
+    """Sessions prompting back to back -- streams cancelled by their Prompt-Id, keyed
+    prompts by their key, plain prompts never -- with each cancel sent 0-60 ms after
+    its prompt and not waited for: many arrive after their prompt ended, while the
+    next one runs. A cancel cuts off only the prompt it names (issue 29: the sticky
+    cancel stopped 206 plain prompts this way)."""
+    pick = random.Random(29)
+    spell = cantrip.Cantrip(
+        llm=JitteryLLM(29),
+        identity=cantrip.Identity(system_prompt="load"),
+        circle=cantrip.Circle([done], [cantrip.max_turns(3)]),
+    )
+    ended: list[tuple[str, str]] = []  # (kind, reason)
+
+    async with serving(spell) as http:
+
+        async def cancel_later(sid: str, delay: float, body: dict[str, Any]) -> None:
+            await trio.sleep(delay)
+            answer = await http.post(f"/sessions/{sid}/cancel", json=body)
+            assert answer.status_code == 200
+
+        async def client(n: int, nursery: trio.Nursery) -> None:
+            sid = await new_session(http)
+            for i in range(24):
+                kind = pick.choice(["stream", "keyed", "plain", "plain"])
+                delay = pick.uniform(0, 0.06)
+                if kind == "stream":
+                    async with http.stream(
+                        "POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": f"s{i}"}
+                    ) as response:
+                        named = response.headers.get("prompt-id")  # (none before issue 29)
+                        body = {"prompt_id": named} if named else {}
+                        nursery.start_soon(cancel_later, sid, delay, body)
+                        lines = [line async for line in response.aiter_lines()]
+                    result = json.loads(lines[lines.index("event: result") + 1][6:])
+                elif kind == "keyed":
+                    key = f"c{n}-{i}"
+                    nursery.start_soon(cancel_later, sid, delay, {"idempotency_key": key})
+                    answer = await http.post(
+                        f"/sessions/{sid}/prompt",
+                        json={"prompt": f"k{i}"},
+                        headers={"Idempotency-Key": key},
+                    )
+                    result = answer.json()
+                else:
+                    answer = await http.post(f"/sessions/{sid}/prompt", json={"prompt": f"p{i}"})
+                    result = answer.json()
+                ended.append((kind, result["reason"]))
+
+        with trio.fail_after(240):
+            async with trio.open_nursery() as cancels, trio.open_nursery() as clients:
+                for n in range(8):
+                    clients.start_soon(client, n, cancels)
+
+    plain = [reason for kind, reason in ended if kind == "plain"]
+    targeted = [reason for kind, reason in ended if kind != "plain"]
+    assert len(ended) == 8 * 24 and plain
+    assert set(plain) == {"done"}, f"{plain.count('cancelled')} plain prompts were cut off"
+    assert "cancelled" in targeted  # the cancels did land on the prompts they named
 
 
 # -- load --------------------------------------------------------------------------------
@@ -436,6 +632,39 @@ async def test_a_streamed_prompt_whose_client_hangs_up(cancel_on_disconnect: boo
             assert spell.loom.turns[0].reason == "done"
         info = (await http.get(f"/sessions/{sid}")).json()
     assert info["turns"] == 1
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_plain_prompt_whose_client_hangs_up_lets_its_connection_go_at_once() -> None:
+    """hypercorn closes a connection when its request's task ends: a request that held
+    its cast kept the socket for as long as the cast ran. The cast now runs in the
+    server's nursery; the request ends at the hang-up, the cast runs on, recorded."""
+    llm = GatedLLM()
+    spell = gated_spell(llm)
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        before = _open_fds()
+        async with httpx.AsyncClient(base_url=str(http.base_url), timeout=20) as client:
+            with trio.move_on_after(60):  # (the hang-up below comes first)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(
+                        functools.partial(
+                            client.post, f"/sessions/{sid}/prompt", json={"prompt": "bye"}
+                        )
+                    )
+                    await llm.asked.wait()
+                    nursery.cancel_scope.cancel()  # hang up while the cast runs
+        with trio.fail_after(20):
+            while _open_fds() > before:  # the server's end of the socket is closed...
+                await trio.sleep(0.01)
+        assert llm.waiting == 1  # ...while the cast still runs
+        llm.release.set()
+        await wait_until(lambda: spell.loom.turns)
+        info = (await http.get(f"/sessions/{sid}")).json()
+    assert spell.loom.turns[0].reason == "done" and info["turns"] == 1
 
 
 # -- the entity underneath ---------------------------------------------------------------

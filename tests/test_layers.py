@@ -170,3 +170,32 @@ def test_every_module_imports_alone_in_a_fresh_interpreter() -> None:
             if process.returncode != 0:
                 failures.append(f"{name}: {err.strip().splitlines()[-1] if err.strip() else '?'}")
     assert not failures, "modules that do not import alone:\n" + "\n".join(failures)
+
+
+LOGGER_LEVELS = """
+import importlib, logging, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+touched = sorted(
+    name for name, logger in logging.Logger.manager.loggerDict.items()
+    if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET
+    and not name.startswith("cantrip")  # our own loggers are ours to set
+)
+print(" ".join(touched))
+"""
+
+
+def test_importing_the_library_sets_no_level_on_another_librarys_logger() -> None:
+    """Logging belongs to the process's owner: an import that silenced psycopg's pool
+    (as importing the worker did) hid its warnings from every application that embeds
+    cantrip. The commands set what they want for their own stderr (issue 29)."""
+    names = [n for n in module_files() if n.startswith("cantrip") and "__main__" not in n]
+    done = subprocess.run(
+        [sys.executable, "-c", LOGGER_LEVELS, *names],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert done.stdout.split() == []

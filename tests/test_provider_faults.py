@@ -8,6 +8,7 @@ mid-stream, malformed JSON, garbage SSE lines, error events mid-stream (seed
 from __future__ import annotations
 
 import email.utils
+import logging
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 import trio
 from fake_providers import (
     Answer,
+    Blank,
     Call,
     Drop,
     Fault,
@@ -216,6 +218,36 @@ async def test_garbage_sse_lines_are_skipped(provider: str) -> None:
     async with running(provider, [Garbage(answer)]) as (_, llm):
         noisy = await llm.stream(HELLO, on_event=lambda e: None)
     assert noisy == clean
+
+
+@pytest.mark.parametrize("provider", ("openai", "anthropic", "gemini", "openrouter"))
+async def test_an_event_with_empty_data_is_not_dispatched(provider: str) -> None:
+    """``data:`` with nothing after it leaves the event's data buffer empty: by the SSE
+    standard the event is not dispatched, so it is skipped like a comment -- not
+    treated as a corrupt payload that costs a whole retried request (issue 29)."""
+    answer = Answer(text="Blank events are not events.", calls=(Call("echo", {"text": "x"}),))
+    async with running(provider, [answer]) as (_, llm):
+        clean = await llm.stream(HELLO, on_event=lambda e: None)
+    async with running(provider, [Blank(answer), answer]) as (fake, llm):
+        blanked = await llm.stream(HELLO, on_event=lambda e: None)
+    assert blanked == clean
+    assert len(fake.requests) == 1  # no retry: nothing was corrupt
+
+
+async def test_an_event_with_empty_data_is_not_a_skipped_payload_in_the_responses_adapter(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from fake_reasoning import running_reasoning
+
+    caplog.set_level(logging.WARNING)
+    answer = Answer(text="Blank events are not events.", calls=(Call("echo", {"text": "x"}),))
+    async with running_reasoning("openai_responses", [answer]) as (_, llm):
+        clean = await llm.stream(HELLO, on_event=lambda e: None)
+    async with running_reasoning("openai_responses", [Blank(answer), answer]) as (fake, llm):
+        blanked = await llm.stream(HELLO, on_event=lambda e: None)
+    assert (blanked.content, blanked.tool_calls) == (clean.content, clean.tool_calls)
+    assert len(fake.requests) == 1
+    assert "not JSON" not in caplog.text  # never seen as a payload at all
 
 
 async def test_a_server_that_answers_whole_when_asked_to_stream_still_streams_events() -> None:

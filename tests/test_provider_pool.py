@@ -49,9 +49,10 @@ class Gated(FakeOpenAI):
         await super().respond(request, send)
 
     async def until_waiting(self, count: int) -> None:
-        async with self.arrived:
-            while self.waiting < count:
-                await self.arrived.wait()
+        with trio.fail_after(30):
+            async with self.arrived:
+                while self.waiting < count:
+                    await self.arrived.wait()
 
 
 async def test_sequential_requests_reuse_one_connection() -> None:

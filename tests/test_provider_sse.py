@@ -62,6 +62,12 @@ def test_the_event_name_does_not_leak_into_the_next_event() -> None:
     assert [e.event for e in events("event: error\ndata: x\n\ndata: y\n\n")] == ["error", "message"]
 
 
+def test_an_event_with_empty_data_is_not_dispatched() -> None:
+    stream = "data:\n\ndata: \n\nevent: ping\ndata:\n\ndata: x\n\ndata:\ndata:\n\n"
+    # the ping's name goes with it; two empty lines are one newline of data (a payload)
+    assert events(stream) == [SSEEvent(data="x"), SSEEvent(data="\n")]
+
+
 TEXT = st.text(
     alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\ufeff"),
     max_size=40,
@@ -75,7 +81,8 @@ def test_any_payload_round_trips(payloads: list[str]) -> None:
     )
     lines = text.split("\n")
     decoded = list(iter_sse(lines))
-    assert [e.data for e in decoded] == payloads
+    # an empty payload is an empty data buffer: the standard does not dispatch it
+    assert [e.data for e in decoded] == [p for p in payloads if p]
 
 
 ENDS = st.sampled_from(["\n", "\r\n", "\r"])

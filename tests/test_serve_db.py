@@ -251,7 +251,8 @@ async def test_a_streamed_prompt_sends_each_turn_as_it_lands_then_the_result(
             elif line.startswith("data: ") and name is not None:
                 events.append((name, json.loads(line[6:])))
     names = [n for n, _ in events]
-    assert names == ["step_complete"] * TURNS + ["final_response", "result"]
+    assert names == ["prompt"] + ["step_complete"] * TURNS + ["final_response", "result"]
+    assert events[0][1]["prompt_id"] == response.headers["prompt-id"] == events[-1][1]["prompt_id"]
     assert [e["sequence"] for n, e in events if n == "step_complete"] == [1, 2, 3]
     assert events[-2][1]["result"] == "streamed ok #1"
     assert events[-1][1]["result"] == "streamed ok #1" and events[-1][1]["session_id"] == sid
@@ -303,6 +304,8 @@ async def test_a_streamed_prompt_whose_client_hangs_up_is_cancelled_when_asked(
             json={"prompt": "hang up"},
         ) as response:
             async for name, _ in _sse_events(response):
+                if name == "prompt":
+                    continue
                 assert name == "step_complete"
                 break  # one turn landed: hang up
         with trio.fail_after(20):
@@ -312,6 +315,73 @@ async def test_a_streamed_prompt_whose_client_hangs_up_is_cancelled_when_asked(
                 await trio.sleep(0.05)
         thread = (await on_a.get(f"/sessions/{sid}/thread")).json()["turns"]
     assert thread[-1]["reason"] == "cancelled" and len(thread) < TURNS
+
+
+def _client_connections(stack: Stack, base: str) -> int:
+    """Open TCP connections the replica at ``base`` holds on its HTTP port (its
+    PostgreSQL pool's connections, which come and go, are not counted)."""
+    port = base.rsplit(":", 1)[1]
+    (proc,) = [p for p in stack.procs if "serve" in p.args and port in p.args]  # type: ignore[operator]
+    inodes = set()
+    for fd in os.listdir(f"/proc/{proc.pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{proc.pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    held = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                local_port, state, inode = (
+                    int(fields[1].rsplit(":", 1)[1], 16),
+                    fields[3],
+                    fields[9],
+                )
+                if local_port == int(port) and state != "0A" and inode in inodes:  # 0A: LISTEN
+                    held += 1
+    return held
+
+
+async def test_a_replica_lets_go_of_clients_that_hang_up_while_their_work_goes_on(
+    stack: Stack,
+) -> None:
+    """A stream whose client hangs up ends at the replica at once (its socket closed)
+    instead of tailing the loom until the work ends; the work goes on (issue 29)."""
+    a = stack.replicas[0]
+    (worker,) = [w for w in stack.workers if w.poll() is None]
+    async with await _client(a) as on_a:
+        sids = [(await on_a.post("/sessions")).json()["session_id"] for _ in range(20)]
+        assert _client_connections(stack, a) >= 1  # this client's (the count sees them)
+
+    async def abandon(sid: str) -> None:
+        async with (
+            httpx.AsyncClient(base_url=a, timeout=60) as client,
+            client.stream("POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": "x"}) as r,
+        ):
+            async for line in r.aiter_lines():
+                if line == "event: prompt":
+                    return  # queued, handed its id: hang up
+
+    worker.send_signal(signal.SIGSTOP)  # the work stays queued meanwhile
+    try:
+        async with trio.open_nursery() as nursery:
+            for sid in sids:
+                nursery.start_soon(abandon, sid)
+        with trio.move_on_after(20):
+            while _client_connections(stack, a):
+                await trio.sleep(0.05)
+        assert _client_connections(stack, a) == 0  # every hung-up socket was closed
+        entities = [sid.replace("session-", "entity-") for sid in sids]
+        states = stack.rows("SELECT state FROM cantrip_work WHERE entity_id = ANY(%s)", entities)
+        assert sorted(states) == [("queued",)] * 20  # nothing was cancelled
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    with trio.fail_after(120):
+        while stack.rows(
+            "SELECT 1 FROM cantrip_work WHERE entity_id = ANY(%s) AND state <> 'done'", entities
+        ):
+            await trio.sleep(0.1)
 
 
 # -- workers and replicas that go away ------------------------------------------------------
@@ -332,8 +402,9 @@ async def test_a_prompt_whose_worker_is_killed_mid_cast_is_answered_by_the_next_
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(prompt)
-            while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
-                await trio.sleep(0.05)
+            with trio.fail_after(60):
+                while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
+                    await trio.sleep(0.05)
             (victim,) = [w for w in stack.workers if w.poll() is None]
             victim.kill()  # SIGKILL mid-cast: its lease simply stops being renewed
             victim.wait()
@@ -366,8 +437,9 @@ async def test_a_replica_killed_while_waiting_loses_nothing_a_retry_elsewhere_jo
 
             nursery.start_soon(lost_request)
             entity = sid.replace("session-", "entity-")
-            while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
-                await trio.sleep(0.02)
+            with trio.fail_after(60):
+                while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                    await trio.sleep(0.02)
             (proc,) = [p for p in stack.procs if doomed.endswith(str(_port_of(p)))]
             proc.kill()
             proc.wait()
@@ -403,8 +475,9 @@ async def test_a_replica_shutting_down_answers_its_waits_503_and_the_cast_goes_o
                     assert response.headers["retry-after"] == "1"
 
                 nursery.start_soon(waiting)
-                while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
-                    await trio.sleep(0.02)
+                with trio.fail_after(60):
+                    while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                        await trio.sleep(0.02)
                 proc.send_signal(signal.SIGTERM)  # --grace-s 1
         finally:
             worker.send_signal(signal.SIGCONT)
@@ -465,17 +538,21 @@ async def test_cancel_through_one_replica_stops_the_worker_running_the_prompt(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(prompt)
-            while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
-                await trio.sleep(0.05)
+            with trio.fail_after(60):
+                while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
+                    await trio.sleep(0.05)
             busy = await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "me too"})
             assert busy.status_code == 409 and busy.json()["error"]["code"] == "busy"
             cancelled = (await on_b.post(f"/sessions/{sid}/cancel")).json()
+        work_id = stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)[0][0]
         assert cancelled == {
             "cancelled": True,
             "target": "running",
+            "prompt_id": f"work-{work_id}",
             "intent": "stop me",
             "idempotency_key": "cancel-me",
         }
+        assert answer["prompt_id"] == f"work-{work_id}"
         assert answer["stop_reason"] == "cancelled" and answer["reason"] == "cancelled"
         assert answer["truncated"] is True and answer["result"] is None
         thread = (await on_b.get(f"/sessions/{sid}/thread")).json()["turns"]
@@ -501,14 +578,16 @@ async def test_a_cancelled_queued_prompt_never_starts(stack: Stack) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(prompt)
-                while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
-                    await trio.sleep(0.02)
+                with trio.fail_after(60):
+                    while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                        await trio.sleep(0.02)
                 cancelled = (await on_b.post(f"/sessions/{sid}/cancel")).json()
         finally:
             worker.send_signal(signal.SIGCONT)
         assert cancelled == {
             "cancelled": True,
             "target": "queued",
+            "prompt_id": answer["prompt_id"],
             "intent": "never",
             "idempotency_key": None,
         }
@@ -520,11 +599,15 @@ async def test_a_cancelled_queued_prompt_never_starts(stack: Stack) -> None:
     ]
 
 
-async def test_a_cancel_with_nothing_running_is_sticky_for_the_next_prompt(stack: Stack) -> None:
+async def test_a_cancel_with_nothing_running_cancels_nothing_unless_asked_for_the_next(
+    stack: Stack,
+) -> None:
     a, b = stack.replicas
     async with await _client(a) as on_a, await _client(b) as on_b:
         sid = (await on_a.post("/sessions")).json()["session_id"]
-        armed = (await on_a.post(f"/sessions/{sid}/cancel")).json()
+        late = (await on_a.post(f"/sessions/{sid}/cancel")).json()
+        assert late == {"cancelled": False, "target": "none"}
+        armed = (await on_a.post(f"/sessions/{sid}/cancel", json={"next": True})).json()
         assert armed == {"cancelled": False, "target": "next", "sticky_s": 5.0}
         cut = (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "too late"})).json()
         assert cut["stop_reason"] == "cancelled" and cut["turns"] == 0
@@ -532,6 +615,49 @@ async def test_a_cancel_with_nothing_running_is_sticky_for_the_next_prompt(stack
         # used up: the next prompt runs
         ran = (await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "now"})).json()
         assert ran["result"] == "now ok #1"
+
+
+async def test_a_cancel_names_its_prompt_at_any_replica(stack: Stack) -> None:
+    """By the Prompt-Id a stream hands out at once, or by Idempotency-Key: only that
+    prompt; one that ended is not cancelled again, and cuts off nothing else; a key
+    no prompt had yet waits for the prompt that comes with it."""
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        async with on_a.stream(
+            "POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": "first"}
+        ) as response:
+            prompt_id = response.headers["prompt-id"]
+            lines = [line async for line in response.aiter_lines()]
+        assert lines[0] == "event: prompt" and prompt_id in lines[1]
+        ended = (await on_b.post(f"/sessions/{sid}/cancel", json={"prompt_id": prompt_id})).json()
+        assert ended["target"] == "ended" and ended["cancelled"] is False
+        assert (await on_b.post(f"/sessions/{sid}/cancel", json={"prompt_id": "work-x"})).json()[
+            "target"
+        ] == "none"
+        armed = (
+            await on_b.post(f"/sessions/{sid}/cancel", json={"idempotency_key": "soon"})
+        ).json()
+        assert armed == {
+            "cancelled": False,
+            "target": "next",
+            "idempotency_key": "soon",
+            "sticky_s": 5.0,
+        }
+        other = (await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "other"})).json()
+        assert other["reason"] == "done"
+        soon = (
+            await on_a.post(
+                f"/sessions/{sid}/prompt",
+                json={"prompt": "soon"},
+                headers={"Idempotency-Key": "soon"},
+            )
+        ).json()
+        assert soon["stop_reason"] == "cancelled" and soon["turns"] == 0
+        again = (
+            await on_b.post(f"/sessions/{sid}/cancel", json={"idempotency_key": "soon"})
+        ).json()
+        assert again["target"] == "ended" and again["prompt_id"] == soon["prompt_id"]
 
 
 # -- idempotency keys across replicas -------------------------------------------------------

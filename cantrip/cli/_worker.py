@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 import signal
 import sys
 from collections.abc import Callable
@@ -31,9 +32,18 @@ def _fail(message: str) -> int:
     return EXIT_ERROR
 
 
+def _quiet_pool_log() -> None:
+    """The commands' own choice for their stderr: psycopg's pool logs each connection
+    it discards or fails to open as a warning; the commands keep its errors only.
+    Set here, by the process's owner -- importing the library changes no logger, so
+    an application that embeds a :class:`~cantrip.Worker` keeps the pool's warnings."""
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+
+
 def run_worker(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; casts in flight are left to the next worker (their
     leases expire) -- the loom and the gate journal hold everything they did."""
+    _quiet_pool_log()
     from cantrip.distributed._worker import Worker
 
     if args.dead_letters:
@@ -79,6 +89,7 @@ def _list_dead_letters(url: str) -> int:
 
 def cast_on_db(args: argparse.Namespace) -> int:
     """Enqueue the spec's cast, wait for a worker to finish it, print like ``cast``."""
+    _quiet_pool_log()
     from cantrip.distributed._worker import Dispatcher, spell_from_spec
     from cantrip.mcp._spec import check_queued_spell
 
@@ -139,6 +150,7 @@ def _standing_decision(args: argparse.Namespace) -> Any:
 def answer_on_db(args: argparse.Namespace) -> int:
     """``cantrip answer --db URL ENTITY PAUSE``: answer a paused cast from anywhere, wait
     for a worker to carry the answer out, print the cast's result like ``cast --db``."""
+    _quiet_pool_log()
     from cantrip._approval import Decision, PauseError
     from cantrip.distributed._worker import Dispatcher
 
@@ -216,6 +228,7 @@ def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
     The spec is built once here to check it and describe it on ``/health``. A circle
     that pauses for a human is served like in-process: the pause waits in the
     database, answered through ``/sessions/{id}/pending/{pause_id}``."""
+    _quiet_pool_log()
     from cantrip.cli._serve import serve_until_signal
     from cantrip.distributed._worker import build_spell, spell_from_spec
     from cantrip.loom._loom import Loom

@@ -22,7 +22,6 @@ import contextlib
 import functools
 import importlib
 import json
-import logging
 import math
 import os
 import socket
@@ -752,6 +751,3 @@ class Dispatcher:
 
     def close(self) -> None:
         self.store.close()
-
-
-logging.getLogger("psycopg.pool").setLevel(logging.ERROR)

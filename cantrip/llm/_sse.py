@@ -3,7 +3,9 @@
 A tolerant decoder after the WHATWG event-stream rules: ``field: value``
 lines, a blank line dispatches, ``:`` starts a comment (keep-alives such as
 OpenRouter's ``: OPENROUTER PROCESSING``), several ``data`` lines join with
-newlines, unknown fields and lines that are not fields at all are ignored.
+newlines, unknown fields and lines that are not fields at all are ignored, and
+so is an event whose data is empty (``data:`` alone, ``event: ping`` + ``data:``):
+the standard never dispatches it.
 A final event not followed by a blank line is still delivered (several
 servers end with ``data: [DONE]`` and close).
 
@@ -74,8 +76,13 @@ class SSEDecoder:
         return self._dispatch()
 
     def _dispatch(self) -> SSEEvent | None:
-        if not self._data:
+        if not self._data or self._data == [""]:
+            # An empty data buffer (no ``data`` line, or only ``data:`` with nothing
+            # after it) is not dispatched, and its event type is dropped with it
+            # (WHATWG "dispatch the event", step 2): not an event, so no adapter can
+            # take it for a corrupt payload and retry the request (issue 29).
             self._event = ""
+            self._data = []
             return None
         event = SSEEvent(
             event=self._event or "message",

@@ -98,6 +98,35 @@ class CreateSession(_In):
     """``POST /sessions`` takes no options: an empty body or ``{}``."""
 
 
+class CancelRequest(_In):
+    """What a cancel targets (an empty body: the running prompt, if any). Name a prompt
+    by ``prompt_id`` (the ``Prompt-Id`` its answer and first stream event carry) or by
+    its ``idempotency_key``; or ask with ``next`` for the next prompt to start within a
+    few seconds to be cut off. A name and ``next`` together are refused."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "not": {
+                "required": ["next"],
+                "properties": {"next": {"const": True}},
+                "anyOf": [{"required": ["prompt_id"]}, {"required": ["idempotency_key"]}],
+            }
+        },
+    )
+
+    # No pattern: a name that no prompt has (or can have) simply matches none.
+    prompt_id: str | SkipJsonSchema[None] = Field(default=None, min_length=1, max_length=100)
+    idempotency_key: str | SkipJsonSchema[None] = Field(default=None, min_length=1, max_length=255)
+    next: bool = False
+
+    @pydantic.model_validator(mode="after")
+    def _one_target(self) -> CancelRequest:
+        if self.next and (self.prompt_id is not None or self.idempotency_key is not None):
+            raise ValueError("name a prompt or ask for the next one, not both")
+        return self
+
+
 class AnswerRequest(_In):
     """The human's answer to a pause: approve, deny (with a reason), edit (with the
     arguments to run the gate with), or answer (the text of a reply to ``ask_user``)."""
@@ -220,6 +249,8 @@ class PromptResult(_Out):
     summary: str | None
     stop_reason: Literal["end_turn", "max_tokens", "max_turn_requests", "cancelled", "refusal"]
     session_id: str
+    prompt_id: str | SkipJsonSchema[None] = None
+    """The id the server gave this prompt (also its ``Prompt-Id`` header)."""
     pending: list[PauseInfo] | SkipJsonSchema[None] = None
     """A cast that met a call needing a human ends ``paused``: answer each with
     ``POST /sessions/{id}/pending/{pause_id}``."""
@@ -252,10 +283,15 @@ ON_BUSY = ("reject", "enqueue", "interrupt", "rollback")
 
 class Cancelled(_Out):
     cancelled: bool
-    target: Literal["running", "starting", "queued", "next"] | None = None
+    """Whether a prompt was cut off (or, ``starting``, will be as it starts)."""
+    target: Literal["running", "starting", "queued", "next", "ended", "none"]
     """What the cancel applied to: the running prompt, one whose request is arriving,
-    one queued for a worker (``serve --db``), or (sticky) the next prompt to start
-    within a few seconds."""
+    one queued for a worker (``serve --db``); ``next``: armed for the next prompt to
+    start within ``sticky_s`` (asked for with ``next``, or the prompt that comes with
+    the Idempotency-Key named); ``ended``: the prompt named has ended; ``none``:
+    nothing was running and nothing named runs -- nothing was cancelled."""
+    prompt_id: str | None = None
+    """The prompt cancelled (or named)."""
     intent: str | None = None
     """The prompt that was cancelled (``target: running`` or ``queued``)."""
     idempotency_key: str | None = None
@@ -333,6 +369,7 @@ def openapi_document(title: str = "cantrip serve", *, steering: bool = True) -> 
         ThreadBody,
         PromptResult,
         Cancelled,
+        CancelRequest,
         AnswerRequest,
         PendingBody,
         Answered,
@@ -344,7 +381,7 @@ def openapi_document(title: str = "cantrip serve", *, steering: bool = True) -> 
             (
                 m,
                 "validation"
-                if m in (PromptRequest, CreateSession, AnswerRequest, SteerRequest)
+                if m in (PromptRequest, CreateSession, AnswerRequest, SteerRequest, CancelRequest)
                 else "serialization",
             )
             for m in models
@@ -357,8 +394,9 @@ def openapi_document(title: str = "cantrip serve", *, steering: bool = True) -> 
     sse = {
         "text/event-stream": {
             "schema": {
-                "description": "One server-sent event: `event` names it (step_start, "
-                "text_delta, tool_call, ..., then result or error); `data` is its JSON",
+                "description": "One server-sent event: `event` names it (prompt, with the "
+                "prompt_id, first; step_start, text_delta, tool_call, ..., then result or "
+                "error); `data` is its JSON",
                 "type": "object",
                 "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
             }
@@ -368,6 +406,13 @@ def openapi_document(title: str = "cantrip serve", *, steering: bool = True) -> 
         {"200": ("PromptResult", "The cast's outcome")}, "404", "405", "409", "422", "500"
     )
     prompt_ok["200"]["content"].update(sse)
+    prompt_ok["200"]["headers"] = {
+        "Prompt-Id": {
+            "description": "The prompt's id, for a cancel that names it; a stream also "
+            "sends it at once, as its first event (prompt)",
+            "schema": {"type": "string"},
+        }
+    }
     paths: dict[str, Any] = {
         "/health": {
             "get": {
@@ -476,9 +521,16 @@ def openapi_document(title: str = "cantrip serve", *, steering: bool = True) -> 
         "/sessions/{session_id}/cancel": {
             "post": {
                 "operationId": "cancel",
-                "summary": "Cancel the running prompt (recorded as cancelled)",
+                "summary": "Cancel a prompt (recorded as cancelled): the running one, or the "
+                "one named by its Prompt-Id or Idempotency-Key; with next, the next to start",
                 "parameters": session,
-                "responses": _responses({"200": ("Cancelled", "Whether one ran")}, *found),
+                "requestBody": {"required": False, "content": _json_content("CancelRequest")},
+                "responses": _responses(
+                    {"200": ("Cancelled", "What was cancelled (or armed, or nothing)")},
+                    "404",
+                    "405",
+                    "503",
+                ),
             }
         },
         "/sessions/{session_id}/pending": {

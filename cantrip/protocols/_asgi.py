@@ -69,7 +69,7 @@ async def error_response(send: Send, exc: HttpError) -> None:
     await json_response(send, exc.status, body, exc.headers)
 
 
-async def start_sse(send: Send) -> None:
+async def start_sse(send: Send, headers: Mapping[str, str] | None = None) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -78,6 +78,7 @@ async def start_sse(send: Send) -> None:
                 (b"content-type", b"text/event-stream"),
                 (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no"),
+                *((k.encode(), v.encode()) for k, v in (headers or {}).items()),
             ],
         }
     )

@@ -46,27 +46,34 @@ from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
 from cantrip.distributed._queue import DEAD, PAUSED
 from cantrip.loom._postgres import PostgresStore
-from cantrip.protocols._api import openapi_document
+from cantrip.protocols._api import CancelRequest, openapi_document
 from cantrip.protocols._asgi import (
     HEARTBEAT_S,
     HttpError,
     Receive,
+    Scope,
     Send,
     end_body,
     sse,
     sse_comment,
     sse_error,
-    start_sse,
 )
 from cantrip.protocols._db_notify import Notifier
-from cantrip.protocols._db_sessions import ENDED, DbSessions, Queued, SessionRow, failure_message
+from cantrip.protocols._db_sessions import (
+    ENDED,
+    DbSessions,
+    Queued,
+    SessionRow,
+    failure_message,
+    prompt_id_for,
+)
 from cantrip.protocols._guard import Guard
 from cantrip.protocols._lifecycle import Drain, ServeOptions, Tally
 from cantrip.protocols._request import (
     until_disconnect,
 )
 from cantrip.protocols._sessions import SessionError, event_dict
-from cantrip.protocols._shell import ServerShell, serve_asgi
+from cantrip.protocols._shell import ServerShell, serve_asgi, start_prompt_stream
 
 log = get_logger("cantrip.http")
 
@@ -165,10 +172,36 @@ class DbHttpApp(ServerShell):
         return row.info()
 
     async def _prompt_result(
-        self, row: SessionRow, intent: str, key: str | None, on_busy: str
-    ) -> dict[str, Any]:
+        self,
+        row: SessionRow,
+        intent: str,
+        key: str | None,
+        on_busy: str,
+        scope: Scope,
+        receive: Receive,
+    ) -> dict[str, Any] | None:
+        """The worker's result; None if the client hung up first (the work goes on)."""
         _only_reject(on_busy)
-        return await self._prompt(row, intent, key)
+        work_id, base_pos = await self._enqueue(row, intent, key)  # busy etc. answer here
+        answer: dict[str, Any] = {}
+        with self._waits.held():
+            async with trio.open_nursery() as nursery:
+
+                async def hang_up() -> None:
+                    await until_disconnect(receive)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(hang_up)
+                try:
+                    answer["result"] = await self._finished(row, work_id, base_pos)
+                except HttpError as exc:  # raised out of here, not as an exception group
+                    answer["error"] = exc
+                nursery.cancel_scope.cancel()
+        if "error" in answer:
+            raise answer["error"]
+        if "result" not in answer:
+            return None
+        return {**answer["result"], "prompt_id": prompt_id_for(work_id)}
 
     def _openapi(self) -> dict[str, Any]:
         return openapi_document("cantrip serve --db", steering=False)
@@ -185,8 +218,14 @@ class DbHttpApp(ServerShell):
         pending: list[dict[str, Any]] = await self._db(self.sessions.pending, row.entity_id)
         return pending
 
-    async def _cancel(self, row: SessionRow) -> dict[str, Any]:
-        cancelled: dict[str, Any] = await self._db(self.sessions.cancel, row.entity_id)
+    async def _cancel(self, row: SessionRow, target: CancelRequest) -> dict[str, Any]:
+        cancelled: dict[str, Any] = await self._db(
+            self.sessions.cancel,
+            row.entity_id,
+            target.prompt_id,
+            target.idempotency_key,
+            target.next,
+        )
         return cancelled
 
     async def _turns(self, row: SessionRow) -> list[dict[str, Any]]:
@@ -288,16 +327,12 @@ class DbHttpApp(ServerShell):
         with self._waits.held():
             return await self._finished(row, queued.work_id, queued.base_pos)
 
-    async def _prompt(self, row: SessionRow, intent: str, key: str | None) -> dict[str, Any]:
-        work_id, base_pos = await self._enqueue(row, intent, key)
-        with self._waits.held():
-            return await self._finished(row, work_id, base_pos)
-
     async def _prompt_stream(
         self,
         row: SessionRow,
         intent: str,
         key: str | None,
+        scope: Scope,
         receive: Receive,
         send: Send,
         cancel_on_disconnect: bool,
@@ -305,28 +340,38 @@ class DbHttpApp(ServerShell):
     ) -> None:
         _only_reject(on_busy)
         work_id, base_pos = await self._enqueue(row, intent, key)
+        prompt_id = prompt_id_for(work_id)
         with self._waits.held():
-            await start_sse(send)
+            await start_prompt_stream(send, prompt_id, row.session_id, key)
 
-            async def watch() -> None:
-                await until_disconnect(receive)
-                log.info("session %s: the client hung up; cancelling its prompt", row.session_id)
-                await self._db(self.sessions.cancel, row.entity_id)
-
+            gone = False
             ended: tuple[str, dict[str, Any] | None] | None = None
             async with trio.open_nursery() as nursery:
-                if cancel_on_disconnect:
-                    nursery.start_soon(watch)
+
+                async def watch() -> None:
+                    nonlocal gone
+                    await until_disconnect(receive)
+                    gone = True
+                    if cancel_on_disconnect:
+                        log.info("session %s: the client hung up; cancelling its prompt",
+                                 row.session_id)  # fmt: skip
+                        with trio.CancelScope(shield=True):
+                            await self._db(self.sessions.cancel, row.entity_id, prompt_id)
+                    nursery.cancel_scope.cancel()  # stop tailing: the socket goes now
+
+                nursery.start_soon(watch)
                 with self.drain.stream():
                     ended = await self._tail(row, work_id, base_pos, send)
                 nursery.cancel_scope.cancel()
+            if gone:
+                return  # the work goes on at its worker; nobody to tell
             try:
                 if ended is None:
                     raise self._unavailable(
                         "shutting_down",
                         "this replica is shutting down; the cast goes on at its worker",
                     )
-                final = await self._result(row, ended, base_pos)
+                final = {**await self._result(row, ended, base_pos), "prompt_id": prompt_id}
             except HttpError as exc:
                 await sse_error(send, exc)
             else:

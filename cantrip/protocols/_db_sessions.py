@@ -5,8 +5,11 @@ work on the queue (:mod:`cantrip.distributed._queue`) that a ``cantrip worker`` 
 what the session did is read from the PostgreSQL loom by query. Two small
 tables of our own, created beside the queue's:
 
-* ``cantrip_sessions`` -- session id -> entity id, and a *sticky* cancel
-  (``cancel_until``) that applies to the next prompt enqueued before it;
+* ``cantrip_sessions`` -- session id -> entity id, and a cancel of the next prompt
+  (``cancel_until``, asked for with ``next``) that applies to the next prompt
+  enqueued before it;
+* ``cantrip_cancels`` -- cancels that named an Idempotency-Key no prompt had yet:
+  the prompt enqueued with that key before ``until`` is cancelled at once;
 * ``cantrip_prompts`` -- one row per prompt a replica enqueued: its work id,
   its ``Idempotency-Key`` (unique per entity), its intent, and ``base_pos``,
   the loom position of the entity's last turn before the prompt -- the cast's
@@ -41,7 +44,12 @@ from cantrip.loom._codec import decode_record
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols._idempotency import session_entity_id
-from cantrip.protocols._sessions import SessionError, entity_id_for, session_id_for
+from cantrip.protocols._sessions import (
+    MAX_ARMED_KEYS,
+    SessionError,
+    entity_id_for,
+    session_id_for,
+)
 
 _SCHEMA_LOCK = 0x73657276  # "serv": schema creation, once per database
 _ENTITY_LOCK = ENTITY_LOCK  # "prom": the advisory-lock class of one entity's prompts (and answers)
@@ -54,6 +62,12 @@ CREATE TABLE IF NOT EXISTS cantrip_sessions (
     created_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS cantrip_sessions_by_age ON cantrip_sessions (created_at);
+CREATE TABLE IF NOT EXISTS cantrip_cancels (
+    entity_id TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    until TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (entity_id, idempotency_key)
+);
 CREATE TABLE IF NOT EXISTS cantrip_prompts (
     work_id BIGINT PRIMARY KEY,
     entity_id TEXT NOT NULL,
@@ -65,7 +79,9 @@ CREATE TABLE IF NOT EXISTS cantrip_prompts (
 """
 
 _OPEN = "state IN ('queued', 'running')"
-__all__ = ["ENDED", "DbSessions", "Queued", "SessionRow", "failure_message"]
+__all__ = ["ENDED", "DbSessions", "Queued", "SessionRow", "failure_message", "prompt_id_for"]
+PROMPT_PREFIX = "work-"
+"""A replica's prompt id is its work item's id (any replica can resolve it)."""
 LIST_LIMIT = 1000
 """``GET /sessions`` lists the most recent sessions, at most this many."""
 
@@ -97,6 +113,22 @@ class Queued:
     base_pos: int
     replayed: bool
     """True when the key named a prompt enqueued earlier (nothing new was queued)."""
+
+    @property
+    def prompt_id(self) -> str:
+        return prompt_id_for(self.work_id)
+
+
+def prompt_id_for(work_id: int) -> str:
+    return f"{PROMPT_PREFIX}{work_id}"
+
+
+def work_id_for(prompt_id: str) -> int | None:
+    """The work item a prompt id names; None for an id no replica hands out."""
+    digits = prompt_id.removeprefix(PROMPT_PREFIX)
+    if prompt_id.startswith(PROMPT_PREFIX) and digits.isdigit() and len(digits) < 19:
+        return int(digits)
+    return None
 
 
 class DbSessions:
@@ -178,8 +210,9 @@ class DbSessions:
         """Queue a prompt for the entity's worker, in one transaction with its key.
 
         A key this entity has seen returns that prompt (``key_reused`` if its intent
-        differs); a session with open work is ``busy``; an armed sticky cancel makes
-        the prompt cancelled before it starts."""
+        differs); a session with open work is ``busy``; an armed cancel of the next
+        prompt, or one that named this prompt's key, makes it cancelled before it
+        starts."""
         with self.store.pool.connection() as conn, conn.transaction():
             conn.execute(
                 "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_ENTITY_LOCK, entity_id)
@@ -220,9 +253,16 @@ class DbSessions:
                 (entity_id,),
             ).fetchone()
             base_pos = int(base[0]) if base else 0
+            named = None
+            if key is not None:
+                named = conn.execute(
+                    "DELETE FROM cantrip_cancels WHERE entity_id = %s AND idempotency_key = %s"
+                    " RETURNING until > clock_timestamp()",
+                    (entity_id, key),
+                ).fetchone()
             work_id = enqueue_on(conn, spell, intent, entity_id)
-            if sticky is not None and sticky[0]:
-                # a cancel that found nothing running waited for this prompt
+            if (sticky is not None and sticky[0]) or (named is not None and named[0]):
+                # a cancel asked for the next prompt, or named this one before it came
                 conn.execute(
                     "UPDATE cantrip_work SET state = 'cancelled', finished_at = clock_timestamp(),"
                     ' result = \'{"reason": "cancelled"}\' WHERE id = %s',
@@ -295,34 +335,104 @@ class DbSessions:
 
     # -- cancel ------------------------------------------------------------------
 
-    def cancel(self, entity_id: str) -> dict[str, Any]:
-        """Cancel the session's prompt through the queue; the ``Cancelled`` answer.
+    def cancel(
+        self,
+        entity_id: str,
+        prompt_id: str | None = None,
+        key: str | None = None,
+        next_prompt: bool = False,
+    ) -> dict[str, Any]:
+        """Cancel a prompt of the session through the queue; the ``Cancelled`` answer.
+        The in-process server's rules (:meth:`SessionHub.request_cancel`), held in
+        the database so a cancel at any replica targets the same prompt.
 
         Running work is flagged and its worker told (NOTIFY, heartbeat poll as the
         fallback): it cuts the cast off and records it as cancelled. Queued work is
-        cancelled before any worker takes it. With nothing open, the cancel is armed
-        for ``sticky_cancel_s``: a prompt enqueued within that time never starts."""
+        cancelled before any worker takes it. Named (``prompt_id``: the work id;
+        ``key``): only that prompt, if open; a key no prompt had yet is armed for
+        ``sticky_cancel_s``. Unnamed with nothing open: nothing, unless
+        ``next_prompt`` (then a prompt enqueued within ``sticky_cancel_s`` never
+        starts)."""
+        named = prompt_id is not None or key is not None
         with self.store.pool.connection() as conn, conn.transaction():
-            conn.execute(
-                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_ENTITY_LOCK, entity_id)
-            )
+            _lock(conn, entity_id)
             rows = conn.execute(
                 "SELECT w.id, w.state, w.attempts, w.intent, p.idempotency_key "
                 "FROM cantrip_work w LEFT JOIN cantrip_prompts p ON p.work_id = w.id "
                 f"WHERE w.entity_id = %s AND w.{_OPEN} ORDER BY w.id",
                 (entity_id,),
             ).fetchall()
-            if not rows:
+            wanted = work_id_for(prompt_id) if prompt_id is not None else None
+            if prompt_id is not None and wanted is None:
+                return {"cancelled": False, "target": "none", "prompt_id": prompt_id}
+            if key is not None:
+                keyed = conn.execute(
+                    "SELECT work_id FROM cantrip_prompts WHERE entity_id = %s "
+                    "AND idempotency_key = %s",
+                    (entity_id, key),
+                ).fetchone()
+                if keyed is not None and wanted not in (None, int(keyed[0])):
+                    return {"cancelled": False, "target": "none", "prompt_id": prompt_id}
+                if keyed is not None:
+                    wanted = int(keyed[0])
+                elif wanted is None:  # a prompt with this key may yet come: armed for it
+                    return self._arm_key(conn, entity_id, key)
+            hit = [r for r in rows if wanted is None or int(r[0]) == wanted]
+            if not hit:
+                if named:  # the prompt named is not open: it ended, or is unknown
+                    ended = conn.execute(
+                        "SELECT 1 FROM cantrip_work WHERE id = %s AND entity_id = %s",
+                        (wanted, entity_id),
+                    ).fetchone()
+                    answer = {"cancelled": False, "target": "ended" if ended else "none"}
+                    return {
+                        **answer,
+                        "prompt_id": prompt_id_for(wanted or 0),
+                        "idempotency_key": key,
+                    }
+                if not next_prompt:
+                    return {"cancelled": False, "target": "none"}
                 conn.execute(
                     "UPDATE cantrip_sessions SET cancel_until = clock_timestamp() + "
                     "%s * interval '1 second' WHERE entity_id = %s",
                     (self.sticky_cancel_s, entity_id),
                 )
                 return {"cancelled": False, "target": "next", "sticky_s": self.sticky_cancel_s}
-            _, state, attempts, intent, key = rows[0]
-            cancel_on(conn, entity_id)
+            work_id, state, attempts, intent, work_key = hit[0]
+            cancel_on(conn, entity_id)  # at most one prompt of an entity is open
         target = "queued" if state == "queued" and int(attempts) == 0 else "running"
-        return {"cancelled": True, "target": target, "intent": intent, "idempotency_key": key}
+        return {
+            "cancelled": True,
+            "target": target,
+            "prompt_id": prompt_id_for(int(work_id)),
+            "intent": intent,
+            "idempotency_key": work_key,
+        }
+
+    def _arm_key(self, conn: Any, entity_id: str, key: str) -> dict[str, Any]:
+        """Arm a cancel for the prompt that comes with ``key`` (expired ones go)."""
+        conn.execute(
+            "DELETE FROM cantrip_cancels WHERE entity_id = %s AND until < clock_timestamp()",
+            (entity_id,),
+        )
+        conn.execute(
+            "INSERT INTO cantrip_cancels (entity_id, idempotency_key, until) VALUES "
+            "(%s, %s, clock_timestamp() + %s * interval '1 second') ON CONFLICT "
+            "(entity_id, idempotency_key) DO UPDATE SET until = excluded.until",
+            (entity_id, key, self.sticky_cancel_s),
+        )
+        conn.execute(  # bounded per session, as in process: the oldest go
+            "DELETE FROM cantrip_cancels WHERE entity_id = %(e)s AND idempotency_key NOT IN "
+            "(SELECT idempotency_key FROM cantrip_cancels WHERE entity_id = %(e)s "
+            "ORDER BY until DESC LIMIT %(n)s)",
+            {"e": entity_id, "n": MAX_ARMED_KEYS},
+        )
+        return {
+            "cancelled": False,
+            "target": "next",
+            "idempotency_key": key,
+            "sticky_s": self.sticky_cancel_s,
+        }
 
 
 def failure_message(outcome: dict[str, Any] | None) -> str:

@@ -17,8 +17,9 @@ Routes (JSON in and out; errors are ``{"error": {"code", "message"}}``):
   ``content``, text blocks): one cast; the answer is the cast's result, or,
   with ``Accept: text/event-stream`` or ``?stream=1``, a stream of its events
   ending with a ``result`` event; 409 while another prompt runs;
-* ``POST /sessions/{id}/cancel`` -- cancel the running prompt (recorded as
-  ``cancelled``; the session stays): ``{"cancelled": bool}``;
+* ``POST /sessions/{id}/cancel`` -- cancel the running prompt, or the one the body
+  names (``prompt_id``, ``idempotency_key``), or with ``{"next": true}`` the next one
+  to start (recorded as ``cancelled``; the session stays): ``{"cancelled", "target"}``;
 * ``GET  /sessions/{id}/thread`` -- the session's turns, root first;
 * ``GET  /sessions/{id}/events`` -- server-sent events of every prompt of the
   session from now on (heartbeat comments keep idle connections open).
@@ -26,8 +27,9 @@ Routes (JSON in and out; errors are ``{"error": {"code", "message"}}``):
 Under load and at shutdown (issue 24; :mod:`cantrip.protocols._lifecycle`):
 ``POST /sessions`` and ``POST /sessions/{id}/prompt`` accept an
 ``Idempotency-Key`` header (a repeat returns the recorded result, or joins the
-running cast); a cancel is sticky (it applies to a prompt starting within
-``sticky_cancel_s``) and says what it cancelled; ``?cancel_on_disconnect=1``
+running cast); every prompt gets an id at once (``Prompt-Id``, a stream's first
+event) that a cancel can name, and a cancel says what it cancelled -- with nothing
+running and nothing named, nothing; ``?cancel_on_disconnect=1``
 cancels a streamed prompt whose client hangs up; too many running prompts, or a
 server shutting down, get ``503`` with ``Retry-After``.
 
@@ -39,7 +41,7 @@ memory (idle ones are dropped and resumed from the loom when named again).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 import trio
@@ -51,6 +53,7 @@ from cantrip._events import Event
 from cantrip._outcome import CastResult, result_dict
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
+from cantrip.protocols._api import CancelRequest
 from cantrip.protocols._asgi import (
     HEARTBEAT_S,
     HttpError,
@@ -60,27 +63,33 @@ from cantrip.protocols._asgi import (
     end_body,
     sse,
     sse_comment,
-    start_sse,
 )
 from cantrip.protocols._guard import Guard
+from cantrip.protocols._idempotency import keyed_prompt_id
 from cantrip.protocols._lifecycle import Drain, ServeOptions
 from cantrip.protocols._limits import SessionLimits, make_room
 from cantrip.protocols._request import (
+    idempotency_key,
     prompt_intent,
     read_body,
     until_disconnect,
 )
 from cantrip.protocols._sessions import (
+    Prompt,
     Session,
     SessionError,
     SessionHub,
     event_dict,
     turn_dict,
 )
-from cantrip.protocols._shell import ServerShell, serve_asgi
+from cantrip.protocols._shell import ServerShell, serve_asgi, start_prompt_stream
 from cantrip.protocols._viewer import Viewer
 
 log = get_logger("cantrip.http")
+
+PROMPT_SCOPE_KEY = "cantrip.prompt"
+"""Where a prompt request's scope carries its :class:`Prompt` from the moment it
+arrives (the guard reads its body) to its route, so a cancel meanwhile is kept."""
 
 
 class HttpApp(ServerShell):
@@ -102,6 +111,10 @@ class HttpApp(ServerShell):
         self.limits = limits or SessionLimits()
         self.viewer = Viewer.for_hub(self.hub)  # the browser viewer at / and /api/
         self.drain = Drain()
+        self._casts: trio.Nursery | None = None
+        """Where prompts run while the server lives (set by its lifespan): a request
+        waits on its cast but does not hold it, so a client that hangs up frees its
+        connection at once and the cast still ends, recorded (issue 29)."""
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
@@ -116,9 +129,16 @@ class HttpApp(ServerShell):
         providers = await ProviderScope.enter()
         self.hub.nursery = providers.nursery
         try:
-            yield
+            async with trio.open_nursery() as casts:
+                self._casts = casts
+                try:
+                    yield
+                finally:
+                    self._casts = None
+                    # the casts still running here are cut off; the entities close
+                    # their providers before the providers' nursery goes
+                    await self.aclose()
         finally:
-            await self.aclose()  # the entities close their providers first
             self.hub.nursery = None
             await providers.aclose()
 
@@ -142,19 +162,53 @@ class HttpApp(ServerShell):
     def _info(self, session: Session) -> dict[str, Any]:
         return _session_info(session)
 
-    async def _read_prompt(self, session: Session, receive: Receive) -> str:
-        # The body may still be arriving: a cancel sent meanwhile applies to it (sticky).
-        session.starting += 1
+    async def _read_prompt(self, session: Session, scope: Scope, receive: Receive) -> str:
+        # From here until it starts (or fails) the prompt is arriving: a cancel that
+        # names it, or an unnamed one, cuts it off as it starts.
+        handle = _handle(scope, session)
+        if handle not in session.arriving:
+            session.arriving.append(handle)
         try:
             return prompt_intent(await read_body(receive))
-        finally:
-            session.starting -= 1
+        except BaseException:
+            _depart(session, handle)
+            raise
 
     async def _prompt_result(
-        self, session: Session, intent: str, key: str | None, on_busy: str
-    ) -> dict[str, Any]:
-        outcome = await self._prompt(session, intent, key=key, on_busy=on_busy)
-        return result_dict(outcome, session)
+        self,
+        session: Session,
+        intent: str,
+        key: str | None,
+        on_busy: str,
+        scope: Scope,
+        receive: Receive,
+    ) -> dict[str, Any] | None:
+        handle = _handle(scope, session)
+        answer: dict[str, Any] = {}
+        ended = trio.Event()
+
+        async def run() -> None:
+            try:
+                outcome = await self._prompt(
+                    session, intent, key=key, on_busy=on_busy, handle=handle
+                )
+                answer["result"] = {**result_dict(outcome, session), "prompt_id": handle.id}
+            except HttpError as exc:
+                answer["error"] = exc
+            finally:
+                _depart(session, handle)
+                ended.set()
+
+        if self._casts is None:  # no lifespan: the request holds its cast
+            await run()
+        else:  # the cast runs on if the client hangs up; its connection goes at once
+            self._casts.start_soon(run)
+            if not await _until_either(ended, receive):
+                return None
+        if "error" in answer:
+            raise answer["error"]
+        result: dict[str, Any] = answer["result"]
+        return result
 
     async def _steer(self, session: Session, text: str) -> dict[str, Any]:
         try:
@@ -165,16 +219,23 @@ class HttpApp(ServerShell):
     async def _pending_calls(self, session: Session) -> list[dict[str, Any]]:
         return [p.to_dict() for p in session.entity.pending]
 
-    async def _cancel(self, session: Session) -> dict[str, Any]:
-        return self.hub.request_cancel(session)
+    async def _cancel(self, session: Session, target: CancelRequest) -> dict[str, Any]:
+        return self.hub.request_cancel(
+            session,
+            prompt_id=target.prompt_id,
+            key=target.idempotency_key,
+            next_prompt=target.next,
+        )
 
     async def _turns(self, session: Session) -> list[dict[str, Any]]:
         return [turn_dict(t) for t in self.hub.history(session)]
 
     @contextlib.contextmanager
     def arriving(self, scope: Scope) -> Iterator[None]:
-        """While a prompt's body is still arriving (read by the guard), its session
-        counts it as starting, so a cancel sent meanwhile applies to it (sticky)."""
+        """While a prompt's body is still arriving (read by the guard), it is known to
+        its session (:attr:`Session.arriving`), so a cancel meanwhile -- unnamed, or
+        naming its Idempotency-Key -- applies to it; the scope carries it on to the
+        route, which hands out its id."""
         parts = [p for p in scope.get("path", "").split("/") if p]
         session = None
         if (
@@ -187,13 +248,15 @@ class HttpApp(ServerShell):
             ]
         ):
             session = self.hub.sessions.get(parts[1])
-        if session is not None:
-            session.starting += 1
+        if session is None:
+            yield
+            return
+        handle = _handle(scope, session)
+        session.arriving.append(handle)
         try:
             yield
         finally:
-            if session is not None:
-                session.starting -= 1
+            _depart(session, handle)
 
     async def _health_report(self) -> dict[str, Any]:
         return self._health()
@@ -245,10 +308,11 @@ class HttpApp(ServerShell):
         *,
         key: str | None = None,
         on_busy: str = "reject",
+        handle: Prompt | None = None,
     ) -> CastResult | None:
         try:
             return await self.hub.prompt(
-                session, intent, on_event=on_event, key=key, on_busy=on_busy
+                session, intent, on_event=on_event, key=key, on_busy=on_busy, handle=handle
             )
         except SessionError as exc:
             raise self._session_error(exc) from None
@@ -265,31 +329,58 @@ class HttpApp(ServerShell):
         session: Session,
         intent: str,
         key: str | None,
+        scope: Scope,
         receive: Receive,
         send: Send,
         cancel_on_disconnect: bool,
         on_busy: str,
     ) -> None:
+        handle = _handle(scope, session)
+        try:
+            await self._stream_prompt(
+                session, intent, key, handle, receive, send, cancel_on_disconnect, on_busy
+            )
+        finally:
+            _depart(session, handle)
+
+    async def _stream_prompt(
+        self,
+        session: Session,
+        intent: str,
+        key: str | None,
+        handle: Prompt,
+        receive: Receive,
+        send: Send,
+        cancel_on_disconnect: bool,
+        on_busy: str,
+    ) -> None:
+        current = session.current
         try:
             joins = key is not None and (
-                (session.current is not None and session.current.key == key)
+                (current is not None and current.key == key)
                 or self.hub.replay(session, intent, key) is not None
             )
         except SessionError as exc:  # the key was used for another prompt
             raise self._session_error(exc) from None
         if session.running is not None and not joins and on_busy == "reject":
             raise HttpError(409, "busy", f"session {session.id} is already running a prompt")
-        await start_sse(send)
+        if joins and current is not None and current.key == key:
+            handle.id = current.id  # this request is that prompt
+        await start_prompt_stream(send, handle.id, session.id, key)
         events_send, events = trio.open_memory_channel[Event](float("inf"))
-        sink = events_send.send_nowait
+
+        def sink(event: Event) -> None:
+            # after a hang-up the stream is gone: the cast goes on, unwatched
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                events_send.send_nowait(event)
+
         final: dict[str, Any] = {}
         gone = trio.Event()
 
         async def run() -> None:
             async with events_send:
                 if gone.is_set():
-                    final["error"] = {"code": "client_gone", "message": "the client hung up"}
-                    return
+                    return  # hung up (asking to cancel) before the cast began
                 try:
                     outcome = await self._prompt(
                         session,
@@ -297,28 +388,36 @@ class HttpApp(ServerShell):
                         on_event=None if joins else sink,
                         key=key,
                         on_busy=on_busy,
+                        handle=handle,
                     )
                 except HttpError as exc:
                     final["error"] = {"code": exc.code, "message": exc.message}
                     return
-                final["result"] = result_dict(outcome, session)
-
-        async def watch() -> None:
-            await until_disconnect(receive)
-            gone.set()
-            if session.sink == sink:  # our cast is running: cancel it
-                log.info("session %s: the client hung up; cancelling its prompt", session.id)
-                self.hub.cancel(session)
+                final["result"] = {**result_dict(outcome, session), "prompt_id": handle.id}
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(run)
-            if cancel_on_disconnect:
-                nursery.start_soon(watch)
+
+            async def watch() -> None:
+                await until_disconnect(receive)
+                gone.set()
+                if cancel_on_disconnect and session.sink is sink:  # our cast runs: cancel it
+                    log.info("session %s: the client hung up; cancelling its prompt", session.id)
+                    self.hub.cancel(session)
+                if self._casts is not None:
+                    nursery.cancel_scope.cancel()  # stop streaming: the socket goes now
+
+            nursery.start_soon(watch)
+            # The cast runs in the server's own nursery when there is one, so a client
+            # that hangs up is let go at once (hypercorn closes a connection only when
+            # its request's task ends) while its cast runs on and is recorded.
+            (self._casts or nursery).start_soon(run)
             async with events:
                 async for event in events:
                     data = event_dict(event)
                     await sse(send, data["type"], data)
             nursery.cancel_scope.cancel()  # the watcher: the cast has ended
+        if gone.is_set():
+            return  # nobody to tell
         if "error" in final:
             await sse(send, "error", {"error": final["error"]})
         else:
@@ -343,6 +442,44 @@ class HttpApp(ServerShell):
 
 
 # -- helpers ------------------------------------------------------------------------
+
+
+def _handle(scope: Scope, session: Session) -> Prompt:
+    """The request's :class:`Prompt`: the one registered when it arrived, or a new one
+    (kept in the scope from then on). A bad Idempotency-Key is left to the route."""
+    handle = scope.get(PROMPT_SCOPE_KEY)
+    if isinstance(handle, Prompt):
+        return handle
+    try:
+        key = idempotency_key(scope)
+    except HttpError:
+        key = None
+    handle = Prompt("", key)
+    if key is not None:
+        handle.id = keyed_prompt_id(session.entity_id, key)
+    if isinstance(scope, MutableMapping):
+        scope[PROMPT_SCOPE_KEY] = handle
+    return handle
+
+
+async def _until_either(ended: trio.Event, receive: Receive) -> bool:
+    """Wait for ``ended`` or the client hanging up; True if ``ended`` came first."""
+    async with trio.open_nursery() as nursery:
+
+        async def hang_up() -> None:
+            await until_disconnect(receive)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(hang_up)
+        await ended.wait()
+        nursery.cancel_scope.cancel()
+    return ended.is_set()
+
+
+def _depart(session: Session, handle: Prompt) -> None:
+    """The prompt is no longer arriving (it started, failed, or was answered)."""
+    if handle in session.arriving:
+        session.arriving.remove(handle)
 
 
 def _session_info(session: Session) -> dict[str, Any]:

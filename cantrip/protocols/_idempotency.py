@@ -49,6 +49,13 @@ def session_entity_id(key: str) -> str:
     return "entity-" + digest[:20]
 
 
+def keyed_prompt_id(entity_id: str, key: str) -> str:
+    """The id of the prompt sent with ``key`` to the entity's session: the same for a
+    repeat, and after a restart, so the id a replayed answer carries is the first's."""
+    digest = hashlib.sha256(f"cantrip.prompt\0{entity_id}\0{key}".encode()).hexdigest()
+    return "prompt-" + digest[:16]
+
+
 def key_index(turns: Sequence[Turn]) -> dict[str, str]:
     """Every idempotency key in an entity's turns -> the id of its cast's first turn."""
     index: dict[str, str] = {}

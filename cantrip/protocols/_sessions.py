@@ -16,16 +16,23 @@ of events, results and turns that HTTP and the CLI print live here too.
 
 Issue 24 added three things a client needs under load: idempotency keys
 (:mod:`cantrip.protocols._idempotency`: a repeated prompt returns the recorded
-result or joins the running cast), a *sticky* cancel
-(:meth:`SessionHub.request_cancel`: a cancel that finds no prompt running
-applies to the one starting next, within ``sticky_cancel_s``), and
-:meth:`SessionHub.shutdown` (a grace period, then every running cast is cut
-off with reason ``shutdown``).
+result or joins the running cast), a client's cancel
+(:meth:`SessionHub.request_cancel`), and :meth:`SessionHub.shutdown` (a grace
+period, then every running cast is cut off with reason ``shutdown``).
+
+A cancel *targets* a prompt (issue 29): the one running (or arriving), or the one
+the client names by its Idempotency-Key or by the id the server gave it
+(:attr:`Prompt.id`, sent at once in a ``Prompt-Id`` header and a stream's first
+event). With nothing running and nothing named it cancels nothing and says so; the
+old "sticky" cancel that waited for whichever prompt came next -- and so cut off an
+unrelated prompt when it arrived just after the one it meant had ended -- is now
+asked for explicitly (``next``).
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -55,7 +62,7 @@ from cantrip._outcome import CastResult, recorded_cast
 from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import Turn
-from cantrip.protocols._idempotency import KEY_TAG, key_index, session_entity_id
+from cantrip.protocols._idempotency import KEY_TAG, key_index, keyed_prompt_id, session_entity_id
 
 log = get_logger("cantrip.sessions")
 
@@ -73,17 +80,38 @@ class SessionError(Exception):
         self.message = message
 
 
+def new_prompt_id() -> str:
+    return "prompt-" + secrets.token_hex(8)
+
+
 @attrs.define(eq=False)
 class Prompt:
-    """The prompt a session is running: what a repeat with its key joins."""
+    """A prompt a session runs (or whose request is arriving): what a repeat with its
+    key joins, and what a cancel that names it (by key or id) cuts off."""
 
     intent: str
     key: str | None
     before: str | None = None
     """The entity's leaf when the prompt began (``rollback`` returns there)."""
+    id: str = attrs.field(factory=new_prompt_id)
+    """Handed to the client at once (``Prompt-Id``), so a cancel can name this prompt."""
+    cancel_requested: bool = False
+    """A cancel named it (or found it arriving): it is cut off as it starts."""
     done: trio.Event = attrs.field(factory=trio.Event)
     outcome: CastResult | None = None
     error: BaseException | None = None
+
+    def matches(self, prompt_id: str | None, key: str | None) -> bool:
+        """Whether a cancel naming ``prompt_id`` and/or ``key`` names this prompt."""
+        if prompt_id is not None and prompt_id != self.id:
+            return False
+        if key is not None and key != self.key:
+            return False
+        return prompt_id is not None or key is not None
+
+
+MAX_ARMED_KEYS = 64
+"""Cancels naming a key not seen yet that one session keeps armed (the oldest go)."""
 
 
 def _now() -> float:
@@ -116,10 +144,14 @@ class Session:
     """Live listeners (HTTP ``/events``); each gets every event of every prompt."""
     current: Prompt | None = None
     """The running prompt (set with ``running``)."""
-    starting: int = 0
+    arriving: list[Prompt] = attrs.field(factory=list)
     """Prompt requests that have arrived but not begun (their body is being read)."""
     cancel_until: float | None = None
-    """A sticky cancel is armed on the entity until this time (trio clock)."""
+    """A cancel of the next prompt (asked for with ``next``) is armed on the entity
+    until this time (trio clock)."""
+    armed_keys: dict[str, float] = attrs.field(factory=dict)
+    """Cancels that named an Idempotency-Key no prompt had yet: key -> until when
+    (trio clock) a prompt with that key is cut off as it starts."""
     keys: dict[str, str] | None = None
     """Idempotency key -> the id of its cast's first turn (built on first use)."""
     last_used: float = 0.0
@@ -281,6 +313,7 @@ class SessionHub:
         *,
         key: str | None = None,
         on_busy: str = "reject",
+        handle: Prompt | None = None,
     ) -> CastResult | None:
         """One cast on the session's entity; ``None`` if it was cancelled before it
         produced a result. A second prompt while one runs (double-texting) follows
@@ -288,7 +321,9 @@ class SessionHub:
         has ended), ``interrupt`` (the running cast is cancelled -- recorded, reason
         ``interrupted`` -- and this one runs with both in the history) or ``rollback``
         (the same, then this one continues from before the cancelled cast, whose
-        turns stay in the loom as a branch).
+        turns stay in the loom as a branch). ``handle`` is the prompt as registered
+        when its request arrived (its id was handed out; a cancel may have named it
+        meanwhile, and one that names it while it waits its turn is kept).
 
         With an idempotency ``key`` that this session has seen, nothing is cast
         again: the recorded result comes back, or, while that cast runs, its
@@ -305,6 +340,8 @@ class SessionHub:
                         "key_reused",
                         f"Idempotency-Key {key!r} was used for a different prompt on this session",
                     )
+                if handle is not None:
+                    handle.id = current.id  # this request is that prompt
                 await current.done.wait()
                 if current.error is not None:
                     raise current.error
@@ -312,8 +349,14 @@ class SessionHub:
             recorded = self.replay(session, intent, key)
             if recorded is not None:
                 return recorded
+        if handle is None:
+            handle = Prompt(intent, key)
+            if key is not None:
+                handle.id = keyed_prompt_id(session.entity_id, key)
+        prompt = handle
+        prompt.intent, prompt.key = intent, key
         if session.running is not None:
-            await self._make_way(session, on_busy)
+            await self._make_way(session, on_busy)  # (a cancel may name it meanwhile)
         if not self.accepting:
             raise SessionError("shutting_down", "the server is shutting down")
         if self.max_running is not None and self.running >= self.max_running:
@@ -322,11 +365,19 @@ class SessionHub:
             )
         if session.cancel_until is not None:
             if trio.current_time() > session.cancel_until:
-                session.entity.uncancel()  # the sticky cancel expired unused
+                session.entity.uncancel()  # the cancel of the next prompt expired unused
             session.cancel_until = None
+        if prompt in session.arriving:
+            session.arriving.remove(prompt)  # it starts: a cancel now finds it running
+        armed = session.armed_keys.pop(key, None) if key is not None else None
+        if armed is not None and trio.current_time() <= armed:
+            prompt.cancel_requested = True  # a cancel named this key before it arrived
+        if prompt.cancel_requested:
+            session.entity.cancel(next_cast=True)  # recorded as cut off before its first call
         outcome: CastResult | None = None
         before = session.entity.leaf  # the cast's first turn, if it writes one, follows it
-        prompt = session.current = Prompt(intent, key, before)
+        prompt.before = before
+        session.current = prompt
         self.running += 1
         self._idle = trio.Event() if self.running == 1 else self._idle
         with trio.CancelScope() as scope:
@@ -439,26 +490,58 @@ class SessionHub:
             session.running.cancel()  # the cast had not started its loop yet
         return True
 
-    def request_cancel(self, session: Session) -> dict[str, Any]:
-        """A client's cancel: the running prompt, else the one starting (sticky).
+    def request_cancel(
+        self,
+        session: Session,
+        *,
+        prompt_id: str | None = None,
+        key: str | None = None,
+        next_prompt: bool = False,
+    ) -> dict[str, Any]:
+        """A client's cancel; the answer says what it cut off (or will).
 
-        A cancel that finds nothing running is armed on the entity for
-        ``sticky_cancel_s``: a prompt that starts within that time is cut off
-        before its first LLM call, and recorded as ``cancelled``. The answer
-        says what was (or will be) cancelled."""
+        Named (``prompt_id``, ``key``): that prompt, if it runs (``running``) or its
+        request is arriving (``starting``: cut off as it starts, before its first LLM
+        call). A key no prompt of this session has had yet is armed for
+        ``sticky_cancel_s`` (``next``): the prompt that comes with that key is cut off
+        -- a cancel may overtake its prompt. A named prompt that ended, or an id this
+        server does not know, is cancelled no more (``ended`` / ``none``).
+
+        Unnamed: the running (or arriving) prompt. With nothing running it cancels
+        nothing (``none``) -- unless ``next_prompt``: then the next prompt to start
+        within ``sticky_cancel_s`` is cut off (the cancel is armed on the entity)."""
+        named = prompt_id is not None or key is not None
         current = session.current
-        if current is not None and self.cancel(session):
-            return {
-                "cancelled": True,
-                "target": "running",
-                "intent": current.intent,
-                "idempotency_key": current.key,
-            }
-        session.entity.cancel(next_cast=True)
-        session.cancel_until = trio.current_time() + self.sticky_cancel_s
-        if session.starting:
-            return {"cancelled": True, "target": "starting"}
-        return {"cancelled": False, "target": "next", "sticky_s": self.sticky_cancel_s}
+        hit = current is not None and (not named or current.matches(prompt_id, key))
+        if hit and current is not None and self.cancel(session):
+            return _cancelled("running", current)
+        arriving = [p for p in session.arriving if not named or p.matches(prompt_id, key)]
+        if arriving:
+            for prompt in arriving:
+                prompt.cancel_requested = True
+            return _cancelled("starting", arriving[0])
+        if not named:
+            if not next_prompt:
+                return {"cancelled": False, "target": "none"}
+            session.entity.cancel(next_cast=True)
+            session.cancel_until = trio.current_time() + self.sticky_cancel_s
+            return {"cancelled": False, "target": "next", "sticky_s": self.sticky_cancel_s}
+        if key is None:
+            return {"cancelled": False, "target": "none", "prompt_id": prompt_id}
+        if session.keys is None:
+            session.keys = key_index(session.entity.turns)
+        if key in session.keys:  # its cast is recorded: it ended
+            return {"cancelled": False, "target": "ended", "idempotency_key": key}
+        now = trio.current_time()
+        armed = {k: t for k, t in session.armed_keys.items() if t >= now}
+        armed[key] = now + self.sticky_cancel_s
+        session.armed_keys = dict(list(armed.items())[-MAX_ARMED_KEYS:])
+        return {
+            "cancelled": False,
+            "target": "next",
+            "idempotency_key": key,
+            "sticky_s": self.sticky_cancel_s,
+        }
 
     async def shutdown(self, grace_s: float) -> int:
         """Stop taking prompts; let running casts finish for ``grace_s``, then cut
@@ -474,6 +557,16 @@ class SessionHub:
             log.info("shutdown: %d running prompt(s) cut off after %.1f s", cut, grace_s)
         await self._idle.wait()
         return cut
+
+
+def _cancelled(target: str, prompt: Prompt) -> dict[str, Any]:
+    return {
+        "cancelled": True,
+        "target": target,
+        "prompt_id": prompt.id,
+        "intent": prompt.intent or None,
+        "idempotency_key": prompt.key,
+    }
 
 
 # -- JSON shapes -------------------------------------------------------------------

@@ -26,6 +26,7 @@ from cantrip._approval import Decision
 from cantrip.protocols._api import (
     ON_BUSY,
     AnswerRequest,
+    CancelRequest,
     CreateSession,
     SteerRequest,
     openapi_document,
@@ -149,13 +150,18 @@ class ServerShell:
                 allow(method, "POST")
                 key = idempotency_key(scope)
                 on_busy = self._on_busy(query)
-                intent = await self._read_prompt(session, receive)
+                intent = await self._read_prompt(session, scope, receive)
                 if wants_stream(scope, query):
                     hang_up = truthy(query.get("cancel_on_disconnect"))
-                    await self._prompt_stream(session, intent, key, receive, send, hang_up, on_busy)
+                    await self._prompt_stream(
+                        session, intent, key, scope, receive, send, hang_up, on_busy
+                    )
                 else:
-                    result = await self._prompt_result(session, intent, key, on_busy)
-                    await json_response(send, 200, result)
+                    result = await self._prompt_result(
+                        session, intent, key, on_busy, scope, receive
+                    )
+                    if result is not None:  # None: the client hung up, nobody to answer
+                        await json_response(send, 200, result, _prompt_id_header(result))
             elif action == "messages":
                 allow(method, "POST")
                 text = validated(SteerRequest, await read_body(receive)).text
@@ -166,7 +172,8 @@ class ServerShell:
                 await json_response(send, 200, {**self._info(session), "pending": pending})
             elif action == "cancel":
                 allow(method, "POST")
-                await json_response(send, 200, await self._cancel(session))
+                target = validated(CancelRequest, await read_body(receive))
+                await json_response(send, 200, await self._cancel(session, target))
             elif action == "thread":
                 allow(method, "GET")
                 turns = await self._turns(session)
@@ -209,7 +216,7 @@ class ServerShell:
         """The continued cast's result, or None if a running prompt took the answer."""
         raise NotImplementedError
 
-    async def _read_prompt(self, session: Any, receive: Receive) -> str:
+    async def _read_prompt(self, session: Any, scope: Scope, receive: Receive) -> str:
         return prompt_intent(await read_body(receive))
 
     def _on_busy(self, query: dict[str, list[str]]) -> str:
@@ -229,8 +236,17 @@ class ServerShell:
         return openapi_document()
 
     async def _prompt_result(
-        self, session: Any, intent: str, key: str | None, on_busy: str
-    ) -> dict[str, Any]:
+        self,
+        session: Any,
+        intent: str,
+        key: str | None,
+        on_busy: str,
+        scope: Scope,
+        receive: Receive,
+    ) -> dict[str, Any] | None:
+        """The cast's result; its ``prompt_id`` is sent as the ``Prompt-Id`` header too.
+        None if the client hung up first: its request ends at once (so its connection
+        is released), while the cast runs on and is recorded."""
         raise NotImplementedError
 
     async def _prompt_stream(
@@ -238,17 +254,22 @@ class ServerShell:
         session: Any,
         intent: str,
         key: str | None,
+        scope: Scope,
         receive: Receive,
         send: Send,
         cancel_on_disconnect: bool,
         on_busy: str,
     ) -> None:
+        """The cast's events; the stream starts with a ``Prompt-Id`` header and a
+        ``prompt`` event (:func:`start_prompt_stream`) before anything else."""
         raise NotImplementedError
 
     async def _pending_calls(self, session: Any) -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    async def _cancel(self, session: Any) -> dict[str, Any]:
+    async def _cancel(self, session: Any, target: CancelRequest) -> dict[str, Any]:
+        """Cancel what ``target`` names (nothing named: the running prompt); the
+        ``Cancelled`` answer."""
         raise NotImplementedError
 
     async def _turns(self, session: Any) -> list[dict[str, Any]]:
@@ -324,6 +345,19 @@ def _first(group: BaseExceptionGroup[HttpError]) -> HttpError:
     return first if isinstance(first, HttpError) else _first(first)
 
 
+def _prompt_id_header(result: dict[str, Any]) -> dict[str, str]:
+    prompt_id = result.get("prompt_id")
+    return {"prompt-id": prompt_id} if isinstance(prompt_id, str) else {}
+
+
+async def start_prompt_stream(send: Send, prompt_id: str, session_id: str, key: str | None) -> None:
+    """A prompt's event stream begins: its id in the ``Prompt-Id`` header and in the
+    first event, so a client can name this prompt in a cancel from the start."""
+    await start_sse(send, {"prompt-id": prompt_id})
+    data = {"type": "prompt", "prompt_id": prompt_id, "session_id": session_id}
+    await sse(send, "prompt", {**data, "idempotency_key": key})
+
+
 async def serve_asgi(
     app: ServerShell,
     asgi: Any,
@@ -340,6 +374,10 @@ async def serve_asgi(
     drain ends, so hypercorn's own grace is short."""
     from hypercorn.config import Config
     from hypercorn.trio import serve
+
+    from cantrip.protocols._hypercorn import install
+
+    install()  # a client that hangs up frees its connection now, not after keep-alive
 
     config = Config()
     config.bind = [f"{host}:{port}"]

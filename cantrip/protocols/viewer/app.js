@@ -583,6 +583,7 @@ class EntityPage {
         const data = await response.json().catch(() => ({}));
         throw new Error((data.error && data.error.message) || response.statusText);
       }
+      this.promptId = response.headers.get("prompt-id");
       await readSSE(response, (name, data) => {
         if (name === "result") this.outcome.textContent = `done: ${data.stop_reason}` + (data.summary ? ` — ${data.summary}` : "");
         if (name === "error") showError(data.error.message);
@@ -606,7 +607,8 @@ class EntityPage {
 
   async cancelCast() {
     try {
-      const answer = await postJSON(`/sessions/${this.sessionId}/cancel`);
+      // Name the prompt this page started: a late click never stops a later prompt.
+      const answer = await postJSON(`/sessions/${this.sessionId}/cancel`, this.promptId ? { prompt_id: this.promptId } : {});
       // The prompt's own answer may already be here; it has the last word.
       if (!this.outcome.textContent) this.outcome.textContent = answer.cancelled ? "cancel requested" : "nothing to cancel";
     } catch (error) { showError(error); }

@@ -1,0 +1,60 @@
+"""The test suite's own limits: a hung test fails instead of hanging the run (issue 29).
+
+pytest has no time limit of its own; ``pyproject.toml`` gives every test one through
+pytest-timeout (300 s by default, ``@pytest.mark.timeout(N)`` where a test needs
+longer). Checked here on a real pytest run of a trio test that never returns, under
+this project's configuration with the limit shortened. A trio test is cancelled the
+trio way at its limit (tests/conftest.py): pytest-timeout's own SIGALRM handler raises
+inside trio's run loop and breaks trio for every later test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HANGS = """
+import time
+import trio
+
+async def test_hangs() -> None:
+    await trio.sleep_forever()
+
+async def test_a_trio_test_after_it_runs() -> None:
+    await trio.sleep(0)
+
+def test_a_plain_test_hangs() -> None:
+    time.sleep(600)
+
+async def test_autojump_time_is_not_real_time(autojump_clock) -> None:
+    await trio.sleep(3600)  # an hour of virtual time: well within the limit
+"""
+
+
+def test_a_hung_trio_test_fails_on_the_time_limit_and_the_run_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "test_hang.py").write_text(HANGS)
+    plugins = ["-p", "conftest", "-p", "no:randomly", "-p", "no:cacheprovider"]
+    config = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), "-o", "timeout=2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *config, *plugins, str(tmp_path / "test_hang.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},  # this suite's conftest
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "FAILED test_hang.py::test_hangs - Failed: Timeout (>2s)" in out, out
+    assert "FAILED test_hang.py::test_a_plain_test_hangs - Failed: Timeout (>2.0s)" in out, out
+    assert "2 failed, 2 passed" in out, out  # trio is clean for the tests after a timeout
+
+
+def test_the_default_limit_is_generous_for_the_slow_machine() -> None:
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    assert options["ini_options"]["timeout"] >= 300
