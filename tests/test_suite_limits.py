@@ -40,6 +40,7 @@ def test_a_hung_trio_test_fails_on_the_time_limit_and_the_run_goes_on(tmp_path: 
     (tmp_path / "test_hang.py").write_text(HANGS)
     plugins = ["-p", "conftest", "-p", "no:randomly", "-p", "no:cacheprovider"]
     config = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), "-o", "timeout=2"]
+    config += ["-o", "addopts=-q"]  # one process, the default summary (not the suite's -n/-rs)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", *config, *plugins, str(tmp_path / "test_hang.py")],
         capture_output=True,
