@@ -79,9 +79,11 @@ def _list_dead_letters(url: str) -> int:
 
 def cast_on_db(args: argparse.Namespace) -> int:
     """Enqueue the spec's cast, wait for a worker to finish it, print like ``cast``."""
+    from cantrip._text import require_intent
     from cantrip.distributed._worker import Dispatcher, spell_from_spec
 
     intent = args.intent if args.intent is not None else sys.stdin.read().strip()
+    require_intent(intent)
     try:
         spell = spell_from_spec(args.spec)
         dispatcher = Dispatcher(args.db)
