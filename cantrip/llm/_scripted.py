@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -368,11 +369,29 @@ def script_position(messages: Sequence[Message], answers: int) -> tuple[int, int
         elif previous is None or previous.role != "user":
             sure, ambiguous = index, -1
     start = sure
-    answered = sum(1 for m in messages[start + 1 :] if m.role == "assistant")
+    answered = _answers_after(messages, start)
     if ambiguous > start and answered >= answers:
         start = ambiguous
-        answered = sum(1 for m in messages[start + 1 :] if m.role == "assistant")
+        answered = _answers_after(messages, start)
     return max(start, 0), answered
+
+
+_FOLDED = re.compile(r"\[Folded: turns (\d+)-(\d+)\]")
+"""The marker a fold puts where it took turns out (``FoldingPolicy.marker``)."""
+
+
+def _answers_after(messages: Sequence[Message], start: int) -> int:
+    """Assistant messages after ``start``, plus the turns a fold took out there (a
+    fold within one cast keeps the position; see SPEC.md on per-entity scripts)."""
+    count = 0
+    for message in messages[start + 1 :]:
+        if message.role == "assistant":
+            count += 1
+        elif message.role == "user" and message.content:
+            folded = _FOLDED.match(message.content)
+            if folded is not None:
+                count += int(folded.group(2)) - int(folded.group(1)) + 1
+    return count
 
 
 def _conversation_key(messages: Sequence[Message]) -> str:
