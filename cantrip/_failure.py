@@ -55,7 +55,11 @@ def message(exc: BaseException, *, debug: bool = False) -> str:
         where = f"{exc.filename}: " if exc.filename is not None else ""
         text = f"{where}{exc.strerror}"
     elif isinstance(exc, sqlite3.DatabaseError):
-        text = f"the database cannot be read ({exc})"
+        text = (
+            f"the database cannot be read ({exc}); if it is a loom, 'cantrip loom FILE check' "
+            "says what is readable and 'cantrip loom FILE recover NEW.db' copies its complete "
+            "turns into a new file"
+        )
     else:
         text = str(exc) or type(exc).__name__
     if not debug:

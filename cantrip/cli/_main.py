@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import logging
 import os
 import sys
@@ -550,11 +549,10 @@ def _cast(args: argparse.Namespace) -> int:
         spell.loom.close()
     loom_path = _loom_path(spell)
     if args.json:
+        from cantrip.cli._output import print_cast_json
         from cantrip.protocols._sessions import result_dict
 
-        data = result_dict(outcome)
-        data["loom"] = str(loom_path) if loom_path else None
-        print(json.dumps(data, default=str))
+        print_cast_json(result_dict(outcome), loom=str(loom_path) if loom_path else None)
     elif outcome is not None and outcome.terminated:
         print(redact(outcome.text))
     elif outcome is not None and outcome.reason != "cancelled":

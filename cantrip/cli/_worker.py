@@ -91,11 +91,23 @@ def cast_on_db(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     rule = _standing_decision(args)
 
+    def no_worker(waited: float) -> None:
+        print(
+            f"cantrip: no worker has taken work {work_id} after {waited:.0f} s -- none seems "
+            "to be running on this database; start one with: cantrip worker --db URL "
+            "(this command keeps waiting; Ctrl-C cancels the cast)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    work_id = 0
+
     def run() -> Ended | int:
+        nonlocal work_id
         work_id, entity_id = dispatcher.submit(spell, intent)
         print(f"cantrip: queued work {work_id} for {entity_id}", file=sys.stderr, flush=True)
         try:
-            state, outcome = dispatcher.wait(work_id)
+            state, outcome = dispatcher.wait(work_id, on_unclaimed=no_worker)
             while state == "paused" and rule is not None:
                 # --approve-all / --deny-all: answer each pause as it comes, and go on
                 for pause in outcome.get("pending") or []:
@@ -174,7 +186,11 @@ def answer_on_db(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, state: str, work_id: int, outcome: dict[str, Any]) -> int:
     """Print how the work ended (like ``cast``) and return the exit code."""
     if args.json:
-        print(json.dumps({"state": state, "work_id": work_id, **outcome}, default=str))
+        from cantrip.cli._output import print_cast_json
+        from cantrip.loom._postgres import _safe
+
+        extra = {"state": state, "work_id": work_id}
+        print_cast_json(outcome, loom=_safe(args.db), extra=extra)
     elif state in ("failed", "dead"):
         print(f"cantrip: {redact(str(outcome.get('error')))}", file=sys.stderr)
     elif state == "paused":

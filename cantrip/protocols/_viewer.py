@@ -26,6 +26,7 @@ allows only this origin's own scripts, and the page builds every element with
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import os
@@ -73,9 +74,17 @@ def asset(name: str) -> bytes:
 class Viewer:
     """The viewer's routes over ``views``; with a ``hub``, the live routes too."""
 
-    def __init__(self, views: LoomViews, hub: SessionHub | None = None) -> None:
+    def __init__(
+        self,
+        views: LoomViews,
+        hub: SessionHub | None = None,
+        limiter: trio.CapacityLimiter | None = None,
+    ) -> None:
         self.views = views
         self.hub = hub
+        self.limiter = limiter
+        """With a limiter, reads run in worker threads behind it: a PostgreSQL loom's
+        queries block, and must not hold the event loop."""
         self._assets: dict[str, bytes] = {}
 
     @classmethod
@@ -137,19 +146,24 @@ class Viewer:
             _allow(method, "POST")
             return await self._fork(receive)
         _allow(method, "GET")
+        read: Callable[[], Any]
         if parts == ["loom"]:
-            return views.overview()
-        if parts == ["entities"]:
-            return views.entities(query)
-        if parts == ["evals"]:
-            return views.evals()
-        if len(parts) == 3 and parts[0] == "entities" and parts[2] == "tree":
-            return views.tree(parts[1], query)
-        if len(parts) == 2 and parts[0] == "turns":
-            return views.turn(parts[1])
-        if len(parts) == 2 and parts[0] == "threads":
-            return views.thread(parts[1], query)
-        raise ViewerError(404, "not_found", f"no route {path!r}")
+            read = views.overview
+        elif parts == ["entities"]:
+            read = functools.partial(views.entities, query)
+        elif parts == ["evals"]:
+            read = views.evals
+        elif len(parts) == 3 and parts[0] == "entities" and parts[2] == "tree":
+            read = functools.partial(views.tree, parts[1], query)
+        elif len(parts) == 2 and parts[0] == "turns":
+            read = functools.partial(views.turn, parts[1])
+        elif len(parts) == 2 and parts[0] == "threads":
+            read = functools.partial(views.thread, parts[1], query)
+        else:
+            raise ViewerError(404, "not_found", f"no route {path!r}")
+        if self.limiter is None:
+            return read()
+        return await trio.to_thread.run_sync(read, limiter=self.limiter)
 
     async def _fork(self, receive: Receive) -> dict[str, Any]:
         """A new session continuing from a turn (LOOM-4); the page then prompts it."""
@@ -241,9 +255,14 @@ class ViewerApp:
     and styles under ``/ui/`` hold no loom data and are served to anyone."""
 
     def __init__(
-        self, source: Callable[[], Loom], token: str | None = None, name: str | None = None
+        self,
+        source: Callable[[], Loom],
+        token: str | None = None,
+        name: str | None = None,
+        *,
+        limiter: trio.CapacityLimiter | None = None,
     ) -> None:
-        self.viewer = Viewer(LoomViews(source, source=name))
+        self.viewer = Viewer(LoomViews(source, source=name), limiter=limiter)
         self.token = token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -292,8 +311,24 @@ def viewer_token(host: str, token: str | None) -> str | None:
     return token
 
 
+class LoomDatabase:
+    """A PostgreSQL loom for the viewer: every read is a query, so it is always fresh."""
+
+    def __init__(self, url: str) -> None:
+        self._loom = Loom.open(url)
+        store: Any = self._loom.store
+        self.limiter: trio.CapacityLimiter = store.limiter
+        self.name = str(store)  # the URL without its password
+
+    def __call__(self) -> Loom:
+        return self._loom
+
+    def close(self) -> None:
+        self._loom.close()
+
+
 async def serve_viewer(
-    path: Path,
+    path: Path | str,
     host: str = "127.0.0.1",
     port: int = 0,
     *,
@@ -301,8 +336,9 @@ async def serve_viewer(
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the read-only viewer of the loom at ``path`` with hypercorn's trio
-    worker until ``shutdown_trigger`` returns; ``task_status`` gets the URLs."""
+    """Serve the read-only viewer of the loom at ``path`` (a file, or a ``postgresql://``
+    URL) with hypercorn's trio worker until ``shutdown_trigger`` returns;
+    ``task_status`` gets the URLs."""
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
@@ -311,10 +347,16 @@ async def serve_viewer(
     config.accesslog = None
     config.errorlog = None
     config.graceful_timeout = 1.0
-    source = LoomFile(path)
+    source: LoomFile | LoomDatabase
+    if isinstance(path, str):
+        source = LoomDatabase(path)
+        app = ViewerApp(source, token, source.name, limiter=source.limiter)
+    else:
+        source = LoomFile(path)
+        app = ViewerApp(source, token, path.name)
     try:
         await serve(
-            ViewerApp(source, token, path.name),  # type: ignore[arg-type]
+            app,  # type: ignore[arg-type]
             config,
             shutdown_trigger=shutdown_trigger,
             task_status=task_status,
