@@ -116,6 +116,9 @@ base_url = "http://127.0.0.1:{port}/v1"
 medium = "conversation"
 gates = ["done"]
 wards = [{{max_turns = 10}}]
+
+[loom]
+path = "loom.db"
 """
     child = spawn(tmp_path, spec, "hi")
     child.expect_exact(f"waiting for ollama llama3.1:8b at http://127.0.0.1:{port}/v1")
@@ -124,3 +127,7 @@ wards = [{{max_turns = 10}}]
     assert child.exitstatus == 1
     assert f"cannot connect to http://127.0.0.1:{port}/v1" in child.before
     assert "is the server running?" in child.before
+    # One turn records the failure; the turn budget is not spent on observations of it.
+    loom = cantrip.Loom.open(tmp_path / "loom.db")
+    assert [(t.reason, t.truncated) for t in loom.turns] == [("llm_error", True)]
+    loom.close()
