@@ -75,13 +75,19 @@ def test_the_approval_prompt_is_legible_and_stays_put(tmp_path: Path) -> None:
     child.expect_exact('{"text": "risky"}')
     child.expect_exact("new arguments (JSON)>")
     child.sendline('{"text": "safe"}')
+    # An edit is a new call, judged by the approval policy again: asked once more.
+    child.expect_exact('"text": "safe"')
+    child.expect_exact("[e]dit the arguments>")
+    child.sendline("y")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0, child.before
     loom = cantrip.Loom.open(tmp_path / "loom.db")
     echoed = [r for t in loom.turns for r in t.gate_calls if r.gate == "echo"]
     assert echoed[-1].result == "safe"
-    assert echoed[-1].detail["approval"]["decision"] == "edit"
+    # The edited call ran (the second pause approved it), the original never did.
+    assert echoed[-1].detail["approval"]["decision"] == "approve"
+    assert [r.result for r in echoed if r.status == "ok"] == ["safe"]
     loom.close()
 
 

@@ -352,28 +352,41 @@ class ScriptedLLM:
 def script_position(messages: Sequence[Message], answers: int) -> tuple[int, int]:
     """Where the latest intent is in ``messages`` and how many answers followed it.
 
-    An intent is a user message that opens a cast: the first user message, or one
-    after a tool result or another intent. A user message right after a text-only
-    answer is ambiguous -- the nudge of a ``require_done`` circle, or the next
-    intent after a cast that ended in text -- so it counts as an intent only when
-    counting from the earlier one would run past the script's ``answers``.
-    Returns ``(index of the intent, assistant messages after it)``.
+    A user message surely opens a cast when it is the first one, or follows the
+    result of a ``done`` call that succeeded (the cast before it terminated). One
+    after any other tool result or after a text-only answer may open a cast (one
+    that ended truncated, in text, or by ``done`` inside code) or may be said inside
+    one (a message steering the running cast, a ``require_done`` nudge): such a
+    message is taken as the intent only when counting from the earlier candidates
+    would run past the script's ``answers`` -- the earliest candidate whose count
+    still fits is the intent. Consecutive user messages (an intent and a fold
+    summary) are one. Returns ``(index of the intent, answers after it)``.
     """
-    sure = ambiguous = -1
+    candidates: list[int] = []
     for index, message in enumerate(messages):
         if message.role != "user":
             continue
         previous = messages[index - 1] if index else None
-        if previous is not None and previous.role == "assistant" and not previous.tool_calls:
-            ambiguous = index
-        elif previous is None or previous.role != "user":
-            sure, ambiguous = index, -1
-    start = sure
-    answered = _answers_after(messages, start)
-    if ambiguous > start and answered >= answers:
-        start = ambiguous
-        answered = _answers_after(messages, start)
-    return max(start, 0), answered
+        if previous is not None and previous.role == "user":
+            continue  # the same opening, continued
+        finished = (
+            previous is not None
+            and previous.role == "tool"
+            and previous.name == "done"
+            and not previous.is_error
+        )
+        if previous is None or previous.role == "system" or finished:
+            candidates = [index]  # sure: nothing before it is this cast's
+        else:
+            candidates.append(index)
+    if not candidates:
+        return 0, _answers_after(messages, -1)
+    for index in candidates:
+        answered = _answers_after(messages, index)
+        if answered < answers:
+            return index, answered
+    last = candidates[-1]
+    return last, _answers_after(messages, last)
 
 
 _FOLDED = re.compile(r"\[Folded: turns (\d+)-(\d+)\]")
