@@ -1,7 +1,8 @@
 """The smaller first-hour failures (issue 30, item 9), each as a newcomer meets it:
 tracing with no collector, a damaged loom, ``cast --db`` with no worker and its
 ``--json``, PostgreSQL connection errors, a PostgreSQL loom in the loom CLI and the
-viewers, prose in a code medium, and the README's curl example."""
+viewers, and prose in a code medium (the HTTP API's curl example is in
+docs/how-to/acp-http.md, run by tests/test_docs.py)."""
 
 from __future__ import annotations
 

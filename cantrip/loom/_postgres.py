@@ -29,8 +29,8 @@ from typing import Any
 import trio
 
 from cantrip._errors import LoomAppendOnlyError, LoomError
-from cantrip._version import DISTRIBUTION
 from cantrip._redact import redact
+from cantrip._version import DISTRIBUTION
 from cantrip.loom._blobs import (
     MISSING,
     decode_blob,
