@@ -64,7 +64,7 @@ from cantrip.llm._contract import (
     can_stream,
 )
 from cantrip.llm._cost import llm_pricing, prompt_cost, response_cost
-from cantrip.llm._retry import RetryPolicy
+from cantrip.llm._retry import UNREACHABLE, RetryPolicy
 from cantrip.loom._fence import LeaseLostError
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import (
@@ -1450,7 +1450,11 @@ class Entity:
         """A provider failure that may pass (rate limit, overload, network) even
         after the retries inside the turn: it becomes an ``is_error`` observation and
         the loop goes on, bounded by the wards (D-011, SPEC.md "Supervision model"). Anything
-        else -- an invalid answer, a rejected request, a spent script -- ends the cast."""
+        else -- an invalid answer, a rejected request, a spent script, a provider that
+        nothing answers for (refused, no such host: retried inside the turn, briefly)
+        -- ends the cast."""
+        if isinstance(error, ProviderError) and error.code == UNREACHABLE:
+            return False
         return isinstance(error, ProviderError) and self.cantrip.retry.is_retryable(error)
 
     def _failed_turn(

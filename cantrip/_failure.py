@@ -20,8 +20,9 @@ import sqlite3
 import traceback
 from typing import Any, TextIO
 
-from cantrip._errors import CantripError
+from cantrip._errors import CantripError, ConstructionError
 from cantrip._redact import redact
+from cantrip._suggest import without_rule_ids
 from cantrip._text import TextError
 
 EXIT_ERROR = 1
@@ -48,16 +49,34 @@ def is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, CantripError | TextError | OSError | sqlite3.DatabaseError)
 
 
-def message(exc: BaseException) -> str:
-    """One line saying what is wrong, redacted."""
+def message(exc: BaseException, *, debug: bool = False) -> str:
+    """One line saying what is wrong, redacted; spec rule ids only with ``debug``."""
     if isinstance(exc, OSError) and exc.strerror:
         where = f"{exc.filename}: " if exc.filename is not None else ""
         text = f"{where}{exc.strerror}"
     elif isinstance(exc, sqlite3.DatabaseError):
-        text = f"the database cannot be read ({exc})"
+        text = (
+            f"the database cannot be read ({exc}); if it is a loom, 'cantrip loom FILE check' "
+            "says what is readable and 'cantrip loom FILE recover NEW.db' copies its complete "
+            "turns into a new file"
+        )
     else:
         text = str(exc) or type(exc).__name__
+    if not debug:
+        text = without_rule_ids(text)
     return redact(" ".join(text.split()))
+
+
+def problem_lines(exc: BaseException, *, debug: bool = False) -> list[str]:
+    """What to print for a user's mistake: one line, or -- for a spec with several
+    problems -- a heading and one line per problem, so all are fixed in one pass."""
+    if isinstance(exc, ConstructionError) and len(exc.problems) > 1:
+        items = [ConstructionError(p) for p in exc.problems]
+        return [
+            f"cantrip: {len(items)} problems (all of them, so you can fix them in one pass):",
+            *(f"  - {message(item, debug=debug)}" for item in items),
+        ]
+    return [f"cantrip: {message(exc, debug=debug)}"]
 
 
 def report(exc: BaseException, *, debug: bool, stream: TextIO) -> int:
@@ -66,7 +85,8 @@ def report(exc: BaseException, *, debug: bool, stream: TextIO) -> int:
     if all(is_user_error(leaf) for leaf in found):
         if debug:
             stream.write(redact("".join(traceback.format_exception(exc))))
-        print(f"cantrip: {message(found[0])}", file=stream)
+        for line in problem_lines(found[0], debug=debug):
+            print(line, file=stream)
         return EXIT_ERROR
     bug = next(leaf for leaf in found if not is_user_error(leaf))
     stream.write(redact("".join(traceback.format_exception(exc))))

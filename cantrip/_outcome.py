@@ -176,9 +176,14 @@ def stop_reason(outcome: CastResult | None) -> str:
     """ACP's ``stopReason`` for a cast (HTTP reports the same)."""
     if outcome is None:
         return "cancelled"
-    if outcome.terminated:
+    return stop_reason_for(outcome.terminated, outcome.reason)
+
+
+def stop_reason_for(terminated: bool, reason: str | None) -> str:
+    """:func:`stop_reason` from what a queued cast's outcome records."""
+    if terminated:
         return "end_turn"
-    return STOP_REASONS.get(outcome.reason or "", "max_turn_requests")
+    return STOP_REASONS.get(reason or "", "max_turn_requests")
 
 
 class SessionIds(Protocol):

@@ -13,11 +13,12 @@ conversation.)
 
 from __future__ import annotations
 
+import copy
 import logging
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_type_hints
+from typing import Any, Literal, get_args, get_type_hints
 
 import attrs
 import pydantic
@@ -36,6 +37,7 @@ from cantrip._medium_names import MediumFactory as MediumFactory
 from cantrip._medium_names import register_medium as register_medium
 from cantrip._medium_names import resolve_medium_name as resolve_medium_name
 from cantrip._output import OutputSchema
+from cantrip._suggest import did_you_mean
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import LLM, Usage
 from cantrip.llm._retry import DEFAULT_RETRYABLE, RetryingLLM, RetryPolicy
@@ -79,7 +81,14 @@ class ProviderRefSpec(_Strict):
 
 _PROVIDER_ONLY = ("base_url", "api_key_env", "timeout_s", "compat")
 """LLMSpec keys that only mean something for a real provider."""
-_SCRIPT_ONLY = ("responses", "raw_response", "usage", "retry_behavior", "record_inputs")
+_SCRIPT_ONLY = (
+    "responses",
+    "raw_response",
+    "usage",
+    "retry_behavior",
+    "record_inputs",
+    "script",
+)
 """LLMSpec keys that only mean something for a scripted LLM."""
 
 
@@ -120,6 +129,12 @@ class LLMSpec(_Strict):
     """Declares the LLM keeps no state between queries; the runner checks it."""
     retry_behavior: bool = False
     """Declares the script contains provider errors for the retry policy."""
+    script: Literal["per_entity", "shared"] | None = None
+    """How a scripted LLM picks its entry: ``per_entity`` (the default: each cast
+    plays the script from its first entry, positioned by its own conversation, so
+    a spec can be served, invoked line by line, run by workers and resumed) or
+    ``shared`` (one cursor in query order, as the Python ``ScriptedLLM`` -- what
+    the conformance runner uses when a vector does not say)."""
 
 
 class IdentitySpec(_Strict):
@@ -240,9 +255,45 @@ def load_spec_file(path: str | Path) -> SpecDocument:
         raise ConstructionError(f"spec file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConstructionError(f"{path}: not valid TOML: {exc}") from None
-    doc = parse_spec(data, source=str(path))
+    try:
+        doc = SpecDocument.model_validate(data)
+    except pydantic.ValidationError as exc:
+        problems = [f"{path}: {p}" for p in _pydantic_problems(exc)]
+        raise ConstructionError(_dedupe(problems + _problems_past(exc, data, path))) from None
     doc._source = path.resolve()
     return doc
+
+
+def _problems_past(exc: pydantic.ValidationError, data: Mapping[str, Any], path: Path) -> list[str]:
+    """What building would find wrong once the keys pydantic refused are left out
+    (unknown gates and wards, a missing done gate...), so a file's mistakes come
+    in one run, not one kind per run. Nothing is opened: the build stops at its
+    problems, and there is at least one."""
+    pruned = copy.deepcopy(dict(data))
+    for error in exc.errors():
+        _drop(pruned, error["loc"])
+    try:
+        doc = SpecDocument.model_validate(pruned)
+    except pydantic.ValidationError:
+        return []  # still not a document: what was said already is what can be said
+    doc._source = path.resolve()
+    try:
+        build_cantrip(doc, base_dir=path.resolve().parent, known_problems=["(pending)"])
+    except ConstructionError as more:
+        return [f"{path}: {p}" for p in more.problems if p != "(pending)"]
+    return []
+
+
+def _drop(data: Any, loc: tuple[int | str, ...]) -> None:
+    """Remove the value at a pydantic error's ``loc`` (a union member's tag in the
+    path, which names no key, is stepped over)."""
+    node = data
+    for part in loc[:-1]:
+        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if in_list or (isinstance(node, dict) and part in node):
+            node = node[part]
+    if isinstance(node, dict):
+        node.pop(loc[-1], None)
 
 
 def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> SpecDocument:
@@ -261,6 +312,7 @@ def build_cantrip(
     llms: Mapping[str, LLM] | None = None,
     loom: Loom | None = None,
     llm: LLM | None = None,
+    known_problems: list[str] | None = None,
 ) -> Cantrip:
     """Construct the cantrip a document describes, reporting every problem at once.
 
@@ -270,8 +322,10 @@ def build_cantrip(
     conformance runner's virtual filesystem). ``llms`` adds named LLMs built
     elsewhere (tests); named LLMs of the document are built here. ``llm``
     swaps in an already-built LLM for the document's own (spec 2.2).
+    ``known_problems`` were found before (the file's keys): reported first, with
+    whatever the build finds.
     """
-    problems: list[str] = []
+    problems: list[str] = list(known_problems or ())
     if llm is None and doc.llm is not None:
         llm = build_llm(doc.llm, problems, "llm")
     named: dict[str, LLM] = dict(llms or {})
@@ -526,6 +580,7 @@ def _scripted_llm(spec: LLMSpec, problems: list[str], where: str) -> LLM | None:
             provider=wire,
             latency_s=spec.latency_ms / 1000.0,
             medium_hint=_LLM_TYPE_MEDIUM.get(spec.type) if spec.type else None,
+            per_entity=spec.script != "shared",
         )
     except ConstructionError as exc:
         problems.extend(f"{where}: {p}" for p in exc.problems)
@@ -648,11 +703,15 @@ def _build_gate(
                 builtin = candidate  # aliases normalize to the canonical gate (D-002)
     if is_fixture or builtin is None:
         if not is_fixture:
-            known = ", ".join(sorted(builtin_gates.BUILTIN))
-            problems.append(
-                f"unknown gate {spec.name!r} (built-in gates: {known}; or declare a fixture "
-                "gate with result/behavior)"
+            names = [
+                *builtin_gates.BUILTIN,
+                *(a for g in builtin_gates.BUILTIN.values() for a in g.aliases),
+            ]
+            hint = did_you_mean(spec.name, names) or (
+                f" (built-in gates: {', '.join(sorted(builtin_gates.BUILTIN))}; or declare a "
+                "fixture gate with result/behavior)"
             )
+            problems.append(f"unknown gate {spec.name!r}{hint}")
             return None
         if spec.dependencies:
             problems.append(f"gate {spec.name!r}: fixture gates take no dependencies")
@@ -729,12 +788,49 @@ def _pydantic_problems(exc: pydantic.ValidationError) -> list[str]:
     for error in exc.errors():
         where = ".".join(str(p) for p in error["loc"])
         if error["type"] == "extra_forbidden":
-            out.append(f"unknown key {where!r}")
+            key = str(error["loc"][-1])
+            out.append(f"unknown key {where!r}{did_you_mean(key, _keys_at(error['loc'][:-1]))}")
         elif error["type"] == "missing":
             out.append(f"missing key {where!r}")
         else:
             out.append(f"{where}: {error['msg']}")
     return out
+
+
+def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the table at ``loc`` of a :class:`SpecDocument` accepts (names and
+    aliases), for a "did you mean"; empty where the place has no fixed keys."""
+    current: Any = SpecDocument
+    for part in loc:
+        model = _model_in(current)
+        field = None
+        if model is not None and isinstance(part, str):
+            field = model.model_fields.get(part) or next(
+                (f for f in model.model_fields.values() if f.alias == part), None
+            )
+        if field is not None:
+            current = field.annotation
+        # else a list index, a dict key or a union member's tag: the same type goes on
+    model = _model_in(current)
+    if model is None:
+        return []
+    return [
+        name
+        for key, field in model.model_fields.items()
+        for name in (key, field.alias)
+        if name is not None
+    ]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The first pydantic model in a type (``X``, ``X | None``, ``list[X]``, ``dict[str, X]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _dedupe(items: list[str]) -> list[str]:

@@ -27,6 +27,20 @@ def check_text(text: str, what: str = "the intent") -> str:
     return text
 
 
+EMPTY_INTENT = (
+    'the intent is empty: give it after the spec file (cantrip cast SPEC "what to do") '
+    'or on stdin (echo "what to do" | cantrip cast SPEC)'
+)
+"""What the command line says when there is nothing to cast: how to give an intent."""
+
+
+def require_intent(text: str) -> str:
+    """``text`` if it says something, else :class:`TextError` saying how to give one."""
+    if not text.strip():
+        raise TextError(EMPTY_INTENT)
+    return text
+
+
 def decode_input(data: bytes, what: str = "the intent") -> str:
     """Bytes a user piped in, decoded as UTF-8 (a leading BOM is dropped), or :class:`TextError`."""
     try:

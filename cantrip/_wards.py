@@ -18,6 +18,7 @@ from typing import Any, Literal
 import attrs
 
 from cantrip._errors import ConstructionError
+from cantrip._suggest import did_you_mean
 
 WardCombine = Literal["min", "or"]
 
@@ -88,8 +89,8 @@ class Ward:
     def __attrs_post_init__(self) -> None:
         spec = _KINDS.get(self.kind)
         if spec is None:
-            known = ", ".join(sorted(_KINDS))
-            raise ConstructionError(f"unknown ward {self.kind!r} (known wards: {known})")
+            hint = did_you_mean(self.kind, _KINDS) or f" (known wards: {', '.join(sorted(_KINDS))})"
+            raise ConstructionError(f"unknown ward {self.kind!r}{hint}")
         if spec.combine == "or":
             if not isinstance(self.value, bool):
                 raise ConstructionError(f"ward {self.kind} takes true or false, not {self.value!r}")

@@ -15,6 +15,7 @@ instead of reading dumps.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,16 @@ from cantrip.medium import (
 )
 from cantrip.medium import preview as value_preview
 from mediums.base import Execution, GateHost, cut_off, visible_result
+
+log = logging.getLogger("cantrip.medium")
+
+PROSE_IN_CODE = (
+    "the code medium received prose, not code: it ends the cast as the answer, unrun. "
+    "Code runs when the LLM calls the code tool -- in a scripted LLM, write it as "
+    'code = "..." (not content = "...")'
+)
+"""Said when a code medium's LLM answers in text: a spec whose script puts code under
+``content`` would otherwise return the code, silently, as the answer."""
 
 VIEWPORT_CHARS = 500
 PREVIEW_CHARS = 150
@@ -185,6 +196,8 @@ async def execute_code_calls(
     calls the sandbox was lost.
     """
     if not response.tool_calls:
+        if (response.content or "").strip():
+            log.warning(PROSE_IN_CODE)
         return Execution(text_only=True)
     records: list[GateCallRecord] = []
     observations: list[str] = []

@@ -22,7 +22,8 @@ def make_spell(
     script: list[dict[str, Any]], loom: Path | None = None, gates: Sequence[str] = ("done", "echo")
 ) -> cantrip.Cantrip:
     doc: dict[str, Any] = {
-        "llm": {"provider": "scripted", "responses": script},
+        # one script for the whole session, in query order (casts take turns through it)
+        "llm": {"provider": "scripted", "responses": script, "script": "shared"},
         "circle": {"medium": "conversation", "gates": list(gates), "wards": [{"max_turns": 4}]},
     }
     if loom is not None:

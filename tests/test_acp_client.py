@@ -33,6 +33,7 @@ CANTRIP = str(Path(sys.executable).with_name("cantrip"))
 FIRST_PROCESS = """
 [llm]
 provider = "scripted"
+script = "shared"  # one script for the session's four prompts, in order
 responses = [
     # prompt 1: leave state in the sandbox
     {{ content = "Noting it.", code = "var colour = 'blue'; done('noted: ' + colour)" }},

@@ -117,11 +117,17 @@ def terminals() -> Any:
         terminal.close()
 
 
-def spec_file(folder: Path, script: str, *, loom: str | None = None, wards: str = "5") -> Path:
+def spec_file(
+    folder: Path, script: str, *, loom: str | None = None, wards: str = "5", shared: bool = False
+) -> Path:
+    """A spec with this script; ``shared``: one cursor through the whole session
+    (``script = "shared"``) instead of each cast playing it from the start."""
     path = folder / "spec.toml"
+    mode = 'script = "shared"' if shared else ""
     text = f"""
     [llm]
     provider = "scripted"
+    {mode}
     responses = [
     {textwrap.indent(textwrap.dedent(script).strip(), "    ")}
     ]
@@ -273,7 +279,7 @@ INVOKE_SCRIPT = """
 def test_invoke_keeps_one_entity_cancels_on_ctrl_c_and_resumes(
     tmp_path: Path, terminals: Any
 ) -> None:
-    spec = spec_file(tmp_path, INVOKE_SCRIPT, loom="invoke.db")
+    spec = spec_file(tmp_path, INVOKE_SCRIPT, loom="invoke.db", shared=True)
     terminal = terminals("invoke", str(spec), cwd=tmp_path)
     banner = terminal.expect("cantrip> ")
     entity = re.search(r"entity-[0-9a-f]+", banner)
@@ -323,7 +329,7 @@ def test_invoke_keeps_one_entity_cancels_on_ctrl_c_and_resumes(
 
 
 def test_invoke_reads_intents_from_a_pipe(tmp_path: Path) -> None:
-    spec = spec_file(tmp_path, INVOKE_SCRIPT.replace(", delay_ms = 60000", ""))
+    spec = spec_file(tmp_path, INVOKE_SCRIPT.replace(", delay_ms = 60000", ""), shared=True)
     done = run(
         "invoke", str(spec), cwd=tmp_path, stdin="My colour is blue.\n\nThink.\nWhat is it?\n"
     )

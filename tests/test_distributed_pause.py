@@ -294,7 +294,7 @@ def test_cast_db_with_a_pausing_spec_says_what_waits_and_how_to_answer(
     spec = tmp_path / "pay.toml"
     spec.write_text(
         '[llm]\nprovider = "scripted"\nresponses = [\n'
-        + (ECHO * 2 + DONE + ECHO + DONE)  # one worker, one script: casts take turns
+        + (ECHO + DONE)  # every cast plays the script from its first entry
         + "]\n"
         '[circle]\nmedium = "conversation"\ngates = ["done", "echo"]\n'
         'wards = [{max_turns = 4}]\napprove = ["echo"]\n'

@@ -41,7 +41,8 @@ SCRIPT: list[dict[str, Any]] = [
 
 def make_spell(script: list[dict[str, Any]], loom: Path | None = None) -> cantrip.Cantrip:
     doc: dict[str, Any] = {
-        "llm": {"provider": "scripted", "responses": script},
+        # one script for the whole session, in query order (casts take turns through it)
+        "llm": {"provider": "scripted", "responses": script, "script": "shared"},
         "circle": {
             "medium": "conversation",
             "gates": ["done", "echo"],

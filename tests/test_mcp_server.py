@@ -93,9 +93,10 @@ async def test_cast_over_stdio_with_progress_and_loom_resources(tmp_path: Path) 
             (1.0, 4.0, 'turn 1: echo({"text": "thinking"})'),
             (2.0, 4.0, 'turn 2: done({"answer": "first answer"})'),
         ]
-        # The script is spent: the next cast fails, as a tool error (not a crash).
-        spent = await client.call_tool("cast", {"intent": "again"})
-        assert spent.is_error and "ScriptExhaustedError" in spent.content[0].text  # type: ignore[union-attr]
+        # Each call is a fresh entity, which plays the spec's script from its start.
+        again = await client.call_tool("cast", {"intent": "again"})
+        assert not again.is_error
+        assert again.content[0].text == "first answer"  # type: ignore[union-attr]
         # The loom's threads are resources.
         resources = (await client.list_resources()).resources
         entity = structured["entity_id"]
@@ -111,6 +112,13 @@ async def test_cast_over_stdio_with_progress_and_loom_resources(tmp_path: Path) 
         assert loom.entity_turns(entity)[-1].result == "first answer"
     finally:
         loom.close()
+
+
+async def test_a_spent_script_is_a_tool_error_not_a_crash(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, [call("echo", text="thinking")], loom=False)
+    async with stdio(spec) as client:
+        spent = await client.call_tool("cast", {"intent": "hello"})
+        assert spent.is_error and "ScriptExhaustedError" in spent.content[0].text  # type: ignore[union-attr]
 
 
 @asynccontextmanager

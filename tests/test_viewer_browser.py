@@ -43,6 +43,7 @@ ARTIFACTS = (
 SPEC = """
 [llm]
 provider = "scripted"
+script = "shared"  # one script for the session's prompts, in order
 responses = [
   { content = "Booking it.", tool_calls = [{ gate = "echo", args = { text = "flight LX318 booked" } }, { gate = "nosuch", args = {} }], usage = { prompt_tokens = 50, completion_tokens = 5 } },
   { tool_calls = [{ gate = "done", args = { answer = "Your flight is booked." } }] },

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -54,12 +55,15 @@ from cantrip._redact import redact
 from cantrip.loom._export import Redaction, export_chat, export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
+from cantrip.loom._postgres import _safe
+from cantrip.loom._repair import damaged_hint
 from cantrip.loom._summary import cost as _cost
 from cantrip.loom._summary import outcome as _outcome
 from cantrip.loom._summary import tokens as _tokens
 from cantrip.loom._summary import tree_turns as _tree_turns
 from cantrip.loom._view import reasoning_summary
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_TRUNCATED = 2
@@ -96,7 +100,12 @@ def add_loom_parser(
         description=LOOM_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    loom.add_argument("loom_file", type=Path, metavar="FILE", help="a loom file (.db or .jsonl)")
+    loom.add_argument(
+        "loom_file",
+        type=loom_location,
+        metavar="FILE",
+        help="a loom file (.db or .jsonl), or a postgresql:// URL",
+    )
     commands = loom.add_subparsers(dest="loom_command", required=True, metavar="COMMAND")
 
     listing = commands.add_parser(
@@ -228,12 +237,27 @@ def add_loom_parser(
     return parser
 
 
+def loom_location(text: str) -> Path | str:
+    """A loom file's path, or a ``postgresql://`` URL kept as it was typed (a path
+    would fold its ``//``)."""
+    if text.startswith(POSTGRES_SCHEMES):
+        return text
+    return Path(text)
+
+
 def run_loom(args: argparse.Namespace) -> int:
     """Run a parsed ``cantrip loom`` command; the exit code."""
     out, err = sys.stdout, sys.stderr
-    path: Path = args.loom_file
-    if not path.exists():
+    path: Path | str = args.loom_file
+    if isinstance(path, Path) and not path.exists():
         print(f"cantrip: no loom file at {path}", file=err)
+        return EXIT_ERROR
+    if isinstance(path, str) and args.loom_command in ("check", "recover"):
+        print(
+            f"cantrip: {args.loom_command} reads a loom file page by page; a PostgreSQL loom "
+            "is kept whole by PostgreSQL itself",
+            file=err,
+        )
         return EXIT_ERROR
     if args.loom_command == "view":
         return _view(args, err)
@@ -244,9 +268,16 @@ def run_loom(args: argparse.Namespace) -> int:
             raise  # the caller prints the traceback
         print(f"cantrip: {redact(' '.join(str(exc).split()))}", file=err)
         return EXIT_ERROR
+    except sqlite3.DatabaseError as exc:
+        if debug_requested(args) or isinstance(
+            exc, sqlite3.ProgrammingError | sqlite3.InterfaceError
+        ):
+            raise  # how cantrip used SQLite: a bug, with its traceback
+        print(f"cantrip: {path} is a damaged loom ({exc}); {damaged_hint(path)}", file=err)
+        return EXIT_ERROR
 
 
-def _run(args: argparse.Namespace, path: Path, out: TextIO, err: TextIO) -> int:
+def _run(args: argparse.Namespace, path: Path | str, out: TextIO, err: TextIO) -> int:
     if args.loom_command in ("check", "recover"):
         return _repair(args, out, err)
     loom = Loom.open(path)  # a foreign or damaged file is a LoomError saying which
@@ -655,6 +686,8 @@ def _view(args: argparse.Namespace, err: TextIO) -> int:
     from cantrip.protocols._guard import BindError
     from cantrip.protocols._viewer import serve_viewer, viewer_guard
 
+    shown = _safe(args.loom_file) if isinstance(args.loom_file, str) else args.loom_file
+
     try:
         guard = viewer_guard(args.host, args.token)
     except BindError as exc:
@@ -680,7 +713,7 @@ def _view(args: argparse.Namespace, err: TextIO) -> int:
                     )
                 )
                 for bind in binds:
-                    print(f"cantrip: viewing {args.loom_file} at {bind}/", file=err, flush=True)
+                    print(f"cantrip: viewing {shown} at {bind}/", file=err, flush=True)
                 if guard.token is not None:
                     print(
                         "cantrip: a token is required: open the page as URL/?token=TOKEN",
@@ -694,7 +727,7 @@ def _view(args: argparse.Namespace, err: TextIO) -> int:
         print(f"cantrip: cannot serve on {args.host}:{args.port}: {exc}", file=err)
         return EXIT_ERROR
     except CantripError as exc:
-        print(f"cantrip: cannot read {args.loom_file}: {redact(str(exc))}", file=err)
+        print(f"cantrip: cannot read {shown}: {redact(str(exc))}", file=err)
         return EXIT_ERROR
     return EXIT_OK
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import logging
 import os
 import sys
@@ -456,7 +455,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _fail(message: str) -> int:
-    print(f"cantrip: {redact(message)}", file=sys.stderr)
+    from cantrip._failure import debug_requested
+    from cantrip._suggest import without_rule_ids
+
+    text = message if debug_requested() else without_rule_ids(message)
+    print(f"cantrip: {redact(text)}", file=sys.stderr)
     return EXIT_ERROR
 
 
@@ -511,8 +514,13 @@ def _check(spec: Path, spell: Cantrip) -> int:
 
 
 def _cast(args: argparse.Namespace) -> int:
-    from cantrip._text import check_text, decode_input
-    from cantrip.protocols._terminal import Progress, cast_with_progress, wants_progress
+    from cantrip._text import check_text, decode_input, require_intent
+    from cantrip.protocols._terminal import (
+        Progress,
+        cast_with_progress,
+        describe_llm,
+        wants_progress,
+    )
 
     if args.check:
         spell = _load(args.spec, args.loom)
@@ -526,25 +534,25 @@ def _cast(args: argparse.Namespace) -> int:
         intent = check_text(args.intent, "the intent argument")
     else:
         intent = decode_input(sys.stdin.buffer.read(), "the intent on stdin").strip()
+    require_intent(intent)
     spell = _load(args.spec, args.loom)
-    progress = Progress(enabled=wants_progress(sys.stderr, args.quiet))
+    progress = Progress(enabled=wants_progress(sys.stderr, args.quiet), llm=describe_llm(spell.llm))
     try:
         on_pause = _pause_handler(args, spell, args.intent is not None and sys.stdin.isatty())
         if on_pause == "ask":
             from cantrip.protocols._human import TerminalHuman
             from cantrip.protocols._terminal import stderr_console
 
-            on_pause = TerminalHuman(stderr_console(), _stdin_line)
+            on_pause = TerminalHuman(stderr_console(), _stdin_line, progress.held)
         outcome, interrupted = trio.run(cast_with_progress, spell, intent, progress, on_pause)
     finally:
         spell.loom.close()
     loom_path = _loom_path(spell)
     if args.json:
         from cantrip._outcome import result_dict
+        from cantrip.cli._output import print_cast_json
 
-        data = result_dict(outcome)
-        data["loom"] = str(loom_path) if loom_path else None
-        print(json.dumps(data, default=str))
+        print_cast_json(result_dict(outcome), loom=str(loom_path) if loom_path else None)
     elif outcome is not None and outcome.terminated:
         print(redact(outcome.text))
     elif outcome is not None and outcome.reason != "cancelled":
@@ -569,6 +577,7 @@ def _invoke(args: argparse.Namespace) -> int:
     from cantrip.protocols._terminal import (
         Invocation,
         Progress,
+        describe_llm,
         print_out,
         stderr_console,
         wants_progress,
@@ -594,7 +603,11 @@ def _invoke(args: argparse.Namespace) -> int:
             entity_id=args.resume,
             out=print_out,
             err=console,
-            progress=Progress(console, enabled=wants_progress(sys.stderr, args.quiet)),
+            progress=Progress(
+                console,
+                enabled=wants_progress(sys.stderr, args.quiet),
+                llm=describe_llm(spell.llm),
+            ),
             interactive=sys.stdin.isatty(),
             on_pause=on_pause,
             grace_s=args.grace_s,

@@ -14,7 +14,7 @@ from typing import Any
 import trio
 
 from cantrip._errors import CantripError
-from cantrip._redact import redact, redact_value
+from cantrip._redact import redact
 
 EXIT_TERMINATED, EXIT_ERROR, EXIT_TRUNCATED, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_PAUSED = 3
@@ -90,10 +90,12 @@ def _list_dead_letters(url: str) -> int:
 def cast_on_db(args: argparse.Namespace) -> int:
     """Enqueue the spec's cast, wait for a worker to finish it, print like ``cast``."""
     _quiet_pool_log()
+    from cantrip._text import require_intent
     from cantrip.distributed._worker import Dispatcher, spell_from_spec
     from cantrip.mcp._spec import check_queued_spell
 
     intent = args.intent if args.intent is not None else sys.stdin.read().strip()
+    require_intent(intent)
     try:
         spell = spell_from_spec(args.spec)
         check_queued_spell(spell)
@@ -102,11 +104,23 @@ def cast_on_db(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     rule = _standing_decision(args)
 
+    def no_worker(waited: float) -> None:
+        print(
+            f"cantrip: no worker has taken work {work_id} after {waited:.0f} s -- none seems "
+            "to be running on this database; start one with: cantrip worker --db URL "
+            "(this command keeps waiting; Ctrl-C cancels the cast)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    work_id = 0
+
     def run() -> Ended | int:
+        nonlocal work_id
         work_id, entity_id = dispatcher.submit(spell, intent)
         print(f"cantrip: queued work {work_id} for {entity_id}", file=sys.stderr, flush=True)
         try:
-            state, outcome = dispatcher.wait(work_id)
+            state, outcome = dispatcher.wait(work_id, on_unclaimed=no_worker)
             while state == "paused" and rule is not None:
                 # --approve-all / --deny-all: answer each pause as it comes, and go on
                 for pause in outcome.get("pending") or []:
@@ -186,8 +200,11 @@ def answer_on_db(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, state: str, work_id: int, outcome: dict[str, Any]) -> int:
     """Print how the work ended (like ``cast``) and return the exit code."""
     if args.json:
-        printed = redact_value({"state": state, "work_id": work_id, **outcome})
-        print(json.dumps(printed, default=str))
+        from cantrip.cli._output import print_cast_json
+        from cantrip.loom._postgres import _safe
+
+        extra = {"state": state, "work_id": work_id}
+        print_cast_json(outcome, loom=_safe(args.db), extra=extra)
     elif state in ("failed", "dead"):
         print(f"cantrip: {redact(str(outcome.get('error')))}", file=sys.stderr)
     elif state == "paused":

@@ -32,7 +32,7 @@ import yaml
 from cantrip._cantrip import Cantrip
 from cantrip._errors import CantripError
 from cantrip._outcome import CastResult
-from cantrip._specfile import SpecDocument, build_cantrip, build_llm, parse_spec
+from cantrip._specfile import LLMSpec, SpecDocument, build_cantrip, build_llm, parse_spec
 from cantrip.conformance._matchers import (
     LabelBinding,
     Mismatch,
@@ -206,14 +206,15 @@ class Runner:
         llms: dict[str, LLM] = {}
         registry: dict[str, LLM] = {}
         if doc.llm is not None:
-            built = build_llm(doc.llm, problems, MAIN_LLM)
+            built = build_llm(_shared_script(doc.llm), problems, MAIN_LLM)
             if built is not None:
                 llms[MAIN_LLM] = built
         for key, raw in llm_specs.items():
             spec = parse_spec({MAIN_LLM: raw}, source=f"setup.{key}").llm
             if spec is None:
                 continue
-            built = build_llm(spec.model_copy(update={"name": spec.name or key}), problems, key)
+            named = _shared_script(spec).model_copy(update={"name": spec.name or key})
+            built = build_llm(named, problems, key)
             if built is not None:
                 llms[key] = built
                 registry[spec.name or key] = built
@@ -312,6 +313,15 @@ _ACTIONS: dict[str, Callable[[Runner, World, Any], Any]] = {
     "export_loom": Runner._export_loom,
     "acp_exchange": Runner._acp_exchange,
 }
+
+
+def _shared_script(spec: LLMSpec) -> LLMSpec:
+    """A vector's scripted LLMs share one cursor, in query order, unless the vector
+    says otherwise: the reference vectors interleave a parent's and its children's
+    answers in one script and count queries across casts (SPEC.md "Conformance")."""
+    if spec.script is not None:
+        return spec
+    return spec.model_copy(update={"script": "shared"})
 
 
 def _steps(action: Any) -> list[Mapping[str, Any]]:

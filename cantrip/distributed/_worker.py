@@ -103,6 +103,10 @@ def build_spell(spell: Mapping[str, Any], loom: Loom) -> Cantrip:
     return build_cantrip(doc, base_dir=Path(base) if base else None, loom=loom)
 
 
+UNCLAIMED_AFTER_S = 3.0
+"""How long queued work may wait before ``cast --db`` says no worker has taken it."""
+
+
 def outcome_of(result: CastResult) -> dict[str, Any]:
     """What ``cantrip_work`` stores for a cast that ended: the one JSON shape every front
     end reports (:func:`cantrip._outcome.result_dict`, redacted; its cost the whole
@@ -677,13 +681,24 @@ class Dispatcher:
 
         return self._retrying("submit", enqueue), entity_id
 
-    def wait(self, work_id: int, *, timeout: float | None = None) -> tuple[str, dict[str, Any]]:
+    def wait(
+        self,
+        work_id: int,
+        *,
+        timeout: float | None = None,
+        on_unclaimed: Callable[[float], None] | None = None,
+        unclaimed_after: float = UNCLAIMED_AFTER_S,
+    ) -> tuple[str, dict[str, Any]]:
         """Block until the work ends (LISTEN, with polling as the fallback): done,
         failed, cancelled, ``dead`` (dead-lettered), or ``paused`` -- its outcome's
-        ``pending`` lists the calls that wait for a human (:meth:`answer` them)."""
+        ``pending`` lists the calls that wait for a human (:meth:`answer` them).
+        ``on_unclaimed`` is called once (with the seconds waited) if no worker has taken
+        the work after ``unclaimed_after`` seconds: an idle worker takes new work within
+        a moment, so most likely none is running."""
         import psycopg
 
-        deadline = None if timeout is None else time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
         conn: psycopg.Connection[Any] | None = None
 
         def look(_retry: bool) -> tuple[str, dict[str, Any] | None, psycopg.Connection[Any]]:
@@ -703,6 +718,10 @@ class Dispatcher:
                 state, outcome, listening = self._retrying("wait", look, deadline)
                 if outcome is not None or state in ENDED:
                     return state, outcome or {}
+                waited = time.monotonic() - started
+                if on_unclaimed is not None and state == "queued" and waited > unclaimed_after:
+                    on_unclaimed(waited)
+                    on_unclaimed = None
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"work {work_id} still {state} after {timeout} s")
                 try:

@@ -29,6 +29,10 @@ from cantrip.llm._wrapper import Wrapper, call
 log = get_logger("cantrip.llm.retry")
 
 DEFAULT_RETRYABLE = frozenset({429, 500, 502, 503, 504, 529})
+UNREACHABLE = "connect_error"
+"""The code of a provider error that says nothing answers at the address."""
+UNREACHABLE_MAX_DELAY = 0.5
+"""Seconds between the retries of an unreachable provider (their backoff's cap)."""
 _JITTER = random.Random()
 
 
@@ -66,6 +70,10 @@ class RetryPolicy:
         if error.retry_after is not None:
             return float(min(max(error.retry_after, 0.0), self.max_retry_after))
         backoff = min(self.base_delay * 2.0 ** (attempt - 1), self.max_delay)
+        if error.code == UNREACHABLE:
+            # Nothing listens there (refused, no such host): a server that is
+            # starting answers within a second or two, one that is absent never.
+            backoff = min(backoff, UNREACHABLE_MAX_DELAY)
         return backoff + rng.uniform(0.0, self.jitter * backoff)
 
 

@@ -22,11 +22,25 @@ A script entry is a mapping with any of:
 
 With ``provider="openai"`` every entry is turned into a Chat Completions
 payload and normalized by :mod:`cantrip.llm._openai_chat` (LLM-6).
+
+Two ways to pick the entry (``per_entity``):
+
+* ``False`` (the Python default, what the conformance runner needs): one
+  process-wide cursor; every query takes the next entry, whoever asks.
+* ``True`` (a spec file's default): the script is each cast's own. The entry
+  is read from the conversation the query carries -- the number of assistant
+  messages since the latest intent -- so every entity (a serve session, an
+  ``invoke`` line, a worker's cast, a child) starts the script at its first
+  entry, and an entity rebuilt from its loom after a restart continues where
+  its conversation stands. Nothing is kept between queries except which error
+  entries a conversation has already been given (so a retry moves past them).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -122,7 +136,11 @@ class ScriptedLLM:
     invocations: list[Query] = attrs.field(factory=list)
     _ready: dict[int, Response] = attrs.field(factory=dict, repr=False)
     """Responses built once at construction: entries that need no query context."""
+    per_entity: bool = False
+    """Answer from the conversation's own progress, not a shared cursor (module doc)."""
     _cursor: int = 0
+    _errors_given: dict[tuple[str, int], int] = attrs.field(factory=dict, repr=False)
+    """Per-entity mode: error entries already raised, by (conversation key, position)."""
 
     def __attrs_post_init__(self) -> None:
         if self.provider is not None and self.provider not in _FORMATS:
@@ -171,16 +189,7 @@ class ScriptedLLM:
         extra: Mapping[str, Any] | None = None,
     ) -> Response:
         self.invocations.append(Query(messages, tuple(tools), tool_choice, extra or {}))
-        if self._cursor >= len(self.responses):
-            raise ScriptExhaustedError(
-                f"scripted LLM {self.name!r} has no response left for query "
-                f"#{len(self.invocations)} (its script has {len(self.responses)})"
-            )
-        # The slot is taken now, on arrival: concurrent queries (entities sharing
-        # this LLM) each own one entry, in the order they asked, whatever order
-        # their latency waits end in.
-        slot = self._cursor
-        self._cursor += 1
+        slot = self._entity_slot(messages) if self.per_entity else self._shared_slot()
         entry = self.responses[slot]
         delay = float(entry.get("delay_ms", 0)) / 1000.0 + self.latency_s
         if delay:
@@ -206,6 +215,44 @@ class ScriptedLLM:
         if ready is not None:
             return ready
         return self._response(entry, tools)
+
+    def _shared_slot(self) -> int:
+        if self._cursor >= len(self.responses):
+            raise ScriptExhaustedError(
+                f"scripted LLM {self.name!r} has no response left for query "
+                f"#{len(self.invocations)} (its script has {len(self.responses)})"
+            )
+        # The slot is taken now, on arrival: concurrent queries (entities sharing
+        # this LLM) each own one entry, in the order they asked, whatever order
+        # their latency waits end in.
+        slot = self._cursor
+        self._cursor += 1
+        return slot
+
+    def _entity_slot(self, messages: Sequence[Message]) -> int:
+        """The entry for this conversation: the answer after the ones it already has.
+
+        Error entries give no answer, so they are not counted among the answers
+        before; those just ahead of the next answer are raised once each per
+        conversation, so a retry of the same request moves on to the answer."""
+        answers = sum(1 for entry in self.responses if not entry.get("error"))
+        start, answered = script_position(messages, answers)
+        key = _conversation_key(messages[: start + 1])
+        seen = 0
+        for slot, entry in enumerate(self.responses):
+            if entry.get("error"):
+                if seen == answered and (key, slot) not in self._errors_given:
+                    self._errors_given[(key, slot)] = 1
+                    return slot
+                continue
+            if seen == answered:
+                return slot
+            seen += 1
+        raise ScriptExhaustedError(
+            f"scripted LLM {self.name!r} has no response left for turn {answered + 1} "
+            f"of this cast (its script has {len(self.responses)}; every cast plays it "
+            "from its first entry)"
+        )
 
     def _response(self, entry: Mapping[str, Any], tools: Sequence[ToolDefinition]) -> Response:
         stop = entry.get("stop_reason")
@@ -300,6 +347,72 @@ class ScriptedLLM:
 
     def _next_id(self) -> str:
         return f"call_{next(_ids)}"
+
+
+def script_position(messages: Sequence[Message], answers: int) -> tuple[int, int]:
+    """Where the latest intent is in ``messages`` and how many answers followed it.
+
+    A user message surely opens a cast when it is the first one, or follows the
+    result of a ``done`` call that succeeded (the cast before it terminated). One
+    after any other tool result or after a text-only answer may open a cast (one
+    that ended truncated, in text, or by ``done`` inside code) or may be said inside
+    one (a message steering the running cast, a ``require_done`` nudge): such a
+    message is taken as the intent only when counting from the earlier candidates
+    would run past the script's ``answers`` -- the earliest candidate whose count
+    still fits is the intent. Consecutive user messages (an intent and a fold
+    summary) are one. Returns ``(index of the intent, answers after it)``.
+    """
+    candidates: list[int] = []
+    for index, message in enumerate(messages):
+        if message.role != "user":
+            continue
+        previous = messages[index - 1] if index else None
+        if previous is not None and previous.role == "user":
+            continue  # the same opening, continued
+        finished = (
+            previous is not None
+            and previous.role == "tool"
+            and previous.name == "done"
+            and not previous.is_error
+        )
+        if previous is None or previous.role == "system" or finished:
+            candidates = [index]  # sure: nothing before it is this cast's
+        else:
+            candidates.append(index)
+    if not candidates:
+        return 0, _answers_after(messages, -1)
+    for index in candidates:
+        answered = _answers_after(messages, index)
+        if answered < answers:
+            return index, answered
+    last = candidates[-1]
+    return last, _answers_after(messages, last)
+
+
+_FOLDED = re.compile(r"\[Folded: turns (\d+)-(\d+)\]")
+"""The marker a fold puts where it took turns out (``FoldingPolicy.marker``)."""
+
+
+def _answers_after(messages: Sequence[Message], start: int) -> int:
+    """Assistant messages after ``start``, plus the turns a fold took out there (a
+    fold within one cast keeps the position; see SPEC.md on per-entity scripts)."""
+    count = 0
+    for message in messages[start + 1 :]:
+        if message.role == "assistant":
+            count += 1
+        elif message.role == "user" and message.content:
+            folded = _FOLDED.match(message.content)
+            if folded is not None:
+                count += int(folded.group(2)) - int(folded.group(1)) + 1
+    return count
+
+
+def _conversation_key(messages: Sequence[Message]) -> str:
+    """A short fingerprint of a conversation up to its intent (which errors it was given)."""
+    digest = hashlib.sha256()
+    for message in messages:
+        digest.update(f"{message.role}\0{message.text()}\0".encode())
+    return digest.hexdigest()[:32]
 
 
 def _code_tool(tools: Sequence[ToolDefinition]) -> str:

@@ -22,12 +22,14 @@ that workers starting together do not race.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import trio
 
 from cantrip._errors import LoomAppendOnlyError, LoomError
+from cantrip._redact import redact
 from cantrip._version import DISTRIBUTION
 from cantrip.loom._blobs import (
     MISSING,
@@ -480,6 +482,7 @@ class PostgresStore:
         self.url = url
         self.path = None
         """Not a file (front ends that print a loom path print :meth:`__str__`)."""
+        probe_connection(url)
         self.pool = psycopg_pool.ConnectionPool(
             url,
             min_size=1,
@@ -712,6 +715,50 @@ class PostgresStore:
 
     def close(self) -> None:
         self.pool.close()
+
+
+CONNECT_TIMEOUT_S = 2
+"""Seconds a first connection may take before the loom says the server does not answer."""
+
+
+def probe_connection(url: str) -> None:
+    """One direct connection before the pool opens, so a server that refuses, a wrong
+    password or a missing database is a :class:`LoomError` naming that cause within
+    :data:`CONNECT_TIMEOUT_S` -- the pool only says "initialization incomplete" after
+    its own 10 s."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True):
+            return
+    except psycopg.OperationalError as exc:
+        raise LoomError(
+            f"cannot connect to PostgreSQL at {_safe(url)}: {connect_cause(exc)}"
+        ) from None
+    except psycopg.ProgrammingError as exc:  # a URL psycopg cannot parse
+        raise LoomError(f"not a PostgreSQL URL ({_safe(url)}): {exc}") from None
+
+
+def connect_cause(exc: BaseException) -> str:
+    """The cause of a failed connection in a few words (never the URL or password)."""
+    text = " ".join(str(exc).split())
+    lowered = text.lower()
+    if "password authentication failed" in lowered or "authentication failed" in lowered:
+        return "authentication failed (check the user and password)"
+    database = re.search(r'database "([^"]+)" does not exist', text)
+    if database is not None:
+        name = database.group(1)
+        return f"no such database {name!r} (create it with: createdb {name})"
+    if "refused" in lowered:
+        return "connection refused (is PostgreSQL running there, on that port?)"
+    if "timeout" in lowered or "timed out" in lowered:
+        return f"no answer within {CONNECT_TIMEOUT_S} s (is the host reachable?)"
+    if "could not translate host name" in lowered or "name or service not known" in lowered:
+        return "the host name does not resolve"
+    if "role" in lowered and "does not exist" in lowered:
+        found = re.search(r'role "([^"]+)" does not exist', text)
+        return f"no such user {found.group(1)!r}" if found else "no such user"
+    return redact(text)[:300]
 
 
 def _safe(url: str) -> str:

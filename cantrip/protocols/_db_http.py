@@ -45,6 +45,7 @@ from cantrip._outcome import CastResult, result_dict
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
 from cantrip.distributed._queue import DEAD, PAUSED
+from cantrip.loom._loom import Loom
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols._api import CancelRequest, openapi_document
 from cantrip.protocols._asgi import (
@@ -74,6 +75,8 @@ from cantrip.protocols._request import (
 )
 from cantrip.protocols._sessions import SessionError, event_dict
 from cantrip.protocols._shell import ServerShell, serve_asgi, start_prompt_stream
+from cantrip.protocols._viewer import Viewer
+from cantrip.protocols._viewer_api import LoomViews
 
 log = get_logger("cantrip.http")
 
@@ -106,6 +109,11 @@ class DbHttpApp(ServerShell):
         self.tail_s = tail_s
         self.drain = Drain()
         self._outage = Outage("serve --db", log)
+        store = sessions.store
+        loom = Loom(store, journal=True)  # reads are queries: always fresh
+        self.viewer = Viewer(LoomViews(lambda: loom, source=str(store)), limiter=store.limiter)
+        """The browser viewer at / and /api/, read-only over the PostgreSQL loom (its
+        queries in threads behind the store's limiter)."""
         self._waits = Tally()
         """Prompts this replica is waiting on (``/health``, ``max_running``, shutdown)."""
 
@@ -113,6 +121,9 @@ class DbHttpApp(ServerShell):
     def waiting(self) -> int:
         """How many prompts this replica is waiting on (``max_running`` bounds it)."""
         return self._waits.count
+
+    async def _before_route(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        return await self.viewer.dispatch(scope, receive, send)  # the browser viewer
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking database call in a thread, behind the store's limiter.

@@ -10,6 +10,7 @@ time from whatever source the command already reads (``cast``: stdin;
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 
@@ -39,17 +40,32 @@ def standing_rule(approve: bool) -> Callable[[Pause], Awaitable[Decision]]:
     return decide
 
 
-class TerminalHuman:
-    """Asks on a terminal: [y]es / [n]o / [a]lways for this gate / [e]dit."""
+APPROVAL_CHOICES = "[y]es / [n]o / [a]lways for this gate / [e]dit the arguments"
+"""The approval menu, printed as is (escaped: rich markup would read ``[y]`` as a tag)."""
 
-    def __init__(self, console: Console, read_line: ReadLine) -> None:
+
+class TerminalHuman:
+    """Asks on a terminal: [y]es / [n]o / [a]lways for this gate / [e]dit.
+
+    ``hold`` is entered around each question: a live progress display stops
+    drawing there (:meth:`Progress.held`), so its status line cannot overwrite
+    the prompt the human is typing at."""
+
+    def __init__(
+        self,
+        console: Console,
+        read_line: ReadLine,
+        hold: Callable[[], contextlib.AbstractContextManager[object]] | None = None,
+    ) -> None:
         self.console = console
         self.read_line = read_line
+        self.hold = hold or contextlib.nullcontext
 
     async def __call__(self, pause: Pause) -> Decision:
-        if pause.kind == "question":
-            return await self._question(pause)
-        return await self._approval(pause)
+        with self.hold():
+            if pause.kind == "question":
+                return await self._question(pause)
+            return await self._approval(pause)
 
     def _say(self, markup: str) -> None:
         self.console.print(markup, highlight=False, soft_wrap=True)
@@ -72,7 +88,7 @@ class TerminalHuman:
             f"\n{escape(redact(arguments))}"
         )
         while True:
-            line = await self._ask("[bold][y]es / [n]o / [a]lways / [e]dit>[/] ")
+            line = await self._ask(f"[bold]{escape(APPROVAL_CHOICES)}>[/] ")
             if line is None:
                 return Decision.deny("no answer (end of input)")
             choice = line.strip().lower()
@@ -84,15 +100,21 @@ class TerminalHuman:
                 reason = await self._ask("[bold]reason (optional)>[/] ")
                 return Decision.deny((reason or "").strip() or None)
             if choice in ("e", "edit"):
-                edited = await self._edit()
+                edited = await self._edit(pause)
                 if edited is not None:
                     return edited
                 continue
             self._say("[dim]type y, n, a or e[/]")
 
-    async def _edit(self) -> Decision | None:
-        line = await self._ask("[bold]arguments as JSON>[/] ")
-        if line is None:
+    async def _edit(self, pause: Pause) -> Decision | None:
+        current = json.dumps(dict(pause.args), ensure_ascii=False, default=str)
+        self._say(
+            f"[dim]editing the arguments of {escape(pause.gate)}: type them as one line of "
+            "JSON and press Enter (an empty line goes back to the choices). Now:[/]\n"
+            f"{escape(redact(current))}"
+        )
+        line = await self._ask("[bold]new arguments (JSON)>[/] ")
+        if line is None or not line.strip():
             return None
         try:
             args = json.loads(line)

@@ -13,13 +13,14 @@ tokens (and cost, when the provider reports one) so far.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import math
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, TextIO
 
 import trio
@@ -36,6 +37,7 @@ from cantrip._events import (
     FinalResponse,
     GateProgress,
     MessageComplete,
+    MessageStart,
     StepComplete,
     StepStart,
     TextDelta,
@@ -101,9 +103,20 @@ class Progress:
     ``enabled=False`` it only counts (nothing is drawn).
     """
 
-    def __init__(self, console: Console | None = None, *, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        console: Console | None = None,
+        *,
+        enabled: bool = True,
+        llm: str | None = None,
+    ) -> None:
         self.console = console or Console(stderr=True)
         self.enabled = enabled
+        self.llm = llm
+        """What the cast's LLM is (provider, model, address): the status line names
+        it while a turn waits for its answer (see :func:`describe_llm`)."""
+        self._waiting: int | None = None
+        """The attempt of the query being waited for, or ``None`` between queries."""
         self.entity_id: str | None = None
         self.turn = 0
         self.calls = 0
@@ -124,6 +137,7 @@ class Progress:
         self.entity_id = None
         self.turn = self.calls = self.failed = 0
         self.usage, self.cost = Usage(), None
+        self._waiting = None
         if self.enabled:
             self._live = Live(
                 console=self.console,
@@ -143,10 +157,31 @@ class Progress:
             self._live = None
             self.console.print(Text(self.status(), style="dim"))
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Stop drawing while a human is asked something (the live status line
+        would redraw over the prompt), then go on from where it was."""
+        live = self._live
+        if live is None:
+            yield
+            return
+        self._flush_text()
+        live.stop()
+        try:
+            yield
+        finally:
+            if self._live is live:
+                live.start()
+
     def status(self) -> str:
         cost = f"${self.cost:.4f}" if self.cost is not None else "cost n/a"
+        waiting = ""
+        if self._waiting is not None:
+            waiting = f" · waiting for {self.llm or 'the LLM'}" + (
+                f" (attempt {self._waiting})" if self._waiting > 1 else ""
+            )
         return (
-            f"turn {self.turn} · {self.calls} gate call(s)"
+            f"turn {self.turn}{waiting} · {self.calls} gate call(s)"
             + (f", {self.failed} failed" if self.failed else "")
             + f" · {self.usage.total_tokens:,} tokens · {cost} · "
             f"{time.monotonic() - self.started:.1f}s"
@@ -183,7 +218,11 @@ class Progress:
             self._flush_text()
             self.turn += 1  # turns of this cast (a summoned entity's count on)
             self._streamed = False
+            self._waiting = 1
+        elif isinstance(event, MessageStart) and mine:
+            self._waiting = event.attempt
         elif isinstance(event, TextDelta) and mine:
+            self._waiting = None
             self._text += event.text
             self._streamed = True
         elif isinstance(event, ThinkingDelta) and mine:
@@ -192,6 +231,8 @@ class Progress:
         elif isinstance(event, ToolCallEvent) and event.final:
             self._flush_text()
         elif isinstance(event, MessageComplete):
+            if mine:
+                self._waiting = None
             self._message(event.response, mine)
         elif isinstance(event, UsageEvent):
             self.usage = self.usage + event.usage
@@ -205,6 +246,8 @@ class Progress:
             )
         elif isinstance(event, StepComplete) and event.turn is not None:
             turn = event.turn
+            if mine:
+                self._waiting = None
             if turn.truncated:
                 self._print(f"{indent}[yellow]✂ truncated: {escape(turn.reason or '?')}[/]")
         elif isinstance(event, FinalResponse) and not mine:
@@ -236,6 +279,20 @@ class Progress:
             self._print(f"{indent}  [red]✗ {name}[/] {text}")
         else:
             self._print(f"{indent}  [yellow]⊘ {name} {record.status}[/]")
+
+
+def describe_llm(llm: object) -> str:
+    """``provider model at address`` for a status line: the innermost adapter of a
+    wrapped LLM (retry, fallback, rate limit), else the LLM's name."""
+    seen = 0
+    while hasattr(llm, "inner") and seen < 16:
+        llm, seen = llm.inner, seen + 1
+    provider = getattr(llm, "provider", None)
+    model = getattr(llm, "model", None)
+    base_url = getattr(llm, "base_url", None)
+    if isinstance(provider, str) and isinstance(model, str):
+        return f"{provider} {model}" + (f" at {base_url}" if base_url else "")
+    return str(getattr(llm, "name", None) or type(llm).__name__)
 
 
 def _tail(text: str, lines: int = 6) -> str:
@@ -343,7 +400,7 @@ class Invocation:
         """Lines the reader took as a cast ended: the next intents."""
         self._eof = False
         if on_pause == "ask":  # the human at this terminal, through the same line reader
-            on_pause = TerminalHuman(err, self._lines.receive)
+            on_pause = TerminalHuman(err, self._lines.receive, progress.held)
         self.server = EntityServer(spell, entity_id=entity_id, on_event=progress, on_pause=on_pause)
         self.grace_s = grace_s
         """On SIGTERM, how long a running cast may finish before it is cut off."""

@@ -29,6 +29,7 @@ route cannot forget), and ``loom FILE view`` sits behind the same request guard 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
@@ -74,9 +75,17 @@ def asset(name: str) -> bytes:
 class Viewer:
     """The viewer's routes over ``views``; with a ``hub``, the live routes too."""
 
-    def __init__(self, views: LoomViews, hub: SessionHub | None = None) -> None:
+    def __init__(
+        self,
+        views: LoomViews,
+        hub: SessionHub | None = None,
+        limiter: trio.CapacityLimiter | None = None,
+    ) -> None:
         self.views = views
         self.hub = hub
+        self.limiter = limiter
+        """With a limiter, reads run in worker threads behind it: a PostgreSQL loom's
+        queries block, and must not hold the event loop."""
         self._assets: dict[str, bytes] = {}
 
     @classmethod
@@ -138,19 +147,24 @@ class Viewer:
             _allow(method, "POST")
             return await self._fork(receive)
         _allow(method, "GET")
+        read: Callable[[], Any]
         if parts == ["loom"]:
-            return views.overview()
-        if parts == ["entities"]:
-            return views.entities(query)
-        if parts == ["evals"]:
-            return views.evals()
-        if len(parts) == 3 and parts[0] == "entities" and parts[2] == "tree":
-            return views.tree(parts[1], query)
-        if len(parts) == 2 and parts[0] == "turns":
-            return views.turn(parts[1])
-        if len(parts) == 2 and parts[0] == "threads":
-            return views.thread(parts[1], query)
-        raise ViewerError(404, "not_found", f"no route {path!r}")
+            read = views.overview
+        elif parts == ["entities"]:
+            read = functools.partial(views.entities, query)
+        elif parts == ["evals"]:
+            read = views.evals
+        elif len(parts) == 3 and parts[0] == "entities" and parts[2] == "tree":
+            read = functools.partial(views.tree, parts[1], query)
+        elif len(parts) == 2 and parts[0] == "turns":
+            read = functools.partial(views.turn, parts[1])
+        elif len(parts) == 2 and parts[0] == "threads":
+            read = functools.partial(views.thread, parts[1], query)
+        else:
+            raise ViewerError(404, "not_found", f"no route {path!r}")
+        if self.limiter is None:
+            return read()
+        return await trio.to_thread.run_sync(read, limiter=self.limiter)
 
     async def _fork(self, receive: Receive) -> dict[str, Any]:
         """A new session continuing from a turn (LOOM-4); the page then prompts it."""
@@ -236,8 +250,14 @@ class ViewerApp:
     (``Authorization: Bearer TOKEN``, which the page sends) need it; the scripts and
     styles under ``/ui/`` hold no loom data and are served to anyone."""
 
-    def __init__(self, source: Callable[[], Loom], name: str | None = None) -> None:
-        self.viewer = Viewer(LoomViews(source, source=name))
+    def __init__(
+        self,
+        source: Callable[[], Loom],
+        name: str | None = None,
+        *,
+        limiter: trio.CapacityLimiter | None = None,
+    ) -> None:
+        self.viewer = Viewer(LoomViews(source, source=name), limiter=limiter)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -266,8 +286,24 @@ def viewer_guard(host: str, token: str | None) -> Guard:
     return guard
 
 
+class LoomDatabase:
+    """A PostgreSQL loom for the viewer: every read is a query, so it is always fresh."""
+
+    def __init__(self, url: str) -> None:
+        self._loom = Loom.open(url)
+        store: Any = self._loom.store
+        self.limiter: trio.CapacityLimiter = store.limiter
+        self.name = str(store)  # the URL without its password
+
+    def __call__(self) -> Loom:
+        return self._loom
+
+    def close(self) -> None:
+        self._loom.close()
+
+
 async def serve_viewer(
-    path: Path,
+    path: Path | str,
     host: str = "127.0.0.1",
     port: int = 0,
     *,
@@ -275,9 +311,9 @@ async def serve_viewer(
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the read-only viewer of the loom at ``path`` with hypercorn's trio
-    worker, behind ``guard`` (default: :func:`viewer_guard` without a token), until
-    ``shutdown_trigger`` returns; ``task_status`` gets the URLs."""
+    """Serve the read-only viewer of the loom at ``path`` (a file, or a ``postgresql://``
+    URL) with hypercorn's trio worker, behind ``guard`` (default: :func:`viewer_guard`
+    without a token), until ``shutdown_trigger`` returns; ``task_status`` gets the URLs."""
     guard = guard if guard is not None else viewer_guard(host, None)
     from hypercorn.config import Config
     from hypercorn.trio import serve
@@ -287,10 +323,16 @@ async def serve_viewer(
     config.accesslog = None
     config.errorlog = None
     config.graceful_timeout = 1.0
-    source = LoomFile(path)
+    source: LoomFile | LoomDatabase
+    if isinstance(path, str):
+        source = LoomDatabase(path)
+        app = ViewerApp(source, source.name, limiter=source.limiter)
+    else:
+        source = LoomFile(path)
+        app = ViewerApp(source, path.name)
     try:
         await serve(
-            guard.wrap(ViewerApp(source, path.name)),  # type: ignore[arg-type]
+            guard.wrap(app),  # type: ignore[arg-type]
             config,
             shutdown_trigger=shutdown_trigger,
             task_status=task_status,

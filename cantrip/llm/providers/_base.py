@@ -759,7 +759,8 @@ class HTTPAdapter:
             )
         if isinstance(exc, httpx.ConnectError):
             return ProviderError(
-                f"{self.provider}: cannot connect to {self.base_url} ({exc})",
+                f"{self.provider}: cannot connect to {self.base_url} ({exc}) -- "
+                f"{_unreachable_hint(str(exc))}",
                 retryable=True,
                 code="connect_error",
             )
@@ -768,3 +769,11 @@ class HTTPAdapter:
             retryable=True,
             code="connection_error",
         )
+
+
+def _unreachable_hint(reason: str) -> str:
+    """What to do when nothing answers at a provider's address."""
+    lowered = reason.lower()
+    if "name or service" in lowered or "nodename" in lowered or "getaddrinfo" in lowered:
+        return "the host name does not resolve: check base_url (or the provider's config)"
+    return "is the server running? Start it, or point base_url in [llm] at where it listens"
