@@ -159,7 +159,8 @@ async def test_a_run_streams_text_tool_calls_their_results_and_snapshots() -> No
     state = the(events, "STATE_SNAPSHOT")["snapshot"]["cantrip"]
     assert state["session_id"].startswith("session-") and state["reason"] == "done"
     messages = the(events, "MESSAGES_SNAPSHOT")["messages"]
-    assert [m["role"] for m in messages][:3] == ["user", "assistant", "tool"]
+    assert [m["role"] for m in messages][:4] == ["user", "reasoning", "assistant", "tool"]
+    assert all(isinstance(e["timestamp"], int) for e in events)
     assert messages[0]["content"] == "weather in Oslo?"
 
 
@@ -249,11 +250,12 @@ async def test_ask_user_is_a_question_interrupt_answered_with_text() -> None:
 
 
 async def test_a_busy_thread_is_a_run_error() -> None:
-    release = trio.Event()
+    release, started = trio.Event(), trio.Event()
 
     @cantrip.gate()
     async def slow() -> str:
         """Waits."""
+        started.set()
         await release.wait()
         return "late"
 
@@ -268,7 +270,9 @@ async def test_a_busy_thread_is_a_run_error() -> None:
             first.extend(await agui(base, run_input("t-busy", "go")))
 
         nursery.start_soon(run_first)
-        await trio.sleep(0.5)
+        with trio.fail_after(10):
+            with trio.fail_after(10):
+                await started.wait()
         _, second = await agui(base, run_input("t-busy", "again"))
         release.set()
     assert types(second) == ["RUN_STARTED", "RUN_ERROR"]
@@ -298,7 +302,8 @@ async def test_a_client_that_hangs_up_cancels_the_cast(tmp_path: Path) -> None:
                         pass
 
             nursery.start_soon(run)
-            await started.wait()
+            with trio.fail_after(10):
+                await started.wait()
             nursery.cancel_scope.cancel()  # the client hangs up mid-run
         with trio.fail_after(10):
             while True:
@@ -440,3 +445,33 @@ def test_random_bodies_get_a_400_or_a_well_formed_run() -> None:
             await trio.to_thread.run_sync(check)
 
     trio.run(main)
+
+
+async def test_a_cancel_through_the_http_api_finishes_the_run_as_cancelled() -> None:
+    started = trio.Event()
+
+    @cantrip.gate()
+    async def forever() -> str:
+        """Never returns by itself."""
+        started.set()
+        await trio.sleep_forever()
+        return "never"
+
+    s = spell([{"tool_calls": [{"gate": "forever", "args": {}}]}], gates=[forever])
+    async with serving(s) as base, trio.open_nursery() as nursery:
+        got: list[Any] = []
+
+        async def run() -> None:
+            got.extend(await agui(base, run_input("t-cancel", "wait")))
+
+        nursery.start_soon(run)
+        with trio.fail_after(10):
+            await started.wait()
+        async with httpx.AsyncClient(base_url=base) as http:
+            (session,) = (await http.get("/sessions")).json()["sessions"]
+            cancelled = await http.post(f"/sessions/{session['session_id']}/cancel")
+    assert cancelled.json()["cancelled"] is True
+    events = got[1]
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert events[-1]["outcome"] == {"type": "cancelled"}
+    assert the(events, "STATE_SNAPSHOT")["snapshot"]["cantrip"]["reason"] == "cancelled"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -40,6 +41,7 @@ from ag_ui.core import (
     Message,
     MessagesSnapshotEvent,
     ReasoningEndEvent,
+    ReasoningMessage,
     ReasoningMessageContentEvent,
     ReasoningMessageEndEvent,
     ReasoningMessageStartEvent,
@@ -395,6 +397,8 @@ def messages_of(hub: SessionHub, session: Session) -> list[Message]:
     for turn in hub.history(session):
         if turn.intent is not None:
             messages.append(UserMessage(id=f"{turn.id}-user", content=turn.intent))
+        if turn.thinking:
+            messages.append(ReasoningMessage(id=f"{turn.id}-reasoning", content=turn.thinking))
         calls = [
             ToolCall(
                 id=call.id,
@@ -462,7 +466,10 @@ def usage_of(outcome: CastResult) -> list[TokenUsage] | None:
 
 async def send_event(send: Send, event: BaseEvent) -> None:
     """One AG-UI event as an SSE ``data:`` line (the wire form of the official
-    encoder), through the redactor like every other answer."""
+    encoder), through the redactor like every other answer. Each is stamped with the
+    time it left (milliseconds since the epoch, as every AG-UI SDK does)."""
+    if event.timestamp is None:
+        event.timestamp = int(time.time() * 1000)
     data = redact_value(event.model_dump(mode="json", by_alias=True))
     payload = f"data: {json.dumps(data, default=str)}\n\n".encode()
     await send({"type": "http.response.body", "body": payload, "more_body": True})
