@@ -497,17 +497,25 @@ class AguiRun:
         events_send, events = trio.open_memory_channel[Event](float("inf"))
         final: dict[str, Any] = {}
 
+        sink = events_send.send_nowait
+        gone = trio.Event()
+
         async def cast() -> None:
             async with events_send:
+                if gone.is_set():  # hung up before the cast began: cast nothing
+                    final["error"] = ("client_gone", "the client hung up")
+                    return
                 try:
-                    final["outcome"] = await self._cast(events_send.send_nowait)
+                    final["outcome"] = await self._cast(sink)
                 except _RunFailed as exc:
                     final["error"] = (exc.code, exc.message)
 
         async def watch() -> None:
             await until_disconnect(receive)
-            log.info("session %s: the AG-UI client hung up; cancelling", self.session.id)
-            self.hub.cancel(self.session)
+            gone.set()
+            if self.session.sink == sink:  # our cast is running (not another client's)
+                log.info("session %s: the AG-UI client hung up; cancelling", self.session.id)
+                self.hub.cancel(self.session)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cast)
