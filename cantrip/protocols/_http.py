@@ -53,6 +53,7 @@ from cantrip._events import Event
 from cantrip._outcome import CastResult, result_dict
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
+from cantrip.protocols._agui import serve_agui
 from cantrip.protocols._api import CancelRequest
 from cantrip.protocols._asgi import (
     HEARTBEAT_S,
@@ -150,6 +151,9 @@ class HttpApp(ServerShell):
             return True
         log.debug("%s %s", scope["method"], scope["path"])
         return False
+
+    async def _agui(self, receive: Receive, send: Send) -> None:
+        await serve_agui(self.hub, receive, send, lambda: self._make_room(adding=True))
 
     async def _create(self, key: str | None) -> tuple[dict[str, Any], bool]:
         await self._make_room(adding=True)

@@ -119,6 +119,9 @@ class ServerShell:
         elif parts == ["openapi.json"]:
             allow(method, "GET")
             await json_response(send, 200, self._openapi())
+        elif parts == ["agui"]:  # AG-UI (protocols._agui), beside the API it translates
+            allow(method, "POST")
+            await self._agui(receive, send)
         elif parts == ["sessions"]:
             allow(method, "GET", "POST")
             if method == "POST":
@@ -191,6 +194,10 @@ class ServerShell:
     async def _before_route(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """True if the request was answered before the API's routes (none by default)."""
         return False
+
+    async def _agui(self, receive: Receive, send: Send) -> None:
+        """``POST /agui``: an AG-UI run (only the in-process server speaks it)."""
+        raise HttpError(404, "not_found", "AG-UI is served by 'cantrip serve' without --db")
 
     async def _health_report(self) -> dict[str, Any]:
         """``GET /health``: what the server serves, and how busy it is."""

@@ -1,0 +1,67 @@
+// The official AG-UI JavaScript client (@ag-ui/client's HttpAgent) against a live
+// `cantrip serve`: tests/test_agui_client.py starts the server, runs this script and
+// asserts on what it prints (one JSON document on stdout).
+//
+//   node run.mjs <url> <scenario> [token]
+//
+// Scenarios: "chat" (two runs on one thread), "approve" (a run that pauses for an
+// approval, then a run that resumes it), "abort" (the client aborts mid-run).
+import { HttpAgent } from "@ag-ui/client";
+
+const [url, scenario, token] = process.argv.slice(2);
+const headers = token ? { Authorization: `Bearer ${token}` } : {};
+const agent = new HttpAgent({ url, headers, threadId: `js-${scenario}-${Date.now()}` });
+const runs = [];
+
+async function run(text, params = {}) {
+  if (text !== null) {
+    agent.addMessage({ id: `u${runs.length}`, role: "user", content: text });
+  }
+  const events = [];
+  const record = { events, error: null, finished: null };
+  runs.push(record);
+  try {
+    const result = await agent.runAgent(params, {
+      onEvent({ event }) {
+        events.push(event);
+        if (scenario === "abort" && event.type === "TOOL_CALL_START") {
+          agent.abortRun();
+        }
+      },
+      onRunFinishedEvent(params) {
+        record.finished = { outcome: params.outcome, interrupts: params.interrupts ?? null };
+      },
+    });
+    record.result = result.result ?? null;
+  } catch (error) {
+    record.error = String(error && error.message ? error.message : error);
+  }
+  return record;
+}
+
+if (scenario === "chat") {
+  await run("weather in Oslo?");
+  await run("and tomorrow?");
+} else if (scenario === "approve") {
+  const first = await run("launch it");
+  const resume = agent.pendingInterrupts.map((i) => ({
+    interruptId: i.id,
+    status: "resolved",
+    payload: true,
+  }));
+  if (first.finished && first.finished.outcome === "interrupt") {
+    await run(null, { resume });
+  }
+} else if (scenario === "abort") {
+  await run("wait forever");
+}
+
+process.stdout.write(
+  JSON.stringify({
+    threadId: agent.threadId,
+    runs,
+    messages: agent.messages,
+    state: agent.state,
+    pendingInterrupts: agent.pendingInterrupts,
+  }),
+);

@@ -1,0 +1,477 @@
+"""AG-UI over ``cantrip serve`` (issue 33, item 1): ``POST /agui`` takes a
+``RunAgentInput`` and answers AG-UI 1.0 events over SSE.
+
+Every stream here is read off a live server, parsed by the official
+``ag-ui-protocol`` models and checked by the ``ag-ui-validate`` conformance
+validator; ``test_agui_client.py`` runs the official JavaScript client against
+the same server."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pydantic
+import pytest
+import trio
+from ag_ui.core import Event
+from ag_ui_validate.pytest_plugin import assert_valid_agui
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cantrip
+from cantrip.protocols._guard import Guard
+from cantrip.protocols._http import serve_http
+from gates import ask_user, done
+
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop
+
+EVENTS = pydantic.TypeAdapter(Event)
+
+
+def spell(script: list[dict[str, Any]], *, loom: Path | None = None, gates: Any = ()) -> Any:
+    return cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, *gates], [cantrip.max_turns(6)]),
+        loom=cantrip.Loom() if loom is None else cantrip.Loom.open(loom),
+    )
+
+
+@asynccontextmanager
+async def serving(s: cantrip.Cantrip, guard: Guard | None = None) -> AsyncIterator[str]:
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: serve_http(s, "127.0.0.1", 0, task_status=task_status, guard=guard)
+        )
+        yield binds[0]
+        nursery.cancel_scope.cancel()
+
+
+def run_input(thread: str, text: str | None = "hello", **more: Any) -> dict[str, Any]:
+    messages = [] if text is None else [{"id": "u1", "role": "user", "content": text}]
+    return {
+        "threadId": thread,
+        "runId": "run-" + uuid.uuid4().hex[:8],
+        "messages": messages,
+        "state": {},
+        "tools": [],
+        "context": [],
+        "forwardedProps": {},
+        **more,
+    }
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    """Every ``data:`` line of the stream, each checked against AG-UI's models."""
+    events = []
+    for block in text.split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                data = json.loads(line[len("data: ") :])
+                EVENTS.validate_python(data)  # an AG-UI 1.0 event, or this raises
+                events.append(data)
+    return events
+
+
+async def agui(
+    base: str, body: Any, headers: dict[str, str] | None = None
+) -> tuple[httpx.Response, list[dict[str, Any]]]:
+    async with httpx.AsyncClient(base_url=base, timeout=20) as http:
+        answer = await http.post(
+            "/agui", json=body, headers={"accept": "text/event-stream", **(headers or {})}
+        )
+    events = parse_sse(answer.text) if answer.status_code == 200 else []
+    if events:
+        assert_valid_agui(events, max_warnings=0)  # the conformance validator's rules
+    return answer, events
+
+
+def first_result(events: list[dict[str, Any]]) -> str:
+    """The content of the run's first gate result (the call an interrupt held)."""
+    return str(next(e for e in events if e["type"] == "TOOL_CALL_RESULT")["content"])
+
+
+def types(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+def the(events: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (event,) = [e for e in events if e["type"] == kind]
+    return event
+
+
+@cantrip.gate()
+def lookup(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+@cantrip.gate(requires_approval=True)
+def launch(target: str) -> str:
+    """Something a person must approve first."""
+    return f"launched at {target}"
+
+
+async def test_a_run_streams_text_tool_calls_their_results_and_snapshots() -> None:
+    script = [
+        {
+            "content": "Let me look.",
+            "thinking": "the user wants weather",
+            "tool_calls": [{"gate": "lookup", "args": {"city": "Oslo"}}],
+        },
+        {"tool_calls": [{"gate": "done", "args": {"answer": "It is sunny in Oslo."}}]},
+    ]
+    async with serving(spell(script, gates=[lookup])) as base:
+        answer, events = await agui(base, run_input("t-weather", "weather in Oslo?"))
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    kinds = types(events)
+    assert kinds[0] == "RUN_STARTED" and kinds[-1] == "RUN_FINISHED"
+    started = events[0]
+    assert started["protocolVersion"] == "1.0" and started["threadId"] == "t-weather"
+    for kind in ("REASONING_START", "REASONING_MESSAGE_CONTENT", "REASONING_END"):
+        assert kind in kinds
+    reasoning = "".join(e["delta"] for e in events if e["type"] == "REASONING_MESSAGE_CONTENT")
+    assert reasoning == "the user wants weather"
+    start = next(
+        e for e in events if e["type"] == "TOOL_CALL_START" and e["toolCallName"] == "lookup"
+    )
+    call_id = start["toolCallId"]
+    args = "".join(
+        e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS" and e["toolCallId"] == call_id
+    )
+    assert json.loads(args) == {"city": "Oslo"}
+    result = next(
+        e for e in events if e["type"] == "TOOL_CALL_RESULT" and e["toolCallId"] == call_id
+    )
+    assert result["content"] == "sunny in Oslo"
+    texts = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert "Let me look." in texts and "It is sunny in Oslo." in texts
+    finished = events[-1]
+    assert finished["result"] == "It is sunny in Oslo."
+    assert finished.get("outcome", {"type": "success"})["type"] == "success"
+    state = the(events, "STATE_SNAPSHOT")["snapshot"]["cantrip"]
+    assert state["session_id"].startswith("session-") and state["reason"] == "done"
+    messages = the(events, "MESSAGES_SNAPSHOT")["messages"]
+    assert [m["role"] for m in messages][:4] == ["user", "reasoning", "assistant", "tool"]
+    assert all(isinstance(e["timestamp"], int) for e in events)
+    assert messages[0]["content"] == "weather in Oslo?"
+
+
+async def test_a_thread_is_one_session_across_runs() -> None:
+    script = [
+        {"tool_calls": [{"gate": "done", "args": {"answer": "first"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "second"}}]},
+    ]
+    async with serving(spell(script)) as base:
+        _, one = await agui(base, run_input("t-same", "one"))
+        _, two = await agui(base, run_input("t-same", "two"))
+        async with httpx.AsyncClient(base_url=base) as http:
+            sessions = (await http.get("/sessions")).json()["sessions"]
+    sid = the(one, "STATE_SNAPSHOT")["snapshot"]["cantrip"]["session_id"]
+    assert the(two, "STATE_SNAPSHOT")["snapshot"]["cantrip"]["session_id"] == sid
+    assert [s["session_id"] for s in sessions] == [sid]
+    users = [m["content"] for m in the(two, "MESSAGES_SNAPSHOT")["messages"] if m["role"] == "user"]
+    assert users == ["one", "two"]
+    assert two[-1]["result"] == "second"
+
+
+async def test_a_thread_may_name_a_session_of_the_http_api() -> None:
+    script = [{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]}]
+    async with serving(spell(script)) as base:
+        async with httpx.AsyncClient(base_url=base) as http:
+            sid = (await http.post("/sessions")).json()["session_id"]
+        _, events = await agui(base, run_input(sid, "hi"))
+    assert the(events, "STATE_SNAPSHOT")["snapshot"]["cantrip"]["session_id"] == sid
+
+
+async def test_an_approval_is_an_interrupt_and_a_resume_continues_the_cast(tmp_path: Path) -> None:
+    script = [
+        {"tool_calls": [{"gate": "launch", "args": {"target": "moon"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "launched"}}]},
+    ]
+    async with serving(spell(script, gates=[launch])) as base:
+        _, paused = await agui(base, run_input("t-approve", "launch it"))
+        outcome = paused[-1]["outcome"]
+        assert outcome["type"] == "interrupt"
+        (interrupt,) = outcome["interrupts"]
+        assert interrupt["reason"] == "approval" and interrupt["metadata"]["gate"] == "launch"
+        assert "TOOL_CALL_RESULT" not in types(paused)  # the call waits
+        call_start = the(paused, "TOOL_CALL_START")
+        assert interrupt["toolCallId"] == call_start["toolCallId"]
+        resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
+        _, resumed = await agui(base, run_input("t-approve", None, resume=resume))
+        _, twice = await agui(base, run_input("t-approve", None, resume=resume))
+    results = [e for e in resumed if e["type"] == "TOOL_CALL_RESULT"]
+    assert results[0]["toolCallId"] == interrupt["toolCallId"]
+    assert results[0]["content"] == "launched at moon"
+    assert resumed[-1]["result"] == "launched"
+    assert twice[-1]["type"] == "RUN_ERROR" and twice[-1]["code"] == "bad_resume"
+    assert interrupt["id"] in twice[-1]["message"]
+    assert "TOOL_CALL_RESULT" not in types(twice), "the gate ran exactly once"
+
+
+async def test_a_denied_or_cancelled_interrupt_is_an_error_observation() -> None:
+    script = [
+        {"tool_calls": [{"gate": "launch", "args": {"target": "moon"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "ok, not launched"}}]},
+    ]
+    async with serving(spell(script, gates=[launch])) as base:
+        _, paused = await agui(base, run_input("t-deny", "launch it"))
+        pause_id = paused[-1]["outcome"]["interrupts"][0]["id"]
+        resume = [{"interruptId": pause_id, "status": "cancelled"}]
+        _, resumed = await agui(base, run_input("t-deny", None, resume=resume))
+    assert first_result(resumed) == "denied by the user: cancelled by the user"
+    assert resumed[-1]["result"] == "ok, not launched"
+
+
+async def test_ask_user_is_a_question_interrupt_answered_with_text() -> None:
+    script = [
+        {"tool_calls": [{"gate": "ask_user", "args": {"question": "Which colour?"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "blue it is"}}]},
+    ]
+    async with serving(spell(script, gates=[ask_user])) as base:
+        _, paused = await agui(base, run_input("t-ask", "paint it"))
+        (interrupt,) = paused[-1]["outcome"]["interrupts"]
+        assert interrupt["reason"] == "question" and interrupt["message"] == "Which colour?"
+        wrong = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
+        _, refused = await agui(base, run_input("t-ask", None, resume=wrong))
+        resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": "blue"}]
+        _, resumed = await agui(base, run_input("t-ask", None, resume=resume))
+    assert refused[-1]["type"] == "RUN_ERROR" and "question" in refused[-1]["message"]
+    assert first_result(resumed) == "blue"
+    assert resumed[-1]["result"] == "blue it is"
+
+
+async def test_a_busy_thread_is_a_run_error() -> None:
+    release, started = trio.Event(), trio.Event()
+
+    @cantrip.gate()
+    async def slow() -> str:
+        """Waits."""
+        started.set()
+        await release.wait()
+        return "late"
+
+    script = [
+        {"tool_calls": [{"gate": "slow", "args": {}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "x"}}]},
+    ]
+    async with serving(spell(script, gates=[slow])) as base, trio.open_nursery() as nursery:
+        first: list[Any] = []
+
+        async def run_first() -> None:
+            first.extend(await agui(base, run_input("t-busy", "go")))
+
+        nursery.start_soon(run_first)
+        with trio.fail_after(10):
+            with trio.fail_after(10):
+                await started.wait()
+        _, second = await agui(base, run_input("t-busy", "again"))
+        release.set()
+    assert types(second) == ["RUN_STARTED", "RUN_ERROR"]
+    assert second[-1]["code"] == "busy"
+    assert first[1][-1]["result"] == "x"
+
+
+async def test_a_client_that_hangs_up_cancels_the_cast(tmp_path: Path) -> None:
+    started = trio.Event()
+
+    @cantrip.gate()
+    async def forever() -> str:
+        """Never returns by itself."""
+        started.set()
+        await trio.sleep_forever()
+        return "never"
+
+    script = [{"tool_calls": [{"gate": "forever", "args": {}}]}]
+    s = spell(script, gates=[forever], loom=tmp_path / "loom.db")
+    async with serving(s) as base, httpx.AsyncClient(base_url=base, timeout=20) as http:
+        async with trio.open_nursery() as nursery:
+
+            async def run() -> None:
+                body = run_input("t-gone", "wait forever")
+                async with http.stream("POST", "/agui", json=body) as stream:
+                    async for _ in stream.aiter_bytes():
+                        pass
+
+            nursery.start_soon(run)
+            with trio.fail_after(10):
+                await started.wait()
+            nursery.cancel_scope.cancel()  # the client hangs up mid-run
+        with trio.fail_after(10):
+            while True:
+                sessions = (await http.get("/sessions")).json()["sessions"]
+                if sessions and not sessions[0]["running"]:
+                    break
+                await trio.sleep(0.05)
+        thread = (await http.get(f"/sessions/{sessions[0]['session_id']}/thread")).json()
+    assert thread["turns"][-1]["reason"] == "cancelled"
+
+
+async def test_the_token_guard_covers_agui() -> None:
+    script = [{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]}]
+    guard = Guard(bind_host="127.0.0.1", token="s3cret-token")
+    async with serving(spell(script), guard) as base:
+        refused, _ = await agui(base, run_input("t-tok", "hi"))
+        answer, events = await agui(
+            base, run_input("t-tok", "hi"), {"authorization": "Bearer s3cret-token"}
+        )
+        async with httpx.AsyncClient(base_url=base) as http:
+            foreign = await http.post(
+                "/agui",
+                json=run_input("t-tok", "hi"),
+                headers={
+                    "authorization": "Bearer s3cret-token",
+                    "origin": "https://evil.example",
+                },
+            )
+    assert refused.status_code == 401
+    assert foreign.status_code == 403
+    assert answer.status_code == 200 and events[-1]["result"] == "ok"
+
+
+async def test_secrets_are_redacted_from_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "sk-proj-" + "A1b2C3d4" * 5
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    script = [{"tool_calls": [{"gate": "done", "args": {"answer": f"the key is {secret}"}}]}]
+    async with serving(spell(script)) as base:
+        answer, events = await agui(base, run_input("t-secret", "leak it"))
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert secret not in answer.text
+
+
+BAD_BODIES: list[Any] = [
+    [],
+    "run",
+    {},
+    {"threadId": "t", "runId": "r"},  # no messages
+    {"threadId": "t", "runId": "r", "messages": "hi"},
+    {"threadId": "t", "runId": "r", "messages": [{"role": "user"}]},
+    {"threadId": "t", "runId": "r", "messages": []},  # nothing to say
+    {"threadId": "", "runId": "r", "messages": [{"id": "1", "role": "user", "content": "x"}]},
+    {
+        "threadId": "t" * 300,
+        "runId": "r",
+        "messages": [{"id": "1", "role": "user", "content": "x"}],
+    },
+    {"threadId": "t", "runId": "r", "messages": [], "resume": [{"interruptId": "x"}]},
+]
+
+
+async def test_bad_input_is_a_clear_400_and_touches_nothing() -> None:
+    s = spell([{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]}])
+    async with serving(s) as base, httpx.AsyncClient(base_url=base) as http:
+        for body in BAD_BODIES:
+            answer = await http.post("/agui", json=body)
+            assert answer.status_code == 400, (body, answer.text)
+            error = answer.json()["error"]
+            assert error["code"] == "bad_request" and error["message"], body
+        wrong_method = await http.get("/agui")
+        not_json = await http.post(
+            "/agui", content=b"{not json", headers={"content-type": "application/json"}
+        )
+    assert wrong_method.status_code == 405
+    assert not_json.status_code == 400
+    assert len(s.loom) == 0, "no bad request reached an entity"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+_bodies = st.one_of(
+    _json,
+    st.fixed_dictionaries(
+        {"threadId": _json, "runId": _json, "messages": _json},
+        optional={"resume": _json, "state": _json, "tools": _json},
+    ),
+    st.fixed_dictionaries(
+        {
+            "threadId": st.text(min_size=1, max_size=20),
+            "runId": st.text(min_size=1, max_size=20),
+            "messages": st.lists(
+                st.fixed_dictionaries(
+                    {"id": st.text(max_size=4), "role": st.sampled_from(["user", "tool", "x"])},
+                    optional={"content": _json},
+                ),
+                max_size=3,
+            ),
+        },
+        optional={
+            "resume": st.lists(
+                st.fixed_dictionaries(
+                    {"interruptId": st.text(max_size=6), "status": st.text(max_size=9)}
+                ),
+                max_size=2,
+            )
+        },
+    ),
+)
+
+
+def test_random_bodies_get_a_400_or_a_well_formed_run() -> None:
+    """Fuzz: any JSON body is a 400 with a message, or a run whose stream is valid
+    AG-UI ending in RUN_FINISHED or RUN_ERROR -- never a 500 or a broken stream."""
+    s = spell([{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]}] * 200)
+
+    async def main() -> None:
+        async with serving(s) as base:
+
+            @settings(
+                max_examples=60,
+                deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture],
+            )
+            @given(body=_bodies)
+            def check(body: Any) -> None:
+                answer, events = trio.from_thread.run(agui, base, body)
+                assert answer.status_code in (200, 400), (body, answer.status_code, answer.text)
+                if answer.status_code == 400:
+                    assert answer.json()["error"]["message"]
+                else:
+                    assert events[0]["type"] == "RUN_STARTED"
+                    assert events[-1]["type"] in ("RUN_FINISHED", "RUN_ERROR")
+
+            await trio.to_thread.run_sync(check)
+
+    trio.run(main)
+
+
+async def test_a_cancel_through_the_http_api_finishes_the_run_as_cancelled() -> None:
+    started = trio.Event()
+
+    @cantrip.gate()
+    async def forever() -> str:
+        """Never returns by itself."""
+        started.set()
+        await trio.sleep_forever()
+        return "never"
+
+    s = spell([{"tool_calls": [{"gate": "forever", "args": {}}]}], gates=[forever])
+    async with serving(s) as base, trio.open_nursery() as nursery:
+        got: list[Any] = []
+
+        async def run() -> None:
+            got.extend(await agui(base, run_input("t-cancel", "wait")))
+
+        nursery.start_soon(run)
+        with trio.fail_after(10):
+            await started.wait()
+        async with httpx.AsyncClient(base_url=base) as http:
+            (session,) = (await http.get("/sessions")).json()["sessions"]
+            cancelled = await http.post(f"/sessions/{session['session_id']}/cancel")
+    assert cancelled.json()["cancelled"] is True
+    events = got[1]
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert events[-1]["outcome"] == {"type": "cancelled"}
+    assert the(events, "STATE_SNAPSHOT")["snapshot"]["cantrip"]["reason"] == "cancelled"

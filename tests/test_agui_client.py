@@ -1,0 +1,217 @@
+"""A real AG-UI client against a live ``cantrip serve`` (issue 33, item 1).
+
+The official JavaScript client (``@ag-ui/client``'s ``HttpAgent``, pinned in
+``tests/agui_client/package.json``) runs under node in ``tests/agui_client/run.mjs``
+and prints what it received; the official conformance validator's CLI
+(``ag-ui-validate``) checks the live endpoint with its transport rules too.
+``npm install`` runs once, only when ``node_modules`` is missing (the npm registry is
+reachable; the install is bounded in time)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+import cantrip
+from cantrip.protocols._guard import Guard
+from cantrip.protocols._http import serve_http
+from gates import done
+
+CLIENT = Path(__file__).parent / "agui_client"
+TOKEN = "agui-test-token-0123456789"
+
+
+async def ensure_client() -> None:
+    """The client's packages, installed once (``npm ci`` from the lock file)."""
+    if (CLIENT / "node_modules" / "@ag-ui" / "client").is_dir():
+        return
+    npm = shutil.which("npm")
+    assert npm is not None, "node and npm are needed for the AG-UI client test"
+    with trio.fail_after(240):
+        await trio.run_process(
+            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=CLIENT,
+            capture_stdout=True,
+        )
+
+
+@asynccontextmanager
+async def serving(s: cantrip.Cantrip) -> AsyncIterator[str]:
+    """A live server on loopback that requires a token, as a deployment would."""
+    guard = Guard(bind_host="127.0.0.1", token=TOKEN)
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: serve_http(s, "127.0.0.1", 0, task_status=task_status, guard=guard)
+        )
+        yield binds[0]
+        nursery.cancel_scope.cancel()
+
+
+async def js_client(base: str, scenario: str) -> dict[str, Any]:
+    await ensure_client()
+    node = shutil.which("node")
+    assert node is not None
+    with trio.fail_after(60):
+        done_ = await trio.run_process(
+            [node, "run.mjs", f"{base}/agui", scenario, TOKEN],
+            cwd=CLIENT,
+            capture_stdout=True,
+            capture_stderr=True,
+        )
+    report: dict[str, Any] = json.loads(done_.stdout)
+    return report
+
+
+def kinds(run: dict[str, Any]) -> list[str]:
+    return [e["type"] for e in run["events"]]
+
+
+@cantrip.gate()
+def lookup(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+def spell(script: list[dict[str, Any]], *gates: Any) -> cantrip.Cantrip:
+    return cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, *gates], [cantrip.max_turns(6)]),
+        loom=cantrip.Loom(),
+    )
+
+
+async def test_the_official_js_client_chats_over_two_runs_of_one_thread() -> None:
+    script = [
+        {
+            "content": "Let me look.",
+            "thinking": "weather, so the lookup gate",
+            "tool_calls": [{"gate": "lookup", "args": {"city": "Oslo"}}],
+        },
+        {"tool_calls": [{"gate": "done", "args": {"answer": "Sunny in Oslo."}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "Sunny tomorrow too."}}]},
+    ]
+    async with serving(spell(script, lookup)) as base:
+        report = await js_client(base, "chat")
+    first, second = report["runs"]
+    assert first["error"] is None and second["error"] is None, report["runs"]
+    assert kinds(first)[0] == "RUN_STARTED" and kinds(first)[-1] == "RUN_FINISHED"
+    assert first["events"][0]["protocolVersion"] == "1.0"
+    for kind in (
+        "REASONING_START",
+        "REASONING_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "TOOL_CALL_RESULT",
+        "STATE_SNAPSHOT",
+        "MESSAGES_SNAPSHOT",
+    ):
+        assert kind in kinds(first), kind
+    assert first["finished"]["outcome"] == "success"
+    assert first["result"] == "Sunny in Oslo." and second["result"] == "Sunny tomorrow too."
+    # The client's own view after the runs: the thread as the server's snapshot says.
+    roles = [m["role"] for m in report["messages"]]
+    assert roles.count("user") == 2 and "tool" in roles
+    assert roles[:3] == ["user", "reasoning", "assistant"], roles  # the loom's order
+    tool = next(m for m in report["messages"] if m["role"] == "tool")
+    assert tool["content"] == "sunny in Oslo"
+    assert report["messages"][-1]["content"] == "Sunny tomorrow too."
+    assert report["state"]["cantrip"]["turns"] == 3
+
+
+async def test_the_official_js_client_answers_an_approval_interrupt() -> None:
+    counter: list[str] = []
+
+    @cantrip.gate(requires_approval=True)
+    def launch_counted(target: str) -> str:
+        """Something a person must approve first."""
+        counter.append(target)
+        return f"launched at {target}"
+
+    script = [
+        {"tool_calls": [{"gate": "launch_counted", "args": {"target": "moon"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "launched"}}]},
+    ]
+    async with serving(spell(script, launch_counted)) as base:
+        report = await js_client(base, "approve")
+    paused, resumed = report["runs"]
+    assert paused["finished"]["outcome"] == "interrupt", paused
+    (interrupt,) = paused["finished"]["interrupts"]
+    assert interrupt["reason"] == "approval" and interrupt["metadata"]["gate"] == "launch_counted"
+    assert resumed["error"] is None and resumed["finished"]["outcome"] == "success"
+    assert resumed["result"] == "launched"
+    assert report["pendingInterrupts"] == []
+    assert counter == ["moon"]
+
+
+async def test_the_official_js_client_aborting_cancels_the_cast() -> None:
+    started = trio.Event()
+
+    @cantrip.gate()
+    async def forever() -> str:
+        """Never returns by itself."""
+        started.set()
+        await trio.sleep_forever()
+        return "never"
+
+    s = spell([{"tool_calls": [{"gate": "forever", "args": {}}]}], forever)
+    async with serving(s) as base:
+        report = await js_client(base, "abort")
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient(base_url=base, headers=auth) as http:
+            with trio.fail_after(10):
+                while True:  # the cancel lands once the server sees the hang-up
+                    (session,) = (await http.get("/sessions")).json()["sessions"]
+                    if not session["running"]:
+                        break
+                    await trio.sleep(0.05)
+            thread = (await http.get(f"/sessions/{session['session_id']}/thread")).json()
+    (run,) = report["runs"]
+    assert "TOOL_CALL_START" in kinds(run) and "RUN_FINISHED" not in kinds(run)
+    assert started.is_set()
+    assert [t["reason"] for t in thread["turns"]] == ["cancelled"]
+
+
+async def test_the_conformance_validator_passes_the_live_endpoint() -> None:
+    script = [
+        {
+            "content": "Hello!",
+            "thinking": "a greeting",
+            "tool_calls": [{"gate": "lookup", "args": {"city": "Oslo"}}],
+        },
+        {"tool_calls": [{"gate": "done", "args": {"answer": "Hi."}}]},
+    ]
+    validator = Path(sys.executable).parent / "ag-ui-validate"
+    async with serving(spell(script, lookup)) as base:
+        with trio.fail_after(60):
+            checked = await trio.run_process(
+                [
+                    str(validator),
+                    f"{base}/agui",
+                    "--json",
+                    "--header",
+                    f"Authorization: Bearer {TOKEN}",
+                    "--features",
+                    "shared-state",
+                    "--max-warnings",
+                    "0",
+                ],
+                capture_stdout=True,
+                check=False,
+            )
+    report = json.loads(checked.stdout)
+    assert checked.returncode == 0, report
+    assert report["summary"]["errors"] == 0 and report["summary"]["warnings"] == 0, report
+    assert report["eventCount"] >= 10
