@@ -70,7 +70,6 @@ from ag_ui.core import (
 )
 
 from cantrip._approval import Decision, Pause, PauseError
-from cantrip._entity import CastResult
 from cantrip._errors import CantripError
 from cantrip._events import (
     Event,
@@ -85,6 +84,7 @@ from cantrip._events import (
     ToolCallEvent,
     ToolResultEvent,
 )
+from cantrip._outcome import STOP_REASONS, CastResult
 from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import GateCallRecord
@@ -93,7 +93,6 @@ from cantrip.protocols._request import read_body, until_disconnect, validated
 from cantrip.protocols._sessions import (
     ENTITY_PREFIX,
     SESSION_PREFIX,
-    STOP_REASONS,
     Session,
     SessionError,
     SessionHub,
