@@ -65,7 +65,9 @@ async def js_client(base: str, scenario: str) -> dict[str, Any]:
             cwd=CLIENT,
             capture_stdout=True,
             capture_stderr=True,
+            check=False,
         )
+    assert done_.returncode == 0, done_.stderr.decode()  # what node said, when it failed
     report: dict[str, Any] = json.loads(done_.stdout)
     return report
 
