@@ -53,6 +53,7 @@ from cantrip._events import Event
 from cantrip._outcome import CastResult, result_dict
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
+from cantrip.protocols import _a2a
 from cantrip.protocols._api import CancelRequest
 from cantrip.protocols._asgi import (
     HEARTBEAT_S,
@@ -110,6 +111,8 @@ class HttpApp(ServerShell):
         )
         self.limits = limits or SessionLimits()
         self.viewer = Viewer.for_hub(self.hub)  # the browser viewer at / and /api/
+        # A2A (Agent Card + JSON-RPC) when the a2a-sdk extra is installed.
+        self.a2a = _a2a.A2AFront(spell, self.hub) if _a2a.available() else None
         self.drain = Drain()
         self._casts: trio.Nursery | None = None
         """Where prompts run while the server lives (set by its lifespan): a request
@@ -147,6 +150,8 @@ class HttpApp(ServerShell):
 
     async def _before_route(self, scope: Scope, receive: Receive, send: Send) -> bool:
         if await self.viewer.dispatch(scope, receive, send):  # the browser viewer
+            return True
+        if self.a2a is not None and await self.a2a.dispatch(scope, receive, send):
             return True
         log.debug("%s %s", scope["method"], scope["path"])
         return False
@@ -523,7 +528,7 @@ async def serve_http(
     try:
         await serve_asgi(
             app,
-            guard.wrap(app, app.arriving),
+            _a2a.jsonrpc_refusals(guard.wrap(app, app.arriving)),
             host,
             port,
             shutdown_trigger=shutdown_trigger,
