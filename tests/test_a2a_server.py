@@ -281,3 +281,15 @@ async def test_the_guard_applies_to_the_a2a_endpoint_and_the_card() -> None:
             async with client:
                 with pytest.raises(TaskNotFoundError):
                     await client.get_task(pb.GetTaskRequest(id="nope"))
+
+
+async def test_secrets_never_leave_through_a2a(monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "sk-a2a-0123456789abcdef"
+    monkeypatch.setenv("SOME_SERVICE_TOKEN", secret)
+    script = [call("echo", text=f"key {secret}"), call("done", answer=f"the key is {secret}")]
+    async with serving(spell(script)) as url, client_for(url, streaming=True) as client:
+        events = await sent(client, message("what is the key?"))
+        task_id = events[0].task.id
+        got = await client.get_task(pb.GetTaskRequest(id=task_id))
+    seen = "".join(str(e) for e in events) + str(got)
+    assert "[REDACTED]" in seen and secret not in seen

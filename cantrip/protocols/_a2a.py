@@ -46,7 +46,7 @@ from cantrip._cantrip import Cantrip
 from cantrip._entity import CastResult
 from cantrip._errors import CantripError
 from cantrip._events import Event
-from cantrip._redact import get_logger
+from cantrip._redact import get_logger, redact
 from cantrip.protocols._api import AnswerRequest
 from cantrip.protocols._asgi import Receive, Scope, Send
 from cantrip.protocols._sessions import (
@@ -223,7 +223,7 @@ def _agent_message(task: Task, text: str | None, data: Any = None) -> Any:
 
     parts = []
     if text:
-        parts.append(pb.Part(text=text))
+        parts.append(pb.Part(text=redact(text)))
     if data is not None:
         value = struct_pb2.Value()
         from google.protobuf.json_format import ParseDict
@@ -435,7 +435,7 @@ class SessionTasks:
 
         def sink(event: Event) -> None:
             data = event_dict(event)
-            if data["type"] in ("text", "thinking"):
+            if data["type"] in ("text_delta", "thinking_delta"):
                 return  # deltas: the final answer carries the text
             update = pb.TaskStatusUpdateEvent(
                 task_id=task.id,
