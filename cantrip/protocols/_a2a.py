@@ -70,8 +70,12 @@ _YES = frozenset({"approve", "approved", "yes", "y", "ok", "allow"})
 _NO = frozenset({"deny", "denied", "no", "n", "reject"})
 
 
+@functools.cache
 def available() -> bool:
-    """Whether the ``a2a-sdk`` extra (with Starlette for its JSON-RPC binding) is installed."""
+    """Whether the ``a2a-sdk`` extra (with Starlette for its JSON-RPC binding) is installed.
+
+    The first call imports the SDK (protobuf and all: a few hundred ms), so a server
+    makes it in a worker thread before it starts (:func:`serve_http`)."""
     try:
         import a2a.server.routes.jsonrpc_dispatcher  # noqa: F401
         import sse_starlette  # noqa: F401

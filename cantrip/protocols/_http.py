@@ -522,6 +522,7 @@ async def serve_http(
     it refuses to start on a non-loopback address without a token
     (:class:`~cantrip.protocols._guard.BindError`). ``read_timeout_s`` bounds
     each socket read, so a client that stops sending is dropped."""
+    await trio.to_thread.run_sync(_a2a.available)  # the SDK's import, off the loop
     app = HttpApp(spell, options, limits)
     guard = guard if guard is not None else Guard(bind_host=host)
     guard.check_bind()
