@@ -392,8 +392,9 @@ async def test_fuzzed_requests_get_json_rpc_answers_and_the_server_stays_up() ->
                 error = answer["error"]
                 # No internal errors -- except the SDK's 0.3 adapter, which reports a 0.3
                 # method sent with A2A-Version 1.0 as -32603 (its 1.0 path says -32009).
-                assert error["code"] != -32603 or "is not supported by this handler" in (
-                    error["message"]
+                assert (
+                    error["code"] != -32603
+                    or "is not supported by this handler" in (error["message"])
                 ), (body, answer)
         assert (await http.get("/health")).json()["ok"]
         assert (await http.get("/sessions")).json()["sessions"] == [], "nothing half-made"
