@@ -20,6 +20,7 @@ import trio
 import cantrip
 from cantrip.protocols._guard import Guard
 from cantrip.protocols._http import serve_http
+from cantrip.protocols._limits import SessionLimits
 from gates import ask_user, done, echo
 
 pytest.importorskip("a2a.client", reason="the a2a extra is part of dev")
@@ -36,7 +37,9 @@ from a2a.utils.errors import (
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
 
 
-def spell(script: list[dict[str, Any]], counter: Path | None = None) -> cantrip.Cantrip:
+def spell(
+    script: list[dict[str, Any]], counter: Path | None = None, loom: Path | None = None
+) -> cantrip.Cantrip:
     @cantrip.gate(requires_approval=True)
     def bump() -> int:
         """Count once (a side effect that needs approval)."""
@@ -55,6 +58,7 @@ def spell(script: list[dict[str, Any]], counter: Path | None = None) -> cantrip.
         llm=cantrip.ScriptedLLM(script),
         identity=cantrip.Identity(system_prompt="Books flights.\n\nMore detail."),
         circle=cantrip.Circle([done, echo, bump, slow, ask_user], [cantrip.max_turns(6)]),
+        loom=cantrip.Loom() if loom is None else cantrip.Loom.open(loom),
     )
 
 
@@ -63,11 +67,15 @@ def call(gate: str, **args: Any) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def serving(s: cantrip.Cantrip, token: str | None = None) -> AsyncIterator[str]:
+async def serving(
+    s: cantrip.Cantrip, token: str | None = None, limits: SessionLimits | None = None
+) -> AsyncIterator[str]:
     async with trio.open_nursery() as nursery:
         guard = Guard(token=token)
         binds = await nursery.start(
-            lambda task_status: serve_http(s, "127.0.0.1", 0, task_status=task_status, guard=guard)
+            lambda task_status: serve_http(
+                s, "127.0.0.1", 0, task_status=task_status, guard=guard, limits=limits
+            )
         )
         yield binds[0]
         nursery.cancel_scope.cancel()
@@ -201,6 +209,25 @@ async def test_a_paused_cast_is_input_required_and_a_follow_up_answers_it(
         assert answers == ["aisle"]
         with pytest.raises(InvalidParamsError, match="COMPLETED"):
             await sent(client, message("again", task_id=task.id))
+
+
+async def test_a_paused_task_is_answered_after_its_session_left_memory(tmp_path: Path) -> None:
+    counter = tmp_path / "n"
+    script = [call("bump"), call("done", answer="other"), call("done", answer="counted")]
+    limits = SessionLimits(max_sessions=1)
+    s = spell(script, counter, tmp_path / "loom.db")
+    async with serving(s, limits=limits) as url, client_for(url) as client:
+        (first,) = await sent(client, message("count once"))
+        assert first.task.status.state == pb.TASK_STATE_INPUT_REQUIRED
+        (other,) = await sent(client, message("something else"))  # evicts the paused one
+        assert other.task.context_id != first.task.context_id
+        async with httpx.AsyncClient(base_url=url) as http:
+            live = (await http.get("/sessions")).json()["sessions"]
+        assert [x["session_id"] for x in live] == [other.task.context_id], "the limit holds"
+        (answered,) = await sent(client, message("yes", task_id=first.task.id))
+        assert answered.task.status.state == pb.TASK_STATE_COMPLETED, answered.task.status
+        assert answered.task.artifacts[0].parts[0].text == "counted"
+        assert counter.read_text() == "1"
 
 
 async def rpc(http: httpx.AsyncClient, body: Any, **headers: str) -> dict[str, Any]:

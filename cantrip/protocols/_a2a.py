@@ -49,6 +49,7 @@ from cantrip._events import Event
 from cantrip._redact import get_logger, redact
 from cantrip.protocols._api import AnswerRequest
 from cantrip.protocols._asgi import Receive, Scope, Send
+from cantrip.protocols._limits import SessionLimits, make_room
 from cantrip.protocols._sessions import (
     Session,
     SessionError,
@@ -250,21 +251,24 @@ class SessionTasks:
     a task goes on when the client that sent it hangs up, so ``GetTask`` and
     ``CancelTask`` from another connection see and reach it."""
 
-    def __init__(self, hub: SessionHub, max_tasks: int = MAX_TASKS) -> None:
+    def __init__(
+        self, hub: SessionHub, limits: SessionLimits | None = None, max_tasks: int = MAX_TASKS
+    ) -> None:
         self.hub = hub
+        self.limits = limits or SessionLimits()
         self.tasks: dict[str, Task] = {}
         self.max_tasks = max_tasks
 
     # -- what the dispatcher calls ----------------------------------------------------
 
     async def on_message_send(self, params: Any, context: Any) -> Any:
-        task = self._start(params)
+        task = await self._start(params)
         if not params.configuration.return_immediately:
             await task.settled.wait()
         return task.to_proto(self._history_length(params))
 
     async def on_message_send_stream(self, params: Any, context: Any) -> AsyncGenerator[Any]:
-        task = self._start(params)
+        task = await self._start(params)
         send, receive = trio.open_memory_channel[Any](float("inf"))
         task.watchers.append(send)
         yield task.to_proto()
@@ -339,7 +343,27 @@ class SessionTasks:
         config = params.configuration
         return config.history_length if config.HasField("history_length") else None
 
-    def _start(self, params: Any) -> Task:
+    async def _room(self, *, adding: bool) -> None:
+        """The server's session limits, as for the HTTP API (idle sessions are dropped
+        from memory and resumed from the loom when named again)."""
+        from a2a.utils.errors import InternalError
+
+        try:
+            await make_room(self.hub, self.limits, adding=adding)
+        except SessionError as exc:
+            raise InternalError(message=f"no room for another session: {exc.message}") from None
+
+    def _session(self, session_id: str) -> Session:
+        from a2a.utils.errors import InvalidParamsError
+
+        try:
+            session = self.hub.get(session_id)
+        except SessionError as exc:
+            raise InvalidParamsError(message=f"unknown contextId: {exc.message}") from None
+        session.last_used = trio.current_time()
+        return session
+
+    async def _start(self, params: Any) -> Task:
         """Start the task ``params.message`` asks for (a new prompt, or the answer to a
         paused task); errors are the SDK's, so the client gets JSON-RPC errors."""
         from a2a.types import a2a_pb2 as pb
@@ -362,17 +386,17 @@ class SessionTasks:
                     "message with its contextId to go on in the conversation"
                 )
             decision = self._decision(task, message)
+            await self._room(adding=task.session.id not in self.hub.sessions)
+            task.session = self._session(task.session.id)  # it may have been evicted meanwhile
             task.history.append(message)
             self._working(task)
             pause_id, task.pause_id = task.pause_id, None
             answer = functools.partial(self.hub.answer, task.session, pause_id, decision)
             nursery.start_soon(self._run, task, answer)
             return task
+        await self._room(adding=message.context_id not in self.hub.sessions)
         if message.context_id:
-            try:
-                session = self.hub.get(message.context_id)
-            except SessionError as exc:
-                raise InvalidParamsError(message=f"unknown contextId: {exc.message}") from None
+            session = self._session(message.context_id)
         else:
             session, _ = self.hub.create()
         if session.running is not None:
@@ -528,11 +552,13 @@ class SessionTasks:
 class A2AFront:
     """The Agent Card and the JSON-RPC endpoint of one server (in-process sessions)."""
 
-    def __init__(self, spell: Cantrip, hub: SessionHub) -> None:
+    def __init__(
+        self, spell: Cantrip, hub: SessionHub, limits: SessionLimits | None = None
+    ) -> None:
         from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 
         self.spell = spell
-        self.handler = SessionTasks(hub)
+        self.handler = SessionTasks(hub, limits)
         self.dispatcher = JsonRpcDispatcher(
             self.handler,  # type: ignore[arg-type]
             enable_v0_3_compat=True,

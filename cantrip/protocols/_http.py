@@ -112,7 +112,7 @@ class HttpApp(ServerShell):
         self.limits = limits or SessionLimits()
         self.viewer = Viewer.for_hub(self.hub)  # the browser viewer at / and /api/
         # A2A (Agent Card + JSON-RPC) when the a2a-sdk extra is installed.
-        self.a2a = _a2a.A2AFront(spell, self.hub) if _a2a.available() else None
+        self.a2a = _a2a.A2AFront(spell, self.hub, self.limits) if _a2a.available() else None
         self.drain = Drain()
         self._casts: trio.Nursery | None = None
         """Where prompts run while the server lives (set by its lifespan): a request
