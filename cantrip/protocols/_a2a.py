@@ -43,9 +43,9 @@ import trio
 
 from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
-from cantrip._entity import CastResult
 from cantrip._errors import CantripError
 from cantrip._events import Event
+from cantrip._outcome import CastResult, result_dict
 from cantrip._redact import get_logger, redact
 from cantrip.protocols._api import AnswerRequest
 from cantrip.protocols._asgi import Receive, Scope, Send
@@ -55,7 +55,6 @@ from cantrip.protocols._sessions import (
     SessionError,
     SessionHub,
     event_dict,
-    result_dict,
 )
 
 log = get_logger("cantrip.a2a")
