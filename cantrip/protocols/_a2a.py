@@ -26,7 +26,7 @@ the guard's body refusals on the A2A endpoint into JSON-RPC errors, so an A2A
 client gets the protocol's error shape for bad JSON too. Every text that leaves
 comes from the redacted result and event dicts of :mod:`._sessions`.
 
-The SDK is optional (``pip install 'cantrip[a2a]'``); without it these paths are
+The SDK is optional (``pip install 'cantrip-runtime[a2a]'``); without it these paths are
 not served (404) and nothing of it is imported.
 """
 
