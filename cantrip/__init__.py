@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from cantrip._providers import GateProvider, ProviderStartError
     from cantrip._server import EntityServer
     from cantrip._supervisor import ChildSpec, Restart, Strategy, Supervisor, SupervisorEscalation
+    from cantrip.a2a import A2AAgent
     from cantrip.llm._config import load_llm
     from cantrip.llm._telemetry import Pricing
     from cantrip.loom import export_chat, export_jsonl, export_thread_jsonl, load_jsonl
@@ -110,6 +111,7 @@ _LAZY = {
     "GateProvider": "cantrip._providers",
     "ProviderStartError": "cantrip._providers",
     "MCPServer": "cantrip.mcp._spec",
+    "A2AAgent": "cantrip.a2a._spec",
 }
 
 
@@ -124,6 +126,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "LLM",
+    "A2AAgent",
     "ApprovalPolicy",
     "Cantrip",
     "CantripError",

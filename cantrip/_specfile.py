@@ -39,6 +39,7 @@ from cantrip._medium_names import resolve_medium_name as resolve_medium_name
 from cantrip._output import OutputSchema
 from cantrip._suggest import did_you_mean
 from cantrip._wards import Ward, WardSet
+from cantrip.a2a._spec import agents_from_tables
 from cantrip.llm._contract import LLM, Usage
 from cantrip.llm._retry import DEFAULT_RETRYABLE, RetryingLLM, RetryPolicy
 from cantrip.llm._scripted import ScriptedLLM
@@ -180,6 +181,8 @@ class CircleSpec(_Strict):
     """Deny a pending approval with "timed out" after this many seconds."""
     mcp: list[dict[str, Any]] = Field(default_factory=list)
     """``[[circle.mcp]]``: MCP servers whose tools become gates (cantrip.mcp)."""
+    a2a: list[dict[str, Any]] = Field(default_factory=list)
+    """``[[circle.a2a]]``: remote A2A agents, each one gate (cantrip.a2a)."""
     isolation: Literal["none", "bwrap"] | None = None
     """The bash medium: ``"bwrap"`` runs the shell under bubblewrap (mediums._bwrap)."""
     network: bool | None = None
@@ -363,6 +366,11 @@ def build_cantrip(
         gate_list = [g for g in gate_list if not g.delegates]
     problems.extend(circle_problems(gate_list, resolved))
     servers = _mcp_servers(circle_spec.mcp, base_dir, problems)
+    try:
+        agents = agents_from_tables(circle_spec.a2a)
+    except ConstructionError as exc:
+        problems.extend(exc.problems)
+        agents = ()
     llm_reported = doc.llm is not None and llm is None  # its own problems say why
     problems.extend(
         p
@@ -378,7 +386,7 @@ def build_cantrip(
         if circle_spec.approve
         else None
     )
-    circle = Circle(gate_list, wards, medium, approval=approval, providers=servers)
+    circle = Circle(gate_list, wards, medium, approval=approval, providers=(*servers, *agents))
     retry = _build_retry(doc.retry)
     if loom is None:
         if doc.loom and doc.loom.url:

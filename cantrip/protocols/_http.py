@@ -53,6 +53,7 @@ from cantrip._events import Event
 from cantrip._outcome import CastResult, result_dict
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
+from cantrip.protocols import _a2a
 from cantrip.protocols._agui import serve_agui
 from cantrip.protocols._api import CancelRequest
 from cantrip.protocols._asgi import (
@@ -111,6 +112,8 @@ class HttpApp(ServerShell):
         )
         self.limits = limits or SessionLimits()
         self.viewer = Viewer.for_hub(self.hub)  # the browser viewer at / and /api/
+        # A2A (Agent Card + JSON-RPC) when the a2a-sdk extra is installed.
+        self.a2a = _a2a.A2AFront(spell, self.hub, self.limits) if _a2a.available() else None
         self.drain = Drain()
         self._casts: trio.Nursery | None = None
         """Where prompts run while the server lives (set by its lifespan): a request
@@ -148,6 +151,8 @@ class HttpApp(ServerShell):
 
     async def _before_route(self, scope: Scope, receive: Receive, send: Send) -> bool:
         if await self.viewer.dispatch(scope, receive, send):  # the browser viewer
+            return True
+        if self.a2a is not None and await self.a2a.dispatch(scope, receive, send):
             return True
         log.debug("%s %s", scope["method"], scope["path"])
         return False
@@ -521,13 +526,14 @@ async def serve_http(
     it refuses to start on a non-loopback address without a token
     (:class:`~cantrip.protocols._guard.BindError`). ``read_timeout_s`` bounds
     each socket read, so a client that stops sending is dropped."""
+    await trio.to_thread.run_sync(_a2a.available)  # the SDK's import, off the loop
     app = HttpApp(spell, options, limits)
     guard = guard if guard is not None else Guard(bind_host=host)
     guard.check_bind()
     try:
         await serve_asgi(
             app,
-            guard.wrap(app, app.arriving),
+            _a2a.jsonrpc_refusals(guard.wrap(app, app.arriving)),
             host,
             port,
             shutdown_trigger=shutdown_trigger,

@@ -1,0 +1,126 @@
+"""A remote A2A agent as a circle's gate provider: the value users write.
+
+``A2AAgent(name="travel", url="https://agents.example/travel")`` in Python, or
+one ``[[circle.a2a]]`` table in a spec file, names a remote agent; nothing is
+fetched until an entity of the circle first runs (see :mod:`cantrip._providers`).
+The agent becomes one gate named ``name`` that sends it a message and returns its
+answer (:mod:`cantrip.a2a._client`).
+
+This module is a plain value with checks; the SDK is imported only when the
+agent is opened, so ``import cantrip`` stays cheap and works without the extra.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import pydantic
+
+from cantrip._errors import ConstructionError
+from cantrip.mcp._spec import _without_query
+
+if TYPE_CHECKING:
+    import trio
+
+    from cantrip._providers import OpenProvider
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_STARTUP_TIMEOUT_S = 30.0
+
+
+def _strings(value: Mapping[str, Any] | None) -> Mapping[str, str]:
+    return MappingProxyType({str(k): str(v) for k, v in (value or {}).items()})
+
+
+@attrs.frozen
+class A2AAgent:
+    """One remote A2A agent an entity may delegate to, as the gate ``name``.
+
+    ``url`` is where its Agent Card is (``<url>/.well-known/agent-card.json``);
+    ``headers`` go with every request (credentials: never recorded); ``timeout_s``
+    bounds each delegated task (the remote task is cancelled when it runs out) and
+    ``startup_timeout_s`` the fetching of the card."""
+
+    name: str
+    url: str
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=_strings, repr=False)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+
+    def __attrs_post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ConstructionError(problems)
+
+    def problems(self) -> list[str]:
+        out: list[str] = []
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            out.append(
+                f"A2A agent name {self.name!r} must start with a letter and use only "
+                "letters, digits, '_' and '-' (at most 64)"
+            )
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            out.append(
+                f"A2A agent {self.name!r}: url must be http:// or https://, got {self.url!r}"
+            )
+        if not self.timeout_s > 0 or not self.startup_timeout_s > 0:
+            out.append(f"A2A agent {self.name!r}: timeout_s and startup_timeout_s must be positive")
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """Where the agent is, for records and messages: no headers, no query (secrets)."""
+        return {"name": self.name, "transport": "a2a", "target": _without_query(self.url)}
+
+    async def open(self, nursery: trio.Nursery) -> OpenProvider:
+        from cantrip.a2a._client import open_agent
+
+        return await open_agent(self)
+
+
+class A2ATable(pydantic.BaseModel):
+    """One ``[[circle.a2a]]`` table of a spec file (pydantic at the edge)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    name: str
+    url: str
+    headers: dict[str, str] = pydantic.Field(default_factory=dict)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+
+    def build(self) -> A2AAgent:
+        return A2AAgent(**self.model_dump())
+
+
+def agents_from_tables(tables: Any) -> tuple[A2AAgent, ...]:
+    """``[[circle.a2a]]`` tables as agents; every problem reported at once."""
+    if not tables:
+        return ()
+    if not isinstance(tables, list):
+        raise ConstructionError(
+            "circle.a2a must be an array of tables ([[circle.a2a]]), one per agent"
+        )
+    problems: list[str] = []
+    agents: list[A2AAgent] = []
+    for i, table in enumerate(tables):
+        try:
+            agents.append(A2ATable.model_validate(table).build())
+        except pydantic.ValidationError as exc:
+            for error in exc.errors():
+                where = ".".join(str(p) for p in error["loc"]) or "table"
+                problems.append(f"circle.a2a[{i}].{where}: {error['msg']}")
+        except ConstructionError as exc:
+            problems.extend(exc.problems)
+    names = [a.name for a in agents]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        problems.append(f"circle.a2a: agent names must be unique; repeated: {repeated}")
+    if problems:
+        raise ConstructionError(problems)
+    return tuple(agents)
