@@ -21,7 +21,7 @@ import attrs
 import pydantic
 
 from cantrip._errors import ConstructionError
-from cantrip.mcp._spec import _without_query
+from cantrip.mcp._spec import _without_query, provider_tables
 
 if TYPE_CHECKING:
     import trio
@@ -100,27 +100,4 @@ class A2ATable(pydantic.BaseModel):
 
 def agents_from_tables(tables: Any) -> tuple[A2AAgent, ...]:
     """``[[circle.a2a]]`` tables as agents; every problem reported at once."""
-    if not tables:
-        return ()
-    if not isinstance(tables, list):
-        raise ConstructionError(
-            "circle.a2a must be an array of tables ([[circle.a2a]]), one per agent"
-        )
-    problems: list[str] = []
-    agents: list[A2AAgent] = []
-    for i, table in enumerate(tables):
-        try:
-            agents.append(A2ATable.model_validate(table).build())
-        except pydantic.ValidationError as exc:
-            for error in exc.errors():
-                where = ".".join(str(p) for p in error["loc"]) or "table"
-                problems.append(f"circle.a2a[{i}].{where}: {error['msg']}")
-        except ConstructionError as exc:
-            problems.extend(exc.problems)
-    names = [a.name for a in agents]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        problems.append(f"circle.a2a: agent names must be unique; repeated: {repeated}")
-    if problems:
-        raise ConstructionError(problems)
-    return tuple(agents)
+    return provider_tables(tables, "a2a", "agent", A2ATable)

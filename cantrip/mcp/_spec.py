@@ -22,7 +22,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import pydantic
@@ -182,30 +182,42 @@ class MCPTable(pydantic.BaseModel):
 
 def servers_from_tables(tables: Any) -> tuple[MCPServer, ...]:
     """``[[circle.mcp]]`` tables as servers; every problem reported at once."""
+    return provider_tables(tables, "mcp", "server", MCPTable)
+
+
+class _Buildable(Protocol):
+    @classmethod
+    def model_validate(cls, obj: Any) -> Any: ...
+
+
+def provider_tables(tables: Any, key: str, kind: str, model: type[_Buildable]) -> tuple[Any, ...]:
+    """``[[circle.KEY]]`` tables, each validated by ``model`` and built (``.build()``) into a
+    gate provider with a ``name``: every problem of every table reported at once, and
+    names unique. Shared by MCP servers and A2A agents (``cantrip.a2a._spec``)."""
     if tables is None:
         return ()
     if not isinstance(tables, list):
         raise ConstructionError(
-            "circle.mcp must be an array of tables ([[circle.mcp]]), one per server"
+            f"circle.{key} must be an array of tables ([[circle.{key}]]), one per {kind}"
         )
     problems: list[str] = []
-    servers: list[MCPServer] = []
+    built: list[Any] = []
     for i, table in enumerate(tables):
         try:
-            servers.append(MCPTable.model_validate(table).build())
+            built.append(model.model_validate(table).build())
         except pydantic.ValidationError as exc:
             for error in exc.errors():
                 where = ".".join(str(p) for p in error["loc"]) or "table"
-                problems.append(f"circle.mcp[{i}].{where}: {error['msg']}")
+                problems.append(f"circle.{key}[{i}].{where}: {error['msg']}")
         except ConstructionError as exc:
             problems.extend(exc.problems)
-    names = [s.name for s in servers]
+    names = [b.name for b in built]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        problems.append(f"circle.mcp: server names must be unique; repeated: {repeated}")
+        problems.append(f"circle.{key}: {kind} names must be unique; repeated: {repeated}")
     if problems:
         raise ConstructionError(problems)
-    return tuple(servers)
+    return tuple(built)
 
 
 def check_queued_spell(spell: Mapping[str, Any]) -> None:
