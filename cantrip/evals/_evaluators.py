@@ -79,18 +79,16 @@ class EvaluatorError(Exception):
 def plain_checks(expect: Expect, outcome: Outcome) -> list[Check]:
     """Every expectation that needs neither the user's code nor a judge."""
     checks: list[Check] = []
+
+    def add(name: str, passed: bool, why: str) -> None:
+        checks.append(Check(name, passed, "" if passed else why))
+
     result = outcome.result
     text = outcome.text
     if "result_equals" in expect.model_fields_set:
         wanted = expect.result_equals
         same = result.result == wanted or (isinstance(wanted, str) and text == wanted)
-        checks.append(
-            Check(
-                "result_equals",
-                same,
-                "" if same else f"result is {_short(text)!r}, not {_short(wanted)!r}",
-            )
-        )
+        add("result_equals", same, f"result is {_short(text)!r}, not {_short(wanted)!r}")
     if expect.result_contains is not None:
         wanted_all = (
             [expect.result_contains]
@@ -98,14 +96,10 @@ def plain_checks(expect: Expect, outcome: Outcome) -> list[Check]:
             else expect.result_contains
         )
         missing = [w for w in wanted_all if w not in text]
-        checks.append(
-            Check(
-                "result_contains",
-                not missing,
-                ""
-                if not missing
-                else f"result {_short(text)!r} lacks {', '.join(map(repr, missing))}",
-            )
+        add(
+            "result_contains",
+            not missing,
+            f"result {_short(text)!r} lacks {', '.join(map(repr, missing))}",
         )
     if expect.result_schema is not None:
         checks.append(_schema_check(expect.result_schema, result.result))
@@ -113,62 +107,32 @@ def plain_checks(expect: Expect, outcome: Outcome) -> list[Check]:
         checks.append(_ordered_gates(expect.gates, list(outcome.calls())))
     if expect.gates_never is not None:
         called = [r.gate for r in outcome.calls() if r.gate in expect.gates_never]
-        checks.append(
-            Check(
-                "gates_never",
-                not called,
-                "" if not called else f"called {', '.join(sorted(set(called)))}",
-            )
-        )
+        add("gates_never", not called, f"called {', '.join(sorted(set(called)))}")
     turns = len(outcome.turns)
     if expect.max_turns is not None:
         ok = turns <= expect.max_turns
-        checks.append(
-            Check("max_turns", ok, "" if ok else f"took {turns} turns (max {expect.max_turns})")
-        )
+        add("max_turns", ok, f"took {turns} turns (max {expect.max_turns})")
     if expect.min_turns is not None:
         ok = turns >= expect.min_turns
-        checks.append(
-            Check("min_turns", ok, "" if ok else f"took {turns} turns (min {expect.min_turns})")
-        )
+        add("min_turns", ok, f"took {turns} turns (min {expect.min_turns})")
     if expect.max_tokens is not None:
         ok = outcome.tokens <= expect.max_tokens
-        checks.append(
-            Check(
-                "max_tokens",
-                ok,
-                "" if ok else f"used {outcome.tokens} tokens (max {expect.max_tokens})",
-            )
-        )
+        add("max_tokens", ok, f"used {outcome.tokens} tokens (max {expect.max_tokens})")
     if expect.max_cost_usd is not None:
         cost = result.cost_usd
         ok = cost is not None and cost <= expect.max_cost_usd
         said = "an unknown amount" if cost is None else f"${cost:.6f}"
-        checks.append(
-            Check("max_cost_usd", ok, "" if ok else f"cost {said} (max ${expect.max_cost_usd})")
-        )
+        add("max_cost_usd", ok, f"cost {said} (max ${expect.max_cost_usd})")
     if expect.max_latency_s is not None:
         ok = outcome.latency_s <= expect.max_latency_s
-        checks.append(
-            Check(
-                "max_latency_s",
-                ok,
-                "" if ok else f"took {outcome.latency_s:.3f} s (max {expect.max_latency_s} s)",
-            )
-        )
+        add("max_latency_s", ok, f"took {outcome.latency_s:.3f} s (max {expect.max_latency_s} s)")
     if expect.ended is not None:
         ended = "terminated" if result.terminated else "truncated"
         ok = ended == expect.ended
-        checks.append(
-            Check(
-                "ended", ok, "" if ok else f"the cast {ended} ({result.reason}), not {expect.ended}"
-            )
-        )
+        add("ended", ok, f"the cast {ended} ({result.reason}), not {expect.ended}")
     if expect.reason is not None:
         ok = result.reason == expect.reason
-        checks.append(
-            Check("reason", ok, "" if ok else f"ended by {result.reason!r}, not {expect.reason!r}")
-        )
+        add("reason", ok, f"ended by {result.reason!r}, not {expect.reason!r}")
     return checks
 
 
