@@ -134,6 +134,23 @@ def test_postgres_connection_errors_name_their_cause(pg_server: str) -> None:
         Loom.open(nobody)
 
 
+def test_loom_commands_on_a_database_without_a_loom_leave_it_untouched(pg_url: str) -> None:
+    """A mistyped database name must not get cantrip's tables: reading commands (and
+    the viewer) refuse a database that holds no loom, and create nothing in it."""
+    import psycopg
+
+    for command in (("list",), ("stats",), ("view", "--port", "0")):
+        done = cli("loom", pg_url, *command, timeout=60)
+        assert done.returncode == 1, (command, done.stdout, done.stderr)
+        assert "no cantrip loom in the database" in done.stderr, (command, done.stderr)
+        assert "Traceback" not in done.stderr
+    with psycopg.connect(pg_url) as conn:
+        tables = conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+        ).fetchone()
+    assert tables == (0,)
+
+
 def test_cast_db_says_when_no_worker_takes_the_work(pg_url: str, tmp_path: Path) -> None:
     process = subprocess.Popen(
         [CANTRIP, "cast", str(hello_copy(tmp_path)), "hi", "--db", pg_url],

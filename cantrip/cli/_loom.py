@@ -280,7 +280,8 @@ def run_loom(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, path: Path | str, out: TextIO, err: TextIO) -> int:
     if args.loom_command in ("check", "recover"):
         return _repair(args, out, err)
-    loom = Loom.open(path)  # a foreign or damaged file is a LoomError saying which
+    # a foreign or damaged file, or a database holding no loom, is a LoomError saying which
+    loom = Loom.open(path, create=False)
     try:
         command = args.loom_command
         if command == "list":

@@ -104,7 +104,9 @@ class Loom:
                 self._rewards[turn_id] = reward
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, journal: bool | None = None) -> Loom:
+    def open(
+        cls, path: str | os.PathLike[str], *, journal: bool | None = None, create: bool = True
+    ) -> Loom:
         """Open (or create) a loom: ``postgresql://...`` on PostgreSQL (schema created
         on first use), ``*.jsonl`` as JSONL, anything else as an SQLite file.
 
@@ -116,12 +118,15 @@ class Loom:
         ``cantrip._journal``). Always on for PostgreSQL, where workers take over each
         other's entities; off by default for an SQLite file, where it costs about three
         more commits per turn with a gate call (``bench/turn_overhead.py``) -- turn it on
-        for single-process effects that must not repeat after a crash."""
+        for single-process effects that must not repeat after a crash.
+
+        ``create=False``: a PostgreSQL database without a loom is a :class:`LoomError`
+        rather than a new loom (files: the caller checks that the file exists)."""
         text = str(path)
         if text.startswith(("postgresql://", "postgres://")):
             from cantrip.loom._postgres import PostgresStore
 
-            return cls(PostgresStore(text), journal=True)
+            return cls(PostgresStore(text, create=create), journal=True)
         from cantrip.loom._repair import damaged_hint, ensure_loom
 
         if text != ":memory:":

@@ -472,7 +472,11 @@ class PostgresStore:
     deferred = True
     """Writes are queued by the loom and committed by :meth:`write_batch` in a thread."""
 
-    def __init__(self, url: str, *, max_connections: int = 8) -> None:
+    def __init__(self, url: str, *, max_connections: int = 8, create: bool = True) -> None:
+        """``create=False``: a database with no cantrip loom in it is a :class:`LoomError`
+        instead of getting cantrip's tables -- for commands that read or edit a loom
+        (``cantrip loom URL ...``), where a mistyped database name must not leave
+        tables behind in somebody else's database."""
         try:
             import psycopg_pool
         except ImportError as exc:  # the optional dependency (the postgres extra)
@@ -498,16 +502,27 @@ class PostgresStore:
             raise LoomError(f"cannot connect to PostgreSQL at {_safe(url)}: {exc}") from None
         self.limiter = trio.CapacityLimiter(max_connections)
         """Worker threads that may hold a pool connection at once."""
-        self._migrate()
+        try:
+            self._migrate(create)
+        except LoomError:
+            self.pool.close()
+            raise
 
     def __str__(self) -> str:
         return _safe(self.url)
 
-    def _migrate(self) -> None:
+    def _migrate(self, create: bool) -> None:
         with self.pool.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             exists = conn.execute("SELECT to_regclass('cantrip_schema')").fetchone()
-            if exists is not None and exists[0] is not None:
+            if exists is None or exists[0] is None:
+                if not create:
+                    raise LoomError(
+                        f"no cantrip loom in the database at {_safe(self.url)} (it has no "
+                        "cantrip_schema table); a loom is made there by `cantrip cast --db`, "
+                        "`cantrip worker` or `cantrip serve --db`"
+                    )
+            else:
                 row = conn.execute("SELECT max(version) FROM cantrip_schema").fetchone()
                 if row is not None and row[0] is not None and int(row[0]) >= SCHEMA_VERSION:
                     return

@@ -290,7 +290,7 @@ class LoomDatabase:
     """A PostgreSQL loom for the viewer: every read is a query, so it is always fresh."""
 
     def __init__(self, url: str) -> None:
-        self._loom = Loom.open(url)
+        self._loom = Loom.open(url, create=False)  # reading never makes a loom
         store: Any = self._loom.store
         self.limiter: trio.CapacityLimiter = store.limiter
         self.name = str(store)  # the URL without its password
