@@ -38,6 +38,8 @@ def test_the_distribution_name_is_ours() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["name"] == DISTRIBUTION == "cantrip-runtime"
     assert project["license"] == "MIT"  # an SPDX expression, not the deprecated table
+    assert project["license-files"] == ["LICENSE"]  # MIT asks for its text in every copy
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
 
 
 def test_every_install_line_names_the_distribution() -> None:
@@ -63,6 +65,7 @@ def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path: Path) -> N
     names = zipfile.ZipFile(wheel).namelist()
     for shipped in ("cantrip/cli/starter.toml", "gates/__init__.py", "mediums/__init__.py"):
         assert shipped in names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
 
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
