@@ -224,4 +224,6 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
 
     missing = [name for name in cantrip.__all__ if f'id="cantrip.{name}"' not in api]
     assert not missing, f"public names missing from the API reference: {missing}"
+    roles = re.findall(r":(?:class|func|meth|attr|data|mod):<code>", api)
+    assert not roles, f"reST roles shown literally on the API page: {len(roles)}"
     assert "mermaid" in pages["concepts/index.html"]
