@@ -1,21 +1,22 @@
-"""AG-UI over ``cantrip serve``: ``POST /agui`` takes a ``RunAgentInput`` and answers
-the run as AG-UI events over server-sent events (protocol 1.0, the version of the
-official ``ag-ui-protocol`` package whose models build every event here).
+"""AG-UI 1.0 for ``cantrip serve``, both modes: what a run's input means and how the
+loop's events become AG-UI events -- the one mapping, with two sources (SPEC.md "AG-UI").
 
-Web front ends built on AG-UI clients (CopilotKit and the like) speak this protocol;
-cantrip's own HTTP API already has every piece of it -- sessions, streamed casts,
-pauses, cancellation -- so this module only translates (SPEC.md "AG-UI"):
+``POST /agui`` takes a ``RunAgentInput`` and answers the run as AG-UI events over
+server-sent events (protocol 1.0, the version of the official ``ag-ui-protocol``
+package whose models build every event here). Web front ends built on AG-UI clients
+(CopilotKit and the like) speak it; cantrip's sessions, streamed casts, pauses and
+cancels already hold every piece of it, so this is translation only:
 
-* ``threadId`` names a session: an existing session id is that session (resumed
-  from the loom if need be); any other id names the session it created the first
-  time (the same mapping an ``Idempotency-Key`` on ``POST /sessions`` uses);
-* a run is one prompt: the text of the last user message is the intent (the rest
-  of ``messages`` is the client's copy of the thread; the loom holds the real one);
-* the loop's events become AG-UI's (:class:`Translator`); a cast that pauses for
-  an approval or an ``ask_user`` question ends the run with an ``interrupt``
-  outcome, and a run whose ``resume`` answers those interrupts continues the
-  paused cast through the session hub's answer path;
-* a client that hangs up cancels the run's cast (recorded ``cancelled``).
+* ``threadId`` names a session, a run is one prompt (the text of the last user
+  message) keyed by its ``runId`` -- a repeated ``runId`` joins or replays that
+  prompt, never casts again;
+* the loop's events become AG-UI's (:class:`Translator`), whether they come live
+  from an entity in this process (:mod:`._agui_hub`) or are read back from the
+  turns a worker recorded in the PostgreSQL loom (:func:`recorded_events`, used by
+  :mod:`._db_agui` for ``serve --db``);
+* :class:`RunStream` is one run on the wire: ``RUN_STARTED``, a state snapshot, the
+  events, a ``STATE_DELTA`` per recorded turn, and the ending -- snapshots and
+  ``RUN_FINISHED`` (success, ``interrupt`` for a pause, ``cancelled``) or ``RUN_ERROR``.
 
 A body that is not a usable ``RunAgentInput`` is a 400 before any event is sent;
 anything that goes wrong once the run has started ends it with ``RUN_ERROR``.
@@ -27,10 +28,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import trio
+import attrs
 from ag_ui.core import (
     PROTOCOL_VERSION,
     AssistantMessage,
@@ -53,6 +54,7 @@ from ag_ui.core import (
     RunFinishedEvent,
     RunFinishedInterruptOutcome,
     RunStartedEvent,
+    StateDeltaEvent,
     StateSnapshotEvent,
     StepFinishedEvent,
     StepStartedEvent,
@@ -70,7 +72,6 @@ from ag_ui.core import (
 )
 
 from cantrip._approval import Decision, Pause, PauseError
-from cantrip._errors import CantripError
 from cantrip._events import (
     Event,
     FinalResponse,
@@ -86,17 +87,10 @@ from cantrip._events import (
 )
 from cantrip._outcome import STOP_REASONS, CastResult
 from cantrip._redact import get_logger, redact_value
-from cantrip.llm._contract import plain_json
-from cantrip.loom._model import GateCallRecord
-from cantrip.protocols._asgi import HttpError, Receive, Send, end_body, start_sse
-from cantrip.protocols._request import read_body, until_disconnect, validated
-from cantrip.protocols._sessions import (
-    ENTITY_PREFIX,
-    SESSION_PREFIX,
-    Session,
-    SessionError,
-    SessionHub,
-)
+from cantrip.llm._contract import Response, plain_json
+from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.protocols._asgi import HttpError, Send, end_body, start_sse
+from cantrip.protocols._request import validated
 
 log = get_logger("cantrip.agui")
 
@@ -164,18 +158,6 @@ def intent_of(run: RunAgentInput) -> str:
                 getattr(part, "text", "") for part in content if getattr(part, "text", "")
             )
     return ""
-
-
-def session_for(hub: SessionHub, thread_id: str) -> Session:
-    """The session a thread names: a session (or entity) id as itself, else the
-    session this thread id created (made on first use)."""
-    if thread_id.startswith((SESSION_PREFIX, ENTITY_PREFIX)):
-        try:
-            return hub.get(thread_id)
-        except SessionError:
-            pass  # not one of ours: a client's own id, mapped like any other
-    session, _ = hub.create("agui-thread:" + thread_id)
-    return session
 
 
 def decision_for(pause: Pause, entry: ResumeEntry) -> Decision:
@@ -390,10 +372,33 @@ class Translator:
         )
 
 
-def messages_of(hub: SessionHub, session: Session) -> list[Message]:
-    """The session's thread from the loom as AG-UI messages (MESSAGES_SNAPSHOT)."""
+def recorded_events(turn: Turn) -> list[Event]:
+    """A turn as the loom recorded it, told as the loop's events -- what a live
+    cast would have sent, minus token deltas (:class:`Translator` takes both).
+
+    A turn is recorded in pieces around a pause or a delegation: the first piece
+    holds the utterance (the step starts there), a continuation only the gate calls
+    made after it, and a checkpoint piece leaves the step open (its turn goes on)."""
+    phase = turn.extras.get("phase")
+    events: list[Event] = []
+    if phase not in ("continuation", "continuation+checkpoint"):
+        events.append(StepStart(sequence=turn.sequence, entity_id=turn.entity_id))
+        if turn.thinking:
+            events.append(ThinkingDelta(text=turn.thinking, entity_id=turn.entity_id))
+        response = Response(content=turn.content, tool_calls=turn.tool_calls)
+        events.append(MessageComplete(response=response, entity_id=turn.entity_id))
+    events.extend(ToolResultEvent(record=r, entity_id=turn.entity_id) for r in turn.gate_calls)
+    if phase not in ("checkpoint", "continuation+checkpoint"):
+        events.append(StepComplete(turn=turn, entity_id=turn.entity_id))
+        if turn.terminated:
+            events.append(FinalResponse(result=turn.result, entity_id=turn.entity_id))
+    return events
+
+
+def messages_of(thread: Sequence[Turn]) -> list[Message]:
+    """A session's thread from the loom as AG-UI messages (MESSAGES_SNAPSHOT)."""
     messages: list[Message] = []
-    for turn in hub.history(session):
+    for turn in thread:
         if turn.intent is not None:
             messages.append(UserMessage(id=f"{turn.id}-user", content=turn.intent))
         if turn.thinking:
@@ -432,13 +437,28 @@ def messages_of(hub: SessionHub, session: Session) -> list[Message]:
     return messages
 
 
-def state_of(run: RunAgentInput, session: Session, outcome: CastResult | None) -> dict[str, Any]:
-    """STATE_SNAPSHOT: the client's own state, with the session under ``cantrip``."""
+@attrs.frozen
+class Where:
+    """The session a run runs on, as its state names it."""
+
+    session_id: str
+    entity_id: str
+    turns: int
+    """The sequence number of the session's latest turn: how many turns its entity has
+    taken (the pieces of one turn around a pause share it)."""
+
+
+def state_of(
+    run: RunAgentInput, where: Where, outcome: CastResult | None, *, running: bool = False
+) -> dict[str, Any]:
+    """STATE_SNAPSHOT: the client's own state, with the session under ``cantrip``
+    (``running`` for the snapshot a run opens with: no reason, nothing pending yet)."""
     state = dict(run.state) if isinstance(run.state, Mapping) else {}
     state["cantrip"] = {
-        "session_id": session.id,
-        "entity_id": session.entity_id,
-        "turns": len(session.entity.turns),
+        "session_id": where.session_id,
+        "entity_id": where.entity_id,
+        "turns": where.turns,
+        "running": running,
         "reason": None if outcome is None else outcome.reason,
         "pending": [p.to_dict() for p in outcome.pending] if outcome is not None else [],
     }
@@ -460,7 +480,26 @@ def usage_of(outcome: CastResult) -> list[TokenUsage] | None:
     ]
 
 
-# -- the run ---------------------------------------------------------------------------
+def run_key(run: RunAgentInput) -> str:
+    """The idempotency key a run's prompt carries: one ``runId``, one cast."""
+    return "agui-run:" + run.run_id
+
+
+def thread_key(thread_id: str) -> str:
+    """The idempotency key of the session a client's own thread id created."""
+    return "agui-thread:" + thread_id
+
+
+class RunFailed(Exception):
+    """Why a run that has started cannot go on (it ends with ``RUN_ERROR``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# -- the run on the wire ---------------------------------------------------------------
 
 
 async def send_event(send: Send, event: BaseEvent) -> None:
@@ -474,152 +513,85 @@ async def send_event(send: Send, event: BaseEvent) -> None:
     await send({"type": "http.response.body", "body": payload, "more_body": True})
 
 
-class AguiRun:
-    """One ``POST /agui``: the run's cast (a prompt, or answers to its interrupts)
-    with its events translated as they happen."""
+class RunStream:
+    """One run's answer on the wire, whatever its events' source: ``RUN_STARTED`` and
+    the state it starts from; each event translated as it comes, and a
+    ``STATE_DELTA`` (JSON Patch) as each turn is recorded; then the ending."""
 
-    def __init__(self, hub: SessionHub, session: Session, run: RunAgentInput) -> None:
-        self.hub = hub
-        self.session = session
+    def __init__(self, run: RunAgentInput, send: Send) -> None:
         self.run = run
+        self.send = send
         self.translator = Translator()
+        self.turns = 0
+        """The latest turn's sequence the client's state holds."""
+        self.entity_id = ""
+        self.started = False
 
-    async def serve(self, receive: Receive, send: Send) -> None:
+    async def begin(self, where: Where) -> None:
+        """The response's head, ``RUN_STARTED``, and the state the run starts from."""
         run = self.run
-        await start_sse(send)
+        await start_sse(self.send)
+        self.started = True
         await send_event(
-            send,
+            self.send,
             RunStartedEvent(
                 thread_id=run.thread_id, run_id=run.run_id, protocol_version=PROTOCOL_VERSION
             ),
         )
-        events_send, events = trio.open_memory_channel[Event](float("inf"))
-        final: dict[str, Any] = {}
+        self.turns, self.entity_id = where.turns, where.entity_id
+        await send_event(
+            self.send, StateSnapshotEvent(snapshot=state_of(run, where, None, running=True))
+        )
 
-        sink = events_send.send_nowait
-        gone = trio.Event()
+    async def event(self, event: Event) -> None:
+        """One of the loop's events (live, or :func:`recorded_events`)."""
+        for out in self.translator.events(event):
+            await send_event(self.send, out)
+        turn = event.turn if isinstance(event, StepComplete) else None
+        if turn is not None and turn.entity_id == self.entity_id and turn.sequence > self.turns:
+            self.turns = turn.sequence
+            patch = [{"op": "replace", "path": "/cantrip/turns", "value": self.turns}]
+            await send_event(self.send, StateDeltaEvent.model_validate({"delta": patch}))
 
-        async def cast() -> None:
-            async with events_send:
-                if gone.is_set():  # hung up before the cast began: cast nothing
-                    final["error"] = ("client_gone", "the client hung up")
-                    return
-                try:
-                    final["outcome"] = await self._cast(sink)
-                except _RunFailed as exc:
-                    final["error"] = (exc.code, exc.message)
+    async def fail(self, failure: RunFailed) -> None:
+        """End the run with ``RUN_ERROR`` (what was open is closed first)."""
+        for out in self.translator.finish(None):
+            await send_event(self.send, out)
+        await send_event(self.send, RunErrorEvent(message=failure.message, code=failure.code))
+        await end_body(self.send)
 
-        async def watch() -> None:
-            await until_disconnect(receive)
-            gone.set()
-            if self.session.sink == sink:  # our cast is running (not another client's)
-                log.info("session %s: the AG-UI client hung up; cancelling", self.session.id)
-                self.hub.cancel(self.session)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(cast)
-            nursery.start_soon(watch)
-            async with events:
-                async for event in events:
-                    for out in self.translator.events(event):
-                        await send_event(send, out)
-            nursery.cancel_scope.cancel()  # the watcher: the cast has ended
-        for out in self._ending(final):
-            await send_event(send, out)
-        await end_body(send)
-
-    async def _cast(self, sink: Callable[[Event], None]) -> CastResult | None:
-        try:
-            if self.run.resume:
-                return await self._resume(sink)
-            return await self.hub.prompt(self.session, intent_of(self.run), on_event=sink)
-        except SessionError as exc:
-            raise _RunFailed(exc.kind, exc.message) from None
-        except PauseError as exc:
-            raise _RunFailed("bad_resume", str(exc)) from None
-        except CantripError as exc:
-            raise _RunFailed("cast_failed", f"the cast failed: {exc}") from None
-        except Exception as exc:  # the entity crashed: the hub resumed it from the loom
-            log.exception("session %s: the entity crashed", self.session.id)
-            raise _RunFailed("crashed", f"the entity crashed: {exc!r}") from None
-
-    async def _resume(self, sink: Callable[[Event], None]) -> CastResult | None:
-        """Answer the interrupts in the order given; each answer continues the paused
-        cast, and the last continuation's outcome is the run's."""
-        outcome: CastResult | None = None
-        for entry in self.run.resume or ():
-            pending = {p.pause_id: p for p in self.session.entity.pending}
-            pause = pending.get(entry.interrupt_id)
-            if pause is None:
-                raise PauseError(
-                    f"interrupt {entry.interrupt_id!r} is not open on thread "
-                    f"{self.run.thread_id!r} (open: {', '.join(pending) or 'none'})"
-                )
-            decision = decision_for(pause, entry)
-            outcome = await self.hub.answer(self.session, pause.pause_id, decision, on_event=sink)
-        return outcome
-
-    def _ending(self, final: Mapping[str, Any]) -> list[BaseEvent]:
-        run, session = self.run, self.session
-        if "error" in final:
-            code, message = final["error"]
-            return [*self.translator.finish(None), RunErrorEvent(message=message, code=code)]
-        outcome: CastResult | None = final.get("outcome")
+    async def finish(
+        self, outcome: CastResult | None, where: Where, thread: Sequence[Turn]
+    ) -> None:
+        """End the run: the final answer if no message carried it, the state and the
+        thread as they are now, and ``RUN_FINISHED`` -- ``interrupt`` when the cast
+        paused, ``cancelled`` when it was cancelled (or never began)."""
+        run = self.run
         paused = outcome is not None and outcome.reason == "paused" and bool(outcome.pending)
         result = outcome.result if outcome is not None and outcome.terminated else None
         out = self.translator.finish(result)
-        out.append(StateSnapshotEvent(snapshot=state_of(run, session, outcome)))
-        out.append(MessagesSnapshotEvent(messages=messages_of(self.hub, session)))
+        out.append(StateSnapshotEvent(snapshot=state_of(run, where, outcome)))
+        out.append(MessagesSnapshotEvent(messages=messages_of(thread)))
         if outcome is None or STOP_REASONS.get(outcome.reason or "") == "cancelled":
-            out.append(
-                RunFinishedEvent(
-                    thread_id=run.thread_id,
-                    run_id=run.run_id,
-                    outcome=RunFinishedCancelledOutcome(),
-                )
+            finished = RunFinishedEvent(
+                thread_id=run.thread_id, run_id=run.run_id, outcome=RunFinishedCancelledOutcome()
             )
         elif paused:
             interrupts = [interrupt_for(p) for p in outcome.pending]
-            out.append(
-                RunFinishedEvent(
-                    thread_id=run.thread_id,
-                    run_id=run.run_id,
-                    outcome=RunFinishedInterruptOutcome(interrupts=interrupts),
-                    usage=usage_of(outcome),
-                )
+            finished = RunFinishedEvent(
+                thread_id=run.thread_id,
+                run_id=run.run_id,
+                outcome=RunFinishedInterruptOutcome(interrupts=interrupts),
+                usage=usage_of(outcome),
             )
         else:
-            out.append(
-                RunFinishedEvent(
-                    thread_id=run.thread_id,
-                    run_id=run.run_id,
-                    result=plain_json(outcome.result) if outcome.terminated else None,
-                    usage=usage_of(outcome),
-                )
+            finished = RunFinishedEvent(
+                thread_id=run.thread_id,
+                run_id=run.run_id,
+                result=plain_json(outcome.result) if outcome.terminated else None,
+                usage=usage_of(outcome),
             )
-        return out
-
-
-class _RunFailed(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-async def serve_agui(
-    hub: SessionHub, receive: Receive, send: Send, make_room: Callable[[], Awaitable[None]]
-) -> None:
-    """``POST /agui``: read the run's input, find its thread's session (``make_room``
-    first, as for any session a request names), and stream the run."""
-    run = parse_input(await read_body(receive))
-    await make_room()
-    try:
-        session = session_for(hub, run.thread_id)
-    except SessionError as exc:  # e.g. a resumed entity that cannot be loaded
-        raise HttpError(409, exc.kind, exc.message) from None
-    session.last_used = trio.current_time()
-    try:
-        await AguiRun(hub, session, run).serve(receive, send)
-    finally:
-        session.last_used = trio.current_time()
+        out.append(finished)
+        for event in out:
+            await send_event(self.send, event)
+        await end_body(self.send)
