@@ -8,6 +8,10 @@ the prompt's ``TURNS``-th turn, then ``done`` with ``"<prompt> ok #<n>"``,
 where ``n`` counts the user messages it was sent -- a follow-up prompt that
 continues the conversation answers ``#2``.
 
+With ``SERVE_DB_LLM_CHATTY=1`` in its environment each answer also says a line of
+text and a line of reasoning (``Step <n>: <prompt>``); a prompt that says
+``forever`` is answered ten times slower (a cast a test can hang up on midway).
+
 Run: ``python tests/serve_db_llm.py --turns 3 --delay 0.1``; prints ``url <base
 url>`` on stdout and serves until stdin closes.
 """
@@ -15,6 +19,7 @@ url>`` on stdout and serves until stdin closes.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -29,16 +34,18 @@ class ConversationOpenAI(FakeOpenAI):
         super().__init__([], key=KEY)
         self.turns = turns
         self.delay_s = delay_s
+        self.chatty = os.environ.get("SERVE_DB_LLM_CHATTY") == "1"
 
     async def respond(self, request: Request, send: Sender) -> None:
         # the delay comes first: from setting the script to the parent popping it there is
         # no checkpoint, so concurrent requests never answer with each other's script
-        await trio.sleep(self.delay_s)
         try:
             body: Any = request.json()
             messages = list(body.get("messages") or [])
         except (ValueError, AttributeError):
             messages = []
+        slow = any("forever" in str(m.get("content")) for m in messages if m.get("role") == "user")
+        await trio.sleep(self.delay_s * (10 if slow else 1))
         users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
         if users:
             last = users[-1]
@@ -48,7 +55,8 @@ class ConversationOpenAI(FakeOpenAI):
                 call = Call("done", {"answer": f"{prompt} ok #{len(users)}"})
             else:
                 call = Call("echo", {"text": f"step {steps + 1}"})
-            self.script = [Answer(calls=(call,))]
+            said = f"Step {steps + 1}: {prompt}" if self.chatty else None
+            self.script = [Answer(text=said, thinking=said, calls=(call,))]
         await super().respond(request, send)
 
 

@@ -59,6 +59,7 @@ from cantrip.protocols._asgi import (
     sse_comment,
     sse_error,
 )
+from cantrip.protocols._db_agui import serve_db_agui
 from cantrip.protocols._db_notify import Notifier
 from cantrip.protocols._db_sessions import (
     ENDED,
@@ -124,6 +125,9 @@ class DbHttpApp(ServerShell):
 
     async def _before_route(self, scope: Scope, receive: Receive, send: Send) -> bool:
         return await self.viewer.dispatch(scope, receive, send)  # the browser viewer
+
+    async def _agui(self, receive: Receive, send: Send) -> None:
+        await serve_db_agui(self, receive, send)  # AG-UI (protocols._db_agui)
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking database call in a thread, behind the store's limiter.
