@@ -530,3 +530,78 @@ async def test_a_repeated_run_id_replays_that_run_and_casts_nothing_again() -> N
     assert results == [e["content"] for e in first if e["type"] == "TOOL_CALL_RESULT"]
     assert "Looking." in "".join(e["delta"] for e in again if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert other[-1]["type"] == "RUN_ERROR" and other[-1]["code"] == "key_reused"
+
+
+LOCATION_TOOL = {
+    "name": "get_location",
+    "description": "Where the user is (the browser knows).",
+    "parameters": {"type": "object", "properties": {"precision": {"type": "string"}}},
+}
+
+
+async def test_a_front_end_tool_is_offered_called_at_the_client_and_its_result_observed() -> None:
+    """The input's tools are offered to the model for the run; its call of one is
+    TOOL_CALL_START/ARGS/END and the run ends; the client runs the tool and its next
+    run carries the result (a tool message), which the cast observes and goes on from."""
+    script = [
+        {
+            "content": "Let me ask your browser.",
+            "tool_calls": [{"gate": "get_location", "args": {"precision": "city"}}],
+        },
+        {"tool_calls": [{"gate": "done", "args": {"answer": "You are in Oslo."}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "bye"}}]},
+    ]
+    s = spell(script)
+    async with serving(s) as base:
+        _, called = await agui(base, run_input("t-front", "where am I?", tools=[LOCATION_TOOL]))
+        start = the(called, "TOOL_CALL_START")
+        assert start["toolCallName"] == "get_location"
+        call_id = start["toolCallId"]
+        assert json.loads(the(called, "TOOL_CALL_ARGS")["delta"]) == {"precision": "city"}
+        assert "TOOL_CALL_END" in types(called) and "TOOL_CALL_RESULT" not in types(called)
+        finished = called[-1]
+        assert finished["type"] == "RUN_FINISHED"
+        assert finished.get("outcome", {"type": "success"})["type"] == "success"
+        messages = [
+            {"id": "u1", "role": "user", "content": "where am I?"},
+            {
+                "id": "a1",
+                "role": "assistant",
+                "toolCalls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "get_location", "arguments": '{"precision":"city"}'},
+                    }
+                ],
+            },
+            {"id": "t1", "role": "tool", "toolCallId": call_id, "content": "Oslo, Norway"},
+        ]
+        body = {**run_input("t-front", None, tools=[LOCATION_TOOL]), "messages": messages}
+        _, continued = await agui(base, body)
+        _, later = await agui(base, run_input("t-front", "thanks"))
+    assert continued[-1]["result"] == "You are in Oslo."
+    assert all(e.get("toolCallId") != call_id for e in continued), "the client has that result"
+    thread = [m for m in the(continued, "MESSAGES_SNAPSHOT")["messages"] if m["role"] == "tool"]
+    assert [(m["toolCallId"], m["content"]) for m in thread][:1] == [(call_id, "Oslo, Norway")]
+    # the model saw the tool in those runs, and its result as the call's observation
+    offered = [[t.name for t in q.tools] for q in s.llm.invocations]
+    assert "get_location" in offered[0] and "get_location" in offered[1]
+    assert "get_location" not in offered[2], "tools are offered for the runs that send them"
+    (record,) = [c for t in s.loom.turns for c in t.gate_calls if c.gate == "get_location"]
+    assert record.result == "Oslo, Norway" and record.tool_call_id == call_id
+    assert later[-1]["result"] == "bye"
+
+
+async def test_front_end_tools_with_bad_names_are_a_400() -> None:
+    s = spell([{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]}])
+    async with serving(s) as base, httpx.AsyncClient(base_url=base) as http:
+        for tools in (
+            [{"name": "has space", "description": "x"}],
+            [{"name": "done", "description": "the circle's own"}],
+            [{"name": "t", "description": "a"}, {"name": "t", "description": "b"}],
+        ):
+            answer = await http.post("/agui", json=run_input("t-badtool", "hi", tools=tools))
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["code"] == "bad_request"
+    assert len(s.loom) == 0

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import pydantic
 from ag_ui.core import (
     PROTOCOL_VERSION,
     AssistantMessage,
@@ -85,6 +87,7 @@ from cantrip._events import (
     ToolCallEvent,
     ToolResultEvent,
 )
+from cantrip._gate import Gate, GateError
 from cantrip._outcome import STOP_REASONS, CastResult
 from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import Response, plain_json
@@ -93,6 +96,9 @@ from cantrip.protocols._asgi import HttpError, Send, end_body, start_sse
 from cantrip.protocols._request import validated
 
 log = get_logger("cantrip.agui")
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""A front-end tool's name: what every provider takes as a tool name."""
 
 MAX_ID = 256
 """The longest threadId / runId taken (they name sessions and appear in every event)."""
@@ -140,10 +146,13 @@ def parse_input(body: Any) -> RunAgentInput:
     for name, value in (("threadId", run.thread_id), ("runId", run.run_id)):
         if not value or len(value) > MAX_ID:
             raise HttpError(400, "bad_request", f"{name} must be 1 to {MAX_ID} characters")
-    if not run.resume and not intent_of(run):
+    if not run.resume and not intent_of(run) and not tool_results(run):
         raise HttpError(
-            400, "bad_request", "the run needs a user message with text (or resume entries)"
+            400,
+            "bad_request",
+            "the run needs a user message with text (or resume entries, or tool results)",
         )
+    client_gates(run)  # the tools' names are checked before anything runs
     return run
 
 
@@ -151,13 +160,71 @@ def intent_of(run: RunAgentInput) -> str:
     """The text of the input's last user message ("" if there is none)."""
     for message in reversed(run.messages):
         if isinstance(message, UserMessage):
-            content = message.content
-            if isinstance(content, str):
-                return content
-            return "\n".join(
-                getattr(part, "text", "") for part in content if getattr(part, "text", "")
-            )
+            return _content_text(message.content)
     return ""
+
+
+def _content_text(content: Any) -> str:
+    """A message's text: the string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(
+        getattr(part, "text", "") for part in content or () if getattr(part, "text", "")
+    )
+
+
+def tool_results(run: RunAgentInput) -> dict[str, str]:
+    """The results of front-end tools the input carries: tool call id -> the text the
+    client's tool answered (after the last user message: older ones were answered)."""
+    results: dict[str, str] = {}
+    for message in reversed(run.messages):
+        if isinstance(message, UserMessage):
+            break
+        if isinstance(message, ToolMessage):
+            text = _content_text(message.content)
+            if message.error:
+                text = f"{text}\n{message.error}".strip() if text else f"error: {message.error}"
+            results.setdefault(message.tool_call_id, text)
+    return results
+
+
+class _Passed(pydantic.BaseModel):
+    """A front-end tool's arguments go to the client as the model wrote them: the
+    tool's JSON Schema is the client's to enforce, as an MCP tool's is its server's."""
+
+    model_config = pydantic.ConfigDict(extra="allow")
+
+
+async def _runs_at_the_client(**_: Any) -> str:
+    raise GateError("this tool runs at the AG-UI client; its result comes with the next run")
+
+
+def client_gates(run: RunAgentInput) -> tuple[Gate, ...]:
+    """The input's ``tools`` (front-end tools: the client runs them) as gates the run's
+    casts may call. A call pauses like an ``ask_user`` question: the run ends with the
+    call, and the result the client sends with its next run is the call's observation."""
+    gates: list[Gate] = []
+    for tool in run.tools or ():
+        if not TOOL_NAME.fullmatch(tool.name):
+            raise HttpError(
+                400,
+                "bad_request",
+                f"tool name {tool.name[:80]!r} is not 1 to 64 letters, digits, '_' or '-'",
+            )
+        if any(g.name == tool.name for g in gates):
+            raise HttpError(400, "bad_request", f"tool {tool.name!r} is listed twice")
+        parameters = tool.parameters if isinstance(tool.parameters, Mapping) else {}
+        gates.append(
+            Gate(
+                name=tool.name,
+                fn=_runs_at_the_client,
+                description=tool.description,
+                args_model=_Passed,
+                parameters={"type": "object", **parameters},
+                asks_user=True,
+            )
+        )
+    return tuple(gates)
 
 
 def decision_for(pause: Pause, entry: ResumeEntry) -> Decision:
@@ -224,6 +291,8 @@ class Translator:
         self.results: set[str] = set()
         self.texts: list[str] = []
         """Every text message sent in this run (a final answer is not repeated)."""
+        self.quiet: set[str] = set()
+        """Tool calls whose results the client sent (its own tools): not told back."""
         self._buffer: list[str] = []
 
     def events(self, event: Event) -> list[BaseEvent]:
@@ -354,6 +423,8 @@ class Translator:
         self._close_text(out)
         self._close_reasoning(out)
         call_id = record.tool_call_id
+        if call_id is not None and call_id in self.quiet:
+            return
         if call_id is None or call_id in self.results:
             call_id = _new_id("gate")
         if call_id not in self.calls:
@@ -398,6 +469,8 @@ def recorded_events(turn: Turn) -> list[Event]:
 def messages_of(thread: Sequence[Turn]) -> list[Message]:
     """A session's thread from the loom as AG-UI messages (MESSAGES_SNAPSHOT)."""
     messages: list[Message] = []
+    waiting: set[str] = set()
+    """Tool calls announced and not answered yet (a pause answers one a piece later)."""
     for turn in thread:
         if turn.intent is not None:
             messages.append(UserMessage(id=f"{turn.id}-user", content=turn.intent))
@@ -420,9 +493,9 @@ def messages_of(thread: Sequence[Turn]) -> list[Message]:
                     tool_calls=calls or None,
                 )
             )
-        answered = {call.id for call in turn.tool_calls}
+        waiting.update(call.id for call in turn.tool_calls)
         for index, record in enumerate(turn.gate_calls):
-            if record.tool_call_id in answered:
+            if record.tool_call_id in waiting:
                 messages.append(
                     ToolMessage(
                         id=f"{turn.id}-tool-{index}",
@@ -431,7 +504,7 @@ def messages_of(thread: Sequence[Turn]) -> list[Message]:
                         error=record.text if record.is_error else None,
                     )
                 )
-                answered.discard(record.tool_call_id)
+                waiting.discard(record.tool_call_id)
         if turn.terminated and turn.result is not None and not turn.content:
             messages.append(AssistantMessage(id=f"{turn.id}-answer", content=_text(turn.result)))
     return messages
@@ -522,6 +595,7 @@ class RunStream:
         self.run = run
         self.send = send
         self.translator = Translator()
+        self.translator.quiet = set(tool_results(run))  # the client has these results
         self.turns = 0
         """The latest turn's sequence the client's state holds."""
         self.entity_id = ""
@@ -568,6 +642,13 @@ class RunStream:
         paused, ``cancelled`` when it was cancelled (or never began)."""
         run = self.run
         paused = outcome is not None and outcome.reason == "paused" and bool(outcome.pending)
+        tools = {t.name for t in run.tools or ()}
+        if (
+            paused
+            and outcome is not None
+            and all(p.kind == "question" and p.gate in tools for p in outcome.pending)
+        ):
+            paused = False  # a call of the client's own tool: the client runs it and goes on
         result = outcome.result if outcome is not None and outcome.terminated else None
         out = self.translator.finish(result)
         out.append(StateSnapshotEvent(snapshot=state_of(run, where, outcome)))

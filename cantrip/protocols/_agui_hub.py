@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import trio
 from ag_ui.core import RunAgentInput
 
-from cantrip._approval import PauseError
+from cantrip._approval import Decision, PauseError
 from cantrip._errors import CantripError
 from cantrip._events import Event
 from cantrip._outcome import CastResult
@@ -23,12 +23,14 @@ from cantrip.protocols._agui import (
     RunFailed,
     RunStream,
     Where,
+    client_gates,
     decision_for,
     intent_of,
     parse_input,
     recorded_events,
     run_key,
     thread_key,
+    tool_results,
 )
 from cantrip.protocols._asgi import HttpError, Receive, Send
 from cantrip.protocols._request import read_body, until_disconnect
@@ -120,8 +122,13 @@ class AguiRun:
 
     async def _cast(self, sink: Callable[[Event], None]) -> CastResult | None:
         try:
+            if self.session.running is None:  # (a busy thread refuses below)
+                self.session.entity.offer(client_gates(self.run))
             if self.run.resume:
                 return await self._resume(sink)
+            answered = await self._client_results(sink)
+            if answered is not None:
+                return answered[0]
             return await self.hub.prompt(
                 self.session, intent_of(self.run), on_event=sink, key=run_key(self.run)
             )
@@ -134,6 +141,26 @@ class AguiRun:
         except Exception as exc:  # the entity crashed: the hub resumed it from the loom
             log.exception("session %s: the entity crashed", self.session.id)
             raise RunFailed("crashed", f"the entity crashed: {exc!r}") from None
+
+    async def _client_results(
+        self, sink: Callable[[Event], None]
+    ) -> tuple[CastResult | None] | None:
+        """Answer the open calls of the client's own tools with the results this run
+        carries, each continuing the paused cast (the last continuation's outcome is
+        the run's); None if the run carries no result for an open call."""
+        results = tool_results(self.run)
+        calls = [
+            p for p in self.session.entity.pending
+            if p.kind == "question" and p.tool_call_id in results
+        ]  # fmt: skip
+        if not calls:
+            return None
+        outcome: CastResult | None = None
+        for pause in calls:
+            assert pause.tool_call_id is not None
+            decision = Decision.answer(results[pause.tool_call_id])
+            outcome = await self.hub.answer(self.session, pause.pause_id, decision, on_event=sink)
+        return (outcome,)
 
     async def _resume(self, sink: Callable[[Event], None]) -> CastResult | None:
         """Answer the interrupts in the order given; each answer continues the paused
@@ -159,6 +186,11 @@ async def serve_agui(
     first, as for any session a request names), and stream the run."""
     run = parse_input(await read_body(receive))
     await make_room()
+    taken = sorted({t.name for t in run.tools or ()} & set(hub.spell.circle.gate_names))
+    if taken:
+        raise HttpError(
+            400, "bad_request", f"the circle already has a gate named {', '.join(taken)}"
+        )
     try:
         session = session_for(hub, run.thread_id)
     except SessionError as exc:  # e.g. a resumed entity that cannot be loaded

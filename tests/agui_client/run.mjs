@@ -5,8 +5,8 @@
 //   node run.mjs <url> <scenario> [token]
 //
 // Scenarios: "chat" (two runs on one thread), "approve" (a run that pauses for an
-// approval, then runs that resume it until the cast ends), "abort" (the client aborts
-// mid-run).
+// approval, then runs that resume it until the cast ends), "tools" (a front-end tool
+// the model calls and this client runs), "abort" (the client aborts mid-run).
 import { HttpAgent } from "@ag-ui/client";
 
 const [url, scenario, token] = process.argv.slice(2);
@@ -65,6 +65,21 @@ if (scenario === "chat") {
       payload: true,
     }));
     last = await run(null, { resume });
+  }
+} else if (scenario === "tools") {
+  // a front-end tool: the model calls it, this client runs it and sends the result
+  const tools = [
+    {
+      name: "get_location",
+      description: "Where the user is (the browser knows).",
+      parameters: { type: "object", properties: { precision: { type: "string" } } },
+    },
+  ];
+  await run("where am I?", { tools });
+  const call = agent.messages.flatMap((m) => m.toolCalls ?? []).at(-1);
+  if (call && call.function.name === "get_location") {
+    agent.addMessage({ id: "t1", role: "tool", toolCallId: call.id, content: "Oslo, Norway" });
+    await run(null, { tools });
   }
 } else if (scenario === "abort") {
   await run("wait forever");
