@@ -11,6 +11,8 @@ continues the conversation answers ``#2``.
 With ``SERVE_DB_LLM_CHATTY=1`` in its environment each answer also says a line of
 text and a line of reasoning (``Step <n>: <prompt>``); a prompt that says
 ``forever`` is answered ten times slower (a cast a test can hang up on midway).
+Offered a tool named ``get_location`` (an AG-UI front end's), it calls that first and
+names its result in the final answer.
 
 Run: ``python tests/serve_db_llm.py --turns 3 --delay 0.1``; prints ``url <base
 url>`` on stdout and serves until stdin closes.
@@ -51,8 +53,16 @@ class ConversationOpenAI(FakeOpenAI):
             last = users[-1]
             prompt = messages[last].get("content")
             steps = sum(1 for m in messages[last:] if m.get("role") == "assistant")
-            if steps + 1 >= self.turns:
-                call = Call("done", {"answer": f"{prompt} ok #{len(users)}"})
+            offered = [(t.get("function") or {}).get("name") for t in body.get("tools") or []]
+            client = "get_location" in offered  # a front end's own tool (AG-UI)
+            if client and steps == 0:
+                call = Call("get_location", {"precision": "city"})
+            elif steps + 1 >= self.turns:
+                answer = f"{prompt} ok #{len(users)}"
+                if client:
+                    told = [m.get("content") for m in messages[last:] if m.get("role") == "tool"]
+                    answer += f" in {told[0]}"
+                call = Call("done", {"answer": answer})
             else:
                 call = Call("echo", {"text": f"step {steps + 1}"})
             said = f"Step {steps + 1}: {prompt}" if self.chatty else None

@@ -369,3 +369,62 @@ async def test_the_conformance_validator_passes_a_live_replica(stack: Stack) -> 
     assert checked.returncode == 0, report
     assert report["summary"]["errors"] == 0 and report["summary"]["warnings"] == 0, report
     assert report["eventCount"] >= 10
+
+
+LOCATION_TOOL = {
+    "name": "get_location",
+    "description": "Where the user is (the browser knows).",
+    "parameters": {"type": "object", "properties": {"precision": {"type": "string"}}},
+}
+
+
+async def test_a_front_end_tool_is_called_at_the_client_and_its_result_observed(
+    stack: Stack,
+) -> None:
+    """The run's tools travel with its work to the worker, which offers them; the call
+    ends the run; the next run (at another replica) carries the result, which the
+    continued cast observes (the worker offers the same tools to the continuation)."""
+    a, b, _ = stack.replicas
+    body = run_input("db-front", "where", tools=[LOCATION_TOOL])
+    _, called = await agui(a, body)
+    (start,) = [e for e in called if e["type"] == "TOOL_CALL_START"]
+    assert start["toolCallName"] == "get_location"
+    assert called[-1]["type"] == "RUN_FINISHED" and "outcome" not in called[-1]
+    assert "TOOL_CALL_RESULT" not in types(called)
+    call_id = start["toolCallId"]
+    messages = [
+        *body["messages"],
+        {
+            "id": "a1",
+            "role": "assistant",
+            "toolCalls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "get_location", "arguments": "{}"},
+                }
+            ],
+        },
+        {"id": "t1", "role": "tool", "toolCallId": call_id, "content": "Oslo, Norway"},
+    ]
+    _, continued = await agui(b, {**run_input("db-front", None, tools=[LOCATION_TOOL]),
+                                  "messages": messages})  # fmt: skip
+    assert continued[-1]["result"] == "where ok #1 in Oslo, Norway"
+    assert all(e.get("toolCallId") != call_id for e in continued)
+    entity = last_state(continued)["cantrip"]["entity_id"]
+    (record,) = [
+        c
+        for (data,) in stack.rows("SELECT data FROM cantrip_turns WHERE entity_id = %s", entity)
+        for c in json.loads(data)["gate_calls"]
+        if c["gate"] == "get_location"
+    ]
+    assert record["result"] == "Oslo, Norway" and record["tool_call_id"] == call_id
+
+
+async def test_the_official_js_client_runs_a_front_end_tool_at_a_replica(stack: Stack) -> None:
+    a, _, _ = stack.replicas
+    report = await js_client(a, "tools")
+    called, continued = report["runs"]
+    assert called["error"] is None and continued["error"] is None, report["runs"]
+    assert called["finished"]["outcome"] == "success"
+    assert continued["result"] == "where am I? ok #1 in Oslo, Norway"

@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import pydantic
 from ag_ui.core import (
     PROTOCOL_VERSION,
     AssistantMessage,
@@ -74,6 +72,8 @@ from ag_ui.core import (
 )
 
 from cantrip._approval import Decision, Pause, PauseError
+from cantrip._client_gates import client_gates
+from cantrip._errors import ConstructionError
 from cantrip._events import (
     Event,
     FinalResponse,
@@ -87,7 +87,7 @@ from cantrip._events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from cantrip._gate import Gate, GateError
+from cantrip._gate import Gate
 from cantrip._outcome import STOP_REASONS, CastResult
 from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import Response, plain_json
@@ -96,9 +96,6 @@ from cantrip.protocols._asgi import HttpError, Send, end_body, start_sse
 from cantrip.protocols._request import validated
 
 log = get_logger("cantrip.agui")
-
-TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-"""A front-end tool's name: what every provider takes as a tool name."""
 
 MAX_ID = 256
 """The longest threadId / runId taken (they name sessions and appear in every event)."""
@@ -152,7 +149,7 @@ def parse_input(body: Any) -> RunAgentInput:
             "bad_request",
             "the run needs a user message with text (or resume entries, or tool results)",
         )
-    client_gates(run)  # the tools' names are checked before anything runs
+    offered_gates(run)  # the tools' names are checked before anything runs
     return run
 
 
@@ -188,43 +185,24 @@ def tool_results(run: RunAgentInput) -> dict[str, str]:
     return results
 
 
-class _Passed(pydantic.BaseModel):
-    """A front-end tool's arguments go to the client as the model wrote them: the
-    tool's JSON Schema is the client's to enforce, as an MCP tool's is its server's."""
-
-    model_config = pydantic.ConfigDict(extra="allow")
-
-
-async def _runs_at_the_client(**_: Any) -> str:
-    raise GateError("this tool runs at the AG-UI client; its result comes with the next run")
+def tool_definitions(run: RunAgentInput) -> list[dict[str, Any]]:
+    """The input's ``tools`` (front-end tools: the client runs them) as plain
+    definitions -- what a queued cast carries to its worker."""
+    return [
+        {"name": t.name, "description": t.description, "parameters": t.parameters}
+        for t in run.tools or ()
+    ]
 
 
-def client_gates(run: RunAgentInput) -> tuple[Gate, ...]:
-    """The input's ``tools`` (front-end tools: the client runs them) as gates the run's
-    casts may call. A call pauses like an ``ask_user`` question: the run ends with the
-    call, and the result the client sends with its next run is the call's observation."""
-    gates: list[Gate] = []
-    for tool in run.tools or ():
-        if not TOOL_NAME.fullmatch(tool.name):
-            raise HttpError(
-                400,
-                "bad_request",
-                f"tool name {tool.name[:80]!r} is not 1 to 64 letters, digits, '_' or '-'",
-            )
-        if any(g.name == tool.name for g in gates):
-            raise HttpError(400, "bad_request", f"tool {tool.name!r} is listed twice")
-        parameters = tool.parameters if isinstance(tool.parameters, Mapping) else {}
-        gates.append(
-            Gate(
-                name=tool.name,
-                fn=_runs_at_the_client,
-                description=tool.description,
-                args_model=_Passed,
-                parameters={"type": "object", **parameters},
-                asks_user=True,
-            )
-        )
-    return tuple(gates)
+def offered_gates(run: RunAgentInput) -> tuple[Gate, ...]:
+    """The input's ``tools`` as gates the run's casts may call
+    (:mod:`cantrip._client_gates`): a call pauses like an ``ask_user`` question, the run
+    ends with the call, and the result the client sends with its next run is the
+    call's observation. A name no provider takes, or given twice, is a 400."""
+    try:
+        return client_gates(tool_definitions(run))
+    except ConstructionError as exc:
+        raise HttpError(400, "bad_request", str(exc)) from None
 
 
 def decision_for(pause: Pause, entry: ResumeEntry) -> Decision:

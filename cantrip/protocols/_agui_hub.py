@@ -23,9 +23,9 @@ from cantrip.protocols._agui import (
     RunFailed,
     RunStream,
     Where,
-    client_gates,
     decision_for,
     intent_of,
+    offered_gates,
     parse_input,
     recorded_events,
     run_key,
@@ -123,7 +123,7 @@ class AguiRun:
     async def _cast(self, sink: Callable[[Event], None]) -> CastResult | None:
         try:
             if self.session.running is None:  # (a busy thread refuses below)
-                self.session.entity.offer(client_gates(self.run))
+                self.session.entity.offer(offered_gates(self.run))
             if self.run.resume:
                 return await self._resume(sink)
             answered = await self._client_results(sink)

@@ -29,7 +29,9 @@ from typing import Any, Protocol
 import trio
 from ag_ui.core import RunAgentInput
 
-from cantrip._approval import Pause, PauseError
+from cantrip._approval import Decision, Pause, PauseError
+from cantrip._cantrip import Cantrip
+from cantrip._client_gates import CLIENT_TOOLS_KEY
 from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
 from cantrip.distributed._queue import DEAD
@@ -44,6 +46,8 @@ from cantrip.protocols._agui import (
     recorded_events,
     run_key,
     thread_key,
+    tool_definitions,
+    tool_results,
 )
 from cantrip.protocols._asgi import HttpError, Receive, Send
 from cantrip.protocols._db_notify import Notifier
@@ -65,6 +69,8 @@ log = get_logger("cantrip.agui")
 class Replica(Protocol):
     """What a run needs of the ``serve --db`` replica that serves it."""
 
+    spell: dict[str, Any]
+    cantrip: Cantrip
     sessions: DbSessions
     notifier: Notifier
     drain: Drain
@@ -75,13 +81,20 @@ class Replica(Protocol):
 
     async def _db_waiting(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 
-    async def _enqueue(self, row: SessionRow, intent: str, key: str | None) -> tuple[int, int]: ...
+    async def _enqueue(
+        self, row: SessionRow, intent: str, key: str | None, spell: dict[str, Any] | None = None
+    ) -> tuple[int, int]: ...
 
 
 async def serve_db_agui(replica: Replica, receive: Receive, send: Send) -> None:
     """``POST /agui`` at a replica: read the run's input, find its thread's session
     (in the database: any replica finds the same one), and stream the run."""
     run = parse_input(await read_body(receive))
+    taken = sorted({t.name for t in run.tools or ()} & set(replica.cantrip.circle.gate_names))
+    if taken:
+        raise HttpError(
+            400, "bad_request", f"the circle already has a gate named {', '.join(taken)}"
+        )
     row = await _thread_session(replica, run.thread_id)
     stream = RunStream(run, send)
     await stream.begin(await _where(replica, row))
@@ -144,7 +157,13 @@ class DbAguiRun:
     async def _run(self, receive: Receive) -> CastResult | None:
         replica, row = self.replica, self.row
         if not self.run.resume:
-            work_id, base_pos = await replica._enqueue(row, intent_of(self.run), run_key(self.run))
+            answered = await self._client_results(receive)
+            if answered is not None:
+                return answered[0]
+            tools = tool_definitions(self.run)
+            spell = {**replica.spell, CLIENT_TOOLS_KEY: tools} if tools else None
+            intent = intent_of(self.run)
+            work_id, base_pos = await replica._enqueue(row, intent, run_key(self.run), spell)
             return await self._follow_work(work_id, base_pos, receive)
         outcome: CastResult | None = None
         for entry in self.run.resume:
@@ -159,18 +178,52 @@ class DbAguiRun:
             pause = Pause.from_dict(open_[entry.interrupt_id])
             try:
                 decision = decision_for(pause, entry)
-                queued: Queued = await replica._db(
-                    replica.sessions.answer, row.entity_id, pause.pause_id, decision.to_dict()
-                )
             except PauseError as exc:
                 raise RunFailed("bad_resume", str(exc)) from None
-            if queued.replayed:  # a running prompt waited on it in place: that run tells it
-                raise RunFailed(
-                    "answered_live",
-                    f"interrupt {pause.pause_id} was handed to the run that waits on it",
-                )
-            outcome = await self._follow_work(queued.work_id, queued.base_pos, receive)
+            outcome = await self._answer(pause, decision, receive)
         return outcome
+
+    async def _client_results(self, receive: Receive) -> tuple[CastResult | None] | None:
+        """Answer the open calls of the client's own tools with the results this run
+        carries (through the queue, as any answer), following each continued cast;
+        None if the run carries no result for an open call. The continuation runs with
+        the tools its paused work was queued with."""
+        replica, row = self.replica, self.row
+        results = tool_results(self.run)
+        if not results:
+            return None
+        pending = await replica._db(replica.sessions.pending, row.entity_id)
+        calls = [
+            Pause.from_dict(p) for p in pending
+            if p.get("kind") == "question" and p.get("tool_call_id") in results
+        ]  # fmt: skip
+        if not calls:
+            return None
+        outcome: CastResult | None = None
+        for pause in calls:
+            assert pause.tool_call_id is not None
+            outcome = await self._answer(
+                pause, Decision.answer(results[pause.tool_call_id]), receive
+            )
+        return (outcome,)
+
+    async def _answer(
+        self, pause: Pause, decision: Decision, receive: Receive
+    ) -> CastResult | None:
+        """Queue the answer to one pause and follow the cast it continues."""
+        replica, row = self.replica, self.row
+        try:
+            queued: Queued = await replica._db(
+                replica.sessions.answer, row.entity_id, pause.pause_id, decision.to_dict()
+            )
+        except PauseError as exc:
+            raise RunFailed("bad_resume", str(exc)) from None
+        if queued.replayed:  # a running prompt waited on it in place: that run tells it
+            raise RunFailed(
+                "answered_live",
+                f"interrupt {pause.pause_id} was handed to the run that waits on it",
+            )
+        return await self._follow_work(queued.work_id, queued.base_pos, receive)
 
     async def _follow_work(
         self, work_id: int, base_pos: int, receive: Receive
