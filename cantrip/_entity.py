@@ -570,6 +570,8 @@ class Entity:
         """Offer ``gates`` to this entity's casts from now on, besides its circle's,
         in place of any offered before -- the tools an AG-UI client runs itself, sent
         with each run. Between casts only; a name the circle already has is refused."""
+        if not gates and not self._offered:
+            return  # nothing offered, nothing to offer: the circle stays as it is
         if self._cast is not None:
             raise CantripError("cannot change the offered gates while a cast runs")
         before = {g.name for g in self._offered}

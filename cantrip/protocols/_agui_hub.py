@@ -15,7 +15,7 @@ import trio
 from ag_ui.core import RunAgentInput
 
 from cantrip._approval import Decision, PauseError
-from cantrip._errors import CantripError
+from cantrip._errors import CantripError, ConstructionError
 from cantrip._events import Event
 from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
@@ -123,7 +123,10 @@ class AguiRun:
     async def _cast(self, sink: Callable[[Event], None]) -> CastResult | None:
         try:
             if self.session.running is None:  # (a busy thread refuses below)
-                self.session.entity.offer(offered_gates(self.run))
+                try:
+                    self.session.entity.offer(offered_gates(self.run))
+                except ConstructionError as exc:  # a name an MCP server's gate has
+                    raise RunFailed("bad_tools", str(exc)) from None
             if self.run.resume:
                 return await self._resume(sink)
             answered = await self._client_results(sink)
