@@ -12,7 +12,8 @@ With ``SERVE_DB_LLM_CHATTY=1`` in its environment each answer also says a line o
 text and a line of reasoning (``Step <n>: <prompt>``); a prompt that says
 ``forever`` is answered ten times slower (a cast a test can hang up on midway).
 Offered a tool named ``get_location`` (an AG-UI front end's), it calls that first and
-names its result in the final answer.
+names its result in the final answer; offered ``ask_user``, it asks "Which colour?"
+first, and names the answer.
 
 Run: ``python tests/serve_db_llm.py --turns 3 --delay 0.1``; prints ``url <base
 url>`` on stdout and serves until stdin closes.
@@ -55,11 +56,14 @@ class ConversationOpenAI(FakeOpenAI):
             steps = sum(1 for m in messages[last:] if m.get("role") == "assistant")
             offered = [(t.get("function") or {}).get("name") for t in body.get("tools") or []]
             client = "get_location" in offered  # a front end's own tool (AG-UI)
+            asks = "ask_user" in offered
             if client and steps == 0:
                 call = Call("get_location", {"precision": "city"})
+            elif asks and steps == 0:
+                call = Call("ask_user", {"question": "Which colour?"})
             elif steps + 1 >= self.turns:
                 answer = f"{prompt} ok #{len(users)}"
-                if client:
+                if client or asks:
                     told = [m.get("content") for m in messages[last:] if m.get("role") == "tool"]
                     answer += f" in {told[0]}"
                 call = Call("done", {"answer": answer})

@@ -48,6 +48,9 @@ def stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         text = built.spec.read_text().replace("wards = [", 'approve = ["echo"]\nwards = [', 1)
         approving.write_text(text)
         built.start_replica(approving, token=TOKEN)
+        asking = built.spec.with_name("asking.toml")
+        asking.write_text(built.spec.read_text().replace('"echo"]', '"echo", "ask_user"]', 1))
+        built.start_replica(asking, token=TOKEN)
         yield built
 
 
@@ -89,7 +92,7 @@ def joined(events: list[dict[str, Any]], kind: str) -> str:
 
 
 async def test_a_run_at_a_replica_tells_the_workers_turns_as_agui_events(stack: Stack) -> None:
-    a, _, _ = stack.replicas
+    a, *_ = stack.replicas
     answer, events = await agui(a, run_input("db-weather", "weather", state={"mine": 1}))
     assert answer.status_code == 200, answer.text
     kinds_ = types(events)
@@ -135,7 +138,7 @@ async def test_a_run_at_a_replica_tells_the_workers_turns_as_agui_events(stack: 
 
 
 async def test_a_thread_is_one_session_whichever_replica_runs_it(stack: Stack) -> None:
-    a, b, _ = stack.replicas
+    a, b, *_ = stack.replicas
     _, one = await agui(a, run_input("db-thread", "first"))
     _, two = await agui(b, run_input("db-thread", "second"))
     assert one[-1]["result"] == "first ok #1" and two[-1]["result"] == "second ok #2"
@@ -156,7 +159,7 @@ async def test_a_thread_is_one_session_whichever_replica_runs_it(stack: Stack) -
 async def test_an_approval_interrupt_at_one_replica_is_resumed_at_another_once(
     stack: Stack,
 ) -> None:
-    a, b, approving = stack.replicas
+    a, b, approving, _ = stack.replicas
     _, paused = await agui(approving, run_input("db-approve", "pay"))
     outcome = paused[-1]["outcome"]
     assert outcome["type"] == "interrupt", paused[-1]
@@ -195,7 +198,7 @@ async def test_an_approval_interrupt_at_one_replica_is_resumed_at_another_once(
 async def test_a_repeated_run_id_at_another_replica_replays_and_queues_nothing(
     stack: Stack,
 ) -> None:
-    a, b, _ = stack.replicas
+    a, b, *_ = stack.replicas
     body = run_input("db-again", "again")
     _, first = await agui(a, body)
     _, replayed = await agui(b, body)
@@ -208,7 +211,7 @@ async def test_a_repeated_run_id_at_another_replica_replays_and_queues_nothing(
 
 
 async def test_a_client_that_hangs_up_cancels_the_work_item(stack: Stack) -> None:
-    a, _, _ = stack.replicas
+    a, *_ = stack.replicas
     seen: list[dict[str, Any]] = []
     async with httpx.AsyncClient(base_url=a, timeout=60, headers=AUTH) as http:
         with trio.fail_after(60):
@@ -232,7 +235,7 @@ async def test_a_client_that_hangs_up_cancels_the_work_item(stack: Stack) -> Non
 
 
 async def test_a_cancel_through_the_api_finishes_the_run_as_cancelled(stack: Stack) -> None:
-    a, b, _ = stack.replicas
+    a, b, *_ = stack.replicas
     got: list[Any] = []
     async with trio.open_nursery() as nursery, httpx.AsyncClient(base_url=b, headers=AUTH) as http:
 
@@ -255,7 +258,7 @@ async def test_a_cancel_through_the_api_finishes_the_run_as_cancelled(stack: Sta
 
 
 async def test_the_guard_and_the_redactor_cover_agui_at_a_replica(stack: Stack) -> None:
-    a, _, _ = stack.replicas
+    a, *_ = stack.replicas
     async with httpx.AsyncClient(base_url=a) as http:
         no_token = await http.post("/agui", json=run_input("db-guard", "x"))
         foreign = await http.post(
@@ -271,7 +274,7 @@ async def test_the_guard_and_the_redactor_cover_agui_at_a_replica(stack: Stack) 
 
 
 async def test_bad_input_at_a_replica_is_a_clear_400_and_queues_nothing(stack: Stack) -> None:
-    a, _, _ = stack.replicas
+    a, *_ = stack.replicas
     before = stack.rows("SELECT count(*) FROM cantrip_work")
     async with httpx.AsyncClient(base_url=a, headers=AUTH) as http:
         for body in BAD_BODIES:
@@ -285,7 +288,7 @@ async def test_bad_input_at_a_replica_is_a_clear_400_and_queues_nothing(stack: S
 def test_random_bodies_at_a_replica_get_a_400_or_a_well_formed_run(stack: Stack) -> None:
     """Fuzz the replica's endpoint as the in-process one's: a 400 with a message, or a
     valid AG-UI stream ending in RUN_FINISHED or RUN_ERROR."""
-    a, _, _ = stack.replicas
+    a, *_ = stack.replicas
 
     async def main() -> None:
         @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -308,7 +311,7 @@ def test_random_bodies_at_a_replica_get_a_400_or_a_well_formed_run(stack: Stack)
 
 
 async def test_the_official_js_client_chats_with_a_replica(stack: Stack) -> None:
-    a, _, _ = stack.replicas
+    a, *_ = stack.replicas
     report = await js_client(a, "chat")
     first, second = report["runs"]
     assert first["error"] is None and second["error"] is None, report["runs"]
@@ -323,7 +326,7 @@ async def test_the_official_js_client_chats_with_a_replica(stack: Stack) -> None
 
 
 async def test_the_official_js_client_answers_interrupts_at_a_replica(stack: Stack) -> None:
-    *_, approving = stack.replicas
+    _, _, approving, _ = stack.replicas
     report = await js_client(approving, "approve")
     runs = report["runs"]
     assert [r["finished"]["outcome"] for r in runs] == ["interrupt", "interrupt", "success"]
@@ -332,7 +335,7 @@ async def test_the_official_js_client_answers_interrupts_at_a_replica(stack: Sta
 
 
 async def test_the_official_js_client_aborting_cancels_the_work(stack: Stack) -> None:
-    a, _, _ = stack.replicas
+    a, *_ = stack.replicas
     report = await js_client(a, "abort")
     (run,) = report["runs"]
     assert "TOOL_CALL_START" in kinds(run) and "RUN_FINISHED" not in kinds(run)
@@ -347,7 +350,7 @@ async def test_the_official_js_client_aborting_cancels_the_work(stack: Stack) ->
 
 
 async def test_the_conformance_validator_passes_a_live_replica(stack: Stack) -> None:
-    a, _, _ = stack.replicas
+    a, *_ = stack.replicas
     validator = Path(sys.executable).parent / "ag-ui-validate"
     with trio.fail_after(90):
         checked = await trio.run_process(
@@ -384,7 +387,7 @@ async def test_a_front_end_tool_is_called_at_the_client_and_its_result_observed(
     """The run's tools travel with its work to the worker, which offers them; the call
     ends the run; the next run (at another replica) carries the result, which the
     continued cast observes (the worker offers the same tools to the continuation)."""
-    a, b, _ = stack.replicas
+    a, b, *_ = stack.replicas
     body = run_input("db-front", "where", tools=[LOCATION_TOOL])
     _, called = await agui(a, body)
     (start,) = [e for e in called if e["type"] == "TOOL_CALL_START"]
@@ -422,9 +425,27 @@ async def test_a_front_end_tool_is_called_at_the_client_and_its_result_observed(
 
 
 async def test_the_official_js_client_runs_a_front_end_tool_at_a_replica(stack: Stack) -> None:
-    a, _, _ = stack.replicas
+    a, *_ = stack.replicas
     report = await js_client(a, "tools")
     called, continued = report["runs"]
     assert called["error"] is None and continued["error"] is None, report["runs"]
     assert called["finished"]["outcome"] == "success"
     assert continued["result"] == "where am I? ok #1 in Oslo, Norway"
+
+
+async def test_an_ask_user_question_is_an_interrupt_answered_with_text_at_a_replica(
+    stack: Stack,
+) -> None:
+    a, *_, asking = stack.replicas
+    _, paused = await agui(asking, run_input("db-ask", "paint"))
+    (interrupt,) = paused[-1]["outcome"]["interrupts"]
+    assert interrupt["reason"] == "question" and interrupt["message"] == "Which colour?"
+    wrong = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
+    _, refused = await agui(a, run_input("db-ask", None, resume=wrong))
+    assert refused[-1]["type"] == "RUN_ERROR" and refused[-1]["code"] == "bad_resume"
+    resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": "blue"}]
+    _, answered = await agui(a, run_input("db-ask", None, resume=resume))
+    assert answered[-1]["result"] == "paint ok #1 in blue"
+    (result,) = [e for e in answered if e.get("toolCallId") == interrupt["toolCallId"]
+                 and e["type"] == "TOOL_CALL_RESULT"]  # fmt: skip
+    assert result["content"] == "blue"
