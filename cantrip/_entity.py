@@ -31,7 +31,14 @@ from cantrip._approval import Decision, Pause, PauseError, check_decision, new_p
 from cantrip._circle import Circle
 from cantrip._context import NUDGE_DONE_REQUIRED, Context
 from cantrip._cost import USAGE_UNKNOWN, CostMeter
-from cantrip._errors import CantripError, IntentError, LLMError, LoomError, ProviderError
+from cantrip._errors import (
+    CantripError,
+    ConstructionError,
+    IntentError,
+    LLMError,
+    LoomError,
+    ProviderError,
+)
 from cantrip._events import (
     Event,
     EventSink,
@@ -384,6 +391,8 @@ class Entity:
         servers), so their sessions outlive one cast without ``async with``."""
         self._providers: ProviderScope | None = None
         self._provided = False
+        self._offered: tuple[Gate, ...] = ()
+        """Gates offered to this entity's casts besides its circle's (:meth:`offer`)."""
         if resume:
             # A restarted incarnation: state comes from the loom, not from memory.
             record = self.loom.entity(self.id)
@@ -557,6 +566,23 @@ class Entity:
         self._restore = lineage
         self._leaf = turn_id
 
+    def offer(self, gates: Sequence[Gate]) -> None:
+        """Offer ``gates`` to this entity's casts from now on, besides its circle's,
+        in place of any offered before -- the tools an AG-UI client runs itself, sent
+        with each run. Between casts only; a name the circle already has is refused."""
+        if not gates and not self._offered:
+            return  # nothing offered, nothing to offer: the circle stays as it is
+        if self._cast is not None:
+            raise CantripError("cannot change the offered gates while a cast runs")
+        before = {g.name for g in self._offered}
+        kept = tuple(g for g in self.circle.gates if g.name not in before)
+        taken = sorted({g.name for g in kept} & {g.name for g in gates})
+        if taken:
+            raise ConstructionError(f"the circle already has a gate named {', '.join(taken)}")
+        self._offered = tuple(gates)
+        self.circle = attrs.evolve(self.circle, gates=(*kept, *self._offered))
+        self._setup = attrs.evolve(self._setup, tools=self.circle.tools())
+
     async def _open_providers(self) -> ProviderScope | None:
         """Open the circle's gate providers and add their gates to this entity's
         circle. Returns the scope when it lives for this cast only (no entity
@@ -581,7 +607,7 @@ class Entity:
             if per_cast is not None:
                 await per_cast.aclose()
             raise
-        self.circle = base.with_provided(gates)
+        self.circle = base.with_provided((*gates, *self._offered))
         self._setup = attrs.evolve(self._setup, tools=self.circle.tools())
         self._provided = True
         return per_cast

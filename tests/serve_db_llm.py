@@ -8,6 +8,13 @@ the prompt's ``TURNS``-th turn, then ``done`` with ``"<prompt> ok #<n>"``,
 where ``n`` counts the user messages it was sent -- a follow-up prompt that
 continues the conversation answers ``#2``.
 
+With ``SERVE_DB_LLM_CHATTY=1`` in its environment each answer also says a line of
+text and a line of reasoning (``Step <n>: <prompt>``); a prompt that says
+``forever`` is answered ten times slower (a cast a test can hang up on midway).
+Offered a tool named ``get_location`` (an AG-UI front end's), it calls that first and
+names its result in the final answer; offered ``ask_user``, it asks "Which colour?"
+first, and names the answer.
+
 Run: ``python tests/serve_db_llm.py --turns 3 --delay 0.1``; prints ``url <base
 url>`` on stdout and serves until stdin closes.
 """
@@ -15,6 +22,7 @@ url>`` on stdout and serves until stdin closes.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -29,26 +37,40 @@ class ConversationOpenAI(FakeOpenAI):
         super().__init__([], key=KEY)
         self.turns = turns
         self.delay_s = delay_s
+        self.chatty = os.environ.get("SERVE_DB_LLM_CHATTY") == "1"
 
     async def respond(self, request: Request, send: Sender) -> None:
         # the delay comes first: from setting the script to the parent popping it there is
         # no checkpoint, so concurrent requests never answer with each other's script
-        await trio.sleep(self.delay_s)
         try:
             body: Any = request.json()
             messages = list(body.get("messages") or [])
         except (ValueError, AttributeError):
             messages = []
+        slow = any("forever" in str(m.get("content")) for m in messages if m.get("role") == "user")
+        await trio.sleep(self.delay_s * (10 if slow else 1))
         users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
         if users:
             last = users[-1]
             prompt = messages[last].get("content")
             steps = sum(1 for m in messages[last:] if m.get("role") == "assistant")
-            if steps + 1 >= self.turns:
-                call = Call("done", {"answer": f"{prompt} ok #{len(users)}"})
+            offered = [(t.get("function") or {}).get("name") for t in body.get("tools") or []]
+            client = "get_location" in offered  # a front end's own tool (AG-UI)
+            asks = "ask_user" in offered
+            if client and steps == 0:
+                call = Call("get_location", {"precision": "city"})
+            elif asks and steps == 0:
+                call = Call("ask_user", {"question": "Which colour?"})
+            elif steps + 1 >= self.turns:
+                answer = f"{prompt} ok #{len(users)}"
+                if client or asks:
+                    told = [m.get("content") for m in messages[last:] if m.get("role") == "tool"]
+                    answer += f" in {told[0]}"
+                call = Call("done", {"answer": answer})
             else:
                 call = Call("echo", {"text": f"step {steps + 1}"})
-            self.script = [Answer(calls=(call,))]
+            said = f"Step {steps + 1}: {prompt}" if self.chatty else None
+            self.script = [Answer(text=said, thinking=said, calls=(call,))]
         await super().respond(request, send)
 
 

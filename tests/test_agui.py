@@ -97,6 +97,13 @@ def first_result(events: list[dict[str, Any]]) -> str:
     return str(next(e for e in events if e["type"] == "TOOL_CALL_RESULT")["content"])
 
 
+def final_state(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The state the run ended with (its last STATE_SNAPSHOT; the first opens the run)."""
+    snapshots = [e["snapshot"] for e in events if e["type"] == "STATE_SNAPSHOT"]
+    assert len(snapshots) == 2, snapshots
+    return dict(snapshots[-1])
+
+
 def types(events: list[dict[str, Any]]) -> list[str]:
     return [e["type"] for e in events]
 
@@ -156,7 +163,7 @@ async def test_a_run_streams_text_tool_calls_their_results_and_snapshots() -> No
     finished = events[-1]
     assert finished["result"] == "It is sunny in Oslo."
     assert finished.get("outcome", {"type": "success"})["type"] == "success"
-    state = the(events, "STATE_SNAPSHOT")["snapshot"]["cantrip"]
+    state = final_state(events)["cantrip"]
     assert state["session_id"].startswith("session-") and state["reason"] == "done"
     messages = the(events, "MESSAGES_SNAPSHOT")["messages"]
     assert [m["role"] for m in messages][:4] == ["user", "reasoning", "assistant", "tool"]
@@ -174,8 +181,8 @@ async def test_a_thread_is_one_session_across_runs() -> None:
         _, two = await agui(base, run_input("t-same", "two"))
         async with httpx.AsyncClient(base_url=base) as http:
             sessions = (await http.get("/sessions")).json()["sessions"]
-    sid = the(one, "STATE_SNAPSHOT")["snapshot"]["cantrip"]["session_id"]
-    assert the(two, "STATE_SNAPSHOT")["snapshot"]["cantrip"]["session_id"] == sid
+    sid = final_state(one)["cantrip"]["session_id"]
+    assert final_state(two)["cantrip"]["session_id"] == sid
     assert [s["session_id"] for s in sessions] == [sid]
     users = [m["content"] for m in the(two, "MESSAGES_SNAPSHOT")["messages"] if m["role"] == "user"]
     assert users == ["one", "two"]
@@ -188,7 +195,7 @@ async def test_a_thread_may_name_a_session_of_the_http_api() -> None:
         async with httpx.AsyncClient(base_url=base) as http:
             sid = (await http.post("/sessions")).json()["session_id"]
         _, events = await agui(base, run_input(sid, "hi"))
-    assert the(events, "STATE_SNAPSHOT")["snapshot"]["cantrip"]["session_id"] == sid
+    assert final_state(events)["cantrip"]["session_id"] == sid
 
 
 async def test_an_approval_is_an_interrupt_and_a_resume_continues_the_cast(tmp_path: Path) -> None:
@@ -275,7 +282,7 @@ async def test_a_busy_thread_is_a_run_error() -> None:
                 await started.wait()
         _, second = await agui(base, run_input("t-busy", "again"))
         release.set()
-    assert types(second) == ["RUN_STARTED", "RUN_ERROR"]
+    assert types(second) == ["RUN_STARTED", "STATE_SNAPSHOT", "RUN_ERROR"]
     assert second[-1]["code"] == "busy"
     assert first[1][-1]["result"] == "x"
 
@@ -474,4 +481,127 @@ async def test_a_cancel_through_the_http_api_finishes_the_run_as_cancelled() -> 
     events = got[1]
     assert events[-1]["type"] == "RUN_FINISHED"
     assert events[-1]["outcome"] == {"type": "cancelled"}
-    assert the(events, "STATE_SNAPSHOT")["snapshot"]["cantrip"]["reason"] == "cancelled"
+    assert final_state(events)["cantrip"]["reason"] == "cancelled"
+
+
+async def test_each_recorded_turn_is_a_state_delta_on_the_opening_snapshot() -> None:
+    """The run opens with the session's state; each turn recorded is a JSON Patch on
+    it; applying the patches gives the turn count the closing snapshot holds."""
+    script = [
+        {"tool_calls": [{"gate": "lookup", "args": {"city": "Oslo"}}]},
+        {"tool_calls": [{"gate": "lookup", "args": {"city": "Rome"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "both sunny"}}]},
+    ]
+    async with serving(spell(script, gates=[lookup])) as base:
+        _, events = await agui(base, run_input("t-delta", "weather", state={"mine": 1}))
+    kinds = types(events)
+    assert kinds[:2] == ["RUN_STARTED", "STATE_SNAPSHOT"]
+    opening = events[1]["snapshot"]
+    assert opening["mine"] == 1 and opening["cantrip"]["turns"] == 0
+    assert opening["cantrip"]["running"] is True
+    deltas = [e["delta"] for e in events if e["type"] == "STATE_DELTA"]
+    assert deltas == [[{"op": "replace", "path": "/cantrip/turns", "value": n}] for n in (1, 2, 3)]
+    for delta in deltas:  # each follows its turn's STEP_FINISHED
+        index = next(i for i, e in enumerate(events) if e.get("delta") == delta)
+        assert events[index - 1]["type"] == "STEP_FINISHED"
+    closing = final_state(events)
+    assert closing["cantrip"]["turns"] == 3 and closing["cantrip"]["running"] is False
+
+
+async def test_a_repeated_run_id_replays_that_run_and_casts_nothing_again() -> None:
+    """A client that sends the same run again (a retry after a dropped stream) gets
+    that run's cast told from the loom; the LLM is not asked again."""
+    script = [
+        {"content": "Looking.", "tool_calls": [{"gate": "lookup", "args": {"city": "Oslo"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "sunny"}}]},
+    ]
+    s = spell(script, gates=[lookup])
+    body = run_input("t-again", "weather")
+    async with serving(s) as base:
+        _, first = await agui(base, body)
+        _, again = await agui(base, body)
+        _, other = await agui(
+            base, {**body, "messages": [{"id": "u", "role": "user", "content": "something else"}]}
+        )
+    assert first[-1]["result"] == again[-1]["result"] == "sunny"
+    assert len(s.loom) == 2, "the repeated runId cast nothing"
+    results = [e["content"] for e in again if e["type"] == "TOOL_CALL_RESULT"]
+    assert "sunny in Oslo" in results
+    assert results == [e["content"] for e in first if e["type"] == "TOOL_CALL_RESULT"]
+    assert "Looking." in "".join(e["delta"] for e in again if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert other[-1]["type"] == "RUN_ERROR" and other[-1]["code"] == "key_reused"
+
+
+LOCATION_TOOL = {
+    "name": "get_location",
+    "description": "Where the user is (the browser knows).",
+    "parameters": {"type": "object", "properties": {"precision": {"type": "string"}}},
+}
+
+
+async def test_a_front_end_tool_is_offered_called_at_the_client_and_its_result_observed() -> None:
+    """The input's tools are offered to the model for the run; its call of one is
+    TOOL_CALL_START/ARGS/END and the run ends; the client runs the tool and its next
+    run carries the result (a tool message), which the cast observes and goes on from."""
+    script = [
+        {
+            "content": "Let me ask your browser.",
+            "tool_calls": [{"gate": "get_location", "args": {"precision": "city"}}],
+        },
+        {"tool_calls": [{"gate": "done", "args": {"answer": "You are in Oslo."}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "bye"}}]},
+    ]
+    s = spell(script)
+    async with serving(s) as base:
+        _, called = await agui(base, run_input("t-front", "where am I?", tools=[LOCATION_TOOL]))
+        start = the(called, "TOOL_CALL_START")
+        assert start["toolCallName"] == "get_location"
+        call_id = start["toolCallId"]
+        assert json.loads(the(called, "TOOL_CALL_ARGS")["delta"]) == {"precision": "city"}
+        assert "TOOL_CALL_END" in types(called) and "TOOL_CALL_RESULT" not in types(called)
+        finished = called[-1]
+        assert finished["type"] == "RUN_FINISHED"
+        assert finished.get("outcome", {"type": "success"})["type"] == "success"
+        messages = [
+            {"id": "u1", "role": "user", "content": "where am I?"},
+            {
+                "id": "a1",
+                "role": "assistant",
+                "toolCalls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "get_location", "arguments": '{"precision":"city"}'},
+                    }
+                ],
+            },
+            {"id": "t1", "role": "tool", "toolCallId": call_id, "content": "Oslo, Norway"},
+        ]
+        body = {**run_input("t-front", None, tools=[LOCATION_TOOL]), "messages": messages}
+        _, continued = await agui(base, body)
+        _, later = await agui(base, run_input("t-front", "thanks"))
+    assert continued[-1]["result"] == "You are in Oslo."
+    assert all(e.get("toolCallId") != call_id for e in continued), "the client has that result"
+    thread = [m for m in the(continued, "MESSAGES_SNAPSHOT")["messages"] if m["role"] == "tool"]
+    assert [(m["toolCallId"], m["content"]) for m in thread][:1] == [(call_id, "Oslo, Norway")]
+    # the model saw the tool in those runs, and its result as the call's observation
+    offered = [[t.name for t in q.tools] for q in s.llm.invocations]
+    assert "get_location" in offered[0] and "get_location" in offered[1]
+    assert "get_location" not in offered[2], "tools are offered for the runs that send them"
+    (record,) = [c for t in s.loom.turns for c in t.gate_calls if c.gate == "get_location"]
+    assert record.result == "Oslo, Norway" and record.tool_call_id == call_id
+    assert later[-1]["result"] == "bye"
+
+
+async def test_front_end_tools_with_bad_names_are_a_400() -> None:
+    s = spell([{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]}])
+    async with serving(s) as base, httpx.AsyncClient(base_url=base) as http:
+        for tools in (
+            [{"name": "has space", "description": "x"}],
+            [{"name": "done", "description": "the circle's own"}],
+            [{"name": "t", "description": "a"}, {"name": "t", "description": "b"}],
+        ):
+            answer = await http.post("/agui", json=run_input("t-badtool", "hi", tools=tools))
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["code"] == "bad_request"
+    assert len(s.loom) == 0

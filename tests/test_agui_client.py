@@ -217,3 +217,23 @@ async def test_the_conformance_validator_passes_the_live_endpoint() -> None:
     assert checked.returncode == 0, report
     assert report["summary"]["errors"] == 0 and report["summary"]["warnings"] == 0, report
     assert report["eventCount"] >= 10
+
+
+async def test_the_official_js_client_runs_a_front_end_tool_the_model_calls() -> None:
+    script = [
+        {"tool_calls": [{"gate": "get_location", "args": {"precision": "city"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "You are in Oslo."}}]},
+    ]
+    s = spell(script)
+    async with serving(s) as base:
+        report = await js_client(base, "tools")
+    called, continued = report["runs"]
+    assert called["error"] is None and continued["error"] is None, report["runs"]
+    assert called["finished"]["outcome"] == "success"
+    assert "TOOL_CALL_END" in kinds(called) and "TOOL_CALL_RESULT" not in kinds(called)
+    assert continued["result"] == "You are in Oslo."
+    (record,) = [c for t in s.loom.turns for c in t.gate_calls if c.gate == "get_location"]
+    assert record.result == "Oslo, Norway"
+    (start,) = [e for e in called["events"] if e["type"] == "TOOL_CALL_START"]
+    answers = [m for m in report["messages"] if m.get("toolCallId") == start["toolCallId"]]
+    assert [m["content"] for m in answers] == ["Oslo, Norway"]  # once: not told back twice

@@ -35,8 +35,10 @@ import trio
 
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
+from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
 from cantrip._entity import Entity, new_entity_id
 from cantrip._errors import CantripError, LLMError
+from cantrip._gate import Gate
 from cantrip._outcome import CastResult, recorded_cast, result_dict
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, describe, is_connection_error
@@ -439,9 +441,9 @@ class Worker:
 
     def _asks_humans(self, claim: Claim) -> bool:
         """Whether the claimed spell's circle can pause (only then are live pauses watched)."""
-        built = {k: v for k, v in claim.spell.items() if k != ANSWER_KEY}
+        built = {k: v for k, v in claim.spell.items() if k not in (ANSWER_KEY, CLIENT_TOOLS_KEY)}
         spell = self._spells.get(json.dumps(built, sort_keys=True))
-        return spell is None or spell.circle.needs_humans
+        return CLIENT_TOOLS_KEY in claim.spell or spell is None or spell.circle.needs_humans
 
     async def _live_pauses(self, owned: _Owned) -> None:
         """Pauses the entity tree waits on in place -- a child's (children cannot leave
@@ -514,6 +516,7 @@ class Worker:
         claim = owned.claim
         built = dict(claim.spell)
         answer = built.pop(ANSWER_KEY, None)  # work that carries out a human's answer
+        offered = client_gates(built.pop(CLIENT_TOOLS_KEY, None) or ())  # a front end's tools
         key = json.dumps(built, sort_keys=True)
         spell = self._spells.get(key)
         if spell is None:
@@ -528,19 +531,25 @@ class Worker:
             if answer is not None:
                 if record is None:
                     raise CantripError(f"no entity {claim.entity_id} in the loom to answer")
-                entity = owned.entity = spell.resume(claim.entity_id, pause="leave")
+                entity = owned.entity = _offering(
+                    spell.resume(claim.entity_id, pause="leave"), offered
+                )
                 ended = self._ended(claim, self._recorded(claim, last))
                 if ended is not None:
                     return ended
                 result = await self._cast(owned, self._answered(entity, claim, answer, last))
                 return _state_of(result), outcome_of(result)
             if record is None:
-                entity = owned.entity = spell.summon(entity_id=claim.entity_id, pause="leave")
+                entity = owned.entity = _offering(
+                    spell.summon(entity_id=claim.entity_id, pause="leave"), offered
+                )
                 if owned.cancelled:
                     entity.cancel()
                 result = await self._cast(owned, entity.send(claim.intent))
             else:
-                entity = owned.entity = spell.resume(claim.entity_id, pause="leave")
+                entity = owned.entity = _offering(
+                    spell.resume(claim.entity_id, pause="leave"), offered
+                )
                 recorded = self._recorded(claim, last)
                 ended = self._ended(claim, recorded)
                 if ended is not None:
@@ -607,6 +616,13 @@ class Worker:
             if claim.base_turn in ids:
                 turns = turns[ids.index(claim.base_turn) + 1 :]
         return turns
+
+
+def _offering(entity: Entity, gates: tuple[Gate, ...]) -> Entity:
+    """The entity, offered the gates its work's front end runs itself (if any)."""
+    if gates:
+        entity.offer(gates)
+    return entity
 
 
 async def _take_free(free: trio.Semaphore) -> int:

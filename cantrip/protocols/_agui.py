@@ -1,21 +1,22 @@
-"""AG-UI over ``cantrip serve``: ``POST /agui`` takes a ``RunAgentInput`` and answers
-the run as AG-UI events over server-sent events (protocol 1.0, the version of the
-official ``ag-ui-protocol`` package whose models build every event here).
+"""AG-UI 1.0 for ``cantrip serve``, both modes: what a run's input means and how the
+loop's events become AG-UI events -- the one mapping, with two sources (SPEC.md "AG-UI").
 
-Web front ends built on AG-UI clients (CopilotKit and the like) speak this protocol;
-cantrip's own HTTP API already has every piece of it -- sessions, streamed casts,
-pauses, cancellation -- so this module only translates (SPEC.md "AG-UI"):
+``POST /agui`` takes a ``RunAgentInput`` and answers the run as AG-UI events over
+server-sent events (protocol 1.0, the version of the official ``ag-ui-protocol``
+package whose models build every event here). Web front ends built on AG-UI clients
+(CopilotKit and the like) speak it; cantrip's sessions, streamed casts, pauses and
+cancels already hold every piece of it, so this is translation only:
 
-* ``threadId`` names a session: an existing session id is that session (resumed
-  from the loom if need be); any other id names the session it created the first
-  time (the same mapping an ``Idempotency-Key`` on ``POST /sessions`` uses);
-* a run is one prompt: the text of the last user message is the intent (the rest
-  of ``messages`` is the client's copy of the thread; the loom holds the real one);
-* the loop's events become AG-UI's (:class:`Translator`); a cast that pauses for
-  an approval or an ``ask_user`` question ends the run with an ``interrupt``
-  outcome, and a run whose ``resume`` answers those interrupts continues the
-  paused cast through the session hub's answer path;
-* a client that hangs up cancels the run's cast (recorded ``cancelled``).
+* ``threadId`` names a session, a run is one prompt (the text of the last user
+  message) keyed by its ``runId`` -- a repeated ``runId`` joins or replays that
+  prompt, never casts again;
+* the loop's events become AG-UI's (:class:`Translator`), whether they come live
+  from an entity in this process (:mod:`._agui_hub`) or are read back from the
+  turns a worker recorded in the PostgreSQL loom (:func:`recorded_events`, used by
+  :mod:`._db_agui` for ``serve --db``);
+* :class:`RunStream` is one run on the wire: ``RUN_STARTED``, a state snapshot, the
+  events, a ``STATE_DELTA`` per recorded turn, and the ending -- snapshots and
+  ``RUN_FINISHED`` (success, ``interrupt`` for a pause, ``cancelled``) or ``RUN_ERROR``.
 
 A body that is not a usable ``RunAgentInput`` is a 400 before any event is sent;
 anything that goes wrong once the run has started ends it with ``RUN_ERROR``.
@@ -27,10 +28,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import trio
+import attrs
 from ag_ui.core import (
     PROTOCOL_VERSION,
     AssistantMessage,
@@ -53,6 +54,7 @@ from ag_ui.core import (
     RunFinishedEvent,
     RunFinishedInterruptOutcome,
     RunStartedEvent,
+    StateDeltaEvent,
     StateSnapshotEvent,
     StepFinishedEvent,
     StepStartedEvent,
@@ -70,7 +72,8 @@ from ag_ui.core import (
 )
 
 from cantrip._approval import Decision, Pause, PauseError
-from cantrip._errors import CantripError
+from cantrip._client_gates import client_gates
+from cantrip._errors import ConstructionError
 from cantrip._events import (
     Event,
     FinalResponse,
@@ -84,19 +87,13 @@ from cantrip._events import (
     ToolCallEvent,
     ToolResultEvent,
 )
+from cantrip._gate import Gate
 from cantrip._outcome import STOP_REASONS, CastResult
 from cantrip._redact import get_logger, redact_value
-from cantrip.llm._contract import plain_json
-from cantrip.loom._model import GateCallRecord
-from cantrip.protocols._asgi import HttpError, Receive, Send, end_body, start_sse
-from cantrip.protocols._request import read_body, until_disconnect, validated
-from cantrip.protocols._sessions import (
-    ENTITY_PREFIX,
-    SESSION_PREFIX,
-    Session,
-    SessionError,
-    SessionHub,
-)
+from cantrip.llm._contract import Response, plain_json
+from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.protocols._asgi import HttpError, Send, end_body, start_sse
+from cantrip.protocols._request import validated
 
 log = get_logger("cantrip.agui")
 
@@ -146,10 +143,13 @@ def parse_input(body: Any) -> RunAgentInput:
     for name, value in (("threadId", run.thread_id), ("runId", run.run_id)):
         if not value or len(value) > MAX_ID:
             raise HttpError(400, "bad_request", f"{name} must be 1 to {MAX_ID} characters")
-    if not run.resume and not intent_of(run):
+    if not run.resume and not intent_of(run) and not tool_results(run):
         raise HttpError(
-            400, "bad_request", "the run needs a user message with text (or resume entries)"
+            400,
+            "bad_request",
+            "the run needs a user message with text (or resume entries, or tool results)",
         )
+    offered_gates(run)  # the tools' names are checked before anything runs
     return run
 
 
@@ -157,25 +157,52 @@ def intent_of(run: RunAgentInput) -> str:
     """The text of the input's last user message ("" if there is none)."""
     for message in reversed(run.messages):
         if isinstance(message, UserMessage):
-            content = message.content
-            if isinstance(content, str):
-                return content
-            return "\n".join(
-                getattr(part, "text", "") for part in content if getattr(part, "text", "")
-            )
+            return _content_text(message.content)
     return ""
 
 
-def session_for(hub: SessionHub, thread_id: str) -> Session:
-    """The session a thread names: a session (or entity) id as itself, else the
-    session this thread id created (made on first use)."""
-    if thread_id.startswith((SESSION_PREFIX, ENTITY_PREFIX)):
-        try:
-            return hub.get(thread_id)
-        except SessionError:
-            pass  # not one of ours: a client's own id, mapped like any other
-    session, _ = hub.create("agui-thread:" + thread_id)
-    return session
+def _content_text(content: Any) -> str:
+    """A message's text: the string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(
+        getattr(part, "text", "") for part in content or () if getattr(part, "text", "")
+    )
+
+
+def tool_results(run: RunAgentInput) -> dict[str, str]:
+    """The results of front-end tools the input carries: tool call id -> the text the
+    client's tool answered (after the last user message: older ones were answered)."""
+    results: dict[str, str] = {}
+    for message in reversed(run.messages):
+        if isinstance(message, UserMessage):
+            break
+        if isinstance(message, ToolMessage):
+            text = _content_text(message.content)
+            if message.error:
+                text = f"{text}\n{message.error}".strip() if text else f"error: {message.error}"
+            results.setdefault(message.tool_call_id, text)
+    return results
+
+
+def tool_definitions(run: RunAgentInput) -> list[dict[str, Any]]:
+    """The input's ``tools`` (front-end tools: the client runs them) as plain
+    definitions -- what a queued cast carries to its worker."""
+    return [
+        {"name": t.name, "description": t.description, "parameters": t.parameters}
+        for t in run.tools or ()
+    ]
+
+
+def offered_gates(run: RunAgentInput) -> tuple[Gate, ...]:
+    """The input's ``tools`` as gates the run's casts may call
+    (:mod:`cantrip._client_gates`): a call pauses like an ``ask_user`` question, the run
+    ends with the call, and the result the client sends with its next run is the
+    call's observation. A name no provider takes, or given twice, is a 400."""
+    try:
+        return client_gates(tool_definitions(run))
+    except ConstructionError as exc:
+        raise HttpError(400, "bad_request", str(exc)) from None
 
 
 def decision_for(pause: Pause, entry: ResumeEntry) -> Decision:
@@ -242,6 +269,8 @@ class Translator:
         self.results: set[str] = set()
         self.texts: list[str] = []
         """Every text message sent in this run (a final answer is not repeated)."""
+        self.quiet: set[str] = set()
+        """Tool calls whose results the client sent (its own tools): not told back."""
         self._buffer: list[str] = []
 
     def events(self, event: Event) -> list[BaseEvent]:
@@ -372,6 +401,8 @@ class Translator:
         self._close_text(out)
         self._close_reasoning(out)
         call_id = record.tool_call_id
+        if call_id is not None and call_id in self.quiet:
+            return
         if call_id is None or call_id in self.results:
             call_id = _new_id("gate")
         if call_id not in self.calls:
@@ -390,10 +421,35 @@ class Translator:
         )
 
 
-def messages_of(hub: SessionHub, session: Session) -> list[Message]:
-    """The session's thread from the loom as AG-UI messages (MESSAGES_SNAPSHOT)."""
+def recorded_events(turn: Turn) -> list[Event]:
+    """A turn as the loom recorded it, told as the loop's events -- what a live
+    cast would have sent, minus token deltas (:class:`Translator` takes both).
+
+    A turn is recorded in pieces around a pause or a delegation: the first piece
+    holds the utterance (the step starts there), a continuation only the gate calls
+    made after it, and a checkpoint piece leaves the step open (its turn goes on)."""
+    phase = turn.extras.get("phase")
+    events: list[Event] = []
+    if phase not in ("continuation", "continuation+checkpoint"):
+        events.append(StepStart(sequence=turn.sequence, entity_id=turn.entity_id))
+        if turn.thinking:
+            events.append(ThinkingDelta(text=turn.thinking, entity_id=turn.entity_id))
+        response = Response(content=turn.content, tool_calls=turn.tool_calls)
+        events.append(MessageComplete(response=response, entity_id=turn.entity_id))
+    events.extend(ToolResultEvent(record=r, entity_id=turn.entity_id) for r in turn.gate_calls)
+    if phase not in ("checkpoint", "continuation+checkpoint"):
+        events.append(StepComplete(turn=turn, entity_id=turn.entity_id))
+        if turn.terminated:
+            events.append(FinalResponse(result=turn.result, entity_id=turn.entity_id))
+    return events
+
+
+def messages_of(thread: Sequence[Turn]) -> list[Message]:
+    """A session's thread from the loom as AG-UI messages (MESSAGES_SNAPSHOT)."""
     messages: list[Message] = []
-    for turn in hub.history(session):
+    waiting: set[str] = set()
+    """Tool calls announced and not answered yet (a pause answers one a piece later)."""
+    for turn in thread:
         if turn.intent is not None:
             messages.append(UserMessage(id=f"{turn.id}-user", content=turn.intent))
         if turn.thinking:
@@ -415,9 +471,9 @@ def messages_of(hub: SessionHub, session: Session) -> list[Message]:
                     tool_calls=calls or None,
                 )
             )
-        answered = {call.id for call in turn.tool_calls}
+        waiting.update(call.id for call in turn.tool_calls)
         for index, record in enumerate(turn.gate_calls):
-            if record.tool_call_id in answered:
+            if record.tool_call_id in waiting:
                 messages.append(
                     ToolMessage(
                         id=f"{turn.id}-tool-{index}",
@@ -426,19 +482,34 @@ def messages_of(hub: SessionHub, session: Session) -> list[Message]:
                         error=record.text if record.is_error else None,
                     )
                 )
-                answered.discard(record.tool_call_id)
+                waiting.discard(record.tool_call_id)
         if turn.terminated and turn.result is not None and not turn.content:
             messages.append(AssistantMessage(id=f"{turn.id}-answer", content=_text(turn.result)))
     return messages
 
 
-def state_of(run: RunAgentInput, session: Session, outcome: CastResult | None) -> dict[str, Any]:
-    """STATE_SNAPSHOT: the client's own state, with the session under ``cantrip``."""
+@attrs.frozen
+class Where:
+    """The session a run runs on, as its state names it."""
+
+    session_id: str
+    entity_id: str
+    turns: int
+    """The sequence number of the session's latest turn: how many turns its entity has
+    taken (the pieces of one turn around a pause share it)."""
+
+
+def state_of(
+    run: RunAgentInput, where: Where, outcome: CastResult | None, *, running: bool = False
+) -> dict[str, Any]:
+    """STATE_SNAPSHOT: the client's own state, with the session under ``cantrip``
+    (``running`` for the snapshot a run opens with: no reason, nothing pending yet)."""
     state = dict(run.state) if isinstance(run.state, Mapping) else {}
     state["cantrip"] = {
-        "session_id": session.id,
-        "entity_id": session.entity_id,
-        "turns": len(session.entity.turns),
+        "session_id": where.session_id,
+        "entity_id": where.entity_id,
+        "turns": where.turns,
+        "running": running,
         "reason": None if outcome is None else outcome.reason,
         "pending": [p.to_dict() for p in outcome.pending] if outcome is not None else [],
     }
@@ -460,7 +531,26 @@ def usage_of(outcome: CastResult) -> list[TokenUsage] | None:
     ]
 
 
-# -- the run ---------------------------------------------------------------------------
+def run_key(run: RunAgentInput) -> str:
+    """The idempotency key a run's prompt carries: one ``runId``, one cast."""
+    return "agui-run:" + run.run_id
+
+
+def thread_key(thread_id: str) -> str:
+    """The idempotency key of the session a client's own thread id created."""
+    return "agui-thread:" + thread_id
+
+
+class RunFailed(Exception):
+    """Why a run that has started cannot go on (it ends with ``RUN_ERROR``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# -- the run on the wire ---------------------------------------------------------------
 
 
 async def send_event(send: Send, event: BaseEvent) -> None:
@@ -474,152 +564,93 @@ async def send_event(send: Send, event: BaseEvent) -> None:
     await send({"type": "http.response.body", "body": payload, "more_body": True})
 
 
-class AguiRun:
-    """One ``POST /agui``: the run's cast (a prompt, or answers to its interrupts)
-    with its events translated as they happen."""
+class RunStream:
+    """One run's answer on the wire, whatever its events' source: ``RUN_STARTED`` and
+    the state it starts from; each event translated as it comes, and a
+    ``STATE_DELTA`` (JSON Patch) as each turn is recorded; then the ending."""
 
-    def __init__(self, hub: SessionHub, session: Session, run: RunAgentInput) -> None:
-        self.hub = hub
-        self.session = session
+    def __init__(self, run: RunAgentInput, send: Send) -> None:
         self.run = run
+        self.send = send
         self.translator = Translator()
+        self.translator.quiet = set(tool_results(run))  # the client has these results
+        self.turns = 0
+        """The latest turn's sequence the client's state holds."""
+        self.entity_id = ""
+        self.started = False
 
-    async def serve(self, receive: Receive, send: Send) -> None:
+    async def begin(self, where: Where) -> None:
+        """The response's head, ``RUN_STARTED``, and the state the run starts from."""
         run = self.run
-        await start_sse(send)
+        await start_sse(self.send)
+        self.started = True
         await send_event(
-            send,
+            self.send,
             RunStartedEvent(
                 thread_id=run.thread_id, run_id=run.run_id, protocol_version=PROTOCOL_VERSION
             ),
         )
-        events_send, events = trio.open_memory_channel[Event](float("inf"))
-        final: dict[str, Any] = {}
+        self.turns, self.entity_id = where.turns, where.entity_id
+        await send_event(
+            self.send, StateSnapshotEvent(snapshot=state_of(run, where, None, running=True))
+        )
 
-        sink = events_send.send_nowait
-        gone = trio.Event()
+    async def event(self, event: Event) -> None:
+        """One of the loop's events (live, or :func:`recorded_events`)."""
+        for out in self.translator.events(event):
+            await send_event(self.send, out)
+        turn = event.turn if isinstance(event, StepComplete) else None
+        if turn is not None and turn.entity_id == self.entity_id and turn.sequence > self.turns:
+            self.turns = turn.sequence
+            patch = [{"op": "replace", "path": "/cantrip/turns", "value": self.turns}]
+            await send_event(self.send, StateDeltaEvent.model_validate({"delta": patch}))
 
-        async def cast() -> None:
-            async with events_send:
-                if gone.is_set():  # hung up before the cast began: cast nothing
-                    final["error"] = ("client_gone", "the client hung up")
-                    return
-                try:
-                    final["outcome"] = await self._cast(sink)
-                except _RunFailed as exc:
-                    final["error"] = (exc.code, exc.message)
+    async def fail(self, failure: RunFailed) -> None:
+        """End the run with ``RUN_ERROR`` (what was open is closed first)."""
+        for out in self.translator.finish(None):
+            await send_event(self.send, out)
+        await send_event(self.send, RunErrorEvent(message=failure.message, code=failure.code))
+        await end_body(self.send)
 
-        async def watch() -> None:
-            await until_disconnect(receive)
-            gone.set()
-            if self.session.sink == sink:  # our cast is running (not another client's)
-                log.info("session %s: the AG-UI client hung up; cancelling", self.session.id)
-                self.hub.cancel(self.session)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(cast)
-            nursery.start_soon(watch)
-            async with events:
-                async for event in events:
-                    for out in self.translator.events(event):
-                        await send_event(send, out)
-            nursery.cancel_scope.cancel()  # the watcher: the cast has ended
-        for out in self._ending(final):
-            await send_event(send, out)
-        await end_body(send)
-
-    async def _cast(self, sink: Callable[[Event], None]) -> CastResult | None:
-        try:
-            if self.run.resume:
-                return await self._resume(sink)
-            return await self.hub.prompt(self.session, intent_of(self.run), on_event=sink)
-        except SessionError as exc:
-            raise _RunFailed(exc.kind, exc.message) from None
-        except PauseError as exc:
-            raise _RunFailed("bad_resume", str(exc)) from None
-        except CantripError as exc:
-            raise _RunFailed("cast_failed", f"the cast failed: {exc}") from None
-        except Exception as exc:  # the entity crashed: the hub resumed it from the loom
-            log.exception("session %s: the entity crashed", self.session.id)
-            raise _RunFailed("crashed", f"the entity crashed: {exc!r}") from None
-
-    async def _resume(self, sink: Callable[[Event], None]) -> CastResult | None:
-        """Answer the interrupts in the order given; each answer continues the paused
-        cast, and the last continuation's outcome is the run's."""
-        outcome: CastResult | None = None
-        for entry in self.run.resume or ():
-            pending = {p.pause_id: p for p in self.session.entity.pending}
-            pause = pending.get(entry.interrupt_id)
-            if pause is None:
-                raise PauseError(
-                    f"interrupt {entry.interrupt_id!r} is not open on thread "
-                    f"{self.run.thread_id!r} (open: {', '.join(pending) or 'none'})"
-                )
-            decision = decision_for(pause, entry)
-            outcome = await self.hub.answer(self.session, pause.pause_id, decision, on_event=sink)
-        return outcome
-
-    def _ending(self, final: Mapping[str, Any]) -> list[BaseEvent]:
-        run, session = self.run, self.session
-        if "error" in final:
-            code, message = final["error"]
-            return [*self.translator.finish(None), RunErrorEvent(message=message, code=code)]
-        outcome: CastResult | None = final.get("outcome")
+    async def finish(
+        self, outcome: CastResult | None, where: Where, thread: Sequence[Turn]
+    ) -> None:
+        """End the run: the final answer if no message carried it, the state and the
+        thread as they are now, and ``RUN_FINISHED`` -- ``interrupt`` when the cast
+        paused, ``cancelled`` when it was cancelled (or never began)."""
+        run = self.run
         paused = outcome is not None and outcome.reason == "paused" and bool(outcome.pending)
+        tools = {t.name for t in run.tools or ()}
+        if (
+            paused
+            and outcome is not None
+            and all(p.kind == "question" and p.gate in tools for p in outcome.pending)
+        ):
+            paused = False  # a call of the client's own tool: the client runs it and goes on
         result = outcome.result if outcome is not None and outcome.terminated else None
         out = self.translator.finish(result)
-        out.append(StateSnapshotEvent(snapshot=state_of(run, session, outcome)))
-        out.append(MessagesSnapshotEvent(messages=messages_of(self.hub, session)))
+        out.append(StateSnapshotEvent(snapshot=state_of(run, where, outcome)))
+        out.append(MessagesSnapshotEvent(messages=messages_of(thread)))
         if outcome is None or STOP_REASONS.get(outcome.reason or "") == "cancelled":
-            out.append(
-                RunFinishedEvent(
-                    thread_id=run.thread_id,
-                    run_id=run.run_id,
-                    outcome=RunFinishedCancelledOutcome(),
-                )
+            finished = RunFinishedEvent(
+                thread_id=run.thread_id, run_id=run.run_id, outcome=RunFinishedCancelledOutcome()
             )
         elif paused:
             interrupts = [interrupt_for(p) for p in outcome.pending]
-            out.append(
-                RunFinishedEvent(
-                    thread_id=run.thread_id,
-                    run_id=run.run_id,
-                    outcome=RunFinishedInterruptOutcome(interrupts=interrupts),
-                    usage=usage_of(outcome),
-                )
+            finished = RunFinishedEvent(
+                thread_id=run.thread_id,
+                run_id=run.run_id,
+                outcome=RunFinishedInterruptOutcome(interrupts=interrupts),
+                usage=usage_of(outcome),
             )
         else:
-            out.append(
-                RunFinishedEvent(
-                    thread_id=run.thread_id,
-                    run_id=run.run_id,
-                    result=plain_json(outcome.result) if outcome.terminated else None,
-                    usage=usage_of(outcome),
-                )
+            finished = RunFinishedEvent(
+                thread_id=run.thread_id,
+                run_id=run.run_id,
+                result=plain_json(outcome.result) if outcome.terminated else None,
+                usage=usage_of(outcome),
             )
-        return out
-
-
-class _RunFailed(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-async def serve_agui(
-    hub: SessionHub, receive: Receive, send: Send, make_room: Callable[[], Awaitable[None]]
-) -> None:
-    """``POST /agui``: read the run's input, find its thread's session (``make_room``
-    first, as for any session a request names), and stream the run."""
-    run = parse_input(await read_body(receive))
-    await make_room()
-    try:
-        session = session_for(hub, run.thread_id)
-    except SessionError as exc:  # e.g. a resumed entity that cannot be loaded
-        raise HttpError(409, exc.kind, exc.message) from None
-    session.last_used = trio.current_time()
-    try:
-        await AguiRun(hub, session, run).serve(receive, send)
-    finally:
-        session.last_used = trio.current_time()
+        out.append(finished)
+        for event in out:
+            await send_event(self.send, event)
+        await end_body(self.send)

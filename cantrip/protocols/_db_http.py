@@ -59,6 +59,7 @@ from cantrip.protocols._asgi import (
     sse_comment,
     sse_error,
 )
+from cantrip.protocols._db_agui import serve_db_agui
 from cantrip.protocols._db_notify import Notifier
 from cantrip.protocols._db_sessions import (
     ENDED,
@@ -124,6 +125,9 @@ class DbHttpApp(ServerShell):
 
     async def _before_route(self, scope: Scope, receive: Receive, send: Send) -> bool:
         return await self.viewer.dispatch(scope, receive, send)  # the browser viewer
+
+    async def _agui(self, receive: Receive, send: Send) -> None:
+        await serve_db_agui(self, receive, send)  # AG-UI (protocols._db_agui)
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking database call in a thread, behind the store's limiter.
@@ -266,7 +270,11 @@ class DbHttpApp(ServerShell):
 
     # -- prompts -----------------------------------------------------------------
 
-    async def _enqueue(self, row: SessionRow, intent: str, key: str | None) -> tuple[int, int]:
+    async def _enqueue(
+        self, row: SessionRow, intent: str, key: str | None, spell: dict[str, Any] | None = None
+    ) -> tuple[int, int]:
+        """Queue a prompt (with ``spell`` in place of the served one: a front end's tools
+        added); its work id and the loom position its turns follow."""
         if self.drain.closing:
             raise self._unavailable("shutting_down", "the server is shutting down")
         limit = self.options.max_running
@@ -275,7 +283,9 @@ class DbHttpApp(ServerShell):
                 "overloaded", f"{self.waiting} prompts are waiting here (the limit); try again"
             )
         try:
-            queued = await self._db(self.sessions.enqueue, row.entity_id, self.spell, intent, key)
+            queued = await self._db(
+                self.sessions.enqueue, row.entity_id, spell or self.spell, intent, key
+            )
         except SessionError as exc:
             raise self._session_error(exc) from None
         log.debug("session %s: work %d (%s)", row.session_id, queued.work_id,

@@ -54,7 +54,7 @@ from cantrip._outcome import CastResult, result_dict
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
 from cantrip.protocols import _a2a
-from cantrip.protocols._agui import serve_agui
+from cantrip.protocols._agui_hub import serve_agui
 from cantrip.protocols._api import CancelRequest
 from cantrip.protocols._asgi import (
     HEARTBEAT_S,

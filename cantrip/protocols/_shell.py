@@ -196,8 +196,9 @@ class ServerShell:
         return False
 
     async def _agui(self, receive: Receive, send: Send) -> None:
-        """``POST /agui``: an AG-UI run (only the in-process server speaks it)."""
-        raise HttpError(404, "not_found", "AG-UI is served by 'cantrip serve' without --db")
+        """``POST /agui``: an AG-UI run (each server answers it from its own source:
+        :mod:`._agui_hub` in process, :mod:`._db_agui` on a replica)."""
+        raise HttpError(404, "not_found", "this server does not speak AG-UI")
 
     async def _health_report(self) -> dict[str, Any]:
         """``GET /health``: what the server serves, and how busy it is."""

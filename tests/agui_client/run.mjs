@@ -5,7 +5,8 @@
 //   node run.mjs <url> <scenario> [token]
 //
 // Scenarios: "chat" (two runs on one thread), "approve" (a run that pauses for an
-// approval, then a run that resumes it), "abort" (the client aborts mid-run).
+// approval, then runs that resume it until the cast ends), "tools" (a front-end tool
+// the model calls and this client runs), "abort" (the client aborts mid-run).
 import { HttpAgent } from "@ag-ui/client";
 
 const [url, scenario, token] = process.argv.slice(2);
@@ -55,14 +56,30 @@ if (scenario === "chat") {
   await run("weather in Oslo?");
   await run("and tomorrow?");
 } else if (scenario === "approve") {
-  const first = await run("launch it");
-  const resume = agent.pendingInterrupts.map((i) => ({
-    interruptId: i.id,
-    status: "resolved",
-    payload: true,
-  }));
-  if (first.finished && first.finished.outcome === "interrupt") {
-    await run(null, { resume });
+  // approve every interrupt, run after run, until the cast ends (at most 4 resumes)
+  let last = await run("launch it");
+  for (let i = 0; i < 4 && last.finished && last.finished.outcome === "interrupt"; i++) {
+    const resume = agent.pendingInterrupts.map((p) => ({
+      interruptId: p.id,
+      status: "resolved",
+      payload: true,
+    }));
+    last = await run(null, { resume });
+  }
+} else if (scenario === "tools") {
+  // a front-end tool: the model calls it, this client runs it and sends the result
+  const tools = [
+    {
+      name: "get_location",
+      description: "Where the user is (the browser knows).",
+      parameters: { type: "object", properties: { precision: { type: "string" } } },
+    },
+  ];
+  await run("where am I?", { tools });
+  const call = agent.messages.flatMap((m) => m.toolCalls ?? []).at(-1);
+  if (call && call.function.name === "get_location") {
+    agent.addMessage({ id: "t1", role: "tool", toolCallId: call.id, content: "Oslo, Norway" });
+    await run(null, { tools });
   }
 } else if (scenario === "abort") {
   await run("wait forever");

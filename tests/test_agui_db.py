@@ -1,0 +1,451 @@
+"""AG-UI on ``cantrip serve --db`` (issue 33, item 1): ``POST /agui`` at a replica,
+the cast run by a worker, its turns told as AG-UI events read back from the loom.
+
+Everything is real and started here: PostgreSQL, the loopback OpenAI server that
+answers from the conversation (tests/serve_db_llm.py, with a line of text and of
+reasoning per answer), two replicas that require a token and one worker. Every
+stream is parsed by the ``ag-ui-protocol`` models and checked by ``ag-ui-validate``;
+the official JavaScript client and the validator's CLI run against a live replica.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from ag_ui_validate.pytest_plugin import assert_valid_agui
+from hypothesis import HealthCheck, given, settings
+from pg_cluster import fresh_database
+from test_agui import BAD_BODIES, _bodies, parse_sse, types
+from test_agui_client import TOKEN, js_client, kinds
+from test_serve_db import Stack, open_stack
+
+pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop
+
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+SECRET = "sk-proj-" + "Z9y8X7w6" * 5
+
+
+@pytest.fixture(scope="module")
+def stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Two replicas with a token (one serving a spec whose ``echo`` needs approval)
+    and one worker on a fresh database; the LLM says text and reasoning each turn."""
+    url = fresh_database(pg_server, "agui_db")
+    root = tmp_path_factory.mktemp("agui-db")
+    with open_stack(
+        url, root, replicas=0, delay_s=0.1, SERVE_DB_LLM_CHATTY="1", OPENAI_API_KEY=SECRET
+    ) as built:
+        built.start_replica(token=TOKEN)
+        built.start_replica(token=TOKEN)
+        approving = built.spec.with_name("approving.toml")
+        text = built.spec.read_text().replace("wards = [", 'approve = ["echo"]\nwards = [', 1)
+        approving.write_text(text)
+        built.start_replica(approving, token=TOKEN)
+        asking = built.spec.with_name("asking.toml")
+        asking.write_text(built.spec.read_text().replace('"echo"]', '"echo", "ask_user"]', 1))
+        built.start_replica(asking, token=TOKEN)
+        yield built
+
+
+def run_input(thread: str, text: str | None = "hello", **more: Any) -> dict[str, Any]:
+    messages = [] if text is None else [{"id": "u1", "role": "user", "content": text}]
+    return {
+        "threadId": thread,
+        "runId": "run-" + uuid.uuid4().hex[:8],
+        "messages": messages,
+        "state": {},
+        "tools": [],
+        "context": [],
+        "forwardedProps": {},
+        **more,
+    }
+
+
+async def agui(
+    base: str, body: Any, headers: dict[str, str] | None = None
+) -> tuple[httpx.Response, list[dict[str, Any]]]:
+    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+        answer = await http.post(
+            "/agui",
+            json=body,
+            headers={"accept": "text/event-stream", **AUTH, **(headers or {})},
+        )
+    events = parse_sse(answer.text) if answer.status_code == 200 else []
+    if events:
+        assert_valid_agui(events, max_warnings=0)
+    return answer, events
+
+
+def last_state(events: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict([e for e in events if e["type"] == "STATE_SNAPSHOT"][-1]["snapshot"])
+
+
+def joined(events: list[dict[str, Any]], kind: str) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == kind)
+
+
+async def test_a_run_at_a_replica_tells_the_workers_turns_as_agui_events(stack: Stack) -> None:
+    a, *_ = stack.replicas
+    answer, events = await agui(a, run_input("db-weather", "weather", state={"mine": 1}))
+    assert answer.status_code == 200, answer.text
+    kinds_ = types(events)
+    assert kinds_[:2] == ["RUN_STARTED", "STATE_SNAPSHOT"] and kinds_[-1] == "RUN_FINISHED"
+    assert events[0]["protocolVersion"] == "1.0"
+    assert events[-1]["result"] == "weather ok #1"
+    # a text message and a reasoning message per turn (the worker's whole answers), and
+    # the final answer (done's) as a message of its own
+    said = "".join(f"Step {n}: weather" for n in (1, 2, 3))
+    assert joined(events, "TEXT_MESSAGE_CONTENT") == said + "weather ok #1"
+    assert joined(events, "REASONING_MESSAGE_CONTENT") == said
+    calls = {e["toolCallId"]: e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"}
+    echoes = [i for i, name in calls.items() if name == "echo"]
+    assert len(echoes) == 2
+    args = [
+        json.loads(
+            "".join(
+                e["delta"]
+                for e in events
+                if e.get("toolCallId") == i and e["type"] == "TOOL_CALL_ARGS"
+            )
+        )
+        for i in echoes
+    ]
+    assert args == [{"text": "step 1"}, {"text": "step 2"}]
+    results = {e["toolCallId"]: e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"}
+    assert [results[i] for i in echoes] == ["step 1", "step 2"]
+    assert [e["stepName"] for e in events if e["type"] == "STEP_FINISHED"] == [
+        "turn-1",
+        "turn-2",
+        "turn-3",
+    ]
+    deltas = [e["delta"] for e in events if e["type"] == "STATE_DELTA"]
+    assert deltas == [[{"op": "replace", "path": "/cantrip/turns", "value": n}] for n in (1, 2, 3)]
+    state = last_state(events)
+    assert state["mine"] == 1 and state["cantrip"]["turns"] == 3
+    assert state["cantrip"]["reason"] == "done"
+    assert state["cantrip"]["session_id"].startswith("session-")
+    messages = next(e for e in events if e["type"] == "MESSAGES_SNAPSHOT")["messages"]
+    assert [m["role"] for m in messages][:4] == ["user", "reasoning", "assistant", "tool"]
+    (usage,) = events[-1]["usage"]
+    assert usage["totalTokens"] > 0
+
+
+async def test_a_thread_is_one_session_whichever_replica_runs_it(stack: Stack) -> None:
+    a, b, *_ = stack.replicas
+    _, one = await agui(a, run_input("db-thread", "first"))
+    _, two = await agui(b, run_input("db-thread", "second"))
+    assert one[-1]["result"] == "first ok #1" and two[-1]["result"] == "second ok #2"
+    sid = last_state(one)["cantrip"]["session_id"]
+    assert last_state(two)["cantrip"]["session_id"] == sid
+    assert two[1]["snapshot"]["cantrip"]["turns"] == 3  # the run starts where the last ended
+    users = [
+        m["content"]
+        for m in next(e for e in two if e["type"] == "MESSAGES_SNAPSHOT")["messages"]
+        if m["role"] == "user"
+    ]
+    assert users == ["first", "second"]
+    async with httpx.AsyncClient(base_url=b, headers=AUTH) as http:
+        session = (await http.get(f"/sessions/{sid}")).json()
+    assert session["turns"] == 6 and session["running"] is False
+
+
+async def test_an_approval_interrupt_at_one_replica_is_resumed_at_another_once(
+    stack: Stack,
+) -> None:
+    a, b, approving, _ = stack.replicas
+    _, paused = await agui(approving, run_input("db-approve", "pay"))
+    outcome = paused[-1]["outcome"]
+    assert outcome["type"] == "interrupt", paused[-1]
+    (interrupt,) = outcome["interrupts"]
+    assert interrupt["reason"] == "approval" and interrupt["metadata"] == {
+        "gate": "echo",
+        "args": {"text": "step 1"},
+    }
+    waiting = interrupt["toolCallId"]
+    assert waiting in {e["toolCallId"] for e in paused if e["type"] == "TOOL_CALL_START"}
+    assert all(e["toolCallId"] != waiting for e in paused if e["type"] == "TOOL_CALL_RESULT")
+    resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
+    # answered at another replica (any replica serves any session)
+    _, resumed = await agui(a, run_input("db-approve", None, resume=resume))
+    _, twice = await agui(b, run_input("db-approve", None, resume=resume))
+    results = [e for e in resumed if e["type"] == "TOOL_CALL_RESULT"]
+    assert results[0]["toolCallId"] == interrupt["toolCallId"] and results[0]["content"] == "step 1"
+    assert resumed[-1]["outcome"]["type"] == "interrupt"  # step 2 asks again
+    (second,) = resumed[-1]["outcome"]["interrupts"]
+    assert second["metadata"]["args"] == {"text": "step 2"}
+    assert twice[-1]["type"] == "RUN_ERROR" and twice[-1]["code"] == "bad_resume"
+    denied = [{"interruptId": second["id"], "status": "cancelled"}]
+    _, finished = await agui(b, run_input("db-approve", None, resume=denied))
+    assert finished[-1]["type"] == "RUN_FINISHED" and finished[-1]["result"] == "pay ok #1"
+    texts = [e["content"] for e in finished if e["type"] == "TOOL_CALL_RESULT"]
+    assert texts[0] == "denied by the user: cancelled by the user"
+    entity = last_state(finished)["cantrip"]["entity_id"]
+    ran = stack.rows(
+        "SELECT count(*) FROM cantrip_journal WHERE entity_id = %s AND gate = 'echo' "
+        "AND record IS NOT NULL",
+        entity,
+    )
+    assert ran == [(1,)], "the approved echo ran once, the denied one never"
+
+
+async def test_a_repeated_run_id_at_another_replica_replays_and_queues_nothing(
+    stack: Stack,
+) -> None:
+    a, b, *_ = stack.replicas
+    body = run_input("db-again", "again")
+    _, first = await agui(a, body)
+    _, replayed = await agui(b, body)
+    assert first[-1]["result"] == replayed[-1]["result"] == "again ok #1"
+    assert joined(first, "TEXT_MESSAGE_CONTENT") == joined(replayed, "TEXT_MESSAGE_CONTENT")
+    entity = last_state(first)["cantrip"]["entity_id"]
+    assert stack.rows("SELECT count(*) FROM cantrip_work WHERE entity_id = %s", entity) == [(1,)]
+    _, other = await agui(b, {**body, "messages": [{"id": "x", "role": "user", "content": "no"}]})
+    assert other[-1]["type"] == "RUN_ERROR" and other[-1]["code"] == "key_reused"
+
+
+async def test_a_client_that_hangs_up_cancels_the_work_item(stack: Stack) -> None:
+    a, *_ = stack.replicas
+    seen: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(base_url=a, timeout=60, headers=AUTH) as http:
+        with trio.fail_after(60):
+            async with http.stream("POST", "/agui", json=run_input("db-gone", "forever")) as s:
+                async for line in s.aiter_lines():
+                    if line.startswith("data: "):
+                        seen.append(json.loads(line[6:]))
+                        if seen[-1]["type"] == "STEP_FINISHED":
+                            break  # the first turn landed: hang up mid-cast
+        entity = seen[1]["snapshot"]["cantrip"]["entity_id"]
+        sid = seen[1]["snapshot"]["cantrip"]["session_id"]
+        with trio.fail_after(30):
+            while True:
+                (state,) = stack.rows("SELECT state FROM cantrip_work WHERE entity_id = %s", entity)
+                if state[0] not in ("queued", "running"):
+                    break
+                await trio.sleep(0.1)
+        thread = (await http.get(f"/sessions/{sid}/thread")).json()["turns"]
+    assert state[0] == "cancelled"
+    assert thread[-1]["reason"] == "cancelled"
+
+
+async def test_a_cancel_through_the_api_finishes_the_run_as_cancelled(stack: Stack) -> None:
+    a, b, *_ = stack.replicas
+    got: list[Any] = []
+    async with trio.open_nursery() as nursery, httpx.AsyncClient(base_url=b, headers=AUTH) as http:
+
+        async def run() -> None:
+            got.extend(await agui(a, run_input("db-cancel", "forever")))
+
+        nursery.start_soon(run)
+        with trio.fail_after(30):
+            while True:
+                listed = (await http.get("/sessions")).json()["sessions"]
+                mine = [s for s in listed if s["running"]]
+                if mine:
+                    break
+                await trio.sleep(0.1)
+        cancelled = await http.post(f"/sessions/{mine[0]['session_id']}/cancel", json={})
+    assert cancelled.json()["cancelled"] is True
+    events = got[1]
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "cancelled"}
+    assert last_state(events)["cantrip"]["reason"] == "cancelled"
+
+
+async def test_the_guard_and_the_redactor_cover_agui_at_a_replica(stack: Stack) -> None:
+    a, *_ = stack.replicas
+    async with httpx.AsyncClient(base_url=a) as http:
+        no_token = await http.post("/agui", json=run_input("db-guard", "x"))
+        foreign = await http.post(
+            "/agui",
+            json=run_input("db-guard", "x"),
+            headers={**AUTH, "origin": "https://evil.example"},
+        )
+    assert no_token.status_code == 401 and foreign.status_code == 403
+    answer, events = await agui(a, run_input("db-secret", f"leak {SECRET}"))
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert SECRET not in answer.text
+    assert "ok #1" in events[-1]["result"]
+
+
+async def test_bad_input_at_a_replica_is_a_clear_400_and_queues_nothing(stack: Stack) -> None:
+    a, *_ = stack.replicas
+    before = stack.rows("SELECT count(*) FROM cantrip_work")
+    async with httpx.AsyncClient(base_url=a, headers=AUTH) as http:
+        for body in BAD_BODIES:
+            answer = await http.post("/agui", json=body)
+            assert answer.status_code == 400, (body, answer.text)
+            error = answer.json()["error"]
+            assert error["code"] == "bad_request" and error["message"], body
+    assert stack.rows("SELECT count(*) FROM cantrip_work") == before
+
+
+def test_random_bodies_at_a_replica_get_a_400_or_a_well_formed_run(stack: Stack) -> None:
+    """Fuzz the replica's endpoint as the in-process one's: a 400 with a message, or a
+    valid AG-UI stream ending in RUN_FINISHED or RUN_ERROR."""
+    a, *_ = stack.replicas
+
+    async def main() -> None:
+        @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+        @given(body=_bodies)
+        def check(body: Any) -> None:
+            answer, events = trio.from_thread.run(agui, a, body)
+            assert answer.status_code in (200, 400), (body, answer.status_code, answer.text)
+            if answer.status_code == 400:
+                assert answer.json()["error"]["message"]
+            else:
+                assert events[0]["type"] == "RUN_STARTED"
+                assert events[-1]["type"] in ("RUN_FINISHED", "RUN_ERROR")
+
+        await trio.to_thread.run_sync(check)
+
+    trio.run(main)
+
+
+# -- the official JavaScript client and the validator, against a live replica ------------
+
+
+async def test_the_official_js_client_chats_with_a_replica(stack: Stack) -> None:
+    a, *_ = stack.replicas
+    report = await js_client(a, "chat")
+    first, second = report["runs"]
+    assert first["error"] is None and second["error"] is None, report["runs"]
+    for kind in ("REASONING_START", "TEXT_MESSAGE_CONTENT", "TOOL_CALL_ARGS", "TOOL_CALL_RESULT",
+                 "STATE_DELTA", "MESSAGES_SNAPSHOT"):  # fmt: skip
+        assert kind in kinds(first), kind
+    assert first["result"] == "weather in Oslo? ok #1"
+    assert second["result"] == "and tomorrow? ok #2"
+    roles = [m["role"] for m in report["messages"]]
+    assert roles.count("user") == 2 and roles.count("tool") >= 4
+    assert report["state"]["cantrip"]["turns"] == 6  # the patches and snapshots applied
+
+
+async def test_the_official_js_client_answers_interrupts_at_a_replica(stack: Stack) -> None:
+    _, _, approving, _ = stack.replicas
+    report = await js_client(approving, "approve")
+    runs = report["runs"]
+    assert [r["finished"]["outcome"] for r in runs] == ["interrupt", "interrupt", "success"]
+    assert runs[-1]["result"] == "launch it ok #1"
+    assert report["pendingInterrupts"] == []
+
+
+async def test_the_official_js_client_aborting_cancels_the_work(stack: Stack) -> None:
+    a, *_ = stack.replicas
+    report = await js_client(a, "abort")
+    (run,) = report["runs"]
+    assert "TOOL_CALL_START" in kinds(run) and "RUN_FINISHED" not in kinds(run)
+    entity = run["events"][1]["snapshot"]["cantrip"]["entity_id"]
+    with trio.fail_after(30):
+        while True:
+            (state,) = stack.rows("SELECT state FROM cantrip_work WHERE entity_id = %s", entity)
+            if state[0] not in ("queued", "running"):
+                break
+            await trio.sleep(0.1)
+    assert state[0] == "cancelled"
+
+
+async def test_the_conformance_validator_passes_a_live_replica(stack: Stack) -> None:
+    a, *_ = stack.replicas
+    validator = Path(sys.executable).parent / "ag-ui-validate"
+    with trio.fail_after(90):
+        checked = await trio.run_process(
+            [
+                str(validator),
+                f"{a}/agui",
+                "--json",
+                "--header",
+                f"Authorization: Bearer {TOKEN}",
+                "--features",
+                "shared-state",
+                "--max-warnings",
+                "0",
+            ],
+            capture_stdout=True,
+            check=False,
+        )
+    report = json.loads(checked.stdout)
+    assert checked.returncode == 0, report
+    assert report["summary"]["errors"] == 0 and report["summary"]["warnings"] == 0, report
+    assert report["eventCount"] >= 10
+
+
+LOCATION_TOOL = {
+    "name": "get_location",
+    "description": "Where the user is (the browser knows).",
+    "parameters": {"type": "object", "properties": {"precision": {"type": "string"}}},
+}
+
+
+async def test_a_front_end_tool_is_called_at_the_client_and_its_result_observed(
+    stack: Stack,
+) -> None:
+    """The run's tools travel with its work to the worker, which offers them; the call
+    ends the run; the next run (at another replica) carries the result, which the
+    continued cast observes (the worker offers the same tools to the continuation)."""
+    a, b, *_ = stack.replicas
+    body = run_input("db-front", "where", tools=[LOCATION_TOOL])
+    _, called = await agui(a, body)
+    (start,) = [e for e in called if e["type"] == "TOOL_CALL_START"]
+    assert start["toolCallName"] == "get_location"
+    assert called[-1]["type"] == "RUN_FINISHED" and "outcome" not in called[-1]
+    assert "TOOL_CALL_RESULT" not in types(called)
+    call_id = start["toolCallId"]
+    messages = [
+        *body["messages"],
+        {
+            "id": "a1",
+            "role": "assistant",
+            "toolCalls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "get_location", "arguments": "{}"},
+                }
+            ],
+        },
+        {"id": "t1", "role": "tool", "toolCallId": call_id, "content": "Oslo, Norway"},
+    ]
+    _, continued = await agui(b, {**run_input("db-front", None, tools=[LOCATION_TOOL]),
+                                  "messages": messages})  # fmt: skip
+    assert continued[-1]["result"] == "where ok #1 in Oslo, Norway"
+    assert all(e.get("toolCallId") != call_id for e in continued)
+    entity = last_state(continued)["cantrip"]["entity_id"]
+    (record,) = [
+        c
+        for (data,) in stack.rows("SELECT data FROM cantrip_turns WHERE entity_id = %s", entity)
+        for c in json.loads(data)["gate_calls"]
+        if c["gate"] == "get_location"
+    ]
+    assert record["result"] == "Oslo, Norway" and record["tool_call_id"] == call_id
+
+
+async def test_the_official_js_client_runs_a_front_end_tool_at_a_replica(stack: Stack) -> None:
+    a, *_ = stack.replicas
+    report = await js_client(a, "tools")
+    called, continued = report["runs"]
+    assert called["error"] is None and continued["error"] is None, report["runs"]
+    assert called["finished"]["outcome"] == "success"
+    assert continued["result"] == "where am I? ok #1 in Oslo, Norway"
+
+
+async def test_an_ask_user_question_is_an_interrupt_answered_with_text_at_a_replica(
+    stack: Stack,
+) -> None:
+    a, *_, asking = stack.replicas
+    _, paused = await agui(asking, run_input("db-ask", "paint"))
+    (interrupt,) = paused[-1]["outcome"]["interrupts"]
+    assert interrupt["reason"] == "question" and interrupt["message"] == "Which colour?"
+    wrong = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
+    _, refused = await agui(a, run_input("db-ask", None, resume=wrong))
+    assert refused[-1]["type"] == "RUN_ERROR" and refused[-1]["code"] == "bad_resume"
+    resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": "blue"}]
+    _, answered = await agui(a, run_input("db-ask", None, resume=resume))
+    assert answered[-1]["result"] == "paint ok #1 in blue"
+    (result,) = [e for e in answered if e.get("toolCallId") == interrupt["toolCallId"]
+                 and e["type"] == "TOOL_CALL_RESULT"]  # fmt: skip
+    assert result["content"] == "blue"
