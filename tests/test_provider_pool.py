@@ -19,7 +19,7 @@ from fake_providers import Answer, FakeOpenAI, Request, isolate, running, serve
 
 from cantrip import ProviderError
 from cantrip.llm import Message, load_llm
-from cantrip.llm.providers._clients import ClientPool
+from cantrip.llm.providers._clients import ClientPool, default_connections
 
 HELLO = [Message("user", "hello")]
 
@@ -101,6 +101,55 @@ async def test_a_full_pool_makes_the_next_request_wait_for_a_free_connection() -
                 fake.release.set()
             assert answers == ["x"] * 5
             assert fake.most == 2 and fake.connections == 2
+        finally:
+            await llm.aclose()
+
+
+@pytest.fixture
+def descriptors() -> Any:
+    """Sets the soft descriptor limit for a test; the limit in force before comes back."""
+    resource = pytest.importorskip("resource")  # POSIX (the suite runs on Linux)
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def soft(limit: int) -> None:
+        hard = before[1]
+        assert hard == resource.RLIM_INFINITY or hard >= limit, f"hard limit {hard} < {limit}"
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+
+    yield soft
+    resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+@pytest.mark.parametrize(
+    ("soft", "connections"), [(40, 16), (1024, 256), (2000, 500), (17000, 4096)]
+)
+def test_the_pool_is_a_quarter_of_the_descriptor_limit(
+    descriptors: Any, soft: int, connections: int
+) -> None:
+    descriptors(soft)
+    assert default_connections() == connections
+
+
+def test_an_adapter_takes_its_pool_size_from_the_descriptor_limit(descriptors: Any) -> None:
+    descriptors(2000)
+    assert load_llm("openai").max_connections == 500  # type: ignore[attr-defined]
+
+
+async def test_more_than_256_concurrent_requests_each_get_a_connection(descriptors: Any) -> None:
+    # A fixed pool of 256 made the 257th request wait: 1,000 entities at 50 ms a turn
+    # then took 20 rounds of requests, not 5 (bench/realsocket.py).
+    descriptors(2000)  # 500 connections; 300 requests and the server's 300 ends fit
+    fake = Gated([Answer(text="x")] * 300)
+    async with serve(fake, "/v1") as url:
+        llm = load_llm("openai", base_url=url)
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(300):
+                    nursery.start_soon(llm.query, HELLO)
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                assert fake.waiting == 300  # all in flight at once, none waits for a slot
+                fake.release.set()
+            assert fake.served == 300 and fake.connections == 300
         finally:
             await llm.aclose()
 

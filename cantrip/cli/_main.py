@@ -381,6 +381,9 @@ def _add_otlp(command: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from cantrip.cli._process import raise_open_files_limit
+
+    raise_open_files_limit()  # a connection per entity in flight (default_connections)
     parser, _ = _parser()
     args = parser.parse_args(argv)
     if getattr(args, "otlp", None):
