@@ -259,3 +259,27 @@ async def test_requests_carry_the_headers_httpx_would_have_built() -> None:
             expected = {k.lower(): v for k, v in built.headers.items()}
             assert sent.headers == expected
             assert sent.method == "POST" and sent.path == "/v1/chat/completions"
+
+
+async def test_a_host_by_name_or_by_address_connects_and_a_refused_one_says_why() -> None:
+    # An IP address is connected to directly (nothing to resolve or race), a name
+    # through trio's resolver and happy eyeballs; both reach the same server.
+    fake = FakeOpenAI([Answer(text="by address"), Answer(text="by name")])
+    async with serve(fake, "/v1") as url:
+        for base in (url, url.replace("127.0.0.1", "localhost")):
+            llm = load_llm("openai", base_url=base)
+            try:
+                assert (
+                    await llm.query(HELLO)
+                ).content == f"by {'address' if base == url else 'name'}"
+            finally:
+                await llm.aclose()
+    closed = trio.socket.socket()
+    await closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    llm = load_llm("openai", base_url=f"http://127.0.0.1:{port}/v1")
+    with pytest.raises(ProviderError) as info:
+        await llm.query(HELLO)
+    assert info.value.code == "connect_error" and info.value.retryable
+    assert "Connection refused" in str(info.value) and f"127.0.0.1:{port}" in str(info.value)
