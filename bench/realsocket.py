@@ -301,6 +301,8 @@ def run(args: argparse.Namespace) -> None:
 
         llm = adapter()
         trio.run(casts, llm, 50, 3)  # warm-up: imports, the pool, first connections
+        if args.gc == "cantrip":
+            gc.freeze()  # as cantrip serve does once it loaded its spec (cli._process.settled_heap)
         reasons = RetryReasons()
         retry_log = logging.getLogger("cantrip.llm.retry")
         retry_log.setLevel(logging.INFO)
@@ -379,9 +381,10 @@ def main() -> None:
     parser.add_argument("--profile", metavar="FILE", help="cProfile phase 1 into FILE")
     parser.add_argument(
         "--gc",
-        choices=("default", "throughput"),
+        choices=("default", "throughput", "cantrip"),
         default="default",
-        help="CPython's collector settings, or cantrip.gc_for_throughput() around the phases",
+        help="CPython's collector settings; cantrip.gc_for_throughput() around the phases; "
+        "or what cantrip serve and worker run under: that, and gc.freeze() after the warm-up",
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -389,7 +392,7 @@ def main() -> None:
         asyncio.run(serve(args.latency))
         return
     sys.path.insert(0, str(HERE.parent))  # gates/
-    if args.gc == "throughput":
+    if args.gc in ("throughput", "cantrip"):
         import cantrip
 
         with cantrip.gc_for_throughput():

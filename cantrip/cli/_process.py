@@ -8,7 +8,9 @@ entities at once, each with a connection of its own to its provider.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 OPEN_FILES_CAP = 65_536
 """The most descriptors the command asks for, however high the hard limit (some
@@ -40,10 +42,16 @@ def raise_open_files_limit(cap: int = OPEN_FILES_CAP) -> int:
     return soft
 
 
-def settle_heap() -> None:
-    """Move every object alive now (imports, the loaded spec) out of the collector's sight.
+@contextlib.contextmanager
+def settled_heap() -> Iterator[None]:
+    """While the block runs, the objects alive at its start are out of the collector's sight.
 
     ``gc.freeze()``: a full collection no longer rescans the ~60,000 objects a
-    started command holds and never frees, only what its entities made since.
-    Called once the command has loaded what it runs, before it runs it."""
+    started command holds and never frees (imports, the loaded spec), only what
+    its entities made since; ``gc.unfreeze()`` when the block ends. Entered
+    once the command has loaded what it runs, around running it."""
     gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

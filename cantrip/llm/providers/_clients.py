@@ -71,7 +71,6 @@ def default_connections() -> int:
     return max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, soft // 4))
 
 
-
 class Cookies(httpx.Cookies):
     """httpx's cookie jar, minus the cost of reading a response that sets no cookie.
 
