@@ -262,11 +262,10 @@ class Connection:
                 await self._connect(shape, timeout.connect, context)
             assert self.stream is not None
             data = b"%s%d%s%s" % (shape.before, len(content), shape.after, content)
-            with trio.CancelScope() as scope:
+            write = inf if timeout.write is None else trio.current_time() + timeout.write
+            with trio.CancelScope(deadline=write) as scope:  # (setting it after costs more)
                 self.scope = scope
                 self.reading = False
-                if timeout.write is not None:
-                    scope.deadline = trio.current_time() + timeout.write
                 await self._send(data)
                 response = await self._head(timeout.read)
                 if whole:
