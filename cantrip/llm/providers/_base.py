@@ -513,6 +513,7 @@ class HTTPAdapter:
             rendered.messages, tools, tool_choice, extra, on_event is not None
         )
         data = dumps(body)
+        del body  # its objects need not outlive the wait for the answer (fewer for the GC)
         if self.debug_transcript:
             self._log_transcript(logging.DEBUG, messages, rendered.messages, None)
         try:
