@@ -27,6 +27,11 @@ costs: imports, the adapter's pool, first connections):
    per request, ratio; and the last N's per-turn cost over the first's
    (flatness: a turn must not cost more as the history grows).
 
+``--floor`` adds, after phase 1, the same number of requests by the same number of
+tasks without the runtime: through the adapter's pool and wire connections
+(``ClientPool.post``), and on bare trio sockets -- the cost of the exchange alone,
+so that the client's per-turn figure minus it is what the runtime spends.
+
 Goals (issue 34): ratio <= 3x in both phases, no errors, and 1,000 x 5 in <= 1.5 s
 wall. ``--profile FILE`` runs phase 1 under cProfile (GC off while profiling)
 and prints the top functions by own time, scaled to microseconds per turn
@@ -280,6 +285,92 @@ def top_of(profiler: cProfile.Profile, turns: int, count: int = 25) -> str:
     return out.getvalue()
 
 
+async def floor_pool(url: str, agents: int, turns: int, body: bytes) -> None:
+    """``agents`` tasks of ``turns`` POSTs each through an adapter's connection pool and
+    wire connections (``ClientPool.post``; the body read with orjson): no runtime."""
+    import httpx
+    import orjson
+
+    from cantrip.llm.providers._clients import ClientPool
+
+    pool = ClientPool(timeout=httpx.Timeout(60.0), trust_env=False, provider="openai")
+    headers = {"content-type": "application/json", "accept": "application/json"}
+
+    async def agent() -> None:
+        for _ in range(turns):
+            _status, _headers, content = await pool.post(url, body, headers)
+            orjson.loads(content)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(agents):
+            nursery.start_soon(agent)
+
+
+async def floor_bare(port: int, agents: int, turns: int, body: bytes) -> None:
+    """The same exchanges on bare trio sockets: a request written by hand, the response
+    read up to its ``content-length`` and parsed with orjson, one connection a task."""
+    import orjson
+
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+    async def agent() -> None:
+        sock = trio.socket.socket()
+        await sock.connect(("127.0.0.1", port))
+        buffer = b""
+        for _ in range(turns):
+            await sock.send(request)
+            while True:
+                buffer += await sock.recv(65536)
+                end = buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    continue
+                head = buffer[:end].lower()
+                length = int(head.partition(b"content-length: ")[2].partition(b"\r")[0])
+                if len(buffer) >= end + 4 + length:
+                    orjson.loads(buffer[end + 4 : end + 4 + length])
+                    buffer = buffer[end + 4 + length :]
+                    break
+        sock.close()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(agents):
+            nursery.start_soon(agent)
+
+
+def floors(server: Server, args: argparse.Namespace) -> None:
+    """The wire's own cost beside the server's: what a turn cannot cost less than."""
+    import orjson
+
+    body = orjson.dumps(
+        {
+            "model": "gpt-4o-mini",
+            "messages": [
+                {"role": "system", "content": f"bench turns={args.turns}"},
+                {"role": "user", "content": "task 0"},
+            ],
+        }
+    )
+    url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
+    requests = args.agents * args.turns
+    for name, run_floor in (
+        (
+            "adapter's pool and wire, no runtime",
+            lambda: floor_pool(url, args.agents, args.turns, body),
+        ),
+        ("bare trio sockets", lambda: floor_bare(server.port, args.agents, args.turns, body)),
+    ):
+        with Phase(server) as phase:
+            trio.run(run_floor)
+        client, served, ratio = phase.figures(requests)
+        print(
+            f"    floor, {name}: client {client:.0f} us/request; server {served:.0f} "
+            f"us/request; ratio {ratio:.1f}x; wall {phase.wall:.2f} s"
+        )
+
+
 def run(args: argparse.Namespace) -> None:
     from cantrip.llm import load_llm
 
@@ -301,6 +392,8 @@ def run(args: argparse.Namespace) -> None:
 
         llm = adapter()
         trio.run(casts, llm, 50, 3)  # warm-up: imports, the pool, first connections
+        if args.gc == "cantrip":
+            gc.freeze()  # as cantrip serve does once it loaded its spec (cli._process.settled_heap)
         reasons = RetryReasons()
         retry_log = logging.getLogger("cantrip.llm.retry")
         retry_log.setLevel(logging.INFO)
@@ -335,6 +428,8 @@ def run(args: argparse.Namespace) -> None:
         )
         for reason, count in reasons.seen.most_common(3):
             print(f"    retried {count}x: {reason}")
+        if args.floor:
+            floors(server, args)
         if profiler is not None:
             profiler.dump_stats(args.profile)
             print(top_of(profiler, len(recorded)))
@@ -378,10 +473,17 @@ def main() -> None:
     parser.add_argument("--connections", type=int, help="the adapter's max_connections")
     parser.add_argument("--profile", metavar="FILE", help="cProfile phase 1 into FILE")
     parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="after phase 1, the same requests through the adapter's pool alone, "
+        "then on bare trio sockets: the wire's cost without the runtime",
+    )
+    parser.add_argument(
         "--gc",
-        choices=("default", "throughput"),
+        choices=("default", "throughput", "cantrip"),
         default="default",
-        help="CPython's collector settings, or cantrip.gc_for_throughput() around the phases",
+        help="CPython's collector settings; cantrip.gc_for_throughput() around the phases; "
+        "or what cantrip serve and worker run under: that, and gc.freeze() after the warm-up",
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -389,7 +491,7 @@ def main() -> None:
         asyncio.run(serve(args.latency))
         return
     sys.path.insert(0, str(HERE.parent))  # gates/
-    if args.gc == "throughput":
+    if args.gc in ("throughput", "cantrip"):
         import cantrip
 
         with cantrip.gc_for_throughput():

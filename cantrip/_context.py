@@ -174,11 +174,14 @@ class Context:
         if self._folding is None:
             return
         self._in_view.append(turn)
-        added = sum(len(m.text()) for m in rendered)
+        lengths = [len(m.text()) for m in rendered]  # text() builds a string: once each
+        added = sum(lengths)
         self._chars += added
         meta = turn.metadata
         if meta.tokens_prompt:
-            observed = sum(len(m.text()) for m in rendered if m.role != "assistant")
+            observed = sum(
+                n for n, m in zip(lengths, rendered, strict=True) if m.role != "assistant"
+            )
             self._measured = (
                 meta.tokens_prompt + meta.tokens_completion + observed // CHARS_PER_TOKEN
             )

@@ -19,7 +19,7 @@ from fake_providers import Answer, FakeOpenAI, Request, isolate, running, serve
 
 from cantrip import ProviderError
 from cantrip.llm import Message, load_llm
-from cantrip.llm.providers._clients import ClientPool
+from cantrip.llm.providers._clients import ClientPool, default_connections
 
 HELLO = [Message("user", "hello")]
 
@@ -101,6 +101,55 @@ async def test_a_full_pool_makes_the_next_request_wait_for_a_free_connection() -
                 fake.release.set()
             assert answers == ["x"] * 5
             assert fake.most == 2 and fake.connections == 2
+        finally:
+            await llm.aclose()
+
+
+@pytest.fixture
+def descriptors() -> Any:
+    """Sets the soft descriptor limit for a test; the limit in force before comes back."""
+    resource = pytest.importorskip("resource")  # POSIX (the suite runs on Linux)
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def soft(limit: int) -> None:
+        hard = before[1]
+        assert hard == resource.RLIM_INFINITY or hard >= limit, f"hard limit {hard} < {limit}"
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+
+    yield soft
+    resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+@pytest.mark.parametrize(
+    ("soft", "connections"), [(40, 16), (1024, 256), (2000, 500), (17000, 4096)]
+)
+def test_the_pool_is_a_quarter_of_the_descriptor_limit(
+    descriptors: Any, soft: int, connections: int
+) -> None:
+    descriptors(soft)
+    assert default_connections() == connections
+
+
+def test_an_adapter_takes_its_pool_size_from_the_descriptor_limit(descriptors: Any) -> None:
+    descriptors(2000)
+    assert load_llm("openai").max_connections == 500  # type: ignore[attr-defined]
+
+
+async def test_more_than_256_concurrent_requests_each_get_a_connection(descriptors: Any) -> None:
+    # A fixed pool of 256 made the 257th request wait: 1,000 entities at 50 ms a turn
+    # then took 20 rounds of requests, not 5 (bench/realsocket.py).
+    descriptors(2000)  # 500 connections; 300 requests and the server's 300 ends fit
+    fake = Gated([Answer(text="x")] * 300)
+    async with serve(fake, "/v1") as url:
+        llm = load_llm("openai", base_url=url)
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(300):
+                    nursery.start_soon(llm.query, HELLO)
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                assert fake.waiting == 300  # all in flight at once, none waits for a slot
+                fake.release.set()
+            assert fake.served == 300 and fake.connections == 300
         finally:
             await llm.aclose()
 
@@ -210,3 +259,27 @@ async def test_requests_carry_the_headers_httpx_would_have_built() -> None:
             expected = {k.lower(): v for k, v in built.headers.items()}
             assert sent.headers == expected
             assert sent.method == "POST" and sent.path == "/v1/chat/completions"
+
+
+async def test_a_host_by_name_or_by_address_connects_and_a_refused_one_says_why() -> None:
+    # An IP address is connected to directly (nothing to resolve or race), a name
+    # through trio's resolver and happy eyeballs; both reach the same server.
+    fake = FakeOpenAI([Answer(text="by address"), Answer(text="by name")])
+    async with serve(fake, "/v1") as url:
+        for base in (url, url.replace("127.0.0.1", "localhost")):
+            llm = load_llm("openai", base_url=base)
+            try:
+                assert (
+                    await llm.query(HELLO)
+                ).content == f"by {'address' if base == url else 'name'}"
+            finally:
+                await llm.aclose()
+    closed = trio.socket.socket()
+    await closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    llm = load_llm("openai", base_url=f"http://127.0.0.1:{port}/v1")
+    with pytest.raises(ProviderError) as info:
+        await llm.query(HELLO)
+    assert info.value.code == "connect_error" and info.value.retryable
+    assert "Connection refused" in str(info.value) and f"127.0.0.1:{port}" in str(info.value)

@@ -72,14 +72,18 @@ def test_serve_collects_garbage_in_larger_batches_and_restores_the_setting() -> 
     from cantrip.cli._main import _serve_gc
 
     before = gc.get_threshold()
-    with _serve_gc(None):  # the default of `cantrip serve`
+    setting = _serve_gc(None)  # the default of `cantrip serve`
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0  # not before entered
+    with setting:
         assert gc.get_threshold() == (50_000, *before[1:])
-    assert gc.get_threshold() == before
+        # what the server holds from its start is out of the collector's sight
+        assert gc.get_freeze_count() > 1000
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
     with _serve_gc(1234):
-        assert gc.get_threshold()[0] == 1234
-    with _serve_gc(0):  # --gc-young 0: Python's own thresholds
-        assert gc.get_threshold() == before
-    assert gc.get_threshold() == before
+        assert gc.get_threshold()[0] == 1234 and gc.get_freeze_count() > 1000
+    with _serve_gc(0):  # --gc-young 0: Python's own thresholds, nothing frozen
+        assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
 def test_a_negative_gc_threshold_is_one_line_and_serves_nothing(

@@ -67,7 +67,7 @@ from cantrip.llm._transcript import (
     render_transcript,
     validate_transcript,
 )
-from cantrip.llm.providers._clients import CONNECTIONS, ClientPool, GivenClient, Reply
+from cantrip.llm.providers._clients import ClientPool, GivenClient, Reply, default_connections
 
 log = get_logger("cantrip.llm.providers")
 transcript_log = get_logger("cantrip.llm.transcript")
@@ -373,8 +373,9 @@ class HTTPAdapter:
         self._name = name or f"{config.name}:{model}"
         self._api_key = api_key
         self._given = GivenClient(client) if client is not None else None
-        self.max_connections = CONNECTIONS
-        """Requests in flight at once (one connection each) before the next waits."""
+        self.max_connections = default_connections()
+        """Requests in flight at once (one connection each) before the next waits: a
+        quarter of the process's descriptor limit, within 16..4,096 (``default_connections``)."""
         self._pool: ClientPool | None = None
         """This trio run's connections (see ``_take``)."""
         self._pool_token: trio.lowlevel.TrioToken | None = None
@@ -512,6 +513,7 @@ class HTTPAdapter:
             rendered.messages, tools, tool_choice, extra, on_event is not None
         )
         data = dumps(body)
+        del body  # its objects need not outlive the wait for the answer (fewer for the GC)
         if self.debug_transcript:
             self._log_transcript(logging.DEBUG, messages, rendered.messages, None)
         try:

@@ -40,7 +40,35 @@ from cantrip.llm.providers._wire import Connection, Shape, tls_context
 log = get_logger("cantrip.llm.providers")
 
 CONNECTIONS = 256
-"""Concurrent requests (so connections) per adapter and trio run before one waits."""
+"""Connections per adapter and trio run where the descriptor limit is not known (Windows)."""
+MIN_CONNECTIONS = 16
+MAX_CONNECTIONS = 4096
+"""Bounds of :func:`default_connections`."""
+
+
+def default_connections() -> int:
+    """Concurrent requests (so connections) per adapter and trio run before one waits.
+
+    A quarter of the file descriptors this process may open (its soft
+    ``RLIMIT_NOFILE``), within 16..4,096: 256 under Linux's usual soft limit of
+    1,024, 4,096 where the limit is 16,384 or more. A fixed pool of 256 set a
+    floor under many concurrent entities -- 1,000 casts of 5 turns each at 50 ms
+    a request waited 20 rounds for a connection, 5 with one each
+    (``bench/realsocket.py``) -- while a pool larger than the descriptor limit
+    would fail with "too many open files" instead of waiting. A quarter leaves
+    the rest for looms, gates, sandboxes and other adapters. ``cantrip``'s own
+    commands raise the soft limit to the hard one first
+    (``cantrip.cli._process.raise_open_files_limit``); a program embedding
+    cantrip keeps its own limit.
+    """
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return CONNECTIONS
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, soft // 4))
 
 
 class Cookies(httpx.Cookies):
@@ -146,12 +174,12 @@ class ClientPool:
         timeout: httpx.Timeout,
         trust_env: bool,
         provider: str,
-        limit: int = CONNECTIONS,
+        limit: int | None = None,
     ) -> None:
         self.timeout = timeout
         self.trust_env = trust_env
         self.provider = provider
-        self.limit = limit
+        self.limit = limit = default_connections() if limit is None else limit
         self.wire = not proxied(trust_env)
         """Whether requests go on wire connections (else on httpx clients)."""
         self.idle: list[Any] = []

@@ -36,9 +36,11 @@ the environment, URLs carrying credentials, a client the user gives.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import select
+import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from math import inf
@@ -75,7 +77,7 @@ class Shape:
     ``head(n)`` is what h11 writes for that request with ``Content-Length: n``;
     made from the ``httpx.Request`` httpx would send, so the same bytes."""
 
-    __slots__ = ("after", "before", "origin", "server_hostname")
+    __slots__ = ("after", "before", "family", "origin", "server_hostname")
 
     def __init__(self, request: httpx.Request) -> None:
         url = request.url
@@ -83,6 +85,8 @@ class Shape:
             raise ValueError(f"not an http(s) URL: {url}")
         self.origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         self.server_hostname = str(request.extensions.get("sni_hostname") or url.host)
+        self.family = _address_family(url.host)
+        """The host's address family when it is an IP address (0: a name to resolve)."""
         raw = request.headers.raw
         method = request.method.encode("ascii")
         target = url.raw_path
@@ -111,6 +115,14 @@ class Shape:
 
     def head(self, length: int) -> bytes:
         return b"%s%d%s" % (self.before, length, self.after)
+
+
+def _address_family(host: str) -> int:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return 0
+    return socket.AF_INET6 if address.version == 6 else socket.AF_INET
 
 
 class Headers(dict[str, str]):
@@ -209,7 +221,7 @@ class Connection:
         scheme, host, port = shape.origin
         with trio.move_on_after(float("inf") if timeout is None else timeout) as scope:
             try:
-                tcp = await trio.open_tcp_stream(host, port)
+                tcp = await _open_tcp(shape.family, host, port)
                 self.sock = tcp.socket
                 stream: trio.abc.Stream = tcp
                 if scheme == "https":
@@ -250,11 +262,10 @@ class Connection:
                 await self._connect(shape, timeout.connect, context)
             assert self.stream is not None
             data = b"%s%d%s%s" % (shape.before, len(content), shape.after, content)
-            with trio.CancelScope() as scope:
+            write = inf if timeout.write is None else trio.current_time() + timeout.write
+            with trio.CancelScope(deadline=write) as scope:  # (setting it after costs more)
                 self.scope = scope
                 self.reading = False
-                if timeout.write is not None:
-                    scope.deadline = trio.current_time() + timeout.write
                 await self._send(data)
                 response = await self._head(timeout.read)
                 if whole:
@@ -357,6 +368,23 @@ class Connection:
     def idle(self) -> None:
         """The response was read to its end on a connection that stays open."""
         self.idle_since = trio.current_time()
+
+
+async def _open_tcp(family: int, host: str, port: int) -> trio.SocketStream:
+    """A TCP connection to ``host``: ``trio.open_tcp_stream`` for a name, which resolves it
+    and races its addresses (happy eyeballs); one ``connect`` for an IP address, which
+    has nothing to resolve or race -- the same socket (``SocketStream`` sets
+    ``TCP_NODELAY`` either way) for a third of the CPU (~30 us, not ~100 us: with a
+    connection per entity in flight, 1,000 entities open 1,000)."""
+    if not family:
+        return await trio.open_tcp_stream(host, port)
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    try:
+        await sock.connect((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)
 
 
 def _parse_head(head: bytes, connection: Connection, timeout: float | None) -> Response | None:
