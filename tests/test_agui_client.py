@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import trio
+from npm_packages import ensure_npm_packages
 
 import cantrip
 from cantrip.protocols._guard import Guard
@@ -31,16 +32,7 @@ TOKEN = "agui-test-token-0123456789"
 
 async def ensure_client() -> None:
     """The client's packages, installed once (``npm ci`` from the lock file)."""
-    if (CLIENT / "node_modules" / "@ag-ui" / "client").is_dir():
-        return
-    npm = shutil.which("npm")
-    assert npm is not None, "node and npm are needed for the AG-UI client test"
-    with trio.fail_after(240):
-        await trio.run_process(
-            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=CLIENT,
-            capture_stdout=True,
-        )
+    await ensure_npm_packages(CLIENT, "@ag-ui/client")
 
 
 @asynccontextmanager
