@@ -264,7 +264,10 @@ async def test_a_second_prompt_while_one_runs_follows_on_busy(stack: Stack, poli
         thread = (await on_a.get(f"/sessions/{sid}/thread")).json()["turns"]
         intents = [t["intent"] for t in thread if t["intent"]]
         streamed = [e["turn_id"] for name, e in events if name == "step_complete"]
-        assert streamed == [t["id"] for t in thread[-b_result["turns"] :]]  # its own turns only
+        # its own turns only, in its result and its stream (it began after the first)
+        assert b_result["turns"] == TURNS
+        assert streamed == [t["id"] for t in thread[-TURNS:]]
+        assert thread[-TURNS]["intent"] == "Second task."
         loom = stack.rows(
             "SELECT data::json->>'intent', data::json->>'reason' FROM cantrip_turns "
             "WHERE entity_id = %s ORDER BY pos",
@@ -329,6 +332,14 @@ async def test_a_rolled_back_cast_whose_worker_dies_is_resumed_from_its_branch(
     assert result["turns"] == TURNS
     assert [t["intent"] for t in thread if t["intent"]] == ["Zero.", "Second task."]
     assert len(thread) == 2 * TURNS  # no turn lost, none twice
+    (state, attempts, outcome) = stack.rows(
+        "SELECT state, attempts, result FROM cantrip_work WHERE entity_id = %s ORDER BY id",
+        entity,
+    )[-1]
+    assert (state, attempts) == ("done", 2)  # taken over mid-cast
+    # what the worker recorded (``cast --db`` reports it) counts the cast's own turns,
+    # not the thread before its rewind point
+    assert json.loads(outcome)["turns"] == TURNS
 
 
 def test_serve_db_takes_every_on_busy_policy_at_start(stack: Stack, tmp_path: Path) -> None:
