@@ -392,3 +392,63 @@ def test_serve_db_takes_every_on_busy_policy_at_start(stack: Stack, tmp_path: Pa
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+# -- the schema and the queue underneath ----------------------------------------------------
+
+
+def test_a_version_3_database_is_brought_to_version_4_in_place(pg_url: str) -> None:
+    """A database made before steering (no ``cantrip_messages``, no ``base_pos`` or
+    ``cancel_reason`` on ``cantrip_work``) gains them when a store opens it; its work
+    stays."""
+    import psycopg
+
+    from cantrip.distributed._queue import WorkQueue
+    from cantrip.loom._postgres import PostgresStore
+
+    store = PostgresStore(pg_url, max_connections=2)
+    WorkQueue(store).enqueue({"factory": "m:f"}, "kept", "entity-old")
+    store.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what v3 made
+        conn.execute(
+            "ALTER TABLE cantrip_work DROP COLUMN base_pos, DROP COLUMN cancel_reason; "
+            "DROP TABLE cantrip_messages; DELETE FROM cantrip_schema; "
+            "INSERT INTO cantrip_schema (version) VALUES (3)"
+        )
+    store = PostgresStore(pg_url, max_connections=2)
+    try:
+        claim = WorkQueue(store).claim("worker-1", 30)
+        assert claim is not None and claim.intent == "kept"
+    finally:
+        store.close()
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT max(version) FROM cantrip_schema").fetchone() == (4,)
+        assert conn.execute("SELECT base_pos FROM cantrip_work").fetchall() == [(0,)]
+        assert conn.execute("SELECT count(*) FROM cantrip_messages").fetchone() == (0,)
+
+
+def test_an_interrupt_reaches_a_worker_that_missed_its_notification(pg_url: str) -> None:
+    """The heartbeat -- the fallback of NOTIFY cantrip_cancel -- says why a cancel was
+    asked for, so the cut is recorded ``interrupted`` either way."""
+    from cantrip.distributed._queue import WorkQueue, cancel_on, heartbeat_on
+    from cantrip.loom._postgres import PostgresStore
+
+    store = PostgresStore(pg_url, max_connections=2)
+    try:
+        queue = WorkQueue(store)
+        running = queue.enqueue({"factory": "m:f"}, "first", "entity-a")
+        queue.enqueue({"factory": "m:f"}, "second", "entity-a")
+        claim = queue.claim("worker-1", 30)
+        assert claim is not None and claim.work_id == running
+        with store.pool.connection() as conn:
+            assert heartbeat_on(conn, "worker-1", [claim.fence], 30) == {"entity-a": ""}
+            with conn.transaction():
+                cancel_on(conn, "entity-a", work_id=running, reason="interrupted")
+            assert heartbeat_on(conn, "worker-1", [claim.fence], 30) == {"entity-a": "interrupted"}
+            states = conn.execute(
+                "SELECT intent, state, cancel_requested FROM cantrip_work ORDER BY id"
+            ).fetchall()
+        assert states == [("first", "running", True), ("second", "queued", False)]
+        assert queue.heartbeat(claim.fence, 30) == (True, True)
+    finally:
+        store.close()
