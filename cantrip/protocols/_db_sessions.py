@@ -399,13 +399,15 @@ class DbSessions:
         self, entity_id: str, work_id: int, base_pos: int | None
     ) -> tuple[CastResult | None, list[str]]:
         """The work's cast, rebuilt from the loom (usage, cost, summary and all) from its
-        turns after ``base_pos`` -- None if it recorded no turn (cancelled before it
-        began) -- and the messages sent to it that joined no turn (``undelivered``)."""
+        turns after ``base_pos`` (to the next cast's first turn) -- None if it recorded no
+        turn (cancelled before it began) -- and the messages sent to it that joined no
+        turn (``undelivered``)."""
         turns = [] if base_pos is None else [t for _, t in self.turns_after(entity_id, base_pos)]
         with self.store.pool.connection() as conn:
             sent = [text for _, text in messages_on(conn, work_id)]
-        joined = sum(len(t.extras.get("steering") or ()) for t in turns)
         cast = recorded_cast(turns, 0, self.store) if turns else None
+        # its own turns only: a prompt queued behind it may have begun already
+        joined = sum(len(t.extras.get("steering") or ()) for t in cast.turns) if cast else 0
         undelivered = sent[joined:]  # a worker hands them to the cast in order
         if cast is not None and undelivered:
             cast = attrs.evolve(cast, undelivered=tuple(undelivered))
