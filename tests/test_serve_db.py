@@ -198,8 +198,8 @@ async def test_a_session_made_on_one_replica_is_prompted_on_another_and_continue
             assert health["mode"] == "db" and health["persistent"] is True
             assert health["gates"] == ["done", "echo"]
             served = (await client.get("/openapi.json")).json()
-            assert served == openapi_document("cantrip serve --db", steering=False)
-            assert "/sessions/{session_id}/messages" not in served["paths"]
+            assert served == openapi_document("cantrip serve --db")  # the in-process one's
+            assert "/sessions/{session_id}/messages" in served["paths"]
         created = await on_a.post("/sessions")
         assert created.status_code == 201
         session = created.json()

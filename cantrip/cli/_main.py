@@ -680,9 +680,6 @@ def _serve(args: argparse.Namespace) -> int:
         on_busy=args.on_busy,
     )
     if args.db:
-        if args.on_busy != "reject":
-            return _fail("serve --db supports --on-busy reject only (the in-process server "
-                         "supports enqueue, interrupt and rollback)")  # fmt: skip
         from cantrip.cli._worker import serve_on_db
 
         return serve_on_db(args, guard, options)

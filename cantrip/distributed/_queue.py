@@ -16,9 +16,13 @@ The standard Postgres queue pattern and nothing of our own beyond it:
   still stopped without an outcome (killed, crashed, lost its lease) is not claimed
   again but *dead-lettered* -- state ``dead``, the reason in its result;
 * **finish** records the outcome and releases the lease, fenced the same way;
-* **cancel** marks queued work cancelled and running work ``cancel_requested``,
-  and ``NOTIFY cantrip_cancel`` with the entity id so its worker stops it at once
-  (workers also poll the flag with every heartbeat, the fallback).
+* **cancel** marks queued work cancelled and running work ``cancel_requested`` (with
+  its ``cancel_reason``), and ``NOTIFY cantrip_cancel`` with the entity id (and the
+  reason, when it is not plain ``cancelled``) so its worker stops it at once (workers
+  also poll the flag with every heartbeat, the fallback);
+* **steer** adds a message for an entity's open work to ``cantrip_messages`` and
+  ``NOTIFY cantrip_steer`` with the entity id: the worker running it hands the message
+  to the cast (``serve --db``'s ``/messages``).
 
 Every method is blocking (psycopg); the worker calls them via ``trio.to_thread``.
 """
@@ -39,6 +43,8 @@ from cantrip.mcp._spec import check_queued_spell
 
 WORK_CHANNEL = "cantrip_work"
 CANCEL_CHANNEL = "cantrip_cancel"
+STEER_CHANNEL = "cantrip_steer"
+"""Notified (payload: the entity id) when a message for an entity's running cast arrives."""
 
 DEAD = "dead"
 """The end state of work no worker could finish within the attempt limit (a
@@ -53,6 +59,12 @@ ENDED = frozenset({"done", "failed", "cancelled", PAUSED, DEAD})
 """States a work item does not leave (a paused item's answer is new work)."""
 ANSWER_KEY = "answer"
 """The spell key of work that carries out a human's answer to a pause."""
+REWIND_KEY = "rewind"
+"""The spell key of a prompt that continues from an earlier turn (double-texting's
+``rollback``): ``{"to": <turn id, or None for the beginning>}``."""
+INTERRUPTED = "interrupted"
+"""The cancel reason of a prompt a newer one displaced (``interrupt``, ``rollback``)."""
+_OPEN = "state IN ('queued', 'running')"
 ENTITY_LOCK = 0x70726F6D
 """The advisory-lock class of one entity's prompts and answers (``serve --db``)."""
 
@@ -90,6 +102,9 @@ claimed AS (
     UPDATE cantrip_work w
     SET state = 'running', owner = %(owner)s, epoch = lease.epoch,
         attempts = w.attempts + 1, claimed_at = clock_timestamp(),
+        base_pos = CASE WHEN w.attempts = 0 THEN (
+            SELECT coalesce(max(t.pos), 0) FROM cantrip_turns t
+            WHERE t.entity_id = lease.entity_id) ELSE w.base_pos END,
         result = CASE WHEN w.attempts = 0 THEN json_build_object('base_turn', (
             SELECT t.id FROM cantrip_turns t WHERE t.entity_id = lease.entity_id
             ORDER BY t.pos DESC LIMIT 1))::text ELSE w.result END
@@ -109,7 +124,8 @@ entities the claiming worker still runs (an old run stopping after its lease ran
 never handed back to it until that run has ended. The base turn (the
 entity's latest before its first claim) is read only on the first claim: no other
 worker can be writing the entity then (its earlier work is finished, its lease
-released, and a zombie's fence is stale)."""
+released, and a zombie's fence is stale); so is its loom position (``base_pos``): the
+cast's turns are the entity's turns after it, whatever was queued before it."""
 
 
 _DEAD_LETTER = """
@@ -151,9 +167,10 @@ renewed AS (
     FROM locked WHERE l.entity_id = locked.entity_id AND locked.held
     RETURNING l.entity_id, l.epoch
 )
-SELECT m.entity_id, k.entity_id IS NULL, r.entity_id IS NOT NULL AND EXISTS (
-    SELECT 1 FROM cantrip_work w WHERE w.entity_id = r.entity_id AND w.state = 'running'
-        AND w.owner = %(owner)s AND w.epoch = r.epoch AND w.cancel_requested)
+SELECT m.entity_id, k.entity_id IS NULL, (
+    SELECT coalesce(w.cancel_reason, 'cancelled') FROM cantrip_work w
+    WHERE w.entity_id = r.entity_id AND w.state = 'running' AND w.owner = %(owner)s
+        AND w.epoch = r.epoch AND w.cancel_requested LIMIT 1)
 FROM mine m
 LEFT JOIN locked k ON k.entity_id = m.entity_id
 LEFT JOIN renewed r ON r.entity_id = m.entity_id
@@ -166,11 +183,12 @@ heartbeat never deadlocks with the writes it runs beside."""
 
 def heartbeat_on(
     conn: Any, owner: str, fences: list[Fence], lease_s: float
-) -> dict[str, bool | None]:
+) -> dict[str, str | None]:
     """Extend every lease of ``fences`` (one worker's) that still holds, in one statement:
-    {lease entity: cancel requested} for those renewed, None for those skipped because a
-    write held their row this moment (neither renewed nor known lost); one missing from
-    the answer is lost (expired, or claimed by another worker)."""
+    {lease entity: the reason of a cancel requested, or "" for none} for those renewed,
+    None for those skipped because a write held their row this moment (neither renewed
+    nor known lost); one missing from the answer is lost (expired, or claimed by another
+    worker)."""
     rows = conn.execute(
         _HEARTBEAT,
         {
@@ -180,7 +198,7 @@ def heartbeat_on(
             "lease": lease_s,
         },
     ).fetchall()
-    return {str(entity): None if skipped else bool(cancel) for entity, skipped, cancel in rows}
+    return {str(entity): None if skipped else (cancel or "") for entity, skipped, cancel in rows}
 
 
 def enqueue_on(conn: Any, spell: dict[str, Any], intent: str, entity_id: str) -> int:
@@ -204,21 +222,78 @@ def enqueue_on(conn: Any, spell: dict[str, Any], intent: str, entity_id: str) ->
     return int(row[0])
 
 
-def cancel_on(conn: Any, entity_id: str) -> int:
-    """:meth:`WorkQueue.cancel` inside the caller's transaction on ``conn``."""
+def cancel_on(
+    conn: Any, entity_id: str, *, work_id: int | None = None, reason: str = "cancelled"
+) -> int:
+    """:meth:`WorkQueue.cancel` inside the caller's transaction on ``conn``: the entity's
+    open work, or only ``work_id``; ``reason`` is how the cut-off cast is recorded."""
+    where = "entity_id = %(entity)s AND (%(work)s::bigint IS NULL OR id = %(work)s)"
+    params = {"entity": entity_id, "work": work_id, "reason": reason}
     queued = conn.execute(
         "UPDATE cantrip_work SET state = 'cancelled', finished_at = clock_timestamp(), "
-        'result = \'{"reason": "cancelled"}\' '
-        "WHERE entity_id = %s AND state = 'queued' AND attempts = 0",
-        (entity_id,),
+        "result = json_build_object('reason', %(reason)s::text)::text "
+        f"WHERE {where} AND state = 'queued' AND attempts = 0",
+        params,
     ).rowcount
     running = conn.execute(
-        "UPDATE cantrip_work SET cancel_requested = true "
-        "WHERE entity_id = %s AND state IN ('queued', 'running')",
-        (entity_id,),
+        "UPDATE cantrip_work SET cancel_requested = true, cancel_reason = %(reason)s "
+        f"WHERE {where} AND state IN ('queued', 'running')",
+        params,
     ).rowcount
-    conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, entity_id))
+    conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, cancel_payload(entity_id, reason)))
     return int(queued) + int(running)
+
+
+def cancel_payload(entity_id: str, reason: str) -> str:
+    """A ``cantrip_cancel`` notification: the entity id, then the reason if it is not
+    plain ``cancelled`` (entity ids hold no space)."""
+    return entity_id if reason == "cancelled" else f"{entity_id} {reason}"
+
+
+def parse_cancel(payload: str) -> tuple[str, str]:
+    """(entity id, reason) of a ``cantrip_cancel`` notification."""
+    entity_id, _, reason = payload.partition(" ")
+    return entity_id, reason or "cancelled"
+
+
+def steer_on(conn: Any, entity_id: str, text: str) -> int | None:
+    """Add a message for the entity's running prompt (its oldest open work item) inside
+    the caller's transaction; that work's id, or None if no work is open.
+
+    The work row is locked (``FOR UPDATE``) while the message is added, so a message and
+    the work's end are ordered: the worker's ``finish`` waits for this transaction, or
+    this finds the work ended (and adds nothing). A waiter that reads the work's result
+    after it ended therefore sees every message ever accepted for it -- and messages of
+    one work item commit in id order."""
+    while True:
+        row = conn.execute(
+            f"SELECT id FROM cantrip_work WHERE entity_id = %s AND {_OPEN} "
+            "ORDER BY id LIMIT 1 FOR UPDATE",
+            (entity_id,),
+        ).fetchone()
+        if row is not None:
+            break
+        # the row found ended while we waited for its lock: is another open (queued)?
+        more = conn.execute(
+            f"SELECT 1 FROM cantrip_work WHERE entity_id = %s AND {_OPEN} LIMIT 1", (entity_id,)
+        ).fetchone()
+        if more is None:
+            return None
+    conn.execute(
+        "INSERT INTO cantrip_messages (entity_id, work_id, text) VALUES (%s, %s, %s)",
+        (entity_id, row[0], text),
+    )
+    conn.execute("SELECT pg_notify(%s, %s)", (STEER_CHANNEL, entity_id))
+    return int(row[0])
+
+
+def messages_on(conn: Any, work_id: int, after: int = 0) -> list[tuple[int, str]]:
+    """(id, text) of the messages sent to ``work_id`` with an id above ``after``, in order."""
+    rows = conn.execute(
+        "SELECT id, text FROM cantrip_messages WHERE work_id = %s AND id > %s ORDER BY id",
+        (work_id, after),
+    ).fetchall()
+    return [(int(i), str(t)) for i, t in rows]
 
 
 @attrs.frozen
@@ -434,6 +509,11 @@ class WorkQueue:
         if answered.get("pause_id") != pause_id or carried.get("decision") != decision:
             return None
         return int(answered["work_id"])
+
+    def messages(self, work_id: int, after: int = 0) -> list[tuple[int, str]]:
+        """:func:`messages_on`: what was sent to ``work_id``'s cast after message ``after``."""
+        with self.store.pool.connection() as conn:
+            return messages_on(conn, work_id, after)
 
     def cancel_requested(self, work_id: int) -> bool:
         with self.store.pool.connection() as conn:

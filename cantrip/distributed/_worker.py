@@ -13,6 +13,13 @@ under its lease: cancelling the entity (``WorkQueue.cancel``, delivered by
 ``NOTIFY cantrip_cancel`` with a heartbeat poll as the fallback) cancels its
 whole tree, and every cut-off turn is recorded.
 
+Messages sent to a running prompt (``serve --db``'s ``/messages``: rows of
+``cantrip_messages``, announced by ``NOTIFY cantrip_steer``) are handed to the cast in
+order (``Entity.steer``); a cast taken over from a dead worker skips those its turns
+already recorded, so each joins exactly one turn or comes back ``undelivered``. A
+prompt queued by ``rollback`` carries a rewind point: the entity is rewound there
+(``Entity.rewind``) before its cast begins.
+
 :class:`Dispatcher` is the enqueueing side (``cantrip cast --db``, the Python API).
 """
 
@@ -46,13 +53,17 @@ from cantrip.distributed._queue import (
     ANSWER_KEY,
     CANCEL_CHANNEL,
     ENDED,
+    INTERRUPTED,
     MAX_ATTEMPTS,
     PAUSED,
+    REWIND_KEY,
+    STEER_CHANNEL,
     WORK_CHANNEL,
     Claim,
     LivePauses,
     WorkQueue,
     heartbeat_on,
+    parse_cancel,
 )
 from cantrip.loom._fence import LeaseLostError
 from cantrip.loom._loom import Loom
@@ -130,7 +141,7 @@ def _lease_lost(exc: BaseException) -> bool:
 
 def _state_of(result: CastResult) -> str:
     """The work item's end state for a cast's result (``paused``: waits for an answer)."""
-    if result.reason == "cancelled":
+    if result.reason in ("cancelled", INTERRUPTED):
         return "cancelled"
     return PAUSED if result.pending else "done"
 
@@ -152,11 +163,19 @@ class _Owned:
     """Why the lease is gone (said once, by whoever found out first)."""
     poke: trio.Event = attrs.Factory(trio.Event)
     """Set when NOTIFY says something about this entity (an answer to a live pause)."""
+    cancel_reason: str = "cancelled"
+    mail: trio.Event = attrs.Factory(trio.Event)
+    """Set when NOTIFY says a message for this entity's cast arrived."""
+    casting: trio.Event = attrs.Factory(trio.Event)
+    """Set as the cast is about to begin (``delivered`` is known then)."""
+    delivered: int = 0
+    """Messages to this work that the loom already shows joined a turn (an earlier
+    attempt's): the first ``delivered`` are not handed to the cast again."""
 
-    def cancel(self) -> None:
-        self.cancelled = True
+    def cancel(self, reason: str = "cancelled") -> None:
+        self.cancelled, self.cancel_reason = True, reason
         if self.entity is not None:
-            self.entity.cancel()
+            self.entity.cancel(reason)
 
 
 class Worker:
@@ -275,11 +294,15 @@ class Worker:
         )
         try:
             await trio.to_thread.run_sync(
-                lambda: conn.execute(f"LISTEN {WORK_CHANNEL}; LISTEN {CANCEL_CHANNEL}"),
+                lambda: conn.execute(
+                    f"LISTEN {WORK_CHANNEL}; LISTEN {CANCEL_CHANNEL}; LISTEN {STEER_CHANNEL}"
+                ),
                 limiter=limiter,
             )
             if outage.down:
                 self._wake.set()  # look for work notified while the connection was lost
+                for owned in self._owned.values():
+                    owned.mail.set()  # and for messages
             outage.ok()
             task_status.started()
             while True:
@@ -294,8 +317,12 @@ class Worker:
                         self._wake.set()
                         if payload in self._owned:
                             self._owned[payload].poke.set()
-                    elif channel == CANCEL_CHANNEL and payload in self._owned:
-                        self._owned[payload].cancel()
+                    elif channel == CANCEL_CHANNEL:
+                        entity_id, reason = parse_cancel(payload)
+                        if entity_id in self._owned:
+                            self._owned[entity_id].cancel(reason)
+                    elif channel == STEER_CHANNEL and payload in self._owned:
+                        self._owned[payload].mail.set()
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(conn.close)
@@ -354,7 +381,7 @@ class Worker:
                         o.run.deadline = max(o.run.deadline, until)
                         self.loom.renew(o.claim.fence.lease_entity, until)
                         if cancel and not o.cancelled:
-                            o.cancel()  # the poll fallback of NOTIFY cantrip_cancel
+                            o.cancel(cancel)  # the poll fallback of NOTIFY cantrip_cancel
                     elif not o.releasing:  # given up on purpose by finish is not lost
                         self._lose(o, lease_lost_message(o.claim.fence))
         finally:
@@ -382,6 +409,7 @@ class Worker:
                 async with trio.open_nursery() as nursery:
                     if self._asks_humans(claim):
                         nursery.start_soon(self._live_pauses, owned)
+                    nursery.start_soon(self._deliver, owned)
                     try:
                         with owned.run:
                             ended = await self._execute(owned)
@@ -441,9 +469,41 @@ class Worker:
 
     def _asks_humans(self, claim: Claim) -> bool:
         """Whether the claimed spell's circle can pause (only then are live pauses watched)."""
-        built = {k: v for k, v in claim.spell.items() if k not in (ANSWER_KEY, CLIENT_TOOLS_KEY)}
-        spell = self._spells.get(json.dumps(built, sort_keys=True))
+        spell = self._spells.get(_spell_key(claim.spell))
         return CLIENT_TOOLS_KEY in claim.spell or spell is None or spell.circle.needs_humans
+
+    async def _deliver(self, owned: _Owned) -> None:
+        """Hand the messages sent to this work's cast to it, in the order they were sent,
+        from the moment it begins until it ends (this task is cancelled then). Woken by
+        NOTIFY cantrip_steer, and looking every ``poll_s`` in case one was missed. One the
+        cast no longer takes (it ended) is left: the prompt's result reports it
+        ``undelivered``, read from the loom."""
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        await owned.casting.wait()
+        entity = owned.entity
+        assert entity is not None
+        skip, after, waiting = owned.delivered, 0, []
+        while True:
+            owned.mail = trio.Event()  # a NOTIFY from now on wakes us
+            try:
+                fresh = await trio.to_thread.run_sync(
+                    self.queue.messages, owned.claim.work_id, after, limiter=limiter
+                )
+            except Exception as exc:
+                if not is_connection_error(exc):
+                    raise
+                fresh = []  # looked for again at the next tick
+            for message_id, text in fresh:
+                after = message_id
+                if skip:
+                    skip -= 1  # an earlier attempt's turn recorded it
+                else:
+                    waiting.append(text)
+            while waiting and entity.steer(waiting[0]):
+                waiting.pop(0)
+            # a message the cast did not take yet: it is starting (or over: then we stop)
+            with trio.move_on_after(LIVE_TICK_S if waiting else self.poll_s):
+                await owned.mail.wait()
 
     async def _live_pauses(self, owned: _Owned) -> None:
         """Pauses the entity tree waits on in place -- a child's (children cannot leave
@@ -514,13 +574,13 @@ class Worker:
 
     async def _attempt(self, owned: _Owned) -> tuple[str, dict[str, Any]]:
         claim = owned.claim
-        built = dict(claim.spell)
-        answer = built.pop(ANSWER_KEY, None)  # work that carries out a human's answer
-        offered = client_gates(built.pop(CLIENT_TOOLS_KEY, None) or ())  # a front end's tools
-        key = json.dumps(built, sort_keys=True)
+        answer = claim.spell.get(ANSWER_KEY)  # work that carries out a human's answer
+        rewind = claim.spell.get(REWIND_KEY)  # a rollback: continue from this turn
+        offered = client_gates(claim.spell.get(CLIENT_TOOLS_KEY) or ())  # a front end's tools
+        key = _spell_key(claim.spell)
         spell = self._spells.get(key)
         if spell is None:
-            spell = self._spells[key] = build_spell(built, self.loom)
+            spell = self._spells[key] = build_spell(json.loads(key), self.loom)
         record, last = await trio.to_thread.run_sync(
             self.loom.refresh,
             claim.entity_id,
@@ -534,9 +594,11 @@ class Worker:
                 entity = owned.entity = _offering(
                     spell.resume(claim.entity_id, pause="leave"), offered
                 )
-                ended = self._ended(claim, self._recorded(claim, last))
+                recorded = self._recorded(claim, last)
+                ended = self._ended(claim, recorded)
                 if ended is not None:
                     return ended
+                self._casting(owned, recorded)
                 result = await self._cast(owned, self._answered(entity, claim, answer, last))
                 return _state_of(result), outcome_of(result)
             if record is None:
@@ -544,16 +606,20 @@ class Worker:
                     spell.summon(entity_id=claim.entity_id, pause="leave"), offered
                 )
                 if owned.cancelled:
-                    entity.cancel()
+                    entity.cancel(owned.cancel_reason)
+                self._casting(owned, [])
                 result = await self._cast(owned, entity.send(claim.intent))
             else:
                 entity = owned.entity = _offering(
                     spell.resume(claim.entity_id, pause="leave"), offered
                 )
-                recorded = self._recorded(claim, last)
+                recorded = self._recorded(claim, last, rewind)
                 ended = self._ended(claim, recorded)
                 if ended is not None:
                     return ended
+                if rewind is not None and not recorded:  # (again, if a worker died since)
+                    await entity.rewind(rewind.get("to"))
+                self._casting(owned, recorded)
                 if recorded or claim.attempt > 1:
                     # an earlier attempt may have journaled the turn it was taking
                     result = await self._cast(owned, entity.resume_cast(claim.intent, recorded))
@@ -562,6 +628,13 @@ class Worker:
         except (LLMError, PauseError) as exc:
             return "failed", failure_outcome(claim.entity_id, exc)
         return _state_of(result), outcome_of(result)
+
+    @staticmethod
+    def _casting(owned: _Owned, recorded: list[Turn]) -> None:
+        """The cast is about to begin: messages may be handed to it from now on, but not
+        those its recorded turns (an earlier attempt's) already took."""
+        owned.delivered = sum(len(t.extras.get("steering") or ()) for t in recorded)
+        owned.casting.set()
 
     def _ended(self, claim: Claim, recorded: list[Turn]) -> tuple[str, dict[str, Any]] | None:
         """How the work ended if an earlier attempt's worker died after the loom said so:
@@ -597,7 +670,7 @@ class Worker:
             if owned.cancelled:
                 # cancelled before it started: the cast records that and ends at once
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_cancel_soon, entity)
+                    nursery.start_soon(_cancel_soon, entity, owned.cancel_reason)
                     result: CastResult = await running
                 return result
             result = await running
@@ -606,15 +679,20 @@ class Worker:
             with trio.CancelScope(shield=True):
                 await entity.aclose()
 
-    def _recorded(self, claim: Claim, last: Turn | None) -> list[Turn]:
-        """The turns of this work's cast already in the loom (an earlier attempt's)."""
+    def _recorded(
+        self, claim: Claim, last: Turn | None, rewind: Mapping[str, Any] | None = None
+    ) -> list[Turn]:
+        """The turns of this work's cast already in the loom (an earlier attempt's). A
+        rollback's cast continues from its rewind point, not from the base turn (the end
+        of the cast it cut off, on the branch it left)."""
         if last is None or last.id == claim.base_turn:
             return []
         turns = [t for t in self.loom.lineage(last.id) if t.entity_id == claim.entity_id]
-        if claim.base_turn is not None:
+        start = claim.base_turn if rewind is None else rewind.get("to")
+        if start is not None:
             ids = [t.id for t in turns]
-            if claim.base_turn in ids:
-                turns = turns[ids.index(claim.base_turn) + 1 :]
+            if start in ids:
+                turns = turns[ids.index(start) + 1 :]
         return turns
 
 
@@ -636,9 +714,17 @@ async def _take_free(free: trio.Semaphore) -> int:
     return taken
 
 
-async def _cancel_soon(entity: Entity) -> None:
-    while not entity.cancel():
+async def _cancel_soon(entity: Entity, reason: str) -> None:
+    while not entity.cancel(reason):
         await trio.sleep(0)
+
+
+def _spell_key(spell: Mapping[str, Any]) -> str:
+    """The spell a work item's cantrip is built from, as the worker's cache key: without
+    what only this item carries (a human's answer, a rollback's rewind point, a front
+    end's tools)."""
+    built = {k: v for k, v in spell.items() if k not in (ANSWER_KEY, REWIND_KEY, CLIENT_TOOLS_KEY)}
+    return json.dumps(built, sort_keys=True)
 
 
 class Dispatcher:

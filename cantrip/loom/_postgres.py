@@ -45,9 +45,15 @@ from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._sqlite_index import JournalEntry
 from cantrip.loom._stores import Record
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2: the append-only trigger lets prune delete whole trees (``cantrip.prune``).
-3: big values stored once (``cantrip_blobs``, ``cantrip_blob_refs``; see ``_blobs``)."""
+3: big values stored once (``cantrip_blobs``, ``cantrip_blob_refs``; see ``_blobs``).
+4: steering and double-texting under workers: ``cantrip_messages`` (a message sent to a
+running prompt, for its worker to hand to the cast), and on ``cantrip_work`` the loom
+position a cast began after (``base_pos``, set at its first claim: a prompt queued behind
+another begins after it) and why a cancel was asked for (``cancel_reason``: ``interrupted``
+for a prompt a newer one displaced). Each statement is idempotent, so a database at any
+earlier version is brought up to date by running the schema again."""
 POOL_TIMEOUT_S = 5.0
 """How long a call waits for a pool connection before it fails (psycopg_pool's default is
 30 s): callers are bounded by :attr:`PostgresStore.limiter` to the pool's size, so a
@@ -115,6 +121,16 @@ CREATE TABLE IF NOT EXISTS cantrip_work (
     claimed_at TIMESTAMPTZ,
     finished_at TIMESTAMPTZ
 );
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS base_pos BIGINT;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS cancel_reason TEXT;
+CREATE TABLE IF NOT EXISTS cantrip_messages (
+    id BIGSERIAL PRIMARY KEY,
+    entity_id TEXT NOT NULL,
+    work_id BIGINT NOT NULL,
+    text TEXT NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS cantrip_messages_by_work ON cantrip_messages (work_id, id);
 CREATE INDEX IF NOT EXISTS cantrip_work_open ON cantrip_work (id)
     WHERE state IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS cantrip_work_by_entity ON cantrip_work (entity_id, id);

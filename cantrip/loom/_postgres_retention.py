@@ -27,6 +27,7 @@ _TABLES = (
     "cantrip_live_pauses",
     "cantrip_sessions",
     "cantrip_prompts",
+    "cantrip_messages",
     "cantrip_blob_refs",
     "cantrip_blobs",
 )
@@ -98,6 +99,7 @@ class PostgresRetention:
                 "cantrip_leases",
                 "cantrip_live_pauses",
                 "cantrip_prompts",
+                "cantrip_messages",
                 "cantrip_sessions",
                 "cantrip_blob_refs",
             ):

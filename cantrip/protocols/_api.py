@@ -355,10 +355,9 @@ _SESSION_ID = {
 }
 
 
-def openapi_document(title: str = "cantrip serve", *, steering: bool = True) -> dict[str, Any]:
-    """The OpenAPI 3.1 description of ``cantrip serve`` (served at ``/openapi.json``).
-    ``steering=False`` (``serve --db``): no ``/messages`` route, and ``on_busy`` takes
-    ``reject`` only -- the document promises what the server does."""
+def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
+    """The OpenAPI 3.1 description of ``cantrip serve`` (served at ``/openapi.json``):
+    one document for both servers (``serve --db`` answers every route the same way)."""
     models: list[type[BaseModel]] = [
         PromptRequest,
         CreateSession,
@@ -497,7 +496,7 @@ def openapi_document(title: str = "cantrip serve", *, steering: bool = True) -> 
                         "stay in the loom as a branch). Default: the server's --on-busy",
                         "schema": {
                             "type": "string",
-                            "enum": list(ON_BUSY) if steering else ["reject"],
+                            "enum": list(ON_BUSY),
                         },
                     },
                     _IDEMPOTENCY_KEY,
@@ -595,8 +594,6 @@ def openapi_document(title: str = "cantrip serve", *, steering: bool = True) -> 
             }
         },
     }
-    if not steering:
-        del paths["/sessions/{session_id}/messages"]
     return {
         "openapi": "3.1.0",
         "info": {

@@ -52,8 +52,8 @@ from cantrip.protocols._agui import (
 from cantrip.protocols._asgi import HttpError, Receive, Send
 from cantrip.protocols._db_notify import Notifier
 from cantrip.protocols._db_sessions import (
-    ENDED,
     DbSessions,
+    Progress,
     Queued,
     SessionRow,
     failure_message,
@@ -82,8 +82,13 @@ class Replica(Protocol):
     async def _db_waiting(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 
     async def _enqueue(
-        self, row: SessionRow, intent: str, key: str | None, spell: dict[str, Any] | None = None
-    ) -> tuple[int, int]: ...
+        self,
+        row: SessionRow,
+        intent: str,
+        key: str | None,
+        on_busy: str = "reject",
+        spell: dict[str, Any] | None = None,
+    ) -> int: ...
 
 
 async def serve_db_agui(replica: Replica, receive: Receive, send: Send) -> None:
@@ -163,8 +168,8 @@ class DbAguiRun:
             tools = tool_definitions(self.run)
             spell = {**replica.spell, CLIENT_TOOLS_KEY: tools} if tools else None
             intent = intent_of(self.run)
-            work_id, base_pos = await replica._enqueue(row, intent, run_key(self.run), spell)
-            return await self._follow_work(work_id, base_pos, receive)
+            work_id = await replica._enqueue(row, intent, run_key(self.run), spell=spell)
+            return await self._follow_work(work_id, receive)
         outcome: CastResult | None = None
         for entry in self.run.resume:
             pending = await replica._db(replica.sessions.pending, row.entity_id)
@@ -223,16 +228,14 @@ class DbAguiRun:
                 "answered_live",
                 f"interrupt {pause.pause_id} was handed to the run that waits on it",
             )
-        return await self._follow_work(queued.work_id, queued.base_pos, receive)
+        return await self._follow_work(queued.work_id, receive)
 
-    async def _follow_work(
-        self, work_id: int, base_pos: int, receive: Receive
-    ) -> CastResult | None:
+    async def _follow_work(self, work_id: int, receive: Receive) -> CastResult | None:
         """Tell the work's turns until it ends (cancelling it if the client hangs up);
         the cast as the loom recorded it."""
         replica, row = self.replica, self.row
         gone = False
-        ended: tuple[str, dict[str, Any] | None] | None = None
+        ended: Progress | None = None
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
@@ -249,7 +252,7 @@ class DbAguiRun:
 
             nursery.start_soon(watch)
             with replica.drain.stream():
-                ended = await self._tell(work_id, base_pos)
+                ended = await self._tell(work_id)
             nursery.cancel_scope.cancel()
         if gone:
             raise _Gone
@@ -257,36 +260,44 @@ class DbAguiRun:
             raise RunFailed(
                 "shutting_down", "this replica is shutting down; the cast goes on at its worker"
             )
-        state, recorded = ended
-        if state == "failed":
-            raise RunFailed("cast_failed", failure_message(recorded))
-        if state == DEAD:
-            raise RunFailed("cast_dead_lettered", failure_message(recorded))
-        cast: CastResult | None = await replica._db(
-            replica.sessions.outcome, row.entity_id, base_pos
+        if ended.state == "failed":
+            raise RunFailed("cast_failed", failure_message(ended.outcome))
+        if ended.state == DEAD:
+            raise RunFailed("cast_dead_lettered", failure_message(ended.outcome))
+        cast: CastResult | None
+        cast, _ = await replica._db(
+            replica.sessions.outcome, row.entity_id, work_id, ended.base_pos
         )
         return cast
 
-    async def _tell(self, work_id: int, seen: int) -> tuple[str, dict[str, Any] | None]:
-        """Tell the cast's turns as they land after loom position ``seen``, until its
-        work ends; how it ended. A turn with an intent after the first begins the next
-        cast: a replayed run tells its own cast only."""
+    async def _tell(self, work_id: int) -> Progress:
+        """Tell the cast's turns as they land in the loom (after the position its work's
+        first claim recorded), until its work ends; how it ended. A turn with an intent
+        after the first begins the next cast: a replayed run tells its own cast only."""
         replica, entity_id = self.replica, self.row.entity_id
         first = True
+        seen: int | None = None
         with replica.notifier.watching(entity_id) as next_event:
             while True:
                 woken = next_event()  # before the check: none is missed
-                status = await replica._db_waiting(replica.sessions.status, work_id)
-                landed = await replica._db_waiting(replica.sessions.turns_after, entity_id, seen)
+                status: Progress = await replica._db_waiting(replica.sessions.progress, work_id)
+                if seen is None:
+                    seen = status.base_pos
+                landed = []
+                if seen is not None:
+                    landed = await replica._db_waiting(
+                        replica.sessions.turns_after, entity_id, seen
+                    )
                 for pos, turn in landed:
                     if turn.intent is not None and not first:  # the next cast: ours ended
-                        return await replica._db_waiting(  # type: ignore[no-any-return]
-                            replica.sessions.status, work_id
+                        ended: Progress = await replica._db_waiting(
+                            replica.sessions.progress, work_id
                         )
+                        return ended
                     first, seen = False, pos
                     for event in recorded_events(turn):
                         await self.stream.event(event)
-                if status[0] in ENDED:
-                    return status  # type: ignore[no-any-return]
+                if status.ended:
+                    return status
                 with trio.move_on_after(replica.tail_s):
                     await woken.wait()

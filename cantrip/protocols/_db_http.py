@@ -28,6 +28,10 @@ worker that meets the pause records it in the loom and ends the work ``paused``
 ``pending`` calls; ``POST /sessions/{id}/pending/{pause_id}`` at any replica
 queues the answer as work a worker carries out, and waits for the continued
 cast's result (see SPEC "Pauses under workers").
+
+Steering and double-texting too (SPEC "Steering and double-texting"): a message for
+a running prompt is stored for the worker that runs it, and a second prompt's
+``on_busy`` policy is applied in the database (:meth:`._db_sessions.DbSessions.enqueue`).
 """
 
 from __future__ import annotations
@@ -62,8 +66,8 @@ from cantrip.protocols._asgi import (
 from cantrip.protocols._db_agui import serve_db_agui
 from cantrip.protocols._db_notify import Notifier
 from cantrip.protocols._db_sessions import (
-    ENDED,
     DbSessions,
+    Progress,
     Queued,
     SessionRow,
     failure_message,
@@ -196,8 +200,7 @@ class DbHttpApp(ServerShell):
         receive: Receive,
     ) -> dict[str, Any] | None:
         """The worker's result; None if the client hung up first (the work goes on)."""
-        _only_reject(on_busy)
-        work_id, base_pos = await self._enqueue(row, intent, key)  # busy etc. answer here
+        work_id = await self._enqueue(row, intent, key, on_busy)  # busy etc. answer here
         answer: dict[str, Any] = {}
         with self._waits.held():
             async with trio.open_nursery() as nursery:
@@ -208,7 +211,7 @@ class DbHttpApp(ServerShell):
 
                 nursery.start_soon(hang_up)
                 try:
-                    answer["result"] = await self._finished(row, work_id, base_pos)
+                    answer["result"] = await self._finished(row, work_id)
                 except HttpError as exc:  # raised out of here, not as an exception group
                     answer["error"] = exc
                 nursery.cancel_scope.cancel()
@@ -219,15 +222,16 @@ class DbHttpApp(ServerShell):
         return {**answer["result"], "prompt_id": prompt_id_for(work_id)}
 
     def _openapi(self) -> dict[str, Any]:
-        return openapi_document("cantrip serve --db", steering=False)
+        return openapi_document("cantrip serve --db")
 
     async def _steer(self, row: SessionRow, text: str) -> dict[str, Any]:
-        raise HttpError(
-            400,
-            "not_supported",
-            "serve --db does not take messages for a running prompt yet (the in-process "
-            "server does); cancel it and send a new prompt",
-        )
+        """Queue the message for the prompt's worker: 202 if a prompt of the session is
+        open (queued or running), decided in the database, 409 ``not_running`` if not."""
+        try:
+            answer: dict[str, Any] = await self._db(self.sessions.steer, row.entity_id, text)
+        except SessionError as exc:
+            raise self._session_error(exc) from None
+        return answer
 
     async def _pending_calls(self, row: SessionRow) -> list[dict[str, Any]]:
         pending: list[dict[str, Any]] = await self._db(self.sessions.pending, row.entity_id)
@@ -271,10 +275,15 @@ class DbHttpApp(ServerShell):
     # -- prompts -----------------------------------------------------------------
 
     async def _enqueue(
-        self, row: SessionRow, intent: str, key: str | None, spell: dict[str, Any] | None = None
-    ) -> tuple[int, int]:
-        """Queue a prompt (with ``spell`` in place of the served one: a front end's tools
-        added); its work id and the loom position its turns follow."""
+        self,
+        row: SessionRow,
+        intent: str,
+        key: str | None,
+        on_busy: str = "reject",
+        spell: dict[str, Any] | None = None,
+    ) -> int:
+        """Queue a prompt, following ``on_busy`` if one runs (with ``spell`` in place of
+        the served one: a front end's tools added); its work id."""
         if self.drain.closing:
             raise self._unavailable("shutting_down", "the server is shutting down")
         limit = self.options.max_running
@@ -284,27 +293,27 @@ class DbHttpApp(ServerShell):
             )
         try:
             queued = await self._db(
-                self.sessions.enqueue, row.entity_id, spell or self.spell, intent, key
+                self.sessions.enqueue, row.entity_id, spell or self.spell, intent, key, on_busy
             )
         except SessionError as exc:
             raise self._session_error(exc) from None
         log.debug("session %s: work %d (%s)", row.session_id, queued.work_id,
                   "joined" if queued.replayed else "queued")  # fmt: skip
-        return queued.work_id, queued.base_pos
+        return int(queued.work_id)
 
-    async def _finished(self, row: SessionRow, work_id: int, base_pos: int) -> dict[str, Any]:
+    async def _finished(self, row: SessionRow, work_id: int) -> dict[str, Any]:
         """Wait for the work to end; its result in the in-process server's shape."""
-        state = await self._wait(row.entity_id, work_id)
-        return await self._result(row, state, base_pos)
+        ended = await self._wait(row.entity_id, work_id)
+        return await self._result(row, work_id, ended)
 
-    async def _wait(self, entity_id: str, work_id: int) -> tuple[str, dict[str, Any] | None]:
+    async def _wait(self, entity_id: str, work_id: int) -> Progress:
         """Until the work ends: woken by NOTIFY, checking every ``poll_s`` regardless."""
         with self.drain.stream() as closing, self.notifier.watching(entity_id) as next_event:
             while not closing.cancel_called:
                 woken = next_event()  # before the check: none is missed
-                state, outcome = await self._db_waiting(self.sessions.status, work_id)
-                if state in ENDED:
-                    return state, outcome
+                progress: Progress = await self._db_waiting(self.sessions.progress, work_id)
+                if progress.ended:
+                    return progress
                 with trio.move_on_after(self.poll_s):
                     await woken.wait()
         raise self._unavailable(
@@ -313,16 +322,18 @@ class DbHttpApp(ServerShell):
             "request again (with the same Idempotency-Key) to get its result",
         )
 
-    async def _result(
-        self, row: SessionRow, ended: tuple[str, dict[str, Any] | None], base_pos: int
-    ) -> dict[str, Any]:
-        state, outcome = ended
-        if state == "failed":
-            raise HttpError(500, "cast_failed", failure_message(outcome))
-        if state == DEAD:  # no worker could finish it within the attempt limit
-            raise HttpError(500, "cast_dead_lettered", failure_message(outcome))
-        cast: CastResult | None = await self._db(self.sessions.outcome, row.entity_id, base_pos)
+    async def _result(self, row: SessionRow, work_id: int, ended: Progress) -> dict[str, Any]:
+        if ended.state == "failed":
+            raise HttpError(500, "cast_failed", failure_message(ended.outcome))
+        if ended.state == DEAD:  # no worker could finish it within the attempt limit
+            raise HttpError(500, "cast_dead_lettered", failure_message(ended.outcome))
+        cast: CastResult | None
+        cast, undelivered = await self._db(
+            self.sessions.outcome, row.entity_id, work_id, ended.base_pos
+        )
         data = result_dict(cast)
+        if undelivered and cast is None:  # sent while it was queued; it never began
+            data["undelivered"] = undelivered
         data["session_id"] = row.session_id
         if data.get("entity_id") is None:
             data["entity_id"] = row.entity_id
@@ -346,7 +357,7 @@ class DbHttpApp(ServerShell):
         if queued.replayed:  # handed to the running prompt, which answers with its result
             return None
         with self._waits.held():
-            return await self._finished(row, queued.work_id, queued.base_pos)
+            return await self._finished(row, queued.work_id)
 
     async def _prompt_stream(
         self,
@@ -359,14 +370,13 @@ class DbHttpApp(ServerShell):
         cancel_on_disconnect: bool,
         on_busy: str,
     ) -> None:
-        _only_reject(on_busy)
-        work_id, base_pos = await self._enqueue(row, intent, key)
+        work_id = await self._enqueue(row, intent, key, on_busy)
         prompt_id = prompt_id_for(work_id)
         with self._waits.held():
             await start_prompt_stream(send, prompt_id, row.session_id, key)
 
             gone = False
-            ended: tuple[str, dict[str, Any] | None] | None = None
+            ended: Progress | None = None
             async with trio.open_nursery() as nursery:
 
                 async def watch() -> None:
@@ -382,7 +392,7 @@ class DbHttpApp(ServerShell):
 
                 nursery.start_soon(watch)
                 with self.drain.stream():
-                    ended = await self._tail(row, work_id, base_pos, send)
+                    ended = await self._tail(row, work_id, send)
                 nursery.cancel_scope.cancel()
             if gone:
                 return  # the work goes on at its worker; nobody to tell
@@ -392,33 +402,38 @@ class DbHttpApp(ServerShell):
                         "shutting_down",
                         "this replica is shutting down; the cast goes on at its worker",
                     )
-                final = {**await self._result(row, ended, base_pos), "prompt_id": prompt_id}
+                final = {**await self._result(row, work_id, ended), "prompt_id": prompt_id}
             except HttpError as exc:
                 await sse_error(send, exc)
             else:
                 await sse(send, "result", final)
             await end_body(send)
 
-    async def _tail(
-        self, row: SessionRow, work_id: int, seen: int, send: Send
-    ) -> tuple[str, dict[str, Any] | None]:
+    async def _tail(self, row: SessionRow, work_id: int, send: Send) -> Progress:
         """Send each turn of the work as it lands in the loom, until the work ends; then
         ``pause`` for each call it ended waiting on (it ended ``paused``). A pause the
-        running tree waits on in place (a child's) is sent as its worker publishes it."""
+        running tree waits on in place (a child's) is sent as its worker publishes it.
+        The work's turns are the entity's after the position its first claim recorded
+        (a prompt queued behind another begins where that one ended)."""
         sent: set[str] = set()
+        seen: int | None = None
         with self.notifier.watching(row.entity_id) as next_event:
             while True:
                 woken = next_event()
-                status = await self._db_waiting(self.sessions.status, work_id)
-                turns = await self._db_waiting(self.sessions.turns_after, row.entity_id, seen)
+                status: Progress = await self._db_waiting(self.sessions.progress, work_id)
+                if seen is None:
+                    seen = status.base_pos
+                turns = []
+                if seen is not None:
+                    turns = await self._db_waiting(self.sessions.turns_after, row.entity_id, seen)
                 for pos, turn in turns:
                     seen = pos
                     for event in _turn_events(turn):
                         await sse(send, event["type"], event)
-                if status[0] in ENDED:
-                    if status[0] == PAUSED:
-                        await _send_pauses(send, (status[1] or {}).get("pending") or [], sent)
-                    return status  # type: ignore[no-any-return]
+                if status.ended:
+                    if status.state == PAUSED:
+                        await _send_pauses(send, (status.outcome or {}).get("pending") or [], sent)
+                    return status
                 if self.cantrip.circle.needs_humans:
                     live = await self._db(self.sessions.live_pending, row.entity_id)
                     await _send_pauses(send, live, sent)
@@ -543,15 +558,3 @@ async def serve_http_db(
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(store.close)
-
-
-def _only_reject(on_busy: str) -> None:
-    """serve --db refuses a second prompt while one runs (``reject``); the other
-    double-texting policies are the in-process server's for now."""
-    if on_busy != "reject":
-        raise HttpError(
-            400,
-            "not_supported",
-            f"serve --db supports on_busy=reject only (not {on_busy}); the in-process server "
-            "supports enqueue, interrupt and rollback",
-        )

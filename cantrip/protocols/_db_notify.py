@@ -21,7 +21,7 @@ import trio
 
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage
-from cantrip.distributed._queue import CANCEL_CHANNEL, WORK_CHANNEL
+from cantrip.distributed._queue import CANCEL_CHANNEL, WORK_CHANNEL, parse_cancel
 
 log = get_logger("cantrip.http")
 
@@ -109,7 +109,10 @@ class Notifier:
             outage.ok()
             while True:
                 notes = await trio.to_thread.run_sync(
-                    lambda: [n.payload for n in conn.notifies(timeout=0.25, stop_after=1)],
+                    lambda: [
+                        parse_cancel(n.payload)[0] if n.channel == CANCEL_CHANNEL else n.payload
+                        for n in conn.notifies(timeout=0.25, stop_after=1)
+                    ],
                     limiter=limiter,
                 )
                 self.heard += len(notes)

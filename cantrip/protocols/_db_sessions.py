@@ -12,8 +12,24 @@ tables of our own, created beside the queue's:
   the prompt enqueued with that key before ``until`` is cancelled at once;
 * ``cantrip_prompts`` -- one row per prompt a replica enqueued: its work id,
   its ``Idempotency-Key`` (unique per entity), its intent, and ``base_pos``,
-  the loom position of the entity's last turn before the prompt -- the cast's
-  turns are the entity's turns after it.
+  the loom position of the entity's last turn when it was enqueued (the cast's
+  turns are the entity's turns after the position its work item records at its
+  first claim, ``cantrip_work.base_pos``; this one is the fallback for work claimed
+  before that column existed).
+
+Messages sent to a running prompt (``/messages``) are rows of the loom's
+``cantrip_messages`` (:func:`~cantrip.distributed._queue.steer_on`): the worker running
+the prompt hands them to the cast in order, and the loom says how many joined a turn
+(``extras.steering``), so the rest -- arrived as the cast ended -- are the result's
+``undelivered``: nothing is lost, and nothing needs a "taken" flag that could disagree
+with the loom.
+
+A second prompt while one runs follows its ``on_busy`` policy (double-texting), decided
+in the same transaction as the queueing: ``reject`` (``busy``), ``enqueue`` (queued
+behind it: a worker claims an entity's work in order), ``interrupt`` (the running prompt
+is cancelled with reason ``interrupted``, then this one runs) and ``rollback`` (the same,
+and the work item carries the turn the cancelled prompt began from: its worker rewinds
+the entity there before the cast).
 
 Every change to one entity's prompts runs in one transaction under a
 transaction-scoped advisory lock on the entity, so two replicas cannot both
@@ -25,6 +41,7 @@ Every method is blocking (psycopg); the HTTP app calls them through
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
@@ -34,11 +51,15 @@ from cantrip._outcome import CastResult, recorded_cast
 from cantrip.distributed._queue import (
     ENDED,
     ENTITY_LOCK,
+    INTERRUPTED,
+    REWIND_KEY,
     WorkQueue,
     answer_on,
     cancel_on,
     enqueue_on,
     live_pending_on,
+    messages_on,
+    steer_on,
 )
 from cantrip.loom._codec import decode_record
 from cantrip.loom._model import Turn
@@ -48,7 +69,9 @@ from cantrip.protocols._sessions import (
     MAX_ARMED_KEYS,
     SessionError,
     entity_id_for,
+    not_running,
     session_id_for,
+    steered,
 )
 
 _SCHEMA_LOCK = 0x73657276  # "serv": schema creation, once per database
@@ -79,7 +102,15 @@ CREATE TABLE IF NOT EXISTS cantrip_prompts (
 """
 
 _OPEN = "state IN ('queued', 'running')"
-__all__ = ["ENDED", "DbSessions", "Queued", "SessionRow", "failure_message", "prompt_id_for"]
+__all__ = [
+    "ENDED",
+    "DbSessions",
+    "Progress",
+    "Queued",
+    "SessionRow",
+    "failure_message",
+    "prompt_id_for",
+]
 PROMPT_PREFIX = "work-"
 """A replica's prompt id is its work item's id (any replica can resolve it)."""
 LIST_LIMIT = 1000
@@ -106,11 +137,24 @@ class SessionRow:
 
 
 @attrs.frozen
+class Progress:
+    """Where a work item is: its state, its outcome once it ended, and the loom position
+    its cast began after (None until a worker first claimed it: no turn of it yet)."""
+
+    state: str
+    outcome: dict[str, Any] | None
+    base_pos: int | None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+
+@attrs.frozen
 class Queued:
     """A prompt on the queue (new, or the one its Idempotency-Key named)."""
 
     work_id: int
-    base_pos: int
     replayed: bool
     """True when the key named a prompt enqueued earlier (nothing new was queued)."""
 
@@ -205,14 +249,19 @@ class DbSessions:
     # -- prompts -----------------------------------------------------------------
 
     def enqueue(
-        self, entity_id: str, spell: dict[str, Any], intent: str, key: str | None
+        self,
+        entity_id: str,
+        spell: dict[str, Any],
+        intent: str,
+        key: str | None,
+        on_busy: str = "reject",
     ) -> Queued:
         """Queue a prompt for the entity's worker, in one transaction with its key.
 
         A key this entity has seen returns that prompt (``key_reused`` if its intent
-        differs); a session with open work is ``busy``; an armed cancel of the next
-        prompt, or one that named this prompt's key, makes it cancelled before it
-        starts."""
+        differs). A session with open work follows ``on_busy`` (see the module
+        docstring): ``busy`` for ``reject``. An armed cancel of the next prompt, or one
+        that named this prompt's key, makes it cancelled before it starts."""
         with self.store.pool.connection() as conn, conn.transaction():
             conn.execute(
                 "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_ENTITY_LOCK, entity_id)
@@ -230,14 +279,8 @@ class DbSessions:
                             f"Idempotency-Key {key!r} was used for a different prompt "
                             "on this session",
                         )
-                    return Queued(int(seen[0]), int(seen[2]), replayed=True)
-            busy = conn.execute(
-                f"SELECT 1 FROM cantrip_work WHERE entity_id = %s AND {_OPEN} LIMIT 1",
-                (entity_id,),
-            ).fetchone()
-            if busy is not None:
-                raise SessionError("busy", f"session {session_id_for(entity_id)} is already "
-                                   "running a prompt")  # fmt: skip
+                    return Queued(int(seen[0]), replayed=True)
+            spell = self._make_way(conn, entity_id, spell, on_busy)
             sticky = conn.execute(
                 "SELECT cancel_until > clock_timestamp() FROM cantrip_sessions "
                 "WHERE entity_id = %s AND cancel_until IS NOT NULL",
@@ -273,7 +316,47 @@ class DbSessions:
                 "base_pos) VALUES (%s, %s, %s, %s, %s)",
                 (work_id, entity_id, key, intent, base_pos),
             )
-        return Queued(work_id, base_pos, replayed=False)
+        return Queued(work_id, replayed=False)
+
+    def _make_way(
+        self, conn: Any, entity_id: str, spell: dict[str, Any], on_busy: str
+    ) -> dict[str, Any]:
+        """Double-texting, under the entity's lock: what a new prompt does about the one
+        running (its oldest open work item, locked here so no worker claims it meanwhile).
+        Returns the spell to queue the new prompt with (a ``rollback`` carries its
+        rewind point)."""
+        running = conn.execute(
+            "SELECT id, attempts, (result::json)->>'base_turn', result IS NOT NULL "
+            f"FROM cantrip_work WHERE entity_id = %s AND {_OPEN} ORDER BY id LIMIT 1 FOR UPDATE",
+            (entity_id,),
+        ).fetchone()
+        if running is None or on_busy == "enqueue":
+            return spell
+        if on_busy == "reject":
+            raise SessionError("busy", f"session {session_id_for(entity_id)} is already "
+                               "running a prompt")  # fmt: skip
+        if on_busy not in ("interrupt", "rollback"):
+            raise ValueError(f"unknown on_busy policy {on_busy!r}")
+        work_id, attempts, base_turn, claimed = running
+        cancel_on(conn, entity_id, work_id=int(work_id), reason=INTERRUPTED)
+        if on_busy == "rollback" and int(attempts) > 0 and claimed:
+            # it began from base_turn (None: the entity's beginning); never claimed, it
+            # never ran: it is cancelled before it starts, nothing to roll back
+            return {**spell, REWIND_KEY: {"to": base_turn}}
+        return spell
+
+    # -- steering ----------------------------------------------------------------
+
+    def steer(self, entity_id: str, text: str) -> dict[str, Any]:
+        """A message for the session's running prompt (its open work; ``not_running``
+        if none): the worker running it hands it to the cast, which takes it into its
+        next turn. One that arrives as the cast ends comes back in the prompt's result
+        (``undelivered``); see :func:`~cantrip.distributed._queue.steer_on`."""
+        text = text.strip()
+        with self.store.pool.connection() as conn, conn.transaction():
+            if steer_on(conn, entity_id, text) is None:
+                raise not_running(session_id_for(entity_id))
+        return steered()
 
     # -- pauses ------------------------------------------------------------------
 
@@ -295,20 +378,40 @@ class DbSessions:
         that prompt answers, nothing new was queued."""
         with self.store.pool.connection() as conn, conn.transaction():
             answered = answer_on(conn, entity_id, pause_id, decision)  # takes the lock
-            base = conn.execute(
-                "SELECT coalesce(max(pos), 0) FROM cantrip_turns WHERE entity_id = %s",
-                (entity_id,),
+        return Queued(answered.work_id, replayed=answered.live)
+
+    def progress(self, work_id: int) -> Progress:
+        """The work item's state, outcome (once ended) and base position, in one query."""
+        with self.store.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT w.state, w.result, w.attempts, coalesce(w.base_pos, p.base_pos) "
+                "FROM cantrip_work w LEFT JOIN cantrip_prompts p ON p.work_id = w.id "
+                "WHERE w.id = %s",
+                (work_id,),
             ).fetchone()
-        return Queued(answered.work_id, int(base[0]) if base else 0, replayed=answered.live)
+        if row is None:
+            raise LookupError(f"no work item {work_id}")
+        state, result, attempts, base = row
+        outcome = json.loads(result) if state in ENDED and result else None
+        return Progress(state, outcome, int(base) if attempts and base is not None else None)
 
-    def status(self, work_id: int) -> tuple[str, dict[str, Any] | None]:
-        return self.queue.status(work_id)
-
-    def outcome(self, entity_id: str, base_pos: int) -> CastResult | None:
-        """The cast that began after ``base_pos``, rebuilt from the loom (usage, cost,
-        summary and all); None if it recorded no turn (cancelled before it began)."""
-        turns = [t for _, t in self.turns_after(entity_id, base_pos)]
-        return recorded_cast(turns, 0, self.store) if turns else None
+    def outcome(
+        self, entity_id: str, work_id: int, base_pos: int | None
+    ) -> tuple[CastResult | None, list[str]]:
+        """The work's cast, rebuilt from the loom (usage, cost, summary and all) from its
+        turns after ``base_pos`` (to the next cast's first turn) -- None if it recorded no
+        turn (cancelled before it began) -- and the messages sent to it that joined no
+        turn (``undelivered``)."""
+        turns = [] if base_pos is None else [t for _, t in self.turns_after(entity_id, base_pos)]
+        with self.store.pool.connection() as conn:
+            sent = [text for _, text in messages_on(conn, work_id)]
+        cast = recorded_cast(turns, 0, self.store) if turns else None
+        # its own turns only: a prompt queued behind it may have begun already
+        joined = sum(len(t.extras.get("steering") or ()) for t in cast.turns) if cast else 0
+        undelivered = sent[joined:]  # a worker hands them to the cast in order
+        if cast is not None and undelivered:
+            cast = attrs.evolve(cast, undelivered=tuple(undelivered))
+        return cast, undelivered
 
     def turns_after(self, entity_id: str, pos: int) -> list[tuple[int, Turn]]:
         """The entity's turns recorded after loom position ``pos`` (tailing the loom)."""

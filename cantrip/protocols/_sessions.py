@@ -80,6 +80,18 @@ class SessionError(Exception):
         self.message = message
 
 
+def not_running(session_id: str) -> SessionError:
+    """A message sent to a session with no prompt running (both servers' 409)."""
+    return SessionError(
+        "not_running", f"session {session_id} is not running a prompt: send it as a prompt instead"
+    )
+
+
+def steered() -> dict[str, Any]:
+    """The answer to a message the running prompt took (both servers' 202)."""
+    return {"accepted": True, "joins": "next_turn"}
+
+
 def new_prompt_id() -> str:
     return "prompt-" + secrets.token_hex(8)
 
@@ -437,11 +449,8 @@ class SessionHub:
     def steer(self, session: Session, text: str) -> dict[str, Any]:
         """A message for the session's running prompt (``Entity.steer``)."""
         if session.running is None or not session.entity.steer(text):
-            raise SessionError(
-                "not_running",
-                f"session {session.id} is not running a prompt: send it as a prompt instead",
-            )
-        return {"accepted": True, "joins": "next_turn"}
+            raise not_running(session.id)
+        return steered()
 
     async def answer(
         self,

@@ -167,7 +167,9 @@ class ServerShell:
                         await json_response(send, 200, result, _prompt_id_header(result))
             elif action == "messages":
                 allow(method, "POST")
-                text = validated(SteerRequest, await read_body(receive)).text
+                text = validated(SteerRequest, await read_body(receive)).text.strip()
+                if not text:  # what the schema's pattern lets through and str.strip() drops
+                    raise HttpError(400, "bad_request", "a steering message needs some text")
                 await json_response(send, 202, await self._steer(session, text))
             elif action == "pending":
                 allow(method, "GET")
