@@ -107,7 +107,7 @@ async def test_the_agent_card_names_the_endpoint_the_skills_and_streaming() -> N
             {"url": f"{url}/a2a", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
         ]
         assert card["description"] == "Books flights."
-        assert card["capabilities"] == {"streaming": True, "pushNotifications": False}
+        assert card["capabilities"] == {"streaming": True, "pushNotifications": True}
         skills = {s["id"]: s for s in card["skills"]}
         assert set(skills) == {"echo", "bump", "slow", "ask_user"}
         assert skills["slow"]["description"] == "Take a long time."
