@@ -436,16 +436,18 @@ class A2AHandler:
 
     async def on_message_send(self, params: Any, context: Any) -> Any:
         length = self._history_length(params.configuration)
+        push = await self._checked_push(params.configuration)  # refused before anything runs
         task = await self._send(params.message)
-        await self._push_config(task, params.configuration)
+        self._keep_push(task, push)
         if not params.configuration.return_immediately:
             task = await self._settled(task)
         return task.to_proto(length)
 
     async def on_message_send_stream(self, params: Any, context: Any) -> AsyncGenerator[Any]:
+        push = await self._checked_push(params.configuration)
         task = await self._send(params.message)
         follow = self._follow(task)  # before any checkpoint: nothing is missed
-        await self._push_config(task, params.configuration)
+        self._keep_push(task, push)
         async for event in self._stream(task, follow):
             yield event
 
@@ -531,16 +533,21 @@ class A2AHandler:
             raise PushNotificationNotSupportedError
         return self.push
 
-    async def _push_config(self, task: TaskView, configuration: Any) -> None:
-        if configuration.HasField("task_push_notification_config"):
-            config = configuration.task_push_notification_config
+    async def _checked_push(self, configuration: Any) -> Any:
+        """The push config a message comes with, checked (None if it has none)."""
+        if not configuration.HasField("task_push_notification_config"):
+            return None
+        return await self._pushes().check(configuration.task_push_notification_config)
+
+    def _keep_push(self, task: TaskView, config: Any) -> None:
+        if config is not None:
             config.task_id = task.id
-            await self._pushes().create(config)
+            self._pushes().keep(config)
 
     async def on_create_task_push_notification_config(self, params: Any, context: Any) -> Any:
         pushes = self._pushes()
         await self._require(params.task_id)
-        return await pushes.create(params)
+        return pushes.keep(await pushes.check(params))
 
     async def on_get_task_push_notification_config(self, params: Any, context: Any) -> Any:
         pushes = self._pushes()

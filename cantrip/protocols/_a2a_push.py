@@ -172,8 +172,8 @@ class Pushes:
 
     # -- configs (what the A2A methods do) ------------------------------------------------
 
-    async def create(self, config: Any) -> Any:
-        """Check and keep a copy of ``config`` (its id made if it has none)."""
+    async def check(self, config: Any) -> Any:
+        """A copy of ``config`` if its URL may be called (else the protocol's error)."""
         from a2a.types import a2a_pb2 as pb
         from a2a.utils.errors import InvalidParamsError
 
@@ -187,15 +187,21 @@ class Pushes:
             raise InvalidParamsError(
                 message="push notification URL refused: its host took too long to resolve"
             ) from None
-        kept = pb.TaskPushNotificationConfig()
-        kept.CopyFrom(config)
-        kept.id = kept.id or uuid.uuid4().hex
-        configs = self._configs.setdefault(kept.task_id, {})
-        if kept.id not in configs and len(configs) >= MAX_CONFIGS:
+        checked = pb.TaskPushNotificationConfig()
+        checked.CopyFrom(config)
+        return checked
+
+    def keep(self, config: Any) -> Any:
+        """Keep a checked config for its task (its id made if it has none)."""
+        from a2a.utils.errors import InvalidParamsError
+
+        config.id = config.id or uuid.uuid4().hex
+        configs = self._configs.setdefault(config.task_id, {})
+        if config.id not in configs and len(configs) >= MAX_CONFIGS:
             raise InvalidParamsError(message=f"a task takes at most {MAX_CONFIGS} push configs")
-        configs[kept.id] = kept
-        log.info("task %s: push notifications to %s", kept.task_id, where(kept.url))
-        return kept
+        configs[config.id] = config
+        log.info("task %s: push notifications to %s", config.task_id, where(config.url))
+        return config
 
     def get(self, task_id: str, config_id: str) -> Any:
         from a2a.utils.errors import TaskNotFoundError
