@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -595,6 +596,22 @@ class A2AHandler:
 # -- the ASGI side ------------------------------------------------------------------------
 
 
+class _NoRequestBodies(logging.Filter):
+    """Drops the SDK dispatcher's ``Request body: ...`` debug record: it holds all a
+    client sent, push-notification tokens and credentials included, which never go to
+    a log (the rest of the SDK's records are redacted as cantrip's are)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Request body")
+
+
+def _quiet_sdk_logs() -> None:
+    sdk = logging.getLogger("a2a.server.routes.jsonrpc_dispatcher")
+    if not any(isinstance(f, _NoRequestBodies) for f in sdk.filters):
+        sdk.addFilter(_NoRequestBodies())
+    get_logger(sdk.name)  # and redacted
+
+
 class A2AFront:
     """The Agent Card and the JSON-RPC endpoint of one server, over ``handler`` (either
     source of tasks)."""
@@ -604,6 +621,7 @@ class A2AFront:
 
         self.spell = spell
         self.handler = handler
+        _quiet_sdk_logs()
         self.dispatcher = JsonRpcDispatcher(
             self.handler,  # type: ignore[arg-type]
             enable_v0_3_compat=True,
