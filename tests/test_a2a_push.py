@@ -165,8 +165,8 @@ async def test_webhook_urls_are_untrusted_by_default() -> None:
 
 
 def test_addresses_and_urls_the_guard_refuses() -> None:
-    for address in ("127.0.0.1", "10.1.2.3", "192.168.0.1", "100.64.0.1", "169.254.169.254",
-                    "::1", "fe80::1", "::ffff:127.0.0.1", "0.0.0.0", "224.0.0.1", "nonsense"):  # fmt: skip
+    refused = "127.0.0.1 10.1.2.3 192.168.0.1 100.64.0.1 169.254.169.254 ::1 fe80::1"
+    for address in [*refused.split(), "::ffff:127.0.0.1", "0.0.0.0", "224.0.0.1", "nonsense"]:
         assert _blocked(address), address
     for address in ("8.8.8.8", "2001:4860:4860::8888", "::ffff:8.8.8.8"):
         assert not _blocked(address), address
