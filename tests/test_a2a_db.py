@@ -131,21 +131,42 @@ async def test_a_stream_at_one_replica_and_a_subscription_at_the_other_see_the_t
         assert steps == ["step_complete"] * 3, "a working update per turn as it lands"
 
 
-async def test_cancel_at_the_other_replica_cancels_the_work_item(stack: Stack) -> None:
+async def test_cancel_at_one_replica_stops_the_worker_mid_cast_and_the_other_sees_it(
+    stack: Stack,
+) -> None:
+    """Started at A, followed at B; once a turn has landed (the worker runs the cast)
+    A cancels: the worker cuts the cast off and records it, B's stream ends canceled."""
     a, b = stack.replicas[:2]
-    async with client_for(a) as on_a, client_for(b) as on_b:
+    async with client_for(a) as on_a, client_for(b, streaming=True) as on_b:
         (started,) = await sent(on_a, immediately(message("long")))
         task = started.task
-        with trio.fail_after(30):
-            cancelled = await on_b.cancel_task(pb.CancelTaskRequest(id=task.id))
-        assert cancelled.status.state == pb.TASK_STATE_CANCELED, cancelled.status
-        got = await on_a.get_task(pb.GetTaskRequest(id=task.id))
+        followed: list[pb.StreamResponse] = []
+        with trio.fail_after(60):
+            async for event in on_b.subscribe(pb.SubscribeToTaskRequest(id=task.id)):
+                followed.append(event)
+                if event.WhichOneof("payload") == "status_update" and len(followed) == 2:
+                    cancelled = await on_a.cancel_task(pb.CancelTaskRequest(id=task.id))
+                    assert cancelled.status.state == pb.TASK_STATE_CANCELED, cancelled.status
+        assert followed[-1].status_update.status.state == pb.TASK_STATE_CANCELED
+        got = await on_b.get_task(pb.GetTaskRequest(id=task.id))
         assert got.status.state == pb.TASK_STATE_CANCELED
         with pytest.raises(TaskNotCancelableError, match="CANCELED"):
             await on_a.cancel_task(pb.CancelTaskRequest(id=task.id))
     entity = entity_id_for(task.context_id)
     states = stack.rows("SELECT state FROM cantrip_work WHERE entity_id = %s", entity)
     assert states == [("cancelled",)], "the work item was cancelled, not left to finish"
+    async with httpx.AsyncClient(base_url=b) as http:
+        thread = (await http.get(f"/sessions/{task.context_id}/thread")).json()["turns"]
+    assert thread[-1]["reason"] == "cancelled", "the worker recorded the cancellation"
+
+
+async def test_a_task_cancelled_as_soon_as_it_is_sent_ends_canceled(stack: Stack) -> None:
+    a, b = stack.replicas[:2]
+    async with client_for(a) as on_a, client_for(b) as on_b:
+        (started,) = await sent(on_a, immediately(message("never")))
+        with trio.fail_after(30):
+            cancelled = await on_b.cancel_task(pb.CancelTaskRequest(id=started.task.id))
+        assert cancelled.status.state == pb.TASK_STATE_CANCELED
 
 
 async def test_a_paused_cast_is_input_required_and_answered_at_another_replica_once(

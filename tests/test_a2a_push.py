@@ -6,7 +6,9 @@ with ``a2a_push_private`` (``--a2a-push-private``); by default such URLs are ref
 
 from __future__ import annotations
 
+import functools
 import logging
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,7 +18,7 @@ import trio
 from fake_providers import FakeProvider, Request, Sender, serve
 from test_a2a_server import call, client_for, immediately, message, sent, serving, spell
 
-from cantrip.protocols._a2a_push import RefusedURL, _blocked, parse_url
+from cantrip.protocols._a2a_push import Pushes, RefusedURL, _blocked, parse_url
 from cantrip.protocols._lifecycle import ServeOptions
 
 pytest.importorskip("a2a.client", reason="the a2a extra is part of dev")
@@ -174,3 +176,58 @@ def test_addresses_and_urls_the_guard_refuses() -> None:
     for url in ("gopher://x/", "http:///nohost", "http://x:99999/"):
         with pytest.raises(RefusedURL):
             parse_url(url)
+
+
+async def _delivered(pushes: Pushes, until: Any) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pushes.run)
+        with trio.fail_after(10):
+            while not until():
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+
+
+def _update(task_id: str) -> pb.TaskStatusUpdateEvent:
+    return pb.TaskStatusUpdateEvent(
+        task_id=task_id, context_id="c", status=pb.TaskStatus(state=pb.TASK_STATE_WORKING)
+    )
+
+
+async def test_the_address_is_checked_again_when_connecting() -> None:
+    """A config whose host resolved to a public address when it was given, and to
+    loopback now (DNS rebinding), reaches nothing: the check runs in the connection."""
+    async with webhook() as (hook, url):
+        pushes = Pushes(timeout_s=2)
+        rebound = config(url)
+        rebound.task_id = "t1"
+        pushes.keep(rebound)  # as if checked when the name resolved elsewhere
+        pushes.notify("t1", _update("t1"))
+        await _delivered(pushes, lambda: pushes.failed == 1)
+        assert hook.requests == [] and pushes.delivered == 0
+
+
+async def test_a_webhook_that_never_answers_costs_one_timeout_and_holds_up_no_other_lane() -> None:
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery, webhook() as (hook, url):
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1")
+        )
+        port = listeners[0].socket.getsockname()[1]
+        pushes = Pushes(allow_private=True, timeout_s=0.5, lanes=2)
+        slow, fast = config(f"http://127.0.0.1:{port}/never"), config(url)
+        # task ids in different lanes (crc32 % 2)
+        ids = [f"t{i}" for i in range(10)]
+        slow.task_id = next(i for i in ids if zlib.crc32(i.encode()) % 2 == 0)
+        fast.task_id = next(i for i in ids if zlib.crc32(i.encode()) % 2 == 1)
+        for c in (slow, fast):
+            pushes.keep(c)
+        started = trio.current_time()
+        pushes.notify(slow.task_id, _update(slow.task_id))
+        pushes.notify(slow.task_id, _update(slow.task_id))
+        pushes.notify(fast.task_id, _update(fast.task_id))
+        await _delivered(pushes, lambda: pushes.failed == 2 and pushes.delivered == 1)
+        assert trio.current_time() - started < 5, "each delivery bounded by timeout_s"
+        assert len(hook.requests) == 1
+        nursery.cancel_scope.cancel()

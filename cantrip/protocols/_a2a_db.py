@@ -21,8 +21,9 @@ dies loses nothing but its connections.
 * Streams (``SendStreamingMessage``, ``SubscribeToTask``) tail the loom as the
   replica's HTTP streams do: woken by the LISTEN connection, a ``working`` update
   per recorded turn (``step_complete``), then the final status (and artifact).
-* Push notifications are not served here (advertised so in the card): a delivery
-  would need an owner that outlives any one replica.
+* Push notifications are not served here (the card says so): a config's token and
+  credentials are secrets, never written to a table, and held in one replica's memory
+  the pushes would stop with that replica.
 
 Every blocking call runs through the replica's ``_db`` (a thread behind the store's
 limiter, database errors turned into the replica's answers, which this module turns
