@@ -245,8 +245,16 @@ class DbTasks(A2AHandler):
 
     async def _find(self, task_id: str) -> TaskView | None:
         with protocol_errors():
-            row = await self.replica._db(self.rows.get, task_id)
+            task: DbTask | None = await self.replica._db(self._read, task_id)
+        return task
+
+    def _read(self, task_id: str) -> DbTask | None:
+        """The task, read and mapped in the worker thread (its messages may be long)."""
+        row = self.rows.get(task_id)
         return task_of(row) if row is not None else None
+
+    def _read_newest(self, entity_id: str | None, before: int | None) -> list[DbTask]:
+        return [task_of(r) for r in self.rows.newest(entity_id, before, LIST_SCAN)]
 
     async def _send(self, message: Any) -> TaskView:
         import uuid
@@ -375,8 +383,8 @@ class DbTasks(A2AHandler):
     async def _candidates(self, context_id: str, before: int | None) -> list[TaskView]:
         entity = entity_id_for(context_id) if context_id else None
         with protocol_errors():
-            rows = await self.replica._db(self.rows.newest, entity, before, LIST_SCAN)
-        return [task_of(r) for r in rows]
+            tasks: list[TaskView] = await self.replica._db(self._read_newest, entity, before)
+        return tasks
 
 
 def a2a_front(replica: Replica) -> A2AFront:
