@@ -53,8 +53,6 @@ from cantrip._redact import get_logger, redact
 from cantrip.protocols._api import AnswerRequest
 from cantrip.protocols._asgi import Receive, Scope, Send
 
-log = get_logger("cantrip.a2a")
-
 AGENT_CARD_PATH = "/.well-known/agent-card.json"
 ENDPOINT = "/a2a"
 MAX_TASKS = 1000
@@ -131,9 +129,6 @@ def agent_card(spell: Cantrip, url: str, *, push: bool = False) -> Any:
 # -- tasks: the mapping both sources share ---------------------------------------------
 
 
-WORKING_STATES = frozenset({1, 2, 6})
-"""``submitted``, ``working``, ``input-required``: the states a task can be cancelled in
-(the values of ``a2a_pb2.TaskState``, checked against the SDK in the tests)."""
 LIST_SCAN = MAX_TASKS
 """``ListTasks`` looks at the newest this many tasks (of the ``contextId`` asked for)."""
 
@@ -160,11 +155,17 @@ class TaskView:
     @property
     def working(self) -> bool:
         """Whether the cast behind the task is under way (it will publish more)."""
-        return self.state in (1, 2)  # submitted, working
+        from a2a.types import a2a_pb2 as pb
+
+        return self.state in (pb.TASK_STATE_SUBMITTED, pb.TASK_STATE_WORKING)
 
     @property
     def terminal(self) -> bool:
-        return self.state not in WORKING_STATES
+        """Whether the task has ended (``input-required`` has not: it can be answered or
+        cancelled)."""
+        from a2a.types import a2a_pb2 as pb
+
+        return self.working is False and self.state != pb.TASK_STATE_INPUT_REQUIRED
 
     def to_proto(self, history_length: int | None = None, artifacts: bool = True) -> Any:
         from a2a.types import a2a_pb2 as pb
