@@ -63,7 +63,13 @@ from cantrip.protocols._a2a import (
 )
 from cantrip.protocols._asgi import HttpError
 from cantrip.protocols._db_notify import Notifier
-from cantrip.protocols._db_sessions import DbSessions, SessionRow, failure_message, prompt_id_for
+from cantrip.protocols._db_sessions import (
+    DbSessions,
+    Progress,
+    SessionRow,
+    failure_message,
+    prompt_id_for,
+)
 from cantrip.protocols._lifecycle import Drain
 from cantrip.protocols._sessions import SessionError, entity_id_for, event_dict, session_id_for
 
@@ -74,7 +80,6 @@ CREATE TABLE IF NOT EXISTS cantrip_a2a_tasks (
     seq BIGSERIAL UNIQUE,
     entity_id TEXT NOT NULL,
     work_id BIGINT NOT NULL,
-    base_pos BIGINT NOT NULL,
     history TEXT NOT NULL,
     canceled BOOLEAN NOT NULL DEFAULT false,
     updated_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
@@ -82,7 +87,7 @@ CREATE TABLE IF NOT EXISTS cantrip_a2a_tasks (
 CREATE INDEX IF NOT EXISTS cantrip_a2a_tasks_by_entity ON cantrip_a2a_tasks (entity_id, seq);
 """
 _SELECT = (
-    "SELECT t.task_id, t.seq, t.entity_id, t.work_id, t.base_pos, t.history, t.canceled, "
+    "SELECT t.task_id, t.seq, t.entity_id, t.work_id, t.history, t.canceled, "
     "extract(epoch FROM t.updated_at)::float8, w.state, w.result, "
     "extract(epoch FROM coalesce(w.finished_at, w.claimed_at, w.enqueued_at))::float8 "
     "FROM cantrip_a2a_tasks t JOIN cantrip_work w ON w.id = t.work_id"
@@ -100,8 +105,8 @@ class Replica(Protocol):
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any: ...
     async def _db_waiting(self, fn: Callable[..., Any], *args: Any) -> Any: ...
-    async def _enqueue(self, row: SessionRow, intent: str, key: str | None) -> tuple[int, int]: ...
-    async def _wait(self, entity_id: str, work_id: int) -> tuple[str, dict[str, Any] | None]: ...
+    async def _enqueue(self, row: SessionRow, intent: str, key: str | None) -> int: ...
+    async def _wait(self, entity_id: str, work_id: int) -> Progress: ...
 
 
 @attrs.define(eq=False)
@@ -110,7 +115,6 @@ class DbTask(TaskView):
 
     entity_id: str = ""
     work_id: int = 0
-    base_pos: int = 0
     final: list[Any] = attrs.field(factory=list)
     """The events its settling makes (artifact, final status) once its work ended."""
 
@@ -124,12 +128,12 @@ class TaskRows:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             conn.execute(_SCHEMA)
 
-    def add(self, task_id: str, entity_id: str, work_id: int, base_pos: int, message: str) -> None:
+    def add(self, task_id: str, entity_id: str, work_id: int, message: str) -> None:
         with self.store.pool.connection() as conn:
             conn.execute(
-                "INSERT INTO cantrip_a2a_tasks (task_id, entity_id, work_id, base_pos, history) "
-                "VALUES (%s, %s, %s, %s, %s)",
-                (task_id, entity_id, work_id, base_pos, json.dumps([message])),
+                "INSERT INTO cantrip_a2a_tasks (task_id, entity_id, work_id, history) "
+                "VALUES (%s, %s, %s, %s)",
+                (task_id, entity_id, work_id, json.dumps([message])),
             )
 
     def get(self, task_id: str) -> tuple[Any, ...] | None:
@@ -164,19 +168,10 @@ class TaskRows:
                 return False
             entity_id, history = row
             answered = answer_on(conn, entity_id, pause_id, decision)  # the entity's lock
-            base = conn.execute(
-                "SELECT coalesce(max(pos), 0) FROM cantrip_turns WHERE entity_id = %s",
-                (entity_id,),
-            ).fetchone()
             conn.execute(
-                "UPDATE cantrip_a2a_tasks SET work_id = %s, base_pos = %s, history = %s, "
+                "UPDATE cantrip_a2a_tasks SET work_id = %s, history = %s, "
                 "updated_at = clock_timestamp() WHERE task_id = %s",
-                (
-                    answered.work_id,
-                    int(base[0]) if base else 0,
-                    json.dumps([*json.loads(history), message]),
-                    task_id,
-                ),
+                (answered.work_id, json.dumps([*json.loads(history), message]), task_id),
             )
         return True
 
@@ -196,7 +191,7 @@ def task_of(row: tuple[Any, ...]) -> DbTask:
     from a2a.types import a2a_pb2 as pb
     from google.protobuf.json_format import Parse
 
-    task_id, seq, entity_id, work_id, base_pos, history, canceled, changed, state, result, at = row
+    task_id, seq, entity_id, work_id, history, canceled, changed, state, result, at = row
     task = DbTask(
         id=task_id,
         context_id=session_id_for(entity_id),
@@ -205,7 +200,6 @@ def task_of(row: tuple[Any, ...]) -> DbTask:
         history=[Parse(m, pb.Message(), ignore_unknown_fields=True) for m in json.loads(history)],
         entity_id=entity_id,
         work_id=int(work_id),
-        base_pos=int(base_pos),
     )
     working(task)
     outcome = json.loads(result) if result and state in ENDED else None
@@ -302,7 +296,7 @@ class DbTasks(A2AHandler):
                 session, _ = await replica._db(replica.sessions.create, None)
             text = prompt_of(message)
             try:
-                work_id, base_pos = await replica._enqueue(session, text, None)
+                work_id = await replica._enqueue(session, text, None)
             except HttpError as exc:
                 if exc.code == "busy":
                     raise InvalidParamsError(
@@ -314,7 +308,7 @@ class DbTasks(A2AHandler):
             message.context_id = session.session_id
             message.task_id = task_id
             await replica._db(
-                self.rows.add, task_id, session.entity_id, work_id, base_pos, MessageToJson(message)
+                self.rows.add, task_id, session.entity_id, work_id, MessageToJson(message)
             )
         found = await self._find(task_id)
         assert found is not None
@@ -338,22 +332,27 @@ class DbTasks(A2AHandler):
         if not task.working:
             return
         replica = self.replica
-        seen = task.base_pos
+        seen: int | None = None  # the loom position its cast began after (its first claim)
         with replica.notifier.watching(task.entity_id) as next_event:
             while not replica.drain.closing:
                 woken = next_event()
                 with protocol_errors():
-                    state, _ = await replica._db_waiting(replica.sessions.status, task.work_id)
-                    turns = await replica._db_waiting(
-                        replica.sessions.turns_after, task.entity_id, seen
+                    now: Progress = await replica._db_waiting(
+                        replica.sessions.progress, task.work_id
                     )
+                    seen = now.base_pos if seen is None else seen
+                    turns = []
+                    if seen is not None:
+                        turns = await replica._db_waiting(
+                            replica.sessions.turns_after, task.entity_id, seen
+                        )
                 for pos, turn in turns:
                     seen = pos
                     yield progress(task, event_dict(StepComplete(turn, entity_id=turn.entity_id)))
-                if state in ENDED:
-                    now = await self._find(task.id)
-                    assert isinstance(now, DbTask)
-                    for event in now.final:
+                if now.ended:
+                    ended = await self._find(task.id)
+                    assert isinstance(ended, DbTask)
+                    for event in ended.final:
                         yield event
                     return
                 with trio.move_on_after(replica.tail_s):
