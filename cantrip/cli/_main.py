@@ -273,6 +273,12 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         "says (?on_busy=): reject (409), enqueue, interrupt or rollback (default: reject)",
     )
     serve.add_argument(
+        "--a2a-push-private",
+        action="store_true",
+        help="let A2A push notifications go to loopback and private addresses (a webhook "
+        "URL comes from a client: by default only public addresses are called)",
+    )
+    serve.add_argument(
         "--retain-days",
         type=float,
         default=None,
@@ -678,6 +684,7 @@ def _serve(args: argparse.Namespace) -> int:
         backlog=args.backlog,
         max_running=args.max_running,
         on_busy=args.on_busy,
+        a2a_push_private=args.a2a_push_private,
     )
     if args.db:
         from cantrip.cli._worker import serve_on_db

@@ -6,12 +6,17 @@ and send it messages over JSON-RPC at the URL the card names (``/a2a`` here).
 The official ``a2a-sdk`` does the protocol: its :class:`JsonRpcDispatcher`
 parses and validates every request, answers bad ones with the protocol's own
 JSON-RPC errors, serialises the protobuf types and streams over SSE; it speaks
-A2A 1.0 (``SendMessage``, ``SendStreamingMessage``, ``GetTask``, ``CancelTask``)
-and, with its compatibility adapter, 0.3 (``message/send``, ``message/stream``,
-``tasks/get``, ``tasks/cancel``). What is cantrip's is :class:`SessionTasks`, the
-SDK's :class:`RequestHandler`: an A2A task is one prompt on a session, and the
-task's ``contextId`` is the session id, so later messages in the same context
-continue the same conversation (and the loom thread).
+A2A 1.0 (``SendMessage``, ``SendStreamingMessage``, ``GetTask``, ``CancelTask``,
+``ListTasks``, ``SubscribeToTask``, the push-notification configs) and, with its
+compatibility adapter, 0.3. What is cantrip's is :class:`A2AHandler`, the SDK's
+:class:`RequestHandler`: an A2A task is one prompt on a session, and the task's
+``contextId`` is the session id, so later messages in the same context continue
+the same conversation (and the loom thread).
+
+This module is the mapping both servers share (what a message, a result, an event,
+a pause means in A2A terms); where tasks live is a source's: in memory beside the
+in-process sessions (:mod:`._a2a_session`), or in PostgreSQL for ``serve --db``
+replicas (:mod:`._a2a_db`), where any replica answers for any task.
 
 A paused cast (an approval or an ``ask_user`` question) is a task in
 ``input-required``: its status message says what is asked, and the next
@@ -34,30 +39,19 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any
 
 import attrs
-import trio
 
 from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
-from cantrip._errors import CantripError
-from cantrip._events import Event
-from cantrip._outcome import CastResult, result_dict
 from cantrip._redact import get_logger, redact
 from cantrip.protocols._api import AnswerRequest
 from cantrip.protocols._asgi import Receive, Scope, Send
-from cantrip.protocols._limits import SessionLimits, make_room
-from cantrip.protocols._sessions import (
-    Session,
-    SessionError,
-    SessionHub,
-    event_dict,
-)
-
-log = get_logger("cantrip.a2a")
 
 AGENT_CARD_PATH = "/.well-known/agent-card.json"
 ENDPOINT = "/a2a"
@@ -84,12 +78,13 @@ def available() -> bool:
     return True
 
 
-def agent_card(spell: Cantrip, url: str) -> Any:
+def agent_card(spell: Cantrip, url: str, *, push: bool = False) -> Any:
     """The Agent Card of ``spell`` served at ``url`` (an ``a2a.types.AgentCard``).
 
     Name and description come from the cantrip (its id; the identity's system
     prompt, else what it does), one skill per gate (its name and description),
-    and the capability the endpoint has: streaming, no push notifications."""
+    and the capabilities the endpoint has: streaming, and push notifications when
+    the server delivers them (``push``)."""
     from a2a.types import a2a_pb2 as pb
     from a2a.utils.constants import PROTOCOL_VERSION_CURRENT, TransportProtocol
 
@@ -124,77 +119,99 @@ def agent_card(spell: Cantrip, url: str) -> Any:
                 protocol_version=PROTOCOL_VERSION_CURRENT,
             )
         ],
-        capabilities=pb.AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=pb.AgentCapabilities(streaming=True, push_notifications=push),
         default_input_modes=["text/plain", "application/json"],
         default_output_modes=["text/plain", "application/json"],
         skills=skills,
     )
 
 
-# -- tasks ------------------------------------------------------------------------
+# -- tasks: the mapping both sources share ---------------------------------------------
+
+
+LIST_SCAN = MAX_TASKS
+"""``ListTasks`` looks at the newest this many tasks (of the ``contextId`` asked for)."""
 
 
 @attrs.define(eq=False)
-class Task:
-    """One A2A task: a prompt (and the answers to its pauses) on one session."""
+class TaskView:
+    """One A2A task as a client sees it: a prompt (and the answers to its pauses) on one
+    session. The in-process source keeps these in memory and changes them as the cast
+    runs; ``serve --db`` builds one from its rows whenever it is asked (any replica)."""
 
     id: str
-    session: Session
+    context_id: str
     state: int
+    seq: int = 0
+    """Creation order (``ListTasks`` lists newest first; its page token is a ``seq``)."""
     history: list[Any] = attrs.field(factory=list)
     artifacts: list[Any] = attrs.field(factory=list)
     status_message: Any = None
     pause_id: str | None = None
     pause_kind: str | None = None
-    settled: trio.Event = attrs.field(factory=trio.Event)
-    """Set when the task stops working (a terminal state or ``input-required``)."""
-    watchers: list[trio.MemorySendChannel[Any]] = attrs.field(factory=list)
-    running: bool = False
+    updated: float = attrs.field(factory=time.time)
+    """When the status last changed (seconds since the epoch)."""
 
-    def to_proto(self, history_length: int | None = None) -> Any:
+    @property
+    def working(self) -> bool:
+        """Whether the cast behind the task is under way (it will publish more)."""
+        from a2a.types import a2a_pb2 as pb
+
+        return self.state in (pb.TASK_STATE_SUBMITTED, pb.TASK_STATE_WORKING)
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the task has ended (``input-required`` has not: it can be answered or
+        cancelled)."""
+        from a2a.types import a2a_pb2 as pb
+
+        return self.working is False and self.state != pb.TASK_STATE_INPUT_REQUIRED
+
+    def to_proto(self, history_length: int | None = None, artifacts: bool = True) -> Any:
         from a2a.types import a2a_pb2 as pb
 
         history = self.history if history_length is None else self.history[-history_length:]
         if history_length == 0:
             history = []
-        status = pb.TaskStatus(state=self.state)  # type: ignore[arg-type]
-        if self.status_message is not None:
-            status.message.CopyFrom(self.status_message)
         return pb.Task(
             id=self.id,
-            context_id=self.session.id,
-            status=status,
+            context_id=self.context_id,
+            status=self.status(),
             history=history,
-            artifacts=self.artifacts,
+            artifacts=self.artifacts if artifacts else [],
         )
+
+    def status(self) -> Any:
+        from a2a.types import a2a_pb2 as pb
+        from google.protobuf import timestamp_pb2
+
+        stamp = timestamp_pb2.Timestamp()
+        stamp.FromNanoseconds(int(self.updated * 1e9))
+        status = pb.TaskStatus(state=self.state, timestamp=stamp)  # type: ignore[arg-type]
+        if self.status_message is not None:
+            status.message.CopyFrom(self.status_message)
+        return status
 
     def status_event(self) -> Any:
         from a2a.types import a2a_pb2 as pb
 
         return pb.TaskStatusUpdateEvent(
-            task_id=self.id, context_id=self.session.id, status=self.to_proto().status
+            task_id=self.id, context_id=self.context_id, status=self.status()
         )
 
-    def publish(self, event: Any) -> None:
-        for channel in list(self.watchers):
-            try:
-                channel.send_nowait(event)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self.watchers.remove(channel)
-
-    def close_watchers(self) -> None:
-        for channel in self.watchers:
-            channel.close()
-        self.watchers.clear()
+    def set_state(self, state: int, message: Any = None) -> None:
+        self.state = state
+        self.status_message = message
+        self.updated = time.time()
 
 
-def _state_name(state: int) -> str:
+def state_name(state: int) -> str:
     from a2a.types import a2a_pb2 as pb
 
     return str(pb.TaskState.Name(state))
 
 
-def _text_of(message: Any) -> str:
+def text_of(message: Any) -> str:
     """A message's parts as one prompt: text as is, data as JSON."""
     from google.protobuf.json_format import MessageToDict
 
@@ -221,343 +238,391 @@ def _data_of(message: Any) -> dict[str, Any] | None:
     return None
 
 
-def _agent_message(task: Task, text: str | None, data: Any = None) -> Any:
+def agent_message(task: TaskView, text: str | None, data: Any = None, msg_id: str = "") -> Any:
+    """An agent message of ``task`` (text redacted; ``data`` comes redacted already)."""
     from a2a.types import a2a_pb2 as pb
     from google.protobuf import struct_pb2
+    from google.protobuf.json_format import ParseDict
 
     parts = []
     if text:
         parts.append(pb.Part(text=redact(text)))
     if data is not None:
         value = struct_pb2.Value()
-        from google.protobuf.json_format import ParseDict
-
         ParseDict(data, value)
         parts.append(pb.Part(data=value))
     return pb.Message(
-        message_id=uuid.uuid4().hex,
-        context_id=task.session.id,
+        message_id=msg_id or uuid.uuid4().hex,
+        context_id=task.context_id,
         task_id=task.id,
         role=pb.ROLE_AGENT,
         parts=parts,
     )
 
 
-class SessionTasks:
-    """The SDK's request handler over a :class:`SessionHub` (see the module docstring).
+def check_message(message: Any) -> None:
+    """A message the server can act on at all (errors are the SDK's: JSON-RPC errors)."""
+    from a2a.utils.errors import InvalidParamsError
 
-    Casts run in the hub's nursery (the server's lifetime), not in the request:
-    a task goes on when the client that sent it hangs up, so ``GetTask`` and
-    ``CancelTask`` from another connection see and reach it."""
+    if not message.parts:
+        raise InvalidParamsError(message="the message has no parts")
 
-    def __init__(
-        self, hub: SessionHub, limits: SessionLimits | None = None, max_tasks: int = MAX_TASKS
-    ) -> None:
-        self.hub = hub
-        self.limits = limits or SessionLimits()
-        self.tasks: dict[str, Task] = {}
-        self.max_tasks = max_tasks
 
-    # -- what the dispatcher calls ----------------------------------------------------
+def prompt_of(message: Any) -> str:
+    from a2a.utils.errors import InvalidParamsError
+
+    text = text_of(message)
+    if not text.strip():
+        raise InvalidParamsError(message="the message has no text or data to act on")
+    return text
+
+
+def check_follow_up(task: TaskView) -> str:
+    """The pause a follow-up message to ``task`` answers (or the protocol's error)."""
+    from a2a.types import a2a_pb2 as pb
+    from a2a.utils.errors import InvalidParamsError
+
+    if task.state != pb.TASK_STATE_INPUT_REQUIRED or task.pause_id is None:
+        raise InvalidParamsError(
+            message=f"task {task.id} is {state_name(task.state)}: "
+            "only a task that needs input takes a follow-up message; send a new "
+            "message with its contextId to go on in the conversation"
+        )
+    return task.pause_id
+
+
+def decision_for(task: TaskView, message: Any) -> Decision:
+    """The answer a follow-up message gives the pause ``task`` waits on."""
+    from a2a.utils.errors import InvalidParamsError
+
+    data = _data_of(message)
+    try:
+        if data is not None:
+            decision: Decision = AnswerRequest.model_validate(data).decision_value()
+            return decision
+        text = text_of(message).strip()
+        if task.pause_kind == "question":
+            return Decision("answer", text=text)
+        word = text.lower().rstrip(".!")
+        if word in _YES:
+            return Decision.approve()
+        if word in _NO:
+            return Decision.deny()
+    except (PauseError, ValueError) as exc:
+        raise InvalidParamsError(message=f"not an answer to the pause: {exc}") from None
+    raise InvalidParamsError(
+        message="the task waits for approval: answer 'approve' or 'deny' (or send a data "
+        'part such as {"decision": "approve"})'
+    )
+
+
+def working(task: TaskView) -> None:
+    """``task`` is (again) under way."""
+    from a2a.types import a2a_pb2 as pb
+
+    task.set_state(pb.TASK_STATE_WORKING)
+    task.pause_id = None
+
+
+def progress(task: TaskView, data: dict[str, Any]) -> Any:
+    """The ``working`` status update for one cast event (``data``: its redacted dict as
+    ``/events`` has it); None for text deltas (the final answer carries the text)."""
+    from a2a.types import a2a_pb2 as pb
+
+    if data["type"] in ("text_delta", "thinking_delta"):
+        return None
+    return pb.TaskStatusUpdateEvent(
+        task_id=task.id,
+        context_id=task.context_id,
+        status=pb.TaskStatus(state=pb.TASK_STATE_WORKING, message=agent_message(task, None, data)),
+    )
+
+
+def failed(task: TaskView, text: str) -> list[Any]:
+    from a2a.types import a2a_pb2 as pb
+
+    task.set_state(pb.TASK_STATE_FAILED, agent_message(task, text, msg_id=f"{task.id}-failed"))
+    return [task.status_event()]
+
+
+def cancelled_waiting(task: TaskView) -> list[Any]:
+    """A task cancelled while it waited for input (its pause stays in the loom)."""
+    from a2a.types import a2a_pb2 as pb
+
+    task.pause_id = None
+    message = agent_message(task, "cancelled while waiting for input", msg_id=f"{task.id}-c")
+    task.set_state(pb.TASK_STATE_CANCELED, message)
+    return [task.status_event()]
+
+
+def settle(task: TaskView, data: dict[str, Any] | None, stamp: str) -> list[Any]:
+    """The task's state from the cast's result (``data``: the redacted result dict, None
+    for a cast cancelled before it recorded a turn); the events that tell a stream.
+    ``stamp`` names this settling (ids of the messages it makes stay the same however
+    often a ``serve --db`` replica rebuilds it)."""
+    from a2a.types import a2a_pb2 as pb
+
+    events: list[Any] = []
+    data = data or {"stop_reason": "cancelled"}
+    reason = data.get("reason")
+    pending = data.get("pending") or []
+    ids = f"{task.id}-{stamp}"
+    if data.get("stop_reason") == "cancelled" or reason == "cancelled":
+        message = agent_message(task, data.get("summary") or "cancelled", data, f"{ids}-s")
+        task.set_state(pb.TASK_STATE_CANCELED, message)
+    elif reason == "paused" and pending:
+        pause = pending[0]
+        task.pause_id = pause["pause_id"]
+        task.pause_kind = pause.get("kind")
+        if task.pause_kind == "question":
+            ask = pause.get("question") or "the entity asks a question"
+        else:
+            ask = (
+                f"approve the call of {pause['gate']} with {json.dumps(pause['args'])}? "
+                "answer 'approve' or 'deny'"
+            )
+        task.set_state(pb.TASK_STATE_INPUT_REQUIRED, agent_message(task, ask, pause, f"{ids}-s"))
+    elif data.get("terminated"):
+        task.set_state(pb.TASK_STATE_COMPLETED)
+        result = data.get("result")
+        text = result if isinstance(result, str) else None
+        answer = agent_message(task, text, None if text is not None else result, f"{ids}-a")
+        artifact = pb.Artifact(artifact_id=f"{ids}-result", name="result", parts=answer.parts)
+        task.artifacts.append(artifact)
+        task.history.append(answer)
+        events.append(
+            pb.TaskArtifactUpdateEvent(
+                task_id=task.id, context_id=task.context_id, artifact=artifact, last_chunk=True
+            )
+        )
+    else:  # stopped by a ward or a limit without an answer
+        text = f"stopped without an answer ({reason}): {data.get('summary') or ''}"
+        task.set_state(pb.TASK_STATE_FAILED, agent_message(task, text, data, f"{ids}-s"))
+    return [*events, task.status_event()]
+
+
+class A2AHandler:
+    """The SDK's :class:`RequestHandler`, over a source of tasks (see the module docstring).
+
+    What a request means is decided here, once, for both servers; where a task lives is
+    the source's: the hooks ``_send`` (start a task or answer its pause), ``_find``,
+    ``_settled`` (wait until it stops working), ``_follow`` (its events from now until it
+    stops working), ``_cancel`` and ``_candidates`` (tasks to list, newest first).
+    ``push`` delivers task updates to the webhooks clients name (None: not served)."""
+
+    push: Any = None
+
+    # -- the source's hooks -------------------------------------------------------------
+
+    async def _send(self, message: Any) -> TaskView:
+        raise NotImplementedError
+
+    async def _find(self, task_id: str) -> TaskView | None:
+        raise NotImplementedError
+
+    async def _settled(self, task: TaskView) -> TaskView:
+        raise NotImplementedError
+
+    def _follow(self, task: TaskView) -> AsyncIterator[Any]:
+        """Subscribe now (a plain call, no checkpoint); the iterator yields the task's
+        events until it stops working (at once empty if it is not working now)."""
+        raise NotImplementedError
+
+    async def _cancel(self, task: TaskView) -> TaskView:
+        raise NotImplementedError
+
+    async def _candidates(self, context_id: str, before: int | None) -> list[TaskView]:
+        raise NotImplementedError
+
+    # -- what the dispatcher calls ------------------------------------------------------
 
     async def on_message_send(self, params: Any, context: Any) -> Any:
-        task = await self._start(params)
+        length = self._history_length(params.configuration)
+        push = await self._checked_push(params.configuration)  # refused before anything runs
+        task = await self._send(params.message)
+        self._keep_push(task, push)
         if not params.configuration.return_immediately:
-            await task.settled.wait()
-        return task.to_proto(self._history_length(params))
+            task = await self._settled(task)
+        return task.to_proto(length)
 
     async def on_message_send_stream(self, params: Any, context: Any) -> AsyncGenerator[Any]:
-        task = await self._start(params)
-        send, receive = trio.open_memory_channel[Any](float("inf"))
-        task.watchers.append(send)
+        push = await self._checked_push(params.configuration)
+        task = await self._send(params.message)
+        follow = self._follow(task)  # before any checkpoint: nothing is missed
+        self._keep_push(task, push)
+        async for event in self._stream(task, follow):
+            yield event
+
+    async def on_subscribe_to_task(self, params: Any, context: Any) -> AsyncGenerator[Any]:
+        """The task, then its events until it stops working (a terminal task is the SDK's
+        ``UnsupportedOperationError``, as its own handler answers)."""
+        from a2a.utils.errors import UnsupportedOperationError
+
+        task = await self._require(params.id)
+        if task.terminal:
+            raise UnsupportedOperationError(
+                message=f"task {task.id} is in a terminal state: {state_name(task.state)}"
+            )
+        async for event in self._stream(task, self._follow(task)):
+            yield event
+
+    @staticmethod
+    async def _stream(task: TaskView, follow: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """The task as it is now, then what ``follow`` (subscribed before the snapshot, so
+        nothing falls between) publishes until the task stops working."""
         yield task.to_proto()
-        if task.settled.is_set():  # settled before we subscribed (a replayed answer)
-            send.close()
-        async with receive:
-            async for event in receive:
-                yield event
+        async for event in follow:
+            yield event
 
     async def on_get_task(self, params: Any, context: Any) -> Any:
-        task = self.tasks.get(params.id)
+        task = await self._find(params.id)
         if task is None:
             return None
-        return task.to_proto(params.history_length if params.HasField("history_length") else None)
+        return task.to_proto(self._history_length(params))
 
     async def on_cancel_task(self, params: Any, context: Any) -> Any:
-        from a2a.types import a2a_pb2 as pb
         from a2a.utils.errors import TaskNotCancelableError
 
-        task = self.tasks.get(params.id)
+        task = await self._find(params.id)
         if task is None:
             return None
-        if task.state not in (
-            pb.TASK_STATE_SUBMITTED,
-            pb.TASK_STATE_WORKING,
-            pb.TASK_STATE_INPUT_REQUIRED,
-        ):
-            raise TaskNotCancelableError(message=f"task {task.id} is {_state_name(task.state)}")
-        if task.running:
-            self.hub.cancel(task.session)
-            with trio.move_on_after(CANCEL_WAIT_S):
-                while task.running:
-                    await task.settled.wait()
-        else:  # paused: the pause stays in the loom, the task no longer takes its answer
-            task.state = pb.TASK_STATE_CANCELED
-            task.pause_id = None
-            task.status_message = _agent_message(task, "cancelled while waiting for input")
-            task.publish(task.status_event())
-            task.close_watchers()
-        return task.to_proto()
+        if task.terminal:
+            raise TaskNotCancelableError(message=f"task {task.id} is {state_name(task.state)}")
+        return (await self._cancel(task)).to_proto()
 
     async def on_list_tasks(self, params: Any, context: Any) -> Any:
-        from a2a.utils.errors import UnsupportedOperationError
+        """Newest first; ``pageToken`` is opaque (the ``seq`` of the last task sent)."""
+        from a2a.types import a2a_pb2 as pb
+        from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE, MAX_LIST_TASKS_PAGE_SIZE
+        from a2a.utils.errors import InvalidParamsError
 
-        raise UnsupportedOperationError(message="tasks/list is not served")
+        length = self._history_length(params)
+        size = params.page_size if params.HasField("page_size") else DEFAULT_LIST_TASKS_PAGE_SIZE
+        if not 1 <= size <= MAX_LIST_TASKS_PAGE_SIZE:
+            raise InvalidParamsError(message=f"pageSize must be 1..{MAX_LIST_TASKS_PAGE_SIZE}")
+        before = None
+        if params.page_token:
+            token = params.page_token.removeprefix("t")
+            if not (token.isdigit() and len(token) < 19):
+                raise InvalidParamsError(message="pageToken is not one this server handed out")
+            before = int(token)
+        after = (
+            params.status_timestamp_after.ToNanoseconds() / 1e9
+            if params.HasField("status_timestamp_after")
+            else None
+        )
+        tasks = [
+            t
+            for t in await self._candidates(params.context_id, before)
+            if (not params.status or t.state == params.status)
+            and (after is None or t.updated >= after)
+        ]
+        page = tasks[:size]
+        more = len(tasks) > size
+        return pb.ListTasksResponse(
+            tasks=[t.to_proto(length, artifacts=params.include_artifacts) for t in page],
+            next_page_token=f"t{page[-1].seq}" if more else "",
+            page_size=size,
+            total_size=len(tasks) if before is None else 0,
+        )
 
-    async def _unsupported(self, *args: Any, **kwargs: Any) -> Any:
+    # -- push notifications (served when ``push`` is set) -----------------------------
+
+    def _pushes(self) -> Any:
         from a2a.utils.errors import PushNotificationNotSupportedError
 
-        raise PushNotificationNotSupportedError
+        if self.push is None:
+            raise PushNotificationNotSupportedError
+        return self.push
 
-    on_create_task_push_notification_config = _unsupported
-    on_get_task_push_notification_config = _unsupported
-    on_list_task_push_notification_configs = _unsupported
-    on_delete_task_push_notification_config = _unsupported
+    async def _checked_push(self, configuration: Any) -> Any:
+        """The push config a message comes with, checked (None if it has none)."""
+        if not configuration.HasField("task_push_notification_config"):
+            return None
+        return await self._pushes().check(configuration.task_push_notification_config)
 
-    def on_subscribe_to_task(self, params: Any, context: Any) -> AsyncGenerator[Any]:
-        """Refused when called (the dispatcher answers the error before streaming)."""
-        from a2a.utils.errors import UnsupportedOperationError
+    def _keep_push(self, task: TaskView, config: Any) -> None:
+        if config is not None:
+            config.task_id = task.id
+            self._pushes().keep(config)
 
-        raise UnsupportedOperationError(message="resubscribing is not served")
+    async def on_create_task_push_notification_config(self, params: Any, context: Any) -> Any:
+        pushes = self._pushes()
+        await self._require(params.task_id)
+        return pushes.keep(await pushes.check(params))
+
+    async def on_get_task_push_notification_config(self, params: Any, context: Any) -> Any:
+        pushes = self._pushes()
+        await self._require(params.task_id)
+        return pushes.get(params.task_id, params.id)
+
+    async def on_list_task_push_notification_configs(self, params: Any, context: Any) -> Any:
+        from a2a.types import a2a_pb2 as pb
+
+        pushes = self._pushes()
+        await self._require(params.task_id)
+        return pb.ListTaskPushNotificationConfigsResponse(configs=pushes.configs(params.task_id))
+
+    async def on_delete_task_push_notification_config(self, params: Any, context: Any) -> None:
+        pushes = self._pushes()
+        await self._require(params.task_id)
+        pushes.delete(params.task_id, params.id)
 
     async def on_get_extended_agent_card(self, params: Any, context: Any) -> Any:
         from a2a.utils.errors import ExtendedAgentCardNotConfiguredError
 
         raise ExtendedAgentCardNotConfiguredError
 
-    # -- starting and running a task ----------------------------------------------------
+    # -- helpers ----------------------------------------------------------------------
 
-    @staticmethod
-    def _history_length(params: Any) -> int | None:
-        config = params.configuration
-        return config.history_length if config.HasField("history_length") else None
+    async def _require(self, task_id: str) -> TaskView:
+        from a2a.utils.errors import TaskNotFoundError
 
-    async def _room(self, *, adding: bool) -> None:
-        """The server's session limits, as for the HTTP API (idle sessions are dropped
-        from memory and resumed from the loom when named again)."""
-        from a2a.utils.errors import InternalError
-
-        try:
-            await make_room(self.hub, self.limits, adding=adding)
-        except SessionError as exc:
-            raise InternalError(message=f"no room for another session: {exc.message}") from None
-
-    def _session(self, session_id: str) -> Session:
-        from a2a.utils.errors import InvalidParamsError
-
-        try:
-            session = self.hub.get(session_id)
-        except SessionError as exc:
-            raise InvalidParamsError(message=f"unknown contextId: {exc.message}") from None
-        session.last_used = trio.current_time()
-        return session
-
-    async def _start(self, params: Any) -> Task:
-        """Start the task ``params.message`` asks for (a new prompt, or the answer to a
-        paused task); errors are the SDK's, so the client gets JSON-RPC errors."""
-        from a2a.types import a2a_pb2 as pb
-        from a2a.utils.errors import InternalError, InvalidParamsError, TaskNotFoundError
-
-        message = params.message
-        if not message.parts:
-            raise InvalidParamsError(message="the message has no parts")
-        nursery = self.hub.nursery
-        if nursery is None:
-            raise InternalError(message="the server is not running")
-        if message.task_id:
-            task = self.tasks.get(message.task_id)
-            if task is None:
-                raise TaskNotFoundError(message=f"no task {message.task_id!r}")
-            if task.state != pb.TASK_STATE_INPUT_REQUIRED or task.pause_id is None:
-                raise InvalidParamsError(
-                    message=f"task {task.id} is {_state_name(task.state)}: "
-                    "only a task that needs input takes a follow-up message; send a new "
-                    "message with its contextId to go on in the conversation"
-                )
-            decision = self._decision(task, message)
-            await self._room(adding=task.session.id not in self.hub.sessions)
-            task.session = self._session(task.session.id)  # it may have been evicted meanwhile
-            task.history.append(message)
-            self._working(task)
-            pause_id, task.pause_id = task.pause_id, None
-            answer = functools.partial(self.hub.answer, task.session, pause_id, decision)
-            nursery.start_soon(self._run, task, answer)
-            return task
-        await self._room(adding=message.context_id not in self.hub.sessions)
-        if message.context_id:
-            session = self._session(message.context_id)
-        else:
-            session, _ = self.hub.create()
-        if session.running is not None:
-            raise InvalidParamsError(
-                message=f"context {session.id} is running another task: wait for it or cancel it"
-            )
-        text = _text_of(message)
-        if not text.strip():
-            raise InvalidParamsError(message="the message has no text or data to act on")
-        task = Task(id=uuid.uuid4().hex, session=session, state=pb.TASK_STATE_SUBMITTED)
-        message.context_id = session.id
-        message.task_id = task.id
-        task.history.append(message)
-        self._remember(task)
-        self._working(task)
-        nursery.start_soon(self._run, task, functools.partial(self.hub.prompt, session, text))
+        task = await self._find(task_id)
+        if task is None:
+            raise TaskNotFoundError(message=f"no task {task_id!r}")
         return task
 
-    def _decision(self, task: Task, message: Any) -> Decision:
+    @staticmethod
+    def _history_length(config: Any) -> int | None:
         from a2a.utils.errors import InvalidParamsError
 
-        data = _data_of(message)
-        try:
-            if data is not None:
-                decision: Decision = AnswerRequest.model_validate(data).decision_value()
-                return decision
-            text = _text_of(message).strip()
-            if task.pause_kind == "question":
-                return Decision("answer", text=text)
-            word = text.lower().rstrip(".!")
-            if word in _YES:
-                return Decision.approve()
-            if word in _NO:
-                return Decision.deny()
-        except (PauseError, ValueError) as exc:
-            raise InvalidParamsError(message=f"not an answer to the pause: {exc}") from None
-        raise InvalidParamsError(
-            message="the task waits for approval: answer 'approve' or 'deny' (or send a data "
-            'part such as {"decision": "approve"})'
-        )
-
-    def _remember(self, task: Task) -> None:
-        self.tasks[task.id] = task
-        while len(self.tasks) > self.max_tasks:
-            oldest = next(
-                (t for t in self.tasks.values() if not t.running and t.pause_id is None), None
-            )
-            if oldest is None:
-                break
-            del self.tasks[oldest.id]
-
-    def _working(self, task: Task) -> None:
-        from a2a.types import a2a_pb2 as pb
-
-        task.state = pb.TASK_STATE_WORKING
-        task.status_message = None
-        task.running = True
-        task.settled = trio.Event()
-
-    async def _run(self, task: Task, cast: Callable[..., Awaitable[CastResult | None]]) -> None:
-        """The cast behind ``task``; its outcome becomes the task's state (the boundary of a
-        child entity: a crash fails the task, the server goes on)."""
-        from a2a.types import a2a_pb2 as pb
-
-        def sink(event: Event) -> None:
-            data = event_dict(event)
-            if data["type"] in ("text_delta", "thinking_delta"):
-                return  # deltas: the final answer carries the text
-            update = pb.TaskStatusUpdateEvent(
-                task_id=task.id,
-                context_id=task.session.id,
-                status=pb.TaskStatus(
-                    state=pb.TASK_STATE_WORKING, message=_agent_message(task, None, data)
-                ),
-            )
-            task.publish(update)
-
-        try:
-            outcome = await cast(on_event=sink)
-        except SessionError as exc:
-            self._fail(task, f"{exc.kind}: {exc.message}")
-        except PauseError as exc:
-            self._fail(task, f"the answer was refused: {exc}")
-        except CantripError as exc:
-            self._fail(task, f"the cast failed: {exc}")
-        except Exception as exc:
-            log.exception("a2a task %s: the entity crashed", task.id)
-            self._fail(task, f"the entity crashed: {exc!r}")
-        else:
-            self._settle(task, outcome)
-        finally:
-            task.running = False
-            task.settled.set()
-            task.close_watchers()
-
-    def _fail(self, task: Task, text: str) -> None:
-        from a2a.types import a2a_pb2 as pb
-
-        task.state = pb.TASK_STATE_FAILED
-        task.status_message = _agent_message(task, text)
-        task.publish(task.status_event())
-
-    def _settle(self, task: Task, outcome: Any) -> None:
-        """The task's state from the cast's outcome, published to its streams."""
-        from a2a.types import a2a_pb2 as pb
-
-        data = result_dict(outcome, task.session)  # redacted
-        reason = data.get("reason")
-        pending = data.get("pending") or []
-        if outcome is None or data["stop_reason"] == "cancelled":
-            task.state = pb.TASK_STATE_CANCELED
-            task.status_message = _agent_message(task, data.get("summary") or "cancelled", data)
-        elif reason == "paused" and pending:
-            pause = pending[0]
-            task.state = pb.TASK_STATE_INPUT_REQUIRED
-            task.pause_id = pause["pause_id"]
-            task.pause_kind = pause.get("kind")
-            if task.pause_kind == "question":
-                ask = pause.get("question") or "the entity asks a question"
-            else:
-                ask = (
-                    f"approve the call of {pause['gate']} with {json.dumps(pause['args'])}? "
-                    "answer 'approve' or 'deny'"
-                )
-            task.status_message = _agent_message(task, ask, pause)
-        elif data.get("terminated"):
-            task.state = pb.TASK_STATE_COMPLETED
-            result = data.get("result")
-            text = result if isinstance(result, str) else None
-            answer = _agent_message(task, text, None if text is not None else result)
-            artifact = pb.Artifact(artifact_id=uuid.uuid4().hex, name="result", parts=answer.parts)
-            task.artifacts.append(artifact)
-            task.history.append(answer)
-            task.publish(
-                pb.TaskArtifactUpdateEvent(
-                    task_id=task.id,
-                    context_id=task.session.id,
-                    artifact=artifact,
-                    last_chunk=True,
-                )
-            )
-        else:  # stopped by a ward or a limit without an answer
-            task.state = pb.TASK_STATE_FAILED
-            task.status_message = _agent_message(
-                task, f"stopped without an answer ({reason}): {data.get('summary') or ''}", data
-            )
-        task.publish(task.status_event())
+        if not config.HasField("history_length"):
+            return None
+        if config.history_length < 0:
+            raise InvalidParamsError(message="historyLength must not be negative")
+        return int(config.history_length)
 
 
 # -- the ASGI side ------------------------------------------------------------------------
 
 
-class A2AFront:
-    """The Agent Card and the JSON-RPC endpoint of one server (in-process sessions)."""
+class _NoRequestBodies(logging.Filter):
+    """Drops the SDK dispatcher's ``Request body: ...`` debug record: it holds all a
+    client sent, push-notification tokens and credentials included, which never go to
+    a log (the rest of the SDK's records are redacted as cantrip's are)."""
 
-    def __init__(
-        self, spell: Cantrip, hub: SessionHub, limits: SessionLimits | None = None
-    ) -> None:
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Request body")
+
+
+def _quiet_sdk_logs() -> None:
+    sdk = logging.getLogger("a2a.server.routes.jsonrpc_dispatcher")
+    if not any(isinstance(f, _NoRequestBodies) for f in sdk.filters):
+        sdk.addFilter(_NoRequestBodies())
+    get_logger(sdk.name)  # and redacted
+
+
+class A2AFront:
+    """The Agent Card and the JSON-RPC endpoint of one server, over ``handler`` (either
+    source of tasks)."""
+
+    def __init__(self, spell: Cantrip, handler: A2AHandler) -> None:
         from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 
         self.spell = spell
-        self.handler = SessionTasks(hub, limits)
+        self.handler = handler
+        _quiet_sdk_logs()
         self.dispatcher = JsonRpcDispatcher(
             self.handler,  # type: ignore[arg-type]
             enable_v0_3_compat=True,
@@ -575,7 +640,8 @@ class A2AFront:
             allow(scope["method"], "GET")
             from google.protobuf.json_format import MessageToDict
 
-            card = agent_card(self.spell, _base_url(scope) + ENDPOINT)
+            url = _base_url(scope) + ENDPOINT
+            card = agent_card(self.spell, url, push=self.handler.push is not None)
             await json_response(send, 200, MessageToDict(card))
             return True
         allow(scope["method"], "POST")

@@ -51,6 +51,9 @@ from cantrip.distributed._outage import Outage, is_connection_error
 from cantrip.distributed._queue import DEAD, PAUSED
 from cantrip.loom._loom import Loom
 from cantrip.loom._postgres import PostgresStore
+from cantrip.protocols import _a2a
+from cantrip.protocols._a2a import A2AFront
+from cantrip.protocols._a2a_db import a2a_front
 from cantrip.protocols._api import CancelRequest, openapi_document
 from cantrip.protocols._asgi import (
     HEARTBEAT_S,
@@ -121,6 +124,8 @@ class DbHttpApp(ServerShell):
         queries in threads behind the store's limiter)."""
         self._waits = Tally()
         """Prompts this replica is waiting on (``/health``, ``max_running``, shutdown)."""
+        self.a2a: A2AFront | None = None
+        """A2A's card and endpoint (set by :func:`serve_http_db` when the SDK is there)."""
 
     @property
     def waiting(self) -> int:
@@ -128,6 +133,8 @@ class DbHttpApp(ServerShell):
         return self._waits.count
 
     async def _before_route(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        if self.a2a is not None and await self.a2a.dispatch(scope, receive, send):
+            return True  # A2A (protocols._a2a_db)
         return await self.viewer.dispatch(scope, receive, send)  # the browser viewer
 
     async def _agui(self, receive: Receive, send: Send) -> None:
@@ -543,11 +550,13 @@ async def serve_http_db(
         )
         notifier = Notifier(url)
         app = DbHttpApp(spell, cantrip, sessions, notifier, options)
+        if await trio.to_thread.run_sync(_a2a.available):  # the SDK's import, off the loop
+            app.a2a = await trio.to_thread.run_sync(a2a_front, app)
         async with trio.open_nursery() as nursery:
             await nursery.start(notifier.run)
             await serve_asgi(
                 app,
-                guard.wrap(app),
+                _a2a.jsonrpc_refusals(guard.wrap(app)),
                 host,
                 port,
                 shutdown_trigger=shutdown_trigger,

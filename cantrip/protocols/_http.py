@@ -54,6 +54,8 @@ from cantrip._outcome import CastResult, result_dict
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
 from cantrip.protocols import _a2a
+from cantrip.protocols._a2a_push import Pushes
+from cantrip.protocols._a2a_session import SessionTasks
 from cantrip.protocols._agui_hub import serve_agui
 from cantrip.protocols._api import CancelRequest
 from cantrip.protocols._asgi import (
@@ -113,7 +115,12 @@ class HttpApp(ServerShell):
         self.limits = limits or SessionLimits()
         self.viewer = Viewer.for_hub(self.hub)  # the browser viewer at / and /api/
         # A2A (Agent Card + JSON-RPC) when the a2a-sdk extra is installed.
-        self.a2a = _a2a.A2AFront(spell, self.hub, self.limits) if _a2a.available() else None
+        self.pushes = Pushes(allow_private=self.options.a2a_push_private)
+        self.a2a = (
+            _a2a.A2AFront(spell, SessionTasks(self.hub, self.limits, pushes=self.pushes))
+            if _a2a.available()
+            else None
+        )
         self.drain = Drain()
         self._casts: trio.Nursery | None = None
         """Where prompts run while the server lives (set by its lifespan): a request
@@ -135,10 +142,14 @@ class HttpApp(ServerShell):
         try:
             async with trio.open_nursery() as casts:
                 self._casts = casts
+                pushing = trio.CancelScope()
+                if self.a2a is not None:  # A2A push notifications, delivered as long as we serve
+                    casts.start_soon(_within, pushing, self.pushes.run)
                 try:
                     yield
                 finally:
                     self._casts = None
+                    pushing.cancel()
                     # the casts still running here are cut off; the entities close
                     # their providers before the providers' nursery goes
                     await self.aclose()
@@ -498,6 +509,11 @@ def _session_info(session: Session) -> dict[str, Any]:
         "running": session.running is not None,
         "turns": len(session.entity.turns),
     }
+
+
+async def _within(scope: trio.CancelScope, run: Callable[[], Awaitable[None]]) -> None:
+    with scope:
+        await run()
 
 
 # -- serving --------------------------------------------------------------------------

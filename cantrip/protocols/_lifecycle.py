@@ -61,6 +61,9 @@ class ServeOptions:
     on_busy: str = "reject"
     """Double-texting: what a prompt does when its session runs one, unless the request
     says (``?on_busy=``): reject, enqueue, interrupt or rollback."""
+    a2a_push_private: bool = False
+    """Whether A2A push notifications may go to loopback and private addresses (a
+    webhook URL is a client's; by default only public addresses are called)."""
 
 
 class Tally:

@@ -1,0 +1,296 @@
+"""A2A push notifications: the server POSTs a task's updates to a webhook its client named.
+
+A client that cannot hold a stream open gives a ``TaskPushNotificationConfig`` (with
+its message, or with ``CreateTaskPushNotificationConfig``): a URL, and a ``token``
+and/or ``authentication`` the server sends back so the webhook knows the call is ours.
+Each update of the task (status, artifact) is then POSTed there as a
+``StreamResponse`` JSON body, with ``X-A2A-Notification-Token: <token>`` and
+``Authorization: <scheme> <credentials>`` -- the headers the SDK's own sender uses.
+
+The URL comes from whoever may call the server, so it is untrusted (server-side
+request forgery): only ``http``/``https``; its host must resolve to public addresses
+only -- loopback, private, link-local, shared, reserved, multicast and unspecified
+ones are refused unless the operator allows them (``allow_private``: a webhook on the
+same machine or network). The check is made when the config is given (a refusal is
+the protocol's ``InvalidParams``) and again at every connection, on the address that
+is then connected to (:class:`_CheckedBackend`), so a name that resolves elsewhere
+later (DNS rebinding) reaches nothing it should not; redirects are not followed.
+Each delivery is bounded in time (``timeout_s``); a webhook that fails or is slow
+loses its notification (logged with the URL's scheme, host and port only: never
+the token, the credentials or the rest of the URL) and holds up nothing but the
+later deliveries of its own tasks.
+
+Deliveries keep each task's order: a task's notifications go through one of
+``lanes`` queues (by task id), each drained by one task in the server's nursery.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import uuid
+import zlib
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpcore
+import trio
+
+from cantrip._redact import get_logger
+
+log = get_logger("cantrip.a2a")
+
+TIMEOUT_S = 10.0
+"""One delivery (resolve, connect, send, answer), at most."""
+MAX_CONFIGS = 10
+"""Push configs per task."""
+QUEUED = 1000
+"""Notifications waiting per lane; beyond that new ones are dropped (logged)."""
+LANES = 4
+
+
+class RefusedURL(ValueError):
+    """A webhook URL the server will not call (the reason says why)."""
+
+
+def where(url: str) -> str:
+    """What a log line may say of a webhook URL: scheme, host and port (no credentials,
+    path or query, which may carry secrets)."""
+    try:
+        parts = urlsplit(url)
+        return f"{parts.scheme}://{parts.hostname}:{parts.port or ''}"
+    except ValueError:
+        return "<unparseable url>"
+
+
+def _blocked(address: str) -> bool:
+    """Whether an address is not a public unicast destination (an IPv4-mapped IPv6
+    address is judged as the IPv4 address in it)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return True
+    mapped = getattr(ip, "ipv4_mapped", None)
+    if mapped is not None:
+        ip = mapped
+    return bool(
+        not ip.is_global
+        or ip.is_loopback
+        or ip.is_link_local
+        or ip.is_multicast
+        or ip.is_reserved
+        or ip.is_unspecified
+    )
+
+
+def parse_url(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a webhook URL, or :class:`RefusedURL`."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise RefusedURL("the URL does not parse") from None
+    if parts.scheme not in ("http", "https"):
+        raise RefusedURL("only http and https URLs are called")
+    if not parts.hostname:
+        raise RefusedURL("the URL has no host")
+    return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80)
+
+
+async def checked_addresses(host: str, port: int, allow_private: bool) -> list[str]:
+    """The addresses ``host`` resolves to, if every one may be called (the resolver is
+    trio's, in a thread; the caller bounds the time)."""
+    try:
+        infos = await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM)
+    except OSError as exc:
+        raise RefusedURL(f"the host does not resolve ({exc.strerror or exc})") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    if not addresses:
+        raise RefusedURL("the host does not resolve")
+    if not allow_private:
+        blocked = [a for a in addresses if _blocked(a)]
+        if blocked:
+            raise RefusedURL(
+                f"the host resolves to a non-public address ({blocked[0]}); the server's "
+                "operator can allow those (cantrip serve --a2a-push-private)"
+            )
+    return addresses
+
+
+class _CheckedBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend, connecting only to addresses checked at connect time."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend, allow_private: bool) -> None:
+        self.inner = inner
+        self.allow_private = allow_private
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        try:
+            addresses = await checked_addresses(host, port, self.allow_private)
+        except RefusedURL as exc:
+            raise httpcore.ConnectError(str(exc)) from None
+        return await self.inner.connect_tcp(
+            addresses[0], port, timeout, local_address, socket_options
+        )
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("webhooks are not called over unix sockets")
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
+
+
+class Pushes:
+    """The push configs of one server's tasks (in memory) and their delivery."""
+
+    def __init__(
+        self,
+        *,
+        allow_private: bool = False,
+        timeout_s: float = TIMEOUT_S,
+        lanes: int = LANES,
+    ) -> None:
+        self.allow_private = allow_private
+        self.timeout_s = timeout_s
+        self._configs: dict[str, dict[str, Any]] = {}
+        self._lanes = [trio.open_memory_channel[tuple[Any, Any]](QUEUED) for _ in range(lanes)]
+        self.delivered = 0
+        self.failed = 0
+
+    # -- configs (what the A2A methods do) ------------------------------------------------
+
+    async def check(self, config: Any) -> Any:
+        """A copy of ``config`` if its URL may be called (else the protocol's error)."""
+        from a2a.types import a2a_pb2 as pb
+        from a2a.utils.errors import InvalidParamsError
+
+        try:
+            _scheme, host, port = parse_url(config.url)
+            with trio.fail_after(self.timeout_s):
+                await checked_addresses(host, port, self.allow_private)
+        except RefusedURL as exc:
+            raise InvalidParamsError(message=f"push notification URL refused: {exc}") from None
+        except trio.TooSlowError:
+            raise InvalidParamsError(
+                message="push notification URL refused: its host took too long to resolve"
+            ) from None
+        checked = pb.TaskPushNotificationConfig()
+        checked.CopyFrom(config)
+        return checked
+
+    def keep(self, config: Any) -> Any:
+        """Keep a checked config for its task (its id made if it has none)."""
+        from a2a.utils.errors import InvalidParamsError
+
+        config.id = config.id or uuid.uuid4().hex
+        configs = self._configs.setdefault(config.task_id, {})
+        if config.id not in configs and len(configs) >= MAX_CONFIGS:
+            raise InvalidParamsError(message=f"a task takes at most {MAX_CONFIGS} push configs")
+        configs[config.id] = config
+        log.info("task %s: push notifications to %s", config.task_id, where(config.url))
+        return config
+
+    def get(self, task_id: str, config_id: str) -> Any:
+        from a2a.utils.errors import TaskNotFoundError
+
+        config = self._configs.get(task_id, {}).get(config_id)
+        if config is None:
+            raise TaskNotFoundError(message=f"task {task_id} has no push config {config_id!r}")
+        return config
+
+    def configs(self, task_id: str) -> list[Any]:
+        return list(self._configs.get(task_id, {}).values())
+
+    def delete(self, task_id: str, config_id: str) -> None:
+        self._configs.get(task_id, {}).pop(config_id, None)
+
+    def forget(self, task_id: str) -> None:
+        self._configs.pop(task_id, None)
+
+    # -- delivery -------------------------------------------------------------------------
+
+    def notify(self, task_id: str, event: Any) -> None:
+        """Queue ``event`` (a task, status or artifact update) for the task's webhooks."""
+        configs = self._configs.get(task_id)
+        if not configs:
+            return
+        lane = self._lanes[zlib.crc32(task_id.encode()) % len(self._lanes)][0]
+        for config in configs.values():
+            try:
+                lane.send_nowait((config, event))
+            except trio.WouldBlock:
+                self.failed += 1
+                log.warning("task %s: push notification to %s dropped (too many queued)",
+                            task_id, where(config.url))  # fmt: skip
+            except trio.ClosedResourceError:
+                return
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver until cancelled (the server's lifetime)."""
+        backend = _CheckedBackend(httpcore.AnyIOBackend(), self.allow_private)
+        async with (
+            httpcore.AsyncConnectionPool(network_backend=backend, max_connections=16) as pool,
+            trio.open_nursery() as nursery,
+        ):
+            for _send, receive in self._lanes:
+                nursery.start_soon(self._drain, pool, receive)
+            task_status.started()
+
+    async def _drain(self, pool: Any, receive: trio.MemoryReceiveChannel[tuple[Any, Any]]) -> None:
+        async for config, event in receive:
+            await self._deliver(pool, config, event)
+
+    async def _deliver(self, pool: Any, config: Any, event: Any) -> None:
+        """One POST (the boundary of an external server: any failure is logged and the
+        notification lost; nothing secret is logged)."""
+        from a2a.utils.proto_utils import to_stream_response
+        from google.protobuf.json_format import MessageToDict
+
+        headers = [(b"content-type", b"application/json")]
+        if config.token:
+            headers.append((b"x-a2a-notification-token", config.token.encode()))
+        auth = config.authentication
+        if config.HasField("authentication") and auth.scheme and auth.credentials:
+            headers.append((b"authorization", f"{auth.scheme} {auth.credentials}".encode()))
+        body = json.dumps(MessageToDict(to_stream_response(event))).encode()
+        status = None
+        with trio.move_on_after(self.timeout_s) as scope:
+            try:
+                response = await pool.request(
+                    "POST",
+                    config.url,
+                    headers=headers,
+                    content=body,
+                    extensions={
+                        "timeout": dict.fromkeys(
+                            ("connect", "read", "write", "pool"), self.timeout_s
+                        )
+                    },
+                )
+                status = response.status
+            except (httpcore.TimeoutException, httpcore.NetworkError,
+                    httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:  # fmt: skip
+                self.failed += 1
+                log.warning("task %s: push notification to %s failed: %s",
+                            config.task_id, where(config.url), type(exc).__name__)  # fmt: skip
+                return
+        if scope.cancelled_caught or status is None or not 200 <= status < 300:
+            self.failed += 1
+            why = "timed out" if status is None else f"HTTP {status}"
+            log.warning("task %s: push notification to %s failed: %s",
+                        config.task_id, where(config.url), why)  # fmt: skip
+            return
+        self.delivered += 1
