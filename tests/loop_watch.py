@@ -12,7 +12,10 @@ does time blocked in a system call (a FIFO that nobody writes, a lock, a slow
 disk), which is what a stall is; time lost only because the machine is busy
 does not. So the limit holds on a loaded two-core machine without flaking: a
 step of 5 ms of work that the scheduler stretched to 300 ms of wall time is not
-reported, a ``time.sleep(0.3)`` or 300 ms of regex backtracking is.
+reported, a ``time.sleep(0.3)`` or 300 ms of regex backtracking is. Time inside a
+garbage collection is not charged either (measured by a ``gc.callbacks`` hook): a
+full collection of a test process's heap, grown by the hundreds of tests an xdist
+worker runs, is a property of that process, not a call the code under test made.
 
 Use: mark a module ``pytestmark = pytest.mark.loop_watch`` (or a test); each
 async test so marked runs with the instrument installed and fails, naming the
@@ -24,6 +27,7 @@ by ``tests/conftest.py``.
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 import os
 import threading
@@ -59,13 +63,35 @@ def _schedstat_reader() -> Callable[[], float] | None:
     return run_delay
 
 
+class _CollectorClock:
+    """Seconds spent in garbage collection since it was made (a ``gc.callbacks`` hook
+    that times each collection from its start to its stop)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._started: float | None = None
+        gc.callbacks.insert(0, self._on_gc)  # first: it times the other callbacks too
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.total += time.perf_counter() - self._started
+            self._started = None
+
+    def close(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+
 @attrs.define
 class Block:
     """One task step that held the loop thread too long."""
 
     task: str
     held_s: float
-    """Wall time less run-queue wait: on a CPU or blocked in the kernel."""
+    """Wall time less run-queue wait and garbage collection: on a CPU or blocked in
+    the kernel."""
     wall_s: float
 
 
@@ -77,6 +103,8 @@ class LoopWatch(trio.abc.Instrument):
         self.blocks: list[Block] = []
         self.steps = 0
         self._run_delay = _schedstat_reader()
+        self._collector = _CollectorClock()
+        self._gc0 = 0.0
         self.longest = Block("", 0.0, 0.0)
         """The step that held the loop longest (for ``LOOP_WATCH_LOG``)."""
         self._wall0: float | None = None  # None: the step that installed it, unmeasured
@@ -84,6 +112,7 @@ class LoopWatch(trio.abc.Instrument):
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._wall0 = time.perf_counter()
+        self._gc0 = self._collector.total
         if self._run_delay is not None:
             self._delay0 = self._run_delay()
 
@@ -94,15 +123,16 @@ class LoopWatch(trio.abc.Instrument):
         wall = time.perf_counter() - self._wall0
         if wall <= self.limit_s / 4:
             return
-        held = wall
+        held = wall - (self._collector.total - self._gc0)
         if self._run_delay is not None:
-            held = wall - (self._run_delay() - self._delay0)
+            held -= self._run_delay() - self._delay0
         if held > self.longest.held_s:
             self.longest = Block(task.name, held, wall)
         if held > self.limit_s:
             self.blocks.append(Block(task.name, held, wall))
 
     def close(self) -> None:
+        self._collector.close()
         fd = getattr(self._run_delay, "fd", None)
         if fd is not None:
             os.close(fd)

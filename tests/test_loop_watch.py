@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -43,6 +44,32 @@ def test_waiting_in_a_thread_or_sleeping_is_not_a_block() -> None:
     trio.run(main, instruments=[watch])
     watch.close()
     assert watch.report() is None and watch.steps > 0
+
+
+def test_time_in_a_garbage_collection_is_not_charged_to_the_step() -> None:
+    """A full collection of a big test process's heap is the process's, not a block
+    the code made; here a collection is stretched to 350 ms by a slow gc callback."""
+    watch = LoopWatch(0.2)
+
+    def slow_collection(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            time.sleep(0.35)
+
+    async def collects() -> None:
+        gc.callbacks.append(slow_collection)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(slow_collection)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collects, name="collects")
+
+    trio.run(main, instruments=[watch])
+    watch.close()
+    assert watch.report() is None, watch.report()
+    assert watch.longest.wall_s >= 0.35  # the step did take that long
 
 
 def test_a_marked_async_test_that_blocks_the_loop_fails(
