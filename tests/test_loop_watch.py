@@ -66,10 +66,11 @@ def test_time_in_a_garbage_collection_is_not_charged_to_the_step() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(collects, name="collects")
 
+    started = time.perf_counter()
     trio.run(main, instruments=[watch])
     watch.close()
+    assert time.perf_counter() - started >= 0.35  # the collection did hold the loop
     assert watch.report() is None, watch.report()
-    assert watch.longest.wall_s >= 0.35  # the step did take that long
 
 
 def test_a_marked_async_test_that_blocks_the_loop_fails(
