@@ -1,0 +1,86 @@
+"""An MCP server that asks the user during its calls (elicitation), written with the
+official SDK. Run as ``python asking.py`` (stdio) or ``python asking.py --legacy``.
+
+The SDK picks the way to ask from the protocol version the client negotiated: at
+2026-07-28 a call answers ``InputRequiredResult`` and the client retries it with the
+answers (multi round-trip requests); up to 2025-11-25 the server sends
+``elicitation/create`` to the client in the middle of the call. ``--legacy`` takes
+away ``server/discover``, so a client falls back to the initialize handshake
+(2025-11-25) and the second way is the one used. Each outcome is appended to
+``$ASKING_MARKS`` so a test sees what the server received.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+from mcp.server.mcpserver import (
+    AcceptedElicitation,
+    Context,
+    DeclinedElicitation,
+    Elicit,
+    ElicitationResult,
+    MCPServer,
+    Resolve,
+)
+from pydantic import BaseModel
+
+server = MCPServer("asking", version="1.0", log_level="WARNING")
+MARKS = Path(os.environ.get("ASKING_MARKS", os.devnull))
+
+
+def _mark(line: str) -> None:
+    if str(MARKS) != os.devnull:
+        with MARKS.open("a") as f:
+            f.write(line + "\n")
+
+
+class Seats(BaseModel):
+    seats: int
+
+
+def ask_seats(city: str) -> Elicit[Seats]:
+    return Elicit(f"How many seats in {city}?", Seats)
+
+
+@server.tool()
+async def book(
+    city: str,
+    seats: Annotated[ElicitationResult[Seats], Resolve(ask_seats)],
+    ctx: Context,
+) -> str:
+    """Book seats in a city; asks the user how many."""
+    _mark(f"version {ctx.protocol_version}")
+    if isinstance(seats, AcceptedElicitation):
+        _mark(f"accept {seats.data.seats}")
+        return f"booked {seats.data.seats} seats in {city}"
+    action = "decline" if isinstance(seats, DeclinedElicitation) else "cancel"
+    _mark(action)
+    return f"no booking in {city} ({action})"
+
+
+@server.tool()
+async def confirm(what: str, ctx: Context) -> str:
+    """Asks for a yes/no confirmation straight from the session (2025-11-25 only)."""
+    result = await ctx.elicit(f"Really {what}?", ConfirmForm)
+    _mark(f"confirm {result.action}")
+    if result.action == "accept" and result.data is not None:
+        return f"{what}: {'yes' if result.data.ok else 'no'}"
+    return f"{what}: {result.action}"
+
+
+class ConfirmForm(BaseModel):
+    ok: bool
+
+
+if __name__ == "__main__":
+    if "--legacy" in sys.argv[1:]:
+        # A server of the 2025-11-25 era: no request opens a 2026-07-28 connection, so
+        # a client's server/discover probe fails and it falls back to initialize.
+        from mcp.server import runner
+
+        runner._has_modern_envelope = lambda params: False
+    server.run()
