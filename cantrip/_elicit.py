@@ -75,6 +75,16 @@ def form_content(schema: Mapping[str, Any], text: str) -> dict[str, Any]:
     return content
 
 
+def yes_no_field(schema: Mapping[str, Any] | None) -> str | None:
+    """The field of a form that is one boolean and nothing else (a yes/no question a
+    client that can only allow or reject -- ACP -- can answer), else None."""
+    properties = schema.get("properties") if schema is not None else None
+    if not isinstance(properties, Mapping) or len(properties) != 1:
+        return None
+    ((name, field),) = properties.items()
+    return str(name) if isinstance(field, Mapping) and field.get("type") == "boolean" else None
+
+
 def _typed(field: Any, text: str) -> Any:
     """``text`` as the one field's type wants it (left as text when it does not fit:
     the schema check then says what is wrong)."""

@@ -233,3 +233,115 @@ def _spec_toml(script: list[dict[str, Any]], log: Path) -> str:
         )
         + "\n"
     )
+
+
+def test_the_terminal_shows_the_servers_form_and_refuses_a_wrong_answer(tmp_path: Path) -> None:
+    """``cantrip cast`` on a terminal asks the person: who asks, during which call,
+    the form's fields; an answer that does not fill the form is explained and asked again."""
+    import os
+
+    import pexpect
+
+    log = tmp_path / "marks"
+    spec = tmp_path / "asking.toml"
+    spec.write_text(_spec_toml([call("asking_book", city="Oslo"), finish("booked")], log))
+    child = pexpect.spawn(
+        str(BIN / "cantrip"),
+        ["cast", str(spec), "book"],
+        cwd=str(tmp_path),
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "160"},
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(40, 160),
+    )
+    child.expect_exact("mcp:asking (during asking_book) asks:")
+    child.expect_exact("How many seats in Oslo?")
+    child.expect_exact("seats (integer)")
+    child.expect_exact("answer>")
+    child.sendline("lots")
+    child.expect("seats.*integer")
+    child.expect_exact("answer>")
+    child.sendline("4")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    assert marks(log) == ["version 2026-07-28", "accept 4"]
+
+
+async def test_answered_over_http_while_the_prompt_runs(tmp_path: Path) -> None:
+    """``cantrip serve``: the server's question is listed in the session's pending
+    pauses while the prompt runs; an answer that does not fill the form is a 409
+    naming the field, the right one lets the prompt finish."""
+    import httpx
+
+    from cantrip.protocols._http import serve_http
+
+    log = tmp_path / "marks"
+    s = spell([call("asking_book", city="Rome"), finish("done")], asking(log))
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: serve_http(s, "127.0.0.1", 0, task_status=task_status)
+        )
+        async with httpx.AsyncClient(base_url=binds[0], timeout=30) as http:
+            sid = (await http.post("/sessions")).json()["session_id"]
+            answers: list[httpx.Response] = []
+
+            async def prompt() -> None:
+                answers.append(await http.post(f"/sessions/{sid}/prompt", json={"prompt": "go"}))
+
+            nursery.start_soon(prompt)
+            with trio.fail_after(30):
+                while not (listed := (await http.get(f"/sessions/{sid}/pending")).json())[
+                    "pending"
+                ]:
+                    await trio.sleep(0.05)
+            (pause,) = listed["pending"]
+            assert pause["schema"]["required"] == ["seats"]
+            assert (
+                pause["origin"] == "mcp:asking" and pause["question"] == "How many seats in Rome?"
+            )
+            url = f"/sessions/{sid}/pending/{pause['pause_id']}"
+            wrong = await http.post(url, json={"decision": "answer", "text": "some"})
+            assert wrong.status_code == 409 and "seats" in wrong.text
+            right = await http.post(url, json={"decision": "answer", "text": "5"})
+            assert right.status_code == 202, right.text  # a live waiter took it
+            with trio.fail_after(30):
+                while not answers:
+                    await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    assert answers[0].status_code == 200 and answers[0].json()["result"] == "done"
+    assert marks(log) == ["version 2026-07-28", "accept 5"]
+
+
+@pytest.mark.parametrize(("option", "said"), [("allow_once", "True"), ("reject_once", "False")])
+async def test_an_acp_editor_answers_a_yes_no_question(
+    tmp_path: Path, option: str, said: str
+) -> None:
+    """``cantrip acp``: ACP can only allow or reject, so a server's yes/no form is
+    asked as ``session/request_permission`` (allow: yes, reject: no)."""
+    import asyncio
+    from typing import cast
+
+    from acp import Client, text_block
+    from acp.stdio import spawn_agent_process
+    from test_acp_permission import Editor
+
+    log = tmp_path / "marks"
+    spec = tmp_path / "asking.toml"
+    spec.write_text(_spec_toml([call("asking_confirm", what="deploy"), finish("ok")], log))
+    editor = Editor(option)
+
+    async def drive() -> Any:
+        async with spawn_agent_process(
+            cast(Client, editor), str(BIN / "cantrip"), "acp", str(spec), cwd=tmp_path
+        ) as (conn, _process):
+            await conn.initialize(protocol_version=1)
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            return await conn.prompt(session_id=session.session_id, prompt=[text_block("go")])
+
+    answer = await trio.to_thread.run_sync(asyncio.run, drive())
+    assert answer.stop_reason == "end_turn"
+    ((tool_call, options),) = editor.asked
+    assert "mcp:asking asks: Really deploy?" in tool_call.title
+    assert options == ["allow_once", "reject_once"]
+    assert marks(log) == [f"confirm {said}"]

@@ -62,18 +62,25 @@ async def book(
     return f"no booking in {city} ({action})"
 
 
-@server.tool()
-async def confirm(what: str, ctx: Context) -> str:
-    """Asks for a yes/no confirmation straight from the session (2025-11-25 only)."""
-    result = await ctx.elicit(f"Really {what}?", ConfirmForm)
-    _mark(f"confirm {result.action}")
-    if result.action == "accept" and result.data is not None:
-        return f"{what}: {'yes' if result.data.ok else 'no'}"
-    return f"{what}: {result.action}"
-
-
 class ConfirmForm(BaseModel):
     ok: bool
+
+
+def ask_confirm(what: str) -> Elicit[ConfirmForm]:
+    return Elicit(f"Really {what}?", ConfirmForm)
+
+
+@server.tool()
+async def confirm(
+    what: str, answer: Annotated[ElicitationResult[ConfirmForm], Resolve(ask_confirm)]
+) -> str:
+    """Asks for a yes/no confirmation."""
+    if isinstance(answer, AcceptedElicitation):
+        _mark(f"confirm {answer.data.ok}")
+        return f"{what}: {'yes' if answer.data.ok else 'no'}"
+    action = "decline" if isinstance(answer, DeclinedElicitation) else "cancel"
+    _mark(f"confirm {action}")
+    return f"{what}: {action}"
 
 
 if __name__ == "__main__":
