@@ -61,6 +61,11 @@ def form_content(schema: Mapping[str, Any], text: str) -> dict[str, Any]:
             f"answer with a JSON object with the fields {sorted(fields)} "
             f"(e.g. {json.dumps(_example(fields))})"
         )
+    return checked_content(schema, content)
+
+
+def checked_content(schema: Mapping[str, Any], content: Any) -> dict[str, Any]:
+    """``content`` if it is an object that satisfies ``schema``, else :class:`AnswerError`."""
     if not isinstance(content, dict):
         raise AnswerError("the answer must be a JSON object")
     try:

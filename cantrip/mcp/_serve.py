@@ -27,16 +27,22 @@ from typing import TYPE_CHECKING, Annotated, Any
 import pydantic
 import trio
 
+from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
+from cantrip._elicit import AnswerError
+from cantrip._entity import require_intent
 from cantrip._errors import CantripError
 from cantrip._events import Event, StepComplete
+from cantrip._outcome import CastResult
 from cantrip._redact import get_logger, redact, redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import result_text
+from cantrip.mcp._pauses import can_elicit, decision_from, elicitation_params
 from cantrip.protocols._guard import Guard
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer as SDKServer
+    from mcp_types import InputRequiredResult
 
 log = get_logger("cantrip.mcp.serve")
 
@@ -69,7 +75,7 @@ def build_server(spell: Cantrip) -> SDKServer:
     """The MCP server for ``spell``: the ``cast`` tool, and loom threads as resources."""
     from mcp.server import MCPServer
     from mcp.server.mcpserver import Context
-    from mcp_types import CallToolResult, TextContent
+    from mcp_types import CallToolResult, InputRequiredResult, TextContent
 
     persistent = getattr(spell.loom.store, "path", None) is not None
 
@@ -91,7 +97,7 @@ def build_server(spell: Cantrip) -> SDKServer:
     )
     max_turns = spell.circle.resolved.max_turns
 
-    async def cast(intent: str, ctx: Context) -> CallToolResult:
+    async def cast(intent: str, ctx: Context) -> CallToolResult | InputRequiredResult:
         send, receive = trio.open_memory_channel[Event](math.inf)
 
         def sink(event: Event) -> None:
@@ -110,10 +116,12 @@ def build_server(spell: Cantrip) -> SDKServer:
 
         outcome = None
         failure: str | None = None
+        form, url_mode = can_elicit(ctx.client_capabilities)
+        rounds = form and _rounds(ctx.protocol_version)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(report)
             try:
-                outcome = await spell.cast_async(intent, on_event=sink)
+                outcome = await _run(spell, intent, ctx, sink, form, url_mode, rounds)
             except CantripError as exc:  # a refused intent, an LLM that gave up: the tool fails
                 failure = f"{type(exc).__name__}: {exc}"
             finally:
@@ -123,6 +131,10 @@ def build_server(spell: Cantrip) -> SDKServer:
                 content=[TextContent(type="text", text=redact(failure or "no result"))],
                 is_error=True,
             )
+        if rounds and outcome.reason == "paused" and outcome.pending:
+            asked = _input_required(outcome.pending[0], url_mode)
+            if asked is not None:
+                return asked
         structured = CastOutput(
             result=redact_value(plain_json(outcome.result)),
             terminated=outcome.terminated,
@@ -147,7 +159,7 @@ def build_server(spell: Cantrip) -> SDKServer:
     cast.__annotations__ = {
         "intent": str,
         "ctx": Context,
-        "return": Annotated[CallToolResult, CastOutput],
+        "return": Annotated[CallToolResult | InputRequiredResult, CastOutput],
     }
     server.tool(name="cast", description=CAST_DESCRIPTION)(cast)
 
@@ -163,6 +175,103 @@ def build_server(spell: Cantrip) -> SDKServer:
             return _thread_json(spell, entity_id)
 
     return server
+
+
+async def _run(
+    spell: Cantrip,
+    intent: str,
+    ctx: Any,
+    sink: Callable[[Event], None],
+    form: bool,
+    url_mode: bool,
+    rounds: bool,
+) -> CastResult:
+    """Run the cast for one ``tools/call``, or go on with the one it paused.
+
+    A client that takes elicitations is asked when the cast pauses: at 2026-07-28
+    (``rounds``) the cast leaves at the pause (the loom holds it) and the call answers
+    ``InputRequiredResult``; the client's retry carries the answer, and the same
+    entity, resumed from the loom, goes on from the call that paused. Before
+    2026-07-28 the client is sent ``elicitation/create`` and the cast waits in place.
+    A client that takes none gets today's answer: the cast returns ``paused``."""
+    if rounds and ctx.request_state is not None:
+        return await _answered(spell, ctx, sink)
+    require_intent(intent)
+    if rounds:
+        entity = spell.summon(on_event=sink, pause="leave")
+    elif form:
+
+        async def ask_client(pause: Pause) -> Decision:
+            return await _ask_in_place(ctx, pause, url_mode)
+
+        entity = spell.summon(on_event=sink, on_pause=ask_client)
+    else:
+        entity = spell.summon(on_event=sink)
+    async with entity:
+        return await entity.send(intent)
+
+
+async def _ask_in_place(ctx: Any, pause: Pause, url_mode: bool) -> Decision:
+    """Ask the client with a server-sent ``elicitation/create`` (2025-11-25 and before)."""
+    params = elicitation_params(pause, url_mode=url_mode)
+    if params is None:
+        return Decision.deny("the MCP client cannot open pages (no URL-mode elicitation)")
+    session, related = ctx.session, ctx.request_id
+    if pause.url is not None:
+        result = await session.elicit_url(params.message, params.url, pause.pause_id, related)
+    else:
+        result = await session.elicit_form(params.message, params.requested_schema, related)
+    try:
+        return decision_from(pause, result)
+    except AnswerError as exc:
+        return Decision.deny(f"the MCP client's answer did not fill the form: {exc}")
+
+
+def _input_required(pause: Pause, url_mode: bool) -> InputRequiredResult | None:
+    """The ``InputRequiredResult`` that asks ``pause`` (keyed by its pause id; the state
+    names the entity and the pause, sealed by the SDK); None if it cannot be asked."""
+    from mcp_types import ElicitRequest, InputRequiredResult
+
+    params = elicitation_params(pause, url_mode=url_mode)
+    if params is None:
+        return None
+    state = json.dumps({"entity_id": pause.entity_id, "pause_id": pause.pause_id})
+    return InputRequiredResult(
+        input_requests={pause.pause_id: ElicitRequest(params=params)}, request_state=state
+    )
+
+
+async def _answered(spell: Cantrip, ctx: Any, sink: Callable[[Event], None]) -> CastResult:
+    """A retry that carries the answer to a pause: the entity goes on from it. An
+    answer that cannot be taken is a :class:`~cantrip.PauseError` (the tool's error;
+    the pause stays pending). ``requestState`` itself is sealed by the SDK, which
+    refuses one it did not make before this runs."""
+    state = json.loads(ctx.request_state)
+    entity_id, pause_id = str(state["entity_id"]), str(state["pause_id"])
+    response = (ctx.input_responses or {}).get(pause_id)
+    if response is None:
+        raise PauseError(f"inputResponses holds no answer for {pause_id!r}")
+    if entity_id not in spell.loom.entities:
+        raise PauseError(f"no entity {entity_id!r} in this server's loom")
+    entity = spell.resume(entity_id, on_event=sink, pause="leave")
+    async with entity:
+        pause = next((p for p in entity.pending if p.pause_id == pause_id), None)
+        if pause is None:
+            raise PauseError(f"pause {pause_id!r} is not pending (already answered?)")
+        try:
+            decision = decision_from(pause, response)
+        except AnswerError as exc:
+            raise PauseError(f"the answer to {pause_id} does not fill the form: {exc}") from None
+        outcome = await entity.answer(pause_id, decision)
+    assert outcome is not None  # a pause the loom holds is continued here
+    return outcome
+
+
+def _rounds(version: str | None) -> bool:
+    """Whether the negotiated revision asks through ``InputRequiredResult`` (2026-07-28+)."""
+    from mcp_types.version import is_version_at_least
+
+    return version is not None and is_version_at_least(version, "2026-07-28")
 
 
 def _version() -> str:
