@@ -75,7 +75,7 @@ def build_server(spell: Cantrip) -> SDKServer:
     """The MCP server for ``spell``: the ``cast`` tool, and loom threads as resources."""
     from mcp.server import MCPServer
     from mcp.server.mcpserver import Context
-    from mcp_types import CallToolResult, InputRequiredResult, TextContent
+    from mcp_types import CallToolResult, TextContent
 
     persistent = getattr(spell.loom.store, "path", None) is not None
 
@@ -159,7 +159,7 @@ def build_server(spell: Cantrip) -> SDKServer:
     cast.__annotations__ = {
         "intent": str,
         "ctx": Context,
-        "return": Annotated[CallToolResult | InputRequiredResult, CastOutput],
+        "return": Annotated[CallToolResult, CastOutput],  # or InputRequiredResult
     }
     server.tool(name="cast", description=CAST_DESCRIPTION)(cast)
 
