@@ -38,7 +38,7 @@ from cantrip._redact import get_logger, redact, redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import result_text
 from cantrip.mcp._pauses import can_elicit, decision_from, elicitation_params
-from cantrip.protocols._guard import Guard
+from cantrip.protocols._guard import Guard, guard_refusals_as_jsonrpc
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer as SDKServer
@@ -337,13 +337,15 @@ def http_guard(host: str, token: str | None) -> Guard:
 
 def http_app(spell: Cantrip, guard: Guard) -> Any:
     """The streamable HTTP ASGI app (at ``/mcp``) behind ``guard``. The SDK's own
-    DNS-rebinding check is off: it covered only some binds, the guard covers every one."""
+    DNS-rebinding check is off: it covered only some binds, the guard covers every one.
+    A body the guard refuses (not JSON, too large, too slow) is answered as a JSON-RPC
+    error, as the SDK answers a bad message: 4xx with ``-32700`` / ``-32600``, id null."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     server = build_server(spell)
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     app: Any = server.streamable_http_app(host=guard.bind_host, transport_security=security)
-    return guard.wrap(app)
+    return guard_refusals_as_jsonrpc(guard.wrap(app), "/mcp")
 
 
 async def serve_http(
