@@ -24,7 +24,6 @@ import math
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Annotated, Any
 
-import pydantic
 import trio
 
 from cantrip._approval import Decision, Pause, PauseError
@@ -34,10 +33,9 @@ from cantrip._entity import require_intent
 from cantrip._errors import CantripError
 from cantrip._events import Event, StepComplete
 from cantrip._outcome import CastResult
-from cantrip._redact import get_logger, redact, redact_value
-from cantrip.llm._contract import plain_json
-from cantrip.loom._model import result_text
+from cantrip._redact import get_logger
 from cantrip.mcp._pauses import can_elicit, decision_from, elicitation_params
+from cantrip.mcp._result import CastOutput, cast_tool_result, failed_tool_result, progress_message
 from cantrip.protocols._guard import Guard, guard_refusals_as_jsonrpc
 
 if TYPE_CHECKING:
@@ -59,23 +57,11 @@ CAST_DESCRIPTION = (
 )
 
 
-class CastOutput(pydantic.BaseModel):
-    """The structured content of a ``cast`` result."""
-
-    result: Any = None
-    terminated: bool
-    truncated: bool
-    reason: str | None = None
-    turns: int
-    usage: dict[str, int]
-    entity_id: str
-
-
 def build_server(spell: Cantrip) -> SDKServer:
     """The MCP server for ``spell``: the ``cast`` tool, and loom threads as resources."""
     from mcp.server import MCPServer
     from mcp.server.mcpserver import Context
-    from mcp_types import CallToolResult, TextContent
+    from mcp_types import CallToolResult
 
     persistent = getattr(spell.loom.store, "path", None) is not None
 
@@ -111,7 +97,7 @@ def build_server(spell: Cantrip) -> SDKServer:
                 await ctx.report_progress(
                     float(turn.sequence),
                     float(max_turns) if max_turns is not None else None,
-                    _progress_message(turn.sequence, turn.utterance, turn.observation),
+                    progress_message(turn.sequence, turn.utterance),
                 )
 
         outcome = None
@@ -127,32 +113,12 @@ def build_server(spell: Cantrip) -> SDKServer:
             finally:
                 send.close()
         if failure is not None or outcome is None:
-            return CallToolResult(
-                content=[TextContent(type="text", text=redact(failure or "no result"))],
-                is_error=True,
-            )
+            return failed_tool_result(failure or "no result")  # type: ignore[no-any-return]
         if rounds and outcome.reason == "paused" and outcome.pending:
             asked = _input_required(outcome.pending[0], url_mode)
             if asked is not None:
                 return asked
-        structured = CastOutput(
-            result=redact_value(plain_json(outcome.result)),
-            terminated=outcome.terminated,
-            truncated=outcome.truncated,
-            reason=outcome.reason,
-            turns=len(outcome.turns),
-            usage=outcome.usage.to_dict(),
-            entity_id=outcome.entity_id,
-        )
-        text = (
-            result_text(outcome.result)
-            if outcome.terminated
-            else outcome.summary or f"truncated: {outcome.reason}"
-        )
-        return CallToolResult(
-            content=[TextContent(type="text", text=redact(text))],
-            structured_content=structured.model_dump(mode="json"),
-        )
+        return cast_tool_result(outcome)  # type: ignore[no-any-return]
 
     # The SDK reads the signature for the schemas; with postponed annotations and
     # the SDK imported here, hand it the evaluated ones (output: CastOutput).
@@ -278,12 +244,6 @@ def _version() -> str:
     from cantrip._version import __version__
 
     return __version__
-
-
-def _progress_message(sequence: int, utterance: str, observation: str) -> str:
-    said = utterance.replace("\n", " ")
-    said = said if len(said) <= 120 else said[:117] + "..."
-    return redact(f"turn {sequence}: {said}" if said else f"turn {sequence}")
 
 
 def _thread_resources(spell: Cantrip) -> Iterable[Any]:
