@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 import trio
@@ -36,6 +37,7 @@ from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
 from cantrip.mcp._pauses import can_elicit, decision_from, elicitation_params
 from cantrip.mcp._result import CastOutput, cast_tool_result, failed_tool_result, progress_message
+from cantrip.mcp._tasks import TaskBoard, tasks_extension
 from cantrip.protocols._guard import Guard, guard_refusals_as_jsonrpc
 
 if TYPE_CHECKING:
@@ -72,8 +74,24 @@ def build_server(spell: Cantrip) -> SDKServer:
                 listed.extend(_thread_resources(spell))
             return listed
 
+    board = TaskBoard(spell)
+
+    @asynccontextmanager
+    async def lifespan(_server: Any) -> AsyncIterator[dict[str, Any]]:
+        """The server's life: the nursery its tasks' casts run in (cancelled at its end,
+        each cast recorded as cancelled)."""
+        async with trio.open_nursery() as nursery:
+            board.nursery = nursery
+            try:
+                yield {}
+            finally:
+                board.nursery = None
+                nursery.cancel_scope.cancel()
+
     server = CantripMCP(
         "cantrip",
+        lifespan=lifespan,
+        extensions=[tasks_extension(board)],
         instructions=(
             "Call the `cast` tool with an intent; a cantrip entity works on it "
             "(a model in a loop with its gates) and answers with the result."
