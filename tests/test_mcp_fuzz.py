@@ -45,6 +45,9 @@ METHODS = [
     "notifications/initialized",
     "subscriptions/listen",
     "completion/complete",
+    "tasks/get",
+    "tasks/update",
+    "tasks/cancel",
     "no/such/method",
 ]
 VERSIONS = ["2026-07-28", "2025-11-25", "2024-11-05", "1999-01-01", ""]
@@ -70,9 +73,14 @@ def requests(draw: st.DrawFn) -> tuple[dict[str, str], bytes]:
         "protocolVersion": version,
         "capabilities": {},
         "clientInfo": {"name": "fuzz", "version": "0"},
+        "taskId": "task-nope",
+        "inputResponses": {"pause-x": {"action": "accept", "content": {"answer": "x"}}},
         "_meta": {
             "io.modelcontextprotocol/protocolVersion": version,
-            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+            "io.modelcontextprotocol/clientCapabilities": {
+                "elicitation": {},
+                "extensions": {"io.modelcontextprotocol/tasks": {}},
+            },
         },
     }
     for field in draw(st.lists(st.sampled_from(sorted(params)), unique=True, max_size=3)):
