@@ -366,6 +366,15 @@ class Entity:
             code, whose process is then let go as if it had died -- the answer continues
             from the loom (the rest of that code block does not run). Children always
             wait in place."""
+        child = spawner is not None and parent_entity_id == spawner.id
+        self.questions_in_calls: bool = (
+            getattr(spawner, "questions_in_calls", True) if child else True
+        )
+        """Whether a question asked from inside a running call (an MCP server's
+        elicitation, :meth:`ask_during_call`) may wait for an answer; off, it is declined
+        at once -- for a host that can reach its human only between requests
+        (``cantrip mcp`` answering a 2026-07-28 client without tasks), which could not
+        keep the asking call alive until the answer came."""
         self._cancel_reason = "cancelled"
         self._cancel_next: str | None = None
         self.cantrip = cantrip
@@ -1121,7 +1130,10 @@ class Entity:
         :attr:`pending`, answered by the ``on_pause`` handler, :meth:`answer` or any front
         end -- but always answered in place: the call that asks is still running, so the
         cast cannot leave here (as code that asks cannot). The answer is recorded before
-        it is returned; a ``schema`` (a form) makes only answers that fill it acceptable."""
+        it is returned; a ``schema`` (a form) makes only answers that fill it acceptable.
+        With :attr:`questions_in_calls` off, the question is declined at once."""
+        if not self.questions_in_calls:
+            return Decision.deny("no one can be asked during a call here")
         pause = Pause(
             pause_id=new_pause_id(),
             entity_id=self.id,

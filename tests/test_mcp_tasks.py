@@ -241,3 +241,39 @@ async def test_a_client_without_the_extension_gets_the_result_at_once(tmp_path: 
         result = await mcp.call_tool("cast", {"intent": "go"})
     assert result.structured_content is not None
     assert result.structured_content["result"] == "quick"
+
+
+@pytest.mark.parametrize("way", ["2025-11-25", "tasks", "2026-07-28 without tasks"])
+async def test_a_question_from_one_of_the_circles_servers_reaches_the_client(
+    tmp_path: Path, way: str
+) -> None:
+    """``cantrip mcp`` serving a circle whose MCP server asks the user: the server's form
+    is passed on to the client -- mid-call at 2025-11-25, as the task's input request
+    with tasks. A 2026-07-28 client without tasks can be asked only between requests,
+    which would cut the asking call: the question is declined at once instead."""
+    from test_mcp_elicitation import _spec_toml
+    from test_mcp_elicitation import marks as read_marks
+
+    log = tmp_path / "marks"
+    spec = tmp_path / "nested.toml"
+    spec.write_text(_spec_toml([call("asking_book", city="Oslo"), finish("booked")], log))
+    person = Person(accept(seats=2))
+    tasks = Tasks(person)
+    async with Client(
+        StdioServerParameters(command=CANTRIP, args=["mcp", str(spec)]),
+        elicitation_callback=person,
+        extensions=[tasks] if way == "tasks" else None,
+        mode="legacy" if way == "2025-11-25" else "auto",
+    ) as mcp:
+        result = await mcp.call_tool("cast", {"intent": "book"})
+    structured = result.structured_content
+    assert structured is not None and structured["result"] == "booked", result
+    if way == "2026-07-28 without tasks":
+        assert person.asked == []
+        assert read_marks(log) == ["version 2026-07-28", "decline"]
+        return
+    (asked,) = person.asked
+    assert asked.message == "mcp:asking asks (during asking_book): How many seats in Oslo?"
+    assert asked.requested_schema["required"] == ["seats"]
+    assert read_marks(log) == ["version 2026-07-28", "accept 2"]
+    assert bool(tasks.created) == (way == "tasks")

@@ -183,6 +183,7 @@ async def _run(
     require_intent(intent)
     if rounds:
         entity = spell.summon(on_event=sink, pause="leave")
+        entity.questions_in_calls = False  # the client is reachable only between requests
     elif form:
 
         async def ask_client(pause: Pause) -> Decision:
@@ -238,6 +239,7 @@ async def _answered(spell: Cantrip, ctx: Any, sink: Callable[[Event], None]) -> 
     if entity_id not in spell.loom.entities:
         raise PauseError(f"no entity {entity_id!r} in this server's loom")
     entity = spell.resume(entity_id, on_event=sink, pause="leave")
+    entity.questions_in_calls = False
     async with entity:
         pause = next((p for p in entity.pending if p.pause_id == pause_id), None)
         if pause is None:
