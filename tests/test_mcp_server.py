@@ -348,3 +348,22 @@ async def test_a_client_cancellation_over_http_cancels_the_cast_at_either_era(
                     break
                 await trio.sleep(0.1)
     assert turns[-1].reason == "cancelled"
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_progress_reaches_the_client_at_either_era(tmp_path: Path, mode: str) -> None:
+    spec = write_spec(tmp_path, SCRIPT, loom=False)
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        progress.append((p, total, message))
+
+    client = Client(StdioServerParameters(command=CANTRIP, args=["mcp", str(spec)]), mode=mode)
+    async with client:
+        assert client.protocol_version == ("2026-07-28" if mode == "auto" else "2025-11-25")
+        result = await client.call_tool("cast", {"intent": "hi"}, progress_callback=on_progress)
+    assert not result.is_error
+    assert progress == [
+        (1.0, 4.0, 'turn 1: echo({"text": "thinking"})'),
+        (2.0, 4.0, 'turn 2: done({"answer": "first answer"})'),
+    ]
