@@ -87,10 +87,20 @@ def loom_calls(folder: Path, entity_id: str) -> list[Any]:
 async def test_an_approval_and_a_question_are_asked_of_the_client(tmp_path: Path, era: str) -> None:
     spec = write_spec(tmp_path)
     person = Person(accept(approve=True), accept(answer="blue"))
+    progress: list[tuple[float, float | None]] = []
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        progress.append((p, total))
+
     async with client(spec, person, era) as mcp:
         assert mcp.protocol_version == era
-        result = await mcp.call_tool("cast", {"intent": "paint"})
+        result = await mcp.call_tool("cast", {"intent": "paint"}, progress_callback=on_progress)
     assert not result.is_error, result
+    if era == "2025-11-25":  # one request: its turns counted 1, 2, 3 (pauses' checkpoints not)
+        assert progress == [(1.0, 6.0), (2.0, 6.0), (3.0, 6.0)]
+    else:  # each round is its own request, its turns counted from 1: the approved call's
+        # turn; the answered question's turn; then that turn's end and the done turn
+        assert [p for p, _ in progress] == [1.0, 1.0, 2.0]
     structured = result.structured_content
     assert structured is not None
     assert (structured["result"], structured["terminated"]) == ("painted", True)

@@ -109,13 +109,16 @@ def build_server(spell: Cantrip) -> SDKServer:
                 send.send_nowait(event)
 
         async def report() -> None:
+            # Progress counts the turns this call recorded (1, 2, ...): a turn's sequence
+            # also counts the checkpoints pauses make, and would outrun max_turns.
+            done = 0
             async for event in receive:
                 assert isinstance(event, StepComplete) and event.turn is not None
-                turn = event.turn
+                done += 1
                 await ctx.report_progress(
-                    float(turn.sequence),
+                    float(done),
                     float(max_turns) if max_turns is not None else None,
-                    progress_message(turn.sequence, turn.utterance),
+                    progress_message(done, event.turn.utterance),
                 )
 
         outcome = None

@@ -165,9 +165,12 @@ class TaskBoard:
         return task
 
     async def _run(self, task: Task, intent: str) -> None:
+        done = [0]
+
         def sink(event: Event) -> None:
             if isinstance(event, StepComplete) and event.turn is not None:
-                task.touch(message=progress_message(event.turn.sequence, event.turn.utterance))
+                done[0] += 1
+                task.touch(message=progress_message(done[0], event.turn.utterance))
 
         async def ask(pause: Pause) -> Decision:
             if elicitation_params(pause, url_mode=task.url_mode) is None:
