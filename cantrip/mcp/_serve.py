@@ -2,10 +2,17 @@
 
 One tool, ``cast``: its input is an intent, its result the cast's answer as
 text plus structured content ``{result, terminated, truncated, reason, turns,
-usage, entity_id}``. Every recorded turn is reported as a progress
-notification (when the client asked for progress). A client that cancels the
+usage, entity_id}`` (:mod:`cantrip.mcp._result`). Every recorded turn is reported
+as a progress notification (when the client asked for progress). A client that cancels the
 request cancels the cast: the SDK cancels the tool's task, and the entity
 records the cut-off turn as ``cancelled`` exactly as any cancellation.
+
+When the cast pauses (an approval, an ``ask_user`` question, a question one of
+the circle's MCP servers asked) and the client declared elicitation, the client is
+asked (:mod:`cantrip.mcp._pauses`): at 2026-07-28 the call answers
+``InputRequiredResult`` and the retry goes on from the loom; before it the server
+sends ``elicitation/create`` and the cast waits. A client that declares the tasks
+extension gets a task instead of waiting (:mod:`cantrip.mcp._tasks`).
 
 When the spec has a loom file (``[loom] path``), each entity's thread is an MCP
 resource, ``cantrip://threads/<entity_id>`` (JSON; secrets redacted).
