@@ -36,8 +36,21 @@ _MAX_ANSWER_CHARS = 64_000
 """An answer longer than this is refused unread (a form holds a few short values)."""
 
 
+MAX_FORM_CHARS = 64_000
+"""A requested schema larger than this (as JSON) is refused unasked: a form is a flat
+object of a few primitive fields, and compiling and checking an untrusted schema runs on
+the event loop, so its size must be bounded."""
+
+
 class AnswerError(ValueError):
     """The answer does not fill the form; the message says what it wants."""
+
+
+def check_form(schema: Mapping[str, Any]) -> None:
+    """:class:`AnswerError` if ``schema`` cannot be asked: over :data:`MAX_FORM_CHARS`."""
+    size = len(json.dumps(schema, default=str))
+    if size > MAX_FORM_CHARS:
+        raise AnswerError(f"the form's schema is {size} characters (at most {MAX_FORM_CHARS})")
 
 
 def form_content(schema: Mapping[str, Any], text: str) -> dict[str, Any]:
@@ -66,6 +79,7 @@ def form_content(schema: Mapping[str, Any], text: str) -> dict[str, Any]:
 
 def checked_content(schema: Mapping[str, Any], content: Any) -> dict[str, Any]:
     """``content`` if it is an object that satisfies ``schema``, else :class:`AnswerError`."""
+    check_form(schema)
     if not isinstance(content, dict):
         raise AnswerError("the answer must be a JSON object")
     try:

@@ -345,3 +345,22 @@ async def test_an_acp_editor_answers_a_yes_no_question(
     assert "mcp:asking asks: Really deploy?" in tool_call.title
     assert options == ["allow_once", "reject_once"]
     assert marks(log) == [f"confirm {said}"]
+
+
+async def test_a_form_too_large_to_be_one_is_declined_unasked(tmp_path: Path) -> None:
+    """The server's schema is compiled and checked on the event loop: one over 64,000
+    characters is declined without asking anyone (and nothing is recorded as pending)."""
+    log = tmp_path / "marks"
+    s = spell([call("asking_survey"), finish()], asking(log))
+    asked: list[cantrip.Pause] = []
+
+    async def human(pause: cantrip.Pause) -> cantrip.Decision:
+        asked.append(pause)
+        return cantrip.Decision.answer("{}")
+
+    entity = s.summon(on_pause=human)
+    async with entity:
+        outcome = await entity.send("survey")
+    assert asked == []
+    assert the_call(outcome, "asking_survey").result == {"result": "decline"}
+    assert marks(log) == ["survey decline"]

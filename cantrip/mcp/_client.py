@@ -30,7 +30,7 @@ import pydantic
 import trio
 
 from cantrip._approval import Decision
-from cantrip._elicit import form_content
+from cantrip._elicit import AnswerError, check_form, form_content
 from cantrip._entity import CURRENT_ENTITY
 from cantrip._events import GateProgress
 from cantrip._gate import Gate, GateError, GateResult
@@ -297,9 +297,18 @@ class _Asker:
                 nursery.start_soon(self._answer, question)
 
     async def _answer(self, question: _Question) -> None:
+        from mcp_types import ElicitResult
+
         params = question.params
         url = getattr(params, "url", None)
         schema = None if url is not None else dict(getattr(params, "requested_schema", {}) or {})
+        if schema is not None:
+            try:
+                check_form(schema)
+            except AnswerError as exc:  # never asked: declined, and said why in the log
+                log.warning("MCP %s: a question declined unasked: %s", self.origin, exc)
+                question.settle(ElicitResult(action="decline"))
+                return
         decision = await self.entity.ask_during_call(
             self.gate, params.message, origin=self.origin, schema=schema, url=url
         )

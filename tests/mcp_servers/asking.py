@@ -26,7 +26,7 @@ from mcp.server.mcpserver import (
     MCPServer,
     Resolve,
 )
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
 
 server = MCPServer("asking", version="1.0", log_level="WARNING")
 MARKS = Path(os.environ.get("ASKING_MARKS", os.devnull))
@@ -81,6 +81,27 @@ async def confirm(
     action = "decline" if isinstance(answer, DeclinedElicitation) else "cancel"
     _mark(f"confirm {action}")
     return f"{what}: {action}"
+
+
+Huge = create_model("Huge", **{f"field_{i:04d}": (bool, ...) for i in range(2500)})
+
+
+def ask_huge() -> Elicit[BaseModel]:
+    return Elicit("Fill in this very long form", Huge)
+
+
+@server.tool()
+async def survey(answer: Annotated[ElicitationResult[BaseModel], Resolve(ask_huge)]) -> str:
+    """Asks a form far too large to be one."""
+    action = (
+        "accept"
+        if isinstance(answer, AcceptedElicitation)
+        else "decline"
+        if isinstance(answer, DeclinedElicitation)
+        else "cancel"
+    )
+    _mark(f"survey {action}")
+    return action
 
 
 if __name__ == "__main__":
