@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import attrs
 
+from cantrip._elicit import AnswerError, form_content
 from cantrip._errors import CantripError, ConstructionError
 
 Verdict = Literal["allow", "deny", "ask"]
@@ -51,9 +52,17 @@ class Pause:
     """For ``ask_user``: what the entity asks."""
     checkpoint_id: str | None = None
     """The loom turn that records the turn up to this call, with this pause pending."""
+    origin: str | None = None
+    """Who asks when it is not the entity: ``"mcp:<server>"`` for an MCP server's
+    elicitation during a call of ``gate`` (:mod:`cantrip._elicit`). Such a question
+    waits in place: the call that asks is still running."""
+    schema: Mapping[str, Any] | None = None
+    """For a form (an elicitation's requested schema): the object the answer must be."""
+    url: str | None = None
+    """For a URL-mode elicitation: the page the user is asked to open (outside cantrip)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "pause_id": self.pause_id,
             "entity_id": self.entity_id,
             "kind": self.kind,
@@ -63,6 +72,13 @@ class Pause:
             "question": self.question,
             "checkpoint_id": self.checkpoint_id,
         }
+        if self.origin is not None:
+            data["origin"] = self.origin
+        if self.schema is not None:
+            data["schema"] = dict(self.schema)
+        if self.url is not None:
+            data["url"] = self.url
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], checkpoint_id: str | None = None) -> Pause:
@@ -75,6 +91,9 @@ class Pause:
             tool_call_id=data.get("tool_call_id"),
             question=data.get("question"),
             checkpoint_id=checkpoint_id or data.get("checkpoint_id"),
+            origin=data.get("origin"),
+            schema=data.get("schema"),
+            url=data.get("url"),
         )
 
 
@@ -160,9 +179,15 @@ class Decision:
 
 
 def check_decision(pause: Pause, decision: Decision) -> None:
-    """A question takes an answer (or a refusal); an approval takes approve/deny/edit."""
+    """A question takes an answer (or a refusal); an approval takes approve/deny/edit;
+    a form's answer must fill the form (:func:`cantrip._elicit.form_content`)."""
     if pause.kind == "question" and decision.kind not in ("answer", "deny"):
         raise PauseError(f"pause {pause.pause_id} asks a question: answer it with text")
+    if pause.schema is not None and decision.kind == "answer":
+        try:
+            form_content(pause.schema, decision.text or "")
+        except AnswerError as exc:
+            raise PauseError(f"pause {pause.pause_id} asks for a form: {exc}") from None
     if pause.kind == "approval" and decision.kind == "answer":
         raise PauseError(f"pause {pause.pause_id} asks for approval: approve, deny or edit")
 

@@ -150,8 +150,10 @@ class Circle:
     @functools.cached_property
     def needs_humans(self) -> bool:
         """Whether any call of this circle can pause for a human (checked once)."""
-        return (self.approval is not None and self.approval.active) or any(
-            g.requires_approval or g.asks_user for g in self.gates
+        return (
+            (self.approval is not None and self.approval.active)
+            or any(g.requires_approval or g.asks_user for g in self.gates)
+            or any(getattr(p, "asks_user", False) for p in self.providers)
         )
 
     def verdict(self, name: str, args: Mapping[str, Any]) -> Verdict:

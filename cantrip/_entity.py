@@ -366,6 +366,15 @@ class Entity:
             code, whose process is then let go as if it had died -- the answer continues
             from the loom (the rest of that code block does not run). Children always
             wait in place."""
+        child = spawner is not None and parent_entity_id == spawner.id
+        self.questions_in_calls: bool = (
+            getattr(spawner, "questions_in_calls", True) if child else True
+        )
+        """Whether a question asked from inside a running call (an MCP server's
+        elicitation, :meth:`ask_during_call`) may wait for an answer; off, it is declined
+        at once -- for a host that can reach its human only between requests
+        (``cantrip mcp`` answering a 2026-07-28 client without tasks), which could not
+        keep the asking call alive until the answer came."""
         self._cancel_reason = "cancelled"
         self._cancel_next: str | None = None
         self.cantrip = cantrip
@@ -1105,6 +1114,50 @@ class Entity:
         decision = await self._await_decision(pause)
         return await self._apply_decision(pause, decision)
 
+    async def ask_during_call(
+        self,
+        gate: str,
+        question: str,
+        *,
+        origin: str,
+        schema: Mapping[str, Any] | None = None,
+        url: str | None = None,
+    ) -> Decision:
+        """A question asked from inside a running call of ``gate`` by someone other than
+        the entity (``origin``: an MCP server's elicitation, :mod:`cantrip.mcp._client`).
+
+        It is a pause like ``ask_user``'s -- recorded in the loom, listed in
+        :attr:`pending`, answered by the ``on_pause`` handler, :meth:`answer` or any front
+        end -- but always answered in place: the call that asks is still running, so the
+        cast cannot leave here (as code that asks cannot). The answer is recorded before
+        it is returned; a ``schema`` (a form) makes only answers that fill it acceptable.
+        With :attr:`questions_in_calls` off, the question is declined at once."""
+        if not self.questions_in_calls:
+            return Decision.deny("no one can be asked during a call here")
+        pause = Pause(
+            pause_id=new_pause_id(),
+            entity_id=self.id,
+            kind="question",
+            gate=gate,
+            question=question,
+            origin=origin,
+            schema=schema,
+            url=url,
+        )
+        inflight = self._inflight
+        recording = (
+            self._cast is not None
+            and inflight is not None
+            and inflight.response is not None
+            and inflight.host is not None
+        )
+        pause = self._post_pause(pause, checkpoint=recording)
+        decision = await self._await_decision(pause)
+        if recording:
+            self.checkpoint(marks={"answered": {"pause_id": pause.pause_id, **decision.to_dict()}})
+            await self.loom.sync(self.id)
+        return decision
+
     def _open_pause(self, g: Gate, args: Mapping[str, Any], tool_call_id: str | None) -> Pause:
         question = args.get("question") if g.asks_user else None
         pause = Pause(
@@ -1116,8 +1169,13 @@ class Entity:
             tool_call_id=tool_call_id,
             question=None if question is None else str(question),
         )
-        checkpoint = self.checkpoint(marks={"pending": pause.to_dict()})
-        pause = attrs.evolve(pause, checkpoint_id=checkpoint)
+        return self._post_pause(pause)
+
+    def _post_pause(self, pause: Pause, *, checkpoint: bool = True) -> Pause:
+        """Record ``pause`` as pending in the loom, list it, and tell the event sink."""
+        if checkpoint:
+            checkpoint_id = self.checkpoint(marks={"pending": pause.to_dict()})
+            pause = attrs.evolve(pause, checkpoint_id=checkpoint_id)
         self._board.waiting[pause.pause_id] = _Waiter(pause)
         log.info("%s paused: %s %s waits for a human", self.id, pause.kind, pause.gate)
         if self.on_event is not None:
@@ -1151,7 +1209,9 @@ class Entity:
         """A cast can leave at a pause only between tool calls, not inside running code."""
         inflight = self._inflight
         calls = inflight.response.tool_calls if inflight and inflight.response else ()
-        return any(c.id == pause.tool_call_id and c.name == pause.gate for c in calls)
+        return pause.origin is None and any(
+            c.id == pause.tool_call_id and c.name == pause.gate for c in calls
+        )
 
     async def _ask_human(self, handler: PauseHandler, waiter: _Waiter) -> None:
         decision = await handler(waiter.pause)
@@ -1178,7 +1238,15 @@ class Entity:
         approval: dict[str, Any] = {"pause_id": pause.pause_id, "decision": decision.kind}
         if decision.reason:
             approval["reason"] = decision.reason
-        if decision.kind == "deny":
+        if pause.origin is not None:
+            # Only a process that stopped while the call asked gets here (answered from
+            # the loom): the call that asked is gone, so the answer reaches nobody.
+            message = (
+                f"the call was cut off while {pause.origin} waited for the user's answer "
+                "(the process stopped); the answer was not delivered"
+            )
+            record = circle.unexecuted(pause.gate, pause.args, pause.tool_call_id, "error", message)
+        elif decision.kind == "deny":
             who = (
                 "the user declined to answer" if pause.kind == "question" else "denied by the user"
             )

@@ -306,3 +306,64 @@ def test_check_loads_the_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     spec = write_spec(tmp_path, SCRIPT)
     assert cli_main(["mcp", str(spec), "--check"]) == 0
     assert "tool: cast" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_client_cancellation_over_http_cancels_the_cast_at_either_era(
+    tmp_path: Path, mode: str
+) -> None:
+    """2026-07-28 cancels by closing the request's response stream; 2025-11-25 by
+    ``notifications/cancelled``. Either way the cast is cut off and the loom says so."""
+    from mcp.client.streamable_http import streamable_http_client
+
+    slow = [call("echo", text="step one"), {"delay_ms": 600000, **finish("never")}]
+    spec = write_spec(tmp_path, slow)
+    first_turn = trio.Event()
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        first_turn.set()
+
+    async with http_server(spec) as url:
+        async with Client(streamable_http_client(url), mode=mode) as client:
+            assert client.protocol_version == ("2026-07-28" if mode == "auto" else "2025-11-25")
+            async with trio.open_nursery() as nursery:
+
+                async def cast() -> None:
+                    await client.call_tool(
+                        "cast", {"intent": "wait"}, progress_callback=on_progress
+                    )
+
+                nursery.start_soon(cast)
+                with trio.fail_after(30):
+                    await first_turn.wait()
+                nursery.cancel_scope.cancel()
+        with trio.fail_after(30):
+            while True:
+                loom = Loom.open(tmp_path / "served.db")
+                try:
+                    turns = [t for e in loom.entities for t in loom.entity_turns(e)]
+                finally:
+                    loom.close()
+                if turns and turns[-1].truncated:
+                    break
+                await trio.sleep(0.1)
+    assert turns[-1].reason == "cancelled"
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_progress_reaches_the_client_at_either_era(tmp_path: Path, mode: str) -> None:
+    spec = write_spec(tmp_path, SCRIPT, loom=False)
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        progress.append((p, total, message))
+
+    client = Client(StdioServerParameters(command=CANTRIP, args=["mcp", str(spec)]), mode=mode)
+    async with client:
+        assert client.protocol_version == ("2026-07-28" if mode == "auto" else "2025-11-25")
+        result = await client.call_tool("cast", {"intent": "hi"}, progress_callback=on_progress)
+    assert not result.is_error
+    assert progress == [
+        (1.0, 4.0, 'turn 1: echo({"text": "thinking"})'),
+        (2.0, 4.0, 'turn 2: done({"answer": "first answer"})'),
+    ]

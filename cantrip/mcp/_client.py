@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import pydantic
 import trio
 
+from cantrip._approval import Decision
+from cantrip._elicit import AnswerError, check_form, form_content
 from cantrip._entity import CURRENT_ENTITY
 from cantrip._events import GateProgress
 from cantrip._gate import Gate, GateError, GateResult
@@ -66,6 +68,8 @@ class MCPServer(Protocol):
     def timeout_s(self) -> float: ...
     @property
     def startup_timeout_s(self) -> float: ...
+    @property
+    def elicitation(self) -> bool: ...
     @property
     def gate_prefix(self) -> str: ...
     def describe(self) -> dict[str, Any]: ...
@@ -200,12 +204,7 @@ class MCPProvider:
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
         try:
-            result = await client.call_tool(
-                tool,
-                dict(arguments),
-                read_timeout_seconds=self.spec.timeout_s,
-                progress_callback=_progress_sink(gate_name),
-            )
+            result = await self._call_tool(connection, gate_name, tool, arguments)
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 how = await connection.ended()
@@ -230,6 +229,111 @@ class MCPProvider:
             return failed(f"MCP server {self.spec.name!r}: {exc}")
         value = tool_result_value(result)
         return GateResult(value, detail, is_error=bool(result.is_error))
+
+    async def _call_tool(
+        self, connection: _Connection, gate_name: str, tool: str, arguments: Mapping[str, Any]
+    ) -> mcp_types.CallToolResult:
+        """``tools/call``; with elicitation on, the server's questions during the call
+        are asked by the calling entity (in this task's cancel scope: cancelling the
+        cast cancels the questions, and the server is told ``cancel``)."""
+        call = connection.client.call_tool(
+            tool,
+            dict(arguments),
+            read_timeout_seconds=self.spec.timeout_s,
+            progress_callback=_progress_sink(gate_name),
+        )
+        entity = CURRENT_ENTITY.get(None)
+        if not self.spec.elicitation or entity is None:
+            result: mcp_types.CallToolResult = await call
+            return result
+        asker = _Asker(entity, gate_name, f"mcp:{self.spec.name}")
+        connection.askers.append(asker)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(asker.serve)
+                result = await call
+                nursery.cancel_scope.cancel()
+            return result
+        finally:
+            connection.askers.remove(asker)
+            asker.close()
+
+
+class _Question:
+    """One elicitation waiting for its answer (settled once: by the answer, or by
+    ``cancel`` when the call that it belongs to ended first)."""
+
+    def __init__(self, params: Any) -> None:
+        self.params = params
+        self.result: Any = None
+        self.done = trio.Event()
+
+    def settle(self, result: Any) -> None:
+        if not self.done.is_set():
+            self.result = result
+            self.done.set()
+
+
+class _Asker:
+    """The entity behind one call in flight: asks the server's questions as pauses."""
+
+    def __init__(self, entity: Any, gate: str, origin: str) -> None:
+        self.entity, self.gate, self.origin = entity, gate, origin
+        self._send, self._receive = trio.open_memory_channel[_Question](math.inf)
+        self._open: set[_Question] = set()
+
+    def ask(self, question: _Question) -> bool:
+        """Hand ``question`` to the call's task; False when the call has ended."""
+        try:
+            self._send.send_nowait(question)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        self._open.add(question)
+        return True
+
+    async def serve(self) -> None:
+        async with self._receive, trio.open_nursery() as nursery:
+            async for question in self._receive:
+                nursery.start_soon(self._answer, question)
+
+    async def _answer(self, question: _Question) -> None:
+        from mcp_types import ElicitResult
+
+        params = question.params
+        url = getattr(params, "url", None)
+        schema = None if url is not None else dict(getattr(params, "requested_schema", {}) or {})
+        if schema is not None:
+            try:
+                check_form(schema)
+            except AnswerError as exc:  # never asked: declined, and said why in the log
+                log.warning("MCP %s: a question declined unasked: %s", self.origin, exc)
+                question.settle(ElicitResult(action="decline"))
+                return
+        decision = await self.entity.ask_during_call(
+            self.gate, params.message, origin=self.origin, schema=schema, url=url
+        )
+        question.settle(elicit_result(decision, schema))
+
+    def close(self) -> None:
+        """The call ended: questions still open are cancelled (the MCP ``cancel`` action)."""
+        self._send.close()
+        from mcp_types import ElicitResult
+
+        for question in self._open:
+            question.settle(ElicitResult(action="cancel"))
+        self._open.clear()
+
+
+def elicit_result(decision: Decision, schema: Mapping[str, Any] | None) -> Any:
+    """A pause's decision as MCP's ``ElicitResult``: an answer accepts (a form's answer
+    is the object it fills in; a URL's is consent), a refusal declines."""
+    from mcp_types import ElicitResult
+
+    if decision.kind == "deny":
+        return ElicitResult(action="decline")
+    if schema is None:
+        return ElicitResult(action="accept")
+    return ElicitResult(action="accept", content=form_content(schema, decision.text or ""))
 
 
 def _progress_sink(gate_name: str) -> Any:
@@ -295,6 +399,24 @@ class _Connection:
         self.exit_status: int | None = None
         """The server process's exit status, once it exited on its own (stdio)."""
         self._exited = trio.Event()
+        self.askers: list[_Asker] = []
+        """Calls in flight whose entity asks this server's questions (newest last)."""
+
+    async def on_elicit(self, context: Any, params: Any) -> Any:
+        """The SDK's elicitation callback (a server's ``elicitation/create``, or one of
+        the input requests of a 2026-07-28 ``InputRequiredResult``): the question goes
+        to the call in flight -- the newest, when several are -- and waits for it."""
+        from mcp_types import INVALID_REQUEST, ElicitResult, ErrorData
+
+        if not self.askers:
+            return ErrorData(
+                code=INVALID_REQUEST, message="no call of this server is in flight to ask for"
+            )
+        question = _Question(params)
+        if not self.askers[-1].ask(question):
+            return ElicitResult(action="cancel")
+        await question.done.wait()
+        return question.result
 
     async def start(self, nursery: trio.Nursery) -> None:
         failure: str | None = await nursery.start(self._run)
@@ -361,7 +483,8 @@ class _Connection:
             with self._scope:
                 startup = trio.CancelScope(deadline=trio.current_time() + spec.startup_timeout_s)
                 with startup:
-                    async with _client(spec, self._stderr, self._on_exit) as client:
+                    ask = self.on_elicit if spec.elicitation else None
+                    async with _client(spec, self._stderr, self._on_exit, ask) as client:
                         tools = await _list_tools(client)
                         startup.deadline = math.inf
                         self.client, self.tools, self.alive = client, tools, True
@@ -384,23 +507,34 @@ class _Connection:
                 log.warning("MCP server %r: session ended with %s", spec.name, _describe(exc))
 
 
-def _client(spec: MCPServer, stderr: IO[str], on_exit: Callable[[int], None]) -> Any:
+def _client(
+    spec: MCPServer,
+    stderr: IO[str],
+    on_exit: Callable[[int], None],
+    on_elicit: Callable[..., Awaitable[Any]] | None = None,
+) -> Any:
     """An ``mcp.Client`` for the spec's transport (an async context manager); a
-    stdio server runs under cantrip's own supervision (:mod:`cantrip.mcp._stdio`)."""
+    stdio server runs under cantrip's own supervision (:mod:`cantrip.mcp._stdio`).
+    With ``on_elicit`` the client declares the elicitation capability (form and URL)."""
     from mcp import Client, Implementation
 
     info = Implementation(name="cantrip", version=_version())
     if spec.command is not None:
         transport = stdio_transport(spec.command, spec.args, spec.env, spec.cwd, stderr, on_exit)
-        return Client(transport, client_info=info, cache=None)
-    return _HttpClient(spec, info)
+        return Client(
+            transport,
+            client_info=info,
+            cache=None,
+            elicitation_callback=on_elicit,  # type: ignore[arg-type]
+        )
+    return _HttpClient(spec, info, on_elicit)
 
 
 class _HttpClient:
     """``mcp.Client`` over streamable HTTP with the spec's headers; closes its HTTP client."""
 
-    def __init__(self, spec: MCPServer, info: Any) -> None:
-        self.spec, self.info = spec, info
+    def __init__(self, spec: MCPServer, info: Any, on_elicit: Any = None) -> None:
+        self.spec, self.info, self.on_elicit = spec, info, on_elicit
         self._http: Any = None
         self._client: Any = None
 
@@ -413,7 +547,9 @@ class _HttpClient:
         await self._http.__aenter__()
         try:
             transport = streamable_http_client(self.spec.url or "", http_client=self._http)
-            self._client = Client(transport, client_info=self.info, cache=None)
+            self._client = Client(
+                transport, client_info=self.info, cache=None, elicitation_callback=self.on_elicit
+            )
             return await self._client.__aenter__()
         except BaseException:
             with trio.CancelScope(shield=True):

@@ -2,10 +2,17 @@
 
 One tool, ``cast``: its input is an intent, its result the cast's answer as
 text plus structured content ``{result, terminated, truncated, reason, turns,
-usage, entity_id}``. Every recorded turn is reported as a progress
-notification (when the client asked for progress). A client that cancels the
+usage, entity_id}`` (:mod:`cantrip.mcp._result`). Every recorded turn is reported
+as a progress notification (when the client asked for progress). A client that cancels the
 request cancels the cast: the SDK cancels the tool's task, and the entity
 records the cut-off turn as ``cancelled`` exactly as any cancellation.
+
+When the cast pauses (an approval, an ``ask_user`` question, a question one of
+the circle's MCP servers asked) and the client declared elicitation, the client is
+asked (:mod:`cantrip.mcp._pauses`): at 2026-07-28 the call answers
+``InputRequiredResult`` and the retry goes on from the loom; before it the server
+sends ``elicitation/create`` and the cast waits. A client that declares the tasks
+extension gets a task instead of waiting (:mod:`cantrip.mcp._tasks`).
 
 When the spec has a loom file (``[loom] path``), each entity's thread is an MCP
 resource, ``cantrip://threads/<entity_id>`` (JSON; secrets redacted).
@@ -21,22 +28,28 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
-import pydantic
 import trio
 
+from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
+from cantrip._elicit import AnswerError
+from cantrip._entity import require_intent
 from cantrip._errors import CantripError
 from cantrip._events import Event, StepComplete
-from cantrip._redact import get_logger, redact, redact_value
-from cantrip.llm._contract import plain_json
-from cantrip.loom._model import result_text
-from cantrip.protocols._guard import Guard
+from cantrip._outcome import CastResult
+from cantrip._redact import get_logger
+from cantrip.mcp._pauses import can_elicit, decision_from, elicitation_params
+from cantrip.mcp._result import CastOutput, cast_tool_result, failed_tool_result, progress_message
+from cantrip.mcp._tasks import TaskBoard, tasks_extension
+from cantrip.protocols._guard import Guard, guard_refusals_as_jsonrpc
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer as SDKServer
+    from mcp_types import InputRequiredResult
 
 log = get_logger("cantrip.mcp.serve")
 
@@ -53,23 +66,11 @@ CAST_DESCRIPTION = (
 )
 
 
-class CastOutput(pydantic.BaseModel):
-    """The structured content of a ``cast`` result."""
-
-    result: Any = None
-    terminated: bool
-    truncated: bool
-    reason: str | None = None
-    turns: int
-    usage: dict[str, int]
-    entity_id: str
-
-
 def build_server(spell: Cantrip) -> SDKServer:
     """The MCP server for ``spell``: the ``cast`` tool, and loom threads as resources."""
     from mcp.server import MCPServer
     from mcp.server.mcpserver import Context
-    from mcp_types import CallToolResult, TextContent
+    from mcp_types import CallToolResult
 
     persistent = getattr(spell.loom.store, "path", None) is not None
 
@@ -80,8 +81,24 @@ def build_server(spell: Cantrip) -> SDKServer:
                 listed.extend(_thread_resources(spell))
             return listed
 
+    board = TaskBoard(spell)
+
+    @asynccontextmanager
+    async def lifespan(_server: Any) -> AsyncIterator[dict[str, Any]]:
+        """The server's life: the nursery its tasks' casts run in (cancelled at its end,
+        each cast recorded as cancelled)."""
+        async with trio.open_nursery() as nursery:
+            board.nursery = nursery
+            try:
+                yield {}
+            finally:
+                board.nursery = None
+                nursery.cancel_scope.cancel()
+
     server = CantripMCP(
         "cantrip",
+        lifespan=lifespan,
+        extensions=[tasks_extension(board)],
         instructions=(
             "Call the `cast` tool with an intent; a cantrip entity works on it "
             "(a model in a loop with its gates) and answers with the result."
@@ -91,7 +108,7 @@ def build_server(spell: Cantrip) -> SDKServer:
     )
     max_turns = spell.circle.resolved.max_turns
 
-    async def cast(intent: str, ctx: Context) -> CallToolResult:
+    async def cast(intent: str, ctx: Context) -> CallToolResult | InputRequiredResult:
         send, receive = trio.open_memory_channel[Event](math.inf)
 
         def sink(event: Event) -> None:
@@ -99,55 +116,44 @@ def build_server(spell: Cantrip) -> SDKServer:
                 send.send_nowait(event)
 
         async def report() -> None:
+            # Progress counts the turns this call recorded (1, 2, ...): a turn's sequence
+            # also counts the checkpoints pauses make, and would outrun max_turns.
+            done = 0
             async for event in receive:
                 assert isinstance(event, StepComplete) and event.turn is not None
-                turn = event.turn
+                done += 1
                 await ctx.report_progress(
-                    float(turn.sequence),
+                    float(done),
                     float(max_turns) if max_turns is not None else None,
-                    _progress_message(turn.sequence, turn.utterance, turn.observation),
+                    progress_message(done, event.turn.utterance),
                 )
 
         outcome = None
         failure: str | None = None
+        form, url_mode = can_elicit(ctx.client_capabilities)
+        rounds = form and _rounds(ctx.protocol_version)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(report)
             try:
-                outcome = await spell.cast_async(intent, on_event=sink)
+                outcome = await _run(spell, intent, ctx, sink, form, url_mode, rounds)
             except CantripError as exc:  # a refused intent, an LLM that gave up: the tool fails
                 failure = f"{type(exc).__name__}: {exc}"
             finally:
                 send.close()
         if failure is not None or outcome is None:
-            return CallToolResult(
-                content=[TextContent(type="text", text=redact(failure or "no result"))],
-                is_error=True,
-            )
-        structured = CastOutput(
-            result=redact_value(plain_json(outcome.result)),
-            terminated=outcome.terminated,
-            truncated=outcome.truncated,
-            reason=outcome.reason,
-            turns=len(outcome.turns),
-            usage=outcome.usage.to_dict(),
-            entity_id=outcome.entity_id,
-        )
-        text = (
-            result_text(outcome.result)
-            if outcome.terminated
-            else outcome.summary or f"truncated: {outcome.reason}"
-        )
-        return CallToolResult(
-            content=[TextContent(type="text", text=redact(text))],
-            structured_content=structured.model_dump(mode="json"),
-        )
+            return failed_tool_result(failure or "no result")  # type: ignore[no-any-return]
+        if rounds and outcome.reason == "paused" and outcome.pending:
+            asked = _input_required(outcome.pending[0], url_mode)
+            if asked is not None:
+                return asked
+        return cast_tool_result(outcome)  # type: ignore[no-any-return]
 
     # The SDK reads the signature for the schemas; with postponed annotations and
     # the SDK imported here, hand it the evaluated ones (output: CastOutput).
     cast.__annotations__ = {
         "intent": str,
         "ctx": Context,
-        "return": Annotated[CallToolResult, CastOutput],
+        "return": Annotated[CallToolResult, CastOutput],  # or InputRequiredResult
     }
     server.tool(name="cast", description=CAST_DESCRIPTION)(cast)
 
@@ -165,16 +171,109 @@ def build_server(spell: Cantrip) -> SDKServer:
     return server
 
 
+async def _run(
+    spell: Cantrip,
+    intent: str,
+    ctx: Any,
+    sink: Callable[[Event], None],
+    form: bool,
+    url_mode: bool,
+    rounds: bool,
+) -> CastResult:
+    """Run the cast for one ``tools/call``, or go on with the one it paused.
+
+    A client that takes elicitations is asked when the cast pauses: at 2026-07-28
+    (``rounds``) the cast leaves at the pause (the loom holds it) and the call answers
+    ``InputRequiredResult``; the client's retry carries the answer, and the same
+    entity, resumed from the loom, goes on from the call that paused. Before
+    2026-07-28 the client is sent ``elicitation/create`` and the cast waits in place.
+    A client that takes none gets today's answer: the cast returns ``paused``."""
+    if rounds and ctx.request_state is not None:
+        return await _answered(spell, ctx, sink)
+    require_intent(intent)
+    if rounds:
+        entity = spell.summon(on_event=sink, pause="leave")
+        entity.questions_in_calls = False  # the client is reachable only between requests
+    elif form:
+
+        async def ask_client(pause: Pause) -> Decision:
+            return await _ask_in_place(ctx, pause, url_mode)
+
+        entity = spell.summon(on_event=sink, on_pause=ask_client)
+    else:
+        entity = spell.summon(on_event=sink)
+    async with entity:
+        return await entity.send(intent)
+
+
+async def _ask_in_place(ctx: Any, pause: Pause, url_mode: bool) -> Decision:
+    """Ask the client with a server-sent ``elicitation/create`` (2025-11-25 and before)."""
+    params = elicitation_params(pause, url_mode=url_mode)
+    if params is None:
+        return Decision.deny("the MCP client cannot open pages (no URL-mode elicitation)")
+    session, related = ctx.session, ctx.request_id
+    if pause.url is not None:
+        result = await session.elicit_url(params.message, params.url, pause.pause_id, related)
+    else:
+        result = await session.elicit_form(params.message, params.requested_schema, related)
+    try:
+        return decision_from(pause, result)
+    except AnswerError as exc:
+        return Decision.deny(f"the MCP client's answer did not fill the form: {exc}")
+
+
+def _input_required(pause: Pause, url_mode: bool) -> InputRequiredResult | None:
+    """The ``InputRequiredResult`` that asks ``pause`` (keyed by its pause id; the state
+    names the entity and the pause, sealed by the SDK); None if it cannot be asked."""
+    from mcp_types import ElicitRequest, InputRequiredResult
+
+    params = elicitation_params(pause, url_mode=url_mode)
+    if params is None:
+        return None
+    state = json.dumps({"entity_id": pause.entity_id, "pause_id": pause.pause_id})
+    return InputRequiredResult(
+        input_requests={pause.pause_id: ElicitRequest(params=params)}, request_state=state
+    )
+
+
+async def _answered(spell: Cantrip, ctx: Any, sink: Callable[[Event], None]) -> CastResult:
+    """A retry that carries the answer to a pause: the entity goes on from it. An
+    answer that cannot be taken is a :class:`~cantrip.PauseError` (the tool's error;
+    the pause stays pending). ``requestState`` itself is sealed by the SDK, which
+    refuses one it did not make before this runs."""
+    state = json.loads(ctx.request_state)
+    entity_id, pause_id = str(state["entity_id"]), str(state["pause_id"])
+    response = (ctx.input_responses or {}).get(pause_id)
+    if response is None:
+        raise PauseError(f"inputResponses holds no answer for {pause_id!r}")
+    if entity_id not in spell.loom.entities:
+        raise PauseError(f"no entity {entity_id!r} in this server's loom")
+    entity = spell.resume(entity_id, on_event=sink, pause="leave")
+    entity.questions_in_calls = False
+    async with entity:
+        pause = next((p for p in entity.pending if p.pause_id == pause_id), None)
+        if pause is None:
+            raise PauseError(f"pause {pause_id!r} is not pending (already answered?)")
+        try:
+            decision = decision_from(pause, response)
+        except AnswerError as exc:
+            raise PauseError(f"the answer to {pause_id} does not fill the form: {exc}") from None
+        outcome = await entity.answer(pause_id, decision)
+    assert outcome is not None  # a pause the loom holds is continued here
+    return outcome
+
+
+def _rounds(version: str | None) -> bool:
+    """Whether the negotiated revision asks through ``InputRequiredResult`` (2026-07-28+)."""
+    from mcp_types.version import is_version_at_least
+
+    return version is not None and is_version_at_least(version, "2026-07-28")
+
+
 def _version() -> str:
     from cantrip._version import __version__
 
     return __version__
-
-
-def _progress_message(sequence: int, utterance: str, observation: str) -> str:
-    said = utterance.replace("\n", " ")
-    said = said if len(said) <= 120 else said[:117] + "..."
-    return redact(f"turn {sequence}: {said}" if said else f"turn {sequence}")
 
 
 def _thread_resources(spell: Cantrip) -> Iterable[Any]:
@@ -228,13 +327,15 @@ def http_guard(host: str, token: str | None) -> Guard:
 
 def http_app(spell: Cantrip, guard: Guard) -> Any:
     """The streamable HTTP ASGI app (at ``/mcp``) behind ``guard``. The SDK's own
-    DNS-rebinding check is off: it covered only some binds, the guard covers every one."""
+    DNS-rebinding check is off: it covered only some binds, the guard covers every one.
+    A body the guard refuses (not JSON, too large, too slow) is answered as a JSON-RPC
+    error, as the SDK answers a bad message: 4xx with ``-32700`` / ``-32600``, id null."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     server = build_server(spell)
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     app: Any = server.streamable_http_app(host=guard.bind_host, transport_security=security)
-    return guard.wrap(app)
+    return guard_refusals_as_jsonrpc(guard.wrap(app), "/mcp")
 
 
 async def serve_http(

@@ -61,6 +61,11 @@ class MCPServer:
     tool names (all when None); ``prefix`` is put before each tool's name to make
     its gate name; ``timeout_s`` bounds each call and ``startup_timeout_s`` the
     start-up (spawn or connect, handshake, tool listing).
+
+    ``elicitation`` lets the server ask the user during a call (MCP elicitation,
+    form and URL modes): cantrip declares the capability, and each question pauses
+    the cast like ``ask_user`` (the circle then needs a human, as with ``ask_user``).
+    Off by default: a server that asks anyway is told elicitation is not supported.
     """
 
     name: str
@@ -74,6 +79,7 @@ class MCPServer:
     prefix: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    elicitation: bool = False
 
     def __attrs_post_init__(self) -> None:
         problems = self.problems()
@@ -108,6 +114,11 @@ class MCPServer:
         if self.tools is not None and len(set(self.tools)) != len(self.tools):
             out.append(f"{where}: tools lists a name twice")
         return out
+
+    @property
+    def asks_user(self) -> bool:
+        """Whether calls of this server may pause for a human (its elicitations)."""
+        return self.elicitation
 
     @property
     def gate_prefix(self) -> str:
@@ -175,6 +186,7 @@ class MCPTable(pydantic.BaseModel):
     prefix: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    elicitation: bool = False
 
     def build(self) -> MCPServer:
         return MCPServer(**self.model_dump())

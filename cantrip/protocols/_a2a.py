@@ -42,7 +42,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import attrs
@@ -52,6 +52,7 @@ from cantrip._cantrip import Cantrip
 from cantrip._redact import get_logger, redact
 from cantrip.protocols._api import AnswerRequest
 from cantrip.protocols._asgi import Receive, Scope, Send
+from cantrip.protocols._guard import guard_refusals_as_jsonrpc
 
 AGENT_CARD_PATH = "/.well-known/agent-card.json"
 ENDPOINT = "/a2a"
@@ -663,64 +664,9 @@ def _base_url(scope: Scope) -> str:
     return f"{scope.get('scheme', 'http')}://{host}"
 
 
-_BODY_REFUSALS = {
-    "bad_json": (-32700, "Parse error"),
-    "bad_content_type": (-32600, "Invalid Request"),
-    "too_large": (-32600, "Payload too large"),
-    "timeout": (-32600, "Invalid Request"),
-    "bad_request": (-32600, "Invalid Request"),
-}
-
-
 def jsonrpc_refusals(app: Callable[[Scope, Receive, Send], Any]) -> Any:
     """``app`` (the guarded server) with the guard's body refusals on the A2A endpoint
-    answered as JSON-RPC errors (``-32700`` for bad JSON, ``-32600`` otherwise), the
-    shape an A2A client reads. Host, Origin and token refusals stay HTTP 403/401."""
-
-    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http" or scope.get("path") != ENDPOINT:
-            await app(scope, receive, send)
-            return
-        start: dict[str, Any] = {}
-
-        async def translate(message: Mapping[str, Any]) -> None:
-            if message["type"] == "http.response.start" and message["status"] in (400, 408, 413):
-                start.update(message)
-                return
-            if start and message["type"] == "http.response.body":
-                body = _jsonrpc_body(bytes(message.get("body", b"")))
-                if body is not None:
-                    headers = [
-                        (k, v)
-                        for k, v in start.get("headers", [])
-                        if k.lower() not in (b"content-length", b"content-type")
-                    ]
-                    headers += [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                    ]
-                    await send({"type": "http.response.start", "status": 200, "headers": headers})
-                    await send({"type": "http.response.body", "body": body})
-                    return
-                await send(start)
-                start.clear()
-            await send(message)
-
-        await app(scope, receive, translate)
-
-    return wrapped
-
-
-def _jsonrpc_body(refusal: bytes) -> bytes | None:
-    try:
-        error = json.loads(refusal)["error"]
-        code, title = _BODY_REFUSALS[error["code"]]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "id": None,
-            "error": {"code": code, "message": f"{title}: {error.get('message', '')}"},
-        }
-    ).encode()
+    answered as JSON-RPC errors (``-32700`` for bad JSON, ``-32600`` otherwise) with
+    HTTP 200, the shape an A2A client reads. Host, Origin and token refusals stay
+    HTTP 403/401."""
+    return guard_refusals_as_jsonrpc(app, ENDPOINT, status=200)

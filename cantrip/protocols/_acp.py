@@ -42,6 +42,7 @@ import trio
 
 from cantrip._approval import Decision, Pause
 from cantrip._cantrip import Cantrip
+from cantrip._elicit import yes_no_field
 from cantrip._errors import CantripError
 from cantrip._events import (
     Event,
@@ -237,10 +238,7 @@ class AcpServer:
     async def _ask_permission(self, session: Session, pause: Pause) -> Decision:
         """A pause as ACP's ``session/request_permission``: allow or reject, once or always."""
         if pause.kind == "question":
-            return Decision.deny(
-                "this ACP client can only allow or reject calls, not answer a question: "
-                "ask it in your reply instead"
-            )
+            return await self._ask_consent(session, pause)
         arguments = json.dumps(plain_json(pause.args), ensure_ascii=False, default=str)
         params = {
             "sessionId": session.id,
@@ -274,6 +272,45 @@ class AcpServer:
         if chosen in ("reject_once", "reject_always"):
             return Decision.deny("rejected in the editor")
         return Decision.deny("the permission request was cancelled")
+
+    async def _ask_consent(self, session: Session, pause: Pause) -> Decision:
+        """A question as ``session/request_permission``, when allow / reject can answer it:
+        an MCP server's yes/no form (allow is yes) or a page it asks the user to open
+        (allow is consent). Any other question is declined: ACP has no way to ask it."""
+        field = yes_no_field(pause.schema) if pause.origin is not None else None
+        if pause.origin is None or (pause.url is None and field is None):
+            return Decision.deny(
+                "this ACP client can only allow or reject calls, not answer a question: "
+                "ask it in your reply instead"
+            )
+        title = f"{pause.origin} asks: {pause.question or ''}"
+        if pause.url is not None:
+            title += f" (open {pause.url})"
+        params = {
+            "sessionId": session.id,
+            "toolCall": {
+                "toolCallId": pause.pause_id,
+                "title": title[:500],
+                "kind": "other",
+                "status": "pending",
+                "rawInput": {"question": pause.question, "url": pause.url},
+            },
+            "options": [
+                {"optionId": "allow_once", "name": "Yes", "kind": "allow_once"},
+                {"optionId": "reject_once", "name": "No", "kind": "reject_once"},
+            ],
+        }
+        try:
+            answer = await self.request_client("session/request_permission", params)
+        except RpcError as exc:
+            return Decision.deny(f"the client could not ask: {exc.message}")
+        outcome = answer.get("outcome") if isinstance(answer, Mapping) else None
+        chosen = outcome.get("optionId") if isinstance(outcome, Mapping) else None
+        if chosen == "allow_once":
+            return Decision.answer("true" if field is not None else "ok")
+        if chosen == "reject_once" and field is not None:
+            return Decision.answer("false")
+        return Decision.deny("declined in the editor")
 
     async def _run_locked(self, session: Session, text: str, policy: str) -> dict[str, Any]:
         """Prompts of one session run one after the other (``enqueue``, ACP's default);

@@ -181,6 +181,13 @@ class PauseInfo(_Out):
     tool_call_id: str | None
     question: str | None
     checkpoint_id: str | None
+    origin: str | SkipJsonSchema[None] = None
+    """Who asks when not the entity: ``mcp:<server>`` for an MCP server's elicitation."""
+    form: dict[str, Any] | SkipJsonSchema[None] = Field(default=None, alias="schema")
+    """The JSON Schema a form's answer must fill (the answer's text is its JSON object,
+    or the value of its one field)."""
+    url: str | SkipJsonSchema[None] = None
+    """A page the user is asked to open (an elicitation in URL mode)."""
 
 
 class PendingBody(_Out):

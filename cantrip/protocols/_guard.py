@@ -192,6 +192,77 @@ class Guard:
         return _replay(bytes(body), receive)
 
 
+_BODY_REFUSALS = {
+    "bad_json": (-32700, "Parse error"),
+    "bad_content_type": (-32600, "Invalid Request"),
+    "too_large": (-32600, "Payload too large"),
+    "timeout": (-32600, "Invalid Request"),
+    "bad_request": (-32600, "Invalid Request"),
+}
+
+
+def guard_refusals_as_jsonrpc(app: App, endpoint: str, *, status: int | None = None) -> App:
+    """``app`` (the guarded server) with the guard's body refusals on a JSON-RPC
+    ``endpoint`` answered in JSON-RPC's own shape: ``-32700`` for a body that is not
+    JSON, ``-32600`` for the rest (wrong content type, too large, too slow), id null.
+    ``status`` replaces the HTTP status (A2A clients read errors from a 200); None keeps
+    the guard's 400/408/413 (MCP's streamable HTTP answers a bad message with a 4xx and
+    a JSON-RPC error body). Host, Origin and token refusals stay 403/401: they are
+    about the connection, not the message. The app's own answers pass unchanged."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or scope.get("path") != endpoint:
+            await app(scope, receive, send)
+            return
+        start: dict[str, Any] = {}
+
+        async def translate(message: Mapping[str, Any]) -> None:
+            if message["type"] == "http.response.start" and message["status"] in (400, 408, 413):
+                start.update(message)
+                return
+            if start and message["type"] == "http.response.body":
+                body = _jsonrpc_body(bytes(message.get("body", b"")))
+                if body is not None:
+                    headers = [
+                        (k, v)
+                        for k, v in start.get("headers", [])
+                        if k.lower() not in (b"content-length", b"content-type")
+                    ]
+                    headers += [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ]
+                    answer = start["status"] if status is None else status
+                    await send(
+                        {"type": "http.response.start", "status": answer, "headers": headers}
+                    )
+                    await send({"type": "http.response.body", "body": body})
+                    return
+                held = dict(start)
+                start.clear()
+                await send(held)
+            await send(message)
+
+        await app(scope, receive, translate)
+
+    return wrapped
+
+
+def _jsonrpc_body(refusal: bytes) -> bytes | None:
+    try:
+        error = json.loads(refusal)["error"]
+        code, title = _BODY_REFUSALS[error["code"]]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {"code": code, "message": f"{title}: {error.get('message', '')}"},
+        }
+    ).encode()
+
+
 class Refused(HttpError):
     """A request turned away before it reaches a route (same error shape as a route's)."""
 

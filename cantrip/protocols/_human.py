@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from cantrip._approval import Decision, Pause
+from cantrip._elicit import AnswerError, form_content
 from cantrip._redact import redact
 
 ReadLine = Callable[[], Awaitable[str | None]]
@@ -75,11 +76,44 @@ class TerminalHuman:
         return await self.read_line()
 
     async def _question(self, pause: Pause) -> Decision:
+        if pause.origin is not None:
+            return await self._elicitation(pause)
         self._say(f"\n[bold cyan]the entity asks:[/] {escape(redact(pause.question or ''))}")
         line = await self._ask("[bold]answer>[/] ")
         if line is None:
             return Decision.deny("no answer (end of input)")
         return Decision.answer(line)
+
+    async def _elicitation(self, pause: Pause) -> Decision:
+        """A question from outside the entity (an MCP server, during a call of
+        ``pause.gate``): a form to fill, or a page to open. An empty line declines."""
+        who = escape(f"{pause.origin} (during {pause.gate})")
+        self._say(f"\n[bold cyan]{who} asks:[/] {escape(redact(pause.question or ''))}")
+        if pause.url is not None:
+            self._say(f"open this page to go on: [underline]{escape(pause.url)}[/]")
+            prompt = "[bold]press Enter to decline, or type ok once done>[/] "
+        else:
+            fields = (pause.schema or {}).get("properties") or {}
+            described = ", ".join(
+                f"{name} ({field.get('type', 'value')})" if isinstance(field, dict) else name
+                for name, field in fields.items()
+            )
+            self._say(f"[dim]the form: {escape(described)}; an empty line declines[/]")
+            prompt = "[bold]answer>[/] "
+        while True:
+            line = await self._ask(prompt)
+            if line is None:
+                return Decision.deny("no answer (end of input)")
+            if not line.strip():
+                return Decision.deny("declined at the terminal")
+            if pause.schema is None:
+                return Decision.answer(line)
+            try:
+                form_content(pause.schema, line)
+            except AnswerError as exc:
+                self._say(f"[red]{escape(str(exc))}[/]")
+                continue
+            return Decision.answer(line)
 
     async def _approval(self, pause: Pause) -> Decision:
         arguments = json.dumps(dict(pause.args), indent=2, ensure_ascii=False, default=str)
