@@ -4,7 +4,7 @@ The official JavaScript client (``@ag-ui/client``'s ``HttpAgent``, pinned in
 ``tests/agui_client/package.json``) runs under node in ``tests/agui_client/run.mjs``
 and prints what it received; the official conformance validator's CLI
 (``ag-ui-validate``) checks the live endpoint with its transport rules too.
-``npm install`` runs once, only when ``node_modules`` is missing (the npm registry is
+``npm ci`` runs once per checkout (tests/npm_packages.py) (the npm registry is
 reachable; the install is bounded in time)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ TypeScript SDK (``@modelcontextprotocol/sdk``, pinned in
 ``tests/mcp_ts_client/package.json``), run under node by ``tests/mcp_ts_client/run.mjs``.
 It speaks up to 2025-11-25, so it exercises the handshake era: ``initialize``,
 progress on the call, and the server's ``elicitation/create`` when the cast pauses.
-``npm ci`` runs once, only when ``node_modules`` is missing (the npm registry is
+``npm ci`` runs once per checkout (tests/npm_packages.py) (the npm registry is
 reachable; the install is bounded in time)."""
 
 from __future__ import annotations
