@@ -140,19 +140,23 @@ class HttpApp(ServerShell):
         providers = await ProviderScope.enter()
         self.hub.nursery = providers.nursery
         try:
-            async with trio.open_nursery() as casts:
-                self._casts = casts
-                pushing = trio.CancelScope()
-                if self.a2a is not None:  # A2A push notifications, delivered as long as we serve
-                    casts.start_soon(_within, pushing, self.pushes.run)
+            # A2A push notifications are delivered as long as we serve, in a nursery of
+            # their own: the casts' nursery holds prompts only (what a drain waits for).
+            async with trio.open_nursery() as background:
+                if self.a2a is not None:
+                    background.start_soon(self.pushes.run)
                 try:
-                    yield
+                    async with trio.open_nursery() as casts:
+                        self._casts = casts
+                        try:
+                            yield
+                        finally:
+                            self._casts = None
+                            # the casts still running here are cut off; the entities
+                            # close their providers before the providers' nursery goes
+                            await self.aclose()
                 finally:
-                    self._casts = None
-                    pushing.cancel()
-                    # the casts still running here are cut off; the entities close
-                    # their providers before the providers' nursery goes
-                    await self.aclose()
+                    background.cancel_scope.cancel()
         finally:
             self.hub.nursery = None
             await providers.aclose()
@@ -509,11 +513,6 @@ def _session_info(session: Session) -> dict[str, Any]:
         "running": session.running is not None,
         "turns": len(session.entity.turns),
     }
-
-
-async def _within(scope: trio.CancelScope, run: Callable[[], Awaitable[None]]) -> None:
-    with scope:
-        await run()
 
 
 # -- serving --------------------------------------------------------------------------
