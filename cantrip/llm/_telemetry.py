@@ -25,8 +25,9 @@ from typing import Any
 
 import attrs
 
-from cantrip._errors import LLMError, ProviderError
+from cantrip._errors import ConstructionError, LLMError, ProviderError
 from cantrip._redact import get_logger
+from cantrip.llm._config import load_provider_config
 from cantrip.llm._contract import (
     LLM,
     Message,
@@ -65,21 +66,40 @@ class Pricing:
 PricingLookup = Callable[[str | None, str | None], Pricing | None]
 
 
+_PRICES: dict[tuple[str, str], tuple[object, Pricing | None]] = {}
+"""Prices already looked up, by provider and model, with the config they came from."""
+
+
 def config_pricing(provider: str | None, model: str | None) -> Pricing | None:
-    """Prices of ``model`` at ``provider`` from the provider TOML files, if listed."""
+    """Prices of ``model`` at ``provider`` from the provider TOML files, if listed.
+
+    Every recorded turn asks (its ``cost_usd``), so the answer is kept with the
+    config object it was read from and reused while the provider's config is
+    that same object: a changed providers folder (the environment) or
+    ``clear_cache()`` yields another config, and so a fresh lookup (issue 34)."""
     if not provider or not model:
         return None
-    from cantrip.llm._config import model_info
-
-    info = model_info(provider, model)
-    if info is None or info.cost_input_per_1m is None or info.cost_output_per_1m is None:
+    try:
+        config = load_provider_config(provider)
+    except ConstructionError:
         return None
-    return Pricing(
-        info.cost_input_per_1m,
-        info.cost_output_per_1m,
-        info.cost_cache_read_per_1m,
-        info.cost_cache_write_per_1m,
+    key = (provider, model)
+    known = _PRICES.get(key)
+    if known is not None and known[0] is config:
+        return known[1]
+    info = config.models.get(model)
+    pricing = (
+        None
+        if info is None or info.cost_input_per_1m is None or info.cost_output_per_1m is None
+        else Pricing(
+            info.cost_input_per_1m,
+            info.cost_output_per_1m,
+            info.cost_cache_read_per_1m,
+            info.cost_cache_write_per_1m,
+        )
     )
+    _PRICES[key] = (config, pricing)
+    return pricing
 
 
 @attrs.define
