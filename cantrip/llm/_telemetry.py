@@ -27,7 +27,6 @@ import attrs
 
 from cantrip._errors import ConstructionError, LLMError, ProviderError
 from cantrip._redact import get_logger
-from cantrip.llm._config import load_provider_config
 from cantrip.llm._contract import (
     LLM,
     Message,
@@ -68,6 +67,9 @@ PricingLookup = Callable[[str | None, str | None], Pricing | None]
 
 _PRICES: dict[tuple[str, str], tuple[object, Pricing | None]] = {}
 """Prices already looked up, by provider and model, with the config they came from."""
+_load_config: Callable[[str], Any] | None = None
+"""``load_provider_config``, imported on the first lookup (an import statement per
+turn costs more than the cached lookup itself)."""
 
 
 def config_pricing(provider: str | None, model: str | None) -> Pricing | None:
@@ -79,8 +81,13 @@ def config_pricing(provider: str | None, model: str | None) -> Pricing | None:
     ``clear_cache()`` yields another config, and so a fresh lookup (issue 34)."""
     if not provider or not model:
         return None
+    global _load_config
+    if _load_config is None:  # provider code stays unimported until a price is asked
+        from cantrip.llm._config import load_provider_config
+
+        _load_config = load_provider_config
     try:
-        config = load_provider_config(provider)
+        config = _load_config(provider)
     except ConstructionError:
         return None
     key = (provider, model)
