@@ -25,6 +25,7 @@ from cantrip.llm import (
     load_provider_config,
 )
 from cantrip.llm._contract import StreamingLLM, can_stream
+from cantrip.llm._telemetry import Pricing, config_pricing
 
 
 @pytest.fixture(autouse=True)
@@ -84,3 +85,32 @@ def test_provider_configs_are_cached_per_environment(
     assert load_provider_config("openai") is first  # back: the first folder's config
     clear_cache()
     assert load_provider_config("openai") is not first
+
+
+def test_model_prices_follow_the_providers_folder_and_clear_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each turn's price is remembered (issue 34), but only while the provider's
+    config is the one it was read from: a providers folder named by another
+    variable value, or one edited and then ``clear_cache()``, prices afresh."""
+    assert config_pricing("openai", "house-model") is None  # not in the shipped list
+    folder = tmp_path / "priced"
+    folder.mkdir()
+    toml = folder / "openai.toml"
+    toml.write_text("[models.house-model]\ncost_input_per_1m = 1.0\ncost_output_per_1m = 2.0\n")
+    monkeypatch.setenv("CANTRIP_PROVIDERS_DIR", str(folder))
+    assert config_pricing("openai", "house-model") == Pricing(1.0, 2.0)
+    toml.write_text("[models.house-model]\ncost_input_per_1m = 3.0\ncost_output_per_1m = 4.0\n")
+    assert config_pricing("openai", "house-model") == Pricing(1.0, 2.0)  # cached until...
+    clear_cache()
+    assert config_pricing("openai", "house-model") == Pricing(3.0, 4.0)  # ...cleared
+    monkeypatch.delenv("CANTRIP_PROVIDERS_DIR")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "empty"))  # no folder: shipped only
+    assert config_pricing("openai", "house-model") is None
+    (tmp_path / "xdg" / "cantrip" / "providers").mkdir(parents=True)
+    (tmp_path / "xdg" / "cantrip" / "providers" / "openai.toml").write_text(
+        "[models.house-model]\ncost_input_per_1m = 5.0\ncost_output_per_1m = 6.0\n"
+    )
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert config_pricing("openai", "house-model") == Pricing(5.0, 6.0)
+    assert config_pricing("nonesuch", "house-model") is None  # an unknown provider: no price

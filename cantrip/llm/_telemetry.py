@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from cantrip._errors import LLMError, ProviderError
+from cantrip._errors import ConstructionError, LLMError, ProviderError
 from cantrip._redact import get_logger
 from cantrip.llm._contract import (
     LLM,
@@ -65,21 +65,48 @@ class Pricing:
 PricingLookup = Callable[[str | None, str | None], Pricing | None]
 
 
+_PRICES: dict[tuple[str, str], tuple[object, Pricing | None]] = {}
+"""Prices already looked up, by provider and model, with the config they came from."""
+_load_config: Callable[[str], Any] | None = None
+"""``load_provider_config``, imported on the first lookup (an import statement per
+turn costs more than the cached lookup itself)."""
+
+
 def config_pricing(provider: str | None, model: str | None) -> Pricing | None:
-    """Prices of ``model`` at ``provider`` from the provider TOML files, if listed."""
+    """Prices of ``model`` at ``provider`` from the provider TOML files, if listed.
+
+    Every recorded turn asks (its ``cost_usd``), so the answer is kept with the
+    config object it was read from and reused while the provider's config is
+    that same object: a changed providers folder (the environment) or
+    ``clear_cache()`` yields another config, and so a fresh lookup (issue 34)."""
     if not provider or not model:
         return None
-    from cantrip.llm._config import model_info
+    global _load_config
+    if _load_config is None:  # provider code stays unimported until a price is asked
+        from cantrip.llm._config import load_provider_config
 
-    info = model_info(provider, model)
-    if info is None or info.cost_input_per_1m is None or info.cost_output_per_1m is None:
+        _load_config = load_provider_config
+    try:
+        config = _load_config(provider)
+    except ConstructionError:
         return None
-    return Pricing(
-        info.cost_input_per_1m,
-        info.cost_output_per_1m,
-        info.cost_cache_read_per_1m,
-        info.cost_cache_write_per_1m,
+    key = (provider, model)
+    known = _PRICES.get(key)
+    if known is not None and known[0] is config:
+        return known[1]
+    info = config.models.get(model)
+    pricing = (
+        None
+        if info is None or info.cost_input_per_1m is None or info.cost_output_per_1m is None
+        else Pricing(
+            info.cost_input_per_1m,
+            info.cost_output_per_1m,
+            info.cost_cache_read_per_1m,
+            info.cost_cache_write_per_1m,
+        )
     )
+    _PRICES[key] = (config, pricing)
+    return pricing
 
 
 @attrs.define
