@@ -218,45 +218,15 @@ def available_providers() -> list[str]:
 
 _FOLDER_ENV = ("CANTRIP_PROVIDERS_DIR", "XDG_CONFIG_HOME", "HOME")
 """The variables :func:`user_dir` depends on."""
-_BY_ENV: dict[tuple[str, tuple[object, ...]], ProviderConfig] = {}
+_BY_ENV: dict[tuple[str, tuple[str | None, ...]], ProviderConfig] = {}
 """The cache by name and those variables' values: each turn's cost looks its model's
 prices up here, and building the folder's path costs more than the rest of the lookup."""
 
 
-def _folder_env() -> tuple[object, ...]:
-    """The current values of :data:`_FOLDER_ENV`, as a cache key (issue 34).
-
-    Read on every lookup, so a change to any of them (``monkeypatch.setenv``, a
-    program moving ``CANTRIP_PROVIDERS_DIR``) is seen by the next one. On CPython
-    ``os.environ`` keeps its values in a dict of encoded keys (``_data``, which
-    every ``os.environ[...] = ...`` and ``del`` updates); reading it directly costs
-    a tenth of ``os.environ.get``, which raises and catches a ``KeyError`` inside
-    for every unset variable -- and two of the three are usually unset. Anywhere
-    else the public ``get`` answers. The values are only compared, never used."""
-    data = getattr(os.environ, "_data", None)
-    if type(data) is dict and _ENCODED_FOLDER_ENV is not None:
-        get = data.get
-        return (
-            get(_ENCODED_FOLDER_ENV[0]),
-            get(_ENCODED_FOLDER_ENV[1]),
-            get(_ENCODED_FOLDER_ENV[2]),
-        )
-    environ = os.environ
-    return tuple(environ.get(var) for var in _FOLDER_ENV)
-
-
-def _encoded_folder_env() -> tuple[object, ...] | None:
-    """:data:`_FOLDER_ENV` as ``os.environ`` keys its ``_data`` (``None``: not CPython's)."""
-    encode = getattr(os.environ, "encodekey", None)
-    return tuple(encode(var) for var in _FOLDER_ENV) if callable(encode) else None
-
-
-_ENCODED_FOLDER_ENV = _encoded_folder_env()
-
-
 def load_provider_config(name: str) -> ProviderConfig:
     """The merged configuration of provider ``name`` (cached)."""
-    env_key = (name, _folder_env())
+    environ = os.environ
+    env_key = (name, tuple(environ.get(var) for var in _FOLDER_ENV))
     fast = _BY_ENV.get(env_key)
     if fast is not None:
         return fast
