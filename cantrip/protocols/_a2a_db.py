@@ -44,6 +44,7 @@ from cantrip._approval import PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._events import StepComplete
 from cantrip.distributed._queue import DEAD, ENDED, answer_on
+from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols._a2a import (
     CANCEL_WAIT_S,
@@ -62,6 +63,7 @@ from cantrip.protocols._a2a import (
     working,
 )
 from cantrip.protocols._asgi import HttpError
+from cantrip.protocols._db_follow import follow
 from cantrip.protocols._db_notify import Notifier
 from cantrip.protocols._db_sessions import (
     DbSessions,
@@ -328,35 +330,32 @@ class DbTasks(A2AHandler):
         return self._tail(task)
 
     async def _tail(self, task: DbTask) -> AsyncIterator[Any]:
-        """A ``working`` update per turn the work records, then the task's final events."""
+        """A ``working`` update per turn the work records (:mod:`._db_follow`), then the
+        task's final events; the stream ends when the replica begins to shut down."""
         if not task.working:
             return
         replica = self.replica
-        seen: int | None = None  # the loom position its cast began after (its first claim)
-        with replica.notifier.watching(task.entity_id) as next_event:
-            while not replica.drain.closing:
-                woken = next_event()
+        turns = follow(
+            replica,
+            task.entity_id,
+            replica._db_waiting,
+            work_id=task.work_id,
+            stop=lambda: replica.drain.closing,
+        )
+        async with contextlib.aclosing(turns):
+            while True:
                 with protocol_errors():
-                    now: Progress = await replica._db_waiting(
-                        replica.sessions.progress, task.work_id
-                    )
-                    seen = now.base_pos if seen is None else seen
-                    turns = []
-                    if seen is not None:
-                        turns = await replica._db_waiting(
-                            replica.sessions.turns_after, task.entity_id, seen
-                        )
-                for pos, turn in turns:
-                    seen = pos
-                    yield progress(task, event_dict(StepComplete(turn, entity_id=turn.entity_id)))
-                if now.ended:
+                    item = await anext(turns, None)
+                if item is None:
+                    return
+                if isinstance(item, Turn):
+                    yield progress(task, event_dict(StepComplete(item, entity_id=item.entity_id)))
+                elif item.last:
                     ended = await self._find(task.id)
                     assert isinstance(ended, DbTask)
                     for event in ended.final:
                         yield event
                     return
-                with trio.move_on_after(replica.tail_s):
-                    await woken.wait()
 
     async def _cancel(self, task: TaskView) -> TaskView:
         from a2a.types import a2a_pb2 as pb
