@@ -23,6 +23,7 @@ enqueue with its limits, the notifier, the drain) are reached through
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -40,6 +41,8 @@ from cantrip.protocols._agui import (
     RunFailed,
     RunStream,
     Where,
+    check_tools,
+    client_answers,
     decision_for,
     intent_of,
     parse_input,
@@ -50,6 +53,7 @@ from cantrip.protocols._agui import (
     tool_results,
 )
 from cantrip.protocols._asgi import HttpError, Receive, Send
+from cantrip.protocols._db_follow import follow
 from cantrip.protocols._db_notify import Notifier
 from cantrip.protocols._db_sessions import (
     DbSessions,
@@ -95,11 +99,7 @@ async def serve_db_agui(replica: Replica, receive: Receive, send: Send) -> None:
     """``POST /agui`` at a replica: read the run's input, find its thread's session
     (in the database: any replica finds the same one), and stream the run."""
     run = parse_input(await read_body(receive))
-    taken = sorted({t.name for t in run.tools or ()} & set(replica.cantrip.circle.gate_names))
-    if taken:
-        raise HttpError(
-            400, "bad_request", f"the circle already has a gate named {', '.join(taken)}"
-        )
+    check_tools(run, replica.cantrip.circle.gate_names)
     row = await _thread_session(replica, run.thread_id)
     stream = RunStream(run, send)
     await stream.begin(await _where(replica, row))
@@ -198,18 +198,12 @@ class DbAguiRun:
         if not results:
             return None
         pending = await replica._db(replica.sessions.pending, row.entity_id)
-        calls = [
-            Pause.from_dict(p) for p in pending
-            if p.get("kind") == "question" and p.get("tool_call_id") in results
-        ]  # fmt: skip
+        calls = client_answers(results, [Pause.from_dict(p) for p in pending])
         if not calls:
             return None
         outcome: CastResult | None = None
-        for pause in calls:
-            assert pause.tool_call_id is not None
-            outcome = await self._answer(
-                pause, Decision.answer(results[pause.tool_call_id]), receive
-            )
+        for pause, decision in calls:
+            outcome = await self._answer(pause, decision, receive)
         return (outcome,)
 
     async def _answer(
@@ -273,31 +267,16 @@ class DbAguiRun:
     async def _tell(self, work_id: int) -> Progress:
         """Tell the cast's turns as they land in the loom (after the position its work's
         first claim recorded), until its work ends; how it ended. A turn with an intent
-        after the first begins the next cast: a replayed run tells its own cast only."""
-        replica, entity_id = self.replica, self.row.entity_id
-        first = True
-        seen: int | None = None
-        with replica.notifier.watching(entity_id) as next_event:
-            while True:
-                woken = next_event()  # before the check: none is missed
-                status: Progress = await replica._db_waiting(replica.sessions.progress, work_id)
-                if seen is None:
-                    seen = status.base_pos
-                landed = []
-                if seen is not None:
-                    landed = await replica._db_waiting(
-                        replica.sessions.turns_after, entity_id, seen
-                    )
-                for pos, turn in landed:
-                    if turn.intent is not None and not first:  # the next cast: ours ended
-                        ended: Progress = await replica._db_waiting(
-                            replica.sessions.progress, work_id
-                        )
-                        return ended
-                    first, seen = False, pos
-                    for event in recorded_events(turn):
+        after the first begins the next cast: a replayed run tells its own cast only
+        (:mod:`._db_follow`)."""
+        replica = self.replica
+        turns = follow(replica, self.row.entity_id, replica._db_waiting, work_id=work_id)
+        async with contextlib.aclosing(turns):
+            async for item in turns:
+                if isinstance(item, Turn):
+                    for event in recorded_events(item):
                         await self.stream.event(event)
-                if status.ended:
-                    return status
-                with trio.move_on_after(replica.tail_s):
-                    await woken.wait()
+                elif item.last:
+                    assert item.progress is not None
+                    return item.progress
+        raise AssertionError("following a work item ends with its last beat")
