@@ -24,10 +24,10 @@ enqueue with its limits, the notifier, the drain) are reached through
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import trio
 from ag_ui.core import RunAgentInput
 
 from cantrip._approval import Decision, Pause, PauseError
@@ -53,7 +53,7 @@ from cantrip.protocols._agui import (
     tool_results,
 )
 from cantrip.protocols._asgi import HttpError, Receive, Send
-from cantrip.protocols._db_follow import follow
+from cantrip.protocols._db_follow import follow, while_connected
 from cantrip.protocols._db_notify import Notifier
 from cantrip.protocols._db_sessions import (
     DbSessions,
@@ -64,7 +64,7 @@ from cantrip.protocols._db_sessions import (
     prompt_id_for,
 )
 from cantrip.protocols._lifecycle import Drain, Tally
-from cantrip.protocols._request import read_body, until_disconnect
+from cantrip.protocols._request import read_body
 from cantrip.protocols._sessions import ENTITY_PREFIX, SESSION_PREFIX
 
 log = get_logger("cantrip.agui")
@@ -228,28 +228,16 @@ class DbAguiRun:
         """Tell the work's turns until it ends (cancelling it if the client hangs up);
         the cast as the loom recorded it."""
         replica, row = self.replica, self.row
-        gone = False
-        ended: Progress | None = None
-        async with trio.open_nursery() as nursery:
 
-            async def watch() -> None:
-                nonlocal gone
-                await until_disconnect(receive)
-                gone = True
-                log.info("session %s: the AG-UI client hung up; cancelling its run",
-                         row.session_id)  # fmt: skip
-                with trio.CancelScope(shield=True):
-                    await replica._db(
-                        replica.sessions.cancel, row.entity_id, prompt_id_for(work_id)
-                    )
-                nursery.cancel_scope.cancel()
+        async def cancel() -> None:
+            log.info("session %s: the AG-UI client hung up; cancelling its run", row.session_id)
+            await replica._db(replica.sessions.cancel, row.entity_id, prompt_id_for(work_id))
 
-            nursery.start_soon(watch)
-            with replica.drain.stream():
-                ended = await self._tell(work_id)
-            nursery.cancel_scope.cancel()
-        if gone:
+        tell = functools.partial(self._tell, work_id)
+        followed = await while_connected(replica.drain, receive, tell, cancel)
+        if followed.gone:
             raise _Gone
+        ended = followed.ended
         if ended is None:
             raise RunFailed(
                 "shutting_down", "this replica is shutting down; the cast goes on at its worker"

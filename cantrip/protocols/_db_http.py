@@ -68,7 +68,7 @@ from cantrip.protocols._asgi import (
     sse_error,
 )
 from cantrip.protocols._db_agui import serve_db_agui
-from cantrip.protocols._db_follow import follow
+from cantrip.protocols._db_follow import follow, while_connected
 from cantrip.protocols._db_notify import Notifier
 from cantrip.protocols._db_sessions import (
     DbSessions,
@@ -384,27 +384,19 @@ class DbHttpApp(ServerShell):
         with self._waits.held():
             await start_prompt_stream(send, prompt_id, row.session_id, key)
 
-            gone = False
-            ended: Progress | None = None
-            async with trio.open_nursery() as nursery:
+            async def cancel() -> None:
+                log.info("session %s: the client hung up; cancelling its prompt", row.session_id)
+                await self._db(self.sessions.cancel, row.entity_id, prompt_id)
 
-                async def watch() -> None:
-                    nonlocal gone
-                    await until_disconnect(receive)
-                    gone = True
-                    if cancel_on_disconnect:
-                        log.info("session %s: the client hung up; cancelling its prompt",
-                                 row.session_id)  # fmt: skip
-                        with trio.CancelScope(shield=True):
-                            await self._db(self.sessions.cancel, row.entity_id, prompt_id)
-                    nursery.cancel_scope.cancel()  # stop tailing: the socket goes now
-
-                nursery.start_soon(watch)
-                with self.drain.stream():
-                    ended = await self._tail(row, work_id, send)
-                nursery.cancel_scope.cancel()
-            if gone:
+            followed = await while_connected(
+                self.drain,
+                receive,
+                lambda: self._tail(row, work_id, send),
+                cancel if cancel_on_disconnect else None,
+            )
+            if followed.gone:
                 return  # the work goes on at its worker; nobody to tell
+            ended = followed.ended
             try:
                 if ended is None:
                     raise self._unavailable(
