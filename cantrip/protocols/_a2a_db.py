@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import attrs
 import trio
 
 from cantrip._approval import PauseError
-from cantrip._cantrip import Cantrip
 from cantrip._events import StepComplete
 from cantrip.distributed._queue import DEAD, ENDED, answer_on
 from cantrip.loom._model import Turn
@@ -64,15 +63,12 @@ from cantrip.protocols._a2a import (
 )
 from cantrip.protocols._asgi import HttpError
 from cantrip.protocols._db_follow import follow
-from cantrip.protocols._db_notify import Notifier
+from cantrip.protocols._db_replica import Replica
 from cantrip.protocols._db_sessions import (
-    DbSessions,
-    Progress,
     SessionRow,
     failure_message,
     prompt_id_for,
 )
-from cantrip.protocols._lifecycle import Drain
 from cantrip.protocols._sessions import SessionError, entity_id_for, event_dict, session_id_for
 
 _SCHEMA_LOCK = 0x61326174  # "a2at": schema creation, once per database
@@ -94,21 +90,6 @@ _SELECT = (
     "extract(epoch FROM coalesce(w.finished_at, w.claimed_at, w.enqueued_at))::float8 "
     "FROM cantrip_a2a_tasks t JOIN cantrip_work w ON w.id = t.work_id"
 )
-
-
-class Replica(Protocol):
-    """What this module uses of a ``serve --db`` replica (:class:`._db_http.DbHttpApp`)."""
-
-    cantrip: Cantrip
-    sessions: DbSessions
-    notifier: Notifier
-    drain: Drain
-    tail_s: float
-
-    async def _db(self, fn: Callable[..., Any], *args: Any) -> Any: ...
-    async def _db_waiting(self, fn: Callable[..., Any], *args: Any) -> Any: ...
-    async def _enqueue(self, row: SessionRow, intent: str, key: str | None) -> int: ...
-    async def _wait(self, entity_id: str, work_id: int) -> Progress: ...
 
 
 @attrs.define(eq=False)

@@ -18,20 +18,17 @@ state and the thread are the same as in process.
 
 The replica's own pieces (its database calls behind the store's limiter, the
 enqueue with its limits, the notifier, the drain) are reached through
-:class:`Replica`, so this module stands apart from the replica's routes.
+:class:`._db_replica.Replica`, so this module stands apart from the replica's routes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
-from typing import Any, Protocol
 
 from ag_ui.core import RunAgentInput
 
 from cantrip._approval import Decision, Pause, PauseError
-from cantrip._cantrip import Cantrip
 from cantrip._client_gates import CLIENT_TOOLS_KEY
 from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
@@ -54,45 +51,18 @@ from cantrip.protocols._agui import (
 )
 from cantrip.protocols._asgi import HttpError, Receive, Send
 from cantrip.protocols._db_follow import follow, while_connected
-from cantrip.protocols._db_notify import Notifier
+from cantrip.protocols._db_replica import Replica
 from cantrip.protocols._db_sessions import (
-    DbSessions,
     Progress,
     Queued,
     SessionRow,
     failure_message,
     prompt_id_for,
 )
-from cantrip.protocols._lifecycle import Drain, Tally
 from cantrip.protocols._request import read_body
 from cantrip.protocols._sessions import ENTITY_PREFIX, SESSION_PREFIX
 
 log = get_logger("cantrip.agui")
-
-
-class Replica(Protocol):
-    """What a run needs of the ``serve --db`` replica that serves it."""
-
-    spell: dict[str, Any]
-    cantrip: Cantrip
-    sessions: DbSessions
-    notifier: Notifier
-    drain: Drain
-    tail_s: float
-    _waits: Tally
-
-    async def _db(self, fn: Callable[..., Any], *args: Any) -> Any: ...
-
-    async def _db_waiting(self, fn: Callable[..., Any], *args: Any) -> Any: ...
-
-    async def _enqueue(
-        self,
-        row: SessionRow,
-        intent: str,
-        key: str | None,
-        on_busy: str = "reject",
-        spell: dict[str, Any] | None = None,
-    ) -> int: ...
 
 
 async def serve_db_agui(replica: Replica, receive: Receive, send: Send) -> None:
