@@ -258,6 +258,30 @@ async def test_a_streamed_prompt_sends_each_turn_as_it_lands_then_the_result(
     assert events[-1][1]["result"] == "streamed ok #1" and events[-1][1]["session_id"] == sid
 
 
+async def test_a_replayed_stream_tells_its_own_cast_only(stack: Stack) -> None:
+    """A stream replaying a prompt by its Idempotency-Key after the session went on tells
+    that prompt's turns, not the later casts' (its result is that prompt's too)."""
+    a, b = stack.replicas
+    key = {"Idempotency-Key": "replayed-stream"}
+    async with await _client(a) as on_a:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        mine = await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "mine"}, headers=key)
+        assert mine.status_code == 200, mine.text
+        later = await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "later"})
+        assert later.json()["result"] == "later ok #2"
+    async with (
+        httpx.AsyncClient(base_url=b, timeout=60) as on_b,
+        on_b.stream(
+            "POST", f"/sessions/{sid}/prompt?stream=1", json={"prompt": "mine"}, headers=key
+        ) as response,
+    ):
+        events = [event async for event in _sse_events(response)]
+    names = [n for n, _ in events]
+    assert names == ["prompt"] + ["step_complete"] * TURNS + ["final_response", "result"]
+    assert [e["sequence"] for n, e in events if n == "step_complete"] == [1, 2, 3]
+    assert events[-2][1]["result"] == events[-1][1]["result"] == "mine ok #1"
+
+
 async def _sse_events(response: httpx.Response) -> Any:
     name = None
     async for line in response.aiter_lines():

@@ -34,16 +34,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import attrs
 import trio
 
 from cantrip._approval import PauseError
-from cantrip._cantrip import Cantrip
 from cantrip._events import StepComplete
 from cantrip.distributed._queue import DEAD, ENDED, answer_on
+from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols._a2a import (
     CANCEL_WAIT_S,
@@ -62,15 +62,13 @@ from cantrip.protocols._a2a import (
     working,
 )
 from cantrip.protocols._asgi import HttpError
-from cantrip.protocols._db_notify import Notifier
+from cantrip.protocols._db_follow import follow
+from cantrip.protocols._db_replica import Replica
 from cantrip.protocols._db_sessions import (
-    DbSessions,
-    Progress,
     SessionRow,
     failure_message,
     prompt_id_for,
 )
-from cantrip.protocols._lifecycle import Drain
 from cantrip.protocols._sessions import SessionError, entity_id_for, event_dict, session_id_for
 
 _SCHEMA_LOCK = 0x61326174  # "a2at": schema creation, once per database
@@ -92,21 +90,6 @@ _SELECT = (
     "extract(epoch FROM coalesce(w.finished_at, w.claimed_at, w.enqueued_at))::float8 "
     "FROM cantrip_a2a_tasks t JOIN cantrip_work w ON w.id = t.work_id"
 )
-
-
-class Replica(Protocol):
-    """What this module uses of a ``serve --db`` replica (:class:`._db_http.DbHttpApp`)."""
-
-    cantrip: Cantrip
-    sessions: DbSessions
-    notifier: Notifier
-    drain: Drain
-    tail_s: float
-
-    async def _db(self, fn: Callable[..., Any], *args: Any) -> Any: ...
-    async def _db_waiting(self, fn: Callable[..., Any], *args: Any) -> Any: ...
-    async def _enqueue(self, row: SessionRow, intent: str, key: str | None) -> int: ...
-    async def _wait(self, entity_id: str, work_id: int) -> Progress: ...
 
 
 @attrs.define(eq=False)
@@ -328,35 +311,32 @@ class DbTasks(A2AHandler):
         return self._tail(task)
 
     async def _tail(self, task: DbTask) -> AsyncIterator[Any]:
-        """A ``working`` update per turn the work records, then the task's final events."""
+        """A ``working`` update per turn the work records (:mod:`._db_follow`), then the
+        task's final events; the stream ends when the replica begins to shut down."""
         if not task.working:
             return
         replica = self.replica
-        seen: int | None = None  # the loom position its cast began after (its first claim)
-        with replica.notifier.watching(task.entity_id) as next_event:
-            while not replica.drain.closing:
-                woken = next_event()
+        turns = follow(
+            replica,
+            task.entity_id,
+            replica._db_waiting,
+            work_id=task.work_id,
+            stop=lambda: replica.drain.closing,
+        )
+        async with contextlib.aclosing(turns):
+            while True:
                 with protocol_errors():
-                    now: Progress = await replica._db_waiting(
-                        replica.sessions.progress, task.work_id
-                    )
-                    seen = now.base_pos if seen is None else seen
-                    turns = []
-                    if seen is not None:
-                        turns = await replica._db_waiting(
-                            replica.sessions.turns_after, task.entity_id, seen
-                        )
-                for pos, turn in turns:
-                    seen = pos
-                    yield progress(task, event_dict(StepComplete(turn, entity_id=turn.entity_id)))
-                if now.ended:
+                    item = await anext(turns, None)
+                if item is None:
+                    return
+                if isinstance(item, Turn):
+                    yield progress(task, event_dict(StepComplete(item, entity_id=item.entity_id)))
+                elif item.last:
                     ended = await self._find(task.id)
                     assert isinstance(ended, DbTask)
                     for event in ended.final:
                         yield event
                     return
-                with trio.move_on_after(replica.tail_s):
-                    await woken.wait()
 
     async def _cancel(self, task: TaskView) -> TaskView:
         from a2a.types import a2a_pb2 as pb

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -183,6 +183,26 @@ def tool_results(run: RunAgentInput) -> dict[str, str]:
                 text = f"{text}\n{message.error}".strip() if text else f"error: {message.error}"
             results.setdefault(message.tool_call_id, text)
     return results
+
+
+def client_answers(
+    results: Mapping[str, str], pending: Iterable[Pause]
+) -> list[tuple[Pause, Decision]]:
+    """The open calls of the client's own tools that ``results`` (:func:`tool_results`)
+    answer, in the order they wait, each with its answer."""
+    return [
+        (p, Decision.answer(results[p.tool_call_id])) for p in pending
+        if p.kind == "question" and p.tool_call_id is not None and p.tool_call_id in results
+    ]  # fmt: skip
+
+
+def check_tools(run: RunAgentInput, gate_names: Iterable[str]) -> None:
+    """A ``400`` if a tool the input offers has the name of one of the circle's gates."""
+    taken = sorted({t.name for t in run.tools or ()} & set(gate_names))
+    if taken:
+        raise HttpError(
+            400, "bad_request", f"the circle already has a gate named {', '.join(taken)}"
+        )
 
 
 def tool_definitions(run: RunAgentInput) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import trio
 from ag_ui.core import RunAgentInput
 
-from cantrip._approval import Decision, PauseError
+from cantrip._approval import PauseError
 from cantrip._errors import CantripError, ConstructionError
 from cantrip._events import Event
 from cantrip._outcome import CastResult
@@ -23,6 +23,8 @@ from cantrip.protocols._agui import (
     RunFailed,
     RunStream,
     Where,
+    check_tools,
+    client_answers,
     decision_for,
     intent_of,
     offered_gates,
@@ -151,17 +153,11 @@ class AguiRun:
         """Answer the open calls of the client's own tools with the results this run
         carries, each continuing the paused cast (the last continuation's outcome is
         the run's); None if the run carries no result for an open call."""
-        results = tool_results(self.run)
-        calls = [
-            p for p in self.session.entity.pending
-            if p.kind == "question" and p.tool_call_id in results
-        ]  # fmt: skip
+        calls = client_answers(tool_results(self.run), self.session.entity.pending)
         if not calls:
             return None
         outcome: CastResult | None = None
-        for pause in calls:
-            assert pause.tool_call_id is not None
-            decision = Decision.answer(results[pause.tool_call_id])
+        for pause, decision in calls:
             outcome = await self.hub.answer(self.session, pause.pause_id, decision, on_event=sink)
         return (outcome,)
 
@@ -189,11 +185,7 @@ async def serve_agui(
     first, as for any session a request names), and stream the run."""
     run = parse_input(await read_body(receive))
     await make_room()
-    taken = sorted({t.name for t in run.tools or ()} & set(hub.spell.circle.gate_names))
-    if taken:
-        raise HttpError(
-            400, "bad_request", f"the circle already has a gate named {', '.join(taken)}"
-        )
+    check_tools(run, hub.spell.circle.gate_names)
     try:
         session = session_for(hub, run.thread_id)
     except SessionError as exc:  # e.g. a resumed entity that cannot be loaded

@@ -18,19 +18,17 @@ state and the thread are the same as in process.
 
 The replica's own pieces (its database calls behind the store's limiter, the
 enqueue with its limits, the notifier, the drain) are reached through
-:class:`Replica`, so this module stands apart from the replica's routes.
+:class:`._db_replica.Replica`, so this module stands apart from the replica's routes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+import contextlib
+import functools
 
-import trio
 from ag_ui.core import RunAgentInput
 
 from cantrip._approval import Decision, Pause, PauseError
-from cantrip._cantrip import Cantrip
 from cantrip._client_gates import CLIENT_TOOLS_KEY
 from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
@@ -40,6 +38,8 @@ from cantrip.protocols._agui import (
     RunFailed,
     RunStream,
     Where,
+    check_tools,
+    client_answers,
     decision_for,
     intent_of,
     parse_input,
@@ -50,56 +50,26 @@ from cantrip.protocols._agui import (
     tool_results,
 )
 from cantrip.protocols._asgi import HttpError, Receive, Send
-from cantrip.protocols._db_notify import Notifier
+from cantrip.protocols._db_follow import follow, while_connected
+from cantrip.protocols._db_replica import Replica
 from cantrip.protocols._db_sessions import (
-    DbSessions,
     Progress,
     Queued,
     SessionRow,
     failure_message,
     prompt_id_for,
 )
-from cantrip.protocols._lifecycle import Drain, Tally
-from cantrip.protocols._request import read_body, until_disconnect
+from cantrip.protocols._request import read_body
 from cantrip.protocols._sessions import ENTITY_PREFIX, SESSION_PREFIX
 
 log = get_logger("cantrip.agui")
-
-
-class Replica(Protocol):
-    """What a run needs of the ``serve --db`` replica that serves it."""
-
-    spell: dict[str, Any]
-    cantrip: Cantrip
-    sessions: DbSessions
-    notifier: Notifier
-    drain: Drain
-    tail_s: float
-    _waits: Tally
-
-    async def _db(self, fn: Callable[..., Any], *args: Any) -> Any: ...
-
-    async def _db_waiting(self, fn: Callable[..., Any], *args: Any) -> Any: ...
-
-    async def _enqueue(
-        self,
-        row: SessionRow,
-        intent: str,
-        key: str | None,
-        on_busy: str = "reject",
-        spell: dict[str, Any] | None = None,
-    ) -> int: ...
 
 
 async def serve_db_agui(replica: Replica, receive: Receive, send: Send) -> None:
     """``POST /agui`` at a replica: read the run's input, find its thread's session
     (in the database: any replica finds the same one), and stream the run."""
     run = parse_input(await read_body(receive))
-    taken = sorted({t.name for t in run.tools or ()} & set(replica.cantrip.circle.gate_names))
-    if taken:
-        raise HttpError(
-            400, "bad_request", f"the circle already has a gate named {', '.join(taken)}"
-        )
+    check_tools(run, replica.cantrip.circle.gate_names)
     row = await _thread_session(replica, run.thread_id)
     stream = RunStream(run, send)
     await stream.begin(await _where(replica, row))
@@ -198,18 +168,12 @@ class DbAguiRun:
         if not results:
             return None
         pending = await replica._db(replica.sessions.pending, row.entity_id)
-        calls = [
-            Pause.from_dict(p) for p in pending
-            if p.get("kind") == "question" and p.get("tool_call_id") in results
-        ]  # fmt: skip
+        calls = client_answers(results, [Pause.from_dict(p) for p in pending])
         if not calls:
             return None
         outcome: CastResult | None = None
-        for pause in calls:
-            assert pause.tool_call_id is not None
-            outcome = await self._answer(
-                pause, Decision.answer(results[pause.tool_call_id]), receive
-            )
+        for pause, decision in calls:
+            outcome = await self._answer(pause, decision, receive)
         return (outcome,)
 
     async def _answer(
@@ -234,28 +198,16 @@ class DbAguiRun:
         """Tell the work's turns until it ends (cancelling it if the client hangs up);
         the cast as the loom recorded it."""
         replica, row = self.replica, self.row
-        gone = False
-        ended: Progress | None = None
-        async with trio.open_nursery() as nursery:
 
-            async def watch() -> None:
-                nonlocal gone
-                await until_disconnect(receive)
-                gone = True
-                log.info("session %s: the AG-UI client hung up; cancelling its run",
-                         row.session_id)  # fmt: skip
-                with trio.CancelScope(shield=True):
-                    await replica._db(
-                        replica.sessions.cancel, row.entity_id, prompt_id_for(work_id)
-                    )
-                nursery.cancel_scope.cancel()
+        async def cancel() -> None:
+            log.info("session %s: the AG-UI client hung up; cancelling its run", row.session_id)
+            await replica._db(replica.sessions.cancel, row.entity_id, prompt_id_for(work_id))
 
-            nursery.start_soon(watch)
-            with replica.drain.stream():
-                ended = await self._tell(work_id)
-            nursery.cancel_scope.cancel()
-        if gone:
+        tell = functools.partial(self._tell, work_id)
+        followed = await while_connected(replica.drain, receive, tell, cancel)
+        if followed.gone:
             raise _Gone
+        ended = followed.ended
         if ended is None:
             raise RunFailed(
                 "shutting_down", "this replica is shutting down; the cast goes on at its worker"
@@ -273,31 +225,16 @@ class DbAguiRun:
     async def _tell(self, work_id: int) -> Progress:
         """Tell the cast's turns as they land in the loom (after the position its work's
         first claim recorded), until its work ends; how it ended. A turn with an intent
-        after the first begins the next cast: a replayed run tells its own cast only."""
-        replica, entity_id = self.replica, self.row.entity_id
-        first = True
-        seen: int | None = None
-        with replica.notifier.watching(entity_id) as next_event:
-            while True:
-                woken = next_event()  # before the check: none is missed
-                status: Progress = await replica._db_waiting(replica.sessions.progress, work_id)
-                if seen is None:
-                    seen = status.base_pos
-                landed = []
-                if seen is not None:
-                    landed = await replica._db_waiting(
-                        replica.sessions.turns_after, entity_id, seen
-                    )
-                for pos, turn in landed:
-                    if turn.intent is not None and not first:  # the next cast: ours ended
-                        ended: Progress = await replica._db_waiting(
-                            replica.sessions.progress, work_id
-                        )
-                        return ended
-                    first, seen = False, pos
-                    for event in recorded_events(turn):
+        after the first begins the next cast: a replayed run tells its own cast only
+        (:mod:`._db_follow`)."""
+        replica = self.replica
+        turns = follow(replica, self.row.entity_id, replica._db_waiting, work_id=work_id)
+        async with contextlib.aclosing(turns):
+            async for item in turns:
+                if isinstance(item, Turn):
+                    for event in recorded_events(item):
                         await self.stream.event(event)
-                if status.ended:
-                    return status
-                with trio.move_on_after(replica.tail_s):
-                    await woken.wait()
+                elif item.last:
+                    assert item.progress is not None
+                    return item.progress
+        raise AssertionError("following a work item ends with its last beat")

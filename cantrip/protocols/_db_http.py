@@ -50,6 +50,7 @@ from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
 from cantrip.distributed._queue import DEAD, PAUSED
 from cantrip.loom._loom import Loom
+from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols import _a2a
 from cantrip.protocols._a2a import A2AFront
@@ -67,6 +68,7 @@ from cantrip.protocols._asgi import (
     sse_error,
 )
 from cantrip.protocols._db_agui import serve_db_agui
+from cantrip.protocols._db_follow import follow, while_connected
 from cantrip.protocols._db_notify import Notifier
 from cantrip.protocols._db_sessions import (
     DbSessions,
@@ -382,27 +384,19 @@ class DbHttpApp(ServerShell):
         with self._waits.held():
             await start_prompt_stream(send, prompt_id, row.session_id, key)
 
-            gone = False
-            ended: Progress | None = None
-            async with trio.open_nursery() as nursery:
+            async def cancel() -> None:
+                log.info("session %s: the client hung up; cancelling its prompt", row.session_id)
+                await self._db(self.sessions.cancel, row.entity_id, prompt_id)
 
-                async def watch() -> None:
-                    nonlocal gone
-                    await until_disconnect(receive)
-                    gone = True
-                    if cancel_on_disconnect:
-                        log.info("session %s: the client hung up; cancelling its prompt",
-                                 row.session_id)  # fmt: skip
-                        with trio.CancelScope(shield=True):
-                            await self._db(self.sessions.cancel, row.entity_id, prompt_id)
-                    nursery.cancel_scope.cancel()  # stop tailing: the socket goes now
-
-                nursery.start_soon(watch)
-                with self.drain.stream():
-                    ended = await self._tail(row, work_id, send)
-                nursery.cancel_scope.cancel()
-            if gone:
+            followed = await while_connected(
+                self.drain,
+                receive,
+                lambda: self._tail(row, work_id, send),
+                cancel if cancel_on_disconnect else None,
+            )
+            if followed.gone:
                 return  # the work goes on at its worker; nobody to tell
+            ended = followed.ended
             try:
                 if ended is None:
                     raise self._unavailable(
@@ -421,59 +415,47 @@ class DbHttpApp(ServerShell):
         ``pause`` for each call it ended waiting on (it ended ``paused``). A pause the
         running tree waits on in place (a child's) is sent as its worker publishes it.
         The work's turns are the entity's after the position its first claim recorded
-        (a prompt queued behind another begins where that one ended)."""
+        (a prompt queued behind another begins where that one ended), up to the next
+        cast's (:mod:`._db_follow`)."""
         sent: set[str] = set()
-        seen: int | None = None
-        with self.notifier.watching(row.entity_id) as next_event:
-            while True:
-                woken = next_event()
-                status: Progress = await self._db_waiting(self.sessions.progress, work_id)
-                if seen is None:
-                    seen = status.base_pos
-                turns = []
-                if seen is not None:
-                    turns = await self._db_waiting(self.sessions.turns_after, row.entity_id, seen)
-                for pos, turn in turns:
-                    seen = pos
-                    for event in _turn_events(turn):
-                        await sse(send, event["type"], event)
-                if status.ended:
-                    if status.state == PAUSED:
-                        await _send_pauses(send, (status.outcome or {}).get("pending") or [], sent)
-                    return status
-                if self.cantrip.circle.needs_humans:
+        turns = follow(self, row.entity_id, self._db_waiting, work_id=work_id)
+        async with contextlib.aclosing(turns):
+            async for item in turns:
+                if isinstance(item, Turn):
+                    await _send_turn(send, item)
+                elif item.last:
+                    assert item.progress is not None
+                    if item.progress.state == PAUSED:
+                        pending = (item.progress.outcome or {}).get("pending") or []
+                        await _send_pauses(send, pending, sent)
+                    return item.progress
+                elif self.cantrip.circle.needs_humans:
                     live = await self._db(self.sessions.live_pending, row.entity_id)
                     await _send_pauses(send, live, sent)
-                with trio.move_on_after(self.tail_s):
-                    await woken.wait()
+        raise AssertionError("following a work item ends with its last beat")
 
     async def _events(self, row: SessionRow, receive: Receive, send: Send) -> None:
         """Every turn of the session from now on, as it lands in the loom."""
         seen: int = await self._db(self.sessions.last_pos, row.entity_id)
 
         async def pump(closing: trio.CancelScope) -> None:
-            nonlocal seen
-            with self.notifier.watching(row.entity_id) as next_event:
-                quiet_since = trio.current_time()
-                humans = self.cantrip.circle.needs_humans
-                sent = {p["pause_id"] for p in await self._pending(row, humans)}  # not news
-                heard = False
-                while not closing.cancel_called:
-                    woken = next_event()
-                    landed = await self._db(self.sessions.turns_after, row.entity_id, seen)
-                    for pos, turn in landed:
-                        seen = pos
+            quiet_since = trio.current_time()
+            humans = self.cantrip.circle.needs_humans
+            sent = {p["pause_id"] for p in await self._pending(row, humans)}  # not news
+            turns = follow(
+                self, row.entity_id, self._db, after=seen, stop=lambda: closing.cancel_called
+            )
+            async with contextlib.aclosing(turns):
+                async for item in turns:
+                    if isinstance(item, Turn):
                         quiet_since = trio.current_time()
-                        for event in _turn_events(turn):
-                            await sse(send, event["type"], event)
-                    if heard or landed:  # a NOTIFY (work ended, a pause published) or turns
+                        await _send_turn(send, item)
+                        continue
+                    if item.heard or item.landed:  # a NOTIFY (work ended, a pause) or turns
                         await _send_pauses(send, await self._pending(row, humans), sent)
                     if trio.current_time() - quiet_since >= HEARTBEAT_S:
                         quiet_since = trio.current_time()
                         await sse_comment(send, "idle")
-                    with trio.move_on_after(self.tail_s):
-                        await woken.wait()
-                    heard = woken.is_set()
 
         await self._event_stream(receive, send, pump)
 
@@ -498,13 +480,14 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _turn_events(turn: Any) -> list[dict[str, Any]]:
+async def _send_turn(send: Send, turn: Turn) -> None:
     """What a recorded turn tells a stream: ``step_complete``, and the result if it ended
     the cast -- the same JSON as the in-process server's events."""
     events = [event_dict(StepComplete(turn, entity_id=turn.entity_id))]
     if turn.terminated:
         events.append(event_dict(FinalResponse(turn.result, entity_id=turn.entity_id)))
-    return events
+    for event in events:
+        await sse(send, event["type"], event)
 
 
 async def _send_pauses(send: Send, pauses: list[dict[str, Any]], sent: set[str]) -> None:
