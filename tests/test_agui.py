@@ -8,9 +8,10 @@ the same server."""
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -80,9 +81,9 @@ def parse_sse(text: str) -> list[dict[str, Any]]:
 
 
 async def agui(
-    base: str, body: Any, headers: dict[str, str] | None = None
+    base: str, body: Any, headers: dict[str, str] | None = None, *, timeout: float = 20
 ) -> tuple[httpx.Response, list[dict[str, Any]]]:
-    async with httpx.AsyncClient(base_url=base, timeout=20) as http:
+    async with httpx.AsyncClient(base_url=base, timeout=timeout) as http:
         answer = await http.post(
             "/agui", json=body, headers={"accept": "text/event-stream", **(headers or {})}
         )
@@ -426,6 +427,32 @@ _bodies = st.one_of(
 )
 
 
+async def fuzz_runs(
+    post: Callable[[Any], Awaitable[tuple[httpx.Response, list[dict[str, Any]]]]],
+    *,
+    examples: int,
+) -> None:
+    """Post ``examples`` random bodies: each is a 400 with a message, or a run whose
+    stream is valid AG-UI ending in RUN_FINISHED or RUN_ERROR (both servers' fuzz)."""
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(body=_bodies)
+    def check(body: Any) -> None:
+        answer, events = trio.from_thread.run(post, body)
+        assert answer.status_code in (200, 400), (body, answer.status_code, answer.text)
+        if answer.status_code == 400:
+            assert answer.json()["error"]["message"]
+        else:
+            assert events[0]["type"] == "RUN_STARTED"
+            assert events[-1]["type"] in ("RUN_FINISHED", "RUN_ERROR")
+
+    await trio.to_thread.run_sync(check)
+
+
 def test_random_bodies_get_a_400_or_a_well_formed_run() -> None:
     """Fuzz: any JSON body is a 400 with a message, or a run whose stream is valid
     AG-UI ending in RUN_FINISHED or RUN_ERROR -- never a 500 or a broken stream."""
@@ -433,23 +460,7 @@ def test_random_bodies_get_a_400_or_a_well_formed_run() -> None:
 
     async def main() -> None:
         async with serving(s) as base:
-
-            @settings(
-                max_examples=60,
-                deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture],
-            )
-            @given(body=_bodies)
-            def check(body: Any) -> None:
-                answer, events = trio.from_thread.run(agui, base, body)
-                assert answer.status_code in (200, 400), (body, answer.status_code, answer.text)
-                if answer.status_code == 400:
-                    assert answer.json()["error"]["message"]
-                else:
-                    assert events[0]["type"] == "RUN_STARTED"
-                    assert events[-1]["type"] in ("RUN_FINISHED", "RUN_ERROR")
-
-            await trio.to_thread.run_sync(check)
+            await fuzz_runs(functools.partial(agui, base), examples=60)
 
     trio.run(main)
 

@@ -47,6 +47,32 @@ async def serving(s: cantrip.Cantrip) -> AsyncIterator[str]:
         nursery.cancel_scope.cancel()
 
 
+async def validate_live(endpoint: str) -> None:
+    """The official conformance validator's command line against a live endpoint
+    (it makes its own runs, shared state among them): no error, no warning."""
+    validator = Path(sys.executable).parent / "ag-ui-validate"
+    with trio.fail_after(90):
+        checked = await trio.run_process(
+            [
+                str(validator),
+                endpoint,
+                "--json",
+                "--header",
+                f"Authorization: Bearer {TOKEN}",
+                "--features",
+                "shared-state",
+                "--max-warnings",
+                "0",
+            ],
+            capture_stdout=True,
+            check=False,
+        )
+    report = json.loads(checked.stdout)
+    assert checked.returncode == 0, report
+    assert report["summary"]["errors"] == 0 and report["summary"]["warnings"] == 0, report
+    assert report["eventCount"] >= 10
+
+
 async def js_client(base: str, scenario: str) -> dict[str, Any]:
     await ensure_client()
     node = shutil.which("node")
@@ -187,28 +213,8 @@ async def test_the_conformance_validator_passes_the_live_endpoint() -> None:
         },
         {"tool_calls": [{"gate": "done", "args": {"answer": "Hi."}}]},
     ]
-    validator = Path(sys.executable).parent / "ag-ui-validate"
     async with serving(spell(script, lookup)) as base:
-        with trio.fail_after(60):
-            checked = await trio.run_process(
-                [
-                    str(validator),
-                    f"{base}/agui",
-                    "--json",
-                    "--header",
-                    f"Authorization: Bearer {TOKEN}",
-                    "--features",
-                    "shared-state",
-                    "--max-warnings",
-                    "0",
-                ],
-                capture_stdout=True,
-                check=False,
-            )
-    report = json.loads(checked.stdout)
-    assert checked.returncode == 0, report
-    assert report["summary"]["errors"] == 0 and report["summary"]["warnings"] == 0, report
-    assert report["eventCount"] >= 10
+        await validate_live(f"{base}/agui")
 
 
 async def test_the_official_js_client_runs_a_front_end_tool_the_model_calls() -> None:

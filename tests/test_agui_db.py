@@ -10,21 +10,19 @@ the official JavaScript client and the validator's CLI run against a live replic
 
 from __future__ import annotations
 
+import functools
 import json
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import test_agui as in_process
 import trio
-from ag_ui_validate.pytest_plugin import assert_valid_agui
-from hypothesis import HealthCheck, given, settings
 from pg_cluster import fresh_database
-from test_agui import BAD_BODIES, _bodies, parse_sse, types
-from test_agui_client import TOKEN, js_client, kinds
+from test_agui import BAD_BODIES, fuzz_runs, types
+from test_agui_client import TOKEN, js_client, kinds, validate_live
 from test_serve_db import Stack, open_stack
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop
@@ -71,16 +69,8 @@ def run_input(thread: str, text: str | None = "hello", **more: Any) -> dict[str,
 async def agui(
     base: str, body: Any, headers: dict[str, str] | None = None
 ) -> tuple[httpx.Response, list[dict[str, Any]]]:
-    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
-        answer = await http.post(
-            "/agui",
-            json=body,
-            headers={"accept": "text/event-stream", **AUTH, **(headers or {})},
-        )
-    events = parse_sse(answer.text) if answer.status_code == 200 else []
-    if events:
-        assert_valid_agui(events, max_warnings=0)
-    return answer, events
+    """A run at a replica (its token sent), its events checked by the validator."""
+    return await in_process.agui(base, body, {**AUTH, **(headers or {})}, timeout=60)
 
 
 def last_state(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -291,18 +281,7 @@ def test_random_bodies_at_a_replica_get_a_400_or_a_well_formed_run(stack: Stack)
     a, *_ = stack.replicas
 
     async def main() -> None:
-        @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-        @given(body=_bodies)
-        def check(body: Any) -> None:
-            answer, events = trio.from_thread.run(agui, a, body)
-            assert answer.status_code in (200, 400), (body, answer.status_code, answer.text)
-            if answer.status_code == 400:
-                assert answer.json()["error"]["message"]
-            else:
-                assert events[0]["type"] == "RUN_STARTED"
-                assert events[-1]["type"] in ("RUN_FINISHED", "RUN_ERROR")
-
-        await trio.to_thread.run_sync(check)
+        await fuzz_runs(functools.partial(agui, a), examples=25)
 
     trio.run(main)
 
@@ -351,27 +330,7 @@ async def test_the_official_js_client_aborting_cancels_the_work(stack: Stack) ->
 
 async def test_the_conformance_validator_passes_a_live_replica(stack: Stack) -> None:
     a, *_ = stack.replicas
-    validator = Path(sys.executable).parent / "ag-ui-validate"
-    with trio.fail_after(90):
-        checked = await trio.run_process(
-            [
-                str(validator),
-                f"{a}/agui",
-                "--json",
-                "--header",
-                f"Authorization: Bearer {TOKEN}",
-                "--features",
-                "shared-state",
-                "--max-warnings",
-                "0",
-            ],
-            capture_stdout=True,
-            check=False,
-        )
-    report = json.loads(checked.stdout)
-    assert checked.returncode == 0, report
-    assert report["summary"]["errors"] == 0 and report["summary"]["warnings"] == 0, report
-    assert report["eventCount"] >= 10
+    await validate_live(f"{a}/agui")
 
 
 LOCATION_TOOL = {
