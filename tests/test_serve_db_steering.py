@@ -66,6 +66,20 @@ async def _in_background(
     return out
 
 
+async def _replace_worker_once(stack: Stack, entity: str, turn_where: str) -> None:
+    """Once a turn of ``entity`` matching ``turn_where`` is recorded, SIGKILL the one
+    running worker and start another (which takes the cast over)."""
+    with trio.fail_after(60):
+        while not stack.rows(
+            f"SELECT 1 FROM cantrip_turns WHERE entity_id = %s AND {turn_where}", entity
+        ):
+            await trio.sleep(0.02)
+    (victim,) = [w for w in stack.workers if w.poll() is None]
+    victim.kill()
+    victim.wait()
+    stack.start_worker()
+
+
 def _steered(thread: list[dict[str, Any]]) -> list[str]:
     """Every steering message the thread's turns recorded, in order."""
     return [m for t in thread for m in t.get("extras", {}).get("steering", [])]
@@ -198,17 +212,8 @@ async def test_a_cast_taken_over_after_steering_resumes_with_the_message_once(
             assert (
                 await on_b.post(f"/sessions/{sid}/messages", json={"text": MESSAGE})
             ).status_code == 202
-            with trio.fail_after(60):  # the message is recorded in a turn: now kill
-                while not stack.rows(
-                    "SELECT 1 FROM cantrip_turns WHERE entity_id = %s "
-                    "AND data::jsonb->'extras' ? 'steering'",
-                    entity,
-                ):
-                    await trio.sleep(0.02)
-            (victim,) = [w for w in stack.workers if w.poll() is None]
-            victim.kill()
-            victim.wait()
-            stack.start_worker()
+            # the message is recorded in a turn: now kill
+            await _replace_worker_once(stack, entity, "data::jsonb->'extras' ? 'steering'")
         result = first[0].json()
         thread = (await on_b.get(f"/sessions/{sid}/thread")).json()["turns"]
     assert result["result"] == f"{MESSAGE} ok #2", result
@@ -314,17 +319,8 @@ async def test_a_rolled_back_cast_whose_worker_dies_is_resumed_from_its_branch(
                 nursery, on_b, f"/sessions/{sid}/prompt?on_busy=rollback",
                 {"prompt": "Second task."},
             )  # fmt: skip
-            with trio.fail_after(60):  # the second cast took a turn: kill its worker
-                while not stack.rows(
-                    "SELECT 1 FROM cantrip_turns WHERE entity_id = %s "
-                    "AND data::json->>'intent' = 'Second task.'",
-                    entity,
-                ):
-                    await trio.sleep(0.02)
-            (victim,) = [w for w in stack.workers if w.poll() is None]
-            victim.kill()
-            victim.wait()
-            stack.start_worker()
+            # the second cast took a turn: kill its worker
+            await _replace_worker_once(stack, entity, "data::json->>'intent' = 'Second task.'")
         assert first[0].json()["reason"] == "interrupted"
         result = second[0].json()
         thread = (await on_b.get(f"/sessions/{sid}/thread")).json()["turns"]
