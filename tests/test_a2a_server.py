@@ -520,3 +520,29 @@ async def test_fuzzed_requests_get_json_rpc_answers_and_the_server_stays_up() ->
         assert (await http.get("/health")).json()["ok"]
         assert (await http.get("/sessions")).json()["sessions"] == [], "nothing half-made"
     assert {-32600, -32601, -32602} <= codes, codes
+
+
+def test_a_prompts_parts_are_read_as_the_gate_reads_a_reply() -> None:
+    """One reading of parts on both sides: text, data as JSON, a URL, and an inline
+    file described (its bytes are not text) rather than dropped; empty parts vanish."""
+    from google.protobuf.struct_pb2 import Struct, Value
+
+    from cantrip.protocols._a2a import text_of
+
+    data = Struct()
+    data.update({"city": "Oslo"})
+    message = pb.Message(
+        parts=[
+            pb.Part(text="hi"),
+            pb.Part(data=Value(struct_value=data)),
+            pb.Part(raw=b"abc", filename="x.png", media_type="image/png"),
+            pb.Part(url="https://files.example/f"),
+            pb.Part(text=""),
+        ]
+    )
+    assert text_of(message).splitlines() == [
+        "hi",
+        '{"city": "Oslo"}',
+        "[image/png x.png: 3 bytes]",
+        "https://files.example/f",
+    ]

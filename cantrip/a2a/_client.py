@@ -24,7 +24,6 @@ known from the start and a cancel can reach it either way.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -36,6 +35,7 @@ import trio
 from cantrip._gate import Gate, GateResult
 from cantrip._providers import ProviderStartError
 from cantrip._redact import get_logger, redact
+from cantrip.a2a._parts import parts_text
 
 if TYPE_CHECKING:
     import httpx
@@ -340,11 +340,11 @@ class A2AProvider:
         from a2a.types import a2a_pb2 as pb
 
         if progress.reply is not None:
-            return GateResult(self.scrub(_text(progress.reply.parts)), detail)
-        said = _text(progress.status_message.parts) if progress.status_message else ""
+            return GateResult(self.scrub(parts_text(progress.reply.parts)), detail)
+        said = parts_text(progress.status_message.parts) if progress.status_message else ""
         state = progress.state
         if state == pb.TASK_STATE_COMPLETED:
-            answer = "\n".join(_text(parts) for parts in progress.artifacts.values())
+            answer = "\n".join(parts_text(parts) for parts in progress.artifacts.values())
             return GateResult(self.scrub(answer or said), detail)
         if state in (pb.TASK_STATE_INPUT_REQUIRED, pb.TASK_STATE_AUTH_REQUIRED):
             self.waiting_task = progress.task_id
@@ -375,21 +375,3 @@ def _state(pb: Any, state: int) -> str:
     """``TASK_STATE_INPUT_REQUIRED`` -> ``input-required`` (the protocol's own words)."""
     name = str(pb.TaskState.Name(state))
     return name.removeprefix("TASK_STATE_").lower().replace("_", "-")
-
-
-def _text(parts: Any) -> str:
-    """Parts as text: text as is, data as JSON, files by name or URL."""
-    from google.protobuf.json_format import MessageToDict
-
-    out: list[str] = []
-    for part in parts:
-        kind = part.WhichOneof("content")
-        if kind == "text":
-            out.append(part.text)
-        elif kind == "data":
-            out.append(json.dumps(MessageToDict(part.data)))
-        elif kind == "url":
-            out.append(part.url)
-        elif kind == "raw":
-            out.append(f"[{part.media_type or 'file'} {part.filename}: {len(part.raw)} bytes]")
-    return "\n".join(out)

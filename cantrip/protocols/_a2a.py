@@ -50,6 +50,7 @@ import attrs
 from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._redact import get_logger, redact
+from cantrip.a2a._parts import parts_text
 from cantrip.protocols._api import AnswerRequest
 from cantrip.protocols._asgi import Receive, Scope, Send
 from cantrip.protocols._guard import guard_refusals_as_jsonrpc
@@ -213,19 +214,8 @@ def state_name(state: int) -> str:
 
 
 def text_of(message: Any) -> str:
-    """A message's parts as one prompt: text as is, data as JSON."""
-    from google.protobuf.json_format import MessageToDict
-
-    pieces: list[str] = []
-    for part in message.parts:
-        kind = part.WhichOneof("content")
-        if kind == "text":
-            pieces.append(part.text)
-        elif kind == "data":
-            pieces.append(json.dumps(MessageToDict(part.data)))
-        elif kind == "url":
-            pieces.append(part.url)
-    return "\n".join(p for p in pieces if p)
+    """A message's parts as one prompt (:func:`~cantrip.a2a._parts.parts_text`)."""
+    return parts_text(message.parts)
 
 
 def _data_of(message: Any) -> dict[str, Any] | None:
