@@ -213,6 +213,39 @@ class _PauseExit(Exception):
         self.pause = pause
 
 
+class _UsageTally:
+    """Token counts summed turn by turn, as plain integers.
+
+    Every recorded turn adds to its cast's and its entity's totals; building a
+    :class:`Usage` per addition (the turn's, then the sum) cost ~4 us a turn, so
+    the sum is kept as counts and made a :class:`Usage` only when read."""
+
+    __slots__ = ("cache_write", "cached", "completion", "missing", "prompt", "reasoning")
+
+    def __init__(self) -> None:
+        self.prompt = self.completion = self.cached = self.cache_write = self.reasoning = 0
+        self.missing = False
+
+    def add(self, metadata: TurnMetadata) -> None:
+        self.prompt += metadata.tokens_prompt
+        self.completion += metadata.tokens_completion
+        self.cached += metadata.tokens_cached
+        self.cache_write += metadata.tokens_cache_write
+        self.reasoning += metadata.tokens_reasoning
+        self.missing = self.missing or metadata.usage_missing
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(
+            self.prompt,
+            self.completion,
+            self.cached,
+            self.cache_write,
+            self.reasoning,
+            missing=self.missing,
+        )
+
+
 @attrs.define
 class _Inflight:
     """The turn being taken: enough to record it if it is cut off."""
@@ -242,7 +275,7 @@ class _Cast:
     tags: Mapping[str, Any] = attrs.field(factory=dict)
     """Recorded in the extras of the cast's first turn (e.g. an idempotency key)."""
     turns: list[Turn] = attrs.field(factory=list)
-    usage: Usage = attrs.field(factory=lambda: ZERO_USAGE)
+    tally: _UsageTally = attrs.field(factory=_UsageTally)
     utterances: int = 0
     """LLM answers this cast; max_turns counts these (a split turn is one)."""
     resumed: bool = False
@@ -251,8 +284,12 @@ class _Cast:
     """Continuations asked for this cast (bounded by the ``max_continuations`` ward)."""
 
     @property
+    def usage(self) -> Usage:
+        return self.tally.usage
+
+    @property
     def tokens(self) -> int:
-        return self.usage.total_tokens
+        return self.tally.prompt + self.tally.completion
 
     def intent_for_turn(self) -> str | None:
         """The intent is recorded on the first turn of its cast."""
@@ -262,7 +299,7 @@ class _Cast:
         self.turns.append(turn)
         metadata = turn.metadata
         if metadata.tokens_prompt or metadata.tokens_completion:
-            self.usage = self.usage + metadata.usage
+            self.tally.add(metadata)
             self.meter.charge(metadata.cost_usd)
         elif metadata.cost_usd:
             self.meter.charge(metadata.cost_usd)
@@ -381,7 +418,7 @@ class Entity:
         self.llm = llm
         self.loom = cantrip.loom
         self.circle = cantrip.circle
-        self.usage = ZERO_USAGE
+        self._usage = _UsageTally()
         setup = self._setup = cantrip.setup_for(llm)
         self._context = Context(setup.system, self.circle.medium, setup.folding)
         self._restore: Sequence[Turn] = ()
@@ -927,6 +964,11 @@ class Entity:
         if inflight.checkpoint_id is not None:
             return cast.meter.exhausted_by(0.0)  # the checkpoint carried this reply's cost
         return cast.meter.exhausted_by(response_cost(response, self.llm))
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens this entity's recorded turns used, over all its casts."""
+        return self._usage.usage
 
     def cancel(self, reason: str = "cancelled", *, next_cast: bool = False) -> bool:
         """Cancel the running cast, if any (COMP-9): it ends as truncated with reason
@@ -1536,8 +1578,9 @@ class Entity:
         self._context.add_turn(turn)
         self._leaf = turn.id
         self._sequence = turn.sequence
-        if turn.metadata.tokens_prompt or turn.metadata.tokens_completion:
-            self.usage = self.usage + turn.metadata.usage
+        metadata = turn.metadata
+        if metadata.tokens_prompt or metadata.tokens_completion:
+            self._usage.add(metadata)
         return turn
 
     def _transient(self, error: LLMError) -> bool:

@@ -114,3 +114,63 @@ def test_model_prices_follow_the_providers_folder_and_clear_cache(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     assert config_pricing("openai", "house-model") == Pricing(5.0, 6.0)
     assert config_pricing("nonesuch", "house-model") is None  # an unknown provider: no price
+
+
+def test_a_finished_response_keeps_every_field_the_adapter_parsed() -> None:
+    """The adapter's last step builds the response anew (not attrs.evolve, issue 34):
+    every field of :class:`Response` survives it, so a field added later cannot be
+    dropped there silently."""
+    import attrs
+
+    from cantrip.llm import ReasoningPart, ToolCall, Usage
+
+    adapter = load_llm("openai", "gpt-4o-mini", base_url="http://127.0.0.1:9/v1")
+    parsed = Response(
+        content="text",
+        tool_calls=(ToolCall(id="call_1", name="done", arguments={"answer": 1}),),
+        usage=Usage(3, 4, 1, 0, 2),
+        thinking="mulled",
+        stop_reason="tool_use",
+        model="gpt-4o-mini-2024",
+        provider="ignored",
+        metadata={"id": "chatcmpl-1"},
+        reasoning=(ReasoningPart("openai-chat", 0, "{}"),),
+    )
+    unset = {f.name for f in attrs.fields(Response) if getattr(parsed, f.name) == f.default}
+    assert not unset - {"provider"}, f"give every field a value here: {unset}"
+    finished = adapter._finish(parsed, {})  # type: ignore[attr-defined]
+    for field in attrs.fields(Response):
+        if field.name not in ("provider", "metadata"):
+            assert getattr(finished, field.name) == getattr(parsed, field.name), field.name
+    assert finished.provider == "openai"
+    assert dict(finished.metadata) == {"id": "chatcmpl-1", "requested_model": "gpt-4o-mini"}
+
+
+async def test_cast_and_entity_usage_sum_their_turns() -> None:
+    """Token totals are kept as counts and read as :class:`Usage` (issue 34): the sum
+    of the recorded turns' usage, over casts for the entity, per cast for its result."""
+    import cantrip
+    from cantrip.llm import Usage
+    from gates import done
+
+    def answer(tokens: int) -> dict[str, Any]:
+        return {
+            "tool_calls": [{"id": f"c{tokens}", "gate": "done", "args": {"answer": "x"}}],
+            "usage": {"prompt_tokens": tokens, "completion_tokens": 2, "cached_tokens": 1},
+        }
+
+    llm = ScriptedLLM([answer(10), answer(20)])
+    spell = cantrip.Cantrip(
+        llm=llm,
+        identity=cantrip.Identity(system_prompt="count"),
+        circle=cantrip.Circle([done], [cantrip.max_turns(3)]),
+    )
+    entity = spell.summon()
+    first = await entity.send("one")
+    second = await entity.send("two")
+    assert first.usage == Usage(10, 2, 1)
+    assert second.usage == Usage(20, 2, 1)
+    total = Usage()
+    for turn in spell.loom.turns:
+        total = total + turn.metadata.usage
+    assert entity.usage == total == Usage(30, 4, 2)

@@ -593,3 +593,41 @@ async def test_a_proxy_from_the_environment_is_used_as_httpx_uses_it(
         finally:
             await llm.aclose()
     assert seen == [b"POST http://provider.invalid/v1/chat/completions HTTP/1.1"]
+
+
+async def test_the_read_timeout_counts_from_each_read_not_from_the_request() -> None:
+    """Each read gets the whole read timeout (httpx's meaning): a body trickling in
+    pieces 0.25 s apart under a 0.4 s timeout arrives whole after ~1 s, although the
+    request took longer than the timeout; a gap of 0.8 s is a retryable timeout."""
+    body = chunked(COMPLETION, size=len(COMPLETION) // 4 + 1)
+    pieces = [body[i : i + len(body) // 4 + 1] for i in range(0, len(body), len(body) // 4 + 1)]
+
+    def trickling(gap: float) -> Callable[[trio.SocketStream, bytes], Any]:
+        async def answer(out: trio.SocketStream, request: bytes) -> bool:
+            await out.send_all(
+                head(b"200 OK", b"content-type: application/json", b"transfer-encoding: chunked")
+            )
+            for piece in pieces:
+                await trio.sleep(gap)
+                await out.send_all(piece)
+            return False
+
+        return answer
+
+    for gap, expected in ((0.25, "answer"), (0.8, "error")):
+        async with raw_server(trickling(gap)) as (url, _):
+            llm: Any = load_llm("openai", base_url=url, timeout_s=0.4)
+            started = trio.current_time()
+            try:
+                answer = await llm.query(HISTORY[:2])
+                got: tuple[Any, ...] = ("answer", answer.content)
+            except ProviderError as error:
+                got = ("error", error.code, error.retryable)
+            finally:
+                await llm.aclose()
+            took = trio.current_time() - started
+        if expected == "answer":
+            assert got == ("answer", "hé there")
+            assert took > 0.4 * 2  # longer than the timeout: each read had its own
+        else:
+            assert got == ("error", "timeout", True)

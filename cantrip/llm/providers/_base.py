@@ -612,12 +612,18 @@ class HTTPAdapter:
             calls = tuple(
                 attrs.evolve(c, id=back[c.id]) if c.id in back else c for c in response.tool_calls
             )
-        return attrs.evolve(
-            response,
+        # Made directly, not with attrs.evolve (which looks up the fields each call):
+        # every turn passes here.
+        return Response(
+            content=response.content,
             tool_calls=calls,
-            provider=self.provider,
+            usage=response.usage,
+            thinking=response.thinking,
+            stop_reason=response.stop_reason,
             model=response.model or self.model,
+            provider=self.provider,
             metadata={**response.metadata, "requested_model": self.model},
+            reasoning=response.reasoning,
         )
 
     # -- HTTP ---------------------------------------------------------------------------

@@ -56,6 +56,10 @@ READ_SIZE = 64 * 1024
 """Bytes asked of the socket per receive (httpcore's)."""
 KEEPALIVE_EXPIRY = 5.0
 """Seconds an idle connection is kept (``httpx.Limits``' default ``keepalive_expiry``)."""
+DEADLINE_SLACK = 0.001
+"""A read's timeout may start up to this much (seconds) before the read: the
+request's deadline is not moved later by less (moving it costs ~2 us; the first
+read follows the write by microseconds, so it would move by that little)."""
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _LINE = re.compile(rb"\r?\n")
 _STATUS = re.compile(rb"HTTP/(\d\.\d) (\d{3})(?: ([\t\x20-\x7e\x80-\xff]*))?")
@@ -169,6 +173,7 @@ class Connection:
         "fd",
         "idle_since",
         "origin",
+        "poller",
         "reading",
         "scope",
         "sock",
@@ -183,6 +188,8 @@ class Connection:
         self.origin: tuple[str, str, int] | None = None
         self.buffer = bytearray()
         self.idle_since = 0.0
+        self.poller: select.poll | None = None
+        """Watches the idle socket for a close by the server (made once per socket)."""
         self.closed = False
         """Closed for good (its pool was closed)."""
         self.scope: trio.CancelScope | None = None
@@ -198,7 +205,7 @@ class Connection:
         """Close the socket now (synchronously: also from a cancelled request)."""
         if self.sock is not None:
             self.sock.close()
-        self.stream = self.sock = self.origin = None
+        self.stream = self.sock = self.origin = self.poller = None
         self.fd = -1
         self.buffer.clear()
 
@@ -210,10 +217,12 @@ class Connection:
         """Whether the open connection may carry the next request (httpcore's checks)."""
         if origin != self.origin or trio.current_time() - self.idle_since > KEEPALIVE_EXPIRY:
             return False
-        assert self.sock is not None
-        poll = select.poll()
-        poll.register(self.sock.fileno(), select.POLLIN)
-        return not poll.poll(0)  # readable while idle: closed by the server (or garbage)
+        poller = self.poller
+        if poller is None:
+            assert self.sock is not None
+            poller = self.poller = select.poll()
+            poller.register(self.sock.fileno(), select.POLLIN)
+        return not poller.poll(0)  # readable while idle: closed by the server (or garbage)
 
     async def _connect(
         self, shape: Shape, timeout: float | None, context: Callable[[], ssl.SSLContext]
@@ -309,7 +318,10 @@ class Connection:
         try:
             if scope is not None:  # within exchange(): move its deadline
                 self.reading = True
-                scope.deadline = inf if timeout is None else trio.current_time() + timeout
+                deadline = inf if timeout is None else trio.current_time() + timeout
+                late = deadline - scope.deadline
+                if deadline != scope.deadline and not 0.0 <= late < DEADLINE_SLACK:
+                    scope.deadline = deadline
                 return await self._receive(wait)
             if timeout is None:
                 return await self._receive(wait)
