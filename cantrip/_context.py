@@ -174,7 +174,7 @@ class Context:
         if self._folding is None:
             return
         self._in_view.append(turn)
-        lengths = [len(m.text()) for m in rendered]  # text() builds a string: once each
+        lengths = [m.text_length() for m in rendered]
         added = sum(lengths)
         self._chars += added
         meta = turn.metadata

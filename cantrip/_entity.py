@@ -70,7 +70,7 @@ from cantrip.llm._contract import (
     Usage,
     can_stream,
 )
-from cantrip.llm._cost import llm_pricing, prompt_cost, response_cost
+from cantrip.llm._cost import PriceMemo, llm_pricing, prompt_cost, response_cost
 from cantrip.llm._retry import UNREACHABLE, RetryPolicy
 from cantrip.loom._fence import LeaseLostError
 from cantrip.loom._loom import Loom
@@ -276,6 +276,8 @@ class _Cast:
     """Recorded in the extras of the cast's first turn (e.g. an idempotency key)."""
     turns: list[Turn] = attrs.field(factory=list)
     tally: _UsageTally = attrs.field(factory=_UsageTally)
+    prices: PriceMemo = attrs.field(factory=dict)
+    """The model prices this cast's turns were charged at (looked up once)."""
     utterances: int = 0
     """LLM answers this cast; max_turns counts these (a split turn is one)."""
     resumed: bool = False
@@ -938,6 +940,7 @@ class Entity:
                     # a checkpoint already carries this reply's usage (PROD-3)
                     count_usage=inflight.checkpoint_id is None,
                     llm=self.llm,
+                    prices=cast.prices,
                 ),
                 terminated=terminated,
                 truncated=truncated,
@@ -963,7 +966,7 @@ class Entity:
         """Whether this turn (not yet charged) uses up a cost budget."""
         if inflight.checkpoint_id is not None:
             return cast.meter.exhausted_by(0.0)  # the checkpoint carried this reply's cost
-        return cast.meter.exhausted_by(response_cost(response, self.llm))
+        return cast.meter.exhausted_by(response_cost(response, self.llm, cast.prices))
 
     @property
     def usage(self) -> Usage:
@@ -1028,7 +1031,9 @@ class Entity:
                 tool_calls=response.tool_calls if first else (),
                 reasoning=response.reasoning if first else (),
                 gate_calls=fresh,
-                metadata=_metadata(response, inflight.started, inflight.timestamp, llm=self.llm)
+                metadata=_metadata(
+                    response, inflight.started, inflight.timestamp, llm=self.llm, prices=cast.prices
+                )
                 if first
                 else TurnMetadata(timestamp=_now()),
                 reason="paused" if marks and "pending" in marks else "delegating",
@@ -1686,6 +1691,7 @@ def _metadata(
     *,
     count_usage: bool = True,
     llm: LLM | None = None,
+    prices: PriceMemo | None = None,
 ) -> TurnMetadata:
     usage = response.usage if count_usage else ZERO_USAGE
     return TurnMetadata(
@@ -1700,5 +1706,5 @@ def _metadata(
         attempts=int(response.metadata.get("attempts", 1)),
         model=response.model,
         provider=response.provider,
-        cost_usd=response_cost(response, llm) if count_usage else None,
+        cost_usd=response_cost(response, llm, prices) if count_usage else None,
     )

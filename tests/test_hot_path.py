@@ -174,3 +174,92 @@ async def test_cast_and_entity_usage_sum_their_turns() -> None:
     for turn in spell.loom.turns:
         total = total + turn.metadata.usage
     assert entity.usage == total == Usage(30, 4, 2)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message("user", ""),
+        Message("user", None),
+        Message("user", "héllo\nthere"),
+        Message("assistant", None, tool_calls=()),
+        Message("assistant", "", tool_calls=()),
+    ],
+)
+def test_a_message_counts_its_text_without_building_it(message: Message) -> None:
+    assert message.text_length() == len(message.text())
+
+
+def test_text_length_matches_the_text_for_any_calls_and_content() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from cantrip.llm import ToolCall
+
+    calls = st.lists(
+        st.builds(
+            ToolCall,
+            id=st.text(max_size=5),
+            name=st.text(max_size=8),
+            arguments=st.dictionaries(st.text(max_size=4), st.integers() | st.text(max_size=6)),
+        ),
+        max_size=3,
+    )
+
+    @given(content=st.none() | st.text(max_size=20), tool_calls=calls)
+    def check(content: str | None, tool_calls: list[ToolCall]) -> None:
+        message = Message("assistant", content, tool_calls=tuple(tool_calls))
+        assert message.text_length() == len(message.text())
+
+    check()
+
+
+async def test_a_cast_looks_its_model_prices_up_once_and_the_next_cast_afresh(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Every turn is priced (``cost_usd``), from prices a cast finds once (issue 34):
+    three turns, one catalogue lookup, each turn charged at those prices; after the
+    catalogue changed (and ``clear_cache()``), the next cast charges the new ones."""
+    import cantrip
+    from cantrip.llm import _cost
+    from gates import done, echo
+
+    folder = tmp_path / "priced"
+    folder.mkdir()
+    toml = folder / "openai.toml"
+    monkeypatch.setenv("CANTRIP_PROVIDERS_DIR", str(folder))
+    lookups: list[tuple[str | None, str]] = []
+    real = _cost.config_pricing
+
+    def counted(provider: str | None, model: str) -> Pricing | None:
+        lookups.append((provider, model))
+        return real(provider, model)
+
+    monkeypatch.setattr(_cost, "config_pricing", counted)
+
+    from fake_providers import Answer, Call, running
+
+    million = {"prompt_tokens": 10**6, "completion_tokens": 10**6}
+    script = [
+        Answer(calls=(Call("echo", {"text": "a"}),), **million),
+        Answer(calls=(Call("echo", {"text": "b"}),), **million),
+        Answer(calls=(Call("done", {"answer": "x"}),), **million),
+    ]
+    costs: list[list[float | None]] = []
+    for prices in ((1.0, 2.0), (3.0, 4.0)):
+        toml.write_text(
+            f"[models.house]\ncost_input_per_1m = {prices[0]}\ncost_output_per_1m = {prices[1]}\n"
+        )
+        clear_cache()
+        lookups.clear()
+        async with running("openai", script, model="house") as (_, llm):
+            spell = cantrip.Cantrip(
+                llm=llm,
+                identity=cantrip.Identity(system_prompt="price"),
+                circle=cantrip.Circle([done, echo], [cantrip.max_turns(5)]),
+            )
+            result = await spell.cast_async("go")
+        costs.append([t.metadata.cost_usd for t in spell.loom.turns])
+        assert lookups == [("openai", "house")]  # once for the three turns
+        assert result.cost_usd == pytest.approx(sum(c or 0.0 for c in costs[-1]))
+    assert costs == [[3.0, 3.0, 3.0], [7.0, 7.0, 7.0]]

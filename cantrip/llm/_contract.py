@@ -171,6 +171,16 @@ class Message:
         parts.extend(f"{c.name}({c.arguments_json})" for c in self.tool_calls)
         return "\n".join(p for p in parts if p)
 
+    def text_length(self) -> int:
+        """``len(self.text())``, counted without building the text (every turn of a
+        folding context counts what it adds)."""
+        content = len(self.content) if self.content else 0
+        parts = 1 if content else 0
+        for call in self.tool_calls:
+            content += len(call.name) + len(call.arguments_json) + 2
+            parts += 1
+        return content + parts - 1 if parts else 0
+
 
 @attrs.frozen
 class ToolDefinition:

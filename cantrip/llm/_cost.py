@@ -41,24 +41,48 @@ def llm_pricing(llm: Any) -> Pricing | None:
     return None
 
 
-def response_cost(response: Response, llm: Any = None) -> float | None:
+PriceMemo = dict[tuple[Any, Any, Any], Pricing | None]
+"""Prices already found, by (provider, requested model, model); see :func:`response_cost`."""
+
+
+def response_cost(
+    response: Response, llm: Any = None, memo: PriceMemo | None = None
+) -> float | None:
     """USD of one answered call; ``None`` when no price is known for its model or the
-    provider reported no usage (unless it reported the cost itself)."""
+    provider reported no usage (unless it reported the cost itself).
+
+    ``memo`` keeps the prices found for ``llm``'s answers, so a cast looks its
+    model's prices up once, not on every turn (a cast is priced at the prices in
+    force when it priced its first turn; issue 34)."""
     usage = response.usage
-    reported = response.metadata.get("cost")
+    metadata = response.metadata
+    reported = metadata.get("cost")
     if isinstance(reported, int | float) and not isinstance(reported, bool):
         return round(float(reported), 10)
     if usage.missing:
         return None  # the provider said nothing about tokens: unknown, never $0
     if not usage.prompt_tokens and not usage.completion_tokens:
         return 0.0  # the provider reported that nothing was consumed
+    if memo is None:
+        pricing = _pricing_of(response, llm)
+    else:
+        key = (response.provider, metadata.get("requested_model"), response.model)
+        if key in memo:
+            pricing = memo[key]
+        else:
+            pricing = memo[key] = _pricing_of(response, llm)
+    return round(pricing.cost(usage), 10) if pricing is not None else None
+
+
+def _pricing_of(response: Response, llm: Any) -> Pricing | None:
+    """The prices of the model that answered: the catalogue's for the model asked for,
+    then for the model named in the answer, else what ``llm`` declares."""
     for model in (response.metadata.get("requested_model"), response.model):
         if isinstance(model, str):
             pricing = config_pricing(response.provider, model)
             if pricing is not None:
-                return round(pricing.cost(usage), 10)
-    declared = llm_pricing(llm) if llm is not None else None
-    return round(declared.cost(usage), 10) if declared is not None else None
+                return pricing
+    return llm_pricing(llm) if llm is not None else None
 
 
 def prompt_cost(tokens: int, pricing: Pricing) -> float:

@@ -517,6 +517,16 @@ class _Engine:
         group.max_answered = max(group.max_answered, slot.order)
         slot.result = position
         slot.synthetic = synthetic
+        if (
+            message.content is not None
+            and message.tool_call_id == slot.projected
+            and message.name == slot.call.name
+            and not message.tool_calls
+            and message.thinking is None
+            and not message.reasoning
+        ):
+            slot.rendered = message  # already what it would be rendered as (the usual case)
+            return
         slot.rendered = Message(
             role="tool",
             content=message.content if message.content is not None else "",
