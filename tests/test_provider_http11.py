@@ -631,3 +631,84 @@ async def test_the_read_timeout_counts_from_each_read_not_from_the_request() -> 
             assert took > 0.4 * 2  # longer than the timeout: each read had its own
         else:
             assert got == ("error", "timeout", True)
+
+
+async def test_many_stalled_requests_time_out_together_and_on_time() -> None:
+    """The pool's one watcher (not a cancel scope per request) times requests out:
+    40 requests in flight on 40 connections to a server that never answers all end
+    as retryable timeouts, each 0.4-1.0 s after it started (timeout 0.4 s)."""
+
+    async def never(out: trio.SocketStream, request: bytes) -> bool:
+        await trio.sleep_forever()
+        return False
+
+    ended: list[tuple[Any, float]] = []
+    async with raw_server(never) as (url, connections):
+        llm: Any = load_llm("openai", base_url=url, timeout_s=0.4)
+
+        async def one() -> None:
+            started = trio.current_time()
+            try:
+                await llm.query(HISTORY[:2])
+                ended.append(("answer", trio.current_time() - started))
+            except ProviderError as error:
+                ended.append(((error.code, error.retryable), trio.current_time() - started))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(40):
+                nursery.start_soon(one)
+        await llm.aclose()
+        assert len(connections) == 40
+    assert {outcome for outcome, _ in ended} == {("timeout", True)}
+    assert all(0.4 <= took < 1.0 for _, took in ended), sorted(took for _, took in ended)
+
+
+async def test_a_request_the_server_never_reads_times_out_while_sending() -> None:
+    """A body larger than the socket buffers, to a server that never reads it: the
+    write times out (a retryable timeout) instead of waiting forever."""
+
+    async def deaf(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, deaf, 0, host="127.0.0.1")
+        )
+        url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1"
+        llm: Any = load_llm("openai", base_url=url, timeout_s=0.4)
+        huge = [Message("user", "x" * 32_000_000)]
+        started = trio.current_time()
+        with pytest.raises(ProviderError) as caught:
+            await llm.query(huge)
+        took = trio.current_time() - started
+        await llm.aclose()
+        nursery.cancel_scope.cancel()
+    assert caught.value.code == "timeout" and caught.value.retryable
+    assert "WriteTimeout" in str(caught.value)
+    assert 0.4 <= took < 2.0
+
+
+async def test_a_stream_that_stops_mid_body_times_out() -> None:
+    """Streamed events, then silence: the read after the last event times out (the
+    watcher guards reads outside the request's first exchange too)."""
+    events = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"h"}}]}\n\n'
+
+    async def stop_after_one(out: trio.SocketStream, request: bytes) -> bool:
+        await out.send_all(
+            head(b"200 OK", b"content-type: text/event-stream", b"transfer-encoding: chunked")
+            + b"%x\r\n%s\r\n" % (len(events), events)
+        )
+        await trio.sleep_forever()
+        return False
+
+    async with raw_server(stop_after_one) as (url, _):
+        llm: Any = load_llm("openai", base_url=url, timeout_s=0.4)
+        seen: list[Any] = []
+        started = trio.current_time()
+        with pytest.raises(ProviderError) as caught:
+            await llm.stream(HISTORY[:2], on_event=seen.append)
+        took = trio.current_time() - started
+        await llm.aclose()
+    assert caught.value.code == "timeout" and caught.value.retryable
+    assert seen  # the first event arrived before the silence
+    assert 0.4 <= took < 1.5

@@ -23,6 +23,7 @@ when the run ends, from one system task.
 from __future__ import annotations
 
 import functools
+import math
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
@@ -190,7 +191,11 @@ class ClientPool:
         self.jar = Cookies()
         self._prepared: dict[tuple[str, int], _Prepared] = {}
         self._closed = False
-        trio.lowlevel.spawn_system_task(self._close_at_run_end, name="cantrip-http-close")
+        bounds = [t for t in (timeout.write, timeout.read) if t is not None]
+        self._horizon = min(bounds, default=math.inf)
+        """The shortest write or read timeout: no deadline set later comes sooner than
+        this long after it is set (see :meth:`watch`)."""
+        trio.lowlevel.spawn_system_task(self.watch, name="cantrip-http-deadlines")
 
     @property
     def busy(self) -> int:
@@ -340,9 +345,30 @@ class ClientPool:
             else:
                 await client.aclose()
 
-    async def _close_at_run_end(self) -> None:
+    async def watch(self) -> None:
+        """Time out the writes and reads of this pool's connections, until the run ends
+        (then close them all).
+
+        A request's deadline is a number on its connection (``Connection.deadline``),
+        not a cancel scope of its own: this one task sleeps until the earliest
+        deadline in the pool and expires what has passed. It also wakes
+        ``horizon`` after it fell asleep -- every deadline is set at least
+        that long ahead, so one set while it sleeps comes no sooner than its waking.
+        So timeouts fire on time and a busy pool pays nothing per request (a scope
+        per request cost ~10 us of every turn; issue 34)."""
         try:
-            await trio.sleep_forever()
+            while True:
+                now = trio.current_time()
+                earliest = now + self._horizon
+                if self.wire:
+                    for connection in self.clients:
+                        deadline = connection.deadline
+                        if deadline <= now:
+                            if not connection.expired:
+                                connection.expire()
+                        elif deadline < earliest:
+                            earliest = deadline
+                await trio.sleep_until(earliest)
         finally:
             with trio.CancelScope(shield=True):
                 try:

@@ -56,10 +56,6 @@ READ_SIZE = 64 * 1024
 """Bytes asked of the socket per receive (httpcore's)."""
 KEEPALIVE_EXPIRY = 5.0
 """Seconds an idle connection is kept (``httpx.Limits``' default ``keepalive_expiry``)."""
-DEADLINE_SLACK = 0.001
-"""A read's timeout may start up to this much (seconds) before the read: the
-request's deadline is not moved later by less (moving it costs ~2 us; the first
-read follows the write by microseconds, so it would move by that little)."""
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _LINE = re.compile(rb"\r?\n")
 _STATUS = re.compile(rb"HTTP/(\d\.\d) (\d{3})(?: ([\t\x20-\x7e\x80-\xff]*))?")
@@ -170,12 +166,12 @@ class Connection:
     __slots__ = (
         "buffer",
         "closed",
+        "deadline",
+        "expired",
         "fd",
         "idle_since",
         "origin",
         "poller",
-        "reading",
-        "scope",
         "sock",
         "stream",
     )
@@ -192,10 +188,11 @@ class Connection:
         """Watches the idle socket for a close by the server (made once per socket)."""
         self.closed = False
         """Closed for good (its pool was closed)."""
-        self.scope: trio.CancelScope | None = None
-        """The cancel scope of the request in :meth:`exchange` (its timeouts)."""
-        self.reading = False
-        """Whether that request got to reading (so a deadline is a read timeout)."""
+        self.deadline = inf
+        """When the write or read under way times out (trio's clock); ``inf`` between
+        them. Watched by its pool (``ClientPool.watch``), which calls :meth:`expire`."""
+        self.expired = False
+        """The deadline passed while a write or read was under way: it ends as a timeout."""
 
     @property
     def is_closed(self) -> bool:
@@ -212,6 +209,17 @@ class Connection:
     def close(self) -> None:
         self.drop()
         self.closed = True
+
+    def expire(self) -> None:
+        """The deadline passed: the write or read under way ends as a timeout.
+
+        Wakes a task waiting on the socket (with ``ClosedResourceError``, which
+        :meth:`_send` and :meth:`receive` report as the timeout); a task not waiting
+        at this moment finds :attr:`expired` at its next write or read. The task
+        itself drops the connection."""
+        self.expired = True
+        if self.sock is not None:
+            trio.lowlevel.notify_closing(self.sock)
 
     def _reusable(self, origin: tuple[str, str, int]) -> bool:
         """Whether the open connection may carry the next request (httpcore's checks)."""
@@ -260,39 +268,38 @@ class Connection:
     ) -> Response:
         """Send one request; the response with its head read (and its body, if ``whole``).
 
-        One cancel scope serves the request's write and reads, its deadline moved
-        before each (a scope per operation cost more than the rest of the I/O)."""
+        The write and each read time out by :attr:`deadline`, which the pool's
+        watcher enforces: a cancel scope per request (its deadline in trio's heap,
+        entered and left, moved before each read) cost ~10 us of every turn."""
         if self.closed:
             raise httpx.ConnectError("the connection pool is closed")
         if self.stream is not None and not self._reusable(shape.origin):
             self.drop()
+        self.expired = False
         try:
             if self.stream is None:
                 await self._connect(shape, timeout.connect, context)
             assert self.stream is not None
             data = b"%s%d%s%s" % (shape.before, len(content), shape.after, content)
-            write = inf if timeout.write is None else trio.current_time() + timeout.write
-            with trio.CancelScope(deadline=write) as scope:  # (setting it after costs more)
-                self.scope = scope
-                self.reading = False
-                await self._send(data)
-                response = await self._head(timeout.read)
-                if whole:
-                    await response.aread()
-            self.scope = None
-            if scope.cancelled_caught:
-                if self.reading:
-                    raise httpx.ReadTimeout("timed out while reading the response")
-                raise httpx.WriteTimeout("timed out while sending the request")
+            if timeout.write is not None:
+                self.deadline = trio.current_time() + timeout.write
+            await self._send(data)
+            response = await self._head(timeout.read)
+            if whole:
+                await response.aread()
             return response
         except BaseException:
-            self.scope = None
             self.drop()
             raise
+        finally:
+            self.deadline = inf
 
     async def _send(self, data: bytes) -> None:
+        """Write ``data`` whole (by :attr:`deadline`, set by the caller)."""
         fd = self.fd
         try:
+            if self.expired:
+                raise trio.ClosedResourceError
             if fd < 0:
                 assert self.stream is not None
                 await self.stream.send_all(data)
@@ -304,6 +311,8 @@ class Connection:
                 except BlockingIOError:
                     await trio.lowlevel.wait_writable(fd)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if self.expired:
+                raise httpx.WriteTimeout("timed out while sending the request") from None
             raise httpx.WriteError(str(exc.__cause__ or exc)) from exc
 
     async def receive(self, timeout: float | None, *, wait: bool = False) -> bytes | bytearray:
@@ -313,23 +322,18 @@ class Connection:
         them before the first read. A plain TCP connection is read with
         ``os.read`` once trio says the socket is readable: trio's socket stream
         costs a context manager, a failed read and a scheduling round per
-        receive."""
-        scope = self.scope
+        receive. ``timeout`` bounds this receive alone (httpx's read timeout)."""
         try:
-            if scope is not None:  # within exchange(): move its deadline
-                self.reading = True
-                deadline = inf if timeout is None else trio.current_time() + timeout
-                late = deadline - scope.deadline
-                if deadline != scope.deadline and not 0.0 <= late < DEADLINE_SLACK:
-                    scope.deadline = deadline
-                return await self._receive(wait)
-            if timeout is None:
-                return await self._receive(wait)
-            with trio.move_on_after(timeout):
-                return await self._receive(wait)
+            if self.expired:
+                raise trio.ClosedResourceError
+            self.deadline = inf if timeout is None else trio.current_time() + timeout
+            return await self._receive(wait)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if self.expired:
+                raise httpx.ReadTimeout("timed out while reading the response") from None
             raise httpx.ReadError(str(exc.__cause__ or exc)) from exc
-        raise httpx.ReadTimeout("timed out while reading the response")
+        finally:
+            self.deadline = inf
 
     async def _receive(self, wait: bool) -> bytes | bytearray:
         fd = self.fd
