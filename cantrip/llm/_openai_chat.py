@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from cantrip._errors import InvalidResponseError, ProviderError
 from cantrip.llm._contract import NO_USAGE, Message, Response, ToolCall, Usage
 from cantrip.llm._finish import (
@@ -84,8 +86,22 @@ def strict_json(text: str) -> Any:
     Arguments a model wrote with them are not JSON; taken as floats they would be
     replayed to the provider as ``null`` (orjson) or as invalid JSON. Refused, the
     call keeps its raw text and becomes an ``is_error`` observation saying so.
-    One decoder serves every call (``json.loads`` with a hook builds a new one each time)."""
+
+    orjson reads it first (~4x faster; it refuses NaN and Infinity itself), unless
+    the text holds a run of 19 digits -- an integer orjson may read as a float,
+    losing digits -- or orjson refuses it (a lone surrogate, a number too large
+    for a float): then the standard library's decoder, as before, which reads
+    those. One decoder serves every call (``json.loads`` with a hook builds a new
+    one each time)."""
+    if _LONG_NUMBER.search(text) is None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
     return _STRICT.decode(text)
+
+
+_LONG_NUMBER = re.compile(r"\d{19}")
 
 
 _STRICT = json.JSONDecoder(parse_constant=_no_constant)
