@@ -263,3 +263,45 @@ async def test_a_cast_looks_its_model_prices_up_once_and_the_next_cast_afresh(
         assert lookups == [("openai", "house")]  # once for the three turns
         assert result.cost_usd == pytest.approx(sum(c or 0.0 for c in costs[-1]))
     assert costs == [[3.0, 3.0, 3.0], [7.0, 7.0, 7.0]]
+
+
+@pytest.mark.parametrize("model_in_reply", ["gpt-4o-mini-2024-07-18", None])
+def test_a_parsed_openai_answer_is_final_as_the_adapter_would_make_it(
+    model_in_reply: str | None,
+) -> None:
+    """The OpenAI-compatible parser names the adapter's provider and requested model
+    itself, so the adapter's last step returns it as it is (issue 34) -- equal to
+    what that step builds from a parse that did not."""
+    from cantrip.llm._openai_chat import parse_chat_completion
+
+    adapter: Any = load_llm("openai", "gpt-4o-mini", base_url="http://127.0.0.1:9/v1")
+    payload: dict[str, Any] = {
+        "id": "chatcmpl-1",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "done", "arguments": '{"answer": "ok"}'},
+                        }
+                    ],
+                },
+            }
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5},
+    }
+    if model_in_reply is not None:
+        payload["model"] = model_in_reply
+    parsed = adapter.parse(payload, [])
+    final = adapter._finish(parsed, {}, False)
+    assert final is parsed  # nothing left to do
+    built = adapter._finish(parse_chat_completion(payload, [], provider="x"), {}, True)
+    assert final == built
+    assert final.model == (model_in_reply or "gpt-4o-mini")
+    assert final.metadata["requested_model"] == "gpt-4o-mini"

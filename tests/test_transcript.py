@@ -806,3 +806,24 @@ def test_property_render_is_valid_and_keeps_real_results(
         assert view == render_transcript(history[:cut], provider).messages
         previous = cut
     assert tuple(renderer.messages) == rendered.messages
+
+
+@settings(max_examples=150, deadline=None)
+@pytest.mark.parametrize("provider", PROVIDERS)
+@given(data=st.data(), case=histories())
+def test_property_incremental_knows_whether_any_id_was_remapped(
+    provider: ProviderFormat,
+    data: st.DataObject,
+    case: tuple[list[Message], Counter[tuple[str, bool]], dict[str, str]],
+) -> None:
+    """``remapped`` (the adapter skips mapping ids back when it is false) is exactly
+    whether the id map, grown message by message, maps some id to another."""
+    history = case[0]
+    renderer = IncrementalRenderer(provider)
+    start = 0
+    while start < len(history):
+        step = data.draw(st.integers(1, len(history) - start))
+        renderer.extend(history[start : start + step])
+        start += step
+        id_map = renderer.id_map
+        assert renderer.remapped == any(key != wire for key, wire in id_map.items())

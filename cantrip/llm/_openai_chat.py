@@ -192,12 +192,15 @@ def parse_chat_completion(
     *,
     provider: str = "openai",
     think_tags: bool = False,
+    requested_model: str | None = None,
 ) -> Response:
     """A chat.completion object as a :class:`Response`.
 
     ``request`` is the transcript that was sent; it is needed to judge a reply
     that tries to carry a tool result (LLM-7). With ``think_tags`` a leading
-    ``<think>...</think>`` block of the text becomes the thinking.
+    ``<think>...</think>`` block of the text becomes the thinking. With
+    ``requested_model`` (the model the adapter asked for) the response is final:
+    it names that model in its metadata, and as its model when the reply names none.
     """
     if payload.get("error"):
         raise error_from_payload(payload["error"])
@@ -261,13 +264,17 @@ def parse_chat_completion(
     )
     if finish is not None:
         metadata["finish_reason"] = str(finish)
+    model = payload.get("model")
+    if requested_model is not None:
+        metadata["requested_model"] = requested_model
+        model = model or requested_model
     return Response(
         content=content,
         tool_calls=mark_cut_off(calls, stop, arguments_as_text=True),
         usage=parse_usage(usage),
         thinking=thinking,
         stop_reason=stop,
-        model=payload.get("model"),
+        model=model,
         provider=provider,
         metadata=metadata,
     )

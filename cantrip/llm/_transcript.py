@@ -397,6 +397,8 @@ class _Engine:
         self.uses: dict[str, int] = {}
         self.taken: set[str] = set()
         self.id_map: dict[str, str] = {}
+        self.remapped = False
+        """Whether some key of :attr:`id_map` maps to another id (a projected or reused id)."""
         self.orphans: list[OrphanResult] = []
         self.dedupe: list[DedupeDecision] = []
         self.moved: list[str] = []
@@ -434,6 +436,8 @@ class _Engine:
                 cid, self.provider, index=len(self.slots), name=call.name, taken=self.taken
             )
             self.id_map[key] = projected
+            if key != projected:
+                self.remapped = True
             slot = _Slot(group, call, key, projected, order)
             group.slots.append(slot)
             self.slots.append(slot)
@@ -823,6 +827,11 @@ class IncrementalRenderer:
     @property
     def id_map(self) -> Mapping[str, str]:
         return MappingProxyType(self._engine.id_map)
+
+    @property
+    def remapped(self) -> bool:
+        """Whether :attr:`id_map` maps some id to another (else it is the identity)."""
+        return self._engine.remapped
 
     def extend(self, new_messages: Iterable[Message]) -> RenderedView:
         engine = self._engine

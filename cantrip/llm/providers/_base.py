@@ -127,6 +127,8 @@ class StreamState(Protocol):
 class Rendered:
     messages: Sequence[Message]
     id_map: Mapping[str, str]
+    remapped: bool = True
+    """Whether ``id_map`` maps some id to another (``False``: nothing to map back)."""
 
 
 def render(
@@ -151,7 +153,8 @@ def render(
         or diagnostics.moved_results
     ):
         log.debug("transcript repaired for %s: %s", family, diagnostics.to_dict())
-    return Rendered(result.messages, result.id_map)
+    id_map = result.id_map
+    return Rendered(result.messages, id_map, any(key != wire for key, wire in id_map.items()))
 
 
 @attrs.define
@@ -214,7 +217,8 @@ class RenderCache:
                     memos[id(seen[-1])] = memo
                 else:
                     memos.move_to_end(id(seen[-1]))
-                return Rendered(view, memo.renderer.id_map)
+                renderer = memo.renderer
+                return Rendered(view, renderer.id_map, renderer.remapped)
             break  # the conversation changed (folded, forked): render it afresh
         renderer = IncrementalRenderer(
             self.family, keep_thinking=self.keep_thinking, reasoning_format=self.reasoning_format
@@ -226,7 +230,7 @@ class RenderCache:
             memos[id(seen[-1])] = _Memo(renderer, seen)
             while len(memos) > self.size:
                 memos.popitem(last=False)
-        return Rendered(view, renderer.id_map)
+        return Rendered(view, renderer.id_map, renderer.remapped)
 
 
 def dumps(body: Any) -> bytes:
@@ -531,7 +535,7 @@ class HTTPAdapter:
             ):
                 self._log_transcript(logging.WARNING, messages, rendered.messages, error)
             raise
-        response = self._finish(response, rendered.id_map)
+        response = self._finish(response, rendered.id_map, rendered.remapped)
         if on_event is not None:
             for call in response.tool_calls:
                 on_event(
@@ -603,9 +607,23 @@ class HTTPAdapter:
         """Whether earlier reasoning is sent back (it needs signatures we do not keep)."""
         return False
 
-    def _finish(self, response: Response, id_map: Mapping[str, str]) -> Response:
+    def _finish(
+        self, response: Response, id_map: Mapping[str, str], remapped: bool = True
+    ) -> Response:
+        """The response as this adapter answers it: its provider, the model asked for
+        in its metadata (``requested_model``; the model, if the reply named none), and
+        the tool-call ids the transcript used. A parser that made it so already
+        (the OpenAI-compatible one) leaves nothing to do in the common case."""
         calls = response.tool_calls
-        if calls and any(canonical != wire for canonical, wire in id_map.items()):
+        mapped = bool(calls) and remapped
+        if (
+            not mapped
+            and response.provider == self.provider
+            and response.model
+            and response.metadata.get("requested_model") == self.model
+        ):
+            return response
+        if mapped:
             # A provider that echoes a projected id gets the canonical one back; keys of
             # reused ids ("id#2") name no call and are not mapped back.
             back = {wire: key for key, wire in id_map.items() if key != wire and "#" not in key}

@@ -184,6 +184,7 @@ class OpenAIAdapter(HTTPAdapter):
             messages,
             provider=self.provider,
             think_tags=self.compat.thinking_format == "think_tags",
+            requested_model=self.model,
         )
         if self.compat.synthesize_tool_ids and any(not c.id for c in response.tool_calls):
             seed = str(payload.get("id") or "")
