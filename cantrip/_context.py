@@ -68,6 +68,15 @@ class Transcript(Sequence[Message]):
         for i in range(self._n):
             yield items[i]
 
+    def backing(self) -> tuple[list[Message], int]:
+        """(the append-only list this view reads, how many of its items are in view).
+
+        A renderer that saw this list's first ``k`` items before need only render
+        ``items[k:n]`` now, without comparing the prefix item by item (O(history)
+        each turn). The list is never changed but appended to: a fold starts a
+        new one."""
+        return self._items, self._n
+
     def __repr__(self) -> str:
         return f"Transcript({list(self)!r})"
 

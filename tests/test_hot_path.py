@@ -305,3 +305,59 @@ def test_a_parsed_openai_answer_is_final_as_the_adapter_would_make_it(
     assert final == built
     assert final.model == (model_in_reply or "gpt-4o-mini")
     assert final.metadata["requested_model"] == "gpt-4o-mini"
+
+
+def test_a_context_view_is_rendered_from_where_its_list_was_left() -> None:
+    """A context's transcript is an append-only list; the adapter's render memo finds
+    it by that list and renders only what was appended (issue 34: comparing the
+    whole prefix item by item cost O(history) every turn). Every render equals a
+    fresh render of the same messages; an older, shorter view of the same list and
+    a new list (a fold) render correctly too."""
+    from cantrip._context import Transcript
+    from cantrip.llm import ToolCall
+    from cantrip.llm._transcript import IncrementalRenderer, render_transcript
+    from cantrip.llm.providers._base import RenderCache
+
+    ingested: list[Message] = []
+    real_extend = IncrementalRenderer.extend
+
+    def counting(self: IncrementalRenderer, new: Any) -> Any:
+        new = list(new)
+        ingested.extend(new)
+        return real_extend(self, new)
+
+    read: list[int] = []
+
+    class Counted(Transcript):
+        """A transcript that counts the items read through it one by one."""
+
+        def __iter__(self) -> Any:
+            for message in super().__iter__():
+                read.append(1)
+                yield message
+
+        def __getitem__(self, index: Any) -> Any:
+            read.append(1)
+            return super().__getitem__(index)
+
+    IncrementalRenderer.extend = counting  # type: ignore[method-assign]
+    try:
+        cache = RenderCache("openai", False)
+        items: list[Message] = [Message("system", "s"), Message("user", "go")]
+        for turn in range(30):
+            call = ToolCall(id=f"call_{turn}", name="echo", arguments={"text": str(turn)})
+            items.append(Message("assistant", tool_calls=(call,)))
+            items.append(Message("tool", str(turn), tool_call_id=call.id, name="echo"))
+            rendered = cache.render(Counted(items, len(items)))
+            assert tuple(rendered.messages) == render_transcript(items, "openai").messages
+        assert len(ingested) == len(items)  # each message rendered once, not once a turn
+        assert not read  # and the history was not walked to find where it had got to
+        older = cache.render(Transcript(items, 10))  # a shorter view of the same list
+        assert tuple(older.messages) == render_transcript(items[:10], "openai").messages
+        again = cache.render(Transcript(items, len(items)))
+        assert tuple(again.messages) == render_transcript(items, "openai").messages
+        folded = [Message("system", "s"), Message("user", "summary"), *items[-2:]]
+        fresh = cache.render(Transcript(folded, len(folded)))
+        assert tuple(fresh.messages) == render_transcript(folded, "openai").messages
+    finally:
+        IncrementalRenderer.extend = real_extend  # type: ignore[method-assign]

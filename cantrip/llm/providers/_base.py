@@ -161,6 +161,10 @@ def render(
 class _Memo:
     renderer: IncrementalRenderer
     seen: list[Message]
+    """The messages rendered: a copy, or an append-only list the caller shares
+    (``backing()``), of which the first :attr:`rendered` were rendered."""
+    rendered: int = -1
+    """For a shared list: how many of its items were rendered (-1: ``seen`` is a copy)."""
 
 
 RENDER_MEMOS = 1024
@@ -202,6 +206,9 @@ class RenderCache:
         """By ``id`` of the last message each saw (kept alive by ``seen``), oldest first."""
 
     def render(self, messages: Sequence[Message]) -> Rendered:
+        backing = getattr(messages, "backing", None)
+        if backing is not None:
+            return self._render_shared(*backing())
         memos = self._memos
         for last in range(len(messages) - 1, -1, -1):
             memo = memos.get(id(messages[last]))
@@ -230,6 +237,29 @@ class RenderCache:
             memos[id(seen[-1])] = _Memo(renderer, seen)
             while len(memos) > self.size:
                 memos.popitem(last=False)
+        return Rendered(view, renderer.id_map, renderer.remapped)
+
+    def _render_shared(self, items: list[Message], n: int) -> Rendered:
+        """The first ``n`` of an append-only list (a context's :class:`Transcript`):
+        its memo is found by the list and renders ``items[k:n]``, the messages
+        added since it rendered ``k`` -- O(new messages), however long the history."""
+        memos = self._memos
+        key = id(items)
+        memo = memos.get(key)
+        if memo is not None and memo.seen is items and 0 <= memo.rendered <= n:
+            renderer = memo.renderer
+            view = renderer.extend(items[memo.rendered : n])
+            memo.rendered = n
+            memos.move_to_end(key)
+            return Rendered(view, renderer.id_map, renderer.remapped)
+        renderer = IncrementalRenderer(
+            self.family, keep_thinking=self.keep_thinking, reasoning_format=self.reasoning_format
+        )
+        view = renderer.extend(items[:n])
+        memos[key] = _Memo(renderer, items, n)  # replaces a memo of an earlier, longer view
+        memos.move_to_end(key)
+        while len(memos) > self.size:
+            memos.popitem(last=False)
         return Rendered(view, renderer.id_map, renderer.remapped)
 
 
