@@ -361,3 +361,53 @@ def test_a_context_view_is_rendered_from_where_its_list_was_left() -> None:
         assert tuple(fresh.messages) == render_transcript(folded, "openai").messages
     finally:
         IncrementalRenderer.extend = real_extend  # type: ignore[method-assign]
+
+
+def test_a_request_body_spliced_from_kept_bytes_is_the_one_dumps_writes() -> None:
+    """The OpenAI-compatible adapters write each message of a conversation's body once
+    and splice the body from those bytes (issue 34): for growing conversations of
+    generated messages -- non-ASCII text, lone surrogates (which orjson refuses), calls
+    left unanswered in the open tail, an older view of the same history, streamed and
+    not -- the bytes equal what ``dumps`` writes for the whole body."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from cantrip._context import Transcript
+    from cantrip.llm import ToolCall, ToolDefinition
+    from cantrip.llm.providers._base import dumps
+
+    texts = st.text(max_size=12) | st.sampled_from(["é ☃ 𝄞", "lone \ud800 surrogate", ""])
+    tools = (ToolDefinition("echo", "Echo.", {"type": "object", "properties": {}}),)
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        steps=st.lists(st.tuples(st.sampled_from(["user", "call", "answer"]), texts), max_size=12)
+    )
+    def check(steps: list[tuple[str, str]]) -> None:
+        adapter: Any = load_llm("openai", "gpt-4o-mini", base_url="http://127.0.0.1:9/v1")
+        items: list[Message] = [Message("system", "sys"), Message("user", "go")]
+        views: list[int] = []
+        for number, (kind, text) in enumerate(steps):
+            if kind == "user":
+                items.append(Message("user", text))
+            elif kind == "call":
+                call = ToolCall(id=f"call_{number}", name="echo", arguments={"t": text})
+                items.append(Message("assistant", text or None, tool_calls=(call,)))
+            else:
+                last = next((m for m in reversed(items) if m.tool_calls), None)
+                if last is not None:
+                    call_id = last.tool_calls[0].id
+                    items.append(Message("tool", text, tool_call_id=call_id, name="echo"))
+            views.append(len(items))
+        for n in [*views, *views[: len(views) // 2]]:  # growing, then older views again
+            rendered = adapter._renders.render(Transcript(items, n))
+            for stream in (False, True):
+                url, body = adapter.build_request(rendered.messages, tools, None, {}, stream)
+                assert adapter.encode_request(rendered.messages, tools, None, {}, stream) == (
+                    url,
+                    dumps(body),
+                )
+        if views and not any("\ud800" in text for _, text in steps):  # none fell back
+            assert any(memo.encoded for memo in adapter._wire_memo.values())
+
+    check()

@@ -460,6 +460,19 @@ class HTTPAdapter:
         """(URL, JSON body) of one request."""
         raise NotImplementedError
 
+    def encode_request(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        tool_choice: ToolChoice | None,
+        extra: Mapping[str, Any],
+        stream: bool,
+    ) -> tuple[str, bytes]:
+        """(URL, the JSON body's bytes) of one request: :meth:`build_request`'s body,
+        written by :func:`dumps` (an adapter may reuse bytes it wrote before)."""
+        url, body = self.build_request(messages, tools, tool_choice, extra, stream)
+        return url, dumps(body)
+
     def parse(self, payload: Mapping[str, Any], messages: Sequence[Message]) -> Response:
         raise NotImplementedError
 
@@ -543,11 +556,9 @@ class HTTPAdapter:
             rendered = render(
                 messages, self.render_family, self.keep_thinking, self.reasoning_format
             )
-        url, body = self.build_request(
+        url, data = self.encode_request(
             rendered.messages, tools, tool_choice, extra, on_event is not None
         )
-        data = dumps(body)
-        del body  # its objects need not outlive the wait for the answer (fewer for the GC)
         if self.debug_transcript:
             self._log_transcript(logging.DEBUG, messages, rendered.messages, None)
         try:
