@@ -363,7 +363,9 @@ def test_a_context_view_is_rendered_from_where_its_list_was_left() -> None:
         IncrementalRenderer.extend = real_extend  # type: ignore[method-assign]
 
 
-def test_a_request_body_spliced_from_kept_bytes_is_the_one_dumps_writes() -> None:
+def test_a_request_body_spliced_from_kept_bytes_is_the_one_dumps_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The OpenAI-compatible adapters write each message of a conversation's body once
     and splice the body from those bytes (issue 34): for growing conversations of
     generated messages -- non-ASCII text, lone surrogates (which orjson refuses), calls
@@ -374,8 +376,10 @@ def test_a_request_body_spliced_from_kept_bytes_is_the_one_dumps_writes() -> Non
 
     from cantrip._context import Transcript
     from cantrip.llm import ToolCall, ToolDefinition
+    from cantrip.llm.providers import openai
     from cantrip.llm.providers._base import dumps
 
+    monkeypatch.setattr(openai, "SPLICE_FROM", 0)  # short conversations spliced too
     texts = st.text(max_size=12) | st.sampled_from(["é ☃ 𝄞", "lone \ud800 surrogate", ""])
     tools = (ToolDefinition("echo", "Echo.", {"type": "object", "properties": {}}),)
 
