@@ -122,6 +122,10 @@ ROWS: list[tuple[str, list[str], bytes | None, int, str]] = [
     ("serve: no sessions", ["serve", "good.toml", "--max-sessions", "0"], None, 1,
      "max_sessions"),
     ("serve: impossible port", ["serve", "good.toml", "--port", "70000"], None, 1, "70000"),
+    ("serve: no heartbeat", ["serve", "good.toml", "--heartbeat-s", "0"], None, 1,
+     "--heartbeat-s 0.0 is not a positive number"),
+    ("serve: NaN heartbeat", ["serve", "good.toml", "--heartbeat-s", "nan"], None, 1,
+     "--heartbeat-s nan is not a positive number"),
 ]  # fmt: skip
 
 

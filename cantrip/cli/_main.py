@@ -258,6 +258,13 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         help="idle keep-alive connections close after this (default 75; keep it above "
         "your clients' pool expiry)",
     )
+    serve.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=15.0,
+        help="an event stream with nothing to say gets a comment this often, so proxies "
+        "keep it open (default 15; keep it below their idle timeout)",
+    )
     serve.add_argument("--backlog", type=int, default=1024, help="listen queue (default 1024)")
     serve.add_argument(
         "--max-running",
@@ -656,6 +663,7 @@ def _acp(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from cantrip.cli._serve import serve_until_signal
+    from cantrip.protocols._asgi import set_heartbeat_s
     from cantrip.protocols._guard import BindError, Guard
     from cantrip.protocols._http import serve_http
     from cantrip.protocols._lifecycle import ServeOptions
@@ -675,6 +683,7 @@ def _serve(args: argparse.Namespace) -> int:
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port {args.port} is not a port number (0-65535; 0: any free)")
         limits = SessionLimits(max_sessions=args.max_sessions, idle_s=args.idle_timeout)
+        set_heartbeat_s(args.heartbeat_s)
         collector = _serve_gc(args.gc_young)
     except (BindError, ValueError) as exc:
         return _fail(str(exc))

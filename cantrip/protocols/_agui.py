@@ -92,7 +92,7 @@ from cantrip._outcome import STOP_REASONS, CastResult
 from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import Response, plain_json
 from cantrip.loom._model import GateCallRecord, Turn
-from cantrip.protocols._asgi import HttpError, Send, end_body, start_sse
+from cantrip.protocols._asgi import HttpError, Send, end_body, sse_comment, start_sse
 from cantrip.protocols._request import validated
 
 log = get_logger("cantrip.agui")
@@ -624,6 +624,12 @@ class RunStream:
             self.turns = turn.sequence
             patch = [{"op": "replace", "path": "/cantrip/turns", "value": self.turns}]
             await send_event(self.send, StateDeltaEvent.model_validate({"delta": patch}))
+
+    async def idle(self) -> None:
+        """A comment line while nothing happens (a long gate call, a slow model): no
+        event for the client -- SSE readers skip comments -- but bytes that keep
+        proxies and load balancers from closing the stream as idle."""
+        await sse_comment(self.send, "idle")
 
     async def fail(self, failure: RunFailed) -> None:
         """End the run with ``RUN_ERROR`` (what was open is closed first)."""

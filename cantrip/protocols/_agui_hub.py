@@ -34,7 +34,7 @@ from cantrip.protocols._agui import (
     thread_key,
     tool_results,
 )
-from cantrip.protocols._asgi import HttpError, Receive, Send
+from cantrip.protocols._asgi import HttpError, Receive, Send, heartbeat_s
 from cantrip.protocols._request import read_body, until_disconnect
 from cantrip.protocols._sessions import (
     ENTITY_PREFIX,
@@ -104,7 +104,15 @@ class AguiRun:
             nursery.start_soon(cast)
             nursery.start_soon(watch)
             async with events:
-                async for event in events:
+                while True:
+                    with trio.move_on_after(heartbeat_s()) as quiet:
+                        try:
+                            event = await events.receive()
+                        except trio.EndOfChannel:
+                            break
+                    if quiet.cancelled_caught:
+                        await stream.idle()
+                        continue
                     heard = True
                     await stream.event(event)
             nursery.cancel_scope.cancel()  # the watcher: the cast has ended

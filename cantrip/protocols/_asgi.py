@@ -11,6 +11,7 @@ request carries is parsed in :mod:`._request`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -21,7 +22,23 @@ Receive = Callable[[], Awaitable[Mapping[str, Any]]]
 Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 
 HEARTBEAT_S = 15.0
-"""An idle event stream gets a comment this often, so proxies keep it open."""
+"""An idle event stream gets a comment this often, so proxies keep it open (the
+default of ``cantrip serve --heartbeat-s``)."""
+_heartbeat_s = HEARTBEAT_S
+
+
+def heartbeat_s() -> float:
+    """Seconds between the comments an idle event stream gets (see :data:`HEARTBEAT_S`)."""
+    return _heartbeat_s
+
+
+def set_heartbeat_s(seconds: float) -> None:
+    """Set :func:`heartbeat_s` for this process's servers (``serve --heartbeat-s``): below
+    the idle timeout of every proxy between the server and its clients."""
+    global _heartbeat_s
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"--heartbeat-s {seconds} is not a positive number of seconds")
+    _heartbeat_s = seconds
 
 
 class HttpError(Exception):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
+import trio
 from ag_ui.core import RunAgentInput
 
 from cantrip._approval import Decision, Pause, PauseError
@@ -49,7 +50,7 @@ from cantrip.protocols._agui import (
     tool_definitions,
     tool_results,
 )
-from cantrip.protocols._asgi import HttpError, Receive, Send
+from cantrip.protocols._asgi import HttpError, Receive, Send, heartbeat_s
 from cantrip.protocols._db_follow import follow, while_connected
 from cantrip.protocols._db_replica import Replica
 from cantrip.protocols._db_sessions import (
@@ -229,12 +230,17 @@ class DbAguiRun:
         (:mod:`._db_follow`)."""
         replica = self.replica
         turns = follow(replica, self.row.entity_id, replica._db_waiting, work_id=work_id)
+        quiet_since = trio.current_time()
         async with contextlib.aclosing(turns):
             async for item in turns:
                 if isinstance(item, Turn):
+                    quiet_since = trio.current_time()
                     for event in recorded_events(item):
                         await self.stream.event(event)
                 elif item.last:
                     assert item.progress is not None
                     return item.progress
+                elif trio.current_time() - quiet_since >= heartbeat_s():
+                    quiet_since = trio.current_time()
+                    await self.stream.idle()
         raise AssertionError("following a work item ends with its last beat")

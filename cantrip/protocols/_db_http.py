@@ -57,12 +57,12 @@ from cantrip.protocols._a2a import A2AFront
 from cantrip.protocols._a2a_db import a2a_front
 from cantrip.protocols._api import CancelRequest, openapi_document
 from cantrip.protocols._asgi import (
-    HEARTBEAT_S,
     HttpError,
     Receive,
     Scope,
     Send,
     end_body,
+    heartbeat_s,
     sse,
     sse_comment,
     sse_error,
@@ -453,7 +453,7 @@ class DbHttpApp(ServerShell):
                         continue
                     if item.heard or item.landed:  # a NOTIFY (work ended, a pause) or turns
                         await _send_pauses(send, await self._pending(row, humans), sent)
-                    if trio.current_time() - quiet_since >= HEARTBEAT_S:
+                    if trio.current_time() - quiet_since >= heartbeat_s():
                         quiet_since = trio.current_time()
                         await sse_comment(send, "idle")
 

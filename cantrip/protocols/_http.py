@@ -59,12 +59,12 @@ from cantrip.protocols._a2a_session import SessionTasks
 from cantrip.protocols._agui_hub import serve_agui
 from cantrip.protocols._api import CancelRequest
 from cantrip.protocols._asgi import (
-    HEARTBEAT_S,
     HttpError,
     Receive,
     Scope,
     Send,
     end_body,
+    heartbeat_s,
     sse,
     sse_comment,
 )
@@ -454,7 +454,7 @@ class HttpApp(ServerShell):
         async def pump(closing: trio.CancelScope) -> None:
             async with subscription:
                 while not closing.cancel_called:
-                    with trio.move_on_after(HEARTBEAT_S) as idle:
+                    with trio.move_on_after(heartbeat_s()) as idle:
                         event = await subscription.receive()
                     if idle.cancelled_caught:
                         await sse_comment(send, "idle")
