@@ -247,3 +247,44 @@ async def test_the_token_guards_a_replicas_a2a(stack: Stack) -> None:
             headers={"authorization": "Bearer s3cret", "content-type": "application/json"},
         )
         assert bad.status_code == 200 and bad.json()["error"]["code"] == -32700
+
+
+def test_a_task_row_is_written_in_its_prompts_transaction(pg_url: str) -> None:
+    """SendMessage on ``--db`` queues the prompt and writes its task in one transaction
+    (``DbSessions.enqueue``'s ``also``): a task exists exactly when its prompt does, so
+    a replica dying between the two can no longer leave a prompt no task names. Here
+    the task's write fails: the prompt is not queued either; then both are stored."""
+    import psycopg
+
+    from cantrip.loom._postgres import PostgresStore
+    from cantrip.protocols._a2a_db import TaskRows
+    from cantrip.protocols._db_sessions import DbSessions
+
+    store = PostgresStore(pg_url)
+    try:
+        sessions, rows = DbSessions(store), TaskRows(store)
+        session, _ = sessions.create(None)
+
+        def failing(conn: Any, work_id: int) -> None:
+            rows.add_on(conn, work_id, task_id="t1", entity_id=session.entity_id, message="{}")
+            raise psycopg.errors.UniqueViolation("the replica died here")
+
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            sessions.enqueue(session.entity_id, {}, "hello", None, also=failing)
+        with psycopg.connect(pg_url) as conn:
+            assert conn.execute("SELECT count(*) FROM cantrip_work").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM cantrip_prompts").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM cantrip_a2a_tasks").fetchone() == (0,)
+        queued = sessions.enqueue(
+            session.entity_id,
+            {},
+            "hello",
+            None,
+            also=lambda conn, work_id: rows.add_on(
+                conn, work_id, task_id="t2", entity_id=session.entity_id, message="{}"
+            ),
+        )
+        task = rows.get("t2")
+        assert task is not None and queued.work_id in task
+    finally:
+        store.close()

@@ -33,6 +33,7 @@ into the protocol's errors).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -111,13 +112,15 @@ class TaskRows:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             conn.execute(_SCHEMA)
 
-    def add(self, task_id: str, entity_id: str, work_id: int, message: str) -> None:
-        with self.store.pool.connection() as conn:
-            conn.execute(
-                "INSERT INTO cantrip_a2a_tasks (task_id, entity_id, work_id, history) "
-                "VALUES (%s, %s, %s, %s)",
-                (task_id, entity_id, work_id, json.dumps([message])),
-            )
+    @staticmethod
+    def add_on(conn: Any, work_id: int, *, task_id: str, entity_id: str, message: str) -> None:
+        """The task of a prompt being queued, on ``conn``: in the prompt's transaction
+        (``DbSessions.enqueue``'s ``also``), so a task exists exactly when its prompt does."""
+        conn.execute(
+            "INSERT INTO cantrip_a2a_tasks (task_id, entity_id, work_id, history) "
+            "VALUES (%s, %s, %s, %s)",
+            (task_id, entity_id, work_id, json.dumps([message])),
+        )
 
     def get(self, task_id: str) -> tuple[Any, ...] | None:
         with self.store.pool.connection() as conn:
@@ -278,8 +281,17 @@ class DbTasks(A2AHandler):
             else:
                 session, _ = await replica._db(replica.sessions.create, None)
             text = prompt_of(message)
+            task_id = uuid.uuid4().hex
+            message.context_id = session.session_id
+            message.task_id = task_id
+            task_row = functools.partial(
+                self.rows.add_on,
+                task_id=task_id,
+                entity_id=session.entity_id,
+                message=MessageToJson(message),
+            )
             try:
-                work_id = await replica._enqueue(session, text, None)
+                await replica._enqueue(session, text, None, also=task_row)
             except HttpError as exc:
                 if exc.code == "busy":
                     raise InvalidParamsError(
@@ -287,12 +299,6 @@ class DbTasks(A2AHandler):
                         "wait for it or cancel it"
                     ) from None
                 raise
-            task_id = uuid.uuid4().hex
-            message.context_id = session.session_id
-            message.task_id = task_id
-            await replica._db(
-                self.rows.add, task_id, session.entity_id, work_id, MessageToJson(message)
-            )
         found = await self._find(task_id)
         assert found is not None
         return found

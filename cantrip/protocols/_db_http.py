@@ -290,6 +290,7 @@ class DbHttpApp(ServerShell):
         key: str | None,
         on_busy: str = "reject",
         spell: dict[str, Any] | None = None,
+        also: Callable[[Any, int], None] | None = None,
     ) -> int:
         """Queue a prompt, following ``on_busy`` if one runs (with ``spell`` in place of
         the served one: a front end's tools added); its work id."""
@@ -302,7 +303,13 @@ class DbHttpApp(ServerShell):
             )
         try:
             queued = await self._db(
-                self.sessions.enqueue, row.entity_id, spell or self.spell, intent, key, on_busy
+                self.sessions.enqueue,
+                row.entity_id,
+                spell or self.spell,
+                intent,
+                key,
+                on_busy,
+                also,
             )
         except SessionError as exc:
             raise self._session_error(exc) from None

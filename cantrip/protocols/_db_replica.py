@@ -43,8 +43,10 @@ class Replica(Protocol):
         key: str | None,
         on_busy: str = "reject",
         spell: dict[str, Any] | None = None,
+        also: Callable[[Any, int], None] | None = None,
     ) -> int:
-        """Queue a prompt (the replica's limits and ``on_busy``); its work id."""
+        """Queue a prompt (the replica's limits and ``on_busy``); its work id. ``also``:
+        written in the prompt's transaction (``DbSessions.enqueue``)."""
 
     async def _wait(self, entity_id: str, work_id: int) -> Progress:
         """Until the work item ends."""

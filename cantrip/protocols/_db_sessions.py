@@ -42,6 +42,7 @@ Every method is blocking (psycopg); the HTTP app calls them through
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -255,13 +256,16 @@ class DbSessions:
         intent: str,
         key: str | None,
         on_busy: str = "reject",
+        also: Callable[[Any, int], None] | None = None,
     ) -> Queued:
         """Queue a prompt for the entity's worker, in one transaction with its key.
 
         A key this entity has seen returns that prompt (``key_reused`` if its intent
         differs). A session with open work follows ``on_busy`` (see the module
         docstring): ``busy`` for ``reject``. An armed cancel of the next prompt, or one
-        that named this prompt's key, makes it cancelled before it starts."""
+        that named this prompt's key, makes it cancelled before it starts. ``also``
+        (connection, work id) writes what must exist exactly when the prompt does --
+        an A2A task row -- in the same transaction: either both are stored or neither."""
         with self.store.pool.connection() as conn, conn.transaction():
             conn.execute(
                 "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_ENTITY_LOCK, entity_id)
@@ -316,6 +320,8 @@ class DbSessions:
                 "base_pos) VALUES (%s, %s, %s, %s, %s)",
                 (work_id, entity_id, key, intent, base_pos),
             )
+            if also is not None:
+                also(conn, work_id)
         return Queued(work_id, replayed=False)
 
     def _make_way(
