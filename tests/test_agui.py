@@ -616,3 +616,26 @@ async def test_front_end_tools_with_bad_names_are_a_400() -> None:
             assert answer.status_code == 400, answer.text
             assert answer.json()["error"]["code"] == "bad_request"
     assert len(s.loom) == 0
+
+
+async def test_the_inputs_context_reaches_the_model_with_the_prompt() -> None:
+    """AG-UI's ``context`` (what the application tells the agent beside the message)
+    is shown to the model with the prompt and recorded with the intent; a run without
+    it sends the message alone."""
+    s = spell([{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]}] * 2)
+    context = [
+        {"description": "The page the user is on", "value": "/invoices/42"},
+        {"description": "Selected rows", "value": "[3, 7]"},
+    ]
+    async with serving(s) as base:
+        answer, events = await agui(base, run_input("t1", "total them", context=context))
+        assert answer.status_code == 200 and types(events)[-1] == "RUN_FINISHED"
+        answer, _ = await agui(base, run_input("t2", "just this"))
+        assert answer.status_code == 200
+    first, second = (q.messages[-1].content for q in s.llm.invocations)
+    assert first == (
+        "total them\n\nContext from the application:\n"
+        "- The page the user is on: /invoices/42\n- Selected rows: [3, 7]"
+    )
+    assert second == "just this"
+    assert [t.intent for t in s.loom.turns if t.intent] == [first, second]

@@ -154,10 +154,17 @@ def parse_input(body: Any) -> RunAgentInput:
 
 
 def intent_of(run: RunAgentInput) -> str:
-    """The text of the input's last user message ("" if there is none)."""
+    """The text of the input's last user message ("" if there is none), followed by the
+    input's ``context`` -- what the application tells the agent beside the message
+    (CopilotKit's readables: the page, a selection): the model sees it with the prompt,
+    and the loom records it with the intent."""
     for message in reversed(run.messages):
         if isinstance(message, UserMessage):
-            return _content_text(message.content)
+            text = _content_text(message.content)
+            if text and run.context:
+                facts = "\n".join(f"- {item.description}: {item.value}" for item in run.context)
+                text = f"{text}\n\nContext from the application:\n{facts}"
+            return text
     return ""
 
 
