@@ -206,8 +206,14 @@ async def test_the_address_is_checked_again_when_connecting() -> None:
         assert hook.requests == [] and pushes.delivered == 0
 
 
-async def test_a_webhook_that_never_answers_costs_one_timeout_and_holds_up_no_other_lane() -> None:
+async def test_a_webhook_that_never_answers_costs_one_round_of_attempts_then_rests() -> None:
+    """Each attempt is bounded by the timeout; the first notification is tried three
+    times (delays 0.2 s), the second finds the config resting and is dropped at once;
+    the other lane's webhook gets its notification meanwhile."""
+    reached: list[int] = []
+
     async def silent(stream: trio.SocketStream) -> None:
+        reached.append(1)
         await trio.sleep_forever()
 
     async with trio.open_nursery() as nursery, webhook() as (hook, url):
@@ -215,7 +221,7 @@ async def test_a_webhook_that_never_answers_costs_one_timeout_and_holds_up_no_ot
             functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1")
         )
         port = listeners[0].socket.getsockname()[1]
-        pushes = Pushes(allow_private=True, timeout_s=0.5, lanes=2)
+        pushes = Pushes(allow_private=True, timeout_s=0.5, lanes=2, retry_delays=(0.2, 0.2))
         slow, fast = config(f"http://127.0.0.1:{port}/never"), config(url)
         # task ids in different lanes (crc32 % 2)
         ids = [f"t{i}" for i in range(10)]
@@ -228,6 +234,64 @@ async def test_a_webhook_that_never_answers_costs_one_timeout_and_holds_up_no_ot
         pushes.notify(slow.task_id, _update(slow.task_id))
         pushes.notify(fast.task_id, _update(fast.task_id))
         await _delivered(pushes, lambda: pushes.failed == 2 and pushes.delivered == 1)
-        assert trio.current_time() - started < 5, "each delivery bounded by timeout_s"
+        assert trio.current_time() - started < 5, "each attempt bounded by timeout_s"
         assert len(hook.requests) == 1
+        assert len(reached) == 3  # three attempts for the first, none for the second
         nursery.cancel_scope.cancel()
+
+
+class Flaky(Webhook):
+    """Answers each POST with the next of ``statuses`` (then 200), with ``headers``."""
+
+    def __init__(self, statuses: list[int], headers: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self.statuses = statuses
+        self.headers = headers or {}
+        self.times: list[float] = []
+
+    async def respond(self, request: Request, send: Sender) -> None:
+        self.requests.append(request)
+        self.times.append(trio.current_time())
+        self.arrived.set()
+        status = self.statuses.pop(0) if self.statuses else 200
+        await send.json(status, {}, headers=self.headers if status != 200 else {})
+
+
+async def flaky_round(
+    statuses: list[int], headers: dict[str, str] | None = None, notes: int = 2
+) -> tuple[Flaky, Pushes]:
+    hook = Flaky(statuses, headers)
+    async with serve(hook) as base:
+        pushes = Pushes(allow_private=True, timeout_s=2, retry_delays=(0.1, 0.3))
+        hooked = config(f"{base}/hook")
+        hooked.task_id = "t1"
+        pushes.keep(hooked)
+        for _ in range(notes):
+            pushes.notify("t1", _update("t1"))
+        await _delivered(pushes, lambda: pushes.failed + pushes.delivered == notes)
+    return hook, pushes
+
+
+async def test_a_delivery_that_fails_transiently_is_tried_again_in_order() -> None:
+    """503 then 502: the first notification arrives at its third attempt, after
+    waits of 0.1 and 0.3 s; the second arrives after it, at once."""
+    hook, pushes = await flaky_round([503, 502])
+    assert (pushes.delivered, pushes.failed) == (2, 0)
+    assert len(hook.requests) == 4
+    gaps = [b - a for a, b in zip(hook.times, hook.times[1:], strict=False)]
+    assert gaps[0] >= 0.1 and gaps[1] >= 0.3
+
+
+async def test_a_refusal_is_final_and_a_retry_after_is_waited() -> None:
+    """A 404 is the webhook refusing the call: not tried again. A 429 asking for 1 s
+    is waited 1 s (not the 0.1 s of our own delay)."""
+    hook, pushes = await flaky_round([404], notes=1)
+    assert (len(hook.requests), pushes.failed) == (1, 1)
+    hook, pushes = await flaky_round([429], {"retry-after": "1"}, notes=1)
+    assert (len(hook.requests), pushes.delivered) == (2, 1)
+    assert hook.times[1] - hook.times[0] >= 1.0
+
+
+async def test_a_retry_after_longer_than_a_lane_waits_ends_the_delivery() -> None:
+    hook, pushes = await flaky_round([503], {"retry-after": "3600"}, notes=1)
+    assert (len(hook.requests), pushes.failed) == (1, 1)

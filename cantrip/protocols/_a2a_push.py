@@ -15,10 +15,16 @@ same machine or network). The check is made when the config is given (a refusal 
 the protocol's ``InvalidParams``) and again at every connection, on the address that
 is then connected to (:class:`_CheckedBackend`), so a name that resolves elsewhere
 later (DNS rebinding) reaches nothing it should not; redirects are not followed.
-Each delivery is bounded in time (``timeout_s``); a webhook that fails or is slow
-loses its notification (logged with the URL's scheme, host and port only: never
-the token, the credentials or the rest of the URL) and holds up nothing but the
-later deliveries of its own tasks.
+Each attempt is bounded in time (``timeout_s``). A delivery that fails for a reason
+that may pass -- no connection, a timeout, ``408``, ``429`` or a ``5xx`` -- is tried
+again after ``retry_delays`` (1 s, then 4 s; a ``Retry-After`` of at most 30 s is
+waited instead), in place, so the task's later updates still arrive after it; any
+other answer (``4xx``: the webhook refuses it) is final. A notification that failed
+every attempt is lost (logged with the URL's scheme, host and port only: never the
+token, the credentials or the rest of the URL), and its config *rests* for
+``rest_s`` (60 s): its notifications meanwhile are dropped at once, so a dead webhook
+holds up its lane -- the other tasks that share it -- for one round of attempts a
+minute, not one per notification.
 
 Deliveries keep each task's order: a task's notifications go through one of
 ``lanes`` queues (by task id), each drained by one task in the server's nursery.
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import uuid
 import zlib
 from collections.abc import Iterable
@@ -48,6 +55,13 @@ MAX_CONFIGS = 10
 QUEUED = 1000
 """Notifications waiting per lane; beyond that new ones are dropped (logged)."""
 LANES = 4
+RETRY_DELAYS = (1.0, 4.0)
+"""Seconds before the second and third attempt of a delivery that failed transiently."""
+MAX_RETRY_AFTER_S = 30.0
+"""A webhook's ``Retry-After`` longer than this ends the delivery instead."""
+REST_S = 60.0
+"""A config whose notification failed every attempt takes no new one for this long."""
+_TRANSIENT_STATUSES = frozenset({408, 429}) | frozenset(range(500, 600))
 
 
 class RefusedURL(ValueError):
@@ -162,9 +176,15 @@ class Pushes:
         allow_private: bool = False,
         timeout_s: float = TIMEOUT_S,
         lanes: int = LANES,
+        retry_delays: tuple[float, ...] = RETRY_DELAYS,
+        rest_s: float = REST_S,
     ) -> None:
         self.allow_private = allow_private
         self.timeout_s = timeout_s
+        self.retry_delays = retry_delays
+        self.rest_s = rest_s
+        self._resting: dict[tuple[str, str], float] = {}
+        """Configs (task id, config id) whose last notification failed: until when."""
         self._configs: dict[str, dict[str, Any]] = {}
         self._lanes = [trio.open_memory_channel[tuple[Any, Any]](QUEUED) for _ in range(lanes)]
         self.delivered = 0
@@ -218,7 +238,8 @@ class Pushes:
         self._configs.get(task_id, {}).pop(config_id, None)
 
     def forget(self, task_id: str) -> None:
-        self._configs.pop(task_id, None)
+        for config_id in self._configs.pop(task_id, {}):
+            self._resting.pop((task_id, config_id), None)
 
     # -- delivery -------------------------------------------------------------------------
 
@@ -254,11 +275,18 @@ class Pushes:
             await self._deliver(pool, config, event)
 
     async def _deliver(self, pool: Any, config: Any, event: Any) -> None:
-        """One POST (the boundary of an external server: any failure is logged and the
-        notification lost; nothing secret is logged)."""
+        """One notification, tried again while its failures may pass (the boundary of
+        an external server: a failure is logged and the notification lost; nothing
+        secret is logged)."""
         from a2a.utils.proto_utils import to_stream_response
         from google.protobuf.json_format import MessageToDict
 
+        rest = (config.task_id, config.id)
+        if self._resting.get(rest, -math.inf) > trio.current_time():
+            self.failed += 1
+            log.debug("task %s: push notification to %s dropped (the webhook rests)",
+                      config.task_id, where(config.url))  # fmt: skip
+            return
         headers = [(b"content-type", b"application/json")]
         if config.token:
             headers.append((b"x-a2a-notification-token", config.token.encode()))
@@ -266,8 +294,35 @@ class Pushes:
         if config.HasField("authentication") and auth.scheme and auth.credentials:
             headers.append((b"authorization", f"{auth.scheme} {auth.credentials}".encode()))
         body = json.dumps(MessageToDict(to_stream_response(event))).encode()
+        attempts = 0
+        while True:
+            attempts += 1
+            why, again, asked = await self._attempt(pool, config, headers, body)
+            if why is None:
+                self.delivered += 1
+                self._resting.pop(rest, None)
+                return
+            if not again or attempts > len(self.retry_delays):
+                break
+            pause = self.retry_delays[attempts - 1] if asked is None else asked
+            if pause > MAX_RETRY_AFTER_S:  # the webhook asked for longer than a lane waits
+                break
+            await trio.sleep(pause)
+        self.failed += 1
+        if again:
+            self._resting[rest] = trio.current_time() + self.rest_s
+        log.warning("task %s: push notification to %s failed (%d attempt%s): %s",
+                    config.task_id, where(config.url), attempts, "s" * (attempts > 1),
+                    why)  # fmt: skip
+
+    async def _attempt(
+        self, pool: Any, config: Any, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> tuple[str | None, bool, float | None]:
+        """One POST: (why it failed, or None; whether trying again may help; the
+        ``Retry-After`` it asked for, in seconds)."""
         status = None
-        with trio.move_on_after(self.timeout_s) as scope:
+        retry_after = None
+        with trio.move_on_after(self.timeout_s):
             try:
                 response = await pool.request(
                     "POST",
@@ -281,16 +336,21 @@ class Pushes:
                     },
                 )
                 status = response.status
+                retry_after = _retry_after(response.headers)
             except (httpcore.TimeoutException, httpcore.NetworkError,
                     httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:  # fmt: skip
-                self.failed += 1
-                log.warning("task %s: push notification to %s failed: %s",
-                            config.task_id, where(config.url), type(exc).__name__)  # fmt: skip
-                return
-        if scope.cancelled_caught or status is None or not 200 <= status < 300:
-            self.failed += 1
-            why = "timed out" if status is None else f"HTTP {status}"
-            log.warning("task %s: push notification to %s failed: %s",
-                        config.task_id, where(config.url), why)  # fmt: skip
-            return
-        self.delivered += 1
+                return type(exc).__name__, not isinstance(exc, httpcore.UnsupportedProtocol), None
+        if status is None:
+            return "timed out", True, None
+        if 200 <= status < 300:
+            return None, False, None
+        return f"HTTP {status}", status in _TRANSIENT_STATUSES, retry_after
+
+
+def _retry_after(headers: Iterable[tuple[bytes, bytes]]) -> float | None:
+    """A ``Retry-After`` given in seconds (a date is not honoured: our own delay then)."""
+    for name, value in headers:
+        if name.lower() == b"retry-after":
+            text = value.decode("latin-1").strip()
+            return float(text) if text.isdigit() else None
+    return None
