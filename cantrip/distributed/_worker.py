@@ -56,6 +56,7 @@ from cantrip.distributed._queue import (
     INTERRUPTED,
     MAX_ATTEMPTS,
     PAUSED,
+    QUARANTINE_AFTER,
     REWIND_KEY,
     STEER_CHANNEL,
     WORK_CHANNEL,
@@ -171,6 +172,9 @@ class _Owned:
     delivered: int = 0
     """Messages to this work that the loom already shows joined a turn (an earlier
     attempt's): the first ``delivered`` are not handed to the cast again."""
+    quarantine: trio.Event | None = None
+    """Set (by :meth:`Worker._innocent`) once this suspect cast, run alone, recorded
+    a turn or ended: the worker claims other work again."""
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.cancelled, self.cancel_reason = True, reason
@@ -190,17 +194,22 @@ class Worker:
         poll_s: float = 2.0,
         worker_id: str | None = None,
         max_attempts: int = MAX_ATTEMPTS,
+        quarantine_after: int = QUARANTINE_AFTER,
     ) -> None:
         self.url = url
         self.concurrency = concurrency
         self.lease_s = lease_s
         self.poll_s = poll_s
         self.max_attempts = max_attempts
+        self.quarantine_after = quarantine_after
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self._owned: dict[str, _Owned] = {}
         """Entities whose run has not ended here (each is never claimed again until it has)."""
         self._wake = trio.Event()
         self._spells: dict[str, Cantrip] = {}
+        self._quarantine: trio.Event | None = None
+        """Set while a suspect cast runs here alone: nothing else is claimed until it
+        records a turn or ends (then the event is set)."""
         self.completed = 0
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
@@ -218,6 +227,8 @@ class Worker:
                 task_status.started(self.worker_id)
                 free = trio.Semaphore(self.concurrency)
                 while True:
+                    if self._quarantine is not None:  # a suspect runs here alone
+                        await self._quarantine.wait()
                     slots = await _take_free(free)
                     sent = trio.current_time()
                     claim = functools.partial(
@@ -227,6 +238,9 @@ class Worker:
                         slots,
                         busy=list(self._owned),  # runs not ended here are never claimed
                         max_attempts=self.max_attempts,
+                        idle=not self._owned,
+                        one_slot=self.concurrency == 1,
+                        quarantine_after=self.quarantine_after,
                     )
                     try:
                         claims = await trio.to_thread.run_sync(claim, limiter=store.limiter)
@@ -243,6 +257,13 @@ class Worker:
                     for claimed in claims:
                         until = sent + self.lease_s  # never after the database's expiry
                         owned = _Owned(claimed, trio.CancelScope(deadline=until))
+                        if claimed.quarantined:  # (then it is the only claim)
+                            owned.quarantine = self._quarantine = trio.Event()
+                            log.warning(
+                                "%s: in a crash of a worker that held other casts too; "
+                                "run here alone until it records a turn",
+                                claimed.entity_id,
+                            )
                         self._owned[claimed.entity_id] = owned
                         self.loom.hold(claimed.entity_id, claimed.fence, until=until)
                         nursery.start_soon(self._own, owned, free)
@@ -410,6 +431,8 @@ class Worker:
                     if self._asks_humans(claim):
                         nursery.start_soon(self._live_pauses, owned)
                     nursery.start_soon(self._deliver, owned)
+                    if owned.quarantine is not None:
+                        nursery.start_soon(self._watch_quarantine, owned)
                     try:
                         with owned.run:
                             ended = await self._execute(owned)
@@ -424,7 +447,42 @@ class Worker:
         finally:
             self._owned.pop(claim.entity_id, None)
             self.loom.release(claim.entity_id)
+            self._innocent(owned)  # (ended: if it still ran alone, the worker goes on)
             free.release()
+
+    async def _watch_quarantine(self, owned: _Owned) -> None:
+        """A suspect cast runs here alone: once it records a turn -- it got past where
+        the worker that held it died, without killing this one -- it is innocent again
+        (recorded in the queue first, so a crash from now on is not blamed on it alone),
+        and the worker takes other work beside it."""
+        await owned.casting.wait()
+        entity = owned.entity
+        assert entity is not None
+        began = entity.leaf
+        while entity.leaf in (began, None):
+            await trio.sleep(LIVE_TICK_S)
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        clear = functools.partial(self.queue.cleared, owned.claim, one_slot=self.concurrency == 1)
+        while True:
+            try:
+                cleared = await trio.to_thread.run_sync(clear, limiter=limiter)
+                break
+            except Exception as exc:
+                if not is_connection_error(exc):
+                    raise
+                await trio.sleep(self.poll_s)  # still alone meanwhile: try again
+        if cleared:  # (else the lease is lost: the run is stopping)
+            log.info("%s: recorded a turn in quarantine; innocent again", owned.claim.entity_id)
+            self._innocent(owned)
+
+    def _innocent(self, owned: _Owned) -> None:
+        """The quarantine of ``owned`` (if it was in one) is over: claim again."""
+        if owned.quarantine is None or owned.quarantine.is_set():
+            return
+        owned.quarantine.set()
+        if self._quarantine is owned.quarantine:
+            self._quarantine = None
+        self._wake.set()
 
     async def _stopped(self, owned: _Owned, exc: Exception) -> None:
         """A run stopped without an outcome: its lease was lost (another claim continues
@@ -620,7 +678,7 @@ class Worker:
                 if rewind is not None and not recorded:  # (again, if a worker died since)
                     await entity.rewind(rewind.get("to"))
                 self._casting(owned, recorded)
-                if recorded or claim.attempt > 1:
+                if recorded or claim.resumed:
                     # an earlier attempt may have journaled the turn it was taking
                     result = await self._cast(owned, entity.resume_cast(claim.intent, recorded))
                 else:
