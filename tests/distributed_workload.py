@@ -30,6 +30,10 @@ CREATE TABLE IF NOT EXISTS chaos_effects (
     id BIGSERIAL PRIMARY KEY, job TEXT NOT NULL, step INTEGER NOT NULL, pid INTEGER NOT NULL
 )
 """
+TAKEN_OVER = "SELECT count(*) FROM cantrip_work WHERE attempts > 1 OR crashes > 0"
+"""Work items claimed again after a run that ended without an outcome: one that cost an
+attempt (a released lease, a worker that died holding it alone) or a crash (a worker
+that died holding it beside others: free)."""
 
 
 class CountingLLM:
