@@ -26,10 +26,11 @@ from typing import Any
 
 import psycopg
 import pytest
+import trio
 from test_worker_faults import effects_db, procs, spawn_worker  # noqa: F401 -- fixtures
 
 from cantrip.distributed._queue import Claim, WorkQueue
-from cantrip.distributed._worker import Dispatcher, spell_from_factory
+from cantrip.distributed._worker import Dispatcher, Worker, spell_from_factory
 from cantrip.loom import Loom
 from cantrip.loom._postgres import PostgresStore
 
@@ -154,18 +155,63 @@ def test_a_one_slot_workers_death_is_charged_and_a_released_lease_too(queue: Wor
     assert (rows["entity-a"]["crashes"], rows["entity-b"]["crashes"]) == (1, 0)
 
 
+async def test_a_suspect_runs_alone_until_it_records_a_turn_then_work_runs_beside_it(
+    effects_db: str,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker takes a suspect alone: no other cast is claimed while it runs until it
+    records a turn; from then on (cleared in the queue first) the worker fills its
+    slots while the suspect's cast goes on."""
+    monkeypatch.setenv("WORKLOAD_LATENCY_MS", "150")
+    store = await trio.to_thread.run_sync(lambda: PostgresStore(effects_db, max_connections=2))
+    queue = WorkQueue(store)
+    suspect = queue.enqueue(WORKLOAD, "suspect", "entity-s")
+    for ghost in ("ghost-1", "ghost-2"):  # two workers that held it beside others died
+        assert [c.work_id for c in queue.claim_many(ghost, 30, 4)] == [suspect]
+        _die(queue, ghost)
+    others = [queue.enqueue(WORKLOAD, f"other-{i}", f"entity-o{i}") for i in range(3)]
+
+    def snapshot() -> tuple[tuple[str, bool, bool], list[str]]:
+        """(the suspect's state, whether it is still suspect, whether it has a turn), and
+        the others' states: one statement, so one moment."""
+        with store.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT w.id, w.state, w.suspect, EXISTS (SELECT 1 FROM cantrip_turns t "
+                "WHERE t.entity_id = w.entity_id) FROM cantrip_work w"
+            ).fetchall()
+        by_id = {int(i): (str(state), bool(s), bool(t)) for i, state, s, t in rows}
+        return by_id[suspect], [by_id[o][0] for o in others]
+
+    seen = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(Worker(effects_db, concurrency=4, lease_s=3, poll_s=0.2).run)
+        with trio.fail_after(60):
+            while True:
+                seen.append(await trio.to_thread.run_sync(snapshot))
+                (state, _, _), rest = seen[-1]
+                if state == "done" and rest == ["done"] * 3:
+                    break
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    store.close()
+    alone = [s for (s, rest) in seen if s[0] == "running" and s[1]]
+    beside = [s for (s, rest) in seen if s[0] == "running" and "running" in rest]
+    assert alone and beside, seen
+    # nothing ran beside it while it was a suspect, and it had a turn before anything did
+    assert not [r for (s, r) in seen if s[1] and r != ["queued"] * 3], seen
+    assert all(s[2] for s in beside), seen
+
+
 # -- real worker processes -----------------------------------------------------------------
 
 
 def _work(url: str) -> dict[int, dict[str, Any]]:
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            "SELECT id, entity_id, state, attempts, crashes, result FROM cantrip_work"
+            "SELECT id, entity_id, state, attempts, crashes, suspect, result FROM cantrip_work"
         ).fetchall()
-    return {
-        int(i): {"entity": e, "state": s, "attempts": a, "crashes": c, "result": r}
-        for i, e, s, a, c, r in rows
-    }
+    keys = ("entity", "state", "attempts", "crashes", "suspect", "result")
+    return {int(r[0]): dict(zip(keys, r[1:], strict=True)) for r in rows}
 
 
 def _assert_intact(url: str, jobs: dict[str, str]) -> None:
@@ -218,7 +264,8 @@ def test_a_poison_cast_is_dead_lettered_alone_and_its_bystanders_finish(
     assert procs[-1].poll() is None, log.read_text()
     assert [work[w]["state"] for w in good] == ["done"] * 7, work
     assert [work[w]["attempts"] for w in good] == [1] * 7, work
-    assert all(work[w]["crashes"] >= 1 for w in good), work
+    # each was in both crashes beside the poison, then ran in quarantine
+    assert [work[w]["crashes"] for w in good] == [2] * 7, work
     dead = work[poison]
     assert dead["state"] == "dead" and dead["attempts"] == 2, dead
     error = json.loads(dead["result"])["error"]

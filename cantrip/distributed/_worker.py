@@ -75,6 +75,9 @@ log = get_logger("cantrip.worker")
 dispatch_log = get_logger("cantrip.dispatcher")
 T = TypeVar("T")
 
+QUARANTINE_TICK_S = 0.05
+"""How often a worker running a suspect alone looks whether it recorded a turn (its
+entity's leaf, in memory): the worker claims nothing else until then."""
 LIVE_TICK_S = 0.25
 """How often a worker looks for pauses its entities' children wait on in place (in
 memory; while one is published, the database is asked for its answer when NOTIFY
@@ -172,6 +175,8 @@ class _Owned:
     delivered: int = 0
     """Messages to this work that the loom already shows joined a turn (an earlier
     attempt's): the first ``delivered`` are not handed to the cast again."""
+    began: str | None = None
+    """The entity's latest turn as the cast began (a turn after it: the cast got on)."""
     quarantine: trio.Event | None = None
     """Set (by :meth:`Worker._innocent`) once this suspect cast, run alone, recorded
     a turn or ended: the worker claims other work again."""
@@ -458,9 +463,8 @@ class Worker:
         await owned.casting.wait()
         entity = owned.entity
         assert entity is not None
-        began = entity.leaf
-        while entity.leaf in (began, None):
-            await trio.sleep(LIVE_TICK_S)
+        while entity.leaf in (owned.began, None):
+            await trio.sleep(QUARANTINE_TICK_S)
         limiter = self.loom.store.limiter  # type: ignore[attr-defined]
         clear = functools.partial(self.queue.cleared, owned.claim, one_slot=self.concurrency == 1)
         while True:
@@ -692,6 +696,7 @@ class Worker:
         """The cast is about to begin: messages may be handed to it from now on, but not
         those its recorded turns (an earlier attempt's) already took."""
         owned.delivered = sum(len(t.extras.get("steering") or ()) for t in recorded)
+        owned.began = owned.entity.leaf if owned.entity is not None else None
         owned.casting.set()
 
     def _ended(self, claim: Claim, recorded: list[Turn]) -> tuple[str, dict[str, Any]] | None:
