@@ -13,6 +13,12 @@ under its lease: cancelling the entity (``WorkQueue.cancel``, delivered by
 ``NOTIFY cantrip_cancel`` with a heartbeat poll as the fallback) cancels its
 whole tree, and every cut-off turn is recorded.
 
+A cast the queue hands out *quarantined* (a suspect: it was in two crashes of workers
+that held it beside other casts) runs here alone: the worker claims nothing else until
+it records a turn (then it is innocent again, and the queue says so before anything is
+claimed beside it) or ends -- so if this worker dies meanwhile, the queue knows which
+cast killed it (:mod:`cantrip.distributed._queue`, reaping).
+
 Messages sent to a running prompt (``serve --db``'s ``/messages``: rows of
 ``cantrip_messages``, announced by ``NOTIFY cantrip_steer``) are handed to the cast in
 order (``Entity.steer``); a cast taken over from a dead worker skips those its turns
