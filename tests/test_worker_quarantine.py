@@ -64,10 +64,10 @@ def _die(queue: WorkQueue, owner: str) -> None:
 def _rows(queue: WorkQueue) -> dict[str, dict[str, Any]]:
     with queue.store.pool.connection() as conn:
         rows = conn.execute(
-            "SELECT entity_id, state, attempts, crashes, spare, suspect, alone, result "
-            "FROM cantrip_work ORDER BY id"
+            "SELECT entity_id, state, attempts, crashes, spare, suspect, paroled, alone, "
+            "result FROM cantrip_work ORDER BY id"
         ).fetchall()
-    keys = ("state", "attempts", "crashes", "spare", "suspect", "alone", "result")
+    keys = ("state", "attempts", "crashes", "spare", "suspect", "paroled", "alone", "result")
     return {r[0]: dict(zip(keys, r[1:], strict=True)) for r in rows}
 
 
@@ -103,36 +103,40 @@ def test_bystanders_of_a_death_are_spared_and_suspects_run_alone(queue: WorkQueu
     _die(queue, "w3")
     (a,) = _claim(queue, "w4", idle=True)
     assert (a.entity_id, a.attempt, a.quarantined) == ("entity-a", 2, True)
-    # it records a turn: innocent again, and held beside others from now on
+    # it records a turn: innocent again (paroled) -- but still alone until its worker
+    # takes a cast beside it
     assert queue.cleared(a)
-    assert (_rows(queue)["entity-a"]["suspect"], _rows(queue)["entity-a"]["alone"]) == (
-        False,
-        False,
-    )
+    row = _rows(queue)["entity-a"]
+    assert (row["suspect"], row["paroled"], row["alone"]) == (False, True, True)
     (b,) = _claim(queue, "w5", idle=True)
     (c,) = _claim(queue, "w6", idle=True)
     assert [(x.entity_id, x.attempt, x.quarantined) for x in (b, c)] == [
         ("entity-b", 1, True),
         ("entity-c", 1, True),
     ]
-    (d,) = _claim(queue, "w7", idle=True)  # no suspect waits: fresh work again
+    (d,) = _claim(queue, "w4", idle=False, alone=[a.work_id])  # no suspect waits: fresh
     assert (d.entity_id, d.attempt, d.quarantined) == ("entity-d", 1, False)
+    assert _rows(queue)["entity-a"]["alone"] is False  # held beside d from now on
 
-    # w4 dies holding a (innocent again): spared, crashes on; in quarantine once more
+    # w4 dies holding a and d: both spared; a, in its fourth crash, is a suspect again --
+    # paroled once, so quarantined to its end this time
     _die(queue, "w4")
     (a,) = _claim(queue, "w8", idle=True)
-    assert (a.attempt, a.quarantined) == (2, True)
+    assert (a.attempt, a.quarantined, a.paroled) == (2, True, True)
     assert _rows(queue)["entity-a"]["crashes"] == 4
     _die(queue, "w8")  # alone: charged, the third and last attempt
     (a,) = _claim(queue, "w9", idle=True)
     assert a.attempt == 3
     _die(queue, "w9")
-    assert _claim(queue, "w10", idle=True) == []
+    (d,) = _claim(queue, "w10", idle=True)  # a is dead; d, spared, is taken over for free
+    assert (d.entity_id, d.attempt) == ("entity-d", 1)
     dead = _rows(queue)["entity-a"]
     assert (dead["state"], dead["attempts"], dead["crashes"]) == ("dead", 3, 6)
     error = json.loads(dead["result"])["error"]
     assert error.startswith(f"work {a.work_id} (entity entity-a) dead-lettered after 3 attempts")
     assert "running it alone (in quarantine" in error and "6 worker crashes" in error
+    assert _rows(queue)["entity-d"]["crashes"] == 1
+    assert [_rows(queue)[e]["attempts"] for e in ("entity-b", "entity-c")] == [1, 1]
     # the others were never charged for a's deaths
     assert [_rows(queue)[e]["attempts"] for e in ("entity-b", "entity-c", "entity-d")] == [1] * 3
 
@@ -264,15 +268,16 @@ def test_a_poison_cast_is_dead_lettered_alone_and_its_bystanders_finish(
     assert procs[-1].poll() is None, log.read_text()
     assert [work[w]["state"] for w in good] == ["done"] * 7, work
     assert [work[w]["attempts"] for w in good] == [1] * 7, work
-    # each was in both crashes beside the poison, then ran in quarantine
-    assert [work[w]["crashes"] for w in good] == [2] * 7, work
+    assert all(work[w]["crashes"] >= 1 for w in good), work  # (in the first, at least)
     dead = work[poison]
     assert dead["state"] == "dead" and dead["attempts"] == 2, dead
     error = json.loads(dead["result"])["error"]
     assert error.startswith(f"work {poison} (entity {poison_entity}) dead-lettered after 2 ")
     assert "running it alone (in quarantine" in error, error
-    # two deaths beside the bystanders, then two alone in quarantine
-    assert deaths == dead["crashes"] == 4, (deaths, dead)
+    # every death was the poison's (it was in each), charged only when it ran alone; in
+    # quarantine it records a turn before it kills again (its killing call comes back
+    # "outcome unknown", journaled), so it walks free once, then is run alone to the end
+    assert deaths == dead["crashes"] >= 4, (deaths, dead)
     _assert_intact(effects_db, jobs)
 
 
@@ -328,7 +333,7 @@ def test_a_version_4_database_is_brought_to_version_5_in_place(pg_url: str) -> N
     with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what v4 made
         conn.execute(
             "DROP INDEX cantrip_work_suspects; ALTER TABLE cantrip_work DROP COLUMN crashes, "
-            "DROP COLUMN spare, DROP COLUMN suspect, DROP COLUMN alone; "
+            "DROP COLUMN spare, DROP COLUMN suspect, DROP COLUMN alone, DROP COLUMN paroled; "
             "DELETE FROM cantrip_schema; INSERT INTO cantrip_schema (version) VALUES (4); "
             "UPDATE cantrip_leases SET expires_at = clock_timestamp() - interval '1 second'"
         )

@@ -18,7 +18,8 @@ The standard Postgres queue pattern and nothing of our own beyond it:
   that died holding several casts cannot say which one killed it: each is ``spare`` (its
   next claim is free) and counts a crash; from its second crash a cast is ``suspect``
   and runs in *quarantine* -- claimed only by an idle worker, alone, until it records a
-  turn -- so a worker that dies then held only the culprit, which alone is charged. An
+  turn (the first time; to its end after that) -- so a worker that dies then held only
+  the culprit, which alone is charged. An
   item whose next claim would pass ``max_attempts`` is not claimed again but
   *dead-lettered* -- state ``dead``, the reason in its result;
 * **finish** records the outcome and releases the lease, fenced the same way;
@@ -82,7 +83,8 @@ ENTITY_LOCK = 0x70726F6D
 """The advisory-lock class of one entity's prompts and answers (``serve --db``)."""
 
 _CLAIM = """
-SELECT w.id, w.entity_id, w.intent, w.spell, w.state, w.attempts, w.spare, w.suspect
+SELECT w.id, w.entity_id, w.intent, w.spell, w.state, w.attempts, w.spare, w.suspect,
+    w.paroled
 FROM cantrip_work w
 WHERE w.state IN ('queued', 'running')
   AND w.owner IS NULL
@@ -137,7 +139,13 @@ claimed AS (
     FROM pick JOIN lease ON lease.entity_id = pick.entity_id
     WHERE w.id = pick.id
     RETURNING w.id, w.entity_id, w.intent, w.spell, w.attempts, lease.epoch, w.result,
-        extract(epoch FROM w.claimed_at - w.enqueued_at), pick.state = 'running', w.suspect
+        extract(epoch FROM w.claimed_at - w.enqueued_at), pick.state = 'running', w.suspect,
+        w.paroled
+),
+beside AS (
+    UPDATE cantrip_work w SET alone = false
+    WHERE w.id = ANY(%(alone)s::bigint[]) AND w.alone AND NOT %(one_slot)s
+        AND EXISTS (SELECT 1 FROM claimed)
 )
 SELECT * FROM claimed
 """
@@ -157,7 +165,9 @@ Quarantine: a runnable *suspect* row is claimed only by an ``idle`` worker (it r
 nothing), alone -- the answer is that one row, marked ``alone`` -- and while one waits
 a busy worker claims nothing (it drains, so that some worker becomes idle to take it).
 A claim costs an attempt unless the row is ``spare``; a one-slot worker's claims are
-all ``alone`` (it never holds another cast beside one)."""
+all ``alone`` (it never holds another cast beside one). ``alone``: the claiming worker's
+casts the queue holds as alone -- each is not any more once this claim takes a cast
+beside it (in the same statement: a crash from then on is not blamed on it alone)."""
 
 _REAP = """
 WITH orphan AS (
@@ -207,8 +217,9 @@ is read off its lease: released (``owner`` NULL: the run stopped on a fault the 
 caught -- a lost connection, a bug -- and gave the lease up) or run out (the worker
 died, was killed, or stalled past it). A worker that died holding other casts too says
 nothing about which of them killed it: each is ``spare`` (its next claim costs no
-attempt) and counts a crash; one in its ``quarantine_after``-th crash becomes
-``suspect`` and is run alone from then on. A row whose worker died while it was held
+attempt) and counts a crash; one in its ``quarantine_after``-th crash (or a later one)
+becomes ``suspect`` and is run alone until it records a turn (:meth:`WorkQueue.cleared`;
+to its end once it has been cleared before, ``paroled``). A row whose worker died while it was held
 ``alone`` is the culprit: its next claim costs an attempt, like a released one's. A row
 whose next claim would cost an attempt past ``max_attempts`` is dead-lettered instead
 (state ``dead``, the reason in its result, its waiters told by NOTIFY). Run before each
@@ -381,7 +392,12 @@ class Claim:
     journal may hold part of the cast."""
     quarantined: bool = False
     """A suspect (in a crash of a worker that held it among others): this worker runs
-    it alone until it records a turn (:meth:`WorkQueue.cleared`)."""
+    it alone until it records a turn (:meth:`WorkQueue.cleared`) -- or, if it was cleared
+    once already (``paroled``), until it ends."""
+    paroled: bool = False
+    """Cleared once before, then in a crash again: no second parole -- a cast that kills
+    its worker a turn after each resume (its killing call journaled as started, its turn
+    then recorded with that call's outcome unknown) must not walk free every time."""
 
 
 class WorkQueue:
@@ -410,6 +426,7 @@ class WorkQueue:
         max_attempts: int = MAX_ATTEMPTS,
         idle: bool = True,
         one_slot: bool = False,
+        alone: list[int] | None = None,
         quarantine_after: int = QUARANTINE_AFTER,
     ) -> list[Claim]:
         """Up to ``limit`` of the oldest runnable work items, each of another entity, now
@@ -418,7 +435,9 @@ class WorkQueue:
         stays for the other workers. ``busy``: entities this worker still runs (never
         claimed again until that run ended). ``idle``: the worker runs nothing now -- only
         then may it take a suspect cast, and then only that one (its claim is
-        ``quarantined``); ``one_slot``: it never runs two casts at once. The runs that
+        ``quarantined``); ``one_slot``: it never runs two casts at once; ``alone``: the
+        ids of its casts the queue holds as alone (not any more once this claim takes
+        one beside them). The runs that
         ended without an outcome are accounted first (:data:`_REAP`: one more statement,
         which also dead-letters those past ``max_attempts``)."""
         if limit < 1:
@@ -442,12 +461,13 @@ class WorkQueue:
                     "max_attempts": max_attempts,
                     "idle": idle,
                     "one_slot": one_slot,
+                    "alone": list(alone or ()),
                 },
             ).fetchall()
         claims = []
         for row in rows:
             work_id, entity_id, intent, spell, attempts, epoch, result, waited = row[:8]
-            resumed, quarantined = row[8:]
+            resumed, quarantined, paroled = row[8:]
             claims.append(
                 Claim(
                     work_id=int(work_id),
@@ -460,21 +480,23 @@ class WorkQueue:
                     claim_latency_s=float(waited),
                     resumed=bool(resumed),
                     quarantined=bool(quarantined),
+                    paroled=bool(paroled),
                 )
             )
         return sorted(claims, key=lambda c: c.work_id)
 
-    def cleared(self, claim: Claim, *, one_slot: bool = False) -> bool:
+    def cleared(self, claim: Claim) -> bool:
         """The quarantined ``claim`` ran a turn: it is innocent again -- no longer
-        ``suspect``, and no longer held ``alone`` (unless its worker has one slot): from
-        now on its worker may take other work beside it, and a crash is no longer blamed
-        on it alone. False if the claim is not this worker's any more."""
+        ``suspect``, so its worker may take other work beside it (it stays ``alone``
+        until the worker does: a crash before then is still its own) -- and ``paroled``:
+        if it is in a crash again, its next quarantine lasts to its end. False if the
+        claim is not this worker's any more."""
         fence = claim.fence
         with self.store.pool.connection() as conn:
             changed = conn.execute(
-                "UPDATE cantrip_work SET suspect = false, alone = %s "
+                "UPDATE cantrip_work SET suspect = false, paroled = true "
                 "WHERE id = %s AND owner = %s AND epoch = %s AND state = 'running'",
-                (one_slot, claim.work_id, fence.owner, fence.epoch),
+                (claim.work_id, fence.owner, fence.epoch),
             ).rowcount
         return bool(changed)
 

@@ -16,8 +16,9 @@ whole tree, and every cut-off turn is recorded.
 A cast the queue hands out *quarantined* (a suspect: it was in two crashes of workers
 that held it beside other casts) runs here alone: the worker claims nothing else until
 it records a turn (then it is innocent again, and the queue says so before anything is
-claimed beside it) or ends -- so if this worker dies meanwhile, the queue knows which
-cast killed it (:mod:`cantrip.distributed._queue`, reaping).
+claimed beside it) or ends -- to its end if it was cleared once already -- so if
+this worker dies meanwhile, the queue knows which cast killed it
+(:mod:`cantrip.distributed._queue`, reaping).
 
 Messages sent to a running prompt (``serve --db``'s ``/messages``: rows of
 ``cantrip_messages``, announced by ``NOTIFY cantrip_steer``) are handed to the cast in
@@ -251,6 +252,9 @@ class Worker:
                         max_attempts=self.max_attempts,
                         idle=not self._owned,
                         one_slot=self.concurrency == 1,
+                        alone=[
+                            o.claim.work_id for o in self._owned.values() if o.claim.quarantined
+                        ],
                         quarantine_after=self.quarantine_after,
                     )
                     try:
@@ -271,9 +275,12 @@ class Worker:
                         if claimed.quarantined:  # (then it is the only claim)
                             owned.quarantine = self._quarantine = trio.Event()
                             log.warning(
-                                "%s: in a crash of a worker that held other casts too; "
-                                "run here alone until it records a turn",
+                                "%s: in crashes of workers that held other casts too; "
+                                "run here alone until it %s",
                                 claimed.entity_id,
+                                "ends (cleared once already)"
+                                if claimed.paroled
+                                else "records a turn",
                             )
                         self._owned[claimed.entity_id] = owned
                         self.loom.hold(claimed.entity_id, claimed.fence, until=until)
@@ -442,7 +449,7 @@ class Worker:
                     if self._asks_humans(claim):
                         nursery.start_soon(self._live_pauses, owned)
                     nursery.start_soon(self._deliver, owned)
-                    if owned.quarantine is not None:
+                    if owned.quarantine is not None and not claim.paroled:
                         nursery.start_soon(self._watch_quarantine, owned)
                     try:
                         with owned.run:
@@ -472,7 +479,7 @@ class Worker:
         while entity.leaf in (owned.began, None):
             await trio.sleep(QUARANTINE_TICK_S)
         limiter = self.loom.store.limiter  # type: ignore[attr-defined]
-        clear = functools.partial(self.queue.cleared, owned.claim, one_slot=self.concurrency == 1)
+        clear = functools.partial(self.queue.cleared, owned.claim)
         while True:
             try:
                 cleared = await trio.to_thread.run_sync(clear, limiter=limiter)
@@ -910,7 +917,7 @@ class Dispatcher:
 
     def dead_letters(self) -> list[dict[str, Any]]:
         """The work items no worker could finish within the attempt limit (state
-        ``dead``): id, entity, intent, attempts, why, when."""
+        ``dead``): id, entity, intent, attempts, crashes, why, when."""
         return self._retrying("dead letters", lambda _retry: self.queue.dead_letters())
 
     def pending(self, entity_id: str) -> list[Pause]:

@@ -56,8 +56,9 @@ for a prompt a newer one displaced).
 5: a killed worker's casts are told apart from the cast that killed it
 (``cantrip.distributed._queue``): on ``cantrip_work``, ``crashes`` (how often a worker
 died holding it), ``spare`` (its next claim costs no attempt: its worker died holding
-other casts too), ``suspect`` (run it in quarantine, alone) and ``alone`` (its current
-claim is held by a worker that holds nothing else).
+other casts too), ``suspect`` (run it in quarantine, alone), ``paroled`` (cleared by a
+quarantine once: the next lasts to its end) and ``alone`` (its current claim is held by
+a worker that holds nothing else).
 Each statement is idempotent, so a database at any earlier version is brought up to
 date by running the schema again."""
 POOL_TIMEOUT_S = 5.0
@@ -133,6 +134,7 @@ ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS crashes INTEGER NOT NULL DEFAU
 ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS spare BOOLEAN NOT NULL DEFAULT false;
 ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS suspect BOOLEAN NOT NULL DEFAULT false;
 ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS alone BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS paroled BOOLEAN NOT NULL DEFAULT false;
 CREATE TABLE IF NOT EXISTS cantrip_messages (
     id BIGSERIAL PRIMARY KEY,
     entity_id TEXT NOT NULL,
