@@ -23,7 +23,7 @@ one after the other)::
 
 The machine's load swings these by 2x; the server's own time for the two statements
 (``EXPLAIN ANALYZE`` on the same database) does not move: 0.15 ms before, 0.14 ms
-after for the statement before the claim; 0.41 and 0.36 ms for the claim.
+after for the statement before the claim; 0.41 and 0.36-0.42 ms for the claim.
 
 How to run
 ----------
