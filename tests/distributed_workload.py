@@ -30,6 +30,10 @@ CREATE TABLE IF NOT EXISTS chaos_effects (
     id BIGSERIAL PRIMARY KEY, job TEXT NOT NULL, step INTEGER NOT NULL, pid INTEGER NOT NULL
 )
 """
+TAKEN_OVER = "SELECT count(*) FROM cantrip_work WHERE attempts > 1 OR crashes > 0"
+"""Work items claimed again after a run that ended without an outcome: one that cost an
+attempt (a released lease, a worker that died holding it alone) or a crash (a worker
+that died holding it beside others: free)."""
 
 
 class CountingLLM:
@@ -89,13 +93,34 @@ def charge(job: str, step: int) -> str:
 
 
 def build() -> cantrip.Cantrip:
+    return _workload(charge)
+
+
+def _workload(charging: cantrip.Gate) -> cantrip.Cantrip:
     turns = int(os.environ.get("WORKLOAD_TURNS", "10"))
     latency = float(os.environ.get("WORKLOAD_LATENCY_MS", "0")) / 1000.0
     return cantrip.Cantrip(
         llm=CountingLLM(latency, turns),
         identity=cantrip.Identity(system_prompt="distributed workload"),
-        circle=cantrip.Circle([done, charge], [cantrip.max_turns(turns + 5)]),
+        circle=cantrip.Circle([done, charging], [cantrip.max_turns(turns + 5)]),
     )
+
+
+@cantrip.gate(name="charge", blocking=True)
+def charge_or_die(job: str, step: int) -> str:
+    """``charge``, except that its second step kills the worker's process (like a
+    segfault in a native library, or the OOM killer, would), every time it is run."""
+    import signal
+
+    if step >= 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return str(charge.fn(job, step))
+
+
+def killer() -> cantrip.Cantrip:
+    """The workload, whose cast kills its worker at its second turn: a poison cast that
+    runs like the others until then (its spell builds, its first turn lands)."""
+    return _workload(charge_or_die)
 
 
 def poison() -> cantrip.Cantrip:

@@ -235,8 +235,10 @@ async def test_an_answer_claimed_by_a_worker_that_died_is_carried_out_once(
     dispatcher.close()
     assert _effects(pay_db) == ["job-e"]
     with psycopg.connect(pay_db) as conn:
-        row = conn.execute("SELECT attempts FROM cantrip_work WHERE id = %s", (answer,)).fetchone()
-    assert row == (2,)
+        row = conn.execute(
+            "SELECT attempts, crashes FROM cantrip_work WHERE id = %s", (answer,)
+        ).fetchone()
+    assert row == (1, 1)  # taken over from the ghost at no attempt: its claim was not alone
 
 
 # -- worker processes ------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import psycopg
 import trio
-from distributed_workload import EFFECTS_TABLE
+from distributed_workload import EFFECTS_TABLE, TAKEN_OVER
 from pg_cluster import fresh_database, postgres_cluster, start_cluster, stop_cluster
 from test_serve_db import Stack, open_stack
 
@@ -81,7 +81,7 @@ async def test_two_hundred_prompts_while_a_worker_is_killed_and_replaced(
         assert not bad, (list(bad.items())[:3], stack.log.read_text()[-3000:])
         states = dict(stack.rows("SELECT state, count(*) FROM cantrip_work GROUP BY 1"))
         reasons = _turn_reasons(stack)
-        (taken_over,) = stack.rows("SELECT count(*) FROM cantrip_work WHERE attempts > 1")[0]
+        (taken_over,) = stack.rows(TAKEN_OVER)[0]
         assert states == {"done": prompts}, states
         assert "cancelled" not in reasons and "crashed" not in reasons, reasons
         alive = [w.poll() is None for w in stack.workers]
@@ -165,7 +165,7 @@ async def test_a_database_restart_is_waited_out_by_workers_replicas_and_clients(
             log = stack.log.read_text()
             assert "bug in cantrip" not in log, log[-3000:]
             assert "reconnected to the database" in log
-            (taken_over,) = stack.rows("SELECT count(*) FROM cantrip_work WHERE attempts > 1")[0]
+            (taken_over,) = stack.rows(TAKEN_OVER)[0]
             doubled = stack.rows(
                 "SELECT job, step FROM chaos_effects GROUP BY 1, 2 HAVING count(*) > 1"
             )
@@ -185,7 +185,7 @@ async def test_a_dead_lettered_prompt_is_reported_by_the_replica_and_cast_db(
     """Work dead-lettered while its clients wait (here by the statement a worker's claim
     runs, once the item's last allowed attempt has run out) is reported to each of them:
     the replica answers 500 ``cast_dead_lettered``, ``cast --db`` prints why and exits 1."""
-    from cantrip.distributed._queue import _DEAD_LETTER, WORK_CHANNEL
+    from cantrip.distributed._queue import _REAP, WORK_CHANNEL
 
     url = fresh_database(pg_server, "dead_letter")
     with open_stack(url, tmp_path, workers=0, replicas=1) as stack:
@@ -210,12 +210,20 @@ async def test_a_dead_lettered_prompt_is_reported_by_the_replica_and_cast_db(
                 while len(stack.rows("SELECT 1 FROM cantrip_work")) < 2:
                     await trio.sleep(0.05)
                 with psycopg.connect(url, autocommit=True) as conn:
-                    # two claims by workers that died: the leases ran out long ago
+                    # two claims whose runs stopped on faults the runtime caught: each
+                    # gave its lease up (released: owner NULL)
                     conn.execute(
                         "UPDATE cantrip_work SET state = 'running', attempts = 2, "
                         "result = '{}', owner = 'gone', epoch = 1"
                     )
-                    conn.execute(_DEAD_LETTER, {"max_attempts": 2, "channel": WORK_CHANNEL})
+                    conn.execute(
+                        "INSERT INTO cantrip_leases (entity_id, owner, epoch) "
+                        "SELECT entity_id, NULL, 1 FROM cantrip_work"
+                    )
+                    conn.execute(
+                        _REAP,
+                        {"max_attempts": 2, "quarantine_after": 2, "channel": WORK_CHANNEL},
+                    )
         out, err = await trio.to_thread.run_sync(lambda: waiting.communicate(timeout=60))
     (response,) = answered
     assert response.status_code == 500, response.text

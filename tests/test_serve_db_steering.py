@@ -220,10 +220,10 @@ async def test_a_cast_taken_over_after_steering_resumes_with_the_message_once(
     assert "undelivered" not in result
     assert _steered(thread) == [MESSAGE]  # handed to the new worker's cast? not again
     assert [t["sequence"] for t in thread] == list(range(1, len(thread) + 1))
-    ((attempts, state),) = stack.rows(
-        "SELECT attempts, state FROM cantrip_work WHERE entity_id = %s", entity
+    ((attempts, crashes, state),) = stack.rows(
+        "SELECT attempts, crashes, state FROM cantrip_work WHERE entity_id = %s", entity
     )
-    assert (attempts, state) == (2, "done")
+    assert (attempts, crashes, state) == (1, 1, "done")  # taken over, at no attempt
 
 
 # -- double-texting --------------------------------------------------------------------
@@ -328,11 +328,11 @@ async def test_a_rolled_back_cast_whose_worker_dies_is_resumed_from_its_branch(
     assert result["turns"] == TURNS
     assert [t["intent"] for t in thread if t["intent"]] == ["Zero.", "Second task."]
     assert len(thread) == 2 * TURNS  # no turn lost, none twice
-    (state, attempts, outcome) = stack.rows(
-        "SELECT state, attempts, result FROM cantrip_work WHERE entity_id = %s ORDER BY id",
+    (state, crashes, outcome) = stack.rows(
+        "SELECT state, crashes, result FROM cantrip_work WHERE entity_id = %s ORDER BY id",
         entity,
     )[-1]
-    assert (state, attempts) == ("done", 2)  # taken over mid-cast
+    assert (state, crashes) == ("done", 1)  # taken over mid-cast
     # what the worker recorded (``cast --db`` reports it) counts the cast's own turns,
     # not the thread before its rewind point
     assert json.loads(outcome)["turns"] == TURNS
@@ -400,7 +400,7 @@ def test_a_version_3_database_is_brought_to_version_4_in_place(pg_url: str) -> N
     import psycopg
 
     from cantrip.distributed._queue import WorkQueue
-    from cantrip.loom._postgres import PostgresStore
+    from cantrip.loom._postgres import SCHEMA_VERSION, PostgresStore
 
     store = PostgresStore(pg_url, max_connections=2)
     WorkQueue(store).enqueue({"factory": "m:f"}, "kept", "entity-old")
@@ -418,7 +418,8 @@ def test_a_version_3_database_is_brought_to_version_4_in_place(pg_url: str) -> N
     finally:
         store.close()
     with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT max(version) FROM cantrip_schema").fetchone() == (4,)
+        version = conn.execute("SELECT max(version) FROM cantrip_schema").fetchone()
+        assert version == (SCHEMA_VERSION,)  # and on, to the latest
         assert conn.execute("SELECT base_pos FROM cantrip_work").fetchall() == [(0,)]
         assert conn.execute("SELECT count(*) FROM cantrip_messages").fetchone() == (0,)
 

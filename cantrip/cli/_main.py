@@ -172,7 +172,8 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         type=int,
         default=5,
         metavar="N",
-        help="claims of one cast before it is dead-lettered (5)",
+        help="attempts of one cast before it is dead-lettered (5); a worker's death costs "
+        "an attempt only to a cast it ran alone (in quarantine), not to bystanders",
     )
     worker.add_argument(
         "--dead-letters",

@@ -12,9 +12,16 @@ The standard Postgres queue pattern and nothing of our own beyond it:
 * **heartbeat** extends the lease, but only while it is still this worker's at
   this epoch and unexpired (a worker paused past its lease cannot revive it); a
   worker renews all its leases in one statement (:func:`heartbeat_on`);
-* **attempts** count claims: an item claimed ``max_attempts`` times whose worker
-  still stopped without an outcome (killed, crashed, lost its lease) is not claimed
-  again but *dead-lettered* -- state ``dead``, the reason in its result;
+* **attempts** count claims, except one a killed worker's bystander gets: a run that
+  stopped without an outcome is *reaped* before the next claim -- its lease released
+  (the runtime caught a fault and gave it up) or run out (its worker died). A worker
+  that died holding several casts cannot say which one killed it: each is ``spare`` (its
+  next claim is free) and counts a crash; from its second crash a cast is ``suspect``
+  and runs in *quarantine* -- claimed only by an idle worker, alone, until it records a
+  turn (the first time; to its end after that) -- so a worker that dies then held only
+  the culprit, which alone is charged. An
+  item whose next claim would pass ``max_attempts`` is not claimed again but
+  *dead-lettered* -- state ``dead``, the reason in its result;
 * **finish** records the outcome and releases the lease, fenced the same way;
 * **cancel** marks queued work cancelled and running work ``cancel_requested`` (with
   its ``cancel_reason``), and ``NOTIFY cantrip_cancel`` with the entity id (and the
@@ -50,7 +57,14 @@ DEAD = "dead"
 """The end state of work no worker could finish within the attempt limit (a
 dead letter: :meth:`WorkQueue.dead_letters` lists them)."""
 MAX_ATTEMPTS = 5
-"""Claims of one work item before it is dead-lettered (``cantrip worker --max-attempts``)."""
+"""Attempts of one work item before it is dead-lettered (``cantrip worker --max-attempts``):
+every claim costs one, except a claim of a cast whose worker died holding other casts
+too (a bystander's recovery is free; see :data:`_REAP`)."""
+QUARANTINE_AFTER = 2
+"""The crash (a worker dying while holding the cast beside others) from which a cast is
+run in quarantine -- alone on its worker -- until it records a turn. The first crash
+does not quarantine: a one-off kill (a deploy, the OOM killer, a lost machine) is
+recovered at full speed; a cast in a second crash is likely near what kills workers."""
 
 PAUSED = "paused"
 """The end state of work whose cast paused for a human: its outcome lists the
@@ -69,10 +83,13 @@ ENTITY_LOCK = 0x70726F6D
 """The advisory-lock class of one entity's prompts and answers (``serve --db``)."""
 
 _CLAIM = """
-SELECT w.id, w.entity_id, w.intent, w.spell, w.state, w.attempts
+SELECT w.id, w.entity_id, w.intent, w.spell, w.state, w.attempts, w.spare, w.suspect,
+    w.paroled
 FROM cantrip_work w
 WHERE w.state IN ('queued', 'running')
-  AND w.attempts < %(max_attempts)s
+  AND w.owner IS NULL
+  AND w.suspect = %(suspect)s
+  AND (w.spare OR w.attempts < %(max_attempts)s)
   AND NOT (w.entity_id = ANY(%(busy)s::text[]))
   AND NOT EXISTS (
       SELECT 1 FROM cantrip_leases l
@@ -85,9 +102,19 @@ ORDER BY w.id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 """
+"""The runnable rows of one kind (``suspect`` or not), oldest first: queued, or running
+without a live lease *and reaped* (``owner`` cleared by :data:`_REAP`: the loss of its
+last claim is accounted), within the attempt limit unless its next claim is free
+(``spare``)."""
 
 _CLAIM_AND_LEASE = f"""
-WITH pick AS ({_CLAIM}),
+WITH quarantine AS ({_CLAIM.replace("%(suspect)s", "true").replace("%(limit)s", "1")}),
+normal AS ({_CLAIM.replace("%(suspect)s", "false")}),
+pick AS (
+    SELECT * FROM quarantine WHERE %(idle)s
+    UNION ALL
+    SELECT * FROM normal WHERE NOT EXISTS (SELECT 1 FROM quarantine)
+),
 lease AS (
     INSERT INTO cantrip_leases (entity_id, owner, epoch, expires_at)
     SELECT entity_id, %(owner)s, 1, clock_timestamp() + %(lease)s * interval '1 second'
@@ -101,17 +128,24 @@ lease AS (
 claimed AS (
     UPDATE cantrip_work w
     SET state = 'running', owner = %(owner)s, epoch = lease.epoch,
-        attempts = w.attempts + 1, claimed_at = clock_timestamp(),
-        base_pos = CASE WHEN w.attempts = 0 THEN (
+        attempts = w.attempts + (NOT w.spare)::int, spare = false,
+        alone = w.suspect OR %(one_slot)s, claimed_at = clock_timestamp(),
+        base_pos = CASE WHEN w.state = 'queued' THEN (
             SELECT coalesce(max(t.pos), 0) FROM cantrip_turns t
             WHERE t.entity_id = lease.entity_id) ELSE w.base_pos END,
-        result = CASE WHEN w.attempts = 0 THEN json_build_object('base_turn', (
+        result = CASE WHEN w.state = 'queued' THEN json_build_object('base_turn', (
             SELECT t.id FROM cantrip_turns t WHERE t.entity_id = lease.entity_id
             ORDER BY t.pos DESC LIMIT 1))::text ELSE w.result END
     FROM pick JOIN lease ON lease.entity_id = pick.entity_id
     WHERE w.id = pick.id
     RETURNING w.id, w.entity_id, w.intent, w.spell, w.attempts, lease.epoch, w.result,
-        extract(epoch FROM w.claimed_at - w.enqueued_at)
+        extract(epoch FROM w.claimed_at - w.enqueued_at), pick.state = 'running', w.suspect,
+        w.paroled
+),
+beside AS (
+    UPDATE cantrip_work w SET alone = false
+    WHERE w.id = ANY(%(alone)s::bigint[]) AND w.alone AND NOT %(one_slot)s
+        AND EXISTS (SELECT 1 FROM claimed)
 )
 SELECT * FROM claimed
 """
@@ -125,31 +159,71 @@ never handed back to it until that run has ended. The base turn (the
 entity's latest before its first claim) is read only on the first claim: no other
 worker can be writing the entity then (its earlier work is finished, its lease
 released, and a zombie's fence is stale); so is its loom position (``base_pos``): the
-cast's turns are the entity's turns after it, whatever was queued before it."""
+cast's turns are the entity's turns after it, whatever was queued before it.
 
+Quarantine: a runnable *suspect* row is claimed only by an ``idle`` worker (it runs
+nothing), alone -- the answer is that one row, marked ``alone`` -- and while one waits
+a busy worker claims nothing (it drains, so that some worker becomes idle to take it).
+A claim costs an attempt unless the row is ``spare``; a one-slot worker's claims are
+all ``alone`` (it never holds another cast beside one). ``alone``: the claiming worker's
+casts the queue holds as alone -- each is not any more once this claim takes a cast
+beside it (in the same statement: a crash from then on is not blamed on it alone)."""
 
-_DEAD_LETTER = """
-WITH dead AS (
-    UPDATE cantrip_work w SET state = 'dead', finished_at = clock_timestamp(),
-        result = json_build_object(
-            'error', 'dead-lettered after ' || w.attempts || ' attempts: each worker that '
-                || 'claimed it stopped without recording an outcome (killed, crashed, or '
-                || 'lost its lease)',
-            'attempts', w.attempts, 'entity_id', w.entity_id,
-            'base_turn', (w.result::json)->>'base_turn')::text
-    WHERE w.state = 'running' AND w.attempts >= %(max_attempts)s
-      AND NOT EXISTS (
-          SELECT 1 FROM cantrip_leases l
-          WHERE l.entity_id = w.entity_id AND l.owner IS NOT NULL
-            AND l.expires_at > clock_timestamp())
-    RETURNING w.entity_id
+_REAP = """
+WITH orphan AS (
+    SELECT w.id, w.owner IS NOT NULL AS fresh,
+        w.owner IS NOT NULL AND l.owner IS NOT NULL AND NOT w.alone AS spared,
+        w.owner IS NOT NULL AND l.owner IS NOT NULL AND w.alone AS culprit
+    FROM cantrip_work w JOIN cantrip_leases l ON l.entity_id = w.entity_id
+    WHERE w.state = 'running'
+      AND (l.owner IS NULL OR l.expires_at <= clock_timestamp())
+      AND ((w.owner IS NOT NULL AND w.epoch = l.epoch)
+           OR (NOT w.spare AND w.attempts >= %(max_attempts)s))
+    FOR UPDATE OF w, l SKIP LOCKED
+),
+reaped AS (
+    UPDATE cantrip_work w
+    SET owner = NULL,
+        crashes = w.crashes + (o.spared OR o.culprit)::int,
+        spare = CASE WHEN o.fresh THEN o.spared ELSE w.spare END,
+        suspect = w.suspect OR (o.spared AND w.crashes + 1 >= %(quarantine_after)s),
+        state = CASE WHEN NOT o.spared AND w.attempts >= %(max_attempts)s
+            THEN 'dead' ELSE w.state END,
+        finished_at = CASE WHEN NOT o.spared AND w.attempts >= %(max_attempts)s
+            THEN clock_timestamp() END,
+        result = CASE WHEN o.spared OR w.attempts < %(max_attempts)s THEN w.result
+            ELSE json_build_object(
+                'error', 'work ' || w.id || ' (entity ' || w.entity_id
+                    || ') dead-lettered after ' || w.attempts
+                    || ' attempts: ' || CASE WHEN o.culprit OR (NOT o.fresh AND w.alone)
+                    THEN 'the worker running it alone (in quarantine, holding no other '
+                        || 'cast) died -- killed or crashed -- so this cast is what kills '
+                        || 'its workers (' || (w.crashes + o.culprit::int) || ' worker '
+                        || 'crashes while it ran)'
+                    ELSE 'each worker that claimed it stopped without recording an '
+                        || 'outcome (killed, crashed, or lost its lease)' END,
+                'attempts', w.attempts, 'crashes', w.crashes + o.culprit::int,
+                'quarantined', w.suspect,
+                'entity_id', w.entity_id,
+                'base_turn', (w.result::json)->>'base_turn')::text END
+    FROM orphan o WHERE w.id = o.id
+    RETURNING w.entity_id, w.state
 )
-SELECT count(pg_notify(%(channel)s, entity_id)) FROM dead
+SELECT count(pg_notify(%(channel)s, entity_id)) FROM reaped WHERE state = 'dead'
 """
-"""Dead-letter the running items whose lease ran out after their last allowed claim
-(the waiting clients are told by NOTIFY). Run before each claim; an item at the limit
-is never claimed (``_CLAIM``), so one that crashes every worker that runs it stops
-being run."""
+"""Account for the running rows whose last claim ended without an outcome, once each
+(then ``owner`` is cleared: only a reaped row is claimed again). How the claim ended
+is read off its lease: released (``owner`` NULL: the run stopped on a fault the runtime
+caught -- a lost connection, a bug -- and gave the lease up) or run out (the worker
+died, was killed, or stalled past it). A worker that died holding other casts too says
+nothing about which of them killed it: each is ``spare`` (its next claim costs no
+attempt) and counts a crash; one in its ``quarantine_after``-th crash (or a later one)
+becomes ``suspect`` and is run alone until it records a turn (:meth:`WorkQueue.cleared`;
+to its end once it has been cleared before, ``paroled``). A row whose worker died while it was held
+``alone`` is the culprit: its next claim costs an attempt, like a released one's. A row
+whose next claim would cost an attempt past ``max_attempts`` is dead-lettered instead
+(state ``dead``, the reason in its result, its waiters told by NOTIFY). Run before each
+claim, in the same round trip budget as the dead-lettering it replaces."""
 
 _HEARTBEAT = """
 WITH mine AS (
@@ -306,11 +380,24 @@ class Claim:
     spell: dict[str, Any]
     fence: Fence
     attempt: int
-    """1 on the first claim; more when an earlier worker died holding it."""
+    """The attempts this work item has cost: 1 on the first claim, one more for each
+    claim after a run that stopped without an outcome -- except after a worker died
+    holding it beside other casts (a bystander's recovery is free)."""
     base_turn: str | None
     """The entity's latest turn before this cast began (None: none, or not yet known)."""
     claim_latency_s: float
     """From enqueue to this claim (the queue's own clock)."""
+    resumed: bool = False
+    """An earlier claim ran it and stopped without an outcome: the loom and the gate
+    journal may hold part of the cast."""
+    quarantined: bool = False
+    """A suspect (in a crash of a worker that held it among others): this worker runs
+    it alone until it records a turn (:meth:`WorkQueue.cleared`) -- or, if it was cleared
+    once already (``paroled``), until it ends."""
+    paroled: bool = False
+    """Cleared once before, then in a crash again: no second parole -- a cast that kills
+    its worker a turn after each resume (its killing call journaled as started, its turn
+    then recorded with that call's outcome unknown) must not walk free every time."""
 
 
 class WorkQueue:
@@ -337,17 +424,33 @@ class WorkQueue:
         *,
         busy: list[str] | None = None,
         max_attempts: int = MAX_ATTEMPTS,
+        idle: bool = True,
+        one_slot: bool = False,
+        alone: list[int] | None = None,
+        quarantine_after: int = QUARANTINE_AFTER,
     ) -> list[Claim]:
         """Up to ``limit`` of the oldest runnable work items, each of another entity, now
         this worker's (oldest first; empty if none is runnable). One statement: a worker
         asks for as many as it has free slots, never more, so what it cannot run at once
         stays for the other workers. ``busy``: entities this worker still runs (never
-        claimed again until that run ended). Items past ``max_attempts`` are dead-lettered
-        first (one more statement)."""
+        claimed again until that run ended). ``idle``: the worker runs nothing now -- only
+        then may it take a suspect cast, and then only that one (its claim is
+        ``quarantined``); ``one_slot``: it never runs two casts at once; ``alone``: the
+        ids of its casts the queue holds as alone (not any more once this claim takes
+        one beside them). The runs that
+        ended without an outcome are accounted first (:data:`_REAP`: one more statement,
+        which also dead-letters those past ``max_attempts``)."""
         if limit < 1:
             raise ValueError(f"claim at least one work item, not {limit}")
         with self.store.pool.connection() as conn:
-            conn.execute(_DEAD_LETTER, {"max_attempts": max_attempts, "channel": WORK_CHANNEL})
+            conn.execute(
+                _REAP,
+                {
+                    "max_attempts": max_attempts,
+                    "quarantine_after": quarantine_after,
+                    "channel": WORK_CHANNEL,
+                },
+            )
             rows = conn.execute(
                 _CLAIM_AND_LEASE,
                 {
@@ -356,10 +459,15 @@ class WorkQueue:
                     "limit": limit,
                     "busy": list(busy or ()),
                     "max_attempts": max_attempts,
+                    "idle": idle,
+                    "one_slot": one_slot,
+                    "alone": list(alone or ()),
                 },
             ).fetchall()
         claims = []
-        for work_id, entity_id, intent, spell, attempts, epoch, result, waited in rows:
+        for row in rows:
+            work_id, entity_id, intent, spell, attempts, epoch, result, waited = row[:8]
+            resumed, quarantined, paroled = row[8:]
             claims.append(
                 Claim(
                     work_id=int(work_id),
@@ -370,9 +478,27 @@ class WorkQueue:
                     attempt=int(attempts),
                     base_turn=json.loads(result).get("base_turn") if result else None,
                     claim_latency_s=float(waited),
+                    resumed=bool(resumed),
+                    quarantined=bool(quarantined),
+                    paroled=bool(paroled),
                 )
             )
         return sorted(claims, key=lambda c: c.work_id)
+
+    def cleared(self, claim: Claim) -> bool:
+        """The quarantined ``claim`` ran a turn: it is innocent again -- no longer
+        ``suspect``, so its worker may take other work beside it (it stays ``alone``
+        until the worker does: a crash before then is still its own) -- and ``paroled``:
+        if it is in a crash again, its next quarantine lasts to its end. False if the
+        claim is not this worker's any more."""
+        fence = claim.fence
+        with self.store.pool.connection() as conn:
+            changed = conn.execute(
+                "UPDATE cantrip_work SET suspect = false, paroled = true "
+                "WHERE id = %s AND owner = %s AND epoch = %s AND state = 'running'",
+                (claim.work_id, fence.owner, fence.epoch),
+            ).rowcount
+        return bool(changed)
 
     def heartbeat(self, fence: Fence, lease_s: float) -> tuple[bool, bool]:
         """Extend the lease if it still holds: (held, cancel requested). One statement."""
@@ -402,7 +528,8 @@ class WorkQueue:
         """Work items dead-lettered after the attempt limit, oldest first."""
         with self.store.pool.connection() as conn:
             rows = conn.execute(
-                "SELECT id, entity_id, intent, attempts, result, enqueued_at, finished_at "
+                "SELECT id, entity_id, intent, attempts, crashes, result, enqueued_at, "
+                "finished_at "
                 "FROM cantrip_work WHERE state = %s ORDER BY id",
                 (DEAD,),
             ).fetchall()
@@ -412,11 +539,12 @@ class WorkQueue:
                 "entity_id": entity_id,
                 "intent": intent,
                 "attempts": int(attempts),
+                "crashes": int(crashes),
                 "error": (json.loads(result) if result else {}).get("error"),
                 "enqueued_at": enqueued.isoformat(),
                 "finished_at": finished.isoformat() if finished else None,
             }
-            for work_id, entity_id, intent, attempts, result, enqueued, finished in rows
+            for work_id, entity_id, intent, attempts, crashes, result, enqueued, finished in rows
         ]
 
     def finish(self, claim: Claim, state: str, outcome: dict[str, Any]) -> bool:

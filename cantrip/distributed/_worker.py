@@ -13,6 +13,13 @@ under its lease: cancelling the entity (``WorkQueue.cancel``, delivered by
 ``NOTIFY cantrip_cancel`` with a heartbeat poll as the fallback) cancels its
 whole tree, and every cut-off turn is recorded.
 
+A cast the queue hands out *quarantined* (a suspect: it was in two crashes of workers
+that held it beside other casts) runs here alone: the worker claims nothing else until
+it records a turn (then it is innocent again, and the queue says so before anything is
+claimed beside it) or ends -- to its end if it was cleared once already -- so if
+this worker dies meanwhile, the queue knows which cast killed it
+(:mod:`cantrip.distributed._queue`, reaping).
+
 Messages sent to a running prompt (``serve --db``'s ``/messages``: rows of
 ``cantrip_messages``, announced by ``NOTIFY cantrip_steer``) are handed to the cast in
 order (``Entity.steer``); a cast taken over from a dead worker skips those its turns
@@ -56,6 +63,7 @@ from cantrip.distributed._queue import (
     INTERRUPTED,
     MAX_ATTEMPTS,
     PAUSED,
+    QUARANTINE_AFTER,
     REWIND_KEY,
     STEER_CHANNEL,
     WORK_CHANNEL,
@@ -74,6 +82,9 @@ log = get_logger("cantrip.worker")
 dispatch_log = get_logger("cantrip.dispatcher")
 T = TypeVar("T")
 
+QUARANTINE_TICK_S = 0.05
+"""How often a worker running a suspect alone looks whether it recorded a turn (its
+entity's leaf, in memory): the worker claims nothing else until then."""
 LIVE_TICK_S = 0.25
 """How often a worker looks for pauses its entities' children wait on in place (in
 memory; while one is published, the database is asked for its answer when NOTIFY
@@ -171,6 +182,11 @@ class _Owned:
     delivered: int = 0
     """Messages to this work that the loom already shows joined a turn (an earlier
     attempt's): the first ``delivered`` are not handed to the cast again."""
+    began: str | None = None
+    """The entity's latest turn as the cast began (a turn after it: the cast got on)."""
+    quarantine: trio.Event | None = None
+    """Set (by :meth:`Worker._innocent`) once this suspect cast, run alone, recorded
+    a turn or ended: the worker claims other work again."""
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.cancelled, self.cancel_reason = True, reason
@@ -190,17 +206,22 @@ class Worker:
         poll_s: float = 2.0,
         worker_id: str | None = None,
         max_attempts: int = MAX_ATTEMPTS,
+        quarantine_after: int = QUARANTINE_AFTER,
     ) -> None:
         self.url = url
         self.concurrency = concurrency
         self.lease_s = lease_s
         self.poll_s = poll_s
         self.max_attempts = max_attempts
+        self.quarantine_after = quarantine_after
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self._owned: dict[str, _Owned] = {}
         """Entities whose run has not ended here (each is never claimed again until it has)."""
         self._wake = trio.Event()
         self._spells: dict[str, Cantrip] = {}
+        self._quarantine: trio.Event | None = None
+        """Set while a suspect cast runs here alone: nothing else is claimed until it
+        records a turn or ends (then the event is set)."""
         self.completed = 0
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
@@ -218,6 +239,8 @@ class Worker:
                 task_status.started(self.worker_id)
                 free = trio.Semaphore(self.concurrency)
                 while True:
+                    if self._quarantine is not None:  # a suspect runs here alone
+                        await self._quarantine.wait()
                     slots = await _take_free(free)
                     sent = trio.current_time()
                     claim = functools.partial(
@@ -227,6 +250,12 @@ class Worker:
                         slots,
                         busy=list(self._owned),  # runs not ended here are never claimed
                         max_attempts=self.max_attempts,
+                        idle=not self._owned,
+                        one_slot=self.concurrency == 1,
+                        alone=[
+                            o.claim.work_id for o in self._owned.values() if o.claim.quarantined
+                        ],
+                        quarantine_after=self.quarantine_after,
                     )
                     try:
                         claims = await trio.to_thread.run_sync(claim, limiter=store.limiter)
@@ -243,6 +272,16 @@ class Worker:
                     for claimed in claims:
                         until = sent + self.lease_s  # never after the database's expiry
                         owned = _Owned(claimed, trio.CancelScope(deadline=until))
+                        if claimed.quarantined:  # (then it is the only claim)
+                            owned.quarantine = self._quarantine = trio.Event()
+                            log.warning(
+                                "%s: in crashes of workers that held other casts too; "
+                                "run here alone until it %s",
+                                claimed.entity_id,
+                                "ends (cleared once already)"
+                                if claimed.paroled
+                                else "records a turn",
+                            )
                         self._owned[claimed.entity_id] = owned
                         self.loom.hold(claimed.entity_id, claimed.fence, until=until)
                         nursery.start_soon(self._own, owned, free)
@@ -410,6 +449,8 @@ class Worker:
                     if self._asks_humans(claim):
                         nursery.start_soon(self._live_pauses, owned)
                     nursery.start_soon(self._deliver, owned)
+                    if owned.quarantine is not None and not claim.paroled:
+                        nursery.start_soon(self._watch_quarantine, owned)
                     try:
                         with owned.run:
                             ended = await self._execute(owned)
@@ -424,7 +465,41 @@ class Worker:
         finally:
             self._owned.pop(claim.entity_id, None)
             self.loom.release(claim.entity_id)
+            self._innocent(owned)  # (ended: if it still ran alone, the worker goes on)
             free.release()
+
+    async def _watch_quarantine(self, owned: _Owned) -> None:
+        """A suspect cast runs here alone: once it records a turn -- it got past where
+        the worker that held it died, without killing this one -- it is innocent again
+        (recorded in the queue first, so a crash from now on is not blamed on it alone),
+        and the worker takes other work beside it."""
+        await owned.casting.wait()
+        entity = owned.entity
+        assert entity is not None
+        while entity.leaf in (owned.began, None):
+            await trio.sleep(QUARANTINE_TICK_S)
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        clear = functools.partial(self.queue.cleared, owned.claim)
+        while True:
+            try:
+                cleared = await trio.to_thread.run_sync(clear, limiter=limiter)
+                break
+            except Exception as exc:
+                if not is_connection_error(exc):
+                    raise
+                await trio.sleep(self.poll_s)  # still alone meanwhile: try again
+        if cleared:  # (else the lease is lost: the run is stopping)
+            log.info("%s: recorded a turn in quarantine; innocent again", owned.claim.entity_id)
+            self._innocent(owned)
+
+    def _innocent(self, owned: _Owned) -> None:
+        """The quarantine of ``owned`` (if it was in one) is over: claim again."""
+        if owned.quarantine is None or owned.quarantine.is_set():
+            return
+        owned.quarantine.set()
+        if self._quarantine is owned.quarantine:
+            self._quarantine = None
+        self._wake.set()
 
     async def _stopped(self, owned: _Owned, exc: Exception) -> None:
         """A run stopped without an outcome: its lease was lost (another claim continues
@@ -620,7 +695,7 @@ class Worker:
                 if rewind is not None and not recorded:  # (again, if a worker died since)
                     await entity.rewind(rewind.get("to"))
                 self._casting(owned, recorded)
-                if recorded or claim.attempt > 1:
+                if recorded or claim.resumed:
                     # an earlier attempt may have journaled the turn it was taking
                     result = await self._cast(owned, entity.resume_cast(claim.intent, recorded))
                 else:
@@ -634,6 +709,7 @@ class Worker:
         """The cast is about to begin: messages may be handed to it from now on, but not
         those its recorded turns (an earlier attempt's) already took."""
         owned.delivered = sum(len(t.extras.get("steering") or ()) for t in recorded)
+        owned.began = owned.entity.leaf if owned.entity is not None else None
         owned.casting.set()
 
     def _ended(self, claim: Claim, recorded: list[Turn]) -> tuple[str, dict[str, Any]] | None:
@@ -841,7 +917,7 @@ class Dispatcher:
 
     def dead_letters(self) -> list[dict[str, Any]]:
         """The work items no worker could finish within the attempt limit (state
-        ``dead``): id, entity, intent, attempts, why, when."""
+        ``dead``): id, entity, intent, attempts, crashes, why, when."""
         return self._retrying("dead letters", lambda _retry: self.queue.dead_letters())
 
     def pending(self, entity_id: str) -> list[Pause]:

@@ -45,15 +45,22 @@ from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._sqlite_index import JournalEntry
 from cantrip.loom._stores import Record
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """2: the append-only trigger lets prune delete whole trees (``cantrip.prune``).
 3: big values stored once (``cantrip_blobs``, ``cantrip_blob_refs``; see ``_blobs``).
 4: steering and double-texting under workers: ``cantrip_messages`` (a message sent to a
 running prompt, for its worker to hand to the cast), and on ``cantrip_work`` the loom
 position a cast began after (``base_pos``, set at its first claim: a prompt queued behind
 another begins after it) and why a cancel was asked for (``cancel_reason``: ``interrupted``
-for a prompt a newer one displaced). Each statement is idempotent, so a database at any
-earlier version is brought up to date by running the schema again."""
+for a prompt a newer one displaced).
+5: a killed worker's casts are told apart from the cast that killed it
+(``cantrip.distributed._queue``): on ``cantrip_work``, ``crashes`` (how often a worker
+died holding it), ``spare`` (its next claim costs no attempt: its worker died holding
+other casts too), ``suspect`` (run it in quarantine, alone), ``paroled`` (cleared by a
+quarantine once: the next lasts to its end) and ``alone`` (its current claim is held by
+a worker that holds nothing else).
+Each statement is idempotent, so a database at any earlier version is brought up to
+date by running the schema again."""
 POOL_TIMEOUT_S = 5.0
 """How long a call waits for a pool connection before it fails (psycopg_pool's default is
 30 s): callers are bounded by :attr:`PostgresStore.limiter` to the pool's size, so a
@@ -123,6 +130,11 @@ CREATE TABLE IF NOT EXISTS cantrip_work (
 );
 ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS base_pos BIGINT;
 ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS cancel_reason TEXT;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS crashes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS spare BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS suspect BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS alone BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS paroled BOOLEAN NOT NULL DEFAULT false;
 CREATE TABLE IF NOT EXISTS cantrip_messages (
     id BIGSERIAL PRIMARY KEY,
     entity_id TEXT NOT NULL,
@@ -134,6 +146,8 @@ CREATE INDEX IF NOT EXISTS cantrip_messages_by_work ON cantrip_messages (work_id
 CREATE INDEX IF NOT EXISTS cantrip_work_open ON cantrip_work (id)
     WHERE state IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS cantrip_work_by_entity ON cantrip_work (entity_id, id);
+CREATE INDEX IF NOT EXISTS cantrip_work_suspects ON cantrip_work (id)
+    WHERE suspect AND state = 'running';
 CREATE TABLE IF NOT EXISTS cantrip_blobs (hash TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS cantrip_blob_refs (
     hash TEXT NOT NULL,
