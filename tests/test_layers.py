@@ -199,3 +199,25 @@ def test_importing_the_library_sets_no_level_on_another_librarys_logger() -> Non
         check=True,
     )
     assert done.stdout.split() == []
+
+
+def _imported_names(path: Path) -> Iterator[str]:
+    """Every absolute module name ``path`` imports, anywhere in it."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def test_no_module_imports_a_private_httpx_module() -> None:
+    """httpx's private modules (``httpx._decoders``, ...) may change in any release; the
+    adapters' wire path decodes bodies itself (cantrip/llm/providers/_decode.py)."""
+    private = sorted(
+        f"{name}: {imported}"
+        for name, path in module_files().items()
+        for imported in _imported_names(path)
+        if imported.startswith("httpx._")
+    )
+    assert private == []

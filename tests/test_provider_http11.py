@@ -19,6 +19,8 @@ import gzip
 import ipaddress
 import json
 import ssl
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -164,6 +166,25 @@ def whole(body: bytes, kind: bytes = b"application/json") -> list[bytes]:
 
 
 ZIPPED = gzip.compress(COMPLETION)
+
+
+def deflated(body: bytes, wbits: int = zlib.MAX_WBITS) -> bytes:
+    packer = zlib.compressobj(wbits=wbits)
+    return packer.compress(body) + packer.flush()
+
+
+def encoded(coding: bytes, body: bytes, kind: bytes = b"application/json") -> list[bytes]:
+    return [
+        head(
+            b"200 OK",
+            b"content-type: " + kind,
+            b"content-encoding: " + coding,
+            b"content-length: %d" % len(body),
+        )
+        + body
+    ]
+
+
 RESPONSES: dict[str, tuple[bool, list[bytes]]] = {
     # name: (stream?, the pieces the server sends, each its own send)
     "length": (False, whole(COMPLETION)),
@@ -241,6 +262,18 @@ RESPONSES: dict[str, tuple[bool, list[bytes]]] = {
             )
             + ZIPPED
         ],
+    ),
+    "deflate": (False, encoded(b"deflate", deflated(COMPLETION))),
+    "deflate without its zlib wrapper": (
+        False,
+        encoded(b"deflate", deflated(COMPLETION, -zlib.MAX_WBITS)),
+    ),
+    "gzip, then deflate": (False, encoded(b"gzip, Deflate", deflated(gzip.compress(COMPLETION)))),
+    "identity and a coding not offered": (False, encoded(b"identity, br", COMPLETION)),
+    "a corrupt gzip body": (False, encoded(b"gzip", ZIPPED[:10] + b"\xff" * 40)),
+    "stream, a corrupt deflate body": (
+        True,
+        encoded(b"deflate", deflated(SSE)[:-30] + b"\x00\xff" * 20, b"text/event-stream"),
     ),
     "503 with a JSON error": (
         False,
@@ -404,8 +437,49 @@ async def test_every_response_gives_what_httpx_gives(case: str) -> None:
                 await client.aclose()
     wire, oracle = results
     assert wire == oracle
-    if case in ("length", "gzip", "stream, chunked", "1xx heads first"):
+    if case in ("length", "gzip", "deflate", "gzip, then deflate", "stream, chunked"):
         assert wire[0] == "answer" and wire[1] == "hé there"
+    if "corrupt" in case:  # a clear provider error, retried as a garbled 200 is
+        assert wire[0] == "error" and wire[1].startswith("malformed_") and wire[2] is True
+
+
+BOMB = 64 * 1024 * 1024
+"""Bytes of zeros in the bomb: ~64 KB of gzip."""
+
+
+def gzip_bomb(size: int) -> bytes:
+    packer = zlib.compressobj(9, wbits=zlib.MAX_WBITS | 16)
+    zeros = bytes(1 << 20)
+    return b"".join(packer.compress(zeros) for _ in range(size >> 20)) + packer.flush()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_compression_bomb_is_refused_before_it_takes_the_memory(
+    monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """A provider's 64 KB of gzip that inflates to 64 MiB: the wire path decodes at most
+    its bound (here 1 MiB) and refuses the rest, with a clear, final error."""
+    from cantrip.llm.providers import _decode
+
+    monkeypatch.setattr(_decode, "MAX_DECODED", 1 << 20)
+    bomb = gzip_bomb(BOMB)
+    kind = b"text/event-stream" if stream else b"application/json"
+    pieces = encoded(b"gzip", bomb, kind)
+
+    async def answer(out: trio.SocketStream, request: bytes) -> bool:
+        for piece in pieces:
+            await out.send_all(piece)
+        return True
+
+    async with raw_server(answer) as (url, _):
+        tracemalloc.start()
+        try:
+            result = await outcome(url, stream, None)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert result == ("error", "response_too_large", False, None, None)
+    assert peak < 16 << 20, f"{peak:,} bytes allocated while refusing the bomb"
 
 
 # -- connections ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ optimisation must keep, and that the history is not re-read per prompt.
 from __future__ import annotations
 
 import gc
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -69,20 +70,108 @@ async def test_an_unkeyed_prompt_does_not_read_the_entitys_recorded_turns(
 
 
 def test_serve_collects_garbage_in_larger_batches_and_restores_the_setting() -> None:
-    from cantrip.cli._main import _serve_gc
+    from cantrip.cli._process import command_gc
 
     before = gc.get_threshold()
-    setting = _serve_gc(None)  # the default of `cantrip serve`
+    setting = command_gc(None)  # the default of `cantrip serve` and `cantrip worker`
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0  # not before entered
     with setting:
         assert gc.get_threshold() == (50_000, *before[1:])
         # what the server holds from its start is out of the collector's sight
         assert gc.get_freeze_count() > 1000
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
-    with _serve_gc(1234):
+    with command_gc(1234):
         assert gc.get_threshold()[0] == 1234 and gc.get_freeze_count() > 1000
-    with _serve_gc(0):  # --gc-young 0: Python's own thresholds, nothing frozen
+    with command_gc(0):  # --gc-young 0: Python's own thresholds, nothing frozen
         assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+DB_SPEC = """
+[llm]
+provider = "openai"
+model = "gpt-5-mini"
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "CANTRIP_GC_TEST_KEY"
+
+[identity]
+system_prompt = "cost"
+
+[circle]
+medium = "conversation"
+gates = ["done"]
+wards = [{ max_turns = 3 }]
+"""
+
+
+@pytest.mark.parametrize(("flag", "young"), [([], 50_000), (["--gc-young", "777"], 777)])
+def test_worker_runs_under_the_collector_setting_of_serve_and_restores_it(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, flag: list[str], young: int
+) -> None:
+    """``cantrip worker`` runs many entities in a process of its own, as serve does:
+    larger collections, its start-up heap frozen (the one helper, ``command_gc``)."""
+    from cantrip.cli import _main as _cli
+    from cantrip.distributed._worker import Worker
+
+    before = gc.get_threshold()
+    seen: list[tuple[tuple[int, ...], int]] = []
+    real_run = Worker.run
+
+    async def observed(self: Worker, **kwargs: Any) -> None:
+        seen.append((gc.get_threshold(), gc.get_freeze_count()))
+        signal.raise_signal(signal.SIGINT)  # as Ctrl-C: the worker stops once it is ready
+        await real_run(self, **kwargs)
+
+    monkeypatch.setattr(Worker, "run", observed)
+    assert _cli.main(["worker", "--db", pg_url, *flag]) == 0
+    assert seen and seen[0][0] == (young, *before[1:]) and seen[0][1] > 1000
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_worker_with_gc_young_0_keeps_pythons_collector(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cantrip.cli import _main as _cli
+    from cantrip.distributed._worker import Worker
+
+    before = gc.get_threshold()
+    seen: list[tuple[tuple[int, ...], int]] = []
+    real_run = Worker.run
+
+    async def observed(self: Worker, **kwargs: Any) -> None:
+        seen.append((gc.get_threshold(), gc.get_freeze_count()))
+        signal.raise_signal(signal.SIGINT)
+        await real_run(self, **kwargs)
+
+    monkeypatch.setattr(Worker, "run", observed)
+    assert _cli.main(["worker", "--db", pg_url, "--gc-young", "0"]) == 0
+    assert seen == [(before, 0)]
+    code = _cli.main(["worker", "--db", pg_url, "--gc-young", "-1"])
+    assert code == 1 and len(seen) == 1 and gc.get_threshold() == before
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "cantrip: --gc-young -1: give 0 (Python's own) or a positive threshold"
+    )
+
+
+def test_serve_db_runs_under_the_same_collector_setting_once_its_spec_is_loaded(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve --db`` is a server process too: the same setting as in-process serve."""
+    from cantrip.cli import _main as _cli
+    from cantrip.cli import _serve
+
+    before = gc.get_threshold()
+    spec = tmp_path / "spec.toml"
+    spec.write_text(DB_SPEC)
+    monkeypatch.setenv("CANTRIP_GC_TEST_KEY", "not-called")
+    seen: list[tuple[tuple[int, ...], int]] = []
+
+    def serving(*args: Any, **kwargs: Any) -> None:
+        seen.append((gc.get_threshold(), gc.get_freeze_count()))
+
+    monkeypatch.setattr(_serve, "serve_until_signal", serving)
+    assert _cli.main(["serve", str(spec), "--db", pg_url, "--port", "0"]) == 0
+    assert seen and seen[0][0] == (50_000, *before[1:]) and seen[0][1] > 1000
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 

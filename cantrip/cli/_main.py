@@ -19,12 +19,11 @@ a bug in cantrip: it prints the traceback and a line saying so (exit 70).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +179,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         action="store_true",
         help="list the dead-lettered casts (one JSON object a line) and exit",
     )
+    _add_gc_young(worker)
     _add_otlp(worker)
 
     answer = commands.add_parser(
@@ -294,14 +294,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         help="remove entities idle for more than N days from the loom, at start and hourly "
         "(the loom file, or the --db database)",
     )
-    serve.add_argument(
-        "--gc-young",
-        type=int,
-        default=None,
-        metavar="N",
-        help="young-generation threshold of the garbage collector while serving: larger, "
-        "rarer collections (default 50000; 0: Python's own)",
-    )
+    _add_gc_young(serve)
     serve.add_argument(
         "--token",
         help="require 'Authorization: Bearer TOKEN' (default: $CANTRIP_TOKEN; "
@@ -383,6 +376,19 @@ def _pause_handler(args: argparse.Namespace, spell: Cantrip, interactive: bool) 
         "this circle asks a human before some calls (approve = [...], ask_user, or gates "
         "that require approval) but there is no terminal to ask on: "
         "pass --approve-all or --deny-all"
+    )
+
+
+def _add_gc_young(command: argparse.ArgumentParser) -> None:
+    """``--gc-young``: the collector setting of a long-running command
+    (:func:`cantrip.cli._process.command_gc`)."""
+    command.add_argument(
+        "--gc-young",
+        type=int,
+        default=None,
+        metavar="N",
+        help="young-generation threshold of the garbage collector while it runs: larger, "
+        "rarer collections (default 50000; 0: Python's own)",
     )
 
 
@@ -663,6 +669,7 @@ def _acp(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from cantrip.cli._process import command_gc
     from cantrip.cli._serve import serve_until_signal
     from cantrip.protocols._asgi import set_heartbeat_s
     from cantrip.protocols._guard import BindError, Guard
@@ -685,7 +692,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--port {args.port} is not a port number (0-65535; 0: any free)")
         limits = SessionLimits(max_sessions=args.max_sessions, idle_s=args.idle_timeout)
         set_heartbeat_s(args.heartbeat_s)
-        collector = _serve_gc(args.gc_young)
+        collector = command_gc(args.gc_young)
     except (BindError, ValueError) as exc:
         return _fail(str(exc))
     options = ServeOptions(
@@ -699,7 +706,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.db:
         from cantrip.cli._worker import serve_on_db
 
-        return serve_on_db(args, guard, options)
+        return serve_on_db(args, guard, options, collector)
     spell = _load(args.spec)
     if args.check:
         return _check(args.spec, spell)
@@ -739,34 +746,6 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         spell.loom.close()
     return 0
-
-
-def _serve_gc(young: int | None) -> contextlib.AbstractContextManager[None]:
-    """The collector setting ``cantrip serve`` runs under (``--gc-young``).
-
-    A server is a process of its own running many entities at once, the case
-    :func:`cantrip.gc_for_throughput` is for: with 200 sessions prompting at
-    once, collections took ~0.3 s of each 1.9 s of server CPU per 1,000 turns
-    (bench/serve_load.py), ~0.08 s with it. And what the server holds from its
-    start (imports, the spec) is frozen out of the collector's sight
-    (:func:`cantrip.cli._process.settled_heap`): full collections scan only
-    what the entities made. 0 keeps Python's thresholds, and freezes nothing."""
-    from cantrip._gc import THROUGHPUT_YOUNG_THRESHOLD, gc_for_throughput
-    from cantrip.cli._process import settled_heap
-
-    if young is None:
-        young = THROUGHPUT_YOUNG_THRESHOLD
-    if young < 0:
-        raise ValueError(f"--gc-young {young}: give 0 (Python's own) or a positive threshold")
-    if not young:
-        return contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def collecting(young: int) -> Iterator[None]:
-        with gc_for_throughput(young), settled_heap():
-            yield
-
-    return collecting(young)
 
 
 def _token(flag: str | None) -> str | None:

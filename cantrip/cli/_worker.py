@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
@@ -44,12 +45,17 @@ def run_worker(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; casts in flight are left to the next worker (their
     leases expire) -- the loom and the gate journal hold everything they did."""
     _quiet_pool_log()
+    from cantrip.cli._process import command_gc
     from cantrip.distributed._worker import Worker
 
     if args.dead_letters:
         return _list_dead_letters(args.db)
     if args.max_attempts < 1:
         return _fail(f"--max-attempts must be at least 1, not {args.max_attempts}")
+    try:
+        collector = command_gc(args.gc_young)
+    except ValueError as exc:
+        return _fail(str(exc))
     worker = Worker(
         args.db, concurrency=args.concurrency, lease_s=args.lease, max_attempts=args.max_attempts
     )
@@ -64,7 +70,8 @@ def run_worker(args: argparse.Namespace) -> int:
                     break
 
     try:
-        trio.run(run)
+        with collector:  # as serve: many entities at once, in a process of its own
+            trio.run(run)
     except CantripError as exc:
         return _fail(str(exc))
     return 0
@@ -239,7 +246,12 @@ def _print_pending(outcome: dict[str, Any]) -> None:
         )
 
 
-def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
+def serve_on_db(
+    args: argparse.Namespace,
+    guard: Any,
+    options: Any,
+    collector: contextlib.AbstractContextManager[None],
+) -> int:
     """``cantrip serve SPEC --db URL``: a stateless HTTP replica; prompts go to the workers.
 
     The spec is built once here to check it and describe it on ``/health``. A circle
@@ -280,10 +292,11 @@ def serve_on_db(args: argparse.Namespace, guard: Any, options: Any) -> int:
             from cantrip.loom._retention import keep_retained
 
             background = functools.partial(keep_retained, args.db, args.retain_days)
-        failure = serve_until_signal(
-            start, host=args.host, port=args.port, spec=args.spec, draining="draining",
-            note=" (db mode)", background=background,
-        )  # fmt: skip
+        with collector:  # entered once the spec is loaded, as in-process serve does
+            failure = serve_until_signal(
+                start, host=args.host, port=args.port, spec=args.spec, draining="draining",
+                note=" (db mode)", background=background,
+            )  # fmt: skip
     except CantripError as exc:
         failure = str(exc)
     return 0 if failure is None else _fail(failure)

@@ -53,6 +53,7 @@ from cantrip._redact import get_logger, redact
 from cantrip.a2a._parts import parts_text
 from cantrip.protocols._api import AnswerRequest
 from cantrip.protocols._asgi import Receive, Scope, Send
+from cantrip.protocols._client_faults import demote_client_faults
 from cantrip.protocols._guard import guard_refusals_as_jsonrpc
 
 AGENT_CARD_PATH = "/.well-known/agent-card.json"
@@ -597,11 +598,45 @@ class _NoRequestBodies(logging.Filter):
         return not str(record.msg).startswith("Request body")
 
 
+_SDK_REFUSALS = {
+    "Failed to validate base JSON-RPC request": "not a JSON-RPC request",
+    "Failed to validate base JSON-RPC request for v0.3": "not an A2A 0.3 request",
+    "Failed to parse request params": "invalid params",
+}
+"""The SDK's records of a request it refused, each logged at ERROR with a traceback."""
+_SDK_LOGGERS = (
+    "a2a.server.routes.jsonrpc_dispatcher",
+    "a2a.compat.v0_3.jsonrpc_adapter",
+    "a2a.utils.version_validator",
+)
+
+
+def _sdk_client_fault(record: logging.LogRecord) -> str | None:
+    """What the a2a-sdk's record says a client did wrong (None: not a client's fault).
+
+    Its refusals of a malformed request (ERROR, with a traceback quoting the request),
+    the error answer it logs for each (WARNING: every JSON-RPC error but -32603, the
+    internal one) and an ``A2A-Version`` it does not serve (WARNING, quoting the
+    header). An unhandled exception -- a fault in cantrip's handler -- stays ERROR."""
+    message = str(record.msg)
+    if message in _SDK_REFUSALS:
+        return _SDK_REFUSALS[message]
+    if message.startswith("Version mismatch"):
+        return "an A2A version not served"
+    args = record.args
+    if message.startswith("Request Error") and record.levelno < logging.ERROR:
+        code = args[1] if isinstance(args, tuple) and len(args) > 1 else None
+        return f"JSON-RPC error {code}" if isinstance(code, int) else "a JSON-RPC error"
+    return None
+
+
 def _quiet_sdk_logs() -> None:
     sdk = logging.getLogger("a2a.server.routes.jsonrpc_dispatcher")
     if not any(isinstance(f, _NoRequestBodies) for f in sdk.filters):
         sdk.addFilter(_NoRequestBodies())
-    get_logger(sdk.name)  # and redacted
+    demote_client_faults(_SDK_LOGGERS, "a2a", _sdk_client_fault)
+    for name in _SDK_LOGGERS:
+        get_logger(name)  # and redacted
 
 
 class A2AFront:

@@ -68,6 +68,7 @@ from cantrip.llm._transcript import (
     validate_transcript,
 )
 from cantrip.llm.providers._clients import ClientPool, GivenClient, Reply, default_connections
+from cantrip.llm.providers._decode import DecodedTooLarge
 
 log = get_logger("cantrip.llm.providers")
 transcript_log = get_logger("cantrip.llm.transcript")
@@ -94,6 +95,9 @@ _CONTEXT_HINTS = (
 )
 _LOOPBACK = ("127.", "localhost", "[::1]")
 _TRANSPORT_CODES = frozenset({"stream_interrupted", "timeout"})
+_HTTP_FAULTS = (httpx.TransportError, httpx.DecodingError)
+"""What a request's HTTP exchange may raise: a transport fault, or a body that does not
+decode (``DecodingError`` is no ``TransportError``: it escaped the adapters before)."""
 DRAIN_S = 0.5
 """How long the rest of a stream is read after an error event before it is abandoned."""
 
@@ -709,7 +713,7 @@ class HTTPAdapter:
     async def _post(self, url: str, data: bytes) -> Mapping[str, Any]:
         try:
             status, headers, body = await self._connections().post(url, data, self._headers)
-        except httpx.TransportError as exc:
+        except _HTTP_FAULTS as exc:
             raise self._transport_error(exc) from exc
         if status >= 400:
             raise self._status_error(status, headers, body)
@@ -732,7 +736,7 @@ class HTTPAdapter:
                     replay(whole, on_event)
                     return whole
                 await self._read_events(response, state)
-        except httpx.TransportError as exc:
+        except _HTTP_FAULTS as exc:
             raise self._transport_error(exc) from exc
         return state.finish()
 
@@ -812,8 +816,21 @@ class HTTPAdapter:
             code=code,
         )
 
-    def _transport_error(self, exc: httpx.TransportError) -> ProviderError:
+    def _transport_error(self, exc: httpx.TransportError | httpx.DecodingError) -> ProviderError:
         kind = type(exc).__name__
+        if isinstance(exc, DecodedTooLarge):
+            return ProviderError(
+                f"{self.provider}: {exc} (a compression bomb?)",
+                retryable=False,
+                code="response_too_large",
+            )
+        if isinstance(exc, httpx.DecodingError):
+            # A 200 whose compressed body is corrupt: like one that is cut or garbled.
+            return ProviderError(
+                f"{self.provider}: the response body does not decode ({kind}: {exc})",
+                retryable=True,
+                code="malformed_response",
+            )
         if isinstance(exc, httpx.TimeoutException):
             return ProviderError(
                 f"{self.provider}: the request timed out ({kind})", retryable=True, code="timeout"

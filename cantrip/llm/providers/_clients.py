@@ -36,6 +36,7 @@ import trio
 from cantrip._errors import ProviderError
 from cantrip._redact import get_logger
 from cantrip.llm._sse import StreamedResponse
+from cantrip.llm.providers._decode import ACCEPT_ENCODING
 from cantrip.llm.providers._wire import Connection, Shape, tls_context
 
 log = get_logger("cantrip.llm.providers")
@@ -379,5 +380,9 @@ class ClientPool:
 
 @functools.cache
 def default_headers() -> httpx.Headers:
-    """The headers every httpx client starts with (its user agent, accepted encodings...)."""
-    return httpx.AsyncClient(transport=httpx.AsyncBaseTransport(), trust_env=False).headers
+    """The headers every httpx client starts with (its user agent, ...), offering the
+    encodings :mod:`._decode` decodes: httpx offers br and zstd too when their packages
+    happen to be installed, and the wire path decodes neither."""
+    headers = httpx.AsyncClient(transport=httpx.AsyncBaseTransport(), trust_env=False).headers
+    headers["Accept-Encoding"] = ACCEPT_ENCODING
+    return headers

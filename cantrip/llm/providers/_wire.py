@@ -23,8 +23,8 @@ What is kept from httpx, so nothing changes on the wire or for the adapters:
 * responses: h11's framing (``Content-Length``, chunked, read-to-close;
   1xx skipped; 204/304 empty), its keep-alive rules (``Connection: close``,
   HTTP/1.0 and read-to-close bodies end the connection) and its limit on a
-  head's size as httpcore set it; httpx's content decoders (gzip, deflate,
-  and br/zstd when installed: what its ``Accept-Encoding`` offered);
+  head's size as httpcore set it; httpx's content decoding (gzip, deflate)
+  by :mod:`._decode`, which bounds what a body may inflate to;
 * reuse: an idle connection the server closed (readable while idle) or that
   idled past httpx's 5 s keep-alive expiry is not reused; a request cut short
   (an error, a cancellation, a stream not read to its end) closes its
@@ -48,7 +48,8 @@ from math import inf
 import h11
 import httpx
 import trio
-from httpx._decoders import SUPPORTED_DECODERS, ContentDecoder, MultiDecoder
+
+from cantrip.llm.providers._decode import decoder
 
 MAX_HEAD = 100 * 1024
 """Bytes a response head may take (httpcore's h11 ``max_incomplete_event_size``)."""
@@ -139,21 +140,6 @@ class Headers(dict[str, str]):
             for name, value in raw:
                 joined.setdefault(name.lower(), []).append(value)
             self.update((key, ", ".join(values)) for key, values in joined.items())
-
-
-def _decoder(headers: Headers) -> ContentDecoder | None:
-    """httpx's decoder for the response's ``Content-Encoding`` (None: identity)."""
-    coding = headers.get("content-encoding")
-    if not coding:
-        return None
-    decoders = [
-        SUPPORTED_DECODERS[name]()
-        for name in (part.strip().lower() for part in coding.split(","))
-        if name in SUPPORTED_DECODERS and name != "identity"
-    ]
-    if not decoders:
-        return None
-    return decoders[0] if len(decoders) == 1 else MultiDecoder(decoders)
 
 
 class Connection:
@@ -547,15 +533,15 @@ class Response:
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
         """The body's (decoded) bytes as they arrive."""
-        decoder = _decoder(self.headers)
+        decoding = decoder(self.headers.get("content-encoding"))
         try:
             async for chunk in self._raw():
-                if decoder is not None:
-                    chunk = decoder.decode(chunk)
+                if decoding is not None:
+                    chunk = decoding.decode(chunk)
                 if chunk:
                     yield chunk
-            if decoder is not None:
-                tail = decoder.flush()
+            if decoding is not None:
+                tail = decoding.flush()
                 if tail:
                     yield tail
         except BaseException:
