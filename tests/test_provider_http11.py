@@ -786,3 +786,33 @@ async def test_a_stream_that_stops_mid_body_times_out() -> None:
     assert caught.value.code == "timeout" and caught.value.retryable
     assert seen  # the first event arrived before the silence
     assert 0.4 <= took < 1.5
+
+
+async def test_a_connect_that_never_completes_times_out(tmp_path: Any) -> None:
+    """A server whose accept queue is full leaves a connect hanging (its SYN unanswered):
+    the provider's ``connect_timeout_s`` ends it as a retryable timeout, on time (kept
+    by the pool's watcher, as writes and reads are)."""
+    import os
+    import socket
+
+    folder = Path(os.environ["CANTRIP_PROVIDERS_DIR"])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "openai.toml").write_text("[provider]\nconnect_timeout_s = 0.3\n")
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    port = full.getsockname()[1]
+    first = socket.create_connection(("127.0.0.1", port))  # fills the queue: never accepted
+    try:
+        llm: Any = load_llm("openai", base_url=f"http://127.0.0.1:{port}/v1", timeout_s=30)
+        started = trio.current_time()
+        with pytest.raises(ProviderError) as caught:
+            await llm.query(HISTORY[:2])
+        took = trio.current_time() - started
+        await llm.aclose()
+    finally:
+        first.close()
+        full.close()
+    assert caught.value.code == "timeout" and caught.value.retryable
+    assert "ConnectTimeout" in str(caught.value)
+    assert 0.3 <= took < 2.0

@@ -192,10 +192,10 @@ class ClientPool:
         self.jar = Cookies()
         self._prepared: dict[tuple[str, int], _Prepared] = {}
         self._closed = False
-        bounds = [t for t in (timeout.write, timeout.read) if t is not None]
+        bounds = [t for t in (timeout.connect, timeout.write, timeout.read) if t is not None]
         self._horizon = min(bounds, default=math.inf)
-        """The shortest write or read timeout: no deadline set later comes sooner than
-        this long after it is set (see :meth:`watch`)."""
+        """The shortest connect, write or read timeout: no deadline set later comes sooner
+        than this long after it is set (see :meth:`watch`)."""
         trio.lowlevel.spawn_system_task(self.watch, name="cantrip-http-deadlines")
 
     @property
