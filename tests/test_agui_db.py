@@ -235,13 +235,16 @@ async def test_a_cancel_through_the_api_finishes_the_run_as_cancelled(stack: Sta
         nursery.start_soon(run)
         with trio.fail_after(30):
             while True:
+                # running *and* a turn recorded: a worker runs the cast (``running``
+                # alone is open work, which may still be queued under load -- a cancel
+                # then ends the run before its cast begins, with no reason to tell)
                 listed = (await http.get("/sessions")).json()["sessions"]
-                mine = [s for s in listed if s["running"]]
+                mine = [s for s in listed if s["running"] and s["turns"] > 0]
                 if mine:
                     break
                 await trio.sleep(0.1)
         cancelled = await http.post(f"/sessions/{mine[0]['session_id']}/cancel", json={})
-    assert cancelled.json()["cancelled"] is True
+    assert cancelled.json()["cancelled"] is True and cancelled.json()["target"] == "running"
     events = got[1]
     assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "cancelled"}
     assert last_state(events)["cantrip"]["reason"] == "cancelled"
