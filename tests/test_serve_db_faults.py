@@ -34,8 +34,8 @@ from cantrip.distributed._worker import Dispatcher, spell_from_factory
 WORKLOAD = spell_from_factory("distributed_workload:build")
 
 
-def _turn_reasons(stack: Stack) -> dict[str, int]:
-    rows = stack.rows(
+async def _turn_reasons(stack: Stack) -> dict[str, int]:
+    rows = await stack.query(
         "SELECT coalesce(data::json->>'reason', ''), count(*) FROM cantrip_turns GROUP BY 1"
     )
     return {r: int(n) for r, n in rows}
@@ -79,9 +79,11 @@ async def test_two_hundred_prompts_while_a_worker_is_killed_and_replaced(
         elapsed = time.monotonic() - started
         bad = {i: a for i, a in answers.items() if a[0] != 200 or a[1]["result"] != f"p{i} ok #1"}
         assert not bad, (list(bad.items())[:3], stack.log.read_text()[-3000:])
-        states = dict(stack.rows("SELECT state, count(*) FROM cantrip_work GROUP BY 1"))
-        reasons = _turn_reasons(stack)
-        (taken_over,) = stack.rows("SELECT count(*) FROM cantrip_work WHERE attempts > 1")[0]
+        states = dict(await stack.query("SELECT state, count(*) FROM cantrip_work GROUP BY 1"))
+        reasons = await _turn_reasons(stack)
+        (taken_over,) = (await stack.query("SELECT count(*) FROM cantrip_work WHERE attempts > 1"))[
+            0
+        ]
         assert states == {"done": prompts}, states
         assert "cancelled" not in reasons and "crashed" not in reasons, reasons
         alive = [w.poll() is None for w in stack.workers]
@@ -165,8 +167,10 @@ async def test_a_database_restart_is_waited_out_by_workers_replicas_and_clients(
             log = stack.log.read_text()
             assert "bug in cantrip" not in log, log[-3000:]
             assert "reconnected to the database" in log
-            (taken_over,) = stack.rows("SELECT count(*) FROM cantrip_work WHERE attempts > 1")[0]
-            doubled = stack.rows(
+            (taken_over,) = (
+                await stack.query("SELECT count(*) FROM cantrip_work WHERE attempts > 1")
+            )[0]
+            doubled = await stack.query(
                 "SELECT job, step FROM chaos_effects GROUP BY 1, 2 HAVING count(*) > 1"
             )
             await trio.to_thread.run_sync(dispatcher.close)
@@ -207,7 +211,7 @@ async def test_a_dead_lettered_prompt_is_reported_by_the_replica_and_cast_db(
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(prompt)
-                while len(stack.rows("SELECT 1 FROM cantrip_work")) < 2:
+                while len(await stack.query("SELECT 1 FROM cantrip_work")) < 2:
                     await trio.sleep(0.05)
                 with psycopg.connect(url, autocommit=True) as conn:
                     # two claims by workers that died: the leases ran out long ago
