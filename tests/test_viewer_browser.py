@@ -179,6 +179,61 @@ def test_watch_prompt_inspect_cancel_and_fork_a_live_session(
     assert errors == []
 
 
+SLOW_SPEC = """
+[llm]
+provider = "scripted"
+script = "shared"
+responses = [
+  { tool_calls = [{ gate = "done", args = { answer = "First done." } }] },
+  { content = "Let me think about this for a long while.", delay_ms = 120000 },
+]
+
+[circle]
+medium = "conversation"
+gates = ["done"]
+wards = [{ max_turns = 3 }]
+"""
+
+
+def test_a_cancel_clicked_before_the_prompts_answer_arrives_cuts_that_prompt_off(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """The Cancel button is live from the moment a prompt is sent, before its answer
+    (and the ``Prompt-Id`` it carries) arrives. A click then named the page's previous
+    prompt, long ended: nothing was cancelled and the cast ran on (under load the
+    live-session test clicked in that window). The page names each prompt by a key of
+    its own from the start, so the cancel is armed for that prompt and cuts it off."""
+    (tmp_path / "spell.toml").write_text(SLOW_SPEC)
+    errors: list[str] = []
+    with started([CANTRIP, "serve", "spell.toml", "--port", "0"], tmp_path, "serving") as url:
+        page = new_page(browser, errors)
+        page.goto(url + "/")
+        page.click("#new-session")
+        expect(page.locator("#live-status")).to_have_text("idle")
+        page.fill("#prompt", "First")
+        page.click("#send")
+        expect(page.locator("#live-result")).to_contain_text("done: end_turn")
+        held: list[Any] = []  # the second prompt's request, held back
+
+        def hold(route: Any) -> None:
+            held.append(route)
+
+        page.route("**/prompt?stream=1", hold)
+        page.fill("#prompt", "Think it over")
+        page.click("#send")
+        expect(page.locator("#live-status")).to_have_text("sending…")
+        deadline = time.monotonic() + 15
+        while not held and time.monotonic() < deadline:
+            page.wait_for_timeout(50)  # lets Playwright call the route handler
+        assert len(held) == 1
+        page.click("#cancel")
+        expect(page.locator("#live-result")).to_have_text("cancel requested")
+        held[0].continue_()
+        expect(page.locator("#live-result")).to_contain_text("done: cancelled")
+        page.close()
+    assert errors == []
+
+
 def test_a_recorded_loom_reads_in_the_browser(browser: Browser, tmp_path: Path) -> None:
     path = tmp_path / "loom.jsonl"
     build(path, cut=True).close()

@@ -573,17 +573,21 @@ class EntityPage {
     this.outcome.textContent = "";
     this.setRunning(true);
     this.status.textContent = "sending…";
+    // The prompt's own name from the start: Cancel is live before its answer (and the
+    // Prompt-Id it carries) arrives, and a cancel that overtakes the prompt is armed for it.
+    this.promptKey = randomKey();
     try {
       const response = await fetch(`/sessions/${this.sessionId}/prompt?stream=1`, {
         method: "POST", signal: this.abort.signal,
-        headers: authHeaders({ "content-type": "application/json", accept: "text/event-stream" }),
+        headers: authHeaders({
+          "content-type": "application/json", accept: "text/event-stream", "idempotency-key": this.promptKey,
+        }),
         body: JSON.stringify({ prompt: text }),
       });
       if (!response.ok) {
         const data = await response.json().catch(() => ({}));
         throw new Error((data.error && data.error.message) || response.statusText);
       }
-      this.promptId = response.headers.get("prompt-id");
       await readSSE(response, (name, data) => {
         if (name === "result") this.outcome.textContent = `done: ${data.stop_reason}` + (data.summary ? ` — ${data.summary}` : "");
         if (name === "error") showError(data.error.message);
@@ -607,15 +611,21 @@ class EntityPage {
 
   async cancelCast() {
     try {
-      // Name the prompt this page started: a late click never stops a later prompt.
-      const answer = await postJSON(`/sessions/${this.sessionId}/cancel`, this.promptId ? { prompt_id: this.promptId } : {});
+      // Name the prompt this page started last: a late click never stops a later prompt.
+      const answer = await postJSON(`/sessions/${this.sessionId}/cancel`, this.promptKey ? { idempotency_key: this.promptKey } : {});
       // The prompt's own answer may already be here; it has the last word.
-      if (!this.outcome.textContent) this.outcome.textContent = answer.cancelled ? "cancel requested" : "nothing to cancel";
+      const requested = answer.cancelled || answer.target === "next"; // "next": armed for it
+      if (!this.outcome.textContent) this.outcome.textContent = requested ? "cancel requested" : "nothing to cancel";
     } catch (error) { showError(error); }
   }
 }
 
 let pendingPrompt = null;
+
+/** A random idempotency key (crypto.getRandomValues works outside secure contexts too). */
+function randomKey() {
+  return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
 
 async function forkFrom(turnId, intent) {
   try {
