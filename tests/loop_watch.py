@@ -64,15 +64,24 @@ def _schedstat_reader() -> Callable[[], float] | None:
 
 
 class _CollectorClock:
-    """Seconds spent in garbage collection since it was made (a ``gc.callbacks`` hook
-    that times each collection from its start to its stop)."""
+    """Seconds spent in garbage collection on this thread since it was made (a
+    ``gc.callbacks`` hook that times each collection from its start to its stop).
+
+    Only collections run *by this thread* (the loop's) count. Another thread's
+    collection may overlap a step in which the loop thread itself was stalled -- in a
+    ``time.sleep``, a FIFO's open -- and subtracting it hid the stall (a 350 ms sleep
+    charged 140 ms while a worker-sized heap was collected elsewhere: the loop watch's
+    own test failed once in a full run)."""
 
     def __init__(self) -> None:
         self.total = 0.0
         self._started: float | None = None
+        self._thread = threading.get_ident()
         gc.callbacks.insert(0, self._on_gc)  # first: it times the other callbacks too
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if threading.get_ident() != self._thread:
+            return
         if phase == "start":
             self._started = time.perf_counter()
         elif self._started is not None:

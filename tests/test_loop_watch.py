@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -71,6 +72,44 @@ def test_time_in_a_garbage_collection_is_not_charged_to_the_step() -> None:
     watch.close()
     assert time.perf_counter() - started >= 0.35  # the collection did hold the loop
     assert watch.report() is None, watch.report()
+
+
+def test_a_collection_on_another_thread_does_not_hide_a_stall_of_the_loop() -> None:
+    """Only the loop thread's own collections are not charged: another thread's
+    collection (stretched to 300 ms here by a slow callback) that overlaps a step which
+    blocks the loop thread for 350 ms leaves the step reported."""
+    watch = LoopWatch(0.2)
+    collecting = threading.Event()
+    loop_thread = threading.get_ident()
+
+    def slow_collection(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and threading.get_ident() != loop_thread:
+            collecting.set()
+            time.sleep(0.3)
+
+    def collect_elsewhere() -> None:
+        gc.collect()
+
+    async def stall() -> None:
+        thread = threading.Thread(target=collect_elsewhere)
+        thread.start()
+        collecting.wait(5)
+        time.sleep(0.35)  # the loop thread is blocked while the other thread collects
+        thread.join()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stall, name="stall")
+
+    gc.callbacks.append(slow_collection)
+    try:
+        trio.run(main, instruments=[watch])
+    finally:
+        gc.callbacks.remove(slow_collection)
+        watch.close()
+    assert collecting.is_set()
+    (block,) = watch.blocks
+    assert block.task == "stall" and block.held_s >= 0.3
 
 
 def test_a_marked_async_test_that_blocks_the_loop_fails(
