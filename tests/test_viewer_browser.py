@@ -35,6 +35,12 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+PAGE_TIMEOUT_MS = 15_000
+"""How long a page action *and* an expectation may wait. Playwright's ``expect`` does
+not follow the page's default timeout but has its own, 5 s: at load 10 on two cores the
+live-session test's fork (a new session, its page, its first prompt) outlasted it."""
+expect.set_options(timeout=PAGE_TIMEOUT_MS)
+
 ARTIFACTS = (
     Path(os.environ.get("CANTRIP_TEST_ARTIFACTS", Path(__file__).parent.parent / "test-artifacts"))
     / "viewer"
@@ -94,7 +100,7 @@ def started(command: list[str], cwd: Path, marker: str) -> Iterator[str]:
 
 def new_page(browser: Browser, errors: list[str]) -> Page:
     page = browser.new_page(viewport={"width": 1200, "height": 700})
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     return page
