@@ -445,8 +445,8 @@ async def test_a_prompt_whose_worker_is_killed_mid_cast_is_answered_by_the_next_
                     await trio.sleep(0.05)
             (victim,) = [w for w in stack.workers if w.poll() is None]
             victim.kill()  # SIGKILL mid-cast: its lease simply stops being renewed
-            victim.wait()
-            stack.start_worker()
+            await trio.to_thread.run_sync(victim.wait)
+            await trio.to_thread.run_sync(stack.start_worker)
         assert answer["result"] == "survive ok #1", answer
         assert answer["turns"] == TURNS and answer["stop_reason"] == "end_turn"
         thread = (await on_a.get(f"/sessions/{sid}/thread")).json()["turns"]
@@ -460,7 +460,7 @@ async def test_a_prompt_whose_worker_is_killed_mid_cast_is_answered_by_the_next_
 async def test_a_replica_killed_while_waiting_loses_nothing_a_retry_elsewhere_joins(
     stack: Stack,
 ) -> None:
-    doomed = stack.start_replica()
+    doomed = await trio.to_thread.run_sync(stack.start_replica)
     survivor = stack.replicas[0]
     key = {"Idempotency-Key": "retry-after-replica-death"}
     async with await _client(doomed) as on_doomed, await _client(survivor) as on_survivor:
@@ -482,7 +482,7 @@ async def test_a_replica_killed_while_waiting_loses_nothing_a_retry_elsewhere_jo
                     await trio.sleep(0.02)
             (proc,) = [p for p in stack.procs if doomed.endswith(str(_port_of(p)))]
             proc.kill()
-            proc.wait()
+            await trio.to_thread.run_sync(proc.wait)
         stack.replicas.remove(doomed)
         retry = await on_survivor.post(
             f"/sessions/{sid}/prompt", json={"prompt": "orphan"}, headers=key
@@ -494,7 +494,7 @@ async def test_a_replica_killed_while_waiting_loses_nothing_a_retry_elsewhere_jo
 async def test_a_replica_shutting_down_answers_its_waits_503_and_the_cast_goes_on(
     stack: Stack,
 ) -> None:
-    leaving = stack.start_replica()
+    leaving = await trio.to_thread.run_sync(stack.start_replica)
     (proc,) = [p for p in stack.procs if leaving.endswith(str(_port_of(p)))]
     stack.replicas.remove(leaving)
     (worker,) = [w for w in stack.workers if w.poll() is None]
@@ -856,11 +856,11 @@ async def test_a_lost_database_connection_is_a_503_with_retry_after(
     Retry-After in the API's JSON shape (it was an empty 500), then recovers."""
     url = fresh_database(pg_server, "serve_db_lost")
     lost = attrs.evolve(stack, url=url, replicas=[], procs=[], workers=[])
-    base = lost.start_replica()
+    base = await trio.to_thread.run_sync(lost.start_replica)
     try:
         async with await _client(base) as http:
             assert (await http.post("/sessions")).status_code == 201
-            drop_connections(pg_server, "serve_db_lost")
+            await trio.to_thread.run_sync(drop_connections, pg_server, "serve_db_lost")
             answers = [await http.get("/sessions") for _ in range(3)]
             refused = [r for r in answers if r.status_code != 200]
             assert refused, [r.status_code for r in answers]
@@ -884,7 +884,9 @@ async def test_a_lost_database_connection_is_a_503_with_retry_after(
                     async for chunk in events.aiter_text():
                         seen += chunk
                         if ": subscribed" in seen and "dropped" not in seen:
-                            drop_connections(pg_server, "serve_db_lost")
+                            await trio.to_thread.run_sync(
+                                drop_connections, pg_server, "serve_db_lost"
+                            )
                             seen += "(dropped)"
                         if "event: error" in seen and seen.endswith("\n\n"):
                             break
@@ -892,7 +894,7 @@ async def test_a_lost_database_connection_is_a_503_with_retry_after(
     finally:
         for proc in lost.procs:
             proc.kill()
-            proc.wait()
+            await trio.to_thread.run_sync(proc.wait)
     assert "lost the database" in stack.log.read_text()  # said once in the log
 
 

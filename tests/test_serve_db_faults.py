@@ -49,7 +49,7 @@ async def test_two_hundred_prompts_while_a_worker_is_killed_and_replaced(
     busy = ("--concurrency", "64")  # each worker holds many casts: busy heartbeats
     with open_stack(url, tmp_path, workers=0, replicas=2, delay_s=0.4) as stack:
         for _ in range(2):
-            stack.start_worker(*busy)
+            await trio.to_thread.run_sync(stack.start_worker, *busy)
         answers: dict[int, tuple[int, dict[str, Any]]] = {}
         took: list[float] = []
 
@@ -70,9 +70,9 @@ async def test_two_hundred_prompts_while_a_worker_is_killed_and_replaced(
                     await trio.sleep(0.05)
                 victim = stack.workers[0]
                 victim.kill()
-                victim.wait()
+                await trio.to_thread.run_sync(victim.wait)
                 killed_at = len(answers)
-                stack.start_worker(*busy)
+                await trio.to_thread.run_sync(stack.start_worker, *busy)
         finally:
             for client in clients:
                 await client.aclose()
@@ -108,7 +108,7 @@ async def test_a_database_restart_is_waited_out_by_workers_replicas_and_clients(
         env = {"CANTRIP_TEST_DB": url, "WORKLOAD_LATENCY_MS": "100"}
         with open_stack(url, tmp_path, workers=0, replicas=1, delay_s=0.3, **env) as stack:
             for _ in range(2):
-                stack.start_worker("--concurrency", "64")
+                await trio.to_thread.run_sync(stack.start_worker, "--concurrency", "64")
             dispatcher = await trio.to_thread.run_sync(Dispatcher, url)
             works = [
                 (await trio.to_thread.run_sync(dispatcher.submit, WORKLOAD, f"job-{i}"))[0]

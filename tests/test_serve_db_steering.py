@@ -79,8 +79,8 @@ async def _replace_worker_once(stack: Stack, entity: str, turn_where: str) -> No
             await trio.sleep(0.02)
     (victim,) = [w for w in stack.workers if w.poll() is None]
     victim.kill()
-    victim.wait()
-    stack.start_worker()
+    await trio.to_thread.run_sync(victim.wait)
+    await trio.to_thread.run_sync(stack.start_worker)
 
 
 def _steered(thread: list[dict[str, Any]]) -> list[str]:
