@@ -112,6 +112,45 @@ def test_a_collection_on_another_thread_does_not_hide_a_stall_of_the_loop() -> N
     assert block.task == "stall" and block.held_s >= 0.3
 
 
+def test_a_collection_on_another_thread_that_makes_the_loop_wait_is_not_charged() -> None:
+    """Another thread's collection holds the GIL throughout: a loop thread that only
+    waits in ``futex`` through it (for the GIL; here it joins that thread too) is not
+    blocked by the code under test. Here a thread holds the GIL (C code runs no
+    bytecode, so it is not handed over) while the loop thread starts waiting, then
+    collects, holding it ~0.3 s more through a callback (15 M sums)."""
+    watch = LoopWatch(0.2)
+    loop_thread = threading.get_ident()
+    collected = threading.Event()
+
+    def hog_the_gil(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and threading.get_ident() != loop_thread:
+            sum(range(15_000_000))
+            collected.set()
+
+    def collect_elsewhere() -> None:
+        sum(range(1_000_000))  # the loop thread asks for the GIL meanwhile, and waits
+        gc.collect()
+
+    async def wait() -> None:
+        thread = threading.Thread(target=collect_elsewhere)
+        thread.start()
+        thread.join()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait, name="wait")
+
+    gc.callbacks.append(hog_the_gil)
+    started = time.perf_counter()
+    try:
+        trio.run(main, instruments=[watch])
+    finally:
+        gc.callbacks.remove(hog_the_gil)
+        watch.close()
+    assert collected.is_set() and time.perf_counter() - started >= 0.2
+    assert watch.report() is None, watch.report()
+
+
 def test_a_marked_async_test_that_blocks_the_loop_fails(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
