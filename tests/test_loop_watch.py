@@ -179,7 +179,10 @@ def test_a_marked_async_test_that_blocks_the_loop_fails(
             time.sleep(0.4)
         """
     )
-    result = pytester.runpytest_subprocess("-p", "loop_watch", "-p", "no:randomly", "-q")
+    # only the plugins this needs: every installed one (schemathesis, playwright, xdist,
+    # hypothesis...) took most of this test's 16 s to import under load
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    result = pytester.runpytest_subprocess("-p", "pytest_trio.plugin", "-p", "loop_watch", "-q")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
         [
