@@ -240,6 +240,44 @@ def test_a_cancel_clicked_before_the_prompts_answer_arrives_cuts_that_prompt_off
     assert errors == []
 
 
+def test_a_fork_intent_typed_while_its_turn_is_fetched_again_is_kept(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Clicking a turn fetches it and then replaces its panel: an intent typed into the
+    fork box meanwhile went with the old panel, and Fork did nothing (an empty intent)
+    -- the live-session test's failure under load, which clicks the turn that is already
+    open and types at once. The panel of the same turn keeps what was typed."""
+    (tmp_path / "spell.toml").write_text(SLOW_SPEC)
+    errors: list[str] = []
+    with started([CANTRIP, "serve", "spell.toml", "--port", "0"], tmp_path, "serving") as url:
+        page = new_page(browser, errors)
+        page.goto(url + "/")
+        page.click("#new-session")
+        page.fill("#prompt", "First")
+        page.click("#send")
+        expect(page.locator("#live-result")).to_contain_text("done: end_turn")
+        page.locator(".tree .row").first.click()
+        expect(page.locator("#turn")).to_contain_text("First done.")
+        held: list[Any] = []  # the turn's second fetch, held back
+
+        def hold(route: Any) -> None:
+            held.append(route)
+
+        page.route("**/api/turns/*", hold)
+        page.locator(".tree .row").first.click()
+        deadline = time.monotonic() + 15
+        while not held and time.monotonic() < deadline:
+            page.wait_for_timeout(50)  # lets Playwright call the route handler
+        assert len(held) == 1
+        page.evaluate("document.querySelector('#fork-intent').dataset.old = '1'")
+        page.fill("#fork-intent", "Try again")
+        held[0].continue_()
+        fresh = page.locator("#fork-intent:not([data-old])")
+        expect(fresh).to_have_value("Try again")
+        page.close()
+    assert errors == []
+
+
 def test_a_recorded_loom_reads_in_the_browser(browser: Browser, tmp_path: Path) -> None:
     path = tmp_path / "loom.jsonl"
     build(path, cut=True).close()

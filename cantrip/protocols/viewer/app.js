@@ -466,7 +466,16 @@ class EntityPage {
     history.replaceState(null, "", `#/e/${this.entityId}/t/${turnId}`);
     let turn;
     try { turn = await api("/api/turns/" + encodeURIComponent(turnId)); } catch (error) { showError(error); return; }
+    // A fork intent typed into this turn's panel while it was fetched again is kept:
+    // the panel is replaced only once the turn arrives, and it was lost with the old one.
+    const typed = this.right.querySelector(`#fork-intent[data-turn="${CSS.escape(turn.id)}"]`);
+    const focused = typed !== null && document.activeElement === typed;
     this.right.replaceChildren(renderTurn(turn, (id, intent) => forkFrom(id, intent)));
+    const input = this.right.querySelector("#fork-intent");
+    if (typed && input) {
+      input.value = typed.value;
+      if (focused) input.focus();
+    }
   }
 
   // -- live --------------------------------------------------------------------------
@@ -657,7 +666,7 @@ function renderTurn(turn, onFork) {
   const actions = el("div", { class: "actions" },
     el("a", { href: "#/thread/" + turn.id }, el("button", { id: "open-thread", text: "Thread as chat" })));
   if (state.live) {
-    const input = el("input", { id: "fork-intent", placeholder: "a new intent from this turn…", "aria-label": "fork intent" });
+    const input = el("input", { id: "fork-intent", "data-turn": turn.id, placeholder: "a new intent from this turn…", "aria-label": "fork intent" });
     const form = el("form", { class: "forkform", onsubmit: (event) => {
       event.preventDefault();
       if (input.value.trim()) onFork(turn.id, input.value);
