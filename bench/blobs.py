@@ -1,5 +1,6 @@
 """Big values stored once: a loom's size after one cast reads the same 1 MiB result
-100 times, on SQLite, JSONL and (with --pg URL) PostgreSQL.
+100 times, on SQLite, JSONL and (with --pg URL) PostgreSQL, and how long exporting it
+takes (every value inline, every string redacted on the way out).
 
     python bench/blobs.py [--times N] [--pg postgresql://...]
 """
@@ -15,6 +16,7 @@ import trio
 
 import cantrip
 from cantrip import Cantrip, Circle, Identity, Loom, ScriptedLLM, max_turns
+from cantrip.loom import export_jsonl
 from gates import done
 
 BIG = "0123456789abcdef" * (1024 * 1024 // 16)
@@ -50,6 +52,12 @@ def main() -> None:
             took = time.perf_counter() - started
             size = sum(p.stat().st_size for p in Path(tmp).glob(f"loom{suffix}*"))
             print(f"{suffix[1:]}: {args.times} x 1 MiB -> {size / 1e6:.2f} MB in {took:.2f} s")
+            again = Loom.open(path)
+            started = time.perf_counter()
+            exported = export_jsonl(again)
+            took = time.perf_counter() - started
+            again.close()
+            print(f"  export: {len(exported) / 1e6:.0f} MB of JSONL in {took:.2f} s")
     if args.pg:
         import psycopg
 

@@ -153,7 +153,7 @@ async def test_cancel_at_one_replica_stops_the_worker_mid_cast_and_the_other_see
         with pytest.raises(TaskNotCancelableError, match="CANCELED"):
             await on_a.cancel_task(pb.CancelTaskRequest(id=task.id))
     entity = entity_id_for(task.context_id)
-    states = stack.rows("SELECT state FROM cantrip_work WHERE entity_id = %s", entity)
+    states = await stack.query("SELECT state FROM cantrip_work WHERE entity_id = %s", entity)
     assert states == [("cancelled",)], "the work item was cancelled, not left to finish"
     async with httpx.AsyncClient(base_url=b) as http:
         thread = (await http.get(f"/sessions/{task.context_id}/thread")).json()["turns"]
@@ -209,7 +209,7 @@ async def test_a_paused_cast_is_input_required_and_answered_at_another_replica_o
         assert cancelled.status.state == pb.TASK_STATE_CANCELED
         with pytest.raises(InvalidParamsError, match="CANCELED"):
             await sent(on_b, message("approve", task_id=other.task.id))
-    echoes = stack.rows(
+    echoes = await stack.query(
         "SELECT count(*) FROM cantrip_journal WHERE gate = 'echo' AND record IS NOT NULL "
         "AND entity_id = %s",
         entity_id_for(task.context_id),
@@ -230,7 +230,7 @@ async def test_bad_input_at_a_replica_gets_the_protocols_errors(stack: Stack) ->
         codes = await fuzz(http, count=150)
         assert (await http.get("/health")).json()["ok"]
     assert {-32600, -32601, -32602} <= codes, codes
-    made = stack.rows("SELECT count(*) FROM cantrip_a2a_tasks t WHERE NOT EXISTS "
+    made = await stack.query("SELECT count(*) FROM cantrip_a2a_tasks t WHERE NOT EXISTS "
                       "(SELECT 1 FROM cantrip_work w WHERE w.id = t.work_id)")  # fmt: skip
     assert made == [(0,)], "no task without its work item"
 

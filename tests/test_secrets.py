@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -21,6 +22,8 @@ import httpx
 import pytest
 import trio
 from fake_providers import Answer, Call, FakeOpenAI, Request, Sender, serve
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cantrip._specfile import build_cantrip, load_spec_file
 from cantrip.protocols._http import serve_http
@@ -195,6 +198,38 @@ def test_redacting_a_value_redacts_every_string_in_it_as_redact_does(
     assert redact_value(value)["a"] == "[REDACTED]" and "sk-" not in redact_value(value)["b"][0]
     monkeypatch.setenv("SOME_SERVICE_TOKEN", "changed-value-1")  # read afresh per call
     assert redact_value({"x": "changed-value-1"}) == {"x": "[REDACTED]"}
+
+
+_FRAGMENTS = [
+    *("sk-", "SK-", "proj-", "AIza", "aiza", "ghp_", "GHS_", "github_pat_", "AKIA", "ASIA"),
+    *("xoxb-", "XOX", "Bearer ", "bearer\t", "api_key", "API-KEY", "apikey", "secret", "Token"),
+    *("password", "passwd", "aws_secret_access_key", "=", ": ", "'", '"', "\\", " ", "\n"),
+    *("abcdefghij", "0123456789ABCDEF", "_", "-", "é", "\u0130", "\u0131", "\u017f"),
+    *("\u212a", "\u017fecret=", "to\u212aen: ", "ap\u0131key=", "PA\u017f\u017fWORD="),
+]
+
+
+@given(st.lists(st.sampled_from(_FRAGMENTS), max_size=30).map("".join) | st.text(max_size=80))
+@settings(max_examples=2000, deadline=None)
+def test_the_quick_check_before_the_shape_scan_changes_no_answer(text: str) -> None:
+    """The shape scan runs only on text that holds a shape's literal part in some case
+    (``_may_hold_shape``, a speed-up): on texts built from the shapes' pieces, mixed
+    case, and the non-ASCII letters case-insensitive matching equates with ASCII ones,
+    redaction answers exactly what the full scan answers."""
+    from cantrip._redact import _PATTERN, REDACTED, _redact_with
+
+    assert _redact_with(text, []) == _PATTERN.sub(REDACTED, text)
+
+
+def test_the_letters_case_insensitive_matching_folds_to_ascii_are_all_known() -> None:
+    """``_may_hold_shape`` scans in full any text holding a non-ASCII letter that the
+    pattern's case-insensitive parts take for an ASCII one: the list must be whole on
+    this Python (a new Unicode version could add one)."""
+    from cantrip._redact import _FOLDS_TO_ASCII
+
+    ascii_letter = re.compile("(?i)[a-z]")
+    folding = {chr(c) for c in range(128, sys.maxunicode + 1) if ascii_letter.fullmatch(chr(c))}
+    assert folding == set(_FOLDS_TO_ASCII)
 
 
 # -- 6. file gates cannot read the loom or the spec ---------------------------------------

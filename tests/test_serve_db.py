@@ -120,6 +120,12 @@ class Stack:
         with psycopg.connect(self.url) as conn:
             return conn.execute(sql, params).fetchall()
 
+    async def query(self, sql: str, *params: Any) -> list[Any]:
+        """:meth:`rows` in a thread: a test's own look at the database must not hold the
+        trio loop the loop watch times (a new connection waits for a PostgreSQL backend
+        to start, hundreds of ms on a loaded machine)."""
+        return await trio.to_thread.run_sync(self.rows, sql, *params)
+
 
 @contextlib.contextmanager
 def open_stack(
@@ -333,7 +339,7 @@ async def test_a_streamed_prompt_whose_client_hangs_up_is_cancelled_when_asked(
                 assert name == "step_complete"
                 break  # one turn landed: hang up
         with trio.fail_after(20):
-            while stack.rows(
+            while await stack.query(
                 "SELECT 1 FROM cantrip_work WHERE entity_id = %s AND state <> 'cancelled'", entity
             ):
                 await trio.sleep(0.05)
@@ -367,6 +373,10 @@ def _client_connections(stack: Stack, base: str) -> int:
     return held
 
 
+async def _connections(stack: Stack, base: str) -> int:
+    return await trio.to_thread.run_sync(_client_connections, stack, base)
+
+
 async def test_a_replica_lets_go_of_clients_that_hang_up_while_their_work_goes_on(
     stack: Stack,
 ) -> None:
@@ -376,7 +386,7 @@ async def test_a_replica_lets_go_of_clients_that_hang_up_while_their_work_goes_o
     (worker,) = [w for w in stack.workers if w.poll() is None]
     async with await _client(a) as on_a:
         sids = [(await on_a.post("/sessions")).json()["session_id"] for _ in range(20)]
-        assert _client_connections(stack, a) >= 1  # this client's (the count sees them)
+        assert await _connections(stack, a) >= 1  # this client's (the count sees them)
 
     async def abandon(sid: str) -> None:
         async with (
@@ -393,16 +403,18 @@ async def test_a_replica_lets_go_of_clients_that_hang_up_while_their_work_goes_o
             for sid in sids:
                 nursery.start_soon(abandon, sid)
         with trio.move_on_after(20):
-            while _client_connections(stack, a):
+            while await _connections(stack, a):
                 await trio.sleep(0.05)
-        assert _client_connections(stack, a) == 0  # every hung-up socket was closed
+        assert await _connections(stack, a) == 0  # every hung-up socket was closed
         entities = [sid.replace("session-", "entity-") for sid in sids]
-        states = stack.rows("SELECT state FROM cantrip_work WHERE entity_id = ANY(%s)", entities)
+        states = await stack.query(
+            "SELECT state FROM cantrip_work WHERE entity_id = ANY(%s)", entities
+        )
         assert sorted(states) == [("queued",)] * 20  # nothing was cancelled
     finally:
         worker.send_signal(signal.SIGCONT)
     with trio.fail_after(120):
-        while stack.rows(
+        while await stack.query(
             "SELECT 1 FROM cantrip_work WHERE entity_id = ANY(%s) AND state <> 'done'", entities
         ):
             await trio.sleep(0.1)
@@ -427,17 +439,19 @@ async def test_a_prompt_whose_worker_is_killed_mid_cast_is_answered_by_the_next_
         async with trio.open_nursery() as nursery:
             nursery.start_soon(prompt)
             with trio.fail_after(60):
-                while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
+                while not await stack.query(
+                    "SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity
+                ):
                     await trio.sleep(0.05)
             (victim,) = [w for w in stack.workers if w.poll() is None]
             victim.kill()  # SIGKILL mid-cast: its lease simply stops being renewed
-            victim.wait()
-            stack.start_worker()
+            await trio.to_thread.run_sync(victim.wait)
+            await trio.to_thread.run_sync(stack.start_worker)
         assert answer["result"] == "survive ok #1", answer
         assert answer["turns"] == TURNS and answer["stop_reason"] == "end_turn"
         thread = (await on_a.get(f"/sessions/{sid}/thread")).json()["turns"]
     assert _sequences(thread) == [1, 2, 3]  # no turn lost, none recorded twice
-    ((attempts, crashes, state),) = stack.rows(
+    ((attempts, crashes, state),) = await stack.query(
         "SELECT attempts, crashes, state FROM cantrip_work WHERE entity_id = %s", entity
     )
     # taken over by the new worker, at no attempt: a worker with several slots that dies
@@ -448,7 +462,7 @@ async def test_a_prompt_whose_worker_is_killed_mid_cast_is_answered_by_the_next_
 async def test_a_replica_killed_while_waiting_loses_nothing_a_retry_elsewhere_joins(
     stack: Stack,
 ) -> None:
-    doomed = stack.start_replica()
+    doomed = await trio.to_thread.run_sync(stack.start_replica)
     survivor = stack.replicas[0]
     key = {"Idempotency-Key": "retry-after-replica-death"}
     async with await _client(doomed) as on_doomed, await _client(survivor) as on_survivor:
@@ -464,23 +478,25 @@ async def test_a_replica_killed_while_waiting_loses_nothing_a_retry_elsewhere_jo
             nursery.start_soon(lost_request)
             entity = sid.replace("session-", "entity-")
             with trio.fail_after(60):
-                while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                while not await stack.query(
+                    "SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity
+                ):
                     await trio.sleep(0.02)
             (proc,) = [p for p in stack.procs if doomed.endswith(str(_port_of(p)))]
             proc.kill()
-            proc.wait()
+            await trio.to_thread.run_sync(proc.wait)
         stack.replicas.remove(doomed)
         retry = await on_survivor.post(
             f"/sessions/{sid}/prompt", json={"prompt": "orphan"}, headers=key
         )
     assert retry.status_code == 200 and retry.json()["result"] == "orphan ok #1"
-    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+    assert len(await stack.query("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
 
 
 async def test_a_replica_shutting_down_answers_its_waits_503_and_the_cast_goes_on(
     stack: Stack,
 ) -> None:
-    leaving = stack.start_replica()
+    leaving = await trio.to_thread.run_sync(stack.start_replica)
     (proc,) = [p for p in stack.procs if leaving.endswith(str(_port_of(p)))]
     stack.replicas.remove(leaving)
     (worker,) = [w for w in stack.workers if w.poll() is None]
@@ -502,7 +518,9 @@ async def test_a_replica_shutting_down_answers_its_waits_503_and_the_cast_goes_o
 
                 nursery.start_soon(waiting)
                 with trio.fail_after(60):
-                    while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                    while not await stack.query(
+                        "SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity
+                    ):
                         await trio.sleep(0.02)
                 proc.send_signal(signal.SIGTERM)  # --grace-s 1
         finally:
@@ -511,7 +529,7 @@ async def test_a_replica_shutting_down_answers_its_waits_503_and_the_cast_goes_o
         retry = await other.post(f"/sessions/{sid}/prompt", json={"prompt": "outlive"},
                                  headers=key)  # fmt: skip
     assert retry.json()["result"] == "outlive ok #1"
-    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+    assert len(await stack.query("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
 
 
 def _port_of(proc: subprocess.Popen[bytes]) -> int | None:
@@ -522,15 +540,15 @@ def _port_of(proc: subprocess.Popen[bytes]) -> int | None:
 async def test_a_replica_that_loses_its_listen_connection_listens_again(stack: Stack) -> None:
     from cantrip.protocols._db_notify import LISTENER_NAME
 
-    def listeners() -> list[int]:
-        rows = stack.rows(
+    async def listeners() -> list[int]:
+        rows = await stack.query(
             "SELECT pid FROM pg_stat_activity WHERE application_name = %s", LISTENER_NAME
         )
         return sorted(pid for (pid,) in rows)
 
-    before = listeners()
+    before = await listeners()
     assert len(before) == len(stack.replicas)  # one LISTEN connection per replica
-    stack.rows(
+    await stack.query(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
         LISTENER_NAME,
     )
@@ -539,9 +557,9 @@ async def test_a_replica_that_loses_its_listen_connection_listens_again(stack: S
         answer = await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "still here"})
         assert answer.json()["result"] == "still here ok #1"
     with trio.fail_after(20):
-        while len(listeners()) < len(stack.replicas):
+        while len(await listeners()) < len(stack.replicas):
             await trio.sleep(0.1)
-    assert not set(listeners()) & set(before)  # new connections: each replica reconnected
+    assert not set(await listeners()) & set(before)  # new connections: each replica reconnected
 
 
 # -- cancel ---------------------------------------------------------------------------------
@@ -565,12 +583,16 @@ async def test_cancel_through_one_replica_stops_the_worker_running_the_prompt(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(prompt)
             with trio.fail_after(60):
-                while not stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity):
+                while not await stack.query(
+                    "SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity
+                ):
                     await trio.sleep(0.05)
             busy = await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "me too"})
             assert busy.status_code == 409 and busy.json()["error"]["code"] == "busy"
             cancelled = (await on_b.post(f"/sessions/{sid}/cancel")).json()
-        work_id = stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)[0][0]
+        work_id = (await stack.query("SELECT id FROM cantrip_work WHERE entity_id = %s", entity))[
+            0
+        ][0]
         assert cancelled == {
             "cancelled": True,
             "target": "running",
@@ -583,7 +605,7 @@ async def test_cancel_through_one_replica_stops_the_worker_running_the_prompt(
         assert answer["truncated"] is True and answer["result"] is None
         thread = (await on_b.get(f"/sessions/{sid}/thread")).json()["turns"]
     assert thread[-1]["reason"] == "cancelled" and thread[-1]["truncated"]
-    assert stack.rows("SELECT state FROM cantrip_work WHERE entity_id = %s", entity) == [
+    assert await stack.query("SELECT state FROM cantrip_work WHERE entity_id = %s", entity) == [
         ("cancelled",)
     ]
 
@@ -605,7 +627,9 @@ async def test_a_cancelled_queued_prompt_never_starts(stack: Stack) -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(prompt)
                 with trio.fail_after(60):
-                    while not stack.rows("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity):
+                    while not await stack.query(
+                        "SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity
+                    ):
                         await trio.sleep(0.02)
                 cancelled = (await on_b.post(f"/sessions/{sid}/cancel")).json()
         finally:
@@ -620,9 +644,9 @@ async def test_a_cancelled_queued_prompt_never_starts(stack: Stack) -> None:
         assert answer["stop_reason"] == "cancelled" and answer["turns"] == 0
         info = (await on_b.get(f"/sessions/{sid}")).json()
         assert info["turns"] == 0 and info["running"] is False
-    assert stack.rows("SELECT state, attempts FROM cantrip_work WHERE entity_id = %s", entity) == [
-        ("cancelled", 0)
-    ]
+    assert await stack.query(
+        "SELECT state, attempts FROM cantrip_work WHERE entity_id = %s", entity
+    ) == [("cancelled", 0)]
 
 
 async def test_a_cancel_with_nothing_running_cancels_nothing_unless_asked_for_the_next(
@@ -725,8 +749,10 @@ async def test_one_idempotency_key_sent_to_both_replicas_is_one_session_and_one_
             f"/sessions/{sid}/prompt", json={"prompt": "other"}, headers=prompt_key
         )
         assert reused.status_code == 422 and reused.json()["error"]["code"] == "key_reused"
-    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
-    assert len(stack.rows("SELECT id FROM cantrip_turns WHERE entity_id = %s", entity)) == TURNS
+    assert len(await stack.query("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+    assert (
+        len(await stack.query("SELECT id FROM cantrip_turns WHERE entity_id = %s", entity)) == TURNS
+    )
 
 
 # -- bad input ------------------------------------------------------------------------------
@@ -768,7 +794,7 @@ async def test_bad_requests_get_clear_errors_and_lose_nothing(stack: Stack) -> N
             assert (response.status_code, response.json()["error"]["code"]) == (status, code)
         after = (await on_a.get(f"/sessions/{sid}/thread")).json()
     assert after == before  # nothing was cast, nothing changed
-    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
+    assert len(await stack.query("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1
 
 
 NUL_MESSAGE = "text cannot hold a NUL character (U+0000): found in {where}"
@@ -811,7 +837,7 @@ async def test_a_nul_anywhere_is_a_clear_400_and_loses_nothing(stack: Stack) -> 
         )
         assert odd.status_code == 200, odd.text  # odd but storable unicode is a prompt
     assert after == before
-    assert len(stack.rows("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 2
+    assert len(await stack.query("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 2
 
 
 def drop_connections(admin_url: str, database: str) -> None:
@@ -832,11 +858,11 @@ async def test_a_lost_database_connection_is_a_503_with_retry_after(
     Retry-After in the API's JSON shape (it was an empty 500), then recovers."""
     url = fresh_database(pg_server, "serve_db_lost")
     lost = attrs.evolve(stack, url=url, replicas=[], procs=[], workers=[])
-    base = lost.start_replica()
+    base = await trio.to_thread.run_sync(lost.start_replica)
     try:
         async with await _client(base) as http:
             assert (await http.post("/sessions")).status_code == 201
-            drop_connections(pg_server, "serve_db_lost")
+            await trio.to_thread.run_sync(drop_connections, pg_server, "serve_db_lost")
             answers = [await http.get("/sessions") for _ in range(3)]
             refused = [r for r in answers if r.status_code != 200]
             assert refused, [r.status_code for r in answers]
@@ -860,7 +886,9 @@ async def test_a_lost_database_connection_is_a_503_with_retry_after(
                     async for chunk in events.aiter_text():
                         seen += chunk
                         if ": subscribed" in seen and "dropped" not in seen:
-                            drop_connections(pg_server, "serve_db_lost")
+                            await trio.to_thread.run_sync(
+                                drop_connections, pg_server, "serve_db_lost"
+                            )
                             seen += "(dropped)"
                         if "event: error" in seen and seen.endswith("\n\n"):
                             break
@@ -868,7 +896,7 @@ async def test_a_lost_database_connection_is_a_503_with_retry_after(
     finally:
         for proc in lost.procs:
             proc.kill()
-            proc.wait()
+            await trio.to_thread.run_sync(proc.wait)
     assert "lost the database" in stack.log.read_text()  # said once in the log
 
 
@@ -1099,7 +1127,7 @@ async def test_a_pause_is_answered_at_another_replica_once_and_the_cast_goes_on(
         ("denied by the user: not now", True),
     ]
     entity = session["entity_id"]
-    journaled = stack.rows(
+    journaled = await stack.query(
         "SELECT count(*) FROM cantrip_journal WHERE entity_id = %s AND gate = 'echo' "
         "AND record IS NOT NULL",
         entity,

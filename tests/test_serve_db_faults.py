@@ -34,8 +34,8 @@ from cantrip.distributed._worker import Dispatcher, spell_from_factory
 WORKLOAD = spell_from_factory("distributed_workload:build")
 
 
-def _turn_reasons(stack: Stack) -> dict[str, int]:
-    rows = stack.rows(
+async def _turn_reasons(stack: Stack) -> dict[str, int]:
+    rows = await stack.query(
         "SELECT coalesce(data::json->>'reason', ''), count(*) FROM cantrip_turns GROUP BY 1"
     )
     return {r: int(n) for r, n in rows}
@@ -49,7 +49,7 @@ async def test_two_hundred_prompts_while_a_worker_is_killed_and_replaced(
     busy = ("--concurrency", "64")  # each worker holds many casts: busy heartbeats
     with open_stack(url, tmp_path, workers=0, replicas=2, delay_s=0.4) as stack:
         for _ in range(2):
-            stack.start_worker(*busy)
+            await trio.to_thread.run_sync(stack.start_worker, *busy)
         answers: dict[int, tuple[int, dict[str, Any]]] = {}
         took: list[float] = []
 
@@ -70,18 +70,18 @@ async def test_two_hundred_prompts_while_a_worker_is_killed_and_replaced(
                     await trio.sleep(0.05)
                 victim = stack.workers[0]
                 victim.kill()
-                victim.wait()
+                await trio.to_thread.run_sync(victim.wait)
                 killed_at = len(answers)
-                stack.start_worker(*busy)
+                await trio.to_thread.run_sync(stack.start_worker, *busy)
         finally:
             for client in clients:
                 await client.aclose()
         elapsed = time.monotonic() - started
         bad = {i: a for i, a in answers.items() if a[0] != 200 or a[1]["result"] != f"p{i} ok #1"}
         assert not bad, (list(bad.items())[:3], stack.log.read_text()[-3000:])
-        states = dict(stack.rows("SELECT state, count(*) FROM cantrip_work GROUP BY 1"))
-        reasons = _turn_reasons(stack)
-        (taken_over,) = stack.rows(TAKEN_OVER)[0]
+        states = dict(await stack.query("SELECT state, count(*) FROM cantrip_work GROUP BY 1"))
+        reasons = await _turn_reasons(stack)
+        (taken_over,) = (await stack.query(TAKEN_OVER))[0]
         assert states == {"done": prompts}, states
         assert "cancelled" not in reasons and "crashed" not in reasons, reasons
         alive = [w.poll() is None for w in stack.workers]
@@ -106,7 +106,7 @@ async def test_a_database_restart_is_waited_out_by_workers_replicas_and_clients(
         env = {"CANTRIP_TEST_DB": url, "WORKLOAD_LATENCY_MS": "100"}
         with open_stack(url, tmp_path, workers=0, replicas=1, delay_s=0.3, **env) as stack:
             for _ in range(2):
-                stack.start_worker("--concurrency", "64")
+                await trio.to_thread.run_sync(stack.start_worker, "--concurrency", "64")
             dispatcher = await trio.to_thread.run_sync(Dispatcher, url)
             works = [
                 (await trio.to_thread.run_sync(dispatcher.submit, WORKLOAD, f"job-{i}"))[0]
@@ -165,8 +165,8 @@ async def test_a_database_restart_is_waited_out_by_workers_replicas_and_clients(
             log = stack.log.read_text()
             assert "bug in cantrip" not in log, log[-3000:]
             assert "reconnected to the database" in log
-            (taken_over,) = stack.rows(TAKEN_OVER)[0]
-            doubled = stack.rows(
+            (taken_over,) = (await stack.query(TAKEN_OVER))[0]
+            doubled = await stack.query(
                 "SELECT job, step FROM chaos_effects GROUP BY 1, 2 HAVING count(*) > 1"
             )
             await trio.to_thread.run_sync(dispatcher.close)
@@ -207,7 +207,7 @@ async def test_a_dead_lettered_prompt_is_reported_by_the_replica_and_cast_db(
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(prompt)
-                while len(stack.rows("SELECT 1 FROM cantrip_work")) < 2:
+                while len(await stack.query("SELECT 1 FROM cantrip_work")) < 2:
                     await trio.sleep(0.05)
                 with psycopg.connect(url, autocommit=True) as conn:
                     # two claims whose runs stopped on faults the runtime caught: each

@@ -50,7 +50,10 @@ async def _new_session(http: httpx.AsyncClient) -> tuple[str, str]:
 async def _turns_landed(stack: Stack, entity: str, count: int) -> None:
     """Wait until the entity has ``count`` turns in the loom."""
     with trio.fail_after(60):
-        while len(stack.rows("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity)) < count:
+        while (
+            len(await stack.query("SELECT 1 FROM cantrip_turns WHERE entity_id = %s", entity))
+            < count
+        ):
             await trio.sleep(0.02)
 
 
@@ -70,14 +73,14 @@ async def _replace_worker_once(stack: Stack, entity: str, turn_where: str) -> No
     """Once a turn of ``entity`` matching ``turn_where`` is recorded, SIGKILL the one
     running worker and start another (which takes the cast over)."""
     with trio.fail_after(60):
-        while not stack.rows(
+        while not await stack.query(
             f"SELECT 1 FROM cantrip_turns WHERE entity_id = %s AND {turn_where}", entity
         ):
             await trio.sleep(0.02)
     (victim,) = [w for w in stack.workers if w.poll() is None]
     victim.kill()
-    victim.wait()
-    stack.start_worker()
+    await trio.to_thread.run_sync(victim.wait)
+    await trio.to_thread.run_sync(stack.start_worker)
 
 
 def _steered(thread: list[dict[str, Any]]) -> list[str]:
@@ -119,7 +122,7 @@ async def test_a_message_sent_to_one_replica_joins_the_cast_a_worker_runs(stack:
         assert blank.status_code == 400 and blank.json()["error"]["code"] == "bad_request"
         unknown = await on_a.post("/sessions/session-0000/messages", json={"text": "x"})
         assert unknown.status_code == 404
-    assert stack.rows("SELECT text FROM cantrip_messages WHERE entity_id = %s", entity) == [
+    assert await stack.query("SELECT text FROM cantrip_messages WHERE entity_id = %s", entity) == [
         (MESSAGE,)
     ]
 
@@ -182,7 +185,7 @@ async def test_messages_racing_a_cast_to_its_end_each_land_once_or_come_back(
         thread = (await on_b.get(f"/sessions/{sid}/thread")).json()["turns"]
         joined = _steered(thread)
         undelivered = result.get("undelivered", [])
-        assert joined + undelivered == sorted(accepted, key=_order(stack, entity)), result
+        assert joined + undelivered == sorted(accepted, key=await _order(stack, entity)), result
         assert len(joined) >= 1 and not set(refused) & set(joined + undelivered)
         assert [t["sequence"] for t in thread] == list(range(1, len(thread) + 1))
         assert result["turns"] == len(thread)
@@ -191,9 +194,11 @@ async def test_messages_racing_a_cast_to_its_end_each_land_once_or_come_back(
         assert "undelivered" not in after  # a message never outlives its cast
 
 
-def _order(stack: Stack, entity: str) -> Any:
+async def _order(stack: Stack, entity: str) -> Any:
     """Sort key: the order the database accepted the messages in."""
-    rows = stack.rows("SELECT text FROM cantrip_messages WHERE entity_id = %s ORDER BY id", entity)
+    rows = await stack.query(
+        "SELECT text FROM cantrip_messages WHERE entity_id = %s ORDER BY id", entity
+    )
     rank = {text: i for i, (text,) in enumerate(rows)}
     return lambda text: rank[text]
 
@@ -220,7 +225,7 @@ async def test_a_cast_taken_over_after_steering_resumes_with_the_message_once(
     assert "undelivered" not in result
     assert _steered(thread) == [MESSAGE]  # handed to the new worker's cast? not again
     assert [t["sequence"] for t in thread] == list(range(1, len(thread) + 1))
-    ((attempts, crashes, state),) = stack.rows(
+    ((attempts, crashes, state),) = await stack.query(
         "SELECT attempts, crashes, state FROM cantrip_work WHERE entity_id = %s", entity
     )
     assert (attempts, crashes, state) == (1, 1, "done")  # taken over, at no attempt
@@ -273,7 +278,7 @@ async def test_a_second_prompt_while_one_runs_follows_on_busy(stack: Stack, poli
         assert b_result["turns"] == TURNS
         assert streamed == [t["id"] for t in thread[-TURNS:]]
         assert thread[-TURNS]["intent"] == "Second task."
-        loom = stack.rows(
+        loom = await stack.query(
             "SELECT data::json->>'intent', data::json->>'reason' FROM cantrip_turns "
             "WHERE entity_id = %s ORDER BY pos",
             entity,
@@ -328,9 +333,11 @@ async def test_a_rolled_back_cast_whose_worker_dies_is_resumed_from_its_branch(
     assert result["turns"] == TURNS
     assert [t["intent"] for t in thread if t["intent"]] == ["Zero.", "Second task."]
     assert len(thread) == 2 * TURNS  # no turn lost, none twice
-    (state, crashes, outcome) = stack.rows(
-        "SELECT state, crashes, result FROM cantrip_work WHERE entity_id = %s ORDER BY id",
-        entity,
+    (state, crashes, outcome) = (
+        await stack.query(
+            "SELECT state, crashes, result FROM cantrip_work WHERE entity_id = %s ORDER BY id",
+            entity,
+        )
     )[-1]
     assert (state, crashes) == ("done", 1)  # taken over mid-cast
     # what the worker recorded (``cast --db`` reports it) counts the cast's own turns,

@@ -8,6 +8,7 @@ MockClock.
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -114,6 +115,51 @@ async def test_a_token_is_required_when_configured() -> None:
         assert (await http.get("/sessions")).status_code == 401
         right = await http.post("/sessions", headers={"authorization": "Bearer s3cret-token-123"})
         assert right.status_code == 201
+
+
+async def _answer_to(url: str, request: bytes) -> tuple[str, bytes]:
+    """The status line and headers the server sends to ``request`` (raw bytes on a
+    fresh connection, nothing more sent), and what the connection carries after it."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(request)
+        received = b""
+        with trio.fail_after(20):
+            while b"\r\n\r\n" not in received:
+                chunk = await stream.receive_some()
+                assert chunk, f"closed before the answer: {received!r}"
+                received += chunk
+            head, _, rest = received.partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?im)^content-length: *(\d+)", head)[1])  # type: ignore[index]
+            while len(rest) < length:
+                rest += await stream.receive_some()
+            with trio.move_on_after(2):  # a kept-alive connection stays open: no EOF
+                while chunk := await stream.receive_some():
+                    rest += chunk
+                rest += b"<EOF>"
+    return head.decode("latin-1").lower(), rest[length:]
+
+
+async def test_a_refusal_before_the_body_is_read_says_the_connection_closes() -> None:
+    """A request refused before its body was read (no token, a foreign origin, too
+    large) leaves unread bytes on the connection, so the server closes it after the
+    answer. The answer must say so (``Connection: close``): a client that took the
+    connection for kept-alive sent its next request into the closing socket and
+    failed with "Server disconnected" (seen under load at an AG-UI replica). A
+    refusal of a request with no body keeps the connection alive."""
+    async with serving(make_spell(), guard=Guard(token="s3cret-token-123")) as (_, url):
+        no_token = (
+            b"POST /sessions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+            b"content-type: application/json\r\ncontent-length: 2\r\n\r\n"
+        )  # the body ({}) is not sent yet: the refusal comes before it
+        head, after = await _answer_to(url, no_token)
+        assert head.startswith("http/1.1 401") and "\r\nconnection: close" in head, head
+        assert after == b"<EOF>", "and the server did close it"
+        without_body = b"GET /sessions HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
+        head, after = await _answer_to(url, without_body)
+        assert head.startswith("http/1.1 401") and "connection: close" not in head, head
+        assert after == b"", "a request without a body leaves the connection reusable"
 
 
 async def test_with_a_token_the_viewer_page_and_its_files_are_public_the_api_is_not() -> None:

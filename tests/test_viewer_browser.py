@@ -35,6 +35,12 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+PAGE_TIMEOUT_MS = 15_000
+"""How long a page action *and* an expectation may wait. Playwright's ``expect`` does
+not follow the page's default timeout but has its own, 5 s: at load 10 on two cores the
+live-session test's fork (a new session, its page, its first prompt) outlasted it."""
+expect.set_options(timeout=PAGE_TIMEOUT_MS)
+
 ARTIFACTS = (
     Path(os.environ.get("CANTRIP_TEST_ARTIFACTS", Path(__file__).parent.parent / "test-artifacts"))
     / "viewer"
@@ -94,7 +100,7 @@ def started(command: list[str], cwd: Path, marker: str) -> Iterator[str]:
 
 def new_page(browser: Browser, errors: list[str]) -> Page:
     page = browser.new_page(viewport={"width": 1200, "height": 700})
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     return page
@@ -175,6 +181,99 @@ def test_watch_prompt_inspect_cancel_and_fork_a_live_session(
         page.fill('input[type="search"]', "train")
         expect(page.locator("tr.entity")).to_have_count(1)
         page.screenshot(path=ARTIFACTS / "entities.png")
+        page.close()
+    assert errors == []
+
+
+SLOW_SPEC = """
+[llm]
+provider = "scripted"
+script = "shared"
+responses = [
+  { tool_calls = [{ gate = "done", args = { answer = "First done." } }] },
+  { content = "Let me think about this for a long while.", delay_ms = 120000 },
+]
+
+[circle]
+medium = "conversation"
+gates = ["done"]
+wards = [{ max_turns = 3 }]
+"""
+
+
+def test_a_cancel_clicked_before_the_prompts_answer_arrives_cuts_that_prompt_off(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """The Cancel button is live from the moment a prompt is sent, before its answer
+    (and the ``Prompt-Id`` it carries) arrives. A click then named the page's previous
+    prompt, long ended: nothing was cancelled and the cast ran on (under load the
+    live-session test clicked in that window). The page names each prompt by a key of
+    its own from the start, so the cancel is armed for that prompt and cuts it off."""
+    (tmp_path / "spell.toml").write_text(SLOW_SPEC)
+    errors: list[str] = []
+    with started([CANTRIP, "serve", "spell.toml", "--port", "0"], tmp_path, "serving") as url:
+        page = new_page(browser, errors)
+        page.goto(url + "/")
+        page.click("#new-session")
+        expect(page.locator("#live-status")).to_have_text("idle")
+        page.fill("#prompt", "First")
+        page.click("#send")
+        expect(page.locator("#live-result")).to_contain_text("done: end_turn")
+        held: list[Any] = []  # the second prompt's request, held back
+
+        def hold(route: Any) -> None:
+            held.append(route)
+
+        page.route("**/prompt?stream=1", hold)
+        page.fill("#prompt", "Think it over")
+        page.click("#send")
+        expect(page.locator("#live-status")).to_have_text("sending…")
+        deadline = time.monotonic() + 15
+        while not held and time.monotonic() < deadline:
+            page.wait_for_timeout(50)  # lets Playwright call the route handler
+        assert len(held) == 1
+        page.click("#cancel")
+        expect(page.locator("#live-result")).to_have_text("cancel requested")
+        held[0].continue_()
+        expect(page.locator("#live-result")).to_contain_text("done: cancelled")
+        page.close()
+    assert errors == []
+
+
+def test_a_fork_intent_typed_while_its_turn_is_fetched_again_is_kept(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Clicking a turn fetches it and then replaces its panel: an intent typed into the
+    fork box meanwhile went with the old panel, and Fork did nothing (an empty intent)
+    -- the live-session test's failure under load, which clicks the turn that is already
+    open and types at once. The panel of the same turn keeps what was typed."""
+    (tmp_path / "spell.toml").write_text(SLOW_SPEC)
+    errors: list[str] = []
+    with started([CANTRIP, "serve", "spell.toml", "--port", "0"], tmp_path, "serving") as url:
+        page = new_page(browser, errors)
+        page.goto(url + "/")
+        page.click("#new-session")
+        page.fill("#prompt", "First")
+        page.click("#send")
+        expect(page.locator("#live-result")).to_contain_text("done: end_turn")
+        page.locator(".tree .row").first.click()
+        expect(page.locator("#turn")).to_contain_text("First done.")
+        held: list[Any] = []  # the turn's second fetch, held back
+
+        def hold(route: Any) -> None:
+            held.append(route)
+
+        page.route("**/api/turns/*", hold)
+        page.locator(".tree .row").first.click()
+        deadline = time.monotonic() + 15
+        while not held and time.monotonic() < deadline:
+            page.wait_for_timeout(50)  # lets Playwright call the route handler
+        assert len(held) == 1
+        page.evaluate("document.querySelector('#fork-intent').dataset.old = '1'")
+        page.fill("#fork-intent", "Try again")
+        held[0].continue_()
+        fresh = page.locator("#fork-intent:not([data-old])")
+        expect(fresh).to_have_value("Try again")
         page.close()
     assert errors == []
 

@@ -115,10 +115,13 @@ class Guard:
                 await app(scope, receive, send)
                 return
             send = _no_referrer(send)
+            body = _BodyWatch(scope, receive)
             try:
                 with arriving(scope) if arriving is not None else nullcontext():
-                    receive = await self._admit(scope, receive)
+                    receive = await self._admit(scope, body.receive)
             except Refused as exc:
+                if not body.read:  # its unread bytes end the connection: say so
+                    exc.headers["connection"] = "close"
                 await error_response(send, exc)
                 return
             await app(scope, receive, send)
@@ -265,6 +268,27 @@ def _jsonrpc_body(refusal: bytes) -> bytes | None:
 
 class Refused(HttpError):
     """A request turned away before it reaches a route (same error shape as a route's)."""
+
+
+class _BodyWatch:
+    """Whether a request's body has been read to its end (``read``; a request without
+    one has nothing to read). A refusal sent before that leaves the body's bytes on
+    the connection, so the server closes it after the answer (hypercorn does); the
+    answer then carries ``Connection: close``, or a client takes the connection for
+    kept-alive and sends its next request into a closing socket ("Server
+    disconnected", RFC 9112 9.6)."""
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        headers = _headers(scope)
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self.read = not chunked and headers.get("content-length", "0").strip() == "0"
+        self._receive = receive
+
+    async def receive(self) -> Mapping[str, Any]:
+        message = await self._receive()
+        if message["type"] == "http.request" and not message.get("more_body"):
+            self.read = True
+        return message
 
 
 def _no_referrer(send: Send) -> Send:

@@ -466,7 +466,16 @@ class EntityPage {
     history.replaceState(null, "", `#/e/${this.entityId}/t/${turnId}`);
     let turn;
     try { turn = await api("/api/turns/" + encodeURIComponent(turnId)); } catch (error) { showError(error); return; }
+    // A fork intent typed into this turn's panel while it was fetched again is kept:
+    // the panel is replaced only once the turn arrives, and it was lost with the old one.
+    const typed = this.right.querySelector(`#fork-intent[data-turn="${CSS.escape(turn.id)}"]`);
+    const focused = typed !== null && document.activeElement === typed;
     this.right.replaceChildren(renderTurn(turn, (id, intent) => forkFrom(id, intent)));
+    const input = this.right.querySelector("#fork-intent");
+    if (typed && input) {
+      input.value = typed.value;
+      if (focused) input.focus();
+    }
   }
 
   // -- live --------------------------------------------------------------------------
@@ -573,17 +582,21 @@ class EntityPage {
     this.outcome.textContent = "";
     this.setRunning(true);
     this.status.textContent = "sending…";
+    // The prompt's own name from the start: Cancel is live before its answer (and the
+    // Prompt-Id it carries) arrives, and a cancel that overtakes the prompt is armed for it.
+    this.promptKey = randomKey();
     try {
       const response = await fetch(`/sessions/${this.sessionId}/prompt?stream=1`, {
         method: "POST", signal: this.abort.signal,
-        headers: authHeaders({ "content-type": "application/json", accept: "text/event-stream" }),
+        headers: authHeaders({
+          "content-type": "application/json", accept: "text/event-stream", "idempotency-key": this.promptKey,
+        }),
         body: JSON.stringify({ prompt: text }),
       });
       if (!response.ok) {
         const data = await response.json().catch(() => ({}));
         throw new Error((data.error && data.error.message) || response.statusText);
       }
-      this.promptId = response.headers.get("prompt-id");
       await readSSE(response, (name, data) => {
         if (name === "result") this.outcome.textContent = `done: ${data.stop_reason}` + (data.summary ? ` — ${data.summary}` : "");
         if (name === "error") showError(data.error.message);
@@ -607,15 +620,21 @@ class EntityPage {
 
   async cancelCast() {
     try {
-      // Name the prompt this page started: a late click never stops a later prompt.
-      const answer = await postJSON(`/sessions/${this.sessionId}/cancel`, this.promptId ? { prompt_id: this.promptId } : {});
+      // Name the prompt this page started last: a late click never stops a later prompt.
+      const answer = await postJSON(`/sessions/${this.sessionId}/cancel`, this.promptKey ? { idempotency_key: this.promptKey } : {});
       // The prompt's own answer may already be here; it has the last word.
-      if (!this.outcome.textContent) this.outcome.textContent = answer.cancelled ? "cancel requested" : "nothing to cancel";
+      const requested = answer.cancelled || answer.target === "next"; // "next": armed for it
+      if (!this.outcome.textContent) this.outcome.textContent = requested ? "cancel requested" : "nothing to cancel";
     } catch (error) { showError(error); }
   }
 }
 
 let pendingPrompt = null;
+
+/** A random idempotency key (crypto.getRandomValues works outside secure contexts too). */
+function randomKey() {
+  return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
 
 async function forkFrom(turnId, intent) {
   try {
@@ -647,7 +666,7 @@ function renderTurn(turn, onFork) {
   const actions = el("div", { class: "actions" },
     el("a", { href: "#/thread/" + turn.id }, el("button", { id: "open-thread", text: "Thread as chat" })));
   if (state.live) {
-    const input = el("input", { id: "fork-intent", placeholder: "a new intent from this turn…", "aria-label": "fork intent" });
+    const input = el("input", { id: "fork-intent", "data-turn": turn.id, placeholder: "a new intent from this turn…", "aria-label": "fork intent" });
     const form = el("form", { class: "forkform", onsubmit: (event) => {
       event.preventDefault();
       if (input.value.trim()) onFork(turn.id, input.value);
