@@ -76,8 +76,11 @@ def test_time_in_a_garbage_collection_is_not_charged_to_the_step() -> None:
 
 def test_a_collection_on_another_thread_does_not_hide_a_stall_of_the_loop() -> None:
     """Only the loop thread's own collections are not charged: another thread's
-    collection (stretched to 300 ms here by a slow callback) that overlaps a step which
-    blocks the loop thread for 350 ms leaves the step reported."""
+    collection (stretched to 250 ms here by a slow callback) that overlaps a step which
+    blocks the loop thread for 600 ms leaves the step reported. (The step outlasts the
+    collection by far: had the collection ended while the loop thread already waited
+    in ``join`` -- a full collection of a big test process's heap takes a while -- the
+    loop would rightly have been waiting, not blocked, at its end.)"""
     watch = LoopWatch(0.2)
     collecting = threading.Event()
     loop_thread = threading.get_ident()
@@ -85,7 +88,7 @@ def test_a_collection_on_another_thread_does_not_hide_a_stall_of_the_loop() -> N
     def slow_collection(phase: str, info: dict[str, int]) -> None:
         if phase == "start" and threading.get_ident() != loop_thread:
             collecting.set()
-            time.sleep(0.3)
+            time.sleep(0.25)
 
     def collect_elsewhere() -> None:
         gc.collect()
@@ -94,7 +97,7 @@ def test_a_collection_on_another_thread_does_not_hide_a_stall_of_the_loop() -> N
         thread = threading.Thread(target=collect_elsewhere)
         thread.start()
         collecting.wait(5)
-        time.sleep(0.35)  # the loop thread is blocked while the other thread collects
+        time.sleep(0.6)  # the loop thread is blocked while the other thread collects
         thread.join()
 
     async def main() -> None:
@@ -117,14 +120,19 @@ def test_a_collection_on_another_thread_that_makes_the_loop_wait_is_not_charged(
     waits in ``futex`` through it (for the GIL; here it joins that thread too) is not
     blocked by the code under test. Here a thread holds the GIL (C code runs no
     bytecode, so it is not handed over) while the loop thread starts waiting, then
-    collects, holding it ~0.3 s more through a callback (15 M sums)."""
+    collects, holding it ~0.35 s more through a callback (sums, as many as take that
+    long on this machine: a fixed count ran under 0.2 s on an idle one)."""
     watch = LoopWatch(0.2)
     loop_thread = threading.get_ident()
     collected = threading.Event()
+    clock = time.perf_counter()
+    sum(range(1_000_000))
+    per_million = max(time.perf_counter() - clock, 1e-4)
+    hog = max(15_000_000, int(0.35 / per_million * 1_000_000))
 
     def hog_the_gil(phase: str, info: dict[str, int]) -> None:
         if phase == "start" and threading.get_ident() != loop_thread:
-            sum(range(15_000_000))
+            sum(range(hog))
             collected.set()
 
     def collect_elsewhere() -> None:
