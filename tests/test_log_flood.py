@@ -240,3 +240,7 @@ async def test_malformed_mcp_requests_over_http_log_nothing_loud(
         nursery.cancel_scope.cancel()
     assert statuses[400] + statuses[404] >= REQUESTS // 2, statuses
     assert_quiet(records)
+    # a session id the server does not hold ("gone"), sent again and again, is not
+    # written out each time at INFO by the SDK: one DEBUG line without it
+    told = [r for r in records if r.levelno >= logging.INFO and "gone" in r.getMessage()]
+    assert told == [], [r.getMessage() for r in told[:3]]

@@ -27,6 +27,7 @@ and checked whenever one is set).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -45,6 +46,7 @@ from cantrip._redact import get_logger
 from cantrip.mcp._pauses import can_elicit, decision_from, elicitation_params
 from cantrip.mcp._result import CastOutput, cast_tool_result, failed_tool_result, progress_message
 from cantrip.mcp._tasks import TaskBoard, tasks_extension
+from cantrip.protocols._client_faults import demote_client_faults
 from cantrip.protocols._guard import Guard, guard_refusals_as_jsonrpc
 
 if TYPE_CHECKING:
@@ -335,7 +337,21 @@ def http_app(spell: Cantrip, guard: Guard) -> Any:
     server = build_server(spell)
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     app: Any = server.streamable_http_app(host=guard.bind_host, transport_security=security)
+    demote_client_faults(_SDK_SESSION_LOGGERS, "mcp", _sdk_client_fault)
     return guard_refusals_as_jsonrpc(guard.wrap(app), "/mcp")
+
+
+_SDK_SESSION_LOGGERS = ("mcp.server.streamable_http_manager",)
+"""The SDK's logger that writes an INFO line, quoting it, for every unknown session id."""
+
+
+def _sdk_client_fault(record: logging.LogRecord) -> str | None:
+    """What the MCP SDK's record says a client did wrong: a request naming a session the
+    server does not hold is the client's fault -- one DEBUG line, not the id it sent (a
+    client repeating it could fill the log; an expired id was once a real session's)."""
+    if record.getMessage().startswith("Rejected request with unknown or expired session ID"):
+        return "unknown or expired session id"
+    return None
 
 
 async def serve_http(
