@@ -106,16 +106,26 @@ def new_page(browser: Browser, errors: list[str]) -> Page:
     return page
 
 
-def test_watch_prompt_inspect_cancel_and_fork_a_live_session(
-    browser: Browser, tmp_path: Path
-) -> None:
-    (tmp_path / "spell.toml").write_text(SPEC)
-    errors: list[str] = []
+@contextmanager
+def live_session(
+    browser: Browser, tmp_path: Path, spec: str, errors: list[str]
+) -> Iterator[tuple[str, Page]]:
+    """``cantrip serve`` of ``spec`` and a page on it with a new live session, idle;
+    yields the server's URL and the page."""
+    (tmp_path / "spell.toml").write_text(spec)
     with started([CANTRIP, "serve", "spell.toml", "--port", "0"], tmp_path, "serving") as url:
         page = new_page(browser, errors)
         page.goto(url + "/")
         page.click("#new-session")
         expect(page.locator("#live-status")).to_have_text("idle")
+        yield url, page
+
+
+def test_watch_prompt_inspect_cancel_and_fork_a_live_session(
+    browser: Browser, tmp_path: Path
+) -> None:
+    errors: list[str] = []
+    with live_session(browser, tmp_path, SPEC, errors) as (url, page):
         entity = page.evaluate("location.hash").removeprefix("#/e/")
 
         # A prompt: its text streams into the live panel, its turns into the tree.
@@ -209,13 +219,8 @@ def test_a_cancel_clicked_before_the_prompts_answer_arrives_cuts_that_prompt_off
     prompt, long ended: nothing was cancelled and the cast ran on (under load the
     live-session test clicked in that window). The page names each prompt by a key of
     its own from the start, so the cancel is armed for that prompt and cuts it off."""
-    (tmp_path / "spell.toml").write_text(SLOW_SPEC)
     errors: list[str] = []
-    with started([CANTRIP, "serve", "spell.toml", "--port", "0"], tmp_path, "serving") as url:
-        page = new_page(browser, errors)
-        page.goto(url + "/")
-        page.click("#new-session")
-        expect(page.locator("#live-status")).to_have_text("idle")
+    with live_session(browser, tmp_path, SLOW_SPEC, errors) as (_, page):
         page.fill("#prompt", "First")
         page.click("#send")
         expect(page.locator("#live-result")).to_contain_text("done: end_turn")
@@ -247,12 +252,8 @@ def test_a_fork_intent_typed_while_its_turn_is_fetched_again_is_kept(
     fork box meanwhile went with the old panel, and Fork did nothing (an empty intent)
     -- the live-session test's failure under load, which clicks the turn that is already
     open and types at once. The panel of the same turn keeps what was typed."""
-    (tmp_path / "spell.toml").write_text(SLOW_SPEC)
     errors: list[str] = []
-    with started([CANTRIP, "serve", "spell.toml", "--port", "0"], tmp_path, "serving") as url:
-        page = new_page(browser, errors)
-        page.goto(url + "/")
-        page.click("#new-session")
+    with live_session(browser, tmp_path, SLOW_SPEC, errors) as (_, page):
         page.fill("#prompt", "First")
         page.click("#send")
         expect(page.locator("#live-result")).to_contain_text("done: end_turn")
@@ -414,13 +415,8 @@ path = "loom.jsonl"
 def test_a_message_typed_while_a_cast_runs_joins_its_next_turn(
     browser: Browser, tmp_path: Path
 ) -> None:
-    (tmp_path / "spell.toml").write_text(STEER_SPEC)
     errors: list[str] = []
-    with started([CANTRIP, "serve", "spell.toml", "--port", "0"], tmp_path, "serving") as url:
-        page = new_page(browser, errors)
-        page.goto(url + "/")
-        page.click("#new-session")
-        expect(page.locator("#live-status")).to_have_text("idle")
+    with live_session(browser, tmp_path, STEER_SPEC, errors) as (_, page):
         page.fill("#prompt", "Do the work")
         page.click("#send")
         expect(page.locator("#send")).to_have_text("Send to the running cast")
