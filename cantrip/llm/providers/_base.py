@@ -207,7 +207,8 @@ class RenderCache:
         self.reasoning_format = reasoning_format
         self.size = size
         self._memos: OrderedDict[int, _Memo] = OrderedDict()
-        """By ``id`` of the last message each saw (kept alive by ``seen``), oldest first."""
+        """By ``id`` of the last message each saw (kept alive by ``seen``), or of the
+        shared list it reads (:meth:`_render_shared`); least recently used first."""
 
     def render(self, messages: Sequence[Message]) -> Rendered:
         backing = getattr(messages, "backing", None)
@@ -228,43 +229,48 @@ class RenderCache:
                     memos[id(seen[-1])] = memo
                 else:
                     memos.move_to_end(id(seen[-1]))
-                renderer = memo.renderer
-                return Rendered(view, renderer.id_map, renderer.remapped)
+                return _rendered(memo.renderer, view)
             break  # the conversation changed (folded, forked): render it afresh
-        renderer = IncrementalRenderer(
-            self.family, keep_thinking=self.keep_thinking, reasoning_format=self.reasoning_format
-        )
+        renderer = self._fresh()
         seen = list(messages)
         view = renderer.extend(seen)
         if seen:
-            memos.pop(id(seen[-1]), None)
-            memos[id(seen[-1])] = _Memo(renderer, seen)
-            while len(memos) > self.size:
-                memos.popitem(last=False)
-        return Rendered(view, renderer.id_map, renderer.remapped)
+            self._remember(id(seen[-1]), _Memo(renderer, seen))
+        return _rendered(renderer, view)
 
     def _render_shared(self, items: list[Message], n: int) -> Rendered:
         """The first ``n`` of an append-only list (a context's :class:`Transcript`):
         its memo is found by the list and renders ``items[k:n]``, the messages
         added since it rendered ``k`` -- O(new messages), however long the history."""
-        memos = self._memos
         key = id(items)
-        memo = memos.get(key)
+        memo = self._memos.get(key)
         if memo is not None and memo.seen is items and 0 <= memo.rendered <= n:
-            renderer = memo.renderer
-            view = renderer.extend(items[memo.rendered : n])
+            view = memo.renderer.extend(items[memo.rendered : n])
             memo.rendered = n
-            memos.move_to_end(key)
-            return Rendered(view, renderer.id_map, renderer.remapped)
-        renderer = IncrementalRenderer(
+            self._memos.move_to_end(key)
+            return _rendered(memo.renderer, view)
+        renderer = self._fresh()
+        view = renderer.extend(items[:n])
+        self._remember(key, _Memo(renderer, items, n))  # replaces an earlier, longer view's
+        return _rendered(renderer, view)
+
+    def _fresh(self) -> IncrementalRenderer:
+        return IncrementalRenderer(
             self.family, keep_thinking=self.keep_thinking, reasoning_format=self.reasoning_format
         )
-        view = renderer.extend(items[:n])
-        memos[key] = _Memo(renderer, items, n)  # replaces a memo of an earlier, longer view
-        memos.move_to_end(key)
+
+    def _remember(self, key: int, memo: _Memo) -> None:
+        """Keep ``memo`` as the newest under ``key``; drop the least recently used over
+        :attr:`size`."""
+        memos = self._memos
+        memos.pop(key, None)
+        memos[key] = memo
         while len(memos) > self.size:
             memos.popitem(last=False)
-        return Rendered(view, renderer.id_map, renderer.remapped)
+
+
+def _rendered(renderer: IncrementalRenderer, view: Sequence[Message]) -> Rendered:
+    return Rendered(view, renderer.id_map, renderer.remapped)
 
 
 def dumps(body: Any) -> bytes:
