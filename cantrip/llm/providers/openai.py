@@ -60,6 +60,29 @@ class _WireMemo:
         """The first items of :attr:`wire` as JSON (orjson), written once each."""
 
 
+def _spliced(body: dict[str, Any], memo: _WireMemo, n: int) -> bytes | None:
+    """``body`` as JSON, its first ``n`` messages from ``memo``'s kept bytes (the rest
+    written now); None where orjson refuses a value or the body does not open with
+    its model and messages."""
+    wire = body["messages"]
+    encoded = memo.encoded
+    try:
+        while len(encoded) < n:
+            encoded.append(orjson.dumps(memo.wire[len(encoded)]))
+        pieces = encoded[:n]
+        pieces.extend(orjson.dumps(item) for item in wire[n:])
+        body["messages"] = []
+        shell = orjson.dumps(body)
+    except TypeError:  # orjson refuses it (JSONEncodeError is a TypeError)
+        return None
+    finally:
+        body["messages"] = wire
+    opening = b'{"model":%s,"messages":[' % orjson.dumps(body["model"])
+    if not shell.startswith(opening + b"]"):
+        return None
+    return b"".join((opening, b",".join(pieces), shell[len(opening) :]))
+
+
 class OpenAIAdapter(HTTPAdapter):
     """Chat Completions: Bearer auth, ``tools``/``tool_choice``, SSE with ``[DONE]``."""
 
@@ -146,23 +169,8 @@ class OpenAIAdapter(HTTPAdapter):
         memo = self._wire_memo.get(id(items))
         if memo is None or memo.items is not items or len(memo.wire) < n or n < SPLICE_FROM:
             return url, dumps(body)
-        wire = body["messages"]
-        encoded = memo.encoded
-        try:
-            while len(encoded) < n:
-                encoded.append(orjson.dumps(memo.wire[len(encoded)]))
-            pieces = encoded[:n]
-            pieces.extend(orjson.dumps(item) for item in wire[n:])
-            body["messages"] = []
-            shell = orjson.dumps(body)
-        except TypeError:  # orjson refuses it (JSONEncodeError is a TypeError)
-            body["messages"] = wire
-            return url, dumps(body)
-        opening = b'{"model":%s,"messages":[' % orjson.dumps(body["model"])
-        if not shell.startswith(opening + b"]"):
-            body["messages"] = wire
-            return url, dumps(body)
-        return url, b"".join((opening, b",".join(pieces), shell[len(opening) :]))
+        spliced = _spliced(body, memo, n)
+        return url, dumps(body) if spliced is None else spliced
 
     def _wire_messages(self, messages: Sequence[Message]) -> tuple[list[Any], list[str]]:
         """(the messages' wire forms, the texts of the system messages among them).
