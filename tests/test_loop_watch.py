@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import platform
 import threading
 import time
 from pathlib import Path
@@ -74,30 +75,60 @@ def test_time_in_a_garbage_collection_is_not_charged_to_the_step() -> None:
     assert watch.report() is None, watch.report()
 
 
+_READ = {"x86_64": "0", "aarch64": "63"}.get(platform.machine())
+"""The ``read`` system call's number here (``/proc/.../syscall``)."""
+
+
+def _wait_until_in_read(thread_id: int) -> None:
+    """Returns once the thread ``thread_id`` (a native id) sits in ``read``: a waiting
+    loop of its own, since any ``threading`` wait would be a ``futex`` of this thread."""
+    if _READ is None:  # unknown here: then no thread is ever seen in futex either
+        return
+    path = f"/proc/self/task/{thread_id}/syscall"
+    deadline = time.monotonic() + 30
+    while Path(path).read_text().split(" ", 1)[0] != _READ:
+        assert time.monotonic() < deadline, "the loop thread never blocked in read"
+        time.sleep(0.001)
+
+
 def test_a_collection_on_another_thread_does_not_hide_a_stall_of_the_loop() -> None:
     """Only the loop thread's own collections are not charged: another thread's
-    collection (stretched to 250 ms here by a slow callback) that overlaps a step which
-    blocks the loop thread for 600 ms leaves the step reported. (The step outlasts the
-    collection by far: had the collection ended while the loop thread already waited
-    in ``join`` -- a full collection of a big test process's heap takes a while -- the
-    loop would rightly have been waiting, not blocked, at its end.)"""
+    collection (stretched by 300 ms here by a slow callback) through which the loop
+    thread stays blocked -- in a ``read`` of a pipe nobody writes, as a FIFO's open is --
+    leaves the step reported with all of that time.
+
+    Ordered by the collection itself, not by sleeps: the loop thread is released only
+    after the collection has ended, so at its end the loop thread is blocked, not
+    waiting for the GIL. (With a fixed 600 ms stall instead, a full collection of a big
+    test process's heap on a loaded machine outlasted it: the loop thread then rightly
+    waited for the GIL at the collection's end, the whole collection was not charged,
+    and the stall went unreported -- ``ValueError: not enough values to unpack`` in a
+    full run at load 6-19.)"""
     watch = LoopWatch(0.2)
-    collecting = threading.Event()
     loop_thread = threading.get_ident()
+    loop_native_id = threading.get_native_id()
+    collected = threading.Event()
+    blocked_for = 0.0
+    read_end, write_end = os.pipe()
 
     def slow_collection(phase: str, info: dict[str, int]) -> None:
+        nonlocal blocked_for
         if phase == "start" and threading.get_ident() != loop_thread:
-            collecting.set()
-            time.sleep(0.25)
+            _wait_until_in_read(loop_native_id)
+            blocked_for = time.perf_counter()
+            time.sleep(0.3)
 
     def collect_elsewhere() -> None:
+        nonlocal blocked_for
         gc.collect()
+        blocked_for = time.perf_counter() - blocked_for  # the loop thread is still in read
+        collected.set()
+        os.write(write_end, b"x")
 
     async def stall() -> None:
         thread = threading.Thread(target=collect_elsewhere)
         thread.start()
-        collecting.wait(5)
-        time.sleep(0.6)  # the loop thread is blocked while the other thread collects
+        os.read(read_end, 1)  # the loop thread is blocked until the collection has ended
         thread.join()
 
     async def main() -> None:
@@ -110,9 +141,11 @@ def test_a_collection_on_another_thread_does_not_hide_a_stall_of_the_loop() -> N
     finally:
         gc.callbacks.remove(slow_collection)
         watch.close()
-    assert collecting.is_set()
-    (block,) = watch.blocks
-    assert block.task == "stall" and block.held_s >= 0.3
+        os.close(read_end)
+        os.close(write_end)
+    assert collected.is_set() and blocked_for >= 0.3
+    (block,) = (block for block in watch.blocks if block.task == "stall")
+    assert block.held_s >= blocked_for, (block, blocked_for)
 
 
 def test_a_collection_on_another_thread_that_makes_the_loop_wait_is_not_charged() -> None:
