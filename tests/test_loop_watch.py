@@ -192,14 +192,22 @@ def test_a_collection_on_another_thread_that_makes_the_loop_wait_is_not_charged(
     assert watch.report() is None, watch.report()
 
 
-def test_a_marked_async_test_that_blocks_the_loop_fails(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """An inner pytest run in trio mode that finds the loop watch on its path."""
     here = str(Path(__file__).resolve().parent)
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     )
     pytester.makeini("[pytest]\ntrio_mode = true\n")
+    # only the plugins this needs: every installed one (schemathesis, playwright, xdist,
+    # hypothesis...) took most of this test's 16 s to import under load
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    return pytester
+
+
+def test_a_marked_async_test_that_blocks_the_loop_fails(inner: pytest.Pytester) -> None:
+    pytester = inner
     pytester.makepyfile(
         test_blocking="""
         import time
@@ -220,9 +228,6 @@ def test_a_marked_async_test_that_blocks_the_loop_fails(
             time.sleep(0.4)
         """
     )
-    # only the plugins this needs: every installed one (schemathesis, playwright, xdist,
-    # hypothesis...) took most of this test's 16 s to import under load
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     result = pytester.runpytest_subprocess("-p", "pytest_trio.plugin", "-p", "loop_watch", "-q")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
@@ -230,5 +235,75 @@ def test_a_marked_async_test_that_blocks_the_loop_fails(
             "*test_blocks*",
             "*the trio loop was blocked longer than 200 ms*",
             '*task "<test *test_blocks*>" held it 4?? ms*',
+        ]
+    )
+
+
+def test_plain_and_hypothesis_tests_are_watched_and_the_rest_named(inner: pytest.Pytester) -> None:
+    """A plain test's own ``trio.run`` calls (a fuzzer's, on any thread) and each example
+    of an async Hypothesis test are watched; a marked test with no trio loop here, or
+    turned off, is named in the summary -- from pytest-xdist's workers too."""
+    inner.makepyfile(
+        test_kinds="""
+        import threading
+        import time
+        import pytest
+        import trio
+        from hypothesis import given, settings, strategies as st
+
+        pytestmark = pytest.mark.loop_watch
+
+        async def blocks():
+            await trio.sleep(0)
+            time.sleep(0.4)
+
+        def test_plain_blocks():
+            trio.run(trio.sleep, 0)
+            trio.run(blocks)
+
+        def test_plain_blocks_on_a_thread():
+            thread = threading.Thread(target=trio.run, args=(blocks,))
+            thread.start()
+            thread.join()
+
+        def test_plain_awaits():
+            trio.run(trio.to_thread.run_sync, time.sleep, 0.4)
+
+        def test_plain_without_a_loop():
+            assert sum(range(10)) == 45
+
+        @settings(max_examples=3, deadline=None)
+        @given(st.integers(0, 1))
+        async def test_hypothesis_blocks(n):
+            await trio.sleep(0)
+            time.sleep(0.4)
+
+        @settings(max_examples=3, deadline=None)
+        @given(st.integers(0, 1))
+        async def test_hypothesis_awaits(n):
+            await trio.to_thread.run_sync(time.sleep, 0.1)
+
+        @pytest.mark.loop_watch(False)
+        def test_turned_off():
+            trio.run(blocks)
+        """
+    )
+    plugins = ["-p", "pytest_trio.plugin", "-p", "loop_watch", "-p", "xdist.plugin"]
+    result = inner.runpytest_subprocess(*plugins, "-n", "1", "-rf")
+    result.assert_outcomes(passed=4, failed=3)
+    result.stdout.fnmatch_lines_random(
+        [
+            "FAILED test_kinds.py::test_plain_blocks - Failed: the trio*",
+            "FAILED test_kinds.py::test_plain_blocks_on_a_thread - Failed: the trio*",
+            "FAILED test_kinds.py::test_hypothesis_blocks - *the trio*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*- loop watch: marked tests not watched -*",
+            "1, it ran no trio loop in this process:",
+            "  test_kinds.py::test_plain_without_a_loop",
+            "1, turned off for it: loop_watch(False):",
+            "  test_kinds.py::test_turned_off",
         ]
     )
