@@ -486,16 +486,20 @@ async def test_a_compression_bomb_is_refused_before_it_takes_the_memory(
 
 
 async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
+    closed = trio.Event()
+
     async def answer_then_hang_up(out: trio.SocketStream, request: bytes) -> bool:
         await out.send_all(whole(COMPLETION)[0])
         await trio.sleep(0.05)  # keep-alive said, then the server's idle timeout
+        await out.aclose()
+        closed.set()
         return False
 
     async with raw_server(answer_then_hang_up) as (url, connections):
         llm = load_llm("openai", base_url=url)
         try:
             assert (await llm.query(HISTORY[:2])).content == "hé there"
-            await trio.sleep(0.3)
+            await closed.wait()  # the second query comes after the hang-up, however late
             assert (await llm.query(HISTORY[:2])).content == "hé there"  # no error
         finally:
             await llm.aclose()
