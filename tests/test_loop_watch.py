@@ -5,13 +5,15 @@ from __future__ import annotations
 import gc
 import os
 import platform
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import trio
-from loop_watch import LoopWatch
+from loop_watch import LoopWatch, MachineTime
 
 pytest_plugins = ["pytester"]
 
@@ -307,3 +309,47 @@ def test_plain_and_hypothesis_tests_are_watched_and_the_rest_named(inner: pytest
             "  test_kinds.py::test_turned_off",
         ]
     )
+
+
+def test_machine_time_counts_waits_for_a_cpu_and_collections_not_sleeps() -> None:
+    """What a test with a wall-time bound subtracts: a collection (stretched to 300 ms
+    by a slow callback) and the time the thread waited for a CPU -- 500 ms of spinning
+    on one CPU that five spinning processes share with it -- count; a 300 ms sleep does
+    not."""
+
+    def slow_collection(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            time.sleep(0.3)
+
+    with MachineTime() as taken:
+        time.sleep(0.3)
+        assert taken() < 0.1
+        gc.callbacks.append(slow_collection)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(slow_collection)
+        assert taken() >= 0.3
+        collected = taken()
+        cpu = os.sched_getaffinity(0)
+        one = {min(cpu)}
+        hog = f"import os\nos.sched_setaffinity(0, {one!r})\nprint('ready', flush=True)\n"
+        hog += "while 1: pass"
+        hogs = [
+            subprocess.Popen([sys.executable, "-c", hog], stdout=subprocess.PIPE) for _ in range(5)
+        ]
+        try:
+            for started in hogs:  # each spins on that CPU from now on
+                assert started.stdout is not None and started.stdout.readline() == b"ready\n"
+            os.sched_setaffinity(0, one)
+            try:
+                end = time.perf_counter() + 0.5
+                while time.perf_counter() < end:
+                    pass
+            finally:
+                os.sched_setaffinity(0, cpu)
+        finally:
+            for started in hogs:
+                started.kill()
+                started.wait()
+        assert taken() - collected >= 0.2  # of 0.5 s on a CPU shared six ways
