@@ -271,25 +271,36 @@ async def _stream(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> l
 
 @pytest.mark.parametrize("policy", ["enqueue", "interrupt", "rollback"])
 async def test_a_second_prompt_while_one_runs_follows_on_busy(stack: Stack, policy: str) -> None:
-    """The first prompt runs at the worker; a second at the other replica, streamed,
-    with ``?on_busy=``. What the model saw, the thread and the loom say what happened."""
+    """The first prompt runs at the worker (held in its last turn until the second has
+    been queued, or has cut it off); a second at the other replica, streamed, with
+    ``?on_busy=``. What the model saw, the thread and the loom say what happened."""
     a, b = stack.replicas
+    name = f"second_prompt_{policy}"
+    first_task = f"First task. hold:{name}"
     async with _client(a) as on_a, _client(b) as on_b:
         sid, entity = await _new_session(on_a)
         zero = (await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "Zero."})).json()
         assert zero["result"] == "Zero. ok #1"
+        streamed_events: list[list[Any]] = []
+
+        async def second() -> None:
+            path = f"/sessions/{sid}/prompt?on_busy={policy}&stream=1"
+            streamed_events.append(await _stream(on_b, path, {"prompt": "Second task."}))
+
         async with trio.open_nursery() as nursery:
             first = await _in_background(
-                nursery, on_a, f"/sessions/{sid}/prompt", {"prompt": "First task."}
+                nursery, on_a, f"/sessions/{sid}/prompt", {"prompt": first_task}
             )
-            await _turns_landed(stack, entity, TURNS + 1)
-            refused = await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "No."})
-            assert refused.status_code == 409  # the server's default: reject
-            assert refused.json()["error"]["code"] == "busy"
-            events = await _stream(
-                on_b, f"/sessions/{sid}/prompt?on_busy={policy}&stream=1",
-                {"prompt": "Second task."},
-            )  # fmt: skip
+            async with _holding(stack, name):
+                refused = await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "No."})
+                assert refused.status_code == 409  # the server's default: reject
+                assert refused.json()["error"]["code"] == "busy"
+                nursery.start_soon(second)
+                if policy == "enqueue":  # the first answers once the second is queued
+                    await _work_items(stack, entity, 3)
+                else:  # it cuts the first one off
+                    await _answered(first)
+        events = streamed_events[0]
         a_result = first[0].json()
         b_result = events[-1][1]
         assert events[-1][0] == "result" and b_result["terminated"], events
@@ -306,22 +317,22 @@ async def test_a_second_prompt_while_one_runs_follows_on_busy(stack: Stack, poli
             entity,
         )
     if policy == "enqueue":  # it waited for the first, then saw all three prompts
-        assert a_result["terminated"] and a_result["result"] == "First task. ok #2"
+        assert a_result["terminated"] and a_result["result"] == f"{first_task} ok #2"
         assert b_result["result"] == "Second task. ok #3"
-        assert intents == ["Zero.", "First task.", "Second task."]
+        assert intents == ["Zero.", first_task, "Second task."]
         return
     assert a_result["truncated"] and a_result["reason"] == "interrupted", a_result
     assert a_result["stop_reason"] == "cancelled"
     assert [r for _, r in loom].count("interrupted") == 1  # the cut-off turn, recorded
     if policy == "interrupt":  # the second prompt sees the cut-off first one
         assert b_result["result"] == "Second task. ok #3"
-        assert intents == ["Zero.", "First task.", "Second task."]
+        assert intents == ["Zero.", first_task, "Second task."]
         assert any(t["reason"] == "interrupted" for t in thread)
     else:  # rollback: from before the first; its turns stay in the loom as a branch
         assert b_result["result"] == "Second task. ok #2"
         assert intents == ["Zero.", "Second task."]
         assert not any(t["reason"] == "interrupted" for t in thread)
-        assert "First task." in [i for i, _ in loom]  # the branch is kept
+        assert first_task in [i for i, _ in loom]  # the branch is kept
         second = next(t for t in thread if t["intent"] == "Second task.")
         assert second["parent_id"] == thread[TURNS - 1]["id"]  # continues from Zero's end
         ids = [t["id"] for t in thread]
