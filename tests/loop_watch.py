@@ -18,10 +18,13 @@ full collection of a test process's heap, grown by the hundreds of tests an xdis
 worker runs, is a property of that process, not a call the code under test made.
 
 Use: mark a module ``pytestmark = pytest.mark.loop_watch`` (or a test); each
-async test so marked runs with the instrument installed and fails, naming the
-task and the time, if any step went over. ``loop_watch(limit_s=...)`` changes
-the limit, ``loop_watch(False)`` turns it off for one test. The plugin is loaded
-by ``tests/conftest.py``.
+test so marked runs with the instrument installed and fails, naming the task and
+the time, if any step went over: an async test as a whole, each example of an
+async Hypothesis test, and each ``trio.run`` a plain test makes (on any thread --
+the fuzzers drive their own loop). ``loop_watch(limit_s=...)`` changes the limit,
+``loop_watch(False)`` turns it off for one test. A marked test left unwatched --
+turned off, or a plain test that ran no trio loop in the process -- is named at the
+end of the run, never skipped silently. The plugin is loaded by ``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import attrs
@@ -116,6 +119,37 @@ class _CollectorClock:
             gc.callbacks.remove(self._on_gc)
 
 
+class MachineTime:
+    """Seconds a busy machine took from the thread that made it, since then: its waits
+    in the kernel's run queue for a CPU, and the garbage collections it could not run
+    through (a full one of an xdist worker's big heap takes a while). A test that bounds
+    its own wall time subtracts this -- its margin, measured -- so a loaded machine
+    does not fail it and a slow product still does. Use it as a context manager."""
+
+    def __init__(self) -> None:
+        self._run_delay = _schedstat_reader()
+        self._collector = _CollectorClock()
+        self._delay0 = self._run_delay() if self._run_delay is not None else 0.0
+        self._final: float | None = None
+
+    def __call__(self) -> float:
+        """So far; once the block has ended, up to its end."""
+        if self._final is not None:
+            return self._final
+        waited = self._run_delay() - self._delay0 if self._run_delay is not None else 0.0
+        return waited + self._collector.total
+
+    def __enter__(self) -> MachineTime:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._final = self()
+        self._collector.close()
+        fd = getattr(self._run_delay, "fd", None)
+        if fd is not None:
+            os.close(fd)
+
+
 @attrs.define
 class Block:
     """One task step that held the loop thread too long."""
@@ -185,13 +219,27 @@ class LoopWatch(trio.abc.Instrument):
         )
 
 
-def watched(test: Callable[..., Any], limit_s: float, name: str = "") -> Callable[..., Any]:
-    """``test`` (an async test function) run with a :class:`LoopWatch` installed.
+def _finish(watch: LoopWatch, name: str) -> str | None:
+    """Closes ``watch``, logs its longest step (``LOOP_WATCH_LOG``), and returns what
+    the test fails with, if anything.
 
-    With ``LOOP_WATCH_LOG=FILE`` each test appends its longest step to FILE. That is how
-    the limit was chosen: on the 2-core machine at a load of 6-7, the longest step of
-    any watched test held the loop 96 ms (a hypercorn connection handler, 286 ms wall),
+    With ``LOOP_WATCH_LOG=FILE`` each watched run appends its longest step to FILE. That
+    is how the limit was chosen: on the 2-core machine at a load of 6-7, the longest step
+    of any watched test held the loop 96 ms (a hypercorn connection handler, 286 ms wall),
     most stay under 35 ms; a stall (a FIFO, a backtracking pattern) holds it for seconds."""
+    watch.close()
+    log = os.environ.get("LOOP_WATCH_LOG")
+    if log:
+        worst = watch.longest
+        with open(log, "a") as out:
+            out.write(
+                f"{worst.held_s * 1000:.1f}\t{worst.wall_s * 1000:.1f}\t{name}\t{worst.task}\n"
+            )
+    return watch.report()
+
+
+def watched(test: Callable[..., Any], limit_s: float, name: str = "") -> Callable[..., Any]:
+    """``test`` (an async test function) run with a :class:`LoopWatch` installed."""
 
     @functools.wraps(test)
     async def run(**kwargs: Any) -> None:
@@ -203,17 +251,48 @@ def watched(test: Callable[..., Any], limit_s: float, name: str = "") -> Callabl
             # end the test's last step while the watch still sees it
             await trio.lowlevel.cancel_shielded_checkpoint()
             trio.lowlevel.remove_instrument(watch)
-            watch.close()
-        log = os.environ.get("LOOP_WATCH_LOG")
-        if log:
-            worst = watch.longest
-            with open(log, "a") as out:
-                out.write(
-                    f"{worst.held_s * 1000:.1f}\t{worst.wall_s * 1000:.1f}\t{name}\t{worst.task}\n"
-                )
-        problem = watch.report()
+        problem = _finish(watch, name)
         if problem is not None:
             pytest.fail(problem, pytrace=False)
+
+    return run
+
+
+def watched_sync(
+    test: Callable[..., Any], limit_s: float, name: str, unwatched: Callable[[str], None]
+) -> Callable[..., Any]:
+    """``test`` (a plain test function) with every ``trio.run`` it makes, on any thread,
+    run with a :class:`LoopWatch` installed: a sync test in a watched module is most
+    often a fuzzer that drives its own trio loop. One that runs no trio loop here is
+    reported through ``unwatched`` (its loop, if any, runs in another process)."""
+
+    @functools.wraps(test)
+    def run(**kwargs: Any) -> Any:
+        plain_run = trio.run
+        problems: list[str] = []
+        runs = 0
+
+        def watched_run(*args: Any, instruments: Sequence[Any] = (), **options: Any) -> Any:
+            nonlocal runs
+            runs += 1
+            watch = LoopWatch(limit_s)  # made on the thread that runs the loop
+            try:
+                return plain_run(*args, instruments=[*instruments, watch], **options)
+            finally:
+                problem = _finish(watch, name)
+                if problem is not None:
+                    problems.append(problem)
+
+        trio.run = watched_run
+        try:
+            result = test(**kwargs)
+        finally:
+            trio.run = plain_run
+        if problems:
+            pytest.fail("\n".join(problems), pytrace=False)
+        if not runs:
+            unwatched("it ran no trio loop in this process")
+        return result
 
     return run
 
@@ -221,20 +300,63 @@ def watched(test: Callable[..., Any], limit_s: float, name: str = "") -> Callabl
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "loop_watch(limit_s=0.2): fail an async test whose task steps block the trio loop",
+        "loop_watch(limit_s=0.2): fail a test whose trio task steps block the trio loop",
     )
+    if not config.pluginmanager.has_plugin("loop_watch_unwatched"):  # loaded twice
+        config.pluginmanager.register(Unwatched(), "loop_watch_unwatched")
+
+
+_PROPERTY = "loop_watch: not watched"
+"""The user property a test's report names a reason it was not watched in (the
+report reaches pytest-xdist's controller from its worker with it)."""
+
+
+class Unwatched:
+    """Names every marked test that ran unwatched, by reason, at the end of the run: a
+    silent gap in the watch is how both AG-UI fuzzers went unwatched (issue 39)."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[str, str]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.found += [
+                (report.nodeid, str(why)) for key, why in report.user_properties if key == _PROPERTY
+            ]
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.found:
+            return
+        terminalreporter.section("loop watch: marked tests not watched", sep="-")
+        for reason in sorted({why for _, why in self.found}):
+            names = sorted(nodeid for nodeid, why in self.found if why == reason)
+            terminalreporter.line(f"{len(names)}, {reason}:")
+            for name in names:
+                terminalreporter.line(f"  {name}")
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Wraps a marked test in the watch (before pytest-trio wraps it to run it): an
+    async test as a whole, each example of an async Hypothesis test, each ``trio.run``
+    of a plain test. A test it cannot watch is named in the summary at the end."""
     marker = item.get_closest_marker("loop_watch")
     obj = getattr(item, "obj", None)
-    if (
-        marker is not None
-        and (not marker.args or marker.args[0])
-        and inspect.iscoroutinefunction(obj)
-        and not hasattr(obj, "hypothesis")
-    ):
-        limit = float(marker.kwargs.get("limit_s", LIMIT_S))
+    if marker is None or obj is None:
+        yield
+        return
+
+    def unwatched(reason: str) -> None:
+        item.user_properties.append((_PROPERTY, reason))
+
+    limit = float(marker.kwargs.get("limit_s", LIMIT_S))
+    hypothesis = getattr(obj, "hypothesis", None)
+    if marker.args and not marker.args[0]:
+        unwatched("turned off for it: loop_watch(False)")
+    elif hypothesis is not None and inspect.iscoroutinefunction(hypothesis.inner_test):
+        hypothesis.inner_test = watched(hypothesis.inner_test, limit, item.nodeid)
+    elif not inspect.iscoroutinefunction(obj):
+        item.obj = watched_sync(obj, limit, item.nodeid, unwatched)  # type: ignore[attr-defined]
+    else:
         item.obj = watched(obj, limit, item.nodeid)  # type: ignore[attr-defined]
     yield

@@ -15,6 +15,12 @@ Offered a tool named ``get_location`` (an AG-UI front end's), it calls that firs
 names its result in the final answer; offered ``ask_user``, it asks "Which colour?"
 first, and names the answer.
 
+With ``SERVE_DB_LLM_HOLD_DIR=DIR``, a prompt that says ``hold:NAME`` has its final
+answer held: the server makes ``DIR/NAME.held`` and answers once ``DIR/NAME.release``
+exists. A test so knows the cast is in its last turn, and keeps it there while it
+does what it names (a message arriving then, a second prompt while one runs) --
+instead of hoping a delay is long enough on a loaded machine.
+
 Run: ``python tests/serve_db_llm.py --turns 3 --delay 0.1``; prints ``url <base
 url>`` on stdout and serves until stdin closes.
 """
@@ -23,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -32,12 +40,24 @@ from fake_providers import Answer, Call, FakeOpenAI, Request, Sender, serve
 KEY = "serve-db-test-key"
 
 
+HOLD = re.compile(r"hold:(\w+)")
+
+
+async def _held(folder: Path, name: str) -> None:
+    """Says the answer is held (``NAME.held``), then waits for ``NAME.release``."""
+    (folder / f"{name}.held").touch()
+    while not (folder / f"{name}.release").exists():
+        await trio.sleep(0.01)
+
+
 class ConversationOpenAI(FakeOpenAI):
     def __init__(self, turns: int, delay_s: float) -> None:
         super().__init__([], key=KEY)
         self.turns = turns
         self.delay_s = delay_s
         self.chatty = os.environ.get("SERVE_DB_LLM_CHATTY") == "1"
+        hold_dir = os.environ.get("SERVE_DB_LLM_HOLD_DIR")
+        self.hold_dir = Path(hold_dir) if hold_dir else None
 
     async def respond(self, request: Request, send: Sender) -> None:
         # the delay comes first: from setting the script to the parent popping it there is
@@ -54,6 +74,9 @@ class ConversationOpenAI(FakeOpenAI):
             last = users[-1]
             prompt = messages[last].get("content")
             steps = sum(1 for m in messages[last:] if m.get("role") == "assistant")
+            hold = HOLD.search(str(prompt))
+            if hold is not None and steps + 1 >= self.turns and self.hold_dir is not None:
+                await _held(self.hold_dir, hold.group(1))
             offered = [(t.get("function") or {}).get("name") for t in body.get("tools") or []]
             client = "get_location" in offered  # a front end's own tool (AG-UI)
             asks = "ask_user" in offered

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import trio
+from loop_watch import MachineTime
 
 import cantrip
 import gates
@@ -392,7 +393,8 @@ async def test_retryable_provider_error_is_retried_inside_one_turn(autojump_cloc
     c, llm = make([{"error": {"status": 503, "message": "overloaded"}}, done("after retry")])
     wall = time.perf_counter()
     before = trio.current_time()
-    result = await c.cast_async("go")
+    with MachineTime() as taken:  # what a busy machine adds to the wall time
+        result = await c.cast_async("go")
     waited = trio.current_time() - before
     assert result.terminated
     assert result.result == "after retry"
@@ -402,7 +404,7 @@ async def test_retryable_provider_error_is_retried_inside_one_turn(autojump_cloc
     assert len(llm.invocations) == 2
     # backoff starts at 1 s (plus at most 25 % jitter), on the virtual clock
     assert 1.0 <= waited <= 1.25 + 1e-6
-    assert time.perf_counter() - wall < 1.0
+    assert time.perf_counter() - wall - taken() < 1.0
     # the failed attempt never reached the entity's context
     assert roles(llm.invocations[1].messages) == ["system", "user"]
 

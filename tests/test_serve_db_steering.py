@@ -9,9 +9,13 @@ messages the model saw), two ``serve --db`` replicas and ``cantrip worker`` proc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
-from collections.abc import Iterator
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ import httpx
 import pytest
 import trio
 from pg_cluster import fresh_database
-from test_serve_db import TURNS, Stack, open_stack
+from test_serve_db import TURNS, Stack, _free_port, open_stack
 
 pytestmark = pytest.mark.loop_watch
 
@@ -34,8 +38,25 @@ start at the latest, so "a turn landed" means the next turn's LLM call is out.)"
 def stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """PostgreSQL, the loopback LLM, two serve replicas and one worker, for this module."""
     url = fresh_database(pg_server, "serve_db_steering")
-    with open_stack(url, tmp_path_factory.mktemp("serve-db-steering"), delay_s=DELAY_S) as built:
+    root = tmp_path_factory.mktemp("serve-db-steering")
+    (root / "held").mkdir()
+    hold = {"SERVE_DB_LLM_HOLD_DIR": str(root / "held")}  # see tests/serve_db_llm.py
+    with open_stack(url, root, delay_s=DELAY_S, **hold) as built:
         yield built
+
+
+@contextlib.asynccontextmanager
+async def _holding(stack: Stack, name: str) -> AsyncIterator[None]:
+    """Waits until the cast whose prompt says ``hold:<name>`` is in its last turn, its
+    model call held by the loopback LLM; the call is answered when the block is left."""
+    folder = Path(stack.env["SERVE_DB_LLM_HOLD_DIR"])
+    try:
+        with trio.fail_after(60):
+            while not (folder / f"{name}.held").exists():
+                await trio.sleep(0.02)
+        yield
+    finally:
+        (folder / f"{name}.release").touch()
 
 
 def _client(base: str) -> httpx.AsyncClient:
@@ -130,22 +151,23 @@ async def test_a_message_sent_to_one_replica_joins_the_cast_a_worker_runs(stack:
 async def test_a_message_that_arrives_during_the_last_turn_comes_back_undelivered(
     stack: Stack,
 ) -> None:
+    """Sent while the last turn's model call is out (held there until it is accepted),
+    the message has no next turn to join: the prompt's result gives it back. (One sent
+    once the cast has ended is refused: the first test of this module.)"""
     a, b = stack.replicas
     async with _client(a) as on_a, _client(b) as on_b:
-        sid, entity = await _new_session(on_a)
+        sid, _ = await _new_session(on_a)
         async with trio.open_nursery() as nursery:
             first = await _in_background(
-                nursery, on_a, f"/sessions/{sid}/prompt", {"prompt": "Finish."}
+                nursery, on_a, f"/sessions/{sid}/prompt", {"prompt": "Finish. hold:last_turn"}
             )
-            await _turns_landed(stack, entity, TURNS - 1)  # the last turn's call is out
-            sent = await on_b.post(f"/sessions/{sid}/messages", json={"text": "too late"})
+            async with _holding(stack, "last_turn"):
+                sent = await on_b.post(f"/sessions/{sid}/messages", json={"text": "too late"})
         result = first[0].json()
         thread = (await on_b.get(f"/sessions/{sid}/thread")).json()["turns"]
-    if sent.status_code == 409:  # the cast had already ended: refused, so not lost either
-        assert "undelivered" not in result
-        return
     assert sent.status_code == 202, sent.text
-    assert result["result"] == "Finish. ok #1" and result["turns"] == TURNS
+    assert result["result"] == "Finish. hold:last_turn ok #1", result
+    assert result["turns"] == TURNS
     assert result["undelivered"] == ["too late"]
     assert _steered(thread) == []
 
@@ -249,25 +271,36 @@ async def _stream(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> l
 
 @pytest.mark.parametrize("policy", ["enqueue", "interrupt", "rollback"])
 async def test_a_second_prompt_while_one_runs_follows_on_busy(stack: Stack, policy: str) -> None:
-    """The first prompt runs at the worker; a second at the other replica, streamed,
-    with ``?on_busy=``. What the model saw, the thread and the loom say what happened."""
+    """The first prompt runs at the worker (held in its last turn until the second has
+    been queued, or has cut it off); a second at the other replica, streamed, with
+    ``?on_busy=``. What the model saw, the thread and the loom say what happened."""
     a, b = stack.replicas
+    name = f"second_prompt_{policy}"
+    first_task = f"First task. hold:{name}"
     async with _client(a) as on_a, _client(b) as on_b:
         sid, entity = await _new_session(on_a)
         zero = (await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "Zero."})).json()
         assert zero["result"] == "Zero. ok #1"
+        streamed_events: list[list[Any]] = []
+
+        async def second() -> None:
+            path = f"/sessions/{sid}/prompt?on_busy={policy}&stream=1"
+            streamed_events.append(await _stream(on_b, path, {"prompt": "Second task."}))
+
         async with trio.open_nursery() as nursery:
             first = await _in_background(
-                nursery, on_a, f"/sessions/{sid}/prompt", {"prompt": "First task."}
+                nursery, on_a, f"/sessions/{sid}/prompt", {"prompt": first_task}
             )
-            await _turns_landed(stack, entity, TURNS + 1)
-            refused = await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "No."})
-            assert refused.status_code == 409  # the server's default: reject
-            assert refused.json()["error"]["code"] == "busy"
-            events = await _stream(
-                on_b, f"/sessions/{sid}/prompt?on_busy={policy}&stream=1",
-                {"prompt": "Second task."},
-            )  # fmt: skip
+            async with _holding(stack, name):
+                refused = await on_b.post(f"/sessions/{sid}/prompt", json={"prompt": "No."})
+                assert refused.status_code == 409  # the server's default: reject
+                assert refused.json()["error"]["code"] == "busy"
+                nursery.start_soon(second)
+                if policy == "enqueue":  # the first answers once the second is queued
+                    await _work_items(stack, entity, 3)
+                else:  # it cuts the first one off
+                    await _answered(first)
+        events = streamed_events[0]
         a_result = first[0].json()
         b_result = events[-1][1]
         assert events[-1][0] == "result" and b_result["terminated"], events
@@ -284,22 +317,22 @@ async def test_a_second_prompt_while_one_runs_follows_on_busy(stack: Stack, poli
             entity,
         )
     if policy == "enqueue":  # it waited for the first, then saw all three prompts
-        assert a_result["terminated"] and a_result["result"] == "First task. ok #2"
+        assert a_result["terminated"] and a_result["result"] == f"{first_task} ok #2"
         assert b_result["result"] == "Second task. ok #3"
-        assert intents == ["Zero.", "First task.", "Second task."]
+        assert intents == ["Zero.", first_task, "Second task."]
         return
     assert a_result["truncated"] and a_result["reason"] == "interrupted", a_result
     assert a_result["stop_reason"] == "cancelled"
     assert [r for _, r in loom].count("interrupted") == 1  # the cut-off turn, recorded
     if policy == "interrupt":  # the second prompt sees the cut-off first one
         assert b_result["result"] == "Second task. ok #3"
-        assert intents == ["Zero.", "First task.", "Second task."]
+        assert intents == ["Zero.", first_task, "Second task."]
         assert any(t["reason"] == "interrupted" for t in thread)
     else:  # rollback: from before the first; its turns stay in the loom as a branch
         assert b_result["result"] == "Second task. ok #2"
         assert intents == ["Zero.", "Second task."]
         assert not any(t["reason"] == "interrupted" for t in thread)
-        assert "First task." in [i for i, _ in loom]  # the branch is kept
+        assert first_task in [i for i, _ in loom]  # the branch is kept
         second = next(t for t in thread if t["intent"] == "Second task.")
         assert second["parent_id"] == thread[TURNS - 1]["id"]  # continues from Zero's end
         ids = [t["id"] for t in thread]
@@ -345,20 +378,14 @@ async def test_a_rolled_back_cast_whose_worker_dies_is_resumed_from_its_branch(
     assert json.loads(outcome)["turns"] == TURNS
 
 
-def test_serve_db_takes_every_on_busy_policy_at_start(stack: Stack, tmp_path: Path) -> None:
-    """``serve --db --on-busy enqueue`` starts (it was refused) and applies to prompts
-    that do not say otherwise."""
-    import subprocess
-    import sys
-    import time
-
-    from test_serve_db import _free_port
-
+@contextlib.contextmanager
+def _serving(stack: Stack, *options: str) -> Iterator[str]:
+    """One more ``serve --db`` replica, started with ``options``, until the block ends."""
     port = _free_port()
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "cantrip", "serve", str(stack.spec), "--db", stack.url),
-            *("--port", str(port), "--on-busy", "enqueue", "--grace-s", "1"),
+            *("--port", str(port), "--grace-s", "1", *options),
         ],
         env=stack.env,
         stdout=subprocess.DEVNULL,
@@ -376,25 +403,69 @@ def test_serve_db_takes_every_on_busy_policy_at_start(stack: Stack, tmp_path: Pa
                 pass
             assert time.monotonic() < deadline
             time.sleep(0.1)
-
-        async def both() -> list[dict[str, Any]]:
-            async with _client(base) as http:
-                sid, entity = await _new_session(http)
-                async with trio.open_nursery() as nursery:
-                    one = await _in_background(
-                        nursery, http, f"/sessions/{sid}/prompt", {"prompt": "One."}
-                    )
-                    await _turns_landed(stack, entity, 1)
-                    two = await _in_background(
-                        nursery, http, f"/sessions/{sid}/prompt", {"prompt": "Two."}
-                    )
-                return [one[0].json(), two[0].json()]
-
-        one, two = trio.run(both)
-        assert one["result"] == "One. ok #1" and two["result"] == "Two. ok #2"
+        yield base
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("policy", ["reject", "enqueue", "interrupt", "rollback"])
+def test_serve_db_takes_every_on_busy_policy_at_start(stack: Stack, policy: str) -> None:
+    """``serve --db --on-busy <policy>`` starts (``enqueue`` was refused) and applies
+    the policy to a prompt that does not say otherwise, sent while the first one runs
+    (held in its last turn until the second was answered or queued)."""
+    name = f"on_busy_{policy}"
+
+    async def both(base: str) -> tuple[dict[str, Any], httpx.Response]:
+        async with _client(base) as http:
+            sid, entity = await _new_session(http)
+            async with trio.open_nursery() as nursery:
+                one = await _in_background(
+                    nursery, http, f"/sessions/{sid}/prompt", {"prompt": f"One. hold:{name}"}
+                )
+                async with _holding(stack, name):
+                    two = await _in_background(
+                        nursery, http, f"/sessions/{sid}/prompt", {"prompt": "Two."}
+                    )
+                    if policy == "enqueue":  # the first answers once the second is queued
+                        await _work_items(stack, entity, 2)
+                    else:  # refused, or it has cut the first one off
+                        await _answered(one if policy != "reject" else two)
+            return one[0].json(), two[0]
+
+    with _serving(stack, "--on-busy", policy) as base:
+        one, two = trio.run(both, base)
+    if policy == "reject":
+        assert two.status_code == 409 and two.json()["error"]["code"] == "busy", two.text
+        assert one["result"] == f"One. hold:{name} ok #1", one
+        return
+    answer = two.json()
+    if policy == "enqueue":  # it waited for the first, then saw both prompts
+        assert one["result"] == f"One. hold:{name} ok #1", one
+        assert answer["result"] == "Two. ok #2", answer
+        return
+    assert one["truncated"] and one["reason"] == "interrupted", one
+    if policy == "interrupt":  # the second sees the cut-off first one
+        assert answer["result"] == "Two. ok #2", answer
+    else:  # rollback: from before the first
+        assert answer["result"] == "Two. ok #1", answer
+
+
+async def _work_items(stack: Stack, entity: str, count: int) -> None:
+    """Wait until the entity has ``count`` prompts queued or run."""
+    with trio.fail_after(60):
+        while (
+            len(await stack.query("SELECT 1 FROM cantrip_work WHERE entity_id = %s", entity))
+            < count
+        ):
+            await trio.sleep(0.02)
+
+
+async def _answered(responses: list[httpx.Response]) -> None:
+    """Wait until a background request has its response."""
+    with trio.fail_after(60):
+        while not responses:
+            await trio.sleep(0.02)
 
 
 # -- the schema and the queue underneath ----------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 
 import cantrip
 from cantrip import Cantrip, Circle, Identity, Loom, ScriptedLLM, max_turns
@@ -205,9 +206,13 @@ async def test_double_texting_policies(policy: str) -> None:
             second = await prompt_in_background(
                 nursery, http, sid, "Second task.", f"?on_busy={policy}"
             )
-            await trio.sleep(0.2)
+            # the second prompt has done all it can while the first is held (all in this
+            # trio run: no thread works meanwhile)
+            await trio.testing.wait_all_tasks_blocked(0.01)
             if policy == "enqueue":
-                assert not second  # waiting for the first
+                assert not first and not second  # queued behind the first
+            else:
+                assert first  # it cut the first one off before that could end
             release.set()
         a, b = first[0].json(), second[0].json()
         assert second[0].status_code == 200 and b["terminated"]
@@ -312,7 +317,13 @@ async def test_acp_prompts_while_one_runs_follow_on_busy(policy: str) -> None:
         nursery.start_soon(send, 1, prompt(1, "First task."))
         await started.wait()
         nursery.start_soon(send, 2, prompt(2, "Second task.", onBusy=policy))
-        await trio.sleep(0.2)
+        await trio.testing.wait_all_tasks_blocked(0.01)  # it did all it can while one runs
+        if policy in ("reject", "steer"):
+            assert sorted(answers) == [2]  # answered at once, the first still running
+        elif policy == "enqueue":
+            assert not answers  # queued behind the first
+        else:
+            assert 1 in answers  # it cut the first one off before that could end
         release.set()
     first, second = answers[1], answers[2]
     entity = s.loom.entities
