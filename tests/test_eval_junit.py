@@ -24,10 +24,12 @@ from hypothesis import strategies as st
 from cantrip.evals import junit_xml
 from cantrip.evals._runner import EvalReport, RunResult
 
-ILLEGAL = (
-    [chr(c) for c in range(0x20) if c not in (0x9, 0xA, 0xD)]
-    + ["\ud800", "\udfff", "\ufffe", "\uffff"]
-)
+ILLEGAL = [chr(c) for c in range(0x20) if c not in (0x9, 0xA, 0xD)] + [
+    "\ud800",
+    "\udfff",
+    "\ufffe",
+    "\uffff",
+]
 """Every character XML 1.0 forbids in the ranges a report meets: the C0 controls but
 tab, newline and carriage return; lone surrogates; the two non-characters U+FFFE/F."""
 

@@ -496,6 +496,40 @@ async def test_repeats_report_pass_rates_flaky_cases_and_percentiles(tmp_path: P
     assert report.to_dict()["summary"]["flaky"] == ["coin"]
 
 
+@pytest.mark.parametrize("missing", [True, False])
+async def test_max_tokens_fails_when_the_provider_reported_no_usage(missing: bool) -> None:
+    """A call whose provider reported no usage used an unknown number of tokens: a
+    token budget cannot be shown kept, so ``max_tokens`` fails, as ``max_cost_usd``
+    fails on an unknown cost (issue 39, item 16). Zero tokens reported still passes."""
+
+    def agent(loom: Loom) -> Cantrip:
+        llm = ScriptedLLM(
+            [
+                {"tool_calls": [{"gate": "echo", "args": {"text": "hi"}}]},
+                {
+                    "tool_calls": [{"gate": "done", "args": {"answer": "ok"}}],
+                    "usage": {"prompt_tokens": 7},
+                },
+            ],
+            usage=cantrip.Usage(missing=True) if missing else cantrip.Usage(),
+        )
+        return Cantrip(
+            llm=llm, identity=Identity(), circle=Circle([done, echo], [max_turns(3)]), loom=loom
+        )
+
+    suite = Suite([Case(name="c", intent="Go.", expect=Expect(max_tokens=1000))])
+    report = await run_suite(suite, cantrip=agent)
+    run = report.runs[0]
+    if missing:
+        assert run.status == "failed"
+        assert run.why == (
+            "used at least 7 tokens and an unknown number more: the provider reported no "
+            "usage for a call (max 1000)"
+        )
+    else:
+        assert run.status == "passed" and run.tokens == 7
+
+
 async def test_the_run_s_cost_cap_stops_starting_cases(tmp_path: Path) -> None:
     def priced(loom: Loom) -> Cantrip:
         llm = ScriptedLLM(
