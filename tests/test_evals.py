@@ -280,8 +280,9 @@ async def test_the_judge_gives_a_verdict_with_reasoning_and_its_own_cost(tmp_pat
     summary = good.to_dict()["summary"]
     assert summary["judge_cost_usd"] == pytest.approx(0.0012)
     assert summary["cost_usd"] == 0.0  # the agent's own cost, counted apart
-    rubric = kind.invocations[0].messages[-1].content or ""
-    assert "Greets warmly" in rubric and "I greeted the world." in rubric
+    system, data = kind.invocations[0].messages
+    assert "Rubric:\nGreets warmly" in (system.content or "")
+    assert json.loads(data.content or "") == {"task": "Greet.", "answer": "I greeted the world."}
 
 
 async def test_a_judge_without_a_verdict_errors_the_case(tmp_path: Path) -> None:
