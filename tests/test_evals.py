@@ -418,6 +418,29 @@ async def test_replay_llm_is_stateless_and_raises_on_an_unknown_conversation() -
         await llm.query([cantrip.Message("user", "hi")])
 
 
+async def test_a_budgeted_cast_replays_at_its_recorded_cost() -> None:
+    """A replay reports each answer's recorded cost (as OpenRouter reports its own):
+    a spec with a ``max_cost_usd`` ward replays as it ran, not refused for the replay
+    LLM having no price of its own (issue 39, item 16), and costs what it cost."""
+
+    def spell(llm: cantrip.LLM, loom: Loom) -> Cantrip:
+        wards = [max_turns(5), cantrip.max_cost_usd(1.0)]
+        return Cantrip(llm=llm, identity=Identity(), circle=Circle([done, echo], wards), loom=loom)
+
+    script = [
+        {"tool_calls": [{"gate": "echo", "args": {"text": "hi"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]},
+    ]
+    priced = ScriptedLLM(script, usage=cantrip.Usage(1000, 0), pricing=Pricing(1.0, 2.0))
+    recording = Loom()
+    recorded = await spell(priced, recording).cast_async("Go.")
+    assert recorded.terminated and recorded.cost_usd == pytest.approx(0.002)
+    replayed = await spell(replay_llm(recording), Loom()).cast_async("Go.")
+    assert (replayed.terminated, replayed.result) == (True, "ok")
+    assert [t.metadata.cost_usd for t in replayed.turns] == [pytest.approx(0.001)] * 2
+    assert replayed.cost_usd == pytest.approx(0.002)
+
+
 # -- a recorded cast becomes a case -------------------------------------------------
 
 
