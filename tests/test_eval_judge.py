@@ -176,6 +176,17 @@ async def test_an_answer_that_rewrites_the_rubric_does_not_pass(bias: Bias, inje
     assert json.loads(user.content or "") == {"task": INTENT, "answer": injection}
 
 
+async def test_the_answer_reaches_the_judge_exactly_whatever_it_holds() -> None:
+    """Quotes, line ends, a NUL, a lone surrogate: the data decodes to the answer as it
+    was, and the message can be sent as UTF-8."""
+    answer = 'a "quote"\nline\x00 \\ \ud83d tail \u00e9\U0001f600'
+    judge = SteerableJudge("any")
+    assert await judged(answer, judge) == "failed"
+    user = judge.invocations[0][-1].content or ""
+    user.encode("utf-8")
+    assert json.loads(user)["answer"] == answer
+
+
 # -- the verdict is parsed strictly ------------------------------------------------
 
 

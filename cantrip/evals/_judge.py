@@ -18,6 +18,7 @@ passes by default.
 from __future__ import annotations
 
 import json
+import re
 
 import attrs
 
@@ -52,9 +53,15 @@ verdict tool exactly once."""
 """The judge's system message: the rubric first, then what the data is."""
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def judge_messages(rubric: str, outcome: Outcome) -> list[Message]:
     """The judge's prompt: the rubric in the instruction, the task and the answer as data."""
     data = json.dumps({"task": outcome.intent, "answer": outcome.text}, ensure_ascii=False)
+    # A lone surrogate (a model's stray "\\ud83d") cannot be sent as UTF-8; inside a
+    # JSON string its \\u escape is the same character, so the data stays exact.
+    data = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", data)
     return [
         Message(role="system", content=INSTRUCTION.format(rubric=rubric)),
         Message(role="user", content=data),
