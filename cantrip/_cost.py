@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import attrs
 
-PRICE_UNKNOWN = (
-    "a model's price is unknown (add cost_input_per_1m / cost_output_per_1m for it to the "
-    "provider config)"
+NO_PRICE_FIX = (
+    "(add cost_input_per_1m / cost_output_per_1m for it to the provider config, or give "
+    "the LLM a pricing)"
 )
+PRICE_UNKNOWN = f"a model's price is unknown {NO_PRICE_FIX}"
 USAGE_UNKNOWN = (
     "the provider reported no token usage for a call, so what it cost is unknown "
     "(a missing usage is never counted as $0)"
@@ -68,19 +69,26 @@ class CostMeter:
                 meter.spent += cost
             meter = meter.parent
 
-    def refusal(self, estimate: float = 0.0) -> str | None:
+    def refusal(self, estimate: float = 0.0, *, unpriced: str | None = None) -> str | None:
         """Why the next call must not be made, or ``None`` if every budget allows it.
 
         A call is refused when what was spent plus ``estimate`` (the least the
         call will cost) would go over a budget, when a budget is already spent,
         or when a price is unknown: a budget that cannot be measured cannot be
-        kept, so the cast stops rather than spend blindly.
+        kept, so the cast stops rather than spend blindly. ``unpriced`` names the
+        model about to be called when it has no price at all: then no call to it
+        is made, the first included (issue 39, item 16).
         """
         meter: CostMeter | None = self
         while meter is not None:
             limit = meter.limit
             if limit is not None:
                 scope = "this cast" if meter is self else "the entity tree"
+                if unpriced is not None:
+                    return (
+                        f"max_cost_usd ${limit:g} cannot be kept: the model {unpriced} has no "
+                        f"price, so no call to it can be priced {NO_PRICE_FIX}"
+                    )
                 if meter.unknown:
                     why = meter.unknown_why or PRICE_UNKNOWN
                     return f"max_cost_usd ${limit:g} cannot be kept: {why}"

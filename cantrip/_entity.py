@@ -70,7 +70,13 @@ from cantrip.llm._contract import (
     Usage,
     can_stream,
 )
-from cantrip.llm._cost import PriceMemo, llm_pricing, prompt_cost, response_cost
+from cantrip.llm._cost import (
+    PriceMemo,
+    llm_pricing,
+    prompt_cost,
+    response_cost,
+    unpriced_model,
+)
 from cantrip.llm._retry import UNREACHABLE, RetryPolicy
 from cantrip.loom._fence import LeaseLostError
 from cantrip.loom._loom import Loom
@@ -306,6 +312,7 @@ class _Cast:
         elif metadata.cost_usd:
             self.meter.charge(metadata.cost_usd)
         elif metadata.usage_missing:  # a call whose usage nobody knows: unknown, not $0
+            self.tally.missing = True  # ... and so are the cast's tokens (``usage.missing``)
             self.meter.charge(None, why=USAGE_UNKNOWN)
 
     def result(self, entity_id: str, last: Turn, value: Any) -> CastResult:
@@ -738,23 +745,25 @@ class Entity:
     def _cost_refusal(self, cast: _Cast) -> str | None:
         """Why the cost ward forbids the next LLM call (``None``: go ahead).
 
-        The least the call costs is its prompt at the input price; the prompt
-        is estimated from the last call's tokens plus what was added since
-        (about four characters a token), so no turn re-reads the history."""
+        A model with no price is refused before its first call (unless its
+        provider reports each call's cost): a budget it cannot measure cannot be
+        kept. Otherwise the least the call costs is its prompt at the input
+        price; the prompt is estimated from the last call's tokens plus what was
+        added since (about four characters a token), so no turn re-reads the
+        history."""
         pricing = llm_pricing(self.llm)
-        estimate = 0.0
-        if pricing is not None:
-            added = 0  # characters recorded since the last call that reported tokens
-            for turn in reversed(cast.turns):
-                metadata = turn.metadata
-                added += len(turn.observation)
-                if metadata.tokens_prompt:
-                    tokens = metadata.tokens_prompt + metadata.tokens_completion + added // 4
-                    break
-            else:
-                tokens = sum(len(m.text()) for m in self._context.snapshot()) // 4
-            estimate = prompt_cost(tokens, pricing)
-        return cast.meter.refusal(estimate)
+        if pricing is None:
+            return cast.meter.refusal(unpriced=unpriced_model(self.llm))
+        added = 0  # characters recorded since the last call that reported tokens
+        for turn in reversed(cast.turns):
+            metadata = turn.metadata
+            added += len(turn.observation)
+            if metadata.tokens_prompt:
+                tokens = metadata.tokens_prompt + metadata.tokens_completion + added // 4
+                break
+        else:
+            tokens = sum(len(m.text()) for m in self._context.snapshot()) // 4
+        return cast.meter.refusal(prompt_cost(tokens, pricing))
 
     async def _open_session(self) -> MediumSession:
         """The medium session, with a fork's or resumed entity's sandbox replayed into it."""

@@ -101,17 +101,112 @@ async def test_a_turn_that_spends_the_budget_ends_the_cast() -> None:
     assert outcome.turns[0].gate_calls[0].result == "x"  # the call that ran kept its result
 
 
-async def test_a_budget_with_an_unknown_price_stops_rather_than_spend_blindly() -> None:
+async def test_a_budget_on_an_unpriced_model_refuses_before_its_first_request() -> None:
+    """A model with no price cannot keep a budget: the cast is refused before it spends
+    anything (it used to make one call first, then stop), naming the ward and the model;
+    the refusal is the cast's ending in the loom, as any ward stop is (issue 39, item 16)."""
     s = spell([echo_call(), finish()], cantrip.max_cost_usd(1.0), pricing=None)
+    outcome = await s.cast_async("spend")
+    assert len(s.llm.invocations) == 0  # type: ignore[attr-defined]
+    assert (outcome.reason, outcome.truncated, outcome.terminated) == ("max_cost_usd", True, False)
+    (cut,) = outcome.turns
+    assert (cut.truncated, cut.reason, cut.gate_calls) == (True, "max_cost_usd", ())
+    assert cut.observation == (
+        "max_cost_usd $1 cannot be kept: the model 'scripted' has no price, so no call to "
+        "it can be priced (add cost_input_per_1m / cost_output_per_1m for it to the "
+        "provider config, or give the LLM a pricing)"
+    )
+    assert list(s.loom.entity_turns(outcome.entity_id)) == [cut]
+    assert outcome.cost_usd == 0.0  # nothing was spent
+
+
+async def test_an_unpriced_provider_model_is_refused_with_zero_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loopback OpenAI server counting requests: the budget refuses the cast before
+    the first request reaches it, naming the provider's model."""
+    from fake_providers import Answer, Call, isolate, running
+
+    isolate(monkeypatch, tmp_path)
+    script = [Answer(calls=(Call("done", {"answer": "spent"}),))]
+    async with running("openai", script, model="nobody-priced-me") as (fake, llm):
+        s = cantrip.Cantrip(
+            llm=llm,
+            identity=cantrip.Identity(),
+            circle=cantrip.Circle([done], [cantrip.max_turns(5), cantrip.max_cost_usd(0.25)]),
+        )
+        outcome = await s.cast_async("spend")
+    assert fake.requests == []
+    assert outcome.reason == "max_cost_usd" and outcome.truncated
+    assert outcome.turns[-1].observation.startswith(
+        "max_cost_usd $0.25 cannot be kept: the model 'nobody-priced-me' of provider "
+        "'openai' has no price"
+    )
+
+
+async def test_a_provider_that_reports_its_own_cost_is_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenRouter reports what each call cost, so a model its catalogue does not price
+    can still keep a budget: the cast runs and is charged the reported cost."""
+    from fake_providers import Answer, Call, isolate, running
+
+    isolate(monkeypatch, tmp_path)
+    script = [Answer(calls=(Call("done", {"answer": "spent"}),))]
+    async with running("openrouter", script, model="vendor/unlisted") as (fake, llm):
+        s = cantrip.Cantrip(
+            llm=llm,
+            identity=cantrip.Identity(),
+            circle=cantrip.Circle([done], [cantrip.max_turns(5), cantrip.max_cost_usd(0.25)]),
+        )
+        outcome = await s.cast_async("spend")
+    assert len(fake.requests) == 1
+    assert outcome.terminated and outcome.result == "spent"
+    assert outcome.cost_usd == pytest.approx(0.000123)
+
+
+async def test_an_unpriced_child_under_the_parents_budget_never_calls_its_model() -> None:
+    child_llm = cantrip.ScriptedLLM([finish("child")], name="unpriced-child")
+    parent_llm = cantrip.ScriptedLLM(
+        [{"tool_calls": [{"gate": "call_agent", "args": {"intent": "work"}}]}, finish("parent")],
+        pricing=PRICES,
+    )
+    s = cantrip.Cantrip(
+        llm=parent_llm,
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, echo, call_agent],
+            [cantrip.max_turns(10), cantrip.max_depth(1), cantrip.max_cost_usd(1.0)],
+        ),
+        llms={"child_llm": child_llm},
+    )
+    outcome = await s.cast_async("delegate")
+    assert child_llm.invocations == []
+    (child,) = [t for t in s.loom.turns if t.entity_id != outcome.entity_id]
+    assert child.reason == "max_cost_usd" and child.truncated
+    assert "the model 'unpriced-child' has no price" in child.observation
+    assert outcome.terminated and outcome.result == "parent"
+
+
+async def test_a_budget_with_an_unknown_cost_stops_rather_than_spend_blindly() -> None:
+    """A priced model whose one answer's cost is still unknown (no usage reported):
+    its turn keeps its gate result, and the next call is refused, saying why."""
+    no_usage = [
+        {"tool_calls": [{"gate": "echo", "args": {"text": "x"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]},
+    ]
+    s = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(no_usage, usage=cantrip.Usage(missing=True), pricing=PRICES),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, echo], [cantrip.max_turns(10), cantrip.max_cost_usd(1.0)]),
+    )
     outcome = await s.cast_async("spend")
     assert outcome.reason == "max_cost_usd"
     assert len(s.llm.invocations) == 1  # type: ignore[attr-defined]
-    # The one call's price cannot be known: its turn keeps its gate result, and the
-    # next call is refused, saying why, in a cut-off turn; no cost is claimed.
     ran, cut = outcome.turns
     assert [c.result for c in ran.gate_calls] == ["x"] and not ran.truncated
     assert (cut.truncated, cut.reason, cut.gate_calls) == (True, "max_cost_usd", ())
-    assert "price is unknown" in cut.observation
+    assert "reported no token usage" in cut.observation
     assert outcome.cost_usd is None
 
 
@@ -240,8 +335,9 @@ wards = [{max_turns = 5}, {max_cost_usd = 0.5}]
     )
     code = cli_main(["cast", "--json", "-q", str(spec), "spend"])
     data = json.loads(capsys.readouterr().out)
-    # a scripted LLM from a spec has no prices: the budget cannot be kept
-    assert data["cost_usd"] is None
+    # a scripted LLM from a spec has no prices: the budget cannot be kept, and the
+    # cast is refused before it spends anything
+    assert data["cost_usd"] == 0.0 and data["turns"] == 1
     assert data["reason"] == "max_cost_usd" and code == 2
 
 

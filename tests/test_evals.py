@@ -280,8 +280,9 @@ async def test_the_judge_gives_a_verdict_with_reasoning_and_its_own_cost(tmp_pat
     summary = good.to_dict()["summary"]
     assert summary["judge_cost_usd"] == pytest.approx(0.0012)
     assert summary["cost_usd"] == 0.0  # the agent's own cost, counted apart
-    rubric = kind.invocations[0].messages[-1].content or ""
-    assert "Greets warmly" in rubric and "I greeted the world." in rubric
+    system, data = kind.invocations[0].messages
+    assert "Rubric:\nGreets warmly" in (system.content or "")
+    assert json.loads(data.content or "") == {"task": "Greet.", "answer": "I greeted the world."}
 
 
 async def test_a_judge_without_a_verdict_errors_the_case(tmp_path: Path) -> None:
@@ -417,6 +418,29 @@ async def test_replay_llm_is_stateless_and_raises_on_an_unknown_conversation() -
         await llm.query([cantrip.Message("user", "hi")])
 
 
+async def test_a_budgeted_cast_replays_at_its_recorded_cost() -> None:
+    """A replay reports each answer's recorded cost (as OpenRouter reports its own):
+    a spec with a ``max_cost_usd`` ward replays as it ran, not refused for the replay
+    LLM having no price of its own (issue 39, item 16), and costs what it cost."""
+
+    def spell(llm: cantrip.LLM, loom: Loom) -> Cantrip:
+        wards = [max_turns(5), cantrip.max_cost_usd(1.0)]
+        return Cantrip(llm=llm, identity=Identity(), circle=Circle([done, echo], wards), loom=loom)
+
+    script = [
+        {"tool_calls": [{"gate": "echo", "args": {"text": "hi"}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]},
+    ]
+    priced = ScriptedLLM(script, usage=cantrip.Usage(1000, 0), pricing=Pricing(1.0, 2.0))
+    recording = Loom()
+    recorded = await spell(priced, recording).cast_async("Go.")
+    assert recorded.terminated and recorded.cost_usd == pytest.approx(0.002)
+    replayed = await spell(replay_llm(recording), Loom()).cast_async("Go.")
+    assert (replayed.terminated, replayed.result) == (True, "ok")
+    assert [t.metadata.cost_usd for t in replayed.turns] == [pytest.approx(0.001)] * 2
+    assert replayed.cost_usd == pytest.approx(0.002)
+
+
 # -- a recorded cast becomes a case -------------------------------------------------
 
 
@@ -494,6 +518,40 @@ async def test_repeats_report_pass_rates_flaky_cases_and_percentiles(tmp_path: P
     assert case["flaky"] and case["pass_at_k"] == 1.0 and case["pass_all_k"] == 0.0
     assert case["turns"] == {"mean": 2.0, "p95": 2.0}
     assert report.to_dict()["summary"]["flaky"] == ["coin"]
+
+
+@pytest.mark.parametrize("missing", [True, False])
+async def test_max_tokens_fails_when_the_provider_reported_no_usage(missing: bool) -> None:
+    """A call whose provider reported no usage used an unknown number of tokens: a
+    token budget cannot be shown kept, so ``max_tokens`` fails, as ``max_cost_usd``
+    fails on an unknown cost (issue 39, item 16). Zero tokens reported still passes."""
+
+    def agent(loom: Loom) -> Cantrip:
+        llm = ScriptedLLM(
+            [
+                {"tool_calls": [{"gate": "echo", "args": {"text": "hi"}}]},
+                {
+                    "tool_calls": [{"gate": "done", "args": {"answer": "ok"}}],
+                    "usage": {"prompt_tokens": 7},
+                },
+            ],
+            usage=cantrip.Usage(missing=True) if missing else cantrip.Usage(),
+        )
+        return Cantrip(
+            llm=llm, identity=Identity(), circle=Circle([done, echo], [max_turns(3)]), loom=loom
+        )
+
+    suite = Suite([Case(name="c", intent="Go.", expect=Expect(max_tokens=1000))])
+    report = await run_suite(suite, cantrip=agent)
+    run = report.runs[0]
+    if missing:
+        assert run.status == "failed"
+        assert run.why == (
+            "used at least 7 tokens and an unknown number more: the provider reported no "
+            "usage for a call (max 1000)"
+        )
+    else:
+        assert run.status == "passed" and run.tokens == 7
 
 
 async def test_the_run_s_cost_cap_stops_starting_cases(tmp_path: Path) -> None:

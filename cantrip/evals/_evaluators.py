@@ -116,8 +116,16 @@ def plain_checks(expect: Expect, outcome: Outcome) -> list[Check]:
         ok = turns >= expect.min_turns
         add("min_turns", ok, f"took {turns} turns (min {expect.min_turns})")
     if expect.max_tokens is not None:
-        ok = outcome.tokens <= expect.max_tokens
-        add("max_tokens", ok, f"used {outcome.tokens} tokens (max {expect.max_tokens})")
+        # Tokens nobody reported are unknown, never 0: the budget cannot be shown kept.
+        unreported = result.usage.missing
+        ok = not unreported and outcome.tokens <= expect.max_tokens
+        said = (
+            f"at least {outcome.tokens} tokens and an unknown number more: the provider "
+            "reported no usage for a call"
+            if unreported
+            else f"{outcome.tokens} tokens"
+        )
+        add("max_tokens", ok, f"used {said} (max {expect.max_tokens})")
     if expect.max_cost_usd is not None:
         cost = result.cost_usd
         ok = cost is not None and cost <= expect.max_cost_usd

@@ -98,6 +98,9 @@ def _response_of(turn: Turn) -> Response:
         provider=meta.provider,
         reasoning=turn.reasoning,
         stop_reason="tool_use" if turn.tool_calls else "end_turn",
+        # what the answer cost when it was recorded: a replay reports it, as a
+        # provider that reports its costs does (ReplayLLM.reports_cost)
+        metadata={} if meta.cost_usd is None else {"cost": meta.cost_usd},
     )
 
 
@@ -247,6 +250,10 @@ class ReplayLLM:
 
     Stateless, so one instance serves any number of concurrent casts.
     """
+
+    reports_cost = True
+    """Each answer carries the cost it was recorded at, so a spec's ``max_cost_usd``
+    ward replays as it ran instead of refusing an LLM that has no price of its own."""
 
     def __init__(self, index: ReplayIndex, name: str = "replay") -> None:
         self._index = index

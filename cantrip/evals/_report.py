@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -54,12 +55,33 @@ def failure_lines(report: EvalReport) -> list[str]:
     return out
 
 
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+"""A character XML 1.0 cannot carry, not even as a character reference: the C0
+controls but tab, newline and carriage return, lone surrogates, U+FFFE and U+FFFF."""
+
+
+def _xml_safe(text: str) -> str:
+    """``text`` with each character XML 1.0 forbids written as a visible escape
+    (``\\x1b``, ``\\ud800``); every other character is kept as it was.
+
+    A case name or an agent's answer may hold anything (an ANSI colour's ESC, a NUL,
+    a surrogate from a bad decode); written raw, one of them makes the whole JUnit
+    file unreadable to CI (and a surrogate cannot even be encoded to UTF-8)."""
+    return _NOT_XML.sub(_escape_char, text)
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def junit_xml(report: EvalReport) -> str:
-    """JUnit XML: one test case per run, failures and errors with their reasons."""
+    """JUnit XML: one test case per run, failures and errors with their reasons; every
+    name and text made safe for XML 1.0 (:func:`_xml_safe`)."""
     data = report.to_dict()["summary"]
     suite = ET.Element(
         "testsuite",
-        name=report.suite,
+        name=_xml_safe(report.suite),
         tests=str(data["runs"]),
         failures=str(data["failed"]),
         errors=str(data["errored"]),
@@ -67,16 +89,17 @@ def junit_xml(report: EvalReport) -> str:
         time=f"{report.duration_s:.3f}",
     )
     for run in report.runs:
-        name = run.case if report.repeat == 1 else f"{run.case} [{run.repeat + 1}]"
+        name = _xml_safe(run.case if report.repeat == 1 else f"{run.case} [{run.repeat + 1}]")
+        why = _xml_safe(run.why)
         case = ET.SubElement(
             suite, "testcase", classname="cantrip.eval", name=name, time=f"{run.latency_s:.3f}"
         )
         if run.status == "failed":
-            ET.SubElement(case, "failure", message=run.why[:500]).text = run.why
+            ET.SubElement(case, "failure", message=why[:500]).text = why
         elif run.status == "errored":
-            ET.SubElement(case, "error", message=run.why[:500]).text = run.why
+            ET.SubElement(case, "error", message=why[:500]).text = why
         elif run.status == "skipped":
-            ET.SubElement(case, "skipped", message=run.why[:500])
+            ET.SubElement(case, "skipped", message=why[:500])
     root = ET.Element("testsuites")
     root.append(suite)
     return ET.tostring(root, encoding="unicode", xml_declaration=True)

@@ -12,6 +12,7 @@ zero tokens would price every such call at $0 and walk past the cost ward.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from cantrip.llm._contract import Response, Usage
@@ -25,20 +26,47 @@ def llm_pricing(llm: Any) -> Pricing | None:
     its members (``chain``, priced by its first). An adapter is priced by its
     provider catalogue; any LLM may declare ``pricing`` itself.
     """
-    seen = 0
-    while llm is not None and seen < 16:
-        seen += 1
-        declared = getattr(llm, "pricing", None)
+    for layer in _layers(llm):
+        declared = getattr(layer, "pricing", None)
         if isinstance(declared, Pricing):
             return declared
-        provider, model = getattr(llm, "provider", None), getattr(llm, "model", None)
+        provider, model = getattr(layer, "provider", None), getattr(layer, "model", None)
         if isinstance(provider, str) and isinstance(model, str):
             found = config_pricing(provider, model)
             if found is not None:
                 return found
+    return None
+
+
+def unpriced_model(llm: Any) -> str | None:
+    """How to name ``llm``'s model in a message saying it has no price, or ``None``
+    when its provider reports what each call cost (``reports_cost``, OpenRouter).
+
+    Asked only of an LLM :func:`llm_pricing` found no price for: a budget on it
+    cannot be kept, and is refused before its first call (issue 39, item 16)."""
+    name: str | None = None
+    for layer in _layers(llm):
+        if getattr(layer, "reports_cost", False) is True:
+            return None
+        provider, model = getattr(layer, "provider", None), getattr(layer, "model", None)
+        if isinstance(model, str):
+            name = (
+                f"{model!r} of provider {provider!r}" if isinstance(provider, str) else repr(model)
+            )
+        elif name is None and isinstance(getattr(layer, "name", None), str):
+            name = repr(layer.name)
+    return name or repr(type(llm).__name__)
+
+
+def _layers(llm: Any) -> Iterator[Any]:
+    """``llm`` and the LLMs it wraps, outermost first: ``inner`` of a wrapper, the
+    first member of a fallback ``chain`` (at most 16, against a wrapper cycle)."""
+    seen = 0
+    while llm is not None and seen < 16:
+        seen += 1
+        yield llm
         chain = getattr(llm, "chain", None)
         llm = getattr(llm, "inner", None) or (chain[0] if chain else None)
-    return None
 
 
 PriceMemo = dict[tuple[Any, Any, Any], Pricing | None]

@@ -381,6 +381,9 @@ class HTTPAdapter:
     """Body fields ``extra`` may not override."""
     reasoning_format: ClassVar[str | None] = None
     """The ``api_format`` whose reasoning artefacts this adapter replays (None: drops all)."""
+    reports_cost: ClassVar[bool] = False
+    """Whether every answer carries its cost (``Response.metadata["cost"]``): then a
+    model the catalogue does not price can still keep a ``max_cost_usd`` budget."""
 
     @property
     def context_window(self) -> int | None:

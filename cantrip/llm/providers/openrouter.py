@@ -18,6 +18,8 @@ from cantrip.llm.providers.openai import OpenAIAdapter
 
 
 class OpenRouterAdapter(OpenAIAdapter):
+    reports_cost = True  # usage accounting is asked for in every request (below)
+
     def build_request(
         self,
         messages: Sequence[Message],
