@@ -88,22 +88,30 @@ def check_queued_spell(spell: Mapping[str, Any]) -> None:
             if not isinstance(table, Mapping):
                 continue
             for field in fields:
-                values = table.get(field)
-                if values is None:
-                    continue
-                if not isinstance(values, Mapping):
-                    problems.append(f"{where}.{field} must be a table of names and values")
-                    continue
-                for name, value in values.items():
-                    if not (isinstance(value, str) and REFERENCE.search(value)):
-                        problems.append(
-                            f"{where}.{field}.{name}: a spec run by workers is stored in "
-                            f'the database, so give {field} values as variables ("${{NAME}}") '
-                            "that each worker reads from its own environment, not as "
-                            "literal values"
-                        )
+                problems.extend(_literals(where, field, table.get(field)))
     if problems:
         raise ConstructionError(problems)
+
+
+def _literals(table: str, field: str, values: Any) -> list[str]:
+    """The problems of one credential field of ``table``: a table of names and values
+    (``headers``, ``env``) or a single value (a ``token``), each of which must name
+    variables. A problem names where the value is, never the value."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        items = [(f"{table}.{field}", values)]
+    elif isinstance(values, Mapping):
+        items = [(f"{table}.{field}.{name}", value) for name, value in values.items()]
+    else:
+        return [f"{table}.{field} must be a table of names and values"]
+    return [
+        f"{where}: a spec run by workers is stored in the database, so give {field} "
+        'values as variables ("${NAME}") that each worker reads from its own environment, '
+        "not as literal values"
+        for where, value in items
+        if not (isinstance(value, str) and REFERENCE.search(value))
+    ]
 
 
 def url_without_secrets(url: str) -> str:

@@ -8,6 +8,7 @@ real A2A agent, is tests/test_db_secrets.py.)"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -62,8 +63,11 @@ def test_a_single_table_instead_of_an_array_is_checked_too() -> None:
     reports -- after the spell was stored, so its values are checked here all the same."""
     with pytest.raises(ConstructionError, match=r"circle\.a2a\.headers\.Authorization"):
         check_queued_spell(queued(a2a=agent(Authorization=SECRET)))
-    with pytest.raises(ConstructionError, match="must be a table of names and values"):
+    with pytest.raises(ConstructionError, match=r"^circle\.a2a\[0\]\.headers: a spec run") as one:
         check_queued_spell(queued(a2a=[{"name": "t", "url": "https://x", "headers": SECRET}]))
+    assert SECRET not in str(one.value)
+    with pytest.raises(ConstructionError, match="headers must be a table of names and values"):
+        check_queued_spell(queued(a2a=[{"name": "t", "url": "https://x", "headers": [SECRET]}]))
 
 
 def test_references_pass() -> None:
@@ -99,7 +103,8 @@ def test_an_a2a_header_reference_resolves_where_the_agent_opens(
 
 def test_the_one_list_knows_every_provider_table_and_every_credential_field() -> None:
     """A new ``[[circle.X]]`` provider table, or a new table of names and values in one
-    (where headers, an environment or tokens go), fails here until it is listed in
+    (where headers and an environment go), or a field named like a credential (a
+    token, a key, a password), fails here until it is listed in
     CREDENTIAL_FIELDS -- and so checked before a spec is queued."""
     tables = {
         name
@@ -107,8 +112,23 @@ def test_the_one_list_knows_every_provider_table_and_every_credential_field() ->
         if field.annotation == list[dict[str, Any]] and name != "wards"
     }
     assert tables == set(CREDENTIAL_FIELDS)
+    credential_names = re.compile(r"env|header|token|secret|password|key|auth|cred", re.I)
     for key, model in {"mcp": MCPTable, "a2a": A2ATable}.items():
-        named_values = {
-            name for name, f in model.model_fields.items() if f.annotation == dict[str, str]
+        carrying = {
+            name
+            for name, f in model.model_fields.items()
+            if f.annotation == dict[str, str] or credential_names.search(name)
         }
-        assert named_values == set(CREDENTIAL_FIELDS[key]), key
+        assert carrying == set(CREDENTIAL_FIELDS[key]), key
+
+
+def test_a_listed_field_may_be_a_single_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A future table whose credential is one value (``token = "..."``), once listed, is
+    checked like a table of them."""
+    import cantrip._spec_secrets as spec_secrets
+
+    monkeypatch.setattr(spec_secrets, "CREDENTIAL_FIELDS", {"future": ("token",)})
+    with pytest.raises(ConstructionError) as raised:
+        check_queued_spell(queued(future=[{"token": SECRET}, {"token": "${FUTURE_TOKEN}"}]))
+    assert [p.split(":")[0] for p in raised.value.problems] == ["circle.future[0].token"]
+    assert SECRET not in str(raised.value)
