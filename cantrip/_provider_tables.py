@@ -1,14 +1,26 @@
 """``[[circle.KEY]]`` tables of gate providers (MCP servers, A2A agents): read the same
 way, each by its own pydantic model, so that every problem of every table is reported
-at once and names are unique among them."""
+at once and names are unique among them; and the parts of the values they build that
+are the same for both (the name rule, the string tables)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import pydantic
 
 from cantrip._errors import ConstructionError
+
+PROVIDER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+"""What an MCP server's or A2A agent's ``name`` may be."""
+
+
+def string_table(value: Mapping[str, Any] | None) -> Mapping[str, str]:
+    """``env``/``headers`` as an immutable table of strings (the attrs converter)."""
+    return MappingProxyType({str(k): str(v) for k, v in (value or {}).items()})
 
 
 class _Buildable(Protocol):

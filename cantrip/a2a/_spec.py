@@ -17,16 +17,14 @@ agent is opened, so ``import cantrip`` stays cheap and works without the extra.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import pydantic
 
 from cantrip._errors import ConstructionError
-from cantrip._provider_tables import provider_tables
+from cantrip._provider_tables import PROVIDER_NAME, provider_tables, string_table
 from cantrip._spec_secrets import resolve_references, url_without_secrets
 
 if TYPE_CHECKING:
@@ -34,14 +32,9 @@ if TYPE_CHECKING:
 
     from cantrip._providers import OpenProvider
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_STARTUP_TIMEOUT_S = 30.0
-
-
-def _strings(value: Mapping[str, Any] | None) -> Mapping[str, str]:
-    return MappingProxyType({str(k): str(v) for k, v in (value or {}).items()})
 
 
 @attrs.frozen
@@ -56,7 +49,7 @@ class A2AAgent:
 
     name: str
     url: str
-    headers: Mapping[str, str] = attrs.field(factory=dict, converter=_strings, repr=False)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=string_table, repr=False)
     timeout_s: float = DEFAULT_TIMEOUT_S
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
 
@@ -67,7 +60,7 @@ class A2AAgent:
 
     def problems(self) -> list[str]:
         out: list[str] = []
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
+        if not isinstance(self.name, str) or not PROVIDER_NAME.match(self.name):
             out.append(
                 f"A2A agent name {self.name!r} must start with a letter and use only "
                 "letters, digits, '_' and '-' (at most 64)"

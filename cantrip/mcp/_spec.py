@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import pydantic
 
 from cantrip._errors import ConstructionError
-from cantrip._provider_tables import provider_tables
+from cantrip._provider_tables import PROVIDER_NAME, provider_tables, string_table
 from cantrip._spec_secrets import resolve_references, url_without_secrets
 
 if TYPE_CHECKING:
@@ -35,15 +34,10 @@ if TYPE_CHECKING:
 
     from cantrip._providers import OpenProvider
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 _PREFIX = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_-]{0,47})?")
 
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_STARTUP_TIMEOUT_S = 30.0
-
-
-def _strings(value: Mapping[str, Any] | None) -> Mapping[str, str]:
-    return MappingProxyType({str(k): str(v) for k, v in (value or {}).items()})
 
 
 def _opt_tuple(value: Sequence[str] | None) -> tuple[str, ...] | None:
@@ -69,10 +63,10 @@ class MCPServer:
     name: str
     command: str | None = None
     args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    env: Mapping[str, str] = attrs.field(factory=dict, converter=_strings, repr=False)
+    env: Mapping[str, str] = attrs.field(factory=dict, converter=string_table, repr=False)
     cwd: str | None = None
     url: str | None = None
-    headers: Mapping[str, str] = attrs.field(factory=dict, converter=_strings, repr=False)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=string_table, repr=False)
     tools: tuple[str, ...] | None = attrs.field(default=None, converter=_opt_tuple)
     prefix: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -87,7 +81,7 @@ class MCPServer:
     def problems(self) -> list[str]:
         where = f"MCP server {self.name!r}"
         out: list[str] = []
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
+        if not isinstance(self.name, str) or not PROVIDER_NAME.match(self.name):
             out.append(
                 f"MCP server name {self.name!r} must start with a letter and use only "
                 "letters, digits, '_' and '-' (at most 64)"
