@@ -156,7 +156,8 @@ async def test_webhook_urls_are_untrusted_by_default() -> None:
         client_for(base) as client,
     ):
         for bad in (url, "http://10.0.0.7/hook", "http://[::1]:9/h", "ftp://example.com/x",
-                    "http://169.254.169.254/latest", "file:///etc/passwd"):  # fmt: skip
+                    "http://169.254.169.254/latest", "file:///etc/passwd",
+                    "http://[fec0::1]/h", "http://[2002:a9fe:a9fe::]/latest"):  # fmt: skip
             request = message("go")
             request.configuration.task_push_notification_config.CopyFrom(config(bad))
             with pytest.raises(InvalidParamsError, match="push notification URL refused"):

@@ -47,6 +47,27 @@ args = ["{toolbox}"]
 env = {{ BOX_TOKEN = {token} }}
 """
 
+A2A_TOKEN = "tok-remote-4242"
+"""What tests/a2a_servers/remote_agent.py requires as ``Authorization: Bearer ...``
+(test_a2a_gate.TOKEN); the worker's environment holds it as ``A2A_SECRET``."""
+
+A2A_SPEC = """
+[llm]
+provider = "scripted"
+responses = [
+  {{ tool_calls = [{{ gate = "travel", args = {{ message = "hello" }} }}] }},
+  {{ tool_calls = [{{ gate = "done", args = {{ answer = "sent" }} }}] }},
+]
+[circle]
+medium = "conversation"
+gates = ["done"]
+wards = [{{ max_turns = 3 }}]
+[[circle.a2a]]
+name = "travel"
+url = "{url}"
+headers = {{ Authorization = {authorization} }}
+"""
+
 LLM_SPEC = """
 [llm]
 provider = "openai"
@@ -70,7 +91,7 @@ def worker_env(**extra: str) -> dict[str, str]:
 @pytest.fixture
 def worker(pg_url: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A `cantrip worker` whose environment holds both secrets (as a worker host would)."""
-    env = worker_env(LLM_CRED=KEY, MCP_SECRET=MCP_SECRET)
+    env = worker_env(LLM_CRED=KEY, MCP_SECRET=MCP_SECRET, A2A_SECRET=A2A_TOKEN)
     env["CANTRIP_PROVIDERS_DIR"] = str(tmp_path / "no-providers")
     proc = subprocess.Popen(
         [sys.executable, "-m", "cantrip", "worker", "--db", pg_url, "--lease", "2"],
@@ -123,8 +144,8 @@ async def test_no_secret_the_test_set_is_anywhere_in_the_database(
     assert refused.returncode == 1
     assert refused.stderr.decode().strip() == (
         "cantrip: circle.mcp[0].env.BOX_TOKEN: a spec run by workers is stored in the "
-        'database, so give env and headers values as variables ("${NAME}") that each '
-        "worker reads from its own environment, not as literal values"
+        'database, so give env values as variables ("${NAME}") that each worker reads '
+        "from its own environment, not as literal values"
     )
     assert MCP_SECRET.encode() not in refused.stderr
 
@@ -150,6 +171,44 @@ async def test_no_secret_the_test_set_is_anywhere_in_the_database(
     for secret in (KEY, MCP_SECRET):
         assert secret.encode() not in dump, secret
         assert key_pieces(dump, secret) == [], secret
+
+
+async def test_an_a2a_header_is_never_stored_in_clear_and_resolves_on_the_worker(
+    pg_url: str, worker: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    """Issue 39.8: a literal A2A ``Authorization`` header was stored in clear in
+    ``cantrip_work.spell``. Now it is refused before anything is queued, and its
+    ``${NAME}`` form is resolved by the worker, whose request the remote agent accepts."""
+    from test_a2a_gate import TOKEN, remote_agent
+
+    assert TOKEN == A2A_TOKEN
+
+    def a2a_spec(url: str, authorization: str) -> Path:
+        path = tmp_path / "a2a.toml"
+        path.write_text(A2A_SPEC.format(url=url, authorization=toml_string(authorization)))
+        return path
+
+    async with remote_agent(tmp_path) as (url, log):
+        refused = await cast_on_db(a2a_spec(url, f"Bearer {A2A_TOKEN}"), pg_url)
+        assert refused.returncode == 1
+        assert refused.stderr.decode().strip() == (
+            "cantrip: circle.a2a[0].headers.Authorization: a spec run by workers is stored "
+            'in the database, so give headers values as variables ("${NAME}") that each '
+            "worker reads from its own environment, not as literal values"
+        )
+        assert A2A_TOKEN.encode() not in refused.stdout + refused.stderr
+        assert A2A_TOKEN.encode() not in pg_dump(pg_url), "nothing was written"
+
+        ran = await cast_on_db(a2a_spec(url, "Bearer ${A2A_SECRET}"), pg_url)
+        assert ran.returncode == 0, ran.stderr.decode()
+        assert json.loads(ran.stdout)["result"] == "sent"
+        assert any(line.startswith("asked ") for line in log.read_text().splitlines()), (
+            "the agent took the worker's request: the header carried the token"
+        )
+    dump = pg_dump(pg_url)
+    assert b"Bearer ${A2A_SECRET}" in dump, "the spec travelled with the reference"
+    assert A2A_TOKEN.encode() not in dump
+    assert key_pieces(dump, A2A_TOKEN) == []
 
 
 def test_a_reference_to_an_unset_variable_is_a_clear_error_where_the_server_opens(

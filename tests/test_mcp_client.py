@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +231,31 @@ async def test_a_server_that_crashes_while_its_child_holds_stdout_is_restarted(
     assert not after.is_error, "the next call started the server again"
     assert len(started_pids(log)) == 2 and started_pids(log)[1] == after.result["result"]
     assert outcome.terminated and len(outcome.turns) == 4
+
+
+async def test_a_crashed_servers_children_end_at_the_crash_not_with_the_entity(
+    tmp_path: Path,
+) -> None:
+    """Issue 39.7: a server that crashes between calls (killed, as the OOM killer
+    would) takes its whole group with it at once: its grandchild does not wait for the
+    next call, a restart or the entity's end (the stop path, which those run, ends the
+    group too, and would hide a crash path that does not)."""
+    log = tmp_path / "m"
+    script = [call("tb_spawn"), finish(1), call("tb_pid"), finish(2)]
+    s = spell(script, toolbox(log))
+    async with s.summon() as entity:
+        first = await entity.send("spawn")
+        grandchild = first.turns[0].gate_calls[0].result["result"]
+        server = started_pids(log)[0]
+        os.kill(server, signal.SIGKILL)
+        # No call is in flight or follows: only the crash path can end it.
+        with trio.fail_after(10):
+            while alive(grandchild):
+                await trio.sleep(0.02)
+        second = await entity.send("again")
+        restarted = second.turns[0].gate_calls[0].result
+        assert restarted == {"result": started_pids(log)[1]}, "started again on the next call"
+    assert not any(alive(p) for p in [*started_pids(log), grandchild])
 
 
 async def test_a_long_lived_entity_reconnects_after_the_server_dies(tmp_path: Path) -> None:

@@ -6,36 +6,35 @@ fetched until an entity of the circle first runs (see :mod:`cantrip._providers`)
 The agent becomes one gate named ``name`` that sends it a message and returns its
 answer (:mod:`cantrip.a2a._client`).
 
+``headers`` values may name environment variables, ``"${NAME}"`` (``"Bearer
+${TRAVEL_TOKEN}"``), read by the process that opens the agent, so a credential need
+not be written in the spec; a spec run by workers (``--db``) must give them that way
+(:mod:`cantrip._spec_secrets`: the check MCP servers' ``env`` and ``headers`` take).
+
 This module is a plain value with checks; the SDK is imported only when the
 agent is opened, so ``import cantrip`` stays cheap and works without the extra.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import pydantic
 
 from cantrip._errors import ConstructionError
-from cantrip.mcp._spec import _without_query, provider_tables
+from cantrip._provider_tables import PROVIDER_NAME, provider_tables, string_table
+from cantrip._spec_secrets import resolve_references, url_without_secrets
 
 if TYPE_CHECKING:
     import trio
 
     from cantrip._providers import OpenProvider
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_STARTUP_TIMEOUT_S = 30.0
-
-
-def _strings(value: Mapping[str, Any] | None) -> Mapping[str, str]:
-    return MappingProxyType({str(k): str(v) for k, v in (value or {}).items()})
 
 
 @attrs.frozen
@@ -43,13 +42,14 @@ class A2AAgent:
     """One remote A2A agent an entity may delegate to, as the gate ``name``.
 
     ``url`` is where its Agent Card is (``<url>/.well-known/agent-card.json``);
-    ``headers`` go with every request (credentials: never recorded); ``timeout_s``
+    ``headers`` go with every request (credentials: never recorded; a value may name
+    environment variables, ``"Bearer ${TOKEN}"``, read when the agent is opened); ``timeout_s``
     bounds each delegated task (the remote task is cancelled when it runs out) and
     ``startup_timeout_s`` the fetching of the card."""
 
     name: str
     url: str
-    headers: Mapping[str, str] = attrs.field(factory=dict, converter=_strings, repr=False)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=string_table, repr=False)
     timeout_s: float = DEFAULT_TIMEOUT_S
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
 
@@ -60,7 +60,7 @@ class A2AAgent:
 
     def problems(self) -> list[str]:
         out: list[str] = []
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
+        if not isinstance(self.name, str) or not PROVIDER_NAME.match(self.name):
             out.append(
                 f"A2A agent name {self.name!r} must start with a letter and use only "
                 "letters, digits, '_' and '-' (at most 64)"
@@ -75,12 +75,18 @@ class A2AAgent:
 
     def describe(self) -> dict[str, Any]:
         """Where the agent is, for records and messages: no headers, no query (secrets)."""
-        return {"name": self.name, "transport": "a2a", "target": _without_query(self.url)}
+        return {"name": self.name, "transport": "a2a", "target": url_without_secrets(self.url)}
+
+    def resolved(self) -> A2AAgent:
+        """This agent with every ``${NAME}`` in ``headers`` replaced by the variable's
+        value here; each name becomes a known secret (redacted everywhere)."""
+        resolved = resolve_references(f"A2A agent {self.name!r}", {"headers": self.headers})
+        return attrs.evolve(self, headers=resolved["headers"])
 
     async def open(self, nursery: trio.Nursery) -> OpenProvider:
         from cantrip.a2a._client import open_agent
 
-        return await open_agent(self)
+        return await open_agent(self.resolved())
 
 
 class A2ATable(pydantic.BaseModel):

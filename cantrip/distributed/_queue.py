@@ -44,9 +44,9 @@ import orjson
 
 from cantrip._approval import Decision, Pause, PauseError, check_decision
 from cantrip._redact import redact_value
+from cantrip._spec_secrets import check_queued_spell
 from cantrip.loom._fence import Fence
 from cantrip.loom._postgres import PostgresStore
-from cantrip.mcp._spec import check_queued_spell
 
 WORK_CHANNEL = "cantrip_work"
 CANCEL_CHANNEL = "cantrip_cancel"
@@ -278,8 +278,9 @@ def heartbeat_on(
 def enqueue_on(conn: Any, spell: dict[str, Any], intent: str, entity_id: str) -> int:
     """Queue work on ``conn`` (a psycopg connection) in one statement (insert and NOTIFY),
     inside the caller's transaction if one is open: ``cantrip serve --db`` records a
-    prompt's idempotency key in the same commit. A spell whose MCP servers hold literal
-    ``env``/``headers`` values is refused (no secret goes into a table)."""
+    prompt's idempotency key in the same commit. A spell that holds a literal credential
+    (an MCP server's ``env``/``headers``, an A2A agent's ``headers``) is refused before
+    anything is written (:func:`cantrip._spec_secrets.check_queued_spell`)."""
     check_queued_spell(spell)
     row = conn.execute(
         "WITH queued AS (INSERT INTO cantrip_work (entity_id, intent, spell) "

@@ -7,21 +7,22 @@ Each update of the task (status, artifact) is then POSTed there as a
 ``StreamResponse`` JSON body, with ``X-A2A-Notification-Token: <token>`` and
 ``Authorization: <scheme> <credentials>`` -- the headers the SDK's own sender uses.
 
-The URL comes from whoever may call the server, so it is untrusted (server-side
-request forgery): only ``http``/``https``; its host must resolve to public addresses
-only -- loopback, private, link-local, shared, reserved, multicast and unspecified
-ones are refused unless the operator allows them (``allow_private``: a webhook on the
-same machine or network). The check is made when the config is given (a refusal is
-the protocol's ``InvalidParams``) and again at every connection, on the address that
-is then connected to (:class:`_CheckedBackend`), so a name that resolves elsewhere
-later (DNS rebinding) reaches nothing it should not; redirects are not followed.
-Each attempt is bounded in time (``timeout_s``). A delivery that fails for a reason
-that may pass -- no connection, a timeout, ``408``, ``429`` or a ``5xx`` -- is tried
-again after ``retry_delays`` (1 s, then 4 s; a ``Retry-After`` of at most 30 s is
-waited instead), in place, so the task's later updates still arrive after it; any
-other answer (``4xx``: the webhook refuses it) is final. A notification that failed
-every attempt is lost (logged with the URL's scheme, host and port only: never the
-token, the credentials or the rest of the URL), and its config *rests* for
+The URL comes from whoever may call the server, so it is untrusted (server-side request
+forgery): only ``http``/``https``; its host must resolve to public addresses only --
+loopback, private, link-local, site-local, shared, reserved, documentation, multicast
+and unspecified ones, and IPv6 forms of those IPv4 ones (6to4, NAT64, ...), are refused
+(:mod:`cantrip.protocols._public_ip`) unless the operator allows them
+(``allow_private``: a webhook on the same machine or network). The check is made when
+the config is given (a refusal is the protocol's ``InvalidParams``) and again at every
+connection, on the address that is then connected to (:class:`_CheckedBackend`), so a
+name that resolves elsewhere later (DNS rebinding) reaches nothing it should not;
+redirects are not followed. Each attempt is bounded in time (``timeout_s``). A delivery
+that fails for a reason that may pass -- no connection, a timeout, ``408``, ``429`` or a
+``5xx`` -- is tried again after ``retry_delays`` (1 s, then 4 s; a ``Retry-After`` of at
+most 30 s is waited instead), in place, so the task's later updates still arrive after
+it; any other answer (``4xx``: the webhook refuses it) is final. A notification that
+failed every attempt is lost (logged with the URL's scheme, host and port only: never
+the token, the credentials or the rest of the URL), and its config *rests* for
 ``rest_s`` (60 s): its notifications meanwhile are dropped at once, so a dead webhook
 holds up its lane -- the other tasks that share it -- for one round of attempts a
 minute, not one per notification.
@@ -32,7 +33,6 @@ Deliveries keep each task's order: a task's notifications go through one of
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
 import uuid
@@ -45,6 +45,7 @@ import httpcore
 import trio
 
 from cantrip._redact import get_logger
+from cantrip.protocols._public_ip import is_public
 
 log = get_logger("cantrip.a2a")
 
@@ -79,23 +80,9 @@ def where(url: str) -> str:
 
 
 def _blocked(address: str) -> bool:
-    """Whether an address is not a public unicast destination (an IPv4-mapped IPv6
-    address is judged as the IPv4 address in it)."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return True
-    mapped = getattr(ip, "ipv4_mapped", None)
-    if mapped is not None:
-        ip = mapped
-    return bool(
-        not ip.is_global
-        or ip.is_loopback
-        or ip.is_link_local
-        or ip.is_multicast
-        or ip.is_reserved
-        or ip.is_unspecified
-    )
+    """Whether an address is not a public unicast destination (the explicit check of
+    :mod:`cantrip.protocols._public_ip`, not ``is_global`` alone)."""
+    return not is_public(address)
 
 
 def parse_url(url: str) -> tuple[str, str, int]:
