@@ -224,7 +224,10 @@ class _Owned:
 
 
 class Worker:
-    """Claims and runs queued casts until cancelled (``cantrip worker``)."""
+    """Claims and runs queued casts (``cantrip worker``) until :meth:`drain` -- which
+    hands the running casts back at their next turn boundary -- or until cancelled
+    (which cuts them off where they are: an embedding application stops it with
+    :meth:`drain`)."""
 
     def __init__(
         self,
