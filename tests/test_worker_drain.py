@@ -31,10 +31,16 @@ from typing import Any
 
 import psycopg
 import pytest
+from distributed_workload import CountingLLM
 from test_worker_faults import effects_db, procs, spawn_worker  # noqa: F401 -- fixtures
 
+import cantrip
+from cantrip._errors import CastSuspended
+from cantrip.distributed._queue import WorkQueue
 from cantrip.distributed._worker import Dispatcher, spell_from_factory
 from cantrip.loom import Loom
+from cantrip.loom._postgres import PostgresStore
+from gates import done
 
 WORKLOAD = spell_from_factory("distributed_workload:build")
 HOLDING = spell_from_factory("distributed_workload:holding")
@@ -279,3 +285,70 @@ def test_the_grace_periods_end_hands_back_a_stuck_cast(
     took = _cut_off_and_resumed(effects_db, procs, tmp_path, once, drain_s="1", model=model)
     assert took >= 1  # the grace period, then at once
     assert "grace period (1 s) is over" in (tmp_path / "stopped.log").read_text()
+
+
+# -- the parts: the turn boundary, and the queue's hand-back ----------------------------------
+
+
+async def test_a_suspended_cast_stops_at_its_next_turn_boundary_and_resumes_from_there() -> None:
+    """``Entity.suspend`` during turn 2: that turn is recorded whole, the cast raises
+    ``CastSuspended`` before its next model call and records nothing more (no cut-off
+    turn); a resumed entity continues from turn 3, each gate call run once."""
+    charged: list[int] = []
+    running: list[cantrip.Entity] = []
+
+    @cantrip.gate
+    def charge(job: str, step: int) -> str:
+        charged.append(step)
+        if step == 2:
+            running[0].suspend()  # (the model is asked nothing more by this cast)
+        return f"charged {job} step {step}"
+
+    loom = Loom()
+    spell = cantrip.Cantrip(
+        llm=CountingLLM(0.0, TURNS),
+        identity=cantrip.Identity(system_prompt="suspend"),
+        circle=cantrip.Circle([done, charge], [cantrip.max_turns(TURNS + 5)]),
+        loom=loom,
+    )
+    entity = spell.summon()
+    running.append(entity)
+    with pytest.raises(CastSuspended):
+        await entity.send("job")
+    await entity.aclose()
+    recorded = list(loom.entity_turns(entity.id))
+    assert [(t.sequence, t.terminated, t.truncated) for t in recorded] == [
+        (1, False, False),
+        (2, False, False),
+    ]
+    assert charged == [1, 2]
+    resumed = spell.resume(entity.id)
+    result = await resumed.resume_cast("job", recorded)
+    await resumed.aclose()
+    assert result.terminated and result.result == "job ok"
+    assert [t.sequence for t in loom.entity_turns(entity.id)] == list(range(1, TURNS + 1))
+    assert charged == list(range(1, TURNS))
+
+
+def test_a_handed_back_cast_is_claimed_again_at_no_attempt_and_no_crash(pg_url: str) -> None:
+    """The queue's side: a hand-back releases the lease and leaves the row reaped and
+    spare -- the next claim (another worker's, at once) costs no attempt even at the
+    attempt limit, counts no crash, and sees the cast ``resumed``; a hand-back under a
+    fence that is not the lease's any more changes nothing."""
+    store = PostgresStore(pg_url, max_connections=2)
+    try:
+        queue = WorkQueue(store)
+        queue.enqueue({"factory": "m:f"}, "kept", "entity-a")
+        (first,) = queue.claim_many("stopping", 30, 1, max_attempts=1)
+        assert queue.hand_back(first)
+        assert not queue.hand_back(first)  # (given back already)
+        (second,) = queue.claim_many("next", 30, 1, max_attempts=1)
+        assert (second.attempt, second.resumed, second.fence.epoch) == (1, True, 2)
+        assert not queue.hand_back(first)  # a stale fence hands nothing back
+        with store.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT state, owner, attempts, crashes, spare FROM cantrip_work"
+            ).fetchone()
+        assert row == ("running", "next", 1, 0, False)
+    finally:
+        store.close()
