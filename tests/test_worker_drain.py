@@ -143,7 +143,9 @@ def test_a_sigterm_during_120_casts_loses_none(
 
         _until("every cast under way", mid_cast, logs[0])
     stopped.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
     assert stopped.wait(timeout=60) == 0, logs[0].read_text()
+    drained = time.monotonic() - sent
     procs.append(spawn_worker(effects_db, logs[2], lease=5, concurrency=64, **env))  # a new one
     for work in works:
         state, outcome = dispatcher.wait(work, timeout=120)
@@ -157,7 +159,8 @@ def test_a_sigterm_during_120_casts_loses_none(
         f"120 casts, SIGTERM to one of two workers: {states.count('done')} done, "
         f"{states.count('cancelled')} cancelled, {handed} handed back and resumed, "
         f"{sum(a > 1 for a, _ in charged)} charged an attempt, "
-        f"{sum(c > 0 for _, c in charged)} counted a crash"
+        f"{sum(c > 0 for _, c in charged)} counted a crash; the stopped worker exited "
+        f"{drained:.2f} s after SIGTERM"
     )
     assert states == ["done"] * len(works), states
     assert charged == [(1, 0)] * len(works), (
