@@ -355,3 +355,11 @@ def test_a_handed_back_cast_is_claimed_again_at_no_attempt_and_no_crash(pg_url: 
         assert row == ("running", "next", 1, 0, False)
     finally:
         store.close()
+
+
+def test_a_negative_grace_period_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from cantrip.cli import _main as _cli
+
+    code = _cli.main(["worker", "--db", "postgresql://nowhere/x", "--drain-s", "-1"])
+    assert code == 1
+    assert "--drain-s must be 0 or more seconds, not -1" in capsys.readouterr().err
