@@ -320,7 +320,8 @@ class Worker:
         slots: int,
     ) -> int:
         """One claim for ``slots`` free slots; the runs of what it got started; how
-        many it got. The slots it got nothing for are freed again."""
+        many it got. The slots it got nothing for are freed again. No claim is sent
+        once :meth:`drain` was called; one sent before is taken in whole."""
         sent = trio.current_time()
         claim = functools.partial(
             self.queue.claim_many,
@@ -334,7 +335,11 @@ class Worker:
             alone=[o.claim.work_id for o in self._owned.values() if o.claim.quarantined],
             quarantine_after=self.quarantine_after,
         )
-        claims = await trio.to_thread.run_sync(claim, limiter=store.limiter)
+
+        def unless_draining() -> list[Claim]:  # (drain() may come while the limiter waits)
+            return [] if self.draining else claim()
+
+        claims = await trio.to_thread.run_sync(unless_draining, limiter=store.limiter)
         for _ in range(slots - len(claims)):
             free.release()
         for claimed in claims:
