@@ -35,7 +35,6 @@ from distributed_workload import CountingLLM
 from test_worker_faults import effects_db, procs, spawn_worker  # noqa: F401 -- fixtures
 
 import cantrip
-from cantrip._errors import CastSuspended
 from cantrip.distributed._queue import WorkQueue
 from cantrip.distributed._worker import Dispatcher, spell_from_factory
 from cantrip.loom import Loom
@@ -316,7 +315,7 @@ async def test_a_suspended_cast_stops_at_its_next_turn_boundary_and_resumes_from
     )
     entity = spell.summon()
     running.append(entity)
-    with pytest.raises(CastSuspended):
+    with pytest.raises(cantrip.CastSuspended):
         await entity.send("job")
     await entity.aclose()
     recorded = list(loom.entity_turns(entity.id))
