@@ -259,15 +259,19 @@ def _cut_off_and_resumed(
     return took
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_second_sigterm_hands_back_at_once(
     effects_db: str,  # noqa: F811
     procs: list[subprocess.Popen[bytes]],  # noqa: F811
     tmp_path: Path,
+    signum: signal.Signals,
 ) -> None:
+    """(SIGINT -- Ctrl-C -- does what SIGTERM does.)"""
+
     def twice(worker: subprocess.Popen[bytes], log: Path) -> None:
-        worker.send_signal(signal.SIGTERM)
-        _until("draining", _said(log, "draining"), log)
-        worker.send_signal(signal.SIGTERM)
+        worker.send_signal(signum)
+        _until("draining", _said(log, f"{signum.name}: draining"), log)
+        worker.send_signal(signum)
 
     took = _cut_off_and_resumed(effects_db, procs, tmp_path, twice, drain_s="600")
     assert took < 60  # (the grace period was 600 s)
