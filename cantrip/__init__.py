@@ -12,6 +12,7 @@ from cantrip._circle import Circle
 from cantrip._entity import Entity
 from cantrip._errors import (
     CantripError,
+    CastSuspended,
     ChildCrashedError,
     ConstructionError,
     ImmutableError,
@@ -131,6 +132,7 @@ __all__ = [
     "Cantrip",
     "CantripError",
     "CastResult",
+    "CastSuspended",
     "ChildCrashedError",
     "ChildSpec",
     "Circle",

@@ -33,6 +33,7 @@ from cantrip._context import NUDGE_DONE_REQUIRED, Context
 from cantrip._cost import USAGE_UNKNOWN, CostMeter
 from cantrip._errors import (
     CantripError,
+    CastSuspended,
     ConstructionError,
     IntentError,
     LLMError,
@@ -423,6 +424,8 @@ class Entity:
         keep the asking call alive until the answer came."""
         self._cancel_reason = "cancelled"
         self._cancel_next: str | None = None
+        self._suspend = False
+        """Set by :meth:`suspend`: the cast stops at its next turn boundary."""
         self.cantrip = cantrip
         self.llm = llm
         self.loom = cantrip.loom
@@ -708,6 +711,8 @@ class Entity:
             raise  # already recorded as an llm_error turn
         except LeaseLostError:
             raise  # nothing more can be recorded: another worker owns the entity now
+        except CastSuspended:
+            raise  # stopped between turns on purpose: nothing to record
         except Exception:
             # A runtime bug: record what happened, then crash to the supervisor.
             self._record_cut(cast, "crashed")
@@ -789,6 +794,9 @@ class Entity:
         while True:
             await loom.sync(self.id)  # LOOM-1 on a deferred store (a no-op on the others)
             await trio.lowlevel.checkpoint_if_cancelled()
+            if self._suspend:  # a turn boundary: every turn so far is durable
+                self._suspend = False
+                raise CastSuspended(f"entity {self.id}: the cast was suspended between turns")
             if cast.meter.bounded:
                 refusal = self._cost_refusal(cast)
                 if refusal is not None:
@@ -998,6 +1006,15 @@ class Entity:
         self._cancel_requested, self._cancel_reason = True, reason
         self._scope.cancel()
         return True
+
+    def suspend(self) -> None:
+        """Stop the running cast -- or the next one, if none runs -- at its next turn
+        boundary, recording nothing more: there, with every turn before it durable,
+        the cast raises :class:`CastSuspended`, and the loom reads as if its process
+        had died between two turns (``resume_cast`` continues it, anywhere). A worker
+        handing its casts back at shutdown uses it: no turn is cut off, none is run
+        twice. Children are not stopped apart: a turn that spawns them is one turn."""
+        self._suspend = True
 
     def uncancel(self) -> bool:
         """Withdraw a sticky cancel that no cast has taken yet; whether there was one."""

@@ -48,6 +48,14 @@ class LoomError(CantripError, LookupError):
     """A loom lookup failed (unknown turn or entity id, bad index)."""
 
 
+class CastSuspended(CantripError):
+    """The cast stopped at a turn boundary because :meth:`Entity.suspend` asked it to.
+
+    Nothing records its stop: its turns so far are in the loom, as after a crash, and
+    ``resume_cast`` continues it from there (a worker handing its casts back at
+    shutdown). Not a failure of the cast."""
+
+
 class LLMError(CantripError):
     """The LLM could not give a usable answer for a turn.
 

@@ -12,6 +12,10 @@ Settings come from the environment (workers are separate processes):
 ``CANTRIP_TEST_DB`` (where ``charge`` writes), ``WORKLOAD_TURNS`` (default 10),
 ``WORKLOAD_LATENCY_MS`` (default 0) and ``WORKLOAD_GATE_MS`` (default 0: how
 long ``charge`` takes after its insert -- a window for a crash mid-call).
+``holding()`` adds ``WORKLOAD_HOLD_STEP`` and ``WORKLOAD_HOLD_FILE``: ``charge`` at that
+step waits, after its insert, until that file exists (a gate call that lasts as long as
+the test wants: the test sees it began by its effect row); ``WORKLOAD_LLM_HOLD_TURN``
+makes that turn's model call wait for the file the same way (a long model call).
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+import trio
 
 import cantrip
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition, simulate_latency
@@ -41,9 +48,12 @@ class CountingLLM:
 
     name = "counting"
 
-    def __init__(self, latency_s: float, turns: int) -> None:
+    def __init__(self, latency_s: float, turns: int, hold_turn: int = 0) -> None:
         self.latency_s = latency_s
         self.turns = turns
+        self.hold_turn = hold_turn
+        """The turn whose model call lasts until ``WORKLOAD_HOLD_FILE`` exists (0: none);
+        it creates that file's ``.asked`` sibling as it begins."""
 
     async def query(
         self,
@@ -55,6 +65,11 @@ class CountingLLM:
         await simulate_latency(self.latency_s)
         intent = next(m.content for m in messages if m.role == "user")
         answered = sum(1 for m in messages if m.role == "assistant")
+        if answered + 1 == self.hold_turn:  # a long model call
+            hold = Path(os.environ["WORKLOAD_HOLD_FILE"])
+            hold.with_suffix(".asked").touch()
+            while not hold.exists():
+                await trio.sleep(0.01)
         if answered + 1 >= self.turns:
             call = cantrip.ToolCall(f"d{answered}", "done", {"answer": f"{intent} ok"})
         else:
@@ -100,7 +115,7 @@ def _workload(charging: cantrip.Gate) -> cantrip.Cantrip:
     turns = int(os.environ.get("WORKLOAD_TURNS", "10"))
     latency = float(os.environ.get("WORKLOAD_LATENCY_MS", "0")) / 1000.0
     return cantrip.Cantrip(
-        llm=CountingLLM(latency, turns),
+        llm=CountingLLM(latency, turns, int(os.environ.get("WORKLOAD_LLM_HOLD_TURN", "0"))),
         identity=cantrip.Identity(system_prompt="distributed workload"),
         circle=cantrip.Circle([done, charging], [cantrip.max_turns(turns + 5)]),
     )
@@ -115,6 +130,24 @@ def charge_or_die(job: str, step: int) -> str:
     if step >= 2:
         os.kill(os.getpid(), signal.SIGKILL)
     return str(charge.fn(job, step))
+
+
+@cantrip.gate(name="charge", blocking=True)
+def charge_and_hold(job: str, step: int) -> str:
+    """``charge``, except that its ``WORKLOAD_HOLD_STEP``-th step, once its effect is
+    recorded, waits until the file ``WORKLOAD_HOLD_FILE`` exists (a long gate call)."""
+    charged = str(charge.fn(job, step))
+    if step == int(os.environ["WORKLOAD_HOLD_STEP"]):
+        hold = Path(os.environ["WORKLOAD_HOLD_FILE"])
+        while not hold.exists():
+            time.sleep(0.01)
+    return charged
+
+
+def holding() -> cantrip.Cantrip:
+    """The workload, whose ``WORKLOAD_HOLD_STEP``-th gate call lasts until the test
+    creates ``WORKLOAD_HOLD_FILE``."""
+    return _workload(charge_and_hold)
 
 
 def killer() -> cantrip.Cantrip:

@@ -175,6 +175,15 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
         "an attempt only to a cast it ran alone (in quarantine), not to bystanders",
     )
     worker.add_argument(
+        "--drain-s",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long running casts may take to reach their next turn "
+        "boundary before they are handed back to the queue at once (default 30; a second "
+        "signal hands back at once); a cast handed back costs no attempt",
+    )
+    worker.add_argument(
         "--dead-letters",
         action="store_true",
         help="list the dead-lettered casts (one JSON object a line) and exit",

@@ -42,8 +42,10 @@ def _quiet_pool_log() -> None:
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    """Run until SIGINT/SIGTERM; casts in flight are left to the next worker (their
-    leases expire) -- the loom and the gate journal hold everything they did."""
+    """Run until SIGTERM (or SIGINT), then drain (:meth:`Worker.drain`): claim nothing
+    more, let each running cast reach its next turn boundary, and hand its lease back
+    unrecorded, so another worker resumes it at no attempt and no crash. At the end of
+    ``--drain-s``, or at a second signal, what still runs is handed back at once."""
     _quiet_pool_log()
     from cantrip.cli._process import command_gc
     from cantrip.distributed._worker import Worker
@@ -52,22 +54,50 @@ def run_worker(args: argparse.Namespace) -> int:
         return _list_dead_letters(args.db)
     if args.max_attempts < 1:
         return _fail(f"--max-attempts must be at least 1, not {args.max_attempts}")
+    if not args.drain_s >= 0:
+        return _fail(f"--drain-s must be 0 or more seconds, not {args.drain_s:g}")
     try:
         collector = command_gc(args.gc_young)
     except ValueError as exc:
         return _fail(str(exc))
     worker = Worker(
-        args.db, concurrency=args.concurrency, lease_s=args.lease, max_attempts=args.max_attempts
+        args.db,
+        concurrency=args.concurrency,
+        lease_s=args.lease,
+        max_attempts=args.max_attempts,
+        drain_s=args.drain_s,
     )
+
+    def say(text: str) -> None:
+        print(f"cantrip: {text}", file=sys.stderr, flush=True)
+
+    async def stop_on(signals: Any) -> None:
+        """The first signal drains the worker, the next hands back what still runs."""
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if not worker.draining:
+                say(
+                    f"{name}: draining: no more claims; running casts stop at their next "
+                    f"turn boundary and are handed back (grace {args.drain_s:g} s; "
+                    f"{name} again hands back at once)"
+                )
+                worker.drain()
+            else:
+                say(f"{name} again: handing back at once")
+                worker.hand_back()
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                worker_id = await nursery.start(worker.run)
-                print(f"cantrip: worker {worker_id} ready", file=sys.stderr, flush=True)
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    break
+
+                async def running(*, task_status: trio.TaskStatus[str]) -> None:
+                    await worker.run(task_status=task_status)
+                    nursery.cancel_scope.cancel()  # drained: stop listening for signals
+
+                nursery.start_soon(stop_on, signals)
+                worker_id = await nursery.start(running)
+                say(f"worker {worker_id} ready")
+        say(f"worker {worker_id} stopped; {worker.handed_back} running casts handed back")
 
     try:
         with collector:  # as serve: many entities at once, in a process of its own

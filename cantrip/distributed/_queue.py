@@ -23,6 +23,9 @@ The standard Postgres queue pattern and nothing of our own beyond it:
   item whose next claim would pass ``max_attempts`` is not claimed again but
   *dead-lettered* -- state ``dead``, the reason in its result;
 * **finish** records the outcome and releases the lease, fenced the same way;
+* **hand back** releases the lease of a run stopped on purpose, unrecorded (its worker
+  is shutting down), and leaves the row reaped and ``spare``: its next claim costs no
+  attempt and counts no crash;
 * **cancel** marks queued work cancelled and running work ``cancel_requested`` (with
   its ``cancel_reason``), and ``NOTIFY cantrip_cancel`` with the entity id (and the
   reason, when it is not plain ``cancelled``) so its worker stops it at once (workers
@@ -524,6 +527,36 @@ class WorkQueue:
                 (fence.lease_entity, fence.owner, fence.epoch),
             ).rowcount
         return bool(released)
+
+    def hand_back(self, claim: Claim) -> bool:
+        """Give the work back unrecorded, on purpose (the worker is shutting down: its run
+        stopped at a turn boundary, or was cut off with nothing more recorded): the lease
+        is released and the row is left already reaped (``owner`` cleared) and ``spare``,
+        so its next claim -- any worker's, at once (``NOTIFY cantrip_work``) -- costs no
+        attempt and counts no crash. One statement, fenced like :meth:`finish`; False if
+        the lease was not this claim's any more (then the queue accounts for it as a
+        lease lost)."""
+        fence = claim.fence
+        with self.store.pool.connection() as conn:
+            row = conn.execute(
+                "WITH released AS (UPDATE cantrip_leases SET owner = NULL, "
+                "expires_at = '-infinity' WHERE entity_id = %(entity)s AND owner = %(owner)s "
+                "AND epoch = %(epoch)s AND expires_at > clock_timestamp() RETURNING 1), "
+                "returned AS (UPDATE cantrip_work SET owner = NULL, spare = true "
+                "WHERE id = %(work)s AND owner = %(owner)s AND epoch = %(epoch)s "
+                "AND state = 'running' AND EXISTS (SELECT 1 FROM released) RETURNING 1) "
+                "SELECT EXISTS (SELECT 1 FROM returned), "
+                "(SELECT count(pg_notify(%(channel)s, %(entity)s)) FROM returned)",
+                {
+                    "entity": fence.lease_entity,
+                    "owner": fence.owner,
+                    "epoch": fence.epoch,
+                    "work": claim.work_id,
+                    "channel": WORK_CHANNEL,
+                },
+            ).fetchone()
+        assert row is not None
+        return bool(row[0])
 
     def dead_letters(self) -> list[dict[str, Any]]:
         """Work items dead-lettered after the attempt limit, oldest first."""

@@ -20,6 +20,14 @@ claimed beside it) or ends -- to its end if it was cleared once already -- so if
 this worker dies meanwhile, the queue knows which cast killed it
 (:mod:`cantrip.distributed._queue`, reaping).
 
+A worker told to stop (``cantrip worker`` on SIGTERM or SIGINT: :meth:`Worker.drain`)
+claims nothing more and lets each running cast reach its next turn boundary
+(``Entity.suspend``), then hands its lease back unrecorded (``WorkQueue.hand_back``):
+another worker resumes it at no attempt and no crash. What still runs when the grace
+period (``drain_s``) ends, or at a second signal (:meth:`Worker.hand_back`), is cut off
+at once -- its lease given up here first, so its cut-off turn is never recorded -- and
+handed back the same way.
+
 Messages sent to a running prompt (``serve --db``'s ``/messages``: rows of
 ``cantrip_messages``, announced by ``NOTIFY cantrip_steer``) are handed to the cast in
 order (``Entity.steer``); a cast taken over from a dead worker skips those its turns
@@ -51,7 +59,7 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
 from cantrip._entity import Entity, new_entity_id
-from cantrip._errors import CantripError, LLMError
+from cantrip._errors import CantripError, CastSuspended, LLMError
 from cantrip._gate import Gate
 from cantrip._outcome import CastResult, recorded_cast, result_dict
 from cantrip._redact import get_logger
@@ -127,6 +135,12 @@ def build_spell(spell: Mapping[str, Any], loom: Loom) -> Cantrip:
     return build_cantrip(doc, base_dir=Path(base) if base else None, loom=loom)
 
 
+DRAIN_S = 30.0
+"""How long a stopping worker's running casts get to reach their next turn boundary
+before the rest are cut off and handed back (``cantrip worker --drain-s``)."""
+HANDED_BACK = "handed back at shutdown"
+"""Why the loom refuses a cut-off run's writes: its lease is being handed back."""
+
 UNCLAIMED_AFTER_S = 3.0
 """How long queued work may wait before ``cast --db`` says no worker has taken it."""
 
@@ -145,9 +159,18 @@ def failure_outcome(entity_id: str, exc: BaseException) -> dict[str, Any]:
 
 def _lease_lost(exc: BaseException) -> bool:
     """Whether ``exc`` (or any exception grouped in it) is a refused write: lease lost."""
+    return _holds(exc, LeaseLostError)
+
+
+def _suspended(exc: BaseException) -> bool:
+    """Whether ``exc`` (or any exception grouped in it) is a cast stopped between turns."""
+    return _holds(exc, CastSuspended)
+
+
+def _holds(exc: BaseException, kind: type[BaseException]) -> bool:
     if isinstance(exc, BaseExceptionGroup):
-        return any(_lease_lost(e) for e in exc.exceptions)
-    return isinstance(exc, LeaseLostError)
+        return any(_holds(e, kind) for e in exc.exceptions)
+    return isinstance(exc, kind)
 
 
 def _state_of(result: CastResult) -> str:
@@ -187,6 +210,12 @@ class _Owned:
     quarantine: trio.Event | None = None
     """Set (by :meth:`Worker._innocent`) once this suspect cast, run alone, recorded
     a turn or ended: the worker claims other work again."""
+    handing_back: bool = False
+    """The worker is stopping: the cast stops at its next turn boundary (or sooner, if
+    ``cut``) and the lease is handed back, unless the cast ends first."""
+    cut: bool = False
+    """Cut off now (a second signal, or the grace period's end): the lease is given up
+    here first, so nothing more of the run is recorded."""
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.cancelled, self.cancel_reason = True, reason
@@ -195,7 +224,10 @@ class _Owned:
 
 
 class Worker:
-    """Claims and runs queued casts until cancelled (``cantrip worker``)."""
+    """Claims and runs queued casts (``cantrip worker``) until :meth:`drain` -- which
+    hands the running casts back at their next turn boundary -- or until cancelled
+    (which cuts them off where they are: an embedding application stops it with
+    :meth:`drain`)."""
 
     def __init__(
         self,
@@ -207,8 +239,12 @@ class Worker:
         worker_id: str | None = None,
         max_attempts: int = MAX_ATTEMPTS,
         quarantine_after: int = QUARANTINE_AFTER,
+        drain_s: float = DRAIN_S,
     ) -> None:
+        if drain_s < 0:
+            raise CantripError(f"the grace period is at least 0 seconds, not {drain_s:g}")
         self.url = url
+        self.drain_s = drain_s
         self.concurrency = concurrency
         self.lease_s = lease_s
         self.poll_s = poll_s
@@ -223,6 +259,11 @@ class Worker:
         """Set while a suspect cast runs here alone: nothing else is claimed until it
         records a turn or ends (then the event is set)."""
         self.completed = 0
+        self.handed_back = 0
+        """Casts whose leases this worker handed back unrecorded as it stopped."""
+        self.draining = False
+        self._claiming = trio.CancelScope()
+        """The claim loop's scope: :meth:`drain` cancels it (the runs go on)."""
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         store = await trio.to_thread.run_sync(
@@ -231,67 +272,134 @@ class Worker:
         self.loom = Loom(store)
         self.queue = WorkQueue(store)
         self._live = await trio.to_thread.run_sync(LivePauses, store)
-        outage = Outage("worker claims", log)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._listen)
                 nursery.start_soon(self._heartbeats)
                 task_status.started(self.worker_id)
-                free = trio.Semaphore(self.concurrency)
-                while True:
-                    if self._quarantine is not None:  # a suspect runs here alone
-                        await self._quarantine.wait()
-                    slots = await _take_free(free)
-                    sent = trio.current_time()
-                    claim = functools.partial(
-                        self.queue.claim_many,
-                        self.worker_id,
-                        self.lease_s,
-                        slots,
-                        busy=list(self._owned),  # runs not ended here are never claimed
-                        max_attempts=self.max_attempts,
-                        idle=not self._owned,
-                        one_slot=self.concurrency == 1,
-                        alone=[
-                            o.claim.work_id for o in self._owned.values() if o.claim.quarantined
-                        ],
-                        quarantine_after=self.quarantine_after,
-                    )
-                    try:
-                        claims = await trio.to_thread.run_sync(claim, limiter=store.limiter)
-                    except Exception as exc:
-                        if not is_connection_error(exc):
-                            raise
-                        for _ in range(slots):
-                            free.release()
-                        await self._wait_out(outage, exc)
-                        continue
-                    outage.ok()
-                    for _ in range(slots - len(claims)):
-                        free.release()
-                    for claimed in claims:
-                        until = sent + self.lease_s  # never after the database's expiry
-                        owned = _Owned(claimed, trio.CancelScope(deadline=until))
-                        if claimed.quarantined:  # (then it is the only claim)
-                            owned.quarantine = self._quarantine = trio.Event()
-                            log.warning(
-                                "%s: in crashes of workers that held other casts too; "
-                                "run here alone until it %s",
-                                claimed.entity_id,
-                                "ends (cleared once already)"
-                                if claimed.paroled
-                                else "records a turn",
-                            )
-                        self._owned[claimed.entity_id] = owned
-                        self.loom.hold(claimed.entity_id, claimed.fence, until=until)
-                        nursery.start_soon(self._own, owned, free)
-                    if len(claims) < slots:  # the queue is drained (for now)
-                        with trio.move_on_after(self.poll_s):  # NOTIFY wakes us sooner
-                            await self._wake.wait()
-                        self._wake = trio.Event()
+                async with trio.open_nursery() as runs:
+                    with self._claiming:
+                        await self._claim(runs, store)
+                    # drained: the runs end at their turn boundaries, or at the grace's end
+                    nursery.start_soon(self._grace)
+                nursery.cancel_scope.cancel()  # every run has ended: no lease is left
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self.loom.close)
+
+    async def _claim(self, runs: trio.Nursery, store: PostgresStore) -> None:
+        """Claim work for the free slots until :meth:`drain` (each claim is made and
+        taken into ``_owned`` shielded: a claim the database made is never dropped)."""
+        outage = Outage("worker claims", log)
+        free = trio.Semaphore(self.concurrency)
+        while True:
+            if self._quarantine is not None:  # a suspect runs here alone
+                await self._quarantine.wait()
+            slots = await _take_free(free)
+            try:
+                with trio.CancelScope(shield=True):
+                    claimed = await self._claim_some(runs, store, free, slots)
+            except Exception as exc:
+                if not is_connection_error(exc):
+                    raise
+                for _ in range(slots):
+                    free.release()
+                await self._wait_out(outage, exc)
+                continue
+            outage.ok()
+            if claimed < slots:  # the queue is drained (for now)
+                with trio.move_on_after(self.poll_s):  # NOTIFY wakes us sooner
+                    await self._wake.wait()
+                self._wake = trio.Event()
+
+    async def _claim_some(
+        self,
+        runs: trio.Nursery,
+        store: PostgresStore,
+        free: trio.Semaphore,
+        slots: int,
+    ) -> int:
+        """One claim for ``slots`` free slots; the runs of what it got started; how
+        many it got. The slots it got nothing for are freed again. No claim is sent
+        once :meth:`drain` was called; one sent before is taken in whole."""
+        sent = trio.current_time()
+        claim = functools.partial(
+            self.queue.claim_many,
+            self.worker_id,
+            self.lease_s,
+            slots,
+            busy=list(self._owned),  # runs not ended here are never claimed
+            max_attempts=self.max_attempts,
+            idle=not self._owned,
+            one_slot=self.concurrency == 1,
+            alone=[o.claim.work_id for o in self._owned.values() if o.claim.quarantined],
+            quarantine_after=self.quarantine_after,
+        )
+
+        def unless_draining() -> list[Claim]:  # (drain() may come while the limiter waits)
+            return [] if self.draining else claim()
+
+        claims = await trio.to_thread.run_sync(unless_draining, limiter=store.limiter)
+        for _ in range(slots - len(claims)):
+            free.release()
+        for claimed in claims:
+            until = sent + self.lease_s  # never after the database's expiry
+            owned = _Owned(claimed, trio.CancelScope(deadline=until))
+            if claimed.quarantined:  # (then it is the only claim)
+                owned.quarantine = self._quarantine = trio.Event()
+                log.warning(
+                    "%s: in crashes of workers that held other casts too; "
+                    "run here alone until it %s",
+                    claimed.entity_id,
+                    "ends (cleared once already)" if claimed.paroled else "records a turn",
+                )
+            if self.draining:  # (a claim sent just before the drain began)
+                owned.handing_back = True
+            self._owned[claimed.entity_id] = owned
+            self.loom.hold(claimed.entity_id, claimed.fence, until=until)
+            runs.start_soon(self._own, owned, free)
+        return len(claims)
+
+    # -- stopping ------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Stop: claim nothing more; each running cast stops at its next turn boundary
+        (every turn before it recorded) and its lease is handed back, unrecorded, so
+        another worker resumes it at no attempt and no crash. :meth:`run` returns once
+        every run has ended; what still runs after ``drain_s`` is handed back at once
+        (:meth:`hand_back`). A cast that ends first records its outcome as usual."""
+        if self.draining:
+            return
+        self.draining = True
+        self._claiming.cancel()
+        for owned in self._owned.values():
+            owned.handing_back = True
+            if owned.entity is not None:
+                owned.entity.suspend()
+
+    def hand_back(self) -> None:
+        """Stop now (a second signal; the grace period's end): every run is cut off --
+        its lease given up here first, so nothing more of it is recorded: the turn in
+        flight is taken again by the next worker, from the gate journal -- and its lease
+        handed back."""
+        self.drain()
+        for owned in self._owned.values():
+            if owned.releasing or owned.cut:
+                continue  # its outcome is being recorded, or it is being handed back
+            owned.handing_back = owned.cut = True
+            self.loom.lose(owned.claim.fence, HANDED_BACK)
+            owned.run.cancel()
+
+    async def _grace(self) -> None:
+        await trio.sleep(self.drain_s)
+        running = [o for o in self._owned.values() if not o.cut]
+        if running:
+            log.warning(
+                "the grace period (%g s) is over: handing %d running casts back at once",
+                self.drain_s,
+                len(running),
+            )
+        self.hand_back()
 
     async def _wait_out(self, outage: Outage, exc: BaseException) -> None:
         """A database call failed on a lost connection: refresh the pool's idle
@@ -456,12 +564,19 @@ class Worker:
                             ended = await self._execute(owned)
                     finally:
                         nursery.cancel_scope.cancel()
-                if ended is None:  # the run's scope stopped it: the lease ran out here
-                    self._lose(owned, "the lease ran out here before it was renewed")
-                else:
+                if ended is not None:
                     await self._finish(owned, *ended)
+                elif owned.cut:  # the run's scope stopped it: cut off to be handed back
+                    await self._hand_back(owned)
+                else:  # the run's scope stopped it: the lease ran out here
+                    self._lose(owned, "the lease ran out here before it was renewed")
             except Exception as exc:  # noqa: BLE001 -- one cast's boundary: the worker goes on
-                await self._stopped(owned, exc)
+                if owned.handing_back and (
+                    _suspended(exc) or (owned.cut and _lease_lost(exc) and owned.lost is None)
+                ):
+                    await self._hand_back(owned)
+                else:
+                    await self._stopped(owned, exc)
         finally:
             self._owned.pop(claim.entity_id, None)
             self.loom.release(claim.entity_id)
@@ -526,6 +641,31 @@ class Worker:
         limiter = self.loom.store.limiter  # type: ignore[attr-defined]
         with contextlib.suppress(Exception):  # the database may be away: the lease runs out
             await trio.to_thread.run_sync(self.queue.abandon, claim, limiter=limiter)
+
+    async def _hand_back(self, owned: _Owned) -> None:
+        """The worker is stopping and the run stopped unrecorded -- at a turn boundary, or
+        cut off with its lease given up here first: hand the lease back (fenced), so
+        the next claim, any worker's, resumes it at no attempt and no crash. On a lost
+        connection the lease runs out instead (a crash, as if the worker had died)."""
+        claim = owned.claim
+        owned.releasing = True
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        try:
+            returned = await trio.to_thread.run_sync(self.queue.hand_back, claim, limiter=limiter)
+        except Exception as exc:
+            if not is_connection_error(exc):
+                raise
+            log.warning(
+                "%s: the database connection was lost (%s); its lease runs out instead",
+                claim.entity_id,
+                describe(exc),
+            )
+            return
+        if returned:
+            self.handed_back += 1
+            log.info("%s: handed back to the queue unrecorded", claim.entity_id)
+        else:
+            log.warning("%s: lease lost before it was handed back", claim.entity_id)
 
     async def _finish(self, owned: _Owned, state: str, outcome: dict[str, Any]) -> None:
         """Record the outcome and release the lease (fenced: refused if it was lost). A
@@ -634,12 +774,13 @@ class Worker:
         """The work's end state and outcome. A cast that cannot run -- its spell does not
         build here, its LLM failed for good, an error of its own -- fails alone with the
         error recorded (redacted): the worker and its other casts go on. A lost lease or
-        connection is not the cast's failure: it propagates, and another claim resumes."""
+        connection is not the cast's failure, nor is a cast suspended between turns (the
+        worker is stopping): it propagates, and another claim resumes."""
         claim = owned.claim
         try:
             return await self._attempt(owned)
         except Exception as exc:
-            if is_connection_error(exc) or _lease_lost(exc):
+            if is_connection_error(exc) or _lease_lost(exc) or _suspended(exc):
                 raise
             if isinstance(exc, CantripError):
                 log.warning("%s: the cast failed: %s", claim.entity_id, describe(exc))
@@ -742,6 +883,8 @@ class Worker:
     async def _cast(self, owned: _Owned, running: Any) -> CastResult:
         entity = owned.entity
         assert entity is not None
+        if owned.handing_back:  # the worker is stopping: no turn of it begins
+            entity.suspend()
         try:
             if owned.cancelled:
                 # cancelled before it started: the cast records that and ends at once
