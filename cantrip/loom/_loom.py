@@ -489,6 +489,9 @@ class Loom:
     def has_entity(self, entity_id: str) -> bool:
         return self._entity_or_none(entity_id) is not None
 
+    def has_turn(self, turn_id: str) -> bool:
+        return self._lookup(turn_id) is not None
+
     def entity(self, entity_id: str) -> EntityRecord:
         record = self._entity_or_none(entity_id)
         if record is None:

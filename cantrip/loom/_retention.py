@@ -24,19 +24,20 @@ Selection: ``--before DATE`` (trees whose last activity is older), ``--keep-last
 
 from __future__ import annotations
 
-import sqlite3
+import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
 import trio
 
 from cantrip._errors import CantripError
-from cantrip.loom._activity import Activity, earlier, parse_time, recently_active
+from cantrip.loom._activity import Activity, Deleted, earlier, parse_time
 from cantrip.loom._loom import Loom
-from cantrip.loom._model import EntityRecord
 
 BATCH = 200
 """Trees deleted per transaction: short transactions, so casts on other entities wait
@@ -81,8 +82,14 @@ class RetentionStore(Protocol):
     """What a store offers prune and stats (SQLite and PostgreSQL)."""
 
     def activity(self) -> list[Activity]: ...
-    def busy(self, activity: Sequence[Activity], busy_s: float) -> set[str]: ...
-    def delete_entities(self, entity_ids: Sequence[str]) -> int: ...
+    def busy(self, activity: Sequence[Activity], busy_s: float) -> dict[str, str]: ...
+    def delete_entities(
+        self,
+        entity_ids: Sequence[str],
+        *,
+        busy_s: float,
+        held: Mapping[str, AbstractSet[str]] | None = None,
+    ) -> Deleted: ...
     def collect_journal(self) -> int: ...
     def reclaim(self) -> None: ...
     def table_bytes(self) -> dict[str, int]: ...
@@ -94,6 +101,8 @@ def retention_of(loom: Loom) -> RetentionStore:
     from cantrip.loom._stores import SQLiteStore
 
     if isinstance(store, SQLiteStore):
+        from cantrip.loom._sqlite_retention import SQLiteRetention
+
         return SQLiteRetention(store._db)
     from cantrip.loom._postgres import PostgresStore
 
@@ -113,10 +122,12 @@ def plan(
     before: datetime | None = None,
     keep_last: int | None = None,
     entity: str | None = None,
-    busy: set[str] | frozenset[str] = frozenset(),
+    busy: Mapping[str, str] | None = None,
 ) -> Plan:
     """Which trees to remove: selected by exactly one rule, closed over children, and
-    never a tree another entity stands on or that is running."""
+    never a tree another entity stands on or that is running (``busy``: entity -> why
+    it counts as running)."""
+    busy = busy or {}
     rules = sum(x is not None for x in (before, keep_last, entity))
     if rules != 1:
         raise CantripError("prune takes exactly one of --before DATE, --keep-last N, --entity ID")
@@ -161,7 +172,8 @@ def plan(
     for root, entities in members.items():
         running = [e for e in entities if e in busy]
         if running:
-            kept[root] = f"running ({running[0]})"
+            first = running[0]
+            kept[root] = busy[first] if first == root else f"{first} {busy[first]}"
     # a tree stays while a surviving entity was forked from one of its entities
     turn_owner = {a.record.entity_id: a.fork_source for a in by_id.values() if a.fork_source}
     changed = True
@@ -195,48 +207,108 @@ def prune(
     busy_s: float = 60.0,
     dry_run: bool = False,
 ) -> Pruned:
-    """Remove the trees :func:`plan` selects (archived first when asked); reclaim space."""
+    """Remove the trees :func:`plan` selects (archived first when asked); reclaim space.
+
+    Each deleting transaction decides again what is live (a session prompted since
+    the plan, a turn the archive does not hold); when something is, that batch is left
+    whole, the plan is made again with it kept, and what is still chosen goes on."""
     store = retention_of(loom)
+    if archive is not None:
+        refuse_archive(loom, archive)
     started = time.perf_counter()
     activity = store.activity()
-    chosen = plan(
-        activity,
-        before=before,
-        keep_last=keep_last,
-        entity=entity,
-        busy=store.busy(activity, busy_s),
-    )
+    rule = {"before": before, "keep_last": keep_last, "entity": entity}
+    chosen = plan(activity, **rule, busy=store.busy(activity, busy_s))  # type: ignore[arg-type]
     bytes_before = sum(store.table_bytes().values())
     if dry_run:
         return Pruned(chosen, bytes_before, bytes_before, time.perf_counter() - started, None)
     collected = store.collect_journal()
-    if not chosen.entities:
-        if collected:
-            store.reclaim()
-        after = sum(store.table_bytes().values())
-        return Pruned(chosen, bytes_before, after, time.perf_counter() - started, None, collected)
-    if archive is not None:
-        write_archive(loom, chosen.entities, archive)
-    by_root: dict[str, list[str]] = {}
-    parents = {a.record.entity_id: a.record.parent_entity_id for a in activity}
-    for entity_id in chosen.entities:
-        root = entity_id
-        while parents.get(root) in parents and parents.get(root) is not None:
-            root = parents[root]  # type: ignore[assignment]
-        by_root.setdefault(root, []).append(entity_id)
-    batch: list[str] = []
-    for index, root in enumerate(chosen.roots):
-        batch.extend(by_root.get(root, [root]))
-        if (index + 1) % BATCH == 0:
-            store.delete_entities(batch)
-            batch = []
-    if batch:
-        store.delete_entities(batch)
-    store.reclaim()
+    removed: list[str] = []
+    turns = 0
+    late: dict[str, str] = {}
+    pending = chosen
+    while pending.roots:
+        held = write_archive(loom, pending.entities, archive) if archive is not None else None
+        deleted, new_late = _delete(store, pending, activity, busy_s, held)
+        removed.extend(deleted.roots)
+        turns += deleted.turns
+        if not new_late:
+            break
+        late.update(new_late)
+        activity = store.activity()
+        again = plan(activity, **rule, busy={**store.busy(activity, busy_s), **late})  # type: ignore[arg-type]
+        still = [root for root in again.roots if root in pending.roots and root not in removed]
+        pending = _only(again, still, activity)
+    members = {root: _tree(root, activity, chosen) for root in removed}
+    kept = dict(chosen.kept)
+    for root in chosen.roots:
+        if root not in removed:
+            why = next((late[e] for e in _tree(root, activity, chosen) if e in late), None)
+            kept[root] = why or "an entity of the tree became live during the prune"
+    done = Plan(
+        roots=tuple(removed),
+        entities=tuple(e for root in removed for e in members[root]),
+        turns=turns,
+        kept=tuple(sorted(kept.items())),
+    )
+    if removed or collected:
+        store.reclaim()
     bytes_after = sum(store.table_bytes().values())
     return Pruned(
-        chosen, bytes_before, bytes_after, time.perf_counter() - started, archive, collected
+        done,
+        bytes_before,
+        bytes_after,
+        time.perf_counter() - started,
+        archive if removed else None,
+        collected,
     )
+
+
+@attrs.frozen
+class _Done:
+    roots: list[str]
+    turns: int
+
+
+def _delete(
+    store: RetentionStore,
+    chosen: Plan,
+    activity: Sequence[Activity],
+    busy_s: float,
+    held: Mapping[str, AbstractSet[str]] | None,
+) -> tuple[_Done, dict[str, str]]:
+    """Delete ``chosen`` in batches of whole trees; stop at the first batch found live."""
+    done = _Done([], 0)
+    roots = list(chosen.roots)
+    for start in range(0, len(roots), BATCH):
+        batch = roots[start : start + BATCH]
+        entities = [e for root in batch for e in _tree(root, activity, chosen)]
+        result = store.delete_entities(entities, busy_s=busy_s, held=held)
+        if result.late:
+            return done, result.late
+        done.roots.extend(batch)
+        done = _Done(done.roots, done.turns + result.turns)
+    return done, {}
+
+
+def _tree(root: str, activity: Sequence[Activity], chosen: Plan) -> list[str]:
+    """The entities of ``chosen`` in ``root``'s tree, root first."""
+    parents = {a.record.entity_id: a.record.parent_entity_id for a in activity}
+    out = []
+    for entity_id in chosen.entities:
+        top = entity_id
+        while parents.get(top) is not None and parents.get(top) in parents:
+            top = parents[top]  # type: ignore[assignment]
+        if top == root:
+            out.append(entity_id)
+    return out or [root]
+
+
+def _only(chosen: Plan, roots: Sequence[str], activity: Sequence[Activity]) -> Plan:
+    """``chosen`` narrowed to ``roots``."""
+    entities = [e for root in roots for e in _tree(root, activity, chosen)]
+    count = {a.record.entity_id: a.turns for a in activity}
+    return Plan(tuple(roots), tuple(entities), sum(count.get(e, 0) for e in entities), chosen.kept)
 
 
 RETENTION_INTERVAL_S = 3600.0
@@ -287,18 +359,60 @@ async def keep_retained(
         await trio.sleep(interval_s)
 
 
-def write_archive(loom: Loom, entity_ids: Sequence[str], path: str) -> None:
-    """Every listed entity and its turns, as a JSONL loom (appended to when it exists)."""
+def write_archive(loom: Loom, entity_ids: Sequence[str], path: str) -> dict[str, frozenset[str]]:
+    """Every listed entity and its turns, as a JSONL loom (appended to when it exists);
+    the turn ids the archive then holds, by entity.
+
+    Turn by turn: a turn the archive already holds (an earlier run cut short by a
+    crash, a kill, a full disk) is skipped, every other is written, so a re-run
+    completes what the first began. Prune deletes only what this returns."""
     target = Loom.open(path)
+    held: dict[str, frozenset[str]] = {}
     try:
         for entity_id in entity_ids:
-            if target.has_entity(entity_id):
-                continue
-            target.register_entity(loom.entity(entity_id))
+            if not target.has_entity(entity_id):
+                target.register_entity(loom.entity(entity_id))
+            ids = set()
             for turn in loom.entity_turns(entity_id):
-                target.append(turn)
+                if not target.has_turn(turn.id):
+                    target.append(turn)
+                ids.add(turn.id)
+            held[entity_id] = frozenset(ids)
     finally:
         target.close()
+    return held
+
+
+def refuse_archive(loom: Loom, archive: str) -> None:
+    """``--archive`` must not be the loom itself (by any path: prune would archive into
+    what it deletes), and a name that would be opened as SQLite must be an existing
+    loom (a new archive is a JSONL file: a typo must not create a database)."""
+    here = loom_location(loom)
+    if archive.startswith(("postgresql://", "postgres://")):
+        if here == archive:
+            raise CantripError(f"--archive {archive} is this loom: name another loom to archive to")
+        return
+    target = Path(archive)
+    on_disk = here is not None and not here.startswith(("postgresql://", "postgres://"))
+    if on_disk and target.exists() and os.path.samefile(target, str(here)):
+        raise CantripError(
+            f"--archive {archive} is this loom ({here}): archive to another file, such as "
+            "archive.jsonl"
+        )
+    if target.suffix != ".jsonl":
+        from cantrip.loom._repair import LOOM_TABLES, _tables, ensure_loom
+
+        if not target.is_file() or target.stat().st_size == 0:
+            raise CantripError(
+                f"--archive {archive}: a new archive is a JSONL loom (name it .jsonl); a "
+                "name opened as SQLite must be an existing loom other than this one"
+            )
+        ensure_loom(target)  # not a database at all, or another program's: refused
+        if not _tables(target) >= LOOM_TABLES:
+            raise CantripError(
+                f"--archive {archive} is an SQLite database without a loom: archive to a "
+                ".jsonl file, or to an existing loom"
+            )
 
 
 def stats(loom: Loom) -> dict[str, Any]:
@@ -319,101 +433,6 @@ def stats(loom: Loom) -> dict[str, Any]:
         "oldest": stamps[0] if stamps else None,
         "newest": stamps[-1] if stamps else None,
     }
-
-
-# -- SQLite ------------------------------------------------------------------------
-
-_TRIGGERS = {
-    "turns_append_only_delete": "CREATE TRIGGER IF NOT EXISTS turns_append_only_delete "
-    "BEFORE DELETE ON turns BEGIN SELECT RAISE(ABORT, 'loom is append-only'); END",
-    "entities_append_only_delete": "CREATE TRIGGER IF NOT EXISTS entities_append_only_delete "
-    "BEFORE DELETE ON entities BEGIN SELECT RAISE(ABORT, 'loom is append-only'); END",
-}
-
-
-class SQLiteRetention:
-    """Prune and stats on an SQLite loom (the store's own connection)."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def activity(self) -> list[Activity]:
-        import orjson
-
-        rows = self._db.execute(
-            "SELECT e.data, COALESCE(json_extract(t.data, '$.metadata.timestamp'), ''), "
-            "COALESCE(c.n, 0), f.entity_id FROM entities e "
-            "LEFT JOIN (SELECT entity_id, MAX(pos) AS last, COUNT(*) AS n FROM turns "
-            "GROUP BY entity_id) c ON c.entity_id = e.entity_id "
-            "LEFT JOIN turns t ON t.pos = c.last "
-            "LEFT JOIN turns f ON f.id = json_extract(e.data, '$.forked_from') ORDER BY e.pos"
-        ).fetchall()
-        out = []
-        for data, last, n, source in rows:
-            record = EntityRecord.from_dict(orjson.loads(data))
-            out.append(Activity(record, str(last or record.created_at or ""), int(n), source))
-        return out
-
-    def busy(self, activity: Sequence[Activity], busy_s: float) -> set[str]:
-        """Entities written to within ``busy_s``: another process may be casting on them."""
-        return recently_active(activity, busy_s)
-
-    def delete_entities(self, entity_ids: Sequence[str]) -> int:
-        """One transaction: the append-only triggers are lifted for its length only (DDL
-        is transactional in SQLite: another connection never sees them gone)."""
-        db = self._db
-        marks = ",".join("?" * len(entity_ids))
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            for name in _TRIGGERS:
-                db.execute(f"DROP TRIGGER IF EXISTS {name}")
-            deleted = db.execute(
-                f"DELETE FROM turns WHERE entity_id IN ({marks})", tuple(entity_ids)
-            ).rowcount
-            db.execute(f"DELETE FROM entities WHERE entity_id IN ({marks})", tuple(entity_ids))
-            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'journal'").fetchone():
-                db.execute(f"DELETE FROM journal WHERE entity_id IN ({marks})", tuple(entity_ids))
-            db.execute(f"DELETE FROM blob_refs WHERE entity_id IN ({marks})", tuple(entity_ids))
-            db.execute("DELETE FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs)")
-            for create in _TRIGGERS.values():
-                db.execute(create)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return int(deleted)
-
-    def collect_journal(self) -> int:
-        """Journal rows of casts that have ended (their entity's latest turn terminated
-        or truncated, up to that turn): an effect recorded in a turn needs no journal."""
-        if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'journal'").fetchone():
-            return 0
-        return int(
-            self._db.execute(
-                "DELETE FROM journal WHERE EXISTS (SELECT 1 FROM turns t "
-                "JOIN (SELECT entity_id, MAX(pos) AS p FROM turns GROUP BY entity_id) m "
-                "ON t.pos = m.p WHERE t.entity_id = journal.entity_id "
-                "AND journal.sequence <= t.sequence "
-                "AND (json_extract(t.data, '$.terminated') OR json_extract(t.data, '$.truncated')))"
-            ).rowcount
-        )
-
-    def reclaim(self) -> None:
-        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        self._db.execute("VACUUM")
-        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-    def table_bytes(self) -> dict[str, int]:
-        try:
-            rows = self._db.execute(
-                "SELECT name, SUM(pgsize) FROM dbstat GROUP BY name ORDER BY name"
-            ).fetchall()
-        except sqlite3.OperationalError:  # built without dbstat: the file as a whole
-            size = self._db.execute(
-                "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()"
-            ).fetchone()
-            return {"(file)": int(size[0])}
-        return {str(name): int(size) for name, size in rows}
 
 
 def parse_date(text: str) -> datetime:
