@@ -184,6 +184,10 @@ async def test_stats_and_history_stays_append_only(tmp_path: Path) -> None:
     assert (figures["entities"], figures["roots"]) == (4, 3)
     assert figures["turns"] >= 6 and figures["tables"]["turns"] > 0
     assert figures["oldest"] <= figures["newest"]
+    # the loom's own parts, each with its indexes; never SQLite's internals
+    assert set(figures["tables"]) == {"entities", "turns", "blobs", "blob_refs", "journal"}
+    assert figures["bytes"] == sum(figures["tables"].values())
+    assert "sqlite_" not in loom_cli(path, "stats").stdout
     db = sqlite3.connect(path)
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
         db.execute("DELETE FROM turns")
