@@ -12,11 +12,14 @@ store:
   entity it was forked from; a tree that a surviving entity was forked from stays
   (reported as kept, with why).
 * **Nothing running.** On PostgreSQL a tree with open work (queued or running) or an
-  unexpired lease stays. On SQLite a tree whose last turn is younger than
-  ``busy_s`` stays (another process may be casting on it; its turns are not old
-  enough to be worth the race).
-* **Archive first.** With an archive, every tree is written there (a JSONL loom,
-  readable by ``cantrip loom``) before anything is deleted.
+  unexpired lease stays. Anywhere a tree whose last turn is younger than ``busy_s``
+  stays (another process may be casting on it). Each deleting transaction decides
+  this again (a session prompted during the prune), and a batch found live is left
+  whole and the plan made again.
+* **Archive first, turn by turn.** With an archive, every tree is written there (a
+  JSONL loom, readable by ``cantrip loom``) before anything is deleted; a turn it
+  already holds is skipped, so a re-run completes an archive cut short, and only
+  what the archive holds is deleted. The archive is never the loom itself.
 
 Selection: ``--before DATE`` (trees whose last activity is older), ``--keep-last N``
 (all but the N most recently active trees), ``--entity ID`` (one root's tree).
@@ -223,31 +226,31 @@ def prune(
     if dry_run:
         return Pruned(chosen, bytes_before, bytes_before, time.perf_counter() - started, None)
     collected = store.collect_journal()
+    trees = _trees(chosen, activity)  # root -> its entities, root first
     removed: list[str] = []
     turns = 0
     late: dict[str, str] = {}
-    pending = chosen
-    while pending.roots:
-        held = write_archive(loom, pending.entities, archive) if archive is not None else None
-        deleted, new_late = _delete(store, pending, activity, busy_s, held)
-        removed.extend(deleted.roots)
-        turns += deleted.turns
+    pending = list(chosen.roots)
+    while pending:
+        entities = [e for root in pending for e in trees[root]]
+        held = write_archive(loom, entities, archive) if archive is not None else None
+        deleted, new_late = _delete(store, pending, trees, busy_s, held)
+        removed.extend(deleted)
+        turns += sum(n for n in deleted.values())
         if not new_late:
             break
         late.update(new_late)
         activity = store.activity()
         again = plan(activity, **rule, busy={**store.busy(activity, busy_s), **late})  # type: ignore[arg-type]
-        still = [root for root in again.roots if root in pending.roots and root not in removed]
-        pending = _only(again, still, activity)
-    members = {root: _tree(root, activity, chosen) for root in removed}
+        pending = [root for root in again.roots if root in pending and root not in removed]
     kept = dict(chosen.kept)
     for root in chosen.roots:
         if root not in removed:
-            why = next((late[e] for e in _tree(root, activity, chosen) if e in late), None)
-            kept[root] = why or "an entity of the tree became live during the prune"
+            why = next((late[e] for e in trees[root] if e in late), None)
+            kept[root] = why or "an entity it stands on became live during the prune"
     done = Plan(
         roots=tuple(removed),
-        entities=tuple(e for root in removed for e in members[root]),
+        entities=tuple(e for root in removed for e in trees[root]),
         turns=turns,
         kept=tuple(sorted(kept.items())),
     )
@@ -264,51 +267,38 @@ def prune(
     )
 
 
-@attrs.frozen
-class _Done:
-    roots: list[str]
-    turns: int
-
-
 def _delete(
     store: RetentionStore,
-    chosen: Plan,
-    activity: Sequence[Activity],
+    roots: Sequence[str],
+    trees: Mapping[str, Sequence[str]],
     busy_s: float,
     held: Mapping[str, AbstractSet[str]] | None,
-) -> tuple[_Done, dict[str, str]]:
-    """Delete ``chosen`` in batches of whole trees; stop at the first batch found live."""
-    done = _Done([], 0)
-    roots = list(chosen.roots)
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Delete the trees of ``roots`` in batches; stop at the first batch found live.
+    What was deleted (root -> turns, the batch's count on its first root), and the
+    entities found live."""
+    deleted: dict[str, int] = {}
     for start in range(0, len(roots), BATCH):
         batch = roots[start : start + BATCH]
-        entities = [e for root in batch for e in _tree(root, activity, chosen)]
+        entities = [e for root in batch for e in trees[root]]
         result = store.delete_entities(entities, busy_s=busy_s, held=held)
         if result.late:
-            return done, result.late
-        done.roots.extend(batch)
-        done = _Done(done.roots, done.turns + result.turns)
-    return done, {}
+            return deleted, result.late
+        deleted.update(dict.fromkeys(batch, 0))
+        deleted[batch[0]] = result.turns
+    return deleted, {}
 
 
-def _tree(root: str, activity: Sequence[Activity], chosen: Plan) -> list[str]:
-    """The entities of ``chosen`` in ``root``'s tree, root first."""
+def _trees(chosen: Plan, activity: Sequence[Activity]) -> dict[str, list[str]]:
+    """The entities of ``chosen`` by the root of their tree, each root first."""
     parents = {a.record.entity_id: a.record.parent_entity_id for a in activity}
-    out = []
+    trees: dict[str, list[str]] = {root: [] for root in chosen.roots}
     for entity_id in chosen.entities:
         top = entity_id
-        while parents.get(top) is not None and parents.get(top) in parents:
-            top = parents[top]  # type: ignore[assignment]
-        if top == root:
-            out.append(entity_id)
-    return out or [root]
-
-
-def _only(chosen: Plan, roots: Sequence[str], activity: Sequence[Activity]) -> Plan:
-    """``chosen`` narrowed to ``roots``."""
-    entities = [e for root in roots for e in _tree(root, activity, chosen)]
-    count = {a.record.entity_id: a.turns for a in activity}
-    return Plan(tuple(roots), tuple(entities), sum(count.get(e, 0) for e in entities), chosen.kept)
+        while (parent := parents.get(top)) is not None and parent in parents:
+            top = parent
+        trees.setdefault(top, []).append(entity_id)
+    return trees
 
 
 RETENTION_INTERVAL_S = 3600.0
