@@ -214,7 +214,10 @@ def add_loom_parser(
     )
     rule.add_argument("--entity", metavar="ID", help="one root entity's tree")
     pruning.add_argument(
-        "--archive", metavar="FILE.jsonl", help="write the removed trees here first (a JSONL loom)"
+        "--archive",
+        metavar="FILE.jsonl",
+        help="write the removed trees here first, turn by turn (a JSONL loom, or an existing "
+        "loom other than this one); after a prune cut short, run it again to complete it",
     )
     pruning.add_argument(
         "--dry-run", action="store_true", help="say what would be removed; remove nothing"
