@@ -236,3 +236,26 @@ async def test_a_session_prompted_during_the_prune_keeps_every_turn(
     turns = turn_ids(path)
     assert set(turns) == {idle_id} and len(turns[idle_id]) == 4
     assert loom_cli(path, "check").returncode == 0
+
+
+async def test_a_session_prompted_after_its_tree_was_pruned_leaves_the_loom_valid(
+    tmp_path: Path,
+) -> None:
+    """Item 3, the other order: the prune committed first (the session was idle), then the
+    session is prompted. Its turns are refused by the file (the entity is gone), with
+    an error that says so, instead of written as orphans that make ``check`` fail."""
+    path = tmp_path / "loom.db"
+    writer = Loom.open(path)
+    idle = session(writer).summon()
+    first = await idle.send("first")
+    pruner = Loom.open(path)
+    try:
+        assert prune(pruner, keep_last=0, busy_s=0).plan.roots == (first.entity_id,)
+    finally:
+        pruner.close()
+    with pytest.raises(cantrip.LoomError, match=r"no longer in .* pruned"):
+        await idle.send("again")
+    await idle.aclose()
+    writer.close()
+    assert turn_ids(path) == {}
+    assert loom_cli(path, "check").returncode == 0

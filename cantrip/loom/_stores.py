@@ -102,6 +102,15 @@ CREATE TABLE IF NOT EXISTS blob_refs (
 """
 
 
+_INSERT_TURN = (
+    "INSERT INTO turns (id, parent_id, entity_id, sequence, data) "
+    "SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM entities WHERE entity_id = ?3)"
+)
+"""A turn is written only while its entity is in the file: a session whose tree was
+pruned while it was idle (another process, ``prune`` or ``serve --retain-days``) gets
+an error instead of writing turns whose entity and parents are gone (issue 39)."""
+
+
 class SQLiteStore(SQLiteQueries):
     """The embedded default for a loom on disk.
 
@@ -154,11 +163,19 @@ class SQLiteStore(SQLiteQueries):
             return
         try:
             self._cursor.execute(
-                "INSERT INTO turns (id, parent_id, entity_id, sequence, data) VALUES (?,?,?,?,?)",
+                _INSERT_TURN,
                 (turn.id, turn.parent_id, turn.entity_id, turn.sequence, _json(record)),
             )
         except sqlite3.IntegrityError as exc:
             raise LoomAppendOnlyError(f"loom is append-only: turn {turn.id} exists") from exc
+        if self._cursor.rowcount != 1:
+            raise self._gone(turn)
+
+    def _gone(self, turn: Turn) -> LoomError:
+        return LoomError(
+            f"entity {turn.entity_id} is no longer in {self.path} (its tree was pruned while "
+            f"it was idle): turn {turn.id} is not recorded; start a new session"
+        )
 
     def _append_with_blobs(self, turn: Turn, record: dict[str, Any], blobs: list[Blob]) -> None:
         """The turn, its new blobs and its references to them: one transaction."""
@@ -173,10 +190,12 @@ class SQLiteStore(SQLiteQueries):
                 "INSERT OR IGNORE INTO blob_refs (hash, entity_id) VALUES (?, ?)",
                 [(digest, turn.entity_id) for digest, _ in blobs],
             )
-            db.execute(
-                "INSERT INTO turns (id, parent_id, entity_id, sequence, data) VALUES (?,?,?,?,?)",
+            inserted = db.execute(
+                _INSERT_TURN,
                 (turn.id, turn.parent_id, turn.entity_id, turn.sequence, _json(record)),
-            )
+            ).rowcount
+            if inserted != 1:
+                raise self._gone(turn)
         except sqlite3.IntegrityError as exc:
             db.execute("ROLLBACK")
             raise LoomAppendOnlyError(f"loom is append-only: turn {turn.id} exists") from exc
