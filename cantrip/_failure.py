@@ -11,12 +11,18 @@ SQLite cannot read -- is one redacted line, ``cantrip: <what is wrong>``, exit
 printed (redacted) with a line that says so, exit 70. Trio's exception groups
 are looked through: a group of user errors is reported as its first one.
 ``debug`` prints the traceback of user errors too.
+
+A reader that went away (``cantrip loom X list | head``) is no failure: the command
+stops writing and exits quietly, as a process killed by SIGPIPE would (141), for
+every command (:func:`closed_pipe`).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import sqlite3
+import sys
 import traceback
 from typing import Any, TextIO
 
@@ -27,6 +33,38 @@ from cantrip._text import TextError
 
 EXIT_ERROR = 1
 EXIT_BUG = 70
+EXIT_PIPE = 128 + 13
+"""What a shell reports for a process its reader left (SIGPIPE)."""
+
+
+def stdout_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (``| head``): only
+    then is a ``BrokenPipeError`` the user's doing, not a broken socket to a server."""
+    try:
+        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else -1
+    except (OSError, ValueError):
+        return False
+    if fd < 0:
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def closed_pipe() -> int:
+    """Stop quietly: standard output's reader went away. Output is pointed at
+    ``/dev/null`` so the interpreter's last flush of what is buffered fails no more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.__stdout__.fileno())  # type: ignore[union-attr]
+    finally:
+        os.close(devnull)
+    return EXIT_PIPE
+
+
+def is_closed_pipe(exc: BaseException) -> bool:
+    found = leaves(exc)
+    return all(isinstance(leaf, BrokenPipeError) for leaf in found) and stdout_gone()
 
 
 def debug_requested(args: Any = None) -> bool:
@@ -81,6 +119,8 @@ def problem_lines(exc: BaseException, *, debug: bool = False) -> list[str]:
 
 def report(exc: BaseException, *, debug: bool, stream: TextIO) -> int:
     """Print ``exc`` for a user (see the module docstring); the exit code."""
+    if is_closed_pipe(exc):
+        return closed_pipe()
     found = leaves(exc)
     if all(is_user_error(leaf) for leaf in found):
         if debug:

@@ -446,3 +446,59 @@ async def test_entity_server_streams_events_and_cancels_the_running_cast() -> No
         assert (await server.ask("again")).result == "fine"  # the entity lives on
         server.close()
     assert [t.reason for t in spell.loom.turns] == ["cancelled", "done"]
+
+
+def run_into_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """``cantrip ARGS`` with standard output a pipe whose reader is gone before the
+    command writes (what ``| head -c 300`` becomes once head has its bytes)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "cantrip", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+
+
+def test_a_reader_that_went_away_ends_every_command_quietly(tmp_path: Path) -> None:
+    """Issue 39: ``cantrip loom X list --json | head -c 300`` printed "cantrip: Broken
+    pipe". Every command writing to a closed pipe now stops quietly (exit 141, as a
+    process killed by SIGPIPE), whatever it was writing."""
+    import trio
+
+    from cantrip import Cantrip, Circle, Identity, ScriptedLLM, max_turns
+    from gates import done
+
+    path = tmp_path / "loom.db"
+    loom = Loom.open(path)
+    spell = Cantrip(
+        llm=ScriptedLLM([{"tool_calls": [{"gate": "done", "args": {"answer": "x" * 5000}}]}]),
+        identity=Identity(system_prompt="s"),
+        circle=Circle([done], [max_turns(2)]),
+        loom=loom,
+    )
+    trio.run(spell.cast_async, "go")
+    loom.close()
+    for command in (
+        ["loom", str(path), "list", "--json"],
+        ["loom", str(path), "list"],
+        ["loom", str(path), "export"],
+        ["loom", str(path), "show", "#1"],
+        ["loom", str(path), "stats"],
+    ):
+        out = run_into_closed_pipe(*command)
+        assert (out.returncode, out.stderr) == (141, ""), command
+    out = run_into_closed_pipe("loom", "--help")  # argparse stops writing by itself
+    assert (out.returncode, out.stderr) == (0, "")
+
+
+def test_a_broken_pipe_that_is_not_standard_output_is_still_reported() -> None:
+    """Only a closed standard output is quiet: the same error elsewhere is reported."""
+    from cantrip._failure import is_closed_pipe
+
+    assert not is_closed_pipe(BrokenPipeError(32, "Broken pipe"))  # stdout is not gone here

@@ -28,10 +28,10 @@ from cantrip import Cantrip, Circle, Identity, LoomError, ScriptedLLM, max_turns
 from cantrip.loom import Loom
 
 
-def write_loom(path: Path, turns: int = 3) -> list[str]:
+def write_loom(path: Path, turns: int = 3, text: str = "\ud800 é") -> list[str]:
     """A real loom: one cast of ``turns`` turns (the last calls done); the turn ids."""
     script = [
-        {"tool_calls": [{"gate": "echo", "args": {"text": f"t{i} \ud800 é"}}]}
+        {"tool_calls": [{"gate": "echo", "args": {"text": f"t{i} {text}"}}]}
         for i in range(turns - 1)
     ]
     script.append({"tool_calls": [{"gate": "done", "args": {"answer": 10**30}}]})
@@ -188,3 +188,59 @@ def test_kill_9_during_appends_then_reopen_and_resume(tmp_path: Path, name: str)
     assert reopened.turns[-1].parent_id == turns[-1].id
     assert reopened.turns[-1].result == "resumed"
     reopened.close()
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file in ``folder`` and its bytes."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("how", ["torn", "no newline"])
+def test_read_only_commands_never_change_a_jsonl_loom(tmp_path: Path, how: str) -> None:
+    """Issue 39 item 5: ``list``, ``show``, ``stats`` and ``export`` only read. A torn
+    last line is skipped with a warning and left where it is (the next write sets it
+    aside); a complete one without its newline is read as it is."""
+    path = tmp_path / "loom.jsonl"
+    ids = write_loom(path, text="é")
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"type": "turn", "id": "tu' if how == "torn" else whole[:-1])
+    before = snapshot(tmp_path)
+    for command in (["list"], ["show", ids[-1]], ["export"], ["list", "--json"], ["stats"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "cantrip", "loom", str(path), *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if command != ["stats"]:  # stats needs SQLite or PostgreSQL: refused, still read-only
+            assert out.returncode == 0, out.stderr
+        assert snapshot(tmp_path) == before, command
+    assert ids[-1] in out.stdout or command == ["stats"]
+    loom = Loom.open(path)  # a loom opened to write still sets the fragment aside
+    assert_thread(loom, ids)
+    loom.close()
+    assert path.read_bytes() == whole
+
+
+def test_read_only_commands_never_change_an_sqlite_loom(tmp_path: Path) -> None:
+    """An SQLite loom written by an older cantrip (without the indexes and journal
+    added since) is read as it is: ``list`` does not add them."""
+    import sqlite3
+
+    path = tmp_path / "loom.db"
+    ids = write_loom(path, text="é")
+    db = sqlite3.connect(path)
+    db.executescript(
+        "DROP INDEX turns_by_entity; DROP INDEX turns_by_parent; DROP TABLE journal; VACUUM;"
+    )
+    db.close()
+    before = snapshot(tmp_path)
+    for command in (["list"], ["show", ids[-1]], ["export"], ["stats"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "cantrip", "loom", str(path), *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert snapshot(tmp_path) == before, command

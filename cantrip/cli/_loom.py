@@ -64,6 +64,8 @@ from cantrip.loom._summary import tree_turns as _tree_turns
 from cantrip.loom._view import reasoning_summary
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+READ_ONLY = frozenset({"list", "show", "export", "stats"})
+"""Commands that only read: the loom file is opened read-only and never changes."""
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_TRUNCATED = 2
@@ -212,7 +214,10 @@ def add_loom_parser(
     )
     rule.add_argument("--entity", metavar="ID", help="one root entity's tree")
     pruning.add_argument(
-        "--archive", metavar="FILE.jsonl", help="write the removed trees here first (a JSONL loom)"
+        "--archive",
+        metavar="FILE.jsonl",
+        help="write the removed trees here first, turn by turn (a JSONL loom, or an existing "
+        "loom other than this one); after a prune cut short, run it again to complete it",
     )
     pruning.add_argument(
         "--dry-run", action="store_true", help="say what would be removed; remove nothing"
@@ -281,7 +286,8 @@ def _run(args: argparse.Namespace, path: Path | str, out: TextIO, err: TextIO) -
     if args.loom_command in ("check", "recover"):
         return _repair(args, out, err)
     # a foreign or damaged file, or a database holding no loom, is a LoomError saying which
-    loom = Loom.open(path, create=False)
+    read_only = args.loom_command in READ_ONLY
+    loom = Loom.open(path, create=False, read_only=read_only)
     try:
         command = args.loom_command
         if command == "list":

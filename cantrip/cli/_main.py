@@ -410,6 +410,19 @@ def _add_otlp(command: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a ``cantrip`` command; the exit code. A reader that went away (``| head``),
+    even from ``--help``, ends it quietly (``cantrip._failure.closed_pipe``)."""
+    from cantrip._failure import closed_pipe, is_closed_pipe
+
+    try:
+        return _main(argv)
+    except BrokenPipeError as exc:
+        if not is_closed_pipe(exc):
+            raise
+        return closed_pipe()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from cantrip.cli._process import raise_open_files_limit
 
     raise_open_files_limit()  # a connection per entity in flight (default_connections)
@@ -436,7 +449,9 @@ def _guarded(args: argparse.Namespace) -> int:
     debug = debug_requested(args)
 
     try:
-        return _run(args)
+        code = _run(args)
+        sys.stdout.flush()  # here, where a reader that went away is reported (quietly)
+        return code
     except KeyboardInterrupt:
         print("cantrip: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

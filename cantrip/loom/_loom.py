@@ -105,7 +105,12 @@ class Loom:
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], *, journal: bool | None = None, create: bool = True
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        journal: bool | None = None,
+        create: bool = True,
+        read_only: bool = False,
     ) -> Loom:
         """Open (or create) a loom: ``postgresql://...`` on PostgreSQL (schema created
         on first use), ``*.jsonl`` as JSONL, anything else as an SQLite file.
@@ -121,7 +126,10 @@ class Loom:
         for single-process effects that must not repeat after a crash.
 
         ``create=False``: a PostgreSQL database without a loom is a :class:`LoomError`
-        rather than a new loom (files: the caller checks that the file exists)."""
+        rather than a new loom (files: the caller checks that the file exists).
+
+        ``read_only``: a loom file is read and never written, not even to set a torn
+        line aside or add what a newer cantrip keeps (for commands that only read)."""
         text = str(path)
         if text.startswith(("postgresql://", "postgres://")):
             from cantrip.loom._postgres import PostgresStore
@@ -132,7 +140,7 @@ class Loom:
         if text != ":memory:":
             ensure_loom(path)
         try:
-            return cls(open_store(path), journal=bool(journal))
+            return cls(open_store(path, read_only=read_only), journal=bool(journal))
         except sqlite3.DatabaseError as exc:
             raise LoomError(f"{path} is a damaged loom ({exc}); {damaged_hint(path)}") from None
 
@@ -488,6 +496,9 @@ class Loom:
 
     def has_entity(self, entity_id: str) -> bool:
         return self._entity_or_none(entity_id) is not None
+
+    def has_turn(self, turn_id: str) -> bool:
+        return self._lookup(turn_id) is not None
 
     def entity(self, entity_id: str) -> EntityRecord:
         record = self._entity_or_none(entity_id)

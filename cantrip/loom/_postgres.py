@@ -670,7 +670,7 @@ class PostgresStore:
         """A stored turn, its big values read back from ``cantrip_blobs``."""
         if not has_refs(data):
             return _turn(data)
-        return Turn.from_dict(internalize(decode_record(data), self._blob))
+        return Turn.from_dict(internalize(decode_record(data), self._blob, where=_safe(self.url)))
 
     def _blob(self, digest: str) -> Any:
         rows = self._rows("SELECT data FROM cantrip_blobs WHERE hash = %s", (digest,))

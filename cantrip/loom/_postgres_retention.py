@@ -9,12 +9,13 @@ under lock, in the deleting transaction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import orjson
 
-from cantrip.loom._activity import Activity, recently_active
+from cantrip.loom._activity import Activity, Deleted, late_entities, recently_active
 from cantrip.loom._model import EntityRecord
 from cantrip.loom._postgres import PostgresStore
 
@@ -32,6 +33,7 @@ _TABLES = (
     "cantrip_blobs",
 )
 _OPEN_WORK = "SELECT entity_id FROM cantrip_work WHERE state IN ('queued', 'running')"
+_RUNNING = "running (queued or running work, or a live lease)"
 _HELD = (
     "SELECT entity_id FROM cantrip_leases WHERE owner IS NOT NULL "
     "AND expires_at > clock_timestamp()"
@@ -66,15 +68,21 @@ class PostgresRetention:
             out.append(Activity(record, str(last or record.created_at or ""), int(n), source))
         return out
 
-    def busy(self, activity: Sequence[Activity], busy_s: float) -> set[str]:
+    def busy(self, activity: Sequence[Activity], busy_s: float) -> dict[str, str]:
         """Entities with queued or running work, or a live lease; and, as on SQLite,
         those written to within ``busy_s`` (an in-process ``serve`` on this database
         holds no lease)."""
         with self._store.pool.connection() as conn:
             rows = conn.execute(f"{_OPEN_WORK} UNION {_HELD}").fetchall()
-        return {str(r[0]) for r in rows} | recently_active(activity, busy_s)
+        return {**recently_active(activity, busy_s), **{str(r[0]): _RUNNING for r in rows}}
 
-    def delete_entities(self, entity_ids: Sequence[str]) -> int:
+    def delete_entities(
+        self,
+        entity_ids: Sequence[str],
+        *,
+        busy_s: float,
+        held: Mapping[str, AbstractSet[str]] | None = None,
+    ) -> Deleted:
         ids = list(entity_ids)
         with self._store.pool.connection() as conn, conn.transaction():
             tables = set(self._existing(conn))
@@ -83,12 +91,18 @@ class PostgresRetention:
             conn.execute(
                 "SELECT 1 FROM cantrip_leases WHERE entity_id = ANY(%s) FOR UPDATE", (ids,)
             )
-            late = conn.execute(
-                f"SELECT 1 FROM ({_OPEN_WORK} UNION {_HELD}) b WHERE entity_id = ANY(%s) LIMIT 1",
+            running = conn.execute(
+                f"SELECT entity_id FROM ({_OPEN_WORK} UNION {_HELD}) b WHERE entity_id = ANY(%s)",
                 (ids,),
-            ).fetchone()
-            if late is not None:
-                return 0
+            ).fetchall()
+            turns = conn.execute(
+                "SELECT entity_id, id, COALESCE(data::json->'metadata'->>'timestamp', '') "
+                "FROM cantrip_turns WHERE entity_id = ANY(%s) ORDER BY pos",
+                (ids,),
+            ).fetchall()
+            late = {**late_entities(turns, ids, busy_s, held), **{r[0]: _RUNNING for r in running}}
+            if late:
+                return Deleted(late=late)
             deleted = conn.execute(
                 "DELETE FROM cantrip_turns WHERE entity_id = ANY(%s)", (ids,)
             ).rowcount
@@ -110,7 +124,7 @@ class PostgresRetention:
                     "DELETE FROM cantrip_blobs b WHERE NOT EXISTS "
                     "(SELECT 1 FROM cantrip_blob_refs r WHERE r.hash = b.hash)"
                 )
-        return int(deleted)
+        return Deleted(turns=int(deleted))
 
     def collect_journal(self) -> int:
         """Journal rows of casts that have ended (see the SQLite side): one statement."""

@@ -31,7 +31,7 @@ import attrs
 import orjson
 
 from cantrip._errors import LoomError
-from cantrip.loom._blobs import decode_blob, internalize
+from cantrip.loom._blobs import decode_blob, intact, internalize
 from cantrip.loom._model import EntityRecord, Turn
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -139,10 +139,18 @@ class Salvage:
     """Records (rows or lines) that could not be read or parsed."""
     orphans: int = 0
     """Turns that parse but whose entity or parent was lost: not complete."""
+    damaged_blobs: int = 0
+    """Big values whose content no longer hashes to their key (their turns are kept
+    with a note in the value's place)."""
 
     @property
     def intact(self) -> bool:
-        return self.integrity in ([], ["ok"]) and not self.unreadable and not self.orphans
+        return (
+            self.integrity in ([], ["ok"])
+            and not self.unreadable
+            and not self.orphans
+            and not self.damaged_blobs
+        )
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -154,6 +162,7 @@ class Salvage:
             "complete_turns": len(self.turns),
             "unreadable_records": self.unreadable,
             "orphaned_turns": self.orphans,
+            "damaged_blobs": self.damaged_blobs,
         }
 
 
@@ -228,9 +237,12 @@ def _salvage_jsonl(file: Path) -> Salvage:
                 if kind == "entity":
                     found.entities.append(EntityRecord.from_dict(obj))
                 elif kind == "turn":
-                    found.turns.append(Turn.from_dict(internalize(obj, _salvaged(blobs.get))))
+                    record = internalize(obj, _salvaged(blobs.get), damaged=_damaged)
+                    found.turns.append(Turn.from_dict(record))
                 elif kind == "blob":
                     blobs[str(obj["hash"])] = obj["data"]
+                    if not intact(str(obj["hash"]), obj["data"]):
+                        found.damaged_blobs += 1
                 elif kind == "reward":
                     rewards[str(obj["turn_id"])] = obj["reward"]
                 else:
@@ -279,15 +291,37 @@ def _read_sqlite(db: sqlite3.Connection, found: Salvage) -> None:
         fetch = _salvaged(functools.partial(_sqlite_blob, db))
         for data, reward in _rows(db, "turns", found):
             try:
-                turn = Turn.from_dict(internalize(orjson.loads(data), fetch))
+                turn = Turn.from_dict(internalize(orjson.loads(data), fetch, damaged=_damaged))
             except (orjson.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError):
                 found.unreadable += 1
                 continue
             found.turns.append(turn)
             if reward is not None:
                 found.rewards[turn.id] = float(reward)
+        found.damaged_blobs = _damaged_blobs(db)
     finally:
         db.close()
+
+
+def _damaged_blobs(db: sqlite3.Connection) -> int:
+    """Blobs whose content no longer hashes to their key (a loom older than blobs
+    has none)."""
+    count = 0
+    try:
+        for digest, data in db.execute("SELECT hash, data FROM blobs"):
+            try:
+                good = intact(str(digest), decode_blob(data))
+            except (ValueError, TypeError, KeyError):
+                good = False
+            count += not good
+    except sqlite3.DatabaseError:
+        return count  # no blobs table, or damage the integrity check reports
+    return count
+
+
+def _damaged(digest: str) -> str:
+    """What salvage reads in place of a big value that does not match its key."""
+    return f"[a large value (blob {digest[:12]}) is damaged: it does not match its key]"
 
 
 def _sqlite_blob(db: sqlite3.Connection, digest: str) -> Any:
@@ -375,6 +409,11 @@ def report_lines(found: Salvage) -> list[str]:
     lines.append(
         f"  readable: {data['entities']} entit(ies), {data['complete_turns']} complete turn(s)"
     )
+    if found.damaged_blobs:
+        lines.append(
+            f"  damaged: {found.damaged_blobs} large value(s) whose content does not match "
+            "its key (recover keeps their turns, with a note in their place)"
+        )
     if found.unreadable or found.orphans:
         lines.append(
             f"  lost: {found.unreadable} unreadable record(s), {found.orphans} turn(s) whose "

@@ -12,11 +12,14 @@ store:
   entity it was forked from; a tree that a surviving entity was forked from stays
   (reported as kept, with why).
 * **Nothing running.** On PostgreSQL a tree with open work (queued or running) or an
-  unexpired lease stays. On SQLite a tree whose last turn is younger than
-  ``busy_s`` stays (another process may be casting on it; its turns are not old
-  enough to be worth the race).
-* **Archive first.** With an archive, every tree is written there (a JSONL loom,
-  readable by ``cantrip loom``) before anything is deleted.
+  unexpired lease stays. Anywhere a tree whose last turn is younger than ``busy_s``
+  stays (another process may be casting on it). Each deleting transaction decides
+  this again (a session prompted during the prune), and a batch found live is left
+  whole and the plan made again.
+* **Archive first, turn by turn.** With an archive, every tree is written there (a
+  JSONL loom, readable by ``cantrip loom``) before anything is deleted; a turn it
+  already holds is skipped, so a re-run completes an archive cut short, and only
+  what the archive holds is deleted. The archive is never the loom itself.
 
 Selection: ``--before DATE`` (trees whose last activity is older), ``--keep-last N``
 (all but the N most recently active trees), ``--entity ID`` (one root's tree).
@@ -24,19 +27,20 @@ Selection: ``--before DATE`` (trees whose last activity is older), ``--keep-last
 
 from __future__ import annotations
 
-import sqlite3
+import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
 import trio
 
 from cantrip._errors import CantripError
-from cantrip.loom._activity import Activity, earlier, parse_time, recently_active
+from cantrip.loom._activity import Activity, Deleted, earlier, parse_time
 from cantrip.loom._loom import Loom
-from cantrip.loom._model import EntityRecord
 
 BATCH = 200
 """Trees deleted per transaction: short transactions, so casts on other entities wait
@@ -81,8 +85,14 @@ class RetentionStore(Protocol):
     """What a store offers prune and stats (SQLite and PostgreSQL)."""
 
     def activity(self) -> list[Activity]: ...
-    def busy(self, activity: Sequence[Activity], busy_s: float) -> set[str]: ...
-    def delete_entities(self, entity_ids: Sequence[str]) -> int: ...
+    def busy(self, activity: Sequence[Activity], busy_s: float) -> dict[str, str]: ...
+    def delete_entities(
+        self,
+        entity_ids: Sequence[str],
+        *,
+        busy_s: float,
+        held: Mapping[str, AbstractSet[str]] | None = None,
+    ) -> Deleted: ...
     def collect_journal(self) -> int: ...
     def reclaim(self) -> None: ...
     def table_bytes(self) -> dict[str, int]: ...
@@ -94,6 +104,8 @@ def retention_of(loom: Loom) -> RetentionStore:
     from cantrip.loom._stores import SQLiteStore
 
     if isinstance(store, SQLiteStore):
+        from cantrip.loom._sqlite_retention import SQLiteRetention
+
         return SQLiteRetention(store._db)
     from cantrip.loom._postgres import PostgresStore
 
@@ -113,10 +125,12 @@ def plan(
     before: datetime | None = None,
     keep_last: int | None = None,
     entity: str | None = None,
-    busy: set[str] | frozenset[str] = frozenset(),
+    busy: Mapping[str, str] | None = None,
 ) -> Plan:
     """Which trees to remove: selected by exactly one rule, closed over children, and
-    never a tree another entity stands on or that is running."""
+    never a tree another entity stands on or that is running (``busy``: entity -> why
+    it counts as running)."""
+    busy = busy or {}
     rules = sum(x is not None for x in (before, keep_last, entity))
     if rules != 1:
         raise CantripError("prune takes exactly one of --before DATE, --keep-last N, --entity ID")
@@ -161,7 +175,8 @@ def plan(
     for root, entities in members.items():
         running = [e for e in entities if e in busy]
         if running:
-            kept[root] = f"running ({running[0]})"
+            first = running[0]
+            kept[root] = busy[first] if first == root else f"{first} {busy[first]}"
     # a tree stays while a surviving entity was forked from one of its entities
     turn_owner = {a.record.entity_id: a.fork_source for a in by_id.values() if a.fork_source}
     changed = True
@@ -195,48 +210,95 @@ def prune(
     busy_s: float = 60.0,
     dry_run: bool = False,
 ) -> Pruned:
-    """Remove the trees :func:`plan` selects (archived first when asked); reclaim space."""
+    """Remove the trees :func:`plan` selects (archived first when asked); reclaim space.
+
+    Each deleting transaction decides again what is live (a session prompted since
+    the plan, a turn the archive does not hold); when something is, that batch is left
+    whole, the plan is made again with it kept, and what is still chosen goes on."""
     store = retention_of(loom)
+    if archive is not None:
+        refuse_archive(loom, archive)
     started = time.perf_counter()
     activity = store.activity()
-    chosen = plan(
-        activity,
-        before=before,
-        keep_last=keep_last,
-        entity=entity,
-        busy=store.busy(activity, busy_s),
-    )
+    rule = {"before": before, "keep_last": keep_last, "entity": entity}
+    chosen = plan(activity, **rule, busy=store.busy(activity, busy_s))  # type: ignore[arg-type]
     bytes_before = sum(store.table_bytes().values())
     if dry_run:
         return Pruned(chosen, bytes_before, bytes_before, time.perf_counter() - started, None)
     collected = store.collect_journal()
-    if not chosen.entities:
-        if collected:
-            store.reclaim()
-        after = sum(store.table_bytes().values())
-        return Pruned(chosen, bytes_before, after, time.perf_counter() - started, None, collected)
-    if archive is not None:
-        write_archive(loom, chosen.entities, archive)
-    by_root: dict[str, list[str]] = {}
-    parents = {a.record.entity_id: a.record.parent_entity_id for a in activity}
-    for entity_id in chosen.entities:
-        root = entity_id
-        while parents.get(root) in parents and parents.get(root) is not None:
-            root = parents[root]  # type: ignore[assignment]
-        by_root.setdefault(root, []).append(entity_id)
-    batch: list[str] = []
-    for index, root in enumerate(chosen.roots):
-        batch.extend(by_root.get(root, [root]))
-        if (index + 1) % BATCH == 0:
-            store.delete_entities(batch)
-            batch = []
-    if batch:
-        store.delete_entities(batch)
-    store.reclaim()
+    trees = _trees(chosen, activity)  # root -> its entities, root first
+    removed: list[str] = []
+    turns = 0
+    late: dict[str, str] = {}
+    pending = list(chosen.roots)
+    while pending:
+        entities = [e for root in pending for e in trees[root]]
+        held = write_archive(loom, entities, archive) if archive is not None else None
+        deleted, new_late = _delete(store, pending, trees, busy_s, held)
+        removed.extend(deleted)
+        turns += sum(n for n in deleted.values())
+        if not new_late:
+            break
+        late.update(new_late)
+        activity = store.activity()
+        again = plan(activity, **rule, busy={**store.busy(activity, busy_s), **late})  # type: ignore[arg-type]
+        pending = [root for root in again.roots if root in pending and root not in removed]
+    kept = dict(chosen.kept)
+    for root in chosen.roots:
+        if root not in removed:
+            why = next((late[e] for e in trees[root] if e in late), None)
+            kept[root] = why or "an entity it stands on became live during the prune"
+    done = Plan(
+        roots=tuple(removed),
+        entities=tuple(e for root in removed for e in trees[root]),
+        turns=turns,
+        kept=tuple(sorted(kept.items())),
+    )
+    if removed or collected:
+        store.reclaim()
     bytes_after = sum(store.table_bytes().values())
     return Pruned(
-        chosen, bytes_before, bytes_after, time.perf_counter() - started, archive, collected
+        done,
+        bytes_before,
+        bytes_after,
+        time.perf_counter() - started,
+        archive if removed else None,
+        collected,
     )
+
+
+def _delete(
+    store: RetentionStore,
+    roots: Sequence[str],
+    trees: Mapping[str, Sequence[str]],
+    busy_s: float,
+    held: Mapping[str, AbstractSet[str]] | None,
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Delete the trees of ``roots`` in batches; stop at the first batch found live.
+    What was deleted (root -> turns, the batch's count on its first root), and the
+    entities found live."""
+    deleted: dict[str, int] = {}
+    for start in range(0, len(roots), BATCH):
+        batch = roots[start : start + BATCH]
+        entities = [e for root in batch for e in trees[root]]
+        result = store.delete_entities(entities, busy_s=busy_s, held=held)
+        if result.late:
+            return deleted, result.late
+        deleted.update(dict.fromkeys(batch, 0))
+        deleted[batch[0]] = result.turns
+    return deleted, {}
+
+
+def _trees(chosen: Plan, activity: Sequence[Activity]) -> dict[str, list[str]]:
+    """The entities of ``chosen`` by the root of their tree, each root first."""
+    parents = {a.record.entity_id: a.record.parent_entity_id for a in activity}
+    trees: dict[str, list[str]] = {root: [] for root in chosen.roots}
+    for entity_id in chosen.entities:
+        top = entity_id
+        while (parent := parents.get(top)) is not None and parent in parents:
+            top = parent
+        trees.setdefault(top, []).append(entity_id)
+    return trees
 
 
 RETENTION_INTERVAL_S = 3600.0
@@ -287,18 +349,60 @@ async def keep_retained(
         await trio.sleep(interval_s)
 
 
-def write_archive(loom: Loom, entity_ids: Sequence[str], path: str) -> None:
-    """Every listed entity and its turns, as a JSONL loom (appended to when it exists)."""
+def write_archive(loom: Loom, entity_ids: Sequence[str], path: str) -> dict[str, frozenset[str]]:
+    """Every listed entity and its turns, as a JSONL loom (appended to when it exists);
+    the turn ids the archive then holds, by entity.
+
+    Turn by turn: a turn the archive already holds (an earlier run cut short by a
+    crash, a kill, a full disk) is skipped, every other is written, so a re-run
+    completes what the first began. Prune deletes only what this returns."""
     target = Loom.open(path)
+    held: dict[str, frozenset[str]] = {}
     try:
         for entity_id in entity_ids:
-            if target.has_entity(entity_id):
-                continue
-            target.register_entity(loom.entity(entity_id))
+            if not target.has_entity(entity_id):
+                target.register_entity(loom.entity(entity_id))
+            ids = set()
             for turn in loom.entity_turns(entity_id):
-                target.append(turn)
+                if not target.has_turn(turn.id):
+                    target.append(turn)
+                ids.add(turn.id)
+            held[entity_id] = frozenset(ids)
     finally:
         target.close()
+    return held
+
+
+def refuse_archive(loom: Loom, archive: str) -> None:
+    """``--archive`` must not be the loom itself (by any path: prune would archive into
+    what it deletes), and a name that would be opened as SQLite must be an existing
+    loom (a new archive is a JSONL file: a typo must not create a database)."""
+    here = loom_location(loom)
+    if archive.startswith(("postgresql://", "postgres://")):
+        if here == archive:
+            raise CantripError(f"--archive {archive} is this loom: name another loom to archive to")
+        return
+    target = Path(archive)
+    on_disk = here is not None and not here.startswith(("postgresql://", "postgres://"))
+    if on_disk and target.exists() and os.path.samefile(target, str(here)):
+        raise CantripError(
+            f"--archive {archive} is this loom ({here}): archive to another file, such as "
+            "archive.jsonl"
+        )
+    if target.suffix != ".jsonl":
+        from cantrip.loom._repair import LOOM_TABLES, _tables, ensure_loom
+
+        if not target.is_file() or target.stat().st_size == 0:
+            raise CantripError(
+                f"--archive {archive}: a new archive is a JSONL loom (name it .jsonl); a "
+                "name opened as SQLite must be an existing loom other than this one"
+            )
+        ensure_loom(target)  # not a database at all, or another program's: refused
+        if not _tables(target) >= LOOM_TABLES:
+            raise CantripError(
+                f"--archive {archive} is an SQLite database without a loom: archive to a "
+                ".jsonl file, or to an existing loom"
+            )
 
 
 def stats(loom: Loom) -> dict[str, Any]:
@@ -319,101 +423,6 @@ def stats(loom: Loom) -> dict[str, Any]:
         "oldest": stamps[0] if stamps else None,
         "newest": stamps[-1] if stamps else None,
     }
-
-
-# -- SQLite ------------------------------------------------------------------------
-
-_TRIGGERS = {
-    "turns_append_only_delete": "CREATE TRIGGER IF NOT EXISTS turns_append_only_delete "
-    "BEFORE DELETE ON turns BEGIN SELECT RAISE(ABORT, 'loom is append-only'); END",
-    "entities_append_only_delete": "CREATE TRIGGER IF NOT EXISTS entities_append_only_delete "
-    "BEFORE DELETE ON entities BEGIN SELECT RAISE(ABORT, 'loom is append-only'); END",
-}
-
-
-class SQLiteRetention:
-    """Prune and stats on an SQLite loom (the store's own connection)."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def activity(self) -> list[Activity]:
-        import orjson
-
-        rows = self._db.execute(
-            "SELECT e.data, COALESCE(json_extract(t.data, '$.metadata.timestamp'), ''), "
-            "COALESCE(c.n, 0), f.entity_id FROM entities e "
-            "LEFT JOIN (SELECT entity_id, MAX(pos) AS last, COUNT(*) AS n FROM turns "
-            "GROUP BY entity_id) c ON c.entity_id = e.entity_id "
-            "LEFT JOIN turns t ON t.pos = c.last "
-            "LEFT JOIN turns f ON f.id = json_extract(e.data, '$.forked_from') ORDER BY e.pos"
-        ).fetchall()
-        out = []
-        for data, last, n, source in rows:
-            record = EntityRecord.from_dict(orjson.loads(data))
-            out.append(Activity(record, str(last or record.created_at or ""), int(n), source))
-        return out
-
-    def busy(self, activity: Sequence[Activity], busy_s: float) -> set[str]:
-        """Entities written to within ``busy_s``: another process may be casting on them."""
-        return recently_active(activity, busy_s)
-
-    def delete_entities(self, entity_ids: Sequence[str]) -> int:
-        """One transaction: the append-only triggers are lifted for its length only (DDL
-        is transactional in SQLite: another connection never sees them gone)."""
-        db = self._db
-        marks = ",".join("?" * len(entity_ids))
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            for name in _TRIGGERS:
-                db.execute(f"DROP TRIGGER IF EXISTS {name}")
-            deleted = db.execute(
-                f"DELETE FROM turns WHERE entity_id IN ({marks})", tuple(entity_ids)
-            ).rowcount
-            db.execute(f"DELETE FROM entities WHERE entity_id IN ({marks})", tuple(entity_ids))
-            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'journal'").fetchone():
-                db.execute(f"DELETE FROM journal WHERE entity_id IN ({marks})", tuple(entity_ids))
-            db.execute(f"DELETE FROM blob_refs WHERE entity_id IN ({marks})", tuple(entity_ids))
-            db.execute("DELETE FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs)")
-            for create in _TRIGGERS.values():
-                db.execute(create)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return int(deleted)
-
-    def collect_journal(self) -> int:
-        """Journal rows of casts that have ended (their entity's latest turn terminated
-        or truncated, up to that turn): an effect recorded in a turn needs no journal."""
-        if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'journal'").fetchone():
-            return 0
-        return int(
-            self._db.execute(
-                "DELETE FROM journal WHERE EXISTS (SELECT 1 FROM turns t "
-                "JOIN (SELECT entity_id, MAX(pos) AS p FROM turns GROUP BY entity_id) m "
-                "ON t.pos = m.p WHERE t.entity_id = journal.entity_id "
-                "AND journal.sequence <= t.sequence "
-                "AND (json_extract(t.data, '$.terminated') OR json_extract(t.data, '$.truncated')))"
-            ).rowcount
-        )
-
-    def reclaim(self) -> None:
-        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        self._db.execute("VACUUM")
-        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-    def table_bytes(self) -> dict[str, int]:
-        try:
-            rows = self._db.execute(
-                "SELECT name, SUM(pgsize) FROM dbstat GROUP BY name ORDER BY name"
-            ).fetchall()
-        except sqlite3.OperationalError:  # built without dbstat: the file as a whole
-            size = self._db.execute(
-                "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()"
-            ).fetchone()
-            return {"(file)": int(size[0])}
-        return {str(name): int(size) for name, size in rows}
 
 
 def parse_date(text: str) -> datetime:

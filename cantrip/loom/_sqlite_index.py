@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from cantrip.loom._blobs import MISSING, decode_blob, has_refs, internalize
@@ -102,6 +103,7 @@ class SQLiteQueries:
     """The :class:`IndexedStore` queries over an SQLite loom's tables."""
 
     _db: sqlite3.Connection
+    path: Path
 
     def _index_schema(self) -> None:
         self._db.executescript(INDEX_SCHEMA)
@@ -110,7 +112,7 @@ class SQLiteQueries:
         """A stored turn, its big values read back from the blobs table (``_blobs``)."""
         if not has_refs(data):
             return _turn(data)
-        return Turn.from_dict(internalize(decode_record(data), self._blob))
+        return Turn.from_dict(internalize(decode_record(data), self._blob, where=str(self.path)))
 
     def _blob(self, digest: str) -> Any:
         row = self._db.execute("SELECT data FROM blobs WHERE hash = ?", (digest,)).fetchone()

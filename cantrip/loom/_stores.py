@@ -102,6 +102,15 @@ CREATE TABLE IF NOT EXISTS blob_refs (
 """
 
 
+_INSERT_TURN = (
+    "INSERT INTO turns (id, parent_id, entity_id, sequence, data) "
+    "SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM entities WHERE entity_id = ?3)"
+)
+"""A turn is written only while its entity is in the file: a session whose tree was
+pruned while it was idle (another process, ``prune`` or ``serve --retain-days``) gets
+an error instead of writing turns whose entity and parents are gone (issue 39)."""
+
+
 class SQLiteStore(SQLiteQueries):
     """The embedded default for a loom on disk.
 
@@ -114,11 +123,23 @@ class SQLiteStore(SQLiteQueries):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, durability: Literal["normal", "full"] = "normal"
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Literal["normal", "full"] = "normal",
+        read_only: bool = False,
     ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        if read_only:
+            # as it is: no schema added to an older file, and the connection refuses to
+            # write. (Not ``mode=ro``: a read-only connection to a WAL file leaves its
+            # -wal and -shm files behind; this one removes them on close, as ever.)
+            self._db.execute("PRAGMA query_only = ON")
+            self._cursor = self._db.cursor()
+            return
         self._db.executescript(_SCHEMA)
         self._index_schema()
         self._db.execute(f"PRAGMA synchronous={durability.upper()}")
@@ -142,11 +163,19 @@ class SQLiteStore(SQLiteQueries):
             return
         try:
             self._cursor.execute(
-                "INSERT INTO turns (id, parent_id, entity_id, sequence, data) VALUES (?,?,?,?,?)",
+                _INSERT_TURN,
                 (turn.id, turn.parent_id, turn.entity_id, turn.sequence, _json(record)),
             )
         except sqlite3.IntegrityError as exc:
             raise LoomAppendOnlyError(f"loom is append-only: turn {turn.id} exists") from exc
+        if self._cursor.rowcount != 1:
+            raise self._gone(turn)
+
+    def _gone(self, turn: Turn) -> LoomError:
+        return LoomError(
+            f"entity {turn.entity_id} is no longer in {self.path} (its tree was pruned while "
+            f"it was idle): turn {turn.id} is not recorded; start a new session"
+        )
 
     def _append_with_blobs(self, turn: Turn, record: dict[str, Any], blobs: list[Blob]) -> None:
         """The turn, its new blobs and its references to them: one transaction."""
@@ -161,10 +190,12 @@ class SQLiteStore(SQLiteQueries):
                 "INSERT OR IGNORE INTO blob_refs (hash, entity_id) VALUES (?, ?)",
                 [(digest, turn.entity_id) for digest, _ in blobs],
             )
-            db.execute(
-                "INSERT INTO turns (id, parent_id, entity_id, sequence, data) VALUES (?,?,?,?,?)",
+            inserted = db.execute(
+                _INSERT_TURN,
                 (turn.id, turn.parent_id, turn.entity_id, turn.sequence, _json(record)),
-            )
+            ).rowcount
+            if inserted != 1:
+                raise self._gone(turn)
         except sqlite3.IntegrityError as exc:
             db.execute("ROLLBACK")
             raise LoomAppendOnlyError(f"loom is append-only: turn {turn.id} exists") from exc
@@ -198,18 +229,30 @@ class JSONLStore:
 
     Reward annotations are appended as their own lines, so the file itself is
     append-only too; the last annotation of a turn wins when it is read back.
+
+    ``read_only`` (what ``cantrip loom FILE list|show|stats|export`` open): the file
+    is never written -- a torn last line is skipped with a warning and left in place
+    for the next writer to set aside -- so reading works on a full disk and never
+    rewrites what it only reads.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, fsync: bool = False, read_only: bool = False
+    ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fsync = fsync
-        self._file: IO[str] = self.path.open("a+", encoding="utf-8", errors="surrogateescape")
+        self._read_only = read_only
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        mode = "r" if read_only else "a+"
+        self._file: IO[str] = self.path.open(mode, encoding="utf-8", errors="surrogateescape")
         self._blobs: dict[str, Any] = {}
         """Blobs this file holds (read by :meth:`load`, which every JSONL loom runs at
         open, then written as turns need them)."""
 
     def _write(self, obj: dict[str, Any]) -> None:
+        if self._read_only:
+            raise LoomError(f"{self.path} was opened read-only: nothing can be recorded in it")
         self._file.write(_json(obj) + "\n")
         self._file.flush()
         if self._fsync:
@@ -238,11 +281,20 @@ class JSONLStore:
         lines = self._file.read().split("\n")
         tail = lines.pop()  # "" when the file ends with a newline, as every append does
         if tail and self._is_torn(tail):
-            self._set_aside(tail)
+            if self._read_only:
+                _log.warning(
+                    "%s: skipped a torn final line (%d bytes, a write cut off by a crash); "
+                    "left in place: the next write to the loom sets it aside",
+                    self.path,
+                    len(tail.encode("utf-8", errors="surrogateescape")),
+                )
+            else:
+                self._set_aside(tail)
         elif tail:
             lines.append(tail)  # a complete record that lost only its newline
-            self._file.write("\n")
-            self._file.flush()
+            if not self._read_only:
+                self._file.write("\n")
+                self._file.flush()
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -262,7 +314,7 @@ class JSONLStore:
                 if kind == "entity":
                     yield "entity", EntityRecord.from_dict(obj)
                 elif kind == "turn":
-                    yield "turn", Turn.from_dict(internalize(obj, self._blob))
+                    yield "turn", Turn.from_dict(internalize(obj, self._blob, where=str(self.path)))
                 elif kind == "blob":
                     self._blobs[obj["hash"]] = obj["data"]
                 elif kind == "reward":
@@ -309,10 +361,11 @@ class JSONLStore:
         self._file.close()
 
 
-def open_store(path: str | os.PathLike[str]) -> LoomStore:
-    """A store for ``path``, chosen by suffix: ``.jsonl`` or SQLite for anything else."""
+def open_store(path: str | os.PathLike[str], *, read_only: bool = False) -> LoomStore:
+    """A store for ``path``, chosen by suffix: ``.jsonl`` or SQLite for anything else
+    (``read_only``: an existing file, read and never written)."""
     if str(path) == ":memory:":
         return MemoryStore()
     if Path(path).suffix == ".jsonl":
-        return JSONLStore(path)
-    return SQLiteStore(path)
+        return JSONLStore(path, read_only=read_only)
+    return SQLiteStore(path, read_only=read_only)
