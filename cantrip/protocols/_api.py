@@ -16,6 +16,8 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from cantrip.protocols._ids import client_id
+
 Text = Annotated[str, Field(pattern=r"^[^\x00]*[^\s\x00][^\x00]*$")]
 """Prompt text: something that is not whitespace, and no NUL (U+0000), which PostgreSQL
 text cannot hold (issue 28.5; the server refuses it in any body string)."""
@@ -119,6 +121,12 @@ class CancelRequest(_In):
     prompt_id: str | SkipJsonSchema[None] = Field(default=None, min_length=1, max_length=100)
     idempotency_key: str | SkipJsonSchema[None] = Field(default=None, min_length=1, max_length=255)
     next: bool = False
+
+    @pydantic.field_validator("prompt_id", "idempotency_key")
+    @classmethod
+    def _a_client_id(cls, value: str | None, info: pydantic.ValidationInfo) -> str | None:
+        """A name is a client's id like any other (SPEC.md "Ids from clients")."""
+        return None if value is None else client_id(value, str(info.field_name))
 
     @pydantic.model_validator(mode="after")
     def _one_target(self) -> CancelRequest:

@@ -17,6 +17,8 @@ that so.)
 
 from __future__ import annotations
 
+from cantrip._text import TextError, check_text
+
 MAX_ID = 256
 """The longest id taken where no protocol says otherwise (AG-UI's thread and run ids
 name sessions and appear in every event)."""
@@ -35,9 +37,6 @@ def client_id(raw: str, what: str, max_length: int = MAX_ID) -> str:
     if "\x00" in raw:
         raise BadIdError(f"{what} cannot hold a NUL character (U+0000)")
     try:
-        raw.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise BadIdError(
-            f"{what} is not valid Unicode: an unpaired surrogate at character {exc.start}"
-        ) from None
-    return raw
+        return check_text(raw, what)  # the one test of valid text (intents use it too)
+    except TextError as exc:
+        raise BadIdError(str(exc)) from None
