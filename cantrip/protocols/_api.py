@@ -16,6 +16,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from cantrip.protocols import _steering as steering
 from cantrip.protocols._ids import client_id
 
 Text = Annotated[str, Field(pattern=r"^[^\x00]*[^\s\x00][^\x00]*$")]
@@ -348,6 +349,9 @@ _EXTRA_ERRORS = {
     "or (messages) no prompt is running to take the message",
     "500": "The cast failed (the LLM failed for good) or the entity crashed",
     "422": "The Idempotency-Key was already used for a different prompt",
+    "429": f"The running prompt has taken all the steering one cast takes "
+    f"({steering.MAX_MESSAGES} messages, {steering.MAX_BYTES // 1024} KiB in all; see "
+    "Retry-After); send the message as a prompt once it ends",
     "503": "The live-session cap is reached and every session is busy, too many prompts "
     "are running, the server is shutting down, or (serve --db) its database is unreachable "
     "(see Retry-After)",
@@ -528,7 +532,7 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
                 "parameters": session,
                 "requestBody": {"required": True, "content": _json_content("SteerRequest")},
                 "responses": _responses(
-                    {"202": ("Steered", "Accepted for the next turn")}, *found, "409"
+                    {"202": ("Steered", "Accepted for the next turn")}, *found, "409", "429"
                 ),
             }
         },
