@@ -761,3 +761,33 @@ async def test_a_fault_after_run_started_ends_with_run_error_and_a_log_line(
         answer, events = await agui(base, run_input("t-fault"))
     assert answer.status_code == 200
     told_the_fault(events, caplog)
+
+
+def _depth(value: Any) -> int:
+    """The reference: how deep ``value`` nests, by recursion (for small values only)."""
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.recursive(st.none() | st.integers(), lambda inner: (
+    st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner, max_size=3)
+), max_leaves=40), limit=st.integers(0, 12))  # fmt: skip
+def test_the_depth_check_agrees_with_a_recursive_count(value: Any, limit: int) -> None:
+    """``nests_deeper`` against the obvious recursive definition."""
+    from cantrip.protocols._body import nests_deeper
+
+    assert nests_deeper(value, limit) == (_depth(value) > limit)
+
+
+def test_the_depth_check_takes_what_recursion_cannot() -> None:
+    from cantrip.protocols._body import nests_deeper
+
+    deep = nested(100_000)  # far past Python's recursion limit
+    with pytest.raises(RecursionError):
+        _depth(deep)
+    assert nests_deeper(deep, 64) and nests_deeper(nested(65), 64)
+    assert not nests_deeper(nested(64), 64)

