@@ -654,7 +654,7 @@ class RunStream:
         try:
             await self._begin(where)
             yield self
-        except Exception as exc:  # the boundary of a started run (SPEC.md AGUI-9)
+        except Exception as exc:  # the boundary of a started run (SPEC.md AGUI-16)
             failure = _failure_in(exc)
             if failure is None or self.ended:
                 log.exception(

@@ -101,6 +101,11 @@ class CreateSession(_In):
     """``POST /sessions`` takes no options: an empty body or ``{}``."""
 
 
+_NO_NUL: dict[str, Any] = {"pattern": "^[^\\x00]+$"}
+"""What the schema says of a client's id (``client_id`` checks it, and what JSON Schema
+cannot say: valid Unicode)."""
+
+
 class CancelRequest(_In):
     """What a cancel targets (an empty body: the running prompt, if any). Name a prompt
     by ``prompt_id`` (the ``Prompt-Id`` its answer and first stream event carry) or by
@@ -118,9 +123,15 @@ class CancelRequest(_In):
         },
     )
 
-    # No pattern: a name that no prompt has (or can have) simply matches none.
-    prompt_id: str | SkipJsonSchema[None] = Field(default=None, min_length=1, max_length=100)
-    idempotency_key: str | SkipJsonSchema[None] = Field(default=None, min_length=1, max_length=255)
+    # A name that no prompt has (or can have) simply matches none; but it is a client's
+    # id, so no NUL (published) and valid Unicode (``_a_client_id``; JSON Schema cannot
+    # say "no unpaired surrogate").
+    prompt_id: str | SkipJsonSchema[None] = Field(
+        default=None, min_length=1, max_length=100, json_schema_extra=_NO_NUL
+    )
+    idempotency_key: str | SkipJsonSchema[None] = Field(
+        default=None, min_length=1, max_length=255, json_schema_extra=_NO_NUL
+    )
     next: bool = False
 
     @pydantic.field_validator("prompt_id", "idempotency_key")
