@@ -16,7 +16,7 @@ import httpx
 import pytest
 import trio
 from pg_cluster import fresh_database
-from test_a2a_server import fuzz, message, sent
+from test_a2a_server import fuzz, message, refuses_ids_that_are_not_text, sent
 from test_serve_db import Stack, open_stack
 
 from cantrip.protocols._sessions import entity_id_for
@@ -233,6 +233,14 @@ async def test_bad_input_at_a_replica_gets_the_protocols_errors(stack: Stack) ->
     made = await stack.query("SELECT count(*) FROM cantrip_a2a_tasks t WHERE NOT EXISTS "
                       "(SELECT 1 FROM cantrip_work w WHERE w.id = t.work_id)")  # fmt: skip
     assert made == [(0,)], "no task without its work item"
+
+
+async def test_a2a_ids_that_are_not_text_at_a_replica_are_invalid_params(stack: Stack) -> None:
+    count = "SELECT (SELECT count(*) FROM cantrip_work), (SELECT count(*) FROM cantrip_a2a_tasks)"
+    before = await stack.query(count)
+    async with httpx.AsyncClient(base_url=stack.replicas[0], timeout=60) as http:
+        await refuses_ids_that_are_not_text(http)
+    assert await stack.query(count) == before
 
 
 async def test_the_token_guards_a_replicas_a2a(stack: Stack) -> None:

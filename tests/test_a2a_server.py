@@ -546,3 +546,33 @@ def test_a_prompts_parts_are_read_as_the_gate_reads_a_reply() -> None:
         "[image/png x.png: 3 bytes]",
         "https://files.example/f",
     ]
+
+
+async def refuses_ids_that_are_not_text(http: httpx.AsyncClient) -> None:
+    """Every A2A id a client sends (message, context and task ids, a task's id) that
+    no UTF-8 can carry is JSON-RPC's invalid params, refused by the SDK's protobuf
+    reader before anything is made (issue 39.10; both servers, SPEC.md "Ids from
+    clients")."""
+
+    def text(**ids: str) -> dict[str, Any]:
+        return {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}], **ids}
+
+    bad = "x\ud800"
+    calls = [
+        ("SendMessage", {"message": text(messageId=bad)}),
+        ("SendMessage", {"message": text(contextId=bad)}),
+        ("SendMessage", {"message": text(taskId=bad)}),
+        ("GetTask", {"id": bad}),
+        ("CancelTask", {"id": bad}),
+    ]
+    for index, (method, params) in enumerate(calls):
+        body = {"jsonrpc": "2.0", "id": index, "method": method, "params": params}
+        answer = await rpc(http, json.dumps(body))  # the surrogate travels as an escape
+        assert answer.get("error", {}).get("code") == -32602, (method, params, answer)
+
+
+async def test_a2a_ids_that_are_not_text_are_invalid_params() -> None:
+    s = spell([call("done", answer="ok")])
+    async with serving(s) as url, httpx.AsyncClient(base_url=url, timeout=20) as http:
+        await refuses_ids_that_are_not_text(http)
+        assert (await http.get("/sessions")).json()["sessions"] == []

@@ -262,6 +262,8 @@ async def test_protocol_mistakes_get_errors_and_the_stdio_server_keeps_serving()
         json.dumps(rpc("f", "session/new")).encode(),
         json.dumps(rpc("g", "session/prompt", prompt=[{"type": "image", "data": ""}])).encode(),
         json.dumps(rpc("h", "session/prompt", prompt="Are you there?")).encode(),
+        # an id no UTF-8 can carry is a client's mistake, like any bad id (issue 39.10)
+        json.dumps(rpc("i", "session/prompt", sessionId="session-\ud800", prompt="x")).encode(),
     ]
     received: list[dict[str, Any]] = []
 
@@ -280,7 +282,7 @@ async def test_protocol_mistakes_get_errors_and_the_stdio_server_keeps_serving()
         )
         await to_server_send.send_all(b"\n".join(lines) + b"\n\n")
         with trio.fail_after(10):
-            await read_until(11)
+            await read_until(12)
         await to_server_send.aclose()  # stdin closes: the server ends
     by_id = {m.get("id"): m for m in received if "id" in m}
     errors = [m["error"]["code"] for m in received if "error" in m and m["id"] is None]
@@ -293,3 +295,5 @@ async def test_protocol_mistakes_get_errors_and_the_stdio_server_keeps_serving()
     assert "r" not in by_id
     assert by_id["g"]["error"]["code"] == -32602  # no text in the prompt
     assert by_id["h"]["result"]["_meta"]["cantrip"]["result"] == "still here"
+    assert by_id["i"]["error"]["code"] == -32602
+    assert "surrogate" in by_id["i"]["error"]["message"]

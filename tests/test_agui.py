@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -639,3 +640,154 @@ async def test_the_inputs_context_reaches_the_model_with_the_prompt() -> None:
     )
     assert second == "just this"
     assert [t.intent for t in s.loom.turns if t.intent] == [first, second]
+
+
+# -- issue 39, items 9 and 10: hostile input is a 400; a fault after RUN_STARTED is told --
+
+
+def nested(depth: int) -> Any:
+    """An object nested ``depth`` levels deep (``{}`` is one level)."""
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+LONE = "\ud800"
+"""An unpaired surrogate: JSON can spell it (``"\\ud800"``), UTF-8 cannot."""
+
+
+def hostile_bodies() -> dict[str, bytes]:
+    """Bodies that passed the schema yet broke a run after it started (issue 39.9/.10),
+    as raw JSON (``json.dumps`` escapes the surrogate, as a client's encoder does)."""
+    user = [{"id": "u1", "role": "user", "content": "hello"}]
+
+    def body(**fields: Any) -> bytes:
+        base = {"threadId": "t-hostile", "runId": "r-hostile", "messages": user}
+        return json.dumps({**base, **fields}).encode()
+
+    deep = nested(300)
+    assert len(json.dumps(deep)) < 2600  # the issue's "2 KB state nested 300 deep"
+    return {
+        "state 300 deep": body(state=deep),
+        "forwardedProps 300 deep": body(forwardedProps=deep),
+        "context 300 deep": body(context=[{"description": "page", "value": "x", "more": deep}]),
+        "messages 300 deep": body(messages=[{**user[0], "content": [deep]}]),
+        "a body too deep to parse": b'{"state": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+        "threadId with a lone surrogate": body(threadId="t" + LONE),
+        "runId with a lone surrogate": body(runId="r" + LONE),
+        "a resumed interrupt id with a lone surrogate": body(
+            messages=[], resume=[{"interruptId": "i" + LONE, "status": "resolved"}]
+        ),
+    }
+
+
+async def refuses_hostile_bodies(base: str, headers: dict[str, str] | None = None) -> None:
+    """Each hostile body is a 400 with a one-line message, before any event (both servers)."""
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as http:
+        for name, raw in hostile_bodies().items():
+            answer = await http.post(
+                "/agui",
+                content=raw,
+                headers={"content-type": "application/json", "accept": "text/event-stream"},
+            )
+            assert answer.status_code == 400, (name, answer.status_code, answer.text[:300])
+            assert answer.headers["content-type"] == "application/json", name
+            message = answer.json()["error"]["message"]
+            assert message and "\n" not in message, (name, message)
+            if "surrogate" in name:
+                assert "surrogate" in message, (name, message)
+            elif "parse" not in name:
+                assert "nests deeper than 64 levels" in message, (name, message)
+
+
+async def test_deep_input_and_lone_surrogate_ids_are_a_400_before_any_event() -> None:
+    s = spell([{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]}])
+    async with serving(s) as base:
+        await refuses_hostile_bodies(base)
+    assert len(s.loom) == 0, "no hostile request reached an entity"
+
+
+async def test_state_nested_to_the_bound_comes_back_in_the_snapshots() -> None:
+    """The bound (64) is the documented one, not lower: such a state is the client's,
+    returned whole in both snapshots."""
+    s = spell([{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]}])
+    state = {"mine": nested(63)}  # the state object itself is the 64th level
+    async with serving(s) as base:
+        answer, events = await agui(base, run_input("t-deep-ok", state=state))
+    assert answer.status_code == 200 and events[-1]["type"] == "RUN_FINISHED"
+    snapshots = [e["snapshot"] for e in events if e["type"] == "STATE_SNAPSHOT"]
+    assert [snap["mine"] for snap in snapshots] == [state["mine"]] * 2
+
+
+def break_step_complete(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inject a fault into the one event mapping both servers use: translating a
+    recorded turn's end raises, as a bug there would -- after RUN_STARTED went out."""
+    from cantrip._events import StepComplete
+    from cantrip.protocols._agui import Translator
+
+    events = Translator.events
+
+    def broken(self: Translator, event: Any) -> Any:
+        if isinstance(event, StepComplete):
+            raise RuntimeError("injected fault in the AG-UI mapping")
+        return events(self, event)
+
+    monkeypatch.setattr(Translator, "events", broken)
+
+
+def told_the_fault(events: list[dict[str, Any]], caplog: pytest.LogCaptureFixture) -> None:
+    """The stream ended with RUN_ERROR ``internal_error`` and the server logged the
+    fault once, with its traceback."""
+    assert types(events)[0] == "RUN_STARTED"
+    assert events[-1]["type"] == "RUN_ERROR", types(events)
+    assert events[-1]["code"] == "internal_error"
+    assert "RuntimeError" in events[-1]["message"]
+    assert "injected" not in events[-1]["message"], "the traceback stays in the log"
+    logged = [r for r in caplog.records if r.name == "cantrip.agui" and r.levelname == "ERROR"]
+    assert len(logged) == 1, [r.getMessage() for r in logged]
+    assert "failed after it started" in logged[0].getMessage()
+    assert logged[0].exc_info is not None
+    assert "injected fault" in logging.Formatter().formatException(logged[0].exc_info)
+
+
+async def test_a_fault_after_run_started_ends_with_run_error_and_a_log_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    break_step_complete(monkeypatch)
+    caplog.set_level("INFO", logger="cantrip.agui")
+    s = spell([{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]}])
+    async with serving(s) as base:
+        answer, events = await agui(base, run_input("t-fault"))
+    assert answer.status_code == 200
+    told_the_fault(events, caplog)
+
+
+def _depth(value: Any) -> int:
+    """The reference: how deep ``value`` nests, by recursion (for small values only)."""
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.recursive(st.none() | st.integers(), lambda inner: (
+    st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner, max_size=3)
+), max_leaves=40), limit=st.integers(0, 12))  # fmt: skip
+def test_the_depth_check_agrees_with_a_recursive_count(value: Any, limit: int) -> None:
+    """``nests_deeper`` against the obvious recursive definition."""
+    from cantrip.protocols._body import nests_deeper
+
+    assert nests_deeper(value, limit) == (_depth(value) > limit)
+
+
+def test_the_depth_check_takes_what_recursion_cannot() -> None:
+    from cantrip.protocols._body import nests_deeper
+
+    deep = nested(100_000)  # far past Python's recursion limit
+    with pytest.raises(RecursionError):
+        _depth(deep)
+    assert nests_deeper(deep, 64) and nests_deeper(nested(65), 64)
+    assert not nests_deeper(nested(64), 64)

@@ -419,3 +419,48 @@ async def test_an_ask_user_question_is_an_interrupt_answered_with_text_at_a_repl
     (result,) = [e for e in answered if e.get("toolCallId") == interrupt["toolCallId"]
                  and e["type"] == "TOOL_CALL_RESULT"]  # fmt: skip
     assert result["content"] == "blue"
+
+
+# -- issue 39, items 9 and 10, at a replica ------------------------------------------------
+
+
+async def test_deep_input_and_lone_surrogate_ids_at_a_replica_are_a_400_and_queue_nothing(
+    stack: Stack,
+) -> None:
+    a, *_ = stack.replicas
+    count = "SELECT (SELECT count(*) FROM cantrip_work), (SELECT count(*) FROM cantrip_entities)"
+    before = await stack.query(count)
+    await in_process.refuses_hostile_bodies(a, AUTH)
+    assert await stack.query(count) == before, "no session made, no work queued"
+
+
+async def test_a_fault_after_run_started_at_a_replica_ends_with_run_error_and_a_log_line(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The replica's app in this process (on the stack's database, beside its worker),
+    with a fault injected into the one event mapping: the worker's first recorded turn
+    cannot be told, and the run ends with RUN_ERROR and one log line."""
+    from cantrip.distributed._worker import build_spell, spell_from_spec
+    from cantrip.loom._loom import Loom
+    from cantrip.protocols._db_http import serve_http_db
+
+    for name, value in stack.env.items():
+        monkeypatch.setenv(name, value)
+    queued = spell_from_spec(stack.spec)
+    in_process.break_step_complete(monkeypatch)
+    caplog.set_level("INFO", logger="cantrip.agui")
+    async with trio.open_nursery() as nursery:
+        (base,) = await nursery.start(
+            lambda task_status: serve_http_db(
+                queued,
+                build_spell(queued, Loom()),
+                stack.url,
+                "127.0.0.1",
+                0,
+                task_status=task_status,
+            )
+        )
+        answer, events = await in_process.agui(base, run_input("db-fault", "fault"), timeout=60)
+        nursery.cancel_scope.cancel()
+    assert answer.status_code == 200
+    in_process.told_the_fault(events, caplog)

@@ -356,3 +356,21 @@ def test_cantrip_serve_runs_until_interrupted(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+async def refuses_ids_that_are_not_text(http: httpx.AsyncClient) -> None:
+    """A cancel naming a prompt by an id or key no UTF-8 can carry is a 400 at parsing,
+    like every id a client sends (issue 39.10; both servers)."""
+    sid = (await http.post("/sessions")).json()["session_id"]
+    for field in ("prompt_id", "idempotency_key"):
+        raw = json.dumps({field: "p\ud800"})  # the lone surrogate travels as an escape
+        answer = await http.post(
+            f"/sessions/{sid}/cancel", content=raw, headers={"content-type": "application/json"}
+        )
+        assert answer.status_code == 400, (field, answer.status_code, answer.text)
+        assert "surrogate" in answer.json()["error"]["message"], answer.text
+
+
+async def test_a_cancel_naming_an_id_that_is_not_text_is_a_400() -> None:
+    async with serving(make_spell([])) as http:
+        await refuses_ids_that_are_not_text(http)

@@ -28,6 +28,7 @@ import pytest
 import trio
 from pg_cluster import fresh_database
 from serve_db_llm import KEY
+from test_http import refuses_ids_that_are_not_text
 
 from cantrip.protocols._api import openapi_document
 
@@ -563,6 +564,13 @@ async def test_a_replica_that_loses_its_listen_connection_listens_again(stack: S
 
 
 # -- cancel ---------------------------------------------------------------------------------
+
+
+async def test_a_cancel_naming_an_id_that_is_not_text_is_a_400_at_a_replica(
+    stack: Stack,
+) -> None:
+    async with await _client(stack.replicas[0]) as http:
+        await refuses_ids_that_are_not_text(http)
 
 
 async def test_cancel_through_one_replica_stops_the_worker_running_the_prompt(

@@ -190,7 +190,7 @@ async def test_messages_racing_a_cast_to_its_end_each_land_once_or_come_back(
             for i in range(400):
                 text = f"{name}{i}"
                 response = await http.post(f"/sessions/{sid}/messages", json={"text": text})
-                if response.status_code == 409:
+                if response.status_code in (409, 429):  # ended, or took all it takes
                     refused.append(text)
                     return
                 assert response.status_code == 202, response.text
@@ -527,3 +527,35 @@ def test_an_interrupt_reaches_a_worker_that_missed_its_notification(pg_url: str)
         assert queue.heartbeat(claim.fence, 30) == (True, True)
     finally:
         store.close()
+
+
+# -- issue 39.13: what one cast takes is bounded, across replicas --------------------------
+
+
+async def test_one_cast_takes_a_bounded_number_and_size_of_messages_across_replicas(
+    stack: Stack,
+) -> None:
+    """The bound of ``cantrip.protocols._steering``, kept by the database: messages sent
+    to one cast through two replicas at once never exceed it (the count is taken under
+    the work row's lock, with the insert), and only what was accepted is stored."""
+    from test_steering import overfill_steering
+
+    a, b = stack.replicas
+    async with _client(a) as on_a, _client(b) as on_b:
+        sid, entity = await _new_session(on_a)
+        async with trio.open_nursery() as nursery:
+            # "forever": the LLM answers ten times slower, so the cast outlives the test
+            first = await _in_background(
+                nursery, on_a, f"/sessions/{sid}/prompt", {"prompt": "Work forever."}
+            )
+            with trio.fail_after(60):  # the prompt is open work: a message finds it
+                open_work = "SELECT 1 FROM cantrip_work WHERE entity_id = %s AND state = 'running'"
+                while not await stack.query(open_work, entity):
+                    await trio.sleep(0.02)
+            accepted = await overfill_steering([on_a, on_b], sid)
+            stored = await stack.query(
+                "SELECT text FROM cantrip_messages WHERE entity_id = %s", entity
+            )
+            assert (await on_b.post(f"/sessions/{sid}/cancel")).json()["cancelled"] is True
+        assert first[0].status_code == 200, first[0].text
+    assert sorted(text for (text,) in stored) == sorted(accepted)

@@ -342,3 +342,64 @@ async def test_acp_prompts_while_one_runs_follow_on_busy(policy: str) -> None:
         assert first["result"]["_meta"]["cantrip"]["reason"] == "interrupted"
         asked = [m.content for m in s.llm.invocations[-1].messages]  # type: ignore[attr-defined]
         assert ("First task." in asked) is (policy == "interrupt")
+
+
+# -- issue 39.13: what one cast takes is bounded ------------------------------------------
+
+
+BIG = "x" * 100_000
+"""A 100 KB message (the issue's were 400 of these, all taken into one request)."""
+
+
+async def overfill_steering(clients: list[httpx.AsyncClient], sid: str) -> list[str]:
+    """Steer one running cast past both bounds (both servers): 100 KB messages until the
+    bytes run out, then small ones sent at once from every client until the count does.
+    Each refusal is a 429 with ``Retry-After``; what was accepted is returned."""
+    from cantrip.protocols._steering import MAX_BYTES, MAX_MESSAGES
+
+    path = f"/sessions/{sid}/messages"
+    accepted: list[str] = []
+
+    def refused(answer: httpx.Response, why: str) -> None:
+        assert answer.status_code == 429, answer.text
+        assert int(answer.headers["retry-after"]) >= 1
+        error = answer.json()["error"]
+        assert error["code"] == "steering_full" and why in error["message"], error
+
+    fits = MAX_BYTES // (len(BIG) + 2)
+    for i in range(fits + 2):
+        text = f"{i} {BIG}"
+        answer = await clients[0].post(path, json={"text": text})
+        if i < fits:
+            assert answer.status_code == 202, answer.text
+            accepted.append(text)
+        else:
+            refused(answer, "bytes")
+    answers: dict[str, httpx.Response] = {}
+
+    async def send(client: httpx.AsyncClient, text: str) -> None:
+        answers[text] = await client.post(path, json={"text": text})
+
+    async with trio.open_nursery() as nursery:  # more than fit, from every client at once
+        for n in range(MAX_MESSAGES + 8):
+            nursery.start_soon(send, clients[n % len(clients)], f"small {n}")
+    taken = [text for text, answer in answers.items() if answer.status_code == 202]
+    assert len(taken) == MAX_MESSAGES - fits, {a.status_code for a in answers.values()}
+    for text, answer in answers.items():
+        if text not in taken:
+            refused(answer, f"({MAX_MESSAGES})")
+    return accepted + taken
+
+
+async def test_one_cast_takes_a_bounded_number_and_size_of_messages() -> None:
+    async with served(SCRIPT) as (http, started, release, llm):
+        sid = (await http.post("/sessions")).json()["session_id"]
+        async with trio.open_nursery() as nursery:
+            first = await prompt_in_background(nursery, http, sid, "Do the work.")
+            await started.wait()
+            accepted = await overfill_steering([http], sid)
+            release.set()
+        assert first[0].status_code == 200 and first[0].json()["terminated"]
+    joined = [m.content for m in llm.invocations[1].messages if m.role == "user"]
+    assert joined[0] == "Do the work."
+    assert sorted(joined[1:]) == sorted(accepted), "exactly what was accepted joined the turn"

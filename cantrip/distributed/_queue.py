@@ -40,6 +40,7 @@ Every method is blocking (psycopg); the worker calls them via ``trio.to_thread``
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -334,7 +335,9 @@ def parse_cancel(payload: str) -> tuple[str, str]:
     return entity_id, reason or "cancelled"
 
 
-def steer_on(conn: Any, entity_id: str, text: str) -> int | None:
+def steer_on(
+    conn: Any, entity_id: str, text: str, admit: Callable[[int, int], None] | None = None
+) -> int | None:
     """Add a message for the entity's running prompt (its oldest open work item) inside
     the caller's transaction; that work's id, or None if no work is open.
 
@@ -342,7 +345,9 @@ def steer_on(conn: Any, entity_id: str, text: str) -> int | None:
     the work's end are ordered: the worker's ``finish`` waits for this transaction, or
     this finds the work ended (and adds nothing). A waiter that reads the work's result
     after it ended therefore sees every message ever accepted for it -- and messages of
-    one work item commit in id order."""
+    one work item commit in id order. ``admit`` is given, under that lock, how many
+    messages the work has taken and their bytes (UTF-8); it raises to refuse this one
+    (nothing is added), so concurrent senders cannot pass a bound it keeps."""
     while True:
         row = conn.execute(
             f"SELECT id FROM cantrip_work WHERE entity_id = %s AND {_OPEN} "
@@ -357,6 +362,13 @@ def steer_on(conn: Any, entity_id: str, text: str) -> int | None:
         ).fetchone()
         if more is None:
             return None
+    if admit is not None:
+        sent, size = conn.execute(
+            "SELECT count(*), coalesce(sum(octet_length(text)), 0) FROM cantrip_messages "
+            "WHERE work_id = %s",
+            (row[0],),
+        ).fetchone()
+        admit(int(sent), int(size))
     conn.execute(
         "INSERT INTO cantrip_messages (entity_id, work_id, text) VALUES (%s, %s, %s)",
         (entity_id, row[0], text),

@@ -61,6 +61,7 @@ from cantrip._redact import get_logger, redact_value
 from cantrip._text import TextError, check_text
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import GateCallRecord, Turn, result_text
+from cantrip.protocols._ids import BadIdError, client_id
 from cantrip.protocols._sessions import Session, SessionError, SessionHub
 
 PROTOCOL_VERSION = 1
@@ -397,7 +398,9 @@ class AcpServer:
                 return self.hub.only()
             if not isinstance(session_id, str):
                 raise RpcError(INVALID_PARAMS, "sessionId must be a string")
-            return self.hub.get(session_id)
+            return self.hub.get(client_id(session_id, "sessionId"))
+        except BadIdError as exc:
+            raise RpcError(INVALID_PARAMS, str(exc)) from None
         except SessionError as exc:
             code = RESOURCE_NOT_FOUND if session_id is not None else INVALID_PARAMS
             raise RpcError(code, exc.message) from None

@@ -25,10 +25,11 @@ Every event passes the redactor on its way out, like every other answer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -93,12 +94,18 @@ from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import Response, plain_json
 from cantrip.loom._model import GateCallRecord, Turn
 from cantrip.protocols._asgi import HttpError, Send, end_body, sse_comment, start_sse
-from cantrip.protocols._request import validated
+from cantrip.protocols._body import nests_deeper
+from cantrip.protocols._request import request_id, validated
 
 log = get_logger("cantrip.agui")
 
-MAX_ID = 256
-"""The longest threadId / runId taken (they name sessions and appear in every event)."""
+MAX_DEPTH = 64
+"""How deep each member of a ``RunAgentInput`` (``state``, ``forwardedProps``,
+``context``, ``messages``, ``tools``...) may nest objects and arrays. The state comes
+back in every ``STATE_SNAPSHOT`` and the events are built by pydantic models, whose
+serializer refuses values nested about 250 deep -- after ``RUN_STARTED`` had gone out,
+which cut the stream. 64 is far beyond any application's state and far within what
+every step of a run (validation, the redactor, serialization) handles."""
 
 APPROVAL_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -139,10 +146,19 @@ def parse_input(body: Any) -> RunAgentInput:
     """The request as AG-UI's ``RunAgentInput`` (400 with one line if it is not one)."""
     if not isinstance(body, Mapping):
         raise HttpError(400, "bad_request", "the body must be an AG-UI RunAgentInput object")
+    for name, value in body.items():
+        if nests_deeper(value, MAX_DEPTH):
+            what = name if len(name) <= 40 else name[:40] + "..."
+            raise HttpError(
+                400,
+                "bad_request",
+                f"{what} nests deeper than {MAX_DEPTH} levels of objects and arrays",
+            )
     run: RunAgentInput = validated(RunAgentInput, body)
-    for name, value in (("threadId", run.thread_id), ("runId", run.run_id)):
-        if not value or len(value) > MAX_ID:
-            raise HttpError(400, "bad_request", f"{name} must be 1 to {MAX_ID} characters")
+    request_id(run.thread_id, "threadId")
+    request_id(run.run_id, "runId")
+    for entry in run.resume or ():
+        request_id(entry.interrupt_id, "resume.interruptId")
     if not run.resume and not intent_of(run) and not tool_results(run):
         raise HttpError(
             400,
@@ -577,6 +593,24 @@ class RunFailed(Exception):
         self.message = message
 
 
+def _leaf(exc: BaseException) -> BaseException:
+    """The exception inside a group of one (trio's nurseries wrap what they raise)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _failure_in(exc: BaseException) -> RunFailed | None:
+    """The :class:`RunFailed` an exception is (a refusal, :class:`HttpError`, becomes
+    one with its code); None for anything else -- a fault of the server's own."""
+    exc = _leaf(exc)
+    if isinstance(exc, RunFailed):
+        return exc
+    if isinstance(exc, HttpError):
+        return RunFailed(exc.code, exc.message)
+    return None
+
+
 # -- the run on the wire ---------------------------------------------------------------
 
 
@@ -604,13 +638,48 @@ class RunStream:
         self.turns = 0
         """The latest turn's sequence the client's state holds."""
         self.entity_id = ""
-        self.started = False
+        self.ended = False
+        """The run's last event went out (``RUN_FINISHED`` or ``RUN_ERROR``)."""
 
-    async def begin(self, where: Where) -> None:
-        """The response's head, ``RUN_STARTED``, and the state the run starts from."""
-        run = self.run
+    @contextlib.asynccontextmanager
+    async def running(self, where: Where) -> AsyncIterator[RunStream]:
+        """The run on the wire from its start to its end. On entry: the response's
+        head, ``RUN_STARTED`` and the state the run starts from. Whatever fails inside
+        once the stream has started ends the run with ``RUN_ERROR`` and one log line --
+        never a stream cut without a word, and never a traceback the server keeps to
+        itself: a :class:`RunFailed` (or a refusal, :class:`HttpError`) with its own
+        code, logged at INFO; anything else with ``internal_error``, its traceback
+        logged at ERROR. The body ends the run with :meth:`finish`."""
         await start_sse(self.send)
-        self.started = True
+        try:
+            await self._begin(where)
+            yield self
+        except Exception as exc:  # the boundary of a started run (SPEC.md AGUI-16)
+            failure = _failure_in(exc)
+            if failure is None or self.ended:
+                log.exception(
+                    "AG-UI run %s on thread %s failed after it started",
+                    self.run.run_id,
+                    self.run.thread_id,
+                )
+                if self.ended:  # its last event went out: nothing more can be said
+                    return
+                failure = RunFailed(
+                    "internal_error",
+                    f"the run failed on the server ({type(_leaf(exc)).__name__}); its log says why",
+                )
+            else:
+                log.info(
+                    "AG-UI run %s on thread %s ended with RUN_ERROR %s: %s",
+                    self.run.run_id,
+                    self.run.thread_id,
+                    failure.code,
+                    failure.message,
+                )
+            await self.fail(failure)
+
+    async def _begin(self, where: Where) -> None:
+        run = self.run
         await send_event(
             self.send,
             RunStartedEvent(
@@ -642,6 +711,7 @@ class RunStream:
         """End the run with ``RUN_ERROR`` (what was open is closed first)."""
         for out in self.translator.finish(None):
             await send_event(self.send, out)
+        self.ended = True
         await send_event(self.send, RunErrorEvent(message=failure.message, code=failure.code))
         await end_body(self.send)
 
@@ -684,6 +754,8 @@ class RunStream:
                 usage=usage_of(outcome),
             )
         out.append(finished)
-        for event in out:
+        for event in out[:-1]:
             await send_event(self.send, event)
+        self.ended = True
+        await send_event(self.send, finished)
         await end_body(self.send)

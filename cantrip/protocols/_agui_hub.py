@@ -75,8 +75,10 @@ class AguiRun:
         self.run = run
 
     async def serve(self, receive: Receive, send: Send) -> None:
-        stream = RunStream(self.run, send)
-        await stream.begin(where(self.hub, self.session))
+        async with RunStream(self.run, send).running(where(self.hub, self.session)) as stream:
+            await self._serve(stream, receive)
+
+    async def _serve(self, stream: RunStream, receive: Receive) -> None:
         events_send, events = trio.open_memory_channel[Event](float("inf"))
         final: dict[str, CastResult | RunFailed | None] = {}
         sink = events_send.send_nowait
@@ -118,8 +120,7 @@ class AguiRun:
             nursery.cancel_scope.cancel()  # the watcher: the cast has ended
         failure = final.get("error")
         if isinstance(failure, RunFailed):
-            await stream.fail(failure)
-            return
+            raise failure
         outcome = final.get("outcome")
         assert not isinstance(outcome, RunFailed)
         if outcome is not None and not heard:

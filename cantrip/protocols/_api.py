@@ -16,6 +16,9 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from cantrip.protocols import _steering as steering
+from cantrip.protocols._ids import client_id
+
 Text = Annotated[str, Field(pattern=r"^[^\x00]*[^\s\x00][^\x00]*$")]
 """Prompt text: something that is not whitespace, and no NUL (U+0000), which PostgreSQL
 text cannot hold (issue 28.5; the server refuses it in any body string)."""
@@ -98,6 +101,11 @@ class CreateSession(_In):
     """``POST /sessions`` takes no options: an empty body or ``{}``."""
 
 
+_NO_NUL: dict[str, Any] = {"pattern": "^[^\\x00]+$"}
+"""What the schema says of a client's id (``client_id`` checks it, and what JSON Schema
+cannot say: valid Unicode)."""
+
+
 class CancelRequest(_In):
     """What a cancel targets (an empty body: the running prompt, if any). Name a prompt
     by ``prompt_id`` (the ``Prompt-Id`` its answer and first stream event carry) or by
@@ -115,10 +123,22 @@ class CancelRequest(_In):
         },
     )
 
-    # No pattern: a name that no prompt has (or can have) simply matches none.
-    prompt_id: str | SkipJsonSchema[None] = Field(default=None, min_length=1, max_length=100)
-    idempotency_key: str | SkipJsonSchema[None] = Field(default=None, min_length=1, max_length=255)
+    # A name that no prompt has (or can have) simply matches none; but it is a client's
+    # id, so no NUL (published) and valid Unicode (``_a_client_id``; JSON Schema cannot
+    # say "no unpaired surrogate").
+    prompt_id: str | SkipJsonSchema[None] = Field(
+        default=None, min_length=1, max_length=100, json_schema_extra=_NO_NUL
+    )
+    idempotency_key: str | SkipJsonSchema[None] = Field(
+        default=None, min_length=1, max_length=255, json_schema_extra=_NO_NUL
+    )
     next: bool = False
+
+    @pydantic.field_validator("prompt_id", "idempotency_key")
+    @classmethod
+    def _a_client_id(cls, value: str | None, info: pydantic.ValidationInfo) -> str | None:
+        """A name is a client's id like any other (SPEC.md "Ids from clients")."""
+        return None if value is None else client_id(value, str(info.field_name))
 
     @pydantic.model_validator(mode="after")
     def _one_target(self) -> CancelRequest:
@@ -340,6 +360,9 @@ _EXTRA_ERRORS = {
     "or (messages) no prompt is running to take the message",
     "500": "The cast failed (the LLM failed for good) or the entity crashed",
     "422": "The Idempotency-Key was already used for a different prompt",
+    "429": f"The running prompt has taken all the steering one cast takes "
+    f"({steering.MAX_MESSAGES} messages, {steering.MAX_BYTES // 1024} KiB in all; see "
+    "Retry-After); send the message as a prompt once it ends",
     "503": "The live-session cap is reached and every session is busy, too many prompts "
     "are running, the server is shutting down, or (serve --db) its database is unreachable "
     "(see Retry-After)",
@@ -520,7 +543,7 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
                 "parameters": session,
                 "requestBody": {"required": True, "content": _json_content("SteerRequest")},
                 "responses": _responses(
-                    {"202": ("Steered", "Accepted for the next turn")}, *found, "409"
+                    {"202": ("Steered", "Accepted for the next turn")}, *found, "409", "429"
                 ),
             }
         },

@@ -72,17 +72,12 @@ async def serve_db_agui(replica: Replica, receive: Receive, send: Send) -> None:
     run = parse_input(await read_body(receive))
     check_tools(run, replica.cantrip.circle.gate_names)
     row = await _thread_session(replica, run.thread_id)
-    stream = RunStream(run, send)
-    await stream.begin(await _where(replica, row))
-    try:
+    async with RunStream(run, send).running(await _where(replica, row)) as stream:
         followed = await DbAguiRun(replica, row, run, stream).follow(receive)
-    except RunFailed as failure:
-        await stream.fail(failure)
-        return
-    if followed is None:
-        return  # the client hung up (its work was cancelled): nobody to tell
-    outcome, thread = followed
-    await stream.finish(outcome, await _where(replica, row), thread)
+        if followed is None:
+            return  # the client hung up (its work was cancelled): nobody to tell
+        outcome, thread = followed
+        await stream.finish(outcome, await _where(replica, row), thread)
 
 
 async def _thread_session(replica: Replica, thread_id: str) -> SessionRow:

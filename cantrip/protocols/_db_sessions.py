@@ -65,6 +65,7 @@ from cantrip.distributed._queue import (
 from cantrip.loom._codec import decode_record
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
+from cantrip.protocols import _steering as steering
 from cantrip.protocols._idempotency import session_entity_id
 from cantrip.protocols._sessions import (
     MAX_ARMED_KEYS,
@@ -357,10 +358,18 @@ class DbSessions:
         """A message for the session's running prompt (its open work; ``not_running``
         if none): the worker running it hands it to the cast, which takes it into its
         next turn. One that arrives as the cast ends comes back in the prompt's result
-        (``undelivered``); see :func:`~cantrip.distributed._queue.steer_on`."""
+        (``undelivered``); see :func:`~cantrip.distributed._queue.steer_on`. The work
+        takes what :mod:`._steering` allows one cast (``steering_full`` beyond it),
+        counted under the work row's lock with the insert."""
         text = text.strip()
+
+        def admit(sent: int, sent_bytes: int) -> None:  # under the work row's lock
+            why = steering.refusal(sent, sent_bytes, text)
+            if why is not None:
+                raise SessionError(steering.FULL, why)
+
         with self.store.pool.connection() as conn, conn.transaction():
-            if steer_on(conn, entity_id, text) is None:
+            if steer_on(conn, entity_id, text, admit) is None:
                 raise not_running(session_id_for(entity_id))
         return steered()
 

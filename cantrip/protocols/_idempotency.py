@@ -22,24 +22,28 @@ import hashlib
 from collections.abc import Sequence
 
 from cantrip.loom._model import Turn
+from cantrip.protocols._ids import BadIdError, client_id
 
 KEY_TAG = "idempotency_key"
 """The extras field of a cast's first turn that holds its idempotency key."""
 MAX_KEY_LENGTH = 255
 
 
-class BadKeyError(ValueError):
+class BadKeyError(BadIdError):
     """An unusable idempotency key."""
 
 
 def check_key(raw: str) -> str:
     """The key as given (surrounding whitespace aside), if it is 1-255 visible ASCII
-    characters -- the ``^[!-~]+$`` that ``/openapi.json`` publishes (no inner spaces)."""
-    key = raw.strip()
-    if not key or len(key) > MAX_KEY_LENGTH or not all("!" <= c <= "~" for c in key):
-        raise BadKeyError(
-            f"an Idempotency-Key must be 1-{MAX_KEY_LENGTH} visible ASCII characters (no spaces)"
-        )
+    characters -- the ``^[!-~]+$`` that ``/openapi.json`` publishes (no inner spaces).
+    It is a client's id first (:func:`~cantrip.protocols._ids.client_id`), then ASCII."""
+    rule = f"an Idempotency-Key must be 1-{MAX_KEY_LENGTH} visible ASCII characters (no spaces)"
+    try:
+        key = client_id(raw.strip(), "an Idempotency-Key", MAX_KEY_LENGTH)
+    except BadIdError:
+        raise BadKeyError(rule) from None
+    if not all("!" <= c <= "~" for c in key):
+        raise BadKeyError(rule)
     return key
 
 

@@ -16,6 +16,7 @@ from cantrip.protocols._api import PromptRequest
 from cantrip.protocols._asgi import HttpError, Receive, Scope
 from cantrip.protocols._body import BodyError, read_json_body
 from cantrip.protocols._idempotency import BadKeyError, check_key
+from cantrip.protocols._ids import MAX_ID, BadIdError, client_id
 
 MAX_BODY = 1 << 20
 NUL = "\x00"
@@ -58,6 +59,15 @@ def idempotency_key(scope: Scope) -> str | None:
             except BadKeyError as exc:
                 raise HttpError(400, "bad_idempotency_key", str(exc)) from None
     return None
+
+
+def request_id(raw: str, what: str, max_length: int = MAX_ID) -> str:
+    """An id the request carries, checked by the one parse of client ids
+    (:func:`~cantrip.protocols._ids.client_id`): a 400 if it is not usable."""
+    try:
+        return client_id(raw, what, max_length)
+    except BadIdError as exc:
+        raise HttpError(400, "bad_request", str(exc)) from None
 
 
 def validated(model: type[pydantic.BaseModel], body: Any) -> Any:

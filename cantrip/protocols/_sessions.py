@@ -62,6 +62,7 @@ from cantrip._outcome import CastResult, recorded_cast
 from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import Turn
+from cantrip.protocols import _steering as steering
 from cantrip.protocols._idempotency import KEY_TAG, key_index, keyed_prompt_id, session_entity_id
 
 log = get_logger("cantrip.sessions")
@@ -168,6 +169,9 @@ class Session:
     """Idempotency key -> the id of its cast's first turn (built on first use)."""
     last_used: float = 0.0
     """trio time of the last request that named it (idle eviction, protocols._limits)."""
+    steered: tuple[int, int] = (0, 0)
+    """Steering messages the running cast took, and their bytes (:mod:`._steering`
+    bounds them); a cast -- a prompt, or a paused one continued -- starts at zero."""
 
     @property
     def entity_id(self) -> str:
@@ -395,6 +399,7 @@ class SessionHub:
         with trio.CancelScope() as scope:
             session.running = scope
             session.sink = on_event
+            session.steered = (0, 0)
             try:
                 outcome = await session.entity.send(
                     intent, tags={KEY_TAG: key} if key is not None else None
@@ -447,9 +452,18 @@ class SessionHub:
             await session.entity.rewind(rewind_to[0])
 
     def steer(self, session: Session, text: str) -> dict[str, Any]:
-        """A message for the session's running prompt (``Entity.steer``)."""
-        if session.running is None or not session.entity.steer(text):
+        """A message for the session's running prompt (``Entity.steer``), within what
+        one cast takes (:mod:`._steering`: ``steering_full`` beyond it). The check and
+        the append run with no checkpoint between them, so nothing interleaves."""
+        if session.running is None:
             raise not_running(session.id)
+        count, size = session.steered
+        why = steering.refusal(count, size, text)
+        if why is not None:
+            raise SessionError(steering.FULL, why)
+        if not session.entity.steer(text):
+            raise not_running(session.id)
+        session.steered = (count + 1, size + steering.size_of(text))
         return steered()
 
     async def answer(
@@ -479,6 +493,7 @@ class SessionHub:
         with trio.CancelScope() as scope:
             session.running = scope
             session.sink = on_event
+            session.steered = (0, 0)
             try:
                 return await session.entity.answer(pause_id, decision)
             finally:

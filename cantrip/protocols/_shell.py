@@ -58,6 +58,7 @@ from cantrip.protocols._request import (
     wants_stream,
 )
 from cantrip.protocols._sessions import SessionError
+from cantrip.protocols._steering import FULL as STEERING_FULL
 
 SESSION_ERRORS = {
     "busy": 409,
@@ -65,9 +66,11 @@ SESSION_ERRORS = {
     "key_reused": 422,
     "overloaded": 503,
     "shutting_down": 503,
+    STEERING_FULL: 429,
 }
 """HTTP status of each SessionError kind (422 for a reused key: the
-Idempotency-Key draft, section 2.7)."""
+Idempotency-Key draft, section 2.7; 429 for a cast that has taken all the steering it
+takes, :mod:`._steering`)."""
 
 
 class ServerShell:
@@ -319,11 +322,15 @@ class ServerShell:
 
     def _session_error(self, exc: SessionError) -> HttpError:
         """The answer to a session that refused: unknown (404), busy or a reused key
-        (409, 422), or no room now (503 + ``Retry-After``)."""
+        (409, 422), too much steering (429 + ``Retry-After``), or no room now (503 +
+        ``Retry-After``)."""
         if exc.kind == "not_found":
             return HttpError(404, "unknown_session", exc.message)
         if SESSION_ERRORS.get(exc.kind) == 503:
             return self._unavailable(exc.kind, exc.message)
+        if SESSION_ERRORS.get(exc.kind) == 429:
+            retry = {"retry-after": str(self.options.retry_after_s)}
+            return HttpError(429, exc.kind, exc.message, retry)
         return HttpError(SESSION_ERRORS.get(exc.kind, 409), exc.kind, exc.message)
 
     async def _event_stream(
