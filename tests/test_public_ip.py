@@ -22,7 +22,10 @@ PRIVATE_V4 = [n for n in NOT_PUBLIC if n.version == 4]
 
 def _inside(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> st.SearchStrategy[str]:
     first, last = int(network.network_address), int(network.broadcast_address)
-    return st.integers(first, last).map(lambda n: str(ipaddress.ip_address(n)))
+    # The network's own address class: ``ip_address(n)`` would read an int below 2**32
+    # from ``::/96`` as an IPv4 address (``::1.0.0.0`` became ``1.0.0.0``).
+    kind = type(network.network_address)
+    return st.integers(first, last).map(lambda n: str(kind(n)))
 
 
 def _embeddings(v4: str) -> list[str]:
