@@ -502,3 +502,46 @@ def test_a_broken_pipe_that_is_not_standard_output_is_still_reported() -> None:
     from cantrip._failure import is_closed_pipe
 
     assert not is_closed_pipe(BrokenPipeError(32, "Broken pipe"))  # stdout is not gone here
+
+
+def test_text_that_is_not_valid_unicode_is_printed_escaped_by_every_command(
+    tmp_path: Path,
+) -> None:
+    """A provider may answer with a lone surrogate (JSON allows ``"\\ud800"``), and the
+    loom keeps it as it came. Printing it to a UTF-8 standard output raised
+    UnicodeEncodeError: ``loom X list`` and ``show`` ended as "internal error", exit 70.
+    Every command now writes such a character as its visible escape (``\\udfff``), as
+    the JUnit report does, and the rest of its output is unchanged."""
+    import trio
+
+    from cantrip import Cantrip, Circle, Identity, ScriptedLLM, max_turns
+    from gates import done, echo
+
+    path = tmp_path / "loom.db"
+    loom = Loom.open(path)
+    spell = Cantrip(
+        llm=ScriptedLLM(
+            [
+                {
+                    "content": "a \ud800 b",
+                    "tool_calls": [{"gate": "echo", "args": {"text": "c \udc00"}}],
+                },
+                {"tool_calls": [{"gate": "done", "args": {"answer": "ok \udfff"}}]},
+            ]
+        ),
+        identity=Identity(system_prompt="s"),
+        circle=Circle([done, echo], [max_turns(4)]),
+        loom=loom,
+    )
+    trio.run(spell.cast_async, "go")
+    loom.close()
+    for command, shown in (
+        (["loom", str(path), "list"], "ok \\udfff"),
+        (["loom", str(path), "show", "#1"], "ok \\udfff"),
+        (["loom", str(path), "show", "#1", "--full"], "c \\udc00"),
+        (["loom", str(path), "export"], "\\ud800"),
+    ):
+        out = run(*command, cwd=tmp_path)
+        assert out.returncode == 0, (command, out.stderr)
+        assert shown in out.stdout, (command, out.stdout)
+        assert "internal error" not in out.stderr

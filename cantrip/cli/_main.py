@@ -423,8 +423,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    from cantrip.cli._process import raise_open_files_limit
+    from cantrip.cli._process import escape_unencodable_output, raise_open_files_limit
 
+    escape_unencodable_output()
     raise_open_files_limit()  # a connection per entity in flight (default_connections)
     parser, _ = _parser()
     args = parser.parse_args(argv)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
+import sys
 from collections.abc import Iterator
 
 from cantrip._gc import THROUGHPUT_YOUNG_THRESHOLD, gc_for_throughput
@@ -17,6 +19,18 @@ from cantrip._gc import THROUGHPUT_YOUNG_THRESHOLD, gc_for_throughput
 OPEN_FILES_CAP = 65_536
 """The most descriptors the command asks for, however high the hard limit (some
 systems' hard limit is unlimited or a million; nothing here needs that many)."""
+
+
+def escape_unencodable_output() -> None:
+    """Write what standard output cannot encode as its escape (``\\udfff``), not fail.
+
+    A loom keeps text as it came, and a provider may answer with a lone surrogate
+    (JSON allows ``"\\ud800"``); a UTF-8 standard output refuses to encode one, so a
+    command printing it (``loom X list``, ``show``, ``cast``) ended in an internal
+    error. The escape is visible and the rest of the output unchanged, as standard
+    error already does by Python's default."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
 
 
 def raise_open_files_limit(cap: int = OPEN_FILES_CAP) -> int:
