@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 REDACTED = "[REDACTED]"
@@ -81,21 +81,27 @@ def register_secret_env(*names: str) -> None:
     KEY_ENV_VARS.update(names)
 
 
-_cache: tuple[object, list[str]] = ((), [])
+_cache_for: tuple[int, int] = (0, 0)
+_cache_env: dict[Any, Any] = {}
+_cache_values: list[str] = []
 
 
 def _env_secrets() -> list[str]:
-    # Cached against a snapshot of the environment: the loom asks before every turn
-    # it records, and decoding every variable each time would cost more than the turn.
+    """The secret values, cached against a copy of the environment: the loom asks before
+    every turn it records and a span's every redaction asks, and decoding every variable
+    each time would cost more than the turn. The check is one dict comparison in C
+    (keys and values, so a value replaced in place is seen); it used to build a tuple of
+    every variable first, which cost three times as much (issue 39.24).
+
+    The same list object is returned while nothing changed, so a caller may remember
+    what it redacted against it (:class:`RedactionMemo`)."""
+    global _cache_for, _cache_env, _cache_values
     data = getattr(os.environ, "_data", None)
-    snapshot = (
-        id(KEY_ENV_VARS),
-        len(KEY_ENV_VARS),
-        tuple(data.items()) if isinstance(data, dict) else tuple(os.environ.items()),
-    )
-    global _cache
-    if _cache[0] == snapshot:
-        return _cache[1]
+    if not isinstance(data, dict):
+        data = dict(os.environ)
+    registered = (id(KEY_ENV_VARS), len(KEY_ENV_VARS))
+    if _cache_for == registered and _cache_env == data:
+        return _cache_values
     found: set[str] = set()
     for name, value in os.environ.items():
         value = value.strip()
@@ -107,9 +113,9 @@ def _env_secrets() -> list[str]:
         elif len(value) >= _MIN_GUESSED and _SECRET_NAME.search(name):
             found.add(value)
     # Longest first, so a secret that contains another is replaced whole.
-    values = sorted(found, key=len, reverse=True)
-    _cache = (snapshot, values)
-    return values
+    _cache_values = sorted(found, key=len, reverse=True)
+    _cache_for, _cache_env = registered, dict(data)
+    return _cache_values
 
 
 def secret_values() -> list[str]:
@@ -127,6 +133,50 @@ def _redact_with(text: str, secrets: list[str]) -> str:
         if secret in text:
             text = text.replace(secret, REDACTED)
     return _PATTERN.sub(REDACTED, text) if _may_hold_shape(text) else text
+
+
+class RedactionMemo:
+    """:func:`redact` for text that repeats: each distinct short text is redacted once
+    against the environment's secrets as they stand, and its answer remembered until
+    they change.
+
+    A trace's span names and most attribute values recur every turn (``chat``, the model,
+    the provider, a gate's name and status): redacting each afresh cost every traced turn
+    fourteen environment checks and shape pre-checks (issue 39.24). What is remembered is
+    the redactor's own answer for exactly that text, so nothing is let through that
+    :func:`redact` would change: :meth:`redactor` checks the environment first, and any
+    change (a variable set or removed, a value replaced in place, a secret variable
+    registered) forgets everything remembered."""
+
+    LIMIT = 4096
+    """Texts remembered; when full, the memo starts over (values that are new every turn,
+    tool call ids, would otherwise crowd out the ones that repeat)."""
+    LONGEST = 256
+    """Longer text (captured content, an error message) is redacted each time, never kept."""
+
+    def __init__(self) -> None:
+        self._secrets: list[str] | None = None
+        self._known: dict[str, str] = {}
+
+    def redactor(self) -> Callable[[str], str]:
+        """A redacting function for the texts of one call (a span's name and attributes):
+        the environment is checked once, here, not per text."""
+        secrets = _env_secrets()
+        if secrets is not self._secrets:
+            self._secrets, self._known = secrets, {}
+        known = self._known
+
+        def redact_one(text: str) -> str:
+            cleaned = known.get(text)
+            if cleaned is None:
+                cleaned = _redact_with(text, secrets)
+                if len(text) <= self.LONGEST:
+                    if len(known) >= self.LIMIT:
+                        known.clear()
+                    known[text] = cleaned
+            return cleaned
+
+        return redact_one
 
 
 def scrub_known(value: Any, secrets: Iterable[str]) -> Any:

@@ -38,7 +38,7 @@ from cantrip._events import (
 )
 from cantrip.llm._contract import ZERO_USAGE, Usage
 from cantrip.tracing import _genai
-from cantrip.tracing._redacted import RedactedSpan, clean_attributes
+from cantrip.tracing._redacted import RedactedSpan
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -134,12 +134,8 @@ class TraceSink:
         nothing set on it later can skip the redactor (:mod:`._redacted`)."""
         from opentelemetry import trace
 
-        from cantrip._redact import redact
-
-        if "attributes" in options:
-            options["attributes"] = clean_attributes(options["attributes"])
         context = trace.set_span_in_context(parent.inner) if parent is not None else None
-        return RedactedSpan(self.tracer.start_span(redact(name), context=context, **options))
+        return RedactedSpan.start(self.tracer, name, context, **options)
 
     def _entity(self, entity_id: str) -> _EntityTrace:
         state = self._entities.get(entity_id)
