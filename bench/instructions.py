@@ -105,6 +105,9 @@ def tracing(low: int, high: int) -> None:
     env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every run
 
     def per_turn(mode: str) -> int:
+        # Once without valgrind first: a module compiled during one of the two counted
+        # runs (no .pyc yet in a fresh checkout) would be charged to the turns.
+        subprocess.run([sys.executable, "-c", TRACED_CAST, mode, "2"], env=env, check=True)
         runs = [count([sys.executable, "-c", TRACED_CAST, mode, str(n)], env) for n in (low, high)]
         return (runs[1] - runs[0]) // (high - low)
 

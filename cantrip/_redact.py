@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 REDACTED = "[REDACTED]"
@@ -55,7 +55,12 @@ def _may_hold_shape(text: str) -> bool:
     if not text.isascii() and any(letter in text for letter in _FOLDS_TO_ASCII):
         return True
     low = text.lower()
-    return any(anchor in low for anchor in _ANCHORS)
+    # A loop, not any() over a generator (which resumes a frame per anchor): on the short
+    # text a span carries, the generator cost more than the searches.
+    for anchor in _ANCHORS:  # noqa: SIM110
+        if anchor in low:
+            return True
+    return False
 
 
 KEY_ENV_VARS: set[str] = {
@@ -144,9 +149,9 @@ class RedactionMemo:
     the provider, a gate's name and status): redacting each afresh cost every traced turn
     fourteen environment checks and shape pre-checks (issue 39.24). What is remembered is
     the redactor's own answer for exactly that text, so nothing is let through that
-    :func:`redact` would change: :meth:`redactor` checks the environment first, and any
+    :func:`redact` would change: :meth:`known` checks the environment first, and any
     change (a variable set or removed, a value replaced in place, a secret variable
-    registered) forgets everything remembered."""
+    registered) forgets everything remembered before the next text is looked up."""
 
     LIMIT = 4096
     """Texts remembered; when full, the memo starts over (values that are new every turn,
@@ -155,28 +160,35 @@ class RedactionMemo:
     """Longer text (captured content, an error message) is redacted each time, never kept."""
 
     def __init__(self) -> None:
-        self._secrets: list[str] | None = None
+        self._secrets: list[str] = []
         self._known: dict[str, str] = {}
+        self.known()
 
-    def redactor(self) -> Callable[[str], str]:
-        """A redacting function for the texts of one call (a span's name and attributes):
-        the environment is checked once, here, not per text."""
+    def known(self) -> dict[str, str]:
+        """What is remembered, as text -> redacted text, for the environment as it is now:
+        checked once here, for all the texts of one call (a span's name and attributes).
+        A text not in it goes to :meth:`learn`. (A dict, not a function: looking a text up
+        is no Python call, and a trace looks up fourteen a turn.)"""
         secrets = _env_secrets()
         if secrets is not self._secrets:
             self._secrets, self._known = secrets, {}
-        known = self._known
+        return self._known
 
-        def redact_one(text: str) -> str:
-            cleaned = known.get(text)
-            if cleaned is None:
-                cleaned = _redact_with(text, secrets)
-                if len(text) <= self.LONGEST:
-                    if len(known) >= self.LIMIT:
-                        known.clear()
-                    known[text] = cleaned
-            return cleaned
+    def learn(self, text: str) -> str:
+        """``text`` redacted against the secrets :meth:`known` last saw, and remembered
+        if it is short."""
+        cleaned = _redact_with(text, self._secrets)
+        if len(text) <= self.LONGEST:
+            known = self._known
+            if len(known) >= self.LIMIT:
+                known.clear()
+            known[text] = cleaned
+        return cleaned
 
-        return redact_one
+    def redact(self, text: str) -> str:
+        """One text: :func:`redact`'s answer, from the memo when it holds one."""
+        cleaned = self.known().get(text)
+        return self.learn(text) if cleaned is None else cleaned
 
 
 def scrub_known(value: Any, secrets: Iterable[str]) -> Any:

@@ -8,15 +8,17 @@ redaction: the value is redacted *whole*, and only then cut to length, so a cut
 can never leave part of a key the redactor would no longer recognise.
 
 Redaction is paid once per value, not once per span (issue 39.24): most of what a
-span carries recurs every turn, so every call here redacts through one process-wide
-:class:`~cantrip._redact.RedactionMemo`, which checks the environment once per call
-and remembers the redactor's answer for each short text until the environment's
-secrets change. Nothing skips the redactor -- a remembered answer is its answer.
+span carries recurs every turn, so everything here is redacted through one
+process-wide :class:`~cantrip._redact.RedactionMemo`, which checks the environment
+once per call and remembers the redactor's answer for each short text until the
+environment's secrets change. Nothing skips the redactor -- a remembered answer is
+its answer. The loops below look texts up inline, without a call per value: a
+traced turn sets fourteen.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cantrip._redact import RedactionMemo
@@ -33,26 +35,29 @@ _MEMO = RedactionMemo()
 
 
 def clean_attributes(
-    attributes: Mapping[str, Any] | None, redact: Callable[[str], str] | None = None
+    attributes: Mapping[str, Any] | None, known: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """Attribute values with every string (also inside sequences) redacted."""
-    redact = redact or _MEMO.redactor()
-    return {key: _clean(value, redact) for key, value in (attributes or {}).items()}
+    """Attribute values with every string (also inside sequences) redacted (``known``:
+    what :meth:`~cantrip._redact.RedactionMemo.known` gave the caller a moment ago)."""
+    if known is None:
+        known = _MEMO.known()
+    cleaned: dict[str, Any] = {}
+    for key, value in (attributes or {}).items():
+        if isinstance(value, str):
+            text = known.get(value)
+            cleaned[key] = _MEMO.learn(value) if text is None else text
+        elif isinstance(value, bool | int | float):
+            cleaned[key] = value
+        elif isinstance(value, Sequence) and not isinstance(value, bytes):
+            cleaned[key] = [_MEMO.redact(v) if isinstance(v, str) else v for v in value]
+        else:
+            cleaned[key] = value
+    return cleaned
 
 
-def _clean(value: Any, redact: Callable[[str], str]) -> Any:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, Sequence) and not isinstance(value, bytes):
-        return [redact(v) if isinstance(v, str) else v for v in value]
-    return value
-
-
-def clean_status(description: str | None, redact: Callable[[str], str] | None = None) -> str | None:
+def clean_status(description: str | None) -> str | None:
     """A status description redacted, then cut to :data:`STATUS_MAX` characters."""
-    if description is None:
-        return None
-    return (redact or _MEMO.redactor())(description)[:STATUS_MAX]
+    return None if description is None else _MEMO.redact(description)[:STATUS_MAX]
 
 
 class RedactedSpan:
@@ -73,29 +78,32 @@ class RedactedSpan:
         attributes: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> RedactedSpan:
-        """A new span, its name and attributes redacted (one environment check for both)."""
-        redact = _MEMO.redactor()
+        """A new span, its name and attributes redacted (one look at the environment)."""
+        known = _MEMO.known()
         if attributes is not None:
-            options["attributes"] = clean_attributes(attributes, redact)
-        return cls(tracer.start_span(redact(name), context=context, **options))
+            options["attributes"] = clean_attributes(attributes, known)
+        text = known.get(name)
+        name = _MEMO.learn(name) if text is None else text
+        return cls(tracer.start_span(name, context=context, **options))
 
     def set_attribute(self, key: str, value: Any) -> None:
-        self.inner.set_attribute(key, _clean(value, _MEMO.redactor()))
+        self.inner.set_attributes(clean_attributes({key: value}))
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
         self.inner.set_attributes(clean_attributes(attributes))
 
     def update_name(self, name: str) -> None:
-        self.inner.update_name(_MEMO.redactor()(name))
+        self.inner.update_name(_MEMO.redact(name))
 
     def set_status(self, status: Status) -> None:
         from opentelemetry.trace import Status
 
         self.inner.set_status(Status(status.status_code, clean_status(status.description)))
 
-    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
-        redact = _MEMO.redactor()
-        self.inner.add_event(redact(name), clean_attributes(attributes, redact))
+    def add_event(
+        self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None
+    ) -> None:
+        self.inner.add_event(_MEMO.redact(name), clean_attributes(attributes), timestamp)
 
     def record_exception(self, exception: BaseException) -> None:
         """An ``exception`` event with the message redacted (never the raw traceback)."""
@@ -103,7 +111,7 @@ class RedactedSpan:
             "exception",
             {
                 "exception.type": type(exception).__name__,
-                "exception.message": _MEMO.redactor()(str(exception)),
+                "exception.message": _MEMO.redact(str(exception)),
             },
         )
 
