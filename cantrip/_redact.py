@@ -86,8 +86,9 @@ def register_secret_env(*names: str) -> None:
     KEY_ENV_VARS.update(names)
 
 
-_cache_for: tuple[int, int] = (0, 0)
 _cache_env: dict[Any, Any] = {}
+_cache_set: set[str] = set()
+_cache_len = -1
 _cache_values: list[str] = []
 
 
@@ -100,12 +101,11 @@ def _env_secrets() -> list[str]:
 
     The same list object is returned while nothing changed, so a caller may remember
     what it redacted against it (:class:`RedactionMemo`)."""
-    global _cache_for, _cache_env, _cache_values
+    global _cache_env, _cache_set, _cache_len, _cache_values
     data = getattr(os.environ, "_data", None)
-    if not isinstance(data, dict):
+    if not isinstance(data, dict):  # not CPython's os.environ
         data = dict(os.environ)
-    registered = (id(KEY_ENV_VARS), len(KEY_ENV_VARS))
-    if _cache_for == registered and _cache_env == data:
+    if _cache_env == data and _cache_set is KEY_ENV_VARS and _cache_len == len(KEY_ENV_VARS):
         return _cache_values
     found: set[str] = set()
     for name, value in os.environ.items():
@@ -119,7 +119,7 @@ def _env_secrets() -> list[str]:
             found.add(value)
     # Longest first, so a secret that contains another is replaced whole.
     _cache_values = sorted(found, key=len, reverse=True)
-    _cache_for, _cache_env = registered, dict(data)
+    _cache_env, _cache_set, _cache_len = dict(data), KEY_ENV_VARS, len(KEY_ENV_VARS)
     return _cache_values
 
 

@@ -81,8 +81,7 @@ def with_tracing(on_event: EventSink | None, loom: Loom) -> EventSink | None:
     return TraceSink(tracer, loom, on_event)
 
 
-def _now_ns() -> int:
-    return time.time_ns()
+_now_ns = time.time_ns
 
 
 @attrs.define(eq=False)
@@ -94,8 +93,9 @@ class _PendingChat:
     span is never the current one, so nothing could nest under it meanwhile."""
 
     started: int
-    retries: list[tuple[int, int]] = attrs.Factory(list)
-    """``(attempt, time_ns)`` of each extra attempt: the span's ``gen_ai.retry`` events."""
+    retries: list[tuple[int, int]] | None = None
+    """``(attempt, time_ns)`` of each extra attempt: the span's ``gen_ai.retry`` events
+    (``None`` until there is one: most requests are answered the first time)."""
 
 
 @attrs.define(eq=False)
@@ -150,11 +150,6 @@ class TraceSink:
 
     # -- spans ---------------------------------------------------------------------
 
-    def _start(self, name: str, context: Context | None = None, **options: Any) -> RedactedSpan:
-        """Every span starts here: its name and attributes redacted, and wrapped so that
-        nothing set on it later can skip the redactor (:mod:`._redacted`)."""
-        return RedactedSpan.start(self.tracer, name, context, **options)
-
     def _under(self, parent: RedactedSpan) -> Context:
         return self.trace.set_span_in_context(parent.inner)
 
@@ -171,26 +166,35 @@ class TraceSink:
             parent = self._entities.get(record.parent_entity_id or "")
             if parent is not None:
                 if parent.delegation is None:
-                    parent.delegation = self._start(
-                        _genai.tool_name("call_agent"), parent.under_agent
+                    parent.delegation = RedactedSpan.start(
+                        self.tracer,
+                        _genai.tool_name("call_agent"),
+                        parent.under_agent,
+                        trace.SpanKind.INTERNAL,
                     )
                 under = self._under(parent.delegation)
-        agent = self._start(
+        agent = RedactedSpan.start(
+            self.tracer,
             f"invoke_agent {name}",
             under,
-            kind=trace.SpanKind.INTERNAL,
-            attributes=_genai.agent_attributes(entity_id, name),
+            trace.SpanKind.INTERNAL,
+            _genai.agent_attributes(entity_id, name),
         )
         state = self._entities[entity_id] = _EntityTrace(agent, self._under(agent))
         return state
 
     def _step_start(self, event: StepStart) -> None:
-        self._entity(event.entity_id).chat = _PendingChat(_now_ns())
+        state = self._entities.get(event.entity_id) or self._entity(event.entity_id)
+        state.chat = _PendingChat(_now_ns())
 
     def _message_start(self, event: MessageStart) -> None:
         state = self._entities.get(event.entity_id)
         if state is not None and state.chat is not None and event.attempt > 1:
-            state.chat.retries.append((event.attempt, _now_ns()))
+            retry = (event.attempt, _now_ns())
+            if state.chat.retries is None:
+                state.chat.retries = [retry]
+            else:
+                state.chat.retries.append(retry)
 
     def _message_complete(self, event: MessageComplete) -> None:
         from cantrip.llm._cost import response_cost
@@ -231,14 +235,15 @@ class TraceSink:
         name: str,
         attributes: dict[str, _genai.AttributeValue],
     ) -> RedactedSpan:
-        span = self._start(
+        span = RedactedSpan.start(
+            self.tracer,
             name,
             state.under_agent,
-            kind=self.trace.SpanKind.CLIENT,
-            start_time=chat.started,
-            attributes=attributes,
+            self.trace.SpanKind.CLIENT,
+            attributes,
+            chat.started,
         )
-        for attempt, at in chat.retries:
+        for attempt, at in chat.retries or ():
             span.add_event("gen_ai.retry", {"cantrip.attempt": attempt}, at)
         return span
 
@@ -253,11 +258,13 @@ class TraceSink:
             span.update_name(_genai.tool_name(record.gate))
             span.set_attributes(attributes)
         else:  # started and given its attributes in one call, now that it is over
-            span = self._start(
+            span = RedactedSpan.start(
+                self.tracer,
                 _genai.tool_name(record.gate),
                 state.under_agent,
-                start_time=_now_ns() - int(record.duration_ms * 1_000_000),
-                attributes=attributes,
+                self.trace.SpanKind.INTERNAL,
+                attributes,
+                _now_ns() - int(record.duration_ms * 1_000_000),
             )
         if record.is_error:
             trace = self.trace
