@@ -51,7 +51,13 @@ def clean_attributes(
         elif isinstance(value, _SEQUENCES) or (
             isinstance(value, Sequence) and not isinstance(value, bytes)
         ):
-            cleaned[key] = [_clean_text(v, known) if isinstance(v, str) else v for v in value]
+            items = []
+            for item in value:  # a loop: no comprehension frame and no call per item
+                if isinstance(item, str):
+                    text = known.get(item)
+                    item = _MEMO.learn(item) if text is None else text
+                items.append(item)
+            cleaned[key] = items
         else:
             cleaned[key] = value
     return cleaned
@@ -61,11 +67,6 @@ _NUMBERS = (int, float)  # bool is an int
 _SEQUENCES = (list, tuple)
 """The sequences attributes are made of, checked first: a check against the
 ``Sequence`` ABC costs a Python call."""
-
-
-def _clean_text(text: str, known: dict[str, str]) -> str:
-    cleaned = known.get(text)
-    return _MEMO.learn(text) if cleaned is None else cleaned
 
 
 def clean_status(description: str | None) -> str | None:
