@@ -55,7 +55,12 @@ def _may_hold_shape(text: str) -> bool:
     if not text.isascii() and any(letter in text for letter in _FOLDS_TO_ASCII):
         return True
     low = text.lower()
-    return any(anchor in low for anchor in _ANCHORS)
+    # A loop, not any() over a generator (which resumes a frame per anchor): on the short
+    # text a span carries, the generator cost more than the searches.
+    for anchor in _ANCHORS:  # noqa: SIM110
+        if anchor in low:
+            return True
+    return False
 
 
 KEY_ENV_VARS: set[str] = {
@@ -81,21 +86,27 @@ def register_secret_env(*names: str) -> None:
     KEY_ENV_VARS.update(names)
 
 
-_cache: tuple[object, list[str]] = ((), [])
+_cache_env: dict[Any, Any] = {}
+_cache_set: set[str] = set()
+_cache_len = -1
+_cache_values: list[str] = []
 
 
 def _env_secrets() -> list[str]:
-    # Cached against a snapshot of the environment: the loom asks before every turn
-    # it records, and decoding every variable each time would cost more than the turn.
+    """The secret values, cached against a copy of the environment: the loom asks before
+    every turn it records and a span's every redaction asks, and decoding every variable
+    each time would cost more than the turn. The check is one dict comparison in C
+    (keys and values, so a value replaced in place is seen); it used to build a tuple of
+    every variable first, which cost three times as much (issue 39.24).
+
+    The same list object is returned while nothing changed, so a caller may remember
+    what it redacted against it (:class:`RedactionMemo`)."""
+    global _cache_env, _cache_set, _cache_len, _cache_values
     data = getattr(os.environ, "_data", None)
-    snapshot = (
-        id(KEY_ENV_VARS),
-        len(KEY_ENV_VARS),
-        tuple(data.items()) if isinstance(data, dict) else tuple(os.environ.items()),
-    )
-    global _cache
-    if _cache[0] == snapshot:
-        return _cache[1]
+    if not isinstance(data, dict):  # not CPython's os.environ
+        data = dict(os.environ)
+    if _cache_env == data and _cache_set is KEY_ENV_VARS and _cache_len == len(KEY_ENV_VARS):
+        return _cache_values
     found: set[str] = set()
     for name, value in os.environ.items():
         value = value.strip()
@@ -107,9 +118,9 @@ def _env_secrets() -> list[str]:
         elif len(value) >= _MIN_GUESSED and _SECRET_NAME.search(name):
             found.add(value)
     # Longest first, so a secret that contains another is replaced whole.
-    values = sorted(found, key=len, reverse=True)
-    _cache = (snapshot, values)
-    return values
+    _cache_values = sorted(found, key=len, reverse=True)
+    _cache_env, _cache_set, _cache_len = dict(data), KEY_ENV_VARS, len(KEY_ENV_VARS)
+    return _cache_values
 
 
 def secret_values() -> list[str]:
@@ -127,6 +138,57 @@ def _redact_with(text: str, secrets: list[str]) -> str:
         if secret in text:
             text = text.replace(secret, REDACTED)
     return _PATTERN.sub(REDACTED, text) if _may_hold_shape(text) else text
+
+
+class RedactionMemo:
+    """:func:`redact` for text that repeats: each distinct short text is redacted once
+    against the environment's secrets as they stand, and its answer remembered until
+    they change.
+
+    A trace's span names and most attribute values recur every turn (``chat``, the model,
+    the provider, a gate's name and status): redacting each afresh cost every traced turn
+    fourteen environment checks and shape pre-checks (issue 39.24). What is remembered is
+    the redactor's own answer for exactly that text, so nothing is let through that
+    :func:`redact` would change: :meth:`known` checks the environment first, and any
+    change (a variable set or removed, a value replaced in place, a secret variable
+    registered) forgets everything remembered before the next text is looked up."""
+
+    LIMIT = 4096
+    """Texts remembered; when full, the memo starts over (values that are new every turn,
+    tool call ids, would otherwise crowd out the ones that repeat)."""
+    LONGEST = 256
+    """Longer text (captured content, an error message) is redacted each time, never kept."""
+
+    def __init__(self) -> None:
+        self._secrets: list[str] = []
+        self._known: dict[str, str] = {}
+        self.known()
+
+    def known(self) -> dict[str, str]:
+        """What is remembered, as text -> redacted text, for the environment as it is now:
+        checked once here, for all the texts of one call (a span's name and attributes).
+        A text not in it goes to :meth:`learn`. (A dict, not a function: looking a text up
+        is no Python call, and a trace looks up fourteen a turn.)"""
+        secrets = _env_secrets()
+        if secrets is not self._secrets:
+            self._secrets, self._known = secrets, {}
+        return self._known
+
+    def learn(self, text: str) -> str:
+        """``text`` redacted against the secrets :meth:`known` last saw, and remembered
+        if it is short."""
+        cleaned = _redact_with(text, self._secrets)
+        if len(text) <= self.LONGEST:
+            known = self._known
+            if len(known) >= self.LIMIT:
+                known.clear()
+            known[text] = cleaned
+        return cleaned
+
+    def redact(self, text: str) -> str:
+        """One text: :func:`redact`'s answer, from the memo when it holds one."""
+        cleaned = self.known().get(text)
+        return self.learn(text) if cleaned is None else cleaned
 
 
 def scrub_known(value: Any, secrets: Iterable[str]) -> Any:

@@ -317,3 +317,100 @@ def test_otlp_without_a_url_scheme_is_a_clear_error(
 
     assert main(["cast", "--otlp", "localhost:4318", str(tmp_path / "x.toml"), "go"]) == 1
     assert "--otlp wants an http(s) URL" in capsys.readouterr().err
+
+
+# -- issue 39.24: spans pay for redaction once per value ---------------------------------
+
+
+def echoes(turns: int) -> cantrip.ScriptedLLM:
+    """``turns - 1`` echo calls, then done: every turn but the last has one tool span."""
+    echo_call = {"tool_calls": [{"gate": "echo", "args": {"text": "the quick brown fox"}}]}
+    finish = {"tool_calls": [{"gate": "done", "args": {"answer": "finished"}}]}
+    return cantrip.ScriptedLLM([echo_call] * (turns - 1) + [finish])
+
+
+async def test_spans_redact_a_value_that_repeats_once_not_every_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Span names and most attribute values repeat every turn (``chat``, the model, the
+    provider, the gate's name, its status); each distinct one is redacted once. Only what
+    is new in a turn -- here its tool call's id -- is redacted again."""
+    import cantrip._redact as redactor
+
+    scanned: list[str] = []
+    full_redaction = redactor._redact_with
+
+    def counted(text: str, secrets: list[str]) -> str:
+        scanned.append(text)
+        return full_redaction(text, secrets)
+
+    monkeypatch.setattr(redactor, "_redact_with", counted)
+
+    async def redactions(turns: int) -> int:
+        _, provider = traced()
+        s = cantrip.Cantrip(
+            llm=echoes(turns),
+            identity=cantrip.Identity(),
+            circle=cantrip.Circle([done, echo], [cantrip.max_turns(turns + 1)]),
+        )
+        scanned.clear()
+        result = await s.cast_async("go", on_event=sink_for(provider, s.loom))
+        assert len(result.turns) == turns
+        return len(scanned)
+
+    await redactions(4)  # the values every cast has, seen once
+    short, long = await redactions(4), await redactions(24)
+    per_turn = (long - short) / 20
+    assert per_turn <= 1, f"{per_turn} redactions per turn: repeated values are redacted again"
+
+
+def test_a_value_remembered_as_clean_is_redacted_once_the_environment_holds_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever reaches a span, through an event or not, passes the redactor: a value
+    first seen clean (and remembered so) is redacted as soon as a variable holds it as a
+    secret -- set afresh, or an existing variable's value replaced in place."""
+    from opentelemetry.trace import Status
+
+    from cantrip.tracing._redacted import RedactedSpan
+
+    exporter, provider = traced()
+    tracer = provider.get_tracer("test")
+    value = "model-4711-not-yet-a-secret"
+
+    def send_everywhere() -> ReadableSpan:
+        span = RedactedSpan(tracer.start_span("start"))
+        span.update_name(f"chat {value}")
+        span.set_attribute("gen_ai.request.model", value)
+        span.set_attributes({"gen_ai.response.model": value, "list": [value, "ok"]})
+        span.add_event(value, {"cantrip.attempt": value})
+        span.set_status(Status(StatusCode.ERROR, f"failed: {value}"))
+        span.record_exception(RuntimeError(value))
+        span.end()
+        return exporter.get_finished_spans()[-1]
+
+    def carried(span: ReadableSpan) -> str:
+        return json.dumps(
+            [
+                span.name,
+                dict(span.attributes or {}),
+                [[e.name, dict(e.attributes or {})] for e in span.events],
+                span.status.description,
+            ]
+        )
+
+    monkeypatch.delenv("CANTRIP_TEST_SECRET", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-unrelated-1234567890")
+    assert value in carried(send_everywhere())  # clean: remembered as clean
+    monkeypatch.setenv("CANTRIP_TEST_SECRET", value)  # a new variable names it a secret
+    leaked = carried(send_everywhere())
+    assert value not in leaked and leaked.count("[REDACTED]") >= 8, leaked
+    monkeypatch.delenv("CANTRIP_TEST_SECRET")
+    assert value in carried(send_everywhere())
+    monkeypatch.setenv("OPENAI_API_KEY", value)  # an existing variable's value replaced
+    leaked = carried(send_everywhere())
+    assert value not in leaked and leaked.count("[REDACTED]") >= 8, leaked
+    shape = "sk-proj-ABCDEFGHIJKLMNOP"  # a credential's shape: redacted, no variable needed
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-unrelated-1234567890")
+    value = shape
+    assert shape not in carried(send_everywhere())

@@ -6,6 +6,14 @@ error that quotes the API key). :class:`RedactedSpan` wraps an OpenTelemetry spa
 so the :class:`~cantrip.tracing._sink.TraceSink` cannot set any of these without
 redaction: the value is redacted *whole*, and only then cut to length, so a cut
 can never leave part of a key the redactor would no longer recognise.
+
+Redaction is paid once per value, not once per span (issue 39.24): most of what a
+span carries recurs every turn, so everything here is redacted through one
+process-wide :class:`~cantrip._redact.RedactionMemo`, which checks the environment
+once per call and remembers the redactor's answer for each short text until the
+environment's secrets change. Nothing skips the redactor -- a remembered answer is
+its answer. The loops below look texts up inline, without a call per value: a
+traced turn sets fourteen.
 """
 
 from __future__ import annotations
@@ -13,31 +21,57 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cantrip._redact import redact
+from cantrip._redact import RedactionMemo
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span, Status
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, SpanKind, Status, Tracer
 
 STATUS_MAX = 200
 """Characters of a status description kept (after redaction)."""
 
-
-def clean_attributes(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Attribute values with every string (also inside sequences) redacted."""
-    return {key: clean_value(value) for key, value in (attributes or {}).items()}
+_MEMO = RedactionMemo()
+"""Shared by every span of the process: the values repeat across casts too."""
 
 
-def clean_value(value: Any) -> Any:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, Sequence) and not isinstance(value, bytes):
-        return [redact(v) if isinstance(v, str) else v for v in value]
-    return value
+def clean_attributes(
+    attributes: Mapping[str, Any] | None, known: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Attribute values with every string (also inside sequences) redacted (``known``:
+    what :meth:`~cantrip._redact.RedactionMemo.known` gave the caller a moment ago)."""
+    if known is None:
+        known = _MEMO.known()
+    cleaned: dict[str, Any] = {}
+    for key, value in (attributes or {}).items():
+        if isinstance(value, str):
+            text = known.get(value)
+            cleaned[key] = _MEMO.learn(value) if text is None else text
+        elif isinstance(value, _NUMBERS):
+            cleaned[key] = value
+        elif isinstance(value, _SEQUENCES) or (
+            isinstance(value, Sequence) and not isinstance(value, bytes)
+        ):
+            items = []
+            for item in value:  # a loop: no comprehension frame and no call per item
+                if isinstance(item, str):
+                    text = known.get(item)
+                    item = _MEMO.learn(item) if text is None else text
+                items.append(item)
+            cleaned[key] = items
+        else:
+            cleaned[key] = value
+    return cleaned
+
+
+_NUMBERS = (int, float)  # bool is an int
+_SEQUENCES = (list, tuple)
+"""The sequences attributes are made of, checked first: a check against the
+``Sequence`` ABC costs a Python call."""
 
 
 def clean_status(description: str | None) -> str | None:
     """A status description redacted, then cut to :data:`STATUS_MAX` characters."""
-    return None if description is None else redact(description)[:STATUS_MAX]
+    return None if description is None else _MEMO.redact(description)[:STATUS_MAX]
 
 
 class RedactedSpan:
@@ -49,22 +83,50 @@ class RedactedSpan:
         self.inner = inner
         """The OpenTelemetry span itself (for contexts: a child's parent)."""
 
+    @classmethod
+    def start(
+        cls,
+        tracer: Tracer,
+        name: str,
+        context: Context | None,
+        kind: SpanKind,
+        attributes: Mapping[str, Any] | None = None,
+        start_time: int | None = None,
+    ) -> RedactedSpan:
+        """A new span, its name and attributes redacted (one look at the environment).
+        Every argument is named, none forwarded through ``**options``: the sink starts
+        two spans a turn, and packing and unpacking keywords twice cost more than the
+        redaction."""
+        known = _MEMO.known()
+        text = known.get(name)
+        return cls(
+            tracer.start_span(
+                _MEMO.learn(name) if text is None else text,
+                context,
+                kind,
+                None if attributes is None else clean_attributes(attributes, known),
+                start_time=start_time,
+            )
+        )
+
     def set_attribute(self, key: str, value: Any) -> None:
-        self.inner.set_attribute(key, clean_value(value))
+        self.inner.set_attributes(clean_attributes({key: value}))
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
         self.inner.set_attributes(clean_attributes(attributes))
 
     def update_name(self, name: str) -> None:
-        self.inner.update_name(redact(name))
+        self.inner.update_name(_MEMO.redact(name))
 
     def set_status(self, status: Status) -> None:
         from opentelemetry.trace import Status
 
         self.inner.set_status(Status(status.status_code, clean_status(status.description)))
 
-    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
-        self.inner.add_event(redact(name), clean_attributes(attributes))
+    def add_event(
+        self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None
+    ) -> None:
+        self.inner.add_event(_MEMO.redact(name), clean_attributes(attributes), timestamp)
 
     def record_exception(self, exception: BaseException) -> None:
         """An ``exception`` event with the message redacted (never the raw traceback)."""
@@ -72,7 +134,7 @@ class RedactedSpan:
             "exception",
             {
                 "exception.type": type(exception).__name__,
-                "exception.message": redact(str(exception)),
+                "exception.message": _MEMO.redact(str(exception)),
             },
         )
 

@@ -38,9 +38,10 @@ from cantrip._events import (
 )
 from cantrip.llm._contract import ZERO_USAGE, Usage
 from cantrip.tracing import _genai
-from cantrip.tracing._redacted import RedactedSpan, clean_attributes
+from cantrip.tracing._redacted import RedactedSpan
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.trace import Tracer
 
     from cantrip.loom._loom import Loom
@@ -80,14 +81,29 @@ def with_tracing(on_event: EventSink | None, loom: Loom) -> EventSink | None:
     return TraceSink(tracer, loom, on_event)
 
 
-def _now_ns() -> int:
-    return time.time_ns()
+_now_ns = time.time_ns
+
+
+@attrs.define(eq=False)
+class _PendingChat:
+    """An LLM request under way. Its ``chat`` span is made when the request ends, with
+    this start time, its name and all its attributes in one call: started at once, the
+    span was renamed and given its attributes later, two more calls into the SDK and
+    two more looks at the environment for the redactor, every turn (issue 39.24). The
+    span is never the current one, so nothing could nest under it meanwhile."""
+
+    started: int
+    retries: list[tuple[int, int]] | None = None
+    """``(attempt, time_ns)`` of each extra attempt: the span's ``gen_ai.retry`` events
+    (``None`` until there is one: most requests are answered the first time)."""
 
 
 @attrs.define(eq=False)
 class _EntityTrace:
     agent: RedactedSpan
-    chat: RedactedSpan | None = None
+    under_agent: Context
+    """The context of a span under ``agent``: made once, not once per child span."""
+    chat: _PendingChat | None = None
     delegation: RedactedSpan | None = None
     turns: int = 0
     usage: Usage = ZERO_USAGE
@@ -105,7 +121,12 @@ class TraceSink:
         *,
         capture_content: bool | None = None,
     ) -> None:
+        from opentelemetry import trace
+
         self.tracer = tracer
+        self.trace = trace
+        """The OpenTelemetry API, imported once (OpenTelemetry is optional, so not at the
+        top of this module): an import statement in a handler cost every turn a lookup."""
         self.loom = loom
         self.inner = inner
         self.capture_content = (
@@ -129,24 +150,14 @@ class TraceSink:
 
     # -- spans ---------------------------------------------------------------------
 
-    def _start(self, name: str, parent: RedactedSpan | None = None, **options: Any) -> RedactedSpan:
-        """Every span starts here: its name and attributes redacted, and wrapped so that
-        nothing set on it later can skip the redactor (:mod:`._redacted`)."""
-        from opentelemetry import trace
-
-        from cantrip._redact import redact
-
-        if "attributes" in options:
-            options["attributes"] = clean_attributes(options["attributes"])
-        context = trace.set_span_in_context(parent.inner) if parent is not None else None
-        return RedactedSpan(self.tracer.start_span(redact(name), context=context, **options))
+    def _under(self, parent: RedactedSpan) -> Context:
+        return self.trace.set_span_in_context(parent.inner)
 
     def _entity(self, entity_id: str) -> _EntityTrace:
         state = self._entities.get(entity_id)
         if state is not None:
             return state
-        from opentelemetry import trace
-
+        trace = self.trace
         under = None  # None: the caller's current span, for a root entity
         name = "cantrip"
         record = self.loom.entities.get(entity_id)
@@ -155,32 +166,35 @@ class TraceSink:
             parent = self._entities.get(record.parent_entity_id or "")
             if parent is not None:
                 if parent.delegation is None:
-                    parent.delegation = self._start(_genai.tool_name("call_agent"), parent.agent)
-                under = parent.delegation
-        agent = self._start(
+                    parent.delegation = RedactedSpan.start(
+                        self.tracer,
+                        _genai.tool_name("call_agent"),
+                        parent.under_agent,
+                        trace.SpanKind.INTERNAL,
+                    )
+                under = self._under(parent.delegation)
+        agent = RedactedSpan.start(
+            self.tracer,
             f"invoke_agent {name}",
             under,
-            kind=trace.SpanKind.INTERNAL,
-            attributes=_genai.agent_attributes(entity_id, name),
+            trace.SpanKind.INTERNAL,
+            _genai.agent_attributes(entity_id, name),
         )
-        state = self._entities[entity_id] = _EntityTrace(agent)
+        state = self._entities[entity_id] = _EntityTrace(agent, self._under(agent))
         return state
 
     def _step_start(self, event: StepStart) -> None:
-        from opentelemetry import trace
-
-        state = self._entity(event.entity_id)
-        state.chat = self._start(
-            "chat",
-            state.agent,
-            kind=trace.SpanKind.CLIENT,
-            attributes={"gen_ai.operation.name": "chat"},
-        )
+        state = self._entities.get(event.entity_id) or self._entity(event.entity_id)
+        state.chat = _PendingChat(_now_ns())
 
     def _message_start(self, event: MessageStart) -> None:
         state = self._entities.get(event.entity_id)
         if state is not None and state.chat is not None and event.attempt > 1:
-            state.chat.add_event("gen_ai.retry", {"cantrip.attempt": event.attempt})
+            retry = (event.attempt, _now_ns())
+            if state.chat.retries is None:
+                state.chat.retries = [retry]
+            else:
+                state.chat.retries.append(retry)
 
     def _message_complete(self, event: MessageComplete) -> None:
         from cantrip.llm._cost import response_cost
@@ -192,66 +206,86 @@ class TraceSink:
         requested = response.metadata.get("requested_model")
         request_model = requested if isinstance(requested, str) else response.model
         attempts = int(response.metadata.get("attempts", 1))
-        span, state.chat = state.chat, None
+        chat, state.chat = state.chat, None
         cost = response_cost(response)
-        span.update_name(_genai.chat_name(request_model))
-        span.set_attributes(
-            _genai.chat_attributes(
-                provider=response.provider,
-                request_model=request_model,
-                response_model=response.model,
-                usage=response.usage,
-                stop_reason=response.stop_reason
-                or _genai.turn_stop_reason({}, bool(response.tool_calls)),
-                attempts=attempts,
-                response_id=_text(response.metadata.get("id")),
-                cost=cost,
-            )
+        attributes = _genai.chat_attributes(
+            provider=response.provider,
+            request_model=request_model,
+            response_model=response.model,
+            usage=response.usage,
+            stop_reason=response.stop_reason
+            or _genai.turn_stop_reason({}, bool(response.tool_calls)),
+            attempts=attempts,
+            response_id=_text(response.metadata.get("id")),
+            cost=cost,
         )
         if self.capture_content:
-            span.set_attribute(
-                "gen_ai.output.messages",
-                _genai.output_messages(response.content, response.tool_calls),
+            attributes["gen_ai.output.messages"] = _genai.output_messages(
+                response.content, response.tool_calls
             )
-        span.end()
+        self._chat_span(state, chat, _genai.chat_name(request_model), attributes).end()
         state.usage = state.usage + response.usage
         if state.cost is not None:
             state.cost = None if cost is None else state.cost + cost
 
-    def _tool_result(self, event: ToolResultEvent) -> None:
-        from opentelemetry import trace
+    def _chat_span(
+        self,
+        state: _EntityTrace,
+        chat: _PendingChat,
+        name: str,
+        attributes: dict[str, _genai.AttributeValue],
+    ) -> RedactedSpan:
+        span = RedactedSpan.start(
+            self.tracer,
+            name,
+            state.under_agent,
+            self.trace.SpanKind.CLIENT,
+            attributes,
+            chat.started,
+        )
+        for attempt, at in chat.retries or ():
+            span.add_event("gen_ai.retry", {"cantrip.attempt": attempt}, at)
+        return span
 
+    def _tool_result(self, event: ToolResultEvent) -> None:
         state = self._entities.get(event.entity_id)
         if state is None:
             return
         record = event.record
+        attributes = _genai.tool_attributes(record, self.capture_content)
         if state.delegation is not None:
             span, state.delegation = state.delegation, None
             span.update_name(_genai.tool_name(record.gate))
-        else:
-            end = _now_ns()
-            span = self._start(
+            span.set_attributes(attributes)
+        else:  # started and given its attributes in one call, now that it is over
+            span = RedactedSpan.start(
+                self.tracer,
                 _genai.tool_name(record.gate),
-                state.agent,
-                start_time=end - int(record.duration_ms * 1_000_000),
+                state.under_agent,
+                self.trace.SpanKind.INTERNAL,
+                attributes,
+                _now_ns() - int(record.duration_ms * 1_000_000),
             )
-        span.set_attributes(_genai.tool_attributes(record, self.capture_content))
         if record.is_error:
+            trace = self.trace
             span.set_status(trace.Status(trace.StatusCode.ERROR, _genai.tool_error(record)))
         span.end()
 
     def _step_complete(self, event: StepComplete) -> None:
-        from opentelemetry import trace
-
+        trace = self.trace
         turn = event.turn
         state = self._entities.get(event.entity_id)
         if turn is None or state is None:
             return
         state.turns += 1
         if state.chat is not None:  # the LLM call failed: no MessageComplete came
-            span, state.chat = state.chat, None
+            chat, state.chat = state.chat, None
             error = str(turn.extras.get("error_type") or turn.reason or "error")
-            span.set_attribute("error.type", error)
+            attributes: dict[str, _genai.AttributeValue] = {
+                "gen_ai.operation.name": "chat",
+                "error.type": error,
+            }
+            span = self._chat_span(state, chat, "chat", attributes)
             # redacted whole, then cut (RedactedSpan): a cut never leaves part of a key
             span.set_status(trace.Status(trace.StatusCode.ERROR, turn.observation))
             span.end()
