@@ -86,21 +86,15 @@ class Cookies(httpx.Cookies):
             super().extract_cookies(response)
 
 
-class Client(httpx.AsyncClient):
-    """One connection's client; its cookies are its pool's jar, shared by all of them,
-    so a cookie a provider sets is sent on every connection (as with one httpx pool)."""
+def client(jar: Cookies, **options: Any) -> httpx.AsyncClient:
+    """One connection's client; its cookies live in its pool's jar, shared by all of them,
+    so a cookie a provider sets is sent on every connection (as with one httpx pool).
 
-    def __init__(self, jar: Cookies, **options: Any) -> None:
-        super().__init__(**options)
-        self._jar = jar
-
-    @property
-    def cookies(self) -> httpx.Cookies:
-        return self._jar
-
-    @cookies.setter
-    def cookies(self, cookies: Any) -> None:
-        self._jar = Cookies(cookies)
+    Shared through httpx's public API: a client given a ``CookieJar`` keeps that very
+    jar (``httpx.Cookies(jar)``), where a subclass overriding ``cookies`` relied on
+    httpx reading its cookies through the property, never through its private
+    attribute."""
+    return httpx.AsyncClient(cookies=jar.jar, **options)
 
 
 class Reply(StreamedResponse, Protocol):
@@ -168,7 +162,7 @@ class ClientPool:
 
     A connection is a :class:`._wire.Connection` unless httpx would have used a
     proxy from the environment (``trust_env`` and ``HTTPS_PROXY`` and the like),
-    then an httpx client of one connection (:class:`Client`)."""
+    then an httpx client of one connection (:func:`client`)."""
 
     def __init__(
         self,
@@ -326,7 +320,7 @@ class ClientPool:
         if self.wire:
             connection = Connection()
         else:
-            connection = Client(
+            connection = client(
                 self.jar,
                 timeout=self.timeout,
                 trust_env=self.trust_env,
