@@ -27,7 +27,7 @@ import math
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, Protocol
 
 import httpx
@@ -36,8 +36,8 @@ import trio
 from cantrip._errors import ProviderError
 from cantrip._redact import get_logger
 from cantrip.llm._sse import StreamedResponse
-from cantrip.llm.providers._decode import ACCEPT_ENCODING
-from cantrip.llm.providers._wire import Connection, Shape, tls_context
+from cantrip.llm.providers._decode import ACCEPT_ENCODING, read_bounded
+from cantrip.llm.providers._wire import Connection, Response, Shape, tls_context
 
 log = get_logger("cantrip.llm.providers")
 
@@ -108,6 +108,16 @@ class Reply(StreamedResponse, Protocol):
     async def aclose(self) -> None: ...
 
 
+async def read_whole(response: Reply) -> bytes:
+    """A response's whole (decoded) body, bounded as the wire path bounds it
+    (``_decode.MAX_BODY``, else ``ResponseTooLarge``), whichever client read it:
+    httpx's own ``aread`` holds whatever a server sends."""
+    if isinstance(response, Response):
+        return await response.aread()
+    async with aclosing(response.aiter_bytes()) as chunks:  # type: ignore[type-var]
+        return await read_bounded(chunks)
+
+
 def proxied(trust_env: bool) -> bool:
     """Whether httpx would route requests through a proxy named by the environment."""
     if not trust_env:
@@ -126,10 +136,12 @@ class GivenClient:
         self, url: str, content: bytes, headers: Mapping[str, str]
     ) -> tuple[int, Mapping[str, str], bytes]:
         client = self.client
-        response = await client.send(
-            client.build_request("POST", url, content=content, headers=headers)
-        )
-        return response.status_code, response.headers, response.content
+        request = client.build_request("POST", url, content=content, headers=headers)
+        response = await client.send(request, stream=True)
+        try:
+            return response.status_code, response.headers, await read_whole(response)
+        finally:
+            await response.aclose()
 
     @asynccontextmanager
     async def stream(
@@ -231,8 +243,14 @@ class ClientPool:
         """(status, headers, body) of one POST; the connection is free again after."""
         connection = await self.take()
         try:
-            response = await self._send(connection, url, content, headers, stream=False)
-            return response.status_code, response.headers, response.content
+            if self.wire:  # the body read whole (and bounded) with the head
+                response = await self._send(connection, url, content, headers, stream=False)
+                return response.status_code, response.headers, response.content
+            response = await self._send(connection, url, content, headers, stream=True)
+            try:
+                return response.status_code, response.headers, await read_whole(response)
+            finally:
+                await response.aclose()
         finally:
             self.give(connection)
 

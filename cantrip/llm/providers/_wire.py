@@ -24,7 +24,9 @@ What is kept from httpx, so nothing changes on the wire or for the adapters:
   1xx skipped; 204/304 empty), its keep-alive rules (``Connection: close``,
   HTTP/1.0 and read-to-close bodies end the connection) and its limit on a
   head's size as httpcore set it; httpx's content decoding (gzip, deflate)
-  by :mod:`._decode`, which bounds what a body may inflate to;
+  by :mod:`._decode`, which bounds what a body may inflate to -- and a body read
+  whole is bounded as it arrives too (``_decode.MAX_BODY``: a ``Content-Length``
+  past it is refused before a byte is read);
 * reuse: an idle connection the server closed (readable while idle) or that
   idled past httpx's 5 s keep-alive expiry is not reused; a request cut short
   (an error, a cancellation, a stream not read to its end) closes its
@@ -43,14 +45,16 @@ import re
 import select
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from math import inf
 
 import h11
 import httpx
 import trio
 
-from cantrip.llm.providers._decode import decoder
+from cantrip.llm.providers import _decode
+from cantrip.llm.providers._decode import decoder, read_bounded, too_large
 
 MAX_HEAD = 100 * 1024
 """Bytes a response head may take (httpcore's h11 ``max_incomplete_event_size``)."""
@@ -547,7 +551,8 @@ class Response:
         return self.default_encoding
 
     async def aread(self) -> bytes:
-        """The whole (decoded) body."""
+        """The whole (decoded) body, at most ``_decode.MAX_BODY`` bytes (else
+        :class:`._decode.ResponseTooLarge`, the connection closed)."""
         connection = self._connection
         if (
             connection is not None
@@ -557,6 +562,8 @@ class Response:
             # The common case, without a generator: a body of known length, not encoded.
             buffer = connection.buffer
             try:
+                if self._remaining > _decode.MAX_BODY:  # refused before a byte is read
+                    raise too_large(f"body ({self._remaining:,} bytes)", _decode.MAX_BODY)
                 while len(buffer) < self._remaining:
                     data = await connection.receive(self._timeout)
                     if not data:
@@ -570,11 +577,11 @@ class Response:
             self._remaining = 0
             self._complete()
             return self.content
-        parts = [chunk async for chunk in self.aiter_bytes()]
-        self.content = b"".join(parts)
+        async with aclosing(self.aiter_bytes()) as chunks:  # closed: drops the connection
+            self.content = await read_bounded(chunks)
         return self.content
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+    async def aiter_bytes(self) -> AsyncGenerator[bytes, None]:
         """The body's (decoded) bytes as they arrive."""
         decoding = decoder(self.headers.get("content-encoding"))
         try:
