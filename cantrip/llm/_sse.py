@@ -66,7 +66,8 @@ class SSEDecoder:
         self._event = ""
         self._data: list[str] = []
         self._size = 0
-        """What :attr:`_data` holds, counted as :data:`MAX_EVENT` says."""
+        """What :attr:`_data` holds, counted as :data:`MAX_EVENT` says (from its second
+        line: one line is bounded by the line splitter)."""
         self._limit = MAX_EVENT if limit is None else limit
         self._retry: int | None = None
         self._first = True
@@ -84,14 +85,10 @@ class SSEDecoder:
         if colon and value[:1] == " ":
             value = value[1:]
         if field == "data":
-            self._data.append(value)
-            self._size += len(value) + PIECE
-            if self._size > self._limit:
-                self._data = []
-                raise EventTooLarge(
-                    f"an event-stream event whose data takes more than {self._limit:,} bytes; "
-                    "refused"
-                )
+            if self._data:  # a second line or more: what the event holds is counted
+                self._more(value)
+            else:  # one line: bounded by the line splitter already
+                self._data.append(value)
         elif field == "event":
             self._event = value
         elif field == "id":
@@ -101,6 +98,19 @@ class SSEDecoder:
             self._retry = int(value)
         # Any other field -- or a line of garbage -- is ignored, as the rules require.
         return None
+
+    def _more(self, value: str) -> None:
+        data = self._data
+        if len(data) == 1:  # the event's first line was not counted
+            self._size = len(data[0]) + PIECE
+        self._size += len(value) + PIECE
+        if self._size > self._limit:
+            self._data = []
+            raise EventTooLarge(
+                f"an event-stream event whose data takes more than {self._limit:,} bytes; "
+                "refused"
+            )
+        data.append(value)
 
     def flush(self) -> SSEEvent | None:
         """The event pending at end of stream, if it has data."""
@@ -114,7 +124,6 @@ class SSEDecoder:
             # take it for a corrupt payload and retry the request (issue 29).
             self._event = ""
             self._data = []
-            self._size = 0
             return None
         event = SSEEvent(
             event=self._event or "message",
@@ -124,7 +133,6 @@ class SSEDecoder:
         )
         self._event = ""
         self._data = []
-        self._size = 0
         return event
 
 
