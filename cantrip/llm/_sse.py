@@ -107,8 +107,7 @@ class SSEDecoder:
         if self._size > self._limit:
             self._data = []
             raise EventTooLarge(
-                f"an event-stream event whose data takes more than {self._limit:,} bytes; "
-                "refused"
+                f"an event-stream event whose data takes more than {self._limit:,} bytes; refused"
             )
         data.append(value)
 
