@@ -21,10 +21,12 @@ What is kept from httpx, so nothing changes on the wire or for the adapters:
   receive), raised as httpx's exceptions, as are connection faults, so the
   adapters' error mapping (:meth:`HTTPAdapter._transport_error`) is the same;
 * responses: h11's framing (``Content-Length``, chunked, read-to-close;
-  1xx skipped; 204/304 empty), its keep-alive rules (``Connection: close``,
-  HTTP/1.0 and read-to-close bodies end the connection) and its limit on a
-  head's size as httpcore set it; httpx's content decoding (gzip, deflate)
-  by :mod:`._decode`, which bounds what a body may inflate to -- and a body read
+  1xx checked and skipped; 204/304 empty) and its checks of every head and
+  trailer (``tests/test_wire_fuzz.py`` holds h11 as the oracle), its keep-alive
+  rules (``Connection: close``, HTTP/1.0 and read-to-close bodies end the
+  connection) and its limit on a head's size as httpcore set it; httpx's content
+  decoding (gzip, deflate) by :mod:`._decode`, which bounds what a body may inflate
+  to -- and a body read
   whole is bounded as it arrives too (``_decode.MAX_BODY``: a ``Content-Length``
   past it is refused before a byte is read);
 * reuse: an idle connection the server closed (readable while idle) or that
@@ -65,14 +67,14 @@ _CONNECTING = frozenset({errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK})
 KEEPALIVE_EXPIRY = 5.0
 """Seconds an idle connection is kept (``httpx.Limits``' default ``keepalive_expiry``)."""
 _HEAD_END = re.compile(rb"\n\r?\n")
-"""Where a head ends (h11's blank line): the LF of its last line, then a line end."""
+"""Where a head (or a trailer) ends, h11's blank line: the LF of its last line, then a
+line end."""
 # What h11 accepts, after its ABNF (h11/_abnf.py), on the text of a head (decoded as
 # httpx decodes it: each of its bytes one character, or a UTF-8 sequence of bytes
 # that are all obs-text): a field character is anything but NUL and whitespace
 # (``[^\x00\s]`` on bytes: space, tab, CR, LF, VT, FF).
 _STATUS = re.compile(rb"HTTP/([0-9]\.[0-9]) ([0-9]{3})(?: ([^\x00\n\r\x0b\x0c]*))?")
 """A status line (its reason phrase: field characters, spaces and tabs)."""
-_TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _VALUE_RE = r"(?:[^\x00\t\n\x0b\x0c\r ]+(?:[ \t]+[^\x00\t\n\x0b\x0c\r ]+)*)?"
 """A field value (h11's ``field-value``): field characters, spaces and tabs between."""
 _FIELD = re.compile(r"(?m)^([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*(" + _VALUE_RE + r")[ \t]*\r?\n")
@@ -83,7 +85,6 @@ _TEXT_LINE = re.compile(r"\r?\n")
 _FOLD = re.compile(r"[ \t]+")
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*\r\n")
 """A chunk's size line, up to its CRLF (h11's ``chunk-header``: extensions not parsed)."""
-_BLANK_LINE = re.compile(rb"\n\r?\n")
 _LENGTH, _CHUNKED, _TO_CLOSE = 0, 1, 2
 
 
@@ -725,7 +726,7 @@ class Response:
             if buffer[:1] == b"\n" or buffer[:2] == b"\r\n":  # none
                 del buffer[: 1 if buffer[:1] == b"\n" else 2]
                 return
-            end_of = _BLANK_LINE.search(buffer)
+            end_of = _HEAD_END.search(buffer)
             if end_of is not None:
                 _fields(bytes(buffer[: end_of.start() + 1]))
                 del buffer[: end_of.end()]
