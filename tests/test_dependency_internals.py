@@ -17,7 +17,6 @@ import pathlib
 import sys
 import tomllib
 
-import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -129,8 +128,7 @@ def test_hypercorn_tcp_server_still_has_what_the_hang_up_fix_overrides() -> None
 # -- httpx: cookies shared by the pool's clients (public API now) ------------------------
 
 
-@pytest.mark.parametrize("via", ["httpx client (proxied)"])
-async def test_the_pools_httpx_clients_share_one_cookie_jar(via: str) -> None:
+async def test_the_pools_httpx_clients_share_one_cookie_jar() -> None:
     """A client made by the pool (where a proxy keeps httpx) keeps the pool's jar through
     httpx's public ``cookies=CookieJar`` (the same jar, not a copy): a cookie one
     response sets is in every client's cookies."""
