@@ -61,14 +61,18 @@ def _error(exc: BaseException) -> Outcome:
     return ("error", type(exc).__name__)
 
 
-async def by_wire(pieces: list[bytes]) -> Outcome:
-    """What the wire path reads: the final head, then the whole (decoded) body."""
+async def by_wire(pieces: list[bytes], streamed: bool) -> Outcome:
+    """What the wire path reads: the final head, then the whole (decoded) body, read
+    whole (``aread``, as an answer) or as it comes (``aiter_bytes``, as a stream)."""
     connection = _wire.Connection()
     connection.stream = Pieces(pieces)
     connection.origin = ("http", "provider.test", 80)
     try:
         response = await connection._head(None)
-        body = await response.aread()
+        if streamed:
+            body = b"".join([chunk async for chunk in response.aiter_bytes()])
+        else:
+            body = await response.aread()
     except (httpx.HTTPError, httpx.StreamError) as exc:
         return _error(exc)
     return ("answer", response.status_code, _headers(response.headers.raw), body)
@@ -100,8 +104,9 @@ def _headers(pairs: Any) -> list[tuple[str, str]]:
 
 
 async def compare(pieces: list[bytes]) -> None:
-    wire, oracle = await by_wire(pieces), await by_httpx(pieces)
-    assert wire == oracle, b"".join(pieces)
+    oracle = await by_httpx(pieces)
+    assert await by_wire(pieces, streamed=False) == oracle, b"".join(pieces)
+    assert await by_wire(pieces, streamed=True) == oracle, b"".join(pieces)
 
 
 def split(data: bytes, cuts: list[int]) -> list[bytes]:
