@@ -462,7 +462,7 @@ async def test_a_compression_bomb_is_refused_before_it_takes_the_memory(
     its bound (here 1 MiB) and refuses the rest, with a clear, final error."""
     from cantrip.llm.providers import _decode
 
-    monkeypatch.setattr(_decode, "MAX_DECODED", 1 << 20)
+    monkeypatch.setattr(_decode, "MAX_BODY", 1 << 20)
     bomb = gzip_bomb(BOMB)
     kind = b"text/event-stream" if stream else b"application/json"
     pieces = encoded(b"gzip", bomb, kind)

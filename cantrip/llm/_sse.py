@@ -25,6 +25,22 @@ import attrs
 
 from cantrip._errors import ProviderError
 
+MAX_EVENT = 64 * 1024 * 1024
+"""What an event-stream line, or an event's data, may take: its characters (each at
+least a byte on the wire), plus :data:`PIECE` for each piece it is held in (a line
+that came in many chunks, an event of many ``data`` lines), so the bound is on the
+memory held, however small the pieces. A provider's largest events -- a whole
+answer in one event, an image as base64 -- are a few megabytes; past the bound the
+stream is refused (:class:`EventTooLarge`) instead of held: a server that never
+ends a line (or an event) would otherwise take all the memory it cares to send."""
+PIECE = 64
+"""What holding one more string costs, counted against :data:`MAX_EVENT` (a short
+``str`` is ~50 bytes, and a list's slot 8)."""
+
+
+class EventTooLarge(ValueError):
+    """A line or an event's data past :data:`MAX_EVENT`."""
+
 
 @attrs.frozen(slots=True)
 class SSEEvent:
@@ -37,13 +53,22 @@ class SSEEvent:
 
 
 class SSEDecoder:
-    """Feeds on lines (without their line terminators); returns events as they complete."""
+    """Feeds on lines (without their line terminators); returns events as they complete.
 
-    __slots__ = ("_data", "_event", "_first", "_retry", "last_event_id")
+    An event's data (its ``data`` lines) may take at most ``limit``
+    (:data:`MAX_EVENT`): past that, :class:`EventTooLarge` -- a server
+    sending ``data:`` lines without the blank line that ends an event would
+    otherwise have them all held."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_data", "_event", "_first", "_limit", "_retry", "_size", "last_event_id")
+
+    def __init__(self, limit: int | None = None) -> None:
         self._event = ""
         self._data: list[str] = []
+        self._size = 0
+        """What :attr:`_data` holds, counted as :data:`MAX_EVENT` says (from its second
+        line: one line is bounded by the line splitter)."""
+        self._limit = MAX_EVENT if limit is None else limit
         self._retry: int | None = None
         self._first = True
         self.last_event_id: str | None = None
@@ -60,7 +85,10 @@ class SSEDecoder:
         if colon and value[:1] == " ":
             value = value[1:]
         if field == "data":
-            self._data.append(value)
+            if self._data:  # a second line or more: what the event holds is counted
+                self._more(value)
+            else:  # one line: bounded by the line splitter already
+                self._data.append(value)
         elif field == "event":
             self._event = value
         elif field == "id":
@@ -70,6 +98,18 @@ class SSEDecoder:
             self._retry = int(value)
         # Any other field -- or a line of garbage -- is ignored, as the rules require.
         return None
+
+    def _more(self, value: str) -> None:
+        data = self._data
+        if len(data) == 1:  # the event's first line was not counted
+            self._size = len(data[0]) + PIECE
+        self._size += len(value) + PIECE
+        if self._size > self._limit:
+            self._data = []
+            raise EventTooLarge(
+                f"an event-stream event whose data takes more than {self._limit:,} bytes; refused"
+            )
+        data.append(value)
 
     def flush(self) -> SSEEvent | None:
         """The event pending at end of stream, if it has data."""
@@ -114,25 +154,61 @@ class LineSplitter:
     string is data (``str.splitlines``, which httpx's ``aiter_lines`` uses, cut
     such an event in two). A CR at the end of a chunk waits for the next one,
     which may begin with its LF. Text is decoded incrementally (a character
-    may straddle chunks), bad bytes replaced, as ``aiter_text`` did."""
+    may straddle chunks), bad bytes replaced, as ``aiter_text`` did.
 
-    __slots__ = ("_pending", "_text")
+    Linear in the stream's length: each chunk's text is searched once, and a line
+    that spans chunks is kept as its pieces, joined once when it ends (joining the
+    pending line to every new chunk and splitting it again cost O(line^2): an 8 MB
+    line with no end took ~25 s). A line longer than ``limit`` characters is refused
+    (:class:`EventTooLarge`) when it gets there, before it is joined."""
 
-    def __init__(self, encoding: str = "utf-8") -> None:
+    __slots__ = ("_held", "_limit", "_pending", "_size", "_text")
+
+    def __init__(self, encoding: str = "utf-8", limit: int | None = None) -> None:
         self._text = codecs.getincrementaldecoder(encoding)(errors="replace")
-        self._pending = ""
+        self._pending: list[str] = []
+        """The line under way, in pieces (empty: none)."""
+        self._size = 0
+        """What :attr:`_pending` holds, counted as :data:`MAX_EVENT` says."""
+        self._held = ""
+        """A CR that ended the last chunk (its LF may begin the next)."""
+        self._limit = MAX_EVENT if limit is None else limit
 
     def feed(self, chunk: bytes) -> list[str]:
-        buffer = self._pending + self._text.decode(chunk)
-        held = "\r" if buffer.endswith("\r") else ""
-        lines = _LINE_END.split(buffer[:-1] if held else buffer)
-        self._pending = lines.pop() + held
+        text = self._text.decode(chunk)
+        if self._held:
+            text, self._held = self._held + text, ""
+        if text.endswith("\r"):
+            text, self._held = text[:-1], "\r"
+        lines = _LINE_END.split(text)
+        rest = lines.pop()
+        pending = self._pending
+        if pending:
+            if lines:  # the line under way ends in this chunk
+                if self._size + len(lines[0]) + PIECE > self._limit:
+                    raise self._too_long()
+                lines[0] = "".join(pending) + lines[0]
+                pending.clear()
+                self._size = 0
+            elif not rest:
+                return lines
+        if rest:
+            size = self._size + len(rest) + PIECE
+            if size > self._limit:
+                raise self._too_long()
+            pending.append(rest)
+            self._size = size
         return lines
+
+    def _too_long(self) -> EventTooLarge:
+        return EventTooLarge(f"an event-stream line of more than {self._limit:,} bytes; refused")
 
     def close(self) -> list[str]:
         """The last line, if the stream did not end it."""
-        rest = self._pending + self._text.decode(b"", final=True)
-        self._pending = ""
+        rest = "".join(self._pending) + self._held + self._text.decode(b"", final=True)
+        self._pending.clear()
+        self._size = 0
+        self._held = ""
         lines = _LINE_END.split(rest) if rest else []
         if lines and not lines[-1]:
             lines.pop()
@@ -185,25 +261,32 @@ async def aiter_sse(
     decoder = SSEDecoder()
     lines = LineSplitter(_encoding(response))
     try:
-        async for chunk in response.aiter_bytes():
-            for line in lines.feed(chunk):
-                event = decoder.decode(line)
-                if event is not None:
-                    yield event
-    except httpx.TimeoutException as exc:
+        try:
+            async for chunk in response.aiter_bytes():
+                for line in lines.feed(chunk):
+                    event = decoder.decode(line)
+                    if event is not None:
+                        yield event
+        except httpx.TimeoutException as exc:
+            raise ProviderError(
+                f"{provider}: the stream stalled (read timeout)", retryable=True, code="timeout"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise ProviderError(
+                f"{provider}: the connection dropped mid-stream ({type(exc).__name__}: {exc})",
+                retryable=True,
+                code="stream_interrupted",
+            ) from exc
+        for line in lines.close():
+            event = decoder.decode(line)
+            if event is not None:
+                yield event
+    except EventTooLarge as exc:
         raise ProviderError(
-            f"{provider}: the stream stalled (read timeout)", retryable=True, code="timeout"
+            f"{provider}: {exc} (whatever answers at the provider's address never ends it?)",
+            retryable=False,
+            code="response_too_large",
         ) from exc
-    except httpx.TransportError as exc:
-        raise ProviderError(
-            f"{provider}: the connection dropped mid-stream ({type(exc).__name__}: {exc})",
-            retryable=True,
-            code="stream_interrupted",
-        ) from exc
-    for line in lines.close():
-        event = decoder.decode(line)
-        if event is not None:
-            yield event
     tail = decoder.flush()
     if tail is not None:
         yield tail

@@ -530,6 +530,28 @@ def _client(
     return _HttpClient(spec, info, on_elicit)
 
 
+MCP_TIMEOUT = 30.0
+"""Seconds an MCP request may take to connect, write or wait for a free connection."""
+MCP_READ_TIMEOUT = 300.0
+"""Seconds between two reads of an MCP response: a server may hold a stream open."""
+
+
+def http_client(headers: dict[str, str]) -> Any:
+    """The HTTP client of a streamable-HTTP MCP server: the spec's headers, the MCP SDK's
+    default timeouts (30 s, 300 s between reads of a held-open stream).
+
+    Built as the SDK documents (``streamable_http_client(http_client=...)`` takes an
+    ``httpx2.AsyncClient`` one configures), not by the SDK's private
+    ``mcp.shared._httpx_utils``, which any release may move; the SDK follows
+    redirects within the endpoint's origin itself, whatever the client says."""
+    import httpx2
+
+    return httpx2.AsyncClient(
+        headers=headers or None,
+        timeout=httpx2.Timeout(MCP_TIMEOUT, read=MCP_READ_TIMEOUT),
+    )
+
+
 class _HttpClient:
     """``mcp.Client`` over streamable HTTP with the spec's headers; closes its HTTP client."""
 
@@ -541,9 +563,8 @@ class _HttpClient:
     async def __aenter__(self) -> Any:
         from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
 
-        self._http = create_mcp_http_client(headers=dict(self.spec.headers) or None)
+        self._http = http_client(dict(self.spec.headers))
         await self._http.__aenter__()
         try:
             transport = streamable_http_client(self.spec.url or "", http_client=self._http)

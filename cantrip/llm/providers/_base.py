@@ -67,8 +67,14 @@ from cantrip.llm._transcript import (
     render_transcript,
     validate_transcript,
 )
-from cantrip.llm.providers._clients import ClientPool, GivenClient, Reply, default_connections
-from cantrip.llm.providers._decode import DecodedTooLarge
+from cantrip.llm.providers._clients import (
+    ClientPool,
+    GivenClient,
+    Reply,
+    default_connections,
+    read_whole,
+)
+from cantrip.llm.providers._decode import ResponseTooLarge
 
 log = get_logger("cantrip.llm.providers")
 transcript_log = get_logger("cantrip.llm.transcript")
@@ -735,12 +741,12 @@ class HTTPAdapter:
         try:
             async with self._connections().stream(url, data, self._stream_headers) as response:
                 if response.status_code >= 400:
-                    body = await response.aread()
+                    body = await read_whole(response)
                     raise self._status_error(response.status_code, response.headers, body)
                 kind = response.headers.get("content-type", "")
                 if "event-stream" not in kind and "json" in kind:
                     # A server that answered whole although asked to stream.
-                    payload = self._decode(await response.aread(), response.status_code)
+                    payload = self._decode(await read_whole(response), response.status_code)
                     whole = self.parse(payload, messages)
                     replay(whole, on_event)
                     return whole
@@ -827,9 +833,9 @@ class HTTPAdapter:
 
     def _transport_error(self, exc: httpx.TransportError | httpx.DecodingError) -> ProviderError:
         kind = type(exc).__name__
-        if isinstance(exc, DecodedTooLarge):
+        if isinstance(exc, ResponseTooLarge):
             return ProviderError(
-                f"{self.provider}: {exc} (a compression bomb?)",
+                f"{self.provider}: {exc}",
                 retryable=False,
                 code="response_too_large",
             )

@@ -27,7 +27,7 @@ import math
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, Protocol
 
 import httpx
@@ -36,8 +36,8 @@ import trio
 from cantrip._errors import ProviderError
 from cantrip._redact import get_logger
 from cantrip.llm._sse import StreamedResponse
-from cantrip.llm.providers._decode import ACCEPT_ENCODING
-from cantrip.llm.providers._wire import Connection, Shape, tls_context
+from cantrip.llm.providers._decode import ACCEPT_ENCODING, read_bounded
+from cantrip.llm.providers._wire import Connection, Response, Shape, tls_context
 
 log = get_logger("cantrip.llm.providers")
 
@@ -86,21 +86,15 @@ class Cookies(httpx.Cookies):
             super().extract_cookies(response)
 
 
-class Client(httpx.AsyncClient):
-    """One connection's client; its cookies are its pool's jar, shared by all of them,
-    so a cookie a provider sets is sent on every connection (as with one httpx pool)."""
+def client(jar: Cookies, **options: Any) -> httpx.AsyncClient:
+    """One connection's client; its cookies live in its pool's jar, shared by all of them,
+    so a cookie a provider sets is sent on every connection (as with one httpx pool).
 
-    def __init__(self, jar: Cookies, **options: Any) -> None:
-        super().__init__(**options)
-        self._jar = jar
-
-    @property
-    def cookies(self) -> httpx.Cookies:
-        return self._jar
-
-    @cookies.setter
-    def cookies(self, cookies: Any) -> None:
-        self._jar = Cookies(cookies)
+    Shared through httpx's public API: a client given a ``CookieJar`` keeps that very
+    jar (``httpx.Cookies(jar)``), where a subclass overriding ``cookies`` relied on
+    httpx reading its cookies through the property, never through its private
+    attribute."""
+    return httpx.AsyncClient(cookies=jar.jar, **options)
 
 
 class Reply(StreamedResponse, Protocol):
@@ -112,6 +106,16 @@ class Reply(StreamedResponse, Protocol):
     async def aread(self) -> bytes: ...
 
     async def aclose(self) -> None: ...
+
+
+async def read_whole(response: Reply) -> bytes:
+    """A response's whole (decoded) body, bounded as the wire path bounds it
+    (``_decode.MAX_BODY``, else ``ResponseTooLarge``), whichever client read it:
+    httpx's own ``aread`` holds whatever a server sends."""
+    if isinstance(response, Response):
+        return await response.aread()
+    async with aclosing(response.aiter_bytes()) as chunks:  # type: ignore[type-var]
+        return await read_bounded(chunks)
 
 
 def proxied(trust_env: bool) -> bool:
@@ -132,10 +136,12 @@ class GivenClient:
         self, url: str, content: bytes, headers: Mapping[str, str]
     ) -> tuple[int, Mapping[str, str], bytes]:
         client = self.client
-        response = await client.send(
-            client.build_request("POST", url, content=content, headers=headers)
-        )
-        return response.status_code, response.headers, response.content
+        request = client.build_request("POST", url, content=content, headers=headers)
+        response = await client.send(request, stream=True)
+        try:
+            return response.status_code, response.headers, await read_whole(response)
+        finally:
+            await response.aclose()
 
     @asynccontextmanager
     async def stream(
@@ -168,7 +174,7 @@ class ClientPool:
 
     A connection is a :class:`._wire.Connection` unless httpx would have used a
     proxy from the environment (``trust_env`` and ``HTTPS_PROXY`` and the like),
-    then an httpx client of one connection (:class:`Client`)."""
+    then an httpx client of one connection (:func:`client`)."""
 
     def __init__(
         self,
@@ -237,8 +243,14 @@ class ClientPool:
         """(status, headers, body) of one POST; the connection is free again after."""
         connection = await self.take()
         try:
-            response = await self._send(connection, url, content, headers, stream=False)
-            return response.status_code, response.headers, response.content
+            if self.wire:  # the body read whole (and bounded) with the head
+                response = await self._send(connection, url, content, headers, stream=False)
+                return response.status_code, response.headers, response.content
+            response = await self._send(connection, url, content, headers, stream=True)
+            try:
+                return response.status_code, response.headers, await read_whole(response)
+            finally:
+                await response.aclose()
         finally:
             self.give(connection)
 
@@ -326,7 +338,7 @@ class ClientPool:
         if self.wire:
             connection = Connection()
         else:
-            connection = Client(
+            connection = client(
                 self.jar,
                 timeout=self.timeout,
                 trust_env=self.trust_env,

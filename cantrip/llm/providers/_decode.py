@@ -6,12 +6,14 @@ deflate are a few lines over :mod:`zlib`; br and zstd would need packages cantri
 does not depend on, so they are not offered (``Accept-Encoding: gzip, deflate``,
 what httpx offers without them).
 
-Why the bound: a few kilobytes of gzip can inflate to gigabytes. A provider (or
+Why the bound: a few kilobytes of gzip can inflate to gigabytes, and a body sent as
+it is (identity) can be as long as its sender cares to send. A provider (or
 whatever answers at its address) sending such a body must not take the process's
-memory, so a response decodes to at most :data:`MAX_DECODED` bytes; past that it
-is refused (:class:`DecodedTooLarge`), and no single read inflates further than
-that either (``zlib``'s ``max_length``). An identity body needs no bound here: it
-costs its sender every byte it sends.
+memory, so a body read whole is at most :data:`MAX_BODY` bytes, as it arrives or
+decoded; past that it is refused (:class:`ResponseTooLarge`), and no single read
+inflates further than that either (``zlib``'s ``max_length``). A streamed body is
+not held whole: its events are bounded instead (``cantrip.llm._sse.MAX_EVENT``),
+and its decoding by the same bound as a whole body's.
 
 Decoding is httpx's in what it accepts: codings listed in ``Content-Encoding`` are
 undone last to first, unknown ones and ``identity`` are passed over, ``deflate``
@@ -22,21 +24,45 @@ with its first member, and a corrupt body is an ``httpx.DecodingError``.
 from __future__ import annotations
 
 import zlib
+from collections.abc import AsyncIterator
 
 import httpx
 
 ACCEPT_ENCODING = "gzip, deflate"
 """The codings the adapters offer, and all they decode."""
 
-MAX_DECODED = 64 * 1024 * 1024
-"""Bytes a response's body may decode to. A long streamed answer is a few tens of
-megabytes of events at most (128k tokens at ~250 bytes an event: ~32 MB)."""
+MAX_BODY = 64 * 1024 * 1024
+"""Bytes a response's body may take, read whole (as it arrives, and decoded) or
+decoded as a stream. A long streamed answer is a few tens of megabytes of events at
+most (128k tokens at ~250 bytes an event: ~32 MB); a whole answer, far less."""
 
 _WBITS = {"gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
 
 
-class DecodedTooLarge(httpx.DecodingError):
-    """A compressed body that decodes to more than its bound (a compression bomb?)."""
+class ResponseTooLarge(httpx.DecodingError):
+    """A body past its bound (:data:`MAX_BODY`): an endless one, or a compression bomb.
+
+    Raised where httpx raises its decoding errors (so it reaches the adapters' one
+    mapping of a transport's faults) and mapped to ``response_too_large``, not
+    retried: asking again would get the same."""
+
+
+def too_large(what: str, limit: int) -> ResponseTooLarge:
+    return ResponseTooLarge(f"the response's {what} is longer than {limit:,} bytes; refused")
+
+
+async def read_bounded(chunks: AsyncIterator[bytes], limit: int | None = None) -> bytes:
+    """A body's (decoded) bytes, all of them, unless they come to more than ``limit``
+    (:data:`MAX_BODY`): then :class:`ResponseTooLarge`, having held at most that."""
+    bound = MAX_BODY if limit is None else limit
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > bound:
+            raise too_large("body", bound)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 class _Inflate:
@@ -73,10 +99,7 @@ class _Inflate:
     def _counted(self, out: bytes) -> bytes:
         self.made += len(out)
         if self.made > self.limit:
-            raise DecodedTooLarge(
-                f"the response's {self.coding} body decodes to more than "
-                f"{self.limit:,} bytes; refused"
-            )
+            raise too_large(f"{self.coding} body, decoded,", self.limit)
         return out
 
 
@@ -104,7 +127,7 @@ def decoder(content_encoding: str | None, limit: int | None = None) -> Decoder |
     """The decoder of a response whose ``Content-Encoding`` is this (None: nothing to undo)."""
     if not content_encoding:
         return None
-    bound = MAX_DECODED if limit is None else limit
+    bound = MAX_BODY if limit is None else limit
     codings = [part.strip().lower() for part in content_encoding.split(",")]
     steps = [_Inflate(coding, bound) for coding in reversed(codings) if coding in _WBITS]
     return Decoder(steps) if steps else None

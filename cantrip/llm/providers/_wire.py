@@ -21,10 +21,14 @@ What is kept from httpx, so nothing changes on the wire or for the adapters:
   receive), raised as httpx's exceptions, as are connection faults, so the
   adapters' error mapping (:meth:`HTTPAdapter._transport_error`) is the same;
 * responses: h11's framing (``Content-Length``, chunked, read-to-close;
-  1xx skipped; 204/304 empty), its keep-alive rules (``Connection: close``,
-  HTTP/1.0 and read-to-close bodies end the connection) and its limit on a
-  head's size as httpcore set it; httpx's content decoding (gzip, deflate)
-  by :mod:`._decode`, which bounds what a body may inflate to;
+  1xx checked and skipped; 204/304 empty) and its checks of every head and
+  trailer (``tests/test_wire_fuzz.py`` holds h11 as the oracle), its keep-alive
+  rules (``Connection: close``, HTTP/1.0 and read-to-close bodies end the
+  connection) and its limit on a head's size as httpcore set it; httpx's content
+  decoding (gzip, deflate) by :mod:`._decode`, which bounds what a body may inflate
+  to -- and a body read
+  whole is bounded as it arrives too (``_decode.MAX_BODY``: a ``Content-Length``
+  past it is refused before a byte is read);
 * reuse: an idle connection the server closed (readable while idle) or that
   idled past httpx's 5 s keep-alive expiry is not reused; a request cut short
   (an error, a cancellation, a stream not read to its end) closes its
@@ -43,14 +47,16 @@ import re
 import select
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from math import inf
 
 import h11
 import httpx
 import trio
 
-from cantrip.llm.providers._decode import decoder
+from cantrip.llm.providers import _decode
+from cantrip.llm.providers._decode import decoder, read_bounded, too_large
 
 MAX_HEAD = 100 * 1024
 """Bytes a response head may take (httpcore's h11 ``max_incomplete_event_size``)."""
@@ -60,18 +66,25 @@ _CONNECTING = frozenset({errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK})
 """What a non-blocking ``connect`` answers while the connection is being made."""
 KEEPALIVE_EXPIRY = 5.0
 """Seconds an idle connection is kept (``httpx.Limits``' default ``keepalive_expiry``)."""
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
-_LINE = re.compile(rb"\r?\n")
-_STATUS = re.compile(rb"HTTP/(\d\.\d) (\d{3})(?: ([\t\x20-\x7e\x80-\xff]*))?")
-_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
-_FIELD = re.compile(
-    r"(?m)^([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*((?:[^\r\n]*[^\r\n \t])?)[ \t]*\r?\n"
-)
+_HEAD_END = re.compile(rb"\n\r?\n")
+"""Where a head (or a trailer) ends, h11's blank line: the LF of its last line, then a
+line end."""
+# What h11 accepts, after its ABNF (h11/_abnf.py), on the text of a head (decoded as
+# httpx decodes it: each of its bytes one character, or a UTF-8 sequence of bytes
+# that are all obs-text): a field character is anything but NUL and whitespace
+# (``[^\x00\s]`` on bytes: space, tab, CR, LF, VT, FF).
+_STATUS = re.compile(rb"HTTP/([0-9]\.[0-9]) ([0-9]{3})(?: ([^\x00\n\r\x0b\x0c]*))?")
+"""A status line (its reason phrase: field characters, spaces and tabs)."""
+_VALUE_RE = r"(?:[^\x00\t\n\x0b\x0c\r ]+(?:[ \t]+[^\x00\t\n\x0b\x0c\r ]+)*)?"
+"""A field value (h11's ``field-value``): field characters, spaces and tabs between."""
+_FIELD = re.compile(r"(?m)^([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*(" + _VALUE_RE + r")[ \t]*\r?\n")
 """One ``name: value`` line, its value without the whitespace around it."""
-_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
-"""A field value's characters (h11's ``field-value``)."""
+_FIELD_LINE = re.compile(r"([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*(" + _VALUE_RE + r")[ \t]*")
+"""A whole field line (folded lines joined), as h11 validates it."""
 _TEXT_LINE = re.compile(r"\r?\n")
-_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})[\t ]*(?:;[^\r\n]*)?\r?\n")
+_FOLD = re.compile(r"[ \t]+")
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*\r\n")
+"""A chunk's size line, up to its CRLF (h11's ``chunk-header``: extensions not parsed)."""
 _LENGTH, _CHUNKED, _TO_CLOSE = 0, 1, 2
 
 
@@ -143,6 +156,14 @@ class Headers(dict[str, str]):
             for name, value in raw:
                 joined.setdefault(name.lower(), []).append(value)
             self.update((key, ", ".join(values)) for key, values in joined.items())
+
+    def normalize(self, key: str, value: str) -> None:
+        """``key`` (lower-case) has ``value`` alone, in its first place, as h11 keeps a
+        field it reads into one value (``Content-Length: 5, 5`` twice is ``5``)."""
+        raw = self.raw
+        at = next(i for i, (name, _) in enumerate(raw) if name.lower() == key)
+        raw[at:] = [(raw[at][0], value)] + [p for p in raw[at + 1 :] if p[0].lower() != key]
+        self[key] = value
 
 
 class Connection:
@@ -404,7 +425,7 @@ class Connection:
                     )
                 buffer += data
                 end = _HEAD_END.search(buffer)
-            head = bytes(buffer[: end.start()])
+            head = bytes(buffer[: end.start() + 1])  # each of its lines with its LF
             del buffer[: end.end()]
             response = _parse_head(head, self, timeout)
             if response is not None:
@@ -442,60 +463,82 @@ def _parse_head(head: bytes, connection: Connection, timeout: float | None) -> R
     if status < 200:
         if status == 101:
             raise httpx.RemoteProtocolError("unexpected 101 Switching Protocols")
+        _framing(status, Headers(_fields(rest)), status_line)  # checked as h11 checks it
         return None
+    headers = Headers(_fields(rest))
+    return Response(status, headers, connection, *_framing(status, headers, status_line), timeout)
+
+
+def _fields(lines: bytes) -> list[tuple[str, str]]:
+    """The (name, value) fields of a head's (or a trailer's) lines, as h11 reads them
+    (each line ends with its LF: a CR before it is the line's end, one more is not)."""
+    if not lines:
+        return []
     # httpx decodes header bytes as ASCII, else UTF-8, else Latin-1.
-    if rest.isascii():
-        text = rest.decode("ascii")
+    if lines.isascii():
+        text = lines.decode("ascii")
     else:
         try:
-            text = rest.decode("utf-8")
+            text = lines.decode("utf-8")
         except UnicodeDecodeError:
-            text = rest.decode("iso-8859-1")
-    text += "\n"
+            text = lines.decode("iso-8859-1")
     raw: list[tuple[str, str]] = _FIELD.findall(text)
     if len(raw) != text.count("\n"):  # not every line a plain field: folded, or garbage
         raw = _fields_one_by_one(text)
-    headers = Headers(raw)
-    keep_alive = status_line.group(1) == b"1.1" and (
+    return raw
+
+
+def _framing(status: int, headers: Headers, status_line: re.Match[bytes]) -> tuple[int, int, bool]:
+    """(framing, length, keep-alive) of a response's body, by h11's rules: its
+    ``Content-Length`` and ``Transfer-Encoding`` are checked whatever the status
+    (h11 checks every head's), then 204 and 304 have no body."""
+    keep_alive = status_line.group(1) >= b"1.1" and (
         "connection" not in headers
         or "close" not in {token.strip().lower() for token in headers["connection"].split(",")}
     )
-    framing, length = _LENGTH, 0
-    if status in (204, 304):
-        pass
-    elif "transfer-encoding" in headers:
-        if headers["transfer-encoding"].strip().lower() != "chunked":
+    chunked = "transfer-encoding" in headers
+    if chunked and headers["transfer-encoding"] != "chunked":
+        if headers["transfer-encoding"].lower() != "chunked":
             raise httpx.RemoteProtocolError("Only Transfer-Encoding: chunked is supported")
-        framing = _CHUNKED
-    elif "content-length" in headers:
-        lengths = {part.strip() for part in headers["content-length"].split(",")}
+        headers.normalize("transfer-encoding", "chunked")
+    length = -1
+    if "content-length" in headers:
+        given = headers["content-length"]
+        lengths = {part.strip() for part in given.split(",")}
         value = lengths.pop()
-        if lengths or not value.isdigit() or len(value) > 20:
+        if lengths or not value.isdigit() or not value.isascii() or len(value) > 20:
             raise httpx.RemoteProtocolError("bad Content-Length")
         length = int(value)
-    else:
-        framing, keep_alive = _TO_CLOSE, False
-    return Response(status, headers, connection, framing, length, keep_alive, timeout)
+        if given != value:  # repeated, or with spaces: one value, as h11 keeps it
+            headers.normalize("content-length", value)
+    if status in (204, 304):
+        return _LENGTH, 0, keep_alive
+    if chunked:
+        return _CHUNKED, 0, keep_alive
+    if length >= 0:
+        return _LENGTH, length, keep_alive
+    return _TO_CLOSE, 0, False
 
 
 def _fields_one_by_one(text: str) -> list[tuple[str, str]]:
-    """The fields of a head with folded lines (obs-fold) or a line that is no field."""
-    raw: list[tuple[str, str]] = []
+    """The fields of a head with folded lines (obs-fold) or a line that is no field:
+    as h11, a continuation line's leading whitespace becomes one space of the line
+    before, then each whole line must be a field."""
+    joined: list[str] = []
     for line in _TEXT_LINE.split(text)[:-1]:
-        if line[:1] in (" ", "\t"):  # obs-fold: continues the previous value
-            if not raw:
-                raise httpx.RemoteProtocolError("a continuation line without a header")
-            name, value = raw[-1]
-            raw[-1] = (name, (value + " " + line.strip(" \t")).strip(" \t"))
-            continue
-        name, colon, value = line.partition(":")
-        if (
-            not colon
-            or not _TOKEN.fullmatch(name.encode("iso-8859-1", "replace"))
-            or not _VALUE.fullmatch(value)
-        ):
+        fold = _FOLD.match(line)
+        if fold is None:
+            joined.append(line)
+        elif not joined:
+            raise httpx.RemoteProtocolError("continuation line at start of headers")
+        else:
+            joined[-1] += " " + line[fold.end() :]
+    raw: list[tuple[str, str]] = []
+    for line in joined:
+        field = _FIELD_LINE.fullmatch(line)
+        if field is None:
             raise httpx.RemoteProtocolError(f"illegal header line: {line[:100]!r}")
-        raw.append((name, value.strip(" \t")))
+        raw.append((field.group(1), field.group(2)))
     return raw
 
 
@@ -547,7 +590,8 @@ class Response:
         return self.default_encoding
 
     async def aread(self) -> bytes:
-        """The whole (decoded) body."""
+        """The whole (decoded) body, at most ``_decode.MAX_BODY`` bytes (else
+        :class:`._decode.ResponseTooLarge`, the connection closed)."""
         connection = self._connection
         if (
             connection is not None
@@ -557,6 +601,8 @@ class Response:
             # The common case, without a generator: a body of known length, not encoded.
             buffer = connection.buffer
             try:
+                if self._remaining > _decode.MAX_BODY:  # refused before a byte is read
+                    raise too_large(f"body ({self._remaining:,} bytes)", _decode.MAX_BODY)
                 while len(buffer) < self._remaining:
                     data = await connection.receive(self._timeout)
                     if not data:
@@ -570,11 +616,11 @@ class Response:
             self._remaining = 0
             self._complete()
             return self.content
-        parts = [chunk async for chunk in self.aiter_bytes()]
-        self.content = b"".join(parts)
+        async with aclosing(self.aiter_bytes()) as chunks:  # closed: drops the connection
+            self.content = await read_bounded(chunks)
         return self.content
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+    async def aiter_bytes(self) -> AsyncGenerator[bytes, None]:
         """The body's (decoded) bytes as they arrive."""
         decoding = decoder(self.headers.get("content-encoding"))
         try:
@@ -649,14 +695,18 @@ class Response:
             buffer.extend(data)
 
         while True:
-            size_line = _CHUNK_SIZE.match(buffer)
-            while size_line is None:
-                if b"\n" in buffer[:1024] or len(buffer) > 1024:
-                    raise httpx.RemoteProtocolError("illegal chunk header")
+            end = buffer.find(b"\r\n")  # h11: a chunk's size line ends at its CRLF
+            while end < 0:
+                if len(buffer) > MAX_HEAD:
+                    raise httpx.RemoteProtocolError("Receive buffer too long")
+                searched = len(buffer)
                 await more()
-                size_line = _CHUNK_SIZE.match(buffer)
+                end = buffer.find(b"\r\n", max(0, searched - 1))
+            size_line = _CHUNK_SIZE.fullmatch(buffer, 0, end + 2)
+            if size_line is None:
+                raise httpx.RemoteProtocolError(f"illegal chunk header: {bytes(buffer[:100])!r}")
             size = int(size_line.group(1), 16)
-            del buffer[: size_line.end()]
+            del buffer[: end + 2]
             if size == 0:
                 break
             while size:
@@ -666,26 +716,24 @@ class Response:
                 del buffer[: len(piece)]
                 size -= len(piece)
                 yield piece
-            while len(buffer) < 2 and not buffer.startswith(b"\n"):
+            while len(buffer) < 2:
                 await more()
-            if buffer.startswith(b"\r\n"):
-                del buffer[:2]
-            elif buffer.startswith(b"\n"):
-                del buffer[:1]
-            else:
-                raise httpx.RemoteProtocolError("a chunk not followed by its line end")
-        # The trailer: header lines up to an empty line.
+            if buffer[:2] != b"\r\n":
+                raise httpx.RemoteProtocolError("malformed chunk footer")
+            del buffer[:2]
+        # The trailer: header lines up to an empty line, checked as a head's and dropped.
         while True:
-            end = _LINE.search(buffer)
-            while end is None:
-                if len(buffer) > MAX_HEAD:
-                    raise httpx.RemoteProtocolError("the trailer is too large")
-                await more()
-                end = _LINE.search(buffer)
-            line = bytes(buffer[: end.start()])
-            del buffer[: end.end()]
-            if not line:
+            if buffer[:1] == b"\n" or buffer[:2] == b"\r\n":  # none
+                del buffer[: 1 if buffer[:1] == b"\n" else 2]
                 return
+            end_of = _HEAD_END.search(buffer)
+            if end_of is not None:
+                _fields(bytes(buffer[: end_of.start() + 1]))
+                del buffer[: end_of.end()]
+                return
+            if len(buffer) > MAX_HEAD:
+                raise httpx.RemoteProtocolError("Receive buffer too long")
+            await more()
 
 
 def _incomplete(received: int, expected: int) -> httpx.RemoteProtocolError:
