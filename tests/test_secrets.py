@@ -221,6 +221,33 @@ def test_the_quick_check_before_the_shape_scan_changes_no_answer(text: str) -> N
     assert _redact_with(text, []) == _PATTERN.sub(REDACTED, text)
 
 
+def test_no_text_shorter_than_the_shortest_shape_can_hold_one() -> None:
+    """``_may_hold_shape`` answers "no" for text shorter than ``_SHORTEST`` without
+    looking at it: the bound is the shortest match the pattern's parse allows (each
+    element, case-folded or not, matches exactly one character)."""
+    from re import _parser  # type: ignore[attr-defined]
+
+    from cantrip._redact import _PATTERN, _SHORTEST
+
+    assert _parser.parse(_PATTERN.pattern).getwidth()[0] == _SHORTEST
+    assert _PATTERN.fullmatch("sk-" + "a" * (_SHORTEST - 3))
+
+
+@given(
+    st.lists(st.sampled_from(_FRAGMENTS), max_size=6).map("".join).map(lambda t: t[:14])
+    | st.text(alphabet="abcdefghijklmnopqrstuvwxyzKASIX_-=: 0123456789\u017f\u212a", max_size=14)
+)
+@settings(max_examples=2000, deadline=None)
+def test_the_quick_check_answers_as_the_scan_on_short_text(text: str) -> None:
+    """Short texts (ids, names: what a span carries) around the length bound, built
+    from the shapes' pieces: the quick check never says "no shape" where the full scan
+    finds one."""
+    from cantrip._redact import _PATTERN, _may_hold_shape
+
+    if _PATTERN.search(text):
+        assert _may_hold_shape(text)
+
+
 def test_the_letters_case_insensitive_matching_folds_to_ascii_are_all_known() -> None:
     """``_may_hold_shape`` scans in full any text holding a non-ASCII letter that the
     pattern's case-insensitive parts take for an ASCII one: the list must be whole on
