@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -198,6 +198,81 @@ def test_redacting_a_value_redacts_every_string_in_it_as_redact_does(
     assert redact_value(value)["a"] == "[REDACTED]" and "sk-" not in redact_value(value)["b"][0]
     monkeypatch.setenv("SOME_SERVICE_TOKEN", "changed-value-1")  # read afresh per call
     assert redact_value({"x": "changed-value-1"}) == {"x": "[REDACTED]"}
+
+
+def test_a_secret_is_known_from_the_moment_its_write_to_the_environment_starts() -> None:
+    """The secrets' cache learns of a write from the ``os.putenv`` audit event, which
+    comes before ``os.environ`` holds the value (another thread's write, half-way):
+    ``os.putenv`` alone, the first half of ``os.environ[name] = value``, is caught."""
+    from cantrip._redact import redact, secret_values
+
+    assert "half-written-secret-1" not in secret_values()  # the cache is warm
+    os.putenv("CANTRIP_TEST_HALF_TOKEN", "half-written-secret-1")
+    try:
+        assert "CANTRIP_TEST_HALF_TOKEN" not in os.environ
+        assert redact("quoted half-written-secret-1") == "quoted [REDACTED]"
+    finally:
+        os.unsetenv("CANTRIP_TEST_HALF_TOKEN")
+
+
+def _secrets_from_scratch(environ: Mapping[str, str]) -> set[str]:
+    """What the environment's secrets are by the rules, without any cache."""
+    from cantrip._redact import _MIN_GUESSED, _SECRET_NAME, KEY_ENV_VARS
+
+    found = set()
+    for name, raw in environ.items():
+        value = raw.strip()
+        named = name in KEY_ENV_VARS and len(value) >= 6
+        if named or (len(value) >= _MIN_GUESSED and _SECRET_NAME.search(name)):
+            found.add(value)
+    return found
+
+
+_ENV_NAMES = ["CANTRIP_TEST_API_KEY", "CANTRIP_TEST_PLAIN", "OPENAI_API_KEY", "X_SECRET"]
+_ENV_VALUES = ["sekrit-value-1", "sekrit-value-22", "short", "  padded-secret-3  ", ""]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["set", "delete", "replace mapping", "restore mapping"]),
+            st.sampled_from(_ENV_NAMES),
+            st.sampled_from(_ENV_VALUES),
+        ),
+        max_size=12,
+    )
+)
+@settings(max_examples=300, deadline=None)
+def test_the_secrets_follow_every_change_to_the_environment(
+    steps: list[tuple[str, str, str]],
+) -> None:
+    """Differential: after each write to the environment (set, replaced in place,
+    deleted; also with ``os.environ`` replaced by a plain mapping, as a test's patch
+    does, and put back), the cached secrets are exactly those computed from scratch,
+    the cache having been consulted before every step."""
+    from cantrip._redact import secret_values
+
+    real = os.environ
+    saved = {name: real.get(name) for name in _ENV_NAMES}
+    try:
+        for action, name, value in steps:
+            assert set(secret_values()) == _secrets_from_scratch(os.environ)
+            if action == "set":
+                os.environ[name] = value
+            elif action == "delete":
+                os.environ.pop(name, None)
+            elif action == "replace mapping":
+                os.environ = dict(os.environ)  # type: ignore[assignment]  # noqa: B003 (a patch)
+            else:
+                os.environ = real  # noqa: B003 (the real one, back)
+            assert set(secret_values()) == _secrets_from_scratch(os.environ)
+    finally:
+        os.environ = real  # noqa: B003
+        for name, old in saved.items():
+            if old is None:
+                real.pop(name, None)
+            else:
+                real[name] = old
 
 
 _FRAGMENTS = [
