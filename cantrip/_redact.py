@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -93,71 +92,29 @@ def register_secret_env(*names: str) -> None:
     KEY_ENV_VARS.update(names)
 
 
-_ENVIRON = os.environ
-"""The process's environment mapping as imported. Every write to it goes through
-:func:`os.putenv` or :func:`os.unsetenv`, and those raise the documented audit events
-``os.putenv`` and ``os.unsetenv`` (PEP 578): the one public signal that the environment
-changed, which lets the secrets' cache skip comparing the whole environment on every
-span (issue 39.24). A mapping put in its place (a test's patch) gets no such events and
-is compared whole each time instead."""
-_env_writes = 0
-"""Audit events ``os.putenv`` and ``os.unsetenv`` seen: the environment's version."""
-_env_written: dict[str, str] = {}
-"""The value each variable was last given through :func:`os.putenv`, taken from the
-audit event, which comes *before* :data:`os.environ` holds the value: a secret whose
-write another thread is half-way through is already known (once the write lands, the
-value is the one the environment holds, so nothing extra is redacted)."""
-_audited = False
-"""Whether :func:`_on_audit` is live: ``sys.addaudithook`` adds nothing, silently, when
-an earlier hook refuses, so a probe event checks it."""
-
-
-def _on_audit(event: str, args: tuple[Any, ...]) -> None:
-    """Counts writes to the environment (and notices the probe). Called for every audit
-    event of the process: a comparison or two for each that is not one of these."""
-    global _env_writes, _audited
-    if event == "os.putenv":
-        _env_written[os.fsdecode(args[0])] = os.fsdecode(args[1])
-        _env_writes += 1
-    elif event == "os.unsetenv":
-        _env_written.pop(os.fsdecode(args[0]), None)
-        _env_writes += 1
-    elif event == "cantrip.redact.probe":
-        _audited = True
-
-
-sys.addaudithook(_on_audit)
-sys.audit("cantrip.redact.probe")
-
-_cache_state: object = None
+_cache_env: dict[Any, Any] = {}
 _cache_set: set[str] = set()
 _cache_len = -1
 _cache_values: list[str] = []
 
 
 def _env_secrets() -> list[str]:
-    """The secret values, cached against the environment's version: the loom asks before
-    every turn it records and every span asks, and decoding every variable each time
-    would cost more than the turn. The version is :data:`_env_writes` while
-    :data:`os.environ` is the process's own (every write to it counted by the audit
-    hook, so a value replaced in place is seen too); comparing a copy of the whole
-    environment, as it is done for any other mapping, cost each span 6k instructions
-    (issue 39.24). A secret variable registered since is seen by the set's identity and
-    size.
+    """The secret values, cached against a copy of the environment: the loom asks before
+    every turn it records and a span's every redaction asks, and decoding every variable
+    each time would cost more than the turn. The check is one dict comparison in C
+    (keys and values, so a value replaced in place is seen); it used to build a tuple of
+    every variable first, which cost three times as much (issue 39.24).
 
     The same list object is returned while nothing changed, so a caller may remember
     what it redacted against it (:class:`RedactionMemo`)."""
-    global _cache_state, _cache_set, _cache_len, _cache_values
-    environ = os.environ
-    hooked = environ is _ENVIRON and _audited
-    state: object = _env_writes if hooked else dict(environ)
-    if state == _cache_state and _cache_set is KEY_ENV_VARS and _cache_len == len(KEY_ENV_VARS):
+    global _cache_env, _cache_set, _cache_len, _cache_values
+    data = getattr(os.environ, "_data", None)
+    if not isinstance(data, dict):  # not CPython's os.environ
+        data = dict(os.environ)
+    if _cache_env == data and _cache_set is KEY_ENV_VARS and _cache_len == len(KEY_ENV_VARS):
         return _cache_values
     found: set[str] = set()
-    variables = list(environ.items())
-    if hooked:  # writes whose value the mapping may not hold yet (another thread's)
-        variables += list(dict(_env_written).items())
-    for name, value in variables:
+    for name, value in os.environ.items():
         value = value.strip()
         if not value:
             continue
@@ -168,7 +125,7 @@ def _env_secrets() -> list[str]:
             found.add(value)
     # Longest first, so a secret that contains another is replaced whole.
     _cache_values = sorted(found, key=len, reverse=True)
-    _cache_state, _cache_set, _cache_len = state, KEY_ENV_VARS, len(KEY_ENV_VARS)
+    _cache_env, _cache_set, _cache_len = dict(data), KEY_ENV_VARS, len(KEY_ENV_VARS)
     return _cache_values
 
 
