@@ -143,6 +143,8 @@ def _redact_with(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         if secret in text:
             text = text.replace(secret, REDACTED)
+    if len(text) < _SHORTEST:  # the bound checked here too: no call for a short id
+        return text
     return _PATTERN.sub(REDACTED, text) if _may_hold_shape(text) else text
 
 
