@@ -92,6 +92,14 @@ def register_secret_env(*names: str) -> None:
     KEY_ENV_VARS.update(names)
 
 
+_ENVIRON = os.environ
+_ENVIRON_DATA: Any = getattr(_ENVIRON, "_data", None)
+"""The process's environment and the dict behind it (CPython keeps one for the process's
+life, and every write to ``os.environ`` lands in it), found once: looking it up at every
+check cost a ``getattr`` and an ``isinstance`` a span (issue 39.24)."""
+if not isinstance(_ENVIRON_DATA, dict):  # pragma: no cover - not CPython's os.environ
+    _ENVIRON_DATA = None
+
 _cache_env: dict[Any, Any] = {}
 _cache_set: set[str] = set()
 _cache_len = -1
@@ -108,9 +116,12 @@ def _env_secrets() -> list[str]:
     The same list object is returned while nothing changed, so a caller may remember
     what it redacted against it (:class:`RedactionMemo`)."""
     global _cache_env, _cache_set, _cache_len, _cache_values
-    data = getattr(os.environ, "_data", None)
-    if not isinstance(data, dict):  # not CPython's os.environ
-        data = dict(os.environ)
+    environ = os.environ
+    data: Any = _ENVIRON_DATA if environ is _ENVIRON else None
+    if data is None:  # another mapping in its place (a test's patch), or not CPython's
+        data = getattr(environ, "_data", None)
+        if not isinstance(data, dict):
+            data = dict(environ)
     if _cache_env == data and _cache_set is KEY_ENV_VARS and _cache_len == len(KEY_ENV_VARS):
         return _cache_values
     found: set[str] = set()

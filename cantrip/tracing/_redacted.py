@@ -88,6 +88,9 @@ def clean_status(description: str | None) -> str | None:
     return None if description is None else _MEMO.redact(description)[:STATUS_MAX]
 
 
+_new = object.__new__
+
+
 class RedactedSpan:
     """The span methods the trace sink uses, each redacting what it is given."""
 
@@ -113,15 +116,15 @@ class RedactedSpan:
         redaction."""
         known = _MEMO.known()
         text = known.get(name)
-        return cls(
-            tracer.start_span(
-                _MEMO.learn(name) if text is None else text,
-                context,
-                kind,
-                None if attributes is None else clean_attributes(attributes, known),
-                start_time=start_time,
-            )
+        span = _new(cls)  # no __init__ frame: two spans a turn
+        span.inner = tracer.start_span(
+            _MEMO.learn(name) if text is None else text,
+            context,
+            kind,
+            None if attributes is None else clean_attributes(attributes, known),
+            start_time=start_time,
         )
+        return span
 
     def set_attribute(self, key: str, value: Any) -> None:
         self.inner.set_attributes(clean_attributes({key: value}))
