@@ -54,29 +54,33 @@ def clean_attributes(
             cleaned[key] = _MEMO.learn(value) if text is None else text
         elif kind is int or kind is float or kind is bool:
             cleaned[key] = value
-        elif kind is list or kind is tuple:  # inline: a chat span has one a turn
-            items = []
-            for item in value:  # a loop: no comprehension frame and no call per item
-                if isinstance(item, str):
-                    text = known.get(item)
-                    item = _MEMO.learn(item) if text is None else text
-                items.append(item)
-            cleaned[key] = items
+        elif kind is list or kind is tuple:
+            cleaned[key] = _clean_items(value, known)
         else:
             cleaned[key] = _clean_other(value, known)
     return cleaned
 
 
 def _clean_other(value: Any, known: dict[str, str]) -> Any:
-    """A value that is not exactly a string, a number, a list or a tuple: a subclass of
-    ``str`` redacted as its text, another sequence as a list of its items."""
+    """A value that is not exactly a string or a number: a sequence's strings redacted,
+    a subclass of ``str`` redacted as one."""
     if isinstance(value, str):
-        plain: Any = str.__str__(value)  # its text (its own __str__ may say another)
-    elif isinstance(value, Sequence) and not isinstance(value, bytes):
-        plain = list(value)
-    else:
-        return value
-    return clean_attributes({"": plain}, known)[""]
+        text = known.get(value)
+        return _MEMO.learn(value) if text is None else text
+    if isinstance(value, Sequence) and not isinstance(value, bytes):
+        return _clean_items(value, known)
+    return value
+
+
+def _clean_items(value: Sequence[Any], known: dict[str, str]) -> list[Any]:
+    """A sequence's items as a list, its strings redacted."""
+    items = []
+    for item in value:  # a loop: no comprehension frame and no call per item
+        if isinstance(item, str):
+            text = known.get(item)
+            item = _MEMO.learn(item) if text is None else text
+        items.append(item)
+    return items
 
 
 def clean_status(description: str | None) -> str | None:
