@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -200,6 +200,66 @@ def test_redacting_a_value_redacts_every_string_in_it_as_redact_does(
     assert redact_value({"x": "changed-value-1"}) == {"x": "[REDACTED]"}
 
 
+def _secrets_from_scratch(environ: Mapping[str, str]) -> set[str]:
+    """What the environment's secrets are by the rules, without any cache."""
+    from cantrip._redact import _MIN_GUESSED, _SECRET_NAME, KEY_ENV_VARS
+
+    found = set()
+    for name, raw in environ.items():
+        value = raw.strip()
+        named = name in KEY_ENV_VARS and len(value) >= 6
+        if named or (len(value) >= _MIN_GUESSED and _SECRET_NAME.search(name)):
+            found.add(value)
+    return found
+
+
+_ENV_NAMES = ["CANTRIP_TEST_API_KEY", "CANTRIP_TEST_PLAIN", "OPENAI_API_KEY", "X_SECRET"]
+_ENV_VALUES = ["sekrit-value-1", "sekrit-value-22", "short", "  padded-secret-3  ", ""]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["set", "delete", "replace mapping", "restore mapping"]),
+            st.sampled_from(_ENV_NAMES),
+            st.sampled_from(_ENV_VALUES),
+        ),
+        max_size=12,
+    )
+)
+@settings(max_examples=300, deadline=None)
+def test_the_secrets_follow_every_change_to_the_environment(
+    steps: list[tuple[str, str, str]],
+) -> None:
+    """Differential: after each write to the environment (set, replaced in place,
+    deleted; also with ``os.environ`` replaced by a plain mapping, as a test's patch
+    does, and put back), the cached secrets are exactly those computed from scratch,
+    the cache having been consulted before every step."""
+    from cantrip._redact import secret_values
+
+    real = os.environ
+    saved = {name: real.get(name) for name in _ENV_NAMES}
+    try:
+        for action, name, value in steps:
+            assert set(secret_values()) == _secrets_from_scratch(os.environ)
+            if action == "set":
+                os.environ[name] = value
+            elif action == "delete":
+                os.environ.pop(name, None)
+            elif action == "replace mapping":
+                os.environ = dict(os.environ)  # type: ignore[assignment]  # noqa: B003 (a patch)
+            else:
+                os.environ = real  # noqa: B003 (the real one, back)
+            assert set(secret_values()) == _secrets_from_scratch(os.environ)
+    finally:
+        os.environ = real  # noqa: B003
+        for name, old in saved.items():
+            if old is None:
+                real.pop(name, None)
+            else:
+                real[name] = old
+
+
 _FRAGMENTS = [
     *("sk-", "SK-", "proj-", "AIza", "aiza", "ghp_", "GHS_", "github_pat_", "AKIA", "ASIA"),
     *("xoxb-", "XOX", "Bearer ", "bearer\t", "api_key", "API-KEY", "apikey", "secret", "Token"),
@@ -219,6 +279,33 @@ def test_the_quick_check_before_the_shape_scan_changes_no_answer(text: str) -> N
     from cantrip._redact import _PATTERN, REDACTED, _redact_with
 
     assert _redact_with(text, []) == _PATTERN.sub(REDACTED, text)
+
+
+def test_no_text_shorter_than_the_shortest_shape_can_hold_one() -> None:
+    """``_may_hold_shape`` answers "no" for text shorter than ``_SHORTEST`` without
+    looking at it: the bound is the shortest match the pattern's parse allows (each
+    element, case-folded or not, matches exactly one character)."""
+    from re import _parser  # type: ignore[attr-defined]
+
+    from cantrip._redact import _PATTERN, _SHORTEST
+
+    assert _parser.parse(_PATTERN.pattern).getwidth()[0] == _SHORTEST
+    assert _PATTERN.fullmatch("sk-" + "a" * (_SHORTEST - 3))
+
+
+@given(
+    st.lists(st.sampled_from(_FRAGMENTS), max_size=6).map("".join).map(lambda t: t[:14])
+    | st.text(alphabet="abcdefghijklmnopqrstuvwxyzKASIX_-=: 0123456789\u017f\u212a", max_size=14)
+)
+@settings(max_examples=2000, deadline=None)
+def test_the_quick_check_answers_as_the_scan_on_short_text(text: str) -> None:
+    """Short texts (ids, names: what a span carries) around the length bound, built
+    from the shapes' pieces: the quick check never says "no shape" where the full scan
+    finds one."""
+    from cantrip._redact import _PATTERN, _may_hold_shape
+
+    if _PATTERN.search(text):
+        assert _may_hold_shape(text)
 
 
 def test_the_letters_case_insensitive_matching_folds_to_ascii_are_all_known() -> None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -414,3 +416,43 @@ def test_a_value_remembered_as_clean_is_redacted_once_the_environment_holds_it(
     monkeypatch.setenv("OPENAI_API_KEY", "sk-unrelated-1234567890")
     value = shape
     assert shape not in carried(send_everywhere())
+
+
+class _Text(str):
+    """A subclass of ``str`` (an enum's value, say): redacted like any text."""
+
+
+_ATTRIBUTE_TEXTS = st.sampled_from(
+    ["chat", "", "ok", "sk-abcdefghijklmnop", "key sk-proj-ABCDEFGH12345", "call_12"]
+) | st.text(max_size=30)
+_ATTRIBUTE_ITEMS = _ATTRIBUTE_TEXTS | st.integers() | st.floats(allow_nan=False) | st.booleans()
+_ATTRIBUTE_VALUES = (
+    _ATTRIBUTE_ITEMS
+    | _ATTRIBUTE_TEXTS.map(_Text)
+    | st.lists(_ATTRIBUTE_ITEMS, max_size=4)
+    | st.lists(_ATTRIBUTE_ITEMS, max_size=4).map(tuple)
+    | st.none()
+    | st.binary(max_size=4)
+)
+
+
+@given(st.dictionaries(st.sampled_from(["a", "b", "c", "d", "e"]), _ATTRIBUTE_VALUES))
+@settings(max_examples=500, deadline=None)
+def test_span_attributes_are_what_the_redactor_makes_of_each_value(
+    attributes: dict[str, Any],
+) -> None:
+    """Differential: ``clean_attributes`` sorts values by exact type for speed; whatever
+    the type (text, a subclass of it, numbers, lists and tuples of them, anything else),
+    every string comes out as ``redact`` makes it, sequences as lists, the rest as is."""
+    from cantrip._redact import redact
+    from cantrip.tracing._redacted import clean_attributes
+
+    def expected(value: Any) -> Any:
+        if isinstance(value, str):
+            return redact(value)
+        if isinstance(value, list | tuple):
+            return [expected(item) if isinstance(item, str) else item for item in value]
+        return value
+
+    cleaned = clean_attributes(attributes)
+    assert cleaned == {key: expected(value) for key, value in attributes.items()}
