@@ -63,7 +63,7 @@ from cantrip._errors import CantripError, CastSuspended, LLMError
 from cantrip._gate import Gate
 from cantrip._outcome import CastResult, recorded_cast, result_dict
 from cantrip._redact import get_logger
-from cantrip.distributed._outage import Outage, describe, is_connection_error
+from cantrip.distributed._outage import Outage, database_away, describe, is_connection_error
 from cantrip.distributed._queue import (
     ANSWER_KEY,
     CANCEL_CHANNEL,
@@ -296,15 +296,12 @@ class Worker:
             if self._quarantine is not None:  # a suspect runs here alone
                 await self._quarantine.wait()
             slots = await _take_free(free)
-            try:
-                with trio.CancelScope(shield=True):
-                    claimed = await self._claim_some(runs, store, free, slots)
-            except Exception as exc:
-                if not is_connection_error(exc):
-                    raise
+            with database_away() as away, trio.CancelScope(shield=True):
+                claimed = await self._claim_some(runs, store, free, slots)
+            if away.exc is not None:
                 for _ in range(slots):
                     free.release()
-                await self._wait_out(outage, exc)
+                await self._wait_out(outage, away.exc)
                 continue
             outage.ok()
             if claimed < slots:  # the queue is drained (for now)
@@ -421,12 +418,10 @@ class Worker:
         outage = Outage("worker LISTEN", log)
         limiter = trio.CapacityLimiter(1)
         while True:
-            try:
+            with database_away() as away:
                 await self._listen_once(limiter, outage, task_status)
-            except Exception as exc:
-                if not is_connection_error(exc):
-                    raise
-                delay = outage.failed(exc)
+            if away.exc is not None:
+                delay = outage.failed(away.exc)
                 task_status = trio.TASK_STATUS_IGNORED
                 await trio.sleep(delay)
 
@@ -494,7 +489,7 @@ class Worker:
                 if not owned:
                     continue
                 sent = trio.current_time()
-                try:
+                with database_away() as away:
                     if conn is None:
                         conn = await trio.to_thread.run_sync(
                             lambda: psycopg.connect(self.url, autocommit=True, connect_timeout=5),
@@ -508,10 +503,8 @@ class Worker:
                         self.lease_s,
                         limiter=limiter,
                     )
-                except Exception as exc:
-                    if not is_connection_error(exc):
-                        raise
-                    outage.failed(exc)  # the next tick tries again; deadlines stop the runs
+                if away.exc is not None:
+                    outage.failed(away.exc)  # the next tick tries again; deadlines stop the runs
                     if conn is not None:
                         bad, conn = conn, None
                         await trio.to_thread.run_sync(bad.close, limiter=limiter)
@@ -596,13 +589,11 @@ class Worker:
         limiter = self.loom.store.limiter  # type: ignore[attr-defined]
         clear = functools.partial(self.queue.cleared, owned.claim)
         while True:
-            try:
+            with database_away() as away:
                 cleared = await trio.to_thread.run_sync(clear, limiter=limiter)
+            if away.exc is None:
                 break
-            except Exception as exc:
-                if not is_connection_error(exc):
-                    raise
-                await trio.sleep(self.poll_s)  # still alone meanwhile: try again
+            await trio.sleep(self.poll_s)  # still alone meanwhile: try again
         if cleared:  # (else the lease is lost: the run is stopping)
             log.info("%s: recorded a turn in quarantine; innocent again", owned.claim.entity_id)
             self._innocent(owned)
@@ -650,15 +641,13 @@ class Worker:
         claim = owned.claim
         owned.releasing = True
         limiter = self.loom.store.limiter  # type: ignore[attr-defined]
-        try:
+        with database_away() as away:
             returned = await trio.to_thread.run_sync(self.queue.hand_back, claim, limiter=limiter)
-        except Exception as exc:
-            if not is_connection_error(exc):
-                raise
+        if away.exc is not None:
             log.warning(
                 "%s: the database connection was lost (%s); its lease runs out instead",
                 claim.entity_id,
-                describe(exc),
+                describe(away.exc),
             )
             return
         if returned:
@@ -700,14 +689,11 @@ class Worker:
         skip, after, waiting = owned.delivered, 0, []
         while True:
             owned.mail = trio.Event()  # a NOTIFY from now on wakes us
-            try:
+            fresh: list[tuple[int, str]] = []  # on a lost connection: looked for at the next tick
+            with database_away():
                 fresh = await trio.to_thread.run_sync(
                     self.queue.messages, owned.claim.work_id, after, limiter=limiter
                 )
-            except Exception as exc:
-                if not is_connection_error(exc):
-                    raise
-                fresh = []  # looked for again at the next tick
             for message_id, text in fresh:
                 after = message_id
                 if skip:
@@ -730,11 +716,8 @@ class Worker:
         asked_at = [-math.inf]
         try:
             while True:
-                try:
+                with database_away():  # a lost connection: tried again at the next tick
                     await self._live_tick(owned, published, asked_at)
-                except Exception as exc:
-                    if not is_connection_error(exc):
-                        raise
                 with trio.move_on_after(LIVE_TICK_S):
                     await owned.poke.wait()
         finally:
@@ -964,14 +947,12 @@ class Dispatcher:
         outage = Outage(f"dispatcher {what}", dispatch_log)
         retry = False
         while True:
-            try:
+            with database_away() as away:
                 result = call(retry)
-            except Exception as exc:
-                if not is_connection_error(exc):
-                    raise
+            if away.exc is not None:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"{what}: the database is unreachable") from None
-                delay = outage.failed(exc)
+                delay = outage.failed(away.exc)
                 with contextlib.suppress(Exception):  # drop the pool's broken connections
                     self.store.pool.check()
                 time.sleep(delay)
