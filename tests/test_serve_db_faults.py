@@ -29,7 +29,8 @@ from distributed_workload import EFFECTS_TABLE, TAKEN_OVER
 from pg_cluster import fresh_database, postgres_cluster, start_cluster, stop_cluster
 from test_serve_db import Stack, open_stack
 
-from cantrip.distributed._worker import Dispatcher, spell_from_factory
+from cantrip.distributed._dispatcher import Dispatcher
+from cantrip.distributed._spells import spell_from_factory
 
 WORKLOAD = spell_from_factory("distributed_workload:build")
 

@@ -4,7 +4,7 @@ A PostgreSQL restart (a deploy, a failover) breaks every connection of every wor
 replica and client. None of them gives up on it: each retries with a growing,
 jittered delay, says once that the database went away and once that it is back, and
 goes on. :class:`Outage` is that bookkeeping, shared by the blocking clients
-(:class:`~cantrip.distributed._worker.Dispatcher`) and the trio loops of the worker.
+(:class:`~cantrip.distributed._dispatcher.Dispatcher`) and the trio loops of the worker.
 """
 
 from __future__ import annotations

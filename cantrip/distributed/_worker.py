@@ -35,42 +35,44 @@ already recorded, so each joins exactly one turn or comes back ``undelivered``. 
 prompt queued by ``rollback`` carries a rewind point: the entity is rewound there
 (``Entity.rewind``) before its cast begins.
 
-:class:`Dispatcher` is the enqueueing side (``cantrip cast --db``, the Python API).
+:class:`~cantrip.distributed._dispatcher.Dispatcher` is the enqueueing side (``cantrip
+cast --db``, the Python API).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import json
 import math
 import os
 import socket
-import time
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import trio
 
-from cantrip._approval import Decision, Pause, PauseError
+from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
-from cantrip._entity import Entity, new_entity_id
-from cantrip._errors import CantripError, CastSuspended, LLMError
+from cantrip._entity import Entity
+from cantrip._errors import CantripError, LLMError
 from cantrip._gate import Gate
-from cantrip._outcome import CastResult, recorded_cast, result_dict
+from cantrip._outcome import CastResult, recorded_cast
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, database_away, describe, is_connection_error
+from cantrip.distributed._outcome import (
+    failure_outcome,
+    lease_lost,
+    outcome_of,
+    state_of,
+    suspended,
+)
 from cantrip.distributed._queue import (
     ANSWER_KEY,
     CANCEL_CHANNEL,
-    ENDED,
-    INTERRUPTED,
     MAX_ATTEMPTS,
-    PAUSED,
     QUARANTINE_AFTER,
     REWIND_KEY,
     STEER_CHANNEL,
@@ -81,14 +83,12 @@ from cantrip.distributed._queue import (
     heartbeat_on,
     parse_cancel,
 )
-from cantrip.loom._fence import LeaseLostError
+from cantrip.distributed._spells import build_spell, spell_key
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore, lease_lost_message
 
 log = get_logger("cantrip.worker")
-dispatch_log = get_logger("cantrip.dispatcher")
-T = TypeVar("T")
 
 QUARANTINE_TICK_S = 0.05
 """How often a worker running a suspect alone looks whether it recorded a turn (its
@@ -99,85 +99,11 @@ memory; while one is published, the database is asked for its answer when NOTIFY
 says so, and every ``poll_s`` in case a notification was missed)."""
 
 
-def spell_from_factory(path: str) -> dict[str, Any]:
-    """A spell the workers build by calling ``module:function`` (it returns a Cantrip)."""
-    if ":" not in path:
-        raise CantripError(f"a cantrip factory is 'module:function', not {path!r}")
-    return {"factory": path}
-
-
-def spell_from_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A spell the workers build from a spec file's contents (its folder anchors paths)."""
-    import tomllib
-
-    file = Path(path).resolve()
-    try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise CantripError(f"cannot read spec file {path}: {exc}") from None
-    data.pop("loom", None)  # the workers' loom is the database
-    return {"spec": data, "base_dir": str(file.parent)}
-
-
-def build_spell(spell: Mapping[str, Any], loom: Loom) -> Cantrip:
-    """The cantrip a queued spell describes, recording into ``loom``."""
-    if "factory" in spell:
-        module, _, name = str(spell["factory"]).partition(":")
-        factory = getattr(importlib.import_module(module), name)
-        built = factory()
-        if not isinstance(built, Cantrip):
-            raise CantripError(f"{spell['factory']} returned {type(built).__name__}, not a Cantrip")
-        return built.with_(loom=loom)
-    from cantrip._specfile import build_cantrip, parse_spec
-
-    doc = parse_spec(spell["spec"], source="queued spec")
-    base = spell.get("base_dir")
-    return build_cantrip(doc, base_dir=Path(base) if base else None, loom=loom)
-
-
 DRAIN_S = 30.0
 """How long a stopping worker's running casts get to reach their next turn boundary
 before the rest are cut off and handed back (``cantrip worker --drain-s``)."""
 HANDED_BACK = "handed back at shutdown"
 """Why the loom refuses a cut-off run's writes: its lease is being handed back."""
-
-UNCLAIMED_AFTER_S = 3.0
-"""How long queued work may wait before ``cast --db`` says no worker has taken it."""
-
-
-def outcome_of(result: CastResult) -> dict[str, Any]:
-    """What ``cantrip_work`` stores for a cast that ended: the one JSON shape every front
-    end reports (:func:`cantrip._outcome.result_dict`, redacted; its cost the whole
-    tree's, as every result reports it)."""
-    return result_dict(result)
-
-
-def failure_outcome(entity_id: str, exc: BaseException) -> dict[str, Any]:
-    """The recorded outcome of a cast that failed: its error in one redacted line."""
-    return {"error": describe(exc), "entity_id": entity_id}
-
-
-def _lease_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` (or any exception grouped in it) is a refused write: lease lost."""
-    return _holds(exc, LeaseLostError)
-
-
-def _suspended(exc: BaseException) -> bool:
-    """Whether ``exc`` (or any exception grouped in it) is a cast stopped between turns."""
-    return _holds(exc, CastSuspended)
-
-
-def _holds(exc: BaseException, kind: type[BaseException]) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return any(_holds(e, kind) for e in exc.exceptions)
-    return isinstance(exc, kind)
-
-
-def _state_of(result: CastResult) -> str:
-    """The work item's end state for a cast's result (``paused``: waits for an answer)."""
-    if result.reason in ("cancelled", INTERRUPTED):
-        return "cancelled"
-    return PAUSED if result.pending else "done"
 
 
 @attrs.define
@@ -565,7 +491,7 @@ class Worker:
                     self._lose(owned, "the lease ran out here before it was renewed")
             except Exception as exc:  # noqa: BLE001 -- one cast's boundary: the worker goes on
                 if owned.handing_back and (
-                    _suspended(exc) or (owned.cut and _lease_lost(exc) and owned.lost is None)
+                    suspended(exc) or (owned.cut and lease_lost(exc) and owned.lost is None)
                 ):
                     await self._hand_back(owned)
                 else:
@@ -613,7 +539,7 @@ class Worker:
         the cast (logged with its traceback). The last two give the lease up, so the next
         claim -- counted against the attempt limit -- resumes it at once."""
         claim = owned.claim
-        if _lease_lost(exc):
+        if lease_lost(exc):
             self._lose(owned, describe(exc))
             log.info("%s: %s", claim.entity_id, describe(exc))
             return
@@ -673,7 +599,7 @@ class Worker:
 
     def _asks_humans(self, claim: Claim) -> bool:
         """Whether the claimed spell's circle can pause (only then are live pauses watched)."""
-        spell = self._spells.get(_spell_key(claim.spell))
+        spell = self._spells.get(spell_key(claim.spell))
         return CLIENT_TOOLS_KEY in claim.spell or spell is None or spell.circle.needs_humans
 
     async def _deliver(self, owned: _Owned) -> None:
@@ -763,7 +689,7 @@ class Worker:
         try:
             return await self._attempt(owned)
         except Exception as exc:
-            if is_connection_error(exc) or _lease_lost(exc) or _suspended(exc):
+            if is_connection_error(exc) or lease_lost(exc) or suspended(exc):
                 raise
             if isinstance(exc, CantripError):
                 log.warning("%s: the cast failed: %s", claim.entity_id, describe(exc))
@@ -776,7 +702,7 @@ class Worker:
         answer = claim.spell.get(ANSWER_KEY)  # work that carries out a human's answer
         rewind = claim.spell.get(REWIND_KEY)  # a rollback: continue from this turn
         offered = client_gates(claim.spell.get(CLIENT_TOOLS_KEY) or ())  # a front end's tools
-        key = _spell_key(claim.spell)
+        key = spell_key(claim.spell)
         spell = self._spells.get(key)
         if spell is None:
             spell = self._spells[key] = build_spell(json.loads(key), self.loom)
@@ -799,7 +725,7 @@ class Worker:
                     return ended
                 self._casting(owned, recorded)
                 result = await self._cast(owned, self._answered(entity, claim, answer, last))
-                return _state_of(result), outcome_of(result)
+                return state_of(result), outcome_of(result)
             if record is None:
                 entity = owned.entity = _offering(
                     spell.summon(entity_id=claim.entity_id, pause="leave"), offered
@@ -826,7 +752,7 @@ class Worker:
                     result = await self._cast(owned, entity.send(claim.intent))
         except (LLMError, PauseError) as exc:
             return "failed", failure_outcome(claim.entity_id, exc)
-        return _state_of(result), outcome_of(result)
+        return state_of(result), outcome_of(result)
 
     @staticmethod
     def _casting(owned: _Owned, recorded: list[Turn]) -> None:
@@ -845,7 +771,7 @@ class Worker:
         if not (end.terminated or end.truncated or isinstance(end.extras.get("pending"), Mapping)):
             return None
         result = recorded_cast(recorded, 0, self.loom)
-        return _state_of(result), outcome_of(result)
+        return state_of(result), outcome_of(result)
 
     def _answered(
         self, entity: Entity, claim: Claim, answer: Mapping[str, Any], last: Turn | None
@@ -919,156 +845,3 @@ async def _take_free(free: trio.Semaphore) -> int:
 async def _cancel_soon(entity: Entity, reason: str) -> None:
     while not entity.cancel(reason):
         await trio.sleep(0)
-
-
-def _spell_key(spell: Mapping[str, Any]) -> str:
-    """The spell a work item's cantrip is built from, as the worker's cache key: without
-    what only this item carries (a human's answer, a rollback's rewind point, a front
-    end's tools)."""
-    built = {k: v for k, v in spell.items() if k not in (ANSWER_KEY, REWIND_KEY, CLIENT_TOOLS_KEY)}
-    return json.dumps(built, sort_keys=True)
-
-
-class Dispatcher:
-    """Enqueue casts for the workers and wait for their outcomes (blocking calls:
-    from trio, run them with ``trio.to_thread.run_sync``).
-
-    A lost database connection (a restart, a failover) is waited out: every call
-    retries with backoff, logging once when the database goes away and once when it is
-    back (``cantrip.dispatcher``), and goes on."""
-
-    def __init__(self, url: str) -> None:
-        self.store = PostgresStore(url, max_connections=2)
-        self.queue = WorkQueue(self.store)
-
-    def _retrying(self, what: str, call: Callable[[bool], T], deadline: float | None = None) -> T:
-        """``call(retry)`` until it does not fail on a lost connection (``retry``: an
-        earlier try failed, maybe after its statement committed)."""
-        outage = Outage(f"dispatcher {what}", dispatch_log)
-        retry = False
-        while True:
-            with database_away() as away:
-                result = call(retry)
-            if away.exc is not None:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"{what}: the database is unreachable") from None
-                delay = outage.failed(away.exc)
-                with contextlib.suppress(Exception):  # drop the pool's broken connections
-                    self.store.pool.check()
-                time.sleep(delay)
-                retry = True
-                continue
-            outage.ok()
-            return result
-
-    def submit(
-        self, spell: Mapping[str, Any], intent: str, *, entity_id: str | None = None
-    ) -> tuple[int, str]:
-        """Queue ``intent`` on a new entity (or ``entity_id``); (work id, entity id).
-
-        A try whose connection broke may have committed: the retry first looks for the
-        work it queued (the entity's open work with this intent) and queues it only if
-        it is not there."""
-        from cantrip._entity import require_intent
-
-        require_intent(intent)
-        entity_id = entity_id or new_entity_id()
-
-        def enqueue(retry: bool) -> int:
-            if retry:
-                queued = self.queue.open_work(entity_id, intent)
-                if queued is not None:
-                    return queued
-            return self.queue.enqueue(dict(spell), intent, entity_id)
-
-        return self._retrying("submit", enqueue), entity_id
-
-    def wait(
-        self,
-        work_id: int,
-        *,
-        timeout: float | None = None,
-        on_unclaimed: Callable[[float], None] | None = None,
-        unclaimed_after: float = UNCLAIMED_AFTER_S,
-    ) -> tuple[str, dict[str, Any]]:
-        """Block until the work ends (LISTEN, with polling as the fallback): done,
-        failed, cancelled, ``dead`` (dead-lettered), or ``paused`` -- its outcome's
-        ``pending`` lists the calls that wait for a human (:meth:`answer` them).
-        ``on_unclaimed`` is called once (with the seconds waited) if no worker has taken
-        the work after ``unclaimed_after`` seconds: an idle worker takes new work within
-        a moment, so most likely none is running."""
-        import psycopg
-
-        started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
-        conn: psycopg.Connection[Any] | None = None
-
-        def look(_retry: bool) -> tuple[str, dict[str, Any] | None, psycopg.Connection[Any]]:
-            nonlocal conn
-            if conn is None:
-                conn = psycopg.connect(self.store.url, autocommit=True, connect_timeout=5)
-                conn.execute(f"LISTEN {WORK_CHANNEL}")
-            try:
-                return (*self.queue.status(work_id), conn)
-            except Exception:
-                bad, conn = conn, None
-                bad.close()
-                raise
-
-        try:
-            while True:
-                state, outcome, listening = self._retrying("wait", look, deadline)
-                if outcome is not None or state in ENDED:
-                    return state, outcome or {}
-                waited = time.monotonic() - started
-                if on_unclaimed is not None and state == "queued" and waited > unclaimed_after:
-                    on_unclaimed(waited)
-                    on_unclaimed = None
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"work {work_id} still {state} after {timeout} s")
-                try:
-                    for _ in listening.notifies(timeout=0.5, stop_after=1):
-                        pass
-                except psycopg.OperationalError:  # heard by the next look, which reconnects
-                    listening.close()
-                    conn = None
-        finally:
-            if conn is not None:
-                conn.close()
-
-    def cancel(self, entity_id: str) -> int:
-        return self._retrying("cancel", lambda _retry: self.queue.cancel(entity_id))
-
-    def dead_letters(self) -> list[dict[str, Any]]:
-        """The work items no worker could finish within the attempt limit (state
-        ``dead``): id, entity, intent, attempts, crashes, why, when."""
-        return self._retrying("dead letters", lambda _retry: self.queue.dead_letters())
-
-    def pending(self, entity_id: str) -> list[Pause]:
-        """The calls ``entity_id`` waits on a human for: its work ended ``paused`` and
-        nobody has answered yet (empty otherwise)."""
-        pending = self._retrying("pending", lambda _retry: self.queue.pending(entity_id))
-        return [Pause.from_dict(p) for p in pending]
-
-    def answer(self, entity_id: str, pause_id: str, decision: Decision | Mapping[str, Any]) -> int:
-        """Answer a pause of a paused entity, from any process; the id of the work that
-        carries the answer out (a worker resumes the entity from the loom and continues
-        the cast to its end or its next pause -- :meth:`wait` for it). A pause that is
-        not waiting (unknown, or answered already -- by anyone, even at the same moment)
-        raises :class:`~cantrip.PauseError`; exactly one of two answers wins. A try whose
-        connection broke after its answer committed is found again by the retry."""
-        parsed = Decision.parse(decision).to_dict()
-
-        def answer(retry: bool) -> int:
-            try:
-                return self.queue.answer(entity_id, pause_id, parsed).work_id
-            except PauseError:
-                mine = self.queue.answered_by(entity_id, pause_id, parsed) if retry else None
-                if mine is None:
-                    raise
-                return mine
-
-        return self._retrying("answer", answer)
-
-    def close(self) -> None:
-        self.store.close()
