@@ -22,8 +22,9 @@ from distributed_workload import EFFECTS_TABLE
 import cantrip.distributed._leases
 import cantrip.distributed._worker
 from cantrip.distributed._dispatcher import Dispatcher
-from cantrip.distributed._queue import Claim, WorkQueue
+from cantrip.distributed._queue import WorkQueue
 from cantrip.distributed._spells import spell_from_factory
+from cantrip.distributed._work import Claim
 from cantrip.distributed._worker import Worker
 from cantrip.loom import Loom
 from cantrip.loom._fence import Fence

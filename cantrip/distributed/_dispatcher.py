@@ -16,7 +16,8 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._entity import new_entity_id
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, database_away
-from cantrip.distributed._queue import ENDED, WORK_CHANNEL, WorkQueue
+from cantrip.distributed._queue import WorkQueue
+from cantrip.distributed._work import ENDED, WORK_CHANNEL
 from cantrip.loom._postgres import PostgresStore
 
 dispatch_log = get_logger("cantrip.dispatcher")

@@ -35,8 +35,9 @@ from cantrip.distributed._outcome import (
     suspended,
 )
 from cantrip.distributed._owned import Owned
-from cantrip.distributed._queue import ANSWER_KEY, REWIND_KEY, Claim, WorkQueue
+from cantrip.distributed._queue import WorkQueue
 from cantrip.distributed._spells import build_spell, spell_key
+from cantrip.distributed._work import ANSWER_KEY, REWIND_KEY, Claim
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 

@@ -18,7 +18,8 @@ from cantrip._approval import PauseError
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import database_away
 from cantrip.distributed._owned import Owned
-from cantrip.distributed._queue import LivePauses, WorkQueue
+from cantrip.distributed._pauses import LivePauses
+from cantrip.distributed._queue import WorkQueue
 
 log = get_logger("cantrip.worker")
 

@@ -13,7 +13,7 @@ from typing import Any
 from cantrip._errors import CastSuspended
 from cantrip._outcome import CastResult, result_dict
 from cantrip.distributed._outage import describe
-from cantrip.distributed._queue import INTERRUPTED, PAUSED
+from cantrip.distributed._work import INTERRUPTED, PAUSED
 from cantrip.loom._fence import LeaseLostError
 
 

@@ -11,7 +11,7 @@ import attrs
 import trio
 
 from cantrip._entity import Entity
-from cantrip.distributed._queue import Claim
+from cantrip.distributed._work import Claim
 
 
 @attrs.define

@@ -19,7 +19,7 @@ from typing import Any
 from cantrip._cantrip import Cantrip
 from cantrip._client_gates import CLIENT_TOOLS_KEY
 from cantrip._errors import CantripError
-from cantrip.distributed._queue import ANSWER_KEY, REWIND_KEY
+from cantrip.distributed._work import ANSWER_KEY, REWIND_KEY
 from cantrip.loom._loom import Loom
 
 

@@ -67,15 +67,15 @@ from cantrip.distributed._outcome import (
     suspended,
 )
 from cantrip.distributed._owned import Owned
-from cantrip.distributed._queue import (
+from cantrip.distributed._pauses import LivePauses
+from cantrip.distributed._queue import WorkQueue
+from cantrip.distributed._work import (
     CANCEL_CHANNEL,
     MAX_ATTEMPTS,
     QUARANTINE_AFTER,
     STEER_CHANNEL,
     WORK_CHANNEL,
     Claim,
-    LivePauses,
-    WorkQueue,
     parse_cancel,
 )
 from cantrip.loom._loom import Loom
