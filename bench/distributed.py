@@ -90,7 +90,8 @@ import psycopg  # noqa: E402
 from distributed_workload import EFFECTS_TABLE, build  # noqa: E402
 from pg_cluster import fresh_database, postgres_cluster  # noqa: E402
 
-from cantrip.distributed._worker import Dispatcher, spell_from_factory  # noqa: E402
+from cantrip.distributed._dispatcher import Dispatcher  # noqa: E402
+from cantrip.distributed._spells import spell_from_factory  # noqa: E402
 from cantrip.loom import Loom, Turn  # noqa: E402
 from cantrip.loom._stores import _json  # noqa: E402
 

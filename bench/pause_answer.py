@@ -46,7 +46,9 @@ from pause_workload import EFFECTS_TABLE  # noqa: E402
 from pg_cluster import fresh_database, postgres_cluster  # noqa: E402
 
 from cantrip._approval import Decision  # noqa: E402
-from cantrip.distributed._worker import Dispatcher, Worker, spell_from_factory  # noqa: E402
+from cantrip.distributed._dispatcher import Dispatcher  # noqa: E402
+from cantrip.distributed._spells import spell_from_factory  # noqa: E402
+from cantrip.distributed._worker import Worker  # noqa: E402
 
 
 def _ms(values: list[float]) -> str:

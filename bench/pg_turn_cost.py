@@ -291,7 +291,7 @@ def measure(server: str, entities: int, latency_ms: int, concurrency: int) -> No
     from pg_cluster import fresh_database
 
     from cantrip.distributed._queue import WorkQueue
-    from cantrip.distributed._worker import spell_from_factory
+    from cantrip.distributed._spells import spell_from_factory
     from cantrip.loom import Loom
     from cantrip.loom._postgres import PostgresStore
 

@@ -47,7 +47,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from pg_cluster import fresh_database, postgres_cluster  # noqa: E402
 from serve_db_llm import KEY  # noqa: E402
 
-from cantrip.distributed._worker import Dispatcher, spell_from_spec  # noqa: E402
+from cantrip.distributed._dispatcher import Dispatcher  # noqa: E402
+from cantrip.distributed._spells import spell_from_spec  # noqa: E402
 
 SPEC = """
 [llm]

@@ -440,7 +440,7 @@ async def test_a_fault_after_run_started_at_a_replica_ends_with_run_error_and_a_
     """The replica's app in this process (on the stack's database, beside its worker),
     with a fault injected into the one event mapping: the worker's first recorded turn
     cannot be told, and the run ends with RUN_ERROR and one log line."""
-    from cantrip.distributed._worker import build_spell, spell_from_spec
+    from cantrip.distributed._spells import build_spell, spell_from_spec
     from cantrip.loom._loom import Loom
     from cantrip.protocols._db_http import serve_http_db
 

@@ -472,7 +472,7 @@ async def test_a_result_rebuilt_from_postgres_counts_the_whole_tree(pg_url: str)
 
 async def test_a_workers_outcome_reports_the_tree_cost() -> None:
     """What ``cast --db --json`` prints for a cast a worker ran."""
-    from cantrip.distributed._worker import outcome_of
+    from cantrip.distributed._outcome import outcome_of
 
     live = await delegating_spell(cantrip.Loom()).cast_async("delegate")
     assert outcome_of(live)["cost_usd"] == pytest.approx(0.004)

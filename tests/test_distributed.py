@@ -24,8 +24,10 @@ import trio
 from distributed_workload import EFFECTS_TABLE, TAKEN_OVER
 
 import cantrip
+from cantrip.distributed._dispatcher import Dispatcher
 from cantrip.distributed._queue import WorkQueue
-from cantrip.distributed._worker import Dispatcher, Worker, spell_from_factory
+from cantrip.distributed._spells import spell_from_factory
+from cantrip.distributed._worker import Worker
 from cantrip.loom import Loom
 from cantrip.loom._fence import Fence, LeaseLostError
 from cantrip.loom._model import EntityRecord, Turn

@@ -28,8 +28,10 @@ import trio
 from pause_workload import EFFECTS_TABLE
 
 from cantrip import Decision, PauseError
+from cantrip.distributed._dispatcher import Dispatcher
 from cantrip.distributed._queue import WorkQueue
-from cantrip.distributed._worker import Dispatcher, Worker, build_spell, spell_from_factory
+from cantrip.distributed._spells import build_spell, spell_from_factory
+from cantrip.distributed._worker import Worker
 from cantrip.loom import Loom
 
 TESTS = Path(__file__).resolve().parent

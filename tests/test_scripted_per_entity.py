@@ -157,7 +157,9 @@ def test_invoke_answers_every_line(tmp_path: Path) -> None:
 
 
 def test_a_worker_runs_several_casts_of_the_example(pg_url: str, tmp_path: Path) -> None:
-    from cantrip.distributed._worker import Dispatcher, Worker, spell_from_spec
+    from cantrip.distributed._dispatcher import Dispatcher
+    from cantrip.distributed._spells import spell_from_spec
+    from cantrip.distributed._worker import Worker
 
     spell = spell_from_spec(hello_copy(tmp_path))
 

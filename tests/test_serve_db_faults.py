@@ -29,7 +29,8 @@ from distributed_workload import EFFECTS_TABLE, TAKEN_OVER
 from pg_cluster import fresh_database, postgres_cluster, start_cluster, stop_cluster
 from test_serve_db import Stack, open_stack
 
-from cantrip.distributed._worker import Dispatcher, spell_from_factory
+from cantrip.distributed._dispatcher import Dispatcher
+from cantrip.distributed._spells import spell_from_factory
 
 WORKLOAD = spell_from_factory("distributed_workload:build")
 
@@ -185,7 +186,8 @@ async def test_a_dead_lettered_prompt_is_reported_by_the_replica_and_cast_db(
     """Work dead-lettered while its clients wait (here by the statement a worker's claim
     runs, once the item's last allowed attempt has run out) is reported to each of them:
     the replica answers 500 ``cast_dead_lettered``, ``cast --db`` prints why and exits 1."""
-    from cantrip.distributed._queue import _REAP, WORK_CHANNEL
+    from cantrip.distributed._queue import _REAP
+    from cantrip.distributed._work import WORK_CHANNEL
 
     url = fresh_database(pg_server, "dead_letter")
     with open_stack(url, tmp_path, workers=0, replicas=1) as stack:

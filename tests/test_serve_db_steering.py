@@ -505,7 +505,8 @@ def test_a_version_3_database_is_brought_to_version_4_in_place(pg_url: str) -> N
 def test_an_interrupt_reaches_a_worker_that_missed_its_notification(pg_url: str) -> None:
     """The heartbeat -- the fallback of NOTIFY cantrip_cancel -- says why a cancel was
     asked for, so the cut is recorded ``interrupted`` either way."""
-    from cantrip.distributed._queue import WorkQueue, cancel_on, heartbeat_on
+    from cantrip.distributed._queue import WorkQueue, heartbeat_on
+    from cantrip.distributed._work import cancel_on
     from cantrip.loom._postgres import PostgresStore
 
     store = PostgresStore(pg_url, max_connections=2)

@@ -35,8 +35,9 @@ from distributed_workload import CountingLLM
 from test_worker_faults import effects_db, procs, spawn_worker  # noqa: F401 -- fixtures
 
 import cantrip
+from cantrip.distributed._dispatcher import Dispatcher
 from cantrip.distributed._queue import WorkQueue
-from cantrip.distributed._worker import Dispatcher, spell_from_factory
+from cantrip.distributed._spells import spell_from_factory
 from cantrip.loom import Loom
 from cantrip.loom._postgres import PostgresStore
 from gates import done

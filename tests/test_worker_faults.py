@@ -26,7 +26,8 @@ import psycopg
 import pytest
 from distributed_workload import EFFECTS_TABLE
 
-from cantrip.distributed._worker import Dispatcher, spell_from_factory
+from cantrip.distributed._dispatcher import Dispatcher
+from cantrip.distributed._spells import spell_from_factory
 from cantrip.loom import Loom
 
 TESTS = Path(__file__).resolve().parent

@@ -19,9 +19,13 @@ import pytest
 import trio
 from distributed_workload import EFFECTS_TABLE
 
+import cantrip.distributed._leases
 import cantrip.distributed._worker
-from cantrip.distributed._queue import Claim, WorkQueue
-from cantrip.distributed._worker import Dispatcher, Worker, spell_from_factory
+from cantrip.distributed._dispatcher import Dispatcher
+from cantrip.distributed._queue import WorkQueue
+from cantrip.distributed._spells import spell_from_factory
+from cantrip.distributed._work import Claim
+from cantrip.distributed._worker import Worker
 from cantrip.loom import Loom
 from cantrip.loom._fence import Fence
 
@@ -43,7 +47,7 @@ async def test_a_lease_given_up_by_finish_is_never_reported_lost(
 ) -> None:
     finished = threading.Event()
 
-    real_heartbeat = cantrip.distributed._worker.heartbeat_on
+    real_heartbeat = cantrip.distributed._leases.heartbeat_on
     beats: list[int] = []
     monkeypatch.setenv("WORKLOAD_LATENCY_MS", "150")  # the cast outlasts the first heartbeat
 
@@ -62,7 +66,7 @@ async def test_a_lease_given_up_by_finish_is_never_reported_lost(
                 finished.set()
 
     monkeypatch.setattr(cantrip.distributed._worker, "WorkQueue", LateFinish)
-    monkeypatch.setattr(cantrip.distributed._worker, "heartbeat_on", late_heartbeat)
+    monkeypatch.setattr(cantrip.distributed._leases, "heartbeat_on", late_heartbeat)
     dispatcher = await trio.to_thread.run_sync(Dispatcher, effects_db)
     with caplog.at_level(logging.INFO, logger="cantrip.worker"):
         async with trio.open_nursery() as nursery:

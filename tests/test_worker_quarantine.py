@@ -29,8 +29,11 @@ import pytest
 import trio
 from test_worker_faults import effects_db, procs, spawn_worker  # noqa: F401 -- fixtures
 
-from cantrip.distributed._queue import Claim, WorkQueue
-from cantrip.distributed._worker import Dispatcher, Worker, spell_from_factory
+from cantrip.distributed._dispatcher import Dispatcher
+from cantrip.distributed._queue import WorkQueue
+from cantrip.distributed._spells import spell_from_factory
+from cantrip.distributed._work import Claim
+from cantrip.distributed._worker import Worker
 from cantrip.loom import Loom
 from cantrip.loom._postgres import PostgresStore
 

@@ -110,7 +110,7 @@ def run_worker(args: argparse.Namespace) -> int:
 def _list_dead_letters(url: str) -> int:
     """``cantrip worker --db URL --dead-letters``: the casts no worker could finish within
     the attempt limit, one JSON object a line (redacted), oldest first."""
-    from cantrip.distributed._worker import Dispatcher
+    from cantrip.distributed._dispatcher import Dispatcher
 
     try:
         dispatcher = Dispatcher(url)
@@ -129,7 +129,8 @@ def cast_on_db(args: argparse.Namespace) -> int:
     _quiet_pool_log()
     from cantrip._spec_secrets import check_queued_spell
     from cantrip._text import require_intent
-    from cantrip.distributed._worker import Dispatcher, spell_from_spec
+    from cantrip.distributed._dispatcher import Dispatcher
+    from cantrip.distributed._spells import spell_from_spec
 
     intent = args.intent if args.intent is not None else sys.stdin.read().strip()
     require_intent(intent)
@@ -203,7 +204,7 @@ def answer_on_db(args: argparse.Namespace) -> int:
     for a worker to carry the answer out, print the cast's result like ``cast --db``."""
     _quiet_pool_log()
     from cantrip._approval import Decision, PauseError
-    from cantrip.distributed._worker import Dispatcher
+    from cantrip.distributed._dispatcher import Dispatcher
 
     if args.answer is not None:
         decision = Decision.answer(args.answer)
@@ -290,7 +291,7 @@ def serve_on_db(
     _quiet_pool_log()
     from cantrip._spec_secrets import check_queued_spell
     from cantrip.cli._serve import serve_until_signal
-    from cantrip.distributed._worker import build_spell, spell_from_spec
+    from cantrip.distributed._spells import build_spell, spell_from_spec
     from cantrip.loom._loom import Loom
     from cantrip.protocols._db_http import serve_http_db
 

@@ -8,6 +8,7 @@ because it imports the spec loader and the built-in gates, which import the root
 from __future__ import annotations
 
 from cantrip._approval import Decision, Pause, PauseError
-from cantrip.distributed._worker import Dispatcher, spell_from_factory, spell_from_spec
+from cantrip.distributed._dispatcher import Dispatcher
+from cantrip.distributed._spells import spell_from_factory, spell_from_spec
 
 __all__ = ["Decision", "Dispatcher", "Pause", "PauseError", "spell_from_factory", "spell_from_spec"]

@@ -4,7 +4,7 @@ A PostgreSQL restart (a deploy, a failover) breaks every connection of every wor
 replica and client. None of them gives up on it: each retries with a growing,
 jittered delay, says once that the database went away and once that it is back, and
 goes on. :class:`Outage` is that bookkeeping, shared by the blocking clients
-(:class:`~cantrip.distributed._worker.Dispatcher`) and the trio loops of the worker.
+(:class:`~cantrip.distributed._dispatcher.Dispatcher`) and the trio loops of the worker.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from cantrip._redact import redact
 
@@ -30,6 +32,38 @@ def is_connection_error(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return any(is_connection_error(e) for e in exc.exceptions)
     return isinstance(exc, psycopg.OperationalError)
+
+
+class Away:
+    """What :func:`database_away` saw: the connection error it absorbed, if any."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self) -> None:
+        self.exc: Exception | None = None
+
+
+@contextmanager
+def database_away() -> Iterator[Away]:
+    """The one check for "the database went away": the block's connection error (see
+    :func:`is_connection_error`) is absorbed into the yielded :class:`Away` for the
+    caller to wait out; any other error goes on up, untouched. Every retry loop of the
+    worker and the dispatcher uses it, so what counts as an outage is decided here.
+
+    ::
+
+        with database_away() as away:
+            rows = fetch()
+        if away.exc is not None:
+            ...  # back off, try again
+    """
+    away = Away()
+    try:
+        yield away
+    except Exception as exc:
+        if not is_connection_error(exc):
+            raise
+        away.exc = exc
 
 
 def describe(exc: BaseException) -> str:

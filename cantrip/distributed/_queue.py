@@ -35,56 +35,37 @@ The standard Postgres queue pattern and nothing of our own beyond it:
   to the cast (``serve --db``'s ``/messages``).
 
 Every method is blocking (psycopg); the worker calls them via ``trio.to_thread``.
+
+This module holds the claim, reap and heartbeat statements and :class:`WorkQueue`;
+the names every side shares and the statements a front end runs in its own
+transaction (enqueue, cancel, steer) are in :mod:`~cantrip.distributed._work`, the
+pauses and their answers in :mod:`~cantrip.distributed._pauses`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
-import attrs
 import orjson
 
-from cantrip._approval import Decision, Pause, PauseError, check_decision
 from cantrip._redact import redact_value
-from cantrip._spec_secrets import check_queued_spell
+from cantrip.distributed._pauses import Answered, answer_on, live_pending_on, pending_on
+from cantrip.distributed._work import (
+    ANSWER_KEY,
+    DEAD,
+    ENDED,
+    MAX_ATTEMPTS,
+    PAUSED,
+    QUARANTINE_AFTER,
+    WORK_CHANNEL,
+    Claim,
+    cancel_on,
+    enqueue_on,
+    messages_on,
+)
 from cantrip.loom._fence import Fence
 from cantrip.loom._postgres import PostgresStore
-
-WORK_CHANNEL = "cantrip_work"
-CANCEL_CHANNEL = "cantrip_cancel"
-STEER_CHANNEL = "cantrip_steer"
-"""Notified (payload: the entity id) when a message for an entity's running cast arrives."""
-
-DEAD = "dead"
-"""The end state of work no worker could finish within the attempt limit (a
-dead letter: :meth:`WorkQueue.dead_letters` lists them)."""
-MAX_ATTEMPTS = 5
-"""Attempts of one work item before it is dead-lettered (``cantrip worker --max-attempts``):
-every claim costs one, except a claim of a cast whose worker died holding other casts
-too (a bystander's recovery is free; see :data:`_REAP`)."""
-QUARANTINE_AFTER = 2
-"""The crash (a worker dying while holding the cast beside others) from which a cast is
-run in quarantine -- alone on its worker -- until it records a turn. The first crash
-does not quarantine: a one-off kill (a deploy, the OOM killer, a lost machine) is
-recovered at full speed; a cast in a second crash is likely near what kills workers."""
-
-PAUSED = "paused"
-"""The end state of work whose cast paused for a human: its outcome lists the
-``pending`` calls; the lease is released and no worker holds the entity."""
-ENDED = frozenset({"done", "failed", "cancelled", PAUSED, DEAD})
-"""States a work item does not leave (a paused item's answer is new work)."""
-ANSWER_KEY = "answer"
-"""The spell key of work that carries out a human's answer to a pause."""
-REWIND_KEY = "rewind"
-"""The spell key of a prompt that continues from an earlier turn (double-texting's
-``rollback``): ``{"to": <turn id, or None for the beginning>}``."""
-INTERRUPTED = "interrupted"
-"""The cancel reason of a prompt a newer one displaced (``interrupt``, ``rollback``)."""
-_OPEN = "state IN ('queued', 'running')"
-ENTITY_LOCK = 0x70726F6D
-"""The advisory-lock class of one entity's prompts and answers (``serve --db``)."""
 
 _CLAIM = """
 SELECT w.id, w.entity_id, w.intent, w.spell, w.state, w.attempts, w.spare, w.suspect,
@@ -277,143 +258,6 @@ def heartbeat_on(
         },
     ).fetchall()
     return {str(entity): None if skipped else (cancel or "") for entity, skipped, cancel in rows}
-
-
-def enqueue_on(conn: Any, spell: dict[str, Any], intent: str, entity_id: str) -> int:
-    """Queue work on ``conn`` (a psycopg connection) in one statement (insert and NOTIFY),
-    inside the caller's transaction if one is open: ``cantrip serve --db`` records a
-    prompt's idempotency key in the same commit. A spell that holds a literal credential
-    (an MCP server's ``env``/``headers``, an A2A agent's ``headers``) is refused before
-    anything is written (:func:`cantrip._spec_secrets.check_queued_spell`)."""
-    check_queued_spell(spell)
-    row = conn.execute(
-        "WITH queued AS (INSERT INTO cantrip_work (entity_id, intent, spell) "
-        "VALUES (%(entity)s, %(intent)s, %(spell)s) RETURNING id) "
-        "SELECT id, pg_notify(%(channel)s, %(entity)s) FROM queued",
-        {
-            "entity": entity_id,
-            "intent": intent,
-            "spell": json.dumps(spell),
-            "channel": WORK_CHANNEL,
-        },
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def cancel_on(
-    conn: Any, entity_id: str, *, work_id: int | None = None, reason: str = "cancelled"
-) -> int:
-    """:meth:`WorkQueue.cancel` inside the caller's transaction on ``conn``: the entity's
-    open work, or only ``work_id``; ``reason`` is how the cut-off cast is recorded."""
-    where = "entity_id = %(entity)s AND (%(work)s::bigint IS NULL OR id = %(work)s)"
-    params = {"entity": entity_id, "work": work_id, "reason": reason}
-    queued = conn.execute(
-        "UPDATE cantrip_work SET state = 'cancelled', finished_at = clock_timestamp(), "
-        "result = json_build_object('reason', %(reason)s::text)::text "
-        f"WHERE {where} AND state = 'queued' AND attempts = 0",
-        params,
-    ).rowcount
-    running = conn.execute(
-        "UPDATE cantrip_work SET cancel_requested = true, cancel_reason = %(reason)s "
-        f"WHERE {where} AND state IN ('queued', 'running')",
-        params,
-    ).rowcount
-    conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, cancel_payload(entity_id, reason)))
-    return int(queued) + int(running)
-
-
-def cancel_payload(entity_id: str, reason: str) -> str:
-    """A ``cantrip_cancel`` notification: the entity id, then the reason if it is not
-    plain ``cancelled`` (entity ids hold no space)."""
-    return entity_id if reason == "cancelled" else f"{entity_id} {reason}"
-
-
-def parse_cancel(payload: str) -> tuple[str, str]:
-    """(entity id, reason) of a ``cantrip_cancel`` notification."""
-    entity_id, _, reason = payload.partition(" ")
-    return entity_id, reason or "cancelled"
-
-
-def steer_on(
-    conn: Any, entity_id: str, text: str, admit: Callable[[int, int], None] | None = None
-) -> int | None:
-    """Add a message for the entity's running prompt (its oldest open work item) inside
-    the caller's transaction; that work's id, or None if no work is open.
-
-    The work row is locked (``FOR UPDATE``) while the message is added, so a message and
-    the work's end are ordered: the worker's ``finish`` waits for this transaction, or
-    this finds the work ended (and adds nothing). A waiter that reads the work's result
-    after it ended therefore sees every message ever accepted for it -- and messages of
-    one work item commit in id order. ``admit`` is given, under that lock, how many
-    messages the work has taken and their bytes (UTF-8); it raises to refuse this one
-    (nothing is added), so concurrent senders cannot pass a bound it keeps."""
-    while True:
-        row = conn.execute(
-            f"SELECT id FROM cantrip_work WHERE entity_id = %s AND {_OPEN} "
-            "ORDER BY id LIMIT 1 FOR UPDATE",
-            (entity_id,),
-        ).fetchone()
-        if row is not None:
-            break
-        # the row found ended while we waited for its lock: is another open (queued)?
-        more = conn.execute(
-            f"SELECT 1 FROM cantrip_work WHERE entity_id = %s AND {_OPEN} LIMIT 1", (entity_id,)
-        ).fetchone()
-        if more is None:
-            return None
-    if admit is not None:
-        sent, size = conn.execute(
-            "SELECT count(*), coalesce(sum(octet_length(text)), 0) FROM cantrip_messages "
-            "WHERE work_id = %s",
-            (row[0],),
-        ).fetchone()
-        admit(int(sent), int(size))
-    conn.execute(
-        "INSERT INTO cantrip_messages (entity_id, work_id, text) VALUES (%s, %s, %s)",
-        (entity_id, row[0], text),
-    )
-    conn.execute("SELECT pg_notify(%s, %s)", (STEER_CHANNEL, entity_id))
-    return int(row[0])
-
-
-def messages_on(conn: Any, work_id: int, after: int = 0) -> list[tuple[int, str]]:
-    """(id, text) of the messages sent to ``work_id`` with an id above ``after``, in order."""
-    rows = conn.execute(
-        "SELECT id, text FROM cantrip_messages WHERE work_id = %s AND id > %s ORDER BY id",
-        (work_id, after),
-    ).fetchall()
-    return [(int(i), str(t)) for i, t in rows]
-
-
-@attrs.frozen
-class Claim:
-    """A work item this worker now owns, under ``fence``."""
-
-    work_id: int
-    entity_id: str
-    intent: str
-    spell: dict[str, Any]
-    fence: Fence
-    attempt: int
-    """The attempts this work item has cost: 1 on the first claim, one more for each
-    claim after a run that stopped without an outcome -- except after a worker died
-    holding it beside other casts (a bystander's recovery is free)."""
-    base_turn: str | None
-    """The entity's latest turn before this cast began (None: none, or not yet known)."""
-    claim_latency_s: float
-    """From enqueue to this claim (the queue's own clock)."""
-    resumed: bool = False
-    """An earlier claim ran it and stopped without an outcome: the loom and the gate
-    journal may hold part of the cast."""
-    quarantined: bool = False
-    """A suspect (in a crash of a worker that held it among others): this worker runs
-    it alone until it records a turn (:meth:`WorkQueue.cleared`) -- or, if it was cleared
-    once already (``paroled``), until it ends."""
-    paroled: bool = False
-    """Cleared once before, then in a crash again: no second parole -- a cast that kills
-    its worker a turn after each resume (its killing call journaled as started, its turn
-    then recorded with that call's outcome unknown) must not walk free every time."""
 
 
 class WorkQueue:
@@ -695,166 +539,3 @@ class WorkQueue:
                 "SELECT cancel_requested FROM cantrip_work WHERE id = %s", (work_id,)
             ).fetchone()
         return bool(row and row[0])
-
-
-@attrs.frozen
-class PausedWork:
-    """An entity's latest work item when it ended paused and nobody answered it yet."""
-
-    work_id: int
-    intent: str
-    spell: str
-    outcome: dict[str, Any]
-
-    @property
-    def pending(self) -> list[dict[str, Any]]:
-        return list(self.outcome.get("pending") or [])
-
-
-def pending_on(conn: Any, entity_id: str) -> PausedWork | None:
-    """The entity's paused, unanswered work (its latest work item), or None."""
-    row = conn.execute(
-        "SELECT id, state, result, intent, spell FROM cantrip_work WHERE entity_id = %s "
-        "ORDER BY id DESC LIMIT 1",
-        (entity_id,),
-    ).fetchone()
-    if row is None or row[1] != PAUSED or not row[2]:
-        return None
-    outcome = json.loads(row[2])
-    if outcome.get("answered") is not None:
-        return None
-    return PausedWork(int(row[0]), row[3], row[4], outcome)
-
-
-def answer_on(conn: Any, entity_id: str, pause_id: str, decision: dict[str, Any]) -> Answered:
-    """:meth:`WorkQueue.answer` inside the caller's transaction: under the entity's
-    advisory lock, the paused work's outcome is marked answered (an answer to a pause
-    that is not waiting -- answered already, here or at another replica -- or of the
-    wrong kind is a :class:`~cantrip.PauseError`) and work that carries the answer out
-    is queued with the paused work's spell and intent. A pause the entity's running tree
-    waits on in place (a child's, published by its worker) is answered there instead."""
-    conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (ENTITY_LOCK, entity_id))
-    paused = pending_on(conn, entity_id)
-    waiting = [Pause.from_dict(p) for p in (paused.pending if paused else [])]
-    found = [p for p in waiting if p.pause_id == pause_id]
-    if paused is None or not found:
-        live = _answer_live(conn, entity_id, pause_id, decision)
-        if live is not None:
-            return Answered(live, live=True)
-        raise PauseError(
-            f"entity {entity_id} has no pending pause {pause_id!r} (already answered?)"
-        )
-    check_decision(found[0], Decision.parse(decision))
-    answer = {"pause_id": pause_id, "decision": decision}
-    queued = enqueue_on(conn, {**json.loads(paused.spell), ANSWER_KEY: answer}, paused.intent,
-                        entity_id)  # fmt: skip
-    answered = {**paused.outcome, "answered": {"pause_id": pause_id, "work_id": queued}}
-    conn.execute(
-        "UPDATE cantrip_work SET result = %s WHERE id = %s",
-        (json.dumps(answered), paused.work_id),
-    )
-    return Answered(queued, live=False)
-
-
-@attrs.frozen
-class Answered:
-    """Where an answer went: ``work_id`` carries it out -- new work queued for a paused
-    entity, or (``live``) the running work whose entity tree waits in place for it."""
-
-    work_id: int
-    live: bool
-
-
-# -- pauses a running entity tree waits on in place (a child's) ----------------------------
-
-_LIVE_LOCK = 0x6C697665  # "live": creating the table, once per database
-_LIVE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS cantrip_live_pauses (
-    pause_id TEXT PRIMARY KEY,
-    entity_id TEXT NOT NULL,
-    work_id BIGINT NOT NULL,
-    epoch BIGINT NOT NULL,
-    pause TEXT NOT NULL,
-    decision TEXT
-);
-CREATE INDEX IF NOT EXISTS cantrip_live_pauses_by_entity ON cantrip_live_pauses (entity_id);
-"""
-_LIVE_CURRENT = (
-    "FROM cantrip_live_pauses p JOIN cantrip_work w ON w.id = p.work_id "
-    "AND w.state = 'running' AND w.epoch = p.epoch WHERE p.entity_id = %s"
-)
-"""Live pauses of the entity's work as its current owner runs it (a dead owner's are stale)."""
-
-
-def ensure_live_pauses(conn: Any) -> None:
-    """Create ``cantrip_live_pauses`` if it is missing (a worker publishes there the
-    pauses its entities' children wait on in place; any process answers them)."""
-    exists = conn.execute("SELECT to_regclass('cantrip_live_pauses')").fetchone()
-    if exists is None or exists[0] is None:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LIVE_LOCK,))
-            conn.execute(_LIVE_SCHEMA)
-
-
-def live_pending_on(conn: Any, entity_id: str) -> list[dict[str, Any]]:
-    """The unanswered pauses ``entity_id``'s running tree waits on in place."""
-    ensure_live_pauses(conn)
-    rows = conn.execute(
-        f"SELECT p.pause {_LIVE_CURRENT} AND p.decision IS NULL ORDER BY p.pause_id",
-        (entity_id,),
-    ).fetchall()
-    return [json.loads(r[0]) for r in rows]
-
-
-def _answer_live(conn: Any, entity_id: str, pause_id: str, decision: dict[str, Any]) -> int | None:
-    """Record the answer to a pause the running tree waits on in place; its work id, or
-    None if no such pause waits (unknown, answered, or its worker died)."""
-    ensure_live_pauses(conn)
-    row = conn.execute(
-        f"SELECT p.pause, p.work_id {_LIVE_CURRENT} AND p.pause_id = %s AND p.decision IS NULL "
-        "FOR UPDATE OF p",
-        (entity_id, pause_id),
-    ).fetchone()
-    if row is None:
-        return None
-    check_decision(Pause.from_dict(json.loads(row[0])), Decision.parse(decision))
-    conn.execute(
-        "UPDATE cantrip_live_pauses SET decision = %s WHERE pause_id = %s",
-        (json.dumps(decision), pause_id),
-    )
-    conn.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, entity_id))
-    return int(row[1])
-
-
-class LivePauses:
-    """The worker's side of live pauses: publish them, collect their answers, forget them."""
-
-    def __init__(self, store: PostgresStore) -> None:
-        self.store = store
-        with store.pool.connection() as conn:
-            ensure_live_pauses(conn)
-
-    def publish(self, claim: Claim, pauses: list[dict[str, Any]]) -> None:
-        with self.store.pool.connection() as conn, conn.transaction():
-            for pause in pauses:
-                conn.execute(
-                    "INSERT INTO cantrip_live_pauses (pause_id, entity_id, work_id, epoch, pause) "
-                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    (pause["pause_id"], claim.entity_id, claim.work_id, claim.fence.epoch,
-                     json.dumps(pause)),
-                )  # fmt: skip
-            # wakes the replicas streaming the entity (``event: pause``) at commit
-            conn.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, claim.entity_id))
-
-    def answers(self, pause_ids: list[str]) -> list[tuple[str, dict[str, Any]]]:
-        with self.store.pool.connection() as conn:
-            rows = conn.execute(
-                "SELECT pause_id, decision FROM cantrip_live_pauses "
-                "WHERE pause_id = ANY(%s) AND decision IS NOT NULL",
-                (pause_ids,),
-            ).fetchall()
-        return [(r[0], json.loads(r[1])) for r in rows]
-
-    def forget(self, pause_ids: list[str]) -> None:
-        with self.store.pool.connection() as conn:
-            conn.execute("DELETE FROM cantrip_live_pauses WHERE pause_id = ANY(%s)", (pause_ids,))

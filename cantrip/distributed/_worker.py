@@ -35,104 +35,53 @@ already recorded, so each joins exactly one turn or comes back ``undelivered``. 
 prompt queued by ``rollback`` carries a rewind point: the entity is rewound there
 (``Entity.rewind``) before its cast begins.
 
-:class:`Dispatcher` is the enqueueing side (``cantrip cast --db``, the Python API).
+:class:`~cantrip.distributed._dispatcher.Dispatcher` is the enqueueing side (``cantrip
+cast --db``, the Python API).
+
+This module is the worker's claim loop, its LISTEN, and how it stops; the rest is in
+rooms of its own below it: :mod:`~cantrip.distributed._leases` (heartbeats, a lost
+lease), :mod:`~cantrip.distributed._execution` (one cast begun, resumed or carried on;
+quarantine), :mod:`~cantrip.distributed._mailbox` (steering and live pauses),
+:mod:`~cantrip.distributed._spells` and :mod:`~cantrip.distributed._outcome`, all
+sharing :class:`~cantrip.distributed._owned.Owned`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
-import json
-import math
 import os
 import socket
-import time
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import attrs
 import trio
 
-from cantrip._approval import Decision, Pause, PauseError
-from cantrip._cantrip import Cantrip
-from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
-from cantrip._entity import Entity, new_entity_id
-from cantrip._errors import CantripError, CastSuspended, LLMError
-from cantrip._gate import Gate
-from cantrip._outcome import CastResult, recorded_cast, result_dict
+from cantrip._errors import CantripError
 from cantrip._redact import get_logger
-from cantrip.distributed._outage import Outage, describe, is_connection_error
-from cantrip.distributed._queue import (
-    ANSWER_KEY,
+from cantrip.distributed._execution import Execution, watch_quarantine
+from cantrip.distributed._leases import heartbeats, lose
+from cantrip.distributed._mailbox import deliver, live_pauses
+from cantrip.distributed._outage import Outage, database_away, describe, is_connection_error
+from cantrip.distributed._outcome import (
+    lease_lost,
+    suspended,
+)
+from cantrip.distributed._owned import Owned
+from cantrip.distributed._pauses import LivePauses
+from cantrip.distributed._queue import WorkQueue
+from cantrip.distributed._work import (
     CANCEL_CHANNEL,
-    ENDED,
-    INTERRUPTED,
     MAX_ATTEMPTS,
-    PAUSED,
     QUARANTINE_AFTER,
-    REWIND_KEY,
     STEER_CHANNEL,
     WORK_CHANNEL,
     Claim,
-    LivePauses,
-    WorkQueue,
-    heartbeat_on,
     parse_cancel,
 )
-from cantrip.loom._fence import LeaseLostError
 from cantrip.loom._loom import Loom
-from cantrip.loom._model import Turn
-from cantrip.loom._postgres import PostgresStore, lease_lost_message
+from cantrip.loom._postgres import PostgresStore
 
 log = get_logger("cantrip.worker")
-dispatch_log = get_logger("cantrip.dispatcher")
-T = TypeVar("T")
-
-QUARANTINE_TICK_S = 0.05
-"""How often a worker running a suspect alone looks whether it recorded a turn (its
-entity's leaf, in memory): the worker claims nothing else until then."""
-LIVE_TICK_S = 0.25
-"""How often a worker looks for pauses its entities' children wait on in place (in
-memory; while one is published, the database is asked for its answer when NOTIFY
-says so, and every ``poll_s`` in case a notification was missed)."""
-
-
-def spell_from_factory(path: str) -> dict[str, Any]:
-    """A spell the workers build by calling ``module:function`` (it returns a Cantrip)."""
-    if ":" not in path:
-        raise CantripError(f"a cantrip factory is 'module:function', not {path!r}")
-    return {"factory": path}
-
-
-def spell_from_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A spell the workers build from a spec file's contents (its folder anchors paths)."""
-    import tomllib
-
-    file = Path(path).resolve()
-    try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise CantripError(f"cannot read spec file {path}: {exc}") from None
-    data.pop("loom", None)  # the workers' loom is the database
-    return {"spec": data, "base_dir": str(file.parent)}
-
-
-def build_spell(spell: Mapping[str, Any], loom: Loom) -> Cantrip:
-    """The cantrip a queued spell describes, recording into ``loom``."""
-    if "factory" in spell:
-        module, _, name = str(spell["factory"]).partition(":")
-        factory = getattr(importlib.import_module(module), name)
-        built = factory()
-        if not isinstance(built, Cantrip):
-            raise CantripError(f"{spell['factory']} returned {type(built).__name__}, not a Cantrip")
-        return built.with_(loom=loom)
-    from cantrip._specfile import build_cantrip, parse_spec
-
-    doc = parse_spec(spell["spec"], source="queued spec")
-    base = spell.get("base_dir")
-    return build_cantrip(doc, base_dir=Path(base) if base else None, loom=loom)
 
 
 DRAIN_S = 30.0
@@ -140,87 +89,6 @@ DRAIN_S = 30.0
 before the rest are cut off and handed back (``cantrip worker --drain-s``)."""
 HANDED_BACK = "handed back at shutdown"
 """Why the loom refuses a cut-off run's writes: its lease is being handed back."""
-
-UNCLAIMED_AFTER_S = 3.0
-"""How long queued work may wait before ``cast --db`` says no worker has taken it."""
-
-
-def outcome_of(result: CastResult) -> dict[str, Any]:
-    """What ``cantrip_work`` stores for a cast that ended: the one JSON shape every front
-    end reports (:func:`cantrip._outcome.result_dict`, redacted; its cost the whole
-    tree's, as every result reports it)."""
-    return result_dict(result)
-
-
-def failure_outcome(entity_id: str, exc: BaseException) -> dict[str, Any]:
-    """The recorded outcome of a cast that failed: its error in one redacted line."""
-    return {"error": describe(exc), "entity_id": entity_id}
-
-
-def _lease_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` (or any exception grouped in it) is a refused write: lease lost."""
-    return _holds(exc, LeaseLostError)
-
-
-def _suspended(exc: BaseException) -> bool:
-    """Whether ``exc`` (or any exception grouped in it) is a cast stopped between turns."""
-    return _holds(exc, CastSuspended)
-
-
-def _holds(exc: BaseException, kind: type[BaseException]) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return any(_holds(e, kind) for e in exc.exceptions)
-    return isinstance(exc, kind)
-
-
-def _state_of(result: CastResult) -> str:
-    """The work item's end state for a cast's result (``paused``: waits for an answer)."""
-    if result.reason in ("cancelled", INTERRUPTED):
-        return "cancelled"
-    return PAUSED if result.pending else "done"
-
-
-@attrs.define
-class _Owned:
-    """An entity this worker runs now."""
-
-    claim: Claim
-    run: trio.CancelScope
-    """The run's scope; its deadline is the lease's local deadline (moved by each
-    renewal): a lease that runs out stops the run here, whatever the heartbeat is doing."""
-    entity: Entity | None = None
-    cancelled: bool = False
-    releasing: bool = False
-    """Set just before ``finish`` releases the lease: from then on a heartbeat that finds
-    the lease gone is not a loss (finish itself reports a lease lost before it)."""
-    lost: str | None = None
-    """Why the lease is gone (said once, by whoever found out first)."""
-    poke: trio.Event = attrs.Factory(trio.Event)
-    """Set when NOTIFY says something about this entity (an answer to a live pause)."""
-    cancel_reason: str = "cancelled"
-    mail: trio.Event = attrs.Factory(trio.Event)
-    """Set when NOTIFY says a message for this entity's cast arrived."""
-    casting: trio.Event = attrs.Factory(trio.Event)
-    """Set as the cast is about to begin (``delivered`` is known then)."""
-    delivered: int = 0
-    """Messages to this work that the loom already shows joined a turn (an earlier
-    attempt's): the first ``delivered`` are not handed to the cast again."""
-    began: str | None = None
-    """The entity's latest turn as the cast began (a turn after it: the cast got on)."""
-    quarantine: trio.Event | None = None
-    """Set (by :meth:`Worker._innocent`) once this suspect cast, run alone, recorded
-    a turn or ended: the worker claims other work again."""
-    handing_back: bool = False
-    """The worker is stopping: the cast stops at its next turn boundary (or sooner, if
-    ``cut``) and the lease is handed back, unless the cast ends first."""
-    cut: bool = False
-    """Cut off now (a second signal, or the grace period's end): the lease is given up
-    here first, so nothing more of the run is recorded."""
-
-    def cancel(self, reason: str = "cancelled") -> None:
-        self.cancelled, self.cancel_reason = True, reason
-        if self.entity is not None:
-            self.entity.cancel(reason)
 
 
 class Worker:
@@ -251,10 +119,9 @@ class Worker:
         self.max_attempts = max_attempts
         self.quarantine_after = quarantine_after
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
-        self._owned: dict[str, _Owned] = {}
+        self._owned: dict[str, Owned] = {}
         """Entities whose run has not ended here (each is never claimed again until it has)."""
         self._wake = trio.Event()
-        self._spells: dict[str, Cantrip] = {}
         self._quarantine: trio.Event | None = None
         """Set while a suspect cast runs here alone: nothing else is claimed until it
         records a turn or ends (then the event is set)."""
@@ -272,10 +139,20 @@ class Worker:
         self.loom = Loom(store)
         self.queue = WorkQueue(store)
         self._live = await trio.to_thread.run_sync(LivePauses, store)
+        self._execution = Execution(self.loom)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._listen)
-                nursery.start_soon(self._heartbeats)
+                nursery.start_soon(
+                    functools.partial(
+                        heartbeats,
+                        self._owned,
+                        url=self.url,
+                        worker_id=self.worker_id,
+                        lease_s=self.lease_s,
+                        loom=self.loom,
+                    )
+                )
                 task_status.started(self.worker_id)
                 async with trio.open_nursery() as runs:
                     with self._claiming:
@@ -296,15 +173,12 @@ class Worker:
             if self._quarantine is not None:  # a suspect runs here alone
                 await self._quarantine.wait()
             slots = await _take_free(free)
-            try:
-                with trio.CancelScope(shield=True):
-                    claimed = await self._claim_some(runs, store, free, slots)
-            except Exception as exc:
-                if not is_connection_error(exc):
-                    raise
+            with database_away() as away, trio.CancelScope(shield=True):
+                claimed = await self._claim_some(runs, store, free, slots)
+            if away.exc is not None:
                 for _ in range(slots):
                     free.release()
-                await self._wait_out(outage, exc)
+                await self._wait_out(outage, away.exc)
                 continue
             outage.ok()
             if claimed < slots:  # the queue is drained (for now)
@@ -344,7 +218,7 @@ class Worker:
             free.release()
         for claimed in claims:
             until = sent + self.lease_s  # never after the database's expiry
-            owned = _Owned(claimed, trio.CancelScope(deadline=until))
+            owned = Owned(claimed, trio.CancelScope(deadline=until))
             if claimed.quarantined:  # (then it is the only claim)
                 owned.quarantine = self._quarantine = trio.Event()
                 log.warning(
@@ -421,12 +295,10 @@ class Worker:
         outage = Outage("worker LISTEN", log)
         limiter = trio.CapacityLimiter(1)
         while True:
-            try:
+            with database_away() as away:
                 await self._listen_once(limiter, outage, task_status)
-            except Exception as exc:
-                if not is_connection_error(exc):
-                    raise
-                delay = outage.failed(exc)
+            if away.exc is not None:
+                delay = outage.failed(away.exc)
                 task_status = trio.TASK_STATUS_IGNORED
                 await trio.sleep(delay)
 
@@ -476,92 +348,25 @@ class Worker:
 
     # -- leases ----------------------------------------------------------------------
 
-    async def _heartbeats(self) -> None:
-        """Renew every lease this worker holds, every third of the lease, in one statement
-        on a connection of its own -- never queued behind the loom's writes. A renewal
-        moves each run's local deadline to when it was *sent* plus the lease; a lease
-        the database no longer holds stops its run at once; one that cannot be renewed
-        (the database is away) stops its run at its deadline."""
-        import psycopg
-
-        limiter = trio.CapacityLimiter(1)
-        outage = Outage("worker heartbeat", log)
-        conn: psycopg.Connection[Any] | None = None
-        try:
-            while True:
-                await trio.sleep(self.lease_s / 3)
-                owned = [o for o in self._owned.values() if not o.releasing and o.lost is None]
-                if not owned:
-                    continue
-                sent = trio.current_time()
-                try:
-                    if conn is None:
-                        conn = await trio.to_thread.run_sync(
-                            lambda: psycopg.connect(self.url, autocommit=True, connect_timeout=5),
-                            limiter=limiter,
-                        )
-                    renewed = await trio.to_thread.run_sync(
-                        heartbeat_on,
-                        conn,
-                        self.worker_id,
-                        [o.claim.fence for o in owned],
-                        self.lease_s,
-                        limiter=limiter,
-                    )
-                except Exception as exc:
-                    if not is_connection_error(exc):
-                        raise
-                    outage.failed(exc)  # the next tick tries again; deadlines stop the runs
-                    if conn is not None:
-                        bad, conn = conn, None
-                        await trio.to_thread.run_sync(bad.close, limiter=limiter)
-                    continue
-                outage.ok()
-                for o in owned:
-                    if self._owned.get(o.claim.entity_id) is not o or o.run.cancel_called:
-                        continue  # ended, or being stopped, while the beat was out
-                    if o.claim.entity_id in renewed:
-                        cancel = renewed[o.claim.entity_id]
-                        if cancel is None:  # a write held the row: renewed next beat
-                            continue
-                        until = sent + self.lease_s
-                        o.run.deadline = max(o.run.deadline, until)
-                        self.loom.renew(o.claim.fence.lease_entity, until)
-                        if cancel and not o.cancelled:
-                            o.cancel(cancel)  # the poll fallback of NOTIFY cantrip_cancel
-                    elif not o.releasing:  # given up on purpose by finish is not lost
-                        self._lose(o, lease_lost_message(o.claim.fence))
-        finally:
-            if conn is not None:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(conn.close)
-
-    def _lose(self, owned: _Owned, why: str) -> None:
-        """The lease is gone: refuse the run's writes here and stop it (said once)."""
-        if owned.lost is None:
-            owned.lost = why
-            log.warning("%s: lease lost; stopping it here", owned.claim.entity_id)
-        self.loom.lose(owned.claim.fence, why)
-        owned.run.cancel()
-
     # -- one entity --------------------------------------------------------------
 
-    async def _own(self, owned: _Owned, free: trio.Semaphore) -> None:
+    async def _own(self, owned: Owned, free: trio.Semaphore) -> None:
         """Run one claimed item, then record its outcome; whatever stops it -- a lease
         that ran out, a lost connection, an error of its own -- stops it alone."""
         claim = owned.claim
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
         try:
             ended: tuple[str, dict[str, Any]] | None = None
             try:
                 async with trio.open_nursery() as nursery:
-                    if self._asks_humans(claim):
-                        nursery.start_soon(self._live_pauses, owned)
-                    nursery.start_soon(self._deliver, owned)
+                    if self._execution.asks_humans(claim):
+                        nursery.start_soon(live_pauses, owned, self._live, limiter, self.poll_s)
+                    nursery.start_soon(deliver, owned, self.queue, limiter, self.poll_s)
                     if owned.quarantine is not None and not claim.paroled:
                         nursery.start_soon(self._watch_quarantine, owned)
                     try:
                         with owned.run:
-                            ended = await self._execute(owned)
+                            ended = await self._execution.execute(owned)
                     finally:
                         nursery.cancel_scope.cancel()
                 if ended is not None:
@@ -569,10 +374,10 @@ class Worker:
                 elif owned.cut:  # the run's scope stopped it: cut off to be handed back
                     await self._hand_back(owned)
                 else:  # the run's scope stopped it: the lease ran out here
-                    self._lose(owned, "the lease ran out here before it was renewed")
+                    lose(owned, self.loom, "the lease ran out here before it was renewed")
             except Exception as exc:  # noqa: BLE001 -- one cast's boundary: the worker goes on
                 if owned.handing_back and (
-                    _suspended(exc) or (owned.cut and _lease_lost(exc) and owned.lost is None)
+                    suspended(exc) or (owned.cut and lease_lost(exc) and owned.lost is None)
                 ):
                     await self._hand_back(owned)
                 else:
@@ -583,31 +388,15 @@ class Worker:
             self._innocent(owned)  # (ended: if it still ran alone, the worker goes on)
             free.release()
 
-    async def _watch_quarantine(self, owned: _Owned) -> None:
-        """A suspect cast runs here alone: once it records a turn -- it got past where
-        the worker that held it died, without killing this one -- it is innocent again
-        (recorded in the queue first, so a crash from now on is not blamed on it alone),
-        and the worker takes other work beside it."""
-        await owned.casting.wait()
-        entity = owned.entity
-        assert entity is not None
-        while entity.leaf in (owned.began, None):
-            await trio.sleep(QUARANTINE_TICK_S)
+    async def _watch_quarantine(self, owned: Owned) -> None:
+        """A suspect cast runs here alone until it records a turn (see
+        :func:`~cantrip.distributed._execution.watch_quarantine`): then it is innocent
+        again and the worker claims other work beside it."""
         limiter = self.loom.store.limiter  # type: ignore[attr-defined]
-        clear = functools.partial(self.queue.cleared, owned.claim)
-        while True:
-            try:
-                cleared = await trio.to_thread.run_sync(clear, limiter=limiter)
-                break
-            except Exception as exc:
-                if not is_connection_error(exc):
-                    raise
-                await trio.sleep(self.poll_s)  # still alone meanwhile: try again
-        if cleared:  # (else the lease is lost: the run is stopping)
-            log.info("%s: recorded a turn in quarantine; innocent again", owned.claim.entity_id)
+        if await watch_quarantine(owned, self.queue, limiter, self.poll_s):
             self._innocent(owned)
 
-    def _innocent(self, owned: _Owned) -> None:
+    def _innocent(self, owned: Owned) -> None:
         """The quarantine of ``owned`` (if it was in one) is over: claim again."""
         if owned.quarantine is None or owned.quarantine.is_set():
             return
@@ -616,14 +405,14 @@ class Worker:
             self._quarantine = None
         self._wake.set()
 
-    async def _stopped(self, owned: _Owned, exc: Exception) -> None:
+    async def _stopped(self, owned: Owned, exc: Exception) -> None:
         """A run stopped without an outcome: its lease was lost (another claim continues
         it), its database connection was lost, or an error in cantrip stopped it outside
         the cast (logged with its traceback). The last two give the lease up, so the next
         claim -- counted against the attempt limit -- resumes it at once."""
         claim = owned.claim
-        if _lease_lost(exc):
-            self._lose(owned, describe(exc))
+        if lease_lost(exc):
+            lose(owned, self.loom, describe(exc))
             log.info("%s: %s", claim.entity_id, describe(exc))
             return
         if is_connection_error(exc):
@@ -642,7 +431,7 @@ class Worker:
         with contextlib.suppress(Exception):  # the database may be away: the lease runs out
             await trio.to_thread.run_sync(self.queue.abandon, claim, limiter=limiter)
 
-    async def _hand_back(self, owned: _Owned) -> None:
+    async def _hand_back(self, owned: Owned) -> None:
         """The worker is stopping and the run stopped unrecorded -- at a turn boundary, or
         cut off with its lease given up here first: hand the lease back (fenced), so
         the next claim, any worker's, resumes it at no attempt and no crash. On a lost
@@ -650,15 +439,13 @@ class Worker:
         claim = owned.claim
         owned.releasing = True
         limiter = self.loom.store.limiter  # type: ignore[attr-defined]
-        try:
+        with database_away() as away:
             returned = await trio.to_thread.run_sync(self.queue.hand_back, claim, limiter=limiter)
-        except Exception as exc:
-            if not is_connection_error(exc):
-                raise
+        if away.exc is not None:
             log.warning(
                 "%s: the database connection was lost (%s); its lease runs out instead",
                 claim.entity_id,
-                describe(exc),
+                describe(away.exc),
             )
             return
         if returned:
@@ -667,7 +454,7 @@ class Worker:
         else:
             log.warning("%s: lease lost before it was handed back", claim.entity_id)
 
-    async def _finish(self, owned: _Owned, state: str, outcome: dict[str, Any]) -> None:
+    async def _finish(self, owned: Owned, state: str, outcome: dict[str, Any]) -> None:
         """Record the outcome and release the lease (fenced: refused if it was lost). A
         lost connection here leaves the cast to the next claim, which finds its end in
         the loom and records it then."""
@@ -682,245 +469,6 @@ class Worker:
         else:
             log.warning("%s: lease lost before the outcome was recorded", claim.entity_id)
 
-    def _asks_humans(self, claim: Claim) -> bool:
-        """Whether the claimed spell's circle can pause (only then are live pauses watched)."""
-        spell = self._spells.get(_spell_key(claim.spell))
-        return CLIENT_TOOLS_KEY in claim.spell or spell is None or spell.circle.needs_humans
-
-    async def _deliver(self, owned: _Owned) -> None:
-        """Hand the messages sent to this work's cast to it, in the order they were sent,
-        from the moment it begins until it ends (this task is cancelled then). Woken by
-        NOTIFY cantrip_steer, and looking every ``poll_s`` in case one was missed. One the
-        cast no longer takes (it ended) is left: the prompt's result reports it
-        ``undelivered``, read from the loom."""
-        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
-        await owned.casting.wait()
-        entity = owned.entity
-        assert entity is not None
-        skip, after, waiting = owned.delivered, 0, []
-        while True:
-            owned.mail = trio.Event()  # a NOTIFY from now on wakes us
-            try:
-                fresh = await trio.to_thread.run_sync(
-                    self.queue.messages, owned.claim.work_id, after, limiter=limiter
-                )
-            except Exception as exc:
-                if not is_connection_error(exc):
-                    raise
-                fresh = []  # looked for again at the next tick
-            for message_id, text in fresh:
-                after = message_id
-                if skip:
-                    skip -= 1  # an earlier attempt's turn recorded it
-                else:
-                    waiting.append(text)
-            while waiting and entity.steer(waiting[0]):
-                waiting.pop(0)
-            # a message the cast did not take yet: it is starting (or over: then we stop)
-            with trio.move_on_after(LIVE_TICK_S if waiting else self.poll_s):
-                await owned.mail.wait()
-
-    async def _live_pauses(self, owned: _Owned) -> None:
-        """Pauses the entity tree waits on in place -- a child's (children cannot leave
-        their parent's cast) -- published so that any process can answer them
-        (``Dispatcher.answer``, ``serve --db``); their answers handed to the entity.
-        A lost connection is tried again at the next tick."""
-        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
-        published: set[str] = set()
-        asked_at = [-math.inf]
-        try:
-            while True:
-                try:
-                    await self._live_tick(owned, published, asked_at)
-                except Exception as exc:
-                    if not is_connection_error(exc):
-                        raise
-                with trio.move_on_after(LIVE_TICK_S):
-                    await owned.poke.wait()
-        finally:
-            if published:
-                with trio.CancelScope(shield=True), contextlib.suppress(Exception):
-                    await trio.to_thread.run_sync(
-                        self._live.forget, sorted(published), limiter=limiter
-                    )
-
-    async def _live_tick(self, owned: _Owned, published: set[str], asked_at: list[float]) -> None:
-        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
-        woken, owned.poke = owned.poke, trio.Event()  # a NOTIFY from now on wakes us
-        entity = owned.entity
-        live = {p.pause_id: p for p in (entity.live_pending if entity else ())}
-        fresh = [p.to_dict() for i, p in live.items() if i not in published]
-        if fresh:
-            await trio.to_thread.run_sync(self._live.publish, owned.claim, fresh, limiter=limiter)
-            published.update(p["pause_id"] for p in fresh)
-        gone = {i for i in published if i not in live}  # answered by a timeout
-        due = woken.is_set() or trio.current_time() - asked_at[0] >= self.poll_s
-        if entity is not None and published - gone and due:
-            asked_at[0] = trio.current_time()
-            answers = await trio.to_thread.run_sync(
-                self._live.answers, sorted(published - gone), limiter=limiter
-            )
-            for pause_id, decision in answers:
-                gone.add(pause_id)
-                try:
-                    await entity.answer(pause_id, decision)
-                except PauseError as exc:  # timed out meanwhile: it was denied
-                    log.info("%s: %s", owned.claim.entity_id, exc)
-        if gone:
-            await trio.to_thread.run_sync(self._live.forget, sorted(gone), limiter=limiter)
-            published.difference_update(gone)
-
-    async def _execute(self, owned: _Owned) -> tuple[str, dict[str, Any]]:
-        """The work's end state and outcome. A cast that cannot run -- its spell does not
-        build here, its LLM failed for good, an error of its own -- fails alone with the
-        error recorded (redacted): the worker and its other casts go on. A lost lease or
-        connection is not the cast's failure, nor is a cast suspended between turns (the
-        worker is stopping): it propagates, and another claim resumes."""
-        claim = owned.claim
-        try:
-            return await self._attempt(owned)
-        except Exception as exc:
-            if is_connection_error(exc) or _lease_lost(exc) or _suspended(exc):
-                raise
-            if isinstance(exc, CantripError):
-                log.warning("%s: the cast failed: %s", claim.entity_id, describe(exc))
-            else:  # a bug: its traceback is for the log, the cast fails alone
-                log.exception("%s: the cast failed on an error in cantrip", claim.entity_id)
-            return "failed", failure_outcome(claim.entity_id, exc)
-
-    async def _attempt(self, owned: _Owned) -> tuple[str, dict[str, Any]]:
-        claim = owned.claim
-        answer = claim.spell.get(ANSWER_KEY)  # work that carries out a human's answer
-        rewind = claim.spell.get(REWIND_KEY)  # a rollback: continue from this turn
-        offered = client_gates(claim.spell.get(CLIENT_TOOLS_KEY) or ())  # a front end's tools
-        key = _spell_key(claim.spell)
-        spell = self._spells.get(key)
-        if spell is None:
-            spell = self._spells[key] = build_spell(json.loads(key), self.loom)
-        record, last = await trio.to_thread.run_sync(
-            self.loom.refresh,
-            claim.entity_id,
-            limiter=self.loom.store.limiter,  # type: ignore[attr-defined]
-        )
-        entity: Entity
-        try:
-            if answer is not None:
-                if record is None:
-                    raise CantripError(f"no entity {claim.entity_id} in the loom to answer")
-                entity = owned.entity = _offering(
-                    spell.resume(claim.entity_id, pause="leave"), offered
-                )
-                recorded = self._recorded(claim, last)
-                ended = self._ended(claim, recorded)
-                if ended is not None:
-                    return ended
-                self._casting(owned, recorded)
-                result = await self._cast(owned, self._answered(entity, claim, answer, last))
-                return _state_of(result), outcome_of(result)
-            if record is None:
-                entity = owned.entity = _offering(
-                    spell.summon(entity_id=claim.entity_id, pause="leave"), offered
-                )
-                if owned.cancelled:
-                    entity.cancel(owned.cancel_reason)
-                self._casting(owned, [])
-                result = await self._cast(owned, entity.send(claim.intent))
-            else:
-                entity = owned.entity = _offering(
-                    spell.resume(claim.entity_id, pause="leave"), offered
-                )
-                recorded = self._recorded(claim, last, rewind)
-                ended = self._ended(claim, recorded)
-                if ended is not None:
-                    return ended
-                if rewind is not None and not recorded:  # (again, if a worker died since)
-                    await entity.rewind(rewind.get("to"))
-                self._casting(owned, recorded)
-                if recorded or claim.resumed:
-                    # an earlier attempt may have journaled the turn it was taking
-                    result = await self._cast(owned, entity.resume_cast(claim.intent, recorded))
-                else:
-                    result = await self._cast(owned, entity.send(claim.intent))
-        except (LLMError, PauseError) as exc:
-            return "failed", failure_outcome(claim.entity_id, exc)
-        return _state_of(result), outcome_of(result)
-
-    @staticmethod
-    def _casting(owned: _Owned, recorded: list[Turn]) -> None:
-        """The cast is about to begin: messages may be handed to it from now on, but not
-        those its recorded turns (an earlier attempt's) already took."""
-        owned.delivered = sum(len(t.extras.get("steering") or ()) for t in recorded)
-        owned.began = owned.entity.leaf if owned.entity is not None else None
-        owned.casting.set()
-
-    def _ended(self, claim: Claim, recorded: list[Turn]) -> tuple[str, dict[str, Any]] | None:
-        """How the work ended if an earlier attempt's worker died after the loom said so:
-        the cast's last turn ended it, or it is a pause (it waits for an answer)."""
-        if not recorded:
-            return None
-        end = recorded[-1]
-        if not (end.terminated or end.truncated or isinstance(end.extras.get("pending"), Mapping)):
-            return None
-        result = recorded_cast(recorded, 0, self.loom)
-        return _state_of(result), outcome_of(result)
-
-    def _answered(
-        self, entity: Entity, claim: Claim, answer: Mapping[str, Any], last: Turn | None
-    ) -> Any:
-        """The cast that carries out a human's answer, from wherever the loom says it is:
-        not begun (answer it), recorded but not carried out to the end of its turn (carry
-        out the recorded answer through the journal), or further (resume the cast)."""
-        pause_id = str(answer["pause_id"])
-        decision = Decision.parse(answer["decision"])
-        recorded = self._recorded(claim, last)
-        if not recorded:
-            return entity.answer(pause_id, decision)
-        found = entity.recorded_answer()
-        if found is not None and found[0].pause_id == pause_id:
-            return entity.carry_out_recorded_answer()
-        return entity.resume_cast(claim.intent, recorded)
-
-    async def _cast(self, owned: _Owned, running: Any) -> CastResult:
-        entity = owned.entity
-        assert entity is not None
-        if owned.handing_back:  # the worker is stopping: no turn of it begins
-            entity.suspend()
-        try:
-            if owned.cancelled:
-                # cancelled before it started: the cast records that and ends at once
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_cancel_soon, entity, owned.cancel_reason)
-                    result: CastResult = await running
-                return result
-            result = await running
-            return result
-        finally:
-            with trio.CancelScope(shield=True):
-                await entity.aclose()
-
-    def _recorded(
-        self, claim: Claim, last: Turn | None, rewind: Mapping[str, Any] | None = None
-    ) -> list[Turn]:
-        """The turns of this work's cast already in the loom (an earlier attempt's). A
-        rollback's cast continues from its rewind point, not from the base turn (the end
-        of the cast it cut off, on the branch it left)."""
-        if last is None or last.id == claim.base_turn:
-            return []
-        turns = [t for t in self.loom.lineage(last.id) if t.entity_id == claim.entity_id]
-        start = claim.base_turn if rewind is None else rewind.get("to")
-        if start is not None:
-            ids = [t.id for t in turns]
-            if start in ids:
-                turns = turns[ids.index(start) + 1 :]
-        return turns
-
-
-def _offering(entity: Entity, gates: tuple[Gate, ...]) -> Entity:
-    """The entity, offered the gates its work's front end runs itself (if any)."""
-    if gates:
-        entity.offer(gates)
-    return entity
-
 
 async def _take_free(free: trio.Semaphore) -> int:
     """Wait for a free slot, then take every other slot free now too: how many a
@@ -931,163 +479,3 @@ async def _take_free(free: trio.Semaphore) -> int:
         free.acquire_nowait()
         taken += 1
     return taken
-
-
-async def _cancel_soon(entity: Entity, reason: str) -> None:
-    while not entity.cancel(reason):
-        await trio.sleep(0)
-
-
-def _spell_key(spell: Mapping[str, Any]) -> str:
-    """The spell a work item's cantrip is built from, as the worker's cache key: without
-    what only this item carries (a human's answer, a rollback's rewind point, a front
-    end's tools)."""
-    built = {k: v for k, v in spell.items() if k not in (ANSWER_KEY, REWIND_KEY, CLIENT_TOOLS_KEY)}
-    return json.dumps(built, sort_keys=True)
-
-
-class Dispatcher:
-    """Enqueue casts for the workers and wait for their outcomes (blocking calls:
-    from trio, run them with ``trio.to_thread.run_sync``).
-
-    A lost database connection (a restart, a failover) is waited out: every call
-    retries with backoff, logging once when the database goes away and once when it is
-    back (``cantrip.dispatcher``), and goes on."""
-
-    def __init__(self, url: str) -> None:
-        self.store = PostgresStore(url, max_connections=2)
-        self.queue = WorkQueue(self.store)
-
-    def _retrying(self, what: str, call: Callable[[bool], T], deadline: float | None = None) -> T:
-        """``call(retry)`` until it does not fail on a lost connection (``retry``: an
-        earlier try failed, maybe after its statement committed)."""
-        outage = Outage(f"dispatcher {what}", dispatch_log)
-        retry = False
-        while True:
-            try:
-                result = call(retry)
-            except Exception as exc:
-                if not is_connection_error(exc):
-                    raise
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"{what}: the database is unreachable") from None
-                delay = outage.failed(exc)
-                with contextlib.suppress(Exception):  # drop the pool's broken connections
-                    self.store.pool.check()
-                time.sleep(delay)
-                retry = True
-                continue
-            outage.ok()
-            return result
-
-    def submit(
-        self, spell: Mapping[str, Any], intent: str, *, entity_id: str | None = None
-    ) -> tuple[int, str]:
-        """Queue ``intent`` on a new entity (or ``entity_id``); (work id, entity id).
-
-        A try whose connection broke may have committed: the retry first looks for the
-        work it queued (the entity's open work with this intent) and queues it only if
-        it is not there."""
-        from cantrip._entity import require_intent
-
-        require_intent(intent)
-        entity_id = entity_id or new_entity_id()
-
-        def enqueue(retry: bool) -> int:
-            if retry:
-                queued = self.queue.open_work(entity_id, intent)
-                if queued is not None:
-                    return queued
-            return self.queue.enqueue(dict(spell), intent, entity_id)
-
-        return self._retrying("submit", enqueue), entity_id
-
-    def wait(
-        self,
-        work_id: int,
-        *,
-        timeout: float | None = None,
-        on_unclaimed: Callable[[float], None] | None = None,
-        unclaimed_after: float = UNCLAIMED_AFTER_S,
-    ) -> tuple[str, dict[str, Any]]:
-        """Block until the work ends (LISTEN, with polling as the fallback): done,
-        failed, cancelled, ``dead`` (dead-lettered), or ``paused`` -- its outcome's
-        ``pending`` lists the calls that wait for a human (:meth:`answer` them).
-        ``on_unclaimed`` is called once (with the seconds waited) if no worker has taken
-        the work after ``unclaimed_after`` seconds: an idle worker takes new work within
-        a moment, so most likely none is running."""
-        import psycopg
-
-        started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
-        conn: psycopg.Connection[Any] | None = None
-
-        def look(_retry: bool) -> tuple[str, dict[str, Any] | None, psycopg.Connection[Any]]:
-            nonlocal conn
-            if conn is None:
-                conn = psycopg.connect(self.store.url, autocommit=True, connect_timeout=5)
-                conn.execute(f"LISTEN {WORK_CHANNEL}")
-            try:
-                return (*self.queue.status(work_id), conn)
-            except Exception:
-                bad, conn = conn, None
-                bad.close()
-                raise
-
-        try:
-            while True:
-                state, outcome, listening = self._retrying("wait", look, deadline)
-                if outcome is not None or state in ENDED:
-                    return state, outcome or {}
-                waited = time.monotonic() - started
-                if on_unclaimed is not None and state == "queued" and waited > unclaimed_after:
-                    on_unclaimed(waited)
-                    on_unclaimed = None
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"work {work_id} still {state} after {timeout} s")
-                try:
-                    for _ in listening.notifies(timeout=0.5, stop_after=1):
-                        pass
-                except psycopg.OperationalError:  # heard by the next look, which reconnects
-                    listening.close()
-                    conn = None
-        finally:
-            if conn is not None:
-                conn.close()
-
-    def cancel(self, entity_id: str) -> int:
-        return self._retrying("cancel", lambda _retry: self.queue.cancel(entity_id))
-
-    def dead_letters(self) -> list[dict[str, Any]]:
-        """The work items no worker could finish within the attempt limit (state
-        ``dead``): id, entity, intent, attempts, crashes, why, when."""
-        return self._retrying("dead letters", lambda _retry: self.queue.dead_letters())
-
-    def pending(self, entity_id: str) -> list[Pause]:
-        """The calls ``entity_id`` waits on a human for: its work ended ``paused`` and
-        nobody has answered yet (empty otherwise)."""
-        pending = self._retrying("pending", lambda _retry: self.queue.pending(entity_id))
-        return [Pause.from_dict(p) for p in pending]
-
-    def answer(self, entity_id: str, pause_id: str, decision: Decision | Mapping[str, Any]) -> int:
-        """Answer a pause of a paused entity, from any process; the id of the work that
-        carries the answer out (a worker resumes the entity from the loom and continues
-        the cast to its end or its next pause -- :meth:`wait` for it). A pause that is
-        not waiting (unknown, or answered already -- by anyone, even at the same moment)
-        raises :class:`~cantrip.PauseError`; exactly one of two answers wins. A try whose
-        connection broke after its answer committed is found again by the retry."""
-        parsed = Decision.parse(decision).to_dict()
-
-        def answer(retry: bool) -> int:
-            try:
-                return self.queue.answer(entity_id, pause_id, parsed).work_id
-            except PauseError:
-                mine = self.queue.answered_by(entity_id, pause_id, parsed) if retry else None
-                if mine is None:
-                    raise
-                return mine
-
-        return self._retrying("answer", answer)
-
-    def close(self) -> None:
-        self.store.close()

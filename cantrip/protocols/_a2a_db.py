@@ -43,7 +43,8 @@ import trio
 
 from cantrip._approval import PauseError
 from cantrip._events import StepComplete
-from cantrip.distributed._queue import DEAD, ENDED, answer_on
+from cantrip.distributed._pauses import answer_on
+from cantrip.distributed._work import DEAD, ENDED
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols._a2a import (

@@ -33,7 +33,7 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._client_gates import CLIENT_TOOLS_KEY
 from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
-from cantrip.distributed._queue import DEAD
+from cantrip.distributed._work import DEAD
 from cantrip.loom._model import Turn
 from cantrip.protocols._agui import (
     RunFailed,

@@ -48,7 +48,7 @@ from cantrip._events import FinalResponse, PauseEvent, StepComplete
 from cantrip._outcome import CastResult, result_dict
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
-from cantrip.distributed._queue import DEAD, PAUSED
+from cantrip.distributed._work import DEAD, PAUSED
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore

@@ -21,7 +21,7 @@ import trio
 
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage
-from cantrip.distributed._queue import CANCEL_CHANNEL, WORK_CHANNEL, parse_cancel
+from cantrip.distributed._work import CANCEL_CHANNEL, WORK_CHANNEL, parse_cancel
 
 log = get_logger("cantrip.http")
 

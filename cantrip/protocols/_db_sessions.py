@@ -18,7 +18,7 @@ tables of our own, created beside the queue's:
   before that column existed).
 
 Messages sent to a running prompt (``/messages``) are rows of the loom's
-``cantrip_messages`` (:func:`~cantrip.distributed._queue.steer_on`): the worker running
+``cantrip_messages`` (:func:`~cantrip.distributed._work.steer_on`): the worker running
 the prompt hands them to the cast in order, and the loom says how many joined a turn
 (``extras.steering``), so the rest -- arrived as the cast ended -- are the result's
 ``undelivered``: nothing is lost, and nothing needs a "taken" flag that could disagree
@@ -49,16 +49,15 @@ import attrs
 
 from cantrip._entity import new_entity_id
 from cantrip._outcome import CastResult, recorded_cast
-from cantrip.distributed._queue import (
+from cantrip.distributed._pauses import answer_on, live_pending_on
+from cantrip.distributed._queue import WorkQueue
+from cantrip.distributed._work import (
     ENDED,
     ENTITY_LOCK,
     INTERRUPTED,
     REWIND_KEY,
-    WorkQueue,
-    answer_on,
     cancel_on,
     enqueue_on,
-    live_pending_on,
     messages_on,
     steer_on,
 )
@@ -358,7 +357,7 @@ class DbSessions:
         """A message for the session's running prompt (its open work; ``not_running``
         if none): the worker running it hands it to the cast, which takes it into its
         next turn. One that arrives as the cast ends comes back in the prompt's result
-        (``undelivered``); see :func:`~cantrip.distributed._queue.steer_on`. The work
+        (``undelivered``); see :func:`~cantrip.distributed._work.steer_on`. The work
         takes what :mod:`._steering` allows one cast (``steering_full`` beyond it),
         counted under the work row's lock with the insert."""
         text = text.strip()

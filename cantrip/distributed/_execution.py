@@ -1,0 +1,243 @@
+"""Execution: one claimed cast run to its end -- begun, resumed, or carried on.
+
+Where the loom says an entity stands decides how its work runs: a new entity is
+summoned and cast; one an earlier worker held is resumed from its recorded turns (or
+found already ended, its end recorded now); a human's answer is carried out from
+wherever it got to; a rollback first rewinds. A cast that fails on its own fails alone
+with its error recorded; a lost lease or connection, or a cast suspended at a turn
+boundary, is no failure and goes on up for another claim to resume. A suspect the
+queue hands out quarantined is watched here until it records a turn.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from cantrip._approval import Decision, PauseError
+from cantrip._cantrip import Cantrip
+from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
+from cantrip._entity import Entity
+from cantrip._errors import CantripError, LLMError
+from cantrip._gate import Gate
+from cantrip._outcome import CastResult, recorded_cast
+from cantrip._redact import get_logger
+from cantrip.distributed._outage import database_away, describe, is_connection_error
+from cantrip.distributed._outcome import (
+    failure_outcome,
+    lease_lost,
+    outcome_of,
+    state_of,
+    suspended,
+)
+from cantrip.distributed._owned import Owned
+from cantrip.distributed._queue import WorkQueue
+from cantrip.distributed._spells import build_spell, spell_key
+from cantrip.distributed._work import ANSWER_KEY, REWIND_KEY, Claim
+from cantrip.loom._loom import Loom
+from cantrip.loom._model import Turn
+
+log = get_logger("cantrip.worker")
+
+QUARANTINE_TICK_S = 0.05
+"""How often a worker running a suspect alone looks whether it recorded a turn (its
+entity's leaf, in memory): the worker claims nothing else until then."""
+
+
+class Execution:
+    """Runs claimed casts against one loom, building each spell once (cached by
+    :func:`~cantrip.distributed._spells.spell_key`)."""
+
+    def __init__(self, loom: Loom) -> None:
+        self.loom = loom
+        self.spells: dict[str, Cantrip] = {}
+
+    def asks_humans(self, claim: Claim) -> bool:
+        """Whether the claimed spell's circle can pause (only then are live pauses watched)."""
+        spell = self.spells.get(spell_key(claim.spell))
+        return CLIENT_TOOLS_KEY in claim.spell or spell is None or spell.circle.needs_humans
+
+    async def execute(self, owned: Owned) -> tuple[str, dict[str, Any]]:
+        """The work's end state and outcome. A cast that cannot run -- its spell does not
+        build here, its LLM failed for good, an error of its own -- fails alone with the
+        error recorded (redacted): the worker and its other casts go on. A lost lease or
+        connection is not the cast's failure, nor is a cast suspended between turns (the
+        worker is stopping): it propagates, and another claim resumes."""
+        claim = owned.claim
+        try:
+            return await self._attempt(owned)
+        except Exception as exc:
+            if is_connection_error(exc) or lease_lost(exc) or suspended(exc):
+                raise
+            if isinstance(exc, CantripError):
+                log.warning("%s: the cast failed: %s", claim.entity_id, describe(exc))
+            else:  # a bug: its traceback is for the log, the cast fails alone
+                log.exception("%s: the cast failed on an error in cantrip", claim.entity_id)
+            return "failed", failure_outcome(claim.entity_id, exc)
+
+    async def _attempt(self, owned: Owned) -> tuple[str, dict[str, Any]]:
+        claim = owned.claim
+        answer = claim.spell.get(ANSWER_KEY)  # work that carries out a human's answer
+        rewind = claim.spell.get(REWIND_KEY)  # a rollback: continue from this turn
+        offered = client_gates(claim.spell.get(CLIENT_TOOLS_KEY) or ())  # a front end's tools
+        key = spell_key(claim.spell)
+        spell = self.spells.get(key)
+        if spell is None:
+            spell = self.spells[key] = build_spell(json.loads(key), self.loom)
+        record, last = await trio.to_thread.run_sync(
+            self.loom.refresh,
+            claim.entity_id,
+            limiter=self.loom.store.limiter,  # type: ignore[attr-defined]
+        )
+        entity: Entity
+        try:
+            if answer is not None:
+                if record is None:
+                    raise CantripError(f"no entity {claim.entity_id} in the loom to answer")
+                entity = owned.entity = _offering(
+                    spell.resume(claim.entity_id, pause="leave"), offered
+                )
+                recorded = self._recorded(claim, last)
+                ended = self._ended(claim, recorded)
+                if ended is not None:
+                    return ended
+                self._casting(owned, recorded)
+                result = await self._cast(owned, self._answered(entity, claim, answer, last))
+                return state_of(result), outcome_of(result)
+            if record is None:
+                entity = owned.entity = _offering(
+                    spell.summon(entity_id=claim.entity_id, pause="leave"), offered
+                )
+                if owned.cancelled:
+                    entity.cancel(owned.cancel_reason)
+                self._casting(owned, [])
+                result = await self._cast(owned, entity.send(claim.intent))
+            else:
+                entity = owned.entity = _offering(
+                    spell.resume(claim.entity_id, pause="leave"), offered
+                )
+                recorded = self._recorded(claim, last, rewind)
+                ended = self._ended(claim, recorded)
+                if ended is not None:
+                    return ended
+                if rewind is not None and not recorded:  # (again, if a worker died since)
+                    await entity.rewind(rewind.get("to"))
+                self._casting(owned, recorded)
+                if recorded or claim.resumed:
+                    # an earlier attempt may have journaled the turn it was taking
+                    result = await self._cast(owned, entity.resume_cast(claim.intent, recorded))
+                else:
+                    result = await self._cast(owned, entity.send(claim.intent))
+        except (LLMError, PauseError) as exc:
+            return "failed", failure_outcome(claim.entity_id, exc)
+        return state_of(result), outcome_of(result)
+
+    @staticmethod
+    def _casting(owned: Owned, recorded: list[Turn]) -> None:
+        """The cast is about to begin: messages may be handed to it from now on, but not
+        those its recorded turns (an earlier attempt's) already took."""
+        owned.delivered = sum(len(t.extras.get("steering") or ()) for t in recorded)
+        owned.began = owned.entity.leaf if owned.entity is not None else None
+        owned.casting.set()
+
+    def _ended(self, claim: Claim, recorded: list[Turn]) -> tuple[str, dict[str, Any]] | None:
+        """How the work ended if an earlier attempt's worker died after the loom said so:
+        the cast's last turn ended it, or it is a pause (it waits for an answer)."""
+        if not recorded:
+            return None
+        end = recorded[-1]
+        if not (end.terminated or end.truncated or isinstance(end.extras.get("pending"), Mapping)):
+            return None
+        result = recorded_cast(recorded, 0, self.loom)
+        return state_of(result), outcome_of(result)
+
+    def _answered(
+        self, entity: Entity, claim: Claim, answer: Mapping[str, Any], last: Turn | None
+    ) -> Any:
+        """The cast that carries out a human's answer, from wherever the loom says it is:
+        not begun (answer it), recorded but not carried out to the end of its turn (carry
+        out the recorded answer through the journal), or further (resume the cast)."""
+        pause_id = str(answer["pause_id"])
+        decision = Decision.parse(answer["decision"])
+        recorded = self._recorded(claim, last)
+        if not recorded:
+            return entity.answer(pause_id, decision)
+        found = entity.recorded_answer()
+        if found is not None and found[0].pause_id == pause_id:
+            return entity.carry_out_recorded_answer()
+        return entity.resume_cast(claim.intent, recorded)
+
+    async def _cast(self, owned: Owned, running: Any) -> CastResult:
+        entity = owned.entity
+        assert entity is not None
+        if owned.handing_back:  # the worker is stopping: no turn of it begins
+            entity.suspend()
+        try:
+            if owned.cancelled:
+                # cancelled before it started: the cast records that and ends at once
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_cancel_soon, entity, owned.cancel_reason)
+                    result: CastResult = await running
+                return result
+            result = await running
+            return result
+        finally:
+            with trio.CancelScope(shield=True):
+                await entity.aclose()
+
+    def _recorded(
+        self, claim: Claim, last: Turn | None, rewind: Mapping[str, Any] | None = None
+    ) -> list[Turn]:
+        """The turns of this work's cast already in the loom (an earlier attempt's). A
+        rollback's cast continues from its rewind point, not from the base turn (the end
+        of the cast it cut off, on the branch it left)."""
+        if last is None or last.id == claim.base_turn:
+            return []
+        turns = [t for t in self.loom.lineage(last.id) if t.entity_id == claim.entity_id]
+        start = claim.base_turn if rewind is None else rewind.get("to")
+        if start is not None:
+            ids = [t.id for t in turns]
+            if start in ids:
+                turns = turns[ids.index(start) + 1 :]
+        return turns
+
+
+def _offering(entity: Entity, gates: tuple[Gate, ...]) -> Entity:
+    """The entity, offered the gates its work's front end runs itself (if any)."""
+    if gates:
+        entity.offer(gates)
+    return entity
+
+
+async def _cancel_soon(entity: Entity, reason: str) -> None:
+    while not entity.cancel(reason):
+        await trio.sleep(0)
+
+
+async def watch_quarantine(
+    owned: Owned, queue: WorkQueue, limiter: trio.CapacityLimiter, poll_s: float
+) -> bool:
+    """A suspect cast runs here alone: once it records a turn -- it got past where
+    the worker that held it died, without killing this one -- it is innocent again
+    (recorded in the queue first, so a crash from now on is not blamed on it alone),
+    and the worker takes other work beside it (True: cleared; False: the lease
+    is lost, the run is stopping)."""
+    await owned.casting.wait()
+    entity = owned.entity
+    assert entity is not None
+    while entity.leaf in (owned.began, None):
+        await trio.sleep(QUARANTINE_TICK_S)
+    clear = functools.partial(queue.cleared, owned.claim)
+    while True:
+        with database_away() as away:
+            cleared = await trio.to_thread.run_sync(clear, limiter=limiter)
+        if away.exc is None:
+            break
+        await trio.sleep(poll_s)  # still alone meanwhile: try again
+    if cleared:  # (else the lease is lost: the run is stopping)
+        log.info("%s: recorded a turn in quarantine; innocent again", owned.claim.entity_id)
+    return bool(cleared)
