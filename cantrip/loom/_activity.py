@@ -7,11 +7,13 @@ retention sides (:mod:`cantrip.loom._postgres_retention`), which both read it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from datetime import UTC, datetime
+from typing import Any
 
 import attrs
+import orjson
 
 from cantrip.loom._model import EntityRecord
 
@@ -26,6 +28,16 @@ class Activity:
     turns: int
     fork_source: str | None = None
     """For a forked entity: the entity its fork point (a turn) belongs to."""
+
+
+def activity_from_rows(rows: Iterable[Sequence[Any]]) -> list[Activity]:
+    """Activity from the one query every store runs, whatever its SQL dialect: rows of
+    (entity JSON, latest turn's timestamp or '', turn count, fork source's entity)."""
+    out = []
+    for data, last, n, source in rows:
+        record = EntityRecord.from_dict(orjson.loads(data))
+        out.append(Activity(record, str(last or record.created_at or ""), int(n), source))
+    return out
 
 
 @attrs.frozen

@@ -13,10 +13,13 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-import orjson
-
-from cantrip.loom._activity import Activity, Deleted, late_entities, recently_active
-from cantrip.loom._model import EntityRecord
+from cantrip.loom._activity import (
+    Activity,
+    Deleted,
+    activity_from_rows,
+    late_entities,
+    recently_active,
+)
 from cantrip.loom._postgres import PostgresStore
 
 _TABLES = (
@@ -62,11 +65,7 @@ class PostgresRetention:
                 "LEFT JOIN cantrip_turns f ON f.id = e.data::json->>'forked_from' "
                 "ORDER BY e.pos"
             ).fetchall()
-        out = []
-        for data, last, n, source in rows:
-            record = EntityRecord.from_dict(orjson.loads(data))
-            out.append(Activity(record, str(last or record.created_at or ""), int(n), source))
-        return out
+        return activity_from_rows(rows)
 
     def busy(self, activity: Sequence[Activity], busy_s: float) -> dict[str, str]:
         """Entities with queued or running work, or a live lease; and, as on SQLite,

@@ -14,10 +14,13 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
-import orjson
-
-from cantrip.loom._activity import Activity, Deleted, late_entities, recently_active
-from cantrip.loom._model import EntityRecord
+from cantrip.loom._activity import (
+    Activity,
+    Deleted,
+    activity_from_rows,
+    late_entities,
+    recently_active,
+)
 
 _TRIGGERS = {
     "turns_append_only_delete": "CREATE TRIGGER IF NOT EXISTS turns_append_only_delete "
@@ -42,11 +45,7 @@ class SQLiteRetention:
             "LEFT JOIN turns t ON t.pos = c.last "
             "LEFT JOIN turns f ON f.id = json_extract(e.data, '$.forked_from') ORDER BY e.pos"
         ).fetchall()
-        out = []
-        for data, last, n, source in rows:
-            record = EntityRecord.from_dict(orjson.loads(data))
-            out.append(Activity(record, str(last or record.created_at or ""), int(n), source))
-        return out
+        return activity_from_rows(rows)
 
     def busy(self, activity: Sequence[Activity], busy_s: float) -> dict[str, str]:
         """Entities written to within ``busy_s``: another process may be casting on them."""
