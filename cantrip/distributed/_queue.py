@@ -154,6 +154,15 @@ all ``alone`` (it never holds another cast beside one). ``alone``: the claiming 
 casts the queue holds as alone -- each is not any more once this claim takes a cast
 beside it (in the same statement: a crash from then on is not blamed on it alone)."""
 
+_RELEASE_LEASE = (
+    "UPDATE cantrip_leases SET owner = NULL, expires_at = '-infinity' "
+    "WHERE entity_id = %(entity)s AND owner = %(owner)s AND epoch = %(epoch)s "
+    "AND expires_at > clock_timestamp()"
+)
+"""A fenced lease, released: only if it is still this claim's (owner and epoch) and
+unexpired. The one release :meth:`WorkQueue.abandon`, :meth:`~WorkQueue.hand_back` and
+:meth:`~WorkQueue.finish` share (the last two as a CTE their own update depends on)."""
+
 _REAP = """
 WITH orphan AS (
     SELECT w.id, w.owner IS NOT NULL AS fresh,
@@ -377,10 +386,8 @@ class WorkQueue:
         fence = claim.fence
         with self.store.pool.connection() as conn:
             released = conn.execute(
-                "UPDATE cantrip_leases SET owner = NULL, expires_at = '-infinity' "
-                "WHERE entity_id = %s AND owner = %s AND epoch = %s "
-                "AND expires_at > clock_timestamp()",
-                (fence.lease_entity, fence.owner, fence.epoch),
+                _RELEASE_LEASE,
+                {"entity": fence.lease_entity, "owner": fence.owner, "epoch": fence.epoch},
             ).rowcount
         return bool(released)
 
@@ -395,9 +402,7 @@ class WorkQueue:
         fence = claim.fence
         with self.store.pool.connection() as conn:
             row = conn.execute(
-                "WITH released AS (UPDATE cantrip_leases SET owner = NULL, "
-                "expires_at = '-infinity' WHERE entity_id = %(entity)s AND owner = %(owner)s "
-                "AND epoch = %(epoch)s AND expires_at > clock_timestamp() RETURNING 1), "
+                f"WITH released AS ({_RELEASE_LEASE} RETURNING 1), "
                 "returned AS (UPDATE cantrip_work SET owner = NULL, spare = true "
                 "WHERE id = %(work)s AND owner = %(owner)s AND epoch = %(epoch)s "
                 "AND state = 'running' AND EXISTS (SELECT 1 FROM released) RETURNING 1) "
@@ -446,9 +451,7 @@ class WorkQueue:
         fence = claim.fence
         with self.store.pool.connection() as conn:
             row = conn.execute(
-                "WITH released AS (UPDATE cantrip_leases SET owner = NULL, "
-                "expires_at = '-infinity' WHERE entity_id = %(entity)s AND owner = %(owner)s "
-                "AND epoch = %(epoch)s AND expires_at > clock_timestamp() RETURNING 1), "
+                f"WITH released AS ({_RELEASE_LEASE} RETURNING 1), "
                 "ended AS (UPDATE cantrip_work SET state = %(state)s, result = %(result)s, "
                 "finished_at = clock_timestamp() WHERE id = %(work)s "
                 "AND EXISTS (SELECT 1 FROM released) RETURNING 1) "
