@@ -58,12 +58,12 @@ def externalize(turn: dict[str, Any]) -> tuple[dict[str, Any], list[Blob]]:
     """``turn`` (a turn's plain record) with its big values replaced by references, and
     the blobs to store (each at most once per turn)."""
     blobs: dict[str, Any] = {}
-    secrets = secret_values()
 
     def ref(value: Any) -> Any:
         text = _text(value)
         if text is None or len(text) < THRESHOLD:
             return value
+        secrets = secret_values()  # only for a big value: most turns hold none
         if secrets and any(secret in text for secret in secrets):
             value = scrub_known(value, secrets)  # what the codec would store
             text = _text(value) or ""
