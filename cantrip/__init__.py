@@ -53,16 +53,11 @@ from cantrip.loom import EntityRecord, GateCallRecord, Loom, Turn, TurnMetadata
 
 if TYPE_CHECKING:
     from cantrip._events import (
-        Event,
         FinalResponse,
         GateProgress,
         MessageComplete,
-        MessageStart,
         StepComplete,
         StepStart,
-        TextDelta,
-        ThinkingDelta,
-        ToolCallEvent,
         ToolResultEvent,
         UsageEvent,
     )
@@ -73,6 +68,7 @@ if TYPE_CHECKING:
     from cantrip._supervisor import ChildSpec, Restart, Strategy, Supervisor, SupervisorEscalation
     from cantrip.a2a import A2AAgent
     from cantrip.llm._config import load_llm
+    from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
     from cantrip.llm._telemetry import Pricing
     from cantrip.loom import export_chat, export_jsonl, export_thread_jsonl, load_jsonl
     from cantrip.mcp import MCPServer
@@ -97,14 +93,14 @@ _LAZY = {
     "export_thread_jsonl": "cantrip.loom",
     "export_chat": "cantrip.loom",
     "load_jsonl": "cantrip.loom",
-    "Event": "cantrip._events",
+    "Event": "cantrip.llm._stream",
     "StepStart": "cantrip._events",
     "StepComplete": "cantrip._events",
-    "MessageStart": "cantrip._events",
+    "MessageStart": "cantrip.llm._stream",
     "MessageComplete": "cantrip._events",
-    "TextDelta": "cantrip._events",
-    "ThinkingDelta": "cantrip._events",
-    "ToolCallEvent": "cantrip._events",
+    "TextDelta": "cantrip.llm._stream",
+    "ThinkingDelta": "cantrip.llm._stream",
+    "ToolCallEvent": "cantrip.llm._stream",
     "ToolResultEvent": "cantrip._events",
     "UsageEvent": "cantrip._events",
     "FinalResponse": "cantrip._events",
