@@ -52,6 +52,7 @@ from cantrip.llm import (
 from cantrip.loom import EntityRecord, GateCallRecord, Loom, Turn, TurnMetadata
 
 if TYPE_CHECKING:
+    from cantrip._chat_export import export_chat
     from cantrip._events import (
         FinalResponse,
         GateProgress,
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
     from cantrip.llm._config import load_llm
     from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
     from cantrip.llm._telemetry import Pricing
-    from cantrip.loom import export_chat, export_jsonl, export_thread_jsonl, load_jsonl
+    from cantrip.loom import export_jsonl, export_thread_jsonl, load_jsonl
     from cantrip.mcp import MCPServer
 
 from cantrip._version import __version__ as __version__
@@ -91,7 +92,7 @@ _LAZY = {
     "gc_for_throughput": "cantrip._gc",
     "export_jsonl": "cantrip.loom",
     "export_thread_jsonl": "cantrip.loom",
-    "export_chat": "cantrip.loom",
+    "export_chat": "cantrip._chat_export",
     "load_jsonl": "cantrip.loom",
     "Event": "cantrip.llm._stream",
     "StepStart": "cantrip._events",
