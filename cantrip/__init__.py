@@ -52,17 +52,13 @@ from cantrip.llm import (
 from cantrip.loom import EntityRecord, GateCallRecord, Loom, Turn, TurnMetadata
 
 if TYPE_CHECKING:
+    from cantrip._chat_export import export_chat
     from cantrip._events import (
-        Event,
         FinalResponse,
         GateProgress,
         MessageComplete,
-        MessageStart,
         StepComplete,
         StepStart,
-        TextDelta,
-        ThinkingDelta,
-        ToolCallEvent,
         ToolResultEvent,
         UsageEvent,
     )
@@ -73,8 +69,9 @@ if TYPE_CHECKING:
     from cantrip._supervisor import ChildSpec, Restart, Strategy, Supervisor, SupervisorEscalation
     from cantrip.a2a import A2AAgent
     from cantrip.llm._config import load_llm
+    from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
     from cantrip.llm._telemetry import Pricing
-    from cantrip.loom import export_chat, export_jsonl, export_thread_jsonl, load_jsonl
+    from cantrip.loom import export_jsonl, export_thread_jsonl, load_jsonl
     from cantrip.mcp import MCPServer
 
 from cantrip._version import __version__ as __version__
@@ -95,16 +92,16 @@ _LAZY = {
     "gc_for_throughput": "cantrip._gc",
     "export_jsonl": "cantrip.loom",
     "export_thread_jsonl": "cantrip.loom",
-    "export_chat": "cantrip.loom",
+    "export_chat": "cantrip._chat_export",
     "load_jsonl": "cantrip.loom",
-    "Event": "cantrip._events",
+    "Event": "cantrip.llm._stream",
     "StepStart": "cantrip._events",
     "StepComplete": "cantrip._events",
-    "MessageStart": "cantrip._events",
+    "MessageStart": "cantrip.llm._stream",
     "MessageComplete": "cantrip._events",
-    "TextDelta": "cantrip._events",
-    "ThinkingDelta": "cantrip._events",
-    "ToolCallEvent": "cantrip._events",
+    "TextDelta": "cantrip.llm._stream",
+    "ThinkingDelta": "cantrip.llm._stream",
+    "ToolCallEvent": "cantrip.llm._stream",
     "ToolResultEvent": "cantrip._events",
     "UsageEvent": "cantrip._events",
     "FinalResponse": "cantrip._events",

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from cantrip._circle import Circle
+from cantrip._circle import Circle, set_default_medium
 from cantrip._entity import Entity, EntitySetup, PauseHandler, require_intent
 from cantrip._errors import ConstructionError, LoomError
 from cantrip._events import EventSink
@@ -27,6 +27,18 @@ from cantrip.llm._contract import LLM, Message
 from cantrip.llm._retry import RetryingLLM, RetryPolicy
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
+from mediums.base import Medium
+
+
+def _conversation() -> Medium:
+    """Conversation: the Python API's default medium (MEDIUM-1), loaded on first use
+    so that ``import cantrip`` stays cheap."""
+    from mediums.conversation import conversation
+
+    return conversation
+
+
+set_default_medium(_conversation)
 
 
 def cantrip_problems(llm: object, identity: object, circle: object) -> list[str]:

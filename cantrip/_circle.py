@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -35,11 +35,23 @@ _EPHEMERAL: Mapping[str, Any] = MappingProxyType({"ephemeral": True})
 _log = logging.getLogger(__name__)
 
 
-def _default_medium() -> Medium:
-    """Conversation: the Python API's default medium (MEDIUM-1)."""
-    from mediums.conversation import conversation
+_default_medium_factory: Callable[[], Medium] | None = None
 
-    return conversation
+
+def set_default_medium(factory: Callable[[], Medium]) -> None:
+    """Choose the medium a circle built without one gets.
+
+    The cantrip layer sets it (conversation, MEDIUM-1) when it is imported, which
+    importing any part of cantrip does: the circle stands below the mediums and
+    imports none of them."""
+    global _default_medium_factory
+    _default_medium_factory = factory
+
+
+def _default_medium() -> Medium:
+    if _default_medium_factory is None:  # only if cantrip/__init__ stopped importing the cantrip
+        raise ConstructionError("circle needs a medium: none was given and no default is set")
+    return _default_medium_factory()
 
 
 def circle_problems(gates: Sequence[Gate], wards: WardSet) -> list[str]:

@@ -41,7 +41,6 @@ from cantrip._errors import (
     ProviderError,
 )
 from cantrip._events import (
-    Event,
     EventSink,
     FinalResponse,
     MessageComplete,
@@ -79,6 +78,7 @@ from cantrip.llm._cost import (
     unpriced_model,
 )
 from cantrip.llm._retry import UNREACHABLE, RetryPolicy
+from cantrip.llm._stream import Event
 from cantrip.loom._fence import LeaseLostError
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import (

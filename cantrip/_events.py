@@ -4,27 +4,23 @@ An observation channel, never a control channel: sinks are plain callables
 that receive events and return nothing; what they do cannot change a turn.
 A streamed cast records exactly the turns an unstreamed one would.
 
-LLM adapters that stream emit the message-level events (with an empty
-``entity_id``); the entity fills in its id and adds the loop-level ones.
-Tool calls are announced when they appear, possibly with partial arguments;
-the finalized arguments (``final=True``) are authoritative (seed 000).
+The events an LLM emits while it answers (``MessageStart``, ``TextDelta``,
+``ThinkingDelta``, ``ToolCallEvent``) and their base :class:`Event` live with
+the LLM layer (:mod:`cantrip.llm._stream`), which emits them with an empty
+``entity_id``; the entity fills in its id and adds the loop-level ones here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from cantrip._approval import Pause
 from cantrip.llm._contract import Response, Usage
+from cantrip.llm._stream import Event
 from cantrip.loom._model import GateCallRecord, Turn
-
-
-@attrs.frozen
-class Event:
-    entity_id: str = attrs.field(default="", kw_only=True)
 
 
 @attrs.frozen
@@ -32,37 +28,6 @@ class StepStart(Event):
     """A turn begins (the LLM is about to be queried)."""
 
     sequence: int = 0
-
-
-@attrs.frozen
-class MessageStart(Event):
-    """The LLM began answering (sent again if a retry starts over)."""
-
-    attempt: int = 1
-
-
-@attrs.frozen
-class TextDelta(Event):
-    """A chunk of the answer's text (TextEvent)."""
-
-    text: str = ""
-
-
-@attrs.frozen
-class ThinkingDelta(Event):
-    """A chunk of the reasoning trace (ThinkingEvent)."""
-
-    text: str = ""
-
-
-@attrs.frozen
-class ToolCallEvent(Event):
-    """A tool call announced (``final=False``, arguments may be partial) or finalized."""
-
-    call_id: str = ""
-    name: str = ""
-    arguments: Mapping[str, Any] | str = attrs.field(factory=dict)
-    final: bool = False
 
 
 @attrs.frozen

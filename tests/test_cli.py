@@ -409,9 +409,10 @@ async def test_entity_server_streams_events_and_cancels_the_running_cast() -> No
     import trio
 
     import cantrip
-    from cantrip._events import Event, StepStart
+    from cantrip._events import StepStart
     from cantrip._server import EntityServer
     from cantrip._supervisor import Supervisor
+    from cantrip.llm._stream import Event
     from gates import done
 
     spell = cantrip.Cantrip(

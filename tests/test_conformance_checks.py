@@ -19,8 +19,11 @@ import trio
 import yaml
 
 from cantrip.conformance import Runner
+from cantrip.conformance._actions import act
+from cantrip.conformance._checks import check_thread_steps, rendered_steps
+from cantrip.conformance._expectations import Expectations
 from cantrip.conformance._matchers import Mismatch
-from cantrip.conformance._runner import Expectations, check_thread_steps, rendered_steps
+from cantrip.conformance._world import build_world
 from cantrip.llm import Usage
 from cantrip.loom._model import Turn
 
@@ -347,13 +350,12 @@ def test_two_steps_of_one_role_in_a_row_fail() -> None:
 def test_usage_reads_the_cast_and_cumulative_usage_reads_the_loom(tmp_path: Path) -> None:
     """``usage`` is the cast's own report, ``cumulative_usage`` the loom's sum: change
     one source and only its expectation moves."""
-    runner = Runner()
-    world = runner._world(yaml.safe_load(_ECHO_THEN_DONE), tmp_path)
+    world = build_world(yaml.safe_load(_ECHO_THEN_DONE), tmp_path)
 
-    async def act() -> None:
-        await runner._act(world, {"cast": {"intent": "Measure the walls"}})
+    async def cast() -> None:
+        await act(world, {"cast": {"intent": "Measure the walls"}})
 
-    trio.run(act)
+    trio.run(cast)
     world.casts[-1] = attrs.evolve(world.casts[-1], usage=Usage(99, 1))
     Expectations(world).check({"usage": {"prompt_tokens": 99}})
     Expectations(world).check({"cumulative_usage": {"prompt_tokens": 20}})

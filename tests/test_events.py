@@ -6,17 +6,14 @@ from typing import Any
 
 import cantrip
 from cantrip._events import (
-    Event,
     FinalResponse,
     MessageComplete,
-    MessageStart,
     StepComplete,
     StepStart,
-    TextDelta,
-    ToolCallEvent,
     ToolResultEvent,
     UsageEvent,
 )
+from cantrip.llm._stream import Event, MessageStart, TextDelta, ToolCallEvent
 from gates import call_agent, done, echo
 
 SCRIPT: list[dict[str, Any]] = [

@@ -16,14 +16,9 @@ import trio
 
 import gates
 from cantrip import Cantrip, Circle, Identity, Loom, ScriptedLLM, Ward, _redact, max_turns
+from cantrip._chat_export import chat_conversation, export_chat
 from cantrip.cli._loom import add_loom_parser, resolve_ref, run_loom
-from cantrip.loom import (
-    chat_conversation,
-    export_chat,
-    export_jsonl,
-    export_thread_jsonl,
-    load_jsonl,
-)
+from cantrip.loom import export_jsonl, export_thread_jsonl, load_jsonl
 from gates.fixtures import fixture_gate
 from mediums.js import JsMedium
 

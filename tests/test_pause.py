@@ -17,7 +17,8 @@ import trio
 
 import cantrip
 from cantrip import Decision, Pause, PauseError
-from cantrip._events import Event, PauseEvent
+from cantrip._events import PauseEvent
+from cantrip.llm._stream import Event
 from gates import ask_user, call_agent_batch, done, echo
 
 ROOT = Path(__file__).resolve().parents[1]

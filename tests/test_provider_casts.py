@@ -8,14 +8,8 @@ import pytest
 from fake_providers import PROVIDERS, Answer, Call, isolate, running
 
 import cantrip
-from cantrip._events import (
-    Event,
-    FinalResponse,
-    MessageComplete,
-    StepComplete,
-    TextDelta,
-    ToolCallEvent,
-)
+from cantrip._events import FinalResponse, MessageComplete, StepComplete
+from cantrip.llm._stream import Event, TextDelta, ToolCallEvent
 from gates import done, echo
 
 SCRIPT = [

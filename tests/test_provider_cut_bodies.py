@@ -22,8 +22,8 @@ from fake_providers import PROVIDERS, Answer, Call, Corrupt, CutBody, isolate, r
 
 import cantrip
 from cantrip import ProviderError
-from cantrip._events import MessageStart, TextDelta
 from cantrip.llm import Message, RetryPolicy
+from cantrip.llm._stream import MessageStart, TextDelta
 from gates import done, echo
 
 HELLO = [Message("user", "hello")]

@@ -31,8 +31,8 @@ from fake_providers import (
 
 import cantrip
 from cantrip import InvalidResponseError, ProviderError
-from cantrip._events import MessageStart, TextDelta
 from cantrip.llm import Message, RetryingLLM, RetryPolicy, load_llm
+from cantrip.llm._stream import MessageStart, TextDelta
 from gates import done, echo
 
 HELLO = [Message("user", "hello")]

@@ -12,7 +12,6 @@ from fake_providers import Answer, Fault, isolate, running
 
 import cantrip
 from cantrip import InvalidResponseError, ProviderError, ScriptedLLM
-from cantrip._events import MessageStart, TextDelta
 from cantrip.llm import (
     FallbackLLM,
     Message,
@@ -24,6 +23,7 @@ from cantrip.llm import (
     Usage,
 )
 from cantrip.llm._ratelimit import clear_buckets, shared_bucket
+from cantrip.llm._stream import MessageStart, TextDelta
 from gates import done, echo
 
 HELLO = [Message("user", "hello")]

@@ -19,8 +19,8 @@ from fake_providers import (
     running,
 )
 
-from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm import Message, Response, ToolCall, ToolDefinition
+from cantrip.llm._stream import TextDelta, ThinkingDelta, ToolCallEvent
 
 ECHO = ToolDefinition(
     "echo",

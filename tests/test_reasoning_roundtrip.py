@@ -17,8 +17,8 @@ from fake_reasoning import REASONING_FAKES, running_reasoning
 
 import cantrip
 from cantrip import ProviderError
-from cantrip._events import Event, ThinkingDelta
 from cantrip.llm import Message, ToolDefinition
+from cantrip.llm._stream import Event, ThinkingDelta
 from gates import done, echo
 
 PROVIDERS = tuple(REASONING_FAKES)

@@ -12,8 +12,8 @@ from fake_providers import Answer, Call, Drop, Fault, StreamError, isolate
 from fake_reasoning import running_reasoning
 
 from cantrip import ProviderError
-from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm import Message, ToolDefinition
+from cantrip.llm._stream import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._telemetry import config_pricing
 
 ECHO = ToolDefinition(

@@ -13,7 +13,7 @@ import trio.testing
 
 import cantrip
 from cantrip import Cantrip, Circle, Identity, Loom, ScriptedLLM, max_turns
-from cantrip.loom import export_chat
+from cantrip._chat_export import export_chat
 from cantrip.protocols._http import serve_http
 from cantrip.protocols._lifecycle import ServeOptions
 from gates import done, echo

@@ -49,10 +49,11 @@ from typing import Any, TextIO
 
 import trio
 
+from cantrip._chat_export import export_chat
 from cantrip._errors import CantripError, LoomError
 from cantrip._failure import debug_requested
 from cantrip._redact import redact
-from cantrip.loom._export import Redaction, export_chat, export_jsonl
+from cantrip.loom._export import Redaction, export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import _safe

@@ -321,9 +321,9 @@ class LLM(Protocol):
 class StreamingLLM(LLM, Protocol):
     """An LLM that can also stream: same answer as ``query``, with events on the way.
 
-    ``on_event`` receives :mod:`cantrip._events` values (text and thinking
-    deltas, tool calls announced then finalized, usage). The returned
-    response is authoritative.
+    ``on_event`` receives :mod:`cantrip.llm._stream` events (text and thinking
+    deltas, tool calls announced then finalized, ``MessageStart`` again when a
+    retry starts over). The returned response is authoritative.
     """
 
     async def stream(

@@ -34,6 +34,7 @@ from cantrip.llm._contract import (
     can_stream,
 )
 from cantrip.llm._retry import RetryPolicy
+from cantrip.llm._stream import MessageStart
 from cantrip.llm._wrapper import Delegating
 
 log = get_logger("cantrip.llm.fallback")
@@ -89,8 +90,6 @@ class FallbackLLM(Delegating):
             retries = 0
             while True:
                 if on_event is not None and attempts:
-                    from cantrip._events import MessageStart
-
                     on_event(MessageStart(attempt=attempts + 1))  # what streamed so far is void
                 attempts += 1
                 try:

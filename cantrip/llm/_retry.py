@@ -24,6 +24,7 @@ from cantrip.llm._contract import (
     ToolChoice,
     ToolDefinition,
 )
+from cantrip.llm._stream import MessageStart
 from cantrip.llm._wrapper import Wrapper, call
 
 log = get_logger("cantrip.llm.retry")
@@ -158,6 +159,4 @@ class RetryingLLM(Wrapper):
 def _announce(on_event: Callable[[Any], None] | None, attempt: int) -> None:
     """Tell a streaming caller that attempt number ``attempt`` starts."""
     if on_event is not None:
-        from cantrip._events import MessageStart
-
         on_event(MessageStart(attempt=attempt))

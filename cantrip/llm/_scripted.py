@@ -66,6 +66,7 @@ from cantrip.llm._contract import (
 from cantrip.llm._finish import mark_cut_off
 from cantrip.llm._latency import simulate_latency
 from cantrip.llm._openai_chat import parse_chat_completion
+from cantrip.llm._stream import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._telemetry import Pricing
 
 _ENTRY_KEYS = frozenset(
@@ -279,8 +280,6 @@ class ScriptedLLM:
         """The same answer as :meth:`query`, emitted the way a provider streams it:
         thinking and text in chunks, each tool call announced with partial
         arguments, then finalized."""
-        from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
-
         response = await self.query(messages, tools, tool_choice, extra)
         for text, kind in ((response.thinking, ThinkingDelta), (response.content, TextDelta)):
             for start in range(0, len(text or ""), STREAM_CHUNK):

@@ -1,9 +1,11 @@
-"""The loom: turns, their records, the stores that keep them, and its exports."""
+"""The loom: turns, their records, the stores that keep them, and their JSONL export.
+
+The chat-format export renders through the entity's prompt context, so it stands
+above the loom: ``cantrip.export_chat``.
+"""
 
 from cantrip.loom._export import (
     ExportedTurn,
-    chat_conversation,
-    export_chat,
     export_jsonl,
     export_thread_jsonl,
     load_jsonl,
@@ -24,8 +26,6 @@ __all__ = [
     "SQLiteStore",
     "Turn",
     "TurnMetadata",
-    "chat_conversation",
-    "export_chat",
     "export_jsonl",
     "export_thread_jsonl",
     "load_jsonl",

@@ -41,8 +41,9 @@ from cantrip._approval import Decision, Pause
 from cantrip._cantrip import Cantrip
 from cantrip._elicit import AnswerError
 from cantrip._errors import CantripError
-from cantrip._events import Event, StepComplete
+from cantrip._events import StepComplete
 from cantrip._redact import get_logger
+from cantrip.llm._stream import Event
 from cantrip.mcp._pauses import can_elicit, decision_from, elicitation_params
 from cantrip.mcp._result import cast_tool_result, failed_tool_result, progress_message
 

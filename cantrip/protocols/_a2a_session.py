@@ -20,9 +20,9 @@ import trio
 
 from cantrip._approval import PauseError
 from cantrip._errors import CantripError
-from cantrip._events import Event
 from cantrip._outcome import CastResult, result_dict
 from cantrip._redact import get_logger
+from cantrip.llm._stream import Event
 from cantrip.protocols._a2a import (
     CANCEL_WAIT_S,
     MAX_TASKS,

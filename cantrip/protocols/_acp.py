@@ -45,14 +45,10 @@ from cantrip._cantrip import Cantrip
 from cantrip._elicit import yes_no_field
 from cantrip._errors import CantripError
 from cantrip._events import (
-    Event,
     FinalResponse,
     MessageComplete,
     StepComplete,
     StepStart,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallEvent,
     ToolResultEvent,
 )
 from cantrip._outcome import CastResult, stop_reason
@@ -60,6 +56,7 @@ from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger, redact_value
 from cantrip._text import TextError, check_text
 from cantrip.llm._contract import plain_json
+from cantrip.llm._stream import Event, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import GateCallRecord, Turn, result_text
 from cantrip.protocols._ids import BadIdError, client_id
 from cantrip.protocols._sessions import Session, SessionError, SessionHub

@@ -76,22 +76,18 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._client_gates import client_gates
 from cantrip._errors import ConstructionError
 from cantrip._events import (
-    Event,
     FinalResponse,
     GateProgress,
     MessageComplete,
-    MessageStart,
     StepComplete,
     StepStart,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallEvent,
     ToolResultEvent,
 )
 from cantrip._gate import Gate
 from cantrip._outcome import STOP_REASONS, CastResult
 from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import Response, plain_json
+from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import GateCallRecord, Turn
 from cantrip.protocols._asgi import HttpError, Send, end_body, sse_comment, start_sse
 from cantrip.protocols._body import nests_deeper

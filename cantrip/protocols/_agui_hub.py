@@ -16,9 +16,9 @@ from ag_ui.core import RunAgentInput
 
 from cantrip._approval import PauseError
 from cantrip._errors import CantripError, ConstructionError
-from cantrip._events import Event
 from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
+from cantrip.llm._stream import Event
 from cantrip.protocols._agui import (
     RunFailed,
     RunStream,

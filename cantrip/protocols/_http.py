@@ -49,10 +49,10 @@ import trio
 from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._errors import CantripError
-from cantrip._events import Event
 from cantrip._outcome import CastResult, result_dict
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
+from cantrip.llm._stream import Event
 from cantrip.protocols import _a2a
 from cantrip.protocols._a2a_push import Pushes
 from cantrip.protocols._a2a_session import SessionTasks

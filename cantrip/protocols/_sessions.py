@@ -44,23 +44,19 @@ from cantrip._cantrip import Cantrip
 from cantrip._entity import Entity
 from cantrip._errors import CantripError
 from cantrip._events import (
-    Event,
     FinalResponse,
     GateProgress,
     MessageComplete,
-    MessageStart,
     PauseEvent,
     StepComplete,
     StepStart,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallEvent,
     ToolResultEvent,
     UsageEvent,
 )
 from cantrip._outcome import CastResult, recorded_cast
 from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import plain_json
+from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import Turn
 from cantrip.protocols import _steering as steering
 from cantrip.protocols._idempotency import KEY_TAG, key_index, keyed_prompt_id, session_entity_id

@@ -33,16 +33,11 @@ from cantrip._cantrip import Cantrip
 from cantrip._entity import PauseHandler
 from cantrip._errors import CantripError
 from cantrip._events import (
-    Event,
     FinalResponse,
     GateProgress,
     MessageComplete,
-    MessageStart,
     StepComplete,
     StepStart,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallEvent,
     ToolResultEvent,
     UsageEvent,
 )
@@ -52,6 +47,7 @@ from cantrip._server import EntityServer
 from cantrip._supervisor import Supervisor
 from cantrip._text import TextError, check_text
 from cantrip.llm._contract import Response, Usage
+from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import GateCallRecord
 from cantrip.protocols._human import TerminalHuman
 

@@ -27,16 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from cantrip._events import (
-    Event,
-    EventSink,
-    MessageComplete,
-    MessageStart,
-    StepComplete,
-    StepStart,
-    ToolResultEvent,
-)
+from cantrip._events import EventSink, MessageComplete, StepComplete, StepStart, ToolResultEvent
 from cantrip.llm._contract import ZERO_USAGE, Usage
+from cantrip.llm._stream import Event, MessageStart
 from cantrip.tracing import _genai
 from cantrip.tracing._redacted import RedactedSpan
 

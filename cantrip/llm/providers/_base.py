@@ -48,7 +48,6 @@ import orjson
 import trio
 
 from cantrip._errors import ProviderError
-from cantrip._events import MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip._redact import get_logger
 from cantrip._version import __version__
 from cantrip.llm._config import Compat, ModelInfo, ProviderConfig
@@ -61,6 +60,7 @@ from cantrip.llm._contract import (
 )
 from cantrip.llm._openai_chat import error_from_payload
 from cantrip.llm._sse import SSEEvent, aiter_sse
+from cantrip.llm._stream import MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._transcript import (
     IncrementalRenderer,
     ProviderFormat,

@@ -35,7 +35,6 @@ from typing import Any
 from urllib.parse import quote
 
 from cantrip._errors import ProviderError
-from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._contract import (
     NO_USAGE,
     Message,
@@ -60,6 +59,7 @@ from cantrip.llm._finish import (
 )
 from cantrip.llm._openai_chat import error_from_payload, parse_arguments
 from cantrip.llm._sse import SSEEvent
+from cantrip.llm._stream import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm.providers._base import (
     EventSink,
     HTTPAdapter,

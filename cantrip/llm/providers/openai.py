@@ -17,11 +17,11 @@ from typing import Any
 import attrs
 import orjson
 
-from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
 from cantrip.llm._openai_chat import error_from_payload, parse_chat_completion
 from cantrip.llm._prompt_cache import cache_key
 from cantrip.llm._sse import SSEEvent
+from cantrip.llm._stream import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._transcript import ProviderFormat, RenderedView
 from cantrip.llm.providers._base import (
     RENDER_MEMOS,

@@ -45,7 +45,6 @@ import attrs
 import orjson
 
 from cantrip._errors import ProviderError
-from cantrip._events import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm._contract import (
     NO_USAGE,
     Message,
@@ -61,6 +60,7 @@ from cantrip.llm._contract import (
 from cantrip.llm._openai_chat import error_from_payload, parse_arguments
 from cantrip.llm._prompt_cache import cache_key
 from cantrip.llm._sse import SSEEvent
+from cantrip.llm._stream import TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.llm.providers._base import EventSink, HTTPAdapter, StreamState, log, split_extra
 
 FORMAT = "openai-responses"
