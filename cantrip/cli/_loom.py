@@ -55,7 +55,7 @@ from cantrip._redact import redact
 from cantrip.loom._export import Redaction, export_chat, export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
-from cantrip.loom._postgres import _safe
+from cantrip.loom._postgres_connection import safe_url
 from cantrip.loom._repair import damaged_hint
 from cantrip.loom._summary import cost as _cost
 from cantrip.loom._summary import outcome as _outcome
@@ -693,7 +693,7 @@ def _view(args: argparse.Namespace, err: TextIO) -> int:
     from cantrip.protocols._guard import BindError
     from cantrip.protocols._viewer import serve_viewer, viewer_guard
 
-    shown = _safe(args.loom_file) if isinstance(args.loom_file, str) else args.loom_file
+    shown = safe_url(args.loom_file) if isinstance(args.loom_file, str) else args.loom_file
 
     try:
         guard = viewer_guard(args.host, args.token)

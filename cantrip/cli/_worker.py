@@ -239,10 +239,10 @@ def _report(args: argparse.Namespace, state: str, work_id: int, outcome: dict[st
     """Print how the work ended (like ``cast``) and return the exit code."""
     if args.json:
         from cantrip.cli._output import print_cast_json
-        from cantrip.loom._postgres import _safe
+        from cantrip.loom._postgres_connection import safe_url
 
         extra = {"state": state, "work_id": work_id}
-        print_cast_json(outcome, loom=_safe(args.db), extra=extra)
+        print_cast_json(outcome, loom=safe_url(args.db), extra=extra)
     elif state in ("failed", "dead"):
         print(f"cantrip: {redact(str(outcome.get('error')))}", file=sys.stderr)
     elif state == "paused":
