@@ -52,6 +52,7 @@ import trio
 from cantrip._errors import CantripError, LoomError
 from cantrip._failure import debug_requested
 from cantrip._redact import redact
+from cantrip.cli._exit import EXIT_ERROR, EXIT_OK, EXIT_TRUNCATED
 from cantrip.loom._export import Redaction, export_chat, export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
@@ -66,9 +67,6 @@ from cantrip.loom._view import reasoning_summary
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 READ_ONLY = frozenset({"list", "show", "export", "stats"})
 """Commands that only read: the loom file is opened read-only and never changes."""
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_TRUNCATED = 2
 PREVIEW = 400
 
 LOOM_HELP = """\

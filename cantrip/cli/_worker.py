@@ -16,12 +16,13 @@ import trio
 
 from cantrip._errors import CantripError
 from cantrip._redact import redact
-
-EXIT_TERMINATED, EXIT_ERROR, EXIT_TRUNCATED, EXIT_INTERRUPTED = 0, 1, 2, 130
-EXIT_PAUSED = 3
-"""``cast --db`` / ``answer --db``: the cast paused for a human and waits, durable in
-the database, for ``cantrip answer`` (or any process's ``Dispatcher.answer``)."""
-
+from cantrip.cli._exit import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_PAUSED,
+    EXIT_TERMINATED,
+    EXIT_TRUNCATED,
+)
 
 Ended = tuple[str, int, dict[str, Any]]
 """How a queued cast ended: its state, the last work item, and its outcome."""
