@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from cantrip._record_cap import cap_record, record_cap
 from cantrip.llm._contract import Response, ToolCall, Usage, plain_json
 from cantrip.loom._codec import decode_record, encode_record
+from cantrip.loom._indexed import JournalEntry
 from cantrip.loom._model import GateCallRecord
-from cantrip.loom._sqlite_index import JournalEntry
 
 if TYPE_CHECKING:
     from cantrip._circle import Circle

@@ -65,10 +65,10 @@ def _commands(
 
 def cli_markdown() -> str:
     """Every command: its description, usage, arguments and options."""
-    from cantrip.cli._main import _parser
+    from cantrip.cli._parser import build_parser
 
     out: list[str] = []
-    for path, parser in _commands(_parser()[0]):
+    for path, parser in _commands(build_parser()[0]):
         title = " ".join(("cantrip", *path))
         out.append(f"## `{title}`\n")
         if parser.description:

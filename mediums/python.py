@@ -71,20 +71,22 @@ recorded code again against a replaying host that answers every gate call
 from the loom (see :mod:`cantrip._replay`). A recorded code call that was cut
 off mid-way is replayed up to the cut and then finished off like the
 interrupted feed it was, so the variables end up as they were.
+
+**Layout.** This module is the medium and its session: the trio side, which
+drives a code call, answers gate calls through the host and keeps the worker's
+life (:class:`PythonSession`). The blocking calls into Monty, run in a worker
+thread, are :mod:`mediums._python_sandbox`; converting values across the
+sandbox's edge and rendering its results and errors is :mod:`mediums._python_values`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
-import decimal
 import math
 import os
 import signal
-from collections.abc import Callable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
-from pathlib import PurePath
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import pydantic_monty as monty
@@ -103,20 +105,39 @@ from cantrip.medium import (
     WardKind,
     WardSet,
     render_code_observation,
-    to_loom_value,
 )
 from mediums._code import (
     LOOM_DOC,
-    LOOM_NAME,
     CodeRun,
-    HistorySource,
     boundary_arguments,
     code_tool,
     execute_code_calls,
     history_source,
-    map_arguments,
     observation_text,
     refused_arguments,
+)
+from mediums._python_sandbox import (
+    STOP_MESSAGE,
+    Feed,
+    LoomView,
+    checkout,
+    drain,
+    exit_quietly,
+    loom_object,
+    open_pool,
+    probe_headroom,
+    resume_feed,
+    sandbox_error,
+    start_feed,
+    timed_out,
+)
+from mediums._python_values import (
+    call_arguments,
+    error_text,
+    from_sandbox,
+    render_result,
+    shown_arguments,
+    to_sandbox,
 )
 from mediums.base import Execution, GateHost
 from mediums.js import MAX_EVAL_MS, MAX_MEMORY_MB
@@ -124,13 +145,8 @@ from mediums.js import MAX_EVAL_MS, MAX_MEMORY_MB
 _T = TypeVar("_T")
 
 TOOL_NAME = "python"
-MAX_CONSOLE_CHARS = 20_000
-MAX_ERROR_CHARS = 2_000
 MAX_SUSPENSIONS = 1_000_000_000
 """Monty counts host calls per checkout (default 1000); an entity's life may need more."""
-
-STOP_MESSAGE = "done was called; the rest of the code is skipped"
-_SLEEPS = frozenset({"time.sleep", "asyncio.sleep"})
 
 _NOTES = (
     "The sandbox runs Monty, a secure subset of Python 3: no files, network, environment or "
@@ -176,64 +192,6 @@ class PythonMedium:
         return render_code_observation(turn)
 
 
-class LoomView:
-    """What ``loom`` is inside the sandbox: the entity's history, read on demand.
-
-    One per session (the sandbox may keep the name bound across feeds); each
-    feed points :attr:`source` at its own history before the code runs.
-    """
-
-    def __init__(self) -> None:
-        self.source: HistorySource = list
-
-    @property
-    def turns(self) -> list[dict[str, Any]]:
-        return self.source()
-
-    def thread(self) -> list[dict[str, Any]]:
-        return self.source()
-
-    def turn(self, sequence: int) -> dict[str, Any] | None:
-        for turn in self.source():
-            if turn.get("sequence") == sequence:
-                return turn
-        return None
-
-
-def _loom_object(view: LoomView) -> monty.ClassInstance:
-    return monty.ClassInstance(view, lazy_attrs={"turns"}, allowed_methods={"thread", "turn"})
-
-
-@attrs.define
-class _Feed:
-    """One code call as the worker thread and the trio side both see it."""
-
-    gate_names: frozenset[str]
-    sleep_left: float
-    stubs: dict[str, Callable[..., Any]]
-    loom: monty.ClassInstance | None = None
-    console: list[str] = attrs.field(factory=list)
-    console_chars: int = 0
-    console_truncated: int = 0
-    """Characters of console output cut off (and how many)."""
-
-    def output(self, stream: Literal["stdout", "stderr"], text: str) -> None:
-        """Monty's print callback; never raises into the sandbox."""
-        room = MAX_CONSOLE_CHARS - self.console_chars
-        if len(text) > room:
-            self.console_truncated += len(text) - max(room, 0)
-            text = text[: max(room, 0)]
-        if text:
-            self.console.append(text)
-            self.console_chars += len(text)
-
-    def lines(self) -> list[str]:
-        text = "".join(self.console)
-        if text.endswith("\n"):
-            text = text[:-1]
-        return text.split("\n") if text else []
-
-
 @attrs.define
 class _Outcome:
     records: list[GateCallRecord] = attrs.field(factory=list)
@@ -270,7 +228,7 @@ class PythonSession:
         self._stubs: dict[str, Callable[..., Any]] = {}
         self._loom_view = LoomView() if expose_loom else None
         self._loom: monty.ClassInstance | None = (
-            _loom_object(self._loom_view) if self._loom_view is not None else None
+            loom_object(self._loom_view) if self._loom_view is not None else None
         )
 
     # -- the medium contract --------------------------------------------------
@@ -304,7 +262,7 @@ class PythonSession:
             await self._discard_session()
             pool, self._pool = self._pool, None
             if pool is not None:
-                await trio.to_thread.run_sync(_exit_quietly, pool)
+                await trio.to_thread.run_sync(exit_quietly, pool)
 
     # -- one code call ----------------------------------------------------------
 
@@ -322,18 +280,18 @@ class PythonSession:
             names.update((g.name, *g.aliases))
         if self._loom_view is not None:
             self._loom_view.source = history_source(host)
-        feed = _Feed(frozenset(names), self._eval_ms / 1000.0, self._stubs, self._loom)
+        feed = Feed(frozenset(names), self._eval_ms / 1000.0, self._stubs, self._loom)
         outcome = _Outcome()
         notice = self._take_notice()
         try:
             session = await self._ensure_session()
-            step = await self._in_sandbox(_start, session, code, feed)
+            step = await self._in_sandbox(start_feed, session, code, feed)
             await self._drive(step, feed, host, outcome)
         except monty.MontyError as exc:
             await self._failed(exc, outcome)
         kind, rendered = "undefined", None
         if outcome.has_result and not outcome.terminated and outcome.error is None:
-            kind, rendered = _render_result(outcome.result)
+            kind, rendered = render_result(outcome.result)
         text = observation_text(
             records=outcome.records,
             console=feed.lines(),
@@ -346,18 +304,18 @@ class PythonSession:
         return text, outcome
 
     async def _drive(
-        self, step: monty.SyncSnapshot, feed: _Feed, host: GateHost, outcome: _Outcome
+        self, step: monty.SyncSnapshot, feed: Feed, host: GateHost, outcome: _Outcome
     ) -> None:
         """Answer the snapshots that need trio (gate calls, sleeps) until the code ends."""
         try:
             while not isinstance(step, monty.MontyComplete):
-                if not isinstance(step, monty.FunctionSnapshot):  # _settle never returns these
+                if not isinstance(step, monty.FunctionSnapshot):  # settle never returns these
                     raise AssertionError(f"unexpected snapshot {step!r}")
                 if step.is_os_function:
                     answer = await _sleep(step, feed, self._eval_ms)
                 else:
                     answer = await self._host_call(step, host, outcome)
-                step = await self._in_sandbox(_resume, step, answer, feed)
+                step = await self._in_sandbox(resume_feed, step, answer, feed)
             outcome.result, outcome.has_result = step.output, True
         except monty.MontyError:
             raise
@@ -373,35 +331,39 @@ class PythonSession:
         self, snap: monty.FunctionSnapshot, host: GateHost, outcome: _Outcome
     ) -> monty.ExternalResult:
         name = str(snap.function_name)
-        args = [_from_sandbox(a) for a in snap.args]
-        kwargs = {str(k): _from_sandbox(v) for k, v in snap.kwargs.items()}
+        args = [from_sandbox(a) for a in snap.args]
+        kwargs = {str(k): from_sandbox(v) for k, v in snap.kwargs.items()}
         shown: dict[str, Any] = {"args": args, **({"kwargs": kwargs} if kwargs else {})}
         if outcome.terminated:
             outcome.records.append(
-                host.unexecuted(name, _shown(shown), None, "skipped", "skipped: " + STOP_MESSAGE)
+                host.unexecuted(
+                    name, shown_arguments(shown), None, "skipped", "skipped: " + STOP_MESSAGE
+                )
             )
-            return _raise("SystemExit", STOP_MESSAGE)
+            return sandbox_error("SystemExit", STOP_MESSAGE)
         found = host.gate(name)
-        if found is None:  # _settle only hands over the circle's gates
-            return _raise("NameError", f"name {name!r} is not defined")
+        if found is None:  # settle only hands over the circle's gates
+            return sandbox_error("NameError", f"name {name!r} is not defined")
         try:
-            call_args = boundary_arguments(name, _call_arguments(found, args, kwargs))
+            call_args = boundary_arguments(name, call_arguments(found, args, kwargs))
         except TypeError as exc:
-            outcome.records.append(host.unexecuted(name, _shown(shown), None, "error", str(exc)))
-            return _raise("TypeError", str(exc))
+            outcome.records.append(
+                host.unexecuted(name, shown_arguments(shown), None, "error", str(exc))
+            )
+            return sandbox_error("TypeError", str(exc))
         except ValueBoundaryError as exc:  # the value boundary (cantrip._values)
             outcome.records.append(
                 host.unexecuted(name, refused_arguments(shown), None, "error", str(exc))
             )
-            return _raise("ValueError", str(exc))
+            return sandbox_error("ValueError", str(exc))
         record = await host.call(name, call_args)
         outcome.records.append(record)
         if record.is_error:
-            return _raise("RuntimeError", record.text)
+            return sandbox_error("RuntimeError", record.text)
         if host.terminates(name):
             outcome.terminated, outcome.value = True, record.result
-            return _raise("SystemExit", STOP_MESSAGE)
-        return {"return_value": _to_sandbox(record.result)}
+            return sandbox_error("SystemExit", STOP_MESSAGE)
+        return {"return_value": to_sandbox(record.result)}
 
     async def _failed(self, exc: monty.MontyError, outcome: _Outcome) -> None:
         """The code ended with an exception: say what happened, in the entity's terms."""
@@ -418,7 +380,7 @@ class PythonSession:
         inner = exc.exception()
         if isinstance(inner, SystemExit) and outcome.terminated:
             return  # the stop after done: not an error
-        if _timed_out(exc):
+        if timed_out(exc):
             await self._discard_session()
             self._lost_state = True
             outcome.error = (
@@ -438,7 +400,7 @@ class PythonSession:
                     "; the variables still fill the memory limit, so the sandbox will "
                     "restart without its state"
                 )
-        outcome.error = _error_text(exc, hint)
+        outcome.error = error_text(exc, hint)
 
     # -- the Monty worker --------------------------------------------------------
 
@@ -490,7 +452,7 @@ class PythonSession:
         if session is None:
             return False
         try:
-            await self._in_sandbox(_probe, session)
+            await self._in_sandbox(probe_headroom, session)
         except monty.MontyError:
             return False
         return True
@@ -512,8 +474,8 @@ class PythonSession:
     async def _ensure_session(self) -> monty.MontySession:
         if self._session is None:
             if self._pool is None:
-                self._pool = await trio.to_thread.run_sync(_open_pool)
-            session = await trio.to_thread.run_sync(_checkout, self._pool, self._limits)
+                self._pool = await trio.to_thread.run_sync(open_pool)
+            session = await trio.to_thread.run_sync(checkout, self._pool, self._limits)
             self._session, self._worker_pid = session, session.worker_pid
         return self._session
 
@@ -521,7 +483,7 @@ class PythonSession:
         session, self._session = self._session, None
         if session is not None:
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(_exit_quietly, session)
+                await trio.to_thread.run_sync(exit_quietly, session)
 
     async def _finish_pending(self) -> None:
         """Run an interrupted feed to its end, answering every gate call with SystemExit."""
@@ -529,9 +491,9 @@ class PythonSession:
         if snap is None:
             return
         try:
-            await self._in_sandbox(_drain, snap)
+            await self._in_sandbox(drain, snap)
         except monty.MontyError as exc:
-            if isinstance(exc, monty.MontyCrashedError) or _timed_out(exc):
+            if isinstance(exc, monty.MontyCrashedError) or timed_out(exc):
                 await self._discard_session()
                 self._lost_state = True
         except RuntimeError:  # the snapshot could not be resumed: the feed is unusable
@@ -548,273 +510,21 @@ class PythonSession:
         )
 
 
-# -- worker-thread side (blocking Monty calls; never touches trio or the host) ---
-
-
-def _open_pool() -> monty.Monty:
-    pool = monty.Monty(min_processes=1, max_processes=1)
-    pool.__enter__()
-    return pool
-
-
-def _checkout(pool: monty.Monty, limits: monty.ResourceLimits) -> monty.MontySession:
-    session = pool.checkout(
-        script_name="main.py",
-        limits=limits,
-        os_policy={"sleep": "call_host"},
-    )
-    session.__enter__()
-    return session
-
-
-def _exit_quietly(resource: monty.Monty | monty.MontySession) -> None:
-    with contextlib.suppress(monty.MontyError, RuntimeError, OSError):  # a dead worker
-        resource.__exit__(None, None, None)
-
-
-def _start(session: monty.MontySession, code: str, feed: _Feed) -> monty.SyncSnapshot:
-    return _settle(session.feed_start(code, print_callback=feed.output), feed)
-
-
-HEADROOM_PROBE = "len('x' * 262144)"
-"""Allocates 256 KB and keeps nothing: fails only when the heap is (nearly) full."""
-
-
-def _probe(session: monty.MontySession) -> None:
-    step = session.feed_start(HEADROOM_PROBE)
-    if not isinstance(step, monty.MontyComplete):  # pragma: no cover -- pure code
-        raise AssertionError(f"the probe suspended: {step!r}")
-
-
-def _resume(
-    snap: monty.FunctionSnapshot, answer: monty.ExternalResult, feed: _Feed
-) -> monty.SyncSnapshot:
-    return _settle(snap.resume(answer), feed)
-
-
-def _settle(step: monty.SyncSnapshot, feed: _Feed) -> monty.SyncSnapshot:
-    """Answer every suspension that needs no host call; stop at one that does."""
-    while True:
-        if isinstance(step, monty.MontyComplete):
-            return step
-        if isinstance(step, monty.NameLookupSnapshot):
-            name = step.variable_name
-            if step.object_id is None and name in feed.gate_names:
-                step = step.resume(value=_stub(feed.stubs, name))
-            elif step.object_id is None and name == LOOM_NAME and feed.loom is not None:
-                step = step.resume(value=feed.loom)
-            elif _is_loom(step.object_id, feed):
-                step = step.resume_auto()  # an attribute of loom, by its wrapper's policy
-            else:
-                step = step.resume()  # NameError / AttributeError in the sandbox
-        elif isinstance(step, monty.FutureSnapshot):
-            # Nothing here answers with a future; settle any that appear as errors.
-            error = _raise("RuntimeError", "asynchronous host calls are not supported")
-            step = step.resume(dict.fromkeys(step.pending_call_ids, error))
-        elif step.is_os_function:
-            if str(step.function_name) in _SLEEPS:
-                return step  # slept on the trio side
-            step = step.resume_not_handled()  # files, env, imports: refused by Monty
-        elif step.object_id is None and str(step.function_name) in feed.gate_names:
-            return step  # a gate call: the trio side calls it
-        elif _is_loom(step.object_id, feed):
-            step = step.resume_auto()  # a method of loom: reads the history
-        else:
-            step = step.resume(
-                _raise("NameError", f"name {str(step.function_name)!r} is not defined")
-            )
-
-
-def _is_loom(object_id: Any, feed: _Feed) -> bool:
-    return object_id is not None and feed.loom is not None and str(object_id) == str(feed.loom.id)
-
-
-def _drain(step: monty.SyncSnapshot) -> None:
-    """Finish an abandoned feed without calling anything."""
-    stop = _raise("SystemExit", STOP_MESSAGE)
-    while not isinstance(step, monty.MontyComplete):
-        if isinstance(step, monty.NameLookupSnapshot):
-            step = step.resume()
-        elif isinstance(step, monty.FutureSnapshot):
-            step = step.resume(dict.fromkeys(step.pending_call_ids, stop))
-        else:
-            step = step.resume(stop)
-
-
-def _stub(stubs: dict[str, Callable[..., Any]], name: str) -> Callable[..., Any]:
-    """A host function value for a gate name; Monty calls it back by its ``__name__``."""
-    found = stubs.get(name)
-    if found is None:
-
-        def gate_function(*args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError("gate stubs are answered by the medium, never called")
-
-        gate_function.__name__ = gate_function.__qualname__ = name
-        found = stubs[name] = gate_function
-    return found
-
-
-# -- helpers -----------------------------------------------------------------------
-
-
-async def _sleep(snap: monty.FunctionSnapshot, feed: _Feed, eval_ms: int) -> monty.ExternalResult:
+async def _sleep(snap: monty.FunctionSnapshot, feed: Feed, eval_ms: int) -> monty.ExternalResult:
     """``time.sleep`` on the trio side (cancellable), within the code call's time budget."""
     try:
         seconds = float(snap.args[0]) if snap.args else 0.0
     except (TypeError, ValueError):
-        return _raise("TypeError", "sleep() needs a number of seconds")
+        return sandbox_error("TypeError", "sleep() needs a number of seconds")
     if math.isnan(seconds) or seconds < 0:
-        return _raise("ValueError", "sleep length must be non-negative")
+        return sandbox_error("ValueError", "sleep length must be non-negative")
     if seconds > feed.sleep_left:
         await trio.sleep(feed.sleep_left)
         feed.sleep_left = 0.0
-        return _raise("TimeoutError", f"sleeping exceeds max_eval_ms={eval_ms}")
+        return sandbox_error("TimeoutError", f"sleeping exceeds max_eval_ms={eval_ms}")
     await trio.sleep(seconds)
     feed.sleep_left -= seconds
     return {"return_value": None}
-
-
-def _timed_out(exc: monty.MontyError) -> bool:
-    """Monty's own (uncatchable) time limit, as opposed to a TimeoutError of the code."""
-    if isinstance(exc, monty.MontyCrashedError):
-        return False
-    inner = exc.exception()
-    return isinstance(inner, TimeoutError) and "time limit exceeded" in str(inner)
-
-
-def _raise(exc_type: monty.ExcType, message: str) -> monty.ExternalExceptionData:
-    return {"exc_type": exc_type, "message": message}
-
-
-def _shown(shown: dict[str, Any]) -> dict[str, Any]:
-    """The arguments as a record keeps them: loom values, or a preview if they are not."""
-    try:
-        value: dict[str, Any] = to_loom_value(shown)
-    except ValueBoundaryError:
-        return refused_arguments(shown)
-    return value
-
-
-def _call_arguments(gate: Gate, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Positional (mapped like every code medium) and keyword arguments of a gate call."""
-    mapped = map_arguments(gate, args)
-    for key, value in kwargs.items():
-        if key in mapped:
-            raise TypeError(f"{gate.name}() got multiple values for argument {key!r}")
-        mapped[key] = value
-    return mapped
-
-
-def _error_text(exc: monty.MontyError, hint: str = "") -> str:
-    """``Type: message`` first, then where it happened (Monty's traceback), kept short."""
-    if not isinstance(exc, monty.MontySyntaxError | monty.MontyRuntimeError):
-        return str(exc) + hint
-    headline = exc.display("type-msg")
-    frames = exc.display("traceback").removeprefix("Traceback (most recent call last):\n")
-    frames = frames.removesuffix(headline).rstrip()
-    headline += hint
-    if len(frames) > MAX_ERROR_CHARS:
-        frames = "  ...\n" + frames[-MAX_ERROR_CHARS:]
-    return f"{headline}\n{frames}" if frames else headline
-
-
-_PLAIN = (bool, int, float, complex, str, bytes, type(None))
-_DATA = (
-    *_PLAIN,
-    datetime.datetime,
-    datetime.date,
-    datetime.time,
-    datetime.timedelta,
-    decimal.Decimal,
-)
-
-
-def _to_sandbox(value: Any, depth: int = 0) -> Any:
-    """A gate result as a value Monty can take: data stays data, the rest becomes text."""
-    if isinstance(value, _DATA):
-        return value
-    if depth > 100:
-        return str(value)
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    if isinstance(value, PurePath):
-        return str(value)
-    if isinstance(value, Mapping):
-        return {_key(k): _to_sandbox(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_to_sandbox(v, depth + 1) for v in value)
-    if isinstance(value, list):
-        return [_to_sandbox(v, depth + 1) for v in value]
-    if isinstance(value, frozenset):
-        return frozenset(_key(v) for v in value)
-    if isinstance(value, AbstractSet):
-        return {_key(v) for v in value}
-    return str(value)
-
-
-def _key(value: Any) -> Any:
-    return value if isinstance(value, _DATA) else str(value)
-
-
-def _from_sandbox(value: Any, depth: int = 0) -> Any:
-    """An argument from the sandbox as plain host data (proxies unwrapped)."""
-    if isinstance(value, _PLAIN):
-        return value
-    if depth > 100:
-        return value  # the value boundary refuses it, with a message
-    if isinstance(value, monty.MontyClassProxy):
-        return {str(k): _from_sandbox(v, depth + 1) for k, v in value.attributes.items()}
-    if isinstance(value, monty.MontyClassTypeProxy | monty.MontyStdTypeProxy):
-        return _repr(value)
-    if isinstance(value, PurePath):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _from_sandbox(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_sandbox(v, depth + 1) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_from_sandbox(v, depth + 1) for v in value)
-    return value
-
-
-def _render_result(value: Any) -> tuple[str, str | None]:
-    """(kind, text) of a snippet's last value; ``None`` shows nothing, as in a REPL."""
-    if value is None:
-        return "undefined", None
-    kind = value.name if isinstance(value, monty.MontyClassProxy) else type(value).__name__
-    if isinstance(value, list | tuple | dict | set | frozenset):
-        kind = f"{kind}, {len(value)} items"
-    return kind, _repr(value)
-
-
-def _repr(value: Any, depth: int = 0) -> str:
-    """Python's repr, with Monty's proxies shown as the sandbox would show them."""
-    if depth > 50:
-        return "..."
-    inner = depth + 1
-    if isinstance(value, monty.MontyClassProxy):
-        fields = ", ".join(f"{k}={_repr(v, inner)}" for k, v in value.attributes.items())
-        return f"{value.name}({fields})"
-    if isinstance(value, monty.MontyClassTypeProxy):
-        return f"<class {value.name!r}>"
-    if isinstance(value, monty.MontyStdTypeProxy):
-        if value.kind == "function":
-            return f"<built-in function {value.name}>"
-        return f"<class {value.name!r}>"
-    if isinstance(value, list):
-        return "[" + ", ".join(_repr(v, inner) for v in value) + "]"
-    if isinstance(value, tuple):
-        items = ", ".join(_repr(v, inner) for v in value)
-        return f"({items},)" if len(value) == 1 else f"({items})"
-    if isinstance(value, dict):
-        pairs = (f"{_repr(k, inner)}: {_repr(v, inner)}" for k, v in value.items())
-        return "{" + ", ".join(pairs) + "}"
-    if isinstance(value, set | frozenset):
-        if not value:
-            return f"{type(value).__name__}()"
-        items = "{" + ", ".join(_repr(v, inner) for v in value) + "}"
-        return items if isinstance(value, set) else f"frozenset({items})"
-    return repr(value)
 
 
 python = PythonMedium()

@@ -20,6 +20,8 @@ import trio
 
 import gates
 from cantrip import Cantrip, Circle, Identity, Loom, ScriptedLLM, max_turns
+from cantrip._failure import EXIT_BUG
+from cantrip.cli import _conformance
 from cantrip.cli import _main as _cli
 
 CANTRIP = str(Path(sys.executable).with_name("cantrip"))
@@ -207,9 +209,9 @@ def test_a_bug_shows_its_traceback_and_says_it_is_a_bug(
     def broken(args: object) -> int:
         raise TypeError("an internal mistake")
 
-    monkeypatch.setattr(_cli, "_conformance", broken)
+    monkeypatch.setattr(_conformance, "run_conformance", broken)
     code, _, err = run_main(["conformance"], None, monkeypatch, capsys)
-    assert code == _cli.EXIT_BUG == 70
+    assert code == EXIT_BUG == 70
     assert "Traceback (most recent call last)" in err
     assert "TypeError: an internal mistake" in err
     assert "this is a bug in cantrip" in err.strip().splitlines()[-1]

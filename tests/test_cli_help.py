@@ -19,7 +19,7 @@ import pytest
 
 from cantrip._version import __version__
 from cantrip.cli import main
-from cantrip.cli._main import _parser
+from cantrip.cli._parser import build_parser
 
 MARKUP = re.compile(r":(class|mod|func|meth|attr|data|exc|ref):`|``|`[^`\n]+`_")
 RULE_ID = re.compile(r"\b(?!UTF-)[A-Z]{2,}-\d+\b")  # LOOP-2, CIRCLE-10; not UTF-8
@@ -45,7 +45,7 @@ def _argv(path: tuple[str, ...]) -> list[str]:
     return [*argv, "--help"]
 
 
-COMMANDS = list(_commands(_parser()[0]))
+COMMANDS = list(_commands(build_parser()[0]))
 
 
 def test_the_walk_finds_every_command() -> None:

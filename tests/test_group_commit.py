@@ -239,7 +239,7 @@ def test_a_group_commit_batch_is_a_statement_per_kind_and_keeps_every_rule(
     pg_url: str,
 ) -> None:
     from cantrip.loom._model import Turn
-    from cantrip.loom._postgres import _independent
+    from cantrip.loom._postgres_writes import _independent
 
     store, fence = _claimed(pg_url, "a")
     try:

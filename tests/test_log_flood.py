@@ -196,10 +196,10 @@ async def test_malformed_api_agui_and_refused_requests_log_nothing_loud(
 async def test_malformed_mcp_requests_over_http_log_nothing_loud(
     records: list[logging.LogRecord], tmp_path: Path
 ) -> None:
-    from cantrip.cli._main import _load
+    from cantrip.cli._spec_file import load_cantrip
     from cantrip.mcp._serve import serve_http
 
-    served = _load(write_spec(tmp_path, SCRIPT, loom=False))
+    served = load_cantrip(write_spec(tmp_path, SCRIPT, loom=False))
     headers = {**AUTH, **MCP_HEADERS}
     statuses: Counter[int] = Counter()
     async with trio.open_nursery() as nursery:

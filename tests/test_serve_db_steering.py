@@ -478,7 +478,8 @@ def test_a_version_3_database_is_brought_to_version_4_in_place(pg_url: str) -> N
     import psycopg
 
     from cantrip.distributed._queue import WorkQueue
-    from cantrip.loom._postgres import SCHEMA_VERSION, PostgresStore
+    from cantrip.loom._postgres import PostgresStore
+    from cantrip.loom._postgres_schema import SCHEMA_VERSION
 
     store = PostgresStore(pg_url, max_connections=2)
     WorkQueue(store).enqueue({"factory": "m:f"}, "kept", "entity-old")

@@ -387,7 +387,7 @@ def test_a_token_given_as_a_flag_is_redacted_like_the_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from cantrip._redact import redact
-    from cantrip.cli import _main as _cli
+    from cantrip.cli import _protocols as _cli
 
     monkeypatch.setenv("CANTRIP_TOKEN", "")  # restored after the test
     assert _cli._token(None) is None

@@ -28,8 +28,8 @@ import gates
 from cantrip import Cantrip, Circle, Identity, ScriptedLLM, max_turns
 from cantrip._values import MAX_VALUE_DEPTH, ValueBoundaryError, to_loom_value
 from cantrip.loom import JSONLStore, Loom, SQLiteStore
+from cantrip.loom._indexed import Record
 from cantrip.loom._model import EntityRecord, Turn
-from cantrip.loom._stores import Record
 from mediums.bash import BashMedium
 from mediums.js import JsMedium
 from mediums.python import PythonMedium

@@ -21,8 +21,8 @@ from typing import Any
 import trio
 
 from cantrip._errors import CantripError
+from cantrip.cli._exit import EXIT_USAGE
 
-EXIT_USAGE = 2
 _SUITE_RECORDING = "suite's recording"
 
 

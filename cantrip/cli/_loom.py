@@ -53,10 +53,11 @@ from cantrip._chat_export import export_chat
 from cantrip._errors import CantripError, LoomError
 from cantrip._failure import debug_requested
 from cantrip._redact import redact
+from cantrip.cli._exit import EXIT_ERROR, EXIT_OK, EXIT_TRUNCATED
 from cantrip.loom._export import Redaction, export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
-from cantrip.loom._postgres import _safe
+from cantrip.loom._postgres_connection import safe_url
 from cantrip.loom._repair import damaged_hint
 from cantrip.loom._summary import cost as _cost
 from cantrip.loom._summary import outcome as _outcome
@@ -67,9 +68,6 @@ from cantrip.loom._view import reasoning_summary
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 READ_ONLY = frozenset({"list", "show", "export", "stats"})
 """Commands that only read: the loom file is opened read-only and never changes."""
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_TRUNCATED = 2
 PREVIEW = 400
 
 LOOM_HELP = """\
@@ -694,7 +692,7 @@ def _view(args: argparse.Namespace, err: TextIO) -> int:
     from cantrip.protocols._guard import BindError
     from cantrip.protocols._viewer import serve_viewer, viewer_guard
 
-    shown = _safe(args.loom_file) if isinstance(args.loom_file, str) else args.loom_file
+    shown = safe_url(args.loom_file) if isinstance(args.loom_file, str) else args.loom_file
 
     try:
         guard = viewer_guard(args.host, args.token)

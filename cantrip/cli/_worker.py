@@ -16,12 +16,13 @@ import trio
 
 from cantrip._errors import CantripError
 from cantrip._redact import redact
-
-EXIT_TERMINATED, EXIT_ERROR, EXIT_TRUNCATED, EXIT_INTERRUPTED = 0, 1, 2, 130
-EXIT_PAUSED = 3
-"""``cast --db`` / ``answer --db``: the cast paused for a human and waits, durable in
-the database, for ``cantrip answer`` (or any process's ``Dispatcher.answer``)."""
-
+from cantrip.cli._exit import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_PAUSED,
+    EXIT_TERMINATED,
+    EXIT_TRUNCATED,
+)
 
 Ended = tuple[str, int, dict[str, Any]]
 """How a queued cast ended: its state, the last work item, and its outcome."""
@@ -239,10 +240,10 @@ def _report(args: argparse.Namespace, state: str, work_id: int, outcome: dict[st
     """Print how the work ended (like ``cast``) and return the exit code."""
     if args.json:
         from cantrip.cli._output import print_cast_json
-        from cantrip.loom._postgres import _safe
+        from cantrip.loom._postgres_connection import safe_url
 
         extra = {"state": state, "work_id": work_id}
-        print_cast_json(outcome, loom=_safe(args.db), extra=extra)
+        print_cast_json(outcome, loom=safe_url(args.db), extra=extra)
     elif state in ("failed", "dead"):
         print(f"cantrip: {redact(str(outcome.get('error')))}", file=sys.stderr)
     elif state == "paused":

@@ -18,7 +18,7 @@ from cantrip.distributed._outage import Outage, database_away
 from cantrip.distributed._owned import Owned
 from cantrip.distributed._queue import heartbeat_on
 from cantrip.loom._loom import Loom
-from cantrip.loom._postgres import lease_lost_message
+from cantrip.loom._postgres_writes import lease_lost_message
 
 log = get_logger("cantrip.worker")
 

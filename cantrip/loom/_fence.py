@@ -10,6 +10,8 @@ was paused or partitioned past its lease can therefore never append again.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from cantrip._errors import CantripError
@@ -32,3 +34,8 @@ class Fence:
     """The worker's id."""
     epoch: int
     """Incremented by every claim: a newer owner's epoch is always larger."""
+
+
+PendingOp = tuple[str, Any, Fence | None]
+"""A queued write of a deferred store: ("entity" | "turn" | "reward" | "journal",
+payload, fence) -- queued by the loom, made by the store (``PostgresStore.write_batch``)."""

@@ -6,7 +6,7 @@ path and is extracted by walking parent links, O(depth).
 
 Two ways to hold it. A store that can only replay its records (memory, JSONL)
 is read once into an in-memory index. A store that answers queries
-(:class:`~cantrip.loom._sqlite_index.IndexedStore`: SQLite, PostgreSQL) is
+(:class:`~cantrip.loom._indexed.IndexedStore`: SQLite, PostgreSQL) is
 never read whole: the loom asks it for what a request needs -- a thread, an
 entity's latest turn, a page of entities -- and keeps what it read or wrote
 in a bounded cache (turns never change, so a cached turn is never stale).
@@ -28,17 +28,13 @@ from typing import Any, cast
 import trio
 
 from cantrip._errors import LoomAppendOnlyError, LoomError
-from cantrip.loom._fence import Fence, LeaseLostError
+from cantrip.loom._fence import Fence, LeaseLostError, PendingOp
+from cantrip.loom._indexed import IndexedStore, JournalEntry, JournalStore
 from cantrip.loom._model import EntityRecord, Turn
-from cantrip.loom._sqlite_index import IndexedStore, JournalEntry, JournalStore
 from cantrip.loom._stores import LoomStore, MemoryStore, open_store
 
 CACHE_TURNS = 200_000
 """Turns an indexed loom keeps in memory before it forgets the oldest it read."""
-
-PendingOp = tuple[str, Any, Fence | None]
-"""A queued write of a deferred store: ("entity" | "turn" | "reward" | "journal",
-payload, fence)."""
 
 
 class Loom:

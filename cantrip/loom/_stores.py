@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
@@ -19,17 +19,10 @@ from cantrip._errors import LoomAppendOnlyError, LoomError
 from cantrip._redact import get_logger
 from cantrip.loom._blobs import MISSING, Blob, encode_blob, externalize, internalize
 from cantrip.loom._codec import decode_record, encode_record
+from cantrip.loom._indexed import IndexedQueries, Record, query_sql
 from cantrip.loom._model import EntityRecord, Turn
-from cantrip.loom._sqlite_index import SQLiteQueries
 
 _log = get_logger("cantrip.loom")
-
-Record = (
-    tuple[Literal["entity"], EntityRecord]
-    | tuple[Literal["turn"], Turn]
-    | tuple[Literal["reward"], tuple[str, float | None]]
-)
-
 
 _json = encode_record
 _loads = decode_record
@@ -101,6 +94,21 @@ CREATE TABLE IF NOT EXISTS blob_refs (
 ) WITHOUT ROWID;
 """
 
+INDEX_SCHEMA = """
+CREATE INDEX IF NOT EXISTS turns_by_entity ON turns (entity_id, pos);
+CREATE INDEX IF NOT EXISTS turns_by_parent ON turns (parent_id);
+CREATE TABLE IF NOT EXISTS journal (
+    entity_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    ordinal INTEGER NOT NULL,
+    gate TEXT NOT NULL,
+    data TEXT NOT NULL,
+    record TEXT,
+    PRIMARY KEY (entity_id, sequence, ordinal)
+);
+"""
+"""Added to an SQLite loom on open (``IF NOT EXISTS``: older files gain them once)."""
+
 
 _INSERT_TURN = (
     "INSERT INTO turns (id, parent_id, entity_id, sequence, data) "
@@ -111,7 +119,7 @@ pruned while it was idle (another process, ``prune`` or ``serve --retain-days``)
 an error instead of writing turns whose entity and parents are gone (issue 39)."""
 
 
-class SQLiteStore(SQLiteQueries):
+class SQLiteStore(IndexedQueries):
     """The embedded default for a loom on disk.
 
     WAL mode, one commit per record. ``durability="normal"`` survives a crash
@@ -119,8 +127,10 @@ class SQLiteStore(SQLiteQueries):
     cost of an fsync per turn. Append-only is enforced by triggers in the
     database itself, so another program cannot quietly edit history either.
     A loom written by one process can be opened and read by another. The loom
-    reads it by query (:class:`~cantrip.loom._sqlite_index.SQLiteQueries`), never whole.
+    reads it by query (:class:`~cantrip.loom._indexed.IndexedQueries`), never whole.
     """
+
+    _sql = query_sql("", "?")
 
     def __init__(
         self,
@@ -141,7 +151,7 @@ class SQLiteStore(SQLiteQueries):
             self._cursor = self._db.cursor()
             return
         self._db.executescript(_SCHEMA)
-        self._index_schema()
+        self._db.executescript(INDEX_SCHEMA)
         self._db.execute(f"PRAGMA synchronous={durability.upper()}")
         self._cursor = self._db.cursor()  # reused: one fewer object per append
 
@@ -209,16 +219,30 @@ class SQLiteStore(SQLiteQueries):
         if cursor.rowcount != 1:
             raise LoomError(f"no turn {turn_id!r} in {self.path}")
 
-    def load(self) -> Iterator[Record]:
-        entities = self._db.execute("SELECT data FROM entities ORDER BY pos").fetchall()
-        for (data,) in entities:
-            yield "entity", EntityRecord.from_dict(_loads(data))
-        rows = self._db.execute("SELECT data, reward FROM turns ORDER BY pos").fetchall()
-        for data, reward in rows:
-            turn = self._read_turn(data)
-            yield "turn", turn
-            if reward is not None:
-                yield "reward", (turn.id, reward)
+    def journal_write(
+        self, entity_id: str, sequence: int, ordinal: int, gate: str, data: str, record: str | None
+    ) -> None:
+        if ordinal < 0:  # a new utterance: what an abandoned attempt left is void
+            self._db.execute(
+                "DELETE FROM journal WHERE entity_id = ? AND sequence = ?", (entity_id, sequence)
+            )
+        self._db.execute(
+            "INSERT INTO journal (entity_id, sequence, ordinal, gate, data, record) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (entity_id, sequence, ordinal) "
+            "DO UPDATE SET record = excluded.record WHERE journal.record IS NULL",
+            (entity_id, sequence, ordinal, gate, data, record),
+        )
+
+    # -- how the shared queries (IndexedQueries) run here
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return self._db.execute(sql, params).fetchall()
+
+    def _stream(self, sql: str) -> Iterator[Any]:
+        return iter(self._db.execute(sql))
+
+    def _location(self) -> str:
+        return str(self.path)
 
     def close(self) -> None:
         self._db.close()

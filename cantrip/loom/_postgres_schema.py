@@ -1,0 +1,154 @@
+"""The PostgreSQL loom's tables, and bringing a database up to date with them.
+
+The loom's tables (entities and turns with their append-only triggers, the gate
+journal, blobs) and those of the work queue (:mod:`cantrip.distributed`: leases,
+work, messages) are one idempotent script with one version history, read in one
+place; the front ends that keep sessions, tasks or live pauses add their own tables
+beside these. :func:`migrate` runs the script on first use, under an advisory lock
+so that workers starting together do not race.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cantrip._errors import LoomError
+
+SCHEMA_VERSION = 5
+"""2: the append-only trigger lets prune delete whole trees (``cantrip.prune``).
+3: big values stored once (``cantrip_blobs``, ``cantrip_blob_refs``; see ``_blobs``).
+4: steering and double-texting under workers: ``cantrip_messages`` (a message sent to a
+running prompt, for its worker to hand to the cast), and on ``cantrip_work`` the loom
+position a cast began after (``base_pos``, set at its first claim: a prompt queued behind
+another begins after it) and why a cancel was asked for (``cancel_reason``: ``interrupted``
+for a prompt a newer one displaced).
+5: a killed worker's casts are told apart from the cast that killed it
+(``cantrip.distributed._queue``): on ``cantrip_work``, ``crashes`` (how often a worker
+died holding it), ``spare`` (its next claim costs no attempt: its worker died holding
+other casts too), ``suspect`` (run it in quarantine, alone), ``paroled`` (cleared by a
+quarantine once: the next lasts to its end) and ``alone`` (its current claim is held by
+a worker that holds nothing else).
+Each statement is idempotent, so a database at any earlier version is brought up to
+date by running the schema again."""
+SCHEMA_LOCK = 0x63616E74  # "cant": the advisory lock schema creation runs under
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS cantrip_schema (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS cantrip_entities (
+    pos BIGSERIAL PRIMARY KEY,
+    entity_id TEXT UNIQUE NOT NULL,
+    parent_entity_id TEXT,
+    data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cantrip_turns (
+    pos BIGSERIAL PRIMARY KEY,
+    id TEXT UNIQUE NOT NULL,
+    parent_id TEXT,
+    entity_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    data TEXT NOT NULL,
+    reward DOUBLE PRECISION,
+    UNIQUE (entity_id, sequence)
+);
+CREATE INDEX IF NOT EXISTS cantrip_turns_by_entity ON cantrip_turns (entity_id, pos);
+CREATE INDEX IF NOT EXISTS cantrip_turns_by_parent ON cantrip_turns (parent_id);
+CREATE OR REPLACE FUNCTION cantrip_append_only() RETURNS trigger AS $$
+BEGIN
+    -- prune (cantrip.loom._postgres_retention) removes whole trees in a transaction
+    -- that has set cantrip.prune; nothing else may delete or change history
+    IF TG_OP = 'DELETE' AND current_setting('cantrip.prune', true) = 'on' THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'loom is append-only';
+END $$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS cantrip_turns_no_delete ON cantrip_turns;
+CREATE TRIGGER cantrip_turns_no_delete BEFORE DELETE ON cantrip_turns
+    FOR EACH ROW EXECUTE FUNCTION cantrip_append_only();
+DROP TRIGGER IF EXISTS cantrip_turns_no_update ON cantrip_turns;
+CREATE TRIGGER cantrip_turns_no_update
+    BEFORE UPDATE OF id, parent_id, entity_id, sequence, data ON cantrip_turns
+    FOR EACH ROW EXECUTE FUNCTION cantrip_append_only();
+DROP TRIGGER IF EXISTS cantrip_entities_no_change ON cantrip_entities;
+CREATE TRIGGER cantrip_entities_no_change BEFORE UPDATE OR DELETE ON cantrip_entities
+    FOR EACH ROW EXECUTE FUNCTION cantrip_append_only();
+CREATE TABLE IF NOT EXISTS cantrip_leases (
+    entity_id TEXT PRIMARY KEY,
+    owner TEXT,
+    epoch BIGINT NOT NULL DEFAULT 0,
+    expires_at TIMESTAMPTZ NOT NULL DEFAULT '-infinity'
+);
+CREATE TABLE IF NOT EXISTS cantrip_work (
+    id BIGSERIAL PRIMARY KEY,
+    entity_id TEXT NOT NULL,
+    intent TEXT NOT NULL,
+    spell TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'queued',
+    owner TEXT,
+    epoch BIGINT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    cancel_requested BOOLEAN NOT NULL DEFAULT false,
+    result TEXT,
+    enqueued_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    claimed_at TIMESTAMPTZ,
+    finished_at TIMESTAMPTZ
+);
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS base_pos BIGINT;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS cancel_reason TEXT;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS crashes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS spare BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS suspect BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS alone BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS paroled BOOLEAN NOT NULL DEFAULT false;
+CREATE TABLE IF NOT EXISTS cantrip_messages (
+    id BIGSERIAL PRIMARY KEY,
+    entity_id TEXT NOT NULL,
+    work_id BIGINT NOT NULL,
+    text TEXT NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS cantrip_messages_by_work ON cantrip_messages (work_id, id);
+CREATE INDEX IF NOT EXISTS cantrip_work_open ON cantrip_work (id)
+    WHERE state IN ('queued', 'running');
+CREATE INDEX IF NOT EXISTS cantrip_work_by_entity ON cantrip_work (entity_id, id);
+CREATE INDEX IF NOT EXISTS cantrip_work_suspects ON cantrip_work (id)
+    WHERE suspect AND state = 'running';
+CREATE TABLE IF NOT EXISTS cantrip_blobs (hash TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS cantrip_blob_refs (
+    hash TEXT NOT NULL,
+    entity_id TEXT NOT NULL,
+    PRIMARY KEY (hash, entity_id)
+);
+CREATE TABLE IF NOT EXISTS cantrip_journal (
+    entity_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    ordinal INTEGER NOT NULL,
+    gate TEXT NOT NULL,
+    data TEXT NOT NULL,
+    record TEXT,
+    PRIMARY KEY (entity_id, sequence, ordinal)
+);
+"""
+
+
+def migrate(conn: Any, *, create: bool, where: str) -> None:
+    """Bring the database behind ``conn`` (a psycopg connection) up to
+    :data:`SCHEMA_VERSION`, in one transaction under :data:`SCHEMA_LOCK`.
+
+    ``create=False``: a database without cantrip's tables is a :class:`LoomError`
+    (naming the database as ``where``) instead of getting them."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        exists = conn.execute("SELECT to_regclass('cantrip_schema')").fetchone()
+        if exists is None or exists[0] is None:
+            if not create:
+                raise LoomError(
+                    f"no cantrip loom in the database at {where} (it has no "
+                    "cantrip_schema table); a loom is made there by `cantrip cast --db`, "
+                    "`cantrip worker` or `cantrip serve --db`"
+                )
+        else:
+            row = conn.execute("SELECT max(version) FROM cantrip_schema").fetchone()
+            if row is not None and row[0] is not None and int(row[0]) >= SCHEMA_VERSION:
+                return
+        conn.execute(SCHEMA)
+        conn.execute("INSERT INTO cantrip_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
