@@ -88,8 +88,8 @@ from cantrip.loom._model import (
     Turn,
     TurnMetadata,
 )
+from cantrip.medium import Execution, MediumSession, capped_execution
 from cantrip.tracing._sink import with_tracing
-from mediums.base import Execution, MediumSession, capped_execution
 
 PauseHandler = Callable[[Pause], Awaitable[Decision]]
 """A front end's way to ask its human: shows the pause, returns the decision."""

@@ -67,7 +67,7 @@ from cantrip.llm._contract import Message, ToolDefinition
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._view import render_code_observation
-from mediums.base import visible_result
+from cantrip.medium import visible_result
 
 Redaction = Literal["default", "none"]
 SCHEMA = "cantrip.turn/1"
