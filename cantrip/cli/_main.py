@@ -562,7 +562,7 @@ def _check(spec: Path, spell: Cantrip) -> int:
 
 
 def _cast(args: argparse.Namespace) -> int:
-    from cantrip._text import check_text, decode_input, require_intent
+    from cantrip._text import check_text, decode_input, require_cli_intent
     from cantrip.protocols._terminal import (
         Progress,
         cast_with_progress,
@@ -582,7 +582,7 @@ def _cast(args: argparse.Namespace) -> int:
         intent = check_text(args.intent, "the intent argument")
     else:
         intent = decode_input(sys.stdin.buffer.read(), "the intent on stdin").strip()
-    require_intent(intent)
+    require_cli_intent(intent)
     spell = _load(args.spec, args.loom)
     progress = Progress(enabled=wants_progress(sys.stderr, args.quiet), llm=describe_llm(spell.llm))
     try:
