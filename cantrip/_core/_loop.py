@@ -145,7 +145,7 @@ async def _run_cast_here(
     first: FirstStep | None,
 ) -> CastResult:
     if entity._session is None:
-        entity._session = await open_session(entity)
+        entity._session = await _open_session(entity)
     if fresh:
         entity._context.add_intent(cast.intent)
     entity._cast = cast
@@ -211,7 +211,7 @@ async def _sync_shielded(entity: EntityState) -> None:
         await entity.loom.sync(entity.id)
 
 
-async def open_session(entity: EntityState) -> MediumSession:
+async def _open_session(entity: EntityState) -> MediumSession:
     """The medium session, with a fork's or resumed entity's sandbox replayed into it."""
     session = await entity.circle.medium.open(entity.circle.resolved)
     if entity._restore:
@@ -298,7 +298,7 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
             CURRENT_ENTITY.reset(token)
         cap = circle.resolved.get("max_observation_chars")
         execution = capped_execution(execution, int(cap or OBSERVATION_CAP_CHARS))
-        ended = conclude(entity, cast, inflight, execution, emit)
+        ended = _conclude(entity, cast, inflight, execution, emit)
         if ended is not None:
             return ended
         # Nothing of a finished turn should wait through the next LLM call but
@@ -340,7 +340,7 @@ def _transient(entity: EntityState, error: LLMError) -> bool:
     return isinstance(error, ProviderError) and entity.cantrip.retry.is_retryable(error)
 
 
-def conclude(
+def _conclude(
     entity: EntityState,
     cast: Cast,
     inflight: Inflight,
@@ -493,7 +493,7 @@ async def continue_paused(
 
     async def resume_step() -> CastResult | None:
         if entity._session is None:
-            entity._session = await open_session(entity)
+            entity._session = await _open_session(entity)
         emit = entity._emit if entity.on_event is not None else None
         inflight = entity._inflight = Inflight(
             time.perf_counter(),
@@ -525,7 +525,7 @@ async def continue_paused(
             CURRENT_ENTITY.reset(token)
         cap = entity.circle.resolved.get("max_observation_chars")
         execution = capped_execution(execution, int(cap or OBSERVATION_CAP_CHARS))
-        return conclude(entity, cast, inflight, execution, emit)
+        return _conclude(entity, cast, inflight, execution, emit)
 
     return await run_cast(entity, pauses, cast, fresh=False, first=resume_step)
 

@@ -71,7 +71,10 @@ class PauseExit(Exception):
 
 
 class Pauses:
-    """One entity's pauses: the board of its tree, and how it meets a pause."""
+    """One entity's pauses: the board of its tree, and how it meets a pause.
+
+    It keeps no reference to its entity -- the entity passes itself to each
+    method -- so holding it makes no reference cycle."""
 
     __slots__ = ("board", "mode")
 

@@ -82,6 +82,8 @@ class EntityState:
     """One entity's data: who it is, where its thread stands, the cast it runs.
 
     Set by :class:`~cantrip.Entity`'s constructor; read and moved on by the parts.
+    The fields with a leading underscore are the core's own: its parts read and
+    write them, nothing outside ``cantrip._core`` does.
     """
 
     id: str
