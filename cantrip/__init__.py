@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from cantrip._approval import ApprovalPolicy, Decision, Pause, PauseError, Verdict
 from cantrip._cantrip import Cantrip
 from cantrip._circle import Circle
-from cantrip._entity import Entity
+from cantrip._core import Entity
 from cantrip._errors import (
     CantripError,
     CastSuspended,

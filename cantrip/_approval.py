@@ -7,7 +7,7 @@ loop"): the turn is recorded
 up to that call, with the pause as its pending marker, so a process may stop
 while it waits and any later process can find it and answer it. The answer is a
 :class:`Decision`. This module holds only these values and the policy; the
-entity (``cantrip._entity``) runs the mechanism.
+entity (``cantrip._core._pauses``) runs the mechanism.
 """
 
 from __future__ import annotations

@@ -16,18 +16,20 @@ import attrs
 import trio
 
 from cantrip._circle import Circle, set_default_medium
-from cantrip._entity import Entity, EntitySetup, PauseHandler, require_intent
+from cantrip._core import Entity, EntitySetup, PauseHandler
 from cantrip._errors import ConstructionError, LoomError
 from cantrip._events import EventSink
 from cantrip._folding import FoldingPolicy, effective_policy
 from cantrip._identity import Identity
 from cantrip._outcome import CastResult
 from cantrip._output import OutputSchema
+from cantrip._text import require_intent
 from cantrip.llm._contract import LLM, Message
 from cantrip.llm._retry import RetryingLLM, RetryPolicy
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
-from mediums.base import Medium
+from cantrip.medium import Medium
+from cantrip.tracing._sink import with_tracing
 
 
 def _conversation() -> Medium:
@@ -132,6 +134,12 @@ class Cantrip:
         self._setups[id(llm)] = (llm, setup)
         return setup
 
+    def event_sink(self, on_event: EventSink | None) -> EventSink | None:
+        """The event sink of an entity of this cantrip: ``on_event``, and with
+        OpenTelemetry configured a trace sink too (once per entity tree: a child
+        given its parent's sink keeps it; cantrip.tracing._sink)."""
+        return with_tracing(on_event, self.loom)
+
     def resolve_llm(self, llm: LLM | str | None) -> LLM:
         if llm is None:
             return self.llm
@@ -157,11 +165,11 @@ class Cantrip:
         ``on_pause`` answers calls that need a human (approvals, ``ask_user``) in
         place; without it a cast returns ``paused`` (``pause="return"``) or waits
         for :meth:`Entity.answer` (``pause="wait"``)."""
-        return Entity(
+        return Entity.fresh(
             self,
             llm=self.resolve_llm(llm),
             entity_id=entity_id,
-            on_event=on_event,
+            on_event=self.event_sink(on_event),
             on_pause=on_pause,
             pause=pause,
         )
@@ -182,12 +190,11 @@ class Cantrip:
         A code medium's sandbox is rebuilt the way a fork's is, by replay from
         the loom, when the entity first runs again; no gate is called again.
         """
-        return Entity(
+        return Entity.resumed(
             self,
+            entity_id,
             llm=self.resolve_llm(llm),
-            entity_id=entity_id,
-            resume=True,
-            on_event=on_event,
+            on_event=self.event_sink(on_event),
             on_pause=on_pause,
             pause=pause,
         )
@@ -217,12 +224,12 @@ class Cantrip:
             point = self.loom.find(thread, turn)
         else:
             point = self.loom.get(turn) if isinstance(turn, str) else turn
-        return Entity(
+        return Entity.forked(
             self,
+            point,
             llm=self.resolve_llm(llm),
             entity_id=entity_id,
-            fork_point=point,
-            on_event=on_event,
+            on_event=self.event_sink(on_event),
         )
 
     async def fork_async(

@@ -42,7 +42,7 @@ from cantrip.loom._export import Redaction, redact_export
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._view import render_code_observation
-from mediums.base import visible_result
+from cantrip.medium import visible_result
 
 
 class _RecordedRenderer:

@@ -29,7 +29,7 @@ from cantrip._providers import GateProvider
 from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import EMPTY, ToolChoice, ToolDefinition
 from cantrip.loom._model import CallStatus, GateCallRecord
-from mediums.base import Medium
+from cantrip.medium import Medium
 
 _EPHEMERAL: Mapping[str, Any] = MappingProxyType({"ephemeral": True})
 _log = logging.getLogger(__name__)

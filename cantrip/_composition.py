@@ -41,7 +41,7 @@ from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import LLM
 
 if TYPE_CHECKING:
-    from cantrip._entity import Entity
+    from cantrip._core import Entity
     from cantrip._outcome import CastResult
 
 CHILD_IDENTITY = (
@@ -67,7 +67,7 @@ class ChildOutcome:
 
 
 def current_entity() -> Entity:
-    from cantrip._entity import CURRENT_ENTITY
+    from cantrip._core import CURRENT_ENTITY
 
     try:
         return CURRENT_ENTITY.get()
@@ -119,7 +119,7 @@ async def delegate_batch(requests: Sequence[Mapping[str, Any]]) -> list[Any]:
 
 
 async def _run_child(parent: Entity, request: dict[str, Any], spawn_point: str) -> ChildOutcome:
-    from cantrip._entity import Entity
+    from cantrip._core import Entity
 
     try:
         spell, llm = _child_cantrip(parent, request)
@@ -130,13 +130,13 @@ async def _run_child(parent: Entity, request: dict[str, Any], spawn_point: str) 
     if context is not None and isinstance(intent, str):
         shown = context if isinstance(context, str) else _json(context)
         intent = f"{intent}\n\nContext from the parent entity:\n{shown}"
-    child = Entity(
+    child = Entity.fresh(
         spell,
         llm=llm,
         parent_entity_id=parent.id,
         spawned_from=spawn_point,
         depth=parent.depth + 1,
-        on_event=parent.on_event,
+        on_event=spell.event_sink(parent.on_event),
     )
     try:
         async with child:

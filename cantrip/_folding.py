@@ -37,7 +37,7 @@ import attrs
 from cantrip._redact import get_logger
 from cantrip.llm._contract import LLM, Message
 from cantrip.loom._model import Turn
-from mediums.base import visible_result
+from cantrip.medium import visible_result
 
 log = get_logger("cantrip.folding")
 

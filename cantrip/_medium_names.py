@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cantrip._errors import ConstructionError
-from mediums.base import Medium
+from cantrip.medium import Medium
 from mediums.bash import BashMedium
 from mediums.conversation import conversation
 from mediums.js import js

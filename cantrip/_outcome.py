@@ -1,7 +1,7 @@
 """How a cast ended: the one builder of a :class:`CastResult`, and its one JSON shape.
 
 A cast's result is built in three settings -- live, as the entity's loop ends it
-(:class:`~cantrip._entity.Entity`); from the loom, for an idempotent replay or a
+(:class:`~cantrip.Entity`); from the loom, for an idempotent replay or a
 ``serve --db`` prompt whose worker ran it (:func:`recorded_cast`); and by a worker,
 for the outcome it stores in ``cantrip_work`` -- and reported by the CLI's ``--json``,
 both HTTP servers, ``cast --db --json`` and the workers' table. Each setting used to

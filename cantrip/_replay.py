@@ -43,7 +43,7 @@ from cantrip.llm._contract import ToolCall
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import CallStatus, GateCallRecord, Turn
 from cantrip.loom._view import history_view, logical_turns
-from mediums.base import GateHost, Medium, MediumSession
+from cantrip.medium import GateHost, Medium, MediumSession
 
 log = get_logger("cantrip.replay")
 

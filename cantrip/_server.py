@@ -15,11 +15,12 @@ import attrs
 import trio
 
 from cantrip._cantrip import Cantrip
-from cantrip._entity import Entity, PauseHandler, new_entity_id
+from cantrip._core import Entity, PauseHandler
 from cantrip._errors import CantripError
 from cantrip._events import EventSink
 from cantrip._outcome import CastResult
 from cantrip._supervisor import ChildSpec, Restart, Supervisor
+from cantrip.loom._model import new_entity_id
 
 
 @attrs.define(eq=False)

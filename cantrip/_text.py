@@ -1,4 +1,4 @@
-"""What counts as text at the front ends: the decoding policy for intents (issue 20).
+"""What counts as an intent: it says something (INTENT-1), and it is text (issue 20).
 
 An intent (a CLI argument, stdin, an ACP or HTTP prompt) is recorded in the
 loom, whose stores hold UTF-8. Text that cannot be encoded as UTF-8 -- lone
@@ -9,6 +9,8 @@ the loom records is what the user sent.
 """
 
 from __future__ import annotations
+
+from cantrip._errors import IntentError
 
 
 class TextError(ValueError):
@@ -34,8 +36,17 @@ EMPTY_INTENT = (
 """What the command line says when there is nothing to cast: how to give an intent."""
 
 
-def require_intent(text: str) -> str:
-    """``text`` if it says something, else :class:`TextError` saying how to give one."""
+def require_intent(intent: object) -> str:
+    """The intent, or :class:`IntentError` (INTENT-1): every cast, child and queued
+    spell needs one."""
+    if not isinstance(intent, str) or not intent.strip():
+        raise IntentError("intent is required: a cantrip cannot be cast without one (INTENT-1)")
+    return intent
+
+
+def require_cli_intent(text: str) -> str:
+    """``text`` if it says something, else :class:`TextError` saying how to give one
+    on the command line."""
     if not text.strip():
         raise TextError(EMPTY_INTENT)
     return text

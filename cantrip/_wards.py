@@ -8,17 +8,27 @@ match wins".
 
 Mediums add their own ward kinds (WARD-2) by registering them with
 :func:`register_ward_kind`; they compose with the same rules.
+
+Most wards are checked by the loop in a line (a count, a deadline); the cost
+ward needs prices and estimates, so how it is kept at run time is here too
+(:func:`cost_meter`, :func:`cost_refusal`, :func:`spent_after`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from cantrip._cost import CostMeter
 from cantrip._errors import ConstructionError
 from cantrip._suggest import did_you_mean
+from cantrip.llm._cost import PriceMemo, llm_pricing, prompt_cost, response_cost, unpriced_model
+
+if TYPE_CHECKING:
+    from cantrip.llm._contract import LLM, Message, Response
+    from cantrip.loom._model import Turn
 
 WardCombine = Literal["min", "or"]
 
@@ -186,3 +196,53 @@ def _combine(
     if _KINDS[kind].combine == "or":
         return bool(current) or bool(new)
     return min(current, new)
+
+
+# -- the cost ward at run time (max_cost_usd) -----------------------------------
+
+
+def cost_meter(wards: WardSet, parent: CostMeter | None) -> CostMeter:
+    """A cast's cost meter under ``wards``, charging ``parent`` (the meter of the cast
+    that spawned it, if any): the budget is the whole entity tree's."""
+    limit = wards.get("max_cost_usd")
+    return CostMeter(limit=None if limit is None else float(limit), parent=parent)
+
+
+def cost_refusal(
+    meter: CostMeter,
+    llm: LLM,
+    turns: Sequence[Turn],
+    history: Callable[[], Sequence[Message]],
+) -> str | None:
+    """Why the cost ward forbids the next LLM call (``None``: go ahead).
+
+    A model with no price is refused before its first call (unless its
+    provider reports each call's cost): a budget it cannot measure cannot be
+    kept. Otherwise the least the call costs is its prompt at the input
+    price; the prompt is estimated from the last call's tokens plus what was
+    added since (about four characters a token), so no turn re-reads the
+    history (``history``, the messages the call would send, is read only when
+    no turn of the cast reported tokens)."""
+    pricing = llm_pricing(llm)
+    if pricing is None:
+        return meter.refusal(unpriced=unpriced_model(llm))
+    added = 0  # characters recorded since the last call that reported tokens
+    for turn in reversed(turns):
+        metadata = turn.metadata
+        added += len(turn.observation)
+        if metadata.tokens_prompt:
+            tokens = metadata.tokens_prompt + metadata.tokens_completion + added // 4
+            break
+    else:
+        tokens = sum(len(m.text()) for m in history()) // 4
+    return meter.refusal(prompt_cost(tokens, pricing))
+
+
+def spent_after(
+    meter: CostMeter, response: Response, llm: LLM, prices: PriceMemo, *, checkpointed: bool
+) -> bool:
+    """Whether a turn's answer (not yet charged) uses up the cost budget; a
+    ``checkpointed`` turn's checkpoint already carried the answer's cost."""
+    if checkpointed:
+        return meter.exhausted_by(0.0)
+    return meter.exhausted_by(response_cost(response, llm, prices))

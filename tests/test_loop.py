@@ -665,7 +665,7 @@ async def test_entities_of_one_cantrip_share_their_setup_per_llm() -> None:
 def test_turn_timestamps_are_iso_8601_utc_with_microseconds() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from cantrip._entity import _now
+    from cantrip._core._recording import now as _now
 
     before = datetime.now(UTC)
     stamps = [_now() for _ in range(3)]

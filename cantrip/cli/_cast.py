@@ -22,7 +22,7 @@ from cantrip.cli._spec_file import check_spec, load_cantrip, loom_file
 
 
 def run_cast(args: argparse.Namespace) -> int:
-    from cantrip._text import check_text, decode_input, require_intent
+    from cantrip._text import check_text, decode_input, require_cli_intent
     from cantrip.protocols._terminal import (
         Progress,
         cast_with_progress,
@@ -42,7 +42,7 @@ def run_cast(args: argparse.Namespace) -> int:
         intent = check_text(args.intent, "the intent argument")
     else:
         intent = decode_input(sys.stdin.buffer.read(), "the intent on stdin").strip()
-    require_intent(intent)
+    require_cli_intent(intent)
     spell = load_cantrip(args.spec, args.loom)
     progress = Progress(enabled=wants_progress(sys.stderr, args.quiet), llm=describe_llm(spell.llm))
     try:

@@ -129,12 +129,12 @@ def cast_on_db(args: argparse.Namespace) -> int:
     """Enqueue the spec's cast, wait for a worker to finish it, print like ``cast``."""
     _quiet_pool_log()
     from cantrip._spec_secrets import check_queued_spell
-    from cantrip._text import require_intent
+    from cantrip._text import require_cli_intent
     from cantrip.distributed._dispatcher import Dispatcher
     from cantrip.distributed._spells import spell_from_spec
 
     intent = args.intent if args.intent is not None else sys.stdin.read().strip()
-    require_intent(intent)
+    require_cli_intent(intent)
     try:
         spell = spell_from_spec(args.spec)
         check_queued_spell(spell)

@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from cantrip._approval import Decision, Pause, PauseError
-from cantrip._entity import new_entity_id
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, database_away
 from cantrip.distributed._queue import WorkQueue
 from cantrip.distributed._work import ENDED, WORK_CHANNEL
+from cantrip.loom._model import new_entity_id
 from cantrip.loom._postgres import PostgresStore
 
 dispatch_log = get_logger("cantrip.dispatcher")
@@ -67,7 +67,7 @@ class Dispatcher:
         A try whose connection broke may have committed: the retry first looks for the
         work it queued (the entity's open work with this intent) and queues it only if
         it is not there."""
-        from cantrip._entity import require_intent
+        from cantrip._text import require_intent
 
         require_intent(intent)
         entity_id = entity_id or new_entity_id()

@@ -21,7 +21,7 @@ import trio
 from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
-from cantrip._entity import Entity
+from cantrip._core import Entity
 from cantrip._errors import CantripError, LLMError
 from cantrip._gate import Gate
 from cantrip._outcome import CastResult, recorded_cast

@@ -10,7 +10,7 @@ from __future__ import annotations
 import attrs
 import trio
 
-from cantrip._entity import Entity
+from cantrip._core import Entity
 from cantrip.distributed._work import Claim
 
 

@@ -7,6 +7,7 @@ reward annotation, which the loom keeps beside the turn rather than in it.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
@@ -292,6 +293,11 @@ class Turn:
             result=data.get("result"),
             extras=data.get("extras") or {},
         )
+
+
+def new_entity_id() -> str:
+    """A fresh entity id (the key of an :class:`EntityRecord`)."""
+    return "entity-" + os.urandom(10).hex()
 
 
 @attrs.frozen

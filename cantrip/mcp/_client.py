@@ -30,8 +30,8 @@ import pydantic
 import trio
 
 from cantrip._approval import Decision
+from cantrip._core import CURRENT_ENTITY
 from cantrip._elicit import AnswerError, check_form, form_content
-from cantrip._entity import CURRENT_ENTITY
 from cantrip._events import GateProgress
 from cantrip._gate import Gate, GateError, GateResult
 from cantrip._providers import ProviderStartError

@@ -38,11 +38,11 @@ import trio
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._elicit import AnswerError
-from cantrip._entity import require_intent
 from cantrip._errors import CantripError
 from cantrip._events import StepComplete
 from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
+from cantrip._text import require_intent
 from cantrip.llm._stream import Event
 from cantrip.mcp._pauses import can_elicit, decision_from, elicitation_params
 from cantrip.mcp._result import CastOutput, cast_tool_result, failed_tool_result, progress_message

@@ -47,7 +47,6 @@ from typing import Any
 
 import attrs
 
-from cantrip._entity import new_entity_id
 from cantrip._outcome import CastResult, recorded_cast
 from cantrip.distributed._pauses import answer_on, live_pending_on
 from cantrip.distributed._queue import WorkQueue
@@ -62,7 +61,7 @@ from cantrip.distributed._work import (
     steer_on,
 )
 from cantrip.loom._codec import decode_record
-from cantrip.loom._model import Turn
+from cantrip.loom._model import Turn, new_entity_id
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols import _steering as steering
 from cantrip.protocols._idempotency import session_entity_id

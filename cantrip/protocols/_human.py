@@ -1,6 +1,6 @@
 """Answering pauses from a terminal, or by a standing rule (``--approve-all`` / ``--deny-all``).
 
-A front end gives its entity an ``on_pause`` handler (``cantrip._entity.PauseHandler``):
+A front end gives its entity an ``on_pause`` handler (``cantrip._core.PauseHandler``):
 the entity waits in place while the handler asks its human and returns the
 :class:`~cantrip.Decision`. The terminal handler shows the call -- gate and
 pretty-printed arguments, or the question -- and reads the answer a line at a

@@ -41,7 +41,7 @@ import trio
 
 from cantrip._approval import Decision
 from cantrip._cantrip import Cantrip
-from cantrip._entity import Entity
+from cantrip._core import Entity
 from cantrip._errors import CantripError
 from cantrip._events import (
     FinalResponse,

@@ -30,7 +30,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from cantrip._cantrip import Cantrip
-from cantrip._entity import PauseHandler
+from cantrip._core import PauseHandler
 from cantrip._errors import CantripError
 from cantrip._events import (
     FinalResponse,

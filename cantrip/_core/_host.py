@@ -1,0 +1,91 @@
+"""The gate host one turn's medium calls: the circle as the medium sees it.
+
+A medium runs an utterance and calls gates only through a :class:`GateHost`
+(:mod:`cantrip.medium`). The entity hands it a :class:`TurnHost` per turn, which
+remembers every completed call -- so a turn cut off midway is recorded with what
+had already happened -- sends each result to the event sink, goes through the
+gate journal when the loom keeps one, and, in a circle where calls may need a
+human, through the pause's gatekeeper (:mod:`cantrip._core._pauses`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from cantrip._circle import Circle
+from cantrip._events import ToolResultEvent
+from cantrip._gate import Gate
+from cantrip._journal import TurnJournal
+from cantrip.llm._stream import Event
+from cantrip.loom._model import CallStatus, GateCallRecord
+
+Gatekeeper = Callable[[str, Mapping[str, Any], "str | None"], Awaitable[GateCallRecord]]
+"""Decides whether a call may run (a human may be asked), then runs it through the host."""
+
+
+class TurnHost:
+    """The circle as one turn's medium sees it, remembering every completion so a
+    cut-off turn can be recorded with what had already happened."""
+
+    __slots__ = ("circle", "emit", "gatekeeper", "journal", "records")
+
+    def __init__(
+        self,
+        circle: Circle,
+        emit: Callable[[Event], None] | None = None,
+        journal: TurnJournal | None = None,
+        gatekeeper: Gatekeeper | None = None,
+    ) -> None:
+        self.circle = circle
+        self.emit = emit
+        self.journal = journal
+        """Set when the loom keeps a gate journal: calls go through it (cantrip._journal)."""
+        self.gatekeeper = gatekeeper
+        """Set when a call may need a human (Pauses.gate_call); it runs the gate through
+        :meth:`run` once the call may go ahead."""
+        self.records: list[GateCallRecord] = []
+
+    @property
+    def gates(self) -> Sequence[Gate]:
+        return self.circle.gates
+
+    def gate(self, name: str) -> Gate | None:
+        return self.circle.gate(name)
+
+    def terminates(self, name: str) -> bool:
+        return self.circle.terminates(name)
+
+    async def call(
+        self, name: str, args: Mapping[str, Any], tool_call_id: str | None = None
+    ) -> GateCallRecord:
+        if self.gatekeeper is not None:
+            record = await self.gatekeeper(name, args, tool_call_id)
+        else:
+            record = await self.run(name, args, tool_call_id)
+        self.records.append(record)
+        if self.emit is not None:
+            self.emit(ToolResultEvent(record=record))
+        return record
+
+    async def run(
+        self, name: str, args: Mapping[str, Any], tool_call_id: str | None
+    ) -> GateCallRecord:
+        """The gate call itself, through the journal when the loom keeps one."""
+        if self.journal is not None:
+            return await self.journal.call(self.circle, name, args, tool_call_id)
+        return await self.circle.call(name, args, tool_call_id)
+
+    def unexecuted(
+        self,
+        name: str,
+        args: Mapping[str, Any],
+        tool_call_id: str | None,
+        status: CallStatus,
+        message: str,
+    ) -> GateCallRecord:
+        record = self.circle.unexecuted(name, args, tool_call_id, status, message)
+        self.records.append(record)
+        if self.emit is not None:
+            self.emit(ToolResultEvent(record=record))
+        return record
