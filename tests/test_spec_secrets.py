@@ -16,10 +16,10 @@ import pytest
 from cantrip import ConstructionError
 from cantrip._redact import redact
 from cantrip._spec_secrets import CREDENTIAL_FIELDS, check_queued_spell
-from cantrip._specfile import CircleSpec
 from cantrip.a2a import A2AAgent
 from cantrip.a2a._spec import A2ATable
 from cantrip.mcp._spec import MCPTable
+from cantrip.spec import CircleSpec
 
 SECRET = "literal-bearer-5521-zz"
 

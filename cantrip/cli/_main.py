@@ -32,8 +32,8 @@ import trio
 from cantrip._cantrip import Cantrip
 from cantrip._errors import CantripError
 from cantrip._redact import redact
-from cantrip._specfile import build_cantrip, load_spec_file
 from cantrip._version import __version__
+from cantrip.spec import build_cantrip, load_spec_file
 
 EXIT_TERMINATED = 0
 EXIT_ERROR = 1

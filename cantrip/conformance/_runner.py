@@ -32,7 +32,6 @@ import yaml
 from cantrip._cantrip import Cantrip
 from cantrip._errors import CantripError
 from cantrip._outcome import CastResult
-from cantrip._specfile import LLMSpec, SpecDocument, build_cantrip, build_llm, parse_spec
 from cantrip.conformance._matchers import (
     LabelBinding,
     Mismatch,
@@ -47,6 +46,7 @@ from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._view import logical_turns
 from cantrip.protocols._acp import AcpServer
+from cantrip.spec import LLMSpec, SpecDocument, build_cantrip, build_llm, parse_spec
 from gates.fixtures import call_count
 
 CASE_KEYS = ("rule", "name", "description", "setup", "action", "expect")

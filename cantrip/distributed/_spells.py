@@ -52,7 +52,7 @@ def build_spell(spell: Mapping[str, Any], loom: Loom) -> Cantrip:
         if not isinstance(built, Cantrip):
             raise CantripError(f"{spell['factory']} returned {type(built).__name__}, not a Cantrip")
         return built.with_(loom=loom)
-    from cantrip._specfile import build_cantrip, parse_spec
+    from cantrip.spec import build_cantrip, parse_spec
 
     doc = parse_spec(spell["spec"], source="queued spec")
     base = spell.get("base_dir")
