@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from cantrip._approval import ApprovalPolicy
 from cantrip._cantrip import Cantrip, cantrip_problems
@@ -24,11 +23,9 @@ from cantrip._folding import FoldingPolicy, LLMFolder
 from cantrip._identity import Identity
 from cantrip._output import OutputSchema
 from cantrip._wards import Ward, WardSet
-from cantrip.a2a._spec import agents_from_tables
 from cantrip.llm._contract import LLM
 from cantrip.llm._retry import RetryingLLM, RetryPolicy
 from cantrip.loom._loom import Loom
-from cantrip.mcp._spec import MCPServer, servers_from_tables
 from cantrip.spec._circle import (
     build_gate,
     protected_files,
@@ -38,6 +35,7 @@ from cantrip.spec._circle import (
     with_loom,
 )
 from cantrip.spec._llm import build_llm
+from cantrip.spec._providers import agents_from_tables, circle_servers
 from cantrip.spec._tables import (
     CircleSpec,
     FoldingSpec,
@@ -107,7 +105,7 @@ def build_cantrip(
     if resolved.max_depth == 0:
         gate_list = [g for g in gate_list if not g.delegates]
     problems.extend(circle_problems(gate_list, resolved))
-    servers = _mcp_servers(circle_spec.mcp, base_dir, problems)
+    servers = circle_servers(circle_spec.mcp, base_dir, problems)
     try:
         agents = agents_from_tables(circle_spec.a2a)
     except ConstructionError as exc:
@@ -164,27 +162,6 @@ def _build_output(spec: OutputSpec, problems: list[str]) -> OutputSchema | None:
     except ConstructionError as exc:
         problems.extend(exc.problems)
         return None
-
-
-def _mcp_servers(
-    tables: list[dict[str, Any]], base_dir: Path | None, problems: list[str]
-) -> tuple[MCPServer, ...]:
-    """``[[circle.mcp]]`` tables as servers; a relative ``cwd`` (and an unset one)
-    is the spec file's folder, so ``args = ["server.py"]`` finds its script."""
-    if not tables:
-        return ()
-    if base_dir is not None:
-        tables = [
-            {**t, "cwd": str(spec_path(t.get("cwd") or ".", base_dir))}
-            if isinstance(t, dict) and t.get("command") is not None
-            else t
-            for t in tables
-        ]
-    try:
-        return servers_from_tables(tables)
-    except ConstructionError as exc:
-        problems.extend(exc.problems)
-        return ()
 
 
 def _build_folding(spec: FoldingSpec, llm: LLM, named: Mapping[str, LLM]) -> FoldingPolicy:
