@@ -251,7 +251,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     )  # fmt: skip
     _add_otlp(serve)
 
-    from cantrip.mcp._cli import add_mcp_parser
+    from cantrip.cli._mcp import add_mcp_parser
 
     add_mcp_parser(commands, parents=[common])
     serve.add_argument(
@@ -488,7 +488,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         return _serve(args)
     if args.command == "mcp":
-        from cantrip.mcp._cli import run_mcp
+        from cantrip.cli._mcp import run_mcp
 
         return run_mcp(args, _load, _fail)
     if args.command == "eval":
