@@ -212,4 +212,5 @@ def _build_retry(spec: RetrySpec | None) -> RetryPolicy:
 
 
 def dedupe(items: list[str]) -> list[str]:
+    """Problems in the order they were found, each once (two parts may find the same)."""
     return list(dict.fromkeys(items))
