@@ -108,8 +108,8 @@ _LAZY = {
     "GateProgress": "cantrip._events",
     "GateProvider": "cantrip._providers",
     "ProviderStartError": "cantrip._providers",
-    "MCPServer": "cantrip.mcp._spec",
-    "A2AAgent": "cantrip.a2a._spec",
+    "MCPServer": "cantrip.mcp._provider",
+    "A2AAgent": "cantrip.a2a._provider",
 }
 
 

@@ -53,7 +53,7 @@ async def cast_spec_async(
 ) -> CastResult:
     """Cast the spec file on ``intent``; ``llm`` or ``replay`` answers instead of the
     spec's own LLM (so no key is read); the cast is recorded in ``loom`` (memory by default)."""
-    from cantrip._specfile import build_cantrip, load_spec_file
+    from cantrip.spec import build_cantrip, load_spec_file
 
     if llm is not None and replay is not None:
         raise ValueError("give llm or replay, not both")

@@ -126,7 +126,7 @@ def spec_markdown() -> str:
     """Every table of a spec file and its keys, from the models that validate them."""
     from pydantic import BaseModel
 
-    from cantrip._specfile import SpecDocument
+    from cantrip.spec import SpecDocument
 
     out: list[str] = []
     seen: set[type[BaseModel]] = set()

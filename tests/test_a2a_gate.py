@@ -22,7 +22,7 @@ import trio
 
 import cantrip
 from cantrip._errors import ConstructionError
-from cantrip._specfile import build_cantrip, parse_spec
+from cantrip.spec import build_cantrip, parse_spec
 
 pytest.importorskip("a2a.client", reason="the a2a extra is part of dev")
 

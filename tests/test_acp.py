@@ -12,9 +12,9 @@ import trio
 import trio.testing
 
 import cantrip
-from cantrip._specfile import build_cantrip, parse_spec
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
 from cantrip.protocols._acp import AcpServer, serve_stdio
+from cantrip.spec import build_cantrip, parse_spec
 from gates import done, echo
 
 

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cantrip
-from cantrip._specfile import build_cantrip, parse_spec
 from cantrip.protocols._acp import AcpServer, serve_stdio
+from cantrip.spec import build_cantrip, parse_spec
 
 METHODS = ["initialize", "session/new", "session/load", "session/prompt", "session/cancel"]
 FIELDS = ["sessionId", "prompt", "content", "cwd", "mcpServers", "protocolVersion", "_meta"]

@@ -20,7 +20,7 @@ import trio
 
 import gates
 from cantrip import Cantrip, Circle, ConstructionError, Identity, ScriptedLLM, max_turns
-from cantrip._specfile import build_cantrip, parse_spec
+from cantrip.spec import build_cantrip, parse_spec
 from mediums.bash import BashMedium
 
 

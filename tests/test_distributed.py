@@ -432,8 +432,8 @@ def test_a_worker_frozen_past_its_lease_cannot_append_after_it_wakes(
 def test_spec_loom_url_and_cast_db_through_a_worker_process(
     effects_db: str, workers: list[subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
-    from cantrip._specfile import build_cantrip, parse_spec
     from cantrip.loom._postgres import PostgresStore
+    from cantrip.spec import build_cantrip, parse_spec
 
     spec = parse_spec(
         {

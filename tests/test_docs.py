@@ -161,7 +161,7 @@ def test_block_runs(block: Block, workdir: Path, capsys: pytest.CaptureFixture[s
     elif block.lang == "toml":
         data = tomllib.loads(block.code)
         if "llm" in data and "circle" in data:
-            from cantrip._specfile import build_cantrip, parse_spec
+            from cantrip.spec import build_cantrip, parse_spec
 
             build_cantrip(parse_spec(data), base_dir=workdir).loom.close()
     else:

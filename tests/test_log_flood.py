@@ -197,7 +197,7 @@ async def test_malformed_mcp_requests_over_http_log_nothing_loud(
     records: list[logging.LogRecord], tmp_path: Path
 ) -> None:
     from cantrip.cli._spec_file import load_cantrip
-    from cantrip.mcp._serve import serve_http
+    from cantrip.protocols._mcp import serve_http
 
     served = load_cantrip(write_spec(tmp_path, SCRIPT, loom=False))
     headers = {**AUTH, **MCP_HEADERS}

@@ -31,9 +31,9 @@ from cantrip import (
 from cantrip._folding import FoldingPolicy, LLMFolder, effective_policy
 from cantrip._gate import Gate
 from cantrip._replay import ReplayHost, ReplayReport
-from cantrip._specfile import build_cantrip, parse_spec
 from cantrip.llm import ToolChoice
 from cantrip.loom import GateCallRecord
+from cantrip.spec import build_cantrip, parse_spec
 from gates.fixtures import call_count, fixture_gate
 from mediums.base import Medium
 from mediums.conversation import conversation
@@ -599,7 +599,7 @@ async def test_a_child_reads_only_its_own_history() -> None:
 
 
 async def test_a_spec_file_can_have_an_llm_write_the_fold_summary() -> None:
-    from cantrip._specfile import build_cantrip, parse_spec
+    from cantrip.spec import build_cantrip, parse_spec
 
     echo_turn = {"tool_calls": [{"gate": "echo", "args": {"text": "step"}}]}
     doc = parse_spec(
@@ -625,7 +625,7 @@ async def test_a_spec_file_can_have_an_llm_write_the_fold_summary() -> None:
 
 def test_folder_llm_must_name_a_known_llm() -> None:
     from cantrip import ConstructionError
-    from cantrip._specfile import build_cantrip, parse_spec
+    from cantrip.spec import build_cantrip, parse_spec
 
     doc = parse_spec(
         {

@@ -13,7 +13,6 @@ from fake_providers import Answer, Call, FakeAnthropic, FakeOpenAI, Fault, isola
 
 import cantrip
 from cantrip import ConstructionError
-from cantrip._specfile import build_cantrip, parse_spec
 from cantrip.llm import (
     FallbackLLM,
     RateLimitedLLM,
@@ -25,6 +24,7 @@ from cantrip.llm import (
     load_provider_config,
 )
 from cantrip.llm._config import SHIPPED_DIR
+from cantrip.spec import build_cantrip, parse_spec
 
 
 @pytest.fixture(autouse=True)
@@ -264,7 +264,7 @@ async def test_a_spec_file_cast_against_a_fake_provider(tmp_path: Path) -> None:
             '[circle]\nmedium = "conversation"\ngates = ["done", "echo"]\n'
             "wards = [{max_turns = 4}]\n"
         )
-        spell = build_cantrip(cantrip._specfile.load_spec_file(path))
+        spell = build_cantrip(cantrip.spec.load_spec_file(path))
         outcome = await spell.cast_async("go")
     assert outcome.result == "from the spec"
     body = fake.requests[0].json()

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from fake_providers import isolate
 
-from cantrip._specfile import build_cantrip, load_spec_file
+from cantrip.spec import build_cantrip, load_spec_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "providers"
 EXPECTED = {

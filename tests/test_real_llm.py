@@ -280,7 +280,7 @@ async def test_a_tool_calling_circle(stream: bool) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 async def test_a_code_medium_circle(stream: bool) -> None:
-    from cantrip._specfile import build_cantrip, parse_spec
+    from cantrip.spec import build_cantrip, parse_spec
 
     async with llama() as server:
         spell = build_cantrip(

@@ -23,8 +23,8 @@ import trio
 
 import cantrip
 from cantrip import ProviderError, ScriptedLLM
-from cantrip._specfile import build_cantrip, load_spec_file, parse_spec
 from cantrip.llm import Message
+from cantrip.spec import build_cantrip, load_spec_file, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 HELLO = ROOT / "examples" / "hello.toml"

@@ -25,8 +25,8 @@ from fake_providers import Answer, Call, FakeOpenAI, Request, Sender, serve
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cantrip._specfile import build_cantrip, load_spec_file
 from cantrip.protocols._http import serve_http
+from cantrip.spec import build_cantrip, load_spec_file
 
 CANTRIP = str(Path(sys.executable).with_name("cantrip"))
 KEY = "plain-provider-secret-0042-zz"

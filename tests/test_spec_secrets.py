@@ -2,9 +2,9 @@
 
 An A2A agent's ``headers`` take the ``${NAME}`` form an MCP server's ``env`` and
 ``headers`` take, and a spec queued for workers is refused when any of them holds a
-literal value -- by the one check in :mod:`cantrip._spec_secrets`, which reads the one
-list of tables that carry credentials. (The whole path, with PostgreSQL, a worker and a
-real A2A agent, is tests/test_db_secrets.py.)"""
+literal value -- by the one check in :mod:`cantrip.distributed._spell_secrets`, which
+reads the one list of tables that carry credentials. (The whole path, with PostgreSQL, a
+worker and a real A2A agent, is tests/test_db_secrets.py.)"""
 
 from __future__ import annotations
 
@@ -15,11 +15,9 @@ import pytest
 
 from cantrip import ConstructionError
 from cantrip._redact import redact
-from cantrip._spec_secrets import CREDENTIAL_FIELDS, check_queued_spell
-from cantrip._specfile import CircleSpec
 from cantrip.a2a import A2AAgent
-from cantrip.a2a._spec import A2ATable
-from cantrip.mcp._spec import MCPTable
+from cantrip.distributed._spell_secrets import check_queued_spell
+from cantrip.spec import CREDENTIAL_FIELDS, A2ATable, CircleSpec, MCPTable
 
 SECRET = "literal-bearer-5521-zz"
 
@@ -125,9 +123,9 @@ def test_the_one_list_knows_every_provider_table_and_every_credential_field() ->
 def test_a_listed_field_may_be_a_single_value(monkeypatch: pytest.MonkeyPatch) -> None:
     """A future table whose credential is one value (``token = "..."``), once listed, is
     checked like a table of them."""
-    import cantrip._spec_secrets as spec_secrets
+    import cantrip.distributed._spell_secrets as spell_secrets
 
-    monkeypatch.setattr(spec_secrets, "CREDENTIAL_FIELDS", {"future": ("token",)})
+    monkeypatch.setattr(spell_secrets, "CREDENTIAL_FIELDS", {"future": ("token",)})
     with pytest.raises(ConstructionError) as raised:
         check_queued_spell(queued(future=[{"token": SECRET}, {"token": "${FUTURE_TOKEN}"}]))
     assert [p.split(":")[0] for p in raised.value.problems] == ["circle.future[0].token"]

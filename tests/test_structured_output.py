@@ -11,8 +11,8 @@ import pydantic
 import pytest
 
 import cantrip
-from cantrip._specfile import build_cantrip, parse_spec
 from cantrip.cli._main import main as cli_main
+from cantrip.spec import build_cantrip, parse_spec
 from gates import done, echo
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import trio
 
-from cantrip._specfile import build_cantrip, parse_spec
 from cantrip.protocols._acp import AcpServer
 from cantrip.protocols._http import serve_http
+from cantrip.spec import build_cantrip, parse_spec
 
 CUT = "The story is about a"
 

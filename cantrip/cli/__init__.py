@@ -6,7 +6,8 @@ a command (parse, guard, dispatch), :mod:`._parser` the grammar of every command
 loading (and ``--check``-ing) a spec's cantrip; each command runs in its own module --
 :mod:`._cast` (``cast``, ``invoke``), :mod:`._protocols` (``serve``, ``acp``),
 :mod:`._worker` (``worker``, ``cast --db``, ``answer --db``), :mod:`._loom` (reading
-and exporting looms), :mod:`._eval`, :mod:`._init`, :mod:`._conformance` -- and
+and exporting looms), :mod:`._mcp` (``mcp``), :mod:`._eval`, :mod:`._init`,
+:mod:`._conformance` -- and
 :mod:`._serve` is the signal/drain loop both HTTP servers share. Nothing below the
 command line imports this package.
 """

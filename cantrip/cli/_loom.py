@@ -589,7 +589,7 @@ def _reward(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _fork(loom: Loom, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from cantrip._specfile import build_cantrip, load_spec_file
+    from cantrip.spec import build_cantrip, load_spec_file
 
     point = resolve_ref(loom, args.ref)
     spell = build_cantrip(load_spec_file(args.spec), base_dir=args.spec.resolve().parent, loom=loom)

@@ -121,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_serve(args)
     if args.command == "mcp":
-        from cantrip.mcp._cli import run_mcp
+        from cantrip.cli._mcp import run_mcp
 
         return run_mcp(args, load_cantrip, fail)
     if args.command == "eval":

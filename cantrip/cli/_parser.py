@@ -214,7 +214,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     )  # fmt: skip
     _add_otlp(serve)
 
-    from cantrip.mcp._cli import add_mcp_parser
+    from cantrip.cli._mcp import add_mcp_parser
 
     add_mcp_parser(commands, parents=[common])
     serve.add_argument(

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
+import logging
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 from cantrip._gc import THROUGHPUT_YOUNG_THRESHOLD, gc_for_throughput
 
@@ -100,3 +102,14 @@ def command_gc(young: int | None) -> contextlib.AbstractContextManager[None]:
 def _collecting(young: int) -> Iterator[None]:
     with gc_for_throughput(young), settled_heap():
         yield
+
+
+def debug_log(path: Path | None) -> None:
+    """``--log FILE`` of the servers (``serve``, ``acp``, ``mcp``): every logger's debug
+    records into FILE, so a protocol exchange can be read after the fact."""
+    if path is not None:
+        logging.basicConfig(
+            filename=path,
+            level=logging.DEBUG,
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )

@@ -10,29 +10,19 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
 import os
-from pathlib import Path
 
 import trio
 
 from cantrip.cli._exit import fail
+from cantrip.cli._process import debug_log
 from cantrip.cli._spec_file import check_spec, load_cantrip
-
-
-def _debug_log(path: Path | None) -> None:
-    if path is not None:
-        logging.basicConfig(
-            filename=path,
-            level=logging.DEBUG,
-            format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        )
 
 
 def run_acp(args: argparse.Namespace) -> int:
     from cantrip.protocols import serve_stdio
 
-    _debug_log(args.log)
+    debug_log(args.log)
     spell = load_cantrip(args.spec)
     if args.check:
         return check_spec(args.spec, spell)
@@ -54,7 +44,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from cantrip.protocols._lifecycle import ServeOptions
     from cantrip.protocols._limits import SessionLimits
 
-    _debug_log(args.log)
+    debug_log(args.log)
     try:
         guard = Guard(
             bind_host=args.host,

@@ -13,7 +13,7 @@ from pathlib import Path
 import trio
 
 from cantrip._cantrip import Cantrip
-from cantrip._specfile import build_cantrip, load_spec_file
+from cantrip.spec import build_cantrip, load_spec_file
 
 
 def load_cantrip(spec: Path, loom_path: Path | None = None) -> Cantrip:

@@ -128,9 +128,9 @@ def _list_dead_letters(url: str) -> int:
 def cast_on_db(args: argparse.Namespace) -> int:
     """Enqueue the spec's cast, wait for a worker to finish it, print like ``cast``."""
     _quiet_pool_log()
-    from cantrip._spec_secrets import check_queued_spell
     from cantrip._text import require_cli_intent
     from cantrip.distributed._dispatcher import Dispatcher
+    from cantrip.distributed._spell_secrets import check_queued_spell
     from cantrip.distributed._spells import spell_from_spec
 
     intent = args.intent if args.intent is not None else sys.stdin.read().strip()
@@ -290,8 +290,8 @@ def serve_on_db(
     that pauses for a human is served like in-process: the pause waits in the
     database, answered through ``/sessions/{id}/pending/{pause_id}``."""
     _quiet_pool_log()
-    from cantrip._spec_secrets import check_queued_spell
     from cantrip.cli._serve import serve_until_signal
+    from cantrip.distributed._spell_secrets import check_queued_spell
     from cantrip.distributed._spells import build_spell, spell_from_spec
     from cantrip.loom._loom import Loom
     from cantrip.protocols._db_http import serve_http_db

@@ -14,11 +14,11 @@ import attrs
 
 from cantrip._cantrip import Cantrip
 from cantrip._outcome import CastResult
-from cantrip._specfile import LLMSpec, SpecDocument, build_cantrip, build_llm, parse_spec
 from cantrip.conformance._matchers import Mismatch
 from cantrip.llm._contract import LLM
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
+from cantrip.spec import LLMSpec, SpecDocument, build_cantrip, build_llm, parse_spec
 
 MAIN_LLM = "llm"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from cantrip._spec_secrets import check_queued_spell
+from cantrip.distributed._spell_secrets import check_queued_spell
 from cantrip.loom._fence import Fence
 
 WORK_CHANNEL = "cantrip_work"
@@ -58,7 +58,7 @@ def enqueue_on(conn: Any, spell: dict[str, Any], intent: str, entity_id: str) ->
     inside the caller's transaction if one is open: ``cantrip serve --db`` records a
     prompt's idempotency key in the same commit. A spell that holds a literal credential
     (an MCP server's ``env``/``headers``, an A2A agent's ``headers``) is refused before
-    anything is written (:func:`cantrip._spec_secrets.check_queued_spell`)."""
+    anything is written (:func:`cantrip.distributed._spell_secrets.check_queued_spell`)."""
     check_queued_spell(spell)
     row = conn.execute(
         "WITH queued AS (INSERT INTO cantrip_work (entity_id, intent, spell) "

@@ -128,7 +128,7 @@ def suite_llms(suite: Suite) -> dict[str, LLM]:
     """The LLMs a suite declares for its judges (``llms:``, each in the spec's ``[llm]`` form)."""
     import pydantic
 
-    from cantrip._specfile import LLMSpec, build_llm
+    from cantrip.spec import LLMSpec, build_llm
 
     problems: list[str] = []
     built: dict[str, LLM] = {}
@@ -162,7 +162,7 @@ def _factory(
         raise ConstructionError(
             f"{suite.source}: no spec to run the cases against: give 'spec' in the suite or --spec"
         )
-    from cantrip._specfile import build_cantrip, load_spec_file
+    from cantrip.spec import build_cantrip, load_spec_file
 
     doc = load_spec_file(path)
     build_cantrip(doc, base_dir=path.parent, loom=loom, llm=llm)  # every problem now, once

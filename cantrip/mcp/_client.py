@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 
 class MCPServer(Protocol):
-    """What this module reads of a server's description (``cantrip.mcp._spec.MCPServer``
+    """What this module reads of a server's description (``cantrip.mcp._provider.MCPServer``
     satisfies it; declared here so the description's module can import this one
     without an import circle)."""
 

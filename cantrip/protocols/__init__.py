@@ -3,6 +3,10 @@
 All of them reach entities through one :class:`SessionHub` (ACP, HTTP) or an
 :class:`~cantrip._server.EntityServer` (``cantrip invoke``), and every cast
 is ``Entity.send``.
+
+The server sides of MCP (``cantrip mcp``: :mod:`._mcp`, with its tasks, pauses and
+results) and A2A (:mod:`._a2a`) live here too; their client sides are
+:mod:`cantrip.mcp` and :mod:`cantrip.a2a`.
 """
 
 from cantrip.protocols._acp import AcpServer, prompt_text, serve_stdio

@@ -1,10 +1,12 @@
-"""``cantrip mcp SPEC.toml [--http [--host H] [--port P] [--token T]]``: the CLI side."""
+"""``cantrip mcp SPEC.toml [--http [--host H] [--port P] [--token T]]``: the CLI side.
+
+The command's options, and serving until the client leaves (stdio) or SIGINT/SIGTERM
+(``--http``); the server itself is :mod:`cantrip.protocols._mcp`."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -15,6 +17,7 @@ import trio
 
 from cantrip._cantrip import Cantrip
 from cantrip._errors import CantripError
+from cantrip.cli._process import debug_log
 
 
 def add_mcp_parser(commands: Any, parents: list[Any] | None = None) -> None:
@@ -41,12 +44,7 @@ def run_mcp(
     load: Callable[[Path], Cantrip],
     fail: Callable[[str], int],
 ) -> int:
-    if args.log is not None:
-        logging.basicConfig(
-            filename=args.log,
-            level=logging.DEBUG,
-            format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        )
+    debug_log(args.log)
     try:
         spell = load(args.spec)
     except CantripError as exc:
@@ -56,7 +54,7 @@ def run_mcp(
             print(f"ok: {args.spec} loads; tool: cast", file=sys.stderr)
             return 0
         if not args.http:
-            from cantrip.mcp._serve import serve_stdio
+            from cantrip.protocols._mcp import serve_stdio
 
             with contextlib.suppress(KeyboardInterrupt):
                 trio.run(serve_stdio, spell)
@@ -69,8 +67,8 @@ def run_mcp(
 def _serve_http(args: argparse.Namespace, spell: Cantrip, fail: Callable[[str], int]) -> int:
     import signal
 
-    from cantrip.mcp._serve import http_guard, serve_http
     from cantrip.protocols._guard import BindError
+    from cantrip.protocols._mcp import http_guard, serve_http
 
     token = args.token or os.environ.get("CANTRIP_MCP_TOKEN") or None
     try:

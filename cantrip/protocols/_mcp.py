@@ -1,18 +1,21 @@
 """``cantrip mcp SPEC.toml``: a cantrip served as an MCP server (official SDK).
 
+The server side of MCP (the client side, MCP servers as a circle's gates, is
+:mod:`cantrip.mcp`); the command line that starts it is :mod:`cantrip.cli._mcp`.
+
 One tool, ``cast``: its input is an intent, its result the cast's answer as
 text plus structured content ``{result, terminated, truncated, reason, turns,
-usage, entity_id}`` (:mod:`cantrip.mcp._result`). Every recorded turn is reported
+usage, entity_id}`` (:mod:`cantrip.protocols._mcp_result`). Every recorded turn is reported
 as a progress notification (when the client asked for progress). A client that cancels the
 request cancels the cast: the SDK cancels the tool's task, and the entity
 records the cut-off turn as ``cancelled`` exactly as any cancellation.
 
 When the cast pauses (an approval, an ``ask_user`` question, a question one of
 the circle's MCP servers asked) and the client declared elicitation, the client is
-asked (:mod:`cantrip.mcp._pauses`): at 2026-07-28 the call answers
+asked (:mod:`cantrip.protocols._mcp_pauses`): at 2026-07-28 the call answers
 ``InputRequiredResult`` and the retry goes on from the loom; before it the server
 sends ``elicitation/create`` and the cast waits. A client that declares the tasks
-extension gets a task instead of waiting (:mod:`cantrip.mcp._tasks`).
+extension gets a task instead of waiting (:mod:`cantrip.protocols._mcp_tasks`).
 
 When the spec has a loom file (``[loom] path``), each entity's thread is an MCP
 resource, ``cantrip://threads/<entity_id>`` (JSON; secrets redacted).
@@ -44,11 +47,17 @@ from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
 from cantrip._text import require_intent
 from cantrip.llm._stream import Event
-from cantrip.mcp._pauses import can_elicit, decision_from, elicitation_params
-from cantrip.mcp._result import CastOutput, cast_tool_result, failed_tool_result, progress_message
-from cantrip.mcp._tasks import TaskBoard, tasks_extension
 from cantrip.protocols._client_faults import demote_client_faults
 from cantrip.protocols._guard import Guard, guard_refusals_as_jsonrpc
+from cantrip.protocols._mcp_pauses import can_elicit, decision_from, elicitation_params
+from cantrip.protocols._mcp_result import (
+    CastOutput,
+    cast_tool_result,
+    failed_tool_result,
+    progress_message,
+)
+from cantrip.protocols._mcp_tasks import TaskBoard, tasks_extension
+from cantrip.protocols._sessions import turn_dict
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer as SDKServer
@@ -296,8 +305,6 @@ def _thread_resources(spell: Cantrip) -> Iterable[Any]:
 
 
 def _thread_json(spell: Cantrip, entity_id: str) -> str:
-    from cantrip.protocols._sessions import turn_dict
-
     loom = spell.loom
     if entity_id not in loom.entities:
         raise ValueError(f"no entity {entity_id!r} in the loom")

@@ -1,15 +1,16 @@
 """A remote A2A agent as a circle's gate provider: the value users write.
 
 ``A2AAgent(name="travel", url="https://agents.example/travel")`` in Python, or
-one ``[[circle.a2a]]`` table in a spec file, names a remote agent; nothing is
-fetched until an entity of the circle first runs (see :mod:`cantrip._providers`).
-The agent becomes one gate named ``name`` that sends it a message and returns its
-answer (:mod:`cantrip.a2a._client`).
+one ``[[circle.a2a]]`` table in a spec file (read by :mod:`cantrip.spec._providers`),
+names a remote agent; nothing is fetched until an entity of the circle first runs
+(see :mod:`cantrip._providers`). The agent becomes one gate named ``name`` that sends
+it a message and returns its answer (:mod:`cantrip.a2a._client`).
 
 ``headers`` values may name environment variables, ``"${NAME}"`` (``"Bearer
 ${TRAVEL_TOKEN}"``), read by the process that opens the agent, so a credential need
 not be written in the spec; a spec run by workers (``--db``) must give them that way
-(:mod:`cantrip._spec_secrets`: the check MCP servers' ``env`` and ``headers`` take).
+(:mod:`cantrip.distributed._spell_secrets`: the check MCP servers' ``env`` and
+``headers`` take).
 
 This module is a plain value with checks; the SDK is imported only when the
 agent is opened, so ``import cantrip`` stays cheap and works without the extra.
@@ -21,11 +22,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import pydantic
 
 from cantrip._errors import ConstructionError
-from cantrip._provider_tables import PROVIDER_NAME, provider_tables, string_table
-from cantrip._spec_secrets import resolve_references, url_without_secrets
+from cantrip._provider_fields import (
+    PROVIDER_NAME,
+    resolve_references,
+    string_table,
+    url_without_secrets,
+)
 
 if TYPE_CHECKING:
     import trio
@@ -87,23 +91,3 @@ class A2AAgent:
         from cantrip.a2a._client import open_agent
 
         return await open_agent(self.resolved())
-
-
-class A2ATable(pydantic.BaseModel):
-    """One ``[[circle.a2a]]`` table of a spec file (pydantic at the edge)."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    name: str
-    url: str
-    headers: dict[str, str] = pydantic.Field(default_factory=dict)
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
-
-    def build(self) -> A2AAgent:
-        return A2AAgent(**self.model_dump())
-
-
-def agents_from_tables(tables: Any) -> tuple[A2AAgent, ...]:
-    """``[[circle.a2a]]`` tables as agents; every problem reported at once."""
-    return provider_tables(tables, "a2a", "agent", A2ATable)

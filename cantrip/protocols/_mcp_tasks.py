@@ -9,9 +9,9 @@ the cast runs in the server's own nursery, and
 * ``tasks/get`` answers its state: ``working`` (the status message is the latest
   turn), ``input_required`` with the ``inputRequests`` of the pause it waits on
   (an approval, an ``ask_user`` question, a question one of the circle's MCP
-  servers asked -- as elicitations, :mod:`cantrip.mcp._pauses`), ``completed``
+  servers asked -- as elicitations, :mod:`cantrip.protocols._mcp_pauses`), ``completed``
   with the same ``CallToolResult`` the call would have answered
-  (:mod:`cantrip.mcp._result`; a cast that raised is a completed tool error), or
+  (:mod:`cantrip.protocols._mcp_result`; a cast that raised is a completed tool error), or
   ``cancelled``;
 * ``tasks/update`` carries the answer to a pause (keyed by its pause id), taken
   like any answer (recorded in the loom; one that does not fill the form is
@@ -44,8 +44,8 @@ from cantrip._errors import CantripError
 from cantrip._events import StepComplete
 from cantrip._redact import get_logger
 from cantrip.llm._stream import Event
-from cantrip.mcp._pauses import can_elicit, decision_from, elicitation_params
-from cantrip.mcp._result import cast_tool_result, failed_tool_result, progress_message
+from cantrip.protocols._mcp_pauses import can_elicit, decision_from, elicitation_params
+from cantrip.protocols._mcp_result import cast_tool_result, failed_tool_result, progress_message
 
 log = get_logger("cantrip.mcp.tasks")
 

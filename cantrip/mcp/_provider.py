@@ -1,9 +1,10 @@
 """An MCP server as a circle's gate provider: the value users write.
 
 ``MCPServer(name="time", command="mcp-server-time")`` in Python, or one
-``[[circle.mcp]]`` table in a spec file, describes a server; nothing is started
-until an entity of the circle first runs (see :mod:`cantrip._providers`). Its
-tools become gates named ``<prefix><tool>`` (prefix ``<name>_`` unless given).
+``[[circle.mcp]]`` table in a spec file (read by :mod:`cantrip.spec._providers`),
+describes a server; nothing is started until an entity of the circle first runs (see
+:mod:`cantrip._providers`). Its tools become gates named ``<prefix><tool>`` (prefix
+``<name>_`` unless given).
 
 This module is a plain value with checks; the SDK is imported only when a
 server is opened (:mod:`cantrip.mcp._client`), so ``import cantrip`` stays cheap.
@@ -13,7 +14,9 @@ inside text: ``"Bearer ${API_TOKEN}"``), resolved from the environment of the pr
 that opens the server -- the way ``api_key_env`` names a provider's key -- so a secret
 need not be written in the spec. A spec queued for workers (``cantrip cast --db``,
 ``serve --db``) is stored in PostgreSQL: there every value must be given that way
-(:mod:`cantrip._spec_secrets`, one check for every table that carries credentials).
+(:mod:`cantrip.distributed._spell_secrets`, one check for every table that carries
+credentials). The ``${NAME}`` form and its resolution are shared with A2A agents
+(:mod:`cantrip._provider_fields`).
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import pydantic
 
 from cantrip._errors import ConstructionError
-from cantrip._provider_tables import PROVIDER_NAME, provider_tables, string_table
-from cantrip._spec_secrets import resolve_references, url_without_secrets
+from cantrip._provider_fields import (
+    PROVIDER_NAME,
+    resolve_references,
+    string_table,
+    url_without_secrets,
+)
 
 if TYPE_CHECKING:
     import trio
@@ -136,30 +142,3 @@ class MCPServer:
         from cantrip.mcp._client import open_server
 
         return await open_server(self.resolved(), nursery)
-
-
-class MCPTable(pydantic.BaseModel):
-    """One ``[[circle.mcp]]`` table of a spec file (pydantic at the edge)."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    name: str
-    command: str | None = None
-    args: list[str] = pydantic.Field(default_factory=list)
-    env: dict[str, str] = pydantic.Field(default_factory=dict)
-    cwd: str | None = None
-    url: str | None = None
-    headers: dict[str, str] = pydantic.Field(default_factory=dict)
-    tools: list[str] | None = None
-    prefix: str | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
-    elicitation: bool = False
-
-    def build(self) -> MCPServer:
-        return MCPServer(**self.model_dump())
-
-
-def servers_from_tables(tables: Any) -> tuple[MCPServer, ...]:
-    """``[[circle.mcp]]`` tables as servers; every problem reported at once."""
-    return provider_tables(tables, "mcp", "server", MCPTable)

@@ -1,6 +1,6 @@
 """What a ``cast`` call of ``cantrip mcp`` answers: one builder for every way it ends.
 
-The synchronous call and a task's result (:mod:`cantrip.mcp._tasks`) are the same
+The synchronous call and a task's result (:mod:`cantrip.protocols._mcp_tasks`) are the same
 ``CallToolResult``: the cast's answer as text (or the truncation summary) and the
 structured content :class:`CastOutput`; a cast that raised a ``CantripError`` is a
 tool error with the message. Everything that leaves is redacted.
