@@ -299,3 +299,75 @@ def test_no_module_imports_a_private_httpx_module() -> None:
         if imported.startswith("httpx._")
     )
     assert private == []
+
+
+def room_of(module: str) -> str:
+    """The room a module stands in: a folder of ``cantrip/`` is one room (its package
+    face included), a top-level file of ``cantrip/`` is a room of its own, and ``gates``
+    and ``mediums`` are one room each -- the granularity a reader maps the house at."""
+    parts = module.split(".")
+    if parts[0] != "cantrip" or len(parts) == 1:
+        return parts[0]
+    return ".".join(parts[:2])
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Imports between rooms. The package face ``cantrip`` is left out: its re-exports
+    (some lazy, through ``__getattr__``) name every room by design, and what imports the
+    face (gates, user code) stands above all of them."""
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        if module == "cantrip":
+            continue
+        mine = rooms.setdefault(room_of(module), set())
+        for target in targets:
+            if target != "cantrip" and room_of(target) != room_of(module):
+                mine.add(room_of(target))
+    for targets in list(rooms.values()):
+        for target in targets:
+            rooms.setdefault(target, set())
+    return rooms
+
+
+def test_no_import_runs_back_up_between_rooms() -> None:
+    """The rooms stand on floors: each above every room it imports. Two rooms that
+    import each other -- even through others, even by one lazy import in a function --
+    have no floor order, so one of those imports runs back up (SPEC.md, "Layers")."""
+    graph = import_graph()
+    found = circles(room_graph(graph))
+    details = []
+    for group in found:
+        for module, targets in sorted(graph.items()):
+            for target in sorted(targets):
+                if (
+                    module != "cantrip"
+                    and target != "cantrip"
+                    and room_of(module) in group
+                    and room_of(target) in group
+                    and room_of(module) != room_of(target)
+                ):
+                    details.append(f"{module} -> {target}")
+    assert not found, (
+        "rooms importing each other: "
+        + "; ".join(" <-> ".join(group) for group in found)
+        + "\n"
+        + "\n".join(details)
+    )
+
+
+def test_the_room_check_finds_an_import_back_up(tmp_path: Path) -> None:
+    """The check above can fail: a lazy import from the loom up into a top-level
+    module that imports the loom makes two rooms that import each other."""
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "cantrip" / "loom").mkdir()
+    (tmp_path / "cantrip" / "loom" / "__init__.py").write_text("")
+    (tmp_path / "cantrip" / "loom" / "_export.py").write_text(
+        "def render():\n    from cantrip._context import Context\n"
+    )
+    (tmp_path / "cantrip" / "_context.py").write_text("from cantrip.loom._model import Turn\n")
+    (tmp_path / "cantrip" / "loom" / "_model.py").write_text("Turn = 1\n")
+    graph = import_graph(tmp_path)
+    assert circles(graph) == []  # no module circle: only the rooms' floors are crossed
+    assert circles(room_graph(graph)) == [["cantrip._context", "cantrip.loom"]]
