@@ -1,0 +1,266 @@
+"""The PostgreSQL session backend: an adapter over ``serve --db``'s session code
+(casts run by ``cantrip worker`` processes, any number of replicas).
+
+Every rule is :class:`~cantrip.protocols._db_sessions.DbSessions`' (sessions, the
+queue's busy policies, keys, cancels, steering, answers, outcomes), following a
+session is :func:`~cantrip.protocols._db_follow.follow`'s, waking is the
+:class:`~cantrip.protocols._db_notify.Notifier`'s LISTEN connection. This module adds
+the seam's shape only: blocking calls in threads behind the store's limiter, a prompt
+id for each work item, events with positions.
+
+Not here (phase 2 moves them, one copy each): the replica's wait count and drain
+(``DbHttpApp._waits``, ``.drain``: the server's lifecycle), and its boundary that turns
+a lost database into 503 (``DbHttpApp._db``): here a database error is raised as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from cantrip._approval import Decision, Pause
+from cantrip._events import FinalResponse, PauseEvent, StepComplete
+from cantrip.distributed._work import DEAD
+from cantrip.loom._model import Turn
+from cantrip.loom._postgres import PostgresStore
+from cantrip.protocols._db_follow import follow
+from cantrip.protocols._db_notify import Notifier
+from cantrip.protocols._db_sessions import (
+    DbSessions,
+    Progress,
+    SessionRow,
+    failure_message,
+    prompt_id_for,
+    work_id_for,
+)
+from cantrip.protocols._sessions import SessionError, event_dict
+from cantrip.protocols.sessions._backend import (
+    BusyPolicy,
+    Cancelled,
+    Capabilities,
+    Health,
+    PromptOutcome,
+    SessionEvent,
+    SessionInfo,
+    Submitted,
+)
+
+T = TypeVar("T")
+
+
+class PostgresBackend:
+    """:class:`~cantrip.protocols.sessions.SessionBackend` over ``serve --db``'s tables."""
+
+    def __init__(
+        self,
+        sessions: DbSessions,
+        notifier: Notifier,
+        spell: Mapping[str, Any],
+        *,
+        poll_s: float = 2.0,
+        tail_s: float = 0.25,
+    ) -> None:
+        self.db = sessions
+        self.notifier = notifier
+        self.spell = dict(spell)
+        """The queued spell every prompt is enqueued with."""
+        self.poll_s = poll_s
+        self.tail_s = tail_s
+        self.waiting = 0
+        """Results this backend is waiting on (``health``)."""
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls, url: str, spell: Mapping[str, Any], *, sticky_cancel_s: float = 5.0, **options: float
+    ) -> AsyncIterator[PostgresBackend]:
+        """The backend on the database at ``url`` (its tables made if missing) while the
+        block runs, with its LISTEN connection."""
+        store = await trio.to_thread.run_sync(lambda: PostgresStore(url, max_connections=8))
+        try:
+            sessions = await trio.to_thread.run_sync(
+                lambda: DbSessions(store, sticky_cancel_s=sticky_cancel_s)
+            )
+            notifier = Notifier(url)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(notifier.run)
+                yield cls(sessions, notifier, spell, **options)
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(store.close)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            mode="db",
+            token_events=False,
+            a2a_push=False,
+            viewer_fork=False,
+            durable_prompt_ids=True,
+            shared=True,
+        )
+
+    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
+        """A blocking database call in a thread, behind the store's limiter."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.db.store.limiter)
+
+    # -- sessions ----------------------------------------------------------------
+
+    async def _row(self, session_id: str) -> SessionRow:
+        return await self._db(self.db.require, session_id)  # not_found
+
+    async def create(self, key: str | None = None) -> tuple[SessionInfo, bool]:
+        row, created = await self._db(self.db.create, key)
+        return _info(row), created
+
+    async def sessions(self) -> list[SessionInfo]:
+        return [_info(r) for r in await self._db(self.db.all)]
+
+    async def find(self, session_id: str) -> SessionInfo:
+        return _info(await self._row(session_id))
+
+    async def thread(self, session_id: str) -> list[Turn]:
+        row = await self._row(session_id)
+        return await self._db(self.db.thread, row.entity_id)
+
+    # -- prompts -----------------------------------------------------------------
+
+    async def submit(
+        self,
+        session_id: str,
+        intent: str,
+        *,
+        key: str | None = None,
+        on_busy: BusyPolicy = "reject",
+    ) -> Submitted:
+        row = await self._row(session_id)
+        queued = await self._db(self.db.enqueue, row.entity_id, self.spell, intent, key, on_busy)
+        return Submitted(queued.prompt_id, row.session_id, replayed=queued.replayed)
+
+    async def _work_of(self, row: SessionRow, prompt_id: str) -> int:
+        """The work item ``prompt_id`` names, if it is one of the session's."""
+        work_id = work_id_for(prompt_id)
+        owner = None if work_id is None else await self._db(self._owner, work_id)
+        if work_id is None or owner != row.entity_id:
+            raise SessionError("not_found", f"no prompt {prompt_id!r} of session {row.session_id}")
+        return work_id
+
+    def _owner(self, work_id: int) -> str | None:
+        with self.db.store.pool.connection() as conn:
+            found = conn.execute(
+                "SELECT entity_id FROM cantrip_work WHERE id = %s", (work_id,)
+            ).fetchone()
+        return None if found is None else str(found[0])
+
+    async def _ended(self, entity_id: str, work_id: int) -> Progress:
+        """Until the work ends: woken by NOTIFY, checking every ``poll_s`` regardless."""
+        with self.notifier.watching(entity_id) as next_event:
+            while True:
+                woken = next_event()  # before the check: none is missed
+                progress = await self._db(self.db.progress, work_id)
+                if progress.ended:
+                    return progress
+                with trio.move_on_after(self.poll_s):
+                    await woken.wait()
+
+    async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:
+        row = await self._row(session_id)
+        work_id = await self._work_of(row, prompt_id)
+        self.waiting += 1
+        try:
+            ended = await self._ended(row.entity_id, work_id)
+        finally:
+            self.waiting -= 1
+        if ended.state in ("failed", DEAD):
+            raise SessionError("cast_failed", failure_message(ended.outcome))
+        cast, undelivered = await self._db(self.db.outcome, row.entity_id, work_id, ended.base_pos)
+        return PromptOutcome(prompt_id, cast, tuple(undelivered))
+
+    async def steer(self, session_id: str, text: str) -> None:
+        row = await self._row(session_id)
+        await self._db(self.db.steer, row.entity_id, text)
+
+    async def cancel(
+        self,
+        session_id: str,
+        *,
+        prompt_id: str | None = None,
+        key: str | None = None,
+        next_prompt: bool = False,
+    ) -> Cancelled:
+        row = await self._row(session_id)
+        answer = await self._db(self.db.cancel, row.entity_id, prompt_id, key, next_prompt)
+        return Cancelled.from_dict(answer)
+
+    # -- pauses ------------------------------------------------------------------
+
+    async def pauses(self, session_id: str) -> list[Pause]:
+        row = await self._row(session_id)
+        return [Pause.from_dict(p) for p in await self._db(self.db.pending, row.entity_id)]
+
+    async def answer(self, session_id: str, pause_id: str, decision: Decision) -> Submitted | None:
+        row = await self._row(session_id)
+        queued = await self._db(self.db.answer, row.entity_id, pause_id, decision.to_dict())
+        if queued.replayed:  # a running prompt waited on it in place: that prompt answers
+            return None
+        return Submitted(prompt_id_for(queued.work_id), row.session_id)
+
+    # -- events ------------------------------------------------------------------
+
+    async def follow(self, session_id: str, after: int = 0) -> AsyncIterator[SessionEvent]:
+        row = await self._row(session_id)
+        seen = after
+        pos = await self._db(self._pos_of, row.entity_id, after)
+        told = {p.pause_id for p in await self.pauses(session_id)}  # not news
+        turns = follow(
+            _Tail(self.db, self.notifier, self.tail_s), row.entity_id, self._db, after=pos
+        )
+        async with contextlib.aclosing(turns):
+            async for item in turns:
+                if isinstance(item, Turn):
+                    seen += 1
+                    step = event_dict(StepComplete(item, entity_id=item.entity_id))
+                    yield SessionEvent(step["type"], step, seen, item)
+                    if item.terminated:
+                        final = event_dict(FinalResponse(item.result, entity_id=item.entity_id))
+                        yield SessionEvent(final["type"], final)
+                elif item.heard or item.landed:  # a NOTIFY (work ended, a pause) or turns
+                    for pause in await self.pauses(session_id):
+                        if pause.pause_id not in told:
+                            told.add(pause.pause_id)
+                            data = event_dict(PauseEvent(pause=pause, entity_id=pause.entity_id))
+                            yield SessionEvent(data["type"], data)
+
+    def _pos_of(self, entity_id: str, after: int) -> int:
+        """The loom position of the entity's ``after``-th turn (0: before its first)."""
+        if after <= 0:
+            return 0
+        with self.db.store.pool.connection() as conn:
+            found = conn.execute(
+                "SELECT pos FROM cantrip_turns WHERE entity_id = %s ORDER BY pos OFFSET %s LIMIT 1",
+                (entity_id, after - 1),
+            ).fetchone()
+        if found is None:
+            raise SessionError("not_found", f"the session has no turn {after} yet")
+        return int(found[0])
+
+    async def health(self) -> Health:
+        return Health("db", self.waiting, await self._db(self.db.count), True)
+
+
+@attrs.define
+class _Tail:
+    """What :func:`~cantrip.protocols._db_follow.follow` needs (its ``Tailing``)."""
+
+    sessions: DbSessions
+    notifier: Notifier
+    tail_s: float
+
+
+def _info(row: SessionRow) -> SessionInfo:
+    return SessionInfo(row.session_id, row.entity_id, row.running, row.turns)

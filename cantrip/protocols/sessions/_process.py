@@ -1,0 +1,281 @@
+"""The in-process session backend: an adapter over :class:`SessionHub` (entities run in
+this process, on any loom).
+
+It adds no rule of its own: every refusal, busy policy, idempotency replay and cancel
+is the hub's (:mod:`cantrip.protocols._sessions`). What it adds is the seam's shape:
+sessions named by id, a prompt accepted at once and awaited apart (the cast runs in
+the backend's nursery, as ``HttpApp`` runs it in the server's), results kept by prompt
+id, events with positions.
+
+Accepting a prompt at once: ``SessionHub.prompt`` decides every refusal (``busy``,
+``key_reused``...) before its first checkpoint, and then either runs the cast, waits
+its turn (``enqueue``...) or joins the running prompt with its key. The cast is started
+with ``nursery.start`` and reports ``started`` before it calls the hub: trio resumes the
+caller only once the new task blocks, so by then the hub has decided, and a refusal
+raised there is handed back to the caller (phase 2: the hub says it itself, with a
+split of ``prompt`` into admitting and running).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+import attrs
+import trio
+
+from cantrip._approval import Decision, Pause, PauseError
+from cantrip._errors import CantripError
+from cantrip._events import StepComplete
+from cantrip._outcome import CastResult
+from cantrip._redact import get_logger
+from cantrip.loom._model import Turn
+from cantrip.protocols._idempotency import keyed_prompt_id
+from cantrip.protocols._sessions import (
+    Prompt,
+    Session,
+    SessionError,
+    SessionHub,
+    event_dict,
+    new_prompt_id,
+)
+from cantrip.protocols.sessions._backend import (
+    BusyPolicy,
+    Cancelled,
+    Capabilities,
+    Health,
+    PromptOutcome,
+    SessionEvent,
+    SessionInfo,
+    Submitted,
+)
+
+log = get_logger("cantrip.sessions")
+
+KEPT_RESULTS = 1000
+"""Ended prompts whose outcome is kept for :meth:`ProcessBackend.result` (the oldest go)."""
+
+
+@attrs.define(eq=False)
+class _Run:
+    """A prompt (or an answer's continuation) this backend started, and how it ended."""
+
+    session_id: str
+    done: trio.Event = attrs.field(factory=trio.Event)
+    cast: CastResult | None = None
+    error: BaseException | None = None
+
+
+class ProcessBackend:
+    """:class:`~cantrip.protocols.sessions.SessionBackend` over a :class:`SessionHub`."""
+
+    def __init__(self, hub: SessionHub, nursery: trio.Nursery) -> None:
+        self.hub = hub
+        self.nursery = nursery
+        """Where casts run: they outlive the request that started them."""
+        self._runs: dict[str, _Run] = {}
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, hub: SessionHub) -> AsyncIterator[ProcessBackend]:
+        """The backend while the block runs; its casts are cut off and its entities
+        closed at the end."""
+        try:
+            async with trio.open_nursery() as nursery:
+                hub.nursery = nursery
+                yield cls(hub, nursery)
+                nursery.cancel_scope.cancel()
+        finally:
+            hub.nursery = None
+            with trio.CancelScope(shield=True):
+                await hub.aclose()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            mode="process",
+            token_events=True,
+            a2a_push=True,
+            viewer_fork=True,
+            durable_prompt_ids=False,
+            shared=False,
+        )
+
+    # -- sessions ----------------------------------------------------------------
+
+    def _session(self, session_id: str) -> Session:
+        session = self.hub.get(session_id)  # not_found, or resumed from the loom
+        with contextlib.suppress(RuntimeError):
+            session.last_used = trio.current_time()
+        return session
+
+    async def create(self, key: str | None = None) -> tuple[SessionInfo, bool]:
+        session, created = self.hub.create(key)
+        return _info(session), created
+
+    async def sessions(self) -> list[SessionInfo]:
+        return [_info(s) for s in self.hub.sessions.values()]
+
+    async def find(self, session_id: str) -> SessionInfo:
+        return _info(self._session(session_id))
+
+    async def thread(self, session_id: str) -> list[Turn]:
+        return self.hub.history(self._session(session_id))
+
+    # -- prompts -----------------------------------------------------------------
+
+    async def submit(
+        self,
+        session_id: str,
+        intent: str,
+        *,
+        key: str | None = None,
+        on_busy: BusyPolicy = "reject",
+    ) -> Submitted:
+        session = self._session(session_id)
+        handle = Prompt(intent, key)
+        if key is not None:
+            handle.id = keyed_prompt_id(session.entity_id, key)
+        current = session.current
+        joins = key is not None and current is not None and current.key == key
+        session.arriving.append(handle)  # a cancel meanwhile finds it, as HTTP's does
+
+        def depart() -> None:
+            if handle in session.arriving:
+                session.arriving.remove(handle)
+
+        run = _Run(session.id)
+
+        async def prompt() -> CastResult | None:
+            try:
+                return await self.hub.prompt(
+                    session, intent, key=key, on_busy=on_busy, handle=handle
+                )
+            finally:
+                depart()
+
+        await self._start(run, prompt)
+        if run.done.is_set() and run.error is not None:
+            raise run.error  # refused: busy, key_reused, overloaded, shutting_down
+        # a cast that runs checkpoints; one that ended at once was a key's replay
+        replayed = joins or (key is not None and run.done.is_set())
+        if not replayed or handle.id not in self._runs:
+            self._keep(handle.id, run)
+        return Submitted(handle.id, session.id, replayed=replayed)
+
+    async def _start(self, run: _Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
+        """Run ``cast`` in the backend's nursery; return once it has blocked or ended
+        (see the module docstring). Its outcome or error is kept in ``run``."""
+
+        async def task(task_status: trio.TaskStatus[None]) -> None:
+            task_status.started()  # the caller resumes once this task blocks
+            try:
+                run.cast = await cast()
+            except (SessionError, CantripError) as exc:  # refused, or failed: told the caller
+                run.error = exc
+            except Exception as exc:  # the boundary of a cast (the hub resumed the entity)
+                log.exception("session %s: the entity crashed", run.session_id)
+                run.error = exc
+            finally:
+                run.done.set()
+
+        await self.nursery.start(task)
+
+    def _keep(self, prompt_id: str, run: _Run) -> None:
+        self._runs[prompt_id] = run
+        if len(self._runs) > KEPT_RESULTS:
+            for old, kept in list(self._runs.items()):
+                if kept.done.is_set():
+                    del self._runs[old]
+                    break
+
+    async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:
+        session = self._session(session_id)
+        run = self._runs.get(prompt_id)
+        if run is None or run.session_id != session.id:
+            raise SessionError(
+                "not_found", f"no prompt {prompt_id!r} of session {session.id} is known here"
+            )
+        await run.done.wait()
+        if run.error is not None:
+            if isinstance(run.error, SessionError | PauseError):
+                raise run.error
+            raise SessionError("cast_failed", f"the cast failed: {run.error}") from run.error
+        cast = run.cast
+        return PromptOutcome(prompt_id, cast, cast.undelivered if cast is not None else ())
+
+    async def steer(self, session_id: str, text: str) -> None:
+        self.hub.steer(self._session(session_id), text.strip())
+
+    async def cancel(
+        self,
+        session_id: str,
+        *,
+        prompt_id: str | None = None,
+        key: str | None = None,
+        next_prompt: bool = False,
+    ) -> Cancelled:
+        answer = self.hub.request_cancel(
+            self._session(session_id), prompt_id=prompt_id, key=key, next_prompt=next_prompt
+        )
+        return Cancelled.from_dict(answer)
+
+    # -- pauses ------------------------------------------------------------------
+
+    async def pauses(self, session_id: str) -> list[Pause]:
+        return list(self._session(session_id).entity.pending)
+
+    async def answer(self, session_id: str, pause_id: str, decision: Decision) -> Submitted | None:
+        session = self._session(session_id)
+        run = _Run(session.id)
+        await self._start(run, lambda: self.hub.answer(session, pause_id, decision))
+        if run.done.is_set() and run.error is not None:
+            raise run.error  # answered already, unknown, or busy
+        if run.done.is_set() and run.cast is None:
+            return None  # a running prompt waited on it in place: that prompt answers
+        prompt_id = new_prompt_id()  # known here only (drift 2)
+        self._keep(prompt_id, run)
+        return Submitted(prompt_id, session.id)
+
+    # -- events ------------------------------------------------------------------
+
+    async def follow(self, session_id: str, after: int = 0) -> AsyncIterator[SessionEvent]:
+        session = self._session(session_id)
+        with session.subscribe() as live:
+            seen = after
+            for recorded in list(session.entity.turns)[after:]:
+                seen += 1
+                yield _turn_event(recorded, seen)
+            async for event in live:
+                data = event_dict(event)
+                if isinstance(event, StepComplete) and event.turn is not None:
+                    position = position_of(session.entity.turns, event.turn.id, seen)
+                    if position <= seen:
+                        continue  # told from the loom already
+                    seen = position
+                    yield SessionEvent(data["type"], data, position, event.turn)
+                else:
+                    yield SessionEvent(data["type"], data)
+
+    async def health(self) -> Health:
+        return Health("process", self.hub.running, len(self.hub.sessions), self.hub.persistent)
+
+
+def _turn_event(turn: Turn, position: int) -> SessionEvent:
+    data = event_dict(StepComplete(turn, entity_id=turn.entity_id))
+    return SessionEvent(data["type"], data, position, turn)
+
+
+def _info(session: Session) -> SessionInfo:
+    return SessionInfo(
+        session.id, session.entity_id, session.running is not None, len(session.entity.turns)
+    )
+
+
+def position_of(turns: Sequence[Turn], turn_id: str, seen: int) -> int:
+    """The position of the entity's turn ``turn_id`` (1 for its first); one past
+    ``seen`` if it is not among them yet."""
+    for index in range(len(turns) - 1, -1, -1):
+        if turns[index].id == turn_id:
+            return index + 1
+    return seen + 1
