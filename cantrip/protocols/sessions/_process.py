@@ -26,7 +26,7 @@ import trio
 
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._errors import CantripError
-from cantrip._events import StepComplete
+from cantrip._events import FinalResponse, StepComplete
 from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
 from cantrip.loom._model import Turn
@@ -245,7 +245,8 @@ class ProcessBackend:
             seen = after
             for recorded in list(session.entity.turns)[after:]:
                 seen += 1
-                yield _turn_event(recorded, seen)
+                for told in _recorded_events(recorded, seen):
+                    yield told
             async for event in live:
                 data = event_dict(event)
                 if isinstance(event, StepComplete) and event.turn is not None:
@@ -261,9 +262,15 @@ class ProcessBackend:
         return Health("process", self.hub.running, len(self.hub.sessions), self.hub.persistent)
 
 
-def _turn_event(turn: Turn, position: int) -> SessionEvent:
-    data = event_dict(StepComplete(turn, entity_id=turn.entity_id))
-    return SessionEvent(data["type"], data, position, turn)
+def _recorded_events(turn: Turn, position: int) -> list[SessionEvent]:
+    """What a recorded turn tells a follower: ``step_complete`` (at its position), and
+    ``final_response`` if it ended its cast -- as ``serve --db`` tells every turn."""
+    step = event_dict(StepComplete(turn, entity_id=turn.entity_id))
+    told = [SessionEvent(step["type"], step, position, turn)]
+    if turn.terminated:
+        final = event_dict(FinalResponse(turn.result, entity_id=turn.entity_id))
+        told.append(SessionEvent(final["type"], final))
+    return told
 
 
 def _info(session: Session) -> SessionInfo:

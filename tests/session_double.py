@@ -1,0 +1,413 @@
+"""A third session backend for the contract suite: everything in memory, no entity, no
+LLM client -- it passes tests/test_session_backend_contract.py by implementing
+:class:`~cantrip.protocols.sessions.SessionBackend` alone.
+
+A "cast" here is a loop over :func:`seam_llm.decide` (the rule the loopback model
+answers with), each step a recorded :class:`~cantrip.loom._model.Turn`; what a backend
+must do about busy sessions, keys, steering, cancels and pauses is written here from
+the seam's docstrings, not taken from either real backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import trio
+from seam_llm import HOLD, Holds, decide, is_last
+
+from cantrip._approval import Decision, Pause, PauseError
+from cantrip._outcome import CastResult, cast_result
+from cantrip.loom._model import Turn
+from cantrip.protocols._sessions import SessionError
+from cantrip.protocols.sessions import (
+    BusyPolicy,
+    Cancelled,
+    Capabilities,
+    Health,
+    PromptOutcome,
+    SessionEvent,
+    SessionInfo,
+    Submitted,
+)
+
+STICKY_S = 5.0
+_ids = itertools.count(1)
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}-{next(_ids):08d}"
+
+
+@attrs.define(eq=False)
+class _Prompt:
+    id: str
+    intent: str | None
+    key: str | None
+    answer: tuple[Pause, str] | None = None
+    """A continuation: the pause it answers and the answer's text."""
+    done: trio.Event = attrs.field(factory=trio.Event)
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    cancel_reason: str | None = None
+    before: Turn | None = None
+    inbox: list[str] = attrs.field(factory=list)
+    cast: CastResult | None = None
+    undelivered: tuple[str, ...] = ()
+
+
+@attrs.define(eq=False)
+class _Session:
+    id: str
+    entity_id: str
+    turns: list[Turn] = attrs.field(factory=list)
+    leaf: Turn | None = None
+    queue: list[_Prompt] = attrs.field(factory=list)
+    """Open prompts in order; the first runs once ``running`` is set."""
+    running: _Prompt | None = None
+    prompts: dict[str, _Prompt] = attrs.field(factory=dict)
+    keys: dict[str, _Prompt] = attrs.field(factory=dict)
+    armed: dict[str, float] = attrs.field(factory=dict)
+    next_until: float | None = None
+    pending: dict[str, Pause] = attrs.field(factory=dict)
+    answered: set[str] = attrs.field(factory=set)
+    watchers: list[trio.MemorySendChannel[SessionEvent]] = attrs.field(factory=list)
+    changed: trio.Event = attrs.field(factory=trio.Event)
+
+    def thread(self) -> list[Turn]:
+        by_id = {t.id: t for t in self.turns}
+        out, turn = [], self.leaf
+        while turn is not None:
+            out.append(turn)
+            turn = by_id.get(turn.parent_id) if turn.parent_id else None
+        return out[::-1]
+
+    def tell(self, event: SessionEvent) -> None:
+        for channel in list(self.watchers):
+            try:
+                channel.send_nowait(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.watchers.remove(channel)
+
+    def poke(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+def _conversation(thread: list[Turn], new_users: list[str]) -> tuple[str, int, int, list[str]]:
+    """What the model is shown: (latest user message, its answers since, user messages,
+    call results since)."""
+    prompt, steps, users, told = "", 0, 0, []
+    for turn in thread:
+        said = [turn.intent] if turn.intent else []
+        for user in [*said, *turn.extras.get("steering", ())]:
+            prompt, steps, users, told = user, 0, users + 1, []
+        told += list(turn.extras.get("told", ()))
+        steps += 1
+    for user in new_users:
+        prompt, steps, users, told = user, 0, users + 1, []
+    return prompt, steps, users, told
+
+
+class DoubleBackend:
+    """The in-memory :class:`SessionBackend`."""
+
+    def __init__(self, holds: Holds, nursery: trio.Nursery) -> None:
+        self.holds = holds
+        self.nursery = nursery
+        self._sessions: dict[str, _Session] = {}
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, holds: Holds) -> AsyncIterator[DoubleBackend]:
+        async with trio.open_nursery() as nursery:
+            yield cls(holds, nursery)
+            nursery.cancel_scope.cancel()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities("double", False, False, False, True, False)
+
+    def _get(self, session_id: str) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise SessionError("not_found", f"unknown session {session_id!r}")
+        return session
+
+    @staticmethod
+    def _info(s: _Session) -> SessionInfo:
+        return SessionInfo(s.id, s.entity_id, bool(s.queue), len(s.turns))
+
+    async def create(self, key: str | None = None) -> tuple[SessionInfo, bool]:
+        suffix = f"key{abs(hash(key)):016x}" if key is not None else _id("s")
+        sid = f"session-{suffix}"
+        if sid in self._sessions:
+            return self._info(self._sessions[sid]), False
+        session = self._sessions[sid] = _Session(sid, f"entity-{suffix}")
+        return self._info(session), True
+
+    async def sessions(self) -> list[SessionInfo]:
+        return [self._info(s) for s in self._sessions.values()]
+
+    async def find(self, session_id: str) -> SessionInfo:
+        return self._info(self._get(session_id))
+
+    async def thread(self, session_id: str) -> list[Turn]:
+        return self._get(session_id).thread()
+
+    async def health(self) -> Health:
+        running = sum(1 for s in self._sessions.values() if s.running is not None)
+        return Health("double", running, len(self._sessions), False)
+
+    # -- prompts -----------------------------------------------------------------
+
+    async def submit(
+        self,
+        session_id: str,
+        intent: str,
+        *,
+        key: str | None = None,
+        on_busy: BusyPolicy = "reject",
+    ) -> Submitted:
+        session = self._get(session_id)
+        if key is not None and key in session.keys:
+            seen = session.keys[key]
+            if seen.intent != intent:
+                raise SessionError("key_reused", f"key {key!r} was used for another prompt")
+            return Submitted(seen.id, session.id, replayed=True)
+        if session.queue:
+            if on_busy == "reject":
+                raise SessionError("busy", f"session {session.id} is running a prompt")
+            if on_busy in ("interrupt", "rollback"):
+                current = session.queue[0]
+                self._cut(current, "interrupted")
+        prompt = _Prompt(_id("prompt"), intent, key)
+        rollback = on_busy == "rollback" and bool(session.queue)
+        if rollback:
+            prompt.before = session.queue[0].before  # where the cut-off prompt began
+        now = trio.current_time()
+        if session.next_until is not None:
+            if now <= session.next_until:
+                prompt.cancel_reason = "cancelled"
+            session.next_until = None
+        if key is not None:
+            until = session.armed.pop(key, None)
+            if until is not None and now <= until:
+                prompt.cancel_reason = "cancelled"
+            session.keys[key] = prompt
+        self._open(session, prompt, rollback=rollback)
+        return Submitted(prompt.id, session.id)
+
+    def _open(self, session: _Session, prompt: _Prompt, *, rollback: bool = False) -> None:
+        session.prompts[prompt.id] = prompt
+        session.queue.append(prompt)
+        self.nursery.start_soon(self._run, session, prompt, rollback)
+
+    def _cut(self, prompt: _Prompt, reason: str) -> None:
+        prompt.cancel_reason = prompt.cancel_reason or reason
+        prompt.scope.cancel()
+
+    async def _run(self, session: _Session, prompt: _Prompt, rollback: bool) -> None:
+        try:
+            while session.queue[0] is not prompt:
+                await session.changed.wait()
+            session.running = prompt
+            if rollback:
+                session.leaf = prompt.before
+            prompt.before = session.leaf
+            if prompt.cancel_reason is None:
+                with prompt.scope:
+                    await self._cast(session, prompt)
+            mine = [t for t in session.turns if t.extras.get("prompt") == prompt.id]
+            pending = [p for p in session.pending.values() if p.pause_id.startswith(prompt.id)]
+            if mine or pending:
+                cast = cast_result(
+                    mine, entity_id=session.entity_id, cost_usd=None, pending=pending
+                )
+                prompt.undelivered = tuple(prompt.inbox)
+                prompt.cast = attrs.evolve(cast, undelivered=prompt.undelivered)
+            else:
+                prompt.undelivered = tuple(prompt.inbox)
+        finally:
+            session.queue.remove(prompt)
+            session.running = None
+            prompt.done.set()
+            session.poke()
+
+    async def _cast(self, session: _Session, prompt: _Prompt) -> None:
+        first = True
+        while True:
+            taken, prompt.inbox[:] = list(prompt.inbox), []
+            said = [prompt.intent] if first and prompt.intent is not None else []
+            told = [prompt.answer[1]] if first and prompt.answer is not None else []
+            latest, steps, users, results = _conversation(session.thread(), said + taken)
+            results = results + told
+            hold = HOLD.search(latest)
+            try:
+                if hold is not None and is_last(latest, steps):
+                    await self.holds.at(hold.group(1))
+                await trio.sleep(0)  # the model's call
+            except trio.Cancelled:
+                self._record(session, prompt, first, said, taken, told, cut=True)
+                raise
+            gate, arguments = decide(latest, steps, users, results)
+            turn = self._record(
+                session, prompt, first, said, taken, told, gate=gate, arguments=arguments
+            )
+            first = False
+            if turn.terminated:
+                return
+            if gate == "ask_user":
+                pause = Pause(
+                    pause_id=f"{prompt.id}-pause",
+                    entity_id=session.entity_id,
+                    kind="question",
+                    gate="ask_user",
+                    args=arguments,
+                    question=arguments["question"],
+                    checkpoint_id=turn.id,
+                )
+                session.pending[pause.pause_id] = pause
+                data = {"type": "pause", "entity_id": session.entity_id, "pause": pause.to_dict()}
+                session.tell(SessionEvent("pause", data))
+                return
+
+    def _record(
+        self,
+        session: _Session,
+        prompt: _Prompt,
+        first: bool,
+        said: list[str],
+        taken: list[str],
+        told: list[str],
+        *,
+        cut: bool = False,
+        gate: str = "",
+        arguments: dict[str, Any] | None = None,
+    ) -> Turn:
+        extras: dict[str, Any] = {"prompt": prompt.id}
+        if taken:
+            extras["steering"] = taken
+        if told:
+            extras["told"] = told
+        done = gate == "done"
+        turn = Turn(
+            id=_id("turn"),
+            parent_id=session.leaf.id if session.leaf is not None else None,
+            entity_id=session.entity_id,
+            sequence=(session.leaf.sequence if session.leaf is not None else 0) + 1,
+            intent=said[0] if said else None,
+            utterance=f"{gate}({arguments or {}})",
+            terminated=done,
+            truncated=cut,
+            reason="done" if done else (prompt.cancel_reason or "cancelled") if cut else None,
+            result=(arguments or {}).get("answer") if done else None,
+            extras=extras,
+        )
+        session.turns.append(turn)
+        session.leaf = turn
+        step = {"type": "step_complete", "entity_id": session.entity_id, **_step(turn)}
+        session.tell(SessionEvent("step_complete", step, len(session.turns), turn))
+        if done:
+            final = {"type": "final_response", "entity_id": session.entity_id}
+            session.tell(SessionEvent("final_response", {**final, "result": turn.result}))
+        return turn
+
+    async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:
+        session = self._get(session_id)
+        prompt = session.prompts.get(prompt_id)
+        if prompt is None:
+            raise SessionError("not_found", f"no prompt {prompt_id!r} of session {session_id}")
+        await prompt.done.wait()
+        return PromptOutcome(prompt.id, prompt.cast, prompt.undelivered)
+
+    async def steer(self, session_id: str, text: str) -> None:
+        session = self._get(session_id)
+        if not session.queue:
+            raise SessionError("not_running", f"session {session_id} is not running a prompt")
+        session.queue[0].inbox.append(text.strip())
+
+    async def cancel(
+        self,
+        session_id: str,
+        *,
+        prompt_id: str | None = None,
+        key: str | None = None,
+        next_prompt: bool = False,
+    ) -> Cancelled:
+        session = self._get(session_id)
+        named = prompt_id is not None or key is not None
+        if key is not None and key not in session.keys and prompt_id is None:
+            session.armed[key] = trio.current_time() + STICKY_S
+            return Cancelled(False, "next", idempotency_key=key, sticky_s=STICKY_S)
+        wanted = session.keys[key] if key is not None else None
+        if prompt_id is not None:
+            wanted = session.prompts.get(prompt_id)
+        if named and wanted is None:
+            return Cancelled(False, "none", prompt_id=prompt_id, idempotency_key=key)
+        hit = wanted if named else (session.queue[0] if session.queue else None)
+        if hit is None:
+            if not next_prompt:
+                return Cancelled(False, "none")
+            session.next_until = trio.current_time() + STICKY_S
+            return Cancelled(False, "next", sticky_s=STICKY_S)
+        if hit not in session.queue:
+            return Cancelled(False, "ended", prompt_id=hit.id, idempotency_key=hit.key)
+        target = "running" if session.running is hit else "queued"
+        self._cut(hit, "cancelled")
+        return Cancelled(True, target, hit.id, hit.key, hit.intent)
+
+    # -- pauses ------------------------------------------------------------------
+
+    async def pauses(self, session_id: str) -> list[Pause]:
+        return list(self._get(session_id).pending.values())
+
+    async def answer(self, session_id: str, pause_id: str, decision: Decision) -> Submitted | None:
+        session = self._get(session_id)
+        if pause_id in session.answered:
+            raise PauseError(f"pause {pause_id} was already answered")
+        pause = session.pending.get(pause_id)
+        if pause is None:
+            raise PauseError(f"no pause {pause_id!r} is waiting")
+        if (pause.kind == "question") != (decision.kind == "answer"):
+            raise PauseError(
+                f"pause {pause_id} takes {'an answer' if pause.kind == 'question' else 'a decision'}"
+            )
+        del session.pending[pause_id]
+        session.answered.add(pause_id)
+        prompt = _Prompt(_id("prompt"), None, None, answer=(pause, str(decision.text)))
+        self._open(session, prompt)
+        return Submitted(prompt.id, session.id)
+
+    # -- events ------------------------------------------------------------------
+
+    async def follow(self, session_id: str, after: int = 0) -> AsyncIterator[SessionEvent]:
+        session = self._get(session_id)
+        send, receive = trio.open_memory_channel[SessionEvent](math.inf)
+        session.watchers.append(send)
+        seen = after
+        with receive:
+            for turn in list(session.turns)[after:]:
+                seen += 1
+                yield SessionEvent("step_complete", _step(turn), seen, turn)
+                if turn.terminated:
+                    yield SessionEvent("final_response", {"result": turn.result})
+            async for event in receive:
+                if event.position is not None:
+                    if event.position <= seen:
+                        continue
+                    seen = event.position
+                yield event
+
+
+def _step(turn: Turn) -> dict[str, Any]:
+    return {
+        "turn_id": turn.id,
+        "sequence": turn.sequence,
+        "terminated": turn.terminated,
+        "truncated": turn.truncated,
+        "reason": turn.reason,
+    }

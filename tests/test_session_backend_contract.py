@@ -1,0 +1,498 @@
+"""The session backend contract (issue 41): one set of tests, every backend.
+
+Each test runs against the in-process backend on a memory loom and on an SQLite loom,
+the PostgreSQL backend with a real worker (a :class:`~cantrip.distributed._worker.Worker`
+in this trio run, on a database of the cluster tests/conftest.py starts), and
+tests/session_double.py, which passes by implementing :class:`SessionBackend` alone.
+The model is tests/seam_llm.py: the same rule for every backend, held calls instead
+of sleeps.
+
+The ``test_drift_*`` tests at the end run one scenario on both real backends and show
+where they differ today: each asserts the pair of answers as it is, so it fails the
+day the drift is removed (phase 2) and becomes a contract test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from fake_providers import serve
+from pg_cluster import fresh_database
+from seam_llm import KEY, Holds, SeamOpenAI, spec
+from session_double import DoubleBackend
+
+from cantrip import Decision, PauseError
+from cantrip.distributed._spells import build_spell
+from cantrip.distributed._worker import Worker
+from cantrip.loom import Loom
+from cantrip.protocols._sessions import SessionError, SessionHub
+from cantrip.protocols.sessions import (
+    BUSY_POLICIES,
+    PostgresBackend,
+    ProcessBackend,
+    PromptOutcome,
+    SessionBackend,
+    SessionEvent,
+)
+
+KINDS = ["memory", "sqlite", "postgres", "double"]
+
+
+@attrs.define
+class World:
+    kind: str
+    backend: SessionBackend
+    holds: Holds
+
+
+@pytest.fixture(scope="module")
+def seam_db(pg_server: str) -> str:
+    """One database for this module's PostgreSQL backends (every test its own sessions)."""
+    return fresh_database(pg_server, "seam_contract")
+
+
+@pytest.fixture
+def key_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEAM_TEST_KEY", KEY)
+
+
+@contextlib.asynccontextmanager
+async def open_world(kind: str, tmp_path: Path, db: str | None) -> AsyncIterator[World]:
+    holds = Holds()
+    if kind == "double":
+        async with DoubleBackend.open(holds) as double:
+            yield World(kind, double, holds)
+        return
+    async with serve(SeamOpenAI(holds), "/v1") as base_url:
+        spell = {"spec": spec(base_url)}
+        if kind == "postgres":
+            assert db is not None
+            async with trio.open_nursery() as nursery:
+                await nursery.start(Worker(db, concurrency=4, poll_s=0.2).run)
+                async with PostgresBackend.open(db, spell, poll_s=0.2, tail_s=0.05) as pg:
+                    yield World(kind, pg, holds)
+                nursery.cancel_scope.cancel()
+            return
+        loom = Loom() if kind == "memory" else Loom.open(tmp_path / "loom.db")
+        try:
+            hub = SessionHub(build_spell(spell, loom))
+            async with ProcessBackend.open(hub) as process:
+                yield World(kind, process, holds)
+        finally:
+            loom.close()
+
+
+@pytest.fixture(params=KINDS)
+async def world(
+    request: pytest.FixtureRequest, tmp_path: Path, key_env: None
+) -> AsyncIterator[World]:
+    db = request.getfixturevalue("seam_db") if request.param == "postgres" else None
+    async with open_world(request.param, tmp_path, db) as built:
+        yield built
+
+
+@pytest.fixture
+async def both(tmp_path: Path, key_env: None, seam_db: str) -> AsyncIterator[tuple[World, World]]:
+    """The in-process backend (memory loom) and the PostgreSQL one, side by side."""
+    async with (
+        open_world("memory", tmp_path, None) as process,
+        open_world("postgres", tmp_path, seam_db) as postgres,
+    ):
+        yield process, postgres
+
+
+async def cast(world: World, sid: str, intent: str, **options: Any) -> PromptOutcome:
+    submitted = await world.backend.submit(sid, intent, **options)
+    return await world.backend.result(sid, submitted.prompt_id)
+
+
+async def new_session(world: World) -> str:
+    info, created = await world.backend.create()
+    assert created
+    return info.session_id
+
+
+def text(outcome: PromptOutcome) -> Any:
+    assert outcome.cast is not None, outcome
+    return outcome.cast.result
+
+
+def steering(turns: Any) -> list[str]:
+    return [m for t in turns for m in t.extras.get("steering", ())]
+
+
+@contextlib.contextmanager
+def refused(kind: str) -> Iterator[None]:
+    with pytest.raises(SessionError) as caught:
+        yield
+    assert caught.value.kind == kind, caught.value
+
+
+# -- sessions ---------------------------------------------------------------------------
+
+
+async def test_sessions_are_created_listed_and_found(world: World) -> None:
+    backend = world.backend
+    first, created = await backend.create()
+    second, _ = await backend.create()
+    assert created and first.session_id != second.session_id
+    assert (first.running, first.turns) == (False, 0)
+    listed = {s.session_id for s in await backend.sessions()}
+    assert {first.session_id, second.session_id} <= listed
+    found = await backend.find(first.session_id)
+    assert found == first
+    health = await backend.health()
+    assert health.sessions >= 2 and health.mode == backend.capabilities.mode
+
+
+async def test_a_key_names_one_session_wherever_it_is_asked(world: World) -> None:
+    backend = world.backend
+    made, created = await backend.create(key="seam-session-1")
+    again, created_again = await backend.create(key="seam-session-1")
+    other, _ = await backend.create(key="seam-session-2")
+    assert (created, created_again) == (True, False)
+    assert again.session_id == made.session_id != other.session_id
+
+
+async def test_an_unknown_session_is_not_found_by_any_operation(world: World) -> None:
+    backend = world.backend
+    nobody = "session-00000000000000000000"
+    with refused("not_found"):
+        await backend.find(nobody)
+    with refused("not_found"):
+        await backend.submit(nobody, "hello")
+    with refused("not_found"):
+        await backend.steer(nobody, "hello")
+    with refused("not_found"):
+        await backend.pauses(nobody)
+
+
+# -- prompts ----------------------------------------------------------------------------
+
+
+async def test_a_prompt_runs_and_the_next_continues_the_conversation(world: World) -> None:
+    sid = await new_session(world)
+    first = await cast(world, sid, "Add one.")
+    assert text(first) == "Add one. ok #1"
+    assert first.cast is not None and first.cast.terminated and first.cast.reason == "done"
+    second = await cast(world, sid, "Add two.")
+    assert text(second) == "Add two. ok #2"  # the model saw both prompts
+    thread = await world.backend.thread(sid)
+    assert [t.sequence for t in thread] == [1, 2, 3, 4, 5, 6]
+    assert [t.intent for t in thread if t.intent] == ["Add one.", "Add two."]
+    info = await world.backend.find(sid)
+    assert (info.turns, info.running) == (6, False)
+
+
+async def test_a_result_of_a_prompt_the_session_never_had_is_not_found(world: World) -> None:
+    sid, other = await new_session(world), await new_session(world)
+    submitted = await world.backend.submit(other, "Elsewhere.")
+    with refused("not_found"):
+        await world.backend.result(sid, submitted.prompt_id)  # another session's prompt
+    with refused("not_found"):
+        await world.backend.result(sid, "prompt-nothing")
+    assert text(await world.backend.result(other, submitted.prompt_id)) == "Elsewhere. ok #1"
+
+
+async def test_a_repeated_key_replays_the_recorded_prompt(world: World) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    first = await backend.submit(sid, "Count.", key="k-1")
+    done = await backend.result(sid, first.prompt_id)
+    again = await backend.submit(sid, "Count.", key="k-1")
+    assert (first.replayed, again.replayed) == (False, True)
+    assert again.prompt_id == first.prompt_id
+    replayed = await backend.result(sid, again.prompt_id)
+    assert text(replayed) == text(done) == "Count. ok #1"
+    assert len(await backend.thread(sid)) == 3  # nothing was cast again
+    with refused("key_reused"):
+        await backend.submit(sid, "Something else.", key="k-1")
+
+
+async def test_a_repeated_key_joins_the_running_prompt(world: World) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    first = await backend.submit(sid, "hold:join once", key="k-join")
+    async with world.holds.holding("join"):
+        again = await backend.submit(sid, "hold:join once", key="k-join")
+        assert again.replayed and again.prompt_id == first.prompt_id
+        with refused("key_reused"):
+            await backend.submit(sid, "another", key="k-join")
+    one, two = (
+        await backend.result(sid, first.prompt_id),
+        await backend.result(sid, again.prompt_id),
+    )
+    assert text(one) == text(two) == "hold:join once ok #1"
+    assert len(await backend.thread(sid)) == 3
+
+
+@pytest.mark.parametrize("policy", BUSY_POLICIES)
+async def test_a_second_prompt_while_one_runs_follows_its_busy_policy(
+    world: World, policy: Any
+) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    running = await backend.submit(sid, "hold:busy first")
+    async with world.holds.holding("busy"):
+        if policy == "reject":
+            with refused("busy"):
+                await backend.submit(sid, "second", on_busy=policy)
+            second = None
+        else:
+            second = await backend.submit(sid, "second", on_busy=policy)
+            assert not second.replayed and second.prompt_id != running.prompt_id
+    first = await backend.result(sid, running.prompt_id)
+    if policy in ("reject", "enqueue"):
+        assert text(first) == "hold:busy first ok #1"
+    else:  # cut off, recorded as interrupted
+        assert first.cast is not None and first.cast.reason == "interrupted", first
+    if second is not None:
+        after = await backend.result(sid, second.prompt_id)
+        # rollback: the second prompt continues from before the first
+        assert text(after) == ("second ok #1" if policy == "rollback" else "second ok #2")
+
+
+# -- steering ---------------------------------------------------------------------------
+
+
+async def test_a_message_to_a_running_prompt_joins_its_next_turn(world: World) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    submitted = await backend.submit(sid, "until-told")
+    await backend.steer(sid, "  Use metric.  ")
+    outcome = await backend.result(sid, submitted.prompt_id)
+    assert text(outcome) == "Use metric. ok #2"  # the model answered the message
+    assert outcome.undelivered == ()
+    assert steering(await backend.thread(sid)) == ["Use metric."]
+
+
+async def test_a_message_that_arrives_in_the_last_turn_comes_back_undelivered(
+    world: World,
+) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    submitted = await backend.submit(sid, "hold:late work")
+    async with world.holds.holding("late"):
+        await backend.steer(sid, "too late")
+    outcome = await backend.result(sid, submitted.prompt_id)
+    assert text(outcome) == "hold:late work ok #1"
+    assert outcome.undelivered == ("too late",)
+    assert outcome.cast is not None and outcome.cast.undelivered == ("too late",)
+    assert steering(await backend.thread(sid)) == []
+
+
+async def test_a_message_with_nothing_running_is_refused(world: World) -> None:
+    sid = await new_session(world)
+    with refused("not_running"):
+        await world.backend.steer(sid, "anyone?")
+    await cast(world, sid, "Once.")
+    with refused("not_running"):
+        await world.backend.steer(sid, "after")
+
+
+# -- cancel -----------------------------------------------------------------------------
+
+
+async def test_a_cancel_names_the_running_prompt_by_id(world: World) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    submitted = await backend.submit(sid, "hold:cut slow work", key="k-cut")
+    async with world.holds.holding("cut"):
+        wrong = await backend.cancel(sid, prompt_id="prompt-0123456789abcdef")
+        assert (wrong.cancelled, wrong.target) == (False, "none")
+        hit = await backend.cancel(sid, prompt_id=submitted.prompt_id)
+        assert (hit.cancelled, hit.target, hit.prompt_id) == (True, "running", submitted.prompt_id)
+        assert hit.idempotency_key == "k-cut" and hit.intent == "hold:cut slow work"
+    outcome = await backend.result(sid, submitted.prompt_id)
+    assert outcome.cast is not None and outcome.cast.reason == "cancelled"
+    assert not outcome.cast.terminated
+    # the session stays: the next prompt runs
+    assert text(await cast(world, sid, "Again.")).startswith("Again. ok")
+
+
+async def test_a_cancel_by_key_before_its_prompt_cuts_it_off_as_it_comes(world: World) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    armed = await backend.cancel(sid, key="k-early")
+    assert (armed.cancelled, armed.target, armed.idempotency_key) == (False, "next", "k-early")
+    assert armed.sticky_s is not None and armed.sticky_s > 0
+    outcome = await cast(world, sid, "Never mind.", key="k-early")
+    assert outcome.cast is None or outcome.cast.reason == "cancelled", outcome
+    # an unrelated prompt is not touched
+    assert text(await cast(world, sid, "Other.", key="k-other")).startswith("Other. ok")
+
+
+async def test_a_cancel_with_nothing_running_cancels_nothing_unless_asked_for_next(
+    world: World,
+) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    nothing = await backend.cancel(sid)
+    assert (nothing.cancelled, nothing.target) == (False, "none")
+    assert text(await cast(world, sid, "Still runs.")) == "Still runs. ok #1"
+    armed = await backend.cancel(sid, next_prompt=True)
+    assert (armed.cancelled, armed.target) == (False, "next")
+    cut = await cast(world, sid, "Cut off.")
+    assert cut.cast is None or cut.cast.reason == "cancelled", cut
+    assert text(await cast(world, sid, "Runs again.")).startswith("Runs again. ok")
+
+
+# -- pauses -----------------------------------------------------------------------------
+
+
+async def test_a_pause_is_listed_and_answered_once(world: World) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    paused = await cast(world, sid, "ask: a colour")
+    assert paused.cast is not None and paused.cast.reason == "paused"
+    (pause,) = await backend.pauses(sid)
+    assert (pause.gate, pause.question) == ("ask_user", "Which colour?")
+    assert [p.pause_id for p in paused.cast.pending] == [pause.pause_id]
+    with pytest.raises(PauseError):
+        await backend.answer(sid, "pause-unknown", Decision.answer("red"))
+    with pytest.raises(PauseError):  # a question takes an answer, not an approval
+        await backend.answer(sid, pause.pause_id, Decision.approve())
+    assert [p.pause_id for p in await backend.pauses(sid)] == [pause.pause_id]  # still waits
+    submitted = await backend.answer(sid, pause.pause_id, Decision.answer("blue"))
+    assert submitted is not None
+    outcome = await backend.result(sid, submitted.prompt_id)
+    assert text(outcome) == "ask: a colour ok #1 in blue"
+    assert await backend.pauses(sid) == []
+    with pytest.raises(PauseError):
+        await backend.answer(sid, pause.pause_id, Decision.answer("green"))
+
+
+# -- events -----------------------------------------------------------------------------
+
+
+async def test_events_follow_a_session_from_a_position(world: World) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    await cast(world, sid, "One.")
+    told: list[SessionEvent] = []
+    caught_up = trio.Event()
+
+    async def watch(task_status: trio.TaskStatus[None]) -> None:
+        events = backend.follow(sid, after=1)
+        task_status.started()
+        async with contextlib.aclosing(events):  # type: ignore[type-var]
+            async for event in events:
+                told.append(event)
+                if event.position == 3:
+                    caught_up.set()
+                at = [e.position for e in told if e.position is not None][-1:]
+                if event.type == "final_response" and at == [6]:
+                    return
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(watch)
+            await caught_up.wait()  # the recorded turns after position 1 came first
+            await cast(world, sid, "Two.")
+    turns = [e for e in told if e.position is not None]
+    assert [e.position for e in turns] == [2, 3, 4, 5, 6]
+    assert all(e.type == "step_complete" and e.turn is not None for e in turns)
+    assert [e.turn.sequence for e in turns if e.turn is not None] == [2, 3, 4, 5, 6]
+    assert [e.data["sequence"] for e in turns] == [2, 3, 4, 5, 6]
+    finals = [e.data["result"] for e in told if e.type == "final_response"]
+    assert finals == ["One. ok #1", "Two. ok #2"]
+
+
+async def test_capabilities_say_what_a_backend_offers(world: World) -> None:
+    capabilities = world.backend.capabilities
+    health = await world.backend.health()
+    assert capabilities.mode == health.mode
+    assert not capabilities.shared or capabilities.durable_prompt_ids  # replicas share ids
+
+
+# -- drift between the two real backends today (phase 2 removes each) --------------------
+
+
+async def test_drift_cancel_naming_an_ended_prompt_by_id(both: tuple[World, World]) -> None:
+    answers = []
+    for world in both:
+        sid = await new_session(world)
+        submitted = await world.backend.submit(sid, "Quick.")
+        await world.backend.result(sid, submitted.prompt_id)
+        late = await world.backend.cancel(sid, prompt_id=submitted.prompt_id)
+        assert not late.cancelled
+        answers.append(late.target)
+    assert answers == ["none", "ended"]  # in process forgets ended prompts' ids
+
+
+async def test_drift_a_pause_answered_twice_at_once(both: tuple[World, World]) -> None:
+    answers = []
+    for world in both:
+        sid = await new_session(world)
+        await cast(world, sid, "ask: twice")
+        (pause,) = await world.backend.pauses(sid)
+        first = await world.backend.answer(sid, pause.pause_id, Decision.answer("blue"))
+        assert first is not None
+        try:
+            await world.backend.answer(sid, pause.pause_id, Decision.answer("red"))
+        except SessionError as exc:
+            answers.append(exc.kind)
+        except PauseError:
+            answers.append("pause_answered")
+        assert text(await world.backend.result(sid, first.prompt_id)) == "ask: twice ok #1 in blue"
+    assert answers == ["busy", "pause_answered"]
+
+
+async def test_drift_a_cancel_of_the_next_prompt(both: tuple[World, World]) -> None:
+    outcomes = []
+    for world in both:
+        sid = await new_session(world)
+        await world.backend.cancel(sid, next_prompt=True)
+        cut = await cast(world, sid, "Cut off.")
+        outcomes.append(None if cut.cast is None else cut.cast.reason)
+    assert outcomes == ["cancelled", None]  # a recorded cancelled turn / nothing recorded
+
+
+async def test_drift_an_answer_continuation_has_a_prompt_id_only_one_mode_can_cancel(
+    both: tuple[World, World],
+) -> None:
+    targets = []
+    for world in both:
+        sid = await new_session(world)
+        await cast(world, sid, "ask: hold:answered cut")
+        (pause,) = await world.backend.pauses(sid)
+        submitted = await world.backend.answer(sid, pause.pause_id, Decision.answer("blue"))
+        assert submitted is not None
+        async with world.holds.holding("answered"):
+            named = await world.backend.cancel(sid, prompt_id=submitted.prompt_id)
+            targets.append(named.target)
+            if not named.cancelled:
+                await world.backend.cancel(sid)  # unnamed: the running continuation
+        outcome = await world.backend.result(sid, submitted.prompt_id)
+        assert outcome.cast is not None and outcome.cast.reason == "cancelled"
+    assert targets == ["none", "running"]
+
+
+async def test_drift_live_token_events(both: tuple[World, World]) -> None:
+    kinds = []
+    for world in both:
+        sid = await new_session(world)
+        seen: set[str] = set()
+
+        async def watch(task_status: trio.TaskStatus[None], w: World = world, s: str = sid) -> None:
+            events = w.backend.follow(s)
+            task_status.started()
+            async with contextlib.aclosing(events):  # type: ignore[type-var]
+                async for event in events:
+                    seen.add(event.type)
+                    if event.type == "final_response":
+                        return
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(watch)
+                await cast(world, sid, "Watch me.")
+        kinds.append("tool_call" in seen)
+        assert world.backend.capabilities.token_events == ("tool_call" in seen)
+    assert kinds == [True, False]
