@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import attrs
@@ -100,7 +100,8 @@ class _Session:
 def _conversation(thread: list[Turn], new_users: list[str]) -> tuple[str, int, int, list[str]]:
     """What the model is shown: (latest user message, its answers since, user messages,
     call results since)."""
-    prompt, steps, users, told = "", 0, 0, []
+    prompt, steps, users = "", 0, 0
+    told: list[str] = []
     for turn in thread:
         said = [turn.intent] if turn.intent else []
         for user in [*said, *turn.extras.get("steering", ())]:
@@ -356,9 +357,10 @@ class DoubleBackend:
             return Cancelled(False, "next", sticky_s=STICKY_S)
         if hit not in session.queue:
             return Cancelled(False, "ended", prompt_id=hit.id, idempotency_key=hit.key)
-        target = "running" if session.running is hit else "queued"
         self._cut(hit, "cancelled")
-        return Cancelled(True, target, hit.id, hit.key, hit.intent)
+        if session.running is hit:
+            return Cancelled(True, "running", hit.id, hit.key, hit.intent)
+        return Cancelled(True, "queued", hit.id, hit.key, hit.intent)
 
     # -- pauses ------------------------------------------------------------------
 
@@ -373,9 +375,8 @@ class DoubleBackend:
         if pause is None:
             raise PauseError(f"no pause {pause_id!r} is waiting")
         if (pause.kind == "question") != (decision.kind == "answer"):
-            raise PauseError(
-                f"pause {pause_id} takes {'an answer' if pause.kind == 'question' else 'a decision'}"
-            )
+            wanted = "an answer" if pause.kind == "question" else "a decision"
+            raise PauseError(f"pause {pause_id} takes {wanted}")
         del session.pending[pause_id]
         session.answered.add(pause_id)
         prompt = _Prompt(_id("prompt"), None, None, answer=(pause, str(decision.text)))
@@ -384,7 +385,7 @@ class DoubleBackend:
 
     # -- events ------------------------------------------------------------------
 
-    async def follow(self, session_id: str, after: int = 0) -> AsyncIterator[SessionEvent]:
+    async def follow(self, session_id: str, after: int = 0) -> AsyncGenerator[SessionEvent, None]:
         session = self._get(session_id)
         send, receive = trio.open_memory_channel[SessionEvent](math.inf)
         session.watchers.append(send)

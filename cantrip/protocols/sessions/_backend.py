@@ -84,7 +84,7 @@ behaviour into the backends)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Literal, Protocol, get_args
 
 import attrs
@@ -255,7 +255,7 @@ class SessionBackend(Protocol):
         next_prompt: bool = False,
     ) -> Cancelled: ...
 
-    def follow(self, session_id: str, after: int = 0) -> AsyncIterator[SessionEvent]:
+    def follow(self, session_id: str, after: int = 0) -> AsyncGenerator[SessionEvent, None]:
         """The session's turns after its ``after``-th (recorded ones first), then its
         events as they happen, for as long as the caller iterates."""
         ...

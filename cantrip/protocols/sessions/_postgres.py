@@ -16,7 +16,7 @@ a lost database into 503 (``DbHttpApp._db``): here a database error is raised as
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -212,7 +212,7 @@ class PostgresBackend:
 
     # -- events ------------------------------------------------------------------
 
-    async def follow(self, session_id: str, after: int = 0) -> AsyncIterator[SessionEvent]:
+    async def follow(self, session_id: str, after: int = 0) -> AsyncGenerator[SessionEvent, None]:
         row = await self._row(session_id)
         seen = after
         pos = await self._db(self._pos_of, row.entity_id, after)

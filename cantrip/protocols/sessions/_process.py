@@ -19,7 +19,7 @@ split of ``prompt`` into admitting and running).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 
 import attrs
 import trio
@@ -239,7 +239,7 @@ class ProcessBackend:
 
     # -- events ------------------------------------------------------------------
 
-    async def follow(self, session_id: str, after: int = 0) -> AsyncIterator[SessionEvent]:
+    async def follow(self, session_id: str, after: int = 0) -> AsyncGenerator[SessionEvent, None]:
         session = self._session(session_id)
         with session.subscribe() as live:
             seen = after
