@@ -118,6 +118,16 @@ async def new_session(world: World) -> str:
     return info.session_id
 
 
+async def first_turn(world: World, sid: str) -> None:
+    """Until the session's first turn is recorded."""
+    events = world.backend.follow(sid)
+    with trio.fail_after(60):
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if event.position is not None:
+                    return
+
+
 def text(outcome: PromptOutcome) -> Any:
     assert outcome.cast is not None, outcome
     return outcome.cast.result
@@ -266,6 +276,7 @@ async def test_a_message_to_a_running_prompt_joins_its_next_turn(world: World) -
     sid = await new_session(world)
     backend = world.backend
     submitted = await backend.submit(sid, "until-told")
+    await first_turn(world, sid)  # the cast runs: the message joins a later turn
     await backend.steer(sid, "  Use metric.  ")
     with trio.fail_after(60):  # a backend that drops the message never ends this cast
         outcome = await backend.result(sid, submitted.prompt_id)
@@ -450,8 +461,11 @@ async def test_drift_a_cancel_naming_a_prompt_that_waits_its_turn(
         cut = await world.backend.result(sid, last.prompt_id)
         assert cut.cast is None or cut.cast.reason == "cancelled", cut
         other = await world.backend.result(sid, behind.prompt_id)
-        seen.append((named.target, None if other.cast is None else other.cast.result))
-    assert seen == [("starting", "second ok #2"), ("queued", None)]
+        ran = other.cast is not None and str(other.cast.result).startswith("second ok #")
+        seen.append((named.target, ran))
+    # (in process the second ran -- answering #2, or #3 when the third, cut off, went
+    # first: waiters of one session are not served in order there; a queue is FIFO)
+    assert seen == [("starting", True), ("queued", False)], seen
 
 
 async def test_drift_a_pause_answered_twice_at_once(both: tuple[World, World]) -> None:

@@ -36,50 +36,67 @@ The operations, and what both modes do today
   a pause is answered once.
 * **thread** (the session's turns, root first), **health**, **capabilities**.
 
-Where the two modes drift today (each shown by a test of the contract suite, named
-``test_drift_*``; phase 2 removes them by moving the protocols onto this seam and the
-behaviour into the backends)
+Where the two modes drift today (found by the contract suite; each ``test_drift_*``
+runs one scenario on both real backends and asserts the pair of answers as it is, so it
+fails the day phase 2 removes the drift by moving the protocols onto this seam)
 ------------------------------------------------------------------------------
 
-1. *An ended prompt named by id.* ``SessionHub.request_cancel(prompt_id=...)`` knows
-   only the prompts running or arriving, so a cancel naming one that ended answers
-   ``none``; ``DbSessions.cancel`` finds the work item and answers ``ended``
-   (``test_drift_cancel_naming_an_ended_prompt_by_id``).
-2. *Prompt ids are not durable in process.* An unkeyed prompt's id is random and
-   known only to the process that ran it (:meth:`result` of it elsewhere, or of an
-   answer's continuation, is unknown); on PostgreSQL it is the work item's id, any
-   replica resolves it (``test_drift_an_answer_continuation_has_a_cancellable_prompt_id``).
-3. *A pause answered twice at once.* In process the second answer, while the first
-   one's continuation runs, is ``busy`` (the hub sees a running cast before the
-   pause); on PostgreSQL it is a :class:`~cantrip.PauseError` (``already answered``)
-   (``test_drift_a_pause_answered_twice_at_once``).
-4. *A cancel of the next prompt.* In process the next prompt's cast is cut off as it
-   starts and records a cancelled turn (a result with reason ``cancelled``); on
-   PostgreSQL its work item is cancelled as it is queued and records nothing (no
-   result) (``test_drift_a_cancel_of_the_next_prompt``).
-5. *Events.* In process ``/events`` hears the entity's every event live (token deltas,
-   tool calls, usage) from now on only; on PostgreSQL a replica tails the loom: a
-   ``step_complete`` per turn (and ``final_response``), which could resume from any
-   position, though the HTTP route starts from "now" too. The seam gives both a
-   position; ``capabilities.token_events`` says which mode has the live events
-   (``test_drift_live_token_events``).
-6. *Where refusals are decided.* In process ``overloaded``/``shutting_down`` are the
-   hub's (``SessionHub.prompt``) and a prompt waiting its turn (``enqueue``) meets
-   them when its turn comes; on PostgreSQL they are the replica's
-   (``DbHttpApp._enqueue``, a count of the waits at this replica), decided before
-   queuing, and ``DbSessions`` has neither. The HTTP in-process stream repeats the
-   hub's ``busy`` check to answer 409 before its stream starts
-   (``HttpApp._stream_prompt``). Not in the contract: lifecycle is the middleware's.
-7. *Errors from below.* The ``--db`` front ends get the database's failures as
-   :class:`~cantrip.protocols._asgi.HttpError` (``DbHttpApp._db``: 503
-   ``database_unavailable``, 400, 500), so AG-UI and A2A on ``--db`` translate HTTP
-   statuses back (``_a2a_db.protocol_errors``); in process they catch
-   :class:`~cantrip.protocols._sessions.SessionError`. The seam raises
-   ``SessionError`` and :class:`~cantrip.PauseError` only.
-8. *What one mode lacks.* A2A push notifications and the viewer's fork are in process
-   only (``capabilities``); ``serve --db`` never resumes an entity, so ``find`` of a
-   session does not touch the entity, while in process it may resume it from the
-   loom (and drops idle ones, :mod:`cantrip.protocols._limits`).
+1. *A cancel naming a prompt queued behind another* (a bug on PostgreSQL).
+   ``DbSessions.cancel`` answers for the prompt named (``queued``) but calls
+   ``cancel_on`` without its work id: every open prompt of the session is cut off,
+   the running one flagged too. In process only the named one is (``starting``).
+   ``test_drift_a_cancel_naming_a_prompt_that_waits_its_turn``. Fix first in phase 2:
+   ``cancel_on(conn, entity_id, work_id=...)``.
+2. *One state, two names*: that waiting prompt is ``starting`` in process (it sits in
+   ``Session.arriving``), ``queued`` on PostgreSQL (same test).
+3. *Waiters are not served in order in process*: two prompts ``enqueue``-d behind a
+   running one race for the session when it ends ("the first to wake goes",
+   ``SessionHub._make_way``); a queue is FIFO (same test, which asserts only what is
+   certain).
+4. *An ended prompt named by id*: in process ``none`` (the hub knows the running and
+   arriving prompts only), on PostgreSQL ``ended`` (the work item is found).
+   ``test_drift_cancel_naming_an_ended_prompt_by_id``.
+5. *An answer's continuation cannot be cancelled in process*: ``SessionHub.answer``
+   runs it with no ``current`` prompt, so a cancel, named or not, finds nothing; its
+   prompt id is this adapter's own. On PostgreSQL it is a work item like any prompt.
+   ``test_drift_an_answer_continuation_cannot_be_cancelled_in_process``.
+6. *A pause answered twice at once*: in process the second answer, while the first
+   one's continuation runs, is ``busy``; on PostgreSQL a :class:`~cantrip.PauseError`.
+   ``test_drift_a_pause_answered_twice_at_once``.
+7. *A cancel of the next prompt* (``next_prompt``, or a key armed before its prompt):
+   in process the prompt's cast is cut off as it starts and records a cancelled turn
+   -- its intent stays in the conversation, a later prompt's model sees it; on
+   PostgreSQL its work item is cancelled as it is queued and records nothing.
+   ``test_drift_a_cancel_of_the_next_prompt``.
+8. *Live events*: in process ``follow`` hears the entity's every event (token deltas,
+   tool calls, usage); on PostgreSQL a replica tails the loom (``step_complete`` per
+   turn, ``final_response``, pauses). ``capabilities.token_events`` says which.
+   ``test_drift_live_token_events``. (Today's HTTP ``/events`` starts from "now" in
+   both modes; the seam's ``follow`` takes a position in both.)
+9. *A cancel is synchronous in process, asynchronous on PostgreSQL*: ``cancelled:
+   true`` there means the worker was told; a cast whose model call answers before it
+   hears ends ``done``. The contract awaits a cut-off prompt's result while its model
+   call is held, so both pass; a client must read the result, not the cancel's answer.
+10. *A message sent while a prompt is queued* (PostgreSQL accepts it: open work
+    counts; in process there is no queued prompt to take one) is handed to the cast as
+    it begins and recorded on its first turn, shown before its intent -- the model
+    answers the intent, not the message. Seen once in this suite's first runs (a cast
+    that ran to ``max_turns``); the contract steers once the first turn is recorded.
+11. *Where refusals are decided*: ``overloaded``/``shutting_down`` are the hub's in
+    process (a prompt waiting its turn meets them when its turn comes) and the
+    replica's on PostgreSQL (``DbHttpApp._enqueue``, before queuing); ``DbSessions``
+    has neither. ``HttpApp._stream_prompt`` repeats the hub's ``busy`` check to answer
+    409 before its stream starts. Lifecycle, not sessions: not in the contract.
+12. *Errors from below*: the ``--db`` front ends get the database's failures as
+    :class:`~cantrip.protocols._asgi.HttpError` (``DbHttpApp._db``), and AG-UI and A2A
+    on ``--db`` translate HTTP statuses back (``_a2a_db.protocol_errors``); in process
+    they catch :class:`~cantrip.protocols._sessions.SessionError`. The seam raises
+    ``SessionError`` and :class:`~cantrip.PauseError` only.
+13. *What one mode lacks*: A2A push notifications and the viewer's fork are in process
+    only (``capabilities``); prompt ids are durable on PostgreSQL only (an unkeyed
+    prompt's id is random and known to the process that ran it). In process ``find``
+    may resume the entity from the loom (and idle ones are dropped,
+    :mod:`cantrip.protocols._limits`); a replica never holds an entity.
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ class ProcessBackend:
             raise run.error  # answered already, unknown, or busy
         if run.done.is_set() and run.cast is None:
             return None  # a running prompt waited on it in place: that prompt answers
-        prompt_id = new_prompt_id()  # known here only (drift 2)
+        prompt_id = new_prompt_id()  # known here only, and no cancel names it (drift 5)
         self._keep(prompt_id, run)
         return Submitted(prompt_id, session.id)
 
