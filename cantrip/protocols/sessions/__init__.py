@@ -1,7 +1,58 @@
-"""Sessions: the seam every front end speaks to (:class:`SessionBackend`) and its two
-backends, in process (:class:`ProcessBackend`) and on PostgreSQL
-(:class:`PostgresBackend`). Issue 41, phase 1: the seam and its contract, the
-protocols not yet moved onto it (see :mod:`._backend` for the plan and the drifts)."""
+"""Sessions: the seam every front end is to speak to (:class:`SessionBackend`) and its
+backends, in process (:class:`ProcessBackend`, over ``SessionHub``) and on PostgreSQL
+(:class:`PostgresBackend`, over ``DbSessions``).
+
+Issue 41, phase 1 (this package and ``tests/test_session_backend_contract.py``): the
+seam, its two adapters and the contract every backend keeps; no protocol uses it yet.
+:mod:`._backend`'s docstring lists the operations and the thirteen places the two modes
+drift today, each ``test_drift_*`` test asserting the pair of answers as it is.
+
+Phase 2, in this order (each step keeps every existing test green in both modes):
+
+1. *Remove the drifts in the backends*, each ``test_drift_*`` turned into a contract
+   test as it goes: ``DbSessions.cancel`` cuts off the work it names only
+   (``cancel_on(..., work_id=...)``: drift 1, a bug); ``SessionHub`` keeps a bounded
+   record of ended prompt ids (``ended``, drift 4), gives an answer's continuation a
+   :class:`~cantrip.protocols._sessions.Prompt` (drift 5), checks a pause before
+   ``busy`` (drift 6), serves waiters in order (a per-session FIFO, drift 3), and one
+   rule for a cancel of the next prompt (drift 7: record nothing, as PostgreSQL
+   does -- the cut-off intent must not reach a later prompt's model); one name for a
+   prompt waiting its turn (``queued``, drift 2); a message to a queued prompt shown
+   after its intent (drift 10). Split ``SessionHub.prompt`` into admitting (every
+   refusal, no checkpoint) and running, so :class:`ProcessBackend` stops relying on
+   ``nursery.start``'s scheduling. Move ``overloaded``/``shutting_down`` and the 503
+   for a lost database to the lifecycle middleware (drifts 11, 12).
+2. *HTTP* onto the seam: ``_shell.py``'s routes call a ``SessionBackend`` instead of
+   twenty hooks; ``_http.py`` and ``_db_http.py`` become one ``http`` module (prompt
+   result, prompt stream, ``/events`` from ``follow``, which gains ``Last-Event-ID``
+   from the position for free). ``bench/serve_load.py`` and ``bench/serve_db.py``
+   measured before and after.
+3. *AG-UI*: ``_agui_hub.py`` and ``_db_agui.py`` become one run over the seam; the
+   seam's ``submit`` grows the client's tools (``entity.offer`` in process,
+   ``CLIENT_TOOLS_KEY`` in the queued spell) -- the one thing AG-UI asks that the
+   contract does not cover yet.
+4. *A2A*: ``_a2a_session.py`` and ``_a2a_db.py`` become one task source over the seam
+   (a task is a prompt id plus its messages; the task rows move into the PostgreSQL
+   backend, the in-memory map into the process one); push stays behind
+   ``capabilities.a2a_push``.
+5. *The viewer's API* reads through the backend (its loom), fork behind
+   ``capabilities.viewer_fork``; then *ACP* (one process, the in-process backend) and
+   the *MCP server* (``_mcp.py`` summons entities from the cantrip itself today: a
+   third session model, moved onto the in-process backend).
+6. *The layout*, Starlette-like, no file named for a mode: ``protocols/asgi/``
+   (``_asgi``, ``_request``, ``_body``, ``_ids``, the OpenAPI document of ``_api``),
+   ``protocols/middleware/`` (``_guard``, ``_limits``, ``_lifecycle``,
+   ``_client_faults``, ``_public_ip``, ``_hypercorn``), ``protocols/sessions/`` (this
+   package, with ``_sessions``, ``_idempotency`` and ``_steering`` under the process
+   backend, ``_db_sessions``, ``_db_follow`` and ``_db_notify`` under the PostgreSQL
+   one), then one package per protocol: ``http/``, ``agui/``, ``a2a/`` (``_a2a``,
+   ``_a2a_push``), ``acp/``, ``mcp_server/`` (``_mcp``, ``_mcp_tasks``,
+   ``_mcp_pauses``, ``_mcp_result``), ``viewer/`` (its assets, ``_viewer``,
+   ``_viewer_api``), ``terminal/`` (``_terminal``, ``_human``). Deleted then:
+   ``_db_http.py``, ``_db_agui.py``, ``_db_replica.py``, ``_agui_hub.py``,
+   ``_a2a_session.py``, the handler half of ``_a2a_db.py`` and ``_shell.py``'s hooks;
+   the docs' table of what each mode offers generated from :class:`Capabilities`.
+"""
 
 from cantrip.protocols.sessions._backend import (
     BUSY_POLICIES,
