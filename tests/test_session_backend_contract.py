@@ -107,9 +107,16 @@ async def both(tmp_path: Path, key_env: None, seam_db: str) -> AsyncIterator[tup
         yield process, postgres
 
 
+async def finished(world: World, sid: str, prompt_id: str) -> PromptOutcome:
+    """The prompt's outcome; a backend that never ends it fails here, not at the suite's
+    time limit."""
+    with trio.fail_after(60):
+        return await world.backend.result(sid, prompt_id)
+
+
 async def cast(world: World, sid: str, intent: str, **options: Any) -> PromptOutcome:
     submitted = await world.backend.submit(sid, intent, **options)
-    return await world.backend.result(sid, submitted.prompt_id)
+    return await finished(world, sid, submitted.prompt_id)
 
 
 async def new_session(world: World) -> str:
@@ -204,21 +211,21 @@ async def test_a_result_of_a_prompt_the_session_never_had_is_not_found(world: Wo
     sid, other = await new_session(world), await new_session(world)
     submitted = await world.backend.submit(other, "Elsewhere.")
     with refused("not_found"):
-        await world.backend.result(sid, submitted.prompt_id)  # another session's prompt
+        await finished(world, sid, submitted.prompt_id)  # another session's prompt
     with refused("not_found"):
-        await world.backend.result(sid, "prompt-nothing")
-    assert text(await world.backend.result(other, submitted.prompt_id)) == "Elsewhere. ok #1"
+        await finished(world, sid, "prompt-nothing")
+    assert text(await finished(world, other, submitted.prompt_id)) == "Elsewhere. ok #1"
 
 
 async def test_a_repeated_key_replays_the_recorded_prompt(world: World) -> None:
     sid = await new_session(world)
     backend = world.backend
     first = await backend.submit(sid, "Count.", key="k-1")
-    done = await backend.result(sid, first.prompt_id)
+    done = await finished(world, sid, first.prompt_id)
     again = await backend.submit(sid, "Count.", key="k-1")
     assert (first.replayed, again.replayed) == (False, True)
     assert again.prompt_id == first.prompt_id
-    replayed = await backend.result(sid, again.prompt_id)
+    replayed = await finished(world, sid, again.prompt_id)
     assert text(replayed) == text(done) == "Count. ok #1"
     assert len(await backend.thread(sid)) == 3  # nothing was cast again
     with refused("key_reused"):
@@ -235,8 +242,8 @@ async def test_a_repeated_key_joins_the_running_prompt(world: World) -> None:
         with refused("key_reused"):
             await backend.submit(sid, "another", key="k-join")
     one, two = (
-        await backend.result(sid, first.prompt_id),
-        await backend.result(sid, again.prompt_id),
+        await finished(world, sid, first.prompt_id),
+        await finished(world, sid, again.prompt_id),
     )
     assert text(one) == text(two) == "hold:join once ok #1"
     assert len(await backend.thread(sid)) == 3
@@ -258,13 +265,13 @@ async def test_a_second_prompt_while_one_runs_follows_its_busy_policy(
             second = await backend.submit(sid, "second", on_busy=policy)
             assert not second.replayed and second.prompt_id != running.prompt_id
         if policy in ("interrupt", "rollback"):  # cut off in its held call, as interrupted
-            first = await backend.result(sid, running.prompt_id)
+            first = await finished(world, sid, running.prompt_id)
             assert first.cast is not None and first.cast.reason == "interrupted", first
     if policy in ("reject", "enqueue"):  # the held call answered: it ends as it would
-        first = await backend.result(sid, running.prompt_id)
+        first = await finished(world, sid, running.prompt_id)
         assert text(first) == "hold:busy first ok #1"
     if second is not None:
-        after = await backend.result(sid, second.prompt_id)
+        after = await finished(world, sid, second.prompt_id)
         # rollback: the second prompt continues from before the first
         assert text(after) == ("second ok #1" if policy == "rollback" else "second ok #2")
 
@@ -278,8 +285,7 @@ async def test_a_message_to_a_running_prompt_joins_its_next_turn(world: World) -
     submitted = await backend.submit(sid, "until-told")
     await first_turn(world, sid)  # the cast runs: the message joins a later turn
     await backend.steer(sid, "  Use metric.  ")
-    with trio.fail_after(60):  # a backend that drops the message never ends this cast
-        outcome = await backend.result(sid, submitted.prompt_id)
+    outcome = await finished(world, sid, submitted.prompt_id)  # fails if the message is lost
     assert text(outcome) == "Use metric. ok #2"  # the model answered the message
     assert outcome.undelivered == ()
     assert steering(await backend.thread(sid)) == ["Use metric."]
@@ -293,7 +299,7 @@ async def test_a_message_that_arrives_in_the_last_turn_comes_back_undelivered(
     submitted = await backend.submit(sid, "hold:late work")
     async with world.holds.holding("late"):
         await backend.steer(sid, "too late")
-    outcome = await backend.result(sid, submitted.prompt_id)
+    outcome = await finished(world, sid, submitted.prompt_id)
     assert text(outcome) == "hold:late work ok #1"
     assert outcome.undelivered == ("too late",)
     assert outcome.cast is not None and outcome.cast.undelivered == ("too late",)
@@ -322,7 +328,7 @@ async def test_a_cancel_names_the_running_prompt_by_id(world: World) -> None:
         hit = await backend.cancel(sid, prompt_id=submitted.prompt_id)
         assert (hit.cancelled, hit.target, hit.prompt_id) == (True, "running", submitted.prompt_id)
         assert hit.idempotency_key == "k-cut" and hit.intent == "hold:cut slow work"
-        outcome = await backend.result(sid, submitted.prompt_id)  # cut off in its held call
+        outcome = await finished(world, sid, submitted.prompt_id)  # cut off in its held call
     assert outcome.cast is not None and outcome.cast.reason == "cancelled"
     assert not outcome.cast.terminated
     # the session stays: the next prompt runs
@@ -374,7 +380,7 @@ async def test_a_pause_is_listed_and_answered_once(world: World) -> None:
     assert [p.pause_id for p in await backend.pauses(sid)] == [pause.pause_id]  # still waits
     submitted = await backend.answer(sid, pause.pause_id, Decision.answer("blue"))
     assert submitted is not None
-    outcome = await backend.result(sid, submitted.prompt_id)
+    outcome = await finished(world, sid, submitted.prompt_id)
     assert text(outcome) == "ask: a colour ok #1 in blue"
     assert await backend.pauses(sid) == []
     with pytest.raises(PauseError):
@@ -432,7 +438,7 @@ async def test_drift_cancel_naming_an_ended_prompt_by_id(both: tuple[World, Worl
     for world in both:
         sid = await new_session(world)
         submitted = await world.backend.submit(sid, "Quick.")
-        await world.backend.result(sid, submitted.prompt_id)
+        await finished(world, sid, submitted.prompt_id)
         late = await world.backend.cancel(sid, prompt_id=submitted.prompt_id)
         assert not late.cancelled
         answers.append(late.target)
@@ -457,10 +463,10 @@ async def test_drift_a_cancel_naming_a_prompt_that_waits_its_turn(
             last = await world.backend.submit(sid, "third", on_busy="enqueue")
             named = await world.backend.cancel(sid, prompt_id=last.prompt_id)
             assert named.cancelled and named.prompt_id == last.prompt_id
-        await world.backend.result(sid, running.prompt_id)
-        cut = await world.backend.result(sid, last.prompt_id)
+        await finished(world, sid, running.prompt_id)
+        cut = await finished(world, sid, last.prompt_id)
         assert cut.cast is None or cut.cast.reason == "cancelled", cut
-        other = await world.backend.result(sid, behind.prompt_id)
+        other = await finished(world, sid, behind.prompt_id)
         ran = other.cast is not None and str(other.cast.result).startswith("second ok #")
         seen.append((named.target, ran))
     # (in process the second ran -- answering #2, or #3 when the third, cut off, went
@@ -482,7 +488,7 @@ async def test_drift_a_pause_answered_twice_at_once(both: tuple[World, World]) -
             answers.append(exc.kind)
         except PauseError:
             answers.append("pause_answered")
-        assert text(await world.backend.result(sid, first.prompt_id)) == "ask: twice ok #1 in blue"
+        assert text(await finished(world, sid, first.prompt_id)) == "ask: twice ok #1 in blue"
     assert answers == ["busy", "pause_answered"]
 
 
@@ -514,10 +520,10 @@ async def test_drift_an_answer_continuation_cannot_be_cancelled_in_process(
             unnamed = None if named.cancelled else await world.backend.cancel(sid)
             answers.append((named.target, unnamed and unnamed.target))
             if named.cancelled:  # cut off in its held call
-                cut = await world.backend.result(sid, submitted.prompt_id)
+                cut = await finished(world, sid, submitted.prompt_id)
                 assert cut.cast is not None and cut.cast.reason == "cancelled"
         if not named.cancelled:  # it ran on
-            ran = await world.backend.result(sid, submitted.prompt_id)
+            ran = await finished(world, sid, submitted.prompt_id)
             assert text(ran) == "ask: hold:answered cut ok #1 in blue"
     assert answers == [("none", "none"), ("running", None)]
 
