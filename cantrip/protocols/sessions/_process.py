@@ -82,6 +82,8 @@ class ProcessBackend:
         closed at the end."""
         try:
             async with trio.open_nursery() as nursery:
+                # the sessions' gate providers live here too (HttpApp gives them a
+                # ProviderScope of their own: phase 2 moves that here)
                 hub.nursery = nursery
                 yield cls(hub, nursery)
                 nursery.cancel_scope.cancel()
