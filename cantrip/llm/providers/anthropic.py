@@ -63,10 +63,10 @@ from cantrip.llm.providers._base import (
     EventSink,
     HTTPAdapter,
     StreamState,
-    corrupt_event,
     log,
     split_extra,
 )
+from cantrip.llm.providers._faults import corrupt_event
 
 STOP_REASONS: dict[str, Finish] = {
     # Every stop_reason of the Messages API

@@ -64,10 +64,10 @@ from cantrip.llm.providers._base import (
     EventSink,
     HTTPAdapter,
     StreamState,
-    corrupt_event,
     split_extra,
     synthetic_call_id,
 )
+from cantrip.llm.providers._faults import corrupt_event
 
 FINISH_REASONS: dict[str, Finish] = {
     # Every Candidate.FinishReason of the Gemini API

@@ -24,15 +24,15 @@ from cantrip.llm._prompt_cache import cache_key
 from cantrip.llm._sse import SSEEvent
 from cantrip.llm._transcript import ProviderFormat, RenderedView
 from cantrip.llm.providers._base import (
-    RENDER_MEMOS,
     EventSink,
     HTTPAdapter,
     StreamState,
-    corrupt_event,
     dumps,
     split_extra,
     synthetic_call_id,
 )
+from cantrip.llm.providers._faults import corrupt_event
+from cantrip.llm.providers._render_memo import RENDER_MEMOS, remember
 
 _OPEN, _CLOSE = "<think>", "</think>"
 
@@ -184,9 +184,8 @@ class OpenAIAdapter(HTTPAdapter):
         items, n, tail = messages.parts()
         memo = self._wire_memo.get(id(items))
         if memo is None or memo.items is not items:
-            memo = self._wire_memo[id(items)] = _WireMemo(items)
-            while len(self._wire_memo) > RENDER_MEMOS:
-                self._wire_memo.popitem(last=False)
+            memo = _WireMemo(items)
+            remember(self._wire_memo, id(items), memo, RENDER_MEMOS)
         else:
             self._wire_memo.move_to_end(id(items))
         done = memo.wire
