@@ -33,7 +33,7 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar, Protocol
 
@@ -50,6 +50,7 @@ from cantrip.llm._config import Compat, ModelInfo, ProviderConfig
 from cantrip.llm._contract import (
     EMPTY,
     Message,
+    ReasoningPart,
     Response,
     ToolChoice,
     ToolDefinition,
@@ -143,6 +144,41 @@ def split_extra(
         if not hyper["stop"]:
             del hyper["stop"]
     return hyper, rest
+
+
+def system_texts(messages: Iterable[Message]) -> list[str]:
+    """The texts of the system messages: every API takes them apart from the turns."""
+    return [m.content for m in messages if m.role == "system" and m.content]
+
+
+def with_reasoning(
+    canonical: list[dict[str, Any] | None], parts: Sequence[ReasoningPart]
+) -> list[dict[str, Any]]:
+    """An assistant message's wire items with its reasoning artefacts back in their places.
+
+    ``canonical`` holds the item of each canonical part: ``[0]`` the text's (None
+    when there is none), ``[1 + i]`` tool call i's. A ``fields`` artefact is set
+    on the item at its position; a ``part`` artefact (a whole item the provider
+    gave) goes before the item at its position, or after the last one when its
+    position is past them -- where it stood in the provider's answer."""
+    if not parts:
+        return [item for item in canonical if item is not None]
+    for part in parts:
+        if part.kind == "fields" and 0 <= part.position < len(canonical):
+            target = canonical[part.position]
+            if target is not None:
+                target.update(json.loads(part.payload))
+    out: list[dict[str, Any]] = []
+    for position, item in enumerate(canonical):
+        out.extend(
+            json.loads(p.payload) for p in parts if p.kind == "part" and p.position == position
+        )
+        if item is not None:
+            out.append(item)
+    out.extend(
+        json.loads(p.payload) for p in parts if p.kind == "part" and p.position >= len(canonical)
+    )
+    return out
 
 
 def synthetic_call_id(seed: str | None, index: int) -> str:

@@ -64,6 +64,30 @@ def corrupt_event(provider: str, data: str) -> ProviderError:
     )
 
 
+def event_json(provider: str, data: str) -> Any:
+    """A stream event's JSON; an event that is none is :func:`corrupt_event`."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise corrupt_event(provider, data) from None
+
+
+def event_object(provider: str, data: str) -> dict[str, Any]:
+    """A stream event's JSON object; an event that is none is :func:`corrupt_event`."""
+    value = event_json(provider, data)
+    if not isinstance(value, dict):
+        raise corrupt_event(provider, data)
+    return value
+
+
+def incomplete_stream(provider: str, how: str) -> ProviderError:
+    """A stream that ended before its terminal event (``how`` it ended): cut, so no whole
+    answer, and retryable like a dropped connection."""
+    return ProviderError(
+        f"{provider}: the stream ended {how}", retryable=True, code="stream_incomplete"
+    )
+
+
 def read_payload(provider: str, body: bytes, status: int) -> Mapping[str, Any]:
     """The JSON object of a response body; a body that is not one is a retryable fault."""
     payload = _json(body)
