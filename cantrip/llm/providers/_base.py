@@ -56,7 +56,7 @@ from cantrip.llm._contract import (
     ToolDefinition,
 )
 from cantrip.llm._sse import SSEEvent, aiter_sse
-from cantrip.llm._transcript import ProviderFormat
+from cantrip.llm._transcript_model import ProviderFormat
 from cantrip.llm.providers._clients import (
     ClientPool,
     GivenClient,

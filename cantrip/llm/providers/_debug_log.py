@@ -23,7 +23,9 @@ from typing import Any
 from cantrip._errors import ProviderError
 from cantrip._redact import get_logger
 from cantrip.llm._contract import Message
-from cantrip.llm._transcript import ProviderFormat, render_transcript, validate_transcript
+from cantrip.llm._transcript import render_transcript
+from cantrip.llm._transcript_check import validate_transcript
+from cantrip.llm._transcript_model import ProviderFormat
 
 transcript_log = get_logger("cantrip.llm.transcript")
 DEBUG_TRANSCRIPT_ENV = "CANTRIP_DEBUG_TRANSCRIPT"

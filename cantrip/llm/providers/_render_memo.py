@@ -19,7 +19,9 @@ import attrs
 
 from cantrip._redact import get_logger
 from cantrip.llm._contract import Message
-from cantrip.llm._transcript import IncrementalRenderer, ProviderFormat, render_transcript
+from cantrip.llm._transcript import render_transcript
+from cantrip.llm._transcript_incremental import IncrementalRenderer
+from cantrip.llm._transcript_model import ProviderFormat
 
 log = get_logger("cantrip.llm.providers")
 

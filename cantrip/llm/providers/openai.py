@@ -22,7 +22,8 @@ from cantrip.llm._contract import Message, Response, ToolChoice, ToolDefinition
 from cantrip.llm._openai_chat import error_from_payload, parse_chat_completion
 from cantrip.llm._prompt_cache import cache_key
 from cantrip.llm._sse import SSEEvent
-from cantrip.llm._transcript import ProviderFormat, RenderedView
+from cantrip.llm._transcript_incremental import RenderedView
+from cantrip.llm._transcript_model import ProviderFormat
 from cantrip.llm.providers._base import (
     EventSink,
     HTTPAdapter,
