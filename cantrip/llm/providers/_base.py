@@ -18,8 +18,10 @@ one turn's I/O, in order:
   diagnostics logged (:mod:`._debug_log`).
 
 Beside it, the small pure helpers the adapters share: ``extra`` split into
-hyperparameters and pass-through fields, the body's JSON bytes, a tool-call
-id for a provider that gives none, events for an answer that arrived whole.
+hyperparameters and pass-through fields, the system texts, an assistant
+message's reasoning artefacts put back in their places (:func:`with_reasoning`),
+the body's JSON bytes, a tool-call id for a provider that gives none, events
+for an answer that arrived whole.
 
 Requests go out on a pool of keep-alive connections per adapter and trio run
 (:mod:`cantrip.llm.providers._clients`), closed when the run ends, speaking HTTP/1.1

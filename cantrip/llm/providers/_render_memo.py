@@ -30,6 +30,8 @@ _Value = TypeVar("_Value")
 
 @attrs.frozen
 class Rendered:
+    """One request's transcript as the adapter sends it, and its id projection."""
+
     messages: Sequence[Message]
     id_map: Mapping[str, str]
     remapped: bool = True
