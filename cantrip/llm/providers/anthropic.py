@@ -239,18 +239,21 @@ def assistant_blocks(message: Message) -> list[dict[str, Any]]:
     canonical: list[dict[str, Any] | None] = [
         {"type": "text", "text": message.content} if message.content else None
     ]
-    canonical.extend(
-        {
-            "type": "tool_use",
-            "id": call.id,
-            "name": call.name,
-            # The API takes an object; unparsable text cannot be replayed as one.
-            "input": plain_json(call.arguments),
-        }
-        for call in message.tool_calls
-    )
+    for call in message.tool_calls:
+        canonical.append(
+            {
+                "type": "tool_use",
+                "id": call.id,
+                "name": call.name,
+                # The API takes an object; unparsable text cannot be replayed as one.
+                "input": plain_json(call.arguments),
+            }
+        )
+    reasoning = message.reasoning
+    if not reasoning:
+        return [block for block in canonical if block is not None]
     # The Messages API's artefacts are whole blocks (thinking, redacted_thinking).
-    return with_reasoning(canonical, [p for p in message.reasoning if p.kind == "part"])
+    return with_reasoning(canonical, [p for p in reasoning if p.kind == "part"])
 
 
 def _mark_conversation_end(messages: list[dict[str, Any]]) -> None:
