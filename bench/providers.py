@@ -64,7 +64,8 @@ os.environ.setdefault("GEMINI_API_KEY", "bench-key")
 
 from cantrip.llm import Message, ToolCall, ToolDefinition, load_llm
 from cantrip.llm._sse import iter_sse
-from cantrip.llm.providers._base import HTTPAdapter, RenderCache, dumps
+from cantrip.llm.providers._base import HTTPAdapter, dumps
+from cantrip.llm.providers._render_memo import RenderCache
 
 PROVIDERS = {
     "openai": "/v1",

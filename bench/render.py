@@ -44,13 +44,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from cantrip.llm._contract import Message, ToolCall
-from cantrip.llm._transcript import (
-    PROVIDER_FORMATS,
-    IncrementalRenderer,
-    ProviderFormat,
-    render_transcript,
-    validate_transcript,
-)
+from cantrip.llm._transcript import render_transcript
+from cantrip.llm._transcript_check import validate_transcript
+from cantrip.llm._transcript_incremental import IncrementalRenderer
+from cantrip.llm._transcript_model import PROVIDER_FORMATS, ProviderFormat
 
 TARGET_US = 50.0
 

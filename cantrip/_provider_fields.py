@@ -9,7 +9,8 @@ text: ``"Bearer ${API_TOKEN}"``), read by the process that opens the server or a
 as a provider's key travels as the name in ``api_key_env``, never as the key. Each
 declaration resolves its references with :func:`resolve_references` when it is opened.
 A spec run by workers must give every such value that way: the tables that carry them
-are listed in :data:`cantrip.spec.CREDENTIAL_FIELDS`, and the workers' queue refuses a
+are listed in :data:`CREDENTIAL_FIELDS` (here, below the spec layer that reads the
+tables, so the queue's check costs no import of it), and the workers' queue refuses a
 literal one (:mod:`cantrip.distributed._spell_secrets`).
 
 This module sits below the declarations (:mod:`cantrip.mcp._provider`,
@@ -29,6 +30,17 @@ from cantrip._redact import register_secret_env
 
 PROVIDER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 """What an MCP server's or A2A agent's ``name`` may be."""
+
+CREDENTIAL_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "mcp": ("env", "headers"),
+        "a2a": ("headers",),
+    }
+)
+"""``[[circle.KEY]]`` tables, and their fields whose values may be credentials (each
+must then name variables, ``"${NAME}"``, in a spec run by workers). A new table that
+carries any (headers, an environment, tokens) is listed here, and is then checked like
+these: tests/test_spec_secrets.py fails for a circle table it does not know."""
 
 REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 """``${NAME}``: an environment variable, read by the process that opens the provider."""

@@ -315,8 +315,9 @@ def test_a_context_view_is_rendered_from_where_its_list_was_left() -> None:
     a new list (a fold) render correctly too."""
     from cantrip._context import Transcript
     from cantrip.llm import ToolCall
-    from cantrip.llm._transcript import IncrementalRenderer, render_transcript
-    from cantrip.llm.providers._base import RenderCache
+    from cantrip.llm._transcript import render_transcript
+    from cantrip.llm._transcript_incremental import IncrementalRenderer
+    from cantrip.llm.providers._render_memo import RenderCache
 
     ingested: list[Message] = []
     real_extend = IncrementalRenderer.extend

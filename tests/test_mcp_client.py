@@ -38,7 +38,8 @@ import cantrip
 from cantrip._events import GateProgress
 from cantrip._providers import ProviderStartError
 from cantrip.cli._main import main as cli_main
-from cantrip.mcp import MCPServer, servers_from_tables
+from cantrip.mcp import MCPServer
+from cantrip.spec import servers_from_tables
 from gates import done, echo
 from mediums.python import python
 

@@ -40,7 +40,8 @@ from loop_watch import MachineTime
 from cantrip import ProviderError, ToolCall
 from cantrip.llm import Message, ToolDefinition, load_llm
 from cantrip.llm.providers import _clients
-from cantrip.llm.providers._base import dumps, render
+from cantrip.llm.providers._base import dumps
+from cantrip.llm.providers._render_memo import render
 
 ADAPTERS = [
     (name, FAKES[name], PREFIXES[name], "llama3.1:8b" if name == "ollama" else None)

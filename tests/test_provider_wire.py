@@ -398,7 +398,7 @@ async def test_switching_provider_mid_history_keeps_tool_pairing_valid() -> None
 def test_incremental_rendering_equals_a_full_render() -> None:
     """The adapters' render memo never changes what is sent (a turn renders O(new messages))."""
     from cantrip.llm._transcript import render_transcript
-    from cantrip.llm.providers._base import RenderCache
+    from cantrip.llm.providers._render_memo import RenderCache
 
     for family in ("openai", "anthropic", "gemini", "mistral", "kimi"):
         cache = RenderCache(family, keep_thinking=False, size=2)  # type: ignore[arg-type]
@@ -428,7 +428,7 @@ def test_the_render_memo_serves_hundreds_of_interleaved_conversations_incrementa
     """One adapter serves every session of a server: 300 conversations, each growing
     by a turn in turn, are each rendered afresh once and then only extended."""
     from cantrip.llm._transcript import render_transcript
-    from cantrip.llm.providers._base import RenderCache
+    from cantrip.llm.providers._render_memo import RenderCache
 
     cache = RenderCache("openai", keep_thinking=False)
     system = Message("system", "shared by all")  # one object in every conversation
@@ -452,7 +452,7 @@ def test_the_render_memo_serves_hundreds_of_interleaved_conversations_incrementa
 
 
 def test_the_render_memo_drops_the_least_recently_used_conversation() -> None:
-    from cantrip.llm.providers._base import RenderCache
+    from cantrip.llm.providers._render_memo import RenderCache
 
     cache = RenderCache("openai", keep_thinking=False, size=3)
     talks = [[Message("user", f"u{n}")] for n in range(4)]

@@ -21,12 +21,10 @@ from hypothesis import strategies as st
 from test_transcript import histories
 
 from cantrip.llm._contract import Message, ReasoningPart, ToolCall, reasoning_part
-from cantrip.llm._transcript import (
-    IncrementalRenderer,
-    ProviderFormat,
-    render_transcript,
-    validate_transcript,
-)
+from cantrip.llm._transcript import render_transcript
+from cantrip.llm._transcript_check import validate_transcript
+from cantrip.llm._transcript_incremental import IncrementalRenderer
+from cantrip.llm._transcript_model import ProviderFormat
 
 FORMATS = ("anthropic-messages", "gemini-generate-content", "openai-responses", "openai-chat")
 TARGETS: tuple[tuple[ProviderFormat, str | None], ...] = (

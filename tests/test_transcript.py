@@ -16,16 +16,16 @@ from hypothesis import strategies as st
 from cantrip._context import render_turn
 from cantrip._errors import InvalidResponseError
 from cantrip.llm._contract import Message, ToolCall
-from cantrip.llm._transcript import (
+from cantrip.llm._transcript import render_transcript
+from cantrip.llm._transcript_check import validate_transcript
+from cantrip.llm._transcript_ids import project_id
+from cantrip.llm._transcript_incremental import IncrementalRenderer
+from cantrip.llm._transcript_model import (
     DEFAULT_POLICY,
     CompletionPolicy,
-    IncrementalRenderer,
     ProviderFormat,
     RenderedTranscript,
     TranscriptError,
-    project_id,
-    render_transcript,
-    validate_transcript,
 )
 from cantrip.loom._model import GateCallRecord, Turn
 from mediums.conversation import SKIPPED_AFTER_DONE, conversation

@@ -34,7 +34,9 @@ from cantrip._errors import LoomError, ProviderError
 from cantrip.llm import FallbackLLM, Message, RetryPolicy, ToolCall
 from cantrip.llm._config import load_provider_config
 from cantrip.llm._contract import Response, ToolChoice, ToolDefinition
-from cantrip.llm._transcript import ProviderFormat, project_id, validate_transcript
+from cantrip.llm._transcript_check import validate_transcript
+from cantrip.llm._transcript_ids import project_id
+from cantrip.llm._transcript_model import ProviderFormat
 from cantrip.llm.providers.anthropic import AnthropicAdapter
 from gates import call_agent, done, echo
 from mediums.conversation import SKIPPED_AFTER_DONE

@@ -2,7 +2,7 @@
 
 A spec run by workers (``cantrip cast --db``, ``cantrip serve --db``) is stored in
 PostgreSQL (``cantrip_work.spell``), so every value of a table field that may carry a
-credential (:data:`cantrip.spec.CREDENTIAL_FIELDS`: an MCP server's ``env`` and
+credential (:data:`cantrip._provider_fields.CREDENTIAL_FIELDS`: an MCP server's ``env`` and
 ``headers``, an A2A agent's ``headers``) must name environment variables, ``"${NAME}"``,
 which each worker reads from its own environment when it opens the server or agent.
 :func:`check_queued_spell` refuses a literal one before anything is written, naming the
@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cantrip._errors import ConstructionError
-from cantrip._provider_fields import REFERENCE
-from cantrip.spec import CREDENTIAL_FIELDS
+from cantrip._provider_fields import CREDENTIAL_FIELDS, REFERENCE
 
 
 def check_queued_spell(spell: Mapping[str, Any]) -> None:

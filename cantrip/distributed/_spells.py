@@ -21,7 +21,6 @@ from cantrip._client_gates import CLIENT_TOOLS_KEY
 from cantrip._errors import CantripError
 from cantrip.distributed._work import ANSWER_KEY, REWIND_KEY
 from cantrip.loom._loom import Loom
-from cantrip.spec import build_cantrip, parse_spec
 
 
 def spell_from_factory(path: str) -> dict[str, Any]:
@@ -53,6 +52,10 @@ def build_spell(spell: Mapping[str, Any], loom: Loom) -> Cantrip:
         if not isinstance(built, Cantrip):
             raise CantripError(f"{spell['factory']} returned {type(built).__name__}, not a Cantrip")
         return built.with_(loom=loom)
+    # Imported here, not at the top: the spec builder loads every built-in gate and
+    # medium, which a program that only queues casts (the Dispatcher) never needs.
+    from cantrip.spec import build_cantrip, parse_spec
+
     doc = parse_spec(spell["spec"], source="queued spec")
     base = spell.get("base_dir")
     return build_cantrip(doc, base_dir=Path(base) if base else None, loom=loom)

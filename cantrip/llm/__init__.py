@@ -27,19 +27,18 @@ from cantrip.llm._latency import simulate_latency
 from cantrip.llm._openai_chat import parse_chat_completion
 from cantrip.llm._retry import RetryingLLM, RetryPolicy
 from cantrip.llm._scripted import ScriptedLLM
-from cantrip.llm._transcript import (
+from cantrip.llm._transcript import render_transcript
+from cantrip.llm._transcript_check import validate_transcript
+from cantrip.llm._transcript_ids import project_id
+from cantrip.llm._transcript_incremental import IncrementalRenderer, RenderedView
+from cantrip.llm._transcript_model import (
     DEFAULT_POLICY,
     PROVIDER_FORMATS,
     CompletionPolicy,
-    IncrementalRenderer,
     ProviderFormat,
     RenderDiagnostics,
     RenderedTranscript,
-    RenderedView,
     TranscriptError,
-    project_id,
-    render_transcript,
-    validate_transcript,
 )
 
 if TYPE_CHECKING:

@@ -13,11 +13,11 @@ front ends' servers, the conformance runner, evals and the workers do. Its rooms
 * :mod:`._build` -- a document to a cantrip, every problem reported at once.
 """
 
+from cantrip._provider_fields import CREDENTIAL_FIELDS
 from cantrip.spec._build import build_cantrip
 from cantrip.spec._llm import build_llm
 from cantrip.spec._load import load_spec_file, parse_spec
 from cantrip.spec._providers import (
-    CREDENTIAL_FIELDS,
     A2ATable,
     MCPTable,
     agents_from_tables,

@@ -5,15 +5,13 @@ Both are read the same way, each by its own pydantic model, so that every proble
 every table is reported at once (with the table's index) and names are unique among
 them; each table is then built into the declaration a program would write
 (:class:`~cantrip.mcp.MCPServer`, :class:`~cantrip.a2a.A2AAgent`), which checks its
-values. :data:`CREDENTIAL_FIELDS` is the one list of the tables' fields that may carry
-credentials, which the workers' queue checks (:mod:`cantrip.distributed._spell_secrets`).
+values. Their fields that may carry credentials are listed once, in
+:data:`cantrip._provider_fields.CREDENTIAL_FIELDS`, which the workers' queue checks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Protocol
 
 import pydantic
@@ -22,17 +20,6 @@ from cantrip._errors import ConstructionError
 from cantrip.a2a import _provider as a2a
 from cantrip.mcp import _provider as mcp
 from cantrip.spec._circle import spec_path
-
-CREDENTIAL_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "mcp": ("env", "headers"),
-        "a2a": ("headers",),
-    }
-)
-"""``[[circle.KEY]]`` tables, and their fields whose values may be credentials (each
-must then name variables, ``"${NAME}"``, in a spec run by workers). A new table that
-carries any (headers, an environment, tokens) is listed here, and is then checked like
-these: tests/test_spec_secrets.py fails for a circle table it does not know."""
 
 
 class MCPTable(pydantic.BaseModel):

@@ -19,7 +19,7 @@ What is kept from httpx, so nothing changes on the wire or for the adapters:
   ``http/1.1``, SNI the URL's host, through ``trio.SSLStream`` as httpcore does;
 * timeouts: ``connect`` (TCP and TLS handshake), ``write``, ``read`` (each
   receive), raised as httpx's exceptions, as are connection faults, so the
-  adapters' error mapping (:meth:`HTTPAdapter._transport_error`) is the same;
+  adapters' error mapping (:func:`._faults.transport_error`) is the same;
 * responses: h11's framing (``Content-Length``, chunked, read-to-close;
   1xx checked and skipped; 204/304 empty) and its checks of every head and
   trailer (``tests/test_wire_fuzz.py`` holds h11 as the oracle), its keep-alive

@@ -30,11 +30,9 @@ previous one wrote (prompt caching docs: at most 4 breakpoints).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cantrip._errors import ProviderError
 from cantrip.llm._contract import (
     NO_USAGE,
     Message,
@@ -63,10 +61,12 @@ from cantrip.llm.providers._base import (
     EventSink,
     HTTPAdapter,
     StreamState,
-    corrupt_event,
     log,
     split_extra,
+    system_texts,
+    with_reasoning,
 )
+from cantrip.llm.providers._faults import event_object, incomplete_stream
 
 STOP_REASONS: dict[str, Finish] = {
     # Every stop_reason of the Messages API
@@ -122,7 +122,7 @@ class AnthropicAdapter(HTTPAdapter):
         stream: bool,
     ) -> tuple[str, dict[str, Any]]:
         hyper, rest = split_extra(extra, self.reserved, self.provider)
-        system = [m.content for m in messages if m.role == "system" and m.content]
+        system = system_texts(messages)
         cache = self.compat.prompt_cache
         max_tokens = int(
             hyper.get("max_tokens")
@@ -236,20 +236,11 @@ class AnthropicAdapter(HTTPAdapter):
 
 def assistant_blocks(message: Message) -> list[dict[str, Any]]:
     """An assistant message's content blocks, its reasoning artefacts back in their places."""
-    parts: list[ReasoningPart] = list(message.reasoning)
-    blocks: list[dict[str, Any]] = []
-
-    def replay(position: int) -> None:
-        for part in parts:
-            if part.position == position and part.kind == "part":
-                blocks.append(json.loads(part.payload))
-
-    replay(0)
-    if message.content:
-        blocks.append({"type": "text", "text": message.content})
-    for i, call in enumerate(message.tool_calls):
-        replay(1 + i)
-        blocks.append(
+    canonical: list[dict[str, Any] | None] = [
+        {"type": "text", "text": message.content} if message.content else None
+    ]
+    for call in message.tool_calls:
+        canonical.append(
             {
                 "type": "tool_use",
                 "id": call.id,
@@ -258,11 +249,11 @@ def assistant_blocks(message: Message) -> list[dict[str, Any]]:
                 "input": plain_json(call.arguments),
             }
         )
-    last = 1 + len(message.tool_calls)
-    for part in parts:
-        if part.kind == "part" and part.position >= last:
-            blocks.append(json.loads(part.payload))
-    return blocks
+    reasoning = message.reasoning
+    if not reasoning:
+        return [block for block in canonical if block is not None]
+    # The Messages API's artefacts are whole blocks (thinking, redacted_thinking).
+    return with_reasoning(canonical, [p for p in reasoning if p.kind == "part"])
 
 
 def _mark_conversation_end(messages: list[dict[str, Any]]) -> None:
@@ -384,12 +375,7 @@ class MessageStream:
         self.done = False
 
     def feed(self, event: SSEEvent) -> bool:
-        try:
-            data = json.loads(event.data)
-        except ValueError:
-            raise corrupt_event(self.adapter.provider, event.data) from None
-        if not isinstance(data, dict):
-            raise corrupt_event(self.adapter.provider, event.data)
+        data = event_object(self.adapter.provider, event.data)
         kind = data.get("type") or event.event
         if kind == "error":
             raise error_from_payload(data.get("error") or data, default_code="stream_error")
@@ -451,11 +437,7 @@ class MessageStream:
 
     def finish(self) -> Response:
         if not self.done:
-            raise ProviderError(
-                f"{self.adapter.provider}: the stream ended before message_stop",
-                retryable=True,
-                code="stream_incomplete",
-            )
+            raise incomplete_stream(self.adapter.provider, "before message_stop")
         for index, block in self.blocks.items():
             if block.get("type") == "tool_use" and "input" not in block:
                 text = "".join(self.json_parts.get(index, ()))

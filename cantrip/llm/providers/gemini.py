@@ -64,10 +64,12 @@ from cantrip.llm.providers._base import (
     EventSink,
     HTTPAdapter,
     StreamState,
-    corrupt_event,
     split_extra,
     synthetic_call_id,
+    system_texts,
+    with_reasoning,
 )
+from cantrip.llm.providers._faults import corrupt_event, event_json, incomplete_stream
 
 FINISH_REASONS: dict[str, Finish] = {
     # Every Candidate.FinishReason of the Gemini API
@@ -145,7 +147,7 @@ class GeminiAdapter(HTTPAdapter):
     ) -> tuple[str, dict[str, Any]]:
         hyper, rest = split_extra(extra, self.reserved, self.provider)
         body: dict[str, Any] = {"contents": self.wire_contents(messages)}
-        system = [m.content for m in messages if m.role == "system" and m.content]
+        system = system_texts(messages)
         if system:
             body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
         if tools:
@@ -253,30 +255,13 @@ def model_parts(message: Message, foreign: str | None = None) -> list[dict[str, 
         {"functionCall": {"name": call.name, "args": plain_json(call.arguments)}}
         for call in message.tool_calls
     )
-    for part in reasoning:
-        if part.kind == "fields" and 0 <= part.position < len(canonical):
-            target = canonical[part.position]
-            if target is not None:
-                target.update(json.loads(part.payload))
     if foreign is not None and message.tool_calls and not reasoning:
         # "If you are transferring a conversation trace from another model ... populate
         # the field with [a] dummy string" (thought signatures docs, FAQ).
         first = canonical[1]
         assert first is not None
         first["thoughtSignature"] = foreign
-    out: list[dict[str, Any]] = []
-    for position, item in enumerate(canonical):
-        out.extend(
-            json.loads(p.payload) for p in reasoning if p.kind == "part" and p.position == position
-        )
-        if item is not None:
-            out.append(item)
-    out.extend(
-        json.loads(p.payload)
-        for p in reasoning
-        if p.kind == "part" and p.position >= len(canonical)
-    )
-    return out
+    return with_reasoning(canonical, reasoning)
 
 
 def declaration(tool: ToolDefinition) -> dict[str, Any]:
@@ -451,10 +436,7 @@ class GenerateStream:
         """What a refusal is explained by (safety ratings, finishMessage)."""
 
     def feed(self, event: SSEEvent) -> bool:
-        try:
-            chunk = json.loads(event.data)
-        except ValueError:
-            raise corrupt_event(self.adapter.provider, event.data) from None
+        chunk = event_json(self.adapter.provider, event.data)
         if isinstance(chunk, list) and all(isinstance(c, dict) for c in chunk):
             return any([self._chunk(c) for c in chunk])  # a JSON-array stream rather than SSE
         if not isinstance(chunk, dict):
@@ -550,11 +532,7 @@ class GenerateStream:
 
     def finish(self) -> Response:
         if self.finish_reason is None and self.blocked is None:
-            raise ProviderError(
-                f"{self.adapter.provider}: the stream ended without a finish reason",
-                retryable=True,
-                code="stream_incomplete",
-            )
+            raise incomplete_stream(self.adapter.provider, "without a finish reason")
         return parse_generate_content(self.finish_payload(), self.adapter.provider)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -22,17 +22,19 @@ from cantrip.llm._openai_chat import error_from_payload, parse_chat_completion
 from cantrip.llm._prompt_cache import cache_key
 from cantrip.llm._sse import SSEEvent
 from cantrip.llm._stream import TextDelta, ThinkingDelta, ToolCallEvent
-from cantrip.llm._transcript import ProviderFormat, RenderedView
+from cantrip.llm._transcript_incremental import RenderedView
+from cantrip.llm._transcript_model import ProviderFormat
 from cantrip.llm.providers._base import (
-    RENDER_MEMOS,
     EventSink,
     HTTPAdapter,
     StreamState,
-    corrupt_event,
     dumps,
     split_extra,
     synthetic_call_id,
+    system_texts,
 )
+from cantrip.llm.providers._faults import event_object, incomplete_stream
+from cantrip.llm.providers._render_memo import RENDER_MEMOS, remember
 
 _OPEN, _CLOSE = "<think>", "</think>"
 
@@ -40,10 +42,6 @@ SPLICE_FROM = 16
 """Messages a conversation has sent before its body is spliced from their kept JSON
 (:meth:`OpenAIAdapter.encode_request`): below ~20, writing the small body whole costs
 less than splicing it (0.5-1.7 vs 1.5-1.9 us; at 130 messages 12.3 vs 3.0 us)."""
-
-
-def _system_texts(messages: Iterable[Message]) -> list[str]:
-    return [m.content for m in messages if m.role == "system" and m.content]
 
 
 class _WireMemo:
@@ -180,13 +178,12 @@ class OpenAIAdapter(HTTPAdapter):
         kept, by the list, for the next turn, which adds a few messages: making
         them all anew each turn made a turn's cost grow with its history."""
         if not isinstance(messages, RenderedView):
-            return [self.wire_message(m) for m in messages], _system_texts(messages)
+            return [self.wire_message(m) for m in messages], system_texts(messages)
         items, n, tail = messages.parts()
         memo = self._wire_memo.get(id(items))
         if memo is None or memo.items is not items:
-            memo = self._wire_memo[id(items)] = _WireMemo(items)
-            while len(self._wire_memo) > RENDER_MEMOS:
-                self._wire_memo.popitem(last=False)
+            memo = _WireMemo(items)
+            remember(self._wire_memo, id(items), memo, RENDER_MEMOS)
         else:
             self._wire_memo.move_to_end(id(items))
         done = memo.wire
@@ -202,7 +199,7 @@ class OpenAIAdapter(HTTPAdapter):
         wire = done[:n]
         wire.extend(self.wire_message(m) for m in tail)
         systems = [text for i, text in memo.systems if i < n]
-        systems.extend(_system_texts(tail))
+        systems.extend(system_texts(tail))
         return wire, systems
 
     def wire_message(self, message: Message) -> dict[str, Any]:
@@ -294,12 +291,7 @@ class ChatStream:
         if data == "[DONE]":
             self.done = True
             return True
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise corrupt_event(self.adapter.provider, data) from None
-        if not isinstance(chunk, dict):
-            raise corrupt_event(self.adapter.provider, data)
+        chunk = event_object(self.adapter.provider, data)
         if event.event == "error" or chunk.get("error"):
             # The explicit error event wins over anything the stream said before (seed 000).
             raise error_from_payload(chunk.get("error") or chunk, default_code="stream_error")
@@ -379,18 +371,15 @@ class ChatStream:
             )
 
     def finish(self) -> Response:
-        from cantrip._errors import ProviderError
-
         if not self.done:
             # The terminal event of a Chat Completions stream is ``data: [DONE]``
             # (https://platform.openai.com/docs/api-reference/chat-streaming); a
             # stream that ends without it was cut, even after a finish_reason (the
             # usage chunk, or more choices, may be missing).
-            raise ProviderError(
-                f"{self.adapter.provider}: the stream ended before the response was complete"
+            raise incomplete_stream(
+                self.adapter.provider,
+                "before the response was complete"
                 f" (no [DONE]{'' if self.finish_reason is None else ' after the finish reason'})",
-                retryable=True,
-                code="stream_incomplete",
             )
         if self.splitter is not None:
             for kind, piece in self.splitter.close():

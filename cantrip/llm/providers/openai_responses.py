@@ -37,7 +37,6 @@ cache routing key (prompt caching guide).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,7 +60,16 @@ from cantrip.llm._openai_chat import error_from_payload, parse_arguments
 from cantrip.llm._prompt_cache import cache_key
 from cantrip.llm._sse import SSEEvent
 from cantrip.llm._stream import TextDelta, ThinkingDelta, ToolCallEvent
-from cantrip.llm.providers._base import EventSink, HTTPAdapter, StreamState, log, split_extra
+from cantrip.llm.providers._base import (
+    EventSink,
+    HTTPAdapter,
+    StreamState,
+    log,
+    split_extra,
+    system_texts,
+    with_reasoning,
+)
+from cantrip.llm.providers._faults import incomplete_stream
 
 FORMAT = "openai-responses"
 EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
@@ -90,7 +98,7 @@ class ResponsesAdapter(HTTPAdapter):
         stream: bool,
     ) -> tuple[str, dict[str, Any]]:
         hyper, rest = split_extra(extra, self.reserved, self.provider)
-        system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
+        system = "\n\n".join(system_texts(messages))
         body: dict[str, Any] = {
             "model": self.model,
             "input": wire_items(messages),
@@ -162,7 +170,6 @@ def wire_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 def assistant_items(message: Message) -> list[dict[str, Any]]:
     """One assistant message as output items, reasoning items back in their places."""
-    parts: Sequence[ReasoningPart] = message.reasoning
     canonical: list[dict[str, Any] | None] = [None]
     if message.content:
         canonical[0] = {
@@ -179,22 +186,7 @@ def assistant_items(message: Message) -> list[dict[str, Any]]:
         }
         for call in message.tool_calls
     )
-    for part in parts:
-        if part.kind == "fields" and 0 <= part.position < len(canonical):
-            target = canonical[part.position]
-            if target is not None:
-                target.update(json.loads(part.payload))
-    out: list[dict[str, Any]] = []
-    for position, item in enumerate(canonical):
-        out.extend(
-            json.loads(p.payload) for p in parts if p.kind == "part" and p.position == position
-        )
-        if item is not None:
-            out.append(item)
-    out.extend(
-        json.loads(p.payload) for p in parts if p.kind == "part" and p.position >= len(canonical)
-    )
-    return out
+    return with_reasoning(canonical, message.reasoning)
 
 
 def parse_usage(data: Any) -> Usage:
@@ -384,11 +376,7 @@ class ResponseStream:
 
     def finish(self) -> Response:
         if self.response is None:
-            raise ProviderError(
-                f"{self.adapter.provider}: the stream ended before response.completed",
-                retryable=True,
-                code="stream_incomplete",
-            )
+            raise incomplete_stream(self.adapter.provider, "before response.completed")
         payload = self.response
         if not payload.get("output") and self.items:
             payload = {**payload, "output": [item for _, item in sorted(self.items.items())]}
