@@ -657,6 +657,59 @@ async def test_a_cancelled_queued_prompt_never_starts(stack: Stack) -> None:
     ) == [("cancelled", 0)]
 
 
+async def test_a_cancel_naming_a_queued_prompt_leaves_the_others_queued(stack: Stack) -> None:
+    """Three prompts queued while no worker takes anything, the middle one named by its
+    Prompt-Id at the other replica: only it is cancelled, the first and the third run
+    (the third's model never saw the second's intent). ``DbSessions.cancel`` used to
+    answer ``queued`` for the one named and cancel every open prompt of the session."""
+    a, b = stack.replicas
+    (worker,) = [w for w in stack.workers if w.poll() is None]
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        entity = sid.replace("session-", "entity-")
+        answers: dict[str, dict[str, Any]] = {}
+        ids: dict[str, str] = {}
+
+        async def prompt(text: str, task_status: trio.TaskStatus[None]) -> None:
+            path = f"/sessions/{sid}/prompt?on_busy=enqueue&stream=1"
+            async with on_a.stream("POST", path, json={"prompt": text}) as response:
+                assert response.status_code == 200, await response.aread()
+                ids[text] = response.headers["prompt-id"]
+                task_status.started()
+                name = None
+                async for line in response.aiter_lines():
+                    if line.startswith("event: "):
+                        name = line[7:]
+                    elif line.startswith("data: ") and name == "result":
+                        answers[text] = json.loads(line[6:])
+
+        worker.send_signal(signal.SIGSTOP)  # all three stay queued meanwhile
+        try:
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(60):
+                    for text in ("one", "two", "three"):
+                        await nursery.start(prompt, text)
+                    cancelled = (
+                        await on_b.post(f"/sessions/{sid}/cancel", json={"prompt_id": ids["two"]})
+                    ).json()
+                    worker.send_signal(signal.SIGCONT)
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        assert cancelled == {
+            "cancelled": True,
+            "target": "queued",
+            "prompt_id": ids["two"],
+            "intent": "two",
+            "idempotency_key": None,
+        }
+        assert answers["two"]["stop_reason"] == "cancelled" and answers["two"]["turns"] == 0
+        ran = (answers["one"]["result"], answers["three"]["result"])
+        assert ran == ("one ok #1", "three ok #2")
+    assert await stack.query(
+        "SELECT intent, state FROM cantrip_work WHERE entity_id = %s ORDER BY id", entity
+    ) == [("one", "done"), ("two", "cancelled"), ("three", "done")]
+
+
 async def test_a_cancel_with_nothing_running_cancels_nothing_unless_asked_for_the_next(
     stack: Stack,
 ) -> None:

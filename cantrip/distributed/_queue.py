@@ -28,7 +28,8 @@ The standard Postgres queue pattern and nothing of our own beyond it:
   attempt and counts no crash;
 * **cancel** marks queued work cancelled and running work ``cancel_requested`` (with
   its ``cancel_reason``), and ``NOTIFY cantrip_cancel`` with the entity id (and the
-  reason, when it is not plain ``cancelled``) so its worker stops it at once (workers
+  reason, when it is not plain ``cancelled``, and the work item, when one is named: a
+  worker cuts off only the item it runs) so its worker stops it at once (workers
   also poll the flag with every heartbeat, the fallback);
 * **steer** adds a message for an entity's open work to ``cantrip_messages`` and
   ``NOTIFY cantrip_steer`` with the entity id: the worker running it hands the message

@@ -93,20 +93,29 @@ def cancel_on(
         f"WHERE {where} AND state IN ('queued', 'running')",
         params,
     ).rowcount
-    conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, cancel_payload(entity_id, reason)))
+    conn.execute(
+        "SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, cancel_payload(entity_id, reason, work_id))
+    )
     return int(queued) + int(running)
 
 
-def cancel_payload(entity_id: str, reason: str) -> str:
+def cancel_payload(entity_id: str, reason: str, work_id: int | None = None) -> str:
     """A ``cantrip_cancel`` notification: the entity id, then the reason if it is not
-    plain ``cancelled`` (entity ids hold no space)."""
+    plain ``cancelled`` or a work item is named, then the work item if one is (entity
+    ids and reasons hold no space). The work item matters: an entity may have work
+    queued behind its running one, and a cancel naming a queued item must not cut off
+    the cast a worker runs for the entity."""
+    if work_id is not None:
+        return f"{entity_id} {reason} {work_id}"
     return entity_id if reason == "cancelled" else f"{entity_id} {reason}"
 
 
-def parse_cancel(payload: str) -> tuple[str, str]:
-    """(entity id, reason) of a ``cantrip_cancel`` notification."""
-    entity_id, _, reason = payload.partition(" ")
-    return entity_id, reason or "cancelled"
+def parse_cancel(payload: str) -> tuple[str, str, int | None]:
+    """(entity id, reason, the work item named or None: all of the entity's) of a
+    ``cantrip_cancel`` notification."""
+    entity_id, _, rest = payload.partition(" ")
+    reason, _, work = rest.partition(" ")
+    return entity_id, reason or "cancelled", int(work) if work else None
 
 
 def steer_on(

@@ -337,9 +337,10 @@ class Worker:
                         if payload in self._owned:
                             self._owned[payload].poke.set()
                     elif channel == CANCEL_CHANNEL:
-                        entity_id, reason = parse_cancel(payload)
-                        if entity_id in self._owned:
-                            self._owned[entity_id].cancel(reason)
+                        entity_id, reason, work_id = parse_cancel(payload)
+                        running = self._owned.get(entity_id)
+                        if running is not None and work_id in (None, running.claim.work_id):
+                            running.cancel(reason)  # named another item: not this cast
                     elif channel == STEER_CHANNEL and payload in self._owned:
                         self._owned[payload].mail.set()
         finally:

@@ -466,7 +466,8 @@ class DbSessions:
         fallback): it cuts the cast off and records it as cancelled. Queued work is
         cancelled before any worker takes it. Named (``prompt_id``: the work id;
         ``key``): only that prompt, if open; a key no prompt had yet is armed for
-        ``sticky_cancel_s``. Unnamed with nothing open: nothing, unless
+        ``sticky_cancel_s``. Unnamed: the oldest open prompt (the running one) only,
+        as in process -- prompts queued behind it stay. Unnamed with nothing open: nothing, unless
         ``next_prompt`` (then a prompt enqueued within ``sticky_cancel_s`` never
         starts)."""
         named = prompt_id is not None or key is not None
@@ -515,7 +516,8 @@ class DbSessions:
                 )
                 return {"cancelled": False, "target": "next", "sticky_s": self.sticky_cancel_s}
             work_id, state, attempts, intent, work_key = hit[0]
-            cancel_on(conn, entity_id)  # at most one prompt of an entity is open
+            # that work item only: others of the session may wait behind it (enqueue)
+            cancel_on(conn, entity_id, work_id=int(work_id))
         target = "queued" if state == "queued" and int(attempts) == 0 else "running"
         return {
             "cancelled": True,

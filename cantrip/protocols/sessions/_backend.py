@@ -41,18 +41,20 @@ runs one scenario on both real backends and asserts the pair of answers as it is
 fails the day phase 2 removes the drift by moving the protocols onto this seam)
 ------------------------------------------------------------------------------
 
-1. *A cancel naming a prompt queued behind another* (a bug on PostgreSQL).
-   ``DbSessions.cancel`` answers for the prompt named (``queued``) but calls
-   ``cancel_on`` without its work id: every open prompt of the session is cut off,
-   the running one flagged too. In process only the named one is (``starting``).
-   ``test_drift_a_cancel_naming_a_prompt_that_waits_its_turn``. Fix first in phase 2:
-   ``cancel_on(conn, entity_id, work_id=...)``.
-2. *One state, two names*: that waiting prompt is ``starting`` in process (it sits in
-   ``Session.arriving``), ``queued`` on PostgreSQL (same test).
+1. *A cancel naming a prompt queued behind another* -- removed (phase 2): on
+   PostgreSQL ``DbSessions.cancel`` called ``cancel_on`` without the work id, and the
+   ``cantrip_cancel`` notification named the entity only, so every open prompt of the
+   session was cut off, the running one too. Now only the work item named is (its
+   notification carries the work id; a worker cuts off its cast only if it runs that
+   item). ``test_a_cancel_naming_a_prompt_that_waits_its_turn_cuts_off_that_one_only``,
+   ``tests/test_serve_db.py::test_a_cancel_naming_a_queued_prompt_leaves_the_others_queued``.
+2. *One state, two names*: a prompt waiting its turn, named by a cancel, is
+   ``starting`` in process (it sits in ``Session.arriving``), ``queued`` on PostgreSQL
+   (``test_drift_a_prompt_waiting_its_turn_has_two_names``).
 3. *Waiters are not served in order in process*: two prompts ``enqueue``-d behind a
    running one race for the session when it ends ("the first to wake goes",
-   ``SessionHub._make_way``); a queue is FIFO (same test, which asserts only what is
-   certain).
+   ``SessionHub._make_way``); a queue is FIFO (the contract test of drift 1 asserts
+   only what is certain).
 4. *An ended prompt named by id*: in process ``none`` (the hub knows the running and
    arriving prompts only), on PostgreSQL ``ended`` (the work item is found).
    ``test_drift_cancel_naming_an_ended_prompt_by_id``.
