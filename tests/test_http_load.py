@@ -284,7 +284,8 @@ async def test_a_cancel_names_its_prompt_and_never_cuts_off_another() -> None:
             by_id = await http.post(f"/sessions/{sid}/cancel", json={"prompt_id": first_id})
             unknown = await http.post(f"/sessions/{sid}/cancel", json={"prompt_id": "prompt-0"})
             assert by_key.json() == {"cancelled": False, "target": "ended", "idempotency_key": "k1"}
-            assert by_id.json() == {"cancelled": False, "target": "none", "prompt_id": first_id}
+            # ended, not "none": the client reads its result (SPEC, "A cancel targets a prompt")
+            assert by_id.json() == {"cancelled": False, "target": "ended", "prompt_id": first_id}
             assert unknown.json()["target"] == "none"
             llm.release.set()
         assert answers["second"].json()["result"] == "second"  # untouched

@@ -362,6 +362,27 @@ async def test_a_cancel_with_nothing_running_cancels_nothing_unless_asked_for_ne
     assert text(await cast(world, sid, "Runs again.")).startswith("Runs again. ok")
 
 
+async def test_a_cancel_naming_an_ended_prompt_says_it_ended(world: World) -> None:
+    """A prompt named by id once it has ended is ``ended`` -- the client reads its
+    result -- not ``none``, which says no such prompt is known (drift 4: in process an
+    ended prompt's id was forgotten)."""
+    sid = await new_session(world)
+    backend = world.backend
+    submitted = await backend.submit(sid, "Quick.")
+    await finished(world, sid, submitted.prompt_id)
+    late = await backend.cancel(sid, prompt_id=submitted.prompt_id)
+    assert (late.cancelled, late.target, late.prompt_id) == (False, "ended", submitted.prompt_id)
+    keyed = await backend.submit(sid, "Keyed.", key="k-ended")
+    await finished(world, sid, keyed.prompt_id)
+    by_id = await backend.cancel(sid, prompt_id=keyed.prompt_id)
+    by_key = await backend.cancel(sid, key="k-ended")
+    assert (by_id.cancelled, by_id.target) == (by_key.cancelled, by_key.target) == (False, "ended")
+    unknown = await backend.cancel(sid, prompt_id="prompt-0123456789abcdef")
+    assert (unknown.cancelled, unknown.target) == (False, "none")
+    # and nothing was cut off: the next prompt runs
+    assert text(await cast(world, sid, "Again.")) == "Again. ok #3"
+
+
 async def test_a_cancel_naming_a_prompt_that_waits_its_turn_cuts_off_that_one_only(
     world: World,
 ) -> None:
@@ -455,18 +476,6 @@ async def test_capabilities_say_what_a_backend_offers(world: World) -> None:
 
 
 # -- drift between the two real backends today (phase 2 removes each) --------------------
-
-
-async def test_drift_cancel_naming_an_ended_prompt_by_id(both: tuple[World, World]) -> None:
-    answers = []
-    for world in both:
-        sid = await new_session(world)
-        submitted = await world.backend.submit(sid, "Quick.")
-        await finished(world, sid, submitted.prompt_id)
-        late = await world.backend.cancel(sid, prompt_id=submitted.prompt_id)
-        assert not late.cancelled
-        answers.append(late.target)
-    assert answers == ["none", "ended"]  # in process forgets ended prompts' ids
 
 
 async def test_drift_a_prompt_waiting_its_turn_has_two_names(

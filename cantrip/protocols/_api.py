@@ -315,8 +315,9 @@ class Cancelled(_Out):
     """What the cancel applied to: the running prompt, one whose request is arriving,
     one queued for a worker (``serve --db``); ``next``: armed for the next prompt to
     start within ``sticky_s`` (asked for with ``next``, or the prompt that comes with
-    the Idempotency-Key named); ``ended``: the prompt named has ended; ``none``:
-    nothing was running and nothing named runs -- nothing was cancelled."""
+    the Idempotency-Key named); ``ended``: the prompt named has ended (read its
+    result); ``none``: nothing was running, or the prompt named is not known --
+    nothing was cancelled."""
     prompt_id: str | None = None
     """The prompt cancelled (or named)."""
     intent: str | None = None

@@ -121,6 +121,9 @@ class Prompt:
 
 MAX_ARMED_KEYS = 64
 """Cancels naming a key not seen yet that one session keeps armed (the oldest go)."""
+MAX_ENDED_PROMPTS = 256
+"""Ended prompts' ids one session remembers, so a cancel naming one answers ``ended``
+(the oldest go; beyond them, and after a restart, an unkeyed id is ``none``)."""
 
 
 def _now() -> float:
@@ -163,6 +166,9 @@ class Session:
     (trio clock) a prompt with that key is cut off as it starts."""
     keys: dict[str, str] | None = None
     """Idempotency key -> the id of its cast's first turn (built on first use)."""
+    ended: dict[str, str | None] = attrs.field(factory=dict)
+    """The ids of the session's latest ended prompts -> their keys (at most
+    ``MAX_ENDED_PROMPTS``): a cancel naming one is told ``ended``, as on PostgreSQL."""
     last_used: float = 0.0
     """trio time of the last request that named it (idle eviction, protocols._limits)."""
     steered: tuple[int, int] = (0, 0)
@@ -182,6 +188,13 @@ class Session:
                 channel.send_nowait(event)
             except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
                 self.subscribers.remove(channel)
+
+    def prompt_ended(self, prompt: Prompt) -> None:
+        """Remember that ``prompt`` ended (bounded: the oldest are forgotten)."""
+        self.ended.pop(prompt.id, None)
+        self.ended[prompt.id] = prompt.key
+        while len(self.ended) > MAX_ENDED_PROMPTS:
+            del self.ended[next(iter(self.ended))]
 
     def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
         """A channel of this session's events from now on; close it to unsubscribe."""
@@ -422,6 +435,7 @@ class SessionHub:
                         session.keys.setdefault(key, first)
                 prompt.outcome = outcome
                 prompt.done.set()
+                session.prompt_ended(prompt)
                 self.running -= 1
                 if self.running == 0:
                     self._idle.set()
@@ -524,8 +538,10 @@ class SessionHub:
         request is arriving (``starting``: cut off as it starts, before its first LLM
         call). A key no prompt of this session has had yet is armed for
         ``sticky_cancel_s`` (``next``): the prompt that comes with that key is cut off
-        -- a cancel may overtake its prompt. A named prompt that ended, or an id this
-        server does not know, is cancelled no more (``ended`` / ``none``).
+        -- a cancel may overtake its prompt. A named prompt that ended is cancelled no
+        more (``ended``: the client reads its result; the session remembers its latest
+        ``MAX_ENDED_PROMPTS`` ids, and every key its loom records), an id this server
+        does not know neither (``none``).
 
         Unnamed: the running (or arriving) prompt. With nothing running it cancels
         nothing (``none``) -- unless ``next_prompt``: then the next prompt to start
@@ -546,6 +562,13 @@ class SessionHub:
             session.entity.cancel(next_cast=True)
             session.cancel_until = trio.current_time() + self.sticky_cancel_s
             return {"cancelled": False, "target": "next", "sticky_s": self.sticky_cancel_s}
+        if (
+            prompt_id is not None
+            and prompt_id in session.ended
+            and key in (None, session.ended[prompt_id])
+        ):  # the answer tells what was named, as on --db
+            named_key = {"idempotency_key": key} if key is not None else {}
+            return {"cancelled": False, "target": "ended", "prompt_id": prompt_id, **named_key}
         if key is None:
             return {"cancelled": False, "target": "none", "prompt_id": prompt_id}
         if session.keys is None:

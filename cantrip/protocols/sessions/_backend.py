@@ -55,9 +55,11 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
    running one race for the session when it ends ("the first to wake goes",
    ``SessionHub._make_way``); a queue is FIFO (the contract test of drift 1 asserts
    only what is certain).
-4. *An ended prompt named by id*: in process ``none`` (the hub knows the running and
-   arriving prompts only), on PostgreSQL ``ended`` (the work item is found).
-   ``test_drift_cancel_naming_an_ended_prompt_by_id``.
+4. *An ended prompt named by id* -- removed (phase 2): in process it was ``none``
+   (the hub knew the running and arriving prompts only), on PostgreSQL ``ended``. Now
+   ``ended`` in both (a session remembers its latest ended prompt ids,
+   ``MAX_ENDED_PROMPTS``): the client reads the result.
+   ``test_a_cancel_naming_an_ended_prompt_says_it_ended``.
 5. *An answer's continuation cannot be cancelled in process*: ``SessionHub.answer``
    runs it with no ``current`` prompt, so a cancel, named or not, finds nothing; its
    prompt id is this adapter's own. On PostgreSQL it is a work item like any prompt.
