@@ -127,3 +127,45 @@ async def test_a_pause_survives_a_server_restart(tmp_path: Path) -> None:
         assert answered.json()["terminated"], answered.text
     second.loom.close()
     assert counter.read_text() == "1"
+
+
+async def test_a_second_answer_while_the_first_is_carried_out_is_pause_answered() -> None:
+    """Two answers to one pause at once: the second, while the first one's
+    continuation runs (held in the approved gate), is ``409 pause_answered`` -- as
+    under ``serve --db`` -- not ``busy``, which says to try again (issue 41, drift 6)."""
+    entered, release = trio.Event(), trio.Event()
+
+    @cantrip.gate(requires_approval=True)
+    async def bump() -> int:
+        """Count (held until the test lets it go)."""
+        entered.set()
+        await release.wait()
+        return 1
+
+    held = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(
+            [
+                {"tool_calls": [{"gate": "bump", "args": {}}]},
+                {"tool_calls": [{"gate": "done", "args": {"answer": "counted"}}]},
+            ]
+        ),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, bump], [cantrip.max_turns(5)]),
+        loom=cantrip.Loom(),
+    )
+    async with serving(held) as http:
+        sid, paused = await paused_prompt(http)
+        url = f"/sessions/{sid}/pending/{paused['pending'][0]['pause_id']}"
+        first: list[httpx.Response] = []
+
+        async def answer() -> None:
+            first.append(await http.post(url, json={"decision": "approve"}))
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(answer)
+                await entered.wait()  # the first answer is being carried out
+                again = await http.post(url, json={"decision": "approve"})
+                release.set()
+        assert again.status_code == 409 and again.json()["error"]["code"] == "pause_answered"
+        assert first[0].status_code == 200 and first[0].json()["result"] == "counted"

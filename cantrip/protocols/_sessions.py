@@ -39,7 +39,7 @@ from typing import Any
 import attrs
 import trio
 
-from cantrip._approval import Decision
+from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._core import Entity
 from cantrip._errors import CantripError
@@ -166,6 +166,9 @@ class Session:
     (trio clock) a prompt with that key is cut off as it starts."""
     keys: dict[str, str] | None = None
     """Idempotency key -> the id of its cast's first turn (built on first use)."""
+    answering: str | None = None
+    """The pause whose answer the session's cast is carrying out: a second answer to it
+    meanwhile is a :class:`~cantrip.PauseError` (it was answered), not ``busy``."""
     ended: dict[str, str | None] = attrs.field(factory=dict)
     """The ids of the session's latest ended prompts -> their keys (at most
     ``MAX_ENDED_PROMPTS``): a cancel naming one is told ``ended``, as on PostgreSQL."""
@@ -489,11 +492,14 @@ class SessionHub:
         restarted) is continued here like a prompt: the same turn goes on from
         the call that paused, and its cast's result is returned. A pause a running
         prompt waits on is handed the decision (``None`` is returned: that prompt
-        answers). A pause already answered, or unknown, is a :class:`PauseError`."""
+        answers). A pause already answered, or unknown, is a :class:`PauseError` -- also
+        while its answer is being carried out (checked before ``busy``)."""
         if any(w.pause_id == pause_id for w in session.entity.pending) and (
             session.running is not None
         ):
             return await session.entity.answer(pause_id, decision)  # a live waiter
+        if session.answering == pause_id:  # the pause before busy: as on --db
+            raise PauseError(f"pause {pause_id} was already answered")
         if session.running is not None:
             raise SessionError("busy", f"session {session.id} is already running a prompt")
         if not self.accepting:
@@ -504,11 +510,13 @@ class SessionHub:
             session.running = scope
             session.sink = on_event
             session.steered = (0, 0)
+            session.answering = pause_id
             try:
                 return await session.entity.answer(pause_id, decision)
             finally:
                 session.running = None
                 session.sink = None
+                session.answering = None
                 self.running -= 1
                 if self.running == 0:
                     self._idle.set()

@@ -64,9 +64,11 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
    runs it with no ``current`` prompt, so a cancel, named or not, finds nothing; its
    prompt id is this adapter's own. On PostgreSQL it is a work item like any prompt.
    ``test_drift_an_answer_continuation_cannot_be_cancelled_in_process``.
-6. *A pause answered twice at once*: in process the second answer, while the first
-   one's continuation runs, is ``busy``; on PostgreSQL a :class:`~cantrip.PauseError`.
-   ``test_drift_a_pause_answered_twice_at_once``.
+6. *A pause answered twice at once* -- removed (phase 2): in process the second
+   answer, while the first one's continuation ran, was ``busy``; on PostgreSQL a
+   :class:`~cantrip.PauseError`. Now a ``PauseError`` in both (the hub checks the
+   pause it is carrying out, ``Session.answering``, before ``busy``).
+   ``test_a_pause_answered_twice_at_once_is_answered_once``.
 7. *A cancel of the next prompt* (``next_prompt``, or a key armed before its prompt):
    in process the prompt's cast is cut off as it starts and records a cancelled turn
    -- its intent stays in the conversation, a later prompt's model sees it; on
