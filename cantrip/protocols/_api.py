@@ -313,7 +313,8 @@ class Cancelled(_Out):
     """Whether a prompt was cut off (or, ``starting``, will be as it starts)."""
     target: Literal["running", "starting", "queued", "next", "ended", "none"]
     """What the cancel applied to: the running prompt, one whose request is arriving,
-    one queued for a worker (``serve --db``); ``next``: armed for the next prompt to
+    one waiting its turn (``queued``: behind the running prompt, or for a worker under
+    ``serve --db``); ``next``: armed for the next prompt to
     start within ``sticky_s`` (asked for with ``next``, or the prompt that comes with
     the Idempotency-Key named); ``ended``: the prompt named has ended (read its
     result); ``none``: nothing was running, or the prompt named is not known --

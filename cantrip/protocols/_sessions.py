@@ -106,6 +106,9 @@ class Prompt:
     """Handed to the client at once (``Prompt-Id``), so a cancel can name this prompt."""
     cancel_requested: bool = False
     """A cancel named it (or found it arriving): it is cut off as it starts."""
+    waiting: bool = False
+    """It waits its turn behind the session's running prompt (``enqueue``, or the
+    interrupted one ending): a cancel finds it ``queued``, as on PostgreSQL."""
     done: trio.Event = attrs.field(factory=trio.Event)
     outcome: CastResult | None = None
     error: BaseException | None = None
@@ -384,6 +387,7 @@ class SessionHub:
         prompt = handle
         prompt.intent, prompt.key = intent, key
         if session.running is not None:
+            prompt.waiting = True
             await self._make_way(session, on_busy)  # (a cancel may name it meanwhile)
         if not self.accepting:
             raise SessionError("shutting_down", "the server is shutting down")
@@ -542,9 +546,10 @@ class SessionHub:
     ) -> dict[str, Any]:
         """A client's cancel; the answer says what it cut off (or will).
 
-        Named (``prompt_id``, ``key``): that prompt, if it runs (``running``) or its
-        request is arriving (``starting``: cut off as it starts, before its first LLM
-        call). A key no prompt of this session has had yet is armed for
+        Named (``prompt_id``, ``key``): that prompt, if it runs (``running``), waits its
+        turn behind the running one (``queued``) or its request is arriving
+        (``starting``): cut off as it starts, before its first LLM call. A key no
+        prompt of this session has had yet is armed for
         ``sticky_cancel_s`` (``next``): the prompt that comes with that key is cut off
         -- a cancel may overtake its prompt. A named prompt that ended is cancelled no
         more (``ended``: the client reads its result; the session remembers its latest
@@ -563,7 +568,7 @@ class SessionHub:
         if arriving:
             for prompt in arriving:
                 prompt.cancel_requested = True
-            return _cancelled("starting", arriving[0])
+            return _cancelled("queued" if arriving[0].waiting else "starting", arriving[0])
         if not named:
             if not next_prompt:
                 return {"cancelled": False, "target": "none"}

@@ -26,7 +26,8 @@ The operations, and what both modes do today
 * **steer** -- a message for the running prompt; it joins the next turn, or comes
   back in the result's ``undelivered`` when the cast ended first.
 * **cancel** -- the running prompt, or the one named by id or key (``running``,
-  ``starting``/``queued``), a key not seen yet armed for ``sticky_s`` (``next``),
+  ``queued`` waiting its turn, ``starting`` its request arriving), a key not seen
+  yet armed for ``sticky_s`` (``next``),
   ``next_prompt`` to cut off whatever starts next; ``ended``/``none`` otherwise.
 * **follow** a session's events from a position: the position is the number of the
   session's turns already seen (0: from its beginning); recorded turns after it
@@ -48,9 +49,10 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
    notification carries the work id; a worker cuts off its cast only if it runs that
    item). ``test_a_cancel_naming_a_prompt_that_waits_its_turn_cuts_off_that_one_only``,
    ``tests/test_serve_db.py::test_a_cancel_naming_a_queued_prompt_leaves_the_others_queued``.
-2. *One state, two names*: a prompt waiting its turn, named by a cancel, is
-   ``starting`` in process (it sits in ``Session.arriving``), ``queued`` on PostgreSQL
-   (``test_drift_a_prompt_waiting_its_turn_has_two_names``).
+2. *One state, two names* -- removed (phase 2): a prompt waiting its turn, named by a
+   cancel, was ``starting`` in process (the name of a request still arriving),
+   ``queued`` on PostgreSQL; now ``queued`` in both (``Prompt.waiting``). The contract
+   test of drift 1 asserts it.
 3. *Waiters are not served in order in process*: two prompts ``enqueue``-d behind a
    running one race for the session when it ends ("the first to wake goes",
    ``SessionHub._make_way``); a queue is FIFO (the contract test of drift 1 asserts
