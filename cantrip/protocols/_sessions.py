@@ -161,6 +161,11 @@ class Session:
     """The running prompt (set with ``running``)."""
     arriving: list[Prompt] = attrs.field(factory=list)
     """Prompt requests that have arrived but not begun (their body is being read)."""
+    waiting: list[Prompt] = attrs.field(factory=list)
+    """Prompts waiting their turn, in the order they came: served first to last (FIFO,
+    as ``serve --db``'s queue serves an entity's work in id order)."""
+    turn: trio.Event = attrs.field(factory=trio.Event)
+    """Set (and replaced) whenever a prompt leaves ``waiting``: the next may go."""
     cancel_until: float | None = None
     """A cancel of the next prompt (asked for with ``next``) is armed on the entity
     until this time (trio clock)."""
@@ -386,9 +391,12 @@ class SessionHub:
                 handle.id = keyed_prompt_id(session.entity_id, key)
         prompt = handle
         prompt.intent, prompt.key = intent, key
-        if session.running is not None:
+        if session.running is not None or session.waiting:
             prompt.waiting = True
-            await self._make_way(session, on_busy)  # (a cancel may name it meanwhile)
+            await self._make_way(session, on_busy, prompt)  # (a cancel may name it meanwhile)
+            # it leaves the line here and runs with no checkpoint between: no waiter
+            # behind it can start first
+            self._leave_line(session, prompt)
         if not self.accepting:
             raise SessionError("shutting_down", "the server is shutting down")
         if self.max_running is not None and self.running >= self.max_running:
@@ -448,25 +456,41 @@ class SessionHub:
                     self._idle.set()
         return outcome
 
-    async def _make_way(self, session: Session, on_busy: str) -> None:
+    async def _make_way(self, session: Session, on_busy: str, prompt: Prompt) -> None:
         """Double-texting: what a prompt does about the one running (see :meth:`prompt`).
-        Returns once the session is free for it."""
+        Returns once the session is free and ``prompt`` is first in line: waiters are
+        served in the order they came (``Session.waiting``), not the first to wake."""
         if on_busy == "reject":
             raise SessionError("busy", f"session {session.id} is already running a prompt")
         if on_busy not in ("enqueue", "interrupt", "rollback"):
             raise ValueError(f"unknown on_busy policy {on_busy!r}")
         rewind_to: list[str | None] = []
-        while session.running is not None:  # several waiters: the first to wake goes
-            current = session.current
-            if current is None:  # an answer is continuing a pause: wait for it
-                await trio.sleep(0.01)
-                continue
-            if on_busy != "enqueue" and not rewind_to:
-                rewind_to.append(current.before)
-                self.cancel(session, "interrupted")
-            await current.done.wait()
-        if on_busy == "rollback" and rewind_to:
-            await session.entity.rewind(rewind_to[0])
+        session.waiting.append(prompt)
+        try:
+            while session.running is not None or session.waiting[0] is not prompt:
+                current = session.current
+                if session.running is not None and current is None:
+                    await trio.sleep(0.01)  # an answer is continuing a pause: wait for it
+                    continue
+                if current is None:  # free, but a prompt before this one goes first
+                    await session.turn.wait()
+                    continue
+                if on_busy != "enqueue" and not rewind_to:
+                    rewind_to.append(current.before)
+                    self.cancel(session, "interrupted")
+                await current.done.wait()
+            if on_busy == "rollback" and rewind_to:
+                await session.entity.rewind(rewind_to[0])  # still first in line
+        except BaseException:
+            self._leave_line(session, prompt)
+            raise
+
+    def _leave_line(self, session: Session, prompt: Prompt) -> None:
+        """``prompt`` waits its turn no more (it starts, or gave up): the next may go."""
+        if prompt in session.waiting:
+            session.waiting.remove(prompt)
+            session.turn.set()
+            session.turn = trio.Event()
 
     def steer(self, session: Session, text: str) -> dict[str, Any]:
         """A message for the session's running prompt (``Entity.steer``), within what

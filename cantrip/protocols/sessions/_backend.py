@@ -53,10 +53,11 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
    cancel, was ``starting`` in process (the name of a request still arriving),
    ``queued`` on PostgreSQL; now ``queued`` in both (``Prompt.waiting``). The contract
    test of drift 1 asserts it.
-3. *Waiters are not served in order in process*: two prompts ``enqueue``-d behind a
-   running one race for the session when it ends ("the first to wake goes",
-   ``SessionHub._make_way``); a queue is FIFO (the contract test of drift 1 asserts
-   only what is certain).
+3. *Waiters are not served in order in process* -- removed (phase 2): two prompts
+   ``enqueue``-d behind a running one raced for the session when it ended ("the first
+   to wake goes", ``SessionHub._make_way``); now the hub keeps them in line
+   (``Session.waiting``, FIFO, as the PostgreSQL queue serves an entity's work in id
+   order). ``test_prompts_waiting_their_turn_run_in_the_order_they_came``.
 4. *An ended prompt named by id* -- removed (phase 2): in process it was ``none``
    (the hub knew the running and arriving prompts only), on PostgreSQL ``ended``. Now
    ``ended`` in both (a session remembers its latest ended prompt ids,
