@@ -129,10 +129,9 @@ async def test_a_pause_survives_a_server_restart(tmp_path: Path) -> None:
     assert counter.read_text() == "1"
 
 
-async def test_a_second_answer_while_the_first_is_carried_out_is_pause_answered() -> None:
-    """Two answers to one pause at once: the second, while the first one's
-    continuation runs (held in the approved gate), is ``409 pause_answered`` -- as
-    under ``serve --db`` -- not ``busy``, which says to try again (issue 41, drift 6)."""
+def held_in_its_gate() -> tuple[cantrip.Cantrip, trio.Event, trio.Event]:
+    """A spell whose approved gate, once answered, waits (``entered`` set) until the
+    test sets ``release``."""
     entered, release = trio.Event(), trio.Event()
 
     @cantrip.gate(requires_approval=True)
@@ -153,6 +152,14 @@ async def test_a_second_answer_while_the_first_is_carried_out_is_pause_answered(
         circle=cantrip.Circle([done, bump], [cantrip.max_turns(5)]),
         loom=cantrip.Loom(),
     )
+    return held, entered, release
+
+
+async def test_a_second_answer_while_the_first_is_carried_out_is_pause_answered() -> None:
+    """Two answers to one pause at once: the second, while the first one's
+    continuation runs (held in the approved gate), is ``409 pause_answered`` -- as
+    under ``serve --db`` -- not ``busy``, which says to try again (issue 41, drift 6)."""
+    held, entered, release = held_in_its_gate()
     async with serving(held) as http:
         sid, paused = await paused_prompt(http)
         url = f"/sessions/{sid}/pending/{paused['pending'][0]['pause_id']}"
@@ -169,3 +176,28 @@ async def test_a_second_answer_while_the_first_is_carried_out_is_pause_answered(
                 release.set()
         assert again.status_code == 409 and again.json()["error"]["code"] == "pause_answered"
         assert first[0].status_code == 200 and first[0].json()["result"] == "counted"
+
+
+async def test_a_cancel_cuts_off_an_answer_being_carried_out() -> None:
+    """The continuation of an answered pause is the session's running prompt: a cancel
+    (unnamed) cuts it off, recorded ``cancelled``, as under ``serve --db`` -- in
+    process it had no current prompt and the cancel found nothing (issue 41, drift 5)."""
+    held, entered, release = held_in_its_gate()
+    async with serving(held) as http:
+        sid, paused = await paused_prompt(http)
+        url = f"/sessions/{sid}/pending/{paused['pending'][0]['pause_id']}"
+        answered: list[httpx.Response] = []
+
+        async def answer() -> None:
+            answered.append(await http.post(url, json={"decision": "approve"}))
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(answer)
+                await entered.wait()  # the answer is being carried out, in its gate
+                cancel = await http.post(f"/sessions/{sid}/cancel")
+        assert cancel.status_code == 200, cancel.text
+        assert cancel.json()["cancelled"] and cancel.json()["target"] == "running"
+        assert answered[0].status_code == 200, answered[0].text
+        assert answered[0].json()["reason"] == "cancelled", answered[0].text
+        assert not release.is_set()  # cut off in its gate, not let go

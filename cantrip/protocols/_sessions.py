@@ -469,9 +469,6 @@ class SessionHub:
         try:
             while session.running is not None or session.waiting[0] is not prompt:
                 current = session.current
-                if session.running is not None and current is None:
-                    await trio.sleep(0.01)  # an answer is continuing a pause: wait for it
-                    continue
                 if current is None:  # free, but a prompt before this one goes first
                     await session.turn.wait()
                     continue
@@ -513,15 +510,20 @@ class SessionHub:
         pause_id: str,
         decision: Decision | Mapping[str, Any],
         on_event: Callable[[Event], None] | None = None,
+        *,
+        handle: Prompt | None = None,
     ) -> CastResult | None:
         """Answer a pause of the session's entity (``Entity.answer``).
 
         A pause the loom holds (the prompt returned ``paused``, or the server
-        restarted) is continued here like a prompt: the same turn goes on from
-        the call that paused, and its cast's result is returned. A pause a running
-        prompt waits on is handed the decision (``None`` is returned: that prompt
-        answers). A pause already answered, or unknown, is a :class:`PauseError` -- also
-        while its answer is being carried out (checked before ``busy``)."""
+        restarted) is continued here like a prompt -- it is one (``handle``, or a new
+        :class:`Prompt`): the session's current prompt while it runs, so a cancel,
+        named by its id or not, cuts it off, a prompt ``enqueue``-d waits for it, as
+        on PostgreSQL where it is a work item. The same turn goes on from the call
+        that paused, and its cast's result is returned. A pause a running prompt
+        waits on is handed the decision (``None`` is returned: that prompt answers).
+        A pause already answered, or unknown, is a :class:`PauseError` -- also while
+        its answer is being carried out (checked before ``busy``)."""
         if any(w.pause_id == pause_id for w in session.entity.pending) and (
             session.running is not None
         ):
@@ -532,6 +534,10 @@ class SessionHub:
             raise SessionError("busy", f"session {session.id} is already running a prompt")
         if not self.accepting:
             raise SessionError("shutting_down", "the server is shutting down")
+        prompt = Prompt("", None) if handle is None else handle
+        prompt.before = session.entity.leaf
+        outcome: CastResult | None = None
+        session.current = prompt
         self.running += 1
         self._idle = trio.Event() if self.running == 1 else self._idle
         with trio.CancelScope() as scope:
@@ -540,15 +546,19 @@ class SessionHub:
             session.steered = (0, 0)
             session.answering = pause_id
             try:
-                return await session.entity.answer(pause_id, decision)
+                outcome = await session.entity.answer(pause_id, decision)
             finally:
                 session.running = None
                 session.sink = None
                 session.answering = None
+                session.current = None
+                prompt.outcome = outcome
+                prompt.done.set()
+                session.prompt_ended(prompt)
                 self.running -= 1
                 if self.running == 0:
                     self._idle.set()
-        return None  # cancelled before the continuation produced a result
+        return outcome  # None: cancelled before the continuation produced a result
 
     def cancel(self, session: Session, reason: str = "cancelled") -> bool:
         """Cancel the session's running prompt; returns whether one was running.

@@ -63,10 +63,13 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
    ``ended`` in both (a session remembers its latest ended prompt ids,
    ``MAX_ENDED_PROMPTS``): the client reads the result.
    ``test_a_cancel_naming_an_ended_prompt_says_it_ended``.
-5. *An answer's continuation cannot be cancelled in process*: ``SessionHub.answer``
-   runs it with no ``current`` prompt, so a cancel, named or not, finds nothing; its
-   prompt id is this adapter's own. On PostgreSQL it is a work item like any prompt.
-   ``test_drift_an_answer_continuation_cannot_be_cancelled_in_process``.
+5. *An answer's continuation cannot be cancelled in process* -- removed (phase 2):
+   ``SessionHub.answer`` ran it with no ``current`` prompt, so a cancel, named or not,
+   found nothing, and its prompt id was this adapter's own. Now it is a
+   :class:`~cantrip.protocols._sessions.Prompt` (``answer``'s ``handle``), the
+   session's current one while it runs, as on PostgreSQL where it is a work item like
+   any prompt. ``test_an_answer_continuation_is_a_prompt_a_cancel_cuts_off``,
+   ``tests/test_http_pause.py::test_a_cancel_cuts_off_an_answer_being_carried_out``.
 6. *A pause answered twice at once* -- removed (phase 2): in process the second
    answer, while the first one's continuation ran, was ``busy``; on PostgreSQL a
    :class:`~cantrip.PauseError`. Now a ``PauseError`` in both (the hub checks the

@@ -37,7 +37,6 @@ from cantrip.protocols._sessions import (
     SessionError,
     SessionHub,
     event_dict,
-    new_prompt_id,
 )
 from cantrip.protocols.sessions._backend import (
     BusyPolicy,
@@ -230,14 +229,14 @@ class ProcessBackend:
     async def answer(self, session_id: str, pause_id: str, decision: Decision) -> Submitted | None:
         session = self._session(session_id)
         run = _Run(session.id)
-        await self._start(run, lambda: self.hub.answer(session, pause_id, decision))
+        handle = Prompt("", None)  # the continuation: a prompt a cancel can name
+        await self._start(run, lambda: self.hub.answer(session, pause_id, decision, handle=handle))
         if run.done.is_set() and run.error is not None:
             raise run.error  # answered already, unknown, or busy
         if run.done.is_set() and run.cast is None:
             return None  # a running prompt waited on it in place: that prompt answers
-        prompt_id = new_prompt_id()  # known here only, and no cancel names it (drift 5)
-        self._keep(prompt_id, run)
-        return Submitted(prompt_id, session.id)
+        self._keep(handle.id, run)
+        return Submitted(handle.id, session.id)
 
     # -- events ------------------------------------------------------------------
 
