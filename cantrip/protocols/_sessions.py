@@ -105,7 +105,8 @@ class Prompt:
     id: str = attrs.field(factory=new_prompt_id)
     """Handed to the client at once (``Prompt-Id``), so a cancel can name this prompt."""
     cancel_requested: bool = False
-    """A cancel named it (or found it arriving): it is cut off as it starts."""
+    """A cancel named it (or found it arriving): it ends as it would start, with nothing
+    recorded (:meth:`SessionHub._withdraw`)."""
     waiting: bool = False
     """It waits its turn behind the session's running prompt (``enqueue``, or the
     interrupted one ending): a cancel finds it ``queued``, as on PostgreSQL."""
@@ -167,8 +168,8 @@ class Session:
     turn: trio.Event = attrs.field(factory=trio.Event)
     """Set (and replaced) whenever a prompt leaves ``waiting``: the next may go."""
     cancel_until: float | None = None
-    """A cancel of the next prompt (asked for with ``next``) is armed on the entity
-    until this time (trio clock)."""
+    """A cancel of the next prompt (asked for with ``next``) is armed until this time
+    (trio clock): the prompt that would start by then records nothing."""
     armed_keys: dict[str, float] = attrs.field(factory=dict)
     """Cancels that named an Idempotency-Key no prompt had yet: key -> until when
     (trio clock) a prompt with that key is cut off as it starts."""
@@ -180,6 +181,10 @@ class Session:
     ended: dict[str, str | None] = attrs.field(factory=dict)
     """The ids of the session's latest ended prompts -> their keys (at most
     ``MAX_ENDED_PROMPTS``): a cancel naming one is told ``ended``, as on PostgreSQL."""
+    unstarted: dict[str, str] = attrs.field(factory=dict)
+    """Keys of the latest prompts cut off before they started -> their intents (at most
+    ``MAX_ENDED_PROMPTS``; nothing of them is recorded): a repeat replays the cut-off
+    prompt, a cancel naming the key is ``ended``, as on PostgreSQL."""
     last_used: float = 0.0
     """trio time of the last request that named it (idle eviction, protocols._limits)."""
     steered: tuple[int, int] = (0, 0)
@@ -382,6 +387,13 @@ class SessionHub:
                 if current.error is not None:
                     raise current.error
                 return current.outcome
+            if key in session.unstarted:  # cut off before it started: nothing to replay
+                if session.unstarted[key] != intent:
+                    raise SessionError(
+                        "key_reused",
+                        f"Idempotency-Key {key!r} was used for a different prompt on this session",
+                    )
+                return None
             recorded = self.replay(session, intent, key)
             if recorded is not None:
                 return recorded
@@ -397,15 +409,9 @@ class SessionHub:
             # it leaves the line here and runs with no checkpoint between: no waiter
             # behind it can start first
             self._leave_line(session, prompt)
-        if not self.accepting:
-            raise SessionError("shutting_down", "the server is shutting down")
-        if self.max_running is not None and self.running >= self.max_running:
-            raise SessionError(
-                "overloaded", f"{self.running} prompts are running (the limit); try again"
-            )
         if session.cancel_until is not None:
-            if trio.current_time() > session.cancel_until:
-                session.entity.uncancel()  # the cancel of the next prompt expired unused
+            if trio.current_time() <= session.cancel_until:
+                prompt.cancel_requested = True  # the cancel of the next prompt: this one
             session.cancel_until = None
         if prompt in session.arriving:
             session.arriving.remove(prompt)  # it starts: a cancel now finds it running
@@ -413,7 +419,14 @@ class SessionHub:
         if armed is not None and trio.current_time() <= armed:
             prompt.cancel_requested = True  # a cancel named this key before it arrived
         if prompt.cancel_requested:
-            session.entity.cancel(next_cast=True)  # recorded as cut off before its first call
+            self._withdraw(session, prompt)
+            return None
+        if not self.accepting:
+            raise SessionError("shutting_down", "the server is shutting down")
+        if self.max_running is not None and self.running >= self.max_running:
+            raise SessionError(
+                "overloaded", f"{self.running} prompts are running (the limit); try again"
+            )
         outcome: CastResult | None = None
         before = session.entity.leaf  # the cast's first turn, if it writes one, follows it
         prompt.before = before
@@ -455,6 +468,21 @@ class SessionHub:
                 if self.running == 0:
                     self._idle.set()
         return outcome
+
+    def _withdraw(self, session: Session, prompt: Prompt) -> None:
+        """End ``prompt``, cut off before it started, with nothing recorded (``None``: a
+        cast cancelled before its first turn): a cancel took it back, so its intent
+        reaches neither the loom nor a later prompt's model -- as on PostgreSQL, where
+        its work item is cancelled as it waits. Its key is remembered (bounded, like
+        the ended ids): a repeat replays ``None``, a cancel naming it is ``ended``."""
+        if prompt.key is not None:
+            session.unstarted.pop(prompt.key, None)
+            session.unstarted[prompt.key] = prompt.intent
+            while len(session.unstarted) > MAX_ENDED_PROMPTS:
+                del session.unstarted[next(iter(session.unstarted))]
+        prompt.done.set()
+        session.prompt_ended(prompt)
+        log.info("session %s: prompt %s cut off before it started", session.id, prompt.id)
 
     async def _make_way(self, session: Session, on_busy: str, prompt: Prompt) -> None:
         """Double-texting: what a prompt does about the one running (see :meth:`prompt`).
@@ -582,17 +610,18 @@ class SessionHub:
 
         Named (``prompt_id``, ``key``): that prompt, if it runs (``running``), waits its
         turn behind the running one (``queued``) or its request is arriving
-        (``starting``): cut off as it starts, before its first LLM call. A key no
+        (``starting``): it ends as it would start, before its first LLM call, with
+        nothing recorded (as on PostgreSQL: the client took it back). A key no
         prompt of this session has had yet is armed for
         ``sticky_cancel_s`` (``next``): the prompt that comes with that key is cut off
         -- a cancel may overtake its prompt. A named prompt that ended is cancelled no
         more (``ended``: the client reads its result; the session remembers its latest
-        ``MAX_ENDED_PROMPTS`` ids, and every key its loom records), an id this server
+        ``MAX_ENDED_PROMPTS`` ids and keys, and every key its loom records), an id this server
         does not know neither (``none``).
 
         Unnamed: the running (or arriving) prompt. With nothing running it cancels
         nothing (``none``) -- unless ``next_prompt``: then the next prompt to start
-        within ``sticky_cancel_s`` is cut off (the cancel is armed on the entity)."""
+        within ``sticky_cancel_s`` is cut off (``Session.cancel_until``)."""
         named = prompt_id is not None or key is not None
         current = session.current
         hit = current is not None and (not named or current.matches(prompt_id, key))
@@ -606,7 +635,6 @@ class SessionHub:
         if not named:
             if not next_prompt:
                 return {"cancelled": False, "target": "none"}
-            session.entity.cancel(next_cast=True)
             session.cancel_until = trio.current_time() + self.sticky_cancel_s
             return {"cancelled": False, "target": "next", "sticky_s": self.sticky_cancel_s}
         if (
@@ -620,7 +648,7 @@ class SessionHub:
             return {"cancelled": False, "target": "none", "prompt_id": prompt_id}
         if session.keys is None:
             session.keys = key_index(session.entity.turns)
-        if key in session.keys:  # its cast is recorded: it ended
+        if key in session.keys or key in session.unstarted:  # its prompt ended
             return {"cancelled": False, "target": "ended", "idempotency_key": key}
         now = trio.current_time()
         armed = {k: t for k, t in session.armed_keys.items() if t >= now}

@@ -11,8 +11,8 @@ turns them into contract tests one by one).
 Phase 2, in this order (each step keeps every existing test green in both modes):
 
 1. *Remove the drifts in the backends*, each ``test_drift_*`` turned into a contract
-   test as it goes (done: drifts 1, 2, 3, 4, 5 and 6, see :mod:`._backend`; left: 7,
-   10, 11, 12 and the split of ``SessionHub.prompt``): ``DbSessions.cancel`` cuts
+   test as it goes (done: drifts 1 to 7, see :mod:`._backend`; left: 10, 11, 12
+   and the split of ``SessionHub.prompt``): ``DbSessions.cancel`` cuts
    off the work it names only
    (``cancel_on(..., work_id=...)``: drift 1, a bug); ``SessionHub`` keeps a bounded
    record of ended prompt ids (``ended``, drift 4), gives an answer's continuation a

@@ -75,11 +75,14 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
    :class:`~cantrip.PauseError`. Now a ``PauseError`` in both (the hub checks the
    pause it is carrying out, ``Session.answering``, before ``busy``).
    ``test_a_pause_answered_twice_at_once_is_answered_once``.
-7. *A cancel of the next prompt* (``next_prompt``, or a key armed before its prompt):
-   in process the prompt's cast is cut off as it starts and records a cancelled turn
-   -- its intent stays in the conversation, a later prompt's model sees it; on
-   PostgreSQL its work item is cancelled as it is queued and records nothing.
-   ``test_drift_a_cancel_of_the_next_prompt``.
+7. *A cancel of the next prompt* (``next_prompt``, or a key armed before its prompt)
+   -- removed (phase 2): in process the prompt's cast was cut off as it started and
+   recorded a cancelled turn -- its intent stayed in the conversation, a later prompt's
+   model saw it; on PostgreSQL its work item was cancelled as it was queued and recorded
+   nothing. One rule now, PostgreSQL's: a prompt cut off before it started records
+   nothing (``SessionHub._withdraw``; its key is remembered, ``Session.unstarted``, so a
+   repeat replays it and a cancel naming it is ``ended``) -- the client took it back.
+   ``test_a_prompt_cut_off_before_it_starts_records_nothing``.
 8. *Live events*: in process ``follow`` hears the entity's every event (token deltas,
    tool calls, usage); on PostgreSQL a replica tails the loom (``step_complete`` per
    turn, ``final_response``, pauses). ``capabilities.token_events`` says which.

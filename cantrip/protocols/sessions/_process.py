@@ -159,7 +159,8 @@ class ProcessBackend:
         if run.done.is_set() and run.error is not None:
             raise run.error  # refused: busy, key_reused, overloaded, shutting_down
         # a cast that runs checkpoints; one that ended at once was a key's replay
-        replayed = joins or (key is not None and run.done.is_set())
+        # (not one a cancel cut off before it started: that ends at once too)
+        replayed = joins or (key is not None and run.done.is_set() and not handle.cancel_requested)
         if not replayed or handle.id not in self._runs:
             self._keep(handle.id, run)
         return Submitted(handle.id, session.id, replayed=replayed)
