@@ -4,7 +4,7 @@ What it measures
 ----------------
 A JSONL loom of ``--turns`` turns (default 10,000) shaped like the viewer's
 tests (one entity's long thread, a fork and a call_agent child), read
-through :class:`~cantrip.protocols._viewer_api.LoomViews`:
+through :class:`~cantrip.protocols.viewer._api.LoomViews`:
 
 * ``open`` -- ``Loom.open`` of the file (what ``cantrip loom FILE view`` does
   once, and again whenever the file has grown);
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from viewer_looms import build
 
 from cantrip.loom import Loom
-from cantrip.protocols._viewer_api import LoomViews
+from cantrip.protocols.viewer._api import LoomViews
 
 
 def timed(read: Callable[[LoomViews], Any], views: LoomViews) -> float:

@@ -38,7 +38,7 @@ def on_files(files: Any, config: Any, **_: Any) -> Any:
     """Publish the OpenAPI document beside the HTTP reference page."""
     from mkdocs.structure.files import File
 
-    from cantrip.protocols._api import openapi_document
+    from cantrip.protocols.asgi._openapi import openapi_document
 
     content = json.dumps(openapi_document(), indent=2)
     files.append(File.generated(config, "reference/openapi.json", content=content))
@@ -189,7 +189,7 @@ def _ref(schema: dict[str, Any]) -> str:
 
 def http_markdown() -> str:
     """Every route (summary, body, responses) and every schema, from the OpenAPI document."""
-    from cantrip.protocols._api import openapi_document
+    from cantrip.protocols.asgi._openapi import openapi_document
 
     document = openapi_document()
     out: list[str] = ["## Routes\n"]

@@ -23,7 +23,6 @@ from seam_llm import HOLD, Holds, decide, is_last
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._outcome import CastResult, cast_result
 from cantrip.loom._model import Turn
-from cantrip.protocols._sessions import SessionError
 from cantrip.protocols.sessions import (
     BusyPolicy,
     Cancelled,
@@ -34,6 +33,7 @@ from cantrip.protocols.sessions import (
     SessionInfo,
     Submitted,
 )
+from cantrip.protocols.sessions._hub import SessionError
 
 STICKY_S = 5.0
 _ids = itertools.count(1)

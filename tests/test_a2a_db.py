@@ -19,7 +19,7 @@ from pg_cluster import fresh_database
 from test_a2a_server import fuzz, message, refuses_ids_that_are_not_text, sent
 from test_serve_db import Stack, open_stack
 
-from cantrip.protocols._sessions import entity_id_for
+from cantrip.protocols.sessions._hub import entity_id_for
 
 pytest.importorskip("a2a.client", reason="the a2a extra is part of dev")
 
@@ -265,8 +265,8 @@ def test_a_task_row_is_written_in_its_prompts_transaction(pg_url: str) -> None:
     import psycopg
 
     from cantrip.loom._postgres import PostgresStore
-    from cantrip.protocols._a2a_db import TaskRows
-    from cantrip.protocols._db_sessions import DbSessions
+    from cantrip.protocols.a2a._db import TaskRows
+    from cantrip.protocols.sessions._rows import DbSessions
 
     store = PostgresStore(pg_url)
     try:

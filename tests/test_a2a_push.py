@@ -18,8 +18,8 @@ import trio
 from fake_providers import FakeProvider, Request, Sender, serve
 from test_a2a_server import call, client_for, immediately, message, sent, serving, spell
 
-from cantrip.protocols._a2a_push import Pushes, RefusedURL, _blocked, parse_url
-from cantrip.protocols._lifecycle import ServeOptions
+from cantrip.protocols.a2a._push import Pushes, RefusedURL, _blocked, parse_url
+from cantrip.protocols.middleware._lifecycle import ServeOptions
 
 pytest.importorskip("a2a.client", reason="the a2a extra is part of dev")
 

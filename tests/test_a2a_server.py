@@ -18,10 +18,10 @@ import pytest
 import trio
 
 import cantrip
-from cantrip.protocols._guard import Guard
-from cantrip.protocols._http import serve_http
-from cantrip.protocols._lifecycle import ServeOptions
-from cantrip.protocols._limits import SessionLimits
+from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.middleware._guard import Guard
+from cantrip.protocols.middleware._lifecycle import ServeOptions
+from cantrip.protocols.middleware._limits import SessionLimits
 from gates import ask_user, done, echo
 
 pytest.importorskip("a2a.client", reason="the a2a extra is part of dev")
@@ -527,7 +527,7 @@ def test_a_prompts_parts_are_read_as_the_gate_reads_a_reply() -> None:
     file described (its bytes are not text) rather than dropped; empty parts vanish."""
     from google.protobuf.struct_pb2 import Struct, Value
 
-    from cantrip.protocols._a2a import text_of
+    from cantrip.protocols.a2a._server import text_of
 
     data = Struct()
     data.update({"city": "Oslo"})

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cantrip
-from cantrip.protocols._guard import Guard
-from cantrip.protocols._http import serve_http
+from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.middleware._guard import Guard
 from gates import ask_user, done
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop
@@ -724,7 +724,7 @@ def break_step_complete(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inject a fault into the one event mapping both servers use: translating a
     recorded turn's end raises, as a bug there would -- after RUN_STARTED went out."""
     from cantrip._events import StepComplete
-    from cantrip.protocols._agui import Translator
+    from cantrip.protocols.agui._protocol import Translator
 
     events = Translator.events
 
@@ -778,13 +778,13 @@ def _depth(value: Any) -> int:
 ), max_leaves=40), limit=st.integers(0, 12))  # fmt: skip
 def test_the_depth_check_agrees_with_a_recursive_count(value: Any, limit: int) -> None:
     """``nests_deeper`` against the obvious recursive definition."""
-    from cantrip.protocols._body import nests_deeper
+    from cantrip.protocols.asgi._body import nests_deeper
 
     assert nests_deeper(value, limit) == (_depth(value) > limit)
 
 
 def test_the_depth_check_takes_what_recursion_cannot() -> None:
-    from cantrip.protocols._body import nests_deeper
+    from cantrip.protocols.asgi._body import nests_deeper
 
     deep = nested(100_000)  # far past Python's recursion limit
     with pytest.raises(RecursionError):

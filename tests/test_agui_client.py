@@ -22,8 +22,8 @@ import trio
 from npm_packages import ensure_npm_packages
 
 import cantrip
-from cantrip.protocols._guard import Guard
-from cantrip.protocols._http import serve_http
+from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.middleware._guard import Guard
 from gates import done
 
 CLIENT = Path(__file__).parent / "agui_client"

@@ -16,7 +16,7 @@ import pytest
 
 import cantrip
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
-from cantrip.protocols import _terminal
+from cantrip.protocols.terminal import _progress as _terminal
 from gates import call_agent, call_agent_batch, done
 
 
@@ -164,7 +164,7 @@ def test_a_failing_pricing_lookup_is_logged(
 
     monkeypatch.setattr(_telemetry, "config_pricing", broken)
     response = Response(content="hi", provider="openai", model="gpt-4o")
-    with caplog.at_level(logging.WARNING, logger="cantrip.protocols._terminal"):
+    with caplog.at_level(logging.WARNING, logger="cantrip.protocols.terminal._progress"):
         assert _terminal._cost(response) is None
     [logged] = caplog.records
     assert "pricing lookup" in logged.getMessage() and logged.exc_info is not None

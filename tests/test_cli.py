@@ -372,7 +372,7 @@ async def test_progress_counts_turns_gate_calls_tokens_and_reported_cost() -> No
     from rich.console import Console
 
     import cantrip
-    from cantrip.protocols._terminal import Progress
+    from cantrip.protocols.terminal._progress import Progress
     from gates import done, echo
 
     class Priced:

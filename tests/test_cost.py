@@ -439,7 +439,7 @@ def delegating_spell(loom: cantrip.Loom) -> cantrip.Cantrip:
 
 
 async def test_an_idempotent_replay_reports_the_same_tree_cost_as_the_live_result() -> None:
-    from cantrip.protocols._sessions import SessionHub
+    from cantrip.protocols.sessions._hub import SessionHub
 
     hub = SessionHub(delegating_spell(cantrip.Loom()))
     session, _ = hub.create()

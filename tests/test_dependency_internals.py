@@ -87,7 +87,7 @@ def test_every_third_party_import_is_declared() -> None:
     assert sorted(missing) == [], sorted(missing)
 
 
-# -- hypercorn: TCPServer._read_data (cantrip.protocols._hypercorn) ----------------------
+# -- hypercorn: TCPServer._read_data (cantrip.protocols.middleware._hypercorn)
 
 
 def test_hypercorn_is_pinned_to_the_release_whose_internals_we_override() -> None:
@@ -118,7 +118,7 @@ def test_hypercorn_tcp_server_still_has_what_the_hang_up_fix_overrides() -> None
     assert inspect.iscoroutinefunction(TrioSingleTask.stop)
     assert worker.TCPServer in (TCPServer, *TCPServer.__subclasses__())
 
-    from cantrip.protocols import _hypercorn
+    from cantrip.protocols.middleware import _hypercorn
 
     _hypercorn.install()
     assert issubclass(worker.TCPServer, TCPServer) and worker.TCPServer is not TCPServer

@@ -210,7 +210,7 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     pages = {p.relative_to(site).as_posix(): p.read_text() for p in site.rglob("*.html")}
     assert not [name for name, html in pages.items() if "<!-- generated:" in html]
-    from cantrip.protocols._api import openapi_document
+    from cantrip.protocols.asgi._openapi import openapi_document
 
     published = json.loads((site / "reference" / "openapi.json").read_text())
     assert published == json.loads(json.dumps(openapi_document()))

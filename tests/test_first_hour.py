@@ -221,7 +221,7 @@ def test_cast_db_json_has_the_shape_of_cast_json_and_the_loom_cli_reads_it(
 
     # The read-only viewer over the PostgreSQL loom.
     async def view() -> list[str]:
-        from cantrip.protocols._viewer import serve_viewer
+        from cantrip.protocols.viewer._app import serve_viewer
 
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(serve_viewer, pg_url)

@@ -28,10 +28,10 @@ import trio.testing
 import cantrip
 from cantrip._outcome import recorded_cast, result_dict
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
-from cantrip.protocols._http import serve_http
-from cantrip.protocols._idempotency import session_entity_id
-from cantrip.protocols._lifecycle import ServeOptions
-from cantrip.protocols._sessions import SessionError, SessionHub
+from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.middleware._lifecycle import ServeOptions
+from cantrip.protocols.sessions._hub import SessionError, SessionHub
+from cantrip.protocols.sessions._idempotency import session_entity_id
 from gates import done, echo
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
@@ -829,7 +829,7 @@ def test_a_cast_a_killed_process_never_finished_replays_as_interrupted() -> None
 async def test_with_every_kept_session_busy_a_new_session_gets_503_with_retry_after() -> None:
     """The session cap cannot make room while every kept session runs a prompt: that
     503 says when to come back, as every other 503 of the server does."""
-    from cantrip.protocols._limits import SessionLimits
+    from cantrip.protocols.middleware._limits import SessionLimits
 
     llm = GatedLLM()
     spell = gated_spell(llm)

@@ -25,9 +25,9 @@ import trio
 
 import cantrip
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
-from cantrip.protocols._guard import Guard
-from cantrip.protocols._http import HttpApp
-from cantrip.protocols._shell import serve_asgi
+from cantrip.protocols.http._app import HttpApp
+from cantrip.protocols.http._shell import serve_asgi
+from cantrip.protocols.middleware._guard import Guard
 from gates import done, echo
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(600)]

@@ -128,7 +128,7 @@ async def test_malformed_a2a_requests_get_json_rpc_errors_and_log_nothing_loud(
 async def test_a_fault_in_cantrips_a2a_handler_is_still_logged_at_error(
     records: list[logging.LogRecord], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cantrip.protocols._a2a import A2AHandler
+    from cantrip.protocols.a2a._server import A2AHandler
 
     async def broken(self: Any, params: Any, context: Any) -> Any:
         raise RuntimeError("a bug in cantrip")
@@ -197,7 +197,7 @@ async def test_malformed_mcp_requests_over_http_log_nothing_loud(
     records: list[logging.LogRecord], tmp_path: Path
 ) -> None:
     from cantrip.cli._spec_file import load_cantrip
-    from cantrip.protocols._mcp import serve_http
+    from cantrip.protocols.mcp_server._server import serve_http
 
     served = load_cantrip(write_spec(tmp_path, SCRIPT, loom=False))
     headers = {**AUTH, **MCP_HEADERS}

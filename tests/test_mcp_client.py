@@ -559,7 +559,7 @@ def test_a_circle_refuses_a_provider_that_is_not_one() -> None:
 async def test_an_http_session_keeps_its_mcp_session_across_prompts(tmp_path: Path) -> None:
     import httpx
 
-    from cantrip.protocols._http import serve_http
+    from cantrip.protocols.http._app import serve_http
 
     log = tmp_path / "m"
     s = spell(
@@ -605,7 +605,7 @@ def test_the_docs_mcp_snippets_are_valid() -> None:
 def test_cast_progress_on_a_terminal_shows_gate_progress() -> None:
     from rich.console import Console
 
-    from cantrip.protocols._terminal import Progress
+    from cantrip.protocols.terminal._progress import Progress
 
     buffer = io.StringIO()
     progress = Progress(Console(file=buffer, width=120), enabled=True)

@@ -565,7 +565,7 @@ def test_invoke_reads_intents_and_applies_the_standing_rule(tmp_path: Path) -> N
 async def test_the_terminal_human_reads_yes_no_always_edit() -> None:
     from rich.console import Console
 
-    from cantrip.protocols._human import TerminalHuman
+    from cantrip.protocols.terminal._human import TerminalHuman
 
     def human(*lines: str | None) -> TerminalHuman:
         feed = list(lines)

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cantrip.protocols._a2a_push import _blocked
-from cantrip.protocols._public_ip import NOT_PUBLIC, is_public
+from cantrip.protocols.a2a._push import _blocked
+from cantrip.protocols.middleware._public_ip import NOT_PUBLIC, is_public
 
 PUBLIC_V4 = ("8.8.8.8", "1.1.1.1", "9.9.9.9", "193.0.14.129")
 PRIVATE_V4 = [n for n in NOT_PUBLIC if n.version == 4]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import cantrip
-from cantrip.protocols._sessions import SessionHub
+from cantrip.protocols.sessions._hub import SessionHub
 from gates import done
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
@@ -225,7 +225,7 @@ async def test_after_the_key_index_a_keyed_prompt_reads_only_its_own_cast(
     assert again_two is not None and again_two.result == "a4"
     assert [turn.intent for turn in again_two.turns] == ["keyed two"]
     assert len(ranges) == 2  # one range read per retry
-    with pytest.raises(cantrip.protocols._sessions.SessionError, match="different prompt"):
+    with pytest.raises(cantrip.protocols.sessions._hub.SessionError, match="different prompt"):
         await hub.prompt(session, "another prompt", key="k-2")
     await hub.aclose()
     loom.close()

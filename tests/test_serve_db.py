@@ -30,7 +30,7 @@ from pg_cluster import fresh_database
 from serve_db_llm import KEY
 from test_http import refuses_ids_that_are_not_text
 
-from cantrip.protocols._api import openapi_document
+from cantrip.protocols.asgi._openapi import openapi_document
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)
 
@@ -539,7 +539,7 @@ def _port_of(proc: subprocess.Popen[bytes]) -> int | None:
 
 
 async def test_a_replica_that_loses_its_listen_connection_listens_again(stack: Stack) -> None:
-    from cantrip.protocols._db_notify import LISTENER_NAME
+    from cantrip.protocols.sessions._notify import LISTENER_NAME
 
     async def listeners() -> list[int]:
         rows = await stack.query(
@@ -1101,7 +1101,7 @@ async def test_an_idempotency_key_is_checked_as_the_document_publishes_it(stack:
         refused = await client.post("/sessions", headers={"Idempotency-Key": "a b"})
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "bad_idempotency_key"
-    from cantrip.protocols._idempotency import BadKeyError, check_key
+    from cantrip.protocols.sessions._idempotency import BadKeyError, check_key
 
     with pytest.raises(BadKeyError, match="no spaces"):
         check_key("a b")  # the in-process server's check is the same function
@@ -1110,8 +1110,8 @@ async def test_an_idempotency_key_is_checked_as_the_document_publishes_it(stack:
 
 def test_the_in_process_server_says_it_runs_the_entities_itself() -> None:
     import cantrip
-    from cantrip.protocols._api import Health
-    from cantrip.protocols._http import HttpApp
+    from cantrip.protocols.asgi._openapi import Health
+    from cantrip.protocols.http._app import HttpApp
     from gates import done
 
     spell = cantrip.Cantrip(

@@ -537,7 +537,7 @@ def test_an_interrupt_reaches_a_worker_that_missed_its_notification(pg_url: str)
 async def test_one_cast_takes_a_bounded_number_and_size_of_messages_across_replicas(
     stack: Stack,
 ) -> None:
-    """The bound of ``cantrip.protocols._steering``, kept by the database: messages sent
+    """The bound of ``cantrip.protocols.sessions._steering``, kept by the database: messages sent
     to one cast through two replicas at once never exceed it (the count is taken under
     the work row's lock, with the insert), and only what was accepted is stored."""
     from test_steering import overfill_steering

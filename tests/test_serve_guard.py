@@ -23,11 +23,11 @@ import trio
 import trio.testing
 
 import cantrip
-from cantrip.protocols._guard import BindError, Guard
-from cantrip.protocols._http import HttpApp, serve_http
-from cantrip.protocols._lifecycle import ServeOptions
-from cantrip.protocols._limits import SessionLimits, make_room
-from cantrip.protocols._sessions import SessionError, SessionHub
+from cantrip.protocols.http._app import HttpApp, serve_http
+from cantrip.protocols.middleware._guard import BindError, Guard
+from cantrip.protocols.middleware._lifecycle import ServeOptions
+from cantrip.protocols.middleware._limits import SessionLimits, make_room
+from cantrip.protocols.sessions._hub import SessionError, SessionHub
 from cantrip.spec import build_cantrip, parse_spec
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)

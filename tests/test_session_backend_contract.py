@@ -31,7 +31,6 @@ from cantrip import Decision, PauseError
 from cantrip.distributed._spells import build_spell
 from cantrip.distributed._worker import Worker
 from cantrip.loom import Loom
-from cantrip.protocols._sessions import SessionError, SessionHub
 from cantrip.protocols.sessions import (
     BUSY_POLICIES,
     PostgresBackend,
@@ -40,6 +39,7 @@ from cantrip.protocols.sessions import (
     SessionBackend,
     SessionEvent,
 )
+from cantrip.protocols.sessions._hub import SessionError, SessionHub
 
 KINDS = ["memory", "sqlite", "postgres", "double"]
 

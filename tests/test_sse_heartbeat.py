@@ -20,8 +20,9 @@ import pytest
 import trio
 from test_agui import parse_sse, run_input, serving, spell
 
-from cantrip.protocols import _asgi, _db_agui
-from cantrip.protocols._db_follow import Beat
+from cantrip.protocols.agui import _db as _db_agui
+from cantrip.protocols.asgi import _responses as _asgi
+from cantrip.protocols.sessions._tail import Beat
 
 
 @pytest.fixture
@@ -78,7 +79,7 @@ async def test_a_db_agui_run_sends_comments_between_quiet_looks(
     """On ``--db`` the run is told from the loom, a look at a time: a look that
     finds nothing after the heartbeat has passed sends a comment; looks right
     after a turn landed do not."""
-    from cantrip.protocols._db_sessions import Progress
+    from cantrip.protocols.sessions._rows import Progress
 
     ended = Progress(state="done", outcome=None, base_pos=0)
 

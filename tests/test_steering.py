@@ -14,8 +14,8 @@ import trio.testing
 import cantrip
 from cantrip import Cantrip, Circle, Identity, Loom, ScriptedLLM, max_turns
 from cantrip._chat_export import export_chat
-from cantrip.protocols._http import serve_http
-from cantrip.protocols._lifecycle import ServeOptions
+from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.middleware._lifecycle import ServeOptions
 from gates import done, echo
 
 
@@ -281,7 +281,7 @@ def test_invoke_sends_a_line_typed_during_a_cast_to_it(tmp_path: Any) -> None:
 
 @pytest.mark.parametrize("policy", ["steer", "enqueue", "interrupt", "rollback", "reject"])
 async def test_acp_prompts_while_one_runs_follow_on_busy(policy: str) -> None:
-    from cantrip.protocols._acp import AcpServer
+    from cantrip.protocols.acp._server import AcpServer
 
     started, release = trio.Event(), trio.Event()
     s = spell(Loom(), holding_gate(started, release), TWO_CASTS)
@@ -355,7 +355,7 @@ async def overfill_steering(clients: list[httpx.AsyncClient], sid: str) -> list[
     """Steer one running cast past both bounds (both servers): 100 KB messages until the
     bytes run out, then small ones sent at once from every client until the count does.
     Each refusal is a 429 with ``Retry-After``; what was accepted is returned."""
-    from cantrip.protocols._steering import MAX_BYTES, MAX_MESSAGES
+    from cantrip.protocols.sessions._steering import MAX_BYTES, MAX_MESSAGES
 
     path = f"/sessions/{sid}/messages"
     accepted: list[str] = []

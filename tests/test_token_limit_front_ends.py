@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import trio
 
-from cantrip.protocols._acp import AcpServer
-from cantrip.protocols._http import serve_http
+from cantrip.protocols.acp._server import AcpServer
+from cantrip.protocols.http._app import serve_http
 from cantrip.spec import build_cantrip, parse_spec
 
 CUT = "The story is about a"

@@ -22,9 +22,9 @@ from viewer_looms import SECRET, build
 from cantrip._redact import REDACTED
 from cantrip.cli._loom import main as loom_main
 from cantrip.loom import Turn, TurnMetadata, export_jsonl
-from cantrip.protocols._guard import BindError
-from cantrip.protocols._viewer import LoomFile, ViewerApp, viewer_guard
-from cantrip.protocols._viewer_api import LoomViews, ViewerError
+from cantrip.protocols.middleware._guard import BindError
+from cantrip.protocols.viewer._api import LoomViews, ViewerError
+from cantrip.protocols.viewer._app import LoomFile, ViewerApp, viewer_guard
 
 CANTRIP = str(Path(sys.executable).with_name("cantrip"))
 
@@ -203,7 +203,7 @@ async def test_cantrip_serve_mounts_the_page_the_api_and_fork() -> None:
         assert "script-src 'self'" in page.headers["content-security-policy"]
         script = await http.get("/ui/app.js")
         assert script.headers["content-type"].startswith("text/javascript")
-        assert (await http.get("/ui/../_viewer.py")).status_code == 404
+        assert (await http.get("/ui/../_app.py")).status_code == 404
         assert (await http.post("/")).status_code == 405
         assert (await http.get("/api/loom")).json()["live"] is True
         # /health and the session routes are untouched by the mount.

@@ -23,7 +23,7 @@ from cantrip.cli._spec_file import check_spec, load_cantrip, loom_file
 
 def run_cast(args: argparse.Namespace) -> int:
     from cantrip._text import check_text, decode_input, require_cli_intent
-    from cantrip.protocols._terminal import (
+    from cantrip.protocols.terminal._progress import (
         Progress,
         cast_with_progress,
         describe_llm,
@@ -48,8 +48,8 @@ def run_cast(args: argparse.Namespace) -> int:
     try:
         on_pause = _pause_handler(args, spell, args.intent is not None and sys.stdin.isatty())
         if on_pause == "ask":
-            from cantrip.protocols._human import TerminalHuman
-            from cantrip.protocols._terminal import stderr_console
+            from cantrip.protocols.terminal._human import TerminalHuman
+            from cantrip.protocols.terminal._progress import stderr_console
 
             on_pause = TerminalHuman(stderr_console(), _stdin_line, progress.held)
         outcome, interrupted = trio.run(cast_with_progress, spell, intent, progress, on_pause)
@@ -79,7 +79,7 @@ async def _stdin_line() -> str | None:
 
 
 def run_invoke(args: argparse.Namespace) -> int:
-    from cantrip.protocols._terminal import (
+    from cantrip.protocols.terminal._progress import (
         Invocation,
         Progress,
         describe_llm,
@@ -125,7 +125,7 @@ def run_invoke(args: argparse.Namespace) -> int:
 def _pause_handler(args: argparse.Namespace, spell: Cantrip, interactive: bool) -> Any:
     """Who answers the circle's pauses: a standing rule, the terminal, or nobody
     (then the command refuses to start rather than wait on a human who is not there)."""
-    from cantrip.protocols._human import standing_rule
+    from cantrip.protocols.terminal._human import standing_rule
 
     if args.approve_all or args.deny_all:
         return standing_rule(approve=args.approve_all)

@@ -689,8 +689,8 @@ def _view(args: argparse.Namespace, err: TextIO) -> int:
     """``loom FILE view``: serve the browser viewer until Ctrl-C; prints the URL."""
     import signal
 
-    from cantrip.protocols._guard import BindError
-    from cantrip.protocols._viewer import serve_viewer, viewer_guard
+    from cantrip.protocols.middleware._guard import BindError
+    from cantrip.protocols.viewer._app import serve_viewer, viewer_guard
 
     shown = safe_url(args.loom_file) if isinstance(args.loom_file, str) else args.loom_file
 

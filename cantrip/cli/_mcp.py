@@ -1,7 +1,7 @@
 """``cantrip mcp SPEC.toml [--http [--host H] [--port P] [--token T]]``: the CLI side.
 
 The command's options, and serving until the client leaves (stdio) or SIGINT/SIGTERM
-(``--http``); the server itself is :mod:`cantrip.protocols._mcp`."""
+(``--http``); the server itself is :mod:`cantrip.protocols.mcp_server._server`."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def run_mcp(
             print(f"ok: {args.spec} loads; tool: cast", file=sys.stderr)
             return 0
         if not args.http:
-            from cantrip.protocols._mcp import serve_stdio
+            from cantrip.protocols.mcp_server._server import serve_stdio
 
             with contextlib.suppress(KeyboardInterrupt):
                 trio.run(serve_stdio, spell)
@@ -67,8 +67,8 @@ def run_mcp(
 def _serve_http(args: argparse.Namespace, spell: Cantrip, fail: Callable[[str], int]) -> int:
     import signal
 
-    from cantrip.protocols._guard import BindError
-    from cantrip.protocols._mcp import http_guard, serve_http
+    from cantrip.protocols.mcp_server._server import http_guard, serve_http
+    from cantrip.protocols.middleware._guard import BindError
 
     token = args.token or os.environ.get("CANTRIP_MCP_TOKEN") or None
     try:

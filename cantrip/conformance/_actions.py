@@ -13,7 +13,7 @@ from typing import Any
 from cantrip.conformance._matchers import Mismatch, require_keys
 from cantrip.conformance._world import World, turn_at
 from cantrip.loom._export import export_jsonl
-from cantrip.protocols._acp import AcpServer
+from cantrip.protocols.acp._server import AcpServer
 
 
 async def act(world: World, step: Mapping[str, Any]) -> None:

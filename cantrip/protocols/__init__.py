@@ -9,9 +9,9 @@ results) and A2A (:mod:`._a2a`) live here too; their client sides are
 :mod:`cantrip.mcp` and :mod:`cantrip.a2a`.
 """
 
-from cantrip.protocols._acp import AcpServer, prompt_text, serve_stdio
-from cantrip.protocols._http import HttpApp, serve_http
-from cantrip.protocols._sessions import Session, SessionError, SessionHub
+from cantrip.protocols.acp._server import AcpServer, prompt_text, serve_stdio
+from cantrip.protocols.http._app import HttpApp, serve_http
+from cantrip.protocols.sessions._hub import Session, SessionError, SessionHub
 
 __all__ = [
     "AcpServer",

@@ -16,7 +16,7 @@ Phase 2, in this order (each step keeps every existing test green in both modes)
    off the work it names only
    (``cancel_on(..., work_id=...)``: drift 1, a bug); ``SessionHub`` keeps a bounded
    record of ended prompt ids (``ended``, drift 4), gives an answer's continuation a
-   :class:`~cantrip.protocols._sessions.Prompt` (drift 5), checks a pause before
+   :class:`~cantrip.protocols.sessions._hub.Prompt` (drift 5), checks a pause before
    ``busy`` (drift 6), serves waiters in order (a per-session FIFO, drift 3), and one
    rule for a cancel of the next prompt (drift 7: record nothing, as PostgreSQL
    does -- the cut-off intent must not reach a later prompt's model); one name for a
@@ -57,6 +57,8 @@ Phase 2, in this order (each step keeps every existing test green in both modes)
    the docs' table of what each mode offers generated from :class:`Capabilities`.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from cantrip.protocols.sessions._backend import (
     BUSY_POLICIES,
     BusyPolicy,
@@ -69,8 +71,26 @@ from cantrip.protocols.sessions._backend import (
     SessionInfo,
     Submitted,
 )
-from cantrip.protocols.sessions._postgres import PostgresBackend
-from cantrip.protocols.sessions._process import ProcessBackend
+
+if TYPE_CHECKING:
+    from cantrip.protocols.sessions._postgres import PostgresBackend
+    from cantrip.protocols.sessions._process import ProcessBackend
+
+
+def __getattr__(name: str) -> Any:
+    """The backends load on first use: the hub and the rows below them import this
+    package's modules, and a backend imports what runs sessions (a package face that
+    imported them eagerly would make every import of ``sessions._hub`` a circle)."""
+    if name == "ProcessBackend":
+        from cantrip.protocols.sessions._process import ProcessBackend
+
+        return ProcessBackend
+    if name == "PostgresBackend":
+        from cantrip.protocols.sessions._postgres import PostgresBackend
+
+        return PostgresBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BUSY_POLICIES",

@@ -2,11 +2,11 @@
 
 Every front end (the HTTP API, AG-UI, A2A, the viewer's API, ``cantrip mcp``'s server
 side, ACP) asks the same few things of the place its sessions live; today each asks
-them twice, once of the in-process :class:`~cantrip.protocols._sessions.SessionHub`
-and once of ``serve --db``'s :class:`~cantrip.protocols._db_sessions.DbSessions`
-(reached through :class:`~cantrip.protocols._shell.ServerShell`'s hooks, typed
-``Any``, :class:`~cantrip.protocols._a2a.A2AHandler`'s and
-:class:`~cantrip.protocols._db_replica.Replica`). :class:`SessionBackend` says it
+them twice, once of the in-process :class:`~cantrip.protocols.sessions._hub.SessionHub`
+and once of ``serve --db``'s :class:`~cantrip.protocols.sessions._rows.DbSessions`
+(reached through :class:`~cantrip.protocols.http._shell.ServerShell`'s hooks, typed
+``Any``, :class:`~cantrip.protocols.a2a._server.A2AHandler`'s and
+:class:`~cantrip.protocols.http._replica.Replica`). :class:`SessionBackend` says it
 once, typed: sessions are named by id (a string), never handed out as objects, and
 every answer is one of the values below. Two adapters implement it over today's code
 (:mod:`._process`, :mod:`._postgres`); ``tests/test_session_backend_contract.py`` runs
@@ -66,7 +66,7 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
 5. *An answer's continuation cannot be cancelled in process* -- removed (phase 2):
    ``SessionHub.answer`` ran it with no ``current`` prompt, so a cancel, named or not,
    found nothing, and its prompt id was this adapter's own. Now it is a
-   :class:`~cantrip.protocols._sessions.Prompt` (``answer``'s ``handle``), the
+   :class:`~cantrip.protocols.sessions._hub.Prompt` (``answer``'s ``handle``), the
    session's current one while it runs, as on PostgreSQL where it is a work item like
    any prompt. ``test_an_answer_continuation_is_a_prompt_a_cancel_cuts_off``,
    ``tests/test_http_pause.py::test_a_cancel_cuts_off_an_answer_being_carried_out``.
@@ -103,15 +103,15 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
     has neither. ``HttpApp._stream_prompt`` repeats the hub's ``busy`` check to answer
     409 before its stream starts. Lifecycle, not sessions: not in the contract.
 12. *Errors from below*: the ``--db`` front ends get the database's failures as
-    :class:`~cantrip.protocols._asgi.HttpError` (``DbHttpApp._db``), and AG-UI and A2A
+    :class:`~cantrip.protocols.asgi._responses.HttpError` (``DbHttpApp._db``), and AG-UI and A2A
     on ``--db`` translate HTTP statuses back (``_a2a_db.protocol_errors``); in process
-    they catch :class:`~cantrip.protocols._sessions.SessionError`. The seam raises
+    they catch :class:`~cantrip.protocols.sessions._hub.SessionError`. The seam raises
     ``SessionError`` and :class:`~cantrip.PauseError` only.
 13. *What one mode lacks*: A2A push notifications and the viewer's fork are in process
     only (``capabilities``); prompt ids are durable on PostgreSQL only (an unkeyed
     prompt's id is random and known to the process that ran it). In process ``find``
     may resume the entity from the loom (and idle ones are dropped,
-    :mod:`cantrip.protocols._limits`); a replica never holds an entity.
+    :mod:`cantrip.protocols.middleware._limits`); a replica never holds an entity.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ class Cancelled:
 @attrs.frozen
 class SessionEvent:
     """One event of a session, in the JSON shape streams carry
-    (:func:`~cantrip.protocols._sessions.event_dict`)."""
+    (:func:`~cantrip.protocols.sessions._hub.event_dict`)."""
 
     type: str
     data: dict[str, Any]
@@ -239,7 +239,7 @@ class Capabilities:
 
 class SessionBackend(Protocol):
     """Where sessions live and casts run; see the module docstring. Every method
-    raises :class:`~cantrip.protocols._sessions.SessionError` for a request it cannot
+    raises :class:`~cantrip.protocols.sessions._hub.SessionError` for a request it cannot
     serve (``kind``: ``not_found``, ``busy``, ``not_running``, ``key_reused``,
     ``steering_full``, ``cast_failed``) and :class:`~cantrip.PauseError` for an answer
     to a pause that is not waiting."""

@@ -1,10 +1,10 @@
 """The PostgreSQL session backend: an adapter over ``serve --db``'s session code
 (casts run by ``cantrip worker`` processes, any number of replicas).
 
-Every rule is :class:`~cantrip.protocols._db_sessions.DbSessions`' (sessions, the
+Every rule is :class:`~cantrip.protocols.sessions._rows.DbSessions`' (sessions, the
 queue's busy policies, keys, cancels, steering, answers, outcomes), following a
-session is :func:`~cantrip.protocols._db_follow.follow`'s, waking is the
-:class:`~cantrip.protocols._db_notify.Notifier`'s LISTEN connection. This module adds
+session is :func:`~cantrip.protocols.sessions._tail.follow`'s, waking is the
+:class:`~cantrip.protocols.sessions._notify.Notifier`'s LISTEN connection. This module adds
 the seam's shape only: blocking calls in threads behind the store's limiter, a prompt
 id for each work item, events with positions.
 
@@ -27,17 +27,6 @@ from cantrip._events import FinalResponse, PauseEvent, StepComplete
 from cantrip.distributed._work import DEAD
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
-from cantrip.protocols._db_follow import follow
-from cantrip.protocols._db_notify import Notifier
-from cantrip.protocols._db_sessions import (
-    DbSessions,
-    Progress,
-    SessionRow,
-    failure_message,
-    prompt_id_for,
-    work_id_for,
-)
-from cantrip.protocols._sessions import SessionError, event_dict
 from cantrip.protocols.sessions._backend import (
     BusyPolicy,
     Cancelled,
@@ -48,6 +37,17 @@ from cantrip.protocols.sessions._backend import (
     SessionInfo,
     Submitted,
 )
+from cantrip.protocols.sessions._hub import SessionError, event_dict
+from cantrip.protocols.sessions._notify import Notifier
+from cantrip.protocols.sessions._rows import (
+    DbSessions,
+    Progress,
+    SessionRow,
+    failure_message,
+    prompt_id_for,
+    work_id_for,
+)
+from cantrip.protocols.sessions._tail import follow
 
 T = TypeVar("T")
 
@@ -255,7 +255,7 @@ class PostgresBackend:
 
 @attrs.define
 class _Tail:
-    """What :func:`~cantrip.protocols._db_follow.follow` needs (its ``Tailing``)."""
+    """What :func:`~cantrip.protocols.sessions._tail.follow` needs (its ``Tailing``)."""
 
     sessions: DbSessions
     notifier: Notifier

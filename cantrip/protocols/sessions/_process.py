@@ -2,7 +2,7 @@
 this process, on any loom).
 
 It adds no rule of its own: every refusal, busy policy, idempotency replay and cancel
-is the hub's (:mod:`cantrip.protocols._sessions`). What it adds is the seam's shape:
+is the hub's (:mod:`cantrip.protocols.sessions._hub`). What it adds is the seam's shape:
 sessions named by id, a prompt accepted at once and awaited apart (the cast runs in
 the backend's nursery, as ``HttpApp`` runs it in the server's), results kept by prompt
 id, events with positions.
@@ -30,14 +30,6 @@ from cantrip._events import FinalResponse, StepComplete
 from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
 from cantrip.loom._model import Turn
-from cantrip.protocols._idempotency import keyed_prompt_id
-from cantrip.protocols._sessions import (
-    Prompt,
-    Session,
-    SessionError,
-    SessionHub,
-    event_dict,
-)
 from cantrip.protocols.sessions._backend import (
     BusyPolicy,
     Cancelled,
@@ -48,6 +40,14 @@ from cantrip.protocols.sessions._backend import (
     SessionInfo,
     Submitted,
 )
+from cantrip.protocols.sessions._hub import (
+    Prompt,
+    Session,
+    SessionError,
+    SessionHub,
+    event_dict,
+)
+from cantrip.protocols.sessions._idempotency import keyed_prompt_id
 
 log = get_logger("cantrip.sessions")
 

@@ -1,0 +1,1 @@
+"""ACP over stdio (``cantrip acp``)."""

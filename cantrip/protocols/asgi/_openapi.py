@@ -1,0 +1,642 @@
+"""The HTTP API's contract: pydantic models for what goes in and out, and the OpenAPI
+3.1 document built from them (issue 20).
+
+The same :class:`PromptRequest` validates every prompt body the server accepts
+and describes it in ``/openapi.json``, so the published contract cannot drift
+from what is enforced. Response models describe what the handlers send (the
+schemathesis run in the test suite checks every live response against them).
+Pydantic emits JSON Schema 2020-12, which is the schema dialect of OpenAPI 3.1.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+
+from cantrip.protocols.asgi._ids import client_id
+from cantrip.protocols.sessions import _steering as steering
+
+Text = Annotated[str, Field(pattern=r"^[^\x00]*[^\s\x00][^\x00]*$")]
+"""Prompt text: something that is not whitespace, and no NUL (U+0000), which PostgreSQL
+text cannot hold (issue 28.5; the server refuses it in any body string)."""
+NoNul = Annotated[str, Field(pattern=r"^[^\x00]*$")]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextBlock(BaseModel):
+    """An ACP text content block."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text"]
+    text: Text
+
+
+class EmbeddedText(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    text: Text
+    uri: NoNul | None = None
+
+
+class ResourceBlock(BaseModel):
+    """An ACP embedded resource whose text is part of the prompt."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["resource"]
+    resource: EmbeddedText
+
+
+Block = TextBlock | ResourceBlock | Text
+Blocks = Annotated[list[Block], Field(min_length=1)]
+
+
+class PromptRequest(_In):
+    """A prompt: one cast on the session's entity. Give exactly one of the fields."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "minProperties": 1,
+            "maxProperties": 1,
+        },
+    )
+    prompt: Text | Blocks | SkipJsonSchema[None] = Field(default=None, examples=["Book a flight"])
+    """Text, or ACP content blocks (text and embedded resources are read)."""
+    intent: Text | SkipJsonSchema[None] = None
+    text: Text | SkipJsonSchema[None] = None
+    content: Blocks | SkipJsonSchema[None] = None
+
+    @pydantic.model_validator(mode="after")
+    def _one_field(self) -> PromptRequest:
+        given = [k for k in ("prompt", "intent", "text", "content") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of prompt, intent, text or content")
+        return self
+
+    def as_params(self) -> dict[str, Any]:
+        """The prompt in the shape ACP's ``prompt_text`` reads."""
+        if self.prompt is not None:
+            return {"prompt": _plain(self.prompt)}
+        if self.content is not None:
+            return {"content": _plain(self.content)}
+        return {"prompt": self.intent if self.intent is not None else self.text}
+
+
+def _plain(value: str | list[Block]) -> Any:
+    if isinstance(value, str):
+        return value
+    return [b if isinstance(b, str) else b.model_dump() for b in value]
+
+
+class CreateSession(_In):
+    """``POST /sessions`` takes no options: an empty body or ``{}``."""
+
+
+_NO_NUL: dict[str, Any] = {"pattern": "^[^\\x00]+$"}
+"""What the schema says of a client's id (``client_id`` checks it, and what JSON Schema
+cannot say: valid Unicode)."""
+
+
+class CancelRequest(_In):
+    """What a cancel targets (an empty body: the running prompt, if any). Name a prompt
+    by ``prompt_id`` (the ``Prompt-Id`` its answer and first stream event carry) or by
+    its ``idempotency_key``; or ask with ``next`` for the next prompt to start within a
+    few seconds to be cut off. A name and ``next`` together are refused."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "not": {
+                "required": ["next"],
+                "properties": {"next": {"const": True}},
+                "anyOf": [{"required": ["prompt_id"]}, {"required": ["idempotency_key"]}],
+            }
+        },
+    )
+
+    # A name that no prompt has (or can have) simply matches none; but it is a client's
+    # id, so no NUL (published) and valid Unicode (``_a_client_id``; JSON Schema cannot
+    # say "no unpaired surrogate").
+    prompt_id: str | SkipJsonSchema[None] = Field(
+        default=None, min_length=1, max_length=100, json_schema_extra=_NO_NUL
+    )
+    idempotency_key: str | SkipJsonSchema[None] = Field(
+        default=None, min_length=1, max_length=255, json_schema_extra=_NO_NUL
+    )
+    next: bool = False
+
+    @pydantic.field_validator("prompt_id", "idempotency_key")
+    @classmethod
+    def _a_client_id(cls, value: str | None, info: pydantic.ValidationInfo) -> str | None:
+        """A name is a client's id like any other (SPEC.md "Ids from clients")."""
+        return None if value is None else client_id(value, str(info.field_name))
+
+    @pydantic.model_validator(mode="after")
+    def _one_target(self) -> CancelRequest:
+        if self.next and (self.prompt_id is not None or self.idempotency_key is not None):
+            raise ValueError("name a prompt or ask for the next one, not both")
+        return self
+
+
+class AnswerRequest(_In):
+    """The human's answer to a pause: approve, deny (with a reason), edit (with the
+    arguments to run the gate with), or answer (the text of a reply to ``ask_user``)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {"properties": {"decision": {"const": "edit"}}},
+                    "then": {"required": ["args"]},
+                },
+                {
+                    "if": {"properties": {"decision": {"const": "answer"}}},
+                    "then": {"required": ["text"]},
+                },
+            ]
+        },
+    )
+
+    decision: Literal["approve", "deny", "edit", "answer"]
+    reason: NoNul | SkipJsonSchema[None] = Field(default=None, max_length=10_000)
+    args: dict[str, Any] | SkipJsonSchema[None] = None
+    text: NoNul | SkipJsonSchema[None] = Field(default=None, max_length=50_000)
+    """At most 50,000 characters: so that one over the limit, even JSON-escaped at 12 bytes
+    a character, is still under the 1 MiB body limit and answered 400, not 413."""
+    always: bool = False
+    """With approve: later calls of the same gate are approved too (this process)."""
+
+    @pydantic.model_validator(mode="after")
+    def _complete(self) -> AnswerRequest:
+        if self.decision == "edit" and self.args is None:
+            raise ValueError("an edit needs args: the arguments to run the gate with")
+        if self.decision == "answer" and self.text is None:
+            raise ValueError("an answer needs text")
+        return self
+
+    def decision_value(self) -> Any:
+        from cantrip._approval import Decision
+
+        return Decision(
+            self.decision, reason=self.reason, args=self.args, text=self.text, always=self.always
+        )
+
+
+class PauseInfo(_Out):
+    pause_id: str
+    entity_id: str
+    kind: Literal["approval", "question"]
+    gate: str
+    args: dict[str, Any]
+    tool_call_id: str | None
+    question: str | None
+    checkpoint_id: str | None
+    origin: str | SkipJsonSchema[None] = None
+    """Who asks when not the entity: ``mcp:<server>`` for an MCP server's elicitation."""
+    form: dict[str, Any] | SkipJsonSchema[None] = Field(default=None, alias="schema")
+    """The JSON Schema a form's answer must fill (the answer's text is its JSON object,
+    or the value of its one field)."""
+    url: str | SkipJsonSchema[None] = None
+    """A page the user is asked to open (an elicitation in URL mode)."""
+
+
+class PendingBody(_Out):
+    session_id: str
+    entity_id: str
+    running: bool
+    turns: int
+    pending: list[PauseInfo]
+
+
+class Answered(_Out):
+    answered: bool
+    pause_id: str
+
+
+class ErrorDetail(_Out):
+    code: str
+    message: str
+
+
+class ErrorBody(_Out):
+    error: ErrorDetail
+
+
+class Health(_Out):
+    ok: bool
+    mode: Literal["process", "db"] = "process"
+    """``process``: the server runs the entities; ``db``: a ``serve --db`` replica,
+    the entities run on ``cantrip worker`` processes."""
+    running: int
+    """Prompts running now (``db``: prompts this replica waits on)."""
+    cantrip: str
+    medium: str
+    gates: list[str]
+    persistent: bool
+    sessions: int
+
+
+class SessionInfo(_Out):
+    session_id: str
+    entity_id: str
+    running: bool
+    turns: int
+
+
+class SessionList(_Out):
+    sessions: list[SessionInfo]
+
+
+class ThreadBody(_Out):
+    session_id: str
+    entity_id: str
+    running: bool
+    turns: list[dict[str, Any]]
+    """The session's turns, root first, as ``cantrip loom export`` writes them."""
+
+
+class PromptResult(_Out):
+    result: Any = None
+    terminated: bool
+    truncated: bool
+    reason: str | None
+    turns: int
+    entity_id: str | None
+    usage: dict[str, Any] | None
+    summary: str | None
+    stop_reason: Literal["end_turn", "max_tokens", "max_turn_requests", "cancelled", "refusal"]
+    session_id: str
+    prompt_id: str | SkipJsonSchema[None] = None
+    """The id the server gave this prompt (also its ``Prompt-Id`` header)."""
+    pending: list[PauseInfo] | SkipJsonSchema[None] = None
+    """A cast that met a call needing a human ends ``paused``: answer each with
+    ``POST /sessions/{id}/pending/{pause_id}``."""
+    cost_usd: float | None = None
+    """USD the cast (and the casts it spawned) spent; null when a price is unknown."""
+    partial: str | None = None
+    """For a cast cut off by the output-token limit: the text written so far."""
+    undelivered: list[str] | SkipJsonSchema[None] = None
+    """Messages sent to this prompt (``/messages``) that arrived as it ended, too late
+    to join a turn."""
+
+
+class SteerRequest(_In):
+    """A message for the running prompt: it joins the cast's next turn."""
+
+    text: Text = Field(examples=["Also check the return flight"])
+
+
+class Steered(_Out):
+    accepted: bool
+    joins: Literal["next_turn"] = "next_turn"
+    """Where the message goes: before the cast's next utterance, recorded in that turn.
+    One that arrives as the cast ends is reported in the prompt's result
+    (``undelivered``)."""
+
+
+ON_BUSY = ("reject", "enqueue", "interrupt", "rollback")
+"""What a prompt does when the session is already running one (double-texting)."""
+
+
+class Cancelled(_Out):
+    cancelled: bool
+    """Whether a prompt was cut off (or, ``starting``, will be as it starts)."""
+    target: Literal["running", "starting", "queued", "next", "ended", "none"]
+    """What the cancel applied to: the running prompt, one whose request is arriving,
+    one waiting its turn (``queued``: behind the running prompt, or for a worker under
+    ``serve --db``); ``next``: armed for the next prompt to
+    start within ``sticky_s`` (asked for with ``next``, or the prompt that comes with
+    the Idempotency-Key named); ``ended``: the prompt named has ended (read its
+    result); ``none``: nothing was running, or the prompt named is not known --
+    nothing was cancelled."""
+    prompt_id: str | None = None
+    """The prompt cancelled (or named)."""
+    intent: str | None = None
+    """The prompt that was cancelled (``target: running`` or ``queued``)."""
+    idempotency_key: str | None = None
+    """Its Idempotency-Key, if it had one."""
+    sticky_s: float | None = None
+    """``target: next``: for how many seconds the cancel waits for a prompt to start."""
+
+
+# -- the document ---------------------------------------------------------------------------
+
+_ERRORS = {
+    "400": "Malformed JSON, a wrong content type, or a body that does not match the schema",
+    "401": "A token is required (``Authorization: Bearer ...``) and was missing or wrong",
+    "403": "The Host or Origin header is not allowed (DNS rebinding, cross-site requests)",
+    "408": "The body did not arrive in time",
+    "413": "The body is larger than the server's limit",
+}
+
+
+def _json_content(name: str) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}
+
+
+def _responses(ok: dict[str, tuple[str, str]], *errors: str) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        status: {"description": text, "content": _json_content(model)}
+        for status, (model, text) in ok.items()
+    }
+    for status in (*_ERRORS, *errors):
+        text = _ERRORS.get(status) or _EXTRA_ERRORS[status]
+        out[status] = {"description": text, "content": _json_content("ErrorBody")}
+    return out
+
+
+_EXTRA_ERRORS = {
+    "404": "No such session (nor one in the loom to resume)",
+    "405": "The route exists; the method does not",
+    "409": "The session is already running a prompt, or the pause was already answered, "
+    "or (messages) no prompt is running to take the message",
+    "500": "The cast failed (the LLM failed for good) or the entity crashed",
+    "422": "The Idempotency-Key was already used for a different prompt",
+    "429": f"The running prompt has taken all the steering one cast takes "
+    f"({steering.MAX_MESSAGES} messages, {steering.MAX_BYTES // 1024} KiB in all; see "
+    "Retry-After); send the message as a prompt once it ends",
+    "503": "The live-session cap is reached and every session is busy, too many prompts "
+    "are running, the server is shutting down, or (serve --db) its database is unreachable "
+    "(see Retry-After)",
+}
+
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "A repeat with the same key returns the recorded result (or joins the "
+    "running cast) instead of running again; recorded in the loom, so it survives a restart",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+}
+
+_SESSION_ID = {
+    "name": "session_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]+$", "maxLength": 100},
+}
+
+
+def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
+    """The OpenAPI 3.1 description of ``cantrip serve`` (served at ``/openapi.json``):
+    one document for both servers (``serve --db`` answers every route the same way)."""
+    models: list[type[BaseModel]] = [
+        PromptRequest,
+        CreateSession,
+        ErrorBody,
+        Health,
+        SessionInfo,
+        SessionList,
+        ThreadBody,
+        PromptResult,
+        Cancelled,
+        CancelRequest,
+        AnswerRequest,
+        PendingBody,
+        Answered,
+        SteerRequest,
+        Steered,
+    ]
+    _, schemas = pydantic.json_schema.models_json_schema(
+        [
+            (
+                m,
+                "validation"
+                if m in (PromptRequest, CreateSession, AnswerRequest, SteerRequest, CancelRequest)
+                else "serialization",
+            )
+            for m in models
+        ],
+        ref_template="#/components/schemas/{model}",
+    )
+    components = schemas.get("$defs", {})
+    session = [_SESSION_ID]
+    found = ("404", "405", "503")
+    sse = {
+        "text/event-stream": {
+            "schema": {
+                "description": "One server-sent event: `event` names it (prompt, with the "
+                "prompt_id, first; step_start, text_delta, tool_call, ..., then result or "
+                "error); `data` is its JSON",
+                "type": "object",
+                "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+            }
+        }
+    }
+    prompt_ok = _responses(
+        {"200": ("PromptResult", "The cast's outcome")}, "404", "405", "409", "422", "500"
+    )
+    prompt_ok["200"]["content"].update(sse)
+    prompt_ok["200"]["headers"] = {
+        "Prompt-Id": {
+            "description": "The prompt's id, for a cancel that names it; a stream also "
+            "sends it at once, as its first event (prompt)",
+            "schema": {"type": "string"},
+        }
+    }
+    paths: dict[str, Any] = {
+        "/health": {
+            "get": {
+                "operationId": "health",
+                "summary": "Liveness, and what the cantrip is",
+                "responses": _responses({"200": ("Health", "The server is up")}, "405", "503"),
+            }
+        },
+        "/sessions": {
+            "get": {
+                "operationId": "listSessions",
+                "summary": "The live sessions",
+                "responses": _responses({"200": ("SessionList", "Live sessions")}, "405", "503"),
+            },
+            "post": {
+                "operationId": "createSession",
+                "summary": "Summon an entity",
+                "parameters": [_IDEMPOTENCY_KEY],
+                "requestBody": {"required": False, "content": _json_content("CreateSession")},
+                "responses": {
+                    **_responses({"201": ("SessionInfo", "The new session")}, "405", "503"),
+                    "201": {
+                        "description": "The new session (with a repeated Idempotency-Key: "
+                        "the session that key created, and the header Idempotent-Replayed)",
+                        "content": _json_content("SessionInfo"),
+                        "links": {
+                            "prompt": {
+                                "operationId": "prompt",
+                                "parameters": {"session_id": "$response.body#/session_id"},
+                            },
+                            "getSession": {
+                                "operationId": "getSession",
+                                "parameters": {"session_id": "$response.body#/session_id"},
+                            },
+                            "thread": {
+                                "operationId": "thread",
+                                "parameters": {"session_id": "$response.body#/session_id"},
+                            },
+                            "cancel": {
+                                "operationId": "cancel",
+                                "parameters": {"session_id": "$response.body#/session_id"},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+        "/sessions/{session_id}": {
+            "get": {
+                "operationId": "getSession",
+                "summary": "One session (a session in the loom file is resumed)",
+                "parameters": session,
+                "responses": _responses({"200": ("SessionInfo", "The session")}, *found),
+            }
+        },
+        "/sessions/{session_id}/prompt": {
+            "post": {
+                "operationId": "prompt",
+                "summary": "One cast; with Accept: text/event-stream or ?stream=1, its events",
+                "parameters": [
+                    *session,
+                    {
+                        "name": "stream",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": ["0", "1", "true", "false"]},
+                    },
+                    {
+                        "name": "cancel_on_disconnect",
+                        "in": "query",
+                        "required": False,
+                        "description": "Streamed prompts: cancel the cast if the client hangs up",
+                        "schema": {"type": "string", "enum": ["0", "1", "true", "false"]},
+                    },
+                    {
+                        "name": "on_busy",
+                        "in": "query",
+                        "required": False,
+                        "description": "When a prompt is already running: reject (409), enqueue "
+                        "(run after it), interrupt (cancel it, then run with both in the "
+                        "history) or rollback (cancel it, then run from before it; its turns "
+                        "stay in the loom as a branch). Default: the server's --on-busy",
+                        "schema": {
+                            "type": "string",
+                            "enum": list(ON_BUSY),
+                        },
+                    },
+                    _IDEMPOTENCY_KEY,
+                ],
+                "requestBody": {"required": True, "content": _json_content("PromptRequest")},
+                "responses": {**prompt_ok, "503": _responses({}, "503")["503"]},
+            }
+        },
+        "/sessions/{session_id}/messages": {
+            "post": {
+                "operationId": "steer",
+                "summary": "Send a message to the running prompt: it joins the cast's next "
+                "turn and is recorded there",
+                "parameters": session,
+                "requestBody": {"required": True, "content": _json_content("SteerRequest")},
+                "responses": _responses(
+                    {"202": ("Steered", "Accepted for the next turn")}, *found, "409", "429"
+                ),
+            }
+        },
+        "/sessions/{session_id}/cancel": {
+            "post": {
+                "operationId": "cancel",
+                "summary": "Cancel a prompt (recorded as cancelled): the running one, or the "
+                "one named by its Prompt-Id or Idempotency-Key; with next, the next to start",
+                "parameters": session,
+                "requestBody": {"required": False, "content": _json_content("CancelRequest")},
+                "responses": _responses(
+                    {"200": ("Cancelled", "What was cancelled (or armed, or nothing)")},
+                    "404",
+                    "405",
+                    "503",
+                ),
+            }
+        },
+        "/sessions/{session_id}/pending": {
+            "get": {
+                "operationId": "pending",
+                "summary": "Calls waiting for a human (approvals, ask_user questions)",
+                "parameters": session,
+                "responses": _responses({"200": ("PendingBody", "The pending pauses")}, *found),
+            }
+        },
+        "/sessions/{session_id}/pending/{pause_id}": {
+            "post": {
+                "operationId": "answerPause",
+                "summary": "Answer a pause: the paused turn goes on (approve runs the gate "
+                "once; deny gives the model an error observation)",
+                "parameters": [
+                    *session,
+                    {
+                        "name": "pause_id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {
+                            "type": "string",
+                            "pattern": "^[A-Za-z0-9_-]+$",
+                            "maxLength": 100,
+                        },
+                    },
+                ],
+                "requestBody": {"required": True, "content": _json_content("AnswerRequest")},
+                "responses": {
+                    **_responses(
+                        {
+                            "200": ("PromptResult", "The continued cast's outcome"),
+                            "202": ("Answered", "A running prompt waited on it and goes on"),
+                        },
+                        "404",
+                        "405",
+                        "409",
+                        "500",
+                        "503",
+                    ),
+                },
+            }
+        },
+        "/sessions/{session_id}/thread": {
+            "get": {
+                "operationId": "thread",
+                "summary": "The session's turns, root first",
+                "parameters": session,
+                "responses": _responses({"200": ("ThreadBody", "The thread")}, *found),
+            }
+        },
+        "/sessions/{session_id}/events": {
+            "get": {
+                "operationId": "events",
+                "summary": "Server-sent events of every prompt of the session from now on",
+                "parameters": session,
+                "responses": {
+                    **_responses({}, "404", "405", "503"),
+                    "200": {"description": "An endless event stream", "content": sse},
+                },
+            }
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": title,
+            "version": "1",
+            "description": "The HTTP session API of a cantrip (documentation: ACP and HTTP).",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{}, {"bearer": []}],
+    }

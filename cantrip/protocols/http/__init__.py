@@ -1,0 +1,1 @@
+"""The HTTP API of ``cantrip serve`` (SPEC.md "HTTP")."""

@@ -1,0 +1,1 @@
+"""The MCP server side of ``cantrip mcp``: tools, tasks, pauses, results."""

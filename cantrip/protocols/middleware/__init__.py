@@ -1,0 +1,1 @@
+"""What wraps every route: the guard, limits, the lifecycle (drain), client faults."""

@@ -1,0 +1,767 @@
+"""Protocol sessions: summoned entities behind ids, shared by ACP and HTTP (PROD-1, PROD-7).
+
+A :class:`SessionHub` owns the sessions of one cantrip. A session is a
+summoned entity (ENTITY-5): each prompt is one cast on it, so a follow-up sees
+everything before it. The session id *embeds* the entity id
+(``session-<hex>`` for ``entity-<hex>``), so the mapping needs no table of its
+own: when the cantrip's loom is a file, a session can be loaded again after a
+restart of the process (:meth:`SessionHub.get` resumes the entity from its
+loom thread, exactly as a supervisor restarts a crashed entity).
+
+Every adapter goes through :meth:`SessionHub.prompt`, which is
+``Entity.send`` plus three things an adapter needs: streaming events
+(spec 7.5) delivered to the prompt's sink and to any subscriber, refusing a
+second prompt while one runs, and :meth:`SessionHub.cancel`. The JSON shapes
+of events, results and turns that HTTP and the CLI print live here too.
+
+Issue 24 added three things a client needs under load: idempotency keys
+(:mod:`cantrip.protocols.sessions._idempotency`: a repeated prompt returns the recorded
+result or joins the running cast), a client's cancel
+(:meth:`SessionHub.request_cancel`), and :meth:`SessionHub.shutdown` (a grace
+period, then every running cast is cut off with reason ``shutdown``).
+
+A cancel *targets* a prompt (issue 29): the one running (or arriving), or the one
+the client names by its Idempotency-Key or by the id the server gave it
+(:attr:`Prompt.id`, sent at once in a ``Prompt-Id`` header and a stream's first
+event). With nothing running and nothing named it cancels nothing and says so; the
+old "sticky" cancel that waited for whichever prompt came next -- and so cut off an
+unrelated prompt when it arrived just after the one it meant had ended -- is now
+asked for explicitly (``next``).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from cantrip._approval import Decision, PauseError
+from cantrip._cantrip import Cantrip
+from cantrip._core import Entity
+from cantrip._errors import CantripError
+from cantrip._events import (
+    FinalResponse,
+    GateProgress,
+    MessageComplete,
+    PauseEvent,
+    StepComplete,
+    StepStart,
+    ToolResultEvent,
+    UsageEvent,
+)
+from cantrip._outcome import CastResult, recorded_cast
+from cantrip._redact import get_logger, redact_value
+from cantrip.llm._contract import plain_json
+from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
+from cantrip.loom._model import Turn
+from cantrip.protocols.sessions import _steering as steering
+from cantrip.protocols.sessions._idempotency import (
+    KEY_TAG,
+    key_index,
+    keyed_prompt_id,
+    session_entity_id,
+)
+
+log = get_logger("cantrip.sessions")
+
+SESSION_PREFIX = "session-"
+ENTITY_PREFIX = "entity-"
+
+
+class SessionError(Exception):
+    """A request about a session that cannot be served; ``kind`` says why."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        """not_found, busy, not_running, full, key_reused, overloaded or shutting_down."""
+        self.message = message
+
+
+def not_running(session_id: str) -> SessionError:
+    """A message sent to a session with no prompt running (both servers' 409)."""
+    return SessionError(
+        "not_running", f"session {session_id} is not running a prompt: send it as a prompt instead"
+    )
+
+
+def steered() -> dict[str, Any]:
+    """The answer to a message the running prompt took (both servers' 202)."""
+    return {"accepted": True, "joins": "next_turn"}
+
+
+def new_prompt_id() -> str:
+    return "prompt-" + secrets.token_hex(8)
+
+
+@attrs.define(eq=False)
+class Prompt:
+    """A prompt a session runs (or whose request is arriving): what a repeat with its
+    key joins, and what a cancel that names it (by key or id) cuts off."""
+
+    intent: str
+    key: str | None
+    before: str | None = None
+    """The entity's leaf when the prompt began (``rollback`` returns there)."""
+    id: str = attrs.field(factory=new_prompt_id)
+    """Handed to the client at once (``Prompt-Id``), so a cancel can name this prompt."""
+    cancel_requested: bool = False
+    """A cancel named it (or found it arriving): it ends as it would start, with nothing
+    recorded (:meth:`SessionHub._withdraw`)."""
+    waiting: bool = False
+    """It waits its turn behind the session's running prompt (``enqueue``, or the
+    interrupted one ending): a cancel finds it ``queued``, as on PostgreSQL."""
+    done: trio.Event = attrs.field(factory=trio.Event)
+    outcome: CastResult | None = None
+    error: BaseException | None = None
+
+    def matches(self, prompt_id: str | None, key: str | None) -> bool:
+        """Whether a cancel naming ``prompt_id`` and/or ``key`` names this prompt."""
+        if prompt_id is not None and prompt_id != self.id:
+            return False
+        if key is not None and key != self.key:
+            return False
+        return prompt_id is not None or key is not None
+
+
+MAX_ARMED_KEYS = 64
+"""Cancels naming a key not seen yet that one session keeps armed (the oldest go)."""
+MAX_ENDED_PROMPTS = 256
+"""Ended prompts' ids one session remembers, so a cancel naming one answers ``ended``
+(the oldest go; beyond them, and after a restart, an unkeyed id is ``none``)."""
+
+
+def _now() -> float:
+    """trio's clock (virtual under a MockClock); 0 outside a trio run."""
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return 0.0
+
+
+def session_id_for(entity_id: str) -> str:
+    return SESSION_PREFIX + entity_id.removeprefix(ENTITY_PREFIX)
+
+
+def entity_id_for(session_id: str) -> str:
+    """The entity behind a session id; an entity id is accepted as is."""
+    if session_id.startswith(ENTITY_PREFIX):
+        return session_id
+    return ENTITY_PREFIX + session_id.removeprefix(SESSION_PREFIX)
+
+
+@attrs.define(eq=False)
+class Session:
+    id: str
+    entity: Entity
+    running: trio.CancelScope | None = None
+    sink: Callable[[Event], None] | None = None
+    """The running prompt's own event sink."""
+    subscribers: list[trio.MemorySendChannel[Event]] = attrs.field(factory=list)
+    """Live listeners (HTTP ``/events``); each gets every event of every prompt."""
+    current: Prompt | None = None
+    """The running prompt (set with ``running``)."""
+    arriving: list[Prompt] = attrs.field(factory=list)
+    """Prompt requests that have arrived but not begun (their body is being read)."""
+    waiting: list[Prompt] = attrs.field(factory=list)
+    """Prompts waiting their turn, in the order they came: served first to last (FIFO,
+    as ``serve --db``'s queue serves an entity's work in id order)."""
+    turn: trio.Event = attrs.field(factory=trio.Event)
+    """Set (and replaced) whenever a prompt leaves ``waiting``: the next may go."""
+    cancel_until: float | None = None
+    """A cancel of the next prompt (asked for with ``next``) is armed until this time
+    (trio clock): the prompt that would start by then records nothing."""
+    armed_keys: dict[str, float] = attrs.field(factory=dict)
+    """Cancels that named an Idempotency-Key no prompt had yet: key -> until when
+    (trio clock) a prompt with that key is cut off as it starts."""
+    keys: dict[str, str] | None = None
+    """Idempotency key -> the id of its cast's first turn (built on first use)."""
+    answering: str | None = None
+    """The pause whose answer the session's cast is carrying out: a second answer to it
+    meanwhile is a :class:`~cantrip.PauseError` (it was answered), not ``busy``."""
+    ended: dict[str, str | None] = attrs.field(factory=dict)
+    """The ids of the session's latest ended prompts -> their keys (at most
+    ``MAX_ENDED_PROMPTS``): a cancel naming one is told ``ended``, as on PostgreSQL."""
+    unstarted: dict[str, str] = attrs.field(factory=dict)
+    """Keys of the latest prompts cut off before they started -> their intents (at most
+    ``MAX_ENDED_PROMPTS``; nothing of them is recorded): a repeat replays the cut-off
+    prompt, a cancel naming the key is ``ended``, as on PostgreSQL."""
+    last_used: float = 0.0
+    """trio time of the last request that named it (idle eviction, protocols._limits)."""
+    steered: tuple[int, int] = (0, 0)
+    """Steering messages the running cast took, and their bytes (:mod:`._steering`
+    bounds them); a cast -- a prompt, or a paused one continued -- starts at zero."""
+
+    @property
+    def entity_id(self) -> str:
+        return self.entity.id
+
+    def dispatch(self, event: Event) -> None:
+        """The entity's event sink: the prompt's sink, then each subscriber."""
+        if self.sink is not None:
+            self.sink(event)
+        for channel in list(self.subscribers):
+            try:
+                channel.send_nowait(event)
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                self.subscribers.remove(channel)
+
+    def prompt_ended(self, prompt: Prompt) -> None:
+        """Remember that ``prompt`` ended (bounded: the oldest are forgotten)."""
+        self.ended.pop(prompt.id, None)
+        self.ended[prompt.id] = prompt.key
+        while len(self.ended) > MAX_ENDED_PROMPTS:
+            del self.ended[next(iter(self.ended))]
+
+    def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
+        """A channel of this session's events from now on; close it to unsubscribe."""
+        self.subscribers[:] = [
+            c for c in self.subscribers if c.statistics().open_receive_channels > 0
+        ]
+        send, receive = trio.open_memory_channel[Event](math.inf)
+        self.subscribers.append(send)
+        return receive
+
+
+class SessionHub:
+    """The sessions of one cantrip; every protocol adapter serves through one."""
+
+    def __init__(
+        self,
+        spell: Cantrip,
+        *,
+        sticky_cancel_s: float = 5.0,
+        max_running: int | None = None,
+    ) -> None:
+        self.spell = spell
+        self.sessions: dict[str, Session] = {}
+        self.nursery: trio.Nursery | None = None
+        """Lent to every session's entity for its gate providers (MCP sessions), so
+        they live across prompts; set by the adapter that runs the hub."""
+        self.sticky_cancel_s = sticky_cancel_s
+        """How long a cancel that found nothing running waits for a prompt to cut off."""
+        self.max_running = max_running
+        """Prompts that may run at once; more are refused as ``overloaded``."""
+        self.running = 0
+        self.accepting = True
+        """False once shutdown began: new prompts are refused as ``shutting_down``."""
+        self._idle = trio.Event()
+        self._idle.set()
+
+    @property
+    def persistent(self) -> bool:
+        """Whether sessions survive the process: the loom is a file."""
+        return getattr(self.spell.loom.store, "path", None) is not None
+
+    async def aclose(self) -> None:
+        for session in list(self.sessions.values()):
+            self.cancel(session)
+            await session.entity.aclose()
+        self.sessions.clear()
+
+    # -- sessions ----------------------------------------------------------------
+
+    def new(self) -> Session:
+        entity = self.spell.summon()
+        return self._adopt(session_id_for(entity.id), entity)
+
+    def fork(self, turn_id: str) -> Session:
+        """A new session whose entity continues from ``turn_id`` (LOOM-4)."""
+        entity = self.spell.fork(turn_id)
+        return self._adopt(session_id_for(entity.id), entity)
+
+    def create(self, key: str | None = None) -> tuple[Session, bool]:
+        """A new session, or with an idempotency key the session that key created
+        (live, or resumed from the loom); the flag says whether it is new."""
+        if key is None:
+            return self.new(), True
+        entity_id = session_entity_id(key)
+        session_id = session_id_for(entity_id)
+        if session_id in self.sessions or entity_id in self.spell.loom.entities:
+            return self.get(session_id), False
+        entity = self.spell.summon(entity_id=entity_id)
+        return self._adopt(session_id, entity), True
+
+    def get(self, session_id: str) -> Session:
+        """A live session, or one resumed from the loom (after a restart)."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session
+        entity_id = entity_id_for(session_id)
+        record = self.spell.loom.entities.get(entity_id)
+        if record is None or record.parent_entity_id is not None:
+            raise SessionError("not_found", f"unknown session {session_id!r}")
+        canonical = session_id_for(entity_id)
+        if canonical in self.sessions:
+            return self.sessions[canonical]
+        log.info("session %s resumed from the loom", canonical)
+        return self._adopt(canonical, self.spell.resume(entity_id))
+
+    def only(self) -> Session:
+        """The one live session (clients that leave out the session id)."""
+        if len(self.sessions) != 1:
+            raise SessionError(
+                "not_found", f"a session id is required (there are {len(self.sessions)})"
+            )
+        return next(iter(self.sessions.values()))
+
+    def _adopt(self, session_id: str, entity: Entity) -> Session:
+        session = Session(session_id, entity, last_used=_now())
+        entity.on_event = session.dispatch
+        entity.provider_nursery = self.nursery
+        self.sessions[session_id] = session
+        return session
+
+    def history(self, session: Session) -> list[Turn]:
+        """The session's thread, root to its latest turn (earlier casts included)."""
+        leaf = session.entity.leaf
+        return self.spell.loom.thread(leaf) if leaf is not None else []
+
+    # -- prompts -----------------------------------------------------------------
+
+    def replay(self, session: Session, intent: str, key: str) -> CastResult | None:
+        """The recorded result of the cast ``key`` started on this session, if any."""
+        if session.keys is None:
+            session.keys = key_index(session.entity.turns)
+        start = session.keys.get(key)
+        if start is None:
+            return None
+        # from the cast's first turn on: a range read, not the session's whole history
+        turns = self.spell.loom.entity_turns_from(session.entity.id, start)
+        if turns[0].intent != intent:
+            raise SessionError(
+                "key_reused",
+                f"Idempotency-Key {key!r} was used for a different prompt on this session",
+            )
+        return recorded_cast(turns, 0, self.spell.loom)
+
+    def _first_turn_since(self, session: Session, before: str | None) -> str | None:
+        """The id of the first turn the session's entity wrote after ``before`` (its
+        leaf then), walking back from its leaf now: O(the turns of that cast)."""
+        loom, turn_id = self.spell.loom, session.entity.leaf
+        first = None
+        while turn_id is not None and turn_id != before:
+            turn = loom.get(turn_id)
+            if turn.entity_id != session.entity.id:
+                break
+            first, turn_id = turn_id, turn.parent_id
+        return first
+
+    async def prompt(
+        self,
+        session: Session,
+        intent: str,
+        on_event: Callable[[Event], None] | None = None,
+        *,
+        key: str | None = None,
+        on_busy: str = "reject",
+        handle: Prompt | None = None,
+    ) -> CastResult | None:
+        """One cast on the session's entity; ``None`` if it was cancelled before it
+        produced a result. A second prompt while one runs (double-texting) follows
+        ``on_busy``: ``reject`` ("busy"), ``enqueue`` (it runs when the running one
+        has ended), ``interrupt`` (the running cast is cancelled -- recorded, reason
+        ``interrupted`` -- and this one runs with both in the history) or ``rollback``
+        (the same, then this one continues from before the cancelled cast, whose
+        turns stay in the loom as a branch). ``handle`` is the prompt as registered
+        when its request arrived (its id was handed out; a cancel may have named it
+        meanwhile, and one that names it while it waits its turn is kept).
+
+        With an idempotency ``key`` that this session has seen, nothing is cast
+        again: the recorded result comes back, or, while that cast runs, its
+        result once it ends. The key is recorded with the cast's first turn.
+
+        A runtime crash of the entity (not a gate failure, not an LLM error) is
+        raised to the caller, and the session's entity is resumed from the loom
+        -- what a supervisor does for a crashed child."""
+        if key is not None:
+            current = session.current
+            if current is not None and current.key == key:
+                if current.intent != intent:
+                    raise SessionError(
+                        "key_reused",
+                        f"Idempotency-Key {key!r} was used for a different prompt on this session",
+                    )
+                if handle is not None:
+                    handle.id = current.id  # this request is that prompt
+                await current.done.wait()
+                if current.error is not None:
+                    raise current.error
+                return current.outcome
+            if key in session.unstarted:  # cut off before it started: nothing to replay
+                if session.unstarted[key] != intent:
+                    raise SessionError(
+                        "key_reused",
+                        f"Idempotency-Key {key!r} was used for a different prompt on this session",
+                    )
+                return None
+            recorded = self.replay(session, intent, key)
+            if recorded is not None:
+                return recorded
+        if handle is None:
+            handle = Prompt(intent, key)
+            if key is not None:
+                handle.id = keyed_prompt_id(session.entity_id, key)
+        prompt = handle
+        prompt.intent, prompt.key = intent, key
+        if session.running is not None or session.waiting:
+            prompt.waiting = True
+            await self._make_way(session, on_busy, prompt)  # (a cancel may name it meanwhile)
+            # it leaves the line here and runs with no checkpoint between: no waiter
+            # behind it can start first
+            self._leave_line(session, prompt)
+        if session.cancel_until is not None:
+            if trio.current_time() <= session.cancel_until:
+                prompt.cancel_requested = True  # the cancel of the next prompt: this one
+            session.cancel_until = None
+        if prompt in session.arriving:
+            session.arriving.remove(prompt)  # it starts: a cancel now finds it running
+        armed = session.armed_keys.pop(key, None) if key is not None else None
+        if armed is not None and trio.current_time() <= armed:
+            prompt.cancel_requested = True  # a cancel named this key before it arrived
+        if prompt.cancel_requested:
+            self._withdraw(session, prompt)
+            return None
+        if not self.accepting:
+            raise SessionError("shutting_down", "the server is shutting down")
+        if self.max_running is not None and self.running >= self.max_running:
+            raise SessionError(
+                "overloaded", f"{self.running} prompts are running (the limit); try again"
+            )
+        outcome: CastResult | None = None
+        before = session.entity.leaf  # the cast's first turn, if it writes one, follows it
+        prompt.before = before
+        session.current = prompt
+        self.running += 1
+        self._idle = trio.Event() if self.running == 1 else self._idle
+        with trio.CancelScope() as scope:
+            session.running = scope
+            session.sink = on_event
+            session.steered = (0, 0)
+            try:
+                outcome = await session.entity.send(
+                    intent, tags={KEY_TAG: key} if key is not None else None
+                )
+            except CantripError:
+                raise
+            except Exception as exc:
+                prompt.error = exc
+                log.exception("session %s: the entity crashed; resuming it", session.id)
+                crashed = session.entity
+                session.entity = self.spell.resume(crashed.id)
+                session.entity.on_event = session.dispatch
+                session.entity.provider_nursery = self.nursery
+                with trio.CancelScope(shield=True):
+                    await crashed.aclose()
+                raise
+            finally:
+                session.running = None
+                session.sink = None
+                session.current = None
+                if key is not None and session.keys is not None:
+                    first = self._first_turn_since(session, before)
+                    if first is not None:  # the cast wrote a turn
+                        session.keys.setdefault(key, first)
+                prompt.outcome = outcome
+                prompt.done.set()
+                session.prompt_ended(prompt)
+                self.running -= 1
+                if self.running == 0:
+                    self._idle.set()
+        return outcome
+
+    def _withdraw(self, session: Session, prompt: Prompt) -> None:
+        """End ``prompt``, cut off before it started, with nothing recorded (``None``: a
+        cast cancelled before its first turn): a cancel took it back, so its intent
+        reaches neither the loom nor a later prompt's model -- as on PostgreSQL, where
+        its work item is cancelled as it waits. Its key is remembered (bounded, like
+        the ended ids): a repeat replays ``None``, a cancel naming it is ``ended``."""
+        if prompt.key is not None:
+            session.unstarted.pop(prompt.key, None)
+            session.unstarted[prompt.key] = prompt.intent
+            while len(session.unstarted) > MAX_ENDED_PROMPTS:
+                del session.unstarted[next(iter(session.unstarted))]
+        prompt.done.set()
+        session.prompt_ended(prompt)
+        log.info("session %s: prompt %s cut off before it started", session.id, prompt.id)
+
+    async def _make_way(self, session: Session, on_busy: str, prompt: Prompt) -> None:
+        """Double-texting: what a prompt does about the one running (see :meth:`prompt`).
+        Returns once the session is free and ``prompt`` is first in line: waiters are
+        served in the order they came (``Session.waiting``), not the first to wake."""
+        if on_busy == "reject":
+            raise SessionError("busy", f"session {session.id} is already running a prompt")
+        if on_busy not in ("enqueue", "interrupt", "rollback"):
+            raise ValueError(f"unknown on_busy policy {on_busy!r}")
+        rewind_to: list[str | None] = []
+        session.waiting.append(prompt)
+        try:
+            while session.running is not None or session.waiting[0] is not prompt:
+                current = session.current
+                if current is None:  # free, but a prompt before this one goes first
+                    await session.turn.wait()
+                    continue
+                if on_busy != "enqueue" and not rewind_to:
+                    rewind_to.append(current.before)
+                    self.cancel(session, "interrupted")
+                await current.done.wait()
+            if on_busy == "rollback" and rewind_to:
+                await session.entity.rewind(rewind_to[0])  # still first in line
+        except BaseException:
+            self._leave_line(session, prompt)
+            raise
+
+    def _leave_line(self, session: Session, prompt: Prompt) -> None:
+        """``prompt`` waits its turn no more (it starts, or gave up): the next may go."""
+        if prompt in session.waiting:
+            session.waiting.remove(prompt)
+            session.turn.set()
+            session.turn = trio.Event()
+
+    def steer(self, session: Session, text: str) -> dict[str, Any]:
+        """A message for the session's running prompt (``Entity.steer``), within what
+        one cast takes (:mod:`._steering`: ``steering_full`` beyond it). The check and
+        the append run with no checkpoint between them, so nothing interleaves."""
+        if session.running is None:
+            raise not_running(session.id)
+        count, size = session.steered
+        why = steering.refusal(count, size, text)
+        if why is not None:
+            raise SessionError(steering.FULL, why)
+        if not session.entity.steer(text):
+            raise not_running(session.id)
+        session.steered = (count + 1, size + steering.size_of(text))
+        return steered()
+
+    async def answer(
+        self,
+        session: Session,
+        pause_id: str,
+        decision: Decision | Mapping[str, Any],
+        on_event: Callable[[Event], None] | None = None,
+        *,
+        handle: Prompt | None = None,
+    ) -> CastResult | None:
+        """Answer a pause of the session's entity (``Entity.answer``).
+
+        A pause the loom holds (the prompt returned ``paused``, or the server
+        restarted) is continued here like a prompt -- it is one (``handle``, or a new
+        :class:`Prompt`): the session's current prompt while it runs, so a cancel,
+        named by its id or not, cuts it off, a prompt ``enqueue``-d waits for it, as
+        on PostgreSQL where it is a work item. The same turn goes on from the call
+        that paused, and its cast's result is returned. A pause a running prompt
+        waits on is handed the decision (``None`` is returned: that prompt answers).
+        A pause already answered, or unknown, is a :class:`PauseError` -- also while
+        its answer is being carried out (checked before ``busy``)."""
+        if any(w.pause_id == pause_id for w in session.entity.pending) and (
+            session.running is not None
+        ):
+            return await session.entity.answer(pause_id, decision)  # a live waiter
+        if session.answering == pause_id:  # the pause before busy: as on --db
+            raise PauseError(f"pause {pause_id} was already answered")
+        if session.running is not None:
+            raise SessionError("busy", f"session {session.id} is already running a prompt")
+        if not self.accepting:
+            raise SessionError("shutting_down", "the server is shutting down")
+        prompt = Prompt("", None) if handle is None else handle
+        prompt.before = session.entity.leaf
+        outcome: CastResult | None = None
+        session.current = prompt
+        self.running += 1
+        self._idle = trio.Event() if self.running == 1 else self._idle
+        with trio.CancelScope() as scope:
+            session.running = scope
+            session.sink = on_event
+            session.steered = (0, 0)
+            session.answering = pause_id
+            try:
+                outcome = await session.entity.answer(pause_id, decision)
+            finally:
+                session.running = None
+                session.sink = None
+                session.answering = None
+                session.current = None
+                prompt.outcome = outcome
+                prompt.done.set()
+                session.prompt_ended(prompt)
+                self.running -= 1
+                if self.running == 0:
+                    self._idle.set()
+        return outcome  # None: cancelled before the continuation produced a result
+
+    def cancel(self, session: Session, reason: str = "cancelled") -> bool:
+        """Cancel the session's running prompt; returns whether one was running.
+
+        The cast is cut off and recorded with ``reason``; the session stays."""
+        if session.running is None:
+            return False
+        if not session.entity.cancel(reason):
+            session.running.cancel()  # the cast had not started its loop yet
+        return True
+
+    def request_cancel(
+        self,
+        session: Session,
+        *,
+        prompt_id: str | None = None,
+        key: str | None = None,
+        next_prompt: bool = False,
+    ) -> dict[str, Any]:
+        """A client's cancel; the answer says what it cut off (or will).
+
+        Named (``prompt_id``, ``key``): that prompt, if it runs (``running``), waits its
+        turn behind the running one (``queued``) or its request is arriving
+        (``starting``): it ends as it would start, before its first LLM call, with
+        nothing recorded (as on PostgreSQL: the client took it back). A key no
+        prompt of this session has had yet is armed for
+        ``sticky_cancel_s`` (``next``): the prompt that comes with that key is cut off
+        -- a cancel may overtake its prompt. A named prompt that ended is cancelled no
+        more (``ended``: the client reads its result; the session remembers its latest
+        ``MAX_ENDED_PROMPTS`` ids and keys, and every key its loom records), an id this server
+        does not know neither (``none``).
+
+        Unnamed: the running (or arriving) prompt. With nothing running it cancels
+        nothing (``none``) -- unless ``next_prompt``: then the next prompt to start
+        within ``sticky_cancel_s`` is cut off (``Session.cancel_until``)."""
+        named = prompt_id is not None or key is not None
+        current = session.current
+        hit = current is not None and (not named or current.matches(prompt_id, key))
+        if hit and current is not None and self.cancel(session):
+            return _cancelled("running", current)
+        arriving = [p for p in session.arriving if not named or p.matches(prompt_id, key)]
+        if arriving:
+            for prompt in arriving:
+                prompt.cancel_requested = True
+            return _cancelled("queued" if arriving[0].waiting else "starting", arriving[0])
+        if not named:
+            if not next_prompt:
+                return {"cancelled": False, "target": "none"}
+            session.cancel_until = trio.current_time() + self.sticky_cancel_s
+            return {"cancelled": False, "target": "next", "sticky_s": self.sticky_cancel_s}
+        if (
+            prompt_id is not None
+            and prompt_id in session.ended
+            and key in (None, session.ended[prompt_id])
+        ):  # the answer tells what was named, as on --db
+            named_key = {"idempotency_key": key} if key is not None else {}
+            return {"cancelled": False, "target": "ended", "prompt_id": prompt_id, **named_key}
+        if key is None:
+            return {"cancelled": False, "target": "none", "prompt_id": prompt_id}
+        if session.keys is None:
+            session.keys = key_index(session.entity.turns)
+        if key in session.keys or key in session.unstarted:  # its prompt ended
+            return {"cancelled": False, "target": "ended", "idempotency_key": key}
+        now = trio.current_time()
+        armed = {k: t for k, t in session.armed_keys.items() if t >= now}
+        armed[key] = now + self.sticky_cancel_s
+        session.armed_keys = dict(list(armed.items())[-MAX_ARMED_KEYS:])
+        return {
+            "cancelled": False,
+            "target": "next",
+            "idempotency_key": key,
+            "sticky_s": self.sticky_cancel_s,
+        }
+
+    async def shutdown(self, grace_s: float) -> int:
+        """Stop taking prompts; let running casts finish for ``grace_s``, then cut
+        them off with reason ``shutdown``. Returns how many were cut off."""
+        self.accepting = False
+        with trio.move_on_after(grace_s):
+            await self._idle.wait()
+        cut = 0
+        for session in list(self.sessions.values()):
+            if self.cancel(session, "shutdown"):
+                cut += 1
+        if cut:
+            log.info("shutdown: %d running prompt(s) cut off after %.1f s", cut, grace_s)
+        await self._idle.wait()
+        return cut
+
+
+def _cancelled(target: str, prompt: Prompt) -> dict[str, Any]:
+    return {
+        "cancelled": True,
+        "target": target,
+        "prompt_id": prompt.id,
+        "intent": prompt.intent or None,
+        "idempotency_key": prompt.key,
+    }
+
+
+# -- JSON shapes -------------------------------------------------------------------
+
+
+def turn_dict(turn: Turn) -> dict[str, Any]:
+    return redact_value(turn.to_dict())  # type: ignore[no-any-return]
+
+
+def event_dict(event: Event) -> dict[str, Any]:
+    """A streaming event as JSON: ``{"type": ..., "entity_id": ..., ...}``."""
+    data: dict[str, Any] = {"type": EVENT_TYPES.get(type(event), type(event).__name__)}
+    data["entity_id"] = event.entity_id
+    if isinstance(event, StepStart):
+        data["sequence"] = event.sequence
+    elif isinstance(event, MessageStart):
+        data["attempt"] = event.attempt
+    elif isinstance(event, TextDelta | ThinkingDelta):
+        data["text"] = event.text
+    elif isinstance(event, ToolCallEvent):
+        data.update(
+            call_id=event.call_id,
+            name=event.name,
+            arguments=plain_json(event.arguments),
+            final=event.final,
+        )
+    elif isinstance(event, MessageComplete):
+        response = event.response
+        data.update(
+            content=response.content,
+            tool_calls=[
+                {"id": c.id, "name": c.name, "arguments": plain_json(c.arguments)}
+                for c in response.tool_calls
+            ],
+        )
+    elif isinstance(event, UsageEvent):
+        data["usage"] = event.usage.to_dict()
+    elif isinstance(event, ToolResultEvent):
+        data["record"] = event.record.to_dict()
+    elif isinstance(event, StepComplete):
+        if event.turn is not None:
+            turn = event.turn
+            data.update(
+                turn_id=turn.id,
+                sequence=turn.sequence,
+                terminated=turn.terminated,
+                truncated=turn.truncated,
+                reason=turn.reason,
+                observation=turn.observation,
+            )
+    elif isinstance(event, FinalResponse):
+        data["result"] = plain_json(event.result)
+    elif isinstance(event, PauseEvent) and event.pause is not None:
+        data["pause"] = event.pause.to_dict()
+    elif isinstance(event, GateProgress):
+        data.update(
+            gate=event.gate, progress=event.progress, total=event.total, message=event.message
+        )
+    return redact_value(data)  # type: ignore[no-any-return]
+
+
+EVENT_TYPES: dict[type[Event], str] = {
+    StepStart: "step_start",
+    MessageStart: "message_start",
+    TextDelta: "text_delta",
+    ThinkingDelta: "thinking_delta",
+    ToolCallEvent: "tool_call",
+    MessageComplete: "message_complete",
+    UsageEvent: "usage",
+    ToolResultEvent: "tool_result",
+    StepComplete: "step_complete",
+    FinalResponse: "final_response",
+    PauseEvent: "pause",
+    GateProgress: "gate_progress",
+}

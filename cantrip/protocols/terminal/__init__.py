@@ -1,0 +1,1 @@
+"""The terminal: live progress of casts, the ``invoke`` prompt, answering pauses."""

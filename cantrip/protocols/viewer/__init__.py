@@ -1,0 +1,1 @@
+"""The browser viewer: its read model, routes and static assets."""
