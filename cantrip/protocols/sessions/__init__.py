@@ -61,12 +61,15 @@ from typing import TYPE_CHECKING, Any
 
 from cantrip.protocols.sessions._backend import (
     BUSY_POLICIES,
+    ENTITY_PREFIX,
+    SESSION_PREFIX,
     BusyPolicy,
     Cancelled,
     Capabilities,
     Health,
     PromptOutcome,
     SessionBackend,
+    SessionError,
     SessionEvent,
     SessionInfo,
     Submitted,
@@ -94,6 +97,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BUSY_POLICIES",
+    "ENTITY_PREFIX",
+    "SESSION_PREFIX",
     "BusyPolicy",
     "Cancelled",
     "Capabilities",
@@ -102,6 +107,7 @@ __all__ = [
     "ProcessBackend",
     "PromptOutcome",
     "SessionBackend",
+    "SessionError",
     "SessionEvent",
     "SessionInfo",
     "Submitted",

@@ -18,8 +18,10 @@ The operations, and what both modes do today
 * **sessions** -- ``create`` (with an idempotency key: the session that key made,
   anywhere, any time before), ``sessions`` (list), ``find`` (one; a top-level entity
   the loom holds counts, and in process is resumed from the loom).
-* **submit** a prompt with an idempotency key and a busy policy (``reject``,
-  ``enqueue``, ``interrupt``, ``rollback``); it returns as soon as the prompt is
+* **submit** a prompt with an idempotency key, a busy policy (``reject``,
+  ``enqueue``, ``interrupt``, ``rollback``) and the client's own tools (AG-UI's,
+  offered to this prompt only: in process ``Entity.offer`` as it starts, on
+  PostgreSQL ``CLIENT_TOOLS_KEY`` in its queued spell); it returns as soon as the prompt is
   accepted (running or waiting its turn) with the id a cancel can name; ``result``
   waits for how it ended. A key seen before joins the running prompt or replays the
   recorded one (``replayed``); the same key with another intent is ``key_reused``.
@@ -116,7 +118,7 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Literal, Protocol, get_args
 
 import attrs
@@ -124,6 +126,22 @@ import attrs
 from cantrip._approval import Decision, Pause
 from cantrip._outcome import CastResult
 from cantrip.loom._model import Turn
+
+SESSION_PREFIX = "session-"
+"""A session's id begins so (the rest names its entity, ``entity-...``)."""
+ENTITY_PREFIX = "entity-"
+
+
+class SessionError(Exception):
+    """A request about a session that cannot be served; ``kind`` says why."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        """not_found, busy, not_running, full, key_reused, bad_tools, overloaded or
+        shutting_down (and ``cast_failed`` from :meth:`SessionBackend.result`)."""
+        self.message = message
+
 
 BusyPolicy = Literal["reject", "enqueue", "interrupt", "rollback"]
 """What a prompt does when its session is running one (double-texting)."""
@@ -239,10 +257,10 @@ class Capabilities:
 
 class SessionBackend(Protocol):
     """Where sessions live and casts run; see the module docstring. Every method
-    raises :class:`~cantrip.protocols.sessions._hub.SessionError` for a request it cannot
-    serve (``kind``: ``not_found``, ``busy``, ``not_running``, ``key_reused``,
-    ``steering_full``, ``cast_failed``) and :class:`~cantrip.PauseError` for an answer
-    to a pause that is not waiting."""
+    raises :class:`SessionError` for a request it cannot serve (``kind``:
+    ``not_found``, ``busy``, ``not_running``, ``key_reused``, ``steering_full``,
+    ``cast_failed``, ``bad_tools``) and :class:`~cantrip.PauseError` for an answer to a
+    pause that is not waiting."""
 
     @property
     def capabilities(self) -> Capabilities: ...
@@ -264,9 +282,18 @@ class SessionBackend(Protocol):
         *,
         key: str | None = None,
         on_busy: BusyPolicy = "reject",
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> Submitted:
         """Accept a prompt (``busy`` for ``reject`` while one runs); returns once it
-        runs or waits its turn."""
+        runs or waits its turn.
+
+        ``tools``: the client's own tools (AG-UI's), definitions with ``name``,
+        ``description`` and ``parameters``. They are offered to this prompt's cast and
+        to an answer's continuation of it, in place of any a prompt before offered; a
+        call of one waits like an ``ask_user`` question, and the client's result
+        answers it (:meth:`answer`). A name no provider takes, or one given twice, is
+        ``bad_tools`` (a name the circle has is the front end's to refuse: it knows
+        the circle)."""
         ...
 
     async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:
