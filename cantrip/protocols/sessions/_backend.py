@@ -105,8 +105,8 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
     has neither. ``HttpApp._stream_prompt`` repeats the hub's ``busy`` check to answer
     409 before its stream starts. Lifecycle, not sessions: not in the contract.
 12. *Errors from below*: the ``--db`` front ends get the database's failures as
-    :class:`~cantrip.protocols.asgi._responses.HttpError` (``DbHttpApp._db``), and AG-UI and A2A
-    on ``--db`` translate HTTP statuses back (``_a2a_db.protocol_errors``); in process
+    :class:`~cantrip.protocols.asgi._responses.HttpError` (``DbHttpApp._db``), and A2A
+    on ``--db`` translates HTTP statuses back (``_a2a_db.protocol_errors``); in process
     they catch :class:`~cantrip.protocols.sessions._hub.SessionError`. The seam raises
     ``SessionError`` and :class:`~cantrip.PauseError` only.
 13. *What one mode lacks*: A2A push notifications and the viewer's fork are in process
@@ -114,6 +114,13 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
     prompt's id is random and known to the process that ran it). In process ``find``
     may resume the entity from the loom (and idle ones are dropped,
     :mod:`cantrip.protocols.middleware._limits`); a replica never holds an entity.
+14. *A client's tools outlived their prompt in process* -- removed (phase 2, step 3):
+    AG-UI offered a run's tools to the entity (``Entity.offer``) and they stayed
+    offered to every later prompt (the HTTP API's too) until an AG-UI run offered
+    others; on PostgreSQL each work item carries its own (``CLIENT_TOOLS_KEY``). Now
+    ``submit(..., tools=)`` in both, and the hub offers a prompt's own tools as it
+    starts (none for a prompt without).
+    ``test_a_prompt_offers_the_clients_tools_and_a_call_of_one_waits_for_its_result``.
 """
 
 from __future__ import annotations
