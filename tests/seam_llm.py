@@ -13,14 +13,16 @@ becomes the latest user message and is answered for).
   the cast is in its last turn and keeps it there while it acts, with no sleep;
 * ``until-told``: ``echo`` until another user message (a steering message) arrives;
 * ``ask:``: the first call is ``ask_user("Which colour?")``; the final answer names
-  what the human said (``... in <answer>``).
+  what the human said (``... in <answer>``);
+* ``tool:NAME``: the first call is the client's tool ``NAME`` -- if the model is
+  offered it (a prompt submitted with ``tools``); the final answer names its result.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import trio
@@ -29,6 +31,7 @@ from fake_providers import Answer, Call, FakeOpenAI, Request, Sender
 KEY = "seam-test-key"
 TURNS = 3
 HOLD = re.compile(r"hold:(\w+)")
+TOOL = re.compile(r"tool:(\w+)")
 
 
 class Holds:
@@ -62,16 +65,22 @@ class Holds:
             released.set()
 
 
-def decide(prompt: str, steps: int, users: int, told: list[str]) -> tuple[str, dict[str, Any]]:
+def decide(
+    prompt: str, steps: int, users: int, told: list[str], tools: Collection[str] = ()
+) -> tuple[str, dict[str, Any]]:
     """The next call: ``(gate, arguments)``. ``steps``: the model's answers since the
     latest user message ``prompt``; ``users``: user messages seen; ``told``: the
-    results of its calls since."""
+    results of its calls since; ``tools``: the names of the tools it is offered."""
     if "ask:" in prompt and steps == 0:
         return "ask_user", {"question": "Which colour?"}
+    tool = TOOL.search(prompt)
+    if tool is not None and steps == 0 and tool.group(1) in tools:
+        return tool.group(1), {"precision": "city"}
     if "until-told" in prompt or steps + 1 < TURNS:
         return "echo", {"text": f"step {steps + 1}"}
     answer = f"{prompt} ok #{users}"
-    if "ask:" in prompt and told:
+    called = tool is not None and tool.group(1) in tools
+    if ("ask:" in prompt or called) and told:
         answer += f" in {told[0]}"
     return "done", {"answer": answer}
 
@@ -101,7 +110,8 @@ class SeamOpenAI(FakeOpenAI):
             hold = HOLD.search(prompt)
             if hold is not None and is_last(prompt, steps):
                 await self.holds.at(hold.group(1))
-            gate, arguments = decide(prompt, steps, len(users), told)
+            tools = [str((t.get("function") or {}).get("name")) for t in body.get("tools") or ()]
+            gate, arguments = decide(prompt, steps, len(users), told, tools)
             # no checkpoint from here to the parent's pop: concurrent answers never mix
             self.script = [Answer(calls=(Call(gate, arguments),))]
         await super().respond(request, send)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -21,8 +21,10 @@ import trio
 from seam_llm import HOLD, Holds, decide, is_last
 
 from cantrip._approval import Decision, Pause, PauseError
+from cantrip._client_gates import TOOL_NAME
 from cantrip._outcome import CastResult, cast_result
-from cantrip.loom._model import Turn
+from cantrip.llm._contract import ToolCall
+from cantrip.loom._model import GateCallRecord, Turn
 from cantrip.protocols.sessions import (
     BusyPolicy,
     Cancelled,
@@ -57,6 +59,8 @@ class _Prompt:
     inbox: list[str] = attrs.field(factory=list)
     cast: CastResult | None = None
     undelivered: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    """The names of the client's tools its cast is offered."""
 
 
 @attrs.define(eq=False)
@@ -172,8 +176,12 @@ class DoubleBackend:
         *,
         key: str | None = None,
         on_busy: BusyPolicy = "reject",
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> Submitted:
         session = self._get(session_id)
+        names = tuple(str(t.get("name", "")) for t in tools)
+        if len(set(names)) < len(names) or not all(TOOL_NAME.fullmatch(n) for n in names):
+            raise SessionError("bad_tools", f"the client's tools are not usable: {names}")
         if key is not None and key in session.keys:
             seen = session.keys[key]
             if seen.intent != intent:
@@ -185,7 +193,7 @@ class DoubleBackend:
             if on_busy in ("interrupt", "rollback"):
                 current = session.queue[0]
                 self._cut(current, "interrupted")
-        prompt = _Prompt(_id("prompt"), intent, key)
+        prompt = _Prompt(_id("prompt"), intent, key, tools=names)
         rollback = on_busy == "rollback" and bool(session.queue)
         if rollback:
             prompt.before = session.queue[0].before  # where the cut-off prompt began
@@ -254,22 +262,23 @@ class DoubleBackend:
             except trio.Cancelled:
                 self._record(session, prompt, first, said, taken, told, cut=True)
                 raise
-            gate, arguments = decide(latest, steps, users, results)
+            gate, arguments = decide(latest, steps, users, results, prompt.tools)
             turn = self._record(
                 session, prompt, first, said, taken, told, gate=gate, arguments=arguments
             )
             first = False
             if turn.terminated:
                 return
-            if gate == "ask_user":
+            if gate == "ask_user" or gate in prompt.tools:  # the client's: a question too
                 pause = Pause(
                     pause_id=f"{prompt.id}-pause",
                     entity_id=session.entity_id,
                     kind="question",
-                    gate="ask_user",
+                    gate=gate,
                     args=arguments,
-                    question=arguments["question"],
+                    question=arguments.get("question", f"the client runs {gate}"),
                     checkpoint_id=turn.id,
+                    tool_call_id=turn.tool_calls[0].id,
                 )
                 session.pending[pause.pause_id] = pause
                 data = {"type": "pause", "entity_id": session.entity_id, "pause": pause.to_dict()}
@@ -295,8 +304,26 @@ class DoubleBackend:
         if told:
             extras["told"] = told
         done = gate == "done"
+        answered = prompt.answer if first and told else None  # the call the answer completes
+        calls: tuple[GateCallRecord, ...] = (
+            ()
+            if answered is None
+            else (
+                GateCallRecord(
+                    answered[0].gate,
+                    answered[0].args,
+                    answered[1],
+                    tool_call_id=answered[0].tool_call_id,
+                ),
+            )
+        )
+        turn_id = _id("turn")
+        call = None if cut else ToolCall(id=f"{turn_id}-call", name=gate, arguments=arguments or {})
+        if call is not None and gate in ("echo", "done"):  # ran here; the others wait
+            result = (arguments or {}).get("text" if gate == "echo" else "answer")
+            calls += (GateCallRecord(gate, arguments or {}, result, tool_call_id=call.id),)
         turn = Turn(
-            id=_id("turn"),
+            id=turn_id,
             parent_id=session.leaf.id if session.leaf is not None else None,
             entity_id=session.entity_id,
             sequence=(session.leaf.sequence if session.leaf is not None else 0) + 1,
@@ -307,6 +334,8 @@ class DoubleBackend:
             reason="done" if done else (prompt.cancel_reason or "cancelled") if cut else None,
             result=(arguments or {}).get("answer") if done else None,
             extras=extras,
+            tool_calls=(call,) if call is not None else (),
+            gate_calls=calls,
         )
         session.turns.append(turn)
         session.leaf = turn
@@ -379,7 +408,10 @@ class DoubleBackend:
             raise PauseError(f"pause {pause_id} takes {wanted}")
         del session.pending[pause_id]
         session.answered.add(pause_id)
+        paused = session.prompts.get(pause_id.removesuffix("-pause"))
+        offered = paused.tools if paused is not None else ()  # its continuation's too
         prompt = _Prompt(_id("prompt"), None, None, answer=(pause, str(decision.text)))
+        prompt.tools = offered
         self._open(session, prompt)
         return Submitted(prompt.id, session.id)
 

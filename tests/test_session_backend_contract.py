@@ -511,6 +511,51 @@ async def test_an_answer_continuation_is_a_prompt_a_cancel_cuts_off(world: World
         assert (again.cancelled, again.target) == (False, "ended")
 
 
+LOCATE = {
+    "name": "locate",
+    "description": "Where the user is (the client knows).",
+    "parameters": {"type": "object", "properties": {"precision": {"type": "string"}}},
+}
+
+
+async def test_a_prompt_offers_the_clients_tools_and_a_call_of_one_waits_for_its_result(
+    world: World,
+) -> None:
+    """A prompt submitted with the client's own tools (AG-UI's ``tools``) offers them
+    to its cast: the model calls one, and the call waits like an ``ask_user``
+    question -- the cast ends ``paused`` on it -- until the client's result answers
+    it; the continuation observes the result. A later prompt without tools is offered
+    none of them (in process an offer stayed on the entity, on PostgreSQL each work
+    item carries its own)."""
+    sid = await new_session(world)
+    backend = world.backend
+    paused = await cast(world, sid, "tool:locate where am I", tools=[LOCATE])
+    assert paused.cast is not None and paused.cast.reason == "paused", paused
+    (pause,) = await backend.pauses(sid)
+    assert (pause.kind, pause.gate, pause.args) == ("question", "locate", {"precision": "city"})
+    assert pause.tool_call_id is not None
+    submitted = await backend.answer(sid, pause.pause_id, Decision.answer("Oslo"))
+    assert submitted is not None
+    outcome = await finished(world, sid, submitted.prompt_id)
+    assert text(outcome) == "tool:locate where am I ok #1 in Oslo"  # it saw the result
+    (record,) = [c for t in await backend.thread(sid) for c in t.gate_calls if c.gate == "locate"]
+    assert record.tool_call_id == pause.tool_call_id and record.text == "Oslo"
+    later = await cast(world, sid, "tool:locate again")
+    assert text(later) == "tool:locate again ok #2", "the tool was not offered again"
+
+
+async def test_client_tools_with_bad_names_are_refused_and_nothing_runs(world: World) -> None:
+    sid = await new_session(world)
+    for tools in (
+        [{"name": "has space", "description": "x"}],
+        [LOCATE, LOCATE],
+    ):
+        with refused("bad_tools"):
+            await world.backend.submit(sid, "tool:locate x", tools=tools)
+    assert await world.backend.thread(sid) == []
+    assert not (await world.backend.find(sid)).running
+
+
 # -- events -----------------------------------------------------------------------------
 
 

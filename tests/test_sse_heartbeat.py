@@ -11,18 +11,19 @@ positive number is refused: tests/test_bad_input.py).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import json
+from collections.abc import Iterator
 from typing import Any
 
-import attrs
 import httpx
 import pytest
 import trio
+from seam_llm import Holds
+from session_double import DoubleBackend
 from test_agui import parse_sse, run_input, serving, spell
 
-from cantrip.protocols.agui import _db as _db_agui
+from cantrip.protocols.agui._run import serve_agui
 from cantrip.protocols.asgi import _responses as _asgi
-from cantrip.protocols.sessions._tail import Beat
 
 
 @pytest.fixture
@@ -62,38 +63,39 @@ async def test_a_busy_agui_run_sends_no_comments() -> None:
     assert parse_sse(answer.text)[-1]["type"] == "RUN_FINISHED"
 
 
-@attrs.define
-class _Stream:
-    said: list[str] = attrs.Factory(list)
-
-    async def event(self, event: Any) -> None:
-        self.said.append("event")
-
-    async def idle(self) -> None:
-        self.said.append("idle")
-
-
-async def test_a_db_agui_run_sends_comments_between_quiet_looks(
-    monkeypatch: pytest.MonkeyPatch, quick_heartbeat: float
+async def test_an_agui_run_over_recorded_turns_sends_comments_while_its_follow_is_quiet(
+    quick_heartbeat: float,
 ) -> None:
-    """On ``--db`` the run is told from the loom, a look at a time: a look that
-    finds nothing after the heartbeat has passed sends a comment; looks right
-    after a turn landed do not."""
-    from cantrip.protocols.sessions._rows import Progress
+    """The one AG-UI run (:mod:`cantrip.protocols.agui._run`) over a backend that
+    tells recorded turns only, as ``--db`` does (tests/session_double.py): while the
+    cast is held in its last model call nothing lands, and the stream says ``: idle``;
+    once it ends the run's events are well formed."""
+    holds = Holds()
+    bodies: list[bytes] = []
+    quiet = trio.Event()
 
-    ended = Progress(state="done", outcome=None, base_pos=0)
+    async def send(message: dict[str, Any]) -> None:
+        bodies.append(message.get("body", b""))
+        if bodies.count(b": idle\n\n") >= 3:
+            quiet.set()
 
-    async def looks(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        yield Beat(None, heard=True, landed=False)  # at once: still within the heartbeat
-        for _ in range(3):
-            await trio.sleep(0.06)
-            yield Beat(None, heard=False, landed=False)  # quiet past the heartbeat
-        yield Beat(ended, heard=True, landed=True, last=True)
+    request = [{"type": "http.request", "body": json.dumps(run_input("t-quiet", "hold:quiet"))
+                .encode(), "more_body": False}]  # fmt: skip
 
-    monkeypatch.setattr(_db_agui, "follow", looks)
-    stream = _Stream()
-    replica: Any = type("Replica", (), {"_db_waiting": None})()
-    row: Any = type("Row", (), {"entity_id": "e1"})()
-    run = _db_agui.DbAguiRun(replica, row, None, stream)  # type: ignore[arg-type]
-    assert await run._tell(1) is ended
-    assert stream.said == ["idle", "idle", "idle"]
+    async def receive() -> dict[str, Any]:
+        if request:
+            return request.pop()
+        await trio.sleep_forever()
+        raise AssertionError
+
+    async with DoubleBackend.open(holds) as backend, trio.open_nursery() as nursery:
+        nursery.start_soon(serve_agui, backend, receive, send)
+        async with holds.holding("quiet"):  # the cast's last call waits here
+            with trio.fail_after(10):
+                await quiet.wait()
+            assert not [
+                e for e in parse_sse(b"".join(bodies).decode()) if e["type"].startswith("RUN_F")
+            ]
+    events = parse_sse(b"".join(bodies).decode())
+    assert events[0]["type"] == "RUN_STARTED" and events[-1]["type"] == "RUN_FINISHED"
+    assert events[-1]["result"] == "hold:quiet ok #1"

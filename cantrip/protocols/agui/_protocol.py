@@ -11,9 +11,9 @@ cancels already hold every piece of it, so this is translation only:
   message) keyed by its ``runId`` -- a repeated ``runId`` joins or replays that
   prompt, never casts again;
 * the loop's events become AG-UI's (:class:`Translator`), whether they come live
-  from an entity in this process (:mod:`._agui_hub`) or are read back from the
-  turns a worker recorded in the PostgreSQL loom (:func:`recorded_events`, used by
-  :mod:`._db_agui` for ``serve --db``);
+  from an entity in this process or are read back from the turns a worker recorded
+  in the PostgreSQL loom (:func:`recorded_events`) -- the one run over the session
+  seam, :mod:`._run`, takes what the backend's ``follow`` gives;
 * :class:`RunStream` is one run on the wire: ``RUN_STARTED``, a state snapshot, the
   events, a ``STATE_DELTA`` per recorded turn, and the ending -- snapshots and
   ``RUN_FINISHED`` (success, ``interrupt`` for a pause, ``cancelled``) or ``RUN_ERROR``.

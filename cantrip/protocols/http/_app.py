@@ -56,7 +56,7 @@ from cantrip.llm._stream import Event
 from cantrip.protocols.a2a import _server as _a2a
 from cantrip.protocols.a2a._push import Pushes
 from cantrip.protocols.a2a._tasks import SessionTasks
-from cantrip.protocols.agui._hub import serve_agui
+from cantrip.protocols.agui._run import serve_agui
 from cantrip.protocols.asgi._openapi import CancelRequest
 from cantrip.protocols.asgi._requests import (
     idempotency_key,
@@ -87,6 +87,7 @@ from cantrip.protocols.sessions._hub import (
     turn_dict,
 )
 from cantrip.protocols.sessions._idempotency import keyed_prompt_id
+from cantrip.protocols.sessions._process import ProcessBackend
 from cantrip.protocols.viewer._app import Viewer
 
 log = get_logger("cantrip.http")
@@ -173,7 +174,23 @@ class HttpApp(ServerShell):
         return False
 
     async def _agui(self, receive: Receive, send: Send) -> None:
-        await serve_agui(self.hub, receive, send, lambda: self._make_room(adding=True))
+        @contextlib.asynccontextmanager
+        async def admitted() -> AsyncIterator[None]:
+            await self._make_room(adding=True)
+            yield
+
+        async with contextlib.AsyncExitStack() as stack:
+            casts = self._casts  # no lifespan: the request holds its cast
+            if casts is None:
+                casts = await stack.enter_async_context(trio.open_nursery())
+            await serve_agui(
+                ProcessBackend(self.hub, casts),
+                receive,
+                send,
+                gate_names=self.hub.spell.circle.gate_names,
+                admitted=admitted,
+                drain=self.drain,
+            )
 
     async def _create(self, key: str | None) -> tuple[dict[str, Any], bool]:
         await self._make_room(adding=True)

@@ -37,7 +37,7 @@ a running prompt is stored for the worker that runs it, and a second prompt's
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
@@ -55,7 +55,7 @@ from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.a2a import _server as _a2a
 from cantrip.protocols.a2a._db import a2a_front
 from cantrip.protocols.a2a._server import A2AFront
-from cantrip.protocols.agui._db import serve_db_agui
+from cantrip.protocols.agui._run import serve_agui
 from cantrip.protocols.asgi._openapi import CancelRequest, openapi_document
 from cantrip.protocols.asgi._requests import (
     until_disconnect,
@@ -76,6 +76,7 @@ from cantrip.protocols.middleware._guard import Guard
 from cantrip.protocols.middleware._lifecycle import Drain, ServeOptions, Tally
 from cantrip.protocols.sessions._hub import SessionError, event_dict
 from cantrip.protocols.sessions._notify import Notifier
+from cantrip.protocols.sessions._postgres import PostgresBackend
 from cantrip.protocols.sessions._rows import (
     DbSessions,
     Progress,
@@ -140,7 +141,27 @@ class DbHttpApp(ServerShell):
         return await self.viewer.dispatch(scope, receive, send)  # the browser viewer
 
     async def _agui(self, receive: Receive, send: Send) -> None:
-        await serve_db_agui(self, receive, send)  # AG-UI (protocols._db_agui)
+        @contextlib.asynccontextmanager
+        async def admitted() -> AsyncIterator[None]:
+            limit = self.options.max_running
+            if limit is not None and self.waiting >= limit:
+                raise self._unavailable(
+                    "overloaded", f"{self.waiting} prompts are waiting here (the limit); try again"
+                )
+            with self._waits.held():  # a prompt this replica waits on
+                yield
+
+        backend = PostgresBackend(
+            self.sessions, self.notifier, self.spell, poll_s=self.poll_s, tail_s=self.tail_s
+        )
+        await serve_agui(
+            backend,
+            receive,
+            send,
+            gate_names=self.cantrip.circle.gate_names,
+            admitted=admitted,
+            drain=self.drain,
+        )
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking database call in a thread, behind the store's limiter.

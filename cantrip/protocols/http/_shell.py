@@ -201,8 +201,8 @@ class ServerShell:
         return False
 
     async def _agui(self, receive: Receive, send: Send) -> None:
-        """``POST /agui``: an AG-UI run (each server answers it from its own source:
-        :mod:`._agui_hub` in process, :mod:`._db_agui` on a replica)."""
+        """``POST /agui``: an AG-UI run (each server calls the one run,
+        :func:`cantrip.protocols.agui._run.serve_agui`, with its session backend)."""
         raise HttpError(404, "not_found", "this server does not speak AG-UI")
 
     async def _health_report(self) -> dict[str, Any]:

@@ -4,7 +4,7 @@ backends, in process (:class:`ProcessBackend`, over ``SessionHub``) and on Postg
 
 Issue 41, phase 1 (this package and ``tests/test_session_backend_contract.py``): the
 seam, its two adapters and the contract every backend keeps; no protocol uses it yet.
-:mod:`._backend`'s docstring lists the operations and the thirteen places the two modes
+:mod:`._backend`'s docstring lists the operations and the places the two modes
 drifted, each ``test_drift_*`` test asserting the pair of answers as it is (phase 2
 turns them into contract tests one by one).
 
@@ -30,10 +30,10 @@ Phase 2, in this order (each step keeps every existing test green in both modes)
    result, prompt stream, ``/events`` from ``follow``, which gains ``Last-Event-ID``
    from the position for free). ``bench/serve_load.py`` and ``bench/serve_db.py``
    measured before and after.
-3. *AG-UI*: ``_agui_hub.py`` and ``_db_agui.py`` become one run over the seam; the
-   seam's ``submit`` grows the client's tools (``entity.offer`` in process,
-   ``CLIENT_TOOLS_KEY`` in the queued spell) -- the one thing AG-UI asks that the
-   contract does not cover yet.
+3. *AG-UI* (done): ``agui/_hub.py`` and ``agui/_db.py`` became one run over the
+   seam, ``agui/_run.py``; the seam's ``submit`` grew the client's tools (offered by
+   the hub as a prompt starts in process, ``CLIENT_TOOLS_KEY`` in the queued spell on
+   PostgreSQL), in the contract.
 4. *A2A*: ``_a2a_session.py`` and ``_a2a_db.py`` become one task source over the seam
    (a task is a prompt id plus its messages; the task rows move into the PostgreSQL
    backend, the in-memory map into the process one); push stays behind
@@ -61,12 +61,15 @@ from typing import TYPE_CHECKING, Any
 
 from cantrip.protocols.sessions._backend import (
     BUSY_POLICIES,
+    ENTITY_PREFIX,
+    SESSION_PREFIX,
     BusyPolicy,
     Cancelled,
     Capabilities,
     Health,
     PromptOutcome,
     SessionBackend,
+    SessionError,
     SessionEvent,
     SessionInfo,
     Submitted,
@@ -94,6 +97,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BUSY_POLICIES",
+    "ENTITY_PREFIX",
+    "SESSION_PREFIX",
     "BusyPolicy",
     "Cancelled",
     "Capabilities",
@@ -102,6 +107,7 @@ __all__ = [
     "ProcessBackend",
     "PromptOutcome",
     "SessionBackend",
+    "SessionError",
     "SessionEvent",
     "SessionInfo",
     "Submitted",

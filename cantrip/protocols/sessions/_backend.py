@@ -18,8 +18,10 @@ The operations, and what both modes do today
 * **sessions** -- ``create`` (with an idempotency key: the session that key made,
   anywhere, any time before), ``sessions`` (list), ``find`` (one; a top-level entity
   the loom holds counts, and in process is resumed from the loom).
-* **submit** a prompt with an idempotency key and a busy policy (``reject``,
-  ``enqueue``, ``interrupt``, ``rollback``); it returns as soon as the prompt is
+* **submit** a prompt with an idempotency key, a busy policy (``reject``,
+  ``enqueue``, ``interrupt``, ``rollback``) and the client's own tools (AG-UI's,
+  offered to this prompt only: in process ``Entity.offer`` as it starts, on
+  PostgreSQL ``CLIENT_TOOLS_KEY`` in its queued spell); it returns as soon as the prompt is
   accepted (running or waiting its turn) with the id a cancel can name; ``result``
   waits for how it ended. A key seen before joins the running prompt or replays the
   recorded one (``replayed``); the same key with another intent is ``key_reused``.
@@ -103,8 +105,8 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
     has neither. ``HttpApp._stream_prompt`` repeats the hub's ``busy`` check to answer
     409 before its stream starts. Lifecycle, not sessions: not in the contract.
 12. *Errors from below*: the ``--db`` front ends get the database's failures as
-    :class:`~cantrip.protocols.asgi._responses.HttpError` (``DbHttpApp._db``), and AG-UI and A2A
-    on ``--db`` translate HTTP statuses back (``_a2a_db.protocol_errors``); in process
+    :class:`~cantrip.protocols.asgi._responses.HttpError` (``DbHttpApp._db``), and A2A
+    on ``--db`` translates HTTP statuses back (``_a2a_db.protocol_errors``); in process
     they catch :class:`~cantrip.protocols.sessions._hub.SessionError`. The seam raises
     ``SessionError`` and :class:`~cantrip.PauseError` only.
 13. *What one mode lacks*: A2A push notifications and the viewer's fork are in process
@@ -112,11 +114,18 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
     prompt's id is random and known to the process that ran it). In process ``find``
     may resume the entity from the loom (and idle ones are dropped,
     :mod:`cantrip.protocols.middleware._limits`); a replica never holds an entity.
+14. *A client's tools outlived their prompt in process* -- removed (phase 2, step 3):
+    AG-UI offered a run's tools to the entity (``Entity.offer``) and they stayed
+    offered to every later prompt (the HTTP API's too) until an AG-UI run offered
+    others; on PostgreSQL each work item carries its own (``CLIENT_TOOLS_KEY``). Now
+    ``submit(..., tools=)`` in both, and the hub offers a prompt's own tools as it
+    starts (none for a prompt without).
+    ``test_a_prompt_offers_the_clients_tools_and_a_call_of_one_waits_for_its_result``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Literal, Protocol, get_args
 
 import attrs
@@ -124,6 +133,22 @@ import attrs
 from cantrip._approval import Decision, Pause
 from cantrip._outcome import CastResult
 from cantrip.loom._model import Turn
+
+SESSION_PREFIX = "session-"
+"""A session's id begins so (the rest names its entity, ``entity-...``)."""
+ENTITY_PREFIX = "entity-"
+
+
+class SessionError(Exception):
+    """A request about a session that cannot be served; ``kind`` says why."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        """not_found, busy, not_running, full, key_reused, bad_tools, overloaded or
+        shutting_down (and ``cast_failed`` from :meth:`SessionBackend.result`)."""
+        self.message = message
+
 
 BusyPolicy = Literal["reject", "enqueue", "interrupt", "rollback"]
 """What a prompt does when its session is running one (double-texting)."""
@@ -239,10 +264,10 @@ class Capabilities:
 
 class SessionBackend(Protocol):
     """Where sessions live and casts run; see the module docstring. Every method
-    raises :class:`~cantrip.protocols.sessions._hub.SessionError` for a request it cannot
-    serve (``kind``: ``not_found``, ``busy``, ``not_running``, ``key_reused``,
-    ``steering_full``, ``cast_failed``) and :class:`~cantrip.PauseError` for an answer
-    to a pause that is not waiting."""
+    raises :class:`SessionError` for a request it cannot serve (``kind``:
+    ``not_found``, ``busy``, ``not_running``, ``key_reused``, ``steering_full``,
+    ``cast_failed``, ``bad_tools``) and :class:`~cantrip.PauseError` for an answer to a
+    pause that is not waiting."""
 
     @property
     def capabilities(self) -> Capabilities: ...
@@ -264,9 +289,18 @@ class SessionBackend(Protocol):
         *,
         key: str | None = None,
         on_busy: BusyPolicy = "reject",
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> Submitted:
         """Accept a prompt (``busy`` for ``reject`` while one runs); returns once it
-        runs or waits its turn."""
+        runs or waits its turn.
+
+        ``tools``: the client's own tools (AG-UI's), definitions with ``name``,
+        ``description`` and ``parameters``. They are offered to this prompt's cast and
+        to an answer's continuation of it, in place of any a prompt before offered; a
+        call of one waits like an ``ask_user`` question, and the client's result
+        answers it (:meth:`answer`). A name no provider takes, or one given twice, is
+        ``bad_tools`` (a name the circle has is the front end's to refuse: it knows
+        the circle)."""
         ...
 
     async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:

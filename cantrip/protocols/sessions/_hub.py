@@ -42,7 +42,7 @@ import trio
 from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._core import Entity
-from cantrip._errors import CantripError
+from cantrip._errors import CantripError, ConstructionError
 from cantrip._events import (
     FinalResponse,
     GateProgress,
@@ -53,12 +53,16 @@ from cantrip._events import (
     ToolResultEvent,
     UsageEvent,
 )
+from cantrip._gate import Gate
 from cantrip._outcome import CastResult, recorded_cast
 from cantrip._redact import get_logger, redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import Turn
 from cantrip.protocols.sessions import _steering as steering
+from cantrip.protocols.sessions._backend import ENTITY_PREFIX as ENTITY_PREFIX
+from cantrip.protocols.sessions._backend import SESSION_PREFIX as SESSION_PREFIX
+from cantrip.protocols.sessions._backend import SessionError as SessionError
 from cantrip.protocols.sessions._idempotency import (
     KEY_TAG,
     key_index,
@@ -67,19 +71,6 @@ from cantrip.protocols.sessions._idempotency import (
 )
 
 log = get_logger("cantrip.sessions")
-
-SESSION_PREFIX = "session-"
-ENTITY_PREFIX = "entity-"
-
-
-class SessionError(Exception):
-    """A request about a session that cannot be served; ``kind`` says why."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        """not_found, busy, not_running, full, key_reused, overloaded or shutting_down."""
-        self.message = message
 
 
 def not_running(session_id: str) -> SessionError:
@@ -115,6 +106,8 @@ class Prompt:
     waiting: bool = False
     """It waits its turn behind the session's running prompt (``enqueue``, or the
     interrupted one ending): a cancel finds it ``queued``, as on PostgreSQL."""
+    offered: tuple[Gate, ...] = ()
+    """The client's own tools (AG-UI's), offered to its cast as it starts."""
     done: trio.Event = attrs.field(factory=trio.Event)
     outcome: CastResult | None = None
     error: BaseException | None = None
@@ -432,6 +425,10 @@ class SessionHub:
             raise SessionError(
                 "overloaded", f"{self.running} prompts are running (the limit); try again"
             )
+        try:  # the client's tools: this prompt's own, none of an earlier prompt's
+            session.entity.offer(prompt.offered)
+        except ConstructionError as exc:  # a name the circle (an MCP server) has
+            raise SessionError("bad_tools", str(exc)) from None
         outcome: CastResult | None = None
         before = session.entity.leaf  # the cast's first turn, if it writes one, follows it
         prompt.before = before

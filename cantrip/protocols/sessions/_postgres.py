@@ -16,13 +16,15 @@ a lost database into 503 (``DbHttpApp._db``): here a database error is raised as
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
 import trio
 
 from cantrip._approval import Decision, Pause
+from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
+from cantrip._errors import ConstructionError
 from cantrip._events import FinalResponse, PauseEvent, StepComplete
 from cantrip.distributed._work import DEAD
 from cantrip.loom._model import Turn
@@ -137,9 +139,17 @@ class PostgresBackend:
         *,
         key: str | None = None,
         on_busy: BusyPolicy = "reject",
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> Submitted:
         row = await self._row(session_id)
-        queued = await self._db(self.db.enqueue, row.entity_id, self.spell, intent, key, on_busy)
+        spell = self.spell
+        if tools:  # the worker offers them (and to an answer's continuation of this work)
+            try:
+                client_gates(tools)  # refused here, not by the worker
+            except ConstructionError as exc:
+                raise SessionError("bad_tools", str(exc)) from None
+            spell = {**spell, CLIENT_TOOLS_KEY: [dict(t) for t in tools]}
+        queued = await self._db(self.db.enqueue, row.entity_id, spell, intent, key, on_busy)
         return Submitted(queued.prompt_id, row.session_id, replayed=queued.replayed)
 
     async def _work_of(self, row: SessionRow, prompt_id: str) -> int:

@@ -19,14 +19,24 @@ split of ``prompt`` into admitting and running).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    Sequence,
+)
+from typing import Any
 
 import attrs
 import trio
 
 from cantrip._approval import Decision, Pause, PauseError
-from cantrip._errors import CantripError
+from cantrip._client_gates import client_gates
+from cantrip._errors import CantripError, ConstructionError
 from cantrip._events import FinalResponse, StepComplete
+from cantrip._gate import Gate
 from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
 from cantrip.loom._model import Turn
@@ -132,9 +142,10 @@ class ProcessBackend:
         *,
         key: str | None = None,
         on_busy: BusyPolicy = "reject",
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> Submitted:
         session = self._session(session_id)
-        handle = Prompt(intent, key)
+        handle = Prompt(intent, key, offered=_client_gates(tools))
         if key is not None:
             handle.id = keyed_prompt_id(session.entity_id, key)
         current = session.current
@@ -273,6 +284,14 @@ def _recorded_events(turn: Turn, position: int) -> list[SessionEvent]:
         final = event_dict(FinalResponse(turn.result, entity_id=turn.entity_id))
         told.append(SessionEvent(final["type"], final))
     return told
+
+
+def _client_gates(tools: Sequence[Mapping[str, Any]]) -> tuple[Gate, ...]:
+    """The client's tool definitions as the gates the hub offers (``bad_tools``)."""
+    try:
+        return client_gates(tools)
+    except ConstructionError as exc:
+        raise SessionError("bad_tools", str(exc)) from None
 
 
 def _info(session: Session) -> SessionInfo:

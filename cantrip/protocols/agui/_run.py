@@ -1,0 +1,431 @@
+"""``POST /agui``, written once over the session seam (SPEC.md "AG-UI"): one AG-UI run
+against any :class:`~cantrip.protocols.sessions.SessionBackend` -- in process, on
+PostgreSQL, or a third one -- with :mod:`._protocol`'s meaning of the input and its
+one event mapping.
+
+* ``threadId`` names a session: a session (or entity) id the backend finds is itself,
+  any other id the session it created on that thread's first run (``create`` by key);
+* a run is one prompt, submitted with its ``runId`` as the idempotency key and the
+  client's ``tools``: a repeated ``runId`` joins the running prompt or replays the
+  recorded one -- told from the cast's turns -- and never casts again;
+* ``resume`` entries, and the results of the client's own tools, answer the paused
+  calls (:meth:`SessionBackend.answer`), each continuation followed like a prompt;
+* what the run tells is ``follow``'s from the turns the session had before it: in
+  process the entity's events as they happen (token deltas, tool calls), on
+  PostgreSQL the turns as a worker records them. A turn whose events were not heard
+  live is told from its record (:func:`._protocol.recorded_events`), so the one
+  :class:`._protocol.Translator` takes both, and no backend is asked what it is;
+* the run ends when its prompt's :meth:`~SessionBackend.result` is in and the follow
+  has told the cast's end (its last turn, or its pauses): ``RUN_FINISHED`` (an
+  interrupt for a pause, ``cancelled`` for a cancel from elsewhere) or ``RUN_ERROR``;
+* a client that hangs up cancels the run's prompt; the server's shutdown ends the
+  stream with ``RUN_ERROR`` ``shutting_down`` (the same ``runId`` replays it later).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
+
+import attrs
+import trio
+from ag_ui.core import RunAgentInput
+
+from cantrip._approval import Decision, Pause, PauseError
+from cantrip._events import (
+    FinalResponse,
+    GateProgress,
+    MessageComplete,
+    StepComplete,
+    StepStart,
+    ToolResultEvent,
+)
+from cantrip._outcome import CastResult
+from cantrip._redact import get_logger
+from cantrip.llm._contract import Response, ToolCall
+from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
+from cantrip.loom._model import GateCallRecord
+from cantrip.protocols.agui._protocol import (
+    RunFailed,
+    RunStream,
+    Where,
+    check_tools,
+    client_answers,
+    decision_for,
+    intent_of,
+    parse_input,
+    recorded_events,
+    run_key,
+    thread_key,
+    tool_definitions,
+    tool_results,
+)
+from cantrip.protocols.asgi._requests import read_body, until_disconnect
+from cantrip.protocols.asgi._responses import HttpError, Receive, Send, heartbeat_s
+from cantrip.protocols.middleware._lifecycle import Drain
+from cantrip.protocols.sessions import (
+    ENTITY_PREFIX,
+    SESSION_PREFIX,
+    SessionBackend,
+    SessionError,
+    SessionEvent,
+    SessionInfo,
+    Submitted,
+)
+
+log = get_logger("cantrip.agui")
+
+CATCH_UP_S = 30.0
+"""How long, once a prompt's result is in, the run waits for the follow to tell the
+cast's end; past it the turns not told yet are told from the cast's record (a
+follower that fell behind -- a database slow to answer -- never holds a run open)."""
+
+Admission = Callable[[], AbstractAsyncContextManager[object]]
+
+
+async def serve_agui(
+    backend: SessionBackend,
+    receive: Receive,
+    send: Send,
+    *,
+    gate_names: Iterable[str] = (),
+    admitted: Admission | None = None,
+    drain: Drain | None = None,
+) -> None:
+    """``POST /agui``: read the run's input (a 400 before anything runs if it is not
+    one, or a tool takes a name of ``gate_names``, the circle's), find its thread's
+    session and stream the run.
+
+    ``admitted``: the server's own admission around the run -- a refusal
+    (:class:`HttpError`) is the answer before any event (in process: room for one
+    more session; on a replica: ``overloaded``), and it holds while the run does (a
+    replica counts it among the prompts it waits on). ``drain``: the server's shutdown
+    ends the run's stream."""
+    run = parse_input(await read_body(receive))
+    check_tools(run, gate_names)
+    async with admitted() if admitted is not None else contextlib.nullcontext():
+        info = await thread_session(backend, run.thread_id)
+        thread = await backend.thread(info.session_id)
+        where = Where(info.session_id, info.entity_id, thread[-1].sequence if thread else 0)
+        async with RunStream(run, send).running(where) as stream:
+            await AguiRun(backend, info, run, stream, drain).serve(receive)
+
+
+async def thread_session(backend: SessionBackend, thread_id: str) -> SessionInfo:
+    """The session a thread names: a session (or entity) id the backend knows is
+    itself; any other id the session this thread id created (made on first use)."""
+    try:
+        if thread_id.startswith((SESSION_PREFIX, ENTITY_PREFIX)):
+            try:
+                return await backend.find(thread_id)
+            except SessionError as exc:
+                if exc.kind != "not_found":
+                    raise
+                # not one of ours: a client's own id, mapped like any other
+        info, _ = await backend.create(thread_key(thread_id))
+        return info
+    except SessionError as exc:  # e.g. an entity the loom holds that cannot be resumed
+        raise HttpError(409, exc.kind, exc.message) from None
+
+
+@attrs.define
+class _Ended:
+    """A prompt's result is in (or why there is none)."""
+
+    cast: CastResult | None = None
+    failure: RunFailed | None = None
+
+
+class AguiRun:
+    """One ``POST /agui``: the run's prompt (or its answers to paused calls), each
+    followed on the seam and told as it goes."""
+
+    def __init__(
+        self,
+        backend: SessionBackend,
+        info: SessionInfo,
+        run: RunAgentInput,
+        stream: RunStream,
+        drain: Drain | None = None,
+    ) -> None:
+        self.backend = backend
+        self.session_id = info.session_id
+        self.run = run
+        self.stream = stream
+        self.drain = drain
+        self.gone = False
+        """The client hung up."""
+        self.ours: Submitted | None = None
+        """The prompt this run started and follows now (a hang-up cancels it)."""
+
+    async def serve(self, receive: Receive) -> None:
+        """The run to its end; nothing more is said once the client has hung up."""
+        outcome: CastResult | None = None
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                await until_disconnect(receive)
+                self.gone = True
+                await self._cancel_ours()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            with self.drain.stream() if self.drain is not None else trio.CancelScope() as ending:
+                outcome = await self._serve()
+            nursery.cancel_scope.cancel()  # the watcher: the run has ended
+        if self.gone:
+            return
+        if ending.cancelled_caught:
+            raise RunFailed(
+                "shutting_down",
+                "the server is shutting down before the run ended: run it again with the "
+                "same runId for its outcome",
+            )
+        thread = await self.backend.thread(self.session_id)
+        here = Where(self.session_id, self.stream.entity_id, thread[-1].sequence if thread else 0)
+        await self.stream.finish(outcome, here, thread)
+
+    async def _cancel_ours(self) -> None:
+        ours = self.ours
+        if ours is not None and not ours.replayed:  # a joined run is another client's
+            log.info("session %s: the AG-UI client hung up; cancelling", self.session_id)
+            with trio.CancelScope(shield=True):
+                await self.backend.cancel(self.session_id, prompt_id=ours.prompt_id)
+
+    async def _serve(self) -> CastResult | None:
+        if self.run.resume:
+            return await self._resume()
+        answered = await self._client_results()
+        if answered is not None:
+            return answered[0]
+        return await self._follow(
+            lambda: self.backend.submit(
+                self.session_id,
+                intent_of(self.run),
+                key=run_key(self.run),
+                tools=tool_definitions(self.run),
+            )
+        )
+
+    async def _client_results(self) -> tuple[CastResult | None] | None:
+        """Answer the open calls of the client's own tools with the results this run
+        carries, each continuing the paused cast (the last continuation's outcome is
+        the run's); None if the run carries no result for an open call."""
+        results = tool_results(self.run)
+        if not results:
+            return None
+        calls = client_answers(results, await self.backend.pauses(self.session_id))
+        if not calls:
+            return None
+        outcome: CastResult | None = None
+        for pause, decision in calls:
+            outcome = await self._answer(pause, decision)
+        return (outcome,)
+
+    async def _resume(self) -> CastResult | None:
+        """Answer the interrupts in the order given; each answer continues the paused
+        cast, and the last continuation's outcome is the run's."""
+        outcome: CastResult | None = None
+        for entry in self.run.resume or ():
+            pending = {p.pause_id: p for p in await self.backend.pauses(self.session_id)}
+            pause = pending.get(entry.interrupt_id)
+            if pause is None:
+                raise RunFailed(
+                    "bad_resume",
+                    f"interrupt {entry.interrupt_id!r} is not open on thread "
+                    f"{self.run.thread_id!r} (open: {', '.join(pending) or 'none'})",
+                )
+            try:
+                decision = decision_for(pause, entry)
+            except PauseError as exc:
+                raise RunFailed("bad_resume", str(exc)) from None
+            outcome = await self._answer(pause, decision)
+        return outcome
+
+    async def _answer(self, pause: Pause, decision: Decision) -> CastResult | None:
+        async def answer() -> Submitted:
+            submitted = await self.backend.answer(self.session_id, pause.pause_id, decision)
+            if submitted is None:  # a running prompt waited on it in place: that run tells it
+                raise RunFailed(
+                    "answered_live",
+                    f"interrupt {pause.pause_id} was handed to the run that waits on it",
+                )
+            return submitted
+
+        return await self._follow(answer)
+
+    async def _follow(self, start: Callable[[], Awaitable[Submitted]]) -> CastResult | None:
+        """Start a prompt (``start``: a submit or an answer) and tell its cast until it
+        has ended; how it ended. The session is followed from before the prompt is
+        started, so nothing it does is missed."""
+        backend, session_id = self.backend, self.session_id
+        before = (await backend.find(session_id)).turns
+        told, heard = trio.open_memory_channel[SessionEvent | _Ended](math.inf)
+        failure: RunFailed | None = None
+        outcome: CastResult | None = None
+        async with told, heard, trio.open_nursery() as nursery:
+
+            async def pump(task_status: trio.TaskStatus[None]) -> None:
+                events = backend.follow(session_id, after=before)
+                task_status.started()  # (it subscribes before the caller resumes)
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        told.send_nowait(event)
+
+            async def result(submitted: Submitted) -> None:
+                try:
+                    ended = await backend.result(session_id, submitted.prompt_id)
+                except SessionError as exc:
+                    told.send_nowait(_Ended(failure=RunFailed(exc.kind, exc.message)))
+                else:
+                    told.send_nowait(_Ended(ended.cast))
+
+            await nursery.start(pump)
+            try:
+                with trio.CancelScope(shield=True):  # started, it is ours to cancel
+                    self.ours = submitted = await start()
+            except SessionError as exc:
+                failure = RunFailed(exc.kind, exc.message)
+            except PauseError as exc:
+                failure = RunFailed("bad_resume", str(exc))
+            except RunFailed as exc:
+                failure = exc
+            else:
+                if self.gone:  # hung up while it was being started
+                    await self._cancel_ours()
+                nursery.start_soon(result, submitted)
+                if submitted.replayed:  # another request's cast: told from its record
+                    outcome, failure = await self._replay(heard)
+                else:
+                    outcome, failure = await self._tell(heard)
+            nursery.cancel_scope.cancel()
+        self.ours = None
+        if failure is not None:
+            raise failure
+        return outcome
+
+    async def _next(
+        self, heard: trio.MemoryReceiveChannel[SessionEvent | _Ended], deadline: float
+    ) -> SessionEvent | _Ended | None:
+        """What comes next, or None if nothing did for a heartbeat (an ``: idle`` went
+        out) or by ``deadline``."""
+        with trio.move_on_at(min(deadline, trio.current_time() + heartbeat_s())):
+            return await heard.receive()
+        if trio.current_time() < deadline:
+            await self.stream.idle()
+        return None
+
+    async def _replay(
+        self, heard: trio.MemoryReceiveChannel[SessionEvent | _Ended]
+    ) -> tuple[CastResult | None, RunFailed | None]:
+        ended: _Ended | None = None
+        while ended is None:
+            item = await self._next(heard, math.inf)
+            if isinstance(item, _Ended):
+                ended = item
+        for turn in ended.cast.turns if ended.cast is not None else ():
+            for event in recorded_events(turn):
+                await self.stream.event(event)
+        return ended.cast, ended.failure
+
+    async def _tell(
+        self, heard: trio.MemoryReceiveChannel[SessionEvent | _Ended]
+    ) -> tuple[CastResult | None, RunFailed | None]:
+        """Tell the session's events until the prompt has ended and its end is told."""
+        live = False
+        """Events of the turn being told were heard as they happened."""
+        told: set[str] = set()
+        """Turns told (by id), and pauses heard."""
+        ended: _Ended | None = None
+        deadline = math.inf
+        while ended is None or not _told_its_end(ended.cast, told):
+            item = await self._next(heard, deadline)
+            if item is None:
+                if trio.current_time() >= deadline:
+                    break  # the follow fell behind: the rest is told from the record
+                continue
+            if isinstance(item, _Ended):
+                if item.failure is not None:
+                    return None, item.failure
+                ended, deadline = item, trio.current_time() + CATCH_UP_S
+                continue
+            if item.type == "pause":
+                told.add(str(item.data.get("pause", {}).get("pause_id")))
+            elif item.turn is not None:
+                told.add(item.turn.id)
+                if live:
+                    turn = item.turn
+                    await self.stream.event(StepComplete(turn=turn, entity_id=turn.entity_id))
+                else:  # a turn whose events this run did not hear: told from its record
+                    for event in recorded_events(item.turn):
+                        await self.stream.event(event)
+                live = False
+            else:
+                said = loop_event(item)
+                if said is not None:
+                    live = live or not isinstance(said, FinalResponse)
+                    await self.stream.event(said)
+        assert ended is not None
+        cast = ended.cast
+        if not _told_its_end(cast, told) and not live:  # fell behind: tell it from the record
+            for turn in cast.turns if cast is not None else ():
+                if turn.id not in told:
+                    for event in recorded_events(turn):
+                        await self.stream.event(event)
+        return cast, None
+
+
+def _told_its_end(cast: CastResult | None, told: set[str]) -> bool:
+    """Whether the follow has told how ``cast`` ended: its pauses if it paused, else
+    its last turn (a cast cut off before it recorded one has nothing to tell)."""
+    if cast is None or not cast.turns:
+        return True
+    if cast.pending:
+        return all(p.pause_id in told for p in cast.pending)
+    return cast.turns[-1].id in told
+
+
+def loop_event(told: SessionEvent) -> Event | None:
+    """A session's event (the seam's JSON shape, :func:`event_dict`'s) as the loop's
+    event the :class:`Translator` takes; None for what it does not tell (usage, a
+    pause, a kind it does not know). A recorded turn is told apart (it carries it)."""
+    data, entity_id = told.data, str(told.data.get("entity_id") or "")
+    kind = told.type
+    if kind == "step_start":
+        return StepStart(sequence=int(data.get("sequence") or 0), entity_id=entity_id)
+    if kind == "message_start":
+        return MessageStart(attempt=int(data.get("attempt") or 1), entity_id=entity_id)
+    if kind == "text_delta":
+        return TextDelta(text=str(data.get("text") or ""), entity_id=entity_id)
+    if kind == "thinking_delta":
+        return ThinkingDelta(text=str(data.get("text") or ""), entity_id=entity_id)
+    if kind == "tool_call":
+        return ToolCallEvent(
+            call_id=str(data.get("call_id") or ""),
+            name=str(data.get("name") or ""),
+            arguments=data.get("arguments") or {},
+            final=bool(data.get("final")),
+            entity_id=entity_id,
+        )
+    if kind == "message_complete":
+        calls = [
+            ToolCall(id=c["id"], name=c["name"], arguments=c.get("arguments") or {})
+            for c in data.get("tool_calls") or ()
+        ]
+        response = Response(content=data.get("content"), tool_calls=calls)
+        return MessageComplete(response=response, entity_id=entity_id)
+    if kind == "tool_result" and isinstance(data.get("record"), dict):
+        return ToolResultEvent(record=GateCallRecord.from_dict(data["record"]), entity_id=entity_id)
+    if kind == "gate_progress":
+        return GateProgress(
+            gate=str(data.get("gate") or ""),
+            progress=float(data.get("progress") or 0.0),
+            total=data.get("total"),
+            message=data.get("message"),
+            entity_id=entity_id,
+        )
+    if kind == "final_response":
+        return FinalResponse(result=data.get("result"), entity_id=entity_id)
+    return None
