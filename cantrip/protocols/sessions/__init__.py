@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from cantrip.protocols.sessions._backend import (
     BUSY_POLICIES,
+    MAX_TASKS,
     BusyPolicy,
     Cancelled,
     Capabilities,
@@ -70,6 +71,8 @@ from cantrip.protocols.sessions._backend import (
     SessionEvent,
     SessionInfo,
     Submitted,
+    TaskRecord,
+    TaskState,
 )
 
 if TYPE_CHECKING:
@@ -94,6 +97,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BUSY_POLICIES",
+    "MAX_TASKS",
     "BusyPolicy",
     "Cancelled",
     "Capabilities",
@@ -105,4 +109,6 @@ __all__ = [
     "SessionEvent",
     "SessionInfo",
     "Submitted",
+    "TaskRecord",
+    "TaskState",
 ]

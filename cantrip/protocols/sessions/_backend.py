@@ -36,6 +36,16 @@ The operations, and what both modes do today
   answer continues the paused cast (a prompt of its own, awaited with ``result``);
   a pause is answered once.
 * **thread** (the session's turns, root first), **health**, **capabilities**.
+* **tasks** -- a protocol's record beside a prompt (A2A's task: its id, the client's
+  messages, the prompt it follows now): ``submit_task`` submits the prompt and records
+  the task in one step (on PostgreSQL one transaction: a task exists exactly when its
+  prompt does), ``task``/``tasks`` read them with their prompt's state (open, ended with
+  its redacted result dict, failed), ``answer_task`` answers the pause the task waits
+  on and moves it to the continuation in one step (of two answers one wins),
+  ``cancel_waiting_task`` marks a task that waits for input cancelled. What is stored
+  is the backend's: rows of ``cantrip_a2a_tasks`` on PostgreSQL, a bounded map in
+  process (``MAX_TASKS``). ``follow(..., until=prompt_id)`` ends once that prompt has
+  ended and its turns were told (a stream of one task).
 
 Where the two modes drift today (found by the contract suite; each ``test_drift_*``
 runs one scenario on both real backends and asserts the pair of answers as it is, so it
@@ -125,6 +135,13 @@ from cantrip._approval import Decision, Pause
 from cantrip._outcome import CastResult
 from cantrip.loom._model import Turn
 
+TaskState = Literal["open", "ended", "failed"]
+"""The state of a task's current prompt: running or waiting its turn, ended (its
+result dict says how), or failed for good (``failure`` says why)."""
+
+MAX_TASKS = 1000
+"""Tasks a backend that keeps them in memory keeps (the oldest settled go first)."""
+
 BusyPolicy = Literal["reject", "enqueue", "interrupt", "rollback"]
 """What a prompt does when its session is running one (double-texting)."""
 BUSY_POLICIES: tuple[BusyPolicy, ...] = get_args(BusyPolicy)
@@ -208,6 +225,31 @@ class SessionEvent:
 
 
 @attrs.frozen
+class TaskRecord:
+    """A task recorded beside a prompt (an A2A task), with its prompt's state now."""
+
+    task_id: str
+    session_id: str
+    prompt_id: str
+    """The prompt the task follows now: the one submitted, then each answer's
+    continuation."""
+    messages: tuple[str, ...]
+    """What the client sent for it, in order (each a JSON text the protocol wrote)."""
+    seq: int
+    """Creation order among the backend's tasks (newer is larger)."""
+    canceled: bool
+    """Cancelled while it waited for input (its pause stays in the loom)."""
+    updated: float
+    """When it (or its prompt) last changed, seconds since the epoch."""
+    state: TaskState
+    result: dict[str, Any] | None = None
+    """Once ``ended``: the prompt's redacted result dict
+    (:func:`~cantrip._outcome.result_dict`; None: cut off before its first turn)."""
+    failure: str | None = None
+    """Once ``failed``: why, for the client."""
+
+
+@attrs.frozen
 class Health:
     mode: str
     running: int
@@ -287,9 +329,13 @@ class SessionBackend(Protocol):
         next_prompt: bool = False,
     ) -> Cancelled: ...
 
-    def follow(self, session_id: str, after: int = 0) -> AsyncGenerator[SessionEvent, None]:
+    def follow(
+        self, session_id: str, after: int = 0, *, until: str | None = None
+    ) -> AsyncGenerator[SessionEvent, None]:
         """The session's turns after its ``after``-th (recorded ones first), then its
-        events as they happen, for as long as the caller iterates."""
+        events as they happen, for as long as the caller iterates -- or, with ``until``
+        (a prompt id of the session, ``not_found`` otherwise), until that prompt has
+        ended and its turns were told."""
         ...
 
     async def pauses(self, session_id: str) -> list[Pause]: ...
@@ -302,3 +348,39 @@ class SessionBackend(Protocol):
     async def thread(self, session_id: str) -> list[Turn]: ...
 
     async def health(self) -> Health: ...
+
+    # -- tasks: a protocol's record beside a prompt (A2A) ------------------------------
+
+    async def submit_task(
+        self,
+        session_id: str,
+        intent: str,
+        *,
+        task_id: str,
+        message: str,
+        on_busy: BusyPolicy = "reject",
+    ) -> TaskRecord:
+        """:meth:`submit` the prompt and record task ``task_id`` (its first message) with
+        it, in one step: refused, neither is made."""
+        ...
+
+    async def task(self, task_id: str) -> TaskRecord | None: ...
+
+    async def tasks(
+        self, session_id: str | None, *, before: int | None = None, limit: int = MAX_TASKS
+    ) -> list[TaskRecord]:
+        """Tasks newest first (of one session if named; with ``seq`` below ``before``)."""
+        ...
+
+    async def answer_task(
+        self, task_id: str, prompt_id: str, pause_id: str, decision: Decision, message: str
+    ) -> TaskRecord | None:
+        """Answer the pause the task waits on and move the task to the continuation
+        (``message`` added), in one step; None if the task no longer follows
+        ``prompt_id`` or was cancelled (a pause answered already: :class:`PauseError`)."""
+        ...
+
+    async def cancel_waiting_task(self, task_id: str, prompt_id: str) -> TaskRecord | None:
+        """Mark the task, waiting for input at ``prompt_id``, cancelled; None if it
+        moved on or was cancelled meanwhile."""
+        ...
