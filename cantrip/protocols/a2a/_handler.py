@@ -1,4 +1,5 @@
-"""A2A's request handler, written once over the session seam (both modes).
+"""A2A's request handler and front (the card, the JSON-RPC endpoint), written once
+over the session seam (both modes).
 
 An A2A task is a prompt on a session plus the client's messages: the task's
 ``contextId`` is the session id, so later messages in the same context continue the
@@ -41,12 +42,18 @@ from typing import Any
 import trio
 
 from cantrip._approval import PauseError
+from cantrip._cantrip import Cantrip
 from cantrip._redact import get_logger
 from cantrip.protocols.a2a._push import Pushes
 from cantrip.protocols.a2a._server import (
+    AGENT_CARD_PATH,
     CANCEL_WAIT_S,
+    ENDPOINT,
     LIST_SCAN,
     TaskView,
+    _base_url,
+    _quiet_sdk_logs,
+    agent_card,
     cancelled_waiting,
     check_follow_up,
     check_message,
@@ -58,6 +65,7 @@ from cantrip.protocols.a2a._server import (
     state_name,
     working,
 )
+from cantrip.protocols.asgi._responses import Receive, Scope, Send
 from cantrip.protocols.sessions import SessionBackend, TaskRecord
 from cantrip.protocols.sessions._hub import SessionError
 
@@ -443,3 +451,57 @@ class A2AHandler:
         if config.history_length < 0:
             raise InvalidParamsError(message="historyLength must not be negative")
         return int(config.history_length)
+
+
+class A2AFront:
+    """The Agent Card and the JSON-RPC endpoint of one server, over its session backend
+    (either mode): ``pushes`` where ``backend.capabilities.a2a_push`` says so, ``admit``
+    the server's lifecycle check before a prompt is submitted
+    (:class:`A2AHandler`). :meth:`run` delivers push
+    notifications for as long as the server serves."""
+
+    def __init__(
+        self,
+        spell: Cantrip,
+        backend: SessionBackend,
+        *,
+        pushes: Pushes | None = None,
+        admit: Admit | None = None,
+    ) -> None:
+        from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+
+        self.spell = spell
+        self.handler = A2AHandler(backend, pushes=pushes, admit=admit)
+        _quiet_sdk_logs()
+        self.dispatcher = JsonRpcDispatcher(
+            self.handler,  # type: ignore[arg-type]
+            enable_v0_3_compat=True,
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver push notifications until cancelled (nothing to do without them)."""
+        await self.handler.run(task_status=task_status)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer the request if it is A2A's (True), else leave it to the API's routes."""
+        path = scope.get("path", "")
+        if path not in (AGENT_CARD_PATH, ENDPOINT):
+            return False
+        from cantrip.protocols.asgi._requests import allow
+        from cantrip.protocols.asgi._responses import json_response
+
+        if path == AGENT_CARD_PATH:
+            allow(scope["method"], "GET")
+            from google.protobuf.json_format import MessageToDict
+
+            url = _base_url(scope) + ENDPOINT
+            card = agent_card(self.spell, url, push=self.handler.push is not None)
+            await json_response(send, 200, MessageToDict(card))
+            return True
+        allow(scope["method"], "POST")
+        from starlette.requests import Request
+
+        asgi: Any = (scope, receive, send)  # starlette's types want mutable mappings
+        response = await self.dispatcher.handle_requests(Request(asgi[0], asgi[1]))
+        await response(*asgi)
+        return True

@@ -46,10 +46,9 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
-import trio
 
 from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
@@ -59,11 +58,6 @@ from cantrip.protocols.asgi._openapi import AnswerRequest
 from cantrip.protocols.asgi._responses import Receive, Scope, Send
 from cantrip.protocols.middleware._client_faults import demote_client_faults
 from cantrip.protocols.middleware._guard import guard_refusals_as_jsonrpc
-
-if TYPE_CHECKING:
-    from cantrip.protocols.a2a._handler import Admit
-    from cantrip.protocols.a2a._push import Pushes
-    from cantrip.protocols.sessions import SessionBackend
 
 AGENT_CARD_PATH = "/.well-known/agent-card.json"
 ENDPOINT = "/a2a"
@@ -452,62 +446,6 @@ def _quiet_sdk_logs() -> None:
     demote_client_faults(_SDK_LOGGERS, "a2a", _sdk_client_fault)
     for name in _SDK_LOGGERS:
         get_logger(name)  # and redacted
-
-
-class A2AFront:
-    """The Agent Card and the JSON-RPC endpoint of one server, over its session backend
-    (either mode): ``pushes`` where ``backend.capabilities.a2a_push`` says so, ``admit``
-    the server's lifecycle check before a prompt is submitted
-    (:class:`~cantrip.protocols.a2a._handler.A2AHandler`). :meth:`run` delivers push
-    notifications for as long as the server serves."""
-
-    def __init__(
-        self,
-        spell: Cantrip,
-        backend: SessionBackend,
-        *,
-        pushes: Pushes | None = None,
-        admit: Admit | None = None,
-    ) -> None:
-        from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
-
-        from cantrip.protocols.a2a._handler import A2AHandler
-
-        self.spell = spell
-        self.handler = A2AHandler(backend, pushes=pushes, admit=admit)
-        _quiet_sdk_logs()
-        self.dispatcher = JsonRpcDispatcher(
-            self.handler,  # type: ignore[arg-type]
-            enable_v0_3_compat=True,
-        )
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Deliver push notifications until cancelled (nothing to do without them)."""
-        await self.handler.run(task_status=task_status)
-
-    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Answer the request if it is A2A's (True), else leave it to the API's routes."""
-        path = scope.get("path", "")
-        if path not in (AGENT_CARD_PATH, ENDPOINT):
-            return False
-        from cantrip.protocols.asgi._requests import allow
-        from cantrip.protocols.asgi._responses import json_response
-
-        if path == AGENT_CARD_PATH:
-            allow(scope["method"], "GET")
-            from google.protobuf.json_format import MessageToDict
-
-            url = _base_url(scope) + ENDPOINT
-            card = agent_card(self.spell, url, push=self.handler.push is not None)
-            await json_response(send, 200, MessageToDict(card))
-            return True
-        allow(scope["method"], "POST")
-        from starlette.requests import Request
-
-        asgi: Any = (scope, receive, send)  # starlette's types want mutable mappings
-        response = await self.dispatcher.handle_requests(Request(asgi[0], asgi[1]))
-        await response(*asgi)
-        return True
 
 
 def _base_url(scope: Scope) -> str:

@@ -54,6 +54,7 @@ from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
 from cantrip.llm._stream import Event
 from cantrip.protocols.a2a import _server as _a2a
+from cantrip.protocols.a2a._handler import A2AFront
 from cantrip.protocols.a2a._push import Pushes
 from cantrip.protocols.agui._hub import serve_agui
 from cantrip.protocols.asgi._openapi import CancelRequest
@@ -116,7 +117,7 @@ class HttpApp(ServerShell):
         self.viewer = Viewer.for_hub(self.hub)  # the browser viewer at / and /api/
         # A2A (Agent Card + JSON-RPC) when the a2a-sdk extra is installed.
         self.pushes = Pushes(allow_private=self.options.a2a_push_private)
-        self.a2a: _a2a.A2AFront | None = None
+        self.a2a: A2AFront | None = None
         """A2A's card and endpoint over the session backend (made by the lifespan,
         where the backend's nursery is)."""
         self.drain = Drain()
@@ -143,7 +144,7 @@ class HttpApp(ServerShell):
             async with trio.open_nursery() as background:
                 if _a2a.available():  # its casts run in the providers' nursery
                     backend = ProcessBackend(self.hub, providers.nursery)
-                    self.a2a = _a2a.A2AFront(
+                    self.a2a = A2AFront(
                         self.spell, backend, pushes=self.pushes, admit=self._a2a_admit
                     )
                     await background.start(self.a2a.run)

@@ -53,7 +53,7 @@ from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.a2a import _server as _a2a
-from cantrip.protocols.a2a._server import A2AFront
+from cantrip.protocols.a2a._handler import A2AFront
 from cantrip.protocols.agui._db import serve_db_agui
 from cantrip.protocols.asgi._openapi import CancelRequest, openapi_document
 from cantrip.protocols.asgi._requests import (
