@@ -59,6 +59,7 @@ from cantrip.protocols.a2a._server import (
     check_message,
     decision_for,
     failed,
+    header_refusal,
     progress,
     prompt_of,
     settle,
@@ -499,6 +500,11 @@ class A2AFront:
             await json_response(send, 200, MessageToDict(card))
             return True
         allow(scope["method"], "POST")
+        refusal = header_refusal(scope)
+        if refusal is not None:  # JSON-RPC's shape, as the guard's refusals here
+            error = {"code": -32600, "message": f"Invalid Request: {refusal}"}
+            await json_response(send, 200, {"jsonrpc": "2.0", "id": None, "error": error})
+            return True
         from starlette.requests import Request
 
         asgi: Any = (scope, receive, send)  # starlette's types want mutable mappings

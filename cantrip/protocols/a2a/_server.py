@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -446,6 +447,26 @@ def _quiet_sdk_logs() -> None:
     demote_client_faults(_SDK_LOGGERS, "a2a", _sdk_client_fault)
     for name in _SDK_LOGGERS:
         get_logger(name)  # and redacted
+
+
+_EXTENSION_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[!-~]+")
+"""An extension's URI as ``A2A-Extensions`` lists them: a scheme, then printable ASCII."""
+
+
+def header_refusal(scope: Scope) -> str | None:
+    """What is wrong with a request's A2A headers (None: nothing), checked before the
+    request reaches the dispatcher -- before anything is made, queued or cast, in both
+    modes. ``A2A-Extensions`` must list extension URIs (comma-separated); ones this
+    server does not implement are ignored, as the protocol says (the card declares
+    none). ``A2A-Version`` is the SDK's dispatcher's to check (``-32009``), also before
+    it calls the handler."""
+    for name, raw in scope.get("headers") or ():
+        if name.lower() != b"a2a-extensions":
+            continue
+        entries = [e.strip() for e in raw.decode("latin-1").split(",")]
+        if not all(_EXTENSION_URI.fullmatch(e) for e in entries):
+            return "A2A-Extensions is not a comma-separated list of extension URIs"
+    return None
 
 
 def _base_url(scope: Scope) -> str:
