@@ -1,6 +1,6 @@
 """What the front ends of ``cantrip serve --db`` use of the replica that serves them.
 
-AG-UI (:mod:`._db_agui`) and A2A (:mod:`._a2a_db`) run on a replica
+AG-UI (:mod:`._db_agui`) runs on a replica
 (:class:`._db_http.DbHttpApp`) but stand apart from its routes: they reach its
 pieces -- database calls in threads behind the store's limiter, the enqueue with its
 limits, the wait for a work item, the notifier, the drain -- through this one

@@ -34,9 +34,11 @@ Phase 2, in this order (each step keeps every existing test green in both modes)
    seam's ``submit`` grows the client's tools (``entity.offer`` in process,
    ``CLIENT_TOOLS_KEY`` in the queued spell) -- the one thing AG-UI asks that the
    contract does not cover yet.
-4. *A2A*: ``_a2a_session.py`` and ``_a2a_db.py`` become one task source over the seam
-   (a task is a prompt id plus its messages; the task rows move into the PostgreSQL
-   backend, the in-memory map into the process one); push stays behind
+4. *A2A* (done): ``a2a/_tasks.py`` and ``a2a/_db.py`` became one handler over the seam
+   (``a2a/_handler.py``; a task is a prompt id plus its messages: the seam's
+   ``submit_task``, ``task``, ``tasks``, ``answer_task``, ``cancel_waiting_task`` and
+   ``follow(until=...)``; the task rows moved into the PostgreSQL backend,
+   ``_task_rows.py``, the in-memory map into the process one); push stays behind
    ``capabilities.a2a_push``.
 5. *The viewer's API* reads through the backend (its loom), fork behind
    ``capabilities.viewer_fork``; then *ACP* (one process, the in-process backend) and

@@ -5,10 +5,10 @@ side, ACP) asks the same few things of the place its sessions live; today each a
 them twice, once of the in-process :class:`~cantrip.protocols.sessions._hub.SessionHub`
 and once of ``serve --db``'s :class:`~cantrip.protocols.sessions._rows.DbSessions`
 (reached through :class:`~cantrip.protocols.http._shell.ServerShell`'s hooks, typed
-``Any``, :class:`~cantrip.protocols.a2a._server.A2AHandler`'s and
-:class:`~cantrip.protocols.http._replica.Replica`). :class:`SessionBackend` says it
-once, typed: sessions are named by id (a string), never handed out as objects, and
-every answer is one of the values below. Two adapters implement it over today's code
+``Any``, and :class:`~cantrip.protocols.http._replica.Replica`; A2A's handler,
+:class:`~cantrip.protocols.a2a._handler.A2AHandler`, speaks to this seam alone).
+:class:`SessionBackend` says it once, typed: sessions are named by id (a string),
+never handed out as objects, and every answer is one of the values below. Two adapters implement it over today's code
 (:mod:`._process`, :mod:`._postgres`); ``tests/test_session_backend_contract.py`` runs
 one set of tests against both and against a double that implements it alone.
 
@@ -113,10 +113,13 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
     has neither. ``HttpApp._stream_prompt`` repeats the hub's ``busy`` check to answer
     409 before its stream starts. Lifecycle, not sessions: not in the contract.
 12. *Errors from below*: the ``--db`` front ends get the database's failures as
-    :class:`~cantrip.protocols.asgi._responses.HttpError` (``DbHttpApp._db``), and AG-UI and A2A
-    on ``--db`` translate HTTP statuses back (``_a2a_db.protocol_errors``); in process
-    they catch :class:`~cantrip.protocols.sessions._hub.SessionError`. The seam raises
-    ``SessionError`` and :class:`~cantrip.PauseError` only.
+    :class:`~cantrip.protocols.asgi._responses.HttpError` (``DbHttpApp._db``), and AG-UI
+    on ``--db`` translates HTTP statuses back; in process they catch
+    :class:`~cantrip.protocols.sessions._hub.SessionError`. The seam raises
+    ``SessionError`` and :class:`~cantrip.PauseError` only. Removed for A2A (phase 2,
+    step 4): one handler over the seam maps those two to JSON-RPC errors once
+    (:func:`cantrip.protocols.a2a._handler.protocol_errors`);
+    ``tests/test_a2a_modes.py`` runs its refusals against both modes.
 13. *What one mode lacks*: A2A push notifications and the viewer's fork are in process
     only (``capabilities``); prompt ids are durable on PostgreSQL only (an unkeyed
     prompt's id is random and known to the process that ran it). In process ``find``
