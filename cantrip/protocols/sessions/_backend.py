@@ -9,8 +9,9 @@ and once of ``serve --db``'s :class:`~cantrip.protocols.sessions._rows.DbSession
 :class:`~cantrip.protocols.a2a._handler.A2AHandler`, speaks to this seam alone).
 :class:`SessionBackend` says it once, typed: sessions are named by id (a string),
 never handed out as objects, and every answer is one of the values below. Two adapters
-implement it over today's code (:mod:`._process`, :mod:`._postgres`); ``tests/test_session_backend_contract.py`` runs
-one set of tests against both and against a double that implements it alone.
+implement it over today's code (:mod:`._process`, :mod:`._postgres`);
+``tests/test_session_backend_contract.py`` runs one set of tests against both and
+against a double that implements it alone.
 
 The operations, and what both modes do today
 --------------------------------------------
