@@ -3,7 +3,8 @@ backends, in process (:class:`ProcessBackend`, over ``SessionHub``) and on Postg
 (:class:`PostgresBackend`, over ``DbSessions``).
 
 Issue 41, phase 1 (this package and ``tests/test_session_backend_contract.py``): the
-seam, its two adapters and the contract every backend keeps; no protocol uses it yet.
+seam, its two adapters and the contract every backend keeps (A2A is the first protocol
+written over it, phase 2 step 4).
 :mod:`._backend`'s docstring lists the operations and the thirteen places the two modes
 drifted, each ``test_drift_*`` test asserting the pair of answers as it is (phase 2
 turns them into contract tests one by one).
