@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -22,10 +23,11 @@ from seam_llm import HOLD, Holds, decide, is_last
 
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._client_gates import TOOL_NAME
-from cantrip._outcome import CastResult, cast_result
+from cantrip._outcome import CastResult, cast_result, result_dict
 from cantrip.llm._contract import ToolCall
 from cantrip.loom._model import GateCallRecord, Turn
 from cantrip.protocols.sessions import (
+    MAX_TASKS,
     BusyPolicy,
     Cancelled,
     Capabilities,
@@ -34,6 +36,7 @@ from cantrip.protocols.sessions import (
     SessionEvent,
     SessionInfo,
     Submitted,
+    TaskRecord,
 )
 from cantrip.protocols.sessions._hub import SessionError
 
@@ -61,6 +64,20 @@ class _Prompt:
     undelivered: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()
     """The names of the client's tools its cast is offered."""
+    ended_at: float = 0.0
+    enders: list[trio.MemorySendChannel[SessionEvent]] = attrs.field(factory=list)
+    """Followers that end with this prompt (closed once it has ended)."""
+
+
+@attrs.define(eq=False)
+class _Task:
+    task_id: str
+    session: _Session
+    prompt: _Prompt
+    messages: list[str]
+    seq: int
+    canceled: bool = False
+    changed: float = attrs.field(factory=time.time)
 
 
 @attrs.define(eq=False)
@@ -124,6 +141,7 @@ class DoubleBackend:
         self.holds = holds
         self.nursery = nursery
         self._sessions: dict[str, _Session] = {}
+        self._tasks: dict[str, _Task] = {}
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -243,7 +261,10 @@ class DoubleBackend:
         finally:
             session.queue.remove(prompt)
             session.running = None
+            prompt.ended_at = time.time()
             prompt.done.set()
+            for ender in prompt.enders:
+                ender.close()
             session.poke()
 
     async def _cast(self, session: _Session, prompt: _Prompt) -> None:
@@ -417,10 +438,21 @@ class DoubleBackend:
 
     # -- events ------------------------------------------------------------------
 
-    async def follow(self, session_id: str, after: int = 0) -> AsyncGenerator[SessionEvent, None]:
+    async def follow(
+        self, session_id: str, after: int = 0, *, until: str | None = None
+    ) -> AsyncGenerator[SessionEvent, None]:
         session = self._get(session_id)
         send, receive = trio.open_memory_channel[SessionEvent](math.inf)
         session.watchers.append(send)
+        if until is not None:
+            prompt = session.prompts.get(until)
+            if prompt is None:
+                send.close()
+                raise SessionError("not_found", f"no prompt {until!r} of session {session_id}")
+            if prompt.done.is_set():
+                send.close()
+            else:
+                prompt.enders.append(send)
         seen = after
         with receive:
             for turn in list(session.turns)[after:]:
@@ -434,6 +466,76 @@ class DoubleBackend:
                         continue
                     seen = event.position
                 yield event
+
+    # -- tasks -------------------------------------------------------------------
+
+    async def submit_task(
+        self,
+        session_id: str,
+        intent: str,
+        *,
+        task_id: str,
+        message: str,
+        on_busy: BusyPolicy = "reject",
+    ) -> TaskRecord:
+        submitted = await self.submit(session_id, intent, on_busy=on_busy)
+        session = self._get(session_id)
+        prompt = session.prompts[submitted.prompt_id]
+        task = _Task(task_id, session, prompt, [message], next(_ids))
+        self._tasks[task_id] = task
+        return _task_record(task)
+
+    async def task(self, task_id: str) -> TaskRecord | None:
+        task = self._tasks.get(task_id)
+        return None if task is None else _task_record(task)
+
+    async def tasks(
+        self, session_id: str | None, *, before: int | None = None, limit: int = MAX_TASKS
+    ) -> list[TaskRecord]:
+        found = sorted(self._tasks.values(), key=lambda t: -t.seq)
+        return [
+            _task_record(t)
+            for t in found
+            if (session_id is None or t.session.id == session_id)
+            and (before is None or t.seq < before)
+        ][:limit]
+
+    async def answer_task(
+        self, task_id: str, prompt_id: str, pause_id: str, decision: Decision, message: str
+    ) -> TaskRecord | None:
+        task = self._tasks.get(task_id)
+        if task is None or task.prompt.id != prompt_id or task.canceled:
+            return None
+        submitted = await self.answer(task.session.id, pause_id, decision)
+        if submitted is not None:
+            task.prompt = task.session.prompts[submitted.prompt_id]
+        task.messages.append(message)
+        task.changed = time.time()
+        return _task_record(task)
+
+    async def cancel_waiting_task(self, task_id: str, prompt_id: str) -> TaskRecord | None:
+        task = self._tasks.get(task_id)
+        if task is None or task.prompt.id != prompt_id or task.canceled:
+            return None
+        task.canceled = True
+        task.changed = time.time()
+        return _task_record(task)
+
+
+def _task_record(task: _Task) -> TaskRecord:
+    prompt = task.prompt
+    ended = prompt.done.is_set()
+    return TaskRecord(
+        task.task_id,
+        task.session.id,
+        prompt.id,
+        tuple(task.messages),
+        task.seq,
+        task.canceled,
+        max(task.changed, prompt.ended_at),
+        "ended" if ended else "open",
+        result_dict(prompt.cast) if ended else None,
+    )
 
 
 def _step(turn: Turn) -> dict[str, Any]:

@@ -265,8 +265,8 @@ def test_a_task_row_is_written_in_its_prompts_transaction(pg_url: str) -> None:
     import psycopg
 
     from cantrip.loom._postgres import PostgresStore
-    from cantrip.protocols.a2a._db import TaskRows
     from cantrip.protocols.sessions._rows import DbSessions
+    from cantrip.protocols.sessions._task_rows import TaskRows
 
     store = PostgresStore(pg_url)
     try:

@@ -296,3 +296,12 @@ async def test_a_refusal_is_final_and_a_retry_after_is_waited() -> None:
 async def test_a_retry_after_longer_than_a_lane_waits_ends_the_delivery() -> None:
     hook, pushes = await flaky_round([503], {"retry-after": "3600"}, notes=1)
     assert (len(hook.requests), pushes.failed) == (1, 1)
+
+
+def test_push_configs_are_kept_for_the_newest_tasks() -> None:
+    """The tasks are the session backend's; their push configs are bounded on their
+    own (``KEPT_TASKS``), the oldest task's going first."""
+    pushes = Pushes(kept_tasks=2)
+    for task in ("a", "b", "c"):
+        pushes.keep(pb.TaskPushNotificationConfig(task_id=task, url="https://x.example/h"))
+    assert [bool(pushes.configs(t)) for t in "abc"] == [False, True, True]

@@ -128,7 +128,7 @@ async def test_malformed_a2a_requests_get_json_rpc_errors_and_log_nothing_loud(
 async def test_a_fault_in_cantrips_a2a_handler_is_still_logged_at_error(
     records: list[logging.LogRecord], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cantrip.protocols.a2a._server import A2AHandler
+    from cantrip.protocols.a2a._handler import A2AHandler
 
     async def broken(self: Any, params: Any, context: Any) -> Any:
         raise RuntimeError("a bug in cantrip")

@@ -599,6 +599,104 @@ async def test_capabilities_say_what_a_backend_offers(world: World) -> None:
     assert not capabilities.shared or capabilities.durable_prompt_ids  # replicas share ids
 
 
+async def test_following_until_a_prompt_ends_tells_its_turns_then_ends(world: World) -> None:
+    """``follow(until=...)`` ends once the prompt named has ended and its turns were
+    told -- whether it was running when the following began or had ended already."""
+    sid = await new_session(world)
+    backend = world.backend
+    submitted = await backend.submit(sid, "hold:until Go.")
+    events = backend.follow(sid, until=submitted.prompt_id)
+    with trio.fail_after(60):
+        async with contextlib.aclosing(events):
+            async with world.holds.holding("until"):  # running as the following begins
+                told = [await anext(events)]
+            told += [e async for e in events]
+    assert [e.position for e in told if e.position is not None] == [1, 2, 3]
+    assert [e.data["result"] for e in told if e.type == "final_response"] == [
+        "hold:until Go. ok #1"
+    ]
+    again = backend.follow(sid, 1, until=submitted.prompt_id)  # ended: recorded ones only
+    with trio.fail_after(60):
+        async with contextlib.aclosing(again):
+            assert [e.position async for e in again if e.position is not None] == [2, 3]
+    with refused("not_found"):
+        async with contextlib.aclosing(backend.follow(sid, until="prompt-nope")) as nope:
+            await anext(nope)
+
+
+# -- tasks: a protocol's record beside a prompt ------------------------------------------
+
+
+async def test_a_task_is_recorded_with_its_prompt_and_read_with_its_state(world: World) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    assert await backend.task("task-nope") is None
+    first = await backend.submit_task(sid, "hold:task One.", task_id="t-one", message="m1")
+    async with world.holds.holding("task"):
+        assert (first.task_id, first.session_id, first.messages) == ("t-one", sid, ("m1",))
+        assert first.state == "open" and first.result is None and not first.canceled
+        with refused("busy"):  # refused: no task is made either
+            await backend.submit_task(sid, "Two.", task_id="t-refused", message="m")
+        assert await backend.task("t-refused") is None
+    await finished(world, sid, first.prompt_id)
+    ended = await backend.task("t-one")
+    assert ended is not None and ended.state == "ended" and ended.prompt_id == first.prompt_id
+    assert ended.result is not None and ended.result["result"] == "hold:task One. ok #1"
+    second = await backend.submit_task(sid, "Two.", task_id="t-two", message="m2")
+    await finished(world, sid, second.prompt_id)
+    other = await new_session(world)
+    await backend.submit_task(other, "Three.", task_id="t-three", message="m3")
+    assert second.seq > first.seq
+    assert [t.task_id for t in await backend.tasks(sid)] == ["t-two", "t-one"]
+    assert [t.task_id for t in await backend.tasks(sid, before=second.seq)] == ["t-one"]
+    assert [t.task_id for t in await backend.tasks(sid, limit=1)] == ["t-two"]
+    mine = {"t-one", "t-two", "t-three"}
+    assert [t.task_id for t in await backend.tasks(None) if t.task_id in mine][:1] == ["t-three"]
+
+
+async def test_a_task_waiting_on_a_pause_is_answered_once_and_moves_on(world: World) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    task = await backend.submit_task(sid, "ask: a colour", task_id="t-ask", message="m1")
+    await finished(world, sid, task.prompt_id)
+    waiting = await backend.task("t-ask")
+    assert waiting is not None and waiting.result is not None
+    assert waiting.result["reason"] == "paused"
+    (pause,) = await backend.pauses(sid)
+    with pytest.raises(PauseError):
+        await backend.answer_task(
+            "t-ask", task.prompt_id, "pause-unknown", Decision.answer("x"), "m"
+        )
+    moved = await backend.answer_task(
+        "t-ask", task.prompt_id, pause.pause_id, Decision.answer("blue"), "m2"
+    )
+    assert moved is not None and moved.prompt_id != task.prompt_id
+    assert moved.messages == ("m1", "m2")
+    stale = await backend.answer_task(  # the task moved on: not answered again
+        "t-ask", task.prompt_id, pause.pause_id, Decision.answer("red"), "m3"
+    )
+    assert stale is None
+    assert text(await finished(world, sid, moved.prompt_id)) == "ask: a colour ok #1 in blue"
+    done = await backend.task("t-ask")
+    assert done is not None and done.state == "ended" and done.messages == ("m1", "m2")
+
+
+async def test_a_task_waiting_for_input_is_cancelled_once(world: World) -> None:
+    sid = await new_session(world)
+    backend = world.backend
+    task = await backend.submit_task(sid, "ask: a colour", task_id="t-cut", message="m1")
+    await finished(world, sid, task.prompt_id)
+    cancelled = await backend.cancel_waiting_task("t-cut", task.prompt_id)
+    assert cancelled is not None and cancelled.canceled
+    assert await backend.cancel_waiting_task("t-cut", task.prompt_id) is None
+    (pause,) = await backend.pauses(sid)  # the pause stays in the loom
+    answered = await backend.answer_task(
+        "t-cut", task.prompt_id, pause.pause_id, Decision.answer("blue"), "m2"
+    )
+    assert answered is None, "a cancelled task takes no answer"
+    assert [p.pause_id for p in await backend.pauses(sid)] == [pause.pause_id]
+
+
 # -- drift between the two real backends today (phase 2 removes each) --------------------
 
 

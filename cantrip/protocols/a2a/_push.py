@@ -53,6 +53,9 @@ TIMEOUT_S = 10.0
 """One delivery (resolve, connect, send, answer), at most."""
 MAX_CONFIGS = 10
 """Push configs per task."""
+KEPT_TASKS = 1000
+"""Tasks whose configs are kept (the oldest task's go first): the tasks themselves are
+the session backend's, which forgets settled ones on its own."""
 QUEUED = 1000
 """Notifications waiting per lane; beyond that new ones are dropped (logged)."""
 LANES = 4
@@ -165,11 +168,13 @@ class Pushes:
         lanes: int = LANES,
         retry_delays: tuple[float, ...] = RETRY_DELAYS,
         rest_s: float = REST_S,
+        kept_tasks: int = KEPT_TASKS,
     ) -> None:
         self.allow_private = allow_private
         self.timeout_s = timeout_s
         self.retry_delays = retry_delays
         self.rest_s = rest_s
+        self.kept_tasks = kept_tasks
         self._resting: dict[tuple[str, str], float] = {}
         """Configs (task id, config id) whose last notification failed: until when."""
         self._configs: dict[str, dict[str, Any]] = {}
@@ -207,6 +212,8 @@ class Pushes:
         if config.id not in configs and len(configs) >= MAX_CONFIGS:
             raise InvalidParamsError(message=f"a task takes at most {MAX_CONFIGS} push configs")
         configs[config.id] = config
+        while len(self._configs) > self.kept_tasks:
+            self.forget(next(iter(self._configs)))
         log.info("task %s: push notifications to %s", config.task_id, where(config.url))
         return config
 

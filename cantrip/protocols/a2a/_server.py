@@ -8,15 +8,16 @@ parses and validates every request, answers bad ones with the protocol's own
 JSON-RPC errors, serialises the protobuf types and streams over SSE; it speaks
 A2A 1.0 (``SendMessage``, ``SendStreamingMessage``, ``GetTask``, ``CancelTask``,
 ``ListTasks``, ``SubscribeToTask``, the push-notification configs) and, with its
-compatibility adapter, 0.3. What is cantrip's is :class:`A2AHandler`, the SDK's
-:class:`RequestHandler`: an A2A task is one prompt on a session, and the task's
-``contextId`` is the session id, so later messages in the same context continue
-the same conversation (and the loom thread).
+compatibility adapter, 0.3. What is cantrip's is
+:class:`~cantrip.protocols.a2a._handler.A2AHandler`, the SDK's
+:class:`RequestHandler`, written once over the session seam: an A2A task is one
+prompt on a session, and the task's ``contextId`` is the session id, so later
+messages in the same context continue the same conversation (and the loom thread).
 
-This module is the mapping both servers share (what a message, a result, an event,
-a pause means in A2A terms); where tasks live is a source's: in memory beside the
-in-process sessions (:mod:`._a2a_session`), or in PostgreSQL for ``serve --db``
-replicas (:mod:`._a2a_db`), where any replica answers for any task.
+This module is the mapping (what a message, a result, an event, a pause means in A2A
+terms) and the ASGI side; where tasks are stored is the session backend's (rows in
+PostgreSQL for ``serve --db`` replicas, where any replica answers for any task; a
+bounded map in process).
 
 A paused cast (an approval or an ``ask_user`` question) is a task in
 ``input-required``: its status message says what is asked, and the next
@@ -29,7 +30,9 @@ The endpoint lives behind the same :class:`~cantrip.protocols.middleware._guard.
 the HTTP API (Host, Origin, token, body limits); :func:`jsonrpc_refusals` turns
 the guard's body refusals on the A2A endpoint into JSON-RPC errors, so an A2A
 client gets the protocol's error shape for bad JSON too. Every text that leaves
-comes from the redacted result and event dicts of :mod:`._sessions`.
+comes from the redacted result and event dicts of the sessions. Request headers are
+checked before anything is submitted: ``A2A-Version`` by the SDK's dispatcher
+(``VersionNotSupported``, ``-32009``), before it calls the handler, in both modes.
 
 The SDK is optional (``pip install 'cantrip-runtime[a2a]'``); without it these paths are
 not served (404) and nothing of it is imported.
@@ -40,9 +43,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -58,8 +62,6 @@ from cantrip.protocols.middleware._guard import guard_refusals_as_jsonrpc
 
 AGENT_CARD_PATH = "/.well-known/agent-card.json"
 ENDPOINT = "/a2a"
-MAX_TASKS = 1000
-"""Tasks kept for ``GetTask`` (the oldest settled ones are forgotten first)."""
 CANCEL_WAIT_S = 10.0
 """How long ``CancelTask`` waits for the cast to record its cancellation."""
 
@@ -129,18 +131,18 @@ def agent_card(spell: Cantrip, url: str, *, push: bool = False) -> Any:
     )
 
 
-# -- tasks: the mapping both sources share ---------------------------------------------
+# -- tasks: the mapping ----------------------------------------------------------------
 
 
-LIST_SCAN = MAX_TASKS
+LIST_SCAN = 1000
 """``ListTasks`` looks at the newest this many tasks (of the ``contextId`` asked for)."""
 
 
 @attrs.define(eq=False)
 class TaskView:
     """One A2A task as a client sees it: a prompt (and the answers to its pauses) on one
-    session. The in-process source keeps these in memory and changes them as the cast
-    runs; ``serve --db`` builds one from its rows whenever it is asked (any replica)."""
+    session, built from the backend's :class:`~cantrip.protocols.sessions.TaskRecord`
+    whenever it is asked for (:func:`~cantrip.protocols.a2a._handler.view_of`)."""
 
     id: str
     context_id: str
@@ -318,10 +320,11 @@ def working(task: TaskView) -> None:
 
 def progress(task: TaskView, data: dict[str, Any]) -> Any:
     """The ``working`` status update for one cast event (``data``: its redacted dict as
-    ``/events`` has it); None for text deltas (the final answer carries the text)."""
+    ``/events`` has it); None for text deltas and the final response (the final answer
+    carries the text)."""
     from a2a.types import a2a_pb2 as pb
 
-    if data["type"] in ("text_delta", "thinking_delta"):
+    if data["type"] in ("text_delta", "thinking_delta", "final_response"):
         return None
     return pb.TaskStatusUpdateEvent(
         task_id=task.id,
@@ -393,199 +396,6 @@ def settle(task: TaskView, data: dict[str, Any] | None, stamp: str) -> list[Any]
     return [*events, task.status_event()]
 
 
-class A2AHandler:
-    """The SDK's :class:`RequestHandler`, over a source of tasks (see the module docstring).
-
-    What a request means is decided here, once, for both servers; where a task lives is
-    the source's: the hooks ``_send`` (start a task or answer its pause), ``_find``,
-    ``_settled`` (wait until it stops working), ``_follow`` (its events from now until it
-    stops working), ``_cancel`` and ``_candidates`` (tasks to list, newest first).
-    ``push`` delivers task updates to the webhooks clients name (None: not served)."""
-
-    push: Any = None
-
-    # -- the source's hooks -------------------------------------------------------------
-
-    async def _send(self, message: Any) -> TaskView:
-        raise NotImplementedError
-
-    async def _find(self, task_id: str) -> TaskView | None:
-        raise NotImplementedError
-
-    async def _settled(self, task: TaskView) -> TaskView:
-        raise NotImplementedError
-
-    def _follow(self, task: TaskView) -> AsyncIterator[Any]:
-        """Subscribe now (a plain call, no checkpoint); the iterator yields the task's
-        events until it stops working (at once empty if it is not working now)."""
-        raise NotImplementedError
-
-    async def _cancel(self, task: TaskView) -> TaskView:
-        raise NotImplementedError
-
-    async def _candidates(self, context_id: str, before: int | None) -> list[TaskView]:
-        raise NotImplementedError
-
-    # -- what the dispatcher calls ------------------------------------------------------
-
-    async def on_message_send(self, params: Any, context: Any) -> Any:
-        length = self._history_length(params.configuration)
-        push = await self._checked_push(params.configuration)  # refused before anything runs
-        task = await self._send(params.message)
-        self._keep_push(task, push)
-        if not params.configuration.return_immediately:
-            task = await self._settled(task)
-        return task.to_proto(length)
-
-    async def on_message_send_stream(self, params: Any, context: Any) -> AsyncGenerator[Any]:
-        push = await self._checked_push(params.configuration)
-        task = await self._send(params.message)
-        follow = self._follow(task)  # before any checkpoint: nothing is missed
-        self._keep_push(task, push)
-        async for event in self._stream(task, follow):
-            yield event
-
-    async def on_subscribe_to_task(self, params: Any, context: Any) -> AsyncGenerator[Any]:
-        """The task, then its events until it stops working (a terminal task is the SDK's
-        ``UnsupportedOperationError``, as its own handler answers)."""
-        from a2a.utils.errors import UnsupportedOperationError
-
-        task = await self._require(params.id)
-        if task.terminal:
-            raise UnsupportedOperationError(
-                message=f"task {task.id} is in a terminal state: {state_name(task.state)}"
-            )
-        async for event in self._stream(task, self._follow(task)):
-            yield event
-
-    @staticmethod
-    async def _stream(task: TaskView, follow: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        """The task as it is now, then what ``follow`` (subscribed before the snapshot, so
-        nothing falls between) publishes until the task stops working."""
-        yield task.to_proto()
-        async for event in follow:
-            yield event
-
-    async def on_get_task(self, params: Any, context: Any) -> Any:
-        task = await self._find(params.id)
-        if task is None:
-            return None
-        return task.to_proto(self._history_length(params))
-
-    async def on_cancel_task(self, params: Any, context: Any) -> Any:
-        from a2a.utils.errors import TaskNotCancelableError
-
-        task = await self._find(params.id)
-        if task is None:
-            return None
-        if task.terminal:
-            raise TaskNotCancelableError(message=f"task {task.id} is {state_name(task.state)}")
-        return (await self._cancel(task)).to_proto()
-
-    async def on_list_tasks(self, params: Any, context: Any) -> Any:
-        """Newest first; ``pageToken`` is opaque (the ``seq`` of the last task sent)."""
-        from a2a.types import a2a_pb2 as pb
-        from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE, MAX_LIST_TASKS_PAGE_SIZE
-        from a2a.utils.errors import InvalidParamsError
-
-        length = self._history_length(params)
-        size = params.page_size if params.HasField("page_size") else DEFAULT_LIST_TASKS_PAGE_SIZE
-        if not 1 <= size <= MAX_LIST_TASKS_PAGE_SIZE:
-            raise InvalidParamsError(message=f"pageSize must be 1..{MAX_LIST_TASKS_PAGE_SIZE}")
-        before = None
-        if params.page_token:
-            token = params.page_token.removeprefix("t")
-            if not (token.isdigit() and len(token) < 19):
-                raise InvalidParamsError(message="pageToken is not one this server handed out")
-            before = int(token)
-        after = (
-            params.status_timestamp_after.ToNanoseconds() / 1e9
-            if params.HasField("status_timestamp_after")
-            else None
-        )
-        tasks = [
-            t
-            for t in await self._candidates(params.context_id, before)
-            if (not params.status or t.state == params.status)
-            and (after is None or t.updated >= after)
-        ]
-        page = tasks[:size]
-        more = len(tasks) > size
-        return pb.ListTasksResponse(
-            tasks=[t.to_proto(length, artifacts=params.include_artifacts) for t in page],
-            next_page_token=f"t{page[-1].seq}" if more else "",
-            page_size=size,
-            total_size=len(tasks) if before is None else 0,
-        )
-
-    # -- push notifications (served when ``push`` is set) -----------------------------
-
-    def _pushes(self) -> Any:
-        from a2a.utils.errors import PushNotificationNotSupportedError
-
-        if self.push is None:
-            raise PushNotificationNotSupportedError
-        return self.push
-
-    async def _checked_push(self, configuration: Any) -> Any:
-        """The push config a message comes with, checked (None if it has none)."""
-        if not configuration.HasField("task_push_notification_config"):
-            return None
-        return await self._pushes().check(configuration.task_push_notification_config)
-
-    def _keep_push(self, task: TaskView, config: Any) -> None:
-        if config is not None:
-            config.task_id = task.id
-            self._pushes().keep(config)
-
-    async def on_create_task_push_notification_config(self, params: Any, context: Any) -> Any:
-        pushes = self._pushes()
-        await self._require(params.task_id)
-        return pushes.keep(await pushes.check(params))
-
-    async def on_get_task_push_notification_config(self, params: Any, context: Any) -> Any:
-        pushes = self._pushes()
-        await self._require(params.task_id)
-        return pushes.get(params.task_id, params.id)
-
-    async def on_list_task_push_notification_configs(self, params: Any, context: Any) -> Any:
-        from a2a.types import a2a_pb2 as pb
-
-        pushes = self._pushes()
-        await self._require(params.task_id)
-        return pb.ListTaskPushNotificationConfigsResponse(configs=pushes.configs(params.task_id))
-
-    async def on_delete_task_push_notification_config(self, params: Any, context: Any) -> None:
-        pushes = self._pushes()
-        await self._require(params.task_id)
-        pushes.delete(params.task_id, params.id)
-
-    async def on_get_extended_agent_card(self, params: Any, context: Any) -> Any:
-        from a2a.utils.errors import ExtendedAgentCardNotConfiguredError
-
-        raise ExtendedAgentCardNotConfiguredError
-
-    # -- helpers ----------------------------------------------------------------------
-
-    async def _require(self, task_id: str) -> TaskView:
-        from a2a.utils.errors import TaskNotFoundError
-
-        task = await self._find(task_id)
-        if task is None:
-            raise TaskNotFoundError(message=f"no task {task_id!r}")
-        return task
-
-    @staticmethod
-    def _history_length(config: Any) -> int | None:
-        from a2a.utils.errors import InvalidParamsError
-
-        if not config.HasField("history_length"):
-            return None
-        if config.history_length < 0:
-            raise InvalidParamsError(message="historyLength must not be negative")
-        return int(config.history_length)
-
-
 # -- the ASGI side ------------------------------------------------------------------------
 
 
@@ -639,44 +449,24 @@ def _quiet_sdk_logs() -> None:
         get_logger(name)  # and redacted
 
 
-class A2AFront:
-    """The Agent Card and the JSON-RPC endpoint of one server, over ``handler`` (either
-    source of tasks)."""
+_EXTENSION_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[!-~]+")
+"""An extension's URI as ``A2A-Extensions`` lists them: a scheme, then printable ASCII."""
 
-    def __init__(self, spell: Cantrip, handler: A2AHandler) -> None:
-        from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 
-        self.spell = spell
-        self.handler = handler
-        _quiet_sdk_logs()
-        self.dispatcher = JsonRpcDispatcher(
-            self.handler,  # type: ignore[arg-type]
-            enable_v0_3_compat=True,
-        )
-
-    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Answer the request if it is A2A's (True), else leave it to the API's routes."""
-        path = scope.get("path", "")
-        if path not in (AGENT_CARD_PATH, ENDPOINT):
-            return False
-        from cantrip.protocols.asgi._requests import allow
-        from cantrip.protocols.asgi._responses import json_response
-
-        if path == AGENT_CARD_PATH:
-            allow(scope["method"], "GET")
-            from google.protobuf.json_format import MessageToDict
-
-            url = _base_url(scope) + ENDPOINT
-            card = agent_card(self.spell, url, push=self.handler.push is not None)
-            await json_response(send, 200, MessageToDict(card))
-            return True
-        allow(scope["method"], "POST")
-        from starlette.requests import Request
-
-        asgi: Any = (scope, receive, send)  # starlette's types want mutable mappings
-        response = await self.dispatcher.handle_requests(Request(asgi[0], asgi[1]))
-        await response(*asgi)
-        return True
+def header_refusal(scope: Scope) -> str | None:
+    """What is wrong with a request's A2A headers (None: nothing), checked before the
+    request reaches the dispatcher -- before anything is made, queued or cast, in both
+    modes. ``A2A-Extensions`` must list extension URIs (comma-separated); ones this
+    server does not implement are ignored, as the protocol says (the card declares
+    none). ``A2A-Version`` is the SDK's dispatcher's to check (``-32009``), also before
+    it calls the handler."""
+    for name, raw in scope.get("headers") or ():
+        if name.lower() != b"a2a-extensions":
+            continue
+        entries = [e.strip() for e in raw.decode("latin-1").split(",")]
+        if not all(_EXTENSION_URI.fullmatch(e) for e in entries):
+            return "A2A-Extensions is not a comma-separated list of extension URIs"
+    return None
 
 
 def _base_url(scope: Scope) -> str:

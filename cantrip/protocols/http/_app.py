@@ -54,8 +54,8 @@ from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
 from cantrip.llm._stream import Event
 from cantrip.protocols.a2a import _server as _a2a
+from cantrip.protocols.a2a._handler import A2AFront
 from cantrip.protocols.a2a._push import Pushes
-from cantrip.protocols.a2a._tasks import SessionTasks
 from cantrip.protocols.agui._run import serve_agui
 from cantrip.protocols.asgi._openapi import CancelRequest
 from cantrip.protocols.asgi._requests import (
@@ -117,11 +117,9 @@ class HttpApp(ServerShell):
         self.viewer = Viewer.for_hub(self.hub)  # the browser viewer at / and /api/
         # A2A (Agent Card + JSON-RPC) when the a2a-sdk extra is installed.
         self.pushes = Pushes(allow_private=self.options.a2a_push_private)
-        self.a2a = (
-            _a2a.A2AFront(spell, SessionTasks(self.hub, self.limits, pushes=self.pushes))
-            if _a2a.available()
-            else None
-        )
+        self.a2a: A2AFront | None = None
+        """A2A's card and endpoint over the session backend (made by the lifespan,
+        where the backend's nursery is)."""
         self.drain = Drain()
         self._casts: trio.Nursery | None = None
         """Where prompts run while the server lives (set by its lifespan): a request
@@ -144,8 +142,12 @@ class HttpApp(ServerShell):
             # A2A push notifications are delivered as long as we serve, in a nursery of
             # their own: the casts' nursery holds prompts only (what a drain waits for).
             async with trio.open_nursery() as background:
-                if self.a2a is not None:
-                    background.start_soon(self.pushes.run)
+                if _a2a.available():  # its casts run in the providers' nursery
+                    backend = ProcessBackend(self.hub, providers.nursery)
+                    self.a2a = A2AFront(
+                        self.spell, backend, pushes=self.pushes, admit=self._a2a_admit
+                    )
+                    await background.start(self.a2a.run)
                 try:
                     async with trio.open_nursery() as casts:
                         self._casts = casts
@@ -161,6 +163,11 @@ class HttpApp(ServerShell):
         finally:
             self.hub.nursery = None
             await providers.aclose()
+
+    async def _a2a_admit(self, session_id: str | None) -> None:
+        """Room for the session in memory, as for the HTTP API."""
+        adding = session_id is None or session_id not in self.hub.sessions
+        await make_room(self.hub, self.limits, adding=adding)
 
     async def _shutting_down(self) -> None:
         await self.aclose()

@@ -53,8 +53,7 @@ from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.a2a import _server as _a2a
-from cantrip.protocols.a2a._db import a2a_front
-from cantrip.protocols.a2a._server import A2AFront
+from cantrip.protocols.a2a._handler import A2AFront
 from cantrip.protocols.agui._run import serve_agui
 from cantrip.protocols.asgi._openapi import CancelRequest, openapi_document
 from cantrip.protocols.asgi._requests import (
@@ -137,7 +136,7 @@ class DbHttpApp(ServerShell):
 
     async def _before_route(self, scope: Scope, receive: Receive, send: Send) -> bool:
         if self.a2a is not None and await self.a2a.dispatch(scope, receive, send):
-            return True  # A2A (protocols._a2a_db)
+            return True  # A2A (protocols.a2a, over the PostgreSQL backend)
         return await self.viewer.dispatch(scope, receive, send)  # the browser viewer
 
     async def _agui(self, receive: Receive, send: Send) -> None:
@@ -209,6 +208,16 @@ class DbHttpApp(ServerShell):
                 if exc.code != DB_UNAVAILABLE:
                     raise
             await trio.sleep(self.poll_s)
+
+    async def _a2a_admit(self, session_id: str | None) -> None:
+        """The replica's limits before A2A queues a prompt, as for its own."""
+        if self.drain.closing:
+            raise SessionError("shutting_down", "the server is shutting down")
+        limit = self.options.max_running
+        if limit is not None and self.waiting >= limit:
+            raise SessionError(
+                "overloaded", f"{self.waiting} prompts are waiting here (the limit); try again"
+            )
 
     async def _create(self, key: str | None) -> tuple[dict[str, Any], bool]:
         row, created = await self._db(self.sessions.create, key)
@@ -562,7 +571,10 @@ async def serve_http_db(
         notifier = Notifier(url)
         app = DbHttpApp(spell, cantrip, sessions, notifier, options)
         if await trio.to_thread.run_sync(_a2a.available):  # the SDK's import, off the loop
-            app.a2a = await trio.to_thread.run_sync(a2a_front, app)
+            backend = PostgresBackend(
+                sessions, notifier, spell, poll_s=app.poll_s, tail_s=app.tail_s
+            )
+            app.a2a = A2AFront(cantrip, backend, admit=app._a2a_admit)
         async with trio.open_nursery() as nursery:
             await nursery.start(notifier.run)
             await serve_asgi(

@@ -1,7 +1,7 @@
 """What the front ends of ``cantrip serve --db`` use of the replica that serves them.
 
-A2A (:mod:`._a2a_db`) runs on a replica (:class:`._db_http.DbHttpApp`) but
-stands apart from its routes: it reaches its
+A2A and AG-UI run on a replica (:class:`._db_http.DbHttpApp`) but stand apart from
+its routes: they reach its
 pieces -- database calls in threads behind the store's limiter, the enqueue with its
 limits, the wait for a work item, the notifier, the drain -- through this one
 protocol, so the replica module imports them and not the other way round.

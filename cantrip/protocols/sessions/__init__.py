@@ -3,7 +3,8 @@ backends, in process (:class:`ProcessBackend`, over ``SessionHub``) and on Postg
 (:class:`PostgresBackend`, over ``DbSessions``).
 
 Issue 41, phase 1 (this package and ``tests/test_session_backend_contract.py``): the
-seam, its two adapters and the contract every backend keeps; no protocol uses it yet.
+seam, its two adapters and the contract every backend keeps (AG-UI and A2A are written
+over it, phase 2 steps 3 and 4).
 :mod:`._backend`'s docstring lists the operations and the places the two modes
 drifted, each ``test_drift_*`` test asserting the pair of answers as it is (phase 2
 turns them into contract tests one by one).
@@ -34,9 +35,11 @@ Phase 2, in this order (each step keeps every existing test green in both modes)
    seam, ``agui/_run.py``; the seam's ``submit`` grew the client's tools (offered by
    the hub as a prompt starts in process, ``CLIENT_TOOLS_KEY`` in the queued spell on
    PostgreSQL), in the contract.
-4. *A2A*: ``_a2a_session.py`` and ``_a2a_db.py`` become one task source over the seam
-   (a task is a prompt id plus its messages; the task rows move into the PostgreSQL
-   backend, the in-memory map into the process one); push stays behind
+4. *A2A* (done): ``a2a/_tasks.py`` and ``a2a/_db.py`` became one handler over the seam
+   (``a2a/_handler.py``; a task is a prompt id plus its messages: the seam's
+   ``submit_task``, ``task``, ``tasks``, ``answer_task``, ``cancel_waiting_task`` and
+   ``follow(until=...)``; the task rows moved into the PostgreSQL backend,
+   ``_task_rows.py``, the in-memory map into the process one); push stays behind
    ``capabilities.a2a_push``.
 5. *The viewer's API* reads through the backend (its loom), fork behind
    ``capabilities.viewer_fork``; then *ACP* (one process, the in-process backend) and
@@ -62,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 from cantrip.protocols.sessions._backend import (
     BUSY_POLICIES,
     ENTITY_PREFIX,
+    MAX_TASKS,
     SESSION_PREFIX,
     BusyPolicy,
     Cancelled,
@@ -73,6 +77,8 @@ from cantrip.protocols.sessions._backend import (
     SessionEvent,
     SessionInfo,
     Submitted,
+    TaskRecord,
+    TaskState,
 )
 
 if TYPE_CHECKING:
@@ -98,6 +104,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BUSY_POLICIES",
     "ENTITY_PREFIX",
+    "MAX_TASKS",
     "SESSION_PREFIX",
     "BusyPolicy",
     "Cancelled",
@@ -111,4 +118,6 @@ __all__ = [
     "SessionEvent",
     "SessionInfo",
     "Submitted",
+    "TaskRecord",
+    "TaskState",
 ]

@@ -5,12 +5,13 @@ side, ACP) asks the same few things of the place its sessions live; today each a
 them twice, once of the in-process :class:`~cantrip.protocols.sessions._hub.SessionHub`
 and once of ``serve --db``'s :class:`~cantrip.protocols.sessions._rows.DbSessions`
 (reached through :class:`~cantrip.protocols.http._shell.ServerShell`'s hooks, typed
-``Any``, :class:`~cantrip.protocols.a2a._server.A2AHandler`'s and
-:class:`~cantrip.protocols.http._replica.Replica`). :class:`SessionBackend` says it
-once, typed: sessions are named by id (a string), never handed out as objects, and
-every answer is one of the values below. Two adapters implement it over today's code
-(:mod:`._process`, :mod:`._postgres`); ``tests/test_session_backend_contract.py`` runs
-one set of tests against both and against a double that implements it alone.
+``Any``, and :class:`~cantrip.protocols.http._replica.Replica`; A2A's handler,
+:class:`~cantrip.protocols.a2a._handler.A2AHandler`, speaks to this seam alone).
+:class:`SessionBackend` says it once, typed: sessions are named by id (a string),
+never handed out as objects, and every answer is one of the values below. Two adapters
+implement it over today's code (:mod:`._process`, :mod:`._postgres`);
+``tests/test_session_backend_contract.py`` runs one set of tests against both and
+against a double that implements it alone.
 
 The operations, and what both modes do today
 --------------------------------------------
@@ -38,6 +39,16 @@ The operations, and what both modes do today
   answer continues the paused cast (a prompt of its own, awaited with ``result``);
   a pause is answered once.
 * **thread** (the session's turns, root first), **health**, **capabilities**.
+* **tasks** -- a protocol's record beside a prompt (A2A's task: its id, the client's
+  messages, the prompt it follows now): ``submit_task`` submits the prompt and records
+  the task in one step (on PostgreSQL one transaction: a task exists exactly when its
+  prompt does), ``task``/``tasks`` read them with their prompt's state (open, ended with
+  its redacted result dict, failed), ``answer_task`` answers the pause the task waits
+  on and moves it to the continuation in one step (of two answers one wins),
+  ``cancel_waiting_task`` marks a task that waits for input cancelled. What is stored
+  is the backend's: rows of ``cantrip_a2a_tasks`` on PostgreSQL, a bounded map in
+  process (``MAX_TASKS``). ``follow(..., until=prompt_id)`` ends once that prompt has
+  ended and its turns were told (a stream of one task).
 
 Where the two modes drift today (found by the contract suite; each ``test_drift_*``
 runs one scenario on both real backends and asserts the pair of answers as it is, so it
@@ -105,10 +116,12 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
     has neither. ``HttpApp._stream_prompt`` repeats the hub's ``busy`` check to answer
     409 before its stream starts. Lifecycle, not sessions: not in the contract.
 12. *Errors from below*: the ``--db`` front ends get the database's failures as
-    :class:`~cantrip.protocols.asgi._responses.HttpError` (``DbHttpApp._db``), and A2A
-    on ``--db`` translates HTTP statuses back (``_a2a_db.protocol_errors``); in process
+    :class:`~cantrip.protocols.asgi._responses.HttpError` (``DbHttpApp._db``); in process
     they catch :class:`~cantrip.protocols.sessions._hub.SessionError`. The seam raises
-    ``SessionError`` and :class:`~cantrip.PauseError` only.
+    ``SessionError`` and :class:`~cantrip.PauseError` only. Removed for AG-UI and A2A
+    (phase 2, steps 3 and 4): one run and one handler over the seam; A2A maps those two
+    to JSON-RPC errors once (:func:`cantrip.protocols.a2a._handler.protocol_errors`);
+    ``tests/test_a2a_modes.py`` runs its refusals against both modes.
 13. *What one mode lacks*: A2A push notifications and the viewer's fork are in process
     only (``capabilities``); prompt ids are durable on PostgreSQL only (an unkeyed
     prompt's id is random and known to the process that ran it). In process ``find``
@@ -149,6 +162,13 @@ class SessionError(Exception):
         shutting_down (and ``cast_failed`` from :meth:`SessionBackend.result`)."""
         self.message = message
 
+
+TaskState = Literal["open", "ended", "failed"]
+"""The state of a task's current prompt: running or waiting its turn, ended (its
+result dict says how), or failed for good (``failure`` says why)."""
+
+MAX_TASKS = 1000
+"""Tasks a backend that keeps them in memory keeps (the oldest settled go first)."""
 
 BusyPolicy = Literal["reject", "enqueue", "interrupt", "rollback"]
 """What a prompt does when its session is running one (double-texting)."""
@@ -230,6 +250,31 @@ class SessionEvent:
     """For a recorded turn (``step_complete``): how many of the session's turns there
     are up to it -- follow from here to resume after it. None for what is not a turn."""
     turn: Turn | None = None
+
+
+@attrs.frozen
+class TaskRecord:
+    """A task recorded beside a prompt (an A2A task), with its prompt's state now."""
+
+    task_id: str
+    session_id: str
+    prompt_id: str
+    """The prompt the task follows now: the one submitted, then each answer's
+    continuation."""
+    messages: tuple[str, ...]
+    """What the client sent for it, in order (each a JSON text the protocol wrote)."""
+    seq: int
+    """Creation order among the backend's tasks (newer is larger)."""
+    canceled: bool
+    """Cancelled while it waited for input (its pause stays in the loom)."""
+    updated: float
+    """When it (or its prompt) last changed, seconds since the epoch."""
+    state: TaskState
+    result: dict[str, Any] | None = None
+    """Once ``ended``: the prompt's redacted result dict
+    (:func:`~cantrip._outcome.result_dict`; None: cut off before its first turn)."""
+    failure: str | None = None
+    """Once ``failed``: why, for the client."""
 
 
 @attrs.frozen
@@ -321,9 +366,13 @@ class SessionBackend(Protocol):
         next_prompt: bool = False,
     ) -> Cancelled: ...
 
-    def follow(self, session_id: str, after: int = 0) -> AsyncGenerator[SessionEvent, None]:
+    def follow(
+        self, session_id: str, after: int = 0, *, until: str | None = None
+    ) -> AsyncGenerator[SessionEvent, None]:
         """The session's turns after its ``after``-th (recorded ones first), then its
-        events as they happen, for as long as the caller iterates."""
+        events as they happen, for as long as the caller iterates -- or, with ``until``
+        (a prompt id of the session, ``not_found`` otherwise), until that prompt has
+        ended and its turns were told."""
         ...
 
     async def pauses(self, session_id: str) -> list[Pause]: ...
@@ -336,3 +385,39 @@ class SessionBackend(Protocol):
     async def thread(self, session_id: str) -> list[Turn]: ...
 
     async def health(self) -> Health: ...
+
+    # -- tasks: a protocol's record beside a prompt (A2A) ------------------------------
+
+    async def submit_task(
+        self,
+        session_id: str,
+        intent: str,
+        *,
+        task_id: str,
+        message: str,
+        on_busy: BusyPolicy = "reject",
+    ) -> TaskRecord:
+        """:meth:`submit` the prompt and record task ``task_id`` (its first message) with
+        it, in one step: refused, neither is made."""
+        ...
+
+    async def task(self, task_id: str) -> TaskRecord | None: ...
+
+    async def tasks(
+        self, session_id: str | None, *, before: int | None = None, limit: int = MAX_TASKS
+    ) -> list[TaskRecord]:
+        """Tasks newest first (of one session if named; with ``seq`` below ``before``)."""
+        ...
+
+    async def answer_task(
+        self, task_id: str, prompt_id: str, pause_id: str, decision: Decision, message: str
+    ) -> TaskRecord | None:
+        """Answer the pause the task waits on and move the task to the continuation
+        (``message`` added), in one step; None if the task no longer follows
+        ``prompt_id`` or was cancelled (a pause answered already: :class:`PauseError`)."""
+        ...
+
+    async def cancel_waiting_task(self, task_id: str, prompt_id: str) -> TaskRecord | None:
+        """Mark the task, waiting for input at ``prompt_id``, cancelled; None if it
+        moved on or was cancelled meanwhile."""
+        ...

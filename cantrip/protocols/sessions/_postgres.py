@@ -16,6 +16,7 @@ a lost database into 503 (``DbHttpApp._db``): here a database error is raised as
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from cantrip.distributed._work import DEAD
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.sessions._backend import (
+    MAX_TASKS,
     BusyPolicy,
     Cancelled,
     Capabilities,
@@ -38,8 +40,9 @@ from cantrip.protocols.sessions._backend import (
     SessionEvent,
     SessionInfo,
     Submitted,
+    TaskRecord,
 )
-from cantrip.protocols.sessions._hub import SessionError, event_dict
+from cantrip.protocols.sessions._hub import SessionError, entity_id_for, event_dict
 from cantrip.protocols.sessions._notify import Notifier
 from cantrip.protocols.sessions._rows import (
     DbSessions,
@@ -50,6 +53,7 @@ from cantrip.protocols.sessions._rows import (
     work_id_for,
 )
 from cantrip.protocols.sessions._tail import follow
+from cantrip.protocols.sessions._task_rows import TaskRows
 
 T = TypeVar("T")
 
@@ -74,6 +78,7 @@ class PostgresBackend:
         self.tail_s = tail_s
         self.waiting = 0
         """Results this backend is waiting on (``health``)."""
+        self._task_rows: TaskRows | None = None
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -222,8 +227,14 @@ class PostgresBackend:
 
     # -- events ------------------------------------------------------------------
 
-    async def follow(self, session_id: str, after: int = 0) -> AsyncGenerator[SessionEvent, None]:
+    async def follow(
+        self, session_id: str, after: int = 0, *, until: str | None = None
+    ) -> AsyncGenerator[SessionEvent, None]:
         row = await self._row(session_id)
+        work_id = None if until is None else await self._work_of(row, until)
+        # with ``until``: once its work has ended, one more look reads the last turns
+        # it recorded, and that look's beat ends the following
+        ending = False
         seen = after
         pos = await self._db(self._pos_of, row.entity_id, after)
         told = {p.pause_id for p in await self.pauses(session_id)}  # not news
@@ -239,12 +250,17 @@ class PostgresBackend:
                     if item.terminated:
                         final = event_dict(FinalResponse(item.result, entity_id=item.entity_id))
                         yield SessionEvent(final["type"], final)
-                elif item.heard or item.landed:  # a NOTIFY (work ended, a pause) or turns
+                    continue
+                if item.heard or item.landed:  # a NOTIFY (work ended, a pause) or turns
                     for pause in await self.pauses(session_id):
                         if pause.pause_id not in told:
                             told.add(pause.pause_id)
                             data = event_dict(PauseEvent(pause=pause, entity_id=pause.entity_id))
                             yield SessionEvent(data["type"], data)
+                if work_id is not None:
+                    if ending:
+                        return
+                    ending = (await self._db(self.db.progress, work_id)).ended
 
     def _pos_of(self, entity_id: str, after: int) -> int:
         """The loom position of the entity's ``after``-th turn (0: before its first)."""
@@ -261,6 +277,61 @@ class PostgresBackend:
 
     async def health(self) -> Health:
         return Health("db", self.waiting, await self._db(self.db.count), True)
+
+    # -- tasks -------------------------------------------------------------------
+
+    async def _tasks(self) -> TaskRows:
+        """The task rows (their table made on first use)."""
+        if self._task_rows is None:
+            self._task_rows = await self._db(TaskRows, self.db.store)
+        return self._task_rows
+
+    async def submit_task(
+        self,
+        session_id: str,
+        intent: str,
+        *,
+        task_id: str,
+        message: str,
+        on_busy: BusyPolicy = "reject",
+    ) -> TaskRecord:
+        rows = await self._tasks()
+        row = await self._row(session_id)
+        also = functools.partial(
+            rows.add_on, task_id=task_id, entity_id=row.entity_id, message=message
+        )
+        await self._db(self.db.enqueue, row.entity_id, self.spell, intent, None, on_busy, also)
+        found = await self._db(rows.record, task_id)
+        assert found is not None  # written with its prompt
+        return found
+
+    async def task(self, task_id: str) -> TaskRecord | None:
+        rows = await self._tasks()
+        return await self._db(rows.record, task_id)
+
+    async def tasks(
+        self, session_id: str | None, *, before: int | None = None, limit: int = MAX_TASKS
+    ) -> list[TaskRecord]:
+        rows = await self._tasks()
+        entity = None if session_id is None else entity_id_for(session_id)
+        return await self._db(rows.newest, entity, before, limit)
+
+    async def answer_task(
+        self, task_id: str, prompt_id: str, pause_id: str, decision: Decision, message: str
+    ) -> TaskRecord | None:
+        rows = await self._tasks()
+        work_id = work_id_for(prompt_id)
+        if work_id is None:
+            return None
+        moved = await self._db(rows.answer, task_id, work_id, pause_id, decision.to_dict(), message)
+        return await self._db(rows.record, task_id) if moved else None
+
+    async def cancel_waiting_task(self, task_id: str, prompt_id: str) -> TaskRecord | None:
+        rows = await self._tasks()
+        work_id = work_id_for(prompt_id)
+        if work_id is None or not await self._db(rows.cancel_waiting, task_id, work_id):
+            return None
+        return await self._db(rows.record, task_id)
 
 
 @attrs.define

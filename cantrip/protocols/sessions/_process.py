@@ -19,6 +19,9 @@ split of ``prompt`` into admitting and running).
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
+import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -37,10 +40,11 @@ from cantrip._client_gates import client_gates
 from cantrip._errors import CantripError, ConstructionError
 from cantrip._events import FinalResponse, StepComplete
 from cantrip._gate import Gate
-from cantrip._outcome import CastResult
+from cantrip._outcome import CastResult, result_dict
 from cantrip._redact import get_logger
 from cantrip.loom._model import Turn
 from cantrip.protocols.sessions._backend import (
+    MAX_TASKS,
     BusyPolicy,
     Cancelled,
     Capabilities,
@@ -49,6 +53,7 @@ from cantrip.protocols.sessions._backend import (
     SessionEvent,
     SessionInfo,
     Submitted,
+    TaskRecord,
 )
 from cantrip.protocols.sessions._hub import (
     Prompt,
@@ -73,6 +78,24 @@ class _Run:
     done: trio.Event = attrs.field(factory=trio.Event)
     cast: CastResult | None = None
     error: BaseException | None = None
+    ended_at: float | None = None
+    """When it ended (seconds since the epoch)."""
+    watchers: list[trio.MemorySendChannel[Any]] = attrs.field(factory=list)
+    """Followers that end with it (``follow(until=...)``): closed once it has ended,
+    after every event of its cast was sent to them."""
+
+
+@attrs.define(eq=False)
+class _Task:
+    """A task recorded beside a prompt (the seam's :class:`TaskRecord`, in memory)."""
+
+    task_id: str
+    session_id: str
+    prompt_id: str
+    messages: list[str]
+    seq: int
+    canceled: bool = False
+    changed: float = attrs.field(factory=time.time)
 
 
 class ProcessBackend:
@@ -83,6 +106,9 @@ class ProcessBackend:
         self.nursery = nursery
         """Where casts run: they outlive the request that started them."""
         self._runs: dict[str, _Run] = {}
+        self._tasks: dict[str, _Task] = {}
+        """The tasks recorded beside prompts (``MAX_TASKS``, the oldest settled go)."""
+        self._seq = itertools.count(1)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -190,7 +216,11 @@ class ProcessBackend:
                 log.exception("session %s: the entity crashed", run.session_id)
                 run.error = exc
             finally:
+                run.ended_at = time.time()
                 run.done.set()
+                for watcher in run.watchers:  # every event of the cast was sent before
+                    watcher.close()
+                run.watchers.clear()
 
         await self.nursery.start(task)
 
@@ -252,9 +282,22 @@ class ProcessBackend:
 
     # -- events ------------------------------------------------------------------
 
-    async def follow(self, session_id: str, after: int = 0) -> AsyncGenerator[SessionEvent, None]:
+    async def follow(
+        self, session_id: str, after: int = 0, *, until: str | None = None
+    ) -> AsyncGenerator[SessionEvent, None]:
         session = self._session(session_id)
-        with session.subscribe() as live:
+        send, live = trio.open_memory_channel[Any](math.inf)
+        session.subscribers.append(send)  # as ``Session.subscribe`` does
+        if until is not None:
+            run = self._runs.get(until)
+            if run is None or run.session_id != session.id:
+                send.close()
+                raise SessionError("not_found", f"no prompt {until!r} of session {session.id}")
+            if run.done.is_set():
+                send.close()  # its turns are recorded: told from the loom, then the end
+            else:
+                run.watchers.append(send)
+        with live:
             seen = after
             for recorded in list(session.entity.turns)[after:]:
                 seen += 1
@@ -273,6 +316,101 @@ class ProcessBackend:
 
     async def health(self) -> Health:
         return Health("process", self.hub.running, len(self.hub.sessions), self.hub.persistent)
+
+    # -- tasks -------------------------------------------------------------------
+
+    async def submit_task(
+        self,
+        session_id: str,
+        intent: str,
+        *,
+        task_id: str,
+        message: str,
+        on_busy: BusyPolicy = "reject",
+    ) -> TaskRecord:
+        submitted = await self.submit(session_id, intent, on_busy=on_busy)
+        task = _Task(task_id, submitted.session_id, submitted.prompt_id, [message], next(self._seq))
+        self._tasks[task_id] = task
+        self._forget_settled()
+        return self._record(task)
+
+    def _forget_settled(self) -> None:
+        """Beyond ``MAX_TASKS``, the oldest that will not change again go."""
+        for task in list(self._tasks.values()):
+            if len(self._tasks) <= MAX_TASKS:
+                return
+            record = self._record(task)
+            waiting = (record.result or {}).get("reason") == "paused" and not record.canceled
+            if record.state != "open" and not waiting:
+                del self._tasks[task.task_id]
+
+    def _record(self, task: _Task) -> TaskRecord:
+        run = self._runs.get(task.prompt_id)
+        fields: dict[str, Any] = {"state": "open"}
+        updated = task.changed
+        if run is None:  # forgotten (beyond KEPT_RESULTS): nothing is known of its end
+            fields = {"state": "failed", "failure": "the prompt's outcome was forgotten"}
+        elif run.done.is_set():
+            updated = max(updated, run.ended_at or 0.0)
+            if run.error is None:
+                fields = {"state": "ended", "result": result_dict(run.cast)}
+            else:
+                fields = {"state": "failed", "failure": _failure(run.error)}
+        return TaskRecord(
+            task.task_id,
+            task.session_id,
+            task.prompt_id,
+            tuple(task.messages),
+            task.seq,
+            task.canceled,
+            updated,
+            **fields,
+        )
+
+    async def task(self, task_id: str) -> TaskRecord | None:
+        task = self._tasks.get(task_id)
+        return None if task is None else self._record(task)
+
+    async def tasks(
+        self, session_id: str | None, *, before: int | None = None, limit: int = MAX_TASKS
+    ) -> list[TaskRecord]:
+        found = [
+            t
+            for t in sorted(self._tasks.values(), key=lambda t: -t.seq)
+            if (session_id is None or t.session_id == session_id)
+            and (before is None or t.seq < before)
+        ]
+        return [self._record(t) for t in found[:limit]]
+
+    async def answer_task(
+        self, task_id: str, prompt_id: str, pause_id: str, decision: Decision, message: str
+    ) -> TaskRecord | None:
+        task = self._tasks.get(task_id)
+        if task is None or task.prompt_id != prompt_id or task.canceled:
+            return None
+        submitted = await self.answer(task.session_id, pause_id, decision)  # PauseError
+        if submitted is not None:
+            task.prompt_id = submitted.prompt_id
+        task.messages.append(message)
+        task.changed = time.time()
+        return self._record(task)
+
+    async def cancel_waiting_task(self, task_id: str, prompt_id: str) -> TaskRecord | None:
+        task = self._tasks.get(task_id)
+        if task is None or task.prompt_id != prompt_id or task.canceled:
+            return None
+        task.canceled = True
+        task.changed = time.time()
+        return self._record(task)
+
+
+def _failure(error: BaseException) -> str:
+    """Why a prompt failed, for a client (a session's refusal says its kind)."""
+    if isinstance(error, SessionError):
+        return f"{error.kind}: {error.message}"
+    if isinstance(error, PauseError):
+        return f"the answer was refused: {error}"
+    return f"the cast failed: {error}"
 
 
 def _recorded_events(turn: Turn, position: int) -> list[SessionEvent]:

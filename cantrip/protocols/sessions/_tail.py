@@ -2,8 +2,8 @@
 
 A replica runs no entity: what a stream tells of a cast is the turns its worker
 records, read back as they land. The HTTP API's prompt stream and ``/events``
-(:mod:`._db_http`), the PostgreSQL backend's ``follow`` (AG-UI's, through the seam)
-and A2A's streams (:mod:`._a2a_db`) all follow them the same way, here:
+(:mod:`._db_http`) and the PostgreSQL backend's ``follow`` (AG-UI's and A2A's
+streams, through the seam) all follow them the same way, here:
 
 * woken by the queue's notifications about the entity (:class:`._db_notify.Notifier`;
   the wake-up is taken *before* each look, so none is missed) and looking every
