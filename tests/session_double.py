@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -22,7 +22,8 @@ from seam_llm import HOLD, Holds, decide, is_last
 
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._outcome import CastResult, cast_result
-from cantrip.loom._model import Turn
+from cantrip.loom import Loom
+from cantrip.loom._model import EntityRecord, Turn
 from cantrip.protocols.sessions import (
     BusyPolicy,
     Cancelled,
@@ -36,6 +37,7 @@ from cantrip.protocols.sessions import (
 from cantrip.protocols.sessions._hub import SessionError
 
 STICKY_S = 5.0
+T = TypeVar("T")
 _ids = itertools.count(1)
 
 
@@ -120,6 +122,8 @@ class DoubleBackend:
         self.holds = holds
         self.nursery = nursery
         self._sessions: dict[str, _Session] = {}
+        self.loom = Loom()
+        """Every session's turns, as a loom (what ``read_loom`` reads)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -148,6 +152,7 @@ class DoubleBackend:
         if sid in self._sessions:
             return self._info(self._sessions[sid]), False
         session = self._sessions[sid] = _Session(sid, f"entity-{suffix}")
+        self.loom.register_entity(EntityRecord(session.entity_id, "double"))
         return self._info(session), True
 
     async def sessions(self) -> list[SessionInfo]:
@@ -158,6 +163,12 @@ class DoubleBackend:
 
     async def thread(self, session_id: str) -> list[Turn]:
         return self._get(session_id).thread()
+
+    async def read_loom(self, read: Callable[[Loom], T]) -> T:
+        return read(self.loom)
+
+    async def fork(self, turn_id: str) -> SessionInfo:
+        raise SessionError("unsupported", "the double does not fork (capabilities.viewer_fork)")
 
     async def health(self) -> Health:
         running = sum(1 for s in self._sessions.values() if s.running is not None)
@@ -310,6 +321,7 @@ class DoubleBackend:
         )
         session.turns.append(turn)
         session.leaf = turn
+        self.loom.append(turn)
         step = {"type": "step_complete", "entity_id": session.entity_id, **_step(turn)}
         session.tell(SessionEvent("step_complete", step, len(session.turns), turn))
         if done:

@@ -554,6 +554,45 @@ async def test_capabilities_say_what_a_backend_offers(world: World) -> None:
     assert not capabilities.shared or capabilities.durable_prompt_ids  # replicas share ids
 
 
+async def test_the_loom_the_sessions_are_recorded_in_is_read_through_the_backend(
+    world: World,
+) -> None:
+    sid = await new_session(world)
+    await cast(world, sid, "Add one.")
+    thread = await world.backend.thread(sid)
+    info = await world.backend.find(sid)
+
+    def read(loom: Loom) -> tuple[list[str], bool]:
+        return [t.id for t in loom.thread(thread[-1].id)], info.entity_id in loom.entities
+
+    ids, known = await world.backend.read_loom(read)
+    assert ids == [t.id for t in thread]
+    assert known
+
+
+async def test_a_fork_continues_from_a_turn_where_the_backend_offers_it(world: World) -> None:
+    sid = await new_session(world)
+    await cast(world, sid, "Add one.")
+    thread = await world.backend.thread(sid)
+    if not world.backend.capabilities.viewer_fork:  # the one place that says so
+        with pytest.raises(SessionError) as refused:
+            await world.backend.fork(thread[0].id)
+        assert refused.value.kind == "unsupported"
+        assert "viewer_fork" in refused.value.message
+        return
+    with pytest.raises(SessionError) as unknown:
+        await world.backend.fork("turn-nope")
+    assert unknown.value.kind == "not_found"
+    forked = await world.backend.fork(thread[1].id)
+    assert forked.session_id != sid and (await world.backend.find(forked.session_id)) == forked
+    assert (
+        await world.backend.read_loom(lambda loom: loom.entity(forked.entity_id).forked_from)
+        == thread[1].id
+    )
+    again = await cast(world, forked.session_id, "Add two.")
+    assert text(again) == "Add two. ok #2"  # it saw the thread up to the fork point
+
+
 # -- drift between the two real backends today (phase 2 removes each) --------------------
 
 

@@ -73,6 +73,7 @@ from cantrip.protocols.sessions._backend import (
 )
 
 if TYPE_CHECKING:
+    from cantrip.protocols.sessions._hub import SessionError
     from cantrip.protocols.sessions._postgres import PostgresBackend
     from cantrip.protocols.sessions._process import ProcessBackend
 
@@ -89,6 +90,10 @@ def __getattr__(name: str) -> Any:
         from cantrip.protocols.sessions._postgres import PostgresBackend
 
         return PostgresBackend
+    if name == "SessionError":  # the seam's one error (kinds: SessionBackend's docstring)
+        from cantrip.protocols.sessions._hub import SessionError
+
+        return SessionError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -102,6 +107,7 @@ __all__ = [
     "ProcessBackend",
     "PromptOutcome",
     "SessionBackend",
+    "SessionError",
     "SessionEvent",
     "SessionInfo",
     "Submitted",

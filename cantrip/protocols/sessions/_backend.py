@@ -36,6 +36,10 @@ The operations, and what both modes do today
   answer continues the paused cast (a prompt of its own, awaited with ``result``);
   a pause is answered once.
 * **thread** (the session's turns, root first), **health**, **capabilities**.
+* **read_loom** -- a read of the loom the sessions are recorded in (the viewer's API),
+  where reading belongs: at once in process, in a worker thread behind the store's
+  limiter on PostgreSQL (a query blocks); **fork** -- a new session continuing from a
+  recorded turn (the viewer's ``POST /api/fork``), where ``capabilities.viewer_fork``.
 
 Where the two modes drift today (found by the contract suite; each ``test_drift_*``
 runs one scenario on both real backends and asserts the pair of answers as it is, so it
@@ -108,7 +112,9 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
     they catch :class:`~cantrip.protocols.sessions._hub.SessionError`. The seam raises
     ``SessionError`` and :class:`~cantrip.PauseError` only.
 13. *What one mode lacks*: A2A push notifications and the viewer's fork are in process
-    only (``capabilities``); prompt ids are durable on PostgreSQL only (an unkeyed
+    only (``capabilities``; the viewer reads either mode's loom through ``read_loom``
+    and answers a fork 501 where ``viewer_fork`` is false,
+    ``tests/test_serve_db.py::test_the_viewer_of_a_replica_reads_the_loom_through_its_backend_and_does_not_fork``); prompt ids are durable on PostgreSQL only (an unkeyed
     prompt's id is random and known to the process that ran it). In process ``find``
     may resume the entity from the loom (and idle ones are dropped,
     :mod:`cantrip.protocols.middleware._limits`); a replica never holds an entity.
@@ -116,14 +122,17 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
-from typing import Any, Literal, Protocol, get_args
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, Literal, Protocol, TypeVar, get_args
 
 import attrs
 
 from cantrip._approval import Decision, Pause
 from cantrip._outcome import CastResult
+from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
+
+T = TypeVar("T")
 
 BusyPolicy = Literal["reject", "enqueue", "interrupt", "rollback"]
 """What a prompt does when its session is running one (double-texting)."""
@@ -300,5 +309,18 @@ class SessionBackend(Protocol):
         ...
 
     async def thread(self, session_id: str) -> list[Turn]: ...
+
+    async def read_loom(self, read: Callable[[Loom], T]) -> T:
+        """``read`` run over the loom the sessions are recorded in, where reading it
+        belongs (a query blocks: a worker thread). ``read`` only reads; the loom may
+        have grown since the last call."""
+        ...
+
+    async def fork(self, turn_id: str) -> SessionInfo:
+        """A new session whose entity continues from the recorded turn ``turn_id``
+        (LOOM-4): ``not_found`` for a turn the loom lacks, ``cannot_fork`` for one that
+        cannot be continued, ``unsupported`` where ``capabilities.viewer_fork`` is
+        False."""
+        ...
 
     async def health(self) -> Health: ...

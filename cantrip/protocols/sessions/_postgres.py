@@ -25,6 +25,7 @@ import trio
 from cantrip._approval import Decision, Pause
 from cantrip._events import FinalResponse, PauseEvent, StepComplete
 from cantrip.distributed._work import DEAD
+from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.sessions._backend import (
@@ -72,6 +73,8 @@ class PostgresBackend:
         self.tail_s = tail_s
         self.waiting = 0
         """Results this backend is waiting on (``health``)."""
+        self.loom = Loom(sessions.store, journal=True)
+        """The loom the workers record in (every read a query: always fresh)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -127,6 +130,16 @@ class PostgresBackend:
     async def thread(self, session_id: str) -> list[Turn]:
         row = await self._row(session_id)
         return await self._db(self.db.thread, row.entity_id)
+
+    async def read_loom(self, read: Callable[[Loom], T]) -> T:
+        return await self._db(read, self.loom)
+
+    async def fork(self, turn_id: str) -> SessionInfo:
+        raise SessionError(
+            "unsupported",
+            "forking a session is not offered on PostgreSQL (capabilities.viewer_fork): "
+            "a forked entity would run in this process, not in the workers",
+        )
 
     # -- prompts -----------------------------------------------------------------
 

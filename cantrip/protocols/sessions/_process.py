@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import attrs
 import trio
@@ -28,7 +29,8 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._errors import CantripError
 from cantrip._events import FinalResponse, StepComplete
 from cantrip._outcome import CastResult
-from cantrip._redact import get_logger
+from cantrip._redact import get_logger, redact
+from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.protocols.sessions._backend import (
     BusyPolicy,
@@ -50,6 +52,7 @@ from cantrip.protocols.sessions._hub import (
 from cantrip.protocols.sessions._idempotency import keyed_prompt_id
 
 log = get_logger("cantrip.sessions")
+T = TypeVar("T")
 
 KEPT_RESULTS = 1000
 """Ended prompts whose outcome is kept for :meth:`ProcessBackend.result` (the oldest go)."""
@@ -68,10 +71,11 @@ class _Run:
 class ProcessBackend:
     """:class:`~cantrip.protocols.sessions.SessionBackend` over a :class:`SessionHub`."""
 
-    def __init__(self, hub: SessionHub, nursery: trio.Nursery) -> None:
+    def __init__(self, hub: SessionHub, nursery: trio.Nursery | None) -> None:
         self.hub = hub
         self.nursery = nursery
-        """Where casts run: they outlive the request that started them."""
+        """Where casts run: they outlive the request that started them (None: a backend
+        that runs none yet -- reads, forks and cancels only)."""
         self._runs: dict[str, _Run] = {}
 
     @classmethod
@@ -122,6 +126,18 @@ class ProcessBackend:
 
     async def thread(self, session_id: str) -> list[Turn]:
         return self.hub.history(self._session(session_id))
+
+    async def read_loom(self, read: Callable[[Loom], T]) -> T:
+        return read(self.hub.spell.loom)  # in memory, or a local file: read at once
+
+    async def fork(self, turn_id: str) -> SessionInfo:
+        if not self.hub.spell.loom.has_turn(turn_id):
+            raise SessionError("not_found", f"no turn {turn_id!r} in the loom")
+        try:
+            session = self.hub.fork(turn_id)
+        except CantripError as exc:
+            raise SessionError("cannot_fork", redact(str(exc))) from None
+        return _info(session)
 
     # -- prompts -----------------------------------------------------------------
 
@@ -181,6 +197,8 @@ class ProcessBackend:
             finally:
                 run.done.set()
 
+        if self.nursery is None:
+            raise RuntimeError("this backend has no nursery to run casts in (see open)")
         await self.nursery.start(task)
 
     def _keep(self, prompt_id: str, run: _Run) -> None:
