@@ -122,7 +122,7 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, Literal, Protocol, TypeVar, get_args
 
 import attrs
@@ -225,25 +225,51 @@ class Health:
     persistent: bool
 
 
+def _offer(doc: str) -> Any:
+    """A capability: a flag, with the sentence the docs' table of modes shows for it."""
+    return attrs.field(metadata={"doc": doc})
+
+
 @attrs.frozen
 class Capabilities:
     """What a backend offers beyond the contract every backend keeps: the one place a
-    mode's missing feature is declared (the docs' table of modes is to be generated
-    from it)."""
+    mode's missing feature is declared. The docs' table of modes is generated from it
+    (:func:`capabilities_table`, each flag's ``doc``), and ``tests/test_docs.py`` fails
+    when the page's table is not what it renders."""
 
     mode: str
-    token_events: bool
-    """``follow`` carries token deltas, tool calls and usage as they happen (not only
-    the recorded turns)."""
-    a2a_push: bool
-    """A2A push notifications (a webhook's credentials live in this process's memory)."""
-    viewer_fork: bool
-    """The viewer's ``POST /api/fork`` (a new session continuing from a turn)."""
-    durable_prompt_ids: bool
-    """Every prompt id (an answer's continuation's too) is known to every process
-    serving the sessions, and after a restart."""
-    shared: bool
-    """Several processes (replicas) serve the same sessions."""
+    token_events: bool = _offer(
+        "Event streams carry token deltas, tool calls and usage as they happen "
+        "(not only each recorded turn)"
+    )
+    a2a_push: bool = _offer(
+        "A2A push notifications (a webhook's credentials live in the serving process's memory)"
+    )
+    viewer_fork: bool = _offer(
+        "The browser viewer forks a session from a turn (`POST /api/fork`); without it "
+        "the viewer is read-only and a fork is a `501`"
+    )
+    durable_prompt_ids: bool = _offer(
+        "Every prompt id (an answer's continuation's too) is known to every process "
+        "serving the sessions, and after a restart"
+    )
+    shared: bool = _offer("Several processes (replicas) serve the same sessions")
+
+
+def capabilities_table(columns: Sequence[tuple[str, Capabilities]]) -> str:
+    """The markdown table of what each mode offers: a row per capability (its ``doc``),
+    a column per ``(heading, capabilities)``."""
+    head = ["What it offers", *(heading for heading, _ in columns)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for field in attrs.fields(Capabilities):
+        if field.name == "mode":
+            continue
+        doc = field.metadata.get("doc")
+        if not doc:
+            raise ValueError(f"capability {field.name!r} has no doc for the table of modes")
+        cells = ["yes" if getattr(c, field.name) else "no" for _, c in columns]
+        lines.append(f"| {doc} (`{field.name}`) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 class SessionBackend(Protocol):

@@ -53,6 +53,17 @@ from cantrip.protocols.sessions._tail import follow
 T = TypeVar("T")
 
 
+CAPABILITIES = Capabilities(
+        mode="db",
+        token_events=False,
+        a2a_push=False,
+        viewer_fork=False,
+        durable_prompt_ids=True,
+        shared=True,
+)
+"""What this backend offers (the docs' table of modes is generated from it)."""
+
+
 class PostgresBackend:
     """:class:`~cantrip.protocols.sessions.SessionBackend` over ``serve --db``'s tables."""
 
@@ -99,14 +110,7 @@ class PostgresBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            mode="db",
-            token_events=False,
-            a2a_push=False,
-            viewer_fork=False,
-            durable_prompt_ids=True,
-            shared=True,
-        )
+        return CAPABILITIES
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
         """A blocking database call in a thread, behind the store's limiter."""

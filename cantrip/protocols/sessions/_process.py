@@ -68,6 +68,17 @@ class _Run:
     error: BaseException | None = None
 
 
+CAPABILITIES = Capabilities(
+        mode="process",
+        token_events=True,
+        a2a_push=True,
+        viewer_fork=True,
+        durable_prompt_ids=False,
+        shared=False,
+)
+"""What this backend offers (the docs' table of modes is generated from it)."""
+
+
 class ProcessBackend:
     """:class:`~cantrip.protocols.sessions.SessionBackend` over a :class:`SessionHub`."""
 
@@ -97,14 +108,7 @@ class ProcessBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            mode="process",
-            token_events=True,
-            a2a_push=True,
-            viewer_fork=True,
-            durable_prompt_ids=False,
-            shared=False,
-        )
+        return CAPABILITIES
 
     # -- sessions ----------------------------------------------------------------
 
