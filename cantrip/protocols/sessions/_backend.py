@@ -115,7 +115,8 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
     only (``capabilities``; the viewer reads either mode's loom through ``read_loom``
     and answers a fork 501 where ``viewer_fork`` is false, ``tests/test_serve_db.py``'s
     ``test_the_viewer_of_a_replica_reads_the_loom_through_its_backend_and_does_not_fork``);
-    prompt ids are durable on PostgreSQL only (an unkeyed prompt's id is random and known to the process that ran it). In process ``find``
+    prompt ids are durable on PostgreSQL only (an unkeyed prompt's id is random and
+    known to the process that ran it). In process ``find``
     may resume the entity from the loom (and idle ones are dropped,
     :mod:`cantrip.protocols.middleware._limits`); a replica never holds an entity.
 """

@@ -54,12 +54,12 @@ T = TypeVar("T")
 
 
 CAPABILITIES = Capabilities(
-        mode="db",
-        token_events=False,
-        a2a_push=False,
-        viewer_fork=False,
-        durable_prompt_ids=True,
-        shared=True,
+    mode="db",
+    token_events=False,
+    a2a_push=False,
+    viewer_fork=False,
+    durable_prompt_ids=True,
+    shared=True,
 )
 """What this backend offers (the docs' table of modes is generated from it)."""
 

@@ -69,12 +69,12 @@ class _Run:
 
 
 CAPABILITIES = Capabilities(
-        mode="process",
-        token_events=True,
-        a2a_push=True,
-        viewer_fork=True,
-        durable_prompt_ids=False,
-        shared=False,
+    mode="process",
+    token_events=True,
+    a2a_push=True,
+    viewer_fork=True,
+    durable_prompt_ids=False,
+    shared=False,
 )
 """What this backend offers (the docs' table of modes is generated from it)."""
 
