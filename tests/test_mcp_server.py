@@ -367,3 +367,41 @@ async def test_progress_reaches_the_client_at_either_era(tmp_path: Path, mode: s
         (1.0, 4.0, 'turn 1: echo({"text": "thinking"})'),
         (2.0, 4.0, 'turn 2: done({"answer": "first answer"})'),
     ]
+
+
+async def test_a_call_the_guard_refuses_queues_nothing(tmp_path: Path) -> None:
+    """The headers are checked before anything reaches the session backend: a
+    ``tools/call`` on a live MCP session with a wrong token or a foreign Origin is
+    refused and no session, prompt or turn is made; the same call rightly sent casts."""
+    spec = write_spec(tmp_path, SCRIPT)
+    auth = {**MCP_HEADERS, "authorization": "Bearer s3cret-token"}
+    call_cast = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "cast", "arguments": {"intent": "hi"}},
+    }
+    async with (
+        http_server(spec, "--token", "s3cret-token") as url,
+        httpx.AsyncClient(timeout=20) as http,
+    ):
+        opened = await http.post(url, json=INIT, headers=auth)
+        assert opened.status_code == 200, opened.text
+        session = {"mcp-session-id": opened.headers["mcp-session-id"]}
+        ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await http.post(url, json=ready, headers={**auth, **session})
+        for bad in ({"authorization": "Bearer wrong"}, {"origin": "http://evil.example"}):
+            refused = await http.post(url, json=call_cast, headers={**auth, **session, **bad})
+            assert refused.status_code in (401, 403), refused.text
+        assert _entities(tmp_path) == 0  # nothing was queued
+        cast = await http.post(url, json=call_cast, headers={**auth, **session})
+        assert cast.status_code == 200 and "first answer" in cast.text
+        assert _entities(tmp_path) == 1
+
+
+def _entities(folder: Path) -> int:
+    loom = Loom.open(folder / "served.db")
+    try:
+        return len(loom.entities)
+    finally:
+        loom.close()

@@ -26,6 +26,7 @@ import attrs
 import trio
 
 from cantrip._approval import Decision, Pause, PauseError
+from cantrip._cantrip import Cantrip
 from cantrip._errors import CantripError
 from cantrip._events import FinalResponse, StepComplete
 from cantrip._outcome import CastResult
@@ -105,6 +106,12 @@ class ProcessBackend:
             hub.nursery = None
             with trio.CancelScope(shield=True):
                 await hub.aclose()
+
+    @classmethod
+    def serving(cls, spell: Cantrip) -> contextlib.AbstractAsyncContextManager[ProcessBackend]:
+        """:meth:`open` over a new hub of ``spell``'s sessions: for a front end that
+        holds a cantrip, not a hub (``cantrip mcp``)."""
+        return cls.open(SessionHub(spell))
 
     @property
     def capabilities(self) -> Capabilities:
