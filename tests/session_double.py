@@ -167,6 +167,9 @@ class DoubleBackend:
     async def read_loom(self, read: Callable[[Loom], T]) -> T:
         return read(self.loom)
 
+    async def release(self, session_id: str) -> None:
+        return None  # everything the double has is its memory: nothing to let go of
+
     async def fork(self, turn_id: str) -> SessionInfo:
         raise SessionError("unsupported", "the double does not fork (capabilities.viewer_fork)")
 

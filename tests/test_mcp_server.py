@@ -405,3 +405,32 @@ def _entities(folder: Path) -> int:
         return len(loom.entities)
     finally:
         loom.close()
+
+
+async def test_a_calls_session_is_let_go_of_when_its_prompt_ends() -> None:
+    """Each ``cast`` is a session of the server's backend; once its prompt has ended the
+    session is released (its entity and the gate providers it opened close, as they did
+    when a call summoned its own entity), so a long-lived server does not hold one per
+    call."""
+    from test_http import SCRIPT as BOOKING
+    from test_http import make_spell
+
+    from cantrip.protocols.mcp_server._calls import drive
+    from cantrip.protocols.sessions import ProcessBackend
+
+    async with ProcessBackend.serving(make_spell(BOOKING)) as backend:
+        info, _ = await backend.create()
+        entity = backend.hub.sessions[info.session_id].entity
+        submitted = await backend.submit(info.session_id, "book")
+        seen: list[str] = []
+        driven = await drive(
+            backend,
+            info.session_id,
+            submitted.prompt_id,
+            after=0,
+            on_turn=lambda turn: seen.append(turn.id),
+            ask=None,
+        )
+        assert driven.cast is not None and driven.cast.result == "Your flight is booked."
+        assert len(seen) == 2  # progress: each recorded step
+        assert info.session_id not in backend.hub.sessions and entity._closed

@@ -68,7 +68,8 @@ async def drive(
     pause is asked (``ask``; None: a pause that ends the cast is the answer, one during
     a call is denied) and answered through the backend, the continued cast driven in
     turn (``on_prompt`` is told its id). A call cancelled meanwhile cuts its prompt off
-    (``cancel``, by id)."""
+    (``cancel``, by id). A prompt that ended for good releases its session (its entity
+    and the providers it opened close; the loom keeps it): each call makes its own."""
     position = after
     while True:
         left: list[Pause] = []
@@ -113,6 +114,7 @@ async def drive(
             return Driven(prompt_id, None, left[0])
         cast = outcome.cast
         if cast is None or cast.reason != "paused" or not cast.pending or ask is None:
+            await backend.release(session_id)  # a call's session is its own: it ended
             return Driven(prompt_id, cast)
         pause = cast.pending[0]
         decision = await ask(pause)

@@ -40,6 +40,10 @@ The operations, and what both modes do today
   where reading belongs: at once in process, in a worker thread behind the store's
   limiter on PostgreSQL (a query blocks); **fork** -- a new session continuing from a
   recorded turn (the viewer's ``POST /api/fork``), where ``capabilities.viewer_fork``.
+* **release** -- let go of what the backend holds in memory for an idle session (in
+  process its entity, and the gate providers that entity opened: a front end that
+  makes a session per call, ``cantrip mcp``, releases it when the call ends); its loom
+  stays, and the next operation naming it resumes it.
 
 Where the two modes drift today (found by the contract suite; each ``test_drift_*``
 runs one scenario on both real backends and asserts the pair of answers as it is, so it
@@ -348,6 +352,12 @@ class SessionBackend(Protocol):
         (LOOM-4): ``not_found`` for a turn the loom lacks, ``cannot_fork`` for one that
         cannot be continued, ``unsupported`` where ``capabilities.viewer_fork`` is
         False."""
+        ...
+
+    async def release(self, session_id: str) -> None:
+        """Let go of what this backend holds in memory for the session, if no prompt
+        of it is open and nobody follows it (else, and for a session not held, nothing):
+        its loom stays, and the next operation naming it resumes it."""
         ...
 
     async def health(self) -> Health: ...

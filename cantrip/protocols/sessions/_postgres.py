@@ -138,6 +138,9 @@ class PostgresBackend:
     async def read_loom(self, read: Callable[[Loom], T]) -> T:
         return await self._db(read, self.loom)
 
+    async def release(self, session_id: str) -> None:
+        return None  # a replica holds no session in memory: the database does
+
     async def fork(self, turn_id: str) -> SessionInfo:
         raise SessionError(
             "unsupported",

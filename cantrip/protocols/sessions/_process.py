@@ -141,6 +141,18 @@ class ProcessBackend:
     async def read_loom(self, read: Callable[[Loom], T]) -> T:
         return read(self.hub.spell.loom)  # in memory, or a local file: read at once
 
+    async def release(self, session_id: str) -> None:
+        session = self.hub.sessions.get(session_id)
+        if session is None or session.running is not None or session.arriving:
+            return
+        if session.waiting or any(
+            c.statistics().open_receive_channels > 0 for c in session.subscribers
+        ):
+            return
+        del self.hub.sessions[session_id]
+        with trio.CancelScope(shield=True):
+            await session.entity.aclose()  # its providers too; the loom resumes it
+
     async def fork(self, turn_id: str) -> SessionInfo:
         if not self.hub.spell.loom.has_turn(turn_id):
             raise SessionError("not_found", f"no turn {turn_id!r} in the loom")
