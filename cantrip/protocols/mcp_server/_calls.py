@@ -40,6 +40,7 @@ Ask = Callable[[Pause], Awaitable[Decision | None]]
 class Driven:
     """Where a driven prompt stopped: it ended (``cast``), or waits on ``left``."""
 
+    session_id: str
     prompt_id: str
     """The prompt last driven: the one that ended, or the one that waits in place."""
     cast: CastResult | None
@@ -111,18 +112,18 @@ async def drive(
                 with trio.CancelScope(shield=True):
                     await backend.cancel(session_id, prompt_id=prompt_id)
         if left:
-            return Driven(prompt_id, None, left[0])
+            return Driven(session_id, prompt_id, None, left[0])
         cast = outcome.cast
         if cast is None or cast.reason != "paused" or not cast.pending or ask is None:
             await backend.release(session_id)  # a call's session is its own: it ended
-            return Driven(prompt_id, cast)
+            return Driven(session_id, prompt_id, cast)
         pause = cast.pending[0]
         decision = await ask(pause)
         if decision is None:
-            return Driven(prompt_id, cast, pause)
+            return Driven(session_id, prompt_id, cast, pause)
         continued = await backend.answer(session_id, pause.pause_id, decision)
         if continued is None:  # not a pause the loom holds: nothing more to await
-            return Driven(prompt_id, cast)
+            return Driven(session_id, prompt_id, cast)
         prompt_id = continued.prompt_id
         if on_prompt is not None:
             on_prompt(prompt_id)

@@ -60,7 +60,6 @@ from cantrip.protocols.mcp_server._tasks import TaskBoard, tasks_extension
 from cantrip.protocols.middleware._client_faults import demote_client_faults
 from cantrip.protocols.middleware._guard import Guard, guard_refusals_as_jsonrpc
 from cantrip.protocols.sessions import ProcessBackend, SessionBackend, SessionError
-from cantrip.protocols.sessions._hub import session_id_for as session_of
 from cantrip.protocols.sessions._hub import turn_dict
 
 if TYPE_CHECKING:
@@ -255,7 +254,12 @@ def _input_required(driven: Driven, url_mode: bool) -> InputRequiredResult | Non
     if params is None:
         return None
     state = json.dumps(
-        {"entity_id": pause.entity_id, "pause_id": pause.pause_id, "prompt_id": driven.prompt_id}
+        {
+            "session_id": driven.session_id,
+            "entity_id": pause.entity_id,
+            "pause_id": pause.pause_id,
+            "prompt_id": driven.prompt_id,
+        }
     )
     return InputRequiredResult(
         input_requests={pause.pause_id: ElicitRequest(params=params)}, request_state=state
@@ -273,7 +277,7 @@ async def _answered(backend: SessionBackend, ctx: Any, on_turn: Callable[[Turn],
     response = (ctx.input_responses or {}).get(pause_id)
     if response is None:
         raise PauseError(f"inputResponses holds no answer for {pause_id!r}")
-    session_id = session_of(entity_id)
+    session_id = str(state["session_id"])
     try:
         info = await backend.find(session_id)
     except SessionError:
