@@ -14,8 +14,8 @@ import contextlib
 import itertools
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -25,7 +25,8 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._client_gates import TOOL_NAME
 from cantrip._outcome import CastResult, cast_result, result_dict
 from cantrip.llm._contract import ToolCall
-from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.loom import Loom
+from cantrip.loom._model import EntityRecord, GateCallRecord, Turn
 from cantrip.protocols.sessions import (
     MAX_TASKS,
     BusyPolicy,
@@ -41,6 +42,7 @@ from cantrip.protocols.sessions import (
 from cantrip.protocols.sessions._hub import SessionError
 
 STICKY_S = 5.0
+T = TypeVar("T")
 _ids = itertools.count(1)
 
 
@@ -142,6 +144,8 @@ class DoubleBackend:
         self.nursery = nursery
         self._sessions: dict[str, _Session] = {}
         self._tasks: dict[str, _Task] = {}
+        self.loom = Loom()
+        """Every session's turns, as a loom (what ``read_loom`` reads)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -170,6 +174,7 @@ class DoubleBackend:
         if sid in self._sessions:
             return self._info(self._sessions[sid]), False
         session = self._sessions[sid] = _Session(sid, f"entity-{suffix}")
+        self.loom.register_entity(EntityRecord(session.entity_id, "double"))
         return self._info(session), True
 
     async def sessions(self) -> list[SessionInfo]:
@@ -180,6 +185,15 @@ class DoubleBackend:
 
     async def thread(self, session_id: str) -> list[Turn]:
         return self._get(session_id).thread()
+
+    async def read_loom(self, read: Callable[[Loom], T]) -> T:
+        return read(self.loom)
+
+    async def release(self, session_id: str) -> None:
+        return None  # everything the double has is its memory: nothing to let go of
+
+    async def fork(self, turn_id: str) -> SessionInfo:
+        raise SessionError("unsupported", "the double does not fork (capabilities.viewer_fork)")
 
     async def health(self) -> Health:
         running = sum(1 for s in self._sessions.values() if s.running is not None)
@@ -360,6 +374,7 @@ class DoubleBackend:
         )
         session.turns.append(turn)
         session.leaf = turn
+        self.loom.append(turn)
         step = {"type": "step_complete", "entity_id": session.entity_id, **_step(turn)}
         session.tell(SessionEvent("step_complete", step, len(session.turns), turn))
         if done:

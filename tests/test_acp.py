@@ -13,7 +13,8 @@ import trio.testing
 
 import cantrip
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
-from cantrip.protocols.acp._server import AcpServer, serve_stdio
+from cantrip.protocols.acp._server import AcpServer
+from cantrip.protocols.acp._stdio import serve_stdio
 from cantrip.spec import build_cantrip, parse_spec
 from gates import done, echo
 

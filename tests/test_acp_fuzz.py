@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cantrip
-from cantrip.protocols.acp._server import AcpServer, serve_stdio
+from cantrip.protocols.acp._server import AcpServer
+from cantrip.protocols.acp._stdio import serve_stdio
 from cantrip.spec import build_cantrip, parse_spec
 
 METHODS = ["initialize", "session/new", "session/load", "session/prompt", "session/cancel"]
@@ -171,7 +172,7 @@ def test_random_and_truncated_frames_on_stdio_leave_the_server_serving(
 
 
 def test_an_endless_line_is_refused_without_holding_memory(monkeypatch: Any) -> None:
-    from cantrip.protocols.acp import _server as _acp
+    from cantrip.protocols.acp import _stdio as _acp
 
     monkeypatch.setattr(_acp, "MAX_LINE", 1000)
 

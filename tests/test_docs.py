@@ -227,3 +227,19 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     roles = re.findall(r":(?:class|func|meth|attr|data|mod):<code>", api)
     assert not roles, f"reST roles shown literally on the API page: {len(roles)}"
     assert "mermaid" in pages["concepts/index.html"]
+
+
+def test_the_table_of_modes_is_what_the_backends_capabilities_render() -> None:
+    """The docs' table of what each ``cantrip serve`` mode offers is generated from the
+    backends' :class:`~cantrip.protocols.sessions.Capabilities` (issue 41): the page
+    holds exactly what :func:`~cantrip.protocols.sessions.modes_table` renders, so it
+    cannot drift from the one place a mode says what it lacks. To refresh it, paste
+    ``python -c "from cantrip.protocols.sessions import modes_table; print(modes_table())"``
+    between the markers."""
+    from cantrip.protocols.sessions import MODES_MARKERS, MODES_PAGE, modes_table
+
+    page = (ROOT / MODES_PAGE).read_text()
+    start, end = MODES_MARKERS
+    assert page.count(start) == 1 and page.count(end) == 1, f"{MODES_PAGE} lacks the markers"
+    shown = page.split(start, 1)[1].split(end, 1)[0].strip("\n") + "\n"
+    assert shown == modes_table(), f"regenerate the table of modes in {MODES_PAGE}"

@@ -367,3 +367,70 @@ async def test_progress_reaches_the_client_at_either_era(tmp_path: Path, mode: s
         (1.0, 4.0, 'turn 1: echo({"text": "thinking"})'),
         (2.0, 4.0, 'turn 2: done({"answer": "first answer"})'),
     ]
+
+
+async def test_a_call_the_guard_refuses_queues_nothing(tmp_path: Path) -> None:
+    """The headers are checked before anything reaches the session backend: a
+    ``tools/call`` on a live MCP session with a wrong token or a foreign Origin is
+    refused and no session, prompt or turn is made; the same call rightly sent casts."""
+    spec = write_spec(tmp_path, SCRIPT)
+    auth = {**MCP_HEADERS, "authorization": "Bearer s3cret-token"}
+    call_cast = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "cast", "arguments": {"intent": "hi"}},
+    }
+    async with (
+        http_server(spec, "--token", "s3cret-token") as url,
+        httpx.AsyncClient(timeout=20) as http,
+    ):
+        opened = await http.post(url, json=INIT, headers=auth)
+        assert opened.status_code == 200, opened.text
+        session = {"mcp-session-id": opened.headers["mcp-session-id"]}
+        ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await http.post(url, json=ready, headers={**auth, **session})
+        for bad in ({"authorization": "Bearer wrong"}, {"origin": "http://evil.example"}):
+            refused = await http.post(url, json=call_cast, headers={**auth, **session, **bad})
+            assert refused.status_code in (401, 403), refused.text
+        assert _entities(tmp_path) == 0  # nothing was queued
+        cast = await http.post(url, json=call_cast, headers={**auth, **session})
+        assert cast.status_code == 200 and "first answer" in cast.text
+        assert _entities(tmp_path) == 1
+
+
+def _entities(folder: Path) -> int:
+    loom = Loom.open(folder / "served.db")
+    try:
+        return len(loom.entities)
+    finally:
+        loom.close()
+
+
+async def test_a_calls_session_is_let_go_of_when_its_prompt_ends() -> None:
+    """Each ``cast`` is a session of the server's backend; once its prompt has ended the
+    session is released (its entity and the gate providers it opened close, as they did
+    when a call summoned its own entity), so a long-lived server does not hold one per
+    call."""
+    from test_http import SCRIPT as BOOKING
+    from test_http import make_spell
+
+    from cantrip.protocols.mcp_server._calls import drive
+    from cantrip.protocols.sessions import ProcessBackend
+
+    async with ProcessBackend.serving(make_spell(BOOKING)) as backend:
+        info, _ = await backend.create()
+        entity = backend.hub.sessions[info.session_id].entity
+        submitted = await backend.submit(info.session_id, "book")
+        seen: list[str] = []
+        driven = await drive(
+            backend,
+            info.session_id,
+            submitted.prompt_id,
+            after=0,
+            on_turn=lambda turn: seen.append(turn.id),
+            ask=None,
+        )
+        assert driven.cast is not None and driven.cast.result == "Your flight is booked."
+        assert len(seen) == 2  # progress: each recorded step
+        assert info.session_id not in backend.hub.sessions and entity._closed

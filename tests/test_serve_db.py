@@ -237,6 +237,21 @@ async def test_a_session_made_on_one_replica_is_prompted_on_another_and_continue
         assert info in listed
 
 
+async def test_the_viewer_of_a_replica_reads_the_loom_through_its_backend_and_does_not_fork(
+    stack: Stack,
+) -> None:
+    a, _ = stack.replicas
+    async with await _client(a) as http:
+        session = (await http.post("/sessions")).json()
+        await http.post(f"/sessions/{session['session_id']}/prompt", json={"prompt": "hello"})
+        assert (await http.get("/api/loom")).json()["live"] is False  # no fork: not live
+        tree = (await http.get(f"/api/entities/{session['entity_id']}/tree")).json()
+        assert _sequences(tree["items"]) == [1, 2, 3]
+        refused = await http.post("/api/fork", json={"turn_id": tree["items"][0]["id"]})
+        assert refused.status_code == 501, refused.text
+        assert "capabilities.viewer_fork" in refused.json()["error"]["message"]
+
+
 async def test_a_streamed_prompt_sends_each_turn_as_it_lands_then_the_result(
     stack: Stack,
 ) -> None:

@@ -697,6 +697,73 @@ async def test_a_task_waiting_for_input_is_cancelled_once(world: World) -> None:
     assert [p.pause_id for p in await backend.pauses(sid)] == [pause.pause_id]
 
 
+async def test_the_loom_the_sessions_are_recorded_in_is_read_through_the_backend(
+    world: World,
+) -> None:
+    sid = await new_session(world)
+    await cast(world, sid, "Add one.")
+    thread = await world.backend.thread(sid)
+    info = await world.backend.find(sid)
+
+    def read(loom: Loom) -> tuple[list[str], bool]:
+        return [t.id for t in loom.thread(thread[-1].id)], info.entity_id in loom.entities
+
+    ids, known = await world.backend.read_loom(read)
+    assert ids == [t.id for t in thread]
+    assert known
+
+
+async def test_a_released_session_is_resumed_by_the_next_operation(world: World) -> None:
+    sid = await new_session(world)
+    await cast(world, sid, "Add one.")
+    before = await world.backend.thread(sid)
+    await world.backend.release(sid)
+    await world.backend.release("session-never-was")  # not held: nothing to do
+    assert await world.backend.thread(sid) == before
+    again = await cast(world, sid, "Add two.")
+    assert text(again) == "Add two. ok #2"  # the conversation goes on from the loom
+
+
+async def test_release_lets_go_of_an_idle_entity_in_process_only(key_env: None) -> None:
+    """What ``release`` is for: in process the session's entity (and the providers it
+    opened) is closed and dropped; a running session is left as it is."""
+    loom = Loom()
+    hub = SessionHub(build_spell({"spec": spec("http://127.0.0.1:9/v1")}, loom))
+    async with ProcessBackend.open(hub) as backend:
+        info, _ = await backend.create()
+        entity = hub.sessions[info.session_id].entity
+        hub.sessions[info.session_id].running = trio.CancelScope()  # a prompt open
+        await backend.release(info.session_id)
+        assert info.session_id in hub.sessions
+        hub.sessions[info.session_id].running = None
+        await backend.release(info.session_id)
+        assert info.session_id not in hub.sessions and entity._closed
+        assert (await backend.find(info.session_id)).session_id == info.session_id  # resumed
+
+
+async def test_a_fork_continues_from_a_turn_where_the_backend_offers_it(world: World) -> None:
+    sid = await new_session(world)
+    await cast(world, sid, "Add one.")
+    thread = await world.backend.thread(sid)
+    if not world.backend.capabilities.viewer_fork:  # the one place that says so
+        with pytest.raises(SessionError) as refused:
+            await world.backend.fork(thread[0].id)
+        assert refused.value.kind == "unsupported"
+        assert "viewer_fork" in refused.value.message
+        return
+    with pytest.raises(SessionError) as unknown:
+        await world.backend.fork("turn-nope")
+    assert unknown.value.kind == "not_found"
+    forked = await world.backend.fork(thread[1].id)
+    assert forked.session_id != sid and (await world.backend.find(forked.session_id)) == forked
+    assert (
+        await world.backend.read_loom(lambda loom: loom.entity(forked.entity_id).forked_from)
+        == thread[1].id
+    )
+    again = await cast(world, forked.session_id, "Add two.")
+    assert text(again) == "Add two. ok #2"  # it saw the thread up to the fork point
+
+
 # -- drift between the two real backends today (phase 2 removes each) --------------------
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
+from seam_llm import Holds
+from session_double import DoubleBackend
 from test_http import SCRIPT, make_spell, serving
 from viewer_looms import SECRET, build
 
@@ -24,7 +26,7 @@ from cantrip.cli._loom import main as loom_main
 from cantrip.loom import Turn, TurnMetadata, export_jsonl
 from cantrip.protocols.middleware._guard import BindError
 from cantrip.protocols.viewer._api import LoomViews, ViewerError
-from cantrip.protocols.viewer._app import LoomFile, ViewerApp, viewer_guard
+from cantrip.protocols.viewer._app import LoomFile, Viewer, ViewerApp, viewer_guard
 
 CANTRIP = str(Path(sys.executable).with_name("cantrip"))
 
@@ -240,6 +242,33 @@ async def test_cantrip_serve_mounts_the_page_the_api_and_fork() -> None:
         ]
         assert (await http.get("/api/nothing")).status_code == 404
         assert (await http.delete("/api/loom")).status_code == 405
+
+
+async def test_a_viewer_over_a_backend_reads_through_it_and_forks_only_where_it_may() -> None:
+    """The served viewer asks the seam, never a mode: the loom through ``read_loom``,
+    which entities run through ``sessions``, and a fork only where
+    ``capabilities.viewer_fork`` says so -- else a 501 that names the capability."""
+    async with DoubleBackend.open(Holds()) as backend:
+        info, _ = await backend.create()
+        done = await backend.submit(info.session_id, "Add one.")
+        await backend.result(info.session_id, done.prompt_id)
+        viewer = Viewer.over(backend, "double")
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            assert await viewer.dispatch(scope, receive, send)
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            overview = (await http.get("/api/loom")).json()
+            assert overview == {"turns": 3, "entities": 1, "live": False, "source": "double"}
+            entities = (await http.get("/api/entities")).json()["items"]
+            assert [(e["entity_id"], e["running"]) for e in entities] == [(info.entity_id, False)]
+            tree = (await http.get(f"/api/entities/{info.entity_id}/tree")).json()["items"]
+            refused = await http.post("/api/fork", json={"turn_id": tree[0]["id"]})
+            assert refused.status_code == 501
+            assert refused.json()["error"]["code"] == "unsupported"
+            assert "capabilities.viewer_fork" in refused.json()["error"]["message"]
+            assert await backend.sessions() == [await backend.find(info.session_id)]  # none made
 
 
 @contextmanager

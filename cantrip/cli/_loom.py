@@ -40,6 +40,7 @@ ward), 1 error (``check``: the loom is damaged).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sqlite3
 import sys
@@ -51,7 +52,7 @@ import trio
 
 from cantrip._chat_export import export_chat
 from cantrip._errors import CantripError, LoomError
-from cantrip._failure import debug_requested
+from cantrip._failure import debug_requested, leaves
 from cantrip._redact import redact
 from cantrip.cli._exit import EXIT_ERROR, EXIT_OK, EXIT_TRUNCATED
 from cantrip.loom._export import Redaction, export_jsonl
@@ -687,8 +688,7 @@ def _stats(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
 
 def _view(args: argparse.Namespace, err: TextIO) -> int:
     """``loom FILE view``: serve the browser viewer until Ctrl-C; prints the URL."""
-    import signal
-
+    from cantrip.cli._serve import serve_until_signal
     from cantrip.protocols.middleware._guard import BindError
     from cantrip.protocols.viewer._app import serve_viewer, viewer_guard
 
@@ -700,40 +700,26 @@ def _view(args: argparse.Namespace, err: TextIO) -> int:
         print(f"cantrip: {exc}", file=err)
         return EXIT_ERROR
 
-    async def run() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-
-            async def until_signal() -> None:
-                async for _ in signals:
-                    return
-
-            async with trio.open_nursery() as nursery:
-                binds = await nursery.start(
-                    lambda task_status: serve_viewer(
-                        args.loom_file,
-                        args.host,
-                        args.port,
-                        guard=guard,
-                        shutdown_trigger=until_signal,
-                        task_status=task_status,
-                    )
-                )
-                for bind in binds:
-                    print(f"cantrip: viewing {shown} at {bind}/", file=err, flush=True)
-                if guard.token is not None:
-                    print(
-                        "cantrip: a token is required: open the page as URL/?token=TOKEN",
-                        file=err,
-                        flush=True,
-                    )
-
+    token_note = "cantrip: a token is required: open the page as URL/?token=TOKEN"
     try:
-        trio.run(run)
-    except OSError as exc:
-        print(f"cantrip: cannot serve on {args.host}:{args.port}: {exc}", file=err)
+        failure = serve_until_signal(
+            functools.partial(serve_viewer, args.loom_file, args.host, args.port, guard=guard),
+            host=args.host,
+            port=args.port,
+            spec=shown,
+            draining=None,
+            announce=lambda bind: f"cantrip: viewing {shown} at {bind}/",
+            then=[token_note] if guard.token is not None else [],
+            err=err,
+        )
+    except BaseException as exc:
+        found = leaves(exc)  # a loom that cannot be read, inside the server's nurseries
+        if not all(isinstance(leaf, CantripError) for leaf in found):
+            raise
+        print(f"cantrip: cannot read {shown}: {redact(str(found[0]))}", file=err)
         return EXIT_ERROR
-    except CantripError as exc:
-        print(f"cantrip: cannot read {shown}: {redact(str(exc))}", file=err)
+    if failure is not None:
+        print(f"cantrip: {failure}", file=err)
         return EXIT_ERROR
     return EXIT_OK
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -65,8 +66,6 @@ def run_mcp(
 
 
 def _serve_http(args: argparse.Namespace, spell: Cantrip, fail: Callable[[str], int]) -> int:
-    import signal
-
     from cantrip.protocols.mcp_server._server import http_guard, serve_http
     from cantrip.protocols.middleware._guard import BindError
 
@@ -76,33 +75,14 @@ def _serve_http(args: argparse.Namespace, spell: Cantrip, fail: Callable[[str], 
     except BindError as exc:
         return fail(str(exc))
 
-    async def run() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    from cantrip.cli._serve import serve_until_signal
 
-            async def until_signal() -> None:
-                async for _ in signals:
-                    return
-
-            async with trio.open_nursery() as nursery:
-                binds = await nursery.start(
-                    lambda task_status: serve_http(
-                        spell,
-                        args.host,
-                        args.port,
-                        token=token,
-                        shutdown_trigger=until_signal,
-                        task_status=task_status,
-                    )
-                )
-                for bind in binds:
-                    print(
-                        f"cantrip: MCP (streamable HTTP) for {args.spec} at {bind}/mcp",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-
-    try:
-        trio.run(run)
-    except OSError as exc:
-        return fail(f"cannot serve on {args.host}:{args.port}: {exc}")
-    return 0
+    failure = serve_until_signal(
+        functools.partial(serve_http, spell, args.host, args.port, token=token),
+        host=args.host,
+        port=args.port,
+        spec=args.spec,
+        draining=None,
+        announce=lambda bind: f"cantrip: MCP (streamable HTTP) for {args.spec} at {bind}/mcp",
+    )
+    return fail(failure) if failure is not None else 0

@@ -1,17 +1,18 @@
-"""Running a session server from the command line: ``cantrip serve`` and ``cantrip
-serve --db`` both serve until SIGINT/SIGTERM, then drain, and both turn a port they
-cannot bind into one line for the user instead of a traceback.
+"""Running a server from the command line: ``cantrip serve`` (either mode),
+``cantrip worker``'s health server, ``cantrip mcp --http`` and ``cantrip loom FILE view``
+all serve until SIGINT/SIGTERM, then drain, and all turn a port they cannot bind into one
+line for the user instead of a traceback.
 
-The two commands start different servers (:func:`cantrip.protocols.http._app.serve_http`,
-:func:`cantrip.protocols.http._db_app.serve_http_db`); the signal handling, the
-"serving on" lines and the bind failure are the same, so they live here once.
+The commands start different servers; the signal handling, the "serving on" lines and
+the bind failure are the same, so they live here once (:func:`serve_until_signal`).
 """
 
 from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TextIO
 
 import trio
 
@@ -28,23 +29,30 @@ def serve_until_signal(
     host: str,
     port: int,
     spec: object,
-    draining: str,
+    draining: str | None,
     note: str = "",
     background: Callable[[], Awaitable[None]] | None = None,
+    announce: Callable[[str], str] | None = None,
+    then: Sequence[str] = (),
+    err: TextIO | None = None,
 ) -> str | None:
-    """Serve until SIGINT or SIGTERM, which starts the server's drain (said on stderr
-    as ``cantrip: SIGTERM: <draining>``); each bound URL is announced as
-    ``cantrip: serving <spec> on <url><note>``. Returns None when the server stopped,
-    or why it could not serve (the port is taken, the address is not ours).
+    """Serve until SIGINT or SIGTERM, which starts the server's drain (said on ``err``,
+    default stderr, as ``cantrip: SIGTERM: <draining>``, unless ``draining`` is None);
+    each bound URL is announced as ``cantrip: serving <spec> on <url><note>`` (or as
+    ``announce(url)`` says), followed by the lines ``then``. Returns None when the server
+    stopped, or why it could not serve (the port is taken, the address is not ours).
     ``background`` (retention) runs beside the server and is cancelled when it stops."""
+
+    def say(line: str) -> None:
+        print(line, file=err if err is not None else sys.stderr, flush=True)
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
             async def until_signal() -> None:
                 async for signum in signals:
-                    name = signal.Signals(signum).name
-                    print(f"cantrip: {name}: {draining}", file=sys.stderr, flush=True)
+                    if draining is not None:
+                        say(f"cantrip: {signal.Signals(signum).name}: {draining}")
                     return
 
             async with trio.open_nursery() as nursery:
@@ -57,7 +65,9 @@ def serve_until_signal(
                 if background is not None:
                     nursery.start_soon(background)
                 for bind in binds:
-                    print(f"cantrip: serving {spec} on {bind}{note}", file=sys.stderr, flush=True)
+                    say(announce(bind) if announce else f"cantrip: serving {spec} on {bind}{note}")
+                for line in then:
+                    say(line)
 
     try:
         trio.run(run)

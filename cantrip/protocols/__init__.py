@@ -9,7 +9,9 @@ results) and A2A (:mod:`._a2a`) live here too; their client sides are
 :mod:`cantrip.mcp` and :mod:`cantrip.a2a`.
 """
 
-from cantrip.protocols.acp._server import AcpServer, prompt_text, serve_stdio
+from cantrip.protocols.acp._rpc import prompt_text
+from cantrip.protocols.acp._server import AcpServer
+from cantrip.protocols.acp._stdio import serve_stdio
 from cantrip.protocols.http._app import HttpApp, serve_http
 from cantrip.protocols.sessions._hub import Session, SessionError, SessionHub
 

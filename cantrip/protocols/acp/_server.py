@@ -3,7 +3,9 @@
 Transport-independent core: :meth:`AcpServer.handle` takes one decoded
 JSON-RPC message and returns the response (or ``None`` for a notification);
 ``session/update`` notifications go out through the ``notify`` callback as
-they happen. :func:`serve_stdio` is the line-delimited stdio transport.
+they happen. The file is split by job: :mod:`._rpc` (JSON-RPC framing, a prompt's
+parameters), :mod:`._updates` (events to ``session/update``), :mod:`._stdio` (the
+line-delimited stdio transport, ``serve_stdio``).
 
 Mapping (PROD-6/7, ENTITY-5):
 
@@ -44,50 +46,29 @@ from cantrip._approval import Decision, Pause
 from cantrip._cantrip import Cantrip
 from cantrip._elicit import yes_no_field
 from cantrip._errors import CantripError
-from cantrip._events import (
-    FinalResponse,
-    MessageComplete,
-    StepComplete,
-    StepStart,
-    ToolResultEvent,
-)
 from cantrip._outcome import CastResult, stop_reason
-from cantrip._providers import ProviderScope
-from cantrip._redact import get_logger, redact_value
-from cantrip._text import TextError, check_text
+from cantrip._redact import get_logger
 from cantrip.llm._contract import plain_json
-from cantrip.llm._stream import Event, TextDelta, ThinkingDelta, ToolCallEvent
-from cantrip.loom._model import GateCallRecord, Turn, result_text
+from cantrip.llm._stream import Event
+from cantrip.protocols.acp._rpc import (
+    INTERNAL,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PROTOCOL_VERSION,
+    RESOURCE_NOT_FOUND,
+    RpcError,
+    on_busy,
+    prompt_text,
+)
+from cantrip.protocols.acp._rpc import error_response as _error
+from cantrip.protocols.acp._updates import Translator, message, replay
 from cantrip.protocols.asgi._ids import BadIdError, client_id
 from cantrip.protocols.sessions._hub import Session, SessionError, SessionHub
-
-PROTOCOL_VERSION = 1
-PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = (
-    -32700,
-    -32600,
-    -32601,
-    -32602,
-    -32603,
-)
-MAX_LINE = 16 << 20
-"""The longest JSON-RPC message line accepted on stdio (bytes)."""
-RESOURCE_NOT_FOUND = -32002
-"""ACP's code for an unknown session."""
 
 log = get_logger("cantrip.acp")
 
 Notify = Callable[[dict[str, Any]], Awaitable[None]]
-
-_KINDS = {
-    "read": "read",
-    "fetch": "fetch",
-    "call_agent": "think",
-    "call_agent_batch": "think",
-    "js": "execute",
-    "python": "execute",
-    "bash": "execute",
-}
-"""ACP tool kinds (icons in a client) for gates and code tools cantrip knows."""
 
 
 @attrs.define(eq=False)
@@ -95,13 +76,6 @@ class _Reply:
     done: trio.Event = attrs.field(factory=trio.Event)
     result: Any = None
     error: Mapping[str, Any] | None = None
-
-
-class RpcError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class AcpServer:
@@ -167,7 +141,7 @@ class AcpServer:
     async def _load_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         session = self._session(params, required=True)
         for turn in self.hub.history(session):
-            for update in _replay(turn):
+            for update in replay(turn):
                 await self._update(session.id, update)
         log.info("session %s loaded (entity %s)", session.id, session.entity_id)
         return {"_meta": {"cantrip": {"entityId": session.entity_id}}}
@@ -339,7 +313,7 @@ class AcpServer:
         # The editor is asked before a call that needs a human (a crash-resumed
         # entity is a new object, so this is set on every prompt).
         session.entity.answer_pauses_with(lambda pause: self._ask_permission(session, pause))
-        translator = _Translator(session)
+        translator = Translator(session)
         send, receive = trio.open_memory_channel[Event](math.inf)
 
         async def forward() -> None:
@@ -366,7 +340,7 @@ class AcpServer:
             raise error  # after the updates the cast produced went out
         stop = stop_reason(outcome)
         if outcome is not None and outcome.truncated and stop != "cancelled":
-            await self._update(session.id, _message(outcome.summary or "truncated"))
+            await self._update(session.id, message(outcome.summary or "truncated"))
         meta: dict[str, Any] = {"entityId": session.entity_id, "reason": "cancelled"}
         if outcome is not None:
             meta = {
@@ -421,365 +395,3 @@ _METHODS: dict[str, Callable[[AcpServer, Mapping[str, Any]], Awaitable[Any]]] = 
     "session/prompt": AcpServer._prompt,
     "session/cancel": AcpServer._cancel,
 }
-
-
-# -- events to session/update ------------------------------------------------------
-
-
-class _Translator:
-    """Turns one prompt's streaming events into ACP session updates.
-
-    Only the session's own entity is shown (its children appear as the
-    delegation gate's tool call). Tool calls are announced once (``tool_call``,
-    ``pending``), finalized (``in_progress``) and completed with their result
-    (``completed`` / ``failed``); a code tool call that ran no further gate
-    call is completed with the turn's observation when the turn is recorded.
-    LLMs that do not stream still produce the same updates, from the complete
-    message.
-    """
-
-    def __init__(self, session: Session) -> None:
-        self.entity_id = session.entity_id
-        self.announced: set[str] = set()
-        self.open: dict[str, str] = {}
-        self.step_text = False
-        self.step_thinking = False
-        self.any_text = False
-        self.last_reason: str | None = None
-        self.anonymous = 0
-        self.sequence = 0
-        """The turn being taken; tool call ids are ``<sequence>:<call id>``, unique in
-        the session's thread (a provider's ids may repeat after a restart)."""
-
-    def updates(self, event: Event) -> list[dict[str, Any]]:
-        if event.entity_id and event.entity_id != self.entity_id:
-            return []
-        if isinstance(event, StepStart):
-            self.step_text = self.step_thinking = False
-            self.sequence = event.sequence
-            self.anonymous = 0
-        elif isinstance(event, TextDelta) and event.text:
-            self.step_text = self.any_text = True
-            return [_message(event.text)]
-        elif isinstance(event, ThinkingDelta) and event.text:
-            self.step_thinking = True
-            return [_chunk("agent_thought_chunk", event.text)]
-        elif isinstance(event, ToolCallEvent):
-            return self._tool_call(event.call_id, event.name, event.arguments, event.final)
-        elif isinstance(event, MessageComplete):
-            return self._complete_message(event)
-        elif isinstance(event, ToolResultEvent):
-            return self._tool_result(event.record)
-        elif isinstance(event, StepComplete) and event.turn is not None:
-            self.last_reason = event.turn.reason
-            return self._close_open(event.turn)
-        elif isinstance(event, FinalResponse) and self.last_reason != "text":
-            text = result_text(event.result)
-            prefix = "\n\n" if self.any_text else ""
-            self.any_text = True
-            return [_message(prefix + text)]
-        return []
-
-    def _tool_call(
-        self, call_id: str, name: str, arguments: Mapping[str, Any] | str, final: bool
-    ) -> list[dict[str, Any]]:
-        raw = plain_json(arguments) if isinstance(arguments, Mapping) else None
-        call_id = f"{self.sequence}:{call_id}"
-        if call_id not in self.announced:
-            self.announced.add(call_id)
-            self.open[call_id] = name
-            update: dict[str, Any] = {
-                "sessionUpdate": "tool_call",
-                "toolCallId": call_id,
-                "title": name,
-                "kind": _KINDS.get(name, "other"),
-                "status": "in_progress" if final else "pending",
-            }
-            if raw is not None:
-                update["rawInput"] = raw
-            return [update]
-        if final:
-            return [
-                {
-                    "sessionUpdate": "tool_call_update",
-                    "toolCallId": call_id,
-                    "status": "in_progress",
-                    "rawInput": raw if raw is not None else {},
-                }
-            ]
-        return []
-
-    def _complete_message(self, event: MessageComplete) -> list[dict[str, Any]]:
-        """What a non-streaming LLM did not stream, from the complete message."""
-        response = event.response
-        out: list[dict[str, Any]] = []
-        if response.thinking and not self.step_thinking:
-            out.append(_chunk("agent_thought_chunk", response.thinking))
-        if response.content and not self.step_text:
-            self.step_text = self.any_text = True
-            out.append(_message(response.content))
-        for call in response.tool_calls:
-            if f"{self.sequence}:{call.id}" not in self.announced:
-                out.extend(self._tool_call(call.id, call.name, call.arguments, True))
-        return out
-
-    def _tool_result(self, record: GateCallRecord) -> list[dict[str, Any]]:
-        status = "completed" if record.status == "ok" else "failed"
-        call_id = f"{self.sequence}:{record.tool_call_id}"
-        content = [{"type": "content", "content": {"type": "text", "text": record.text}}]
-        if record.tool_call_id is not None and call_id in self.open:
-            del self.open[call_id]
-            return [
-                {
-                    "sessionUpdate": "tool_call_update",
-                    "toolCallId": call_id,
-                    "status": status,
-                    "rawOutput": plain_json(record.result),
-                    "content": content,
-                }
-            ]
-        # A gate called from code (its code tool call is the one announced).
-        self.anonymous += 1
-        return [
-            {
-                "sessionUpdate": "tool_call",
-                "toolCallId": f"{self.sequence}:{record.gate}#{self.anonymous}",
-                "title": record.gate,
-                "kind": _KINDS.get(record.gate, "other"),
-                "status": status,
-                "rawInput": plain_json(record.args),
-                "rawOutput": plain_json(record.result),
-                "content": content,
-            }
-        ]
-
-    def _close_open(self, turn: Turn) -> list[dict[str, Any]]:
-        out = []
-        for call_id in list(self.open):
-            del self.open[call_id]
-            failed = turn.is_error or turn.reason in ("cancelled", "timeout", "crashed")
-            out.append(
-                {
-                    "sessionUpdate": "tool_call_update",
-                    "toolCallId": call_id,
-                    "status": "failed" if failed else "completed",
-                    "content": [
-                        {"type": "content", "content": {"type": "text", "text": turn.observation}}
-                    ],
-                }
-            )
-        return out
-
-
-def _chunk(kind: str, text: str) -> dict[str, Any]:
-    return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
-
-
-def _message(text: str) -> dict[str, Any]:
-    return _chunk("agent_message_chunk", text)
-
-
-def _replay(turn: Turn) -> list[dict[str, Any]]:
-    """A recorded turn as the updates a client shows for it (``session/load``)."""
-    out: list[dict[str, Any]] = []
-    if turn.intent:
-        out.append(_chunk("user_message_chunk", turn.intent))
-    if turn.thinking:
-        out.append(_chunk("agent_thought_chunk", turn.thinking))
-    if turn.content:
-        out.append(_message(turn.content))
-    recorded = {r.tool_call_id for r in turn.gate_calls}
-    calls = {call.id for call in turn.tool_calls}
-    for call in turn.tool_calls:
-        if call.id not in recorded:  # a code tool call: its gates follow
-            out.append(
-                {
-                    "sessionUpdate": "tool_call",
-                    "toolCallId": f"{turn.sequence}:{call.id}",
-                    "title": call.name,
-                    "kind": _KINDS.get(call.name, "other"),
-                    "status": "failed" if turn.is_error else "completed",
-                    "rawInput": plain_json(call.arguments),
-                    "content": [
-                        {"type": "content", "content": {"type": "text", "text": turn.observation}}
-                    ],
-                }
-            )
-    anonymous = 0
-    for record in turn.gate_calls:
-        if record.tool_call_id is None or record.tool_call_id not in calls:
-            anonymous += 1
-            call_id = f"{turn.sequence}:{record.gate}#{anonymous}"
-        else:
-            call_id = f"{turn.sequence}:{record.tool_call_id}"
-        out.append(
-            {
-                "sessionUpdate": "tool_call",
-                "toolCallId": call_id,
-                "title": record.gate,
-                "kind": _KINDS.get(record.gate, "other"),
-                "status": "completed" if record.status == "ok" else "failed",
-                "rawInput": plain_json(record.args),
-                "rawOutput": plain_json(record.result),
-                "content": [{"type": "content", "content": {"type": "text", "text": record.text}}],
-            }
-        )
-    if turn.terminated and turn.reason == "done":
-        out.append(_message(result_text(turn.result)))
-    return out
-
-
-# -- prompts -----------------------------------------------------------------------
-
-
-def prompt_text(params: Mapping[str, Any]) -> str:
-    """The intent of a prompt, from the variants clients send (PROD-6)."""
-    raw = params.get("prompt", params.get("content"))
-    if isinstance(raw, str):
-        text = raw
-    elif isinstance(raw, list):
-        parts = []
-        for block in raw:
-            if isinstance(block, str):
-                parts.append(block)
-            elif isinstance(block, Mapping) and block.get("type", "text") == "text":
-                parts.append(str(block.get("text", "")))
-            elif isinstance(block, Mapping) and block.get("type") == "resource":
-                resource = block.get("resource") or {}
-                if isinstance(resource, Mapping) and "text" in resource:
-                    parts.append(str(resource["text"]))
-        text = "\n".join(p for p in parts if p)
-    elif isinstance(raw, Mapping) and "text" in raw:
-        text = str(raw["text"])
-    else:
-        raise RpcError(INVALID_PARAMS, "the prompt needs text: a string or text content blocks")
-    if not text.strip():
-        raise RpcError(INVALID_PARAMS, "the prompt is empty")
-    try:
-        return check_text(text, "the prompt")
-    except TextError as exc:
-        raise RpcError(INVALID_PARAMS, str(exc)) from None
-
-
-def _error(msg_id: Any, code: int, message: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
-
-
-# -- stdio transport -------------------------------------------------------------
-
-
-async def serve_stdio(
-    spell: Cantrip,
-    *,
-    stdin: trio.abc.ReceiveStream | None = None,
-    stdout: trio.abc.SendStream | None = None,
-) -> None:
-    """Serve ACP on stdin/stdout, one JSON message per line, until stdin closes.
-
-    Waiting idle for the next request is normal. Messages are taken in order;
-    prompts run in the background, so a ``session/cancel`` reaches a running
-    prompt (two prompts of one session run one after the other). Nothing but
-    protocol messages is written to stdout, with secrets redacted (PROD-8).
-    When stdin closes, running prompts finish and the server exits.
-    """
-    reader = stdin if stdin is not None else trio.lowlevel.FdStream(0)
-    writer = stdout if stdout is not None else trio.lowlevel.FdStream(1)
-    write_lock = trio.Lock()
-
-    async def send(message: dict[str, Any]) -> None:
-        data = json.dumps(redact_value(message), default=str).encode() + b"\n"
-        log.debug("-> %s", data[:2000])
-        async with write_lock:
-            try:
-                await writer.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                log.info("the client went away; a message was not delivered")
-
-    server = AcpServer(spell, notify=send)
-
-    async def answer(message: Any) -> None:
-        response = await server.handle(message)
-        if response is not None:
-            await send(response)
-
-    async def finish(run: Callable[[], Awaitable[dict[str, Any] | None]]) -> None:
-        response = await run()
-        if response is not None:
-            await send(response)
-
-    buffer = bytearray()
-    skipping = False
-    log.info("serving ACP on stdio (idle until a request arrives)")
-    providers = await ProviderScope.enter()  # sessions' gate providers live here
-    server.hub.nursery = providers.nursery
-    try:
-        async with trio.open_nursery() as nursery:
-            while True:
-                chunk = await reader.receive_some(65536)
-                if not chunk:
-                    break
-                scanned = len(buffer)  # what is already buffered holds no newline
-                buffer.extend(chunk)
-                if skipping:  # the rest of an oversized line: dropped unread
-                    newline = buffer.find(b"\n")
-                    if newline < 0:
-                        buffer.clear()
-                        continue
-                    del buffer[: newline + 1]
-                    skipping = False
-                    scanned = 0
-                while (newline := buffer.find(b"\n", scanned)) >= 0:
-                    line = bytes(buffer[:newline]).strip()
-                    del buffer[: newline + 1]
-                    scanned = 0
-                    if not line:
-                        continue
-                    log.debug("<- %s", line[:2000])
-                    try:
-                        message = json.loads(line)
-                    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                        await send(_error(None, PARSE_ERROR, f"not JSON: {exc}"))
-                        continue
-                    except RecursionError:
-                        await send(_error(None, PARSE_ERROR, "not JSON: nested too deeply"))
-                        continue
-                    if isinstance(message, list):
-                        await send(
-                            _error(None, INVALID_REQUEST, "batch requests are not supported")
-                        )
-                    elif isinstance(message, Mapping) and message.get("method") == "session/prompt":
-                        prepared = server.prepare_prompt(message)
-                        if callable(prepared):
-                            nursery.start_soon(finish, prepared)
-                        elif message.get("id") is not None:
-                            await send(prepared)
-                    else:
-                        await answer(message)
-                if len(buffer) > MAX_LINE:
-                    # One message may not hold the server's memory hostage: the
-                    # oversized line is answered with an error and skipped.
-                    await send(_error(None, INVALID_REQUEST, f"a message over {MAX_LINE} bytes"))
-                    buffer.clear()
-                    skipping = True
-            log.info("stdin closed; finishing running prompts")
-    finally:
-        with trio.CancelScope(shield=True):
-            await server.aclose()
-        await providers.aclose()
-
-
-ACP_ON_BUSY = ("enqueue", "steer", "interrupt", "rollback", "reject")
-
-
-def on_busy(params: Mapping[str, Any]) -> str:
-    """A ``session/prompt``'s double-texting policy: ``_meta.cantrip.onBusy``."""
-    meta = params.get("_meta")
-    cantrip_meta = meta.get("cantrip") if isinstance(meta, Mapping) else None
-    policy = cantrip_meta.get("onBusy") if isinstance(cantrip_meta, Mapping) else None
-    if policy is None:
-        return "enqueue"
-    if policy not in ACP_ON_BUSY:
-        raise RpcError(
-            INVALID_PARAMS, f"_meta.cantrip.onBusy must be one of {', '.join(ACP_ON_BUSY)}"
-        )
-    return str(policy)

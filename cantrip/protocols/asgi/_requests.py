@@ -11,7 +11,7 @@ from typing import Any
 
 import pydantic
 
-from cantrip.protocols.acp._server import RpcError, prompt_text
+from cantrip.protocols.acp._rpc import RpcError, prompt_text
 from cantrip.protocols.asgi._body import BodyError, read_json_body
 from cantrip.protocols.asgi._ids import MAX_ID, BadIdError, client_id
 from cantrip.protocols.asgi._openapi import PromptRequest

@@ -114,7 +114,8 @@ class HttpApp(ServerShell):
             max_running=self.options.max_running,
         )
         self.limits = limits or SessionLimits()
-        self.viewer = Viewer.for_hub(self.hub)  # the browser viewer at / and /api/
+        # the browser viewer at / and /api/, over the seam (it runs no casts: no nursery)
+        self.viewer = Viewer.over(ProcessBackend(self.hub, None))
         # A2A (Agent Card + JSON-RPC) when the a2a-sdk extra is installed.
         self.pushes = Pushes(allow_private=self.options.a2a_push_private)
         self.a2a: A2AFront | None = None

@@ -49,7 +49,6 @@ from cantrip._outcome import CastResult, result_dict
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
 from cantrip.distributed._work import DEAD, PAUSED
-from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.a2a import _server as _a2a
@@ -85,7 +84,6 @@ from cantrip.protocols.sessions._rows import (
     prompt_id_for,
 )
 from cantrip.protocols.sessions._tail import follow, while_connected
-from cantrip.protocols.viewer._api import LoomViews
 from cantrip.protocols.viewer._app import Viewer
 
 log = get_logger("cantrip.http")
@@ -120,8 +118,7 @@ class DbHttpApp(ServerShell):
         self.drain = Drain()
         self._outage = Outage("serve --db", log)
         store = sessions.store
-        loom = Loom(store, journal=True)  # reads are queries: always fresh
-        self.viewer = Viewer(LoomViews(lambda: loom, source=str(store)), limiter=store.limiter)
+        self.viewer = Viewer.over(PostgresBackend(sessions, notifier, spell), str(store))
         """The browser viewer at / and /api/, read-only over the PostgreSQL loom (its
         queries in threads behind the store's limiter)."""
         self._waits = Tally()

@@ -5,17 +5,20 @@ The server side of MCP (the client side, MCP servers as a circle's gates, is
 
 One tool, ``cast``: its input is an intent, its result the cast's answer as
 text plus structured content ``{result, terminated, truncated, reason, turns,
-usage, entity_id}`` (:mod:`cantrip.protocols.mcp_server._result`). Every recorded turn is reported
-as a progress notification (when the client asked for progress). A client that cancels the
-request cancels the cast: the SDK cancels the tool's task, and the entity
-records the cut-off turn as ``cancelled`` exactly as any cancellation.
+usage, entity_id}`` (:mod:`cantrip.protocols.mcp_server._result`). A call is a session of
+the in-process session backend its lifespan opens (:mod:`._calls`: the intent a prompt,
+its pauses answered through the backend). Every recorded turn is reported as a progress
+notification (when the client asked for progress). A client that cancels the request
+cancels the cast: the SDK cancels the tool's task, which cancels its prompt through the
+backend, and the entity records the cut-off turn as ``cancelled`` as any cancellation.
 
 When the cast pauses (an approval, an ``ask_user`` question, a question one of
 the circle's MCP servers asked) and the client declared elicitation, the client is
 asked (:mod:`cantrip.protocols.mcp_server._pauses`): at 2026-07-28 the call answers
-``InputRequiredResult`` and the retry goes on from the loom; before it the server
-sends ``elicitation/create`` and the cast waits. A client that declares the tasks
-extension gets a task instead of waiting (:mod:`cantrip.protocols.mcp_server._tasks`).
+``InputRequiredResult`` and the retry's answer continues the cast through the backend;
+before it the server sends ``elicitation/create`` and the call goes on with the answer.
+A client that declares the tasks extension gets a task instead of waiting
+(:mod:`cantrip.protocols.mcp_server._tasks`).
 
 When the spec has a loom file (``[loom] path``), each entity's thread is an MCP
 resource, ``cantrip://threads/<entity_id>`` (JSON; secrets redacted).
@@ -42,11 +45,10 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._elicit import AnswerError
 from cantrip._errors import CantripError
-from cantrip._events import StepComplete
-from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
 from cantrip._text import require_intent
-from cantrip.llm._stream import Event
+from cantrip.loom._model import Turn
+from cantrip.protocols.mcp_server._calls import Ask, Driven, drive, failure_text
 from cantrip.protocols.mcp_server._pauses import can_elicit, decision_from, elicitation_params
 from cantrip.protocols.mcp_server._result import (
     CastOutput,
@@ -57,6 +59,7 @@ from cantrip.protocols.mcp_server._result import (
 from cantrip.protocols.mcp_server._tasks import TaskBoard, tasks_extension
 from cantrip.protocols.middleware._client_faults import demote_client_faults
 from cantrip.protocols.middleware._guard import Guard, guard_refusals_as_jsonrpc
+from cantrip.protocols.sessions import ProcessBackend, SessionBackend, SessionError
 from cantrip.protocols.sessions._hub import turn_dict
 
 if TYPE_CHECKING:
@@ -79,7 +82,9 @@ CAST_DESCRIPTION = (
 
 
 def build_server(spell: Cantrip) -> SDKServer:
-    """The MCP server for ``spell``: the ``cast`` tool, and loom threads as resources."""
+    """The MCP server for ``spell``: the ``cast`` tool, and loom threads as resources.
+    Its casts are prompts of the in-process session backend the server's lifespan
+    opens (:mod:`._calls`)."""
     from mcp.server import MCPServer
     from mcp.server.mcpserver import Context
     from mcp_types import CallToolResult
@@ -93,18 +98,18 @@ def build_server(spell: Cantrip) -> SDKServer:
                 listed.extend(_thread_resources(spell))
             return listed
 
-    board = TaskBoard(spell)
+    board = TaskBoard()
 
     @asynccontextmanager
     async def lifespan(_server: Any) -> AsyncIterator[dict[str, Any]]:
-        """The server's life: the nursery its tasks' casts run in (cancelled at its end,
-        each cast recorded as cancelled)."""
-        async with trio.open_nursery() as nursery:
-            board.nursery = nursery
+        """The server's life: the session backend its casts run in, and the nursery its
+        tasks are driven in (at its end every cast is cut off, recorded as cancelled)."""
+        async with ProcessBackend.serving(spell) as backend, trio.open_nursery() as nursery:
+            board.backend, board.nursery = backend, nursery
             try:
                 yield {}
             finally:
-                board.nursery = None
+                board.backend, board.nursery = None, None
                 nursery.cancel_scope.cancel()
 
     server = CantripMCP(
@@ -121,44 +126,46 @@ def build_server(spell: Cantrip) -> SDKServer:
     max_turns = spell.circle.resolved.max_turns
 
     async def cast(intent: str, ctx: Context) -> CallToolResult | InputRequiredResult:
-        send, receive = trio.open_memory_channel[Event](math.inf)
-
-        def sink(event: Event) -> None:
-            if isinstance(event, StepComplete) and event.turn is not None:
-                send.send_nowait(event)
+        send, receive = trio.open_memory_channel[Turn](math.inf)
 
         async def report() -> None:
             # Progress counts the turns this call recorded (1, 2, ...): a turn's sequence
             # also counts the checkpoints pauses make, and would outrun max_turns.
             done = 0
-            async for event in receive:
-                assert isinstance(event, StepComplete) and event.turn is not None
+            async for turn in receive:
                 done += 1
                 await ctx.report_progress(
                     float(done),
                     float(max_turns) if max_turns is not None else None,
-                    progress_message(done, event.turn.utterance),
+                    progress_message(done, turn.utterance),
                 )
 
-        outcome = None
+        backend = board.backend
+        if backend is None:
+            return failed_tool_result("the server is not serving")  # type: ignore[no-any-return]
+        driven = None
         failure: str | None = None
         form, url_mode = can_elicit(ctx.client_capabilities)
         rounds = form and _rounds(ctx.protocol_version)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(report)
             try:
-                outcome = await _run(spell, intent, ctx, sink, form, url_mode, rounds)
-            except CantripError as exc:  # a refused intent, an LLM that gave up: the tool fails
+                driven = await _run(backend, intent, ctx, send.send_nowait, form, url_mode, rounds)
+            except CantripError as exc:  # a refused intent: the tool fails
                 failure = f"{type(exc).__name__}: {exc}"
+            except SessionError as exc:  # an LLM that gave up, a pause not waiting
+                failure = failure_text(exc)
             finally:
                 send.close()
-        if failure is not None or outcome is None:
+        if failure is not None or driven is None:
             return failed_tool_result(failure or "no result")  # type: ignore[no-any-return]
-        if rounds and outcome.reason == "paused" and outcome.pending:
-            asked = _input_required(outcome.pending[0], url_mode)
+        if driven.left is not None:
+            asked = _input_required(driven, url_mode)
             if asked is not None:
                 return asked
-        return cast_tool_result(outcome)  # type: ignore[no-any-return]
+        if driven.cast is None:
+            return failed_tool_result("the cast was cut off before it began")  # type: ignore[no-any-return]
+        return cast_tool_result(driven.cast)  # type: ignore[no-any-return]
 
     # The SDK reads the signature for the schemas; with postponed annotations and
     # the SDK imported here, hand it the evaluated ones (output: CastOutput).
@@ -184,38 +191,39 @@ def build_server(spell: Cantrip) -> SDKServer:
 
 
 async def _run(
-    spell: Cantrip,
+    backend: SessionBackend,
     intent: str,
     ctx: Any,
-    sink: Callable[[Event], None],
+    on_turn: Callable[[Turn], None],
     form: bool,
     url_mode: bool,
     rounds: bool,
-) -> CastResult:
+) -> Driven:
     """Run the cast for one ``tools/call``, or go on with the one it paused.
 
     A client that takes elicitations is asked when the cast pauses: at 2026-07-28
-    (``rounds``) the cast leaves at the pause (the loom holds it) and the call answers
-    ``InputRequiredResult``; the client's retry carries the answer, and the same
-    entity, resumed from the loom, goes on from the call that paused. Before
-    2026-07-28 the client is sent ``elicitation/create`` and the cast waits in place.
-    A client that takes none gets today's answer: the cast returns ``paused``."""
+    (``rounds``) the call answers ``InputRequiredResult`` at the pause (the session
+    holds it) and the client's retry carries the answer, which continues the cast
+    through the backend. Before 2026-07-28 the client is sent ``elicitation/create``
+    and the call goes on with its answer. A client that takes none gets today's
+    answer: the cast returns ``paused``."""
     if rounds and ctx.request_state is not None:
-        return await _answered(spell, ctx, sink)
+        return await _answered(backend, ctx, on_turn)
     require_intent(intent)
+    ask: Ask | None = None
     if rounds:
-        entity = spell.summon(on_event=sink, pause="leave")
-        entity.questions_in_calls = False  # the client is reachable only between requests
+        ask = _between_requests
     elif form:
 
         async def ask_client(pause: Pause) -> Decision:
             return await _ask_in_place(ctx, pause, url_mode)
 
-        entity = spell.summon(on_event=sink, on_pause=ask_client)
-    else:
-        entity = spell.summon(on_event=sink)
-    async with entity:
-        return await entity.send(intent)
+        ask = ask_client
+    info, _ = await backend.create()
+    submitted = await backend.submit(info.session_id, intent)
+    return await drive(
+        backend, info.session_id, submitted.prompt_id, after=0, on_turn=on_turn, ask=ask
+    )
 
 
 async def _ask_in_place(ctx: Any, pause: Pause, url_mode: bool) -> Decision:
@@ -234,22 +242,33 @@ async def _ask_in_place(ctx: Any, pause: Pause, url_mode: bool) -> Decision:
         return Decision.deny(f"the MCP client's answer did not fill the form: {exc}")
 
 
-def _input_required(pause: Pause, url_mode: bool) -> InputRequiredResult | None:
-    """The ``InputRequiredResult`` that asks ``pause`` (keyed by its pause id; the state
-    names the entity and the pause, sealed by the SDK); None if it cannot be asked."""
+def _input_required(driven: Driven, url_mode: bool) -> InputRequiredResult | None:
+    """The ``InputRequiredResult`` that asks the pause left open (keyed by its pause
+    id; the state names the session, the prompt and the pause, sealed by the SDK); None
+    if it cannot be asked."""
     from mcp_types import ElicitRequest, InputRequiredResult
 
+    pause = driven.left
+    assert pause is not None
     params = elicitation_params(pause, url_mode=url_mode)
     if params is None:
         return None
-    state = json.dumps({"entity_id": pause.entity_id, "pause_id": pause.pause_id})
+    state = json.dumps(
+        {
+            "session_id": driven.session_id,
+            "entity_id": pause.entity_id,
+            "pause_id": pause.pause_id,
+            "prompt_id": driven.prompt_id,
+        }
+    )
     return InputRequiredResult(
         input_requests={pause.pause_id: ElicitRequest(params=params)}, request_state=state
     )
 
 
-async def _answered(spell: Cantrip, ctx: Any, sink: Callable[[Event], None]) -> CastResult:
-    """A retry that carries the answer to a pause: the entity goes on from it. An
+async def _answered(backend: SessionBackend, ctx: Any, on_turn: Callable[[Turn], None]) -> Driven:
+    """A retry that carries the answer to a pause: the cast goes on from it (a pause
+    that ended it: a continued prompt; one during a call: the prompt that waits). An
     answer that cannot be taken is a :class:`~cantrip.PauseError` (the tool's error;
     the pause stays pending). ``requestState`` itself is sealed by the SDK, which
     refuses one it did not make before this runs."""
@@ -258,21 +277,33 @@ async def _answered(spell: Cantrip, ctx: Any, sink: Callable[[Event], None]) -> 
     response = (ctx.input_responses or {}).get(pause_id)
     if response is None:
         raise PauseError(f"inputResponses holds no answer for {pause_id!r}")
-    if entity_id not in spell.loom.entities:
-        raise PauseError(f"no entity {entity_id!r} in this server's loom")
-    entity = spell.resume(entity_id, on_event=sink, pause="leave")
-    entity.questions_in_calls = False
-    async with entity:
-        pause = next((p for p in entity.pending if p.pause_id == pause_id), None)
-        if pause is None:
-            raise PauseError(f"pause {pause_id!r} is not pending (already answered?)")
-        try:
-            decision = decision_from(pause, response)
-        except AnswerError as exc:
-            raise PauseError(f"the answer to {pause_id} does not fill the form: {exc}") from None
-        outcome = await entity.answer(pause_id, decision)
-    assert outcome is not None  # a pause the loom holds is continued here
-    return outcome
+    session_id = str(state["session_id"])
+    try:
+        info = await backend.find(session_id)
+    except SessionError:
+        raise PauseError(f"no entity {entity_id!r} in this server's loom") from None
+    pause = next((p for p in await backend.pauses(session_id) if p.pause_id == pause_id), None)
+    if pause is None:
+        raise PauseError(f"pause {pause_id!r} is not pending (already answered?)")
+    try:
+        decision = decision_from(pause, response)
+    except AnswerError as exc:
+        raise PauseError(f"the answer to {pause_id} does not fill the form: {exc}") from None
+    continued = await backend.answer(session_id, pause_id, decision)
+    prompt_id = continued.prompt_id if continued is not None else str(state["prompt_id"])
+
+    return await drive(
+        backend, session_id, prompt_id, after=info.turns, on_turn=on_turn, ask=_between_requests
+    )
+
+
+async def _between_requests(pause: Pause) -> Decision | None:
+    """At 2026-07-28 the client is reachable only between requests: a pause that ends
+    the cast is left for the next one; a question during a call is declined at once
+    (asking would cut the call that asks)."""
+    if pause.origin is not None:
+        return Decision.deny("the MCP client can be asked only between requests")
+    return None
 
 
 def _rounds(version: str | None) -> bool:

@@ -4,7 +4,8 @@ MCP 2026-07-28 moved tasks out of the core protocol into this official extension
 the SDK serves extension methods but implements none of it, so this module does,
 for ``cantrip mcp``. A client that declares the extension on its ``tools/call``
 of ``cast`` gets a task handle at once (``resultType: "task"``) instead of waiting:
-the cast runs in the server's own nursery, and
+a task is a prompt of the server's session backend (its id the prompt's, then its
+continued cast's), driven in the server's own nursery (:mod:`._calls`), and
 
 * ``tasks/get`` answers its state: ``working`` (the status message is the latest
   turn), ``input_required`` with the ``inputRequests`` of the pause it waits on
@@ -16,7 +17,8 @@ the cast runs in the server's own nursery, and
 * ``tasks/update`` carries the answer to a pause (keyed by its pause id), taken
   like any answer (recorded in the loom; one that does not fill the form is
   JSON-RPC invalid params and the question stays open);
-* ``tasks/cancel`` cancels the cast, which the loom records as cut off.
+* ``tasks/cancel`` cancels the cast (the backend's ``cancel``, naming its prompt),
+  which the loom records as cut off.
 
 A task lives in this process: the server's end cancels its running casts (each
 recorded as cancelled). Finished tasks are kept for ``TTL_MS`` and at most
@@ -38,18 +40,17 @@ import pydantic
 import trio
 
 from cantrip._approval import Decision, Pause
-from cantrip._cantrip import Cantrip
 from cantrip._elicit import AnswerError
-from cantrip._errors import CantripError
-from cantrip._events import StepComplete
 from cantrip._redact import get_logger
-from cantrip.llm._stream import Event
+from cantrip.loom._model import Turn
+from cantrip.protocols.mcp_server._calls import drive, failure_text
 from cantrip.protocols.mcp_server._pauses import can_elicit, decision_from, elicitation_params
 from cantrip.protocols.mcp_server._result import (
     cast_tool_result,
     failed_tool_result,
     progress_message,
 )
+from cantrip.protocols.sessions import SessionBackend, SessionError
 
 log = get_logger("cantrip.mcp.tasks")
 
@@ -85,7 +86,9 @@ class Task:
     message: str | None = None
     result: dict[str, Any] | None = None
     questions: dict[str, _Question] = attrs.field(factory=dict)
-    cancel: Callable[[], object] | None = None
+    prompt_id: str = ""
+    """The prompt the task drives now (a continued cast's, once a pause is answered)."""
+    cancel: Callable[[], Awaitable[None]] | None = None
     form: bool = False
     """Whether the client takes elicitations (then a pause asks it; else the cast
     returns ``paused`` as the synchronous call does)."""
@@ -131,11 +134,12 @@ class Task:
 
 
 class TaskBoard:
-    """The tasks of one ``cantrip mcp`` process, and the nursery their casts run in."""
+    """The tasks of one ``cantrip mcp`` process: each a prompt of the session backend
+    (:mod:`._calls`), driven in the server's nursery."""
 
-    def __init__(self, spell: Cantrip) -> None:
-        self.spell = spell
+    def __init__(self) -> None:
         self.tasks: dict[str, Task] = {}
+        self.backend: SessionBackend | None = None
         self.nursery: trio.Nursery | None = None
 
     def _expire(self) -> None:
@@ -151,12 +155,20 @@ class TaskBoard:
         self._expire()
         return self.nursery is not None and len(self.tasks) < MAX_TASKS
 
-    def start(self, intent: str, form: bool, url_mode: bool) -> Task:
-        """Create the task (so ``tasks/get`` finds it) and start its cast."""
-        assert self.nursery is not None
+    async def start(self, intent: str, form: bool, url_mode: bool) -> Task:
+        """Create the task (so ``tasks/get`` finds it), submit its prompt and drive it."""
+        assert self.nursery is not None and self.backend is not None
+        backend = self.backend
+        info, _ = await backend.create()
+        submitted = await backend.submit(info.session_id, intent)
         task = Task(task_id="task-" + os.urandom(16).hex(), form=form, url_mode=url_mode)
         self.tasks[task.task_id] = task
-        self.nursery.start_soon(self._run, task, intent)
+
+        async def cancel() -> None:
+            await backend.cancel(info.session_id, prompt_id=task.prompt_id)
+
+        task.prompt_id, task.cancel = submitted.prompt_id, cancel
+        self.nursery.start_soon(self._run, backend, task, info.session_id)
         return task
 
     def get(self, task_id: str) -> Task:
@@ -169,13 +181,12 @@ class TaskBoard:
             raise MCPError(INVALID_PARAMS, f"no task {task_id!r} (unknown, or expired)")
         return task
 
-    async def _run(self, task: Task, intent: str) -> None:
+    async def _run(self, backend: SessionBackend, task: Task, session_id: str) -> None:
         done = [0]
 
-        def sink(event: Event) -> None:
-            if isinstance(event, StepComplete) and event.turn is not None:
-                done[0] += 1
-                task.touch(message=progress_message(done[0], event.turn.utterance))
+        def on_turn(turn: Turn) -> None:
+            done[0] += 1
+            task.touch(message=progress_message(done[0], turn.utterance))
 
         async def ask(pause: Pause) -> Decision:
             if elicitation_params(pause, url_mode=task.url_mode) is None:
@@ -192,14 +203,22 @@ class TaskBoard:
             assert question.decision is not None
             return question.decision
 
-        # A client that takes no elicitation is not asked: the cast returns paused.
-        entity = self.spell.summon(on_event=sink, on_pause=ask if task.form else None)
-        task.cancel = entity.cancel
+        def driving(prompt_id: str) -> None:
+            task.prompt_id = prompt_id  # a continued cast: what a cancel names now
+
         try:
-            async with entity:
-                outcome = await entity.send(intent)
-        except CantripError as exc:  # the cast could not run: a completed tool error
-            result = failed_tool_result(f"{type(exc).__name__}: {exc}")
+            # A client that takes no elicitation is not asked: the cast returns paused.
+            driven = await drive(
+                backend,
+                session_id,
+                task.prompt_id,
+                after=0,
+                on_turn=on_turn,
+                ask=ask if task.form else None,
+                on_prompt=driving,
+            )
+        except SessionError as exc:  # the cast could not run: a completed tool error
+            result = failed_tool_result(failure_text(exc))
             task.result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
             task.touch("completed")
             return
@@ -208,7 +227,10 @@ class TaskBoard:
             raise
         finally:
             task.cancel = None
-        if outcome.truncated and outcome.reason in ("cancelled", "parent_terminated"):
+        outcome = driven.cast
+        if outcome is None or (
+            outcome.truncated and outcome.reason in ("cancelled", "parent_terminated")
+        ):
             task.touch("cancelled", "cancelled")
             return
         result = cast_tool_result(outcome)
@@ -233,10 +255,10 @@ class TaskBoard:
             question.decision = decision
             question.answered.set()
 
-    def cancel(self, task_id: str) -> None:
+    async def cancel(self, task_id: str) -> None:
         task = self.get(task_id)
         if task.cancel is not None:
-            task.cancel()
+            await task.cancel()
 
 
 class _TaskId(pydantic.BaseModel):
@@ -272,7 +294,7 @@ def tasks_extension(board: TaskBoard) -> Any:
             return {"resultType": "complete"}
 
         async def _cancel(self, ctx: Any, params: _TaskId) -> dict[str, Any]:
-            board.cancel(params.task_id)
+            await board.cancel(params.task_id)
             return {"resultType": "complete"}
 
         async def intercept_tool_call(
@@ -285,7 +307,7 @@ def tasks_extension(board: TaskBoard) -> Any:
                 return await call_next(ctx)
             if not intent.strip() or not board.room():
                 return await call_next(ctx)  # a refusal or a full board: answered at once
-            task = board.start(intent, *can_elicit(capabilities))
+            task = await board.start(intent, *can_elicit(capabilities))
             return {"resultType": "task", **task.to_wire()}
 
     return CastTasks()

@@ -49,6 +49,14 @@ The operations, and what both modes do today
   is the backend's: rows of ``cantrip_a2a_tasks`` on PostgreSQL, a bounded map in
   process (``MAX_TASKS``). ``follow(..., until=prompt_id)`` ends once that prompt has
   ended and its turns were told (a stream of one task).
+* **read_loom** -- a read of the loom the sessions are recorded in (the viewer's API),
+  where reading belongs: at once in process, in a worker thread behind the store's
+  limiter on PostgreSQL (a query blocks); **fork** -- a new session continuing from a
+  recorded turn (the viewer's ``POST /api/fork``), where ``capabilities.viewer_fork``.
+* **release** -- let go of what the backend holds in memory for an idle session (in
+  process its entity, and the gate providers that entity opened: a front end that
+  makes a session per call, ``cantrip mcp``, releases it when the call ends); its loom
+  stays, and the next operation naming it resumes it.
 
 Where the two modes drift today (found by the contract suite; each ``test_drift_*``
 runs one scenario on both real backends and asserts the pair of answers as it is, so it
@@ -123,8 +131,11 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
     to JSON-RPC errors once (:func:`cantrip.protocols.a2a._handler.protocol_errors`);
     ``tests/test_a2a_modes.py`` runs its refusals against both modes.
 13. *What one mode lacks*: A2A push notifications and the viewer's fork are in process
-    only (``capabilities``); prompt ids are durable on PostgreSQL only (an unkeyed
-    prompt's id is random and known to the process that ran it). In process ``find``
+    only (``capabilities``; the viewer reads either mode's loom through ``read_loom``
+    and answers a fork 501 where ``viewer_fork`` is false, ``tests/test_serve_db.py``'s
+    ``test_the_viewer_of_a_replica_reads_the_loom_through_its_backend_and_does_not_fork``);
+    prompt ids are durable on PostgreSQL only (an unkeyed prompt's id is random and
+    known to the process that ran it). In process ``find``
     may resume the entity from the loom (and idle ones are dropped,
     :mod:`cantrip.protocols.middleware._limits`); a replica never holds an entity.
 14. *A client's tools outlived their prompt in process* -- removed (phase 2, step 3):
@@ -138,13 +149,14 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Any, Literal, Protocol, get_args
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeVar, get_args
 
 import attrs
 
 from cantrip._approval import Decision, Pause
 from cantrip._outcome import CastResult
+from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 
 SESSION_PREFIX = "session-"
@@ -169,6 +181,7 @@ result dict says how), or failed for good (``failure`` says why)."""
 
 MAX_TASKS = 1000
 """Tasks a backend that keeps them in memory keeps (the oldest settled go first)."""
+T = TypeVar("T")
 
 BusyPolicy = Literal["reject", "enqueue", "interrupt", "rollback"]
 """What a prompt does when its session is running one (double-texting)."""
@@ -286,25 +299,51 @@ class Health:
     persistent: bool
 
 
+def _offer(doc: str) -> Any:
+    """A capability: a flag, with the sentence the docs' table of modes shows for it."""
+    return attrs.field(metadata={"doc": doc})
+
+
 @attrs.frozen
 class Capabilities:
     """What a backend offers beyond the contract every backend keeps: the one place a
-    mode's missing feature is declared (the docs' table of modes is to be generated
-    from it)."""
+    mode's missing feature is declared. The docs' table of modes is generated from it
+    (:func:`capabilities_table`, each flag's ``doc``), and ``tests/test_docs.py`` fails
+    when the page's table is not what it renders."""
 
     mode: str
-    token_events: bool
-    """``follow`` carries token deltas, tool calls and usage as they happen (not only
-    the recorded turns)."""
-    a2a_push: bool
-    """A2A push notifications (a webhook's credentials live in this process's memory)."""
-    viewer_fork: bool
-    """The viewer's ``POST /api/fork`` (a new session continuing from a turn)."""
-    durable_prompt_ids: bool
-    """Every prompt id (an answer's continuation's too) is known to every process
-    serving the sessions, and after a restart."""
-    shared: bool
-    """Several processes (replicas) serve the same sessions."""
+    token_events: bool = _offer(
+        "Event streams carry token deltas, tool calls and usage as they happen "
+        "(not only each recorded turn)"
+    )
+    a2a_push: bool = _offer(
+        "A2A push notifications (a webhook's credentials live in the serving process's memory)"
+    )
+    viewer_fork: bool = _offer(
+        "The browser viewer forks a session from a turn (`POST /api/fork`); without it "
+        "the viewer is read-only and a fork is a `501`"
+    )
+    durable_prompt_ids: bool = _offer(
+        "Every prompt id (an answer's continuation's too) is known to every process "
+        "serving the sessions, and after a restart"
+    )
+    shared: bool = _offer("Several processes (replicas) serve the same sessions")
+
+
+def capabilities_table(columns: Sequence[tuple[str, Capabilities]]) -> str:
+    """The markdown table of what each mode offers: a row per capability (its ``doc``),
+    a column per ``(heading, capabilities)``."""
+    head = ["What it offers", *(heading for heading, _ in columns)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for field in attrs.fields(Capabilities):
+        if field.name == "mode":
+            continue
+        doc = field.metadata.get("doc")
+        if not doc:
+            raise ValueError(f"capability {field.name!r} has no doc for the table of modes")
+        cells = ["yes" if getattr(c, field.name) else "no" for _, c in columns]
+        lines.append(f"| {doc} (`{field.name}`) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 class SessionBackend(Protocol):
@@ -383,6 +422,25 @@ class SessionBackend(Protocol):
         ...
 
     async def thread(self, session_id: str) -> list[Turn]: ...
+
+    async def read_loom(self, read: Callable[[Loom], T]) -> T:
+        """``read`` run over the loom the sessions are recorded in, where reading it
+        belongs (a query blocks: a worker thread). ``read`` only reads; the loom may
+        have grown since the last call."""
+        ...
+
+    async def fork(self, turn_id: str) -> SessionInfo:
+        """A new session whose entity continues from the recorded turn ``turn_id``
+        (LOOM-4): ``not_found`` for a turn the loom lacks, ``cannot_fork`` for one that
+        cannot be continued, ``unsupported`` where ``capabilities.viewer_fork`` is
+        False."""
+        ...
+
+    async def release(self, session_id: str) -> None:
+        """Let go of what this backend holds in memory for the session, if no prompt
+        of it is open and nobody follows it (else, and for a session not held, nothing):
+        its loom stays, and the next operation naming it resumes it."""
+        ...
 
     async def health(self) -> Health: ...
 

@@ -28,6 +28,7 @@ from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
 from cantrip._errors import ConstructionError
 from cantrip._events import FinalResponse, PauseEvent, StepComplete
 from cantrip.distributed._work import DEAD
+from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.sessions._backend import (
@@ -58,6 +59,17 @@ from cantrip.protocols.sessions._task_rows import TaskRows
 T = TypeVar("T")
 
 
+CAPABILITIES = Capabilities(
+    mode="db",
+    token_events=False,
+    a2a_push=False,
+    viewer_fork=False,
+    durable_prompt_ids=True,
+    shared=True,
+)
+"""What this backend offers (the docs' table of modes is generated from it)."""
+
+
 class PostgresBackend:
     """:class:`~cantrip.protocols.sessions.SessionBackend` over ``serve --db``'s tables."""
 
@@ -79,6 +91,8 @@ class PostgresBackend:
         self.waiting = 0
         """Results this backend is waiting on (``health``)."""
         self._task_rows: TaskRows | None = None
+        self.loom = Loom(sessions.store, journal=True)
+        """The loom the workers record in (every read a query: always fresh)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -103,14 +117,7 @@ class PostgresBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            mode="db",
-            token_events=False,
-            a2a_push=False,
-            viewer_fork=False,
-            durable_prompt_ids=True,
-            shared=True,
-        )
+        return CAPABILITIES
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
         """A blocking database call in a thread, behind the store's limiter."""
@@ -134,6 +141,19 @@ class PostgresBackend:
     async def thread(self, session_id: str) -> list[Turn]:
         row = await self._row(session_id)
         return await self._db(self.db.thread, row.entity_id)
+
+    async def read_loom(self, read: Callable[[Loom], T]) -> T:
+        return await self._db(read, self.loom)
+
+    async def release(self, session_id: str) -> None:
+        return None  # a replica holds no session in memory: the database does
+
+    async def fork(self, turn_id: str) -> SessionInfo:
+        raise SessionError(
+            "unsupported",
+            "forking a session is not offered on PostgreSQL (capabilities.viewer_fork): "
+            "a forked entity would run in this process, not in the workers",
+        )
 
     # -- prompts -----------------------------------------------------------------
 

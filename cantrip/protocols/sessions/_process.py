@@ -30,18 +30,20 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
 
 from cantrip._approval import Decision, Pause, PauseError
+from cantrip._cantrip import Cantrip
 from cantrip._client_gates import client_gates
 from cantrip._errors import CantripError, ConstructionError
 from cantrip._events import FinalResponse, StepComplete
 from cantrip._gate import Gate
 from cantrip._outcome import CastResult, result_dict
-from cantrip._redact import get_logger
+from cantrip._redact import get_logger, redact
+from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.protocols.sessions._backend import (
     MAX_TASKS,
@@ -65,6 +67,7 @@ from cantrip.protocols.sessions._hub import (
 from cantrip.protocols.sessions._idempotency import keyed_prompt_id
 
 log = get_logger("cantrip.sessions")
+T = TypeVar("T")
 
 KEPT_RESULTS = 1000
 """Ended prompts whose outcome is kept for :meth:`ProcessBackend.result` (the oldest go)."""
@@ -98,13 +101,25 @@ class _Task:
     changed: float = attrs.field(factory=time.time)
 
 
+CAPABILITIES = Capabilities(
+    mode="process",
+    token_events=True,
+    a2a_push=True,
+    viewer_fork=True,
+    durable_prompt_ids=False,
+    shared=False,
+)
+"""What this backend offers (the docs' table of modes is generated from it)."""
+
+
 class ProcessBackend:
     """:class:`~cantrip.protocols.sessions.SessionBackend` over a :class:`SessionHub`."""
 
-    def __init__(self, hub: SessionHub, nursery: trio.Nursery) -> None:
+    def __init__(self, hub: SessionHub, nursery: trio.Nursery | None) -> None:
         self.hub = hub
         self.nursery = nursery
-        """Where casts run: they outlive the request that started them."""
+        """Where casts run: they outlive the request that started them (None: a backend
+        that runs none yet -- reads, forks and cancels only)."""
         self._runs: dict[str, _Run] = {}
         self._tasks: dict[str, _Task] = {}
         """The tasks recorded beside prompts (``MAX_TASKS``, the oldest settled go)."""
@@ -127,16 +142,15 @@ class ProcessBackend:
             with trio.CancelScope(shield=True):
                 await hub.aclose()
 
+    @classmethod
+    def serving(cls, spell: Cantrip) -> contextlib.AbstractAsyncContextManager[ProcessBackend]:
+        """:meth:`open` over a new hub of ``spell``'s sessions: for a front end that
+        holds a cantrip, not a hub (``cantrip mcp``)."""
+        return cls.open(SessionHub(spell))
+
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            mode="process",
-            token_events=True,
-            a2a_push=True,
-            viewer_fork=True,
-            durable_prompt_ids=False,
-            shared=False,
-        )
+        return CAPABILITIES
 
     # -- sessions ----------------------------------------------------------------
 
@@ -158,6 +172,30 @@ class ProcessBackend:
 
     async def thread(self, session_id: str) -> list[Turn]:
         return self.hub.history(self._session(session_id))
+
+    async def read_loom(self, read: Callable[[Loom], T]) -> T:
+        return read(self.hub.spell.loom)  # in memory, or a local file: read at once
+
+    async def release(self, session_id: str) -> None:
+        session = self.hub.sessions.get(session_id)
+        if session is None or session.running is not None or session.arriving:
+            return
+        if session.waiting or any(
+            c.statistics().open_receive_channels > 0 for c in session.subscribers
+        ):
+            return
+        del self.hub.sessions[session_id]
+        with trio.CancelScope(shield=True):
+            await session.entity.aclose()  # its providers too; the loom resumes it
+
+    async def fork(self, turn_id: str) -> SessionInfo:
+        if not self.hub.spell.loom.has_turn(turn_id):
+            raise SessionError("not_found", f"no turn {turn_id!r} in the loom")
+        try:
+            session = self.hub.fork(turn_id)
+        except CantripError as exc:
+            raise SessionError("cannot_fork", redact(str(exc))) from None
+        return _info(session)
 
     # -- prompts -----------------------------------------------------------------
 
@@ -222,6 +260,8 @@ class ProcessBackend:
                     watcher.close()
                 run.watchers.clear()
 
+        if self.nursery is None:
+            raise RuntimeError("this backend has no nursery to run casts in (see open)")
         await self.nursery.start(task)
 
     def _keep(self, prompt_id: str, run: _Run) -> None:

@@ -134,7 +134,8 @@ class LoomViews:
     ) -> None:
         self._loom = loom
         self.live = live
-        self._running = running or (lambda _entity_id: False)
+        self.running: Callable[[str], bool] = running or (lambda _entity_id: False)
+        """Whether an entity runs a prompt now (a live viewer sets it before a read)."""
         self.source = source
         self._cache_key: tuple[int, int, int] | None = None
         self._summaries: list[dict[str, Any]] = []
@@ -185,7 +186,7 @@ class LoomViews:
         if needle:
             rows = [s for s, text in zip(rows, self._search, strict=True) if needle in text]
         page = [
-            {**row, "running": self._running(row["entity_id"])}
+            {**row, "running": self.running(row["entity_id"])}
             for row in rows[offset : offset + limit]
         ]
         return {"total": len(rows), "offset": offset, "limit": limit, "items": page}

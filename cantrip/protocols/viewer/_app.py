@@ -5,8 +5,9 @@ One more front end over the session layer (SPEC.md "The loom viewer"), in two se
 * ``cantrip loom FILE view`` -- :func:`serve_viewer`: a read-only local server
   over a loom file (reopened when the file grows, so a running cast's new turns
   show up), which prints its URL and opens nothing by itself;
-* ``cantrip serve`` -- :class:`Viewer` is mounted at ``/`` of the HTTP API
-  (:class:`~cantrip.protocols.http._app.HttpApp` hands it every request first). Live:
+* ``cantrip serve`` (either mode) -- :meth:`Viewer.over` the session backend is
+  mounted at ``/`` of the HTTP API (which hands it every request first): it reads the
+  backend's loom through the backend and forks where the backend forks. Live:
   the page streams a session's events from ``GET /sessions/{id}/events``,
   prompts with ``POST /sessions/{id}/prompt?stream=1``, cancels with
   ``POST /sessions/{id}/cancel`` and forks with ``POST /api/fork`` (the one
@@ -34,7 +35,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, unquote
 
 import trio
@@ -45,10 +46,11 @@ from cantrip.loom._loom import Loom
 from cantrip.protocols.asgi._body import BodyError, read_json_body
 from cantrip.protocols.asgi._responses import json_response
 from cantrip.protocols.middleware._guard import Guard
-from cantrip.protocols.sessions._hub import SessionHub, session_id_for
+from cantrip.protocols.sessions import SessionBackend, SessionError
 from cantrip.protocols.viewer._api import LoomViews, ViewerError
 
 log = get_logger("cantrip.viewer")
+T = TypeVar("T")
 
 Scope = Mapping[str, Any]
 Receive = Callable[[], Awaitable[Mapping[str, Any]]]
@@ -73,31 +75,50 @@ def asset(name: str) -> bytes:
 
 
 class Viewer:
-    """The viewer's routes over ``views``; with a ``hub``, the live routes too."""
+    """The viewer's routes over ``views``; with a session ``backend`` (``cantrip serve``,
+    either mode), every read goes through the backend (:meth:`SessionBackend.read_loom`:
+    a PostgreSQL loom's queries in worker threads) and the page's fork through
+    :meth:`SessionBackend.fork`, where its ``capabilities.viewer_fork`` offers it."""
 
     def __init__(
         self,
         views: LoomViews,
-        hub: SessionHub | None = None,
+        backend: SessionBackend | None = None,
         limiter: trio.CapacityLimiter | None = None,
     ) -> None:
         self.views = views
-        self.hub = hub
+        self.backend = backend
         self.limiter = limiter
-        """With a limiter, reads run in worker threads behind it: a PostgreSQL loom's
-        queries block, and must not hold the event loop."""
+        """Without a backend, with a limiter, reads run in worker threads behind it (a
+        PostgreSQL loom's queries block, and must not hold the event loop)."""
         self._assets: dict[str, bytes] = {}
 
     @classmethod
-    def for_hub(cls, hub: SessionHub) -> Viewer:
-        """The live viewer of ``cantrip serve``: the cantrip's own loom, its sessions."""
+    def over(cls, backend: SessionBackend, source: str | None = None) -> Viewer:
+        """The viewer of ``cantrip serve``: the backend's loom, its sessions (which of
+        them run); the page may prompt and fork where the backend forks."""
+        handed = _Handed()
+        views = LoomViews(handed, live=backend.capabilities.viewer_fork, source=source)
+        viewer = cls(views, backend)
+        viewer._handed = handed
+        return viewer
 
-        def running(entity_id: str) -> bool:
-            session = hub.sessions.get(session_id_for(entity_id))
-            return session is not None and session.running is not None
+    _handed: _Handed | None = None
 
-        views = LoomViews(lambda: hub.spell.loom, live=True, running=running)
-        return cls(views, hub)
+    async def _read(self, read: Callable[[], T]) -> T:
+        """One read of the views, where the loom is read: through the backend, in a
+        worker thread behind the limiter, or at once."""
+        backend, handed = self.backend, self._handed
+        if backend is not None and handed is not None:
+
+            def at(loom: Loom) -> T:
+                handed.loom = loom  # a backend has one loom: every read sees the same
+                return read()
+
+            return await backend.read_loom(at)
+        if self.limiter is None:
+            return read()
+        return await trio.to_thread.run_sync(read, limiter=self.limiter)
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Answer the request if it is the viewer's; ``False`` leaves it to the caller."""
@@ -151,6 +172,7 @@ class Viewer:
         if parts == ["loom"]:
             read = views.overview
         elif parts == ["entities"]:
+            await self._running()
             read = functools.partial(views.entities, query)
         elif parts == ["evals"]:
             read = views.evals
@@ -162,31 +184,57 @@ class Viewer:
             read = functools.partial(views.thread, parts[1], query)
         else:
             raise ViewerError(404, "not_found", f"no route {path!r}")
-        if self.limiter is None:
-            return read()
-        return await trio.to_thread.run_sync(read, limiter=self.limiter)
+        return await self._read(read)
+
+    async def _running(self) -> None:
+        """Which entities run a prompt now (the entity list marks them), as the
+        backend's sessions say."""
+        if self.backend is not None:
+            running = {s.entity_id for s in await self.backend.sessions() if s.running}
+            self.views.running = running.__contains__
 
     async def _fork(self, receive: Receive) -> dict[str, Any]:
         """A new session continuing from a turn (LOOM-4); the page then prompts it."""
-        if self.hub is None:
+        if self.backend is None:
             raise ViewerError(
                 405, "read_only", "this viewer is read-only; fork with `cantrip serve`"
+            )
+        capabilities = self.backend.capabilities
+        if not capabilities.viewer_fork:  # the one place a mode says it does not fork
+            raise ViewerError(
+                501,
+                "unsupported",
+                f"this server's {capabilities.mode!r} sessions do not fork "
+                "(capabilities.viewer_fork is false); fork with `cantrip serve` in process",
             )
         body = await read_json(receive, MAX_FORK_BODY)
         turn_id = body.get("turn_id") if isinstance(body, dict) else None
         if not isinstance(turn_id, str) or not turn_id:
             raise ViewerError(400, "bad_request", 'the body must be {"turn_id": "turn-..."}')
-        views = self.views
-        views.turn(turn_id)  # 404 for an unknown turn, before anything is created
+        await self._read(functools.partial(self.views.turn, turn_id))  # 404 before a fork
         try:
-            session = self.hub.fork(turn_id)
-        except CantripError as exc:
-            raise ViewerError(409, "cannot_fork", redact(str(exc))) from None
+            session = await self.backend.fork(turn_id)
+        except SessionError as exc:
+            if exc.kind == "not_found":
+                raise ViewerError(404, "unknown_turn", exc.message) from None
+            raise ViewerError(409, "cannot_fork", redact(exc.message)) from None
         return {
-            "session_id": session.id,
+            "session_id": session.session_id,
             "entity_id": session.entity_id,
             "forked_from": turn_id,
         }
+
+
+class _Handed:
+    """The loom :meth:`SessionBackend.read_loom` handed the read in progress: the
+    source :class:`LoomViews` reads when the viewer is over a backend."""
+
+    loom: Loom | None = None
+
+    def __call__(self) -> Loom:
+        if self.loom is None:
+            raise RuntimeError("the viewer's views are read through read_loom only")
+        return self.loom
 
 
 def _allow(method: str, *allowed: str) -> None:

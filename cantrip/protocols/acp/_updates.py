@@ -1,0 +1,234 @@
+"""An ACP prompt's events as ``session/update`` notifications: text and thinking
+chunks, tool calls as they are announced, run and end, and a loaded session's history
+replayed (``session/load``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cantrip._events import (
+    FinalResponse,
+    MessageComplete,
+    StepComplete,
+    StepStart,
+    ToolResultEvent,
+)
+from cantrip.llm._contract import plain_json
+from cantrip.llm._stream import Event, TextDelta, ThinkingDelta, ToolCallEvent
+from cantrip.loom._model import GateCallRecord, Turn, result_text
+from cantrip.protocols.sessions._hub import Session
+
+_KINDS = {
+    "read": "read",
+    "fetch": "fetch",
+    "call_agent": "think",
+    "call_agent_batch": "think",
+    "js": "execute",
+    "python": "execute",
+    "bash": "execute",
+}
+"""ACP tool kinds (icons in a client) for gates and code tools cantrip knows."""
+
+
+class Translator:
+    """Turns one prompt's streaming events into ACP session updates.
+
+    Only the session's own entity is shown (its children appear as the
+    delegation gate's tool call). Tool calls are announced once (``tool_call``,
+    ``pending``), finalized (``in_progress``) and completed with their result
+    (``completed`` / ``failed``); a code tool call that ran no further gate
+    call is completed with the turn's observation when the turn is recorded.
+    LLMs that do not stream still produce the same updates, from the complete
+    message.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self.entity_id = session.entity_id
+        self.announced: set[str] = set()
+        self.open: dict[str, str] = {}
+        self.step_text = False
+        self.step_thinking = False
+        self.any_text = False
+        self.last_reason: str | None = None
+        self.anonymous = 0
+        self.sequence = 0
+        """The turn being taken; tool call ids are ``<sequence>:<call id>``, unique in
+        the session's thread (a provider's ids may repeat after a restart)."""
+
+    def updates(self, event: Event) -> list[dict[str, Any]]:
+        if event.entity_id and event.entity_id != self.entity_id:
+            return []
+        if isinstance(event, StepStart):
+            self.step_text = self.step_thinking = False
+            self.sequence = event.sequence
+            self.anonymous = 0
+        elif isinstance(event, TextDelta) and event.text:
+            self.step_text = self.any_text = True
+            return [message(event.text)]
+        elif isinstance(event, ThinkingDelta) and event.text:
+            self.step_thinking = True
+            return [_chunk("agent_thought_chunk", event.text)]
+        elif isinstance(event, ToolCallEvent):
+            return self._tool_call(event.call_id, event.name, event.arguments, event.final)
+        elif isinstance(event, MessageComplete):
+            return self._completemessage(event)
+        elif isinstance(event, ToolResultEvent):
+            return self._tool_result(event.record)
+        elif isinstance(event, StepComplete) and event.turn is not None:
+            self.last_reason = event.turn.reason
+            return self._close_open(event.turn)
+        elif isinstance(event, FinalResponse) and self.last_reason != "text":
+            text = result_text(event.result)
+            prefix = "\n\n" if self.any_text else ""
+            self.any_text = True
+            return [message(prefix + text)]
+        return []
+
+    def _tool_call(
+        self, call_id: str, name: str, arguments: Mapping[str, Any] | str, final: bool
+    ) -> list[dict[str, Any]]:
+        raw = plain_json(arguments) if isinstance(arguments, Mapping) else None
+        call_id = f"{self.sequence}:{call_id}"
+        if call_id not in self.announced:
+            self.announced.add(call_id)
+            self.open[call_id] = name
+            update: dict[str, Any] = {
+                "sessionUpdate": "tool_call",
+                "toolCallId": call_id,
+                "title": name,
+                "kind": _KINDS.get(name, "other"),
+                "status": "in_progress" if final else "pending",
+            }
+            if raw is not None:
+                update["rawInput"] = raw
+            return [update]
+        if final:
+            return [
+                {
+                    "sessionUpdate": "tool_call_update",
+                    "toolCallId": call_id,
+                    "status": "in_progress",
+                    "rawInput": raw if raw is not None else {},
+                }
+            ]
+        return []
+
+    def _completemessage(self, event: MessageComplete) -> list[dict[str, Any]]:
+        """What a non-streaming LLM did not stream, from the complete message."""
+        response = event.response
+        out: list[dict[str, Any]] = []
+        if response.thinking and not self.step_thinking:
+            out.append(_chunk("agent_thought_chunk", response.thinking))
+        if response.content and not self.step_text:
+            self.step_text = self.any_text = True
+            out.append(message(response.content))
+        for call in response.tool_calls:
+            if f"{self.sequence}:{call.id}" not in self.announced:
+                out.extend(self._tool_call(call.id, call.name, call.arguments, True))
+        return out
+
+    def _tool_result(self, record: GateCallRecord) -> list[dict[str, Any]]:
+        status = "completed" if record.status == "ok" else "failed"
+        call_id = f"{self.sequence}:{record.tool_call_id}"
+        content = [{"type": "content", "content": {"type": "text", "text": record.text}}]
+        if record.tool_call_id is not None and call_id in self.open:
+            del self.open[call_id]
+            return [
+                {
+                    "sessionUpdate": "tool_call_update",
+                    "toolCallId": call_id,
+                    "status": status,
+                    "rawOutput": plain_json(record.result),
+                    "content": content,
+                }
+            ]
+        # A gate called from code (its code tool call is the one announced).
+        self.anonymous += 1
+        return [
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": f"{self.sequence}:{record.gate}#{self.anonymous}",
+                "title": record.gate,
+                "kind": _KINDS.get(record.gate, "other"),
+                "status": status,
+                "rawInput": plain_json(record.args),
+                "rawOutput": plain_json(record.result),
+                "content": content,
+            }
+        ]
+
+    def _close_open(self, turn: Turn) -> list[dict[str, Any]]:
+        out = []
+        for call_id in list(self.open):
+            del self.open[call_id]
+            failed = turn.is_error or turn.reason in ("cancelled", "timeout", "crashed")
+            out.append(
+                {
+                    "sessionUpdate": "tool_call_update",
+                    "toolCallId": call_id,
+                    "status": "failed" if failed else "completed",
+                    "content": [
+                        {"type": "content", "content": {"type": "text", "text": turn.observation}}
+                    ],
+                }
+            )
+        return out
+
+
+def _chunk(kind: str, text: str) -> dict[str, Any]:
+    return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
+
+
+def message(text: str) -> dict[str, Any]:
+    return _chunk("agent_message_chunk", text)
+
+
+def replay(turn: Turn) -> list[dict[str, Any]]:
+    """A recorded turn as the updates a client shows for it (``session/load``)."""
+    out: list[dict[str, Any]] = []
+    if turn.intent:
+        out.append(_chunk("user_message_chunk", turn.intent))
+    if turn.thinking:
+        out.append(_chunk("agent_thought_chunk", turn.thinking))
+    if turn.content:
+        out.append(message(turn.content))
+    recorded = {r.tool_call_id for r in turn.gate_calls}
+    calls = {call.id for call in turn.tool_calls}
+    for call in turn.tool_calls:
+        if call.id not in recorded:  # a code tool call: its gates follow
+            out.append(
+                {
+                    "sessionUpdate": "tool_call",
+                    "toolCallId": f"{turn.sequence}:{call.id}",
+                    "title": call.name,
+                    "kind": _KINDS.get(call.name, "other"),
+                    "status": "failed" if turn.is_error else "completed",
+                    "rawInput": plain_json(call.arguments),
+                    "content": [
+                        {"type": "content", "content": {"type": "text", "text": turn.observation}}
+                    ],
+                }
+            )
+    anonymous = 0
+    for record in turn.gate_calls:
+        if record.tool_call_id is None or record.tool_call_id not in calls:
+            anonymous += 1
+            call_id = f"{turn.sequence}:{record.gate}#{anonymous}"
+        else:
+            call_id = f"{turn.sequence}:{record.tool_call_id}"
+        out.append(
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": call_id,
+                "title": record.gate,
+                "kind": _KINDS.get(record.gate, "other"),
+                "status": "completed" if record.status == "ok" else "failed",
+                "rawInput": plain_json(record.args),
+                "rawOutput": plain_json(record.result),
+                "content": [{"type": "content", "content": {"type": "text", "text": record.text}}],
+            }
+        )
+    if turn.terminated and turn.reason == "done":
+        out.append(message(result_text(turn.result)))
+    return out

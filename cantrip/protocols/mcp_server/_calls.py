@@ -1,0 +1,146 @@
+"""One ``cast`` of ``cantrip mcp`` over the session seam: a prompt a backend runs, its
+turns reported, its pauses asked of the client and answered through the backend.
+
+``cantrip mcp`` summoned entities itself once (a third session model beside HTTP's and
+``serve --db``'s); now a call is a session of the in-process backend
+(:class:`~cantrip.protocols.sessions.ProcessBackend`): the intent is submitted as a
+prompt, its recorded turns come from ``follow`` (progress), its outcome from ``result``,
+a pause is answered with ``answer`` (the continued cast is a prompt of its own, awaited
+in turn), and a call or task the client cancels is cut off with ``cancel`` naming its
+prompt. The synchronous call (:mod:`._server`) and a task (:mod:`._tasks`) both drive a
+prompt with :func:`drive`; they differ in how a pause is asked (:data:`Ask`).
+
+Two kinds of pause: one that ends the cast (an approval, an ``ask_user`` question: the
+prompt returns ``paused``, and ``answer`` continues it as a new prompt), and a question
+one of the circle's MCP servers asks during a call (``Pause.origin``), which waits in
+place: the prompt still runs, and ``answer`` hands it the decision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from cantrip._approval import Decision, Pause, PauseError
+from cantrip._outcome import CastResult
+from cantrip.loom._model import Turn
+from cantrip.loom._view import CHECKPOINT_PHASES
+from cantrip.protocols.sessions import SessionBackend, SessionError
+
+Ask = Callable[[Pause], Awaitable[Decision | None]]
+"""How a pause is asked of the client: its decision, or None to leave the pause open
+(the client answers in a later request: ``InputRequiredResult``, or a task's
+``tasks/update``)."""
+
+
+@attrs.frozen
+class Driven:
+    """Where a driven prompt stopped: it ended (``cast``), or waits on ``left``."""
+
+    session_id: str
+    prompt_id: str
+    """The prompt last driven: the one that ended, or the one that waits in place."""
+    cast: CastResult | None
+    """How it ended (None: cut off before it recorded a turn, or waiting in place)."""
+    left: Pause | None = None
+    """A pause :data:`Ask` left open: the prompt ended ``paused`` on it, or (a question
+    during a call) still runs, waiting for it."""
+
+
+def is_checkpoint(turn: Turn) -> bool:
+    """A turn a pause records (not one of the cast's steps: progress does not count it)."""
+    return turn.extras.get("phase") in CHECKPOINT_PHASES
+
+
+async def drive(
+    backend: SessionBackend,
+    session_id: str,
+    prompt_id: str,
+    *,
+    after: int,
+    on_turn: Callable[[Turn], None],
+    ask: Ask | None,
+    on_prompt: Callable[[str], None] | None = None,
+) -> Driven:
+    """Await the prompt, reporting each step it records after position ``after``; a
+    pause is asked (``ask``; None: a pause that ends the cast is the answer, one during
+    a call is denied) and answered through the backend, the continued cast driven in
+    turn (``on_prompt`` is told its id). A call cancelled meanwhile cuts its prompt off
+    (``cancel``, by id). A prompt that ended for good releases its session (its entity
+    and the providers it opened close; the loom keeps it): each call makes its own."""
+    position = after
+    while True:
+        left: list[Pause] = []
+
+        async def watch(scope: trio.CancelScope, left: list[Pause]) -> None:
+            nonlocal position
+            events = backend.follow(session_id, position)
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if event.turn is not None and event.position is not None:
+                        position = event.position
+                        if not is_checkpoint(event.turn):
+                            on_turn(event.turn)
+                    elif event.type == "pause" and event.data["pause"].get("origin"):
+                        pause = await _pending(backend, session_id, event.data["pause"])
+                        if pause is None:
+                            continue
+                        decision = (
+                            await ask(pause)
+                            if ask is not None
+                            else Decision.deny("the MCP client takes no elicitation")
+                        )
+                        if decision is None:
+                            left.append(pause)
+                            scope.cancel()
+                            return
+                        with contextlib.suppress(PauseError):  # answered meanwhile
+                            await backend.answer(session_id, pause.pause_id, decision)
+
+        ended = False
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch, nursery.cancel_scope, left)
+                outcome = await backend.result(session_id, prompt_id)
+                ended = True
+                nursery.cancel_scope.cancel()
+        finally:
+            if not ended and not left:  # the call was cancelled: so is its prompt
+                with trio.CancelScope(shield=True):
+                    await backend.cancel(session_id, prompt_id=prompt_id)
+        if left:
+            return Driven(session_id, prompt_id, None, left[0])
+        cast = outcome.cast
+        if cast is None or cast.reason != "paused" or not cast.pending or ask is None:
+            await backend.release(session_id)  # a call's session is its own: it ended
+            return Driven(session_id, prompt_id, cast)
+        pause = cast.pending[0]
+        decision = await ask(pause)
+        if decision is None:
+            return Driven(session_id, prompt_id, cast, pause)
+        continued = await backend.answer(session_id, pause.pause_id, decision)
+        if continued is None:  # not a pause the loom holds: nothing more to await
+            return Driven(session_id, prompt_id, cast)
+        prompt_id = continued.prompt_id
+        if on_prompt is not None:
+            on_prompt(prompt_id)
+
+
+async def _pending(
+    backend: SessionBackend, session_id: str, told: dict[str, object]
+) -> Pause | None:
+    """The pause an event told of, if it still waits."""
+    try:
+        pending = await backend.pauses(session_id)
+    except SessionError:
+        return None
+    return next((p for p in pending if p.pause_id == told.get("pause_id")), None)
+
+
+def failure_text(exc: SessionError) -> str:
+    """A failed cast as the tool's error says it: the error that failed it, by name."""
+    cause = exc.__cause__
+    return f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
