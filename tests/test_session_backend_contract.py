@@ -547,6 +547,42 @@ async def test_events_follow_a_session_from_a_position(world: World) -> None:
     assert finals == ["One. ok #1", "Two. ok #2"]
 
 
+async def prompt_events(world: World, sid: str, prompt_id: str) -> list[SessionEvent]:
+    """Every event of one prompt's follow, which must end by itself."""
+    told: list[SessionEvent] = []
+    with trio.fail_after(60):
+        events = world.backend.follow(sid, prompt_id=prompt_id)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                told.append(event)
+    return told
+
+
+async def test_a_prompts_follow_tells_its_events_only_and_ends_with_it(world: World) -> None:
+    """``follow(prompt_id=...)`` is a prompt's own stream (the HTTP prompt stream): its
+    turns from its beginning -- called after ``submit``, when the cast may have begun
+    -- not those of the prompt it waited behind, and it ends when the prompt ends."""
+    sid = await new_session(world)
+    backend = world.backend
+    first = await backend.submit(sid, "hold:own first")
+    async with world.holds.holding("own"):
+        second = await backend.submit(sid, "second", on_busy="enqueue")
+    told = await prompt_events(world, sid, second.prompt_id)
+    steps = [e for e in told if e.type == "step_complete"]
+    assert len(steps) == 3 and all(e.turn is not None for e in steps)
+    assert [e.turn.intent for e in steps if e.turn is not None] == ["second", None, None]
+    finals = [e.data["result"] for e in told if e.type == "final_response"]
+    assert finals == ["second ok #2"]  # not the first prompt's
+    assert text(await finished(world, sid, second.prompt_id)) == "second ok #2"
+    again = await prompt_events(world, sid, first.prompt_id)  # an ended prompt: it ends
+    assert [e.data["result"] for e in again if e.type == "final_response"] in (
+        [],
+        ["hold:own first ok #1"],
+    )
+    with refused("not_found"):
+        await prompt_events(world, sid, "no-such-prompt")
+
+
 async def test_capabilities_say_what_a_backend_offers(world: World) -> None:
     capabilities = world.backend.capabilities
     health = await world.backend.health()

@@ -241,8 +241,10 @@ class SessionBackend(Protocol):
     """Where sessions live and casts run; see the module docstring. Every method
     raises :class:`~cantrip.protocols.sessions._hub.SessionError` for a request it cannot
     serve (``kind``: ``not_found``, ``busy``, ``not_running``, ``key_reused``,
-    ``steering_full``, ``cast_failed``) and :class:`~cantrip.PauseError` for an answer
-    to a pause that is not waiting."""
+    ``steering_full``, ``cast_failed``, ``cast_dead_lettered``; where storage fails:
+    ``database_unavailable``, ``database_error``, ``bad_request``) and
+    :class:`~cantrip.PauseError` for an answer to a pause that is not waiting -- nothing
+    else (no HTTP status: the front end maps kinds, drift 12)."""
 
     @property
     def capabilities(self) -> Capabilities: ...
@@ -287,9 +289,16 @@ class SessionBackend(Protocol):
         next_prompt: bool = False,
     ) -> Cancelled: ...
 
-    def follow(self, session_id: str, after: int = 0) -> AsyncGenerator[SessionEvent, None]:
+    def follow(
+        self, session_id: str, after: int = 0, *, prompt_id: str | None = None
+    ) -> AsyncGenerator[SessionEvent, None]:
         """The session's turns after its ``after``-th (recorded ones first), then its
-        events as they happen, for as long as the caller iterates."""
+        events as they happen, for as long as the caller iterates.
+
+        With ``prompt_id`` (one :meth:`submit` or :meth:`answer` returned): that
+        prompt's events only, from its beginning, ending when it ends (a pause it ended
+        waiting on comes before the end) -- a prompt's own stream; ``after`` is not
+        used and a turn's ``position`` may be None (``not_found``: no such prompt)."""
         ...
 
     async def pauses(self, session_id: str) -> list[Pause]: ...

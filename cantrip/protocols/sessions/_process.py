@@ -19,6 +19,7 @@ split of ``prompt`` into admitting and running).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 
 import attrs
@@ -29,6 +30,7 @@ from cantrip._errors import CantripError
 from cantrip._events import FinalResponse, StepComplete
 from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
+from cantrip.llm._stream import Event
 from cantrip.loom._model import Turn
 from cantrip.protocols.sessions._backend import (
     BusyPolicy,
@@ -54,6 +56,11 @@ log = get_logger("cantrip.sessions")
 KEPT_RESULTS = 1000
 """Ended prompts whose outcome is kept for :meth:`ProcessBackend.result` (the oldest go)."""
 
+EARLY_EVENTS = 1000
+"""A prompt's events kept until its first follower comes (``follow(prompt_id=...)``,
+called just after ``submit``: the cast may have begun meanwhile); beyond it the
+earliest are dropped, and the kept ones go when a follower takes them."""
+
 
 @attrs.define(eq=False)
 class _Run:
@@ -63,6 +70,26 @@ class _Run:
     done: trio.Event = attrs.field(factory=trio.Event)
     cast: CastResult | None = None
     error: BaseException | None = None
+    early: list[Event] | None = attrs.field(factory=list)
+    """Its events before a follower came (None once one did)."""
+    followers: list[trio.MemorySendChannel[Event | None]] = attrs.field(factory=list)
+
+    def tell(self, event: Event) -> None:
+        """The prompt's own event sink (the hub's ``on_event``)."""
+        if self.early is not None:
+            self.early.append(event)
+            del self.early[:-EARLY_EVENTS]
+        for channel in list(self.followers):
+            try:
+                channel.send_nowait(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.followers.remove(channel)
+
+    def end(self) -> None:
+        self.done.set()
+        for channel in self.followers:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                channel.send_nowait(None)  # the prompt ended: its followers stop
 
 
 class ProcessBackend:
@@ -150,7 +177,7 @@ class ProcessBackend:
         async def prompt() -> CastResult | None:
             try:
                 return await self.hub.prompt(
-                    session, intent, key=key, on_busy=on_busy, handle=handle
+                    session, intent, run.tell, key=key, on_busy=on_busy, handle=handle
                 )
             finally:
                 depart()
@@ -179,7 +206,7 @@ class ProcessBackend:
                 log.exception("session %s: the entity crashed", run.session_id)
                 run.error = exc
             finally:
-                run.done.set()
+                run.end()
 
         await self.nursery.start(task)
 
@@ -231,7 +258,9 @@ class ProcessBackend:
         session = self._session(session_id)
         run = _Run(session.id)
         handle = Prompt("", None)  # the continuation: a prompt a cancel can name
-        await self._start(run, lambda: self.hub.answer(session, pause_id, decision, handle=handle))
+        await self._start(
+            run, lambda: self.hub.answer(session, pause_id, decision, run.tell, handle=handle)
+        )
         if run.done.is_set() and run.error is not None:
             raise run.error  # answered already, unknown, or busy
         if run.done.is_set() and run.cast is None:
@@ -241,8 +270,15 @@ class ProcessBackend:
 
     # -- events ------------------------------------------------------------------
 
-    async def follow(self, session_id: str, after: int = 0) -> AsyncGenerator[SessionEvent, None]:
+    async def follow(
+        self, session_id: str, after: int = 0, *, prompt_id: str | None = None
+    ) -> AsyncGenerator[SessionEvent, None]:
         session = self._session(session_id)
+        if prompt_id is not None:
+            async with contextlib.aclosing(self._follow_prompt(session, prompt_id)) as told:
+                async for event in told:
+                    yield event
+            return
         with session.subscribe() as live:
             seen = after
             for recorded in list(session.entity.turns)[after:]:
@@ -260,8 +296,43 @@ class ProcessBackend:
                 else:
                     yield SessionEvent(data["type"], data)
 
+    async def _follow_prompt(
+        self, session: Session, prompt_id: str
+    ) -> AsyncGenerator[SessionEvent, None]:
+        """The events of one prompt's cast (those before this call too, see
+        :data:`EARLY_EVENTS`), until it ends."""
+        run = self._runs.get(prompt_id)
+        if run is None or run.session_id != session.id:
+            raise SessionError(
+                "not_found", f"no prompt {prompt_id!r} of session {session.id} is known here"
+            )
+        early, run.early = run.early or [], None
+        if run.done.is_set():
+            for event in early:
+                yield _live_event(session, event)
+            return
+        send, live = trio.open_memory_channel[Event | None](math.inf)
+        run.followers.append(send)
+        with send, live:
+            for event in early:
+                yield _live_event(session, event)
+            async for told in live:
+                if told is None:
+                    return
+                yield _live_event(session, told)
+
     async def health(self) -> Health:
         return Health("process", self.hub.running, len(self.hub.sessions), self.hub.persistent)
+
+
+def _live_event(session: Session, event: Event) -> SessionEvent:
+    """An event of a running cast; a recorded turn's at its position in the session."""
+    data = event_dict(event)
+    if isinstance(event, StepComplete) and event.turn is not None:
+        turns = session.entity.turns
+        position = position_of(turns, event.turn.id, len(turns))
+        return SessionEvent(data["type"], data, position, event.turn)
+    return SessionEvent(data["type"], data)
 
 
 def _recorded_events(turn: Turn, position: int) -> list[SessionEvent]:
