@@ -164,6 +164,16 @@ class DoubleBackend:
     async def thread(self, session_id: str) -> list[Turn]:
         return self._get(session_id).thread()
 
+    async def shutdown(self, grace_s: float) -> None:
+        open_prompts = [p for s in self._sessions.values() for p in s.queue]
+        with trio.move_on_after(grace_s):
+            for prompt in open_prompts:
+                await prompt.done.wait()
+        for prompt in open_prompts:
+            self._cut(prompt, "shutdown")
+        for prompt in open_prompts:
+            await prompt.done.wait()
+
     async def health(self) -> Health:
         running = sum(1 for s in self._sessions.values() if s.running is not None)
         return Health("double", running, len(self._sessions), False)

@@ -583,6 +583,24 @@ async def test_a_prompts_follow_tells_its_events_only_and_ends_with_it(world: Wo
         await prompt_events(world, sid, "no-such-prompt")
 
 
+async def test_a_shutdown_leaves_no_prompt_running_here_and_its_result_is_answered(
+    world: World,
+) -> None:
+    """``shutdown(grace_s)`` returns once no prompt runs in this process: one still
+    running after the grace is cut off (reason ``shutdown``) where it runs here, and
+    goes on where it runs elsewhere (a worker); either way its result is answered."""
+    sid = await new_session(world)
+    backend = world.backend
+    held = await backend.submit(sid, "hold:stop first")
+    async with world.holds.holding("stop"):
+        with trio.fail_after(30):
+            await backend.shutdown(0.05)
+    outcome = await finished(world, sid, held.prompt_id)
+    assert outcome.cast is not None
+    expected = "done" if world.backend.capabilities.shared else "shutdown"
+    assert outcome.cast.reason == expected, outcome
+
+
 async def test_capabilities_say_what_a_backend_offers(world: World) -> None:
     capabilities = world.backend.capabilities
     health = await world.backend.health()

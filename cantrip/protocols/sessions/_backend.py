@@ -311,3 +311,9 @@ class SessionBackend(Protocol):
     async def thread(self, session_id: str) -> list[Turn]: ...
 
     async def health(self) -> Health: ...
+
+    async def shutdown(self, grace_s: float) -> None:
+        """The server stops: prompts running in this process get ``grace_s`` to end,
+        then are cut off (reason ``shutdown``); returns once none runs here. A backend
+        whose casts run elsewhere (workers) returns at once: they go on."""
+        ...

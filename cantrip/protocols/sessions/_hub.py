@@ -112,6 +112,9 @@ class Prompt:
     cancel_requested: bool = False
     """A cancel named it (or found it arriving): it ends as it would start, with nothing
     recorded (:meth:`SessionHub._withdraw`)."""
+    submitted: bool = False
+    """Its request reached the backend's ``submit`` (an announced prompt is withdrawn
+    from ``Session.arriving`` when its request ends only if it never did)."""
     waiting: bool = False
     """It waits its turn behind the session's running prompt (``enqueue``, or the
     interrupted one ending): a cancel finds it ``queued``, as on PostgreSQL."""

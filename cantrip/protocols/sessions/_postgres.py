@@ -290,9 +290,9 @@ class PostgresBackend:
         row = await self._row(session_id)
         if prompt_id is not None:
             work_id = await self._work_of(row, prompt_id)
-            async with contextlib.aclosing(self._follow_work(row, work_id)) as told:
-                async for event in told:
-                    yield event
+            async with contextlib.aclosing(self._follow_work(row, work_id)) as own:
+                async for said in own:
+                    yield said
             return
         seen = after
         pos = await self._db(self._pos_of, row.entity_id, after)
@@ -331,8 +331,8 @@ class PostgresBackend:
         async with contextlib.aclosing(turns):
             async for item in turns:
                 if isinstance(item, Turn):
-                    for event in _turn_events(item, None):
-                        yield event
+                    for step in _turn_events(item, None):
+                        yield step
                     continue
                 pending: list[dict[str, Any]] = []
                 if item.last:
@@ -345,8 +345,8 @@ class PostgresBackend:
                     if data["pause_id"] not in told:
                         told.add(data["pause_id"])
                         pause = Pause.from_dict(data)
-                        event = event_dict(PauseEvent(pause=pause, entity_id=pause.entity_id))
-                        yield SessionEvent(event["type"], event)
+                        said = event_dict(PauseEvent(pause=pause, entity_id=pause.entity_id))
+                        yield SessionEvent(said["type"], said)
                 if item.last:
                     return
 
@@ -362,6 +362,10 @@ class PostgresBackend:
         if found is None:
             raise SessionError("not_found", f"the session has no turn {after} yet")
         return int(found[0])
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Nothing to cut off: the casts run at the workers and go on (a client's retry
+        with its Idempotency-Key, at any replica, joins or replays them)."""
 
     async def health(self) -> Health:
         return Health("db", self.waiting, await self._db(self.db.count), True)

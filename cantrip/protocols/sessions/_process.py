@@ -12,15 +12,29 @@ Accepting a prompt at once: ``SessionHub.prompt`` decides every refusal (``busy`
 its turn (``enqueue``...) or joins the running prompt with its key. The cast is started
 with ``nursery.start`` and reports ``started`` before it calls the hub: trio resumes the
 caller only once the new task blocks, so by then the hub has decided, and a refusal
-raised there is handed back to the caller (phase 2: the hub says it itself, with a
-split of ``prompt`` into admitting and running).
+raised there is handed back to the caller.
+
+What only this mode has, beside the seam: the sessions kept in memory are bounded
+(:mod:`cantrip.protocols.middleware._limits`: ``create`` and a session resumed from
+the loom make room first, or are refused ``too_many_sessions``), and a prompt request is
+known to its session from the moment it arrives (:meth:`ProcessBackend.announce`,
+entered by :func:`~cantrip.protocols.middleware._arriving.arrivals` while the body is
+read): a cancel meanwhile cuts it off as it starts (``starting``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Sequence,
+)
 
 import attrs
 import trio
@@ -29,9 +43,11 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._errors import CantripError
 from cantrip._events import FinalResponse, StepComplete
 from cantrip._outcome import CastResult
+from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger
 from cantrip.llm._stream import Event
 from cantrip.loom._model import Turn
+from cantrip.protocols.middleware._limits import SessionLimits, make_room
 from cantrip.protocols.sessions._backend import (
     BusyPolicy,
     Cancelled,
@@ -92,31 +108,89 @@ class _Run:
                 channel.send_nowait(None)  # the prompt ended: its followers stop
 
 
+_ANNOUNCED: contextvars.ContextVar[Prompt | None] = contextvars.ContextVar(
+    "cantrip_announced_prompt", default=None
+)
+"""The prompt the current request announced (:meth:`ProcessBackend.announce`): its
+``submit`` is that prompt (its id handed out, a cancel that found it kept)."""
+
+
 class ProcessBackend:
     """:class:`~cantrip.protocols.sessions.SessionBackend` over a :class:`SessionHub`."""
 
-    def __init__(self, hub: SessionHub, nursery: trio.Nursery) -> None:
+    def __init__(
+        self,
+        hub: SessionHub,
+        nursery: trio.Nursery | None = None,
+        limits: SessionLimits | None = None,
+    ) -> None:
         self.hub = hub
         self.nursery = nursery
-        """Where casts run: they outlive the request that started them."""
+        """Where casts run: they outlive the request that started them (set by
+        :meth:`open` or :meth:`running`)."""
+        self.limits = limits
+        """How many sessions stay in memory, and how long (None: no bound)."""
         self._runs: dict[str, _Run] = {}
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, hub: SessionHub) -> AsyncIterator[ProcessBackend]:
+    async def open(
+        cls, hub: SessionHub, limits: SessionLimits | None = None
+    ) -> AsyncIterator[ProcessBackend]:
         """The backend while the block runs; its casts are cut off and its entities
         closed at the end."""
+        backend = cls(hub, limits=limits)
+        async with backend.running():
+            yield backend
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Serve while the block runs: the sessions' gate providers (MCP sessions) in a
+        nursery of their own, the casts in another (what outlives a request); at the
+        end the casts still running are cut off, and the entities close their providers
+        before the providers' nursery goes."""
+        providers = await ProviderScope.enter()
+        self.hub.nursery = providers.nursery
         try:
-            async with trio.open_nursery() as nursery:
-                # the sessions' gate providers live here too (HttpApp gives them a
-                # ProviderScope of their own: phase 2 moves that here)
-                hub.nursery = nursery
-                yield cls(hub, nursery)
-                nursery.cancel_scope.cancel()
+            async with trio.open_nursery() as casts:
+                self.nursery = casts
+                try:
+                    yield
+                finally:
+                    casts.cancel_scope.cancel()
+                    self.nursery = None
+                    with trio.CancelScope(shield=True):
+                        await self.hub.aclose()
         finally:
-            hub.nursery = None
-            with trio.CancelScope(shield=True):
-                await hub.aclose()
+            self.hub.nursery = None
+            await providers.aclose()
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Stop taking prompts; the running casts get ``grace_s``, then are cut off
+        (reason ``shutdown``); returns once none runs."""
+        await self.hub.shutdown(grace_s)
+
+    @contextlib.contextmanager
+    def announce(self, session_id: str, key: str | None) -> Iterator[None]:
+        """A prompt request for the session is arriving (its body is read): until it
+        is submitted (or fails) a cancel -- unnamed, or naming its key or the id it
+        will have -- cuts it off as it starts (``starting``). Its ``submit`` is to be
+        called in the same task (the request's)."""
+        session = self.hub.sessions.get(session_id)
+        if session is None:  # (one resumed from the loom is not known until found)
+            yield
+            return
+        handle = Prompt("", key)
+        if key is not None:
+            handle.id = keyed_prompt_id(session.entity_id, key)
+        session.arriving.append(handle)
+        token = _ANNOUNCED.set(handle)
+        try:
+            yield
+        finally:
+            _ANNOUNCED.reset(token)
+            if handle in session.arriving and not handle.submitted:
+                session.arriving.remove(handle)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -131,13 +205,23 @@ class ProcessBackend:
 
     # -- sessions ----------------------------------------------------------------
 
-    def _session(self, session_id: str) -> Session:
+    async def _make_room(self, *, adding: bool) -> None:
+        if self.limits is None:
+            return
+        try:
+            await make_room(self.hub, self.limits, adding=adding)
+        except SessionError as exc:  # full
+            raise SessionError("too_many_sessions", exc.message) from None
+
+    async def _session(self, session_id: str) -> Session:
+        await self._make_room(adding=session_id not in self.hub.sessions)
         session = self.hub.get(session_id)  # not_found, or resumed from the loom
         with contextlib.suppress(RuntimeError):
             session.last_used = trio.current_time()
         return session
 
     async def create(self, key: str | None = None) -> tuple[SessionInfo, bool]:
+        await self._make_room(adding=True)
         session, created = self.hub.create(key)
         return _info(session), created
 
@@ -145,10 +229,10 @@ class ProcessBackend:
         return [_info(s) for s in self.hub.sessions.values()]
 
     async def find(self, session_id: str) -> SessionInfo:
-        return _info(self._session(session_id))
+        return _info(await self._session(session_id))
 
     async def thread(self, session_id: str) -> list[Turn]:
-        return self.hub.history(self._session(session_id))
+        return self.hub.history(await self._session(session_id))
 
     # -- prompts -----------------------------------------------------------------
 
@@ -160,13 +244,16 @@ class ProcessBackend:
         key: str | None = None,
         on_busy: BusyPolicy = "reject",
     ) -> Submitted:
-        session = self._session(session_id)
-        handle = Prompt(intent, key)
-        if key is not None:
-            handle.id = keyed_prompt_id(session.entity_id, key)
+        session = await self._session(session_id)
+        handle = _ANNOUNCED.get()
+        if handle is None or handle not in session.arriving:
+            handle = Prompt(intent, key)
+            if key is not None:
+                handle.id = keyed_prompt_id(session.entity_id, key)
+            session.arriving.append(handle)  # a cancel meanwhile finds it, as HTTP's does
+        handle.submitted = True
         current = session.current
         joins = key is not None and current is not None and current.key == key
-        session.arriving.append(handle)  # a cancel meanwhile finds it, as HTTP's does
 
         def depart() -> None:
             if handle in session.arriving:
@@ -204,10 +291,12 @@ class ProcessBackend:
                 run.error = exc
             except Exception as exc:  # the boundary of a cast (the hub resumed the entity)
                 log.exception("session %s: the entity crashed", run.session_id)
-                run.error = exc
+                run.error = SessionError("crashed", f"the entity crashed: {exc!r}")
             finally:
                 run.end()
 
+        if self.nursery is None:
+            raise SessionError("shutting_down", "the backend is not running")
         await self.nursery.start(task)
 
     def _keep(self, prompt_id: str, run: _Run) -> None:
@@ -219,13 +308,14 @@ class ProcessBackend:
                     break
 
     async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:
-        session = self._session(session_id)
+        session = await self._session(session_id)
         run = self._runs.get(prompt_id)
         if run is None or run.session_id != session.id:
             raise SessionError(
                 "not_found", f"no prompt {prompt_id!r} of session {session.id} is known here"
             )
-        await run.done.wait()
+        if not run.done.is_set():
+            await run.done.wait()
         if run.error is not None:
             if isinstance(run.error, SessionError | PauseError):
                 raise run.error
@@ -234,7 +324,7 @@ class ProcessBackend:
         return PromptOutcome(prompt_id, cast, cast.undelivered if cast is not None else ())
 
     async def steer(self, session_id: str, text: str) -> None:
-        self.hub.steer(self._session(session_id), text.strip())
+        self.hub.steer(await self._session(session_id), text.strip())
 
     async def cancel(
         self,
@@ -245,17 +335,17 @@ class ProcessBackend:
         next_prompt: bool = False,
     ) -> Cancelled:
         answer = self.hub.request_cancel(
-            self._session(session_id), prompt_id=prompt_id, key=key, next_prompt=next_prompt
+            await self._session(session_id), prompt_id=prompt_id, key=key, next_prompt=next_prompt
         )
         return Cancelled.from_dict(answer)
 
     # -- pauses ------------------------------------------------------------------
 
     async def pauses(self, session_id: str) -> list[Pause]:
-        return list(self._session(session_id).entity.pending)
+        return list((await self._session(session_id)).entity.pending)
 
     async def answer(self, session_id: str, pause_id: str, decision: Decision) -> Submitted | None:
-        session = self._session(session_id)
+        session = await self._session(session_id)
         run = _Run(session.id)
         handle = Prompt("", None)  # the continuation: a prompt a cancel can name
         await self._start(
@@ -273,11 +363,11 @@ class ProcessBackend:
     async def follow(
         self, session_id: str, after: int = 0, *, prompt_id: str | None = None
     ) -> AsyncGenerator[SessionEvent, None]:
-        session = self._session(session_id)
+        session = await self._session(session_id)
         if prompt_id is not None:
-            async with contextlib.aclosing(self._follow_prompt(session, prompt_id)) as told:
-                async for event in told:
-                    yield event
+            async with contextlib.aclosing(self._follow_prompt(session, prompt_id)) as own:
+                async for told in own:
+                    yield told
             return
         with session.subscribe() as live:
             seen = after
