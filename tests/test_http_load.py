@@ -28,7 +28,7 @@ import trio.testing
 import cantrip
 from cantrip._outcome import recorded_cast, result_dict
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
-from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.http._serve import serve_http
 from cantrip.protocols.middleware._lifecycle import ServeOptions
 from cantrip.protocols.sessions._hub import SessionError, SessionHub
 from cantrip.protocols.sessions._idempotency import session_entity_id

@@ -1108,10 +1108,10 @@ async def test_an_idempotency_key_is_checked_as_the_document_publishes_it(stack:
     assert check_key("  ok-key_1  ") == "ok-key_1"
 
 
-def test_the_in_process_server_says_it_runs_the_entities_itself() -> None:
+async def test_the_in_process_server_says_it_runs_the_entities_itself() -> None:
     import cantrip
     from cantrip.protocols.asgi._openapi import Health
-    from cantrip.protocols.http._app import HttpApp
+    from cantrip.protocols.http._serve import process_app
     from gates import done
 
     spell = cantrip.Cantrip(
@@ -1119,7 +1119,7 @@ def test_the_in_process_server_says_it_runs_the_entities_itself() -> None:
         identity=cantrip.Identity(),
         circle=cantrip.Circle([done], [cantrip.max_turns(2)]),
     )
-    health = HttpApp(spell)._health()
+    health = await process_app(spell)._health()
     assert health["mode"] == "process"
     Health.model_validate(health)  # the published shape, both modes
 

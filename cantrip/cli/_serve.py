@@ -2,8 +2,8 @@
 serve --db`` both serve until SIGINT/SIGTERM, then drain, and both turn a port they
 cannot bind into one line for the user instead of a traceback.
 
-The two commands start different servers (:func:`cantrip.protocols.http._app.serve_http`,
-:func:`cantrip.protocols.http._db_app.serve_http_db`); the signal handling, the
+The two commands start different servers (:func:`cantrip.protocols.http._serve.serve_http`,
+:func:`cantrip.protocols.http._serve.serve_http_db`); the signal handling, the
 "serving on" lines and the bind failure are the same, so they live here once.
 """
 

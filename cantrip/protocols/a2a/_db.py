@@ -64,7 +64,7 @@ from cantrip.protocols.a2a._server import (
     working,
 )
 from cantrip.protocols.asgi._responses import HttpError
-from cantrip.protocols.http._replica import Replica
+from cantrip.protocols.http._mounts import Replica
 from cantrip.protocols.sessions._hub import SessionError, entity_id_for, event_dict, session_id_for
 from cantrip.protocols.sessions._rows import (
     SessionRow,

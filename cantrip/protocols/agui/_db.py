@@ -52,7 +52,7 @@ from cantrip.protocols.agui._protocol import (
 )
 from cantrip.protocols.asgi._requests import read_body
 from cantrip.protocols.asgi._responses import HttpError, Receive, Send, heartbeat_s
-from cantrip.protocols.http._replica import Replica
+from cantrip.protocols.http._mounts import Replica
 from cantrip.protocols.sessions._hub import ENTITY_PREFIX, SESSION_PREFIX
 from cantrip.protocols.sessions._rows import (
     Progress,

@@ -176,5 +176,14 @@ class Admission:
             )
 
     def holding(self) -> contextlib.AbstractContextManager[None]:
-        """Count one prompt open for as long as the block runs."""
+        """Count one prompt open for as long as the block runs (one admitted already:
+        an answer's continuation)."""
         return self.open.held()
+
+    @contextmanager
+    def admit(self) -> Iterator[None]:
+        """:meth:`check`, then count the prompt open while the block runs (no
+        checkpoint between: two requests cannot both take the last place)."""
+        self.check()
+        with self.open.held():
+            yield

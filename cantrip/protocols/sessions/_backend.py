@@ -191,7 +191,10 @@ class Cancelled:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in attrs.asdict(self).items() if v is not None or k == "cancelled"}
+        """The API's shape: what a cancel cut off says its id, intent and key (even
+        when unknown yet: null); other answers carry only what they name."""
+        kept = {"cancelled", "prompt_id", "intent", "idempotency_key"} if self.cancelled else set()
+        return {k: v for k, v in attrs.asdict(self).items() if v is not None or k in kept}
 
 
 @attrs.frozen

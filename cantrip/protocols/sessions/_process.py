@@ -40,6 +40,7 @@ import attrs
 import trio
 
 from cantrip._approval import Decision, Pause, PauseError
+from cantrip._cantrip import Cantrip
 from cantrip._errors import CantripError
 from cantrip._events import FinalResponse, StepComplete
 from cantrip._outcome import CastResult
@@ -133,6 +134,15 @@ class ProcessBackend:
         self._runs: dict[str, _Run] = {}
 
     @classmethod
+    def serving(
+        cls, spell: Cantrip, *, sticky_cancel_s: float = 5.0, limits: SessionLimits | None = None
+    ) -> ProcessBackend:
+        """A backend for ``spell``'s sessions (run it with :meth:`running`). The hub
+        has no ``max_running`` of its own: a server admits prompts in one place
+        (:class:`~cantrip.protocols.middleware._lifecycle.Admission`)."""
+        return cls(SessionHub(spell, sticky_cancel_s=sticky_cancel_s), limits=limits)
+
+    @classmethod
     @contextlib.asynccontextmanager
     async def open(
         cls, hub: SessionHub, limits: SessionLimits | None = None
@@ -205,7 +215,9 @@ class ProcessBackend:
 
     # -- sessions ----------------------------------------------------------------
 
-    async def _make_room(self, *, adding: bool) -> None:
+    async def make_room(self, *, adding: bool) -> None:
+        """Drop sessions idle too long; with ``adding``, make room for one more
+        (``too_many_sessions`` if every one in memory is busy)."""
         if self.limits is None:
             return
         try:
@@ -214,14 +226,14 @@ class ProcessBackend:
             raise SessionError("too_many_sessions", exc.message) from None
 
     async def _session(self, session_id: str) -> Session:
-        await self._make_room(adding=session_id not in self.hub.sessions)
+        await self.make_room(adding=session_id not in self.hub.sessions)
         session = self.hub.get(session_id)  # not_found, or resumed from the loom
         with contextlib.suppress(RuntimeError):
             session.last_used = trio.current_time()
         return session
 
     async def create(self, key: str | None = None) -> tuple[SessionInfo, bool]:
-        await self._make_room(adding=True)
+        await self.make_room(adding=True)
         session, created = self.hub.create(key)
         return _info(session), created
 
