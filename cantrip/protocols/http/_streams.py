@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
@@ -32,11 +32,25 @@ from cantrip.protocols.asgi._responses import (
     sse_error,
     start_sse,
 )
-from cantrip.protocols.sessions import PromptOutcome, SessionEvent, SessionInfo, Submitted
+from cantrip.protocols.middleware._lifecycle import Drain
+from cantrip.protocols.sessions import (
+    PromptOutcome,
+    SessionBackend,
+    SessionEvent,
+    SessionInfo,
+    Submitted,
+)
 from cantrip.protocols.sessions._hub import SessionError
 
-if TYPE_CHECKING:
-    from cantrip.protocols.http._app import HttpApp
+
+class HttpApp(Protocol):
+    """What the streams use of the app serving them (:class:`._app.HttpApp`)."""
+
+    backend: SessionBackend
+    drain: Drain
+
+    def refusal(self, exc: BaseException) -> HttpError: ...
+
 
 log = get_logger("cantrip.http")
 
