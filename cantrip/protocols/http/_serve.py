@@ -190,9 +190,9 @@ async def serve_http_db(
         max_connections=max_connections,
         humans=cantrip.circle.needs_humans,
     ) as backend:
-        mounts: list[Mount] = []
-        app = HttpApp(backend, cantrip, options, mounts=mounts, title="cantrip serve --db")
-        replica = ReplicaView(backend, app)
+        app = HttpApp(backend, cantrip, options, title="cantrip serve --db")
+        replica = ReplicaView(backend, app)  # what today's --db AG-UI and A2A ask of it
+        mounts = app.mounts
         if await trio.to_thread.run_sync(_a2a.available):  # the SDK's import, off the loop
             mounts.append((await trio.to_thread.run_sync(a2a_front, replica)).dispatch)
         store = backend.db.store
