@@ -183,44 +183,48 @@ def position(scope: Scope, query: Mapping[str, list[str]], info: SessionInfo) ->
     return int(raw)
 
 
-async def events(app: HttpApp, info: SessionInfo, after: int, receive: Receive, send: Send) -> None:
+async def events(
+    app: HttpApp, info: SessionInfo, after: int, receive: Receive, send: Send
+) -> None:
     """``GET /sessions/{id}/events``: the session's events after turn ``after`` until
     the client hangs up or the server shuts down (a ``shutdown`` event ends it then);
     each recorded turn carries its position as the SSE ``id`` (resume from it with
-    ``Last-Event-ID``); an ``: idle`` comment after each quiet heartbeat."""
+    ``Last-Event-ID``); an ``: idle`` comment after each quiet heartbeat. The follow
+    has begun (in process: subscribed) before the client is told ``subscribed``."""
     followed = app.backend.follow(info.session_id, after)
-    await start_sse(send)
-    await sse_comment(send, "subscribed")
+    told, heard = trio.open_memory_channel[SessionEvent](math.inf)
+
+    async def listen(task_status: trio.TaskStatus[None]) -> None:
+        async with told, contextlib.aclosing(followed):
+            task_status.started()  # the caller goes on once this task first blocks
+            async for event in followed:
+                told.send_nowait(event)
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_until_gone, receive, nursery.cancel_scope)
         with app.drain.stream() as closing:
-            await _pump(followed, send)
+            async with trio.open_nursery() as following:
+                await following.start(listen)
+                await start_sse(send)
+                await sse_comment(send, "subscribed")
+                await _pump(heard, send)
+                following.cancel_scope.cancel()
         if closing.cancelled_caught:  # the server shuts down: say so, end the stream
             await sse(send, "shutdown", {"type": "shutdown"})
             await end_body(send)
         nursery.cancel_scope.cancel()
 
 
-async def _pump(followed: Any, send: Send) -> None:
-    """Send what ``followed`` yields, a heartbeat comment whenever it is quiet."""
-    told, heard = trio.open_memory_channel[SessionEvent](math.inf)
-    async with trio.open_nursery() as nursery:
-
-        async def listen() -> None:
-            async with told, contextlib.aclosing(followed):
-                async for event in followed:
-                    told.send_nowait(event)
-
-        nursery.start_soon(listen)
-        async with heard:
-            while True:
-                with trio.move_on_after(heartbeat_s()) as idle:
-                    try:
-                        event = await heard.receive()
-                    except trio.EndOfChannel:
-                        break
-                if idle.cancelled_caught:
-                    await sse_comment(send, "idle")
-                    continue
-                await sse(send, event.type, event.data, event_id=event.position)
-        nursery.cancel_scope.cancel()
+async def _pump(heard: trio.MemoryReceiveChannel[SessionEvent], send: Send) -> None:
+    """Send what the follow tells, a heartbeat comment whenever it is quiet."""
+    async with heard:
+        while True:
+            with trio.move_on_after(heartbeat_s()) as idle:
+                try:
+                    event = await heard.receive()
+                except trio.EndOfChannel:
+                    return
+            if idle.cancelled_caught:
+                await sse_comment(send, "idle")
+                continue
+            await sse(send, event.type, event.data, event_id=event.position)
