@@ -919,3 +919,27 @@ async def test_events_resume_after_the_turn_a_last_event_id_names() -> None:
     assert finals == ["two", "three"]
     assert [line for line in again if line.startswith("id: ")] == ["id: 3"]
     assert bad.status_code == 400
+
+
+def test_a_prompt_admitted_holds_its_place_before_its_cast_begins() -> None:
+    """``SessionHub.admit`` decides every refusal at once and puts the prompt in its
+    session's line, so a second prompt is ``busy`` (or waits behind it) before the first
+    one's cast has begun -- the in-process backend's ``submit`` answers a refusal without
+    counting on when trio runs the cast's task."""
+    llm = GatedLLM()
+    hub = SessionHub(gated_spell(llm))
+    session = hub.new()
+    first = hub.admit(session, "a", key="k-a")
+    assert first.action == "cast" and not first.prompt.waiting
+    with pytest.raises(SessionError) as busy:
+        hub.admit(session, "b")
+    assert busy.value.kind == "busy"
+    with pytest.raises(SessionError) as reused:
+        hub.admit(session, "other", key="k-a", on_busy="enqueue")
+    assert reused.value.kind == "key_reused"
+    again = hub.admit(session, "a", key="k-a")  # the same prompt, in line: joined
+    assert again.action == "join" and again.prompt is first.prompt
+    second = hub.admit(session, "b", on_busy="enqueue")
+    assert second.action == "cast" and second.prompt.waiting
+    assert session.waiting == [first.prompt, second.prompt]
+    assert llm.queries == 0  # nothing was cast

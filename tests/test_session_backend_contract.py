@@ -276,6 +276,25 @@ async def test_a_second_prompt_while_one_runs_follows_its_busy_policy(
         assert text(after) == ("second ok #1" if policy == "rollback" else "second ok #2")
 
 
+async def test_a_repeated_key_joins_the_prompt_waiting_its_turn(world: World) -> None:
+    """A key repeated while its prompt waits its turn (``enqueue``) names that prompt:
+    the repeat joins it, nothing more is queued (in process the hub used to look at the
+    running prompt only, and cast the repeat again behind it)."""
+    sid = await new_session(world)
+    backend = world.backend
+    running = await backend.submit(sid, "hold:line first")
+    async with world.holds.holding("line"):
+        queued = await backend.submit(sid, "second", key="k-line", on_busy="enqueue")
+        again = await backend.submit(sid, "second", key="k-line", on_busy="enqueue")
+        assert again.replayed and again.prompt_id == queued.prompt_id
+        with refused("key_reused"):
+            await backend.submit(sid, "other", key="k-line", on_busy="enqueue")
+    await finished(world, sid, running.prompt_id)
+    assert text(await finished(world, sid, again.prompt_id)) == "second ok #2"
+    intents = [t.intent for t in await backend.thread(sid) if t.intent]
+    assert intents == ["hold:line first", "second"]
+
+
 async def test_prompts_waiting_their_turn_run_in_the_order_they_came(world: World) -> None:
     """Five prompts enqueued behind a held one run in the order they were submitted,
     each seeing those before it (a queue is FIFO; drift 3: in process the waiters raced

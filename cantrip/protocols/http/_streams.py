@@ -183,9 +183,7 @@ def position(scope: Scope, query: Mapping[str, list[str]], info: SessionInfo) ->
     return int(raw)
 
 
-async def events(
-    app: HttpApp, info: SessionInfo, after: int, receive: Receive, send: Send
-) -> None:
+async def events(app: HttpApp, info: SessionInfo, after: int, receive: Receive, send: Send) -> None:
     """``GET /sessions/{id}/events``: the session's events after turn ``after`` until
     the client hangs up or the server shuts down (a ``shutdown`` event ends it then);
     each recorded turn carries its position as the SSE ``id`` (resume from it with

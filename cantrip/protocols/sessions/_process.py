@@ -7,12 +7,13 @@ sessions named by id, a prompt accepted at once and awaited apart (the cast runs
 the backend's nursery, as ``HttpApp`` runs it in the server's), results kept by prompt
 id, events with positions.
 
-Accepting a prompt at once: ``SessionHub.prompt`` decides every refusal (``busy``,
-``key_reused``...) before its first checkpoint, and then either runs the cast, waits
-its turn (``enqueue``...) or joins the running prompt with its key. The cast is started
-with ``nursery.start`` and reports ``started`` before it calls the hub: trio resumes the
-caller only once the new task blocks, so by then the hub has decided, and a refusal
-raised there is handed back to the caller.
+Accepting a prompt at once: ``SessionHub.admit`` decides every refusal (``busy``,
+``key_reused``, ``shutting_down``...) with no checkpoint and puts the prompt in its
+session's line; ``submit`` raises a refusal to its caller there and then, and runs the
+rest (``SessionHub.run``: wait its turn, cast; or join the running prompt with its key,
+or replay the recorded one) in the backend's nursery. An answer's continuation is still
+started with ``nursery.start`` (``SessionHub.answer`` decides before its first
+checkpoint, so its refusal is known when the caller resumes).
 
 What only this mode has, beside the seam: the sessions kept in memory are bounded
 (:mod:`cantrip.protocols.middleware._limits`: ``create`` and a session resumed from
@@ -257,6 +258,8 @@ class ProcessBackend:
         on_busy: BusyPolicy = "reject",
     ) -> Submitted:
         session = await self._session(session_id)
+        if self.nursery is None:
+            raise SessionError("shutting_down", "the backend is not running")
         handle = _ANNOUNCED.get()
         if handle is None or handle not in session.arriving:
             handle = Prompt(intent, key)
@@ -264,51 +267,63 @@ class ProcessBackend:
                 handle.id = keyed_prompt_id(session.entity_id, key)
             session.arriving.append(handle)  # a cancel meanwhile finds it, as HTTP's does
         handle.submitted = True
-        current = session.current
-        joins = key is not None and current is not None and current.key == key
 
         def depart() -> None:
             if handle in session.arriving:
                 session.arriving.remove(handle)
 
+        try:  # every refusal, at once: busy, key_reused, shutting_down
+            admitted = self.hub.admit(session, intent, key=key, on_busy=on_busy, handle=handle)
+        except BaseException:
+            depart()
+            raise
+        prompt_id = admitted.prompt.id
+        if admitted.action != "cast":  # a key's replay, or the running prompt joined
+            depart()
+            if admitted.action == "replay" or prompt_id not in self._runs:
+                run = _Run(session.id)
+                self._keep(prompt_id, run)
+                self._spawn(run, lambda: self.hub.run(session, admitted, run.tell))
+            return Submitted(prompt_id, session.id, replayed=True)
         run = _Run(session.id)
+        self._keep(prompt_id, run)
 
-        async def prompt() -> CastResult | None:
+        async def cast() -> CastResult | None:
             try:
-                return await self.hub.prompt(
-                    session, intent, run.tell, key=key, on_busy=on_busy, handle=handle
-                )
+                return await self.hub.run(session, admitted, run.tell)
             finally:
                 depart()
 
-        await self._start(run, prompt)
-        if run.done.is_set() and run.error is not None:
-            raise run.error  # refused: busy, key_reused, overloaded, shutting_down
-        # a cast that runs checkpoints; one that ended at once was a key's replay
-        # (not one a cancel cut off before it started: that ends at once too)
-        replayed = joins or (key is not None and run.done.is_set() and not handle.cancel_requested)
-        if not replayed or handle.id not in self._runs:
-            self._keep(handle.id, run)
-        return Submitted(handle.id, session.id, replayed=replayed)
+        self._spawn(run, cast)
+        return Submitted(prompt_id, session.id)
+
+    def _spawn(self, run: _Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
+        """Run ``cast`` in the backend's nursery, its outcome or error kept in ``run``."""
+        assert self.nursery is not None  # (submit checked)
+        self.nursery.start_soon(self._carry, run, cast)
+
+    async def _carry(self, run: _Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
+        try:
+            run.cast = await cast()
+        except (SessionError, CantripError) as exc:  # refused, or failed: told the caller
+            run.error = exc
+        except Exception as exc:  # the boundary of a cast (the hub resumed the entity)
+            log.exception("session %s: the entity crashed", run.session_id)
+            run.error = SessionError("crashed", f"the entity crashed: {exc!r}")
+        finally:
+            run.end()
 
     async def _start(self, run: _Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
         """Run ``cast`` in the backend's nursery; return once it has blocked or ended
-        (see the module docstring). Its outcome or error is kept in ``run``."""
+        (an answer: ``SessionHub.answer`` decides its refusals before its first
+        checkpoint, so by then a refusal is in ``run``)."""
+        if self.nursery is None:
+            raise SessionError("shutting_down", "the backend is not running")
 
         async def task(task_status: trio.TaskStatus[None]) -> None:
             task_status.started()  # the caller resumes once this task blocks
-            try:
-                run.cast = await cast()
-            except (SessionError, CantripError) as exc:  # refused, or failed: told the caller
-                run.error = exc
-            except Exception as exc:  # the boundary of a cast (the hub resumed the entity)
-                log.exception("session %s: the entity crashed", run.session_id)
-                run.error = SessionError("crashed", f"the entity crashed: {exc!r}")
-            finally:
-                run.end()
+            await self._carry(run, cast)
 
-        if self.nursery is None:
-            raise SessionError("shutting_down", "the backend is not running")
         await self.nursery.start(task)
 
     def _keep(self, prompt_id: str, run: _Run) -> None:
