@@ -11,8 +11,8 @@ turns them into contract tests one by one).
 Phase 2, in this order (each step keeps every existing test green in both modes):
 
 1. *Remove the drifts in the backends*, each ``test_drift_*`` turned into a contract
-   test as it goes (done: drifts 1 to 7, see :mod:`._backend`; left: 10, 11, 12
-   and the split of ``SessionHub.prompt``): ``DbSessions.cancel`` cuts
+   test as it goes (done: drifts 1 to 7, 11 and 12 and the split of
+   ``SessionHub.prompt``, see :mod:`._backend`; left: 10): ``DbSessions.cancel`` cuts
    off the work it names only
    (``cancel_on(..., work_id=...)``: drift 1, a bug); ``SessionHub`` keeps a bounded
    record of ended prompt ids (``ended``, drift 4), gives an answer's continuation a
@@ -25,11 +25,11 @@ Phase 2, in this order (each step keeps every existing test green in both modes)
    refusal, no checkpoint) and running, so :class:`ProcessBackend` stops relying on
    ``nursery.start``'s scheduling. Move ``overloaded``/``shutting_down`` and the 503
    for a lost database to the lifecycle middleware (drifts 11, 12).
-2. *HTTP* onto the seam: ``_shell.py``'s routes call a ``SessionBackend`` instead of
-   twenty hooks; ``_http.py`` and ``_db_http.py`` become one ``http`` module (prompt
-   result, prompt stream, ``/events`` from ``follow``, which gains ``Last-Event-ID``
-   from the position for free). ``bench/serve_load.py`` and ``bench/serve_db.py``
-   measured before and after.
+2. *HTTP* onto the seam (done): one :class:`~cantrip.protocols.http._app.HttpApp`
+   over a ``SessionBackend`` for both modes (prompt result, prompt stream from
+   ``follow(prompt_id=...)``, ``/events`` from ``follow`` with ``Last-Event-ID``);
+   ``_shell.py``'s hooks, ``_db_app.py`` and ``_replica.py`` deleted; drifts 11 and 12
+   removed; ``SessionHub.prompt`` split into ``admit`` and ``run``.
 3. *AG-UI*: ``_agui_hub.py`` and ``_db_agui.py`` become one run over the seam; the
    seam's ``submit`` grows the client's tools (``entity.offer`` in process,
    ``CLIENT_TOOLS_KEY`` in the queued spell) -- the one thing AG-UI asks that the

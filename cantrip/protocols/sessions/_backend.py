@@ -4,9 +4,8 @@ Every front end (the HTTP API, AG-UI, A2A, the viewer's API, ``cantrip mcp``'s s
 side, ACP) asks the same few things of the place its sessions live; today each asks
 them twice, once of the in-process :class:`~cantrip.protocols.sessions._hub.SessionHub`
 and once of ``serve --db``'s :class:`~cantrip.protocols.sessions._rows.DbSessions`
-(reached through :class:`~cantrip.protocols.http._shell.ServerShell`'s hooks, typed
-``Any``, :class:`~cantrip.protocols.a2a._server.A2AHandler`'s and
-:class:`~cantrip.protocols.http._replica.Replica`). :class:`SessionBackend` says it
+(reached, before phase 2, through the HTTP server shell's hooks, typed ``Any``,
+:class:`~cantrip.protocols.a2a._server.A2AHandler`'s and the replica protocol). :class:`SessionBackend` says it
 once, typed: sessions are named by id (a string), never handed out as objects, and
 every answer is one of the values below. Two adapters implement it over today's code
 (:mod:`._process`, :mod:`._postgres`); ``tests/test_session_backend_contract.py`` runs
@@ -97,16 +96,27 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
     it begins and recorded on its first turn, shown before its intent -- the model
     answers the intent, not the message. Seen once in this suite's first runs (a cast
     that ran to ``max_turns``); the contract steers once the first turn is recorded.
-11. *Where refusals are decided*: ``overloaded``/``shutting_down`` are the hub's in
-    process (a prompt waiting its turn meets them when its turn comes) and the
-    replica's on PostgreSQL (``DbHttpApp._enqueue``, before queuing); ``DbSessions``
-    has neither. ``HttpApp._stream_prompt`` repeats the hub's ``busy`` check to answer
-    409 before its stream starts. Lifecycle, not sessions: not in the contract.
-12. *Errors from below*: the ``--db`` front ends get the database's failures as
-    :class:`~cantrip.protocols.asgi._responses.HttpError` (``DbHttpApp._db``), and AG-UI and A2A
-    on ``--db`` translate HTTP statuses back (``_a2a_db.protocol_errors``); in process
-    they catch :class:`~cantrip.protocols.sessions._hub.SessionError`. The seam raises
-    ``SessionError`` and :class:`~cantrip.PauseError` only.
+11. *Where refusals are decided* -- removed (phase 2): ``overloaded``/``shutting_down``
+    were the hub's in process (a prompt waiting its turn met them when its turn came)
+    and the replica's on PostgreSQL (before queuing); ``HttpApp._stream_prompt``
+    repeated the hub's ``busy`` check. Now the server decides them in one place for
+    both modes, before the backend sees a prompt
+    (:class:`~cantrip.protocols.middleware._lifecycle.Admission`), and ``busy`` is the
+    backend's ``submit``'s, answered before a stream starts.
+    ``tests/test_http_load.py::test_a_prompt_beyond_max_running_is_refused_before_it_queues``.
+    In process ``SessionHub.admit`` decides every refusal of a prompt with no
+    checkpoint (``SessionHub.prompt`` = ``admit`` + ``run``), so ``submit`` answers it
+    without counting on trio's scheduling
+    (``test_a_prompt_admitted_holds_its_place_before_its_cast_begins``).
+12. *Errors from below* -- removed (phase 2): the ``--db`` server got the database's
+    failures as ``HttpError`` (``DbHttpApp._db``). Now :class:`PostgresBackend` raises
+    them as :class:`SessionError` kinds (``database_unavailable``, ``database_error``,
+    ``bad_request``; ``cast_dead_lettered``), which one status table answers
+    (:mod:`cantrip.protocols.http._errors`); the HTTP API catches nothing else.
+    ``tests/test_serve_db.py`` (``database_unavailable``) and
+    ``tests/test_serve_db_faults.py`` (``cast_dead_lettered``) through the one app.
+    (AG-UI and A2A on ``--db`` still reach the replica through
+    :class:`~cantrip.protocols.http._mounts.Replica` until they move onto the seam.)
 13. *What one mode lacks*: A2A push notifications and the viewer's fork are in process
     only (``capabilities``); prompt ids are durable on PostgreSQL only (an unkeyed
     prompt's id is random and known to the process that ran it). In process ``find``
