@@ -18,7 +18,8 @@ state and the thread are the same as in process.
 
 The replica's own pieces (its database calls behind the store's limiter, the
 enqueue with its limits, the notifier, the drain) are reached through
-:class:`cantrip.protocols.http._mounts.Replica`, so this module stands apart from the replica's routes.
+:class:`cantrip.protocols.http._mounts.Replica`, so this module stands apart from the
+replica's routes.
 """
 
 from __future__ import annotations

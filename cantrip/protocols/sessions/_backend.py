@@ -5,11 +5,12 @@ side, ACP) asks the same few things of the place its sessions live; today each a
 them twice, once of the in-process :class:`~cantrip.protocols.sessions._hub.SessionHub`
 and once of ``serve --db``'s :class:`~cantrip.protocols.sessions._rows.DbSessions`
 (reached, before phase 2, through the HTTP server shell's hooks, typed ``Any``,
-:class:`~cantrip.protocols.a2a._server.A2AHandler`'s and the replica protocol). :class:`SessionBackend` says it
-once, typed: sessions are named by id (a string), never handed out as objects, and
-every answer is one of the values below. Two adapters implement it over today's code
-(:mod:`._process`, :mod:`._postgres`); ``tests/test_session_backend_contract.py`` runs
-one set of tests against both and against a double that implements it alone.
+:class:`~cantrip.protocols.a2a._server.A2AHandler`'s and the replica protocol).
+:class:`SessionBackend` says it once, typed: sessions are named by id (a string), never
+handed out as objects, and every answer is one of the values below. Two adapters
+implement it over today's code (:mod:`._process`, :mod:`._postgres`);
+``tests/test_session_backend_contract.py`` runs one set of tests against both and
+against a double that implements it alone.
 
 The operations, and what both modes do today
 --------------------------------------------
