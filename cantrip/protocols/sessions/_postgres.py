@@ -88,7 +88,8 @@ class PostgresBackend:
         """Whether the served circle may pause for a human (if not, no stream asks
         the database for pauses)."""
         self.waiting = 0
-        """Results this backend is waiting on (``health``)."""
+        """Prompts this backend is waiting on, for a result or a prompt's stream
+        (``health``)."""
         self._outage = Outage("serve --db", log)
 
     @classmethod
@@ -290,9 +291,13 @@ class PostgresBackend:
         row = await self._row(session_id)
         if prompt_id is not None:
             work_id = await self._work_of(row, prompt_id)
-            async with contextlib.aclosing(self._follow_work(row, work_id)) as own:
-                async for said in own:
-                    yield said
+            self.waiting += 1  # a prompt's stream waits on it as a result does
+            try:
+                async with contextlib.aclosing(self._follow_work(row, work_id)) as own:
+                    async for said in own:
+                        yield said
+            finally:
+                self.waiting -= 1
             return
         seen = after
         pos = await self._db(self._pos_of, row.entity_id, after)
