@@ -87,16 +87,18 @@ class Stack:
         self.workers.append(worker)
         return worker
 
-    def start_replica(self, spec: Path | None = None, *, token: str | None = None) -> str:
+    def start_replica(
+        self, spec: Path | None = None, *, token: str | None = None, options: tuple[str, ...] = ()
+    ) -> str:
         """A `serve --db` replica on a free port, once its /health answers (with ``token``
-        when one is given: then the replica requires it)."""
+        when one is given: then the replica requires it; ``options``: more flags)."""
         port = _free_port()
         auth = ("--token", token) if token is not None else ()
         headers = {"authorization": f"Bearer {token}"} if token is not None else {}
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "cantrip", "serve", str(spec or self.spec)),
-                *("--db", self.url, "--port", str(port), "--grace-s", "1", *auth),
+                *("--db", self.url, "--port", str(port), "--grace-s", "1", *auth, *options),
             ],
             env=self.env,
             stdout=subprocess.DEVNULL,
