@@ -69,6 +69,8 @@ class _Prompt:
     ended_at: float = 0.0
     enders: list[trio.MemorySendChannel[SessionEvent]] = attrs.field(factory=list)
     """Followers that end with this prompt (closed once it has ended)."""
+    told: list[SessionEvent] = attrs.field(factory=list)
+    """Its events, for a follower of this prompt (from its beginning)."""
 
 
 @attrs.define(eq=False)
@@ -108,7 +110,10 @@ class _Session:
             turn = by_id.get(turn.parent_id) if turn.parent_id else None
         return out[::-1]
 
-    def tell(self, event: SessionEvent) -> None:
+    def tell(self, event: SessionEvent, prompt: _Prompt | None = None) -> None:
+        if prompt is not None:
+            prompt.told.append(event)
+        self.poke()
         for channel in list(self.watchers):
             try:
                 channel.send_nowait(event)
@@ -194,6 +199,16 @@ class DoubleBackend:
 
     async def fork(self, turn_id: str) -> SessionInfo:
         raise SessionError("unsupported", "the double does not fork (capabilities.viewer_fork)")
+
+    async def shutdown(self, grace_s: float) -> None:
+        open_prompts = [p for s in self._sessions.values() for p in s.queue]
+        with trio.move_on_after(grace_s):
+            for prompt in open_prompts:
+                await prompt.done.wait()
+        for prompt in open_prompts:
+            self._cut(prompt, "shutdown")
+        for prompt in open_prompts:
+            await prompt.done.wait()
 
     async def health(self) -> Health:
         running = sum(1 for s in self._sessions.values() if s.running is not None)
@@ -317,7 +332,7 @@ class DoubleBackend:
                 )
                 session.pending[pause.pause_id] = pause
                 data = {"type": "pause", "entity_id": session.entity_id, "pause": pause.to_dict()}
-                session.tell(SessionEvent("pause", data))
+                session.tell(SessionEvent("pause", data), prompt)
                 return
 
     def _record(
@@ -376,10 +391,11 @@ class DoubleBackend:
         session.leaf = turn
         self.loom.append(turn)
         step = {"type": "step_complete", "entity_id": session.entity_id, **_step(turn)}
-        session.tell(SessionEvent("step_complete", step, len(session.turns), turn))
+        session.tell(SessionEvent("step_complete", step, len(session.turns), turn), prompt)
         if done:
             final = {"type": "final_response", "entity_id": session.entity_id}
-            session.tell(SessionEvent("final_response", {**final, "result": turn.result}))
+            told = SessionEvent("final_response", {**final, "result": turn.result})
+            session.tell(told, prompt)
         return turn
 
     async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:
@@ -454,9 +470,27 @@ class DoubleBackend:
     # -- events ------------------------------------------------------------------
 
     async def follow(
-        self, session_id: str, after: int = 0, *, until: str | None = None
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        until: str | None = None,
+        prompt_id: str | None = None,
     ) -> AsyncGenerator[SessionEvent, None]:
         session = self._get(session_id)
+        if prompt_id is not None:
+            prompt = session.prompts.get(prompt_id)
+            if prompt is None:
+                raise SessionError("not_found", f"no prompt {prompt_id!r} of {session_id}")
+            sent = 0
+            while True:
+                changed = session.changed  # before the look: no change is missed
+                while sent < len(prompt.told):
+                    sent += 1
+                    yield prompt.told[sent - 1]
+                if prompt.done.is_set():
+                    return
+                await changed.wait()
         send, receive = trio.open_memory_channel[SessionEvent](math.inf)
         session.watchers.append(send)
         if until is not None:

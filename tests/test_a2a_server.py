@@ -18,7 +18,7 @@ import pytest
 import trio
 
 import cantrip
-from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.http._serve import serve_http
 from cantrip.protocols.middleware._guard import Guard
 from cantrip.protocols.middleware._lifecycle import ServeOptions
 from cantrip.protocols.middleware._limits import SessionLimits

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cantrip
-from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.http._serve import serve_http
 from cantrip.protocols.middleware._guard import Guard
 from gates import ask_user, done
 

@@ -22,7 +22,7 @@ import trio
 from npm_packages import ensure_npm_packages
 
 import cantrip
-from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.http._serve import serve_http
 from cantrip.protocols.middleware._guard import Guard
 from gates import done
 

@@ -442,7 +442,7 @@ async def test_a_fault_after_run_started_at_a_replica_ends_with_run_error_and_a_
     cannot be told, and the run ends with RUN_ERROR and one log line."""
     from cantrip.distributed._spells import build_spell, spell_from_spec
     from cantrip.loom._loom import Loom
-    from cantrip.protocols.http._db_app import serve_http_db
+    from cantrip.protocols.http._serve import serve_http_db
 
     for name, value in stack.env.items():
         monkeypatch.setenv(name, value)

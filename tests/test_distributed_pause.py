@@ -415,7 +415,7 @@ async def test_a_childs_pause_waits_in_place_and_is_answered_from_another_proces
 async def _delegating_replica(url: str) -> AsyncIterator[tuple[httpx.AsyncClient, trio.Nursery]]:
     """``serve --db``'s app in this process, on the delegating workload: a client of it,
     and the nursery it runs in (for requests a test sends alongside)."""
-    from cantrip.protocols.http._db_app import serve_http_db
+    from cantrip.protocols.http._serve import serve_http_db
 
     queued = spell_from_factory("pause_workload:build_delegating")
     async with trio.open_nursery() as nursery:

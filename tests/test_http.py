@@ -19,7 +19,7 @@ import trio
 
 import cantrip
 from cantrip.protocols.acp._server import AcpServer
-from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.http._serve import serve_http
 from cantrip.spec import build_cantrip, parse_spec
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)

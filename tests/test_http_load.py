@@ -28,7 +28,7 @@ import trio.testing
 import cantrip
 from cantrip._outcome import recorded_cast, result_dict
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
-from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.http._serve import serve_http
 from cantrip.protocols.middleware._lifecycle import ServeOptions
 from cantrip.protocols.sessions._hub import SessionError, SessionHub
 from cantrip.protocols.sessions._idempotency import session_entity_id
@@ -859,3 +859,87 @@ async def test_with_every_kept_session_busy_a_new_session_gets_503_with_retry_af
             assert (await http.post("/sessions")).status_code == 201  # room again
         nursery.cancel_scope.cancel()
     assert [t.intent for t in spell.loom.turns] == ["a"]
+
+
+# -- one admission for both modes (issue 41, drift 11) -----------------------------------
+
+
+async def test_a_prompt_beyond_max_running_is_refused_before_it_queues() -> None:
+    """``max_running`` counts the prompts open at the server, decided before the backend
+    sees a prompt -- the same rule as a ``serve --db`` replica's: a prompt that would
+    wait its turn (``enqueue``) behind the one running is refused 503 now, and nothing
+    of it is cast. (In process it used to be taken into the line and meet the limit
+    when its turn came, if ever.)"""
+    llm = GatedLLM()
+    spell = gated_spell(llm)
+    async with serving(spell, ServeOptions(max_running=1, retry_after_s=2)) as http:
+        sid = await new_session(http)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                functools.partial(http.post, f"/sessions/{sid}/prompt", json={"prompt": "a"})
+            )
+            await llm.asked.wait()
+            refused = await http.post(
+                f"/sessions/{sid}/prompt?on_busy=enqueue", json={"prompt": "b"}
+            )
+            llm.release.set()
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "2"
+        assert refused.json()["error"]["code"] == "overloaded"
+    assert [t.intent for t in spell.loom.turns] == ["a"]
+
+
+async def test_events_resume_after_the_turn_a_last_event_id_names() -> None:
+    """``/events`` starts from now by default; a client that names a position (the
+    ``id`` of the last turn it saw, as ``Last-Event-ID``, or ``?after=``) gets the
+    recorded turns after it first, each with its position as its ``id``."""
+    llm = GatedLLM()
+    llm.release.set()
+    spell = gated_spell(llm)
+    async with serving(spell) as http:
+        sid = await new_session(http)
+        for intent in ("one", "two", "three"):
+            await http.post(f"/sessions/{sid}/prompt", json={"prompt": intent})
+
+        async def first_events(**options: Any) -> list[str]:
+            lines: list[str] = []
+            async with http.stream("GET", f"/sessions/{sid}/events", **options) as response:
+                async for line in response.aiter_lines():
+                    lines.append(line)
+                    if '"final_response"' in line and '"three"' in line:
+                        return lines
+            raise AssertionError(lines)
+
+        with trio.fail_after(20):
+            resumed = await first_events(headers={"Last-Event-ID": "1"})
+            again = await first_events(params={"after": "2"})
+        bad = await http.get(f"/sessions/{sid}/events", headers={"Last-Event-ID": "x"})
+    ids = [line for line in resumed if line.startswith("id: ")]
+    assert ids == ["id: 2", "id: 3"]
+    finals = [json.loads(line[6:])["result"] for line in resumed if '"final_response"' in line]
+    assert finals == ["two", "three"]
+    assert [line for line in again if line.startswith("id: ")] == ["id: 3"]
+    assert bad.status_code == 400
+
+
+def test_a_prompt_admitted_holds_its_place_before_its_cast_begins() -> None:
+    """``SessionHub.admit`` decides every refusal at once and puts the prompt in its
+    session's line, so a second prompt is ``busy`` (or waits behind it) before the first
+    one's cast has begun -- the in-process backend's ``submit`` answers a refusal without
+    counting on when trio runs the cast's task."""
+    llm = GatedLLM()
+    hub = SessionHub(gated_spell(llm))
+    session = hub.new()
+    first = hub.admit(session, "a", key="k-a")
+    assert first.action == "cast" and not first.prompt.waiting
+    with pytest.raises(SessionError) as busy:
+        hub.admit(session, "b")
+    assert busy.value.kind == "busy"
+    with pytest.raises(SessionError) as reused:
+        hub.admit(session, "other", key="k-a", on_busy="enqueue")
+    assert reused.value.kind == "key_reused"
+    again = hub.admit(session, "a", key="k-a")  # the same prompt, in line: joined
+    assert again.action == "join" and again.prompt is first.prompt
+    second = hub.admit(session, "b", on_busy="enqueue")
+    assert second.action == "cast" and second.prompt.waiting
+    assert session.waiting == [first.prompt, second.prompt]
+    assert llm.queries == 0  # nothing was cast

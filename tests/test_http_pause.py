@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import cantrip
-from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.http._serve import serve_http
 from gates import done
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)

@@ -25,8 +25,8 @@ import trio
 
 import cantrip
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
-from cantrip.protocols.http._app import HttpApp
-from cantrip.protocols.http._shell import serve_asgi
+from cantrip.protocols.http._serve import process_server, serve_asgi
+from cantrip.protocols.middleware._arriving import arrivals
 from cantrip.protocols.middleware._guard import Guard
 from gates import done, echo
 
@@ -89,12 +89,13 @@ async def test_a_thousand_abandoned_streams_leave_no_sockets_and_no_growth() -> 
         identity=cantrip.Identity(system_prompt="soak"),
         circle=cantrip.Circle([done, echo], [cantrip.max_turns(3)]),
     )
-    app = HttpApp(spell)  # served as serve_http serves it, kept at hand to see its hub
-    async with trio.open_nursery() as nursery:
+    server = process_server(spell)  # served as serve_http serves it, its hub at hand
+    app, backend = server.app, server.backend
+    async with backend.running(), trio.open_nursery() as nursery:
         binds = await nursery.start(
             lambda task_status: serve_asgi(
                 app,
-                Guard().wrap(app, app.arriving),
+                arrivals(Guard().wrap(app), backend.announce),
                 "127.0.0.1",
                 0,
                 shutdown_trigger=None,
@@ -128,11 +129,11 @@ async def test_a_thousand_abandoned_streams_leave_no_sockets_and_no_growth() -> 
                 while open_fds() > baseline:
                     await trio.sleep(0.01)
             after = open_fds()
-            assert app.hub.running == PER_ROUND  # ...while every cast still runs
+            assert backend.hub.running == PER_ROUND  # ...while every cast still runs
             llm.release.set()
             with trio.fail_after(60):
-                await app.hub._idle.wait()  # and ends, recorded
-                while app._casts is not None and app._casts.child_tasks:
+                await backend.hub._idle.wait()  # and ends, recorded
+                while backend.nursery is not None and backend.nursery.child_tasks:
                     await trio.sleep(0.01)  # (their tasks' last checkpoint)
             llm.release = trio.Event()
             return after

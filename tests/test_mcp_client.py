@@ -559,7 +559,7 @@ def test_a_circle_refuses_a_provider_that_is_not_one() -> None:
 async def test_an_http_session_keeps_its_mcp_session_across_prompts(tmp_path: Path) -> None:
     import httpx
 
-    from cantrip.protocols.http._app import serve_http
+    from cantrip.protocols.http._serve import serve_http
 
     log = tmp_path / "m"
     s = spell(

@@ -274,7 +274,7 @@ async def test_answered_over_http_while_the_prompt_runs(tmp_path: Path) -> None:
     naming the field, the right one lets the prompt finish."""
     import httpx
 
-    from cantrip.protocols.http._app import serve_http
+    from cantrip.protocols.http._serve import serve_http
 
     log = tmp_path / "marks"
     s = spell([call("asking_book", city="Rome"), finish("done")], asking(log))

@@ -418,7 +418,8 @@ async def test_a_calls_session_is_let_go_of_when_its_prompt_ends() -> None:
     from cantrip.protocols.mcp_server._calls import drive
     from cantrip.protocols.sessions import ProcessBackend
 
-    async with ProcessBackend.serving(make_spell(BOOKING)) as backend:
+    backend = ProcessBackend.serving(make_spell(BOOKING))
+    async with backend.running():
         info, _ = await backend.create()
         entity = backend.hub.sessions[info.session_id].entity
         submitted = await backend.submit(info.session_id, "book")

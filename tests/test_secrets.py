@@ -25,7 +25,7 @@ from fake_providers import Answer, Call, FakeOpenAI, Request, Sender, serve
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.http._serve import serve_http
 from cantrip.spec import build_cantrip, load_spec_file
 
 CANTRIP = str(Path(sys.executable).with_name("cantrip"))

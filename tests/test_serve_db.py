@@ -87,16 +87,18 @@ class Stack:
         self.workers.append(worker)
         return worker
 
-    def start_replica(self, spec: Path | None = None, *, token: str | None = None) -> str:
+    def start_replica(
+        self, spec: Path | None = None, *, token: str | None = None, options: tuple[str, ...] = ()
+    ) -> str:
         """A `serve --db` replica on a free port, once its /health answers (with ``token``
-        when one is given: then the replica requires it)."""
+        when one is given: then the replica requires it; ``options``: more flags)."""
         port = _free_port()
         auth = ("--token", token) if token is not None else ()
         headers = {"authorization": f"Bearer {token}"} if token is not None else {}
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "cantrip", "serve", str(spec or self.spec)),
-                *("--db", self.url, "--port", str(port), "--grace-s", "1", *auth),
+                *("--db", self.url, "--port", str(port), "--grace-s", "1", *auth, *options),
             ],
             env=self.env,
             stdout=subprocess.DEVNULL,
@@ -335,6 +337,32 @@ async def test_the_events_stream_of_one_replica_shows_a_prompt_sent_to_another(
                     assert data["result"] == "watched ok #1"
                     break
     assert seen == [1, 2, 3]
+
+
+async def test_events_at_another_replica_resume_after_the_turn_a_last_event_id_names(
+    stack: Stack,
+) -> None:
+    """``/events`` from a position, as in process
+    (``tests/test_http_load.py::test_events_resume_after_the_turn_a_last_event_id_names``):
+    a client that reconnects to any replica with the ``id`` of the last turn it saw gets
+    the recorded turns after it first, each with its position as its ``id``."""
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        for intent in ("one", "two"):
+            await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": intent})
+        lines: list[str] = []
+        with trio.fail_after(30):
+            headers = {"Last-Event-ID": str(TURNS - 1)}
+            async with on_b.stream("GET", f"/sessions/{sid}/events", headers=headers) as events:
+                async for line in events.aiter_lines():
+                    lines.append(line)
+                    if '"final_response"' in line and "two ok" in line:
+                        break
+    ids = [int(line[4:]) for line in lines if line.startswith("id: ")]
+    assert ids == list(range(TURNS, 2 * TURNS + 1))
+    finals = [json.loads(line[6:])["result"] for line in lines if '"final_response"' in line]
+    assert finals == ["one ok #1", "two ok #2"]
 
 
 async def test_a_streamed_prompt_whose_client_hangs_up_is_cancelled_when_asked(
@@ -1123,10 +1151,10 @@ async def test_an_idempotency_key_is_checked_as_the_document_publishes_it(stack:
     assert check_key("  ok-key_1  ") == "ok-key_1"
 
 
-def test_the_in_process_server_says_it_runs_the_entities_itself() -> None:
+async def test_the_in_process_server_says_it_runs_the_entities_itself() -> None:
     import cantrip
     from cantrip.protocols.asgi._openapi import Health
-    from cantrip.protocols.http._app import HttpApp
+    from cantrip.protocols.http._serve import process_app
     from gates import done
 
     spell = cantrip.Cantrip(
@@ -1134,7 +1162,7 @@ def test_the_in_process_server_says_it_runs_the_entities_itself() -> None:
         identity=cantrip.Identity(),
         circle=cantrip.Circle([done], [cantrip.max_turns(2)]),
     )
-    health = HttpApp(spell)._health()
+    health = await process_app(spell)._health()
     assert health["mode"] == "process"
     Health.model_validate(health)  # the published shape, both modes
 

@@ -561,3 +561,28 @@ async def test_one_cast_takes_a_bounded_number_and_size_of_messages_across_repli
             assert (await on_b.post(f"/sessions/{sid}/cancel")).json()["cancelled"] is True
         assert first[0].status_code == 200, first[0].text
     assert sorted(text for (text,) in stored) == sorted(accepted)
+
+
+async def test_a_prompt_beyond_max_running_at_a_replica_is_refused_before_it_queues(
+    stack: Stack,
+) -> None:
+    """One admission for both modes (drift 11), as in process
+    (``tests/test_http_load.py::test_a_prompt_beyond_max_running_is_refused_before_it_queues``):
+    with ``--max-running 1`` a replica waiting on one prompt refuses the next -- here one
+    that would wait its turn on the same session -- 503 ``overloaded`` with
+    ``Retry-After``, before anything is queued."""
+    base = await trio.to_thread.run_sync(
+        lambda: stack.start_replica(options=("--max-running", "1"))
+    )
+    async with _client(base) as http, trio.open_nursery() as nursery:
+        sid, entity = await _new_session(http)
+        first = await _in_background(nursery, http, f"/sessions/{sid}/prompt",
+                                     {"prompt": "hold:capped first"})  # fmt: skip
+        async with _holding(stack, "capped"):
+            refused = await http.post(
+                f"/sessions/{sid}/prompt?on_busy=enqueue", json={"prompt": "second"}
+            )
+    assert refused.status_code == 503 and "retry-after" in refused.headers
+    assert refused.json()["error"]["code"] == "overloaded"
+    assert first[0].status_code == 200, first[0].text
+    assert len(await stack.query("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1

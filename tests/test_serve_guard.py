@@ -23,7 +23,7 @@ import trio
 import trio.testing
 
 import cantrip
-from cantrip.protocols.http._app import HttpApp, serve_http
+from cantrip.protocols.http._serve import process_app, serve_http
 from cantrip.protocols.middleware._guard import BindError, Guard
 from cantrip.protocols.middleware._lifecycle import ServeOptions
 from cantrip.protocols.middleware._limits import SessionLimits, make_room
@@ -347,7 +347,7 @@ async def test_a_body_that_never_arrives_times_out(autojump_clock: trio.testing.
     async def send(message: Mapping[str, Any]) -> None:
         sent.append(message)
 
-    app = Guard(body_timeout_s=30).wrap(HttpApp(make_spell()))
+    app = Guard(body_timeout_s=30).wrap(process_app(make_spell()))
     scope = {
         "type": "http",
         "method": "POST",

@@ -276,6 +276,25 @@ async def test_a_second_prompt_while_one_runs_follows_its_busy_policy(
         assert text(after) == ("second ok #1" if policy == "rollback" else "second ok #2")
 
 
+async def test_a_repeated_key_joins_the_prompt_waiting_its_turn(world: World) -> None:
+    """A key repeated while its prompt waits its turn (``enqueue``) names that prompt:
+    the repeat joins it, nothing more is queued (in process the hub used to look at the
+    running prompt only, and cast the repeat again behind it)."""
+    sid = await new_session(world)
+    backend = world.backend
+    running = await backend.submit(sid, "hold:line first")
+    async with world.holds.holding("line"):
+        queued = await backend.submit(sid, "second", key="k-line", on_busy="enqueue")
+        again = await backend.submit(sid, "second", key="k-line", on_busy="enqueue")
+        assert again.replayed and again.prompt_id == queued.prompt_id
+        with refused("key_reused"):
+            await backend.submit(sid, "other", key="k-line", on_busy="enqueue")
+    await finished(world, sid, running.prompt_id)
+    assert text(await finished(world, sid, again.prompt_id)) == "second ok #2"
+    intents = [t.intent for t in await backend.thread(sid) if t.intent]
+    assert intents == ["hold:line first", "second"]
+
+
 async def test_prompts_waiting_their_turn_run_in_the_order_they_came(world: World) -> None:
     """Five prompts enqueued behind a held one run in the order they were submitted,
     each seeing those before it (a queue is FIFO; drift 3: in process the waiters raced
@@ -590,6 +609,60 @@ async def test_events_follow_a_session_from_a_position(world: World) -> None:
     assert [e.data["sequence"] for e in turns] == [2, 3, 4, 5, 6]
     finals = [e.data["result"] for e in told if e.type == "final_response"]
     assert finals == ["One. ok #1", "Two. ok #2"]
+
+
+async def prompt_events(world: World, sid: str, prompt_id: str) -> list[SessionEvent]:
+    """Every event of one prompt's follow, which must end by itself."""
+    told: list[SessionEvent] = []
+    with trio.fail_after(60):
+        events = world.backend.follow(sid, prompt_id=prompt_id)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                told.append(event)
+    return told
+
+
+async def test_a_prompts_follow_tells_its_events_only_and_ends_with_it(world: World) -> None:
+    """``follow(prompt_id=...)`` is a prompt's own stream (the HTTP prompt stream): its
+    turns from its beginning -- called after ``submit``, when the cast may have begun
+    -- not those of the prompt it waited behind, and it ends when the prompt ends."""
+    sid = await new_session(world)
+    backend = world.backend
+    first = await backend.submit(sid, "hold:own first")
+    async with world.holds.holding("own"):
+        second = await backend.submit(sid, "second", on_busy="enqueue")
+    told = await prompt_events(world, sid, second.prompt_id)
+    steps = [e for e in told if e.type == "step_complete"]
+    assert len(steps) == 3 and all(e.turn is not None for e in steps)
+    assert [e.turn.intent for e in steps if e.turn is not None] == ["second", None, None]
+    finals = [e.data["result"] for e in told if e.type == "final_response"]
+    assert finals == ["second ok #2"]  # not the first prompt's
+    assert text(await finished(world, sid, second.prompt_id)) == "second ok #2"
+    again = await prompt_events(world, sid, first.prompt_id)  # an ended prompt: it ends
+    assert [e.data["result"] for e in again if e.type == "final_response"] in (
+        [],
+        ["hold:own first ok #1"],
+    )
+    with refused("not_found"):
+        await prompt_events(world, sid, "no-such-prompt")
+
+
+async def test_a_shutdown_leaves_no_prompt_running_here_and_its_result_is_answered(
+    world: World,
+) -> None:
+    """``shutdown(grace_s)`` returns once no prompt runs in this process: one still
+    running after the grace is cut off (reason ``shutdown``) where it runs here, and
+    goes on where it runs elsewhere (a worker); either way its result is answered."""
+    sid = await new_session(world)
+    backend = world.backend
+    held = await backend.submit(sid, "hold:stop first")
+    async with world.holds.holding("stop"):
+        with trio.fail_after(30):
+            await backend.shutdown(0.05)
+    outcome = await finished(world, sid, held.prompt_id)
+    assert outcome.cast is not None
+    expected = "done" if world.backend.capabilities.shared else "shutdown"
+    assert outcome.cast.reason == expected, outcome
 
 
 async def test_capabilities_say_what_a_backend_offers(world: World) -> None:

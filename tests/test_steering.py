@@ -14,7 +14,7 @@ import trio.testing
 import cantrip
 from cantrip import Cantrip, Circle, Identity, Loom, ScriptedLLM, max_turns
 from cantrip._chat_export import export_chat
-from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.http._serve import serve_http
 from cantrip.protocols.middleware._lifecycle import ServeOptions
 from gates import done, echo
 

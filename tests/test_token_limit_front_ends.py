@@ -13,7 +13,7 @@ import httpx
 import trio
 
 from cantrip.protocols.acp._server import AcpServer
-from cantrip.protocols.http._app import serve_http
+from cantrip.protocols.http._serve import serve_http
 from cantrip.spec import build_cantrip, parse_spec
 
 CUT = "The story is about a"

@@ -39,7 +39,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from cantrip.cli._process import command_gc
     from cantrip.cli._serve import serve_until_signal
     from cantrip.protocols.asgi._responses import set_heartbeat_s
-    from cantrip.protocols.http._app import serve_http
+    from cantrip.protocols.http._serve import serve_http
     from cantrip.protocols.middleware._guard import BindError, Guard
     from cantrip.protocols.middleware._lifecycle import ServeOptions
     from cantrip.protocols.middleware._limits import SessionLimits

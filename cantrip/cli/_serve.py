@@ -3,8 +3,10 @@
 all serve until SIGINT/SIGTERM, then drain, and all turn a port they cannot bind into one
 line for the user instead of a traceback.
 
-The commands start different servers; the signal handling, the "serving on" lines and
-the bind failure are the same, so they live here once (:func:`serve_until_signal`).
+The commands start different servers (:func:`cantrip.protocols.http._serve.serve_http`,
+:func:`cantrip.protocols.http._serve.serve_http_db`, ``cantrip mcp --http``, ``cantrip
+loom FILE view``); the signal handling, the "serving on" lines and the bind failure are
+the same, so they live here once (:func:`serve_until_signal`).
 """
 
 from __future__ import annotations

@@ -294,7 +294,7 @@ def serve_on_db(
     from cantrip.distributed._spell_secrets import check_queued_spell
     from cantrip.distributed._spells import build_spell, spell_from_spec
     from cantrip.loom._loom import Loom
-    from cantrip.protocols.http._db_app import serve_http_db
+    from cantrip.protocols.http._serve import serve_http_db
 
     try:
         spell = spell_from_spec(args.spec)

@@ -12,7 +12,8 @@ results) and A2A (:mod:`._a2a`) live here too; their client sides are
 from cantrip.protocols.acp._rpc import prompt_text
 from cantrip.protocols.acp._server import AcpServer
 from cantrip.protocols.acp._stdio import serve_stdio
-from cantrip.protocols.http._app import HttpApp, serve_http
+from cantrip.protocols.http._app import HttpApp
+from cantrip.protocols.http._serve import serve_http
 from cantrip.protocols.sessions._hub import Session, SessionError, SessionHub
 
 __all__ = [

@@ -123,7 +123,7 @@ _TEXT_FIELDS = ("prompt", "intent", "text", "content", "reason")
 checked here against the NUL the published schema excludes (``/openapi.json``). Other
 members -- an answer's free-form ``args`` for the gate, extra members of a content
 block -- are not: the in-process server hands them on as they are, and ``serve --db``
-answers a NUL there with the 400 PostgreSQL's refusal becomes (``DbHttpApp._db``)."""
+answers a NUL there with the 400 PostgreSQL's refusal becomes (``PostgresBackend._db``)."""
 
 
 def _nul_in(body: Any) -> str | None:

@@ -101,9 +101,13 @@ async def start_sse(send: Send, headers: Mapping[str, str] | None = None) -> Non
     )
 
 
-async def sse(send: Send, event: str, data: Any) -> None:
-    payload = f"event: {event}\ndata: {json.dumps(redact_value(data), default=str)}\n\n".encode()
-    await send({"type": "http.response.body", "body": payload, "more_body": True})
+async def sse(send: Send, event: str, data: Any, *, event_id: int | None = None) -> None:
+    """One event; with ``event_id``, its SSE ``id`` (a client reconnects with it as
+    ``Last-Event-ID``)."""
+    said = f"id: {event_id}\n" if event_id is not None else ""
+    payload = f"{said}event: {event}\ndata: {json.dumps(redact_value(data), default=str)}\n\n"
+    payload_bytes = payload.encode()
+    await send({"type": "http.response.body", "body": payload_bytes, "more_body": True})
 
 
 async def sse_comment(send: Send, text: str) -> None:

@@ -77,7 +77,9 @@ async def drive(
 
         async def watch(scope: trio.CancelScope, left: list[Pause]) -> None:
             nonlocal position
-            events = backend.follow(session_id, position)
+            # until the prompt has ended and its turns were told: none is missed when
+            # the result comes first
+            events = backend.follow(session_id, position, until=prompt_id)
             async with contextlib.aclosing(events):
                 async for event in events:
                     if event.turn is not None and event.position is not None:
@@ -101,16 +103,21 @@ async def drive(
                             await backend.answer(session_id, pause.pause_id, decision)
 
         ended = False
+        failed: SessionError | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch, nursery.cancel_scope, left)
-                outcome = await backend.result(session_id, prompt_id)
-                ended = True
-                nursery.cancel_scope.cancel()
+                try:
+                    outcome = await backend.result(session_id, prompt_id)
+                except SessionError as exc:  # raised out of the nursery, not in a group
+                    failed = exc
+                ended = True  # the watch ends once it has told the prompt's turns
         finally:
             if not ended and not left:  # the call was cancelled: so is its prompt
                 with trio.CancelScope(shield=True):
                     await backend.cancel(session_id, prompt_id=prompt_id)
+        if failed is not None:
+            raise failed
         if left:
             return Driven(session_id, prompt_id, None, left[0])
         cast = outcome.cast

@@ -104,7 +104,8 @@ def build_server(spell: Cantrip) -> SDKServer:
     async def lifespan(_server: Any) -> AsyncIterator[dict[str, Any]]:
         """The server's life: the session backend its casts run in, and the nursery its
         tasks are driven in (at its end every cast is cut off, recorded as cancelled)."""
-        async with ProcessBackend.serving(spell) as backend, trio.open_nursery() as nursery:
+        backend = ProcessBackend.serving(spell)
+        async with backend.running(), trio.open_nursery() as nursery:
             board.backend, board.nursery = backend, nursery
             try:
                 yield {}

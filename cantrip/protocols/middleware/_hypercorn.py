@@ -11,7 +11,7 @@ timer once the read loop has ended, so the connection closes as soon as its requ
 
 It is installed where hypercorn's trio worker builds its connections
 (``hypercorn.trio.run.TCPServer``) when :func:`install` is called -- by
-:func:`~cantrip.protocols.http._shell.serve_asgi`, not at import. The behaviour it changes
+:func:`~cantrip.protocols.http._serve.serve_asgi`, not at import. The behaviour it changes
 is hypercorn's own and only for the better (a connection nobody can use any more),
 so a process that also serves something else with hypercorn loses nothing.
 """

@@ -40,7 +40,7 @@ import attrs
 import trio
 
 from cantrip._redact import get_logger
-from cantrip.protocols.sessions._hub import SessionHub
+from cantrip.protocols.sessions._hub import SessionError, SessionHub
 
 log = get_logger("cantrip.http")
 
@@ -147,3 +147,43 @@ class Drain:
         self.begin(options.grace_s)
         await hub.shutdown(options.grace_s)
         await self.end_streams(options.answer_timeout_s)
+
+
+class Admission:
+    """Whether a server takes a prompt now: the one place ``shutting_down`` and
+    ``overloaded`` are decided, the same for every mode (drift 11: the in-process hub
+    and the ``--db`` replica each decided them, at different moments).
+
+    A prompt is refused before the backend sees it -- while the server drains, or while
+    ``max_running`` prompts are open here (``waiting``: a request waits on its result
+    or follows its stream; on ``--db`` the casts run at the workers, so what a replica
+    holds is its waits). A prompt the backend accepted is never refused afterwards."""
+
+    def __init__(self, drain: Drain, options: ServeOptions) -> None:
+        self.drain = drain
+        self.options = options
+        self.open = Tally()
+        """Prompts open at this server (``/health``'s ``running`` for a replica)."""
+
+    def check(self) -> None:
+        """Refuse a new prompt now (``SessionError``: the API maps it to 503)."""
+        if self.drain.closing:
+            raise SessionError("shutting_down", "the server is shutting down")
+        limit = self.options.max_running
+        if limit is not None and self.open.count >= limit:
+            raise SessionError(
+                "overloaded", f"{self.open.count} prompts are open here (the limit); try again"
+            )
+
+    def holding(self) -> contextlib.AbstractContextManager[None]:
+        """Count one prompt open for as long as the block runs (one admitted already:
+        an answer's continuation)."""
+        return self.open.held()
+
+    @contextmanager
+    def admit(self) -> Iterator[None]:
+        """:meth:`check`, then count the prompt open while the block runs (no
+        checkpoint between: two requests cannot both take the last place)."""
+        self.check()
+        with self.open.held():
+            yield

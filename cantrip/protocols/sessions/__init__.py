@@ -12,8 +12,8 @@ turns them into contract tests one by one).
 Phase 2, in this order (each step keeps every existing test green in both modes):
 
 1. *Remove the drifts in the backends*, each ``test_drift_*`` turned into a contract
-   test as it goes (done: drifts 1 to 7, see :mod:`._backend`; left: 10, 11, 12
-   and the split of ``SessionHub.prompt``): ``DbSessions.cancel`` cuts
+   test as it goes (done: drifts 1 to 7, 11 and 12 and the split of
+   ``SessionHub.prompt``, see :mod:`._backend`; left: 10): ``DbSessions.cancel`` cuts
    off the work it names only
    (``cancel_on(..., work_id=...)``: drift 1, a bug); ``SessionHub`` keeps a bounded
    record of ended prompt ids (``ended``, drift 4), gives an answer's continuation a
@@ -26,11 +26,11 @@ Phase 2, in this order (each step keeps every existing test green in both modes)
    refusal, no checkpoint) and running, so :class:`ProcessBackend` stops relying on
    ``nursery.start``'s scheduling. Move ``overloaded``/``shutting_down`` and the 503
    for a lost database to the lifecycle middleware (drifts 11, 12).
-2. *HTTP* onto the seam: ``_shell.py``'s routes call a ``SessionBackend`` instead of
-   twenty hooks; ``_http.py`` and ``_db_http.py`` become one ``http`` module (prompt
-   result, prompt stream, ``/events`` from ``follow``, which gains ``Last-Event-ID``
-   from the position for free). ``bench/serve_load.py`` and ``bench/serve_db.py``
-   measured before and after.
+2. *HTTP* onto the seam (done): one :class:`~cantrip.protocols.http._app.HttpApp`
+   over a ``SessionBackend`` for both modes (prompt result, prompt stream from
+   ``follow(prompt_id=...)``, ``/events`` from ``follow`` with ``Last-Event-ID``);
+   ``_shell.py``'s hooks, ``_db_app.py`` and ``_replica.py`` deleted; drifts 11 and 12
+   removed; ``SessionHub.prompt`` split into ``admit`` and ``run``.
 3. *AG-UI* (done): ``agui/_hub.py`` and ``agui/_db.py`` became one run over the
    seam, ``agui/_run.py``; the seam's ``submit`` grew the client's tools (offered by
    the hub as a prompt starts in process, ``CLIENT_TOOLS_KEY`` in the queued spell on

@@ -4,11 +4,10 @@ Every front end (the HTTP API, AG-UI, A2A, the viewer's API, ``cantrip mcp``'s s
 side, ACP) asks the same few things of the place its sessions live; today each asks
 them twice, once of the in-process :class:`~cantrip.protocols.sessions._hub.SessionHub`
 and once of ``serve --db``'s :class:`~cantrip.protocols.sessions._rows.DbSessions`
-(reached through :class:`~cantrip.protocols.http._shell.ServerShell`'s hooks, typed
-``Any``, and :class:`~cantrip.protocols.http._replica.Replica`; A2A's handler,
-:class:`~cantrip.protocols.a2a._handler.A2AHandler`, speaks to this seam alone).
-:class:`SessionBackend` says it once, typed: sessions are named by id (a string),
-never handed out as objects, and every answer is one of the values below. Two adapters
+(reached, before phase 2, through the HTTP server shell's hooks, typed ``Any``,
+A2A's handler's hooks and the replica protocol).
+:class:`SessionBackend` says it once, typed: sessions are named by id (a string), never
+handed out as objects, and every answer is one of the values below. Two adapters
 implement it over today's code (:mod:`._process`, :mod:`._postgres`);
 ``tests/test_session_backend_contract.py`` runs one set of tests against both and
 against a double that implements it alone.
@@ -118,17 +117,28 @@ fails the day phase 2 removes the drift by moving the protocols onto this seam)
     it begins and recorded on its first turn, shown before its intent -- the model
     answers the intent, not the message. Seen once in this suite's first runs (a cast
     that ran to ``max_turns``); the contract steers once the first turn is recorded.
-11. *Where refusals are decided*: ``overloaded``/``shutting_down`` are the hub's in
-    process (a prompt waiting its turn meets them when its turn comes) and the
-    replica's on PostgreSQL (``DbHttpApp._enqueue``, before queuing); ``DbSessions``
-    has neither. ``HttpApp._stream_prompt`` repeats the hub's ``busy`` check to answer
-    409 before its stream starts. Lifecycle, not sessions: not in the contract.
-12. *Errors from below*: the ``--db`` front ends get the database's failures as
-    :class:`~cantrip.protocols.asgi._responses.HttpError` (``DbHttpApp._db``); in process
-    they catch :class:`~cantrip.protocols.sessions._hub.SessionError`. The seam raises
-    ``SessionError`` and :class:`~cantrip.PauseError` only. Removed for AG-UI and A2A
-    (phase 2, steps 3 and 4): one run and one handler over the seam; A2A maps those two
-    to JSON-RPC errors once (:func:`cantrip.protocols.a2a._handler.protocol_errors`);
+11. *Where refusals are decided* -- removed (phase 2): ``overloaded``/``shutting_down``
+    were the hub's in process (a prompt waiting its turn met them when its turn came)
+    and the replica's on PostgreSQL (before queuing); ``HttpApp._stream_prompt``
+    repeated the hub's ``busy`` check. Now the server decides them in one place for
+    both modes, before the backend sees a prompt
+    (:class:`~cantrip.protocols.middleware._lifecycle.Admission`), and ``busy`` is the
+    backend's ``submit``'s, answered before a stream starts.
+    ``tests/test_http_load.py::test_a_prompt_beyond_max_running_is_refused_before_it_queues``.
+    In process ``SessionHub.admit`` decides every refusal of a prompt with no
+    checkpoint (``SessionHub.prompt`` = ``admit`` + ``run``), so ``submit`` answers it
+    without counting on trio's scheduling
+    (``test_a_prompt_admitted_holds_its_place_before_its_cast_begins``).
+12. *Errors from below* -- removed (phase 2): the ``--db`` server got the database's
+    failures as ``HttpError`` (``DbHttpApp._db``). Now :class:`PostgresBackend` raises
+    them as :class:`SessionError` kinds (``database_unavailable``, ``database_error``,
+    ``bad_request``; ``cast_dead_lettered``), which one status table answers
+    (:mod:`cantrip.protocols.http._errors`); the HTTP API catches nothing else.
+    ``tests/test_serve_db.py`` (``database_unavailable``) and
+    ``tests/test_serve_db_faults.py`` (``cast_dead_lettered``) through the one app.
+    AG-UI and A2A are one run and one handler over the seam (phase 2, steps 3 and 4);
+    A2A maps the two errors to JSON-RPC errors once
+    (:func:`cantrip.protocols.a2a._handler.protocol_errors`);
     ``tests/test_a2a_modes.py`` runs its refusals against both modes.
 13. *What one mode lacks*: A2A push notifications and the viewer's fork are in process
     only (``capabilities``; the viewer reads either mode's loom through ``read_loom``
@@ -249,7 +259,10 @@ class Cancelled:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in attrs.asdict(self).items() if v is not None or k == "cancelled"}
+        """The API's shape: what a cancel cut off says its id, intent and key (even
+        when unknown yet: null); other answers carry only what they name."""
+        kept = {"cancelled", "prompt_id", "intent", "idempotency_key"} if self.cancelled else set()
+        return {k: v for k, v in attrs.asdict(self).items() if v is not None or k in kept}
 
 
 @attrs.frozen
@@ -348,10 +361,12 @@ def capabilities_table(columns: Sequence[tuple[str, Capabilities]]) -> str:
 
 class SessionBackend(Protocol):
     """Where sessions live and casts run; see the module docstring. Every method
-    raises :class:`SessionError` for a request it cannot serve (``kind``:
-    ``not_found``, ``busy``, ``not_running``, ``key_reused``, ``steering_full``,
-    ``cast_failed``, ``bad_tools``) and :class:`~cantrip.PauseError` for an answer to a
-    pause that is not waiting."""
+    raises :class:`~cantrip.protocols.sessions._hub.SessionError` for a request it cannot
+    serve (``kind``: ``not_found``, ``busy``, ``not_running``, ``key_reused``,
+    ``steering_full``, ``cast_failed``, ``cast_dead_lettered``, ``bad_tools``; where storage fails:
+    ``database_unavailable``, ``database_error``, ``bad_request``) and
+    :class:`~cantrip.PauseError` for an answer to a pause that is not waiting -- nothing
+    else (no HTTP status: the front end maps kinds, drift 12)."""
 
     @property
     def capabilities(self) -> Capabilities: ...
@@ -406,12 +421,22 @@ class SessionBackend(Protocol):
     ) -> Cancelled: ...
 
     def follow(
-        self, session_id: str, after: int = 0, *, until: str | None = None
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        until: str | None = None,
+        prompt_id: str | None = None,
     ) -> AsyncGenerator[SessionEvent, None]:
         """The session's turns after its ``after``-th (recorded ones first), then its
         events as they happen, for as long as the caller iterates -- or, with ``until``
         (a prompt id of the session, ``not_found`` otherwise), until that prompt has
-        ended and its turns were told."""
+        ended and its turns were told.
+
+        With ``prompt_id`` (one :meth:`submit` or :meth:`answer` returned): that
+        prompt's events only, from its beginning, ending when it ends (a pause it ended
+        waiting on comes before the end) -- a prompt's own stream; ``after`` is not
+        used and a turn's ``position`` may be None (``not_found``: no such prompt)."""
         ...
 
     async def pauses(self, session_id: str) -> list[Pause]: ...
@@ -478,4 +503,9 @@ class SessionBackend(Protocol):
     async def cancel_waiting_task(self, task_id: str, prompt_id: str) -> TaskRecord | None:
         """Mark the task, waiting for input at ``prompt_id``, cancelled; None if it
         moved on or was cancelled meanwhile."""
+
+    async def shutdown(self, grace_s: float) -> None:
+        """The server stops: prompts running in this process get ``grace_s`` to end,
+        then are cut off (reason ``shutdown``); returns once none runs here. A backend
+        whose casts run elsewhere (workers) returns at once: they go on."""
         ...

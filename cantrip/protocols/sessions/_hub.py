@@ -43,21 +43,10 @@ from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._core import Entity
 from cantrip._errors import CantripError, ConstructionError
-from cantrip._events import (
-    FinalResponse,
-    GateProgress,
-    MessageComplete,
-    PauseEvent,
-    StepComplete,
-    StepStart,
-    ToolResultEvent,
-    UsageEvent,
-)
 from cantrip._gate import Gate
 from cantrip._outcome import CastResult, recorded_cast
-from cantrip._redact import get_logger, redact_value
-from cantrip.llm._contract import plain_json
-from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
+from cantrip._redact import get_logger
+from cantrip.llm._stream import Event
 from cantrip.loom._model import Turn
 from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import ENTITY_PREFIX as ENTITY_PREFIX
@@ -69,6 +58,9 @@ from cantrip.protocols.sessions._idempotency import (
     keyed_prompt_id,
     session_entity_id,
 )
+from cantrip.protocols.sessions._shapes import EVENT_TYPES as EVENT_TYPES  # re-exported
+from cantrip.protocols.sessions._shapes import event_dict as event_dict
+from cantrip.protocols.sessions._shapes import turn_dict as turn_dict
 
 log = get_logger("cantrip.sessions")
 
@@ -103,6 +95,9 @@ class Prompt:
     cancel_requested: bool = False
     """A cancel named it (or found it arriving): it ends as it would start, with nothing
     recorded (:meth:`SessionHub._withdraw`)."""
+    submitted: bool = False
+    """Its request reached the backend's ``submit`` (an announced prompt is withdrawn
+    from ``Session.arriving`` when its request ends only if it never did)."""
     waiting: bool = False
     """It waits its turn behind the session's running prompt (``enqueue``, or the
     interrupted one ending): a cancel finds it ``queued``, as on PostgreSQL."""
@@ -119,6 +114,26 @@ class Prompt:
         if key is not None and key != self.key:
             return False
         return prompt_id is not None or key is not None
+
+
+@attrs.frozen
+class Admitted:
+    """A prompt :meth:`SessionHub.admit` accepted, and what :meth:`SessionHub.run`
+    is to do with it."""
+
+    prompt: Prompt
+    """The prompt cast, or joined (``join``: the open one with the same key)."""
+    action: str
+    """``cast``, ``join`` or ``replay`` (nothing is cast: the recorded result)."""
+    recorded: CastResult | None = None
+    """What a ``replay`` returns (None: the keyed prompt was cut off before it began)."""
+    on_busy: str = "reject"
+
+
+def _key_reused(key: str) -> SessionError:
+    return SessionError(
+        "key_reused", f"Idempotency-Key {key!r} was used for a different prompt on this session"
+    )
 
 
 MAX_ARMED_KEYS = 64
@@ -355,7 +370,9 @@ class SessionHub:
         handle: Prompt | None = None,
     ) -> CastResult | None:
         """One cast on the session's entity; ``None`` if it was cancelled before it
-        produced a result. A second prompt while one runs (double-texting) follows
+        produced a result: :meth:`admit`, then :meth:`run`.
+
+        A second prompt while one runs (double-texting) follows
         ``on_busy``: ``reject`` ("busy"), ``enqueue`` (it runs when the running one
         has ended), ``interrupt`` (the running cast is cancelled -- recorded, reason
         ``interrupted`` -- and this one runs with both in the history) or ``rollback``
@@ -371,42 +388,78 @@ class SessionHub:
         A runtime crash of the entity (not a gate failure, not an LLM error) is
         raised to the caller, and the session's entity is resumed from the loom
         -- what a supervisor does for a crashed child."""
+        admitted = self.admit(session, intent, key=key, on_busy=on_busy, handle=handle)
+        return await self.run(session, admitted, on_event)
+
+    def admit(
+        self,
+        session: Session,
+        intent: str,
+        *,
+        key: str | None = None,
+        on_busy: str = "reject",
+        handle: Prompt | None = None,
+    ) -> Admitted:
+        """Every refusal of a prompt, decided at once (no checkpoint): ``key_reused``,
+        ``busy`` (``reject`` while one runs or waits), an unknown policy,
+        ``shutting_down``. What it returns says what :meth:`run` does: join the running
+        prompt with this key, replay the recorded one, or cast -- the prompt is in the
+        session's line from now, so a prompt admitted after it is ``busy`` or waits
+        behind it, whenever either's :meth:`run` begins."""
         if key is not None:
-            current = session.current
-            if current is not None and current.key == key:
-                if current.intent != intent:
-                    raise SessionError(
-                        "key_reused",
-                        f"Idempotency-Key {key!r} was used for a different prompt on this session",
-                    )
+            open_ = [p for p in (session.current, *session.waiting) if p is not None]
+            same = next((p for p in open_ if p.key == key), None)  # running, or in line
+            if same is not None:
+                if same.intent != intent:
+                    raise _key_reused(key)
                 if handle is not None:
-                    handle.id = current.id  # this request is that prompt
-                await current.done.wait()
-                if current.error is not None:
-                    raise current.error
-                return current.outcome
+                    handle.id = same.id  # this request is that prompt
+                return Admitted(same, "join")
             if key in session.unstarted:  # cut off before it started: nothing to replay
                 if session.unstarted[key] != intent:
-                    raise SessionError(
-                        "key_reused",
-                        f"Idempotency-Key {key!r} was used for a different prompt on this session",
-                    )
-                return None
+                    raise _key_reused(key)
+                return Admitted(handle or Prompt(intent, key), "replay")
             recorded = self.replay(session, intent, key)
             if recorded is not None:
-                return recorded
+                return Admitted(handle or Prompt(intent, key), "replay", recorded)
         if handle is None:
             handle = Prompt(intent, key)
             if key is not None:
                 handle.id = keyed_prompt_id(session.entity_id, key)
         prompt = handle
         prompt.intent, prompt.key = intent, key
-        if session.running is not None or session.waiting:
-            prompt.waiting = True
-            await self._make_way(session, on_busy, prompt)  # (a cancel may name it meanwhile)
-            # it leaves the line here and runs with no checkpoint between: no waiter
-            # behind it can start first
-            self._leave_line(session, prompt)
+        busy = session.running is not None or bool(session.waiting)
+        if busy and on_busy == "reject":
+            raise SessionError("busy", f"session {session.id} is already running a prompt")
+        if on_busy not in ("reject", "enqueue", "interrupt", "rollback"):
+            raise ValueError(f"unknown on_busy policy {on_busy!r}")
+        if not self.accepting:
+            raise SessionError("shutting_down", "the server is shutting down")
+        prompt.waiting = busy
+        session.waiting.append(prompt)  # in line from now (FIFO)
+        return Admitted(prompt, "cast", on_busy=on_busy)
+
+    async def run(
+        self,
+        session: Session,
+        admitted: Admitted,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> CastResult | None:
+        """Carry out what :meth:`admit` decided: wait for the joined prompt, return the
+        replayed result, or wait the prompt's turn and cast it."""
+        prompt = admitted.prompt
+        if admitted.action == "join":
+            await prompt.done.wait()
+            if prompt.error is not None:
+                raise prompt.error
+            return prompt.outcome
+        if admitted.action == "replay":
+            return admitted.recorded
+        key, intent = prompt.key, prompt.intent
+        await self._make_way(session, admitted.on_busy, prompt)  # (a cancel may name it)
+        # it leaves the line here and runs with no checkpoint between: no waiter
+        # behind it can start first
+        self._leave_line(session, prompt)
         if session.cancel_until is not None:
             if trio.current_time() <= session.cancel_until:
                 prompt.cancel_requested = True  # the cancel of the next prompt: this one
@@ -487,15 +540,13 @@ class SessionHub:
         log.info("session %s: prompt %s cut off before it started", session.id, prompt.id)
 
     async def _make_way(self, session: Session, on_busy: str, prompt: Prompt) -> None:
-        """Double-texting: what a prompt does about the one running (see :meth:`prompt`).
-        Returns once the session is free and ``prompt`` is first in line: waiters are
-        served in the order they came (``Session.waiting``), not the first to wake."""
-        if on_busy == "reject":
-            raise SessionError("busy", f"session {session.id} is already running a prompt")
-        if on_busy not in ("enqueue", "interrupt", "rollback"):
-            raise ValueError(f"unknown on_busy policy {on_busy!r}")
+        """Double-texting: what a prompt in line does about the one running (see
+        :meth:`prompt`). Returns once the session is free and ``prompt`` is first in
+        line: waiters are served in the order they came (``Session.waiting``), not the
+        first to wake (at once for a prompt alone in line)."""
         rewind_to: list[str | None] = []
-        session.waiting.append(prompt)
+        if prompt not in session.waiting:
+            session.waiting.append(prompt)
         try:
             while session.running is not None or session.waiting[0] is not prompt:
                 current = session.current
@@ -687,78 +738,3 @@ def _cancelled(target: str, prompt: Prompt) -> dict[str, Any]:
         "intent": prompt.intent or None,
         "idempotency_key": prompt.key,
     }
-
-
-# -- JSON shapes -------------------------------------------------------------------
-
-
-def turn_dict(turn: Turn) -> dict[str, Any]:
-    return redact_value(turn.to_dict())  # type: ignore[no-any-return]
-
-
-def event_dict(event: Event) -> dict[str, Any]:
-    """A streaming event as JSON: ``{"type": ..., "entity_id": ..., ...}``."""
-    data: dict[str, Any] = {"type": EVENT_TYPES.get(type(event), type(event).__name__)}
-    data["entity_id"] = event.entity_id
-    if isinstance(event, StepStart):
-        data["sequence"] = event.sequence
-    elif isinstance(event, MessageStart):
-        data["attempt"] = event.attempt
-    elif isinstance(event, TextDelta | ThinkingDelta):
-        data["text"] = event.text
-    elif isinstance(event, ToolCallEvent):
-        data.update(
-            call_id=event.call_id,
-            name=event.name,
-            arguments=plain_json(event.arguments),
-            final=event.final,
-        )
-    elif isinstance(event, MessageComplete):
-        response = event.response
-        data.update(
-            content=response.content,
-            tool_calls=[
-                {"id": c.id, "name": c.name, "arguments": plain_json(c.arguments)}
-                for c in response.tool_calls
-            ],
-        )
-    elif isinstance(event, UsageEvent):
-        data["usage"] = event.usage.to_dict()
-    elif isinstance(event, ToolResultEvent):
-        data["record"] = event.record.to_dict()
-    elif isinstance(event, StepComplete):
-        if event.turn is not None:
-            turn = event.turn
-            data.update(
-                turn_id=turn.id,
-                sequence=turn.sequence,
-                terminated=turn.terminated,
-                truncated=turn.truncated,
-                reason=turn.reason,
-                observation=turn.observation,
-            )
-    elif isinstance(event, FinalResponse):
-        data["result"] = plain_json(event.result)
-    elif isinstance(event, PauseEvent) and event.pause is not None:
-        data["pause"] = event.pause.to_dict()
-    elif isinstance(event, GateProgress):
-        data.update(
-            gate=event.gate, progress=event.progress, total=event.total, message=event.message
-        )
-    return redact_value(data)  # type: ignore[no-any-return]
-
-
-EVENT_TYPES: dict[type[Event], str] = {
-    StepStart: "step_start",
-    MessageStart: "message_start",
-    TextDelta: "text_delta",
-    ThinkingDelta: "thinking_delta",
-    ToolCallEvent: "tool_call",
-    MessageComplete: "message_complete",
-    UsageEvent: "usage",
-    ToolResultEvent: "tool_result",
-    StepComplete: "step_complete",
-    FinalResponse: "final_response",
-    PauseEvent: "pause",
-    GateProgress: "gate_progress",
-}

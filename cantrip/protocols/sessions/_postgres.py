@@ -8,9 +8,15 @@ session is :func:`~cantrip.protocols.sessions._tail.follow`'s, waking is the
 the seam's shape only: blocking calls in threads behind the store's limiter, a prompt
 id for each work item, events with positions.
 
-Not here (phase 2 moves them, one copy each): the replica's wait count and drain
-(``DbHttpApp._waits``, ``.drain``: the server's lifecycle), and its boundary that turns
-a lost database into 503 (``DbHttpApp._db``): here a database error is raised as it is.
+The database's failures are this backend's boundary (drift 12): a lost connection is a
+:class:`SessionError` ``database_unavailable`` (said once in the log, and once again when
+a call succeeds), input PostgreSQL cannot hold ``bad_request``, any other database error
+``database_error`` -- a front end maps kinds to its statuses, never a psycopg error.
+Waiting on a prompt (:meth:`PostgresBackend.result`, a prompt's :meth:`follow`) waits a
+lost database out instead: the cast goes on at its worker once it is back.
+
+Not here: the replica's wait count, ``max_running`` and drain -- the server's lifecycle
+(:mod:`cantrip.protocols.middleware._lifecycle`), the same for both modes.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from cantrip._approval import Decision, Pause
 from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
 from cantrip._errors import ConstructionError
 from cantrip._events import FinalResponse, PauseEvent, StepComplete
-from cantrip.distributed._work import DEAD
+from cantrip._redact import get_logger
+from cantrip.distributed._outage import Outage, is_connection_error
+from cantrip.distributed._work import DEAD, PAUSED
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
@@ -58,6 +66,11 @@ from cantrip.protocols.sessions._task_rows import TaskRows
 
 T = TypeVar("T")
 
+log = get_logger("cantrip.sessions")
+
+DB_UNAVAILABLE = "database_unavailable"
+"""The :class:`SessionError` kind of a call made while the database is unreachable."""
+
 
 CAPABILITIES = Capabilities(
     mode="db",
@@ -81,6 +94,7 @@ class PostgresBackend:
         *,
         poll_s: float = 2.0,
         tail_s: float = 0.25,
+        humans: bool = True,
     ) -> None:
         self.db = sessions
         self.notifier = notifier
@@ -88,8 +102,13 @@ class PostgresBackend:
         """The queued spell every prompt is enqueued with."""
         self.poll_s = poll_s
         self.tail_s = tail_s
+        self.humans = humans
+        """Whether the served circle may pause for a human (if not, no stream asks
+        the database for pauses)."""
         self.waiting = 0
-        """Results this backend is waiting on (``health``)."""
+        """Prompts this backend is waiting on, for a result or a prompt's stream
+        (``health``)."""
+        self._outage = Outage("serve --db", log)
         self._task_rows: TaskRows | None = None
         self.loom = Loom(sessions.store, journal=True)
         """The loom the workers record in (every read a query: always fresh)."""
@@ -97,11 +116,19 @@ class PostgresBackend:
     @classmethod
     @contextlib.asynccontextmanager
     async def open(
-        cls, url: str, spell: Mapping[str, Any], *, sticky_cancel_s: float = 5.0, **options: float
+        cls,
+        url: str,
+        spell: Mapping[str, Any],
+        *,
+        sticky_cancel_s: float = 5.0,
+        max_connections: int = 8,
+        **options: Any,
     ) -> AsyncIterator[PostgresBackend]:
         """The backend on the database at ``url`` (its tables made if missing) while the
         block runs, with its LISTEN connection."""
-        store = await trio.to_thread.run_sync(lambda: PostgresStore(url, max_connections=8))
+        store = await trio.to_thread.run_sync(
+            lambda: PostgresStore(url, max_connections=max_connections)
+        )
         try:
             sessions = await trio.to_thread.run_sync(
                 lambda: DbSessions(store, sticky_cancel_s=sticky_cancel_s)
@@ -120,8 +147,50 @@ class PostgresBackend:
         return CAPABILITIES
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
-        """A blocking database call in a thread, behind the store's limiter."""
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.db.store.limiter)
+        """A blocking database call in a thread, behind the store's limiter; its
+        failure as a :class:`SessionError` (see the module docstring).
+
+        The boundary of the database (issue 28.5, 29.2): a lost connection is said once
+        in the log (and once again when a call succeeds) and the pool's broken
+        connections are dropped; input PostgreSQL cannot hold (``DataError``) and any
+        other database error are logged once here."""
+        import psycopg
+
+        limiter = self.db.store.limiter
+        try:
+            result = await trio.to_thread.run_sync(fn, *args, limiter=limiter)
+        except Exception as exc:
+            if isinstance(exc, psycopg.DataError):
+                log.info("input the database cannot hold: %s", _first_line(exc))
+                raise SessionError(
+                    "bad_request", f"the database cannot hold this input: {_first_line(exc)}"
+                ) from None
+            if not is_connection_error(exc):
+                if isinstance(exc, psycopg.Error):
+                    log.error("database error (%s): %s", type(exc).__name__, _first_line(exc))
+                    raise SessionError(
+                        "database_error", f"the database failed: {type(exc).__name__}"
+                    ) from None
+                raise
+            self._outage.failed(exc)
+            with contextlib.suppress(Exception):  # drop the pool's broken connections
+                await trio.to_thread.run_sync(self.db.store.pool.check, limiter=limiter)
+            raise SessionError(
+                DB_UNAVAILABLE, "the database is unreachable; try again shortly"
+            ) from None
+        self._outage.ok()
+        return result
+
+    async def _db_waiting(self, fn: Callable[..., T], *args: Any) -> T:
+        """:meth:`_db` for a caller waiting on a cast: while the database is away it
+        keeps trying every ``poll_s`` (the cast goes on once it is back)."""
+        while True:
+            try:
+                return await self._db(fn, *args)
+            except SessionError as exc:
+                if exc.kind != DB_UNAVAILABLE:
+                    raise
+            await trio.sleep(self.poll_s)
 
     # -- sessions ----------------------------------------------------------------
 
@@ -197,7 +266,7 @@ class PostgresBackend:
         with self.notifier.watching(entity_id) as next_event:
             while True:
                 woken = next_event()  # before the check: none is missed
-                progress = await self._db(self.db.progress, work_id)
+                progress = await self._db_waiting(self.db.progress, work_id)
                 if progress.ended:
                     return progress
                 with trio.move_on_after(self.poll_s):
@@ -211,9 +280,13 @@ class PostgresBackend:
             ended = await self._ended(row.entity_id, work_id)
         finally:
             self.waiting -= 1
-        if ended.state in ("failed", DEAD):
+        if ended.state == "failed":
             raise SessionError("cast_failed", failure_message(ended.outcome))
-        cast, undelivered = await self._db(self.db.outcome, row.entity_id, work_id, ended.base_pos)
+        if ended.state == DEAD:  # no worker could finish it within the attempt limit
+            raise SessionError("cast_dead_lettered", failure_message(ended.outcome))
+        cast, undelivered = await self._db_waiting(
+            self.db.outcome, row.entity_id, work_id, ended.base_pos
+        )
         return PromptOutcome(prompt_id, cast, tuple(undelivered))
 
     async def steer(self, session_id: str, text: str) -> None:
@@ -248,9 +321,24 @@ class PostgresBackend:
     # -- events ------------------------------------------------------------------
 
     async def follow(
-        self, session_id: str, after: int = 0, *, until: str | None = None
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        until: str | None = None,
+        prompt_id: str | None = None,
     ) -> AsyncGenerator[SessionEvent, None]:
         row = await self._row(session_id)
+        if prompt_id is not None:
+            own_work = await self._work_of(row, prompt_id)
+            self.waiting += 1  # a prompt's stream waits on it as a result does
+            try:
+                async with contextlib.aclosing(self._follow_work(row, own_work)) as own:
+                    async for said in own:
+                        yield said
+            finally:
+                self.waiting -= 1
+            return
         work_id = None if until is None else await self._work_of(row, until)
         # with ``until``: once its work has ended, one more look reads the last turns
         # it recorded, and that look's beat ends the following
@@ -265,13 +353,10 @@ class PostgresBackend:
             async for item in turns:
                 if isinstance(item, Turn):
                     seen += 1
-                    step = event_dict(StepComplete(item, entity_id=item.entity_id))
-                    yield SessionEvent(step["type"], step, seen, item)
-                    if item.terminated:
-                        final = event_dict(FinalResponse(item.result, entity_id=item.entity_id))
-                        yield SessionEvent(final["type"], final)
+                    for event in _turn_events(item, seen):
+                        yield event
                     continue
-                if item.heard or item.landed:  # a NOTIFY (work ended, a pause) or turns
+                if self.humans and (item.heard or item.landed):  # a NOTIFY, or turns
                     for pause in await self.pauses(session_id):
                         if pause.pause_id not in told:
                             told.add(pause.pause_id)
@@ -281,6 +366,43 @@ class PostgresBackend:
                     if ending:
                         return
                     ending = (await self._db(self.db.progress, work_id)).ended
+
+    async def _follow_work(
+        self, row: SessionRow, work_id: int
+    ) -> AsyncGenerator[SessionEvent, None]:
+        """One work item's events: each of its turns as it lands in the loom (from the
+        position its first claim recorded: a prompt queued behind another begins where
+        that one ended, up to the next cast's), a pause as a worker publishes it while
+        it runs, and, if it ended ``paused``, each call it waits on. Positions are not
+        counted here (None): a prompt's stream is followed, not resumed."""
+        told: set[str] = set()
+        turns = follow(
+            _Tail(self.db, self.notifier, self.tail_s),
+            row.entity_id,
+            self._db_waiting,
+            work_id=work_id,
+        )
+        async with contextlib.aclosing(turns):
+            async for item in turns:
+                if isinstance(item, Turn):
+                    for step in _turn_events(item, None):
+                        yield step
+                    continue
+                pending: list[dict[str, Any]] = []
+                if item.last:
+                    assert item.progress is not None
+                    if item.progress.state == PAUSED:
+                        pending = (item.progress.outcome or {}).get("pending") or []
+                elif self.humans:
+                    pending = await self._db(self.db.live_pending, row.entity_id)
+                for data in pending:
+                    if data["pause_id"] not in told:
+                        told.add(data["pause_id"])
+                        pause = Pause.from_dict(data)
+                        said = event_dict(PauseEvent(pause=pause, entity_id=pause.entity_id))
+                        yield SessionEvent(said["type"], said)
+                if item.last:
+                    return
 
     def _pos_of(self, entity_id: str, after: int) -> int:
         """The loom position of the entity's ``after``-th turn (0: before its first)."""
@@ -294,6 +416,10 @@ class PostgresBackend:
         if found is None:
             raise SessionError("not_found", f"the session has no turn {after} yet")
         return int(found[0])
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Nothing to cut off: the casts run at the workers and go on (a client's retry
+        with its Idempotency-Key, at any replica, joins or replays them)."""
 
     async def health(self) -> Health:
         return Health("db", self.waiting, await self._db(self.db.count), True)
@@ -361,6 +487,21 @@ class _Tail:
     sessions: DbSessions
     notifier: Notifier
     tail_s: float
+
+
+def _turn_events(turn: Turn, position: int | None) -> list[SessionEvent]:
+    """What a recorded turn tells a follower: ``step_complete``, and
+    ``final_response`` if it ended its cast (the in-process server's JSON)."""
+    step = event_dict(StepComplete(turn, entity_id=turn.entity_id))
+    told = [SessionEvent(step["type"], step, position, turn)]
+    if turn.terminated:
+        final = event_dict(FinalResponse(turn.result, entity_id=turn.entity_id))
+        told.append(SessionEvent(final["type"], final))
+    return told
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _info(row: SessionRow) -> SessionInfo:

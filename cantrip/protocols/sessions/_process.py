@@ -7,18 +7,26 @@ sessions named by id, a prompt accepted at once and awaited apart (the cast runs
 the backend's nursery, as ``HttpApp`` runs it in the server's), results kept by prompt
 id, events with positions.
 
-Accepting a prompt at once: ``SessionHub.prompt`` decides every refusal (``busy``,
-``key_reused``...) before its first checkpoint, and then either runs the cast, waits
-its turn (``enqueue``...) or joins the running prompt with its key. The cast is started
-with ``nursery.start`` and reports ``started`` before it calls the hub: trio resumes the
-caller only once the new task blocks, so by then the hub has decided, and a refusal
-raised there is handed back to the caller (phase 2: the hub says it itself, with a
-split of ``prompt`` into admitting and running).
+Accepting a prompt at once: ``SessionHub.admit`` decides every refusal (``busy``,
+``key_reused``, ``shutting_down``...) with no checkpoint and puts the prompt in its
+session's line; ``submit`` raises a refusal to its caller there and then, and runs the
+rest (``SessionHub.run``: wait its turn, cast; or join the running prompt with its key,
+or replay the recorded one) in the backend's nursery. An answer's continuation is still
+started with ``nursery.start`` (``SessionHub.answer`` decides before its first
+checkpoint, so its refusal is known when the caller resumes).
+
+What only this mode has, beside the seam: the sessions kept in memory are bounded
+(:mod:`cantrip.protocols.middleware._limits`: ``create`` and a session resumed from
+the loom make room first, or are refused ``too_many_sessions``), and a prompt request is
+known to its session from the moment it arrives (:meth:`ProcessBackend.announce`,
+entered by :func:`~cantrip.protocols.middleware._arriving.arrivals` while the body is
+read): a cancel meanwhile cuts it off as it starts (``starting``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import math
 import time
@@ -27,6 +35,7 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
+    Iterator,
     Mapping,
     Sequence,
 )
@@ -42,9 +51,12 @@ from cantrip._errors import CantripError, ConstructionError
 from cantrip._events import FinalResponse, StepComplete
 from cantrip._gate import Gate
 from cantrip._outcome import CastResult, result_dict
+from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger, redact
+from cantrip.llm._stream import Event
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
+from cantrip.protocols.middleware._limits import SessionLimits, make_room
 from cantrip.protocols.sessions._backend import (
     MAX_TASKS,
     BusyPolicy,
@@ -72,6 +84,11 @@ T = TypeVar("T")
 KEPT_RESULTS = 1000
 """Ended prompts whose outcome is kept for :meth:`ProcessBackend.result` (the oldest go)."""
 
+EARLY_EVENTS = 1000
+"""A prompt's events kept until its first follower comes (``follow(prompt_id=...)``,
+called just after ``submit``: the cast may have begun meanwhile); beyond it the
+earliest are dropped, and the kept ones go when a follower takes them."""
+
 
 @attrs.define(eq=False)
 class _Run:
@@ -86,6 +103,31 @@ class _Run:
     watchers: list[trio.MemorySendChannel[Any]] = attrs.field(factory=list)
     """Followers that end with it (``follow(until=...)``): closed once it has ended,
     after every event of its cast was sent to them."""
+
+    early: list[Event] | None = attrs.field(factory=list)
+    """Its events before a follower came (None once one did)."""
+    followers: list[trio.MemorySendChannel[Event | None]] = attrs.field(factory=list)
+
+    def tell(self, event: Event) -> None:
+        """The prompt's own event sink (the hub's ``on_event``)."""
+        if self.early is not None:
+            self.early.append(event)
+            del self.early[:-EARLY_EVENTS]
+        for channel in list(self.followers):
+            try:
+                channel.send_nowait(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.followers.remove(channel)
+
+    def end(self) -> None:
+        self.ended_at = time.time()
+        self.done.set()
+        for watcher in self.watchers:  # every event of the cast was sent before
+            watcher.close()
+        self.watchers.clear()
+        for channel in self.followers:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                channel.send_nowait(None)  # the prompt ended: its followers stop
 
 
 @attrs.define(eq=False)
@@ -112,41 +154,102 @@ CAPABILITIES = Capabilities(
 """What this backend offers (the docs' table of modes is generated from it)."""
 
 
+_ANNOUNCED: contextvars.ContextVar[Prompt | None] = contextvars.ContextVar(
+    "cantrip_announced_prompt", default=None
+)
+"""The prompt the current request announced (:meth:`ProcessBackend.announce`): its
+``submit`` is that prompt (its id handed out, a cancel that found it kept)."""
+
+
 class ProcessBackend:
     """:class:`~cantrip.protocols.sessions.SessionBackend` over a :class:`SessionHub`."""
 
-    def __init__(self, hub: SessionHub, nursery: trio.Nursery | None) -> None:
+    def __init__(
+        self,
+        hub: SessionHub,
+        nursery: trio.Nursery | None = None,
+        limits: SessionLimits | None = None,
+    ) -> None:
         self.hub = hub
         self.nursery = nursery
-        """Where casts run: they outlive the request that started them (None: a backend
-        that runs none yet -- reads, forks and cancels only)."""
+        """Where casts run: they outlive the request that started them (set by
+        :meth:`open` or :meth:`running`; None: a backend that runs none -- reads,
+        forks and cancels only)."""
+        self.limits = limits
+        """How many sessions stay in memory, and how long (None: no bound)."""
         self._runs: dict[str, _Run] = {}
         self._tasks: dict[str, _Task] = {}
         """The tasks recorded beside prompts (``MAX_TASKS``, the oldest settled go)."""
         self._seq = itertools.count(1)
 
     @classmethod
-    @contextlib.asynccontextmanager
-    async def open(cls, hub: SessionHub) -> AsyncIterator[ProcessBackend]:
-        """The backend while the block runs; its casts are cut off and its entities
-        closed at the end."""
-        try:
-            async with trio.open_nursery() as nursery:
-                # the sessions' gate providers live here too (HttpApp gives them a
-                # ProviderScope of their own: phase 2 moves that here)
-                hub.nursery = nursery
-                yield cls(hub, nursery)
-                nursery.cancel_scope.cancel()
-        finally:
-            hub.nursery = None
-            with trio.CancelScope(shield=True):
-                await hub.aclose()
+    def serving(
+        cls, spell: Cantrip, *, sticky_cancel_s: float = 5.0, limits: SessionLimits | None = None
+    ) -> ProcessBackend:
+        """A backend for ``spell``'s sessions (run it with :meth:`running`). The hub
+        has no ``max_running`` of its own: a server admits prompts in one place
+        (:class:`~cantrip.protocols.middleware._lifecycle.Admission`)."""
+        return cls(SessionHub(spell, sticky_cancel_s=sticky_cancel_s), limits=limits)
 
     @classmethod
-    def serving(cls, spell: Cantrip) -> contextlib.AbstractAsyncContextManager[ProcessBackend]:
-        """:meth:`open` over a new hub of ``spell``'s sessions: for a front end that
-        holds a cantrip, not a hub (``cantrip mcp``)."""
-        return cls.open(SessionHub(spell))
+    @contextlib.asynccontextmanager
+    async def open(
+        cls, hub: SessionHub, limits: SessionLimits | None = None
+    ) -> AsyncIterator[ProcessBackend]:
+        """The backend while the block runs; its casts are cut off and its entities
+        closed at the end."""
+        backend = cls(hub, limits=limits)
+        async with backend.running():
+            yield backend
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Serve while the block runs: the sessions' gate providers (MCP sessions) in a
+        nursery of their own, the casts in another (what outlives a request); at the
+        end the casts still running are cut off, and the entities close their providers
+        before the providers' nursery goes."""
+        providers = await ProviderScope.enter()
+        self.hub.nursery = providers.nursery
+        try:
+            async with trio.open_nursery() as casts:
+                self.nursery = casts
+                try:
+                    yield
+                finally:
+                    casts.cancel_scope.cancel()
+                    self.nursery = None
+                    with trio.CancelScope(shield=True):
+                        await self.hub.aclose()
+        finally:
+            self.hub.nursery = None
+            await providers.aclose()
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Stop taking prompts; the running casts get ``grace_s``, then are cut off
+        (reason ``shutdown``); returns once none runs."""
+        await self.hub.shutdown(grace_s)
+
+    @contextlib.contextmanager
+    def announce(self, session_id: str, key: str | None) -> Iterator[None]:
+        """A prompt request for the session is arriving (its body is read): until it
+        is submitted (or fails) a cancel -- unnamed, or naming its key or the id it
+        will have -- cuts it off as it starts (``starting``). Its ``submit`` is to be
+        called in the same task (the request's)."""
+        session = self.hub.sessions.get(session_id)
+        if session is None:  # (one resumed from the loom is not known until found)
+            yield
+            return
+        handle = Prompt("", key)
+        if key is not None:
+            handle.id = keyed_prompt_id(session.entity_id, key)
+        session.arriving.append(handle)
+        token = _ANNOUNCED.set(handle)
+        try:
+            yield
+        finally:
+            _ANNOUNCED.reset(token)
+            if handle in session.arriving and not handle.submitted:
+                session.arriving.remove(handle)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -154,13 +257,25 @@ class ProcessBackend:
 
     # -- sessions ----------------------------------------------------------------
 
-    def _session(self, session_id: str) -> Session:
+    async def make_room(self, *, adding: bool) -> None:
+        """Drop sessions idle too long; with ``adding``, make room for one more
+        (``too_many_sessions`` if every one in memory is busy)."""
+        if self.limits is None:
+            return
+        try:
+            await make_room(self.hub, self.limits, adding=adding)
+        except SessionError as exc:  # full
+            raise SessionError("too_many_sessions", exc.message) from None
+
+    async def _session(self, session_id: str) -> Session:
+        await self.make_room(adding=session_id not in self.hub.sessions)
         session = self.hub.get(session_id)  # not_found, or resumed from the loom
         with contextlib.suppress(RuntimeError):
             session.last_used = trio.current_time()
         return session
 
     async def create(self, key: str | None = None) -> tuple[SessionInfo, bool]:
+        await self.make_room(adding=True)
         session, created = self.hub.create(key)
         return _info(session), created
 
@@ -168,10 +283,10 @@ class ProcessBackend:
         return [_info(s) for s in self.hub.sessions.values()]
 
     async def find(self, session_id: str) -> SessionInfo:
-        return _info(self._session(session_id))
+        return _info(await self._session(session_id))
 
     async def thread(self, session_id: str) -> list[Turn]:
-        return self.hub.history(self._session(session_id))
+        return self.hub.history(await self._session(session_id))
 
     async def read_loom(self, read: Callable[[Loom], T]) -> T:
         return read(self.hub.spell.loom)  # in memory, or a local file: read at once
@@ -208,57 +323,74 @@ class ProcessBackend:
         on_busy: BusyPolicy = "reject",
         tools: Sequence[Mapping[str, Any]] = (),
     ) -> Submitted:
-        session = self._session(session_id)
-        handle = Prompt(intent, key, offered=_client_gates(tools))
-        if key is not None:
-            handle.id = keyed_prompt_id(session.entity_id, key)
-        current = session.current
-        joins = key is not None and current is not None and current.key == key
-        session.arriving.append(handle)  # a cancel meanwhile finds it, as HTTP's does
+        session = await self._session(session_id)
+        if self.nursery is None:
+            raise SessionError("shutting_down", "the backend is not running")
+        offered = _client_gates(tools)  # bad_tools: refused before anything is made
+        handle = _ANNOUNCED.get()
+        if handle is None or handle not in session.arriving:
+            handle = Prompt(intent, key)
+            if key is not None:
+                handle.id = keyed_prompt_id(session.entity_id, key)
+            session.arriving.append(handle)  # a cancel meanwhile finds it, as HTTP's does
+        handle.offered = offered
+        handle.submitted = True
 
         def depart() -> None:
             if handle in session.arriving:
                 session.arriving.remove(handle)
 
+        try:  # every refusal, at once: busy, key_reused, shutting_down
+            admitted = self.hub.admit(session, intent, key=key, on_busy=on_busy, handle=handle)
+        except BaseException:
+            depart()
+            raise
+        prompt_id = admitted.prompt.id
+        if admitted.action != "cast":  # a key's replay, or the running prompt joined
+            depart()
+            if admitted.action == "replay" or prompt_id not in self._runs:
+                run = _Run(session.id)
+                self._keep(prompt_id, run)
+                self._spawn(run, lambda: self.hub.run(session, admitted, run.tell))
+            return Submitted(prompt_id, session.id, replayed=True)
         run = _Run(session.id)
+        self._keep(prompt_id, run)
 
-        async def prompt() -> CastResult | None:
+        async def cast() -> CastResult | None:
             try:
-                return await self.hub.prompt(
-                    session, intent, key=key, on_busy=on_busy, handle=handle
-                )
+                return await self.hub.run(session, admitted, run.tell)
             finally:
                 depart()
 
-        await self._start(run, prompt)
-        if run.done.is_set() and run.error is not None:
-            raise run.error  # refused: busy, key_reused, overloaded, shutting_down
-        # a cast that runs checkpoints; one that ended at once was a key's replay
-        # (not one a cancel cut off before it started: that ends at once too)
-        replayed = joins or (key is not None and run.done.is_set() and not handle.cancel_requested)
-        if not replayed or handle.id not in self._runs:
-            self._keep(handle.id, run)
-        return Submitted(handle.id, session.id, replayed=replayed)
+        self._spawn(run, cast)
+        return Submitted(prompt_id, session.id)
+
+    def _spawn(self, run: _Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
+        """Run ``cast`` in the backend's nursery, its outcome or error kept in ``run``."""
+        assert self.nursery is not None  # (submit checked)
+        self.nursery.start_soon(self._carry, run, cast)
+
+    async def _carry(self, run: _Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
+        try:
+            run.cast = await cast()
+        except (SessionError, CantripError) as exc:  # refused, or failed: told the caller
+            run.error = exc
+        except Exception as exc:  # the boundary of a cast (the hub resumed the entity)
+            log.exception("session %s: the entity crashed", run.session_id)
+            run.error = SessionError("crashed", f"the entity crashed: {exc!r}")
+        finally:
+            run.end()
 
     async def _start(self, run: _Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
         """Run ``cast`` in the backend's nursery; return once it has blocked or ended
-        (see the module docstring). Its outcome or error is kept in ``run``."""
+        (an answer: ``SessionHub.answer`` decides its refusals before its first
+        checkpoint, so by then a refusal is in ``run``)."""
+        if self.nursery is None:
+            raise SessionError("shutting_down", "the backend is not running")
 
         async def task(task_status: trio.TaskStatus[None]) -> None:
             task_status.started()  # the caller resumes once this task blocks
-            try:
-                run.cast = await cast()
-            except (SessionError, CantripError) as exc:  # refused, or failed: told the caller
-                run.error = exc
-            except Exception as exc:  # the boundary of a cast (the hub resumed the entity)
-                log.exception("session %s: the entity crashed", run.session_id)
-                run.error = exc
-            finally:
-                run.ended_at = time.time()
-                run.done.set()
-                for watcher in run.watchers:  # every event of the cast was sent before
-                    watcher.close()
-                run.watchers.clear()
+            await self._carry(run, cast)
 
         if self.nursery is None:
             raise RuntimeError("this backend has no nursery to run casts in (see open)")
@@ -273,13 +405,14 @@ class ProcessBackend:
                     break
 
     async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:
-        session = self._session(session_id)
+        session = await self._session(session_id)
         run = self._runs.get(prompt_id)
         if run is None or run.session_id != session.id:
             raise SessionError(
                 "not_found", f"no prompt {prompt_id!r} of session {session.id} is known here"
             )
-        await run.done.wait()
+        if not run.done.is_set():
+            await run.done.wait()
         if run.error is not None:
             if isinstance(run.error, SessionError | PauseError):
                 raise run.error
@@ -288,7 +421,7 @@ class ProcessBackend:
         return PromptOutcome(prompt_id, cast, cast.undelivered if cast is not None else ())
 
     async def steer(self, session_id: str, text: str) -> None:
-        self.hub.steer(self._session(session_id), text.strip())
+        self.hub.steer(await self._session(session_id), text.strip())
 
     async def cancel(
         self,
@@ -299,20 +432,22 @@ class ProcessBackend:
         next_prompt: bool = False,
     ) -> Cancelled:
         answer = self.hub.request_cancel(
-            self._session(session_id), prompt_id=prompt_id, key=key, next_prompt=next_prompt
+            await self._session(session_id), prompt_id=prompt_id, key=key, next_prompt=next_prompt
         )
         return Cancelled.from_dict(answer)
 
     # -- pauses ------------------------------------------------------------------
 
     async def pauses(self, session_id: str) -> list[Pause]:
-        return list(self._session(session_id).entity.pending)
+        return list((await self._session(session_id)).entity.pending)
 
     async def answer(self, session_id: str, pause_id: str, decision: Decision) -> Submitted | None:
-        session = self._session(session_id)
+        session = await self._session(session_id)
         run = _Run(session.id)
         handle = Prompt("", None)  # the continuation: a prompt a cancel can name
-        await self._start(run, lambda: self.hub.answer(session, pause_id, decision, handle=handle))
+        await self._start(
+            run, lambda: self.hub.answer(session, pause_id, decision, run.tell, handle=handle)
+        )
         if run.done.is_set() and run.error is not None:
             raise run.error  # answered already, unknown, or busy
         if run.done.is_set() and run.cast is None:
@@ -323,9 +458,19 @@ class ProcessBackend:
     # -- events ------------------------------------------------------------------
 
     async def follow(
-        self, session_id: str, after: int = 0, *, until: str | None = None
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        until: str | None = None,
+        prompt_id: str | None = None,
     ) -> AsyncGenerator[SessionEvent, None]:
-        session = self._session(session_id)
+        session = await self._session(session_id)
+        if prompt_id is not None:
+            async with contextlib.aclosing(self._follow_prompt(session, prompt_id)) as own:
+                async for told in own:
+                    yield told
+            return
         send, live = trio.open_memory_channel[Any](math.inf)
         session.subscribers.append(send)  # as ``Session.subscribe`` does
         if until is not None:
@@ -353,6 +498,31 @@ class ProcessBackend:
                     yield SessionEvent(data["type"], data, position, event.turn)
                 else:
                     yield SessionEvent(data["type"], data)
+
+    async def _follow_prompt(
+        self, session: Session, prompt_id: str
+    ) -> AsyncGenerator[SessionEvent, None]:
+        """The events of one prompt's cast (those before this call too, see
+        :data:`EARLY_EVENTS`), until it ends."""
+        run = self._runs.get(prompt_id)
+        if run is None or run.session_id != session.id:
+            raise SessionError(
+                "not_found", f"no prompt {prompt_id!r} of session {session.id} is known here"
+            )
+        early, run.early = run.early or [], None
+        if run.done.is_set():
+            for event in early:
+                yield _live_event(session, event)
+            return
+        send, live = trio.open_memory_channel[Event | None](math.inf)
+        run.followers.append(send)
+        with send, live:
+            for event in early:
+                yield _live_event(session, event)
+            async for told in live:
+                if told is None:
+                    return
+                yield _live_event(session, told)
 
     async def health(self) -> Health:
         return Health("process", self.hub.running, len(self.hub.sessions), self.hub.persistent)
@@ -451,6 +621,16 @@ def _failure(error: BaseException) -> str:
     if isinstance(error, PauseError):
         return f"the answer was refused: {error}"
     return f"the cast failed: {error}"
+
+
+def _live_event(session: Session, event: Event) -> SessionEvent:
+    """An event of a running cast; a recorded turn's at its position in the session."""
+    data = event_dict(event)
+    if isinstance(event, StepComplete) and event.turn is not None:
+        turns = session.entity.turns
+        position = position_of(turns, event.turn.id, len(turns))
+        return SessionEvent(data["type"], data, position, event.turn)
+    return SessionEvent(data["type"], data)
 
 
 def _recorded_events(turn: Turn, position: int) -> list[SessionEvent]:
