@@ -67,8 +67,7 @@ from cantrip.protocols.a2a._server import (
     working,
 )
 from cantrip.protocols.asgi._responses import Receive, Scope, Send
-from cantrip.protocols.sessions import SessionBackend, TaskRecord
-from cantrip.protocols.sessions._hub import SessionError
+from cantrip.protocols.sessions import SessionBackend, SessionError, TaskRecord
 
 log = get_logger("cantrip.a2a")
 

@@ -81,8 +81,14 @@ from cantrip.protocols.asgi._responses import (
 from cantrip.protocols.http import _streams
 from cantrip.protocols.http._errors import http_error, unavailable
 from cantrip.protocols.middleware._lifecycle import Admission, Drain, ServeOptions
-from cantrip.protocols.sessions import BusyPolicy, SessionBackend, SessionInfo
-from cantrip.protocols.sessions._hub import SessionError, steered, turn_dict
+from cantrip.protocols.sessions import (
+    BusyPolicy,
+    SessionBackend,
+    SessionError,
+    SessionInfo,
+    steered,
+    turn_dict,
+)
 
 log = get_logger("cantrip.http")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from cantrip._approval import PauseError
 from cantrip.protocols.asgi._responses import HttpError
-from cantrip.protocols.sessions._hub import SessionError
+from cantrip.protocols.sessions import SessionError
 from cantrip.protocols.sessions._steering import FULL as STEERING_FULL
 
 SESSION_ERRORS = {

@@ -36,11 +36,11 @@ from cantrip.protocols.middleware._lifecycle import Drain
 from cantrip.protocols.sessions import (
     PromptOutcome,
     SessionBackend,
+    SessionError,
     SessionEvent,
     SessionInfo,
     Submitted,
 )
-from cantrip.protocols.sessions._hub import SessionError
 
 
 class HttpApp(Protocol):

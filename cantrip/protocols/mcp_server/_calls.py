@@ -75,11 +75,11 @@ async def drive(
     while True:
         left: list[Pause] = []
 
-        async def watch(scope: trio.CancelScope, left: list[Pause]) -> None:
+        async def watch(scope: trio.CancelScope, left: list[Pause], until: str) -> None:
             nonlocal position
             # until the prompt has ended and its turns were told: none is missed when
             # the result comes first
-            events = backend.follow(session_id, position, until=prompt_id)
+            events = backend.follow(session_id, position, until=until)
             async with contextlib.aclosing(events):
                 async for event in events:
                     if event.turn is not None and event.position is not None:
@@ -106,7 +106,7 @@ async def drive(
         failed: SessionError | None = None
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch, nursery.cancel_scope, left)
+                nursery.start_soon(watch, nursery.cancel_scope, left, prompt_id)
                 try:
                     outcome = await backend.result(session_id, prompt_id)
                 except SessionError as exc:  # raised out of the nursery, not in a group

@@ -59,8 +59,7 @@ from cantrip.protocols.mcp_server._result import (
 from cantrip.protocols.mcp_server._tasks import TaskBoard, tasks_extension
 from cantrip.protocols.middleware._client_faults import demote_client_faults
 from cantrip.protocols.middleware._guard import Guard, guard_refusals_as_jsonrpc
-from cantrip.protocols.sessions import ProcessBackend, SessionBackend, SessionError
-from cantrip.protocols.sessions._hub import turn_dict
+from cantrip.protocols.sessions import ProcessBackend, SessionBackend, SessionError, turn_dict
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer as SDKServer

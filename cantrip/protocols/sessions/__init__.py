@@ -1,63 +1,26 @@
-"""Sessions: the seam every front end is to speak to (:class:`SessionBackend`) and its
-backends, in process (:class:`ProcessBackend`, over ``SessionHub``) and on PostgreSQL
-(:class:`PostgresBackend`, over ``DbSessions``).
+"""Sessions: the seam every front end speaks to (:class:`SessionBackend`) and its two
+backends, in process (:class:`ProcessBackend`, over :mod:`._hub`'s ``SessionHub``) and on
+PostgreSQL (:class:`PostgresBackend`, over :mod:`._rows`' ``DbSessions``, followed by
+:mod:`._tail`, woken by :mod:`._notify`, A2A's task rows in :mod:`._task_rows`).
 
-Issue 41, phase 1 (this package and ``tests/test_session_backend_contract.py``): the
-seam, its two adapters and the contract every backend keeps (AG-UI and A2A are written
-over it, phase 2 steps 3 and 4).
-:mod:`._backend`'s docstring lists the operations and the places the two modes
-drifted, each ``test_drift_*`` test asserting the pair of answers as it is (phase 2
-turns them into contract tests one by one).
+What a protocol means is written once over the seam -- the HTTP API
+(:mod:`cantrip.protocols.http`), AG-UI (:mod:`cantrip.protocols.agui`), A2A
+(:mod:`cantrip.protocols.a2a`), the viewer's API (:mod:`cantrip.protocols.viewer`) and
+``cantrip mcp``'s server side (:mod:`cantrip.protocols.mcp_server`, in process) -- and
+what differs by storage lives in a backend. What one mode lacks is said once, in its
+:class:`Capabilities` (the docs' table of modes is rendered from them,
+:func:`modes_table`); a front end asks ``backend.capabilities``, never which backend
+it has. ``tests/test_session_backend_contract.py`` runs one set of tests against both
+backends (in process with memory and SQLite looms; PostgreSQL with a real worker) and
+against a double that implements the interface alone (``tests/session_double.py``).
 
-Phase 2, in this order (each step keeps every existing test green in both modes):
-
-1. *Remove the drifts in the backends*, each ``test_drift_*`` turned into a contract
-   test as it goes (done: drifts 1 to 7, 11 and 12 and the split of
-   ``SessionHub.prompt``, see :mod:`._backend`; left: 10): ``DbSessions.cancel`` cuts
-   off the work it names only
-   (``cancel_on(..., work_id=...)``: drift 1, a bug); ``SessionHub`` keeps a bounded
-   record of ended prompt ids (``ended``, drift 4), gives an answer's continuation a
-   :class:`~cantrip.protocols.sessions._hub.Prompt` (drift 5), checks a pause before
-   ``busy`` (drift 6), serves waiters in order (a per-session FIFO, drift 3), and one
-   rule for a cancel of the next prompt (drift 7: record nothing, as PostgreSQL
-   does -- the cut-off intent must not reach a later prompt's model); one name for a
-   prompt waiting its turn (``queued``, drift 2); a message to a queued prompt shown
-   after its intent (drift 10). Split ``SessionHub.prompt`` into admitting (every
-   refusal, no checkpoint) and running, so :class:`ProcessBackend` stops relying on
-   ``nursery.start``'s scheduling. Move ``overloaded``/``shutting_down`` and the 503
-   for a lost database to the lifecycle middleware (drifts 11, 12).
-2. *HTTP* onto the seam (done): one :class:`~cantrip.protocols.http._app.HttpApp`
-   over a ``SessionBackend`` for both modes (prompt result, prompt stream from
-   ``follow(prompt_id=...)``, ``/events`` from ``follow`` with ``Last-Event-ID``);
-   ``_shell.py``'s hooks, ``_db_app.py`` and ``_replica.py`` deleted; drifts 11 and 12
-   removed; ``SessionHub.prompt`` split into ``admit`` and ``run``.
-3. *AG-UI* (done): ``agui/_hub.py`` and ``agui/_db.py`` became one run over the
-   seam, ``agui/_run.py``; the seam's ``submit`` grew the client's tools (offered by
-   the hub as a prompt starts in process, ``CLIENT_TOOLS_KEY`` in the queued spell on
-   PostgreSQL), in the contract.
-4. *A2A* (done): ``a2a/_tasks.py`` and ``a2a/_db.py`` became one handler over the seam
-   (``a2a/_handler.py``; a task is a prompt id plus its messages: the seam's
-   ``submit_task``, ``task``, ``tasks``, ``answer_task``, ``cancel_waiting_task`` and
-   ``follow(until=...)``; the task rows moved into the PostgreSQL backend,
-   ``_task_rows.py``, the in-memory map into the process one); push stays behind
-   ``capabilities.a2a_push``.
-5. *The viewer's API* reads through the backend (its loom), fork behind
-   ``capabilities.viewer_fork``; then *ACP* (one process, the in-process backend) and
-   the *MCP server* (``_mcp.py`` summons entities from the cantrip itself today: a
-   third session model, moved onto the in-process backend).
-6. *The layout*, Starlette-like, no file named for a mode: ``protocols/asgi/``
-   (``_asgi``, ``_request``, ``_body``, ``_ids``, the OpenAPI document of ``_api``),
-   ``protocols/middleware/`` (``_guard``, ``_limits``, ``_lifecycle``,
-   ``_client_faults``, ``_public_ip``, ``_hypercorn``), ``protocols/sessions/`` (this
-   package, with ``_sessions``, ``_idempotency`` and ``_steering`` under the process
-   backend, ``_db_sessions``, ``_db_follow`` and ``_db_notify`` under the PostgreSQL
-   one), then one package per protocol: ``http/``, ``agui/``, ``a2a/`` (``_a2a``,
-   ``_a2a_push``), ``acp/``, ``mcp_server/`` (``_mcp``, ``_mcp_tasks``,
-   ``_mcp_pauses``, ``_mcp_result``), ``viewer/`` (its assets, ``_viewer``,
-   ``_viewer_api``), ``terminal/`` (``_terminal``, ``_human``). Deleted then:
-   ``_db_http.py``, ``_db_agui.py``, ``_db_replica.py``, ``_agui_hub.py``,
-   ``_a2a_session.py``, the handler half of ``_a2a_db.py`` and ``_shell.py``'s hooks;
-   the docs' table of what each mode offers generated from :class:`Capabilities`.
+:mod:`._backend`'s docstring lists the operations and the places the two modes drifted
+before the front ends moved onto the seam (issue 41), each removed with the test that
+shows it, and the few left (a message to a queued prompt, drift 10; live token events,
+drift 8, and what one mode lacks, drift 13, are capabilities). ACP is the one front end
+still over the hub itself: its permissions are asked while the cast waits in place and
+its updates are translated from the entity's own event objects, neither of which the
+seam's answer-continues-a-paused-prompt model carries (see ``cantrip.protocols.acp``).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -80,10 +43,12 @@ from cantrip.protocols.sessions._backend import (
     TaskRecord,
     TaskState,
     capabilities_table,
+    entity_id_for,
+    session_id_for,
 )
+from cantrip.protocols.sessions._shapes import event_dict, steered, turn_dict
 
 if TYPE_CHECKING:
-    from cantrip.protocols.sessions._hub import SessionError
     from cantrip.protocols.sessions._postgres import PostgresBackend
     from cantrip.protocols.sessions._process import ProcessBackend
 
@@ -117,10 +82,6 @@ def __getattr__(name: str) -> Any:
         from cantrip.protocols.sessions._postgres import PostgresBackend
 
         return PostgresBackend
-    if name == "SessionError":  # the seam's one error (kinds: SessionBackend's docstring)
-        from cantrip.protocols.sessions._hub import SessionError
-
-        return SessionError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -144,5 +105,10 @@ __all__ = [
     "TaskRecord",
     "TaskState",
     "capabilities_table",
+    "entity_id_for",
+    "event_dict",
     "modes_table",
+    "session_id_for",
+    "steered",
+    "turn_dict",
 ]

@@ -174,6 +174,18 @@ SESSION_PREFIX = "session-"
 ENTITY_PREFIX = "entity-"
 
 
+def session_id_for(entity_id: str) -> str:
+    """The session id of a top-level entity (the same in every backend)."""
+    return SESSION_PREFIX + entity_id.removeprefix(ENTITY_PREFIX)
+
+
+def entity_id_for(session_id: str) -> str:
+    """The entity behind a session id; an entity id is accepted as is."""
+    if session_id.startswith(ENTITY_PREFIX):
+        return session_id
+    return ENTITY_PREFIX + session_id.removeprefix(SESSION_PREFIX)
+
+
 class SessionError(Exception):
     """A request about a session that cannot be served; ``kind`` says why."""
 

@@ -52,6 +52,8 @@ from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import ENTITY_PREFIX as ENTITY_PREFIX
 from cantrip.protocols.sessions._backend import SESSION_PREFIX as SESSION_PREFIX
 from cantrip.protocols.sessions._backend import SessionError as SessionError
+from cantrip.protocols.sessions._backend import entity_id_for as entity_id_for
+from cantrip.protocols.sessions._backend import session_id_for as session_id_for
 from cantrip.protocols.sessions._idempotency import (
     KEY_TAG,
     key_index,
@@ -60,6 +62,7 @@ from cantrip.protocols.sessions._idempotency import (
 )
 from cantrip.protocols.sessions._shapes import EVENT_TYPES as EVENT_TYPES  # re-exported
 from cantrip.protocols.sessions._shapes import event_dict as event_dict
+from cantrip.protocols.sessions._shapes import steered as steered
 from cantrip.protocols.sessions._shapes import turn_dict as turn_dict
 
 log = get_logger("cantrip.sessions")
@@ -70,11 +73,6 @@ def not_running(session_id: str) -> SessionError:
     return SessionError(
         "not_running", f"session {session_id} is not running a prompt: send it as a prompt instead"
     )
-
-
-def steered() -> dict[str, Any]:
-    """The answer to a message the running prompt took (both servers' 202)."""
-    return {"accepted": True, "joins": "next_turn"}
 
 
 def new_prompt_id() -> str:
@@ -149,17 +147,6 @@ def _now() -> float:
         return trio.current_time()
     except RuntimeError:
         return 0.0
-
-
-def session_id_for(entity_id: str) -> str:
-    return SESSION_PREFIX + entity_id.removeprefix(ENTITY_PREFIX)
-
-
-def entity_id_for(session_id: str) -> str:
-    """The entity behind a session id; an entity id is accepted as is."""
-    if session_id.startswith(ENTITY_PREFIX):
-        return session_id
-    return ENTITY_PREFIX + session_id.removeprefix(SESSION_PREFIX)
 
 
 @attrs.define(eq=False)

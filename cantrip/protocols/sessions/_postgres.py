@@ -46,12 +46,13 @@ from cantrip.protocols.sessions._backend import (
     Capabilities,
     Health,
     PromptOutcome,
+    SessionError,
     SessionEvent,
     SessionInfo,
     Submitted,
     TaskRecord,
+    entity_id_for,
 )
-from cantrip.protocols.sessions._hub import SessionError, entity_id_for, event_dict
 from cantrip.protocols.sessions._notify import Notifier
 from cantrip.protocols.sessions._rows import (
     DbSessions,
@@ -61,6 +62,7 @@ from cantrip.protocols.sessions._rows import (
     prompt_id_for,
     work_id_for,
 )
+from cantrip.protocols.sessions._shapes import event_dict
 from cantrip.protocols.sessions._tail import follow
 from cantrip.protocols.sessions._task_rows import TaskRows
 
@@ -103,8 +105,8 @@ class PostgresBackend:
         self.poll_s = poll_s
         self.tail_s = tail_s
         self.humans = humans
-        """Whether the served circle may pause for a human (if not, no stream asks
-        the database for pauses)."""
+        """Whether the served circle may pause for a human (if not, a stream asks the
+        database for pauses only when told of one: a client's tool, AG-UI's)."""
         self.waiting = 0
         """Prompts this backend is waiting on, for a result or a prompt's stream
         (``health``)."""
@@ -356,7 +358,10 @@ class PostgresBackend:
                     for event in _turn_events(item, seen):
                         yield event
                     continue
-                if self.humans and (item.heard or item.landed):  # a NOTIFY, or turns
+                # a NOTIFY (work ended, or a pause published) may bring a pause even
+                # where no gate asks a human (a client's tool); turns bring one only
+                # where one may
+                if item.heard or (self.humans and item.landed):
                     for pause in await self.pauses(session_id):
                         if pause.pause_id not in told:
                             told.add(pause.pause_id)

@@ -91,3 +91,8 @@ EVENT_TYPES: dict[type[Event], str] = {
     PauseEvent: "pause",
     GateProgress: "gate_progress",
 }
+
+
+def steered() -> dict[str, Any]:
+    """The answer to a message the running prompt took (both modes' 202)."""
+    return {"accepted": True, "joins": "next_turn"}

@@ -22,8 +22,7 @@ from typing import Any
 from cantrip.distributed._pauses import answer_on
 from cantrip.distributed._work import DEAD, ENDED
 from cantrip.loom._postgres import PostgresStore
-from cantrip.protocols.sessions._backend import TaskRecord
-from cantrip.protocols.sessions._hub import session_id_for
+from cantrip.protocols.sessions._backend import TaskRecord, session_id_for
 from cantrip.protocols.sessions._rows import failure_message, prompt_id_for
 
 _SCHEMA_LOCK = 0x61326174  # "a2at": schema creation, once per database

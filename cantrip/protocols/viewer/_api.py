@@ -28,7 +28,7 @@ from cantrip.loom._summary import outcome as _outcome
 from cantrip.loom._summary import tokens as _tokens
 from cantrip.loom._summary import tree_turns as _tree_turns
 from cantrip.loom._view import CHECKPOINT_PHASES
-from cantrip.protocols.sessions._hub import session_id_for, turn_dict
+from cantrip.protocols.sessions import session_id_for, turn_dict
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
