@@ -1,5 +1,5 @@
-"""What a request to a session server carries, parsed the one way both servers
-(:mod:`._http`, :mod:`._db_http`) promise in ``/openapi.json``: the method, yes/no
+"""What a request to a session server carries, parsed the one way the HTTP API
+(:mod:`cantrip.protocols.http`, both modes) promises in ``/openapi.json``: the method, yes/no
 query flags, the ``Idempotency-Key``, the JSON body and the prompt in it. Each
 failure is an :class:`~cantrip.protocols.asgi._responses.HttpError` with a one-line message.
 """

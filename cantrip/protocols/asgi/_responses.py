@@ -1,11 +1,11 @@
 """What our HTTP servers send: errors, JSON and server-sent events, over plain ASGI.
 
-``cantrip serve`` (:mod:`._http`, entities in process) and ``cantrip serve --db``
-(:mod:`._db_http`, a replica over PostgreSQL) promise the same routes, JSON shapes
-and errors (one OpenAPI document, :mod:`._api`), and the request guard
-(:mod:`._guard`) answers in the same error shape. Every answer is built here, once,
-so they cannot drift apart in how a body is redacted or how an error reads. What a
-request carries is parsed in :mod:`._request`.
+``cantrip serve`` and ``cantrip serve --db`` are one app
+(:class:`cantrip.protocols.http._app.HttpApp`) over either session backend, with one
+OpenAPI document (:mod:`._openapi`), and the request guard
+(:mod:`cantrip.protocols.middleware._guard`) answers in the same error shape. Every
+answer is built here, once, so no two front ends can drift apart in how a body is
+redacted or how an error reads. What a request carries is parsed in :mod:`._requests`.
 """
 
 from __future__ import annotations

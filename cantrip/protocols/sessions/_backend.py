@@ -1,19 +1,19 @@
-"""The seam between the front ends and where sessions live (issue 41, phase 1).
+"""The seam between the front ends and where sessions live (issue 41).
 
 Every front end (the HTTP API, AG-UI, A2A, the viewer's API, ``cantrip mcp``'s server
-side, ACP) asks the same few things of the place its sessions live; today each asks
-them twice, once of the in-process :class:`~cantrip.protocols.sessions._hub.SessionHub`
-and once of ``serve --db``'s :class:`~cantrip.protocols.sessions._rows.DbSessions`
-(reached, before phase 2, through the HTTP server shell's hooks, typed ``Any``,
-A2A's handler's hooks and the replica protocol).
+side) asks the same few things of the place its sessions live: the in-process
+:class:`~cantrip.protocols.sessions._hub.SessionHub` or ``serve --db``'s
+:class:`~cantrip.protocols.sessions._rows.DbSessions`. Before this seam each asked
+twice, through the HTTP server shell's twenty hooks typed ``Any``, A2A's handler's
+hooks and a replica protocol, and the copies drifted (below).
 :class:`SessionBackend` says it once, typed: sessions are named by id (a string), never
-handed out as objects, and every answer is one of the values below. Two adapters
-implement it over today's code (:mod:`._process`, :mod:`._postgres`);
+handed out as objects, and every answer is one of the values below. Two backends
+implement it (:mod:`._process`, :mod:`._postgres`);
 ``tests/test_session_backend_contract.py`` runs one set of tests against both and
 against a double that implements it alone.
 
-The operations, and what both modes do today
---------------------------------------------
+The operations
+--------------
 
 * **sessions** -- ``create`` (with an idempotency key: the session that key made,
   anywhere, any time before), ``sessions`` (list), ``find`` (one; a top-level entity
@@ -57,10 +57,10 @@ The operations, and what both modes do today
   makes a session per call, ``cantrip mcp``, releases it when the call ends); its loom
   stays, and the next operation naming it resumes it.
 
-Where the two modes drift today (found by the contract suite; each ``test_drift_*``
-runs one scenario on both real backends and asserts the pair of answers as it is, so it
-fails the day phase 2 removes the drift by moving the protocols onto this seam)
-------------------------------------------------------------------------------
+Where the two modes drifted (found by the contract suite when the seam was cut; each
+removed one names the test that shows both modes agree; 8, 9 and 13 are what a mode
+is, said by :class:`Capabilities`, and 10 is left)
+------------------------------------------------------------------------------------
 
 1. *A cancel naming a prompt queued behind another* -- removed (phase 2): on
    PostgreSQL ``DbSessions.cancel`` called ``cancel_on`` without the work id, and the

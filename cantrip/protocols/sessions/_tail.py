@@ -1,11 +1,11 @@
 """Following an entity's turns in the PostgreSQL loom, for ``cantrip serve --db``.
 
 A replica runs no entity: what a stream tells of a cast is the turns its worker
-records, read back as they land. The HTTP API's prompt stream and ``/events``
-(:mod:`._db_http`) and the PostgreSQL backend's ``follow`` (AG-UI's and A2A's
-streams, through the seam) all follow them the same way, here:
+records, read back as they land. Every stream of the PostgreSQL backend (its
+``follow``: the HTTP API's prompt stream and ``/events``, AG-UI's and A2A's) follows
+them the same way, here:
 
-* woken by the queue's notifications about the entity (:class:`._db_notify.Notifier`;
+* woken by the queue's notifications about the entity (:class:`._notify.Notifier`;
   the wake-up is taken *before* each look, so none is missed) and looking every
   ``tail_s`` regardless, in case one was;
 * every read is a query through the caller's ``read`` (a thread behind the store's
