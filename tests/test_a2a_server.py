@@ -21,7 +21,7 @@ import cantrip
 from cantrip.protocols.http._serve import serve_http
 from cantrip.protocols.middleware._guard import Guard
 from cantrip.protocols.middleware._lifecycle import ServeOptions
-from cantrip.protocols.middleware._limits import SessionLimits
+from cantrip.protocols.sessions._limits import SessionLimits
 from gates import ask_user, done, echo
 
 pytest.importorskip("a2a.client", reason="the a2a extra is part of dev")

@@ -829,7 +829,7 @@ def test_a_cast_a_killed_process_never_finished_replays_as_interrupted() -> None
 async def test_with_every_kept_session_busy_a_new_session_gets_503_with_retry_after() -> None:
     """The session cap cannot make room while every kept session runs a prompt: that
     503 says when to come back, as every other 503 of the server does."""
-    from cantrip.protocols.middleware._limits import SessionLimits
+    from cantrip.protocols.sessions._limits import SessionLimits
 
     llm = GatedLLM()
     spell = gated_spell(llm)

@@ -386,3 +386,61 @@ def test_no_module_is_over_the_line_limit() -> None:
         if (lines := len(path.read_text(encoding="utf-8").splitlines())) > LINE_LIMIT
     )
     assert over == []
+
+
+PROTOCOLS = "cantrip.protocols"
+PROTOCOL_FLOORS = ("sessions", "asgi", "middleware")
+"""The floors of the front ends' room, from the bottom (issue 41): the sessions seam
+and its backends know no HTTP; the ASGI primitives may read a session's ids and rules;
+the middleware wraps every route; each protocol stands above all three."""
+
+
+def protocol_package_of(module: str) -> str | None:
+    """The package of ``cantrip/protocols/`` a module is in (None: its face, or outside)."""
+    parts = module.split(".")
+    if module.startswith(PROTOCOLS + ".") and len(parts) > 3:
+        return parts[2]
+    return None
+
+
+def protocol_imports_running_down_only(graph: dict[str, set[str]]) -> list[str]:
+    """Imports between the packages of ``cantrip/protocols/`` that run down no floor:
+    a floor importing one above it, or one protocol importing another (only ``http``,
+    which serves them all, mounts the others)."""
+    low = PROTOCOL_FLOORS
+
+    def runs_down(mine: str, theirs: str) -> bool:
+        if mine in low:
+            return theirs in low and low.index(theirs) < low.index(mine)
+        return theirs in low or mine == "http"
+
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        mine = protocol_package_of(module)
+        for target in sorted(targets):
+            theirs = protocol_package_of(target)
+            if mine is None or theirs is None or theirs == mine:
+                continue
+            if not runs_down(mine, theirs):
+                wrong.append(f"{module} -> {target}")
+    return wrong
+
+
+def test_the_protocols_packages_stand_on_floors() -> None:
+    """The layout shows the seam: sessions, then the ASGI primitives, then middleware,
+    then one package per protocol, each written once over the seam (SPEC.md, the
+    rooms table)."""
+    assert protocol_imports_running_down_only(import_graph()) == []
+
+
+def test_the_floor_check_finds_a_session_module_importing_http() -> None:
+    graph = {
+        "cantrip.protocols.sessions._hub": {"cantrip.protocols.asgi._responses"},
+        "cantrip.protocols.a2a._handler": {"cantrip.protocols.agui._run"},
+        "cantrip.protocols.http._serve": {"cantrip.protocols.a2a._handler"},
+        "cantrip.protocols.middleware._guard": {"cantrip.protocols.asgi._responses"},
+    }
+    assert protocol_imports_running_down_only(graph) == [
+        "cantrip.protocols.a2a._handler -> cantrip.protocols.agui._run",
+        "cantrip.protocols.sessions._hub -> cantrip.protocols.asgi._responses",
+    ]

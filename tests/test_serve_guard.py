@@ -26,8 +26,8 @@ import cantrip
 from cantrip.protocols.http._serve import process_app, serve_http
 from cantrip.protocols.middleware._guard import BindError, Guard
 from cantrip.protocols.middleware._lifecycle import ServeOptions
-from cantrip.protocols.middleware._limits import SessionLimits, make_room
 from cantrip.protocols.sessions._hub import SessionError, SessionHub
+from cantrip.protocols.sessions._limits import SessionLimits, make_room
 from cantrip.spec import build_cantrip, parse_spec
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop (issue 28)

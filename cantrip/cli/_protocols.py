@@ -42,7 +42,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from cantrip.protocols.http._serve import serve_http
     from cantrip.protocols.middleware._guard import BindError, Guard
     from cantrip.protocols.middleware._lifecycle import ServeOptions
-    from cantrip.protocols.middleware._limits import SessionLimits
+    from cantrip.protocols.sessions._limits import SessionLimits
 
     debug_log(args.log)
     try:

@@ -1,13 +1,13 @@
 """ACP's JSON-RPC 2.0 framing and the parameters of its requests: the error codes, the
-error response, a prompt's text and its busy policy -- what every ACP transport and the
-HTTP API's ACP-shaped prompt body (:mod:`cantrip.protocols.asgi._requests`) share."""
+error response, a prompt's text and its busy policy -- what every ACP transport shares (a
+prompt's text is read as every front end reads it, :mod:`cantrip.protocols.sessions._prompts`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from cantrip._text import TextError, check_text
+from cantrip.protocols.sessions._prompts import PromptError, read_prompt
 
 PROTOCOL_VERSION = 1
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = (
@@ -29,31 +29,11 @@ class RpcError(Exception):
 
 
 def prompt_text(params: Mapping[str, Any]) -> str:
-    """The intent of a prompt, from the variants clients send (PROD-6)."""
-    raw = params.get("prompt", params.get("content"))
-    if isinstance(raw, str):
-        text = raw
-    elif isinstance(raw, list):
-        parts = []
-        for block in raw:
-            if isinstance(block, str):
-                parts.append(block)
-            elif isinstance(block, Mapping) and block.get("type", "text") == "text":
-                parts.append(str(block.get("text", "")))
-            elif isinstance(block, Mapping) and block.get("type") == "resource":
-                resource = block.get("resource") or {}
-                if isinstance(resource, Mapping) and "text" in resource:
-                    parts.append(str(resource["text"]))
-        text = "\n".join(p for p in parts if p)
-    elif isinstance(raw, Mapping) and "text" in raw:
-        text = str(raw["text"])
-    else:
-        raise RpcError(INVALID_PARAMS, "the prompt needs text: a string or text content blocks")
-    if not text.strip():
-        raise RpcError(INVALID_PARAMS, "the prompt is empty")
+    """The intent of a prompt, from the variants clients send (PROD-6); a prompt
+    without usable text is ACP's ``INVALID_PARAMS``."""
     try:
-        return check_text(text, "the prompt")
-    except TextError as exc:
+        return read_prompt(params)
+    except PromptError as exc:
         raise RpcError(INVALID_PARAMS, str(exc)) from None
 
 

@@ -63,8 +63,8 @@ from cantrip.protocols.acp._rpc import (
 )
 from cantrip.protocols.acp._rpc import error_response as _error
 from cantrip.protocols.acp._updates import Translator, message, replay
-from cantrip.protocols.asgi._ids import BadIdError, client_id
 from cantrip.protocols.sessions._hub import Session, SessionError, SessionHub
+from cantrip.protocols.sessions._ids import BadIdError, client_id
 
 log = get_logger("cantrip.acp")
 

@@ -16,8 +16,8 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
-from cantrip.protocols.asgi._ids import client_id
 from cantrip.protocols.sessions import _steering as steering
+from cantrip.protocols.sessions._ids import client_id
 
 Text = Annotated[str, Field(pattern=r"^[^\x00]*[^\s\x00][^\x00]*$")]
 """Prompt text: something that is not whitespace, and no NUL (U+0000), which PostgreSQL

@@ -11,12 +11,12 @@ from typing import Any
 
 import pydantic
 
-from cantrip.protocols.acp._rpc import RpcError, prompt_text
 from cantrip.protocols.asgi._body import BodyError, read_json_body
-from cantrip.protocols.asgi._ids import MAX_ID, BadIdError, client_id
 from cantrip.protocols.asgi._openapi import PromptRequest
 from cantrip.protocols.asgi._responses import HttpError, Receive, Scope
 from cantrip.protocols.sessions._idempotency import BadKeyError, check_key
+from cantrip.protocols.sessions._ids import MAX_ID, BadIdError, client_id
+from cantrip.protocols.sessions._prompts import PromptError, read_prompt
 
 MAX_BODY = 1 << 20
 NUL = "\x00"
@@ -63,7 +63,7 @@ def idempotency_key(scope: Scope) -> str | None:
 
 def request_id(raw: str, what: str, max_length: int = MAX_ID) -> str:
     """An id the request carries, checked by the one parse of client ids
-    (:func:`~cantrip.protocols.asgi._ids.client_id`): a 400 if it is not usable."""
+    (:func:`~cantrip.protocols.sessions._ids.client_id`): a 400 if it is not usable."""
     try:
         return client_id(raw, what, max_length)
     except BadIdError as exc:
@@ -87,9 +87,9 @@ def prompt_intent(body: Any) -> str:
         raise HttpError(400, "bad_request", "the body must be a JSON object with a prompt")
     request: PromptRequest = validated(PromptRequest, body)
     try:
-        return prompt_text(request.as_params())
-    except RpcError as exc:
-        raise HttpError(400, "bad_request", exc.message) from None
+        return read_prompt(request.as_params())
+    except PromptError as exc:
+        raise HttpError(400, "bad_request", str(exc)) from None
 
 
 async def read_body(receive: Receive) -> Any:

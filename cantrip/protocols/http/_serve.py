@@ -27,8 +27,8 @@ from cantrip.protocols.http._app import HttpApp
 from cantrip.protocols.middleware._arriving import arrivals
 from cantrip.protocols.middleware._guard import Guard
 from cantrip.protocols.middleware._lifecycle import ServeOptions
-from cantrip.protocols.middleware._limits import SessionLimits
 from cantrip.protocols.sessions import PostgresBackend, ProcessBackend, SessionBackend, SessionError
+from cantrip.protocols.sessions._limits import SessionLimits
 
 if TYPE_CHECKING:
     from cantrip.protocols.a2a._handler import A2AFront

@@ -147,7 +147,7 @@ is, said by :class:`Capabilities`, and 10 is left)
     prompt ids are durable on PostgreSQL only (an unkeyed prompt's id is random and
     known to the process that ran it). In process ``find``
     may resume the entity from the loom (and idle ones are dropped,
-    :mod:`cantrip.protocols.middleware._limits`); a replica never holds an entity.
+    :mod:`cantrip.protocols.sessions._limits`); a replica never holds an entity.
 14. *A client's tools outlived their prompt in process* -- removed (phase 2, step 3):
     AG-UI offered a run's tools to the entity (``Entity.offer``) and they stayed
     offered to every later prompt (the HTTP API's too) until an AG-UI run offered

@@ -22,7 +22,7 @@ import hashlib
 from collections.abc import Sequence
 
 from cantrip.loom._model import Turn
-from cantrip.protocols.asgi._ids import BadIdError, client_id
+from cantrip.protocols.sessions._ids import BadIdError, client_id
 
 KEY_TAG = "idempotency_key"
 """The extras field of a cast's first turn that holds its idempotency key."""
@@ -36,7 +36,7 @@ class BadKeyError(BadIdError):
 def check_key(raw: str) -> str:
     """The key as given (surrounding whitespace aside), if it is 1-255 visible ASCII
     characters -- the ``^[!-~]+$`` that ``/openapi.json`` publishes (no inner spaces).
-    It is a client's id first (:func:`~cantrip.protocols.asgi._ids.client_id`), then ASCII."""
+    It is a client's id first (:func:`~cantrip.protocols.sessions._ids.client_id`), then ASCII."""
     rule = f"an Idempotency-Key must be 1-{MAX_KEY_LENGTH} visible ASCII characters (no spaces)"
     try:
         key = client_id(raw.strip(), "an Idempotency-Key", MAX_KEY_LENGTH)

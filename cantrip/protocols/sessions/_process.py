@@ -16,7 +16,7 @@ started with ``nursery.start`` (``SessionHub.answer`` decides before its first
 checkpoint, so its refusal is known when the caller resumes).
 
 What only this mode has, beside the seam: the sessions kept in memory are bounded
-(:mod:`cantrip.protocols.middleware._limits`: ``create`` and a session resumed from
+(:mod:`cantrip.protocols.sessions._limits`: ``create`` and a session resumed from
 the loom make room first, or are refused ``too_many_sessions``), and a prompt request is
 known to its session from the moment it arrives (:meth:`ProcessBackend.announce`,
 entered by :func:`~cantrip.protocols.middleware._arriving.arrivals` while the body is
@@ -56,7 +56,6 @@ from cantrip._redact import get_logger, redact
 from cantrip.llm._stream import Event
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
-from cantrip.protocols.middleware._limits import SessionLimits, make_room
 from cantrip.protocols.sessions._backend import (
     MAX_TASKS,
     BusyPolicy,
@@ -77,6 +76,7 @@ from cantrip.protocols.sessions._hub import (
     event_dict,
 )
 from cantrip.protocols.sessions._idempotency import keyed_prompt_id
+from cantrip.protocols.sessions._limits import SessionLimits, make_room
 
 log = get_logger("cantrip.sessions")
 T = TypeVar("T")

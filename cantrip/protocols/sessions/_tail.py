@@ -36,9 +36,6 @@ import attrs
 import trio
 
 from cantrip.loom._model import Turn
-from cantrip.protocols.asgi._requests import until_disconnect
-from cantrip.protocols.asgi._responses import Receive
-from cantrip.protocols.middleware._lifecycle import Drain
 from cantrip.protocols.sessions._notify import Notifier
 from cantrip.protocols.sessions._rows import DbSessions, Progress
 
@@ -109,42 +106,3 @@ async def follow(
             with trio.move_on_after(replica.tail_s):
                 await woken.wait()
             heard = woken.is_set()
-
-
-@attrs.frozen
-class Followed:
-    """How following a work item for a client ended."""
-
-    ended: Progress | None
-    """How the work ended; None if the replica shut down first (the work goes on)."""
-    gone: bool
-    """The client hung up first (the work goes on, unless ``on_gone`` cancelled it)."""
-
-
-async def while_connected(
-    drain: Drain,
-    receive: Receive,
-    tell: Callable[[], Awaitable[Progress]],
-    on_gone: Callable[[], Awaitable[None]] | None = None,
-) -> Followed:
-    """Run ``tell`` (a follower of a work item, telling its client) until it returns,
-    the client hangs up (then ``on_gone``, shielded: e.g. cancel the work) or the
-    replica's shutdown ends the stream (``drain``)."""
-    gone = False
-    ended: Progress | None = None
-    async with trio.open_nursery() as nursery:
-
-        async def watch() -> None:
-            nonlocal gone
-            await until_disconnect(receive)
-            gone = True
-            if on_gone is not None:
-                with trio.CancelScope(shield=True):
-                    await on_gone()
-            nursery.cancel_scope.cancel()  # stop following: the socket goes now
-
-        nursery.start_soon(watch)
-        with drain.stream():
-            ended = await tell()
-        nursery.cancel_scope.cancel()
-    return Followed(ended, gone)
