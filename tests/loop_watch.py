@@ -87,6 +87,21 @@ def _futex_wait_reader() -> Callable[[], bool]:
     return in_futex if _FUTEX is not None else lambda: False
 
 
+def _runnable_reader() -> Callable[[], bool]:
+    """A check of whether this thread is runnable right now (``R`` in ``/proc/.../stat``:
+    on a CPU or in the run queue), read from another thread; never true where unknown."""
+    path = f"/proc/self/task/{threading.get_native_id()}/stat"
+
+    def runnable() -> bool:
+        try:
+            with open(path) as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            return False
+
+    return runnable
+
+
 class _CollectorClock:
     """Seconds spent in garbage collection since it was made that the loop thread
     could not run through (a ``gc.callbacks`` hook that times each collection from its
@@ -96,19 +111,25 @@ class _CollectorClock:
     Not another thread's collection as such: it may overlap a step in which the loop
     thread was itself stalled -- in a ``time.sleep``, a FIFO's open -- and subtracting
     it hid the stall (a 350 ms sleep charged 140 ms while a worker-sized heap was
-    collected elsewhere: the loop watch's own test failed once in a full run)."""
+    collected elsewhere: the loop watch's own test failed once in a full run). So at
+    the start the loop thread must be waiting in ``futex`` or be runnable (on its way
+    to ``futex`` for the GIL -- on a loaded machine it can sit in the run queue at that
+    instant: the whole collection was charged to it once, 586 ms), and at the end it
+    must be in ``futex``; a thread asleep at the start is never excused."""
 
     def __init__(self) -> None:
         self.total = 0.0
         self._started: float | None = None
         self._thread = threading.get_ident()
         self._loop_in_futex = _futex_wait_reader()
+        self._loop_runnable = _runnable_reader()
         gc.callbacks.insert(0, self._on_gc)  # first: it times the other callbacks too
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             mine = threading.get_ident() == self._thread
-            self._started = time.perf_counter() if mine or self._loop_in_futex() else None
+            waits = mine or self._loop_in_futex() or self._loop_runnable()
+            self._started = time.perf_counter() if waits else None
         elif self._started is not None:
             if threading.get_ident() == self._thread or self._loop_in_futex():
                 self.total += time.perf_counter() - self._started
