@@ -37,10 +37,15 @@ def repeat_note(
     ``observation`` are the new turn's."""
     if calls:
         last = calls[-1]
-        key = (last.gate, last.arguments)
+        canonical: str | None = None  # the last call's arguments as JSON, once needed
         for count, record in enumerate(_calls_backwards(turns, calls), start=1):
-            if (record.gate, record.arguments) != key:
+            # the cheap comparisons first: most turns differ from the one before
+            if record.gate != last.gate or record.args != last.args:
                 break
+            if record is not last:
+                canonical = canonical or last.arguments
+                if record.arguments != canonical:  # equal as dicts, not as JSON: true vs 1
+                    break
             if count >= limit:
                 return f"{last.gate} was called {limit} times in a row with the same arguments"
     if said is None:
