@@ -42,6 +42,9 @@ class WardKind:
     truncates: bool = False
     """Whether this ward alone guarantees that the loop ends (CIRCLE-2)."""
     doc: str = ""
+    whole_from: int | None = None
+    """A kind counted in whole numbers takes an int of at least this (``max_repeats``:
+    2, since one call is not a repeat); ``None``: any non-negative number."""
 
 
 _KINDS: dict[str, WardKind] = {}
@@ -85,6 +88,13 @@ for _kind in (
         doc="characters of one gate result a record stores; more is cut, its size and "
         "sha256 kept (default 1048576)",
     ),
+    WardKind(
+        "max_repeats",
+        "min",
+        doc="the same gate call, or a turn adding nothing new, this many times in a row "
+        "ends the cast (reason loop)",
+        whole_from=2,
+    ),
 ):
     register_ward_kind(_kind)
 
@@ -104,6 +114,13 @@ class Ward:
         if spec.combine == "or":
             if not isinstance(self.value, bool):
                 raise ConstructionError(f"ward {self.kind} takes true or false, not {self.value!r}")
+        elif spec.whole_from is not None:
+            value = self.value
+            if isinstance(value, bool) or not isinstance(value, int) or value < spec.whole_from:
+                raise ConstructionError(
+                    f"ward {self.kind} takes a whole number of at least {spec.whole_from}, "
+                    f"not {value!r}"
+                )
         elif isinstance(self.value, bool) or not isinstance(self.value, int | float):
             raise ConstructionError(f"ward {self.kind} takes a number, not {self.value!r}")
         elif self.value < 0:

@@ -39,6 +39,7 @@ from cantrip._core._recording import (
     turn_metadata,
     utterance,
 )
+from cantrip._core._repeats import repeat_note
 from cantrip._core._state import EntityState
 from cantrip._cost import CostMeter
 from cantrip._errors import CastSuspended, IntentError, LLMError, ProviderError
@@ -61,7 +62,7 @@ from cantrip.llm._contract import Response, can_stream
 from cantrip.llm._retry import UNREACHABLE
 from cantrip.llm._stream import Event
 from cantrip.loom._fence import LeaseLostError
-from cantrip.loom._model import Turn
+from cantrip.loom._model import GateCallRecord, Turn
 from cantrip.medium import Execution, MediumSession, capped_execution
 
 CONTINUE_CUT_OFF = (
@@ -382,9 +383,16 @@ def _conclude(
             checkpointed=inflight.checkpoint_id is not None,
         ):
             reason = "max_cost_usd"
+    said_text = utterance(response) if inflight.checkpoint_id is None else None
+    loop_note = None
+    if reason is None and not terminated and (repeats := wards.get("max_repeats")):
+        loop_note = repeat_note(
+            int(repeats), cast.turns, _calls_of(inflight, execution), said_text, observation
+        )
+        reason = "loop" if loop_note is not None else None
     truncated = not terminated and reason is not None
     said: dict[str, Any] = {
-        "utterance": utterance(response),
+        "utterance": said_text,
         "content": response.content,
         "thinking": response.thinking,
         "tool_calls": response.tool_calls,
@@ -396,7 +404,9 @@ def _conclude(
         # The utterance is in the checkpoint; this turn completes it.
         said = {}
         extras = {**extras, "phase": "continuation"}
-        gate_calls = tuple(host.records[inflight.recorded_upto :])
+        gate_calls = _calls_of(inflight, execution)
+    if loop_note is not None:
+        extras = {**extras, "loop": loop_note}  # why the loop ward ended the cast
     turn = record(
         entity,
         new_turn(
@@ -433,6 +443,15 @@ def _conclude(
             result = output.load(result)  # the parsed value (a model)
         return cast.result(entity.id, turn, result if terminated else None)
     return None
+
+
+def _calls_of(inflight: Inflight, execution: Execution) -> tuple[GateCallRecord, ...]:
+    """The gate calls a turn records: a continuation's are those its checkpoints
+    did not hold yet."""
+    if inflight.checkpoint_id is None:
+        return tuple(execution.gate_calls)
+    assert inflight.host is not None
+    return tuple(inflight.host.records[inflight.recorded_upto :])
 
 
 def _outcome(response: Response, execution: Execution, require_done: bool) -> tuple[bool, Any, str]:
