@@ -246,15 +246,16 @@ def list_namespaces_from(
 
 def under(prefix: str, mark: str) -> tuple[str, list[Any]]:
     """The condition "the item's namespace (``i.namespace``) is ``prefix`` or under it",
-    as SQL with ``mark`` for a parameter, and its parameters: the same text on both
-    databases (``substr`` counts characters on each)."""
+    as SQL with ``mark`` for a parameter, and its parameters.
+
+    A range, so the ``(namespace, key)`` index answers it: in code-point order (SQLite's
+    BINARY, PostgreSQL's ``COLLATE "C"`` on the column) the namespaces from ``prefix``
+    up to ``prefix`` + a space are ``prefix`` itself and those continuing it with
+    :data:`SEPARATOR` -- no part may hold a character below a space, so nothing else
+    sorts between them, and ``("users",)`` is not under ``("user",)``."""
     if not prefix:
         return "TRUE", []
-    below = prefix + SEPARATOR
-    return (
-        f"(i.namespace = {mark} OR substr(i.namespace, 1, {mark}) = {mark})",
-        [prefix, len(below), below],
-    )
+    return f"(i.namespace >= {mark} AND i.namespace < {mark})", [prefix, prefix + " "]
 
 
 def decode_json(text: str) -> Any:

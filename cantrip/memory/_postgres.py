@@ -48,7 +48,7 @@ SCHEMA_LOCK = 0x6D656D6F  # "memo": the advisory lock schema creation runs under
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cantrip_memory_schema (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS cantrip_memory_items (
-    namespace TEXT NOT NULL,
+    namespace TEXT COLLATE "C" NOT NULL,
     key TEXT NOT NULL,
     value TEXT NOT NULL,
     metadata TEXT NOT NULL,
