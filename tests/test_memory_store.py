@@ -474,3 +474,21 @@ async def test_async_memory_runs_each_call_in_a_worker_thread(mem: MemoryBackend
     assert [hit.item for hit in hits] == [item]
     assert await memory.list_namespaces() == [("user", "alice")]
     assert await memory.delete(("user", "alice"), "k") is True
+
+
+async def test_concurrent_puts_of_one_key_each_get_their_own_revision(where: Where) -> None:
+    """Puts racing on one key (two stores on one database, several threads each) lose
+    no revision and never give two puts the same one."""
+    stores = [AsyncMemory(where.open()), AsyncMemory(where.open())]
+    revisions: list[int] = []
+
+    async def put(n: int) -> None:
+        item = await stores[n % 2].put(("n",), "k", {"n": n})
+        revisions.append(item.revision)
+
+    async with trio.open_nursery() as nursery:
+        for n in range(16):
+            nursery.start_soon(put, n)
+    assert sorted(revisions) == list(range(1, 17))
+    kept = [where.open().get(("n",), "k", revision=r) for r in range(1, 17)]
+    assert sorted(item.value["n"] for item in kept if item is not None) == list(range(16))
