@@ -111,6 +111,18 @@ def test_a_scalar_value_and_no_metadata_are_stored_too(mem: MemoryBackend) -> No
     assert got is not None and got.value == "just text" and got.metadata == {}
 
 
+def test_control_characters_inside_a_value_are_kept_and_its_words_found(
+    mem: MemoryBackend,
+) -> None:
+    """A NUL is no name's, but a value may hold one: JSON escapes it, and the search
+    text holds a space in its place (PostgreSQL's text refuses NUL)."""
+    value = {"raw": "left\x00right\x1bend"}
+    mem.put(("n",), "k", value)
+    got = mem.get(("n",), "k")
+    assert got is not None and got.value == value
+    assert [hit.item.key for hit in mem.search(query="right")] == ["k"]
+
+
 def test_each_put_of_a_key_is_a_new_revision_and_the_old_ones_are_kept(
     mem: MemoryBackend,
 ) -> None:
@@ -320,6 +332,9 @@ def test_bad_input_to_put_is_refused_with_the_reason_and_stores_nothing(
 
 BAD_READS: list[tuple[str, Callable[[MemoryBackend], object], str]] = [
     ("get NUL key", lambda m: m.get(("n",), "\x00"), "NUL"),
+    ("revision 0", lambda m: m.get(("n",), "k", revision=0), "a revision is an integer from 1"),
+    ("revision True", lambda m: m.get(("n",), "k", revision=True), "a revision is an integer"),
+    ("revision text", lambda m: m.get(("n",), "k", revision="1"), "a revision is an integer"),  # type: ignore[arg-type]
     ("delete empty namespace", lambda m: m.delete((), "k"), "at least one part"),
     ("long query", lambda m: m.search(query="q" * 1025), f"{MAX_QUERY_CHARS} characters"),
     ("query not text", lambda m: m.search(query=3), "query is a string"),  # type: ignore[arg-type]

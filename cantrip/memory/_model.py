@@ -133,6 +133,15 @@ def _check_name(name: object, what: str, bound: int, bound_name: str) -> None:
         raise MemoryStoreError(f"a {what} may not hold a secret value from the environment")
 
 
+def check_revision(revision: int | None) -> None:
+    """A revision asked of ``get``: None (the latest) or a positive integer -- ``True``
+    or ``"1"`` would otherwise read revision 1 or nothing, silently."""
+    if revision is not None and (
+        isinstance(revision, bool) or not isinstance(revision, int) or revision < 1
+    ):
+        raise MemoryStoreError(f"a revision is an integer from 1; got {revision!r}"[:200])
+
+
 def split_namespace(stored: str) -> Namespace:
     """A namespace as :func:`check_namespace` stored it, as a tuple again."""
     return tuple(stored.split(SEPARATOR))

@@ -27,6 +27,7 @@ from cantrip.memory._model import (
     check_key,
     check_listing,
     check_namespace,
+    check_revision,
     check_search,
     decode_json,
     list_namespaces_from,
@@ -147,6 +148,7 @@ class PostgresMemory:
 
     def get(self, namespace: Namespace, key: str, revision: int | None = None) -> Item | None:
         ns, key = check_namespace(namespace), check_key(key)
+        check_revision(revision)
         with self.pool.connection() as conn:
             if revision is None:
                 row = conn.execute(

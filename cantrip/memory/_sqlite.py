@@ -30,6 +30,7 @@ from cantrip.memory._model import (
     check_key,
     check_listing,
     check_namespace,
+    check_revision,
     check_search,
     decode_json,
     list_namespaces_from,
@@ -155,6 +156,7 @@ class SQLiteMemory:
 
     def get(self, namespace: Namespace, key: str, revision: int | None = None) -> Item | None:
         ns, key = check_namespace(namespace), check_key(key)
+        check_revision(revision)
         with self._lock:
             if revision is None:
                 row = self._db.execute(
