@@ -1,0 +1,43 @@
+"""Memory across sessions: a namespaced store of items beside the loom (issue 42).
+
+Items ``(namespace, key) -> value`` (JSON) with metadata, created and updated times and
+every revision kept, searched by text (SQLite FTS5, PostgreSQL text search). The store
+lives in the loom's own database (:func:`memory_for`), in tables of its own. The
+stores are synchronous, like the loom's; :class:`AsyncMemory` runs their calls in
+worker threads for code on the trio loop.
+"""
+
+from cantrip.memory._model import (
+    MAX_DEPTH,
+    MAX_KEY_CHARS,
+    MAX_LIMIT,
+    MAX_PART_CHARS,
+    MAX_QUERY_CHARS,
+    MAX_VALUE_BYTES,
+    Item,
+    MemoryStoreError,
+    Namespace,
+    SearchItem,
+)
+from cantrip.memory._open import memory_for
+from cantrip.memory._postgres import PostgresMemory
+from cantrip.memory._sqlite import SQLiteMemory
+from cantrip.memory._store import AsyncMemory, MemoryBackend
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_KEY_CHARS",
+    "MAX_LIMIT",
+    "MAX_PART_CHARS",
+    "MAX_QUERY_CHARS",
+    "MAX_VALUE_BYTES",
+    "AsyncMemory",
+    "Item",
+    "MemoryBackend",
+    "MemoryStoreError",
+    "Namespace",
+    "PostgresMemory",
+    "SQLiteMemory",
+    "SearchItem",
+    "memory_for",
+]

@@ -1,0 +1,24 @@
+"""The memory that belongs with a loom: in the same SQLite file or PostgreSQL database."""
+
+from __future__ import annotations
+
+from cantrip.loom._postgres import PostgresStore
+from cantrip.loom._stores import LoomStore, SQLiteStore
+from cantrip.memory._model import MemoryStoreError
+from cantrip.memory._postgres import PostgresMemory
+from cantrip.memory._sqlite import SQLiteMemory
+from cantrip.memory._store import MemoryBackend
+
+
+def memory_for(store: LoomStore) -> MemoryBackend:
+    """The memory store beside a loom's ``store``: its tables are added to the loom's
+    file or database (once; the loom's own tables and turns are left as they are).
+    A loom kept in memory or in a JSONL file has no database to hold memory."""
+    if isinstance(store, SQLiteStore):
+        return SQLiteMemory(store.path)
+    if isinstance(store, PostgresStore):
+        return PostgresMemory.beside(store)
+    raise MemoryStoreError(
+        f"memory lives in a loom's database: an SQLite or PostgreSQL loom, not a "
+        f"{type(store).__name__}"
+    )

@@ -1,0 +1,249 @@
+"""Memory in a PostgreSQL loom's database: its own tables beside the loom's, searched
+with PostgreSQL's text search (``to_tsvector`` / ``plainto_tsquery``, English).
+
+The tables are made the way the loom makes its own (:mod:`cantrip.loom._postgres_schema`):
+one idempotent script with one version history, run on first use in one transaction
+under an advisory lock (so that workers starting together do not race), the version
+recorded in ``cantrip_memory_schema``. A database written by a newer cantrip is
+refused instead of being written in a shape it does not expect. The memory's version
+is its own: the loom's tables and their version are not touched.
+
+psycopg is blocking; the store is synchronous, with a ``limiter`` of the pool's size
+for :class:`~cantrip.memory._store.AsyncMemory`. Beside a loom it shares the loom's
+pool (:meth:`PostgresMemory.beside`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from cantrip.memory._model import (
+    Item,
+    MemoryStoreError,
+    Namespace,
+    SearchItem,
+    check_key,
+    check_listing,
+    check_namespace,
+    check_revision,
+    check_search,
+    decode_json,
+    list_namespaces_from,
+    prepare_put,
+    split_namespace,
+    under,
+)
+from cantrip.memory._store import now
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
+
+    from cantrip.loom._postgres import PostgresStore
+
+SCHEMA_VERSION = 1
+"""1: items with their text-search vector, and their revisions."""
+SCHEMA_LOCK = 0x6D656D6F  # "memo": the advisory lock schema creation runs under
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS cantrip_memory_schema (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS cantrip_memory_items (
+    namespace TEXT COLLATE "C" NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL,
+    text TEXT NOT NULL,
+    tsv TSVECTOR GENERATED ALWAYS AS (to_tsvector('english', text)) STORED,
+    PRIMARY KEY (namespace, key)
+);
+CREATE INDEX IF NOT EXISTS cantrip_memory_items_tsv ON cantrip_memory_items USING GIN (tsv);
+CREATE TABLE IF NOT EXISTS cantrip_memory_revisions (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    value TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (namespace, key, revision)
+);
+"""
+
+_COLUMNS = "i.namespace, i.key, i.value, i.metadata, i.revision, i.created_at, i.updated_at"
+
+
+def migrate(conn: Any, where: str) -> None:
+    """Bring the memory tables behind ``conn`` up to :data:`SCHEMA_VERSION`, in one
+    transaction under :data:`SCHEMA_LOCK` (``where`` names the database in a refusal)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        exists = conn.execute("SELECT to_regclass('cantrip_memory_schema')").fetchone()
+        if exists is not None and exists[0] is not None:
+            row = conn.execute("SELECT max(version) FROM cantrip_memory_schema").fetchone()
+            version = row[0] if row is not None and row[0] is not None else 0
+            if version > SCHEMA_VERSION:
+                raise MemoryStoreError(
+                    f"the memory tables at {where} were written by a newer cantrip "
+                    f"(memory schema {version}; this one knows up to {SCHEMA_VERSION}): upgrade"
+                )
+            if version == SCHEMA_VERSION:
+                return
+        conn.execute(SCHEMA)
+        conn.execute("INSERT INTO cantrip_memory_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+
+
+class PostgresMemory:
+    """A memory store on PostgreSQL, on a psycopg pool (autocommit connections)."""
+
+    def __init__(self, pool: ConnectionPool, *, where: str, owns_pool: bool = False) -> None:
+        self.pool = pool
+        self.where = where
+        self._owns_pool = owns_pool
+        self.limiter = trio.CapacityLimiter(pool.max_size)
+        with pool.connection() as conn:
+            migrate(conn, where)
+
+    @classmethod
+    def beside(cls, store: PostgresStore) -> PostgresMemory:
+        """The memory in a PostgreSQL loom's database, on the loom's own pool."""
+        return cls(store.pool, where=str(store))
+
+    @classmethod
+    def open(cls, url: str, *, max_connections: int = 4) -> PostgresMemory:
+        """The memory in the database at ``url``, on a pool of its own."""
+        from cantrip.loom._postgres_connection import open_pool, safe_url
+
+        pool = open_pool(url, max_connections)
+        try:
+            return cls(pool, where=safe_url(url), owns_pool=True)
+        except BaseException:
+            pool.close()
+            raise
+
+    def put(
+        self, namespace: Namespace, key: str, value: Any, metadata: dict[str, Any] | None = None
+    ) -> Item:
+        p = prepare_put(namespace, key, value, metadata)
+        stamp = now()
+        with self.pool.connection() as conn, conn.transaction():
+            row = conn.execute(
+                "INSERT INTO cantrip_memory_items AS i (namespace, key, value, metadata, "
+                "revision, created_at, updated_at, text) VALUES (%s, %s, %s, %s, 1, %s, %s, %s) "
+                "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, "
+                "metadata = excluded.metadata, revision = i.revision + 1, "
+                "updated_at = excluded.updated_at, text = excluded.text "
+                f"RETURNING {_COLUMNS}",
+                (p.namespace, p.key, p.value, p.metadata, stamp, stamp, p.text),
+            ).fetchone()
+            assert row is not None  # an upsert with RETURNING returns its row
+            conn.execute(
+                "INSERT INTO cantrip_memory_revisions (namespace, key, revision, value, "
+                "metadata, updated_at) VALUES (%s, %s, %s, %s, %s, %s)",
+                (p.namespace, p.key, row[4], p.value, p.metadata, stamp),
+            )
+        return _item(row)
+
+    def get(self, namespace: Namespace, key: str, revision: int | None = None) -> Item | None:
+        ns, key = check_namespace(namespace), check_key(key)
+        check_revision(revision)
+        with self.pool.connection() as conn:
+            if revision is None:
+                row = conn.execute(
+                    f"SELECT {_COLUMNS} FROM cantrip_memory_items i "
+                    "WHERE namespace = %s AND key = %s",
+                    (ns, key),
+                ).fetchone()
+            else:
+                row = conn.execute(
+                    "SELECT r.namespace, r.key, r.value, r.metadata, r.revision, i.created_at, "
+                    "r.updated_at FROM cantrip_memory_revisions r JOIN cantrip_memory_items i "
+                    "ON i.namespace = r.namespace AND i.key = r.key "
+                    "WHERE r.namespace = %s AND r.key = %s AND r.revision = %s",
+                    (ns, key, revision),
+                ).fetchone()
+        return None if row is None else _item(row)
+
+    def delete(self, namespace: Namespace, key: str) -> bool:
+        ns, key = check_namespace(namespace), check_key(key)
+        with self.pool.connection() as conn, conn.transaction():
+            gone = conn.execute(
+                "DELETE FROM cantrip_memory_items WHERE namespace = %s AND key = %s RETURNING 1",
+                (ns, key),
+            ).fetchone()
+            conn.execute(
+                "DELETE FROM cantrip_memory_revisions WHERE namespace = %s AND key = %s", (ns, key)
+            )
+        return gone is not None
+
+    def list_namespaces(
+        self,
+        prefix: Namespace = (),
+        *,
+        max_depth: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[Namespace]:
+        check_listing(max_depth, limit, offset)
+        where, params = under(check_namespace(prefix, prefix=True), "%s")
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT DISTINCT i.namespace FROM cantrip_memory_items i WHERE {where}", params
+            ).fetchall()
+        return list_namespaces_from([row[0] for row in rows], max_depth, limit, offset)
+
+    def search(
+        self,
+        prefix: Namespace = (),
+        *,
+        query: str | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[SearchItem]:
+        words = check_search(query, limit, offset)
+        where, params = under(check_namespace(prefix, prefix=True), "%s")
+        if words is None:
+            sql = (
+                f"SELECT {_COLUMNS}, NULL FROM cantrip_memory_items i WHERE {where} "
+                "ORDER BY i.updated_at DESC, i.namespace, i.key LIMIT %s OFFSET %s"
+            )
+            params = [*params, limit, offset]
+        elif not words:
+            return []  # nothing searchable in the query (only punctuation): nothing matches
+        else:
+            sql = (
+                f"SELECT {_COLUMNS}, ts_rank(i.tsv, q) FROM cantrip_memory_items i, "
+                "plainto_tsquery('english', %s) q "
+                f"WHERE i.tsv @@ q AND {where} "
+                "ORDER BY ts_rank(i.tsv, q) DESC, i.updated_at DESC, i.namespace, i.key "
+                "LIMIT %s OFFSET %s"
+            )
+            params = [" ".join(words), *params, limit, offset]
+        with self.pool.connection() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [SearchItem(_item(row[:7]), _score(row[7])) for row in rows]
+
+    def close(self) -> None:
+        """Close the pool if this store opened it (a loom's pool is the loom's to close)."""
+        if self._owns_pool:
+            self.pool.close()
+
+
+def _score(rank: Any) -> float | None:
+    """``ts_rank``'s answer (a ``real``) as a float; None for a search without a query."""
+    return None if rank is None else float(rank)
+
+
+def _item(row: Any) -> Item:
+    ns, key, value, metadata, revision, created, updated = row
+    return Item(
+        namespace=split_namespace(ns),
+        key=key,
+        value=decode_json(value),
+        metadata=decode_json(metadata),
+        revision=revision,
+        created_at=created,
+        updated_at=updated,
+    )

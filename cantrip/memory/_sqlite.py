@@ -1,0 +1,259 @@
+"""Memory in an SQLite loom's file: its own tables beside the loom's, FTS5 for search.
+
+The tables are made the way the SQLite loom makes its own (:mod:`cantrip.loom._stores`):
+an idempotent script run on open, so a loom written before memory existed gains them
+once and its turns are not touched. ``memory_schema`` records the version; a file
+written by a newer cantrip is refused instead of being written in a shape it does not
+expect.
+
+One connection of its own (WAL lets it sit beside the loom's), used by one thread at a
+time: a lock around each operation for callers in several threads, and a limiter of
+one for :class:`~cantrip.memory._store.AsyncMemory`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from cantrip.memory._model import (
+    Item,
+    MemoryStoreError,
+    Namespace,
+    SearchItem,
+    check_key,
+    check_listing,
+    check_namespace,
+    check_revision,
+    check_search,
+    decode_json,
+    list_namespaces_from,
+    prepare_put,
+    split_namespace,
+    under,
+)
+from cantrip.memory._store import now
+
+SCHEMA_VERSION = 1
+"""1: items, their revisions, and the full-text index."""
+
+_SCHEMA = """
+PRAGMA journal_mode=WAL;
+CREATE TABLE IF NOT EXISTS memory_schema (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS memory_items (
+    id INTEGER PRIMARY KEY,
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    UNIQUE (namespace, key)
+);
+CREATE TABLE IF NOT EXISTS memory_revisions (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    value TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (namespace, key, revision)
+) WITHOUT ROWID;
+CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5(text, tokenize='porter unicode61');
+"""
+
+_TIME = "%Y-%m-%dT%H:%M:%S.%f%z"
+"""Times as text of one width, so that text order is time order."""
+_COLUMNS = "i.namespace, i.key, i.value, i.metadata, i.revision, i.created_at, i.updated_at"
+
+
+class SQLiteMemory:
+    """A memory store in the SQLite file at ``path`` (a loom's, or a file of its own)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._lock = threading.Lock()
+        self.limiter = trio.CapacityLimiter(1)
+        try:
+            self._migrate()
+            # the loom's default durability (SQLiteStore: "normal"): a commit survives
+            # the process crashing, without an fsync per put
+            self._db.execute("PRAGMA synchronous=NORMAL")
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _migrate(self) -> None:
+        db = self._db
+        found = db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'memory_schema'"
+        ).fetchone()
+        if found is not None:
+            row = db.execute("SELECT max(version) FROM memory_schema").fetchone()
+            version = row[0] if row is not None and row[0] is not None else 0
+            if version > SCHEMA_VERSION:
+                raise MemoryStoreError(
+                    f"the memory tables in {self.path} were written by a newer cantrip "
+                    f"(memory schema {version}; this one knows up to {SCHEMA_VERSION}): upgrade"
+                )
+            if version == SCHEMA_VERSION:
+                return
+        db.executescript(_SCHEMA)
+        db.execute("INSERT INTO memory_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+
+    def put(
+        self, namespace: Namespace, key: str, value: Any, metadata: dict[str, Any] | None = None
+    ) -> Item:
+        prepared = prepare_put(namespace, key, value, metadata)
+        stamp = now().strftime(_TIME)
+        ns, key = prepared.namespace, prepared.key
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.execute(
+                    "SELECT id, revision, created_at FROM memory_items "
+                    "WHERE namespace = ? AND key = ?",
+                    (ns, key),
+                ).fetchone()
+                if row is None:
+                    revision, created = 1, stamp
+                    item_id = db.execute(
+                        "INSERT INTO memory_items (namespace, key, value, metadata, revision, "
+                        "created_at, updated_at) VALUES (?, ?, ?, ?, 1, ?, ?)",
+                        (ns, key, prepared.value, prepared.metadata, stamp, stamp),
+                    ).lastrowid
+                else:
+                    item_id, revision, created = row[0], row[1] + 1, row[2]
+                    db.execute(
+                        "UPDATE memory_items SET value = ?, metadata = ?, revision = ?, "
+                        "updated_at = ? WHERE id = ?",
+                        (prepared.value, prepared.metadata, revision, stamp, item_id),
+                    )
+                    db.execute("DELETE FROM memory_fts WHERE rowid = ?", (item_id,))
+                db.execute(
+                    "INSERT INTO memory_fts (rowid, text) VALUES (?, ?)", (item_id, prepared.text)
+                )
+                db.execute(
+                    "INSERT INTO memory_revisions (namespace, key, revision, value, metadata, "
+                    "updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    (ns, key, revision, prepared.value, prepared.metadata, stamp),
+                )
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        return _item((ns, key, prepared.value, prepared.metadata, revision, created, stamp))
+
+    def get(self, namespace: Namespace, key: str, revision: int | None = None) -> Item | None:
+        ns, key = check_namespace(namespace), check_key(key)
+        check_revision(revision)
+        with self._lock:
+            if revision is None:
+                row = self._db.execute(
+                    f"SELECT {_COLUMNS} FROM memory_items i WHERE namespace = ? AND key = ?",
+                    (ns, key),
+                ).fetchone()
+            else:
+                row = self._db.execute(
+                    "SELECT r.namespace, r.key, r.value, r.metadata, r.revision, i.created_at, "
+                    "r.updated_at FROM memory_revisions r JOIN memory_items i "
+                    "ON i.namespace = r.namespace AND i.key = r.key "
+                    "WHERE r.namespace = ? AND r.key = ? AND r.revision = ?",
+                    (ns, key, revision),
+                ).fetchone()
+        return None if row is None else _item(row)
+
+    def delete(self, namespace: Namespace, key: str) -> bool:
+        ns, key = check_namespace(namespace), check_key(key)
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.execute(
+                    "DELETE FROM memory_items WHERE namespace = ? AND key = ? RETURNING id",
+                    (ns, key),
+                ).fetchone()
+                if row is not None:
+                    db.execute("DELETE FROM memory_fts WHERE rowid = ?", (row[0],))
+                    db.execute(
+                        "DELETE FROM memory_revisions WHERE namespace = ? AND key = ?", (ns, key)
+                    )
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        return row is not None
+
+    def list_namespaces(
+        self,
+        prefix: Namespace = (),
+        *,
+        max_depth: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[Namespace]:
+        check_listing(max_depth, limit, offset)
+        where, params = under(check_namespace(prefix, prefix=True), "?")
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT DISTINCT i.namespace FROM memory_items i WHERE {where}", params
+            ).fetchall()
+        return list_namespaces_from([row[0] for row in rows], max_depth, limit, offset)
+
+    def search(
+        self,
+        prefix: Namespace = (),
+        *,
+        query: str | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[SearchItem]:
+        words = check_search(query, limit, offset)
+        where, params = under(check_namespace(prefix, prefix=True), "?")
+        if words is None:
+            sql = (
+                f"SELECT {_COLUMNS}, NULL FROM memory_items i WHERE {where} "
+                "ORDER BY i.updated_at DESC, i.namespace, i.key LIMIT ? OFFSET ?"
+            )
+            params = [*params, limit, offset]
+        elif not words:
+            return []  # nothing searchable in the query (only punctuation): nothing matches
+        else:
+            sql = (
+                f"SELECT {_COLUMNS}, -bm25(memory_fts) FROM memory_fts "
+                f"JOIN memory_items i ON i.id = memory_fts.rowid "
+                f"WHERE memory_fts MATCH ? AND {where} "
+                "ORDER BY bm25(memory_fts), i.updated_at DESC, i.namespace, i.key "
+                "LIMIT ? OFFSET ?"
+            )
+            params = [" ".join(f'"{word}"' for word in words), *params, limit, offset]
+        with self._lock:
+            rows = self._db.execute(sql, params).fetchall()
+        return [SearchItem(_item(row[:7]), row[7]) for row in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _item(row: Any) -> Item:
+    ns, key, value, metadata, revision, created, updated = row
+    return Item(
+        namespace=split_namespace(ns),
+        key=key,
+        value=decode_json(value),
+        metadata=decode_json(metadata),
+        revision=revision,
+        created_at=datetime.strptime(created, _TIME),
+        updated_at=datetime.strptime(updated, _TIME),
+    )
