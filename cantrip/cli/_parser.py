@@ -105,7 +105,7 @@ def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, Any]:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--debug",
         action="store_true",
