@@ -15,10 +15,15 @@ are looked through: a group of user errors is reported as its first one.
 A reader that went away (``cantrip loom X list | head``) is no failure: the command
 stops writing and exits quietly, as a process killed by SIGPIPE would (141), for
 every command (:func:`closed_pipe`).
+
+A command given ``--json`` also prints the failure on stdout, as one JSON object
+(:func:`print_json_error`), so a script reading stdout is told what went wrong
+instead of reading nothing (issue 47.6).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import sqlite3
@@ -117,22 +122,44 @@ def problem_lines(exc: BaseException, *, debug: bool = False) -> list[str]:
     return [f"cantrip: {message(exc, debug=debug)}"]
 
 
-def report(exc: BaseException, *, debug: bool, stream: TextIO) -> int:
-    """Print ``exc`` for a user (see the module docstring); the exit code."""
+def print_json_error(
+    out: TextIO, *, kind: str, exit_code: int, text: str, problems: list[str] | None = None
+) -> None:
+    """The ``--json`` form of a failure, one line on ``out``:
+    ``{"error": {"kind", "exit_code", "message", "problems"}}``. ``kind`` is ``"error"``
+    (the user's input) or ``"bug"`` (cantrip's); ``problems`` lists
+    every problem (one item unless a spec has several). The texts are already redacted."""
+    body = {"kind": kind, "exit_code": exit_code, "message": text, "problems": problems or [text]}
+    print(json.dumps({"error": body}), file=out, flush=True)
+
+
+def report(
+    exc: BaseException, *, debug: bool, stream: TextIO, json_out: TextIO | None = None
+) -> int:
+    """Print ``exc`` for a user (see the module docstring), and as a JSON object on
+    ``json_out`` when given (``--json``); the exit code."""
     if is_closed_pipe(exc):
         return closed_pipe()
     found = leaves(exc)
     if all(is_user_error(leaf) for leaf in found):
         if debug:
             stream.write(redact("".join(traceback.format_exception(exc))))
-        for line in problem_lines(found[0], debug=debug):
+        lines = problem_lines(found[0], debug=debug)
+        for line in lines:
             print(line, file=stream)
+        if json_out is not None:
+            problems = [line.removeprefix("  - ") for line in lines[1:]] or None
+            text = lines[0].removeprefix("cantrip: ")
+            print_json_error(json_out, kind="error", exit_code=EXIT_ERROR, text=text,
+                             problems=problems)  # fmt: skip
         return EXIT_ERROR
     bug = next(leaf for leaf in found if not is_user_error(leaf))
     stream.write(redact("".join(traceback.format_exception(exc))))
-    print(
-        f"cantrip: internal error -- this is a bug in cantrip, not in your input; please "
-        f"report it with the traceback above ({type(bug).__name__}: {message(bug)})",
-        file=stream,
+    text = (
+        f"internal error -- this is a bug in cantrip, not in your input; please "
+        f"report it with the traceback above ({type(bug).__name__}: {message(bug)})"
     )
+    print(f"cantrip: {text}", file=stream)
+    if json_out is not None:
+        print_json_error(json_out, kind="bug", exit_code=EXIT_BUG, text=text)
     return EXIT_BUG

@@ -546,3 +546,63 @@ def test_text_that_is_not_valid_unicode_is_printed_escaped_by_every_command(
         assert out.returncode == 0, (command, out.stderr)
         assert shown in out.stdout, (command, out.stdout)
         assert "internal error" not in out.stderr
+
+
+# -- --json when the command fails (issue 47.6) ----------------------------------------
+
+
+def _json_error(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The one JSON object on stdout of a failed ``--json`` command."""
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    error = json.loads(lines[0])["error"]
+    assert isinstance(error, dict)
+    return error
+
+
+def test_cast_json_prints_an_error_object_when_the_spec_is_missing(tmp_path: Path) -> None:
+    done = run("cast", "--json", "missing.toml", "hi", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == "cantrip: spec file not found: missing.toml\n"
+    error = _json_error(done)
+    assert error == {
+        "exit_code": 1,
+        "kind": "error",
+        "message": "spec file not found: missing.toml",
+        "problems": ["spec file not found: missing.toml"],
+    }
+
+
+def test_cast_json_error_lists_every_problem_of_a_spec(tmp_path: Path) -> None:
+    spec = tmp_path / "bad.toml"
+    spec.write_text(
+        "[circle]\nmedium = 'conversation'\ngates = ['done', 'teleport', 'beam']\n",
+        encoding="utf-8",
+    )
+    done = run("cast", "--json", str(spec), "hi", cwd=tmp_path)
+    assert done.returncode == 1
+    error = _json_error(done)
+    assert error["kind"] == "error" and error["exit_code"] == 1
+    assert len(error["problems"]) >= 2, error
+    assert any("teleport" in p for p in error["problems"])
+    assert any("beam" in p for p in error["problems"])
+    for problem in error["problems"]:  # the same lines the human reads on stderr
+        assert problem in done.stderr
+
+
+def test_cast_db_json_prints_an_error_object_when_postgres_is_unreachable(
+    tmp_path: Path,
+) -> None:
+    spec = spec_file(tmp_path, GREETING)
+    done = run("cast", "--json", "--db", "postgresql://127.0.0.1:1/x", str(spec), "hi",
+               cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1
+    error = _json_error(done)
+    assert error["kind"] == "error" and error["exit_code"] == 1
+    assert "cannot connect to PostgreSQL" in error["message"]
+    assert done.stderr == f"cantrip: {error['message']}\n"
+
+
+def test_a_failure_without_json_leaves_stdout_empty(tmp_path: Path) -> None:
+    done = run("cast", "missing.toml", "hi", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (1, "")

@@ -93,3 +93,35 @@ def test_version() -> None:
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == f"cantrip {__version__}"
+
+
+def _cantrip(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cantrip", *argv], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_wrong_flag_shows_the_subcommands_usage_and_a_close_flag() -> None:
+    """A misspelt option names the subcommand it was given to and the option meant
+    (issue 47.6), not the top-level usage; the exit code stays argparse's 2."""
+    run = _cantrip("cast", "--lom", "x", "spec.toml", "hi")
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("usage: cantrip cast "), run.stderr
+    assert "unrecognized arguments: --lom" in run.stderr
+    assert "did you mean --loom?" in run.stderr
+    assert run.stdout == ""
+
+
+def test_a_wrong_flag_of_a_nested_command_shows_its_usage() -> None:
+    run = _cantrip("loom", "x.db", "export", "--formt", "chat")
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("usage: cantrip loom FILE export "), run.stderr
+    assert "did you mean --format?" in run.stderr
+
+
+def test_a_flag_close_to_nothing_gets_no_suggestion() -> None:
+    run = _cantrip("cast", "--zzzzzz", "spec.toml", "hi")
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("usage: cantrip cast "), run.stderr
+    assert "unrecognized arguments: --zzzzzz" in run.stderr
+    assert "did you mean" not in run.stderr

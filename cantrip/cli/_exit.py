@@ -8,8 +8,11 @@ lists them), defined once here; the plain error's code comes from
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
-from cantrip._failure import EXIT_ERROR, debug_requested
+from cantrip._failure import EXIT_ERROR, debug_requested, print_json_error
 from cantrip._redact import redact
 from cantrip._suggest import without_rule_ids
 
@@ -22,6 +25,7 @@ __all__ = [
     "EXIT_TRUNCATED",
     "EXIT_USAGE",
     "fail",
+    "json_errors",
 ]
 
 EXIT_TERMINATED = 0
@@ -35,9 +39,27 @@ EXIT_USAGE = 2
 """argparse's code for a command line it cannot parse."""
 
 
+_JSON_ERRORS: ContextVar[bool] = ContextVar("cantrip_json_errors", default=False)
+"""Whether the running command was given ``--json`` (set by ``main`` around it), so
+every way it fails -- :func:`fail` or an exception reaching ``main`` -- also prints
+the JSON error object on stdout."""
+
+
+@contextmanager
+def json_errors(enabled: bool) -> Iterator[None]:
+    """Within, failures are also printed as a JSON object on stdout."""
+    token = _JSON_ERRORS.set(enabled)
+    try:
+        yield
+    finally:
+        _JSON_ERRORS.reset(token)
+
+
 def fail(message: str) -> int:
-    """Say what is wrong in one redacted line (rule ids only with ``--debug``); the
-    exit code of an error."""
-    text = message if debug_requested() else without_rule_ids(message)
-    print(f"cantrip: {redact(text)}", file=sys.stderr)
+    """Say what is wrong in one redacted line (rule ids only with ``--debug``), and
+    under ``--json`` as a JSON object on stdout too; the exit code of an error."""
+    text = redact(message if debug_requested() else without_rule_ids(message))
+    print(f"cantrip: {text}", file=sys.stderr)
+    if _JSON_ERRORS.get():
+        print_json_error(sys.stdout, kind="error", exit_code=EXIT_ERROR, text=text)
     return EXIT_ERROR

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 
 from cantrip._errors import CantripError
-from cantrip.cli._exit import EXIT_INTERRUPTED, fail
+from cantrip.cli._exit import EXIT_INTERRUPTED, fail, json_errors
 from cantrip.cli._parser import build_parser
 from cantrip.cli._spec_file import load_cantrip
 
@@ -69,13 +69,17 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _guarded(args: argparse.Namespace) -> int:
-    """Run the command; a user's mistake is one line, a bug its traceback (issue 20)."""
+    """Run the command; a user's mistake is one line, a bug its traceback (issue 20);
+    under ``--json`` (a flag; ``eval --json`` names a file) each is also a JSON object
+    on stdout (issue 47.6)."""
     from cantrip._failure import debug_requested, report
 
     debug = debug_requested(args)
+    as_json = getattr(args, "json", None) is True
 
     try:
-        code = _run(args)
+        with json_errors(as_json):
+            code = _run(args)
         sys.stdout.flush()  # here, where a reader that went away is reported (quietly)
         return code
     except KeyboardInterrupt:
@@ -84,7 +88,7 @@ def _guarded(args: argparse.Namespace) -> int:
     except BaseException as exc:
         if isinstance(exc, SystemExit):
             raise
-        return report(exc, debug=debug, stream=sys.stderr)
+        return report(exc, debug=debug, stream=sys.stderr, json_out=sys.stdout if as_json else None)
 
 
 def _run(args: argparse.Namespace) -> int:

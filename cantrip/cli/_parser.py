@@ -9,6 +9,7 @@ their code add their own subparser (``init``, ``mcp``, ``eval``, ``loom``).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +69,50 @@ def _describe(commands: Any) -> None:
             sub.description = text
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser that reports words it does not know itself (issue 47.6).
+
+    Plain argparse hands a subcommand's unknown words up to the top-level parser,
+    which reports them under ``usage: cantrip COMMAND ...`` -- no help to someone
+    who mistyped an option of ``cast``. Every parser of the tree is this class
+    (argparse makes subparsers of their parent's class), so the innermost command
+    given rejects them with its own usage, and names the option that was probably
+    meant. The exit code stays argparse's (``EXIT_USAGE``).
+    """
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(_unrecognized(self, extras))
+        return parsed, extras
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """argparse's message, and ``did you mean --x?`` for each unknown option close
+    to one of ``parser``'s (difflib, loaded only on this error path)."""
+    from cantrip._suggest import close_match
+
+    known = [o for o in parser._option_string_actions if o.startswith("--")]
+    lines = [f"unrecognized arguments: {' '.join(extras)}"]
+    for word in extras:
+        if word.startswith("--"):
+            match = close_match(word.split("=", 1)[0], known)
+            if match is not None:
+                lines.append(f"did you mean {match}?")
+    return "\n".join(lines)
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, Any]:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--debug",
         action="store_true",
         default=argparse.SUPPRESS,
         help="show the traceback of any error (also: CANTRIP_DEBUG=1)",
     )
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cantrip",
         description=DESCRIPTION,
         epilog=EPILOG,

@@ -23,15 +23,10 @@ from cantrip.cli._exit import (
     EXIT_TERMINATED,
     EXIT_TRUNCATED,
 )
+from cantrip.cli._exit import fail as _fail
 
 Ended = tuple[str, int, dict[str, Any]]
 """How a queued cast ended: its state, the last work item, and its outcome."""
-
-
-def _fail(message: str) -> int:
-    """Say what is wrong in one redacted line; the exit code of an error."""
-    print(f"cantrip: {redact(message)}", file=sys.stderr)
-    return EXIT_ERROR
 
 
 def _quiet_pool_log() -> None:
