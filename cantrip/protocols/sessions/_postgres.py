@@ -32,7 +32,7 @@ import trio
 from cantrip._approval import Decision, Pause
 from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
 from cantrip._errors import ConstructionError
-from cantrip._events import FinalResponse, PauseEvent, StepComplete
+from cantrip._events import PauseEvent
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
 from cantrip.distributed._work import DEAD, PAUSED
@@ -62,7 +62,7 @@ from cantrip.protocols.sessions._rows import (
     prompt_id_for,
     work_id_for,
 )
-from cantrip.protocols.sessions._shapes import event_dict
+from cantrip.protocols.sessions._shapes import event_dict, recorded_events
 from cantrip.protocols.sessions._tail import follow
 from cantrip.protocols.sessions._task_rows import TaskRows
 
@@ -355,7 +355,7 @@ class PostgresBackend:
             async for item in turns:
                 if isinstance(item, Turn):
                     seen += 1
-                    for event in _turn_events(item, seen):
+                    for event in recorded_events(item, seen):
                         yield event
                     continue
                 # a NOTIFY (work ended, or a pause published) may bring a pause even
@@ -390,7 +390,7 @@ class PostgresBackend:
         async with contextlib.aclosing(turns):
             async for item in turns:
                 if isinstance(item, Turn):
-                    for step in _turn_events(item, None):
+                    for step in recorded_events(item, None):
                         yield step
                     continue
                 pending: list[dict[str, Any]] = []
@@ -492,17 +492,6 @@ class _Tail:
     sessions: DbSessions
     notifier: Notifier
     tail_s: float
-
-
-def _turn_events(turn: Turn, position: int | None) -> list[SessionEvent]:
-    """What a recorded turn tells a follower: ``step_complete``, and
-    ``final_response`` if it ended its cast (the in-process server's JSON)."""
-    step = event_dict(StepComplete(turn, entity_id=turn.entity_id))
-    told = [SessionEvent(step["type"], step, position, turn)]
-    if turn.terminated:
-        final = event_dict(FinalResponse(turn.result, entity_id=turn.entity_id))
-        told.append(SessionEvent(final["type"], final))
-    return told
 
 
 def _first_line(exc: BaseException) -> str:

@@ -48,7 +48,7 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._client_gates import client_gates
 from cantrip._errors import CantripError, ConstructionError
-from cantrip._events import FinalResponse, StepComplete
+from cantrip._events import StepComplete
 from cantrip._gate import Gate
 from cantrip._outcome import CastResult, result_dict
 from cantrip._providers import ProviderScope
@@ -73,10 +73,10 @@ from cantrip.protocols.sessions._hub import (
     Session,
     SessionError,
     SessionHub,
-    event_dict,
 )
 from cantrip.protocols.sessions._idempotency import keyed_prompt_id
 from cantrip.protocols.sessions._limits import SessionLimits, make_room
+from cantrip.protocols.sessions._shapes import event_dict, recorded_events
 
 log = get_logger("cantrip.sessions")
 T = TypeVar("T")
@@ -486,7 +486,7 @@ class ProcessBackend:
             seen = after
             for recorded in list(session.entity.turns)[after:]:
                 seen += 1
-                for told in _recorded_events(recorded, seen):
+                for told in recorded_events(recorded, seen):
                     yield told
             async for event in live:
                 data = event_dict(event)
@@ -631,17 +631,6 @@ def _live_event(session: Session, event: Event) -> SessionEvent:
         position = position_of(turns, event.turn.id, len(turns))
         return SessionEvent(data["type"], data, position, event.turn)
     return SessionEvent(data["type"], data)
-
-
-def _recorded_events(turn: Turn, position: int) -> list[SessionEvent]:
-    """What a recorded turn tells a follower: ``step_complete`` (at its position), and
-    ``final_response`` if it ended its cast -- as ``serve --db`` tells every turn."""
-    step = event_dict(StepComplete(turn, entity_id=turn.entity_id))
-    told = [SessionEvent(step["type"], step, position, turn)]
-    if turn.terminated:
-        final = event_dict(FinalResponse(turn.result, entity_id=turn.entity_id))
-        told.append(SessionEvent(final["type"], final))
-    return told
 
 
 def _client_gates(tools: Sequence[Mapping[str, Any]]) -> tuple[Gate, ...]:

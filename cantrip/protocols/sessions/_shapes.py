@@ -19,6 +19,7 @@ from cantrip._redact import redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import Turn
+from cantrip.protocols.sessions._backend import SessionEvent
 
 
 def turn_dict(turn: Turn) -> dict[str, Any]:
@@ -96,3 +97,14 @@ EVENT_TYPES: dict[type[Event], str] = {
 def steered() -> dict[str, Any]:
     """The answer to a message the running prompt took (both modes' 202)."""
     return {"accepted": True, "joins": "next_turn"}
+
+
+def recorded_events(turn: Turn, position: int | None) -> list[SessionEvent]:
+    """What a recorded turn tells a follower, in either backend: ``step_complete`` (at
+    its position, None where not counted), and ``final_response`` if it ended its cast."""
+    step = event_dict(StepComplete(turn, entity_id=turn.entity_id))
+    told = [SessionEvent(step["type"], step, position, turn)]
+    if turn.terminated:
+        final = event_dict(FinalResponse(turn.result, entity_id=turn.entity_id))
+        told.append(SessionEvent(final["type"], final))
+    return told
