@@ -26,6 +26,7 @@ from cantrip.evals import (
     replay_llm,
     run_suite,
 )
+from cantrip.evals._report import table
 from cantrip.llm._telemetry import Pricing
 from gates import done, echo
 
@@ -518,6 +519,11 @@ async def test_repeats_report_pass_rates_flaky_cases_and_percentiles(tmp_path: P
     assert case["flaky"] and case["pass_at_k"] == 1.0 and case["pass_all_k"] == 0.0
     assert case["turns"] == {"mean": 2.0, "p95": 2.0}
     assert report.to_dict()["summary"]["flaky"] == ["coin"]
+    # the table shows what the guide promises for --repeat (issue 47.6)
+    shown = table(report).splitlines()
+    assert shown[0].split()[3:5] == ["pass@4", "pass^4"]
+    assert shown[1].split()[:6] == ["coin", "(flaky)", "2/4", "50%", "yes", "no"]
+    assert shown[-1] == "pass@4 100% of cases (any run passed); pass^4 0% (all did)"
 
 
 @pytest.mark.parametrize("missing", [True, False])
