@@ -61,6 +61,7 @@ from cantrip.loom._model import Turn
 from cantrip.loom._postgres_connection import safe_url
 from cantrip.loom._repair import damaged_hint
 from cantrip.loom._summary import cost as _cost
+from cantrip.loom._summary import cost_text
 from cantrip.loom._summary import outcome as _outcome
 from cantrip.loom._summary import tokens as _tokens
 from cantrip.loom._summary import tree_turns as _tree_turns
@@ -414,10 +415,6 @@ def _last_of(loom: Loom, entity_id: str) -> Turn:
 # -- list --------------------------------------------------------------------------
 
 
-def _cost_text(cost: float | None) -> str:
-    return "cost unknown" if cost is None else f"${cost:.6f}"
-
-
 def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
     entities: list[dict[str, Any]] = []
     for record in loom.entities.values():
@@ -470,7 +467,7 @@ def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
             out,
             f"  {e['entity_id']}  {e['medium']}  llm={e['llm'] or '-'}  {e['turns']} turn(s)  "
             f"{e['outcome']}  tokens {t['prompt']}+{t['completion']}  "
-            f"{_cost_text(e['cost_usd'])} (tree {_cost_text(e['tree_cost_usd'])}){origin}",
+            f"{cost_text(e['cost_usd'])} (tree {cost_text(e['tree_cost_usd'])}){origin}",
         )
     _print(out, f"threads ({len(threads)}):")
     for th in threads:
@@ -481,7 +478,7 @@ def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
             out,
             f"  {th['thread']}  {th['leaf']}  {th['entity_id']}  {th['turns']} turn(s)  "
             f"{th['outcome']}  tokens {t['prompt']}+{t['completion']}  "
-            f"{_cost_text(th['cost_usd'])}{result}{reward}",
+            f"{cost_text(th['cost_usd'])}{result}{reward}",
         )
     return EXIT_OK
 
@@ -495,8 +492,8 @@ def _show(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
     limit = None if args.full else PREVIEW
     _print(
         out,
-        f"thread to {target.id}: {len(thread)} turn(s), {_cost_text(_cost(thread))}; "
-        f"entity tree {_cost_text(_cost(_tree_turns(loom, target.entity_id)))}",
+        f"thread to {target.id}: {len(thread)} turn(s), {cost_text(_cost(thread))}; "
+        f"entity tree {cost_text(_cost(_tree_turns(loom, target.entity_id)))}",
     )
     for turn in thread:
         meta = turn.metadata
@@ -511,7 +508,7 @@ def _show(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
             f"   tokens {meta.tokens_prompt} prompt / {meta.tokens_completion} completion / "
             f"{meta.tokens_cached} cached   {meta.duration_ms:.1f} ms"
             + (f"   attempts {meta.attempts}" if meta.attempts != 1 else "")
-            + (f"   {_cost_text(_cost((turn,)))}" if turn.metadata.model or meta.cost_usd else ""),
+            + (f"   {cost_text(_cost((turn,)))}" if turn.metadata.model or meta.cost_usd else ""),
         )
         if turn.intent is not None:
             _block(out, "intent", turn.intent, limit)

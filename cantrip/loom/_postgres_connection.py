@@ -13,8 +13,8 @@ import re
 from typing import TYPE_CHECKING
 
 from cantrip._errors import LoomError
-from cantrip._redact import redact
 from cantrip._install import install_command
+from cantrip._redact import redact
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
