@@ -289,7 +289,7 @@ def test_invoke_keeps_one_entity_cancels_on_ctrl_c_and_resumes(
     terminal.type("My colour is blue.\r")
     terminal.expect(r"✓ echo noted: blue.*I will remember blue\..*cantrip> ")
     terminal.type("Think hard about it.\r")
-    terminal.expect("turn 1")
+    terminal.expect("turn 3")  # the entity's third turn, as the loom counts (issue 47.7)
     terminal.type("\x03")  # Ctrl-C during the cast: that cast is cancelled
     terminal.expect(r"cancelled.*the entity is still here.*cantrip> ")
     terminal.type("What is my colour?\r")

@@ -100,13 +100,17 @@ class Progress:
         self._streamed = False
         """Whether this step's message arrived in deltas (else it is shown whole)."""
         self._live: Live | None = None
+        self.turns_before = 0
+        """The entity's turns before this cast: the counter shows the entity's turn
+        number, as the loom counts it (``invoke`` continues one entity cast after cast)."""
 
     # -- lifecycle -------------------------------------------------------------
 
     def __enter__(self) -> Progress:
         self.started = time.monotonic()
         self.entity_id = None
-        self.turn = self.calls = self.failed = 0
+        self.calls = self.failed = 0
+        self.turn = self.turns_before
         self.usage, self.cost, self.cost_unknown = Usage(), 0.0, False
         self._waiting = None
         if self.enabled:
@@ -187,7 +191,7 @@ class Progress:
         indent = "" if mine else "  ↳ "
         if isinstance(event, StepStart) and mine:
             self._flush_text()
-            self.turn += 1  # turns of this cast (a summoned entity's count on)
+            self.turn += 1
             self._streamed = False
             self._waiting = 1
         elif isinstance(event, MessageStart) and mine:
@@ -515,6 +519,8 @@ class Invocation:
             # Only a person types while a cast runs: lines piped in are intents, one cast
             # each. (A circle that asks a human reads the typed lines as its answers.)
             self._steering.start_soon(self._steer_lines, steer)
+        entity_id = self.server.entity_id
+        self.progress.turns_before = len(self.spell.loom.entity_turns(entity_id))
         try:
             with self.progress:
                 outcome = await self.server.ask(intent)
