@@ -85,6 +85,9 @@ class Cantrip:
     llms: Mapping[str, LLM] = attrs.field(factory=dict)
     """Other LLMs by name: for children (``call_agent(llm=...)``) and forks."""
     id: str = attrs.field(factory=_new_cantrip_id)
+    name: str | None = None
+    """What people call this cantrip (an A2A Agent Card's name, ...): a spec's ``name``,
+    else its file's stem; ``None`` falls back to :attr:`id` where a name is shown."""
     output: OutputSchema | None = attrs.field(default=None, converter=_output_schema)
     """The shape of the answer (a pydantic model, a type or a JSON Schema): ``done``
     takes it as its parameter schema and a cast's ``result`` is the parsed value."""

@@ -156,6 +156,21 @@ def spec_markdown() -> str:
         for sub_title, sub in nested:
             table(sub_title, sub)
 
+    scalars = [
+        (name, field)
+        for name, field in SpecDocument.model_fields.items()
+        if not any(
+            isinstance(a, type) and issubclass(a, BaseModel)
+            for a in (field.annotation, *typing.get_args(field.annotation))
+        )
+        and name != "llms"
+    ]
+    if scalars:
+        out.append("### Top-level keys\n\n| key | type | what |\n| --- | --- | --- |")
+        for name, field in scalars:
+            what = " ".join((field.description or "").split())
+            out.append(f"| `{name}` | {_type_name(field.annotation)} | {what} |")
+        out.append("")
     for name, field in SpecDocument.model_fields.items():
         annotation = field.annotation
         models = [

@@ -147,6 +147,7 @@ def build_cantrip(
         llms=named,
         folding=folding,
         output=output,
+        name=doc.name or (doc._source.stem if doc._source is not None else None),
     )
 
 

@@ -183,6 +183,12 @@ class OutputSpec(_Strict):
 class SpecDocument(_Strict):
     """A whole declarative cantrip."""
 
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="What people call it (an A2A Agent Card's name); the file's stem when unset.",
+    )
     llm: LLMSpec | None = None
     identity: IdentitySpec | None = None
     circle: CircleSpec | None = None
