@@ -3,7 +3,8 @@
 A small collector of fenced blocks instead of a plugin, because the blocks are of
 several kinds and each is checked for what it is:
 
-- ``python``: run in a fresh folder holding a copy of ``examples/``; when the block is
+- ``python``: run in a fresh, empty folder (a guide writes the examples it needs with
+  ``cantrip init``, as a user of the installed package does); when the block is
   followed by ``<!-- output -->`` and a ``text`` block, what it prints must be that;
 - ``console``: each ``$ command`` runs there with the ``cantrip`` of this environment on
   ``PATH``; the lines after it are its stdout, where a line ``...`` stands for any lines
@@ -92,10 +93,12 @@ BLOCKS = blocks()
 
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A folder like a fresh clone's root, as far as the examples need."""
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    """An empty folder, as a user of the installed package starts from (issue 47.3):
+    a guide that needs an example writes it with ``cantrip init``. Only cantrip's own
+    conformance vectors (the conformance page runs them) are put there."""
     shutil.copy(ROOT / "tests.yaml", tmp_path / "tests.yaml")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", _env()["PATH"])  # a python block runs `cantrip` too
     return tmp_path
 
 

@@ -32,8 +32,10 @@ Run `cantrip COMMAND --help` for a command's options.
 """
 
 DESCRIPTIONS = {
-    "init": "Write a starter spec file that runs offline (its LLM is scripted), with "
-    "the lines to change for a real provider.",
+    "init": "Write an example that ships with cantrip into a folder: by default "
+    "hello.toml, a spec that runs offline (its LLM is scripted) with the lines to change "
+    "for a real provider; 'cantrip init --list' names the others (evals, a slow model for "
+    "steering, one per provider, ...).",
     "cast": "Cast the spec's cantrip on one intent and print the result on stdout. On a "
     "terminal, progress (turns, gate calls, streamed text, tokens, cost) is drawn on "
     "stderr. Exit 0 terminated, 2 truncated, 3 paused (--db), 130 interrupted, 1 error.",
