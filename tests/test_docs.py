@@ -229,7 +229,15 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert not missing, f"public names missing from the API reference: {missing}"
     roles = re.findall(r":(?:class|func|meth|attr|data|mod):<code>", api)
     assert not roles, f"reST roles shown literally on the API page: {len(roles)}"
-    assert "mermaid" in pages["concepts/index.html"]
+    # the site renders offline (issue 47.5): no page loads a script, a stylesheet, a font
+    # or a picture from another host, and the concepts pictures are committed files
+    remote = re.compile(r"<(?:script|img|link)\b[^>]*?(?:src|href)=\"(?:https?:)?//[^\"]+\"")
+    loads = {name: remote.findall(html) for name, html in pages.items()}
+    assert not {name: found for name, found in loads.items() if found}
+    assert 'class="mermaid"' not in "".join(pages.values())
+    concepts = pages["concepts/index.html"]
+    for picture in ("concepts-cast.svg", "concepts-layers.svg"):
+        assert f"img/{picture}" in concepts and (site / "img" / picture).stat().st_size > 1000
 
 
 def test_the_table_of_modes_is_what_the_backends_capabilities_render() -> None:
