@@ -227,6 +227,11 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
 
     missing = [name for name in cantrip.__all__ if f'id="cantrip.{name}"' not in api]
     assert not missing, f"public names missing from the API reference: {missing}"
+    dunders = re.findall(r'id="cantrip\.[\w.]*\.__\w+__"', api)
+    assert not dunders, f"dunder members on the API page: {dunders}"  # issue 47.5
+    said_once = "modules whose names start with an underscore are private"
+    words = " ".join(re.sub(r"<[^>]+>", " ", api).split())
+    assert words.count(said_once) == 1, "the package docstring is repeated on the API page"
     roles = re.findall(r":(?:class|func|meth|attr|data|mod):<code>", api)
     assert not roles, f"reST roles shown literally on the API page: {len(roles)}"
     # the site renders offline (issue 47.5): no page loads a script, a stylesheet, a font
