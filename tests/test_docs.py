@@ -213,6 +213,12 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     pages = {p.relative_to(site).as_posix(): p.read_text() for p in site.rglob("*.html")}
     assert not [name for name, html in pages.items() if "<!-- generated:" in html]
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    linked = re.findall(r'href="([\w./-]+/)"', pages["index.html"])
+    guides = [path[:-3] + "/" for section in nav if isinstance(section, dict)
+              for pages_ in section.values() if isinstance(pages_, list)
+              for page in pages_ for path in page.values()]  # fmt: skip
+    assert guides and not [g for g in guides if g not in linked]  # issue 47.5
     from cantrip.protocols.asgi._openapi import openapi_document
 
     published = json.loads((site / "reference" / "openapi.json").read_text())
