@@ -196,6 +196,19 @@ def test_blocks_that_do_not_run_are_few_and_say_why() -> None:
     assert all(b.not_run and len(b.not_run) > 10 for b in BLOCKS if b.not_run)
 
 
+GLOSSARY = (
+    "In other frameworks' words: **gate** = tool, **ward** = limit, **loom** = run "
+    "record, **entity** = a running agent, **circle** = tools + sandbox + limits."
+)
+
+
+def test_the_readme_and_the_tutorial_open_with_the_one_line_glossary() -> None:
+    """A newcomer meets cantrip's words beside the ones they know (issue 47.5)."""
+    for page in (ROOT / "README.md", ROOT / "docs" / "tutorial" / "python.md"):
+        opening = page.read_text(encoding="utf-8").split("\n\n")[:3]
+        assert GLOSSARY in opening, page
+
+
 def test_every_page_has_blocks_and_the_readme_has_its_quick_start() -> None:
     langs = {b.lang for b in BLOCKS if b.source.name == "README.md" and not b.not_run}
     assert {"python", "console"} <= langs
