@@ -215,6 +215,19 @@ def test_every_page_has_blocks_and_the_readme_has_its_quick_start() -> None:
     assert len([b for b in BLOCKS if not b.not_run]) >= 25
 
 
+def test_a_workflow_publishes_the_site_as_strictly_as_the_tests_build_it() -> None:
+    """GitHub Pages gets the site on every push to main, built with ``--strict`` (issue
+    47.5); the README says where."""
+    flow = yaml.safe_load((ROOT / ".github" / "workflows" / "docs.yml").read_text())
+    build = [step.get("run", "") for step in flow["jobs"]["build"]["steps"]]
+    assert any(run.startswith("mkdocs build --strict") for run in build)
+    assert any(s.get("uses", "").startswith("actions/upload-pages-artifact") for s in
+               flow["jobs"]["build"]["steps"])  # fmt: skip
+    assert flow["jobs"]["deploy"]["steps"][0]["uses"].startswith("actions/deploy-pages")
+    assert flow[True]["push"]["branches"] == ["main"]  # YAML 1.1 reads `on:` as true
+    assert ".github/workflows/docs.yml" in (ROOT / "README.md").read_text()
+
+
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     """``mkdocs build --strict``: no broken link, no missing page, no warning."""
     site = tmp_path / "site"
