@@ -133,15 +133,17 @@ def _console(code: str) -> list[tuple[str, list[str]]]:
     return steps
 
 
+# capfd, not capsys: a block that starts a process (an MCP client over stdio) needs real
+# file descriptors for its standard streams.
 @pytest.mark.parametrize("block", [b for b in BLOCKS if not b.not_run], ids=lambda b: b.id)
-def test_block_runs(block: Block, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_block_runs(block: Block, workdir: Path, capfd: pytest.CaptureFixture[str]) -> None:
     where = f"{block.id} does not run as written"
     if block.lang == "python":
         script = workdir / "example.py"
         script.write_text(block.code, encoding="utf-8")
         runpy.run_path(str(script), run_name="__main__")
         if block.output is not None:
-            assert capsys.readouterr().out.strip() == block.output.strip(), where
+            assert capfd.readouterr().out.strip() == block.output.strip(), where
     elif block.lang == "console":
         for command, expected in _console(block.code):
             code = 0
