@@ -7,8 +7,8 @@ two finishes first is decided by the test, never by timing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -258,7 +258,7 @@ async def test_a_blocking_input_rewrite_reaches_the_model_and_the_loom_rewritten
 async def test_a_parallel_input_check_may_not_rewrite() -> None:
     loom = Loom()
     rail = guardrail(lambda text: Rewrite(text.upper()), on="input", name="shout")
-    with pytest.raises(GuardrailError, match="'shout' on input failed: .*make it blocking"):
+    with pytest.raises(GuardrailError, match=r"'shout' on input failed: .*make it blocking"):
         await spell(Held([finish()]), rail, loom=loom).cast_async("hello")
     assert last(loom).reason == "guardrail_error"
 
@@ -345,7 +345,10 @@ async def test_a_denylisted_gate_and_the_calls_after_it_in_the_utterance_do_not_
     )
     assert outcome.reason == "guardrail" and ran == []
     first, second = last(loom).gate_calls
-    assert first.result == "blocked by guardrail 'denylist': gate 'lookup' is on the denylist ('look*')"
+    assert (
+        first.result
+        == "blocked by guardrail 'denylist': gate 'lookup' is on the denylist ('look*')"
+    )
     assert second.status == "cancelled" and "tripped earlier" in str(second.result)
 
 
@@ -445,7 +448,7 @@ async def test_an_llm_classifier_that_passes_lets_the_cast_go_on() -> None:
 
 async def test_an_llm_classifier_that_answers_neither_fails_the_cast() -> None:
     rail = classifier(judge_cantrip("maybe?"), name="topic")
-    with pytest.raises(GuardrailError, match="'topic' on input failed: .*neither pass nor trip"):
+    with pytest.raises(GuardrailError, match=r"'topic' on input failed: .*neither pass nor trip"):
         await spell(Held([finish()]), rail).cast_async("hello")
 
 
@@ -472,7 +475,9 @@ async def test_a_check_that_raises_fails_the_cast_with_the_check_named(
     rail = guardrail(broken, on=on)  # type: ignore[arg-type]
     with pytest.raises(GuardrailError) as raised:
         await spell(Held(script), rail, loom=loom).cast_async("go")
-    assert str(raised.value) == f"guardrail 'broken' on {on} failed: ValueError: the check's own bug"
+    assert (
+        str(raised.value) == f"guardrail 'broken' on {on} failed: ValueError: the check's own bug"
+    )
     turn = last(loom)
     assert (turn.truncated, turn.reason) == (True, "guardrail_error")
     assert turn.extras["guardrail"] == {"check": "broken", "on": on}
