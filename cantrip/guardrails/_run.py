@@ -68,18 +68,29 @@ class Checked(Generic[T]):
     """Names of the checks that rewrote it, in order."""
 
 
-async def run_one(rail: Guardrail, value: Any, context: CheckContext) -> Trip | Rewrite | None:
+async def run_one(
+    rail: Guardrail,
+    value: Any,
+    where: Where,
+    gate: str | None = None,
+    entity_id: str | None = None,
+) -> Trip | Rewrite | None:
     """One check's verdict (``None``: it passed). Anything the check raises, or an
     answer that is not a verdict, becomes a :class:`GuardrailError` naming it."""
     try:
-        answer: Any = rail.check(value, context) if rail.with_context else rail.check(value)
+        if rail.with_context:
+            answer: Any = rail.check(value, CheckContext(where, gate, entity_id))
+        else:
+            answer = rail.check(value)
+        if answer is None:  # the common case, every call of every turn: nothing more
+            return None
         if inspect.isawaitable(answer):
             answer = await answer
     except GuardrailError:
         raise
     except Exception as exc:  # the check's boundary: a failing check never passes
-        raise GuardrailError(rail.name, context.where, f"{type(exc).__name__}: {exc}") from exc
-    return _verdict(rail, context.where, answer)
+        raise GuardrailError(rail.name, where, f"{type(exc).__name__}: {exc}") from exc
+    return _verdict(rail, where, answer)
 
 
 def _verdict(rail: Guardrail, where: Where, answer: Answer) -> Trip | Rewrite | None:
@@ -142,16 +153,16 @@ class Guard:
         rails = self._ordered.get(where)
         if not rails:
             return Checked(value)
-        context = CheckContext(where, gate, entity_id)
-        rewrote: list[str] = []
+        rewrote: tuple[str, ...] = ()
         for rail in rails:
-            verdict = await run_one(rail, value, context)
+            verdict = await run_one(rail, value, where, gate, entity_id)
+            if verdict is None:
+                continue
             if isinstance(verdict, Trip):
-                return Checked(value, Tripped(rail.name, where, verdict.why, gate), tuple(rewrote))
-            if isinstance(verdict, Rewrite):
-                value = verdict.value
-                rewrote.append(rail.name)
-        return Checked(value, None, tuple(rewrote))
+                return Checked(value, Tripped(rail.name, where, verdict.why, gate), rewrote)
+            value = verdict.value
+            rewrote = (*rewrote, rail.name)
+        return Checked(value, None, rewrote)
 
     async def beside(
         self,
@@ -171,7 +182,6 @@ class Guard:
         answer."""
         if not self._beside or not texts:
             return await call(), None
-        context = CheckContext("input", None, entity_id)
         found: list[Tripped] = []
         answer: list[T] = []
         errors: list[Exception] = []
@@ -186,7 +196,7 @@ class Guard:
 
             async def watch(rail: Guardrail, text: str) -> None:
                 try:
-                    verdict = await run_one(rail, text, context)
+                    verdict = await run_one(rail, text, "input", None, entity_id)
                     if isinstance(verdict, Rewrite):
                         raise GuardrailError(
                             rail.name,
