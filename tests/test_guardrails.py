@@ -499,3 +499,34 @@ def test_guardrail_construction_is_checked() -> None:
         Circle([done], [max_turns(2)], guardrails=[guardrail(forbid("x")), guardrail(forbid("x"))])
     with pytest.raises(cantrip.ConstructionError, match="not one RE2 takes"):
         regex(r"(?<=a)b")
+
+
+async def test_a_call_trip_in_a_code_medium_ends_the_cast_even_if_the_code_goes_on() -> None:
+    """Code may catch the blocked call's error and call more gates, even done: the
+    calls after the trip are not run, and the cast ends with reason guardrail."""
+    from mediums.python import PythonMedium
+
+    loom = Loom()
+    code = (
+        "try:\n    note('rm -rf /')\nexcept Exception as e:\n    print('caught', e)\n"
+        "note('after')\ndone('all fine')"
+    )
+    spelled = Cantrip(
+        llm=ScriptedLLM([{"code": code}, {"code": "done('again')"}]),
+        identity=Identity(),
+        circle=Circle(
+            [done, note],
+            [max_turns(4)],
+            PythonMedium(),
+            guardrails=[denylist(patterns=[r"rm\s+-rf"])],
+        ),
+        loom=loom,
+    )
+    outcome = await spelled.cast_async("clean up")
+    assert (outcome.reason, outcome.result) == ("guardrail", None)
+    assert ran == []
+    # the blocked call, then the one the code made after catching its error (which
+    # raised in the sandbox in turn: the code never reached done)
+    assert [r.status for r in last(loom).gate_calls] == ["cancelled", "cancelled"]
+    assert "tripped earlier" in str(last(loom).gate_calls[1].result)
+    assert last(loom).extras["guardrail"]["check"] == "denylist"

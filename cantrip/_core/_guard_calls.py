@@ -13,17 +13,25 @@ way (``host.failed``) and raised by the loop.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 
+from cantrip._circle import Circle
 from cantrip.guardrails._model import GuardrailError
 from cantrip.guardrails._run import Guard, Tripped
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import GateCallRecord
 
-if TYPE_CHECKING:
-    from cantrip._core._host import TurnHost
+
+class TurnHost(Protocol):
+    """What these hooks use of the turn host (:class:`cantrip._core._host.TurnHost`,
+    which imports this module)."""
+
+    circle: Circle
+    tripped: Tripped | None
+    failed: GuardrailError | None
+
 
 Go = Callable[[str, Mapping[str, Any], "str | None"], Awaitable[GateCallRecord]]
 
