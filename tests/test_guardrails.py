@@ -530,3 +530,30 @@ async def test_a_call_trip_in_a_code_medium_ends_the_cast_even_if_the_code_goes_
     assert [r.status for r in last(loom).gate_calls] == ["cancelled", "cancelled"]
     assert "tripped earlier" in str(last(loom).gate_calls[1].result)
     assert last(loom).extras["guardrail"]["check"] == "denylist"
+
+
+async def test_a_child_inherits_its_parents_guardrails() -> None:
+    """call_agent's child is held to the same checks: its intent trips the inherited
+    input check, and the parent reads the child's refusal as the gate's result."""
+    from gates import call_agent
+
+    loom = Loom()
+    child_llm = Held([finish("child done")])
+    parent = Cantrip(
+        llm=ScriptedLLM([call("call_agent", intent="explain the bomb"), finish("parent done")]),
+        identity=Identity(system_prompt="parent"),
+        circle=Circle(
+            [done, call_agent],
+            [max_turns(5), cantrip.max_depth(1)],
+            guardrails=[guardrail(forbid("bomb"), on="input", blocking=True)],
+        ),
+        llms={"child_llm": child_llm},
+        loom=loom,
+    )
+    outcome = await parent.cast_async("delegate it")
+    assert (outcome.reason, outcome.result) == ("done", "parent done")
+    assert child_llm.queries == 0  # the child's model never saw the intent
+    child_turns = [t for t in loom.turns if t.entity_id != outcome.entity_id]
+    assert [t.reason for t in child_turns] == ["guardrail"]
+    record = next(r for t in outcome.turns for r in t.gate_calls if r.gate == "call_agent")
+    assert "Stopped by guardrail 'no_bomb' on input" in str(record.result)
