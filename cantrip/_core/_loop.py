@@ -271,7 +271,7 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
             inflight.steering = steering.take()
             if not checks_input:
                 context.add_steering(inflight.steering)
-        watched: list[str] = []
+        watched: list[str] | tuple[()] = ()
         if checks_input:
             assert guard is not None
             watched, ended = await check_inputs(entity, guard, cast, inflight)
@@ -332,7 +332,10 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
             CURRENT_ENTITY.reset(token)
         cap = circle.resolved.get("max_observation_chars")
         execution = capped_execution(execution, int(cap or OBSERVATION_CAP_CHARS))
-        ended = await _conclude(entity, cast, inflight, execution, emit)
+        if entity.circle.guard is None:
+            ended = _conclude(entity, cast, inflight, execution, emit)
+        else:
+            ended = await _conclude_guarded(entity, cast, inflight, execution, emit)
         if ended is not None:
             return ended
         # Nothing of a finished turn should wait through the next LLM call but
@@ -395,34 +398,61 @@ async def _ask(
     return response
 
 
-async def _conclude(
+Final = tuple[bool, bool, Any, str, "str | None"]
+"""What an executed utterance amounts to: (cut off, terminated, result, observation,
+reason so far)."""
+
+
+def _final(cast: Cast, response: Response, execution: Execution, wards: WardSet) -> Final:
+    cut = execution.text_only and response.stop_reason == "max_tokens"
+    if cut:
+        # Cut off by the output-token limit: never a final answer (issue 22).
+        observation, reason = _cut_off(cast, response, wards)
+        return True, False, None, observation, reason
+    terminated, result, observation = _outcome(response, execution, wards.require_done_tool)
+    if terminated and execution.text_only and cast.continuations:
+        result = (cut_text(cast.turns) or "") + (response.content or "")
+    return False, terminated, result, observation, None
+
+
+async def _conclude_guarded(
     entity: EntityState,
     cast: Cast,
     inflight: Inflight,
     execution: Execution,
     emit: Callable[[Event], None] | None,
 ) -> CastResult | None:
-    """Record an executed utterance as a turn; the cast's result if it ends here."""
+    """:func:`_conclude` in a circle with guardrails: a trip on a call or a result, or
+    the output checks on a final answer, decide first (:mod:`._guard`)."""
+    response, host, guard = inflight.response, inflight.host, entity.circle.guard
+    assert response is not None and host is not None and guard is not None
+    cut, terminated, result, observation, reason = _final(
+        cast, response, execution, entity.circle.resolved
+    )
+    terminated, result, note = await guarded_outcome(
+        entity, guard, host, inflight, terminated, result
+    )
+    final = (cut, terminated, result, observation, "guardrail" if note else reason)
+    return _conclude(entity, cast, inflight, execution, emit, final, note)
+
+
+def _conclude(
+    entity: EntityState,
+    cast: Cast,
+    inflight: Inflight,
+    execution: Execution,
+    emit: Callable[[Event], None] | None,
+    final: Final | None = None,
+    guard_note: dict[str, Any] | None = None,
+) -> CastResult | None:
+    """Record an executed utterance as a turn; the cast's result if it ends here
+    (``final``, ``guard_note``: as :func:`_conclude_guarded` decided them)."""
     response, host = inflight.response, inflight.host
     assert response is not None and host is not None
     wards = entity.circle.resolved
-    reason: str | None = None
-    cut = execution.text_only and response.stop_reason == "max_tokens"
-    if cut:
-        # Cut off by the output-token limit: never a final answer (issue 22).
-        terminated, result = False, None
-        observation, reason = _cut_off(cast, response, wards)
-    else:
-        terminated, result, observation = _outcome(response, execution, wards.require_done_tool)
-        if terminated and execution.text_only and cast.continuations:
-            result = (cut_text(cast.turns) or "") + (response.content or "")
-    guard_note: dict[str, Any] | None = None
-    if entity.circle.guard is not None:
-        terminated, result, guard_note = await guarded_outcome(
-            entity, entity.circle.guard, host, inflight, terminated, result
-        )
-        if guard_note is not None:
-            reason = "guardrail"
+    if final is None:
+        final = _final(cast, response, execution, wards)
+    cut, terminated, result, observation, reason = final
     if terminated:
         reason = "text" if execution.text_only else "done"
     elif reason is None:
@@ -609,7 +639,9 @@ async def continue_paused(
             CURRENT_ENTITY.reset(token)
         cap = entity.circle.resolved.get("max_observation_chars")
         execution = capped_execution(execution, int(cap or OBSERVATION_CAP_CHARS))
-        return await _conclude(entity, cast, inflight, execution, emit)
+        if entity.circle.guard is None:
+            return _conclude(entity, cast, inflight, execution, emit)
+        return await _conclude_guarded(entity, cast, inflight, execution, emit)
 
     return await run_cast(entity, pauses, cast, fresh=False, first=resume_step)
 
