@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from ag_ui_validate.pytest_plugin import assert_valid_agui
 
 import cantrip
 from cantrip._outcome import refused, result_dict, stop_reason
@@ -192,6 +193,7 @@ async def test_an_agui_run_a_guardrail_refuses_ends_with_run_error_code_guardrai
         for line in answer.text.splitlines()
         if line.startswith("data: ")
     ]
+    assert_valid_agui(events, max_warnings=0)  # the conformance validator's rules
     assert events[0]["type"] == "RUN_STARTED"
     assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "guardrail"
     assert "no-bombs" in events[-1]["message"]
