@@ -332,6 +332,27 @@ async def test_a_call_trip_stops_the_call_before_a_human_is_asked() -> None:
     }
 
 
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_a_function_call_check_trips_before_approval_in_either_mode(blocking: bool) -> None:
+    asked: list[Any] = []
+
+    async def human(pause: Any) -> cantrip.Decision:
+        asked.append(pause)
+        return cantrip.Decision.approve()
+
+    rail = guardrail(forbid("drop table"), on="call", blocking=blocking)
+    spelled = spell(
+        Held([call("note", text="drop table users"), finish()]),
+        rail,
+        approval=ApprovalPolicy(["note"]),
+    )
+    entity = spelled.summon(on_pause=human)
+    async with entity:
+        outcome = await entity.send("tidy")
+    assert outcome.reason == "guardrail" and asked == [] and ran == []
+    assert outcome.turns[-1].extras["guardrail"]["on"] == "call"
+
+
 async def test_a_denylisted_gate_and_the_calls_after_it_in_the_utterance_do_not_run() -> None:
     loom = Loom()
     two = {
@@ -367,10 +388,12 @@ async def test_a_call_rewrite_is_what_the_gate_gets_and_the_record_keeps() -> No
 # -- results --------------------------------------------------------------------------
 
 
-async def test_a_result_trip_withholds_the_result_from_the_model() -> None:
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_a_result_trip_withholds_the_result_from_the_model(blocking: bool) -> None:
     loom = Loom()
     llm = Held([call("lookup", key="secret"), finish()])
-    outcome = await spell(llm, secrets(on="result", action="trip"), loom=loom).cast_async("go")
+    rail = secrets(on="result", action="trip", blocking=blocking)
+    outcome = await spell(llm, rail, loom=loom).cast_async("go")
     assert outcome.reason == "guardrail"
     assert llm.queries == 1  # the model was not asked again: it never saw the result
     (record,) = last(loom).gate_calls
