@@ -37,6 +37,7 @@ from cantrip._wards import (
     require_done_tool,
     timeout,
 )
+from cantrip.guardrails import Guardrail, GuardrailError, Rewrite, Trip, guardrail
 from cantrip.llm import (
     LLM,
     Message,
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from cantrip.loom import export_jsonl, export_thread_jsonl, load_jsonl
     from cantrip.mcp import MCPServer
 
+from cantrip import guardrails as guardrails
 from cantrip._version import __version__ as __version__
 
 # Loaded on first use, so `import cantrip` stays cheap (no provider, supervisor or
@@ -148,6 +150,8 @@ __all__ = [
     "GateProgress",
     "GateProvider",
     "GateResult",
+    "Guardrail",
+    "GuardrailError",
     "Identity",
     "ImmutableError",
     "IntentError",
@@ -172,6 +176,7 @@ __all__ = [
     "Response",
     "Restart",
     "RetryPolicy",
+    "Rewrite",
     "ScriptExhaustedError",
     "ScriptedLLM",
     "StepComplete",
@@ -185,6 +190,7 @@ __all__ = [
     "ToolCallEvent",
     "ToolDefinition",
     "ToolResultEvent",
+    "Trip",
     "Turn",
     "TurnMetadata",
     "Usage",
@@ -197,6 +203,8 @@ __all__ = [
     "export_thread_jsonl",
     "gate",
     "gc_for_throughput",
+    "guardrail",
+    "guardrails",
     "load_jsonl",
     "load_llm",
     "max_cost_usd",

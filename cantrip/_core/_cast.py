@@ -73,6 +73,8 @@ class Inflight:
     """How many of ``host.records`` the checkpoints already hold."""
     steering: tuple[str, ...] = ()
     """Messages that joined this turn (recorded with its first piece)."""
+    rewrote: tuple[str, ...] = ()
+    """Guardrails that rewrote this turn's input or answer (:mod:`cantrip._core._guard`)."""
 
 
 @attrs.define
@@ -94,6 +96,8 @@ class Cast:
     """A cast that goes on from a pause: its intent was recorded by the cast it continues."""
     continuations: int = 0
     """Continuations asked for this cast (bounded by the ``max_continuations`` ward)."""
+    unchecked_intent: bool = False
+    """The intent waits for the input guardrails before it joins the context."""
 
     @property
     def usage(self) -> Usage:

@@ -54,7 +54,7 @@ from cantrip._chat_export import export_chat
 from cantrip._errors import CantripError, LoomError
 from cantrip._failure import debug_requested, leaves
 from cantrip._redact import redact
-from cantrip.cli._exit import EXIT_ERROR, EXIT_OK, EXIT_TRUNCATED
+from cantrip.cli._exit import EXIT_ERROR, EXIT_OK, exit_for
 from cantrip.loom._export import Redaction, export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
@@ -627,7 +627,7 @@ def _fork(loom: Loom, args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         _print(out, outcome.text)
     else:
         print(redact(outcome.summary or "truncated"), file=err)
-    return EXIT_OK if outcome.terminated else EXIT_TRUNCATED
+    return exit_for(outcome.terminated, outcome.reason)
 
 
 def _prune(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:

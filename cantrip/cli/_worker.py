@@ -20,8 +20,7 @@ from cantrip.cli._exit import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_PAUSED,
-    EXIT_TERMINATED,
-    EXIT_TRUNCATED,
+    exit_for,
 )
 from cantrip.cli._exit import fail as _fail
 
@@ -252,7 +251,7 @@ def _report(args: argparse.Namespace, state: str, work_id: int, outcome: dict[st
         return EXIT_ERROR
     if state == "cancelled":
         return EXIT_INTERRUPTED
-    return EXIT_TERMINATED if outcome.get("terminated") else EXIT_TRUNCATED
+    return exit_for(bool(outcome.get("terminated")), outcome.get("reason"))
 
 
 def _print_pending(outcome: dict[str, Any]) -> None:

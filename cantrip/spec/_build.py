@@ -34,6 +34,7 @@ from cantrip.spec._circle import (
     with_isolation,
     with_loom,
 )
+from cantrip.spec._guardrails import guardrails_from_tables
 from cantrip.spec._llm import build_llm
 from cantrip.spec._providers import agents_from_tables, circle_servers
 from cantrip.spec._tables import (
@@ -111,6 +112,7 @@ def build_cantrip(
     except ConstructionError as exc:
         problems.extend(exc.problems)
         agents = ()
+    rails = guardrails_from_tables(circle_spec.guardrails, problems, llm=llm, named=named)
     llm_reported = doc.llm is not None and llm is None  # its own problems say why
     problems.extend(
         p
@@ -126,7 +128,14 @@ def build_cantrip(
         if circle_spec.approve
         else None
     )
-    circle = Circle(gate_list, wards, medium, approval=approval, providers=(*servers, *agents))
+    circle = Circle(
+        gate_list,
+        wards,
+        medium,
+        approval=approval,
+        providers=(*servers, *agents),
+        guardrails=rails,
+    )
     retry = _build_retry(doc.retry)
     if loom is None:
         if doc.loom and doc.loom.url:

@@ -138,6 +138,9 @@ class CircleSpec(_Strict):
     """``[[circle.mcp]]``: MCP servers whose tools become gates (cantrip.mcp)."""
     a2a: list[dict[str, Any]] = Field(default_factory=list)
     """``[[circle.a2a]]``: remote A2A agents, each one gate (cantrip.a2a)."""
+    guardrails: list[dict[str, Any]] = Field(default_factory=list)
+    """``[[circle.guardrails]]``: checks on input, output, calls and results
+    (cantrip.guardrails; each table read by cantrip.spec._guardrails)."""
     isolation: Literal["none", "bwrap"] | None = None
     """The bash medium: ``"bwrap"`` runs the shell under bubblewrap (mediums._bwrap)."""
     network: bool | None = None

@@ -392,6 +392,9 @@ def settle(task: TaskView, data: dict[str, Any] | None, stamp: str) -> list[Any]
                 task_id=task.id, context_id=task.context_id, artifact=artifact, last_chunk=True
             )
         )
+    elif data.get("stop_reason") == "refusal":  # a guardrail refused it (A2A's rejected)
+        text = f"refused: {data.get('summary') or ''}"
+        task.set_state(pb.TASK_STATE_REJECTED, agent_message(task, text, data, f"{ids}-s"))
     else:  # stopped by a ward or a limit without an answer
         text = f"stopped without an answer ({reason}): {data.get('summary') or ''}"
         task.set_state(pb.TASK_STATE_FAILED, agent_message(task, text, data, f"{ids}-s"))
