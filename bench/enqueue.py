@@ -23,11 +23,11 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from pg_cluster import fresh_database, postgres_cluster  # noqa: E402
+from pg_cluster import fresh_database, postgres_cluster
 
-from cantrip.distributed._dispatcher import Dispatcher  # noqa: E402
-from cantrip.distributed._spells import spell_from_factory  # noqa: E402
-from cantrip.loom import Loom  # noqa: E402
+from cantrip.distributed._dispatcher import Dispatcher
+from cantrip.distributed._spells import spell_from_factory
+from cantrip.loom import Loom
 
 SPELL = spell_from_factory("distributed_workload:build")
 DURABLE = "-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
