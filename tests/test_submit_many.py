@@ -4,6 +4,10 @@ worker."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,6 +18,7 @@ from cantrip._errors import CantripError
 from cantrip.distributed._dispatcher import Dispatcher
 from cantrip.distributed._spells import spell_from_factory
 from cantrip.distributed._worker import Worker
+from cantrip.loom import Loom
 
 WORKLOAD = spell_from_factory("distributed_workload:build")
 
@@ -97,3 +102,47 @@ def test_a_retry_after_a_lost_reply_queues_nothing_twice(
     assert len(tries) == 1  # the retry looked, found the batch, queued nothing
     assert [w for w, _ in queued] == [tries[0][e] for _, e in queued]
     assert [i for _, i, _ in _rows(pg_url)] == ["a", "b", "c"]
+
+
+def test_cast_db_with_intents_queues_them_in_one_commit_and_prints_each(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """``cantrip cast SPEC --db URL --intents FILE --json``: one JSON object per intent,
+    in the file's order, from a real worker process."""
+    spec = tmp_path / "echo.toml"
+    spec.write_text(
+        '[llm]\nprovider = "scripted"\nresponses = [{ content = "answered" }]\n'
+        '[circle]\nmedium = "conversation"\ngates = ["done"]\nwards = [{ max_turns = 2 }]\n'
+    )
+    (tmp_path / "intents.txt").write_text("first\n\nsecond\nthird\n")
+    Loom.open(pg_url).close()  # the schema, before the worker and the client race for it
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "cantrip", "worker", "--db", pg_url, "--concurrency", "4"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "cantrip", "cast", str(spec), "--db", pg_url,
+             "--intents", "intents.txt", "--json"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        worker.kill()
+        worker.wait()
+    assert run.returncode == 0, run.stderr
+    assert "queued 3 casts in one commit" in run.stderr
+    outcomes = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [(o["state"], o["result"]) for o in outcomes] == [("done", "answered")] * 3
+    assert len({o["entity_id"] for o in outcomes}) == 3
+    intents = {i for e, i, _ in _rows(pg_url) if e in {o["entity_id"] for o in outcomes}}
+    assert intents == {"first", "second", "third"}
+
+
+def test_intents_without_db_is_a_usage_error(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "cantrip", "cast", "spec.toml", "--intents", "x.txt"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "--intents queues casts for workers: give it with --db" in run.stderr

@@ -145,6 +145,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
         "--db", metavar="URL", help="enqueue on PostgreSQL for `cantrip worker`s; wait for it"
     )
     cast.add_argument(
+        "--intents",
+        metavar="FILE",
+        help="with --db: one intent per line of FILE ('-': stdin), each cast on a new entity, "
+        "all queued in one commit; the results are printed in the same order",
+    )
+    cast.add_argument(
         "--check",
         action="store_true",
         help="load the spec, start and list its MCP servers' gates, report, and exit",
