@@ -349,3 +349,94 @@ async def test_automatic_recall_is_recorded_and_a_fork_replays_it_without_the_st
     assert store.reads == 0
     forked_request = list(llm.invocations[-1].messages)
     assert forked_request[: len(first_request)] == first_request
+
+
+# -- the [memory] spec table ------------------------------------------------------------
+
+
+SPEC = """
+[llm]
+provider = "scripted"
+responses = [
+  {tool_calls = [{gate = "edit_block", args = {label = "me", old_text = "?", new_text = "Alice"}}]},
+  {tool_calls = [{gate = "done", args = {answer = "ok"}}]},
+]
+
+[circle]
+medium = "conversation"
+gates = ["done", "remember", "recall", "forget", "edit_block"]
+wards = [{max_turns = 5}]
+
+[loom]
+path = "loom.db"
+
+[memory]
+namespace = ["user", "{user}", "{cantrip}"]
+recall = true
+recall_k = 3
+
+[[memory.blocks]]
+label = "me"
+text = "Name: ?"
+limit = 100
+"""
+
+
+async def test_a_spec_memory_table_builds_memory_for_its_casts(tmp_path: Path) -> None:
+    from cantrip.spec import build_cantrip, load_spec_file
+
+    path = tmp_path / "helper.toml"
+    path.write_text(SPEC)
+    s = build_cantrip(load_spec_file(path), base_dir=tmp_path)
+    assert s.memory is not None and s.memory.name == "helper"  # {cantrip}: the file's name
+    async with s.summon() as entity:
+        result = await entity.send("I am Alice.", tags={"user": "alice"})
+    assert result.result == "ok"
+    assert result.turns[0].extras["memory"]["namespace"] == ["user", "alice", "helper"]
+    block = memory_for(s.loom.store).get(("user", "alice", "helper", "_blocks"), "me")
+    assert block is not None and block.value == "Name: Alice"
+    s.loom.close()
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ('namespace = ["user", "{user}", "{cantrip}"]', None),
+        ('namespace = ["user", "{whom}"]', "memory namespace part '{whom}' names {whom}"),
+        ("recall_k = 0", "memory recall_k is an integer from 1 to 50; got 0"),
+        ("limit = 100", None),
+        ("limit = 5", "memory.blocks[0]: memory block 'me': its text has 7 characters"),
+        ('path = "loom.db"', "memory lives in the loom's database"),
+        ("[memory]", "circle.gates: 'remember' works on memory; add a [memory] table"),
+        ("recal = true", "unknown key 'memory.recal'"),
+    ],
+)
+def test_spec_memory_mistakes_are_one_line_each(
+    tmp_path: Path, change: str, expected: str | None
+) -> None:
+    from cantrip.spec import build_cantrip, load_spec_file
+
+    text = SPEC
+    if change == 'path = "loom.db"':
+        text = text.replace('[loom]\npath = "loom.db"\n', "")
+    elif change == "[memory]":
+        text = text.split("[memory]")[0]
+    elif change == "recal = true":
+        text = text.replace("recall = true", change)
+    elif change.startswith("namespace"):
+        text = text.replace('namespace = ["user", "{user}", "{cantrip}"]', change)
+    elif change.startswith("recall_k"):
+        text = text.replace("recall_k = 3", change)
+    else:
+        text = text.replace("limit = 100", change)
+    path = tmp_path / "helper.toml"
+    path.write_text(text)
+    if expected is None:
+        build_cantrip(load_spec_file(path), base_dir=tmp_path).loom.close()
+        return
+    with pytest.raises(ConstructionError) as caught:
+        build_cantrip(load_spec_file(path), base_dir=tmp_path)
+    problems = caught.value.problems
+    assert len(problems) == 1, problems
+    assert expected in problems[0]
+    assert "\n" not in problems[0]

@@ -115,6 +115,12 @@ def template_problems(template: object) -> list[str]:
     return problems
 
 
+def _as_tuple(value: Any) -> Any:
+    """A list as a tuple; anything else as given, for the checks to name (a string
+    made a tuple would be its characters)."""
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
 @attrs.frozen(eq=False)
 class MemorySettings:
     """A cantrip's memory (``Cantrip(memory=MemorySettings(...))``).
@@ -125,8 +131,8 @@ class MemorySettings:
     uses its file name). ``store`` is where items live; by default the memory store
     beside the cantrip's loom (:func:`cantrip.memory.memory_for`)."""
 
-    namespace: tuple[str, ...] = attrs.field(default=("{cantrip}",), converter=tuple)
-    blocks: tuple[MemoryBlock, ...] = attrs.field(default=(), converter=tuple)
+    namespace: tuple[str, ...] = attrs.field(default=("{cantrip}",), converter=_as_tuple)
+    blocks: tuple[MemoryBlock, ...] = attrs.field(default=(), converter=_as_tuple)
     recall: bool = False
     recall_k: int = 5
     name: str | None = None
