@@ -440,3 +440,22 @@ def test_spec_memory_mistakes_are_one_line_each(
     assert len(problems) == 1, problems
     assert expected in problems[0]
     assert "\n" not in problems[0]
+
+
+async def test_a_fold_keeps_what_memory_added_with_the_intent(sqlite_place: Place) -> None:
+    from cantrip import FoldingPolicy
+
+    loom = sqlite_place.loom()
+    settings = MemorySettings(blocks=(MemoryBlock("human", "Name: Alice"),))
+    script = [call("echo", text=str(n)) for n in range(4)] + [call("done", answer="ok")]
+    s = spell(loom, script, settings).with_(
+        folding=FoldingPolicy(trigger_after_turns=2, keep_recent=1)
+    )
+    llm = s.llm
+    assert isinstance(llm, ScriptedLLM)
+    async with s.summon() as entity:
+        await entity.send("Count.")
+    last = texts(llm.invocations[-1].messages)
+    assert any("Summary of earlier turns" in text for text in last)  # it did fold
+    block = '<block label="human" limit="2000">\nName: Alice\n</block>'
+    assert last[1:3] == ["Count.", f"[memory: {s.id}]\n{block}"]
