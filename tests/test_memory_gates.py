@@ -459,3 +459,41 @@ async def test_a_fold_keeps_what_memory_added_with_the_intent(sqlite_place: Plac
     assert any("Summary of earlier turns" in text for text in last)  # it did fold
     block = '<block label="human" limit="2000">\nName: Alice\n</block>'
     assert last[1:3] == ["Count.", f"[memory: {s.id}]\n{block}"]
+
+
+async def test_prune_memories_forgets_what_the_removed_sessions_wrote(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "loom.db"
+    loom = Loom.open(path)
+    settings = MemorySettings(namespace=("user", "{user}"))
+    ids = []
+    for key in ("old", "new"):
+        script = [call("remember", key=key, value=f"the {key} fact"), call("done", answer="ok")]
+        async with spell(loom, script, settings).summon() as entity:
+            await entity.send(f"Remember the {key} fact.", tags={"user": "alice"})
+        ids.append(entity.id)
+    memory_for(loom.store).put(ALICE, "by_hand", "written by no session")
+    loom.close()
+
+    def prune(*extra: str) -> dict[str, Any]:
+        command = [sys.executable, "-m", "cantrip", "loom", str(path), "prune"]
+        args = ["--entity", ids[0], "--idle-s", "0", "--memories", "--json", *extra]
+        out = subprocess.run([*command, *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        report: dict[str, Any] = json.loads(out.stdout)
+        return report
+
+    would = prune("--dry-run")
+    assert would["memories"] == [{"namespace": list(ALICE), "key": "old"}]
+    loom = Loom.open(path)
+    assert memory_for(loom.store).get(ALICE, "old") is not None  # a dry run forgets nothing
+    loom.close()
+    assert prune()["memories"] == would["memories"]
+    loom = Loom.open(path)
+    store = memory_for(loom.store)
+    assert store.get(ALICE, "old") is None
+    assert store.get(ALICE, "new") is not None and store.get(ALICE, "by_hand") is not None
+    loom.close()

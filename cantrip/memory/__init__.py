@@ -24,6 +24,7 @@ from cantrip.memory._open import memory_for
 from cantrip.memory._postgres import PostgresMemory
 from cantrip.memory._provenance import (
     describe,
+    forget_derived,
     forget_namespace,
     get_as_of,
     item_as_of,
@@ -55,6 +56,7 @@ __all__ = [
     "SearchItem",
     "current_scope",
     "describe",
+    "forget_derived",
     "forget_namespace",
     "get_as_of",
     "item_as_of",

@@ -12,12 +12,14 @@ what was known at its fork point (:func:`fork_time`), not what was learnt after.
 A deleted item is gone with all its revisions: "as of" cannot bring back what was
 forgotten, which is what forgetting is for.
 
-:func:`forget_namespace` forgets everything under a namespace (a user's), with a
-dry run that lists what would go.
+:func:`forget_namespace` forgets everything under a namespace (a user's), and
+:func:`forget_derived` what some sessions wrote (``cantrip loom prune --memories``),
+each with a dry run that lists what would go.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -98,6 +100,35 @@ def forget_namespace(
                 store.delete(hit.item.namespace, hit.item.key)
         if len(page) < MAX_LIMIT:
             return found
+
+
+def forget_derived(
+    store: MemoryBackend,
+    entity_ids: Iterable[str],
+    *,
+    prefix: Namespace = (),
+    dry_run: bool = True,
+) -> list[tuple[Namespace, str]]:
+    """Forget the items under ``prefix`` whose latest revision was written by one of
+    ``entity_ids`` (``metadata["source"]``) -- the memories derived from sessions a
+    prune removes; with ``dry_run`` (the default), only say which. An item revised
+    since by a session that stays is kept: it is that session's memory now."""
+    wanted = set(entity_ids)
+    found: list[tuple[Namespace, str]] = []
+    offset = 0
+    while True:
+        page = store.search(prefix, limit=MAX_LIMIT, offset=offset)
+        offset += len(page)
+        for hit in page:
+            source = hit.item.metadata.get(SOURCE)
+            if isinstance(source, dict) and source.get("entity_id") in wanted:
+                found.append((hit.item.namespace, hit.item.key))
+        if len(page) < MAX_LIMIT:
+            break
+    if not dry_run:
+        for namespace, key in found:
+            store.delete(namespace, key)
+    return found
 
 
 def describe(item: Item) -> dict[str, Any]:
