@@ -190,14 +190,14 @@ class MemoryContext:
         settings = self.settings
         if settings.store is not None:
             return AsyncMemory(settings.store)
-        key = id(self.loom.store)
-        opened = settings._opened.get(key)
-        if opened is None:
-            mine = await trio.to_thread.run_sync(memory_for, self.loom.store)
-            opened = settings._opened.setdefault(key, mine)
-            if opened is not mine:  # another cast opened it meanwhile: keep one
+        loom_store = self.loom.store
+        entry = settings._opened.get(id(loom_store))
+        if entry is None:
+            mine = await trio.to_thread.run_sync(memory_for, loom_store)
+            entry = settings._opened.setdefault(id(loom_store), (loom_store, mine))
+            if entry[1] is not mine:  # another cast opened it meanwhile: keep one
                 await trio.to_thread.run_sync(mine.close)
-        return AsyncMemory(opened)
+        return AsyncMemory(entry[1])
 
     async def scope(self, entity: RunningEntity, tags: Mapping[str, Any]) -> MemoryScope:
         namespace = self.settings.fill(

@@ -137,8 +137,11 @@ class MemorySettings:
     recall_k: int = 5
     name: str | None = None
     store: MemoryBackend | None = None
-    _opened: dict[int, MemoryBackend] = attrs.field(factory=dict, init=False, repr=False)
-    """The store opened beside a loom, by the loom store's identity (opened once)."""
+    _opened: dict[int, tuple[object, MemoryBackend]] = attrs.field(
+        factory=dict, init=False, repr=False
+    )
+    """The store opened beside each loom store (by identity, the loom store kept with
+    it so that its id is not reused): opened once per loom."""
 
     def __attrs_post_init__(self) -> None:
         problems = template_problems(self.namespace)
