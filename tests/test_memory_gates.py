@@ -497,3 +497,50 @@ async def test_prune_memories_forgets_what_the_removed_sessions_wrote(tmp_path: 
     assert store.get(ALICE, "old") is None
     assert store.get(ALICE, "new") is not None and store.get(ALICE, "by_hand") is not None
     loom.close()
+
+
+class ThreadNotingStore:
+    """A memory store that notes the thread of every call made to it."""
+
+    def __init__(self, inner: MemoryBackend) -> None:
+        self.inner = inner
+        self.limiter = inner.limiter
+        self.threads: list[tuple[str, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        import threading
+
+        method = getattr(self.inner, name)
+
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            self.threads.append((name, threading.get_ident()))
+            return method(*args, **kwargs)
+
+        return noted
+
+
+async def test_every_store_call_runs_off_the_trio_thread(sqlite_place: Place) -> None:
+    import threading
+
+    loom = sqlite_place.loom()
+    store = ThreadNotingStore(memory_for(loom.store))
+    settings = MemorySettings(
+        namespace=("user", "{user}"),
+        blocks=(MemoryBlock("human", "Name: ?"),),
+        recall=True,
+        store=store,
+    )
+    script = [
+        call("remember", key="k", value="a fact"),
+        call("recall", query="fact"),
+        call("edit_block", label="human", old_text="?", new_text="Alice"),
+        call("forget", key="k"),
+        call("done", answer="ok"),
+    ]
+    async with spell(loom, script, settings).summon() as entity:
+        result = await entity.send("Any fact?", tags={"user": "alice"})
+    assert not any(c.is_error for t in result.turns for c in t.gate_calls)
+    called = {name for name, _ in store.threads}
+    assert {"search", "get", "put", "delete"} <= called
+    here = threading.get_ident()
+    assert [name for name, thread in store.threads if thread == here] == []
