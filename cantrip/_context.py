@@ -167,12 +167,11 @@ class Context:
 
     def add_turn(self, turn: Turn) -> None:
         if turn.intent is not None:
-            memory = turn.extras.get(MEMORY_EXTRA)
-            added = memory.get("text") if isinstance(memory, Mapping) else None
+            added = recorded_memory(turn)
             if not self._has_pending_intent(turn.intent, added):
                 self.add_intent(turn.intent)
                 if added:
-                    self.add_memory(str(added))
+                    self.add_memory(added)
         phase = turn.extras.get("phase")
         steering = turn.extras.get("steering")
         if steering and phase not in ("continuation", "continuation+checkpoint"):
@@ -334,6 +333,14 @@ class Context:
             at -= 1
         last = items[at] if at >= 0 else None
         return last is not None and last.role == "user" and last.content == intent
+
+
+def recorded_memory(turn: Turn) -> str | None:
+    """What memory added after the intent of the cast ``turn`` begins, as recorded
+    (``extras["memory"]["text"]``; see :mod:`cantrip._core._cast_context`)."""
+    memory = turn.extras.get(MEMORY_EXTRA)
+    added = memory.get("text") if isinstance(memory, Mapping) else None
+    return str(added) if added else None
 
 
 def render_turn(turn: Turn, medium: ObservationRenderer) -> list[Message]:

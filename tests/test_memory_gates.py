@@ -544,3 +544,26 @@ async def test_every_store_call_runs_off_the_trio_thread(sqlite_place: Place) ->
     assert {"search", "get", "put", "delete"} <= called
     here = threading.get_ident()
     assert [name for name, thread in store.threads if thread == here] == []
+
+
+async def test_an_eval_replay_is_keyed_by_the_prompt_memory_made(sqlite_place: Place) -> None:
+    """A replay answers from the recorded conversation, memory's message included: the
+    same memory replays; memory that changed since is a divergence, not a silent pass."""
+    from cantrip.evals import ReplayDivergence, replay_llm
+
+    loom = sqlite_place.loom()
+    memory_for(loom.store).put(ALICE, "pet", "Alice has a cat called Tom")
+    settings = MemorySettings(namespace=("user", "{user}"), recall=True)
+    script = [call("done", answer="Tom is fine.")]
+    async with spell(loom, script, settings).summon() as entity:
+        await entity.send("How is my cat?", tags={"user": "alice"})
+
+    replaying = spell(loom, [], settings).with_(llm=replay_llm(loom))
+    async with replaying.summon() as entity:
+        again = await entity.send("How is my cat?", tags={"user": "alice"})
+    assert again.result == "Tom is fine."
+
+    memory_for(loom.store).put(ALICE, "pet", "Alice has a cat called Felix")
+    async with replaying.summon() as entity:
+        with pytest.raises(ReplayDivergence):
+            await entity.send("How is my cat?", tags={"user": "alice"})
