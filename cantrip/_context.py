@@ -167,11 +167,11 @@ class Context:
 
     def add_turn(self, turn: Turn) -> None:
         if turn.intent is not None:
-            added = recorded_memory(turn)
-            if not self._has_pending_intent(turn.intent, added):
+            remembered = recorded_memory(turn)
+            if not self._has_pending_intent(turn.intent, remembered):
                 self.add_intent(turn.intent)
-                if added:
-                    self.add_memory(added)
+                if remembered:
+                    self.add_memory(remembered)
         phase = turn.extras.get("phase")
         steering = turn.extras.get("steering")
         if steering and phase not in ("continuation", "continuation+checkpoint"):
