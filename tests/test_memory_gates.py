@@ -567,3 +567,24 @@ async def test_an_eval_replay_is_keyed_by_the_prompt_memory_made(sqlite_place: P
     async with replaying.summon() as entity:
         with pytest.raises(ReplayDivergence):
             await entity.send("How is my cat?", tags={"user": "alice"})
+
+
+async def test_a_child_does_not_inherit_memory(sqlite_place: Place) -> None:
+    from gates import call_agent
+
+    loom = sqlite_place.loom()
+    script = [
+        call("call_agent", intent="note it", gates=["remember"]),
+        call("remember", key="k", value="from the child"),  # the child's turns
+        call("done", answer="tried"),
+        call("done", answer="ok"),
+    ]
+    s = spell(loom, script, MemorySettings(namespace=("user", "{user}")), call_agent)
+    async with s.summon() as entity:
+        result = await entity.send("Delegate.", tags={"user": "alice"})
+    assert result.result == "ok"
+    delegated = [c for t in result.turns for c in t.gate_calls if c.gate_name == "call_agent"]
+    child = delegated[0].detail["child"]
+    attempt = loom.entity_turns(child)[0].gate_calls[0]
+    assert attempt.is_error and "has no memory" in str(attempt.result)
+    assert memory_for(loom.store).search(ALICE) == []
