@@ -202,8 +202,8 @@ async def test_an_item_names_the_turn_that_wrote_it(sqlite_place: Place) -> None
     assert [c.gate_name for c in turn.gate_calls] == ["remember"]
 
 
-async def test_a_fork_of_an_old_turn_recalls_what_was_known_then(sqlite_place: Place) -> None:
-    loom = sqlite_place.loom()
+async def test_a_fork_of_an_old_turn_recalls_what_was_known_then(place: Place) -> None:
+    loom = place.loom()
     settings = MemorySettings(namespace=("user", "{user}"), recall=True)
     script = [
         call("remember", key="colour", value="Her colour is blue"),
@@ -321,6 +321,8 @@ async def test_automatic_recall_is_recorded_and_a_fork_replays_it_without_the_st
     store = CountingStore(memory_for(loom.store))
     store.inner.put(ALICE, "favourite_colour", "Alice's favourite colour is blue")
     store.inner.put(ALICE, "pet", "Alice has a cat called Tom")
+    nested_block = (*ALICE, "helper", "_blocks")  # another cantrip's block under Alice's
+    store.inner.put(nested_block, "human", "Her favourite colour is a secret")
     settings = MemorySettings(namespace=("user", "{user}"), recall=True, recall_k=3, store=store)
     script = [call("echo", text="thinking"), call("done", answer="blue"), call("done", answer="ok")]
     s = spell(loom, script, settings)
@@ -336,7 +338,7 @@ async def test_automatic_recall_is_recorded_and_a_fork_replays_it_without_the_st
     assert "pet" not in memory_note  # the intent's words do not match it
     recorded = result.turns[0].extras["memory"]
     assert recorded["text"] == memory_note
-    assert recorded["recalled"][0]["key"] == "favourite_colour"
+    assert [r["key"] for r in recorded["recalled"]] == ["favourite_colour"]  # no block
     assert "memory" not in result.turns[1].extras  # recorded once, on the cast's first turn
 
     # the store changes; a fork rebuilt from the loom still sees the prompt the model saw

@@ -134,12 +134,13 @@ def find(
     too, and those found by more words rank first (then by the best rank any word
     gave). With ``as_of``, an item is shown at the revision it had then, and one
     created later is left out (see :func:`item_as_of`)."""
-    blocks = (*namespace, BLOCKS_PART)
+    depth = len(namespace)
     window = min(limit + 8, MAX_LIMIT)
 
     def hits(text: str | None) -> list[SearchItem]:
         found = store.search(namespace, query=text, limit=window)
-        return [h for h in found if h.item.namespace[: len(blocks)] != blocks]
+        # blocks are shown as blocks, never recalled: this namespace's or a nested one's
+        return [h for h in found if BLOCKS_PART not in h.item.namespace[depth:]]
 
     ranked: dict[tuple[Namespace, str], tuple[int, int, Item]] = {}
     for rank, hit in enumerate(hits(query)):
