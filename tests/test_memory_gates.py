@@ -590,3 +590,14 @@ async def test_a_child_does_not_inherit_memory(sqlite_place: Place) -> None:
     attempt = loom.entity_turns(child)[0].gate_calls[0]
     assert attempt.is_error and "has no memory" in str(attempt.result)
     assert memory_for(loom.store).search(ALICE) == []
+
+
+async def test_a_cast_taken_up_before_its_first_turn_gets_its_memory(sqlite_place: Place) -> None:
+    """A worker that takes up a cast no turn of which reached the loom (its first worker
+    died before) opens it as a sent cast: memory's message is shown and recorded."""
+    loom = sqlite_place.loom()
+    settings = MemorySettings(blocks=(MemoryBlock("human", "Name: Alice"),))
+    s = spell(loom, [call("done", answer="ok")], settings)
+    async with s.summon() as entity:
+        result = await entity.resume_cast("Hello.", [])
+    assert "Name: Alice" in result.turns[0].extras["memory"]["text"]

@@ -282,6 +282,8 @@ class Entity(EntityState):
         intent = require_intent(intent)
         cast = Cast(intent, self._meter())
         cast.add_recorded(recorded)
+        if not recorded:  # nothing of it reached the loom: it opens as a sent cast does
+            await open_cast_context(self, cast)
         self._continuing = True
         return await run_cast(self, self._pauses, cast, fresh=not recorded)
 
