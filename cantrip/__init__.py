@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from cantrip.llm._telemetry import Pricing
     from cantrip.loom import export_jsonl, export_thread_jsonl, load_jsonl
     from cantrip.mcp import MCPServer
+    from cantrip.memory import MemoryBlock, MemorySettings
 
 from cantrip import guardrails as guardrails
 from cantrip._version import __version__ as __version__
@@ -112,6 +113,8 @@ _LAZY = {
     "ProviderStartError": "cantrip._providers",
     "MCPServer": "cantrip.mcp._provider",
     "A2AAgent": "cantrip.a2a._provider",
+    "MemorySettings": "cantrip.memory._settings",
+    "MemoryBlock": "cantrip.memory._settings",
 }
 
 
@@ -162,6 +165,8 @@ __all__ = [
     "LoomAppendOnlyError",
     "LoomError",
     "MCPServer",
+    "MemoryBlock",
+    "MemorySettings",
     "Message",
     "MessageComplete",
     "MessageStart",

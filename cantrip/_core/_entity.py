@@ -24,6 +24,7 @@ import attrs
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._context import Context
 from cantrip._core._cast import Cast, UsageTally
+from cantrip._core._cast_context import open_cast_context
 from cantrip._core._loop import cancel_reason, continue_paused, run_cast
 from cantrip._core._pauses import PauseBoard, PauseHandler, PauseMode, Pauses
 from cantrip._core._recording import checkpoint, now
@@ -269,6 +270,7 @@ class Entity(EntityState):
         """
         intent = require_intent(intent)
         cast = Cast(intent, self._meter(), dict(tags or {}))
+        await open_cast_context(self, cast)
         return await run_cast(self, self._pauses, cast, fresh=True)
 
     async def resume_cast(self, intent: str, recorded: Sequence[Turn]) -> CastResult:
@@ -280,6 +282,8 @@ class Entity(EntityState):
         intent = require_intent(intent)
         cast = Cast(intent, self._meter())
         cast.add_recorded(recorded)
+        if not recorded:  # nothing of it reached the loom: it opens as a sent cast does
+            await open_cast_context(self, cast)
         self._continuing = True
         return await run_cast(self, self._pauses, cast, fresh=not recorded)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from cantrip._core._cast import Cast, Inflight
+from cantrip._core._cast_context import show_cast_context
 from cantrip._core._host import TurnHost
 from cantrip._core._recording import record_cut
 from cantrip._core._state import EntityState
@@ -50,6 +51,7 @@ async def check_inputs(
         cast.unchecked_intent = False
         rewrote.extend(checked.rewrote)
         context.add_intent(cast.intent)
+        show_cast_context(entity, cast)  # what memory adds follows the intent
         texts.append(cast.intent)
     if inflight.steering:
         kept: list[str] = []

@@ -28,6 +28,7 @@ import trio.lowlevel
 from cantrip._approval import Decision, Pause
 from cantrip._context import NUDGE_DONE_REQUIRED
 from cantrip._core._cast import Cast, Inflight
+from cantrip._core._cast_context import show_cast_context
 from cantrip._core._guard import check_inputs, guarded_outcome, record_failure, rewrites, trip_cast
 from cantrip._core._host import TurnHost
 from cantrip._core._pauses import PauseExit, Pauses, rest_of_utterance
@@ -156,6 +157,7 @@ async def _run_cast_here(
             cast.unchecked_intent = True  # joins the context once checked (_guard)
         else:
             entity._context.add_intent(cast.intent)
+            show_cast_context(entity, cast)
     entity._cast = cast
     timeout = entity.circle.resolved.get("timeout_s")
     deadline = math.inf if timeout is None else trio.current_time() + float(timeout)

@@ -38,8 +38,9 @@ def new_turn(entity: EntityState, intent: str | None, **fields: Any) -> Turn:
     if inflight is not None and inflight.steering:
         fields["extras"] = {**fields.get("extras", {}), "steering": list(inflight.steering)}
         inflight.steering = ()  # the turn's first piece carries them
+    turn_id, entity._reserved_turn_id = entity._reserved_turn_id, None
     return Turn(
-        id=entity.loom.new_turn_id(),
+        id=turn_id or entity.loom.new_turn_id(),
         parent_id=entity._leaf,
         entity_id=entity.id,
         sequence=entity._sequence + 1,

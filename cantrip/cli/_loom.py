@@ -224,6 +224,12 @@ def add_loom_parser(
         "--dry-run", action="store_true", help="say what would be removed; remove nothing"
     )
     pruning.add_argument(
+        "--memories",
+        action="store_true",
+        help="also forget the memories the removed sessions wrote (those whose latest "
+        "revision names one of them); kept otherwise",
+    )
+    pruning.add_argument(
         "--idle-s",
         type=float,
         default=60.0,
@@ -643,8 +649,12 @@ def _prune(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
         dry_run=args.dry_run,
         busy_s=args.idle_s,
     )
+    memories = _prune_memories(loom, done.plan.entities, args) if args.memories else None
     if args.json:
-        _print(out, json.dumps(done.to_dict(), indent=2))
+        report = done.to_dict()
+        if memories is not None:
+            report["memories"] = [{"namespace": list(ns), "key": key} for ns, key in memories]
+        _print(out, json.dumps(report, indent=2))
         return 0
     plan = done.plan
     verb = "would remove" if args.dry_run else "removed"
@@ -662,7 +672,25 @@ def _prune(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
     )
     for entity_id, why in plan.kept:
         _print(out, f"kept {entity_id}: {why}")
+    if memories is not None:
+        _print(out, f"{'would forget' if args.dry_run else 'forgot'} {len(memories)} memories")
+        for namespace, key in memories:
+            _print(out, f"  {'/'.join(namespace)} {key}")
     return 0
+
+
+def _prune_memories(
+    loom: Loom, entities: Sequence[str], args: argparse.Namespace
+) -> list[tuple[tuple[str, ...], str]]:
+    """``prune --memories``: the memories the pruned sessions wrote, forgotten unless
+    ``--dry-run`` (cantrip.memory.forget_derived)."""
+    from cantrip.memory import forget_derived, memory_for
+
+    store = memory_for(loom.store)
+    try:
+        return forget_derived(store, entities, dry_run=args.dry_run)
+    finally:
+        store.close()
 
 
 def _stats(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
