@@ -110,8 +110,10 @@ CHECKS = (
 def test_a_spec_names_a_function_check_and_a_classifier(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "my_checks.py").write_text(CHECKS)
+    # a module name no other test writes: sys.modules keeps the first module of a name
+    (tmp_path / "fronts_checks.py").write_text(CHECKS)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fronts_checks", raising=False)
     doc = {
         "llm": {"provider": "scripted", "responses": [{"content": "answered"}]},
         "llms": {
@@ -122,7 +124,7 @@ def test_a_spec_names_a_function_check_and_a_classifier(
             "gates": ["done"],
             "wards": [{"max_turns": 3}],
             "guardrails": [
-                {"check": "my_checks:shout_free", "blocking": True},
+                {"check": "fronts_checks:shout_free", "blocking": True},
                 {"check": "classifier", "llm": "judge", "name": "manners", "on": "output"},
             ],
         },
