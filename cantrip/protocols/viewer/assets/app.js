@@ -122,8 +122,10 @@ function showError(error) {
   box.textContent = error ? String(error.message || error) : "";
 }
 
-function cost(value, tokens) {
-  if (value === null || value === undefined) return tokens ? "cost unknown" : "$0";
+// The server says what a cost is (null: unknown -- tokens at an unknown price, no usage
+// reported, or a turn cut off before its usage was recorded); the page never guesses $0.
+function cost(value) {
+  if (value === null || value === undefined) return "cost unknown";
   return "$" + Number(value).toFixed(value < 0.01 ? 6 : 4);
 }
 
@@ -191,7 +193,9 @@ function route() {
   const main = document.getElementById("main");
   main.replaceChildren();
   let match;
-  if ((match = hash.match(/^\/e\/([^/]+)(?:\/t\/([^/]+))?$/))) {
+  if ((match = hash.match(/^\/e\/([^/]+)\/timeline$/))) {
+    state.view = new TimelinePage(main, match[1]);
+  } else if ((match = hash.match(/^\/e\/([^/]+)(?:\/t\/([^/]+))?$/))) {
     state.view = new EntityPage(main, match[1], match[2] || null);
   } else if ((match = hash.match(/^\/thread\/([^/]+)$/))) {
     state.view = new ThreadPage(main, match[1]);
@@ -273,7 +277,7 @@ class EntityList {
         e.eval ? " " : null, e.intent),
       el("td", { text: String(e.turns) }),
       el("td", { text: String(tokenTotal(e.tokens)) }),
-      el("td", { text: cost(e.tree_cost_usd, tokenTotal(e.tokens)) }),
+      el("td", { text: cost(e.tree_cost_usd) }),
       el("td", { text: when(e.last_activity) }),
     ));
     const table = el("table", { class: "entities" },
@@ -453,11 +457,12 @@ class EntityPage {
     const parts = [el("span", { class: "id mono", text: this.entityId })];
     if (s) {
       parts.push(this.running || s.running ? badge("running") : badge(s.status),
-        el("span", { class: "muted", text: `${s.medium} · ${s.turns} turns · ${tokenTotal(s.tokens)} tokens · ${cost(s.cost_usd, tokenTotal(s.tokens))} (tree ${cost(s.tree_cost_usd, tokenTotal(s.tokens))})` }));
+        el("span", { class: "muted", text: `${s.medium} · ${s.turns} turns · ${tokenTotal(s.tokens)} tokens · ${cost(s.cost_usd)} (tree ${cost(s.tree_cost_usd)})` }));
       if (s.parent_entity_id) parts.push(el("a", { href: "#/e/" + s.parent_entity_id, text: "parent " + s.parent_entity_id }));
     }
     const forked = (s && s.forked_from) || this.tree.forkedFrom;
     if (forked) parts.push(el("a", { href: "#/thread/" + forked, text: "forked from " + forked }));
+    parts.push(el("a", { id: "open-timeline", href: `#/e/${this.entityId}/timeline`, text: "timeline" }));
     this.head.replaceChildren(...parts);
   }
 
@@ -646,7 +651,6 @@ async function forkFrom(turnId, intent) {
 
 function renderTurn(turn, onFork) {
   const meta = turn.metadata || {};
-  const tokens = (meta.tokens_prompt || 0) + (meta.tokens_completion || 0);
   const box = el("div", { class: "turn", id: "turn", dataset: { turn: turn.id } });
   box.append(el("h2", {}, `Turn ${turn.sequence} `, badge(turn.status),
     turn.reason ? el("span", { class: "muted", text: " " + turn.reason }) : null,
@@ -657,7 +661,7 @@ function renderTurn(turn, onFork) {
     el("a", { href: "#/e/" + turn.entity_id, text: turn.entity_id }),
     el("span", { text: `tokens ${meta.tokens_prompt || 0} prompt / ${meta.tokens_completion || 0} completion / ${meta.tokens_cached || 0} cached` }),
     el("span", { text: `${(meta.duration_ms || 0).toFixed(1)} ms` }),
-    el("span", { class: "cost", text: cost(meta.cost_usd, tokens) }),
+    el("span", { class: "cost", text: cost(turn.cost) }),
     meta.model ? el("span", { text: meta.model }) : null,
     meta.attempts && meta.attempts !== 1 ? el("span", { text: `${meta.attempts} attempts` }) : null,
     el("span", { text: when(meta.timestamp) }),
@@ -750,7 +754,7 @@ function message(m) {
       el("div", { class: "text", text: m.text.length > 4000 ? m.text.slice(0, 4000) + "…" : m.text }));
   }
   if (m.role === "outcome") {
-    return el("div", { class: "msg outcome" }, el("div", { class: "who" }, badge(m.status), " ", m.reason || ""),
+    return el("div", { class: "msg outcome " + m.status }, el("div", { class: "who" }, badge(m.status), " ", m.reason || ""),
       m.result !== null && m.result !== undefined ? el("div", { class: "text", text: pretty(m.result) }) : null);
   }
   return el("div", { class: "msg assistant" }, el("div", { class: "who" }, "entity · ", link),
