@@ -128,8 +128,7 @@ def test_narrow_turns_come_as_groups_and_a_window_holds_only_its_turns(loom_url:
     a few items a pixel, each group counts its turns and keeps its worst status, and a
     window (zoomed in) sends only the turns inside it, one bar each."""
     loom, views = cast_views(loom_url, turns=1000, children=50)
-    span = views.timeline("entity-root", {"limit": ["1"]})["span_ms"]
-    page = views.timeline("entity-root", {"px": [str(span / 200)]})  # a 200-pixel track
+    page = views.timeline("entity-root", {"width": ["200"]})  # a 200-pixel track
     assert page["total"] == 51
     root = page["items"][0]
     sent = root["bars"]
@@ -171,6 +170,7 @@ def test_bad_timeline_queries_are_clear_errors() -> None:
     for params, status in (
         ({"from": ["soon"]}, 400),
         ({"px": ["0"]}, 400),
+        ({"width": ["-3"]}, 400),
         ({"to": ["nan"]}, 400),
         ({"offset": ["-1"]}, 400),
     ):

@@ -16,7 +16,7 @@ One more front end over the session layer (SPEC.md "The loom viewer"), in two se
 Routes (``GET`` unless said; errors are ``{"error": {"code", "message"}}``):
 ``/`` (the page), ``/ui/{asset}``, ``/api/loom``,
 ``/api/entities?q=&offset=&limit=``, ``/api/entities/{id}/tree?offset=&limit=&turn=``,
-``/api/entities/{id}/timeline?offset=&limit=&from=&to=&px=`` (a cast's waterfall),
+``/api/entities/{id}/timeline?offset=&limit=&from=&to=&width=&px=`` (a cast's waterfall),
 ``/api/turns/{id}``, ``/api/threads/{turn id}?offset=&limit=``, ``/api/evals`` (the eval
 runs recorded in the loom), ``POST /api/fork``.
 

@@ -17,7 +17,8 @@ Scale: the rows and bars are derived once per loom size from the turns of the
 entities in the cast's tree only (``Loom.entity_turns``: a query each on SQLite and
 PostgreSQL, never the whole loom), then every request is a page of rows and, in each,
 the bars inside a time window (``from``, ``to``) at a resolution (``px``, the
-milliseconds one screen pixel stands for): turns narrower than a pixel that sit within
+milliseconds one screen pixel stands for, or ``width``, the pixels the window is
+drawn on: 1,000 unless said): turns narrower than a pixel that sit within
 a pixel of each other are sent as one *group* bar (their count, summed times and
 totals, the worst status), so a 10,000-turn row is at most a few thousand items
 whatever the window, and zooming in splits the groups into turns.
@@ -207,7 +208,8 @@ class CastTimeline:
         if high < low:
             low, high = high, low
         width = max(high - low, 1e-3)
-        px = max(_number(query, "px", width / 1000), width / MAX_ITEMS_PER_ROW)
+        pixels = _number(query, "width", 1000.0)  # the track's width on screen
+        px = max(_number(query, "px", width / max(pixels, 1.0)), width / MAX_ITEMS_PER_ROW)
         rows = self.rows[offset : offset + limit]
         return {
             "origin": datetime.fromtimestamp(self.origin / 1000.0, UTC).isoformat(),
@@ -307,6 +309,6 @@ def _number(query: Mapping[str, Sequence[str]], name: str, default: float) -> fl
         raise ViewerError(400, "bad_request", f"{name} must be a number") from None
     if value != value or value in (float("inf"), float("-inf")):
         raise ViewerError(400, "bad_request", f"{name} must be a finite number")
-    if name == "px" and value <= 0:
-        raise ViewerError(400, "bad_request", "px must be above 0")
+    if name in ("px", "width") and value <= 0:
+        raise ViewerError(400, "bad_request", f"{name} must be above 0")
     return value

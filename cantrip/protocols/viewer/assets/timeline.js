@@ -5,7 +5,7 @@
 // Loaded before app.js, whose helpers (el, api, badge, cost, ...) it uses once the page
 // runs. Rows are read a page at a time and only the rows on screen exist (as the tree);
 // each page carries, for its rows, the bars inside the visible time window at the
-// resolution of one pixel (/api/entities/ID/timeline?from=&to=&px=): turns narrower than a
+// resolution of one pixel (/api/entities/ID/timeline?from=&to=&width=): turns narrower than a
 // pixel come as one group bar, which a click zooms into. Live (under `cantrip serve`), the
 // session's event stream reloads the loaded rows as turns land.
 "use strict";
@@ -78,7 +78,7 @@ class TimelinePage {
     const [from, to] = this.bounds();
     const params = new URLSearchParams({ offset: number * TL_PAGE, limit: TL_PAGE });
     if (this.window) { params.set("from", from); params.set("to", to); }
-    params.set("px", (to - from) / this.trackWidth());
+    params.set("width", this.trackWidth()); // the server knows the span: it makes the pixel
     const page = await api(`/api/entities/${encodeURIComponent(this.entityId)}/timeline?` + params);
     if (generation !== this.generation) return; // the window changed meanwhile
     this.total = page.total;
@@ -232,7 +232,9 @@ class TimelinePage {
       const response = await fetch(`/sessions/${sessionOf(this.entityId)}/events`, {
         headers: authHeaders(), signal: this.abort.signal });
       if (!response.ok) return; // not a session (a loom file's entity): nothing to follow
-      await readSSE(response, (name) => { if (name === "step_complete") later(); });
+      await readSSE(response, (name) => { if (name === "step_complete") later(); }, (comment) => {
+        if (comment === "subscribed") this.box.dataset.following = "live";
+      });
     } catch (error) {
       if (error.name !== "AbortError") showError(error);
     }
