@@ -120,8 +120,11 @@ class Row(NamedTuple):
     record: EntityRecord
     depth: int
     bars: list[Bar]
+    starts: list[float]
     ends: list[float]
     """Running maximum of the bars' ends: where a window's first bar is (bisect)."""
+    tokens: int
+    cost: float | None
 
 
 _Raw = tuple[float, Turn, float, float, float]
@@ -199,8 +202,12 @@ class CastTimeline:
             ends: list[float] = []
             for bar in made:
                 ends.append(max(ends[-1], bar.end) if ends else bar.end)
-            self.rows.append(Row(record, depth, made, ends))
+            starts = [b.start for b in made]
+            tokens = sum(b.tokens for b in made)
+            self.rows.append(Row(record, depth, made, starts, ends, tokens, _total(made)))
         self.span = max((row.ends[-1] for row in self.rows if row.ends), default=0.0)
+        self._singles: dict[str, dict[str, Any]] = {}
+        """A lone bar's item, made once (a warm request only groups the narrow ones)."""
 
     def page(self, offset: int, limit: int, query: Mapping[str, Sequence[str]]) -> dict[str, Any]:
         low = _number(query, "from", 0.0)
@@ -223,12 +230,10 @@ class CastTimeline:
             "items": [self._row(row, low, high, px) for row in rows],
         }
 
-    @staticmethod
-    def _row(row: Row, low: float, high: float, px: float) -> dict[str, Any]:
+    def _row(self, row: Row, low: float, high: float, px: float) -> dict[str, Any]:
         record, bars = row.record, row.bars
-        costs = [b.cost for b in bars]
         first = bisect.bisect_left(row.ends, low)
-        last = bisect.bisect_right([b.start for b in bars], high) if bars else 0
+        last = bisect.bisect_right(row.starts, high)
         return {
             "entity_id": record.entity_id,
             "depth": row.depth,
@@ -237,51 +242,68 @@ class CastTimeline:
             "medium": record.medium,
             "turns": len(bars),
             "status": bars[-1].status if bars else "new",
-            "tokens": sum(b.tokens for b in bars),
-            "cost_usd": None if None in costs else sum(c for c in costs if c is not None),
+            "tokens": row.tokens,
+            "cost_usd": row.cost,
             "start_ms": bars[0].start if bars else None,
             "end_ms": row.ends[-1] if bars else None,
-            "bars": _grouped(bars[first:last], px),
+            "bars": self._grouped(bars[first:last], px),
         }
 
+    def _grouped(self, bars: Sequence[Bar], px: float) -> list[dict[str, Any]]:
+        """The bars as sent: a bar at least a pixel wide alone; narrower ones within a
+        pixel of each other as one group at most a pixel wide (see the module docstring)."""
+        out: list[dict[str, Any]] = []
+        group: list[Bar] = []
+        singles = self._singles
 
-def _grouped(bars: Sequence[Bar], px: float) -> list[dict[str, Any]]:
-    """The bars as sent: a bar at least a pixel wide alone; narrower ones within a pixel
-    of each other as one group at most a pixel wide (see the module docstring)."""
-    out: list[dict[str, Any]] = []
-    group: list[Bar] = []
-
-    def flush() -> None:
-        if group:
-            out.append(_item(group))
+        def flush() -> None:
+            if len(group) == 1:
+                alone(group[0])
+            elif group:
+                out.append(_item(group))
             group.clear()
 
+        def alone(bar: Bar) -> None:
+            item = singles.get(bar.turn.id)
+            if item is None:
+                item = singles[bar.turn.id] = _item([bar])
+            out.append(item)
+
+        for bar in bars:
+            if bar.end - bar.start >= px:
+                flush()
+                alone(bar)
+                continue
+            if group and (bar.start > group[-1].end + px or bar.end - group[0].start > px):
+                flush()
+            group.append(bar)
+        flush()
+        return out
+
+
+def _total(bars: Sequence[Bar]) -> float | None:
+    """The bars' cost: unknown if any is (never counted as 0)."""
+    total = 0.0
     for bar in bars:
-        if bar.end - bar.start >= px:
-            flush()
-            out.append(_item([bar]))
-            continue
-        if group and (bar.start > group[-1].end + px or bar.end - group[0].start > px):
-            flush()
-        group.append(bar)
-    flush()
-    return out
+        if bar.cost is None:
+            return None
+        total += bar.cost
+    return round(total, 9)
 
 
 def _item(bars: Sequence[Bar]) -> dict[str, Any]:
     first, last = bars[0], bars[-1]
-    costs = [b.cost for b in bars]
     item: dict[str, Any] = {
         "id": first.turn.id,
         "sequence": first.turn.sequence,
         "turns": len(bars),
-        "start_ms": first.start,
-        "end_ms": max(b.end for b in bars),
-        "wait_ms": sum(b.wait for b in bars),
-        "model_ms": sum(b.model for b in bars),
-        "gate_ms": sum(b.gate for b in bars),
+        "start_ms": round(first.start, 3),
+        "end_ms": round(max(b.end for b in bars), 3),
+        "wait_ms": round(sum(b.wait for b in bars), 3),
+        "model_ms": round(sum(b.model for b in bars), 3),
+        "gate_ms": round(sum(b.gate for b in bars), 3),
         "tokens": sum(b.tokens for b in bars),
-        "cost_usd": None if None in costs else sum(c for c in costs if c is not None),
+        "cost_usd": _total(bars),
         "status": max((b.status for b in bars), key=SEVERITY.index),
     }
     if len(bars) == 1:

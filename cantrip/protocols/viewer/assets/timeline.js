@@ -185,7 +185,9 @@ class TimelinePage {
     const group = bar.turns > 1;
     const segments = [];
     const total = Math.max(bar.wait_ms + bar.model_ms + bar.gate_ms, 1e-6);
-    for (const [kind, ms] of [["wait", bar.wait_ms], ["model", bar.model_ms], ["gate", bar.gate_ms]]) {
+    // A bar a few pixels wide shows no split (the tooltip has it): fewer nodes to build.
+    const parts = width >= 8 ? [["wait", bar.wait_ms], ["model", bar.model_ms], ["gate", bar.gate_ms]] : [];
+    for (const [kind, ms] of parts) {
       if (ms > 0) segments.push(el("span", { class: "seg " + kind, style: { width: (100 * ms / total) + "%" } }));
     }
     const what = group ? `${bar.turns} turns #${bar.sequence}–#${bar.last_sequence}` : `turn #${bar.sequence}`;
