@@ -186,6 +186,8 @@ async def test_with_a_token_the_viewer_page_and_its_files_are_public_the_api_is_
         assert (await http.get(timeline)).status_code == 401
         assert (await http.get(f"{timeline}?token={token}")).status_code == 401
         assert (await http.get("/ui/timeline.js")).status_code == 200
+        assert (await http.get("/api/compare?a=x&b=y")).status_code == 401  # and Compare
+        assert (await http.get("/ui/compare.js")).status_code == 200
         authorized = {"authorization": f"Bearer {token}"}
         assert (await http.get("/api/entities", headers=authorized)).status_code == 200
         unknown = await http.get(timeline, headers=authorized)  # past the guard: the viewer's 404

@@ -28,6 +28,7 @@ from cantrip.loom._summary import outcome as _outcome
 from cantrip.loom._summary import tokens as _tokens
 from cantrip.loom._summary import tree_turns as _tree_turns
 from cantrip.protocols.sessions import session_id_for, turn_dict
+from cantrip.protocols.viewer._compare import compare
 from cantrip.protocols.viewer._errors import ViewerError
 from cantrip.protocols.viewer._timeline import CastTimeline, turn_cost, turn_status
 
@@ -378,6 +379,17 @@ class LoomViews:
         if timeline is None:
             timeline = self._timelines[entity_id] = CastTimeline(loom, entity_id, loom.entities)
         return {"entity_id": entity_id, **timeline.page(offset, limit, query)}
+
+    # -- two threads side by side -----------------------------------------------------
+
+    def compare(self, query: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+        """The threads ending at ``a`` and ``b`` (turn or entity ids), aligned from their
+        common ancestor, paged by pair (:mod:`._compare`)."""
+        offset, limit = page_args(query)
+        refs = [(query.get(name) or [""])[-1].strip() for name in ("a", "b")]
+        if not all(refs):
+            raise ViewerError(400, "bad_request", "name both threads: ?a=TURN_OR_ENTITY&b=...")
+        return compare(self._fresh(), refs[0], refs[1], offset, limit)
 
     # -- one turn, one thread ---------------------------------------------------------
 

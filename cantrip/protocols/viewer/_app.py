@@ -18,7 +18,8 @@ Routes (``GET`` unless said; errors are ``{"error": {"code", "message"}}``):
 ``/api/entities?q=&offset=&limit=``, ``/api/entities/{id}/tree?offset=&limit=&turn=``,
 ``/api/entities/{id}/timeline?offset=&limit=&from=&to=&width=&px=`` (a cast's waterfall),
 ``/api/turns/{id}``, ``/api/threads/{turn id}?offset=&limit=``, ``/api/evals`` (the eval
-runs recorded in the loom), ``POST /api/fork``.
+runs recorded in the loom), ``/api/compare?a=&b=&offset=&limit=`` (two threads side by
+side), ``POST /api/fork``.
 
 The assets are plain HTML, CSS and JavaScript in ``cantrip/protocols/viewer/assets/``
 (no CDN, no build step). They are served with a content security policy that
@@ -61,6 +62,7 @@ ASSETS: dict[str, str] = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
     "timeline.js": "text/javascript; charset=utf-8",
+    "compare.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
@@ -178,6 +180,8 @@ class Viewer:
             read = functools.partial(views.entities, query)
         elif parts == ["evals"]:
             read = views.evals
+        elif parts == ["compare"]:
+            read = functools.partial(views.compare, query)
         elif len(parts) == 3 and parts[0] == "entities" and parts[2] == "tree":
             read = functools.partial(views.tree, parts[1], query)
         elif len(parts) == 3 and parts[0] == "entities" and parts[2] == "timeline":

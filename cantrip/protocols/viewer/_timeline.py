@@ -36,6 +36,7 @@ from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._view import CHECKPOINT_PHASES
 from cantrip.protocols.viewer._errors import ViewerError
 
+ANSWERS_KEPT = 32
 MAX_ITEMS_PER_ROW = 4000
 """The finest resolution a request may ask for is the window over this many pixels."""
 
@@ -206,6 +207,8 @@ class CastTimeline:
             tokens = sum(b.tokens for b in made)
             self.rows.append(Row(record, depth, made, starts, ends, tokens, _total(made)))
         self.span = max((row.ends[-1] for row in self.rows if row.ends), default=0.0)
+        self._answers: dict[tuple[int, int, float, float, float], dict[str, Any]] = {}
+        """Pages already answered (the same window asked again: a reload, a zoom back)."""
         self._singles: dict[str, dict[str, Any]] = {}
         """A lone bar's item, made once (a warm request only groups the narrow ones)."""
 
@@ -217,6 +220,15 @@ class CastTimeline:
         width = max(high - low, 1e-3)
         pixels = _number(query, "width", 1000.0)  # the track's width on screen
         px = max(_number(query, "px", width / max(pixels, 1.0)), width / MAX_ITEMS_PER_ROW)
+        key = (offset, limit, low, high, px)
+        answer = self._answers.get(key)
+        if answer is None:
+            if len(self._answers) >= ANSWERS_KEPT:
+                del self._answers[next(iter(self._answers))]
+            answer = self._answers[key] = self._page(offset, limit, low, high, px)
+        return answer
+
+    def _page(self, offset: int, limit: int, low: float, high: float, px: float) -> dict[str, Any]:
         rows = self.rows[offset : offset + limit]
         return {
             "origin": datetime.fromtimestamp(self.origin / 1000.0, UTC).isoformat(),

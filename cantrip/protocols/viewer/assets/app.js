@@ -193,7 +193,9 @@ function route() {
   const main = document.getElementById("main");
   main.replaceChildren();
   let match;
-  if ((match = hash.match(/^\/e\/([^/]+)\/timeline$/))) {
+  if ((match = hash.match(/^\/compare(?:\/([^/]*)\/([^/]*))?$/))) {
+    state.view = new ComparePage(main, match[1] || "", match[2] || "");
+  } else if ((match = hash.match(/^\/e\/([^/]+)\/timeline$/))) {
     state.view = new TimelinePage(main, match[1]);
   } else if ((match = hash.match(/^\/e\/([^/]+)(?:\/t\/([^/]+))?$/))) {
     state.view = new EntityPage(main, match[1], match[2] || null);
@@ -649,6 +651,9 @@ async function forkFrom(turnId, intent) {
   } catch (error) { showError(error); }
 }
 
+// Names a part of a turn's panel as the server names what differs (compare marks it).
+function field(node, name) { node.dataset.field = name; return node; }
+
 function renderTurn(turn, onFork) {
   const meta = turn.metadata || {};
   const box = el("div", { class: "turn", id: "turn", dataset: { turn: turn.id } });
@@ -679,10 +684,10 @@ function renderTurn(turn, onFork) {
   }
   box.append(actions);
 
-  if (turn.intent) box.append(el("section", {}, el("h3", { text: "intent" }), longText(turn.intent)));
+  if (turn.intent) box.append(el("section", { dataset: { field: "request" } }, el("h3", { text: "intent" }), longText(turn.intent)));
   const steering = (turn.extras && turn.extras.steering) || [];
   if (steering.length) {
-    box.append(el("section", { id: "steering" }, el("h3", { text: "messages sent during the cast" }),
+    box.append(el("section", { id: "steering", dataset: { field: "request" } }, el("h3", { text: "messages sent during the cast" }),
       steering.map((text) => longText(text, "steering"))));
   }
   if (turn.thinking) {
@@ -690,32 +695,33 @@ function renderTurn(turn, onFork) {
   }
   const codeCall = (turn.tool_calls || []).find((c) => c.arguments && typeof c.arguments.code === "string");
   if (turn.medium !== "conversation" && codeCall) {
-    if (turn.content) box.append(el("section", {}, el("h3", { text: "text" }), longText(turn.content)));
-    box.append(el("section", {}, el("h3", { text: "code" }), highlight(codeCall.arguments.code)));
+    if (turn.content) box.append(el("section", { dataset: { field: "utterance" } }, el("h3", { text: "text" }), longText(turn.content)));
+    box.append(el("section", { dataset: { field: "utterance" } }, el("h3", { text: "code" }), highlight(codeCall.arguments.code)));
   } else if (turn.content || turn.utterance) {
-    box.append(el("section", {}, el("h3", { text: "utterance" }), longText(turn.content || turn.utterance)));
+    box.append(el("section", { dataset: { field: "utterance" } }, el("h3", { text: "utterance" }), longText(turn.content || turn.utterance)));
   }
   if ((turn.gate_calls || []).length) {
-    const calls = turn.gate_calls.map((r) => {
+    const calls = turn.gate_calls.map((r, index) => {
       const failed = r.is_error || r.status === "error" || r.status === "crashed";
-      return el("div", { class: "call" + (failed ? " error" : ""), dataset: { gate: r.gate } },
+      return el("div", { class: "call" + (failed ? " error" : ""), dataset: { gate: r.gate, field: `gate_calls[${index}]` } },
         el("div", {}, el("span", { class: "name", text: r.gate }), " ",
           r.status !== "ok" ? badge(r.status) : null,
           r.detail && r.detail.ephemeral ? badge("ephemeral") : null,
           r.detail && r.detail.truncated ? badge("truncated") : null,
           r.detail && r.detail.result_cut ? resultCut(r.detail.result_cut) : null,
           el("span", { class: "muted", text: ` ${(r.duration_ms || 0).toFixed(1)} ms` })),
-        el("div", { class: "muted", text: "arguments" }), longText(pretty(r.args), "args"),
-        el("div", { class: "muted", text: failed ? "error" : "result" }), longText(pretty(r.result), "result"));
+        el("div", { class: "muted", text: "arguments" }), field(longText(pretty(r.args), "args"), `gate_calls[${index}].args`),
+        el("div", { class: "muted", text: failed ? "error" : "result" }), field(longText(pretty(r.result), "result"), `gate_calls[${index}].result`));
     });
     box.append(el("section", {}, el("h3", { text: "gate calls" }), calls));
   }
-  if (turn.observation) box.append(el("section", {}, el("h3", { text: "observation" }), longText(turn.observation)));
-  if (turn.terminated) box.append(el("section", {}, el("h3", { text: "result" }), longText(pretty(turn.result))));
+  if (turn.observation) box.append(el("section", { dataset: { field: "observation" } }, el("h3", { text: "observation" }), longText(turn.observation)));
+  if (turn.terminated) box.append(el("section", { dataset: { field: "outcome" } }, el("h3", { text: "result" }), longText(pretty(turn.result))));
   if ((turn.branches || []).some((b) => b.branch !== "next")) {
     box.append(el("section", {}, el("h3", { text: "branches from here" }),
       turn.branches.filter((b) => b.branch !== "next").map((b) =>
-        el("div", {}, badge(b.branch), " ", el("a", { href: `#/e/${b.entity_id}/t/${b.id}`, text: b.entity_id })))));
+        el("div", {}, badge(b.branch), " ", el("a", { href: `#/e/${b.entity_id}/t/${b.id}`, text: b.entity_id }), " ",
+          el("a", { class: "compare-link", href: `#/compare/${turn.entity_id}/${b.entity_id === turn.entity_id ? b.id : b.entity_id}`, text: "compare" })))));
   }
   return box;
 }
