@@ -57,6 +57,7 @@ def test_a_row_per_entity_under_the_parent_that_spawned_it_and_a_bar_per_turn(
         ("entity-kid4", 1, "turn-r8"),
     ]  # the fork is not spawned by the cast: not a row of it
     bars = bars_of(page)
+    assert [r["turns"] for r in page["items"]] == [17, 2, 1, 1, 1]  # every store kept them all
     for row in page["items"]:
         turns = loom.entity_turns(row["entity_id"])
         assert [b["id"] for b in bars[row["entity_id"]]] == [t.id for t in turns]

@@ -1,6 +1,8 @@
 """A cast with a known clock for the viewer's timeline: children, a pause, cut-offs, a fork.
 
-``entity-root`` takes ``turns`` turns, one after another, each 400 ms of model and
+``entity-root`` takes ``turns`` turns (``turn-r1``...; a piece after a delegation or a
+pause is ``turn-rNc``, with the next sequence number, as the runtime records it), one
+after another, each 400 ms of model and
 100 ms of an ``echo`` call. ``children`` times it delegates, evenly spread: the
 checkpoint turn (400 ms of model) spawns ``entity-kid{i}`` (two turns of 300 ms
 model + 50 ms gate), then the continuation (stamped with the checkpoint's start,
@@ -15,6 +17,7 @@ terminates (``done``).
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -91,7 +94,8 @@ def build_cast(loom: Loom, turns: int = 12, children: int = 4) -> Loom:
     delegate_at = {every * (i + 1): i + 1 for i in range(children)}
     pause_at = min(every + 1, turns - 1) if every + 1 in range(2, turns) else None
     parent: str | None = None
-    fork_parent = ""
+    fork_parent, fork_sequence = "", 0
+    seq = itertools.count(1)  # a continuation piece is a turn of its own, as recorded
     for n in range(1, turns + 1):
         echo = GateCallRecord("echo", {"text": f"step {n}"}, f"step {n}", duration_ms=100.0)
         common: dict[str, Any] = {"utterance": f"Working on step {n}."}
@@ -101,7 +105,7 @@ def build_cast(loom: Loom, turns: int = 12, children: int = 4) -> Loom:
             number = delegate_at[n]
             began = clock.ms
             checkpoint = Turn(
-                f"turn-r{n}", parent, "entity-root", n, gate_calls=(),
+                f"turn-r{n}", parent, "entity-root", next(seq), gate_calls=(),
                 metadata=_meta(clock, 400.0), reason="delegating",
                 extras={"phase": "checkpoint"}, **common,
             )  # fmt: skip
@@ -114,7 +118,7 @@ def build_cast(loom: Loom, turns: int = 12, children: int = 4) -> Loom:
                 duration_ms=clock.ms - kid_began,
             )  # fmt: skip
             turn = Turn(
-                f"turn-r{n}c", checkpoint.id, "entity-root", n, gate_calls=(call,),
+                f"turn-r{n}c", checkpoint.id, "entity-root", next(seq), gate_calls=(call,),
                 metadata=_meta(clock, clock.ms - began, at=began, tokens_prompt=0,
                                tokens_completion=0, cost_usd=None),
                 extras={"phase": "continuation"},
@@ -123,14 +127,14 @@ def build_cast(loom: Loom, turns: int = 12, children: int = 4) -> Loom:
             began = clock.ms
             pending = {"pause_id": "pause-1", "kind": "approval", "gate": "echo"}
             checkpoint = Turn(
-                f"turn-r{n}", parent, "entity-root", n, gate_calls=(),
+                f"turn-r{n}", parent, "entity-root", next(seq), gate_calls=(),
                 metadata=_meta(clock, 400.0), reason="paused",
                 extras={"phase": "checkpoint", "pending": pending}, **common,
             )  # fmt: skip
             loom.append(checkpoint)
             clock.ms += 400.0 + WAIT_MS
             turn = Turn(
-                f"turn-r{n}c", checkpoint.id, "entity-root", n, gate_calls=(echo,),
+                f"turn-r{n}c", checkpoint.id, "entity-root", next(seq), gate_calls=(echo,),
                 metadata=_meta(clock, 100.0, tokens_prompt=0, tokens_completion=0, cost_usd=None),
                 extras={"phase": "continuation"},
             )  # fmt: skip
@@ -140,7 +144,7 @@ def build_cast(loom: Loom, turns: int = 12, children: int = 4) -> Loom:
             done = GateCallRecord("done", {"answer": "ok"}, "ok", duration_ms=100.0)
             calls = (done,) if last else (echo,)
             turn = Turn(
-                f"turn-r{n}", parent, "entity-root", n, gate_calls=calls,
+                f"turn-r{n}", parent, "entity-root", next(seq), gate_calls=calls,
                 metadata=_meta(clock, 500.0), terminated=last, reason="done" if last else None,
                 result="trip planned" if last else None, **common,
             )  # fmt: skip
@@ -148,14 +152,14 @@ def build_cast(loom: Loom, turns: int = 12, children: int = 4) -> Loom:
         loom.append(turn)
         parent = turn.id
         if n == 2:
-            fork_parent = turn.id
+            fork_parent, fork_sequence = turn.id, turn.sequence
     loom.register_entity(
         EntityRecord("entity-fork", "spell", medium="conversation", forked_from=fork_parent)
     )
     clock.ms += 1000.0
     loom.append(
         Turn(
-            "turn-fork1", fork_parent, "entity-fork", 3, intent="Plan it by train",
+            "turn-fork1", fork_parent, "entity-fork", fork_sequence + 1, intent="Plan it by train",
             utterance="By train.", metadata=_meta(clock, 500.0), terminated=True, reason="done",
         )
     )  # fmt: skip
