@@ -22,7 +22,7 @@ from test_viewer_browser import (
 )
 from timeline_looms import build_cast
 
-from cantrip.loom import Loom
+from cantrip.loom import EntityRecord, Loom, Turn
 
 DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 
@@ -206,5 +206,39 @@ def test_a_live_sessions_timeline_grows_as_turns_land(
         expect(row).to_contain_text("4 turns")  # the page was told; nothing reloaded it
         assert bars.evaluate_all("(bs) => bs.reduce((n, b) => n + Number(b.dataset.turns), 0)") == 4
         expect(bars.last).to_have_attribute("data-status", "terminated")
+        page.close()
+    assert errors == []
+
+
+def test_a_rolled_back_branch_is_drawn_below_the_turn_it_left(
+    browser: Browser,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Issue 45.4 in the page: the branch an entity was rewound from sits right after the
+    turn it branched from, indented and marked ``rollback``; the live thread goes on
+    at its own depth."""
+    path = tmp_path / "rewound.db"
+    loom = Loom.open(path)
+    loom.register_entity(EntityRecord("entity-e", "spell"))
+    for tid, parent, seq, extra in (
+        ("t1", None, 1, {"intent": "first"}),
+        ("t2", "t1", 2, {"intent": "second", "truncated": True, "reason": "interrupted"}),
+        ("t3", "t1", 3, {"intent": "third"}),
+        ("t4", "t3", 4, {"terminated": True, "reason": "done"}),
+    ):
+        loom.append(Turn(tid, parent, "entity-e", seq, utterance=tid, **extra))
+    loom.close()
+    errors: list[str] = []
+    with started([CANTRIP, "loom", str(path), "view"], tmp_path, "viewing") as url:
+        page = new_page(browser, errors)
+        page.goto(url + "/#/e/entity-e")
+        rows = page.locator(".tree .row")
+        expect(rows).to_have_count(4)
+        order = [rows.nth(i).get_attribute("data-turn") for i in range(4)]
+        assert order == ["t1", "t2", "t3", "t4"]
+        expect(rows.nth(1).locator(".branch")).to_have_text("rollback")
+        expect(rows.nth(1).locator(".badge.cancelled")).to_be_visible()
+        indent = [rows.nth(i).evaluate("(e) => parseFloat(e.style.paddingLeft)") for i in range(4)]
+        assert indent[1] > indent[0] == indent[2] == indent[3]
         page.close()
     assert errors == []

@@ -10,7 +10,8 @@ not here. Nothing here writes to the loom.
 
 Every list is paged (``offset``, ``limit``, ``total``): the server never sends a
 whole loom at once, so a 10,000-turn loom costs the browser one page. The
-derived indexes (entity summaries, an entity's flattened tree) are built once
+derived indexes (entity summaries, an entity's flattened tree, a cast's timeline:
+:mod:`._timeline`) are built once
 per loom *size* -- the loom is append-only, so a new turn or entity is the only
 thing that can change them -- and cached until the next append.
 """

@@ -392,6 +392,7 @@ class TreeList {
     const marks = [];
     if (item.branch === "fork") marks.push(el("span", { class: "branch badge fork", title: "a fork starts here", text: "fork" }));
     if (item.branch === "child") marks.push(el("span", { class: "branch badge child", title: "a call_agent child starts here", text: "child" }));
+    if (item.branch === "rollback") marks.push(el("span", { class: "branch badge rollback", title: "the entity was rewound from here: no longer its thread", text: "rollback" }));
     const status = item.status === "ok" ? null : badge(item.status);
     return el("div", {
       class: "row" + (item.id === this.selected ? " selected" : ""),
