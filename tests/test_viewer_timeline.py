@@ -258,3 +258,13 @@ def test_the_timeline_route_is_behind_the_token_on_sqlite_and_postgresql(loom_ur
         assert http.get("/ui/timeline.js").status_code == 200  # code, no loom data
         missing = http.get("/api/entities/entity-zz/timeline", headers=auth)
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_entity"
+
+
+def test_an_entity_without_turns_has_an_empty_timeline() -> None:
+    loom = Loom()
+    loom.register_entity(EntityRecord("entity-new", "spell"))
+    page = LoomViews(lambda: loom).timeline("entity-new", {})
+    assert page["origin"] is None and page["span_ms"] == 0.0
+    assert [(r["entity_id"], r["turns"], r["status"], r["bars"]) for r in page["items"]] == [
+        ("entity-new", 0, "new", [])
+    ]

@@ -231,7 +231,11 @@ class CastTimeline:
     def _page(self, offset: int, limit: int, low: float, high: float, px: float) -> dict[str, Any]:
         rows = self.rows[offset : offset + limit]
         return {
-            "origin": datetime.fromtimestamp(self.origin / 1000.0, UTC).isoformat(),
+            "origin": (
+                datetime.fromtimestamp(self.origin / 1000.0, UTC).isoformat()
+                if any(row.bars for row in self.rows)
+                else None  # no turn yet: no clock
+            ),
             "span_ms": self.span,
             "from": low,
             "to": high,
