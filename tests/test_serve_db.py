@@ -249,6 +249,9 @@ async def test_the_viewer_of_a_replica_reads_the_loom_through_its_backend_and_do
         assert (await http.get("/api/loom")).json()["live"] is False  # no fork: not live
         tree = (await http.get(f"/api/entities/{session['entity_id']}/tree")).json()
         assert _sequences(tree["items"]) == [1, 2, 3]
+        timeline = (await http.get(f"/api/entities/{session['entity_id']}/timeline")).json()
+        assert [r["entity_id"] for r in timeline["items"]] == [session["entity_id"]]
+        assert [b["id"] for b in timeline["items"][0]["bars"]] == [r["id"] for r in tree["items"]]
         refused = await http.post("/api/fork", json={"turn_id": tree["items"][0]["id"]})
         assert refused.status_code == 501, refused.text
         assert "capabilities.viewer_fork" in refused.json()["error"]["message"]

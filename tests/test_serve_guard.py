@@ -182,8 +182,16 @@ async def test_with_a_token_the_viewer_page_and_its_files_are_public_the_api_is_
         }
         assert (await http.get(f"/api/entities?token={token}")).status_code == 401
         assert (await http.get(f"/sessions?token={token}")).status_code == 401
+        timeline = "/api/entities/entity-x/timeline"  # issue 45: the cast's waterfall too
+        assert (await http.get(timeline)).status_code == 401
+        assert (await http.get(f"{timeline}?token={token}")).status_code == 401
+        assert (await http.get("/ui/timeline.js")).status_code == 200
+        assert (await http.get("/api/compare?a=x&b=y")).status_code == 401  # and Compare
+        assert (await http.get("/ui/compare.js")).status_code == 200
         authorized = {"authorization": f"Bearer {token}"}
         assert (await http.get("/api/entities", headers=authorized)).status_code == 200
+        unknown = await http.get(timeline, headers=authorized)  # past the guard: the viewer's 404
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_entity"
 
 
 def test_a_server_beyond_loopback_refuses_to_start_without_a_token(tmp_path: Path) -> None:

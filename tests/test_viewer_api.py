@@ -272,7 +272,7 @@ async def test_a_viewer_over_a_backend_reads_through_it_and_forks_only_where_it_
 
 
 @contextmanager
-def viewing(path: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
+def viewing(path: Path | str, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
     process = subprocess.Popen(
         [CANTRIP, "loom", str(path), "view", "--port", "0", *extra],
         stderr=subprocess.PIPE,

@@ -10,7 +10,8 @@ not here. Nothing here writes to the loom.
 
 Every list is paged (``offset``, ``limit``, ``total``): the server never sends a
 whole loom at once, so a 10,000-turn loom costs the browser one page. The
-derived indexes (entity summaries, an entity's flattened tree) are built once
+derived indexes (entity summaries, an entity's flattened tree, a cast's timeline:
+:mod:`._timeline`) are built once
 per loom *size* -- the loom is append-only, so a new turn or entity is the only
 thing that can change them -- and cached until the next append.
 """
@@ -27,22 +28,16 @@ from cantrip.loom._summary import cost as _cost
 from cantrip.loom._summary import outcome as _outcome
 from cantrip.loom._summary import tokens as _tokens
 from cantrip.loom._summary import tree_turns as _tree_turns
-from cantrip.loom._view import CHECKPOINT_PHASES
 from cantrip.protocols.sessions import session_id_for, turn_dict
+from cantrip.protocols.viewer._compare import compare
+from cantrip.protocols.viewer._errors import ViewerError
+from cantrip.protocols.viewer._timeline import CastTimeline, turn_cost, turn_status
+
+__all__ = ["LoomViews", "TreeRow", "ViewerError", "page_args", "turn_status"]
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
 PREVIEW = 160
-
-
-class ViewerError(Exception):
-    """A request the viewer cannot answer: ``status`` and ``code`` say how."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 class TreeRow(NamedTuple):
@@ -53,7 +48,9 @@ class TreeRow(NamedTuple):
     depth: int
     branch: str | None
     """``"child"`` (the first turn of a call_agent child), ``"fork"`` (the first
-    turn of a fork or of a second branch), or ``None`` (the thread goes on)."""
+    turn of a fork), ``"rollback"`` (the first turn of a branch of the entity's own
+    that its thread no longer goes through: rewound, double-texting's rollback),
+    or ``None`` (the thread goes on)."""
 
 
 def page_args(query: Mapping[str, Sequence[str]]) -> tuple[int, int]:
@@ -81,19 +78,6 @@ def _short(text: str | None, limit: int = PREVIEW) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def turn_status(turn: Turn) -> str:
-    """One word for a turn's outcome, as the tree and the entity list show it."""
-    if turn.terminated:
-        return "terminated"
-    if turn.truncated:
-        return "cancelled" if turn.reason == "cancelled" else "truncated"
-    if turn.extras.get("phase") in CHECKPOINT_PHASES:
-        return "delegating"
-    if turn.is_error:
-        return "error"
-    return "ok"
-
-
 def _is_ephemeral(turn: Turn) -> bool:
     return any(r.detail.get("ephemeral") for r in turn.gate_calls)
 
@@ -108,10 +92,22 @@ class _Index:
         self.by_entity: dict[str, list[Turn]] = {}
         self.children: dict[str | None, list[Turn]] = {}
         self.entity_of: dict[str, str] = {}
+        self.by_id: dict[str, Turn] = {}
         for turn in loom.turns:
             self.by_entity.setdefault(turn.entity_id, []).append(turn)
             self.children.setdefault(turn.parent_id, []).append(turn)
             self.entity_of[turn.id] = turn.entity_id
+            self.by_id[turn.id] = turn
+
+    def live_thread(self, entity_id: str) -> set[str]:
+        """The ids of ``entity_id``'s own turns on the path to its latest turn."""
+        turns = self.by_entity.get(entity_id)
+        ids: set[str] = set()
+        current = turns[-1] if turns else None
+        while current is not None and current.entity_id == entity_id:
+            ids.add(current.id)
+            current = self.by_id.get(current.parent_id) if current.parent_id else None
+        return ids
 
     def turns_of(self, entity_id: str) -> Sequence[Turn]:
         return self.by_entity.get(entity_id, ())
@@ -141,6 +137,7 @@ class LoomViews:
         self._summaries: list[dict[str, Any]] = []
         self._search: list[str] = []
         self._trees: dict[str, list[TreeRow]] = {}
+        self._timelines: dict[str, CastTimeline] = {}
         self._scan: _Index | None = None
 
     @property
@@ -156,6 +153,7 @@ class LoomViews:
             self._summaries = []
             self._search = []
             self._trees = {}
+            self._timelines = {}
             self._scan = None
         return loom
 
@@ -296,34 +294,50 @@ class LoomViews:
         10,000-level staircase. Iterative: no recursion limit."""
         entities = loom.entities
         entity_of = index.entity_of
+        live: dict[str, set[str]] = {}
+
+        def on_thread(turn: Turn) -> bool:
+            """Whether ``turn`` is on its entity's thread now (the path to its latest turn)."""
+            ids = live.get(turn.entity_id)
+            if ids is None:
+                ids = live[turn.entity_id] = index.live_thread(turn.entity_id)
+            return turn.id in ids
+
         roots = [
             t
             for t in index.turns_of(entity_id)
             if t.parent_id is None or entity_of.get(t.parent_id) != entity_id
         ]
         no_children: list[Turn] = []
-        stack: list[TreeRow] = [TreeRow(t, 0, None) for t in reversed(roots)]
+        stack: list[TreeRow] = [
+            TreeRow(t, 0, None if i == 0 or on_thread(t) else "rollback")
+            for i, t in reversed(list(enumerate(roots)))
+        ]
         rows: list[TreeRow] = []
         while stack:
             row = stack.pop()
             rows.append(row)
             turn = row.turn
-            mainline: Turn | None = None
+            own: list[Turn] = []
             spawned: list[Turn] = []
             forks: list[Turn] = []
             for child in index.children.get(turn.id, no_children):
-                if child.entity_id == turn.entity_id and mainline is None:
-                    mainline = child
+                if child.entity_id == turn.entity_id:
+                    own.append(child)
                     continue
                 record = entities.get(child.entity_id)
                 if record is not None and record.spawned_from == turn.id:
                     spawned.append(child)
                 else:
                     forks.append(child)
+            # The thread goes on through the child on the entity's thread now; a
+            # branch it was rewound from is drawn after this turn, one level deeper.
+            mainline = next((t for t in own if on_thread(t)), own[0] if own else None)
             if mainline is not None:
                 stack.append(TreeRow(mainline, row.depth, None))
-            if forks:
-                stack.extend(TreeRow(t, row.depth + 1, "fork") for t in reversed(forks))
+            rolled = [t for t in own if t is not mainline]
+            branches = [(t, "rollback") for t in rolled] + [(t, "fork") for t in forks]
+            stack.extend(TreeRow(t, row.depth + 1, kind) for t, kind in reversed(branches))
             if spawned:
                 stack.extend(TreeRow(t, row.depth + 1, "child") for t in reversed(spawned))
         return rows
@@ -347,11 +361,36 @@ class LoomViews:
             "ephemeral": _is_ephemeral(turn),
             "tokens": meta.tokens_prompt + meta.tokens_completion,
             "duration_ms": meta.duration_ms,
-            "cost_usd": meta.cost_usd,
+            "cost_usd": turn_cost(turn),
             "reward": loom.reward(turn.id),
             "timestamp": meta.timestamp,
         }
         return data
+
+    # -- a cast's timeline -------------------------------------------------------------
+
+    def timeline(self, entity_id: str, query: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+        """A page of the waterfall of ``entity_id`` and every entity it spawned (rows:
+        ``offset``, ``limit``), each row's bars inside the window ``from``..``to`` (ms
+        since the first turn began) at ``px`` ms a pixel (:mod:`._timeline`)."""
+        offset, limit = page_args(query)
+        loom = self._fresh()
+        self._entity(loom, entity_id)
+        timeline = self._timelines.get(entity_id)
+        if timeline is None:
+            timeline = self._timelines[entity_id] = CastTimeline(loom, entity_id, loom.entities)
+        return {"entity_id": entity_id, **timeline.page(offset, limit, query)}
+
+    # -- two threads side by side -----------------------------------------------------
+
+    def compare(self, query: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+        """The threads ending at ``a`` and ``b`` (turn or entity ids), aligned from their
+        common ancestor, paged by pair (:mod:`._compare`)."""
+        offset, limit = page_args(query)
+        refs = [(query.get(name) or [""])[-1].strip() for name in ("a", "b")]
+        if not all(refs):
+            raise ViewerError(400, "bad_request", "name both threads: ?a=TURN_OR_ENTITY&b=...")
+        return compare(self._fresh(), refs[0], refs[1], offset, limit)
 
     # -- one turn, one thread ---------------------------------------------------------
 
@@ -364,9 +403,14 @@ class LoomViews:
         record = loom.entity(turn.entity_id)
         entities = loom.entities
         branches = []
-        for child in loom.children(turn.id):
+        children = loom.children(turn.id)
+        live: set[str] = set()
+        if sum(c.entity_id == turn.entity_id for c in children) > 1:  # rewound here
+            last = loom.last_turn(turn.entity_id)
+            live = {t.id for t in loom.thread(last.id)} if last is not None else set()
+        for child in children:
             if child.entity_id == turn.entity_id:
-                kind = "next"
+                kind = "next" if not live or child.id in live else "rollback"
             elif getattr(entities.get(child.entity_id), "spawned_from", None) == turn.id:
                 kind = "child"
             else:
@@ -376,6 +420,7 @@ class LoomViews:
         data.update(
             reward=loom.reward(turn.id),
             status=turn_status(turn),
+            cost=turn_cost(turn),
             ephemeral=_is_ephemeral(turn),
             medium=record.medium,
             parent_entity_id=record.parent_entity_id,

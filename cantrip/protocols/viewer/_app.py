@@ -16,8 +16,10 @@ One more front end over the session layer (SPEC.md "The loom viewer"), in two se
 Routes (``GET`` unless said; errors are ``{"error": {"code", "message"}}``):
 ``/`` (the page), ``/ui/{asset}``, ``/api/loom``,
 ``/api/entities?q=&offset=&limit=``, ``/api/entities/{id}/tree?offset=&limit=&turn=``,
+``/api/entities/{id}/timeline?offset=&limit=&from=&to=&width=&px=`` (a cast's waterfall),
 ``/api/turns/{id}``, ``/api/threads/{turn id}?offset=&limit=``, ``/api/evals`` (the eval
-runs recorded in the loom), ``POST /api/fork``.
+runs recorded in the loom), ``/api/compare?a=&b=&offset=&limit=`` (two threads side by
+side), ``POST /api/fork``.
 
 The assets are plain HTML, CSS and JavaScript in ``cantrip/protocols/viewer/assets/``
 (no CDN, no build step). They are served with a content security policy that
@@ -59,6 +61,8 @@ Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 ASSETS: dict[str, str] = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
+    "timeline.js": "text/javascript; charset=utf-8",
+    "compare.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
@@ -176,8 +180,12 @@ class Viewer:
             read = functools.partial(views.entities, query)
         elif parts == ["evals"]:
             read = views.evals
+        elif parts == ["compare"]:
+            read = functools.partial(views.compare, query)
         elif len(parts) == 3 and parts[0] == "entities" and parts[2] == "tree":
             read = functools.partial(views.tree, parts[1], query)
+        elif len(parts) == 3 and parts[0] == "entities" and parts[2] == "timeline":
+            read = functools.partial(views.timeline, parts[1], query)
         elif len(parts) == 2 and parts[0] == "turns":
             read = functools.partial(views.turn, parts[1])
         elif len(parts) == 2 and parts[0] == "threads":

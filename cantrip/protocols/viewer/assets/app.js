@@ -122,8 +122,10 @@ function showError(error) {
   box.textContent = error ? String(error.message || error) : "";
 }
 
-function cost(value, tokens) {
-  if (value === null || value === undefined) return tokens ? "cost unknown" : "$0";
+// The server says what a cost is (null: unknown -- tokens at an unknown price, no usage
+// reported, or a turn cut off before its usage was recorded); the page never guesses $0.
+function cost(value) {
+  if (value === null || value === undefined) return "cost unknown";
   return "$" + Number(value).toFixed(value < 0.01 ? 6 : 4);
 }
 
@@ -191,7 +193,11 @@ function route() {
   const main = document.getElementById("main");
   main.replaceChildren();
   let match;
-  if ((match = hash.match(/^\/e\/([^/]+)(?:\/t\/([^/]+))?$/))) {
+  if ((match = hash.match(/^\/compare(?:\/([^/]*)\/([^/]*))?$/))) {
+    state.view = new ComparePage(main, match[1] || "", match[2] || "");
+  } else if ((match = hash.match(/^\/e\/([^/]+)\/timeline$/))) {
+    state.view = new TimelinePage(main, match[1]);
+  } else if ((match = hash.match(/^\/e\/([^/]+)(?:\/t\/([^/]+))?$/))) {
     state.view = new EntityPage(main, match[1], match[2] || null);
   } else if ((match = hash.match(/^\/thread\/([^/]+)$/))) {
     state.view = new ThreadPage(main, match[1]);
@@ -273,7 +279,7 @@ class EntityList {
         e.eval ? " " : null, e.intent),
       el("td", { text: String(e.turns) }),
       el("td", { text: String(tokenTotal(e.tokens)) }),
-      el("td", { text: cost(e.tree_cost_usd, tokenTotal(e.tokens)) }),
+      el("td", { text: cost(e.tree_cost_usd) }),
       el("td", { text: when(e.last_activity) }),
     ));
     const table = el("table", { class: "entities" },
@@ -386,6 +392,7 @@ class TreeList {
     const marks = [];
     if (item.branch === "fork") marks.push(el("span", { class: "branch badge fork", title: "a fork starts here", text: "fork" }));
     if (item.branch === "child") marks.push(el("span", { class: "branch badge child", title: "a call_agent child starts here", text: "child" }));
+    if (item.branch === "rollback") marks.push(el("span", { class: "branch badge rollback", title: "the entity was rewound from here: no longer its thread", text: "rollback" }));
     const status = item.status === "ok" ? null : badge(item.status);
     return el("div", {
       class: "row" + (item.id === this.selected ? " selected" : ""),
@@ -453,11 +460,12 @@ class EntityPage {
     const parts = [el("span", { class: "id mono", text: this.entityId })];
     if (s) {
       parts.push(this.running || s.running ? badge("running") : badge(s.status),
-        el("span", { class: "muted", text: `${s.medium} · ${s.turns} turns · ${tokenTotal(s.tokens)} tokens · ${cost(s.cost_usd, tokenTotal(s.tokens))} (tree ${cost(s.tree_cost_usd, tokenTotal(s.tokens))})` }));
+        el("span", { class: "muted", text: `${s.medium} · ${s.turns} turns · ${tokenTotal(s.tokens)} tokens · ${cost(s.cost_usd)} (tree ${cost(s.tree_cost_usd)})` }));
       if (s.parent_entity_id) parts.push(el("a", { href: "#/e/" + s.parent_entity_id, text: "parent " + s.parent_entity_id }));
     }
     const forked = (s && s.forked_from) || this.tree.forkedFrom;
     if (forked) parts.push(el("a", { href: "#/thread/" + forked, text: "forked from " + forked }));
+    parts.push(el("a", { id: "open-timeline", href: `#/e/${this.entityId}/timeline`, text: "timeline" }));
     this.head.replaceChildren(...parts);
   }
 
@@ -644,9 +652,11 @@ async function forkFrom(turnId, intent) {
   } catch (error) { showError(error); }
 }
 
+// Names a part of a turn's panel as the server names what differs (compare marks it).
+function field(node, name) { node.dataset.field = name; return node; }
+
 function renderTurn(turn, onFork) {
   const meta = turn.metadata || {};
-  const tokens = (meta.tokens_prompt || 0) + (meta.tokens_completion || 0);
   const box = el("div", { class: "turn", id: "turn", dataset: { turn: turn.id } });
   box.append(el("h2", {}, `Turn ${turn.sequence} `, badge(turn.status),
     turn.reason ? el("span", { class: "muted", text: " " + turn.reason }) : null,
@@ -657,7 +667,7 @@ function renderTurn(turn, onFork) {
     el("a", { href: "#/e/" + turn.entity_id, text: turn.entity_id }),
     el("span", { text: `tokens ${meta.tokens_prompt || 0} prompt / ${meta.tokens_completion || 0} completion / ${meta.tokens_cached || 0} cached` }),
     el("span", { text: `${(meta.duration_ms || 0).toFixed(1)} ms` }),
-    el("span", { class: "cost", text: cost(meta.cost_usd, tokens) }),
+    el("span", { class: "cost", text: cost(turn.cost) }),
     meta.model ? el("span", { text: meta.model }) : null,
     meta.attempts && meta.attempts !== 1 ? el("span", { text: `${meta.attempts} attempts` }) : null,
     el("span", { text: when(meta.timestamp) }),
@@ -675,10 +685,10 @@ function renderTurn(turn, onFork) {
   }
   box.append(actions);
 
-  if (turn.intent) box.append(el("section", {}, el("h3", { text: "intent" }), longText(turn.intent)));
+  if (turn.intent) box.append(el("section", { dataset: { field: "request" } }, el("h3", { text: "intent" }), longText(turn.intent)));
   const steering = (turn.extras && turn.extras.steering) || [];
   if (steering.length) {
-    box.append(el("section", { id: "steering" }, el("h3", { text: "messages sent during the cast" }),
+    box.append(el("section", { id: "steering", dataset: { field: "request" } }, el("h3", { text: "messages sent during the cast" }),
       steering.map((text) => longText(text, "steering"))));
   }
   if (turn.thinking) {
@@ -686,32 +696,33 @@ function renderTurn(turn, onFork) {
   }
   const codeCall = (turn.tool_calls || []).find((c) => c.arguments && typeof c.arguments.code === "string");
   if (turn.medium !== "conversation" && codeCall) {
-    if (turn.content) box.append(el("section", {}, el("h3", { text: "text" }), longText(turn.content)));
-    box.append(el("section", {}, el("h3", { text: "code" }), highlight(codeCall.arguments.code)));
+    if (turn.content) box.append(el("section", { dataset: { field: "utterance" } }, el("h3", { text: "text" }), longText(turn.content)));
+    box.append(el("section", { dataset: { field: "utterance" } }, el("h3", { text: "code" }), highlight(codeCall.arguments.code)));
   } else if (turn.content || turn.utterance) {
-    box.append(el("section", {}, el("h3", { text: "utterance" }), longText(turn.content || turn.utterance)));
+    box.append(el("section", { dataset: { field: "utterance" } }, el("h3", { text: "utterance" }), longText(turn.content || turn.utterance)));
   }
   if ((turn.gate_calls || []).length) {
-    const calls = turn.gate_calls.map((r) => {
+    const calls = turn.gate_calls.map((r, index) => {
       const failed = r.is_error || r.status === "error" || r.status === "crashed";
-      return el("div", { class: "call" + (failed ? " error" : ""), dataset: { gate: r.gate } },
+      return el("div", { class: "call" + (failed ? " error" : ""), dataset: { gate: r.gate, field: `gate_calls[${index}]` } },
         el("div", {}, el("span", { class: "name", text: r.gate }), " ",
           r.status !== "ok" ? badge(r.status) : null,
           r.detail && r.detail.ephemeral ? badge("ephemeral") : null,
           r.detail && r.detail.truncated ? badge("truncated") : null,
           r.detail && r.detail.result_cut ? resultCut(r.detail.result_cut) : null,
           el("span", { class: "muted", text: ` ${(r.duration_ms || 0).toFixed(1)} ms` })),
-        el("div", { class: "muted", text: "arguments" }), longText(pretty(r.args), "args"),
-        el("div", { class: "muted", text: failed ? "error" : "result" }), longText(pretty(r.result), "result"));
+        el("div", { class: "muted", text: "arguments" }), field(longText(pretty(r.args), "args"), `gate_calls[${index}].args`),
+        el("div", { class: "muted", text: failed ? "error" : "result" }), field(longText(pretty(r.result), "result"), `gate_calls[${index}].result`));
     });
     box.append(el("section", {}, el("h3", { text: "gate calls" }), calls));
   }
-  if (turn.observation) box.append(el("section", {}, el("h3", { text: "observation" }), longText(turn.observation)));
-  if (turn.terminated) box.append(el("section", {}, el("h3", { text: "result" }), longText(pretty(turn.result))));
+  if (turn.observation) box.append(el("section", { dataset: { field: "observation" } }, el("h3", { text: "observation" }), longText(turn.observation)));
+  if (turn.terminated) box.append(el("section", { dataset: { field: "outcome" } }, el("h3", { text: "result" }), longText(pretty(turn.result))));
   if ((turn.branches || []).some((b) => b.branch !== "next")) {
     box.append(el("section", {}, el("h3", { text: "branches from here" }),
       turn.branches.filter((b) => b.branch !== "next").map((b) =>
-        el("div", {}, badge(b.branch), " ", el("a", { href: `#/e/${b.entity_id}/t/${b.id}`, text: b.entity_id })))));
+        el("div", {}, badge(b.branch), " ", el("a", { href: `#/e/${b.entity_id}/t/${b.id}`, text: b.entity_id }), " ",
+          el("a", { class: "compare-link", href: `#/compare/${turn.entity_id}/${b.entity_id === turn.entity_id ? b.id : b.entity_id}`, text: "compare" })))));
   }
   return box;
 }
@@ -750,7 +761,7 @@ function message(m) {
       el("div", { class: "text", text: m.text.length > 4000 ? m.text.slice(0, 4000) + "…" : m.text }));
   }
   if (m.role === "outcome") {
-    return el("div", { class: "msg outcome" }, el("div", { class: "who" }, badge(m.status), " ", m.reason || ""),
+    return el("div", { class: "msg outcome " + m.status }, el("div", { class: "who" }, badge(m.status), " ", m.reason || ""),
       m.result !== null && m.result !== undefined ? el("div", { class: "text", text: pretty(m.result) }) : null);
   }
   return el("div", { class: "msg assistant" }, el("div", { class: "who" }, "entity · ", link),
