@@ -38,6 +38,7 @@ from cantrip._providers import ProviderStartError
 from cantrip._redact import get_logger, redact
 from cantrip.mcp._names import gate_names
 from cantrip.mcp._stdio import stdio_transport
+from cantrip.mcp._tasks import CURRENT_NOTE, TaskNote, tasks_extension
 
 if TYPE_CHECKING:
     import mcp_types
@@ -203,6 +204,8 @@ class MCPProvider:
         from mcp import MCPError
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+        note = TaskNote()
+        token = CURRENT_NOTE.set(note)
         try:
             result = await self._call_tool(connection, gate_name, tool, arguments)
         except MCPError as exc:
@@ -227,6 +230,10 @@ class MCPProvider:
             )
         except RuntimeError as exc:  # the SDK's output-schema check
             return failed(f"MCP server {self.spec.name!r}: {exc}")
+        finally:
+            CURRENT_NOTE.reset(token)
+            if note.task_id is not None:  # the call ran as a task: the record says which
+                detail["mcp_task"] = note.to_dict()
         value = tool_result_value(result)
         return GateResult(value, detail, is_error=bool(result.is_error))
 
@@ -515,7 +522,9 @@ def _client(
 ) -> Any:
     """An ``mcp.Client`` for the spec's transport (an async context manager); a
     stdio server runs under cantrip's own supervision (:mod:`cantrip.mcp._stdio`).
-    With ``on_elicit`` the client declares the elicitation capability (form and URL)."""
+    With ``on_elicit`` the client declares the elicitation capability (form and URL).
+    It always declares the tasks extension (:mod:`cantrip.mcp._tasks`): a server that
+    offers it runs a call as a task, one that does not answers as ever."""
     from mcp import Client, Implementation
 
     info = Implementation(name="cantrip", version=_version())
@@ -526,6 +535,7 @@ def _client(
             client_info=info,
             cache=None,
             elicitation_callback=on_elicit,  # type: ignore[arg-type]
+            extensions=[tasks_extension(on_elicit, spec.timeout_s)],
         )
     return _HttpClient(spec, info, on_elicit)
 
@@ -569,7 +579,11 @@ class _HttpClient:
         try:
             transport = streamable_http_client(self.spec.url or "", http_client=self._http)
             self._client = Client(
-                transport, client_info=self.info, cache=None, elicitation_callback=self.on_elicit
+                transport,
+                client_info=self.info,
+                cache=None,
+                elicitation_callback=self.on_elicit,
+                extensions=[tasks_extension(self.on_elicit, self.spec.timeout_s)],
             )
             return await self._client.__aenter__()
         except BaseException:
