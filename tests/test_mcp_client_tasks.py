@@ -27,7 +27,7 @@ from test_mcp_tasks import Tasks
 import cantrip
 from cantrip.loom import Loom
 from cantrip.mcp import MCPServer
-from gates import call_agent, done
+from gates import done
 
 CANTRIP = str(BIN / "cantrip")
 
@@ -92,14 +92,17 @@ async def test_a_call_to_a_server_that_offers_tasks_runs_as_a_task(tmp_path: Pat
     task = record.detail["mcp_task"]
     assert task["task_id"].startswith("task-") and task["status"] == "completed"
     # the loom keeps the task's id with the call
-    stored = [r for t in s.loom.turns.values() for r in t.gate_calls if r.gate == "inner_cast"]
+    stored = [r for t in s.loom.turns for r in t.gate_calls if r.gate == "inner_cast"]
     assert stored[0].detail["mcp_task"]["task_id"] == task["task_id"]
 
 
 async def test_a_server_without_tasks_is_called_as_ever(tmp_path: Path) -> None:
     log = tmp_path / "marks"
     server = MCPServer(
-        name="tb", command=PYTHON, args=[str(SERVERS / "toolbox.py")], env={"TOOLBOX_MARKS": str(log)}
+        name="tb",
+        command=PYTHON,
+        args=[str(SERVERS / "toolbox.py")],
+        env={"TOOLBOX_MARKS": str(log)},
     )
     s = outer([call("tb_add", a=2, b=3), finish("ok")], server)
     outcome = await s.cast_async("add")
@@ -170,10 +173,13 @@ async def test_cancelling_the_cast_cancels_the_task_on_the_server(tmp_path: Path
 
 CHILD_SCRIPT = [
     call("call_agent", intent="child work"),
-    call("echo", text="rm -rf build"),  # the child's call: needs approval
-    finish("child done"),
-    finish("parent done"),
+    call("echo", text="rm -rf build"),  # needs approval
+    finish("done"),
 ]
+"""Each entity of the served spec reads the script from its start: the parent delegates;
+the child's own ``call_agent`` is warded off (max_depth 1), then it calls ``echo`` (its
+pause, waiting in place inside the parent's call) and finishes; then the parent calls
+``echo`` itself (its own pause) and finishes."""
 ERAS = {"2026-07-28": "auto", "2025-11-25": "legacy"}
 
 
@@ -208,7 +214,7 @@ async def test_a_childs_pause_is_asked_of_the_client_that_called_cast(
     ``InputRequiredResult`` and a retry, at 2025-11-25 mid-call, with tasks as the
     task's input request -- and the answer reaches the child."""
     spec = served_spec(tmp_path)
-    person = Person(accept(approve=True))
+    person = Person(accept(approve=True), accept(approve=False, reason="not twice"))
     tasks = Tasks(person)
     async with Client(
         StdioServerParameters(command=CANTRIP, args=["mcp", str(spec)]),
@@ -220,13 +226,16 @@ async def test_a_childs_pause_is_asked_of_the_client_that_called_cast(
             result = await mcp.call_tool("cast", {"intent": "delegate"})
     structured = result.structured_content
     assert structured is not None and structured["terminated"], result
-    (asked,) = person.asked
-    assert asked.message == 'Approve echo({"text": "rm -rf build"})?'
+    assert [a.message for a in person.asked] == ['Approve echo({"text": "rm -rf build"})?'] * 2
     assert bool(tasks.created) == (way == "tasks")
     loom = Loom.open(tmp_path / "served.db")
     try:
-        echoes = [r for t in loom.turns.values() for r in t.gate_calls if r.gate == "echo"]
+        echoes = {t.entity_id: r for t in loom.turns for r in t.gate_calls if r.gate == "echo"}
     finally:
         loom.close()
-    (echo,) = echoes
-    assert echo.result == "rm -rf build" and echo.detail["approval"]["decision"] == "approve"
+    root = structured["entity_id"]
+    (child,) = set(echoes) - {root}
+    # the child's call was approved by the first answer, the parent's denied by the second
+    assert echoes[child].result == "rm -rf build"
+    assert echoes[child].detail["approval"]["decision"] == "approve"
+    assert echoes[root].is_error and echoes[root].detail["approval"]["decision"] == "deny"

@@ -189,10 +189,17 @@ class MCPProvider:
 
     async def call(self, gate_name: str, tool: str, arguments: Mapping[str, Any]) -> GateResult:
         """One ``tools/call``; every failure of the server comes back as ``is_error``."""
-        detail = {"via": f"mcp:{self.spec.name}", "mcp_tool": tool}
+        detail: dict[str, Any] = {"via": f"mcp:{self.spec.name}", "mcp_tool": tool}
+        note = TaskNote()
+
+        def described() -> dict[str, Any]:
+            """The record's detail; a call that ran as a task says which task."""
+            if note.task_id is None:
+                return detail
+            return {**detail, "mcp_task": note.to_dict()}
 
         def failed(message: str) -> GateResult:
-            return GateResult(scrub(self.spec, message), detail, is_error=True)
+            return GateResult(scrub(self.spec, message), described(), is_error=True)
 
         try:
             connection = await self._live()
@@ -204,7 +211,6 @@ class MCPProvider:
         from mcp import MCPError
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
-        note = TaskNote()
         token = CURRENT_NOTE.set(note)
         try:
             result = await self._call_tool(connection, gate_name, tool, arguments)
@@ -232,10 +238,8 @@ class MCPProvider:
             return failed(f"MCP server {self.spec.name!r}: {exc}")
         finally:
             CURRENT_NOTE.reset(token)
-            if note.task_id is not None:  # the call ran as a task: the record says which
-                detail["mcp_task"] = note.to_dict()
         value = tool_result_value(result)
-        return GateResult(value, detail, is_error=bool(result.is_error))
+        return GateResult(value, described(), is_error=bool(result.is_error))
 
     async def _call_tool(
         self, connection: _Connection, gate_name: str, tool: str, arguments: Mapping[str, Any]

@@ -210,4 +210,3 @@ def tasks_extension(ask: Ask | None, timeout_s: float) -> Any:
             return [ResultClaim(result_type="task", model=_Created, resolve=resolve)]
 
     return Tasks()
-
