@@ -27,7 +27,7 @@ from test_mcp_tasks import Tasks
 import cantrip
 from cantrip.loom import Loom
 from cantrip.mcp import MCPServer
-from gates import done
+from gates import call_agent, done
 
 CANTRIP = str(BIN / "cantrip")
 
@@ -239,3 +239,139 @@ async def test_a_childs_pause_is_asked_of_the_client_that_called_cast(
     assert echoes[child].result == "rm -rf build"
     assert echoes[child].detail["approval"]["decision"] == "approve"
     assert echoes[root].is_error and echoes[root].detail["approval"]["decision"] == "deny"
+
+
+# -- a child's MCP question, in process and over cantrip serve ---------------------------
+
+
+def child_asking(log: Path) -> cantrip.Cantrip:
+    """A parent that delegates to a child whose MCP gate asks (a 2026-07-28 server
+    without tasks: ``InputRequiredResult``, answered by the SDK's retry)."""
+    server = MCPServer(
+        name="asking",
+        command=PYTHON,
+        args=[str(SERVERS / "asking.py")],
+        env={"ASKING_MARKS": str(log)},
+        elicitation=True,
+    )
+    script = [
+        call("call_agent", intent="book for me"),
+        call("asking_book", city="Oslo"),  # the child's call
+        finish("child done"),
+        finish("parent done"),
+    ]
+    return cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, call_agent], [cantrip.max_turns(6), cantrip.max_depth(1)], providers=[server]
+        ),
+    )
+
+
+async def test_a_childs_mcp_question_is_answered_by_the_parents_handler(tmp_path: Path) -> None:
+    log = tmp_path / "marks"
+    s = child_asking(log)
+    asked: list[cantrip.Pause] = []
+
+    async def human(pause: cantrip.Pause) -> cantrip.Decision:
+        asked.append(pause)
+        return cantrip.Decision.answer("4")
+
+    entity = s.summon(on_pause=human)
+    async with entity:
+        with trio.fail_after(60):
+            outcome = await entity.send("delegate")
+    assert outcome.result == "parent done"
+    (pause,) = asked
+    assert pause.origin == "mcp:asking" and pause.entity_id != entity.id
+    assert marks(log) == ["version 2026-07-28", "accept 4"]
+
+
+async def test_a_childs_mcp_question_is_answered_over_http(tmp_path: Path) -> None:
+    """``cantrip serve``: the child's question is the session's pending pause while the
+    prompt runs; the answer posted to the session reaches the child's call."""
+    import httpx
+
+    from cantrip.protocols.http._serve import serve_http
+
+    log = tmp_path / "marks"
+    s = child_asking(log)
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: serve_http(s, "127.0.0.1", 0, task_status=task_status)
+        )
+        async with httpx.AsyncClient(base_url=binds[0], timeout=60) as http:
+            sid = (await http.post("/sessions")).json()["session_id"]
+            answers: list[httpx.Response] = []
+
+            async def prompt() -> None:
+                answers.append(await http.post(f"/sessions/{sid}/prompt", json={"prompt": "go"}))
+
+            nursery.start_soon(prompt)
+            with trio.fail_after(60):
+                while not (listed := (await http.get(f"/sessions/{sid}/pending")).json())[
+                    "pending"
+                ]:
+                    await trio.sleep(0.05)
+            (pause,) = listed["pending"]
+            assert pause["origin"] == "mcp:asking"
+            url = f"/sessions/{sid}/pending/{pause['pause_id']}"
+            right = await http.post(url, json={"decision": "answer", "text": "2"})
+            assert right.status_code == 202, right.text
+            with trio.fail_after(60):
+                while not answers:
+                    await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    assert answers[0].status_code == 200 and answers[0].json()["result"] == "parent done"
+    assert marks(log) == ["version 2026-07-28", "accept 2"]
+
+
+async def test_a_childs_mcp_question_reaches_the_client_of_cantrip_mcp(tmp_path: Path) -> None:
+    """Three levels: an MCP client calls ``cast`` (2026-07-28, no tasks); the served
+    cast's child calls an MCP server that asks; the question reaches the top client
+    through ``InputRequiredResult`` and the answer goes back down to the server."""
+    from test_mcp_elicitation import ASKING
+
+    log = tmp_path / "marks"
+    spec = tmp_path / "served.toml"
+    script = [
+        call("call_agent", intent="book"),
+        call("asking_book", city="Oslo"),
+        finish("booked"),
+    ]
+    spec.write_text(
+        "\n".join(
+            [
+                "[llm]",
+                'provider = "scripted"',
+                _toml(script),
+                "[circle]",
+                'medium = "conversation"',
+                'gates = ["done", "call_agent"]',
+                "wards = [{ max_turns = 6 }, { max_depth = 1 }]",
+                "[[circle.mcp]]",
+                'name = "asking"',
+                f'command = "{PYTHON}"',
+                f'args = ["{ASKING}"]',
+                f'env = {{ ASKING_MARKS = "{log}" }}',
+                "elicitation = true",
+            ]
+        )
+        + "\n"
+    )
+    person = Person(accept(seats=6), accept(seats=7))
+    async with Client(
+        StdioServerParameters(command=CANTRIP, args=["mcp", str(spec)]),
+        elicitation_callback=person,
+    ) as mcp:
+        with trio.fail_after(60):
+            result = await mcp.call_tool("cast", {"intent": "book"})
+    structured = result.structured_content
+    assert structured is not None and structured["terminated"], result
+    # the parent's script reads: call_agent, asking_book (its own), done -- so the
+    # child's question comes first, then the parent's
+    assert [a.message for a in person.asked] == [
+        "mcp:asking asks (during asking_book): How many seats in Oslo?"
+    ] * 2
+    assert marks(log) == ["version 2026-07-28", "accept 6", "version 2026-07-28", "accept 7"]
