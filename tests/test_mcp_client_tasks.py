@@ -375,3 +375,18 @@ async def test_a_childs_mcp_question_reaches_the_client_of_cantrip_mcp(tmp_path:
         "mcp:asking asks (during asking_book): How many seats in Oslo?"
     ] * 2
     assert marks(log) == ["version 2026-07-28", "accept 6", "version 2026-07-28", "accept 7"]
+
+
+async def test_a_task_over_streamable_http(tmp_path: Path) -> None:
+    """The same over streamable HTTP: each ``tasks/*`` request is its own POST."""
+    from test_mcp_server import http_server
+
+    spec = inner_spec(tmp_path, [call("echo", text="far"), finish("from afar")])
+    async with http_server(spec) as url:
+        s = outer(
+            [call("inner_cast", intent="go"), finish("outer")], MCPServer(name="inner", url=url)
+        )
+        outcome = await s.cast_async("delegate")
+    record = the_call(outcome, "inner_cast")
+    assert record.result["result"] == "from afar", record.result
+    assert record.detail["mcp_task"]["status"] == "completed"

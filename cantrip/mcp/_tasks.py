@@ -11,7 +11,8 @@ that client, the counterpart of what ``cantrip mcp`` serves
   sees it); a server that does not offer tasks answers ``tools/call`` as ever;
 * a server that does answers ``resultType: "task"`` with a task handle; the claim's
   resolver -- still inside the gate call, in its task and cancel scope -- polls
-  ``tasks/get`` (at the server's ``pollIntervalMs``, within bounds) until the task is
+  ``tasks/get`` (50 ms after, doubling up to the server's ``pollIntervalMs``, itself
+  bounded to 50 ms..5 s) until the task is
   ``completed`` (its ``result`` is the ``CallToolResult``), ``failed`` or
   ``cancelled``; an ``input_required`` task's ``inputRequests`` are asked like any
   question a server asks during a call (the calling entity's pause, through the
@@ -49,6 +50,17 @@ TASKS = "io.modelcontextprotocol/tasks"
 MIN_POLL_S = 0.05
 MAX_POLL_S = 5.0
 """The server's ``pollIntervalMs`` is followed within these bounds (seconds)."""
+
+
+def poll_wait(interval_ms: float | None, polls: int) -> float:
+    """Seconds before the next ``tasks/get``: the first polls come sooner (50 ms,
+    doubling) up to the server's interval, so a short task is not held for a whole
+    interval (measured with ``cantrip mcp``'s 500 ms: a 10 ms task took 519 ms as a
+    task, 12 ms as a plain call)."""
+    interval = min(MAX_POLL_S, max(MIN_POLL_S, (interval_ms or 500.0) / 1000))
+    return min(interval, MIN_POLL_S * 2.0**polls)
+
+
 CANCEL_GRACE_S = 5.0
 """How long a cancelled call waits for the server to take ``tasks/cancel``."""
 
@@ -150,6 +162,7 @@ def tasks_extension(ask: Ask | None, timeout_s: float) -> Any:
         log.info("tools/call %s runs as task %s", ctx.tool_name, task_id)
         state: Any = created
         answered: set[str] = set()
+        polls = 0
         try:
             while True:
                 if note is not None:
@@ -179,8 +192,8 @@ def tasks_extension(ask: Ask | None, timeout_s: float) -> Any:
                         request_read_timeout_seconds=timeout_s,
                     )
                 else:
-                    wait_ms = state.poll_interval_ms or 500.0
-                    await trio.sleep(min(MAX_POLL_S, max(MIN_POLL_S, wait_ms / 1000)))
+                    await trio.sleep(poll_wait(state.poll_interval_ms, polls))
+                    polls += 1
                 state = await session.send_request(
                     _Get(params=_TaskId(taskId=task_id)),
                     _State,

@@ -164,7 +164,11 @@ async def _ask_waiting(
     False). Looked for at once, on each pause event, and every :data:`SWEEP_S`."""
     asked: set[str] = set()
     while True:
-        for pause in await backend.pauses(session_id):
+        try:
+            waiting = await backend.pauses(session_id)
+        except SessionError:  # the session went (released, evicted): nothing to ask
+            waiting = []
+        for pause in waiting:
             if pause.pause_id in asked or not waits_in_place(pause, root):
                 continue
             asked.add(pause.pause_id)
