@@ -96,6 +96,22 @@ async def test_a_call_to_a_server_that_offers_tasks_runs_as_a_task(tmp_path: Pat
     assert stored[0].detail["mcp_task"]["task_id"] == task["task_id"]
 
 
+async def test_a_tasks_status_messages_are_the_calls_progress(tmp_path: Path) -> None:
+    """The task's status message (``cantrip mcp``: the latest turn, then ``done``) is
+    told as ``GateProgress`` of the calling gate, counted 1, 2, ..."""
+    from cantrip._events import GateProgress
+
+    spec = inner_spec(tmp_path, [call("echo", text="working"), finish("inner answer")])
+    s = outer([call("inner_cast", intent="go"), finish("outer")], inner(spec))
+    events: list[Any] = []
+    outcome = await s.cast_async("delegate", on_event=events.append)
+    assert outcome.result == "outer"
+    progress = [e for e in events if isinstance(e, GateProgress)]
+    assert progress and all(e.gate == "inner_cast" for e in progress)
+    assert [e.progress for e in progress] == [float(i + 1) for i in range(len(progress))]
+    assert progress[-1].message == "done"
+
+
 async def test_a_server_without_tasks_is_called_as_ever(tmp_path: Path) -> None:
     log = tmp_path / "marks"
     server = MCPServer(

@@ -247,11 +247,15 @@ class MCPProvider:
         """``tools/call``; with elicitation on, the server's questions during the call
         are asked by the calling entity (in this task's cancel scope: cancelling the
         cast cancels the questions, and the server is told ``cancel``)."""
+        progress = _progress_sink(gate_name)
+        note = CURRENT_NOTE.get()
+        if note is not None:
+            note.on_progress = progress
         call = connection.client.call_tool(
             tool,
             dict(arguments),
             read_timeout_seconds=self.spec.timeout_s,
-            progress_callback=_progress_sink(gate_name),
+            progress_callback=progress,
         )
         entity = CURRENT_ENTITY.get(None)
         if not self.spec.elicitation or entity is None:

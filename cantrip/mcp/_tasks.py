@@ -20,6 +20,8 @@ that client, the counterpart of what ``cantrip mcp`` serves
 * a gate call cut off (the cast cancelled, a ward) sends ``tasks/cancel`` before it
   unwinds, shielded and bounded, so the server stops the work -- the task does not
   outlive the call that made it;
+* each new ``statusMessage`` is told as the call's progress (a ``GateProgress``
+  event), as a plain call's progress notifications are;
 * the task's id and last status are written into the gate call's record
   (``detail["mcp_task"]``), so the loom says which task a result came from. A process
   that dies mid-task leaves the call to the gate journal's rule (not idempotent:
@@ -72,6 +74,19 @@ class TaskNote:
     task_id: str | None = None
     status: str | None = None
     cancel_sent: bool = False
+    on_progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
+    """The call's progress callback: each new status message of the task is told as
+    progress (a task's call has returned, so the server's progress notifications for
+    it have nowhere to go; its status message is how it reports)."""
+    told: int = 0
+    last_message: str | None = None
+
+    async def tell(self, message: str | None) -> None:
+        if message is None or message == self.last_message or self.on_progress is None:
+            return
+        self.last_message = message
+        self.told += 1
+        await self.on_progress(float(self.told), None, message)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"task_id": self.task_id, "status": self.status}
@@ -167,6 +182,7 @@ def tasks_extension(ask: Ask | None, timeout_s: float) -> Any:
             while True:
                 if note is not None:
                     note.status = state.status
+                    await note.tell(state.status_message)
                 if state.status == "completed":
                     if state.result is None:
                         raise ValueError(f"task {task_id} completed without a result")
