@@ -38,6 +38,7 @@ from cantrip._providers import ProviderStartError
 from cantrip._redact import get_logger, redact
 from cantrip.mcp._names import gate_names
 from cantrip.mcp._stdio import stdio_transport
+from cantrip.mcp._tasks import CURRENT_NOTE, TaskNote, tasks_extension
 
 if TYPE_CHECKING:
     import mcp_types
@@ -188,10 +189,17 @@ class MCPProvider:
 
     async def call(self, gate_name: str, tool: str, arguments: Mapping[str, Any]) -> GateResult:
         """One ``tools/call``; every failure of the server comes back as ``is_error``."""
-        detail = {"via": f"mcp:{self.spec.name}", "mcp_tool": tool}
+        detail: dict[str, Any] = {"via": f"mcp:{self.spec.name}", "mcp_tool": tool}
+        note = TaskNote()
+
+        def described() -> dict[str, Any]:
+            """The record's detail; a call that ran as a task says which task."""
+            if note.task_id is None:
+                return detail
+            return {**detail, "mcp_task": note.to_dict()}
 
         def failed(message: str) -> GateResult:
-            return GateResult(scrub(self.spec, message), detail, is_error=True)
+            return GateResult(scrub(self.spec, message), described(), is_error=True)
 
         try:
             connection = await self._live()
@@ -203,6 +211,7 @@ class MCPProvider:
         from mcp import MCPError
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+        token = CURRENT_NOTE.set(note)
         try:
             result = await self._call_tool(connection, gate_name, tool, arguments)
         except MCPError as exc:
@@ -227,8 +236,10 @@ class MCPProvider:
             )
         except RuntimeError as exc:  # the SDK's output-schema check
             return failed(f"MCP server {self.spec.name!r}: {exc}")
+        finally:
+            CURRENT_NOTE.reset(token)
         value = tool_result_value(result)
-        return GateResult(value, detail, is_error=bool(result.is_error))
+        return GateResult(value, described(), is_error=bool(result.is_error))
 
     async def _call_tool(
         self, connection: _Connection, gate_name: str, tool: str, arguments: Mapping[str, Any]
@@ -236,11 +247,15 @@ class MCPProvider:
         """``tools/call``; with elicitation on, the server's questions during the call
         are asked by the calling entity (in this task's cancel scope: cancelling the
         cast cancels the questions, and the server is told ``cancel``)."""
+        progress = _progress_sink(gate_name)
+        note = CURRENT_NOTE.get()
+        if note is not None:
+            note.on_progress = progress
         call = connection.client.call_tool(
             tool,
             dict(arguments),
             read_timeout_seconds=self.spec.timeout_s,
-            progress_callback=_progress_sink(gate_name),
+            progress_callback=progress,
         )
         entity = CURRENT_ENTITY.get(None)
         if not self.spec.elicitation or entity is None:
@@ -515,7 +530,9 @@ def _client(
 ) -> Any:
     """An ``mcp.Client`` for the spec's transport (an async context manager); a
     stdio server runs under cantrip's own supervision (:mod:`cantrip.mcp._stdio`).
-    With ``on_elicit`` the client declares the elicitation capability (form and URL)."""
+    With ``on_elicit`` the client declares the elicitation capability (form and URL).
+    It always declares the tasks extension (:mod:`cantrip.mcp._tasks`): a server that
+    offers it runs a call as a task, one that does not answers as ever."""
     from mcp import Client, Implementation
 
     info = Implementation(name="cantrip", version=_version())
@@ -526,6 +543,7 @@ def _client(
             client_info=info,
             cache=None,
             elicitation_callback=on_elicit,  # type: ignore[arg-type]
+            extensions=[tasks_extension(on_elicit, spec.timeout_s)],
         )
     return _HttpClient(spec, info, on_elicit)
 
@@ -569,7 +587,11 @@ class _HttpClient:
         try:
             transport = streamable_http_client(self.spec.url or "", http_client=self._http)
             self._client = Client(
-                transport, client_info=self.info, cache=None, elicitation_callback=self.on_elicit
+                transport,
+                client_info=self.info,
+                cache=None,
+                elicitation_callback=self.on_elicit,
+                extensions=[tasks_extension(self.on_elicit, self.spec.timeout_s)],
             )
             return await self._client.__aenter__()
         except BaseException:

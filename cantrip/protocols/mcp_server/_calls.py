@@ -10,15 +10,20 @@ in turn), and a call or task the client cancels is cut off with ``cancel`` namin
 prompt. The synchronous call (:mod:`._server`) and a task (:mod:`._tasks`) both drive a
 prompt with :func:`drive`; they differ in how a pause is asked (:data:`Ask`).
 
-Two kinds of pause: one that ends the cast (an approval, an ``ask_user`` question: the
-prompt returns ``paused``, and ``answer`` continues it as a new prompt), and a question
-one of the circle's MCP servers asks during a call (``Pause.origin``), which waits in
-place: the prompt still runs, and ``answer`` hands it the decision.
+Two kinds of pause: one that ends the cast (the root entity's approval or ``ask_user``
+question: the prompt returns ``paused``, and ``answer`` continues it as a new prompt),
+and one that waits in place -- a question one of the circle's MCP servers asks during a
+call (``Pause.origin``), or any pause of a child entity (``call_agent``: children always
+wait in place, inside the parent's running call): the prompt still runs, the pause is
+asked of the client as the parent's own would be (the same :data:`Ask`), and ``answer``
+hands the waiting task the decision. Before issue 44 a child's approval or question was
+never asked of the client: the call waited with nobody to ask.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Awaitable, Callable
 
 import attrs
@@ -72,35 +77,33 @@ async def drive(
     (``cancel``, by id). A prompt that ended for good releases its session (its entity
     and the providers it opened close; the loom keeps it): each call makes its own."""
     position = after
+    root = (await backend.find(session_id)).entity_id
     while True:
         left: list[Pause] = []
 
         async def watch(scope: trio.CancelScope, left: list[Pause], until: str) -> None:
             nonlocal position
-            # until the prompt has ended and its turns were told: none is missed when
-            # the result comes first
-            events = backend.follow(session_id, position, until=until)
-            async with contextlib.aclosing(events):
-                async for event in events:
-                    if event.turn is not None and event.position is not None:
-                        position = event.position
-                        if not is_checkpoint(event.turn):
-                            on_turn(event.turn)
-                    elif event.type == "pause" and event.data["pause"].get("origin"):
-                        pause = await _pending(backend, session_id, event.data["pause"])
-                        if pause is None:
-                            continue
-                        decision = (
-                            await ask(pause)
-                            if ask is not None
-                            else Decision.deny("the MCP client takes no elicitation")
-                        )
-                        if decision is None:
-                            left.append(pause)
-                            scope.cancel()
-                            return
-                        with contextlib.suppress(PauseError):  # answered meanwhile
-                            await backend.answer(session_id, pause.pause_id, decision)
+            nudge, nudged = trio.open_memory_channel[None](math.inf)
+
+            async def follow() -> None:
+                nonlocal position
+                # until the prompt has ended and its turns were told: none is missed
+                # when the result comes first
+                async with nudge:  # its close ends the asking below
+                    events = backend.follow(session_id, position, until=until)
+                    async with contextlib.aclosing(events):
+                        async for event in events:
+                            if event.turn is not None and event.position is not None:
+                                position = event.position
+                                if not is_checkpoint(event.turn):
+                                    on_turn(event.turn)
+                            elif event.type == "pause":
+                                nudge.send_nowait(None)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(follow)
+                if not await _ask_waiting(backend, session_id, root, nudged, ask, left):
+                    scope.cancel()  # a pause left open: the prompt goes on waiting
 
         ended = False
         failed: SessionError | None = None
@@ -136,15 +139,54 @@ async def drive(
             on_prompt(prompt_id)
 
 
-async def _pending(
-    backend: SessionBackend, session_id: str, told: dict[str, object]
-) -> Pause | None:
-    """The pause an event told of, if it still waits."""
-    try:
-        pending = await backend.pauses(session_id)
-    except SessionError:
-        return None
-    return next((p for p in pending if p.pause_id == told.get("pause_id")), None)
+def waits_in_place(pause: Pause, root: str) -> bool:
+    """Whether a pause waits in place while its prompt runs (so the prompt's end will
+    not bring it): a question asked during a call, or any pause of a child entity."""
+    return pause.origin is not None or pause.entity_id != root
+
+
+SWEEP_S = 1.0
+"""How often the pauses waiting in place are looked at again, events or not: a pause
+posted before the session's event stream was followed has no event to tell it."""
+
+
+async def _ask_waiting(
+    backend: SessionBackend,
+    session_id: str,
+    root: str,
+    nudged: trio.MemoryReceiveChannel[None],
+    ask: Ask | None,
+    left: list[Pause],
+) -> bool:
+    """Ask the client each pause that waits in place, one at a time, as the parent's
+    own would be asked, and answer it through the backend -- until the prompt ends
+    (``nudged`` closes: True) or ``ask`` leaves a pause open (it goes in ``left``:
+    False). Looked for at once, on each pause event, and every :data:`SWEEP_S`."""
+    asked: set[str] = set()
+    while True:
+        try:
+            waiting = await backend.pauses(session_id)
+        except SessionError:  # the session went (released, evicted): nothing to ask
+            waiting = []
+        for pause in waiting:
+            if pause.pause_id in asked or not waits_in_place(pause, root):
+                continue
+            asked.add(pause.pause_id)
+            decision = (
+                await ask(pause)
+                if ask is not None
+                else Decision.deny("the MCP client takes no elicitation")
+            )
+            if decision is None:
+                left.append(pause)
+                return False
+            with contextlib.suppress(PauseError):  # answered meanwhile
+                await backend.answer(session_id, pause.pause_id, decision)
+        with trio.move_on_after(SWEEP_S):
+            try:
+                await nudged.receive()
+            except trio.EndOfChannel:
+                return True
 
 
 def failure_text(exc: SessionError) -> str:

@@ -298,11 +298,10 @@ async def _answered(backend: SessionBackend, ctx: Any, on_turn: Callable[[Turn],
 
 
 async def _between_requests(pause: Pause) -> Decision | None:
-    """At 2026-07-28 the client is reachable only between requests: a pause that ends
-    the cast is left for the next one; a question during a call is declined at once
-    (asking would cut the call that asks)."""
-    if pause.origin is not None:
-        return Decision.deny("the MCP client can be asked only between requests")
+    """At 2026-07-28 the client is reachable only between requests: every pause is left
+    for the next one (the call answers ``InputRequiredResult``). One that ended the cast
+    is held by the loom; one that waits in place -- a child's, or a question asked during
+    a call -- by its running prompt, which the session keeps until the retry answers."""
     return None
 
 
