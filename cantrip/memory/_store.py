@@ -15,7 +15,9 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
+from cantrip.llm._embed_contract import Embedder
 from cantrip.memory._model import Item, Namespace, SearchItem
+from cantrip.memory._vectors import SearchMode
 
 T = TypeVar("T")
 
@@ -25,6 +27,11 @@ class MemoryBackend(Protocol):
 
     limiter: trio.CapacityLimiter
     """Worker threads that may call the store at once (:class:`AsyncMemory`)."""
+
+    @property
+    def embedder(self) -> Embedder | None:
+        """What embeds items and queries (None: text search only)."""
+        ...
 
     def put(
         self, namespace: Namespace, key: str, value: Any, metadata: dict[str, Any] | None = None
@@ -60,9 +67,16 @@ class MemoryBackend(Protocol):
         query: str | None = None,
         limit: int = 10,
         offset: int = 0,
+        mode: SearchMode | None = None,
     ) -> list[SearchItem]:
-        """Items under ``prefix``: with a ``query``, those holding all its words, best
-        match first; without, newest first."""
+        """Items under ``prefix``: with a ``query``, best match first -- ``mode="text"``
+        those holding all its words, ``"semantic"`` the nearest in meaning (an
+        embedder's), ``"hybrid"`` both rankings fused (the default with an embedder;
+        text without); without a query, newest first."""
+        ...
+
+    def reindex(self) -> int:
+        """Embed every item that has no vector yet; how many were embedded."""
         ...
 
     def close(self) -> None: ...
@@ -110,8 +124,14 @@ class AsyncMemory:
         query: str | None = None,
         limit: int = 10,
         offset: int = 0,
+        mode: SearchMode | None = None,
     ) -> list[SearchItem]:
-        return await self._run(self.store.search, prefix, query=query, limit=limit, offset=offset)
+        return await self._run(
+            self.store.search, prefix, query=query, limit=limit, offset=offset, mode=mode
+        )
+
+    async def reindex(self) -> int:
+        return await self._run(self.store.reindex)
 
 
 def now() -> datetime:
