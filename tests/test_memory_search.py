@@ -381,3 +381,42 @@ def test_memory_for_passes_the_embedder(where: Where, tmp_path: Path) -> None:
         store.close()
     finally:
         loom.close()
+
+
+def test_a_zero_vector_is_no_direction_not_a_failure(where: Where) -> None:
+    """Words whose hashed signs cancel give a zero vector: the item is kept (without a
+    vector) and a query with one finds nothing by meaning -- no put is lost to it."""
+
+    class Zero(Meaning):
+        def embed(self, texts: Sequence[str], task: str = "document") -> list[list[float]]:
+            return [[0.0] * 8 if "void" in t else meaning(t, 8) for t in texts]
+
+    store = where.open(Zero())
+    item = store.put(("n",), "k", "the void")
+    store.put(("n",), "j", "a kitten")
+    assert store.get(("n",), "k") == item
+    assert store.search(query="void", mode="semantic") == []
+    assert keys(store.search(query="void", mode="hybrid")) == ["k"]  # the text still finds it
+    assert where.sql("SELECT count(*) FROM memory_vectors") == [(1,)]
+
+
+def test_postgres_ranks_with_pgvector_exactly_when_the_server_has_it(pg_url: str) -> None:
+    """Detection, not assumption: pgvector is used when the server offers it (this
+    machine's does not, so its searches above ran the dot product in SQL)."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        offered = conn.execute(
+            "SELECT 1 FROM pg_available_extensions WHERE name = 'vector'"
+        ).fetchone()
+    store = PostgresMemory.open(pg_url, embedder=Meaning())
+    try:
+        assert store.vectors.pgvector is (offered is not None)
+        sql = store.vectors.nearest_sql("i.key", "TRUE")
+        assert ("<=>" in sql) is store.vectors.pgvector and ("unnest" in sql) is not (
+            store.vectors.pgvector
+        )
+        fill(store)
+        assert keys(store.search(query="automobile", mode="semantic", limit=1)) == ["car"]
+    finally:
+        store.close()

@@ -26,10 +26,10 @@ from cantrip.memory._vectors import (
     Plan,
     Stale,
     check_dimensions,
+    embed_many,
     embed_one,
     model_changed,
     text_hash,
-    unit,
 )
 
 if TYPE_CHECKING:
@@ -179,12 +179,7 @@ class PostgresVectors:
             rows = [row for row in rows if (row[0], row[1]) not in skip][:REINDEX_BATCH]
             if not rows:
                 return done
-            vectors = self.embedder.embed([row[2] for row in rows], "document")
-            if len(vectors) != len(rows):
-                raise MemoryStoreError(
-                    f"the embedder {self.embedder.model_id} returned {len(vectors)} vectors "
-                    f"for {len(rows)} texts"
-                )
+            vectors = embed_many(self.embedder, [row[2] for row in rows])
             with self.pool.connection() as conn, conn.transaction():
                 for (ns, key, text), vector in zip(rows, vectors, strict=True):
                     skip.add((ns, key))
@@ -193,10 +188,9 @@ class PostgresVectors:
                         "WHERE namespace = %s AND key = %s FOR UPDATE",
                         (ns, key),
                     ).fetchone()
-                    if now is None or now[0] != text:
+                    if now is None or now[0] != text or vector is None:
                         continue
-                    unit_vector = unit(vector, self.embedder.model_id)
-                    self.write(conn, (ns, key), Plan(text_hash(text), unit_vector))
+                    self.write(conn, (ns, key), Plan(text_hash(text), vector))
                     done += 1
 
     def nearest_sql(self, columns: str, where: str) -> str:

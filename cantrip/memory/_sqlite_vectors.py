@@ -27,11 +27,11 @@ from cantrip.memory._vectors import (
     Plan,
     Stale,
     check_dimensions,
+    embed_many,
     embed_one,
     model_changed,
     pack,
     text_hash,
-    unit,
     unpack,
 )
 
@@ -169,7 +169,8 @@ class SQLiteVectors:
         assert self.embedder is not None  # resolve_mode refused a search without one
         if not query.strip():
             return None
-        return pack(embed_one(self.embedder, query, "query"))
+        vector = embed_one(self.embedder, query, "query")
+        return None if vector is None else pack(vector)
 
     def reindex(self) -> int:
         """Embed every item that has no vector (written without an embedder, or before a
@@ -190,12 +191,7 @@ class SQLiteVectors:
             rows = [row for row in rows if row[0] not in skip][:REINDEX_BATCH]
             if not rows:
                 return done
-            vectors = self.embedder.embed([row[1] for row in rows], "document")
-            if len(vectors) != len(rows):
-                raise MemoryStoreError(
-                    f"the embedder {self.embedder.model_id} returned {len(vectors)} vectors "
-                    f"for {len(rows)} texts"
-                )
+            vectors = embed_many(self.embedder, [row[1] for row in rows])
             with self.lock:
                 self.db.execute("BEGIN IMMEDIATE")
                 try:
@@ -204,12 +200,9 @@ class SQLiteVectors:
                             "SELECT text FROM memory_fts WHERE rowid = ?", (item_id,)
                         ).fetchone()
                         skip.add(item_id)
-                        if now is None or now[0] != text:
+                        if now is None or now[0] != text or vector is None:
                             continue
-                        self.write(
-                            item_id,
-                            Plan(text_hash(text), unit(vector, self.embedder.model_id)),
-                        )
+                        self.write(item_id, Plan(text_hash(text), vector))
                         done += 1
                 except BaseException:
                     self.db.execute("ROLLBACK")

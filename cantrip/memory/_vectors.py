@@ -78,11 +78,13 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def unit(vector: Sequence[float], model_id: str) -> list[float]:
-    """``vector`` scaled to length 1; a zero vector (nothing to compare) is refused."""
+def unit(vector: Sequence[float]) -> list[float] | None:
+    """``vector`` scaled to length 1; None for a zero vector, which has no direction to
+    compare (an item with one is stored without a vector, a query with one finds
+    nothing by meaning) -- refusing the put would lose the item over a search aid."""
     norm = math.sqrt(math.fsum(x * x for x in vector))
     if norm == 0.0 or not math.isfinite(norm):
-        raise MemoryStoreError(f"the embedder {model_id} returned a vector of length 0")
+        return None
     return [x / norm for x in vector]
 
 
@@ -95,14 +97,27 @@ def unpack(blob: bytes) -> tuple[float, ...]:
     return struct.unpack(f"<{len(blob) // 4}f", blob)
 
 
-def embed_one(embedder: Embedder, text: str, task: Literal["document", "query"]) -> list[float]:
-    """One text's unit vector."""
+def embed_one(
+    embedder: Embedder, text: str, task: Literal["document", "query"]
+) -> list[float] | None:
+    """One text's unit vector (None: see :func:`unit`)."""
     vectors = embedder.embed([text], task)
     if len(vectors) != 1:
         raise MemoryStoreError(
             f"the embedder {embedder.model_id} returned {len(vectors)} vectors for one text"
         )
-    return unit(vectors[0], embedder.model_id)
+    return unit(vectors[0])
+
+
+def embed_many(embedder: Embedder, texts: Sequence[str]) -> list[list[float] | None]:
+    """Stored texts' unit vectors, one per text (a re-index's batch)."""
+    vectors = embedder.embed(texts, "document")
+    if len(vectors) != len(texts):
+        raise MemoryStoreError(
+            f"the embedder {embedder.model_id} returned {len(vectors)} vectors "
+            f"for {len(texts)} texts"
+        )
+    return [unit(vector) for vector in vectors]
 
 
 def check_dimensions(model_id: str, got: int, held: int | None) -> None:
