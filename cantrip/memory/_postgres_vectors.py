@@ -144,8 +144,13 @@ class PostgresVectors:
     def _claim(self, conn: Any, dimensions: int) -> None:
         assert self.embedder is not None  # a vector was made
         model_id = self.embedder.model_id
-        conn.execute("LOCK TABLE cantrip_memory_vector_index IN SHARE ROW EXCLUSIVE MODE")
-        row = conn.execute("SELECT model, dimensions FROM cantrip_memory_vector_index").fetchone()
+        query = "SELECT model, dimensions FROM cantrip_memory_vector_index"
+        row = conn.execute(query).fetchone()
+        if row is None:
+            # the first vector: one writer records the model (the lock conflicts with
+            # itself), the others then read its row; later puts take no lock at all
+            conn.execute("LOCK TABLE cantrip_memory_vector_index IN SHARE ROW EXCLUSIVE MODE")
+            row = conn.execute(query).fetchone()
         if row is None:
             conn.execute(
                 "INSERT INTO cantrip_memory_vector_index (model, dimensions) VALUES (%s, %s)",
@@ -195,11 +200,17 @@ class PostgresVectors:
 
     def nearest_sql(self, columns: str, where: str) -> str:
         """The SQL of a semantic search (parameters: the query's vector, ``where``'s,
-        limit, offset): the items under the prefix by cosine similarity, best first."""
+        limit, offset): the items under the prefix by cosine similarity, best first.
+        The page is chosen on the narrow columns and only its rows are read whole."""
         similarity = _PGVECTOR if self.pgvector else _EXACT
         return (
-            f"SELECT {columns}, {similarity} AS similarity FROM cantrip_memory_vectors v "
+            f"SELECT {columns}, top.similarity FROM ("
+            f"SELECT v.namespace, v.key, {similarity} AS similarity, i.updated_at AS u "
+            "FROM cantrip_memory_vectors v "
             "JOIN cantrip_memory_items i ON i.namespace = v.namespace AND i.key = v.key "
             f"WHERE {where} "
-            "ORDER BY similarity DESC, i.updated_at DESC, i.namespace, i.key LIMIT %s OFFSET %s"
+            "ORDER BY similarity DESC, u DESC, v.namespace, v.key LIMIT %s OFFSET %s"
+            ") AS top JOIN cantrip_memory_items i "
+            "ON i.namespace = top.namespace AND i.key = top.key "
+            "ORDER BY top.similarity DESC, top.u DESC, top.namespace, top.key"
         )

@@ -16,8 +16,10 @@ A trigger drops an item's vector with the item, so ``delete`` needs no code here
 
 from __future__ import annotations
 
+import array
 import operator
 import sqlite3
+import sys
 import threading
 
 from cantrip._redact import get_logger
@@ -32,7 +34,6 @@ from cantrip.memory._vectors import (
     model_changed,
     pack,
     text_hash,
-    unpack,
 )
 
 log = get_logger("cantrip.memory")
@@ -58,8 +59,17 @@ REINDEX_BATCH = 64
 
 def cosine_distance(a: bytes, b: bytes) -> float:
     """``1 - cos(a, b)`` of two unit float32 vectors: sqlite-vec's ``vec_distance_cosine``
-    where the extension cannot be loaded."""
-    return 1.0 - float(sum(map(operator.mul, unpack(a), unpack(b))))
+    where the extension cannot be loaded. ``array`` reads the BLOB a third faster than
+    ``struct`` (this runs once per stored vector per search)."""
+    return 1.0 - float(sum(map(operator.mul, _floats(a), _floats(b))))
+
+
+def _floats(blob: bytes) -> array.array[float]:
+    values = array.array("f")
+    values.frombytes(blob)
+    if sys.byteorder == "big":  # stored little-endian, sqlite-vec's format
+        values.byteswap()
+    return values
 
 
 def load_sqlite_vec(db: sqlite3.Connection) -> bool:
@@ -211,10 +221,15 @@ class SQLiteVectors:
 
     def nearest_sql(self, columns: str, where: str) -> str:
         """The SQL of a semantic search (parameters: the query's vector, ``where``'s,
-        limit, offset): the items under the prefix by cosine similarity, best first."""
+        limit, offset): the items under the prefix by cosine similarity, best first.
+        The page is chosen on the narrow columns and only its rows are read whole: the
+        sorter then carries an id and a few keys per item, not every value."""
         return (
-            f"SELECT {columns}, 1.0 - {self.distance}(v.vector, ?) AS similarity "
+            f"SELECT {columns}, top.similarity FROM ("
+            f"SELECT v.item_id, 1.0 - {self.distance}(v.vector, ?) AS similarity, "
+            "i.updated_at AS u, i.namespace AS n, i.key AS k "
             "FROM memory_vectors v JOIN memory_items i ON i.id = v.item_id "
-            f"WHERE {where} "
-            "ORDER BY similarity DESC, i.updated_at DESC, i.namespace, i.key LIMIT ? OFFSET ?"
+            f"WHERE {where} ORDER BY similarity DESC, u DESC, n, k LIMIT ? OFFSET ?"
+            ") AS top JOIN memory_items i ON i.id = top.item_id "
+            "ORDER BY top.similarity DESC, top.u DESC, top.n, top.k"
         )

@@ -93,10 +93,6 @@ def pack(vector: Sequence[float]) -> bytes:
     return struct.pack(f"<{len(vector)}f", *vector)
 
 
-def unpack(blob: bytes) -> tuple[float, ...]:
-    return struct.unpack(f"<{len(blob) // 4}f", blob)
-
-
 def embed_one(
     embedder: Embedder, text: str, task: Literal["document", "query"]
 ) -> list[float] | None:
