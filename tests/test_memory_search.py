@@ -420,3 +420,21 @@ def test_postgres_ranks_with_pgvector_exactly_when_the_server_has_it(pg_url: str
         assert keys(store.search(query="automobile", mode="semantic", limit=1)) == ["car"]
     finally:
         store.close()
+
+
+async def test_async_memory_passes_a_mode_only_when_one_is_asked(tmp_path: Path) -> None:
+    """A backend written before search modes (no ``mode`` parameter) still searches
+    through AsyncMemory; a mode asked of it is passed, and refused by its signature."""
+
+    class Older:
+        limiter = trio.CapacityLimiter(1)
+
+        def search(
+            self, prefix: Any = (), *, query: Any = None, limit: int = 10, offset: int = 0
+        ) -> list[Any]:
+            return [("searched", prefix, query)]
+
+    memory = AsyncMemory(Older())  # type: ignore[arg-type]
+    assert await memory.search(("n",), query="tea") == [("searched", ("n",), "tea")]
+    with pytest.raises(TypeError, match="mode"):
+        await memory.search(("n",), query="tea", mode="text")

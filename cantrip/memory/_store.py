@@ -15,7 +15,6 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from cantrip.llm._embed_contract import Embedder
 from cantrip.memory._model import Item, Namespace, SearchItem
 from cantrip.memory._vectors import SearchMode
 
@@ -27,11 +26,6 @@ class MemoryBackend(Protocol):
 
     limiter: trio.CapacityLimiter
     """Worker threads that may call the store at once (:class:`AsyncMemory`)."""
-
-    @property
-    def embedder(self) -> Embedder | None:
-        """What embeds items and queries (None: text search only)."""
-        ...
 
     def put(
         self, namespace: Namespace, key: str, value: Any, metadata: dict[str, Any] | None = None
@@ -126,8 +120,10 @@ class AsyncMemory:
         offset: int = 0,
         mode: SearchMode | None = None,
     ) -> list[SearchItem]:
+        # ``mode`` only when asked: a backend written before search modes still works
+        chosen = {} if mode is None else {"mode": mode}
         return await self._run(
-            self.store.search, prefix, query=query, limit=limit, offset=offset, mode=mode
+            self.store.search, prefix, query=query, limit=limit, offset=offset, **chosen
         )
 
     async def reindex(self) -> int:
