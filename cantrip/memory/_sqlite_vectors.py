@@ -124,9 +124,9 @@ class SQLiteVectors:
             self.reindex()
 
     def plan(self, item_key: tuple[str, str], text: str, force: bool = False) -> Plan:
-        sha = text_hash(text)
         if self.embedder is None or not text.strip():
-            return Plan(sha, None)
+            return Plan("", None)  # no vector: the write drops any the item had
+        sha = text_hash(text)
         if not force:
             with self.lock:
                 row = self.db.execute(
