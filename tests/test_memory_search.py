@@ -5,6 +5,7 @@ loopback fakes of each embeddings wire format."""
 
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
 import subprocess
@@ -367,6 +368,26 @@ def _python_with_extensions() -> str:
     if Path(system).is_file() and subprocess.run([system, "-c", probe]).returncode == 0:
         return system
     pytest.fail("no Python here whose sqlite3 can load extensions (sqlite-vec untested)")
+
+
+def test_the_native_distance_passes_the_same_searches(tmp_path: Path) -> None:
+    """The SQLite searches of this module, run again in an interpreter where sqlite-vec
+    loads (so ``vec_distance_cosine`` ranks them, not the Python function)."""
+    python = _python_with_extensions()
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    root = Path(__file__).resolve().parents[1]
+    check = "from cantrip.memory import SQLiteMemory as S; import sys; "
+    check += "sys.exit(0 if S(sys.argv[1]).vectors.native else 3)"
+    env = {**os.environ, "PYTHONPATH": ":".join([str(root), *site])}
+    assert subprocess.run([python, "-c", check, str(tmp_path / "m.db")], env=env).returncode == 0
+    done = subprocess.run(
+        [python, "-m", "pytest", "-n", "0", "-rA", "-p", "no:randomly", "-p", "no:cacheprovider",
+         __file__, "-k", "sqlite and not native"],
+        env=env, capture_output=True, text=True, timeout=300, cwd=root,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    ran = [line for line in done.stdout.splitlines() if line.startswith("PASSED ")]
+    assert len(ran) > 10 and "FAILED" not in done.stdout and "SKIPPED" not in done.stdout
 
 
 def test_memory_for_passes_the_embedder(where: Where, tmp_path: Path) -> None:
