@@ -90,9 +90,12 @@ async def test_openai_sends_the_documented_request_and_reads_the_vectors_in_orde
 async def test_openai_splits_more_than_2048_inputs_into_requests_it_accepts() -> None:
     """The fake refuses an input array over 2,048 (OpenAI's limit) with its 400."""
     texts = [f"note number {n}" for n in range(2100)]
-    async with openai() as (fake, embedder):
+    async with openai(batch_size=2048) as (fake, embedder):
         vectors = await run(embedder.embed, texts)
     assert [len(r.json()["input"]) for r in fake.requests] == [2048, 52]
+    async with openai() as (fake, embedder):  # by default, 256 a request
+        assert len(await run(embedder.embed, texts[:600])) == 600
+    assert [len(r.json()["input"]) for r in fake.requests] == [256, 256, 88]
     assert len(vectors) == 2100 and close(vectors[2099], meaning(texts[2099]))
 
 

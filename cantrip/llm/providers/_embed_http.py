@@ -50,6 +50,10 @@ class HTTPEmbedder:
 
     max_batch: ClassVar[int] = 1
     """The most inputs the endpoint takes in one request (its documented limit)."""
+    DEFAULT_BATCH: ClassVar[int] = 256
+    """Inputs per request unless ``batch_size`` says otherwise (at most ``max_batch``):
+    2,048 vectors of 3,072 dimensions are ~75 MB of JSON in one answer; 256 keep an
+    answer to a few MB and still make a re-index a handful of requests."""
 
     def __init__(
         self,
@@ -71,7 +75,7 @@ class HTTPEmbedder:
             raise ConstructionError(f"embeddings ({provider}): name the embedding model")
         if dimensions is not None and (isinstance(dimensions, bool) or dimensions < 1):
             raise ConstructionError(f"embeddings ({provider}): dimensions is a positive integer")
-        size = self.max_batch if batch_size is None else batch_size
+        size = min(self.DEFAULT_BATCH, self.max_batch) if batch_size is None else batch_size
         if not 1 <= size <= self.max_batch:
             raise ConstructionError(
                 f"embeddings ({provider}): batch_size is 1 to {self.max_batch} "
