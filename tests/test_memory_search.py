@@ -459,3 +459,18 @@ async def test_async_memory_passes_a_mode_only_when_one_is_asked(tmp_path: Path)
     assert await memory.search(("n",), query="tea") == [("searched", ("n",), "tea")]
     with pytest.raises(TypeError, match="mode"):
         await memory.search(("n",), query="tea", mode="text")
+
+
+def test_no_secret_value_reaches_the_embedder(
+    where: Where, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What is embedded is sent to a provider: an item's text is the redacted one, and a
+    query loses the environment's secret values before it is embedded too."""
+    secret = "sk-memory-search-0123456789abcdef"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    embedder = Meaning()
+    store = where.open(embedder)
+    store.put(("n",), "k", f"the kitten's key is {secret}")
+    store.search(query=f"kitten {secret}", mode="hybrid")
+    sent = [text for _, text in embedder.embedded]
+    assert sent == ["the kitten's key is [REDACTED]", "kitten [REDACTED]"]

@@ -28,6 +28,7 @@ from cantrip.memory._vectors import (
     check_dimensions,
     embed_many,
     embed_one,
+    embed_query,
     model_changed,
     text_hash,
 )
@@ -163,9 +164,7 @@ class PostgresVectors:
 
     def query_vector(self, query: str) -> list[float] | None:
         assert self.embedder is not None  # resolve_mode refused a search without one
-        if not query.strip():
-            return None
-        return embed_one(self.embedder, query, "query")
+        return embed_query(self.embedder, query)
 
     def reindex(self) -> int:
         """Embed every item that has no vector; how many (see the SQLite store's)."""

@@ -31,6 +31,7 @@ from cantrip.memory._vectors import (
     check_dimensions,
     embed_many,
     embed_one,
+    embed_query,
     model_changed,
     pack,
     text_hash,
@@ -177,9 +178,7 @@ class SQLiteVectors:
     def query_vector(self, query: str) -> bytes | None:
         """The query's vector (None: a query with nothing to embed)."""
         assert self.embedder is not None  # resolve_mode refused a search without one
-        if not query.strip():
-            return None
-        vector = embed_one(self.embedder, query, "query")
+        vector = embed_query(self.embedder, query)
         return None if vector is None else pack(vector)
 
     def reindex(self) -> int:

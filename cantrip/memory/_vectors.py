@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from cantrip._redact import scrub_known, secret_values
 from cantrip.llm._embed_contract import Embedder
 from cantrip.memory._model import MAX_LIMIT, MemoryStoreError, SearchItem
 
@@ -103,6 +104,15 @@ def embed_one(
             f"the embedder {embedder.model_id} returned {len(vectors)} vectors for one text"
         )
     return unit(vectors[0])
+
+
+def embed_query(embedder: Embedder, query: str) -> list[float] | None:
+    """A query's unit vector (None: nothing to embed, or no direction). The query loses
+    the environment's secret values first, as an item's text did at put: what is
+    embedded is sent to a provider."""
+    if not query.strip():
+        return None
+    return embed_one(embedder, scrub_known(query, secret_values()), "query")
 
 
 def embed_many(embedder: Embedder, texts: Sequence[str]) -> list[list[float] | None]:
