@@ -1,8 +1,10 @@
 """Items' vectors in a PostgreSQL loom's database, searched exactly by cosine similarity.
 
 The vectors sit beside the items (``cantrip_memory_vectors``: a ``real[]`` per item,
-dropped with its item by a foreign key's ``ON DELETE CASCADE``) and the model that made
-them in ``cantrip_memory_vector_index``. Vectors are stored at length 1, so cosine
+dropped with its item by a foreign key's ``ON DELETE CASCADE``, and when its text
+changes by a trigger -- so a put that embeds nothing sends no statement for vectors,
+which a round trip per put would cost) and the model that made them in
+``cantrip_memory_vector_index``. Vectors are stored at length 1, so cosine
 similarity is a dot product:
 
 * with the pgvector extension in the database (found, or created when the server has
@@ -52,6 +54,18 @@ CREATE TABLE IF NOT EXISTS cantrip_memory_vectors (
     FOREIGN KEY (namespace, key) REFERENCES cantrip_memory_items (namespace, key)
         ON DELETE CASCADE
 );
+CREATE OR REPLACE FUNCTION cantrip_memory_vector_outdated() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM cantrip_memory_vectors WHERE namespace = OLD.namespace AND key = OLD.key;
+    RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS cantrip_memory_vector_outdated ON cantrip_memory_items;
+CREATE TRIGGER cantrip_memory_vector_outdated
+AFTER UPDATE OF text ON cantrip_memory_items
+FOR EACH ROW WHEN (OLD.text IS DISTINCT FROM NEW.text)
+EXECUTE FUNCTION cantrip_memory_vector_outdated();
 """
 REINDEX_BATCH = 64
 _EXACT = "(SELECT sum(a::float8 * b::float8) FROM unnest(v.embedding, %s::real[]) AS t(a, b))"
@@ -130,10 +144,7 @@ class PostgresVectors:
                 raise Stale
             return
         if plan.vector is None:
-            conn.execute(
-                "DELETE FROM cantrip_memory_vectors WHERE namespace = %s AND key = %s", item_key
-            )
-            return
+            return  # a vector of other text went with the change (the trigger)
         self._claim(conn, len(plan.vector))
         conn.execute(
             "INSERT INTO cantrip_memory_vectors (namespace, key, text_sha, embedding) "
