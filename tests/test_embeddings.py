@@ -282,3 +282,17 @@ def test_embedder_from_config_picks_the_wire_format_and_checks_early(
     monkeypatch.delenv("OPENAI_API_KEY")
     with pytest.raises(ConstructionError, match="OPENAI_API_KEY"):
         embedder_from_config("openai")
+
+
+async def test_a_loopback_server_is_not_reached_through_a_proxy_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the chat adapters: a local embeddings server (Ollama, llama.cpp) is asked
+    directly even when the environment names a proxy (that proxy answers nothing)."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    async with openai() as (fake, embedder):
+        [vector] = await run(embedder.embed, ["a puppy"])
+    assert len(fake.requests) == 1 and close(vector, meaning("a puppy"))

@@ -38,7 +38,7 @@ from cantrip._version import __version__
 from cantrip.llm._embed_contract import EmbeddingTask
 from cantrip.llm._ratelimit import TokenBucket, shared_bucket
 from cantrip.llm._retry import RetryPolicy
-from cantrip.llm.providers._base import dumps
+from cantrip.llm.providers._base import _is_loopback, dumps
 from cantrip.llm.providers._faults import HTTP_FAULTS, read_payload, status_error, transport_error
 
 log = get_logger("cantrip.llm.embeddings")
@@ -99,7 +99,9 @@ class HTTPEmbedder:
         }
         self._owns_client = client is None
         self._client = client or httpx.Client(
-            timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
+            timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+            # as the chat adapters: a loopback server is never reached through a proxy
+            trust_env=not _is_loopback(self.base_url),
         )
 
     def __repr__(self) -> str:
