@@ -4,7 +4,7 @@
 the provider's TOML (:func:`~cantrip.llm._config.load_provider_config`), takes the key
 from the environment variable it names (never from a file), and picks the wire format
 from the provider's ``api_format``: Gemini's for ``gemini-generate-content``, OpenAI's
-``/embeddings`` for the OpenAI-compatible ones (OpenAI, OpenRouter, and the local
+``/embeddings`` for the OpenAI-compatible ones (OpenAI and the local
 servers: Ollama, vLLM, llama.cpp, LM Studio). Anthropic has no embeddings endpoint and
 is refused by name. Everything is checked here, before any request.
 """
