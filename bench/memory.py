@@ -1,4 +1,4 @@
-"""Memory's store: put and search latency, p50 and p99, at 1k and 10k items.
+"""Memory's store: put and search latency, p50 and p99, at 1k and 10k items, text and semantic.
 
 For each size the store is filled to N items (synthetic notes of 12 words from a
 2,000-word vocabulary, in 50 namespaces ``("user", "uNN")``), then timed:
@@ -10,11 +10,26 @@ For each size the store is filled to N items (synthetic notes of 12 words from a
 * **search ns**: the same under one user's namespace (a fiftieth of the items);
 * **list**: 100 newest-first listings of one namespace (no query, ``limit=10``).
 
+With ``--semantic`` the store has an embedder (:class:`HashEmbedder`: in process,
+384 dimensions -- a small local model's size -- so what is timed is the store, not an
+embeddings server) and the timings are:
+
+* **put new** / **put rev**: as above, each put embedding its note and writing its vector;
+* **sem**: 100 semantic searches (two words of a stored note, ``limit=10``): the
+  distance to every vector, exactly;
+* **sem ns**: the same under one user's namespace (a fiftieth of the vectors);
+* **hybrid**: 100 hybrid searches (the text and the semantic ranking, 100 deep each,
+  fused).
+
+On SQLite the distance is sqlite-vec's where this Python's sqlite3 can load it, else
+the Python function (the run says which); on PostgreSQL pgvector's where the database
+has it, else the dot product in SQL.
+
 SQLite always (a loom file in a temporary folder, the loom's durability: WAL,
 synchronous=NORMAL); PostgreSQL too when ``CANTRIP_BENCH_PG_URL`` names an empty
 database (the tables are made there and left behind).
 
-    python bench/memory.py [--sizes 1000,10000]
+    python bench/memory.py [--sizes 1000,10000] [--semantic]
     CANTRIP_BENCH_PG_URL=postgresql://... python bench/memory.py
 
 Figures (2 shared, busy cores; PostgreSQL 15 from tests/pg_cluster.py, fsync off),
@@ -25,12 +40,14 @@ branch that added this file) -- they are printed by a run, not kept here.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import math
 import os
 import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cantrip.memory import MemoryBackend, PostgresMemory, SQLiteMemory
@@ -38,6 +55,31 @@ from cantrip.memory import MemoryBackend, PostgresMemory, SQLiteMemory
 WORDS = [f"w{n:04d}" for n in range(2000)]
 USERS = 50
 SAMPLES = 300
+SEMANTIC_SAMPLES = 100
+DIMENSIONS = 384
+
+
+class HashEmbedder:
+    """Words hashed to dimensions and signs, summed: deterministic, in process."""
+
+    model_id = f"bench:hash@{DIMENSIONS}"
+
+    def __init__(self) -> None:
+        self.slots = {}
+        for word in WORDS:
+            digest = hashlib.sha256(word.encode()).digest()
+            self.slots[word] = (int.from_bytes(digest[:4], "little") % DIMENSIONS, digest[4] % 2)
+
+    def embed(self, texts: Sequence[str], task: str = "document") -> list[list[float]]:
+        out = []
+        for text in texts:
+            vector = [0.0] * DIMENSIONS
+            for word in text.split():
+                slot, sign = self.slots.get(word, (0, 1))
+                vector[slot] += 1.0 if sign else -1.0
+            norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+            out.append([x / norm for x in vector])
+        return out
 
 
 def note(rng: random.Random) -> dict[str, str]:
@@ -88,13 +130,41 @@ def measure(
     return {name: f"{p50:7.3f} / {p99:7.3f}" for name, (p50, p99) in rows.items()}
 
 
-def run(kind: str, store: MemoryBackend, sizes: list[int]) -> None:
+def measure_semantic(
+    store: MemoryBackend, size: int, filled: int, rng: random.Random, texts: list[str]
+) -> dict[str, str]:
+    fill(store, filled, size, rng, texts)
+    rows: dict[str, tuple[float, float]] = {}
+    rows["put new"] = timed(
+        SAMPLES, lambda n: store.put(("user", "fresh"), f"new-{size}-{n}", note(rng))
+    )
+    rows["put rev"] = timed(
+        SAMPLES, lambda n: store.put(("user", f"u{n % USERS:02d}"), f"k{n}", note(rng))
+    )
+    rows["sem"] = timed(
+        SEMANTIC_SAMPLES,
+        lambda n: store.search(query=two_words(rng, texts), mode="semantic"),
+    )
+    rows["sem ns"] = timed(
+        SEMANTIC_SAMPLES,
+        lambda n: store.search(
+            ("user", f"u{n % USERS:02d}"), query=two_words(rng, texts), mode="semantic"
+        ),
+    )
+    rows["hybrid"] = timed(
+        SEMANTIC_SAMPLES, lambda n: store.search(query=two_words(rng, texts), mode="hybrid")
+    )
+    return {name: f"{p50:7.3f} / {p99:7.3f}" for name, (p50, p99) in rows.items()}
+
+
+def run(kind: str, store: MemoryBackend, sizes: list[int], semantic: bool = False) -> None:
     rng = random.Random(42)
     texts: list[str] = []
     filled = 0
+    how = measure_semantic if semantic else measure
     for size in sizes:
         began = time.perf_counter()
-        result = measure(store, size, filled, rng, texts)
+        result = how(store, size, filled, rng, texts)
         filled = size + SAMPLES  # the new keys stay
         print(f"{kind} at {size:,} items (ms, p50 / p99; {time.perf_counter() - began:.1f} s):")
         for name, figure in result.items():
@@ -104,19 +174,23 @@ def run(kind: str, store: MemoryBackend, sizes: list[int]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1000,10000")
+    parser.add_argument("--semantic", action="store_true", help="with an embedder")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
+    embedder = HashEmbedder() if args.semantic else None
     with tempfile.TemporaryDirectory() as folder:
-        store = SQLiteMemory(Path(folder) / "loom.db")
+        store = SQLiteMemory(Path(folder) / "loom.db", embedder=embedder)
+        distance = "sqlite-vec" if store.vectors.native else "Python fallback"
         try:
-            run("sqlite", store, sizes)
+            run(f"sqlite ({distance})" if embedder else "sqlite", store, sizes, args.semantic)
         finally:
             store.close()
     url = os.environ.get("CANTRIP_BENCH_PG_URL")
     if url:
-        pg = PostgresMemory.open(url)
+        pg = PostgresMemory.open(url, embedder=embedder)
+        distance = "pgvector" if pg.vectors.pgvector else "SQL dot product"
         try:
-            run("postgres", pg, sizes)
+            run(f"postgres ({distance})" if embedder else "postgres", pg, sizes, args.semantic)
         finally:
             pg.close()
 

@@ -22,6 +22,7 @@ from cantrip.llm._contract import (
     ToolDefinition,
     Usage,
 )
+from cantrip.llm._embed_contract import Embedder, EmbeddingTask
 from cantrip.llm._finish import Finish, mark_cut_off, resolve_finish
 from cantrip.llm._latency import simulate_latency
 from cantrip.llm._openai_chat import parse_chat_completion
@@ -51,9 +52,12 @@ if TYPE_CHECKING:
         load_llm,
         load_provider_config,
     )
+    from cantrip.llm._embeddings import embedder_from_config
     from cantrip.llm._fallback import FallbackLLM
     from cantrip.llm._ratelimit import RateLimitedLLM, TokenBucket
     from cantrip.llm._telemetry import Pricing, TelemetryLLM
+    from cantrip.llm.providers.embed_gemini import GeminiEmbedder
+    from cantrip.llm.providers.embed_openai import OpenAIEmbedder
 
 _LAZY = {
     "Compat": "cantrip.llm._config",
@@ -64,6 +68,9 @@ _LAZY = {
     "load_llm": "cantrip.llm._config",
     "load_provider_config": "cantrip.llm._config",
     "FallbackLLM": "cantrip.llm._fallback",
+    "embedder_from_config": "cantrip.llm._embeddings",
+    "OpenAIEmbedder": "cantrip.llm.providers.embed_openai",
+    "GeminiEmbedder": "cantrip.llm.providers.embed_gemini",
     "RateLimitedLLM": "cantrip.llm._ratelimit",
     "TokenBucket": "cantrip.llm._ratelimit",
     "Pricing": "cantrip.llm._telemetry",
@@ -86,11 +93,15 @@ __all__ = [
     "PROVIDER_FORMATS",
     "Compat",
     "CompletionPolicy",
+    "Embedder",
+    "EmbeddingTask",
     "FallbackLLM",
     "Finish",
+    "GeminiEmbedder",
     "IncrementalRenderer",
     "Message",
     "ModelInfo",
+    "OpenAIEmbedder",
     "Pricing",
     "ProviderConfig",
     "ProviderFormat",
@@ -114,6 +125,7 @@ __all__ = [
     "Usage",
     "available_providers",
     "clear_cache",
+    "embedder_from_config",
     "load_llm",
     "load_provider_config",
     "mark_cut_off",

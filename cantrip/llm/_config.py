@@ -118,6 +118,8 @@ class ProviderSettings(_Strict):
     api_key_env: str | None = None
     api_key_required: bool = True
     default_model: str | None = None
+    default_embedding_model: str | None = None
+    """The model :func:`cantrip.llm.embedder_from_config` uses when none is named."""
     default_max_tokens: int | None = Field(default=None, ge=1)
     """Output limit sent when neither the identity nor the model gives one (Anthropic needs one)."""
     timeout_s: float = Field(default=120.0, gt=0)

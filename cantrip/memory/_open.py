@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cantrip.llm._embed_contract import Embedder
 from cantrip.loom._postgres import PostgresStore
 from cantrip.loom._stores import LoomStore, SQLiteStore
 from cantrip.memory._model import MemoryStoreError
@@ -10,14 +11,19 @@ from cantrip.memory._sqlite import SQLiteMemory
 from cantrip.memory._store import MemoryBackend
 
 
-def memory_for(store: LoomStore) -> MemoryBackend:
+def memory_for(
+    store: LoomStore, *, embedder: Embedder | None = None, reindex: bool = False
+) -> MemoryBackend:
     """The memory store beside a loom's ``store``: its tables are added to the loom's
     file or database (once; the loom's own tables and turns are left as they are).
-    A loom kept in memory or in a JSONL file has no database to hold memory."""
+    A loom kept in memory or in a JSONL file has no database to hold memory.
+
+    With an ``embedder`` every put is embedded too, and searches can be semantic or
+    hybrid (``reindex``: see :class:`~cantrip.memory.SQLiteMemory`)."""
     if isinstance(store, SQLiteStore):
-        return SQLiteMemory(store.path)
+        return SQLiteMemory(store.path, embedder=embedder, reindex=reindex)
     if isinstance(store, PostgresStore):
-        return PostgresMemory.beside(store)
+        return PostgresMemory.beside(store, embedder=embedder, reindex=reindex)
     raise MemoryStoreError(
         f"memory lives in a loom's database: an SQLite or PostgreSQL loom, not a "
         f"{type(store).__name__}"

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from cantrip.llm._embed_contract import Embedder
 from cantrip.memory._model import (
     Item,
     MemoryStoreError,
     Namespace,
+    PreparedPut,
     SearchItem,
     check_key,
     check_listing,
@@ -35,18 +37,23 @@ from cantrip.memory._model import (
     split_namespace,
     under,
 )
+from cantrip.memory._postgres_vectors import SCHEMA as VECTOR_SCHEMA
+from cantrip.memory._postgres_vectors import PostgresVectors
 from cantrip.memory._store import now
+from cantrip.memory._vectors import Plan, SearchMode, Stale, fuse, fusion_depth, resolve_mode
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
     from cantrip.loom._postgres import PostgresStore
 
-SCHEMA_VERSION = 1
-"""1: items with their text-search vector, and their revisions."""
+SCHEMA_VERSION = 2
+"""1: items with their text-search vector, and their revisions. 2: items' embeddings
+(:mod:`cantrip.memory._postgres_vectors`)."""
 SCHEMA_LOCK = 0x6D656D6F  # "memo": the advisory lock schema creation runs under
 
-SCHEMA = """
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS cantrip_memory_schema (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS cantrip_memory_items (
     namespace TEXT COLLATE "C" NOT NULL,
@@ -71,6 +78,8 @@ CREATE TABLE IF NOT EXISTS cantrip_memory_revisions (
     PRIMARY KEY (namespace, key, revision)
 );
 """
+    + VECTOR_SCHEMA
+)
 
 _COLUMNS = "i.namespace, i.key, i.value, i.metadata, i.revision, i.created_at, i.updated_at"
 
@@ -98,27 +107,57 @@ def migrate(conn: Any, where: str) -> None:
 class PostgresMemory:
     """A memory store on PostgreSQL, on a psycopg pool (autocommit connections)."""
 
-    def __init__(self, pool: ConnectionPool, *, where: str, owns_pool: bool = False) -> None:
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        *,
+        where: str,
+        owns_pool: bool = False,
+        embedder: Embedder | None = None,
+        reindex: bool = False,
+    ) -> None:
         self.pool = pool
         self.where = where
         self._owns_pool = owns_pool
         self.limiter = trio.CapacityLimiter(pool.max_size)
         with pool.connection() as conn:
             migrate(conn, where)
+        self.vectors = PostgresVectors(pool, embedder)
+        self.vectors.open(reindex)
+
+    @property
+    def embedder(self) -> Embedder | None:
+        """The embedder this store was opened with (None: text search only)."""
+        return self.vectors.embedder
+
+    def reindex(self) -> int:
+        """Embed every item that has no vector yet (put without an embedder); how many."""
+        return self.vectors.reindex()
 
     @classmethod
-    def beside(cls, store: PostgresStore) -> PostgresMemory:
+    def beside(
+        cls, store: PostgresStore, *, embedder: Embedder | None = None, reindex: bool = False
+    ) -> PostgresMemory:
         """The memory in a PostgreSQL loom's database, on the loom's own pool."""
-        return cls(store.pool, where=str(store))
+        return cls(store.pool, where=str(store), embedder=embedder, reindex=reindex)
 
     @classmethod
-    def open(cls, url: str, *, max_connections: int = 4) -> PostgresMemory:
+    def open(
+        cls,
+        url: str,
+        *,
+        max_connections: int = 4,
+        embedder: Embedder | None = None,
+        reindex: bool = False,
+    ) -> PostgresMemory:
         """The memory in the database at ``url``, on a pool of its own."""
         from cantrip.loom._postgres_connection import open_pool, safe_url
 
         pool = open_pool(url, max_connections)
         try:
-            return cls(pool, where=safe_url(url), owns_pool=True)
+            return cls(
+                pool, where=safe_url(url), owns_pool=True, embedder=embedder, reindex=reindex
+            )
         except BaseException:
             pool.close()
             raise
@@ -127,6 +166,14 @@ class PostgresMemory:
         self, namespace: Namespace, key: str, value: Any, metadata: dict[str, Any] | None = None
     ) -> Item:
         p = prepare_put(namespace, key, value, metadata)
+        plan = self.vectors.plan((p.namespace, p.key), p.text)
+        while True:
+            try:
+                return self._put(p, plan)
+            except Stale:  # the text changed since the plan kept its vector
+                plan = self.vectors.plan((p.namespace, p.key), p.text, force=True)
+
+    def _put(self, p: PreparedPut, plan: Plan) -> Item:
         stamp = now()
         with self.pool.connection() as conn, conn.transaction():
             row = conn.execute(
@@ -144,6 +191,7 @@ class PostgresMemory:
                 "metadata, updated_at) VALUES (%s, %s, %s, %s, %s, %s)",
                 (p.namespace, p.key, row[4], p.value, p.metadata, stamp),
             )
+            self.vectors.write(conn, (p.namespace, p.key), plan)
         return _item(row)
 
     def get(self, namespace: Namespace, key: str, revision: int | None = None) -> Item | None:
@@ -201,26 +249,50 @@ class PostgresMemory:
         query: str | None = None,
         limit: int = 10,
         offset: int = 0,
+        mode: SearchMode | None = None,
     ) -> list[SearchItem]:
         words = check_search(query, limit, offset)
+        chosen = resolve_mode(mode, self.vectors.embedder)
         where, params = under(check_namespace(prefix, prefix=True), "%s")
-        if words is None:
+        if words is None or query is None:
             sql = (
                 f"SELECT {_COLUMNS}, NULL FROM cantrip_memory_items i WHERE {where} "
                 "ORDER BY i.updated_at DESC, i.namespace, i.key LIMIT %s OFFSET %s"
             )
-            params = [*params, limit, offset]
-        elif not words:
+            return self._rows(sql, [*params, limit, offset])
+        if chosen == "text":
+            return self._text(words, where, params, limit, offset)
+        if chosen == "semantic":
+            return self._semantic(query, where, params, limit, offset)
+        depth = fusion_depth(limit, offset)
+        text = self._text(words, where, params, depth, 0)
+        semantic = self._semantic(query, where, params, depth, 0)
+        return fuse([text, semantic], limit, offset)
+
+    def _text(
+        self, words: list[str], where: str, params: list[Any], limit: int, offset: int
+    ) -> list[SearchItem]:
+        if not words:
             return []  # nothing searchable in the query (only punctuation): nothing matches
-        else:
-            sql = (
-                f"SELECT {_COLUMNS}, ts_rank(i.tsv, q) FROM cantrip_memory_items i, "
-                "plainto_tsquery('english', %s) q "
-                f"WHERE i.tsv @@ q AND {where} "
-                "ORDER BY ts_rank(i.tsv, q) DESC, i.updated_at DESC, i.namespace, i.key "
-                "LIMIT %s OFFSET %s"
-            )
-            params = [" ".join(words), *params, limit, offset]
+        sql = (
+            f"SELECT {_COLUMNS}, ts_rank(i.tsv, q) FROM cantrip_memory_items i, "
+            "plainto_tsquery('english', %s) q "
+            f"WHERE i.tsv @@ q AND {where} "
+            "ORDER BY ts_rank(i.tsv, q) DESC, i.updated_at DESC, i.namespace, i.key "
+            "LIMIT %s OFFSET %s"
+        )
+        return self._rows(sql, [" ".join(words), *params, limit, offset])
+
+    def _semantic(
+        self, query: str, where: str, params: list[Any], limit: int, offset: int
+    ) -> list[SearchItem]:
+        vector = self.vectors.query_vector(query)
+        if vector is None:
+            return []
+        sql = self.vectors.nearest_sql(_COLUMNS, where)
+        return self._rows(sql, [vector, *params, limit, offset])
+
+    def _rows(self, sql: str, params: list[Any]) -> list[SearchItem]:
         with self.pool.connection() as conn:
             rows = conn.execute(sql, params).fetchall()
         return [SearchItem(_item(row[:7]), _score(row[7])) for row in rows]

@@ -22,10 +22,12 @@ from typing import Any
 
 import trio
 
+from cantrip.llm._embed_contract import Embedder
 from cantrip.memory._model import (
     Item,
     MemoryStoreError,
     Namespace,
+    PreparedPut,
     SearchItem,
     check_key,
     check_listing,
@@ -38,12 +40,17 @@ from cantrip.memory._model import (
     split_namespace,
     under,
 )
+from cantrip.memory._sqlite_vectors import SCHEMA as VECTOR_SCHEMA
+from cantrip.memory._sqlite_vectors import SQLiteVectors
 from cantrip.memory._store import now
+from cantrip.memory._vectors import Plan, SearchMode, Stale, fuse, fusion_depth, resolve_mode
 
-SCHEMA_VERSION = 1
-"""1: items, their revisions, and the full-text index."""
+SCHEMA_VERSION = 2
+"""1: items, their revisions, and the full-text index. 2: items' vectors
+(:mod:`cantrip.memory._sqlite_vectors`)."""
 
-_SCHEMA = """
+_SCHEMA = (
+    """
 PRAGMA journal_mode=WAL;
 CREATE TABLE IF NOT EXISTS memory_schema (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS memory_items (
@@ -68,6 +75,8 @@ CREATE TABLE IF NOT EXISTS memory_revisions (
 ) WITHOUT ROWID;
 CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5(text, tokenize='porter unicode61');
 """
+    + VECTOR_SCHEMA
+)
 
 _TIME = "%Y-%m-%dT%H:%M:%S.%f%z"
 """Times as text of one width, so that text order is time order."""
@@ -75,9 +84,19 @@ _COLUMNS = "i.namespace, i.key, i.value, i.metadata, i.revision, i.created_at, i
 
 
 class SQLiteMemory:
-    """A memory store in the SQLite file at ``path`` (a loom's, or a file of its own)."""
+    """A memory store in the SQLite file at ``path`` (a loom's, or a file of its own).
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    With an ``embedder``, every put embeds the item's text and searches can be
+    semantic or hybrid; vectors made by another embedder are refused at open unless
+    ``reindex`` (then every item is embedded again, here, before the store returns)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        embedder: Embedder | None = None,
+        reindex: bool = False,
+    ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -85,6 +104,8 @@ class SQLiteMemory:
         self.limiter = trio.CapacityLimiter(1)
         try:
             self._migrate()
+            self.vectors = SQLiteVectors(self._db, self._lock, embedder)
+            self.vectors.open(reindex)
             # the loom's default durability (SQLiteStore: "normal"): a commit survives
             # the process crashing, without an fsync per put
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -114,6 +135,24 @@ class SQLiteMemory:
         self, namespace: Namespace, key: str, value: Any, metadata: dict[str, Any] | None = None
     ) -> Item:
         prepared = prepare_put(namespace, key, value, metadata)
+        ns, key = prepared.namespace, prepared.key
+        plan = self.vectors.plan((ns, key), prepared.text)
+        while True:
+            try:
+                return self._put(prepared, plan)
+            except Stale:  # the text changed since the plan kept its vector
+                plan = self.vectors.plan((ns, key), prepared.text, force=True)
+
+    @property
+    def embedder(self) -> Embedder | None:
+        """The embedder this store was opened with (None: text search only)."""
+        return self.vectors.embedder
+
+    def reindex(self) -> int:
+        """Embed every item that has no vector yet (put without an embedder); how many."""
+        return self.vectors.reindex()
+
+    def _put(self, prepared: PreparedPut, plan: Plan) -> Item:
         stamp = now().strftime(_TIME)
         ns, key = prepared.namespace, prepared.key
         with self._lock:
@@ -143,6 +182,8 @@ class SQLiteMemory:
                 db.execute(
                     "INSERT INTO memory_fts (rowid, text) VALUES (?, ?)", (item_id, prepared.text)
                 )
+                assert item_id is not None  # an INSERT's rowid, or the row found
+                self.vectors.write(item_id, plan)
                 db.execute(
                     "INSERT INTO memory_revisions (namespace, key, revision, value, metadata, "
                     "updated_at) VALUES (?, ?, ?, ?, ?, ?)",
@@ -217,26 +258,51 @@ class SQLiteMemory:
         query: str | None = None,
         limit: int = 10,
         offset: int = 0,
+        mode: SearchMode | None = None,
     ) -> list[SearchItem]:
         words = check_search(query, limit, offset)
+        chosen = resolve_mode(mode, self.vectors.embedder)
         where, params = under(check_namespace(prefix, prefix=True), "?")
-        if words is None:
+        if words is None or query is None:
             sql = (
                 f"SELECT {_COLUMNS}, NULL FROM memory_items i WHERE {where} "
                 "ORDER BY i.updated_at DESC, i.namespace, i.key LIMIT ? OFFSET ?"
             )
-            params = [*params, limit, offset]
-        elif not words:
+            return self._rows(sql, [*params, limit, offset])
+        if chosen == "text":
+            return self._text(words, where, params, limit, offset)
+        if chosen == "semantic":
+            return self._semantic(query, where, params, limit, offset)
+        depth = fusion_depth(limit, offset)
+        text = self._text(words, where, params, depth, 0)
+        semantic = self._semantic(query, where, params, depth, 0)
+        return fuse([text, semantic], limit, offset)
+
+    def _text(
+        self, words: list[str], where: str, params: list[Any], limit: int, offset: int
+    ) -> list[SearchItem]:
+        if not words:
             return []  # nothing searchable in the query (only punctuation): nothing matches
-        else:
-            sql = (
-                f"SELECT {_COLUMNS}, -bm25(memory_fts) FROM memory_fts "
-                f"JOIN memory_items i ON i.id = memory_fts.rowid "
-                f"WHERE memory_fts MATCH ? AND {where} "
-                "ORDER BY bm25(memory_fts), i.updated_at DESC, i.namespace, i.key "
-                "LIMIT ? OFFSET ?"
-            )
-            params = [" ".join(f'"{word}"' for word in words), *params, limit, offset]
+        sql = (
+            f"SELECT {_COLUMNS}, -bm25(memory_fts) FROM memory_fts "
+            f"JOIN memory_items i ON i.id = memory_fts.rowid "
+            f"WHERE memory_fts MATCH ? AND {where} "
+            "ORDER BY bm25(memory_fts), i.updated_at DESC, i.namespace, i.key "
+            "LIMIT ? OFFSET ?"
+        )
+        match = " ".join(f'"{word}"' for word in words)
+        return self._rows(sql, [match, *params, limit, offset])
+
+    def _semantic(
+        self, query: str, where: str, params: list[Any], limit: int, offset: int
+    ) -> list[SearchItem]:
+        vector = self.vectors.query_vector(query)
+        if vector is None:
+            return []
+        sql = self.vectors.nearest_sql(_COLUMNS, where)
+        return self._rows(sql, [vector, *params, limit, offset])
+
+    def _rows(self, sql: str, params: list[Any]) -> list[SearchItem]:
         with self._lock:
             rows = self._db.execute(sql, params).fetchall()
         return [SearchItem(_item(row[:7]), row[7]) for row in rows]

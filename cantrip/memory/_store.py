@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from cantrip.memory._model import Item, Namespace, SearchItem
+from cantrip.memory._vectors import SearchMode
 
 T = TypeVar("T")
 
@@ -60,9 +61,16 @@ class MemoryBackend(Protocol):
         query: str | None = None,
         limit: int = 10,
         offset: int = 0,
+        mode: SearchMode | None = None,
     ) -> list[SearchItem]:
-        """Items under ``prefix``: with a ``query``, those holding all its words, best
-        match first; without, newest first."""
+        """Items under ``prefix``: with a ``query``, best match first -- ``mode="text"``
+        those holding all its words, ``"semantic"`` the nearest in meaning (an
+        embedder's), ``"hybrid"`` both rankings fused (the default with an embedder;
+        text without); without a query, newest first."""
+        ...
+
+    def reindex(self) -> int:
+        """Embed every item that has no vector yet; how many were embedded."""
         ...
 
     def close(self) -> None: ...
@@ -110,8 +118,16 @@ class AsyncMemory:
         query: str | None = None,
         limit: int = 10,
         offset: int = 0,
+        mode: SearchMode | None = None,
     ) -> list[SearchItem]:
-        return await self._run(self.store.search, prefix, query=query, limit=limit, offset=offset)
+        # ``mode`` only when asked: a backend written before search modes still works
+        chosen = {} if mode is None else {"mode": mode}
+        return await self._run(
+            self.store.search, prefix, query=query, limit=limit, offset=offset, **chosen
+        )
+
+    async def reindex(self) -> int:
+        return await self._run(self.store.reindex)
 
 
 def now() -> datetime:
