@@ -155,6 +155,9 @@ class Context:
             self.add_intent(turn.intent)
         phase = turn.extras.get("phase")
         steering = turn.extras.get("steering")
+        notice = turn.extras.get("budget_notice")
+        if notice:  # a budget notice joins the context like a steering message
+            steering = (*(steering or ()), notice)
         if steering and phase not in ("continuation", "continuation+checkpoint"):
             if self._steered == tuple(steering):
                 self._steered = None  # shown live already

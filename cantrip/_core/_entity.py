@@ -23,6 +23,7 @@ import attrs
 
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._context import Context
+from cantrip._core._budget import TreeBudget, recorded_tree, tree_budget
 from cantrip._core._cast import Cast, UsageTally
 from cantrip._core._loop import cancel_reason, continue_paused, run_cast
 from cantrip._core._pauses import PauseBoard, PauseHandler, PauseMode, Pauses
@@ -268,7 +269,7 @@ class Entity(EntityState):
         in-flight gate calls completed as ``cancelled`` -- and then re-raised.
         """
         intent = require_intent(intent)
-        cast = Cast(intent, self._meter(), dict(tags or {}))
+        cast = Cast(intent, self._meter(), tags=dict(tags or {}), budget=self._budget())
         return await run_cast(self, self._pauses, cast, fresh=True)
 
     async def resume_cast(self, intent: str, recorded: Sequence[Turn]) -> CastResult:
@@ -278,8 +279,12 @@ class Entity(EntityState):
         continues from the gate journal (its utterance and recorded gate results are
         reused; see cantrip._journal). The intent is already in the context."""
         intent = require_intent(intent)
-        cast = Cast(intent, self._meter())
+        cast = Cast(intent, self._meter(), budget=self._budget())
         cast.add_recorded(recorded)
+        if recorded and (cast.budget.bounded or cast.meter.bounded):
+            # the tree's account survives the handoff: what the children spawned
+            # before it spent is in the loom
+            cast.add_spawned(*recorded_tree(self.loom, self.id, recorded))
         self._continuing = True
         return await run_cast(self, self._pauses, cast, fresh=not recorded)
 
@@ -289,6 +294,14 @@ class Entity(EntityState):
         parent_cast = parent._cast if parent is not None and parent is not self else None
         return cost_meter(
             self.circle.resolved, parent_cast.meter if parent_cast is not None else None
+        )
+
+    def _budget(self) -> TreeBudget:
+        """This cast's tree account, charging the cast that spawned it (if any)."""
+        parent = CURRENT_ENTITY.get(None)
+        parent_cast = parent._cast if parent is not None and parent is not self else None
+        return tree_budget(
+            self.circle.resolved, parent_cast.budget if parent_cast is not None else None
         )
 
     def steer(self, text: str) -> bool:
@@ -428,7 +441,9 @@ class Entity(EntityState):
         if self._pauses.answer_live(pause_id, decision):
             return None
         stored = self._pauses.answerable(self, pause_id, decision)
-        return await continue_paused(self, self._pauses, self._meter(), stored, decision)
+        return await continue_paused(
+            self, self._pauses, self._meter(), stored, decision, budget=self._budget()
+        )
 
     def recorded_answer(self) -> tuple[Pause, Decision] | None:
         """The answer at this entity's leaf that was recorded but never carried out
@@ -448,8 +463,9 @@ class Entity(EntityState):
         assert self._leaf is not None
         answered = self.loom.get(self._leaf)
         return await continue_paused(
-            self, self._pauses, self._meter(), pause, decision, answered=answered
-        )
+            self, self._pauses, self._meter(), pause, decision, answered=answered,
+            budget=self._budget(),
+        )  # fmt: skip
 
     async def ask_during_call(
         self,

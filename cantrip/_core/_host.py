@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from cantrip._circle import Circle
+from cantrip._core._budget import GATE_CALLS, TreeBudget
 from cantrip._events import ToolResultEvent
 from cantrip._gate import Gate
 from cantrip._journal import TurnJournal
@@ -28,7 +29,7 @@ class TurnHost:
     """The circle as one turn's medium sees it, remembering every completion so a
     cut-off turn can be recorded with what had already happened."""
 
-    __slots__ = ("circle", "emit", "gatekeeper", "journal", "records")
+    __slots__ = ("budget", "circle", "emit", "gatekeeper", "journal", "records")
 
     def __init__(
         self,
@@ -45,6 +46,9 @@ class TurnHost:
         """Set when a call may need a human (Pauses.gate_call); it runs the gate through
         :meth:`run` once the call may go ahead."""
         self.records: list[GateCallRecord] = []
+        self.budget: TreeBudget | None = None
+        """The cast's tree account: each call (but a terminating one) takes one
+        ``max_gate_calls`` unit before it runs; a refused call is not made."""
 
     @property
     def gates(self) -> Sequence[Gate]:
@@ -59,6 +63,10 @@ class TurnHost:
     async def call(
         self, name: str, args: Mapping[str, Any], tool_call_id: str | None = None
     ) -> GateCallRecord:
+        if self.budget is not None and not self.circle.terminates(name):
+            refused = self.budget.take(GATE_CALLS)
+            if refused is not None:
+                return self.unexecuted(name, args, tool_call_id, "error", refused)
         if self.gatekeeper is not None:
             record = await self.gatekeeper(name, args, tool_call_id)
         else:

@@ -1,0 +1,331 @@
+"""Budgets over the whole entity tree (issue 43, item 2), in process.
+
+Each budget -- tokens, dollars, wall time, gate calls, child entities -- is counted
+over a cast and every cast it spawns (``call_agent`` and a batch's children): a
+child tree scripted to overspend is stopped before it does, each budget with its
+own reason. Children of a batch run one at a time (``max_concurrency 1``) where the
+order matters to what is asserted, so which child is refused is exact; the
+concurrent case is its own test. The same trees on ``--db`` workers are in
+tests/test_tree_budgets_db.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+import cantrip
+from cantrip._outcome import result_dict
+from cantrip.testing import expect
+from gates import call_agent, call_agent_batch, done, echo
+
+PRICES = cantrip.Pricing(1.0, 1.0)  # $1 per 1M tokens
+USAGE = {"prompt_tokens": 40, "completion_tokens": 10}  # 50 tokens a call
+
+
+def call(gate: str, **args: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"gate": gate, "args": args}], "usage": USAGE}
+
+
+def batch(n: int) -> dict[str, Any]:
+    return call("call_agent_batch", requests=[{"intent": f"part {i}"} for i in range(n)])
+
+
+def finish(answer: str = "ok") -> dict[str, Any]:
+    return call("done", answer=answer)
+
+
+def tree(
+    parent: list[dict[str, Any]],
+    child: list[dict[str, Any]],
+    *wards: cantrip.Ward,
+    depth: int = 1,
+) -> tuple[cantrip.Cantrip, cantrip.ScriptedLLM]:
+    child_llm = cantrip.ScriptedLLM(child, name="child", pricing=PRICES)
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(parent, name="parent", pricing=PRICES),
+        identity=cantrip.Identity(system_prompt="parent"),
+        circle=cantrip.Circle(
+            [done, echo, call_agent, call_agent_batch],
+            [cantrip.max_turns(20), cantrip.max_depth(depth), *wards],
+        ),
+        llms={"child_llm": child_llm},
+    )
+    return spell, child_llm
+
+
+def tokens(loom: cantrip.Loom) -> int:
+    return sum(t.metadata.tokens_prompt + t.metadata.tokens_completion for t in loom.turns)
+
+
+def entities(loom: cantrip.Loom, root: str) -> list[str]:
+    return [e for e in loom.entities if e != root]
+
+
+def last_turn(loom: cantrip.Loom, entity_id: str) -> cantrip.Turn:
+    return loom.entity_turns(entity_id)[-1]
+
+
+def ran(loom: cantrip.Loom, gate: str) -> int:
+    """Gate calls of ``gate`` that really ran, over the whole tree."""
+    return sum(1 for t in loom.turns for c in t.gate_calls if c.gate == gate and c.status == "ok")
+
+
+# -- tokens (max_tokens_total) ----------------------------------------------------------------
+
+
+async def test_a_child_cannot_spend_the_tokens_its_parent_has_left() -> None:
+    # the parent's delegating call costs 50; the child would make 10 more calls
+    spell, child = tree(
+        [call("call_agent", intent="work"), finish()],
+        [call("echo", text=f"{i}") for i in range(10)],
+        cantrip.Ward("max_tokens_total", 200),
+    )
+    outcome = await spell.cast_async("delegate")
+    loom = spell.loom
+    assert len(child.invocations) == 3  # 50 + 3 x 50 = the budget: no fourth call
+    assert tokens(loom) == 200
+    (child_id,) = entities(loom, outcome.entity_id)
+    assert last_turn(loom, child_id).reason == "max_tokens_total"
+    # the parent's tree is spent too: it ends without another call
+    assert (outcome.truncated, outcome.reason) == (True, "max_tokens_total")
+    assert len(spell.llm.invocations) == 1  # type: ignore[attr-defined]
+    assert result_dict(outcome)["reason"] == "max_tokens_total"
+    expect(outcome, reason="max_tokens_total", ended="truncated")
+
+
+async def test_a_batch_starts_no_child_once_the_trees_tokens_are_spent() -> None:
+    spell, child = tree(
+        [batch(3), finish()],
+        [call("echo", text=f"{i}") for i in range(10)],
+        cantrip.Ward("max_tokens_total", 200),
+        cantrip.Ward("max_concurrency", 1),
+    )
+    outcome = await spell.cast_async("split")
+    loom = spell.loom
+    assert len(child.invocations) == 3 and tokens(loom) == 200
+    assert len(entities(loom, outcome.entity_id)) == 1  # the other two never started
+    record = next(c for t in outcome.turns for c in t.gate_calls if c.gate == "call_agent_batch")
+    assert all("max_tokens_total" in entry["error"] for entry in record.result[1:])
+    assert outcome.reason == "max_tokens_total"
+
+
+async def test_a_childs_own_token_ward_can_be_lower_never_higher() -> None:
+    spell, child = tree(
+        [call("call_agent", intent="work", wards=[{"max_tokens_total": 100_000}]), finish()],
+        [call("echo", text=f"{i}") for i in range(10)],
+        cantrip.Ward("max_tokens_total", 150),
+    )
+    await spell.cast_async("delegate")
+    assert len(child.invocations) == 2  # the parent's 150 holds: 50 + 2 x 50
+    lower, child2 = tree(
+        [call("call_agent", intent="work", wards=[{"max_tokens_total": 50}]), finish()],
+        [call("echo", text=f"{i}") for i in range(10)] + [finish()],
+        cantrip.Ward("max_tokens_total", 1000),
+    )
+    outcome = await lower.cast_async("delegate")
+    assert len(child2.invocations) == 1 and outcome.result == "ok"
+
+
+async def test_concurrent_children_draw_from_one_account() -> None:
+    """Four children at once, each scripted for many calls: together they stop
+    at the tree's budget, each at most one call past the moment it was spent."""
+    spell, child = tree(
+        [batch(4), finish()],
+        [call("echo", text=f"{i}") for i in range(40)],
+        cantrip.Ward("max_tokens_total", 450),
+    )
+    outcome = await spell.cast_async("split")
+    loom = spell.loom
+    # 50 (the parent's call) + 8 x 50 = 450: every call checked the shared account
+    assert tokens(loom) == 450 and len(child.invocations) == 8
+    reasons = {last_turn(loom, e).reason for e in entities(loom, outcome.entity_id)}
+    assert reasons == {"max_tokens_total"}
+
+
+# -- dollars (max_cost_usd) ---------------------------------------------------------------------
+
+
+async def test_a_batch_starts_no_child_once_the_trees_dollars_are_spent() -> None:
+    spell, _child = tree(
+        [batch(3), finish()],
+        [call("echo", text=f"{i}") for i in range(10)],
+        cantrip.max_cost_usd(0.0002),  # 200 tokens at $1 / 1M
+        cantrip.Ward("max_concurrency", 1),
+    )
+    outcome = await spell.cast_async("split")
+    loom = spell.loom
+    assert tokens(loom) <= 200
+    assert len(entities(loom, outcome.entity_id)) == 1  # never started, not started-and-cut
+    record = next(c for t in outcome.turns for c in t.gate_calls if c.gate == "call_agent_batch")
+    assert all("max_cost_usd" in entry["error"] for entry in record.result[1:])
+    assert outcome.reason == "max_cost_usd"
+
+
+async def test_a_child_cannot_spend_the_dollars_its_parent_has_left() -> None:
+    spell, _child = tree(
+        [call("call_agent", intent="work"), call("call_agent", intent="more"), finish()],
+        [call("echo", text=f"{i}") for i in range(10)],
+        cantrip.max_cost_usd(0.0002),
+    )
+    outcome = await spell.cast_async("delegate")
+    assert outcome.cost_usd is not None and outcome.cost_usd <= 0.0002 + 1e-12
+    assert len(entities(spell.loom, outcome.entity_id)) == 1
+    assert outcome.reason == "max_cost_usd"
+
+
+# -- wall time (timeout_s) ----------------------------------------------------------------------
+
+
+async def test_a_child_cannot_outlast_its_parents_wall_time(autojump_clock: Any) -> None:
+    """The child's own ``timeout_s`` is higher: the parent's deadline still cuts
+    the child off (it runs inside the parent's), and the tree ends at it."""
+    slow = cantrip.ScriptedLLM([finish("late")], name="slow", latency_s=60.0, pricing=PRICES)
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(
+            [call("call_agent", intent="work", wards=[{"timeout_s": 600}]), finish()],
+            pricing=PRICES,
+        ),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, call_agent],
+            [cantrip.max_turns(5), cantrip.max_depth(1), cantrip.timeout(5)],
+        ),
+        llms={"child_llm": slow},
+    )
+    start = trio.current_time()
+    outcome = await spell.cast_async("delegate")
+    assert trio.current_time() - start == pytest.approx(5, abs=0.01)
+    assert outcome.reason == "timeout"
+    (child_id,) = entities(spell.loom, outcome.entity_id)
+    assert last_turn(spell.loom, child_id).reason == "parent_terminated"
+
+
+# -- gate calls (max_gate_calls) ----------------------------------------------------------------
+
+
+async def test_a_child_cannot_make_the_gate_calls_its_parent_has_left() -> None:
+    spell, _child = tree(
+        [call("call_agent", intent="work"), call("echo", text="mine"), finish()],
+        [call("echo", text=f"{i}") for i in range(10)],
+        cantrip.Ward("max_gate_calls", 4),
+    )
+    outcome = await spell.cast_async("delegate")
+    loom = spell.loom
+    # call_agent is one; the child makes three; its fourth is refused, never run
+    assert ran(loom, "echo") == 3 and ran(loom, "call_agent") == 1
+    (child_id,) = entities(loom, outcome.entity_id)
+    child_last = last_turn(loom, child_id)
+    assert child_last.reason == "max_gate_calls" and child_last.truncated
+    refused = child_last.gate_calls[-1]
+    assert refused.is_error and refused.status == "error" and "max_gate_calls" in refused.result
+    assert "max_gate_calls" in child_last.extras["budget"]
+    # the parent's own next call is refused too
+    assert (outcome.truncated, outcome.reason) == (True, "max_gate_calls")
+    expect(outcome, reason="max_gate_calls")
+
+
+async def test_a_batchs_children_share_the_gate_call_budget() -> None:
+    spell, _child = tree(
+        [batch(3), finish("parent")],
+        [call("echo", text="a"), call("echo", text="b"), call("echo", text="c"), finish()] * 3,
+        cantrip.Ward("max_gate_calls", 4),
+        cantrip.Ward("max_concurrency", 1),
+    )
+    outcome = await spell.cast_async("split")
+    loom = spell.loom
+    assert ran(loom, "echo") == 3  # the batch call and the first child's three
+    reasons = [last_turn(loom, e).reason for e in entities(loom, outcome.entity_id)]
+    assert reasons == ["done", "max_gate_calls", "max_gate_calls"]
+    assert outcome.result == "parent"  # done is never counted: the parent can still end
+
+
+# -- child entities (max_children) ---------------------------------------------------------------
+
+
+async def test_a_batch_over_the_child_budget_starts_only_what_fits() -> None:
+    spell, child = tree(
+        [batch(4), finish("never")],
+        [finish(f"c{i}") for i in range(4)],
+        cantrip.Ward("max_children", 2),
+    )
+    outcome = await spell.cast_async("split")
+    loom = spell.loom
+    assert len(entities(loom, outcome.entity_id)) == 2 and len(child.invocations) == 2
+    record = next(c for t in outcome.turns for c in t.gate_calls if c.gate == "call_agent_batch")
+    assert [isinstance(r, dict) and "max_children" in r["error"] for r in record.result] == [
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert (outcome.truncated, outcome.reason) == (True, "max_children")
+    assert len(spell.llm.invocations) == 1  # type: ignore[attr-defined]
+
+
+async def test_grandchildren_count_toward_the_roots_child_budget() -> None:
+    spell, _child = tree(
+        [call("call_agent", intent="work"), finish("parent")],
+        [call("call_agent", intent="deeper"), finish("child")],
+        cantrip.Ward("max_children", 1),
+        depth=2,
+    )
+    outcome = await spell.cast_async("delegate")
+    loom = spell.loom
+    assert len(entities(loom, outcome.entity_id)) == 1  # the grandchild was refused
+    (child_id,) = entities(loom, outcome.entity_id)
+    refused = next(c for t in loom.entity_turns(child_id) for c in t.gate_calls)
+    assert refused.is_error and "max_children" in refused.result
+    # the child that asked for one too many ends; its parent, over budget in
+    # nothing, goes on
+    assert last_turn(loom, child_id).reason == "max_children"
+    assert outcome.result == "parent"
+
+
+# -- the notice ----------------------------------------------------------------------------------
+
+
+async def test_the_entity_is_told_once_at_the_notice_fraction() -> None:
+    llm = cantrip.ScriptedLLM([call("echo", text=f"{i}") for i in range(12)], pricing=PRICES)
+    spell = cantrip.Cantrip(
+        llm=llm,
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, echo], [cantrip.max_turns(20), cantrip.Ward("max_tokens_total", 500)]
+        ),
+    )
+    outcome = await spell.cast_async("spend")
+    assert outcome.reason == "max_tokens_total" and len(llm.invocations) == 10
+    noticed = [i for i, t in enumerate(outcome.turns) if "budget_notice" in t.extras]
+    assert noticed == [8]  # 400 of 500 used: told before the ninth call, once
+    notice = outcome.turns[8].extras["budget_notice"]
+    assert "max_tokens_total: 400 of 500 tokens used, 100 left" in notice
+    # the model saw it where the loom says, and only once after
+    ninth = llm.invocations[8].messages
+    assert ninth[-1].role == "user" and ninth[-1].content == notice
+    assert sum(m.content == notice for m in llm.invocations[9].messages) == 1
+    assert all(notice not in str(m.content) for m in llm.invocations[7].messages)
+    # a context rebuilt from the loom shows it in the same place
+    resumed = spell.resume(outcome.entity_id)
+    assert [m.content for m in resumed._context.snapshot()].count(notice) == 1
+
+
+async def test_the_notice_fraction_is_a_ward_and_zero_turns_it_off() -> None:
+    def spend(*wards: cantrip.Ward) -> cantrip.Cantrip:
+        return cantrip.Cantrip(
+            llm=cantrip.ScriptedLLM([call("echo", text=f"{i}") for i in range(6)], pricing=PRICES),
+            identity=cantrip.Identity(),
+            circle=cantrip.Circle([done, echo], [cantrip.max_turns(4), *wards]),
+        )
+
+    early = spend(cantrip.Ward("max_gate_calls", 10), cantrip.Ward("budget_notice", 0.2))
+    outcome = await early.cast_async("spend")
+    assert [i for i, t in enumerate(outcome.turns) if "budget_notice" in t.extras] == [2]
+    assert "max_gate_calls: 2 of 10 gate calls used" in outcome.turns[2].extras["budget_notice"]
+    off = spend(cantrip.Ward("max_gate_calls", 3), cantrip.Ward("budget_notice", 0))
+    outcome = await off.cast_async("spend")
+    assert not any("budget_notice" in t.extras for t in outcome.turns)
+    with pytest.raises(cantrip.ConstructionError, match="from 0 to 1"):
+        cantrip.Ward("budget_notice", 1.5)
