@@ -232,23 +232,28 @@ def recorded_tree(loom: Loom, entity_id: str, turns: Sequence[Turn]) -> tuple[in
     their own children's included: what a cast continued on another worker had
     spent through its children before the handoff (the children ran under the
     lease of the worker that died; the loom holds what they recorded), with how
-    many children ``turns`` spawned themselves."""
-    spawned_at = {turn.id for turn in turns}
+    many children ``turns`` spawned themselves.
+
+    A child's first turn hangs under the turn that spawned it (COMP-5), so each
+    generation is found by the loom's index of children by parent turn -- never by
+    reading every entity the database holds."""
     found: list[Turn] = []
-    records = [r for r in loom.entities.values() if r.parent_entity_id is not None]
-    parents = {entity_id}
     direct: int | None = None
+    spawners, parents = list(turns), {entity_id}
     while True:
-        children = [
-            r for r in records if r.parent_entity_id in parents and r.spawned_from in spawned_at
-        ]
+        children = {
+            turn.entity_id
+            for spawner in spawners
+            for turn in loom.children(spawner.id)
+            if turn.entity_id not in parents
+            and turn.entity_id != entity_id
+            # a fork from one of these turns hangs there too, but is nobody's child
+            and loom.entity(turn.entity_id).parent_entity_id in parents
+        }
         if direct is None:
             direct = len(children)
         if not children:
             return direct, found
-        parents = {r.entity_id for r in children}
-        records = [r for r in records if r.entity_id not in parents]
-        for child in children:
-            child_turns = list(loom.entity_turns(child.entity_id))
-            found.extend(child_turns)
-            spawned_at.update(t.id for t in child_turns)
+        spawners = [t for child in sorted(children) for t in loom.entity_turns(child)]
+        found.extend(spawners)
+        parents = children
