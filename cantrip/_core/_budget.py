@@ -42,12 +42,10 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from cantrip.loom._model import Turn
+from cantrip._cost import USAGE_UNKNOWN, CostMeter
+from cantrip.loom._model import Turn, TurnMetadata
 
 if TYPE_CHECKING:
-    from cantrip._core._cast import Cast
-    from cantrip._core._state import EntityState
-    from cantrip._cost import CostMeter
     from cantrip._wards import WardSet
     from cantrip.loom._loom import Loom
 
@@ -176,6 +174,37 @@ class TreeBudget:
                 yield best
 
 
+@attrs.frozen(eq=False)
+class Account:
+    """An account a host opens above an entity's casts (``serve``'s session and
+    token budgets): each cast of the entity charges it as a child's charges its
+    parent's, so a budget there counts every cast, and a cast's own wards can only
+    be lower. A client cannot lift it: it is no ward of the cantrip's."""
+
+    meter: CostMeter
+    budget: TreeBudget
+
+    def charge_turns(self, turns: Sequence[Turn], children: int = 0) -> None:
+        """Charge what recorded ``turns`` spent (a session's history, read again
+        after a restart), ``children`` of them spawned."""
+        self.budget.charge(CHILDREN, children)
+        for turn in turns:
+            charge_turn(self.budget, self.meter, turn.metadata)
+        recharge(self.budget, turns, own=False)
+
+
+def charge_turn(budget: TreeBudget, meter: CostMeter, metadata: TurnMetadata) -> None:
+    """Charge a turn's tokens and dollars up the entity tree (a missing usage is an
+    unknown cost, never $0)."""
+    if metadata.tokens_prompt or metadata.tokens_completion:
+        budget.charge(TOKENS, metadata.tokens_prompt + metadata.tokens_completion)
+        meter.charge(metadata.cost_usd)
+    elif metadata.cost_usd:
+        meter.charge(metadata.cost_usd)
+    elif metadata.usage_missing:
+        meter.charge(None, why=USAGE_UNKNOWN)
+
+
 def _tightest_cost(meter: CostMeter) -> tuple[float, float] | None:
     best: tuple[float, float] | None = None
     at: CostMeter | None = meter
@@ -198,20 +227,22 @@ def notice_fraction(wards: WardSet) -> float:
     return DEFAULT_NOTICE if value is None else float(value)
 
 
-def budget_notice(entity: EntityState, cast: Cast) -> tuple[str, ...]:
-    """The notice to show before this turn's model call, if it is due (at most once
-    a cast). It joins the context like a steering message and the turn records it
-    (``extras["budget_notice"]``), so a context rebuilt from the loom shows it in
-    the same place."""
-    timeout = entity.circle.resolved.get("timeout_s")
-    if cast.budget.noticed or not (cast.budget.bounded or cast.meter.bounded or timeout):
+def budget_notice(
+    wards: WardSet, budget: TreeBudget, meter: CostMeter, scope: trio.CancelScope | None
+) -> tuple[str, ...]:
+    """The notice to show before a cast's next model call, if it is due (at most once
+    a cast; ``scope`` is the cast's, whose deadline the ``timeout_s`` ward set). It
+    joins the context like a steering message and the turn records it
+    (``extras["budget_notice"]``), so a context rebuilt from the loom shows it in the
+    same place."""
+    timeout = wards.get("timeout_s")
+    if budget.noticed or not (budget.bounded or meter.bounded or timeout):
         return ()
-    fraction = notice_fraction(entity.circle.resolved)
-    scope = entity._scope
+    fraction = notice_fraction(wards)
     clock = None
     if timeout and scope is not None and scope.deadline != math.inf:
         clock = (scope.deadline - trio.current_time(), float(timeout))
-    text = cast.budget.notice(fraction, cast.meter, clock)
+    text = budget.notice(fraction, meter, clock)
     return () if text is None else (text,)
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import attrs
 
 from cantrip._approval import Pause
-from cantrip._core._budget import CHILDREN, TOKENS, TreeBudget, recharge
+from cantrip._core._budget import CHILDREN, TreeBudget, charge_turn, recharge
 from cantrip._core._host import TurnHost
-from cantrip._cost import USAGE_UNKNOWN, CostMeter
+from cantrip._cost import CostMeter
 from cantrip._outcome import CastResult, cast_result
 from cantrip.llm._contract import Response, Usage
 from cantrip.llm._cost import PriceMemo
@@ -123,13 +123,7 @@ class Cast:
 
     def _charge(self, metadata: TurnMetadata) -> None:
         """Charge a turn's tokens and dollars up the entity tree."""
-        if metadata.tokens_prompt or metadata.tokens_completion:
-            self.budget.charge(TOKENS, metadata.tokens_prompt + metadata.tokens_completion)
-            self.meter.charge(metadata.cost_usd)
-        elif metadata.cost_usd:
-            self.meter.charge(metadata.cost_usd)
-        elif metadata.usage_missing:  # unknown, not $0
-            self.meter.charge(None, why=USAGE_UNKNOWN)
+        charge_turn(self.budget, self.meter, metadata)
 
     def add_recorded(self, recorded: Sequence[Turn]) -> None:
         """Count the turns an earlier incarnation already recorded for this cast:

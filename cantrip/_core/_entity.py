@@ -23,7 +23,7 @@ import attrs
 
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._context import Context
-from cantrip._core._budget import TreeBudget, recorded_tree, tree_budget
+from cantrip._core._budget import Account, TreeBudget, recorded_tree, tree_budget
 from cantrip._core._cast import Cast, UsageTally
 from cantrip._core._loop import cancel_reason, continue_paused, run_cast
 from cantrip._core._pauses import PauseBoard, PauseHandler, PauseMode, Pauses
@@ -108,6 +108,7 @@ class Entity(EntityState):
         self._closed = False
         self._continuing = False
         self.provider_nursery = None
+        self.spends_under = None
         self._providers = None
         self._provided = False
         self._offered = ()
@@ -289,20 +290,20 @@ class Entity(EntityState):
         return await run_cast(self, self._pauses, cast, fresh=not recorded)
 
     def _meter(self) -> CostMeter:
-        """This cast's cost meter, charging the cast that spawned it (if any)."""
-        parent = CURRENT_ENTITY.get(None)
-        parent_cast = parent._cast if parent is not None and parent is not self else None
-        return cost_meter(
-            self.circle.resolved, parent_cast.meter if parent_cast is not None else None
-        )
+        """This cast's cost meter, charging the cast that spawned it (if any), else
+        the account its host opened above it (:attr:`spends_under`)."""
+        above = self._above()
+        return cost_meter(self.circle.resolved, above.meter if above is not None else None)
 
     def _budget(self) -> TreeBudget:
-        """This cast's tree account, charging the cast that spawned it (if any)."""
+        """This cast's tree account, charging the same as :meth:`_meter`."""
+        above = self._above()
+        return tree_budget(self.circle.resolved, above.budget if above is not None else None)
+
+    def _above(self) -> Cast | Account | None:
         parent = CURRENT_ENTITY.get(None)
         parent_cast = parent._cast if parent is not None and parent is not self else None
-        return tree_budget(
-            self.circle.resolved, parent_cast.budget if parent_cast is not None else None
-        )
+        return parent_cast if parent_cast is not None else self.spends_under
 
     def steer(self, text: str) -> bool:
         """Send a message to the running cast: it joins the cast's next turn, as a

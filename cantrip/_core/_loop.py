@@ -260,7 +260,9 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
         inflight = entity._inflight = Inflight(time.perf_counter(), now())
         if steering.waiting:
             inflight.steering = steering.take()
-        inflight.notice = budget_notice(entity, cast)
+        inflight.notice = budget_notice(
+            entity.circle.resolved, cast.budget, cast.meter, entity._scope
+        )
         if inflight.steering or inflight.notice:
             context.add_steering((*inflight.steering, *inflight.notice))
         if emit is not None:
