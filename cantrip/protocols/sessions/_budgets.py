@@ -25,6 +25,7 @@ import attrs
 
 from cantrip._core._budget import Account, recorded_tree, tree_budget
 from cantrip._cost import CostMeter
+from cantrip._errors import ConstructionError
 from cantrip._wards import Ward, WardSet
 from cantrip.loom._loom import Loom
 
@@ -60,7 +61,7 @@ def _parse(flag: str, values: Sequence[str]) -> dict[str, float]:
         try:
             amount = float(number) if ward == "max_cost_usd" else int(number)
             Ward(ward, amount)  # the ward's own checks (not negative, a whole number)
-        except Exception as exc:
+        except (ValueError, ConstructionError) as exc:
             raise ValueError(f"{flag} {value!r}: {exc}") from None
         out[ward] = amount
     return out

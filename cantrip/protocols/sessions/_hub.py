@@ -52,9 +52,9 @@ from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import ENTITY_PREFIX as ENTITY_PREFIX
 from cantrip.protocols.sessions._backend import SESSION_PREFIX as SESSION_PREFIX
 from cantrip.protocols.sessions._backend import SessionError as SessionError
-from cantrip.protocols.sessions._budgets import BudgetBook, ServeBudgets
 from cantrip.protocols.sessions._backend import entity_id_for as entity_id_for
 from cantrip.protocols.sessions._backend import session_id_for as session_id_for
+from cantrip.protocols.sessions._budgets import BudgetBook, ServeBudgets
 from cantrip.protocols.sessions._idempotency import (
     KEY_TAG,
     key_index,
