@@ -146,3 +146,46 @@ def test_a_bad_budget_flag_is_refused_in_one_line(
     assert code != 0
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+
+
+# -- serve --db: the workers keep a session's budget ------------------------------------------
+
+
+async def test_serve_db_workers_keep_the_session_budget(pg_server: str, tmp_path: Path) -> None:
+    """A replica started with ``--session-budget`` queues it with each prompt; the worker
+    charges the session's history (its earlier prompts, run by whichever worker) and
+    stops the cast at the budget, however high the spec's own ward."""
+    from pg_cluster import fresh_database
+    from test_serve_db import TURNS, open_stack
+
+    url = fresh_database(pg_server, "serve_budgets")
+    with open_stack(url, tmp_path, workers=1, replicas=0, delay_s=0.0) as stack:
+        base = await trio.to_thread.run_sync(
+            lambda: stack.start_replica(options=("--session-budget", "max_gate_calls=3"))
+        )
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            sid = (await http.post("/sessions")).json()["session_id"]
+            first = (await http.post(f"/sessions/{sid}/prompt", json={"prompt": "a"})).json()
+            assert first["result"] == "a ok #1" and first["turns"] == TURNS  # 2 echoes
+            second = (await http.post(f"/sessions/{sid}/prompt", json={"prompt": "b"})).json()
+            # one echo left for the session: the second is refused, the cast ends
+            assert (second["reason"], second["truncated"], second["turns"]) == (
+                "max_gate_calls",
+                True,
+                2,
+            )
+            other = (await http.post("/sessions")).json()["session_id"]
+            fresh = (await http.post(f"/sessions/{other}/prompt", json={"prompt": "c"})).json()
+            assert fresh["result"] == "c ok #1"  # each session has its own budget
+
+
+def test_serve_db_refuses_a_token_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[llm]\nprovider = "scripted"\nresponses = []\n[circle]\ngates = ["done"]\n')
+    code = _cli.main(
+        ["serve", str(spec), "--db", "postgresql://nowhere/x", "--token-budget", "max_children=1"]
+    )
+    assert code != 0
+    assert "--token-budget is not kept by serve --db" in capsys.readouterr().err

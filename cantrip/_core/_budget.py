@@ -36,7 +36,7 @@ turns and the children they spawned spent, read from the loom once
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -191,6 +191,37 @@ class Account:
         for turn in turns:
             charge_turn(self.budget, self.meter, turn.metadata)
         recharge(self.budget, turns, own=False)
+
+
+def open_account(limits: Mapping[str, float], above: Account | None = None) -> Account:
+    """An account with ``limits`` (budget wards by name), charging ``above``."""
+    cost = limits.get("max_cost_usd")
+    meter = CostMeter(
+        limit=None if cost is None else float(cost),
+        parent=above.meter if above is not None else None,
+    )
+    counted = {ward: int(limits[ward]) for ward in COUNTED if ward in limits}
+    return Account(meter, TreeBudget(counted, above.budget if above is not None else None))
+
+
+def history_account(
+    loom: Loom,
+    entity_id: str,
+    limits: Mapping[str, float],
+    above: Account | None = None,
+    *,
+    besides: Sequence[Turn] = (),
+) -> Account:
+    """An account above ``entity_id``'s casts (a session's), charged what the loom
+    holds of the entity and the children its turns spawned -- but ``besides``, the
+    turns of a cast about to be continued, which that cast charges itself."""
+    account = open_account(limits, above)
+    if loom.has_entity(entity_id):
+        skip = {turn.id for turn in besides}
+        turns = [t for t in loom.entity_turns(entity_id) if t.id not in skip]
+        children, spawned = recorded_tree(loom, entity_id, turns)
+        account.charge_turns([*turns, *spawned], children)
+    return account
 
 
 def charge_turn(budget: TreeBudget, meter: CostMeter, metadata: TurnMetadata) -> None:

@@ -23,10 +23,9 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from cantrip._core._budget import Account, recorded_tree, tree_budget
-from cantrip._cost import CostMeter
+from cantrip._core._budget import Account, history_account, open_account
 from cantrip._errors import ConstructionError
-from cantrip._wards import Ward, WardSet
+from cantrip._wards import Ward
 from cantrip.loom._loom import Loom
 
 SERVE_WARDS = ("max_tokens_total", "max_cost_usd", "max_gate_calls", "max_children")
@@ -67,24 +66,13 @@ def _parse(flag: str, values: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def _account(limits: Mapping[str, float], above: Account | None) -> Account:
-    wards = WardSet(dict(limits))
-    cost = limits.get("max_cost_usd")
-    meter = CostMeter(
-        limit=None if cost is None else float(cost),
-        parent=above.meter if above is not None else None,
-    )
-    budget = tree_budget(wards, above.budget if above is not None else None)
-    return Account(meter, budget)
-
-
 class BudgetBook:
     """The accounts of one server: the token's, and each session's under it."""
 
     def __init__(self, budgets: ServeBudgets, loom: Loom) -> None:
         self.budgets = budgets
         self.loom = loom
-        self.token = _account(budgets.token, None) if budgets.bounded else None
+        self.token = open_account(budgets.token) if budgets.bounded else None
         self.sessions: dict[str, Account] = {}
 
     def account(self, entity_id: str) -> Account | None:
@@ -94,9 +82,7 @@ class BudgetBook:
             return None
         found = self.sessions.get(entity_id)
         if found is None:
-            found = self.sessions[entity_id] = _account(self.budgets.session, self.token)
-            if self.loom.has_entity(entity_id):
-                turns = list(self.loom.entity_turns(entity_id))
-                children, spawned = recorded_tree(self.loom, entity_id, turns)
-                found.charge_turns([*turns, *spawned], children)
+            found = self.sessions[entity_id] = history_account(
+                self.loom, entity_id, self.budgets.session, self.token
+            )
         return found
