@@ -83,7 +83,6 @@ for _kind in (
     WardKind(
         "max_gate_calls",
         "min",
-        truncates=True,
         doc="gate calls (done excepted) per cast, the casts it spawns included",
         whole_from=0,
     ),
