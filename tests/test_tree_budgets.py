@@ -11,6 +11,10 @@ tests/test_tree_budgets_db.py.
 
 from __future__ import annotations
 
+import io
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +22,7 @@ import trio
 
 import cantrip
 from cantrip._outcome import result_dict
+from cantrip.cli import _main as _cli
 from cantrip.testing import expect
 from gates import call_agent, call_agent_batch, done, echo
 
@@ -329,3 +334,70 @@ async def test_the_notice_fraction_is_a_ward_and_zero_turns_it_off() -> None:
     assert not any("budget_notice" in t.extras for t in outcome.turns)
     with pytest.raises(cantrip.ConstructionError, match="from 0 to 1"):
         cantrip.Ward("budget_notice", 1.5)
+
+
+# -- where the reasons are reported ---------------------------------------------------------------
+
+SPEC = """
+[llm]
+provider = "scripted"
+responses = [
+  {{ tool_calls = [{{ gate = "echo", args = {{ text = "1" }} }}] }},
+  {{ tool_calls = [{{ gate = "echo", args = {{ text = "2" }} }}] }},
+  {{ tool_calls = [{{ gate = "echo", args = {{ text = "3" }} }}] }},
+  {{ tool_calls = [{{ gate = "done", args = {{ answer = "ok" }} }}] }},
+]
+
+[circle]
+medium = "conversation"
+gates = ["done", "echo"]
+wards = [{{ max_turns = 10 }}, {{ {ward} = {value} }}]
+"""
+
+
+def test_cast_json_reports_a_budgets_reason_and_exits_as_truncated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC.format(ward="max_gate_calls", value=2))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    code = _cli.main(["cast", str(spec), "Echo", "--json", "--loom", str(tmp_path / "l.db")])
+    outcome = json.loads(capsys.readouterr().out)
+    assert code == 2  # truncated by a ward
+    assert (outcome["reason"], outcome["truncated"], outcome["turns"]) == (
+        "max_gate_calls",
+        True,
+        3,
+    )
+
+
+@pytest.mark.parametrize(("ward", "value"), [("max_children", 1.5), ("budget_notice", 2)])
+def test_a_spec_with_a_bad_budget_is_refused_in_one_line(
+    ward: str, value: float, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC.format(ward=ward, value=value))
+    code = _cli.main(["cast", str(spec), "Echo", "--loom", str(tmp_path / "l.db")])
+    err = capsys.readouterr().err
+    assert code == 1 and f"ward {ward} takes" in err and "Traceback" not in err
+
+
+async def test_the_agent_span_carries_the_budgets_reason() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+
+    from cantrip.tracing._sink import TraceSink
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    spell, _ = tree([batch(3), finish()], [finish("c")] * 3, cantrip.Ward("max_children", 1))
+    sink = TraceSink(provider.get_tracer("test"), spell.loom)
+    outcome = await spell.cast_async("split", on_event=sink)
+    assert outcome.reason == "max_children"
+    agents = [s for s in exporter.get_finished_spans() if s.name.startswith("invoke_agent")]
+    (root,) = [s for s in agents if s.attributes["gen_ai.agent.id"] == outcome.entity_id]
+    assert root.attributes["cantrip.reason"] == "max_children"
+    assert root.status.status_code is StatusCode.UNSET  # a ward's truncation is no error
