@@ -401,3 +401,58 @@ async def test_the_agent_span_carries_the_budgets_reason() -> None:
     (root,) = [s for s in agents if s.attributes["gen_ai.agent.id"] == outcome.entity_id]
     assert root.attributes["cantrip.reason"] == "max_children"
     assert root.status.status_code is StatusCode.UNSET  # a ward's truncation is no error
+
+
+# -- sub-casts that report usage (a cantrip served by `cantrip mcp`) -----------------------------
+
+SUB_SPEC = """
+[llm]
+provider = "scripted"
+usage = { prompt_tokens = 40, completion_tokens = 10 }
+responses = [
+  { tool_calls = [{ gate = "echo", args = { text = "1" } }] },
+  { tool_calls = [{ gate = "echo", args = { text = "2" } }] },
+  { tool_calls = [{ gate = "done", args = { answer = "sub done" } }] },
+]
+
+[circle]
+medium = "conversation"
+gates = ["done", "echo"]
+wards = [{ max_turns = 5 }]
+"""
+
+
+async def test_an_mcp_sub_cast_that_reports_its_usage_counts_toward_the_tree(
+    tmp_path: Path,
+) -> None:
+    """A real ``cantrip mcp`` process answers a cast with its usage (150 tokens): the
+    calling entity's tree is charged it, so with 200 tokens the caller's 50 and the
+    sub-cast's 150 spend the budget and the caller stops -- where its own turns alone
+    (50) would have let it go on."""
+    from cantrip.mcp import MCPServer
+
+    sub = tmp_path / "sub.toml"
+    sub.write_text(SUB_SPEC)
+    server = MCPServer(
+        name="sub",
+        command=sys.executable,
+        args=("-m", "cantrip", "mcp", str(sub)),
+    )
+    llm = cantrip.ScriptedLLM(
+        [call("sub_cast", intent="count"), finish("caller done")], pricing=PRICES
+    )
+    spell = cantrip.Cantrip(
+        llm=llm,
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done],
+            [cantrip.max_turns(5), cantrip.Ward("max_tokens_total", 200)],
+            providers=[server],
+        ),
+    )
+    outcome = await spell.cast_async("delegate over MCP")
+    record = outcome.turns[0].gate_calls[0]
+    assert not record.is_error and record.result["result"] == "sub done"
+    assert record.detail["usage"] == {"prompt_tokens": 120, "completion_tokens": 30}
+    assert (outcome.truncated, outcome.reason) == (True, "max_tokens_total")
+    assert len(llm.invocations) == 1

@@ -224,6 +224,18 @@ def history_account(
     return account
 
 
+def charge_reported(budget: TreeBudget, detail: Mapping[str, object]) -> None:
+    """Charge the tokens a gate call says a sub-cast spent (``detail["usage"]``: an MCP
+    tool served by ``cantrip mcp`` reports its cast's) to the calling cast's tree."""
+    usage = detail.get("usage")
+    if isinstance(usage, Mapping):
+        spent = sum(
+            n for k in ("prompt_tokens", "completion_tokens") if isinstance(n := usage.get(k), int)
+        )
+        if spent:
+            budget.charge(TOKENS, spent)
+
+
 def charge_turn(budget: TreeBudget, meter: CostMeter, metadata: TurnMetadata) -> None:
     """Charge a turn's tokens and dollars up the entity tree (a missing usage is an
     unknown cost, never $0)."""

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from cantrip._circle import Circle
-from cantrip._core._budget import GATE_CALLS, TreeBudget
+from cantrip._core._budget import GATE_CALLS, TreeBudget, charge_reported
 from cantrip._events import ToolResultEvent
 from cantrip._gate import Gate
 from cantrip._journal import TurnJournal
@@ -72,6 +72,8 @@ class TurnHost:
         else:
             record = await self.run(name, args, tool_call_id)
         self.records.append(record)
+        if self.budget is not None:
+            charge_reported(self.budget, record.detail)
         if self.emit is not None:
             self.emit(ToolResultEvent(record=record))
         return record
