@@ -79,6 +79,7 @@ async def test_http_sessions_stop_at_the_servers_session_and_token_budgets() -> 
                 True,
                 1,
             )
+            assert second["stop_reason"] == "max_tokens"  # ACP's word, as for the ward
             third = await prompt(a, "three")  # spent: no model call at all
             assert third["reason"] == "max_tokens_total" and third["usage"]["total_tokens"] == 0
             b = (await http.post("/sessions")).json()["session_id"]

@@ -130,19 +130,8 @@ def cast_on_db(args: argparse.Namespace) -> int:
 
     intent = args.intent if args.intent is not None else sys.stdin.read().strip()
     require_cli_intent(intent)
-    from cantrip.distributed._work import BUDGETS_KEY
-    from cantrip.protocols.sessions._budgets import ServeBudgets
-
-    budgets = ServeBudgets.parse(args.session_budget, args.token_budget)  # checked already
-    if budgets.token:
-        return _fail(
-            "--token-budget is not kept by serve --db (the workers each see their own "
-            "casts, not the token's); use --session-budget"
-        )
     try:
         spell = spell_from_spec(args.spec)
-        if budgets.session:  # the workers charge each session's history against them
-            spell = {**spell, BUDGETS_KEY: dict(budgets.session)}
         check_queued_spell(spell)
         dispatcher = Dispatcher(args.db)
     except CantripError as exc:
