@@ -71,14 +71,12 @@ class TreeBudget:
     noticed: bool = False
     """Whether this cast was told how much is left (once per cast)."""
 
-    @property
-    def bounded(self) -> bool:
-        budget: TreeBudget | None = self
-        while budget is not None:
-            if budget.limits:
-                return True
-            budget = budget.parent
-        return False
+    bounded: bool = attrs.field(init=False, default=False)
+    """Whether any budget applies here (this cast's or an ancestor's): fixed when the
+    account is made, so a cast with none pays one attribute read a turn."""
+
+    def __attrs_post_init__(self) -> None:
+        self.bounded = bool(self.limits) or (self.parent is not None and self.parent.bounded)
 
     def charge(self, ward: str, amount: int) -> None:
         """Add ``amount`` here and to every ancestor."""
@@ -278,8 +276,11 @@ def budget_notice(
     joins the context like a steering message and the turn records it
     (``extras["budget_notice"]``), so a context rebuilt from the loom shows it in the
     same place."""
+    if budget.noticed:
+        return ()
     timeout = wards.get("timeout_s")
-    if budget.noticed or not (budget.bounded or meter.bounded or timeout):
+    if not (budget.bounded or timeout or meter.bounded):
+        budget.noticed = True  # nothing to tell this cast, ever: checked once
         return ()
     fraction = notice_fraction(wards)
     clock = None
