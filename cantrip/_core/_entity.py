@@ -264,10 +264,13 @@ class Entity(EntityState):
         ``tags`` are recorded in the extras of the cast's first turn, so what a
         front end knows about the request (an idempotency key) is in the loom.
 
-        Wards: ``max_turns`` and ``max_tokens_total`` are checked after each turn;
-        ``timeout_s`` cuts the cast off wherever it is. Cancellation from outside
-        (a parent ending, an API call) is recorded as a truncated turn -- with the
-        in-flight gate calls completed as ``cancelled`` -- and then re-raised.
+        Wards: ``max_turns`` is checked after each turn; the tree budgets
+        (``max_tokens_total``, ``max_cost_usd``, ``max_gate_calls``, ``max_children``)
+        before each model call, gate call and child, counting the casts this one
+        spawns (cantrip._core._budget); ``timeout_s`` cuts the cast off wherever it
+        is. Cancellation from outside (a parent ending, an API call) is recorded as a
+        truncated turn -- with the in-flight gate calls completed as ``cancelled`` --
+        and then re-raised.
         """
         intent = require_intent(intent)
         cast = Cast(intent, self._meter(), tags=dict(tags or {}), budget=self._budget())
