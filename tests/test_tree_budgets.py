@@ -456,3 +456,21 @@ async def test_an_mcp_sub_cast_that_reports_its_usage_counts_toward_the_tree(
     assert record.detail["usage"] == {"prompt_tokens": 120, "completion_tokens": 30}
     assert (outcome.truncated, outcome.reason) == (True, "max_tokens_total")
     assert len(llm.invocations) == 1
+
+
+async def test_the_notice_tells_the_time_left_before_the_deadline(autojump_clock: Any) -> None:
+    llm = cantrip.ScriptedLLM([call("echo", text=f"{i}") for i in range(9)], latency_s=3.0)
+    spell = cantrip.Cantrip(
+        llm=llm,
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, echo],
+            [cantrip.max_turns(20), cantrip.timeout(20), cantrip.Ward("budget_notice", 0.5)],
+        ),
+    )
+    outcome = await spell.cast_async("take your time")
+    assert outcome.reason == "timeout"
+    (turn,) = [t for t in outcome.turns if "budget_notice" in t.extras]
+    # 12 of 20 s gone after four calls of 3 s: told once, before the fifth
+    assert outcome.turns.index(turn) == 4
+    assert "timeout_s: 8 of 20 s left" in turn.extras["budget_notice"]
