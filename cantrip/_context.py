@@ -150,6 +150,14 @@ class Context:
                 self._chars += len(text)
         self._steered = tuple(texts)
 
+    def add_notice(self, text: str) -> None:
+        """A budget notice (cantrip._core._budget), shown after this turn's steering
+        messages; the turn taken next records it (``extras["budget_notice"]``) and
+        :meth:`add_turn` shows it in the same place when the context is rebuilt."""
+        shown = self._steered or ()  # this turn's steering, shown already
+        self.add_steering((text,))
+        self._steered = (*shown, text)
+
     def add_turn(self, turn: Turn) -> None:
         if turn.intent is not None and not self._has_pending_intent(turn.intent):
             self.add_intent(turn.intent)

@@ -474,3 +474,38 @@ async def test_the_notice_tells_the_time_left_before_the_deadline(autojump_clock
     # 12 of 20 s gone after four calls of 3 s: told once, before the fifth
     assert outcome.turns.index(turn) == 4
     assert "timeout_s: 8 of 20 s left" in turn.extras["budget_notice"]
+
+
+async def test_a_notice_and_a_steering_message_join_one_turn_and_rebuild_once() -> None:
+    from cantrip._running import CURRENT_ENTITY
+
+    @cantrip.gate
+    def nudge() -> str:
+        """Ask the entity to hurry (as a user would, mid-cast)."""
+        CURRENT_ENTITY.get().steer("hurry up")  # type: ignore[attr-defined]
+        return "nudged"
+
+    llm = cantrip.ScriptedLLM([call("nudge"), call("echo", text="x"), finish()], pricing=PRICES)
+    spell = cantrip.Cantrip(
+        llm=llm,
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, echo, nudge],
+            [
+                cantrip.max_turns(5),
+                cantrip.Ward("max_tokens_total", 1000),
+                cantrip.Ward("budget_notice", 0.05),
+            ],
+        ),
+    )
+    outcome = await spell.cast_async("go")
+    second = outcome.turns[1]
+    notice = second.extras["budget_notice"]
+    assert second.extras["steering"] == ["hurry up"]
+    seen = [m.content for m in llm.invocations[1].messages][-2:]
+    assert seen == ["hurry up", notice]  # the steering, then the notice
+    later = [m.content for m in llm.invocations[2].messages]
+    assert later.count("hurry up") == 1 and later.count(notice) == 1  # shown once, live
+    rebuilt = [m.content for m in spell.resume(outcome.entity_id)._context.snapshot()]
+    assert rebuilt.count("hurry up") == 1 and rebuilt.count(notice) == 1
+    assert rebuilt.index(notice) == rebuilt.index("hurry up") + 1

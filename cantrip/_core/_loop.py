@@ -260,11 +260,12 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
         inflight = entity._inflight = Inflight(time.perf_counter(), now())
         if steering.waiting:
             inflight.steering = steering.take()
+            context.add_steering(inflight.steering)
         inflight.notice = budget_notice(
             entity.circle.resolved, cast.budget, cast.meter, entity._scope
         )
-        if inflight.steering or inflight.notice:
-            context.add_steering((*inflight.steering, *inflight.notice))
+        if inflight.notice:
+            context.add_notice(inflight.notice[0])
         if emit is not None:
             emit(StepStart(sequence=entity._sequence + 1))
         journal: TurnJournal | None = None
