@@ -47,6 +47,7 @@ From the repository root::
     python bench/turn_overhead.py                 # the table and flatness figures
     python bench/turn_overhead.py --repeats 9     # more runs per configuration
     python bench/turn_overhead.py --profile       # also cProfile memory, N=1000
+    python bench/turn_overhead.py --guardrails    # only the guardrail comparisons
 
 ``--profile`` prints the top functions by cumulative and by own (tottime)
 time for one in-memory cast of ``N = 1000`` turns (cyclic GC off while
@@ -385,6 +386,107 @@ def tracing_overhead(n: int = FLATNESS_N, repeats: int = 5) -> None:
     print()
 
 
+def _passes(value: Any) -> None:
+    """A function guardrail that looks at its value and lets it by (the cheapest real check)."""
+    return None
+
+
+def guardrail_overhead(n: int = FLATNESS_N, repeats: int = 5) -> None:
+    """Per-turn cost of guardrails (issue 43): none, one function guardrail on ``call``
+    (every turn of the script makes one call), and one on each of the four places
+    (input, output, call, result). Memory loom, interleaved runs. CPU time of this
+    process (``time.process_time``), not wall time: on a shared machine the wall time
+    of a 30 us turn is mostly other processes' (the loop is one thread, with nothing
+    to wait for: a zero-latency LLM)."""
+    modes: dict[str, tuple[cantrip.Guardrail, ...]] = {
+        "none": (),
+        "one on call": (cantrip.guardrail(_passes, on="call"),),
+        "one on all four": (cantrip.guardrail(_passes, on=("input", "output", "call", "result")),),
+    }
+
+    def timed(rails: tuple[cantrip.Guardrail, ...]) -> float:
+        spell = cantrip.Cantrip(
+            llm=cantrip.ScriptedLLM(script(n)),  # type: ignore[arg-type]
+            identity=cantrip.Identity(),
+            circle=cantrip.Circle(
+                [gates.done, gates.echo], [cantrip.max_turns(n + 1)], guardrails=rails
+            ),
+            loom=cantrip.Loom(),
+        )
+
+        async def cast() -> float:
+            started = time.process_time()
+            result = await spell.cast_async("benchmark the loop")
+            assert result.terminated and len(result.turns) == n, result.reason
+            return time.process_time() - started
+
+        return trio.run(cast) / n * 1e6
+
+    for rails in modes.values():
+        timed(rails)  # warm-up
+    results: dict[str, list[float]] = {mode: [] for mode in modes}
+    for _ in range(repeats):
+        for mode, rails in modes.items():  # interleaved, so drift hits every mode alike
+            gc.collect()
+            results[mode].append(timed(rails))
+    print(f"Guardrail overhead, memory loom, N={n} (best / median of {repeats} runs, CPU us/turn)")
+    base = min(results["none"])
+    for mode in modes:
+        best, median = min(results[mode]), statistics.median(results[mode])
+        print(f"  {mode:<16}{best:>8.1f}{median:>10.1f}   +{best - base:.1f} us/turn vs none")
+    print()
+
+
+def classifier_latency(repeats: int = 5, model_s: float = 0.05, judge_s: float = 0.02) -> None:
+    """Extra latency of an LLM classifier on the input (issue 43): a one-turn cast whose
+    model takes ``model_s`` to answer, with no check, with a classifier (its model takes
+    ``judge_s``) beside the model call, and with the same classifier blocking."""
+    from cantrip.guardrails import classifier
+
+    def judge() -> cantrip.Cantrip:
+        return cantrip.Cantrip(
+            llm=cantrip.ScriptedLLM([{"content": "pass"}], per_entity=True, latency_s=judge_s),
+            identity=cantrip.Identity(system_prompt="pass or trip"),
+            circle=cantrip.Circle([gates.done], [cantrip.max_turns(2)]),
+        )
+
+    modes: dict[str, tuple[cantrip.Guardrail, ...]] = {
+        "no check": (),
+        "classifier beside": (classifier(judge()),),
+        "classifier blocking": (classifier(judge(), blocking=True),),
+    }
+
+    def timed(rails: tuple[cantrip.Guardrail, ...]) -> float:
+        spell = cantrip.Cantrip(
+            llm=cantrip.ScriptedLLM(script(1), latency_s=model_s),  # type: ignore[arg-type]
+            identity=cantrip.Identity(),
+            circle=cantrip.Circle([gates.done], [cantrip.max_turns(2)], guardrails=rails),
+            loom=cantrip.Loom(),
+        )
+
+        async def cast() -> float:
+            started = time.perf_counter()
+            result = await spell.cast_async("is this fine?")
+            assert result.terminated, result.reason
+            return time.perf_counter() - started
+
+        return trio.run(cast) * 1e3
+
+    results: dict[str, list[float]] = {mode: [] for mode in modes}
+    for _ in range(repeats):
+        for mode, rails in modes.items():
+            results[mode].append(timed(rails))
+    print(
+        f"LLM classifier on input: model {model_s * 1e3:.0f} ms, classifier's model "
+        f"{judge_s * 1e3:.0f} ms (best / median of {repeats} one-turn casts, ms)"
+    )
+    base = min(results["no check"])
+    for mode in modes:
+        best, median = min(results[mode]), statistics.median(results[mode])
+        print(f"  {mode:<20}{best:>8.2f}{median:>9.2f}   +{best - base:.2f} ms vs no check")
+    print()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--repeats", type=int, default=5, help="runs per configuration")
@@ -396,9 +498,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--tracing", action="store_true", help="only the OpenTelemetry tracing comparison"
     )
+    parser.add_argument(
+        "--guardrails",
+        action="store_true",
+        help="only the guardrail comparisons (a function check; an LLM classifier)",
+    )
     args = parser.parse_args(argv)
     if args.tracing:
         tracing_overhead(repeats=args.repeats)
+        return 0
+    if args.guardrails:
+        guardrail_overhead(repeats=args.repeats)
+        classifier_latency(repeats=args.repeats)
         return 0
 
     stores: list[Store] = args.stores
@@ -419,6 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_fit(runs)
     print_flatness(runs)
     tracing_overhead(repeats=args.repeats)
+    guardrail_overhead(repeats=args.repeats)
+    classifier_latency(repeats=args.repeats)
     if args.profile:
         profile()
     return 0

@@ -37,6 +37,7 @@ from cantrip._wards import (
     require_done_tool,
     timeout,
 )
+from cantrip.guardrails import Guardrail, GuardrailError, Rewrite, Trip, guardrail
 from cantrip.llm import (
     LLM,
     Message,
@@ -73,7 +74,9 @@ if TYPE_CHECKING:
     from cantrip.llm._telemetry import Pricing
     from cantrip.loom import export_jsonl, export_thread_jsonl, load_jsonl
     from cantrip.mcp import MCPServer
+    from cantrip.memory import MemoryBlock, MemorySettings
 
+from cantrip import guardrails as guardrails
 from cantrip._version import __version__ as __version__
 
 # Loaded on first use, so `import cantrip` stays cheap (no provider, supervisor or
@@ -110,6 +113,8 @@ _LAZY = {
     "ProviderStartError": "cantrip._providers",
     "MCPServer": "cantrip.mcp._provider",
     "A2AAgent": "cantrip.a2a._provider",
+    "MemorySettings": "cantrip.memory._settings",
+    "MemoryBlock": "cantrip.memory._settings",
 }
 
 
@@ -148,6 +153,8 @@ __all__ = [
     "GateProgress",
     "GateProvider",
     "GateResult",
+    "Guardrail",
+    "GuardrailError",
     "Identity",
     "ImmutableError",
     "IntentError",
@@ -158,6 +165,8 @@ __all__ = [
     "LoomAppendOnlyError",
     "LoomError",
     "MCPServer",
+    "MemoryBlock",
+    "MemorySettings",
     "Message",
     "MessageComplete",
     "MessageStart",
@@ -172,6 +181,7 @@ __all__ = [
     "Response",
     "Restart",
     "RetryPolicy",
+    "Rewrite",
     "ScriptExhaustedError",
     "ScriptedLLM",
     "StepComplete",
@@ -185,6 +195,7 @@ __all__ = [
     "ToolCallEvent",
     "ToolDefinition",
     "ToolResultEvent",
+    "Trip",
     "Turn",
     "TurnMetadata",
     "Usage",
@@ -197,6 +208,8 @@ __all__ = [
     "export_thread_jsonl",
     "gate",
     "gc_for_throughput",
+    "guardrail",
+    "guardrails",
     "load_jsonl",
     "load_llm",
     "max_cost_usd",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import trio
@@ -23,6 +23,7 @@ from cantrip._folding import FoldingPolicy, effective_policy
 from cantrip._identity import Identity
 from cantrip._outcome import CastResult
 from cantrip._output import OutputSchema
+from cantrip._running import CastContext
 from cantrip._text import require_intent
 from cantrip.llm._contract import LLM, Message
 from cantrip.llm._retry import RetryingLLM, RetryPolicy
@@ -30,6 +31,9 @@ from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.medium import Medium
 from cantrip.tracing._sink import with_tracing
+
+if TYPE_CHECKING:
+    from cantrip.memory._settings import MemorySettings
 
 
 def _conversation() -> Medium:
@@ -85,9 +89,17 @@ class Cantrip:
     llms: Mapping[str, LLM] = attrs.field(factory=dict)
     """Other LLMs by name: for children (``call_agent(llm=...)``) and forks."""
     id: str = attrs.field(factory=_new_cantrip_id)
+    name: str | None = None
+    """What people call this cantrip (an A2A Agent Card's name, ...): a spec's ``name``,
+    else its file's stem; ``None`` falls back to :attr:`id` where a name is shown."""
     output: OutputSchema | None = attrs.field(default=None, converter=_output_schema)
     """The shape of the answer (a pydantic model, a type or a JSON Schema): ``done``
     takes it as its parameter schema and a cast's ``result`` is the parsed value."""
+    memory: MemorySettings | None = None
+    """Memory across sessions (:mod:`cantrip.memory`): pinned blocks and recalled items
+    added to each cast's context, and the store the memory gates work on."""
+    cast_context: CastContext | None = attrs.field(init=False, default=None, repr=False)
+    """What adds to each cast's context (the entity reads it; set from ``memory``)."""
     _setups: dict[int, tuple[LLM, EntitySetup]] = attrs.field(factory=dict, init=False, repr=False)
     """EntitySetup per LLM (by identity; the entry keeps its LLM alive, so an id
     cannot be reused while it is cached)."""
@@ -98,6 +110,16 @@ class Cantrip:
             raise ConstructionError(problems)
         if self.output is not None and self.circle.output is not self.output:
             object.__setattr__(self, "circle", self.circle.with_output(self.output))
+        if self.memory is not None:
+            # loaded only for a cantrip with memory: `import cantrip` stays cheap
+            from cantrip.memory._cast import MemoryContext
+            from cantrip.memory._settings import MemorySettings
+
+            if not isinstance(self.memory, MemorySettings):
+                raise ConstructionError(
+                    f"cantrip's memory must be a MemorySettings; got {type(self.memory).__name__}"
+                )
+            object.__setattr__(self, "cast_context", MemoryContext(self.memory, self.loom, self.id))
 
     def stack(self, llm: LLM) -> LLM:
         """The provider stack a turn queries through: retries inside the turn.

@@ -27,6 +27,8 @@ from cantrip._gate import Gate, GateArgumentError, GateError, GateResult
 from cantrip._output import OutputSchema
 from cantrip._providers import GateProvider
 from cantrip._wards import Ward, WardSet
+from cantrip.guardrails._model import Guardrail, guardrail_tuple
+from cantrip.guardrails._run import Guard
 from cantrip.llm._contract import EMPTY, ToolChoice, ToolDefinition
 from cantrip.loom._model import CallStatus, GateCallRecord
 from cantrip.medium import Medium
@@ -115,6 +117,10 @@ class Circle:
     providers: tuple[GateProvider, ...] = attrs.field(default=(), converter=_provider_tuple)
     """Outside tool sources (MCP servers): opened per entity, their gates added to
     that entity's circle (see :mod:`cantrip._providers`)."""
+    guardrails: tuple[Guardrail, ...] = attrs.field(
+        default=(), kw_only=True, converter=guardrail_tuple
+    )
+    """Checks on input, output, calls and results (:mod:`cantrip.guardrails`)."""
     resolved: WardSet = attrs.field(init=False)
     _by_name: Mapping[str, Gate] = attrs.field(init=False, repr=False)
     _warded_off: frozenset[str] = attrs.field(init=False, repr=False)
@@ -157,6 +163,7 @@ class Circle:
             output=output,
             approval=self.approval,
             providers=self.providers,
+            guardrails=self.guardrails,
         )
 
     @functools.cached_property
@@ -167,6 +174,12 @@ class Circle:
             or any(g.requires_approval or g.asks_user for g in self.gates)
             or any(getattr(p, "asks_user", False) for p in self.providers)
         )
+
+    @functools.cached_property
+    def guard(self) -> Guard | None:
+        """The guardrails, sorted for running (``None``: there are none, and the loop
+        pays one test a turn)."""
+        return Guard.of(self.guardrails)
 
     def verdict(self, name: str, args: Mapping[str, Any]) -> Verdict:
         """Whether a call runs (allow), is refused (deny) or waits for a human (ask)."""

@@ -208,6 +208,7 @@ def _child_cantrip(parent: Entity, request: Mapping[str, Any]) -> tuple[Any, LLM
         medium,
         approval=parent.circle.approval,
         providers=providers,
+        guardrails=parent.circle.guardrails,  # a child cannot escape its parent's checks
     )
     identity = _child_identity(request.get("identity"))
     child = Cantrip(

@@ -10,13 +10,14 @@ costs O(what is new), not O(history).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol, overload
 
 import attrs
 
 from cantrip._folding import CHARS_PER_TOKEN, AsyncFolder, FoldingPolicy, template_summary
 from cantrip._redact import get_logger
+from cantrip._running import MEMORY_EXTRA
 from cantrip.llm._contract import Message
 from cantrip.loom._model import Turn
 from cantrip.loom._view import merge_pieces
@@ -114,6 +115,8 @@ class Context:
         )
         self._items: list[Message] = [self._system] if self._system else []
         self._intent: Message | None = None
+        self._memory: Message | None = None
+        """What memory added to the current intent's cast (shown right after it)."""
         self._in_view: list[Turn] = []
         """Turns rendered verbatim (delegation pieces merged into one turn)."""
         self._folded: list[Turn] = []
@@ -131,11 +134,23 @@ class Context:
     def add_intent(self, intent: str) -> None:
         self._close_open()
         self._intent = Message(role="user", content=intent)
+        self._memory = None
         self._items.append(self._intent)
+        self._count(intent)
+
+    def add_memory(self, text: str) -> None:
+        """What memory adds to a cast (pinned blocks, recalled items), right after its
+        intent. The cast's first turn records it (``extras["memory"]``), so a context
+        rebuilt from the loom shows it in the same place without asking the store."""
+        self._memory = Message(role="user", content=text)
+        self._items.append(self._memory)
+        self._count(text)
+
+    def _count(self, text: str) -> None:
         if self._folding is not None:
-            self._chars += len(intent)
+            self._chars += len(text)
             if self._measured is not None:
-                self._measured += len(intent) // CHARS_PER_TOKEN
+                self._measured += len(text) // CHARS_PER_TOKEN
 
     def add_steering(self, texts: Sequence[str]) -> None:
         """Messages a user sent while the cast ran, shown before the next utterance.
@@ -159,8 +174,12 @@ class Context:
         self._steered = (*shown, text)
 
     def add_turn(self, turn: Turn) -> None:
-        if turn.intent is not None and not self._has_pending_intent(turn.intent):
-            self.add_intent(turn.intent)
+        if turn.intent is not None:
+            remembered = recorded_memory(turn)
+            if not self._has_pending_intent(turn.intent, remembered):
+                self.add_intent(turn.intent)
+                if remembered:
+                    self.add_memory(remembered)
         phase = turn.extras.get("phase")
         steering = turn.extras.get("steering")
         notice = turn.extras.get("budget_notice")
@@ -297,6 +316,8 @@ class Context:
         items: list[Message] = [self._system] if self._system else []
         if self._intent is not None:
             items.append(self._intent)
+            if self._memory is not None:
+                items.append(self._memory)
         items.append(summary)
         for turn in self._in_view:
             items.extend(render_turn(turn, self._medium))
@@ -312,9 +333,25 @@ class Context:
     def snapshot(self) -> Transcript:
         return Transcript(self._items, len(self._items))
 
-    def _has_pending_intent(self, intent: str) -> bool:
-        last = self._items[-1] if self._items else None
+    def _has_pending_intent(self, intent: str, memory: object = None) -> bool:
+        """Whether ``intent`` (and what memory added after it) is the last thing shown:
+        the cast's first turn, whose intent went in live, does not show it twice."""
+        items = self._items
+        at = len(items) - 1
+        if memory:
+            if at < 1 or items[at].content != memory:
+                return False
+            at -= 1
+        last = items[at] if at >= 0 else None
         return last is not None and last.role == "user" and last.content == intent
+
+
+def recorded_memory(turn: Turn) -> str | None:
+    """What memory added after the intent of the cast ``turn`` begins, as recorded
+    (``extras["memory"]["text"]``; see :mod:`cantrip._core._cast_context`)."""
+    memory = turn.extras.get(MEMORY_EXTRA)
+    added = memory.get("text") if isinstance(memory, Mapping) else None
+    return str(added) if added else None
 
 
 def render_turn(turn: Turn, medium: ObservationRenderer) -> list[Message]:

@@ -141,7 +141,23 @@ def cut_text(turns: Sequence[Turn]) -> str | None:
     return "".join(reversed(pieces)) or None
 
 
+def guardrail_note(turns: Sequence[Turn]) -> dict[str, Any] | None:
+    """Which guardrail ended a cast (reason ``guardrail``), on what and why, as the
+    front ends tell it: the last turn's ``extras.guardrail`` without what it withheld
+    (that stays in the loom)."""
+    note = turns[-1].extras.get("guardrail") if turns else None
+    if not isinstance(note, Mapping) or turns[-1].reason != "guardrail":
+        return None
+    return {key: note[key] for key in ("check", "on", "why", "gate") if key in note}
+
+
 def truncation_summary(turns: Sequence[Turn], reason: str | None) -> str:
+    if reason == "guardrail" and (note := guardrail_note(turns)) is not None:
+        gate = f" (gate {note['gate']})" if "gate" in note else ""
+        return (
+            f"Stopped by guardrail {note.get('check')!r} on {note.get('on')}{gate} after "
+            f"{len(turns)} turn(s): {note.get('why')}"
+        )
     if reason == "max_tokens":
         partial = cut_text(turns)
         return (
@@ -164,12 +180,20 @@ def truncation_summary(turns: Sequence[Turn], reason: str | None) -> str:
 # -- the one JSON shape ----------------------------------------------------------------
 
 STOP_REASONS = {
+    "guardrail": "refusal",  # a guardrail tripped: ACP's refusal, each protocol's own
     "max_tokens_total": "max_tokens",
     "max_tokens": "max_tokens",  # the answer was cut off by the output-token limit
     "cancelled": "cancelled",
     "shutdown": "cancelled",
     "interrupted": "cancelled",
 }
+
+
+def refused(outcome: CastResult | None) -> bool:
+    """Whether a guardrail ended the cast (stop reason ``refusal``): the one test every
+    front end makes to give it its distinct answer (CLI exit code, AG-UI ``RUN_ERROR``
+    code ``guardrail``, A2A ``rejected``, MCP ``isError``, ACP ``refusal``)."""
+    return outcome is not None and stop_reason(outcome) == "refusal"
 
 
 def stop_reason(outcome: CastResult | None) -> str:
@@ -229,6 +253,8 @@ def result_dict(outcome: CastResult | None, session: SessionIds | None = None) -
             data["partial"] = outcome.partial  # cut off: never under "result"
         if outcome.undelivered:
             data["undelivered"] = list(outcome.undelivered)
+        if outcome.reason == "guardrail" and (note := guardrail_note(outcome.turns)):
+            data["guardrail"] = note
     data["stop_reason"] = stop_reason(outcome)
     if session is not None:
         data["session_id"] = session.id

@@ -15,7 +15,6 @@ parameter schema (SPEC.md "Structured output"). :class:`OutputSchema` turns a py
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +24,7 @@ import pydantic
 from cantrip._errors import ConstructionError
 from cantrip._gate import Gate, GateArgumentError, gate
 from cantrip._json_schema import compile_schema
+from cantrip._reference import import_reference
 
 
 def _identity(value: Any) -> Any:
@@ -104,22 +104,7 @@ class OutputSchema:
     @classmethod
     def from_reference(cls, reference: str) -> OutputSchema:
         """``"package.module:Class"``, as a spec file names a model."""
-        module_name, _, attribute = reference.partition(":")
-        if not module_name or not attribute:
-            raise ConstructionError(
-                f"output model {reference!r} must look like 'package.module:Class'"
-            )
-        try:
-            target: Any = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ConstructionError(f"output model {reference!r}: {exc}") from None
-        for part in attribute.split("."):
-            try:
-                target = getattr(target, part)
-            except AttributeError:
-                raise ConstructionError(
-                    f"output model {reference!r}: {module_name} has no {attribute!r}"
-                ) from None
+        target = import_reference(reference, "output model", "package.module:Class")
         return cls.from_type(target)
 
     def parameters(self) -> dict[str, Any]:

@@ -10,7 +10,8 @@ runtime above them; they see the entity only through :class:`RunningEntity`.
 from __future__ import annotations
 
 import contextvars
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from cantrip.loom._loom import Loom
 
@@ -24,6 +25,28 @@ class RunningEntity(Protocol):
     def loom(self) -> Loom: ...
     @property
     def leaf(self) -> str | None: ...
+    def next_turn_id(self) -> str:
+        """The id the next turn this entity records will carry (the turn holding the
+        gate call now running): reserved on first ask, so what the call writes
+        elsewhere -- a memory item's provenance -- can name its turn."""
+        ...
+
+
+MEMORY_EXTRA = "memory"
+"""The extras key of a cast's first turn that records what memory added to its context
+(``{"text": ..., ...}``), so a context rebuilt from the loom shows the same prompt."""
+
+
+class CastContext(Protocol):
+    """What a cantrip installs to add to a cast's context before its first turn
+    (memory: pinned blocks and recalled items, :mod:`cantrip.memory`)."""
+
+    async def open_cast(
+        self, entity: RunningEntity, intent: str, tags: Mapping[str, Any]
+    ) -> Mapping[str, Any] | None:
+        """The record of what to add (``{"text": ...}`` and what it was drawn from),
+        or None for nothing. Raising refuses the cast before any turn is taken."""
+        ...
 
 
 CURRENT_ENTITY: contextvars.ContextVar[RunningEntity] = contextvars.ContextVar(

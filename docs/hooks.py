@@ -8,7 +8,9 @@ A page holds a marker comment and the build puts the generated Markdown in its p
   that validate a spec file;
 - ``<!-- generated: http -->``: every route and schema of ``cantrip serve``, from the
   OpenAPI document the server publishes at ``/openapi.json`` (also written to the site
-  as ``reference/openapi.json``).
+  as ``reference/openapi.json``);
+- ``<!-- generated: guides -->``: every page of the site's navigation, section by
+  section, so the home page lists every guide (a page added to ``mkdocs.yml`` appears).
 
 ``tests/test_docs.py`` builds the site with ``mkdocs build --strict`` and checks that
 each marker was replaced.
@@ -22,16 +24,37 @@ import types
 import typing
 from typing import Any
 
-MARKERS = ("cli", "spec", "http")
+MARKERS = ("cli", "spec", "http", "guides")
 
 
-def on_page_markdown(markdown: str, **_: Any) -> str:
+def on_page_markdown(markdown: str, *, config: Any = None, **_: Any) -> str:
     """Replace each marker with its generated Markdown."""
     for name in MARKERS:
         marker = f"<!-- generated: {name} -->"
         if marker in markdown:
-            markdown = markdown.replace(marker, GENERATORS[name]())
+            text = guides_markdown(config["nav"]) if name == "guides" else GENERATORS[name]()
+            markdown = markdown.replace(marker, text)
     return markdown
+
+
+def guides_markdown(nav: list[Any]) -> str:
+    """One bullet per section of the navigation, linking each of its pages by title
+    (links relative to the site's root, where the home page is)."""
+    lines = []
+    for entry in nav:
+        if not isinstance(entry, dict):
+            continue
+        ((section, pages),) = entry.items()
+        if not isinstance(pages, list):
+            continue
+        links = [
+            f"[{title}]({path})"
+            for page in pages
+            if isinstance(page, dict)
+            for title, path in page.items()
+        ]
+        lines.append(f"- **{section}**: " + ", ".join(links) + ".")
+    return "\n".join(lines) + "\n"
 
 
 def on_files(files: Any, config: Any, **_: Any) -> Any:
@@ -156,6 +179,21 @@ def spec_markdown() -> str:
         for sub_title, sub in nested:
             table(sub_title, sub)
 
+    scalars = [
+        (name, field)
+        for name, field in SpecDocument.model_fields.items()
+        if not any(
+            isinstance(a, type) and issubclass(a, BaseModel)
+            for a in (field.annotation, *typing.get_args(field.annotation))
+        )
+        and name != "llms"
+    ]
+    if scalars:
+        out.append("### Top-level keys\n\n| key | type | what |\n| --- | --- | --- |")
+        for name, field in scalars:
+            what = " ".join((field.description or "").split())
+            out.append(f"| `{name}` | {_type_name(field.annotation)} | {what} |")
+        out.append("")
     for name, field in SpecDocument.model_fields.items():
         annotation = field.annotation
         models = [

@@ -7,8 +7,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
+import loop_watch
+import module_progress
 import pytest
-from loop_watch import pytest_configure, pytest_runtest_call
+from loop_watch import pytest_runtest_call
 from pg_cluster import fresh_database, postgres_cluster
 from time_limit import (
     pytest_addoption,
@@ -29,6 +31,11 @@ __all__ = [
 ]
 
 _databases = itertools.count()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    loop_watch.pytest_configure(config)
+    module_progress.register(config)
 
 
 @pytest.fixture(scope="session")

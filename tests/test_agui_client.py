@@ -10,6 +10,7 @@ reachable; the install is bounded in time)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections.abc import AsyncIterator
@@ -235,3 +236,38 @@ async def test_the_official_js_client_runs_a_front_end_tool_the_model_calls() ->
     (start,) = [e for e in called["events"] if e["type"] == "TOOL_CALL_START"]
     answers = [m for m in report["messages"] if m.get("toolCallId") == start["toolCallId"]]
     assert [m["content"] for m in answers] == ["Oslo, Norway"]  # once: not told back twice
+
+
+async def test_the_guides_client_mjs_runs_as_written(tmp_path: Path) -> None:
+    """The AG-UI guide's ``client.mjs`` (issue 47.5), taken from the page as written and
+    run by node against a live server with a token, prints the cast's answer."""
+    import re
+
+    page = (Path(__file__).parents[1] / "docs" / "how-to" / "agui.md").read_text()
+    (script,) = re.findall(r"```js\n(// client\.mjs\n.*?)```", page, re.S)
+    await ensure_client()
+    (tmp_path / "client.mjs").write_text(script)
+    (tmp_path / "node_modules").symlink_to(CLIENT / "node_modules")  # the pinned client
+    node = shutil.which("node")
+    assert node is not None
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(
+            [{"tool_calls": [{"gate": "done", "args": {"answer": "I greeted the world."}}]}]
+        ),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done], [cantrip.max_turns(3)]),
+    )
+    async with serving(spell) as base:
+        env = {"PATH": os.environ["PATH"], "CANTRIP_AGUI_URL": f"{base}/agui"}
+        with trio.fail_after(60):
+            refused = await trio.run_process(
+                [node, "client.mjs"], cwd=tmp_path, env=env, capture_stdout=True,
+                capture_stderr=True, check=False,
+            )  # fmt: skip
+            ran = await trio.run_process(
+                [node, "client.mjs"], cwd=tmp_path, env={**env, "CANTRIP_TOKEN": TOKEN},
+                capture_stdout=True, capture_stderr=True, check=False,
+            )  # fmt: skip
+    assert refused.returncode != 0  # no token: the server's guard says no
+    assert ran.returncode == 0, ran.stderr.decode()
+    assert ran.stdout.decode().strip() == "I greeted the world."

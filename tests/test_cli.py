@@ -289,7 +289,7 @@ def test_invoke_keeps_one_entity_cancels_on_ctrl_c_and_resumes(
     terminal.type("My colour is blue.\r")
     terminal.expect(r"✓ echo noted: blue.*I will remember blue\..*cantrip> ")
     terminal.type("Think hard about it.\r")
-    terminal.expect("turn 1")
+    terminal.expect("turn 3")  # the entity's third turn, as the loom counts (issue 47.7)
     terminal.type("\x03")  # Ctrl-C during the cast: that cast is cancelled
     terminal.expect(r"cancelled.*the entity is still here.*cantrip> ")
     terminal.type("What is my colour?\r")
@@ -400,9 +400,50 @@ async def test_progress_counts_turns_gate_calls_tokens_and_reported_cost() -> No
     with progress:
         outcome = await spell.cast_async("go", on_event=progress)
     assert outcome.result == "ok"
-    assert progress.status().startswith("turn 2 · 2 gate call(s) · 240 tokens · $0.0030")
+    assert progress.status().startswith("turn 2 · 2 gate call(s) · 240 tokens · $0.003000 ")
+    assert f"${outcome.cost_usd:.6f}" in progress.status()  # as the loom and --json say
     text = ANSI.sub(b"", screen.getvalue().encode()).decode()
     assert "✓ echo hi" in text and "✓ done ok" in text
+
+
+async def test_the_progress_line_says_cost_unknown_when_any_query_had_no_price() -> None:
+    """One unpriced query makes the cast's cost unknown in the progress line, as in the
+    loom and ``cast --json`` (issue 47.7): not the sum of the priced ones, not "n/a"."""
+    import io
+
+    from rich.console import Console
+
+    import cantrip
+    from cantrip.protocols.terminal._progress import Progress
+    from gates import done, echo
+
+    class HalfPriced:
+        name = "half"
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def query(self, *args: Any, **kwargs: Any) -> cantrip.Response:
+            self.calls += 1
+            call = ("echo", {"text": "hi"}) if self.calls == 1 else ("done", {"answer": "ok"})
+            priced = {"cost": 0.0015} if self.calls == 1 else {}
+            return cantrip.Response(
+                tool_calls=(cantrip.ToolCall(f"c{self.calls}", *call),),
+                usage=cantrip.Usage(100, 20),  # the second: tokens at no known price
+                metadata=priced,
+            )
+
+    spell = cantrip.Cantrip(
+        llm=HalfPriced(),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, echo], [cantrip.max_turns(3)]),
+    )
+    progress = Progress(Console(file=io.StringIO(), force_terminal=True, width=120))
+    with progress:
+        outcome = await spell.cast_async("go", on_event=progress)
+    assert outcome.cost_usd is None
+    assert " · cost unknown · " in progress.status()
+    assert "$" not in progress.status() and "n/a" not in progress.status()
 
 
 async def test_entity_server_streams_events_and_cancels_the_running_cast() -> None:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import redirect_stdout
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,19 @@ def test_a_flag_close_to_nothing_gets_no_suggestion() -> None:
     assert run.stderr.startswith("usage: cantrip cast "), run.stderr
     assert "unrecognized arguments: --zzzzzz" in run.stderr
     assert "did you mean" not in run.stderr
+
+
+def test_conformance_without_vectors_says_where_they_are(tmp_path: Path) -> None:
+    """In a folder without tests.yaml the command names what to pass, not a path inside
+    the installed package (issue 47.6)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "cantrip", "conformance"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 1, run.stderr
+    assert "no tests.yaml in this folder" in run.stderr
+    assert "cantrip conformance PATH/tests.yaml" in run.stderr
+    assert "site-packages" not in run.stderr and "/cantrip/tests.yaml" not in run.stderr

@@ -3,7 +3,8 @@
 A small collector of fenced blocks instead of a plugin, because the blocks are of
 several kinds and each is checked for what it is:
 
-- ``python``: run in a fresh folder holding a copy of ``examples/``; when the block is
+- ``python``: run in a fresh, empty folder (a guide writes the examples it needs with
+  ``cantrip init``, as a user of the installed package does); when the block is
   followed by ``<!-- output -->`` and a ``text`` block, what it prints must be that;
 - ``console``: each ``$ command`` runs there with the ``cantrip`` of this environment on
   ``PATH``; the lines after it are its stdout, where a line ``...`` stands for any lines
@@ -92,10 +93,12 @@ BLOCKS = blocks()
 
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A folder like a fresh clone's root, as far as the examples need."""
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    """An empty folder, as a user of the installed package starts from (issue 47.3):
+    a guide that needs an example writes it with ``cantrip init``. Only cantrip's own
+    conformance vectors (the conformance page runs them) are put there."""
     shutil.copy(ROOT / "tests.yaml", tmp_path / "tests.yaml")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", _env()["PATH"])  # a python block runs `cantrip` too
     return tmp_path
 
 
@@ -130,15 +133,17 @@ def _console(code: str) -> list[tuple[str, list[str]]]:
     return steps
 
 
+# capfd, not capsys: a block that starts a process (an MCP client over stdio) needs real
+# file descriptors for its standard streams.
 @pytest.mark.parametrize("block", [b for b in BLOCKS if not b.not_run], ids=lambda b: b.id)
-def test_block_runs(block: Block, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_block_runs(block: Block, workdir: Path, capfd: pytest.CaptureFixture[str]) -> None:
     where = f"{block.id} does not run as written"
     if block.lang == "python":
         script = workdir / "example.py"
         script.write_text(block.code, encoding="utf-8")
         runpy.run_path(str(script), run_name="__main__")
         if block.output is not None:
-            assert capsys.readouterr().out.strip() == block.output.strip(), where
+            assert capfd.readouterr().out.strip() == block.output.strip(), where
     elif block.lang == "console":
         for command, expected in _console(block.code):
             code = 0
@@ -193,10 +198,36 @@ def test_blocks_that_do_not_run_are_few_and_say_why() -> None:
     assert all(b.not_run and len(b.not_run) > 10 for b in BLOCKS if b.not_run)
 
 
+GLOSSARY = (
+    "In other frameworks' words: **gate** = tool, **ward** = limit, **loom** = run "
+    "record, **entity** = a running agent, **circle** = tools + sandbox + limits."
+)
+
+
+def test_the_readme_and_the_tutorial_open_with_the_one_line_glossary() -> None:
+    """A newcomer meets cantrip's words beside the ones they know (issue 47.5)."""
+    for page in (ROOT / "README.md", ROOT / "docs" / "tutorial" / "python.md"):
+        opening = page.read_text(encoding="utf-8").split("\n\n")[:3]
+        assert GLOSSARY in opening, page
+
+
 def test_every_page_has_blocks_and_the_readme_has_its_quick_start() -> None:
     langs = {b.lang for b in BLOCKS if b.source.name == "README.md" and not b.not_run}
     assert {"python", "console"} <= langs
     assert len([b for b in BLOCKS if not b.not_run]) >= 25
+
+
+def test_a_workflow_publishes_the_site_as_strictly_as_the_tests_build_it() -> None:
+    """GitHub Pages gets the site on every push to main, built with ``--strict`` (issue
+    47.5); the README says where."""
+    flow = yaml.safe_load((ROOT / ".github" / "workflows" / "docs.yml").read_text())
+    build = [step.get("run", "") for step in flow["jobs"]["build"]["steps"]]
+    assert any(run.startswith("mkdocs build --strict") for run in build)
+    assert any(s.get("uses", "").startswith("actions/upload-pages-artifact") for s in
+               flow["jobs"]["build"]["steps"])  # fmt: skip
+    assert flow["jobs"]["deploy"]["steps"][0]["uses"].startswith("actions/deploy-pages")
+    assert flow[True]["push"]["branches"] == ["main"]  # YAML 1.1 reads `on:` as true
+    assert ".github/workflows/docs.yml" in (ROOT / "README.md").read_text()
 
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
@@ -210,6 +241,12 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     pages = {p.relative_to(site).as_posix(): p.read_text() for p in site.rglob("*.html")}
     assert not [name for name, html in pages.items() if "<!-- generated:" in html]
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    linked = re.findall(r'href="([\w./-]+/)"', pages["index.html"])
+    guides = [path[:-3] + "/" for section in nav if isinstance(section, dict)
+              for pages_ in section.values() if isinstance(pages_, list)
+              for page in pages_ for path in page.values()]  # fmt: skip
+    assert guides and not [g for g in guides if g not in linked]  # issue 47.5
     from cantrip.protocols.asgi._openapi import openapi_document
 
     published = json.loads((site / "reference" / "openapi.json").read_text())
@@ -224,9 +261,22 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
 
     missing = [name for name in cantrip.__all__ if f'id="cantrip.{name}"' not in api]
     assert not missing, f"public names missing from the API reference: {missing}"
+    dunders = re.findall(r'id="cantrip\.[\w.]*\.__\w+__"', api)
+    assert not dunders, f"dunder members on the API page: {dunders}"  # issue 47.5
+    said_once = "modules whose names start with an underscore are private"
+    words = " ".join(re.sub(r"<[^>]+>", " ", api).split())
+    assert words.count(said_once) == 1, "the package docstring is repeated on the API page"
     roles = re.findall(r":(?:class|func|meth|attr|data|mod):<code>", api)
     assert not roles, f"reST roles shown literally on the API page: {len(roles)}"
-    assert "mermaid" in pages["concepts/index.html"]
+    # the site renders offline (issue 47.5): no page loads a script, a stylesheet, a font
+    # or a picture from another host, and the concepts pictures are committed files
+    remote = re.compile(r"<(?:script|img|link)\b[^>]*?(?:src|href)=\"(?:https?:)?//[^\"]+\"")
+    loads = {name: remote.findall(html) for name, html in pages.items()}
+    assert not {name: found for name, found in loads.items() if found}
+    assert 'class="mermaid"' not in "".join(pages.values())
+    concepts = pages["concepts/index.html"]
+    for picture in ("concepts-cast.svg", "concepts-layers.svg"):
+        assert f"img/{picture}" in concepts and (site / "img" / picture).stat().st_size > 1000
 
 
 def test_the_table_of_modes_is_what_the_backends_capabilities_render() -> None:

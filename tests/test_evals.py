@@ -26,6 +26,7 @@ from cantrip.evals import (
     replay_llm,
     run_suite,
 )
+from cantrip.evals._report import table
 from cantrip.llm._telemetry import Pricing
 from gates import done, echo
 
@@ -518,6 +519,11 @@ async def test_repeats_report_pass_rates_flaky_cases_and_percentiles(tmp_path: P
     assert case["flaky"] and case["pass_at_k"] == 1.0 and case["pass_all_k"] == 0.0
     assert case["turns"] == {"mean": 2.0, "p95": 2.0}
     assert report.to_dict()["summary"]["flaky"] == ["coin"]
+    # the table shows what the guide promises for --repeat (issue 47.6)
+    shown = table(report).splitlines()
+    assert shown[0].split()[3:5] == ["pass@4", "pass^4"]
+    assert shown[1].split()[:6] == ["coin", "(flaky)", "2/4", "50%", "yes", "no"]
+    assert shown[-1] == "pass@4 100% of cases (any run passed); pass^4 0% (all did)"
 
 
 @pytest.mark.parametrize("missing", [True, False])
@@ -725,3 +731,33 @@ def test_a_result_schema_that_could_stall_is_refused_when_the_suite_loads(tmp_pa
     text = "\n".join(caught.value.problems)
     assert "case 'risky': expect.result_schema: the schema cannot be used" in text
     assert "case 'remote': expect.result_schema:" in text and "never retrieves" in text
+
+
+def test_eval_add_on_the_command_line_writes_the_spec_so_replay_runs_next(tmp_path: Path) -> None:
+    """``eval add`` from the command line leaves a suite the next ``eval --replay`` runs
+    (issue 47.6): the spec is required for a suite that names none, and written relative
+    to the suite file, which here lives in another folder than the spec and the caller."""
+    spec = greeter(tmp_path)
+    cast = subprocess.run(
+        [*CLI, "cast", "--loom", "prod.db", "--json", str(spec), "Greet the world."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cast.returncode == 0, cast.stderr
+    entity = json.loads(cast.stdout)["entity_id"]
+    (tmp_path / "suites").mkdir()
+    suite = Path("suites") / "regressions.yaml"
+
+    refused = eval_cli("add", "prod.db", entity, "--suite", suite, cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert "names no spec" in refused.stderr and "--spec SPEC" in refused.stderr
+    assert not (tmp_path / suite).exists()
+
+    added = eval_cli("add", "prod.db", entity, "--suite", suite, "--spec", spec.name, cwd=tmp_path)
+    assert added.returncode == 0, added.stderr
+    assert "spec: ../spec.toml" in (tmp_path / suite).read_text()
+    replayed = eval_cli(suite.name, "--replay", cwd=tmp_path / "suites")
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert "1 passed, 0 failed" in replayed.stdout, replayed.stdout

@@ -296,6 +296,10 @@ def test_builtin_registry() -> None:
         "call_agent",
         "call_agent_batch",
         "ask_user",
+        "remember",
+        "recall",
+        "forget",
+        "edit_block",
     }
     assert gates.BUILTIN["call_agent"].delegates and "call_entity" in gates.call_agent.aliases
     assert gates.BUILTIN["done"] is gates.done

@@ -23,7 +23,7 @@ PUBLIC_FOR = {
     # what a medium may import from cantrip (docs/how-to/gates.md)
     "mediums": {"cantrip", "cantrip.medium"},
     # what a gate may import from cantrip (docs/how-to/gates.md)
-    "gates": {"cantrip", "cantrip.delegation"},
+    "gates": {"cantrip", "cantrip.delegation", "cantrip.memory"},
 }
 
 

@@ -63,7 +63,14 @@ def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path: Path) -> N
     [wheel] = dist.glob("cantrip_runtime-*.whl")
     assert len(list(dist.glob("cantrip_runtime-*.tar.gz"))) == 1
     names = zipfile.ZipFile(wheel).namelist()
-    for shipped in ("cantrip/cli/starter.toml", "gates/__init__.py", "mediums/__init__.py"):
+    for shipped in (
+        "cantrip/examples/hello.toml",
+        "cantrip/examples/evals/hello.recording.jsonl",
+        "cantrip/examples/data/notes.txt",
+        "cantrip/examples/providers/openai.toml",
+        "gates/__init__.py",
+        "mediums/__init__.py",
+    ):
         assert shipped in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
 

@@ -76,6 +76,8 @@ class Inflight:
     """Messages that joined this turn (recorded with its first piece)."""
     notice: tuple[str, ...] = ()
     """The budget notice shown before this turn's call, if due (cantrip._core._budget)."""
+    rewrote: tuple[str, ...] = ()
+    """Guardrails that rewrote this turn's input or answer (:mod:`cantrip._core._guard`)."""
 
 
 @attrs.define
@@ -99,6 +101,8 @@ class Cast:
     """A cast that goes on from a pause: its intent was recorded by the cast it continues."""
     continuations: int = 0
     """Continuations asked for this cast (bounded by the ``max_continuations`` ward)."""
+    unchecked_intent: bool = False
+    """The intent waits for the input guardrails before it joins the context."""
 
     @property
     def usage(self) -> Usage:

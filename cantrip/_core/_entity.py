@@ -25,6 +25,7 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._context import Context
 from cantrip._core._budget import Account, TreeBudget, recorded_tree, tree_budget
 from cantrip._core._cast import Cast, UsageTally
+from cantrip._core._cast_context import open_cast_context
 from cantrip._core._loop import cancel_reason, continue_paused, run_cast
 from cantrip._core._pauses import PauseBoard, PauseHandler, PauseMode, Pauses
 from cantrip._core._recording import checkpoint, now
@@ -274,6 +275,7 @@ class Entity(EntityState):
         """
         intent = require_intent(intent)
         cast = Cast(intent, self._meter(), tags=dict(tags or {}), budget=self._budget())
+        await open_cast_context(self, cast)
         return await run_cast(self, self._pauses, cast, fresh=True)
 
     async def resume_cast(self, intent: str, recorded: Sequence[Turn]) -> CastResult:
@@ -285,6 +287,8 @@ class Entity(EntityState):
         intent = require_intent(intent)
         cast = Cast(intent, self._meter(), budget=self._budget())
         cast.add_recorded(recorded)
+        if not recorded:  # nothing of it reached the loom: it opens as a sent cast does
+            await open_cast_context(self, cast)
         if recorded and (cast.budget.bounded or cast.meter.bounded):
             # the tree's account survives the handoff: what the children spawned
             # before it spent is in the loom

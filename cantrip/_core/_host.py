@@ -15,9 +15,12 @@ from typing import Any
 
 from cantrip._circle import Circle
 from cantrip._core._budget import GATE_CALLS, TreeBudget, charge_reported
+from cantrip._core._guard_calls import guarded_call, guarded_result
 from cantrip._events import ToolResultEvent
 from cantrip._gate import Gate
 from cantrip._journal import TurnJournal
+from cantrip.guardrails._model import GuardrailError
+from cantrip.guardrails._run import Tripped
 from cantrip.llm._stream import Event
 from cantrip.loom._model import CallStatus, GateCallRecord
 
@@ -29,7 +32,16 @@ class TurnHost:
     """The circle as one turn's medium sees it, remembering every completion so a
     cut-off turn can be recorded with what had already happened."""
 
-    __slots__ = ("budget", "circle", "emit", "gatekeeper", "journal", "records")
+    __slots__ = (
+        "budget",
+        "circle",
+        "emit",
+        "failed",
+        "gatekeeper",
+        "journal",
+        "records",
+        "tripped",
+    )
 
     def __init__(
         self,
@@ -49,6 +61,11 @@ class TurnHost:
         self.budget: TreeBudget | None = None
         """The cast's tree account: each call (but a terminating one) takes one
         ``max_gate_calls`` unit before it runs; a refused call is not made."""
+        self.tripped: Tripped | None = None
+        """A ``call`` or ``result`` guardrail tripped: the loop ends the cast (reason
+        ``guardrail``) once the utterance is done (:mod:`cantrip._core._guard_calls`)."""
+        self.failed: GuardrailError | None = None
+        """A ``call`` or ``result`` check failed: the loop raises it."""
 
     @property
     def gates(self) -> Sequence[Gate]:
@@ -67,7 +84,11 @@ class TurnHost:
             refused = self.budget.take(GATE_CALLS)
             if refused is not None:
                 return self.unexecuted(name, args, tool_call_id, "error", refused)
-        if self.gatekeeper is not None:
+        guard = self.circle.guard
+        if guard is not None:
+            go = self.gatekeeper if self.gatekeeper is not None else self.run
+            record = await guarded_call(self, guard, name, args, tool_call_id, go)
+        elif self.gatekeeper is not None:
             record = await self.gatekeeper(name, args, tool_call_id)
         else:
             record = await self.run(name, args, tool_call_id)
@@ -81,10 +102,16 @@ class TurnHost:
     async def run(
         self, name: str, args: Mapping[str, Any], tool_call_id: str | None
     ) -> GateCallRecord:
-        """The gate call itself, through the journal when the loom keeps one."""
+        """The gate call itself, through the journal when the loom keeps one; its
+        result checked by the ``result`` guardrails before the model sees it."""
         if self.journal is not None:
-            return await self.journal.call(self.circle, name, args, tool_call_id)
-        return await self.circle.call(name, args, tool_call_id)
+            record = await self.journal.call(self.circle, name, args, tool_call_id)
+        else:
+            record = await self.circle.call(name, args, tool_call_id)
+        guard = self.circle.guard
+        if guard is not None and guard.has("result"):
+            record = await guarded_result(self, guard, record)
+        return record
 
     def unexecuted(
         self,

@@ -15,6 +15,7 @@ other exception is a runtime bug and is deliberately not caught here.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,8 @@ from cantrip._approval import Decision, Pause
 from cantrip._context import NUDGE_DONE_REQUIRED
 from cantrip._core._budget import TOKENS, TreeBudget, budget_notice
 from cantrip._core._cast import Cast, Inflight
+from cantrip._core._cast_context import show_cast_context
+from cantrip._core._guard import check_inputs, guarded_outcome, record_failure, rewrites, trip_cast
 from cantrip._core._host import TurnHost
 from cantrip._core._pauses import PauseExit, Pauses, rest_of_utterance
 from cantrip._core._recording import (
@@ -59,6 +62,7 @@ from cantrip._replay import restore_session
 from cantrip._running import CURRENT_ENTITY
 from cantrip._values import OBSERVATION_CAP_CHARS
 from cantrip._wards import WardSet, cost_refusal, spent_after
+from cantrip.guardrails._model import GuardrailError
 from cantrip.llm._contract import Response, can_stream
 from cantrip.llm._retry import UNREACHABLE
 from cantrip.llm._stream import Event
@@ -149,7 +153,12 @@ async def _run_cast_here(
     if entity._session is None:
         entity._session = await _open_session(entity)
     if fresh:
-        entity._context.add_intent(cast.intent)
+        guard = entity.circle.guard
+        if guard is not None and guard.has("input"):
+            cast.unchecked_intent = True  # joins the context once checked (_guard)
+        else:
+            entity._context.add_intent(cast.intent)
+            show_cast_context(entity, cast)
     entity._cast = cast
     timeout = entity.circle.resolved.get("timeout_s")
     deadline = math.inf if timeout is None else trio.current_time() + float(timeout)
@@ -182,6 +191,10 @@ async def _run_cast_here(
         raise  # nothing more can be recorded: another worker owns the entity now
     except CastSuspended:
         raise  # stopped between turns on purpose: nothing to record
+    except GuardrailError as error:
+        record_failure(entity, cast, error)  # a failing check never passes
+        await _sync_shielded(entity)
+        raise
     except Exception:
         # A runtime bug: record what happened, then crash to the supervisor.
         record_cut(entity, cast, "crashed")
@@ -258,9 +271,18 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
             await context.complete_fold()  # an async folder (LLMFolder) folds here
         emit = entity._emit if entity.on_event is not None else None
         inflight = entity._inflight = Inflight(time.perf_counter(), now())
+        guard = entity.circle.guard
+        checks_input = guard is not None and guard.has("input")
         if steering.waiting:
             inflight.steering = steering.take()
-            context.add_steering(inflight.steering)
+            if not checks_input:
+                context.add_steering(inflight.steering)
+        watched: list[str] | tuple[()] = ()
+        if checks_input:
+            assert guard is not None
+            watched, ended = await check_inputs(entity, guard, cast, inflight)
+            if ended is not None:
+                return ended
         inflight.notice = budget_notice(
             entity.circle.resolved, cast.budget, cast.meter, entity._scope
         )
@@ -274,7 +296,20 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
             journal = await turn_journal(entity)
             replayed = journal.utterance
         try:
-            if replayed is not None:
+            if watched:
+                assert guard is not None
+                got, tripped = await guard.beside(
+                    watched,
+                    functools.partial(_ask, llm, context, setup, emit, replayed),
+                    expected=LLMError,
+                    entity_id=entity.id,
+                )
+                if tripped is not None:
+                    inflight.response = got
+                    return trip_cast(entity, cast, tripped)
+                assert got is not None
+                response = got
+            elif replayed is not None:
                 response = replayed  # the answer a crashed attempt of this turn got
             elif emit is not None and can_stream(llm):
                 response = await llm.stream(
@@ -309,7 +344,10 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
             CURRENT_ENTITY.reset(token)
         cap = circle.resolved.get("max_observation_chars")
         execution = capped_execution(execution, int(cap or OBSERVATION_CAP_CHARS))
-        ended = _conclude(entity, cast, inflight, execution, emit)
+        if entity.circle.guard is None:
+            ended = _conclude(entity, cast, inflight, execution, emit)
+        else:
+            ended = await _conclude_guarded(entity, cast, inflight, execution, emit)
         if ended is not None:
             return ended
         # Nothing of a finished turn should wait through the next LLM call but
@@ -351,27 +389,82 @@ def _transient(entity: EntityState, error: LLMError) -> bool:
     return isinstance(error, ProviderError) and entity.cantrip.retry.is_retryable(error)
 
 
-def _conclude(
+async def _ask(
+    llm: Any,
+    context: Any,
+    setup: Any,
+    emit: Callable[[Event], None] | None,
+    replayed: Response | None,
+) -> Response:
+    """The model's answer, for input guardrails to watch beside (the loop asks inline
+    when there are none)."""
+    if replayed is not None:
+        return replayed
+    if emit is not None and can_stream(llm):
+        return await llm.stream(
+            context.snapshot(), setup.tools, setup.tool_choice, setup.extra, on_event=emit
+        )
+    response: Response = await llm.query(
+        context.snapshot(), setup.tools, setup.tool_choice, setup.extra
+    )
+    return response
+
+
+Final = tuple[bool, bool, Any, str, "str | None"]
+"""What an executed utterance amounts to: (cut off, terminated, result, observation,
+reason so far)."""
+
+
+def _final(cast: Cast, response: Response, execution: Execution, wards: WardSet) -> Final:
+    cut = execution.text_only and response.stop_reason == "max_tokens"
+    if cut:
+        # Cut off by the output-token limit: never a final answer (issue 22).
+        observation, reason = _cut_off(cast, response, wards)
+        return True, False, None, observation, reason
+    terminated, result, observation = _outcome(response, execution, wards.require_done_tool)
+    if terminated and execution.text_only and cast.continuations:
+        result = (cut_text(cast.turns) or "") + (response.content or "")
+    return False, terminated, result, observation, None
+
+
+async def _conclude_guarded(
     entity: EntityState,
     cast: Cast,
     inflight: Inflight,
     execution: Execution,
     emit: Callable[[Event], None] | None,
 ) -> CastResult | None:
-    """Record an executed utterance as a turn; the cast's result if it ends here."""
+    """:func:`_conclude` in a circle with guardrails: a trip on a call or a result, or
+    the output checks on a final answer, decide first (:mod:`._guard`)."""
+    response, host, guard = inflight.response, inflight.host, entity.circle.guard
+    assert response is not None and host is not None and guard is not None
+    cut, terminated, result, observation, reason = _final(
+        cast, response, execution, entity.circle.resolved
+    )
+    terminated, result, note = await guarded_outcome(
+        entity, guard, host, inflight, terminated, result
+    )
+    final = (cut, terminated, result, observation, "guardrail" if note else reason)
+    return _conclude(entity, cast, inflight, execution, emit, final, note)
+
+
+def _conclude(
+    entity: EntityState,
+    cast: Cast,
+    inflight: Inflight,
+    execution: Execution,
+    emit: Callable[[Event], None] | None,
+    final: Final | None = None,
+    guard_note: dict[str, Any] | None = None,
+) -> CastResult | None:
+    """Record an executed utterance as a turn; the cast's result if it ends here
+    (``final``, ``guard_note``: as :func:`_conclude_guarded` decided them)."""
     response, host = inflight.response, inflight.host
     assert response is not None and host is not None
     wards = entity.circle.resolved
-    reason: str | None = None
-    cut = execution.text_only and response.stop_reason == "max_tokens"
-    if cut:
-        # Cut off by the output-token limit: never a final answer (issue 22).
-        terminated, result = False, None
-        observation, reason = _cut_off(cast, response, wards)
-    else:
-        terminated, result, observation = _outcome(response, execution, wards.require_done_tool)
-        if terminated and execution.text_only and cast.continuations:
-            result = (cut_text(cast.turns) or "") + (response.content or "")
+    if final is None:
+        final = _final(cast, response, execution, wards)
+    cut, terminated, result, observation, reason = final
     if terminated:
         reason = "text" if execution.text_only else "done"
     elif reason is None:
@@ -418,6 +511,10 @@ def _conclude(
         extras = {**extras, "loop": loop_note}  # why the loop ward ended the cast
     if cast.budget.stop is not None and reason == cast.budget.stop[0]:
         extras = {**extras, "budget": cast.budget.stop[1]}  # which budget refused what
+    if guard_note is not None:
+        extras = {**extras, "guardrail": guard_note}  # which check, on what, why
+    if inflight.rewrote:
+        extras = {**extras, **rewrites(inflight)}
     turn = record(
         entity,
         new_turn(
@@ -557,7 +654,9 @@ async def continue_paused(
             CURRENT_ENTITY.reset(token)
         cap = entity.circle.resolved.get("max_observation_chars")
         execution = capped_execution(execution, int(cap or OBSERVATION_CAP_CHARS))
-        return _conclude(entity, cast, inflight, execution, emit)
+        if entity.circle.guard is None:
+            return _conclude(entity, cast, inflight, execution, emit)
+        return await _conclude_guarded(entity, cast, inflight, execution, emit)
 
     return await run_cast(entity, pauses, cast, fresh=False, first=resume_step)
 

@@ -41,8 +41,9 @@ def new_turn(entity: EntityState, intent: str | None, **fields: Any) -> Turn:
     if inflight is not None and inflight.notice:
         fields["extras"] = {**fields.get("extras", {}), "budget_notice": inflight.notice[0]}
         inflight.notice = ()
+    turn_id, entity._reserved_turn_id = entity._reserved_turn_id, None
     return Turn(
-        id=entity.loom.new_turn_id(),
+        id=turn_id or entity.loom.new_turn_id(),
         parent_id=entity._leaf,
         entity_id=entity.id,
         sequence=entity._sequence + 1,
@@ -110,15 +111,22 @@ def checkpoint(entity: EntityState, marks: Mapping[str, Any] | None = None) -> s
 
 
 def record_cut(
-    entity: EntityState, cast: Cast, reason: str, *, observation: str | None = None
+    entity: EntityState,
+    cast: Cast,
+    reason: str,
+    *,
+    observation: str | None = None,
+    extras: Mapping[str, Any] | None = None,
+    count_usage: bool = False,
 ) -> Turn:
     """Record the turn a timeout or cancellation interrupted, losing nothing.
 
     Gate calls that completed keep their results; the rest of the
-    utterance's calls are completed as ``cancelled`` (seed 001).
+    utterance's calls are completed as ``cancelled`` (seed 001). ``extras`` are
+    added to the turn's; ``count_usage``: the turn carries the usage of the answer
+    in flight (a guardrail's trip keeps what the model was paid for).
     """
     inflight = entity._inflight
-    entity._inflight = None
     response = inflight.response if inflight else None
     records = list(inflight.host.records) if inflight and inflight.host else []
     done_ids = {r.tool_call_id for r in records}
@@ -139,6 +147,20 @@ def record_cut(
                 )
             )
     started = inflight.started if inflight else time.perf_counter()
+    if count_usage and inflight is not None and response is not None:
+        metadata = turn_metadata(
+            response,
+            inflight.started,
+            inflight.timestamp,
+            count_usage=not continuation,
+            llm=entity.llm,
+            prices=cast.prices,
+        )
+    else:
+        metadata = TurnMetadata(
+            duration_ms=(time.perf_counter() - started) * 1000.0,
+            timestamp=inflight.timestamp if inflight else now(),
+        )
     turn = record(
         entity,
         new_turn(
@@ -151,15 +173,13 @@ def record_cut(
             reasoning=response.reasoning if response and not continuation else (),
             observation=observation or f"cut off: {reason}",
             gate_calls=tuple(records),
-            extras=_cut_extras(entity, continuation),
-            metadata=TurnMetadata(
-                duration_ms=(time.perf_counter() - started) * 1000.0,
-                timestamp=inflight.timestamp if inflight else now(),
-            ),
+            extras={**_cut_extras(entity, continuation), **(extras or {})},
+            metadata=metadata,
             truncated=True,
             reason=reason,
         ),
     )
+    entity._inflight = None  # after new_turn: it records the turn's steering messages
     cast.add(turn)
     if entity.on_event is not None:
         entity._emit(StepComplete(turn=turn))  # a cut-off turn is recorded like any other

@@ -27,6 +27,7 @@ from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate
 from cantrip._providers import ProviderScope
 from cantrip._replay import ReplayReport
+from cantrip._running import CastContext
 from cantrip.llm._contract import LLM, Message, ToolChoice, ToolDefinition
 from cantrip.llm._retry import RetryPolicy
 from cantrip.llm._stream import Event
@@ -78,6 +79,10 @@ class Spell(Protocol):
     def folding(self) -> FoldingPolicy | None: ...
     def setup_for(self, llm: LLM) -> EntitySetup: ...
     def resolve_llm(self, llm: LLM | str | None) -> LLM: ...
+    @property
+    def cast_context(self) -> CastContext | None:
+        """What adds to each cast's context before its first turn (memory), if anything."""
+        ...
 
 
 class EntityState:
@@ -138,10 +143,20 @@ class EntityState:
     _offered: tuple[Gate, ...]
     """Gates offered to this entity's casts besides its circle's (:meth:`Entity.offer`)."""
 
+    _reserved_turn_id: str | None = None
+    """The id :meth:`next_turn_id` promised to the next turn recorded."""
+
     @property
     def leaf(self) -> str | None:
         """The id of this entity's latest turn: where its thread continues."""
         return self._leaf
+
+    def next_turn_id(self) -> str:
+        """The id the next turn this entity records will carry (see
+        :class:`cantrip._running.RunningEntity`); :func:`._recording.new_turn` uses it."""
+        if self._reserved_turn_id is None:
+            self._reserved_turn_id = self.loom.new_turn_id()
+        return self._reserved_turn_id
 
     def _emit(self, event: Event) -> None:
         """Deliver an event, stamped with this entity's id unless it carries one."""

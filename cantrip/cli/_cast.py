@@ -17,7 +17,7 @@ import trio
 from cantrip._cantrip import Cantrip
 from cantrip._errors import CantripError
 from cantrip._redact import redact
-from cantrip.cli._exit import EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_TRUNCATED, fail
+from cantrip.cli._exit import EXIT_INTERRUPTED, exit_for, fail
 from cantrip.cli._spec_file import check_spec, load_cantrip, loom_file
 
 
@@ -69,7 +69,7 @@ def run_cast(args: argparse.Namespace) -> int:
         if not args.json:
             print("cantrip: interrupted; the cast is recorded as cancelled", file=sys.stderr)
         return EXIT_INTERRUPTED
-    return EXIT_TERMINATED if outcome.terminated else EXIT_TRUNCATED
+    return exit_for(outcome.terminated, outcome.reason)
 
 
 async def _stdin_line() -> str | None:

@@ -13,17 +13,22 @@ from pathlib import Path
 from cantrip._errors import CantripError
 from cantrip.cli._exit import EXIT_ERROR
 
-
-def _own_tests() -> Path:
-    """The project's tests.yaml: in the current folder, else beside the package."""
-    here = Path.cwd() / "tests.yaml"
-    return here if here.exists() else Path(__file__).resolve().parents[1] / "tests.yaml"
+NO_VECTORS = (
+    "cantrip: no tests.yaml in this folder; name the vector files to run: "
+    "cantrip conformance PATH/tests.yaml (cantrip's own vectors are tests.yaml at the root "
+    "of its repository; the installed package carries none)"
+)
 
 
 def run_conformance(args: argparse.Namespace) -> int:
+    """Run the named vector files, or ./tests.yaml; with neither, say where vectors are
+    (issue 47.6: a path inside the installed package was reported as missing before)."""
     from cantrip.conformance import Runner, summarize
 
-    paths = args.paths or [_own_tests()]
+    paths = args.paths or [Path.cwd() / "tests.yaml"]
+    if not args.paths and not paths[0].exists():
+        print(NO_VECTORS, file=sys.stderr)
+        return EXIT_ERROR
     results = []
     runner = Runner()
     for path in paths:

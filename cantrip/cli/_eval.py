@@ -169,6 +169,11 @@ def _add(args: argparse.Namespace) -> int:
     loom_path, ref = args.more
     if not Path(loom_path).exists():
         return _usage(f"{loom_path}: no such loom")
+    if args.spec is None and not _names_a_spec(args.suite):
+        return _usage(
+            f"{args.suite} names no spec to run its cases against: give --spec SPEC "
+            "(written into the suite, so the next eval --replay runs)"
+        )
     loom = Loom.open(loom_path)
     try:
         case = add_case(
@@ -178,6 +183,16 @@ def _add(args: argparse.Namespace) -> int:
         loom.close()
     print(f"added case {case.name!r} to {args.suite}")
     return 0
+
+
+def _names_a_spec(suite: Path) -> bool:
+    """Whether the suite file exists and has a top-level ``spec`` already."""
+    if not suite.exists():
+        return False
+    import yaml
+
+    data = yaml.safe_load(suite.read_text(encoding="utf-8"))
+    return isinstance(data, dict) and data.get("spec") is not None
 
 
 def _usage(message: str) -> int:

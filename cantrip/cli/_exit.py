@@ -18,12 +18,14 @@ from cantrip._suggest import without_rule_ids
 
 __all__ = [
     "EXIT_ERROR",
+    "EXIT_GUARDRAIL",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_PAUSED",
     "EXIT_TERMINATED",
     "EXIT_TRUNCATED",
     "EXIT_USAGE",
+    "exit_for",
     "fail",
     "json_errors",
 ]
@@ -34,9 +36,19 @@ EXIT_TRUNCATED = 2
 EXIT_PAUSED = 3
 """``cast --db`` / ``answer --db``: the cast paused for a human and waits, durable in
 the database, for ``cantrip answer`` (or any process's ``Dispatcher.answer``)."""
+EXIT_GUARDRAIL = 4
+"""A guardrail tripped (reason ``guardrail``): the cast was refused, not cut short."""
 EXIT_INTERRUPTED = 130
 EXIT_USAGE = 2
 """argparse's code for a command line it cannot parse."""
+
+
+def exit_for(terminated: bool, reason: str | None) -> int:
+    """The exit code of a cast that ended (not interrupted, not paused): 0 done, 4 a
+    guardrail tripped, 2 any other ward or limit."""
+    if terminated:
+        return EXIT_TERMINATED
+    return EXIT_GUARDRAIL if reason == "guardrail" else EXIT_TRUNCATED
 
 
 _JSON_ERRORS: ContextVar[bool] = ContextVar("cantrip_json_errors", default=False)

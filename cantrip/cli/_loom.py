@@ -54,13 +54,14 @@ from cantrip._chat_export import export_chat
 from cantrip._errors import CantripError, LoomError
 from cantrip._failure import debug_requested, leaves
 from cantrip._redact import redact
-from cantrip.cli._exit import EXIT_ERROR, EXIT_OK, EXIT_TRUNCATED
+from cantrip.cli._exit import EXIT_ERROR, EXIT_OK, exit_for
 from cantrip.loom._export import Redaction, export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres_connection import safe_url
 from cantrip.loom._repair import damaged_hint
 from cantrip.loom._summary import cost as _cost
+from cantrip.loom._summary import cost_text
 from cantrip.loom._summary import outcome as _outcome
 from cantrip.loom._summary import tokens as _tokens
 from cantrip.loom._summary import tree_turns as _tree_turns
@@ -221,6 +222,12 @@ def add_loom_parser(
     )
     pruning.add_argument(
         "--dry-run", action="store_true", help="say what would be removed; remove nothing"
+    )
+    pruning.add_argument(
+        "--memories",
+        action="store_true",
+        help="also forget the memories the removed sessions wrote (those whose latest "
+        "revision names one of them); kept otherwise",
     )
     pruning.add_argument(
         "--idle-s",
@@ -414,10 +421,6 @@ def _last_of(loom: Loom, entity_id: str) -> Turn:
 # -- list --------------------------------------------------------------------------
 
 
-def _cost_text(cost: float | None) -> str:
-    return "cost unknown" if cost is None else f"${cost:.6f}"
-
-
 def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
     entities: list[dict[str, Any]] = []
     for record in loom.entities.values():
@@ -470,7 +473,7 @@ def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
             out,
             f"  {e['entity_id']}  {e['medium']}  llm={e['llm'] or '-'}  {e['turns']} turn(s)  "
             f"{e['outcome']}  tokens {t['prompt']}+{t['completion']}  "
-            f"{_cost_text(e['cost_usd'])} (tree {_cost_text(e['tree_cost_usd'])}){origin}",
+            f"{cost_text(e['cost_usd'])} (tree {cost_text(e['tree_cost_usd'])}){origin}",
         )
     _print(out, f"threads ({len(threads)}):")
     for th in threads:
@@ -481,7 +484,7 @@ def _list(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
             out,
             f"  {th['thread']}  {th['leaf']}  {th['entity_id']}  {th['turns']} turn(s)  "
             f"{th['outcome']}  tokens {t['prompt']}+{t['completion']}  "
-            f"{_cost_text(th['cost_usd'])}{result}{reward}",
+            f"{cost_text(th['cost_usd'])}{result}{reward}",
         )
     return EXIT_OK
 
@@ -495,8 +498,8 @@ def _show(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
     limit = None if args.full else PREVIEW
     _print(
         out,
-        f"thread to {target.id}: {len(thread)} turn(s), {_cost_text(_cost(thread))}; "
-        f"entity tree {_cost_text(_cost(_tree_turns(loom, target.entity_id)))}",
+        f"thread to {target.id}: {len(thread)} turn(s), {cost_text(_cost(thread))}; "
+        f"entity tree {cost_text(_cost(_tree_turns(loom, target.entity_id)))}",
     )
     for turn in thread:
         meta = turn.metadata
@@ -511,7 +514,7 @@ def _show(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
             f"   tokens {meta.tokens_prompt} prompt / {meta.tokens_completion} completion / "
             f"{meta.tokens_cached} cached   {meta.duration_ms:.1f} ms"
             + (f"   attempts {meta.attempts}" if meta.attempts != 1 else "")
-            + (f"   {_cost_text(_cost((turn,)))}" if turn.metadata.model or meta.cost_usd else ""),
+            + (f"   {cost_text(_cost((turn,)))}" if turn.metadata.model or meta.cost_usd else ""),
         )
         if turn.intent is not None:
             _block(out, "intent", turn.intent, limit)
@@ -630,7 +633,7 @@ def _fork(loom: Loom, args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         _print(out, outcome.text)
     else:
         print(redact(outcome.summary or "truncated"), file=err)
-    return EXIT_OK if outcome.terminated else EXIT_TRUNCATED
+    return exit_for(outcome.terminated, outcome.reason)
 
 
 def _prune(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
@@ -646,8 +649,12 @@ def _prune(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
         dry_run=args.dry_run,
         busy_s=args.idle_s,
     )
+    memories = _prune_memories(loom, done.plan.entities, args) if args.memories else None
     if args.json:
-        _print(out, json.dumps(done.to_dict(), indent=2))
+        report = done.to_dict()
+        if memories is not None:
+            report["memories"] = [{"namespace": list(ns), "key": key} for ns, key in memories]
+        _print(out, json.dumps(report, indent=2))
         return 0
     plan = done.plan
     verb = "would remove" if args.dry_run else "removed"
@@ -665,7 +672,25 @@ def _prune(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
     )
     for entity_id, why in plan.kept:
         _print(out, f"kept {entity_id}: {why}")
+    if memories is not None:
+        _print(out, f"{'would forget' if args.dry_run else 'forgot'} {len(memories)} memories")
+        for namespace, key in memories:
+            _print(out, f"  {'/'.join(namespace)} {key}")
     return 0
+
+
+def _prune_memories(
+    loom: Loom, entities: Sequence[str], args: argparse.Namespace
+) -> list[tuple[tuple[str, ...], str]]:
+    """``prune --memories``: the memories the pruned sessions wrote, forgotten unless
+    ``--dry-run`` (cantrip.memory.forget_derived)."""
+    from cantrip.memory import forget_derived, memory_for
+
+    store = memory_for(loom.store)
+    try:
+        return forget_derived(store, entities, dry_run=args.dry_run)
+    finally:
+        store.close()
 
 
 def _stats(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 
 from cantrip._errors import CantripError
-from cantrip.cli._exit import EXIT_INTERRUPTED, fail, json_errors
+from cantrip.cli._exit import EXIT_INTERRUPTED, EXIT_USAGE, fail, json_errors
 from cantrip.cli._parser import build_parser
 from cantrip.cli._spec_file import load_cantrip
 
@@ -96,6 +96,13 @@ def _run(args: argparse.Namespace) -> int:
         from cantrip.cli._init import run_init
 
         return run_init(args)
+    if args.command == "cast" and args.intents is not None and (not args.db or args.check):
+        print("cantrip: --intents queues casts for workers: give it with --db", file=sys.stderr)
+        return EXIT_USAGE
+    if args.command == "cast" and args.db and args.intents is not None:
+        from cantrip.cli._worker import casts_on_db
+
+        return casts_on_db(args)
     if args.command == "cast" and args.db and not args.check:
         from cantrip.cli._worker import cast_on_db
 

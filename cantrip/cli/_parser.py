@@ -26,17 +26,20 @@ the code; argparse prints this one)."""
 EPILOG = """\
 exit codes: 0 done; 1 an error (one line on stderr; --debug for the traceback);
 2 truncated by a ward, or a command line that cannot be read; 3 paused for a human
-(cast --db); 70 a bug in cantrip; 130 interrupted (Ctrl-C).
+(cast --db); 4 refused by a guardrail; 70 a bug in cantrip; 130 interrupted (Ctrl-C).
 
 Run `cantrip COMMAND --help` for a command's options.
 """
 
 DESCRIPTIONS = {
-    "init": "Write a starter spec file that runs offline (its LLM is scripted), with "
-    "the lines to change for a real provider.",
+    "init": "Write an example that ships with cantrip into a folder: by default "
+    "hello.toml, a spec that runs offline (its LLM is scripted) with the lines to change "
+    "for a real provider; 'cantrip init --list' names the others (evals, a slow model for "
+    "steering, one per provider, ...).",
     "cast": "Cast the spec's cantrip on one intent and print the result on stdout. On a "
     "terminal, progress (turns, gate calls, streamed text, tokens, cost) is drawn on "
-    "stderr. Exit 0 terminated, 2 truncated, 3 paused (--db), 130 interrupted, 1 error.",
+    "stderr. Exit 0 terminated, 2 truncated, 3 paused (--db), 4 refused by a guardrail, "
+    "130 interrupted, 1 error.",
     "worker": "Run the casts queued in a PostgreSQL loom. Start any number of workers on "
     "any machines; each entity is owned by one worker at a time through a lease, and "
     "another worker takes over when one dies.",
@@ -140,6 +143,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     _add_approvals(cast)
     cast.add_argument(
         "--db", metavar="URL", help="enqueue on PostgreSQL for `cantrip worker`s; wait for it"
+    )
+    cast.add_argument(
+        "--intents",
+        metavar="FILE",
+        help="with --db: one intent per line of FILE ('-': stdin), each cast on a new entity, "
+        "all queued in one commit; the results are printed in the same order",
     )
     cast.add_argument(
         "--check",

@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -20,8 +21,7 @@ from cantrip.cli._exit import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_PAUSED,
-    EXIT_TERMINATED,
-    EXIT_TRUNCATED,
+    exit_for,
 )
 from cantrip.cli._exit import fail as _fail
 
@@ -169,6 +169,63 @@ def cast_on_db(args: argparse.Namespace) -> int:
     return _on_dispatcher(args, dispatcher, run)
 
 
+def casts_on_db(args: argparse.Namespace) -> int:
+    """``cast --db --intents FILE``: queue one cast per line in one commit
+    (``Dispatcher.submit_many``), wait for each in turn, print each like ``cast --db``
+    (with ``--json`` one object per line), in the file's order. The exit code is the
+    first cast's that did not end 0, else 0."""
+    _quiet_pool_log()
+    from cantrip._text import require_cli_intent
+    from cantrip.distributed._dispatcher import Dispatcher
+    from cantrip.distributed._spell_secrets import check_queued_spell
+    from cantrip.distributed._spells import spell_from_spec
+
+    try:
+        text = (
+            sys.stdin.read()
+            if args.intents == "-"
+            else Path(args.intents).read_text(encoding="utf-8")
+        )
+    except OSError as exc:
+        return _fail(f"cannot read {args.intents}: {exc.strerror or exc}")
+    intents = [line.strip() for line in text.splitlines() if line.strip()]
+    if not intents:
+        return _fail(f"{args.intents}: no intents (one per line)")
+    try:
+        for intent in intents:
+            require_cli_intent(intent)
+        spell = spell_from_spec(args.spec)
+        check_queued_spell(spell)
+        dispatcher = Dispatcher(args.db)
+    except CantripError as exc:
+        return _fail(str(exc))
+    rule = _standing_decision(args)
+    try:
+        queued = dispatcher.submit_many(spell, intents)
+        print(f"cantrip: queued {len(queued)} casts in one commit", file=sys.stderr, flush=True)
+        code = 0
+        for index, (work_id, entity_id) in enumerate(queued):
+            try:
+                state, outcome = dispatcher.wait(work_id)
+                while state == "paused" and rule is not None:
+                    for pause in outcome.get("pending") or []:
+                        work_id = dispatcher.answer(entity_id, pause["pause_id"], rule)
+                    state, outcome = dispatcher.wait(work_id)
+            except KeyboardInterrupt:
+                for _, waiting in queued[index:]:
+                    dispatcher.cancel(waiting)
+                print("cantrip: interrupted; the casts not yet ended are cancelled",
+                      file=sys.stderr)  # fmt: skip
+                return EXIT_INTERRUPTED
+            ended = _report(args, state, work_id, outcome)
+            code = code or ended
+        return code
+    except CantripError as exc:
+        return _fail(str(exc))
+    finally:
+        dispatcher.close()
+
+
 def _on_dispatcher(
     args: argparse.Namespace, dispatcher: Any, run: Callable[[], Ended | int]
 ) -> int:
@@ -252,7 +309,7 @@ def _report(args: argparse.Namespace, state: str, work_id: int, outcome: dict[st
         return EXIT_ERROR
     if state == "cancelled":
         return EXIT_INTERRUPTED
-    return EXIT_TERMINATED if outcome.get("terminated") else EXIT_TRUNCATED
+    return exit_for(bool(outcome.get("terminated")), outcome.get("reason"))
 
 
 def _print_pending(outcome: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from cantrip._approval import Decision, Pause, PauseError
@@ -80,6 +80,32 @@ class Dispatcher:
             return self.queue.enqueue(dict(spell), intent, entity_id)
 
         return self._retrying("submit", enqueue), entity_id
+
+    def submit_many(
+        self, spell: Mapping[str, Any], intents: Sequence[str]
+    ) -> list[tuple[int, str]]:
+        """Queue each of ``intents`` on a new entity of its own, all in one statement and
+        one commit (issue 46.1); (work id, entity id) per intent, in order.
+
+        Every intent is checked before anything is written. The batch commits whole or
+        not at all, so a retry after a lost connection finds all of it queued (its
+        entities are new: only this batch can have queued work on them) or none."""
+        from cantrip._text import require_intent
+
+        for intent in intents:
+            require_intent(intent)
+        work = [(new_entity_id(), intent) for intent in intents]
+        entities = [entity for entity, _ in work]
+
+        def enqueue(retry: bool) -> dict[str, int]:
+            if retry:
+                queued = self.queue.work_of(entities)
+                if queued:
+                    return queued
+            return self.queue.enqueue_many(dict(spell), work)
+
+        ids = self._retrying("submit", enqueue) if work else {}
+        return [(ids[entity], entity) for entity in entities]
 
     def wait(
         self,

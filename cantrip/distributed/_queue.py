@@ -46,6 +46,7 @@ pauses and their answers in :mod:`~cantrip.distributed._pauses`.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -62,6 +63,7 @@ from cantrip.distributed._work import (
     WORK_CHANNEL,
     Claim,
     cancel_on,
+    enqueue_many_on,
     enqueue_on,
     messages_on,
 )
@@ -280,6 +282,25 @@ class WorkQueue:
         """Queue ``intent`` for ``entity_id`` (new or existing); the work id."""
         with self.store.pool.connection() as conn:  # one statement: its own transaction
             return enqueue_on(conn, spell, intent, entity_id)
+
+    def enqueue_many(
+        self, spell: dict[str, Any], work: Sequence[tuple[str, str]]
+    ) -> dict[str, int]:
+        """Queue ``(entity id, intent)`` pairs in one statement and one commit; the work
+        id by entity."""
+        with self.store.pool.connection() as conn:
+            return enqueue_many_on(conn, spell, work)
+
+    def work_of(self, entities: Sequence[str]) -> dict[str, int]:
+        """The latest work of each of ``entities`` that has any, in whatever state (new
+        entities' work may have run to its end by the time a retry looks)."""
+        with self.store.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT entity_id, max(id) FROM cantrip_work WHERE entity_id = ANY(%s) "
+                "GROUP BY entity_id",
+                (list(entities),),
+            ).fetchall()
+        return {str(entity): int(work_id) for entity, work_id in rows}
 
     def claim(self, owner: str, lease_s: float) -> Claim | None:
         """The oldest runnable work item, now this worker's; None if there is none."""

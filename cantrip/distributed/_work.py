@@ -10,7 +10,7 @@ pauses (:mod:`~cantrip.distributed._pauses`) stand on it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -76,6 +76,33 @@ def enqueue_on(conn: Any, spell: dict[str, Any], intent: str, entity_id: str) ->
     ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def enqueue_many_on(
+    conn: Any, spell: dict[str, Any], work: Sequence[tuple[str, str]]
+) -> dict[str, int]:
+    """Queue many casts of one spell on ``conn`` in one statement (issue 46.1): ``work``
+    is ``(entity id, intent)`` pairs, each entity once; the work id by entity. One
+    round trip and one commit for the lot, where :func:`enqueue_on` in a loop pays one
+    of each per cast; the spell is checked and encoded once, and each entity's
+    notification still goes out (a waiting :class:`Dispatcher` listens for its own)."""
+    check_queued_spell(spell)
+    entities = [entity for entity, _ in work]
+    if len(set(entities)) != len(entities):
+        raise ValueError("an entity appears twice in one batch: queue its intents one by one")
+    rows = conn.execute(
+        "WITH queued AS (INSERT INTO cantrip_work (entity_id, intent, spell) "
+        "SELECT e, i, %(spell)s FROM unnest(%(entities)s::text[], %(intents)s::text[]) "
+        "AS t(e, i) RETURNING id, entity_id) "
+        "SELECT id, entity_id, pg_notify(%(channel)s, entity_id) FROM queued",
+        {
+            "entities": entities,
+            "intents": [intent for _, intent in work],
+            "spell": json.dumps(spell),
+            "channel": WORK_CHANNEL,
+        },
+    ).fetchall()
+    return {str(entity): int(work_id) for work_id, entity, _ in rows}
 
 
 def cancel_on(

@@ -13,6 +13,7 @@ case does not have.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,14 @@ def add_case(
     spec: str | None = None,
 ) -> Case:
     """Append the cast ``ref`` names (an entity id or a turn id) to the suite file as
-    a case, and its recording to the suite's recording loom; return the case."""
+    a case, and its recording to the suite's recording loom; return the case.
+
+    ``spec`` (a path as the caller sees it) is written relative to the suite file, the
+    way a suite's ``spec`` is read back, so ``cantrip eval SUITE --replay`` runs next
+    from any folder; a suite that names a spec already keeps its own."""
     suite_path = Path(suite_path)
+    if spec is not None:
+        spec = os.path.relpath(Path(spec).resolve(), suite_path.resolve().parent)
     turns = _cast_turns(loom, ref)
     first = turns[0]
     assert first.intent is not None
@@ -143,6 +150,8 @@ def _with_case(text: str, case: Case, recording: str | None, spec: str | None) -
     out += _indent(entry)
     if recording is not None:
         out = f"recording: {recording}\n" + out
+    if spec is not None and "spec" not in top_keys:
+        out = f"spec: {spec}\n" + out
     return out
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 import orjson
 
-from cantrip._context import Context, ObservationRenderer
+from cantrip._context import Context, ObservationRenderer, recorded_memory
 from cantrip._errors import LLMError
 from cantrip._medium_names import resolve_medium_name
 from cantrip.llm._contract import Message, Response, ToolCall, ToolChoice, ToolDefinition, Usage
@@ -178,6 +178,9 @@ class ReplayIndex:
             if _answered(turn):
                 if turn.intent is not None:
                     context.add_intent(turn.intent)
+                    added = recorded_memory(turn)  # the prompt memory made (issue 42)
+                    if added:
+                        context.add_memory(added)
                 self.add(conversation_key(context.snapshot()), _response_of(turn))
             context.add_turn(turn)
 

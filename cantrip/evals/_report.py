@@ -16,15 +16,21 @@ SCHEMA = "cantrip.eval/1"
 
 
 def table(report: EvalReport) -> str:
-    """The final table: one line per case, then the totals."""
+    """The final table: one line per case, then the totals. With ``--repeat K`` two
+    columns more: pass@k (any of the K runs passed) and pass^k (all of them did), and
+    the share of cases meeting each on the totals line."""
     data = report.to_dict()
-    rows = [("case", "pass", "rate", "turns", "tokens", "cost $", "latency s")]
+    repeated = report.repeat > 1
+    k = report.repeat
+    head = ("case", "pass", "rate", *((f"pass@{k}", f"pass^{k}") if repeated else ()))
+    rows = [(*head, "turns", "tokens", "cost $", "latency s")]
     for case in data["cases"]:
         rows.append(
             (
                 case["name"] + (" (flaky)" if case["flaky"] else ""),
                 f"{case['passed']}/{case['runs']}",
                 f"{case['pass_rate']:.0%}",
+                *((_yes(case["pass_at_k"]), _yes(case["pass_all_k"])) if repeated else ()),
                 f"{case['turns']['mean']:g}",
                 f"{case['tokens']['mean']:g}",
                 "?" if case["cost_unknown"] else f"{case['cost_usd']['mean']:.6f}",
@@ -41,7 +47,18 @@ def table(report: EvalReport) -> str:
         + (f" (judges ${s['judge_cost_usd']:.6f})" if s["judge_cost_usd"] else "")
         + f"; {data['duration_s']:.2f} s"
     )
+    if repeated and data["cases"]:
+        cases = data["cases"]
+        at_k = sum(c["pass_at_k"] for c in cases) / len(cases)
+        all_k = sum(c["pass_all_k"] for c in cases) / len(cases)
+        lines.append(
+            f"pass@{k} {at_k:.0%} of cases (any run passed); pass^{k} {all_k:.0%} (all did)"
+        )
     return "\n".join(lines)
+
+
+def _yes(value: float) -> str:
+    return "yes" if value else "no"
 
 
 def failure_lines(report: EvalReport) -> list[str]:

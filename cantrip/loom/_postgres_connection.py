@@ -13,8 +13,8 @@ import re
 from typing import TYPE_CHECKING
 
 from cantrip._errors import LoomError
+from cantrip._install import install_command
 from cantrip._redact import redact
-from cantrip._version import DISTRIBUTION
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
@@ -33,7 +33,7 @@ def open_pool(url: str, max_connections: int) -> ConnectionPool:
         import psycopg_pool
     except ImportError as exc:  # the optional dependency (the postgres extra)
         raise LoomError(
-            f"a postgresql:// loom needs psycopg: pip install '{DISTRIBUTION}[postgres]'"
+            f"a postgresql:// loom needs psycopg: {install_command('postgres')}"
         ) from exc
     probe_connection(url)
     pool = psycopg_pool.ConnectionPool(

@@ -39,12 +39,29 @@ def cost(turns: Sequence[Turn]) -> float | None:
     made a call whose provider reported no usage."""
     total = 0.0
     for t in turns:
-        meta = t.metadata
-        if meta.cost_usd is not None:
-            total += meta.cost_usd
-        elif meta.tokens_prompt or meta.tokens_completion or meta.usage_missing:
+        usd = turn_cost(t)
+        if usd is None:
             return None
+        total += usd
     return total
+
+
+def turn_cost(turn: Turn) -> float | None:
+    """USD of one turn as recorded: ``None`` when it used tokens at an unknown price or
+    its provider reported no usage; a turn that used no tokens cost nothing."""
+    meta = turn.metadata
+    if meta.cost_usd is not None:
+        return meta.cost_usd
+    if meta.tokens_prompt or meta.tokens_completion or meta.usage_missing:
+        return None
+    return 0.0
+
+
+def cost_text(usd: float | None) -> str:
+    """A cost as every display shows it (issue 47.7): the progress line, ``loom
+    list``/``show`` and the viewer agree, and an unknown cost is "cost unknown"
+    everywhere, never ``$0`` in one and "n/a" in another."""
+    return "cost unknown" if usd is None else f"${usd:.6f}"
 
 
 class TurnTree(Protocol):

@@ -7,6 +7,7 @@ stores are synchronous, like the loom's; :class:`AsyncMemory` runs their calls i
 worker threads for code on the trio loop.
 """
 
+from cantrip.memory._cast import MemoryContext, MemoryScope, current_scope
 from cantrip.memory._model import (
     MAX_DEPTH,
     MAX_KEY_CHARS,
@@ -21,6 +22,16 @@ from cantrip.memory._model import (
 )
 from cantrip.memory._open import memory_for
 from cantrip.memory._postgres import PostgresMemory
+from cantrip.memory._provenance import (
+    describe,
+    forget_derived,
+    forget_namespace,
+    get_as_of,
+    item_as_of,
+    source_turn,
+    turn_time,
+)
+from cantrip.memory._settings import MemoryBlock, MemorySettings
 from cantrip.memory._sqlite import SQLiteMemory
 from cantrip.memory._store import AsyncMemory, MemoryBackend
 
@@ -34,10 +45,22 @@ __all__ = [
     "AsyncMemory",
     "Item",
     "MemoryBackend",
+    "MemoryBlock",
+    "MemoryContext",
+    "MemoryScope",
+    "MemorySettings",
     "MemoryStoreError",
     "Namespace",
     "PostgresMemory",
     "SQLiteMemory",
     "SearchItem",
+    "current_scope",
+    "describe",
+    "forget_derived",
+    "forget_namespace",
+    "get_as_of",
+    "item_as_of",
     "memory_for",
+    "source_turn",
+    "turn_time",
 ]

@@ -26,6 +26,8 @@ from cantrip._wards import Ward, WardSet
 from cantrip.llm._contract import LLM
 from cantrip.llm._retry import RetryingLLM, RetryPolicy
 from cantrip.loom._loom import Loom
+from cantrip.loom._postgres import PostgresStore
+from cantrip.loom._stores import SQLiteStore
 from cantrip.spec._circle import (
     build_gate,
     protected_files,
@@ -34,7 +36,9 @@ from cantrip.spec._circle import (
     with_isolation,
     with_loom,
 )
+from cantrip.spec._guardrails import guardrails_from_tables
 from cantrip.spec._llm import build_llm
+from cantrip.spec._memory import build_memory
 from cantrip.spec._providers import agents_from_tables, circle_servers
 from cantrip.spec._tables import (
     CircleSpec,
@@ -111,6 +115,7 @@ def build_cantrip(
     except ConstructionError as exc:
         problems.extend(exc.problems)
         agents = ()
+    rails = guardrails_from_tables(circle_spec.guardrails, problems, llm=llm, named=named)
     llm_reported = doc.llm is not None and llm is None  # its own problems say why
     problems.extend(
         p
@@ -118,6 +123,14 @@ def build_cantrip(
         if "circle" not in p and not (llm_reported and "requires an llm" in p)
     )
     output = _build_output(doc.output, problems) if doc.output is not None else None
+    name = doc.name or (doc._source.stem if doc._source is not None else None)
+    memory = build_memory(
+        doc.memory,
+        [g.name for g in gate_list],
+        cantrip_name=name,
+        has_database=_has_database(doc, loom),
+        problems=problems,
+    )
     if problems:
         raise ConstructionError(dedupe(problems))
     assert llm is not None and medium is not None
@@ -126,7 +139,14 @@ def build_cantrip(
         if circle_spec.approve
         else None
     )
-    circle = Circle(gate_list, wards, medium, approval=approval, providers=(*servers, *agents))
+    circle = Circle(
+        gate_list,
+        wards,
+        medium,
+        approval=approval,
+        providers=(*servers, *agents),
+        guardrails=rails,
+    )
     retry = _build_retry(doc.retry)
     if loom is None:
         if doc.loom and doc.loom.url:
@@ -147,7 +167,16 @@ def build_cantrip(
         llms=named,
         folding=folding,
         output=output,
+        name=name,
+        memory=memory,
     )
+
+
+def _has_database(doc: SpecDocument, loom: Loom | None) -> bool:
+    """Whether the cantrip's loom will be a database (SQLite or PostgreSQL) memory can live in."""
+    if loom is not None:
+        return isinstance(loom.store, SQLiteStore | PostgresStore)
+    return doc.loom is not None and bool(doc.loom.path or doc.loom.url)
 
 
 def _build_output(spec: OutputSpec, problems: list[str]) -> OutputSchema | None:

@@ -2,7 +2,7 @@
 
 A spec file is TOML; :class:`SpecDocument` is the whole of it and each table has its
 model here (``[llm]``, ``[identity]``, ``[circle]``, ``[retry]``, ``[loom]``,
-``[folding]``, ``[output]``, ``[llms.NAME]``). Every model forbids keys it does not
+``[folding]``, ``[output]``, ``[memory]``, ``[llms.NAME]``). Every model forbids keys it does not
 know (``extra="forbid"``), so a misspelt key is an error, not a silent default. The
 ``[[circle.mcp]]`` and ``[[circle.a2a]]`` tables are read by their own models
 (:mod:`cantrip.spec._providers`), so their problems come with every table's index.
@@ -138,6 +138,9 @@ class CircleSpec(_Strict):
     """``[[circle.mcp]]``: MCP servers whose tools become gates (cantrip.mcp)."""
     a2a: list[dict[str, Any]] = Field(default_factory=list)
     """``[[circle.a2a]]``: remote A2A agents, each one gate (cantrip.a2a)."""
+    guardrails: list[dict[str, Any]] = Field(default_factory=list)
+    """``[[circle.guardrails]]``: checks on input, output, calls and results
+    (cantrip.guardrails; each table read by cantrip.spec._guardrails)."""
     isolation: Literal["none", "bwrap"] | None = None
     """The bash medium: ``"bwrap"`` runs the shell under bubblewrap (mediums._bwrap)."""
     network: bool | None = None
@@ -180,9 +183,39 @@ class OutputSpec(_Strict):
     """``"package.module:Class"``: a pydantic model importable where the cast runs."""
 
 
+class MemoryBlockSpec(_Strict):
+    """``[[memory.blocks]]``: a pinned block -- labelled text shown at the start of
+    every cast, edited through the ``edit_block`` gate, at most ``limit`` characters."""
+
+    label: str
+    text: str = ""
+    limit: int = 2000
+
+
+class MemorySpec(_Strict):
+    """``[memory]``: memory across sessions, in the loom's database (cantrip.memory)."""
+
+    enabled: bool = True
+    namespace: list[str] = Field(default_factory=lambda: ["{cantrip}"])
+    """The namespace template: parts may name ``{user}`` (the cast's ``user`` tag),
+    ``{entity}`` and ``{cantrip}`` (``name``)."""
+    name: str | None = None
+    """What ``{cantrip}`` is (default: the spec file's name without ``.toml``)."""
+    blocks: list[MemoryBlockSpec] = Field(default_factory=list)
+    recall: bool = False
+    """Place the items that best match each cast's intent in its context."""
+    recall_k: int = 5
+
+
 class SpecDocument(_Strict):
     """A whole declarative cantrip."""
 
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="What people call it (an A2A Agent Card's name); the file's stem when unset.",
+    )
     llm: LLMSpec | None = None
     identity: IdentitySpec | None = None
     circle: CircleSpec | None = None
@@ -190,6 +223,7 @@ class SpecDocument(_Strict):
     loom: LoomSpec | None = None
     folding: FoldingSpec | None = None
     output: OutputSpec | None = None
+    memory: MemorySpec | None = None
     llms: dict[str, LLMSpec] = Field(default_factory=dict)
     """Further LLMs by name, for children and forks."""
     _source: Path | None = PrivateAttr(default=None)

@@ -25,7 +25,9 @@ from cantrip.loom._model import GateCallRecord
 
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
-ERROR_REASONS = frozenset({"cancelled", "parent_terminated", "crashed", "llm_error", "shutdown"})
+ERROR_REASONS = frozenset(
+    {"cancelled", "parent_terminated", "crashed", "llm_error", "shutdown", "guardrail_error"}
+)
 """How a cast ends that makes its ``invoke_agent`` span an error (not a ward's truncation)."""
 
 DELEGATION_GATES = frozenset({"call_agent", "call_agent_batch", "call_entity", "call_entity_batch"})
@@ -61,6 +63,24 @@ def agent_end_attributes(
     }
     if cost is not None:
         attributes["cantrip.cost_usd"] = cost
+    return attributes
+
+
+def guardrail_attributes(
+    reason: str | None, extras: Mapping[str, Any]
+) -> dict[str, AttributeValue]:
+    """A cast a guardrail ended (reason ``guardrail``): which check, on what, why (the
+    why redacted: it may quote what the check refused)."""
+    note = extras.get("guardrail")
+    if reason != "guardrail" or not isinstance(note, Mapping):
+        return {}
+    attributes: dict[str, AttributeValue] = {
+        "cantrip.guardrail.check": str(note.get("check", "")),
+        "cantrip.guardrail.on": str(note.get("on", "")),
+        "cantrip.guardrail.why": redact(str(note.get("why", ""))),
+    }
+    if note.get("gate"):
+        attributes["cantrip.guardrail.gate"] = str(note["gate"])
     return attributes
 
 

@@ -88,6 +88,7 @@ class _Builder:
         attributes = {
             **_genai.agent_attributes(record.entity_id, record.cantrip_id),
             **_genai.agent_end_attributes(last.reason, last.terminated, len(turns), usage, cost),
+            **_genai.guardrail_attributes(last.reason, last.extras),
         }
         error = _genai.reason_is_error(last.reason)
         if error:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 
 from cantrip._errors import ConstructionError
-from cantrip._version import DISTRIBUTION
+from cantrip._install import install_command
 
 EXPORT_TIMEOUT_S = 3.0
 """How long one export (with the exporter's own retries) may take: a collector on
@@ -60,9 +60,7 @@ def configure_otlp(endpoint: str, *, service_name: str = "cantrip") -> Callable[
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
-        raise ConstructionError(
-            f"--otlp needs OpenTelemetry: pip install '{DISTRIBUTION}[otel]'"
-        ) from None
+        raise ConstructionError(f"--otlp needs OpenTelemetry: {install_command('otel')}") from None
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     exporter = OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
     provider.add_span_processor(BatchSpanProcessor(exporter))

@@ -291,9 +291,12 @@ class TraceSink:
         del self._entities[event.entity_id]
         agent = state.agent
         agent.set_attributes(
-            _genai.agent_end_attributes(
-                turn.reason, turn.terminated, state.turns, state.usage, state.cost
-            )
+            {
+                **_genai.agent_end_attributes(
+                    turn.reason, turn.terminated, state.turns, state.usage, state.cost
+                ),
+                **_genai.guardrail_attributes(turn.reason, turn.extras),
+            }
         )
         if _genai.reason_is_error(turn.reason):
             agent.set_attribute("error.type", turn.reason or "error")

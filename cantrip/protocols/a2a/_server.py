@@ -53,6 +53,7 @@ import attrs
 
 from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
+from cantrip._plain_doc import plain_doc
 from cantrip._redact import get_logger, redact
 from cantrip.a2a._parts import parts_text
 from cantrip.protocols.asgi._openapi import AnswerRequest
@@ -86,8 +87,9 @@ def available() -> bool:
 def agent_card(spell: Cantrip, url: str, *, push: bool = False) -> Any:
     """The Agent Card of ``spell`` served at ``url`` (an ``a2a.types.AgentCard``).
 
-    Name and description come from the cantrip (its id; the identity's system
-    prompt, else what it does), one skill per gate (its name and description),
+    Name and description come from the cantrip (its name, else its id; the identity's
+    system prompt, else what it does), one skill per gate (its name and description,
+    reST markup removed: people read a card, not Sphinx),
     and the capabilities the endpoint has: streaming, and push notifications when
     the server delivers them (``push``)."""
     from a2a.types import a2a_pb2 as pb
@@ -104,7 +106,7 @@ def agent_card(spell: Cantrip, url: str, *, push: bool = False) -> Any:
         pb.AgentSkill(
             id=g.name,
             name=g.name,
-            description=(g.description or g.name).strip()[:500],
+            description=plain_doc(g.description or g.name).strip()[:500],
             tags=["gate", circle.medium.name],
         )
         for g in gates
@@ -114,7 +116,7 @@ def agent_card(spell: Cantrip, url: str, *, push: bool = False) -> Any:
         )
     ]
     return pb.AgentCard(
-        name=spell.id,
+        name=spell.name or spell.id,
         description=description,
         version="1.0.0",
         supported_interfaces=[
@@ -390,6 +392,9 @@ def settle(task: TaskView, data: dict[str, Any] | None, stamp: str) -> list[Any]
                 task_id=task.id, context_id=task.context_id, artifact=artifact, last_chunk=True
             )
         )
+    elif data.get("stop_reason") == "refusal":  # a guardrail refused it (A2A's rejected)
+        text = f"refused: {data.get('summary') or ''}"
+        task.set_state(pb.TASK_STATE_REJECTED, agent_message(task, text, data, f"{ids}-s"))
     else:  # stopped by a ward or a limit without an answer
         text = f"stopped without an answer ({reason}): {data.get('summary') or ''}"
         task.set_state(pb.TASK_STATE_FAILED, agent_message(task, text, data, f"{ids}-s"))

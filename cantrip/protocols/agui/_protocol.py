@@ -84,8 +84,8 @@ from cantrip._events import (
     ToolResultEvent,
 )
 from cantrip._gate import Gate
-from cantrip._outcome import STOP_REASONS, CastResult
-from cantrip._redact import get_logger, redact_value
+from cantrip._outcome import STOP_REASONS, CastResult, refused
+from cantrip._redact import get_logger, redact, redact_value
 from cantrip.llm._contract import Response, plain_json
 from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import GateCallRecord, Turn
@@ -730,7 +730,13 @@ class RunStream:
         out = self.translator.finish(result)
         out.append(StateSnapshotEvent(snapshot=state_of(run, where, outcome)))
         out.append(MessagesSnapshotEvent(messages=messages_of(thread)))
-        if outcome is None or STOP_REASONS.get(outcome.reason or "") == "cancelled":
+        finished: RunFinishedEvent | RunErrorEvent
+        if refused(outcome):
+            # A guardrail refused the run: an error, with its own code (the state and
+            # messages above say what was recorded).
+            assert outcome is not None
+            finished = RunErrorEvent(message=redact(outcome.summary or "refused"), code="guardrail")
+        elif outcome is None or STOP_REASONS.get(outcome.reason or "") == "cancelled":
             finished = RunFinishedEvent(
                 thread_id=run.thread_id, run_id=run.run_id, outcome=RunFinishedCancelledOutcome()
             )

@@ -265,6 +265,13 @@ class ThreadBody(_Out):
     """The session's turns, root first, as ``cantrip loom export`` writes them."""
 
 
+class GuardrailInfo(_Out):
+    check: str
+    on: Literal["input", "output", "call", "result"]
+    why: str
+    gate: str | SkipJsonSchema[None] = None
+
+
 class PromptResult(_Out):
     result: Any = None
     terminated: bool
@@ -288,6 +295,9 @@ class PromptResult(_Out):
     undelivered: list[str] | SkipJsonSchema[None] = None
     """Messages sent to this prompt (``/messages``) that arrived as it ended, too late
     to join a turn."""
+    guardrail: GuardrailInfo | SkipJsonSchema[None] = None
+    """A cast a guardrail ended (reason ``guardrail``, stop_reason ``refusal``): which
+    check, on what, and why."""
 
 
 class SteerRequest(_In):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pydantic
 
-from cantrip._outcome import CastResult
+from cantrip._outcome import CastResult, refused
 from cantrip._redact import redact, redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.loom._model import result_text
@@ -51,6 +51,7 @@ def cast_tool_result(outcome: CastResult) -> Any:
     return CallToolResult(
         content=[TextContent(type="text", text=redact(text))],
         structured_content=structured.model_dump(mode="json"),
+        is_error=refused(outcome),  # a guardrail refused the cast: a tool error
     )
 
 

@@ -14,7 +14,6 @@ tokens (and cost, when the provider reports one) so far.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import math
 import os
@@ -49,10 +48,10 @@ from cantrip._text import TextError, check_text
 from cantrip.llm._contract import Response, Usage
 from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import GateCallRecord
+from cantrip.loom._summary import cost_text, turn_cost
 from cantrip.protocols.terminal._human import TerminalHuman
 
 PREVIEW = 100
-COST_KEYS = ("cost_usd", "cost", "total_cost")
 """Response metadata keys under which a provider may report what a query cost."""
 
 _log = logging.getLogger(__name__)
@@ -61,33 +60,6 @@ _log = logging.getLogger(__name__)
 def _short(text: str, limit: int = PREVIEW) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _cost(response: Response) -> float | None:
-    """What a query cost: as the provider reported it, else from the model's prices
-    in the provider configuration (when the provider layer is installed)."""
-    for key in COST_KEYS:
-        value = response.metadata.get(key)
-        if isinstance(value, int | float):
-            return float(value)
-    if response.provider in (None, "scripted") or response.usage.missing:
-        return None  # no usage reported: unknown, never $0
-    try:
-        telemetry: Any = importlib.import_module("cantrip.llm._telemetry")
-        for model in (response.metadata.get("requested_model"), response.model):
-            if isinstance(model, str):
-                pricing = telemetry.config_pricing(response.provider, model)
-                if pricing is not None:
-                    return float(pricing.cost(response.usage))
-    except Exception:  # noqa: BLE001 -- progress is an observation; it never fails a cast
-        # Shown as "no cost", but never silently: a broken pricing table is a bug to fix.
-        _log.warning(
-            "pricing lookup for provider %r failed; the progress line shows no cost",
-            response.provider,
-            exc_info=True,
-        )
-        return None
-    return None
 
 
 class Progress:
@@ -118,21 +90,28 @@ class Progress:
         self.calls = 0
         self.failed = 0
         self.usage = Usage()
-        self.cost: float | None = None
+        self.cost = 0.0
+        self.cost_unknown = False
+        """A query of this cast had no known cost, so the sum is unknown (as the loom
+        and ``cast --json`` say), not the sum of the others."""
         self.started = time.monotonic()
         self._text = ""
         self._thinking = ""
         self._streamed = False
         """Whether this step's message arrived in deltas (else it is shown whole)."""
         self._live: Live | None = None
+        self.turns_before = 0
+        """The entity's turns before this cast: the counter shows the entity's turn
+        number, as the loom counts it (``invoke`` continues one entity cast after cast)."""
 
     # -- lifecycle -------------------------------------------------------------
 
     def __enter__(self) -> Progress:
         self.started = time.monotonic()
         self.entity_id = None
-        self.turn = self.calls = self.failed = 0
-        self.usage, self.cost = Usage(), None
+        self.calls = self.failed = 0
+        self.turn = self.turns_before
+        self.usage, self.cost, self.cost_unknown = Usage(), 0.0, False
         self._waiting = None
         if self.enabled:
             self._live = Live(
@@ -170,7 +149,7 @@ class Progress:
                 live.start()
 
     def status(self) -> str:
-        cost = f"${self.cost:.4f}" if self.cost is not None else "cost n/a"
+        cost = cost_text(None if self.cost_unknown else self.cost)
         waiting = ""
         if self._waiting is not None:
             waiting = f" · waiting for {self.llm or 'the LLM'}" + (
@@ -212,7 +191,7 @@ class Progress:
         indent = "" if mine else "  ↳ "
         if isinstance(event, StepStart) and mine:
             self._flush_text()
-            self.turn += 1  # turns of this cast (a summoned entity's count on)
+            self.turn += 1
             self._streamed = False
             self._waiting = 1
         elif isinstance(event, MessageStart) and mine:
@@ -242,6 +221,11 @@ class Progress:
             )
         elif isinstance(event, StepComplete) and event.turn is not None:
             turn = event.turn
+            usd = turn_cost(turn)  # as recorded: the loom and --json count the same
+            if usd is None:
+                self.cost_unknown = True
+            else:
+                self.cost += usd
             if mine:
                 self._waiting = None
             if turn.truncated:
@@ -252,9 +236,6 @@ class Progress:
             )
 
     def _message(self, response: Response, mine: bool) -> None:
-        cost = _cost(response)
-        if cost is not None:
-            self.cost = (self.cost or 0.0) + cost
         if not mine:
             return
         if not self._streamed:  # an LLM that does not stream: the whole message now
@@ -538,6 +519,8 @@ class Invocation:
             # Only a person types while a cast runs: lines piped in are intents, one cast
             # each. (A circle that asks a human reads the typed lines as its answers.)
             self._steering.start_soon(self._steer_lines, steer)
+        entity_id = self.server.entity_id
+        self.progress.turns_before = len(self.spell.loom.entity_turns(entity_id))
         try:
             with self.progress:
                 outcome = await self.server.ask(intent)

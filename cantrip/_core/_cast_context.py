@@ -1,0 +1,36 @@
+"""What a cantrip adds to a cast's context before its first turn (memory), recorded.
+
+The cantrip installs a :class:`~cantrip._running.CastContext` (memory's, from
+:mod:`cantrip.memory`); the core knows it only by that shape. What it returns is put
+in the cast's tags, which the cast's first turn records in its extras
+(``extras["memory"]``), and shown in the working context right after the intent. A
+context rebuilt from the loom -- a resumed or forked entity, a replay -- renders it
+from that record (:meth:`cantrip._context.Context.add_turn`) and never asks the store
+again, so it sees the prompt the model saw.
+"""
+
+from __future__ import annotations
+
+from cantrip._core._cast import Cast
+from cantrip._core._state import EntityState
+from cantrip._running import MEMORY_EXTRA
+
+
+async def open_cast_context(entity: EntityState, cast: Cast) -> None:
+    """Ask the cantrip's cast context what to add to ``cast`` (before any turn: a
+    refusal -- a namespace that needs a user the cast does not name -- records nothing)."""
+    source = entity.cantrip.cast_context
+    if source is None:
+        return
+    added = await source.open_cast(entity, cast.intent, cast.tags)
+    if added:
+        cast.tags = {**cast.tags, MEMORY_EXTRA: dict(added)}
+
+
+def show_cast_context(entity: EntityState, cast: Cast) -> None:
+    """Show what :func:`open_cast_context` added, after the intent just shown."""
+    if entity.cantrip.cast_context is None:
+        return
+    added = cast.tags.get(MEMORY_EXTRA)
+    if added:
+        entity._context.add_memory(str(added["text"]))
