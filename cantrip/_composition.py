@@ -125,6 +125,9 @@ async def _run_child(parent: Entity, request: dict[str, Any], spawn_point: str) 
         spell, llm = _child_cantrip(parent, request)
     except ConstructionError as exc:
         raise GateError(f"cannot spawn child: {exc}") from None
+    refused = _child_refused(parent)
+    if refused is not None:
+        raise GateError(f"cannot spawn child: {refused}")
     intent = request.get("intent")
     context = request.get("context")
     if context is not None and isinstance(intent, str):
@@ -158,6 +161,25 @@ async def _run_child(parent: Entity, request: dict[str, Any], spawn_point: str) 
             outcome.summary, truncated=True, entity_id=child.id, reason=outcome.reason
         )
     return ChildOutcome(outcome.result, entity_id=child.id)
+
+
+def _child_refused(parent: Entity) -> str | None:
+    """Why the parent's tree may not start another child (``None``: it may): it
+    takes one ``max_children`` unit (cantrip._core._budget), and a tree whose
+    tokens or dollars are spent starts none -- the child could not make a call."""
+    cast = parent._cast
+    if cast is None:
+        return None
+    budget = cast.budget
+    if budget.bounded:
+        spent = budget.refusal("max_tokens_total")
+        if spent is not None:
+            return spent
+    if cast.meter.bounded:
+        spent_usd = cast.meter.refusal()
+        if spent_usd is not None:
+            return spent_usd
+    return budget.take("max_children") if budget.bounded else None
 
 
 def _child_cantrip(parent: Entity, request: Mapping[str, Any]) -> tuple[Any, LLM]:

@@ -165,6 +165,14 @@ class Context:
                 self._chars += len(text)
         self._steered = tuple(texts)
 
+    def add_notice(self, text: str) -> None:
+        """A budget notice (cantrip._core._budget), shown after this turn's steering
+        messages; the turn taken next records it (``extras["budget_notice"]``) and
+        :meth:`add_turn` shows it in the same place when the context is rebuilt."""
+        shown = self._steered or ()  # this turn's steering, shown already
+        self.add_steering((text,))
+        self._steered = (*shown, text)
+
     def add_turn(self, turn: Turn) -> None:
         if turn.intent is not None:
             remembered = recorded_memory(turn)
@@ -174,6 +182,9 @@ class Context:
                     self.add_memory(remembered)
         phase = turn.extras.get("phase")
         steering = turn.extras.get("steering")
+        notice = turn.extras.get("budget_notice")
+        if notice:  # a budget notice joins the context like a steering message
+            steering = (*(steering or ()), notice)
         if steering and phase not in ("continuation", "continuation+checkpoint"):
             if self._steered == tuple(steering):
                 self._steered = None  # shown live already

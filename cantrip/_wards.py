@@ -45,6 +45,8 @@ class WardKind:
     whole_from: int | None = None
     """A kind counted in whole numbers takes an int of at least this (``max_repeats``:
     2, since one call is not a repeat); ``None``: any non-negative number."""
+    at_most: float | None = None
+    """The largest value the ward takes (``budget_notice``: a fraction, 1)."""
 
 
 _KINDS: dict[str, WardKind] = {}
@@ -65,9 +67,38 @@ def ward_kinds() -> Mapping[str, WardKind]:
 
 for _kind in (
     WardKind("max_turns", "min", truncates=True, doc="turns per cast"),
-    WardKind("timeout_s", "min", truncates=True, doc="wall-clock seconds per cast"),
-    WardKind("max_tokens_total", "min", truncates=True, doc="prompt+completion tokens per cast"),
+    WardKind(
+        "timeout_s",
+        "min",
+        truncates=True,
+        doc="wall-clock seconds per cast; the casts it spawns run inside it",
+    ),
+    WardKind(
+        "max_tokens_total",
+        "min",
+        truncates=True,
+        doc="prompt+completion tokens per cast, the casts it spawns included",
+    ),
     WardKind("max_cost_usd", "min", doc="USD per cast, the casts it spawns included"),
+    WardKind(
+        "max_gate_calls",
+        "min",
+        doc="gate calls (done excepted) per cast, the casts it spawns included",
+        whole_from=0,
+    ),
+    WardKind(
+        "max_children",
+        "min",
+        doc="child entities per cast, the children's own included",
+        whole_from=0,
+    ),
+    WardKind(
+        "budget_notice",
+        "min",
+        doc="the fraction of a budget at which the entity is told, once, what is left "
+        "(default 0.8; 0: never)",
+        at_most=1.0,
+    ),
     WardKind("max_depth", "min", doc="delegation depth below this entity"),
     WardKind("max_concurrency", "min", doc="children of one batch running at once"),
     WardKind("max_batch_size", "min", doc="children in one batch"),
@@ -125,6 +156,10 @@ class Ward:
             raise ConstructionError(f"ward {self.kind} takes a number, not {self.value!r}")
         elif self.value < 0:
             raise ConstructionError(f"ward {self.kind} must not be negative (got {self.value})")
+        elif spec.at_most is not None and self.value > spec.at_most:
+            raise ConstructionError(
+                f"ward {self.kind} takes a number from 0 to {spec.at_most:g}, not {self.value}"
+            )
 
     @classmethod
     def parse(cls, data: Mapping[str, Any] | Ward) -> list[Ward]:

@@ -15,8 +15,9 @@ from typing import Any
 import attrs
 
 from cantrip._approval import Pause
+from cantrip._core._budget import CHILDREN, TreeBudget, charge_turn, recharge
 from cantrip._core._host import TurnHost
-from cantrip._cost import USAGE_UNKNOWN, CostMeter
+from cantrip._cost import CostMeter
 from cantrip._outcome import CastResult, cast_result
 from cantrip.llm._contract import Response, Usage
 from cantrip.llm._cost import PriceMemo
@@ -73,6 +74,8 @@ class Inflight:
     """How many of ``host.records`` the checkpoints already hold."""
     steering: tuple[str, ...] = ()
     """Messages that joined this turn (recorded with its first piece)."""
+    notice: tuple[str, ...] = ()
+    """The budget notice shown before this turn's call, if due (cantrip._core._budget)."""
     rewrote: tuple[str, ...] = ()
     """Guardrails that rewrote this turn's input or answer (:mod:`cantrip._core._guard`)."""
 
@@ -84,6 +87,8 @@ class Cast:
     intent: str
     meter: CostMeter = attrs.field(factory=CostMeter)
     """USD spent, charged up the entity tree (the cost ward)."""
+    budget: TreeBudget = attrs.field(factory=TreeBudget)
+    """Tokens, gate calls and children, charged up the entity tree (cantrip._core._budget)."""
     tags: Mapping[str, Any] = attrs.field(factory=dict)
     """Recorded in the extras of the cast's first turn (e.g. an idempotency key)."""
     turns: list[Turn] = attrs.field(factory=list)
@@ -116,12 +121,13 @@ class Cast:
         metadata = turn.metadata
         if metadata.tokens_prompt or metadata.tokens_completion:
             self.tally.add(metadata)
-            self.meter.charge(metadata.cost_usd)
-        elif metadata.cost_usd:
-            self.meter.charge(metadata.cost_usd)
         elif metadata.usage_missing:  # a call whose usage nobody knows: unknown, not $0
             self.tally.missing = True  # ... and so are the cast's tokens (``usage.missing``)
-            self.meter.charge(None, why=USAGE_UNKNOWN)
+        self._charge(metadata)
+
+    def _charge(self, metadata: TurnMetadata) -> None:
+        """Charge a turn's tokens and dollars up the entity tree."""
+        charge_turn(self.budget, self.meter, metadata)
 
     def add_recorded(self, recorded: Sequence[Turn]) -> None:
         """Count the turns an earlier incarnation already recorded for this cast:
@@ -130,6 +136,16 @@ class Cast:
             self.add(turn)
             if turn.extras.get("phase") not in ("continuation", "continuation+checkpoint"):
                 self.utterances += 1
+        recharge(self.budget, recorded, own=True)
+
+    def add_spawned(self, children: int, turns: Sequence[Turn]) -> None:
+        """Charge what the children an earlier incarnation of this cast spawned spent
+        (``turns``: theirs and their own children's, read from the loom): their
+        tokens and dollars count toward this cast's tree, not its own usage."""
+        self.budget.charge(CHILDREN, children)
+        for turn in turns:
+            self._charge(turn.metadata)
+        recharge(self.budget, turns, own=False)
 
     def result(self, entity_id: str, last: Turn, value: Any) -> CastResult:
         """The cast's result now that ``last`` (its latest turn) ended it; its cost is

@@ -23,6 +23,7 @@ import attrs
 
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._context import Context
+from cantrip._core._budget import Account, TreeBudget, recorded_tree, tree_budget
 from cantrip._core._cast import Cast, UsageTally
 from cantrip._core._cast_context import open_cast_context
 from cantrip._core._loop import cancel_reason, continue_paused, run_cast
@@ -108,6 +109,7 @@ class Entity(EntityState):
         self._closed = False
         self._continuing = False
         self.provider_nursery = None
+        self.spends_under = None
         self._providers = None
         self._provided = False
         self._offered = ()
@@ -263,13 +265,16 @@ class Entity(EntityState):
         ``tags`` are recorded in the extras of the cast's first turn, so what a
         front end knows about the request (an idempotency key) is in the loom.
 
-        Wards: ``max_turns`` and ``max_tokens_total`` are checked after each turn;
-        ``timeout_s`` cuts the cast off wherever it is. Cancellation from outside
-        (a parent ending, an API call) is recorded as a truncated turn -- with the
-        in-flight gate calls completed as ``cancelled`` -- and then re-raised.
+        Wards: ``max_turns`` is checked after each turn; the tree budgets
+        (``max_tokens_total``, ``max_cost_usd``, ``max_gate_calls``, ``max_children``)
+        before each model call, gate call and child, counting the casts this one
+        spawns (cantrip._core._budget); ``timeout_s`` cuts the cast off wherever it
+        is. Cancellation from outside (a parent ending, an API call) is recorded as a
+        truncated turn -- with the in-flight gate calls completed as ``cancelled`` --
+        and then re-raised.
         """
         intent = require_intent(intent)
-        cast = Cast(intent, self._meter(), dict(tags or {}))
+        cast = Cast(intent, self._meter(), tags=dict(tags or {}), budget=self._budget())
         await open_cast_context(self, cast)
         return await run_cast(self, self._pauses, cast, fresh=True)
 
@@ -280,20 +285,32 @@ class Entity(EntityState):
         continues from the gate journal (its utterance and recorded gate results are
         reused; see cantrip._journal). The intent is already in the context."""
         intent = require_intent(intent)
-        cast = Cast(intent, self._meter())
+        cast = Cast(intent, self._meter(), budget=self._budget())
         cast.add_recorded(recorded)
         if not recorded:  # nothing of it reached the loom: it opens as a sent cast does
             await open_cast_context(self, cast)
+        if recorded and (cast.budget.bounded or cast.meter.bounded):
+            # the tree's account survives the handoff: what the children spawned
+            # before it spent is in the loom
+            cast.add_spawned(*recorded_tree(self.loom, self.id, recorded))
         self._continuing = True
         return await run_cast(self, self._pauses, cast, fresh=not recorded)
 
     def _meter(self) -> CostMeter:
-        """This cast's cost meter, charging the cast that spawned it (if any)."""
+        """This cast's cost meter, charging the cast that spawned it (if any), else
+        the account its host opened above it (:attr:`spends_under`)."""
+        above = self._above()
+        return cost_meter(self.circle.resolved, above.meter if above is not None else None)
+
+    def _budget(self) -> TreeBudget:
+        """This cast's tree account, charging the same as :meth:`_meter`."""
+        above = self._above()
+        return tree_budget(self.circle.resolved, above.budget if above is not None else None)
+
+    def _above(self) -> Cast | Account | None:
         parent = CURRENT_ENTITY.get(None)
         parent_cast = parent._cast if parent is not None and parent is not self else None
-        return cost_meter(
-            self.circle.resolved, parent_cast.meter if parent_cast is not None else None
-        )
+        return parent_cast if parent_cast is not None else self.spends_under
 
     def steer(self, text: str) -> bool:
         """Send a message to the running cast: it joins the cast's next turn, as a
@@ -432,7 +449,9 @@ class Entity(EntityState):
         if self._pauses.answer_live(pause_id, decision):
             return None
         stored = self._pauses.answerable(self, pause_id, decision)
-        return await continue_paused(self, self._pauses, self._meter(), stored, decision)
+        return await continue_paused(
+            self, self._pauses, self._meter(), stored, decision, budget=self._budget()
+        )
 
     def recorded_answer(self) -> tuple[Pause, Decision] | None:
         """The answer at this entity's leaf that was recorded but never carried out
@@ -452,8 +471,9 @@ class Entity(EntityState):
         assert self._leaf is not None
         answered = self.loom.get(self._leaf)
         return await continue_paused(
-            self, self._pauses, self._meter(), pause, decision, answered=answered
-        )
+            self, self._pauses, self._meter(), pause, decision, answered=answered,
+            budget=self._budget(),
+        )  # fmt: skip
 
     async def ask_during_call(
         self,

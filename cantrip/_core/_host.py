@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from cantrip._circle import Circle
+from cantrip._core._budget import GATE_CALLS, TreeBudget, charge_reported
 from cantrip._core._guard_calls import guarded_call, guarded_result
 from cantrip._events import ToolResultEvent
 from cantrip._gate import Gate
@@ -31,7 +32,16 @@ class TurnHost:
     """The circle as one turn's medium sees it, remembering every completion so a
     cut-off turn can be recorded with what had already happened."""
 
-    __slots__ = ("circle", "emit", "failed", "gatekeeper", "journal", "records", "tripped")
+    __slots__ = (
+        "budget",
+        "circle",
+        "emit",
+        "failed",
+        "gatekeeper",
+        "journal",
+        "records",
+        "tripped",
+    )
 
     def __init__(
         self,
@@ -48,6 +58,9 @@ class TurnHost:
         """Set when a call may need a human (Pauses.gate_call); it runs the gate through
         :meth:`run` once the call may go ahead."""
         self.records: list[GateCallRecord] = []
+        self.budget: TreeBudget | None = None
+        """The cast's tree account: each call (but a terminating one) takes one
+        ``max_gate_calls`` unit before it runs; a refused call is not made."""
         self.tripped: Tripped | None = None
         """A ``call`` or ``result`` guardrail tripped: the loop ends the cast (reason
         ``guardrail``) once the utterance is done (:mod:`cantrip._core._guard_calls`)."""
@@ -67,6 +80,10 @@ class TurnHost:
     async def call(
         self, name: str, args: Mapping[str, Any], tool_call_id: str | None = None
     ) -> GateCallRecord:
+        if self.budget is not None and not self.circle.terminates(name):
+            refused = self.budget.take(GATE_CALLS)
+            if refused is not None:
+                return self.unexecuted(name, args, tool_call_id, "error", refused)
         guard = self.circle.guard
         if guard is not None:
             go = self.gatekeeper if self.gatekeeper is not None else self.run
@@ -76,6 +93,8 @@ class TurnHost:
         else:
             record = await self.run(name, args, tool_call_id)
         self.records.append(record)
+        if self.budget is not None:
+            charge_reported(self.budget, record.detail)
         if self.emit is not None:
             self.emit(ToolResultEvent(record=record))
         return record

@@ -27,6 +27,7 @@ import trio.lowlevel
 
 from cantrip._approval import Decision, Pause
 from cantrip._context import NUDGE_DONE_REQUIRED
+from cantrip._core._budget import TOKENS, TreeBudget, budget_notice
 from cantrip._core._cast import Cast, Inflight
 from cantrip._core._cast_context import show_cast_context
 from cantrip._core._guard import check_inputs, guarded_outcome, record_failure, rewrites, trip_cast
@@ -262,6 +263,9 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
             if refusal is not None:
                 turn = record_cut(entity, cast, "max_cost_usd", observation=refusal)
                 return cast.result(entity.id, turn, None)
+        if cast.budget.bounded and (refusal := cast.budget.refusal(TOKENS)) is not None:
+            turn = record_cut(entity, cast, TOKENS, observation=refusal)
+            return cast.result(entity.id, turn, None)
         context = entity._context
         if context.fold_pending:
             await context.complete_fold()  # an async folder (LLMFolder) folds here
@@ -279,6 +283,11 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
             watched, ended = await check_inputs(entity, guard, cast, inflight)
             if ended is not None:
                 return ended
+        inflight.notice = budget_notice(
+            entity.circle.resolved, cast.budget, cast.meter, entity._scope
+        )
+        if inflight.notice:
+            context.add_notice(inflight.notice[0])
         if emit is not None:
             emit(StepStart(sequence=entity._sequence + 1))
         journal: TurnJournal | None = None
@@ -326,6 +335,7 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
         host = inflight.host = TurnHost(
             circle, emit, journal, pauses.gatekeeper(entity) if circle.needs_humans else None
         )
+        host.budget = cast.budget if cast.budget.bounded else None
         cast.utterances += 1
         token = CURRENT_ENTITY.set(entity)
         try:
@@ -459,15 +469,14 @@ def _conclude(
         reason = "text" if execution.text_only else "done"
     elif reason is None:
         max_turns = wards.max_turns
-        max_tokens = wards.get("max_tokens_total")
         if max_turns is not None and cast.utterances >= max_turns:
             reason = "max_turns"
-        elif (
-            max_tokens is not None
-            and cast.tokens + (response.usage.total_tokens if inflight.checkpoint_id is None else 0)
-            >= max_tokens
+        elif cast.budget.stop is not None:
+            reason = cast.budget.stop[0]  # a gate call or a child refused by its budget
+        elif cast.budget.bounded and cast.budget.reached(
+            TOKENS, response.usage.total_tokens if inflight.checkpoint_id is None else 0
         ):
-            reason = "max_tokens_total"
+            reason = TOKENS
         elif cast.meter.bounded and spent_after(
             cast.meter,
             response,
@@ -500,6 +509,8 @@ def _conclude(
         gate_calls = _calls_of(inflight, execution)
     if loop_note is not None:
         extras = {**extras, "loop": loop_note}  # why the loop ward ended the cast
+    if cast.budget.stop is not None and reason == cast.budget.stop[0]:
+        extras = {**extras, "budget": cast.budget.stop[1]}  # which budget refused what
     if guard_note is not None:
         extras = {**extras, "guardrail": guard_note}  # which check, on what, why
     if inflight.rewrote:
@@ -587,6 +598,7 @@ async def continue_paused(
     decision: Decision,
     *,
     answered: Turn | None = None,
+    budget: TreeBudget | None = None,
 ) -> CastResult:
     """Go on with an utterance that a pause recorded in the loom interrupted
     (``answered``: the answer's checkpoint, already recorded by a process that died)."""
@@ -605,7 +617,7 @@ async def continue_paused(
         model=first.metadata.model,
         provider=first.metadata.provider,
     )
-    cast = entity._cast = Cast("", meter, resumed=True)
+    cast = entity._cast = Cast("", meter, budget=budget or TreeBudget(), resumed=True)
 
     async def resume_step() -> CastResult | None:
         if entity._session is None:
@@ -626,6 +638,7 @@ async def continue_paused(
             entries = await loom.journal_read(entity.id, answered.sequence)
             journal = TurnJournal(loom, entity.id, answered.sequence, entries)
         host = inflight.host = TurnHost(entity.circle, emit, journal, pauses.gatekeeper(entity))
+        host.budget = cast.budget if cast.budget.bounded else None
         cast.utterances += 1
         token = CURRENT_ENTITY.set(entity)
         try:

@@ -38,6 +38,9 @@ def new_turn(entity: EntityState, intent: str | None, **fields: Any) -> Turn:
     if inflight is not None and inflight.steering:
         fields["extras"] = {**fields.get("extras", {}), "steering": list(inflight.steering)}
         inflight.steering = ()  # the turn's first piece carries them
+    if inflight is not None and inflight.notice:
+        fields["extras"] = {**fields.get("extras", {}), "budget_notice": inflight.notice[0]}
+        inflight.notice = ()
     turn_id, entity._reserved_turn_id = entity._reserved_turn_id, None
     return Turn(
         id=turn_id or entity.loom.new_turn_id(),

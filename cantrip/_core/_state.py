@@ -19,6 +19,7 @@ import trio
 
 from cantrip._circle import Circle
 from cantrip._context import Context
+from cantrip._core._budget import Account
 from cantrip._core._cast import Cast, Inflight, UsageTally
 from cantrip._core._steering import Steering
 from cantrip._events import EventSink
@@ -113,6 +114,9 @@ class EntityState:
     """A nursery a long-lived host lends to this entity's gate providers (MCP
     servers), so their sessions outlive one cast without ``async with``."""
     restore_report: ReplayReport | None
+    spends_under: Account | None
+    """An account a host keeps above this entity's casts (``serve``'s session and
+    token budgets, cantrip._core._budget.Account); a child's casts charge its parent's."""
 
     _setup: EntitySetup
     _context: Context

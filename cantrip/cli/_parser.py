@@ -338,6 +338,17 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
         help="drop a session idle this long from memory; it resumes from the loom (default: 900)",
     )  # fmt: skip
     serve.add_argument(
+        "--session-budget", action="append", default=[], metavar="WARD=N",
+        help="what each session may spend over all its prompts, children included: "
+        "max_tokens_total, max_cost_usd, max_gate_calls or max_children (repeatable; a "
+        "client cannot raise it)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--token-budget", action="append", default=[], metavar="WARD=N",
+        help="what all sessions served under the bearer token may spend together (without "
+        "--token: the whole server), as --session-budget (repeatable)",
+    )  # fmt: skip
+    serve.add_argument(
         "--client-timeout",
         type=int,
         default=30,

@@ -42,6 +42,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from cantrip.protocols.http._serve import serve_http
     from cantrip.protocols.middleware._guard import BindError, Guard
     from cantrip.protocols.middleware._lifecycle import ServeOptions
+    from cantrip.protocols.sessions._budgets import ServeBudgets
     from cantrip.protocols.sessions._limits import SessionLimits
 
     debug_log(args.log)
@@ -57,7 +58,11 @@ def run_serve(args: argparse.Namespace) -> int:
         guard.check_bind()
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port {args.port} is not a port number (0-65535; 0: any free)")
-        limits = SessionLimits(max_sessions=args.max_sessions, idle_s=args.idle_timeout)
+        limits = SessionLimits(
+            max_sessions=args.max_sessions,
+            idle_s=args.idle_timeout,
+            budgets=ServeBudgets.parse(args.session_budget, args.token_budget),
+        )
         set_heartbeat_s(args.heartbeat_s)
         collector = command_gc(args.gc_young)
     except (BindError, ValueError) as exc:

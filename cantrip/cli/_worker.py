@@ -345,11 +345,21 @@ def serve_on_db(
     from cantrip.cli._serve import serve_until_signal
     from cantrip.distributed._spell_secrets import check_queued_spell
     from cantrip.distributed._spells import build_spell, spell_from_spec
+    from cantrip.distributed._work import BUDGETS_KEY
     from cantrip.loom._loom import Loom
     from cantrip.protocols.http._serve import serve_http_db
+    from cantrip.protocols.sessions._budgets import ServeBudgets
 
+    budgets = ServeBudgets.parse(args.session_budget, args.token_budget)  # checked already
+    if budgets.token:
+        return _fail(
+            "--token-budget is not kept by serve --db (the workers each see their own "
+            "casts, not the token's); use --session-budget"
+        )
     try:
         spell = spell_from_spec(args.spec)
+        if budgets.session:  # the workers charge each session's history against them
+            spell = {**spell, BUDGETS_KEY: dict(budgets.session)}
         check_queued_spell(spell)
         cantrip = build_spell(spell, Loom())
     except CantripError as exc:

@@ -22,6 +22,7 @@ from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
 from cantrip._core import Entity
+from cantrip._core._budget import history_account
 from cantrip._errors import CantripError, LLMError
 from cantrip._gate import Gate
 from cantrip._outcome import CastResult, recorded_cast
@@ -37,7 +38,7 @@ from cantrip.distributed._outcome import (
 from cantrip.distributed._owned import Owned
 from cantrip.distributed._queue import WorkQueue
 from cantrip.distributed._spells import build_spell, spell_key
-from cantrip.distributed._work import ANSWER_KEY, REWIND_KEY, Claim
+from cantrip.distributed._work import ANSWER_KEY, BUDGETS_KEY, REWIND_KEY, Claim
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 
@@ -105,6 +106,7 @@ class Execution:
                 ended = self._ended(claim, recorded)
                 if ended is not None:
                     return ended
+                await self._spending(owned, recorded)
                 self._casting(owned, recorded)
                 result = await self._cast(owned, self._answered(entity, claim, answer, last))
                 return state_of(result), outcome_of(result)
@@ -114,6 +116,7 @@ class Execution:
                 )
                 if owned.cancelled:
                     entity.cancel(owned.cancel_reason)
+                await self._spending(owned, [])
                 self._casting(owned, [])
                 result = await self._cast(owned, entity.send(claim.intent))
             else:
@@ -126,6 +129,7 @@ class Execution:
                     return ended
                 if rewind is not None and not recorded:  # (again, if a worker died since)
                     await entity.rewind(rewind.get("to"))
+                await self._spending(owned, recorded)
                 self._casting(owned, recorded)
                 if recorded or claim.resumed:
                     # an earlier attempt may have journaled the turn it was taking
@@ -135,6 +139,19 @@ class Execution:
         except (LLMError, PauseError) as exc:
             return "failed", failure_outcome(claim.entity_id, exc)
         return state_of(result), outcome_of(result)
+
+    async def _spending(self, owned: Owned, recorded: list[Turn]) -> None:
+        """Under ``serve --db --session-budget``, the session's account above the cast:
+        what its entity and their children spent before, read from the loom (not the
+        ``recorded`` turns of the cast being continued: it charges those itself)."""
+        limits = owned.claim.spell.get(BUDGETS_KEY)
+        entity = owned.entity
+        if not limits or entity is None:
+            return
+        entity.spends_under = await trio.to_thread.run_sync(
+            functools.partial(history_account, self.loom, entity.id, limits, besides=recorded),
+            limiter=self.loom.store.limiter,  # type: ignore[attr-defined]
+        )
 
     @staticmethod
     def _casting(owned: Owned, recorded: list[Turn]) -> None:

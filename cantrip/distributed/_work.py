@@ -46,6 +46,9 @@ ANSWER_KEY = "answer"
 REWIND_KEY = "rewind"
 """The spell key of a prompt that continues from an earlier turn (double-texting's
 ``rollback``): ``{"to": <turn id, or None for the beginning>}``."""
+BUDGETS_KEY = "session_budgets"
+"""In a queued spell, ``serve --db --session-budget``'s budgets ({ward: N}): the worker
+charges the session's history to an account above the cast (cantrip._core._budget)."""
 INTERRUPTED = "interrupted"
 """The cancel reason of a prompt a newer one displaced (``interrupt``, ``rollback``)."""
 _OPEN = "state IN ('queued', 'running')"

@@ -239,6 +239,9 @@ class MCPProvider:
         finally:
             CURRENT_NOTE.reset(token)
         value = tool_result_value(result)
+        usage = reported_usage(result.structured_content)
+        if usage is not None and not result.is_error:
+            detail["usage"] = usage  # a sub-cast's tokens count toward the tree's budget
         return GateResult(value, described(), is_error=bool(result.is_error))
 
     async def _call_tool(
@@ -372,6 +375,20 @@ def _progress_sink(gate_name: str) -> Any:
         )
 
     return on_progress
+
+
+def reported_usage(structured: Any) -> dict[str, int] | None:
+    """The tokens a tool reports it spent -- a cantrip served by ``cantrip mcp``
+    answers a cast with its ``usage`` ({prompt_tokens, completion_tokens, ...}) -- so
+    the calling entity's tree budget counts that sub-cast (cantrip._core._budget);
+    ``None`` when the result says nothing usable (most tools)."""
+    usage = structured.get("usage") if isinstance(structured, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    counts = {k: usage.get(k) for k in ("prompt_tokens", "completion_tokens")}
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts.values()):
+        return None
+    return {k: int(n) for k, n in counts.items() if isinstance(n, int)}
 
 
 def tool_result_value(result: mcp_types.CallToolResult) -> Any:

@@ -54,6 +54,7 @@ from cantrip.protocols.sessions._backend import SESSION_PREFIX as SESSION_PREFIX
 from cantrip.protocols.sessions._backend import SessionError as SessionError
 from cantrip.protocols.sessions._backend import entity_id_for as entity_id_for
 from cantrip.protocols.sessions._backend import session_id_for as session_id_for
+from cantrip.protocols.sessions._budgets import BudgetBook, ServeBudgets
 from cantrip.protocols.sessions._idempotency import (
     KEY_TAG,
     key_index,
@@ -231,8 +232,11 @@ class SessionHub:
         *,
         sticky_cancel_s: float = 5.0,
         max_running: int | None = None,
+        budgets: ServeBudgets | None = None,
     ) -> None:
         self.spell = spell
+        self.book = BudgetBook(budgets, spell.loom) if budgets and budgets.bounded else None
+        """The server's session and token budgets (cantrip.protocols.sessions._budgets)."""
         self.sessions: dict[str, Session] = {}
         self.nursery: trio.Nursery | None = None
         """Lent to every session's entity for its gate providers (MCP sessions), so
@@ -308,6 +312,8 @@ class SessionHub:
         session = Session(session_id, entity, last_used=_now())
         entity.on_event = session.dispatch
         entity.provider_nursery = self.nursery
+        if self.book is not None:
+            entity.spends_under = self.book.account(entity.id)
         self.sessions[session_id] = session
         return session
 
@@ -492,6 +498,7 @@ class SessionHub:
                 session.entity = self.spell.resume(crashed.id)
                 session.entity.on_event = session.dispatch
                 session.entity.provider_nursery = self.nursery
+                session.entity.spends_under = crashed.spends_under
                 with trio.CancelScope(shield=True):
                     await crashed.aclose()
                 raise

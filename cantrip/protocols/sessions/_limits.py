@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from cantrip._redact import get_logger
+from cantrip.protocols.sessions._budgets import ServeBudgets
 from cantrip.protocols.sessions._hub import Session, SessionError, SessionHub
 
 log = get_logger("cantrip.sessions")
@@ -27,6 +28,9 @@ log = get_logger("cantrip.sessions")
 class SessionLimits:
     max_sessions: int = attrs.field(default=256, validator=attrs.validators.ge(1))
     idle_s: float = attrs.field(default=900.0, validator=attrs.validators.gt(0))
+    budgets: ServeBudgets = attrs.field(factory=ServeBudgets)
+    """What each session, and all of them together, may spend (``serve --session-budget``,
+    ``--token-budget``; cantrip.protocols.sessions._budgets)."""
 
 
 def _evictable(session: Session) -> bool:

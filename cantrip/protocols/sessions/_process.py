@@ -189,7 +189,12 @@ class ProcessBackend:
         """A backend for ``spell``'s sessions (run it with :meth:`running`). The hub
         has no ``max_running`` of its own: a server admits prompts in one place
         (:class:`~cantrip.protocols.middleware._lifecycle.Admission`)."""
-        return cls(SessionHub(spell, sticky_cancel_s=sticky_cancel_s), limits=limits)
+        hub = SessionHub(
+            spell,
+            sticky_cancel_s=sticky_cancel_s,
+            budgets=limits.budgets if limits is not None else None,
+        )
+        return cls(hub, limits=limits)
 
     @classmethod
     @contextlib.asynccontextmanager
