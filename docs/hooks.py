@@ -165,6 +165,10 @@ def spec_markdown() -> str:
         out.append("| key | type | default |\n| --- | --- | --- |")
         nested: list[tuple[str, type[BaseModel]]] = []
         for name, field in model.model_fields.items():
+            if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get(
+                "test_double"
+            ):
+                continue  # docs/reference/test-doubles.md
             key = field.alias or name
             default = "" if field.is_required() else field.get_default(call_default_factory=True)
             shown = "required" if field.is_required() else f"`{json.dumps(default)}`"

@@ -293,3 +293,29 @@ def test_the_table_of_modes_is_what_the_backends_capabilities_render() -> None:
     assert page.count(start) == 1 and page.count(end) == 1, f"{MODES_PAGE} lacks the markers"
     shown = page.split(start, 1)[1].split(end, 1)[0].strip("\n") + "\n"
     assert shown == modes_table(), f"regenerate the table of modes in {MODES_PAGE}"
+
+
+def test_test_double_keys_are_on_their_own_page_not_among_the_users_keys() -> None:
+    """The spec reference lists the keys users write; the fixture gates' keys are
+    documented apart as test doubles (issue 47.1)."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import hooks
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    from cantrip.spec._tables import GateSpec
+
+    doubles = [
+        name
+        for name, field in GateSpec.model_fields.items()
+        if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("test_double")
+    ]
+    assert set(doubles) == {"behavior", "result", "error", "delay_ms", "stateful"}
+    reference = hooks.spec_markdown()
+    gate_table = reference[reference.index("### `[circle].gates`") :]
+    gate_table = gate_table[: gate_table.index("\n###", 5)]
+    page = (ROOT / "docs" / "reference" / "test-doubles.md").read_text()
+    for key in doubles:
+        assert f"| `{key}` |" not in gate_table
+        assert f"| `{key}` |" in page
+    assert "| `import` |" in gate_table

@@ -11,6 +11,9 @@ list; :mod:`cantrip.spec._build` reports them all at once.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -20,6 +23,7 @@ import gates as builtin_gates
 from cantrip._errors import ConstructionError
 from cantrip._gate import Gate
 from cantrip._medium_names import _MEDIUMS, MEDIUM_ALIASES
+from cantrip._reference import import_reference
 from cantrip._suggest import did_you_mean
 from cantrip.spec._tables import CircleSpec, GateSpec
 from gates.fixtures import fixture_gate
@@ -118,6 +122,21 @@ def build_gate(
     if isinstance(spec, str):
         spec = GateSpec(name=spec)
     is_fixture = spec.behavior is not None or spec.stateful or spec.result is not None
+    if spec.import_ is not None:
+        if is_fixture:
+            problems.append(f"gate {spec.import_!r}: an imported gate is not a test double")
+            return None
+        imported = imported_gate(spec.import_, base_dir, problems)
+        if imported is None:
+            return None
+        if spec.name is not None and spec.name != imported.name:
+            imported = imported.with_options(name=spec.name)
+        return _configured(
+            imported, spec, problems, base_dir=base_dir, fs_root=fs_root, hidden=hidden
+        )
+    if spec.name is None:
+        problems.append("a gate entry needs a name (a built-in) or import = 'package.module:gate'")
+        return None
     builtin = builtin_gates.BUILTIN.get(spec.name)
     if builtin is None:
         for candidate in builtin_gates.BUILTIN.values():
@@ -152,13 +171,60 @@ def build_gate(
             problems.extend(exc.problems)
             return None
         return g.with_options(ephemeral=spec.ephemeral)
-    g = builtin
+    return _configured(builtin, spec, problems, base_dir=base_dir, fs_root=fs_root, hidden=hidden)
+
+
+def imported_gate(reference: str, base_dir: Path | None, problems: list[str]) -> Gate | None:
+    """The gate ``reference`` names (``"package.module:function"``), imported with the
+    spec's folder searched first, then the environment (a worker imports it from its
+    own). Not importable, or not a gate: one line in ``problems`` naming it."""
+    try:
+        with _importable_from(base_dir):
+            found = import_reference(reference, "gate", "package.module:function")
+    except ConstructionError as exc:
+        problems.extend(exc.problems)
+        return None
+    if not isinstance(found, Gate):
+        problems.append(
+            f"gate {reference!r} is a {type(found).__name__}, not a gate: "
+            "decorate the function with @cantrip.gate()"
+        )
+        return None
+    return found
+
+
+@contextlib.contextmanager
+def _importable_from(folder: Path | None) -> Iterator[None]:
+    """``folder`` first on the import path while the gate's module is imported."""
+    if folder is None:
+        yield
+        return
+    entry = str(folder)
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(entry)
+
+
+def _configured(
+    g: Gate,
+    spec: GateSpec,
+    problems: list[str],
+    *,
+    base_dir: Path | None,
+    fs_root: Path | None,
+    hidden: tuple[str, ...] = (),
+) -> Gate | None:
+    """A built-in or imported gate with the entry's keys applied: declared parameters
+    checked, description and ephemeral set, dependencies bound (paths anchored)."""
     if spec.parameters is not None:
         declared = set((spec.parameters.get("properties") or {}).keys())
         actual = set((g.parameters.get("properties") or {}).keys())
         if not declared <= actual:
             problems.append(
-                f"gate {spec.name!r}: declared parameters {sorted(declared - actual)} "
+                f"gate {g.name!r}: declared parameters {sorted(declared - actual)} "
                 f"are not parameters of the gate (it takes {sorted(actual)})"
             )
     if spec.description:

@@ -109,17 +109,30 @@ class IdentitySpec(_Strict):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
+TEST_DOUBLE: dict[str, Any] = {"test_double": True}
+"""Marks a gate entry key that only makes a test double (docs list it apart)."""
+
+
 class GateSpec(_Strict):
-    name: str
+    """A gate entry: a built-in by ``name``, your own gate by ``import`` (a function made a
+    gate with ``@cantrip.gate``, named ``"package.module:function"``; found beside the
+    spec file or in the environment), or a test double (``behavior``/``result``)."""
+
+    name: str | None = None
+    import_: str | None = Field(default=None, alias="import", min_length=1, max_length=300)
     description: str | None = None
     dependencies: dict[str, Any] = Field(default_factory=dict)
     parameters: dict[str, Any] | None = None
     ephemeral: bool = False
-    behavior: Literal["constant", "delay", "throw", "counter"] | None = None
-    result: Any = None
-    error: str | None = None
-    delay_ms: float = 0.0
-    stateful: bool = False
+    # Test doubles (the conformance vectors' fixture gates): documented on a page of
+    # their own (docs/reference/test-doubles.md), not among the keys for users.
+    behavior: Literal["constant", "delay", "throw", "counter"] | None = Field(
+        default=None, json_schema_extra=TEST_DOUBLE
+    )
+    result: Any = Field(default=None, json_schema_extra=TEST_DOUBLE)
+    error: str | None = Field(default=None, json_schema_extra=TEST_DOUBLE)
+    delay_ms: float = Field(default=0.0, json_schema_extra=TEST_DOUBLE)
+    stateful: bool = Field(default=False, json_schema_extra=TEST_DOUBLE)
 
 
 class CircleSpec(_Strict):
