@@ -43,7 +43,7 @@ from cantrip.memory._model import (
 from cantrip.memory._sqlite_vectors import SCHEMA as VECTOR_SCHEMA
 from cantrip.memory._sqlite_vectors import SQLiteVectors
 from cantrip.memory._store import now
-from cantrip.memory._vectors import Plan, SearchMode, Stale, fuse, fusion_depth, resolve_mode
+from cantrip.memory._vectors import Plan, SearchMode, Stale, ranked, resolve_mode
 
 SCHEMA_VERSION = 2
 """1: items, their revisions, and the full-text index. 2: items' vectors
@@ -269,14 +269,13 @@ class SQLiteMemory:
                 "ORDER BY i.updated_at DESC, i.namespace, i.key LIMIT ? OFFSET ?"
             )
             return self._rows(sql, [*params, limit, offset])
-        if chosen == "text":
-            return self._text(words, where, params, limit, offset)
-        if chosen == "semantic":
-            return self._semantic(query, where, params, limit, offset)
-        depth = fusion_depth(limit, offset)
-        text = self._text(words, where, params, depth, 0)
-        semantic = self._semantic(query, where, params, depth, 0)
-        return fuse([text, semantic], limit, offset)
+        return ranked(
+            chosen,
+            lambda n, skip: self._text(words, where, params, n, skip),
+            lambda n, skip: self._semantic(query, where, params, n, skip),
+            limit,
+            offset,
+        )
 
     def _text(
         self, words: list[str], where: str, params: list[Any], limit: int, offset: int

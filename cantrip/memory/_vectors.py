@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -158,3 +158,20 @@ def fuse(rankings: Sequence[Sequence[SearchItem]], limit: int, offset: int) -> l
         key=lambda ident: (-scores[ident], -found[ident].item.updated_at.timestamp(), ident),
     )
     return [SearchItem(found[i].item, scores[i]) for i in order[offset : offset + limit]]
+
+
+Ranking = Callable[[int, int], list[SearchItem]]
+"""One store's ranking by one mode, a page of it: ``(limit, offset) -> items``."""
+
+
+def ranked(
+    mode: SearchMode, text: Ranking, semantic: Ranking, limit: int, offset: int
+) -> list[SearchItem]:
+    """One page of a search in ``mode``: the text or the semantic ranking, or (hybrid)
+    both read :func:`fusion_depth` deep and fused. Written once for both stores."""
+    if mode == "text":
+        return text(limit, offset)
+    if mode == "semantic":
+        return semantic(limit, offset)
+    depth = fusion_depth(limit, offset)
+    return fuse([text(depth, 0), semantic(depth, 0)], limit, offset)
