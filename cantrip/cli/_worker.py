@@ -124,18 +124,13 @@ def cast_on_db(args: argparse.Namespace) -> int:
     """Enqueue the spec's cast, wait for a worker to finish it, print like ``cast``."""
     _quiet_pool_log()
     from cantrip._text import require_cli_intent
-    from cantrip.distributed._dispatcher import Dispatcher
-    from cantrip.distributed._spell_secrets import check_queued_spell
-    from cantrip.distributed._spells import spell_from_spec
 
     intent = args.intent if args.intent is not None else sys.stdin.read().strip()
     require_cli_intent(intent)
-    try:
-        spell = spell_from_spec(args.spec)
-        check_queued_spell(spell)
-        dispatcher = Dispatcher(args.db)
-    except CantripError as exc:
-        return _fail(str(exc))
+    opened = _queued_spell(args)
+    if isinstance(opened, int):
+        return opened
+    spell, dispatcher = opened
     rule = _standing_decision(args)
 
     def no_worker(waited: float) -> None:
@@ -154,12 +149,7 @@ def cast_on_db(args: argparse.Namespace) -> int:
         work_id, entity_id = dispatcher.submit(spell, intent)
         print(f"cantrip: queued work {work_id} for {entity_id}", file=sys.stderr, flush=True)
         try:
-            state, outcome = dispatcher.wait(work_id, on_unclaimed=no_worker)
-            while state == "paused" and rule is not None:
-                # --approve-all / --deny-all: answer each pause as it comes, and go on
-                for pause in outcome.get("pending") or []:
-                    work_id = dispatcher.answer(entity_id, pause["pause_id"], rule)
-                state, outcome = dispatcher.wait(work_id)
+            work_id, state, outcome = _waited(dispatcher, work_id, entity_id, rule, no_worker)
         except KeyboardInterrupt:
             dispatcher.cancel(entity_id)
             print("cantrip: interrupted; the cast is cancelled", file=sys.stderr)
@@ -176,9 +166,6 @@ def casts_on_db(args: argparse.Namespace) -> int:
     first cast's that did not end 0, else 0."""
     _quiet_pool_log()
     from cantrip._text import require_cli_intent
-    from cantrip.distributed._dispatcher import Dispatcher
-    from cantrip.distributed._spell_secrets import check_queued_spell
-    from cantrip.distributed._spells import spell_from_spec
 
     try:
         text = (
@@ -191,14 +178,12 @@ def casts_on_db(args: argparse.Namespace) -> int:
     intents = [line.strip() for line in text.splitlines() if line.strip()]
     if not intents:
         return _fail(f"{args.intents}: no intents (one per line)")
-    try:
-        for intent in intents:
-            require_cli_intent(intent)
-        spell = spell_from_spec(args.spec)
-        check_queued_spell(spell)
-        dispatcher = Dispatcher(args.db)
-    except CantripError as exc:
-        return _fail(str(exc))
+    for intent in intents:
+        require_cli_intent(intent)
+    opened = _queued_spell(args)
+    if isinstance(opened, int):
+        return opened
+    spell, dispatcher = opened
     rule = _standing_decision(args)
     try:
         queued = dispatcher.submit_many(spell, intents)
@@ -206,11 +191,7 @@ def casts_on_db(args: argparse.Namespace) -> int:
         code = 0
         for index, (work_id, entity_id) in enumerate(queued):
             try:
-                state, outcome = dispatcher.wait(work_id)
-                while state == "paused" and rule is not None:
-                    for pause in outcome.get("pending") or []:
-                        work_id = dispatcher.answer(entity_id, pause["pause_id"], rule)
-                    state, outcome = dispatcher.wait(work_id)
+                work_id, state, outcome = _waited(dispatcher, work_id, entity_id, rule)
             except KeyboardInterrupt:
                 for _, waiting in queued[index:]:
                     dispatcher.cancel(waiting)
@@ -224,6 +205,38 @@ def casts_on_db(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     finally:
         dispatcher.close()
+
+
+def _queued_spell(args: argparse.Namespace) -> tuple[dict[str, Any], Any] | int:
+    """The spec as the workers' queue takes it (refused if it holds a literal
+    credential) and a dispatcher on ``--db``; or the exit code of a one-line failure."""
+    from cantrip.distributed._dispatcher import Dispatcher
+    from cantrip.distributed._spell_secrets import check_queued_spell
+    from cantrip.distributed._spells import spell_from_spec
+
+    try:
+        spell = spell_from_spec(args.spec)
+        check_queued_spell(spell)
+        return spell, Dispatcher(args.db)
+    except CantripError as exc:
+        return _fail(str(exc))
+
+
+def _waited(
+    dispatcher: Any,
+    work_id: int,
+    entity_id: str,
+    rule: Any,
+    on_unclaimed: Callable[[float], None] | None = None,
+) -> tuple[int, str, dict[str, Any]]:
+    """Wait for the work to end; with ``--approve-all``/``--deny-all`` (``rule``) answer
+    each pause as it comes and go on. (The last work id, its state, its outcome.)"""
+    state, outcome = dispatcher.wait(work_id, on_unclaimed=on_unclaimed)
+    while state == "paused" and rule is not None:
+        for pause in outcome.get("pending") or []:
+            work_id = dispatcher.answer(entity_id, pause["pause_id"], rule)
+        state, outcome = dispatcher.wait(work_id)
+    return work_id, state, outcome
 
 
 def _on_dispatcher(
