@@ -175,6 +175,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
         "another worker may take it over (default 10)",
     )
     worker.add_argument(
+        "--worker-id",
+        metavar="ID",
+        help="a stable identity (e.g. HOST:SLOT from your process supervisor): a worker "
+        "started under the identity of one that died takes its casts back at once, instead "
+        "of after their leases run out; the old process, if it still runs, can write nothing "
+        "more to them (default: a new identity per process)",
+    )
+    worker.add_argument(
         "--max-attempts",
         type=int,
         default=5,

@@ -62,6 +62,7 @@ def run_worker(args: argparse.Namespace) -> int:
         lease_s=args.lease,
         max_attempts=args.max_attempts,
         drain_s=args.drain_s,
+        worker_id=args.worker_id,
     )
 
     def say(text: str) -> None:
@@ -92,7 +93,12 @@ def run_worker(args: argparse.Namespace) -> int:
 
                 nursery.start_soon(stop_on, signals)
                 worker_id = await nursery.start(running)
-                say(f"worker {worker_id} ready")
+                took = (
+                    f"; took back {worker.reclaimed} cast(s) of its identity"
+                    if worker.reclaimed
+                    else ""
+                )
+                say(f"worker {worker_id} ready{took}")
         say(f"worker {worker_id} stopped; {worker.handed_back} running casts handed back")
 
     try:

@@ -302,6 +302,21 @@ class WorkQueue:
             ).fetchall()
         return {str(entity): int(work_id) for entity, work_id in rows}
 
+    def reclaim(self, owner: str) -> int:
+        """Expire every lease ``owner`` still holds, now: a worker restarted under the
+        identity of one that died takes its casts back at once (issue 46.3) instead of
+        waiting out the leases. The next claim (any worker's) reaps them and takes each
+        at a new fencing epoch, so a process still running under that identity can write
+        nothing more to them. The number of leases expired."""
+        with self.store.pool.connection() as conn:
+            return int(
+                conn.execute(
+                    "UPDATE cantrip_leases SET expires_at = clock_timestamp() "
+                    "WHERE owner = %s AND expires_at > clock_timestamp()",
+                    (owner,),
+                ).rowcount
+            )
+
     def claim(self, owner: str, lease_s: float) -> Claim | None:
         """The oldest runnable work item, now this worker's; None if there is none."""
         claims = self.claim_many(owner, lease_s, 1)

@@ -119,6 +119,10 @@ class Worker:
         self.max_attempts = max_attempts
         self.quarantine_after = quarantine_after
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.named = worker_id is not None
+        """Started under an identity of its own choosing (``--worker-id``): the casts a
+        worker of that identity held are taken back at start (:meth:`WorkQueue.reclaim`)."""
+        self.reclaimed = 0
         self._owned: dict[str, Owned] = {}
         """Entities whose run has not ended here (each is never claimed again until it has)."""
         self._wake = trio.Event()
@@ -140,6 +144,8 @@ class Worker:
         self.queue = WorkQueue(store)
         self._live = await trio.to_thread.run_sync(LivePauses, store)
         self._execution = Execution(self.loom)
+        if self.named:
+            self.reclaimed = await trio.to_thread.run_sync(self.queue.reclaim, self.worker_id)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._listen)
