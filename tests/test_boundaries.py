@@ -16,7 +16,6 @@ import pytest
 
 import cantrip
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
-from cantrip.protocols.terminal import _progress as _terminal
 from gates import call_agent, call_agent_batch, done
 
 
@@ -152,19 +151,3 @@ async def test_a_child_whose_llm_gives_up_is_an_observation_with_the_error_type(
     assert record.is_error and "failed: ScriptExhaustedError:" in str(record.result)
     assert record.detail["exception"] == "GateError"
     assert any(r.exc_info and r.exc_info[0] is cantrip.ScriptExhaustedError for r in caplog.records)
-
-
-def test_a_failing_pricing_lookup_is_logged(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    from cantrip.llm import _telemetry
-
-    def broken(provider: str, model: str) -> Any:
-        raise ValueError("pricing table is malformed")
-
-    monkeypatch.setattr(_telemetry, "config_pricing", broken)
-    response = Response(content="hi", provider="openai", model="gpt-4o")
-    with caplog.at_level(logging.WARNING, logger="cantrip.protocols.terminal._progress"):
-        assert _terminal._cost(response) is None
-    [logged] = caplog.records
-    assert "pricing lookup" in logged.getMessage() and logged.exc_info is not None

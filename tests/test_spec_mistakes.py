@@ -85,7 +85,7 @@ def test_no_close_match_lists_what_there_is(
     code, err = run(["cast", str(spec), "hi"], monkeypatch, capsys)
     assert code == 1
     assert "unknown gate 'zzzz' (built-in gates: ask_user," in err and "did you mean" not in err
-    assert "unknown ward 'qqqq' (known wards: max_batch_size," in err
+    assert "unknown ward 'qqqq' (known wards: budget_notice, max_batch_size," in err
 
 
 def test_an_empty_intent_says_how_to_give_one(

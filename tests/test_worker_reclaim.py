@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import distributed_workload
 import psycopg
 import pytest
 import trio
@@ -36,6 +37,9 @@ def db(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
         conn.execute(EFFECTS_TABLE)
     Loom.open(pg_url).close()
     monkeypatch.setenv("CANTRIP_TEST_DB", pg_url)
+    # the workload keeps one connection per process: another test's, to another
+    # database, must not take this test's effects
+    monkeypatch.setattr(distributed_workload, "_connection", None)
     return pg_url
 
 
