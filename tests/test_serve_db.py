@@ -344,8 +344,8 @@ async def test_events_at_another_replica_resume_after_the_turn_a_last_event_id_n
 ) -> None:
     """``/events`` from a position, as in process
     (``tests/test_http_load.py::test_events_resume_after_the_turn_a_last_event_id_names``):
-    a client that reconnects to any replica with the ``id`` of the last turn it saw gets
-    the recorded turns after it first, each with its position as its ``id``."""
+    a client that reconnects to any replica with the ``id`` of the last event it saw
+    gets the recorded ones after it first, each with its id (``<turn>.<index>``)."""
     a, b = stack.replicas
     async with await _client(a) as on_a, await _client(b) as on_b:
         sid = (await on_a.post("/sessions")).json()["session_id"]
@@ -353,14 +353,16 @@ async def test_events_at_another_replica_resume_after_the_turn_a_last_event_id_n
             await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": intent})
         lines: list[str] = []
         with trio.fail_after(30):
-            headers = {"Last-Event-ID": str(TURNS - 1)}
+            headers = {"Last-Event-ID": f"{TURNS}.0"}  # the first prompt's last step
             async with on_b.stream("GET", f"/sessions/{sid}/events", headers=headers) as events:
                 async for line in events.aiter_lines():
                     lines.append(line)
                     if '"final_response"' in line and "two ok" in line:
                         break
-    ids = [int(line[4:]) for line in lines if line.startswith("id: ")]
-    assert ids == list(range(TURNS, 2 * TURNS + 1))
+    ids = [line[4:] for line in lines if line.startswith("id: ")]
+    assert ids == [f"{TURNS}.1"] + [f"{n}.0" for n in range(TURNS + 1, 2 * TURNS + 1)] + [
+        f"{2 * TURNS}.1"
+    ]
     finals = [json.loads(line[6:])["result"] for line in lines if '"final_response"' in line]
     assert finals == ["one ok #1", "two ok #2"]
 
