@@ -32,6 +32,7 @@ from cantrip.protocols.sessions import (
     BusyPolicy,
     Cancelled,
     Capabilities,
+    EventId,
     Health,
     PromptOutcome,
     SessionEvent,
@@ -100,6 +101,8 @@ class _Session:
     pending: dict[str, Pause] = attrs.field(factory=dict)
     answered: set[str] = attrs.field(factory=set)
     watchers: list[trio.MemorySendChannel[SessionEvent]] = attrs.field(factory=list)
+    log: list[SessionEvent] = attrs.field(factory=list)
+    """Every event told, with its id."""
     changed: trio.Event = attrs.field(factory=trio.Event)
 
     def thread(self) -> list[Turn]:
@@ -111,6 +114,13 @@ class _Session:
         return out[::-1]
 
     def tell(self, event: SessionEvent, prompt: _Prompt | None = None) -> None:
+        """Stamp the event with its id (a turn's step at ``<position>.0``, the rest
+        counted on from the last) and keep it: this double keeps every event."""
+        last = self.log[-1].id if self.log else EventId(0, -1)
+        assert last is not None
+        told_id = EventId(event.position, 0) if event.position is not None else last.next()
+        event = attrs.evolve(event, id=told_id)
+        self.log.append(event)
         if prompt is not None:
             prompt.told.append(event)
         self.poke()
@@ -472,7 +482,7 @@ class DoubleBackend:
     async def follow(
         self,
         session_id: str,
-        after: int = 0,
+        after: int | EventId = 0,
         *,
         until: str | None = None,
         prompt_id: str | None = None,
@@ -487,10 +497,24 @@ class DoubleBackend:
                 changed = session.changed  # before the look: no change is missed
                 while sent < len(prompt.told):
                     sent += 1
-                    yield prompt.told[sent - 1]
+                    event = prompt.told[sent - 1]
+                    if not isinstance(after, EventId) or (
+                        event.id is not None and event.id > after
+                    ):
+                        yield event
                 if prompt.done.is_set():
                     return
                 await changed.wait()
+        if isinstance(after, EventId):
+            if after.turn > len(session.turns):
+                raise SessionError("bad_request", f"no event {after} in session {session_id}")
+            start = after
+        else:
+            if not 0 <= after <= len(session.turns):
+                raise SessionError("bad_request", f"no turn {after} in session {session_id}")
+            ids = [e.id for e in session.log if e.id is not None and e.id.turn == after]
+            recorded = [i for i in ids if i.index <= int(session.turns[after - 1].terminated)]
+            start = max(recorded) if after and recorded else EventId(after, -1)
         send, receive = trio.open_memory_channel[SessionEvent](math.inf)
         session.watchers.append(send)
         if until is not None:
@@ -502,18 +526,16 @@ class DoubleBackend:
                 send.close()
             else:
                 prompt.enders.append(send)
-        seen = after
+        last = start
         with receive:
-            for turn in list(session.turns)[after:]:
-                seen += 1
-                yield SessionEvent("step_complete", _step(turn), seen, turn)
-                if turn.terminated:
-                    yield SessionEvent("final_response", {"result": turn.result})
+            for event in list(session.log):
+                if event.id is not None and event.id > last:
+                    last = event.id
+                    yield event
             async for event in receive:
-                if event.position is not None:
-                    if event.position <= seen:
-                        continue
-                    seen = event.position
+                if event.id is not None and event.id <= last:
+                    continue
+                last = event.id or last
                 yield event
 
     # -- tasks -------------------------------------------------------------------

@@ -889,9 +889,9 @@ async def test_a_prompt_beyond_max_running_is_refused_before_it_queues() -> None
 
 
 async def test_events_resume_after_the_turn_a_last_event_id_names() -> None:
-    """``/events`` starts from now by default; a client that names a position (the
-    ``id`` of the last turn it saw, as ``Last-Event-ID``, or ``?after=``) gets the
-    recorded turns after it first, each with its position as its ``id``."""
+    """``/events`` starts from now by default; a client that names a position (a
+    number of turns, as ``Last-Event-ID`` or ``?after=``) gets the recorded turns
+    after it first, each event with its id (``<turn>.<index>``)."""
     llm = GatedLLM()
     llm.release.set()
     spell = gated_spell(llm)
@@ -913,12 +913,24 @@ async def test_events_resume_after_the_turn_a_last_event_id_names() -> None:
             resumed = await first_events(headers={"Last-Event-ID": "1"})
             again = await first_events(params={"after": "2"})
         bad = await http.get(f"/sessions/{sid}/events", headers={"Last-Event-ID": "x"})
-    ids = [line for line in resumed if line.startswith("id: ")]
-    assert ids == ["id: 2", "id: 3"]
+    assert recorded_ids(resumed) == ["2.0", "2.1", "3.0", "3.1"]
     finals = [json.loads(line[6:])["result"] for line in resumed if '"final_response"' in line]
     assert finals == ["two", "three"]
-    assert [line for line in again if line.startswith("id: ")] == ["id: 3"]
+    assert recorded_ids(again) == ["3.0", "3.1"]
     assert bad.status_code == 400
+
+
+def recorded_ids(lines: list[str]) -> list[str]:
+    """The ids of the turns' events (a stream's ``id:`` lines, each before its
+    ``event:``); every id of the stream in order, the live ones between them too."""
+    ids, kinds = [], []
+    for index, line in enumerate(lines):
+        if line.startswith("id: "):
+            ids.append(tuple(int(p) for p in line[4:].split(".")))
+            kinds.append(lines[index + 1].removeprefix("event: "))
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    recorded = ("step_complete", "final_response")
+    return [f"{t}.{i}" for (t, i), k in zip(ids, kinds, strict=True) if k in recorded]
 
 
 def test_a_prompt_admitted_holds_its_place_before_its_cast_begins() -> None:

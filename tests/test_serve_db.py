@@ -347,8 +347,8 @@ async def test_events_at_another_replica_resume_after_the_turn_a_last_event_id_n
 ) -> None:
     """``/events`` from a position, as in process
     (``tests/test_http_load.py::test_events_resume_after_the_turn_a_last_event_id_names``):
-    a client that reconnects to any replica with the ``id`` of the last turn it saw gets
-    the recorded turns after it first, each with its position as its ``id``."""
+    a client that reconnects to any replica with the ``id`` of the last event it saw
+    gets the recorded ones after it first, each with its id (``<turn>.<index>``)."""
     a, b = stack.replicas
     async with await _client(a) as on_a, await _client(b) as on_b:
         sid = (await on_a.post("/sessions")).json()["session_id"]
@@ -356,14 +356,16 @@ async def test_events_at_another_replica_resume_after_the_turn_a_last_event_id_n
             await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": intent})
         lines: list[str] = []
         with trio.fail_after(30):
-            headers = {"Last-Event-ID": str(TURNS - 1)}
+            headers = {"Last-Event-ID": f"{TURNS}.0"}  # the first prompt's last step
             async with on_b.stream("GET", f"/sessions/{sid}/events", headers=headers) as events:
                 async for line in events.aiter_lines():
                     lines.append(line)
                     if '"final_response"' in line and "two ok" in line:
                         break
-    ids = [int(line[4:]) for line in lines if line.startswith("id: ")]
-    assert ids == list(range(TURNS, 2 * TURNS + 1))
+    ids = [line[4:] for line in lines if line.startswith("id: ")]
+    assert ids == [f"{TURNS}.1"] + [f"{n}.0" for n in range(TURNS + 1, 2 * TURNS + 1)] + [
+        f"{2 * TURNS}.1"
+    ]
     finals = [json.loads(line[6:])["result"] for line in lines if '"final_response"' in line]
     assert finals == ["one ok #1", "two ok #2"]
 
@@ -1296,3 +1298,127 @@ async def test_a_prompt_that_pauses_sends_event_pause_on_both_replicas_streams(
     assert pause["pause"]["gate"] == "echo" and pause["pause"]["args"] == {"text": "step 1"}
     assert watched[-1] == ("pause", pause)
     assert [n for n, _ in watched if n == "pause"] == ["pause"]  # sent once
+
+
+# -- resumable streams (issue 44) ---------------------------------------------------------
+
+
+async def _read_sse(
+    response: httpx.Response, limit: int | None = None, until: str = "final_response"
+) -> list[tuple[str | None, str, dict[str, Any]]]:
+    """``(id, event, data)`` of the stream's events until ``limit`` of them or one of
+    kind ``until`` (or a ``result``)."""
+    told: list[tuple[str | None, str, dict[str, Any]]] = []
+    event_id, name = None, "message"
+    async for line in response.aiter_lines():
+        if line.startswith("id: "):
+            event_id = line[4:]
+        elif line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            told.append((event_id, name, json.loads(line[6:])))
+            event_id, name = None, "message"
+            if len(told) == limit or told[-1][1] in (until, "result", "error"):
+                break
+    return told
+
+
+async def test_events_dropped_after_k_resume_at_the_other_replica_with_exactly_the_rest(
+    stack: Stack,
+) -> None:
+    """A client reads k events of ``/events`` from one replica, drops, and reconnects to
+    the other with the k-th event's id: it is told exactly the events it had not seen,
+    for every k -- after the prompt ended."""
+    a, b = stack.replicas
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        await on_a.post(f"/sessions/{sid}/prompt", json={"prompt": "kept"})
+        headers = {"Last-Event-ID": "0"}
+        with trio.fail_after(60):
+            async with on_a.stream("GET", f"/sessions/{sid}/events", headers=headers) as r:
+                whole = await _read_sse(r)
+            assert [e[0] for e in whole] == ["1.0", "2.0", "3.0", "3.1"]
+            for k in range(1, len(whole)):
+                async with on_a.stream("GET", f"/sessions/{sid}/events", headers=headers) as r:
+                    part = await _read_sse(r, limit=k)
+                resume = {"Last-Event-ID": str(part[-1][0])}
+                async with on_b.stream("GET", f"/sessions/{sid}/events", headers=resume) as r:
+                    rest = await _read_sse(r)
+                assert part + rest == whole, k
+
+
+async def test_a_watcher_whose_replica_dies_resumes_at_another_with_no_gap(stack: Stack) -> None:
+    """Two watchers follow one session during a prompt, one through a replica that is
+    killed after its first event; it reconnects to the survivor with the last id it
+    got and is told the rest, live: what it was told in all is what the other watcher,
+    which never lost its connection, was told."""
+    doomed = await trio.to_thread.run_sync(stack.start_replica)
+    survivor = stack.replicas[0]
+    async with await _client(doomed) as on_doomed, await _client(survivor) as on_survivor:
+        sid = (await on_survivor.post("/sessions")).json()["session_id"]
+        steady: list[tuple[str | None, str, dict[str, Any]]] = []
+        start = {"Last-Event-ID": "0"}  # from the session's beginning, whenever it comes
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    async with on_survivor.stream(
+                        "GET", f"/sessions/{sid}/events", headers=start
+                    ) as watched:
+                        steady.extend(await _read_sse(watched))
+
+                nursery.start_soon(watch)
+                async with on_doomed.stream(
+                    "GET", f"/sessions/{sid}/events", headers=start
+                ) as lost:
+                    nursery.start_soon(
+                        lambda: on_survivor.post(
+                            f"/sessions/{sid}/prompt", json={"prompt": "watched twice"}
+                        )
+                    )
+                    part = await _read_sse(lost, limit=1)
+                    (proc,) = [p for p in stack.procs if doomed.endswith(str(_port_of(p)))]
+                    proc.kill()
+                    await trio.to_thread.run_sync(proc.wait)
+                stack.replicas.remove(doomed)
+                resume = {"Last-Event-ID": str(part[-1][0])}
+                async with on_survivor.stream(
+                    "GET", f"/sessions/{sid}/events", headers=resume
+                ) as again:
+                    rest = await _read_sse(again)
+    assert part + rest == steady
+    assert [e[0] for e in steady] == ["1.0", "2.0", "3.0", "3.1"]
+    assert steady[-1][2]["result"] == "watched twice ok #1"
+
+
+async def test_a_prompt_stream_resumes_at_another_replica_by_its_key(stack: Stack) -> None:
+    """A streamed prompt's client drops after its first turn's event; sending the prompt
+    again to the other replica with its Idempotency-Key and ``Last-Event-ID`` is told
+    the prompt's later events and its result -- one cast."""
+    a, b = stack.replicas
+    key = {"Idempotency-Key": "resume-at-b", "Accept": "text/event-stream"}
+    async with await _client(a) as on_a, await _client(b) as on_b:
+        sid = (await on_a.post("/sessions")).json()["session_id"]
+        with trio.fail_after(60):
+            async with on_a.stream(
+                "POST", f"/sessions/{sid}/prompt", json={"prompt": "once"}, headers=key
+            ) as r:
+                part = await _read_sse(r, until="step_complete")
+            assert [e[1] for e in part] == ["prompt", "step_complete"] and part[1][0] == "1.0"
+            async with on_b.stream(
+                "POST",
+                f"/sessions/{sid}/prompt",
+                json={"prompt": "once"},
+                headers={**key, "Last-Event-ID": "1.0"},
+            ) as r:
+                rest = await _read_sse(r, until="result")
+    assert [(e[0], e[1]) for e in rest] == [
+        (None, "prompt"),
+        ("2.0", "step_complete"),
+        ("3.0", "step_complete"),
+        ("3.1", "final_response"),
+        (None, "result"),
+    ]
+    assert rest[-1][2]["result"] == "once ok #1"
+    entity = sid.replace("session-", "entity-")
+    assert len(await stack.query("SELECT id FROM cantrip_work WHERE entity_id = %s", entity)) == 1

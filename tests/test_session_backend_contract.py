@@ -33,6 +33,7 @@ from cantrip.distributed._worker import Worker
 from cantrip.loom import Loom
 from cantrip.protocols.sessions import (
     BUSY_POLICIES,
+    EventId,
     PostgresBackend,
     ProcessBackend,
     PromptOutcome,
@@ -867,3 +868,124 @@ async def test_drift_live_token_events(both: tuple[World, World]) -> None:
         kinds.append("tool_call" in seen)
         assert world.backend.capabilities.token_events == ("tool_call" in seen)
     assert kinds == [True, False]
+
+
+# -- resumable events (issue 44) ---------------------------------------------------------
+
+
+async def told_until(
+    world: World, sid: str, prompt_id: str, after: int | EventId = 0, limit: int | None = None
+) -> list[SessionEvent]:
+    """The session's events after ``after`` until the prompt has ended (or ``limit``
+    of them: the follow is let go there, as a client that drops)."""
+    told: list[SessionEvent] = []
+    events = world.backend.follow(sid, after, until=prompt_id)
+    with trio.fail_after(60):
+        async with contextlib.aclosing(events):
+            async for event in events:
+                told.append(event)
+                if len(told) == limit:
+                    break
+    return told
+
+
+def said(events: list[SessionEvent]) -> list[tuple[str, str, Any]]:
+    return [(str(e.id), e.type, e.data) for e in events]
+
+
+async def test_every_event_of_a_follow_has_an_id_that_orders_it_in_its_session(
+    world: World,
+) -> None:
+    """``<turn>.<index>``: a turn's ``step_complete`` is ``<its position>.0``, its
+    ``final_response`` ``.1``, and every event's id is later than the one before."""
+    sid = await new_session(world)
+    await cast(world, sid, "One.")
+    second = await world.backend.submit(sid, "Two.")
+    told = await told_until(world, sid, second.prompt_id)
+    ids = [e.id for e in told]
+    assert all(i is not None for i in ids), told
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)  # type: ignore[type-var]
+    steps = [str(e.id) for e in told if e.type == "step_complete"]
+    assert steps == [f"{n}.0" for n in range(1, 7)]
+    finals = [str(e.id) for e in told if e.type == "final_response"]
+    assert finals == ["3.1", "6.1"]
+
+
+async def test_a_follow_resumed_after_any_event_tells_exactly_the_rest(world: World) -> None:
+    """A client that let go after its k-th event, for every k, and resumes after that
+    event's id, is told every later event once -- after the prompt ended."""
+    sid = await new_session(world)
+    first = await world.backend.submit(sid, "ask: Paint it.")
+    await finished(world, sid, first.prompt_id)
+    [pause] = await world.backend.pauses(sid)
+    answered = await world.backend.answer(sid, pause.pause_id, Decision.answer("blue"))
+    assert answered is not None
+    whole = await told_until(world, sid, answered.prompt_id)
+    assert "pause" in [e.type for e in whole]
+    for k in range(1, len(whole) + 1):
+        part = await told_until(world, sid, answered.prompt_id, limit=k)
+        last = part[-1].id
+        assert last is not None
+        rest = await told_until(world, sid, answered.prompt_id, after=last)
+        assert said(part + rest) == said(whole), k
+
+
+async def test_a_follow_resumed_while_the_prompt_runs_tells_the_rest_then_the_live_ones(
+    world: World,
+) -> None:
+    """Let go during the prompt, resumed during it: the rest of what was told, then
+    what happens, with no gap and nothing twice; a watcher that never let go is told
+    the same events with the same ids. (The cast is held in its third turn: the
+    first event is one every backend has told by then, and the resumed follow's
+    first event, the second turn's, comes while it is held.)"""
+    for k in (1,):
+        sid = await new_session(world)
+        submitted = await world.backend.submit(sid, f"hold:during{k} Go.")
+        whole: list[SessionEvent] = []
+        async with trio.open_nursery() as nursery:
+
+            async def watch(
+                task_status: trio.TaskStatus[None],
+                s: str = sid,
+                p: str = submitted.prompt_id,
+                into: list[SessionEvent] = whole,
+            ) -> None:
+                events = world.backend.follow(s, until=p)
+                task_status.started()
+                async with contextlib.aclosing(events):
+                    into.extend([e async for e in events])
+
+            await nursery.start(watch)
+            async with world.holds.holding(f"during{k}"):  # two turns recorded, held
+                part = await told_until(world, sid, submitted.prompt_id, limit=k)
+                last = part[-1].id
+                assert last is not None
+                resumed = world.backend.follow(sid, last, until=submitted.prompt_id)
+                early = await anext(resumed)  # following again while it is held
+            async with contextlib.aclosing(resumed):
+                rest = [early] + [e async for e in resumed]
+        assert said(part + rest) == said(whole), k
+        assert [e.type for e in whole].count("final_response") == 1
+
+
+async def test_two_watchers_of_one_session_are_told_the_same_events_with_the_same_ids(
+    world: World,
+) -> None:
+    sid = await new_session(world)
+    submitted = await world.backend.submit(sid, "hold:two Go.")
+    async with world.holds.holding("two"):
+        early = world.backend.follow(sid, until=submitted.prompt_id)
+        first = await anext(early)
+    async with contextlib.aclosing(early):
+        one = [first] + [e async for e in early]
+    two = await told_until(world, sid, submitted.prompt_id)  # the second comes later
+    assert said(one) == said(two)
+
+
+async def test_an_event_id_past_the_sessions_present_is_a_bad_request(world: World) -> None:
+    sid = await new_session(world)
+    await cast(world, sid, "One.")
+    for after in (EventId(4, 0), 4):
+        with refused("bad_request"):
+            async with contextlib.aclosing(world.backend.follow(sid, after)) as events:
+                await anext(events)

@@ -101,7 +101,7 @@ async def start_sse(send: Send, headers: Mapping[str, str] | None = None) -> Non
     )
 
 
-async def sse(send: Send, event: str, data: Any, *, event_id: int | None = None) -> None:
+async def sse(send: Send, event: str, data: Any, *, event_id: str | None = None) -> None:
     """One event; with ``event_id``, its SSE ``id`` (a client reconnects with it as
     ``Last-Event-ID``)."""
     said = f"id: {event_id}\n" if event_id is not None else ""

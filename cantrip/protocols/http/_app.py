@@ -83,6 +83,7 @@ from cantrip.protocols.http._errors import http_error, unavailable
 from cantrip.protocols.middleware._lifecycle import Admission, Drain, ServeOptions
 from cantrip.protocols.sessions import (
     BusyPolicy,
+    EventId,
     SessionBackend,
     SessionError,
     SessionInfo,
@@ -247,6 +248,9 @@ class HttpApp:
             allow(method, "POST")
             key = idempotency_key(scope)
             on_busy = self._on_busy(query)
+            after = _streams.resume_point(scope, query)
+            if after is not None and not isinstance(after, EventId):
+                raise HttpError(400, "bad_event_id", "a prompt stream resumes after an event id")
             intent = prompt_intent(await read_body(receive))
             stream = wants_stream(scope, query)  # (a bad value is refused before the cast)
             hang_up = truthy(query.get("cancel_on_disconnect"))
@@ -254,7 +258,7 @@ class HttpApp:
                 submitted = await backend.submit(sid, intent, key=key, on_busy=on_busy)
                 if stream:
                     await _streams.prompt_stream(self, info, submitted, key, receive, send,
-                                                 hang_up)  # fmt: skip
+                                                 hang_up, after)  # fmt: skip
                     return
                 outcome = await _streams.outcome(self, info, submitted.prompt_id, receive)
             if outcome is not None:  # None: the client hung up, nobody to answer

@@ -11,7 +11,6 @@ drain ends what still waits (:meth:`HttpApp.shutdown`).
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -34,13 +33,28 @@ from cantrip.protocols.asgi._responses import (
 )
 from cantrip.protocols.middleware._lifecycle import Drain
 from cantrip.protocols.sessions import (
+    EventId,
     PromptOutcome,
     SessionBackend,
     SessionError,
     SessionEvent,
     SessionInfo,
     Submitted,
+    parse_event_id,
 )
+from cantrip.protocols.sessions._positions import check_reachable
+
+HAND_OVER = 16
+"""Events between a follow and the socket's writer (the watcher's buffer is the bound
+that counts: :data:`~cantrip.protocols.sessions._positions.WATCHER_BUFFER`)."""
+
+EVERYTHING = EventId(0, -1)
+"""A prompt's stream from its beginning."""
+
+
+def event_id(event: SessionEvent) -> str | None:
+    """The SSE ``id`` of a session's event (None for a notice that is not one)."""
+    return None if event.id is None else str(event.id)
 
 
 class HttpApp(Protocol):
@@ -107,17 +121,22 @@ async def prompt_stream(
     receive: Receive,
     send: Send,
     cancel_on_disconnect: bool,
+    after: EventId | None = None,
 ) -> None:
-    """The prompt's events (the backend's ``follow`` of it) and then its ``result`` --
-    or, for a client that hangs up, nothing more (its prompt cancelled if it asked)."""
+    """The prompt's events (the backend's ``follow`` of it; after ``after`` for a
+    client resuming, the prompt named again by its Idempotency-Key) and then its
+    ``result`` -- or, for a client that hangs up, nothing more (its prompt cancelled
+    if it asked). Each event carries its id; ``prompt`` and ``result`` are the
+    stream's own (no id: a resumed stream sends them again)."""
     sid, prompt_id = info.session_id, submitted.prompt_id
     await start_prompt_stream(send, prompt_id, sid, key)
 
     async def tell() -> None:
-        events = app.backend.follow(sid, prompt_id=prompt_id)
+        events = app.backend.follow(sid, EVERYTHING if after is None else after,
+                                    prompt_id=prompt_id)  # fmt: skip
         async with contextlib.aclosing(events):
             async for event in events:
-                await sse(send, event.type, event.data)
+                await sse(send, event.type, event.data, event_id=event_id(event))
 
     async def cancel() -> None:
         log.info("session %s: the client hung up; cancelling its prompt", sid)
@@ -167,36 +186,56 @@ async def _while_connected(
     return gone, closing.cancelled_caught and not gone
 
 
-def position(scope: Scope, query: Mapping[str, list[str]], info: SessionInfo) -> int:
-    """Where ``/events`` starts: after the turn a ``Last-Event-ID`` header (what an
-    ``EventSource`` sends when it reconnects) or ``?after=`` names, else from now."""
+def resume_point(scope: Scope, query: Mapping[str, list[str]]) -> EventId | int | None:
+    """Where a client resumes: the ``Last-Event-ID`` header (what an ``EventSource``
+    sends when it reconnects) or ``?after=`` -- an event id ``<turn>.<index>`` (a
+    stream's ``id:``) or a number of turns; None if it names none. Anything else is a
+    400 before anything runs."""
     raw: str | None = None
     for name, value in scope.get("headers", []):
         if name.lower() == b"last-event-id":
-            raw = value.decode("latin-1").strip()
+            raw = value.decode("latin-1")
     if raw is None and query.get("after"):
-        raw = query["after"][-1].strip()
+        raw = query["after"][-1]
     if raw is None:
+        return None
+    try:
+        return parse_event_id(raw)
+    except SessionError as exc:
+        raise HttpError(400, "bad_event_id", exc.message) from None
+
+
+def position(scope: Scope, query: Mapping[str, list[str]], info: SessionInfo) -> EventId | int:
+    """Where ``/events`` starts: after the event (or turn) the client names, else
+    from now (after the session's recorded turns)."""
+    after = resume_point(scope, query)
+    if after is None:
         return info.turns
-    if not raw.isdigit() or len(raw) > 12:
-        raise HttpError(400, "bad_request", "a position is a whole number of turns (0 or more)")
-    return int(raw)
+    try:
+        check_reachable(after, info.turns)  # a 400 before the stream begins
+    except SessionError as exc:
+        raise HttpError(400, "bad_event_id", exc.message) from None
+    return after
 
 
-async def events(app: HttpApp, info: SessionInfo, after: int, receive: Receive, send: Send) -> None:
+async def events(
+    app: HttpApp, info: SessionInfo, after: EventId | int, receive: Receive, send: Send
+) -> None:
     """``GET /sessions/{id}/events``: the session's events after turn ``after`` until
     the client hangs up or the server shuts down (a ``shutdown`` event ends it then);
     each recorded turn carries its position as the SSE ``id`` (resume from it with
     ``Last-Event-ID``); an ``: idle`` comment after each quiet heartbeat. The follow
     has begun (in process: subscribed) before the client is told ``subscribed``."""
     followed = app.backend.follow(info.session_id, after)
-    told, heard = trio.open_memory_channel[SessionEvent](math.inf)
+    # a small hand-over: a client slower than the session fills its watcher's buffer
+    # (the backend's bound), and is dropped there, never holding up the cast
+    told, heard = trio.open_memory_channel[SessionEvent](HAND_OVER)
 
     async def listen(task_status: trio.TaskStatus[None]) -> None:
         async with told, contextlib.aclosing(followed):
             task_status.started()  # the caller goes on once this task first blocks
             async for event in followed:
-                told.send_nowait(event)
+                await told.send(event)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_until_gone, receive, nursery.cancel_scope)
@@ -225,4 +264,6 @@ async def _pump(heard: trio.MemoryReceiveChannel[SessionEvent], send: Send) -> N
             if idle.cancelled_caught:
                 await sse_comment(send, "idle")
                 continue
-            await sse(send, event.type, event.data, event_id=event.position)
+            await sse(send, event.type, event.data, event_id=event_id(event))
+            if event.type == "dropped":
+                return  # the backend let this watcher go: the client resumes

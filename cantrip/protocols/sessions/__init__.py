@@ -33,6 +33,7 @@ from cantrip.protocols.sessions._backend import (
     BusyPolicy,
     Cancelled,
     Capabilities,
+    EventId,
     Health,
     PromptOutcome,
     SessionBackend,
@@ -46,6 +47,7 @@ from cantrip.protocols.sessions._backend import (
     entity_id_for,
     session_id_for,
 )
+from cantrip.protocols.sessions._positions import parse_event_id
 from cantrip.protocols.sessions._shapes import event_dict, steered, turn_dict
 
 if TYPE_CHECKING:
@@ -93,6 +95,7 @@ __all__ = [
     "BusyPolicy",
     "Cancelled",
     "Capabilities",
+    "EventId",
     "Health",
     "PostgresBackend",
     "ProcessBackend",
@@ -108,6 +111,7 @@ __all__ = [
     "entity_id_for",
     "event_dict",
     "modes_table",
+    "parse_event_id",
     "session_id_for",
     "steered",
     "turn_dict",

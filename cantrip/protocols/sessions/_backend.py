@@ -277,6 +277,21 @@ class Cancelled:
         return {k: v for k, v in attrs.asdict(self).items() if v is not None or k in kept}
 
 
+@attrs.frozen(order=True)
+class EventId:
+    """An event's place in its session (:mod:`._positions` says what it means)."""
+
+    turn: int
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.turn}.{self.index}"
+
+    def next(self) -> EventId:
+        """The id of the event told after this one in the same turn."""
+        return EventId(self.turn, self.index + 1)
+
+
 @attrs.frozen
 class SessionEvent:
     """One event of a session, in the JSON shape streams carry
@@ -288,6 +303,12 @@ class SessionEvent:
     """For a recorded turn (``step_complete``): how many of the session's turns there
     are up to it -- follow from here to resume after it. None for what is not a turn."""
     turn: Turn | None = None
+    id: EventId | None = None
+    """Where it stands in the session (:mod:`._positions`): what a stream sends as the
+    SSE ``id`` and a client resumes after. None for what is not one of the session's
+    events (a ``reset`` or ``dropped`` notice)."""
+    prompt_id: str | None = None
+    """The prompt whose cast told it, where the backend knows (in process)."""
 
 
 @attrs.frozen
@@ -435,20 +456,26 @@ class SessionBackend(Protocol):
     def follow(
         self,
         session_id: str,
-        after: int = 0,
+        after: int | EventId = 0,
         *,
         until: str | None = None,
         prompt_id: str | None = None,
     ) -> AsyncGenerator[SessionEvent, None]:
-        """The session's turns after its ``after``-th (recorded ones first), then its
-        events as they happen, for as long as the caller iterates -- or, with ``until``
-        (a prompt id of the session, ``not_found`` otherwise), until that prompt has
-        ended and its turns were told.
+        """The session's events after ``after`` (recorded ones first, from the loom),
+        then its events as they happen, for as long as the caller iterates -- or, with
+        ``until`` (a prompt id of the session, ``not_found`` otherwise), until that
+        prompt has ended and its turns were told. Every event carries its ``id``
+        (:mod:`._positions`). ``after``: an event id (what a client resumes after), or
+        a number of turns (after that turn and what it recorded); one past the
+        session's present is ``bad_request``. A resume after a live event no longer
+        held begins with a ``reset`` event; a follower that falls
+        :data:`~._positions.WATCHER_BUFFER` events behind is told ``dropped`` and ends.
 
         With ``prompt_id`` (one :meth:`submit` or :meth:`answer` returned): that
-        prompt's events only, from its beginning, ending when it ends (a pause it ended
-        waiting on comes before the end) -- a prompt's own stream; ``after`` is not
-        used and a turn's ``position`` may be None (``not_found``: no such prompt)."""
+        prompt's events only, from its beginning (or after ``after``, an event id: a
+        client resuming the stream), ending when it ends (a pause it ended waiting on
+        comes before the end) -- a prompt's own stream (``not_found``: no such
+        prompt)."""
         ...
 
     async def pauses(self, session_id: str) -> list[Pause]: ...

@@ -31,7 +31,6 @@ asked for explicitly (``next``).
 
 from __future__ import annotations
 
-import math
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -52,6 +51,7 @@ from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import ENTITY_PREFIX as ENTITY_PREFIX
 from cantrip.protocols.sessions._backend import SESSION_PREFIX as SESSION_PREFIX
 from cantrip.protocols.sessions._backend import SessionError as SessionError
+from cantrip.protocols.sessions._backend import SessionEvent
 from cantrip.protocols.sessions._backend import entity_id_for as entity_id_for
 from cantrip.protocols.sessions._backend import session_id_for as session_id_for
 from cantrip.protocols.sessions._budgets import BudgetBook, ServeBudgets
@@ -61,6 +61,7 @@ from cantrip.protocols.sessions._idempotency import (
     keyed_prompt_id,
     session_entity_id,
 )
+from cantrip.protocols.sessions._positions import WATCHER_BUFFER, EventLog
 from cantrip.protocols.sessions._shapes import EVENT_TYPES as EVENT_TYPES  # re-exported
 from cantrip.protocols.sessions._shapes import event_dict as event_dict
 from cantrip.protocols.sessions._shapes import steered as steered
@@ -157,8 +158,11 @@ class Session:
     running: trio.CancelScope | None = None
     sink: Callable[[Event], None] | None = None
     """The running prompt's own event sink."""
-    subscribers: list[trio.MemorySendChannel[Event]] = attrs.field(factory=list)
-    """Live listeners (HTTP ``/events``); each gets every event of every prompt."""
+    subscribers: list[Watcher] = attrs.field(factory=list)
+    """Live listeners (``follow``); each gets every event of every prompt, stamped."""
+    log: EventLog = attrs.field(factory=EventLog)
+    """The session's told events with their ids (issue 44): the latest are kept to
+    resume from (:mod:`._positions`); set to the loom's present when adopted."""
     current: Prompt | None = None
     """The running prompt (set with ``running``)."""
     arriving: list[Prompt] = attrs.field(factory=list)
@@ -197,14 +201,19 @@ class Session:
         return self.entity.id
 
     def dispatch(self, event: Event) -> None:
-        """The entity's event sink: the prompt's sink, then each subscriber."""
+        """The entity's event sink: the event is stamped with its id and kept in the
+        session's log, then goes to the prompt's sink and each watcher. A watcher
+        whose buffer is full is dropped (told so when it reads on): the cast never
+        waits for one."""
         if self.sink is not None:
             self.sink(event)
-        for channel in list(self.subscribers):
-            try:
-                channel.send_nowait(event)
-            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-                self.subscribers.remove(channel)
+        prompt_id = self.current.id if self.current is not None else None
+        told = self.log.record(event, self.entity.id, lambda: self.entity.turns, prompt_id)
+        for watcher in list(self.subscribers):
+            for said in told:
+                if not watcher.offer(said):
+                    self.subscribers.remove(watcher)
+                    break
 
     def prompt_ended(self, prompt: Prompt) -> None:
         """Remember that ``prompt`` ended (bounded: the oldest are forgotten)."""
@@ -213,14 +222,49 @@ class Session:
         while len(self.ended) > MAX_ENDED_PROMPTS:
             del self.ended[next(iter(self.ended))]
 
-    def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
-        """A channel of this session's events from now on; close it to unsubscribe."""
-        self.subscribers[:] = [
-            c for c in self.subscribers if c.statistics().open_receive_channels > 0
-        ]
-        send, receive = trio.open_memory_channel[Event](math.inf)
-        self.subscribers.append(send)
-        return receive
+    def watch(self) -> Watcher:
+        """A watcher of this session's events from now on (bounded: see
+        :class:`Watcher`); close its ``events`` to stop watching."""
+        self.subscribers[:] = [w for w in self.subscribers if w.open]
+        watcher = Watcher()
+        self.subscribers.append(watcher)
+        return watcher
+
+    @property
+    def watched(self) -> bool:
+        """Somebody follows this session now."""
+        return any(w.open for w in self.subscribers)
+
+
+class Watcher:
+    """One follower of a session: a buffer of :data:`WATCHER_BUFFER` events. One that
+    falls that far behind is closed and marked ``dropped`` -- its follower reads
+    what was buffered, then is told so -- so a slow client never holds up the cast
+    nor grows the server's memory."""
+
+    def __init__(self, size: int | None = None) -> None:
+        size = WATCHER_BUFFER if size is None else size
+        self.send, self.events = trio.open_memory_channel[SessionEvent](size)
+        self.dropped = False
+
+    @property
+    def open(self) -> bool:
+        return self.send.statistics().open_receive_channels > 0 and not self.dropped
+
+    def offer(self, event: SessionEvent) -> bool:
+        """Hand it the event; False once it is gone (closed, or dropped now)."""
+        try:
+            self.send.send_nowait(event)
+        except trio.WouldBlock:
+            self.dropped = True
+            self.send.close()
+            return False
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        return True
+
+    def close(self) -> None:
+        self.send.close()
 
 
 class SessionHub:
@@ -310,6 +354,7 @@ class SessionHub:
 
     def _adopt(self, session_id: str, entity: Entity) -> Session:
         session = Session(session_id, entity, last_used=_now())
+        session.log.begin(entity.turns)  # ids go on from the loom's present
         entity.on_event = session.dispatch
         entity.provider_nursery = self.nursery
         if self.book is not None:

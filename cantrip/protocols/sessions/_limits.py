@@ -34,9 +34,7 @@ class SessionLimits:
 
 
 def _evictable(session: Session) -> bool:
-    return session.running is None and not any(
-        c.statistics().open_receive_channels > 0 for c in session.subscribers
-    )
+    return session.running is None and not session.watched
 
 
 async def evict(hub: SessionHub, session: Session) -> None:

@@ -54,6 +54,7 @@ from cantrip.protocols.sessions._backend import (
     entity_id_for,
 )
 from cantrip.protocols.sessions._notify import Notifier
+from cantrip.protocols.sessions._positions import START, EventId, TurnIds, check_reachable
 from cantrip.protocols.sessions._rows import (
     DbSessions,
     Progress,
@@ -62,8 +63,8 @@ from cantrip.protocols.sessions._rows import (
     prompt_id_for,
     work_id_for,
 )
-from cantrip.protocols.sessions._shapes import event_dict, recorded_events
-from cantrip.protocols.sessions._tail import follow
+from cantrip.protocols.sessions._shapes import event_dict
+from cantrip.protocols.sessions._tail import Beat, follow
 from cantrip.protocols.sessions._task_rows import TaskRows
 
 T = TypeVar("T")
@@ -325,7 +326,7 @@ class PostgresBackend:
     async def follow(
         self,
         session_id: str,
-        after: int = 0,
+        after: int | EventId = 0,
         *,
         until: str | None = None,
         prompt_id: str | None = None,
@@ -333,9 +334,10 @@ class PostgresBackend:
         row = await self._row(session_id)
         if prompt_id is not None:
             own_work = await self._work_of(row, prompt_id)
+            resume = after if isinstance(after, EventId) else None
             self.waiting += 1  # a prompt's stream waits on it as a result does
             try:
-                async with contextlib.aclosing(self._follow_work(row, own_work)) as own:
+                async with contextlib.aclosing(self._follow_work(row, own_work, resume)) as own:
                     async for said in own:
                         yield said
             finally:
@@ -345,42 +347,49 @@ class PostgresBackend:
         # with ``until``: once its work has ended, one more look reads the last turns
         # it recorded, and that look's beat ends the following
         ending = False
-        seen = after
-        pos = await self._db(self._pos_of, row.entity_id, after)
-        told = {p.pause_id for p in await self.pauses(session_id)}  # not news
+        check_reachable(after, (await self.find(session_id)).turns)
+        # the turn named is read again: its events' ids go on from it
+        before = max((after.turn if isinstance(after, EventId) else after) - 1, 0)
+        pos = await self._db(self._pos_of, row.entity_id, before)
+        ids = TurnIds(before)
+        keep = _after(after)
+        told: set[str] = set()
         turns = follow(
             _Tail(self.db, self.notifier, self.tail_s), row.entity_id, self._db, after=pos
         )
+        first = True
         async with contextlib.aclosing(turns):
             async for item in turns:
                 if isinstance(item, Turn):
-                    seen += 1
-                    for event in recorded_events(item, seen):
-                        yield event
+                    for event in ids.told(item):
+                        if keep(event):
+                            yield event
                     continue
                 # a NOTIFY (work ended, or a pause published) may bring a pause even
                 # where no gate asks a human (a client's tool); turns bring one only
-                # where one may
-                if item.heard or (self.humans and item.landed):
-                    for pause in await self.pauses(session_id):
-                        if pause.pause_id not in told:
-                            told.add(pause.pause_id)
-                            data = event_dict(PauseEvent(pause=pause, entity_id=pause.entity_id))
-                            yield SessionEvent(data["type"], data)
+                # where one may; the first look tells the present turn's
+                if first or item.heard or (self.humans and item.landed):
+                    pending = [p.to_dict() for p in await self.pauses(session_id)]
+                    for event in _pause_events(ids, row.entity_id, pending, told):
+                        if keep(event):
+                            yield event
+                first = False
                 if work_id is not None:
                     if ending:
                         return
                     ending = (await self._db(self.db.progress, work_id)).ended
 
     async def _follow_work(
-        self, row: SessionRow, work_id: int
+        self, row: SessionRow, work_id: int, after: EventId | None
     ) -> AsyncGenerator[SessionEvent, None]:
         """One work item's events: each of its turns as it lands in the loom (from the
         position its first claim recorded: a prompt queued behind another begins where
         that one ended, up to the next cast's), a pause as a worker publishes it while
-        it runs, and, if it ended ``paused``, each call it waits on. Positions are not
-        counted here (None): a prompt's stream is followed, not resumed."""
+        it runs, and, if it ended ``paused``, each call it waits on -- with their ids
+        (counted from the turns before its base), after ``after`` when resumed."""
         told: set[str] = set()
+        keep = _after(START if after is None else after)
+        ids: TurnIds | None = None
         turns = follow(
             _Tail(self.db, self.notifier, self.tail_s),
             row.entity_id,
@@ -389,9 +398,22 @@ class PostgresBackend:
         )
         async with contextlib.aclosing(turns):
             async for item in turns:
+                if ids is None:  # its base is known once a worker claimed it
+                    base = (
+                        item.progress.base_pos if isinstance(item, Beat) and item.progress else None
+                    )
+                    if isinstance(item, Turn) and base is None:
+                        base = (await self._db(self.db.progress, work_id)).base_pos
+                    if base is not None:
+                        ids = TurnIds(await self._db(self._count_to, row.entity_id, base))
+                    elif isinstance(item, Beat) and item.last:
+                        return  # ended before any worker began it: nothing to tell
+                    else:
+                        continue
                 if isinstance(item, Turn):
-                    for step in recorded_events(item, None):
-                        yield step
+                    for step in ids.told(item):
+                        if keep(step):
+                            yield step
                     continue
                 pending: list[dict[str, Any]] = []
                 if item.last:
@@ -400,14 +422,22 @@ class PostgresBackend:
                         pending = (item.progress.outcome or {}).get("pending") or []
                 elif self.humans:
                     pending = await self._db(self.db.live_pending, row.entity_id)
-                for data in pending:
-                    if data["pause_id"] not in told:
-                        told.add(data["pause_id"])
-                        pause = Pause.from_dict(data)
-                        said = event_dict(PauseEvent(pause=pause, entity_id=pause.entity_id))
-                        yield SessionEvent(said["type"], said)
+                for event in _pause_events(ids, row.entity_id, pending, told):
+                    if keep(event):
+                        yield event
                 if item.last:
                     return
+
+    def _count_to(self, entity_id: str, pos: int | None) -> int:
+        """How many of the entity's turns lie at or before loom position ``pos``."""
+        if pos is None:
+            return 0
+        with self.db.store.pool.connection() as conn:
+            found = conn.execute(
+                "SELECT count(*) FROM cantrip_turns WHERE entity_id = %s AND pos <= %s",
+                (entity_id, pos),
+            ).fetchone()
+        return int(found[0]) if found else 0
 
     def _pos_of(self, entity_id: str, after: int) -> int:
         """The loom position of the entity's ``after``-th turn (0: before its first)."""
@@ -419,7 +449,7 @@ class PostgresBackend:
                 (entity_id, after - 1),
             ).fetchone()
         if found is None:
-            raise SessionError("not_found", f"the session has no turn {after} yet")
+            raise SessionError("bad_request", f"the session has no turn {after} yet")
         return int(found[0])
 
     async def shutdown(self, grace_s: float) -> None:
@@ -500,3 +530,29 @@ def _first_line(exc: BaseException) -> str:
 
 def _info(row: SessionRow) -> SessionInfo:
     return SessionInfo(row.session_id, row.entity_id, row.running, row.turns)
+
+
+def _after(after: int | EventId) -> Callable[[SessionEvent], bool]:
+    """Whether a follow from ``after`` tells an event: one with a later id (after a
+    count of turns: a later turn's -- a turn's recorded events are the turn's)."""
+    if isinstance(after, EventId):
+        return lambda e: e.id is None or e.id > after
+    return lambda e: e.id is None or e.id.turn > after
+
+
+def _pause_events(
+    ids: TurnIds, entity_id: str, pending: list[dict[str, Any]], told: set[str]
+) -> list[SessionEvent]:
+    """The pauses not told yet that no turn of the session tells: a child's, or one
+    asked in place (a pause of the session's own checkpoint is told with its turn,
+    :func:`~cantrip.protocols.sessions._shapes.recorded_events`)."""
+    said: list[SessionEvent] = []
+    for data in sorted(pending, key=lambda p: str(p["pause_id"])):
+        pause_id = data["pause_id"]
+        own = data.get("entity_id") == entity_id and data.get("checkpoint_id") is not None
+        if pause_id in told or own:
+            continue
+        told.add(pause_id)
+        pause = Pause.from_dict(data)
+        said.append(ids.live(event_dict(PauseEvent(pause=pause, entity_id=pause.entity_id))))
+    return said

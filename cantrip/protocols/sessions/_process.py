@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
-import math
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -48,12 +47,10 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._client_gates import client_gates
 from cantrip._errors import CantripError, ConstructionError
-from cantrip._events import StepComplete
 from cantrip._gate import Gate
 from cantrip._outcome import CastResult, result_dict
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger, redact
-from cantrip.llm._stream import Event
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.protocols.sessions._backend import (
@@ -73,21 +70,24 @@ from cantrip.protocols.sessions._hub import (
     Session,
     SessionError,
     SessionHub,
+    Watcher,
 )
 from cantrip.protocols.sessions._idempotency import keyed_prompt_id
 from cantrip.protocols.sessions._limits import SessionLimits, make_room
-from cantrip.protocols.sessions._shapes import event_dict, recorded_events
+from cantrip.protocols.sessions._positions import (
+    START,
+    EventId,
+    catch_up,
+    dropped_event,
+    reset_event,
+    resolve,
+)
 
 log = get_logger("cantrip.sessions")
 T = TypeVar("T")
 
 KEPT_RESULTS = 1000
 """Ended prompts whose outcome is kept for :meth:`ProcessBackend.result` (the oldest go)."""
-
-EARLY_EVENTS = 1000
-"""A prompt's events kept until its first follower comes (``follow(prompt_id=...)``,
-called just after ``submit``: the cast may have begun meanwhile); beyond it the
-earliest are dropped, and the kept ones go when a follower takes them."""
 
 
 @attrs.define(eq=False)
@@ -100,24 +100,9 @@ class _Run:
     error: BaseException | None = None
     ended_at: float | None = None
     """When it ended (seconds since the epoch)."""
-    watchers: list[trio.MemorySendChannel[Any]] = attrs.field(factory=list)
-    """Followers that end with it (``follow(until=...)``): closed once it has ended,
-    after every event of its cast was sent to them."""
-
-    early: list[Event] | None = attrs.field(factory=list)
-    """Its events before a follower came (None once one did)."""
-    followers: list[trio.MemorySendChannel[Event | None]] = attrs.field(factory=list)
-
-    def tell(self, event: Event) -> None:
-        """The prompt's own event sink (the hub's ``on_event``)."""
-        if self.early is not None:
-            self.early.append(event)
-            del self.early[:-EARLY_EVENTS]
-        for channel in list(self.followers):
-            try:
-                channel.send_nowait(event)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self.followers.remove(channel)
+    watchers: list[Watcher] = attrs.field(factory=list)
+    """Followers that end with it (``follow(until=...)``, a prompt's own stream):
+    closed once it has ended, after every event of its cast was sent to them."""
 
     def end(self) -> None:
         self.ended_at = time.time()
@@ -125,9 +110,6 @@ class _Run:
         for watcher in self.watchers:  # every event of the cast was sent before
             watcher.close()
         self.watchers.clear()
-        for channel in self.followers:
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                channel.send_nowait(None)  # the prompt ended: its followers stop
 
 
 @attrs.define(eq=False)
@@ -300,9 +282,7 @@ class ProcessBackend:
         session = self.hub.sessions.get(session_id)
         if session is None or session.running is not None or session.arriving:
             return
-        if session.waiting or any(
-            c.statistics().open_receive_channels > 0 for c in session.subscribers
-        ):
+        if session.waiting or session.watched:
             return
         del self.hub.sessions[session_id]
         with trio.CancelScope(shield=True):
@@ -356,14 +336,14 @@ class ProcessBackend:
             if admitted.action == "replay" or prompt_id not in self._runs:
                 run = _Run(session.id)
                 self._keep(prompt_id, run)
-                self._spawn(run, lambda: self.hub.run(session, admitted, run.tell))
+                self._spawn(run, lambda: self.hub.run(session, admitted))
             return Submitted(prompt_id, session.id, replayed=True)
         run = _Run(session.id)
         self._keep(prompt_id, run)
 
         async def cast() -> CastResult | None:
             try:
-                return await self.hub.run(session, admitted, run.tell)
+                return await self.hub.run(session, admitted)
             finally:
                 depart()
 
@@ -450,9 +430,7 @@ class ProcessBackend:
         session = await self._session(session_id)
         run = _Run(session.id)
         handle = Prompt("", None)  # the continuation: a prompt a cancel can name
-        await self._start(
-            run, lambda: self.hub.answer(session, pause_id, decision, run.tell, handle=handle)
-        )
+        await self._start(run, lambda: self.hub.answer(session, pause_id, decision, handle=handle))
         if run.done.is_set() and run.error is not None:
             raise run.error  # answered already, unknown, or busy
         if run.done.is_set() and run.cast is None:
@@ -465,69 +443,80 @@ class ProcessBackend:
     async def follow(
         self,
         session_id: str,
-        after: int = 0,
+        after: int | EventId = 0,
         *,
         until: str | None = None,
         prompt_id: str | None = None,
     ) -> AsyncGenerator[SessionEvent, None]:
         session = await self._session(session_id)
         if prompt_id is not None:
-            async with contextlib.aclosing(self._follow_prompt(session, prompt_id)) as own:
+            resume = after if isinstance(after, EventId) else None
+            async with contextlib.aclosing(self._follow_prompt(session, prompt_id, resume)) as own:
                 async for told in own:
                     yield told
             return
-        send, live = trio.open_memory_channel[Any](math.inf)
-        session.subscribers.append(send)  # as ``Session.subscribe`` does
+        run: _Run | None = None
         if until is not None:
             run = self._runs.get(until)
             if run is None or run.session_id != session.id:
-                send.close()
                 raise SessionError("not_found", f"no prompt {until!r} of session {session.id}")
+        turns = list(session.entity.turns)
+        start = resolve(after, turns)
+        watcher = session.watch()  # before the catch-up is read: nothing falls between
+        if run is not None:
             if run.done.is_set():
-                send.close()  # its turns are recorded: told from the loom, then the end
+                watcher.close()  # its turns are recorded: told from the loom, then the end
             else:
-                run.watchers.append(send)
-        with live:
-            seen = after
-            for recorded in list(session.entity.turns)[after:]:
-                seen += 1
-                for told in recorded_events(recorded, seen):
-                    yield told
-            async for event in live:
-                data = event_dict(event)
-                if isinstance(event, StepComplete) and event.turn is not None:
-                    position = position_of(session.entity.turns, event.turn.id, seen)
-                    if position <= seen:
-                        continue  # told from the loom already
-                    seen = position
-                    yield SessionEvent(data["type"], data, position, event.turn)
-                else:
-                    yield SessionEvent(data["type"], data)
+                run.watchers.append(watcher)
+        with watcher.events:
+            missing = session.log.missing_after(start)
+            if missing is not None:
+                yield reset_event(start, missing)
+            last = start
+            for told in catch_up(turns, start, session.log.held(start)):
+                last = told.id or last
+                yield told
+            async for told in watcher.events:
+                if told.id is not None and told.id <= last:
+                    continue  # told from the catch-up already
+                last = told.id or last
+                yield told
+            if watcher.dropped:
+                yield dropped_event(last)
 
     async def _follow_prompt(
-        self, session: Session, prompt_id: str
+        self, session: Session, prompt_id: str, after: EventId | None
     ) -> AsyncGenerator[SessionEvent, None]:
-        """The events of one prompt's cast (those before this call too, see
-        :data:`EARLY_EVENTS`), until it ends."""
+        """The events of one prompt's cast until it ends: those before this call
+        from the session's log (the cast may have begun before a client follows it),
+        after ``after`` when a client resumes, then as they happen."""
         run = self._runs.get(prompt_id)
         if run is None or run.session_id != session.id:
             raise SessionError(
                 "not_found", f"no prompt {prompt_id!r} of session {session.id} is known here"
             )
-        early, run.early = run.early or [], None
+        watcher = session.watch()
         if run.done.is_set():
-            for event in early:
-                yield _live_event(session, event)
-            return
-        send, live = trio.open_memory_channel[Event | None](math.inf)
-        run.followers.append(send)
-        with send, live:
-            for event in early:
-                yield _live_event(session, event)
-            async for told in live:
-                if told is None:
-                    return
-                yield _live_event(session, told)
+            watcher.close()
+        else:
+            run.watchers.append(watcher)
+        last = START if after is None else after
+        with watcher.events:
+            if after is not None:
+                missing = session.log.missing_after(after)
+                if missing is not None:
+                    yield reset_event(after, missing)
+            for told in session.log.held(last):
+                if told.prompt_id == prompt_id:
+                    last = told.id or last
+                    yield told
+            async for told in watcher.events:
+                if told.prompt_id != prompt_id or (told.id is not None and told.id <= last):
+                    continue
+                last = told.id or last
+                yield told
+            if watcher.dropped:
+                yield dropped_event(last)
 
     async def health(self) -> Health:
         return Health("process", self.hub.running, len(self.hub.sessions), self.hub.persistent)
@@ -628,16 +617,6 @@ def _failure(error: BaseException) -> str:
     return f"the cast failed: {error}"
 
 
-def _live_event(session: Session, event: Event) -> SessionEvent:
-    """An event of a running cast; a recorded turn's at its position in the session."""
-    data = event_dict(event)
-    if isinstance(event, StepComplete) and event.turn is not None:
-        turns = session.entity.turns
-        position = position_of(turns, event.turn.id, len(turns))
-        return SessionEvent(data["type"], data, position, event.turn)
-    return SessionEvent(data["type"], data)
-
-
 def _client_gates(tools: Sequence[Mapping[str, Any]]) -> tuple[Gate, ...]:
     """The client's tool definitions as the gates the hub offers (``bad_tools``)."""
     try:
@@ -650,12 +629,3 @@ def _info(session: Session) -> SessionInfo:
     return SessionInfo(
         session.id, session.entity_id, session.running is not None, len(session.entity.turns)
     )
-
-
-def position_of(turns: Sequence[Turn], turn_id: str, seen: int) -> int:
-    """The position of the entity's turn ``turn_id`` (1 for its first); one past
-    ``seen`` if it is not among them yet."""
-    for index in range(len(turns) - 1, -1, -1):
-        if turns[index].id == turn_id:
-            return index + 1
-    return seen + 1

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
+from cantrip._approval import Pause
 from cantrip._events import (
     FinalResponse,
     GateProgress,
@@ -19,7 +22,7 @@ from cantrip._redact import redact_value
 from cantrip.llm._contract import plain_json
 from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import Turn
-from cantrip.protocols.sessions._backend import SessionEvent
+from cantrip.protocols.sessions._backend import EventId, SessionEvent
 
 
 def turn_dict(turn: Turn) -> dict[str, Any]:
@@ -101,10 +104,20 @@ def steered() -> dict[str, Any]:
 
 def recorded_events(turn: Turn, position: int | None) -> list[SessionEvent]:
     """What a recorded turn tells a follower, in either backend: ``step_complete`` (at
-    its position, None where not counted), and ``final_response`` if it ended its cast."""
+    its position, None where not counted), ``pause`` if it is a pause's checkpoint,
+    and ``final_response`` if it ended its cast
+    -- with their ids (``<position>.0``, ``<position>.1``) where the position is known:
+    read again from the loom, they are the same everywhere (:mod:`._positions`)."""
     step = event_dict(StepComplete(turn, entity_id=turn.entity_id))
     told = [SessionEvent(step["type"], step, position, turn)]
+    pending = turn.extras.get("pending")
+    if isinstance(pending, dict):  # a checkpoint: the call it waits on a human for
+        pause = Pause.from_dict({**pending, "checkpoint_id": turn.id})
+        asked = event_dict(PauseEvent(pause=pause, entity_id=turn.entity_id))
+        told.append(SessionEvent(asked["type"], asked))
     if turn.terminated:
         final = event_dict(FinalResponse(turn.result, entity_id=turn.entity_id))
         told.append(SessionEvent(final["type"], final))
-    return told
+    if position is None:
+        return told
+    return [attrs.evolve(e, id=EventId(position, i)) for i, e in enumerate(told)]
