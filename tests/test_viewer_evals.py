@@ -4,7 +4,10 @@ the runs' records on SQLite and PostgreSQL looms, never from the turns, behind t
 
 from __future__ import annotations
 
+import json
+import re
 import sqlite3
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,9 +15,12 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from playwright.sync_api import Browser, expect
 from test_evals import greeter
 from test_viewer_api import viewing
+from test_viewer_browser import CANTRIP, browser, new_page, started  # noqa: F401
 from test_viewer_timeline import loom_url  # noqa: F401 -- the fixture
+from test_viewer_timeline_browser import _screenshot
 
 from cantrip.evals import Case, EvalReport, Expect, Suite, run_suite
 from cantrip.loom import Loom
@@ -88,6 +94,7 @@ def test_the_runs_are_listed_newest_first_with_their_pass_fail_counts(
     # the runs' records are no entities of the list
     entities = views.entities({})
     assert entities["total"] == 8  # 6 + 2 casts
+    assert views.overview()["entities"] == 8  # the runs' records are not counted
     assert all(not e["entity_id"].startswith("eval-") for e in entities["items"])
 
 
@@ -232,3 +239,91 @@ def test_the_eval_routes_are_behind_the_token(tmp_path: Path) -> None:
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_run"
         assert http.get("/api/evals/a/b", headers=auth).status_code == 404
         assert http.get("/ui/evals.js").status_code == 200
+
+
+SUITE = """
+spec: spec.toml
+cases:
+  - name: greets
+    intent: Greet the world.
+    expect: {{ result_contains: greeted }}
+  - name: waves
+    intent: Wave at the world.
+    expect: {{ result_contains: {waves} }}
+  - name: greets-briefly
+    intent: Greet briefly.
+    expect: {{ gates: [echo, done] }}
+"""
+
+
+def eval_cli(tmp_path: Path, suite: str, waves: str) -> str:
+    """A real ``cantrip eval --loom evals.db``; the run's id."""
+    greeter(tmp_path)
+    (tmp_path / suite).write_text(SUITE.format(waves=waves), encoding="utf-8")
+    done = subprocess.run(
+        [CANTRIP, "eval", suite, "--loom", "evals.db", "--json", "report.json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    return str(json.loads((tmp_path / "report.json").read_text())["run_id"])
+
+
+def test_the_eval_runs_page_lists_runs_filters_cases_and_opens_timeline_and_compare(
+    browser: Browser,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    first = eval_cli(tmp_path, "first.yaml", waves="waved")  # "waves" fails
+    second = eval_cli(tmp_path, "second.yaml", waves="greeted")  # and now passes
+    errors: list[str] = []
+    with started([CANTRIP, "loom", "evals.db", "view"], tmp_path, "viewing") as url:
+        page = new_page(browser, errors)
+        page.goto(url + "/")
+        page.click("#nav-evals")
+        runs = page.locator("tr.eval-run")
+        expect(runs).to_have_count(2)
+        expect(runs.nth(0)).to_have_attribute("data-run", second)  # newest first
+        expect(runs.nth(1).locator(".badge.passed")).to_have_text("2 passed")
+        expect(runs.nth(1).locator(".badge.failed")).to_have_text("1 failed")
+        expect(runs.nth(0).locator(".badge.failed")).to_have_text("0 failed")
+        runs.nth(1).click()
+        expect(page).to_have_url(f"{url}/#/evals/{first}")
+        cases = page.locator("tr.eval-case")
+        expect(cases).to_have_count(3)
+        expect(page.locator("#eval-head .badge.passed")).to_have_text("2 passed")
+        failing = page.locator('tr.eval-case[data-status="failed"]')
+        expect(failing).to_have_count(1)
+        expect(failing).to_have_attribute("data-case", "waves")
+        expect(failing.locator(".badge.failed")).to_be_visible()
+        expect(failing).to_contain_text("waved")  # why it failed
+        _screenshot(page, "viewer-evals.png")
+        page.select_option("#eval-status", "failed,errored")
+        expect(cases).to_have_count(1)
+        page.select_option("#eval-status", "")
+        page.fill("#eval-name", "greets")
+        expect(cases).to_have_count(2)
+        page.fill("#eval-name", "briefly")
+        expect(cases).to_have_count(1)
+        cast = cases.first.get_attribute("data-entity")
+        cases.first.click()  # a case opens its cast's timeline
+        expect(page).to_have_url(f"{url}/#/e/{cast}/timeline")
+        expect(page.locator(".tl-row[data-entity]")).to_have_count(1)
+        # two runs picked: their cases paired, a pair opens Compare on the two casts
+        page.goto(url + "/#/evals")
+        expect(runs).to_have_count(2)
+        expect(page.locator("#compare-runs")).to_be_disabled()
+        page.locator("tr.eval-run input.pick").nth(1).check()
+        page.locator("tr.eval-run input.pick").nth(0).check()
+        page.click("#compare-runs")
+        expect(page).to_have_url(f"{url}/#/evals/{first}/vs/{second}")
+        pairs = page.locator("tr.eval-pair")
+        expect(pairs).to_have_count(3)
+        expect(page.locator("#eval-changed-count")).to_have_text("1 case changed")
+        page.check("#eval-changed")
+        expect(pairs).to_have_count(1)
+        expect(pairs.first.locator(".badge")).to_have_text(["failed", "passed"])
+        pairs.first.click()
+        expect(page).to_have_url(re.compile(r"#/compare/entity-[^/]+/entity-[^/]+$"))
+        expect(page.locator("#compare-summary")).to_be_visible()
+        expect(page.locator(".pair[data-index]").first).to_be_visible()
+        page.close()
+    assert errors == []

@@ -169,7 +169,7 @@ class LoomViews:
         loom = self._fresh()
         return {
             "turns": len(loom),
-            "entities": len(loom.entities),
+            "entities": sum(1 for r in loom.entities.values() if not is_run_record(r)),
             "live": self.live,
             "source": self.source,
         }
