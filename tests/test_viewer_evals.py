@@ -256,7 +256,7 @@ cases:
 """
 
 
-def eval_cli(tmp_path: Path, suite: str, waves: str) -> str:
+def eval_cli(tmp_path: Path, suite: str, waves: str, code: int) -> str:
     """A real ``cantrip eval --loom evals.db``; the run's id."""
     greeter(tmp_path)
     (tmp_path / suite).write_text(SUITE.format(waves=waves), encoding="utf-8")
@@ -264,7 +264,7 @@ def eval_cli(tmp_path: Path, suite: str, waves: str) -> str:
         [CANTRIP, "eval", suite, "--loom", "evals.db", "--json", "report.json"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert done.returncode == code, done.stdout + done.stderr
     return str(json.loads((tmp_path / "report.json").read_text())["run_id"])
 
 
@@ -272,8 +272,8 @@ def test_the_eval_runs_page_lists_runs_filters_cases_and_opens_timeline_and_comp
     browser: Browser,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    first = eval_cli(tmp_path, "first.yaml", waves="waved")  # "waves" fails
-    second = eval_cli(tmp_path, "second.yaml", waves="greeted")  # and now passes
+    first = eval_cli(tmp_path, "first.yaml", waves="waved", code=1)  # "waves" fails
+    second = eval_cli(tmp_path, "second.yaml", waves="greeted", code=0)  # and now passes
     errors: list[str] = []
     with started([CANTRIP, "loom", "evals.db", "view"], tmp_path, "viewing") as url:
         page = new_page(browser, errors)
