@@ -188,8 +188,16 @@ async def test_with_a_token_the_viewer_page_and_its_files_are_public_the_api_is_
         assert (await http.get("/ui/timeline.js")).status_code == 200
         assert (await http.get("/api/compare?a=x&b=y")).status_code == 401  # and Compare
         assert (await http.get("/ui/compare.js")).status_code == 200
+        for evals in ("/api/evals", "/api/evals/eval-x?status=failed", "/api/evals/a/vs/b"):
+            assert (await http.get(evals)).status_code == 401  # and the eval runs
+            joiner = "&" if "?" in evals else "?"
+            assert (await http.get(f"{evals}{joiner}token={token}")).status_code == 401
+        assert (await http.get("/ui/evals.js")).status_code == 200
         authorized = {"authorization": f"Bearer {token}"}
         assert (await http.get("/api/entities", headers=authorized)).status_code == 200
+        assert (await http.get("/api/evals", headers=authorized)).json()["total"] == 0
+        missing = await http.get("/api/evals/eval-x", headers=authorized)  # past the guard
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_run"
         unknown = await http.get(timeline, headers=authorized)  # past the guard: the viewer's 404
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_entity"
 

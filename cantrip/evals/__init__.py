@@ -26,6 +26,7 @@ from cantrip._cantrip import Cantrip
 from cantrip._errors import ConstructionError
 from cantrip.evals._add import add_case
 from cantrip.evals._evaluators import Check, EvaluatorError, Outcome
+from cantrip.evals._record import run_record
 from cantrip.evals._replay import ReplayDivergence, ReplayIndex, ReplayLLM, conversation_key
 from cantrip.evals._report import compare, junit_xml, read_report, table
 from cantrip.evals._runner import EvalReport, RunResult, new_run_id, now_iso
@@ -103,7 +104,7 @@ async def run_suite(
         run_id=run_id,
     )
     spec_path = spec if spec is not None else suite.spec
-    return EvalReport(
+    report = EvalReport(
         suite=suite.source,
         spec=str(spec_path) if spec_path is not None else None,
         mode=mode,
@@ -116,6 +117,10 @@ async def run_suite(
         max_cost_usd=max_cost_usd,
         run_id=run_id,
     )
+    # the verdicts, beside the casts: the viewer lists runs and cases from this record
+    cast_loom.register_entity(run_record(report))
+    await cast_loom.sync()
+    return report
 
 
 def evaluate(suite: Suite | str | Path, **options: Any) -> EvalReport:

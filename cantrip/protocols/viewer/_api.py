@@ -31,6 +31,7 @@ from cantrip.loom._summary import tree_turns as _tree_turns
 from cantrip.protocols.sessions import session_id_for, turn_dict
 from cantrip.protocols.viewer._compare import compare
 from cantrip.protocols.viewer._errors import ViewerError
+from cantrip.protocols.viewer._evals import eval_cases, eval_pairs, eval_runs, is_run_record
 from cantrip.protocols.viewer._timeline import CastTimeline, turn_cost, turn_status
 
 __all__ = ["LoomViews", "TreeRow", "ViewerError", "page_args", "turn_status"]
@@ -168,7 +169,7 @@ class LoomViews:
         loom = self._fresh()
         return {
             "turns": len(loom),
-            "entities": len(loom.entities),
+            "entities": sum(1 for r in loom.entities.values() if not is_run_record(r)),
             "live": self.live,
             "source": self.source,
         }
@@ -189,28 +190,23 @@ class LoomViews:
         ]
         return {"total": len(rows), "offset": offset, "limit": limit, "items": page}
 
-    def evals(self) -> dict[str, Any]:
-        """The eval runs whose casts this loom records (``cantrip eval --record/--loom``),
-        newest first, each with its cases' entities (search a run's id to list them)."""
-        loom = self._fresh()
-        if not self._summaries:
-            self._build_summaries(loom)
-        runs: dict[str, dict[str, Any]] = {}
-        for summary in self._summaries:
-            tag = summary.get("eval")
-            if not tag:
-                continue
-            run = runs.setdefault(
-                str(tag["run"]), {"run": tag["run"], "cases": 0, "last_activity": ""}
-            )
-            run["cases"] += 1
-            run["last_activity"] = max(run["last_activity"], str(summary["last_activity"]))
-        items = sorted(runs.values(), key=lambda r: r["last_activity"], reverse=True)
-        return {"items": items}
+    # -- eval runs (:mod:`._evals`: read from the runs' records, never the turns) -----
+
+    def evals(self, query: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+        """The eval runs this loom records, newest first, with pass/fail counts."""
+        return eval_runs(self._loom(), *page_args(query))
+
+    def eval_run(self, run_id: str, query: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+        """A page of one run's cases, filtered by ``status`` and ``name``."""
+        return eval_cases(self._loom(), run_id, query, *page_args(query))
+
+    def eval_pairs(self, a: str, b: str, query: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+        """Two runs' cases paired by name and repeat, for Compare."""
+        return eval_pairs(self._loom(), a, b, query, *page_args(query))
 
     def _build_summaries(self, loom: Loom) -> None:
         index = self._index(loom)
-        records = list(loom.entities.values())
+        records = [r for r in loom.entities.values() if not is_run_record(r)]
         summaries: list[tuple[str, dict[str, Any], str]] = []
         for record in records:
             turns = index.turns_of(record.entity_id)

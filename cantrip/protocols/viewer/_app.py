@@ -17,9 +17,10 @@ Routes (``GET`` unless said; errors are ``{"error": {"code", "message"}}``):
 ``/`` (the page), ``/ui/{asset}``, ``/api/loom``,
 ``/api/entities?q=&offset=&limit=``, ``/api/entities/{id}/tree?offset=&limit=&turn=``,
 ``/api/entities/{id}/timeline?offset=&limit=&from=&to=&width=&px=`` (a cast's waterfall),
-``/api/turns/{id}``, ``/api/threads/{turn id}?offset=&limit=``, ``/api/evals`` (the eval
-runs recorded in the loom), ``/api/compare?a=&b=&offset=&limit=`` (two threads side by
-side), ``POST /api/fork``.
+``/api/turns/{id}``, ``/api/threads/{turn id}?offset=&limit=``, ``/api/evals?offset=&limit=``
+(the eval runs recorded in the loom), ``/api/evals/{run}?status=&name=&offset=&limit=`` (a
+run's cases), ``/api/evals/{a}/vs/{b}?changed=`` (two runs' cases paired),
+``/api/compare?a=&b=&offset=&limit=`` (two threads side by side), ``POST /api/fork``.
 
 The assets are plain HTML, CSS and JavaScript in ``cantrip/protocols/viewer/assets/``
 (no CDN, no build step). They are served with a content security policy that
@@ -63,6 +64,7 @@ ASSETS: dict[str, str] = {
     "app.js": "text/javascript; charset=utf-8",
     "timeline.js": "text/javascript; charset=utf-8",
     "compare.js": "text/javascript; charset=utf-8",
+    "evals.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
@@ -178,8 +180,8 @@ class Viewer:
         elif parts == ["entities"]:
             await self._running()
             read = functools.partial(views.entities, query)
-        elif parts == ["evals"]:
-            read = views.evals
+        elif parts and parts[0] == "evals":
+            read = _evals_route(views, parts[1:], query, path)
         elif parts == ["compare"]:
             read = functools.partial(views.compare, query)
         elif len(parts) == 3 and parts[0] == "entities" and parts[2] == "tree":
@@ -243,6 +245,19 @@ class _Handed:
         if self.loom is None:
             raise RuntimeError("the viewer's views are read through read_loom only")
         return self.loom
+
+
+def _evals_route(
+    views: LoomViews, rest: list[str], query: Mapping[str, Any], path: str
+) -> Callable[[], Any]:
+    """``/api/evals``, ``/api/evals/{run}``, ``/api/evals/{a}/vs/{b}`` (:mod:`._evals`)."""
+    if not rest:
+        return functools.partial(views.evals, query)
+    if len(rest) == 1:
+        return functools.partial(views.eval_run, rest[0], query)
+    if len(rest) == 3 and rest[1] == "vs":
+        return functools.partial(views.eval_pairs, rest[0], rest[2], query)
+    raise ViewerError(404, "not_found", f"no route {path!r}")
 
 
 def _allow(method: str, *allowed: str) -> None:

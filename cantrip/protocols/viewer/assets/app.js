@@ -1,7 +1,7 @@
 // The cantrip loom viewer: plain JavaScript, no build step, no dependencies.
 //
 // Pages (hash routes): #/ entities; #/e/ENTITY[/t/TURN] an entity's loom tree
-// and one turn; #/thread/TURN a thread as a chat transcript. Every list is read
+// and one turn; #/thread/TURN a thread as a chat transcript; #/evals eval runs (evals.js). Every list is read
 // a page at a time from /api/ (the server never sends a whole loom); the tree
 // is virtualised, so only the rows on screen exist in the DOM.
 //
@@ -193,6 +193,7 @@ function route() {
   const main = document.getElementById("main");
   main.replaceChildren();
   let match;
+  if ((state.view = evalRoute(hash, main))) return; // evals.js: #/evals, #/evals/RUN, #/evals/A/vs/B
   if ((match = hash.match(/^\/compare(?:\/([^/]*)\/([^/]*))?$/))) {
     state.view = new ComparePage(main, match[1] || "", match[2] || "");
   } else if ((match = hash.match(/^\/e\/([^/]+)\/timeline$/))) {
@@ -251,7 +252,7 @@ class EntityList {
     try { runs = await api("/api/evals"); } catch (error) { showError(error); return; }
     if (!runs.items.length) return;
     this.runs.replaceChildren(el("option", { value: "", text: "all entities" }),
-      ...runs.items.map((r) => el("option", { value: r.run, text: `${r.run} (${r.cases} cases)` })));
+      ...runs.items.map((r) => el("option", { value: r.run_id, text: `${r.run_id} (${r.passed} passed, ${r.failed + r.errored} not)` })));
     this.runs.hidden = false;
   }
 
