@@ -98,7 +98,14 @@ def _plain(value: str | list[Block]) -> Any:
 
 
 class CreateSession(_In):
-    """``POST /sessions`` takes no options: an empty body or ``{}``."""
+    """``POST /sessions``: an empty body, ``{}``, or the user the session is for."""
+
+    user: (
+        SkipJsonSchema[None]
+        | Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    ) = Field(default=None, examples=["alice"])
+    """Who the session's casts are for: their ``user`` tag, which fills a memory
+    namespace's ``{user}``. Fixed when the session is made (no control characters)."""
 
 
 _NO_NUL: dict[str, Any] = {"pattern": "^[^\\x00]+$"}
@@ -215,6 +222,7 @@ class PendingBody(_Out):
     entity_id: str
     running: bool
     turns: int
+    user: SkipJsonSchema[None] | str = None
     pending: list[PauseInfo]
 
 
@@ -251,6 +259,8 @@ class SessionInfo(_Out):
     entity_id: str
     running: bool
     turns: int
+    user: SkipJsonSchema[None] | str = None
+    """The user the session was created for (absent: none)."""
 
 
 class SessionList(_Out):
@@ -261,6 +271,7 @@ class ThreadBody(_Out):
     session_id: str
     entity_id: str
     running: bool
+    user: SkipJsonSchema[None] | str = None
     turns: list[dict[str, Any]]
     """The session's turns, root first, as ``cantrip loom export`` writes them."""
 
@@ -369,7 +380,8 @@ _EXTRA_ERRORS = {
     "404": "No such session (nor one in the loom to resume)",
     "405": "The route exists; the method does not",
     "409": "The session is already running a prompt, or the pause was already answered, "
-    "or (messages) no prompt is running to take the message",
+    "or (messages) no prompt is running to take the message, or (create) the "
+    "Idempotency-Key names a session created for another user",
     "500": "The cast failed (the LLM failed for good) or the entity crashed",
     "422": "The Idempotency-Key was already used for a different prompt",
     "429": f"The running prompt has taken all the steering one cast takes "
@@ -474,7 +486,7 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
                 "parameters": [_IDEMPOTENCY_KEY],
                 "requestBody": {"required": False, "content": _json_content("CreateSession")},
                 "responses": {
-                    **_responses({"201": ("SessionInfo", "The new session")}, "405", "503"),
+                    **_responses({"201": ("SessionInfo", "The new session")}, "405", "409", "503"),
                     "201": {
                         "description": "The new session (with a repeated Idempotency-Key: "
                         "the session that key created, and the header Idempotent-Replayed)",
