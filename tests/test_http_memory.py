@@ -7,6 +7,7 @@ fixed at creation. (Both backends carry it: tests/test_session_backend_contract.
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -93,3 +94,150 @@ async def test_a_session_made_for_a_user_remembers_in_that_users_namespace(
     finally:
         store.close()
         spell.loom.close()
+
+
+# -- the memory routes, on both serve modes ----------------------------------------------
+
+MEMORY_SPEC = """
+[llm]
+provider = "scripted"
+responses = [{tool_calls = [{gate = "done", args = {answer = "ok"}}]}]
+
+[circle]
+medium = "conversation"
+gates = ["done", "remember"]
+wards = [{max_turns = 3}]
+
+[loom]
+url = "URL"
+
+[memory]
+namespace = ["user", "{user}"]
+"""
+
+
+@asynccontextmanager
+async def memory_server(kind: str, tmp_path: Path, request: Any) -> AsyncIterator[Any]:
+    """A served cantrip with memory (in process on SQLite, or ``serve --db``), a client
+    of it, and the store beside its loom, where a turn wrote Alice's fact."""
+    from cantrip.loom import Loom
+
+    if kind == "sqlite":
+        spell = remembering(tmp_path / "loom.db")
+        async with serving(spell) as client:
+            sid = (await client.post("/sessions", json={"user": "alice"})).json()["session_id"]
+            await client.post(f"/sessions/{sid}/prompt", json={"prompt": "I like tea."})
+            store = memory_for(spell.loom.store)
+            try:
+                yield client, store
+            finally:
+                store.close()
+        spell.loom.close()
+        return
+    from cantrip.distributed._spells import build_spell
+    from cantrip.protocols.http._serve import serve_http_db
+
+    url = request.getfixturevalue("pg_url")
+    queued = {"spec": tomllib.loads(MEMORY_SPEC.replace("URL", url))}
+    loom = Loom.open(url)
+    cantrip_ = build_spell(queued, loom)
+    store = memory_for(loom.store)
+    # what a worker's turn writes: the item names the turn (here one the loom holds)
+    entity = cantrip_.summon()
+    async with entity:
+        await entity.send("I like tea.", tags={"user": "alice"})
+    turn = entity.turns[0]
+    store.put(
+        ("user", "alice"),
+        "said",
+        "Alice likes tea",
+        {"source": {"entity_id": turn.entity_id, "turn_id": turn.id}},
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            (base,) = await nursery.start(
+                lambda task_status: serve_http_db(
+                    queued, cantrip_, url, "127.0.0.1", 0, task_status=task_status
+                )
+            )
+            async with httpx.AsyncClient(base_url=base, timeout=20) as client:
+                yield client, store
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()
+        loom.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_memory_routes_list_search_show_and_forget(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    async with memory_server(kind, tmp_path, request) as (client, store):
+        store.put(("user", "bob"), "drink", "Bob likes coffee")
+        listed = await client.get("/memory/namespaces")
+        assert listed.status_code == 200, listed.text
+        assert listed.json() == {"namespaces": ["user/alice", "user/bob"]}
+        assert (await client.get("/memory/namespaces?prefix=user/bob")).json() == {
+            "namespaces": ["user/bob"]
+        }
+        found = (await client.get("/memory/items", params={"q": "coffee"})).json()["items"]
+        assert [(i["namespace"], i["key"]) for i in found] == [(["user", "bob"], "drink")]
+        newest = (await client.get("/memory/items?namespace=user/alice")).json()["items"]
+        assert [i["key"] for i in newest] == ["said"]
+
+        store.put(
+            ("user", "alice"),
+            "said",
+            "Alice likes green tea",
+            newest[0]["source"] and {"source": newest[0]["source"]},
+        )
+        shown = await client.get("/memory/item", params={"namespace": "user/alice", "key": "said"})
+        assert shown.status_code == 200, shown.text
+        item = shown.json()
+        assert [r["value"] for r in item["revisions"]] == [
+            "Alice likes green tea",
+            "Alice likes tea",
+        ]
+        assert item["source_turn"]["turn_id"] == item["source"]["turn_id"]
+        assert item["source_turn"]["intent"] == "I like tea."
+        missing = await client.get("/memory/item", params={"namespace": "user/alice", "key": "x"})
+        assert missing.status_code == 404
+
+        dry = await client.delete("/memory/items", params={"namespace": "user", "dry_run": "1"})
+        assert dry.status_code == 200 and dry.json()["dry_run"] is True
+        assert len(dry.json()["forgotten"]) == 2
+        assert len((await client.get("/memory/namespaces")).json()["namespaces"]) == 2
+        gone = await client.delete("/memory/items", params={"namespace": "user/alice"})
+        assert gone.json()["forgotten"] == [{"namespace": "user/alice", "key": "said"}]
+        assert store.get(("user", "alice"), "said") is None
+        assert (await client.get("/memory/namespaces")).json() == {"namespaces": ["user/bob"]}
+
+
+async def test_memory_routes_refuse_bad_input_in_one_clear_error(tmp_path: Path) -> None:
+    async with memory_server("sqlite", tmp_path, None) as (client, store):
+        cases = [
+            ("DELETE", "/memory/items", {"namespace": ""}, 400, "it will not forget everything"),
+            ("GET", "/memory/items", {"q": "x" * 1025}, 400, "MAX_QUERY_CHARS"),
+            ("GET", "/memory/items", {"namespace": "user/\x07"}, 400, "control characters"),
+            ("GET", "/memory/items", {"limit": "0"}, 400, "a limit is from 1 to 1000"),
+            ("GET", "/memory/items", {"limit": "ten"}, 400, "limit is a whole number"),
+            ("GET", "/memory/items", {"q": "tea", "mode": "semantic"}, 400, "embedder"),
+            ("GET", "/memory/items", {"q": "tea", "mode": "fuzzy"}, 400, "a search mode is one of"),
+            ("POST", "/memory/items", {}, 405, ""),
+            ("GET", "/memory/items", {"namespace": "a/" * 3000}, 414, "at most 8192 bytes"),
+        ]
+        for method, path, params, status, words in cases:
+            answer = await client.request(method, path, params=params)
+            assert answer.status_code == status, (params, answer.text)
+            assert words in answer.json()["error"]["message"], answer.text
+        assert store.get(("user", "alice"), "said") is not None  # nothing was forgotten
+
+
+async def test_a_cantrip_without_memory_has_no_memory_routes(tmp_path: Path) -> None:
+    doc: dict[str, Any] = {
+        "llm": {"provider": "scripted", "responses": []},
+        "circle": {"medium": "conversation", "gates": ["done"], "wards": [{"max_turns": 2}]},
+    }
+    async with serving(build_cantrip(parse_spec(doc))) as client:
+        answer = await client.get("/memory/namespaces")
+        assert answer.status_code == 404 and answer.json()["error"]["code"] == "no_memory"

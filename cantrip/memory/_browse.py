@@ -145,8 +145,15 @@ def forget(
 
 def _turn(loom: Loom, item: Any) -> dict[str, Any] | None:
     turn = source_turn(loom, item)
-    if turn is None:
+    return None if turn is None else turn_summary(loom, turn.id)
+
+
+def turn_summary(loom: Loom, turn_id: str) -> dict[str, Any] | None:
+    """The turn ``turn_id`` as ``show`` names an item's source: its id, entity,
+    sequence, and its intent and text shortened and redacted (None: not in the loom)."""
+    if not loom.has_turn(turn_id):
         return None
+    turn = loom.get(turn_id)
     return {
         "turn_id": turn.id,
         "entity_id": turn.entity_id,
