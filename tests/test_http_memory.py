@@ -221,10 +221,10 @@ async def test_memory_routes_refuse_bad_input_in_one_clear_error(tmp_path: Path)
             ("GET", "/memory/items", {"namespace": "user/\x07"}, 400, "control characters"),
             ("GET", "/memory/items", {"limit": "0"}, 400, "a limit is from 1 to 1000"),
             ("GET", "/memory/items", {"limit": "ten"}, 400, "limit is a whole number"),
-            ("GET", "/memory/items", {"q": "tea", "mode": "semantic"}, 400, "embedder"),
+            ("GET", "/memory/items", {"q": "tea", "mode": "semantic"}, 409, "needs an embedder"),
             ("GET", "/memory/items", {"q": "tea", "mode": "fuzzy"}, 400, "a search mode is one of"),
             ("POST", "/memory/items", {}, 405, ""),
-            ("GET", "/memory/items", {"namespace": "a/" * 3000}, 414, "at most 8192 bytes"),
+            ("GET", "/memory/items", {"namespace": "a/" * 3000}, 400, "at most 1200 characters"),
         ]
         for method, path, params, status, words in cases:
             answer = await client.request(method, path, params=params)

@@ -118,7 +118,7 @@ async def test_list_search_show_and_forget(target: str, capsys: pytest.CaptureFi
         (["search", "x" * 1025], "a query has at most 1024 characters (MAX_QUERY_CHARS)"),
         (["list", "user/\x07"], "may not hold NUL or other control characters"),
         (["list", "[1]"], "a namespace in brackets is a JSON list of strings"),
-        (["list", "a/" * 3000], "a namespace is at most 4096 characters as typed"),
+        (["list", "a/" * 3000], "a namespace is at most 1200 characters as typed"),
         (["search", "tea", "--limit", "0"], "a limit is from 1 to 1000"),
         (["search", "tea", "--mode", "semantic"], "semantic"),
         (["show", "user/alice", "nothing"], "no memory 'nothing' in user/alice"),

@@ -26,7 +26,7 @@ from cantrip.memory._provenance import describe, forget_namespace, source_turn
 from cantrip.memory._store import MemoryBackend
 from cantrip.memory._vectors import SearchMode
 
-MAX_NAMESPACE_TEXT = 4096
+MAX_NAMESPACE_TEXT = 1200
 """The longest namespace a command line or a URL may spell (more is refused unread)."""
 MAX_REVISIONS = 100
 """Revisions ``show`` lists at most, newest first (an item put very often keeps them all)."""

@@ -16,6 +16,8 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from cantrip.protocols.asgi._openapi_memory import MODELS as memory_models
+from cantrip.protocols.asgi._openapi_memory import memory_paths
 from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._ids import client_id
 
@@ -377,11 +379,14 @@ def _responses(ok: dict[str, tuple[str, str]], *errors: str) -> dict[str, Any]:
 
 
 _EXTRA_ERRORS = {
-    "404": "No such session (nor one in the loom to resume)",
+    "404": "No such session (nor one in the loom to resume); memory: no such item, or "
+    "no memory (no_memory)",
+    "414": "The query string is longer than the route reads",
     "405": "The route exists; the method does not",
     "409": "The session is already running a prompt, or the pause was already answered, "
     "or (messages) no prompt is running to take the message, or (create) the "
-    "Idempotency-Key names a session created for another user",
+    "Idempotency-Key names a session created for another user, or (memory) a semantic "
+    "or hybrid search where no embedder is configured",
     "500": "The cast failed (the LLM failed for good) or the entity crashed",
     "422": "The Idempotency-Key was already used for a different prompt",
     "429": f"The running prompt has taken all the steering one cast takes "
@@ -428,6 +433,7 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
         Answered,
         SteerRequest,
         Steered,
+        *memory_models,
     ]
     _, schemas = pydantic.json_schema.models_json_schema(
         [
@@ -636,6 +642,7 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
                 "responses": _responses({"200": ("ThreadBody", "The thread")}, *found),
             }
         },
+        **memory_paths(_responses),
         "/sessions/{session_id}/events": {
             "get": {
                 "operationId": "events",

@@ -37,7 +37,7 @@ from cantrip.protocols.sessions import SessionBackend
 
 PREFIX = "/memory/"
 ROUTES = {"namespaces", "items", "item"}
-MAX_QUERY_STRING = 8192
+MAX_QUERY_STRING = 32768
 """Bytes of query string a memory route reads (a namespace and a query fit well inside)."""
 T = TypeVar("T")
 
@@ -121,13 +121,22 @@ class MemoryRoutes:
             gone = await _run(store, browse.forget, store, namespace, one, dry_run=dry_run)
             return {"dry_run": dry_run, "forgotten": gone}
         prefix = browse.parse_namespace(_one(query, "namespace", ""))
+        mode = query.get("mode", [None])[-1]
+        if mode in ("semantic", "hybrid") and getattr(store, "embedder", None) is None:
+            # valid as asked, refused by this server's state: 409, like a busy session
+            raise HttpError(
+                409,
+                "no_embedder",
+                f"a {mode} search needs an embedder: name one in the "
+                "spec's [memory] table (embedder = {provider = ...})",
+            )
         items = await _run(
             store,
             browse.items,
             store,
             prefix,
             query=query.get("q", [None])[-1],
-            mode=query.get("mode", [None])[-1],
+            mode=mode,
             limit=_int(query, "limit", 20),
             offset=_int(query, "offset", 0),
         )
