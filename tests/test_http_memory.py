@@ -241,3 +241,20 @@ async def test_a_cantrip_without_memory_has_no_memory_routes(tmp_path: Path) -> 
     async with serving(build_cantrip(parse_spec(doc))) as client:
         answer = await client.get("/memory/namespaces")
         assert answer.status_code == 404 and answer.json()["error"]["code"] == "no_memory"
+
+
+def test_serve_db_loads_a_spec_with_memory(tmp_path: Path, pg_url: str) -> None:
+    """``cantrip serve SPEC --db URL`` builds its cantrip to check and describe it; a
+    spec with ``[memory]`` needs a database for that, and the replica's is the one."""
+    import subprocess
+    import sys
+
+    spec = tmp_path / "helper.toml"
+    spec.write_text(MEMORY_SPEC.replace('[loom]\nurl = "URL"\n', ""))
+    cantrip_cli = str(Path(sys.executable).with_name("cantrip"))
+    run = subprocess.run(
+        [cantrip_cli, "serve", str(spec), "--db", pg_url, "--check"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "loads" in run.stderr
