@@ -183,13 +183,14 @@ async def test_memory_routes_list_search_show_and_forget(
         found = (await client.get("/memory/items", params={"q": "coffee"})).json()["items"]
         assert [(i["namespace"], i["key"]) for i in found] == [(["user", "bob"], "drink")]
         newest = (await client.get("/memory/items?namespace=user/alice")).json()["items"]
+        assert newest[0]["source"] is not None  # the turn that wrote it
         assert [i["key"] for i in newest] == ["said"]
 
         store.put(
             ("user", "alice"),
             "said",
             "Alice likes green tea",
-            newest[0]["source"] and {"source": newest[0]["source"]},
+            {"source": newest[0]["source"]},  # a later revision by the same turn
         )
         shown = await client.get("/memory/item", params={"namespace": "user/alice", "key": "said"})
         assert shown.status_code == 200, shown.text
@@ -258,3 +259,23 @@ def test_serve_db_loads_a_spec_with_memory(tmp_path: Path, pg_url: str) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "loads" in run.stderr
+
+
+async def test_a_sessions_user_survives_a_restart_of_serve(tmp_path: Path) -> None:
+    """In process the user lives with the session, and after a restart it is read back
+    from the tags its casts recorded: the resumed session casts for the same user."""
+    spell = remembering(tmp_path / "loom.db")
+    async with serving(spell) as client:
+        sid = (await client.post("/sessions", json={"user": "alice"})).json()["session_id"]
+        await client.post(f"/sessions/{sid}/prompt", json={"prompt": "I like tea."})
+    spell.loom.close()
+    again = remembering(tmp_path / "loom.db")
+    async with serving(again) as client:
+        resumed = await client.get(f"/sessions/{sid}")
+        assert resumed.status_code == 200 and resumed.json()["user"] == "alice"
+        answer = await client.post(f"/sessions/{sid}/prompt", json={"prompt": "Still tea."})
+        assert answer.status_code == 200, answer.text
+        thread = (await client.get(f"/sessions/{sid}/thread")).json()["turns"]
+        users = [t["extras"].get("user") for t in thread if t.get("intent")]
+        assert users == ["alice", "alice"]
+    again.loom.close()
