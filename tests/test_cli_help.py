@@ -41,7 +41,7 @@ def _argv(path: tuple[str, ...]) -> list[str]:
     argv: list[str] = []
     for word in path:
         argv.append(word)
-        if word == "loom":
+        if word in ("loom", "memory"):
             argv.append("x.db")
     return [*argv, "--help"]
 

@@ -46,6 +46,7 @@ def write_spec(folder: Path) -> Path:
         f'[llm]\nprovider = "scripted"\nresponses = [\n{answers}\n]\n'
         '[circle]\nmedium = "conversation"\ngates = ["done"]\nwards = [{ max_turns = 2 }]\n'
         '[loom]\npath = "fuzz.db"\n'
+        "[memory]\n"
     )
     return spec
 
@@ -93,7 +94,8 @@ def test_the_document_is_openapi_3_1_built_from_the_request_models(server: str) 
     operations = {op["operationId"] for path in document["paths"].values() for op in path.values()}
     assert operations == {
         "health", "listSessions", "createSession", "getSession", "prompt", "cancel",
-        "thread", "events", "pending", "answerPause", "steer",
+        "thread", "events", "pending", "answerPause", "steer", "memoryNamespaces",
+        "memoryItems", "memoryItem", "memoryForget",
     }  # fmt: skip
 
 

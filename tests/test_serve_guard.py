@@ -409,3 +409,47 @@ def test_a_token_given_as_a_flag_is_redacted_like_the_variable(
     assert _cli._token(None) is None
     assert _cli._token("flag-token-value-77") == "flag-token-value-77"
     assert redact("Bearer-less flag-token-value-77 echoed") == "Bearer-less [REDACTED] echoed"
+
+
+async def test_the_memory_routes_are_behind_the_guard_and_token(tmp_path: Path) -> None:
+    """``/memory/...`` (issue 42) answer only with the token, like every data route, and a
+    foreign origin cannot forget anything."""
+    doc: dict[str, Any] = {
+        "llm": {"provider": "scripted", "responses": []},
+        "circle": {"medium": "conversation", "gates": ["done"], "wards": [{"max_turns": 2}]},
+        "loom": {"path": str(tmp_path / "loom.db")},
+        "memory": {"namespace": ["user", "{user}"]},
+    }
+    spell = build_cantrip(parse_spec(doc))
+    from cantrip.memory import memory_for
+
+    store = memory_for(spell.loom.store)
+    store.put(("user", "alice"), "drink", "Alice likes tea")
+    token = "s3cret-token-123"
+    authorized = {"authorization": f"Bearer {token}"}
+    routes = [
+        ("GET", "/memory/namespaces", {}),
+        ("GET", "/memory/items", {"q": "tea"}),
+        ("GET", "/memory/item", {"namespace": "user/alice", "key": "drink"}),
+        ("DELETE", "/memory/items", {"namespace": "user/alice"}),
+    ]
+    try:
+        async with serving(spell, guard=Guard(token=token)) as (http, _):
+            for method, path, params in routes:
+                refused = await http.request(method, path, params=params)
+                assert refused.status_code == 401, (path, refused.text)
+                with_query = await http.request(method, path, params={**params, "token": token})
+                assert with_query.status_code == 401  # never a token in a URL
+                foreign = await http.request(
+                    method, path, params=params,
+                    headers={**authorized, "origin": "http://evil.example"},
+                )  # fmt: skip
+                assert foreign.status_code == 403
+            assert store.get(("user", "alice"), "drink") is not None  # nothing forgotten
+            for method, path, params in routes:
+                answered = await http.request(method, path, params=params, headers=authorized)
+                assert answered.status_code == 200, (path, answered.text)
+            assert store.get(("user", "alice"), "drink") is None
+    finally:
+        store.close()
+        spell.loom.close()

@@ -178,6 +178,36 @@ async def test_a_key_names_one_session_wherever_it_is_asked(world: World) -> Non
     assert again.session_id == made.session_id != other.session_id
 
 
+async def test_a_sessions_user_tags_its_casts_and_no_create_switches_it(world: World) -> None:
+    """A session made for a user casts with it as the ``user`` tag (a memory namespace's
+    ``{user}``); its key, asked again for another user, is refused; a bad user is
+    refused before anything is made."""
+    backend = world.backend
+    info, created = await backend.create(user="alice")
+    assert created and info.user == "alice" and info.to_dict()["user"] == "alice"
+    assert (await backend.find(info.session_id)).user == "alice"
+    await cast(world, info.session_id, "Add one.")
+    await cast(world, info.session_id, "Add two.")
+    thread = await backend.thread(info.session_id)
+    assert [t.extras.get("user") for t in thread if t.intent] == ["alice", "alice"]
+    plain, _ = await backend.create()
+    assert plain.user is None and "user" not in plain.to_dict()
+    await cast(world, plain.session_id, "Add one.")
+    assert all("user" not in t.extras for t in await backend.thread(plain.session_id))
+
+    keyed, _ = await backend.create(key="seam-user-1", user="bob")
+    again, created_again = await backend.create(key="seam-user-1", user="bob")
+    assert not created_again and again.session_id == keyed.session_id and again.user == "bob"
+    with refused("user_conflict"):
+        await backend.create(key="seam-user-1", user="mallory")
+    assert (await backend.find(keyed.session_id)).user == "bob"
+    before = len(await backend.sessions())
+    for bad in ["", "a\x00b", "x" * 129]:
+        with refused("bad_request"):
+            await backend.create(user=bad)
+    assert len(await backend.sessions()) == before
+
+
 async def test_an_unknown_session_is_not_found_by_any_operation(world: World) -> None:
     backend = world.backend
     nobody = "session-00000000000000000000"

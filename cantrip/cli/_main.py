@@ -139,6 +139,10 @@ def _run(args: argparse.Namespace) -> int:
         from cantrip.cli._eval import run_eval
 
         return run_eval(args)
+    if args.command == "memory":
+        from cantrip.cli._memory import run_memory
+
+        return run_memory(args)
     if args.command == "loom":
         from cantrip.cli._loom import run_loom  # type: ignore[import-not-found,unused-ignore]
 

@@ -60,6 +60,7 @@ DESCRIPTIONS = {
     "conformance": "Run conformance vectors (tests.yaml files): one line per failing "
     "case and a final count; a non-zero exit on any failure.",
     "loom": None,  # its own plain description (cantrip.cli._loom.LOOM_HELP)
+    "memory": None,  # its own plain description (cantrip.cli._memory.MEMORY_HELP)
 }
 """Each command's ``--help`` description, plain text."""
 
@@ -383,6 +384,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
         pass
     else:
         add_loom_parser(commands, parents=[common])
+    from cantrip.cli._memory import add_memory_parser
+
+    add_memory_parser(commands, parents=[common])
     _describe(commands)
     return parser, commands
 

@@ -361,12 +361,10 @@ def serve_on_db(
     that pauses for a human is served like in-process: the pause waits in the
     database, answered through ``/sessions/{id}/pending/{pause_id}``."""
     _quiet_pool_log()
-    from cantrip.cli._serve import serve_until_signal
     from cantrip.distributed._spell_secrets import check_queued_spell
-    from cantrip.distributed._spells import build_spell, spell_from_spec
+    from cantrip.distributed._spells import spell_from_spec
     from cantrip.distributed._work import BUDGETS_KEY
     from cantrip.loom._loom import Loom
-    from cantrip.protocols.http._serve import serve_http_db
     from cantrip.protocols.sessions._budgets import ServeBudgets
 
     budgets = ServeBudgets.parse(args.session_budget, args.token_budget)  # checked already
@@ -380,7 +378,32 @@ def serve_on_db(
         if budgets.session:  # the workers charge each session's history against them
             spell = {**spell, BUDGETS_KEY: dict(budgets.session)}
         check_queued_spell(spell)
-        cantrip = build_spell(spell, Loom())
+        # memory lives in the loom's database, so a spec with [memory] is built over the
+        # replica's (what its /memory routes and the workers use); others need none
+        has_memory = isinstance(spell.get("spec"), dict) and "memory" in spell["spec"]
+        loom = Loom.open(args.db) if has_memory else Loom()
+    except CantripError as exc:
+        return _fail(str(exc))
+    try:
+        return _serve_built(args, spell, loom, guard, options, collector)
+    finally:
+        loom.close()
+
+
+def _serve_built(
+    args: argparse.Namespace,
+    spell: dict[str, Any],
+    loom: Any,
+    guard: Any,
+    options: Any,
+    collector: contextlib.AbstractContextManager[None],
+) -> int:
+    from cantrip.cli._serve import serve_until_signal
+    from cantrip.distributed._spells import build_spell
+    from cantrip.protocols.http._serve import serve_http_db
+
+    try:
+        cantrip = build_spell(spell, loom)
     except CantripError as exc:
         return _fail(str(exc))
     if args.check:

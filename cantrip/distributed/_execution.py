@@ -38,9 +38,10 @@ from cantrip.distributed._outcome import (
 from cantrip.distributed._owned import Owned
 from cantrip.distributed._queue import WorkQueue
 from cantrip.distributed._spells import build_spell, spell_key
-from cantrip.distributed._work import ANSWER_KEY, BUDGETS_KEY, REWIND_KEY, Claim
+from cantrip.distributed._work import ANSWER_KEY, BUDGETS_KEY, REWIND_KEY, USER_KEY, Claim
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
+from cantrip.memory._settings import USER_TAG
 
 log = get_logger("cantrip.worker")
 
@@ -85,6 +86,8 @@ class Execution:
         answer = claim.spell.get(ANSWER_KEY)  # work that carries out a human's answer
         rewind = claim.spell.get(REWIND_KEY)  # a rollback: continue from this turn
         offered = client_gates(claim.spell.get(CLIENT_TOOLS_KEY) or ())  # a front end's tools
+        user = claim.spell.get(USER_KEY)  # the session's user: the cast's ``user`` tag
+        tags = {USER_TAG: user} if isinstance(user, str) else None
         key = spell_key(claim.spell)
         spell = self.spells.get(key)
         if spell is None:
@@ -118,7 +121,7 @@ class Execution:
                     entity.cancel(owned.cancel_reason)
                 await self._spending(owned, [])
                 self._casting(owned, [])
-                result = await self._cast(owned, entity.send(claim.intent))
+                result = await self._cast(owned, entity.send(claim.intent, tags=tags))
             else:
                 entity = owned.entity = _offering(
                     spell.resume(claim.entity_id, pause="leave"), offered
@@ -135,7 +138,7 @@ class Execution:
                     # an earlier attempt may have journaled the turn it was taking
                     result = await self._cast(owned, entity.resume_cast(claim.intent, recorded))
                 else:
-                    result = await self._cast(owned, entity.send(claim.intent))
+                    result = await self._cast(owned, entity.send(claim.intent, tags=tags))
         except (LLMError, PauseError) as exc:
             return "failed", failure_outcome(claim.entity_id, exc)
         return state_of(result), outcome_of(result)

@@ -43,6 +43,9 @@ ENDED = frozenset({"done", "failed", "cancelled", PAUSED, DEAD})
 """States a work item does not leave (a paused item's answer is new work)."""
 ANSWER_KEY = "answer"
 """The spell key of work that carries out a human's answer to a pause."""
+USER_KEY = "user"
+"""The spell key of the user a session's prompt is for (``serve --db``): the worker
+casts with it as the cast's ``user`` tag (a memory namespace's ``{user}``)."""
 REWIND_KEY = "rewind"
 """The spell key of a prompt that continues from an earlier turn (double-texting's
 ``rollback``): ``{"to": <turn id, or None for the beginning>}``."""

@@ -17,6 +17,7 @@ runs in a worker thread behind the store's limiter (:class:`AsyncMemory`).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import weakref
@@ -194,7 +195,9 @@ class MemoryContext:
         loom_store = self.loom.store
         entry = settings._opened.get(id(loom_store))
         if entry is None:
-            mine = await trio.to_thread.run_sync(memory_for, loom_store)
+            mine = await trio.to_thread.run_sync(
+                functools.partial(memory_for, loom_store, embedder=settings.embedder)
+            )
             entry = settings._opened.setdefault(id(loom_store), (loom_store, mine))
             if entry[1] is not mine:  # another cast opened it meanwhile: keep one
                 await trio.to_thread.run_sync(mine.close)

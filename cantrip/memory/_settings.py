@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from cantrip._errors import ConstructionError
+from cantrip.llm._embed_contract import Embedder
 from cantrip.memory._model import (
     MAX_DEPTH,
     MemoryStoreError,
@@ -129,7 +130,9 @@ class MemorySettings:
     ``recall`` places the ``recall_k`` items that best match a cast's intent in its
     context. ``name`` fills ``{cantrip}`` (default: the cantrip's id; a spec file
     uses its file name). ``store`` is where items live; by default the memory store
-    beside the cantrip's loom (:func:`cantrip.memory.memory_for`)."""
+    beside the cantrip's loom (:func:`cantrip.memory.memory_for`), opened with
+    ``embedder`` when one is given (searches by meaning too; a spec's
+    ``[memory] embedder = {...}``)."""
 
     namespace: tuple[str, ...] = attrs.field(default=("{cantrip}",), converter=_as_tuple)
     blocks: tuple[MemoryBlock, ...] = attrs.field(default=(), converter=_as_tuple)
@@ -137,6 +140,7 @@ class MemorySettings:
     recall_k: int = 5
     name: str | None = None
     store: MemoryBackend | None = None
+    embedder: Embedder | None = None
     _opened: dict[int, tuple[object, MemoryBackend]] = attrs.field(
         factory=dict, init=False, repr=False
     )

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cantrip._errors import ConstructionError
+from cantrip.llm._embed_contract import Embedder
+from cantrip.llm._embeddings import embedder_from_config
 from cantrip.memory._settings import MemoryBlock, MemorySettings
-from cantrip.spec._tables import MemorySpec
+from cantrip.spec._tables import MemoryEmbedderSpec, MemorySpec
 
 MEMORY_GATES = ("remember", "recall", "forget", "edit_block")
 
@@ -46,6 +48,7 @@ def build_memory(
         except ConstructionError as exc:
             problems.extend(f"memory.blocks[{index}]: {p}" for p in exc.problems)
     name = spec.name if spec.name is not None else cantrip_name  # the spec's name or stem
+    embedder = _build_embedder(spec.embedder, problems) if spec.embedder is not None else None
     try:
         return MemorySettings(
             namespace=tuple(spec.namespace),
@@ -53,7 +56,26 @@ def build_memory(
             recall=spec.recall,
             recall_k=spec.recall_k,
             name=name,
+            embedder=embedder,
         )
     except ConstructionError as exc:
         problems.extend(exc.problems)  # each names the memory key it is about
+        return None
+
+
+def _build_embedder(spec: MemoryEmbedderSpec, problems: list[str]) -> Embedder | None:
+    """The embedder ``spec`` names, built now so that an unknown provider, one with no
+    embeddings endpoint or a missing key is said at load (one line each)."""
+    try:
+        return embedder_from_config(
+            spec.provider,
+            spec.model,
+            dimensions=spec.dimensions,
+            base_url=spec.base_url,
+            api_key_env=spec.api_key_env,
+            batch_size=spec.batch_size,
+            timeout_s=spec.timeout_s,
+        )
+    except ConstructionError as exc:
+        problems.extend(f"memory.embedder: {p}" for p in exc.problems)
         return None

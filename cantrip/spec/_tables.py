@@ -205,6 +205,19 @@ class MemoryBlockSpec(_Strict):
     limit: int = 2000
 
 
+class MemoryEmbedderSpec(_Strict):
+    """``[memory] embedder = {provider = "openai", model = "..."}``: search by meaning
+    (``cantrip.llm.embedder_from_config``; the provider's TOML gives the rest)."""
+
+    provider: str = Field(min_length=1)
+    model: str | None = None
+    dimensions: int | None = Field(default=None, ge=1)
+    base_url: str | None = None
+    api_key_env: str | None = None
+    batch_size: int | None = Field(default=None, ge=1)
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
 class MemorySpec(_Strict):
     """``[memory]``: memory across sessions, in the loom's database (cantrip.memory)."""
 
@@ -218,6 +231,8 @@ class MemorySpec(_Strict):
     recall: bool = False
     """Place the items that best match each cast's intent in its context."""
     recall_k: int = 5
+    embedder: MemoryEmbedderSpec | None = None
+    """Embed every item and search by meaning too (hybrid by default)."""
 
 
 class SpecDocument(_Strict):

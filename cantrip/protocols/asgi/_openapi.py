@@ -16,6 +16,8 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from cantrip.protocols.asgi._openapi_memory import MODELS as memory_models
+from cantrip.protocols.asgi._openapi_memory import memory_paths
 from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._ids import client_id
 
@@ -98,7 +100,14 @@ def _plain(value: str | list[Block]) -> Any:
 
 
 class CreateSession(_In):
-    """``POST /sessions`` takes no options: an empty body or ``{}``."""
+    """``POST /sessions``: an empty body, ``{}``, or the user the session is for."""
+
+    user: (
+        SkipJsonSchema[None]
+        | Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    ) = Field(default=None, examples=["alice"])
+    """Who the session's casts are for: their ``user`` tag, which fills a memory
+    namespace's ``{user}``. Fixed when the session is made (no control characters)."""
 
 
 _NO_NUL: dict[str, Any] = {"pattern": "^[^\\x00]+$"}
@@ -215,6 +224,7 @@ class PendingBody(_Out):
     entity_id: str
     running: bool
     turns: int
+    user: SkipJsonSchema[None] | str = None
     pending: list[PauseInfo]
 
 
@@ -251,6 +261,8 @@ class SessionInfo(_Out):
     entity_id: str
     running: bool
     turns: int
+    user: SkipJsonSchema[None] | str = None
+    """The user the session was created for (absent: none)."""
 
 
 class SessionList(_Out):
@@ -261,6 +273,7 @@ class ThreadBody(_Out):
     session_id: str
     entity_id: str
     running: bool
+    user: SkipJsonSchema[None] | str = None
     turns: list[dict[str, Any]]
     """The session's turns, root first, as ``cantrip loom export`` writes them."""
 
@@ -366,10 +379,14 @@ def _responses(ok: dict[str, tuple[str, str]], *errors: str) -> dict[str, Any]:
 
 
 _EXTRA_ERRORS = {
-    "404": "No such session (nor one in the loom to resume)",
+    "404": "No such session (nor one in the loom to resume); memory: no such item, or "
+    "no memory (no_memory)",
+    "414": "The query string is longer than the route reads",
     "405": "The route exists; the method does not",
     "409": "The session is already running a prompt, or the pause was already answered, "
-    "or (messages) no prompt is running to take the message",
+    "or (messages) no prompt is running to take the message, or (create) the "
+    "Idempotency-Key names a session created for another user, or (memory) a semantic "
+    "or hybrid search where no embedder is configured",
     "500": "The cast failed (the LLM failed for good) or the entity crashed",
     "422": "The Idempotency-Key was already used for a different prompt",
     "429": f"The running prompt has taken all the steering one cast takes "
@@ -416,6 +433,7 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
         Answered,
         SteerRequest,
         Steered,
+        *memory_models,
     ]
     _, schemas = pydantic.json_schema.models_json_schema(
         [
@@ -474,7 +492,7 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
                 "parameters": [_IDEMPOTENCY_KEY],
                 "requestBody": {"required": False, "content": _json_content("CreateSession")},
                 "responses": {
-                    **_responses({"201": ("SessionInfo", "The new session")}, "405", "503"),
+                    **_responses({"201": ("SessionInfo", "The new session")}, "405", "409", "503"),
                     "201": {
                         "description": "The new session (with a repeated Idempotency-Key: "
                         "the session that key created, and the header Idempotent-Replayed)",
@@ -624,6 +642,7 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
                 "responses": _responses({"200": ("ThreadBody", "The thread")}, *found),
             }
         },
+        **memory_paths(_responses),
         "/sessions/{session_id}/events": {
             "get": {
                 "operationId": "events",

@@ -207,8 +207,8 @@ class HttpApp:
         elif parts == ["sessions"]:
             allow(method, "GET", "POST")
             if method == "POST":
-                validated(CreateSession, await read_body(receive))
-                info, created = await backend.create(idempotency_key(scope))
+                asked = validated(CreateSession, await read_body(receive))
+                info, created = await backend.create(idempotency_key(scope), user=asked.user)
                 # A repeated key gets the response the key first got (201, the same
                 # session), marked as a replay -- one status per outcome keeps the
                 # documented contract independent of server state.

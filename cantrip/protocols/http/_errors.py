@@ -22,6 +22,7 @@ SESSION_ERRORS = {
     "busy": 409,
     "not_running": 409,
     "key_reused": 422,
+    "user_conflict": 409,
     STEERING_FULL: 429,
     "cast_failed": 500,
     "cast_dead_lettered": 500,

@@ -24,6 +24,7 @@ from cantrip.protocols.a2a import _server as _a2a
 from cantrip.protocols.a2a._push import Pushes
 from cantrip.protocols.asgi._responses import Receive, Send
 from cantrip.protocols.http._app import HttpApp
+from cantrip.protocols.http._memory import MemoryRoutes
 from cantrip.protocols.middleware._arriving import arrivals
 from cantrip.protocols.middleware._guard import Guard
 from cantrip.protocols.middleware._lifecycle import ServeOptions
@@ -210,6 +211,7 @@ def mount_protocols(
     from cantrip.protocols.viewer._app import Viewer
 
     app.mounts.append(Viewer.over(backend, source).dispatch)
+    app.mounts.append(MemoryRoutes(backend, cantrip).dispatch)  # /memory/...
     front = None
     if a2a:
 

@@ -168,6 +168,7 @@ from cantrip._approval import Decision, Pause
 from cantrip._outcome import CastResult
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
+from cantrip.memory._model import MemoryStoreError, check_namespace
 
 SESSION_PREFIX = "session-"
 """A session's id begins so (the rest names its entity, ``entity-...``)."""
@@ -220,10 +221,41 @@ class SessionInfo:
     entity_id: str
     running: bool
     turns: int
+    user: str | None = None
+    """The user its casts are for (their ``user`` tag: a memory namespace's ``{user}``),
+    fixed when the session is created."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The API's ``SessionInfo`` shape."""
-        return attrs.asdict(self)
+        """The API's ``SessionInfo`` shape (``user`` only when the session has one)."""
+        data = attrs.asdict(self)
+        if self.user is None:
+            del data["user"]
+        return data
+
+
+def check_user(user: str | None) -> str | None:
+    """A session's user as given, or ``bad_request`` saying what is wrong: it fills a
+    memory namespace part, so it is checked as one (not empty, at most
+    ``MAX_PART_CHARS``, no control characters, no secret) when the session is made,
+    not at its first cast."""
+    if user is None:
+        return None
+    try:
+        check_namespace((user,))
+    except MemoryStoreError as exc:
+        raise SessionError("bad_request", f"user: {exc}") from None
+    return user
+
+
+def same_user(session_id: str, has: str | None, asked: str | None) -> None:
+    """Refuse (``user_conflict``) a create whose key names a session of another user:
+    a session's user is fixed at creation, so no client switches it."""
+    if asked is not None and asked != has:
+        raise SessionError(
+            "user_conflict",
+            f"session {session_id} was created for another user (a session's user is "
+            "fixed when it is created)",
+        )
 
 
 @attrs.frozen
@@ -404,8 +436,12 @@ class SessionBackend(Protocol):
     @property
     def capabilities(self) -> Capabilities: ...
 
-    async def create(self, key: str | None = None) -> tuple[SessionInfo, bool]:
-        """A new session, or the one ``key`` created; the flag says whether it is new."""
+    async def create(
+        self, key: str | None = None, *, user: str | None = None
+    ) -> tuple[SessionInfo, bool]:
+        """A new session, or the one ``key`` created; the flag says whether it is new.
+        ``user`` (:func:`check_user`) is the ``user`` tag of every cast of the session;
+        a key naming a session of another user is ``user_conflict`` (:func:`same_user`)."""
         ...
 
     async def sessions(self) -> list[SessionInfo]: ...

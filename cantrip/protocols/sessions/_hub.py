@@ -32,7 +32,7 @@ asked for explicitly (``next``).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -47,11 +47,12 @@ from cantrip._outcome import CastResult, recorded_cast
 from cantrip._redact import get_logger
 from cantrip.llm._stream import Event
 from cantrip.loom._model import Turn
+from cantrip.memory._settings import USER_TAG
 from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import ENTITY_PREFIX as ENTITY_PREFIX
 from cantrip.protocols.sessions._backend import SESSION_PREFIX as SESSION_PREFIX
 from cantrip.protocols.sessions._backend import SessionError as SessionError
-from cantrip.protocols.sessions._backend import SessionEvent
+from cantrip.protocols.sessions._backend import SessionEvent, check_user, same_user
 from cantrip.protocols.sessions._backend import entity_id_for as entity_id_for
 from cantrip.protocols.sessions._backend import session_id_for as session_id_for
 from cantrip.protocols.sessions._budgets import BudgetBook, ServeBudgets
@@ -68,6 +69,25 @@ from cantrip.protocols.sessions._shapes import steered as steered
 from cantrip.protocols.sessions._shapes import turn_dict as turn_dict
 
 log = get_logger("cantrip.sessions")
+
+
+def _tags(key: str | None, user: str | None) -> dict[str, Any] | None:
+    """A cast's tags: its idempotency key and its session's user, when there are."""
+    tags: dict[str, Any] = {}
+    if key is not None:
+        tags[KEY_TAG] = key
+    if user is not None:
+        tags[USER_TAG] = user
+    return tags or None
+
+
+def _recorded_user(turns: Sequence[Turn]) -> str | None:
+    """The user a session's casts recorded (their first turns' ``user`` tag)."""
+    for turn in reversed(turns):
+        user = turn.extras.get(USER_TAG)
+        if isinstance(user, str):
+            return user
+    return None
 
 
 def not_running(session_id: str) -> SessionError:
@@ -155,6 +175,9 @@ def _now() -> float:
 class Session:
     id: str
     entity: Entity
+    user: str | None = None
+    """The ``user`` tag of its casts (fixed at creation; after a restart read back
+    from the tags its casts recorded)."""
     running: trio.CancelScope | None = None
     sink: Callable[[Event], None] | None = None
     """The running prompt's own event sink."""
@@ -308,26 +331,30 @@ class SessionHub:
 
     # -- sessions ----------------------------------------------------------------
 
-    def new(self) -> Session:
+    def new(self, user: str | None = None) -> Session:
         entity = self.spell.summon()
-        return self._adopt(session_id_for(entity.id), entity)
+        return self._adopt(session_id_for(entity.id), entity, user)
 
     def fork(self, turn_id: str) -> Session:
         """A new session whose entity continues from ``turn_id`` (LOOM-4)."""
         entity = self.spell.fork(turn_id)
         return self._adopt(session_id_for(entity.id), entity)
 
-    def create(self, key: str | None = None) -> tuple[Session, bool]:
+    def create(self, key: str | None = None, user: str | None = None) -> tuple[Session, bool]:
         """A new session, or with an idempotency key the session that key created
-        (live, or resumed from the loom); the flag says whether it is new."""
+        (live, or resumed from the loom); the flag says whether it is new. ``user``:
+        the ``user`` tag of its casts (:func:`check_user`, :func:`same_user`)."""
+        check_user(user)
         if key is None:
-            return self.new(), True
+            return self.new(user), True
         entity_id = session_entity_id(key)
         session_id = session_id_for(entity_id)
         if session_id in self.sessions or entity_id in self.spell.loom.entities:
-            return self.get(session_id), False
+            found = self.get(session_id)
+            same_user(found.id, found.user, user)
+            return found, False
         entity = self.spell.summon(entity_id=entity_id)
-        return self._adopt(session_id, entity), True
+        return self._adopt(session_id, entity, user), True
 
     def get(self, session_id: str) -> Session:
         """A live session, or one resumed from the loom (after a restart)."""
@@ -342,7 +369,8 @@ class SessionHub:
         if canonical in self.sessions:
             return self.sessions[canonical]
         log.info("session %s resumed from the loom", canonical)
-        return self._adopt(canonical, self.spell.resume(entity_id))
+        entity = self.spell.resume(entity_id)
+        return self._adopt(canonical, entity, _recorded_user(entity.turns))
 
     def only(self) -> Session:
         """The one live session (clients that leave out the session id)."""
@@ -352,8 +380,8 @@ class SessionHub:
             )
         return next(iter(self.sessions.values()))
 
-    def _adopt(self, session_id: str, entity: Entity) -> Session:
-        session = Session(session_id, entity, last_used=_now())
+    def _adopt(self, session_id: str, entity: Entity, user: str | None = None) -> Session:
+        session = Session(session_id, entity, user, last_used=_now())
         session.log.begin(entity.turns)  # ids go on from the loom's present
         entity.on_event = session.dispatch
         entity.provider_nursery = self.nursery
@@ -531,9 +559,7 @@ class SessionHub:
             session.sink = on_event
             session.steered = (0, 0)
             try:
-                outcome = await session.entity.send(
-                    intent, tags={KEY_TAG: key} if key is not None else None
-                )
+                outcome = await session.entity.send(intent, tags=_tags(key, session.user))
             except CantripError:
                 raise
             except Exception as exc:

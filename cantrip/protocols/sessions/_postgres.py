@@ -35,7 +35,7 @@ from cantrip._errors import ConstructionError
 from cantrip._events import PauseEvent
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
-from cantrip.distributed._work import DEAD, PAUSED
+from cantrip.distributed._work import DEAD, PAUSED, USER_KEY
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
@@ -51,6 +51,7 @@ from cantrip.protocols.sessions._backend import (
     SessionInfo,
     Submitted,
     TaskRecord,
+    check_user,
     entity_id_for,
 )
 from cantrip.protocols.sessions._notify import Notifier
@@ -200,8 +201,10 @@ class PostgresBackend:
     async def _row(self, session_id: str) -> SessionRow:
         return await self._db(self.db.require, session_id)  # not_found
 
-    async def create(self, key: str | None = None) -> tuple[SessionInfo, bool]:
-        row, created = await self._db(self.db.create, key)
+    async def create(
+        self, key: str | None = None, *, user: str | None = None
+    ) -> tuple[SessionInfo, bool]:
+        row, created = await self._db(self.db.create, key, check_user(user))
         return _info(row), created
 
     async def sessions(self) -> list[SessionInfo]:
@@ -246,6 +249,8 @@ class PostgresBackend:
             except ConstructionError as exc:
                 raise SessionError("bad_tools", str(exc)) from None
             spell = {**spell, CLIENT_TOOLS_KEY: [dict(t) for t in tools]}
+        if row.user is not None:  # the worker casts with it as the ``user`` tag
+            spell = {**spell, USER_KEY: row.user}
         queued = await self._db(self.db.enqueue, row.entity_id, spell, intent, key, on_busy)
         return Submitted(queued.prompt_id, row.session_id, replayed=queued.replayed)
 
@@ -529,7 +534,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _info(row: SessionRow) -> SessionInfo:
-    return SessionInfo(row.session_id, row.entity_id, row.running, row.turns)
+    return SessionInfo(row.session_id, row.entity_id, row.running, row.turns, row.user)
 
 
 def _after(after: int | EventId) -> Callable[[SessionEvent], bool]:

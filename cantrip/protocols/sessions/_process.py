@@ -64,6 +64,7 @@ from cantrip.protocols.sessions._backend import (
     SessionInfo,
     Submitted,
     TaskRecord,
+    check_user,
 )
 from cantrip.protocols.sessions._hub import (
     Prompt,
@@ -261,9 +262,12 @@ class ProcessBackend:
             session.last_used = trio.current_time()
         return session
 
-    async def create(self, key: str | None = None) -> tuple[SessionInfo, bool]:
+    async def create(
+        self, key: str | None = None, *, user: str | None = None
+    ) -> tuple[SessionInfo, bool]:
+        check_user(user)  # before making room for it
         await self.make_room(adding=True)
-        session, created = self.hub.create(key)
+        session, created = self.hub.create(key, user)
         return _info(session), created
 
     async def sessions(self) -> list[SessionInfo]:
@@ -627,5 +631,9 @@ def _client_gates(tools: Sequence[Mapping[str, Any]]) -> tuple[Gate, ...]:
 
 def _info(session: Session) -> SessionInfo:
     return SessionInfo(
-        session.id, session.entity_id, session.running is not None, len(session.entity.turns)
+        session.id,
+        session.entity_id,
+        session.running is not None,
+        len(session.entity.turns),
+        session.user,
     )

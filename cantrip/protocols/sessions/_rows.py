@@ -64,6 +64,7 @@ from cantrip.loom._codec import decode_record
 from cantrip.loom._model import Turn, new_entity_id
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.sessions import _steering as steering
+from cantrip.protocols.sessions._backend import same_user
 from cantrip.protocols.sessions._hub import (
     MAX_ARMED_KEYS,
     SessionError,
@@ -85,6 +86,7 @@ CREATE TABLE IF NOT EXISTS cantrip_sessions (
     created_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS cantrip_sessions_by_age ON cantrip_sessions (created_at);
+ALTER TABLE cantrip_sessions ADD COLUMN IF NOT EXISTS user_id TEXT;
 CREATE TABLE IF NOT EXISTS cantrip_cancels (
     entity_id TEXT NOT NULL,
     idempotency_key TEXT NOT NULL,
@@ -125,6 +127,8 @@ class SessionRow:
     entity_id: str
     running: bool
     turns: int
+    user: str | None = None
+    """The ``user`` tag of its casts, fixed at creation (a memory namespace's ``{user}``)."""
 
     def info(self) -> dict[str, Any]:
         """The ``SessionInfo`` shape of the in-process server."""
@@ -188,19 +192,22 @@ class DbSessions:
 
     # -- sessions ----------------------------------------------------------------
 
-    def create(self, key: str | None) -> tuple[SessionRow, bool]:
+    def create(self, key: str | None, user: str | None = None) -> tuple[SessionRow, bool]:
         """A new session, or with a key the session that key created (any replica,
-        any time before); the flag says whether it is new."""
+        any time before); the flag says whether it is new. ``user`` is kept with it
+        (a key naming a session of another user: ``user_conflict``)."""
         entity_id = session_entity_id(key) if key is not None else new_entity_id()
         session_id = session_id_for(entity_id)
         with self.store.pool.connection() as conn:
             inserted = conn.execute(
-                "INSERT INTO cantrip_sessions (session_id, entity_id) VALUES (%s, %s) "
-                "ON CONFLICT DO NOTHING RETURNING 1",
-                (session_id, entity_id),
+                "INSERT INTO cantrip_sessions (session_id, entity_id, user_id) "
+                "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1",
+                (session_id, entity_id, user),
             ).fetchone()
         row = self.get(session_id)
         assert row is not None
+        if inserted is None:
+            same_user(session_id, row.user, user)
         return row, inserted is not None
 
     def get(self, session_id: str) -> SessionRow | None:
@@ -213,14 +220,15 @@ class DbSessions:
                 "OR EXISTS (SELECT 1 FROM cantrip_entities WHERE entity_id = %(e)s "
                 "AND parent_entity_id IS NULL), "
                 "(SELECT count(*) FROM cantrip_turns WHERE entity_id = %(e)s), "
-                f"EXISTS (SELECT 1 FROM cantrip_work WHERE entity_id = %(e)s AND {_OPEN})",
+                f"EXISTS (SELECT 1 FROM cantrip_work WHERE entity_id = %(e)s AND {_OPEN}), "
+                "(SELECT user_id FROM cantrip_sessions WHERE entity_id = %(e)s)",
                 {"e": entity_id},
             ).fetchone()
         assert row is not None
-        known, turns, running = row
+        known, turns, running, user = row
         if not known:
             return None
-        return SessionRow(session_id_for(entity_id), entity_id, bool(running), int(turns))
+        return SessionRow(session_id_for(entity_id), entity_id, bool(running), int(turns), user)
 
     def require(self, session_id: str) -> SessionRow:
         row = self.get(session_id)
@@ -234,12 +242,12 @@ class DbSessions:
                 "SELECT s.session_id, s.entity_id, "
                 "(SELECT count(*) FROM cantrip_turns t WHERE t.entity_id = s.entity_id), "
                 "EXISTS (SELECT 1 FROM cantrip_work w WHERE w.entity_id = s.entity_id "
-                f"AND w.{_OPEN}) "
+                f"AND w.{_OPEN}), s.user_id "
                 "FROM (SELECT * FROM cantrip_sessions ORDER BY created_at DESC LIMIT %s) s "
                 "ORDER BY s.created_at",
                 (LIST_LIMIT,),
             ).fetchall()
-        return [SessionRow(s, e, bool(r), int(n)) for s, e, n, r in rows]
+        return [SessionRow(s, e, bool(r), int(n), u) for s, e, n, r, u in rows]
 
     def count(self) -> int:
         with self.store.pool.connection() as conn:
