@@ -231,12 +231,19 @@ class Session:
         if self.sink is not None:
             self.sink(event)
         prompt_id = self.current.id if self.current is not None else None
-        told = self.log.record(event, self.entity.id, lambda: self.entity.turns, prompt_id)
+        told = self.log.record(event, self.entity.id, self._turns_since, prompt_id)
         for watcher in list(self.subscribers):
             for said in told:
                 if not watcher.offer(said):
                     self.subscribers.remove(watcher)
                     break
+
+    def _turns_since(self, turn_id: str | None) -> Sequence[Turn]:
+        """The entity's turns recorded after ``turn_id`` (all of them for None)."""
+        entity = self.entity
+        if turn_id is None:
+            return entity.turns
+        return entity.loom.entity_turns_from(entity.id, turn_id)[1:]
 
     def prompt_ended(self, prompt: Prompt) -> None:
         """Remember that ``prompt`` ended (bounded: the oldest are forgotten)."""

@@ -120,25 +120,42 @@ class EventLog:
     )
     """Each held event, and whether the loom records it."""
 
+    told_turn: str | None = None
+    """The id of the last turn told (None: none yet): what is new is read after it."""
+
     def begin(self, turns: Sequence[Turn]) -> None:
         """Go on from the loom's present: the entity's ``turns``."""
         self.last = self.floor = after_turn(turns[-1] if turns else None, len(turns))
+        self.told_turn = turns[-1].id if turns else None
 
     def record(
         self,
         event: Event,
         entity_id: str,
-        turns: Callable[[], Sequence[Turn]],
+        since: Callable[[str | None], Sequence[Turn]],
         prompt_id: str | None = None,
     ) -> list[SessionEvent]:
-        """What the entity's ``event`` tells followers, stamped (``turns``: the entity's
-        turns now, asked only when one may have been recorded)."""
+        """What the entity's ``event`` tells followers, stamped. ``since(turn_id)``: the
+        entity's turns recorded after that one (all, for None), asked only when one may
+        have been recorded -- a range read, so a turn costs what is new, never the
+        session's history (tests/test_serve_cost.py)."""
         told: list[SessionEvent] = []
         if isinstance(event, StepComplete | PauseEvent):
-            recorded = turns()
-            for position in range(self.last.turn + 1, len(recorded) + 1):
-                for said in recorded_events(recorded[position - 1], position):
+            turn = event.turn if isinstance(event, StepComplete) else None
+            if (
+                turn is not None
+                and turn.entity_id == entity_id
+                and turn.parent_id == self.told_turn
+            ):
+                new: Sequence[Turn] = (turn,)  # the one new turn, announced: no read at all
+            else:  # a checkpoint recorded unannounced, a pause, a rewind: read what is new
+                new = since(self.told_turn)
+            first = self.last.turn + 1
+            for position, turn in enumerate(new, start=first):
+                for said in recorded_events(turn, position):
                     told.append(self._keep(attrs.evolve(said, prompt_id=prompt_id), True))
+            if new:
+                self.told_turn = new[-1].id
         if _recorded_by_loom(event, entity_id):
             return told
         data = event_dict(event)
