@@ -20,7 +20,7 @@ import pytest
 import trio
 from test_http import SCRIPT, make_spell, serving
 
-from cantrip.protocols.sessions import EventId, ProcessBackend, _hub, _positions
+from cantrip.protocols.sessions import EventId, ProcessBackend, _positions, _session
 from cantrip.protocols.sessions._hub import SessionHub
 
 pytestmark = pytest.mark.loop_watch
@@ -204,7 +204,7 @@ async def test_a_slow_watcher_is_dropped_with_a_clear_event_and_never_holds_the_
     """A watcher that stops reading while the session goes on: its buffer fills, the
     prompt still ends, the watcher reads what was buffered and is told ``dropped``
     with the last id it was sent -- and resuming after that id tells exactly the rest."""
-    monkeypatch.setattr(_hub, "WATCHER_BUFFER", 3)
+    monkeypatch.setattr(_session, "WATCHER_BUFFER", 3)
     async with ProcessBackend.open(SessionHub(make_spell(SCRIPT_LONG))) as backend:
         info, _ = await backend.create()
         sid = info.session_id
