@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import EntityRecord, Turn
+from cantrip.loom._summary import turn_cost as loom_turn_cost
 from cantrip.loom._view import CHECKPOINT_PHASES
 from cantrip.protocols.viewer._errors import ViewerError
 
@@ -81,14 +82,10 @@ def turn_cost(turn: Turn) -> float | None:
     at an unknown price, or no usage reported), a cut-off turn that recorded no usage is
     unknown too: its model call may have run and been billed before the cut, which kept no
     figures -- never ``$0``. A continuation piece made no model call (its checkpoint did)."""
-    meta = turn.metadata
-    if meta.cost_usd is not None:
-        return meta.cost_usd
-    if meta.tokens_prompt or meta.tokens_completion or meta.usage_missing:
-        return None
-    if turn.truncated and not str(turn.extras.get("phase") or "").startswith("continuation"):
-        return None
-    return 0.0
+    recorded = loom_turn_cost(turn)  # the loom list's rule, written once there
+    piece = str(turn.extras.get("phase") or "").startswith("continuation")
+    cut_unmetered = recorded == 0.0 and turn.metadata.cost_usd is None and turn.truncated
+    return None if cut_unmetered and not piece else recorded
 
 
 def _epoch_ms(stamp: str) -> float | None:
