@@ -14,7 +14,9 @@ On resume, for each call of the journaled utterance:
 
 * a recorded result is reused -- the gate does not run again;
 * a call that was started but never finished is run again only if the gate is
-  ``idempotent=True``; otherwise the entity gets an ``is_error`` observation
+  ``idempotent=True``, or given back the checkpoint it saved
+  (:mod:`cantrip._checkpoint`: an MCP task's id, followed to its end instead of
+  called again); otherwise the entity gets an ``is_error`` observation
   "outcome unknown after a worker crash" (and that answer is journaled, so a
   second crash gives the same one) -- never a silent second side effect;
 * a call never started runs normally.
@@ -29,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from cantrip._checkpoint import CURRENT as CURRENT_CHECKPOINT
+from cantrip._checkpoint import MAX_CHECKPOINT, CallCheckpoint
 from cantrip._record_cap import cap_record, record_cap
 from cantrip.llm._contract import Response, ToolCall, Usage, plain_json
 from cantrip.loom._codec import decode_record, encode_record
@@ -46,6 +50,13 @@ OUTCOME_UNKNOWN = (
     "outcome unknown after a worker crash: this call was started but its result was "
     "never recorded, and the gate is not idempotent, so it was not run again"
 )
+
+
+CHECKPOINTS = 1 << 30
+"""Call ``k``'s checkpoint is journaled at ordinal ``CHECKPOINTS + k``: a row of its
+own, so a result is still written once over the started call's row, and a fresh
+utterance voids checkpoints with the calls (every ordinal >= 0). The column is a
+32-bit integer; no turn makes 2**30 calls."""
 
 
 def _dumps(value: Any) -> str:
@@ -134,10 +145,14 @@ class TurnJournal:
             return await circle.call(name, args, tool_call_id)
         data = _dumps({"args": args, "tool_call_id": tool_call_id})
         entry = self.entries.get(ordinal)
+        saved: Mapping[str, Any] | None = None
         if entry is not None and entry[1] == g.name and entry[2] == data:
             if entry[3] is not None:  # recorded before the crash: reuse, never re-run
                 return GateCallRecord.from_dict(decode_record(entry[3]))
-            if not g.idempotent:
+            kept = self.entries.get(CHECKPOINTS + ordinal)
+            if kept is not None and kept[1] == g.name and kept[2] == data and kept[3]:
+                saved = decode_record(kept[3])  # started work the gate can follow to its end
+            if saved is None and not g.idempotent:
                 record = GateCallRecord(
                     gate=g.name,
                     args=args,
@@ -150,7 +165,23 @@ class TurnJournal:
                 await self._finish(ordinal, g.name, data, record)
                 return record
         await self.loom.journal_write(self.entity_id, self.sequence, ordinal, g.name, data, None)
-        record = await circle.call(name, args, tool_call_id)
+
+        async def save(checkpoint: Mapping[str, Any]) -> None:
+            encoded = _dumps(checkpoint)
+            if len(encoded) > MAX_CHECKPOINT:
+                raise ValueError(
+                    f"a gate checkpoint takes at most {MAX_CHECKPOINT} characters "
+                    f"({len(encoded)} given): save a handle on the work, not its data"
+                )
+            await self.loom.journal_write(
+                self.entity_id, self.sequence, CHECKPOINTS + ordinal, g.name, data, encoded
+            )
+
+        token = CURRENT_CHECKPOINT.set(CallCheckpoint(saved, save))
+        try:
+            record = await circle.call(name, args, tool_call_id)
+        finally:
+            CURRENT_CHECKPOINT.reset(token)
         stored = cap_record(record, record_cap(circle.resolved))
         await self._finish(ordinal, g.name, data, stored)
         return record  # the medium works with the whole result; the journal keeps the cap

@@ -20,7 +20,7 @@ from cantrip._errors import CantripError
 from cantrip._failure import debug_requested
 from cantrip._redact import redact
 from cantrip.cli._exit import EXIT_ERROR, EXIT_OK
-from cantrip.cli._loom import loom_location
+from cantrip.cli._loom_args import loom_location
 from cantrip.memory._model import MemoryStoreError
 
 MEMORY_HELP = """\

@@ -59,7 +59,7 @@ DESCRIPTIONS = {
     "cast: over stdio by default, or streamable HTTP at /mcp with --http.",
     "conformance": "Run conformance vectors (tests.yaml files): one line per failing "
     "case and a final count; a non-zero exit on any failure.",
-    "loom": None,  # its own plain description (cantrip.cli._loom.LOOM_HELP)
+    "loom": None,  # its own plain description (cantrip.cli._loom_args.LOOM_HELP)
     "memory": None,  # its own plain description (cantrip.cli._memory.MEMORY_HELP)
 }
 """Each command's ``--help`` description, plain text."""
@@ -379,7 +379,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     add_eval_parser(commands, parents=[common])
 
     try:
-        from cantrip.cli._loom import add_loom_parser  # type: ignore[import-not-found,unused-ignore]
+        from cantrip.cli._loom_args import add_loom_parser  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         pass
     else:

@@ -30,6 +30,7 @@ import pydantic
 import trio
 
 from cantrip._approval import Decision
+from cantrip._checkpoint import CURRENT as CURRENT_CHECKPOINT
 from cantrip._core import CURRENT_ENTITY
 from cantrip._elicit import AnswerError, check_form, form_content
 from cantrip._events import GateProgress
@@ -38,7 +39,7 @@ from cantrip._providers import ProviderStartError
 from cantrip._redact import get_logger, redact
 from cantrip.mcp._names import gate_names
 from cantrip.mcp._stdio import stdio_transport
-from cantrip.mcp._tasks import CURRENT_NOTE, TaskNote, tasks_extension
+from cantrip.mcp._tasks import CURRENT_NOTE, TaskNote, resume_task, tasks_extension
 
 if TYPE_CHECKING:
     import mcp_types
@@ -254,23 +255,36 @@ class MCPProvider:
         note = CURRENT_NOTE.get()
         if note is not None:
             note.on_progress = progress
-        call = connection.client.call_tool(
-            tool,
-            dict(arguments),
-            read_timeout_seconds=self.spec.timeout_s,
-            progress_callback=progress,
-        )
+        checkpoint = CURRENT_CHECKPOINT.get()
+        started = (checkpoint.saved or {}).get("mcp_task") if checkpoint is not None else None
+        call: Awaitable[mcp_types.CallToolResult]
+        if isinstance(started, str):  # begun before a crash: follow it, never call again
+            ask = connection.on_elicit if self.spec.elicitation else None
+            call = resume_task(connection.client.session, started, ask, self.spec.timeout_s)
+        else:
+            call = connection.client.call_tool(
+                tool,
+                dict(arguments),
+                read_timeout_seconds=self.spec.timeout_s,
+                progress_callback=progress,
+            )
         entity = CURRENT_ENTITY.get(None)
         if not self.spec.elicitation or entity is None:
             result: mcp_types.CallToolResult = await call
             return result
         asker = _Asker(entity, gate_name, f"mcp:{self.spec.name}")
         connection.askers.append(asker)
+        failure: Exception | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(asker.serve)
-                result = await call
+                try:
+                    result = await call
+                except Exception as exc:  # noqa: BLE001 -- re-raised as it is, outside the nursery
+                    failure = exc  # (which would wrap it in a group the caller never sees)
                 nursery.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
             return result
         finally:
             connection.askers.remove(asker)

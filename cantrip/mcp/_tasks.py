@@ -25,8 +25,10 @@ that client, the counterpart of what ``cantrip mcp`` serves
 * the task's id and last status are written into the gate call's record
   (``detail["mcp_task"]``), so the loom says which task a result came from. A process
   that dies mid-task leaves the call to the gate journal's rule (not idempotent:
-  "outcome unknown", never a second call); picking the task back up by its id after a
-  restart is not done (the id is known only once the call ends).
+  "outcome unknown", never a second call) -- except that the task's id is saved as
+  the call's checkpoint (:mod:`cantrip._checkpoint`) the moment the server gives it,
+  so the resumed call follows that task to its end (``tasks/get``) instead of calling
+  the tool again; a task the server no longer knows is an ``is_error`` observation.
 
 *Why poll rather than wait for a notification:* the extension's status notifications
 need a stream the server holds open; a poll works over stdio and stateless HTTP alike,
@@ -35,6 +37,8 @@ and the server says how often to ask.
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Literal
@@ -43,6 +47,7 @@ import attrs
 import pydantic
 import trio
 
+from cantrip._checkpoint import CURRENT as CURRENT_CHECKPOINT
 from cantrip._redact import get_logger
 
 log = get_logger("cantrip.mcp.tasks")
@@ -103,11 +108,11 @@ Ask = Callable[[Any, Any], Awaitable[Any]]
 """The connection's elicitation callback: ``(context, params) -> ElicitResult | ErrorData``."""
 
 
-def tasks_extension(ask: Ask | None, timeout_s: float) -> Any:
-    """The SDK client extension that runs a task-augmented ``tools/call`` to its end;
-    ``ask`` answers the task's input requests (None: they are declined)."""
+@functools.cache
+def _wire() -> Any:
+    """The extension's messages as SDK models (built on first use: the SDK is imported
+    only by a circle that has MCP servers)."""
     import mcp_types
-    from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 
     class _TaskId(mcp_types.RequestParams):
         task_id: str = pydantic.Field(alias="taskId")
@@ -151,91 +156,141 @@ def tasks_extension(ask: Ask | None, timeout_s: float) -> Any:
         poll_interval_ms: float | None = pydantic.Field(default=None, alias="pollIntervalMs")
         result: dict[str, Any] | None = None
 
-    async def answers(requests: dict[str, Any]) -> dict[str, Any]:
-        """The task's open questions asked (each an ``elicitation/create``), answered."""
-        out: dict[str, Any] = {}
-        for key, request in requests.items():
-            method = request.get("method") if isinstance(request, dict) else None
-            result: Any
-            if method != "elicitation/create" or ask is None:
-                result = mcp_types.ElicitResult(action="decline")
-            else:
-                params = pydantic.TypeAdapter(mcp_types.ElicitRequestParams).validate_python(
-                    request.get("params") or {}, by_alias=True
-                )
-                result = await ask(None, params)
-                if isinstance(result, mcp_types.ErrorData):
-                    result = mcp_types.ElicitResult(action="decline")
-            out[key] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-        return out
+    return types.SimpleNamespace(
+        TaskId=_TaskId,
+        Update=_Update,
+        Get=_Get,
+        UpdateTask=_UpdateTask,
+        Cancel=_Cancel,
+        State=_State,
+        Created=_Created,
+    )
 
-    async def resolve(created: Any, ctx: ClaimContext) -> mcp_types.CallToolResult:
-        session, task_id = ctx.session, created.task_id
-        note = CURRENT_NOTE.get()
-        if note is not None:
-            note.task_id, note.status = task_id, created.status
-        log.info("tools/call %s runs as task %s", ctx.tool_name, task_id)
-        state: Any = created
-        answered: set[str] = set()
-        polls = 0
-        try:
-            while True:
-                if note is not None:
-                    note.status = state.status
-                    await note.tell(state.status_message)
-                if state.status == "completed":
-                    if state.result is None:
-                        raise ValueError(f"task {task_id} completed without a result")
-                    return mcp_types.CallToolResult.model_validate(state.result)
-                if state.status in ("failed", "cancelled"):
-                    return mcp_types.CallToolResult(
-                        content=[
-                            mcp_types.TextContent(
-                                text=f"the server's task {state.status}: "
-                                f"{state.status_message or 'no message'}"
-                            )
-                        ],
-                        is_error=True,
-                    )
-                requests = getattr(state, "input_requests", None) or {}
-                open_ = {k: v for k, v in requests.items() if k not in answered}
-                if state.status == "input_required" and open_:
-                    responses = await answers(open_)
-                    answered.update(responses)
-                    await session.send_request(
-                        _UpdateTask(params=_Update(taskId=task_id, inputResponses=responses)),
-                        mcp_types.EmptyResult,
-                        request_read_timeout_seconds=timeout_s,
-                    )
-                else:
-                    await trio.sleep(poll_wait(state.poll_interval_ms, polls))
-                    polls += 1
-                state = await session.send_request(
-                    _Get(params=_TaskId(taskId=task_id)),
-                    _State,
+
+async def _answers(ask: Ask | None, requests: dict[str, Any]) -> dict[str, Any]:
+    """The task's open questions asked (each an ``elicitation/create``), answered."""
+    import mcp_types
+
+    out: dict[str, Any] = {}
+    for key, request in requests.items():
+        method = request.get("method") if isinstance(request, dict) else None
+        result: Any
+        if method != "elicitation/create" or ask is None:
+            result = mcp_types.ElicitResult(action="decline")
+        else:
+            params = pydantic.TypeAdapter(mcp_types.ElicitRequestParams).validate_python(
+                request.get("params") or {}, by_alias=True
+            )
+            result = await ask(None, params)
+            if isinstance(result, mcp_types.ErrorData):
+                result = mcp_types.ElicitResult(action="decline")
+        out[key] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return out
+
+
+async def follow(session: Any, state: Any, ask: Ask | None, timeout_s: float) -> Any:
+    """A task followed from ``state`` to its end: polled, its questions asked and
+    answered, cancelled on the server if this call is cut off. The ``CallToolResult``."""
+    import mcp_types
+
+    wire = _wire()
+    task_id = state.task_id
+    note = CURRENT_NOTE.get()
+    if note is not None:
+        note.task_id = task_id
+    answered: set[str] = set()
+    polls = 0
+    try:
+        while True:
+            if note is not None:
+                note.status = state.status
+                await note.tell(state.status_message)
+            if state.status == "completed":
+                if state.result is None:
+                    raise ValueError(f"task {task_id} completed without a result")
+                return mcp_types.CallToolResult.model_validate(state.result)
+            if state.status in ("failed", "cancelled"):
+                return mcp_types.CallToolResult(
+                    content=[
+                        mcp_types.TextContent(
+                            text=f"the server's task {state.status}: "
+                            f"{state.status_message or 'no message'}"
+                        )
+                    ],
+                    is_error=True,
+                )
+            requests = getattr(state, "input_requests", None) or {}
+            open_ = {k: v for k, v in requests.items() if k not in answered}
+            if state.status == "input_required" and open_:
+                responses = await _answers(ask, open_)
+                answered.update(responses)
+                await session.send_request(
+                    wire.UpdateTask(params=wire.Update(taskId=task_id, inputResponses=responses)),
+                    mcp_types.EmptyResult,
                     request_read_timeout_seconds=timeout_s,
                 )
-        except BaseException:
-            # Cut off (cancelled, timed out, the connection lost): the server stops the
-            # work. Bounded, and a server that cannot take it any more is only logged.
-            with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_GRACE_S):
-                try:
-                    await session.send_request(
-                        _Cancel(params=_TaskId(taskId=task_id)),
-                        mcp_types.EmptyResult,
-                        request_read_timeout_seconds=CANCEL_GRACE_S,
-                    )
-                    if note is not None:
-                        note.cancel_sent = True
-                    log.info("task %s cancelled on the server", task_id)
-                except Exception as exc:  # noqa: BLE001 -- the external-server boundary
-                    log.warning("task %s: tasks/cancel failed: %s", task_id, type(exc).__name__)
-            raise
+            else:
+                await trio.sleep(poll_wait(state.poll_interval_ms, polls))
+                polls += 1
+            state = await get_task(session, task_id, timeout_s)
+    except BaseException:
+        # Cut off (cancelled, timed out, the connection lost): the server stops the
+        # work. Bounded, and a server that cannot take it any more is only logged.
+        with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_GRACE_S):
+            try:
+                await session.send_request(
+                    wire.Cancel(params=wire.TaskId(taskId=task_id)),
+                    mcp_types.EmptyResult,
+                    request_read_timeout_seconds=CANCEL_GRACE_S,
+                )
+                if note is not None:
+                    note.cancel_sent = True
+                log.info("task %s cancelled on the server", task_id)
+            except Exception as exc:  # noqa: BLE001 -- the external-server boundary
+                log.warning("task %s: tasks/cancel failed: %s", task_id, type(exc).__name__)
+        raise
+
+
+async def get_task(session: Any, task_id: str, timeout_s: float) -> Any:
+    """``tasks/get``: the task's state as the server answers it."""
+    wire = _wire()
+    return await session.send_request(
+        wire.Get(params=wire.TaskId(taskId=task_id)),
+        wire.State,
+        request_read_timeout_seconds=timeout_s,
+    )
+
+
+async def resume_task(session: Any, task_id: str, ask: Ask | None, timeout_s: float) -> Any:
+    """A task a crashed attempt of this call started, followed to its end from what the
+    server says of it now (its result, if it finished meanwhile); the call is never
+    made a second time."""
+    log.info("following task %s, started before a crash", task_id)
+    return await follow(session, await get_task(session, task_id, timeout_s), ask, timeout_s)
+
+
+def tasks_extension(ask: Ask | None, timeout_s: float) -> Any:
+    """The SDK client extension that runs a task-augmented ``tools/call`` to its end;
+    ``ask`` answers the task's input requests (None: they are declined). The task's id
+    is saved as the call's checkpoint (:mod:`cantrip._checkpoint`) as soon as the server
+    gives it, so a call cut off by a crash is followed, not made again."""
+    import mcp_types
+    from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
+
+    wire = _wire()
+
+    async def resolve(created: Any, ctx: ClaimContext) -> mcp_types.CallToolResult:
+        log.info("tools/call %s runs as task %s", ctx.tool_name, created.task_id)
+        checkpoint = CURRENT_CHECKPOINT.get()
+        if checkpoint is not None:
+            await checkpoint.save({"mcp_task": created.task_id})
+        result: mcp_types.CallToolResult = await follow(ctx.session, created, ask, timeout_s)
+        return result
 
     class Tasks(ClientExtension):
         identifier = TASKS
 
         def claims(self) -> list[ResultClaim[Any]]:
-            return [ResultClaim(result_type="task", model=_Created, resolve=resolve)]
+            return [ResultClaim(result_type="task", model=wire.Created, resolve=resolve)]
 
     return Tasks()
