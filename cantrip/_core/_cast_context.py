@@ -7,11 +7,19 @@ in the cast's tags, which the cast's first turn records in its extras
 context rebuilt from the loom -- a resumed or forked entity, a replay -- renders it
 from that record (:meth:`cantrip._context.Context.add_turn`) and never asks the store
 again, so it sees the prompt the model saw.
+
+Once a cast has ended, the context may leave work to do after it (memory
+consolidation, :meth:`~cantrip._running.CastContext.after_cast`): a followup handed
+to the entity's followup runner (:mod:`._followups`), never run on the cast's path
+unless nobody owns a nursery for it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from cantrip._core._cast import Cast
+from cantrip._core._followups import leave
 from cantrip._core._state import EntityState
 from cantrip._running import MEMORY_EXTRA
 
@@ -34,3 +42,14 @@ def show_cast_context(entity: EntityState, cast: Cast) -> None:
     added = cast.tags.get(MEMORY_EXTRA)
     if added:
         entity._context.add_memory(str(added["text"]))
+
+
+async def close_cast_context(entity: EntityState, tags: Any, result: Any) -> None:
+    """Hand on what the cantrip's cast context leaves after a cast that ended with
+    ``result`` (a paused cast has not ended: nothing yet)."""
+    source = entity.cantrip.cast_context
+    if source is None or getattr(result, "paused", False):
+        return
+    followup = source.after_cast(entity, tags, result)
+    if followup is not None:
+        await leave(entity.followups, followup)

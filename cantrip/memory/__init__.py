@@ -23,6 +23,7 @@ from cantrip.memory._model import (
 from cantrip.memory._open import memory_for
 from cantrip.memory._postgres import PostgresMemory
 from cantrip.memory._provenance import (
+    derived_from,
     describe,
     forget_derived,
     forget_namespace,
@@ -31,7 +32,8 @@ from cantrip.memory._provenance import (
     source_turn,
     turn_time,
 )
-from cantrip.memory._settings import MemoryBlock, MemorySettings
+from cantrip.memory._consolidate import CONSOLIDATES_TAG, CONSOLIDATOR_ID, ConsolidationRun
+from cantrip.memory._settings import Consolidate, MemoryBlock, MemorySettings
 from cantrip.memory._sqlite import SQLiteMemory
 from cantrip.memory._store import AsyncMemory, MemoryBackend
 
@@ -42,7 +44,11 @@ __all__ = [
     "MAX_PART_CHARS",
     "MAX_QUERY_CHARS",
     "MAX_VALUE_BYTES",
+    "CONSOLIDATES_TAG",
+    "CONSOLIDATOR_ID",
     "AsyncMemory",
+    "Consolidate",
+    "ConsolidationRun",
     "Item",
     "MemoryBackend",
     "MemoryBlock",
@@ -55,6 +61,7 @@ __all__ = [
     "SQLiteMemory",
     "SearchItem",
     "current_scope",
+    "derived_from",
     "describe",
     "forget_derived",
     "forget_namespace",

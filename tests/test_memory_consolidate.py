@@ -1,0 +1,250 @@
+"""Memory consolidation (issue 42.5): after a cast ends, a cantrip of its own extracts and
+merges facts into a namespace in the background -- supervised, under its own wards,
+recorded in the loom, every item naming the turns it was drawn from."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from cantrip import (
+    Cantrip,
+    Circle,
+    Consolidate,
+    ConstructionError,
+    Identity,
+    Loom,
+    MemorySettings,
+    ScriptedLLM,
+    gate,
+    max_turns,
+)
+from cantrip.memory import CONSOLIDATES_TAG, CONSOLIDATOR_ID, forget_derived, memory_for
+from gates import done, forget, recall, remember
+
+ALICE = ("user", "alice")
+
+
+def call(gate_name: str, **args: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"gate": gate_name, "args": args}]}
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def loom_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "loom.db")
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def loom(tmp_path: Path) -> Iterator[Loom]:
+    opened = Loom.open(str(tmp_path / "loom.db"))
+    yield opened
+    opened.close()
+
+
+def consolidator(script: list[dict[str, Any]], *wards: Any, extra: tuple[Any, ...] = ()) -> Cantrip:
+    return Cantrip(
+        llm=ScriptedLLM(script),
+        identity=Identity(system_prompt="Extract durable facts."),
+        circle=Circle([done, remember, recall, forget, *extra], list(wards) or [max_turns(6)]),
+    )
+
+
+def user_spell(
+    loom: Loom,
+    script: list[dict[str, Any]],
+    consolidate: Consolidate | None,
+    *,
+    recall_on: bool = False,
+) -> Cantrip:
+    return Cantrip(
+        llm=ScriptedLLM(script),
+        identity=Identity(system_prompt="You help."),
+        circle=Circle([done], [max_turns(4)]),
+        loom=loom,
+        memory=MemorySettings(
+            namespace=("user", "{user}"), name="helper", recall=recall_on, consolidate=consolidate
+        ),
+    )
+
+
+def consolidations(loom: Loom) -> list[str]:
+    return [e for e, record in loom.entities.items() if record.cantrip_id == CONSOLIDATOR_ID]
+
+
+EXTRACT = [
+    call("recall", query="colour"),
+    call("remember", key="favourite_colour", value="Alice's favourite colour is blue"),
+    call("done", answer="1 fact"),
+]
+
+
+async def test_consolidation_writes_facts_drawn_from_the_cast(loom_target: str) -> None:
+    loom = Loom.open(loom_target)
+    try:
+        spell = user_spell(
+            loom, [call("done", answer="Noted!")], Consolidate(consolidator(list(EXTRACT)))
+        )
+        async with spell.summon() as entity:
+            result = await entity.send("My favourite colour is blue.", tags={"user": "alice"})
+        # leaving `async with` waited for the consolidation: it has ended
+        assert result.result == "Noted!"
+        [run] = consolidations(loom)
+        turns = loom.entity_turns(run)
+        assert turns[-1].terminated and turns[-1].result == "1 fact"
+        source_turns = [t.id for t in result.turns]
+        assert turns[0].extras[CONSOLIDATES_TAG] == {
+            "entity_id": entity.id,
+            "turn_ids": source_turns,
+        }
+        assert "User: My favourite colour is blue." in (turns[0].intent or "")
+        assert "Assistant" in (turns[0].intent or "")
+        item = memory_for(loom.store).get(ALICE, "favourite_colour")
+        assert item is not None and item.value == "Alice's favourite colour is blue"
+        assert item.metadata["source"] == {
+            "entity_id": run,
+            "turn_id": turns[1].id,  # the turn that wrote it
+            "drawn_from": {"entity_id": entity.id, "turn_ids": source_turns},
+        }
+        # the source cast's thread is untouched: the consolidation is an entity of its own
+        assert [t.id for t in loom.entity_turns(entity.id)] == source_turns
+        assert loom.entity(run).parent_entity_id is None
+    finally:
+        loom.close()
+
+
+async def test_consolidation_is_off_by_default(loom: Loom) -> None:
+    spell = user_spell(loom, [call("done", answer="ok")], None)
+    async with spell.summon() as entity:
+        result = await entity.send("My favourite colour is blue.", tags={"user": "alice"})
+    assert result.result == "ok"
+    assert consolidations(loom) == []
+    assert list(loom.entities) == [entity.id]
+
+
+async def test_a_failing_consolidator_leaves_the_cast_and_its_loom_intact(
+    loom: Loom, caplog: pytest.LogCaptureFixture
+) -> None:
+    refusal = {"error": {"status": 400, "message": "the model refused"}}
+    failing = consolidator([refusal, refusal])
+    spell = user_spell(
+        loom, [call("done", answer="Noted!"), call("done", answer="ok")], Consolidate(failing)
+    )
+    async with spell.summon() as entity:
+        result = await entity.send("I live in Lyon.", tags={"user": "alice"})
+    assert result.result == "Noted!" and result.terminated
+    assert [t.id for t in loom.entity_turns(entity.id)] == [t.id for t in result.turns]
+    [run] = consolidations(loom)
+    [failed] = loom.entity_turns(run)
+    assert failed.reason == "llm_error" and not failed.terminated  # recorded, in its thread
+    assert any("consolidation" in r.getMessage() and run in r.getMessage() for r in caplog.records)
+    assert memory_for(loom.store).search(ALICE) == []
+
+    # the entity goes on: its next cast runs and is consolidated again
+    async with spell.resume(entity.id) as again:
+        second = await again.send("And I like tea.", tags={"user": "alice"})
+    assert second.terminated and len(consolidations(loom)) == 2
+
+
+async def test_the_consolidators_wards_bound_it(loom: Loom) -> None:
+    endless = [call("recall", query=f"fact {n}") for n in range(10)]
+    bounded = consolidator(endless, max_turns(2))
+    spell = user_spell(loom, [call("done", answer="ok")], Consolidate(bounded))
+    async with spell.summon() as entity:
+        await entity.send("hello", tags={"user": "alice"})
+    [run] = consolidations(loom)
+    turns = loom.entity_turns(run)
+    assert len(turns) == 2 and turns[-1].truncated and turns[-1].reason == "max_turns"
+    assert isinstance(bounded.llm, ScriptedLLM)
+    assert len(bounded.llm.invocations) == 2  # no call beyond its ward
+
+
+async def test_a_later_sessions_automatic_recall_sees_the_consolidated_fact(
+    loom_target: str,
+) -> None:
+    loom = Loom.open(loom_target)
+    try:
+        spell = user_spell(
+            loom, [call("done", answer="Noted!")], Consolidate(consolidator(list(EXTRACT)))
+        )
+        async with spell.summon() as entity:
+            await entity.send("My favourite colour is blue.", tags={"user": "alice"})
+    finally:
+        loom.close()
+
+    later_loom = Loom.open(loom_target)  # another process, another session
+    try:
+        later = user_spell(later_loom, [call("done", answer="blue")], None, recall_on=True)
+        async with later.summon() as session:
+            answer = await session.send("What is my favourite colour?", tags={"user": "alice"})
+        assert isinstance(later.llm, ScriptedLLM)
+        prompt = list(later.llm.invocations[0].messages)[-1].text()
+        assert "favourite_colour: Alice's favourite colour is blue" in prompt
+        assert answer.turns[0].extras["memory"]["recalled"][0]["key"] == "favourite_colour"
+    finally:
+        later_loom.close()
+
+
+async def test_prune_takes_what_was_consolidated_from_a_removed_session(loom: Loom) -> None:
+    spell = user_spell(
+        loom, [call("done", answer="Noted!")], Consolidate(consolidator(list(EXTRACT)))
+    )
+    async with spell.summon() as entity:
+        await entity.send("My favourite colour is blue.", tags={"user": "alice"})
+    store = memory_for(loom.store)
+    assert forget_derived(store, [entity.id]) == [(ALICE, "favourite_colour")]  # dry run
+    assert forget_derived(store, ["entity-someone-else"]) == []
+
+
+async def test_cast_async_returns_once_its_consolidation_has_ended(loom: Loom) -> None:
+    settings = MemorySettings(
+        namespace=("shared",), consolidate=Consolidate(consolidator(list(EXTRACT)))
+    )
+    spell = Cantrip(
+        llm=ScriptedLLM([call("done", answer="ok")]),
+        identity=Identity(),
+        circle=Circle([done], [max_turns(2)]),
+        loom=loom,
+        memory=settings,
+    )
+    await spell.cast_async("My favourite colour is blue.")
+    assert memory_for(loom.store).get(("shared",), "favourite_colour") is not None
+
+
+def test_consolidate_refuses_bad_settings_one_line_each() -> None:
+    with pytest.raises(ConstructionError) as caught:
+        Consolidate("not a cantrip", namespace=("user", "{whom}"), after="session")
+    problems = caught.value.problems
+    assert any("consolidate namespace part '{whom}'" in p for p in problems)
+    assert any("consolidate after is 'cast'" in p for p in problems)
+    assert any("consolidate cantrip must be a Cantrip" in p for p in problems)
+
+
+async def test_a_consolidation_in_a_nursery_of_the_entitys_own_is_cancelled_with_it(
+    loom: Loom,
+) -> None:
+    started = trio.Event()
+
+    @gate
+    async def ponder() -> str:
+        """Think for a long while."""
+        started.set()
+        await trio.sleep_forever()
+        return "never"
+
+    slow = consolidator([call("ponder")], extra=(ponder,))
+    spell = user_spell(loom, [call("done", answer="ok")], Consolidate(slow))
+    with trio.CancelScope() as outside:
+        async with spell.summon() as entity:
+            result = await entity.send("hello", tags={"user": "alice"})
+            await started.wait()
+            outside.cancel()
+    assert result.terminated
+    [run] = consolidations(loom)
+    [cut] = loom.entity_turns(run)
+    assert cut.truncated and cut.reason == "cancelled"
