@@ -8,6 +8,7 @@ worker threads for code on the trio loop.
 """
 
 from cantrip.memory._cast import MemoryContext, MemoryScope, current_scope
+from cantrip.memory._consolidate import CONSOLIDATES_TAG, CONSOLIDATOR_ID, ConsolidationRun
 from cantrip.memory._model import (
     MAX_DEPTH,
     MAX_KEY_CHARS,
@@ -32,20 +33,19 @@ from cantrip.memory._provenance import (
     source_turn,
     turn_time,
 )
-from cantrip.memory._consolidate import CONSOLIDATES_TAG, CONSOLIDATOR_ID, ConsolidationRun
 from cantrip.memory._settings import Consolidate, MemoryBlock, MemorySettings
 from cantrip.memory._sqlite import SQLiteMemory
 from cantrip.memory._store import AsyncMemory, MemoryBackend
 
 __all__ = [
+    "CONSOLIDATES_TAG",
+    "CONSOLIDATOR_ID",
     "MAX_DEPTH",
     "MAX_KEY_CHARS",
     "MAX_LIMIT",
     "MAX_PART_CHARS",
     "MAX_QUERY_CHARS",
     "MAX_VALUE_BYTES",
-    "CONSOLIDATES_TAG",
-    "CONSOLIDATOR_ID",
     "AsyncMemory",
     "Consolidate",
     "ConsolidationRun",

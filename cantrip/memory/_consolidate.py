@@ -125,9 +125,7 @@ class ConsolidationRun:
             except Exception:
                 # its failure is in its own thread (a crashed or llm_error turn); the
                 # cast it follows has its result already
-                log.exception(
-                    "consolidation %s of entity %s failed", entity.id, self.source_entity
-                )
+                log.exception("consolidation %s of entity %s failed", entity.id, self.source_entity)
                 return
         result = self.result
         if not result.terminated:

@@ -4,7 +4,9 @@ Every item an entity writes through the memory gates names the turn that wrote i
 ``metadata["source"] = {"entity_id": ..., "turn_id": ...}`` -- the turn that holds
 the gate call (its id is reserved while the call runs, see
 :meth:`cantrip._running.RunningEntity.next_turn_id`). :func:`source_turn` follows
-it back into the loom.
+it back into the loom. An item a consolidation wrote (:mod:`._consolidate`) also
+names the cast it was drawn from: ``"drawn_from": {"entity_id": ..., "turn_ids":
+[...]}``, so pruning that session takes it too (:func:`derived_from`).
 
 The store keeps every revision of an item, so a read can be made "as of" a time
 (:func:`item_as_of`) or a turn (:func:`turn_time`): a fork of an old turn recalls
@@ -135,8 +137,9 @@ def forget_derived(
 ) -> list[tuple[Namespace, str]]:
     """Forget the items under ``prefix`` whose latest revision was written by one of
     ``entity_ids``, or consolidated from one of their casts (``metadata["source"]``,
-    :func:`derived_from`) -- the memories derived from sessions a prune removes; with ``dry_run`` (the default), only say which. An item revised
-    since by a session that stays is kept: it is that session's memory now."""
+    :func:`derived_from`) -- the memories derived from sessions a prune removes;
+    with ``dry_run`` (the default), only say which. An item revised since by a
+    session that stays is kept: it is that session's memory now."""
     wanted = set(entity_ids)
     found: list[tuple[Namespace, str]] = []
     offset = 0

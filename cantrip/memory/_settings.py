@@ -197,9 +197,10 @@ class MemorySettings:
         k = self.recall_k
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_RECALL_K:
             problems.append(f"memory recall_k is an integer from 1 to {MAX_RECALL_K}; got {k!r}")
-        if self.consolidate is not None and not isinstance(self.consolidate, Consolidate):
+        consolidate: object = self.consolidate
+        if consolidate is not None and not isinstance(consolidate, Consolidate):
             problems.append(
-                f"memory consolidate must be a Consolidate; got {type(self.consolidate).__name__}"
+                f"memory consolidate must be a Consolidate; got {type(consolidate).__name__}"
             )
         if self.name is not None:
             try:
