@@ -248,3 +248,96 @@ async def test_a_consolidation_in_a_nursery_of_the_entitys_own_is_cancelled_with
     [run] = consolidations(loom)
     [cut] = loom.entity_turns(run)
     assert cut.truncated and cut.reason == "cancelled"
+
+
+# -- the [memory.consolidate] spec table ------------------------------------------------
+
+
+SPEC = """
+[llm]
+provider = "scripted"
+responses = [{tool_calls = [{gate = "done", args = {answer = "Noted!"}}]}]
+
+[llms.extractor]
+provider = "scripted"
+script = "shared"
+responses = [
+  {tool_calls = [{gate = "remember", args = {key = "city", value = "Alice lives in Lyon"}}]},
+  {tool_calls = [{gate = "done", args = {answer = "1 fact"}}]},
+]
+
+[circle]
+medium = "conversation"
+gates = ["done"]
+wards = [{max_turns = 3}]
+
+[loom]
+path = "loom.db"
+
+[memory]
+namespace = ["user", "{user}"]
+
+[memory.consolidate]
+llm = "extractor"
+prompt = "Keep what matters."
+namespace = ["user", "{user}", "facts"]
+wards = [{max_turns = 4}, {max_tokens_total = 50000}]
+"""
+
+
+async def test_a_spec_consolidate_table_consolidates_after_each_cast(tmp_path: Path) -> None:
+    from cantrip.spec import build_cantrip, load_spec_file
+
+    path = tmp_path / "helper.toml"
+    path.write_text(SPEC)
+    spell = build_cantrip(load_spec_file(path), base_dir=tmp_path)
+    try:
+        consolidate = spell.memory.consolidate if spell.memory is not None else None
+        assert consolidate is not None
+        assert consolidate.cantrip.identity.system_prompt == "Keep what matters."
+        assert consolidate.cantrip.circle.resolved.get("max_tokens_total") == 50000
+        async with spell.summon() as entity:
+            await entity.send("I live in Lyon.", tags={"user": "alice"})
+        item = memory_for(spell.loom.store).get(("user", "alice", "facts"), "city")
+        assert item is not None and item.value == "Alice lives in Lyon"
+        assert item.metadata["source"]["drawn_from"]["entity_id"] == entity.id
+    finally:
+        spell.loom.close()
+
+
+def test_a_spec_without_the_table_does_not_consolidate(tmp_path: Path) -> None:
+    from cantrip.spec import build_cantrip, load_spec_file
+
+    path = tmp_path / "helper.toml"
+    path.write_text(SPEC.split("[memory.consolidate]")[0])
+    spell = build_cantrip(load_spec_file(path), base_dir=tmp_path)
+    assert spell.memory is not None and spell.memory.consolidate is None
+    spell.loom.close()
+
+
+def test_spec_consolidate_mistakes_are_reported_at_load_with_the_others(tmp_path: Path) -> None:
+    from cantrip.spec import build_cantrip, load_spec_file
+
+    text = (
+        SPEC.replace('llm = "extractor"', 'llm = "nobody"')
+        .replace('namespace = ["user", "{user}", "facts"]', 'namespace = ["user", "{whom}"]')
+        .replace("wards = [{max_turns = 4}, {max_tokens_total = 50000}]", "wards = [{max_turn = 4}]")
+        .replace('gates = ["done"]', 'gates = ["done", "nosuchgate"]')
+    )
+    path = tmp_path / "helper.toml"
+    path.write_text(text)
+    with pytest.raises(ConstructionError) as caught:
+        build_cantrip(load_spec_file(path), base_dir=tmp_path)
+    problems = caught.value.problems
+    assert any("nosuchgate" in p for p in problems)  # the rest of the spec's, beside them
+    assert any("memory.consolidate: llm 'nobody' is not a named llm" in p for p in problems)
+    assert any("memory.consolidate.wards: unknown ward 'max_turn'" in p for p in problems)
+    assert any("at least one truncation ward" in p for p in problems)
+    assert all("\n" not in p for p in problems)
+
+    path.write_text(SPEC.replace('llm = "extractor"', 'llm = "extractor"\nnamespace_ = 1'))
+    with pytest.raises(ConstructionError, match="memory.consolidate.namespace_"):
+        build_cantrip(load_spec_file(path), base_dir=tmp_path)
+    path.write_text(SPEC.replace('namespace = ["user", "{user}", "facts"]', 'namespace = ["{whom}"]'))
+    with pytest.raises(ConstructionError, match="consolidate namespace part '{whom}'"):
+        build_cantrip(load_spec_file(path), base_dir=tmp_path)

@@ -34,6 +34,14 @@ CONSOLIDATOR_ID = "cantrip.memory.consolidate"
 CONSOLIDATES_TAG = "consolidates"
 """The tag (recorded in the consolidation's first turn) naming what it consolidates:
 ``{"entity_id": <the source entity>, "turn_ids": [<the source cast's turns>]}``."""
+DEFAULT_PROMPT = (
+    "You keep a user's long-term memory. You are shown the transcript of a conversation "
+    "that has ended. Recall what is already remembered, then remember each durable fact "
+    "about the user (preferences, circumstances, plans) as one sentence under a short "
+    "key, revising an existing key rather than adding a near-duplicate, and forget what "
+    "the conversation shows is no longer true. Remember nothing secret. Then call done."
+)
+"""A consolidator's system prompt when the spec gives none."""
 MAX_TRANSCRIPT_CHARS = 40_000
 """Characters of a cast's transcript the consolidator is told at most (the end kept)."""
 MAX_VALUE_CHARS = 2_000
