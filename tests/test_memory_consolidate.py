@@ -321,7 +321,7 @@ def test_spec_consolidate_mistakes_are_reported_at_load_with_the_others(tmp_path
     text = (
         SPEC.replace('llm = "extractor"', 'llm = "nobody"')
         .replace('namespace = ["user", "{user}", "facts"]', 'namespace = ["user", "{whom}"]')
-        .replace("wards = [{max_turns = 4}, {max_tokens_total = 50000}]", "wards = [{max_turn = 4}]")
+        .replace("{max_turns = 4}, {max_tokens_total = 50000}", "{max_turn = 4}")
         .replace('gates = ["done"]', 'gates = ["done", "nosuchgate"]')
     )
     path = tmp_path / "helper.toml"
@@ -336,8 +336,8 @@ def test_spec_consolidate_mistakes_are_reported_at_load_with_the_others(tmp_path
     assert all("\n" not in p for p in problems)
 
     path.write_text(SPEC.replace('llm = "extractor"', 'llm = "extractor"\nnamespace_ = 1'))
-    with pytest.raises(ConstructionError, match="memory.consolidate.namespace_"):
+    with pytest.raises(ConstructionError, match=r"memory\.consolidate\.namespace_"):
         build_cantrip(load_spec_file(path), base_dir=tmp_path)
-    path.write_text(SPEC.replace('namespace = ["user", "{user}", "facts"]', 'namespace = ["{whom}"]'))
-    with pytest.raises(ConstructionError, match="consolidate namespace part '{whom}'"):
+    path.write_text(SPEC.replace('["user", "{user}", "facts"]', '["{whom}"]'))
+    with pytest.raises(ConstructionError, match=r"consolidate namespace part '\{whom\}'"):
         build_cantrip(load_spec_file(path), base_dir=tmp_path)
