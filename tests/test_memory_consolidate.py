@@ -341,3 +341,40 @@ def test_spec_consolidate_mistakes_are_reported_at_load_with_the_others(tmp_path
     path.write_text(SPEC.replace('["user", "{user}", "facts"]', '["{whom}"]'))
     with pytest.raises(ConstructionError, match=r"consolidate namespace part '\{whom\}'"):
         build_cantrip(load_spec_file(path), base_dir=tmp_path)
+
+
+# -- serve: the hub supervises consolidations, and shutdown cuts them off -----------------
+
+
+async def test_serve_runs_consolidation_in_its_nursery_and_shutdown_cuts_it_off(
+    loom: Loom,
+) -> None:
+    from cantrip.protocols.sessions import ProcessBackend
+    from cantrip.protocols.sessions._hub import SessionHub
+
+    started = trio.Event()
+
+    @gate
+    async def ponder() -> str:
+        """Think for a long while."""
+        started.set()
+        await trio.sleep_forever()
+        return "never"
+
+    slow = consolidator([call("ponder")], extra=(ponder,))
+    spell = user_spell(loom, [call("done", answer="Noted!")], Consolidate(slow))
+    hub = SessionHub(spell)
+    with trio.fail_after(30):  # (inline, the prompt would wait for it for ever)
+        async with ProcessBackend.open(hub) as backend:
+            session, _ = hub.create(user="alice")
+            result = await hub.prompt(session, "I live in Lyon.")
+            # the prompt returned while its consolidation runs on, in the hub's nursery
+            assert result is not None and result.result == "Noted!"
+            await started.wait()
+            [run] = consolidations(loom)
+            assert loom.entity_turns(run) == ()
+            await backend.shutdown(0.0)
+    [cut] = loom.entity_turns(run)
+    assert cut.truncated and cut.reason == "shutdown"
+    assert cut.extras[CONSOLIDATES_TAG]["entity_id"] == session.entity.id
+    assert [t.result for t in loom.entity_turns(session.entity.id)] == ["Noted!"]
