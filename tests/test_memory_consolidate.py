@@ -378,3 +378,71 @@ async def test_serve_runs_consolidation_in_its_nursery_and_shutdown_cuts_it_off(
     assert cut.truncated and cut.reason == "shutdown"
     assert cut.extras[CONSOLIDATES_TAG]["entity_id"] == session.entity.id
     assert [t.result for t in loom.entity_turns(session.entity.id)] == ["Noted!"]
+
+
+# -- --db: the consolidation is queued for the workers ------------------------------------
+
+
+def _queued_spec() -> dict[str, Any]:
+    import tomllib
+
+    data = tomllib.loads(SPEC)
+    del data["loom"]  # the workers' loom is the database
+    del data["llms"]["extractor"]["script"]  # per entity: each cast plays it from the start
+    return {"spec": data}
+
+
+async def test_on_db_a_worker_runs_the_queued_consolidation(pg_url: str) -> None:
+    from cantrip.distributed._dispatcher import Dispatcher
+    from cantrip.distributed._worker import Worker
+
+    spell = _queued_spec()
+    dispatcher = await trio.to_thread.run_sync(Dispatcher, pg_url)
+    loom = Loom.open(pg_url)
+    try:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                worker = Worker(pg_url, poll_s=0.1)
+                await nursery.start(worker.run)
+                work, source = await trio.to_thread.run_sync(
+                    lambda: dispatcher.submit({**spell, "user": "alice"}, "I live in Lyon.")
+                )
+                state, outcome = await trio.to_thread.run_sync(
+                    lambda: dispatcher.wait(work, timeout=30)
+                )
+                assert (state, outcome["result"]) == ("done", "Noted!")
+                # the source's work queued its consolidation as work of its own
+                queued = await trio.to_thread.run_sync(_consolidation_work, pg_url)
+                assert len(queued) == 1
+                [(consolidation_work, run, marked)] = queued
+                state, outcome = await trio.to_thread.run_sync(
+                    lambda: dispatcher.wait(consolidation_work, timeout=30)
+                )
+                assert (state, outcome["result"]) == ("done", "1 fact")
+                nursery.cancel_scope.cancel()
+        source_turns = [t.id for t in loom.entity_turns(source)]
+        assert marked == {"entity_id": source, "turn_ids": source_turns}
+        assert loom.entity(run).cantrip_id == CONSOLIDATOR_ID
+        turns = loom.entity_turns(run)
+        assert turns[0].extras[CONSOLIDATES_TAG] == marked
+        item = memory_for(loom.store).get(("user", "alice", "facts"), "city")
+        assert item is not None and item.value == "Alice lives in Lyon"
+        assert item.metadata["source"] == {
+            "entity_id": run,
+            "turn_id": turns[0].id,
+            "drawn_from": marked,
+        }
+    finally:
+        loom.close()
+        await trio.to_thread.run_sync(dispatcher.close)
+
+
+def _consolidation_work(url: str) -> list[tuple[int, str, Any]]:
+    import json
+
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT id, entity_id, spell FROM cantrip_work ORDER BY id").fetchall()
+    found = [(int(i), str(e), json.loads(s)) for i, e, s in rows]
+    return [(i, e, s["consolidates"]) for i, e, s in found if "consolidates" in s]
