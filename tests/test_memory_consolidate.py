@@ -446,3 +446,21 @@ def _consolidation_work(url: str) -> list[tuple[int, str, Any]]:
         rows = conn.execute("SELECT id, entity_id, spell FROM cantrip_work ORDER BY id").fetchall()
     found = [(int(i), str(e), json.loads(s)) for i, e, s in rows]
     return [(i, e, s["consolidates"]) for i, e, s in found if "consolidates" in s]
+
+
+async def test_a_cast_without_the_user_the_namespace_needs_is_not_consolidated(
+    loom: Loom, caplog: pytest.LogCaptureFixture
+) -> None:
+    spell = user_spell(
+        loom, [call("done", answer="ok")], Consolidate(consolidator(list(EXTRACT)))
+    ).with_(
+        memory=MemorySettings(
+            namespace=("shared",),
+            consolidate=Consolidate(consolidator(list(EXTRACT)), namespace=("user", "{user}")),
+        )
+    )
+    async with spell.summon() as entity:
+        result = await entity.send("hello")  # no user tag
+    assert result.result == "ok"
+    assert consolidations(loom) == []
+    assert any("needs a user" in r.getMessage() for r in caplog.records)

@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 import trio
 
+from cantrip._redact import get_logger
 from cantrip._running import RunningEntity, running_entity
 from cantrip.loom._loom import Loom
 from cantrip.memory._consolidate import CONSOLIDATOR_ID, ConsolidationRun, drawn_from
@@ -43,6 +44,7 @@ from cantrip.memory._settings import (
 )
 from cantrip.memory._store import AsyncMemory, MemoryBackend
 
+log = get_logger("cantrip.memory.consolidate")
 _WORD = re.compile(r"\w{2,}")
 MAX_RECALL_WORDS = 8
 """Words of a query searched one by one when the whole query finds too little."""
@@ -235,9 +237,17 @@ class MemoryContext:
             return None
         recorded = result.turns[0].extras.get(USER_TAG)
         user = recorded if isinstance(recorded, str) else tags.get(USER_TAG)
-        return ConsolidationRun(
-            self.consolidator, entity.id, result.turns, user if isinstance(user, str) else None
-        )
+        user = user if isinstance(user, str) and user else None
+        template = self.settings.consolidation_namespace
+        if user is None and any("{user}" in part for part in template):
+            log.warning(
+                "entity %s: not consolidated: the consolidation namespace %s needs a user "
+                "and the cast named none",
+                entity.id,
+                list(template),
+            )
+            return None
+        return ConsolidationRun(self.consolidator, entity.id, result.turns, user)
 
     async def consolidator(self) -> Any:
         """The consolidation cantrip for this memory (built once): the spec's choice,

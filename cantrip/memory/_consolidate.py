@@ -1,8 +1,9 @@
 """Consolidation: after a cast ends, a cantrip of its own extracts and merges facts (42.5).
 
-A memory with :class:`~cantrip.memory.Consolidate` leaves, after each cast that ends
-(done, a ward, an error the cast recorded -- not a pause, which has not ended, nor a
-crash or a cancellation, which raise), a :class:`ConsolidationRun`: a followup
+A memory with :class:`~cantrip.memory.Consolidate` leaves, after each cast that
+returns a result (done, cut off by a ward or a cancel -- not a pause, which has not
+ended, nor a cast that raises: a crash, an LLM failure, a cancellation from outside,
+whose outcome is no transcript to learn from), a :class:`ConsolidationRun`: a followup
 (:mod:`cantrip._core._followups`) that casts the consolidator on the finished cast's
 transcript. It is an ordinary entity of the loom: its record's cantrip is
 :data:`CONSOLIDATOR_ID`, its first turn records what it consolidates (the
