@@ -48,6 +48,12 @@ class CastContext(Protocol):
         or None for nothing. Raising refuses the cast before any turn is taken."""
         ...
 
+    @property
+    def follows_up(self) -> bool:
+        """Whether :meth:`after_cast` may leave work (the entity then opens a nursery
+        for it under ``async with``; without, it opens none)."""
+        ...
+
     def after_cast(
         self, entity: RunningEntity, tags: Mapping[str, Any], result: Any
     ) -> Followup | None:

@@ -261,7 +261,8 @@ class Entity(EntityState):
             # The entity's nursery: its gate providers (MCP sessions) live here,
             # across every cast until the entity is closed.
             self._providers = await ProviderScope.enter()
-        if self.cantrip.cast_context is not None and self.followups is None:
+        context = self.cantrip.cast_context
+        if context is not None and context.follows_up and self.followups is None:
             # What its casts leave behind (consolidation) runs here, until it closes.
             self._own_followups = self.followups = await Followups.enter()
         return self

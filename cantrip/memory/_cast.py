@@ -227,6 +227,10 @@ class MemoryContext:
             source,
         )
 
+    @property
+    def follows_up(self) -> bool:
+        return self.settings.consolidate is not None
+
     def after_cast(
         self, entity: RunningEntity, tags: Mapping[str, Any], result: Any
     ) -> ConsolidationRun | None:
