@@ -464,3 +464,33 @@ async def test_a_cast_without_the_user_the_namespace_needs_is_not_consolidated(
     assert result.result == "ok"
     assert consolidations(loom) == []
     assert any("needs a user" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_paused_cast_is_consolidated_once_its_answer_ends_it(loom: Loom) -> None:
+    from cantrip import Decision
+    from gates import ask_user
+
+    spell = Cantrip(
+        llm=ScriptedLLM(
+            [call("ask_user", question="Which city?"), call("done", answer="Lyon, noted.")]
+        ),
+        identity=Identity(system_prompt="You help."),
+        circle=Circle([done, ask_user], [max_turns(4)]),
+        loom=loom,
+        memory=MemorySettings(
+            namespace=("user", "{user}"), consolidate=Consolidate(consolidator(list(EXTRACT)))
+        ),
+    )
+    async with spell.summon() as entity:
+        paused = await entity.send("Where do I live?", tags={"user": "alice"})
+        assert paused.paused
+        assert consolidations(loom) == []  # a pause has not ended the cast
+        ended = await entity.answer(paused.pending[0].pause_id, Decision.answer("Lyon"))
+    assert ended is not None and ended.result == "Lyon, noted."
+    [run] = consolidations(loom)
+    first = loom.entity_turns(run)[0]
+    thread = [t.id for t in loom.entity_turns(entity.id)]
+    # drawn from the whole cast: the turns before the pause and the answer's
+    assert first.extras[CONSOLIDATES_TAG] == {"entity_id": entity.id, "turn_ids": thread}
+    assert "User: Where do I live?" in (first.intent or "")
+    assert memory_for(loom.store).get(ALICE, "favourite_colour") is not None

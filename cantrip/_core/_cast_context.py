@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from cantrip._core._cast import Cast
 from cantrip._core._followups import leave
 from cantrip._core._state import EntityState
 from cantrip._running import MEMORY_EXTRA
+from cantrip.loom._model import Turn
 
 
 async def open_cast_context(entity: EntityState, cast: Cast) -> None:
@@ -44,12 +47,26 @@ def show_cast_context(entity: EntityState, cast: Cast) -> None:
         entity._context.add_memory(str(added["text"]))
 
 
-async def close_cast_context(entity: EntityState, tags: Any, result: Any) -> None:
+async def close_cast_context(
+    entity: EntityState, tags: Any, result: Any, *, continued: bool = False
+) -> None:
     """Hand on what the cantrip's cast context leaves after a cast that ended with
-    ``result`` (a paused cast has not ended: nothing yet)."""
+    ``result`` (a paused cast has not ended: nothing yet). ``continued``: the result
+    of an answer that carried a paused cast on, which holds only the turns after the
+    pause -- the context is given the whole cast, read back from the loom."""
     source = entity.cantrip.cast_context
-    if source is None or getattr(result, "paused", False):
+    if source is None or not source.follows_up or getattr(result, "paused", False):
         return
+    if continued and result.turns:
+        result = attrs.evolve(result, turns=whole_cast(entity, result.turns[-1]))
     followup = source.after_cast(entity, tags, result)
     if followup is not None:
         await leave(entity.followups, followup)
+
+
+def whole_cast(entity: EntityState, last: Turn) -> tuple[Turn, ...]:
+    """The turns of the cast ``last`` ends: this entity's turns of its thread from the
+    latest one that carries an intent (the cast's first) to ``last``."""
+    thread = [t for t in entity.loom.lineage(last.id) if t.entity_id == entity.id]
+    starts = [i for i, t in enumerate(thread) if t.intent is not None]
+    return tuple(thread[starts[-1] :] if starts else thread)

@@ -468,9 +468,11 @@ class Entity(EntityState):
         if self._pauses.answer_live(pause_id, decision):
             return None
         stored = self._pauses.answerable(self, pause_id, decision)
-        return await continue_paused(
+        result = await continue_paused(
             self, self._pauses, self._meter(), stored, decision, budget=self._budget()
         )
+        await close_cast_context(self, {}, result, continued=True)
+        return result
 
     def recorded_answer(self) -> tuple[Pause, Decision] | None:
         """The answer at this entity's leaf that was recorded but never carried out
@@ -489,10 +491,12 @@ class Entity(EntityState):
         pause, decision = found
         assert self._leaf is not None
         answered = self.loom.get(self._leaf)
-        return await continue_paused(
+        result = await continue_paused(
             self, self._pauses, self._meter(), pause, decision, answered=answered,
             budget=self._budget(),
         )  # fmt: skip
+        await close_cast_context(self, {}, result, continued=True)
+        return result
 
     async def ask_during_call(
         self,

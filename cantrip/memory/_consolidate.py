@@ -1,8 +1,8 @@
 """Consolidation: after a cast ends, a cantrip of its own extracts and merges facts (42.5).
 
 A memory with :class:`~cantrip.memory.Consolidate` leaves, after each cast that
-returns a result (done, cut off by a ward or a cancel -- not a pause, which has not
-ended, nor a cast that raises: a crash, an LLM failure, a cancellation from outside,
+returns a result (done, cut off by a ward or a cancel; a paused cast once the answer
+ends it -- not a cast that raises: a crash, an LLM failure, a cancellation from outside,
 whose outcome is no transcript to learn from), a :class:`ConsolidationRun`: a followup
 (:mod:`cantrip._core._followups`) that casts the consolidator on the finished cast's
 transcript. It is an ordinary entity of the loom: its record's cantrip is
