@@ -48,6 +48,12 @@ class CastContext(Protocol):
         or None for nothing. Raising refuses the cast before any turn is taken."""
         ...
 
+    async def reopen_cast(self, entity: RunningEntity, tags: Mapping[str, Any]) -> None:
+        """A cast taken up again after its first turn (a worker resuming it): set up
+        what its gates need from ``tags``, those its first turn recorded. Nothing is
+        added to its context: that turn's record of it is replayed from the loom."""
+        ...
+
     @property
     def follows_up(self) -> bool:
         """Whether :meth:`after_cast` may leave work (the entity then opens a nursery

@@ -494,3 +494,46 @@ async def test_a_paused_cast_is_consolidated_once_its_answer_ends_it(loom: Loom)
     assert first.extras[CONSOLIDATES_TAG] == {"entity_id": entity.id, "turn_ids": thread}
     assert "User: Where do I live?" in (first.intent or "")
     assert memory_for(loom.store).get(ALICE, "favourite_colour") is not None
+
+
+async def test_a_consolidation_taken_up_after_its_first_turn_keeps_its_namespace_and_source(
+    loom: Loom,
+) -> None:
+    """A worker that dies mid-consolidation: the next one resumes the cast from its
+    recorded turns; the memory gates still work in the source's namespace and name the
+    cast it was drawn from (what the first turn recorded), not "no memory"."""
+    from cantrip import CastSuspended
+    from cantrip._core import CURRENT_ENTITY
+
+    @gate
+    async def stop_here() -> str:
+        """Stand for a worker that dies after this turn."""
+        CURRENT_ENTITY.get().suspend()
+        return "ok"
+
+    memory = MemorySettings(namespace=("user", "{user}", "{entity}"))
+    source = {"entity_id": "entity-source", "turn_ids": ["turn-a", "turn-b"]}
+    tags = {"user": "alice", CONSOLIDATES_TAG: source}
+
+    def spell_with(script: list[dict[str, Any]]) -> Cantrip:
+        return consolidator(script, extra=(stop_here,)).with_(loom=loom, memory=memory)
+
+    first = spell_with([call("stop_here")])
+    entity = first.summon()
+    with pytest.raises(CastSuspended):
+        await entity.send("the transcript", tags=tags)
+    await entity.aclose()
+    recorded = list(loom.entity_turns(entity.id))
+    assert len(recorded) == 1
+
+    again = spell_with(
+        [call("remember", key="city", value="Alice lives in Lyon"), call("done", answer="ok")]
+    )
+    taken_up = again.resume(entity.id)
+    async with taken_up:
+        result = await taken_up.resume_cast("the transcript", recorded)
+    [written] = [r for t in result.turns for r in t.gate_calls if r.gate == "remember"]
+    assert not written.is_error, written.result
+    item = memory_for(loom.store).get(("user", "alice", "entity-source"), "city")
+    assert item is not None
+    assert item.metadata["source"]["drawn_from"] == source

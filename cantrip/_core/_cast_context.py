@@ -16,6 +16,7 @@ unless nobody owns a nursery for it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -36,6 +37,15 @@ async def open_cast_context(entity: EntityState, cast: Cast) -> None:
     added = await source.open_cast(entity, cast.intent, cast.tags)
     if added:
         cast.tags = {**cast.tags, MEMORY_EXTRA: dict(added)}
+
+
+async def reopen_cast_context(entity: EntityState, recorded: Sequence[Turn]) -> None:
+    """A cast continued from ``recorded`` (its turns in the loom, a worker having died):
+    the cantrip's cast context is set up again from what the first of them recorded."""
+    source = entity.cantrip.cast_context
+    if source is None or not recorded or recorded[0].intent is None:
+        return
+    await source.reopen_cast(entity, recorded[0].extras)
 
 
 def show_cast_context(entity: EntityState, cast: Cast) -> None:

@@ -25,7 +25,11 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._context import Context
 from cantrip._core._budget import Account, TreeBudget, recorded_tree, tree_budget
 from cantrip._core._cast import Cast, UsageTally
-from cantrip._core._cast_context import close_cast_context, open_cast_context
+from cantrip._core._cast_context import (
+    close_cast_context,
+    open_cast_context,
+    reopen_cast_context,
+)
 from cantrip._core._followups import Followups
 from cantrip._core._loop import cancel_reason, continue_paused, run_cast
 from cantrip._core._pauses import PauseBoard, PauseHandler, PauseMode, Pauses
@@ -306,6 +310,8 @@ class Entity(EntityState):
         cast.add_recorded(recorded)
         if not recorded:  # nothing of it reached the loom: it opens as a sent cast does
             await open_cast_context(self, cast)
+        else:  # its gates work where its first turn said (memory's namespace, source)
+            await reopen_cast_context(self, recorded)
         if recorded and (cast.budget.bounded or cast.meter.bounded):
             # the tree's account survives the handoff: what the children spawned
             # before it spent is in the loom

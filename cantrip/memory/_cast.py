@@ -227,6 +227,9 @@ class MemoryContext:
             source,
         )
 
+    async def reopen_cast(self, entity: RunningEntity, tags: Mapping[str, Any]) -> None:
+        _SCOPES[entity] = await self.scope(entity, tags)
+
     @property
     def follows_up(self) -> bool:
         return self.settings.consolidate is not None
