@@ -537,3 +537,20 @@ async def test_a_consolidation_taken_up_after_its_first_turn_keeps_its_namespace
     item = memory_for(loom.store).get(("user", "alice", "entity-source"), "city")
     assert item is not None
     assert item.metadata["source"]["drawn_from"] == source
+
+
+async def test_the_consolidators_token_budget_bounds_it(loom: Loom) -> None:
+    from cantrip import Ward
+
+    spent = {"usage": {"prompt_tokens": 60, "completion_tokens": 20}}
+    script = [{**call("recall", query=f"fact {n}"), **spent} for n in range(5)]
+    bounded = consolidator(script, max_turns(10), Ward("max_tokens_total", 100))
+    spell = user_spell(loom, [call("done", answer="ok")], Consolidate(bounded))
+    async with spell.summon() as entity:
+        result = await entity.send("hello", tags={"user": "alice"})
+    assert result.result == "ok"
+    [run] = consolidations(loom)
+    turns = loom.entity_turns(run)
+    assert turns[-1].truncated and turns[-1].reason == "max_tokens_total"
+    assert isinstance(bounded.llm, ScriptedLLM)
+    assert len(bounded.llm.invocations) == 2  # the third call would pass its 100 tokens
