@@ -554,3 +554,22 @@ async def test_the_consolidators_token_budget_bounds_it(loom: Loom) -> None:
     assert turns[-1].truncated and turns[-1].reason == "max_tokens_total"
     assert isinstance(bounded.llm, ScriptedLLM)
     assert len(bounded.llm.invocations) == 2  # the third call would pass its 100 tokens
+
+
+async def test_a_host_whose_nursery_has_closed_loses_the_consolidation_not_the_result(
+    loom: Loom, caplog: pytest.LogCaptureFixture
+) -> None:
+    from cantrip._core._followups import Followups
+
+    spell = user_spell(
+        loom, [call("done", answer="Noted!")], Consolidate(consolidator(list(EXTRACT)))
+    )
+    async with trio.open_nursery() as gone:
+        lent = Followups.lent(gone)
+    entity = spell.summon()
+    entity.followups = lent  # a host's, lent before it closed
+    result = await entity.send("I live in Lyon.", tags={"user": "alice"})
+    assert result.result == "Noted!"
+    assert consolidations(loom) == []
+    assert any("could not be started" in r.getMessage() for r in caplog.records)
+    await entity.aclose()

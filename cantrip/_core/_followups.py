@@ -87,8 +87,13 @@ async def run_followup(followup: Followup) -> None:
 
 
 async def leave(runner: FollowupRunner | None, followup: Followup) -> None:
-    """Hand ``followup`` to ``runner``, or run it here when there is none."""
+    """Hand ``followup`` to ``runner``, or run it here when there is none. A runner that
+    cannot take it (its nursery closed) loses the followup, logged -- never the result
+    of the cast that left it, which its caller is about to receive."""
     if runner is None:
         await run_followup(followup)
-    else:
+        return
+    try:
         await runner.start(followup)
+    except Exception:
+        log.exception("a followup of a cast could not be started")
