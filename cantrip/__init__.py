@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from cantrip.llm._telemetry import Pricing
     from cantrip.loom import export_jsonl, export_thread_jsonl, load_jsonl
     from cantrip.mcp import MCPServer
-    from cantrip.memory import MemoryBlock, MemorySettings
+    from cantrip.memory import Consolidate, MemoryBlock, MemorySettings
 
 from cantrip import guardrails as guardrails
 from cantrip._version import __version__ as __version__
@@ -115,6 +115,7 @@ _LAZY = {
     "A2AAgent": "cantrip.a2a._provider",
     "MemorySettings": "cantrip.memory._settings",
     "MemoryBlock": "cantrip.memory._settings",
+    "Consolidate": "cantrip.memory._settings",
 }
 
 
@@ -138,6 +139,7 @@ __all__ = [
     "ChildCrashedError",
     "ChildSpec",
     "Circle",
+    "Consolidate",
     "ConstructionError",
     "Decision",
     "Entity",

@@ -48,6 +48,48 @@ class CastContext(Protocol):
         or None for nothing. Raising refuses the cast before any turn is taken."""
         ...
 
+    async def reopen_cast(self, entity: RunningEntity, tags: Mapping[str, Any]) -> None:
+        """A cast taken up again after its first turn (a worker resuming it): set up
+        what its gates need from ``tags``, those its first turn recorded. Nothing is
+        added to its context: that turn's record of it is replayed from the loom."""
+        ...
+
+    @property
+    def follows_up(self) -> bool:
+        """Whether :meth:`after_cast` may leave work (the entity then opens a nursery
+        for it under ``async with``; without, it opens none)."""
+        ...
+
+    def after_cast(
+        self, entity: RunningEntity, tags: Mapping[str, Any], result: Any
+    ) -> Followup | None:
+        """Work to do once the cast that ended with ``result`` has returned it (memory
+        consolidation), or None for nothing. Never raises: it is past the cast."""
+        ...
+
+
+class Followup(Protocol):
+    """Work a cast leaves behind, done off its path: a background cast of its own
+    (memory consolidation, :mod:`cantrip.memory._consolidate`)."""
+
+    async def run(self) -> None:
+        """Do the work to its end. Its failures are its own -- recorded, logged --
+        and never raised: the cast that left it has already returned."""
+        ...
+
+    def cancel(self, reason: str) -> None:
+        """Cut the work off, recorded with ``reason`` (``shutdown``), wherever it is."""
+        ...
+
+
+class FollowupRunner(Protocol):
+    """Where an entity's followups run: a supervised nursery (the entity's own under
+    ``async with``, or its host's), or a queue for workers (``--db``)."""
+
+    async def start(self, followup: Followup) -> None:
+        """Begin ``followup`` and return at once (it runs on, supervised)."""
+        ...
+
 
 CURRENT_ENTITY: contextvars.ContextVar[RunningEntity] = contextvars.ContextVar(
     "cantrip_current_entity"

@@ -25,7 +25,12 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._context import Context
 from cantrip._core._budget import Account, TreeBudget, recorded_tree, tree_budget
 from cantrip._core._cast import Cast, UsageTally
-from cantrip._core._cast_context import open_cast_context
+from cantrip._core._cast_context import (
+    close_cast_context,
+    open_cast_context,
+    reopen_cast_context,
+)
+from cantrip._core._followups import Followups
 from cantrip._core._loop import cancel_reason, continue_paused, run_cast
 from cantrip._core._pauses import PauseBoard, PauseHandler, PauseMode, Pauses
 from cantrip._core._recording import checkpoint, now
@@ -109,6 +114,8 @@ class Entity(EntityState):
         self._closed = False
         self._continuing = False
         self.provider_nursery = None
+        self.followups = None
+        self._own_followups: Followups | None = None
         self.spends_under = None
         self._providers = None
         self._provided = False
@@ -234,22 +241,34 @@ class Entity(EntityState):
 
     async def aclose(self) -> None:
         """End the entity: its medium state and gate providers are released; its
-        record endures (ENTITY-4)."""
+        record endures (ENTITY-4). The work its casts left in its own nursery
+        (memory consolidation) is waited for."""
         self._closed = True
         try:
             if self._session is not None:
                 session, self._session = self._session, None
                 await session.aclose()
         finally:
-            if self._providers is not None:
-                providers, self._providers = self._providers, None
-                await providers.aclose()
+            try:
+                if self._providers is not None:
+                    providers, self._providers = self._providers, None
+                    await providers.aclose()
+            finally:
+                if self._own_followups is not None:
+                    own, self._own_followups = self._own_followups, None
+                    if self.followups is own:
+                        self.followups = None
+                    await own.aclose()
 
     async def __aenter__(self) -> Entity:
         if self.cantrip.circle.providers and self._providers is None:
             # The entity's nursery: its gate providers (MCP sessions) live here,
             # across every cast until the entity is closed.
             self._providers = await ProviderScope.enter()
+        context = self.cantrip.cast_context
+        if context is not None and context.follows_up and self.followups is None:
+            # What its casts leave behind (consolidation) runs here, until it closes.
+            self._own_followups = self.followups = await Followups.enter()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -276,7 +295,9 @@ class Entity(EntityState):
         intent = require_intent(intent)
         cast = Cast(intent, self._meter(), tags=dict(tags or {}), budget=self._budget())
         await open_cast_context(self, cast)
-        return await run_cast(self, self._pauses, cast, fresh=True)
+        result = await run_cast(self, self._pauses, cast, fresh=True)
+        await close_cast_context(self, cast.tags, result)
+        return result
 
     async def resume_cast(self, intent: str, recorded: Sequence[Turn]) -> CastResult:
         """Continue a cast that an earlier incarnation of this entity began and never
@@ -289,12 +310,16 @@ class Entity(EntityState):
         cast.add_recorded(recorded)
         if not recorded:  # nothing of it reached the loom: it opens as a sent cast does
             await open_cast_context(self, cast)
+        else:  # its gates work where its first turn said (memory's namespace, source)
+            await reopen_cast_context(self, recorded)
         if recorded and (cast.budget.bounded or cast.meter.bounded):
             # the tree's account survives the handoff: what the children spawned
             # before it spent is in the loom
             cast.add_spawned(*recorded_tree(self.loom, self.id, recorded))
         self._continuing = True
-        return await run_cast(self, self._pauses, cast, fresh=not recorded)
+        result = await run_cast(self, self._pauses, cast, fresh=not recorded)
+        await close_cast_context(self, cast.tags, result)
+        return result
 
     def _meter(self) -> CostMeter:
         """This cast's cost meter, charging the cast that spawned it (if any), else
@@ -449,9 +474,11 @@ class Entity(EntityState):
         if self._pauses.answer_live(pause_id, decision):
             return None
         stored = self._pauses.answerable(self, pause_id, decision)
-        return await continue_paused(
+        result = await continue_paused(
             self, self._pauses, self._meter(), stored, decision, budget=self._budget()
         )
+        await close_cast_context(self, {}, result, continued=True)
+        return result
 
     def recorded_answer(self) -> tuple[Pause, Decision] | None:
         """The answer at this entity's leaf that was recorded but never carried out
@@ -470,10 +497,12 @@ class Entity(EntityState):
         pause, decision = found
         assert self._leaf is not None
         answered = self.loom.get(self._leaf)
-        return await continue_paused(
+        result = await continue_paused(
             self, self._pauses, self._meter(), pause, decision, answered=answered,
             budget=self._budget(),
         )  # fmt: skip
+        await close_cast_context(self, {}, result, continued=True)
+        return result
 
     async def ask_during_call(
         self,

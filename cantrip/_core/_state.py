@@ -27,7 +27,7 @@ from cantrip._folding import FoldingPolicy
 from cantrip._gate import Gate
 from cantrip._providers import ProviderScope
 from cantrip._replay import ReplayReport
-from cantrip._running import CastContext
+from cantrip._running import CastContext, FollowupRunner
 from cantrip.llm._contract import LLM, Message, ToolChoice, ToolDefinition
 from cantrip.llm._retry import RetryPolicy
 from cantrip.llm._stream import Event
@@ -113,6 +113,10 @@ class EntityState:
     provider_nursery: trio.Nursery | None
     """A nursery a long-lived host lends to this entity's gate providers (MCP
     servers), so their sessions outlive one cast without ``async with``."""
+    followups: FollowupRunner | None
+    """Where the work this entity's casts leave behind runs (memory consolidation):
+    its own nursery under ``async with``, one its host lends, or a workers' queue;
+    None: run by the cast's caller before ``send`` returns (cantrip._core._followups)."""
     restore_report: ReplayReport | None
     spends_under: Account | None
     """An account a host keeps above this entity's casts (``serve``'s session and

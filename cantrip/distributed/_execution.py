@@ -27,6 +27,7 @@ from cantrip._errors import CantripError, LLMError
 from cantrip._gate import Gate
 from cantrip._outcome import CastResult, recorded_cast
 from cantrip._redact import get_logger
+from cantrip.distributed._followups import QueuedFollowups, consolidation_spell
 from cantrip.distributed._outage import database_away, describe, is_connection_error
 from cantrip.distributed._outcome import (
     failure_outcome,
@@ -38,9 +39,17 @@ from cantrip.distributed._outcome import (
 from cantrip.distributed._owned import Owned
 from cantrip.distributed._queue import WorkQueue
 from cantrip.distributed._spells import build_spell, spell_key
-from cantrip.distributed._work import ANSWER_KEY, BUDGETS_KEY, REWIND_KEY, USER_KEY, Claim
+from cantrip.distributed._work import (
+    ANSWER_KEY,
+    BUDGETS_KEY,
+    CONSOLIDATES_KEY,
+    REWIND_KEY,
+    USER_KEY,
+    Claim,
+)
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
+from cantrip.memory._consolidate import CONSOLIDATES_TAG
 from cantrip.memory._settings import USER_TAG
 
 log = get_logger("cantrip.worker")
@@ -54,8 +63,10 @@ class Execution:
     """Runs claimed casts against one loom, building each spell once (cached by
     :func:`~cantrip.distributed._spells.spell_key`)."""
 
-    def __init__(self, loom: Loom) -> None:
+    def __init__(self, loom: Loom, queue: WorkQueue | None = None) -> None:
         self.loom = loom
+        self.queue = queue
+        """Where the casts' followups (consolidations) are queued (None: run here)."""
         self.spells: dict[str, Cantrip] = {}
 
     def asks_humans(self, claim: Claim) -> bool:
@@ -87,11 +98,15 @@ class Execution:
         rewind = claim.spell.get(REWIND_KEY)  # a rollback: continue from this turn
         offered = client_gates(claim.spell.get(CLIENT_TOOLS_KEY) or ())  # a front end's tools
         user = claim.spell.get(USER_KEY)  # the session's user: the cast's ``user`` tag
-        tags = {USER_TAG: user} if isinstance(user, str) else None
+        tags: dict[str, Any] | None = {USER_TAG: user} if isinstance(user, str) else None
         key = spell_key(claim.spell)
         spell = self.spells.get(key)
         if spell is None:
             spell = self.spells[key] = build_spell(json.loads(key), self.loom)
+        consolidates = claim.spell.get(CONSOLIDATES_KEY)  # a consolidation: its own cantrip
+        if consolidates is not None:
+            spell = await consolidation_spell(spell)
+            tags = {**(tags or {}), CONSOLIDATES_TAG: consolidates}
         record, last = await trio.to_thread.run_sync(
             self.loom.refresh,
             claim.entity_id,
@@ -105,6 +120,7 @@ class Execution:
                 entity = owned.entity = _offering(
                     spell.resume(claim.entity_id, pause="leave"), offered
                 )
+                _queueing(entity, self.queue, claim.spell)
                 recorded = self._recorded(claim, last)
                 ended = self._ended(claim, recorded)
                 if ended is not None:
@@ -117,6 +133,7 @@ class Execution:
                 entity = owned.entity = _offering(
                     spell.summon(entity_id=claim.entity_id, pause="leave"), offered
                 )
+                _queueing(entity, self.queue, claim.spell)
                 if owned.cancelled:
                     entity.cancel(owned.cancel_reason)
                 await self._spending(owned, [])
@@ -126,6 +143,7 @@ class Execution:
                 entity = owned.entity = _offering(
                     spell.resume(claim.entity_id, pause="leave"), offered
                 )
+                _queueing(entity, self.queue, claim.spell)
                 recorded = self._recorded(claim, last, rewind)
                 ended = self._ended(claim, recorded)
                 if ended is not None:
@@ -230,6 +248,14 @@ def _offering(entity: Entity, gates: tuple[Gate, ...]) -> Entity:
     """The entity, offered the gates its work's front end runs itself (if any)."""
     if gates:
         entity.offer(gates)
+    return entity
+
+
+def _queueing(entity: Entity, queue: WorkQueue | None, spell: Mapping[str, Any]) -> Entity:
+    """The entity, the work its casts leave behind (consolidation) queued for the
+    workers rather than run here (a consolidation's own leaves none)."""
+    if queue is not None and CONSOLIDATES_KEY not in spell:
+        entity.followups = QueuedFollowups(queue, spell)
     return entity
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from cantrip._cantrip import Cantrip
 from cantrip._client_gates import CLIENT_TOOLS_KEY
 from cantrip._errors import CantripError
-from cantrip.distributed._work import ANSWER_KEY, REWIND_KEY, USER_KEY
+from cantrip.distributed._work import ANSWER_KEY, CONSOLIDATES_KEY, REWIND_KEY, USER_KEY
 from cantrip.loom._loom import Loom
 
 
@@ -64,7 +64,7 @@ def build_spell(spell: Mapping[str, Any], loom: Loom) -> Cantrip:
 def spell_key(spell: Mapping[str, Any]) -> str:
     """The spell a work item's cantrip is built from, as the worker's cache key: without
     what only this item carries (a human's answer, a rollback's rewind point, a front
-    end's tools, the session's user)."""
-    only_this = (ANSWER_KEY, REWIND_KEY, CLIENT_TOOLS_KEY, USER_KEY)
+    end's tools, the session's user, the cast a consolidation consolidates)."""
+    only_this = (ANSWER_KEY, REWIND_KEY, CLIENT_TOOLS_KEY, USER_KEY, CONSOLIDATES_KEY)
     built = {k: v for k, v in spell.items() if k not in only_this}
     return json.dumps(built, sort_keys=True)

@@ -49,6 +49,10 @@ casts with it as the cast's ``user`` tag (a memory namespace's ``{user}``)."""
 REWIND_KEY = "rewind"
 """The spell key of a prompt that continues from an earlier turn (double-texting's
 ``rollback``): ``{"to": <turn id, or None for the beginning>}``."""
+CONSOLIDATES_KEY = "consolidates"
+"""The spell key of work that consolidates an ended cast into memory (42.5):
+``{"entity_id": ..., "turn_ids": [...]}``; the worker casts the spell's consolidator
+(cantrip.distributed._followups)."""
 BUDGETS_KEY = "session_budgets"
 """In a queued spell, ``serve --db --session-budget``'s budgets ({ward: N}): the worker
 charges the session's history to an account above the cast (cantrip._core._budget)."""

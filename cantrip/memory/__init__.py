@@ -8,6 +8,7 @@ worker threads for code on the trio loop.
 """
 
 from cantrip.memory._cast import MemoryContext, MemoryScope, current_scope
+from cantrip.memory._consolidate import CONSOLIDATES_TAG, CONSOLIDATOR_ID, ConsolidationRun
 from cantrip.memory._model import (
     MAX_DEPTH,
     MAX_KEY_CHARS,
@@ -23,6 +24,7 @@ from cantrip.memory._model import (
 from cantrip.memory._open import memory_for
 from cantrip.memory._postgres import PostgresMemory
 from cantrip.memory._provenance import (
+    derived_from,
     describe,
     forget_derived,
     forget_namespace,
@@ -31,11 +33,13 @@ from cantrip.memory._provenance import (
     source_turn,
     turn_time,
 )
-from cantrip.memory._settings import MemoryBlock, MemorySettings
+from cantrip.memory._settings import Consolidate, MemoryBlock, MemorySettings
 from cantrip.memory._sqlite import SQLiteMemory
 from cantrip.memory._store import AsyncMemory, MemoryBackend
 
 __all__ = [
+    "CONSOLIDATES_TAG",
+    "CONSOLIDATOR_ID",
     "MAX_DEPTH",
     "MAX_KEY_CHARS",
     "MAX_LIMIT",
@@ -43,6 +47,8 @@ __all__ = [
     "MAX_QUERY_CHARS",
     "MAX_VALUE_BYTES",
     "AsyncMemory",
+    "Consolidate",
+    "ConsolidationRun",
     "Item",
     "MemoryBackend",
     "MemoryBlock",
@@ -55,6 +61,7 @@ __all__ = [
     "SQLiteMemory",
     "SearchItem",
     "current_scope",
+    "derived_from",
     "describe",
     "forget_derived",
     "forget_namespace",

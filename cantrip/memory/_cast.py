@@ -28,14 +28,23 @@ from typing import Any
 import attrs
 import trio
 
+from cantrip._redact import get_logger
 from cantrip._running import RunningEntity, running_entity
 from cantrip.loom._loom import Loom
+from cantrip.memory._consolidate import CONSOLIDATOR_ID, ConsolidationRun, drawn_from
 from cantrip.memory._model import MAX_LIMIT, Item, MemoryStoreError, Namespace, SearchItem
 from cantrip.memory._open import memory_for
 from cantrip.memory._provenance import SOURCE, fork_time, item_as_of, provenance
-from cantrip.memory._settings import BLOCKS_PART, MemoryBlock, MemorySettings, user_of
+from cantrip.memory._settings import (
+    BLOCKS_PART,
+    USER_TAG,
+    MemoryBlock,
+    MemorySettings,
+    user_of,
+)
 from cantrip.memory._store import AsyncMemory, MemoryBackend
 
+log = get_logger("cantrip.memory.consolidate")
 _WORD = re.compile(r"\w{2,}")
 MAX_RECALL_WORDS = 8
 """Words of a query searched one by one when the whole query finds too little."""
@@ -55,16 +64,20 @@ class MemoryScope:
     namespace: Namespace
     as_of: datetime | None = None
     """A fork reads what was known at its fork point (None: the latest)."""
+    drawn_from: Mapping[str, Any] | None = None
+    """A consolidation's: the cast it consolidates (its entity and turn ids), which
+    every item it writes names beside the turn that wrote it."""
 
     @property
     def blocks_namespace(self) -> Namespace:
         return (*self.namespace, BLOCKS_PART)
 
+    def _source(self, entity: RunningEntity) -> dict[str, Any]:
+        return {SOURCE: provenance(entity.id, entity.next_turn_id(), self.drawn_from)}
+
     async def remember(self, entity: RunningEntity, key: str, value: Any) -> Item:
         """Store ``value`` under ``key``, naming the turn that writes it."""
-        return await self.memory.put(
-            self.namespace, key, value, {SOURCE: provenance(entity.id, entity.next_turn_id())}
-        )
+        return await self.memory.put(self.namespace, key, value, self._source(entity))
 
     async def forget(self, key: str) -> bool:
         return await self.memory.delete(self.namespace, key)
@@ -111,12 +124,7 @@ class MemoryScope:
                 f"block {label!r} is limited to {block.limit} characters (its limit); "
                 f"the edit would make it {len(edited)}"
             )
-        item = await self.memory.put(
-            self.blocks_namespace,
-            label,
-            edited,
-            {SOURCE: provenance(entity.id, entity.next_turn_id())},
-        )
+        item = await self.memory.put(self.blocks_namespace, label, edited, self._source(entity))
         return edited, item.revision
 
 
@@ -185,6 +193,7 @@ class MemoryContext:
         self.settings = settings
         self.loom = loom
         self.cantrip_id = cantrip_id
+        self._consolidator: Any = None
 
     async def store(self) -> AsyncMemory:
         """The store: the settings' own, or the one beside the loom (opened once, in a
@@ -204,12 +213,64 @@ class MemoryContext:
         return AsyncMemory(entry[1])
 
     async def scope(self, entity: RunningEntity, tags: Mapping[str, Any]) -> MemoryScope:
+        source = drawn_from(tags)  # a consolidation works for the entity it consolidates
         namespace = self.settings.fill(
-            user=user_of(tags), entity=entity.id, cantrip=self.cantrip_id
+            user=user_of(tags),
+            entity=source["entity_id"] if source is not None else entity.id,
+            cantrip=self.cantrip_id,
         )
         return MemoryScope(
-            self.settings, await self.store(), namespace, fork_time(self.loom, entity.id)
+            self.settings,
+            await self.store(),
+            namespace,
+            fork_time(self.loom, entity.id),
+            source,
         )
+
+    async def reopen_cast(self, entity: RunningEntity, tags: Mapping[str, Any]) -> None:
+        _SCOPES[entity] = await self.scope(entity, tags)
+
+    @property
+    def follows_up(self) -> bool:
+        return self.settings.consolidate is not None
+
+    def after_cast(
+        self, entity: RunningEntity, tags: Mapping[str, Any], result: Any
+    ) -> ConsolidationRun | None:
+        """The consolidation of the cast that ended with ``result``, if this memory
+        consolidates and the cast recorded a turn. Its user is the one the cast's
+        first turn recorded (a cast resumed by a worker is not sent its tags again)."""
+        if self.settings.consolidate is None or not result.turns:
+            return None
+        recorded = result.turns[0].extras.get(USER_TAG)
+        user = recorded if isinstance(recorded, str) else tags.get(USER_TAG)
+        user = user if isinstance(user, str) and user else None
+        template = self.settings.consolidation_namespace
+        if user is None and any("{user}" in part for part in template):
+            log.warning(
+                "entity %s: not consolidated: the consolidation namespace %s needs a user "
+                "and the cast named none",
+                entity.id,
+                list(template),
+            )
+            return None
+        return ConsolidationRun(self.consolidator, entity.id, result.turns, user)
+
+    async def consolidator(self) -> Any:
+        """The consolidation cantrip for this memory (built once): the spec's choice,
+        recording into this loom, working on this store in the consolidation
+        namespace, with ``{cantrip}`` filled as this memory fills it."""
+        if self._consolidator is None:
+            consolidate = self.settings.consolidate
+            assert consolidate is not None
+            memory = MemorySettings(
+                namespace=self.settings.consolidation_namespace,
+                name=self.settings.name or self.cantrip_id,
+                store=(await self.store()).store,
+            )
+            built = consolidate.cantrip.with_(loom=self.loom, memory=memory, id=CONSOLIDATOR_ID)
+            self._consolidator = self._consolidator or built
+        return self._consolidator
 
     async def open_cast(
         self, entity: RunningEntity, intent: str, tags: Mapping[str, Any]

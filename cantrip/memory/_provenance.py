@@ -4,7 +4,9 @@ Every item an entity writes through the memory gates names the turn that wrote i
 ``metadata["source"] = {"entity_id": ..., "turn_id": ...}`` -- the turn that holds
 the gate call (its id is reserved while the call runs, see
 :meth:`cantrip._running.RunningEntity.next_turn_id`). :func:`source_turn` follows
-it back into the loom.
+it back into the loom. An item a consolidation wrote (:mod:`._consolidate`) also
+names the cast it was drawn from: ``"drawn_from": {"entity_id": ..., "turn_ids":
+[...]}``, so pruning that session takes it too (:func:`derived_from`).
 
 The store keeps every revision of an item, so a read can be made "as of" a time
 (:func:`item_as_of`) or a turn (:func:`turn_time`): a fork of an old turn recalls
@@ -19,7 +21,7 @@ each with a dry run that lists what would go.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,8 +35,19 @@ SOURCE = "source"
 """The metadata key naming the turn that wrote an item."""
 
 
-def provenance(entity_id: str, turn_id: str) -> dict[str, str]:
-    return {"entity_id": entity_id, "turn_id": turn_id}
+DRAWN_FROM = "drawn_from"
+"""The key of a consolidated item's source naming the cast it was drawn from."""
+
+
+def provenance(
+    entity_id: str, turn_id: str, drawn_from: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """An item's ``metadata["source"]``: the turn that wrote it, and for a consolidated
+    item the turns it was drawn from (``{"entity_id": ..., "turn_ids": [...]}``)."""
+    source: dict[str, Any] = {"entity_id": entity_id, "turn_id": turn_id}
+    if drawn_from is not None:
+        source[DRAWN_FROM] = dict(drawn_from)
+    return source
 
 
 def source_turn(loom: Loom, item: Item) -> Turn | None:
@@ -102,6 +115,19 @@ def forget_namespace(
             return found
 
 
+def derived_from(item: Item) -> set[str]:
+    """The entities ``item``'s latest revision comes from: the one that wrote it, and
+    for a consolidated item the one whose cast it was drawn from."""
+    source = item.metadata.get(SOURCE)
+    if not isinstance(source, dict):
+        return set()
+    found = {source.get("entity_id")}
+    drawn = source.get(DRAWN_FROM)
+    if isinstance(drawn, dict):
+        found.add(drawn.get("entity_id"))
+    return {entity for entity in found if isinstance(entity, str)}
+
+
 def forget_derived(
     store: MemoryBackend,
     entity_ids: Iterable[str],
@@ -110,9 +136,10 @@ def forget_derived(
     dry_run: bool = True,
 ) -> list[tuple[Namespace, str]]:
     """Forget the items under ``prefix`` whose latest revision was written by one of
-    ``entity_ids`` (``metadata["source"]``) -- the memories derived from sessions a
-    prune removes; with ``dry_run`` (the default), only say which. An item revised
-    since by a session that stays is kept: it is that session's memory now."""
+    ``entity_ids``, or consolidated from one of their casts (``metadata["source"]``,
+    :func:`derived_from`) -- the memories derived from sessions a prune removes;
+    with ``dry_run`` (the default), only say which. An item revised since by a
+    session that stays is kept: it is that session's memory now."""
     wanted = set(entity_ids)
     found: list[tuple[Namespace, str]] = []
     offset = 0
@@ -120,8 +147,7 @@ def forget_derived(
         page = store.search(prefix, limit=MAX_LIMIT, offset=offset)
         offset += len(page)
         for hit in page:
-            source = hit.item.metadata.get(SOURCE)
-            if isinstance(source, dict) and source.get("entity_id") in wanted:
+            if derived_from(hit.item) & wanted:
                 found.append((hit.item.namespace, hit.item.key))
         if len(page) < MAX_LIMIT:
             break

@@ -36,6 +36,9 @@ MAX_BLOCK_CHARS = 100_000
 """The largest limit a pinned block may declare (its text is in every request)."""
 MAX_RECALL_K = 50
 """Items automatic recall may place in a prompt at most."""
+CONSOLIDATE_AFTER = ("cast",)
+"""When consolidation may run: after each cast that ends (the only choice today; a
+memory without :class:`Consolidate` never consolidates)."""
 BLOCKS_PART = "_blocks"
 """The namespace part under which pinned blocks are stored: ``(*namespace, "_blocks")``."""
 _LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
@@ -116,6 +119,42 @@ def template_problems(template: object) -> list[str]:
     return problems
 
 
+def _as_optional_tuple(value: Any) -> Any:
+    return None if value is None else _as_tuple(value)
+
+
+@attrs.frozen(eq=False)
+class Consolidate:
+    """Consolidation (``MemorySettings(consolidate=...)``, a spec's ``[memory.consolidate]``):
+    after each cast ends, ``cantrip`` -- a cantrip of its own, its LLM, identity, wards
+    and budget, usually with ``remember``, ``recall``, ``forget`` and ``done`` -- is cast
+    in the background on the finished cast's transcript, to extract and merge facts
+    into ``namespace`` (a template as :attr:`MemorySettings.namespace`; default the
+    memory's own). Every item it writes names the turns it was drawn from
+    (:mod:`cantrip.memory._consolidate`)."""
+
+    cantrip: Any
+    """The consolidator (a :class:`~cantrip.Cantrip`; its loom and memory are set for
+    each source cantrip: the source's loom, the consolidation namespace)."""
+    namespace: tuple[str, ...] | None = attrs.field(default=None, converter=_as_optional_tuple)
+    after: str = "cast"
+
+    def __attrs_post_init__(self) -> None:
+        problems = [] if self.namespace is None else template_problems(self.namespace)
+        problems = [p.replace("memory namespace", "consolidate namespace") for p in problems]
+        if self.after not in CONSOLIDATE_AFTER:
+            problems.append(
+                f"consolidate after is {' or '.join(map(repr, CONSOLIDATE_AFTER))}; "
+                f"got {self.after!r}"
+            )
+        if not callable(getattr(self.cantrip, "with_", None)):
+            problems.append(
+                f"consolidate cantrip must be a Cantrip; got {type(self.cantrip).__name__}"
+            )
+        if problems:
+            raise ConstructionError(problems)
+
+
 def _as_tuple(value: Any) -> Any:
     """A list as a tuple; anything else as given, for the checks to name (a string
     made a tuple would be its characters)."""
@@ -141,6 +180,8 @@ class MemorySettings:
     name: str | None = None
     store: MemoryBackend | None = None
     embedder: Embedder | None = None
+    consolidate: Consolidate | None = None
+    """Consolidation after each cast (off: None, the default)."""
     _opened: dict[int, tuple[object, MemoryBackend]] = attrs.field(
         factory=dict, init=False, repr=False
     )
@@ -156,6 +197,11 @@ class MemorySettings:
         k = self.recall_k
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_RECALL_K:
             problems.append(f"memory recall_k is an integer from 1 to {MAX_RECALL_K}; got {k!r}")
+        consolidate: object = self.consolidate
+        if consolidate is not None and not isinstance(consolidate, Consolidate):
+            problems.append(
+                f"memory consolidate must be a Consolidate; got {type(consolidate).__name__}"
+            )
         if self.name is not None:
             try:
                 check_key(self.name)
@@ -167,6 +213,12 @@ class MemorySettings:
     @property
     def needs_user(self) -> bool:
         return any("{user}" in part for part in self.namespace)
+
+    @property
+    def consolidation_namespace(self) -> tuple[str, ...]:
+        """The template consolidation writes under: its own, or the memory's."""
+        own = self.consolidate.namespace if self.consolidate is not None else None
+        return own if own is not None else self.namespace
 
     def fill(self, *, user: str | None, entity: str, cantrip: str) -> Namespace:
         """The namespace of one cast, or :class:`MemoryStoreError` saying why not (a

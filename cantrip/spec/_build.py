@@ -130,6 +130,8 @@ def build_cantrip(
         cantrip_name=name,
         has_database=_has_database(doc, loom),
         problems=problems,
+        llm=llm,
+        named=named,
     )
     if problems:
         raise ConstructionError(dedupe(problems))

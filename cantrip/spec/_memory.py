@@ -7,13 +7,20 @@ on. Both are said at load, beside the table's own mistakes, not at the first cas
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from cantrip._cantrip import Cantrip
+from cantrip._circle import Circle, circle_problems
 from cantrip._errors import ConstructionError
+from cantrip._identity import Identity
+from cantrip._wards import Ward, WardSet
+from cantrip.llm._contract import LLM
 from cantrip.llm._embed_contract import Embedder
 from cantrip.llm._embeddings import embedder_from_config
-from cantrip.memory._settings import MemoryBlock, MemorySettings
-from cantrip.spec._tables import MemoryEmbedderSpec, MemorySpec
+from cantrip.memory._consolidate import DEFAULT_PROMPT
+from cantrip.memory._settings import Consolidate, MemoryBlock, MemorySettings
+from cantrip.spec._tables import MemoryConsolidateSpec, MemoryEmbedderSpec, MemorySpec
+from gates import done, forget, recall, remember
 
 MEMORY_GATES = ("remember", "recall", "forget", "edit_block")
 
@@ -25,6 +32,8 @@ def build_memory(
     cantrip_name: str | None,
     has_database: bool,
     problems: list[str],
+    llm: LLM | None = None,
+    named: Mapping[str, LLM] | None = None,
 ) -> MemorySettings | None:
     """The settings ``spec`` describes (None: no memory), its problems added to ``problems``."""
     enabled = spec is not None and spec.enabled
@@ -49,6 +58,9 @@ def build_memory(
             problems.extend(f"memory.blocks[{index}]: {p}" for p in exc.problems)
     name = spec.name if spec.name is not None else cantrip_name  # the spec's name or stem
     embedder = _build_embedder(spec.embedder, problems) if spec.embedder is not None else None
+    consolidate = None
+    if spec.consolidate is not None and spec.consolidate.enabled:
+        consolidate = _build_consolidate(spec.consolidate, llm, named or {}, problems)
     try:
         return MemorySettings(
             namespace=tuple(spec.namespace),
@@ -57,6 +69,7 @@ def build_memory(
             recall_k=spec.recall_k,
             name=name,
             embedder=embedder,
+            consolidate=consolidate,
         )
     except ConstructionError as exc:
         problems.extend(exc.problems)  # each names the memory key it is about
@@ -78,4 +91,49 @@ def _build_embedder(spec: MemoryEmbedderSpec, problems: list[str]) -> Embedder |
         )
     except ConstructionError as exc:
         problems.extend(f"memory.embedder: {p}" for p in exc.problems)
+        return None
+
+
+def _build_consolidate(
+    spec: MemoryConsolidateSpec,
+    llm: LLM | None,
+    named: Mapping[str, LLM],
+    problems: list[str],
+) -> Consolidate | None:
+    """The consolidation ``[memory.consolidate]`` describes: a cantrip of its own (its
+    LLM, its prompt, the memory gates and ``done``, its wards), each problem one line."""
+    where = "memory.consolidate"
+    found: list[str] = []
+    chosen = llm
+    if spec.llm is not None:
+        chosen = named.get(spec.llm)
+        if chosen is None:
+            known = ", ".join(sorted(named)) or "none"
+            found.append(f"{where}: llm {spec.llm!r} is not a named llm (known: {known})")
+    elif llm is None:
+        found.append(f"{where}: needs an llm ([llm], or llm = a name from [llms])")
+    wards: list[Ward] = []
+    for raw in spec.wards:
+        try:
+            wards.extend(Ward.parse(raw))
+        except ConstructionError as exc:
+            found.extend(f"{where}.wards: {p}" for p in exc.problems)
+    gates = [done, remember, recall, forget]
+    found.extend(f"{where}: {p}" for p in circle_problems(gates, WardSet.resolve(wards)))
+    if found or chosen is None:
+        problems.extend(found)
+        return None
+    consolidator = Cantrip(
+        llm=chosen,
+        identity=Identity(system_prompt=spec.prompt or DEFAULT_PROMPT),
+        circle=Circle(gates, wards),
+    )
+    try:
+        return Consolidate(
+            consolidator,
+            namespace=tuple(spec.namespace) if spec.namespace is not None else None,
+            after=spec.after,
+        )
+    except ConstructionError as exc:
+        problems.extend(f"{where}: {p}" for p in exc.problems)
         return None

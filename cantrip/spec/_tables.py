@@ -218,6 +218,26 @@ class MemoryEmbedderSpec(_Strict):
     timeout_s: float | None = Field(default=None, gt=0)
 
 
+class MemoryConsolidateSpec(_Strict):
+    """``[memory.consolidate]``: after each cast ends, a cantrip of its own -- ``llm``
+    told ``prompt``, with ``remember``, ``recall``, ``forget`` and ``done``, under
+    ``wards`` -- extracts and merges facts into ``namespace`` in the background
+    (cantrip.memory._consolidate). Leave the table out (the default) for none."""
+
+    enabled: bool = True
+    after: Literal["cast"] = "cast"
+    """When: after each cast that ends (done, a ward, a recorded error; not a pause)."""
+    llm: str | None = None
+    """A name from ``[llms]`` (default: the spec's own LLM)."""
+    prompt: str | None = None
+    """Its system prompt (default: extract durable facts and merge them into memory)."""
+    namespace: list[str] | None = None
+    """Where it writes: a template as ``[memory] namespace`` (default: that one)."""
+    wards: list[dict[str, Any]] = Field(default_factory=lambda: [{"max_turns": 8}])
+    """Its own wards and budget, as ``[circle] wards``: ``max_turns``,
+    ``max_tokens_total``, ``max_cost_usd``, ``timeout_s``..."""
+
+
 class MemorySpec(_Strict):
     """``[memory]``: memory across sessions, in the loom's database (cantrip.memory)."""
 
@@ -233,6 +253,8 @@ class MemorySpec(_Strict):
     recall_k: int = 5
     embedder: MemoryEmbedderSpec | None = None
     """Embed every item and search by meaning too (hybrid by default)."""
+    consolidate: MemoryConsolidateSpec | None = None
+    """Consolidation after each cast, by a cantrip of its own (off by default)."""
 
 
 class SpecDocument(_Strict):

@@ -39,6 +39,7 @@ import trio
 from cantrip._approval import Decision, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._core import Entity
+from cantrip._core._followups import Followups
 from cantrip._errors import CantripError, ConstructionError
 from cantrip._outcome import CastResult, recorded_cast
 from cantrip._redact import get_logger
@@ -105,7 +106,9 @@ class SessionHub:
         self.sessions: dict[str, Session] = {}
         self.nursery: trio.Nursery | None = None
         """Lent to every session's entity for its gate providers (MCP sessions), so
-        they live across prompts; set by the adapter that runs the hub."""
+        they live across prompts, and for the work its casts leave behind (memory
+        consolidation, :attr:`followups`); set by the adapter that runs the hub."""
+        self._followups: Followups | None = None
         self.sticky_cancel_s = sticky_cancel_s
         """How long a cancel that found nothing running waits for a prompt to cut off."""
         self.max_running = max_running
@@ -121,7 +124,22 @@ class SessionHub:
         """Whether sessions survive the process: the loom is a file."""
         return getattr(self.spell.loom.store, "path", None) is not None
 
+    @property
+    def followups(self) -> Followups | None:
+        """The sessions' followups (consolidations), supervised in :attr:`nursery`:
+        they outlive the prompt that left them, never the hub (:meth:`shutdown`)."""
+        if self.nursery is None:
+            return None
+        if self._followups is None or self._followups.nursery is not self.nursery:
+            self._followups = Followups.lent(self.nursery)
+        return self._followups
+
+    def cancel_followups(self, reason: str = "shutdown") -> int:
+        """Cut off the consolidations still running, each recorded with ``reason``."""
+        return self._followups.cancel_all(reason) if self._followups is not None else 0
+
     async def aclose(self) -> None:
+        self.cancel_followups()
         for session in list(self.sessions.values()):
             self.cancel(session)
             await session.entity.aclose()
@@ -183,6 +201,7 @@ class SessionHub:
         session.log.begin(entity.turns)  # ids go on from the loom's present
         entity.on_event = session.dispatch
         entity.provider_nursery = self.nursery
+        entity.followups = self.followups
         if self.book is not None:
             entity.spends_under = self.book.account(entity.id)
         self.sessions[session_id] = session
@@ -367,6 +386,7 @@ class SessionHub:
                 session.entity = self.spell.resume(crashed.id)
                 session.entity.on_event = session.dispatch
                 session.entity.provider_nursery = self.nursery
+                session.entity.followups = self.followups
                 session.entity.spends_under = crashed.spends_under
                 with trio.CancelScope(shield=True):
                     await crashed.aclose()
@@ -579,7 +599,8 @@ class SessionHub:
 
     async def shutdown(self, grace_s: float) -> int:
         """Stop taking prompts; let running casts finish for ``grace_s``, then cut
-        them off with reason ``shutdown``. Returns how many were cut off."""
+        them off with reason ``shutdown``, and the consolidations still running with
+        them (recorded so). Returns how many casts were cut off."""
         self.accepting = False
         with trio.move_on_after(grace_s):
             await self._idle.wait()
@@ -590,6 +611,9 @@ class SessionHub:
         if cut:
             log.info("shutdown: %d running prompt(s) cut off after %.1f s", cut, grace_s)
         await self._idle.wait()
+        cut_followups = self.cancel_followups("shutdown")
+        if cut_followups:
+            log.info("shutdown: %d consolidation(s) cut off", cut_followups)
         return cut
 
 

@@ -1,0 +1,88 @@
+"""On the workers, the work a cast leaves behind is queued, not run beside it (42.5).
+
+A cast a worker runs whose memory consolidates leaves a
+:class:`~cantrip.memory.ConsolidationRun`. Here it becomes a work item of its own --
+the same spell, marked with :data:`CONSOLIDATES_KEY` (the cast it consolidates) and the
+source's user -- for whichever worker claims it next: it is leased, heartbeated,
+resumed after a crash, cancelled and dead-lettered like any queued cast, and the
+source cast's work ends without waiting for it. The worker that claims it casts the
+source cantrip's consolidator (:func:`consolidation_spell`) on the run's transcript.
+
+Queueing is past the source cast (its result is recorded): a failure to queue is
+logged and the consolidation is lost, never the cast's outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from cantrip._cantrip import Cantrip
+from cantrip._client_gates import CLIENT_TOOLS_KEY
+from cantrip._errors import CantripError
+from cantrip._redact import get_logger
+from cantrip._running import Followup
+from cantrip.distributed._queue import WorkQueue
+from cantrip.distributed._work import (
+    ANSWER_KEY,
+    BUDGETS_KEY,
+    CONSOLIDATES_KEY,
+    REWIND_KEY,
+    USER_KEY,
+)
+from cantrip.loom._model import new_entity_id
+from cantrip.memory._cast import MemoryContext
+from cantrip.memory._consolidate import CONSOLIDATES_TAG, ConsolidationRun
+from cantrip.memory._settings import USER_TAG
+
+log = get_logger("cantrip.worker")
+
+_NOT_CARRIED = (ANSWER_KEY, REWIND_KEY, CLIENT_TOOLS_KEY, BUDGETS_KEY, USER_KEY)
+"""What the source's work carries that a consolidation does not: its answer, rewind
+point, front end's tools and session budget are the source cast's own."""
+
+
+class QueuedFollowups:
+    """A :class:`~cantrip._running.FollowupRunner` that queues consolidations for the
+    workers, built from the spell of the work whose cast left them."""
+
+    def __init__(self, queue: WorkQueue, spell: Mapping[str, Any]) -> None:
+        self.queue = queue
+        self.spell = {k: v for k, v in spell.items() if k not in _NOT_CARRIED}
+        self.queued: list[tuple[int, str]] = []
+        """(work id, entity id) of each consolidation queued."""
+
+    async def start(self, followup: Followup) -> None:
+        if not isinstance(followup, ConsolidationRun):  # the only followup there is
+            raise CantripError(f"a worker cannot queue a {type(followup).__name__}")
+        spell = {**self.spell, CONSOLIDATES_KEY: followup.tags[CONSOLIDATES_TAG]}
+        user = followup.tags.get(USER_TAG)
+        if isinstance(user, str):
+            spell[USER_KEY] = user
+        entity_id = new_entity_id()
+        store = self.queue.store
+        try:
+            work_id = await trio.to_thread.run_sync(
+                self.queue.enqueue, spell, followup.intent, entity_id, limiter=store.limiter
+            )
+        except Exception:
+            log.exception("the consolidation of entity %s was not queued", followup.source_entity)
+            return
+        self.queued.append((work_id, entity_id))
+        log.info(
+            "consolidation of entity %s queued as work %d (entity %s)",
+            followup.source_entity,
+            work_id,
+            entity_id,
+        )
+
+
+async def consolidation_spell(source: Cantrip) -> Cantrip:
+    """The consolidator of ``source`` (a work item marked :data:`CONSOLIDATES_KEY`)."""
+    context = source.cast_context
+    if not isinstance(context, MemoryContext) or context.settings.consolidate is None:
+        raise CantripError("this work consolidates, but its cantrip's memory does not")
+    consolidator: Cantrip = await context.consolidator()
+    return consolidator
