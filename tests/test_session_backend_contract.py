@@ -221,6 +221,33 @@ async def test_an_unknown_session_is_not_found_by_any_operation(world: World) ->
         await backend.pauses(nobody)
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_an_entity_of_the_runtimes_own_is_no_session(
+    kind: str, tmp_path: Path, key_env: None, request: pytest.FixtureRequest
+) -> None:
+    """A memory consolidation or an eval run's record is a top-level entity in the loom,
+    but the runtime's, not a conversation: no operation opens it as a session (a user's
+    top-level entity beside it is found). The backends that hold a loom."""
+    from cantrip.loom._model import EntityRecord
+    from cantrip.protocols.sessions import session_id_for
+
+    db = request.getfixturevalue("seam_db") if kind == "postgres" else None
+    async with open_world(kind, tmp_path, db) as world:
+        backend: Any = world.backend
+        loom = Loom.open(db) if db is not None else backend.hub.spell.loom
+        for runtime in ("cantrip.memory.consolidate", "cantrip.eval"):
+            loom.register_entity(EntityRecord(entity_id=f"entity-{runtime}", cantrip_id=runtime))
+        loom.register_entity(EntityRecord(entity_id="entity-theirs", cantrip_id="cantrip-0a1b"))
+        if db is not None:
+            loom.close()  # written (a PostgreSQL loom's writes are group-committed)
+        for runtime in ("cantrip.memory.consolidate", "cantrip.eval"):
+            with refused("not_found"):
+                await backend.find(session_id_for(f"entity-{runtime}"))
+            with refused("not_found"):
+                await backend.submit(session_id_for(f"entity-{runtime}"), "hello")
+        assert (await backend.find(session_id_for("entity-theirs"))).session_id
+
+
 # -- prompts ----------------------------------------------------------------------------
 
 

@@ -300,6 +300,19 @@ def new_entity_id() -> str:
     return "entity-" + os.urandom(10).hex()
 
 
+RUNTIME_CANTRIPS = "cantrip."
+"""The prefix of the cantrip ids the runtime gives entities of its own (an eval run's
+record ``cantrip.eval``, a memory consolidation ``cantrip.memory.consolidate``); a
+user's cantrip ids are ``cantrip-<hex>`` or their own names."""
+
+
+def is_runtime_entity(cantrip_id: str) -> bool:
+    """Whether an entity is the runtime's own, never a user's session: a front end
+    must not open one (a consolidation would otherwise resume as a conversation, and
+    an eval run's record as an empty one)."""
+    return cantrip_id.startswith(RUNTIME_CANTRIPS)
+
+
 @attrs.frozen
 class EntityRecord:
     """Who an entity is: written to the loom when the entity first appears.

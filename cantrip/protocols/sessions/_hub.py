@@ -44,7 +44,7 @@ from cantrip._errors import CantripError, ConstructionError
 from cantrip._outcome import CastResult, recorded_cast
 from cantrip._redact import get_logger
 from cantrip.llm._stream import Event
-from cantrip.loom._model import Turn
+from cantrip.loom._model import Turn, is_runtime_entity
 from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import ENTITY_PREFIX as ENTITY_PREFIX
 from cantrip.protocols.sessions._backend import SESSION_PREFIX as SESSION_PREFIX
@@ -179,7 +179,11 @@ class SessionHub:
             return session
         entity_id = entity_id_for(session_id)
         record = self.spell.loom.entities.get(entity_id)
-        if record is None or record.parent_entity_id is not None:
+        if (
+            record is None
+            or record.parent_entity_id is not None
+            or is_runtime_entity(record.cantrip_id)
+        ):
             raise SessionError("not_found", f"unknown session {session_id!r}")
         canonical = session_id_for(entity_id)
         if canonical in self.sessions:

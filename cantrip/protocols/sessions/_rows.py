@@ -61,7 +61,7 @@ from cantrip.distributed._work import (
     steer_on,
 )
 from cantrip.loom._codec import decode_record
-from cantrip.loom._model import Turn, new_entity_id
+from cantrip.loom._model import RUNTIME_CANTRIPS, Turn, new_entity_id
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import same_user
@@ -218,11 +218,12 @@ class DbSessions:
             row = conn.execute(
                 "SELECT (SELECT 1 FROM cantrip_sessions WHERE entity_id = %(e)s) IS NOT NULL "
                 "OR EXISTS (SELECT 1 FROM cantrip_entities WHERE entity_id = %(e)s "
-                "AND parent_entity_id IS NULL), "
+                "AND parent_entity_id IS NULL AND NOT starts_with("
+                "data::jsonb->>'cantrip_id', %(runtime)s)), "
                 "(SELECT count(*) FROM cantrip_turns WHERE entity_id = %(e)s), "
                 f"EXISTS (SELECT 1 FROM cantrip_work WHERE entity_id = %(e)s AND {_OPEN}), "
                 "(SELECT user_id FROM cantrip_sessions WHERE entity_id = %(e)s)",
-                {"e": entity_id},
+                {"e": entity_id, "runtime": RUNTIME_CANTRIPS},
             ).fetchone()
         assert row is not None
         known, turns, running, user = row
