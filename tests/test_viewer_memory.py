@@ -55,7 +55,7 @@ async def remembered(where: str) -> dict[str, Any]:
         identity=Identity(system_prompt="You remember things."),
         circle=Circle([done, remember], [max_turns(4)]),
         loom=loom,
-        memory=MemorySettings(namespace=("user", "{user}")),
+        memory=MemorySettings(namespace=("user", "{user}"), recall=True),
     )
     async with spell.summon() as entity:
         await entity.send("I like green tea.", tags={"user": "alice"})
@@ -313,6 +313,14 @@ def test_the_memory_page_lists_searches_and_links_items_to_their_turns(
         expect(page).to_have_url(f"{url}/#/e/{ids['entity']}/t/{ids['first']}")
         expect(page.locator("#turn")).to_have_attribute("data-turn", ids["first"])
         expect(page.locator("#turn .call[data-gate=remember]")).to_contain_text("green tea")
+
+        # and back: the turn that recalled the first revision links to the item
+        page.goto(f"{url}/#/e/{ids['entity']}/t/{ids['second']}")
+        recalled = page.locator("#turn-memory a.recalled")
+        expect(recalled).to_have_text("user/alice drink (r1)")
+        expect(page.locator("#turn-memory pre")).to_contain_text("- drink: Alice likes green tea")
+        recalled.click()
+        expect(page.locator("#memory-item h2")).to_contain_text("drink")
 
         # a consolidated item: the turns it was drawn from, one no longer in the loom
         page.goto(url + "/#/memory?namespace=user/alice/profile")

@@ -695,6 +695,15 @@ function renderTurn(turn, onFork) {
     box.append(el("section", { id: "steering", dataset: { field: "request" } }, el("h3", { text: "messages sent during the cast" }),
       steering.map((text) => longText(text, "steering"))));
   }
+  const memory = turn.extras && turn.extras.memory;
+  if (memory && memory.text) {
+    // What memory added to this cast's prompt (recorded, so a replay sees the same); each
+    // recalled item opens on the memory page (memory.js).
+    box.append(el("section", { id: "turn-memory", dataset: { field: "request" } }, el("h3", { text: "memory in this prompt" }),
+      longText(memory.text),
+      (memory.recalled || []).map((r) => el("a", { class: "recalled", href: memoryHash("/item", { namespace: JSON.stringify(r.namespace), key: r.key }),
+        text: `${r.namespace.join("/")} ${r.key} (r${r.revision})` })).flatMap((link) => [link, " "])));
+  }
   if (turn.thinking) {
     box.append(el("section", {}, el("details", {}, el("summary", { text: "thinking" }), longText(turn.thinking))));
   }
