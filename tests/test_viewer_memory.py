@@ -25,7 +25,7 @@ from test_viewer_timeline_browser import _screenshot
 
 from cantrip import Cantrip, Circle, Identity, Loom, MemorySettings, ScriptedLLM, max_turns
 from cantrip.memory import memory_for
-from cantrip.memory._provenance import DRAWN_FROM, SOURCE, provenance
+from cantrip.memory._provenance import SOURCE, provenance
 from cantrip.protocols.viewer._api import LoomViews
 from cantrip.protocols.viewer._app import Viewer
 from cantrip.protocols.viewer._memory import LoomMemory
@@ -66,13 +66,15 @@ async def remembered(where: str) -> dict[str, Any]:
     ]
     first, second = writes[0], writes[1]
     store = memory_for(loom.store)
-    drawn = [provenance(entity_id, first.id), provenance(entity_id, second.id)]
-    drawn.append(provenance("entity-gone", GONE))
+    # as a consolidation writes it: the turn that wrote it, and the cast it was drawn from
+    # (a turn the loom no longer holds among them, and what names no turn: left out)
+    source = provenance(entity_id, second.id)
+    source["drawn_from"] = {"entity_id": entity_id, "turn_ids": [first.id, second.id, GONE, 7, ""]}
     store.put(
         ("user", "alice", "profile"),
         "summary",
         "Alice drinks black tea (green before) and lives in Lyon",
-        {SOURCE: provenance(entity_id, second.id), DRAWN_FROM: [*drawn, "not a turn", {"x": 1}]},
+        {SOURCE: source},
     )
     store.put(("user", "bob"), "drink", "Bob likes coffee")
     store.put(("user", "a/b"), "k/1", "a part and a key holding a slash")

@@ -31,29 +31,10 @@ from cantrip.memory._store import MemoryBackend
 
 SOURCE = "source"
 """The metadata key naming the turn that wrote an item."""
-DRAWN_FROM = "drawn_from"
-"""The metadata key of a consolidated item naming the turns it was drawn from: a list of
-``{"entity_id": ..., "turn_id": ...}`` (:func:`provenance` each), beside the
-:data:`SOURCE` that names the consolidating entity's turn which wrote it."""
 
 
 def provenance(entity_id: str, turn_id: str) -> dict[str, str]:
     return {"entity_id": entity_id, "turn_id": turn_id}
-
-
-def drawn_from(item: Item) -> list[dict[str, str]]:
-    """The turns a consolidated item was drawn from (:data:`DRAWN_FROM`), in the order
-    written; metadata is anyone's to write, so entries that name no turn are left out."""
-    listed = item.metadata.get(DRAWN_FROM)
-    if not isinstance(listed, list):
-        return []
-    found = []
-    for entry in listed:
-        turn_id = entry.get("turn_id") if isinstance(entry, dict) else None
-        if isinstance(turn_id, str) and turn_id:
-            entity_id = entry.get("entity_id")
-            found.append(provenance(entity_id if isinstance(entity_id, str) else "", turn_id))
-    return found
 
 
 def source_turn(loom: Loom, item: Item) -> Turn | None:
@@ -151,10 +132,7 @@ def forget_derived(
 
 
 def describe(item: Item) -> dict[str, Any]:
-    """An item as plain JSON: what ``recall`` returns and a listing shows; a
-    consolidated item also names the turns it was drawn from (``drawn_from``, only
-    when it has some, so an ordinary item reads as it did)."""
-    drawn = drawn_from(item)
+    """An item as plain JSON: what ``recall`` returns and a listing shows."""
     return {
         "namespace": list(item.namespace),
         "key": item.key,
@@ -162,5 +140,4 @@ def describe(item: Item) -> dict[str, Any]:
         "revision": item.revision,
         "updated_at": item.updated_at.isoformat(),
         "source": item.metadata.get(SOURCE),
-        **({DRAWN_FROM: drawn} if drawn else {}),
     }

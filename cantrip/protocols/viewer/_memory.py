@@ -10,7 +10,8 @@ Routes (``GET``; errors are the viewer's ``{"error": {"code", "message"}}``):
   best match first with ``q``, newest first without; each value shortened to a preview;
 * ``/api/memory/item?namespace=&key=`` -- one item: its value, metadata, revisions
   (newest first), the turn that wrote it and the turns it was drawn from, each turn
-  summarised from the loom (None: written by code, or the loom no longer holds it).
+  summarised from the loom (None: written by code, or the loom no longer holds it); a
+  consolidated item's turns are those its ``metadata["source"]["drawn_from"]`` names.
 
 The answers are :mod:`cantrip.memory._browse`'s (the CLI's and HTTP's), checked by the
 store's rules: a bad namespace, key, mode or an oversized query is a 400 naming the
@@ -52,6 +53,9 @@ PREVIEW_CHARS = 240
 """Characters of a value a listing row (or an earlier revision) shows."""
 MAX_DRAWN = 200
 """Turns of a consolidated item summarised (the rest are counted, ``drawn_from_total``)."""
+DRAWN_FROM = "drawn_from"
+"""The key of a consolidated item's ``metadata["source"]`` naming the cast it was drawn
+from, as consolidation writes it: ``{"entity_id": ..., "turn_ids": [...]}``."""
 
 
 class LoomMemory:
@@ -147,7 +151,10 @@ async def _items(
     found = await _in_thread(
         store, browse.items, store, prefix, query=text, mode=mode, limit=limit, offset=offset
     )
-    rows = [{**row, "value": preview(row["value"])} for row in found]
+    rows = [
+        {**row, "value": preview(row["value"]), "drawn_from": drawn_turns(row["source"])}
+        for row in found
+    ]
     return {
         "namespace": "/".join(prefix),
         "q": text,
@@ -167,7 +174,7 @@ async def _item(
         shown = await _in_thread(store, browse.show, store, None, namespace, key)
     except KeyError as exc:
         raise ViewerError(404, "unknown_item", str(exc.args[0])) from None
-    drawn: list[dict[str, str]] = shown.pop("drawn_from", None) or []
+    drawn = drawn_turns(shown.get("source"))
     revisions: list[dict[str, Any]] = shown["revisions"]
     wanted = {_turn_id(shown.get("source"))}
     wanted.update(_turn_id(r.get("source")) for r in revisions)
@@ -181,6 +188,22 @@ async def _item(
     shown["drawn_from"] = [{**e, "turn": turns.get(e["turn_id"])} for e in drawn[:MAX_DRAWN]]
     shown["drawn_from_total"] = len(drawn)
     return shown
+
+
+def drawn_turns(source: Any) -> list[dict[str, str]]:
+    """The turns a consolidated item was drawn from, each ``{"entity_id", "turn_id"}``,
+    from its source's :data:`DRAWN_FROM`; metadata is anyone's to write, so what names
+    no turn is left out."""
+    drawn = source.get(DRAWN_FROM) if isinstance(source, dict) else None
+    if not isinstance(drawn, dict) or not isinstance(drawn.get("turn_ids"), list):
+        return []
+    entity_id = drawn.get("entity_id")
+    entity = entity_id if isinstance(entity_id, str) else ""
+    return [
+        {"entity_id": entity, "turn_id": turn_id}
+        for turn_id in drawn["turn_ids"]
+        if isinstance(turn_id, str) and turn_id
+    ]
 
 
 def _turn_id(source: Any) -> str | None:

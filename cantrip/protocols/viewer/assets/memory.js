@@ -82,7 +82,7 @@ class MemoryPage {
         el("td", { class: "intent memory-value", text: m.value }),
         el("td", { text: "r" + m.revision }),
         el("td", {}, turnLink(m.source, "memory-source"),
-          m.drawn_from ? el("div", {}, badge("consolidated", `drawn from ${m.drawn_from.length} turn${m.drawn_from.length === 1 ? "" : "s"}`)) : null),
+          m.drawn_from && m.drawn_from.length ? el("div", {}, badge("consolidated", `drawn from ${m.drawn_from.length} turn${m.drawn_from.length === 1 ? "" : "s"}`)) : null),
         el("td", { text: m.score === null || m.score === undefined ? "" : Number(m.score).toFixed(3) }),
         el("td", { text: when(m.updated_at) }));
     });
@@ -150,7 +150,7 @@ class MemoryItemPage {
         item.drawn_from.map((d) => turnSummary(d, d.turn)),
         more > 0 ? el("div", { class: "muted", text: `and ${more} more` }) : null));
     }
-    const metadata = Object.fromEntries(Object.entries(item.metadata || {}).filter(([k]) => k !== "source" && k !== "drawn_from"));
+    const metadata = Object.fromEntries(Object.entries(item.metadata || {}).filter(([k]) => k !== "source"));
     if (Object.keys(metadata).length) {
       parts.push(el("section", {}, el("details", {}, el("summary", { text: "metadata" }), longText(pretty(metadata)))));
     }
