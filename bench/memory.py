@@ -22,14 +22,20 @@ embeddings server) and the timings are:
   fused).
 
 On SQLite the distance is sqlite-vec's where this Python's sqlite3 can load it, else
-the Python function (the run says which); on PostgreSQL pgvector's where the database
-has it, else the dot product in SQL.
+the Python function (the run says which: a pyenv-built Python cannot load it; Debian's
+``/usr/bin/python3`` with ``PYTHONPATH`` naming the checkout and the venv's
+site-packages can); on PostgreSQL pgvector's where the database has it, else the dot
+product in SQL.
 
-SQLite always (a loom file in a temporary folder, the loom's durability: WAL,
-synchronous=NORMAL); PostgreSQL too when ``CANTRIP_BENCH_PG_URL`` names an empty
-database (the tables are made there and left behind).
+SQLite (a loom file in a temporary folder, the loom's durability: WAL,
+synchronous=NORMAL) unless ``--only pg``; PostgreSQL too with ``--pg`` (a cluster of
+its own, started and removed by the script as the tests do: ``tests/pg_cluster.py``,
+fsync off) or when ``CANTRIP_BENCH_PG_URL`` names an empty database (the tables are
+made there and left behind). At 100k items an exact semantic search without an index
+takes seconds, so ``--semantic-samples`` cuts the semantic searches timed (its p99 is
+then close to the maximum of a few).
 
-    python bench/memory.py [--sizes 1000,10000] [--semantic]
+    python bench/memory.py [--sizes 1000,10000,100000] [--semantic] [--pg] [--only sqlite|pg]
     CANTRIP_BENCH_PG_URL=postgresql://... python bench/memory.py
 
 Figures (2 shared, busy cores; PostgreSQL 15 from tests/pg_cluster.py, fsync off),
@@ -40,14 +46,16 @@ branch that added this file) -- they are printed by a run, not kept here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import math
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from cantrip.memory import MemoryBackend, PostgresMemory, SQLiteMemory
@@ -131,7 +139,12 @@ def measure(
 
 
 def measure_semantic(
-    store: MemoryBackend, size: int, filled: int, rng: random.Random, texts: list[str]
+    store: MemoryBackend,
+    size: int,
+    filled: int,
+    rng: random.Random,
+    texts: list[str],
+    samples: int = SEMANTIC_SAMPLES,
 ) -> dict[str, str]:
     fill(store, filled, size, rng, texts)
     rows: dict[str, tuple[float, float]] = {}
@@ -142,57 +155,96 @@ def measure_semantic(
         SAMPLES, lambda n: store.put(("user", f"u{n % USERS:02d}"), f"k{n}", note(rng))
     )
     rows["sem"] = timed(
-        SEMANTIC_SAMPLES,
+        samples,
         lambda n: store.search(query=two_words(rng, texts), mode="semantic"),
     )
     rows["sem ns"] = timed(
-        SEMANTIC_SAMPLES,
+        samples,
         lambda n: store.search(
             ("user", f"u{n % USERS:02d}"), query=two_words(rng, texts), mode="semantic"
         ),
     )
     rows["hybrid"] = timed(
-        SEMANTIC_SAMPLES, lambda n: store.search(query=two_words(rng, texts), mode="hybrid")
+        samples, lambda n: store.search(query=two_words(rng, texts), mode="hybrid")
     )
     return {name: f"{p50:7.3f} / {p99:7.3f}" for name, (p50, p99) in rows.items()}
 
 
-def run(kind: str, store: MemoryBackend, sizes: list[int], semantic: bool = False) -> None:
+def run(
+    kind: str,
+    store: MemoryBackend,
+    sizes: list[int],
+    semantic: bool = False,
+    samples: int = SEMANTIC_SAMPLES,
+) -> None:
     rng = random.Random(42)
     texts: list[str] = []
     filled = 0
-    how = measure_semantic if semantic else measure
     for size in sizes:
         began = time.perf_counter()
-        result = how(store, size, filled, rng, texts)
+        if semantic:
+            result = measure_semantic(store, size, filled, rng, texts, samples)
+        else:
+            result = measure(store, size, filled, rng, texts)
         filled = size + SAMPLES  # the new keys stay
         print(f"{kind} at {size:,} items (ms, p50 / p99; {time.perf_counter() - began:.1f} s):")
         for name, figure in result.items():
             print(f"    {name:<10} {figure}")
+        sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def postgres_url(own: bool) -> Iterator[str | None]:
+    """``CANTRIP_BENCH_PG_URL``, or with ``own`` an empty database on a cluster of the
+    script's own (stopped and removed at the end); None: no PostgreSQL."""
+    given = os.environ.get("CANTRIP_BENCH_PG_URL")
+    if given or not own:
+        yield given
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from pg_cluster import fresh_database, postgres_cluster
+
+    with postgres_cluster() as server:
+        yield fresh_database(server, "memory_bench")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1000,10000")
     parser.add_argument("--semantic", action="store_true", help="with an embedder")
+    parser.add_argument("--pg", action="store_true", help="start a PostgreSQL cluster too")
+    parser.add_argument("--only", choices=("sqlite", "pg"), help="one database only")
+    parser.add_argument(
+        "--semantic-samples",
+        type=int,
+        default=SEMANTIC_SAMPLES,
+        help=f"semantic searches timed per row (default {SEMANTIC_SAMPLES})",
+    )
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
+    samples = args.semantic_samples
     embedder = HashEmbedder() if args.semantic else None
-    with tempfile.TemporaryDirectory() as folder:
-        store = SQLiteMemory(Path(folder) / "loom.db", embedder=embedder)
-        distance = "sqlite-vec" if store.vectors.native else "Python fallback"
-        try:
-            run(f"sqlite ({distance})" if embedder else "sqlite", store, sizes, args.semantic)
-        finally:
-            store.close()
-    url = os.environ.get("CANTRIP_BENCH_PG_URL")
-    if url:
-        pg = PostgresMemory.open(url, embedder=embedder)
-        distance = "pgvector" if pg.vectors.pgvector else "SQL dot product"
-        try:
-            run(f"postgres ({distance})" if embedder else "postgres", pg, sizes, args.semantic)
-        finally:
-            pg.close()
+    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+    if args.only != "pg":
+        with tempfile.TemporaryDirectory() as folder:
+            store = SQLiteMemory(Path(folder) / "loom.db", embedder=embedder)
+            distance = "sqlite-vec" if store.vectors.native else "Python fallback"
+            kind = f"sqlite ({distance})" if embedder else "sqlite"
+            try:
+                run(kind, store, sizes, args.semantic, samples)
+            finally:
+                store.close()
+    if args.only == "sqlite":
+        return
+    with postgres_url(args.pg or args.only == "pg") as url:
+        if url:
+            pg = PostgresMemory.open(url, embedder=embedder)
+            distance = "pgvector" if pg.vectors.pgvector else "SQL dot product"
+            kind = f"postgres ({distance})" if embedder else "postgres"
+            try:
+                run(kind, pg, sizes, args.semantic, samples)
+            finally:
+                pg.close()
 
 
 if __name__ == "__main__":

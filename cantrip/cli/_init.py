@@ -57,6 +57,16 @@ EXAMPLES: dict[str, Example] = {
         ),
         "cantrip eval evals/hello.yaml --replay",
     ),
+    "memory": Example(
+        "memory across sessions: a cross-session eval, memory on and off (--replay: no key)",
+        (
+            ("memory.toml", "memory.toml"),
+            ("memory_off.toml", "memory_off.toml"),
+            ("evals/memory.yaml", "evals/memory.yaml"),
+            ("evals/memory.recording.jsonl", "evals/memory.recording.jsonl"),
+        ),
+        "cantrip eval evals/memory.yaml --replay   (then --spec memory_off.toml)",
+    ),
     "slow": Example(
         "a model that takes its time: for steering, double-texting, cancel, approvals",
         (("slow.toml", "slow.toml"),),

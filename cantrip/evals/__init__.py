@@ -170,8 +170,9 @@ def _factory(
     from cantrip.spec import build_cantrip, load_spec_file
 
     doc = load_spec_file(path)
-    build_cantrip(doc, base_dir=path.parent, loom=loom, llm=llm)  # every problem now, once
-    return lambda: build_cantrip(doc, base_dir=path.parent, loom=loom, llm=llm)
+    # every problem now, once; a memory's store is the runner's (one per run of a case)
+    build_cantrip(doc, base_dir=path.parent, loom=loom, llm=llm, memory_given=True)
+    return lambda: build_cantrip(doc, base_dir=path.parent, loom=loom, llm=llm, memory_given=True)
 
 
 __all__ = [

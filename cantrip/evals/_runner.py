@@ -14,11 +14,14 @@ running finishes: a cast is not cut in half for a report).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal
 
 import attrs
@@ -38,6 +41,7 @@ from cantrip.evals._judge import judge
 from cantrip.evals._replay import ReplayDivergence
 from cantrip.evals._suite import Case, Suite
 from cantrip.llm._contract import LLM, plain_json
+from cantrip.memory._settings import USER_TAG
 
 Status = Literal["passed", "failed", "errored", "skipped"]
 
@@ -191,17 +195,64 @@ async def _run_one(
     budget: _Budget,
     thread_limiter: trio.CapacityLimiter,
 ) -> RunResult:
+    if spell.memory is None:
+        return await _judged(run_id, case, attempt, spell, llm, judges, budget, thread_limiter)
+    async with fresh_memory(spell) as remembering:
+        return await _judged(
+            run_id, case, attempt, remembering, llm, judges, budget, thread_limiter
+        )
+
+
+@contextlib.asynccontextmanager
+async def fresh_memory(spell: Cantrip) -> AsyncIterator[Cantrip]:
+    """``spell`` with a memory store of its own, empty, in a temporary folder (removed
+    after): each run of a case starts knowing nothing, so runs, repeats and earlier
+    runs into the same loom never see each other's memories, and a replay's prompts
+    are the recording's. (The cantrip's embedder is kept.)"""
+    from cantrip.memory._sqlite import SQLiteMemory
+
+    settings = spell.memory
+    assert settings is not None
+    with tempfile.TemporaryDirectory(prefix="cantrip-eval-memory-") as folder:
+        store = await trio.to_thread.run_sync(
+            functools.partial(SQLiteMemory, Path(folder) / "memory.db", embedder=settings.embedder)
+        )
+        try:
+            yield spell.with_(memory=attrs.evolve(settings, store=store))
+        finally:
+            store.close()
+
+
+async def _judged(
+    run_id: str,
+    case: Case,
+    attempt: int,
+    spell: Cantrip,
+    llm: LLM | None,
+    judges: Mapping[str, LLM],
+    budget: _Budget,
+    thread_limiter: trio.CapacityLimiter,
+) -> RunResult:
     started = time.perf_counter()
-    tags = {EVAL_TAG: {"run": run_id, "case": case.name, "repeat": attempt}}
+    tags: dict[str, Any] = {EVAL_TAG: {"run": run_id, "case": case.name, "repeat": attempt}}
+    if case.user is not None:
+        tags[USER_TAG] = case.user
+    session = 0  # the earlier session running (0: the case's own cast)
     try:
+        for earlier in case.before:  # what the agent was told before, a session each
+            session += 1
+            async with spell.summon(llm=llm) as entity:
+                told = await entity.send(earlier, tags=tags)
+            budget.add(told.cost_usd)
+        session = 0
         async with spell.summon(llm=llm) as entity:
             cast = await entity.send(case.intent, tags=tags)
     except ReplayDivergence as exc:
-        return RunResult(case.name, attempt, "failed", error=str(exc), latency_s=_since(started))
+        error = _in_session(session, len(case.before), str(exc))
+        return RunResult(case.name, attempt, "failed", error=error, latency_s=_since(started))
     except LLMError as exc:  # the agent's provider failed for good: this case fails
-        return RunResult(
-            case.name, attempt, "failed", error=f"llm error: {exc}", latency_s=_since(started)
-        )
+        error = _in_session(session, len(case.before), f"llm error: {exc}")
+        return RunResult(case.name, attempt, "failed", error=error, latency_s=_since(started))
     latency = _since(started)
     budget.add(cast.cost_usd)
     outcome = Outcome(case.intent, cast, cast.turns, latency)
@@ -254,6 +305,11 @@ async def _run_one(
         )
     status: Status = "passed" if all(c.passed for c in checks) else "failed"
     return attrs.evolve(base, status=status, checks=tuple(checks), judge_cost_usd=judge_cost)
+
+
+def _in_session(session: int, sessions: int, error: str) -> str:
+    """An error, naming the earlier session it came from (0: the case's own cast)."""
+    return f"earlier session {session} of {sessions}: {error}" if session else error
 
 
 async def _off_loop(work: Callable[[], Check], limiter: trio.CapacityLimiter, what: str) -> Check:

@@ -105,12 +105,30 @@ EXPECTATIONS: tuple[str, ...] = tuple(Expect.model_fields)
 """The names an ``expect`` table may use."""
 
 
+MAX_BEFORE = 50
+"""Earlier sessions one case may play before its intent."""
+
+
 class Case(_Strict):
     """One task for the agent and what must hold when it ends."""
 
     name: str = Field(min_length=1)
     intent: str = Field(min_length=1)
     expect: Expect = Field(default_factory=Expect)
+    before: list[str] = Field(default_factory=list, max_length=MAX_BEFORE)
+    """Intents sent first, in order, each in a session of its own (a new entity): what
+    the agent was told earlier. Only memory carries anything from them to the case's
+    own cast, which the checks judge (a cross-session case)."""
+    user: str | None = Field(default=None, min_length=1, max_length=128)
+    """The ``user`` tag of every session of the case (a ``[memory]`` namespace naming
+    ``{user}`` needs one)."""
+
+    @field_validator("before")
+    @classmethod
+    def _no_empty_intent(cls, before: list[str]) -> list[str]:
+        if any(not text.strip() for text in before):
+            raise ValueError("an earlier session's intent may not be empty")
+        return before
 
 
 class _SuiteDocument(_Strict):

@@ -28,6 +28,9 @@ from cantrip.memory._vectors import SearchMode
 
 MAX_NAMESPACE_TEXT = 1200
 """The longest namespace a command line or a URL may spell (more is refused unread)."""
+MAX_QUERY_STRING = 32768
+"""Bytes of URL query a memory route reads (HTTP's and the viewer's): a namespace and a
+query fit well inside; more is refused unread."""
 MAX_REVISIONS = 100
 """Revisions ``show`` lists at most, newest first (an item put very often keeps them all)."""
 PREVIEW_CHARS = 400

@@ -60,6 +60,7 @@ def build_cantrip(
     loom: Loom | None = None,
     llm: LLM | None = None,
     known_problems: list[str] | None = None,
+    memory_given: bool = False,
 ) -> Cantrip:
     """Construct the cantrip a document describes, reporting every problem at once.
 
@@ -70,7 +71,9 @@ def build_cantrip(
     elsewhere (tests); named LLMs of the document are built here. ``llm``
     swaps in an already-built LLM for the document's own (spec 2.2).
     ``known_problems`` were found before (the file's keys): reported first, with
-    whatever the build finds.
+    whatever the build finds. ``memory_given``: the caller gives the memory its store
+    (an eval run gives each run of a case an empty one: ``MemorySettings.store``), so
+    the loom need not be a database.
     """
     problems: list[str] = list(known_problems or ())
     if llm is None and doc.llm is not None:
@@ -128,7 +131,7 @@ def build_cantrip(
         doc.memory,
         [g.name for g in gate_list],
         cantrip_name=name,
-        has_database=_has_database(doc, loom),
+        has_database=memory_given or _has_database(doc, loom),
         problems=problems,
         llm=llm,
         named=named,

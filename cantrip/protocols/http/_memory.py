@@ -37,8 +37,7 @@ from cantrip.protocols.sessions import SessionBackend
 
 PREFIX = "/memory/"
 ROUTES = {"namespaces", "items", "item"}
-MAX_QUERY_STRING = 32768
-"""Bytes of query string a memory route reads (a namespace and a query fit well inside)."""
+MAX_QUERY_STRING = browse.MAX_QUERY_STRING
 T = TypeVar("T")
 
 
@@ -65,6 +64,11 @@ class MemoryRoutes:
                         functools.partial(memory_for, loom_store, embedder=settings.embedder)
                     )
             return self._store
+
+    async def opened(self) -> MemoryBackend | None:
+        """The store, or None when the cantrip has no memory: what the viewer's memory
+        pages show (:mod:`cantrip.protocols.viewer._memory`), one store for both."""
+        return None if self.cantrip.memory is None else await self.store()
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> bool:
         path = scope["path"]

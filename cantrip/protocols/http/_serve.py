@@ -210,8 +210,9 @@ def mount_protocols(
     from cantrip.protocols.agui._run import serve_agui
     from cantrip.protocols.viewer._app import Viewer
 
-    app.mounts.append(Viewer.over(backend, source).dispatch)
-    app.mounts.append(MemoryRoutes(backend, cantrip).dispatch)  # /memory/...
+    memory = MemoryRoutes(backend, cantrip)
+    app.mounts.append(Viewer.over(backend, source, memory=memory.opened).dispatch)
+    app.mounts.append(memory.dispatch)  # /memory/...
     front = None
     if a2a:
 

@@ -20,7 +20,9 @@ Routes (``GET`` unless said; errors are ``{"error": {"code", "message"}}``):
 ``/api/turns/{id}``, ``/api/threads/{turn id}?offset=&limit=``, ``/api/evals?offset=&limit=``
 (the eval runs recorded in the loom), ``/api/evals/{run}?status=&name=&offset=&limit=`` (a
 run's cases), ``/api/evals/{a}/vs/{b}?changed=`` (two runs' cases paired),
-``/api/compare?a=&b=&offset=&limit=`` (two threads side by side), ``POST /api/fork``.
+``/api/compare?a=&b=&offset=&limit=`` (two threads side by side), ``/api/memory/namespaces``,
+``/api/memory/items``, ``/api/memory/item`` (the loom's memory store: :mod:`._memory`),
+``POST /api/fork``.
 
 The assets are plain HTML, CSS and JavaScript in ``cantrip/protocols/viewer/assets/``
 (no CDN, no build step). They are served with a content security policy that
@@ -50,7 +52,8 @@ from cantrip.protocols.asgi._body import BodyError, read_json_body
 from cantrip.protocols.asgi._responses import json_response
 from cantrip.protocols.middleware._guard import Guard
 from cantrip.protocols.sessions import SessionBackend, SessionError
-from cantrip.protocols.viewer._api import LoomViews, ViewerError
+from cantrip.protocols.viewer._api import LoomViews, ViewerError, page_args
+from cantrip.protocols.viewer._memory import LoomMemory, MemoryOpener, memory_route
 
 log = get_logger("cantrip.viewer")
 T = TypeVar("T")
@@ -65,6 +68,7 @@ ASSETS: dict[str, str] = {
     "timeline.js": "text/javascript; charset=utf-8",
     "compare.js": "text/javascript; charset=utf-8",
     "evals.js": "text/javascript; charset=utf-8",
+    "memory.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
@@ -84,28 +88,37 @@ class Viewer:
     """The viewer's routes over ``views``; with a session ``backend`` (``cantrip serve``,
     either mode), every read goes through the backend (:meth:`SessionBackend.read_loom`:
     a PostgreSQL loom's queries in worker threads) and the page's fork through
-    :meth:`SessionBackend.fork`, where its ``capabilities.viewer_fork`` offers it."""
+    :meth:`SessionBackend.fork`, where its ``capabilities.viewer_fork`` offers it.
+    ``memory`` opens the memory store the memory pages show (None: no memory)."""
 
     def __init__(
         self,
         views: LoomViews,
         backend: SessionBackend | None = None,
         limiter: trio.CapacityLimiter | None = None,
+        memory: MemoryOpener | None = None,
     ) -> None:
         self.views = views
         self.backend = backend
         self.limiter = limiter
         """Without a backend, with a limiter, reads run in worker threads behind it (a
         PostgreSQL loom's queries block, and must not hold the event loop)."""
+        self.memory = memory
         self._assets: dict[str, bytes] = {}
 
     @classmethod
-    def over(cls, backend: SessionBackend, source: str | None = None) -> Viewer:
+    def over(
+        cls,
+        backend: SessionBackend,
+        source: str | None = None,
+        memory: MemoryOpener | None = None,
+    ) -> Viewer:
         """The viewer of ``cantrip serve``: the backend's loom, its sessions (which of
-        them run); the page may prompt and fork where the backend forks."""
+        them run); the page may prompt and fork where the backend forks; ``memory`` is
+        the store the server's memory routes opened."""
         handed = _Handed()
         views = LoomViews(handed, live=backend.capabilities.viewer_fork, source=source)
-        viewer = cls(views, backend)
+        viewer = cls(views, backend, memory=memory)
         viewer._handed = handed
         return viewer
 
@@ -174,6 +187,15 @@ class Viewer:
             _allow(method, "POST")
             return await self._fork(receive)
         _allow(method, "GET")
+        if len(parts) == 2 and parts[0] == "memory":
+            return await memory_route(
+                parts[1],
+                query,
+                scope.get("query_string", b""),
+                self.memory,
+                self._read_loom,
+                page_args(query),
+            )
         read: Callable[[], Any]
         if parts == ["loom"]:
             read = views.overview
@@ -195,6 +217,10 @@ class Viewer:
         else:
             raise ViewerError(404, "not_found", f"no route {path!r}")
         return await self._read(read)
+
+    async def _read_loom(self, read: Callable[[Loom], T]) -> T:
+        """``read`` of the loom, where the viewer reads its loom (:meth:`_read`)."""
+        return await self._read(lambda: read(self.views.loom))
 
     async def _running(self) -> None:
         """Which entities run a prompt now (the entity list marks them), as the
@@ -328,7 +354,8 @@ class ViewerApp:
         *,
         limiter: trio.CapacityLimiter | None = None,
     ) -> None:
-        self.viewer = Viewer(LoomViews(source, source=name), limiter=limiter)
+        self.memory = LoomMemory(source)
+        self.viewer = Viewer(LoomViews(source, source=name), limiter=limiter, memory=self.memory)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -410,4 +437,5 @@ async def serve_viewer(
             mode="asgi",
         )
     finally:
+        app.memory.close()
         source.close()

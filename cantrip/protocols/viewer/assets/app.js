@@ -1,7 +1,8 @@
 // The cantrip loom viewer: plain JavaScript, no build step, no dependencies.
 //
 // Pages (hash routes): #/ entities; #/e/ENTITY[/t/TURN] an entity's loom tree
-// and one turn; #/thread/TURN a thread as a chat transcript; #/evals eval runs (evals.js). Every list is read
+// and one turn; #/thread/TURN a thread as a chat transcript; #/evals eval runs (evals.js);
+// #/memory the loom's memory store (memory.js). Every list is read
 // a page at a time from /api/ (the server never sends a whole loom); the tree
 // is virtualised, so only the rows on screen exist in the DOM.
 //
@@ -189,9 +190,11 @@ function route() {
   showError(null);
   if (state.view && state.view.close) state.view.close();
   state.view = null;
-  const hash = decodeURIComponent(location.hash.replace(/^#/, "")) || "/";
+  const raw = location.hash.replace(/^#/, "");
   const main = document.getElementById("main");
   main.replaceChildren();
+  if ((state.view = memoryRoute(raw, main))) return; // memory.js: #/memory, #/memory/item (undecoded)
+  const hash = decodeURIComponent(raw) || "/";
   let match;
   if ((state.view = evalRoute(hash, main))) return; // evals.js: #/evals, #/evals/RUN, #/evals/A/vs/B
   if ((match = hash.match(/^\/compare(?:\/([^/]*)\/([^/]*))?$/))) {
@@ -691,6 +694,15 @@ function renderTurn(turn, onFork) {
   if (steering.length) {
     box.append(el("section", { id: "steering", dataset: { field: "request" } }, el("h3", { text: "messages sent during the cast" }),
       steering.map((text) => longText(text, "steering"))));
+  }
+  const memory = turn.extras && turn.extras.memory;
+  if (memory && memory.text) {
+    // What memory added to this cast's prompt (recorded, so a replay sees the same); each
+    // recalled item opens on the memory page (memory.js).
+    box.append(el("section", { id: "turn-memory", dataset: { field: "request" } }, el("h3", { text: "memory in this prompt" }),
+      longText(memory.text),
+      (memory.recalled || []).map((r) => el("a", { class: "recalled", href: memoryHash("/item", { namespace: JSON.stringify(r.namespace), key: r.key }),
+        text: `${r.namespace.join("/")} ${r.key} (r${r.revision})` })).flatMap((link) => [link, " "])));
   }
   if (turn.thinking) {
     box.append(el("section", {}, el("details", {}, el("summary", { text: "thinking" }), longText(turn.thinking))));
