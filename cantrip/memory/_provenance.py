@@ -115,6 +115,22 @@ def forget_namespace(
             return found
 
 
+def drawn_turns(source: Any) -> list[dict[str, str]]:
+    """The turns a consolidated item was drawn from, each ``{"entity_id", "turn_id"}``,
+    from its source's :data:`DRAWN_FROM` (what :func:`provenance` wrote); metadata is
+    anyone's to write, so what names no turn is left out."""
+    drawn = source.get(DRAWN_FROM) if isinstance(source, dict) else None
+    if not isinstance(drawn, dict) or not isinstance(drawn.get("turn_ids"), list):
+        return []
+    entity_id = drawn.get("entity_id")
+    entity = entity_id if isinstance(entity_id, str) else ""
+    return [
+        {"entity_id": entity, "turn_id": turn_id}
+        for turn_id in drawn["turn_ids"]
+        if isinstance(turn_id, str) and turn_id
+    ]
+
+
 def derived_from(item: Item) -> set[str]:
     """The entities ``item``'s latest revision comes from: the one that wrote it, and
     for a consolidated item the one whose cast it was drawn from."""

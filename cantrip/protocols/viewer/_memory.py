@@ -39,6 +39,7 @@ from cantrip.loom._loom import Loom
 from cantrip.memory import _browse as browse
 from cantrip.memory._model import MemoryStoreError
 from cantrip.memory._open import has_memory, memory_for
+from cantrip.memory._provenance import drawn_turns
 from cantrip.memory._store import MemoryBackend
 from cantrip.protocols.viewer._errors import ViewerError
 
@@ -53,9 +54,6 @@ PREVIEW_CHARS = 240
 """Characters of a value a listing row (or an earlier revision) shows."""
 MAX_DRAWN = 200
 """Turns of a consolidated item summarised (the rest are counted, ``drawn_from_total``)."""
-DRAWN_FROM = "drawn_from"
-"""The key of a consolidated item's ``metadata["source"]`` naming the cast it was drawn
-from, as consolidation writes it: ``{"entity_id": ..., "turn_ids": [...]}``."""
 
 
 class LoomMemory:
@@ -188,22 +186,6 @@ async def _item(
     shown["drawn_from"] = [{**e, "turn": turns.get(e["turn_id"])} for e in drawn[:MAX_DRAWN]]
     shown["drawn_from_total"] = len(drawn)
     return shown
-
-
-def drawn_turns(source: Any) -> list[dict[str, str]]:
-    """The turns a consolidated item was drawn from, each ``{"entity_id", "turn_id"}``,
-    from its source's :data:`DRAWN_FROM`; metadata is anyone's to write, so what names
-    no turn is left out."""
-    drawn = source.get(DRAWN_FROM) if isinstance(source, dict) else None
-    if not isinstance(drawn, dict) or not isinstance(drawn.get("turn_ids"), list):
-        return []
-    entity_id = drawn.get("entity_id")
-    entity = entity_id if isinstance(entity_id, str) else ""
-    return [
-        {"entity_id": entity, "turn_id": turn_id}
-        for turn_id in drawn["turn_ids"]
-        if isinstance(turn_id, str) and turn_id
-    ]
 
 
 def _turn_id(source: Any) -> str | None:
