@@ -4,6 +4,8 @@ recorded in the loom, every item naming the turns it was drawn from."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -573,3 +575,69 @@ async def test_a_host_whose_nursery_has_closed_loses_the_consolidation_not_the_r
     assert consolidations(loom) == []
     assert any("could not be started" in r.getMessage() for r in caplog.records)
     await entity.aclose()
+
+
+DIES_BEFORE_QUEUEING = """
+import os, signal, sys
+from cantrip.distributed import _followups
+
+async def die(self, followup):  # the process dies between the cast's end and the queue
+    os.kill(os.getpid(), signal.SIGKILL)
+
+_followups.QueuedFollowups.start = die
+from cantrip.cli._main import main
+sys.exit(main(["worker", "--db", sys.argv[1], "--worker-id", "w-dies"]))
+"""
+
+
+async def test_a_worker_that_dies_before_queueing_leaves_it_to_the_next(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A worker killed after the source cast's last turn but before it queued the
+    consolidation: the worker that takes the work over finds the cast ended and queues
+    the consolidation -- once, under the id the cast's last turn names."""
+    import subprocess
+    import sys
+
+    from cantrip.distributed._dispatcher import Dispatcher
+    from cantrip.distributed._followups import consolidation_entity_id
+    from cantrip.distributed._worker import Worker
+
+    spell = _queued_spec()
+    dispatcher = await trio.to_thread.run_sync(Dispatcher, pg_url)
+    loom = Loom.open(pg_url)
+    try:
+        work, source = await trio.to_thread.run_sync(
+            lambda: dispatcher.submit({**spell, "user": "alice"}, "I live in Lyon.")
+        )
+        dying = subprocess.Popen(
+            [sys.executable, "-c", DIES_BEFORE_QUEUEING, pg_url],
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)},
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "dies.log").open("wb"),
+        )
+        assert await trio.to_thread.run_sync(lambda: dying.wait(60)) == -signal.SIGKILL
+        assert await trio.to_thread.run_sync(_consolidation_work, pg_url) == []
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                # the same identity: its leases are taken back at once
+                await nursery.start(Worker(pg_url, poll_s=0.1, worker_id="w-dies").run)
+                state, outcome = await trio.to_thread.run_sync(
+                    lambda: dispatcher.wait(work, timeout=30)
+                )
+                assert (state, outcome["result"]) == ("done", "Noted!")
+                queued = await trio.to_thread.run_sync(_consolidation_work, pg_url)
+                [(consolidation_work, run, marked)] = queued
+                state, outcome = await trio.to_thread.run_sync(
+                    lambda: dispatcher.wait(consolidation_work, timeout=30)
+                )
+                assert (state, outcome["result"]) == ("done", "1 fact")
+                nursery.cancel_scope.cancel()
+        source_turns = [t.id for t in loom.entity_turns(source)]
+        assert marked == {"entity_id": source, "turn_ids": source_turns}
+        assert run == consolidation_entity_id(source_turns[-1])
+        item = memory_for(loom.store).get(("user", "alice", "facts"), "city")
+        assert item is not None and item.value == "Alice lives in Lyon"
+    finally:
+        loom.close()
+        await trio.to_thread.run_sync(dispatcher.close)

@@ -23,6 +23,7 @@ from cantrip._cantrip import Cantrip
 from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
 from cantrip._core import Entity
 from cantrip._core._budget import history_account
+from cantrip._core._cast_context import close_cast_context
 from cantrip._errors import CantripError, LLMError
 from cantrip._gate import Gate
 from cantrip._outcome import CastResult, recorded_cast
@@ -122,7 +123,7 @@ class Execution:
                 )
                 _queueing(entity, self.queue, claim.spell)
                 recorded = self._recorded(claim, last)
-                ended = self._ended(claim, recorded)
+                ended = await self._ended(entity, claim, recorded)
                 if ended is not None:
                     return ended
                 await self._spending(owned, recorded)
@@ -145,7 +146,7 @@ class Execution:
                 )
                 _queueing(entity, self.queue, claim.spell)
                 recorded = self._recorded(claim, last, rewind)
-                ended = self._ended(claim, recorded)
+                ended = await self._ended(entity, claim, recorded)
                 if ended is not None:
                     return ended
                 if rewind is not None and not recorded:  # (again, if a worker died since)
@@ -182,15 +183,21 @@ class Execution:
         owned.began = owned.entity.leaf if owned.entity is not None else None
         owned.casting.set()
 
-    def _ended(self, claim: Claim, recorded: list[Turn]) -> tuple[str, dict[str, Any]] | None:
+    async def _ended(
+        self, entity: Entity, claim: Claim, recorded: list[Turn]
+    ) -> tuple[str, dict[str, Any]] | None:
         """How the work ended if an earlier attempt's worker died after the loom said so:
-        the cast's last turn ended it, or it is a pause (it waits for an answer)."""
+        the cast's last turn ended it, or it is a pause (it waits for an answer). What
+        the ended cast leaves behind is handed on again (its consolidation, queued once
+        whichever attempt gets there: the dead worker may not have)."""
         if not recorded:
             return None
         end = recorded[-1]
         if not (end.terminated or end.truncated or isinstance(end.extras.get("pending"), Mapping)):
             return None
         result = recorded_cast(recorded, 0, self.loom)
+        if self.queue is not None and CONSOLIDATES_KEY not in claim.spell:
+            await close_cast_context(entity, {}, result, continued=True)
         return state_of(result), outcome_of(result)
 
     def _answered(

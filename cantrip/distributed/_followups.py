@@ -8,12 +8,18 @@ resumed after a crash, cancelled and dead-lettered like any queued cast, and the
 source cast's work ends without waiting for it. The worker that claims it casts the
 source cantrip's consolidator (:func:`consolidation_spell`) on the run's transcript.
 
-Queueing is past the source cast (its result is recorded): a failure to queue is
+Queueing is past the source cast (its result is recorded), and it is idempotent: the
+consolidation's entity id is derived from the source cast's last turn, and a cast that
+already has its consolidation queued is not queued again. So a worker that died after
+the cast's last turn but before queueing (or before its work was marked ended) leaves
+it to the worker that takes the work over, which finds the cast ended and queues what
+is missing (:meth:`cantrip.distributed._execution.Execution`). A failure to queue is
 logged and the consolidation is lost, never the cast's outcome.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +38,6 @@ from cantrip.distributed._work import (
     REWIND_KEY,
     USER_KEY,
 )
-from cantrip.loom._model import new_entity_id
 from cantrip.memory._cast import MemoryContext
 from cantrip.memory._consolidate import CONSOLIDATES_TAG, ConsolidationRun
 from cantrip.memory._settings import USER_TAG
@@ -57,18 +62,26 @@ class QueuedFollowups:
     async def start(self, followup: Followup) -> None:
         if not isinstance(followup, ConsolidationRun):  # the only followup there is
             raise CantripError(f"a worker cannot queue a {type(followup).__name__}")
-        spell = {**self.spell, CONSOLIDATES_KEY: followup.tags[CONSOLIDATES_TAG]}
+        consolidates = followup.tags[CONSOLIDATES_TAG]
+        spell = {**self.spell, CONSOLIDATES_KEY: consolidates}
         user = followup.tags.get(USER_TAG)
         if isinstance(user, str):
             spell[USER_KEY] = user
-        entity_id = new_entity_id()
+        entity_id = consolidation_entity_id(consolidates["turn_ids"][-1])
         store = self.queue.store
+
+        def enqueue_once() -> int | None:
+            if self.queue.work_of([entity_id]):
+                return None  # queued by an earlier attempt at the source's work
+            return self.queue.enqueue(spell, followup.intent, entity_id)
+
         try:
-            work_id = await trio.to_thread.run_sync(
-                self.queue.enqueue, spell, followup.intent, entity_id, limiter=store.limiter
-            )
+            work_id = await trio.to_thread.run_sync(enqueue_once, limiter=store.limiter)
         except Exception:
             log.exception("the consolidation of entity %s was not queued", followup.source_entity)
+            return
+        if work_id is None:
+            log.info("consolidation of entity %s was queued before", followup.source_entity)
             return
         self.queued.append((work_id, entity_id))
         log.info(
@@ -77,6 +90,13 @@ class QueuedFollowups:
             work_id,
             entity_id,
         )
+
+
+def consolidation_entity_id(last_turn_id: str) -> str:
+    """The entity of the consolidation of the cast that ended with ``last_turn_id``: one
+    id per cast, whichever worker (or attempt) queues it."""
+    digest = hashlib.sha256(f"consolidates:{last_turn_id}".encode()).hexdigest()
+    return "entity-" + digest[:20]
 
 
 async def consolidation_spell(source: Cantrip) -> Cantrip:
