@@ -22,7 +22,7 @@ a batch an item stays in it -- the batch holds other callers' items too.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, ValuesView
 from typing import Generic, TypeVar
 
 import trio
@@ -58,9 +58,9 @@ class GroupCommit(Generic[T]):
         return self._next
 
     @property
-    def pending(self) -> list[T]:
-        """The items not taken into a batch yet, in queue order."""
-        return list(self._queue.values())
+    def pending(self) -> ValuesView[T]:
+        """The items not taken into a batch yet, in queue order (a live view)."""
+        return self._queue.values()
 
     def queue(self, item: T) -> int:
         """Queue ``item`` for the next batch; its ticket, for :meth:`wait`."""
@@ -98,13 +98,15 @@ class GroupCommit(Generic[T]):
 
     async def _write_next(self) -> None:
         limit = len(self._queue) if self.max_batch is None else self.max_batch
-        batch: list[T] = []
-        last = self._next - 1  # a queue of withdrawn items only: all settled
-        while self._queue and len(batch) < limit:
-            last, item = self._queue.popitem(last=False)
-            batch.append(item)
-        if not self._queue:
+        if len(self._queue) <= limit:  # the whole queue (the usual case): at once
+            batch = list(self._queue.values())
+            self._queue.clear()
             last = self._next - 1
+        else:
+            batch = []
+            while len(batch) < limit:
+                last, item = self._queue.popitem(last=False)
+                batch.append(item)
         done = self._in_flight = trio.Event()
         try:
             if batch:

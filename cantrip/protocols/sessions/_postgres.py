@@ -6,7 +6,8 @@ queue's busy policies, keys, cancels, steering, answers, outcomes), following a
 session is :func:`~cantrip.protocols.sessions._tail.follow`'s, waking is the
 :class:`~cantrip.protocols.sessions._notify.Notifier`'s LISTEN connection. This module adds
 the seam's shape only: blocking calls in threads behind the store's limiter, a prompt
-id for each work item, events with positions.
+id for each work item, events with positions. Prompts arriving together are queued
+together, one commit per batch (:class:`~cantrip.protocols.sessions._admit.PromptCommits`).
 
 The database's failures are this backend's boundary (drift 12): a lost connection is a
 :class:`SessionError` ``database_unavailable`` (said once in the log, and once again when

@@ -33,7 +33,9 @@ the entity there before the cast).
 
 Every change to one entity's prompts runs in one transaction under a
 transaction-scoped advisory lock on the entity, so two replicas cannot both
-enqueue a prompt for a busy session, nor both record the same key.
+enqueue a prompt for a busy session, nor both record the same key. Prompts are
+queued many to a transaction, each in a savepoint of its own
+(:mod:`~cantrip.protocols.sessions._enqueue`, issue 46.1).
 
 Every method is blocking (psycopg); the HTTP app calls them through
 ``trio.to_thread`` behind the store's ``CapacityLimiter``.
