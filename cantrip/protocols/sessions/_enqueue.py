@@ -94,15 +94,17 @@ def queue_prompts(conn: Any, prompts: Sequence[PromptRequest]) -> list[Queued | 
         "FROM unnest(%s::text[]) AS e ORDER BY h) AS locks",
         (ENTITY_LOCK, sorted({p.entity_id for p in prompts})),
     )
+    import psycopg
+
     outcomes: dict[int, Queued | Exception] = {}
     plain = _plain(conn, prompts)
     if plain:
         try:
             with conn.transaction():  # a savepoint: should it fail, each goes on its own
                 outcomes.update(_queue_plain(conn, prompts, plain))
-        except Exception:
-            if conn.broken or conn.closed:
-                raise
+        except (psycopg.Error, ValueError):  # a row the database refused, a spell that
+            if conn.broken or conn.closed:  # holds a credential: each is tried alone below
+                raise  # (and fails alone); a lost connection is the batch's
     for index, prompt in enumerate(prompts):
         if index in outcomes:
             continue
