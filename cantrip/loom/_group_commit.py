@@ -14,10 +14,11 @@ This module holds only that rule. What a batch is written with -- and what a wri
 failed means for its caller -- is the ``write`` callback's: it is called with the items
 in queue order and returns when they are written (committed, or failed) -- shielded
 from cancellation from its first checkpoint on, since the batch holds other callers'
-items; an exception it raises reaches the batch's writer only (every other caller re-checks what it needs once
-:meth:`GroupCommit.wait` returns). A caller that stops waiting (cancelled) while its item
-is still queued can :meth:`~GroupCommit.withdraw` it: it is never written. Once taken into
-a batch an item stays in it -- the batch holds other callers' items too.
+items; an exception it raises reaches the batch's writer only (every other caller
+re-checks what it needs once :meth:`GroupCommit.wait` returns). A caller that stops
+waiting (cancelled) while its item is still queued can :meth:`~GroupCommit.withdraw` it:
+it is never written. Once taken into a batch an item stays in it -- the batch holds
+other callers' items too.
 """
 
 from __future__ import annotations
