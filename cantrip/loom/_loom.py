@@ -29,6 +29,7 @@ import trio
 
 from cantrip._errors import LoomAppendOnlyError, LoomError
 from cantrip.loom._fence import Fence, LeaseLostError, PendingOp
+from cantrip.loom._group_commit import GroupCommit
 from cantrip.loom._indexed import IndexedStore, JournalEntry, JournalStore
 from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._stores import LoomStore, MemoryStore, open_store
@@ -48,13 +49,10 @@ class Loom:
             self.store if isinstance(self.store, IndexedStore) else None
         )
         self._deferred = bool(getattr(self.store, "deferred", False))
-        self._pending: list[PendingOp] = []
-        self._queued = 0
-        """Deferred writes queued so far (the group commit counts them) ..."""
-        self._written = 0
-        """... and written (committed or refused, in order)."""
-        self._flush_done: trio.Event | None = None
-        """Set when the batch being written now is done (None: no batch is)."""
+        self._commits: GroupCommit[PendingOp] = GroupCommit(self._write_batch)
+        """Deferred writes, written a batch at a time (:meth:`sync`)."""
+        self._pending = self._commits.pending
+        """The deferred writes not taken into a batch yet (a live view)."""
         self._fences: dict[str, Fence] = {}
         self._lost: dict[str, str] = {}
         """Lease entities whose writes were refused (why), until released."""
@@ -142,8 +140,7 @@ class Loom:
 
     def close(self) -> None:
         if self._pending:  # a deferred store: commit what is queued before closing
-            batch, self._pending = self._pending, []
-            self._written += len(batch)
+            batch = self._commits.take_all()
             for index, why in self.store.write_batch(batch):  # type: ignore[attr-defined]
                 self._refused(batch[index], why)
         self.store.close()
@@ -197,8 +194,7 @@ class Loom:
     # -- ownership and deferred writes -----------------------------------------
 
     def _queue(self, op: PendingOp) -> None:
-        self._pending.append(op)
-        self._queued += 1
+        self._commits.queue(op)
 
     def hold(self, entity_id: str, fence: Fence, *, until: float | None = None) -> None:
         """Write everything of ``entity_id`` (and the children it spawns here) under ``fence``.
@@ -295,12 +291,15 @@ class Loom:
         which their callers wait for -- and a batch that fails to commit fails
         every write in it (no caller takes an unwritten record for durable)."""
         if self._deferred:
-            target = self._queued
-            while self._written < target:
-                if self._flush_done is not None:  # a batch is being written: wait for it
-                    await self._flush_done.wait()
-                else:  # write everything queued so far (others' writes too) in one batch
-                    await self._flush(entity_id)
+            try:  # everything queued so far: ours, and others' queued before it
+                await self._commits.wait(self._commits.queued - 1)
+            except LoomAppendOnlyError:
+                raise
+            except Exception as exc:  # the batch this task wrote failed (_write_batch)
+                lost = self.lease_lost(entity_id) if entity_id is not None else None
+                if lost is not None:
+                    raise LeaseLostError(f"entity {entity_id}: {lost}") from exc
+                raise
             if self._broken is not None:
                 raise LoomError(self._broken)
         if entity_id is not None:
@@ -308,11 +307,11 @@ class Loom:
             if lost is not None:
                 raise LeaseLostError(f"entity {entity_id}: {lost}")
 
-    async def _flush(self, entity_id: str | None) -> None:
-        """Write the queued batch; waiters on :attr:`_flush_done` re-check when it ends.
+    async def _write_batch(self, queued: list[PendingOp]) -> None:
+        """Write a batch of the group commit (:class:`GroupCommit`: the task that writes
+        it hears its failure; the others re-check their leases and :attr:`_broken`).
 
         Writes under a lease lost or run out here are refused without being sent."""
-        queued, self._pending = self._pending, []
         batch: list[PendingOp] = []
         for op in queued:
             stale = None if op[2] is None else self._stale(op[2])
@@ -320,33 +319,21 @@ class Loom:
                 batch.append(op)
             else:
                 self._refused(op, stale)
-        self._written += len(queued) - len(batch)
-        done = self._flush_done = trio.Event()
+        if not batch:
+            return
         write_batch = self.store.write_batch  # type: ignore[attr-defined]
         limiter = self.store.limiter  # type: ignore[attr-defined]
-        unfenced: list[str] = []
         try:
-            try:
-                failures: list[tuple[int, str]] = []
-                if batch:
-                    with trio.CancelScope(shield=True):
-                        failures = await trio.to_thread.run_sync(
-                            write_batch, batch, limiter=limiter
-                        )
-            except Exception as exc:
-                self._batch_failed(batch, exc)
-                lost = self.lease_lost(entity_id) if entity_id is not None else None
-                if lost is not None:
-                    raise LeaseLostError(f"entity {entity_id}: {lost}") from exc
-                raise
-            for index, why in failures:
-                self._refused(batch[index], why)
-                if batch[index][2] is None:
-                    unfenced.append(why)
-        finally:
-            self._written += len(batch)
-            self._flush_done = None
-            done.set()
+            with trio.CancelScope(shield=True):
+                failures = await trio.to_thread.run_sync(write_batch, batch, limiter=limiter)
+        except Exception as exc:
+            self._batch_failed(batch, exc)
+            raise
+        unfenced: list[str] = []
+        for index, why in failures:
+            self._refused(batch[index], why)
+            if batch[index][2] is None:
+                unfenced.append(why)
         if unfenced:
             raise LoomAppendOnlyError("; ".join(unfenced))
 

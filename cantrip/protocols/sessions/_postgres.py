@@ -6,7 +6,8 @@ queue's busy policies, keys, cancels, steering, answers, outcomes), following a
 session is :func:`~cantrip.protocols.sessions._tail.follow`'s, waking is the
 :class:`~cantrip.protocols.sessions._notify.Notifier`'s LISTEN connection. This module adds
 the seam's shape only: blocking calls in threads behind the store's limiter, a prompt
-id for each work item, events with positions.
+id for each work item, events with positions. Prompts arriving together are queued
+together, one commit per batch (:class:`~cantrip.protocols.sessions._admit.PromptCommits`).
 
 The database's failures are this backend's boundary (drift 12): a lost connection is a
 :class:`SessionError` ``database_unavailable`` (said once in the log, and once again when
@@ -39,6 +40,13 @@ from cantrip.distributed._work import DEAD, PAUSED, USER_KEY
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
+from cantrip.protocols.sessions._admit import (
+    DB_UNAVAILABLE,
+    MAX_PROMPTS_PER_COMMIT,
+    PromptCommits,
+    refusal,
+    unavailable,
+)
 from cantrip.protocols.sessions._backend import (
     MAX_TASKS,
     BusyPolicy,
@@ -54,16 +62,10 @@ from cantrip.protocols.sessions._backend import (
     check_user,
     entity_id_for,
 )
+from cantrip.protocols.sessions._enqueue import PromptRequest, prompt_id_for, work_id_for
 from cantrip.protocols.sessions._notify import Notifier
 from cantrip.protocols.sessions._positions import START, EventId, TurnIds, check_reachable
-from cantrip.protocols.sessions._rows import (
-    DbSessions,
-    Progress,
-    SessionRow,
-    failure_message,
-    prompt_id_for,
-    work_id_for,
-)
+from cantrip.protocols.sessions._rows import DbSessions, Progress, SessionRow, failure_message
 from cantrip.protocols.sessions._shapes import event_dict
 from cantrip.protocols.sessions._tail import Beat, follow
 from cantrip.protocols.sessions._task_rows import TaskRows
@@ -71,10 +73,6 @@ from cantrip.protocols.sessions._task_rows import TaskRows
 T = TypeVar("T")
 
 log = get_logger("cantrip.sessions")
-
-DB_UNAVAILABLE = "database_unavailable"
-"""The :class:`SessionError` kind of a call made while the database is unreachable."""
-
 
 CAPABILITIES = Capabilities(
     mode="db",
@@ -99,6 +97,7 @@ class PostgresBackend:
         poll_s: float = 2.0,
         tail_s: float = 0.25,
         humans: bool = True,
+        max_batch: int = MAX_PROMPTS_PER_COMMIT,
     ) -> None:
         self.db = sessions
         self.notifier = notifier
@@ -116,6 +115,8 @@ class PostgresBackend:
         self._task_rows: TaskRows | None = None
         self.loom = Loom(sessions.store, journal=True)
         """The loom the workers record in (every read a query: always fresh)."""
+        self.prompts = PromptCommits(sessions, self._db, max_batch=max_batch)
+        """The prompts on their way to the queue: one commit per batch (issue 46.1)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -157,31 +158,20 @@ class PostgresBackend:
         The boundary of the database (issue 28.5, 29.2): a lost connection is said once
         in the log (and once again when a call succeeds) and the pool's broken
         connections are dropped; input PostgreSQL cannot hold (``DataError``) and any
-        other database error are logged once here."""
-        import psycopg
-
+        other database error are logged once (:func:`~._admit.refusal`)."""
         limiter = self.db.store.limiter
         try:
             result = await trio.to_thread.run_sync(fn, *args, limiter=limiter)
         except Exception as exc:
-            if isinstance(exc, psycopg.DataError):
-                log.info("input the database cannot hold: %s", _first_line(exc))
-                raise SessionError(
-                    "bad_request", f"the database cannot hold this input: {_first_line(exc)}"
-                ) from None
+            refused = refusal(exc)
+            if refused is not None:
+                raise refused from None
             if not is_connection_error(exc):
-                if isinstance(exc, psycopg.Error):
-                    log.error("database error (%s): %s", type(exc).__name__, _first_line(exc))
-                    raise SessionError(
-                        "database_error", f"the database failed: {type(exc).__name__}"
-                    ) from None
                 raise
             self._outage.failed(exc)
             with contextlib.suppress(Exception):  # drop the pool's broken connections
                 await trio.to_thread.run_sync(self.db.store.pool.check, limiter=limiter)
-            raise SessionError(
-                DB_UNAVAILABLE, "the database is unreachable; try again shortly"
-            ) from None
+            raise unavailable() from None
         self._outage.ok()
         return result
 
@@ -251,7 +241,9 @@ class PostgresBackend:
             spell = {**spell, CLIENT_TOOLS_KEY: [dict(t) for t in tools]}
         if row.user is not None:  # the worker casts with it as the ``user`` tag
             spell = {**spell, USER_KEY: row.user}
-        queued = await self._db(self.db.enqueue, row.entity_id, spell, intent, key, on_busy)
+        queued = await self.prompts.enqueue(
+            PromptRequest(row.entity_id, spell, intent, key, on_busy)
+        )
         return Submitted(queued.prompt_id, row.session_id, replayed=queued.replayed)
 
     async def _work_of(self, row: SessionRow, prompt_id: str) -> int:
@@ -486,7 +478,9 @@ class PostgresBackend:
         also = functools.partial(
             rows.add_on, task_id=task_id, entity_id=row.entity_id, message=message
         )
-        await self._db(self.db.enqueue, row.entity_id, self.spell, intent, None, on_busy, also)
+        await self.prompts.enqueue(
+            PromptRequest(row.entity_id, self.spell, intent, None, on_busy, also)
+        )
         found = await self._db(rows.record, task_id)
         assert found is not None  # written with its prompt
         return found
@@ -527,10 +521,6 @@ class _Tail:
     sessions: DbSessions
     notifier: Notifier
     tail_s: float
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _info(row: SessionRow) -> SessionInfo:

@@ -33,7 +33,9 @@ the entity there before the cast).
 
 Every change to one entity's prompts runs in one transaction under a
 transaction-scoped advisory lock on the entity, so two replicas cannot both
-enqueue a prompt for a busy session, nor both record the same key.
+enqueue a prompt for a busy session, nor both record the same key. Prompts are
+queued many to a transaction, each in a savepoint of its own
+(:mod:`~cantrip.protocols.sessions._enqueue`, issue 46.1).
 
 Every method is blocking (psycopg); the HTTP app calls them through
 ``trio.to_thread`` behind the store's ``CapacityLimiter``.
@@ -42,7 +44,7 @@ Every method is blocking (psycopg); the HTTP app calls them through
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -53,10 +55,7 @@ from cantrip.distributed._queue import WorkQueue
 from cantrip.distributed._work import (
     ENDED,
     ENTITY_LOCK,
-    INTERRUPTED,
-    REWIND_KEY,
     cancel_on,
-    enqueue_on,
     messages_on,
     steer_on,
 )
@@ -65,6 +64,13 @@ from cantrip.loom._model import RUNTIME_CANTRIPS, Turn, new_entity_id
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import same_user
+from cantrip.protocols.sessions._enqueue import (
+    PromptRequest,
+    Queued,
+    prompt_id_for,
+    queue_prompts,
+    work_id_for,
+)
 from cantrip.protocols.sessions._hub import (
     MAX_ARMED_KEYS,
     SessionError,
@@ -113,8 +119,6 @@ __all__ = [
     "failure_message",
     "prompt_id_for",
 ]
-PROMPT_PREFIX = "work-"
-"""A replica's prompt id is its work item's id (any replica can resolve it)."""
 LIST_LIMIT = 1000
 """``GET /sessions`` lists the most recent sessions, at most this many."""
 
@@ -152,31 +156,6 @@ class Progress:
     @property
     def ended(self) -> bool:
         return self.state in ENDED
-
-
-@attrs.frozen
-class Queued:
-    """A prompt on the queue (new, or the one its Idempotency-Key named)."""
-
-    work_id: int
-    replayed: bool
-    """True when the key named a prompt enqueued earlier (nothing new was queued)."""
-
-    @property
-    def prompt_id(self) -> str:
-        return prompt_id_for(self.work_id)
-
-
-def prompt_id_for(work_id: int) -> str:
-    return f"{PROMPT_PREFIX}{work_id}"
-
-
-def work_id_for(prompt_id: str) -> int | None:
-    """The work item a prompt id names; None for an id no replica hands out."""
-    digits = prompt_id.removeprefix(PROMPT_PREFIX)
-    if prompt_id.startswith(PROMPT_PREFIX) and digits.isdigit() and len(digits) < 19:
-        return int(digits)
-    return None
 
 
 class DbSessions:
@@ -266,98 +245,21 @@ class DbSessions:
         on_busy: str = "reject",
         also: Callable[[Any, int], None] | None = None,
     ) -> Queued:
-        """Queue a prompt for the entity's worker, in one transaction with its key.
+        """Queue one prompt (a batch of one, :meth:`enqueue_batch`); its failure raised."""
+        [outcome] = self.enqueue_batch(
+            [PromptRequest(entity_id, spell, intent, key, on_busy, also)]
+        )
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
-        A key this entity has seen returns that prompt (``key_reused`` if its intent
-        differs). A session with open work follows ``on_busy`` (see the module
-        docstring): ``busy`` for ``reject``. An armed cancel of the next prompt, or one
-        that named this prompt's key, makes it cancelled before it starts. ``also``
-        (connection, work id) writes what must exist exactly when the prompt does --
-        an A2A task row -- in the same transaction: either both are stored or neither."""
+    def enqueue_batch(self, prompts: Sequence[PromptRequest]) -> list[Queued | Exception]:
+        """Queue many prompts in one transaction -- one commit for all (issue 46.1); each
+        one's outcome in its place, a prompt that failed alone as its exception
+        (:func:`~cantrip.protocols.sessions._enqueue.queue_prompts`). A lost connection,
+        or a commit that fails, is raised: nothing of the batch was queued."""
         with self.store.pool.connection() as conn, conn.transaction():
-            conn.execute(
-                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_ENTITY_LOCK, entity_id)
-            )
-            if key is not None:
-                seen = conn.execute(
-                    "SELECT work_id, intent, base_pos FROM cantrip_prompts "
-                    "WHERE entity_id = %s AND idempotency_key = %s",
-                    (entity_id, key),
-                ).fetchone()
-                if seen is not None:
-                    if seen[1] != intent:
-                        raise SessionError(
-                            "key_reused",
-                            f"Idempotency-Key {key!r} was used for a different prompt "
-                            "on this session",
-                        )
-                    return Queued(int(seen[0]), replayed=True)
-            spell = self._make_way(conn, entity_id, spell, on_busy)
-            sticky = conn.execute(
-                "SELECT cancel_until > clock_timestamp() FROM cantrip_sessions "
-                "WHERE entity_id = %s AND cancel_until IS NOT NULL",
-                (entity_id,),
-            ).fetchone()
-            if sticky is not None:  # used now, or expired unused: either way disarmed
-                conn.execute(
-                    "UPDATE cantrip_sessions SET cancel_until = NULL WHERE entity_id = %s",
-                    (entity_id,),
-                )
-            base = conn.execute(
-                "SELECT coalesce(max(pos), 0) FROM cantrip_turns WHERE entity_id = %s",
-                (entity_id,),
-            ).fetchone()
-            base_pos = int(base[0]) if base else 0
-            named = None
-            if key is not None:
-                named = conn.execute(
-                    "DELETE FROM cantrip_cancels WHERE entity_id = %s AND idempotency_key = %s"
-                    " RETURNING until > clock_timestamp()",
-                    (entity_id, key),
-                ).fetchone()
-            work_id = enqueue_on(conn, spell, intent, entity_id)
-            if (sticky is not None and sticky[0]) or (named is not None and named[0]):
-                # a cancel asked for the next prompt, or named this one before it came
-                conn.execute(
-                    "UPDATE cantrip_work SET state = 'cancelled', finished_at = clock_timestamp(),"
-                    ' result = \'{"reason": "cancelled"}\' WHERE id = %s',
-                    (work_id,),
-                )
-            conn.execute(
-                "INSERT INTO cantrip_prompts (work_id, entity_id, idempotency_key, intent, "
-                "base_pos) VALUES (%s, %s, %s, %s, %s)",
-                (work_id, entity_id, key, intent, base_pos),
-            )
-            if also is not None:
-                also(conn, work_id)
-        return Queued(work_id, replayed=False)
-
-    def _make_way(
-        self, conn: Any, entity_id: str, spell: dict[str, Any], on_busy: str
-    ) -> dict[str, Any]:
-        """Double-texting, under the entity's lock: what a new prompt does about the one
-        running (its oldest open work item, locked here so no worker claims it meanwhile).
-        Returns the spell to queue the new prompt with (a ``rollback`` carries its
-        rewind point)."""
-        running = conn.execute(
-            "SELECT id, attempts, (result::json)->>'base_turn', result IS NOT NULL "
-            f"FROM cantrip_work WHERE entity_id = %s AND {_OPEN} ORDER BY id LIMIT 1 FOR UPDATE",
-            (entity_id,),
-        ).fetchone()
-        if running is None or on_busy == "enqueue":
-            return spell
-        if on_busy == "reject":
-            raise SessionError("busy", f"session {session_id_for(entity_id)} is already "
-                               "running a prompt")  # fmt: skip
-        if on_busy not in ("interrupt", "rollback"):
-            raise ValueError(f"unknown on_busy policy {on_busy!r}")
-        work_id, attempts, base_turn, claimed = running
-        cancel_on(conn, entity_id, work_id=int(work_id), reason=INTERRUPTED)
-        if on_busy == "rollback" and int(attempts) > 0 and claimed:
-            # it began from base_turn (None: the entity's beginning); never claimed, it
-            # never ran: it is cancelled before it starts, nothing to roll back
-            return {**spell, REWIND_KEY: {"to": base_turn}}
-        return spell
+            return queue_prompts(conn, prompts)
 
     # -- steering ----------------------------------------------------------------
 

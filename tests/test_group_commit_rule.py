@@ -1,0 +1,145 @@
+"""The group commit's rule on its own (cantrip/loom/_group_commit.py): one batch at a
+time, whatever is queued while it is written goes into the next, no timer.
+
+The ``write`` here records each batch and, when a test asks, waits on an event -- the
+commit in flight -- so what arrives meanwhile is known, not hoped for."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from cantrip.loom._group_commit import GroupCommit
+
+
+class Writes:
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.started = trio.Event()
+        self.release: trio.Event | None = None
+        self.fail: Exception | None = None
+
+    async def __call__(self, batch: list[str]) -> None:
+        self.batches.append(list(batch))
+        self.started.set()
+        if self.release is not None:
+            release, self.release = self.release, None
+            await release.wait()
+        if self.fail is not None:
+            raise self.fail
+
+
+async def send(commits: GroupCommit[str], item: str, done: list[str]) -> None:
+    await commits.wait(commits.queue(item))
+    done.append(item)
+
+
+def sent(commits: GroupCommit[str], nursery: trio.Nursery, items: str, done: list[str]) -> None:
+    """Queue ``items`` in this order now, each waited for by a task of its own."""
+    for item in items:
+        ticket = commits.queue(item)
+
+        async def waiter(ticket: int = ticket, item: str = item) -> None:
+            await commits.wait(ticket)
+            done.append(item)
+
+        nursery.start_soon(waiter)
+
+
+async def test_a_lone_item_is_written_at_once_alone() -> None:
+    writes = Writes()
+    commits = GroupCommit(writes)
+    done: list[str] = []
+    await send(commits, "a", done)
+    assert writes.batches == [["a"]] and done == ["a"] and commits.batches == 1
+
+
+async def test_what_arrives_during_a_commit_goes_into_the_next_batch_together() -> None:
+    writes = Writes()
+    writes.release = trio.Event()
+    held = writes.release
+    commits = GroupCommit(writes)
+    done: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send, commits, "first", done)
+        await writes.started.wait()  # its batch is in flight
+        sent(commits, nursery, "bcd", done)
+        await trio.testing.wait_all_tasks_blocked()
+        assert list(commits.pending) == ["b", "c", "d"] and done == []  # none told yet
+        held.set()
+    assert writes.batches == [["first"], ["b", "c", "d"]]
+    assert sorted(done) == ["b", "c", "d", "first"]
+    assert commits.batches == 2
+
+
+async def test_max_batch_bounds_a_batch() -> None:
+    writes = Writes()
+    writes.release = trio.Event()
+    held = writes.release
+    commits = GroupCommit(writes, max_batch=2)
+    done: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send, commits, "first", done)
+        await writes.started.wait()
+        sent(commits, nursery, "bcde", done)
+        await trio.testing.wait_all_tasks_blocked()
+        held.set()
+    assert writes.batches == [["first"], ["b", "c"], ["d", "e"]]
+    assert len(done) == 5
+    with pytest.raises(ValueError, match="at least 1"):
+        GroupCommit(writes, max_batch=0)
+
+
+async def test_a_withdrawn_item_is_never_written_and_one_in_flight_cannot_be() -> None:
+    writes = Writes()
+    writes.release = trio.Event()
+    held = writes.release
+    commits = GroupCommit(writes)
+    done: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send, commits, "first", done)
+        await writes.started.wait()
+        assert commits.withdraw(0) is False  # in the batch being written
+        later = commits.queue("later")
+        kept = commits.queue("kept")
+        assert commits.withdraw(later) is True
+        held.set()
+        await commits.wait(kept)
+    assert writes.batches == [["first"], ["kept"]]
+    assert commits.written(later) and commits.written(kept)
+
+
+async def test_a_failed_batch_is_raised_to_its_writer_only() -> None:
+    """The others re-check what they need (the loom: its refusals; the prompts: each
+    one's outcome) -- the batch is settled for them all."""
+    writes = Writes()
+    writes.release = trio.Event()
+    held = writes.release
+    writes.fail = RuntimeError("the commit failed")
+    commits = GroupCommit(writes)
+    first = commits.queue("first")
+    outcome: list[str] = []
+
+    async def follower(ticket: int) -> None:
+        await commits.wait(ticket)
+        outcome.append("settled")
+
+    async def release_when_started() -> None:
+        await writes.started.wait()
+        held.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follower, first)  # runs once this task, the writer, waits
+        nursery.start_soon(release_when_started)
+        with pytest.raises(RuntimeError, match="the commit failed"):
+            await commits.wait(first)
+    assert outcome == ["settled"] and commits.written(first)
+
+
+async def test_take_all_hands_the_queue_over() -> None:
+    commits = GroupCommit(Writes())
+    commits.queue("a")
+    commits.queue("b")
+    assert commits.take_all() == ["a", "b"]
+    assert not commits.pending and commits.written(1)
