@@ -53,8 +53,11 @@ import trio
 from cantrip._chat_export import export_chat
 from cantrip._errors import CantripError, LoomError
 from cantrip._failure import debug_requested, leaves
+from cantrip._install import require_extra
 from cantrip._redact import redact
 from cantrip.cli._exit import EXIT_ERROR, EXIT_OK, exit_for
+from cantrip.cli._grammar import add_loom_parser as add_loom_parser
+from cantrip.cli._grammar import loom_location as loom_location
 from cantrip.loom._export import Redaction, export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
@@ -67,194 +70,9 @@ from cantrip.loom._summary import tokens as _tokens
 from cantrip.loom._summary import tree_turns as _tree_turns
 from cantrip.loom._view import reasoning_summary
 
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 READ_ONLY = frozenset({"list", "show", "export", "stats"})
 """Commands that only read: the loom file is opened read-only and never changes."""
 PREVIEW = 400
-
-LOOM_HELP = """\
-Inspect, export, reward and fork from a loom file. FILE is a loom written by
-`cantrip cast --loom` or a spec's [loom] path: .jsonl or SQLite.
-
-REF names a turn: a turn id, or a unique prefix or suffix of one ("turn-" may be
-left out of a prefix); ENTITY:SEQ, turn SEQ of that entity's thread (the entity id
-may be a unique prefix); #N, the last turn of thread N as `list` numbers them; or
-an entity id, meaning its latest turn.
-
-Everything printed has its secrets redacted, except `export --raw`. A file that is
-not a loom is refused and never written to; a damaged loom's error names `check`
-and `recover`.
-
-exit codes: 0 success (fork: the cast terminated), 2 fork truncated by a ward,
-1 error (check: the loom is damaged)
-"""
-"""The plain-text description ``cantrip loom --help`` prints (the module docstring is
-for readers of the code; this is for users, so no markup or rule ids)."""
-
-
-def add_loom_parser(
-    subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()
-) -> argparse.ArgumentParser:
-    """Add the ``loom`` command (with its subcommands) to a ``cantrip`` parser."""
-    loom = subparsers.add_parser(
-        "loom",
-        parents=list(parents),
-        help="inspect, export, reward or fork from a loom file",
-        description=LOOM_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    loom.add_argument(
-        "loom_file",
-        type=loom_location,
-        metavar="FILE",
-        help="a loom file (.db or .jsonl), or a postgresql:// URL",
-    )
-    commands = loom.add_subparsers(dest="loom_command", required=True, metavar="COMMAND")
-
-    listing = commands.add_parser(
-        "list",
-        help="entities and threads, with outcome and usage",
-        description="List every entity (medium, parent or fork origin, turns, tokens, "
-        "cost) and every thread (last turn, entity, length, outcome, tokens, reward).",
-    )
-    listing.add_argument("--json", action="store_true", help="print JSON")
-
-    show = commands.add_parser(
-        "show",
-        help="a thread, turn by turn",
-        description="Show the thread from its root to a turn: each turn's utterance, "
-        "thinking, gate calls, observation, tokens, duration, outcome and reward.",
-    )
-    show.add_argument(
-        "ref", metavar="REF", help="the turn: #N, a turn id or its prefix, ENTITY:SEQ, an entity"
-    )
-    show.add_argument("--full", action="store_true", help="do not shorten long texts")
-
-    export = commands.add_parser(
-        "export",
-        help="export turns, chat-format training data or traces",
-        description="Write the loom (or one thread) to stdout, secrets redacted.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="formats:\n"
-        "  jsonl  one turn per line, every field of the turn plus its reward (the default;\n"
-        "         cantrip.load_jsonl reads it back)\n"
-        "  chat   training data: one conversation per thread in OpenAI's fine-tuning\n"
-        "         shape (messages with tool calls), with outcome and rewards\n"
-        "  otlp   OpenTelemetry traces as OTLP/JSON (GenAI conventions, no message text)",
-    )
-    export.add_argument(
-        "--format",
-        choices=("jsonl", "chat", "otlp"),
-        default="jsonl",
-        help="jsonl (default), chat or otlp: see below",
-    )
-    export.add_argument("--thread", metavar="REF", help="only the thread ending at REF")
-    export.add_argument(
-        "--raw", action="store_true", help="do not redact secrets (an explicit opt-in)"
-    )
-
-    reward = commands.add_parser(
-        "reward",
-        help="set a turn's reward",
-        description="Set or clear a turn's reward: the one change a loom allows.",
-    )
-    reward.add_argument("ref", metavar="REF", help="the turn (see cantrip loom --help)")
-    reward.add_argument("value", metavar="VALUE", help="a number, or none to clear it")
-
-    fork = commands.add_parser(
-        "fork",
-        help="continue from a turn with a spec file's cantrip",
-        description="Cast a new intent from a recorded turn with the cantrip a spec file "
-        "describes, recording into the same loom; the original thread is untouched.",
-    )
-    fork.add_argument("ref", metavar="REF", help="the turn to continue from")
-    fork.add_argument("spec", type=Path, metavar="SPEC.toml", help="a cantrip spec file (TOML)")
-    fork.add_argument("intent", metavar="INTENT", help="the new intent")
-    fork.add_argument("--llm", help="a named LLM of the spec ([llms.NAME]) to continue with")
-    fork.add_argument("--json", action="store_true", help="print a JSON result")
-    view = commands.add_parser(
-        "view",
-        help="browse the loom in a web browser (read-only)",
-        description="Serve a read-only web page over the loom; prints its URL and opens "
-        "nothing. Bound beyond 127.0.0.1 it needs a token.",
-    )
-    view.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
-    view.add_argument("--port", type=int, default=0, help="default: 0 (any free port)")
-    view.add_argument(
-        "--token", help="require this bearer token (default: CANTRIP_TOKEN; needed off loopback)"
-    )
-
-    checking = commands.add_parser(
-        "check",
-        help="integrity check: what is readable (read-only)",
-        description="Run SQLite's integrity check and count what is readable; reads only. "
-        "Exit 0 intact, 1 damaged.",
-    )
-    checking.add_argument("--json", action="store_true", help="print JSON")
-    recovering = commands.add_parser(
-        "recover",
-        help="copy the complete turns of a damaged loom into a new file",
-        description="Copy every complete turn (readable, with its entity and parent) of a "
-        "damaged or truncated loom into a new file; the damaged one is only read.",
-    )
-    recovering.add_argument("out", type=Path, metavar="NEW", help="the new loom file to write")
-    recovering.add_argument("--json", action="store_true", help="print JSON")
-    pruning = commands.add_parser(
-        "prune",
-        help="remove whole entities (with their children) to keep the loom bounded",
-        description="Remove whole root entities with everything they spawned, their turns and "
-        "gate-journal rows; a tree another entity was forked from, or one still running, stays. "
-        "The loom stays valid and its space is reclaimed.",
-    )
-    rule = pruning.add_mutually_exclusive_group(required=True)
-    rule.add_argument(
-        "--before", metavar="DATE", help="trees last active before DATE (2026-01-31, or 30d ago)"
-    )
-    rule.add_argument(
-        "--keep-last", type=int, metavar="N", help="all but the N most recently active trees"
-    )
-    rule.add_argument("--entity", metavar="ID", help="one root entity's tree")
-    pruning.add_argument(
-        "--archive",
-        metavar="FILE.jsonl",
-        help="write the removed trees here first, turn by turn (a JSONL loom, or an existing "
-        "loom other than this one); after a prune cut short, run it again to complete it",
-    )
-    pruning.add_argument(
-        "--dry-run", action="store_true", help="say what would be removed; remove nothing"
-    )
-    pruning.add_argument(
-        "--memories",
-        action="store_true",
-        help="also forget the memories the removed sessions wrote (those whose latest "
-        "revision names one of them); kept otherwise",
-    )
-    pruning.add_argument(
-        "--idle-s",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="leave trees written to in the last S seconds (another process may be casting "
-        "on them; default 60)",
-    )
-    pruning.add_argument("--json", action="store_true", help="print JSON")
-    statistics = commands.add_parser(
-        "stats",
-        help="entities, turns, bytes per table, oldest and newest activity",
-        description="Say how big the loom is: entities, turns, bytes per table, and its "
-        "oldest and newest activity.",
-    )
-    statistics.add_argument("--json", action="store_true", help="print JSON")
-    parser: argparse.ArgumentParser = loom
-    return parser
-
-
-def loom_location(text: str) -> Path | str:
-    """A loom file's path, or a ``postgresql://`` URL kept as it was typed (a path
-    would fold its ``//``)."""
-    if text.startswith(POSTGRES_SCHEMES):
-        return text
-    return Path(text)
 
 
 def run_loom(args: argparse.Namespace) -> int:
@@ -713,6 +531,7 @@ def _stats(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
 
 def _view(args: argparse.Namespace, err: TextIO) -> int:
     """``loom FILE view``: serve the browser viewer until Ctrl-C; prints the URL."""
+    require_extra("serve", "cantrip loom view")
     from cantrip.cli._serve import serve_until_signal
     from cantrip.protocols.middleware._guard import BindError
     from cantrip.protocols.viewer._app import serve_viewer, viewer_guard
