@@ -185,10 +185,15 @@ _LAZY = {
 def __getattr__(name: str) -> object:
     import importlib
 
-    if name == "guardrails":
-        return importlib.import_module("cantrip.guardrails")
     module = _LAZY.get(name)
     if module is None:
+        # A subpackage (`cantrip.guardrails`, `cantrip.loom`...): `import cantrip` used to
+        # import them all, so `cantrip.loom.Loom` after `import cantrip` still works.
+        try:
+            return importlib.import_module(f"cantrip.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"cantrip.{name}":
+                raise
         raise AttributeError(f"module 'cantrip' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # the next lookup is an ordinary attribute

@@ -58,11 +58,6 @@ def require_extra(extra: str, feature: str) -> None:
         raise MissingExtraError(f"{feature} needs the '{extra}' extra: {install_command(extra)}")
 
 
-def extra_installed(extra: str) -> bool:
-    """Whether every module of ``extra`` can be imported (without importing them)."""
-    return all(_importable(name) for name in EXTRAS[extra])
-
-
 def _importable(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
