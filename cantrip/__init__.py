@@ -6,54 +6,29 @@ here; modules whose names start with an underscore are private.
 
 from typing import TYPE_CHECKING
 
-from cantrip._approval import ApprovalPolicy, Decision, Pause, PauseError, Verdict
-from cantrip._cantrip import Cantrip
-from cantrip._circle import Circle
-from cantrip._core import Entity
-from cantrip._errors import (
-    CantripError,
-    CastSuspended,
-    ChildCrashedError,
-    ConstructionError,
-    ImmutableError,
-    IntentError,
-    InvalidResponseError,
-    LLMError,
-    LoomAppendOnlyError,
-    LoomError,
-    ProviderError,
-    ScriptExhaustedError,
-)
-from cantrip._gate import Gate, GateArgumentError, GateError, GateResult, gate
-from cantrip._identity import Identity
-from cantrip._outcome import CastResult
-from cantrip._output import OutputSchema
-from cantrip._wards import (
-    Ward,
-    WardSet,
-    max_cost_usd,
-    max_depth,
-    max_turns,
-    require_done_tool,
-    timeout,
-)
-from cantrip.guardrails import Guardrail, GuardrailError, Rewrite, Trip, guardrail
-from cantrip.llm import (
-    LLM,
-    Message,
-    Query,
-    ReasoningPart,
-    Response,
-    RetryPolicy,
-    ScriptedLLM,
-    ToolCall,
-    ToolDefinition,
-    Usage,
-)
-from cantrip.loom import EntityRecord, GateCallRecord, Loom, Turn, TurnMetadata
+from cantrip._version import __version__ as __version__
 
 if TYPE_CHECKING:
+    from cantrip import guardrails as guardrails
+    from cantrip._approval import ApprovalPolicy, Decision, Pause, PauseError, Verdict
+    from cantrip._cantrip import Cantrip
     from cantrip._chat_export import export_chat
+    from cantrip._circle import Circle
+    from cantrip._core import Entity
+    from cantrip._errors import (
+        CantripError,
+        CastSuspended,
+        ChildCrashedError,
+        ConstructionError,
+        ImmutableError,
+        IntentError,
+        InvalidResponseError,
+        LLMError,
+        LoomAppendOnlyError,
+        LoomError,
+        ProviderError,
+        ScriptExhaustedError,
+    )
     from cantrip._events import (
         FinalResponse,
         GateProgress,
@@ -64,24 +39,113 @@ if TYPE_CHECKING:
         UsageEvent,
     )
     from cantrip._folding import FoldingPolicy, LLMFolder
+    from cantrip._gate import Gate, GateArgumentError, GateError, GateResult, gate
     from cantrip._gc import gc_for_throughput
+    from cantrip._identity import Identity
+    from cantrip._outcome import CastResult
+    from cantrip._output import OutputSchema
     from cantrip._providers import GateProvider, ProviderStartError
     from cantrip._server import EntityServer
     from cantrip._supervisor import ChildSpec, Restart, Strategy, Supervisor, SupervisorEscalation
+    from cantrip._wards import (
+        Ward,
+        WardSet,
+        max_cost_usd,
+        max_depth,
+        max_turns,
+        require_done_tool,
+        timeout,
+    )
     from cantrip.a2a import A2AAgent
+    from cantrip.guardrails import Guardrail, GuardrailError, Rewrite, Trip, guardrail
+    from cantrip.llm import (
+        LLM,
+        Message,
+        Query,
+        ReasoningPart,
+        Response,
+        RetryPolicy,
+        ScriptedLLM,
+        ToolCall,
+        ToolDefinition,
+        Usage,
+    )
     from cantrip.llm._config import load_llm
     from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
     from cantrip.llm._telemetry import Pricing
-    from cantrip.loom import export_jsonl, export_thread_jsonl, load_jsonl
+    from cantrip.loom import (
+        EntityRecord,
+        GateCallRecord,
+        Loom,
+        Turn,
+        TurnMetadata,
+        export_jsonl,
+        export_thread_jsonl,
+        load_jsonl,
+    )
     from cantrip.mcp import MCPServer
     from cantrip.memory import Consolidate, MemoryBlock, MemorySettings
 
-from cantrip import guardrails as guardrails
-from cantrip._version import __version__ as __version__
-
-# Loaded on first use, so `import cantrip` stays cheap (no provider, supervisor or
-# export machinery until a program asks for it).
+# Every name is loaded on first use, so `import cantrip` (and so every `cantrip.x`
+# module, the `cantrip` command among them) costs nothing until a program asks for a
+# name: `cantrip --version` reads one constant (issue 47.2), and a feature whose extra
+# is not installed is imported only by the program that uses it.
 _LAZY = {
+    "ApprovalPolicy": "cantrip._approval",
+    "Decision": "cantrip._approval",
+    "Pause": "cantrip._approval",
+    "PauseError": "cantrip._approval",
+    "Verdict": "cantrip._approval",
+    "Cantrip": "cantrip._cantrip",
+    "Circle": "cantrip._circle",
+    "Entity": "cantrip._core",
+    "CantripError": "cantrip._errors",
+    "CastSuspended": "cantrip._errors",
+    "ChildCrashedError": "cantrip._errors",
+    "ConstructionError": "cantrip._errors",
+    "ImmutableError": "cantrip._errors",
+    "IntentError": "cantrip._errors",
+    "InvalidResponseError": "cantrip._errors",
+    "LLMError": "cantrip._errors",
+    "LoomAppendOnlyError": "cantrip._errors",
+    "LoomError": "cantrip._errors",
+    "ProviderError": "cantrip._errors",
+    "ScriptExhaustedError": "cantrip._errors",
+    "Gate": "cantrip._gate",
+    "GateArgumentError": "cantrip._gate",
+    "GateError": "cantrip._gate",
+    "GateResult": "cantrip._gate",
+    "gate": "cantrip._gate",
+    "Identity": "cantrip._identity",
+    "CastResult": "cantrip._outcome",
+    "OutputSchema": "cantrip._output",
+    "Ward": "cantrip._wards",
+    "WardSet": "cantrip._wards",
+    "max_cost_usd": "cantrip._wards",
+    "max_depth": "cantrip._wards",
+    "max_turns": "cantrip._wards",
+    "require_done_tool": "cantrip._wards",
+    "timeout": "cantrip._wards",
+    "Guardrail": "cantrip.guardrails",
+    "GuardrailError": "cantrip.guardrails",
+    "Rewrite": "cantrip.guardrails",
+    "Trip": "cantrip.guardrails",
+    "guardrail": "cantrip.guardrails",
+    "LLM": "cantrip.llm",
+    "Message": "cantrip.llm",
+    "Query": "cantrip.llm",
+    "ReasoningPart": "cantrip.llm",
+    "Response": "cantrip.llm",
+    "RetryPolicy": "cantrip.llm",
+    "ScriptedLLM": "cantrip.llm",
+    "ToolCall": "cantrip.llm",
+    "ToolDefinition": "cantrip.llm",
+    "Usage": "cantrip.llm",
+    "EntityRecord": "cantrip.loom",
+    "GateCallRecord": "cantrip.loom",
+    "Loom": "cantrip.loom",
+    "Turn": "cantrip.loom",
+    "TurnMetadata": "cantrip.loom",
     "Supervisor": "cantrip._supervisor",
     "ChildSpec": "cantrip._supervisor",
     "Restart": "cantrip._supervisor",
@@ -120,12 +184,21 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cantrip' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    module = _LAZY.get(name)
+    if module is None:
+        # A subpackage (`cantrip.guardrails`, `cantrip.loom`...): `import cantrip` used to
+        # import them all, so `cantrip.loom.Loom` after `import cantrip` still works.
+        try:
+            return importlib.import_module(f"cantrip.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"cantrip.{name}":
+                raise
+        raise AttributeError(f"module 'cantrip' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is an ordinary attribute
+    return value
 
 
 __all__ = [

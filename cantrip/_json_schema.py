@@ -22,8 +22,9 @@ the model may be steered by anything it read. Checking runs on the event loop
   (:mod:`cantrip._values`) first, which refuses more than ``MAX_VALUE_DEPTH``
   (100) levels.
 
-The schema itself is first checked against its meta-schema by the ``jsonschema``
-library, whose messages name what is wrong.
+The schema itself is first checked against its meta-schema (:func:`check_meta_schema`,
+jsonschema-rs's ``meta``, with the same refusal to retrieve anything): the message
+names what is wrong and where.
 """
 
 from __future__ import annotations
@@ -63,6 +64,24 @@ class _NoRetrieval(Exception):
 
 def _refuse(uri: str) -> Any:
     raise _NoRetrieval(uri)
+
+
+_NO_RETRIEVAL = jsonschema_rs.Registry([], retriever=_refuse)
+
+
+def check_meta_schema(schema: Mapping[str, Any]) -> None:
+    """:class:`ConstructionError` unless ``schema`` is a valid JSON Schema of the draft
+    its ``$schema`` names (the latest without one). A ``$schema`` that is not a draft
+    jsonschema-rs knows is refused by :func:`compile_schema`, never fetched."""
+    try:
+        jsonschema_rs.meta.validate(dict(schema), registry=_NO_RETRIEVAL)
+    except jsonschema_rs.ValidationError as exc:
+        where = "/".join(map(str, exc.instance_path))
+        at = f" (at {where})" if where else ""
+        message = f"output schema is not a valid JSON Schema: {exc.message}{at}"
+        raise ConstructionError(message) from None
+    except jsonschema_rs.ReferencingError:
+        pass  # an unknown $schema: compile_schema says so, with the URI
 
 
 def compile_schema(schema: Mapping[str, Any]) -> jsonschema_rs.Validator:

@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cantrip._errors import ConstructionError
+from cantrip._install import require_extra
 from cantrip.medium import Medium
 from mediums.bash import BashMedium
 from mediums.conversation import conversation
-from mediums.js import js
-from mediums.python import python
 
 MEDIUM_ALIASES: dict[str, str] = {
     "conversation": "conversation",
@@ -31,10 +30,28 @@ MEDIUM_ALIASES: dict[str, str] = {
 }
 
 MediumFactory = Callable[[], Medium]
+
+
+def _js() -> Medium:
+    """The js medium: QuickJS is the ``js`` extra, imported only when a spec asks."""
+    require_extra("js", "the js medium")
+    from mediums.js import js
+
+    return js
+
+
+def _python() -> Medium:
+    """The python medium: monty is the ``python`` extra, imported only when asked."""
+    require_extra("python", "the python medium")
+    from mediums.python import python
+
+    return python
+
+
 _MEDIUMS: dict[str, MediumFactory] = {
     "conversation": lambda: conversation,
-    "js": lambda: js,
-    "python": lambda: python,
+    "js": _js,
+    "python": _python,
     "bash": BashMedium,  # opt-in only: not a sandbox (see mediums.bash)
 }
 

@@ -23,7 +23,7 @@ import pydantic
 
 from cantrip._errors import ConstructionError
 from cantrip._gate import Gate, GateArgumentError, gate
-from cantrip._json_schema import compile_schema
+from cantrip._json_schema import check_meta_schema, compile_schema
 from cantrip._reference import import_reference
 
 
@@ -74,18 +74,11 @@ class OutputSchema:
 
     @classmethod
     def from_json_schema(cls, schema: Mapping[str, Any]) -> OutputSchema:
-        """A plain JSON Schema: checked against its meta-schema by the ``jsonschema``
-        library, answers checked by a compiled validator that cannot stall the loop
-        (linear-time patterns, no retrieval, no ``$ref`` cycles: :mod:`cantrip._json_schema`)."""
-        import jsonschema
-
+        """A plain JSON Schema: checked against its meta-schema, answers checked by a
+        compiled validator that cannot stall the loop (linear-time patterns, no
+        retrieval, no ``$ref`` cycles: :mod:`cantrip._json_schema`)."""
         plain = _plain(schema)
-        validator_class = jsonschema.validators.validator_for(plain)
-        try:
-            validator_class.check_schema(plain)
-        except jsonschema.SchemaError as exc:
-            message = f"output schema is not a valid JSON Schema: {exc.message}"
-            raise ConstructionError(message) from None
+        check_meta_schema(plain)
         validator = compile_schema(plain)
 
         def check(value: Any) -> Any:

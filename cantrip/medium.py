@@ -32,6 +32,7 @@ import attrs
 
 from cantrip._errors import ConstructionError
 from cantrip._gate import Gate
+from cantrip._install import MissingExtraError, require_extra
 from cantrip._running import RunningEntity, running_entity
 from cantrip._values import (
     OBSERVATION_CAP_CHARS,
@@ -56,6 +57,7 @@ __all__ = [
     "Medium",
     "MediumSession",
     "Message",
+    "MissingExtraError",
     "Response",
     "RunningEntity",
     "ToolCall",
@@ -72,6 +74,7 @@ __all__ = [
     "preview",
     "register_ward_kind",
     "render_code_observation",
+    "require_extra",
     "running_entity",
     "to_loom_value",
     "visible_result",

@@ -27,10 +27,18 @@ _LAZY = {
 }
 
 
+_EXTRAS = {"JsMedium": ("js", "the js medium"), "PythonMedium": ("python", "the python medium")}
+"""The mediums whose engine is an extra (``pip install 'cantrip-runtime[js]'``)."""
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'mediums' has no attribute {name!r}")
+    if name in _EXTRAS:
+        from cantrip.medium import require_extra
+
+        require_extra(*_EXTRAS[name])
     return getattr(importlib.import_module(module), name)
 
 

@@ -55,6 +55,7 @@ from cantrip.medium import (
     preview,
     register_ward_kind,
     render_code_observation,
+    require_extra,
     to_loom_value,
 )
 from mediums._code import (
@@ -109,6 +110,9 @@ class JsMedium:
         return (code_tool("JavaScript", TOOL_NAME, gates, notes),)
 
     async def open(self, wards: WardSet) -> JsSession:
+        # QuickJS runs in the worker process: a missing extra is said here, in one
+        # line, not as the worker's traceback.
+        require_extra("js", "the js medium")
         eval_ms = int(min(self.max_eval_ms, wards.get("max_eval_ms") or self.max_eval_ms))
         memory_mb = int(min(self.max_memory_mb, wards.get("max_memory_mb") or self.max_memory_mb))
         return JsSession(eval_ms, memory_mb, self.stack_kb, expose_loom=self.expose_loom)

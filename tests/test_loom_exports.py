@@ -17,8 +17,8 @@ import trio
 import gates
 from cantrip import Cantrip, Circle, Identity, Loom, ScriptedLLM, Ward, _redact, max_turns
 from cantrip._chat_export import chat_conversation, export_chat
+from cantrip.cli._grammar import add_loom_parser
 from cantrip.cli._loom import resolve_ref, run_loom
-from cantrip.cli._loom_args import add_loom_parser
 from cantrip.loom import export_jsonl, export_thread_jsonl, load_jsonl
 from gates.fixtures import fixture_gate
 from mediums.js import JsMedium

@@ -3,8 +3,8 @@
 ``python -m build`` makes the sdist and, from it, the wheel (so the sdist is complete
 too); the wheel goes into a fresh virtual environment in a temporary folder, and the
 ``cantrip`` command it installs runs ``--version``, ``init`` and a scripted cast there.
-Its dependencies come from this test's environment (a path entry in the new venv: the
-wheel's own files come first), so no download is needed; ``.ci/run`` does the same
+Its dependencies are the core's alone (issue 47.2: no extra), linked from this test's
+environment (tests/core_env.py), so no download is needed; ``.ci/run`` does the same
 with a plain ``pip install`` of the wheel, dependencies and all.
 """
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import re
-import site
 import subprocess
 import sys
 import tomllib
 import zipfile
 from pathlib import Path
 
+import core_env
 import pytest
 
 from cantrip._version import DISTRIBUTION, __version__
@@ -79,8 +79,7 @@ def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path: Path) -> N
     python = venv / "bin" / "python"
     _run(sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
          "--no-index", wheel, cwd=tmp_path)  # fmt: skip
-    own = _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=tmp_path)
-    Path(own.strip(), "_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    core_env.link(core_env.purelib(python))  # the core's dependencies, and nothing else
 
     work = tmp_path / "work"
     work.mkdir()

@@ -7,12 +7,12 @@ after another, each 400 ms of model and
 checkpoint turn (400 ms of model) spawns ``entity-kid{i}`` (two turns of 300 ms
 model + 50 ms gate), then the continuation (stamped with the checkpoint's start,
 as the runtime records it) completes the ``call_agent`` call. Kid 1 finishes; kid 2
-is cut off by a ward after its first turn (no usage recorded: its cost is
-unknown); kid 3 fails (``llm_error``); kid 4 is cancelled with its parent
-(``parent_terminated``); the rest finish. At the turn after the first delegation
-the root pauses for a human (a checkpoint with a ``pending`` marker) and goes on
-5 s later. ``entity-fork`` forks from turn 2 after the cast. The last root turn
-terminates (``done``).
+is cut off by a ward after its first turn while its model call was in flight
+(its usage recorded as missing, as the runtime records it: its cost is unknown);
+kid 3 fails (``llm_error``); kid 4 is cancelled with its parent (``parent_terminated``);
+the rest finish. At the turn after the first delegation the root pauses for a human (a
+checkpoint with a ``pending`` marker) and goes on 5 s later. ``entity-fork`` forks from
+turn 2 after the cast. The last root turn terminates (``done``).
 """
 
 from __future__ import annotations
@@ -65,7 +65,10 @@ def _kid(loom: Loom, clock: Clock, number: int, checkpoint: str) -> None:
             fields = {"terminated": True, "reason": "done", "result": f"kid {number} done"}
         elif last and outcome == "truncated":
             fields = {"truncated": True, "reason": "max_turns"}
-            meta = TurnMetadata(duration_ms=KID_TURN_MS, timestamp=clock.stamp())  # no usage
+            # cut while the model was asked: the usage is missing (cost unknown)
+            meta = TurnMetadata(
+                duration_ms=KID_TURN_MS, timestamp=clock.stamp(), usage_missing=True
+            )
         elif last and outcome == "failed":
             fields = {"truncated": True, "reason": "llm_error", "extras": {"error": "boom"}}
             meta = TurnMetadata(duration_ms=KID_TURN_MS, timestamp=clock.stamp())

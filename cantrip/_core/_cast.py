@@ -67,6 +67,9 @@ class Inflight:
     """Made once the LLM has answered: nothing of a turn waits on the provider
     that does not have to (every object alive across that wait is one more for
     the garbage collector to scan when thousands of entities wait at once)."""
+    asked: bool = False
+    """Set as the model is asked: a cut from then until ``response`` arrives lost a
+    call that may have run and been billed, whose usage nobody knows."""
     response: Response | None = None
     checkpoint_id: str | None = None
     """Set once a delegation committed part of this turn (see Entity.checkpoint)."""

@@ -83,7 +83,6 @@ def trip_cast(entity: EntityState, cast: Cast, tripped: Tripped) -> CastResult:
         "guardrail",
         observation=f"stopped by guardrail {tripped.check!r} on {tripped.where}: {tripped.why}",
         extras=_with_rewrites(inflight, {"guardrail": note}),
-        count_usage=True,
     )
     return cast.result(entity.id, turn, None)
 
@@ -112,7 +111,6 @@ def record_failure(entity: EntityState, cast: Cast, error: GuardrailError) -> No
             "error_type": type(error).__name__,
             "guardrail": {"check": error.check, "on": error.where},
         },
-        count_usage=True,
     )
 
 

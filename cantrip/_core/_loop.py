@@ -295,6 +295,7 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
         if loom.journaled:
             journal = await turn_journal(entity)
             replayed = journal.utterance
+        inflight.asked = replayed is None  # a replayed answer asks nothing
         try:
             if watched:
                 assert guard is not None

@@ -117,14 +117,16 @@ def record_cut(
     *,
     observation: str | None = None,
     extras: Mapping[str, Any] | None = None,
-    count_usage: bool = False,
 ) -> Turn:
     """Record the turn a timeout or cancellation interrupted, losing nothing.
 
     Gate calls that completed keep their results; the rest of the
     utterance's calls are completed as ``cancelled`` (seed 001). ``extras`` are
-    added to the turn's; ``count_usage``: the turn carries the usage of the answer
-    in flight (a guardrail's trip keeps what the model was paid for).
+    added to the turn's. The usage is what is known (issue 47.7): an answer that
+    had arrived keeps its usage (the model was paid for it; a checkpoint of the turn
+    already carries it); a cut while the model was being asked records the usage as
+    missing -- the call may have run and been billed, and its cost is unknown, never
+    $0; a cut before the model was asked cost nothing.
     """
     inflight = entity._inflight
     response = inflight.response if inflight else None
@@ -147,7 +149,7 @@ def record_cut(
                 )
             )
     started = inflight.started if inflight else time.perf_counter()
-    if count_usage and inflight is not None and response is not None:
+    if inflight is not None and response is not None:
         metadata = turn_metadata(
             response,
             inflight.started,
@@ -158,6 +160,7 @@ def record_cut(
         )
     else:
         metadata = TurnMetadata(
+            usage_missing=inflight is not None and inflight.asked,
             duration_ms=(time.perf_counter() - started) * 1000.0,
             timestamp=inflight.timestamp if inflight else now(),
         )

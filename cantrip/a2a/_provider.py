@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from cantrip._errors import ConstructionError
+from cantrip._install import require_extra
 from cantrip._provider_fields import (
     PROVIDER_NAME,
     resolve_references,
@@ -61,6 +62,8 @@ class A2AAgent:
         problems = self.problems()
         if problems:
             raise ConstructionError(problems)
+        # declared, so about to be used: a missing SDK is said now (at spec load), once
+        require_extra("a2a", f"A2A agent {self.name!r}")
 
     def problems(self) -> list[str]:
         out: list[str] = []

@@ -22,47 +22,8 @@ import trio
 
 from cantrip._errors import CantripError
 from cantrip.cli._exit import EXIT_USAGE
-
-_SUITE_RECORDING = "suite's recording"
-
-
-def add_eval_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
-    evals = commands.add_parser(
-        "eval",
-        parents=parents,
-        help="run an eval suite; 'eval compare A.json B.json'; 'eval add LOOM REF --suite S'",
-        description=(
-            "Run every case of a suite against a spec and score it. "
-            "'cantrip eval compare A.json B.json' lists regressions and improvements between "
-            "two reports; 'cantrip eval add LOOM REF --suite SUITE' turns a recorded cast "
-            "into a regression case with its recording."
-        ),
-    )
-    evals.add_argument("target", help="the suite file, or 'compare' or 'add'")
-    evals.add_argument("more", nargs="*", help="compare: two JSON reports; add: LOOM and REF")
-    evals.add_argument("--spec", type=Path, help="the spec to evaluate (instead of the suite's)")
-    evals.add_argument("--concurrency", type=int, default=4, help="cases run at once (default 4)")
-    evals.add_argument("--repeat", type=int, default=1, help="runs of each case (default 1)")
-    evals.add_argument("--json", type=Path, metavar="FILE", help="write the JSON report here")
-    evals.add_argument("--junit", type=Path, metavar="FILE", help="write JUnit XML here")
-    evals.add_argument("--loom", type=Path, metavar="FILE", help="record the casts in this loom")
-    mode = evals.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--record", type=Path, metavar="LOOM", help="keep every case's cast here, for --replay"
-    )
-    mode.add_argument(
-        "--replay",
-        nargs="?",
-        const=_SUITE_RECORDING,
-        metavar="LOOM",
-        help="answer the agent's model requests from this recording (default: the suite's "
-        "'recording'); offline, no key needed",
-    )
-    evals.add_argument(
-        "--max-cost-usd", type=float, metavar="X", help="stop starting cases once X USD is spent"
-    )
-    evals.add_argument("--suite", type=Path, help="add: the suite file to add the case to")
-    evals.add_argument("--name", help="add: the new case's name")
+from cantrip.cli._grammar import SUITE_RECORDING
+from cantrip.cli._grammar import add_eval_parser as add_eval_parser
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -90,7 +51,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     suite = load_suite(args.target)
     replay: Path | None = None
-    if args.replay == _SUITE_RECORDING:
+    if args.replay == SUITE_RECORDING:
         if suite.recording is None:
             return _usage(f"{args.target}: the suite names no 'recording': give --replay LOOM")
         replay = suite.recording

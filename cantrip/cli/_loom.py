@@ -53,9 +53,11 @@ import trio
 from cantrip._chat_export import export_chat
 from cantrip._errors import CantripError, LoomError
 from cantrip._failure import debug_requested, leaves
+from cantrip._install import require_extra
 from cantrip._redact import redact
 from cantrip.cli._exit import EXIT_ERROR, EXIT_OK, exit_for
-from cantrip.cli._loom_args import add_loom_parser
+from cantrip.cli._grammar import add_loom_parser as add_loom_parser
+from cantrip.cli._grammar import loom_location as loom_location
 from cantrip.loom._export import Redaction, export_jsonl
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
@@ -529,6 +531,7 @@ def _stats(loom: Loom, args: argparse.Namespace, out: TextIO) -> int:
 
 def _view(args: argparse.Namespace, err: TextIO) -> int:
     """``loom FILE view``: serve the browser viewer until Ctrl-C; prints the URL."""
+    require_extra("serve", "cantrip loom view")
     from cantrip.cli._serve import serve_until_signal
     from cantrip.protocols.middleware._guard import BindError
     from cantrip.protocols.viewer._app import serve_viewer, viewer_guard

@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from cantrip._errors import CantripError
 from cantrip.cli._exit import EXIT_INTERRUPTED, EXIT_USAGE, fail, json_errors
 from cantrip.cli._parser import build_parser
-from cantrip.cli._spec_file import load_cantrip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,6 +132,7 @@ def _run(args: argparse.Namespace) -> int:
         return run_serve(args)
     if args.command == "mcp":
         from cantrip.cli._mcp import run_mcp
+        from cantrip.cli._spec_file import load_cantrip
 
         return run_mcp(args, load_cantrip, fail)
     if args.command == "eval":

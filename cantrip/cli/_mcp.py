@@ -12,32 +12,13 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from cantrip._cantrip import Cantrip
 from cantrip._errors import CantripError
+from cantrip._install import require_extra
 from cantrip.cli._process import debug_log
-
-
-def add_mcp_parser(commands: Any, parents: list[Any] | None = None) -> None:
-    mcp = commands.add_parser(
-        "mcp", parents=parents or [], help="serve the spec's cantrip as an MCP server (tool: cast)"
-    )
-    mcp.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
-    mcp.add_argument("--http", action="store_true", help="streamable HTTP at /mcp instead of stdio")
-    mcp.add_argument("--host", default="127.0.0.1", help="with --http; default: 127.0.0.1")
-    mcp.add_argument(
-        "--port", type=int, default=8000, help="with --http; default: 8000 (0: any free port)"
-    )
-    mcp.add_argument(
-        "--token",
-        help="with --http: require 'Authorization: Bearer TOKEN' (needed off loopback; "
-        "default: $CANTRIP_MCP_TOKEN)",
-    )
-    mcp.add_argument("--check", action="store_true", help="load the spec, report, and exit")
-    mcp.add_argument("--log", type=Path, help="write a debug log to this file (never stdout)")
 
 
 def run_mcp(
@@ -45,6 +26,7 @@ def run_mcp(
     load: Callable[[Path], Cantrip],
     fail: Callable[[str], int],
 ) -> int:
+    require_extra("mcp", "cantrip mcp")
     debug_log(args.log)
     try:
         spell = load(args.spec)

@@ -20,96 +20,11 @@ from cantrip._errors import CantripError
 from cantrip._failure import debug_requested
 from cantrip._redact import redact
 from cantrip.cli._exit import EXIT_ERROR, EXIT_OK
-from cantrip.cli._loom_args import loom_location
+from cantrip.cli._grammar import add_memory_parser as add_memory_parser
+from cantrip.cli._grammar import loom_location
 from cantrip.memory._model import MemoryStoreError
 
-MEMORY_HELP = """\
-List, search, show and forget what a cantrip remembers (its [memory] store, kept in
-its loom's database). TARGET is a spec file (.toml: its loom, and its embedder so
-that a search can be semantic or hybrid) or a loom: an SQLite file or a
-postgresql:// URL (text search only).
-
-NAMESPACE is its parts joined by '/' (user/alice), or a JSON list of strings for
-parts that hold a '/' (["user", "a/b"]).
-
-Everything printed has its secrets redacted. forget takes every revision of what
-it forgets; --dry-run says what it would forget first. exit codes: 0 success, 1 error
-"""
-"""What ``cantrip memory --help`` prints (plain text, for users)."""
 PREVIEW = 120
-
-
-def add_memory_parser(
-    subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()
-) -> argparse.ArgumentParser:
-    """Add the ``memory`` command (with its subcommands) to a ``cantrip`` parser."""
-    memory = subparsers.add_parser(
-        "memory",
-        parents=list(parents),
-        help="list, search, show or forget what a cantrip remembers",
-        description=MEMORY_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    memory.add_argument(
-        "target",
-        metavar="TARGET",
-        help="a spec file (.toml), a loom file (.db) or a postgresql:// URL",
-    )
-    commands = memory.add_subparsers(dest="memory_command", required=True, metavar="COMMAND")
-
-    listing = commands.add_parser(
-        "list",
-        help="the namespaces, or the items under one",
-        description="List the namespaces that hold items (under PREFIX); with --items, "
-        "the items under PREFIX, newest first.",
-    )
-    listing.add_argument(
-        "prefix", nargs="?", default="", metavar="PREFIX", help="only under this namespace"
-    )
-    listing.add_argument("--items", action="store_true", help="list items, not namespaces")
-    listing.add_argument("--limit", type=int, default=100, help="at most N (default: 100)")
-    listing.add_argument("--json", action="store_true", help="print JSON")
-
-    search = commands.add_parser(
-        "search",
-        help="the items that best match a query",
-        description="Search the items (under --prefix) for a query, best match first: by "
-        "words, by meaning or both (hybrid, the default when the spec names an embedder).",
-    )
-    search.add_argument("query", metavar="QUERY", help="what to look for")
-    search.add_argument("--prefix", default="", metavar="NAMESPACE", help="only under this")
-    search.add_argument(
-        "--mode",
-        choices=("text", "semantic", "hybrid"),
-        help="text, semantic or hybrid (semantic and hybrid need an embedder)",
-    )
-    search.add_argument("--limit", type=int, default=10, help="at most N (default: 10)")
-    search.add_argument("--json", action="store_true", help="print JSON")
-
-    show = commands.add_parser(
-        "show",
-        help="one item, its revisions and the turn that wrote it",
-        description="Show an item: its value, metadata, every revision (newest first) and "
-        "the turn that wrote it (its entity, intent and text), when the loom holds it.",
-    )
-    show.add_argument("namespace", metavar="NAMESPACE", help="the item's namespace")
-    show.add_argument("key", metavar="KEY", help="the item's key")
-    show.add_argument("--json", action="store_true", help="print JSON")
-
-    forget = commands.add_parser(
-        "forget",
-        help="forget an item, or every item under a namespace",
-        description="Forget KEY in NAMESPACE, or every item under NAMESPACE, each with every "
-        "revision. An empty namespace is refused: forget will not forget everything.",
-    )
-    forget.add_argument("namespace", metavar="NAMESPACE", help="the namespace (not empty)")
-    forget.add_argument("key", nargs="?", metavar="KEY", help="only this item")
-    forget.add_argument(
-        "--dry-run", action="store_true", help="say what would be forgotten; forget nothing"
-    )
-    forget.add_argument("--json", action="store_true", help="print JSON")
-    parser: argparse.ArgumentParser = memory
-    return parser
 
 
 def run_memory(args: argparse.Namespace) -> int:

@@ -14,6 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from cantrip._version import __version__
+from cantrip.cli._grammar import (
+    add_eval_parser,
+    add_loom_parser,
+    add_mcp_parser,
+    add_memory_parser,
+)
 
 DESCRIPTION = """\
 cantrip runs LLM entities: a model in a loop with an environment (its circle of
@@ -59,8 +65,8 @@ DESCRIPTIONS = {
     "cast: over stdio by default, or streamable HTTP at /mcp with --http.",
     "conformance": "Run conformance vectors (tests.yaml files): one line per failing "
     "case and a final count; a non-zero exit on any failure.",
-    "loom": None,  # its own plain description (cantrip.cli._loom_args.LOOM_HELP)
-    "memory": None,  # its own plain description (cantrip.cli._memory.MEMORY_HELP)
+    "loom": None,  # its own plain description (cantrip.cli._grammar.LOOM_HELP)
+    "memory": None,  # its own plain description (cantrip.cli._grammar.MEMORY_HELP)
 }
 """Each command's ``--help`` description, plain text."""
 
@@ -268,8 +274,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     )  # fmt: skip
     _add_otlp(serve)
 
-    from cantrip.cli._mcp import add_mcp_parser
-
     add_mcp_parser(commands, parents=[common])
     serve.add_argument(
         "--grace-s",
@@ -374,18 +378,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     )
     conformance.add_argument("-v", "--verbose", action="store_true", help="list passing cases")
 
-    from cantrip.cli._eval import add_eval_parser
-
     add_eval_parser(commands, parents=[common])
-
-    try:
-        from cantrip.cli._loom_args import add_loom_parser  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        pass
-    else:
-        add_loom_parser(commands, parents=[common])
-    from cantrip.cli._memory import add_memory_parser
-
+    add_loom_parser(commands, parents=[common])
     add_memory_parser(commands, parents=[common])
     _describe(commands)
     return parser, commands

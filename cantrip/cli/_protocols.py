@@ -14,6 +14,7 @@ import os
 
 import trio
 
+from cantrip._install import require_extra
 from cantrip.cli._exit import fail
 from cantrip.cli._process import debug_log
 from cantrip.cli._spec_file import check_spec, load_cantrip
@@ -36,6 +37,7 @@ def run_acp(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    require_extra("serve", "cantrip serve")
     from cantrip.cli._process import command_gc
     from cantrip.cli._serve import serve_until_signal
     from cantrip.protocols.asgi._responses import set_heartbeat_s

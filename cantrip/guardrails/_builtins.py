@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import orjson
-import re2
 
 from cantrip._errors import ConstructionError
+from cantrip._install import require_extra
 from cantrip._json_schema import compile_schema
 from cantrip._redact import REDACTED, redact
 from cantrip.guardrails._model import (
@@ -101,6 +101,10 @@ def secrets(
 
 
 def _compile(name: str, pattern: str) -> Any:
+    """``pattern`` compiled by RE2 (the ``guardrails`` extra, imported here only)."""
+    require_extra("guardrails", f"guardrail {name!r} (an RE2 pattern)")
+    import re2
+
     try:
         return re2.compile(pattern)
     except re2.error as exc:

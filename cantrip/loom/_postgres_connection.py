@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING
 
 from cantrip._errors import LoomError
-from cantrip._install import install_command
+from cantrip._install import require_extra
 from cantrip._redact import redact
 
 if TYPE_CHECKING:
@@ -29,12 +29,9 @@ back off, instead of hanging for half a minute after the database is back."""
 def open_pool(url: str, max_connections: int) -> ConnectionPool:
     """An open ``psycopg_pool.ConnectionPool`` on ``url`` (autocommit connections),
     after one direct connection (:func:`probe_connection`) has said the server answers."""
-    try:
-        import psycopg_pool
-    except ImportError as exc:  # the optional dependency (the postgres extra)
-        raise LoomError(
-            f"a postgresql:// loom needs psycopg: {install_command('postgres')}"
-        ) from exc
+    require_extra("postgres", "a postgresql:// loom")
+    import psycopg_pool
+
     probe_connection(url)
     pool = psycopg_pool.ConnectionPool(
         url,

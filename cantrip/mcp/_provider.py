@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from cantrip._errors import ConstructionError
+from cantrip._install import require_extra
 from cantrip._provider_fields import (
     PROVIDER_NAME,
     resolve_references,
@@ -83,6 +84,8 @@ class MCPServer:
         problems = self.problems()
         if problems:
             raise ConstructionError(problems)
+        # declared, so about to be used: a missing SDK is said now (at spec load), once
+        require_extra("mcp", f"MCP server {self.name!r}")
 
     def problems(self) -> list[str]:
         where = f"MCP server {self.name!r}"

@@ -68,7 +68,11 @@ def resolve_medium(spec: CircleSpec, strict: bool, problems: list[str]) -> Mediu
             )
             return None
         return conversation
-    return _MEDIUMS[next(iter(canonical.values()))]()
+    try:
+        return _MEDIUMS[next(iter(canonical.values()))]()
+    except ConstructionError as exc:  # its extra is not installed: one problem among all
+        problems.extend(exc.problems)
+        return None
 
 
 def with_isolation(medium: Medium, spec: CircleSpec, problems: list[str]) -> Medium:

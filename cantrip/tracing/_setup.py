@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 
 from cantrip._errors import ConstructionError
-from cantrip._install import install_command
+from cantrip._install import require_extra
 
 EXPORT_TIMEOUT_S = 3.0
 """How long one export (with the exporter's own retries) may take: a collector on
@@ -53,14 +53,13 @@ def configure_otlp(endpoint: str, *, service_name: str = "cantrip") -> Callable[
     """Send every span to ``endpoint`` (e.g. ``http://127.0.0.1:4318/v1/traces``)."""
     if not endpoint.startswith(("http://", "https://")):
         raise ConstructionError(f"--otlp wants an http(s) URL, not {endpoint!r}")
-    try:
-        from opentelemetry import trace
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError:
-        raise ConstructionError(f"--otlp needs OpenTelemetry: {install_command('otel')}") from None
+    require_extra("otel", "--otlp")
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     exporter = OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
     provider.add_span_processor(BatchSpanProcessor(exporter))

@@ -20,6 +20,7 @@ import attrs
 import trio
 
 from cantrip._cantrip import Cantrip
+from cantrip._install import require_extra
 from cantrip.protocols.a2a import _server as _a2a
 from cantrip.protocols.a2a._push import Pushes
 from cantrip.protocols.asgi._responses import Receive, Send
@@ -129,6 +130,7 @@ async def serve_http(
     refuses to start on a non-loopback address without a token
     (:class:`~cantrip.protocols.middleware._guard.BindError`). ``read_timeout_s`` bounds
     each socket read, so a client that stops sending is dropped."""
+    require_extra("serve", "cantrip serve")
     await trio.to_thread.run_sync(_a2a.available)  # the SDK's import, off the loop
     server = process_server(spell, options, limits)
     app, backend = server.app, server.backend
@@ -167,6 +169,7 @@ async def serve_http_db(
     (or the task is cancelled); ``task_status`` gets the bound URLs. The replica runs
     no entity: sessions live in PostgreSQL, a prompt is work a ``cantrip worker``
     runs, every read is a query (:class:`~cantrip.protocols.sessions.PostgresBackend`)."""
+    require_extra("serve", "cantrip serve")
     guard = guard if guard is not None else Guard(bind_host=host)
     guard.check_bind()
     options = options or ServeOptions()

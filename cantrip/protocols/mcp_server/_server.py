@@ -45,6 +45,7 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._elicit import AnswerError
 from cantrip._errors import CantripError
+from cantrip._install import require_extra
 from cantrip._redact import get_logger
 from cantrip._text import require_intent
 from cantrip.loom._model import Turn
@@ -348,6 +349,7 @@ def _thread_json(spell: Cantrip, entity_id: str) -> str:
 
 async def serve_stdio(spell: Cantrip) -> None:
     """Serve on this process's stdin/stdout until the client closes stdin."""
+    require_extra("mcp", "cantrip mcp")
     server = build_server(spell)
     await server.run_stdio_async()
 
@@ -402,6 +404,7 @@ async def serve_http(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve streamable HTTP with hypercorn's trio worker; ``task_status`` gets the URLs."""
+    require_extra("mcp", "cantrip mcp")
     from hypercorn.config import Config
     from hypercorn.trio import serve
 

@@ -28,11 +28,12 @@ from cantrip.loom._summary import cost as _cost
 from cantrip.loom._summary import outcome as _outcome
 from cantrip.loom._summary import tokens as _tokens
 from cantrip.loom._summary import tree_turns as _tree_turns
+from cantrip.loom._summary import turn_cost
 from cantrip.protocols.sessions import session_id_for, turn_dict
 from cantrip.protocols.viewer._compare import compare
 from cantrip.protocols.viewer._errors import ViewerError
 from cantrip.protocols.viewer._evals import eval_cases, eval_pairs, eval_runs, is_run_record
-from cantrip.protocols.viewer._timeline import CastTimeline, turn_cost, turn_status
+from cantrip.protocols.viewer._timeline import CastTimeline, turn_status
 
 __all__ = ["LoomViews", "TreeRow", "ViewerError", "page_args", "turn_status"]
 

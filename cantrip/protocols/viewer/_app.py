@@ -46,6 +46,7 @@ from urllib.parse import parse_qs, unquote
 import trio
 
 from cantrip._errors import CantripError
+from cantrip._install import require_extra
 from cantrip._redact import get_logger, redact
 from cantrip.loom._loom import Loom
 from cantrip.protocols.asgi._body import BodyError, read_json_body
@@ -412,6 +413,7 @@ async def serve_viewer(
     """Serve the read-only viewer of the loom at ``path`` (a file, or a ``postgresql://``
     URL) with hypercorn's trio worker, behind ``guard`` (default: :func:`viewer_guard`
     without a token), until ``shutdown_trigger`` returns; ``task_status`` gets the URLs."""
+    require_extra("serve", "the loom viewer")
     guard = guard if guard is not None else viewer_guard(host, None)
     from hypercorn.config import Config
     from hypercorn.trio import serve

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import EntityRecord, Turn
-from cantrip.loom._summary import turn_cost as loom_turn_cost
+from cantrip.loom._summary import turn_cost
 from cantrip.loom._view import CHECKPOINT_PHASES
 from cantrip.protocols.viewer._errors import ViewerError
 
@@ -75,17 +75,6 @@ def turn_status(turn: Turn) -> str:
     if turn.is_error:
         return "error"
     return "ok"
-
-
-def turn_cost(turn: Turn) -> float | None:
-    """What a turn cost in USD; ``None`` when unknown. Beyond the loom list's rule (tokens
-    at an unknown price, or no usage reported), a cut-off turn that recorded no usage is
-    unknown too: its model call may have run and been billed before the cut, which kept no
-    figures -- never ``$0``. A continuation piece made no model call (its checkpoint did)."""
-    recorded = loom_turn_cost(turn)  # the loom list's rule, written once there
-    piece = str(turn.extras.get("phase") or "").startswith("continuation")
-    cut_unmetered = recorded == 0.0 and turn.metadata.cost_usd is None and turn.truncated
-    return None if cut_unmetered and not piece else recorded
 
 
 def _epoch_ms(stamp: str) -> float | None:

@@ -1,8 +1,10 @@
-"""The arguments of ``cantrip loom FILE COMMAND ...``: its parser and its help.
+"""The grammar of the commands whose code is heavy: ``loom``, ``memory``, ``eval`` and
+``mcp``.
 
-Why apart from :mod:`._loom`: building the command line (``cantrip --help``, a
-typo's usage line) must not import what running a loom command needs (trio, the
-loom stores, the exporters); this module imports only the standard library.
+``cantrip --help`` (and every command) builds the whole parser, so the grammar of a
+command must not import what the command runs: the loom, the spec loader, trio. Each
+command's module imports its grammar from here; nothing here imports beyond the
+standard library (``cantrip --version`` is measured by tests/test_lean_install.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+SUITE_RECORDING = "suite's recording"
+"""``eval --replay`` with no LOOM: the suite's own ``recording``."""
 
 LOOM_HELP = """\
 Inspect, export, reward and fork from a loom file. FILE is a loom written by
@@ -197,3 +201,149 @@ def loom_location(text: str) -> Path | str:
     if text.startswith(POSTGRES_SCHEMES):
         return text
     return Path(text)
+
+
+MEMORY_HELP = """\
+List, search, show and forget what a cantrip remembers (its [memory] store, kept in
+its loom's database). TARGET is a spec file (.toml: its loom, and its embedder so
+that a search can be semantic or hybrid) or a loom: an SQLite file or a
+postgresql:// URL (text search only).
+
+NAMESPACE is its parts joined by '/' (user/alice), or a JSON list of strings for
+parts that hold a '/' (["user", "a/b"]).
+
+Everything printed has its secrets redacted. forget takes every revision of what
+it forgets; --dry-run says what it would forget first. exit codes: 0 success, 1 error
+"""
+"""What ``cantrip memory --help`` prints (plain text, for users)."""
+
+
+def add_memory_parser(
+    subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()
+) -> argparse.ArgumentParser:
+    """Add the ``memory`` command (with its subcommands) to a ``cantrip`` parser."""
+    memory = subparsers.add_parser(
+        "memory",
+        parents=list(parents),
+        help="list, search, show or forget what a cantrip remembers",
+        description=MEMORY_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    memory.add_argument(
+        "target",
+        metavar="TARGET",
+        help="a spec file (.toml), a loom file (.db) or a postgresql:// URL",
+    )
+    commands = memory.add_subparsers(dest="memory_command", required=True, metavar="COMMAND")
+
+    listing = commands.add_parser(
+        "list",
+        help="the namespaces, or the items under one",
+        description="List the namespaces that hold items (under PREFIX); with --items, "
+        "the items under PREFIX, newest first.",
+    )
+    listing.add_argument(
+        "prefix", nargs="?", default="", metavar="PREFIX", help="only under this namespace"
+    )
+    listing.add_argument("--items", action="store_true", help="list items, not namespaces")
+    listing.add_argument("--limit", type=int, default=100, help="at most N (default: 100)")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+
+    search = commands.add_parser(
+        "search",
+        help="the items that best match a query",
+        description="Search the items (under --prefix) for a query, best match first: by "
+        "words, by meaning or both (hybrid, the default when the spec names an embedder).",
+    )
+    search.add_argument("query", metavar="QUERY", help="what to look for")
+    search.add_argument("--prefix", default="", metavar="NAMESPACE", help="only under this")
+    search.add_argument(
+        "--mode",
+        choices=("text", "semantic", "hybrid"),
+        help="text, semantic or hybrid (semantic and hybrid need an embedder)",
+    )
+    search.add_argument("--limit", type=int, default=10, help="at most N (default: 10)")
+    search.add_argument("--json", action="store_true", help="print JSON")
+
+    show = commands.add_parser(
+        "show",
+        help="one item, its revisions and the turn that wrote it",
+        description="Show an item: its value, metadata, every revision (newest first) and "
+        "the turn that wrote it (its entity, intent and text), when the loom holds it.",
+    )
+    show.add_argument("namespace", metavar="NAMESPACE", help="the item's namespace")
+    show.add_argument("key", metavar="KEY", help="the item's key")
+    show.add_argument("--json", action="store_true", help="print JSON")
+
+    forget = commands.add_parser(
+        "forget",
+        help="forget an item, or every item under a namespace",
+        description="Forget KEY in NAMESPACE, or every item under NAMESPACE, each with every "
+        "revision. An empty namespace is refused: forget will not forget everything.",
+    )
+    forget.add_argument("namespace", metavar="NAMESPACE", help="the namespace (not empty)")
+    forget.add_argument("key", nargs="?", metavar="KEY", help="only this item")
+    forget.add_argument(
+        "--dry-run", action="store_true", help="say what would be forgotten; forget nothing"
+    )
+    forget.add_argument("--json", action="store_true", help="print JSON")
+    parser: argparse.ArgumentParser = memory
+    return parser
+
+
+def add_eval_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    evals = commands.add_parser(
+        "eval",
+        parents=parents,
+        help="run an eval suite; 'eval compare A.json B.json'; 'eval add LOOM REF --suite S'",
+        description=(
+            "Run every case of a suite against a spec and score it. "
+            "'cantrip eval compare A.json B.json' lists regressions and improvements between "
+            "two reports; 'cantrip eval add LOOM REF --suite SUITE' turns a recorded cast "
+            "into a regression case with its recording."
+        ),
+    )
+    evals.add_argument("target", help="the suite file, or 'compare' or 'add'")
+    evals.add_argument("more", nargs="*", help="compare: two JSON reports; add: LOOM and REF")
+    evals.add_argument("--spec", type=Path, help="the spec to evaluate (instead of the suite's)")
+    evals.add_argument("--concurrency", type=int, default=4, help="cases run at once (default 4)")
+    evals.add_argument("--repeat", type=int, default=1, help="runs of each case (default 1)")
+    evals.add_argument("--json", type=Path, metavar="FILE", help="write the JSON report here")
+    evals.add_argument("--junit", type=Path, metavar="FILE", help="write JUnit XML here")
+    evals.add_argument("--loom", type=Path, metavar="FILE", help="record the casts in this loom")
+    mode = evals.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--record", type=Path, metavar="LOOM", help="keep every case's cast here, for --replay"
+    )
+    mode.add_argument(
+        "--replay",
+        nargs="?",
+        const=SUITE_RECORDING,
+        metavar="LOOM",
+        help="answer the agent's model requests from this recording (default: the suite's "
+        "'recording'); offline, no key needed",
+    )
+    evals.add_argument(
+        "--max-cost-usd", type=float, metavar="X", help="stop starting cases once X USD is spent"
+    )
+    evals.add_argument("--suite", type=Path, help="add: the suite file to add the case to")
+    evals.add_argument("--name", help="add: the new case's name")
+
+
+def add_mcp_parser(commands: Any, parents: list[Any] | None = None) -> None:
+    mcp = commands.add_parser(
+        "mcp", parents=parents or [], help="serve the spec's cantrip as an MCP server (tool: cast)"
+    )
+    mcp.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
+    mcp.add_argument("--http", action="store_true", help="streamable HTTP at /mcp instead of stdio")
+    mcp.add_argument("--host", default="127.0.0.1", help="with --http; default: 127.0.0.1")
+    mcp.add_argument(
+        "--port", type=int, default=8000, help="with --http; default: 8000 (0: any free port)"
+    )
+    mcp.add_argument(
+        "--token",
+        help="with --http: require 'Authorization: Bearer TOKEN' (needed off loopback; "
+        "default: $CANTRIP_MCP_TOKEN)",
+    )
+    mcp.add_argument("--check", action="store_true", help="load the spec, report, and exit")
+    mcp.add_argument("--log", type=Path, help="write a debug log to this file (never stdout)")
