@@ -1,10 +1,10 @@
 """AG-UI over ``cantrip serve`` (issue 33, item 1): ``POST /agui`` takes a
 ``RunAgentInput`` and answers AG-UI 1.0 events over SSE.
 
-Every stream here is read off a live server, parsed by the official
-``ag-ui-protocol`` models and checked by the ``ag-ui-validate`` conformance
-validator; ``test_agui_client.py`` runs the official JavaScript client against
-the same server."""
+Every stream here is read off a live server, each event held to the AG-UI 1.0
+JSON Schema (tests/agui_schema_check.py) and the stream checked by the
+``ag-ui-validate`` conformance validator; ``test_agui_client.py`` runs the official
+JavaScript client against the same server."""
 
 from __future__ import annotations
 
@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pydantic
 import pytest
 import trio
-from ag_ui.core import Event
 from ag_ui_validate.pytest_plugin import assert_valid_agui
+from agui_schema_check import parse_sse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,8 +31,6 @@ from cantrip.protocols.middleware._guard import Guard
 from gates import ask_user, done
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop
-
-EVENTS = pydantic.TypeAdapter(Event)
 
 
 def spell(script: list[dict[str, Any]], *, loom: Path | None = None, gates: Any = ()) -> Any:
@@ -67,18 +64,6 @@ def run_input(thread: str, text: str | None = "hello", **more: Any) -> dict[str,
         "forwardedProps": {},
         **more,
     }
-
-
-def parse_sse(text: str) -> list[dict[str, Any]]:
-    """Every ``data:`` line of the stream, each checked against AG-UI's models."""
-    events = []
-    for block in text.split("\n\n"):
-        for line in block.splitlines():
-            if line.startswith("data: "):
-                data = json.loads(line[len("data: ") :])
-                EVENTS.validate_python(data)  # an AG-UI 1.0 event, or this raises
-                events.append(data)
-    return events
 
 
 async def agui(
@@ -724,7 +709,7 @@ def break_step_complete(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inject a fault into the one event mapping both servers use: translating a
     recorded turn's end raises, as a bug there would -- after RUN_STARTED went out."""
     from cantrip._events import StepComplete
-    from cantrip.protocols.agui._protocol import Translator
+    from cantrip.protocols.agui._translate import Translator
 
     events = Translator.events
 

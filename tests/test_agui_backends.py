@@ -30,7 +30,7 @@ from test_session_backend_contract import (  # noqa: F401 (the fixtures)
     world,
 )
 
-from cantrip.protocols.agui._protocol import thread_key
+from cantrip.protocols.agui._input import thread_key
 from cantrip.protocols.agui._run import serve_agui
 from cantrip.protocols.asgi._responses import HttpError
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import trio
+from agui_schema_check import check_events
 from npm_packages import ensure_npm_packages
 
 import cantrip
@@ -88,6 +89,8 @@ async def js_client(base: str, scenario: str) -> dict[str, Any]:
         )
     assert done_.returncode == 0, done_.stderr.decode()  # what node said, when it failed
     report: dict[str, Any] = json.loads(done_.stdout)
+    for run in report["runs"]:
+        check_events(run["events"])  # what the client received: AG-UI 1.0 events
     return report
 
 
@@ -271,3 +274,17 @@ async def test_the_guides_client_mjs_runs_as_written(tmp_path: Path) -> None:
     assert refused.returncode != 0  # no token: the server's guard says no
     assert ran.returncode == 0, ran.stderr.decode()
     assert ran.stdout.decode().strip() == "I greeted the world."
+
+
+async def test_the_vendored_schema_is_what_the_official_package_gives(tmp_path: Path) -> None:
+    """tests/agui_schema/ag-ui-1.0.schema.json is rebuilt from the installed
+    ``@ag-ui/core`` (its README says how): the copy the tests check against has not
+    drifted from the package the JS client runs on."""
+    await ensure_client()
+    node = shutil.which("node")
+    assert node is not None
+    out = tmp_path / "schema.json"
+    with trio.fail_after(60):
+        await trio.run_process([node, "schema.mjs", str(out)], cwd=CLIENT)
+    vendored = CLIENT.parent / "agui_schema" / "ag-ui-1.0.schema.json"
+    assert json.loads(out.read_text()) == json.loads(vendored.read_text())

@@ -47,21 +47,19 @@ from cantrip._redact import get_logger
 from cantrip.llm._contract import Response, ToolCall
 from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import GateCallRecord
-from cantrip.protocols.agui._protocol import (
-    RunFailed,
-    RunStream,
-    Where,
+from cantrip.protocols.agui._input import (
     check_tools,
     client_answers,
     decision_for,
     intent_of,
     parse_input,
-    recorded_events,
     run_key,
     thread_key,
     tool_definitions,
     tool_results,
 )
+from cantrip.protocols.agui._protocol import RunFailed, RunStream, Where
+from cantrip.protocols.agui._translate import recorded_events
 from cantrip.protocols.asgi._requests import read_body, until_disconnect
 from cantrip.protocols.asgi._responses import HttpError, Receive, Send, heartbeat_s
 from cantrip.protocols.middleware._lifecycle import Drain
