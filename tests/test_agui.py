@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 import cantrip
 from cantrip.protocols.http._serve import serve_http
 from cantrip.protocols.middleware._guard import Guard
-from gates import ask_user, done
+from gates import ask_user, call_agent, done
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop
 
@@ -776,3 +776,72 @@ def test_the_depth_check_takes_what_recursion_cannot() -> None:
         _depth(deep)
     assert nests_deeper(deep, 64) and nests_deeper(nested(65), 64)
     assert not nests_deeper(nested(64), 64)
+
+
+async def test_a_call_agent_child_is_a_subagent_with_its_events_attributed() -> None:
+    """A ``call_agent`` child (and its own child) is an AG-UI 1.0 sub-agent: announced
+    with the delegation call it runs in, each of its events carrying its
+    ``subagentRunId``, finished before its call's result; the run's own events carry
+    none."""
+    s = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(
+            [
+                {
+                    "content": "delegating",
+                    "tool_calls": [
+                        {"gate": "call_agent", "args": {"intent": "ask around", "llm": "kid"}}
+                    ],
+                },
+                {"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]},
+            ]
+        ),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, call_agent], [cantrip.max_turns(5), cantrip.max_depth(2)]),
+        loom=cantrip.Loom(),
+    ).with_(
+        llms={
+            "kid": cantrip.ScriptedLLM(
+                [
+                    {
+                        "thinking": "ask the grandkid",
+                        "tool_calls": [
+                            {"gate": "call_agent", "args": {"intent": "look", "llm": "grandkid"}}
+                        ],
+                    },
+                    {"content": "kid's answer"},
+                ]
+            ),
+            "grandkid": cantrip.ScriptedLLM([{"content": "grandkid's answer"}]),
+        }
+    )
+    async with serving(s) as base:
+        answer, events = await agui(base, run_input("t-subagents", "go"))
+    assert answer.status_code == 200 and events[-1]["type"] == "RUN_FINISHED", types(events)
+    calls = {e["toolCallId"]: e for e in events if e["type"] == "TOOL_CALL_START"}
+    started = [e for e in events if e["type"] == "SUBAGENT_STARTED"]
+    assert len(started) == 2
+    kid, grandkid = (e["subagentRunId"] for e in started)
+    assert calls[started[0]["parentToolCallId"]].get("subagentRunId") is None  # the run's call
+    assert "parentSubagentRunId" not in started[0] and started[0]["description"] == "ask around"
+    assert started[1]["parentSubagentRunId"] == kid
+    assert calls[started[1]["parentToolCallId"]]["subagentRunId"] == kid  # the kid's call
+    said = {
+        who: "".join(
+            e["delta"]
+            for e in events
+            if e["type"] == "TEXT_MESSAGE_CONTENT" and e.get("subagentRunId") == who
+        )
+        for who in (None, kid, grandkid)
+    }
+    assert said == {None: "delegatingok", kid: "kid's answer", grandkid: "grandkid's answer"}
+    reasoning = [e for e in events if e["type"] == "REASONING_MESSAGE_CONTENT"]
+    assert {e["subagentRunId"] for e in reasoning} == {kid}
+    assert "".join(e["delta"] for e in reasoning) == "ask the grandkid"
+    finished = {
+        e["subagentRunId"]: i for i, e in enumerate(events) if e["type"] == "SUBAGENT_FINISHED"
+    }
+    assert set(finished) == {kid, grandkid}
+    assert events[finished[kid]]["outcome"] == {"type": "success"}
+    results = {e["toolCallId"]: i for i, e in enumerate(events) if e["type"] == "TOOL_CALL_RESULT"}
+    assert finished[grandkid] < results[started[1]["parentToolCallId"]] < finished[kid]
+    assert finished[kid] < results[started[0]["parentToolCallId"]]

@@ -288,3 +288,67 @@ async def test_the_vendored_schema_is_what_the_official_package_gives(tmp_path: 
         await trio.run_process([node, "schema.mjs", str(out)], cwd=CLIENT)
     vendored = CLIENT.parent / "agui_schema" / "ag-ui-1.0.schema.json"
     assert json.loads(out.read_text()) == json.loads(vendored.read_text())
+
+
+async def test_the_official_js_client_follows_a_long_gates_progress_as_an_activity(
+    tmp_path: Path,
+) -> None:
+    """A gate that reports progress (an MCP tool's progress notifications) is an
+    activity: ``ACTIVITY_SNAPSHOT`` at its first report, ``ACTIVITY_DELTA`` patches
+    after, before the call's result -- and the official client takes them."""
+    from mcp_support import call, finish, toolbox
+    from mcp_support import spell as mcp_spell
+
+    s = mcp_spell(
+        [call("tb_count", n=3), finish("counted"), finish("again")], toolbox(tmp_path / "m")
+    )
+    async with serving(s) as base:
+        report = await js_client(base, "chat")
+    first = report["runs"][0]
+    assert first["error"] is None, first
+    told = kinds(first)
+    activity = [e for e in first["events"] if e["type"].startswith("ACTIVITY_")]
+    assert [e["type"] for e in activity] == ["ACTIVITY_SNAPSHOT"] + ["ACTIVITY_DELTA"] * 2
+    assert activity[0]["activityType"] == "cantrip.gate_progress"
+    assert activity[0]["content"] == {
+        "gate": "tb_count",
+        "progress": 1.0,
+        "total": 3.0,
+        "message": "step 1",
+    }
+    assert {e["messageId"] for e in activity} == {activity[0]["messageId"]}
+    assert activity[-1]["patch"] == [
+        {"op": "replace", "path": "/progress", "value": 3.0},
+        {"op": "replace", "path": "/message", "value": "step 3"},
+    ]
+    assert told.index("ACTIVITY_DELTA") < told.index("TOOL_CALL_RESULT")
+    assert "CUSTOM" not in told
+
+
+async def test_the_official_js_client_takes_a_call_agent_child_as_a_subagent() -> None:
+    """The client accepts a sub-agent's stream: its start, its attributed events (the
+    client checks that each names a sub-agent it was told of) and its end."""
+    from gates import call_agent
+
+    s = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(
+            [
+                {"tool_calls": [{"gate": "call_agent", "args": {"intent": "x", "llm": "kid"}}]},
+                {"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]},
+                {"tool_calls": [{"gate": "done", "args": {"answer": "again"}}]},
+            ]
+        ),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, call_agent], [cantrip.max_turns(6)]),
+        loom=cantrip.Loom(),
+    ).with_(llms={"kid": cantrip.ScriptedLLM([{"content": "kid's answer"}])})
+    async with serving(s) as base:
+        report = await js_client(base, "chat")
+    first = report["runs"][0]
+    assert first["error"] is None and first["result"] == "ok", first
+    started = [e for e in first["events"] if e["type"] == "SUBAGENT_STARTED"]
+    assert len(started) == 1
+    kid = started[0]["subagentRunId"]
+    texts = [e for e in first["events"] if e["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert [e.get("subagentRunId") for e in texts][:1] == [kid]
+    assert kinds(first).index("SUBAGENT_FINISHED") < kinds(first).index("TOOL_CALL_RESULT")

@@ -214,6 +214,7 @@ class RunStream:
             ),
         )
         self.turns, self.entity_id = where.turns, where.entity_id
+        self.translator.entity_id = where.entity_id  # every other entity's is a sub-agent's
         await send_event(
             self.send, StateSnapshotEvent(snapshot=state_of(run, where, None, running=True))
         )

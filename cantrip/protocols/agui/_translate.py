@@ -10,10 +10,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
 from ag_ui.core import (
+    ActivityDeltaEvent,
+    ActivitySnapshotEvent,
     AssistantMessage,
     BaseEvent,
-    CustomEvent,
     FunctionCall,
     Message,
     ReasoningEndEvent,
@@ -24,6 +26,10 @@ from ag_ui.core import (
     ReasoningStartEvent,
     StepFinishedEvent,
     StepStartedEvent,
+    SubagentErrorEvent,
+    SubagentFinishedEvent,
+    SubagentFinishedSuccessOutcome,
+    SubagentStartedEvent,
     TextMessageContentEvent,
     TextMessageEndEvent,
     TextMessageStartEvent,
@@ -51,6 +57,9 @@ from cantrip.loom._model import GateCallRecord, Turn
 
 log = get_logger("cantrip.agui")
 
+ACTIVITY_TYPE = "cantrip.gate_progress"
+"""The ``activityType`` of a running gate's progress."""
+
 
 def _new_id(kind: str) -> str:
     return f"{kind}-{os.urandom(8).hex()}"
@@ -66,12 +75,16 @@ def _text(value: Any) -> str:
 # -- the events ------------------------------------------------------------------------
 
 
-class Translator:
-    """Turns one run's cantrip events into AG-UI events, keeping AG-UI's nesting:
-    a text message, a reasoning message and a tool call are each opened, filled and
-    closed, and never overlap a different one."""
+class _Voice:
+    """One entity's events as AG-UI events, keeping AG-UI's nesting: a text message,
+    a reasoning message and a tool call are each opened, filled and closed, and never
+    overlap a different one. The run's entity is one voice, each ``call_agent`` child
+    another (:class:`Translator`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_prefix: str = "") -> None:
+        self.step_prefix = step_prefix
+        """Before each step's name: a sub-agent's steps are named apart from the run's
+        (AG-UI pairs a step's end with its start by name)."""
         self.text_id: str | None = None
         """The open assistant text message."""
         self.last_text_id: str | None = None
@@ -87,12 +100,17 @@ class Translator:
         self.quiet: set[str] = set()
         """Tool calls whose results the client sent (its own tools): not told back."""
         self._buffer: list[str] = []
+        self.activities: dict[str, tuple[str, dict[str, Any]]] = {}
+        """Gate name -> the activity its running call reports progress on (its
+        message id and content as last told)."""
 
     def events(self, event: Event) -> list[BaseEvent]:
         out: list[BaseEvent] = []
         if isinstance(event, StepStart):
             self._close_all(out)
-            self.step = f"turn-{event.sequence}"
+            if self.step is not None:  # its end was not heard (a child's turn is not told)
+                out.append(StepFinishedEvent(step_name=self.step))
+            self.step = f"{self.step_prefix}turn-{event.sequence}"
             out.append(StepStartedEvent(step_name=self.step))
         elif isinstance(event, MessageStart):
             self._close_text(out)
@@ -126,17 +144,7 @@ class Translator:
         elif isinstance(event, ToolResultEvent):
             self._result(out, event.record)
         elif isinstance(event, GateProgress):
-            out.append(
-                CustomEvent(
-                    name="cantrip.gate_progress",
-                    value={
-                        "gate": event.gate,
-                        "progress": event.progress,
-                        "total": event.total,
-                        "message": event.message,
-                    },
-                )
-            )
+            self._progress(out, event)
         elif isinstance(event, StepComplete):
             self._close_all(out)
             if self.step is not None:
@@ -210,11 +218,45 @@ class Translator:
                 out.append(ToolCallArgsEvent(tool_call_id=call_id, delta=delta))
         out.append(ToolCallEndEvent(tool_call_id=call_id))
 
+    def _progress(self, out: list[BaseEvent], event: GateProgress) -> None:
+        """A running gate's progress as an activity: ``ACTIVITY_SNAPSHOT`` at its first
+        report, then an ``ACTIVITY_DELTA`` (JSON Patch) of what changed at each next one,
+        until the call's result ends it."""
+        content = {
+            "gate": event.gate,
+            "progress": event.progress,
+            "total": event.total,
+            "message": event.message,
+        }
+        known = self.activities.get(event.gate)
+        if known is None:
+            message_id = _new_id("activity")
+            out.append(
+                ActivitySnapshotEvent(
+                    message_id=message_id, activity_type=ACTIVITY_TYPE, content=content
+                )
+            )
+        else:
+            message_id, told = known
+            patch = [
+                {"op": "replace", "path": f"/{key}", "value": value}
+                for key, value in content.items()
+                if told.get(key) != value
+            ]
+            if patch:
+                out.append(
+                    ActivityDeltaEvent.model_validate(
+                        {"messageId": message_id, "activityType": ACTIVITY_TYPE, "patch": patch}
+                    )
+                )
+        self.activities[event.gate] = (message_id, content)
+
     def _result(self, out: list[BaseEvent], record: GateCallRecord) -> None:
         """A gate call's result. A call made from code (no tool call of its own) is
         announced here as a whole tool call first, so every gate call shows."""
         self._close_text(out)
         self._close_reasoning(out)
+        self.activities.pop(record.gate, None)  # its progress, if it reported any, ends
         call_id = record.tool_call_id
         if call_id is not None and call_id in self.quiet:
             return
@@ -234,6 +276,143 @@ class Translator:
                 role="tool",
             )
         )
+
+
+def _attributed(events: list[BaseEvent], sub: str | None) -> list[BaseEvent]:
+    """``events`` of a sub-agent's voice, each carrying its ``subagentRunId``."""
+    if sub is not None:
+        for event in events:
+            if "subagent_run_id" in type(event).model_fields:
+                setattr(event, "subagent_run_id", sub)  # noqa: B010 (not on BaseEvent)
+    return events
+
+
+DELEGATES = frozenset({"call_agent", "call_agent_batch"})
+"""The gates whose calls run child entities: their events are a sub-agent's."""
+
+
+@attrs.define
+class _Child:
+    """A ``call_agent`` child heard in this run: its voice, and the call it runs in."""
+
+    voice: _Voice
+    call_id: str | None
+    done: bool = False
+
+
+class Translator:
+    """Turns one run's cantrip events into AG-UI events. The run's entity speaks in
+    its own voice; each child a ``call_agent`` call runs is a sub-agent: announced
+    with ``SUBAGENT_STARTED`` at its first event (the delegation call it runs in, and
+    the sub-agent that made that call, if any), every event of its own carrying its
+    ``subagentRunId`` (the child's entity id: one per invocation), and ended with
+    ``SUBAGENT_FINISHED`` at its final answer -- or at its call's result, with
+    ``SUBAGENT_ERROR`` if the call failed, and at the run's end if it had not."""
+
+    def __init__(self, entity_id: str = "") -> None:
+        self.entity_id = entity_id
+        """The run's own entity ("" until known: then every event is its)."""
+        self.main = _Voice()
+        self.children: dict[str, _Child] = {}
+        self.delegations: dict[str, tuple[str, str]] = {}
+        """Open delegation calls: tool call id -> (the entity that made it, the
+        child's intent as the call gives it)."""
+
+    @property
+    def quiet(self) -> set[str]:
+        return self.main.quiet
+
+    @quiet.setter
+    def quiet(self, calls: set[str]) -> None:
+        self.main.quiet = calls
+
+    def events(self, event: Event) -> list[BaseEvent]:
+        entity = event.entity_id
+        out: list[BaseEvent] = []
+        if not entity or not self.entity_id or entity == self.entity_id:
+            voice, sub = self.main, None
+        else:
+            if entity not in self.children:
+                self._start(out, entity)
+            voice, sub = self.children[entity].voice, entity
+        self._note_delegations(entity, event)
+        if isinstance(event, ToolResultEvent) and event.record.tool_call_id in self.delegations:
+            self.delegations.pop(event.record.tool_call_id)
+            self._end_children(out, event.record)
+        out.extend(_attributed(voice.events(event), sub))
+        if sub is not None and isinstance(event, FinalResponse):
+            child = self.children[sub]
+            if not child.done:
+                child.done = True
+                out.extend(_attributed(child.voice.finish(None), sub))
+                out.append(
+                    SubagentFinishedEvent(
+                        subagent_run_id=sub,
+                        result=plain_json(event.result),
+                        outcome=SubagentFinishedSuccessOutcome(),
+                    )
+                )
+        return out
+
+    def finish(self, result: Any) -> list[BaseEvent]:
+        """Close what is open (a sub-agent still running ends with ``SUBAGENT_ERROR``);
+        a final answer no text message carried becomes one."""
+        out: list[BaseEvent] = []
+        for sub, child in self.children.items():
+            if not child.done:
+                self._end(out, sub, child, "the run ended before the sub-agent did")
+        out.extend(self.main.finish(result))
+        return out
+
+    def _start(self, out: list[BaseEvent], entity: str) -> None:
+        """A child heard for the first time: it runs in the latest open delegation
+        call (a child's own children run in calls it made, opened after its own)."""
+        call_id, parent, intent = None, None, ""
+        if self.delegations:
+            call_id = next(reversed(self.delegations))
+            parent, intent = self.delegations[call_id]
+        voice = _Voice(step_prefix=f"{entity}/")
+        self.children[entity] = _Child(voice, call_id)
+        out.append(
+            SubagentStartedEvent(
+                subagent_run_id=entity,
+                name="call_agent",
+                description=intent[:200] or None,
+                parent_subagent_run_id=parent if parent in self.children else None,
+                parent_tool_call_id=call_id,
+            )
+        )
+
+    def _note_delegations(self, entity: str, event: Event) -> None:
+        calls: list[tuple[str, str, Any]] = []
+        if isinstance(event, ToolCallEvent) and event.final and event.call_id:
+            calls.append((event.call_id, event.name, event.arguments))
+        elif isinstance(event, MessageComplete):
+            calls.extend((c.id, c.name, c.arguments) for c in event.response.tool_calls)
+        for call_id, name, args in calls:
+            if name in DELEGATES and call_id not in self.delegations:
+                intent = args.get("intent") if isinstance(args, Mapping) else None
+                self.delegations[call_id] = (entity, str(intent or ""))
+
+    def _end_children(self, out: list[BaseEvent], record: GateCallRecord) -> None:
+        """A delegation call's result: the children it ran end first."""
+        for sub, child in self.children.items():
+            if child.call_id == record.tool_call_id and not child.done:
+                if record.is_error:
+                    self._end(out, sub, child, record.text)
+                else:
+                    out.extend(_attributed(child.voice.finish(None), sub))
+                    child.done = True
+                    out.append(
+                        SubagentFinishedEvent(
+                            subagent_run_id=sub, outcome=SubagentFinishedSuccessOutcome()
+                        )
+                    )
+
+    def _end(self, out: list[BaseEvent], sub: str, child: _Child, why: str) -> None:
+        out.extend(_attributed(child.voice.finish(None), sub))
+        child.done = True
+        out.append(SubagentErrorEvent(subagent_run_id=sub, message=why or "failed"))
 
 
 def recorded_events(turn: Turn) -> list[Event]:
