@@ -11,6 +11,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import ssl
+import subprocess
+import sys
+import textwrap
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -52,6 +56,14 @@ async def serving(s: cantrip.Cantrip, guard: Guard | None = None) -> AsyncIterat
         nursery.cancel_scope.cancel()
 
 
+TLS = ssl.create_default_context()
+"""One TLS context for every client :func:`agui` makes (none is used: the servers are
+plain HTTP on loopback). The AG-UI fuzz's flake, test half: a client built its own,
+loading the CA file on the test's loop thread -- where ``trio.from_thread.run`` runs
+each request -- 150-670 ms on a busy machine, and the loop watch failed the test
+(found by sampling the loop thread's stack; tests/test_agui.py's fuzz)."""
+
+
 def run_input(thread: str, text: str | None = "hello", **more: Any) -> dict[str, Any]:
     messages = [] if text is None else [{"id": "u1", "role": "user", "content": text}]
     return {
@@ -69,7 +81,7 @@ def run_input(thread: str, text: str | None = "hello", **more: Any) -> dict[str,
 async def agui(
     base: str, body: Any, headers: dict[str, str] | None = None, *, timeout: float = 20
 ) -> tuple[httpx.Response, list[dict[str, Any]]]:
-    async with httpx.AsyncClient(base_url=base, timeout=timeout) as http:
+    async with httpx.AsyncClient(base_url=base, timeout=timeout, verify=TLS) as http:
         answer = await http.post(
             "/agui", json=body, headers={"accept": "text/event-stream", **(headers or {})}
         )
@@ -845,3 +857,63 @@ async def test_a_call_agent_child_is_a_subagent_with_its_events_attributed() -> 
     results = {e["toolCallId"]: i for i, e in enumerate(events) if e["type"] == "TOOL_CALL_RESULT"}
     assert finished[grandkid] < results[started[1]["parentToolCallId"]] < finished[kid]
     assert finished[kid] < results[started[0]["parentToolCallId"]]
+
+
+def test_a_server_imports_the_protocols_off_the_loop_thread() -> None:
+    """The AG-UI fuzz's flake, server half: a server mounted AG-UI, the viewer and A2A
+    by importing them on the loop thread at start -- AG-UI's generated models alone held
+    it 0.3-0.8 s (measured by sampling the loop thread's stack in the fuzz). In a fresh
+    interpreter (nothing imported yet), no such module is imported on the loop thread
+    while a server starts and answers a run."""
+    code = textwrap.dedent(
+        """
+        import importlib.abc, json, sys, threading
+        import httpx, trio, cantrip
+        from cantrip.protocols.http._serve import serve_http
+
+        PROTOCOLS = ("ag_ui", "cantrip.protocols.agui", "cantrip.protocols.viewer",
+                     "cantrip.protocols.a2a._handler", "a2a")
+        on_loop, in_loop = [], False
+
+        class Spy(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if in_loop and name.startswith(PROTOCOLS) and (
+                    threading.current_thread() is threading.main_thread()
+                ):
+                    on_loop.append(name)
+                return None
+
+        sys.meta_path.insert(0, Spy())
+        from gates import done
+        s = cantrip.Cantrip(
+            llm=cantrip.ScriptedLLM([{"tool_calls": [{"gate": "done", "args": {"answer": 1}}]}]),
+            identity=cantrip.Identity(),
+            circle=cantrip.Circle([done], [cantrip.max_turns(2)]),
+        )
+        body = {"threadId": "t", "runId": "r", "messages": [
+            {"id": "u", "role": "user", "content": "hi"}]}
+
+        async def main():
+            global in_loop
+            in_loop = True
+            async with trio.open_nursery() as nursery:
+                base = (await nursery.start(serve_http, s, "127.0.0.1", 0))[0]
+                async with httpx.AsyncClient(base_url=base) as http:
+                    answer = await http.post("/agui", json=body)
+                nursery.cancel_scope.cancel()
+            assert answer.status_code == 200 and "RUN_FINISHED" in answer.text, answer.text
+
+        trio.run(main)
+        print(json.dumps(sorted(set(on_loop))))
+        """
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).parents[1],  # where ``gates`` is
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout.splitlines()[-1]) == []
