@@ -570,7 +570,8 @@ async def test_a_front_end_tool_is_offered_called_at_the_client_and_its_result_o
         assert "TOOL_CALL_END" in types(called) and "TOOL_CALL_RESULT" not in types(called)
         finished = called[-1]
         assert finished["type"] == "RUN_FINISHED"
-        assert finished.get("outcome", {"type": "success"})["type"] == "success"
+        # success, with the call the client is to run (1.0's pendingToolCallIds)
+        assert finished["outcome"] == {"type": "success", "pendingToolCallIds": [call_id]}
         messages = [
             {"id": "u1", "role": "user", "content": "where am I?"},
             {
@@ -917,3 +918,17 @@ def test_a_server_imports_the_protocols_off_the_loop_thread() -> None:
     )
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout.splitlines()[-1]) == []
+
+
+async def test_a_finished_run_says_success_and_its_usage_with_cached_tokens() -> None:
+    """RUN_FINISHED names its outcome and carries the cast's tokens where 1.0 puts
+    them: ``usage``, with the input tokens the provider read from its cache."""
+    usage = {"prompt_tokens": 120, "completion_tokens": 7, "cached_tokens": 100}
+    s = spell([{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}], "usage": usage}])
+    async with serving(s) as base:
+        _, events = await agui(base, run_input("t-usage"))
+    finished = events[-1]
+    assert finished["outcome"] == {"type": "success"} and finished["result"] == "ok"
+    assert finished["usage"] == [
+        {"inputTokens": 120, "outputTokens": 7, "totalTokens": 127, "cachedInputTokens": 100}
+    ]

@@ -42,6 +42,7 @@ from ag_ui.core import (
     RunFinishedCancelledOutcome,
     RunFinishedEvent,
     RunFinishedInterruptOutcome,
+    RunFinishedSuccessOutcome,
     RunStartedEvent,
     StateDeltaEvent,
     StateSnapshotEvent,
@@ -280,11 +281,13 @@ class RunStream:
                 outcome=RunFinishedInterruptOutcome(interrupts=interrupts),
                 usage=usage_of(outcome),
             )
-        else:
+        else:  # success -- with the calls of the client's own tools it is to run, if any
+            waiting = [p.tool_call_id for p in outcome.pending if p.tool_call_id is not None]
             finished = RunFinishedEvent(
                 thread_id=run.thread_id,
                 run_id=run.run_id,
                 result=plain_json(outcome.result) if outcome.terminated else None,
+                outcome=RunFinishedSuccessOutcome(pending_tool_call_ids=waiting or None),
                 usage=usage_of(outcome),
             )
         out.append(finished)
