@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import trio
+from ag_ui_validate.pytest_plugin import assert_valid_agui
 from agui_schema_check import check_events
 from npm_packages import ensure_npm_packages
 
@@ -75,13 +76,13 @@ async def validate_live(endpoint: str) -> None:
     assert report["eventCount"] >= 10
 
 
-async def js_client(base: str, scenario: str) -> dict[str, Any]:
+async def js_client(base: str, scenario: str, query: str = "") -> dict[str, Any]:
     await ensure_client()
     node = shutil.which("node")
     assert node is not None
     with trio.fail_after(60):
         done_ = await trio.run_process(
-            [node, "run.mjs", f"{base}/agui", scenario, TOKEN],
+            [node, "run.mjs", f"{base}/agui{query}", scenario, TOKEN],
             cwd=CLIENT,
             capture_stdout=True,
             capture_stderr=True,
@@ -352,3 +353,42 @@ async def test_the_official_js_client_takes_a_call_agent_child_as_a_subagent() -
     texts = [e for e in first["events"] if e["type"] == "TEXT_MESSAGE_CONTENT"]
     assert [e.get("subagentRunId") for e in texts][:1] == [kid]
     assert kinds(first).index("SUBAGENT_FINISHED") < kinds(first).index("TOOL_CALL_RESULT")
+
+
+async def test_the_official_js_client_reconnecting_gets_the_rest_of_the_run() -> None:
+    """A client loses the run after 6 events (it aborts: a dropped connection, as far
+    as the server can tell), and a second official client comes back for the same run
+    with ``Last-Event-ID``: it is told the run again from ``RUN_STARTED`` on, then
+    every event after the 6th -- the two together are one whole, valid run, each
+    event once -- and the cast, kept through the hang-up (``?reconnect_s=``), ran once
+    to its end."""
+
+    @cantrip.gate()
+    async def slow(city: str) -> str:
+        """The weather, slowly."""
+        await trio.sleep(1.0)
+        return f"sunny in {city}"
+
+    script = [
+        {
+            "content": "Let me look that up.",
+            "tool_calls": [{"gate": "slow", "args": {"city": "Oslo"}}],
+        },
+        {"tool_calls": [{"gate": "done", "args": {"answer": "Sunny in Oslo."}}]},
+    ]
+    s = spell(script, slow)
+    async with serving(s) as base:
+        report = await js_client(base, "reconnect", "?reconnect_s=30")
+    lost, back = report["runs"]
+    # it aborted at its 6th event (a few more it had read already are handed to it)
+    assert len(lost["events"]) >= 6 and lost["finished"] is None and lost["aborted"]
+    assert back["error"] is None, back["error"]  # the client's verifier took the whole
+    assert back["events"][0]["type"] == "RUN_STARTED"
+    whole = lost["events"] + back["events"][1:]
+    assert back["verified"] == len(whole)
+    assert_valid_agui(whole, max_warnings=0)  # one run: nothing missing, nothing twice
+    assert [e["type"] for e in whole].count("TEXT_MESSAGE_START") == 2
+    said = "".join(e["delta"] for e in whole if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert said == "Let me look that up.Sunny in Oslo."
+    assert back["result"] == "Sunny in Oslo." and back["finished"]["outcome"] == "success"
+    assert sum(t.terminated for t in s.loom.turns) == 1, "cast once, to its end"

@@ -360,7 +360,12 @@ async def test_a_front_end_tool_is_called_at_the_client_and_its_result_observed(
     _, called = await agui(a, body)
     (start,) = [e for e in called if e["type"] == "TOOL_CALL_START"]
     assert start["toolCallName"] == "get_location"
-    assert called[-1]["type"] == "RUN_FINISHED" and "outcome" not in called[-1]
+    assert called[-1]["type"] == "RUN_FINISHED"
+    # success, with the call the client is to run (1.0's pendingToolCallIds)
+    assert called[-1]["outcome"] == {
+        "type": "success",
+        "pendingToolCallIds": [e["toolCallId"] for e in called if e["type"] == "TOOL_CALL_START"],
+    }
     assert "TOOL_CALL_RESULT" not in types(called)
     call_id = start["toolCallId"]
     messages = [

@@ -146,10 +146,11 @@ def wire_data(event: BaseEvent) -> Any:
     return redact_value(event.model_dump(mode="json", by_alias=True))
 
 
-async def send_event(send: Send, event: BaseEvent) -> None:
-    """One AG-UI event as an SSE ``data:`` line (:func:`wire_data`)."""
+async def send_event(send: Send, event: BaseEvent, event_id: str | None = None) -> None:
+    """One AG-UI event as an SSE ``data:`` line (:func:`wire_data`), after its ``id:``."""
     data = wire_data(event)
-    payload = f"data: {json.dumps(data, default=str)}\n\n".encode()
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    payload = f"{head}data: {json.dumps(data, default=str)}\n\n".encode()
     await send({"type": "http.response.body", "body": payload, "more_body": True})
 
 
@@ -158,13 +159,19 @@ class RunStream:
     the state it starts from; each event translated as it comes, and a
     ``STATE_DELTA`` (JSON Patch) as each turn is recorded; then the ending."""
 
-    def __init__(self, run: RunAgentInput, send: Send) -> None:
+    def __init__(self, run: RunAgentInput, send: Send, *, after: int | None = None) -> None:
         self.run = run
         self.send = send
-        self.translator = Translator()
+        self.translator = Translator(run_id=run.run_id)
         self.translator.quiet = set(tool_results(run))  # the client has these results
         self.turns = 0
-        """The latest turn's sequence the client's state holds."""
+        """The latest turn's sequence a ``STATE_DELTA`` of this run told (counted from 0,
+        not from the opening snapshot's, so a run told again tells the same deltas)."""
+        self.after = after
+        """The id of the last event the client has (a reconnect's ``Last-Event-ID``):
+        only later ones are sent, after ``RUN_STARTED`` (None: a new stream)."""
+        self.told = 0
+        """How many events of the run were told (sent, or skipped as the client's)."""
         self.entity_id = ""
         self.ended = False
         """The run's last event went out (``RUN_FINISHED`` or ``RUN_ERROR``)."""
@@ -208,27 +215,36 @@ class RunStream:
 
     async def _begin(self, where: Where) -> None:
         run = self.run
-        await send_event(
-            self.send,
+        await self._send(
             RunStartedEvent(
                 thread_id=run.thread_id, run_id=run.run_id, protocol_version=PROTOCOL_VERSION
-            ),
+            )
         )
-        self.turns, self.entity_id = where.turns, where.entity_id
+        self.entity_id = where.entity_id
         self.translator.entity_id = where.entity_id  # every other entity's is a sub-agent's
-        await send_event(
-            self.send, StateSnapshotEvent(snapshot=state_of(run, where, None, running=True))
-        )
+        await self._send(StateSnapshotEvent(snapshot=state_of(run, where, None, running=True)))
+
+    async def _send(self, event: BaseEvent) -> None:
+        """The run's next event, with its id: its place in the run (0 for
+        ``RUN_STARTED``). The run is told the same way each time it is told -- its
+        prompt's events followed from the prompt's beginning (:mod:`._run`), ids minted
+        in order (:class:`~._translate.Ids`) -- so a place names the same event to a
+        client that reconnects; one it already has is not sent again. ``RUN_STARTED``
+        always is: an AG-UI response opens with it."""
+        place = self.told
+        self.told += 1
+        if self.after is None or place == 0 or place > self.after:
+            await send_event(self.send, event, str(place))
 
     async def event(self, event: Event) -> None:
         """One of the loop's events (live, or :func:`recorded_events`)."""
         for out in self.translator.events(event):
-            await send_event(self.send, out)
+            await self._send(out)
         turn = event.turn if isinstance(event, StepComplete) else None
         if turn is not None and turn.entity_id == self.entity_id and turn.sequence > self.turns:
             self.turns = turn.sequence
             patch = [{"op": "replace", "path": "/cantrip/turns", "value": self.turns}]
-            await send_event(self.send, StateDeltaEvent.model_validate({"delta": patch}))
+            await self._send(StateDeltaEvent.model_validate({"delta": patch}))
 
     async def idle(self) -> None:
         """A comment line while nothing happens (a long gate call, a slow model): no
@@ -239,9 +255,9 @@ class RunStream:
     async def fail(self, failure: RunFailed) -> None:
         """End the run with ``RUN_ERROR`` (what was open is closed first)."""
         for out in self.translator.finish(None):
-            await send_event(self.send, out)
+            await self._send(out)
         self.ended = True
-        await send_event(self.send, RunErrorEvent(message=failure.message, code=failure.code))
+        await self._send(RunErrorEvent(message=failure.message, code=failure.code))
         await end_body(self.send)
 
     async def finish(
@@ -292,7 +308,7 @@ class RunStream:
             )
         out.append(finished)
         for event in out[:-1]:
-            await send_event(self.send, event)
+            await self._send(event)
         self.ended = True
-        await send_event(self.send, finished)
+        await self._send(finished)
         await end_body(self.send)

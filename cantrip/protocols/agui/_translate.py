@@ -61,8 +61,19 @@ ACTIVITY_TYPE = "cantrip.gate_progress"
 """The ``activityType`` of a running gate's progress."""
 
 
-def _new_id(kind: str) -> str:
-    return f"{kind}-{os.urandom(8).hex()}"
+class Ids:
+    """The ids a run's translation mints (messages, results, activities), numbered in
+    the order minted under the run's id: the same events translated again give the
+    same ids, so a client resuming a run (``Last-Event-ID``) meets the ids it was told
+    before (``run`` is the client's ``runId``; "" outside a run: random)."""
+
+    def __init__(self, run: str = "") -> None:
+        self.run = run or os.urandom(8).hex()
+        self.minted = 0
+
+    def __call__(self, kind: str) -> str:
+        self.minted += 1
+        return f"{kind}-{self.run}-{self.minted}"
 
 
 def _text(value: Any) -> str:
@@ -81,7 +92,8 @@ class _Voice:
     overlap a different one. The run's entity is one voice, each ``call_agent`` child
     another (:class:`Translator`)."""
 
-    def __init__(self, step_prefix: str = "") -> None:
+    def __init__(self, new_id: Ids, step_prefix: str = "") -> None:
+        self.new_id = new_id
         self.step_prefix = step_prefix
         """Before each step's name: a sub-agent's steps are named apart from the run's
         (AG-UI pairs a step's end with its start by name)."""
@@ -123,7 +135,7 @@ class _Voice:
         elif isinstance(event, ThinkingDelta) and event.text:
             self._close_text(out)
             if self.reasoning_id is None:
-                self.reasoning_id = _new_id("reasoning")
+                self.reasoning_id = self.new_id("reasoning")
                 out.append(ReasoningStartEvent(message_id=self.reasoning_id))
                 out.append(ReasoningMessageStartEvent(message_id=self.reasoning_id))
             out.append(ReasoningMessageContentEvent(message_id=self.reasoning_id, delta=event.text))
@@ -172,7 +184,7 @@ class _Voice:
 
     def _text(self, out: list[BaseEvent], delta: str) -> None:
         if self.text_id is None:
-            self.text_id = self.last_text_id = _new_id("msg")
+            self.text_id = self.last_text_id = self.new_id("msg")
             out.append(TextMessageStartEvent(message_id=self.text_id, role="assistant"))
         out.append(TextMessageContentEvent(message_id=self.text_id, delta=delta))
         self._buffer.append(delta)
@@ -230,7 +242,7 @@ class _Voice:
         }
         known = self.activities.get(event.gate)
         if known is None:
-            message_id = _new_id("activity")
+            message_id = self.new_id("activity")
             out.append(
                 ActivitySnapshotEvent(
                     message_id=message_id, activity_type=ACTIVITY_TYPE, content=content
@@ -261,7 +273,7 @@ class _Voice:
         if call_id is not None and call_id in self.quiet:
             return
         if call_id is None or call_id in self.results:
-            call_id = _new_id("gate")
+            call_id = self.new_id("gate")
         if call_id not in self.calls:
             self._start_call(out, call_id, record.gate)
             self._end_call(out, call_id, plain_json(record.args))
@@ -270,7 +282,7 @@ class _Voice:
         self.results.add(call_id)
         out.append(
             ToolCallResultEvent(
-                message_id=_new_id("result"),
+                message_id=self.new_id("result"),
                 tool_call_id=call_id,
                 content=record.text,
                 role="tool",
@@ -309,10 +321,11 @@ class Translator:
     ``SUBAGENT_FINISHED`` at its final answer -- or at its call's result, with
     ``SUBAGENT_ERROR`` if the call failed, and at the run's end if it had not."""
 
-    def __init__(self, entity_id: str = "") -> None:
+    def __init__(self, entity_id: str = "", run_id: str = "") -> None:
         self.entity_id = entity_id
         """The run's own entity ("" until known: then every event is its)."""
-        self.main = _Voice()
+        self.ids = Ids(run_id)
+        self.main = _Voice(self.ids)
         self.children: dict[str, _Child] = {}
         self.delegations: dict[str, tuple[str, str]] = {}
         """Open delegation calls: tool call id -> (the entity that made it, the
@@ -371,7 +384,7 @@ class Translator:
         if self.delegations:
             call_id = next(reversed(self.delegations))
             parent, intent = self.delegations[call_id]
-        voice = _Voice(step_prefix=f"{entity}/")
+        voice = _Voice(self.ids, step_prefix=f"{entity}/")
         self.children[entity] = _Child(voice, call_id)
         out.append(
             SubagentStartedEvent(

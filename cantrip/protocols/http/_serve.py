@@ -22,7 +22,7 @@ import trio
 from cantrip._cantrip import Cantrip
 from cantrip.protocols.a2a import _server as _a2a
 from cantrip.protocols.a2a._push import Pushes
-from cantrip.protocols.asgi._responses import Receive, Send
+from cantrip.protocols.asgi._responses import Receive, Scope, Send
 from cantrip.protocols.http._app import HttpApp
 from cantrip.protocols.http._memory import MemoryRoutes
 from cantrip.protocols.middleware._arriving import arrivals
@@ -248,7 +248,7 @@ def mount_protocols(
         with app.admission.holding():
             yield
 
-    async def agui(receive: Receive, send: Send) -> None:
+    async def agui(scope: Scope, receive: Receive, send: Send) -> None:
         await serve_agui(
             backend,
             receive,
@@ -256,6 +256,7 @@ def mount_protocols(
             gate_names=cantrip.circle.gate_names,
             admitted=admitted,
             drain=app.drain,
+            scope=scope,
         )
 
     app.agui = agui
