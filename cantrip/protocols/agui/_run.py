@@ -1,25 +1,29 @@
 """``POST /agui``, written once over the session seam (SPEC.md "AG-UI"): one AG-UI run
 against any :class:`~cantrip.protocols.sessions.SessionBackend` -- in process, on
-PostgreSQL, or a third one -- with :mod:`._protocol`'s meaning of the input and its
-one event mapping.
+PostgreSQL, or a third one -- with :mod:`._input`'s meaning of the input,
+:mod:`._translate`'s one event mapping and :mod:`._protocol`'s run on the wire.
 
 * ``threadId`` names a session: a session (or entity) id the backend finds is itself,
   any other id the session it created on that thread's first run (``create`` by key);
 * a run is one prompt, submitted with its ``runId`` as the idempotency key and the
   client's ``tools``: a repeated ``runId`` joins the running prompt or replays the
-  recorded one -- told from the cast's turns -- and never casts again;
+  ended one, and never casts again;
 * ``resume`` entries, and the results of the client's own tools, answer the paused
   calls (:meth:`SessionBackend.answer`), each continuation followed like a prompt;
-* what the run tells is ``follow``'s from the turns the session had before it: in
-  process the entity's events as they happen (token deltas, tool calls), on
-  PostgreSQL the turns as a worker records them. A turn whose events were not heard
-  live is told from its record (:func:`._protocol.recorded_events`), so the one
-  :class:`._protocol.Translator` takes both, and no backend is asked what it is;
+* what the run tells is its prompt's own stream, ``follow(prompt_id=...)``, from the
+  prompt's beginning: in process the entity's events as they happen (token deltas,
+  tool calls), on PostgreSQL the turns as a worker records them. A turn whose events
+  were not heard live is told from its record (:func:`._translate.recorded_events`),
+  so the one :class:`._translate.Translator` takes both, and no backend is asked what
+  it is. A run told again (joined, replayed, or a client reconnecting with
+  ``Last-Event-ID``) is told the same way, event for event, so an event's id -- its
+  place in the run -- names the same event each time (:class:`._protocol.RunStream`);
 * the run ends when its prompt's :meth:`~SessionBackend.result` is in and the follow
   has told the cast's end (its last turn, or its pauses): ``RUN_FINISHED`` (an
   interrupt for a pause, ``cancelled`` for a cancel from elsewhere) or ``RUN_ERROR``;
-* a client that hangs up cancels the run's prompt; the server's shutdown ends the
-  stream with ``RUN_ERROR`` ``shutting_down`` (the same ``runId`` replays it later).
+* a client that hangs up cancels the run's prompt -- at once, or after
+  ``?reconnect_s=`` if no run follows the prompt by then; the server's shutdown ends
+  the stream with ``RUN_ERROR`` ``shutting_down`` (the same ``runId`` replays it later).
 """
 
 from __future__ import annotations
