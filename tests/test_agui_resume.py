@@ -211,3 +211,19 @@ async def test_a_bad_last_event_id_or_reconnect_s_is_a_400_before_anything_runs(
         answer = await http.post(f"/agui{query}", json=run_input("t-bad"), headers=headers)
     assert answer.status_code == 400 and answer.json()["error"]["code"] == code
     assert len(s.loom) == 0
+
+
+async def test_a_client_that_does_not_come_back_has_its_cast_cancelled_after_the_grace() -> None:
+    s = spell(THREADS[0], THREADS[1])
+    async with serving(s) as base, httpx.AsyncClient(base_url=base, timeout=30, verify=TLS) as http:
+        RELEASE[THREADS[0]] = trio.Event()  # never set: only a cancel ends the cast
+        async with run_stream(http, run_input(THREADS[0], "wait"), reconnect_s=1) as frames:
+            await take(frames, 3)
+        with trio.fail_after(20):
+            while True:
+                sessions = (await http.get("/sessions")).json()["sessions"]
+                if sessions and not sessions[0]["running"]:
+                    break
+                await trio.sleep(0.05)
+        thread_ = (await http.get(f"/sessions/{sessions[0]['session_id']}/thread")).json()
+    assert thread_["turns"][-1]["reason"] == "cancelled"

@@ -254,7 +254,9 @@ class AguiRun:
         if ours is None or (ours.replayed and not self.reconnected):
             return
         if self.reconnect_s > 0:
-            await trio.sleep(self.reconnect_s)
+            # the server's shutdown ends the wait (it does not wait on a gone client)
+            with self.drain.stream() if self.drain is not None else trio.CancelScope():
+                await trio.sleep(self.reconnect_s)
             if _FOLLOWED[f"{self.session_id}/{ours.prompt_id}"]:
                 return  # its client came back: that run has it now
         log.info("session %s: the AG-UI client hung up; cancelling", self.session_id)
