@@ -932,3 +932,22 @@ async def test_a_finished_run_says_success_and_its_usage_with_cached_tokens() ->
     assert finished["usage"] == [
         {"inputTokens": 120, "outputTokens": 7, "totalTokens": 127, "cachedInputTokens": 100}
     ]
+
+
+async def test_a_megabyte_of_tools_or_messages_does_not_hold_the_loop() -> None:
+    """Untrusted input is checked off the loop thread, in bounded work (the loop
+    watch fails this module's tests for a step over 200 ms): 12,000 tools held it 4 s
+    (a quadratic check of their names) -- now more than 128 are a 400 -- and 30,000
+    messages ~0.2 s of validation, now in a worker thread (20,000 here: a megabyte's
+    worth with the rest of the body)."""
+    tools = [{"name": f"t{i}", "description": "d", "parameters": {}} for i in range(12_000)]
+    messages = [{"id": str(i), "role": "assistant", "content": "x"} for i in range(20_000)]
+    s = spell([{"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]}])
+    async with serving(s) as base, httpx.AsyncClient(base_url=base, timeout=60) as http:
+        many_tools = await http.post("/agui", json=run_input("t-tools", tools=tools))
+        body = run_input("t-messages")
+        body["messages"] = [*messages, *body["messages"]]
+        answer, events = await agui(base, body)
+    assert many_tools.status_code == 400
+    assert "at most 128 tools" in many_tools.json()["error"]["message"]
+    assert answer.status_code == 200 and events[-1]["type"] == "RUN_FINISHED"

@@ -38,6 +38,12 @@ serializer refuses values nested about 250 deep -- after ``RUN_STARTED`` had gon
 which cut the stream. 64 is far beyond any application's state and far within what
 every step of a run (validation, the redactor, serialization) handles."""
 
+MAX_TOOLS = 128
+"""How many front-end tools a run may offer: what the strictest provider takes in one
+request (OpenAI's limit). Each is a gate the hub builds as the prompt starts; 12,000
+of them -- within the body's megabyte -- held a thread 4 s (a quadratic check of their
+names, now a set) and still ~0.2 s."""
+
 APPROVAL_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -84,6 +90,11 @@ def parse_input(body: Any) -> RunAgentInput:
             400,
             "bad_request",
             "the run needs a user message with text (or resume entries, or tool results)",
+        )
+    offered = run.tools or []
+    if len(offered) > MAX_TOOLS:
+        raise HttpError(
+            400, "bad_request", f"a run may offer at most {MAX_TOOLS} tools ({len(offered)} given)"
         )
     offered_gates(run)  # the tools' names are checked before anything runs
     return run

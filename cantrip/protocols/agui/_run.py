@@ -110,7 +110,9 @@ async def serve_agui(
     ends the run's stream. ``scope``: the request's, for a reconnect's
     ``Last-Event-ID`` and ``?reconnect_s=`` (:func:`reconnection`)."""
     after, reconnect_s = reconnection(scope)
-    run = parse_input(await read_body(receive))
+    body = await read_body(receive)
+    # untrusted and up to a megabyte (30,000 messages: ~0.2 s of validation): off the loop
+    run = await trio.to_thread.run_sync(parse_input, body, limiter=PARSING)
     check_tools(run, gate_names)
     async with admitted() if admitted is not None else contextlib.nullcontext():
         info = await thread_session(backend, run.thread_id)
@@ -120,6 +122,9 @@ async def serve_agui(
             agui_run = AguiRun(backend, info, run, stream, drain, reconnect_s=reconnect_s)
             await agui_run.serve(receive)
 
+
+PARSING = trio.CapacityLimiter(2)
+"""Threads that may check ``RunAgentInput`` bodies at once (:func:`parse_input`)."""
 
 MAX_RECONNECT_S = 300.0
 """The longest ``?reconnect_s=`` a run may ask for."""
