@@ -65,10 +65,14 @@ Frame = tuple[int, dict[str, Any]]
 
 @asynccontextmanager
 async def run_stream(
-    http: httpx.AsyncClient, body: dict[str, Any], last: int | None = None, reconnect_s: int = 30
+    http: httpx.AsyncClient,
+    body: dict[str, Any],
+    last: int | None = None,
+    reconnect_s: int = 30,
+    headers: dict[str, str] | None = None,
 ) -> AsyncIterator[AsyncIterator[Frame]]:
     """A run's SSE stream, read frame by frame: (id, event), each event checked."""
-    headers = {"accept": "text/event-stream"}
+    headers = {"accept": "text/event-stream", **(headers or {})}
     if last is not None:
         headers["last-event-id"] = str(last)
     async with http.stream(
