@@ -57,12 +57,12 @@ def client_gate(name: str, description: str, parameters: Any) -> Gate:
 def client_gates(tools: Iterable[Mapping[str, Any]]) -> tuple[Gate, ...]:
     """Tool definitions (``name``, ``description``, ``parameters``) as gates; a name
     given twice is refused."""
-    gates: list[Gate] = []
+    gates: dict[str, Gate] = {}  # by name: a repeat is found in one look, not a scan
     for tool in tools:
         gate = client_gate(
             str(tool.get("name", "")), str(tool.get("description", "")), tool.get("parameters")
         )
-        if any(g.name == gate.name for g in gates):
+        if gate.name in gates:
             raise ConstructionError(f"tool {gate.name!r} is listed twice")
-        gates.append(gate)
-    return tuple(gates)
+        gates[gate.name] = gate
+    return tuple(gates.values())

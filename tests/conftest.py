@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import loop_watch
 import module_progress
 import pytest
+from agui_schema_check import agui_events_follow_the_schema
 from loop_watch import pytest_runtest_call
 from pg_cluster import fresh_database, postgres_cluster
 from time_limit import (
@@ -20,6 +21,7 @@ from time_limit import (
 )
 
 __all__ = [
+    "agui_events_follow_the_schema",
     "pg_server",
     "pg_url",
     "pytest_addoption",

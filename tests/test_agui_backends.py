@@ -30,7 +30,7 @@ from test_session_backend_contract import (  # noqa: F401 (the fixtures)
     world,
 )
 
-from cantrip.protocols.agui._protocol import thread_key
+from cantrip.protocols.agui._input import thread_key
 from cantrip.protocols.agui._run import serve_agui
 from cantrip.protocols.asgi._responses import HttpError
 
@@ -156,7 +156,12 @@ async def test_a_client_tool_is_called_at_the_client_and_its_result_observed(
     called = await post(world, body)
     (start,) = [e for e in called if e["type"] == "TOOL_CALL_START"]
     assert start["toolCallName"] == "locate"
-    assert called[-1]["type"] == "RUN_FINISHED" and "outcome" not in called[-1]
+    assert called[-1]["type"] == "RUN_FINISHED"
+    # success, with the call the client is to run (1.0's pendingToolCallIds)
+    assert called[-1]["outcome"] == {
+        "type": "success",
+        "pendingToolCallIds": [e["toolCallId"] for e in called if e["type"] == "TOOL_CALL_START"],
+    }
     call_id = start["toolCallId"]
     messages = [
         *body["messages"],

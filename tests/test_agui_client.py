@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx
 import trio
+from ag_ui_validate.pytest_plugin import assert_valid_agui
+from agui_schema_check import check_events
 from npm_packages import ensure_npm_packages
 
 import cantrip
@@ -74,13 +76,13 @@ async def validate_live(endpoint: str) -> None:
     assert report["eventCount"] >= 10
 
 
-async def js_client(base: str, scenario: str) -> dict[str, Any]:
+async def js_client(base: str, scenario: str, query: str = "") -> dict[str, Any]:
     await ensure_client()
     node = shutil.which("node")
     assert node is not None
     with trio.fail_after(60):
         done_ = await trio.run_process(
-            [node, "run.mjs", f"{base}/agui", scenario, TOKEN],
+            [node, "run.mjs", f"{base}/agui{query}", scenario, TOKEN],
             cwd=CLIENT,
             capture_stdout=True,
             capture_stderr=True,
@@ -88,6 +90,8 @@ async def js_client(base: str, scenario: str) -> dict[str, Any]:
         )
     assert done_.returncode == 0, done_.stderr.decode()  # what node said, when it failed
     report: dict[str, Any] = json.loads(done_.stdout)
+    for run in report["runs"]:
+        check_events(run["events"])  # what the client received: AG-UI 1.0 events
     return report
 
 
@@ -271,3 +275,120 @@ async def test_the_guides_client_mjs_runs_as_written(tmp_path: Path) -> None:
     assert refused.returncode != 0  # no token: the server's guard says no
     assert ran.returncode == 0, ran.stderr.decode()
     assert ran.stdout.decode().strip() == "I greeted the world."
+
+
+async def test_the_vendored_schema_is_what_the_official_package_gives(tmp_path: Path) -> None:
+    """tests/agui_schema/ag-ui-1.0.schema.json is rebuilt from the installed
+    ``@ag-ui/core`` (its README says how): the copy the tests check against has not
+    drifted from the package the JS client runs on."""
+    await ensure_client()
+    node = shutil.which("node")
+    assert node is not None
+    out = tmp_path / "schema.json"
+    with trio.fail_after(60):
+        await trio.run_process([node, "schema.mjs", str(out)], cwd=CLIENT)
+    vendored = CLIENT.parent / "agui_schema" / "ag-ui-1.0.schema.json"
+    assert json.loads(out.read_text()) == json.loads(vendored.read_text())
+
+
+async def test_the_official_js_client_follows_a_long_gates_progress_as_an_activity(
+    tmp_path: Path,
+) -> None:
+    """A gate that reports progress (an MCP tool's progress notifications) is an
+    activity: ``ACTIVITY_SNAPSHOT`` at its first report, ``ACTIVITY_DELTA`` patches
+    after, before the call's result -- and the official client takes them."""
+    from mcp_support import call, finish, toolbox
+    from mcp_support import spell as mcp_spell
+
+    s = mcp_spell(
+        [call("tb_count", n=3), finish("counted"), finish("again")], toolbox(tmp_path / "m")
+    )
+    async with serving(s) as base:
+        report = await js_client(base, "chat")
+    first = report["runs"][0]
+    assert first["error"] is None, first
+    told = kinds(first)
+    activity = [e for e in first["events"] if e["type"].startswith("ACTIVITY_")]
+    assert [e["type"] for e in activity] == ["ACTIVITY_SNAPSHOT"] + ["ACTIVITY_DELTA"] * 2
+    assert activity[0]["activityType"] == "cantrip.gate_progress"
+    assert activity[0]["content"] == {
+        "gate": "tb_count",
+        "progress": 1.0,
+        "total": 3.0,
+        "message": "step 1",
+    }
+    assert {e["messageId"] for e in activity} == {activity[0]["messageId"]}
+    assert activity[-1]["patch"] == [
+        {"op": "replace", "path": "/progress", "value": 3.0},
+        {"op": "replace", "path": "/message", "value": "step 3"},
+    ]
+    assert told.index("ACTIVITY_DELTA") < told.index("TOOL_CALL_RESULT")
+    assert "CUSTOM" not in told
+
+
+async def test_the_official_js_client_takes_a_call_agent_child_as_a_subagent() -> None:
+    """The client accepts a sub-agent's stream: its start, its attributed events (the
+    client checks that each names a sub-agent it was told of) and its end."""
+    from gates import call_agent
+
+    s = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(
+            [
+                {"tool_calls": [{"gate": "call_agent", "args": {"intent": "x", "llm": "kid"}}]},
+                {"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]},
+                {"tool_calls": [{"gate": "done", "args": {"answer": "again"}}]},
+            ]
+        ),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, call_agent], [cantrip.max_turns(6)]),
+        loom=cantrip.Loom(),
+    ).with_(llms={"kid": cantrip.ScriptedLLM([{"content": "kid's answer"}])})
+    async with serving(s) as base:
+        report = await js_client(base, "chat")
+    first = report["runs"][0]
+    assert first["error"] is None and first["result"] == "ok", first
+    started = [e for e in first["events"] if e["type"] == "SUBAGENT_STARTED"]
+    assert len(started) == 1
+    kid = started[0]["subagentRunId"]
+    texts = [e for e in first["events"] if e["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert [e.get("subagentRunId") for e in texts][:1] == [kid]
+    assert kinds(first).index("SUBAGENT_FINISHED") < kinds(first).index("TOOL_CALL_RESULT")
+
+
+async def test_the_official_js_client_reconnecting_gets_the_rest_of_the_run() -> None:
+    """A client loses the run after 6 events (it aborts: a dropped connection, as far
+    as the server can tell), and a second official client comes back for the same run
+    with ``Last-Event-ID``: it is told the run again from ``RUN_STARTED`` on, then
+    every event after the 6th -- the two together are one whole, valid run, each
+    event once -- and the cast, kept through the hang-up (``?reconnect_s=``), ran once
+    to its end."""
+
+    @cantrip.gate()
+    async def slow(city: str) -> str:
+        """The weather, slowly."""
+        await trio.sleep(1.0)
+        return f"sunny in {city}"
+
+    script = [
+        {
+            "content": "Let me look that up.",
+            "tool_calls": [{"gate": "slow", "args": {"city": "Oslo"}}],
+        },
+        {"tool_calls": [{"gate": "done", "args": {"answer": "Sunny in Oslo."}}]},
+    ]
+    s = spell(script, slow)
+    async with serving(s) as base:
+        report = await js_client(base, "reconnect", "?reconnect_s=30")
+    lost, back = report["runs"]
+    # it aborted at its 6th event (a few more it had read already are handed to it)
+    assert len(lost["events"]) >= 6 and lost["finished"] is None and lost["aborted"]
+    assert back["error"] is None, back["error"]  # the client's verifier took the whole
+    assert back["events"][0]["type"] == "RUN_STARTED"
+    whole = lost["events"] + back["events"][1:]
+    assert back["verified"] == len(whole)
+    assert_valid_agui(whole, max_warnings=0)  # one run: nothing missing, nothing twice
+    assert [e["type"] for e in whole].count("TEXT_MESSAGE_START") == 2
+    said = "".join(e["delta"] for e in whole if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert said == "Let me look that up.Sunny in Oslo."
+    assert back["result"] == "Sunny in Oslo." and back["finished"]["outcome"] == "success"
+    assert sum(t.terminated for t in s.loom.turns) == 1, "cast once, to its end"

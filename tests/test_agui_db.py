@@ -20,6 +20,7 @@ import httpx
 import pytest
 import test_agui as in_process
 import trio
+from ag_ui_validate.pytest_plugin import assert_valid_agui
 from pg_cluster import fresh_database
 from test_agui import BAD_BODIES, fuzz_runs, types
 from test_agui_client import TOKEN, js_client, kinds, validate_live
@@ -360,7 +361,12 @@ async def test_a_front_end_tool_is_called_at_the_client_and_its_result_observed(
     _, called = await agui(a, body)
     (start,) = [e for e in called if e["type"] == "TOOL_CALL_START"]
     assert start["toolCallName"] == "get_location"
-    assert called[-1]["type"] == "RUN_FINISHED" and "outcome" not in called[-1]
+    assert called[-1]["type"] == "RUN_FINISHED"
+    # success, with the call the client is to run (1.0's pendingToolCallIds)
+    assert called[-1]["outcome"] == {
+        "type": "success",
+        "pendingToolCallIds": [e["toolCallId"] for e in called if e["type"] == "TOOL_CALL_START"],
+    }
     assert "TOOL_CALL_RESULT" not in types(called)
     call_id = start["toolCallId"]
     messages = [
@@ -464,3 +470,43 @@ async def test_a_fault_after_run_started_at_a_replica_ends_with_run_error_and_a_
         nursery.cancel_scope.cancel()
     assert answer.status_code == 200
     in_process.told_the_fault(events, caplog)
+
+
+async def test_a_client_comes_back_at_another_replica_for_the_rest_of_its_run(
+    stack: Stack,
+) -> None:
+    """A client reads part of a run at one replica and loses it; the same run sent to
+    another replica with ``Last-Event-ID`` tells every event after that one and the
+    end -- the replica reads the prompt's stream from the loom, the same events with
+    the same ids -- and the worker cast once."""
+    from test_agui_resume import rest, run_stream, take
+
+    a, b, *_ = stack.replicas
+    body = run_input("db-reconnect", "weather")
+    async with (
+        httpx.AsyncClient(base_url=a, timeout=60, headers=AUTH) as http,
+        run_stream(http, body) as frames,
+    ):
+        whole = await rest(frames)  # the run unbroken, for comparison
+    again = {**body, "runId": body["runId"] + "-b"}
+    async with (
+        httpx.AsyncClient(base_url=a, timeout=60, headers=AUTH) as http,
+        run_stream(http, again) as frames,
+    ):
+        first = await take(frames, 5)
+    async with (
+        httpx.AsyncClient(base_url=b, timeout=60, headers=AUTH) as http,
+        run_stream(http, again, last=first[-1][0]) as frames,
+    ):
+        later = await rest(frames)
+    assert later[0][0] == 0 and later[0][1]["type"] == "RUN_STARTED"
+    told = first + later[1:]
+    assert [i for i, _ in told] == list(range(len(told)))
+    events = [e for _, e in told]
+    assert_valid_agui(events, max_warnings=0)
+    assert [e["type"] for e in events] == [e["type"] for _, e in whole[: len(events)]]
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["result"].startswith("weather ok")
+    entity = last_state(events)["cantrip"]["entity_id"]
+    assert await stack.query("SELECT count(*) FROM cantrip_work WHERE entity_id = %s", entity) == [
+        (2,)
+    ]  # one work item per run: the reconnect queued nothing

@@ -1,33 +1,39 @@
 """``POST /agui``, written once over the session seam (SPEC.md "AG-UI"): one AG-UI run
 against any :class:`~cantrip.protocols.sessions.SessionBackend` -- in process, on
-PostgreSQL, or a third one -- with :mod:`._protocol`'s meaning of the input and its
-one event mapping.
+PostgreSQL, or a third one -- with :mod:`._input`'s meaning of the input,
+:mod:`._translate`'s one event mapping and :mod:`._protocol`'s run on the wire.
 
 * ``threadId`` names a session: a session (or entity) id the backend finds is itself,
   any other id the session it created on that thread's first run (``create`` by key);
 * a run is one prompt, submitted with its ``runId`` as the idempotency key and the
   client's ``tools``: a repeated ``runId`` joins the running prompt or replays the
-  recorded one -- told from the cast's turns -- and never casts again;
+  ended one, and never casts again;
 * ``resume`` entries, and the results of the client's own tools, answer the paused
   calls (:meth:`SessionBackend.answer`), each continuation followed like a prompt;
-* what the run tells is ``follow``'s from the turns the session had before it: in
-  process the entity's events as they happen (token deltas, tool calls), on
-  PostgreSQL the turns as a worker records them. A turn whose events were not heard
-  live is told from its record (:func:`._protocol.recorded_events`), so the one
-  :class:`._protocol.Translator` takes both, and no backend is asked what it is;
+* what the run tells is its prompt's own stream, ``follow(prompt_id=...)``, from the
+  prompt's beginning: in process the entity's events as they happen (token deltas,
+  tool calls), on PostgreSQL the turns as a worker records them. A turn whose events
+  were not heard live is told from its record (:func:`._translate.recorded_events`),
+  so the one :class:`._translate.Translator` takes both, and no backend is asked what
+  it is. A run told again (joined, replayed, or a client reconnecting with
+  ``Last-Event-ID``) is told the same way, event for event, so an event's id -- its
+  place in the run -- names the same event each time (:class:`._protocol.RunStream`);
 * the run ends when its prompt's :meth:`~SessionBackend.result` is in and the follow
   has told the cast's end (its last turn, or its pauses): ``RUN_FINISHED`` (an
   interrupt for a pause, ``cancelled`` for a cancel from elsewhere) or ``RUN_ERROR``;
-* a client that hangs up cancels the run's prompt; the server's shutdown ends the
-  stream with ``RUN_ERROR`` ``shutting_down`` (the same ``runId`` replays it later).
+* a client that hangs up cancels the run's prompt -- at once, or after
+  ``?reconnect_s=`` if no run follows the prompt by then; the server's shutdown ends
+  the stream with ``RUN_ERROR`` ``shutting_down`` (the same ``runId`` replays it later).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
+from urllib.parse import parse_qs
 
 import attrs
 import trio
@@ -47,23 +53,21 @@ from cantrip._redact import get_logger
 from cantrip.llm._contract import Response, ToolCall
 from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import GateCallRecord
-from cantrip.protocols.agui._protocol import (
-    RunFailed,
-    RunStream,
-    Where,
+from cantrip.protocols.agui._input import (
     check_tools,
     client_answers,
     decision_for,
     intent_of,
     parse_input,
-    recorded_events,
     run_key,
     thread_key,
     tool_definitions,
     tool_results,
 )
+from cantrip.protocols.agui._protocol import RunFailed, RunStream, Where
+from cantrip.protocols.agui._translate import recorded_events
 from cantrip.protocols.asgi._requests import read_body, until_disconnect
-from cantrip.protocols.asgi._responses import HttpError, Receive, Send, heartbeat_s
+from cantrip.protocols.asgi._responses import HttpError, Receive, Scope, Send, heartbeat_s
 from cantrip.protocols.middleware._lifecycle import Drain
 from cantrip.protocols.sessions import (
     ENTITY_PREFIX,
@@ -93,6 +97,7 @@ async def serve_agui(
     gate_names: Iterable[str] = (),
     admitted: Admission | None = None,
     drain: Drain | None = None,
+    scope: Scope | None = None,
 ) -> None:
     """``POST /agui``: read the run's input (a 400 before anything runs if it is not
     one, or a tool takes a name of ``gate_names``, the circle's), find its thread's
@@ -102,15 +107,63 @@ async def serve_agui(
     (:class:`HttpError`) is the answer before any event (in process: room for one
     more session; on a replica: ``overloaded``), and it holds while the run does (a
     replica counts it among the prompts it waits on). ``drain``: the server's shutdown
-    ends the run's stream."""
-    run = parse_input(await read_body(receive))
+    ends the run's stream. ``scope``: the request's, for a reconnect's
+    ``Last-Event-ID`` and ``?reconnect_s=`` (:func:`reconnection`)."""
+    after, reconnect_s = reconnection(scope)
+    body = await read_body(receive)
+    # untrusted and up to a megabyte (30,000 messages: ~0.2 s of validation): off the loop
+    run = await trio.to_thread.run_sync(parse_input, body, limiter=PARSING)
     check_tools(run, gate_names)
     async with admitted() if admitted is not None else contextlib.nullcontext():
         info = await thread_session(backend, run.thread_id)
         thread = await backend.thread(info.session_id)
         where = Where(info.session_id, info.entity_id, thread[-1].sequence if thread else 0)
-        async with RunStream(run, send).running(where) as stream:
-            await AguiRun(backend, info, run, stream, drain).serve(receive)
+        async with RunStream(run, send, after=after).running(where) as stream:
+            agui_run = AguiRun(backend, info, run, stream, drain, reconnect_s=reconnect_s)
+            await agui_run.serve(receive)
+
+
+PARSING = trio.CapacityLimiter(2)
+"""Threads that may check ``RunAgentInput`` bodies at once (:func:`parse_input`)."""
+
+MAX_RECONNECT_S = 300.0
+"""The longest ``?reconnect_s=`` a run may ask for."""
+
+
+def reconnection(scope: Scope | None) -> tuple[int | None, float]:
+    """What a request says of reconnecting: the id of the last event a client has
+    (``Last-Event-ID``: a run's ids are whole numbers, its events' places), and how
+    long a prompt outlives a hang-up waiting for its client to come back
+    (``?reconnect_s=``, 0 to :data:`MAX_RECONNECT_S`; default 0: a hang-up cancels at
+    once). Anything else is a 400 before anything runs."""
+    if scope is None:
+        return None, 0.0
+    after: int | None = None
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"last-event-id":
+            raw = value.decode("latin-1").strip()
+            if not (raw.isdigit() and raw.isascii() and len(raw) <= 12):
+                raise HttpError(400, "bad_event_id", "an AG-UI run's event ids are whole numbers")
+            after = int(raw)
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    reconnect_s = 0.0
+    if query.get("reconnect_s"):
+        try:
+            reconnect_s = float(query["reconnect_s"][-1])
+        except ValueError:
+            reconnect_s = -1.0
+        if not 0 <= reconnect_s <= MAX_RECONNECT_S:  # (NaN fails both)
+            raise HttpError(
+                400,
+                "bad_request",
+                f"reconnect_s is a number of seconds from 0 to {MAX_RECONNECT_S:g}",
+            )
+    return after, reconnect_s
+
+
+_FOLLOWED: collections.Counter[str] = collections.Counter()
+"""Prompts (``<session>/<prompt>``) and how many runs in this process follow them now:
+a prompt whose client hung up is kept while another run follows it."""
 
 
 async def thread_session(backend: SessionBackend, thread_id: str) -> SessionInfo:
@@ -128,6 +181,10 @@ async def thread_session(backend: SessionBackend, thread_id: str) -> SessionInfo
         return info
     except SessionError as exc:  # e.g. an entity the loom holds that cannot be resumed
         raise HttpError(409, exc.kind, exc.message) from None
+
+
+class _Followed:
+    """The prompt's follow has ended (the prompt did, or it is not known here)."""
 
 
 @attrs.define
@@ -149,8 +206,11 @@ class AguiRun:
         run: RunAgentInput,
         stream: RunStream,
         drain: Drain | None = None,
+        *,
+        reconnect_s: float = 0.0,
     ) -> None:
         self.backend = backend
+        self.reconnect_s = reconnect_s
         self.session_id = info.session_id
         self.run = run
         self.stream = stream
@@ -159,6 +219,10 @@ class AguiRun:
         """The client hung up."""
         self.ours: Submitted | None = None
         """The prompt this run started and follows now (a hang-up cancels it)."""
+        self.dropped: Submitted | None = None
+        """The prompt this run followed when its client hung up."""
+        self.reconnected = stream.after is not None
+        """A client resuming its own run: the prompt it joins is its own to cancel."""
 
     async def serve(self, receive: Receive) -> None:
         """The run to its end; nothing more is said once the client has hung up."""
@@ -167,8 +231,7 @@ class AguiRun:
 
             async def watch() -> None:
                 await until_disconnect(receive)
-                self.gone = True
-                await self._cancel_ours()
+                self.gone, self.dropped = True, self.ours
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
@@ -176,6 +239,7 @@ class AguiRun:
                 outcome = await self._serve()
             nursery.cancel_scope.cancel()  # the watcher: the run has ended
         if self.gone:
+            await self._let_go(self.dropped)
             return
         if ending.cancelled_caught:
             raise RunFailed(
@@ -187,12 +251,22 @@ class AguiRun:
         here = Where(self.session_id, self.stream.entity_id, thread[-1].sequence if thread else 0)
         await self.stream.finish(outcome, here, thread)
 
-    async def _cancel_ours(self) -> None:
-        ours = self.ours
-        if ours is not None and not ours.replayed:  # a joined run is another client's
-            log.info("session %s: the AG-UI client hung up; cancelling", self.session_id)
-            with trio.CancelScope(shield=True):
-                await self.backend.cancel(self.session_id, prompt_id=ours.prompt_id)
+    async def _let_go(self, ours: Submitted | None) -> None:
+        """The client hung up: cancel its prompt -- at once, or, when it asked for time
+        to reconnect (``?reconnect_s=``), after that long if no run follows the prompt
+        by then (a reconnect does, until it ends). A run that joined another
+        client's prompt cancels nothing."""
+        if ours is None or (ours.replayed and not self.reconnected):
+            return
+        if self.reconnect_s > 0:
+            # the server's shutdown ends the wait (it does not wait on a gone client)
+            with self.drain.stream() if self.drain is not None else trio.CancelScope():
+                await trio.sleep(self.reconnect_s)
+            if _FOLLOWED[f"{self.session_id}/{ours.prompt_id}"]:
+                return  # its client came back: that run has it now
+        log.info("session %s: the AG-UI client hung up; cancelling", self.session_id)
+        with trio.CancelScope(shield=True):
+            await self.backend.cancel(self.session_id, prompt_id=ours.prompt_id)
 
     async def _serve(self) -> CastResult | None:
         if self.run.resume:
@@ -258,23 +332,55 @@ class AguiRun:
 
     async def _follow(self, start: Callable[[], Awaitable[Submitted]]) -> CastResult | None:
         """Start a prompt (``start``: a submit or an answer) and tell its cast until it
-        has ended; how it ended. The session is followed from before the prompt is
-        started, so nothing it does is missed."""
-        backend, session_id = self.backend, self.session_id
-        before = (await backend.find(session_id)).turns
-        told, heard = trio.open_memory_channel[SessionEvent | _Ended](math.inf)
+        has ended; how it ended. The prompt's own events are followed from its
+        beginning (``follow(prompt_id=...)``: what it told before the follow began is
+        read back first), so a run told again -- joined, replayed, or a client
+        reconnecting -- is told the same way, event for event."""
         failure: RunFailed | None = None
         outcome: CastResult | None = None
+        try:
+            with trio.CancelScope(shield=True):  # started, it is ours to cancel
+                self.ours = submitted = await start()
+        except SessionError as exc:
+            failure = RunFailed(exc.kind, exc.message)
+        except PauseError as exc:
+            failure = RunFailed("bad_resume", str(exc))
+        except RunFailed as exc:
+            failure = exc
+        else:
+            if self.gone:  # hung up while it was being started
+                self.dropped = submitted
+            followed = f"{self.session_id}/{submitted.prompt_id}"
+            _FOLLOWED[followed] += 1
+            try:
+                outcome, failure = await self._tell_prompt(submitted)
+            finally:
+                _FOLLOWED[followed] -= 1
+                if not _FOLLOWED[followed]:
+                    del _FOLLOWED[followed]
+        self.ours = None
+        if failure is not None:
+            raise failure
+        return outcome
+
+    async def _tell_prompt(
+        self, submitted: Submitted
+    ) -> tuple[CastResult | None, RunFailed | None]:
+        backend, session_id = self.backend, self.session_id
+        told, heard = trio.open_memory_channel[SessionEvent | _Ended | _Followed](math.inf)
         async with told, heard, trio.open_nursery() as nursery:
 
-            async def pump(task_status: trio.TaskStatus[None]) -> None:
-                events = backend.follow(session_id, after=before)
-                task_status.started()  # (it subscribes before the caller resumes)
-                async with contextlib.aclosing(events):
-                    async for event in events:
-                        told.send_nowait(event)
+            async def pump() -> None:
+                events = backend.follow(session_id, prompt_id=submitted.prompt_id)
+                try:
+                    async with contextlib.aclosing(events):
+                        async for event in events:
+                            told.send_nowait(event)
+                except SessionError as exc:  # a prompt this process no longer knows
+                    log.info("session %s: %s; told from its record", session_id, exc.message)
+                told.send_nowait(_Followed())
 
-            async def result(submitted: Submitted) -> None:
+            async def result() -> None:
                 try:
                     ended = await backend.result(session_id, submitted.prompt_id)
                 except SessionError as exc:
@@ -282,33 +388,15 @@ class AguiRun:
                 else:
                     told.send_nowait(_Ended(ended.cast))
 
-            await nursery.start(pump)
-            try:
-                with trio.CancelScope(shield=True):  # started, it is ours to cancel
-                    self.ours = submitted = await start()
-            except SessionError as exc:
-                failure = RunFailed(exc.kind, exc.message)
-            except PauseError as exc:
-                failure = RunFailed("bad_resume", str(exc))
-            except RunFailed as exc:
-                failure = exc
-            else:
-                if self.gone:  # hung up while it was being started
-                    await self._cancel_ours()
-                nursery.start_soon(result, submitted)
-                if submitted.replayed:  # another request's cast: told from its record
-                    outcome, failure = await self._replay(heard)
-                else:
-                    outcome, failure = await self._tell(heard)
+            nursery.start_soon(pump)
+            nursery.start_soon(result)
+            told_end = await self._tell(heard)
             nursery.cancel_scope.cancel()
-        self.ours = None
-        if failure is not None:
-            raise failure
-        return outcome
+        return told_end
 
     async def _next(
-        self, heard: trio.MemoryReceiveChannel[SessionEvent | _Ended], deadline: float
-    ) -> SessionEvent | _Ended | None:
+        self, heard: trio.MemoryReceiveChannel[SessionEvent | _Ended | _Followed], deadline: float
+    ) -> SessionEvent | _Ended | _Followed | None:
         """What comes next, or None if nothing did for a heartbeat (an ``: idle`` went
         out) or by ``deadline``."""
         with trio.move_on_at(min(deadline, trio.current_time() + heartbeat_s())):
@@ -317,34 +405,27 @@ class AguiRun:
             await self.stream.idle()
         return None
 
-    async def _replay(
-        self, heard: trio.MemoryReceiveChannel[SessionEvent | _Ended]
-    ) -> tuple[CastResult | None, RunFailed | None]:
-        ended: _Ended | None = None
-        while ended is None:
-            item = await self._next(heard, math.inf)
-            if isinstance(item, _Ended):
-                ended = item
-        for turn in ended.cast.turns if ended.cast is not None else ():
-            for event in recorded_events(turn):
-                await self.stream.event(event)
-        return ended.cast, ended.failure
-
     async def _tell(
-        self, heard: trio.MemoryReceiveChannel[SessionEvent | _Ended]
+        self, heard: trio.MemoryReceiveChannel[SessionEvent | _Ended | _Followed]
     ) -> tuple[CastResult | None, RunFailed | None]:
-        """Tell the session's events until the prompt has ended and its end is told."""
+        """Tell the prompt's events until it has ended and its end is told (or its
+        follow ended: what it did not tell is told from the cast's record)."""
         live = False
         """Events of the turn being told were heard as they happened."""
         told: set[str] = set()
         """Turns told (by id), and pauses heard."""
         ended: _Ended | None = None
+        followed = False
+        """The follow has ended: nothing more will come from it."""
         deadline = math.inf
-        while ended is None or not _told_its_end(ended.cast, told):
+        while ended is None or not (followed or _told_its_end(ended.cast, told)):
             item = await self._next(heard, deadline)
             if item is None:
                 if trio.current_time() >= deadline:
                     break  # the follow fell behind: the rest is told from the record
+                continue
+            if isinstance(item, _Followed):
+                followed = True
                 continue
             if isinstance(item, _Ended):
                 if item.failure is not None:

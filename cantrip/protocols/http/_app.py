@@ -98,8 +98,9 @@ Mount = Callable[[Scope, Receive, Send], Awaitable[bool]]
 and returns True, or returns False untouched (the next mount, then the routes, get
 it). The browser viewer's and A2A's ``dispatch`` are mounts."""
 
-AguiRun = Callable[[Receive, Send], Awaitable[None]]
-"""``POST /agui``: an AG-UI run, its body unread (the method is checked here)."""
+AguiRun = Callable[[Scope, Receive, Send], Awaitable[None]]
+"""``POST /agui``: an AG-UI run, its body unread (the method is checked here); the
+scope for a reconnect's ``Last-Event-ID`` and ``?reconnect_s=``."""
 
 REFUSALS = (HttpError, SessionError, PauseError)
 
@@ -203,7 +204,7 @@ class HttpApp:
             allow(method, "POST")
             if self.agui is None:
                 raise HttpError(404, "not_found", "this server does not speak AG-UI")
-            await self.agui(receive, send)
+            await self.agui(scope, receive, send)
         elif parts == ["sessions"]:
             allow(method, "GET", "POST")
             if method == "POST":

@@ -23,7 +23,7 @@ from cantrip._cantrip import Cantrip
 from cantrip._install import require_extra
 from cantrip.protocols.a2a import _server as _a2a
 from cantrip.protocols.a2a._push import Pushes
-from cantrip.protocols.asgi._responses import Receive, Send
+from cantrip.protocols.asgi._responses import Receive, Scope, Send
 from cantrip.protocols.http._app import HttpApp
 from cantrip.protocols.http._memory import MemoryRoutes
 from cantrip.protocols.middleware._arriving import arrivals
@@ -86,6 +86,19 @@ class ProcessServer:
     a2a: A2AFront | None
 
 
+def load_protocols() -> bool:
+    """Import what :func:`mount_protocols` mounts -- AG-UI's models, the viewer, the
+    A2A front and its SDK where installed -- and say whether A2A is available. Called
+    off the loop (``trio.to_thread``) before the first mount: a module's first import
+    runs on whatever thread asks, and AG-UI's generated models alone hold it 0.3-0.8 s
+    on a busy machine -- on the loop thread, a stall of every task a server runs."""
+    import cantrip.protocols.a2a._handler
+    import cantrip.protocols.agui._run
+    import cantrip.protocols.viewer._app  # noqa: F401
+
+    return _a2a.available()
+
+
 def process_server(
     spell: Cantrip,
     options: ServeOptions | None = None,
@@ -131,7 +144,7 @@ async def serve_http(
     (:class:`~cantrip.protocols.middleware._guard.BindError`). ``read_timeout_s`` bounds
     each socket read, so a client that stops sending is dropped."""
     require_extra("serve", "cantrip serve")
-    await trio.to_thread.run_sync(_a2a.available)  # the SDK's import, off the loop
+    await trio.to_thread.run_sync(load_protocols)  # their first imports, off the loop
     server = process_server(spell, options, limits)
     app, backend = server.app, server.backend
     guard = guard if guard is not None else Guard(bind_host=host)
@@ -181,7 +194,7 @@ async def serve_http_db(
         humans=cantrip.circle.needs_humans,
     ) as backend:
         app = HttpApp(backend, cantrip, options, title="cantrip serve --db")
-        available = await trio.to_thread.run_sync(_a2a.available)  # the SDK's import
+        available = await trio.to_thread.run_sync(load_protocols)  # off the loop
         mount_protocols(app, backend, cantrip, source=str(backend.db.store), a2a=available)
         await serve_asgi(
             app,
@@ -239,7 +252,7 @@ def mount_protocols(
         with app.admission.holding():
             yield
 
-    async def agui(receive: Receive, send: Send) -> None:
+    async def agui(scope: Scope, receive: Receive, send: Send) -> None:
         await serve_agui(
             backend,
             receive,
@@ -247,6 +260,7 @@ def mount_protocols(
             gate_names=cantrip.circle.gate_names,
             admitted=admitted,
             drain=app.drain,
+            scope=scope,
         )
 
     app.agui = agui
