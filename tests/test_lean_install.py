@@ -44,8 +44,10 @@ EXTRA_ONLY = {
 # The modules that import an extra's package at their top: each is imported only by
 # code that called require_extra first (or by another of them).
 OPTIONAL_MODULES = {
+    "cantrip.protocols.agui._input": "ag_ui",
     "cantrip.protocols.agui._protocol": "ag_ui",
     "cantrip.protocols.agui._run": "ag_ui",
+    "cantrip.protocols.agui._translate": "ag_ui",
     "mediums._js_worker": "quickjs",
     "mediums._python_sandbox": "pydantic_monty",
     "mediums._python_values": "pydantic_monty",

@@ -143,7 +143,7 @@ async def serve_http(
     refuses to start on a non-loopback address without a token
     (:class:`~cantrip.protocols.middleware._guard.BindError`). ``read_timeout_s`` bounds
     each socket read, so a client that stops sending is dropped."""
-    require_extra("serve", "cantrip serve")
+    await trio.to_thread.run_sync(require_extra, "serve", "cantrip serve")  # disk lookups
     await trio.to_thread.run_sync(load_protocols)  # their first imports, off the loop
     server = process_server(spell, options, limits)
     app, backend = server.app, server.backend
@@ -182,7 +182,7 @@ async def serve_http_db(
     (or the task is cancelled); ``task_status`` gets the bound URLs. The replica runs
     no entity: sessions live in PostgreSQL, a prompt is work a ``cantrip worker``
     runs, every read is a query (:class:`~cantrip.protocols.sessions.PostgresBackend`)."""
-    require_extra("serve", "cantrip serve")
+    await trio.to_thread.run_sync(require_extra, "serve", "cantrip serve")  # disk lookups
     guard = guard if guard is not None else Guard(bind_host=host)
     guard.check_bind()
     options = options or ServeOptions()
