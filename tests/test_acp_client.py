@@ -23,7 +23,8 @@ import trio
 
 pytest.importorskip("acp")
 
-from acp import Client, RequestError, schema, text_block
+from acp import Client, RequestError, schema
+from acp_support import text_block
 from acp.stdio import spawn_agent_process
 
 from cantrip import Loom

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import trio
-from acp import Client, schema, text_block
+from acp import Client, schema
+from acp_support import text_block
 from acp.stdio import spawn_agent_process
 
 from cantrip import Loom

@@ -322,7 +322,8 @@ async def test_an_acp_editor_answers_a_yes_no_question(
     import asyncio
     from typing import cast
 
-    from acp import Client, text_block
+    from acp import Client
+    from acp_support import text_block
     from acp.stdio import spawn_agent_process
     from test_acp_permission import Editor
 
