@@ -24,8 +24,8 @@ import trio
 pytest.importorskip("acp")
 
 from acp import Client, RequestError, schema
-from acp_support import text_block
 from acp.stdio import spawn_agent_process
+from acp_support import text_block
 
 from cantrip import Loom
 

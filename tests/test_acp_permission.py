@@ -10,8 +10,8 @@ from typing import Any, cast
 
 import trio
 from acp import Client, schema
-from acp_support import text_block
 from acp.stdio import spawn_agent_process
+from acp_support import text_block
 
 from cantrip import Loom
 

@@ -323,8 +323,8 @@ async def test_an_acp_editor_answers_a_yes_no_question(
     from typing import cast
 
     from acp import Client
-    from acp_support import text_block
     from acp.stdio import spawn_agent_process
+    from acp_support import text_block
     from test_acp_permission import Editor
 
     log = tmp_path / "marks"

@@ -9,7 +9,6 @@ from typing import Any
 import trio
 
 from cantrip._cantrip import Cantrip
-from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger, redact_value
 from cantrip.protocols.acp._rpc import INVALID_REQUEST, PARSE_ERROR
 from cantrip.protocols.acp._rpc import error_response as _error
@@ -63,59 +62,50 @@ async def serve_stdio(
     buffer = bytearray()
     skipping = False
     log.info("serving ACP on stdio (idle until a request arrives)")
-    providers = await ProviderScope.enter()  # sessions' gate providers live here
-    server.hub.nursery = providers.nursery
-    try:
-        async with trio.open_nursery() as nursery:
-            while True:
-                chunk = await reader.receive_some(65536)
-                if not chunk:
-                    break
-                scanned = len(buffer)  # what is already buffered holds no newline
-                buffer.extend(chunk)
-                if skipping:  # the rest of an oversized line: dropped unread
-                    newline = buffer.find(b"\n")
-                    if newline < 0:
-                        buffer.clear()
-                        continue
-                    del buffer[: newline + 1]
-                    skipping = False
-                    scanned = 0
-                while (newline := buffer.find(b"\n", scanned)) >= 0:
-                    line = bytes(buffer[:newline]).strip()
-                    del buffer[: newline + 1]
-                    scanned = 0
-                    if not line:
-                        continue
-                    log.debug("<- %s", line[:2000])
-                    try:
-                        message = json.loads(line)
-                    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                        await send(_error(None, PARSE_ERROR, f"not JSON: {exc}"))
-                        continue
-                    except RecursionError:
-                        await send(_error(None, PARSE_ERROR, "not JSON: nested too deeply"))
-                        continue
-                    if isinstance(message, list):
-                        await send(
-                            _error(None, INVALID_REQUEST, "batch requests are not supported")
-                        )
-                    elif isinstance(message, Mapping) and message.get("method") == "session/prompt":
-                        prepared = server.prepare_prompt(message)
-                        if callable(prepared):
-                            nursery.start_soon(finish, prepared)
-                        elif message.get("id") is not None:
-                            await send(prepared)
-                    else:
-                        await answer(message)
-                if len(buffer) > MAX_LINE:
-                    # One message may not hold the server's memory hostage: the
-                    # oversized line is answered with an error and skipped.
-                    await send(_error(None, INVALID_REQUEST, f"a message over {MAX_LINE} bytes"))
+    async with server.running(), trio.open_nursery() as nursery:
+        while True:
+            chunk = await reader.receive_some(65536)
+            if not chunk:
+                break
+            scanned = len(buffer)  # what is already buffered holds no newline
+            buffer.extend(chunk)
+            if skipping:  # the rest of an oversized line: dropped unread
+                newline = buffer.find(b"\n")
+                if newline < 0:
                     buffer.clear()
-                    skipping = True
-            log.info("stdin closed; finishing running prompts")
-    finally:
-        with trio.CancelScope(shield=True):
-            await server.aclose()
-        await providers.aclose()
+                    continue
+                del buffer[: newline + 1]
+                skipping = False
+                scanned = 0
+            while (newline := buffer.find(b"\n", scanned)) >= 0:
+                line = bytes(buffer[:newline]).strip()
+                del buffer[: newline + 1]
+                scanned = 0
+                if not line:
+                    continue
+                log.debug("<- %s", line[:2000])
+                try:
+                    message = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    await send(_error(None, PARSE_ERROR, f"not JSON: {exc}"))
+                    continue
+                except RecursionError:
+                    await send(_error(None, PARSE_ERROR, "not JSON: nested too deeply"))
+                    continue
+                if isinstance(message, list):
+                    await send(_error(None, INVALID_REQUEST, "batch requests are not supported"))
+                elif isinstance(message, Mapping) and message.get("method") == "session/prompt":
+                    prepared = await server.prepare_prompt(message)
+                    if callable(prepared):
+                        nursery.start_soon(finish, prepared)
+                    elif message.get("id") is not None:
+                        await send(prepared)
+                else:
+                    await answer(message)
+            if len(buffer) > MAX_LINE:
+                # One message may not hold the server's memory hostage: the
+                # oversized line is answered with an error and skipped.
+                await send(_error(None, INVALID_REQUEST, f"a message over {MAX_LINE} bytes"))
+                buffer.clear()
+                skipping = True
+        log.info("stdin closed; finishing running prompts")
