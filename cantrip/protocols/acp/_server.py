@@ -45,6 +45,7 @@ import trio
 
 from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
+from cantrip._folding import effective_policy
 from cantrip._outcome import CastResult, stop_reason
 from cantrip._redact import get_logger
 from cantrip.llm._contract import plain_json
@@ -327,8 +328,8 @@ class AcpServer:
     async def _carry(self, session_id: str, running: Running) -> CastResult | None:
         """Follow the prompt and each continuation of it until it ends not paused."""
         info = await self.backend.find(session_id)
-        window = getattr(self.spell.llm, "context_window", None)
-        translator = Translator(info.entity_id, window if isinstance(window, int) else None)
+        policy = effective_policy(self.spell.folding, self.spell.llm)  # folding's window
+        translator = Translator(info.entity_id, policy.context_window if policy else None)
         while True:
             assert running.prompt_id is not None
             await self._stream(session_id, running.prompt_id, translator)
