@@ -49,7 +49,7 @@ from cantrip._folding import effective_policy
 from cantrip._outcome import CastResult, stop_reason
 from cantrip._redact import get_logger
 from cantrip.llm._contract import plain_json
-from cantrip.protocols.acp import _listing
+from cantrip.protocols.acp import _listing, _v2
 from cantrip.protocols.acp._asking import ask, elicitation_modes
 from cantrip.protocols.acp._rpc import (
     INTERNAL,
@@ -64,6 +64,7 @@ from cantrip.protocols.acp._rpc import (
     prompt_text,
 )
 from cantrip.protocols.acp._rpc import error_response as _error
+from cantrip.protocols.acp._running import Running
 from cantrip.protocols.acp._updates import Translator, message, replay
 from cantrip.protocols.sessions._backend import SessionError
 from cantrip.protocols.sessions._ids import BadIdError, client_id
@@ -88,27 +89,26 @@ class _Reply:
     error: Mapping[str, Any] | None = None
 
 
-@attrs.define(eq=False)
-class Running:
-    """A ``session/prompt`` being carried out: what a cancel of it reaches."""
-
-    session_id: str
-    prompt_id: str | None = None
-    """The prompt (or answer's continuation) the backend runs for it now."""
-    asking: trio.CancelScope | None = None
-    """Set while a question is asked of the client for it."""
-    cancelled: bool = False
-    """A ``$/cancel_request`` named it: it answers ``-32800``."""
-
-
 class AcpServer:
     """One ACP agent: a cantrip, its sessions served by a session backend."""
 
     def __init__(
-        self, spell: Cantrip, notify: Notify | None = None, *, backend: ProcessBackend | None = None
+        self,
+        spell: Cantrip,
+        notify: Notify | None = None,
+        *,
+        backend: ProcessBackend | None = None,
+        protocol: str = "v1",
     ) -> None:
         self.spell = spell
         self.backend = backend if backend is not None else ProcessBackend.serving(spell)
+        self._owns_backend = backend is None
+        self.offers_v2 = protocol == _v2.PROTOCOL_FLAG
+        """``--protocol v2-draft``: v2 is negotiated with a client that asks for it."""
+        self.v2: _v2.Connection | None = None
+        """The v2 side of this connection, once negotiated."""
+        self.tasks: trio.Nursery
+        """This connection's own tasks (set while :meth:`running`)."""
         self._notify = notify
         self._requests = itertools.count(1)
         self._waiting: dict[str, _Reply] = {}
@@ -121,9 +121,17 @@ class AcpServer:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[AcpServer]:
-        """Serve while the block runs (the backend's casts and gate providers)."""
-        async with self.backend.running():
-            yield self
+        """Serve while the block runs: the backend's casts and gate providers (unless
+        the backend is shared, run by its owner), and this connection's own tasks (a
+        v2 client's followers and prompts)."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self._owns_backend:
+                await stack.enter_async_context(self.backend.running())
+            self.tasks = await stack.enter_async_context(trio.open_nursery())
+            try:
+                yield self
+            finally:
+                self.tasks.cancel_scope.cancel()
 
     async def aclose(self) -> None:
         """Kept for callers that built a server without :meth:`running`."""
@@ -166,8 +174,13 @@ class AcpServer:
     # -- methods ---------------------------------------------------------------
 
     async def _initialize(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        self._modes = elicitation_modes(params)
         persistent = self.backend.hub.persistent
+        asked = params.get("protocolVersion")
+        if self.offers_v2 and isinstance(asked, int) and asked >= _v2.VERSION:
+            self.v2 = _v2.Connection(self)
+            self._modes = elicitation_modes({"clientCapabilities": params.get("capabilities")})
+            return _v2.initialize(persistent)
+        self._modes = elicitation_modes(params)
         sessions: dict[str, Any] = {"resume": {}, "list": {}}
         if persistent:
             sessions["delete"] = {}
@@ -185,6 +198,8 @@ class AcpServer:
     async def _new_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         info, _ = await self.backend.create()
         log.info("session %s: new entity %s", info.session_id, info.entity_id)
+        if self.v2 is not None:
+            await self.v2.follow(info.session_id, [])
         return {"sessionId": info.session_id}
 
     async def _load_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -201,6 +216,10 @@ class AcpServer:
         session_id = await self._session_id(params, required=True)
         info = await self.backend.find(session_id)
         log.info("session %s resumed (entity %s)", session_id, info.entity_id)
+        if self.v2 is not None:
+            replaying = params.get("replayFrom") is not None
+            thread = await self.backend.thread(session_id)
+            await self.v2.follow(session_id, thread, replay=replaying)
         return {"_meta": {"cantrip": {"entityId": info.entity_id, "turns": info.turns}}}
 
     async def _list_sessions(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -247,6 +266,8 @@ class AcpServer:
 
     async def _prompt(self, params: Mapping[str, Any], msg_id: Any = None) -> dict[str, Any]:
         session_id = await self._session_id(params)
+        if self.v2 is not None:
+            return await self.v2.prompt(session_id, prompt_text(params))
         return await self.run_prompt(session_id, prompt_text(params), on_busy(params), msg_id)
 
     async def prepare_prompt(
@@ -260,6 +281,12 @@ class AcpServer:
         sessions that exist when it arrives, not when it starts."""
         msg_id = message.get("id")
         params = message.get("params")
+        if self.v2 is not None:  # answered once accepted (a steer: once a turn takes it)
+
+            async def accept() -> dict[str, Any] | None:
+                return await self.handle(message)
+
+            return accept
         try:
             if not isinstance(params, Mapping):
                 raise RpcError(INVALID_PARAMS, "params must be an object")
@@ -325,14 +352,16 @@ class AcpServer:
             raise RpcError(REQUEST_CANCELLED, "the prompt was cancelled ($/cancel_request)")
         return await self._answer(session_id, cast)
 
-    async def _carry(self, session_id: str, running: Running) -> CastResult | None:
-        """Follow the prompt and each continuation of it until it ends not paused."""
+    async def _carry(
+        self, session_id: str, running: Running, *, stream: bool = True
+    ) -> CastResult | None:
+        """Follow the prompt and each continuation of it until it ends not paused
+        (``stream``: its events as updates; a v2 connection's follower tells them)."""
         info = await self.backend.find(session_id)
-        policy = effective_policy(self.spell.folding, self.spell.llm)  # folding's window
-        translator = Translator(info.entity_id, policy.context_window if policy else None)
+        translator = Translator(info.entity_id, self.context_window())
         while True:
             assert running.prompt_id is not None
-            await self._stream(session_id, running.prompt_id, translator)
+            await self._stream(session_id, running.prompt_id, translator, tell=stream)
             try:
                 outcome = await self.backend.result(session_id, running.prompt_id)
             except SessionError as exc:
@@ -353,14 +382,21 @@ class AcpServer:
                 return cast
             running.prompt_id = submitted.prompt_id
 
-    async def _stream(self, session_id: str, prompt_id: str, translator: Translator) -> None:
-        """The prompt's events as updates, until it ends; a question that waits in
-        place (an MCP server's, its call still running) is asked meanwhile."""
+    def context_window(self) -> int | None:
+        """The model's window, as folding knows it (``usage_update``'s ``size``)."""
+        policy = effective_policy(self.spell.folding, self.spell.llm)
+        return policy.context_window if policy is not None else None
+
+    async def _stream(
+        self, session_id: str, prompt_id: str, translator: Translator, *, tell: bool = True
+    ) -> None:
+        """The prompt's events as updates (``tell``), until it ends; a question that
+        waits in place (an MCP server's, its call still running) is asked meanwhile."""
         async with trio.open_nursery() as asks:
             follow = self.backend.follow(session_id, prompt_id=prompt_id)
             async with contextlib.aclosing(follow) as events:
                 async for told in events:
-                    for update in translator.updates(told):
+                    for update in translator.updates(told) if tell else ():
                         await self._update(session_id, update)
                     if told.type == "pause" and isinstance(told.data.get("pause"), Mapping):
                         pause = Pause.from_dict(told.data["pause"])

@@ -13,6 +13,7 @@ from cantrip._redact import get_logger, redact_value
 from cantrip.protocols.acp._rpc import INVALID_REQUEST, PARSE_ERROR
 from cantrip.protocols.acp._rpc import error_response as _error
 from cantrip.protocols.acp._server import AcpServer
+from cantrip.protocols.sessions._process import ProcessBackend
 
 log = get_logger("cantrip.acp")
 
@@ -25,6 +26,8 @@ async def serve_stdio(
     *,
     stdin: trio.abc.ReceiveStream | None = None,
     stdout: trio.abc.SendStream | None = None,
+    protocol: str = "v1",
+    backend: ProcessBackend | None = None,
 ) -> None:
     """Serve ACP on stdin/stdout, one JSON message per line, until stdin closes.
 
@@ -33,6 +36,10 @@ async def serve_stdio(
     prompt (two prompts of one session run one after the other). Nothing but
     protocol messages is written to stdout, with secrets redacted (PROD-8).
     When stdin closes, running prompts finish and the server exits.
+
+    ``protocol="v2-draft"`` also speaks the v2 draft (:mod:`._v2`) with a client that
+    asks for it; ``backend``: a session backend shared with other connections (run by
+    its owner), so several clients may follow one session.
     """
     reader = stdin if stdin is not None else trio.lowlevel.FdStream(0)
     writer = stdout if stdout is not None else trio.lowlevel.FdStream(1)
@@ -47,7 +54,7 @@ async def serve_stdio(
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 log.info("the client went away; a message was not delivered")
 
-    server = AcpServer(spell, notify=send)
+    server = AcpServer(spell, notify=send, protocol=protocol, backend=backend)
 
     async def answer(message: Any) -> None:
         response = await server.handle(message)
