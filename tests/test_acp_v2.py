@@ -205,3 +205,32 @@ async def test_two_clients_follow_one_session_and_replay_from_the_loom(tmp_path:
     assert two.said().startswith("hi one") and two.said().endswith("hi two")  # replayed, live
     replies = {u.message_id for u in one.updates if u.session_update == "agent_message_chunk"}
     assert len(replies) == 2  # a message id per reply
+
+
+async def test_a_cancel_ends_the_work_and_the_session_goes_idle_cancelled(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        SPEC.format(loom=tmp_path / "loom.db").replace(
+            '{ text = "one" } }] }', '{ text = "one" } }], delay_ms = 60000 }'
+        )
+    )
+    assert "delay_ms = 60000" in spec.read_text()
+
+    async def main() -> Watcher:
+        watcher = Watcher()
+        async with spawn_stdio_transport(CANTRIP, "acp", str(spec), "--protocol", "v2-draft") as (
+            reader,
+            writer,
+            _process,
+        ):
+            conn = v2.ClientSideConnection(as_client(watcher), writer, reader)
+            await conn.initialize(protocol_version=2, info=INFO)
+            sid = (await conn.new_session(cwd=str(tmp_path))).session_id
+            await conn.prompt(session_id=sid, prompt=[text("slowly")])
+            await watcher.wait_for(lambda: ("running", None) in watcher.states())
+            await conn.cancel_session(session_id=sid)
+            await watcher.wait_for(lambda: ("idle", "cancelled") in watcher.states())
+        return watcher
+
+    watcher = await trio.to_thread.run_sync(asyncio.run, main())
+    assert watcher.states() == [("running", None), ("idle", "cancelled")]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol
 
 import trio
@@ -49,6 +49,7 @@ class Host(Protocol):
 
     backend: ProcessBackend
     tasks: trio.Nursery
+    _running: dict[Any, Running]
 
     def context_window(self) -> int | None: ...
     async def _update(self, session_id: str, update: dict[str, Any]) -> None: ...
@@ -177,9 +178,23 @@ class Connection:
         backend = self.server.backend
         info = await backend.find(session_id)
         translator = Translator(info.entity_id, self.server.context_window())
-        states = States()
         events = backend.follow(session_id, after)
         task_status.started()
+        try:
+            await self._tell(session_id, events, translator, info.entity_id)
+        except SessionError as exc:  # the session went (deleted): nothing more to tell
+            log.info("session %s is no longer followed: %s", session_id, exc.message)
+        finally:
+            self.followed.discard(session_id)
+
+    async def _tell(
+        self,
+        session_id: str,
+        events: AsyncGenerator[SessionEvent, None],
+        translator: Translator,
+        entity_id: str,
+    ) -> None:
+        states = States()
         async with contextlib.aclosing(events):
             async for told in events:
                 turn = told.turn
@@ -189,7 +204,7 @@ class Connection:
                         self.told.add(message_id)
                         await self.server._update(session_id, user_message(message_id, turn.intent))
                 for update in translator.updates(told):  # one message per turn
-                    message_id = f"{info.entity_id}:{translator.sequence}"
+                    message_id = f"{entity_id}:{translator.sequence}"
                     await self.server._update(session_id, reshape(update, message_id))
                 if told.type == "step_complete" and turn is not None:
                     self._taken(session_id, turn)
@@ -239,15 +254,18 @@ class Connection:
             session_id, text, key=message_id, on_busy="enqueue"
         )
         running = Running(session_id, submitted.prompt_id)
-        self.server.tasks.start_soon(self._carry, session_id, running)
+        self.server._running[message_id] = running  # a session/cancel withdraws its asks
+        self.server.tasks.start_soon(self._carry, session_id, running, message_id)
         return message_id
 
-    async def _carry(self, session_id: str, running: Running) -> None:
+    async def _carry(self, session_id: str, running: Running, message_id: str) -> None:
         """The prompt's pauses asked of this client; its events are the followers'."""
         try:
             await self.server._carry(session_id, running, stream=False)
         except (RpcError, SessionError) as exc:  # told as the session's idle state
             log.info("session %s: a v2 prompt failed: %s", session_id, exc)
+        finally:
+            self.server._running.pop(message_id, None)
 
 
 class _Steer:
