@@ -270,3 +270,30 @@ async def test_a_steering_message_is_shown_where_it_was_inserted(tmp_path: Path)
     said = [u.session_update for u in replayed]
     # replayed where it joined: after the echo call's turn, before the reply it led to
     assert said.index("tool_call") < said.index("user_message_chunk", 1)
+
+
+async def test_a_closed_session_stops_its_work_and_can_be_resumed(tmp_path: Path) -> None:
+    path = spec(
+        tmp_path / "spec.toml",
+        f"{ECHO}\n{finish('too late', ', delay_ms = 60000')}\n{finish('back again')}",
+    )
+
+    async def main() -> tuple[Any, Any, Any]:
+        editor = Editor()
+        async with spawn_agent_process(as_client(editor), CANTRIP, "acp", str(path)) as (conn, _):
+            init = await conn.initialize(protocol_version=1)
+            sid = (await conn.new_session(cwd=str(tmp_path))).session_id
+            slow = asyncio.ensure_future(conn.prompt(session_id=sid, prompt=[text_block("slow")]))
+            await editor.wait_for(
+                lambda: any(u.status == "completed" for u in editor.kinds("tool_call_update"))
+            )
+            await conn.close_session(session_id=sid)
+            ended = await asyncio.wait_for(slow, 30)
+            await conn.resume_session(session_id=sid, cwd=str(tmp_path))
+            again = await conn.prompt(session_id=sid, prompt=[text_block("again")])
+        return init, ended, again
+
+    init, ended, again = await run(main())
+    assert init.agent_capabilities.session_capabilities.close is not None
+    assert ended.stop_reason == "cancelled"
+    assert again.field_meta["cantrip"]["result"] == "back again"

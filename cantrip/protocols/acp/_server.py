@@ -181,7 +181,7 @@ class AcpServer:
             self._modes = elicitation_modes({"clientCapabilities": params.get("capabilities")})
             return _v2.initialize(persistent)
         self._modes = elicitation_modes(params)
-        sessions: dict[str, Any] = {"resume": {}, "list": {}}
+        sessions: dict[str, Any] = {"resume": {}, "list": {}, "close": {}}
         if persistent:
             sessions["delete"] = {}
         return {
@@ -241,11 +241,29 @@ class AcpServer:
         log.info("session %s deleted", session_id)
         return {}
 
-    async def _cancel(self, params: Mapping[str, Any]) -> None:
-        session_id = await self._session_id(params)
+    async def _close_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``session/close``: cancel its work as ``session/cancel`` does, wait for the
+        prompt to end, then let go of what memory holds for it (its loom stays: a
+        later ``session/resume`` or ``session/load`` finds it)."""
+        session_id = await self._session_id(params, required=True)
+        self._withdraw_asks(session_id)
+        cancelled = await self.backend.cancel(session_id)
+        if cancelled.cancelled and cancelled.prompt_id is not None:
+            with contextlib.suppress(SessionError):  # how it ended is its prompt's to say
+                await self.backend.result(session_id, cancelled.prompt_id)
+        await self.backend.release(session_id)
+        log.info("session %s closed", session_id)
+        return {}
+
+    def _withdraw_asks(self, session_id: str) -> None:
+        """Withdraw the questions asked of the client for the session's prompts."""
         for running in self._running.values():
             if running.session_id == session_id and running.asking is not None:
-                running.asking.cancel()  # a question asked for it: withdrawn
+                running.asking.cancel()
+
+    async def _cancel(self, params: Mapping[str, Any]) -> None:
+        session_id = await self._session_id(params)
+        self._withdraw_asks(session_id)
         cancelled = await self.backend.cancel(session_id)
         if cancelled.cancelled:
             log.info("session %s: prompt cancelled", session_id)
@@ -536,5 +554,6 @@ _METHODS: dict[str, Callable[[AcpServer, Mapping[str, Any]], Awaitable[Any]]] = 
     "session/delete": AcpServer._delete_session,
     "session/prompt": _prompt_method,
     "session/cancel": AcpServer._cancel,
+    "session/close": AcpServer._close_session,
     "$/cancel_request": AcpServer._cancel_request,
 }
