@@ -48,11 +48,26 @@ def validate(notes: list[dict[str, Any]]) -> None:
 
 
 class Client:
-    """An AcpServer with a notification log."""
+    """An AcpServer with a notification log, serving in the test's nursery."""
 
     def __init__(self, spell: cantrip.Cantrip) -> None:
         self.notes: list[dict[str, Any]] = []
         self.server = AcpServer(spell, notify=self._notify)
+        self.scope = trio.CancelScope()
+        self.stopped = trio.Event()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with self.scope:
+                async with self.server.running():
+                    task_status.started()
+                    await trio.sleep_forever()
+        finally:
+            self.stopped.set()
+
+    async def stop(self) -> None:
+        self.scope.cancel()
+        await self.stopped.wait()
 
     async def _notify(self, message: dict[str, Any]) -> None:
         self.notes.append(message)
@@ -64,6 +79,12 @@ class Client:
 
     async def session(self) -> str:
         return str((await self.call("session/new"))["result"]["sessionId"])
+
+
+async def started(nursery: trio.Nursery, spell: cantrip.Cantrip) -> Client:
+    client = Client(spell)
+    await nursery.start(client.serve)
+    return client
 
 
 SCRIPT: list[dict[str, Any]] = [
@@ -79,8 +100,10 @@ SCRIPT: list[dict[str, Any]] = [
 ]
 
 
-async def test_updates_stream_thoughts_text_and_tool_calls_in_acp_shape() -> None:
-    client = Client(make_spell(SCRIPT))
+async def test_updates_stream_thoughts_text_and_tool_calls_in_acp_shape(
+    nursery: trio.Nursery,
+) -> None:
+    client = await started(nursery, make_spell(SCRIPT))
     sid = await client.session()
     response = await client.call("session/prompt", sessionId=sid, prompt="go")
     assert response["result"]["stopReason"] == "end_turn"
@@ -109,12 +132,12 @@ async def test_updates_stream_thoughts_text_and_tool_calls_in_acp_shape() -> Non
     assert len(by_call) == 3  # ids unique within the session
 
 
-async def test_updates_arrive_while_the_prompt_is_still_running() -> None:
+async def test_updates_arrive_while_the_prompt_is_still_running(nursery: trio.Nursery) -> None:
     script: list[dict[str, Any]] = [
         {"tool_calls": [{"gate": "echo", "args": {"text": "early"}}]},
         {"tool_calls": [{"gate": "done", "args": {"answer": "late"}}], "delay_ms": 500},
     ]
-    client = Client(make_spell(script))
+    client = await started(nursery, make_spell(script))
     sid = await client.session()
     finished = trio.Event()
 
@@ -130,7 +153,7 @@ async def test_updates_arrive_while_the_prompt_is_still_running() -> None:
         assert not finished.is_set(), "the echo result was reported before the cast ended"
 
 
-async def test_an_llm_that_does_not_stream_gets_the_same_updates() -> None:
+async def test_an_llm_that_does_not_stream_gets_the_same_updates(nursery: trio.Nursery) -> None:
     class Plain:
         name = "plain"
 
@@ -152,7 +175,7 @@ async def test_an_llm_that_does_not_stream_gets_the_same_updates() -> None:
         identity=cantrip.Identity(),
         circle=cantrip.Circle([done, echo], [cantrip.max_turns(2)]),
     )
-    client = Client(spell)
+    client = await started(nursery, spell)
     sid = await client.session()
     await client.call("session/prompt", sessionId=sid, prompt="go")
     validate(client.notes)
@@ -166,13 +189,15 @@ async def test_an_llm_that_does_not_stream_gets_the_same_updates() -> None:
     ]
 
 
-async def test_cancel_ends_the_prompt_as_cancelled_and_the_session_survives() -> None:
+async def test_cancel_ends_the_prompt_as_cancelled_and_the_session_survives(
+    nursery: trio.Nursery,
+) -> None:
     script: list[dict[str, Any]] = [
         {"content": "pondering", "delay_ms": 30_000},
         {"tool_calls": [{"gate": "done", "args": {"answer": "back"}}]},
     ]
     spell = make_spell(script)
-    client = Client(spell)
+    client = await started(nursery, spell)
     sid = await client.session()
     results: list[dict[str, Any]] = []
 
@@ -199,19 +224,21 @@ async def test_cancel_ends_the_prompt_as_cancelled_and_the_session_survives() ->
     assert turns[1].parent_id == turns[0].id  # same entity, same thread
 
 
-async def test_load_resumes_a_session_from_the_loom_file(tmp_path: Path) -> None:
+async def test_load_resumes_a_session_from_the_loom_file(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
     loom = tmp_path / "acp.db"
     first = make_spell(SCRIPT, loom)
-    client = Client(first)
+    client = await started(nursery, first)
     init = await client.call("initialize", protocolVersion=1)
     assert init["result"]["agentCapabilities"]["loadSession"] is True
     sid = await client.session()
     await client.call("session/prompt", sessionId=sid, prompt="go")
-    await client.server.aclose()
+    await client.stop()
     first.loom.close()
 
     second = make_spell([{"content": "I remember."}], loom)
-    client = Client(second)
+    client = await started(nursery, second)
     loaded = await client.call("session/load", sessionId=sid, cwd="/tmp", mcpServers=[])
     assert loaded["result"]["_meta"]["cantrip"]["entityId"] == "entity-" + sid.split("-", 1)[1]
     validate(client.notes)
@@ -235,12 +262,12 @@ async def test_load_resumes_a_session_from_the_loom_file(tmp_path: Path) -> None
     assert unknown["error"]["code"] == -32002
     missing = await client.call("session/load", cwd="/")
     assert missing["error"]["code"] == -32602
-    await client.server.aclose()
+    await client.stop()
     second.loom.close()
 
 
-async def test_load_session_is_not_advertised_without_a_loom_file() -> None:
-    client = Client(make_spell(SCRIPT))
+async def test_load_session_is_not_advertised_without_a_loom_file(nursery: trio.Nursery) -> None:
+    client = await started(nursery, make_spell(SCRIPT))
     init = await client.call("initialize", protocolVersion=1)
     assert init["result"]["agentCapabilities"]["loadSession"] is False
     assert init["result"]["agentInfo"]["name"] == "cantrip"

@@ -23,8 +23,9 @@ import trio
 
 pytest.importorskip("acp")
 
-from acp import Client, RequestError, schema, text_block
+from acp import Client, RequestError, schema
 from acp.stdio import spawn_agent_process
+from acp_support import text_block
 
 from cantrip import Loom
 

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import trio
-from acp import Client, schema, text_block
+from acp import Client, schema
 from acp.stdio import spawn_agent_process
+from acp_support import text_block
 
 from cantrip import Loom
 

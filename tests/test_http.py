@@ -280,16 +280,16 @@ async def test_library_acp_http_and_cli_produce_the_same_turns() -> None:
 
     over_acp = make_spell(SCRIPT)
     server = AcpServer(over_acp)
-    await server.handle({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {}})
-    await server.handle(
-        {
-            "jsonrpc": "2.0",
-            "id": 2,
-            "method": "session/prompt",
-            "params": {"prompt": "Book a flight"},
-        }
-    )
-    await server.aclose()
+    async with server.running():
+        await server.handle({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {}})
+        await server.handle(
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "session/prompt",
+                "params": {"prompt": "Book a flight"},
+            }
+        )
 
     over_http = make_spell(SCRIPT)
     async with serving(over_http) as http:

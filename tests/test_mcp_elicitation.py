@@ -322,8 +322,9 @@ async def test_an_acp_editor_answers_a_yes_no_question(
     import asyncio
     from typing import cast
 
-    from acp import Client, text_block
+    from acp import Client
     from acp.stdio import spawn_agent_process
+    from acp_support import text_block
     from test_acp_permission import Editor
 
     log = tmp_path / "marks"
@@ -364,3 +365,56 @@ async def test_a_form_too_large_to_be_one_is_declined_unasked(tmp_path: Path) ->
     assert asked == []
     assert the_call(outcome, "asking_survey").result == {"result": "decline"}
     assert marks(log) == ["survey decline"]
+
+
+async def test_an_acp_editor_with_elicitation_fills_the_servers_own_form(tmp_path: Path) -> None:
+    """``cantrip acp`` with an editor that advertises elicitation forms: the server's
+    question is ``elicitation/create`` with the server's own schema (no yes/no
+    fallback), and the editor's content is the server's answer."""
+    import asyncio
+    from typing import cast
+
+    from acp import Client, schema
+    from acp.stdio import spawn_agent_process
+    from acp_support import text_block
+
+    log = tmp_path / "marks"
+    spec = tmp_path / "asking.toml"
+    spec.write_text(_spec_toml([call("asking_book", city="Rome"), finish("ok")], log))
+    asked: list[dict[str, Any]] = []
+
+    class FormEditor:
+        async def session_update(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+        async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+        async def create_elicitation(self, message: str, mode: Any, **kwargs: Any) -> Any:
+            asked.append({"message": message, "mode": mode})
+            return schema.AcceptElicitationResponse(action="accept", content={"seats": 3})
+
+    async def drive() -> Any:
+        async with spawn_agent_process(
+            cast(Client, FormEditor()),
+            str(BIN / "cantrip"),
+            "acp",
+            str(spec),
+            cwd=tmp_path,
+            use_unstable_protocol=True,  # the library's table predates elicitation's v1.7
+        ) as (conn, _process):
+            caps = schema.ClientCapabilities(
+                elicitation=schema.ElicitationCapabilities(
+                    form=schema.ElicitationFormCapabilities()
+                )
+            )
+            await conn.initialize(protocol_version=1, client_capabilities=caps)
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            return await conn.prompt(session_id=session.session_id, prompt=[text_block("go")])
+
+    answer = await trio.to_thread.run_sync(asyncio.run, drive())
+    assert answer.stop_reason == "end_turn"
+    (question,) = asked
+    assert question["message"] == "mcp:asking asks: How many seats in Rome?"
+    assert "seats" in question["mode"].requested_schema.properties
+    assert marks(log) == ["version 2026-07-28", "accept 3"]

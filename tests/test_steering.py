@@ -286,62 +286,63 @@ async def test_acp_prompts_while_one_runs_follow_on_busy(policy: str) -> None:
     started, release = trio.Event(), trio.Event()
     s = spell(Loom(), holding_gate(started, release), TWO_CASTS)
     server = AcpServer(s, notify=lambda message: trio.lowlevel.checkpoint())
+    async with server.running():
 
-    def prompt(msg_id: int, text: str, **meta: Any) -> dict[str, Any]:
-        params: dict[str, Any] = {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}
-        if meta:
-            params["_meta"] = {"cantrip": meta}
-        return {"jsonrpc": "2.0", "id": msg_id, "method": "session/prompt", "params": params}
+        def prompt(msg_id: int, text: str, **meta: Any) -> dict[str, Any]:
+            params: dict[str, Any] = {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}
+            if meta:
+                params["_meta"] = {"cantrip": meta}
+            return {"jsonrpc": "2.0", "id": msg_id, "method": "session/prompt", "params": params}
 
-    await server.handle(
-        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}
-    )
-    created = await server.handle(
-        {
-            "jsonrpc": "2.0",
-            "id": 9,
-            "method": "session/new",
-            "params": {"cwd": "/", "mcpServers": []},
-        }
-    )
-    assert created is not None
-    sid = created["result"]["sessionId"]
-    answers: dict[int, dict[str, Any]] = {}
+        await server.handle(
+            {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}
+        )
+        created = await server.handle(
+            {
+                "jsonrpc": "2.0",
+                "id": 9,
+                "method": "session/new",
+                "params": {"cwd": "/", "mcpServers": []},
+            }
+        )
+        assert created is not None
+        sid = created["result"]["sessionId"]
+        answers: dict[int, dict[str, Any]] = {}
 
-    async def send(msg_id: int, message: dict[str, Any]) -> None:
-        reply = await server.handle(message)
-        assert reply is not None
-        answers[msg_id] = reply
+        async def send(msg_id: int, message: dict[str, Any]) -> None:
+            reply = await server.handle(message)
+            assert reply is not None
+            answers[msg_id] = reply
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(send, 1, prompt(1, "First task."))
-        await started.wait()
-        nursery.start_soon(send, 2, prompt(2, "Second task.", onBusy=policy))
-        await trio.testing.wait_all_tasks_blocked(0.01)  # it did all it can while one runs
-        if policy in ("reject", "steer"):
-            assert sorted(answers) == [2]  # answered at once, the first still running
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, 1, prompt(1, "First task."))
+            await started.wait()
+            nursery.start_soon(send, 2, prompt(2, "Second task.", onBusy=policy))
+            await trio.testing.wait_all_tasks_blocked(0.01)  # it did all it can while one runs
+            if policy in ("reject", "steer"):
+                assert sorted(answers) == [2]  # answered at once, the first still running
+            elif policy == "enqueue":
+                assert not answers  # queued behind the first
+            else:
+                assert 1 in answers  # it cut the first one off before that could end
+            release.set()
+        first, second = answers[1], answers[2]
+        entity = s.loom.entities
+        turns = [t for e in entity for t in s.loom.entity_turns(e)]
+        if policy == "reject":
+            assert "running a prompt" in second["error"]["message"]  # the backend's busy
+        elif policy == "steer":
+            assert second["result"]["_meta"]["cantrip"]["steered"] is True
+            assert [t.extras.get("steering") for t in turns if t.extras.get("steering")] == [
+                ["Second task."]
+            ]
         elif policy == "enqueue":
-            assert not answers  # queued behind the first
+            assert first["result"]["stopReason"] == "end_turn"
+            assert second["result"]["_meta"]["cantrip"]["result"] == "third"
         else:
-            assert 1 in answers  # it cut the first one off before that could end
-        release.set()
-    first, second = answers[1], answers[2]
-    entity = s.loom.entities
-    turns = [t for e in entity for t in s.loom.entity_turns(e)]
-    if policy == "reject":
-        assert "is running a prompt" in second["error"]["message"]
-    elif policy == "steer":
-        assert second["result"]["_meta"]["cantrip"]["steered"] is True
-        assert [t.extras.get("steering") for t in turns if t.extras.get("steering")] == [
-            ["Second task."]
-        ]
-    elif policy == "enqueue":
-        assert first["result"]["stopReason"] == "end_turn"
-        assert second["result"]["_meta"]["cantrip"]["result"] == "third"
-    else:
-        assert first["result"]["_meta"]["cantrip"]["reason"] == "interrupted"
-        asked = [m.content for m in s.llm.invocations[-1].messages]  # type: ignore[attr-defined]
-        assert ("First task." in asked) is (policy == "interrupt")
+            assert first["result"]["_meta"]["cantrip"]["reason"] == "interrupted"
+            asked = [m.content for m in s.llm.invocations[-1].messages]  # type: ignore[attr-defined]
+            assert ("First task." in asked) is (policy == "interrupt")
 
 
 # -- issue 39.13: what one cast takes is bounded ------------------------------------------

@@ -44,29 +44,30 @@ async def test_acp_ends_the_prompt_with_max_tokens_and_says_it_is_partial() -> N
         notes.append(message)
 
     server = AcpServer(cut_spell(), notify=notify)
-    created = await server.handle({"jsonrpc": "2.0", "id": 1, "method": "session/new"})
-    assert created is not None
-    sid = created["result"]["sessionId"]
-    response = await server.handle(
-        {
-            "jsonrpc": "2.0",
-            "id": 2,
-            "method": "session/prompt",
-            "params": {"sessionId": sid, "prompt": "Tell me a long story."},
-        }
-    )
-    assert response is not None
-    result = response["result"]
-    assert result["stopReason"] == "max_tokens"
-    meta = result["_meta"]["cantrip"]
-    assert meta["reason"] == "max_tokens" and meta["partial"] == CUT
-    said = [
-        n["params"]["update"]["content"]["text"]
-        for n in notes
-        if n.get("method") == "session/update"
-        and n["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
-    ]
-    assert any("Cut off by the output token limit" in text and CUT in text for text in said)
+    async with server.running():
+        created = await server.handle({"jsonrpc": "2.0", "id": 1, "method": "session/new"})
+        assert created is not None
+        sid = created["result"]["sessionId"]
+        response = await server.handle(
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "session/prompt",
+                "params": {"sessionId": sid, "prompt": "Tell me a long story."},
+            }
+        )
+        assert response is not None
+        result = response["result"]
+        assert result["stopReason"] == "max_tokens"
+        meta = result["_meta"]["cantrip"]
+        assert meta["reason"] == "max_tokens" and meta["partial"] == CUT
+        said = [
+            n["params"]["update"]["content"]["text"]
+            for n in notes
+            if n.get("method") == "session/update"
+            and n["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+        ]
+        assert any("Cut off by the output token limit" in text and CUT in text for text in said)
 
 
 async def test_http_reports_the_partial_text_apart_from_the_result() -> None:

@@ -260,6 +260,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     acp.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")
     acp.add_argument("--check", action="store_true", help="load the spec, report, and exit")
     acp.add_argument("--log", type=Path, help="write a debug log to this file (never stdout)")
+    acp.add_argument(
+        "--protocol",
+        choices=("v1", "v2-draft"),
+        default="v1",
+        help="v2-draft: also speak the ACP v2 draft with a client that asks for version 2 "
+        "(prompts acknowledged, an explicit idle state, several clients per session)",
+    )
 
     serve = commands.add_parser("serve", parents=[common], help="serve the HTTP session API")
     serve.add_argument("spec", type=Path, help="a cantrip spec file (TOML)")

@@ -28,7 +28,7 @@ def run_acp(args: argparse.Namespace) -> int:
     if args.check:
         return check_spec(args.spec, spell)
     try:
-        trio.run(serve_stdio, spell)
+        trio.run(functools.partial(serve_stdio, spell, protocol=args.protocol))
     except KeyboardInterrupt:
         pass
     finally:

@@ -94,14 +94,12 @@ async def acp_exchange(world: World, value: Any) -> None:
         notes.append(message)
 
     server = AcpServer(world.cantrip(), notify=notify)
-    try:
+    async with server.running():  # its session backend runs the casts
         for request in value:
             message = {"jsonrpc": "2.0", **dict(request)}
             response = await server.handle(message)
             if response is not None:
                 world.acp_responses.append(response)
-    finally:
-        await server.aclose()
 
 
 ACTIONS: dict[str, Callable[[World, Any], Awaitable[None]]] = {

@@ -629,6 +629,17 @@ class Loom:
         """Every root-to-leaf path, ordered by when its leaf was recorded."""
         return [self.thread(leaf.id) for leaf in self.leaves()]
 
+    def forget(self, entity_ids: Sequence[str]) -> None:
+        """Drop what this process remembers of entities its store no longer holds
+        (removed by retention, :mod:`cantrip.loom._retention`, while this loom is
+        open): their records and cached turns, so a read asks the store again."""
+        gone = set(entity_ids)
+        for entity_id in gone:
+            self._entities.pop(entity_id, None)
+            self._last.pop(entity_id, None)
+        for turn_id in [t for t, turn in self._by_id.items() if turn.entity_id in gone]:
+            del self._by_id[turn_id]
+
     # -- index ---------------------------------------------------------------
 
     def _index_entity(self, record: EntityRecord) -> None:

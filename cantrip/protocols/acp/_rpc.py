@@ -19,6 +19,8 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = (
 )
 RESOURCE_NOT_FOUND = -32002
 """ACP's code for an unknown session."""
+REQUEST_CANCELLED = -32800
+"""ACP's code for a request withdrawn by ``$/cancel_request``."""
 
 
 class RpcError(Exception):

@@ -1,74 +1,85 @@
-"""The Agent Client Protocol (ACP) over JSON-RPC 2.0: sessions are summoned entities.
+"""The Agent Client Protocol (ACP v1.7) over JSON-RPC 2.0: a thin front end over the
+session backend (:class:`~cantrip.protocols.sessions.SessionBackend`, in process).
 
-Transport-independent core: :meth:`AcpServer.handle` takes one decoded
-JSON-RPC message and returns the response (or ``None`` for a notification);
-``session/update`` notifications go out through the ``notify`` callback as
-they happen. The file is split by job: :mod:`._rpc` (JSON-RPC framing, a prompt's
-parameters), :mod:`._updates` (events to ``session/update``), :mod:`._stdio` (the
-line-delimited stdio transport, ``serve_stdio``).
+Transport-independent core: :meth:`AcpServer.handle` takes one decoded JSON-RPC
+message and returns the response (or ``None`` for a notification); ``session/update``
+notifications and the agent's own requests go out through the ``notify`` callback. The
+package is split by job: :mod:`._rpc` (JSON-RPC framing, a prompt's parameters),
+:mod:`._updates` (session events to ``session/update``), :mod:`._asking` (a pause asked
+of the client), :mod:`._listing` (``session/list`` from the loom), :mod:`._stdio` (the
+line-delimited stdio transport) and :mod:`._v2` (the v2 draft's prompt lifecycle).
 
-Mapping (PROD-6/7, ENTITY-5):
+What a session is, how prompts queue, steer, interrupt and roll back, how a cancel
+finds its prompt and how a pause is answered are the backend's -- written once for
+every front end (HTTP, AG-UI, A2A, the viewer, ``cantrip mcp``, and this). What is
+ACP's:
 
-* ``session/new`` summons an entity; the session id embeds the entity id.
-* ``session/prompt`` is one cast on it, so a session keeps its conversation.
-  While the cast runs, ``session/update`` notifications stream what it does:
-  ``agent_message_chunk`` (text), ``agent_thought_chunk`` (thinking),
-  ``tool_call`` when a gate call is announced and ``tool_call_update`` as it
-  runs (``in_progress``) and ends (``completed`` / ``failed``). The response
-  carries ACP's ``stopReason`` (``end_turn``; ``max_turn_requests`` or
-  ``max_tokens`` for a ward; ``cancelled``) and the cast's answer under
-  ``_meta.cantrip``.
-* ``session/cancel`` cancels the running cast: the loom records it as
-  ``cancelled``, the prompt answers ``stopReason: "cancelled"``, and the
-  session lives on.
-* ``session/load`` continues a session from the loom -- after a restart too,
-  when the loom is a file (then ``loadSession`` is advertised) -- replaying its
-  history as notifications before it answers.
-
-The prompt's text may be a string, a list of content blocks, or given as
-``content``; when the client leaves out ``sessionId`` and exactly one session
-exists, that session is meant. Malformed messages, unknown methods and
-unknown sessions get JSON-RPC errors; the server keeps serving.
+* ``session/new`` creates a session; ``session/load`` replays its history from the
+  loom (steering messages where they were inserted) before it answers;
+  ``session/resume`` reattaches without the replay; ``session/list`` lists the loom's
+  sessions (earlier processes' too), ``session/delete`` removes one's tree from it.
+* ``session/prompt`` submits a prompt and streams its events as ``session/update``
+  (text, thinking, tool calls, inserted messages, ``usage_update``); it answers with
+  ACP's ``stopReason`` and the cast's answer under ``_meta.cantrip``. A prompt sent
+  while one runs waits its turn (ACP's default); ``_meta.cantrip.onBusy`` may instead
+  ``steer`` (the text is inserted into the running cast's next turn, answered at
+  once), ``interrupt``, ``rollback`` or ``reject`` -- the backend's busy policies.
+* A pause is asked of the client (:mod:`._asking`): an approval as
+  ``session/request_permission``, a question as ``elicitation/create``; the answer goes
+  to the backend, which continues the cast (a prompt of its own, followed in turn).
+* ``session/cancel`` cancels the running prompt (and any question being asked for it);
+  ``$/cancel_request`` naming a running ``session/prompt`` cancels that prompt, which
+  answers ACP's ``-32800``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-import json
-import math
-from collections.abc import Awaitable, Callable, Mapping
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
 import trio
 
-from cantrip._approval import Decision, Pause
+from cantrip._approval import Decision, Pause, PauseError
 from cantrip._cantrip import Cantrip
-from cantrip._elicit import yes_no_field
-from cantrip._errors import CantripError
+from cantrip._folding import effective_policy
 from cantrip._outcome import CastResult, stop_reason
 from cantrip._redact import get_logger
 from cantrip.llm._contract import plain_json
-from cantrip.llm._stream import Event
+from cantrip.protocols.acp import _listing, _v2
+from cantrip.protocols.acp._asking import ask, elicitation_modes
 from cantrip.protocols.acp._rpc import (
     INTERNAL,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     PROTOCOL_VERSION,
+    REQUEST_CANCELLED,
     RESOURCE_NOT_FOUND,
     RpcError,
     on_busy,
     prompt_text,
 )
 from cantrip.protocols.acp._rpc import error_response as _error
+from cantrip.protocols.acp._running import Running
 from cantrip.protocols.acp._updates import Translator, message, replay
-from cantrip.protocols.sessions._hub import Session, SessionError, SessionHub
+from cantrip.protocols.sessions._backend import SessionError
 from cantrip.protocols.sessions._ids import BadIdError, client_id
+from cantrip.protocols.sessions._process import ProcessBackend
 
 log = get_logger("cantrip.acp")
 
 Notify = Callable[[dict[str, Any]], Awaitable[None]]
+
+_CODES = {"not_found": RESOURCE_NOT_FOUND, "cast_failed": INTERNAL, "crashed": INTERNAL}
+"""JSON-RPC codes for the backend's refusals (any other kind: the request's fault)."""
+
+
+def rpc_error(exc: SessionError) -> RpcError:
+    return RpcError(_CODES.get(exc.kind, INVALID_REQUEST), exc.message)
 
 
 @attrs.define(eq=False)
@@ -79,19 +90,53 @@ class _Reply:
 
 
 class AcpServer:
-    """One ACP agent: a cantrip, and a summoned entity per session."""
+    """One ACP agent: a cantrip, its sessions served by a session backend."""
 
-    def __init__(self, spell: Cantrip, notify: Notify | None = None) -> None:
+    def __init__(
+        self,
+        spell: Cantrip,
+        notify: Notify | None = None,
+        *,
+        backend: ProcessBackend | None = None,
+        protocol: str = "v1",
+    ) -> None:
         self.spell = spell
-        self.hub = SessionHub(spell)
+        self.backend = backend if backend is not None else ProcessBackend.serving(spell)
+        self._owns_backend = backend is None
+        self.offers_v2 = protocol == _v2.PROTOCOL_FLAG
+        """``--protocol v2-draft``: v2 is negotiated with a client that asks for it."""
+        self.v2: _v2.Connection | None = None
+        """The v2 side of this connection, once negotiated."""
+        self.tasks: trio.Nursery
+        """This connection's own tasks (set while :meth:`running`)."""
         self._notify = notify
-        self._locks: dict[str, trio.Lock] = {}
         self._requests = itertools.count(1)
         self._waiting: dict[str, _Reply] = {}
-        """Requests this agent sent the client (``session/request_permission``), by id."""
+        """Requests this agent sent the client, by id."""
+        self._modes: frozenset[str] = frozenset()
+        """The elicitation modes the client advertised at ``initialize``."""
+        self._running: dict[Any, Running] = {}
+        """``session/prompt`` requests being carried out, by JSON-RPC id."""
+        self.cwd = os.getcwd()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[AcpServer]:
+        """Serve while the block runs: the backend's casts and gate providers (unless
+        the backend is shared, run by its owner), and this connection's own tasks (a
+        v2 client's followers and prompts)."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self._owns_backend:
+                await stack.enter_async_context(self.backend.running())
+            self.tasks = await stack.enter_async_context(trio.open_nursery())
+            try:
+                yield self
+            finally:
+                self.tasks.cancel_scope.cancel()
 
     async def aclose(self) -> None:
-        await self.hub.aclose()
+        """Kept for callers that built a server without :meth:`running`."""
+        with trio.CancelScope(shield=True):
+            await self.backend.hub.aclose()
 
     async def handle(self, message: Any) -> dict[str, Any] | None:
         """Answer one JSON-RPC message; notifications return None."""
@@ -112,10 +157,16 @@ class AcpServer:
                 raise RpcError(METHOD_NOT_FOUND, f"unknown method {method!r}")
             if not isinstance(params, Mapping):
                 raise RpcError(INVALID_PARAMS, "params must be an object")
-            result = await handler(self, params)
+            if method == "session/prompt":
+                result = await self._prompt(params, msg_id)
+            else:
+                result = await handler(self, params)
         except RpcError as exc:
             log.debug("%s -> error %d: %s", method, exc.code, exc.message)
             return None if msg_id is None else _error(msg_id, exc.code, exc.message)
+        except SessionError as exc:
+            error = rpc_error(exc)
+            return None if msg_id is None else _error(msg_id, error.code, error.message)
         if msg_id is None:
             return None
         return {"jsonrpc": "2.0", "id": msg_id, "result": result}
@@ -123,65 +174,296 @@ class AcpServer:
     # -- methods ---------------------------------------------------------------
 
     async def _initialize(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        persistent = self.backend.hub.persistent
+        asked = params.get("protocolVersion")
+        if self.offers_v2 and isinstance(asked, int) and asked >= _v2.VERSION:
+            self.v2 = _v2.Connection(self)
+            self._modes = elicitation_modes({"clientCapabilities": params.get("capabilities")})
+            return _v2.initialize(persistent)
+        self._modes = elicitation_modes(params)
+        sessions: dict[str, Any] = {"resume": {}, "list": {}, "close": {}}
+        if persistent:
+            sessions["delete"] = {}
         return {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
-                "loadSession": self.hub.persistent,
+                "loadSession": persistent,
                 "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
+                "sessionCapabilities": sessions,
             },
             "authMethods": [],
             "agentInfo": {"name": "cantrip", "title": "cantrip", "version": "0.1.0"},
         }
 
     async def _new_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        session = self.hub.new()
-        log.info("session %s: new entity %s", session.id, session.entity_id)
-        return {"sessionId": session.id}
+        info, _ = await self.backend.create()
+        log.info("session %s: new entity %s", info.session_id, info.entity_id)
+        if self.v2 is not None:
+            await self.v2.follow(info.session_id, [])
+        return {"sessionId": info.session_id}
 
     async def _load_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        session = self._session(params, required=True)
-        for turn in self.hub.history(session):
+        session_id = await self._session_id(params, required=True)
+        for turn in await self.backend.thread(session_id):
             for update in replay(turn):
-                await self._update(session.id, update)
-        log.info("session %s loaded (entity %s)", session.id, session.entity_id)
-        return {"_meta": {"cantrip": {"entityId": session.entity_id}}}
+                await self._update(session_id, update)
+        info = await self.backend.find(session_id)
+        log.info("session %s loaded (entity %s)", session_id, info.entity_id)
+        return {"_meta": {"cantrip": {"entityId": info.entity_id}}}
 
-    async def _prompt(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        session = self._session(params)
-        return await self._run_locked(session, prompt_text(params), on_busy(params))
+    async def _resume_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Reattach to a session (from the loom after a restart) without replaying it."""
+        session_id = await self._session_id(params, required=True)
+        info = await self.backend.find(session_id)
+        log.info("session %s resumed (entity %s)", session_id, info.entity_id)
+        if self.v2 is not None:
+            replaying = params.get("replayFrom") is not None
+            thread = await self.backend.thread(session_id)
+            await self.v2.follow(session_id, thread, replay=replaying)
+        return {"_meta": {"cantrip": {"entityId": info.entity_id, "turns": info.turns}}}
 
-    def prepare_prompt(
+    async def _list_sessions(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        listed = await self.backend.read_loom(_listing.sessions_in)
+        if not _listing.cwd_matches(params, self.cwd):
+            listed = []
+        try:
+            chunk, cursor = _listing.page(listed, params.get("cursor"))
+        except ValueError as exc:
+            raise RpcError(INVALID_PARAMS, str(exc)) from None
+        answer: dict[str, Any] = {"sessions": [s.to_dict(self.cwd) for s in chunk]}
+        if cursor is not None:
+            answer["nextCursor"] = cursor
+        return answer
+
+    async def _delete_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        session_id = self._named(params)
+        await self.backend.delete(session_id)
+        log.info("session %s deleted", session_id)
+        return {}
+
+    async def _close_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``session/close``: cancel its work as ``session/cancel`` does, wait for the
+        prompt to end, then let go of what memory holds for it (its loom stays: a
+        later ``session/resume`` or ``session/load`` finds it)."""
+        session_id = await self._session_id(params, required=True)
+        self._withdraw_asks(session_id)
+        cancelled = await self.backend.cancel(session_id)
+        if cancelled.cancelled and cancelled.prompt_id is not None:
+            with contextlib.suppress(SessionError):  # how it ended is its prompt's to say
+                await self.backend.result(session_id, cancelled.prompt_id)
+        await self.backend.release(session_id)
+        log.info("session %s closed", session_id)
+        return {}
+
+    def _withdraw_asks(self, session_id: str) -> None:
+        """Withdraw the questions asked of the client for the session's prompts."""
+        for running in self._running.values():
+            if running.session_id == session_id and running.asking is not None:
+                running.asking.cancel()
+
+    async def _cancel(self, params: Mapping[str, Any]) -> None:
+        session_id = await self._session_id(params)
+        self._withdraw_asks(session_id)
+        cancelled = await self.backend.cancel(session_id)
+        if cancelled.cancelled:
+            log.info("session %s: prompt cancelled", session_id)
+
+    async def _cancel_request(self, params: Mapping[str, Any]) -> None:
+        """``$/cancel_request``: a ``session/prompt`` still being carried out is
+        cancelled and answers ``-32800``; any other request was answered already."""
+        running = self._running.get(params.get("requestId"))
+        if running is None:
+            return
+        running.cancelled = True
+        if running.asking is not None:
+            running.asking.cancel()
+        if running.prompt_id is not None:
+            await self.backend.cancel(running.session_id, prompt_id=running.prompt_id)
+
+    # -- prompts ------------------------------------------------------------------
+
+    async def _prompt(self, params: Mapping[str, Any], msg_id: Any = None) -> dict[str, Any]:
+        session_id = await self._session_id(params)
+        if self.v2 is not None:
+            return await self.v2.prompt(session_id, prompt_text(params))
+        return await self.run_prompt(session_id, prompt_text(params), on_busy(params), msg_id)
+
+    async def prepare_prompt(
         self, message: Mapping[str, Any]
     ) -> dict[str, Any] | Callable[[], Awaitable[dict[str, Any] | None]]:
-        """Check a ``session/prompt`` now and run it later: either the error
-        response, or a coroutine function that runs the cast and answers.
+        """Check a ``session/prompt`` now and run it later: either the error response,
+        or a coroutine function that runs it and answers.
 
-        Transports that run prompts in the background use this, so a prompt
-        names the sessions that exist when it arrives, not when it starts."""
+        Transports that run prompts in the background use this, so the messages after
+        a prompt (a cancel, above all) are read while it runs, and a prompt names the
+        sessions that exist when it arrives, not when it starts."""
         msg_id = message.get("id")
         params = message.get("params")
+        if self.v2 is not None:  # answered once accepted (a steer: once a turn takes it)
+
+            async def accept() -> dict[str, Any] | None:
+                return await self.handle(message)
+
+            return accept
         try:
             if not isinstance(params, Mapping):
                 raise RpcError(INVALID_PARAMS, "params must be an object")
-            session = self._session(params)
+            session_id = await self._session_id(params)
             text = prompt_text(params)
             policy = on_busy(params)
         except RpcError as exc:
             return _error(msg_id, exc.code, exc.message)
+        running = Running(session_id)
+        if msg_id is not None:
+            self._running[msg_id] = running  # a $/cancel_request from now on finds it
 
         async def run() -> dict[str, Any] | None:
             try:
-                result = await self._run_locked(session, text, policy)
+                result = await self.run_prompt(session_id, text, policy, msg_id, running)
             except RpcError as exc:
                 return None if msg_id is None else _error(msg_id, exc.code, exc.message)
+            except SessionError as exc:
+                error = rpc_error(exc)
+                return None if msg_id is None else _error(msg_id, error.code, error.message)
+            finally:
+                self._running.pop(msg_id, None)
             return None if msg_id is None else {"jsonrpc": "2.0", "id": msg_id, "result": result}
 
         return run
 
+    async def run_prompt(
+        self,
+        session_id: str,
+        text: str,
+        policy: str,
+        msg_id: Any = None,
+        running: Running | None = None,
+    ) -> dict[str, Any]:
+        """Submit the prompt and carry it out: its events as updates, its pauses asked
+        of the client, until it ends. ``steer`` inserts the text into the running
+        cast instead (a prompt when none runs)."""
+        if policy == "steer":
+            try:
+                await self.backend.steer(session_id, text)
+            except SessionError as exc:
+                if exc.kind != "not_running":
+                    raise
+            else:
+                info = await self.backend.find(session_id)
+                meta = {"entityId": info.entity_id, "steered": True}
+                return {"stopReason": "end_turn", "_meta": {"cantrip": meta}}
+            policy = "enqueue"
+        running = running if running is not None else Running(session_id)
+        running.session_id = session_id
+        if msg_id is not None:
+            self._running[msg_id] = running
+        try:
+            if running.cancelled:  # withdrawn before it was submitted
+                raise RpcError(REQUEST_CANCELLED, "the prompt was cancelled ($/cancel_request)")
+            submitted = await self.backend.submit(session_id, text, on_busy=policy)  # type: ignore[arg-type]
+            running.prompt_id = submitted.prompt_id
+            cast = await self._carry(session_id, running)
+        finally:
+            if msg_id is not None:
+                self._running.pop(msg_id, None)
+        if running.cancelled:
+            raise RpcError(REQUEST_CANCELLED, "the prompt was cancelled ($/cancel_request)")
+        return await self._answer(session_id, cast)
+
+    async def _carry(
+        self, session_id: str, running: Running, *, stream: bool = True
+    ) -> CastResult | None:
+        """Follow the prompt and each continuation of it until it ends not paused
+        (``stream``: its events as updates; a v2 connection's follower tells them)."""
+        info = await self.backend.find(session_id)
+        translator = Translator(info.entity_id, self.context_window())
+        while True:
+            assert running.prompt_id is not None
+            await self._stream(session_id, running.prompt_id, translator, tell=stream)
+            try:
+                outcome = await self.backend.result(session_id, running.prompt_id)
+            except SessionError as exc:
+                if exc.kind in ("cast_failed", "crashed"):
+                    raise RpcError(INTERNAL, exc.message) from None
+                raise
+            cast = outcome.cast
+            if cast is None or cast.reason != "paused" or running.cancelled:
+                return cast
+            pauses = await self.backend.pauses(session_id)
+            if not pauses:
+                return cast
+            decision = await self._ask(session_id, pauses[0], running)
+            if decision is None:  # cancelled while asking: the pause stays in the loom
+                return None
+            submitted = await self.backend.answer(session_id, pauses[0].pause_id, decision)
+            if submitted is None:
+                return cast
+            running.prompt_id = submitted.prompt_id
+
+    def context_window(self) -> int | None:
+        """The model's window, as folding knows it (``usage_update``'s ``size``)."""
+        policy = effective_policy(self.spell.folding, self.spell.llm)
+        return policy.context_window if policy is not None else None
+
+    async def _stream(
+        self, session_id: str, prompt_id: str, translator: Translator, *, tell: bool = True
+    ) -> None:
+        """The prompt's events as updates (``tell``), until it ends; a question that
+        waits in place (an MCP server's, its call still running) is asked meanwhile."""
+        async with trio.open_nursery() as asks:
+            follow = self.backend.follow(session_id, prompt_id=prompt_id)
+            async with contextlib.aclosing(follow) as events:
+                async for told in events:
+                    for update in translator.updates(told) if tell else ():
+                        await self._update(session_id, update)
+                    if told.type == "pause" and isinstance(told.data.get("pause"), Mapping):
+                        pause = Pause.from_dict(told.data["pause"])
+                        if pause.origin is not None:
+                            asks.start_soon(self._answer_in_place, session_id, pause)
+            asks.cancel_scope.cancel()  # the prompt ended: a question left is moot
+
+    async def _answer_in_place(self, session_id: str, pause: Pause) -> None:
+        decision = await ask(self.request_client, session_id, pause, self._modes)
+        try:
+            await self.backend.answer(session_id, pause.pause_id, decision)
+        except PauseError as exc:  # a wrong answer: the server declines the question
+            log.info("session %s: the answer was refused (%s)", session_id, exc)
+            await self.backend.answer(session_id, pause.pause_id, Decision.deny(str(exc)))
+
+    async def _ask(self, session_id: str, pause: Pause, running: Running) -> Decision | None:
+        """The client's decision on a pause the prompt ended on; None if cancelled."""
+        with trio.CancelScope() as scope:
+            running.asking = scope
+            try:
+                return await ask(self.request_client, session_id, pause, self._modes)
+            finally:
+                running.asking = None
+        return None
+
+    async def _answer(self, session_id: str, outcome: CastResult | None) -> dict[str, Any]:
+        stop = stop_reason(outcome)
+        if outcome is not None and outcome.truncated and stop != "cancelled":
+            await self._update(session_id, message(outcome.summary or "truncated"))
+        info = await self.backend.find(session_id)
+        meta: dict[str, Any] = {"entityId": info.entity_id, "reason": "cancelled"}
+        if outcome is not None:
+            meta = {
+                "result": plain_json(outcome.result) if outcome.terminated else outcome.summary,
+                "entityId": outcome.entity_id,
+                "turns": len(outcome.turns),
+                "reason": outcome.reason,
+                "usage": outcome.usage.to_dict(),
+                "costUsd": outcome.cost_usd,
+            }
+            if outcome.partial is not None:
+                meta["partial"] = outcome.partial  # cut off by the token limit: not a result
+        return {"stopReason": stop, "_meta": {"cantrip": meta}}
+
     # -- requests to the client -------------------------------------------------
 
     async def request_client(self, method: str, params: Mapping[str, Any]) -> Any:
-        """Send the client a JSON-RPC request and wait for its result."""
+        """Send the client a JSON-RPC request and wait for its result; cancelled, the
+        request is withdrawn with ``$/cancel_request``."""
         if self._notify is None:
             raise RpcError(INTERNAL, f"no client to send {method} to")
         request_id = f"cantrip-{next(self._requests)}"
@@ -191,6 +473,16 @@ class AcpServer:
                 {"jsonrpc": "2.0", "id": request_id, "method": method, "params": dict(params)}
             )
             await reply.done.wait()
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await self._notify(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "$/cancel_request",
+                        "params": {"requestId": request_id},
+                    }
+                )
+            raise
         finally:
             self._waiting.pop(request_id, None)
         if reply.error is not None:
@@ -207,174 +499,35 @@ class AcpServer:
         reply.result = message.get("result")
         reply.done.set()
 
-    async def _ask_permission(self, session: Session, pause: Pause) -> Decision:
-        """A pause as ACP's ``session/request_permission``: allow or reject, once or always."""
-        if pause.kind == "question":
-            return await self._ask_consent(session, pause)
-        arguments = json.dumps(plain_json(pause.args), ensure_ascii=False, default=str)
-        params = {
-            "sessionId": session.id,
-            "toolCall": {
-                "toolCallId": pause.tool_call_id or pause.pause_id,
-                "title": f"{pause.gate}({arguments[:200]})",
-                "kind": "execute",
-                "status": "pending",
-                "rawInput": plain_json(pause.args),
-            },
-            "options": [
-                {"optionId": kind, "name": name, "kind": kind}
-                for kind, name in (
-                    ("allow_once", "Allow"),
-                    ("allow_always", f"Always allow {pause.gate}"),
-                    ("reject_once", "Reject"),
-                    ("reject_always", f"Always reject {pause.gate}"),
-                )
-            ],
-        }
-        try:
-            answer = await self.request_client("session/request_permission", params)
-        except RpcError as exc:
-            return Decision.deny(f"the client could not ask: {exc.message}")
-        outcome = answer.get("outcome") if isinstance(answer, Mapping) else None
-        chosen = outcome.get("optionId") if isinstance(outcome, Mapping) else None
-        if chosen == "allow_once":
-            return Decision.approve()
-        if chosen == "allow_always":
-            return Decision.approve(always=True)
-        if chosen in ("reject_once", "reject_always"):
-            return Decision.deny("rejected in the editor")
-        return Decision.deny("the permission request was cancelled")
+    # -- sessions --------------------------------------------------------------
 
-    async def _ask_consent(self, session: Session, pause: Pause) -> Decision:
-        """A question as ``session/request_permission``, when allow / reject can answer it:
-        an MCP server's yes/no form (allow is yes) or a page it asks the user to open
-        (allow is consent). Any other question is declined: ACP has no way to ask it."""
-        field = yes_no_field(pause.schema) if pause.origin is not None else None
-        if pause.origin is None or (pause.url is None and field is None):
-            return Decision.deny(
-                "this ACP client can only allow or reject calls, not answer a question: "
-                "ask it in your reply instead"
-            )
-        title = f"{pause.origin} asks: {pause.question or ''}"
-        if pause.url is not None:
-            title += f" (open {pause.url})"
-        params = {
-            "sessionId": session.id,
-            "toolCall": {
-                "toolCallId": pause.pause_id,
-                "title": title[:500],
-                "kind": "other",
-                "status": "pending",
-                "rawInput": {"question": pause.question, "url": pause.url},
-            },
-            "options": [
-                {"optionId": "allow_once", "name": "Yes", "kind": "allow_once"},
-                {"optionId": "reject_once", "name": "No", "kind": "reject_once"},
-            ],
-        }
-        try:
-            answer = await self.request_client("session/request_permission", params)
-        except RpcError as exc:
-            return Decision.deny(f"the client could not ask: {exc.message}")
-        outcome = answer.get("outcome") if isinstance(answer, Mapping) else None
-        chosen = outcome.get("optionId") if isinstance(outcome, Mapping) else None
-        if chosen == "allow_once":
-            return Decision.answer("true" if field is not None else "ok")
-        if chosen == "reject_once" and field is not None:
-            return Decision.answer("false")
-        return Decision.deny("declined in the editor")
-
-    async def _run_locked(self, session: Session, text: str, policy: str) -> dict[str, Any]:
-        """Prompts of one session run one after the other (``enqueue``, ACP's default);
-        ``_meta.cantrip.onBusy`` may ask instead to ``steer`` the running cast (the text
-        joins its next turn, answered at once), ``interrupt`` or ``rollback`` it (it is
-        cancelled, recorded; rollback then continues from before it) or ``reject``."""
-        rewind_to: list[str | None] = []
-        current = session.current
-        if session.running is not None and current is not None and policy != "enqueue":
-            if policy == "reject":
-                raise RpcError(INVALID_REQUEST, f"session {session.id} is running a prompt")
-            if policy == "steer":
-                try:
-                    self.hub.steer(session, text)
-                except SessionError as exc:
-                    raise RpcError(INVALID_REQUEST, exc.message) from None
-                meta = {"entityId": session.entity_id, "steered": True}
-                return {"stopReason": "end_turn", "_meta": {"cantrip": meta}}
-            rewind_to.append(current.before)
-            self.hub.cancel(session, "interrupted")
-        lock = self._locks.setdefault(session.id, trio.Lock())
-        async with lock:
-            if policy == "rollback" and rewind_to:
-                await session.entity.rewind(rewind_to[0])
-            return await self._run_prompt(session, text)
-
-    async def _run_prompt(self, session: Session, text: str) -> dict[str, Any]:
-        # The editor is asked before a call that needs a human (a crash-resumed
-        # entity is a new object, so this is set on every prompt).
-        session.entity.answer_pauses_with(lambda pause: self._ask_permission(session, pause))
-        translator = Translator(session)
-        send, receive = trio.open_memory_channel[Event](math.inf)
-
-        async def forward() -> None:
-            async with receive:
-                async for event in receive:
-                    for update in translator.updates(event):
-                        await self._update(session.id, update)
-
-        outcome: CastResult | None = None
-        error: RpcError | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(forward)
-            async with send:
-                try:
-                    outcome = await self.hub.prompt(session, text, on_event=send.send_nowait)
-                except SessionError as exc:
-                    error = RpcError(INVALID_REQUEST, exc.message)
-                except CantripError as exc:
-                    error = RpcError(INTERNAL, f"the cast failed: {exc}")
-                except Exception as exc:
-                    log.exception("session %s: prompt crashed", session.id)
-                    error = RpcError(INTERNAL, f"the entity crashed: {exc!r}")
-        if error is not None:
-            raise error  # after the updates the cast produced went out
-        stop = stop_reason(outcome)
-        if outcome is not None and outcome.truncated and stop != "cancelled":
-            await self._update(session.id, message(outcome.summary or "truncated"))
-        meta: dict[str, Any] = {"entityId": session.entity_id, "reason": "cancelled"}
-        if outcome is not None:
-            meta = {
-                "result": plain_json(outcome.result) if outcome.terminated else outcome.summary,
-                "entityId": outcome.entity_id,
-                "turns": len(outcome.turns),
-                "reason": outcome.reason,
-                "usage": outcome.usage.to_dict(),
-                "costUsd": outcome.cost_usd,
-            }
-            if outcome.partial is not None:
-                meta["partial"] = outcome.partial  # cut off by the token limit: not a result
-        return {"stopReason": stop, "_meta": {"cantrip": meta}}
-
-    async def _cancel(self, params: Mapping[str, Any]) -> None:
-        session = self._session(params)
-        if self.hub.cancel(session):
-            log.info("session %s: prompt cancelled", session.id)
-
-    def _session(self, params: Mapping[str, Any], *, required: bool = False) -> Session:
+    def _named(self, params: Mapping[str, Any]) -> str:
         session_id = params.get("sessionId")
+        if session_id is None:
+            raise RpcError(INVALID_PARAMS, "sessionId is required")
+        if not isinstance(session_id, str):
+            raise RpcError(INVALID_PARAMS, "sessionId must be a string")
         try:
-            if session_id is None:
-                if required:
-                    raise RpcError(INVALID_PARAMS, "sessionId is required")
-                return self.hub.only()
-            if not isinstance(session_id, str):
-                raise RpcError(INVALID_PARAMS, "sessionId must be a string")
-            return self.hub.get(client_id(session_id, "sessionId"))
+            return client_id(session_id, "sessionId")
         except BadIdError as exc:
             raise RpcError(INVALID_PARAMS, str(exc)) from None
+
+    async def _session_id(self, params: Mapping[str, Any], *, required: bool = False) -> str:
+        """The session a request names (resumed from the loom if need be); without
+        ``sessionId``, the one session there is."""
+        if params.get("sessionId") is None and not required:
+            known = await self.backend.sessions()
+            if len(known) != 1:
+                raise RpcError(
+                    INVALID_PARAMS, f"sessionId is required ({len(known)} sessions exist)"
+                )
+            return known[0].session_id
+        session_id = self._named(params)
+        try:
+            await self.backend.find(session_id)
         except SessionError as exc:
-            code = RESOURCE_NOT_FOUND if session_id is not None else INVALID_PARAMS
-            raise RpcError(code, exc.message) from None
+            raise rpc_error(exc) from None
+        return session_id
 
     async def _update(self, session_id: str, update: dict[str, Any]) -> None:
         if self._notify is None:
@@ -388,10 +541,19 @@ class AcpServer:
         )
 
 
+async def _prompt_method(server: AcpServer, params: Mapping[str, Any]) -> Any:
+    return await server._prompt(params)
+
+
 _METHODS: dict[str, Callable[[AcpServer, Mapping[str, Any]], Awaitable[Any]]] = {
     "initialize": AcpServer._initialize,
     "session/new": AcpServer._new_session,
     "session/load": AcpServer._load_session,
-    "session/prompt": AcpServer._prompt,
+    "session/resume": AcpServer._resume_session,
+    "session/list": AcpServer._list_sessions,
+    "session/delete": AcpServer._delete_session,
+    "session/prompt": _prompt_method,
     "session/cancel": AcpServer._cancel,
+    "session/close": AcpServer._close_session,
+    "$/cancel_request": AcpServer._cancel_request,
 }

@@ -9,11 +9,11 @@ from typing import Any
 import trio
 
 from cantrip._cantrip import Cantrip
-from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger, redact_value
 from cantrip.protocols.acp._rpc import INVALID_REQUEST, PARSE_ERROR
 from cantrip.protocols.acp._rpc import error_response as _error
 from cantrip.protocols.acp._server import AcpServer
+from cantrip.protocols.sessions._process import ProcessBackend
 
 log = get_logger("cantrip.acp")
 
@@ -26,6 +26,8 @@ async def serve_stdio(
     *,
     stdin: trio.abc.ReceiveStream | None = None,
     stdout: trio.abc.SendStream | None = None,
+    protocol: str = "v1",
+    backend: ProcessBackend | None = None,
 ) -> None:
     """Serve ACP on stdin/stdout, one JSON message per line, until stdin closes.
 
@@ -34,6 +36,10 @@ async def serve_stdio(
     prompt (two prompts of one session run one after the other). Nothing but
     protocol messages is written to stdout, with secrets redacted (PROD-8).
     When stdin closes, running prompts finish and the server exits.
+
+    ``protocol="v2-draft"`` also speaks the v2 draft (:mod:`._v2`) with a client that
+    asks for it; ``backend``: a session backend shared with other connections (run by
+    its owner), so several clients may follow one session.
     """
     reader = stdin if stdin is not None else trio.lowlevel.FdStream(0)
     writer = stdout if stdout is not None else trio.lowlevel.FdStream(1)
@@ -48,7 +54,7 @@ async def serve_stdio(
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 log.info("the client went away; a message was not delivered")
 
-    server = AcpServer(spell, notify=send)
+    server = AcpServer(spell, notify=send, protocol=protocol, backend=backend)
 
     async def answer(message: Any) -> None:
         response = await server.handle(message)
@@ -63,59 +69,50 @@ async def serve_stdio(
     buffer = bytearray()
     skipping = False
     log.info("serving ACP on stdio (idle until a request arrives)")
-    providers = await ProviderScope.enter()  # sessions' gate providers live here
-    server.hub.nursery = providers.nursery
-    try:
-        async with trio.open_nursery() as nursery:
-            while True:
-                chunk = await reader.receive_some(65536)
-                if not chunk:
-                    break
-                scanned = len(buffer)  # what is already buffered holds no newline
-                buffer.extend(chunk)
-                if skipping:  # the rest of an oversized line: dropped unread
-                    newline = buffer.find(b"\n")
-                    if newline < 0:
-                        buffer.clear()
-                        continue
-                    del buffer[: newline + 1]
-                    skipping = False
-                    scanned = 0
-                while (newline := buffer.find(b"\n", scanned)) >= 0:
-                    line = bytes(buffer[:newline]).strip()
-                    del buffer[: newline + 1]
-                    scanned = 0
-                    if not line:
-                        continue
-                    log.debug("<- %s", line[:2000])
-                    try:
-                        message = json.loads(line)
-                    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                        await send(_error(None, PARSE_ERROR, f"not JSON: {exc}"))
-                        continue
-                    except RecursionError:
-                        await send(_error(None, PARSE_ERROR, "not JSON: nested too deeply"))
-                        continue
-                    if isinstance(message, list):
-                        await send(
-                            _error(None, INVALID_REQUEST, "batch requests are not supported")
-                        )
-                    elif isinstance(message, Mapping) and message.get("method") == "session/prompt":
-                        prepared = server.prepare_prompt(message)
-                        if callable(prepared):
-                            nursery.start_soon(finish, prepared)
-                        elif message.get("id") is not None:
-                            await send(prepared)
-                    else:
-                        await answer(message)
-                if len(buffer) > MAX_LINE:
-                    # One message may not hold the server's memory hostage: the
-                    # oversized line is answered with an error and skipped.
-                    await send(_error(None, INVALID_REQUEST, f"a message over {MAX_LINE} bytes"))
+    async with server.running(), trio.open_nursery() as nursery:
+        while True:
+            chunk = await reader.receive_some(65536)
+            if not chunk:
+                break
+            scanned = len(buffer)  # what is already buffered holds no newline
+            buffer.extend(chunk)
+            if skipping:  # the rest of an oversized line: dropped unread
+                newline = buffer.find(b"\n")
+                if newline < 0:
                     buffer.clear()
-                    skipping = True
-            log.info("stdin closed; finishing running prompts")
-    finally:
-        with trio.CancelScope(shield=True):
-            await server.aclose()
-        await providers.aclose()
+                    continue
+                del buffer[: newline + 1]
+                skipping = False
+                scanned = 0
+            while (newline := buffer.find(b"\n", scanned)) >= 0:
+                line = bytes(buffer[:newline]).strip()
+                del buffer[: newline + 1]
+                scanned = 0
+                if not line:
+                    continue
+                log.debug("<- %s", line[:2000])
+                try:
+                    message = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    await send(_error(None, PARSE_ERROR, f"not JSON: {exc}"))
+                    continue
+                except RecursionError:
+                    await send(_error(None, PARSE_ERROR, "not JSON: nested too deeply"))
+                    continue
+                if isinstance(message, list):
+                    await send(_error(None, INVALID_REQUEST, "batch requests are not supported"))
+                elif isinstance(message, Mapping) and message.get("method") == "session/prompt":
+                    prepared = await server.prepare_prompt(message)
+                    if callable(prepared):
+                        nursery.start_soon(finish, prepared)
+                    elif message.get("id") is not None:
+                        await send(prepared)
+                else:
+                    await answer(message)
+            if len(buffer) > MAX_LINE:
+                # One message may not hold the server's memory hostage: the
+                # oversized line is answered with an error and skipped.
+                await send(_error(None, INVALID_REQUEST, f"a message over {MAX_LINE} bytes"))
+                buffer.clear()
+                skipping = True
+        log.info("stdin closed; finishing running prompts")

@@ -7,17 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cantrip._events import (
-    FinalResponse,
-    MessageComplete,
-    StepComplete,
-    StepStart,
-    ToolResultEvent,
-)
 from cantrip.llm._contract import plain_json
-from cantrip.llm._stream import Event, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import GateCallRecord, Turn, result_text
-from cantrip.protocols.sessions._hub import Session
+from cantrip.protocols.sessions._backend import SessionEvent
 
 _KINDS = {
     "read": "read",
@@ -32,7 +24,8 @@ _KINDS = {
 
 
 class Translator:
-    """Turns one prompt's streaming events into ACP session updates.
+    """Turns one session's events (the session backend's :class:`SessionEvent`, the
+    shapes every front end reads) into ACP session updates.
 
     Only the session's own entity is shown (its children appear as the
     delegation gate's tool call). Tool calls are announced once (``tool_call``,
@@ -40,11 +33,14 @@ class Translator:
     (``completed`` / ``failed``); a code tool call that ran no further gate
     call is completed with the turn's observation when the turn is recorded.
     LLMs that do not stream still produce the same updates, from the complete
-    message.
+    message. A steering message a turn took is shown where it was inserted, as a
+    ``user_message_chunk`` with its message id, when that turn is recorded; each
+    model call's usage is a ``usage_update`` when the context window is known.
     """
 
-    def __init__(self, session: Session) -> None:
-        self.entity_id = session.entity_id
+    def __init__(self, entity_id: str, context_window: int | None = None) -> None:
+        self.entity_id = entity_id
+        self.context_window = context_window
         self.announced: set[str] = set()
         self.open: dict[str, str] = {}
         self.step_text = False
@@ -56,37 +52,52 @@ class Translator:
         """The turn being taken; tool call ids are ``<sequence>:<call id>``, unique in
         the session's thread (a provider's ids may repeat after a restart)."""
 
-    def updates(self, event: Event) -> list[dict[str, Any]]:
-        if event.entity_id and event.entity_id != self.entity_id:
+    def updates(self, told: SessionEvent) -> list[dict[str, Any]]:
+        event = told.data
+        if event.get("entity_id") and event["entity_id"] != self.entity_id:
             return []
-        if isinstance(event, StepStart):
+        kind = told.type
+        if kind == "step_start":
             self.step_text = self.step_thinking = False
-            self.sequence = event.sequence
+            self.sequence = int(event.get("sequence") or 0)
             self.anonymous = 0
-        elif isinstance(event, TextDelta) and event.text:
+        elif kind == "text_delta" and event.get("text"):
             self.step_text = self.any_text = True
-            return [message(event.text)]
-        elif isinstance(event, ThinkingDelta) and event.text:
+            return [message(event["text"])]
+        elif kind == "thinking_delta" and event.get("text"):
             self.step_thinking = True
-            return [_chunk("agent_thought_chunk", event.text)]
-        elif isinstance(event, ToolCallEvent):
-            return self._tool_call(event.call_id, event.name, event.arguments, event.final)
-        elif isinstance(event, MessageComplete):
-            return self._completemessage(event)
-        elif isinstance(event, ToolResultEvent):
-            return self._tool_result(event.record)
-        elif isinstance(event, StepComplete) and event.turn is not None:
-            self.last_reason = event.turn.reason
-            return self._close_open(event.turn)
-        elif isinstance(event, FinalResponse) and self.last_reason != "text":
-            text = result_text(event.result)
+            return [_chunk("agent_thought_chunk", event["text"])]
+        elif kind == "tool_call":
+            return self._tool_call(
+                event["call_id"], event["name"], event.get("arguments"), bool(event.get("final"))
+            )
+        elif kind == "message_complete":
+            return self._complete_message(event)
+        elif kind == "usage":
+            return self._usage(event.get("usage") or {})
+        elif kind == "tool_result":
+            return self._tool_result(GateCallRecord.from_dict(event["record"]))
+        elif kind == "step_complete" and told.turn is not None:
+            self.last_reason = told.turn.reason
+            return [*inserted(told.turn), *self._close_open(told.turn)]
+        elif kind == "final_response" and self.last_reason != "text":
+            text = result_text(event.get("result"))
             prefix = "\n\n" if self.any_text else ""
             self.any_text = True
             return [message(prefix + text)]
         return []
 
+    def _usage(self, usage: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """ACP's ``usage_update``: the tokens the context holds now (the last call's
+        prompt and completion) out of the model's window; none when the window is not
+        known (ACP requires it)."""
+        if not self.context_window:
+            return []
+        used = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+        return [{"sessionUpdate": "usage_update", "used": used, "size": self.context_window}]
+
     def _tool_call(
-        self, call_id: str, name: str, arguments: Mapping[str, Any] | str, final: bool
+        self, call_id: str, name: str, arguments: Any, final: bool
     ) -> list[dict[str, Any]]:
         raw = plain_json(arguments) if isinstance(arguments, Mapping) else None
         call_id = f"{self.sequence}:{call_id}"
@@ -114,18 +125,18 @@ class Translator:
             ]
         return []
 
-    def _completemessage(self, event: MessageComplete) -> list[dict[str, Any]]:
+    def _complete_message(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
         """What a non-streaming LLM did not stream, from the complete message."""
-        response = event.response
         out: list[dict[str, Any]] = []
-        if response.thinking and not self.step_thinking:
-            out.append(_chunk("agent_thought_chunk", response.thinking))
-        if response.content and not self.step_text:
+        thinking, content = event.get("thinking"), event.get("content")
+        if thinking and not self.step_thinking:
+            out.append(_chunk("agent_thought_chunk", thinking))
+        if content and not self.step_text:
             self.step_text = self.any_text = True
-            out.append(message(response.content))
-        for call in response.tool_calls:
-            if f"{self.sequence}:{call.id}" not in self.announced:
-                out.extend(self._tool_call(call.id, call.name, call.arguments, True))
+            out.append(message(content))
+        for call in event.get("tool_calls") or ():
+            if f"{self.sequence}:{call['id']}" not in self.announced:
+                out.extend(self._tool_call(call["id"], call["name"], call.get("arguments"), True))
         return out
 
     def _tool_result(self, record: GateCallRecord) -> list[dict[str, Any]]:
@@ -176,6 +187,19 @@ class Translator:
         return out
 
 
+def inserted(turn: Turn) -> list[dict[str, Any]]:
+    """The steering messages ``turn`` took (``extras["steering"]``), as the user
+    messages they are, each with a message id that names where it was inserted
+    (``<turn id>:steer:<n>``): the same id live and when replayed from the loom."""
+    messages = turn.extras.get("steering")
+    if not isinstance(messages, list):
+        return []
+    return [
+        {**_chunk("user_message_chunk", str(text)), "messageId": f"{turn.id}:steer:{n}"}
+        for n, text in enumerate(messages)
+    ]
+
+
 def _chunk(kind: str, text: str) -> dict[str, Any]:
     return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
 
@@ -189,6 +213,7 @@ def replay(turn: Turn) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if turn.intent:
         out.append(_chunk("user_message_chunk", turn.intent))
+    out.extend(inserted(turn))  # where they joined: before the turn's reply
     if turn.thinking:
         out.append(_chunk("agent_thought_chunk", turn.thinking))
     if turn.content:

@@ -17,10 +17,11 @@ against a double that implements the interface alone (``tests/session_double.py`
 :mod:`._backend`'s docstring lists the operations and the places the two modes drifted
 before the front ends moved onto the seam (issue 41), each removed with the test that
 shows it, and the few left (a message to a queued prompt, drift 10; live token events,
-drift 8, and what one mode lacks, drift 13, are capabilities). ACP is the one front end
-still over the hub itself: its permissions are asked while the cast waits in place and
-its updates are translated from the entity's own event objects, neither of which the
-seam's answer-continues-a-paused-prompt model carries (see ``cantrip.protocols.acp``).
+drift 8, and what one mode lacks, drift 13, are capabilities). ACP is written over it
+too (issue 44.3, :mod:`cantrip.protocols.acp`): a pause ends its prompt at a checkpoint
+and the ACP front end asks the client and answers through the seam, and its updates
+are translated from the same event dicts. It runs in process only (``ProcessBackend``;
+``session/delete`` is that backend's ``delete``, not yet part of the seam).
 """
 
 from typing import TYPE_CHECKING, Any

@@ -1,7 +1,7 @@
 """The seam between the front ends and where sessions live (issue 41).
 
 Every front end (the HTTP API, AG-UI, A2A, the viewer's API, ``cantrip mcp``'s server
-side) asks the same few things of the place its sessions live: the in-process
+side, ACP) asks the same few things of the place its sessions live: the in-process
 :class:`~cantrip.protocols.sessions._hub.SessionHub` or ``serve --db``'s
 :class:`~cantrip.protocols.sessions._rows.DbSessions`. Before this seam each asked
 twice, through the HTTP server shell's twenty hooks typed ``Any``, A2A's handler's

@@ -184,8 +184,21 @@ class EventLog:
         return None
 
     def held(self, after: EventId) -> list[SessionEvent]:
-        """The held events after ``after``, in order."""
-        return [e for e, _ in list(self.events) if e.id is not None and e.id > after]
+        """The held events after ``after``, in order. The log is in id order, so it is
+        read from its end back to ``after`` (a prompt's follower asks on every prompt:
+        scanning the whole log with attrs' comparisons cost ~10 ms a prompt), comparing
+        plain tuples."""
+        key = (after.turn, after.index)
+        found: list[SessionEvent] = []
+        for event, _ in reversed(self.events):
+            said = event.id
+            if said is None:
+                continue
+            if (said.turn, said.index) <= key:
+                break
+            found.append(event)
+        found.reverse()
+        return found
 
 
 def _recorded_by_loom(event: Event, entity_id: str) -> bool:

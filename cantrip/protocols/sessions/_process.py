@@ -53,6 +53,7 @@ from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger, redact
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
+from cantrip.loom._retention import prune
 from cantrip.protocols.sessions._backend import (
     MAX_TASKS,
     BusyPolicy,
@@ -65,6 +66,7 @@ from cantrip.protocols.sessions._backend import (
     Submitted,
     TaskRecord,
     check_user,
+    entity_id_for,
 )
 from cantrip.protocols.sessions._hub import (
     Prompt,
@@ -291,6 +293,32 @@ class ProcessBackend:
         del self.hub.sessions[session_id]
         with trio.CancelScope(shield=True):
             await session.entity.aclose()  # its providers too; the loom resumes it
+
+    async def delete(self, session_id: str) -> None:
+        """Remove the session from memory and its whole tree from the loom (the
+        retention rule, :func:`~cantrip.loom._retention.prune`): ``busy`` while a prompt
+        of it is open or somebody follows it, ``not_found`` for a session the loom
+        lacks, ``unsupported`` for a loom that cannot delete (memory, JSONL),
+        ``cannot_delete`` when the rule keeps it (a fork stands on it)."""
+        session = self.hub.sessions.get(session_id)
+        if session is not None:
+            if session.running is not None or session.arriving or session.waiting:
+                raise SessionError("busy", f"session {session_id} is running a prompt")
+            await self.release(session_id)
+            if session_id in self.hub.sessions:
+                raise SessionError("busy", f"session {session_id} is being followed")
+        entity_id = entity_id_for(session_id)
+        loom = self.hub.spell.loom
+        if not loom.has_entity(entity_id):
+            raise SessionError("not_found", f"no session {session_id}")
+        try:
+            pruned = prune(loom, entity=entity_id, busy_s=0.0)
+        except CantripError as exc:
+            raise SessionError("unsupported", f"this loom cannot delete sessions: {exc}") from None
+        if entity_id not in pruned.plan.entities:
+            why = dict(pruned.plan.kept).get(entity_id, "the retention rule keeps it")
+            raise SessionError("cannot_delete", f"session {session_id} stays: {why}")
+        loom.forget(pruned.plan.entities)
 
     async def fork(self, turn_id: str) -> SessionInfo:
         if not self.hub.spell.loom.has_turn(turn_id):

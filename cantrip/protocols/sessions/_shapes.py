@@ -50,6 +50,7 @@ def event_dict(event: Event) -> dict[str, Any]:
         response = event.response
         data.update(
             content=response.content,
+            thinking=response.thinking,  # what a model that does not stream thought
             tool_calls=[
                 {"id": c.id, "name": c.name, "arguments": plain_json(c.arguments)}
                 for c in response.tool_calls

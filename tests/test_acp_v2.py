@@ -1,0 +1,236 @@
+"""The ACP v2 draft behind ``cantrip acp --protocol v2-draft``, driven by the official
+client's v2 draft side (``acp.experimental.v2``, schema 2.0.0-alpha.5): a prompt is
+acknowledged with its message id before its work ends, the session reports ``running``
+and ``idle`` with a stop reason, a message sent while it works is inserted into the
+running cast (acknowledged once a turn takes it), and two clients on one session see
+each other's prompts, the second replaying the first's messages from the loom."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+from acp.experimental import v2
+from acp.stdio import spawn_stdio_transport
+from acp_support import as_client
+
+import cantrip
+from cantrip.protocols.acp._stdio import serve_stdio
+from cantrip.protocols.sessions._process import ProcessBackend
+from cantrip.spec import build_cantrip, parse_spec
+
+CANTRIP = str(Path(sys.executable).with_name("cantrip"))
+INFO = v2.schema.Implementation(name="test", version="1")
+
+
+def text(value: str) -> v2.schema.TextContentBlock:
+    return v2.schema.TextContentBlock(type="text", text=value)
+
+
+class Watcher:
+    """A v2 client that records the session updates it is told."""
+
+    def __init__(self) -> None:
+        self.updates: list[Any] = []
+        self.seen = asyncio.Event()
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        self.updates.append(update)
+        self.seen.set()
+
+    async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+        async def loop() -> None:
+            while not predicate():
+                self.seen.clear()
+                await self.seen.wait()
+
+        await asyncio.wait_for(loop(), timeout)
+
+    def states(self) -> list[tuple[str, str | None]]:
+        return [
+            (u.state, getattr(u, "stop_reason", None))
+            for u in self.updates
+            if u.session_update == "state_update"
+        ]
+
+    def users(self) -> list[tuple[str, str]]:
+        out = []
+        for u in self.updates:
+            if u.session_update == "user_message":
+                out.append((u.message_id, "".join(c.text for c in u.content)))
+            elif u.session_update == "user_message_chunk":
+                out.append((u.message_id, u.content.text))
+        return out
+
+    def said(self) -> str:
+        return "".join(
+            u.content.text for u in self.updates if u.session_update == "agent_message_chunk"
+        )
+
+
+SPEC = """
+[llm]
+provider = "scripted"
+script = "shared"
+responses = [
+  {{ tool_calls = [{{ gate = "echo", args = {{ text = "one" }} }}] }},
+  {{ tool_calls = [{{ gate = "echo", args = {{ text = "two" }} }}], delay_ms = 5000 }},
+  {{ tool_calls = [{{ gate = "done", args = {{ answer = "first done" }} }}] }},
+]
+
+[circle]
+medium = "conversation"
+gates = ["done", "echo"]
+wards = [{{ max_turns = 6 }}]
+
+[loom]
+path = "{loom}"
+"""
+
+
+async def test_a_prompt_is_acknowledged_and_a_message_sent_meanwhile_is_inserted(
+    tmp_path: Path,
+) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC.format(loom=tmp_path / "loom.db"))
+
+    async def main() -> dict[str, Any]:
+        watcher = Watcher()
+        out: dict[str, Any] = {}
+        async with spawn_stdio_transport(CANTRIP, "acp", str(spec), "--protocol", "v2-draft") as (
+            reader,
+            writer,
+            _process,
+        ):
+            conn = v2.ClientSideConnection(as_client(watcher), writer, reader)
+            init = await conn.initialize(protocol_version=2, info=INFO)
+            out["version"] = init.protocol_version
+            sid = (await conn.new_session(cwd=str(tmp_path))).session_id
+            first = await conn.prompt(session_id=sid, prompt=[text("start")])
+            out["first"] = first.message_id
+            out["idle_at_ack"] = ("idle", "end_turn") in watcher.states()
+            await watcher.wait_for(
+                lambda: any(
+                    u.session_update == "tool_call_update" and u.status == "completed"
+                    for u in watcher.updates
+                )
+            )
+            second = await conn.prompt(session_id=sid, prompt=[text("and this")])
+            out["second"] = second.message_id
+            await watcher.wait_for(lambda: ("idle", "end_turn") in watcher.states())
+        out["watcher"] = watcher
+        return out
+
+    out = await trio.to_thread.run_sync(asyncio.run, main())
+    watcher = out["watcher"]
+    assert out["version"] == 2
+    assert out["idle_at_ack"] is False  # acknowledged while the work went on
+    assert watcher.states()[0] == ("running", None)
+    assert watcher.states()[-1] == ("idle", "end_turn")
+    assert out["second"].endswith(":steer:0")  # inserted into the running cast
+    assert watcher.users() == [(out["first"], "start"), (out["second"], "and this")]
+    assert watcher.said() == "first done"
+
+
+def spell(loom: Path) -> cantrip.Cantrip:
+    return build_cantrip(
+        parse_spec(
+            {
+                "llm": {
+                    "provider": "scripted",
+                    "script": "shared",
+                    "responses": [
+                        {"tool_calls": [{"gate": "done", "args": {"answer": "hi one"}}]},
+                        {"tool_calls": [{"gate": "done", "args": {"answer": "hi two"}}]},
+                    ],
+                },
+                "circle": {
+                    "medium": "conversation",
+                    "gates": ["done"],
+                    "wards": [{"max_turns": 3}],
+                },
+                "loom": {"path": str(loom)},
+            }
+        )
+    )
+
+
+async def test_two_clients_follow_one_session_and_replay_from_the_loom(tmp_path: Path) -> None:
+    shared = ProcessBackend.serving(spell(tmp_path / "loom.db"))
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def connection(stream: trio.SocketStream) -> None:
+        await serve_stdio(
+            shared.hub.spell, stdin=stream, stdout=stream, protocol="v2-draft", backend=shared
+        )
+
+    async def clients() -> dict[str, Any]:
+        one, two = Watcher(), Watcher()
+        r1, w1 = await asyncio.open_connection("127.0.0.1", port)
+        r2, w2 = await asyncio.open_connection("127.0.0.1", port)
+        c1 = v2.ClientSideConnection(as_client(one), w1, r1)
+        c2 = v2.ClientSideConnection(as_client(two), w2, r2)
+        await c1.initialize(protocol_version=2, info=INFO)
+        await c2.initialize(protocol_version=2, info=INFO)
+        sid = (await c1.new_session(cwd=str(tmp_path))).session_id
+        first = (await c1.prompt(session_id=sid, prompt=[text("hello")])).message_id
+        await one.wait_for(lambda: ("idle", "end_turn") in one.states())
+        await c2.resume_session(
+            session_id=sid, cwd=str(tmp_path), replay_from=v2.schema.ReplayFromStartVariant()
+        )
+        replayed = list(two.users())
+        second = (await c2.prompt(session_id=sid, prompt=[text("me too")])).message_id
+        await one.wait_for(lambda: one.states().count(("idle", "end_turn")) == 2)
+        await two.wait_for(lambda: ("idle", "end_turn") in two.states())
+        await c1.close()
+        await c2.close()
+        return {"one": one, "two": two, "first": first, "second": second, "replayed": replayed}
+
+    async with shared.running(), trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, connection, listeners)
+        out = await trio.to_thread.run_sync(asyncio.run, clients())
+        nursery.cancel_scope.cancel()
+    one, two = out["one"], out["two"]
+    assert out["replayed"] == [(out["first"], "hello")]  # from the loom, with its id
+    assert one.users() == [(out["first"], "hello"), (out["second"], "me too")]
+    assert one.said().split() == ["hi", "one", "hi", "two"]  # and the second's prompt
+    assert two.said().startswith("hi one") and two.said().endswith("hi two")  # replayed, live
+    replies = {u.message_id for u in one.updates if u.session_update == "agent_message_chunk"}
+    assert len(replies) == 2  # a message id per reply
+
+
+async def test_a_cancel_ends_the_work_and_the_session_goes_idle_cancelled(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        SPEC.format(loom=tmp_path / "loom.db").replace(
+            '{ text = "one" } }] }', '{ text = "one" } }], delay_ms = 60000 }'
+        )
+    )
+    assert "delay_ms = 60000" in spec.read_text()
+
+    async def main() -> Watcher:
+        watcher = Watcher()
+        async with spawn_stdio_transport(CANTRIP, "acp", str(spec), "--protocol", "v2-draft") as (
+            reader,
+            writer,
+            _process,
+        ):
+            conn = v2.ClientSideConnection(as_client(watcher), writer, reader)
+            await conn.initialize(protocol_version=2, info=INFO)
+            sid = (await conn.new_session(cwd=str(tmp_path))).session_id
+            await conn.prompt(session_id=sid, prompt=[text("slowly")])
+            await watcher.wait_for(lambda: ("running", None) in watcher.states())
+            await conn.cancel_session(session_id=sid)
+            await watcher.wait_for(lambda: ("idle", "cancelled") in watcher.states())
+        return watcher
+
+    watcher = await trio.to_thread.run_sync(asyncio.run, main())
+    assert watcher.states() == [("running", None), ("idle", "cancelled")]
