@@ -392,9 +392,21 @@ class Loom:
         return store.journal_read(entity_id, sequence)
 
     async def journal_write(
-        self, entity_id: str, sequence: int, ordinal: int, gate: str, data: str, record: str | None
+        self,
+        entity_id: str,
+        sequence: int,
+        ordinal: int,
+        gate: str,
+        data: str,
+        record: str | None,
+        *,
+        durable: bool = True,
     ) -> None:
-        """Journal an utterance (ordinal -1), a started call (``record`` None) or its result."""
+        """Journal an utterance (ordinal -1), a started call (``record`` None) or its result.
+
+        ``durable=False`` (a deferred store): queue the entry without waiting for its
+        commit -- it goes, in order, into the group commit of this loom's next write that
+        is waited for (see ``cantrip._journal``)."""
         store = cast(JournalStore, self.store)
         assert self._journaled, "this loom keeps no gate journal"
         if not self._deferred:
@@ -406,7 +418,8 @@ class Loom:
             raise LeaseLostError(f"entity {entity_id}: {stale}")
         # queued with the loom's other writes and committed by the next group commit
         self._queue(("journal", (entity_id, sequence, ordinal, gate, data, record), fence))
-        await self.sync(entity_id)
+        if durable:
+            await self.sync(entity_id)
 
     def annotate_reward(self, turn_id: str, reward: float | None) -> None:
         """Assign or update a turn's reward -- the one change LOOM-3 allows."""

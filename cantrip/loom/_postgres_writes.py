@@ -312,12 +312,12 @@ def _independent(batch: Sequence[PendingOp]) -> bool:
         elif kind == "journal":
             entity_id, sequence, ordinal = payload[0], payload[1], payload[2]
             at = (entity_id, sequence)
-            if ordinal < 0:  # an utterance voids the calls of its turn: alone there
+            if ordinal < 0:  # an utterance voids the calls of its turn queued before it
                 if at in utterances or at in call_turns:
                     return False
                 utterances.add(at)
-            else:
-                if (entity_id, sequence, ordinal) in calls or at in utterances:
+            else:  # (calls after their utterance: the utterances are written first)
+                if (entity_id, sequence, ordinal) in calls:
                     return False
                 calls.add((entity_id, sequence, ordinal))
                 call_turns.add(at)
@@ -333,8 +333,36 @@ def lease_lost_message(fence: Fence) -> str:
     )
 
 
-def plan_batch(batch: Sequence[PendingOp]) -> list[PlannedStatement]:
-    """The statements that make ``batch``, in the order they run (one transaction).
+_KIND_ORDER = {"entity": 0, "utterance": 1, "call": 2, "turn": 3}
+"""The order a batch's kinds are written in: an utterance voids what an abandoned
+attempt of its turn journaled, so it goes before the calls that follow it."""
+
+
+def covered(batch: Sequence[PendingOp]) -> dict[int, int]:
+    """The gate results of ``batch`` that its turns make unnecessary: {index of the
+    result: index of its turn}. A result is journaled so that a resumed turn reuses it;
+    committed in the same transaction as its turn, under the same fence, it would never
+    be read (the turn holds it, and a recorded turn is never taken again), so it is not
+    written: each piece once (``cantrip._journal``)."""
+    turns = {
+        (p.entity_id, p.sequence, f): i for i, (k, p, f) in enumerate(batch) if k == "turn"
+    }
+    if not turns:
+        return {}
+    dropped: dict[int, int] = {}
+    for index, (kind, payload, fence) in enumerate(batch):
+        if kind == "journal" and payload[2] >= 0 and payload[5] is not None:
+            turn = turns.get((payload[0], payload[1], fence))
+            if turn is not None and turn > index:
+                dropped[index] = turn
+    return dropped
+
+
+def plan_batch(
+    batch: Sequence[PendingOp], skip: Sequence[int] = ()
+) -> list[PlannedStatement]:
+    """The statements that make ``batch``, in the order they run (one transaction),
+    leaving out the writes at ``skip`` (:func:`covered`).
 
     Each write is one statement that checks its own fence (:func:`_fenced`), and
     when a batch holds several turns or journal entries (a group commit of many
@@ -343,11 +371,14 @@ def plan_batch(batch: Sequence[PendingOp]) -> list[PlannedStatement]:
     (a statement that answers no row)."""
     plan: list[PlannedStatement] = []
     records, blobs = _turn_records(batch)
-    if len(batch) > 2 and _independent(batch):
+    left = set(skip)
+    written = [i for i in range(len(batch)) if i not in left]
+    if len(written) > 2 and _independent([batch[i] for i in written]):
         by_kind: dict[str, list[int]] = {}
-        for index, op in enumerate(batch):
-            by_kind.setdefault(_row_kind(op), []).append(index)
-        for kind, indexes in by_kind.items():
+        for index in written:
+            by_kind.setdefault(_row_kind(batch[index]), []).append(index)
+        ordered = sorted(by_kind.items(), key=lambda kv: _KIND_ORDER.get(kv[0], 9))
+        for kind, indexes in ordered:
             if len(indexes) == 1 or kind not in _ROW_KINDS:
                 plan.extend((*statement(batch[i], records.get(i)), [i]) for i in indexes)
                 continue
@@ -356,21 +387,27 @@ def plan_batch(batch: Sequence[PendingOp]) -> list[PlannedStatement]:
             params = {name: [row[c] for row in rows_of] for c, (name, _) in enumerate(columns)}
             plan.append((_rows_sql(kind), params, indexes))
     else:
-        plan = [(*statement(op, records.get(index)), [index]) for index, op in enumerate(batch)]
+        plan = [(*statement(batch[i], records.get(i)), [i]) for i in written]
     if blobs is not None:
         plan.insert(0, (*blobs, []))
     return plan
 
 
 def refusals(
-    batch: Sequence[PendingOp], plan: Sequence[PlannedStatement], answers: Sequence[list[Any]]
+    batch: Sequence[PendingOp],
+    plan: Sequence[PlannedStatement],
+    answers: Sequence[list[Any]],
+    skipped: dict[int, int] | None = None,
 ) -> list[tuple[int, str]]:
     """(index, why) for every write of ``batch`` that was not made, from the rows its
-    ``plan``'s statements answered."""
+    ``plan``'s statements answered; a write ``skipped`` for a turn (:func:`covered`)
+    is refused only as that turn's fence was."""
     rows: list[Any] = [None] * len(batch)
     for (_, _, indexes), answered in zip(plan, answers, strict=True):
         for index, row in zip(indexes, answered, strict=True):
             rows[index] = row
+    for index, turn in (skipped or {}).items():
+        rows[index] = rows[turn]
     refused: list[tuple[int, str]] = []
     for index, (op, row) in enumerate(zip(batch, rows, strict=True)):
         why = refusal(op, row)
