@@ -344,9 +344,7 @@ def covered(batch: Sequence[PendingOp]) -> dict[int, int]:
     committed in the same transaction as its turn, under the same fence, it would never
     be read (the turn holds it, and a recorded turn is never taken again), so it is not
     written: each piece once (``cantrip._journal``)."""
-    turns = {
-        (p.entity_id, p.sequence, f): i for i, (k, p, f) in enumerate(batch) if k == "turn"
-    }
+    turns = {(p.entity_id, p.sequence, f): i for i, (k, p, f) in enumerate(batch) if k == "turn"}
     if not turns:
         return {}
     dropped: dict[int, int] = {}
@@ -358,9 +356,7 @@ def covered(batch: Sequence[PendingOp]) -> dict[int, int]:
     return dropped
 
 
-def plan_batch(
-    batch: Sequence[PendingOp], skip: Sequence[int] = ()
-) -> list[PlannedStatement]:
+def plan_batch(batch: Sequence[PendingOp], skip: Sequence[int] = ()) -> list[PlannedStatement]:
     """The statements that make ``batch``, in the order they run (one transaction),
     leaving out the writes at ``skip`` (:func:`covered`).
 
