@@ -343,7 +343,7 @@ def _start_workers(
                 stderr=log.open("ab"),
             )
         )
-    for _ in range(200):  # each says "worker ... ready" on stderr (into the log)
+    for _ in range(2400):  # each says "worker ... ready" on stderr (into the log)
         if log.read_text(errors="replace").count(" ready") >= n:
             return procs
         time.sleep(0.05)
