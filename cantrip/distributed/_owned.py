@@ -33,7 +33,10 @@ class Owned:
     """Set when NOTIFY says something about this entity (an answer to a live pause)."""
     cancel_reason: str = "cancelled"
     mail: trio.Event = attrs.Factory(trio.Event)
-    """Set when NOTIFY says a message for this entity's cast arrived."""
+    """Set when NOTIFY says a message for this entity's cast arrived (or the worker's
+    poll finds one newer than ``mail_after``: a missed notification)."""
+    mail_after: int = 0
+    """The id of the last message to this cast the mailbox has read."""
     casting: trio.Event = attrs.Factory(trio.Event)
     """Set as the cast is about to begin (``delivered`` is known then)."""
     delivered: int = 0

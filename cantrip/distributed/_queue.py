@@ -573,6 +573,17 @@ class WorkQueue:
         with self.store.pool.connection() as conn:
             return messages_on(conn, work_id, after)
 
+    def newest_messages(self, work_ids: Sequence[int]) -> dict[int, int]:
+        """The id of the newest message sent to each of ``work_ids`` that has any, in one
+        statement (the mailbox's poll for a missed NOTIFY, for all of a worker's casts)."""
+        with self.store.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT work_id, max(id) FROM cantrip_messages WHERE work_id = ANY(%s) "
+                "GROUP BY work_id",
+                (list(work_ids),),
+            ).fetchall()
+        return {int(work_id): int(newest) for work_id, newest in rows}
+
     def cancel_requested(self, work_id: int) -> bool:
         with self.store.pool.connection() as conn:
             row = conn.execute(
