@@ -2,8 +2,10 @@
 
 Every write a worker makes carries its :class:`~cantrip.loom._fence.Fence`, and the
 database makes it only while the worker's lease holds -- checked in the same
-statement as the write (:func:`_fenced`), the lease row locked ``FOR SHARE`` so a
-claim by another worker cannot interleave. A group commit of many entities' writes
+statement as the write (:func:`_fenced`) by ``cantrip_fence_holds``
+(:mod:`~cantrip.loom._postgres_schema`): under a shared advisory lock on the entity
+that a claim must take exclusively, so a claim by another worker cannot interleave --
+and no row lock, which would be a WAL record per write. A group commit of many entities' writes
 (:func:`plan_batch`) is one statement per kind of write (:data:`_ROWS_FENCE`), each
 row's fence checked by a join, so that a batch costs one commit whatever its size.
 
@@ -28,12 +30,9 @@ PlannedStatement = tuple[str, dict[str, Any], list[int]]
 """A statement of a batch's plan and the indexes (in the batch) of the writes it makes,
 one answered row each, in order."""
 
-_LEASE = (
-    "lease AS (SELECT 1 FROM cantrip_leases WHERE entity_id = %(lease_entity)s "
-    "AND owner = %(owner)s AND epoch = %(epoch)s AND expires_at > clock_timestamp() FOR SHARE)"
-)
+_LEASE = "lease AS (SELECT 1 WHERE cantrip_fence_holds(%(lease_entity)s, %(owner)s, %(epoch)s))"
 """The fence check, as a common table expression: this worker's lease, at this epoch,
-unexpired -- and locked against a concurrent claim until the write's transaction ends.
+unexpired -- and a concurrent claim held off until the write's transaction ends.
 A fenced write is one statement: this check and the write it guards
 (``WHERE EXISTS (SELECT 1 FROM lease)``), so it costs one round trip and, alone, is
 its own transaction (the connections are in autocommit mode)."""
@@ -161,15 +160,14 @@ def refusal(op: PendingOp, row: Any) -> str | None:
 _ROWS_FENCE = """
 i AS (SELECT * FROM unnest({arrays}) WITH ORDINALITY AS i({columns}, n)),
 held AS (
-    SELECT i.n FROM i JOIN cantrip_leases l ON l.entity_id = i.lease_entity
-        AND l.owner = i.owner AND l.epoch = i.epoch AND l.expires_at > clock_timestamp()
-    FOR SHARE OF l
+    SELECT i.n FROM i
+    WHERE i.lease_entity IS NOT NULL AND cantrip_fence_holds(i.lease_entity, i.owner, i.epoch)
 ),
 ok AS (SELECT * FROM i WHERE i.lease_entity IS NULL OR i.n IN (SELECT n FROM held))
 """
 """Many writes as one statement: their values as parallel arrays (``unnest``), each
-row's fence checked by a join with its lease row -- locked ``FOR SHARE`` as for one
-write -- and only the rows whose fence holds (or that have none) written."""
+row's fence checked as for one write -- and only the rows whose fence holds (or that
+have none) written."""
 
 _FENCE_COLUMNS = (("lease_entity", "text"), ("owner", "text"), ("epoch", "bigint"))
 _ROW_KINDS: dict[str, tuple[tuple[tuple[str, str], ...], str, str]] = {
