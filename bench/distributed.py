@@ -67,7 +67,8 @@ synchronous commit and full-page writes on; ``pg_stat_statements`` loaded). Per 
 wall time from the first enqueue to the last cast done, turns/s, the workers' CPU and
 the PostgreSQL server's CPU per turn (``/proc``: the postmaster, its live children and
 those it reaped), statements (``pg_stat_statements``: every call but this script's own
-polling), transactions (``pg_stat_database.xact_commit``, less the polling's) and WAL
+polling, top-level only: not those a function runs), transactions
+(``pg_stat_database.xact_commit``, less the polling's) and WAL
 bytes (``pg_current_wal_lsn`` before the enqueue and after the last cast) per turn, and
 the enqueue (``Dispatcher.submit_many``: one statement). ``--wal-detail`` adds where the
 WAL went (``pg_walinspect``: bytes per turn by record type and by relation).
@@ -411,7 +412,7 @@ def cost_row(
                 assert states == {"done": agents}, states
                 turns = mon.execute("SELECT count(*) FROM cantrip_turns").fetchone()[0]
                 statements = mon.execute(
-                    "SELECT sum(calls) FROM pg_stat_statements WHERE dbid = %s "
+                    "SELECT sum(calls) FROM pg_stat_statements WHERE dbid = %s AND toplevel "
                     "AND query NOT LIKE '%%pg_stat%%' AND query NOT LIKE '%%pg_wal%%' "
                     "AND query NOT LIKE '%%pg_current_wal%%' AND query <> %s",
                     (oid, POLL),
