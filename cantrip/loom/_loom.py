@@ -20,6 +20,7 @@ under each entity's :class:`~cantrip.loom._fence.Fence`.
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,6 +33,11 @@ from cantrip.loom._fence import Fence, LeaseLostError, PendingOp
 from cantrip.loom._indexed import IndexedStore, JournalEntry, JournalStore
 from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._stores import LoomStore, MemoryStore, open_store
+
+_ids = random.Random(os.urandom(32))
+"""The random bits of turn ids (:meth:`Loom.new_turn_id`); reseeded in a forked child,
+so that parent and child never make the same ids."""
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
 
 CACHE_TURNS = 200_000
 """Turns an indexed loom keeps in memory before it forgets the oldest it read."""
@@ -155,8 +161,13 @@ class Loom:
         """``turn-`` and 128 bits: a 48-bit millisecond clock, then 80 random bits.
 
         Ids of one process sort roughly by creation time, so a store's id index
-        grows at its end instead of at random places (cheaper appends)."""
-        return f"turn-{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
+        grows at its end instead of at random places (cheaper appends). The random
+        bits come from a generator seeded from ``os.urandom`` (again in a forked
+        child), not from ``os.urandom`` per turn: that call releases the GIL, and in a
+        worker whose database threads hold it the loop waited ~0.1 ms per turn to get
+        it back (``bench/pg_turn_cost.py``, issue 46.4). An id must be unique, not
+        secret."""
+        return f"turn-{time.time_ns() // 1_000_000:012x}{_ids.getrandbits(80):020x}"
 
     def register_entity(self, record: EntityRecord) -> None:
         if record.entity_id in self._entities:
