@@ -1,12 +1,14 @@
 """A worker looks for messages whose NOTIFY it missed with one statement for all its
 casts, not one per cast (issue 46.4: at 1,000 casts, a poll each every ``poll_s`` was
-more statements than their turns), and such a message still reaches its cast.
+more statements than their turns), and such a message still reaches its cast; a cast's
+first read of its messages rides on the thread hop that refreshes its entity.
 
 A real PostgreSQL (tests/conftest.py), a worker in this process and the chaos workload
 (tests/distributed_workload.py)."""
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 import distributed_workload
@@ -41,12 +43,14 @@ def db(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
 def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     """Every read of a cast's messages (work id, what it found) and every poll (the
     work ids it asked about), as the worker makes them."""
-    seen: dict[str, list[Any]] = {"messages": [], "polls": []}
+    seen: dict[str, list[Any]] = {"messages": [], "polls": [], "with_refresh": []}
     messages, newest = WorkQueue.messages, WorkQueue.newest_messages
 
     def counted_messages(self: WorkQueue, work_id: int, after: int = 0) -> Any:
         found = messages(self, work_id, after)
         seen["messages"].append((work_id, found))
+        with_refresh = any(f.name == "refresh" for f in traceback.extract_stack())
+        seen["with_refresh"].append((work_id, with_refresh))
         return found
 
     def counted_newest(self: WorkQueue, work_ids: Any) -> Any:
@@ -90,5 +94,8 @@ async def test_one_poll_for_all_casts_and_a_message_without_notify_still_arrives
     per_cast = [sum(1 for w, _ in reads["messages"] if w == work) for work, _ in queued]
     # one read as each cast began; the one a message was sent to, one more for it
     assert per_cast == [2] + [1] * (CASTS - 1), per_cast
+    firsts = {w: r for w, r in reversed(reads["with_refresh"])}
+    # each cast's first read is made in the thread hop that refreshes its entity
+    assert firsts == {work: True for work, _ in queued}, firsts
     assert len(reads["polls"]) >= 2  # polled while the casts ran (8 turns x 150 ms)
     assert max(len(p) for p in reads["polls"]) > 1  # one statement asked for several casts

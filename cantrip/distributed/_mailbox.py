@@ -43,11 +43,16 @@ async def deliver(owned: Owned, queue: WorkQueue, limiter: trio.CapacityLimiter)
     assert entity is not None
     skip, after, waiting = owned.delivered, 0, []
     while True:
-        owned.mail = trio.Event()  # a NOTIFY from now on wakes us
+        read, owned.first_mail = owned.first_mail, None
         with database_away() as away:
-            fresh = await trio.to_thread.run_sync(
-                queue.messages, owned.claim.work_id, after, limiter=limiter
-            )
+            if read is None:
+                owned.mail = trio.Event()  # a NOTIFY from now on wakes us
+                read = await trio.to_thread.run_sync(
+                    queue.messages, owned.claim.work_id, after, limiter=limiter
+                )
+            # else: read with the refresh, after the claim made ``mail`` (what came
+            # since has set it: we read again at once)
+            fresh = read
         if away.exc is None:
             for message_id, text in fresh:
                 after = message_id

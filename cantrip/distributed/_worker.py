@@ -143,7 +143,7 @@ class Worker:
         self.loom = Loom(store)
         self.queue = WorkQueue(store)
         self._live = await trio.to_thread.run_sync(LivePauses, store)
-        self._execution = Execution(self.loom)
+        self._execution = Execution(self.loom, self.queue.messages)
         if self.named:
             self.reclaimed = await trio.to_thread.run_sync(self.queue.reclaim, self.worker_id)
         try:
