@@ -108,6 +108,12 @@ figures move by +-30 % from run to run; WAL, statements and transactions do not:
     takeover after SIGKILL (worker 0 restarted under its id; 50 ms): 7.6 / 8.5 / 9.2 / 2.9 s
       before -> 2.0 / 1.9 / 1.3 / 2.7 s after (200 x 1, 200 x 2, 1000 x 1, 1000 x 2)
 
+The worker's CPU, measured back to back on main and on this branch (``WORKLOAD_TURNS=5
+bench/pg_turn_cost.py --entities 1000 --concurrency 1000``: one worker, 0 ms, fsync off,
+load 5-7): 1,913 -> 1,094 us per turn (DB threads 849 -> 514, trio thread 1,064 -> 580),
+PostgreSQL 716 -> 564 us, round trips 2.86 -> 2.09 and transactions 2.99 -> 2.05 per
+turn, 411 -> 699 turns/s; the per-cast steering polls (0.98 hops a turn) are gone.
+
 Where the WAL goes now (``--wal-detail``, 200 x 0 ms x 1, per turn): the turn row ~1,070 B
 and its five index entries ~430 B, the journal's utterance and call-start rows ~430 B
 plus ~230 B of index and speculative-insert records, the cast's own rows (work, lease,
