@@ -60,12 +60,73 @@ On 2 cores one worker already uses them (about 1.3 ms of worker CPU and 0.6 ms
 of PostgreSQL CPU per turn, ``bench/pg_turn_cost.py``), so more worker
 processes add contention, not throughput; they scale with cores and machines.
 
+**The cost table** (``--table``, issue 46). ``A`` agents x 5 turns (the same workload,
+``WORKLOAD_TURNS=5``) at 0 and 50 ms model latency on 1 and 2 ``cantrip worker``
+processes, on a cluster with PostgreSQL's *default durable settings* (fsync,
+synchronous commit and full-page writes on; ``pg_stat_statements`` loaded). Per row:
+wall time from the first enqueue to the last cast done, turns/s, the workers' CPU and
+the PostgreSQL server's CPU per turn (``/proc``: the postmaster, its live children and
+those it reaped), statements (``pg_stat_statements``: every call but this script's own
+polling, top-level only: not those a function runs), transactions
+(``pg_stat_database.xact_commit``, less the polling's) and WAL
+bytes (``pg_current_wal_lsn`` before the enqueue and after the last cast) per turn, and
+the enqueue (``Dispatcher.submit_many``: one statement). ``--wal-detail`` adds where the
+WAL went (``pg_walinspect``: bytes per turn by record type and by relation).
+**Takeover after a SIGKILL**: at 50 ms latency, once 40 % of the turns are in, worker 0
+(started as ``--worker-id bench-w0``) is killed with SIGKILL and started again under the
+same identity at once; the time from the kill to the moment every cast it held runs
+again (each one's ``claimed_at`` past the kill, PostgreSQL's clock).
+
+Issue 46 items 2 and 4, the table on main before (2f04137) and after (this branch: the
+journal writes each piece once, fences lock no row, one mail poll per worker, turn ids
+without ``os.urandom``, the first mail read in the refresh hop), each the whole matrix on
+the same 2 shared cores. The cores were busy with other work (load 5-20): wall and CPU
+figures move by +-30 % from run to run; WAL, statements and transactions do not::
+
+    before (main):
+    agents ms wk   wall s  turns/s  wkr us  pg us  stmts  xacts  WAL B
+       200  0  1     5.45      184    1690    880   3.42   2.64   3928
+       200  0  2     4.59      218    2440   1440   4.18   3.09   3904
+       200 50  1     6.08      164    2160   1230   3.89   2.86   3936
+       200 50  2     3.73      268    2120   1050   3.35   2.82   3860
+      1000  0  1    21.26      235    1924   1084   3.80   2.98   4109
+      1000  0  2    15.98      313    2218   1042   4.08   3.43   4204
+      1000 50  1    51.20       98    2624   1476   5.19   4.45   3814
+      1000 50  2    30.59      163    2426   1148   5.12   4.82   3816
+
+    after:
+    agents ms wk   wall s  turns/s  wkr us  pg us  stmts  xacts  WAL B
+       200  0  1     5.02      199    2200   1400   3.28   2.46   3230
+       200  0  2     4.13      242    2350   1450   3.10   2.66   3188
+       200 50  1     5.19      193    2040   1190   2.98   2.35   3231
+       200 50  2     3.38      296    1860   1090   3.58   2.91   3172
+      1000  0  1    23.85      210    1754   1148   3.37   2.35   3394
+      1000  0  2    17.14      292    1906   1054   2.93   2.46   3459
+      1000 50  1    27.01      185    2134   1278   3.17   2.31   3506
+      1000 50  2    12.96      386    1874   1132   3.24   2.61   3378
+    enqueue (submit_many): 0.011-0.073 s before, 0.016-0.067 s after
+    takeover after SIGKILL (worker 0 restarted under its id; 50 ms): 7.6 / 8.5 / 9.2 / 2.9 s
+      before -> 2.0 / 1.9 / 1.3 / 2.7 s after (200 x 1, 200 x 2, 1000 x 1, 1000 x 2)
+
+The worker's CPU, measured back to back on main and on this branch (``WORKLOAD_TURNS=5
+bench/pg_turn_cost.py --entities 1000 --concurrency 1000``: one worker, 0 ms, fsync off,
+load 5-7): 1,913 -> 1,094 us per turn (DB threads 849 -> 514, trio thread 1,064 -> 580),
+PostgreSQL 716 -> 564 us, round trips 2.86 -> 2.09 and transactions 2.99 -> 2.05 per
+turn, 411 -> 699 turns/s; the per-cast steering polls (0.98 hops a turn) are gone.
+
+Where the WAL goes now (``--wal-detail``, 200 x 0 ms x 1, per turn): the turn row ~1,070 B
+and its five index entries ~430 B, the journal's utterance and call-start rows ~430 B
+plus ~230 B of index and speculative-insert records, the cast's own rows (work, lease,
+entity; ~450 B over 5 turns), the workload's effect row ~115 B, commits ~60 B. At 1,000
+agents the heartbeat adds ~70 B (``FOR UPDATE SKIP LOCKED`` of each lease every beat).
+
 How to run
 ----------
 From the repository root::
 
-    python bench/distributed.py                   # everything
+    python bench/distributed.py                   # everything but the table
     python bench/distributed.py --entities 100 --open-turns 100000   # quicker
+    python bench/distributed.py --table --agents 200 1000 --workers 1 2 --latencies 0 50
 """
 
 from __future__ import annotations
@@ -79,6 +140,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -265,6 +327,268 @@ def open_big(server: str, turns: int) -> dict[str, float]:
     return figures
 
 
+# -- the cost table (issue 46) -----------------------------------------------------------
+
+DURABLE = (
+    "-c fsync=on -c synchronous_commit=on -c full_page_writes=on -c max_connections=1200 "
+    "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all "
+    "-c pg_stat_statements.track_utility=on -c pg_stat_statements.max=10000"
+)
+"""PostgreSQL's default durable settings (overriding the test cluster's fsync=off), and
+the statement counter."""
+TICK = os.sysconf("SC_CLK_TCK")
+WORKER = [sys.executable, "-m", "cantrip", "worker", "--db"]
+POLL = "SELECT count(*) FILTER (WHERE state IN ('queued', 'running')) FROM cantrip_work"
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) of a live process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _server_cpu(conn: Any) -> float:
+    """CPU seconds of the postmaster, its live children and the children it reaped."""
+    data_dir = conn.execute("SHOW data_directory").fetchone()[0]
+    pid = int(Path(data_dir, "postmaster.pid").read_text().split()[0])
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    total = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == pid:
+            total += int(stat[11]) + int(stat[12])
+    return total / TICK
+
+
+def _start_workers(
+    url: str, n: int, latency_ms: int, concurrency: int, log: Path, first_id: str | None = None
+) -> list[subprocess.Popen[bytes]]:
+    """``n`` workers (the first under ``first_id`` if given), each once it says it is ready."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "tests"),
+        "CANTRIP_TEST_DB": url,
+        "WORKLOAD_LATENCY_MS": str(latency_ms),
+        "WORKLOAD_TURNS": "5",
+    }
+    procs = []
+    for i in range(n):
+        named = ["--worker-id", first_id] if first_id and i == 0 else []
+        procs.append(
+            subprocess.Popen(
+                [*WORKER, url, "--concurrency", str(concurrency), *named],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log.open("ab"),
+            )
+        )
+    for _ in range(2400):  # each says "worker ... ready" on stderr (into the log)
+        if log.read_text(errors="replace").count(" ready") >= n:
+            return procs
+        time.sleep(0.05)
+    raise RuntimeError(f"workers not ready; see {log}")
+
+
+def _table_db(server: str, name: str) -> str:
+    url = fresh_database(server, name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(EFFECTS_TABLE)
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    Loom.open(url).close()
+    return url
+
+
+def _wait_done(mon: Any, limit_s: float = 900.0) -> int:
+    """Poll until no cast is open; how many polls it took."""
+    polls, started = 0, time.perf_counter()
+    while True:
+        polls += 1
+        row = mon.execute(POLL).fetchone()
+        if row[0] == 0:
+            return polls
+        if time.perf_counter() - started > limit_s:
+            raise RuntimeError(f"{row[0]} casts still open after {limit_s:g} s")
+        time.sleep(0.1)
+
+
+def cost_row(
+    server: str, agents: int, latency_ms: int, workers: int, *, wal_detail: bool
+) -> dict[str, Any]:
+    """One row of the cost table (see the module docstring)."""
+    url = _table_db(server, f"cost_{agents}_{latency_ms}_{workers}")
+    concurrency = min(500, -(-agents // workers))
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "workers.log"
+        procs = _start_workers(url, workers, latency_ms, concurrency, log)
+        dispatcher = Dispatcher(url)
+        try:
+            with psycopg.connect(url, autocommit=True) as mon:
+                oid = mon.execute(
+                    "SELECT oid FROM pg_database WHERE datname = current_database()"
+                ).fetchone()[0]
+                mon.execute("SELECT pg_stat_statements_reset()")
+                mon.execute("SELECT pg_stat_reset()")
+                lsn0 = mon.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+                worker0 = sum(_cpu_of(p.pid) for p in procs)
+                server0 = _server_cpu(mon)
+                started = time.perf_counter()
+                dispatcher.submit_many(SPELL, [f"job-{i}" for i in range(agents)])
+                enqueued = time.perf_counter() - started
+                polls = _wait_done(mon)
+                wall = time.perf_counter() - started
+                lsn1 = mon.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+                worker_cpu = sum(_cpu_of(p.pid) for p in procs) - worker0
+                server_cpu = _server_cpu(mon) - server0
+                wal = mon.execute("SELECT pg_wal_lsn_diff(%s, %s)", (lsn1, lsn0)).fetchone()[0]
+                detail = _wal_detail(mon, lsn0, lsn1) if wal_detail else None
+                _stop(procs)
+                time.sleep(0.6)  # the workers' backends exit and flush their statistics
+                states = dict(
+                    mon.execute("SELECT state, count(*) FROM cantrip_work GROUP BY 1").fetchall()
+                )
+                assert states == {"done": agents}, states
+                turns = mon.execute("SELECT count(*) FROM cantrip_turns").fetchone()[0]
+                statements = mon.execute(
+                    "SELECT sum(calls) FROM pg_stat_statements WHERE dbid = %s AND toplevel "
+                    "AND query NOT LIKE '%%pg_stat%%' AND query NOT LIKE '%%pg_wal%%' "
+                    "AND query NOT LIKE '%%pg_current_wal%%' AND query <> %s",
+                    (oid, POLL),
+                ).fetchone()[0]
+                commits = mon.execute(
+                    "SELECT xact_commit FROM pg_stat_database WHERE datid = %s", (oid,)
+                ).fetchone()[0]
+        finally:
+            dispatcher.close()
+            _stop(procs)
+    n = float(turns)
+    return {
+        "agents": agents,
+        "latency": latency_ms,
+        "workers": workers,
+        "wall": wall,
+        "rate": n / wall,
+        "worker_us": worker_cpu * 1e6 / n,
+        "server_us": server_cpu * 1e6 / n,
+        "statements": float(statements) / n,
+        "transactions": float(commits - polls - 8) / n,  # less the polling and this setup
+        "wal": float(wal) / n,
+        "enqueue": enqueued,
+        "detail": detail,
+        "turns": n,
+    }
+
+
+def _wal_detail(mon: Any, lsn0: Any, lsn1: Any) -> list[tuple[str, float, float]]:
+    """(what, records, bytes) of the WAL between two positions, by record type and by
+    relation (pg_walinspect)."""
+    rows = mon.execute(
+        "SELECT resource_manager || ' ' || coalesce(split_part(record_type, ' ', 1), ''), "
+        "count(*), sum(record_length + fpi_length), "
+        "coalesce(substring(block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)'), '-') "
+        "FROM pg_get_wal_records_info(%s, %s) GROUP BY 1, 4",
+        (lsn0, lsn1),
+    ).fetchall()
+    names = dict(
+        mon.execute(
+            "SELECT pg_relation_filenode(oid)::text, relname FROM pg_class "
+            "WHERE pg_relation_filenode(oid) IS NOT NULL"
+        ).fetchall()
+    )
+    return [(f"{kind} {names.get(rel, rel)}", float(c), float(b)) for kind, c, b, rel in rows]
+
+
+def takeover(server: str, agents: int, workers: int) -> float:
+    """Seconds from a SIGKILL of worker 0 (40 % into a 50 ms-latency run) to every cast
+    it held running again, worker 0 started again under its identity at once."""
+    url = _table_db(server, f"takeover_{agents}_{workers}")
+    concurrency = min(500, -(-agents // workers))
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "workers.log"
+        procs = _start_workers(url, workers, 50, concurrency, log, first_id="bench-w0")
+        dispatcher = Dispatcher(url)
+        try:
+            with psycopg.connect(url, autocommit=True) as mon:
+                dispatcher.submit_many(SPELL, [f"job-{i}" for i in range(agents)])
+                while True:
+                    turns = mon.execute("SELECT count(*) FROM cantrip_turns").fetchone()[0]
+                    if turns >= agents * 5 * 0.4:
+                        break
+                    time.sleep(0.02)
+                procs[0].kill()
+                procs[0].wait()
+                killed_at = mon.execute("SELECT clock_timestamp()").fetchone()[0]
+                held = [
+                    r[0]
+                    for r in mon.execute(
+                        "SELECT id FROM cantrip_work WHERE state = 'running' AND owner = 'bench-w0'"
+                    ).fetchall()
+                ]
+                assert held, "the killed worker held no cast"
+                procs[0] = _start_workers(url, 1, 50, concurrency, log, first_id="bench-w0")[0]
+                while True:
+                    row = mon.execute(
+                        "SELECT count(*) FILTER (WHERE claimed_at <= %s AND state = 'running'), "
+                        "max(claimed_at) - %s FROM cantrip_work WHERE id = ANY(%s)",
+                        (killed_at, killed_at, held),
+                    ).fetchone()
+                    if row[0] == 0:
+                        taken = row[1].total_seconds()
+                        break
+                    time.sleep(0.02)
+                _wait_done(mon)
+        finally:
+            dispatcher.close()
+            _stop(procs)
+    return float(taken)
+
+
+def cost_table(
+    agents: list[int], latencies: list[int], workers: list[int], *, wal_detail: bool, kill: bool
+) -> None:
+    print(
+        f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; PostgreSQL with "
+        "default durable settings (fsync, synchronous_commit, full_page_writes on)"
+    )
+    header = (
+        f"{'agents':>6} {'ms':>3} {'wk':>2} {'wall s':>7} {'turns/s':>8} {'wkr us':>7} "
+        f"{'pg us':>6} {'stmts':>6} {'xacts':>6} {'WAL B':>6} {'enq s':>6}"
+    )
+    with postgres_cluster(DURABLE) as server:
+        print(header)
+        for a in agents:
+            for latency in latencies:
+                for w in workers:
+                    r = cost_row(server, a, latency, w, wal_detail=wal_detail)
+                    print(
+                        f"{a:>6} {latency:>3} {w:>2} {r['wall']:>7.2f} {r['rate']:>8.0f} "
+                        f"{r['worker_us']:>7.0f} {r['server_us']:>6.0f} "
+                        f"{r['statements']:>6.2f} {r['transactions']:>6.2f} "
+                        f"{r['wal']:>6.0f} {r['enqueue']:>6.3f}",
+                        flush=True,
+                    )
+                    if r["detail"]:
+                        for what, count, size in sorted(r["detail"], key=lambda d: -d[2])[:25]:
+                            print(
+                                f"        {count / r['turns']:6.2f} rec {size / r['turns']:7.0f} B"
+                                f"  {what}"
+                            )
+        if kill:
+            for a in agents:
+                for w in workers:
+                    print(
+                        f"takeover after SIGKILL, {a} agents, {w} worker(s), 50 ms: worker 0 "
+                        f"restarted under its id, its casts all running again "
+                        f"{takeover(server, a, w):.2f} s after the kill",
+                        flush=True,
+                    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--entities", type=int, default=200)
@@ -272,7 +596,20 @@ def main() -> None:
     parser.add_argument("--latencies", type=int, nargs="*", default=[50, 0])
     parser.add_argument("--claims", type=int, default=100)
     parser.add_argument("--open-turns", type=int, default=1_000_000)
+    parser.add_argument("--table", action="store_true", help="the cost table (issue 46)")
+    parser.add_argument("--agents", type=int, nargs="*", default=[200, 1000])
+    parser.add_argument("--wal-detail", action="store_true")
+    parser.add_argument("--no-kill", action="store_true", help="the table without takeover")
     args = parser.parse_args()
+    if args.table:
+        cost_table(
+            args.agents,
+            args.latencies,
+            args.workers if args.workers != [1, 2, 4] else [1, 2],
+            wal_detail=args.wal_detail,
+            kill=not args.no_kill,
+        )
+        return
     print(f"machine: {os.cpu_count()} cores; PostgreSQL cluster started by the script")
     with postgres_cluster() as server:
         if args.open_turns:

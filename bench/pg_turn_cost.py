@@ -262,9 +262,14 @@ def _kind(query: str) -> str:
             "> clock_timestamp() FOR SHARE",
             "fence check",
         ),
+        (
+            "SELECT cantrip_fence_holds(",
+            "fence check",
+        ),
         ("INSERT INTO cantrip_leases", "claim: take lease"),
         ("UPDATE cantrip_leases SET expires_at", "heartbeat"),
         ("cancel_requested FROM cantrip_work", "heartbeat: cancel poll"),
+        ("FROM cantrip_messages", "steering messages"),
         ("FOR UPDATE SKIP LOCKED", "claim: pick work"),
         ("UPDATE cantrip_work SET state = 'running'", "claim: mark running"),
         ("FOR UPDATE", "finish: lease check"),
@@ -348,7 +353,8 @@ def measure(server: str, entities: int, latency_ms: int, concurrency: int) -> No
             "SELECT xact_commit FROM pg_stat_database WHERE datid = %s", (oid,)
         ).fetchone()[0]  # type: ignore[index]
         rows = mon.execute(
-            "SELECT query, calls, total_exec_time FROM pg_stat_statements WHERE dbid = %s",
+            "SELECT query, calls, total_exec_time FROM pg_stat_statements WHERE dbid = %s "
+            "AND toplevel",  # not the statements a function runs (the fence check's)
             (oid,),
         ).fetchall()
     store.close()

@@ -5,10 +5,17 @@ one loses the utterance and the gate calls it made. The journal keeps them,
 keyed by (entity, turn sequence, call ordinal), in the loom's own database
 (SQLite or PostgreSQL; SPEC.md "Ownership, fencing and effects on PostgreSQL"):
 
-* the utterance (ordinal -1), written as soon as the LLM answers -- on resume the
-  turn continues with the *same* utterance instead of asking the LLM again;
-* each gate call as *started* before the gate runs, and its result as soon as
-  it returns.
+* the utterance (ordinal -1), committed with the first gate call it makes, before that
+  gate runs -- on resume the turn continues with the *same* utterance instead of asking
+  the LLM again (a turn that calls no journaled gate journals nothing: nothing of it
+  took effect, so a crash before it is recorded asks the LLM again);
+* each gate call as *started* before the gate runs (that commit is waited for), and
+  its result as soon as it returns -- committed, in order, with the turn's next write:
+  the next call's start, or the turn itself. A result committed with its turn is not
+  journaled at all (the turn row holds it: each piece is written once; on PostgreSQL
+  ``cantrip.loom._postgres_writes`` drops it from the batch). Before anything that may
+  wait (a human's approval, a ``result`` guardrail) the turn's journal is flushed
+  (:meth:`TurnJournal.flush`), so a result is never held back across a long wait.
 
 On resume, for each call of the journaled utterance:
 
@@ -112,7 +119,7 @@ def decode_response(data: str) -> Response:
 class TurnJournal:
     """The journal of one turn in flight; the gate calls of the turn go through it."""
 
-    __slots__ = ("entity_id", "entries", "loom", "ordinal", "sequence")
+    __slots__ = ("entity_id", "entries", "loom", "ordinal", "pending", "sequence", "unsynced")
 
     def __init__(
         self, loom: Loom, entity_id: str, sequence: int, entries: list[JournalEntry]
@@ -122,6 +129,10 @@ class TurnJournal:
         self.sequence = sequence
         self.entries: Mapping[int, JournalEntry] = {e[0]: e for e in entries}
         self.ordinal = 0
+        self.pending: str | None = None
+        """A fresh utterance not yet journaled: it goes with the first call's start."""
+        self.unsynced = False
+        """A result was queued and its commit not yet waited for."""
 
     @property
     def utterance(self) -> Response | None:
@@ -130,9 +141,16 @@ class TurnJournal:
         return decode_response(entry[2]) if entry is not None else None
 
     async def record_utterance(self, response: Response) -> None:
-        await self.loom.journal_write(
-            self.entity_id, self.sequence, UTTERANCE, "", encode_response(response), None
-        )
+        """Keep the utterance to journal with the first gate call it makes (nothing is
+        written for a turn that makes none)."""
+        self.pending = encode_response(response)
+
+    async def flush(self) -> None:
+        """Wait for the commit of the results queued so far (before a wait that may be
+        long: a result is then never held back in memory across it)."""
+        if self.unsynced:
+            self.unsynced = False
+            await self.loom.sync(self.entity_id)
 
     async def call(
         self, circle: Circle, name: str, args: Mapping[str, Any], tool_call_id: str | None
@@ -164,7 +182,13 @@ class TurnJournal:
                 )
                 await self._finish(ordinal, g.name, data, record)
                 return record
+        if self.pending is not None:  # the utterance, committed with its first call
+            utterance, self.pending = self.pending, None
+            await self.loom.journal_write(
+                self.entity_id, self.sequence, UTTERANCE, "", utterance, None, durable=False
+            )
         await self.loom.journal_write(self.entity_id, self.sequence, ordinal, g.name, data, None)
+        self.unsynced = False  # (that commit carried every result queued before it)
 
         async def save(checkpoint: Mapping[str, Any]) -> None:
             encoded = _dumps(checkpoint)
@@ -187,6 +211,14 @@ class TurnJournal:
         return record  # the medium works with the whole result; the journal keeps the cap
 
     async def _finish(self, ordinal: int, gate: str, data: str, record: GateCallRecord) -> None:
+        """Queue the call's result: committed with the turn's next write (module docstring)."""
         await self.loom.journal_write(
-            self.entity_id, self.sequence, ordinal, gate, data, _dumps(record.to_dict())
+            self.entity_id,
+            self.sequence,
+            ordinal,
+            gate,
+            data,
+            _dumps(record.to_dict()),
+            durable=False,
         )
+        self.unsynced = True

@@ -307,3 +307,86 @@ def test_a_group_commit_batch_is_a_statement_per_kind_and_keeps_every_rule(
         assert store.journal_read("b", 3) == [(0, "charge", "{}", "result")]
     finally:
         store.close()
+
+
+def test_a_fenced_write_locks_no_lease_row(pg_url: str) -> None:
+    """Issue 46.2: the fence is checked under an advisory lock, not a ``FOR SHARE`` row
+    lock (which marks the lease row -- its ``xmax`` -- and is a WAL record per write)."""
+    store, fence = _claimed(pg_url, "quiet")
+    try:
+        record = EntityRecord(entity_id="quiet", cantrip_id="c")
+        assert store.write_batch([("entity", record, fence)]) == []  # one statement
+        assert (
+            store.write_batch(
+                [
+                    ("journal", ("quiet", 1, -1, "", "answer", None), fence),
+                    ("journal", ("quiet", 1, 0, "charge", "{}", None), fence),
+                    ("journal", ("quiet", 2, 0, "charge", "{}", None), fence),
+                ]
+            )
+            == []
+        )  # a batch
+        with psycopg.connect(pg_url) as conn:
+            xmax = conn.execute(
+                "SELECT xmax::text FROM cantrip_leases WHERE entity_id = 'quiet'"
+            ).fetchone()
+        assert xmax == ("0",)  # never locked since the claim wrote it
+        assert len(_journal(pg_url, "quiet")) == 3
+    finally:
+        store.close()
+
+
+def test_a_claim_leaves_an_entity_whose_old_fence_is_writing(pg_url: str) -> None:
+    """A write and a claim of its entity stay ordered without the row lock: while a
+    write under the old fence is in flight (its transaction holds the fence's shared
+    lock), a claim passes the entity over; once it committed, the claim takes it, at a
+    new epoch, and the old fence writes nothing more."""
+    store, fence = _claimed(pg_url, "busy")
+    try:
+        queue = WorkQueue(store)
+        with psycopg.connect(pg_url) as writing, psycopg.connect(pg_url, autocommit=True) as db:
+            held = writing.execute(
+                "SELECT cantrip_fence_holds(%s, %s, %s)",
+                (fence.lease_entity, fence.owner, fence.epoch),
+            ).fetchone()
+            assert held == (True,)  # the write's transaction is open, its fence held
+            # the lease runs out (the writer stalled); the claim must not interleave
+            db.execute("UPDATE cantrip_leases SET expires_at = clock_timestamp()")
+            assert queue.claim("worker-2", lease_s=30) is None
+            writing.commit()
+        claim = queue.claim("worker-2", lease_s=30)
+        assert claim is not None and claim.fence.epoch == fence.epoch + 1
+        why = store.journal_write_fenced("busy", 1, 0, "charge", "{}", None, fence)
+        assert why is not None and "lease lost" in why
+    finally:
+        store.close()
+
+
+def test_a_version_5_database_is_brought_to_version_6_in_place(pg_url: str) -> None:
+    """Schema 6 (issue 46.2): a database made before it (no fence functions) gains them
+    when a store opens it; the lease a version 5 worker holds still fences its writes,
+    and the write locks no lease row."""
+    from cantrip.loom._postgres_schema import SCHEMA_VERSION
+
+    store, fence = _claimed(pg_url, "old")
+    store.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what v5 made
+        conn.execute(
+            "DROP FUNCTION cantrip_fence_holds, cantrip_fence_take, cantrip_fence_key; "
+            "DELETE FROM cantrip_schema; INSERT INTO cantrip_schema (version) VALUES (5)"
+        )
+    store = PostgresStore(pg_url)
+    try:
+        record = EntityRecord(entity_id="old", cantrip_id="c")
+        assert store.write_batch([("entity", record, fence)]) == []
+        stale = Fence("old", fence.owner, fence.epoch - 1)
+        why = store.journal_write_fenced("old", 1, 0, "charge", "{}", None, stale)
+        assert why is not None and "lease lost" in why
+    finally:
+        store.close()
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT max(version) FROM cantrip_schema").fetchone() == (
+            SCHEMA_VERSION,
+        )
+        lease = conn.execute("SELECT xmax::text FROM cantrip_leases").fetchone()
+        assert lease == ("0",)

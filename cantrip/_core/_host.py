@@ -85,6 +85,8 @@ class TurnHost:
             if refused is not None:
                 return self.unexecuted(name, args, tool_call_id, "error", refused)
         guard = self.circle.guard
+        if self.journal is not None and (guard is not None or self.gatekeeper is not None):
+            await self.journal.flush()  # a guardrail or a human may take long: commit first
         if guard is not None:
             go = self.gatekeeper if self.gatekeeper is not None else self.run
             record = await guarded_call(self, guard, name, args, tool_call_id, go)
@@ -110,6 +112,8 @@ class TurnHost:
             record = await self.circle.call(name, args, tool_call_id)
         guard = self.circle.guard
         if guard is not None and guard.has("result"):
+            if self.journal is not None:
+                await self.journal.flush()  # the guardrail may take long: commit first
             record = await guarded_result(self, guard, record)
         return record
 

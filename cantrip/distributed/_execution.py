@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
@@ -49,7 +49,7 @@ from cantrip.distributed._work import (
     Claim,
 )
 from cantrip.loom._loom import Loom
-from cantrip.loom._model import Turn
+from cantrip.loom._model import EntityRecord, Turn
 from cantrip.memory._consolidate import CONSOLIDATES_TAG
 from cantrip.memory._settings import USER_TAG
 
@@ -64,11 +64,20 @@ class Execution:
     """Runs claimed casts against one loom, building each spell once (cached by
     :func:`~cantrip.distributed._spells.spell_key`)."""
 
-    def __init__(self, loom: Loom, queue: WorkQueue | None = None) -> None:
+    def __init__(
+        self,
+        loom: Loom,
+        queue: WorkQueue | None = None,
+        mail: Callable[[int], list[tuple[int, str]]] | None = None,
+    ) -> None:
         self.loom = loom
         self.queue = queue
         """Where the casts' followups (consolidations) are queued (None: run here)."""
         self.spells: dict[str, Cantrip] = {}
+        self.mail = mail
+        """Reads the messages sent to a work item (``WorkQueue.messages``): in the same
+        thread hop as the entity's refresh, so the mailbox's first read costs no hop
+        of its own (issue 46.4)."""
 
     def asks_humans(self, claim: Claim) -> bool:
         """Whether the claimed spell's circle can pause (only then are live pauses watched)."""
@@ -108,9 +117,15 @@ class Execution:
         if consolidates is not None:
             spell = await consolidation_spell(spell)
             tags = {**(tags or {}), CONSOLIDATES_TAG: consolidates}
+        mail = self.mail
+
+        def refresh() -> tuple[EntityRecord | None, Turn | None]:
+            if mail is not None:  # before the refresh: a message the cast's turns took
+                owned.first_mail = mail(claim.work_id)  # is read in the loom after it
+            return self.loom.refresh(claim.entity_id)
+
         record, last = await trio.to_thread.run_sync(
-            self.loom.refresh,
-            claim.entity_id,
+            refresh,
             limiter=self.loom.store.limiter,  # type: ignore[attr-defined]
         )
         entity: Entity

@@ -69,7 +69,7 @@ async def heartbeats(
                     continue  # ended, or being stopped, while the beat was out
                 if o.claim.entity_id in renewed:
                     cancel = renewed[o.claim.entity_id]
-                    if cancel is None:  # a write held the row: renewed next beat
+                    if cancel is None:  # another transaction held the row: renewed next beat
                         continue
                     until = sent + lease_s
                     o.run.deadline = max(o.run.deadline, until)

@@ -33,7 +33,13 @@ class Owned:
     """Set when NOTIFY says something about this entity (an answer to a live pause)."""
     cancel_reason: str = "cancelled"
     mail: trio.Event = attrs.Factory(trio.Event)
-    """Set when NOTIFY says a message for this entity's cast arrived."""
+    """Set when NOTIFY says a message for this entity's cast arrived (or the worker's
+    poll finds one newer than ``mail_after``: a missed notification)."""
+    mail_after: int = 0
+    """The id of the last message to this cast the mailbox has read."""
+    first_mail: list[tuple[int, str]] | None = None
+    """The messages to this work read with the entity's refresh (the mailbox's first
+    read, made in that thread hop), until the mailbox takes them."""
     casting: trio.Event = attrs.Factory(trio.Event)
     """Set as the cast is about to begin (``delivered`` is known then)."""
     delivered: int = 0

@@ -98,11 +98,12 @@ last claim is accounted), within the attempt limit unless its next claim is free
 _CLAIM_AND_LEASE = f"""
 WITH quarantine AS ({_CLAIM.replace("%(suspect)s", "true").replace("%(limit)s", "1")}),
 normal AS ({_CLAIM.replace("%(suspect)s", "false")}),
-pick AS (
+candidates AS (
     SELECT * FROM quarantine WHERE %(idle)s
     UNION ALL
     SELECT * FROM normal WHERE NOT EXISTS (SELECT 1 FROM quarantine)
 ),
+pick AS MATERIALIZED (SELECT * FROM candidates WHERE cantrip_fence_take(entity_id)),
 lease AS (
     INSERT INTO cantrip_leases (entity_id, owner, epoch, expires_at)
     SELECT entity_id, %(owner)s, 1, clock_timestamp() + %(lease)s * interval '1 second'
@@ -148,6 +149,11 @@ entity's latest before its first claim) is read only on the first claim: no othe
 worker can be writing the entity then (its earlier work is finished, its lease
 released, and a zombie's fence is stale); so is its loom position (``base_pos``): the
 cast's turns are the entity's turns after it, whatever was queued before it.
+
+An entity is taken only if no write under its old fence is in flight
+(``cantrip_fence_take``: the write's advisory lock, taken exclusively without waiting;
+held to this claim's commit, so a write that begins meanwhile reads the new lease and is
+refused): otherwise it is left for the next claim.
 
 Quarantine: a runnable *suspect* row is claimed only by an ``idle`` worker (it runs
 nothing), alone -- the answer is that one row, marked ``alone`` -- and while one waits
@@ -247,9 +253,10 @@ LEFT JOIN locked k ON k.entity_id = m.entity_id
 LEFT JOIN renewed r ON r.entity_id = m.entity_id
 WHERE r.entity_id IS NOT NULL OR k.entity_id IS NULL
 """
-"""Renew many leases in one statement without waiting on a lock: a lease row a loom
-write holds ``FOR SHARE`` at this moment is skipped (renewed at the next beat), so a
-heartbeat never deadlocks with the writes it runs beside."""
+"""Renew many leases in one statement without waiting on a lock: a lease row another
+transaction holds at this moment (a claim, a release) is skipped (renewed at the next
+beat), so a heartbeat never waits behind it. (Loom writes lock no lease row:
+``cantrip_fence_holds``.)"""
 
 
 def heartbeat_on(
@@ -257,7 +264,7 @@ def heartbeat_on(
 ) -> dict[str, str | None]:
     """Extend every lease of ``fences`` (one worker's) that still holds, in one statement:
     {lease entity: the reason of a cancel requested, or "" for none} for those renewed,
-    None for those skipped because a write held their row this moment (neither renewed
+    None for those skipped because another transaction held their row this moment (neither renewed
     nor known lost); one missing from the answer is lost (expired, or claimed by another
     worker)."""
     rows = conn.execute(
@@ -572,6 +579,17 @@ class WorkQueue:
         """:func:`messages_on`: what was sent to ``work_id``'s cast after message ``after``."""
         with self.store.pool.connection() as conn:
             return messages_on(conn, work_id, after)
+
+    def newest_messages(self, work_ids: Sequence[int]) -> dict[int, int]:
+        """The id of the newest message sent to each of ``work_ids`` that has any, in one
+        statement (the mailbox's poll for a missed NOTIFY, for all of a worker's casts)."""
+        with self.store.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT work_id, max(id) FROM cantrip_messages WHERE work_id = ANY(%s) "
+                "GROUP BY work_id",
+                (list(work_ids),),
+            ).fetchall()
+        return {int(work_id): int(newest) for work_id, newest in rows}
 
     def cancel_requested(self, work_id: int) -> bool:
         with self.store.pool.connection() as conn:

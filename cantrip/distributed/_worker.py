@@ -60,7 +60,7 @@ from cantrip._errors import CantripError
 from cantrip._redact import get_logger
 from cantrip.distributed._execution import Execution, watch_quarantine
 from cantrip.distributed._leases import heartbeats, lose
-from cantrip.distributed._mailbox import deliver, live_pauses
+from cantrip.distributed._mailbox import deliver, live_pauses, mail_poll
 from cantrip.distributed._outage import Outage, database_away, describe, is_connection_error
 from cantrip.distributed._outcome import (
     lease_lost,
@@ -143,7 +143,7 @@ class Worker:
         self.loom = Loom(store)
         self.queue = WorkQueue(store)
         self._live = await trio.to_thread.run_sync(LivePauses, store)
-        self._execution = Execution(self.loom, self.queue)
+        self._execution = Execution(self.loom, self.queue, self.queue.messages)
         if self.named:
             self.reclaimed = await trio.to_thread.run_sync(self.queue.reclaim, self.worker_id)
         try:
@@ -159,6 +159,7 @@ class Worker:
                         loom=self.loom,
                     )
                 )
+                nursery.start_soon(mail_poll, self._owned, self.queue, store.limiter, self.poll_s)
                 task_status.started(self.worker_id)
                 async with trio.open_nursery() as runs:
                     with self._claiming:
@@ -368,7 +369,7 @@ class Worker:
                 async with trio.open_nursery() as nursery:
                     if self._execution.asks_humans(claim):
                         nursery.start_soon(live_pauses, owned, self._live, limiter, self.poll_s)
-                    nursery.start_soon(deliver, owned, self.queue, limiter, self.poll_s)
+                    nursery.start_soon(deliver, owned, self.queue, limiter)
                     if owned.quarantine is not None and not claim.paroled:
                         nursery.start_soon(self._watch_quarantine, owned)
                     try:

@@ -20,6 +20,7 @@ under each entity's :class:`~cantrip.loom._fence.Fence`.
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -33,6 +34,11 @@ from cantrip.loom._group_commit import GroupCommit
 from cantrip.loom._indexed import IndexedStore, JournalEntry, JournalStore
 from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._stores import LoomStore, MemoryStore, open_store
+
+_ids = random.Random(os.urandom(32))
+"""The random bits of turn ids (:meth:`Loom.new_turn_id`); reseeded in a forked child,
+so that parent and child never make the same ids."""
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
 
 CACHE_TURNS = 200_000
 """Turns an indexed loom keeps in memory before it forgets the oldest it read."""
@@ -152,8 +158,13 @@ class Loom:
         """``turn-`` and 128 bits: a 48-bit millisecond clock, then 80 random bits.
 
         Ids of one process sort roughly by creation time, so a store's id index
-        grows at its end instead of at random places (cheaper appends)."""
-        return f"turn-{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
+        grows at its end instead of at random places (cheaper appends). The random
+        bits come from a generator seeded from ``os.urandom`` (again in a forked
+        child), not from ``os.urandom`` per turn: that call releases the GIL, and in a
+        worker whose database threads hold it the loop waited ~0.1 ms per turn to get
+        it back (``bench/pg_turn_cost.py``, issue 46.4). An id must be unique, not
+        secret."""
+        return f"turn-{time.time_ns() // 1_000_000:012x}{_ids.getrandbits(80):020x}"
 
     def register_entity(self, record: EntityRecord) -> None:
         if record.entity_id in self._entities:
@@ -379,9 +390,21 @@ class Loom:
         return store.journal_read(entity_id, sequence)
 
     async def journal_write(
-        self, entity_id: str, sequence: int, ordinal: int, gate: str, data: str, record: str | None
+        self,
+        entity_id: str,
+        sequence: int,
+        ordinal: int,
+        gate: str,
+        data: str,
+        record: str | None,
+        *,
+        durable: bool = True,
     ) -> None:
-        """Journal an utterance (ordinal -1), a started call (``record`` None) or its result."""
+        """Journal an utterance (ordinal -1), a started call (``record`` None) or its result.
+
+        ``durable=False`` (a deferred store): queue the entry without waiting for its
+        commit -- it goes, in order, into the group commit of this loom's next write that
+        is waited for (see ``cantrip._journal``)."""
         store = cast(JournalStore, self.store)
         assert self._journaled, "this loom keeps no gate journal"
         if not self._deferred:
@@ -393,7 +416,8 @@ class Loom:
             raise LeaseLostError(f"entity {entity_id}: {stale}")
         # queued with the loom's other writes and committed by the next group commit
         self._queue(("journal", (entity_id, sequence, ordinal, gate, data, record), fence))
-        await self.sync(entity_id)
+        if durable:
+            await self.sync(entity_id)
 
     def annotate_reward(self, turn_id: str, reward: float | None) -> None:
         """Assign or update a turn's reward -- the one change LOOM-3 allows."""

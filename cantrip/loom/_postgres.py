@@ -34,7 +34,7 @@ from cantrip.loom._indexed import IndexedQueries, query_sql
 from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._postgres_connection import open_pool, safe_url
 from cantrip.loom._postgres_schema import migrate
-from cantrip.loom._postgres_writes import plan_batch, refusal, refusals, statement
+from cantrip.loom._postgres_writes import covered, plan_batch, refusal, refusals, statement
 
 
 class PostgresStore(IndexedQueries):
@@ -76,14 +76,15 @@ class PostgresStore(IndexedQueries):
         One statement is its own transaction; several are ``BEGIN``, the statements,
         ``COMMIT`` -- one commit either way. (psycopg's pipeline mode measured slower
         than this: ``bench/pg_turn_cost.py``.)"""
-        plan = plan_batch(batch)
+        skipped = covered(batch)
+        plan = plan_batch(batch, list(skipped))
         with self.pool.connection() as conn:
             if len(plan) == 1:
                 answers = [conn.execute(plan[0][0], plan[0][1]).fetchall()]
             else:
                 with conn.transaction():
                     answers = [_fetched(conn.execute(sql, params)) for sql, params, _ in plan]
-        return refusals(batch, plan, answers)
+        return refusals(batch, plan, answers, skipped)
 
     def _write_now(self, op: PendingOp) -> None:
         refused = self.write_batch([op])

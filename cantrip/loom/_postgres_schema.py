@@ -14,7 +14,7 @@ from typing import Any
 
 from cantrip._errors import LoomError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """2: the append-only trigger lets prune delete whole trees (``cantrip.prune``).
 3: big values stored once (``cantrip_blobs``, ``cantrip_blob_refs``; see ``_blobs``).
 4: steering and double-texting under workers: ``cantrip_messages`` (a message sent to a
@@ -28,6 +28,11 @@ died holding it), ``spare`` (its next claim costs no attempt: its worker died ho
 other casts too), ``suspect`` (run it in quarantine, alone), ``paroled`` (cleared by a
 quarantine once: the next lasts to its end) and ``alone`` (its current claim is held by
 a worker that holds nothing else).
+6: a fenced write takes no row lock (issue 46.2: a ``FOR SHARE`` lock on the lease row
+was a WAL record per write): ``cantrip_fence_holds`` checks the fence under a shared
+advisory lock on the entity, in a snapshot taken after the lock, and a claim takes the
+entity only if it gets that lock exclusively (``cantrip_fence_take``, never waiting):
+so a write and a claim of its entity are still ordered, as the row lock ordered them.
 Each statement is idempotent, so a database at any earlier version is brought up to
 date by running the schema again."""
 SCHEMA_LOCK = 0x63616E74  # "cant": the advisory lock schema creation runs under
@@ -118,6 +123,25 @@ CREATE TABLE IF NOT EXISTS cantrip_blob_refs (
     entity_id TEXT NOT NULL,
     PRIMARY KEY (hash, entity_id)
 );
+CREATE OR REPLACE FUNCTION cantrip_fence_key(entity TEXT) RETURNS BIGINT AS $$
+    SELECT hashtextextended('cantrip.fence:' || entity, 0)
+$$ LANGUAGE sql IMMUTABLE;
+CREATE OR REPLACE FUNCTION cantrip_fence_holds(entity TEXT, holder TEXT, at_epoch BIGINT)
+RETURNS BOOLEAN AS $$
+BEGIN
+    -- a claim of this entity waits for the writes that hold this lock to commit, and a
+    -- write that waited for a claim reads the lease after it (a volatile function's
+    -- statement takes a snapshot of its own): no write lands under a fence a claim
+    -- replaced, and no lease row is locked (a row lock is a WAL record)
+    PERFORM pg_advisory_xact_lock_shared(cantrip_fence_key(entity));
+    RETURN EXISTS (SELECT 1 FROM cantrip_leases WHERE entity_id = entity
+        AND owner = holder AND epoch = at_epoch AND expires_at > clock_timestamp());
+END $$ LANGUAGE plpgsql VOLATILE;
+CREATE OR REPLACE FUNCTION cantrip_fence_take(entity TEXT) RETURNS BOOLEAN AS $$
+    -- a claim takes an entity only while no write under its old fence is in flight
+    -- (never waiting: a claimer waits on no lock a writer holds, so no deadlock)
+    SELECT pg_try_advisory_xact_lock(cantrip_fence_key(entity))
+$$ LANGUAGE sql VOLATILE;
 CREATE TABLE IF NOT EXISTS cantrip_journal (
     entity_id TEXT NOT NULL,
     sequence INTEGER NOT NULL,

@@ -2,8 +2,10 @@
 
 Every write a worker makes carries its :class:`~cantrip.loom._fence.Fence`, and the
 database makes it only while the worker's lease holds -- checked in the same
-statement as the write (:func:`_fenced`), the lease row locked ``FOR SHARE`` so a
-claim by another worker cannot interleave. A group commit of many entities' writes
+statement as the write (:func:`_fenced`) by ``cantrip_fence_holds``
+(:mod:`~cantrip.loom._postgres_schema`): under a shared advisory lock on the entity
+that a claim must take exclusively, so a claim by another worker cannot interleave --
+and no row lock, which would be a WAL record per write. A group commit of many entities' writes
 (:func:`plan_batch`) is one statement per kind of write (:data:`_ROWS_FENCE`), each
 row's fence checked by a join, so that a batch costs one commit whatever its size.
 
@@ -28,12 +30,9 @@ PlannedStatement = tuple[str, dict[str, Any], list[int]]
 """A statement of a batch's plan and the indexes (in the batch) of the writes it makes,
 one answered row each, in order."""
 
-_LEASE = (
-    "lease AS (SELECT 1 FROM cantrip_leases WHERE entity_id = %(lease_entity)s "
-    "AND owner = %(owner)s AND epoch = %(epoch)s AND expires_at > clock_timestamp() FOR SHARE)"
-)
+_LEASE = "lease AS (SELECT 1 WHERE cantrip_fence_holds(%(lease_entity)s, %(owner)s, %(epoch)s))"
 """The fence check, as a common table expression: this worker's lease, at this epoch,
-unexpired -- and locked against a concurrent claim until the write's transaction ends.
+unexpired -- and a concurrent claim held off until the write's transaction ends.
 A fenced write is one statement: this check and the write it guards
 (``WHERE EXISTS (SELECT 1 FROM lease)``), so it costs one round trip and, alone, is
 its own transaction (the connections are in autocommit mode)."""
@@ -161,15 +160,14 @@ def refusal(op: PendingOp, row: Any) -> str | None:
 _ROWS_FENCE = """
 i AS (SELECT * FROM unnest({arrays}) WITH ORDINALITY AS i({columns}, n)),
 held AS (
-    SELECT i.n FROM i JOIN cantrip_leases l ON l.entity_id = i.lease_entity
-        AND l.owner = i.owner AND l.epoch = i.epoch AND l.expires_at > clock_timestamp()
-    FOR SHARE OF l
+    SELECT i.n FROM i
+    WHERE i.lease_entity IS NOT NULL AND cantrip_fence_holds(i.lease_entity, i.owner, i.epoch)
 ),
 ok AS (SELECT * FROM i WHERE i.lease_entity IS NULL OR i.n IN (SELECT n FROM held))
 """
 """Many writes as one statement: their values as parallel arrays (``unnest``), each
-row's fence checked by a join with its lease row -- locked ``FOR SHARE`` as for one
-write -- and only the rows whose fence holds (or that have none) written."""
+row's fence checked as for one write -- and only the rows whose fence holds (or that
+have none) written."""
 
 _FENCE_COLUMNS = (("lease_entity", "text"), ("owner", "text"), ("epoch", "bigint"))
 _ROW_KINDS: dict[str, tuple[tuple[tuple[str, str], ...], str, str]] = {
@@ -312,12 +310,12 @@ def _independent(batch: Sequence[PendingOp]) -> bool:
         elif kind == "journal":
             entity_id, sequence, ordinal = payload[0], payload[1], payload[2]
             at = (entity_id, sequence)
-            if ordinal < 0:  # an utterance voids the calls of its turn: alone there
+            if ordinal < 0:  # an utterance voids the calls of its turn queued before it
                 if at in utterances or at in call_turns:
                     return False
                 utterances.add(at)
-            else:
-                if (entity_id, sequence, ordinal) in calls or at in utterances:
+            else:  # (calls after their utterance: the utterances are written first)
+                if (entity_id, sequence, ordinal) in calls:
                     return False
                 calls.add((entity_id, sequence, ordinal))
                 call_turns.add(at)
@@ -333,8 +331,32 @@ def lease_lost_message(fence: Fence) -> str:
     )
 
 
-def plan_batch(batch: Sequence[PendingOp]) -> list[PlannedStatement]:
-    """The statements that make ``batch``, in the order they run (one transaction).
+_KIND_ORDER = {"entity": 0, "utterance": 1, "call": 2, "turn": 3}
+"""The order a batch's kinds are written in: an utterance voids what an abandoned
+attempt of its turn journaled, so it goes before the calls that follow it."""
+
+
+def covered(batch: Sequence[PendingOp]) -> dict[int, int]:
+    """The gate results of ``batch`` that its turns make unnecessary: {index of the
+    result: index of its turn}. A result is journaled so that a resumed turn reuses it;
+    committed in the same transaction as its turn, under the same fence, it would never
+    be read (the turn holds it, and a recorded turn is never taken again), so it is not
+    written: each piece once (``cantrip._journal``)."""
+    turns = {(p.entity_id, p.sequence, f): i for i, (k, p, f) in enumerate(batch) if k == "turn"}
+    if not turns:
+        return {}
+    dropped: dict[int, int] = {}
+    for index, (kind, payload, fence) in enumerate(batch):
+        if kind == "journal" and payload[2] >= 0 and payload[5] is not None:
+            turn = turns.get((payload[0], payload[1], fence))
+            if turn is not None and turn > index:
+                dropped[index] = turn
+    return dropped
+
+
+def plan_batch(batch: Sequence[PendingOp], skip: Sequence[int] = ()) -> list[PlannedStatement]:
+    """The statements that make ``batch``, in the order they run (one transaction),
+    leaving out the writes at ``skip`` (:func:`covered`).
 
     Each write is one statement that checks its own fence (:func:`_fenced`), and
     when a batch holds several turns or journal entries (a group commit of many
@@ -343,11 +365,14 @@ def plan_batch(batch: Sequence[PendingOp]) -> list[PlannedStatement]:
     (a statement that answers no row)."""
     plan: list[PlannedStatement] = []
     records, blobs = _turn_records(batch)
-    if len(batch) > 2 and _independent(batch):
+    left = set(skip)
+    written = [i for i in range(len(batch)) if i not in left]
+    if len(written) > 2 and _independent([batch[i] for i in written]):
         by_kind: dict[str, list[int]] = {}
-        for index, op in enumerate(batch):
-            by_kind.setdefault(_row_kind(op), []).append(index)
-        for kind, indexes in by_kind.items():
+        for index in written:
+            by_kind.setdefault(_row_kind(batch[index]), []).append(index)
+        ordered = sorted(by_kind.items(), key=lambda kv: _KIND_ORDER.get(kv[0], 9))
+        for kind, indexes in ordered:
             if len(indexes) == 1 or kind not in _ROW_KINDS:
                 plan.extend((*statement(batch[i], records.get(i)), [i]) for i in indexes)
                 continue
@@ -356,21 +381,27 @@ def plan_batch(batch: Sequence[PendingOp]) -> list[PlannedStatement]:
             params = {name: [row[c] for row in rows_of] for c, (name, _) in enumerate(columns)}
             plan.append((_rows_sql(kind), params, indexes))
     else:
-        plan = [(*statement(op, records.get(index)), [index]) for index, op in enumerate(batch)]
+        plan = [(*statement(batch[i], records.get(i)), [i]) for i in written]
     if blobs is not None:
         plan.insert(0, (*blobs, []))
     return plan
 
 
 def refusals(
-    batch: Sequence[PendingOp], plan: Sequence[PlannedStatement], answers: Sequence[list[Any]]
+    batch: Sequence[PendingOp],
+    plan: Sequence[PlannedStatement],
+    answers: Sequence[list[Any]],
+    skipped: dict[int, int] | None = None,
 ) -> list[tuple[int, str]]:
     """(index, why) for every write of ``batch`` that was not made, from the rows its
-    ``plan``'s statements answered."""
+    ``plan``'s statements answered; a write ``skipped`` for a turn (:func:`covered`)
+    is refused only as that turn's fence was."""
     rows: list[Any] = [None] * len(batch)
     for (_, _, indexes), answered in zip(plan, answers, strict=True):
         for index, row in zip(indexes, answered, strict=True):
             rows[index] = row
+    for index, turn in (skipped or {}).items():
+        rows[index] = rows[turn]
     refused: list[tuple[int, str]] = []
     for index, (op, row) in enumerate(zip(batch, rows, strict=True)):
         why = refusal(op, row)
