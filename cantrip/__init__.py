@@ -97,7 +97,9 @@ _LAZY = {
     "PauseError": "cantrip._approval",
     "Verdict": "cantrip._approval",
     "Cantrip": "cantrip._cantrip",
-    "Circle": "cantrip._circle",
+    # from the module that also sets the default medium a circle gets (conversation,
+    # MEDIUM-1): `cantrip.Circle([...])` built before any Cantrip still has one
+    "Circle": "cantrip._cantrip",
     "Entity": "cantrip._core",
     "CantripError": "cantrip._errors",
     "CastSuspended": "cantrip._errors",

@@ -18,7 +18,7 @@ import pytest
 import trio
 from fake_providers import Answer, Call, isolate, serve
 from fake_reasoning import REASONING_MODELS, REASONING_PREFIXES, FakeThinkingAnthropic
-from test_acp import Client, updates, validate
+from test_acp import started, updates, validate
 from test_http import serving, sse_events
 
 import cantrip
@@ -53,11 +53,11 @@ def opaque_tokens(fake: FakeThinkingAnthropic) -> list[str]:
     return [f"redacted-{n}:{fake.signer.sign(f'redacted-{n}')}" for n in (1, 2)]
 
 
-async def test_acp_streams_thoughts_but_never_the_redacted_data() -> None:
+async def test_acp_streams_thoughts_but_never_the_redacted_data(nursery: trio.Nursery) -> None:
     fake = FakeThinkingAnthropic(SCRIPT, redact=True)
     async with serve(fake, REASONING_PREFIXES["anthropic"]) as url:
         llm = load_llm("anthropic", model=REASONING_MODELS["anthropic"], base_url=url)
-        client = Client(spell(llm))
+        client = await started(nursery, spell(llm))
         sid = await client.session()
         response = await client.call("session/prompt", sessionId=sid, prompt="go")
         await llm.aclose()
