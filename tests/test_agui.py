@@ -993,4 +993,3 @@ async def test_a_failed_cast_says_the_tokens_its_told_turns_spent() -> None:
     assert ended["usage"] == [
         {"inputTokens": 40, "outputTokens": 3, "totalTokens": 43, "cachedInputTokens": 30}
     ]
-

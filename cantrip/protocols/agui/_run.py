@@ -66,7 +66,7 @@ from cantrip.protocols.agui._input import (
 )
 from cantrip.protocols.agui._protocol import RunFailed, RunStream, Where
 from cantrip.protocols.agui._translate import recorded_events
-from cantrip.protocols.asgi._requests import read_body, until_disconnect
+from cantrip.protocols.asgi._requests import last_event_id, read_body, until_disconnect
 from cantrip.protocols.asgi._responses import HttpError, Receive, Scope, Send, heartbeat_s
 from cantrip.protocols.middleware._lifecycle import Drain
 from cantrip.protocols.sessions import (
@@ -139,12 +139,11 @@ def reconnection(scope: Scope | None) -> tuple[int | None, float]:
     if scope is None:
         return None, 0.0
     after: int | None = None
-    for name, value in scope.get("headers", []):
-        if name.lower() == b"last-event-id":
-            raw = value.decode("latin-1").strip()
-            if not (raw.isdigit() and raw.isascii() and len(raw) <= 12):
-                raise HttpError(400, "bad_event_id", "an AG-UI run's event ids are whole numbers")
-            after = int(raw)
+    raw = last_event_id(scope)
+    if raw is not None:
+        if not (raw.isdigit() and raw.isascii() and len(raw) <= 12):
+            raise HttpError(400, "bad_event_id", "an AG-UI run's event ids are whole numbers")
+        after = int(raw)
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     reconnect_s = 0.0
     if query.get("reconnect_s"):
