@@ -951,3 +951,45 @@ async def test_a_megabyte_of_tools_or_messages_does_not_hold_the_loop() -> None:
     assert many_tools.status_code == 400
     assert "at most 128 tools" in many_tools.json()["error"]["message"]
     assert answer.status_code == 200 and events[-1]["type"] == "RUN_FINISHED"
+
+
+async def test_a_run_a_guardrail_refuses_says_the_tokens_it_spent() -> None:
+    """RUN_ERROR ``guardrail`` carries ``usage`` as RUN_FINISHED does (1.0 allows it on
+    both): an output guardrail refuses an answer the model was paid to write."""
+    usage = {"prompt_tokens": 90, "completion_tokens": 5, "cached_tokens": 60}
+    s = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(
+            [{"tool_calls": [{"gate": "done", "args": {"answer": "a bomb"}}], "usage": usage}]
+        ),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done],
+            [cantrip.max_turns(3)],
+            guardrails=[cantrip.guardrails.regex("bomb", on="output", blocking=True)],
+        ),
+        loom=cantrip.Loom(),
+    )
+    async with serving(s) as base:
+        _, events = await agui(base, run_input("t-refused-usage"))
+    ended = events[-1]
+    assert ended["type"] == "RUN_ERROR" and ended["code"] == "guardrail", ended
+    assert ended["usage"] == [
+        {"inputTokens": 90, "outputTokens": 5, "totalTokens": 95, "cachedInputTokens": 60}
+    ]
+
+
+async def test_a_failed_cast_says_the_tokens_its_told_turns_spent() -> None:
+    """A cast that fails (its provider refuses for good) ends the run with RUN_ERROR
+    ``cast_failed``, carrying the tokens of the turns it recorded before it failed."""
+    usage = {"prompt_tokens": 40, "completion_tokens": 3, "cached_tokens": 30}
+    script = [
+        {"tool_calls": [{"gate": "lookup", "args": {"city": "Oslo"}}], "usage": usage},
+        {"error": {"message": "the provider says no", "status": 400}},
+    ]
+    async with serving(spell(script, gates=[lookup])) as base:
+        _, events = await agui(base, run_input("t-failed-usage"))
+    ended = events[-1]
+    assert ended["type"] == "RUN_ERROR" and ended["code"] == "cast_failed", ended
+    assert ended["usage"] == [
+        {"inputTokens": 40, "outputTokens": 3, "totalTokens": 43, "cachedInputTokens": 30}
+    ]

@@ -231,3 +231,27 @@ async def test_a_client_that_does_not_come_back_has_its_cast_cancelled_after_the
                 await trio.sleep(0.05)
         thread_ = (await http.get(f"/sessions/{sessions[0]['session_id']}/thread")).json()
     assert thread_["turns"][-1]["reason"] == "cancelled"
+
+
+def test_both_streams_read_last_event_id_one_way_each_with_its_own_grammar() -> None:
+    """One reader of the ``Last-Event-ID`` header (the last one sent, any case,
+    stripped) serves a session's ``/events`` and an AG-UI run; each keeps its own
+    id grammar: ``2.1`` is an event id to the first and a 400 to the second."""
+    from cantrip.protocols.agui._run import reconnection
+    from cantrip.protocols.asgi._requests import last_event_id
+    from cantrip.protocols.asgi._responses import HttpError
+    from cantrip.protocols.http._streams import resume_point
+    from cantrip.protocols.sessions import EventId
+
+    def scope(*values: bytes) -> dict[str, Any]:
+        names = [b"Last-Event-ID", b"last-event-id"]
+        return {"headers": [(names[i % 2], v) for i, v in enumerate(values)]}
+
+    assert last_event_id({"headers": []}) is None
+    assert last_event_id(scope(b"1", b" 7 ")) == "7"
+    assert reconnection(scope(b"1", b" 7 ")) == (7, 0.0)
+    assert resume_point(scope(b"1", b" 7 "), {}) == 7
+    assert resume_point(scope(b"2.1"), {}) == EventId(2, 1)
+    with pytest.raises(HttpError) as bad:
+        reconnection(scope(b"2.1"))
+    assert bad.value.code == "bad_event_id"

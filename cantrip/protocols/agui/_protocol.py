@@ -52,7 +52,7 @@ from ag_ui.core import (
 from cantrip._events import StepComplete
 from cantrip._outcome import STOP_REASONS, CastResult, refused
 from cantrip._redact import get_logger, redact, redact_value
-from cantrip.llm._contract import plain_json
+from cantrip.llm._contract import ZERO_USAGE, Usage, plain_json
 from cantrip.llm._stream import Event
 from cantrip.loom._model import Turn
 from cantrip.protocols.agui._input import interrupt_for, tool_results
@@ -90,8 +90,9 @@ def state_of(
     return state
 
 
-def usage_of(outcome: CastResult) -> list[TokenUsage] | None:
-    usage = outcome.usage
+def usage_of(usage: Usage) -> list[TokenUsage] | None:
+    """Tokens as 1.0's ``usage`` (``RUN_FINISHED`` and ``RUN_ERROR`` both carry it);
+    None when unknown (a provider that did not say) or none were spent."""
     if usage.missing or not usage.total_tokens:
         return None
     return [
@@ -175,6 +176,9 @@ class RunStream:
         self.entity_id = ""
         self.ended = False
         """The run's last event went out (``RUN_FINISHED`` or ``RUN_ERROR``)."""
+        self.spent: dict[str, Usage] = {}
+        """The tokens of each of the run entity's turns told (by turn id): what a run
+        that fails before its cast's result is in says it spent (``RUN_ERROR``)."""
 
     @contextlib.asynccontextmanager
     async def running(self, where: Where) -> AsyncIterator[RunStream]:
@@ -241,6 +245,8 @@ class RunStream:
         for out in self.translator.events(event):
             await self._send(out)
         turn = event.turn if isinstance(event, StepComplete) else None
+        if turn is not None and turn.entity_id == self.entity_id:
+            self.spent[turn.id] = turn.metadata.usage
         if turn is not None and turn.entity_id == self.entity_id and turn.sequence > self.turns:
             self.turns = turn.sequence
             patch = [{"op": "replace", "path": "/cantrip/turns", "value": self.turns}]
@@ -253,11 +259,16 @@ class RunStream:
         await sse_comment(self.send, "idle")
 
     async def fail(self, failure: RunFailed) -> None:
-        """End the run with ``RUN_ERROR`` (what was open is closed first)."""
+        """End the run with ``RUN_ERROR`` (what was open is closed first), with the
+        tokens of the turns it told: a failed cast has no result to sum them, but its
+        recorded turns were paid for."""
         for out in self.translator.finish(None):
             await self._send(out)
         self.ended = True
-        await self._send(RunErrorEvent(message=failure.message, code=failure.code))
+        spent = sum(self.spent.values(), ZERO_USAGE)
+        await self._send(
+            RunErrorEvent(message=failure.message, code=failure.code, usage=usage_of(spent))
+        )
         await end_body(self.send)
 
     async def finish(
@@ -284,7 +295,11 @@ class RunStream:
             # A guardrail refused the run: an error, with its own code (the state and
             # messages above say what was recorded).
             assert outcome is not None
-            finished = RunErrorEvent(message=redact(outcome.summary or "refused"), code="guardrail")
+            finished = RunErrorEvent(
+                message=redact(outcome.summary or "refused"),
+                code="guardrail",
+                usage=usage_of(outcome.usage),
+            )
         elif outcome is None or STOP_REASONS.get(outcome.reason or "") == "cancelled":
             finished = RunFinishedEvent(
                 thread_id=run.thread_id, run_id=run.run_id, outcome=RunFinishedCancelledOutcome()
@@ -295,7 +310,7 @@ class RunStream:
                 thread_id=run.thread_id,
                 run_id=run.run_id,
                 outcome=RunFinishedInterruptOutcome(interrupts=interrupts),
-                usage=usage_of(outcome),
+                usage=usage_of(outcome.usage),
             )
         else:  # success -- with the calls of the client's own tools it is to run, if any
             waiting = [p.tool_call_id for p in outcome.pending if p.tool_call_id is not None]
@@ -304,7 +319,7 @@ class RunStream:
                 run_id=run.run_id,
                 result=plain_json(outcome.result) if outcome.terminated else None,
                 outcome=RunFinishedSuccessOutcome(pending_tool_call_ids=waiting or None),
-                usage=usage_of(outcome),
+                usage=usage_of(outcome.usage),
             )
         out.append(finished)
         for event in out[:-1]:

@@ -66,7 +66,7 @@ from cantrip.protocols.agui._input import (
 )
 from cantrip.protocols.agui._protocol import RunFailed, RunStream, Where
 from cantrip.protocols.agui._translate import recorded_events
-from cantrip.protocols.asgi._requests import read_body, until_disconnect
+from cantrip.protocols.asgi._requests import last_event_id, read_body, until_disconnect
 from cantrip.protocols.asgi._responses import HttpError, Receive, Scope, Send, heartbeat_s
 from cantrip.protocols.middleware._lifecycle import Drain
 from cantrip.protocols.sessions import (
@@ -139,12 +139,11 @@ def reconnection(scope: Scope | None) -> tuple[int | None, float]:
     if scope is None:
         return None, 0.0
     after: int | None = None
-    for name, value in scope.get("headers", []):
-        if name.lower() == b"last-event-id":
-            raw = value.decode("latin-1").strip()
-            if not (raw.isdigit() and raw.isascii() and len(raw) <= 12):
-                raise HttpError(400, "bad_event_id", "an AG-UI run's event ids are whole numbers")
-            after = int(raw)
+    raw = last_event_id(scope)
+    if raw is not None:
+        if not (raw.isdigit() and raw.isascii() and len(raw) <= 12):
+            raise HttpError(400, "bad_event_id", "an AG-UI run's event ids are whole numbers")
+        after = int(raw)
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     reconnect_s = 0.0
     if query.get("reconnect_s"):
@@ -409,16 +408,21 @@ class AguiRun:
         self, heard: trio.MemoryReceiveChannel[SessionEvent | _Ended | _Followed]
     ) -> tuple[CastResult | None, RunFailed | None]:
         """Tell the prompt's events until it has ended and its end is told (or its
-        follow ended: what it did not tell is told from the cast's record)."""
+        follow ended: what it did not tell is told from the cast's record). A prompt
+        that failed is followed to its follow's end too (within :data:`CATCH_UP_S`):
+        the turns it recorded before it failed are told, and their tokens said."""
         live = False
         """Events of the turn being told were heard as they happened."""
         told: set[str] = set()
         """Turns told (by id), and pauses heard."""
         ended: _Ended | None = None
+        failure: RunFailed | None = None
         followed = False
         """The follow has ended: nothing more will come from it."""
         deadline = math.inf
-        while ended is None or not (followed or _told_its_end(ended.cast, told)):
+        while ended is None or not (
+            followed or (failure is None and _told_its_end(ended.cast, told))
+        ):
             item = await self._next(heard, deadline)
             if item is None:
                 if trio.current_time() >= deadline:
@@ -428,8 +432,7 @@ class AguiRun:
                 followed = True
                 continue
             if isinstance(item, _Ended):
-                if item.failure is not None:
-                    return None, item.failure
+                failure = failure or item.failure
                 ended, deadline = item, trio.current_time() + CATCH_UP_S
                 continue
             if item.type == "pause":
@@ -449,6 +452,8 @@ class AguiRun:
                     live = live or not isinstance(said, FinalResponse)
                     await self.stream.event(said)
         assert ended is not None
+        if failure is not None:
+            return None, failure
         cast = ended.cast
         if not _told_its_end(cast, told) and not live:  # fell behind: tell it from the record
             for turn in cast.turns if cast is not None else ():

@@ -61,6 +61,18 @@ def idempotency_key(scope: Scope) -> str | None:
     return None
 
 
+def last_event_id(scope: Scope) -> str | None:
+    """The ``Last-Event-ID`` a reconnecting SSE client sends (the last one, if it sent
+    several), stripped; None if none. Each stream reads its own id grammar from it
+    (a session's ``/events`` an event id or a turn count, an AG-UI run a place in the
+    run): the header is read here once for both."""
+    raw: str | None = None
+    for name, value in scope.get("headers") or ():
+        if name.lower() == b"last-event-id":
+            raw = value.decode("latin-1").strip()
+    return raw
+
+
 def request_id(raw: str, what: str, max_length: int = MAX_ID) -> str:
     """An id the request carries, checked by the one parse of client ids
     (:func:`~cantrip.protocols.sessions._ids.client_id`): a 400 if it is not usable."""

@@ -18,7 +18,7 @@ import trio
 
 from cantrip._outcome import result_dict
 from cantrip._redact import get_logger
-from cantrip.protocols.asgi._requests import until_disconnect
+from cantrip.protocols.asgi._requests import last_event_id, until_disconnect
 from cantrip.protocols.asgi._responses import (
     HttpError,
     Receive,
@@ -191,10 +191,7 @@ def resume_point(scope: Scope, query: Mapping[str, list[str]]) -> EventId | int 
     sends when it reconnects) or ``?after=`` -- an event id ``<turn>.<index>`` (a
     stream's ``id:``) or a number of turns; None if it names none. Anything else is a
     400 before anything runs."""
-    raw: str | None = None
-    for name, value in scope.get("headers", []):
-        if name.lower() == b"last-event-id":
-            raw = value.decode("latin-1")
+    raw = last_event_id(scope)
     if raw is None and query.get("after"):
         raw = query["after"][-1]
     if raw is None:
