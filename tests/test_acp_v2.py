@@ -234,3 +234,99 @@ async def test_a_cancel_ends_the_work_and_the_session_goes_idle_cancelled(tmp_pa
 
     watcher = await trio.to_thread.run_sync(asyncio.run, main())
     assert watcher.states() == [("running", None), ("idle", "cancelled")]
+
+
+APPROVALS = """
+[llm]
+provider = "scripted"
+responses = [
+  {{ tool_calls = [{{ gate = "echo", args = {{ text = "ls" }} }}] }},
+  {{ tool_calls = [{{ gate = "echo", args = {{ text = "rm -rf build" }} }}] }},
+  {{ tool_calls = [{{ gate = "done", args = {{ answer = "finished" }} }}] }},
+]
+
+[circle]
+medium = "conversation"
+gates = ["done", "echo"]
+wards = [{{ max_turns = 6 }}]
+approve = ["echo"]
+
+[loom]
+path = "{loom}"
+"""
+
+
+class Approver(Watcher):
+    """A v2 client that answers permission requests, in order, with the options given."""
+
+    def __init__(self, *options: str) -> None:
+        super().__init__()
+        self.options = list(options)
+        self.asked: list[v2.schema.RequestPermissionRequest] = []
+
+    async def request_permission(
+        self,
+        session_id: str,
+        title: str,
+        options: list[v2.schema.PermissionOption],
+        description: str | None = None,
+        subject: Any = None,
+        **kwargs: Any,
+    ) -> v2.schema.RequestPermissionResponse:
+        self.asked.append(
+            v2.schema.RequestPermissionRequest(
+                session_id=session_id,
+                title=title,
+                options=options,
+                description=description,
+                subject=subject,
+            )
+        )
+        return v2.schema.RequestPermissionResponse(
+            outcome=v2.schema.SelectedPermissionOutcomeVariant(option_id=self.options.pop(0))
+        )
+
+
+async def test_approvals_are_asked_in_the_v2_shape_and_each_decision_is_recorded(
+    tmp_path: Path,
+) -> None:
+    loom_path = tmp_path / "loom.db"
+    spec = tmp_path / "spec.toml"
+    spec.write_text(APPROVALS.format(loom=loom_path))
+
+    async def main() -> Approver:
+        approver = Approver("allow_once", "reject_once")
+        async with spawn_stdio_transport(CANTRIP, "acp", str(spec), "--protocol", "v2-draft") as (
+            reader,
+            writer,
+            _process,
+        ):
+            conn = v2.ClientSideConnection(as_client(approver), writer, reader)
+            await conn.initialize(protocol_version=2, info=INFO)
+            sid = (await conn.new_session(cwd=str(tmp_path))).session_id
+            await conn.prompt(session_id=sid, prompt=[text("clean up")])
+            await approver.wait_for(lambda: ("idle", "end_turn") in approver.states())
+        return approver
+
+    approver = await trio.to_thread.run_sync(asyncio.run, main())
+    assert [a.title for a in approver.asked] == [
+        'echo({"text": "ls"})',
+        'echo({"text": "rm -rf build"})',
+    ]
+    subjects = [a.subject for a in approver.asked]
+    assert all(isinstance(s, v2.schema.ToolCallPermissionSubjectVariant) for s in subjects)
+    assert [s.tool_call.raw_input for s in subjects] == [{"text": "ls"}, {"text": "rm -rf build"}]
+    assert [[o.option_id for o in a.options] for a in approver.asked] == [
+        ["allow_once", "allow_always", "reject_once", "reject_always"]
+    ] * 2
+    assert ("requires_action", None) in approver.states()
+    assert approver.said() == "finished"
+    loom = cantrip.Loom.open(loom_path)
+    try:
+        echoes = [r for t in loom.turns for r in t.gate_calls if r.gate == "echo"]
+    finally:
+        loom.close()
+    allowed, rejected = echoes
+    assert allowed.result == "ls" and allowed.detail["approval"]["decision"] == "approve"
+    assert rejected.is_error and rejected.result == "denied by the user: rejected in the editor"
+    assert rejected.detail["approval"]["decision"] == "deny"
