@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 from acp.experimental import v2
 from acp.stdio import spawn_stdio_transport
@@ -69,6 +70,13 @@ class Watcher:
                 out.append((u.message_id, u.content.text))
         return out
 
+    def answered_before_idle(self) -> bool:
+        """Whether the last reply's text was told before the session last went idle
+        (the client library hands notifications to the watcher in arrival order)."""
+        said = [i for i, u in enumerate(self.updates) if u.session_update == "agent_message_chunk"]
+        idle = [i for i, u in enumerate(self.updates) if getattr(u, "state", None) == "idle"]
+        return bool(said and idle) and said[-1] < idle[-1]
+
     def said(self) -> str:
         return "".join(
             u.content.text for u in self.updates if u.session_update == "agent_message_chunk"
@@ -81,7 +89,6 @@ provider = "scripted"
 script = "shared"
 responses = [
   {{ tool_calls = [{{ gate = "echo", args = {{ text = "one" }} }}] }},
-  {{ tool_calls = [{{ gate = "echo", args = {{ text = "two" }} }}], delay_ms = 5000 }},
   {{ tool_calls = [{{ gate = "done", args = {{ answer = "first done" }} }}] }},
 ]
 
@@ -95,40 +102,92 @@ path = "{loom}"
 """
 
 
+class Steered(ProcessBackend):
+    """The real backend, telling the test when a steering message has been queued."""
+
+    queued: trio.Event
+
+    async def steer(self, session_id: str, text: str) -> None:
+        await super().steer(session_id, text)
+        self.queued.set()
+
+
+def held(until: trio.Event) -> cantrip.Gate:
+    """A gate whose call ends only once ``until`` is set (what the test controls)."""
+
+    @cantrip.gate(name="hold")
+    async def hold(text: str) -> str:
+        """Hold the turn until the test lets it end."""
+        await until.wait()
+        return text
+
+    return hold
+
+
 async def test_a_prompt_is_acknowledged_and_a_message_sent_meanwhile_is_inserted(
     tmp_path: Path,
 ) -> None:
-    spec = tmp_path / "spec.toml"
-    spec.write_text(SPEC.format(loom=tmp_path / "loom.db"))
+    # The first turn's call holds until the backend has queued the steering message,
+    # so the next turn takes it whatever the timing: no window to arrive in.
+    built = build_cantrip(
+        parse_spec(
+            {
+                "llm": {
+                    "provider": "scripted",
+                    "script": "shared",
+                    "responses": [
+                        {"tool_calls": [{"gate": "hold", "args": {"text": "one"}}]},
+                        {"tool_calls": [{"gate": "done", "args": {"answer": "first done"}}]},
+                    ],
+                },
+                "circle": {
+                    "medium": "conversation",
+                    "gates": ["done"],
+                    "wards": [{"max_turns": 6}],
+                },
+                "loom": {"path": str(tmp_path / "loom.db")},
+            }
+        )
+    )
+    queued = trio.Event()
+    circle = attrs.evolve(built.circle, gates=(*built.circle.gates, held(queued)))
+    backend = Steered.serving(built.with_(circle=circle))
+    backend.queued = queued
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def connection(stream: trio.SocketStream) -> None:
+        await serve_stdio(
+            backend.hub.spell, stdin=stream, stdout=stream, protocol="v2-draft", backend=backend
+        )
 
     async def main() -> dict[str, Any]:
         watcher = Watcher()
         out: dict[str, Any] = {}
-        async with spawn_stdio_transport(CANTRIP, "acp", str(spec), "--protocol", "v2-draft") as (
-            reader,
-            writer,
-            _process,
-        ):
-            conn = v2.ClientSideConnection(as_client(watcher), writer, reader)
-            init = await conn.initialize(protocol_version=2, info=INFO)
-            out["version"] = init.protocol_version
-            sid = (await conn.new_session(cwd=str(tmp_path))).session_id
-            first = await conn.prompt(session_id=sid, prompt=[text("start")])
-            out["first"] = first.message_id
-            out["idle_at_ack"] = ("idle", "end_turn") in watcher.states()
-            await watcher.wait_for(
-                lambda: any(
-                    u.session_update == "tool_call_update" and u.status == "completed"
-                    for u in watcher.updates
-                )
-            )
-            second = await conn.prompt(session_id=sid, prompt=[text("and this")])
-            out["second"] = second.message_id
-            await watcher.wait_for(lambda: ("idle", "end_turn") in watcher.states())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        conn = v2.ClientSideConnection(as_client(watcher), writer, reader)
+        init = await conn.initialize(protocol_version=2, info=INFO)
+        out["version"] = init.protocol_version
+        sid = (await conn.new_session(cwd=str(tmp_path))).session_id
+        first = await conn.prompt(session_id=sid, prompt=[text("start")])
+        out["first"] = first.message_id
+        out["idle_at_ack"] = ("idle", "end_turn") in watcher.states()
+        await watcher.wait_for(
+            lambda: any(u.session_update == "tool_call_update" for u in watcher.updates)
+        )
+        second = await conn.prompt(session_id=sid, prompt=[text("and this")])
+        out["second"] = second.message_id
+        await watcher.wait_for(
+            lambda: ("idle", "end_turn") in watcher.states() and watcher.said() == "first done"
+        )
+        await conn.close()
         out["watcher"] = watcher
         return out
 
-    out = await trio.to_thread.run_sync(asyncio.run, main())
+    async with backend.running(), trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, connection, listeners)
+        out = await trio.to_thread.run_sync(asyncio.run, main())
+        nursery.cancel_scope.cancel()
     watcher = out["watcher"]
     assert out["version"] == 2
     assert out["idle_at_ack"] is False  # acknowledged while the work went on
@@ -137,6 +196,7 @@ async def test_a_prompt_is_acknowledged_and_a_message_sent_meanwhile_is_inserted
     assert out["second"].endswith(":steer:0")  # inserted into the running cast
     assert watcher.users() == [(out["first"], "start"), (out["second"], "and this")]
     assert watcher.said() == "first done"
+    assert watcher.answered_before_idle()  # idle means nothing more is coming
 
 
 def spell(loom: Path) -> cantrip.Cantrip:
