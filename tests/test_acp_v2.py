@@ -3,7 +3,9 @@ client's v2 draft side (``acp.experimental.v2``, schema 2.0.0-alpha.5): a prompt
 acknowledged with its message id before its work ends, the session reports ``running``
 and ``idle`` with a stop reason, a message sent while it works is inserted into the
 running cast (acknowledged once a turn takes it), and two clients on one session see
-each other's prompts, the second replaying the first's messages from the loom."""
+each other's prompts, the second replaying the first's messages from the loom. An
+approval is asked in the draft's ``request_permission`` shape (a title and a subject)
+and the loom records each decision."""
 
 from __future__ import annotations
 
