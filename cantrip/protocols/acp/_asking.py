@@ -7,6 +7,11 @@ Approvals stay ``session/request_permission``: it is ACP's approval of a tool ca
 (its options allow / reject, once or always, are what :class:`Decision` carries), and
 elicitation's own text reserves it for information a person supplies. What the client
 answers becomes a :class:`Decision`; the front end hands it to the session backend.
+
+The v2 draft keeps the method and its answer but reshapes the request: the prompt's own
+``title`` and the tool call as its ``subject`` (``{"type": "tool_call", "toolCall":
+...}``) instead of v1's ``toolCall``; a v2 client rejects v1's shape as invalid params,
+so a connection that negotiated v2 is asked in v2's (``v2=True``).
 """
 
 from __future__ import annotations
@@ -38,15 +43,17 @@ def elicitation_modes(params: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(m for m in ("form", "url") if isinstance(elicitation.get(m), Mapping))
 
 
-async def ask(request: Request, session_id: str, pause: Pause, modes: frozenset[str]) -> Decision:
-    """What the client says about ``pause``."""
+async def ask(
+    request: Request, session_id: str, pause: Pause, modes: frozenset[str], *, v2: bool = False
+) -> Decision:
+    """What the client says about ``pause`` (asked in the v2 draft's shapes if ``v2``)."""
     if pause.kind != "question":
-        return await _permission(request, session_id, pause)
+        return await _permission(request, session_id, pause, v2=v2)
     if pause.url is not None and "url" in modes:
         return await _elicit_url(request, session_id, pause)
     if pause.url is None and "form" in modes:
         return await _elicit_form(request, session_id, pause)
-    return await _consent(request, session_id, pause)
+    return await _consent(request, session_id, pause, v2=v2)
 
 
 def _scope(session_id: str, pause: Pause) -> dict[str, Any]:
@@ -113,30 +120,29 @@ async def _request(request: Request, method: str, params: Mapping[str, Any]) -> 
     return answer if isinstance(answer, Mapping) else None
 
 
-async def _permission(request: Request, session_id: str, pause: Pause) -> Decision:
+async def _permission(request: Request, session_id: str, pause: Pause, *, v2: bool) -> Decision:
     """An approval: allow or reject, once or always."""
     arguments = json.dumps(plain_json(pause.args), ensure_ascii=False, default=str)
-    params = {
-        "sessionId": session_id,
-        "toolCall": {
-            "toolCallId": pause.tool_call_id or pause.pause_id,
-            "title": f"{pause.gate}({arguments[:200]})",
-            "kind": "execute",
-            "status": "pending",
-            "rawInput": plain_json(pause.args),
-        },
-        "options": [
-            {"optionId": kind, "name": name, "kind": kind}
-            for kind, name in (
-                ("allow_once", "Allow"),
-                ("allow_always", f"Always allow {pause.gate}"),
-                ("reject_once", "Reject"),
-                ("reject_always", f"Always reject {pause.gate}"),
-            )
-        ],
+    tool_call = {
+        "toolCallId": pause.tool_call_id or pause.pause_id,
+        "title": f"{pause.gate}({arguments[:200]})",
+        "kind": "execute",
+        "status": "pending",
+        "rawInput": plain_json(pause.args),
     }
+    options = [
+        {"optionId": kind, "name": name, "kind": kind}
+        for kind, name in (
+            ("allow_once", "Allow"),
+            ("allow_always", f"Always allow {pause.gate}"),
+            ("reject_once", "Reject"),
+            ("reject_always", f"Always reject {pause.gate}"),
+        )
+    ]
     try:
-        answer = await request("session/request_permission", params)
+        answer = await request(
+            "session/request_permission", _permission_params(session_id, tool_call, options, v2)
+        )
     except RpcError as exc:
         return Decision.deny(f"the client could not ask: {exc.message}")
     chosen = _chosen(answer)
@@ -149,12 +155,27 @@ async def _permission(request: Request, session_id: str, pause: Pause) -> Decisi
     return Decision.deny("the permission request was cancelled")
 
 
+def _permission_params(
+    session_id: str, tool_call: dict[str, Any], options: list[dict[str, Any]], v2: bool
+) -> dict[str, Any]:
+    """``session/request_permission``'s params: v1 names the tool call; the v2 draft
+    gives the prompt a title of its own and the tool call as its subject."""
+    if not v2:
+        return {"sessionId": session_id, "toolCall": tool_call, "options": options}
+    return {
+        "sessionId": session_id,
+        "title": tool_call["title"],
+        "subject": {"type": "tool_call", "toolCall": tool_call},
+        "options": options,
+    }
+
+
 def _chosen(answer: Any) -> Any:
     outcome = answer.get("outcome") if isinstance(answer, Mapping) else None
     return outcome.get("optionId") if isinstance(outcome, Mapping) else None
 
 
-async def _consent(request: Request, session_id: str, pause: Pause) -> Decision:
+async def _consent(request: Request, session_id: str, pause: Pause, *, v2: bool) -> Decision:
     """A question for a client without the elicitation mode it needs: an MCP server's
     yes/no form (allow is yes) or a page it asks the user to open (allow is consent) as
     ``session/request_permission``; any other question is declined."""
@@ -167,22 +188,21 @@ async def _consent(request: Request, session_id: str, pause: Pause) -> Decision:
     title = f"{pause.origin} asks: {pause.question or ''}"
     if pause.url is not None:
         title += f" (open {pause.url})"
-    params = {
-        "sessionId": session_id,
-        "toolCall": {
-            "toolCallId": pause.pause_id,
-            "title": title[:500],
-            "kind": "other",
-            "status": "pending",
-            "rawInput": {"question": pause.question, "url": pause.url},
-        },
-        "options": [
-            {"optionId": "allow_once", "name": "Yes", "kind": "allow_once"},
-            {"optionId": "reject_once", "name": "No", "kind": "reject_once"},
-        ],
+    tool_call = {
+        "toolCallId": pause.pause_id,
+        "title": title[:500],
+        "kind": "other",
+        "status": "pending",
+        "rawInput": {"question": pause.question, "url": pause.url},
     }
+    options = [
+        {"optionId": "allow_once", "name": "Yes", "kind": "allow_once"},
+        {"optionId": "reject_once", "name": "No", "kind": "reject_once"},
+    ]
     try:
-        answer = await request("session/request_permission", params)
+        answer = await request(
+            "session/request_permission", _permission_params(session_id, tool_call, options, v2)
+        )
     except RpcError as exc:
         return Decision.deny(f"the client could not ask: {exc.message}")
     chosen = _chosen(answer)

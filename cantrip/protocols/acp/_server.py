@@ -423,7 +423,9 @@ class AcpServer:
             asks.cancel_scope.cancel()  # the prompt ended: a question left is moot
 
     async def _answer_in_place(self, session_id: str, pause: Pause) -> None:
-        decision = await ask(self.request_client, session_id, pause, self._modes)
+        decision = await ask(
+            self.request_client, session_id, pause, self._modes, v2=self.v2 is not None
+        )
         try:
             await self.backend.answer(session_id, pause.pause_id, decision)
         except PauseError as exc:  # a wrong answer: the server declines the question
@@ -435,7 +437,9 @@ class AcpServer:
         with trio.CancelScope() as scope:
             running.asking = scope
             try:
-                return await ask(self.request_client, session_id, pause, self._modes)
+                return await ask(
+                    self.request_client, session_id, pause, self._modes, v2=self.v2 is not None
+                )
             finally:
                 running.asking = None
         return None

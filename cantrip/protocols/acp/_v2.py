@@ -128,10 +128,16 @@ def replay_turn(turn: Turn) -> list[dict[str, Any]]:
 
 
 class States:
-    """The session's state as the draft names it, read from its events."""
+    """The session's state as the draft names it, read from its events.
+
+    A cast that ends by ``done`` is idle only after its ``final_response`` (the event
+    that follows the last ``step_complete`` and carries the answer): told at the
+    ``step_complete``, ``idle`` reached a client before the reply it ends."""
 
     def __init__(self) -> None:
         self.now = "idle"
+        self._ending: dict[str, Any] | None = None
+        """The ``idle`` update waiting for the ended cast's ``final_response``."""
 
     def after(self, told: SessionEvent) -> list[dict[str, Any]]:
         if told.type == "step_start" and self.now != "running":
@@ -140,11 +146,18 @@ class States:
         if told.type == "pause":
             self.now = "requires_action"
             return [state("requires_action")]
+        if told.type == "final_response" and self._ending is not None:
+            ending, self._ending = self._ending, None
+            return [ending]
         turn = told.turn
         ended = turn is not None and (turn.terminated or turn.truncated)
         if told.type == "step_complete" and turn is not None and ended and turn.reason != "paused":
             self.now = "idle"
-            return [state("idle", stop_reason_for(turn.terminated, turn.reason))]
+            idle = state("idle", stop_reason_for(turn.terminated, turn.reason))
+            if turn.terminated:  # its final_response comes next
+                self._ending = idle
+                return []
+            return [idle]
         return []
 
 
