@@ -62,8 +62,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import json
 import os
+import pstats
 import resource
 import signal
 import statistics
@@ -122,6 +124,9 @@ def child(url: str, concurrency: int) -> None:
 
     psycopg.Connection.wait = counted_wait  # type: ignore[method-assign]
 
+    thread_profiles: list[Any] | None = (
+        [] if os.environ.get("PG_TURN_COST_PROFILE_THREADS") else None
+    )  # one cProfile per hop (a profile covers one thread), merged at the end
     hops: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
     original_run_sync = trio.to_thread.run_sync
 
@@ -133,7 +138,13 @@ def child(url: str, concurrency: int) -> None:
             marks.append(time.perf_counter())
             cpu = time.thread_time()
             try:
-                return fn(*args)
+                if thread_profiles is None:
+                    return fn(*args)
+                profile = cProfile.Profile()
+                try:
+                    return profile.runcall(fn, *args)
+                finally:
+                    thread_profiles.append(profile)
             finally:
                 marks.append(time.thread_time() - cpu)
                 marks.append(time.perf_counter())
@@ -205,14 +216,18 @@ def child(url: str, concurrency: int) -> None:
                     break
 
     if os.environ.get("PG_TURN_COST_PROFILE"):
-        import cProfile
-        import pstats
-
         profile = cProfile.Profile()
         profile.runcall(trio.run, run)
+        if os.environ["PG_TURN_COST_PROFILE"].endswith(".prof"):  # for pstats' callers
+            profile.dump_stats(os.environ["PG_TURN_COST_PROFILE"])
         pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(35)
     else:
         trio.run(run)
+    if thread_profiles:
+        merged = pstats.Stats(thread_profiles[0], stream=sys.stderr)
+        for profile in thread_profiles[1:]:
+            merged.add(profile)
+        merged.dump_stats(os.environ["PG_TURN_COST_PROFILE_THREADS"])
     print(
         json.dumps(
             {

@@ -365,8 +365,23 @@ def can_stream(llm: object) -> TypeGuard[StreamingLLM]:
     return isinstance(llm, StreamingLLM)
 
 
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
 def _plain(value: Any) -> Any:
-    """Turn read-only mappings back into plain JSON-ready data."""
+    """Turn read-only mappings back into plain JSON-ready data.
+
+    On every turn's path (the loom's records, the gate journal's data: issue 46 saw
+    ~60 us a turn here with ``isinstance`` against the ``Mapping`` ABC first), so the
+    exact types turns are made of are checked first; anything else takes the
+    general route, to the same result."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict or kind is MappingProxyType:
+        return {k if type(k) is str else str(k): _plain(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_plain(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
