@@ -391,5 +391,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def plain_leaf(value: Any) -> Any:
+    """What :func:`plain_json` makes of one value orjson does not serialise itself (its
+    ``default``), for the encoders that let orjson walk the data instead (the gate
+    journal); anything else as text, as the loom's encoder does. A non-text key makes
+    orjson refuse the whole: the caller then takes :func:`plain_json`'s route."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, list | tuple):
+        return list(value)
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(mode="json")
+    return str(value)
+
+
 def plain_json(value: Any) -> Any:
     return _plain(value)
