@@ -22,7 +22,8 @@ PostgreSQL cluster with ``pg_stat_statements`` loaded. Reported per turn:
   how long the result took to come back to trio.
 
 The worker here is ``cantrip worker`` itself with these counters wrapped around
-it (``--child``); nothing in cantrip is changed to be measured.
+it (``--child``), under the command's collector setting; nothing in cantrip is changed
+to be measured.
 
 Figures (2 shared, busy cores; 100 entities, --concurrency 100; before = the
 fence check, write, BEGIN/COMMIT as separate statements and one commit per
@@ -45,6 +46,17 @@ to back, 100 entities, 0 / 50 ms: claim statements 0.16 / 0.15 -> 0.03 / 0.04 pe
 0.19 / 0.15 s, round trips 2.38 / 2.43 -> 1.89 / 2.20 per turn; turns/s 623 / 624 ->
 687 / 622 (one worker on 2 cores is CPU-bound: the claims were not its bottleneck).
 
+1,000 entities x 5 turns, one worker, 0 ms (issue 46.4's last pass; medians of 3, run
+interleaved with main, load ~10): worker CPU 1,448 -> 1,161 us per turn (DB threads 638
+-> 447, trio thread 810 -> 714), 438 -> 632 turns/s -- the group commit's arrays sent in
+binary (psycopg escaped each quote of each JSON record in text, ~70 us a record), the
+journal's data encoded in one orjson walk, ``Loom.release`` no longer O(held). Both
+figures under Python's own collector, as before: the child now runs under the setting
+``cantrip worker`` runs under (``command_gc``, its ``--gc-young``) unless
+``PG_TURN_COST_GC_YOUNG=0``; with it, after: 1,047 us per turn, 713 turns/s.
+``PG_TURN_COST_PROFILE=x.prof`` keeps the trio thread's profile for pstats,
+``PG_TURN_COST_PROFILE_THREADS=y.prof`` profiles every thread hop (the DB threads).
+
 How to run
 ----------
 From the repository root::
@@ -62,8 +74,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import json
 import os
+import pstats
 import resource
 import signal
 import statistics
@@ -94,6 +108,7 @@ def child(url: str, concurrency: int) -> None:
     import psycopg
     import trio
 
+    from cantrip.cli._process import command_gc
     from cantrip.distributed._worker import Worker
     from cantrip.loom import Loom
 
@@ -122,6 +137,9 @@ def child(url: str, concurrency: int) -> None:
 
     psycopg.Connection.wait = counted_wait  # type: ignore[method-assign]
 
+    thread_profiles: list[Any] | None = (
+        [] if os.environ.get("PG_TURN_COST_PROFILE_THREADS") else None
+    )  # one cProfile per hop (a profile covers one thread), merged at the end
     hops: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
     original_run_sync = trio.to_thread.run_sync
 
@@ -133,7 +151,13 @@ def child(url: str, concurrency: int) -> None:
             marks.append(time.perf_counter())
             cpu = time.thread_time()
             try:
-                return fn(*args)
+                if thread_profiles is None:
+                    return fn(*args)
+                profile = cProfile.Profile()
+                try:
+                    return profile.runcall(fn, *args)
+                finally:
+                    thread_profiles.append(profile)
             finally:
                 marks.append(time.thread_time() - cpu)
                 marks.append(time.perf_counter())
@@ -204,15 +228,24 @@ def child(url: str, concurrency: int) -> None:
                     nursery.cancel_scope.cancel()
                     break
 
-    if os.environ.get("PG_TURN_COST_PROFILE"):
-        import cProfile
-        import pstats
-
-        profile = cProfile.Profile()
-        profile.runcall(trio.run, run)
-        pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(35)
-    else:
-        trio.run(run)
+    # the collector setting `cantrip worker` runs under (its --gc-young, default);
+    # PG_TURN_COST_GC_YOUNG=0: Python's own, as this bench measured before issue 46.4's
+    # last pass (the figures above the 1,000-entity ones were taken so)
+    young = os.environ.get("PG_TURN_COST_GC_YOUNG")
+    with command_gc(None if young is None else int(young)):
+        if os.environ.get("PG_TURN_COST_PROFILE"):
+            profile = cProfile.Profile()
+            profile.runcall(trio.run, run)
+            if os.environ["PG_TURN_COST_PROFILE"].endswith(".prof"):  # for pstats' callers
+                profile.dump_stats(os.environ["PG_TURN_COST_PROFILE"])
+            pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(35)
+        else:
+            trio.run(run)
+    if thread_profiles:
+        merged = pstats.Stats(thread_profiles[0], stream=sys.stderr)
+        for profile in thread_profiles[1:]:
+            merged.add(profile)
+        merged.dump_stats(os.environ["PG_TURN_COST_PROFILE_THREADS"])
     print(
         json.dumps(
             {

@@ -365,8 +365,23 @@ def can_stream(llm: object) -> TypeGuard[StreamingLLM]:
     return isinstance(llm, StreamingLLM)
 
 
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
 def _plain(value: Any) -> Any:
-    """Turn read-only mappings back into plain JSON-ready data."""
+    """Turn read-only mappings back into plain JSON-ready data.
+
+    On every turn's path (the loom's records, the gate journal's data: issue 46 saw
+    ~60 us a turn here with ``isinstance`` against the ``Mapping`` ABC first), so the
+    exact types turns are made of are checked first; anything else takes the
+    general route, to the same result."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict or kind is MappingProxyType:
+        return {k if type(k) is str else str(k): _plain(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_plain(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -374,6 +389,20 @@ def _plain(value: Any) -> Any:
     if isinstance(value, pydantic.BaseModel):  # a structured answer (cantrip._output)
         return value.model_dump(mode="json")
     return value
+
+
+def plain_leaf(value: Any) -> Any:
+    """What :func:`plain_json` makes of one value orjson does not serialise itself (its
+    ``default``), for the encoders that let orjson walk the data instead (the gate
+    journal); anything else as text, as the loom's encoder does. A non-text key makes
+    orjson refuse the whole: the caller then takes :func:`plain_json`'s route."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, list | tuple):
+        return list(value)
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(mode="json")
+    return str(value)
 
 
 def plain_json(value: Any) -> Any:

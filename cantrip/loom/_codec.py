@@ -30,10 +30,16 @@ def encode_record(record: dict[str, Any]) -> str:
     and front ends: a false match there costs a display, here it would cost data.)
     """
     text = _encode(record)
-    secrets = secret_values()
-    if secrets and any(secret in text for secret in secrets):
-        text = _encode(scrub_known(record, secrets))
+    if holds_secret(text):
+        text = _encode(scrub_known(record, secret_values()))
     return text
+
+
+def holds_secret(text: str) -> bool:
+    """Whether encoded ``text`` quotes a secret value the environment holds (then the
+    record is written redacted: :func:`encode_record`)."""
+    secrets = secret_values()
+    return bool(secrets) and any(secret in text for secret in secrets)
 
 
 def _encode(record: dict[str, Any]) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from types import MappingProxyType
 from typing import Any, Literal
 
 import attrs
@@ -36,23 +35,8 @@ def _frozen(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return _frozen_dict(value)
 
 
-_SCALARS = (str, int, float, bool, type(None))
-
-
-def _plain(value: Any) -> Any:
-    """:func:`plain_json` with a fast path for the types turns are made of.
-
-    Serialising a turn is on every append's path (LOOM-1), so exact-type checks
-    come first; anything unusual takes the general route.
-    """
-    kind = type(value)
-    if kind in _SCALARS:
-        return value
-    if kind is dict or kind is MappingProxyType:
-        return {k if type(k) is str else str(k): _plain(v) for k, v in value.items()}
-    if kind is list or kind is tuple:
-        return [_plain(v) for v in value]
-    return plain_json(value)
+_plain = plain_json
+"""(The fast path for the types turns are made of is :func:`plain_json`'s own.)"""
 
 
 def result_text(value: Any) -> str:
