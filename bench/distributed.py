@@ -150,7 +150,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import psycopg  # noqa: E402
 from distributed_workload import EFFECTS_TABLE, build  # noqa: E402
-from pg_cluster import fresh_database, postgres_cluster  # noqa: E402
+from pg_cluster import fresh_database, postgres_cluster, server_cpu  # noqa: E402
 
 from cantrip.distributed._dispatcher import Dispatcher  # noqa: E402
 from cantrip.distributed._spells import spell_from_factory  # noqa: E402
@@ -347,24 +347,6 @@ def _cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def _server_cpu(conn: Any) -> float:
-    """CPU seconds of the postmaster, its live children and the children it reaped."""
-    data_dir = conn.execute("SHOW data_directory").fetchone()[0]
-    pid = int(Path(data_dir, "postmaster.pid").read_text().split()[0])
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    total = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[1]) == pid:
-            total += int(stat[11]) + int(stat[12])
-    return total / TICK
-
-
 def _start_workers(
     url: str, n: int, latency_ms: int, concurrency: int, log: Path, first_id: str | None = None
 ) -> list[subprocess.Popen[bytes]]:
@@ -436,7 +418,7 @@ def cost_row(
                 mon.execute("SELECT pg_stat_reset()")
                 lsn0 = mon.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
                 worker0 = sum(_cpu_of(p.pid) for p in procs)
-                server0 = _server_cpu(mon)
+                server0 = server_cpu(mon)
                 started = time.perf_counter()
                 dispatcher.submit_many(SPELL, [f"job-{i}" for i in range(agents)])
                 enqueued = time.perf_counter() - started
@@ -444,7 +426,7 @@ def cost_row(
                 wall = time.perf_counter() - started
                 lsn1 = mon.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
                 worker_cpu = sum(_cpu_of(p.pid) for p in procs) - worker0
-                server_cpu = _server_cpu(mon) - server0
+                server_s = server_cpu(mon) - server0
                 wal = mon.execute("SELECT pg_wal_lsn_diff(%s, %s)", (lsn1, lsn0)).fetchone()[0]
                 detail = _wal_detail(mon, lsn0, lsn1) if wal_detail else None
                 _stop(procs)
@@ -474,7 +456,7 @@ def cost_row(
         "wall": wall,
         "rate": n / wall,
         "worker_us": worker_cpu * 1e6 / n,
-        "server_us": server_cpu * 1e6 / n,
+        "server_us": server_s * 1e6 / n,
         "statements": float(statements) / n,
         "transactions": float(commits - polls - 8) / n,  # less the polling and this setup
         "wal": float(wal) / n,

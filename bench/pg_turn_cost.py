@@ -91,7 +91,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-TICK = os.sysconf("SC_CLK_TCK")
 STATS_OPTIONS = (
     "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all "
     "-c pg_stat_statements.track_utility=on -c pg_stat_statements.max=10000"
@@ -263,24 +262,6 @@ def child(url: str, concurrency: int) -> None:
 # -- the measuring side -------------------------------------------------------------
 
 
-def _server_cpu(conn: Any) -> float:
-    """CPU seconds of the postmaster, its live children and the children it reaped."""
-    data_dir = conn.execute("SHOW data_directory").fetchone()[0]
-    pid = int(Path(data_dir, "postmaster.pid").read_text().split()[0])
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    total = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[1]) == pid:
-            total += int(stat[11]) + int(stat[12])
-    return total / TICK
-
-
 def _kind(query: str) -> str:
     q = " ".join(query.split())
     for needle, kind in (
@@ -326,7 +307,7 @@ def _kind(query: str) -> str:
 def measure(server: str, entities: int, latency_ms: int, concurrency: int) -> None:
     import psycopg
     from distributed_workload import EFFECTS_TABLE
-    from pg_cluster import fresh_database
+    from pg_cluster import fresh_database, server_cpu
 
     from cantrip.distributed._queue import WorkQueue
     from cantrip.distributed._spells import spell_from_factory
@@ -360,7 +341,7 @@ def measure(server: str, entities: int, latency_ms: int, concurrency: int) -> No
         oid = dbid.fetchone()[0]  # type: ignore[index]
         mon.execute("SELECT pg_stat_statements_reset()")
         mon.execute("SELECT pg_stat_reset()")
-        cpu0 = _server_cpu(mon)
+        cpu0 = server_cpu(mon)
         started = time.perf_counter()
         for i in range(entities):
             queue.enqueue(spell, f"job-{i}", f"entity-{i:05d}")
@@ -380,7 +361,7 @@ def measure(server: str, entities: int, latency_ms: int, concurrency: int) -> No
         if os.environ.get("PG_TURN_COST_PROFILE"):
             print(err.decode())
         time.sleep(0.5)  # the worker's backends exit and are reaped
-        server_cpu = _server_cpu(mon) - cpu0
+        server_s = server_cpu(mon) - cpu0
         turns = mon.execute("SELECT count(*) FROM cantrip_turns").fetchone()[0]  # type: ignore[index]
         commits = mon.execute(
             "SELECT xact_commit FROM pg_stat_database WHERE datid = %s", (oid,)
@@ -420,7 +401,7 @@ def measure(server: str, entities: int, latency_ms: int, concurrency: int) -> No
     print(
         f"CPU per turn: worker {cpu * 1e6 / n:,.0f} us (DB threads {hop_cpu * 1e6 / n:,.0f} us, "
         f"trio thread {(cpu - hop_cpu) * 1e6 / n:,.0f} us); "
-        f"PostgreSQL server {server_cpu * 1e6 / n:,.0f} us"
+        f"PostgreSQL server {server_s * 1e6 / n:,.0f} us"
     )
     owned = report["owned"]
     cast_s = statistics.mean(e - b for b, e in owned)

@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def _bin(name: str) -> str:
@@ -118,3 +119,22 @@ def fresh_database(url: str, name: str) -> str:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     return url.rsplit("/", 1)[0] + "/" + name
+
+
+def server_cpu(conn: Any) -> float:
+    """CPU seconds of the postmaster, its live children and the children it reaped
+    (``/proc``; the benches' PostgreSQL CPU per turn)."""
+    data_dir = conn.execute("SHOW data_directory").fetchone()[0]
+    pid = int(Path(data_dir, "postmaster.pid").read_text().split()[0])
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    total = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == pid:
+            total += int(stat[11]) + int(stat[12])
+    return total / os.sysconf("SC_CLK_TCK")
