@@ -29,14 +29,13 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 import pydantic
 import trio
 
-from cantrip._approval import Decision
 from cantrip._checkpoint import CURRENT as CURRENT_CHECKPOINT
 from cantrip._core import CURRENT_ENTITY
-from cantrip._elicit import AnswerError, check_form, form_content
 from cantrip._events import GateProgress
 from cantrip._gate import Gate, GateError, GateResult
 from cantrip._providers import ProviderStartError
 from cantrip._redact import get_logger, redact
+from cantrip.mcp._asking import Asker, Question
 from cantrip.mcp._names import gate_names
 from cantrip.mcp._stdio import stdio_transport
 from cantrip.mcp._tasks import CURRENT_NOTE, TaskNote, resume_task, tasks_extension
@@ -272,7 +271,7 @@ class MCPProvider:
         if not self.spec.elicitation or entity is None:
             result: mcp_types.CallToolResult = await call
             return result
-        asker = _Asker(entity, gate_name, f"mcp:{self.spec.name}")
+        asker = Asker(entity, gate_name, f"mcp:{self.spec.name}")
         connection.askers.append(asker)
         failure: Exception | None = None
         try:
@@ -289,83 +288,6 @@ class MCPProvider:
         finally:
             connection.askers.remove(asker)
             asker.close()
-
-
-class _Question:
-    """One elicitation waiting for its answer (settled once: by the answer, or by
-    ``cancel`` when the call that it belongs to ended first)."""
-
-    def __init__(self, params: Any) -> None:
-        self.params = params
-        self.result: Any = None
-        self.done = trio.Event()
-
-    def settle(self, result: Any) -> None:
-        if not self.done.is_set():
-            self.result = result
-            self.done.set()
-
-
-class _Asker:
-    """The entity behind one call in flight: asks the server's questions as pauses."""
-
-    def __init__(self, entity: Any, gate: str, origin: str) -> None:
-        self.entity, self.gate, self.origin = entity, gate, origin
-        self._send, self._receive = trio.open_memory_channel[_Question](math.inf)
-        self._open: set[_Question] = set()
-
-    def ask(self, question: _Question) -> bool:
-        """Hand ``question`` to the call's task; False when the call has ended."""
-        try:
-            self._send.send_nowait(question)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            return False
-        self._open.add(question)
-        return True
-
-    async def serve(self) -> None:
-        async with self._receive, trio.open_nursery() as nursery:
-            async for question in self._receive:
-                nursery.start_soon(self._answer, question)
-
-    async def _answer(self, question: _Question) -> None:
-        from mcp_types import ElicitResult
-
-        params = question.params
-        url = getattr(params, "url", None)
-        schema = None if url is not None else dict(getattr(params, "requested_schema", {}) or {})
-        if schema is not None:
-            try:
-                check_form(schema)
-            except AnswerError as exc:  # never asked: declined, and said why in the log
-                log.warning("MCP %s: a question declined unasked: %s", self.origin, exc)
-                question.settle(ElicitResult(action="decline"))
-                return
-        decision = await self.entity.ask_during_call(
-            self.gate, params.message, origin=self.origin, schema=schema, url=url
-        )
-        question.settle(elicit_result(decision, schema))
-
-    def close(self) -> None:
-        """The call ended: questions still open are cancelled (the MCP ``cancel`` action)."""
-        self._send.close()
-        from mcp_types import ElicitResult
-
-        for question in self._open:
-            question.settle(ElicitResult(action="cancel"))
-        self._open.clear()
-
-
-def elicit_result(decision: Decision, schema: Mapping[str, Any] | None) -> Any:
-    """A pause's decision as MCP's ``ElicitResult``: an answer accepts (a form's answer
-    is the object it fills in; a URL's is consent), a refusal declines."""
-    from mcp_types import ElicitResult
-
-    if decision.kind == "deny":
-        return ElicitResult(action="decline")
-    if schema is None:
-        return ElicitResult(action="accept")
-    return ElicitResult(action="accept", content=form_content(schema, decision.text or ""))
 
 
 def _progress_sink(gate_name: str) -> Any:
@@ -445,7 +367,7 @@ class _Connection:
         self.exit_status: int | None = None
         """The server process's exit status, once it exited on its own (stdio)."""
         self._exited = trio.Event()
-        self.askers: list[_Asker] = []
+        self.askers: list[Asker] = []
         """Calls in flight whose entity asks this server's questions (newest last)."""
 
     async def on_elicit(self, context: Any, params: Any) -> Any:
@@ -458,7 +380,7 @@ class _Connection:
             return ErrorData(
                 code=INVALID_REQUEST, message="no call of this server is in flight to ask for"
             )
-        question = _Question(params)
+        question = Question(params)
         if not self.askers[-1].ask(question):
             return ElicitResult(action="cancel")
         await question.done.wait()
