@@ -85,7 +85,7 @@ def run_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_the_document_is_openapi_3_1_built_from_the_request_models(server: str) -> None:
-    from cantrip.protocols.asgi._openapi import PromptRequest
+    from cantrip.protocols.asgi._api_models import PromptRequest
 
     document = httpx.get(f"{server}/openapi.json").json()
     assert document["openapi"] == "3.1.0"

@@ -1158,7 +1158,7 @@ async def test_an_idempotency_key_is_checked_as_the_document_publishes_it(stack:
 
 async def test_the_in_process_server_says_it_runs_the_entities_itself() -> None:
     import cantrip
-    from cantrip.protocols.asgi._openapi import Health
+    from cantrip.protocols.asgi._api_models import Health
     from cantrip.protocols.http._serve import process_app
     from gates import done
 

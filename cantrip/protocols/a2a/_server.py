@@ -56,7 +56,7 @@ from cantrip._cantrip import Cantrip
 from cantrip._plain_doc import plain_doc
 from cantrip._redact import get_logger, redact
 from cantrip.a2a._parts import parts_text
-from cantrip.protocols.asgi._openapi import AnswerRequest
+from cantrip.protocols.asgi._api_models import AnswerRequest
 from cantrip.protocols.asgi._responses import Receive, Scope, Send
 from cantrip.protocols.middleware._client_faults import demote_client_faults
 from cantrip.protocols.middleware._guard import guard_refusals_as_jsonrpc

@@ -11,8 +11,8 @@ from typing import Any
 
 import pydantic
 
+from cantrip.protocols.asgi._api_models import PromptRequest
 from cantrip.protocols.asgi._body import BodyError, read_json_body
-from cantrip.protocols.asgi._openapi import PromptRequest
 from cantrip.protocols.asgi._responses import HttpError, Receive, Scope
 from cantrip.protocols.sessions._idempotency import BadKeyError, check_key
 from cantrip.protocols.sessions._ids import MAX_ID, BadIdError, client_id

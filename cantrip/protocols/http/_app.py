@@ -49,14 +49,14 @@ import trio
 from cantrip._approval import PauseError
 from cantrip._cantrip import Cantrip
 from cantrip._redact import get_logger
-from cantrip.protocols.asgi._openapi import (
+from cantrip.protocols.asgi._api_models import (
     ON_BUSY,
     AnswerRequest,
     CancelRequest,
     CreateSession,
     SteerRequest,
-    openapi_document,
 )
+from cantrip.protocols.asgi._openapi import openapi_document
 from cantrip.protocols.asgi._requests import (
     allow,
     idempotency_key,
