@@ -43,15 +43,16 @@ _default_medium_factory: Callable[[], Medium] | None = None
 def set_default_medium(factory: Callable[[], Medium]) -> None:
     """Choose the medium a circle built without one gets.
 
-    The cantrip layer sets it (conversation, MEDIUM-1) when it is imported, which
-    importing any part of cantrip does: the circle stands below the mediums and
-    imports none of them."""
+    The cantrip layer (``cantrip._cantrip``) sets it (conversation, MEDIUM-1) when it
+    is imported; the package face loads ``cantrip.Circle`` from that module, so a circle
+    built through the public API always has it. The circle stands below the mediums
+    and imports none of them."""
     global _default_medium_factory
     _default_medium_factory = factory
 
 
 def _default_medium() -> Medium:
-    if _default_medium_factory is None:  # only if cantrip/__init__ stopped importing the cantrip
+    if _default_medium_factory is None:  # _circle imported alone, not through the package
         raise ConstructionError("circle needs a medium: none was given and no default is set")
     return _default_medium_factory()
 
