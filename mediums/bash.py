@@ -70,15 +70,9 @@ requests could interleave). A gate reply cannot carry NUL bytes.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import re
-import secrets
 import shlex
 import shutil
-import signal
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -102,7 +96,8 @@ from cantrip.medium import (
     WardSet,
     render_code_observation,
 )
-from mediums._bwrap import bwrap_command, bwrap_path, bwrap_problem
+from mediums._bash_shell import Output, Sandbox, Shell, ShellDied, gate_commands
+from mediums._bwrap import bwrap_path, bwrap_problem
 from mediums._code import (
     CodeRun,
     boundary_arguments,
@@ -115,57 +110,8 @@ from mediums.base import Execution, GateHost
 from mediums.js import MAX_EVAL_MS
 
 TOOL_NAME = "bash"
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-START_TIMEOUT_S = 10.0
 EXIT_GRACE_S = 0.2
 """After the shell exits, how long to wait for the rest of its output."""
-
-_RESERVED = """
-if then else elif fi case esac for select while until do done in function time coproc
-alias bg bind break builtin caller cd command compgen complete compopt continue declare dirs
-disown echo enable eval exec exit export false fc fg getopts hash help history jobs kill let
-local logout mapfile popd printf pushd pwd read readarray readonly return set shift shopt source
-suspend test times trap true type typeset ulimit umask unalias unset wait
-"""
-_SHELL_WORDS = frozenset(_RESERVED.split())
-"""bash keywords and builtins: a gate of such a name is reached through cantrip_gate."""
-_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-_INIT = r"""
-exec {__CANTRIP_REQ}>&%(req)d {__CANTRIP_REP}<&%(rep)d %(req)d>&- %(rep)d<&-
-readonly __CANTRIP_REQ __CANTRIP_REP
-__cantrip_stop=
-__cantrip_trap() {
-  if [[ -n $__cantrip_stop ]] && (( ${#FUNCNAME[@]} > 1 )); then return 2; fi
-  return 0
-}
-__cantrip_halt() {
-  __cantrip_stop=1
-  builtin shopt -s extdebug
-  builtin trap __cantrip_trap DEBUG
-}
-cantrip_gate() {
-  local __mode=args __status= __value=
-  if [[ ${1-} == --json ]]; then __mode=json; shift; fi
-  if (( $# < 1 )); then
-    builtin printf '%%s\n' 'usage: cantrip_gate NAME [ARG...] | cantrip_gate --json NAME JSON' >&2
-    return 2
-  fi
-  builtin printf '%%s\0' "$__mode" "$#" "$@" >&"$__CANTRIP_REQ" || return 3
-  IFS= builtin read -r -d '' __status <&"$__CANTRIP_REP" || {
-    builtin printf '%%s\n' 'cantrip_gate: no reply from the host' >&2
-    return 3
-  }
-  IFS= builtin read -r -d '' __value <&"$__CANTRIP_REP"
-  case $__status in
-    ok) builtin printf '%%s\n' "$__value" ;;
-    stop) __cantrip_halt ;;
-    skip) builtin printf '%%s\n' "$__value" >&2; __cantrip_halt; return 1 ;;
-    *) builtin printf '%%s\n' "$__value" >&2; return 1 ;;
-  esac
-}
-%(functions)s
-"""
 
 _NOTES_TEMPLATE = """\
 Run bash code in a persistent bash shell on the host machine (NOT a sandbox). The current \
@@ -235,7 +181,7 @@ class BashMedium:
             problem = await trio.to_thread.run_sync(bwrap_problem, bwrap)
             if problem is not None:
                 raise ConstructionError(f"isolation='bwrap': {problem}")
-            sandbox = _Sandbox(bwrap, self.network)
+            sandbox = Sandbox(bwrap, self.network)
         if self.workdir is None:
             workdir, owned = Path(tempfile.mkdtemp(prefix="cantrip-bash-")), True
         else:
@@ -245,251 +191,6 @@ class BashMedium:
 
     def render_observation(self, turn: Turn) -> list[Message]:
         return render_code_observation(turn)
-
-
-def gate_commands(names: Sequence[str]) -> list[str]:
-    """The gate names that can be shell functions without hiding anything."""
-    path = os.environ.get("PATH") or DEFAULT_PATH
-    return [
-        n
-        for n in names
-        if _SHELL_NAME.match(n)
-        and n not in _SHELL_WORDS
-        and not n.startswith("__cantrip")
-        and n != "cantrip_gate"
-        and shutil.which(n, path=path) is None
-    ]
-
-
-@attrs.frozen
-class _Sandbox:
-    """How to wrap a shell in bubblewrap: the program, and whether it has network."""
-
-    bwrap: str
-    network: bool
-
-    def command(self, workdir: Path, control: Path, argv: list[str]) -> list[str]:
-        return [*bwrap_command(self.bwrap, workdir, control, network=self.network), "--", *argv]
-
-
-class ShellDied(Exception):
-    """The shell could not be started."""
-
-
-class _Output:
-    """A code call's merged output: the head and the tail, with a count of the rest."""
-
-    def __init__(self, limit_chars: int) -> None:
-        self._head_limit = max(limit_chars - limit_chars // 4, 0) * 4
-        self._tail_limit = (limit_chars // 4) * 4
-        self._limit_chars = limit_chars
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def add(self, data: bytes) -> None:
-        self.total += len(data)
-        room = self._head_limit - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        if data and self._tail_limit:
-            self.tail += data
-            del self.tail[: max(len(self.tail) - self._tail_limit, 0)]
-
-    def lines(self, block_path: str) -> list[str]:
-        """The output as console lines, cut to the limit with a note when too long."""
-        head = self.head.decode(errors="replace").replace(block_path, "bash")
-        tail = self.tail.decode(errors="replace").replace(block_path, "bash")
-        dropped = self.total > len(self.head) + len(self.tail)
-        first = head if dropped else head + tail
-        last = tail if dropped else first
-        if not dropped and len(first) <= self._limit_chars:
-            return _split(first)
-        tail_chars = self._limit_chars // 4
-        head_chars = self._limit_chars - tail_chars
-        shown_tail = last[-tail_chars:] if tail_chars else ""
-        note = (
-            f"[output truncated: {self.total} bytes in all; only the first {head_chars} and the "
-            f"last {len(shown_tail)} characters are shown -- redirect long output to a file "
-            "and inspect it with head, tail, grep or sed]"
-        )
-        return [*first[:head_chars].split("\n"), note, *_split(shown_tail)]
-
-
-def _split(text: str) -> list[str]:
-    if text.endswith("\n"):
-        text = text[:-1]
-    return text.split("\n") if text else []
-
-
-class _Shell:
-    """One live ``bash`` process with its control pipes."""
-
-    def __init__(
-        self,
-        process: trio.Process,
-        requests: trio.lowlevel.FdStream,
-        replies: trio.lowlevel.FdStream,
-        control: Path,
-        token: str,
-    ) -> None:
-        self.process = process
-        self.requests = requests
-        self.replies = replies
-        self.control = control
-        self.token = token.encode()
-        self.stdout_buffer = bytearray()
-        self.request_buffer = bytearray()
-        self.blocks = 0
-
-    @classmethod
-    async def start(
-        cls, workdir: Path, gate_names: Sequence[str], sandbox: _Sandbox | None = None
-    ) -> _Shell:
-        control = Path(tempfile.mkdtemp(prefix="cantrip-bash-control-"))
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        env = {
-            "PATH": os.environ.get("PATH") or DEFAULT_PATH,
-            "HOME": str(workdir),
-            "LANG": "C.UTF-8",
-        }
-        try:
-            functions = "\n".join(
-                f'{n}() {{ cantrip_gate {n} "$@"; }}' for n in gate_commands(gate_names)
-            )
-            init = _INIT % {"req": req_w, "rep": rep_r, "functions": functions}
-            (control / "init.sh").write_text(init, encoding="utf-8")
-            argv = [shutil.which("bash", path=env["PATH"]) or "/bin/bash", "--noprofile", "--norc"]
-            if sandbox is not None:
-                argv = sandbox.command(workdir, control, argv)
-            process = await trio.lowlevel.open_process(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                cwd=str(workdir),
-                env=env,
-                start_new_session=True,
-                pass_fds=(req_w, rep_r),
-            )
-        except BaseException:
-            for fd in (req_r, req_w, rep_r, rep_w):
-                os.close(fd)
-            shutil.rmtree(control, ignore_errors=True)
-            raise
-        os.close(req_w)
-        os.close(rep_r)
-        shell = cls(
-            process,
-            trio.lowlevel.FdStream(req_r),
-            trio.lowlevel.FdStream(rep_w),
-            control,
-            "__CANTRIP_END_" + secrets.token_hex(12) + "__",
-        )
-        try:
-            with trio.fail_after(START_TIMEOUT_S):
-                await shell.send_line(f". {shlex.quote(str(control / 'init.sh'))}; " + shell.tail)
-                status, output = await shell.read_to_sentinel()
-            if status != 0 or output.strip():
-                raise ShellDied(f"bash failed to start: {output.decode(errors='replace')!r}")
-        except BaseException:
-            await shell.kill()
-            raise
-        return shell
-
-    @property
-    def tail(self) -> str:
-        """The shell code that follows every code call: reset the stop trap, print the end."""
-        return (
-            "__cantrip_status=$?; if [[ -n $__cantrip_stop ]]; then builtin trap - DEBUG; "
-            "builtin shopt -u extdebug; __cantrip_stop=; fi; "
-            f"builtin printf '\\n%s %d\\n' {self.token.decode()} "
-            '"$__cantrip_status"'
-        )
-
-    async def send_line(self, line: str) -> None:
-        assert self.process.stdin is not None
-        await self.process.stdin.send_all(line.encode() + b"\n")
-
-    async def read_to_sentinel(self, sink: _Output | None = None) -> tuple[int | None, bytes]:
-        """Read stdout up to the sentinel line; ``(status, output)``, or ``None`` at EOF."""
-        assert self.process.stdout is not None
-        marker = b"\n" + self.token + b" "
-        collected = bytearray()
-        buffer = self.stdout_buffer
-        while True:
-            at = buffer.find(marker)
-            if at >= 0:
-                end = buffer.find(b"\n", at + len(marker))
-                if end >= 0:
-                    status = int(buffer[at + len(marker) : end] or b"0")
-                    self._emit(bytes(buffer[:at]), sink, collected)
-                    del buffer[: end + 1]
-                    return status, bytes(collected)
-            else:
-                keep = len(marker) + 16
-                if len(buffer) > keep:
-                    self._emit(bytes(buffer[:-keep]), sink, collected)
-                    del buffer[:-keep]
-            try:
-                chunk = await self.process.stdout.receive_some(65536)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                chunk = b""
-            if not chunk:
-                self._emit(bytes(buffer), sink, collected)
-                buffer.clear()
-                return None, bytes(collected)
-            buffer += chunk
-
-    @staticmethod
-    def _emit(data: bytes, sink: _Output | None, collected: bytearray) -> None:
-        if not data:
-            return
-        if sink is not None:
-            sink.add(data)
-        else:
-            collected += data
-
-    async def next_request(self) -> tuple[str, list[str]] | None:
-        """The next gate request from the shell: ``(mode, [name, *args])``; ``None`` at EOF."""
-        buffer = self.request_buffer
-        while True:
-            fields = buffer.split(b"\0")
-            if len(fields) >= 3:
-                try:
-                    count = int(fields[1])
-                except ValueError:
-                    count = 0
-                if len(fields) > 2 + count:
-                    raw = fields[: 2 + count]
-                    del buffer[: sum(len(f) + 1 for f in raw)]
-                    # bytes that are not UTF-8 become lone surrogates: carried exactly
-                    values = [f.decode(errors="surrogateescape") for f in raw]
-                    return values[0], values[2:]
-            chunk = await self.requests.receive_some(65536)
-            if not chunk:
-                return None
-            buffer += chunk
-
-    async def reply(self, status: str, value: str) -> None:
-        data = status.encode() + b"\0" + _shell_bytes(value.replace("\0", "")) + b"\0"
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await self.replies.send_all(data)
-
-    async def kill(self) -> None:
-        """Kill the shell's whole process group, reap it, close the pipes."""
-        # Even when the shell itself has exited, its background jobs may live on in
-        # its group (the group id outlives the leader while members remain).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        with trio.CancelScope(shield=True):
-            await self.process.wait()
-            for stream in (self.requests, self.replies, self.process.stdin, self.process.stdout):
-                if stream is not None:
-                    await stream.aclose()
-        shutil.rmtree(self.control, ignore_errors=True)
 
 
 @attrs.define
@@ -517,14 +218,14 @@ class BashSession:
         owned: bool,
         eval_ms: int,
         output_chars: int,
-        sandbox: _Sandbox | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self._sandbox = sandbox
         self.workdir = workdir
         self._owned = owned
         self._eval_ms = eval_ms
         self._output_chars = output_chars
-        self._shell: _Shell | None = None
+        self._shell: Shell | None = None
         self._lost_state: str | None = None
 
     @property
@@ -555,7 +256,7 @@ class BashSession:
             )
             self._lost_state = None
         block = _Block()
-        output = _Output(self._output_chars)
+        output = Output(self._output_chars)
         try:
             shell = await self._ensure_shell(host)
             shell.blocks += 1
@@ -602,7 +303,7 @@ class BashSession:
         return text, block
 
     async def _drive(
-        self, shell: _Shell, path: Path, block: _Block, output: _Output, host: GateHost
+        self, shell: Shell, path: Path, block: _Block, output: Output, host: GateHost
     ) -> None:
         """Run one code call to its end, answering gate requests, within the time limit."""
         await shell.send_line(f". {shlex.quote(str(path))} </dev/null; " + shell.tail)
@@ -652,7 +353,7 @@ class BashSession:
             shell.stdout_buffer.clear()
 
     async def _host_call(
-        self, shell: _Shell, request: tuple[str, list[str]], block: _Block, host: GateHost
+        self, shell: Shell, request: tuple[str, list[str]], block: _Block, host: GateHost
     ) -> None:
         mode, fields = request
         if not fields:  # only a malformed request (not written by cantrip_gate) has no name
@@ -689,13 +390,13 @@ class BashSession:
             text = value if isinstance(value, str) else json.dumps(value, default=str)
             await shell.reply("ok", text)
 
-    async def _ensure_shell(self, host: GateHost) -> _Shell:
+    async def _ensure_shell(self, host: GateHost) -> Shell:
         if self._shell is None:
             names: list[str] = []
             for g in host.gates:
                 names.extend((g.name, *g.aliases))
             try:
-                self._shell = await _Shell.start(self.workdir, names, self._sandbox)
+                self._shell = await Shell.start(self.workdir, names, self._sandbox)
             except (OSError, trio.TooSlowError) as exc:
                 raise ShellDied(f"bash could not be started: {exc or type(exc).__name__}") from None
         return self._shell
@@ -712,15 +413,6 @@ class BashSession:
             await shell.kill()
         if self._owned:
             shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _shell_bytes(text: str) -> bytes:
-    """Text for the shell: the bytes it came from (surrogate escapes), else UTF-8 with
-    any other lone surrogate replaced -- a shell has no way to hold one."""
-    try:
-        return text.encode(errors="surrogateescape")
-    except UnicodeEncodeError:
-        return text.encode(errors="replace")
 
 
 def _arguments(gate: Gate, mode: str, raw: list[str]) -> dict[str, Any]:
