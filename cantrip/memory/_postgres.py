@@ -27,20 +27,17 @@ from cantrip.memory._model import (
     PreparedPut,
     SearchItem,
     check_key,
-    check_listing,
     check_namespace,
     check_revision,
-    check_search,
     decode_json,
-    list_namespaces_from,
     prepare_put,
     split_namespace,
-    under,
 )
 from cantrip.memory._postgres_vectors import SCHEMA as VECTOR_SCHEMA
 from cantrip.memory._postgres_vectors import PostgresVectors
+from cantrip.memory._sql_reads import COLUMNS, SqlReads
 from cantrip.memory._store import now
-from cantrip.memory._vectors import Plan, SearchMode, Stale, ranked, resolve_mode
+from cantrip.memory._vectors import Plan, Stale
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
@@ -81,8 +78,6 @@ CREATE TABLE IF NOT EXISTS cantrip_memory_revisions (
     + VECTOR_SCHEMA
 )
 
-_COLUMNS = "i.namespace, i.key, i.value, i.metadata, i.revision, i.created_at, i.updated_at"
-
 
 def migrate(conn: Any, where: str) -> None:
     """Bring the memory tables behind ``conn`` up to :data:`SCHEMA_VERSION`, in one
@@ -104,8 +99,12 @@ def migrate(conn: Any, where: str) -> None:
         conn.execute("INSERT INTO cantrip_memory_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
 
 
-class PostgresMemory:
+class PostgresMemory(SqlReads):
     """A memory store on PostgreSQL, on a psycopg pool (autocommit connections)."""
+
+    MARK = "%s"
+    ITEMS = "cantrip_memory_items"
+    vectors: PostgresVectors
 
     def __init__(
         self,
@@ -182,7 +181,7 @@ class PostgresMemory:
                 "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, "
                 "metadata = excluded.metadata, revision = i.revision + 1, "
                 "updated_at = excluded.updated_at, text = excluded.text "
-                f"RETURNING {_COLUMNS}",
+                f"RETURNING {COLUMNS}",
                 (p.namespace, p.key, p.value, p.metadata, stamp, stamp, p.text),
             ).fetchone()
             assert row is not None  # an upsert with RETURNING returns its row
@@ -200,7 +199,7 @@ class PostgresMemory:
         with self.pool.connection() as conn:
             if revision is None:
                 row = conn.execute(
-                    f"SELECT {_COLUMNS} FROM cantrip_memory_items i "
+                    f"SELECT {COLUMNS} FROM cantrip_memory_items i "
                     "WHERE namespace = %s AND key = %s",
                     (ns, key),
                 ).fetchone()
@@ -226,75 +225,22 @@ class PostgresMemory:
             )
         return gone is not None
 
-    def list_namespaces(
-        self,
-        prefix: Namespace = (),
-        *,
-        max_depth: int | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> list[Namespace]:
-        check_listing(max_depth, limit, offset)
-        where, params = under(check_namespace(prefix, prefix=True), "%s")
+    def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
         with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT DISTINCT i.namespace FROM cantrip_memory_items i WHERE {where}", params
-            ).fetchall()
-        return list_namespaces_from([row[0] for row in rows], max_depth, limit, offset)
+            return conn.execute(sql, params).fetchall()
 
-    def search(
-        self,
-        prefix: Namespace = (),
-        *,
-        query: str | None = None,
-        limit: int = 10,
-        offset: int = 0,
-        mode: SearchMode | None = None,
-    ) -> list[SearchItem]:
-        words = check_search(query, limit, offset)
-        chosen = resolve_mode(mode, self.vectors.embedder)
-        where, params = under(check_namespace(prefix, prefix=True), "%s")
-        if words is None or query is None:
-            sql = (
-                f"SELECT {_COLUMNS}, NULL FROM cantrip_memory_items i WHERE {where} "
-                "ORDER BY i.updated_at DESC, i.namespace, i.key LIMIT %s OFFSET %s"
-            )
-            return self._rows(sql, [*params, limit, offset])
-        return ranked(
-            chosen,
-            lambda n, skip: self._text(words, where, params, n, skip),
-            lambda n, skip: self._semantic(query, where, params, n, skip),
-            limit,
-            offset,
-        )
+    def _search_item(self, row: Any) -> SearchItem:
+        return SearchItem(_item(row[:7]), _score(row[7]))
 
-    def _text(
-        self, words: list[str], where: str, params: list[Any], limit: int, offset: int
-    ) -> list[SearchItem]:
-        if not words:
-            return []  # nothing searchable in the query (only punctuation): nothing matches
+    def _text_sql(self, words: list[str], where: str) -> tuple[str, list[Any]]:
         sql = (
-            f"SELECT {_COLUMNS}, ts_rank(i.tsv, q) FROM cantrip_memory_items i, "
+            f"SELECT {COLUMNS}, ts_rank(i.tsv, q) FROM cantrip_memory_items i, "
             "plainto_tsquery('english', %s) q "
             f"WHERE i.tsv @@ q AND {where} "
             "ORDER BY ts_rank(i.tsv, q) DESC, i.updated_at DESC, i.namespace, i.key "
             "LIMIT %s OFFSET %s"
         )
-        return self._rows(sql, [" ".join(words), *params, limit, offset])
-
-    def _semantic(
-        self, query: str, where: str, params: list[Any], limit: int, offset: int
-    ) -> list[SearchItem]:
-        vector = self.vectors.query_vector(query)
-        if vector is None:
-            return []
-        sql = self.vectors.nearest_sql(_COLUMNS, where)
-        return self._rows(sql, [vector, *params, limit, offset])
-
-    def _rows(self, sql: str, params: list[Any]) -> list[SearchItem]:
-        with self.pool.connection() as conn:
-            rows = conn.execute(sql, params).fetchall()
-        return [SearchItem(_item(row[:7]), _score(row[7])) for row in rows]
+        return sql, [" ".join(words)]
 
     def close(self) -> None:
         """Close the pool if this store opened it (a loom's pool is the loom's to close)."""

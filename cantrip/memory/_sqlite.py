@@ -30,20 +30,17 @@ from cantrip.memory._model import (
     PreparedPut,
     SearchItem,
     check_key,
-    check_listing,
     check_namespace,
     check_revision,
-    check_search,
     decode_json,
-    list_namespaces_from,
     prepare_put,
     split_namespace,
-    under,
 )
+from cantrip.memory._sql_reads import COLUMNS, SqlReads
 from cantrip.memory._sqlite_vectors import SCHEMA as VECTOR_SCHEMA
 from cantrip.memory._sqlite_vectors import SQLiteVectors
 from cantrip.memory._store import now
-from cantrip.memory._vectors import Plan, SearchMode, Stale, ranked, resolve_mode
+from cantrip.memory._vectors import Plan, Stale
 
 SCHEMA_VERSION = 2
 """1: items, their revisions, and the full-text index. 2: items' vectors
@@ -80,15 +77,18 @@ CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5(text, tokenize='porter 
 
 _TIME = "%Y-%m-%dT%H:%M:%S.%f%z"
 """Times as text of one width, so that text order is time order."""
-_COLUMNS = "i.namespace, i.key, i.value, i.metadata, i.revision, i.created_at, i.updated_at"
 
 
-class SQLiteMemory:
+class SQLiteMemory(SqlReads):
     """A memory store in the SQLite file at ``path`` (a loom's, or a file of its own).
 
     With an ``embedder``, every put embeds the item's text and searches can be
     semantic or hybrid; vectors made by another embedder are refused at open unless
     ``reindex`` (then every item is embedded again, here, before the store returns)."""
+
+    MARK = "?"
+    ITEMS = "memory_items"
+    vectors: SQLiteVectors
 
     def __init__(
         self,
@@ -201,7 +201,7 @@ class SQLiteMemory:
         with self._lock:
             if revision is None:
                 row = self._db.execute(
-                    f"SELECT {_COLUMNS} FROM memory_items i WHERE namespace = ? AND key = ?",
+                    f"SELECT {COLUMNS} FROM memory_items i WHERE namespace = ? AND key = ?",
                     (ns, key),
                 ).fetchone()
             else:
@@ -235,76 +235,22 @@ class SQLiteMemory:
             db.execute("COMMIT")
         return row is not None
 
-    def list_namespaces(
-        self,
-        prefix: Namespace = (),
-        *,
-        max_depth: int | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> list[Namespace]:
-        check_listing(max_depth, limit, offset)
-        where, params = under(check_namespace(prefix, prefix=True), "?")
+    def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
         with self._lock:
-            rows = self._db.execute(
-                f"SELECT DISTINCT i.namespace FROM memory_items i WHERE {where}", params
-            ).fetchall()
-        return list_namespaces_from([row[0] for row in rows], max_depth, limit, offset)
+            return self._db.execute(sql, params).fetchall()
 
-    def search(
-        self,
-        prefix: Namespace = (),
-        *,
-        query: str | None = None,
-        limit: int = 10,
-        offset: int = 0,
-        mode: SearchMode | None = None,
-    ) -> list[SearchItem]:
-        words = check_search(query, limit, offset)
-        chosen = resolve_mode(mode, self.vectors.embedder)
-        where, params = under(check_namespace(prefix, prefix=True), "?")
-        if words is None or query is None:
-            sql = (
-                f"SELECT {_COLUMNS}, NULL FROM memory_items i WHERE {where} "
-                "ORDER BY i.updated_at DESC, i.namespace, i.key LIMIT ? OFFSET ?"
-            )
-            return self._rows(sql, [*params, limit, offset])
-        return ranked(
-            chosen,
-            lambda n, skip: self._text(words, where, params, n, skip),
-            lambda n, skip: self._semantic(query, where, params, n, skip),
-            limit,
-            offset,
-        )
+    def _search_item(self, row: Any) -> SearchItem:
+        return SearchItem(_item(row[:7]), row[7])
 
-    def _text(
-        self, words: list[str], where: str, params: list[Any], limit: int, offset: int
-    ) -> list[SearchItem]:
-        if not words:
-            return []  # nothing searchable in the query (only punctuation): nothing matches
+    def _text_sql(self, words: list[str], where: str) -> tuple[str, list[Any]]:
         sql = (
-            f"SELECT {_COLUMNS}, -bm25(memory_fts) FROM memory_fts "
+            f"SELECT {COLUMNS}, -bm25(memory_fts) FROM memory_fts "
             f"JOIN memory_items i ON i.id = memory_fts.rowid "
             f"WHERE memory_fts MATCH ? AND {where} "
             "ORDER BY bm25(memory_fts), i.updated_at DESC, i.namespace, i.key "
             "LIMIT ? OFFSET ?"
         )
-        match = " ".join(f'"{word}"' for word in words)
-        return self._rows(sql, [match, *params, limit, offset])
-
-    def _semantic(
-        self, query: str, where: str, params: list[Any], limit: int, offset: int
-    ) -> list[SearchItem]:
-        vector = self.vectors.query_vector(query)
-        if vector is None:
-            return []
-        sql = self.vectors.nearest_sql(_COLUMNS, where)
-        return self._rows(sql, [vector, *params, limit, offset])
-
-    def _rows(self, sql: str, params: list[Any]) -> list[SearchItem]:
-        with self._lock:
-            rows = self._db.execute(sql, params).fetchall()
-        return [SearchItem(_item(row[:7]), row[7]) for row in rows]
+        return sql, [" ".join(f'"{word}"' for word in words)]
 
     def close(self) -> None:
         with self._lock:
