@@ -345,5 +345,24 @@ def add_mcp_parser(commands: Any, parents: list[Any] | None = None) -> None:
         help="with --http: require 'Authorization: Bearer TOKEN' (needed off loopback; "
         "default: $CANTRIP_MCP_TOKEN)",
     )
+    mcp.add_argument(
+        "--input-ttl",
+        type=_positive_seconds,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how long a pause is held for a 2026-07-28 client's next request before its "
+        "call is cut off and its session let go of; default: 3600",
+    )
     mcp.add_argument("--check", action="store_true", help="load the spec, report, and exit")
     mcp.add_argument("--log", type=Path, help="write a debug log to this file (never stdout)")
+
+
+def _positive_seconds(text: str) -> float:
+    """A number of seconds above zero (``--input-ttl``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
+    return value

@@ -40,7 +40,7 @@ def run_mcp(
             from cantrip.protocols.mcp_server._server import serve_stdio
 
             with contextlib.suppress(KeyboardInterrupt):
-                trio.run(serve_stdio, spell)
+                trio.run(functools.partial(serve_stdio, spell, input_ttl_s=args.input_ttl))
             return 0
         return _serve_http(args, spell, fail)
     finally:
@@ -60,7 +60,9 @@ def _serve_http(args: argparse.Namespace, spell: Cantrip, fail: Callable[[str], 
     from cantrip.cli._serve import serve_until_signal
 
     failure = serve_until_signal(
-        functools.partial(serve_http, spell, args.host, args.port, token=token),
+        functools.partial(
+            serve_http, spell, args.host, args.port, token=token, input_ttl_s=args.input_ttl
+        ),
         host=args.host,
         port=args.port,
         spec=args.spec,

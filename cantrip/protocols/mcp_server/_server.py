@@ -50,6 +50,7 @@ from cantrip._redact import get_logger
 from cantrip._text import require_intent
 from cantrip.loom._model import Turn
 from cantrip.protocols.mcp_server._calls import Ask, Driven, drive, failure_text
+from cantrip.protocols.mcp_server._held import INPUT_TTL_S, HeldPauses
 from cantrip.protocols.mcp_server._pauses import can_elicit, decision_from, elicitation_params
 from cantrip.protocols.mcp_server._result import (
     CastOutput,
@@ -81,10 +82,11 @@ CAST_DESCRIPTION = (
 )
 
 
-def build_server(spell: Cantrip) -> SDKServer:
+def build_server(spell: Cantrip, *, input_ttl_s: float = INPUT_TTL_S) -> SDKServer:
     """The MCP server for ``spell``: the ``cast`` tool, and loom threads as resources.
     Its casts are prompts of the in-process session backend the server's lifespan
-    opens (:mod:`._calls`)."""
+    opens (:mod:`._calls`); a pause left for a 2026-07-28 client's next request is held
+    ``input_ttl_s`` (:mod:`._held`)."""
     from mcp.server import MCPServer
     from mcp.server.mcpserver import Context
     from mcp_types import CallToolResult
@@ -99,6 +101,7 @@ def build_server(spell: Cantrip) -> SDKServer:
             return listed
 
     board = TaskBoard()
+    held = HeldPauses(input_ttl_s)
 
     @asynccontextmanager
     async def lifespan(_server: Any) -> AsyncIterator[dict[str, Any]]:
@@ -107,6 +110,7 @@ def build_server(spell: Cantrip) -> SDKServer:
         backend = ProcessBackend.serving(spell)
         async with backend.running(), trio.open_nursery() as nursery:
             board.backend, board.nursery = backend, nursery
+            nursery.start_soon(held.expire, backend)
             try:
                 yield {}
             finally:
@@ -151,7 +155,9 @@ def build_server(spell: Cantrip) -> SDKServer:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(report)
             try:
-                driven = await _run(backend, intent, ctx, send.send_nowait, form, url_mode, rounds)
+                driven = await _run(
+                    backend, held, intent, ctx, send.send_nowait, form, url_mode, rounds
+                )
             except CantripError as exc:  # a refused intent: the tool fails
                 failure = f"{type(exc).__name__}: {exc}"
             except SessionError as exc:  # an LLM that gave up, a pause not waiting
@@ -163,6 +169,7 @@ def build_server(spell: Cantrip) -> SDKServer:
         if driven.left is not None:
             asked = _input_required(driven, url_mode)
             if asked is not None:
+                held.hold(driven.session_id, driven.prompt_id)
                 return asked
         if driven.cast is None:
             return failed_tool_result("the cast was cut off before it began")  # type: ignore[no-any-return]
@@ -193,6 +200,7 @@ def build_server(spell: Cantrip) -> SDKServer:
 
 async def _run(
     backend: SessionBackend,
+    held: HeldPauses,
     intent: str,
     ctx: Any,
     on_turn: Callable[[Turn], None],
@@ -209,7 +217,7 @@ async def _run(
     and the call goes on with its answer. A client that takes none gets today's
     answer: the cast returns ``paused``."""
     if rounds and ctx.request_state is not None:
-        return await _answered(backend, ctx, on_turn)
+        return await _answered(backend, held, ctx, on_turn)
     require_intent(intent)
     ask: Ask | None = None
     if rounds:
@@ -267,13 +275,16 @@ def _input_required(driven: Driven, url_mode: bool) -> InputRequiredResult | Non
     )
 
 
-async def _answered(backend: SessionBackend, ctx: Any, on_turn: Callable[[Turn], None]) -> Driven:
+async def _answered(
+    backend: SessionBackend, held: HeldPauses, ctx: Any, on_turn: Callable[[Turn], None]
+) -> Driven:
     """A retry that carries the answer to a pause: the cast goes on from it (a pause
     that ended it: a continued prompt; one during a call: the prompt that waits). An
     answer that cannot be taken is a :class:`~cantrip.PauseError` (the tool's error;
     the pause stays pending). ``requestState`` itself is sealed by the SDK, which
     refuses one it did not make before this runs."""
     state = json.loads(ctx.request_state)
+    held.take(str(state["session_id"]))  # answered: no longer to be let go of
     entity_id, pause_id = str(state["entity_id"]), str(state["pause_id"])
     response = (ctx.input_responses or {}).get(pause_id)
     if response is None:
@@ -347,10 +358,10 @@ def _thread_json(spell: Cantrip, entity_id: str) -> str:
 # -- transports ---------------------------------------------------------------------------
 
 
-async def serve_stdio(spell: Cantrip) -> None:
+async def serve_stdio(spell: Cantrip, *, input_ttl_s: float = INPUT_TTL_S) -> None:
     """Serve on this process's stdin/stdout until the client closes stdin."""
     require_extra("mcp", "cantrip mcp")
-    server = build_server(spell)
+    server = build_server(spell, input_ttl_s=input_ttl_s)
     await server.run_stdio_async()
 
 
@@ -367,14 +378,14 @@ def http_guard(host: str, token: str | None) -> Guard:
     return guard
 
 
-def http_app(spell: Cantrip, guard: Guard) -> Any:
+def http_app(spell: Cantrip, guard: Guard, *, input_ttl_s: float = INPUT_TTL_S) -> Any:
     """The streamable HTTP ASGI app (at ``/mcp``) behind ``guard``. The SDK's own
     DNS-rebinding check is off: it covered only some binds, the guard covers every one.
     A body the guard refuses (not JSON, too large, too slow) is answered as a JSON-RPC
     error, as the SDK answers a bad message: 4xx with ``-32700`` / ``-32600``, id null."""
     from mcp.server.transport_security import TransportSecuritySettings
 
-    server = build_server(spell)
+    server = build_server(spell, input_ttl_s=input_ttl_s)
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     app: Any = server.streamable_http_app(host=guard.bind_host, transport_security=security)
     demote_client_faults(_SDK_SESSION_LOGGERS, "mcp", _sdk_client_fault)
@@ -400,6 +411,7 @@ async def serve_http(
     port: int = 8000,
     *,
     token: str | None = None,
+    input_ttl_s: float = INPUT_TTL_S,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -408,7 +420,7 @@ async def serve_http(
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
-    app = http_app(spell, http_guard(host, token))
+    app = http_app(spell, http_guard(host, token), input_ttl_s=input_ttl_s)
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None

@@ -43,7 +43,8 @@ from cantrip._approval import Decision, Pause
 from cantrip._elicit import AnswerError
 from cantrip._redact import get_logger
 from cantrip.loom._model import Turn
-from cantrip.protocols.mcp_server._calls import drive, failure_text
+from cantrip.protocols.mcp_server._calls import Driven, drive, failure_text
+from cantrip.protocols.mcp_server._held import let_go
 from cantrip.protocols.mcp_server._pauses import can_elicit, decision_from, elicitation_params
 from cantrip.protocols.mcp_server._result import (
     cast_tool_result,
@@ -89,6 +90,9 @@ class Task:
     prompt_id: str = ""
     """The prompt the task drives now (a continued cast's, once a pause is answered)."""
     cancel: Callable[[], Awaitable[None]] | None = None
+    scope: trio.CancelScope | None = None
+    """The scope its driving runs in: ``tasks/cancel`` of a task that waits for input
+    cancels it (no prompt may be running to cancel: the cast ended paused)."""
     form: bool = False
     """Whether the client takes elicitations (then a pause asks it; else the cast
     returns ``paused`` as the synchronous call does)."""
@@ -206,9 +210,39 @@ class TaskBoard:
         def driving(prompt_id: str) -> None:
             task.prompt_id = prompt_id  # a continued cast: what a cancel names now
 
+        with trio.CancelScope() as scope:
+            task.scope = scope
+            driven = await self._drive(backend, task, session_id, on_turn, ask, driving)
+        if scope.cancelled_caught:  # tasks/cancel while it waited for input
+            await let_go(backend, session_id, task.prompt_id)
+            task.questions.clear()
+            task.touch("cancelled", "cancelled")
+            return
+        if driven is None:
+            return
+        outcome = driven.cast
+        if outcome is None or (
+            outcome.truncated and outcome.reason in ("cancelled", "parent_terminated")
+        ):
+            task.touch("cancelled", "cancelled")
+            return
+        result = cast_tool_result(outcome)
+        task.result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        task.touch("completed", "done" if outcome.terminated else f"stopped: {outcome.reason}")
+
+    async def _drive(
+        self,
+        backend: SessionBackend,
+        task: Task,
+        session_id: str,
+        on_turn: Callable[[Turn], None],
+        ask: Callable[[Pause], Awaitable[Decision]],
+        driving: Callable[[str], None],
+    ) -> Driven | None:
+        """Drive the task's prompt (None: it could not run, the task says why)."""
         try:
             # A client that takes no elicitation is not asked: the cast returns paused.
-            driven = await drive(
+            return await drive(
                 backend,
                 session_id,
                 task.prompt_id,
@@ -221,21 +255,12 @@ class TaskBoard:
             result = failed_tool_result(failure_text(exc))
             task.result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
             task.touch("completed")
-            return
+            return None
         except BaseException:
             task.touch("cancelled", "the server stopped")  # its nursery was cancelled
             raise
         finally:
-            task.cancel = None
-        outcome = driven.cast
-        if outcome is None or (
-            outcome.truncated and outcome.reason in ("cancelled", "parent_terminated")
-        ):
-            task.touch("cancelled", "cancelled")
-            return
-        result = cast_tool_result(outcome)
-        task.result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-        task.touch("completed", "done" if outcome.terminated else f"stopped: {outcome.reason}")
+            task.cancel = task.scope = None
 
     def update(self, task_id: str, responses: dict[str, Any]) -> None:
         """Answers to the task's open questions; unknown or answered keys are ignored."""
@@ -256,9 +281,15 @@ class TaskBoard:
             question.answered.set()
 
     async def cancel(self, task_id: str) -> None:
+        """Cut the task's running prompt off (recorded ``cancelled``); a task waiting for
+        input stops waiting too -- its cast may have ended paused, with no prompt to cut
+        off (the loom keeps it paused), or a child may wait in place in a prompt that
+        was just cut off."""
         task = self.get(task_id)
         if task.cancel is not None:
             await task.cancel()
+        if task.scope is not None and task.status == "input_required":
+            task.scope.cancel()
 
 
 class _TaskId(pydantic.BaseModel):
