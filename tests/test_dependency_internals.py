@@ -168,7 +168,7 @@ async def test_the_mcp_http_client_is_the_one_the_sdk_would_make() -> None:
     with the SDK's default timeouts, which it publishes as constants."""
     from mcp.client.streamable_http import streamable_http_client
 
-    from cantrip.mcp._client import MCP_READ_TIMEOUT, MCP_TIMEOUT, http_client
+    from cantrip.mcp._connection import MCP_READ_TIMEOUT, MCP_TIMEOUT, http_client
 
     assert "http_client" in inspect.signature(streamable_http_client).parameters
     made = http_client({"x-key": "v"})

@@ -22,7 +22,7 @@ from fake_providers import PREFIXES, PROVIDERS, Answer, Call, FakeOpenAI, isolat
 
 import cantrip
 from cantrip import Cantrip, Circle, Identity, ScriptedLLM, Ward, max_turns
-from cantrip._core._loop import CONTINUE_CUT_OFF
+from cantrip._core._conclude import CONTINUE_CUT_OFF
 from cantrip._outcome import result_dict, stop_reason
 from gates import call_agent, done, echo
 

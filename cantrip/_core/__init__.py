@@ -3,6 +3,7 @@
 :class:`Entity` (:mod:`._entity`) is the face: its constructors and public
 methods. Beneath it, each part has one job: :mod:`._state` (the entity's data,
 which the parts read), :mod:`._loop` (one cast, turn by turn),
+:mod:`._conclude` (whether an executed turn ends the cast),
 :mod:`._recording` (building each turn and writing it to the loom),
 :mod:`._cast` (a cast's totals and result), :mod:`._pauses` (humans in the
 loop), :mod:`._host` (the gate host a turn's medium calls),

@@ -8,9 +8,10 @@ named constructor that fits (:meth:`Entity.fresh`, :meth:`Entity.resumed`,
 
 This class holds the entity's state (:class:`._state.EntityState`) and its
 parts, and says what each public method means; the work is the parts':
-the turn loop (:mod:`._loop`), turn recording (:mod:`._recording`), the cast's
-state (:mod:`._cast`), pauses (:mod:`._pauses`), the gate host (:mod:`._host`),
-steering (:mod:`._steering`) and the cost ward (:mod:`cantrip._wards`).
+the turn loop (:mod:`._loop`), a turn's ending (:mod:`._conclude`), turn
+recording (:mod:`._recording`), the cast's state (:mod:`._cast`), pauses
+(:mod:`._pauses`), the gate host (:mod:`._host`), steering (:mod:`._steering`)
+and the cost ward (:mod:`cantrip._wards`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Guardrails in the turn loop: ``input`` before or beside the model call, ``output``
 before an answer is recorded as final, and the trip that ends a cast.
 
-The loop (:mod:`cantrip._core._loop`) calls in here only when the circle has
-guardrails (``circle.guard`` is not ``None``). What the loom records:
+The loop (:mod:`cantrip._core._loop`) and a turn's ending
+(:mod:`cantrip._core._conclude`) call in here only when the circle has guardrails
+(``circle.guard`` is not ``None``). What the loom records:
 
 * a trip ends the cast truncated with reason ``guardrail``; the last turn's
   ``extras.guardrail`` says which check (``check``), on what (``on``: input, output,

@@ -16,8 +16,10 @@ the file (:mod:`~cantrip.conformance._cases`), a case's world and its setup
 (:mod:`~cantrip.conformance._matchers`).
 
 Each case runs in its own trio run on a virtual clock (``trio.testing.
-MockClock`` with a small autojump threshold): retries still back off for
-their full delays, but idle waiting costs no real time.
+MockClock``) that jumps to the next deadline once every task has waited 50 ms
+of real time (:func:`_jump_when_idle`): retries still back off for their full
+delays, but idle waiting costs no real time. A task waiting on a worker thread
+is not idle: the thread works in real time.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import shutil
 import tempfile
 import traceback
 from collections.abc import Mapping
+from math import inf
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,45 @@ class _LogCapture(logging.Handler):
         self.lines.append(self.format(record))
 
 
+IDLE_S = 0.05
+"""Real seconds every task must have waited before the virtual clock jumps."""
+_TO_THREAD = trio.to_thread.run_sync.__code__
+
+
+async def _jump_when_idle(clock: trio.testing.MockClock) -> None:
+    """Jump ``clock`` to the next deadline whenever every task has waited ``IDLE_S``,
+    unless a task waits on a worker thread.
+
+    What ``MockClock(autojump_threshold=...)`` does, but for the threads: a task
+    awaiting ``trio.to_thread.run_sync`` is blocked while its thread does real work.
+    On a loaded machine a read gate's file read took longer than 50 ms, the clock
+    jumped to the gate's 10 s timeout and the case failed with "took longer than
+    10 s" (a CIRCLE-10 case, 4 in 300 runs at a load average of 18; every time with
+    a 0.3 s read: ``tests/test_conformance_clock.py``). A thread's work is measured
+    in real time, as it would be outside the runner."""
+    while True:
+        await trio.testing.wait_all_tasks_blocked(IDLE_S)
+        if _waiting_on_a_thread():
+            continue
+        jump = trio.lowlevel.current_statistics().seconds_to_next_deadline
+        if 0 < jump < inf:
+            clock.jump(jump)
+
+
+def _waiting_on_a_thread() -> bool:
+    """Whether a task of the current run is inside ``trio.to_thread.run_sync``."""
+    todo = [trio.lowlevel.current_root_task()]
+    while todo:
+        task = todo.pop()
+        if task is None:
+            continue
+        if any(frame.f_code is _TO_THREAD for frame, _ in task.iter_await_frames()):
+            return True
+        for nursery in task.child_nurseries:
+            todo.extend(nursery.child_tasks)
+    return False
+
+
 class Runner:
     """Runs cases; one fresh world per case."""
 
@@ -65,8 +107,8 @@ class Runner:
         root.setLevel(logging.DEBUG)
         tmp = Path(tempfile.mkdtemp(prefix="cantrip-case-"))
         try:
-            clock = trio.testing.MockClock(autojump_threshold=0.05)
-            trio.run(self._run, case, tmp, capture, clock=clock)
+            clock = trio.testing.MockClock()
+            trio.run(self._run, case, tmp, capture, clock, clock=clock)
         except Mismatch as failure:
             return CaseResult(rule, name, False, str(failure))
         except Exception as exc:  # noqa: BLE001 -- a crashing case is a failed case
@@ -78,7 +120,14 @@ class Runner:
             shutil.rmtree(tmp, ignore_errors=True)
         return CaseResult(rule, name, True)
 
-    async def _run(self, case: Mapping[str, Any], tmp: Path, capture: _LogCapture) -> None:
+    async def _run(
+        self,
+        case: Mapping[str, Any],
+        tmp: Path,
+        capture: _LogCapture,
+        clock: trio.testing.MockClock,
+    ) -> None:
+        trio.lowlevel.spawn_system_task(_jump_when_idle, clock)  # ends with the run
         require_keys(case, CASE_KEYS, "case")
         world = build_world(dict(case.get("setup") or {}), tmp)
         world.logs = capture.lines

@@ -37,7 +37,8 @@ from cantrip._errors import ProviderError
 from cantrip._redact import get_logger
 from cantrip.llm._sse import StreamedResponse
 from cantrip.llm.providers._decode import ACCEPT_ENCODING, read_bounded
-from cantrip.llm.providers._wire import Connection, Response, Shape, tls_context
+from cantrip.llm.providers._wire import Connection, Shape, tls_context
+from cantrip.llm.providers._wire_body import Response
 
 log = get_logger("cantrip.llm.providers")
 
@@ -98,7 +99,7 @@ def client(jar: Cookies, **options: Any) -> httpx.AsyncClient:
 
 
 class Reply(StreamedResponse, Protocol):
-    """What a request returns: ``httpx.Response`` or :class:`._wire.Response`."""
+    """What a request returns: ``httpx.Response`` or :class:`._wire_body.Response`."""
 
     @property
     def status_code(self) -> int: ...
