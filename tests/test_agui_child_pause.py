@@ -25,7 +25,7 @@ from test_agui_client import js_client
 from test_agui_client import serving as serving_with_token
 
 import cantrip
-from gates import ask_user, call_agent, done
+from gates import ask_user, call_agent, call_agent_batch, done
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop
 
@@ -73,9 +73,7 @@ KID_LAUNCHES = [
 
 
 def only(events: list[dict[str, Any]], kind: str, **where: Any) -> list[dict[str, Any]]:
-    return [
-        e for e in events if e["type"] == kind and all(e.get(k) == v for k, v in where.items())
-    ]
+    return [e for e in events if e["type"] == kind and all(e.get(k) == v for k, v in where.items())]
 
 
 def index(events: list[dict[str, Any]], kind: str, **where: Any) -> int:
@@ -203,7 +201,11 @@ async def test_a_childs_question_is_an_interrupt_answered_with_text() -> None:
 async def test_a_grandchilds_pause_is_attributed_to_it_and_resumed_through_its_parent() -> None:
     LAUNCHED.clear()
     kid = [
-        {"tool_calls": [{"gate": "call_agent", "args": {"intent": "go deeper", "llm": "grandkid"}}]},
+        {
+            "tool_calls": [
+                {"gate": "call_agent", "args": {"intent": "go deeper", "llm": "grandkid"}}
+            ]
+        },
         {"content": "the kid is done"},
     ]
     grandkid = [
@@ -233,8 +235,10 @@ async def test_a_grandchilds_pause_is_attributed_to_it_and_resumed_through_its_p
     assert result["subagentRunId"] == second["subagentRunId"]
     grandkid_done = index(resumed, "SUBAGENT_FINISHED", subagentRunId=second["subagentRunId"])
     kid_done = index(resumed, "SUBAGENT_FINISHED", subagentRunId=first["subagentRunId"])
-    assert grandkid_done < kid_done < index(
-        resumed, "TOOL_CALL_RESULT", toolCallId=first["parentToolCallId"]
+    assert (
+        grandkid_done
+        < kid_done
+        < index(resumed, "TOOL_CALL_RESULT", toolCallId=first["parentToolCallId"])
     )
 
 
@@ -282,3 +286,121 @@ async def test_the_official_js_client_resumes_a_childs_interrupt() -> None:
     assert resumed["result"] == "ok"
     assert report["pendingInterrupts"] == []
     assert LAUNCHED == ["moon"]
+
+
+async def test_two_children_of_a_batch_that_pause_are_resumed_one_run_each() -> None:
+    """Two children of one ``call_agent_batch`` ask at once: each run ends at the next
+    pause told (the other child waits too), each resume answers one and tells what
+    came after the one before, and the last run ends the prompt -- each gate once."""
+    LAUNCHED.clear()
+    s = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(
+            [
+                {
+                    "tool_calls": [
+                        {
+                            "gate": "call_agent_batch",
+                            "args": {
+                                "requests": [
+                                    {"intent": "one", "llm": "kid"},
+                                    {"intent": "two", "llm": "kid"},
+                                ]
+                            },
+                        }
+                    ]
+                },
+                {"tool_calls": [{"gate": "done", "args": {"answer": "both"}}]},
+            ]
+        ),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, call_agent_batch, launch], [cantrip.max_turns(5), cantrip.max_depth(1)]
+        ),
+        loom=cantrip.Loom(),
+    ).with_(
+        llms={
+            "kid": cantrip.ScriptedLLM(
+                [
+                    {"tool_calls": [{"gate": "launch", "args": {"target": "moon"}}]},
+                    {"tool_calls": [{"gate": "launch", "args": {"target": "mars"}}]},
+                    {"content": "a kid is done"},
+                    {"content": "a kid is done"},
+                ]
+            )
+        }
+    )
+    async with serving(s) as base:
+        runs = [(await paused_run(base, "t-batch"))[0]]
+        while runs[-1][-1]["outcome"]["type"] == "interrupt":
+            assert len(runs) <= 3, [types(r) for r in runs]
+            (interrupt,) = runs[-1][-1]["outcome"]["interrupts"]
+            resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
+            with trio.fail_after(15):
+                _, resumed = await agui(base, run_input("t-batch", None, resume=resume))
+            assert resumed[-1]["type"] == "RUN_FINISHED", types(resumed)
+            runs.append(resumed)
+    assert sorted(LAUNCHED) == ["mars", "moon"]
+    assert len(runs) == 3 and runs[-1][-1]["result"] == "both"
+    asked = [r[-1]["outcome"]["interrupts"][0] for r in runs[:2]]
+    kids = {e["subagentRunId"] for r in runs for e in only(r, "SUBAGENT_STARTED")}
+    assert len(kids) == 2 and {i["subagentRunId"] for i in asked} == kids
+    # each run that ends waiting shows its waiting sub-agent closed suspended
+    for run, interrupt in zip(runs[:2], asked, strict=True):
+        (waits,) = only(run, "SUBAGENT_FINISHED", subagentRunId=interrupt["subagentRunId"])
+        assert waits["outcome"] == {"type": "suspended", "interruptIds": [interrupt["id"]]}
+    results = [e for r in runs for e in only(r, "TOOL_CALL_RESULT") if e.get("subagentRunId")]
+    assert sorted(e["content"] for e in results) == ["launched at mars", "launched at moon"]
+
+
+async def test_a_resume_run_whose_client_hangs_up_cancels_the_prompt() -> None:
+    """The run that resumes a child's interrupt follows the prompt as its own: its
+    client hanging up cancels it (AGUI-7), recorded ``cancelled``."""
+    started = trio.Event()
+
+    @cantrip.gate()
+    async def forever() -> str:
+        """Never returns by itself."""
+        started.set()
+        await trio.sleep_forever()
+        return "never"
+
+    s = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(
+            [{"tool_calls": [{"gate": "call_agent", "args": {"intent": "wait", "llm": "kid"}}]}]
+        ),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, call_agent, launch, forever], [cantrip.max_turns(5), cantrip.max_depth(1)]
+        ),
+        loom=cantrip.Loom(),
+    ).with_(
+        llms={
+            "kid": cantrip.ScriptedLLM(
+                [
+                    {"tool_calls": [{"gate": "launch", "args": {"target": "moon"}}]},
+                    {"tool_calls": [{"gate": "forever", "args": {}}]},
+                ]
+            )
+        }
+    )
+    async with serving(s) as base, httpx.AsyncClient(base_url=base, timeout=20) as http:
+        paused, interrupt = await paused_run(base, "t-child-gone")
+        sid = paused[1]["snapshot"]["cantrip"]["session_id"]
+        resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
+        async with trio.open_nursery() as nursery:
+
+            async def run() -> None:
+                body = run_input("t-child-gone", None, resume=resume)
+                async with http.stream("POST", "/agui", json=body) as stream:
+                    async for _ in stream.aiter_bytes():
+                        pass
+
+            nursery.start_soon(run)
+            with trio.fail_after(10):
+                await started.wait()
+            nursery.cancel_scope.cancel()  # the client hangs up mid-run
+        with trio.fail_after(10):
+            while (await http.get(f"/sessions/{sid}")).json()["running"]:
+                await trio.sleep(0.02)
+        thread = (await http.get(f"/sessions/{sid}/thread")).json()
+    assert thread["turns"][-1]["reason"] == "cancelled"

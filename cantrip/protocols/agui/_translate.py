@@ -398,6 +398,9 @@ class Translator:
         run that resumes it (:meth:`suspension`)."""
         out: list[BaseEvent] = []
         if suspended is not None:
+            for sub in suspended:
+                if sub in self.resumed:  # waits, not heard in this run: shown waiting
+                    self._restart(out, sub)
             for sub, child in reversed(self.children.items()):
                 if not child.done:
                     out.extend(_attributed(child.voice.finish(None), sub))
