@@ -404,3 +404,24 @@ async def test_a_resume_run_whose_client_hangs_up_cancels_the_prompt() -> None:
                 await trio.sleep(0.02)
         thread = (await http.get(f"/sessions/{sid}/thread")).json()
     assert thread["turns"][-1]["reason"] == "cancelled"
+
+
+async def test_the_run_sent_again_ends_at_the_same_childs_interrupt_which_resumes() -> None:
+    """A client that lost the interrupt run sends it again (the same ``runId``): it is
+    told again the same way (AGUI-17), ending at the same interrupt, and that
+    interrupt still resumes the waiting prompt -- once."""
+    LAUNCHED.clear()
+    async with serving(delegating(KID_LAUNCHES)) as base:
+        body = run_input("t-child-again", "go")
+        with trio.fail_after(15):
+            _, first = await agui(base, body)
+            _, again = await agui(base, body)
+        (interrupt,) = first[-1]["outcome"]["interrupts"]
+        assert again[-1]["outcome"] == first[-1]["outcome"]
+        told = [{k: v for k, v in e.items() if k != "timestamp"} for e in first[2:-3]]
+        assert [{k: v for k, v in e.items() if k != "timestamp"} for e in again[2:-3]] == told
+        resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
+        with trio.fail_after(15):
+            _, resumed = await agui(base, run_input("t-child-again", None, resume=resume))
+    assert resumed[-1]["outcome"] == {"type": "success"} and resumed[-1]["result"] == "ok"
+    assert LAUNCHED == ["moon"]
