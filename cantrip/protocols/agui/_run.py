@@ -65,7 +65,8 @@ from cantrip.protocols.agui._input import (
     tool_results,
 )
 from cantrip.protocols.agui._protocol import RunFailed, RunStream, Where
-from cantrip.protocols.agui._translate import Suspension, recorded_events
+from cantrip.protocols.agui._translate import recorded_events
+from cantrip.protocols.agui._waiting import Waiting, remember, take
 from cantrip.protocols.asgi._requests import last_event_id, read_body, until_disconnect
 from cantrip.protocols.asgi._responses import HttpError, Receive, Scope, Send, heartbeat_s
 from cantrip.protocols.middleware._lifecycle import Drain
@@ -166,40 +167,6 @@ _FOLLOWED: collections.Counter[str] = collections.Counter()
 a prompt whose client hung up is kept while another run follows it."""
 
 
-@attrs.frozen
-class Waiting:
-    """A run ended at pauses its prompt waits on in place (a sub-agent's, SPEC
-    AGUI-6): the prompt goes on, and the run that resumes one of them follows it
-    from here."""
-
-    pauses: tuple[Pause, ...]
-    prompt_id: str
-    after: EventId
-    """The pause's event in the prompt's stream: the resume tells what comes after."""
-    told: frozenset[str]
-    """The turns (and pauses) the prompt's runs told up to here."""
-    suspension: Suspension = attrs.field(factory=Suspension)
-    """The sub-agents in flight, to be announced again as they were."""
-
-
-MAX_WAITING = 1000
-"""Interrupts of pauses a prompt waits on in place that this process remembers (the
-oldest go first; one resumed, or found closed, is forgotten at once)."""
-
-_WAITING: dict[str, Waiting] = {}
-"""``<session>/<pause id>`` -> where the run that ended at it left its prompt: what a
-run resuming that interrupt follows (in process: the prompt is this process's)."""
-
-
-def _remember(session_id: str, waiting: Waiting) -> None:
-    for pause in waiting.pauses:
-        key = f"{session_id}/{pause.pause_id}"
-        _WAITING.pop(key, None)
-        _WAITING[key] = waiting
-    while len(_WAITING) > MAX_WAITING:
-        del _WAITING[next(iter(_WAITING))]
-
-
 async def thread_session(backend: SessionBackend, thread_id: str) -> SessionInfo:
     """The session a thread names: a session (or entity) id the backend knows is
     itself; any other id the session this thread id created (made on first use)."""
@@ -288,7 +255,7 @@ class AguiRun:
         here = Where(self.session_id, self.stream.entity_id, thread[-1].sequence if thread else 0)
         if isinstance(outcome, Waiting):
             # remembered before the interrupt goes out: a client resumes it at once
-            _remember(
+            remember(
                 self.session_id,
                 attrs.evolve(outcome, suspension=self.stream.translator.suspension()),
             )
@@ -352,7 +319,7 @@ class AguiRun:
             pending = {p.pause_id: p for p in await self.backend.pauses(self.session_id)}
             pause = pending.get(entry.interrupt_id)
             if pause is None:
-                _WAITING.pop(f"{self.session_id}/{entry.interrupt_id}", None)
+                take(self.session_id, entry.interrupt_id)  # closed: forgotten
                 raise RunFailed(
                     "bad_resume",
                     f"interrupt {entry.interrupt_id!r} is not open on thread "
@@ -369,7 +336,7 @@ class AguiRun:
         """Answer ``pause`` and tell what follows: the paused cast's continuation, or
         -- for a pause a running prompt waits on in place that an AG-UI run of this
         process ended at (:class:`Waiting`) -- that prompt from the pause on."""
-        waited = _WAITING.pop(f"{self.session_id}/{pause.pause_id}", None)
+        waited = take(self.session_id, pause.pause_id)
 
         async def answer() -> Submitted:
             submitted = await self.backend.answer(self.session_id, pause.pause_id, decision)
