@@ -256,7 +256,17 @@ async def test_a_bad_resume_of_a_childs_interrupt_runs_nothing_and_the_child_sti
         now = await session_of(base, paused)
         assert now["info"]["running"] is True and len(now["pending"]["pending"]) == 1
         assert LAUNCHED == []
-        # nobody resumes: the prompt waits like any paused prompt, and a cancel ends it
+        resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
+        with trio.fail_after(15):
+            _, resumed = await agui(base, run_input("t-child-bad", None, resume=resume))
+    assert resumed[-1]["outcome"] == {"type": "success"} and resumed[-1]["result"] == "ok"
+    assert LAUNCHED == ["moon"]
+
+
+async def test_nobody_resumes_the_prompt_waits_and_the_cancel_route_ends_it() -> None:
+    LAUNCHED.clear()
+    async with serving(delegating(KID_LAUNCHES)) as base:
+        paused, interrupt = await paused_run(base, "t-child-left")
         sid = paused[1]["snapshot"]["cantrip"]["session_id"]
         async with httpx.AsyncClient(base_url=base, timeout=10) as http:
             cancelled = (await http.post(f"/sessions/{sid}/cancel")).json()
@@ -264,8 +274,10 @@ async def test_a_bad_resume_of_a_childs_interrupt_runs_nothing_and_the_child_sti
             with trio.fail_after(10):
                 while (await http.get(f"/sessions/{sid}")).json()["running"]:
                     await trio.sleep(0.02)
+            thread = (await http.get(f"/sessions/{sid}/thread")).json()
         resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
-        _, late = await agui(base, run_input("t-child-bad", None, resume=resume))
+        _, late = await agui(base, run_input("t-child-left", None, resume=resume))
+    assert thread["turns"][-1]["reason"] == "cancelled"
     assert late[-1]["type"] == "RUN_ERROR" and late[-1]["code"] == "bad_resume"
     assert LAUNCHED == []
 
@@ -288,12 +300,10 @@ async def test_the_official_js_client_resumes_a_childs_interrupt() -> None:
     assert LAUNCHED == ["moon"]
 
 
-async def test_two_children_of_a_batch_that_pause_are_resumed_one_run_each() -> None:
-    """Two children of one ``call_agent_batch`` ask at once: each run ends at the next
-    pause told (the other child waits too), each resume answers one and tells what
-    came after the one before, and the last run ends the prompt -- each gate once."""
-    LAUNCHED.clear()
-    s = cantrip.Cantrip(
+def batch_of_two() -> Any:
+    """A session entity whose one ``call_agent_batch`` runs two children that each
+    ask to ``launch``, then answers "both"."""
+    return cantrip.Cantrip(
         llm=cantrip.ScriptedLLM(
             [
                 {
@@ -329,7 +339,14 @@ async def test_two_children_of_a_batch_that_pause_are_resumed_one_run_each() -> 
             )
         }
     )
-    async with serving(s) as base:
+
+
+async def test_two_children_of_a_batch_that_pause_are_resumed_one_run_each() -> None:
+    """Two children of one ``call_agent_batch`` ask at once: each run ends at the next
+    pause told (the other child waits too), each resume answers one and tells what
+    came after the one before, and the last run ends the prompt -- each gate once."""
+    LAUNCHED.clear()
+    async with serving(batch_of_two()) as base:
         runs = [(await paused_run(base, "t-batch"))[0]]
         while runs[-1][-1]["outcome"]["type"] == "interrupt":
             assert len(runs) <= 3, [types(r) for r in runs]
@@ -425,3 +442,30 @@ async def test_the_run_sent_again_ends_at_the_same_childs_interrupt_which_resume
             _, resumed = await agui(base, run_input("t-child-again", None, resume=resume))
     assert resumed[-1]["outcome"] == {"type": "success"} and resumed[-1]["result"] == "ok"
     assert LAUNCHED == ["moon"]
+
+
+async def test_one_resume_may_answer_both_children_of_a_batch() -> None:
+    """A client that knows both pauses (the first run's interrupt, the other from
+    ``/pending``) answers them in one run: it tells the prompt from the first pause to
+    the second, then on to the prompt's end."""
+    LAUNCHED.clear()
+    async with serving(batch_of_two()) as base:
+        paused, interrupt = await paused_run(base, "t-batch-both")
+        sid = paused[1]["snapshot"]["cantrip"]["session_id"]
+        async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+            with trio.fail_after(10):  # the other child asks too
+                while (
+                    len(pending := (await http.get(f"/sessions/{sid}/pending")).json()["pending"])
+                    < 2
+                ):
+                    await trio.sleep(0.02)
+        (other,) = [p["pause_id"] for p in pending if p["pause_id"] != interrupt["id"]]
+        resume = [
+            {"interruptId": pause_id, "status": "resolved", "payload": True}
+            for pause_id in (interrupt["id"], other)
+        ]
+        with trio.fail_after(15):
+            _, resumed = await agui(base, run_input("t-batch-both", None, resume=resume))
+    assert resumed[-1]["type"] == "RUN_FINISHED", types(resumed)
+    assert resumed[-1]["outcome"] == {"type": "success"} and resumed[-1]["result"] == "both"
+    assert sorted(LAUNCHED) == ["mars", "moon"]

@@ -253,12 +253,7 @@ class AguiRun:
             )
         thread = await self.backend.thread(self.session_id)
         here = Where(self.session_id, self.stream.entity_id, thread[-1].sequence if thread else 0)
-        if isinstance(outcome, Waiting):
-            # remembered before the interrupt goes out: a client resumes it at once
-            remember(
-                self.session_id,
-                attrs.evolve(outcome, suspension=self.stream.translator.suspension()),
-            )
+        if isinstance(outcome, Waiting):  # remembered already (:meth:`_follow`)
             await self.stream.finish(None, here, thread, waiting=outcome.pauses)
             return
         await self.stream.finish(outcome, here, thread)
@@ -385,6 +380,11 @@ class AguiRun:
                 _FOLLOWED[followed] -= 1
                 if not _FOLLOWED[followed]:
                     del _FOLLOWED[followed]
+            if isinstance(outcome, Waiting):
+                # before the interrupt goes out (a client resumes it at once), and
+                # before a later resume entry of this run may answer it
+                outcome = attrs.evolve(outcome, suspension=self.stream.translator.suspension())
+                remember(self.session_id, outcome)
         self.ours = None
         if failure is not None:
             raise failure
