@@ -203,7 +203,9 @@ def decision_for(pause: Pause, entry: ResumeEntry) -> Decision:
     )
 
 
-def interrupt_for(pause: Pause) -> Interrupt:
+def interrupt_for(pause: Pause, subagent: str | None = None) -> Interrupt:
+    """A pause as an AG-UI interrupt; ``subagent``: the sub-agent run that waits on it
+    (a ``call_agent`` child's, its entity id), None for the run's own entity."""
     if pause.kind == "question":
         return Interrupt(
             id=pause.pause_id,
@@ -211,6 +213,7 @@ def interrupt_for(pause: Pause) -> Interrupt:
             message=pause.question or "",
             tool_call_id=pause.tool_call_id,
             response_schema=QUESTION_SCHEMA,
+            subagent_run_id=subagent,
         )
     return Interrupt(
         id=pause.pause_id,
@@ -219,6 +222,7 @@ def interrupt_for(pause: Pause) -> Interrupt:
         tool_call_id=pause.tool_call_id,
         response_schema=APPROVAL_SCHEMA,
         metadata={"gate": pause.gate, "args": plain_json(pause.args)},
+        subagent_run_id=subagent,
     )
 
 

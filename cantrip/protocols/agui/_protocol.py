@@ -49,6 +49,7 @@ from ag_ui.core import (
     TokenUsage,
 )
 
+from cantrip._approval import Pause
 from cantrip._events import StepComplete
 from cantrip._outcome import STOP_REASONS, CastResult, refused
 from cantrip._redact import get_logger, redact, redact_value
@@ -74,18 +75,25 @@ class Where:
 
 
 def state_of(
-    run: RunAgentInput, where: Where, outcome: CastResult | None, *, running: bool = False
+    run: RunAgentInput,
+    where: Where,
+    outcome: CastResult | None,
+    *,
+    running: bool = False,
+    waiting: Sequence[Pause] = (),
 ) -> dict[str, Any]:
     """STATE_SNAPSHOT: the client's own state, with the session under ``cantrip``
-    (``running`` for the snapshot a run opens with: no reason, nothing pending yet)."""
+    (``running`` for the snapshot a run opens with: no reason, nothing pending yet --
+    or one that ends while its prompt goes on, ``waiting`` on pauses in place)."""
     state = dict(run.state) if isinstance(run.state, Mapping) else {}
+    pending = outcome.pending if outcome is not None else waiting
     state["cantrip"] = {
         "session_id": where.session_id,
         "entity_id": where.entity_id,
         "turns": where.turns,
         "running": running,
         "reason": None if outcome is None else outcome.reason,
-        "pending": [p.to_dict() for p in outcome.pending] if outcome is not None else [],
+        "pending": [p.to_dict() for p in pending],
     }
     return state
 
@@ -272,11 +280,21 @@ class RunStream:
         await end_body(self.send)
 
     async def finish(
-        self, outcome: CastResult | None, where: Where, thread: Sequence[Turn]
+        self,
+        outcome: CastResult | None,
+        where: Where,
+        thread: Sequence[Turn],
+        *,
+        waiting: Sequence[Pause] = (),
     ) -> None:
         """End the run: the final answer if no message carried it, the state and the
         thread as they are now, and ``RUN_FINISHED`` -- ``interrupt`` when the cast
-        paused, ``cancelled`` when it was cancelled (or never began)."""
+        paused, ``cancelled`` when it was cancelled (or never began). ``waiting``: the
+        pauses of sub-agents the prompt waits on in place (it goes on running): the
+        run ends with them as its interrupts, each naming its sub-agent."""
+        if waiting:
+            await self._suspend(waiting, where, thread)
+            return
         run = self.run
         paused = outcome is not None and outcome.reason == "paused" and bool(outcome.pending)
         tools = {t.name for t in run.tools or ()}
@@ -313,17 +331,50 @@ class RunStream:
                 usage=usage_of(outcome.usage),
             )
         else:  # success -- with the calls of the client's own tools it is to run, if any
-            waiting = [p.tool_call_id for p in outcome.pending if p.tool_call_id is not None]
+            calls = [p.tool_call_id for p in outcome.pending if p.tool_call_id is not None]
             finished = RunFinishedEvent(
                 thread_id=run.thread_id,
                 run_id=run.run_id,
                 result=plain_json(outcome.result) if outcome.terminated else None,
-                outcome=RunFinishedSuccessOutcome(pending_tool_call_ids=waiting or None),
+                outcome=RunFinishedSuccessOutcome(pending_tool_call_ids=calls or None),
                 usage=usage_of(outcome.usage),
             )
         out.append(finished)
+        await self._end(out)
+
+    async def _suspend(
+        self, waiting: Sequence[Pause], where: Where, thread: Sequence[Turn]
+    ) -> None:
+        """End a run whose prompt waits on sub-agents' pauses in place (SPEC AGUI-6):
+        every sub-agent in flight closes ``suspended`` (the one waiting naming its
+        interrupts), the state says the prompt runs with those pauses pending, and
+        ``RUN_FINISHED`` is ``interrupt``, each interrupt with its ``subagentRunId``,
+        with the tokens of the turns this run told (the cast has no result yet)."""
+        owned: dict[str, list[str]] = {}
+        for pause in waiting:
+            owned.setdefault(pause.entity_id, []).append(pause.pause_id)
+        out = self.translator.finish(None, suspended=owned)
+        state = state_of(self.run, where, None, running=True, waiting=waiting)
+        out.append(StateSnapshotEvent(snapshot=state))
+        out.append(MessagesSnapshotEvent(messages=messages_of(thread)))
+        interrupts = [
+            interrupt_for(p, None if p.entity_id == self.entity_id else p.entity_id)
+            for p in waiting
+        ]
+        out.append(
+            RunFinishedEvent(
+                thread_id=self.run.thread_id,
+                run_id=self.run.run_id,
+                outcome=RunFinishedInterruptOutcome(interrupts=interrupts),
+                usage=usage_of(sum(self.spent.values(), ZERO_USAGE)),
+            )
+        )
+        await self._end(out)
+
+    async def _end(self, out: Sequence[BaseEvent]) -> None:
+        """Send the run's last events, the last of them ending it."""
         for event in out[:-1]:
             await self._send(event)
         self.ended = True
-        await self._send(finished)
+        await self._send(out[-1])
         await end_body(self.send)

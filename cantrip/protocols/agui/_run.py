@@ -31,7 +31,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from urllib.parse import parse_qs
 
@@ -66,12 +66,14 @@ from cantrip.protocols.agui._input import (
 )
 from cantrip.protocols.agui._protocol import RunFailed, RunStream, Where
 from cantrip.protocols.agui._translate import recorded_events
+from cantrip.protocols.agui._waiting import Waiting, remember, take
 from cantrip.protocols.asgi._requests import last_event_id, read_body, until_disconnect
 from cantrip.protocols.asgi._responses import HttpError, Receive, Scope, Send, heartbeat_s
 from cantrip.protocols.middleware._lifecycle import Drain
 from cantrip.protocols.sessions import (
     ENTITY_PREFIX,
     SESSION_PREFIX,
+    EventId,
     SessionBackend,
     SessionError,
     SessionEvent,
@@ -224,8 +226,11 @@ class AguiRun:
         """A client resuming its own run: the prompt it joins is its own to cancel."""
 
     async def serve(self, receive: Receive) -> None:
-        """The run to its end; nothing more is said once the client has hung up."""
-        outcome: CastResult | None = None
+        """The run to its end; nothing more is said once the client has hung up. A
+        run that ends at a sub-agent's pause its prompt waits on in place leaves the
+        prompt running (no hang-up after it cancels anything: the run has ended) and
+        is remembered for the run that resumes it."""
+        outcome: CastResult | Waiting | None = None
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
@@ -248,6 +253,9 @@ class AguiRun:
             )
         thread = await self.backend.thread(self.session_id)
         here = Where(self.session_id, self.stream.entity_id, thread[-1].sequence if thread else 0)
+        if isinstance(outcome, Waiting):  # remembered already (:meth:`_follow`)
+            await self.stream.finish(None, here, thread, waiting=outcome.pauses)
+            return
         await self.stream.finish(outcome, here, thread)
 
     async def _let_go(self, ours: Submitted | None) -> None:
@@ -267,7 +275,7 @@ class AguiRun:
         with trio.CancelScope(shield=True):
             await self.backend.cancel(self.session_id, prompt_id=ours.prompt_id)
 
-    async def _serve(self) -> CastResult | None:
+    async def _serve(self) -> CastResult | Waiting | None:
         if self.run.resume:
             return await self._resume()
         answered = await self._client_results()
@@ -282,7 +290,7 @@ class AguiRun:
             )
         )
 
-    async def _client_results(self) -> tuple[CastResult | None] | None:
+    async def _client_results(self) -> tuple[CastResult | Waiting | None] | None:
         """Answer the open calls of the client's own tools with the results this run
         carries, each continuing the paused cast (the last continuation's outcome is
         the run's); None if the run carries no result for an open call."""
@@ -292,19 +300,21 @@ class AguiRun:
         calls = client_answers(results, await self.backend.pauses(self.session_id))
         if not calls:
             return None
-        outcome: CastResult | None = None
+        outcome: CastResult | Waiting | None = None
         for pause, decision in calls:
             outcome = await self._answer(pause, decision)
         return (outcome,)
 
-    async def _resume(self) -> CastResult | None:
+    async def _resume(self) -> CastResult | Waiting | None:
         """Answer the interrupts in the order given; each answer continues the paused
-        cast, and the last continuation's outcome is the run's."""
-        outcome: CastResult | None = None
+        cast (or the prompt that waits on it in place), and the last continuation's
+        outcome is the run's."""
+        outcome: CastResult | Waiting | None = None
         for entry in self.run.resume or ():
             pending = {p.pause_id: p for p in await self.backend.pauses(self.session_id)}
             pause = pending.get(entry.interrupt_id)
             if pause is None:
+                take(self.session_id, entry.interrupt_id)  # closed: forgotten
                 raise RunFailed(
                     "bad_resume",
                     f"interrupt {entry.interrupt_id!r} is not open on thread "
@@ -317,9 +327,16 @@ class AguiRun:
             outcome = await self._answer(pause, decision)
         return outcome
 
-    async def _answer(self, pause: Pause, decision: Decision) -> CastResult | None:
+    async def _answer(self, pause: Pause, decision: Decision) -> CastResult | Waiting | None:
+        """Answer ``pause`` and tell what follows: the paused cast's continuation, or
+        -- for a pause a running prompt waits on in place that an AG-UI run of this
+        process ended at (:class:`Waiting`) -- that prompt from the pause on."""
+        waited = take(self.session_id, pause.pause_id)
+
         async def answer() -> Submitted:
             submitted = await self.backend.answer(self.session_id, pause.pause_id, decision)
+            if submitted is None and waited is not None:  # the prompt goes on: follow it
+                return Submitted(waited.prompt_id, self.session_id)
             if submitted is None:  # a running prompt waited on it in place: that run tells it
                 raise RunFailed(
                     "answered_live",
@@ -327,16 +344,22 @@ class AguiRun:
                 )
             return submitted
 
-        return await self._follow(answer)
+        if waited is None:
+            return await self._follow(answer)
+        self.stream.translator.resume(waited.suspension)
+        return await self._follow(answer, after=waited)
 
-    async def _follow(self, start: Callable[[], Awaitable[Submitted]]) -> CastResult | None:
+    async def _follow(
+        self, start: Callable[[], Awaitable[Submitted]], *, after: Waiting | None = None
+    ) -> CastResult | Waiting | None:
         """Start a prompt (``start``: a submit or an answer) and tell its cast until it
-        has ended; how it ended. The prompt's own events are followed from its
-        beginning (``follow(prompt_id=...)``: what it told before the follow began is
-        read back first), so a run told again -- joined, replayed, or a client
-        reconnecting -- is told the same way, event for event."""
+        has ended (or waits on a sub-agent's pause in place); how it ended. The
+        prompt's own events are followed from its beginning (``follow(prompt_id=...)``:
+        what it told before the follow began is read back first), so a run told again
+        -- joined, replayed, or a client reconnecting -- is told the same way, event
+        for event; ``after``: from where a run before this one left the prompt."""
         failure: RunFailed | None = None
-        outcome: CastResult | None = None
+        outcome: CastResult | Waiting | None = None
         try:
             with trio.CancelScope(shield=True):  # started, it is ours to cancel
                 self.ours = submitted = await start()
@@ -352,25 +375,31 @@ class AguiRun:
             followed = f"{self.session_id}/{submitted.prompt_id}"
             _FOLLOWED[followed] += 1
             try:
-                outcome, failure = await self._tell_prompt(submitted)
+                outcome, failure = await self._tell_prompt(submitted, after)
             finally:
                 _FOLLOWED[followed] -= 1
                 if not _FOLLOWED[followed]:
                     del _FOLLOWED[followed]
+            if isinstance(outcome, Waiting):
+                # before the interrupt goes out (a client resumes it at once), and
+                # before a later resume entry of this run may answer it
+                outcome = attrs.evolve(outcome, suspension=self.stream.translator.suspension())
+                remember(self.session_id, outcome)
         self.ours = None
         if failure is not None:
             raise failure
         return outcome
 
     async def _tell_prompt(
-        self, submitted: Submitted
-    ) -> tuple[CastResult | None, RunFailed | None]:
+        self, submitted: Submitted, after: Waiting | None = None
+    ) -> tuple[CastResult | Waiting | None, RunFailed | None]:
         backend, session_id = self.backend, self.session_id
         told, heard = trio.open_memory_channel[SessionEvent | _Ended | _Followed](math.inf)
         async with told, heard, trio.open_nursery() as nursery:
 
             async def pump() -> None:
-                events = backend.follow(session_id, prompt_id=submitted.prompt_id)
+                since = after.after if after is not None else 0
+                events = backend.follow(session_id, since, prompt_id=submitted.prompt_id)
                 try:
                     async with contextlib.aclosing(events):
                         async for event in events:
@@ -389,7 +418,7 @@ class AguiRun:
 
             nursery.start_soon(pump)
             nursery.start_soon(result)
-            told_end = await self._tell(heard)
+            told_end = await self._tell(heard, submitted.prompt_id, after)
             nursery.cancel_scope.cancel()
         return told_end
 
@@ -405,16 +434,21 @@ class AguiRun:
         return None
 
     async def _tell(
-        self, heard: trio.MemoryReceiveChannel[SessionEvent | _Ended | _Followed]
-    ) -> tuple[CastResult | None, RunFailed | None]:
+        self,
+        heard: trio.MemoryReceiveChannel[SessionEvent | _Ended | _Followed],
+        prompt_id: str,
+        after: Waiting | None = None,
+    ) -> tuple[CastResult | Waiting | None, RunFailed | None]:
         """Tell the prompt's events until it has ended and its end is told (or its
         follow ended: what it did not tell is told from the cast's record). A prompt
         that failed is followed to its follow's end too (within :data:`CATCH_UP_S`):
-        the turns it recorded before it failed are told, and their tokens said."""
+        the turns it recorded before it failed are told, and their tokens said. A
+        pause of one of the run's sub-agents ends the telling there (:class:`Waiting`):
+        the child waits in place, its prompt goes on, and the run ends with it."""
         live = False
         """Events of the turn being told were heard as they happened."""
-        told: set[str] = set()
-        """Turns told (by id), and pauses heard."""
+        told: set[str] = set(after.told) if after is not None else set()
+        """Turns told (by id), and pauses heard (by the runs before this one too)."""
         ended: _Ended | None = None
         failure: RunFailed | None = None
         followed = False
@@ -437,6 +471,9 @@ class AguiRun:
                 continue
             if item.type == "pause":
                 told.add(str(item.data.get("pause", {}).get("pause_id")))
+                waits = self._waits_in_place(item)
+                if waits is not None:
+                    return Waiting((waits[0],), prompt_id, waits[1], frozenset(told)), None
             elif item.turn is not None:
                 told.add(item.turn.id)
                 if live:
@@ -461,6 +498,20 @@ class AguiRun:
                     for event in recorded_events(turn):
                         await self.stream.event(event)
         return cast, None
+
+    def _waits_in_place(self, item: SessionEvent) -> tuple[Pause, EventId] | None:
+        """The pause ``item`` tells, and its place in the prompt's stream, if one of
+        this run's sub-agents waits on it in place (a ``call_agent`` child at any
+        depth, heard in this run or left in flight by the run it resumes; on ``serve
+        --db`` children are not told, AGUI-9, so none is); None for the run's own
+        entity's pauses (a cast that pauses returns ``paused``) and anything else."""
+        data = item.data.get("pause")
+        if not isinstance(data, Mapping) or item.id is None:
+            return None
+        pause = Pause.from_dict(data)
+        if not self.stream.translator.tells(pause.entity_id):
+            return None
+        return pause, item.id
 
 
 def _told_its_end(cast: CastResult | None, told: set[str]) -> bool:

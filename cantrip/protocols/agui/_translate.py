@@ -29,6 +29,7 @@ from ag_ui.core import (
     SubagentErrorEvent,
     SubagentFinishedEvent,
     SubagentFinishedSuccessOutcome,
+    SubagentFinishedSuspendedOutcome,
     SubagentStartedEvent,
     TextMessageContentEvent,
     TextMessageEndEvent,
@@ -312,6 +313,19 @@ class _Child:
     done: bool = False
 
 
+@attrs.frozen
+class Suspension:
+    """The sub-agents a run left in flight when it ended at a pause a child waits on in
+    place (SPEC AGUI-6): each not finished, with the delegation call it runs in, and
+    the delegation calls still open (tool call id -> the entity that made it, the
+    child's intent). The run that resumes it (:meth:`Translator.resume`) announces each
+    again as it was -- the same ``subagentRunId``, call and parent -- at its next event,
+    and ends it at its call's result, as if the run had not been cut."""
+
+    children: tuple[tuple[str, str | None], ...] = ()
+    delegations: tuple[tuple[str, str, str], ...] = ()
+
+
 class Translator:
     """Turns one run's cantrip events into AG-UI events. The run's entity speaks in
     its own voice; each child a ``call_agent`` call runs is a sub-agent: announced
@@ -330,6 +344,9 @@ class Translator:
         self.delegations: dict[str, tuple[str, str]] = {}
         """Open delegation calls: tool call id -> (the entity that made it, the
         child's intent as the call gives it)."""
+        self.resumed: dict[str, str | None] = {}
+        """Sub-agents a run before this one left in flight (:class:`Suspension`), not
+        heard in this run yet: entity id -> the delegation call it runs in."""
 
     @property
     def quiet(self) -> set[str]:
@@ -345,7 +362,9 @@ class Translator:
         if not entity or not self.entity_id or entity == self.entity_id:
             voice, sub = self.main, None
         else:
-            if entity not in self.children:
+            if entity in self.resumed:
+                self._restart(out, entity)
+            elif entity not in self.children:
                 self._start(out, entity)
             voice, sub = self.children[entity].voice, entity
         self._note_delegations(entity, event)
@@ -367,22 +386,80 @@ class Translator:
                 )
         return out
 
-    def finish(self, result: Any) -> list[BaseEvent]:
+    def finish(
+        self, result: Any, *, suspended: Mapping[str, Sequence[str]] | None = None
+    ) -> list[BaseEvent]:
         """Close what is open (a sub-agent still running ends with ``SUBAGENT_ERROR``);
-        a final answer no text message carried becomes one."""
+        a final answer no text message carried becomes one. ``suspended``: the run ends
+        while its prompt goes on, waiting on a child's pause in place -- every
+        sub-agent in flight closes its part of this run with ``SUBAGENT_FINISHED``
+        ``suspended`` instead, the deepest first, naming the interrupts it owns (by
+        entity id; an ancestor of the one that waits owns none), and goes on in the
+        run that resumes it (:meth:`suspension`)."""
         out: list[BaseEvent] = []
+        if suspended is not None:
+            for sub in suspended:
+                if sub in self.resumed:  # waits, not heard in this run: shown waiting
+                    self._restart(out, sub)
+            for sub, child in reversed(self.children.items()):
+                if not child.done:
+                    out.extend(_attributed(child.voice.finish(None), sub))
+                    child.done = True
+                    owned = list(suspended.get(sub, ()))
+                    outcome = SubagentFinishedSuspendedOutcome(interrupt_ids=owned or None)
+                    out.append(SubagentFinishedEvent(subagent_run_id=sub, outcome=outcome))
         for sub, child in self.children.items():
             if not child.done:
                 self._end(out, sub, child, "the run ended before the sub-agent did")
         out.extend(self.main.finish(result))
         return out
 
+    def suspension(self) -> Suspension:
+        """The sub-agents in flight now, for the run that resumes this one (taken
+        before :meth:`finish` closes them)."""
+        children = dict(self.resumed)
+        children.update(
+            (sub, child.call_id) for sub, child in self.children.items() if not child.done
+        )
+        return Suspension(
+            children=tuple(children.items()),
+            delegations=tuple((c, e, i) for c, (e, i) in self.delegations.items()),
+        )
+
+    def resume(self, suspension: Suspension) -> None:
+        """Go on from what a run before this one left in flight (:meth:`suspension`)."""
+        for call_id, entity, intent in suspension.delegations:
+            self.delegations.setdefault(call_id, (entity, intent))
+        for sub, call in suspension.children:
+            if sub not in self.children:
+                self.resumed.setdefault(sub, call)
+
+    def tells(self, entity: str) -> bool:
+        """Whether ``entity`` is a sub-agent of this run: heard in it, or left in
+        flight by the run it resumes."""
+        return entity in self.children or entity in self.resumed
+
     def _start(self, out: list[BaseEvent], entity: str) -> None:
         """A child heard for the first time: it runs in the latest open delegation
         call (a child's own children run in calls it made, opened after its own)."""
-        call_id, parent, intent = None, None, ""
-        if self.delegations:
-            call_id = next(reversed(self.delegations))
+        call_id = next(reversed(self.delegations)) if self.delegations else None
+        self._announce(out, entity, call_id)
+
+    def _restart(self, out: list[BaseEvent], entity: str) -> None:
+        """A sub-agent a run before this one left in flight, heard again: announced as
+        it was, after the sub-agent that made its call if that one is not yet (a
+        sub-agent's parent is announced in the same run before it)."""
+        call_id = self.resumed.pop(entity)
+        parent = self.delegations.get(call_id, ("", ""))[0] if call_id is not None else ""
+        if parent in self.resumed:
+            self._restart(out, parent)
+        self._announce(out, entity, call_id)
+
+    def _announce(self, out: list[BaseEvent], entity: str, call_id: str | None) -> None:
+        """``SUBAGENT_STARTED`` for a child running in delegation call ``call_id``."""
+        parent: str | None = None
+        intent = ""
+        if call_id is not None and call_id in self.delegations:
             parent, intent = self.delegations[call_id]
         voice = _Voice(self.ids, step_prefix=f"{entity}/")
         self.children[entity] = _Child(voice, call_id)
