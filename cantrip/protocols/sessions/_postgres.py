@@ -36,7 +36,7 @@ from cantrip._errors import ConstructionError
 from cantrip._events import PauseEvent
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
-from cantrip.distributed._work import DEAD, PAUSED, USER_KEY
+from cantrip.distributed._work import DEAD, PAUSED
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
@@ -57,10 +57,13 @@ from cantrip.protocols.sessions._backend import (
     SessionError,
     SessionEvent,
     SessionInfo,
+    SessionRef,
     Submitted,
     TaskRecord,
     check_user,
     entity_id_for,
+    session_id_for,
+    session_id_of,
 )
 from cantrip.protocols.sessions._enqueue import PromptRequest, prompt_id_for, work_id_for
 from cantrip.protocols.sessions._notify import Notifier
@@ -188,8 +191,14 @@ class PostgresBackend:
 
     # -- sessions ----------------------------------------------------------------
 
-    async def _row(self, session_id: str) -> SessionRow:
-        return await self._db(self.db.require, session_id)  # not_found
+    async def _row(self, session: SessionRef) -> SessionRow:
+        """The session's row: read (``not_found``), or as the caller's ``find`` read it in
+        this request (a :class:`SessionInfo`: no second read)."""
+        if isinstance(session, str):
+            return await self._db(self.db.require, session)
+        return SessionRow(
+            session.session_id, session.entity_id, session.running, session.turns, session.user
+        )
 
     async def create(
         self, key: str | None = None, *, user: str | None = None
@@ -224,27 +233,31 @@ class PostgresBackend:
 
     async def submit(
         self,
-        session_id: str,
+        session: SessionRef,
         intent: str,
         *,
         key: str | None = None,
         on_busy: BusyPolicy = "reject",
         tools: Sequence[Mapping[str, Any]] = (),
     ) -> Submitted:
-        row = await self._row(session_id)
+        """The session is not read here: its batch checks it (``not_found``) and reads
+        its user under its entity's lock, in the transaction that queues the prompt
+        (:mod:`._enqueue`) -- one read for the whole batch."""
         spell = self.spell
         if tools:  # the worker offers them (and to an answer's continuation of this work)
             try:
                 client_gates(tools)  # refused here, not by the worker
             except ConstructionError as exc:
+                if isinstance(session, str):  # an unknown session is not_found first
+                    await self._row(session)
                 raise SessionError("bad_tools", str(exc)) from None
             spell = {**spell, CLIENT_TOOLS_KEY: [dict(t) for t in tools]}
-        if row.user is not None:  # the worker casts with it as the ``user`` tag
-            spell = {**spell, USER_KEY: row.user}
+        named = session_id_of(session)
+        entity_id = entity_id_for(named)
         queued = await self.prompts.enqueue(
-            PromptRequest(row.entity_id, spell, intent, key, on_busy)
+            PromptRequest(entity_id, spell, intent, key, on_busy, session=named)
         )
-        return Submitted(queued.prompt_id, row.session_id, replayed=queued.replayed)
+        return Submitted(queued.prompt_id, session_id_for(entity_id), replayed=queued.replayed)
 
     async def _work_of(self, row: SessionRow, prompt_id: str) -> int:
         """The work item ``prompt_id`` names, if it is one of the session's."""
@@ -261,23 +274,34 @@ class PostgresBackend:
             ).fetchone()
         return None if found is None else str(found[0])
 
-    async def _ended(self, entity_id: str, work_id: int) -> Progress:
-        """Until the work ends: woken by NOTIFY, checking every ``poll_s`` regardless."""
-        with self.notifier.watching(entity_id) as next_event:
+    async def _ended(self, row: SessionRow, prompt_id: str) -> tuple[int, Progress]:
+        """Until the prompt's work ends: woken by NOTIFY, checking every ``poll_s``
+        regardless. Its first look says too whether the prompt is the session's
+        (``not_found`` if not): no read of its own for that."""
+        work_id = work_id_for(prompt_id)
+        with self.notifier.watching(row.entity_id) as next_event:
             while True:
                 woken = next_event()  # before the check: none is missed
-                progress = await self._db_waiting(self.db.progress, work_id)
+                try:
+                    progress = None
+                    if work_id is not None:
+                        progress = await self._db_waiting(self.db.progress, work_id)
+                except LookupError:  # no such work item
+                    progress = None
+                if work_id is None or progress is None or progress.entity_id != row.entity_id:
+                    raise SessionError(
+                        "not_found", f"no prompt {prompt_id!r} of session {row.session_id}"
+                    )
                 if progress.ended:
-                    return progress
+                    return work_id, progress
                 with trio.move_on_after(self.poll_s):
                     await woken.wait()
 
-    async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:
-        row = await self._row(session_id)
-        work_id = await self._work_of(row, prompt_id)
+    async def result(self, session: SessionRef, prompt_id: str) -> PromptOutcome:
+        row = await self._row(session)
         self.waiting += 1
         try:
-            ended = await self._ended(row.entity_id, work_id)
+            work_id, ended = await self._ended(row, prompt_id)
         finally:
             self.waiting -= 1
         if ended.state == "failed":
@@ -322,13 +346,13 @@ class PostgresBackend:
 
     async def follow(
         self,
-        session_id: str,
+        session: SessionRef,
         after: int | EventId = 0,
         *,
         until: str | None = None,
         prompt_id: str | None = None,
     ) -> AsyncGenerator[SessionEvent, None]:
-        row = await self._row(session_id)
+        row = await self._row(session)
         if prompt_id is not None:
             own_work = await self._work_of(row, prompt_id)
             resume = after if isinstance(after, EventId) else None
@@ -344,7 +368,7 @@ class PostgresBackend:
         # with ``until``: once its work has ended, one more look reads the last turns
         # it recorded, and that look's beat ends the following
         ending = False
-        check_reachable(after, (await self.find(session_id)).turns)
+        check_reachable(after, row.turns)  # (read with the row: not again)
         # the turn named is read again: its events' ids go on from it
         before = max((after.turn if isinstance(after, EventId) else after) - 1, 0)
         pos = await self._db(self._pos_of, row.entity_id, before)
@@ -366,7 +390,8 @@ class PostgresBackend:
                 # where no gate asks a human (a client's tool); turns bring one only
                 # where one may; the first look tells the present turn's
                 if first or item.heard or (self.humans and item.landed):
-                    pending = [p.to_dict() for p in await self.pauses(session_id)]
+                    found = await self._db(self.db.pending, row.entity_id)  # (no row again)
+                    pending = [Pause.from_dict(p).to_dict() for p in found]
                     for event in _pause_events(ids, row.entity_id, pending, told):
                         if keep(event):
                             yield event
