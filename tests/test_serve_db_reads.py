@@ -28,7 +28,7 @@ from cantrip.distributed._worker import Worker
 from cantrip.loom import Loom
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.http._serve import serve_http_db
-from cantrip.protocols.sessions import _postgres
+from cantrip.protocols.sessions import PostgresBackend, _postgres
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop
 
@@ -146,3 +146,34 @@ async def test_a_prompt_reads_its_session_once_and_queues_after_that_one_read(
         # the rest: the result's looks at its work (woken by NOTIFY: how many varies)
         # and its outcome -- 5-6 transactions in all here against 9-10 on main
         assert counted.transactions(start) <= 8
+
+
+async def test_many_waiters_look_at_their_prompts_in_one_read(
+    reads_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many requests waiting for their prompts' results at once look at their work in
+    a read or two between them (:mod:`cantrip.protocols.sessions._looks`), not a read
+    each. No worker runs: the prompts stay queued. The waiters start once the replica
+    has heard every enqueue's notification (none wakes them later), with a poll too
+    slow to come; on main each waiter's look was its own read (and the session and the
+    prompt's owner two more)."""
+    counted = Counted()
+    monkeypatch.setattr(_postgres, "PostgresStore", counting_store(counted))
+    spell = {"factory": "tests.nowhere:build"}  # no worker runs it
+    waiters = 30
+    async with PostgresBackend.open(reads_db, spell, poll_s=600) as backend:
+        infos = [(await backend.create())[0] for _ in range(waiters)]
+        prompts = [(await backend.submit(info, "go")).prompt_id for info in infos]
+        with trio.fail_after(30):
+            while backend.notifier.heard < waiters:  # every enqueue's NOTIFY, heard
+                await trio.sleep(0.01)
+        start = len(counted.runs)
+        async with trio.open_nursery() as nursery:
+            for info, prompt_id in zip(infos, prompts, strict=True):
+                nursery.start_soon(backend.result, info, prompt_id)
+            with trio.fail_after(30):
+                while backend.looks.looked < waiters:
+                    await trio.sleep(0.01)
+            assert backend.waiting == waiters
+            assert counted.transactions(start) <= 2
+            nursery.cancel_scope.cancel()

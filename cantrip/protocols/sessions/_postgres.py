@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -66,6 +66,7 @@ from cantrip.protocols.sessions._backend import (
     session_id_of,
 )
 from cantrip.protocols.sessions._enqueue import PromptRequest, prompt_id_for, work_id_for
+from cantrip.protocols.sessions._looks import ProgressLooks
 from cantrip.protocols.sessions._notify import Notifier
 from cantrip.protocols.sessions._positions import START, EventId, TurnIds, check_reachable
 from cantrip.protocols.sessions._rows import DbSessions, Progress, SessionRow, failure_message
@@ -120,6 +121,8 @@ class PostgresBackend:
         """The loom the workers record in (every read a query: always fresh)."""
         self.prompts = PromptCommits(sessions, self._db, max_batch=max_batch)
         """The prompts on their way to the queue: one commit per batch (issue 46.1)."""
+        self.looks = ProgressLooks(sessions, self._db)
+        """The waiters' looks at their prompts' work: one read per batch (issue 46)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -181,9 +184,13 @@ class PostgresBackend:
     async def _db_waiting(self, fn: Callable[..., T], *args: Any) -> T:
         """:meth:`_db` for a caller waiting on a cast: while the database is away it
         keeps trying every ``poll_s`` (the cast goes on once it is back)."""
+        return await self._waiting_out(lambda: self._db(fn, *args))
+
+    async def _waiting_out(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, tried again every ``poll_s`` while the database is away."""
         while True:
             try:
-                return await self._db(fn, *args)
+                return await call()
             except SessionError as exc:
                 if exc.kind != DB_UNAVAILABLE:
                     raise
@@ -282,12 +289,9 @@ class PostgresBackend:
         with self.notifier.watching(row.entity_id) as next_event:
             while True:
                 woken = next_event()  # before the check: none is missed
-                try:
-                    progress = None
-                    if work_id is not None:
-                        progress = await self._db_waiting(self.db.progress, work_id)
-                except LookupError:  # no such work item
-                    progress = None
+                progress = None
+                if work_id is not None:  # with the other waiters' looks (:mod:`._looks`)
+                    progress = await self._waiting_out(lambda: self.looks.progress(work_id))
                 if work_id is None or progress is None or progress.entity_id != row.entity_id:
                     raise SessionError(
                         "not_found", f"no prompt {prompt_id!r} of session {row.session_id}"

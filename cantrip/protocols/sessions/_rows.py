@@ -310,20 +310,28 @@ class DbSessions:
     def progress(self, work_id: int) -> Progress:
         """The work item's state, outcome (once ended), base position and entity, in
         one query."""
+        found = self.progress_of([work_id]).get(work_id)
+        if found is None:
+            raise LookupError(f"no work item {work_id}")
+        return found
+
+    def progress_of(self, work_ids: Sequence[int]) -> dict[int, Progress]:
+        """:meth:`progress` of many work items in one query (those that exist): the looks
+        of many waiters at once share it (:mod:`._looks`)."""
         with self.store.pool.connection() as conn:
-            row = conn.execute(
-                "SELECT w.state, w.result, w.attempts, coalesce(w.base_pos, p.base_pos), "
+            rows = conn.execute(
+                "SELECT w.id, w.state, w.result, w.attempts, coalesce(w.base_pos, p.base_pos), "
                 "w.entity_id "
                 "FROM cantrip_work w LEFT JOIN cantrip_prompts p ON p.work_id = w.id "
-                "WHERE w.id = %s",
-                (work_id,),
-            ).fetchone()
-        if row is None:
-            raise LookupError(f"no work item {work_id}")
-        state, result, attempts, base, entity_id = row
-        outcome = json.loads(result) if state in ENDED and result else None
-        based = int(base) if attempts and base is not None else None
-        return Progress(state, outcome, based, entity_id)
+                "WHERE w.id = ANY(%s)",
+                (list(work_ids),),
+            ).fetchall()
+        found: dict[int, Progress] = {}
+        for work_id, state, result, attempts, base, entity_id in rows:
+            outcome = json.loads(result) if state in ENDED and result else None
+            based = int(base) if attempts and base is not None else None
+            found[int(work_id)] = Progress(state, outcome, based, entity_id)
+        return found
 
     def outcome(
         self, entity_id: str, work_id: int, base_pos: int | None
