@@ -503,12 +503,10 @@ class PostgresBackend:
         on_busy: BusyPolicy = "reject",
     ) -> TaskRecord:
         rows = await self._tasks()
-        row = await self._row(session_id)
-        also = functools.partial(
-            rows.add_on, task_id=task_id, entity_id=row.entity_id, message=message
-        )
+        entity_id = entity_id_for(session_id)  # (its batch checks the session, as submit's)
+        also = functools.partial(rows.add_on, task_id=task_id, entity_id=entity_id, message=message)
         await self.prompts.enqueue(
-            PromptRequest(row.entity_id, self.spell, intent, None, on_busy, also)
+            PromptRequest(entity_id, self.spell, intent, None, on_busy, also, session=session_id)
         )
         found = await self._db(rows.record, task_id)
         assert found is not None  # written with its prompt
