@@ -7,7 +7,11 @@ session is :func:`~cantrip.protocols.sessions._tail.follow`'s, waking is the
 :class:`~cantrip.protocols.sessions._notify.Notifier`'s LISTEN connection. This module adds
 the seam's shape only: blocking calls in threads behind the store's limiter, a prompt
 id for each work item, events with positions. Prompts arriving together are queued
-together, one commit per batch (:class:`~cantrip.protocols.sessions._admit.PromptCommits`).
+together, one commit per batch (:class:`~cantrip.protocols.sessions._admit.PromptCommits`),
+and the waiters' looks at their work share reads
+(:class:`~cantrip.protocols.sessions._looks.ProgressLooks`). A prompt's calls take the
+session as the front end's ``find`` read it (:data:`~._backend.SessionRef`): a request
+reads its session once (issue 46).
 
 The database's failures are this backend's boundary (drift 12): a lost connection is a
 :class:`SessionError` ``database_unavailable`` (said once in the log, and once again when
