@@ -11,7 +11,9 @@ requests then wait on casts no worker runs, and are dropped.
 Printed: the wall time to queue them all, prompts queued per second, and what the replica
 committed per prompt -- ``COMMIT`` statements (its write transactions: ``pg_stat_statements``)
 and every transaction, reads included (``pg_stat_database.xact_commit``, read after the
-replica has exited so its counters are flushed).
+replica has exited so its counters are flushed), and of those the reads (every
+transaction but the write commits: the route's look at the session, the waiters' looks
+at their prompts' work).
 
     python bench/serve_enqueue.py [--prompts 1000] [--repeats 3]
 """
@@ -157,7 +159,7 @@ def main() -> None:
             f"{args.prompts} concurrent prompts to one serve --db replica: queued in "
             f"{wall:.2f} s ({args.prompts / wall:.0f} prompts/s); per prompt "
             f"{commits / args.prompts:.3f} write commits, {xacts / args.prompts:.2f} "
-            "transactions (reads included)"
+            f"transactions (reads included: {(xacts - commits) / args.prompts:.2f} reads)"
         )
 
 

@@ -37,8 +37,10 @@ from cantrip.protocols.sessions import (
     PromptOutcome,
     SessionEvent,
     SessionInfo,
+    SessionRef,
     Submitted,
     TaskRecord,
+    session_id_of,
 )
 from cantrip.protocols.sessions._backend import check_user, same_user
 from cantrip.protocols.sessions._hub import SessionError
@@ -234,14 +236,14 @@ class DoubleBackend:
 
     async def submit(
         self,
-        session_id: str,
+        ref: SessionRef,
         intent: str,
         *,
         key: str | None = None,
         on_busy: BusyPolicy = "reject",
         tools: Sequence[Mapping[str, Any]] = (),
     ) -> Submitted:
-        session = self._get(session_id)
+        session = self._get(session_id_of(ref))
         names = tuple(str(t.get("name", "")) for t in tools)
         if len(set(names)) < len(names) or not all(TOOL_NAME.fullmatch(n) for n in names):
             raise SessionError("bad_tools", f"the client's tools are not usable: {names}")
@@ -416,8 +418,8 @@ class DoubleBackend:
             session.tell(told, prompt)
         return turn
 
-    async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:
-        session = self._get(session_id)
+    async def result(self, ref: SessionRef, prompt_id: str) -> PromptOutcome:
+        session = self._get(session_id := session_id_of(ref))
         prompt = session.prompts.get(prompt_id)
         if prompt is None:
             raise SessionError("not_found", f"no prompt {prompt_id!r} of session {session_id}")
@@ -489,13 +491,13 @@ class DoubleBackend:
 
     async def follow(
         self,
-        session_id: str,
+        ref: SessionRef,
         after: int | EventId = 0,
         *,
         until: str | None = None,
         prompt_id: str | None = None,
     ) -> AsyncGenerator[SessionEvent, None]:
-        session = self._get(session_id)
+        session = self._get(session_id := session_id_of(ref))
         if prompt_id is not None:
             prompt = session.prompts.get(prompt_id)
             if prompt is None:

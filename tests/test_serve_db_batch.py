@@ -23,7 +23,7 @@ import pytest
 import trio
 from pg_cluster import fresh_database, postgres_cluster
 
-from cantrip.distributed._work import ENTITY_LOCK
+from cantrip.distributed._work import ENTITY_LOCK, USER_KEY
 from cantrip.protocols.sessions import PostgresBackend, SessionError, Submitted
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop
@@ -284,3 +284,37 @@ async def test_a_batch_cut_off_mid_commit_loses_nothing_acknowledged(db: str) ->
         assert work == 1
         for n in range(3):
             assert sent.submitted(f"p{n}").prompt_id
+
+
+async def test_a_batch_checks_each_prompts_session_and_queues_it_with_its_user(db: str) -> None:
+    """The session is checked in the batch, not read before it (issue 46): a prompt to
+    an unknown session fails alone, ``not_found`` naming it as the caller did, while
+    the rest of its batch commits; a session's user travels in its prompt's queued
+    spell, read in the same read as the batch's other rules (A2A's task prompts too)."""
+    async with open_backend(db) as backend:
+        hold, plain = [(await backend.create())[0] for _ in range(2)]
+        ana = (await backend.create(user="ana"))[0]
+        before = await commits(db)
+        async with holding(db, hold.entity_id) as lock, trio.open_nursery() as nursery:
+            sent = Sent(backend, nursery)
+            sent.send("hold", hold.session_id, "held")
+            await until(lambda: lock_waited_on(db))
+            sent.send("nobody", "session-nobody", "to nobody")
+            sent.send("ana", ana.session_id, "for ana")
+            sent.send("plain", plain.session_id, "for nobody in particular")
+            await until(lambda: _true(backend.prompts.waiting + len(sent.answers) == 3))
+            told_before_the_commit = dict(sent.answers)  # (main told "nobody" at once)
+            await trio.to_thread.run_sync(lock.execute, "SELECT pg_advisory_unlock_all()")
+        assert told_before_the_commit == {}  # the unknown session waited for its batch
+        assert await commits(db) - before == 2
+        refused = sent.refused("nobody")
+        assert (refused.kind, refused.message) == ("not_found", "unknown session 'session-nobody'")
+        task = await backend.submit_task(
+            ana.session_id, "a task", task_id="t1", message="{}", on_busy="enqueue"
+        )
+        spells = dict(await query(db, "SELECT intent, spell::jsonb FROM cantrip_work"))
+        assert spells["for ana"][USER_KEY] == "ana"
+        assert spells["a task"][USER_KEY] == "ana"
+        assert USER_KEY not in spells["for nobody in particular"]
+        assert sorted(spells) == sorted(["held", "for ana", "for nobody in particular", "a task"])
+        assert task.session_id == ana.session_id

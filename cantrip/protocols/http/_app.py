@@ -256,7 +256,8 @@ class HttpApp:
             stream = wants_stream(scope, query)  # (a bad value is refused before the cast)
             hang_up = truthy(query.get("cancel_on_disconnect"))
             with self.admission.admit():  # overloaded, shutting_down: before the backend
-                submitted = await backend.submit(sid, intent, key=key, on_busy=on_busy)
+                # the session as read above: not read again (issue 46)
+                submitted = await backend.submit(info, intent, key=key, on_busy=on_busy)
                 if stream:
                     await _streams.prompt_stream(self, info, submitted, key, receive, send,
                                                  hang_up, after)  # fmt: skip

@@ -98,7 +98,7 @@ async def outcome(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_until_gone, receive, nursery.cancel_scope)
         with app.drain.stream() as closing:
-            got.append(await app.backend.result(info.session_id, prompt_id))
+            got.append(await app.backend.result(info, prompt_id))
         nursery.cancel_scope.cancel()
     if closing.cancelled_caught:
         raise SessionError("shutting_down", GONE_ELSEWHERE)
@@ -132,7 +132,7 @@ async def prompt_stream(
     await start_prompt_stream(send, prompt_id, sid, key)
 
     async def tell() -> None:
-        events = app.backend.follow(sid, EVERYTHING if after is None else after,
+        events = app.backend.follow(info, EVERYTHING if after is None else after,
                                     prompt_id=prompt_id)  # fmt: skip
         async with contextlib.aclosing(events):
             async for event in events:
@@ -150,7 +150,7 @@ async def prompt_stream(
     try:
         if closing:
             raise SessionError("shutting_down", GONE_ELSEWHERE)
-        final = {**result_of(info, await app.backend.result(sid, prompt_id)),
+        final = {**result_of(info, await app.backend.result(info, prompt_id)),
                  "prompt_id": prompt_id}  # fmt: skip
     except SessionError as exc:
         await sse_error(send, app.refusal(exc))
@@ -223,7 +223,7 @@ async def events(
     each recorded turn carries its position as the SSE ``id`` (resume from it with
     ``Last-Event-ID``); an ``: idle`` comment after each quiet heartbeat. The follow
     has begun (in process: subscribed) before the client is told ``subscribed``."""
-    followed = app.backend.follow(info.session_id, after)
+    followed = app.backend.follow(info, after)
     # a small hand-over: a client slower than the session fills its watcher's buffer
     # (the backend's bound), and is dropped there, never holding up the cast
     told, heard = trio.open_memory_channel[SessionEvent](HAND_OVER)

@@ -41,12 +41,14 @@ from cantrip.protocols.sessions._backend import (
     SessionError,
     SessionEvent,
     SessionInfo,
+    SessionRef,
     Submitted,
     TaskRecord,
     TaskState,
     capabilities_table,
     entity_id_for,
     session_id_for,
+    session_id_of,
 )
 from cantrip.protocols.sessions._positions import parse_event_id
 from cantrip.protocols.sessions._shapes import event_dict, steered, turn_dict
@@ -105,6 +107,7 @@ __all__ = [
     "SessionError",
     "SessionEvent",
     "SessionInfo",
+    "SessionRef",
     "Submitted",
     "TaskRecord",
     "TaskState",
@@ -114,6 +117,7 @@ __all__ = [
     "modes_table",
     "parse_event_id",
     "session_id_for",
+    "session_id_of",
     "steered",
     "turn_dict",
 ]

@@ -7,7 +7,10 @@ side, ACP) asks the same few things of the place its sessions live: the in-proce
 twice, through the HTTP server shell's twenty hooks typed ``Any``, A2A's handler's
 hooks and a replica protocol, and the copies drifted (below).
 :class:`SessionBackend` says it once, typed: sessions are named by id (a string), never
-handed out as objects, and every answer is one of the values below. Two backends
+handed out as objects, and every answer is one of the values below. A prompt's calls
+(``submit``, ``result``, ``follow``) take instead the :class:`SessionInfo` the front end's
+``find`` gave it in the same request (:data:`SessionRef`): the session is read once per
+request, not once per call (on PostgreSQL a read is a transaction). Two backends
 implement it (:mod:`._process`, :mod:`._postgres`);
 ``tests/test_session_backend_contract.py`` runs one set of tests against both and
 against a double that implements it alone.
@@ -258,6 +261,18 @@ def same_user(session_id: str, has: str | None, asked: str | None) -> None:
         )
 
 
+SessionRef = str | SessionInfo
+"""How a call names a session: its id, or the :class:`SessionInfo` the caller's
+:meth:`SessionBackend.find` returned in this request -- then the backend takes it as
+read and reads the session no second time (on PostgreSQL each read is a transaction:
+a prompt read its session three times before, issue 46)."""
+
+
+def session_id_of(session: SessionRef) -> str:
+    """The id a :data:`SessionRef` names."""
+    return session if isinstance(session, str) else session.session_id
+
+
 @attrs.frozen
 class Submitted:
     """A prompt the backend accepted: running, or waiting its turn."""
@@ -452,7 +467,7 @@ class SessionBackend(Protocol):
 
     async def submit(
         self,
-        session_id: str,
+        session: SessionRef,
         intent: str,
         *,
         key: str | None = None,
@@ -471,7 +486,7 @@ class SessionBackend(Protocol):
         the circle)."""
         ...
 
-    async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:
+    async def result(self, session: SessionRef, prompt_id: str) -> PromptOutcome:
         """Wait for the prompt to end (``not_found``: no such prompt of the session;
         ``cast_failed``: it failed for good)."""
         ...
@@ -491,7 +506,7 @@ class SessionBackend(Protocol):
 
     def follow(
         self,
-        session_id: str,
+        session: SessionRef,
         after: int | EventId = 0,
         *,
         until: str | None = None,

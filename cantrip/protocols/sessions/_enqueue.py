@@ -8,7 +8,11 @@ transaction -- one commit for all (issue 46.1):
 
 * every entity's lock first, in one statement and in the locks' order, so that two
   replicas' batches cannot deadlock on each other;
-* one read of what each prompt meets (open work, an armed cancel, a key seen before);
+* one read of what each prompt meets: its session (whether there is one -- ``not_found``
+  if not, before any other rule -- and its user, the ``user`` tag its cast is queued
+  with), open work, an armed cancel, a key seen before. The session is checked here,
+  under its entity's lock, not read by the request beforehand (issue 46: a prompt
+  read its session three times);
   the *plain* prompts -- nothing met, their entity once in the batch, nothing written
   beside them -- are written together, a statement for their work items and one for
   their rows, in a savepoint;
@@ -32,10 +36,12 @@ from cantrip.distributed._work import (
     ENTITY_LOCK,
     INTERRUPTED,
     REWIND_KEY,
+    USER_KEY,
     cancel_on,
     enqueue_many_on,
     enqueue_on,
 )
+from cantrip.loom._model import RUNTIME_CANTRIPS
 from cantrip.protocols.sessions._backend import SessionError
 from cantrip.protocols.sessions._hub import session_id_for
 
@@ -56,6 +62,12 @@ class PromptRequest:
     on_busy: str = "reject"
     also: Callable[[Any, int], None] | None = None
     """What to write with it, in its savepoint (connection, work id): an A2A task row."""
+    session: str | None = None
+    """The session as the caller named it (an unknown one's ``not_found`` says so);
+    None: its entity's session id."""
+
+    def unknown(self) -> SessionError:
+        return unknown_session(self.session or session_id_for(self.entity_id))
 
 
 @attrs.frozen
@@ -69,6 +81,27 @@ class Queued:
     @property
     def prompt_id(self) -> str:
         return prompt_id_for(self.work_id)
+
+
+def unknown_session(session_id: str) -> SessionError:
+    """The ``not_found`` of a session the database does not know."""
+    return SessionError("not_found", f"unknown session {session_id!r}")
+
+
+def known_session(entity: str) -> str:
+    """SQL: whether the entity ``entity`` (an SQL expression) is a session's -- a row of
+    ``cantrip_sessions``, or a top-level entity the loom holds that is not the runtime's
+    own (one ``cantrip cast --db`` enqueued). It takes the parameter ``%(runtime)s``:
+    :data:`RUNTIME_PARAMS`. Both the batch and a session's read ask it so."""
+    return (
+        f"(EXISTS (SELECT 1 FROM cantrip_sessions WHERE entity_id = {entity}) "
+        f"OR EXISTS (SELECT 1 FROM cantrip_entities WHERE entity_id = {entity} "
+        "AND parent_entity_id IS NULL AND NOT starts_with("
+        "data::jsonb->>'cantrip_id', %(runtime)s)))"
+    )
+
+
+RUNTIME_PARAMS = {"runtime": RUNTIME_CANTRIPS}
 
 
 def prompt_id_for(work_id: int) -> str:
@@ -97,7 +130,12 @@ def queue_prompts(conn: Any, prompts: Sequence[PromptRequest]) -> list[Queued | 
     import psycopg
 
     outcomes: dict[int, Queued | Exception] = {}
-    plain = _plain(conn, prompts)
+    met = _meet(conn, prompts)
+    for index, (prompt, meets) in enumerate(zip(prompts, met, strict=True)):
+        if not meets.known:  # before every other rule, as a session read first was
+            outcomes[index] = prompt.unknown()
+    prompts = [_for_user(p, m.user) for p, m in zip(prompts, met, strict=True)]
+    plain = _plain(prompts, met)
     if plain:
         try:
             with conn.transaction():  # a savepoint: should it fail, each goes on its own
@@ -118,16 +156,27 @@ def queue_prompts(conn: Any, prompts: Sequence[PromptRequest]) -> list[Queued | 
     return [outcomes[index] for index in range(len(prompts))]
 
 
-def _plain(conn: Any, prompts: Sequence[PromptRequest]) -> list[int]:
-    """The indexes of the prompts that meet nothing (one read for all): their entity is
-    once in the batch, has no open work (or the prompt queues behind it) and no armed
-    cancel of its next prompt, their key (if any) names no prompt and no armed cancel,
-    and nothing is written beside them."""
-    counts: dict[str, int] = {}
-    for prompt in prompts:
-        counts[prompt.entity_id] = counts.get(prompt.entity_id, 0) + 1
+@attrs.frozen
+class _Meets:
+    """What one prompt of a batch meets (:func:`_meet`)."""
+
+    known: bool
+    """Its session exists."""
+    user: str | None
+    """Its session's user (the ``user`` tag of its casts)."""
+    busy: bool
+    """Its entity has open work."""
+    seen: bool
+    """An armed cancel of the next prompt, or its key named a prompt or a cancel."""
+
+
+def _meet(conn: Any, prompts: Sequence[PromptRequest]) -> list[_Meets]:
+    """What each prompt meets, in one read for the whole batch: its session (is there
+    one, and its user), open work, an armed cancel, a key seen before."""
     rows = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM cantrip_work w WHERE w.entity_id = p.e "
+        f"SELECT {known_session('p.e')}, "
+        "(SELECT s.user_id FROM cantrip_sessions s WHERE s.entity_id = p.e), "
+        "EXISTS (SELECT 1 FROM cantrip_work w WHERE w.entity_id = p.e "
         f"AND w.{_OPEN}), "
         "EXISTS (SELECT 1 FROM cantrip_sessions s WHERE s.entity_id = p.e "
         "AND s.cancel_until IS NOT NULL) "
@@ -135,16 +184,41 @@ def _plain(conn: Any, prompts: Sequence[PromptRequest]) -> list[int]:
         "AND c.idempotency_key = p.k) "
         "OR EXISTS (SELECT 1 FROM cantrip_cancels x WHERE x.entity_id = p.e "
         "AND x.idempotency_key = p.k) "
-        "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS p(e, k, n) ORDER BY p.n",
-        ([p.entity_id for p in prompts], [p.key for p in prompts]),
+        "FROM unnest(%(e)s::text[], %(k)s::text[]) WITH ORDINALITY AS p(e, k, n) "
+        "ORDER BY p.n",
+        {
+            "e": [p.entity_id for p in prompts],
+            "k": [p.key for p in prompts],
+            **RUNTIME_PARAMS,
+        },
     ).fetchall()
+    return [_Meets(bool(k), u, bool(b), bool(s)) for k, u, b, s in rows]
+
+
+def _for_user(prompt: PromptRequest, user: str | None) -> PromptRequest:
+    """The prompt with its session's user in its spell: the worker casts with it as the
+    ``user`` tag (a memory namespace's ``{user}``)."""
+    if user is None:
+        return prompt
+    return attrs.evolve(prompt, spell={**prompt.spell, USER_KEY: user})
+
+
+def _plain(prompts: Sequence[PromptRequest], met: Sequence[_Meets]) -> list[int]:
+    """The indexes of the prompts that meet nothing: their session exists, their
+    entity is once in the batch, has no open work (or the prompt queues behind it) and
+    no armed cancel of its next prompt, their key (if any) names no prompt and no
+    armed cancel, and nothing is written beside them."""
+    counts: dict[str, int] = {}
+    for prompt in prompts:
+        counts[prompt.entity_id] = counts.get(prompt.entity_id, 0) + 1
     return [
         index
-        for index, (prompt, (busy, met)) in enumerate(zip(prompts, rows, strict=True))
-        if counts[prompt.entity_id] == 1
+        for index, (prompt, meets) in enumerate(zip(prompts, met, strict=True))
+        if meets.known
+        and counts[prompt.entity_id] == 1
         and prompt.also is None
-        and not met
-        and (not busy or prompt.on_busy == "enqueue")
+        and not meets.seen
+        and (not meets.busy or prompt.on_busy == "enqueue")
     ]
 
 

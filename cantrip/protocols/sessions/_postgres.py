@@ -7,7 +7,11 @@ session is :func:`~cantrip.protocols.sessions._tail.follow`'s, waking is the
 :class:`~cantrip.protocols.sessions._notify.Notifier`'s LISTEN connection. This module adds
 the seam's shape only: blocking calls in threads behind the store's limiter, a prompt
 id for each work item, events with positions. Prompts arriving together are queued
-together, one commit per batch (:class:`~cantrip.protocols.sessions._admit.PromptCommits`).
+together, one commit per batch (:class:`~cantrip.protocols.sessions._admit.PromptCommits`),
+and the waiters' looks at their work share reads
+(:class:`~cantrip.protocols.sessions._looks.ProgressLooks`). A prompt's calls take the
+session as the front end's ``find`` read it (:data:`~._backend.SessionRef`): a request
+reads its session once (issue 46).
 
 The database's failures are this backend's boundary (drift 12): a lost connection is a
 :class:`SessionError` ``database_unavailable`` (said once in the log, and once again when
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -36,7 +40,7 @@ from cantrip._errors import ConstructionError
 from cantrip._events import PauseEvent
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
-from cantrip.distributed._work import DEAD, PAUSED, USER_KEY
+from cantrip.distributed._work import DEAD, PAUSED
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
@@ -57,12 +61,16 @@ from cantrip.protocols.sessions._backend import (
     SessionError,
     SessionEvent,
     SessionInfo,
+    SessionRef,
     Submitted,
     TaskRecord,
     check_user,
     entity_id_for,
+    session_id_for,
+    session_id_of,
 )
 from cantrip.protocols.sessions._enqueue import PromptRequest, prompt_id_for, work_id_for
+from cantrip.protocols.sessions._looks import ProgressLooks
 from cantrip.protocols.sessions._notify import Notifier
 from cantrip.protocols.sessions._positions import START, EventId, TurnIds, check_reachable
 from cantrip.protocols.sessions._rows import DbSessions, Progress, SessionRow, failure_message
@@ -117,6 +125,8 @@ class PostgresBackend:
         """The loom the workers record in (every read a query: always fresh)."""
         self.prompts = PromptCommits(sessions, self._db, max_batch=max_batch)
         """The prompts on their way to the queue: one commit per batch (issue 46.1)."""
+        self.looks = ProgressLooks(sessions, self._db)
+        """The waiters' looks at their prompts' work: one read per batch (issue 46)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -178,9 +188,13 @@ class PostgresBackend:
     async def _db_waiting(self, fn: Callable[..., T], *args: Any) -> T:
         """:meth:`_db` for a caller waiting on a cast: while the database is away it
         keeps trying every ``poll_s`` (the cast goes on once it is back)."""
+        return await self._waiting_out(lambda: self._db(fn, *args))
+
+    async def _waiting_out(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, tried again every ``poll_s`` while the database is away."""
         while True:
             try:
-                return await self._db(fn, *args)
+                return await call()
             except SessionError as exc:
                 if exc.kind != DB_UNAVAILABLE:
                     raise
@@ -188,8 +202,14 @@ class PostgresBackend:
 
     # -- sessions ----------------------------------------------------------------
 
-    async def _row(self, session_id: str) -> SessionRow:
-        return await self._db(self.db.require, session_id)  # not_found
+    async def _row(self, session: SessionRef) -> SessionRow:
+        """The session's row: read (``not_found``), or as the caller's ``find`` read it in
+        this request (a :class:`SessionInfo`: no second read)."""
+        if isinstance(session, str):
+            return await self._db(self.db.require, session)
+        return SessionRow(
+            session.session_id, session.entity_id, session.running, session.turns, session.user
+        )
 
     async def create(
         self, key: str | None = None, *, user: str | None = None
@@ -224,27 +244,31 @@ class PostgresBackend:
 
     async def submit(
         self,
-        session_id: str,
+        session: SessionRef,
         intent: str,
         *,
         key: str | None = None,
         on_busy: BusyPolicy = "reject",
         tools: Sequence[Mapping[str, Any]] = (),
     ) -> Submitted:
-        row = await self._row(session_id)
+        """The session is not read here: its batch checks it (``not_found``) and reads
+        its user under its entity's lock, in the transaction that queues the prompt
+        (:mod:`._enqueue`) -- one read for the whole batch."""
         spell = self.spell
         if tools:  # the worker offers them (and to an answer's continuation of this work)
             try:
                 client_gates(tools)  # refused here, not by the worker
             except ConstructionError as exc:
+                if isinstance(session, str):  # an unknown session is not_found first
+                    await self._row(session)
                 raise SessionError("bad_tools", str(exc)) from None
             spell = {**spell, CLIENT_TOOLS_KEY: [dict(t) for t in tools]}
-        if row.user is not None:  # the worker casts with it as the ``user`` tag
-            spell = {**spell, USER_KEY: row.user}
+        named = session_id_of(session)
+        entity_id = entity_id_for(named)
         queued = await self.prompts.enqueue(
-            PromptRequest(row.entity_id, spell, intent, key, on_busy)
+            PromptRequest(entity_id, spell, intent, key, on_busy, session=named)
         )
-        return Submitted(queued.prompt_id, row.session_id, replayed=queued.replayed)
+        return Submitted(queued.prompt_id, session_id_for(entity_id), replayed=queued.replayed)
 
     async def _work_of(self, row: SessionRow, prompt_id: str) -> int:
         """The work item ``prompt_id`` names, if it is one of the session's."""
@@ -261,23 +285,31 @@ class PostgresBackend:
             ).fetchone()
         return None if found is None else str(found[0])
 
-    async def _ended(self, entity_id: str, work_id: int) -> Progress:
-        """Until the work ends: woken by NOTIFY, checking every ``poll_s`` regardless."""
-        with self.notifier.watching(entity_id) as next_event:
+    async def _ended(self, row: SessionRow, prompt_id: str) -> tuple[int, Progress]:
+        """Until the prompt's work ends: woken by NOTIFY, checking every ``poll_s``
+        regardless. Its first look says too whether the prompt is the session's
+        (``not_found`` if not): no read of its own for that."""
+        work_id = work_id_for(prompt_id)
+        with self.notifier.watching(row.entity_id) as next_event:
             while True:
                 woken = next_event()  # before the check: none is missed
-                progress = await self._db_waiting(self.db.progress, work_id)
+                progress = None
+                if work_id is not None:  # with the other waiters' looks (:mod:`._looks`)
+                    progress = await self._waiting_out(lambda: self.looks.progress(work_id))
+                if work_id is None or progress is None or progress.entity_id != row.entity_id:
+                    raise SessionError(
+                        "not_found", f"no prompt {prompt_id!r} of session {row.session_id}"
+                    )
                 if progress.ended:
-                    return progress
+                    return work_id, progress
                 with trio.move_on_after(self.poll_s):
                     await woken.wait()
 
-    async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:
-        row = await self._row(session_id)
-        work_id = await self._work_of(row, prompt_id)
+    async def result(self, session: SessionRef, prompt_id: str) -> PromptOutcome:
+        row = await self._row(session)
         self.waiting += 1
         try:
-            ended = await self._ended(row.entity_id, work_id)
+            work_id, ended = await self._ended(row, prompt_id)
         finally:
             self.waiting -= 1
         if ended.state == "failed":
@@ -322,13 +354,13 @@ class PostgresBackend:
 
     async def follow(
         self,
-        session_id: str,
+        session: SessionRef,
         after: int | EventId = 0,
         *,
         until: str | None = None,
         prompt_id: str | None = None,
     ) -> AsyncGenerator[SessionEvent, None]:
-        row = await self._row(session_id)
+        row = await self._row(session)
         if prompt_id is not None:
             own_work = await self._work_of(row, prompt_id)
             resume = after if isinstance(after, EventId) else None
@@ -344,7 +376,7 @@ class PostgresBackend:
         # with ``until``: once its work has ended, one more look reads the last turns
         # it recorded, and that look's beat ends the following
         ending = False
-        check_reachable(after, (await self.find(session_id)).turns)
+        check_reachable(after, row.turns)  # (read with the row: not again)
         # the turn named is read again: its events' ids go on from it
         before = max((after.turn if isinstance(after, EventId) else after) - 1, 0)
         pos = await self._db(self._pos_of, row.entity_id, before)
@@ -366,7 +398,8 @@ class PostgresBackend:
                 # where no gate asks a human (a client's tool); turns bring one only
                 # where one may; the first look tells the present turn's
                 if first or item.heard or (self.humans and item.landed):
-                    pending = [p.to_dict() for p in await self.pauses(session_id)]
+                    found = await self._db(self.db.pending, row.entity_id)  # (no row again)
+                    pending = [Pause.from_dict(p).to_dict() for p in found]
                     for event in _pause_events(ids, row.entity_id, pending, told):
                         if keep(event):
                             yield event
@@ -474,12 +507,10 @@ class PostgresBackend:
         on_busy: BusyPolicy = "reject",
     ) -> TaskRecord:
         rows = await self._tasks()
-        row = await self._row(session_id)
-        also = functools.partial(
-            rows.add_on, task_id=task_id, entity_id=row.entity_id, message=message
-        )
+        entity_id = entity_id_for(session_id)  # (its batch checks the session, as submit's)
+        also = functools.partial(rows.add_on, task_id=task_id, entity_id=entity_id, message=message)
         await self.prompts.enqueue(
-            PromptRequest(row.entity_id, self.spell, intent, None, on_busy, also)
+            PromptRequest(entity_id, self.spell, intent, None, on_busy, also, session=session_id)
         )
         found = await self._db(rows.record, task_id)
         assert found is not None  # written with its prompt

@@ -63,10 +63,12 @@ from cantrip.protocols.sessions._backend import (
     PromptOutcome,
     SessionEvent,
     SessionInfo,
+    SessionRef,
     Submitted,
     TaskRecord,
     check_user,
     entity_id_for,
+    session_id_of,
 )
 from cantrip.protocols.sessions._hub import (
     Prompt,
@@ -333,14 +335,14 @@ class ProcessBackend:
 
     async def submit(
         self,
-        session_id: str,
+        ref: SessionRef,
         intent: str,
         *,
         key: str | None = None,
         on_busy: BusyPolicy = "reject",
         tools: Sequence[Mapping[str, Any]] = (),
     ) -> Submitted:
-        session = await self._session(session_id)
+        session = await self._session(session_id_of(ref))  # (in memory: no read to save)
         if self.nursery is None:
             raise SessionError("shutting_down", "the backend is not running")
         offered = _client_gates(tools)  # bad_tools: refused before anything is made
@@ -421,8 +423,8 @@ class ProcessBackend:
                     del self._runs[old]
                     break
 
-    async def result(self, session_id: str, prompt_id: str) -> PromptOutcome:
-        session = await self._session(session_id)
+    async def result(self, ref: SessionRef, prompt_id: str) -> PromptOutcome:
+        session = await self._session(session_id_of(ref))
         run = self._runs.get(prompt_id)
         if run is None or run.session_id != session.id:
             raise SessionError(
@@ -474,13 +476,13 @@ class ProcessBackend:
 
     async def follow(
         self,
-        session_id: str,
+        ref: SessionRef,
         after: int | EventId = 0,
         *,
         until: str | None = None,
         prompt_id: str | None = None,
     ) -> AsyncGenerator[SessionEvent, None]:
-        session = await self._session(session_id)
+        session = await self._session(session_id_of(ref))
         if prompt_id is not None:
             resume = after if isinstance(after, EventId) else None
             async with contextlib.aclosing(self._follow_prompt(session, prompt_id, resume)) as own:

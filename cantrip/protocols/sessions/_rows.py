@@ -60,15 +60,18 @@ from cantrip.distributed._work import (
     steer_on,
 )
 from cantrip.loom._codec import decode_record
-from cantrip.loom._model import RUNTIME_CANTRIPS, Turn, new_entity_id
+from cantrip.loom._model import Turn, new_entity_id
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import same_user
 from cantrip.protocols.sessions._enqueue import (
+    RUNTIME_PARAMS,
     PromptRequest,
     Queued,
+    known_session,
     prompt_id_for,
     queue_prompts,
+    unknown_session,
     work_id_for,
 )
 from cantrip.protocols.sessions._hub import (
@@ -152,6 +155,9 @@ class Progress:
     state: str
     outcome: dict[str, Any] | None
     base_pos: int | None
+    entity_id: str | None = None
+    """The entity it is work of (a waiter checks the prompt is its session's with the
+    same read)."""
 
     @property
     def ended(self) -> bool:
@@ -195,14 +201,11 @@ class DbSessions:
         entity_id = entity_id_for(session_id)
         with self.store.pool.connection() as conn:
             row = conn.execute(
-                "SELECT (SELECT 1 FROM cantrip_sessions WHERE entity_id = %(e)s) IS NOT NULL "
-                "OR EXISTS (SELECT 1 FROM cantrip_entities WHERE entity_id = %(e)s "
-                "AND parent_entity_id IS NULL AND NOT starts_with("
-                "data::jsonb->>'cantrip_id', %(runtime)s)), "
+                f"SELECT {known_session('%(e)s')}, "
                 "(SELECT count(*) FROM cantrip_turns WHERE entity_id = %(e)s), "
                 f"EXISTS (SELECT 1 FROM cantrip_work WHERE entity_id = %(e)s AND {_OPEN}), "
                 "(SELECT user_id FROM cantrip_sessions WHERE entity_id = %(e)s)",
-                {"e": entity_id, "runtime": RUNTIME_CANTRIPS},
+                {"e": entity_id, **RUNTIME_PARAMS},
             ).fetchone()
         assert row is not None
         known, turns, running, user = row
@@ -213,7 +216,7 @@ class DbSessions:
     def require(self, session_id: str) -> SessionRow:
         row = self.get(session_id)
         if row is None:
-            raise SessionError("not_found", f"unknown session {session_id!r}")
+            raise unknown_session(session_id)
         return row
 
     def all(self) -> list[SessionRow]:
@@ -305,19 +308,30 @@ class DbSessions:
         return Queued(answered.work_id, replayed=answered.live)
 
     def progress(self, work_id: int) -> Progress:
-        """The work item's state, outcome (once ended) and base position, in one query."""
-        with self.store.pool.connection() as conn:
-            row = conn.execute(
-                "SELECT w.state, w.result, w.attempts, coalesce(w.base_pos, p.base_pos) "
-                "FROM cantrip_work w LEFT JOIN cantrip_prompts p ON p.work_id = w.id "
-                "WHERE w.id = %s",
-                (work_id,),
-            ).fetchone()
-        if row is None:
+        """The work item's state, outcome (once ended), base position and entity, in
+        one query."""
+        found = self.progress_of([work_id]).get(work_id)
+        if found is None:
             raise LookupError(f"no work item {work_id}")
-        state, result, attempts, base = row
-        outcome = json.loads(result) if state in ENDED and result else None
-        return Progress(state, outcome, int(base) if attempts and base is not None else None)
+        return found
+
+    def progress_of(self, work_ids: Sequence[int]) -> dict[int, Progress]:
+        """:meth:`progress` of many work items in one query (those that exist): the looks
+        of many waiters at once share it (:mod:`._looks`)."""
+        with self.store.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT w.id, w.state, w.result, w.attempts, coalesce(w.base_pos, p.base_pos), "
+                "w.entity_id "
+                "FROM cantrip_work w LEFT JOIN cantrip_prompts p ON p.work_id = w.id "
+                "WHERE w.id = ANY(%s)",
+                (list(work_ids),),
+            ).fetchall()
+        found: dict[int, Progress] = {}
+        for work_id, state, result, attempts, base, entity_id in rows:
+            outcome = json.loads(result) if state in ENDED and result else None
+            based = int(base) if attempts and base is not None else None
+            found[int(work_id)] = Progress(state, outcome, based, entity_id)
+        return found
 
     def outcome(
         self, entity_id: str, work_id: int, base_pos: int | None
