@@ -232,31 +232,61 @@ _HEARTBEAT = """
 WITH mine AS (
     SELECT * FROM unnest(%(entities)s::text[], %(epochs)s::bigint[]) AS m(entity_id, epoch)
 ),
-locked AS (
-    SELECT l.entity_id, l.epoch,
-        l.owner = %(owner)s AND l.epoch = mine.epoch AND l.expires_at > clock_timestamp() AS held
-    FROM cantrip_leases l JOIN mine ON mine.entity_id = l.entity_id
-    FOR UPDATE OF l SKIP LOCKED
+fenced AS MATERIALIZED (
+    SELECT mine.entity_id, mine.epoch FROM mine
+    WHERE pg_try_advisory_xact_lock_shared(cantrip_fence_key(mine.entity_id))
 ),
 renewed AS (
     UPDATE cantrip_leases l
     SET expires_at = clock_timestamp() + %(lease)s * interval '1 second'
-    FROM locked WHERE l.entity_id = locked.entity_id AND locked.held
+    FROM fenced f
+    WHERE l.entity_id = f.entity_id AND l.owner = %(owner)s AND l.epoch = f.epoch
+        AND l.expires_at > clock_timestamp()
     RETURNING l.entity_id, l.epoch
 )
-SELECT m.entity_id, k.entity_id IS NULL, (
+SELECT m.entity_id, f.entity_id IS NULL, (
     SELECT coalesce(w.cancel_reason, 'cancelled') FROM cantrip_work w
     WHERE w.entity_id = r.entity_id AND w.state = 'running' AND w.owner = %(owner)s
         AND w.epoch = r.epoch AND w.cancel_requested LIMIT 1)
 FROM mine m
-LEFT JOIN locked k ON k.entity_id = m.entity_id
+LEFT JOIN fenced f ON f.entity_id = m.entity_id
 LEFT JOIN renewed r ON r.entity_id = m.entity_id
-WHERE r.entity_id IS NOT NULL OR k.entity_id IS NULL
+WHERE r.entity_id IS NOT NULL OR f.entity_id IS NULL
 """
-"""Renew many leases in one statement without waiting on a lock: a lease row another
-transaction holds at this moment (a claim, a release) is skipped (renewed at the next
-beat), so a heartbeat never waits behind it. (Loom writes lock no lease row:
-``cantrip_fence_holds``.)"""
+"""Renew many leases in one statement without waiting on a lock and without a row lock
+(schema 6's fence, issue 46.2: a ``FOR UPDATE`` lock was a WAL record per lease per
+beat): a lease is renewed under its entity's fence lock taken shared, never waiting --
+so a claim taking the entity at this moment (it holds that lock exclusively) makes the
+beat skip it (renewed at the next beat), and a claim that comes after passes the entity
+over until the beat committed -- and no lease row another transaction changes is
+touched: claims and :meth:`WorkQueue.reclaim` change a lease only under that lock
+exclusively, and this worker's own releases (one short statement each) are the only
+other writers of its leases. Loom writes share the lock (``cantrip_fence_holds``)."""
+
+
+_RECLAIM = """
+WITH held AS MATERIALIZED (
+    SELECT entity_id FROM cantrip_leases
+    WHERE owner = %(owner)s AND expires_at > clock_timestamp()
+),
+taken AS MATERIALIZED (SELECT entity_id FROM held WHERE cantrip_fence_take(entity_id)),
+expired AS (
+    UPDATE cantrip_leases l SET expires_at = clock_timestamp()
+    FROM taken t
+    WHERE l.entity_id = t.entity_id AND l.owner = %(owner)s
+        AND l.expires_at > clock_timestamp()
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM expired),
+    (SELECT array_agg(entity_id) FROM held WHERE entity_id NOT IN (SELECT entity_id FROM taken))
+"""
+""":meth:`WorkQueue.reclaim`'s first pass: the leases ``owner`` holds whose fence lock is
+free, expired now under it; the answer: how many, and the entities whose lock was busy."""
+
+_RECLAIM_ONE = (
+    "UPDATE cantrip_leases SET expires_at = clock_timestamp() "
+    "WHERE entity_id = %(entity)s AND owner = %(owner)s AND expires_at > clock_timestamp()"
+)
 
 
 def heartbeat_on(
@@ -264,9 +294,9 @@ def heartbeat_on(
 ) -> dict[str, str | None]:
     """Extend every lease of ``fences`` (one worker's) that still holds, in one statement:
     {lease entity: the reason of a cancel requested, or "" for none} for those renewed,
-    None for those skipped because another transaction held their row this moment (neither renewed
-    nor known lost); one missing from the answer is lost (expired, or claimed by another
-    worker)."""
+    None for those skipped because a claim held their fence lock this moment (neither
+    renewed nor known lost); one missing from the answer is lost (expired, or claimed by
+    another worker)."""
     rows = conn.execute(
         _HEARTBEAT,
         {
@@ -314,15 +344,24 @@ class WorkQueue:
         identity of one that died takes its casts back at once (issue 46.3) instead of
         waiting out the leases. The next claim (any worker's) reaps them and takes each
         at a new fencing epoch, so a process still running under that identity can write
-        nothing more to them. The number of leases expired."""
+        nothing more to them. The number of leases expired.
+
+        Each lease is changed under its entity's fence lock held exclusively, as a claim
+        changes one (a heartbeat renews without a row lock: :data:`_HEARTBEAT`): first
+        all those whose lock is free, in one statement; then each of the others -- a
+        write or a beat of the old process in flight -- in a transaction of its own that
+        waits for that one lock only (holding no other, it deadlocks with no one)."""
         with self.store.pool.connection() as conn:
-            return int(
-                conn.execute(
-                    "UPDATE cantrip_leases SET expires_at = clock_timestamp() "
-                    "WHERE owner = %s AND expires_at > clock_timestamp()",
-                    (owner,),
-                ).rowcount
-            )
+            row = conn.execute(_RECLAIM, {"owner": owner}).fetchone()
+            assert row is not None
+            expired, busy = int(row[0]), list(row[1] or ())
+            for entity in busy:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(cantrip_fence_key(%s))", (entity,))
+                    expired += conn.execute(
+                        _RECLAIM_ONE, {"owner": owner, "entity": entity}
+                    ).rowcount
+        return expired
 
     def claim(self, owner: str, lease_s: float) -> Claim | None:
         """The oldest runnable work item, now this worker's; None if there is none."""
