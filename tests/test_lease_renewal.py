@@ -11,7 +11,8 @@ import threading
 import psycopg
 import pytest
 
-from cantrip.distributed._queue import WorkQueue, heartbeat_on
+from cantrip.distributed._queue import WorkQueue
+from cantrip.distributed._renewal import heartbeat_on
 from cantrip.distributed._work import Claim
 from cantrip.loom._postgres import PostgresStore
 
