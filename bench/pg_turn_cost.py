@@ -54,6 +54,13 @@ journal's data encoded in one orjson walk, ``Loom.release`` no longer O(held). B
 figures under Python's own collector, as before: the child now runs under the setting
 ``cantrip worker`` runs under (``command_gc``, its ``--gc-young``) unless
 ``PG_TURN_COST_GC_YOUNG=0``; with it, after: 1,047 us per turn, 713 turns/s.
+Issue 46.4's third pass (same command, main vs branch interleaved, load 17-30): worker
+CPU per turn, median of 3, 1,080 -> 999 us with a gate result encoded only when the group
+commit writes it, ``arguments_json`` through orjson and the spell key made once; then
+1,094 -> 937 us (DB threads 472 -> 421, trio thread 622 -> 516; turns/s 451 -> 636)
+with the group commit's waiters woken once per batch (the heir writes the next one).
+The runs swing by +-15 % with the machine's load; compare pairs, not single runs.
+
 ``PG_TURN_COST_PROFILE=x.prof`` keeps the trio thread's profile for pstats,
 ``PG_TURN_COST_PROFILE_THREADS=y.prof`` profiles every thread hop (the DB threads).
 
