@@ -108,6 +108,15 @@ figures move by +-30 % from run to run; WAL, statements and transactions do not:
     takeover after SIGKILL (worker 0 restarted under its id; 50 ms): 7.6 / 8.5 / 9.2 / 2.9 s
       before -> 2.0 / 1.9 / 1.3 / 2.7 s after (200 x 1, 200 x 2, 1000 x 1, 1000 x 2)
 
+Leases renewed without row locks (issue 46.2, third pass; ``--table --wal-detail
+--agents 200 1000 --latencies 0 --workers 1 --no-kill``, main then branch, load ~18-30):
+``Heap LOCK cantrip_leases`` 0.80 -> 0.52 records, 43 -> 28 B per turn at 200 agents and
+1.59 -> 0.62 records, 86 -> 33 B at 1,000 (what is left: the claim's upsert, which locks
+the lease row it updates); WAL per turn 3,303 -> 3,319 B (200; the branch's run was
+slower: more beats, each a lease update) and 3,442 -> 3,377 B (1,000); statements per
+turn 3.42 -> 3.16 and 3.48 -> 3.24. A heartbeat's renewals scale with wall time, not
+turns: compare these per-turn figures at similar walls only.
+
 The worker's CPU, measured back to back on main and on this branch (``WORKLOAD_TURNS=5
 bench/pg_turn_cost.py --entities 1000 --concurrency 1000``: one worker, 0 ms, fsync off,
 load 5-7): 1,913 -> 1,094 us per turn (DB threads 849 -> 514, trio thread 1,064 -> 580),

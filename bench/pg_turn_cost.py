@@ -54,6 +54,17 @@ journal's data encoded in one orjson walk, ``Loom.release`` no longer O(held). B
 figures under Python's own collector, as before: the child now runs under the setting
 ``cantrip worker`` runs under (``command_gc``, its ``--gc-young``) unless
 ``PG_TURN_COST_GC_YOUNG=0``; with it, after: 1,047 us per turn, 713 turns/s.
+Issue 46.4's third pass (same command, main vs branch back to back, load 8-30): a gate
+result encoded only when the group commit writes it, ``arguments_json`` through orjson,
+the spell key made once, the group commit's waiters woken once per batch (its heir
+writes the next). What the trio thread does per 5,000 turns (cProfile counts, stable
+from run to run): task suspensions 73,814 -> 54,076, ``Event.wait`` resumptions 43,624
+-> 24,172, journal encodings 13,000 -> 8,000, stdlib argument encodings 5,000 -> 0,
+Python calls 4.70 M -> 4.50 M. Worker CPU per turn over 9 pairs: median 1,007 -> 973 us
+(main 805-1,197, branch 779-1,130); the pairs' differences run from -300 to +202 us
+(median +17): at this load the saving is inside the noise, and whichever side runs
+second in a pair tends to read lower -- alternate the order when comparing.
+
 ``PG_TURN_COST_PROFILE=x.prof`` keeps the trio thread's profile for pstats,
 ``PG_TURN_COST_PROFILE_THREADS=y.prof`` profiles every thread hop (the DB threads).
 

@@ -141,8 +141,9 @@ class TurnJournal:
         self.sequence = sequence
         self.entries: Mapping[int, JournalEntry] = {e[0]: e for e in entries}
         self.ordinal = 0
-        self.pending: str | None = None
-        """A fresh utterance not yet journaled: it goes with the first call's start."""
+        self.pending: Response | None = None
+        """A fresh utterance not yet journaled: it goes with the first call's start
+        (encoded then: a turn that calls no journaled gate never encodes it)."""
         self.unsynced = False
         """A result was queued and its commit not yet waited for."""
 
@@ -155,7 +156,7 @@ class TurnJournal:
     async def record_utterance(self, response: Response) -> None:
         """Keep the utterance to journal with the first gate call it makes (nothing is
         written for a turn that makes none)."""
-        self.pending = encode_response(response)
+        self.pending = response
 
     async def flush(self) -> None:
         """Wait for the commit of the results queued so far (before a wait that may be
@@ -197,7 +198,13 @@ class TurnJournal:
         if self.pending is not None:  # the utterance, committed with its first call
             utterance, self.pending = self.pending, None
             await self.loom.journal_write(
-                self.entity_id, self.sequence, UTTERANCE, "", utterance, None, durable=False
+                self.entity_id,
+                self.sequence,
+                UTTERANCE,
+                "",
+                encode_response(utterance),
+                None,
+                durable=False,
             )
         await self.loom.journal_write(self.entity_id, self.sequence, ordinal, g.name, data, None)
         self.unsynced = False  # (that commit carried every result queued before it)
@@ -223,14 +230,17 @@ class TurnJournal:
         return record  # the medium works with the whole result; the journal keeps the cap
 
     async def _finish(self, ordinal: int, gate: str, data: str, record: GateCallRecord) -> None:
-        """Queue the call's result: committed with the turn's next write (module docstring)."""
+        """Queue the call's result: committed with the turn's next write (module docstring).
+
+        Encoded only if it is written (by the store, when it writes it): a result that
+        commits with its turn is dropped unwritten, most of them (issue 46.4)."""
         await self.loom.journal_write(
             self.entity_id,
             self.sequence,
             ordinal,
             gate,
             data,
-            _dumps(record.to_dict()),
+            lambda: _dumps(record.to_dict()),
             durable=False,
         )
         self.unsynced = True

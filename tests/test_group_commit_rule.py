@@ -143,3 +143,78 @@ async def test_take_all_hands_the_queue_over() -> None:
     commits.queue("b")
     assert commits.take_all() == ["a", "b"]
     assert not commits.pending and commits.written(1)
+
+
+class Steps(trio.abc.Instrument):
+    """How many times each task ran (a step: from being scheduled to its next wait)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, int] = {}
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps[task.name] = self.steps.get(task.name, 0) + 1
+
+
+async def test_a_caller_queued_during_a_commit_is_woken_once() -> None:
+    """Issue 46.4: the callers whose items arrive while a batch is written wait for the
+    next batch only -- the first of them (the heir) waits for the batch in flight and
+    writes the next; the others are woken once, when theirs is written (before: every
+    one woke when the batch before ended, and all but the writer waited again)."""
+
+    class Commits(Writes):
+        async def __call__(self, batch: list[str]) -> None:
+            await super().__call__(batch)
+            await trio.lowlevel.checkpoint()  # a commit waits (a thread hop to the database)
+
+    writes = Commits()
+    writes.release = trio.Event()
+    held = writes.release
+    commits = GroupCommit(writes)
+    done: list[str] = []
+    steps = Steps()
+
+    async def waiter(item: str) -> None:
+        await commits.wait(commits.queue(item))
+        done.append(item)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send, commits, "first", done)
+        await writes.started.wait()
+        trio.lowlevel.add_instrument(steps)
+        for item in "bcd":
+            nursery.start_soon(waiter, item, name=item)
+        await trio.testing.wait_all_tasks_blocked()
+        held.set()
+    trio.lowlevel.remove_instrument(steps)
+    assert [sorted(batch) for batch in writes.batches] == [["first"], ["b", "c", "d"]]
+    assert sorted(done) == ["b", "c", "d", "first"]
+    # each: one step to queue and wait, one when its batch is written -- and the heir,
+    # which writes it, one more after its commit's wait (before: 3, 3, 3)
+    assert sorted(steps.steps[name] for name in "bcd") == [2, 2, 3], steps.steps
+
+
+async def test_a_cancelled_heir_leaves_no_caller_waiting() -> None:
+    writes = Writes()
+    writes.release = trio.Event()
+    held = writes.release
+    commits = GroupCommit(writes)
+    done: list[str] = []
+    heir = trio.CancelScope()
+
+    async def first_after(item: str) -> None:
+        with heir:
+            await commits.wait(commits.queue(item))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, commits, "first", done)
+            await writes.started.wait()
+            nursery.start_soon(first_after, "heir")
+            await trio.testing.wait_all_tasks_blocked()
+            sent(commits, nursery, "cd", done)
+            await trio.testing.wait_all_tasks_blocked()
+            heir.cancel()  # the heir stops waiting before the batch in flight ends
+            await trio.testing.wait_all_tasks_blocked()
+            held.set()
+    assert sorted(done) == ["c", "d", "first"]
+    assert writes.batches == [["first"], ["heir", "c", "d"]]  # taken in: written anyway

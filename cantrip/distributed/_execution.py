@@ -79,9 +79,10 @@ class Execution:
         thread hop as the entity's refresh, so the mailbox's first read costs no hop
         of its own (issue 46.4)."""
 
-    def asks_humans(self, claim: Claim) -> bool:
+    def asks_humans(self, owned: Owned) -> bool:
         """Whether the claimed spell's circle can pause (only then are live pauses watched)."""
-        spell = self.spells.get(spell_key(claim.spell))
+        claim = owned.claim
+        spell = self.spells.get(_key(owned))
         return CLIENT_TOOLS_KEY in claim.spell or spell is None or spell.circle.needs_humans
 
     async def execute(self, owned: Owned) -> tuple[str, dict[str, Any]]:
@@ -109,7 +110,7 @@ class Execution:
         offered = client_gates(claim.spell.get(CLIENT_TOOLS_KEY) or ())  # a front end's tools
         user = claim.spell.get(USER_KEY)  # the session's user: the cast's ``user`` tag
         tags: dict[str, Any] | None = {USER_TAG: user} if isinstance(user, str) else None
-        key = spell_key(claim.spell)
+        key = _key(owned)
         spell = self.spells.get(key)
         if spell is None:
             spell = self.spells[key] = build_spell(json.loads(key), self.loom)
@@ -309,3 +310,11 @@ async def watch_quarantine(
     if cleared:  # (else the lease is lost: the run is stopping)
         log.info("%s: recorded a turn in quarantine; innocent again", owned.claim.entity_id)
     return bool(cleared)
+
+
+def _key(owned: Owned) -> str:
+    """The cast's :func:`~cantrip.distributed._spells.spell_key`, made once per cast (the
+    worker asks for it before the cast and again as it begins)."""
+    if owned.spell_key is None:
+        owned.spell_key = spell_key(owned.claim.spell)
+    return owned.spell_key

@@ -16,7 +16,7 @@ import trio
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, database_away
 from cantrip.distributed._owned import Owned
-from cantrip.distributed._queue import heartbeat_on
+from cantrip.distributed._renewal import heartbeat_on
 from cantrip.loom._loom import Loom
 from cantrip.loom._postgres_writes import lease_lost_message
 

@@ -53,6 +53,8 @@ class Owned:
     handing_back: bool = False
     """The worker is stopping: the cast stops at its next turn boundary (or sooner, if
     ``cut``) and the lease is handed back, unless the cast ends first."""
+    spell_key: str | None = None
+    """The claim's spell as the worker's cache key (made once: ``Execution``)."""
     cut: bool = False
     """Cut off now (a second signal, or the grace period's end): the lease is given up
     here first, so nothing more of the run is recorded."""

@@ -11,7 +11,8 @@ The standard Postgres queue pattern and nothing of our own beyond it:
   Work for one entity runs in enqueue order, one at a time;
 * **heartbeat** extends the lease, but only while it is still this worker's at
   this epoch and unexpired (a worker paused past its lease cannot revive it); a
-  worker renews all its leases in one statement (:func:`heartbeat_on`);
+  worker renews all its leases in one statement
+  (:func:`~cantrip.distributed._renewal.heartbeat_on`);
 * **attempts** count claims, except one a killed worker's bystander gets: a run that
   stopped without an outcome is *reaped* before the next claim -- its lease released
   (the runtime caught a fault and gave it up) or run out (its worker died). A worker
@@ -37,7 +38,8 @@ The standard Postgres queue pattern and nothing of our own beyond it:
 
 Every method is blocking (psycopg); the worker calls them via ``trio.to_thread``.
 
-This module holds the claim, reap and heartbeat statements and :class:`WorkQueue`;
+This module holds the claim and reap statements and :class:`WorkQueue` (the renewal
+and reclaim statements are in :mod:`~cantrip.distributed._renewal`);
 the names every side shares and the statements a front end runs in its own
 transaction (enqueue, cancel, steer) are in :mod:`~cantrip.distributed._work`, the
 pauses and their answers in :mod:`~cantrip.distributed._pauses`.
@@ -53,6 +55,7 @@ import orjson
 
 from cantrip._redact import redact_value
 from cantrip.distributed._pauses import Answered, answer_on, live_pending_on, pending_on
+from cantrip.distributed._renewal import RECLAIM, RECLAIM_ONE, heartbeat_on
 from cantrip.distributed._work import (
     ANSWER_KEY,
     DEAD,
@@ -228,56 +231,6 @@ whose next claim would cost an attempt past ``max_attempts`` is dead-lettered in
 (state ``dead``, the reason in its result, its waiters told by NOTIFY). Run before each
 claim, in the same round trip budget as the dead-lettering it replaces."""
 
-_HEARTBEAT = """
-WITH mine AS (
-    SELECT * FROM unnest(%(entities)s::text[], %(epochs)s::bigint[]) AS m(entity_id, epoch)
-),
-locked AS (
-    SELECT l.entity_id, l.epoch,
-        l.owner = %(owner)s AND l.epoch = mine.epoch AND l.expires_at > clock_timestamp() AS held
-    FROM cantrip_leases l JOIN mine ON mine.entity_id = l.entity_id
-    FOR UPDATE OF l SKIP LOCKED
-),
-renewed AS (
-    UPDATE cantrip_leases l
-    SET expires_at = clock_timestamp() + %(lease)s * interval '1 second'
-    FROM locked WHERE l.entity_id = locked.entity_id AND locked.held
-    RETURNING l.entity_id, l.epoch
-)
-SELECT m.entity_id, k.entity_id IS NULL, (
-    SELECT coalesce(w.cancel_reason, 'cancelled') FROM cantrip_work w
-    WHERE w.entity_id = r.entity_id AND w.state = 'running' AND w.owner = %(owner)s
-        AND w.epoch = r.epoch AND w.cancel_requested LIMIT 1)
-FROM mine m
-LEFT JOIN locked k ON k.entity_id = m.entity_id
-LEFT JOIN renewed r ON r.entity_id = m.entity_id
-WHERE r.entity_id IS NOT NULL OR k.entity_id IS NULL
-"""
-"""Renew many leases in one statement without waiting on a lock: a lease row another
-transaction holds at this moment (a claim, a release) is skipped (renewed at the next
-beat), so a heartbeat never waits behind it. (Loom writes lock no lease row:
-``cantrip_fence_holds``.)"""
-
-
-def heartbeat_on(
-    conn: Any, owner: str, fences: list[Fence], lease_s: float
-) -> dict[str, str | None]:
-    """Extend every lease of ``fences`` (one worker's) that still holds, in one statement:
-    {lease entity: the reason of a cancel requested, or "" for none} for those renewed,
-    None for those skipped because another transaction held their row this moment (neither renewed
-    nor known lost); one missing from the answer is lost (expired, or claimed by another
-    worker)."""
-    rows = conn.execute(
-        _HEARTBEAT,
-        {
-            "entities": [f.lease_entity for f in fences],
-            "epochs": [f.epoch for f in fences],
-            "owner": owner,
-            "lease": lease_s,
-        },
-    ).fetchall()
-    return {str(entity): None if skipped else (cancel or "") for entity, skipped, cancel in rows}
-
 
 class WorkQueue:
     """Enqueue, claim, heartbeat, finish and cancel work in a loom's PostgreSQL database."""
@@ -314,15 +267,24 @@ class WorkQueue:
         identity of one that died takes its casts back at once (issue 46.3) instead of
         waiting out the leases. The next claim (any worker's) reaps them and takes each
         at a new fencing epoch, so a process still running under that identity can write
-        nothing more to them. The number of leases expired."""
+        nothing more to them. The number of leases expired.
+
+        Each lease is changed under its entity's fence lock held exclusively, as a claim
+        changes one (a heartbeat renews without a row lock: ``_renewal.HEARTBEAT``): first
+        all those whose lock is free, in one statement; then each of the others -- a
+        write or a beat of the old process in flight -- in a transaction of its own that
+        waits for that one lock only (holding no other, it deadlocks with no one)."""
         with self.store.pool.connection() as conn:
-            return int(
-                conn.execute(
-                    "UPDATE cantrip_leases SET expires_at = clock_timestamp() "
-                    "WHERE owner = %s AND expires_at > clock_timestamp()",
-                    (owner,),
-                ).rowcount
-            )
+            row = conn.execute(RECLAIM, {"owner": owner}).fetchone()
+            assert row is not None
+            expired, busy = int(row[0]), list(row[1] or ())
+            for entity in busy:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(cantrip_fence_key(%s))", (entity,))
+                    expired += conn.execute(
+                        RECLAIM_ONE, {"owner": owner, "entity": entity}
+                    ).rowcount
+        return expired
 
     def claim(self, owner: str, lease_s: float) -> Claim | None:
         """The oldest runnable work item, now this worker's; None if there is none."""

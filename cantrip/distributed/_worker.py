@@ -367,7 +367,7 @@ class Worker:
             ended: tuple[str, dict[str, Any]] | None = None
             try:
                 async with trio.open_nursery() as nursery:
-                    if self._execution.asks_humans(claim):
+                    if self._execution.asks_humans(owned):
                         nursery.start_soon(live_pauses, owned, self._live, limiter, self.poll_s)
                     nursery.start_soon(deliver, owned, self.queue, limiter)
                     if owned.quarantine is not None and not claim.paroled:

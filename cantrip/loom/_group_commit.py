@@ -50,6 +50,14 @@ class GroupCommit(Generic[T]):
         """Every ticket below this one is written (or withdrawn)."""
         self._in_flight: trio.Event | None = None
         """Set when the batch being written now is done (None: none is)."""
+        self._in_flight_last = -1
+        """The last ticket of the batch being written now."""
+        self._heir = False
+        """A caller whose item came after the batch in flight waits to write the next."""
+        self._following: trio.Event | None = None
+        """Set when the next batch is done: what the callers besides its writer (the heir)
+        wait for -- woken once, when their batch is written, not also when the batch
+        before it is (issue 46.4: a wake is a trio task switch per caller)."""
         self.batches = 0
         """Batches written so far (for tests and figures)."""
 
@@ -82,6 +90,7 @@ class GroupCommit(Generic[T]):
         items = list(self._queue.values())
         self._queue.clear()
         self._settled = self._next
+        self._wake_following()
         return items
 
     def written(self, ticket: int) -> bool:
@@ -91,12 +100,41 @@ class GroupCommit(Generic[T]):
     async def wait(self, ticket: int) -> None:
         """Until the item of ``ticket`` is written: wait for the batch in flight, or
         write the queue's first ``max_batch`` items as the next batch, until one has held
-        it. Raises what ``write`` raised only when this caller wrote the batch."""
+        it. Raises what ``write`` raised only when this caller wrote the batch.
+
+        A caller whose item came after the batch in flight either is the *heir* -- the
+        first such: it waits for that batch and writes the next -- or waits for the next
+        batch only."""
         while ticket >= self._settled:
-            if self._in_flight is not None:
-                await self._in_flight.wait()
-            else:
+            if self._in_flight is None:
                 await self._write_next()
+            elif ticket <= self._in_flight_last:  # in the batch being written
+                await self._in_flight.wait()
+            elif self._heir:  # the next batch has its writer: wait for it alone
+                if self._following is None:
+                    self._following = trio.Event()
+                await self._following.wait()
+            else:
+                await self._succeed(self._in_flight)
+
+    async def _succeed(self, in_flight: trio.Event) -> None:
+        """Wait for the batch in flight as the heir: the writer of the next batch (the
+        caller's loop writes it as soon as this returns, with no checkpoint between). An
+        heir that stops waiting (cancelled) wakes the callers that counted on it, so one
+        of them writes instead."""
+        self._heir = True
+        try:
+            await in_flight.wait()
+        except BaseException:
+            self._wake_following()
+            raise
+        finally:
+            self._heir = False
+
+    def _wake_following(self) -> None:
+        following, self._following = self._following, None
+        if following is not None:
+            following.set()
 
     async def _write_next(self) -> None:
         limit = len(self._queue) if self.max_batch is None else self.max_batch
@@ -109,7 +147,9 @@ class GroupCommit(Generic[T]):
             while len(batch) < limit:
                 last, item = self._queue.popitem(last=False)
                 batch.append(item)
-        done = self._in_flight = trio.Event()
+        done = self._following if self._following is not None else trio.Event()
+        self._in_flight, self._following = done, None  # (those waiting for the next: this)
+        self._in_flight_last = last
         try:
             if batch:
                 self.batches += 1

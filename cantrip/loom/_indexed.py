@@ -22,7 +22,7 @@ reading it is one query here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
 from cantrip.loom._blobs import MISSING, decode_blob, has_refs, internalize
@@ -32,6 +32,18 @@ from cantrip.loom._model import EntityRecord, Turn
 JournalEntry = tuple[int, str, str, str | None]
 """(ordinal, gate, data, record): ordinal -1 is the utterance, ``record`` is None
 for a call that was started and never finished."""
+
+JournalRecord = str | Callable[[], str]
+"""A gate result as the journal is given it: its text, or what makes its text. A
+deferred store's group commit drops most results (committed with their turn, they
+are never read: ``cantrip._journal``), so a result is encoded only if it is written
+(:func:`journal_text`) -- not on the trio thread for every call (issue 46.4)."""
+
+
+def journal_text(record: JournalRecord | None) -> str | None:
+    """The text of a journaled result (made now if it was deferred)."""
+    return record if record is None or isinstance(record, str) else record()
+
 
 Record = (
     tuple[Literal["entity"], EntityRecord]

@@ -31,7 +31,13 @@ import trio
 from cantrip._errors import LoomAppendOnlyError, LoomError
 from cantrip.loom._fence import Fence, LeaseLostError, PendingOp
 from cantrip.loom._group_commit import GroupCommit
-from cantrip.loom._indexed import IndexedStore, JournalEntry, JournalStore
+from cantrip.loom._indexed import (
+    IndexedStore,
+    JournalEntry,
+    JournalRecord,
+    JournalStore,
+    journal_text,
+)
 from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._stores import LoomStore, MemoryStore, open_store
 
@@ -402,7 +408,7 @@ class Loom:
         ordinal: int,
         gate: str,
         data: str,
-        record: str | None,
+        record: JournalRecord | None,
         *,
         durable: bool = True,
     ) -> None:
@@ -410,11 +416,12 @@ class Loom:
 
         ``durable=False`` (a deferred store): queue the entry without waiting for its
         commit -- it goes, in order, into the group commit of this loom's next write that
-        is waited for (see ``cantrip._journal``)."""
+        is waited for (see ``cantrip._journal``). A deferred ``record`` (a callable) is
+        encoded only if the store writes it."""
         store = cast(JournalStore, self.store)
         assert self._journaled, "this loom keeps no gate journal"
         if not self._deferred:
-            store.journal_write(entity_id, sequence, ordinal, gate, data, record)
+            store.journal_write(entity_id, sequence, ordinal, gate, data, journal_text(record))
             return
         fence = self._fences.get(entity_id)
         stale = None if fence is None else self._stale(fence)

@@ -22,6 +22,7 @@ from typing import Any
 from cantrip.loom._blobs import encode_blob, externalize
 from cantrip.loom._codec import encode_record
 from cantrip.loom._fence import Fence, PendingOp
+from cantrip.loom._indexed import journal_text
 from cantrip.loom._model import EntityRecord, Turn
 
 Statement = tuple[str, dict[str, Any]]
@@ -130,7 +131,7 @@ def statement(op: PendingOp, data: str | None = None) -> Statement:
             ordinal=ordinal,
             gate=gate,
             data=data,
-            record=journaled,
+            record=journal_text(journaled),
         )
         if ordinal < 0:  # a new utterance: what an abandoned attempt left is void
             return _fenced(_JOURNAL_UTTERANCE, fence, also=_JOURNAL_VOID), params
@@ -247,6 +248,8 @@ def _row_values(op: PendingOp, data: str | None = None) -> tuple[Any, ...]:
         turn: Turn = payload
         values = (turn.id, turn.parent_id, turn.entity_id, turn.sequence)
         return (*fenced, *values, data if data is not None else encode_record(turn.to_dict()))
+    if kind == "journal":  # a result is encoded here, only when it is written
+        return (*fenced, *payload[:5], journal_text(payload[5]))
     return (*fenced, *payload)
 
 

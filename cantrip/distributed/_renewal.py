@@ -1,0 +1,96 @@
+"""Renewing and reclaiming leases: the statements, under the entities' fence locks.
+
+A worker's leases are renewed by its heartbeat (:mod:`~cantrip.distributed._leases`)
+in one statement, and taken back at once by a worker restarted under the same identity
+(:meth:`~cantrip.distributed._queue.WorkQueue.reclaim`). Neither takes a row lock to
+keep out of a claim's way (a row lock is a WAL record per lease, issue 46.2): both go
+by schema 6's fence lock (``cantrip_fence_key``), as claims and loom writes do -- a
+renewal holds it shared and never waits for it; a reclaim, like a claim, changes a
+lease only holding it exclusively.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cantrip.loom._fence import Fence
+
+HEARTBEAT = """
+WITH mine AS (
+    SELECT * FROM unnest(%(entities)s::text[], %(epochs)s::bigint[]) AS m(entity_id, epoch)
+),
+fenced AS MATERIALIZED (
+    SELECT mine.entity_id, mine.epoch FROM mine
+    WHERE pg_try_advisory_xact_lock_shared(cantrip_fence_key(mine.entity_id))
+),
+renewed AS (
+    UPDATE cantrip_leases l
+    SET expires_at = clock_timestamp() + %(lease)s * interval '1 second'
+    FROM fenced f
+    WHERE l.entity_id = f.entity_id AND l.owner = %(owner)s AND l.epoch = f.epoch
+        AND l.expires_at > clock_timestamp()
+    RETURNING l.entity_id, l.epoch
+)
+SELECT m.entity_id, f.entity_id IS NULL, (
+    SELECT coalesce(w.cancel_reason, 'cancelled') FROM cantrip_work w
+    WHERE w.entity_id = r.entity_id AND w.state = 'running' AND w.owner = %(owner)s
+        AND w.epoch = r.epoch AND w.cancel_requested LIMIT 1)
+FROM mine m
+LEFT JOIN fenced f ON f.entity_id = m.entity_id
+LEFT JOIN renewed r ON r.entity_id = m.entity_id
+WHERE r.entity_id IS NOT NULL OR f.entity_id IS NULL
+"""
+"""Renew many leases in one statement without waiting on a lock and without a row lock
+(schema 6's fence, issue 46.2: a ``FOR UPDATE`` lock was a WAL record per lease per
+beat): a lease is renewed under its entity's fence lock taken shared, never waiting --
+so a claim taking the entity at this moment (it holds that lock exclusively) makes the
+beat skip it (renewed at the next beat), and a claim that comes after passes the entity
+over until the beat committed -- and no lease row another transaction changes is
+touched: claims and ``WorkQueue.reclaim`` change a lease only under that lock
+exclusively, and this worker's own releases (one short statement each) are the only
+other writers of its leases. Loom writes share the lock (``cantrip_fence_holds``)."""
+
+
+RECLAIM = """
+WITH held AS MATERIALIZED (
+    SELECT entity_id FROM cantrip_leases
+    WHERE owner = %(owner)s AND expires_at > clock_timestamp()
+),
+taken AS MATERIALIZED (SELECT entity_id FROM held WHERE cantrip_fence_take(entity_id)),
+expired AS (
+    UPDATE cantrip_leases l SET expires_at = clock_timestamp()
+    FROM taken t
+    WHERE l.entity_id = t.entity_id AND l.owner = %(owner)s
+        AND l.expires_at > clock_timestamp()
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM expired),
+    (SELECT array_agg(entity_id) FROM held WHERE entity_id NOT IN (SELECT entity_id FROM taken))
+"""
+"""``WorkQueue.reclaim``'s first pass: the leases ``owner`` holds whose fence lock is
+free, expired now under it; the answer: how many, and the entities whose lock was busy."""
+
+RECLAIM_ONE = (
+    "UPDATE cantrip_leases SET expires_at = clock_timestamp() "
+    "WHERE entity_id = %(entity)s AND owner = %(owner)s AND expires_at > clock_timestamp()"
+)
+
+
+def heartbeat_on(
+    conn: Any, owner: str, fences: list[Fence], lease_s: float
+) -> dict[str, str | None]:
+    """Extend every lease of ``fences`` (one worker's) that still holds, in one statement:
+    {lease entity: the reason of a cancel requested, or "" for none} for those renewed,
+    None for those skipped because a claim held their fence lock this moment (neither
+    renewed nor known lost); one missing from the answer is lost (expired, or claimed by
+    another worker)."""
+    rows = conn.execute(
+        HEARTBEAT,
+        {
+            "entities": [f.lease_entity for f in fences],
+            "epochs": [f.epoch for f in fences],
+            "owner": owner,
+            "lease": lease_s,
+        },
+    ).fetchall()
+    return {str(entity): None if skipped else (cancel or "") for entity, skipped, cancel in rows}

@@ -1,0 +1,93 @@
+"""What a worker does per cast and per turn that costs it CPU and does not need to (issue
+46.4), on a real PostgreSQL (tests/conftest.py) with the distributed workload: a gate
+result the group commit drops (its turn, in the same commit, holds it) is never
+encoded, and a cast's spell key is made once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import distributed_workload
+import psycopg
+import pytest
+import trio
+from distributed_workload import EFFECTS_TABLE
+
+from cantrip import _journal
+from cantrip.distributed import _execution
+from cantrip.distributed._dispatcher import Dispatcher
+from cantrip.distributed._spells import spell_from_factory
+from cantrip.distributed._worker import Worker
+from cantrip.loom import Loom
+
+WORKLOAD = spell_from_factory("distributed_workload:build")
+CASTS = 4
+TURNS = 3  # two ``charge`` calls per cast, then ``done``
+
+
+@pytest.fixture
+def db(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(EFFECTS_TABLE)
+    Loom.open(pg_url).close()
+    monkeypatch.setenv("CANTRIP_TEST_DB", pg_url)
+    monkeypatch.setenv("WORKLOAD_TURNS", str(TURNS))
+    monkeypatch.setattr(distributed_workload, "_connection", None)
+    return pg_url
+
+
+async def _run_casts(db: str) -> None:
+    dispatcher = await trio.to_thread.run_sync(Dispatcher, db)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(db, concurrency=CASTS, poll_s=0.05)
+            await nursery.start(worker.run)
+            queued = await trio.to_thread.run_sync(
+                lambda: dispatcher.submit_many(WORKLOAD, [f"job-{i}" for i in range(CASTS)])
+            )
+            for work, _ in queued:
+                state, _ = await trio.to_thread.run_sync(
+                    lambda w=work: dispatcher.wait(w, timeout=60)
+                )
+                assert state == "done"
+            nursery.cancel_scope.cancel()
+    finally:
+        dispatcher.close()
+
+
+async def test_a_gate_result_is_encoded_only_when_it_is_written(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encoded: list[Any] = []
+    dumps = _journal._dumps
+
+    def counted(value: Any) -> str:
+        if isinstance(value, dict) and "result" in value:  # a gate call's record
+            encoded.append(value)
+        return dumps(value)
+
+    monkeypatch.setattr(_journal, "_dumps", counted)
+    await _run_casts(db)
+    with psycopg.connect(db) as conn:
+        (written,) = conn.execute(
+            "SELECT count(*) FROM cantrip_journal WHERE ordinal >= 0 AND record IS NOT NULL"
+        ).fetchone() or (None,)
+        (effects,) = conn.execute("SELECT count(*) FROM chaos_effects").fetchone() or (None,)
+    assert effects == CASTS * (TURNS - 1)  # every call ran, once
+    # a result goes to the journal only when its turn was not in the same commit; only
+    # those were encoded (before: every result, whether written or dropped)
+    assert len(encoded) == written, (len(encoded), written)
+    assert written < effects
+
+
+async def test_a_casts_spell_key_is_made_once(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    keyed: list[dict[str, Any]] = []
+    spell_key = _execution.spell_key
+
+    def counted(spell: dict[str, Any]) -> str:
+        keyed.append(spell)
+        return spell_key(spell)
+
+    monkeypatch.setattr(_execution, "spell_key", counted)
+    await _run_casts(db)
+    assert len(keyed) == CASTS  # before: twice per cast (asks_humans, then the attempt)
