@@ -42,6 +42,7 @@ from cantrip.protocols.sessions import (
 )
 from cantrip.protocols.sessions._backend import check_user, same_user
 from cantrip.protocols.sessions._hub import SessionError
+from cantrip.protocols.sessions._watches import Watches
 
 STICKY_S = 5.0
 T = TypeVar("T")
@@ -163,6 +164,8 @@ class DoubleBackend:
         self._tasks: dict[str, _Task] = {}
         self.loom = Loom()
         """Every session's turns, as a loom (what ``read_loom`` reads)."""
+        self.watches = Watches()
+        """Runs following prompts for their clients (the rule is the package's)."""
 
     @classmethod
     @contextlib.asynccontextmanager

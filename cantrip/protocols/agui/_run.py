@@ -28,9 +28,9 @@ PostgreSQL, or a third one -- with :mod:`._input`'s meaning of the input,
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import math
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from urllib.parse import parse_qs
@@ -160,11 +160,6 @@ def reconnection(scope: Scope | None) -> tuple[int | None, float]:
     return after, reconnect_s
 
 
-_FOLLOWED: collections.Counter[str] = collections.Counter()
-"""Prompts (``<session>/<prompt>``) and how many runs in this process follow them now:
-a prompt whose client hung up is kept while another run follows it."""
-
-
 async def thread_session(backend: SessionBackend, thread_id: str) -> SessionInfo:
     """The session a thread names: a session (or entity) id the backend knows is
     itself; any other id the session this thread id created (made on first use)."""
@@ -222,6 +217,8 @@ class AguiRun:
         """The prompt this run followed when its client hung up."""
         self.reconnected = stream.after is not None
         """A client resuming its own run: the prompt it joins is its own to cancel."""
+        self.watcher = os.urandom(8).hex()
+        """This run's name among the runs following its prompt (``backend.watches``)."""
 
     async def serve(self, receive: Receive) -> None:
         """The run to its end; nothing more is said once the client has hung up."""
@@ -253,19 +250,28 @@ class AguiRun:
     async def _let_go(self, ours: Submitted | None) -> None:
         """The client hung up: cancel its prompt -- at once, or, when it asked for time
         to reconnect (``?reconnect_s=``), after that long if no run follows the prompt
-        by then (a reconnect does, until it ends). A run that joined another
+        by then, at any replica (``backend.watches``: a reconnect follows it until it
+        ends, and its own hang-up grants its own grace). A run that joined another
         client's prompt cancels nothing."""
-        if ours is None or (ours.replayed and not self.reconnected):
+        if ours is None:
             return
-        if self.reconnect_s > 0:
+        watches, prompt_id = self.backend.watches, ours.prompt_id
+        owned = not ours.replayed or self.reconnected
+        grace_s = self.reconnect_s if owned else 0.0
+        with trio.CancelScope(shield=True):
+            await watches.unwatch(self.session_id, prompt_id, self.watcher, grace_s=grace_s)
+        if not owned:
+            return
+        if grace_s > 0:
             # the server's shutdown ends the wait (it does not wait on a gone client)
             with self.drain.stream() if self.drain is not None else trio.CancelScope():
-                await trio.sleep(self.reconnect_s)
-            if _FOLLOWED[f"{self.session_id}/{ours.prompt_id}"]:
-                return  # its client came back: that run has it now
+                await trio.sleep(grace_s)
+            with trio.CancelScope(shield=True):
+                if await watches.watched(self.session_id, prompt_id, self.watcher):
+                    return  # its client came back: the run following it has it now
         log.info("session %s: the AG-UI client hung up; cancelling", self.session_id)
         with trio.CancelScope(shield=True):
-            await self.backend.cancel(self.session_id, prompt_id=ours.prompt_id)
+            await self.backend.cancel(self.session_id, prompt_id=prompt_id)
 
     async def _serve(self) -> CastResult | None:
         if self.run.resume:
@@ -349,14 +355,15 @@ class AguiRun:
         else:
             if self.gone:  # hung up while it was being started
                 self.dropped = submitted
-            followed = f"{self.session_id}/{submitted.prompt_id}"
-            _FOLLOWED[followed] += 1
+            watches, prompt_id = self.backend.watches, submitted.prompt_id
+            with trio.CancelScope(shield=True):  # a hang-up's grace must see this run
+                await watches.watch(self.session_id, prompt_id, self.watcher)
             try:
                 outcome, failure = await self._tell_prompt(submitted)
             finally:
-                _FOLLOWED[followed] -= 1
-                if not _FOLLOWED[followed]:
-                    del _FOLLOWED[followed]
+                if not self.gone:  # else its hang-up lets go of it (``_let_go``)
+                    with trio.CancelScope(shield=True):
+                        await watches.unwatch(self.session_id, prompt_id, self.watcher)
         self.ours = None
         if failure is not None:
             raise failure

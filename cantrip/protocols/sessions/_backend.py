@@ -169,6 +169,7 @@ from cantrip._outcome import CastResult
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.memory._model import MemoryStoreError, check_namespace
+from cantrip.protocols.sessions._watches import PromptWatches
 
 SESSION_PREFIX = "session-"
 """A session's id begins so (the rest names its entity, ``entity-...``)."""
@@ -435,6 +436,12 @@ class SessionBackend(Protocol):
 
     @property
     def capabilities(self) -> Capabilities: ...
+
+    @property
+    def watches(self) -> PromptWatches:
+        """Who follows which prompt for a client, shared by every process serving the
+        sessions (:mod:`._watches`: a hang-up's grace, AG-UI's ``?reconnect_s=``)."""
+        ...
 
     async def create(
         self, key: str | None = None, *, user: str | None = None

@@ -69,6 +69,7 @@ from cantrip.protocols.sessions._rows import DbSessions, Progress, SessionRow, f
 from cantrip.protocols.sessions._shapes import event_dict
 from cantrip.protocols.sessions._tail import Beat, follow
 from cantrip.protocols.sessions._task_rows import TaskRows
+from cantrip.protocols.sessions._watches import WatchRows
 
 T = TypeVar("T")
 
@@ -117,6 +118,8 @@ class PostgresBackend:
         """The loom the workers record in (every read a query: always fresh)."""
         self.prompts = PromptCommits(sessions, self._db, max_batch=max_batch)
         """The prompts on their way to the queue: one commit per batch (issue 46.1)."""
+        self.watches = WatchRows(sessions.store, self._db, work_id_for)
+        """Runs following prompts for their clients, at every replica (a table)."""
 
     @classmethod
     @contextlib.asynccontextmanager

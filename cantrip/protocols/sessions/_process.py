@@ -85,6 +85,7 @@ from cantrip.protocols.sessions._positions import (
     reset_event,
     resolve,
 )
+from cantrip.protocols.sessions._watches import Watches
 
 log = get_logger("cantrip.sessions")
 T = TypeVar("T")
@@ -166,6 +167,8 @@ class ProcessBackend:
         self._tasks: dict[str, _Task] = {}
         """The tasks recorded beside prompts (``MAX_TASKS``, the oldest settled go)."""
         self._seq = itertools.count(1)
+        self.watches = Watches()
+        """Runs following prompts for their clients (one process serves them all)."""
 
     @classmethod
     def serving(
