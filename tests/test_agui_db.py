@@ -174,12 +174,18 @@ async def test_an_approval_interrupt_at_one_replica_is_resumed_at_another_once(
     # answered at another replica (any replica serves any session)
     _, resumed = await agui(a, run_input("db-approve", None, resume=resume))
     _, twice = await agui(b, run_input("db-approve", None, resume=resume))
+    denied_first = [{"interruptId": interrupt["id"], "status": "resolved", "payload": False}]
+    _, other = await agui(a, run_input("db-approve", None, resume=denied_first))
     results = [e for e in resumed if e["type"] == "TOOL_CALL_RESULT"]
     assert results[0]["toolCallId"] == interrupt["toolCallId"] and results[0]["content"] == "step 1"
     assert resumed[-1]["outcome"]["type"] == "interrupt"  # step 2 asks again
     (second,) = resumed[-1]["outcome"]["interrupts"]
     assert second["metadata"]["args"] == {"text": "step 2"}
-    assert twice[-1]["type"] == "RUN_ERROR" and twice[-1]["code"] == "bad_resume"
+    # the same resume sent again (at another replica) follows the continuation it
+    # started: told again, the same events; another answer to it is refused
+    assert [e["type"] for e in twice] == [e["type"] for e in resumed]
+    assert twice[-1]["outcome"] == resumed[-1]["outcome"]
+    assert other[-1]["type"] == "RUN_ERROR" and other[-1]["code"] == "bad_resume"
     denied = [{"interruptId": second["id"], "status": "cancelled"}]
     _, finished = await agui(b, run_input("db-approve", None, resume=denied))
     assert finished[-1]["type"] == "RUN_FINISHED" and finished[-1]["result"] == "pay ok #1"

@@ -255,3 +255,59 @@ def test_both_streams_read_last_event_id_one_way_each_with_its_own_grammar() -> 
     with pytest.raises(HttpError) as bad:
         reconnection(scope(b"2.1"))
     assert bad.value.code == "bad_event_id"
+
+
+@cantrip.gate(requires_approval=True)
+def launch(target: str) -> str:
+    """Something a person must approve first."""
+    return f"launched at {target}"
+
+
+async def test_a_resume_whose_stream_was_lost_is_sent_again_and_follows_its_continuation() -> None:
+    """A run answers an interrupt (``resume``); its client reads part of the stream,
+    loses it and sends the same run again with ``Last-Event-ID``: the interrupt is
+    answered already with that very answer, so the run follows the continuation the
+    answer started -- every event after that id, then the live ones -- and the gate
+    ran once. Without it the second send was ``bad_resume`` (AGUI-17)."""
+    thread = "t-resume-again"
+    script = [
+        {"tool_calls": [{"gate": "launch", "args": {"target": "moon"}}]},
+        {
+            "content": "Launched; waiting.",
+            "tool_calls": [{"gate": "hold", "args": {"thread": thread}}],
+        },
+        {"tool_calls": [{"gate": "done", "args": {"answer": "landed"}}]},
+    ]
+    s = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, hold, launch], [cantrip.max_turns(5)]),
+        loom=cantrip.Loom(),
+    )
+    RELEASE[thread] = trio.Event()
+    async with serving(s) as base, httpx.AsyncClient(base_url=base, timeout=30, verify=TLS) as http:
+        async with run_stream(http, run_input(thread, "launch it")) as frames:
+            paused = await rest(frames)
+        (interrupt,) = paused[-1][1]["outcome"]["interrupts"]
+        resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
+        body = run_input(thread, None, resume=resume)
+        async with run_stream(http, body) as frames:
+            first = []
+            async for frame in frames:  # to the hold call's start: the cast waits there
+                first.append(frame)
+                if frame[1]["type"] == "TOOL_CALL_END":
+                    break
+        async with run_stream(http, body, last=first[-1][0]) as frames:
+            (opening,) = await take(frames, 1)
+            RELEASE[thread].set()
+            later = await rest(frames)
+    assert opening[0] == 0 and opening[1]["type"] == "RUN_STARTED"
+    told = first + later
+    assert [i for i, _ in told] == list(range(len(told)))
+    events = [e for _, e in told]
+    assert_valid_agui(events, max_warnings=0)
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["result"] == "landed"
+    results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert results[0] == "launched at moon" and f"held {thread}" in results
+    launched = [r for t in s.loom.turns for r in t.gate_calls if r.gate == "launch"]
+    assert len(launched) == 1, "the gate ran once"

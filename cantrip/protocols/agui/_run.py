@@ -39,7 +39,7 @@ import attrs
 import trio
 from ag_ui.core import RunAgentInput
 
-from cantrip._approval import Decision, Pause, PauseError
+from cantrip._approval import Decision, PauseError
 from cantrip._events import (
     FinalResponse,
     GateProgress,
@@ -300,36 +300,52 @@ class AguiRun:
             return None
         outcome: CastResult | None = None
         for pause, decision in calls:
-            outcome = await self._answer(pause, decision)
+            outcome = await self._answer(pause.pause_id, decision)
         return (outcome,)
 
     async def _resume(self) -> CastResult | None:
         """Answer the interrupts in the order given; each answer continues the paused
-        cast, and the last continuation's outcome is the run's."""
+        cast, and the last continuation's outcome is the run's. An interrupt answered
+        already with this very answer (a client that lost the stream of the run that
+        answered it, sending it again) follows the continuation that answer started;
+        any other answer to it is ``bad_resume``."""
         outcome: CastResult | None = None
         for entry in self.run.resume or ():
             pending = {p.pause_id: p for p in await self.backend.pauses(self.session_id)}
             pause = pending.get(entry.interrupt_id)
-            if pause is None:
-                raise RunFailed(
-                    "bad_resume",
-                    f"interrupt {entry.interrupt_id!r} is not open on thread "
-                    f"{self.run.thread_id!r} (open: {', '.join(pending) or 'none'})",
-                )
             try:
                 decision = decision_for(pause, entry)
             except PauseError as exc:
                 raise RunFailed("bad_resume", str(exc)) from None
-            outcome = await self._answer(pause, decision)
+            closed = None
+            if pause is None:
+                closed = (
+                    f"interrupt {entry.interrupt_id!r} is not open on thread "
+                    f"{self.run.thread_id!r} (open: {', '.join(pending) or 'none'}), "
+                    "and was not answered so"
+                )
+            outcome = await self._answer(entry.interrupt_id, decision, closed)
         return outcome
 
-    async def _answer(self, pause: Pause, decision: Decision) -> CastResult | None:
+    async def _answer(
+        self, pause_id: str, decision: Decision, closed: str | None = None
+    ) -> CastResult | None:
+        """Answer ``pause_id`` and follow its continuation. ``closed``: why the answer
+        is refused if the pause is not open (then it may be this answer sent again)."""
+
         async def answer() -> Submitted:
-            submitted = await self.backend.answer(self.session_id, pause.pause_id, decision)
+            try:
+                submitted = await self.backend.answer(
+                    self.session_id, pause_id, decision, repeat=closed is not None
+                )
+            except PauseError:
+                if closed is None:
+                    raise
+                raise RunFailed("bad_resume", closed) from None
             if submitted is None:  # a running prompt waited on it in place: that run tells it
                 raise RunFailed(
                     "answered_live",
-                    f"interrupt {pause.pause_id} was handed to the run that waits on it",
+                    f"interrupt {pause_id} was handed to the run that waits on it",
                 )
             return submitted
 

@@ -523,9 +523,15 @@ class SessionBackend(Protocol):
 
     async def pauses(self, session_id: str) -> list[Pause]: ...
 
-    async def answer(self, session_id: str, pause_id: str, decision: Decision) -> Submitted | None:
+    async def answer(
+        self, session_id: str, pause_id: str, decision: Decision, *, repeat: bool = False
+    ) -> Submitted | None:
         """Answer a pause: the continued cast as a prompt (await its :meth:`result`),
-        or None when a running prompt waited on it in place (that prompt answers)."""
+        or None when a running prompt waited on it in place (that prompt answers).
+        ``repeat``: the client may be sending an answer again (it lost the reply): a
+        pause answered already with this very decision gives the continuation that
+        answer started (``replayed``) -- where the backend still knows it -- instead
+        of a :class:`~cantrip.PauseError`; another decision is one all the same."""
         ...
 
     async def thread(self, session_id: str) -> list[Turn]: ...

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from cantrip._approval import Decision, Pause
+from cantrip._approval import Decision, Pause, PauseError
 from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
 from cantrip._errors import ConstructionError
 from cantrip._events import PauseEvent
@@ -314,9 +314,21 @@ class PostgresBackend:
         row = await self._row(session_id)
         return [Pause.from_dict(p) for p in await self._db(self.db.pending, row.entity_id)]
 
-    async def answer(self, session_id: str, pause_id: str, decision: Decision) -> Submitted | None:
+    async def answer(
+        self, session_id: str, pause_id: str, decision: Decision, *, repeat: bool = False
+    ) -> Submitted | None:
         row = await self._row(session_id)
-        queued = await self._db(self.db.answer, row.entity_id, pause_id, decision.to_dict())
+        try:
+            queued = await self._db(self.db.answer, row.entity_id, pause_id, decision.to_dict())
+        except PauseError:
+            found = None
+            if repeat:  # this very answer, sent again: the work it queued
+                found = await self._db(
+                    self.db.answered, row.entity_id, pause_id, decision.to_dict()
+                )
+            if found is None:
+                raise
+            return Submitted(prompt_id_for(found), row.session_id, replayed=True)
         if queued.replayed:  # a running prompt waited on it in place: that prompt answers
             return None
         return Submitted(prompt_id_for(queued.work_id), row.session_id)
