@@ -311,3 +311,75 @@ async def test_a_resume_whose_stream_was_lost_is_sent_again_and_follows_its_cont
     assert results[0] == "launched at moon" and f"held {thread}" in results
     launched = [r for t in s.loom.turns for r in t.gate_calls if r.gate == "launch"]
     assert len(launched) == 1, "the gate ran once"
+
+
+@cantrip.gate()
+async def note(text: str) -> str:
+    """Notes something down, once the test lets it go (``RELEASE[text]``)."""
+    await RELEASE[text].wait()
+    return f"noted {text}"
+
+
+async def test_a_run_past_the_held_events_is_not_resumable_and_says_so() -> None:
+    """In process a session holds its latest ``RESUMABLE_EVENTS`` (2,000) live events.
+    A prompt that told more (here ~2,100 text deltas in one answer) can no longer be
+    told again from its beginning, so a client resuming its run would get events at
+    the wrong places: it is told so instead -- ``RUN_STARTED`` and ``RUN_ERROR``
+    ``not_resumable`` after the id it has -- never a stream with a silent gap or
+    duplicate. The live client read the whole run; the cast goes on to its end."""
+    from cantrip.llm._scripted import STREAM_CHUNK
+    from cantrip.protocols.sessions._positions import RESUMABLE_EVENTS
+
+    thread = "t-resume-long"
+    # in answers of 450 deltas, each ending in a call the test lets go once it has read
+    # that far (the scripted model streams without a pause; a follower more than
+    # WATCHER_BUFFER events behind would be dropped)
+    answers, per_answer = 5, 450
+    deltas = answers * per_answer
+    assert deltas > RESUMABLE_EVENTS
+    notes = [f"{thread}-{k}" for k in range(answers)]
+    script = [
+        *(
+            {
+                "content": "y" * (STREAM_CHUNK * per_answer),
+                "tool_calls": [{"gate": "note", "args": {"text": text}}],
+            }
+            for text in notes
+        ),
+        {"tool_calls": [{"gate": "hold", "args": {"thread": thread}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "long"}}]},
+    ]
+    s = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, hold, note], [cantrip.max_turns(answers + 3)]),
+        loom=cantrip.Loom(),
+    )
+    for name in (thread, *notes):
+        RELEASE[name] = trio.Event()
+    body = run_input(thread, "talk a lot")
+    async with serving(s) as base, httpx.AsyncClient(base_url=base, timeout=60, verify=TLS) as http:
+        first = []
+        names: dict[str, str] = {}
+        async with run_stream(http, body) as frames:
+            async for frame in frames:  # to the hold call: the cast waits there
+                first.append(frame)
+                event = frame[1]
+                if event["type"] == "TOOL_CALL_START":
+                    names[event["toolCallId"]] = event["toolCallName"]
+                if event["type"] != "TOOL_CALL_END":
+                    continue
+                if names[event["toolCallId"]] == "hold":
+                    break
+                RELEASE[notes[sum(n == "note" for n in names.values()) - 1]].set()
+        contents = [e for _, e in first if e["type"] == "TEXT_MESSAGE_CONTENT"]
+        assert len(contents) == deltas and len(first) > RESUMABLE_EVENTS
+        async with run_stream(http, body, last=first[10][0]) as frames:
+            again = await rest(frames)
+        RELEASE[thread].set()
+        with trio.fail_after(30):  # the cast goes on to its end
+            while not any(t.terminated for t in s.loom.turns):
+                await trio.sleep(0.05)
+    assert [(i, e["type"]) for i, e in again] == [(0, "RUN_STARTED"), (11, "RUN_ERROR")]
+    assert again[-1][1]["code"] == "not_resumable"
+    assert "no longer held" in again[-1][1]["message"] or "gone" in again[-1][1]["message"]

@@ -458,6 +458,8 @@ class AguiRun:
                 failure = failure or item.failure
                 ended, deadline = item, trio.current_time() + CATCH_UP_S
                 continue
+            if item.type == "reset":  # the prompt's first events are gone (AGUI-17)
+                return None, RunFailed("not_resumable", _NOT_RESUMABLE)
             if item.type == "pause":
                 told.add(str(item.data.get("pause", {}).get("pause_id")))
             elif item.turn is not None:
@@ -484,6 +486,14 @@ class AguiRun:
                     for event in recorded_events(turn):
                         await self.stream.event(event)
         return cast, None
+
+
+_NOT_RESUMABLE = (
+    "this run's prompt told more events than the server holds for a session, and its "
+    "first ones are gone: the run cannot be told again with the same event ids. Its "
+    "turns are in the thread (the next run's MESSAGES_SNAPSHOT, or "
+    "GET /sessions/{id}/thread); send a new run for more"
+)
 
 
 def _told_its_end(cast: CastResult | None, told: set[str]) -> bool:

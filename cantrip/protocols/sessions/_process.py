@@ -81,6 +81,7 @@ from cantrip.protocols.sessions._positions import (
     START,
     EventId,
     catch_up,
+    cut_event,
     dropped_event,
     reset_event,
     resolve,
@@ -548,7 +549,10 @@ class ProcessBackend:
             run.watchers.append(watcher)
         last = START if after is None else after
         with watcher.events:
-            if after is not None:
+            if after is None and prompt_id in session.log.cut:  # its first ones are gone
+                held = session.log.events
+                yield cut_event(prompt_id, held[0][0].id or START if held else START)
+            elif after is not None:
                 missing = session.log.missing_after(after)
                 if missing is not None:
                     yield reset_event(after, missing)
