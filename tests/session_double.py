@@ -44,6 +44,7 @@ from cantrip.protocols.sessions import (
 )
 from cantrip.protocols.sessions._backend import check_user, same_user
 from cantrip.protocols.sessions._hub import SessionError
+from cantrip.protocols.sessions._watches import Watches
 
 STICKY_S = 5.0
 T = TypeVar("T")
@@ -165,6 +166,10 @@ class DoubleBackend:
         self._tasks: dict[str, _Task] = {}
         self.loom = Loom()
         """Every session's turns, as a loom (what ``read_loom`` reads)."""
+        self.watches = Watches()
+        self.answers: dict[tuple[str, str], tuple[str, Decision]] = {}
+        """(session, pause) -> the continuation its answer started, and the answer."""
+        """Runs following prompts for their clients (the rule is the package's)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -468,8 +473,13 @@ class DoubleBackend:
     async def pauses(self, session_id: str) -> list[Pause]:
         return list(self._get(session_id).pending.values())
 
-    async def answer(self, session_id: str, pause_id: str, decision: Decision) -> Submitted | None:
+    async def answer(
+        self, session_id: str, pause_id: str, decision: Decision, *, repeat: bool = False
+    ) -> Submitted | None:
         session = self._get(session_id)
+        again = self.answers.get((session_id, pause_id)) if repeat else None
+        if again is not None and again[1] == decision:
+            return Submitted(again[0], session.id, replayed=True)
         if pause_id in session.answered:
             raise PauseError(f"pause {pause_id} was already answered")
         pause = session.pending.get(pause_id)
@@ -485,6 +495,7 @@ class DoubleBackend:
         prompt = _Prompt(_id("prompt"), None, None, answer=(pause, str(decision.text)))
         prompt.tools = offered
         self._open(session, prompt)
+        self.answers[(session_id, pause_id)] = (prompt.id, decision)
         return Submitted(prompt.id, session.id)
 
     # -- events ------------------------------------------------------------------

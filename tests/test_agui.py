@@ -214,13 +214,23 @@ async def test_an_approval_is_an_interrupt_and_a_resume_continues_the_cast(tmp_p
         resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
         _, resumed = await agui(base, run_input("t-approve", None, resume=resume))
         _, twice = await agui(base, run_input("t-approve", None, resume=resume))
+        otherwise = [{"interruptId": interrupt["id"], "status": "resolved", "payload": False}]
+        _, other = await agui(base, run_input("t-approve", None, resume=otherwise))
     results = [e for e in resumed if e["type"] == "TOOL_CALL_RESULT"]
     assert results[0]["toolCallId"] == interrupt["toolCallId"]
     assert results[0]["content"] == "launched at moon"
     assert resumed[-1]["result"] == "launched"
-    assert twice[-1]["type"] == "RUN_ERROR" and twice[-1]["code"] == "bad_resume"
-    assert interrupt["id"] in twice[-1]["message"]
-    assert "TOOL_CALL_RESULT" not in types(twice), "the gate ran exactly once"
+    # the same resume sent again (a client that lost its stream) follows the
+    # continuation it started: told again, the same events; nothing ran again
+    assert types(twice) == types(resumed) and twice[-1]["result"] == "launched"
+    assert [e["content"] for e in twice if e["type"] == "TOOL_CALL_RESULT"] == [
+        e["content"] for e in results
+    ]
+    assert final_state(twice)["cantrip"]["turns"] == final_state(resumed)["cantrip"]["turns"]
+    # another answer to an answered interrupt is refused, and runs nothing
+    assert other[-1]["type"] == "RUN_ERROR" and other[-1]["code"] == "bad_resume"
+    assert interrupt["id"] in other[-1]["message"]
+    assert "TOOL_CALL_RESULT" not in types(other), "the gate ran exactly once"
 
 
 async def test_a_denied_or_cancelled_interrupt_is_an_error_observation() -> None:

@@ -142,11 +142,17 @@ async def test_a_question_is_an_interrupt_resumed_once(world: World) -> None:
     resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": "blue"}]
     resumed = await post(world, run_input("b-ask", None, resume=resume))
     twice = await post(world, run_input("b-ask", None, resume=resume))
+    otherwise = [{"interruptId": interrupt["id"], "status": "resolved", "payload": "red"}]
+    other = await post(world, run_input("b-ask", None, resume=otherwise))
     (result,) = [e for e in resumed if e["type"] == "TOOL_CALL_RESULT"
                  and e["toolCallId"] == interrupt["toolCallId"]]  # fmt: skip
     assert result["content"] == "blue"
     assert resumed[-1]["result"] == "ask: paint ok #1 in blue"
-    assert twice[-1]["type"] == "RUN_ERROR" and twice[-1]["code"] == "bad_resume"
+    # the same answer sent again follows its continuation; another one is refused
+    assert [e["type"] for e in twice] == [e["type"] for e in resumed]
+    assert twice[-1]["result"] == resumed[-1]["result"]
+    assert state(twice)["turns"] == state(resumed)["turns"], "nothing was cast again"
+    assert other[-1]["type"] == "RUN_ERROR" and other[-1]["code"] == "bad_resume"
 
 
 async def test_a_client_tool_is_called_at_the_client_and_its_result_observed(

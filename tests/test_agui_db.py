@@ -14,6 +14,7 @@ import functools
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,8 +39,15 @@ def stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     and one worker on a fresh database; the LLM says text and reasoning each turn."""
     url = fresh_database(pg_server, "agui_db")
     root = tmp_path_factory.mktemp("agui-db")
+    (root / "holds").mkdir()
     with open_stack(
-        url, root, replicas=0, delay_s=0.1, SERVE_DB_LLM_CHATTY="1", OPENAI_API_KEY=SECRET
+        url,
+        root,
+        replicas=0,
+        delay_s=0.1,
+        SERVE_DB_LLM_CHATTY="1",
+        OPENAI_API_KEY=SECRET,
+        SERVE_DB_LLM_HOLD_DIR=str(root / "holds"),
     ) as built:
         built.start_replica(token=TOKEN)
         built.start_replica(token=TOKEN)
@@ -166,12 +174,18 @@ async def test_an_approval_interrupt_at_one_replica_is_resumed_at_another_once(
     # answered at another replica (any replica serves any session)
     _, resumed = await agui(a, run_input("db-approve", None, resume=resume))
     _, twice = await agui(b, run_input("db-approve", None, resume=resume))
+    denied_first = [{"interruptId": interrupt["id"], "status": "resolved", "payload": False}]
+    _, other = await agui(a, run_input("db-approve", None, resume=denied_first))
     results = [e for e in resumed if e["type"] == "TOOL_CALL_RESULT"]
     assert results[0]["toolCallId"] == interrupt["toolCallId"] and results[0]["content"] == "step 1"
     assert resumed[-1]["outcome"]["type"] == "interrupt"  # step 2 asks again
     (second,) = resumed[-1]["outcome"]["interrupts"]
     assert second["metadata"]["args"] == {"text": "step 2"}
-    assert twice[-1]["type"] == "RUN_ERROR" and twice[-1]["code"] == "bad_resume"
+    # the same resume sent again (at another replica) follows the continuation it
+    # started: told again, the same events; another answer to it is refused
+    assert [e["type"] for e in twice] == [e["type"] for e in resumed]
+    assert twice[-1]["outcome"] == resumed[-1]["outcome"]
+    assert other[-1]["type"] == "RUN_ERROR" and other[-1]["code"] == "bad_resume"
     denied = [{"interruptId": second["id"], "status": "cancelled"}]
     _, finished = await agui(b, run_input("db-approve", None, resume=denied))
     assert finished[-1]["type"] == "RUN_FINISHED" and finished[-1]["result"] == "pay ok #1"
@@ -510,3 +524,132 @@ async def test_a_client_comes_back_at_another_replica_for_the_rest_of_its_run(
     assert await stack.query("SELECT count(*) FROM cantrip_work WHERE entity_id = %s", entity) == [
         (2,)
     ]  # one work item per run: the reconnect queued nothing
+
+
+# -- issue 44 leftovers: a hang-up's grace shared by the replicas ---------------------------
+
+
+async def _until(check: Any, what: str, timeout: float = 60) -> Any:
+    """Wait (polling) until ``check()`` is true-ish; its value."""
+    with trio.fail_after(timeout):
+        while True:
+            got = await check()
+            if got:
+                return got
+            await trio.sleep(0.05)
+
+
+async def _hang_up_after_a_turn(base: str, body: dict[str, Any], reconnect_s: int) -> Any:
+    """A run at ``base`` read until its first turn is told, then dropped: the frames."""
+    from test_agui_resume import run_stream
+
+    first = []
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=60, headers=AUTH) as http,
+        run_stream(http, body, reconnect_s=reconnect_s) as frames,
+    ):
+        async for frame in frames:
+            first.append(frame)
+            if frame[1]["type"] == "STEP_FINISHED":
+                break
+    return first
+
+
+def _held(stack: Stack, name: str) -> Any:
+    holds = Path(stack.env["SERVE_DB_LLM_HOLD_DIR"])
+
+    async def check() -> bool:
+        return (holds / f"{name}.held").exists()
+
+    return check
+
+
+def _release(stack: Stack, name: str) -> None:
+    (Path(stack.env["SERVE_DB_LLM_HOLD_DIR"]) / f"{name}.release").touch()
+
+
+async def _work(stack: Stack, entity: str) -> tuple[int, str]:
+    ((work_id, state),) = await stack.query(
+        "SELECT id, state FROM cantrip_work WHERE entity_id = %s ORDER BY id DESC LIMIT 1", entity
+    )
+    return int(work_id), str(state)
+
+
+async def test_a_hang_up_grace_holds_for_a_client_back_at_another_replica(stack: Stack) -> None:
+    """AGUI-7 across replicas: a client hangs up at A (``?reconnect_s=5``) and comes
+    back at B during the cast (its final answer held by the model). A's grace ends
+    while B follows the prompt; A reads that from the database and does not cancel:
+    the cast goes on and B's run finishes it, told whole."""
+    from test_agui_resume import rest, run_stream
+
+    a, b, *_ = stack.replicas
+    body = run_input("db-grace-back", "hold:graceback")
+    first = await _hang_up_after_a_turn(a, body, reconnect_s=5)
+    entity = first[1][1]["snapshot"]["cantrip"]["entity_id"]
+    work_id, _ = await _work(stack, entity)
+
+    async def watches() -> list[Any]:
+        return await stack.query(
+            "SELECT grace_until IS NULL FROM cantrip_prompt_watches WHERE work_id = %s ORDER BY 1",
+            work_id,
+        )
+
+    later: list[Any] = []
+    async with (
+        httpx.AsyncClient(base_url=b, timeout=60, headers=AUTH) as http,
+        run_stream(http, body, last=first[-1][0], reconnect_s=30) as frames,
+        trio.open_nursery() as nursery,
+    ):
+
+        async def read() -> None:
+            later.extend(await rest(frames))
+
+        nursery.start_soon(read)
+        # A's grace (its hang-up, recorded) and B's run following the prompt
+        both = await _until(lambda: _both(watches), "A's grace and B's watch")
+        assert both == [(False,), (True,)]
+        await _until(_held(stack, "graceback"), "the final answer held")
+        # A's grace is over and A has decided: its watch is gone, B's stays
+        assert await _until(lambda: _only_b(watches), "A's decision") == [(True,)]
+        assert (await _work(stack, entity))[1] == "running", "A did not cancel it"
+        _release(stack, "graceback")
+    told = first + later[1:]
+    assert [i for i, _ in told] == list(range(len(told)))
+    events = [e for _, e in told]
+    assert_valid_agui(events, max_warnings=0)
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
+    assert (await _work(stack, entity))[1] == "done"
+    assert await watches() == [], "every watch let go"
+
+
+async def _both(watches: Any) -> Any:
+    rows = await watches()
+    return rows if len(rows) == 2 else None
+
+
+async def _only_b(watches: Any) -> Any:
+    rows = await watches()
+    return rows if len(rows) == 1 else None
+
+
+async def test_a_hang_up_grace_with_no_client_back_cancels_and_records_it(stack: Stack) -> None:
+    a, *_ = stack.replicas
+    body = run_input("db-grace-gone", "hold:gracegone")
+    first = await _hang_up_after_a_turn(a, body, reconnect_s=1)
+    entity = first[1][1]["snapshot"]["cantrip"]["entity_id"]
+    sid = first[1][1]["snapshot"]["cantrip"]["session_id"]
+    try:
+
+        async def ended() -> Any:
+            work = await _work(stack, entity)
+            return work if work[1] not in ("queued", "running") else None
+
+        assert (await _until(ended, "the cancel"))[1] == "cancelled"
+    finally:
+        _release(stack, "gracegone")
+    async with httpx.AsyncClient(base_url=a, timeout=60, headers=AUTH) as http:
+        thread = (await http.get(f"/sessions/{sid}/thread")).json()["turns"]
+    assert thread[-1]["reason"] == "cancelled"
+    work_id, _ = await _work(stack, entity)
+    rows = "SELECT count(*) FROM cantrip_prompt_watches WHERE work_id = %s"
+    assert await stack.query(rows, work_id) == [(0,)], "its watch let go"

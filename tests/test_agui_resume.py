@@ -255,3 +255,131 @@ def test_both_streams_read_last_event_id_one_way_each_with_its_own_grammar() -> 
     with pytest.raises(HttpError) as bad:
         reconnection(scope(b"2.1"))
     assert bad.value.code == "bad_event_id"
+
+
+@cantrip.gate(requires_approval=True)
+def launch(target: str) -> str:
+    """Something a person must approve first."""
+    return f"launched at {target}"
+
+
+async def test_a_resume_whose_stream_was_lost_is_sent_again_and_follows_its_continuation() -> None:
+    """A run answers an interrupt (``resume``); its client reads part of the stream,
+    loses it and sends the same run again with ``Last-Event-ID``: the interrupt is
+    answered already with that very answer, so the run follows the continuation the
+    answer started -- every event after that id, then the live ones -- and the gate
+    ran once. Without it the second send was ``bad_resume`` (AGUI-17)."""
+    thread = "t-resume-again"
+    script = [
+        {"tool_calls": [{"gate": "launch", "args": {"target": "moon"}}]},
+        {
+            "content": "Launched; waiting.",
+            "tool_calls": [{"gate": "hold", "args": {"thread": thread}}],
+        },
+        {"tool_calls": [{"gate": "done", "args": {"answer": "landed"}}]},
+    ]
+    s = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, hold, launch], [cantrip.max_turns(5)]),
+        loom=cantrip.Loom(),
+    )
+    RELEASE[thread] = trio.Event()
+    async with serving(s) as base, httpx.AsyncClient(base_url=base, timeout=30, verify=TLS) as http:
+        async with run_stream(http, run_input(thread, "launch it")) as frames:
+            paused = await rest(frames)
+        (interrupt,) = paused[-1][1]["outcome"]["interrupts"]
+        resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": True}]
+        body = run_input(thread, None, resume=resume)
+        async with run_stream(http, body) as frames:
+            first = []
+            async for frame in frames:  # to the hold call's start: the cast waits there
+                first.append(frame)
+                if frame[1]["type"] == "TOOL_CALL_END":
+                    break
+        async with run_stream(http, body, last=first[-1][0]) as frames:
+            (opening,) = await take(frames, 1)
+            RELEASE[thread].set()
+            later = await rest(frames)
+    assert opening[0] == 0 and opening[1]["type"] == "RUN_STARTED"
+    told = first + later
+    assert [i for i, _ in told] == list(range(len(told)))
+    events = [e for _, e in told]
+    assert_valid_agui(events, max_warnings=0)
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["result"] == "landed"
+    results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert results[0] == "launched at moon" and f"held {thread}" in results
+    launched = [r for t in s.loom.turns for r in t.gate_calls if r.gate == "launch"]
+    assert len(launched) == 1, "the gate ran once"
+
+
+@cantrip.gate()
+async def note(text: str) -> str:
+    """Notes something down, once the test lets it go (``RELEASE[text]``)."""
+    await RELEASE[text].wait()
+    return f"noted {text}"
+
+
+async def test_a_run_past_the_held_events_is_not_resumable_and_says_so() -> None:
+    """In process a session holds its latest ``RESUMABLE_EVENTS`` (2,000) live events.
+    A prompt that told more (here ~2,100 text deltas in one answer) can no longer be
+    told again from its beginning, so a client resuming its run would get events at
+    the wrong places: it is told so instead -- ``RUN_STARTED`` and ``RUN_ERROR``
+    ``not_resumable`` after the id it has -- never a stream with a silent gap or
+    duplicate. The live client read the whole run; the cast goes on to its end."""
+    from cantrip.llm._scripted import STREAM_CHUNK
+    from cantrip.protocols.sessions._positions import RESUMABLE_EVENTS
+
+    thread = "t-resume-long"
+    # in answers of 450 deltas, each ending in a call the test lets go once it has read
+    # that far (the scripted model streams without a pause; a follower more than
+    # WATCHER_BUFFER events behind would be dropped)
+    answers, per_answer = 5, 450
+    deltas = answers * per_answer
+    assert deltas > RESUMABLE_EVENTS
+    notes = [f"{thread}-{k}" for k in range(answers)]
+    script = [
+        *(
+            {
+                "content": "y" * (STREAM_CHUNK * per_answer),
+                "tool_calls": [{"gate": "note", "args": {"text": text}}],
+            }
+            for text in notes
+        ),
+        {"tool_calls": [{"gate": "hold", "args": {"thread": thread}}]},
+        {"tool_calls": [{"gate": "done", "args": {"answer": "long"}}]},
+    ]
+    s = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, hold, note], [cantrip.max_turns(answers + 3)]),
+        loom=cantrip.Loom(),
+    )
+    for name in (thread, *notes):
+        RELEASE[name] = trio.Event()
+    body = run_input(thread, "talk a lot")
+    async with serving(s) as base, httpx.AsyncClient(base_url=base, timeout=60, verify=TLS) as http:
+        first = []
+        names: dict[str, str] = {}
+        async with run_stream(http, body) as frames:
+            async for frame in frames:  # to the hold call: the cast waits there
+                first.append(frame)
+                event = frame[1]
+                if event["type"] == "TOOL_CALL_START":
+                    names[event["toolCallId"]] = event["toolCallName"]
+                if event["type"] != "TOOL_CALL_END":
+                    continue
+                if names[event["toolCallId"]] == "hold":
+                    break
+                RELEASE[notes[sum(n == "note" for n in names.values()) - 1]].set()
+        contents = [e for _, e in first if e["type"] == "TEXT_MESSAGE_CONTENT"]
+        assert len(contents) == deltas and len(first) > RESUMABLE_EVENTS
+        async with run_stream(http, body, last=first[10][0]) as frames:
+            again = await rest(frames)
+        RELEASE[thread].set()
+        with trio.fail_after(30):  # the cast goes on to its end
+            while not any(t.terminated for t in s.loom.turns):
+                await trio.sleep(0.05)
+    assert [(i, e["type"]) for i, e in again] == [(0, "RUN_STARTED"), (11, "RUN_ERROR")]
+    assert again[-1][1]["code"] == "not_resumable"
+    assert "no longer held" in again[-1][1]["message"] or "gone" in again[-1][1]["message"]

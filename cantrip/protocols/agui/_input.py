@@ -179,26 +179,29 @@ def offered_gates(run: RunAgentInput) -> tuple[Gate, ...]:
         raise HttpError(400, "bad_request", str(exc)) from None
 
 
-def decision_for(pause: Pause, entry: ResumeEntry) -> Decision:
+def decision_for(pause: Pause | None, entry: ResumeEntry) -> Decision:
     """What a resume entry says about a pause (:data:`APPROVAL_SCHEMA`,
-    :data:`QUESTION_SCHEMA`); a cancelled entry denies the call."""
+    :data:`QUESTION_SCHEMA`); a cancelled entry denies the call. ``pause`` None: one
+    no longer open (an answer sent again): the payload alone says what it answers."""
     if entry.status == "cancelled":
         return Decision.deny("cancelled by the user")
     payload = entry.payload
     if isinstance(payload, Mapping) and "decision" in payload:
         return Decision.parse(payload)
-    if pause.kind == "question":
+    pause_id = entry.interrupt_id if pause is None else pause.pause_id
+    asks = pause.kind == "question" if pause is not None else isinstance(payload, str | Mapping)
+    if asks:
         if isinstance(payload, Mapping) and isinstance(payload.get("answer"), str):
             return Decision.answer(payload["answer"])
         if isinstance(payload, str):
             return Decision.answer(payload)
-        raise PauseError(f"interrupt {pause.pause_id} asks a question: answer it with text")
+        raise PauseError(f"interrupt {pause_id} asks a question: answer it with text")
     if payload is True:
         return Decision.approve()
     if payload is False:
         return Decision.deny()
     raise PauseError(
-        f"interrupt {pause.pause_id} asks for approval: resume it with true, false "
+        f"interrupt {pause_id} asks for approval: resume it with true, false "
         'or {"decision": "approve" | "deny" | "edit", ...}'
     )
 

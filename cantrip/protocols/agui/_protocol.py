@@ -272,6 +272,8 @@ class RunStream:
         recorded turns were paid for."""
         for out in self.translator.finish(None):
             await self._send(out)
+        if self.after is not None and self.told <= self.after:
+            self.told = self.after + 1  # the run ends after what the client has: it is told
         self.ended = True
         spent = sum(self.spent.values(), ZERO_USAGE)
         await self._send(

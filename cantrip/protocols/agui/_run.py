@@ -28,9 +28,9 @@ PostgreSQL, or a third one -- with :mod:`._input`'s meaning of the input,
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import math
+import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from urllib.parse import parse_qs
@@ -162,11 +162,6 @@ def reconnection(scope: Scope | None) -> tuple[int | None, float]:
     return after, reconnect_s
 
 
-_FOLLOWED: collections.Counter[str] = collections.Counter()
-"""Prompts (``<session>/<prompt>``) and how many runs in this process follow them now:
-a prompt whose client hung up is kept while another run follows it."""
-
-
 async def thread_session(backend: SessionBackend, thread_id: str) -> SessionInfo:
     """The session a thread names: a session (or entity) id the backend knows is
     itself; any other id the session this thread id created (made on first use)."""
@@ -224,6 +219,8 @@ class AguiRun:
         """The prompt this run followed when its client hung up."""
         self.reconnected = stream.after is not None
         """A client resuming its own run: the prompt it joins is its own to cancel."""
+        self.watcher = os.urandom(8).hex()
+        """This run's name among the runs following its prompt (``backend.watches``)."""
 
     async def serve(self, receive: Receive) -> None:
         """The run to its end; nothing more is said once the client has hung up. A
@@ -261,19 +258,28 @@ class AguiRun:
     async def _let_go(self, ours: Submitted | None) -> None:
         """The client hung up: cancel its prompt -- at once, or, when it asked for time
         to reconnect (``?reconnect_s=``), after that long if no run follows the prompt
-        by then (a reconnect does, until it ends). A run that joined another
+        by then, at any replica (``backend.watches``: a reconnect follows it until it
+        ends, and its own hang-up grants its own grace). A run that joined another
         client's prompt cancels nothing."""
-        if ours is None or (ours.replayed and not self.reconnected):
+        if ours is None:
             return
-        if self.reconnect_s > 0:
+        watches, prompt_id = self.backend.watches, ours.prompt_id
+        owned = not ours.replayed or self.reconnected
+        grace_s = self.reconnect_s if owned else 0.0
+        with trio.CancelScope(shield=True):
+            await watches.unwatch(self.session_id, prompt_id, self.watcher, grace_s=grace_s)
+        if not owned:
+            return
+        if grace_s > 0:
             # the server's shutdown ends the wait (it does not wait on a gone client)
             with self.drain.stream() if self.drain is not None else trio.CancelScope():
-                await trio.sleep(self.reconnect_s)
-            if _FOLLOWED[f"{self.session_id}/{ours.prompt_id}"]:
-                return  # its client came back: that run has it now
+                await trio.sleep(grace_s)
+            with trio.CancelScope(shield=True):
+                if await watches.watched(self.session_id, prompt_id, self.watcher):
+                    return  # its client came back: the run following it has it now
         log.info("session %s: the AG-UI client hung up; cancelling", self.session_id)
         with trio.CancelScope(shield=True):
-            await self.backend.cancel(self.session_id, prompt_id=ours.prompt_id)
+            await self.backend.cancel(self.session_id, prompt_id=prompt_id)
 
     async def _serve(self) -> CastResult | Waiting | None:
         if self.run.resume:
@@ -302,45 +308,60 @@ class AguiRun:
             return None
         outcome: CastResult | Waiting | None = None
         for pause, decision in calls:
-            outcome = await self._answer(pause, decision)
+            outcome = await self._answer(pause.pause_id, decision)
         return (outcome,)
 
     async def _resume(self) -> CastResult | Waiting | None:
         """Answer the interrupts in the order given; each answer continues the paused
         cast (or the prompt that waits on it in place), and the last continuation's
-        outcome is the run's."""
+        outcome is the run's. An interrupt answered already with this very answer (a
+        client that lost the stream of the run that answered it, sending it again)
+        follows the continuation that answer started; any other answer to it is
+        ``bad_resume``."""
         outcome: CastResult | Waiting | None = None
         for entry in self.run.resume or ():
             pending = {p.pause_id: p for p in await self.backend.pauses(self.session_id)}
             pause = pending.get(entry.interrupt_id)
-            if pause is None:
-                take(self.session_id, entry.interrupt_id)  # closed: forgotten
-                raise RunFailed(
-                    "bad_resume",
-                    f"interrupt {entry.interrupt_id!r} is not open on thread "
-                    f"{self.run.thread_id!r} (open: {', '.join(pending) or 'none'})",
-                )
             try:
                 decision = decision_for(pause, entry)
             except PauseError as exc:
                 raise RunFailed("bad_resume", str(exc)) from None
-            outcome = await self._answer(pause, decision)
+            closed = None
+            if pause is None:
+                take(self.session_id, entry.interrupt_id)  # closed: forgotten
+                closed = (
+                    f"interrupt {entry.interrupt_id!r} is not open on thread "
+                    f"{self.run.thread_id!r} (open: {', '.join(pending) or 'none'}), "
+                    "and was not answered so"
+                )
+            outcome = await self._answer(entry.interrupt_id, decision, closed)
         return outcome
 
-    async def _answer(self, pause: Pause, decision: Decision) -> CastResult | Waiting | None:
-        """Answer ``pause`` and tell what follows: the paused cast's continuation, or
+    async def _answer(
+        self, pause_id: str, decision: Decision, closed: str | None = None
+    ) -> CastResult | Waiting | None:
+        """Answer ``pause_id`` and tell what follows: the paused cast's continuation, or
         -- for a pause a running prompt waits on in place that an AG-UI run of this
-        process ended at (:class:`Waiting`) -- that prompt from the pause on."""
-        waited = take(self.session_id, pause.pause_id)
+        process ended at (:class:`Waiting`) -- that prompt from the pause on.
+        ``closed``: why the answer is refused if the pause is not open (then it may be
+        this very answer sent again)."""
+        waited = take(self.session_id, pause_id) if closed is None else None
 
         async def answer() -> Submitted:
-            submitted = await self.backend.answer(self.session_id, pause.pause_id, decision)
+            try:
+                submitted = await self.backend.answer(
+                    self.session_id, pause_id, decision, repeat=closed is not None
+                )
+            except PauseError:
+                if closed is None:
+                    raise
+                raise RunFailed("bad_resume", closed) from None
             if submitted is None and waited is not None:  # the prompt goes on: follow it
                 return Submitted(waited.prompt_id, self.session_id)
             if submitted is None:  # a running prompt waited on it in place: that run tells it
                 raise RunFailed(
                     "answered_live",
-                    f"interrupt {pause.pause_id} was handed to the run that waits on it",
+                    f"interrupt {pause_id} was handed to the run that waits on it",
                 )
             return submitted
 
@@ -372,14 +393,15 @@ class AguiRun:
         else:
             if self.gone:  # hung up while it was being started
                 self.dropped = submitted
-            followed = f"{self.session_id}/{submitted.prompt_id}"
-            _FOLLOWED[followed] += 1
+            watches, prompt_id = self.backend.watches, submitted.prompt_id
+            with trio.CancelScope(shield=True):  # a hang-up's grace must see this run
+                await watches.watch(self.session_id, prompt_id, self.watcher)
             try:
                 outcome, failure = await self._tell_prompt(submitted, after)
             finally:
-                _FOLLOWED[followed] -= 1
-                if not _FOLLOWED[followed]:
-                    del _FOLLOWED[followed]
+                if not self.gone:  # else its hang-up lets go of it (``_let_go``)
+                    with trio.CancelScope(shield=True):
+                        await watches.unwatch(self.session_id, prompt_id, self.watcher)
             if isinstance(outcome, Waiting):
                 # before the interrupt goes out (a client resumes it at once), and
                 # before a later resume entry of this run may answer it
@@ -469,6 +491,8 @@ class AguiRun:
                 failure = failure or item.failure
                 ended, deadline = item, trio.current_time() + CATCH_UP_S
                 continue
+            if item.type == "reset":  # the prompt's first events are gone (AGUI-17)
+                return None, RunFailed("not_resumable", _NOT_RESUMABLE)
             if item.type == "pause":
                 told.add(str(item.data.get("pause", {}).get("pause_id")))
                 waits = self._waits_in_place(item)
@@ -512,6 +536,14 @@ class AguiRun:
         if not self.stream.translator.tells(pause.entity_id):
             return None
         return pause, item.id
+
+
+_NOT_RESUMABLE = (
+    "this run's prompt told more events than the server holds for a session, and its "
+    "first ones are gone: the run cannot be told again with the same event ids. Its "
+    "turns are in the thread (the next run's MESSAGES_SNAPSHOT, or "
+    "GET /sessions/{id}/thread); send a new run for more"
+)
 
 
 def _told_its_end(cast: CastResult | None, told: set[str]) -> bool:

@@ -172,6 +172,7 @@ from cantrip._outcome import CastResult
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.memory._model import MemoryStoreError, check_namespace
+from cantrip.protocols.sessions._watches import PromptWatches
 
 SESSION_PREFIX = "session-"
 """A session's id begins so (the rest names its entity, ``entity-...``)."""
@@ -451,6 +452,12 @@ class SessionBackend(Protocol):
     @property
     def capabilities(self) -> Capabilities: ...
 
+    @property
+    def watches(self) -> PromptWatches:
+        """Who follows which prompt for a client, shared by every process serving the
+        sessions (:mod:`._watches`: a hang-up's grace, AG-UI's ``?reconnect_s=``)."""
+        ...
+
     async def create(
         self, key: str | None = None, *, user: str | None = None
     ) -> tuple[SessionInfo, bool]:
@@ -531,9 +538,15 @@ class SessionBackend(Protocol):
 
     async def pauses(self, session_id: str) -> list[Pause]: ...
 
-    async def answer(self, session_id: str, pause_id: str, decision: Decision) -> Submitted | None:
+    async def answer(
+        self, session_id: str, pause_id: str, decision: Decision, *, repeat: bool = False
+    ) -> Submitted | None:
         """Answer a pause: the continued cast as a prompt (await its :meth:`result`),
-        or None when a running prompt waited on it in place (that prompt answers)."""
+        or None when a running prompt waited on it in place (that prompt answers).
+        ``repeat``: the client may be sending an answer again (it lost the reply): a
+        pause answered already with this very decision gives the continuation that
+        answer started (``replayed``) -- where the backend still knows it -- instead
+        of a :class:`~cantrip.PauseError`; another decision is one all the same."""
         ...
 
     async def thread(self, session_id: str) -> list[Turn]: ...

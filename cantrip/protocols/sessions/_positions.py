@@ -45,6 +45,9 @@ RESUMABLE_EVENTS = 2000
 """Live (unrecorded) events a session keeps in process to resume from; recorded ones
 are read again from the loom."""
 
+CUT_PROMPTS = 256
+"""Prompts a session's log remembers it let events of go (:attr:`EventLog.cut`)."""
+
 WATCHER_BUFFER = 1000
 """Events a watcher may have waiting to be read; one that falls further behind is
 dropped (told ``dropped`` with the last id it was sent) so it never holds up the cast."""
@@ -122,6 +125,9 @@ class EventLog:
 
     told_turn: str | None = None
     """The id of the last turn told (None: none yet): what is new is read after it."""
+    cut: dict[str, None] = attrs.field(factory=dict)
+    """Prompts some of whose events the log let go of (the latest :data:`CUT_PROMPTS`,
+    oldest first): such a prompt can no longer be told again whole from the log."""
 
     def begin(self, turns: Sequence[Turn]) -> None:
         """Go on from the loom's present: the entity's ``turns``."""
@@ -170,6 +176,10 @@ class EventLog:
             gone, was_recorded = self.events[0]
             if not was_recorded:
                 self.lost = gone.id
+            if gone.prompt_id is not None and gone.prompt_id not in self.cut:
+                self.cut[gone.prompt_id] = None
+                if len(self.cut) > CUT_PROMPTS:
+                    del self.cut[next(iter(self.cut))]
         self.events.append((event, recorded))
         return event
 
@@ -261,6 +271,24 @@ def reset_event(after: EventId, oldest: EventId) -> SessionEvent:
         ),
     }
     return SessionEvent("reset", data)
+
+
+def cut_event(prompt_id: str, oldest: EventId) -> SessionEvent:
+    """What a follower of a prompt's own stream is told first when the log no longer
+    holds the prompt's first events (it told more than :data:`RESUMABLE_EVENTS`): the
+    events that follow are not the prompt's whole stream."""
+    data = {
+        "type": "reset",
+        "prompt_id": prompt_id,
+        "oldest": str(oldest),
+        "message": (
+            f"prompt {prompt_id} told more events than a session holds "
+            f"({RESUMABLE_EVENTS}); its first ones are no longer held (the oldest held "
+            f"is {oldest}), so its stream cannot be told again whole: its turns are in "
+            "the session's thread"
+        ),
+    }
+    return SessionEvent("reset", data, prompt_id=prompt_id)
 
 
 def dropped_event(last: EventId) -> SessionEvent:

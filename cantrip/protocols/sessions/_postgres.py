@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from cantrip._approval import Decision, Pause
+from cantrip._approval import Decision, Pause, PauseError
 from cantrip._client_gates import CLIENT_TOOLS_KEY, client_gates
 from cantrip._errors import ConstructionError
 from cantrip._events import PauseEvent
@@ -77,6 +77,7 @@ from cantrip.protocols.sessions._rows import DbSessions, Progress, SessionRow, f
 from cantrip.protocols.sessions._shapes import event_dict
 from cantrip.protocols.sessions._tail import Beat, follow
 from cantrip.protocols.sessions._task_rows import TaskRows
+from cantrip.protocols.sessions._watches import WatchRows
 
 T = TypeVar("T")
 
@@ -127,6 +128,8 @@ class PostgresBackend:
         """The prompts on their way to the queue: one commit per batch (issue 46.1)."""
         self.looks = ProgressLooks(sessions, self._db)
         """The waiters' looks at their prompts' work: one read per batch (issue 46)."""
+        self.watches = WatchRows(sessions.store, self._db, work_id_for)
+        """Runs following prompts for their clients, at every replica (a table)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -343,9 +346,21 @@ class PostgresBackend:
         row = await self._row(session_id)
         return [Pause.from_dict(p) for p in await self._db(self.db.pending, row.entity_id)]
 
-    async def answer(self, session_id: str, pause_id: str, decision: Decision) -> Submitted | None:
+    async def answer(
+        self, session_id: str, pause_id: str, decision: Decision, *, repeat: bool = False
+    ) -> Submitted | None:
         row = await self._row(session_id)
-        queued = await self._db(self.db.answer, row.entity_id, pause_id, decision.to_dict())
+        try:
+            queued = await self._db(self.db.answer, row.entity_id, pause_id, decision.to_dict())
+        except PauseError:
+            found = None
+            if repeat:  # this very answer, sent again: the work it queued
+                found = await self._db(
+                    self.db.answered, row.entity_id, pause_id, decision.to_dict()
+                )
+            if found is None:
+                raise
+            return Submitted(prompt_id_for(found), row.session_id, replayed=True)
         if queued.replayed:  # a running prompt waited on it in place: that prompt answers
             return None
         return Submitted(prompt_id_for(queued.work_id), row.session_id)

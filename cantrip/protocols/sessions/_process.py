@@ -83,10 +83,12 @@ from cantrip.protocols.sessions._positions import (
     START,
     EventId,
     catch_up,
+    cut_event,
     dropped_event,
     reset_event,
     resolve,
 )
+from cantrip.protocols.sessions._watches import Watches
 
 log = get_logger("cantrip.sessions")
 T = TypeVar("T")
@@ -168,6 +170,11 @@ class ProcessBackend:
         self._tasks: dict[str, _Task] = {}
         """The tasks recorded beside prompts (``MAX_TASKS``, the oldest settled go)."""
         self._seq = itertools.count(1)
+        self._answers: dict[tuple[str, str], tuple[str, Decision]] = {}
+        """(session, pause) -> the continuation an answer started, and the answer (for
+        an answer sent again, ``answer(..., repeat=True)``; the latest KEPT_RESULTS)."""
+        self.watches = Watches()
+        """Runs following prompts for their clients (one process serves them all)."""
 
     @classmethod
     def serving(
@@ -460,8 +467,13 @@ class ProcessBackend:
     async def pauses(self, session_id: str) -> list[Pause]:
         return list((await self._session(session_id)).entity.pending)
 
-    async def answer(self, session_id: str, pause_id: str, decision: Decision) -> Submitted | None:
+    async def answer(
+        self, session_id: str, pause_id: str, decision: Decision, *, repeat: bool = False
+    ) -> Submitted | None:
         session = await self._session(session_id)
+        known = self._answers.get((session.id, pause_id)) if repeat else None
+        if known is not None and known[1] == decision and known[0] in self._runs:
+            return Submitted(known[0], session.id, replayed=True)  # this answer, again
         run = _Run(session.id)
         handle = Prompt("", None)  # the continuation: a prompt a cancel can name
         await self._start(run, lambda: self.hub.answer(session, pause_id, decision, handle=handle))
@@ -470,6 +482,9 @@ class ProcessBackend:
         if run.done.is_set() and run.cast is None:
             return None  # a running prompt waited on it in place: that prompt answers
         self._keep(handle.id, run)
+        self._answers[(session.id, pause_id)] = (handle.id, decision)
+        while len(self._answers) > KEPT_RESULTS:
+            del self._answers[next(iter(self._answers))]
         return Submitted(handle.id, session.id)
 
     # -- events ------------------------------------------------------------------
@@ -536,7 +551,10 @@ class ProcessBackend:
             run.watchers.append(watcher)
         last = START if after is None else after
         with watcher.events:
-            if after is not None:
+            if after is None and prompt_id in session.log.cut:  # its first ones are gone
+                held = session.log.events
+                yield cut_event(prompt_id, held[0][0].id or START if held else START)
+            elif after is not None:
                 missing = session.log.missing_after(after)
                 if missing is not None:
                     yield reset_event(after, missing)

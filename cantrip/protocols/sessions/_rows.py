@@ -53,8 +53,10 @@ from cantrip._outcome import CastResult, recorded_cast
 from cantrip.distributed._pauses import answer_on, live_pending_on
 from cantrip.distributed._queue import WorkQueue
 from cantrip.distributed._work import (
+    ANSWER_KEY,
     ENDED,
     ENTITY_LOCK,
+    PAUSED,
     cancel_on,
     messages_on,
     steer_on,
@@ -306,6 +308,22 @@ class DbSessions:
         with self.store.pool.connection() as conn, conn.transaction():
             answered = answer_on(conn, entity_id, pause_id, decision)  # takes the lock
         return Queued(answered.work_id, replayed=answered.live)
+
+    def answered(self, entity_id: str, pause_id: str, decision: dict[str, Any]) -> int | None:
+        """The work carrying out ``decision`` on ``pause_id``, if that very answer was
+        recorded (an answer sent again finds its own; another decision finds none)."""
+        with self.store.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT q.id, q.spell FROM cantrip_work w JOIN cantrip_work q "
+                "ON q.id = ((w.result::json)->'answered'->>'work_id')::bigint "
+                "WHERE w.entity_id = %s AND w.state = %s "
+                "AND (w.result::json)->'answered'->>'pause_id' = %s ORDER BY w.id DESC LIMIT 1",
+                (entity_id, PAUSED, pause_id),
+            ).fetchone()
+        if row is None:
+            return None
+        carried = json.loads(row[1]).get(ANSWER_KEY) or {}
+        return int(row[0]) if carried.get("decision") == decision else None
 
     def progress(self, work_id: int) -> Progress:
         """The work item's state, outcome (once ended), base position and entity, in
