@@ -213,6 +213,10 @@ class DoubleBackend:
     async def release(self, session_id: str) -> None:
         return None  # everything the double has is its memory: nothing to let go of
 
+    async def delete(self, session_id: str) -> None:
+        self._get(session_id)  # not_found first
+        raise SessionError("unsupported", "the double's loom is in memory: it deletes nothing")
+
     async def fork(self, turn_id: str) -> SessionInfo:
         raise SessionError("unsupported", "the double does not fork (capabilities.viewer_fork)")
 

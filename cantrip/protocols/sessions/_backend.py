@@ -38,6 +38,9 @@ The operations
   answer continues the paused cast (a prompt of its own, awaited with ``result``);
   a pause is answered once.
 * **thread** (the session's turns, root first), **health**, **capabilities**.
+* **delete** -- the session's tree removed from the loom by the retention rule (one
+  implementation per store, :mod:`cantrip.loom._retention`); refused ``busy`` while a
+  prompt of it is open.
 * **tasks** -- a protocol's record beside a prompt (A2A's task: its id, the client's
   messages, the prompt it follows now): ``submit_task`` submits the prompt and records
   the task in one step (on PostgreSQL one transaction: a task exists exactly when its
@@ -527,6 +530,17 @@ class SessionBackend(Protocol):
         """``read`` run over the loom the sessions are recorded in, where reading it
         belongs (a query blocks: a worker thread). ``read`` only reads; the loom may
         have grown since the last call."""
+        ...
+
+    async def delete(self, session_id: str) -> None:
+        """Remove the session: its whole tree from the loom by the retention rule
+        (:func:`~cantrip.loom._retention.prune` with ``entity=``, each store's one
+        implementation; on PostgreSQL its queue rows, pauses and session row with it),
+        and whatever memory holds of it. ``busy`` while a prompt of it is open (running
+        or waiting its turn; in process also while somebody follows it),
+        ``not_found`` for no such session (an entity of the runtime's own is none),
+        ``cannot_delete`` when the rule keeps it (a fork stands on it),
+        ``unsupported`` for a loom that cannot delete (in memory, JSONL)."""
         ...
 
     async def fork(self, turn_id: str) -> SessionInfo:

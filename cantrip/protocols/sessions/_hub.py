@@ -172,11 +172,9 @@ class SessionHub:
         entity = self.spell.summon(entity_id=entity_id)
         return self._adopt(session_id, entity, user), True
 
-    def get(self, session_id: str) -> Session:
-        """A live session, or one resumed from the loom (after a restart)."""
-        session = self.sessions.get(session_id)
-        if session is not None:
-            return session
+    def recorded(self, session_id: str) -> str:
+        """The entity of a session the loom holds (``not_found`` for none: a child
+        entity or one of the runtime's own is no session)."""
         entity_id = entity_id_for(session_id)
         record = self.spell.loom.entities.get(entity_id)
         if (
@@ -185,6 +183,14 @@ class SessionHub:
             or is_runtime_entity(record.cantrip_id)
         ):
             raise SessionError("not_found", f"unknown session {session_id!r}")
+        return entity_id
+
+    def get(self, session_id: str) -> Session:
+        """A live session, or one resumed from the loom (after a restart)."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session
+        entity_id = self.recorded(session_id)
         canonical = session_id_for(entity_id)
         if canonical in self.sessions:
             return self.sessions[canonical]
