@@ -1,5 +1,7 @@
 """The Agent Client Protocol (ACP v1.7) over JSON-RPC 2.0: a thin front end over the
-session backend (:class:`~cantrip.protocols.sessions.SessionBackend`, in process).
+session backend (:class:`~cantrip.protocols.sessions.SessionBackend`: in process, or
+PostgreSQL's with ``cantrip acp --db URL``, whose casts run in ``cantrip worker``
+processes).
 
 Transport-independent core: :meth:`AcpServer.handle` takes one decoded JSON-RPC
 message and returns the response (or ``None`` for a notification); ``session/update``
@@ -35,6 +37,7 @@ ACP's:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -65,8 +68,8 @@ from cantrip.protocols.acp._rpc import (
 )
 from cantrip.protocols.acp._rpc import error_response as _error
 from cantrip.protocols.acp._running import Running
-from cantrip.protocols.acp._updates import Translator, message, replay
-from cantrip.protocols.sessions._backend import SessionError
+from cantrip.protocols.acp._updates import Translator, message, replay, session_cost
+from cantrip.protocols.sessions._backend import SessionBackend, SessionError, SessionEvent
 from cantrip.protocols.sessions._ids import BadIdError, client_id
 from cantrip.protocols.sessions._process import ProcessBackend
 
@@ -97,12 +100,15 @@ class AcpServer:
         spell: Cantrip,
         notify: Notify | None = None,
         *,
-        backend: ProcessBackend | None = None,
+        backend: SessionBackend | None = None,
         protocol: str = "v1",
     ) -> None:
         self.spell = spell
-        self.backend = backend if backend is not None else ProcessBackend.serving(spell)
-        self._owns_backend = backend is None
+        self._owned: ProcessBackend | None = None
+        """The in-process backend this server made and runs (None: the caller's)."""
+        if backend is None:
+            backend = self._owned = ProcessBackend.serving(spell)
+        self.backend: SessionBackend = backend
         self.offers_v2 = protocol == _v2.PROTOCOL_FLAG
         """``--protocol v2-draft``: v2 is negotiated with a client that asks for it."""
         self.v2: _v2.Connection | None = None
@@ -125,8 +131,8 @@ class AcpServer:
         the backend is shared, run by its owner), and this connection's own tasks (a
         v2 client's followers and prompts)."""
         async with contextlib.AsyncExitStack() as stack:
-            if self._owns_backend:
-                await stack.enter_async_context(self.backend.running())
+            if self._owned is not None:
+                await stack.enter_async_context(self._owned.running())
             self.tasks = await stack.enter_async_context(trio.open_nursery())
             try:
                 yield self
@@ -135,8 +141,9 @@ class AcpServer:
 
     async def aclose(self) -> None:
         """Kept for callers that built a server without :meth:`running`."""
-        with trio.CancelScope(shield=True):
-            await self.backend.hub.aclose()
+        if self._owned is not None:
+            with trio.CancelScope(shield=True):
+                await self._owned.hub.aclose()
 
     async def handle(self, message: Any) -> dict[str, Any] | None:
         """Answer one JSON-RPC message; notifications return None."""
@@ -174,7 +181,7 @@ class AcpServer:
     # -- methods ---------------------------------------------------------------
 
     async def _initialize(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        persistent = self.backend.hub.persistent
+        persistent = (await self.backend.health()).persistent
         asked = params.get("protocolVersion")
         if self.offers_v2 and isinstance(asked, int) and asked >= _v2.VERSION:
             self.v2 = _v2.Connection(self)
@@ -360,9 +367,10 @@ class AcpServer:
         try:
             if running.cancelled:  # withdrawn before it was submitted
                 raise RpcError(REQUEST_CANCELLED, "the prompt was cancelled ($/cancel_request)")
+            translator = await self.translator(session_id)  # its cost: before the prompt's
             submitted = await self.backend.submit(session_id, text, on_busy=policy)  # type: ignore[arg-type]
             running.prompt_id = submitted.prompt_id
-            cast = await self._carry(session_id, running)
+            cast = await self._carry(session_id, running, translator=translator)
         finally:
             if msg_id is not None:
                 self._running.pop(msg_id, None)
@@ -371,12 +379,17 @@ class AcpServer:
         return await self._answer(session_id, cast)
 
     async def _carry(
-        self, session_id: str, running: Running, *, stream: bool = True
+        self,
+        session_id: str,
+        running: Running,
+        *,
+        stream: bool = True,
+        translator: Translator | None = None,
     ) -> CastResult | None:
         """Follow the prompt and each continuation of it until it ends not paused
         (``stream``: its events as updates; a v2 connection's follower tells them)."""
-        info = await self.backend.find(session_id)
-        translator = Translator(info.entity_id, self.context_window())
+        if translator is None:
+            translator = await self.translator(session_id)
         while True:
             assert running.prompt_id is not None
             await self._stream(session_id, running.prompt_id, translator, tell=stream)
@@ -400,6 +413,29 @@ class AcpServer:
                 return cast
             running.prompt_id = submitted.prompt_id
 
+    async def translator(self, session_id: str) -> Translator:
+        """A translator of the session's events, its cost so far read from the loom."""
+        info = await self.backend.find(session_id)
+        translator = Translator(
+            info.entity_id,
+            self.context_window(),
+            recorded=not self.backend.capabilities.token_events,
+        )
+        translator.cost = await self.backend.read_loom(
+            functools.partial(session_cost, entity_id=info.entity_id)
+        )
+        return translator
+
+    async def updates(self, translator: Translator, told: SessionEvent) -> list[dict[str, Any]]:
+        """``told`` as updates. Once a turn of the session is recorded its cost so far is
+        read again from the loom (what every call of its tree cost as recorded, children
+        included); between turns each call told adds its own (:attr:`Translator.cost`)."""
+        if told.type == "step_complete" and told.data.get("entity_id") == translator.entity_id:
+            translator.cost = await self.backend.read_loom(
+                functools.partial(session_cost, entity_id=translator.entity_id)
+            )
+        return translator.updates(told)
+
     def context_window(self) -> int | None:
         """The model's window, as folding knows it (``usage_update``'s ``size``)."""
         policy = effective_policy(self.spell.folding, self.spell.llm)
@@ -414,7 +450,7 @@ class AcpServer:
             follow = self.backend.follow(session_id, prompt_id=prompt_id)
             async with contextlib.aclosing(follow) as events:
                 async for told in events:
-                    for update in translator.updates(told) if tell else ():
+                    for update in await self.updates(translator, told) if tell else ():
                         await self._update(session_id, update)
                     if told.type == "pause" and isinstance(told.data.get("pause"), Mapping):
                         pause = Pause.from_dict(told.data["pause"])
