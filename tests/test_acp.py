@@ -325,3 +325,49 @@ async def test_protocol_mistakes_get_errors_and_the_stdio_server_keeps_serving()
     assert by_id["h"]["result"]["_meta"]["cantrip"]["result"] == "still here"
     assert by_id["i"]["error"]["code"] == -32602
     assert "surrogate" in by_id["i"]["error"]["message"]
+
+
+def priced_spell(script: list[dict[str, Any]], pricing: cantrip.Pricing | None) -> cantrip.Cantrip:
+    return cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script, pricing=pricing),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, echo], [cantrip.max_turns(10)]),
+        loom=cantrip.Loom(),
+        folding=cantrip.FoldingPolicy(context_window=8000),
+    )
+
+
+def spend(gate: str, prompt: int, completion: int) -> dict[str, Any]:
+    args = {"answer": "ok"} if gate == "done" else {"text": "x"}
+    return {
+        "tool_calls": [{"gate": gate, "args": args}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion},
+    }
+
+
+async def test_usage_updates_carry_the_sessions_cost_so_far(nursery: trio.Nursery) -> None:
+    """``usage_update.cost`` is the session's cumulative cost in USD (ACP v1.7): each
+    call's as the turn records it, on top of what the session's earlier prompts cost
+    (read from the loom), so a second prompt goes on from the first's total."""
+    script = [spend("echo", 1000, 500), spend("done", 2000, 0)] * 2  # $0.002 a call
+    client = await started(nursery, priced_spell(script, cantrip.Pricing(1.0, 2.0)))
+    sid = await client.session()
+    first = await client.call("session/prompt", sessionId=sid, prompt="go")
+    second = await client.call("session/prompt", sessionId=sid, prompt="again")
+    validate(client.notes)
+    usage = [u for u in updates(client.notes) if u["sessionUpdate"] == "usage_update"]
+    assert [(u["used"], u["size"]) for u in usage] == [(1500, 8000), (2000, 8000)] * 2
+    assert [u["cost"]["currency"] for u in usage] == ["USD"] * 4
+    assert [u["cost"]["amount"] for u in usage] == pytest.approx([0.002, 0.004, 0.006, 0.008])
+    assert first["result"]["_meta"]["cantrip"]["costUsd"] == pytest.approx(0.004)
+    assert second["result"]["_meta"]["cantrip"]["costUsd"] == pytest.approx(0.004)
+
+
+async def test_usage_updates_say_no_cost_when_a_price_is_unknown(nursery: trio.Nursery) -> None:
+    """A model nobody priced: ``usage_update`` keeps its tokens and has no ``cost``
+    (never a made-up $0)."""
+    client = await started(nursery, priced_spell([spend("done", 300, 20)], None))
+    sid = await client.session()
+    await client.call("session/prompt", sessionId=sid, prompt="go")
+    (usage,) = [u for u in updates(client.notes) if u["sessionUpdate"] == "usage_update"]
+    assert usage == {"sessionUpdate": "usage_update", "used": 320, "size": 8000}

@@ -68,6 +68,12 @@ async def test_a_session_on_postgresql_is_listed_resumed_loaded_cancelled_and_de
     kinds = [u.session_update for u in made["updates"]]
     # the worker's recorded turns, each shown as it lands: two echo calls, the answer
     assert kinds.count("tool_call") == 3 and "agent_message_chunk" in kinds
+    # each turn's usage as it lands, with the session's cost so far (gpt-5-mini is priced)
+    usage = [u for u in made["updates"] if u.session_update == "usage_update"]
+    amounts = [u.cost.amount for u in usage]
+    assert len(usage) == 3 and all(u.cost.currency == "USD" for u in usage)
+    assert 0 < amounts[0] < amounts[1] < amounts[2]
+    assert amounts[2] == pytest.approx(made["answer"].field_meta["cantrip"]["costUsd"])
     sid = made["sid"]
 
     async def second() -> dict[str, Any]:
@@ -86,7 +92,9 @@ async def test_a_session_on_postgresql_is_listed_resumed_loaded_cancelled_and_de
             await conn.cancel(session_id=sid)
             out["cancelled"] = await asyncio.wait_for(held, 60)
             (holds / "cut.release").touch()
+            editor.updates.clear()
             out["again"] = await conn.prompt(session_id=sid, prompt=[text_block("Green?")])
+            out["again_usage"] = [u for u in editor.updates if u.session_update == "usage_update"]
             await conn.delete_session(session_id=sid)
             out["listed_after"] = await conn.list_sessions()
             try:
@@ -102,5 +110,8 @@ async def test_a_session_on_postgresql_is_listed_resumed_loaded_cancelled_and_de
     assert out["resumed"].field_meta["cantrip"]["turns"] == 3
     assert out["cancelled"].stop_reason == "cancelled"
     assert out["again"].field_meta["cantrip"]["result"] == "Green? ok #3"
+    # the call cut off by the cancel has no known cost (the runtime's rule: never $0),
+    # so neither has the session from then on: its usage comes without a cost
+    assert out["again_usage"] and all(u.cost is None for u in out["again_usage"])
     assert sid not in [s.session_id for s in out["listed_after"].sessions]
     assert out["gone"].code == -32002

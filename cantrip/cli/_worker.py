@@ -416,10 +416,8 @@ def acp_on_db(args: argparse.Namespace) -> int:
         async with PostgresBackend.open(args.db, spell) as backend:
             await serve_stdio(cantrip, protocol=args.protocol, backend=backend)
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         trio.run(serve)
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -427,12 +427,18 @@ class AcpServer:
         return translator
 
     async def updates(self, translator: Translator, told: SessionEvent) -> list[dict[str, Any]]:
-        """``told`` as updates. Once a turn of the session is recorded its cost so far is
-        read again from the loom (what every call of its tree cost as recorded, children
-        included); between turns each call told adds its own (:attr:`Translator.cost`)."""
-        if told.type == "step_complete" and told.data.get("entity_id") == translator.entity_id:
+        """``told`` as updates. Once a turn of the session is told its cost so far is
+        read again from the loom, as of that turn (what every call of its tree cost as
+        recorded, children included); between turns each call told adds its own
+        (:attr:`Translator.cost`)."""
+        turn = told.turn
+        if (
+            told.type == "step_complete"
+            and turn is not None
+            and turn.entity_id == translator.entity_id
+        ):
             translator.cost = await self.backend.read_loom(
-                functools.partial(session_cost, entity_id=translator.entity_id)
+                functools.partial(session_cost, entity_id=turn.entity_id, upto=turn.id)
             )
         return translator.updates(told)
 

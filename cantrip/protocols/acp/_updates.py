@@ -10,7 +10,7 @@ from typing import Any
 from cantrip.llm._contract import plain_json
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import GateCallRecord, Turn, result_text
-from cantrip.loom._summary import cast_cost
+from cantrip.loom._summary import cost, spawned_turns
 from cantrip.protocols.sessions._backend import SessionEvent
 
 _KINDS = {
@@ -303,8 +303,19 @@ def replay(turn: Turn, *, intent: bool = True) -> list[dict[str, Any]]:
     return out
 
 
-def session_cost(loom: Loom, entity_id: str) -> float | None:
-    """USD the session has cost as the loom records it: every call of its entity and
-    of the entities it spawned (:func:`~cantrip.loom._summary.cast_cost`); None if any
-    price is unknown."""
-    return cast_cost(loom.entity_turns(entity_id), loom)
+def session_cost(loom: Loom, entity_id: str, upto: str | None = None) -> float | None:
+    """USD the session has cost as the loom records it: every call of its entity and of
+    the entities it spawned (:func:`~cantrip.loom._summary.cost`); None if any price is
+    unknown.
+
+    ``upto`` (a turn id of the entity): as of that turn -- its entity's turns up to it
+    and the children of the turns before it. A follower lags behind the cast, so the
+    loom may hold later turns already, and the children a checkpoint ``upto`` spawns
+    are told after it (their calls are added as they are told)."""
+    turns = list(loom.entity_turns(entity_id))
+    before = turns
+    if upto is not None:
+        at = next((i for i, t in enumerate(turns) if t.id == upto), None)
+        if at is not None:
+            turns, before = turns[: at + 1], turns[:at]
+    return cost([*turns, *spawned_turns(before, loom)])
