@@ -104,7 +104,8 @@ async def test_a_session_on_postgresql_is_listed_resumed_loaded_cancelled_and_de
         return out
 
     out = await run(second())
-    assert sid in [s.session_id for s in out["listed"].sessions]
+    # listed with the cwd it was created in: the worker recorded it on its casts
+    assert {s.session_id: s.cwd for s in out["listed"].sessions}[sid] == str(tmp_path)
     replayed = [u.content.text for u in out["loaded"] if u.session_update == "user_message_chunk"]
     assert replayed == ["Paint it blue."]
     assert out["resumed"].field_meta["cantrip"]["turns"] == 3

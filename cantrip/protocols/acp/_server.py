@@ -69,7 +69,12 @@ from cantrip.protocols.acp._rpc import (
 from cantrip.protocols.acp._rpc import error_response as _error
 from cantrip.protocols.acp._running import Running
 from cantrip.protocols.acp._updates import Translator, message, replay, session_cost
-from cantrip.protocols.sessions._backend import SessionBackend, SessionError, SessionEvent
+from cantrip.protocols.sessions._backend import (
+    SessionBackend,
+    SessionError,
+    SessionEvent,
+    SessionInfo,
+)
 from cantrip.protocols.sessions._ids import BadIdError, client_id
 from cantrip.protocols.sessions._process import ProcessBackend
 
@@ -77,7 +82,12 @@ log = get_logger("cantrip.acp")
 
 Notify = Callable[[dict[str, Any]], Awaitable[None]]
 
-_CODES = {"not_found": RESOURCE_NOT_FOUND, "cast_failed": INTERNAL, "crashed": INTERNAL}
+_CODES = {
+    "not_found": RESOURCE_NOT_FOUND,
+    "bad_request": INVALID_PARAMS,
+    "cast_failed": INTERNAL,
+    "crashed": INTERNAL,
+}
 """JSON-RPC codes for the backend's refusals (any other kind: the request's fault)."""
 
 
@@ -203,7 +213,12 @@ class AcpServer:
         }
 
     async def _new_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        info, _ = await self.backend.create()
+        """A session that keeps the client's ``cwd`` (recorded on its casts, listed
+        and reported back on resume and load)."""
+        cwd = params.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise RpcError(INVALID_PARAMS, "cwd must be a string (an absolute path)")
+        info, _ = await self.backend.create(cwd=cwd)
         log.info("session %s: new entity %s", info.session_id, info.entity_id)
         if self.v2 is not None:
             await self.v2.follow(info.session_id, [])
@@ -216,7 +231,7 @@ class AcpServer:
                 await self._update(session_id, update)
         info = await self.backend.find(session_id)
         log.info("session %s loaded (entity %s)", session_id, info.entity_id)
-        return {"_meta": {"cantrip": {"entityId": info.entity_id}}}
+        return {"_meta": {"cantrip": {"entityId": info.entity_id, "cwd": self.where(info)}}}
 
     async def _resume_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Reattach to a session (from the loom after a restart) without replaying it."""
@@ -227,12 +242,19 @@ class AcpServer:
             replaying = params.get("replayFrom") is not None
             thread = await self.backend.thread(session_id)
             await self.v2.follow(session_id, thread, replay=replaying)
-        return {"_meta": {"cantrip": {"entityId": info.entity_id, "turns": info.turns}}}
+        meta = {"entityId": info.entity_id, "turns": info.turns, "cwd": self.where(info)}
+        return {"_meta": {"cantrip": meta}}
+
+    def where(self, info: SessionInfo) -> str:
+        """The session's working directory: the one it was created in (fixed then,
+        whatever a later ``session/resume`` or ``session/load`` names), else the
+        agent's own."""
+        return info.cwd if info.cwd is not None else self.cwd
 
     async def _list_sessions(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        listed = await self.backend.read_loom(_listing.sessions_in)
-        if not _listing.cwd_matches(params, self.cwd):
-            listed = []
+        listed = _listing.in_cwd(
+            await self.backend.read_loom(_listing.sessions_in), params, self.cwd
+        )
         try:
             chunk, cursor = _listing.page(listed, params.get("cursor"))
         except ValueError as exc:

@@ -162,6 +162,7 @@ is, said by :class:`Capabilities`, and 10 is left)
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar, get_args
 
@@ -227,10 +228,14 @@ class SessionInfo:
     user: str | None = None
     """The user its casts are for (their ``user`` tag: a memory namespace's ``{user}``),
     fixed when the session is created."""
+    cwd: str | None = None
+    """The working directory it was created in (an editor's, over ACP), fixed when the
+    session is created; its casts record it as their ``cwd`` tag."""
 
     def to_dict(self) -> dict[str, Any]:
         """The API's ``SessionInfo`` shape (``user`` only when the session has one)."""
         data = attrs.asdict(self)
+        del data["cwd"]  # ACP's: not part of the HTTP API's shape
         if self.user is None:
             del data["user"]
         return data
@@ -248,6 +253,26 @@ def check_user(user: str | None) -> str | None:
     except MemoryStoreError as exc:
         raise SessionError("bad_request", f"user: {exc}") from None
     return user
+
+
+MAX_CWD_CHARS = 4096
+
+
+def check_cwd(cwd: str | None) -> str | None:
+    """A session's working directory as given, or ``bad_request`` saying what is wrong:
+    an absolute path of at most :data:`MAX_CWD_CHARS` characters, none a control
+    character (it is recorded in the loom and listed back)."""
+    if cwd is None:
+        return None
+    if not isinstance(cwd, str) or not cwd:
+        raise SessionError("bad_request", "cwd must be a non-empty string")
+    if len(cwd) > MAX_CWD_CHARS:
+        raise SessionError("bad_request", f"cwd is longer than {MAX_CWD_CHARS} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in cwd):
+        raise SessionError("bad_request", "cwd holds a control character")
+    if not os.path.isabs(cwd):
+        raise SessionError("bad_request", "cwd must be an absolute path")
+    return cwd
 
 
 def same_user(session_id: str, has: str | None, asked: str | None) -> None:
@@ -440,11 +465,13 @@ class SessionBackend(Protocol):
     def capabilities(self) -> Capabilities: ...
 
     async def create(
-        self, key: str | None = None, *, user: str | None = None
+        self, key: str | None = None, *, user: str | None = None, cwd: str | None = None
     ) -> tuple[SessionInfo, bool]:
         """A new session, or the one ``key`` created; the flag says whether it is new.
         ``user`` (:func:`check_user`) is the ``user`` tag of every cast of the session;
-        a key naming a session of another user is ``user_conflict`` (:func:`same_user`)."""
+        a key naming a session of another user is ``user_conflict`` (:func:`same_user`).
+        ``cwd`` (:func:`check_cwd`): where it was created, its casts' ``cwd`` tag (a key
+        naming a session keeps the one it was created with)."""
         ...
 
     async def sessions(self) -> list[SessionInfo]: ...

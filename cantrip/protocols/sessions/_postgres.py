@@ -36,7 +36,7 @@ from cantrip._errors import ConstructionError
 from cantrip._events import PauseEvent
 from cantrip._redact import get_logger
 from cantrip.distributed._outage import Outage, is_connection_error
-from cantrip.distributed._work import DEAD, PAUSED, USER_KEY
+from cantrip.distributed._work import CWD_KEY, DEAD, PAUSED, USER_KEY
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
@@ -61,6 +61,7 @@ from cantrip.protocols.sessions._backend import (
     SessionInfo,
     Submitted,
     TaskRecord,
+    check_cwd,
     check_user,
     entity_id_for,
 )
@@ -194,9 +195,9 @@ class PostgresBackend:
         return await self._db(self.db.require, session_id)  # not_found
 
     async def create(
-        self, key: str | None = None, *, user: str | None = None
+        self, key: str | None = None, *, user: str | None = None, cwd: str | None = None
     ) -> tuple[SessionInfo, bool]:
-        row, created = await self._db(self.db.create, key, check_user(user))
+        row, created = await self._db(self.db.create, key, check_user(user), check_cwd(cwd))
         return _info(row), created
 
     async def sessions(self) -> list[SessionInfo]:
@@ -266,6 +267,8 @@ class PostgresBackend:
             spell = {**spell, CLIENT_TOOLS_KEY: [dict(t) for t in tools]}
         if row.user is not None:  # the worker casts with it as the ``user`` tag
             spell = {**spell, USER_KEY: row.user}
+        if row.cwd is not None:  # and with this as the ``cwd`` tag
+            spell = {**spell, CWD_KEY: row.cwd}
         queued = await self.prompts.enqueue(
             PromptRequest(row.entity_id, spell, intent, key, on_busy)
         )
@@ -549,7 +552,7 @@ class _Tail:
 
 
 def _info(row: SessionRow) -> SessionInfo:
-    return SessionInfo(row.session_id, row.entity_id, row.running, row.turns, row.user)
+    return SessionInfo(row.session_id, row.entity_id, row.running, row.turns, row.user, row.cwd)
 
 
 def _after(after: int | EventId) -> Callable[[SessionEvent], bool]:

@@ -65,6 +65,7 @@ from cantrip.protocols.sessions._backend import (
     SessionInfo,
     Submitted,
     TaskRecord,
+    check_cwd,
     check_user,
 )
 from cantrip.protocols.sessions._hub import (
@@ -264,11 +265,12 @@ class ProcessBackend:
         return session
 
     async def create(
-        self, key: str | None = None, *, user: str | None = None
+        self, key: str | None = None, *, user: str | None = None, cwd: str | None = None
     ) -> tuple[SessionInfo, bool]:
         check_user(user)  # before making room for it
+        check_cwd(cwd)
         await self.make_room(adding=True)
-        session, created = self.hub.create(key, user)
+        session, created = self.hub.create(key, user, cwd)
         return _info(session), created
 
     async def sessions(self) -> list[SessionInfo]:
@@ -662,4 +664,5 @@ def _info(session: Session) -> SessionInfo:
         session.running is not None,
         len(session.entity.turns),
         session.user,
+        session.cwd,
     )
