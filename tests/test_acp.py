@@ -16,7 +16,7 @@ from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
 from cantrip.protocols.acp._server import AcpServer
 from cantrip.protocols.acp._stdio import serve_stdio
 from cantrip.spec import build_cantrip, parse_spec
-from gates import done, echo
+from gates import call_agent, done, echo
 
 
 def make_spell(
@@ -371,3 +371,28 @@ async def test_usage_updates_say_no_cost_when_a_price_is_unknown(nursery: trio.N
     await client.call("session/prompt", sessionId=sid, prompt="go")
     (usage,) = [u for u in updates(client.notes) if u["sessionUpdate"] == "usage_update"]
     assert usage == {"sessionUpdate": "usage_update", "used": 320, "size": 8000}
+
+
+async def test_a_childs_calls_count_in_the_sessions_cost(nursery: trio.Nursery) -> None:
+    """A ``call_agent`` child's calls cost the session too: the parent's next
+    ``usage_update`` counts them (its cost read from the loom's tree as of each turn)."""
+    delegate = {
+        "tool_calls": [{"gate": "call_agent", "args": {"intent": "work"}}],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 0},
+    }
+    script = [delegate, spend("done", 3000, 0), spend("done", 1000, 0)]  # parent, child, parent
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script, pricing=cantrip.Pricing(1.0, 2.0)),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, echo, call_agent], [cantrip.max_turns(10), cantrip.max_depth(1)]
+        ),
+        loom=cantrip.Loom(),
+        folding=cantrip.FoldingPolicy(context_window=8000),
+    )
+    client = await started(nursery, spell)
+    sid = await client.session()
+    answer = await client.call("session/prompt", sessionId=sid, prompt="delegate")
+    usage = [u for u in updates(client.notes) if u["sessionUpdate"] == "usage_update"]
+    assert [u["cost"]["amount"] for u in usage] == pytest.approx([0.001, 0.005])
+    assert answer["result"]["_meta"]["cantrip"]["costUsd"] == pytest.approx(0.005)
