@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -15,6 +16,8 @@ import cantrip
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
 from cantrip.protocols.acp._server import AcpServer
 from cantrip.protocols.acp._stdio import serve_stdio
+from cantrip.protocols.sessions._backend import Capabilities
+from cantrip.protocols.sessions._process import ProcessBackend
 from cantrip.spec import build_cantrip, parse_spec
 from gates import call_agent, done, echo
 
@@ -396,3 +399,56 @@ async def test_a_childs_calls_count_in_the_sessions_cost(nursery: trio.Nursery) 
     usage = [u for u in updates(client.notes) if u["sessionUpdate"] == "usage_update"]
     assert [u["cost"]["amount"] for u in usage] == pytest.approx([0.001, 0.005])
     assert answer["result"]["_meta"]["cantrip"]["costUsd"] == pytest.approx(0.005)
+
+
+class RecordedOnly(ProcessBackend):
+    """The in-process backend declaring what PostgreSQL's declares: no token events
+    (``capabilities.token_events``), so ACP shows recorded turns only, as over --db."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return attrs.evolve(super().capabilities, token_events=False)
+
+
+async def test_over_a_backend_of_recorded_turns_a_childs_cost_joins_at_the_next_turn() -> None:
+    """Where only recorded turns are told (``acp --db``), each turn's usage carries the
+    session's cost as of that turn: its own call's, and a delegation's children's read
+    from the loom once the parent's next turn is told; a token event is never counted."""
+    delegate = {
+        "tool_calls": [{"gate": "call_agent", "args": {"intent": "work"}}],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 0},
+    }
+    script = [delegate, spend("done", 3000, 0), spend("done", 1000, 0)]  # parent, child, parent
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script, pricing=cantrip.Pricing(1.0, 2.0)),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, echo, call_agent], [cantrip.max_turns(10), cantrip.max_depth(1)]
+        ),
+        loom=cantrip.Loom(),
+        folding=cantrip.FoldingPolicy(context_window=8000),
+    )
+    notes: list[dict[str, Any]] = []
+
+    async def notify(message: dict[str, Any]) -> None:
+        notes.append(message)
+
+    backend = RecordedOnly.serving(spell)
+    async with backend.running():
+        server = AcpServer(spell, notify=notify, backend=backend)
+        async with server.running():
+            new = await server.handle(rpc(1, "session/new", cwd="/tmp"))
+            assert new is not None
+            sid = new["result"]["sessionId"]
+            answer = await server.handle(rpc(2, "session/prompt", sessionId=sid, prompt="go"))
+    assert answer is not None and answer["result"]["stopReason"] == "end_turn"
+    validate(notes)
+    shown = updates(notes)
+    usage = [u for u in shown if u["sessionUpdate"] == "usage_update"]
+    # the checkpoint's call, then the parent's last call with the child's in between
+    assert [u["cost"]["amount"] for u in usage] == pytest.approx([0.001, 0.005])
+    assert answer["result"]["_meta"]["cantrip"]["costUsd"] == pytest.approx(0.005)
+    assert not any(u["sessionUpdate"] == "user_message_chunk" for u in shown)  # the intent
+    assert "ok" in "".join(
+        u["content"]["text"] for u in shown if u["sessionUpdate"] == "agent_message_chunk"
+    )

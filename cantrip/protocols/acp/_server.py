@@ -68,7 +68,13 @@ from cantrip.protocols.acp._rpc import (
 )
 from cantrip.protocols.acp._rpc import error_response as _error
 from cantrip.protocols.acp._running import Running
-from cantrip.protocols.acp._updates import Translator, message, replay, session_cost
+from cantrip.protocols.acp._updates import (
+    Translator,
+    children_cost,
+    message,
+    replay,
+    session_cost,
+)
 from cantrip.protocols.sessions._backend import (
     SessionBackend,
     SessionError,
@@ -449,18 +455,17 @@ class AcpServer:
         return translator
 
     async def updates(self, translator: Translator, told: SessionEvent) -> list[dict[str, Any]]:
-        """``told`` as updates. Once a turn of the session is told its cost so far is
-        read again from the loom, as of that turn (what every call of its tree cost as
-        recorded, children included); between turns each call told adds its own
-        (:attr:`Translator.cost`)."""
+        """``told`` as updates. Where only recorded turns are told, the children of the
+        checkpoints told before are charged (read from the loom) as the parent's next
+        turn is: they ran in between (:attr:`Translator.delegated`)."""
         turn = told.turn
-        if (
-            told.type == "step_complete"
-            and turn is not None
-            and turn.entity_id == translator.entity_id
-        ):
-            translator.cost = await self.backend.read_loom(
-                functools.partial(session_cost, entity_id=turn.entity_id, upto=turn.id)
+        own = turn is not None and turn.entity_id == translator.entity_id
+        if translator.delegated and told.type == "step_complete" and own:
+            checkpoints, translator.delegated = translator.delegated, []
+            translator.charge(
+                await self.backend.read_loom(
+                    functools.partial(children_cost, checkpoints=checkpoints)
+                )
             )
         return translator.updates(told)
 

@@ -10,7 +10,8 @@ from typing import Any
 from cantrip.llm._contract import plain_json
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import GateCallRecord, Turn, result_text
-from cantrip.loom._summary import cost, spawned_turns
+from cantrip.loom._summary import cast_cost, cost, spawned_turns, turn_cost
+from cantrip.loom._view import CHECKPOINT_PHASES
 from cantrip.protocols.sessions._backend import SessionEvent
 
 _KINDS = {
@@ -54,8 +55,14 @@ class Translator:
         self.cost: float | None = None
         """USD the session has cost so far (its entity's calls and its children's),
         None while unknown: a ``usage_update`` then has no ``cost``, never a made-up
-        zero. Seeded from the loom (:func:`session_cost`); each call's cost is added as
-        it is told, and one unknown makes it unknown for good."""
+        zero. Seeded from the loom (:func:`session_cost`), then each call's cost is
+        added as it is told (:meth:`charge`; one unknown makes it unknown for good):
+        every ``usage`` event, a child's too; where only recorded turns are told, each
+        turn's own, and its children's once the parent's next turn is told
+        (:attr:`delegated`)."""
+        self.delegated: list[Turn] = []
+        """Recorded mode: checkpoints told whose children's cost is not counted yet
+        (the front end reads it from the loom: :func:`children_cost`)."""
         self.announced: set[str] = set()
         self.open: dict[str, str] = {}
         self.step_text = False
@@ -70,9 +77,8 @@ class Translator:
     def updates(self, told: SessionEvent) -> list[dict[str, Any]]:
         event = told.data
         kind = told.type
-        if kind == "usage" and self.cost is not None:  # a child's call costs the session too
-            cost = event.get("cost_usd")
-            self.cost = self.cost + float(cost) if isinstance(cost, int | float) else None
+        if kind == "usage" and not self.recorded:  # a child's call costs the session too
+            self.charge(event.get("cost_usd"))
         if event.get("entity_id") and event["entity_id"] != self.entity_id:
             return []
         if self.recorded:
@@ -114,11 +120,20 @@ class Translator:
             return []
         turn = told.turn
         self.sequence = turn.sequence
+        self.charge(turn_cost(turn))
+        if turn.extras.get("phase") in CHECKPOINT_PHASES:
+            self.delegated.append(turn)
         shown = replay(turn, intent=False)
         meta = turn.metadata
         if meta.tokens_prompt or meta.tokens_completion:
             shown.extend(self._usage_update(meta.tokens_prompt + meta.tokens_completion))
         return shown
+
+    def charge(self, cost: Any) -> None:
+        """Add a call's cost (None or anything not a number: unknown, for good)."""
+        if self.cost is not None:
+            known = isinstance(cost, int | float) and not isinstance(cost, bool)
+            self.cost = self.cost + float(cost) if known else None
 
     def _usage(self, usage: Mapping[str, Any]) -> list[dict[str, Any]]:
         used = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
@@ -303,19 +318,13 @@ def replay(turn: Turn, *, intent: bool = True) -> list[dict[str, Any]]:
     return out
 
 
-def session_cost(loom: Loom, entity_id: str, upto: str | None = None) -> float | None:
+def session_cost(loom: Loom, entity_id: str) -> float | None:
     """USD the session has cost as the loom records it: every call of its entity and of
-    the entities it spawned (:func:`~cantrip.loom._summary.cost`); None if any price is
-    unknown.
+    the entities it spawned (:func:`~cantrip.loom._summary.cast_cost`); None if any
+    price is unknown. Read once per prompt, before it is submitted."""
+    return cast_cost(loom.entity_turns(entity_id), loom)
 
-    ``upto`` (a turn id of the entity): as of that turn -- its entity's turns up to it
-    and the children of the turns before it. A follower lags behind the cast, so the
-    loom may hold later turns already, and the children a checkpoint ``upto`` spawns
-    are told after it (their calls are added as they are told)."""
-    turns = list(loom.entity_turns(entity_id))
-    before = turns
-    if upto is not None:
-        at = next((i for i, t in enumerate(turns) if t.id == upto), None)
-        if at is not None:
-            turns, before = turns[: at + 1], turns[:at]
-    return cost([*turns, *spawned_turns(before, loom)])
+
+def children_cost(loom: Loom, checkpoints: list[Turn]) -> float | None:
+    """USD of the entities spawned at ``checkpoints`` (and theirs), as recorded."""
+    return cost(spawned_turns(checkpoints, loom))
