@@ -40,6 +40,9 @@ class MessageComplete(Event):
 @attrs.frozen
 class UsageEvent(Event):
     usage: Usage = attrs.field(factory=Usage)
+    cost_usd: float | None = None
+    """What the call cost as the turn will record it
+    (:func:`~cantrip.llm._cost.response_cost`); None: its price or usage is unknown."""
 
 
 @attrs.frozen

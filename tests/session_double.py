@@ -42,7 +42,7 @@ from cantrip.protocols.sessions import (
     TaskRecord,
     session_id_of,
 )
-from cantrip.protocols.sessions._backend import check_user, same_user
+from cantrip.protocols.sessions._backend import check_cwd, check_user, same_user
 from cantrip.protocols.sessions._hub import SessionError
 from cantrip.protocols.sessions._watches import Watches
 
@@ -94,6 +94,7 @@ class _Session:
     id: str
     entity_id: str
     user: str | None = None
+    cwd: str | None = None
     turns: list[Turn] = attrs.field(factory=list)
     leaf: Turn | None = None
     queue: list[_Prompt] = attrs.field(factory=list)
@@ -190,18 +191,19 @@ class DoubleBackend:
 
     @staticmethod
     def _info(s: _Session) -> SessionInfo:
-        return SessionInfo(s.id, s.entity_id, bool(s.queue), len(s.turns), s.user)
+        return SessionInfo(s.id, s.entity_id, bool(s.queue), len(s.turns), s.user, s.cwd)
 
     async def create(
-        self, key: str | None = None, *, user: str | None = None
+        self, key: str | None = None, *, user: str | None = None, cwd: str | None = None
     ) -> tuple[SessionInfo, bool]:
         check_user(user)
+        check_cwd(cwd)
         suffix = f"key{abs(hash(key)):016x}" if key is not None else _id("s")
         sid = f"session-{suffix}"
         if sid in self._sessions:
             same_user(sid, self._sessions[sid].user, user)
             return self._info(self._sessions[sid]), False
-        session = self._sessions[sid] = _Session(sid, f"entity-{suffix}", user=user)
+        session = self._sessions[sid] = _Session(sid, f"entity-{suffix}", user=user, cwd=cwd)
         self.loom.register_entity(EntityRecord(session.entity_id, "double"))
         return self._info(session), True
 
@@ -219,6 +221,10 @@ class DoubleBackend:
 
     async def release(self, session_id: str) -> None:
         return None  # everything the double has is its memory: nothing to let go of
+
+    async def delete(self, session_id: str) -> None:
+        self._get(session_id)  # not_found first
+        raise SessionError("unsupported", "the double's loom is in memory: it deletes nothing")
 
     async def fork(self, turn_id: str) -> SessionInfo:
         raise SessionError("unsupported", "the double does not fork (capabilities.viewer_fork)")
@@ -374,6 +380,8 @@ class DoubleBackend:
         extras: dict[str, Any] = {"prompt": prompt.id}
         if first and session.user is not None:
             extras["user"] = session.user  # the cast's tags, on its first turn
+        if first and session.cwd is not None:
+            extras["cwd"] = session.cwd
         if taken:
             extras["steering"] = taken
         if told:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -15,8 +16,10 @@ import cantrip
 from cantrip.llm import Message, Response, ToolChoice, ToolDefinition
 from cantrip.protocols.acp._server import AcpServer
 from cantrip.protocols.acp._stdio import serve_stdio
+from cantrip.protocols.sessions._backend import Capabilities
+from cantrip.protocols.sessions._process import ProcessBackend
 from cantrip.spec import build_cantrip, parse_spec
-from gates import done, echo
+from gates import call_agent, done, echo
 
 
 def make_spell(
@@ -325,3 +328,127 @@ async def test_protocol_mistakes_get_errors_and_the_stdio_server_keeps_serving()
     assert by_id["h"]["result"]["_meta"]["cantrip"]["result"] == "still here"
     assert by_id["i"]["error"]["code"] == -32602
     assert "surrogate" in by_id["i"]["error"]["message"]
+
+
+def priced_spell(script: list[dict[str, Any]], pricing: cantrip.Pricing | None) -> cantrip.Cantrip:
+    return cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script, pricing=pricing),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, echo], [cantrip.max_turns(10)]),
+        loom=cantrip.Loom(),
+        folding=cantrip.FoldingPolicy(context_window=8000),
+    )
+
+
+def spend(gate: str, prompt: int, completion: int) -> dict[str, Any]:
+    args = {"answer": "ok"} if gate == "done" else {"text": "x"}
+    return {
+        "tool_calls": [{"gate": gate, "args": args}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion},
+    }
+
+
+async def test_usage_updates_carry_the_sessions_cost_so_far(nursery: trio.Nursery) -> None:
+    """``usage_update.cost`` is the session's cumulative cost in USD (ACP v1.7): each
+    call's as the turn records it, on top of what the session's earlier prompts cost
+    (read from the loom), so a second prompt goes on from the first's total."""
+    script = [spend("echo", 1000, 500), spend("done", 2000, 0)] * 2  # $0.002 a call
+    client = await started(nursery, priced_spell(script, cantrip.Pricing(1.0, 2.0)))
+    sid = await client.session()
+    first = await client.call("session/prompt", sessionId=sid, prompt="go")
+    second = await client.call("session/prompt", sessionId=sid, prompt="again")
+    validate(client.notes)
+    usage = [u for u in updates(client.notes) if u["sessionUpdate"] == "usage_update"]
+    assert [(u["used"], u["size"]) for u in usage] == [(1500, 8000), (2000, 8000)] * 2
+    assert [u["cost"]["currency"] for u in usage] == ["USD"] * 4
+    assert [u["cost"]["amount"] for u in usage] == pytest.approx([0.002, 0.004, 0.006, 0.008])
+    assert first["result"]["_meta"]["cantrip"]["costUsd"] == pytest.approx(0.004)
+    assert second["result"]["_meta"]["cantrip"]["costUsd"] == pytest.approx(0.004)
+
+
+async def test_usage_updates_say_no_cost_when_a_price_is_unknown(nursery: trio.Nursery) -> None:
+    """A model nobody priced: ``usage_update`` keeps its tokens and has no ``cost``
+    (never a made-up $0)."""
+    client = await started(nursery, priced_spell([spend("done", 300, 20)], None))
+    sid = await client.session()
+    await client.call("session/prompt", sessionId=sid, prompt="go")
+    (usage,) = [u for u in updates(client.notes) if u["sessionUpdate"] == "usage_update"]
+    assert usage == {"sessionUpdate": "usage_update", "used": 320, "size": 8000}
+
+
+async def test_a_childs_calls_count_in_the_sessions_cost(nursery: trio.Nursery) -> None:
+    """A ``call_agent`` child's calls cost the session too: the parent's next
+    ``usage_update`` counts them (its cost read from the loom's tree as of each turn)."""
+    delegate = {
+        "tool_calls": [{"gate": "call_agent", "args": {"intent": "work"}}],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 0},
+    }
+    script = [delegate, spend("done", 3000, 0), spend("done", 1000, 0)]  # parent, child, parent
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script, pricing=cantrip.Pricing(1.0, 2.0)),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, echo, call_agent], [cantrip.max_turns(10), cantrip.max_depth(1)]
+        ),
+        loom=cantrip.Loom(),
+        folding=cantrip.FoldingPolicy(context_window=8000),
+    )
+    client = await started(nursery, spell)
+    sid = await client.session()
+    answer = await client.call("session/prompt", sessionId=sid, prompt="delegate")
+    usage = [u for u in updates(client.notes) if u["sessionUpdate"] == "usage_update"]
+    assert [u["cost"]["amount"] for u in usage] == pytest.approx([0.001, 0.005])
+    assert answer["result"]["_meta"]["cantrip"]["costUsd"] == pytest.approx(0.005)
+
+
+class RecordedOnly(ProcessBackend):
+    """The in-process backend declaring what PostgreSQL's declares: no token events
+    (``capabilities.token_events``), so ACP shows recorded turns only, as over --db."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return attrs.evolve(super().capabilities, token_events=False)
+
+
+async def test_over_a_backend_of_recorded_turns_a_childs_cost_joins_at_the_next_turn() -> None:
+    """Where only recorded turns are told (``acp --db``), each turn's usage carries the
+    session's cost as of that turn: its own call's, and a delegation's children's read
+    from the loom once the parent's next turn is told; a token event is never counted."""
+    delegate = {
+        "tool_calls": [{"gate": "call_agent", "args": {"intent": "work"}}],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 0},
+    }
+    script = [delegate, spend("done", 3000, 0), spend("done", 1000, 0)]  # parent, child, parent
+    spell = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script, pricing=cantrip.Pricing(1.0, 2.0)),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle(
+            [done, echo, call_agent], [cantrip.max_turns(10), cantrip.max_depth(1)]
+        ),
+        loom=cantrip.Loom(),
+        folding=cantrip.FoldingPolicy(context_window=8000),
+    )
+    notes: list[dict[str, Any]] = []
+
+    async def notify(message: dict[str, Any]) -> None:
+        notes.append(message)
+
+    backend = RecordedOnly.serving(spell)
+    async with backend.running():
+        server = AcpServer(spell, notify=notify, backend=backend)
+        async with server.running():
+            new = await server.handle(rpc(1, "session/new", cwd="/tmp"))
+            assert new is not None
+            sid = new["result"]["sessionId"]
+            answer = await server.handle(rpc(2, "session/prompt", sessionId=sid, prompt="go"))
+    assert answer is not None and answer["result"]["stopReason"] == "end_turn"
+    validate(notes)
+    shown = updates(notes)
+    usage = [u for u in shown if u["sessionUpdate"] == "usage_update"]
+    # the checkpoint's call, then the parent's last call with the child's in between
+    assert [u["cost"]["amount"] for u in usage] == pytest.approx([0.001, 0.005])
+    assert answer["result"]["_meta"]["cantrip"]["costUsd"] == pytest.approx(0.005)
+    assert not any(u["sessionUpdate"] == "user_message_chunk" for u in shown)  # the intent
+    assert "ok" in "".join(
+        u["content"]["text"] for u in shown if u["sessionUpdate"] == "agent_message_chunk"
+    )

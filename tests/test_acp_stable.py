@@ -141,6 +141,70 @@ async def test_sessions_are_listed_resumed_after_a_restart_and_deleted(tmp_path:
         loom.close()
 
 
+async def test_listed_sessions_report_the_cwd_they_were_created_in(tmp_path: Path) -> None:
+    """Each session keeps the ``cwd`` its ``session/new`` gave (its casts record it in
+    the loom): after a restart in another directory, ``session/list`` reports each
+    session's own, filters by it, and resume and load report it back."""
+    path = spec(tmp_path / "spec.toml", f"{finish('one')}\n{finish('two')}")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "agent").mkdir()
+    here, there = str(tmp_path / "a"), str(tmp_path / "b")
+
+    async def before() -> tuple[str, str]:
+        async with spawn_agent_process(as_client(Editor()), CANTRIP, "acp", str(path)) as (
+            conn,
+            _,
+        ):
+            await conn.initialize(protocol_version=1)
+            first = (await conn.new_session(cwd=here)).session_id
+            second = (await conn.new_session(cwd=there)).session_id
+            for sid in (first, second):
+                await conn.prompt(session_id=sid, prompt=[text_block("Hello.")])
+            return first, second
+
+    async def after() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with spawn_agent_process(
+            as_client(Editor()), CANTRIP, "acp", str(path), cwd=str(tmp_path / "agent")
+        ) as (conn, _):
+            await conn.initialize(protocol_version=1)
+            out["all"] = await conn.list_sessions()
+            out["here"] = await conn.list_sessions(cwd=here)
+            out["agent"] = await conn.list_sessions(cwd=str(tmp_path / "agent"))
+            out["resumed"] = await conn.resume_session(session_id=first, cwd=there)
+            out["loaded"] = await conn.load_session(session_id=second, cwd=here)
+        return out
+
+    first, second = await run(before())
+    out = await run(after())
+    assert {s.session_id: s.cwd for s in out["all"].sessions} == {first: here, second: there}
+    assert [s.session_id for s in out["here"].sessions] == [first]
+    assert out["agent"].sessions == []
+    assert out["resumed"].field_meta["cantrip"]["cwd"] == here  # fixed when it was created
+    assert out["loaded"].field_meta["cantrip"]["cwd"] == there
+
+
+async def test_a_session_new_with_a_relative_cwd_is_refused(tmp_path: Path) -> None:
+    path = spec(tmp_path / "spec.toml", finish("one"))
+
+    async def main() -> Any:
+        async with spawn_agent_process(as_client(Editor()), CANTRIP, "acp", str(path)) as (
+            conn,
+            _,
+        ):
+            await conn.initialize(protocol_version=1)
+            try:
+                await conn.new_session(cwd="not/absolute")
+            except RequestError as exc:
+                return exc, await conn.list_sessions()
+        return None
+
+    refused, listed = await run(main())
+    assert refused.code == -32602 and "absolute" in str(refused)
+    assert listed.sessions == []
+
+
 async def test_each_model_call_reports_its_context_use(tmp_path: Path) -> None:
     usage = ", usage = { prompt_tokens = 300, completion_tokens = 20 }"
     path = spec(

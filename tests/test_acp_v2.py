@@ -392,3 +392,78 @@ async def test_approvals_are_asked_in_the_v2_shape_and_each_decision_is_recorded
     assert allowed.result == "ls" and allowed.detail["approval"]["decision"] == "approve"
     assert rejected.is_error and rejected.result == "denied by the user: rejected in the editor"
     assert rejected.detail["approval"]["decision"] == "deny"
+
+
+QUESTION = """
+[llm]
+provider = "scripted"
+responses = [
+  {{ tool_calls = [{{ gate = "ask_user", args = {{ question = "Which colour?" }} }}] }},
+  {{ tool_calls = [{{ gate = "done", args = {{ answer = "painted" }} }}] }},
+]
+
+[circle]
+medium = "conversation"
+gates = ["done", "ask_user"]
+wards = [{{ max_turns = 6 }}]
+
+[loom]
+path = "{loom}"
+"""
+
+
+class Answerer(Watcher):
+    """A v2 client that answers form elicitations with ``content``."""
+
+    def __init__(self, content: dict[str, Any]) -> None:
+        super().__init__()
+        self.content = content
+        self.asked: list[dict[str, Any]] = []
+
+    async def create_elicitation(self, message: str, mode: str, **kwargs: Any) -> Any:
+        self.asked.append({"message": message, "mode": mode, **kwargs})
+        return v2.schema.AcceptElicitationResponse(content=self.content)
+
+
+async def test_an_ask_user_question_is_asked_as_a_v2_form_elicitation(tmp_path: Path) -> None:
+    """On a v2 connection an ``ask_user`` question is the draft's ``elicitation/create``
+    in form mode, scoped to the session and its tool call, with a schema the v2 client
+    validates; the answer reaches the gate and the loom records it."""
+    loom_path = tmp_path / "loom.db"
+    spec = tmp_path / "spec.toml"
+    spec.write_text(QUESTION.format(loom=loom_path))
+
+    async def main() -> Answerer:
+        answerer = Answerer({"answer": "green"})
+        async with spawn_stdio_transport(CANTRIP, "acp", str(spec), "--protocol", "v2-draft") as (
+            reader,
+            writer,
+            _process,
+        ):
+            conn = v2.ClientSideConnection(as_client(answerer), writer, reader)
+            caps = v2.schema.ClientCapabilities(
+                elicitation=v2.schema.ElicitationCapabilities(
+                    form=v2.schema.ElicitationFormCapabilities()
+                )
+            )
+            await conn.initialize(protocol_version=2, info=INFO, capabilities=caps)
+            sid = (await conn.new_session(cwd=str(tmp_path))).session_id
+            await conn.prompt(session_id=sid, prompt=[text("paint it")])
+            await answerer.wait_for(lambda: ("idle", "end_turn") in answerer.states())
+        return answerer
+
+    answerer = await trio.to_thread.run_sync(asyncio.run, main())
+    (asked,) = answerer.asked
+    assert (asked["message"], asked["mode"]) == ("Which colour?", "form")
+    assert asked["session_id"] and asked["tool_call_id"]
+    requested = asked["requested_schema"]
+    assert isinstance(requested, v2.schema.ElicitationSchema)
+    assert requested.required == ["answer"]
+    assert ("requires_action", None) in answerer.states()
+    assert answerer.said() == "painted"
+    loom = cantrip.Loom.open(loom_path)
+    try:
+        (record,) = [r for t in loom.turns for r in t.gate_calls if r.gate == "ask_user"]
+    finally:
+        loom.close()
+    assert record.result == "green"

@@ -208,6 +208,29 @@ async def test_a_sessions_user_tags_its_casts_and_no_create_switches_it(world: W
     assert len(await backend.sessions()) == before
 
 
+async def test_a_sessions_working_directory_is_kept_and_recorded_on_its_casts(
+    world: World,
+) -> None:
+    """A session made with a ``cwd`` (an editor's, over ACP) keeps it and its casts
+    record it as their ``cwd`` tag -- the loom's record of where it ran; a relative or
+    control-character path is refused before anything is made."""
+    backend = world.backend
+    info, created = await backend.create(cwd="/work/project")
+    assert created and info.cwd == "/work/project" and "cwd" not in info.to_dict()
+    assert (await backend.find(info.session_id)).cwd == "/work/project"
+    await cast(world, info.session_id, "Add one.")
+    await cast(world, info.session_id, "Add two.")
+    thread = await backend.thread(info.session_id)
+    assert [t.extras.get("cwd") for t in thread if t.intent] == ["/work/project"] * 2
+    plain, _ = await backend.create()
+    assert plain.cwd is None
+    before = len(await backend.sessions())
+    for bad in ("relative/dir", "/tmp/a\nb", ""):
+        with refused("bad_request"):
+            await backend.create(cwd=bad)
+    assert len(await backend.sessions()) == before
+
+
 async def test_an_unknown_session_is_not_found_by_any_operation(world: World) -> None:
     backend = world.backend
     nobody = "session-00000000000000000000"
@@ -246,6 +269,92 @@ async def test_an_entity_of_the_runtimes_own_is_no_session(
             with refused("not_found"):
                 await backend.submit(session_id_for(f"entity-{runtime}"), "hello")
         assert (await backend.find(session_id_for("entity-theirs"))).session_id
+
+
+async def test_a_deleted_session_is_gone_from_every_operation(world: World) -> None:
+    """``delete`` removes the session's whole tree by the retention rule: afterwards no
+    operation finds it, the loom holds none of its turns, and a second delete is
+    ``not_found``; a session nobody prompted yet goes too. A loom that cannot delete (in
+    memory) says ``unsupported`` and keeps it."""
+    backend = world.backend
+    sid = await new_session(world)
+    await cast(world, sid, "Add one.")
+    empty = await new_session(world)
+    other = await new_session(world)
+    await cast(world, other, "Add two.")
+    if world.kind in ("memory", "double"):
+        with refused("unsupported"):
+            await backend.delete(sid)
+        assert (await backend.find(sid)).turns == 3
+        return
+    gone_entity = (await backend.find(sid)).entity_id
+    await backend.delete(sid)
+    await backend.delete(empty)
+    for gone in (sid, empty):
+        with refused("not_found"):
+            await backend.find(gone)
+        with refused("not_found"):
+            await backend.thread(gone)
+        with refused("not_found"):
+            await backend.submit(gone, "Hello again.")
+        with refused("not_found"):
+            await backend.delete(gone)
+    listed = {s.session_id for s in await backend.sessions()}
+    assert sid not in listed and empty not in listed and other in listed
+
+    def held(loom: Loom) -> tuple[bool, int]:
+        return loom.has_entity(gone_entity), len(loom.entity_turns(gone_entity))
+
+    assert await backend.read_loom(held) == (False, 0)
+    assert text(await cast(world, other, "Add three.")) == "Add three. ok #2"  # others go on
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_session_with_a_prompt_open_is_not_deleted(
+    kind: str, tmp_path: Path, key_env: None, request: pytest.FixtureRequest
+) -> None:
+    """A prompt running (or waiting its turn) keeps its session: ``busy``, nothing
+    removed; once they ended the session can be deleted. The backends that delete."""
+    db = request.getfixturevalue("seam_db") if kind == "postgres" else None
+    async with open_world(kind, tmp_path, db) as world:
+        backend = world.backend
+        sid = await new_session(world)
+        running = await backend.submit(sid, "hold:keep first")
+        async with world.holds.holding("keep"):
+            with refused("busy"):
+                await backend.delete(sid)
+            waiting = await backend.submit(sid, "second", on_busy="enqueue")
+            with refused("busy"):
+                await backend.delete(sid)
+        assert text(await finished(world, sid, running.prompt_id)) == "hold:keep first ok #1"
+        assert text(await finished(world, sid, waiting.prompt_id)) == "second ok #2"
+        assert (await backend.find(sid)).turns == 6
+        await backend.delete(sid)
+        with refused("not_found"):
+            await backend.find(sid)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_an_entity_of_the_runtimes_own_is_not_deleted_as_a_session(
+    kind: str, tmp_path: Path, key_env: None, request: pytest.FixtureRequest
+) -> None:
+    """``delete`` names sessions only: a consolidation's or an eval run's record is
+    ``not_found`` and stays in the loom."""
+    from cantrip.loom._model import EntityRecord
+    from cantrip.protocols.sessions import session_id_for
+
+    db = request.getfixturevalue("seam_db") if kind == "postgres" else None
+    async with open_world(kind, tmp_path, db) as world:
+        backend: Any = world.backend
+        loom = Loom.open(db) if db is not None else backend.hub.spell.loom
+        loom.register_entity(
+            EntityRecord(entity_id="entity-cantrip.kept", cantrip_id="cantrip.eval")
+        )
+        if db is not None:
+            loom.close()
+        with refused("not_found"):
+            await backend.delete(session_id_for("entity-cantrip.kept"))
+        assert await backend.read_loom(lambda lm: lm.has_entity("entity-cantrip.kept"))
 
 
 # -- prompts ----------------------------------------------------------------------------

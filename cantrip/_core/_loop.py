@@ -59,6 +59,7 @@ from cantrip._values import OBSERVATION_CAP_CHARS
 from cantrip._wards import cost_refusal
 from cantrip.guardrails._model import GuardrailError
 from cantrip.llm._contract import Response, can_stream
+from cantrip.llm._cost import response_cost
 from cantrip.llm._retry import UNREACHABLE
 from cantrip.llm._stream import Event
 from cantrip.loom._fence import LeaseLostError
@@ -320,7 +321,8 @@ async def _loop(entity: EntityState, pauses: Pauses, cast: Cast) -> CastResult:
             await journal.record_utterance(response)
         if emit is not None:
             emit(MessageComplete(response=response))
-            emit(UsageEvent(usage=response.usage))
+            cost = response_cost(response, entity.llm, cast.prices)
+            emit(UsageEvent(usage=response.usage, cost_usd=cost))
         inflight.response = response
         circle = entity.circle
         host = inflight.host = TurnHost(

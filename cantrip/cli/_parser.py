@@ -261,6 +261,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     acp.add_argument("--check", action="store_true", help="load the spec, report, and exit")
     acp.add_argument("--log", type=Path, help="write a debug log to this file (never stdout)")
     acp.add_argument(
+        "--db",
+        metavar="URL",
+        help="sessions on PostgreSQL, as `serve --db`: prompts run by `cantrip worker --db URL` "
+        "processes, sessions listed, resumed and deleted from the database",
+    )
+    acp.add_argument(
         "--protocol",
         choices=("v1", "v2-draft"),
         default="v1",

@@ -24,6 +24,10 @@ def run_acp(args: argparse.Namespace) -> int:
     from cantrip.protocols import serve_stdio
 
     debug_log(args.log)
+    if args.db:
+        from cantrip.cli._worker import acp_on_db
+
+        return acp_on_db(args)
     spell = load_cantrip(args.spec)
     if args.check:
         return check_spec(args.spec, spell)

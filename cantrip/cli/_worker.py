@@ -390,6 +390,37 @@ def serve_on_db(
         loom.close()
 
 
+def acp_on_db(args: argparse.Namespace) -> int:
+    """``cantrip acp SPEC --db URL``: ACP on stdio over PostgreSQL sessions (the backend
+    ``serve --db`` uses); the prompts go to the workers. The spec is built here to check
+    it and for what ACP shows of it (the model's context window)."""
+    _quiet_pool_log()
+    from cantrip.distributed._spell_secrets import check_queued_spell
+    from cantrip.distributed._spells import build_spell, spell_from_spec
+    from cantrip.loom._loom import Loom
+    from cantrip.protocols import serve_stdio
+    from cantrip.protocols.sessions import PostgresBackend
+
+    try:
+        spell = spell_from_spec(args.spec)
+        check_queued_spell(spell)
+        cantrip = build_spell(spell, Loom())
+    except CantripError as exc:
+        return _fail(str(exc))
+    if args.check:
+        gates = ", ".join(cantrip.circle.gate_names)
+        print(f"ok: {args.spec} loads (gates {gates}; acp --db)", file=sys.stderr)
+        return 0
+
+    async def serve() -> None:
+        async with PostgresBackend.open(args.db, spell) as backend:
+            await serve_stdio(cantrip, protocol=args.protocol, backend=backend)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        trio.run(serve)
+    return 0
+
+
 def _serve_built(
     args: argparse.Namespace,
     spell: dict[str, Any],

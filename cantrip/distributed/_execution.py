@@ -44,6 +44,8 @@ from cantrip.distributed._work import (
     ANSWER_KEY,
     BUDGETS_KEY,
     CONSOLIDATES_KEY,
+    CWD_KEY,
+    CWD_TAG,
     REWIND_KEY,
     USER_KEY,
     Claim,
@@ -110,6 +112,9 @@ class Execution:
         offered = client_gates(claim.spell.get(CLIENT_TOOLS_KEY) or ())  # a front end's tools
         user = claim.spell.get(USER_KEY)  # the session's user: the cast's ``user`` tag
         tags: dict[str, Any] | None = {USER_TAG: user} if isinstance(user, str) else None
+        cwd = claim.spell.get(CWD_KEY)  # where the session was created: its ``cwd`` tag
+        if isinstance(cwd, str):
+            tags = {**(tags or {}), CWD_TAG: cwd}
         key = _key(owned)
         spell = self.spells.get(key)
         if spell is None:

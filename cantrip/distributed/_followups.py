@@ -35,6 +35,7 @@ from cantrip.distributed._work import (
     ANSWER_KEY,
     BUDGETS_KEY,
     CONSOLIDATES_KEY,
+    CWD_KEY,
     REWIND_KEY,
     USER_KEY,
 )
@@ -44,7 +45,7 @@ from cantrip.memory._settings import USER_TAG
 
 log = get_logger("cantrip.worker")
 
-_NOT_CARRIED = (ANSWER_KEY, REWIND_KEY, CLIENT_TOOLS_KEY, BUDGETS_KEY, USER_KEY)
+_NOT_CARRIED = (ANSWER_KEY, REWIND_KEY, CLIENT_TOOLS_KEY, BUDGETS_KEY, USER_KEY, CWD_KEY)
 """What the source's work carries that a consolidation does not: its answer, rewind
 point, front end's tools and session budget are the source cast's own."""
 

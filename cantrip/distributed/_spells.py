@@ -21,7 +21,13 @@ import orjson
 from cantrip._cantrip import Cantrip
 from cantrip._client_gates import CLIENT_TOOLS_KEY
 from cantrip._errors import CantripError
-from cantrip.distributed._work import ANSWER_KEY, CONSOLIDATES_KEY, REWIND_KEY, USER_KEY
+from cantrip.distributed._work import (
+    ANSWER_KEY,
+    CONSOLIDATES_KEY,
+    CWD_KEY,
+    REWIND_KEY,
+    USER_KEY,
+)
 from cantrip.loom._loom import Loom
 
 
@@ -67,7 +73,7 @@ def spell_key(spell: Mapping[str, Any]) -> str:
     """The spell a work item's cantrip is built from, as the worker's cache key: without
     what only this item carries (a human's answer, a rollback's rewind point, a front
     end's tools, the session's user, the cast a consolidation consolidates)."""
-    only_this = (ANSWER_KEY, REWIND_KEY, CLIENT_TOOLS_KEY, USER_KEY, CONSOLIDATES_KEY)
+    only_this = (ANSWER_KEY, REWIND_KEY, CLIENT_TOOLS_KEY, USER_KEY, CWD_KEY, CONSOLIDATES_KEY)
     built = {k: v for k, v in spell.items() if k not in only_this}
     try:  # a key in this process only: orjson's form, several times cheaper (issue 46)
         return orjson.dumps(built, option=orjson.OPT_SORT_KEYS).decode()

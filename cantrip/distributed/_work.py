@@ -46,6 +46,11 @@ ANSWER_KEY = "answer"
 USER_KEY = "user"
 """The spell key of the user a session's prompt is for (``serve --db``): the worker
 casts with it as the cast's ``user`` tag (a memory namespace's ``{user}``)."""
+CWD_KEY = "cwd"
+"""The spell key of the working directory a session was created in (``acp --db``): the
+worker casts with it as the cast's ``cwd`` tag, so the loom records where it ran."""
+CWD_TAG = "cwd"
+"""A cast's tag naming its session's working directory (an editor's, over ACP)."""
 REWIND_KEY = "rewind"
 """The spell key of a prompt that continues from an earlier turn (double-texting's
 ``rollback``): ``{"to": <turn id, or None for the beginning>}``."""

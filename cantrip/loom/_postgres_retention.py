@@ -36,7 +36,8 @@ _TABLES = (
     "cantrip_blobs",
 )
 _OPEN_WORK = "SELECT entity_id FROM cantrip_work WHERE state IN ('queued', 'running')"
-_RUNNING = "running (queued or running work, or a live lease)"
+RUNNING = "running (queued or running work, or a live lease)"
+"""Why a tree with open work stays (a session's delete answers it ``busy``)."""
 _HELD = (
     "SELECT entity_id FROM cantrip_leases WHERE owner IS NOT NULL "
     "AND expires_at > clock_timestamp()"
@@ -73,7 +74,7 @@ class PostgresRetention:
         holds no lease)."""
         with self._store.pool.connection() as conn:
             rows = conn.execute(f"{_OPEN_WORK} UNION {_HELD}").fetchall()
-        return {**recently_active(activity, busy_s), **{str(r[0]): _RUNNING for r in rows}}
+        return {**recently_active(activity, busy_s), **{str(r[0]): RUNNING for r in rows}}
 
     def delete_entities(
         self,
@@ -99,7 +100,7 @@ class PostgresRetention:
                 "FROM cantrip_turns WHERE entity_id = ANY(%s) ORDER BY pos",
                 (ids,),
             ).fetchall()
-            late = {**late_entities(turns, ids, busy_s, held), **{r[0]: _RUNNING for r in running}}
+            late = {**late_entities(turns, ids, busy_s, held), **{r[0]: RUNNING for r in running}}
             if late:
                 return Deleted(late=late)
             deleted = conn.execute(

@@ -209,8 +209,11 @@ def prune(
     archive: str | None = None,
     busy_s: float = 60.0,
     dry_run: bool = False,
+    reclaim: bool = True,
 ) -> Pruned:
-    """Remove the trees :func:`plan` selects (archived first when asked); reclaim space.
+    """Remove the trees :func:`plan` selects (archived first when asked); reclaim space
+    (``reclaim=False``: leave it to the next prune or the database's own vacuum -- a
+    session's delete, which must not rewrite the whole store for one tree).
 
     Each deleting transaction decides again what is live (a session prompted since
     the plan, a turn the archive does not hold); when something is, that batch is left
@@ -254,7 +257,7 @@ def prune(
         turns=turns,
         kept=tuple(sorted(kept.items())),
     )
-    if removed or collected:
+    if reclaim and (removed or collected):
         store.reclaim()
     bytes_after = sum(store.table_bytes().values())
     return Pruned(

@@ -3,9 +3,12 @@ where the loom is.
 
 A session is a top-level entity (``session-<hex>`` names ``entity-<hex>``), so the
 list is the loom's top-level entities -- those of earlier processes too: what a client
-lists it can ``session/resume`` or ``session/load``. Deleting one removes its whole
-tree from the loom by the retention rule (:func:`cantrip.loom._retention.prune`,
-``entity=``): never part of a thread, never a tree another entity was forked from.
+lists it can ``session/resume`` or ``session/load``. Each reports the working
+directory it was created in (``session/new``'s ``cwd``), which its casts record as their
+``cwd`` tag; a session made without one (over HTTP, say) reports the agent's own.
+Deleting one removes its whole tree from the loom by the retention rule
+(:func:`cantrip.loom._retention.prune`, ``entity=``): never part of a thread, never a
+tree another entity was forked from.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from typing import Any
 
 import attrs
 
+from cantrip.distributed._work import CWD_TAG
 from cantrip.loom._loom import Loom
 from cantrip.protocols.sessions._backend import session_id_for
+from cantrip.protocols.sessions._session import recorded_tag
 
 PAGE = 100
 """Sessions per ``session/list`` page (the cursor is the offset of the next page)."""
@@ -28,9 +33,15 @@ class Listed:
     session_id: str
     title: str | None
     updated_at: str | None
+    cwd: str | None = None
+    """Where it was created (its casts' ``cwd`` tag); None: not recorded."""
 
-    def to_dict(self, cwd: str) -> dict[str, Any]:
-        data: dict[str, Any] = {"sessionId": self.session_id, "cwd": cwd}
+    def where(self, agent_cwd: str) -> str:
+        """Its working directory: the recorded one, else the agent's own."""
+        return self.cwd if self.cwd is not None else agent_cwd
+
+    def to_dict(self, agent_cwd: str) -> dict[str, Any]:
+        data: dict[str, Any] = {"sessionId": self.session_id, "cwd": self.where(agent_cwd)}
         if self.title is not None:
             data["title"] = self.title
         if self.updated_at:
@@ -48,7 +59,8 @@ def sessions_in(loom: Loom) -> list[Listed]:
         first = next((t.intent for t in turns if t.intent), None)
         title = first[:TITLE_CHARS] if first else None
         updated = turns[-1].metadata.timestamp if turns else record.created_at
-        found.append(Listed(session_id_for(entity_id), title, updated or None))
+        cwd = recorded_tag(turns, CWD_TAG)
+        found.append(Listed(session_id_for(entity_id), title, updated or None, cwd))
     found.sort(key=lambda s: s.updated_at or "", reverse=True)
     return found
 
@@ -65,8 +77,9 @@ def page(listed: list[Listed], cursor: Any) -> tuple[list[Listed], str | None]:
     return chunk, str(start + PAGE) if more else None
 
 
-def cwd_matches(params: Mapping[str, Any], cwd: str) -> bool:
-    """Whether a ``session/list`` filter by ``cwd`` keeps this agent's sessions: they
-    all run in the directory the agent was started in."""
+def in_cwd(listed: list[Listed], params: Mapping[str, Any], agent_cwd: str) -> list[Listed]:
+    """The sessions a ``session/list`` filter by ``cwd`` keeps: those created there."""
     asked = params.get("cwd")
-    return asked is None or asked == cwd
+    if asked is None:
+        return listed
+    return [s for s in listed if s.where(agent_cwd) == asked]

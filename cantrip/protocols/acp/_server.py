@@ -1,5 +1,7 @@
 """The Agent Client Protocol (ACP v1.7) over JSON-RPC 2.0: a thin front end over the
-session backend (:class:`~cantrip.protocols.sessions.SessionBackend`, in process).
+session backend (:class:`~cantrip.protocols.sessions.SessionBackend`: in process, or
+PostgreSQL's with ``cantrip acp --db URL``, whose casts run in ``cantrip worker``
+processes).
 
 Transport-independent core: :meth:`AcpServer.handle` takes one decoded JSON-RPC
 message and returns the response (or ``None`` for a notification); ``session/update``
@@ -35,6 +37,7 @@ ACP's:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -65,8 +68,19 @@ from cantrip.protocols.acp._rpc import (
 )
 from cantrip.protocols.acp._rpc import error_response as _error
 from cantrip.protocols.acp._running import Running
-from cantrip.protocols.acp._updates import Translator, message, replay
-from cantrip.protocols.sessions._backend import SessionError
+from cantrip.protocols.acp._updates import (
+    Translator,
+    children_cost,
+    message,
+    replay,
+    session_cost,
+)
+from cantrip.protocols.sessions._backend import (
+    SessionBackend,
+    SessionError,
+    SessionEvent,
+    SessionInfo,
+)
 from cantrip.protocols.sessions._ids import BadIdError, client_id
 from cantrip.protocols.sessions._process import ProcessBackend
 
@@ -74,7 +88,12 @@ log = get_logger("cantrip.acp")
 
 Notify = Callable[[dict[str, Any]], Awaitable[None]]
 
-_CODES = {"not_found": RESOURCE_NOT_FOUND, "cast_failed": INTERNAL, "crashed": INTERNAL}
+_CODES = {
+    "not_found": RESOURCE_NOT_FOUND,
+    "bad_request": INVALID_PARAMS,
+    "cast_failed": INTERNAL,
+    "crashed": INTERNAL,
+}
 """JSON-RPC codes for the backend's refusals (any other kind: the request's fault)."""
 
 
@@ -97,12 +116,15 @@ class AcpServer:
         spell: Cantrip,
         notify: Notify | None = None,
         *,
-        backend: ProcessBackend | None = None,
+        backend: SessionBackend | None = None,
         protocol: str = "v1",
     ) -> None:
         self.spell = spell
-        self.backend = backend if backend is not None else ProcessBackend.serving(spell)
-        self._owns_backend = backend is None
+        self._owned: ProcessBackend | None = None
+        """The in-process backend this server made and runs (None: the caller's)."""
+        if backend is None:
+            backend = self._owned = ProcessBackend.serving(spell)
+        self.backend: SessionBackend = backend
         self.offers_v2 = protocol == _v2.PROTOCOL_FLAG
         """``--protocol v2-draft``: v2 is negotiated with a client that asks for it."""
         self.v2: _v2.Connection | None = None
@@ -125,8 +147,8 @@ class AcpServer:
         the backend is shared, run by its owner), and this connection's own tasks (a
         v2 client's followers and prompts)."""
         async with contextlib.AsyncExitStack() as stack:
-            if self._owns_backend:
-                await stack.enter_async_context(self.backend.running())
+            if self._owned is not None:
+                await stack.enter_async_context(self._owned.running())
             self.tasks = await stack.enter_async_context(trio.open_nursery())
             try:
                 yield self
@@ -135,8 +157,9 @@ class AcpServer:
 
     async def aclose(self) -> None:
         """Kept for callers that built a server without :meth:`running`."""
-        with trio.CancelScope(shield=True):
-            await self.backend.hub.aclose()
+        if self._owned is not None:
+            with trio.CancelScope(shield=True):
+                await self._owned.hub.aclose()
 
     async def handle(self, message: Any) -> dict[str, Any] | None:
         """Answer one JSON-RPC message; notifications return None."""
@@ -174,7 +197,7 @@ class AcpServer:
     # -- methods ---------------------------------------------------------------
 
     async def _initialize(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        persistent = self.backend.hub.persistent
+        persistent = (await self.backend.health()).persistent
         asked = params.get("protocolVersion")
         if self.offers_v2 and isinstance(asked, int) and asked >= _v2.VERSION:
             self.v2 = _v2.Connection(self)
@@ -196,7 +219,12 @@ class AcpServer:
         }
 
     async def _new_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        info, _ = await self.backend.create()
+        """A session that keeps the client's ``cwd`` (recorded on its casts, listed
+        and reported back on resume and load)."""
+        cwd = params.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise RpcError(INVALID_PARAMS, "cwd must be a string (an absolute path)")
+        info, _ = await self.backend.create(cwd=cwd)
         log.info("session %s: new entity %s", info.session_id, info.entity_id)
         if self.v2 is not None:
             await self.v2.follow(info.session_id, [])
@@ -209,7 +237,7 @@ class AcpServer:
                 await self._update(session_id, update)
         info = await self.backend.find(session_id)
         log.info("session %s loaded (entity %s)", session_id, info.entity_id)
-        return {"_meta": {"cantrip": {"entityId": info.entity_id}}}
+        return {"_meta": {"cantrip": {"entityId": info.entity_id, "cwd": self.where(info)}}}
 
     async def _resume_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Reattach to a session (from the loom after a restart) without replaying it."""
@@ -220,12 +248,19 @@ class AcpServer:
             replaying = params.get("replayFrom") is not None
             thread = await self.backend.thread(session_id)
             await self.v2.follow(session_id, thread, replay=replaying)
-        return {"_meta": {"cantrip": {"entityId": info.entity_id, "turns": info.turns}}}
+        meta = {"entityId": info.entity_id, "turns": info.turns, "cwd": self.where(info)}
+        return {"_meta": {"cantrip": meta}}
+
+    def where(self, info: SessionInfo) -> str:
+        """The session's working directory: the one it was created in (fixed then,
+        whatever a later ``session/resume`` or ``session/load`` names), else the
+        agent's own."""
+        return info.cwd if info.cwd is not None else self.cwd
 
     async def _list_sessions(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        listed = await self.backend.read_loom(_listing.sessions_in)
-        if not _listing.cwd_matches(params, self.cwd):
-            listed = []
+        listed = _listing.in_cwd(
+            await self.backend.read_loom(_listing.sessions_in), params, self.cwd
+        )
         try:
             chunk, cursor = _listing.page(listed, params.get("cursor"))
         except ValueError as exc:
@@ -360,9 +395,10 @@ class AcpServer:
         try:
             if running.cancelled:  # withdrawn before it was submitted
                 raise RpcError(REQUEST_CANCELLED, "the prompt was cancelled ($/cancel_request)")
+            translator = await self.translator(session_id)  # its cost: before the prompt's
             submitted = await self.backend.submit(session_id, text, on_busy=policy)  # type: ignore[arg-type]
             running.prompt_id = submitted.prompt_id
-            cast = await self._carry(session_id, running)
+            cast = await self._carry(session_id, running, translator=translator)
         finally:
             if msg_id is not None:
                 self._running.pop(msg_id, None)
@@ -371,12 +407,17 @@ class AcpServer:
         return await self._answer(session_id, cast)
 
     async def _carry(
-        self, session_id: str, running: Running, *, stream: bool = True
+        self,
+        session_id: str,
+        running: Running,
+        *,
+        stream: bool = True,
+        translator: Translator | None = None,
     ) -> CastResult | None:
         """Follow the prompt and each continuation of it until it ends not paused
         (``stream``: its events as updates; a v2 connection's follower tells them)."""
-        info = await self.backend.find(session_id)
-        translator = Translator(info.entity_id, self.context_window())
+        if translator is None:
+            translator = await self.translator(session_id)
         while True:
             assert running.prompt_id is not None
             await self._stream(session_id, running.prompt_id, translator, tell=stream)
@@ -400,6 +441,34 @@ class AcpServer:
                 return cast
             running.prompt_id = submitted.prompt_id
 
+    async def translator(self, session_id: str) -> Translator:
+        """A translator of the session's events, its cost so far read from the loom."""
+        info = await self.backend.find(session_id)
+        translator = Translator(
+            info.entity_id,
+            self.context_window(),
+            recorded=not self.backend.capabilities.token_events,
+        )
+        translator.cost = await self.backend.read_loom(
+            functools.partial(session_cost, entity_id=info.entity_id)
+        )
+        return translator
+
+    async def updates(self, translator: Translator, told: SessionEvent) -> list[dict[str, Any]]:
+        """``told`` as updates. Where only recorded turns are told, the children of the
+        checkpoints told before are charged (read from the loom) as the parent's next
+        turn is: they ran in between (:attr:`Translator.delegated`)."""
+        turn = told.turn
+        own = turn is not None and turn.entity_id == translator.entity_id
+        if translator.delegated and told.type == "step_complete" and own:
+            checkpoints, translator.delegated = translator.delegated, []
+            translator.charge(
+                await self.backend.read_loom(
+                    functools.partial(children_cost, checkpoints=checkpoints)
+                )
+            )
+        return translator.updates(told)
+
     def context_window(self) -> int | None:
         """The model's window, as folding knows it (``usage_update``'s ``size``)."""
         policy = effective_policy(self.spell.folding, self.spell.llm)
@@ -414,7 +483,7 @@ class AcpServer:
             follow = self.backend.follow(session_id, prompt_id=prompt_id)
             async with contextlib.aclosing(follow) as events:
                 async for told in events:
-                    for update in translator.updates(told) if tell else ():
+                    for update in await self.updates(translator, told) if tell else ():
                         await self._update(session_id, update)
                     if told.type == "pause" and isinstance(told.data.get("pause"), Mapping):
                         pause = Pause.from_dict(told.data["pause"])

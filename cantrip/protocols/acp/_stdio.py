@@ -13,7 +13,7 @@ from cantrip._redact import get_logger, redact_value
 from cantrip.protocols.acp._rpc import INVALID_REQUEST, PARSE_ERROR
 from cantrip.protocols.acp._rpc import error_response as _error
 from cantrip.protocols.acp._server import AcpServer
-from cantrip.protocols.sessions._process import ProcessBackend
+from cantrip.protocols.sessions._backend import SessionBackend
 
 log = get_logger("cantrip.acp")
 
@@ -27,7 +27,7 @@ async def serve_stdio(
     stdin: trio.abc.ReceiveStream | None = None,
     stdout: trio.abc.SendStream | None = None,
     protocol: str = "v1",
-    backend: ProcessBackend | None = None,
+    backend: SessionBackend | None = None,
 ) -> None:
     """Serve ACP on stdin/stdout, one JSON message per line, until stdin closes.
 
@@ -38,8 +38,9 @@ async def serve_stdio(
     When stdin closes, running prompts finish and the server exits.
 
     ``protocol="v2-draft"`` also speaks the v2 draft (:mod:`._v2`) with a client that
-    asks for it; ``backend``: a session backend shared with other connections (run by
-    its owner), so several clients may follow one session.
+    asks for it; ``backend``: a session backend run by its owner -- one shared with
+    other connections, so several clients may follow one session, or PostgreSQL's
+    (``cantrip acp --db``).
     """
     reader = stdin if stdin is not None else trio.lowlevel.FdStream(0)
     writer = stdout if stdout is not None else trio.lowlevel.FdStream(1)

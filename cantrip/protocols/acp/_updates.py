@@ -1,6 +1,6 @@
 """An ACP prompt's events as ``session/update`` notifications: text and thinking
-chunks, tool calls as they are announced, run and end, and a loaded session's history
-replayed (``session/load``)."""
+chunks, tool calls as they are announced, run and end, usage with the session's cost,
+and a loaded session's history replayed (``session/load``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from cantrip.llm._contract import plain_json
+from cantrip.loom._loom import Loom
 from cantrip.loom._model import GateCallRecord, Turn, result_text
+from cantrip.loom._summary import cast_cost, cost, spawned_turns, turn_cost
+from cantrip.loom._view import CHECKPOINT_PHASES
 from cantrip.protocols.sessions._backend import SessionEvent
 
 _KINDS = {
@@ -35,12 +38,31 @@ class Translator:
     LLMs that do not stream still produce the same updates, from the complete
     message. A steering message a turn took is shown where it was inserted, as a
     ``user_message_chunk`` with its message id, when that turn is recorded; each
-    model call's usage is a ``usage_update`` when the context window is known.
+    model call's usage is a ``usage_update`` when the context window is known, with
+    the session's cost so far (:attr:`cost`) when every price is known.
+
+    ``recorded``: the backend tells recorded turns only (no token events: PostgreSQL's,
+    ``capabilities.token_events``), so each turn is shown as ``session/load`` replays
+    it, when it is recorded, with its call's usage.
     """
 
-    def __init__(self, entity_id: str, context_window: int | None = None) -> None:
+    def __init__(
+        self, entity_id: str, context_window: int | None = None, *, recorded: bool = False
+    ) -> None:
         self.entity_id = entity_id
         self.context_window = context_window
+        self.recorded = recorded
+        self.cost: float | None = None
+        """USD the session has cost so far (its entity's calls and its children's),
+        None while unknown: a ``usage_update`` then has no ``cost``, never a made-up
+        zero. Seeded from the loom (:func:`session_cost`), then each call's cost is
+        added as it is told (:meth:`charge`; one unknown makes it unknown for good):
+        every ``usage`` event, a child's too; where only recorded turns are told, each
+        turn's own, and its children's once the parent's next turn is told
+        (:attr:`delegated`)."""
+        self.delegated: list[Turn] = []
+        """Recorded mode: checkpoints told whose children's cost is not counted yet
+        (the front end reads it from the loom: :func:`children_cost`)."""
         self.announced: set[str] = set()
         self.open: dict[str, str] = {}
         self.step_text = False
@@ -54,9 +76,13 @@ class Translator:
 
     def updates(self, told: SessionEvent) -> list[dict[str, Any]]:
         event = told.data
+        kind = told.type
+        if kind == "usage" and not self.recorded:  # a child's call costs the session too
+            self.charge(event.get("cost_usd"))
         if event.get("entity_id") and event["entity_id"] != self.entity_id:
             return []
-        kind = told.type
+        if self.recorded:
+            return self._recorded(told)
         if kind == "step_start":
             self.step_text = self.step_thinking = False
             self.sequence = int(event.get("sequence") or 0)
@@ -87,14 +113,46 @@ class Translator:
             return [message(prefix + text)]
         return []
 
+    def _recorded(self, told: SessionEvent) -> list[dict[str, Any]]:
+        """A recorded turn as ``session/load`` shows it (less the intent the client
+        sent), then its call's usage; the rest a replay of the turn already showed."""
+        if told.type != "step_complete" or told.turn is None:
+            return []
+        turn = told.turn
+        self.sequence = turn.sequence
+        self.charge(turn_cost(turn))
+        if turn.extras.get("phase") in CHECKPOINT_PHASES:
+            self.delegated.append(turn)
+        shown = replay(turn, intent=False)
+        meta = turn.metadata
+        if meta.tokens_prompt or meta.tokens_completion:
+            shown.extend(self._usage_update(meta.tokens_prompt + meta.tokens_completion))
+        return shown
+
+    def charge(self, cost: Any) -> None:
+        """Add a call's cost (None or anything not a number: unknown, for good)."""
+        if self.cost is not None:
+            known = isinstance(cost, int | float) and not isinstance(cost, bool)
+            self.cost = self.cost + float(cost) if known else None
+
     def _usage(self, usage: Mapping[str, Any]) -> list[dict[str, Any]]:
+        used = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+        return self._usage_update(used)
+
+    def _usage_update(self, used: int) -> list[dict[str, Any]]:
         """ACP's ``usage_update``: the tokens the context holds now (the last call's
-        prompt and completion) out of the model's window; none when the window is not
-        known (ACP requires it)."""
+        prompt and completion) out of the model's window, and the session's cost so far
+        in USD where known; none when the window is not known (ACP requires it)."""
         if not self.context_window:
             return []
-        used = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
-        return [{"sessionUpdate": "usage_update", "used": used, "size": self.context_window}]
+        update: dict[str, Any] = {
+            "sessionUpdate": "usage_update",
+            "used": used,
+            "size": self.context_window,
+        }
+        if self.cost is not None:
+            update["cost"] = {"amount": round(self.cost, 10), "currency": "USD"}
+        return [update]
 
     def _tool_call(
         self, call_id: str, name: str, arguments: Any, final: bool
@@ -208,10 +266,11 @@ def message(text: str) -> dict[str, Any]:
     return _chunk("agent_message_chunk", text)
 
 
-def replay(turn: Turn) -> list[dict[str, Any]]:
-    """A recorded turn as the updates a client shows for it (``session/load``)."""
+def replay(turn: Turn, *, intent: bool = True) -> list[dict[str, Any]]:
+    """A recorded turn as the updates a client shows for it (``session/load``; without
+    its ``intent`` as it is told live: the client sent that)."""
     out: list[dict[str, Any]] = []
-    if turn.intent:
+    if turn.intent and intent:
         out.append(_chunk("user_message_chunk", turn.intent))
     out.extend(inserted(turn))  # where they joined: before the turn's reply
     if turn.thinking:
@@ -257,3 +316,15 @@ def replay(turn: Turn) -> list[dict[str, Any]]:
     if turn.terminated and turn.reason == "done":
         out.append(message(result_text(turn.result)))
     return out
+
+
+def session_cost(loom: Loom, entity_id: str) -> float | None:
+    """USD the session has cost as the loom records it: every call of its entity and of
+    the entities it spawned (:func:`~cantrip.loom._summary.cast_cost`); None if any
+    price is unknown. Read once per prompt, before it is submitted."""
+    return cast_cost(loom.entity_turns(entity_id), loom)
+
+
+def children_cost(loom: Loom, checkpoints: list[Turn]) -> float | None:
+    """USD of the entities spawned at ``checkpoints`` (and theirs), as recorded."""
+    return cost(spawned_turns(checkpoints, loom))

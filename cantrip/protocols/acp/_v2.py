@@ -39,19 +39,20 @@ from cantrip.loom._model import Turn
 from cantrip.protocols.acp._rpc import RpcError
 from cantrip.protocols.acp._running import Running
 from cantrip.protocols.acp._updates import Translator, replay
-from cantrip.protocols.sessions._backend import SessionError, SessionEvent
+from cantrip.protocols.sessions._backend import SessionBackend, SessionError, SessionEvent
 from cantrip.protocols.sessions._idempotency import KEY_TAG
-from cantrip.protocols.sessions._process import ProcessBackend
 
 
 class Host(Protocol):
     """What a v2 connection needs of its server (:class:`~._server.AcpServer`)."""
 
-    backend: ProcessBackend
+    backend: SessionBackend
     tasks: trio.Nursery
     _running: dict[Any, Running]
 
     def context_window(self) -> int | None: ...
+    async def translator(self, session_id: str) -> Translator: ...
+    async def updates(self, translator: Translator, told: SessionEvent) -> list[dict[str, Any]]: ...
     async def _update(self, session_id: str, update: dict[str, Any]) -> None: ...
     async def _carry(
         self, session_id: str, running: Running, *, stream: bool = True
@@ -190,7 +191,7 @@ class Connection:
     ) -> None:
         backend = self.server.backend
         info = await backend.find(session_id)
-        translator = Translator(info.entity_id, self.server.context_window())
+        translator = await self.server.translator(session_id)
         events = backend.follow(session_id, after)
         task_status.started()
         try:
@@ -216,7 +217,7 @@ class Connection:
                     if message_id not in self.told:  # another client's prompt
                         self.told.add(message_id)
                         await self.server._update(session_id, user_message(message_id, turn.intent))
-                for update in translator.updates(told):  # one message per turn
+                for update in await self.server.updates(translator, told):  # a message a turn
                     message_id = f"{entity_id}:{translator.sequence}"
                     await self.server._update(session_id, reshape(update, message_id))
                 if told.type == "step_complete" and turn is not None:

@@ -314,6 +314,13 @@ class SteerRequest(_In):
     text: Text = Field(examples=["Also check the return flight"])
 
 
+class Deleted(_Out):
+    session_id: str
+    deleted: Literal[True] = True
+    """The session's whole tree left the loom (by the retention rule): no later
+    request finds it."""
+
+
 class Steered(_Out):
     accepted: bool
     joins: Literal["next_turn"] = "next_turn"

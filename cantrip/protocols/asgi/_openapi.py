@@ -21,6 +21,7 @@ from cantrip.protocols.asgi._api_models import (
     Cancelled,
     CancelRequest,
     CreateSession,
+    Deleted,
     ErrorBody,
     Health,
     PendingBody,
@@ -68,8 +69,10 @@ _EXTRA_ERRORS = {
     "409": "The session is already running a prompt, or the pause was already answered, "
     "or (messages) no prompt is running to take the message, or (create) the "
     "Idempotency-Key names a session created for another user, or (memory) a semantic "
-    "or hybrid search where no embedder is configured",
+    "or hybrid search where no embedder is configured, or (delete) a prompt of the "
+    "session is open (busy) or a fork stands on it (cannot_delete)",
     "500": "The cast failed (the LLM failed for good) or the entity crashed",
+    "501": "(delete) The server's loom cannot delete sessions (in memory, JSONL)",
     "422": "The Idempotency-Key was already used for a different prompt",
     "429": f"The running prompt has taken all the steering one cast takes "
     f"({steering.MAX_MESSAGES} messages, {steering.MAX_BYTES // 1024} KiB in all; see "
@@ -115,6 +118,7 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
         Answered,
         SteerRequest,
         Steered,
+        Deleted,
         *memory_models,
     ]
     _, schemas = pydantic.json_schema.models_json_schema(
@@ -207,7 +211,16 @@ def openapi_document(title: str = "cantrip serve") -> dict[str, Any]:
                 "summary": "One session (a session in the loom file is resumed)",
                 "parameters": session,
                 "responses": _responses({"200": ("SessionInfo", "The session")}, *found),
-            }
+            },
+            "delete": {
+                "operationId": "deleteSession",
+                "summary": "Remove the session's whole tree from the loom (the retention "
+                "rule); refused while a prompt of it is open",
+                "parameters": session,
+                "responses": _responses(
+                    {"200": ("Deleted", "The session is gone")}, *found, "409", "501"
+                ),
+            },
         },
         "/sessions/{session_id}/prompt": {
             "post": {

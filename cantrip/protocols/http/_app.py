@@ -14,7 +14,8 @@ one table, :mod:`._errors`):
 * ``GET  /health`` -- liveness, and what the cantrip is;
 * ``GET  /openapi.json`` -- this API as an OpenAPI 3.1 document;
 * ``POST /sessions`` (``Idempotency-Key``) -- a new session (201); ``GET /sessions``;
-* ``GET  /sessions/{id}`` -- one session;
+* ``GET  /sessions/{id}`` -- one session; ``DELETE`` removes its tree from the loom
+  (the backend's ``delete``: the retention rule, refused while a prompt runs);
 * ``POST /sessions/{id}/prompt`` -- ``{"prompt": ...}``: one cast, answered with its
   result, or with ``Accept: text/event-stream``/``?stream=1`` a stream of its events
   ending with a ``result`` event (:mod:`._streams`); ``Idempotency-Key`` (a repeat
@@ -243,8 +244,12 @@ class HttpApp:
         sid = info.session_id
         backend = self.backend
         if action is None:
-            allow(method, "GET")
-            await json_response(send, 200, info.to_dict())
+            allow(method, "GET", "DELETE")
+            if method == "DELETE":
+                await backend.delete(sid)
+                await json_response(send, 200, {"session_id": sid, "deleted": True})
+            else:
+                await json_response(send, 200, info.to_dict())
         elif action == "prompt":
             allow(method, "POST")
             key = idempotency_key(scope)

@@ -24,6 +24,8 @@ SESSION_ERRORS = {
     "key_reused": 422,
     "user_conflict": 409,
     STEERING_FULL: 429,
+    "cannot_delete": 409,
+    "unsupported": 501,
     "cast_failed": 500,
     "cast_dead_lettered": 500,
     "crashed": 500,

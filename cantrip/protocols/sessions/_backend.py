@@ -41,6 +41,9 @@ The operations
   answer continues the paused cast (a prompt of its own, awaited with ``result``);
   a pause is answered once.
 * **thread** (the session's turns, root first), **health**, **capabilities**.
+* **delete** -- the session's tree removed from the loom by the retention rule (one
+  implementation per store, :mod:`cantrip.loom._retention`); refused ``busy`` while a
+  prompt of it is open.
 * **tasks** -- a protocol's record beside a prompt (A2A's task: its id, the client's
   messages, the prompt it follows now): ``submit_task`` submits the prompt and records
   the task in one step (on PostgreSQL one transaction: a task exists exactly when its
@@ -162,6 +165,7 @@ is, said by :class:`Capabilities`, and 10 is left)
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar, get_args
 
@@ -228,10 +232,14 @@ class SessionInfo:
     user: str | None = None
     """The user its casts are for (their ``user`` tag: a memory namespace's ``{user}``),
     fixed when the session is created."""
+    cwd: str | None = None
+    """The working directory it was created in (an editor's, over ACP), fixed when the
+    session is created; its casts record it as their ``cwd`` tag."""
 
     def to_dict(self) -> dict[str, Any]:
         """The API's ``SessionInfo`` shape (``user`` only when the session has one)."""
         data = attrs.asdict(self)
+        del data["cwd"]  # ACP's: not part of the HTTP API's shape
         if self.user is None:
             del data["user"]
         return data
@@ -249,6 +257,26 @@ def check_user(user: str | None) -> str | None:
     except MemoryStoreError as exc:
         raise SessionError("bad_request", f"user: {exc}") from None
     return user
+
+
+MAX_CWD_CHARS = 4096
+
+
+def check_cwd(cwd: str | None) -> str | None:
+    """A session's working directory as given, or ``bad_request`` saying what is wrong:
+    an absolute path of at most :data:`MAX_CWD_CHARS` characters, none a control
+    character (it is recorded in the loom and listed back)."""
+    if cwd is None:
+        return None
+    if not isinstance(cwd, str) or not cwd:
+        raise SessionError("bad_request", "cwd must be a non-empty string")
+    if len(cwd) > MAX_CWD_CHARS:
+        raise SessionError("bad_request", f"cwd is longer than {MAX_CWD_CHARS} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in cwd):
+        raise SessionError("bad_request", "cwd holds a control character")
+    if not os.path.isabs(cwd):
+        raise SessionError("bad_request", "cwd must be an absolute path")
+    return cwd
 
 
 def same_user(session_id: str, has: str | None, asked: str | None) -> None:
@@ -459,11 +487,13 @@ class SessionBackend(Protocol):
         ...
 
     async def create(
-        self, key: str | None = None, *, user: str | None = None
+        self, key: str | None = None, *, user: str | None = None, cwd: str | None = None
     ) -> tuple[SessionInfo, bool]:
         """A new session, or the one ``key`` created; the flag says whether it is new.
         ``user`` (:func:`check_user`) is the ``user`` tag of every cast of the session;
-        a key naming a session of another user is ``user_conflict`` (:func:`same_user`)."""
+        a key naming a session of another user is ``user_conflict`` (:func:`same_user`).
+        ``cwd`` (:func:`check_cwd`): where it was created, its casts' ``cwd`` tag (a key
+        naming a session keeps the one it was created with)."""
         ...
 
     async def sessions(self) -> list[SessionInfo]: ...
@@ -555,6 +585,17 @@ class SessionBackend(Protocol):
         """``read`` run over the loom the sessions are recorded in, where reading it
         belongs (a query blocks: a worker thread). ``read`` only reads; the loom may
         have grown since the last call."""
+        ...
+
+    async def delete(self, session_id: str) -> None:
+        """Remove the session: its whole tree from the loom by the retention rule
+        (:func:`~cantrip.loom._retention.prune` with ``entity=``, each store's one
+        implementation; on PostgreSQL its queue rows, pauses and session row with it),
+        and whatever memory holds of it. ``busy`` while a prompt of it is open (running
+        or waiting its turn; in process also while somebody follows it),
+        ``not_found`` for no such session (an entity of the runtime's own is none),
+        ``cannot_delete`` when the rule keeps it (a fork stands on it),
+        ``unsupported`` for a loom that cannot delete (in memory, JSONL)."""
         ...
 
     async def fork(self, turn_id: str) -> SessionInfo:

@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 
 from cantrip.distributed._work import (
+    CWD_KEY,
     ENTITY_LOCK,
     INTERRUPTED,
     REWIND_KEY,
@@ -134,7 +135,7 @@ def queue_prompts(conn: Any, prompts: Sequence[PromptRequest]) -> list[Queued | 
     for index, (prompt, meets) in enumerate(zip(prompts, met, strict=True)):
         if not meets.known:  # before every other rule, as a session read first was
             outcomes[index] = prompt.unknown()
-    prompts = [_for_user(p, m.user) for p, m in zip(prompts, met, strict=True)]
+    prompts = [_for_session(p, m) for p, m in zip(prompts, met, strict=True)]
     plain = _plain(prompts, met)
     if plain:
         try:
@@ -164,6 +165,8 @@ class _Meets:
     """Its session exists."""
     user: str | None
     """Its session's user (the ``user`` tag of its casts)."""
+    cwd: str | None
+    """Its session's working directory (the ``cwd`` tag of its casts)."""
     busy: bool
     """Its entity has open work."""
     seen: bool
@@ -172,10 +175,11 @@ class _Meets:
 
 def _meet(conn: Any, prompts: Sequence[PromptRequest]) -> list[_Meets]:
     """What each prompt meets, in one read for the whole batch: its session (is there
-    one, and its user), open work, an armed cancel, a key seen before."""
+    one, its user and working directory), open work, an armed cancel, a key seen before."""
     rows = conn.execute(
         f"SELECT {known_session('p.e')}, "
         "(SELECT s.user_id FROM cantrip_sessions s WHERE s.entity_id = p.e), "
+        "(SELECT s.workdir FROM cantrip_sessions s WHERE s.entity_id = p.e), "
         "EXISTS (SELECT 1 FROM cantrip_work w WHERE w.entity_id = p.e "
         f"AND w.{_OPEN}), "
         "EXISTS (SELECT 1 FROM cantrip_sessions s WHERE s.entity_id = p.e "
@@ -192,15 +196,19 @@ def _meet(conn: Any, prompts: Sequence[PromptRequest]) -> list[_Meets]:
             **RUNTIME_PARAMS,
         },
     ).fetchall()
-    return [_Meets(bool(k), u, bool(b), bool(s)) for k, u, b, s in rows]
+    return [_Meets(bool(k), u, w, bool(b), bool(s)) for k, u, w, b, s in rows]
 
 
-def _for_user(prompt: PromptRequest, user: str | None) -> PromptRequest:
-    """The prompt with its session's user in its spell: the worker casts with it as the
-    ``user`` tag (a memory namespace's ``{user}``)."""
-    if user is None:
-        return prompt
-    return attrs.evolve(prompt, spell={**prompt.spell, USER_KEY: user})
+def _for_session(prompt: PromptRequest, met: _Meets) -> PromptRequest:
+    """The prompt with its session's user and working directory in its spell: the
+    worker casts with them as the ``user`` tag (a memory namespace's ``{user}``) and
+    the ``cwd`` tag (where an ACP session was created)."""
+    spell = dict(prompt.spell)
+    if met.user is not None:
+        spell[USER_KEY] = met.user
+    if met.cwd is not None:
+        spell[CWD_KEY] = met.cwd
+    return prompt if spell == prompt.spell else attrs.evolve(prompt, spell=spell)
 
 
 def _plain(prompts: Sequence[PromptRequest], met: Sequence[_Meets]) -> list[int]:

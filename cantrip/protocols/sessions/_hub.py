@@ -43,13 +43,14 @@ from cantrip._core._followups import Followups
 from cantrip._errors import CantripError, ConstructionError
 from cantrip._outcome import CastResult, recorded_cast
 from cantrip._redact import get_logger
+from cantrip.distributed._work import CWD_TAG
 from cantrip.llm._stream import Event
 from cantrip.loom._model import Turn, is_runtime_entity
 from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import ENTITY_PREFIX as ENTITY_PREFIX
 from cantrip.protocols.sessions._backend import SESSION_PREFIX as SESSION_PREFIX
 from cantrip.protocols.sessions._backend import SessionError as SessionError
-from cantrip.protocols.sessions._backend import check_user, same_user
+from cantrip.protocols.sessions._backend import check_cwd, check_user, same_user
 from cantrip.protocols.sessions._backend import entity_id_for as entity_id_for
 from cantrip.protocols.sessions._backend import session_id_for as session_id_for
 from cantrip.protocols.sessions._budgets import BudgetBook, ServeBudgets
@@ -67,6 +68,7 @@ from cantrip.protocols.sessions._session import (
     cast_tags,
     key_reused,
     now,
+    recorded_tag,
     recorded_user,
 )
 from cantrip.protocols.sessions._session import (
@@ -147,22 +149,26 @@ class SessionHub:
 
     # -- sessions ----------------------------------------------------------------
 
-    def new(self, user: str | None = None) -> Session:
+    def new(self, user: str | None = None, cwd: str | None = None) -> Session:
         entity = self.spell.summon()
-        return self._adopt(session_id_for(entity.id), entity, user)
+        return self._adopt(session_id_for(entity.id), entity, user, cwd)
 
     def fork(self, turn_id: str) -> Session:
         """A new session whose entity continues from ``turn_id`` (LOOM-4)."""
         entity = self.spell.fork(turn_id)
         return self._adopt(session_id_for(entity.id), entity)
 
-    def create(self, key: str | None = None, user: str | None = None) -> tuple[Session, bool]:
+    def create(
+        self, key: str | None = None, user: str | None = None, cwd: str | None = None
+    ) -> tuple[Session, bool]:
         """A new session, or with an idempotency key the session that key created
         (live, or resumed from the loom); the flag says whether it is new. ``user``:
-        the ``user`` tag of its casts (:func:`check_user`, :func:`same_user`)."""
+        the ``user`` tag of its casts (:func:`check_user`, :func:`same_user`); ``cwd``
+        their ``cwd`` tag (:func:`check_cwd`)."""
         check_user(user)
+        check_cwd(cwd)
         if key is None:
-            return self.new(user), True
+            return self.new(user, cwd), True
         entity_id = session_entity_id(key)
         session_id = session_id_for(entity_id)
         if session_id in self.sessions or entity_id in self.spell.loom.entities:
@@ -170,13 +176,11 @@ class SessionHub:
             same_user(found.id, found.user, user)
             return found, False
         entity = self.spell.summon(entity_id=entity_id)
-        return self._adopt(session_id, entity, user), True
+        return self._adopt(session_id, entity, user, cwd), True
 
-    def get(self, session_id: str) -> Session:
-        """A live session, or one resumed from the loom (after a restart)."""
-        session = self.sessions.get(session_id)
-        if session is not None:
-            return session
+    def recorded(self, session_id: str) -> str:
+        """The entity of a session the loom holds (``not_found`` for none: a child
+        entity or one of the runtime's own is no session)."""
         entity_id = entity_id_for(session_id)
         record = self.spell.loom.entities.get(entity_id)
         if (
@@ -185,12 +189,21 @@ class SessionHub:
             or is_runtime_entity(record.cantrip_id)
         ):
             raise SessionError("not_found", f"unknown session {session_id!r}")
+        return entity_id
+
+    def get(self, session_id: str) -> Session:
+        """A live session, or one resumed from the loom (after a restart)."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session
+        entity_id = self.recorded(session_id)
         canonical = session_id_for(entity_id)
         if canonical in self.sessions:
             return self.sessions[canonical]
         log.info("session %s resumed from the loom", canonical)
         entity = self.spell.resume(entity_id)
-        return self._adopt(canonical, entity, recorded_user(entity.turns))
+        turns = entity.turns
+        return self._adopt(canonical, entity, recorded_user(turns), recorded_tag(turns, CWD_TAG))
 
     def only(self) -> Session:
         """The one live session (clients that leave out the session id)."""
@@ -200,8 +213,10 @@ class SessionHub:
             )
         return next(iter(self.sessions.values()))
 
-    def _adopt(self, session_id: str, entity: Entity, user: str | None = None) -> Session:
-        session = Session(session_id, entity, user, last_used=now())
+    def _adopt(
+        self, session_id: str, entity: Entity, user: str | None = None, cwd: str | None = None
+    ) -> Session:
+        session = Session(session_id, entity, user, cwd=cwd, last_used=now())
         session.log.begin(entity.turns)  # ids go on from the loom's present
         entity.on_event = session.dispatch
         entity.provider_nursery = self.nursery
@@ -380,7 +395,9 @@ class SessionHub:
             session.sink = on_event
             session.steered = (0, 0)
             try:
-                outcome = await session.entity.send(intent, tags=cast_tags(key, session.user))
+                outcome = await session.entity.send(
+                    intent, tags=cast_tags(key, session.user, session.cwd)
+                )
             except CantripError:
                 raise
             except Exception as exc:

@@ -44,6 +44,8 @@ from cantrip.distributed._work import DEAD, PAUSED
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
+from cantrip.loom._postgres_retention import RUNNING
+from cantrip.loom._retention import prune, retention_of
 from cantrip.protocols.sessions._admit import (
     DB_UNAVAILABLE,
     MAX_PROMPTS_PER_COMMIT,
@@ -64,6 +66,7 @@ from cantrip.protocols.sessions._backend import (
     SessionRef,
     Submitted,
     TaskRecord,
+    check_cwd,
     check_user,
     entity_id_for,
     session_id_for,
@@ -211,13 +214,18 @@ class PostgresBackend:
         if isinstance(session, str):
             return await self._db(self.db.require, session)
         return SessionRow(
-            session.session_id, session.entity_id, session.running, session.turns, session.user
+            session.session_id,
+            session.entity_id,
+            session.running,
+            session.turns,
+            session.user,
+            session.cwd,
         )
 
     async def create(
-        self, key: str | None = None, *, user: str | None = None
+        self, key: str | None = None, *, user: str | None = None, cwd: str | None = None
     ) -> tuple[SessionInfo, bool]:
-        row, created = await self._db(self.db.create, key, check_user(user))
+        row, created = await self._db(self.db.create, key, check_user(user), check_cwd(cwd))
         return _info(row), created
 
     async def sessions(self) -> list[SessionInfo]:
@@ -235,6 +243,29 @@ class PostgresBackend:
 
     async def release(self, session_id: str) -> None:
         return None  # a replica holds no session in memory: the database does
+
+    async def delete(self, session_id: str) -> None:
+        """The session's tree by the retention rule (:func:`prune`, whose deleting
+        transaction checks again, under lock, that no work of it is open); a session
+        nobody prompted has no entity yet: its row goes by the same store's delete."""
+        row = await self._row(session_id)
+        if row.running:
+            raise SessionError("busy", f"session {session_id} is running a prompt")
+        kept = await self._db(self._delete, row.entity_id)
+        if kept is not None:
+            kind = "busy" if kept == RUNNING else "cannot_delete"
+            raise SessionError(kind, f"session {session_id} stays: {kept}")
+
+    def _delete(self, entity_id: str) -> str | None:
+        """Delete the tree (blocking); why it stays, or None once it is gone."""
+        if not self.loom.has_entity(entity_id):
+            late = retention_of(self.loom).delete_entities([entity_id], busy_s=0.0).late
+            return next(iter(late.values()), None)
+        pruned = prune(self.loom, entity=entity_id, busy_s=0.0, reclaim=False)
+        self.loom.forget(pruned.plan.entities)
+        if entity_id in pruned.plan.entities:
+            return None
+        return dict(pruned.plan.kept).get(entity_id, "the retention rule keeps it")
 
     async def fork(self, turn_id: str) -> SessionInfo:
         raise SessionError(
@@ -570,7 +601,7 @@ class _Tail:
 
 
 def _info(row: SessionRow) -> SessionInfo:
-    return SessionInfo(row.session_id, row.entity_id, row.running, row.turns, row.user)
+    return SessionInfo(row.session_id, row.entity_id, row.running, row.turns, row.user, row.cwd)
 
 
 def _after(after: int | EventId) -> Callable[[SessionEvent], bool]:

@@ -53,7 +53,7 @@ from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger, redact
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
-from cantrip.loom._retention import prune
+from cantrip.loom._retention import prune, retention_of
 from cantrip.protocols.sessions._backend import (
     MAX_TASKS,
     BusyPolicy,
@@ -66,8 +66,8 @@ from cantrip.protocols.sessions._backend import (
     SessionRef,
     Submitted,
     TaskRecord,
+    check_cwd,
     check_user,
-    entity_id_for,
     session_id_of,
 )
 from cantrip.protocols.sessions._hub import (
@@ -274,11 +274,12 @@ class ProcessBackend:
         return session
 
     async def create(
-        self, key: str | None = None, *, user: str | None = None
+        self, key: str | None = None, *, user: str | None = None, cwd: str | None = None
     ) -> tuple[SessionInfo, bool]:
         check_user(user)  # before making room for it
+        check_cwd(cwd)
         await self.make_room(adding=True)
-        session, created = self.hub.create(key, user)
+        session, created = self.hub.create(key, user, cwd)
         return _info(session), created
 
     async def sessions(self) -> list[SessionInfo]:
@@ -309,6 +310,12 @@ class ProcessBackend:
         of it is open or somebody follows it, ``not_found`` for a session the loom
         lacks, ``unsupported`` for a loom that cannot delete (memory, JSONL),
         ``cannot_delete`` when the rule keeps it (a fork stands on it)."""
+        entity_id = self.hub.recorded(session_id)
+        loom = self.hub.spell.loom
+        try:
+            retention_of(loom)
+        except CantripError as exc:
+            raise SessionError("unsupported", f"this loom cannot delete sessions: {exc}") from None
         session = self.hub.sessions.get(session_id)
         if session is not None:
             if session.running is not None or session.arriving or session.waiting:
@@ -316,14 +323,7 @@ class ProcessBackend:
             await self.release(session_id)
             if session_id in self.hub.sessions:
                 raise SessionError("busy", f"session {session_id} is being followed")
-        entity_id = entity_id_for(session_id)
-        loom = self.hub.spell.loom
-        if not loom.has_entity(entity_id):
-            raise SessionError("not_found", f"no session {session_id}")
-        try:
-            pruned = prune(loom, entity=entity_id, busy_s=0.0)
-        except CantripError as exc:
-            raise SessionError("unsupported", f"this loom cannot delete sessions: {exc}") from None
+        pruned = prune(loom, entity=entity_id, busy_s=0.0, reclaim=False)
         if entity_id not in pruned.plan.entities:
             why = dict(pruned.plan.kept).get(entity_id, "the retention rule keeps it")
             raise SessionError("cannot_delete", f"session {session_id} stays: {why}")
@@ -684,4 +684,5 @@ def _info(session: Session) -> SessionInfo:
         session.running is not None,
         len(session.entity.turns),
         session.user,
+        session.cwd,
     )

@@ -98,6 +98,7 @@ CREATE TABLE IF NOT EXISTS cantrip_sessions (
 );
 CREATE INDEX IF NOT EXISTS cantrip_sessions_by_age ON cantrip_sessions (created_at);
 ALTER TABLE cantrip_sessions ADD COLUMN IF NOT EXISTS user_id TEXT;
+ALTER TABLE cantrip_sessions ADD COLUMN IF NOT EXISTS workdir TEXT;
 CREATE TABLE IF NOT EXISTS cantrip_cancels (
     entity_id TEXT NOT NULL,
     idempotency_key TEXT NOT NULL,
@@ -138,6 +139,8 @@ class SessionRow:
     turns: int
     user: str | None = None
     """The ``user`` tag of its casts, fixed at creation (a memory namespace's ``{user}``)."""
+    cwd: str | None = None
+    """The ``cwd`` tag of its casts: where it was created (column ``workdir``)."""
 
     def info(self) -> dict[str, Any]:
         """The ``SessionInfo`` shape of the in-process server."""
@@ -179,17 +182,19 @@ class DbSessions:
 
     # -- sessions ----------------------------------------------------------------
 
-    def create(self, key: str | None, user: str | None = None) -> tuple[SessionRow, bool]:
+    def create(
+        self, key: str | None, user: str | None = None, cwd: str | None = None
+    ) -> tuple[SessionRow, bool]:
         """A new session, or with a key the session that key created (any replica,
-        any time before); the flag says whether it is new. ``user`` is kept with it
-        (a key naming a session of another user: ``user_conflict``)."""
+        any time before); the flag says whether it is new. ``user`` and ``cwd`` are kept
+        with it (a key naming a session of another user: ``user_conflict``)."""
         entity_id = session_entity_id(key) if key is not None else new_entity_id()
         session_id = session_id_for(entity_id)
         with self.store.pool.connection() as conn:
             inserted = conn.execute(
-                "INSERT INTO cantrip_sessions (session_id, entity_id, user_id) "
-                "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1",
-                (session_id, entity_id, user),
+                "INSERT INTO cantrip_sessions (session_id, entity_id, user_id, workdir) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1",
+                (session_id, entity_id, user, cwd),
             ).fetchone()
         row = self.get(session_id)
         assert row is not None
@@ -206,14 +211,17 @@ class DbSessions:
                 f"SELECT {known_session('%(e)s')}, "
                 "(SELECT count(*) FROM cantrip_turns WHERE entity_id = %(e)s), "
                 f"EXISTS (SELECT 1 FROM cantrip_work WHERE entity_id = %(e)s AND {_OPEN}), "
-                "(SELECT user_id FROM cantrip_sessions WHERE entity_id = %(e)s)",
+                "(SELECT user_id FROM cantrip_sessions WHERE entity_id = %(e)s), "
+                "(SELECT workdir FROM cantrip_sessions WHERE entity_id = %(e)s)",
                 {"e": entity_id, **RUNTIME_PARAMS},
             ).fetchone()
         assert row is not None
-        known, turns, running, user = row
+        known, turns, running, user, cwd = row
         if not known:
             return None
-        return SessionRow(session_id_for(entity_id), entity_id, bool(running), int(turns), user)
+        return SessionRow(
+            session_id_for(entity_id), entity_id, bool(running), int(turns), user, cwd
+        )
 
     def require(self, session_id: str) -> SessionRow:
         row = self.get(session_id)
@@ -227,12 +235,12 @@ class DbSessions:
                 "SELECT s.session_id, s.entity_id, "
                 "(SELECT count(*) FROM cantrip_turns t WHERE t.entity_id = s.entity_id), "
                 "EXISTS (SELECT 1 FROM cantrip_work w WHERE w.entity_id = s.entity_id "
-                f"AND w.{_OPEN}), s.user_id "
+                f"AND w.{_OPEN}), s.user_id, s.workdir "
                 "FROM (SELECT * FROM cantrip_sessions ORDER BY created_at DESC LIMIT %s) s "
                 "ORDER BY s.created_at",
                 (LIST_LIMIT,),
             ).fetchall()
-        return [SessionRow(s, e, bool(r), int(n), u) for s, e, n, r, u in rows]
+        return [SessionRow(s, e, bool(r), int(n), u, c) for s, e, n, r, u, c in rows]
 
     def count(self) -> int:
         with self.store.pool.connection() as conn:

@@ -17,6 +17,7 @@ import trio
 from cantrip._core import Entity
 from cantrip._gate import Gate
 from cantrip._outcome import CastResult
+from cantrip.distributed._work import CWD_TAG
 from cantrip.llm._stream import Event
 from cantrip.loom._model import Turn
 from cantrip.memory._settings import USER_TAG
@@ -36,23 +37,31 @@ from cantrip.protocols.sessions._shapes import steered as steered
 from cantrip.protocols.sessions._shapes import turn_dict as turn_dict
 
 
-def cast_tags(key: str | None, user: str | None) -> dict[str, Any] | None:
-    """A cast's tags: its idempotency key and its session's user, when there are."""
+def cast_tags(key: str | None, user: str | None, cwd: str | None = None) -> dict[str, Any] | None:
+    """A cast's tags: its idempotency key, its session's user and working directory,
+    when there are."""
     tags: dict[str, Any] = {}
     if key is not None:
         tags[KEY_TAG] = key
     if user is not None:
         tags[USER_TAG] = user
+    if cwd is not None:
+        tags[CWD_TAG] = cwd
     return tags or None
+
+
+def recorded_tag(turns: Sequence[Turn], tag: str) -> str | None:
+    """What a session's casts recorded as ``tag`` (the latest cast's first turn's)."""
+    for turn in reversed(turns):
+        value = turn.extras.get(tag)
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def recorded_user(turns: Sequence[Turn]) -> str | None:
     """The user a session's casts recorded (their first turns' ``user`` tag)."""
-    for turn in reversed(turns):
-        user = turn.extras.get(USER_TAG)
-        if isinstance(user, str):
-            return user
-    return None
+    return recorded_tag(turns, USER_TAG)
 
 
 def not_running(session_id: str) -> SessionError:
@@ -143,6 +152,9 @@ class Session:
     user: str | None = None
     """The ``user`` tag of its casts (fixed at creation; after a restart read back
     from the tags its casts recorded)."""
+    cwd: str | None = None
+    """The ``cwd`` tag of its casts: the working directory it was created in (fixed
+    at creation; after a restart read back like ``user``)."""
     running: trio.CancelScope | None = None
     sink: Callable[[Event], None] | None = None
     """The running prompt's own event sink."""

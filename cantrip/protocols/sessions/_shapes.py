@@ -58,6 +58,7 @@ def event_dict(event: Event) -> dict[str, Any]:
         )
     elif isinstance(event, UsageEvent):
         data["usage"] = event.usage.to_dict()
+        data["cost_usd"] = event.cost_usd  # None: unknown, never $0
     elif isinstance(event, ToolResultEvent):
         data["record"] = event.record.to_dict()
     elif isinstance(event, StepComplete):
