@@ -111,7 +111,7 @@ def statement(op: PendingOp, data: str | None = None) -> Statement:
             parent_id=turn.parent_id,
             entity_id=turn.entity_id,
             sequence=turn.sequence,
-            data=data if data is not None else encode_record(turn.to_dict()),
+            data=data if data is not None else encode_record(turn.to_stored()),
         )
         return _fenced(_INSERT_TURN, fence), params
     if kind == "entity":
@@ -246,7 +246,7 @@ def _row_values(op: PendingOp, data: str | None = None) -> tuple[Any, ...]:
     if kind == "turn":
         turn: Turn = payload
         values = (turn.id, turn.parent_id, turn.entity_id, turn.sequence)
-        return (*fenced, *values, data if data is not None else encode_record(turn.to_dict()))
+        return (*fenced, *values, data if data is not None else encode_record(turn.to_stored()))
     return (*fenced, *payload)
 
 
@@ -272,7 +272,7 @@ def _turn_records(
     for index, (kind, payload, _) in enumerate(batch):
         if kind != "turn":
             continue
-        record, found = externalize(payload.to_dict())
+        record, found = externalize(payload.to_stored())
         records[index] = encode_record(record)
         for digest, value in found:
             blobs.setdefault(digest, value)
