@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import psycopg
 import trio
 
 from cantrip._errors import LoomAppendOnlyError, LoomError
@@ -34,7 +35,14 @@ from cantrip.loom._indexed import IndexedQueries, query_sql
 from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._postgres_connection import open_pool, safe_url
 from cantrip.loom._postgres_schema import migrate
-from cantrip.loom._postgres_writes import covered, plan_batch, refusal, refusals, statement
+from cantrip.loom._postgres_writes import (
+    PlannedStatement,
+    covered,
+    plan_batch,
+    refusal,
+    refusals,
+    statement,
+)
 
 
 class PostgresStore(IndexedQueries):
@@ -79,11 +87,13 @@ class PostgresStore(IndexedQueries):
         skipped = covered(batch)
         plan = plan_batch(batch, list(skipped))
         with self.pool.connection() as conn:
-            if len(plan) == 1:
-                answers = [conn.execute(plan[0][0], plan[0][1]).fetchall()]
-            else:
-                with conn.transaction():
-                    answers = [_fetched(conn.execute(sql, params)) for sql, params, _ in plan]
+            try:
+                answers = _run(conn, plan)
+            except psycopg.errors.UniqueViolation:
+                # a row that was expected to be new is there (a crash's, or a refused
+                # append): nothing of the batch was written; again, every write careful
+                plan = plan_batch(batch, list(skipped), careful=True)
+                answers = _run(conn, plan)
         return refusals(batch, plan, answers, skipped)
 
     def _write_now(self, op: PendingOp) -> None:
@@ -151,6 +161,15 @@ class PostgresStore(IndexedQueries):
 
     def close(self) -> None:
         self.pool.close()
+
+
+def _run(conn: Any, plan: list[PlannedStatement]) -> list[list[Any]]:
+    """The rows each statement of ``plan`` answers: one statement is its own
+    transaction, several are one."""
+    if len(plan) == 1:
+        return [conn.execute(plan[0][0], plan[0][1]).fetchall()]
+    with conn.transaction():
+        return [_fetched(conn.execute(sql, params)) for sql, params, _ in plan]
 
 
 def _fetched(cursor: Any) -> list[Any]:
