@@ -21,8 +21,10 @@ import pytest
 import trio
 
 from cantrip import ToolCall
+from cantrip._errors import LoomError
 from cantrip.loom import EntityRecord, GateCallRecord, Loom, SQLiteStore, Turn, TurnMetadata
 from cantrip.loom._codec import decode_record, encode_record
+from cantrip.loom._model import with_columns
 from cantrip.loom._postgres import PostgresStore
 
 ENTITY = "entity-stored"
@@ -220,7 +222,8 @@ def _exact(turn: Turn) -> str:
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_the_stored_form_reads_back_as_the_turn(name: str) -> None:
     turn = SHAPES[name]
-    back = Turn.from_dict(decode_record(encode_record(turn.to_stored())))
+    columns = [None, turn.id, turn.parent_id, turn.entity_id, turn.sequence]
+    back = Turn.from_dict(with_columns(decode_record(encode_record(turn.to_stored())), columns))
     as_before = Turn.from_dict(decode_record(encode_record(turn.to_dict())))
     assert _exact(back) == _exact(as_before)  # what the old form reads back, exactly
     if name != "a NaN and an infinity":  # (NaN != NaN)
@@ -231,6 +234,7 @@ def test_the_common_turn_is_stored_without_repeating_itself() -> None:
     stored = typical().to_stored()
     text = encode_record(stored)
     assert text.count(NEEDLE) == 1  # the call's arguments, nowhere else
+    assert not {"id", "parent_id", "entity_id", "sequence"} & set(stored)  # the row's columns
     assert "utterance" not in stored and "observation" not in stored
     assert stored["gate_calls"] == [{"result": "charged", "tool_call_id": "c1", "duration_ms": 0.5}]
     assert len(text) < len(encode_record(typical().to_dict())) * 0.6
@@ -364,7 +368,7 @@ def test_a_row_in_the_old_form_reads_as_it_did(loom: Loom, where: str) -> None:
 def test_a_damaged_stored_record_names_the_turn() -> None:
     """A record in the stored form whose gate call lost its call says so, naming the
     turn, instead of reading as a call without arguments."""
-    stored = typical().to_stored()
+    stored = with_columns(typical().to_stored(), [None, "turn-1", None, ENTITY, 1])
     stored["tool_calls"] = []
-    with pytest.raises(Exception, match="turn-1.*names no tool call"):
+    with pytest.raises(LoomError, match=r"turn-1: .* names no tool call"):
         Turn.from_dict(stored)

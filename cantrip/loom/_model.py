@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -378,6 +378,20 @@ def heard(records: Iterable[GateCallRecord]) -> str:
     return "\n".join(r.text for r in records if r.executed)
 
 
+COLUMNS = ("id", "parent_id", "entity_id", "sequence")
+"""A turn's fields its row holds as columns: the stored form leaves them out of the
+record (:func:`with_columns` puts them back)."""
+
+
+def with_columns(record: dict[str, Any], row: Sequence[Any]) -> dict[str, Any]:
+    """A stored record with the fields its row keeps as columns: ``row`` is (data, id,
+    parent_id, entity_id, sequence). A record in the stored form left them out; one
+    written before it holds them itself, and keeps its own."""
+    if record.get(FORM_KEY) == STORED_FORM:
+        record.update(zip(COLUMNS, row[1:5], strict=True))
+    return record
+
+
 def stored_record(full: dict[str, Any], turn: Turn) -> dict[str, Any]:
     """``full`` (``turn.to_dict()``) in the stored form: each piece once.
 
@@ -387,11 +401,13 @@ def stored_record(full: dict[str, Any], turn: Turn) -> dict[str, Any]:
     exactly from the rest: the utterance when it is the calls' text (:func:`spoken`),
     the observation when it is the results' (:func:`heard`), a gate-call record's
     arguments and gate when they are those of the call its ``tool_call_id`` names (the
-    first of that id), and fields at their defaults. Each omission is checked against
-    the value it stands for, so a turn that differs anywhere keeps that field whole."""
+    first of that id), fields at their defaults, and the fields the row holds as
+    columns (:data:`COLUMNS`; a reader puts them back: :func:`with_columns`). Each
+    omission is checked against the value it stands for, so a turn that differs
+    anywhere keeps that field whole."""
     out: dict[str, Any] = {FORM_KEY: STORED_FORM}
     for key, value in full.items():
-        if not _is(value, _DEFAULTS.get(key, _KEEP)):
+        if key not in COLUMNS and not _is(value, _DEFAULTS.get(key, _KEEP)):
             out[key] = value
     utterance = turn.utterance
     if utterance == spoken(turn.content, turn.tool_calls) and _lossless(utterance):
@@ -461,19 +477,19 @@ def _stored_records(
         if "gate" in data and "args" in data:
             out.append(GateCallRecord.from_dict(data))
             continue
-        call = by_id.get(data.get("tool_call_id") or "")
-        if call is None:
+        linked = by_id.get(data.get("tool_call_id") or "")
+        if linked is None:
             raise LoomError(
                 f"stored turn {turn_id}: a gate call without its gate or arguments names "
                 f"no tool call of the turn ({data.get('tool_call_id')!r}): the loom is damaged"
             )
         out.append(
             GateCallRecord(
-                gate=data.get("gate", call.name),
-                args=data["args"] if "args" in data else call.arguments,
+                gate=data.get("gate", linked.name),
+                args=data.get("args", linked.arguments),
                 result=data.get("result"),
                 is_error=bool(data.get("is_error", False)),
-                tool_call_id=call.id,
+                tool_call_id=linked.id,
                 status=data.get("status", "ok"),
                 duration_ms=float(data.get("duration_ms", 0.0)),
                 detail=data.get("detail") or {},
