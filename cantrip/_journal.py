@@ -6,10 +6,13 @@ keyed by (entity, turn sequence, call ordinal), in the loom's own database
 (SQLite or PostgreSQL; SPEC.md "Ownership, fencing and effects on PostgreSQL"):
 
 * the utterance (ordinal -1), committed with the first gate call it makes, before that
-  gate runs -- on resume the turn continues with the *same* utterance instead of asking
-  the LLM again (a turn that calls no journaled gate journals nothing: nothing of it
-  took effect, so a crash before it is recorded asks the LLM again);
-* each gate call as *started* before the gate runs (that commit is waited for), and
+  gate runs, as one row: the utterance's row carries that call's start (its ordinal and
+  gate, and its data only when it is not the utterance's call of that id with the very
+  same arguments -- a reader rebuilds it from the utterance; issue 46.2). On resume the
+  turn continues with the *same* utterance instead of asking the LLM again (a turn
+  that calls no journaled gate journals nothing: nothing of it took effect, so a crash
+  before it is recorded asks the LLM again);
+* each later gate call as *started* before the gate runs (that commit is waited for), and
   its result as soon as it returns -- committed, in order, with the turn's next write:
   the next call's start, or the turn itself. A result committed with its turn is not
   journaled at all (the turn row holds it: each piece is written once; on PostgreSQL

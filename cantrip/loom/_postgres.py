@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import psycopg
 import trio
 
 from cantrip._errors import LoomAppendOnlyError, LoomError
@@ -84,12 +83,14 @@ class PostgresStore(IndexedQueries):
         One statement is its own transaction; several are ``BEGIN``, the statements,
         ``COMMIT`` -- one commit either way. (psycopg's pipeline mode measured slower
         than this: ``bench/pg_turn_cost.py``.)"""
+        from psycopg.errors import UniqueViolation  # (psycopg loads with the pool, not before)
+
         skipped = covered(batch)
         plan = plan_batch(batch, list(skipped))
         with self.pool.connection() as conn:
             try:
                 answers = _run(conn, plan)
-            except psycopg.errors.UniqueViolation:
+            except UniqueViolation:
                 # a row that was expected to be new is there (a crash's, or a refused
                 # append): nothing of the batch was written; again, every write careful
                 plan = plan_batch(batch, list(skipped), careful=True)
