@@ -125,7 +125,8 @@ Issue 46.2/46.3, the stored form (a turn row holds each piece once), one journal
 the answer and its first call's start, and plain INSERTs for new rows (no
 ``HEAP_CONFIRM``), 0 ms, WAL per turn before (main) -> after: 200 x 1 3,174 -> 2,324;
 200 x 2 3,188 -> 2,244; 1,000 x 1 3,394 -> 2,683; 1,000 x 2 3,459 -> 2,781 (the after runs
-at load 20-30: their slowness adds lease heartbeats, ~150-500 B a turn). Per turn now:
+at load 20-30: their slowness adds lease heartbeats, ~150-500 B a turn; 200 x 1 and
+200 x 2 again at load 10: 2,245 and 2,197). Per turn now:
 the turn row ~520 B and its indexes ~430 B, the journal row ~215 B and its index ~75 B,
 the work row's updates ~150 B, the effect row ~115 B, the entity row ~77 B.
 
