@@ -123,11 +123,21 @@ load 5-7): 1,913 -> 1,094 us per turn (DB threads 849 -> 514, trio thread 1,064 
 PostgreSQL 716 -> 564 us, round trips 2.86 -> 2.09 and transactions 2.99 -> 2.05 per
 turn, 411 -> 699 turns/s; the per-cast steering polls (0.98 hops a turn) are gone.
 
-Where the WAL goes now (``--wal-detail``, 200 x 0 ms x 1, per turn): the turn row ~1,070 B
-and its five index entries ~430 B, the journal's utterance and call-start rows ~430 B
-plus ~230 B of index and speculative-insert records, the cast's own rows (work, lease,
-entity; ~450 B over 5 turns), the workload's effect row ~115 B, commits ~60 B. At 1,000
-agents the heartbeat adds ~70 B (``FOR UPDATE SKIP LOCKED`` of each lease every beat).
+Where the WAL went before the stored form (``--wal-detail``, 200 x 0 ms x 1, per turn):
+the turn row ~1,070 B and its five index entries ~430 B, the journal's utterance and
+call-start rows ~430 B plus ~230 B of index and speculative-insert records, the cast's
+own rows (work, lease, entity; ~450 B over 5 turns), the workload's effect row ~115 B,
+commits ~60 B. At 1,000 agents the heartbeat adds ~70 B (``FOR UPDATE SKIP LOCKED`` of
+each lease every beat).
+
+Issue 46.2/46.3, the stored form (a turn row holds each piece once), one journal row for
+the answer and its first call's start, and plain INSERTs for new rows (no
+``HEAP_CONFIRM``), 0 ms, WAL per turn before (main) -> after: 200 x 1 3,174 -> 2,324;
+200 x 2 3,188 -> 2,244; 1,000 x 1 3,394 -> 2,683; 1,000 x 2 3,459 -> 2,781 (the after runs
+at load 20-30: their slowness adds lease heartbeats, ~150-500 B a turn; 200 x 1 and
+200 x 2 again at load 10: 2,245 and 2,197). Per turn now:
+the turn row ~520 B and its indexes ~430 B, the journal row ~215 B and its index ~75 B,
+the work row's updates ~150 B, the effect row ~115 B, the entity row ~77 B.
 
 How to run
 ----------

@@ -6,10 +6,13 @@ keyed by (entity, turn sequence, call ordinal), in the loom's own database
 (SQLite or PostgreSQL; SPEC.md "Ownership, fencing and effects on PostgreSQL"):
 
 * the utterance (ordinal -1), committed with the first gate call it makes, before that
-  gate runs -- on resume the turn continues with the *same* utterance instead of asking
-  the LLM again (a turn that calls no journaled gate journals nothing: nothing of it
-  took effect, so a crash before it is recorded asks the LLM again);
-* each gate call as *started* before the gate runs (that commit is waited for), and
+  gate runs, as one row: the utterance's row carries that call's start (its ordinal and
+  gate, and its data only when it is not the utterance's call of that id with the very
+  same arguments -- a reader rebuilds it from the utterance; issue 46.2). On resume the
+  turn continues with the *same* utterance instead of asking the LLM again (a turn
+  that calls no journaled gate journals nothing: nothing of it took effect, so a crash
+  before it is recorded asks the LLM again);
+* each later gate call as *started* before the gate runs (that commit is waited for), and
   its result as soon as it returns -- committed, in order, with the turn's next write:
   the next call's start, or the turn itself. A result committed with its turn is not
   journaled at all (the turn row holds it: each piece is written once; on PostgreSQL
@@ -85,41 +88,44 @@ def _dumps(value: Any) -> str:
 
 
 def encode_response(response: Response) -> str:
-    """An LLM response as journal data (everything a turn is made from)."""
-    return _dumps(
-        {
-            "content": response.content,
-            "tool_calls": [
-                {
-                    "id": c.id,
-                    "name": c.name,
-                    "arguments": c.arguments,
-                    "raw_arguments": c.raw_arguments,
-                }
-                for c in response.tool_calls
-            ],
-            "usage": {
-                **{k: v for k, v in response.usage.to_dict().items() if k != "total_tokens"},
-                **({"missing": True} if response.usage.missing else {}),
-            },
-            "thinking": response.thinking,
-            "stop_reason": response.stop_reason,
-            "model": response.model,
-            "provider": response.provider,
-            "metadata": response.metadata,
-        }
-    )
+    """An LLM response as journal data (everything a turn is made from), each field
+    only when it holds something: a field left out reads back as its default
+    (:func:`decode_response`), and the journal is written on every turn that calls a
+    gate (issue 46.2: a null or zero field cost WAL for nothing)."""
+    calls = []
+    for c in response.tool_calls:
+        call: dict[str, Any] = {"id": c.id, "name": c.name, "arguments": c.arguments}
+        if c.raw_arguments is not None:
+            call["raw_arguments"] = c.raw_arguments
+        calls.append(call)
+    usage = {k: v for k, v in response.usage.to_dict().items() if v and k != "total_tokens"}
+    if response.usage.missing:
+        usage["missing"] = True
+    data: dict[str, Any] = {"tool_calls": calls}
+    optional = {
+        "content": response.content,
+        "usage": usage,
+        "thinking": response.thinking,
+        "stop_reason": response.stop_reason,
+        "model": response.model,
+        "provider": response.provider,
+        "metadata": response.metadata,
+    }
+    data.update((k, v) for k, v in optional.items() if v is not None and v != {})
+    return _dumps(data)
 
 
 def decode_response(data: str) -> Response:
+    """A response :func:`encode_response` wrote (or an older writer, that wrote every
+    field)."""
     obj = decode_record(data)
     return Response(
-        content=obj["content"],
+        content=obj.get("content"),
         tool_calls=tuple(
             ToolCall(c["id"], c["name"], c.get("arguments") or {}, c.get("raw_arguments"))
             for c in obj["tool_calls"]
         ),
-        usage=Usage(**obj["usage"]),
+        usage=Usage(**(obj.get("usage") or {})),
         thinking=obj.get("thinking"),
         stop_reason=obj.get("stop_reason"),
         model=obj.get("model"),
@@ -128,10 +134,65 @@ def decode_response(data: str) -> Response:
     )
 
 
+FIRST_START = "start"
+"""The key, in the utterance row's record, of the ordinal of the call it started."""
+
+
+def _first_start(
+    ordinal: int,
+    gate: str,
+    data: str,
+    args: Mapping[str, Any],
+    tool_call_id: str | None,
+    calls: tuple[ToolCall, ...],
+) -> str:
+    """The utterance row's record: the first journaled call's start (its ordinal and
+    gate), and its data unless it is the utterance's call of that id with these very
+    arguments -- then a reader rebuilds it from the utterance (:func:`_with_first_start`)
+    rather than the row holding the arguments twice."""
+    start: dict[str, Any] = {FIRST_START: ordinal, "gate": gate}
+    call = next((c for c in calls if c.id == tool_call_id), None)
+    if call is not None and call.arguments is args:
+        start["call"] = call.id
+    else:
+        start["data"] = data
+    return _dumps(start)
+
+
+def _with_first_start(entries: list[JournalEntry]) -> dict[int, JournalEntry]:
+    """The journal's entries by ordinal, the first call's start (kept in the utterance's
+    row: :func:`_first_start`) among them as the row of its own it stands for. A row
+    the call has of its own (its result, written later) is the one that counts."""
+    by_ordinal = {e[0]: e for e in entries}
+    utterance = by_ordinal.get(UTTERANCE)
+    if utterance is None or utterance[3] is None:
+        return by_ordinal
+    start = decode_record(utterance[3])
+    ordinal = int(start[FIRST_START])
+    if ordinal in by_ordinal:
+        return by_ordinal
+    data = start.get("data")
+    if data is None:  # the utterance's call of that id, with its arguments
+        calls = decode_response(utterance[2]).tool_calls
+        call = next(c for c in calls if c.id == start["call"])
+        data = _dumps({"args": call.arguments, "tool_call_id": call.id})
+    by_ordinal[ordinal] = (ordinal, str(start["gate"]), str(data), None)
+    by_ordinal[UTTERANCE] = (UTTERANCE, utterance[1], utterance[2], None)
+    return by_ordinal
+
+
 class TurnJournal:
     """The journal of one turn in flight; the gate calls of the turn go through it."""
 
-    __slots__ = ("entity_id", "entries", "loom", "ordinal", "pending", "sequence", "unsynced")
+    __slots__ = (
+        "entity_id",
+        "entries",
+        "loom",
+        "ordinal",
+        "pending",
+        "sequence",
+        "unsynced",
+    )
 
     def __init__(
         self, loom: Loom, entity_id: str, sequence: int, entries: list[JournalEntry]
@@ -139,11 +200,11 @@ class TurnJournal:
         self.loom = loom
         self.entity_id = entity_id
         self.sequence = sequence
-        self.entries: Mapping[int, JournalEntry] = {e[0]: e for e in entries}
+        self.entries: Mapping[int, JournalEntry] = _with_first_start(entries)
         self.ordinal = 0
         self.pending: Response | None = None
-        """A fresh utterance not yet journaled: it goes with the first call's start
-        (encoded then: a turn that calls no journaled gate never encodes it)."""
+        """A fresh utterance not yet journaled: it goes with the first call's start, in
+        one row (encoded then: a turn that calls no journaled gate never encodes it)."""
         self.unsynced = False
         """A result was queued and its commit not yet waited for."""
 
@@ -195,18 +256,21 @@ class TurnJournal:
                 )
                 await self._finish(ordinal, g.name, data, record)
                 return record
-        if self.pending is not None:  # the utterance, committed with its first call
+        if self.pending is not None:  # the utterance, one row with its first call's start
             utterance, self.pending = self.pending, None
+            start = _first_start(ordinal, g.name, data, args, tool_call_id, utterance.tool_calls)
             await self.loom.journal_write(
                 self.entity_id,
                 self.sequence,
                 UTTERANCE,
                 "",
                 encode_response(utterance),
-                None,
-                durable=False,
+                start,
             )
-        await self.loom.journal_write(self.entity_id, self.sequence, ordinal, g.name, data, None)
+        else:
+            await self.loom.journal_write(
+                self.entity_id, self.sequence, ordinal, g.name, data, None
+            )
         self.unsynced = False  # (that commit carried every result queued before it)
 
         async def save(checkpoint: Mapping[str, Any]) -> None:

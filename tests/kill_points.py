@@ -39,8 +39,12 @@ def _die() -> None:
 
 
 def _starts(batch: Any) -> bool:
+    """Whether the batch journals a call's start: a call's own row without a result, or
+    the utterance's row, which carries its first call's start (``cantrip._journal``)."""
     return any(
-        kind == "journal" and p[1] == SEQUENCE and p[2] >= 0 and p[5] is None
+        kind == "journal"
+        and p[1] == SEQUENCE
+        and ((p[2] >= 0 and p[5] is None) or (p[2] < 0 and p[5] is not None))
         for kind, p, _ in batch
     )
 

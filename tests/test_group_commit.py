@@ -390,3 +390,95 @@ def test_a_version_5_database_is_brought_to_version_6_in_place(pg_url: str) -> N
         )
         lease = conn.execute("SELECT xmax::text FROM cantrip_leases").fetchone()
         assert lease == ("0",)
+
+
+def _wal_records(url: str, write: Any) -> list[tuple[str, str]]:
+    """(record type, relation) of every heap WAL record ``write()`` made on the loom's
+    turns and journal."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        # (the test cluster does not flush the WAL at commits: switching to a new WAL
+        # file does, so that the records are readable)
+        start = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
+        write()
+        end = conn.execute("SELECT pg_switch_wal()").fetchone()
+        assert start is not None and end is not None
+        nodes = dict(
+            conn.execute(
+                "SELECT pg_relation_filenode(oid)::text, relname FROM pg_class "
+                "WHERE relname IN ('cantrip_turns', 'cantrip_journal')"
+            ).fetchall()
+        )
+        rows = conn.execute(
+            "SELECT record_type, substring(block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)') "
+            "FROM pg_get_wal_records_info(%s, %s) WHERE resource_manager = 'Heap'",
+            (start[0], end[0]),
+        ).fetchall()
+    return [(str(t), nodes[n]) for t, n in rows if n in nodes]
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_new_turns_and_starts_are_written_without_on_conflict(pg_url: str, size: int) -> None:
+    """A turn, an utterance and a call's start are new but after a crash: written as a
+    plain INSERT, they cost no speculative-insertion confirmation in the WAL (issue
+    46.3; fails before: one HEAP_CONFIRM per row). One write alone and a group commit
+    of several entities' writes, a statement per kind."""
+    from cantrip.loom._model import Turn
+
+    stores = [_claimed(pg_url, f"e{i}") for i in range(size)]
+    store = stores[0][0]
+    try:
+        batch: list[Any] = []
+        for i, (_, fence) in enumerate(stores):
+            batch.append(("journal", (f"e{i}", 1, -1, "", "answer", '{"start":0}'), fence))
+            batch.append(("journal", (f"e{i}", 2, 0, "charge", "{}", None), fence))
+            turn = Turn(id=f"t-{i}", parent_id=None, entity_id=f"e{i}", sequence=1)
+            batch.append(("turn", turn, fence))
+        if size == 1:
+            written: list[Any] = []
+            records = _wal_records(
+                pg_url,
+                lambda: written.extend(
+                    store.write_batch(op) for op in [batch[:1], batch[1:2], batch[2:]]
+                ),
+            )
+            assert written == [[], [], []]
+        else:
+            records = _wal_records(pg_url, lambda: store.write_batch(batch))
+        inserts = [t for t, _ in records if t.startswith("INSERT")]
+        assert len(inserts) == 3 * size  # the rows were written ...
+        assert not [t for t, _ in records if t.startswith("HEAP_CONFIRM")]  # ... plainly
+        assert store.get_turn("t-0") is not None
+        assert _journal(pg_url, "e0") == [(1, -1, '{"start":0}'), (2, 0, None)]
+    finally:
+        for s, _ in stores:
+            s.close()
+
+
+def test_a_batch_with_a_row_already_there_is_written_again_with_care(pg_url: str) -> None:
+    """A start already journaled (a crashed attempt's) in a batch of new rows: the plain
+    INSERT fails, nothing of it stays, and the batch is written again as it always was
+    -- every other write made, the journaled start kept, nothing refused."""
+    from cantrip.loom._model import Turn
+
+    store, fence = _claimed(pg_url, "e")
+    try:
+        assert store.write_batch([("journal", ("e", 1, 0, "charge", "{}", None), fence)]) == []
+        turn = Turn(id="t-1", parent_id=None, entity_id="e", sequence=2)
+        batch: list[Any] = [
+            ("journal", ("e", 1, 0, "charge", "{}", None), fence),  # there already
+            ("journal", ("e", 1, 1, "charge", "{}", None), fence),
+            ("turn", turn, fence),
+        ]
+        assert store.write_batch(batch) == []
+        assert _journal(pg_url, "e") == [(1, 0, None), (1, 1, None)]
+        assert store.get_turn("t-1") == turn
+        # a turn already recorded is refused as ever, the rest of its batch made
+        again = Turn(id="t-1", parent_id=None, entity_id="e", sequence=3)
+        refused = store.write_batch(
+            [("turn", again, fence), ("journal", ("e", 3, 0, "charge", "{}", None), fence)]
+        )
+        assert [i for i, _ in refused] == [0] and "already recorded" in refused[0][1]
+        assert (3, 0, None) in _journal(pg_url, "e")
+    finally:
+        store.close()

@@ -24,7 +24,7 @@ from cantrip._record_cap import capped_turn, record_cap
 from cantrip._redact import get_logger
 from cantrip.llm._contract import LLM, ZERO_USAGE, Response
 from cantrip.llm._cost import PriceMemo, response_cost
-from cantrip.loom._model import Turn, TurnMetadata
+from cantrip.loom._model import Turn, TurnMetadata, spoken
 
 log = get_logger("cantrip.entity")
 
@@ -255,13 +255,9 @@ def now() -> str:
 
 
 def utterance(response: Response) -> str:
-    """The utterance as the loom records it: the text, then each call."""
-    calls = response.tool_calls
-    if not response.content and len(calls) == 1:  # the common shape: one call, no text
-        return f"{calls[0].name}({calls[0].arguments_json})"
-    parts = [response.content or ""]
-    parts.extend(f"{call.name}({call.arguments_json})" for call in response.tool_calls)
-    return "\n".join(p for p in parts if p)
+    """The utterance as the loom records it: the text, then each call (one rule with
+    the loom's stored form, which rebuilds it rather than store it twice)."""
+    return spoken(response.content, response.tool_calls)
 
 
 def turn_metadata(

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkab
 
 from cantrip.loom._blobs import MISSING, decode_blob, has_refs, internalize
 from cantrip.loom._codec import decode_record
-from cantrip.loom._model import EntityRecord, Turn
+from cantrip.loom._model import EntityRecord, Turn, with_columns
 
 JournalEntry = tuple[int, str, str, str | None]
 """(ordinal, gate, data, record): ordinal -1 is the utterance, ``record`` is None
@@ -116,6 +116,11 @@ class QuerySQL(NamedTuple):
     journal_read: str
 
 
+TURN_ROW = "data, id, parent_id, entity_id, sequence"
+"""What a turn is read from: its record and the columns the stored form keeps out of
+it (:func:`~cantrip.loom._model.with_columns`)."""
+
+
 def query_sql(prefix: str, param: str) -> QuerySQL:
     """The read queries over tables named ``prefix`` + ``turns`` (``entities``, ``blobs``,
     ``journal``) with ``param`` for a parameter (``?`` for SQLite, ``%s`` for psycopg)."""
@@ -126,37 +131,38 @@ def query_sql(prefix: str, param: str) -> QuerySQL:
             entities=f"{prefix}entities",
             blobs=f"{prefix}blobs",
             journal=f"{prefix}journal",
+            row=TURN_ROW,
             p=param,
         )
 
     return QuerySQL(
-        get_turn=sql("SELECT data FROM {turns} WHERE id = {p}"),
+        get_turn=sql("SELECT {row} FROM {turns} WHERE id = {p}"),
         get_entity=sql("SELECT data FROM {entities} WHERE entity_id = {p}"),
         entities=sql("SELECT data FROM {entities} ORDER BY pos"),
-        entity_turns=sql("SELECT data FROM {turns} WHERE entity_id = {p} ORDER BY pos"),
+        entity_turns=sql("SELECT {row} FROM {turns} WHERE entity_id = {p} ORDER BY pos"),
         entity_turns_from=sql(
-            "SELECT data FROM {turns} WHERE entity_id = {p} "
+            "SELECT {row} FROM {turns} WHERE entity_id = {p} "
             "AND pos >= (SELECT pos FROM {turns} WHERE id = {p}) ORDER BY pos"
         ),
-        last_turn=sql("SELECT data FROM {turns} WHERE entity_id = {p} ORDER BY pos DESC LIMIT 1"),
-        roots=sql("SELECT data FROM {turns} WHERE parent_id IS NULL ORDER BY pos"),
-        children=sql("SELECT data FROM {turns} WHERE parent_id = {p} ORDER BY pos"),
+        last_turn=sql("SELECT {row} FROM {turns} WHERE entity_id = {p} ORDER BY pos DESC LIMIT 1"),
+        roots=sql("SELECT {row} FROM {turns} WHERE parent_id IS NULL ORDER BY pos"),
+        children=sql("SELECT {row} FROM {turns} WHERE parent_id = {p} ORDER BY pos"),
         thread=sql(
-            "WITH RECURSIVE up(id, parent_id, data, depth) AS ("
-            "SELECT id, parent_id, data, 0 FROM {turns} WHERE id = {p} "
+            "WITH RECURSIVE up(data, id, parent_id, entity_id, sequence, depth) AS ("
+            "SELECT {row}, 0 FROM {turns} WHERE id = {p} "
             "UNION ALL "
-            "SELECT t.id, t.parent_id, t.data, up.depth + 1 "
+            "SELECT t.data, t.id, t.parent_id, t.entity_id, t.sequence, up.depth + 1 "
             "FROM {turns} t JOIN up ON t.id = up.parent_id"
-            ") SELECT data FROM up ORDER BY depth DESC"
+            ") SELECT {row} FROM up ORDER BY depth DESC"
         ),
         reward=sql("SELECT reward FROM {turns} WHERE id = {p}"),
         count_turns=sql("SELECT count(*) FROM {turns}"),
-        iter_turns=sql("SELECT data FROM {turns} ORDER BY pos"),
+        iter_turns=sql("SELECT {row} FROM {turns} ORDER BY pos"),
         leaves=sql(
-            "SELECT data FROM {turns} t WHERE NOT EXISTS "
+            "SELECT {row} FROM {turns} t WHERE NOT EXISTS "
             "(SELECT 1 FROM {turns} c WHERE c.parent_id = t.id) ORDER BY pos"
         ),
-        load_turns=sql("SELECT data, reward FROM {turns} ORDER BY pos"),
+        load_turns=sql("SELECT {row}, reward FROM {turns} ORDER BY pos"),
         blob=sql("SELECT data FROM {blobs} WHERE hash = {p}"),
         journal_read=sql(
             "SELECT ordinal, gate, data, record FROM {journal} "
@@ -186,22 +192,25 @@ class IndexedQueries:
     def _location(self) -> str:
         raise NotImplementedError
 
-    def _read_turn(self, data: str | bytes) -> Turn:
-        """A stored turn, its big values read back from the blobs table (``_blobs``)."""
+    def _read_turn(self, row: Sequence[Any]) -> Turn:
+        """A stored turn (a row of :data:`TURN_ROW`), its big values read back from the
+        blobs table (``_blobs``)."""
+        data = row[0]
+        record = with_columns(decode_record(data), row)
         if not has_refs(data):
-            return Turn.from_dict(decode_record(data))
-        return Turn.from_dict(internalize(decode_record(data), self._blob, where=self._location()))
+            return Turn.from_dict(record)
+        return Turn.from_dict(internalize(record, self._blob, where=self._location()))
 
     def _blob(self, digest: str) -> Any:
         rows = self._rows(self._sql.blob, (digest,))
         return decode_blob(rows[0][0]) if rows else MISSING
 
     def _turns(self, sql: str, params: Sequence[Any] = ()) -> list[Turn]:
-        return [self._read_turn(d) for (d,) in self._rows(sql, params)]
+        return [self._read_turn(row) for row in self._rows(sql, params)]
 
     def get_turn(self, turn_id: str) -> Turn | None:
         rows = self._rows(self._sql.get_turn, (turn_id,))
-        return self._read_turn(rows[0][0]) if rows else None
+        return self._read_turn(rows[0]) if rows else None
 
     def get_entity(self, entity_id: str) -> EntityRecord | None:
         rows = self._rows(self._sql.get_entity, (entity_id,))
@@ -218,7 +227,7 @@ class IndexedQueries:
 
     def last_turn(self, entity_id: str) -> Turn | None:
         rows = self._rows(self._sql.last_turn, (entity_id,))
-        return self._read_turn(rows[0][0]) if rows else None
+        return self._read_turn(rows[0]) if rows else None
 
     def children(self, turn_id: str | None) -> list[Turn]:
         if turn_id is None:
@@ -237,8 +246,8 @@ class IndexedQueries:
 
     def iter_turns(self) -> Iterator[Turn]:
         """Every turn in order, read as they are taken (export, ``loom.turns``)."""
-        for (data,) in self._stream(self._sql.iter_turns):
-            yield self._read_turn(data)
+        for row in self._stream(self._sql.iter_turns):
+            yield self._read_turn(row)
 
     def leaves(self) -> list[Turn]:
         return self._turns(self._sql.leaves)
@@ -252,8 +261,8 @@ class IndexedQueries:
         the :class:`~cantrip.loom._stores.LoomStore` contract's whole read)."""
         for record in self.entities():
             yield "entity", record
-        for data, reward in self._stream(self._sql.load_turns):
-            turn = self._read_turn(data)
+        for row in self._stream(self._sql.load_turns):
+            turn, reward = self._read_turn(row), row[5]
             yield "turn", turn
             if reward is not None:
                 yield "reward", (turn.id, float(reward))

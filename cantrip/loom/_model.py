@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
 
+from cantrip._errors import LoomError
 from cantrip.llm._contract import (
     ReasoningPart,
     ToolCall,
@@ -245,8 +246,42 @@ class Turn:
             "extras": _plain(self.extras),
         }
 
+    def to_stored(self) -> dict[str, Any]:
+        """The turn as the database stores record it: each piece once (issue 46.2).
+
+        :meth:`to_dict` less what a reader can rebuild exactly from the rest
+        (:func:`stored_record`); :meth:`from_dict` reads both forms."""
+        return stored_record(self.to_dict(), self)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Turn:
+        """A turn from :meth:`to_dict`'s record, or from the stored form
+        (:meth:`to_stored`, marked ``"form": 2``) with what it left out rebuilt."""
+        stored = data.get(FORM_KEY) == STORED_FORM
+        tool_calls = tuple(
+            ToolCall(
+                c["id"],
+                c["name"],
+                c.get("arguments") or {},
+                c.get("raw_arguments"),
+                bool(c.get("cut_off", False)),
+            )
+            for c in data.get("tool_calls", ())
+        )
+        records = data.get("gate_calls", ())
+        if stored:
+            gate_calls = _stored_records(records, tool_calls, data.get("id"))
+        else:
+            gate_calls = tuple(GateCallRecord.from_dict(r) for r in records)
+        content = data.get("content")
+        if "utterance" in data or not stored:
+            said = data.get("utterance", "")
+        else:
+            said = spoken(content, tool_calls)
+        if "observation" in data or not stored:
+            observation = data.get("observation", "")
+        else:
+            observation = heard(gate_calls)
         return cls(
             id=data["id"],
             parent_id=data.get("parent_id"),
@@ -254,22 +289,13 @@ class Turn:
             sequence=int(data["sequence"]),
             cantrip_id=data.get("cantrip_id", ""),
             intent=data.get("intent"),
-            utterance=data.get("utterance", ""),
-            content=data.get("content"),
+            utterance=said,
+            content=content,
             thinking=data.get("thinking"),
-            tool_calls=tuple(
-                ToolCall(
-                    c["id"],
-                    c["name"],
-                    c.get("arguments") or {},
-                    c.get("raw_arguments"),
-                    bool(c.get("cut_off", False)),
-                )
-                for c in data.get("tool_calls", ())
-            ),
+            tool_calls=tool_calls,
             reasoning=tuple(ReasoningPart.from_dict(r) for r in data.get("reasoning") or ()),
-            observation=data.get("observation", ""),
-            gate_calls=tuple(GateCallRecord.from_dict(r) for r in data.get("gate_calls", ())),
+            observation=observation,
+            gate_calls=gate_calls,
             metadata=TurnMetadata.from_dict(data.get("metadata") or {}),
             terminated=bool(data.get("terminated", False)),
             truncated=bool(data.get("truncated", False)),
@@ -277,6 +303,199 @@ class Turn:
             result=data.get("result"),
             extras=data.get("extras") or {},
         )
+
+
+# -- the stored form (issue 46.2) ---------------------------------------------------------
+
+FORM_KEY = "form"
+STORED_FORM = 2
+"""The stored form's mark: ``"form": 2`` (a record without it is :meth:`Turn.to_dict`'s)."""
+
+_DEFAULTS: dict[str, Any] = {
+    "parent_id": None,
+    "cantrip_id": "",
+    "role": "turn",
+    "intent": None,
+    "content": None,
+    "thinking": None,
+    "tool_calls": [],
+    "gate_calls": [],
+    "terminated": False,
+    "truncated": False,
+    "reason": None,
+    "result": None,
+    "extras": {},
+}
+"""Fields of a turn left out of its stored form when they hold these values (what
+:meth:`Turn.from_dict` reads for a missing field)."""
+_METADATA_DEFAULTS: dict[str, Any] = {
+    "tokens_prompt": 0,
+    "tokens_completion": 0,
+    "tokens_cached": 0,
+    "duration_ms": 0.0,
+    "timestamp": "",
+    "attempts": 1,
+    "model": None,
+    "provider": None,
+}
+_CALL_DEFAULTS: dict[str, Any] = {
+    "is_error": False,
+    "status": "ok",
+    "duration_ms": 0.0,
+    "tool_call_id": None,
+}
+
+
+_KEEP: Any = object()
+"""No default: a field kept whatever its value."""
+
+
+def _is(value: Any, default: Any) -> bool:
+    """``value`` is ``default`` exactly (``0`` is not ``False``, nor ``0.0``): leaving it
+    out reads back the same value of the same type."""
+    return type(value) is type(default) and value == default
+
+
+def _lossless(text: str) -> bool:
+    """Whether a text rebuilt from the stored values is the text itself: the records'
+    codec writes a NaN or an infinity as ``null``, which a rebuilt text would show."""
+    return "NaN" not in text and "Infinity" not in text
+
+
+def spoken(content: str | None, calls: Iterable[ToolCall]) -> str:
+    """The utterance as the loom records it: the text, then each call."""
+    calls = tuple(calls)
+    if not content and len(calls) == 1:  # the common shape: one call, no text
+        return f"{calls[0].name}({calls[0].arguments_json})"
+    parts = [content or ""]
+    parts.extend(f"{call.name}({call.arguments_json})" for call in calls)
+    return "\n".join(p for p in parts if p)
+
+
+def heard(records: Iterable[GateCallRecord]) -> str:
+    """The observation a turn's executed calls make when nothing else is said: their
+    results' texts, a line each."""
+    return "\n".join(r.text for r in records if r.executed)
+
+
+COLUMNS = ("id", "parent_id", "entity_id", "sequence")
+"""A turn's fields its row holds as columns: the stored form leaves them out of the
+record (:func:`with_columns` puts them back)."""
+
+
+def with_columns(record: dict[str, Any], row: Sequence[Any]) -> dict[str, Any]:
+    """A stored record with the fields its row keeps as columns: ``row`` is (data, id,
+    parent_id, entity_id, sequence). A record in the stored form left them out; one
+    written before it holds them itself, and keeps its own."""
+    if record.get(FORM_KEY) == STORED_FORM:
+        record.update(zip(COLUMNS, row[1:5], strict=True))
+    return record
+
+
+def stored_record(full: dict[str, Any], turn: Turn) -> dict[str, Any]:
+    """``full`` (``turn.to_dict()``) in the stored form: each piece once.
+
+    A tool call's arguments were written three times (the utterance's text, the call,
+    its gate-call record) and every default field in full. The stored form keeps the
+    arguments in the call alone, and leaves out what :meth:`Turn.from_dict` rebuilds
+    exactly from the rest: the utterance when it is the calls' text (:func:`spoken`),
+    the observation when it is the results' (:func:`heard`), a gate-call record's
+    arguments and gate when they are those of the call its ``tool_call_id`` names (the
+    first of that id), fields at their defaults, and the fields the row holds as
+    columns (:data:`COLUMNS`; a reader puts them back: :func:`with_columns`). Each
+    omission is checked against the value it stands for, so a turn that differs
+    anywhere keeps that field whole."""
+    out: dict[str, Any] = {FORM_KEY: STORED_FORM}
+    for key, value in full.items():
+        if key not in COLUMNS and not _is(value, _DEFAULTS.get(key, _KEEP)):
+            out[key] = value
+    utterance = turn.utterance
+    if utterance == spoken(turn.content, turn.tool_calls) and _lossless(utterance):
+        del out["utterance"]
+    observation = turn.observation
+    if observation == heard(turn.gate_calls) and _lossless(observation):
+        del out["observation"]
+    out["metadata"] = {
+        k: v for k, v in full["metadata"].items() if not _is(v, _METADATA_DEFAULTS.get(k, _KEEP))
+    }
+    if not out["metadata"]:
+        del out["metadata"]
+    if "tool_calls" in out:
+        out["tool_calls"] = [
+            {k: v for k, v in c.items() if not (k == "raw_arguments" and v is None)}
+            for c in out["tool_calls"]
+        ]
+    if "gate_calls" in out:
+        calls: dict[str, ToolCall] = {}
+        for call in turn.tool_calls:
+            calls.setdefault(call.id, call)
+        out["gate_calls"] = [
+            _stored_call(plain, record, calls.get(record.tool_call_id or ""))
+            for plain, record in zip(out["gate_calls"], turn.gate_calls, strict=True)
+        ]
+    return out
+
+
+def _stored_call(
+    plain: dict[str, Any], record: GateCallRecord, call: ToolCall | None
+) -> dict[str, Any]:
+    """A gate-call record's stored form (see :func:`stored_record`)."""
+    out = {k: v for k, v in plain.items() if not _is(v, _CALL_DEFAULTS.get(k, _KEEP))}
+    if call is not None:
+        if record.gate == call.name:
+            del out["gate"]
+        if _same_arguments(record.args, call):
+            del out["args"]
+    return out
+
+
+def _same_arguments(args: Mapping[str, Any], call: ToolCall) -> bool:
+    """Whether a record's arguments read back as its call's (same keys in the same
+    order, the same JSON): the loop hands the call's own mapping to the gate."""
+    if args is call.arguments:
+        return True
+    if list(args) != list(call.arguments):
+        return False
+    try:
+        return _encode_arguments(dict(args)) == call.arguments_json and _lossless(
+            call.arguments_json
+        )
+    except (TypeError, ValueError):
+        return False
+
+
+def _stored_records(
+    records: Iterable[Mapping[str, Any]], calls: tuple[ToolCall, ...], turn_id: Any
+) -> tuple[GateCallRecord, ...]:
+    """The gate-call records of a stored turn, each one's arguments and gate taken
+    from its call when it left them out."""
+    by_id: dict[str, ToolCall] = {}
+    for call in calls:
+        by_id.setdefault(call.id, call)
+    out = []
+    for data in records:
+        if "gate" in data and "args" in data:
+            out.append(GateCallRecord.from_dict(data))
+            continue
+        linked = by_id.get(data.get("tool_call_id") or "")
+        if linked is None:
+            raise LoomError(
+                f"stored turn {turn_id}: a gate call without its gate or arguments names "
+                f"no tool call of the turn ({data.get('tool_call_id')!r}): the loom is damaged"
+            )
+        out.append(
+            GateCallRecord(
+                gate=data.get("gate", linked.name),
+                args=data.get("args", linked.arguments),
+                result=data.get("result"),
+                is_error=bool(data.get("is_error", False)),
+                tool_call_id=linked.id,
+                status=data.get("status", "ok"),
+                duration_ms=float(data.get("duration_ms", 0.0)),
+                detail=data.get("detail") or {},
+            )
+        )
+    return tuple(out)
 
 
 def new_entity_id() -> str:

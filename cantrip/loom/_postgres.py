@@ -34,7 +34,14 @@ from cantrip.loom._indexed import IndexedQueries, query_sql
 from cantrip.loom._model import EntityRecord, Turn
 from cantrip.loom._postgres_connection import open_pool, safe_url
 from cantrip.loom._postgres_schema import migrate
-from cantrip.loom._postgres_writes import covered, plan_batch, refusal, refusals, statement
+from cantrip.loom._postgres_writes import (
+    PlannedStatement,
+    covered,
+    plan_batch,
+    refusal,
+    refusals,
+    statement,
+)
 
 
 class PostgresStore(IndexedQueries):
@@ -76,14 +83,18 @@ class PostgresStore(IndexedQueries):
         One statement is its own transaction; several are ``BEGIN``, the statements,
         ``COMMIT`` -- one commit either way. (psycopg's pipeline mode measured slower
         than this: ``bench/pg_turn_cost.py``.)"""
+        from psycopg.errors import UniqueViolation  # (psycopg loads with the pool, not before)
+
         skipped = covered(batch)
         plan = plan_batch(batch, list(skipped))
         with self.pool.connection() as conn:
-            if len(plan) == 1:
-                answers = [conn.execute(plan[0][0], plan[0][1]).fetchall()]
-            else:
-                with conn.transaction():
-                    answers = [_fetched(conn.execute(sql, params)) for sql, params, _ in plan]
+            try:
+                answers = _run(conn, plan)
+            except UniqueViolation:
+                # a row that was expected to be new is there (a crash's, or a refused
+                # append): nothing of the batch was written; again, every write careful
+                plan = plan_batch(batch, list(skipped), careful=True)
+                answers = _run(conn, plan)
         return refusals(batch, plan, answers, skipped)
 
     def _write_now(self, op: PendingOp) -> None:
@@ -151,6 +162,15 @@ class PostgresStore(IndexedQueries):
 
     def close(self) -> None:
         self.pool.close()
+
+
+def _run(conn: Any, plan: list[PlannedStatement]) -> list[list[Any]]:
+    """The rows each statement of ``plan`` answers: one statement is its own
+    transaction, several are one."""
+    if len(plan) == 1:
+        return [conn.execute(plan[0][0], plan[0][1]).fetchall()]
+    with conn.transaction():
+        return [_fetched(conn.execute(sql, params)) for sql, params, _ in plan]
 
 
 def _fetched(cursor: Any) -> list[Any]:

@@ -72,6 +72,11 @@ _INSERT_TURN = (
     "SELECT %(id)s, %(parent_id)s, %(entity_id)s, %(sequence)s, %(data)s {where} "
     "ON CONFLICT DO NOTHING RETURNING 1"
 )
+_NEW_TURN = (
+    "INSERT INTO cantrip_turns (id, parent_id, entity_id, sequence, data) "
+    "SELECT %(id)s, %(parent_id)s, %(entity_id)s, %(sequence)s, %(data)s {where} RETURNING 1"
+)
+"""A turn, written on the expectation that it is new (see :func:`plan_batch`)."""
 _INSERT_ENTITY = (
     "INSERT INTO cantrip_entities (entity_id, parent_entity_id, data) "
     "SELECT %(entity_id)s, %(parent_entity_id)s, %(data)s {where} "
@@ -98,12 +103,30 @@ _JOURNAL_VOID = (
     "AND sequence = %(sequence)s AND ordinal >= 0 {and})"
 )
 """... and voids the gate calls that attempt journaled (one statement with the write)."""
+_JOURNAL_NEW = (
+    "INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
+    "SELECT %(entity_id)s, %(sequence)s, %(ordinal)s, %(gate)s, %(data)s, %(record)s {where} "
+    "RETURNING 1"
+)
+"""An utterance or a call's start, written on the expectation that its turn has no row
+at that ordinal yet (see :func:`plan_batch`)."""
 
 
-def statement(op: PendingOp, data: str | None = None) -> Statement:
+def _optimistic(op: PendingOp) -> bool:
+    """Whether a write goes first as a plain ``INSERT`` (:func:`plan_batch`): a turn, an
+    utterance or a call's start -- each new but after a crash or a refused append.
+    A result or a checkpoint keeps ``ON CONFLICT``: it is written over its call's start
+    row, or kept if one is there already."""
+    kind, payload, _ = op
+    return kind == "turn" or (kind == "journal" and (payload[2] < 0 or payload[5] is None))
+
+
+def statement(op: PendingOp, data: str | None = None, *, careful: bool = True) -> Statement:
     """The one statement that makes a queued loom write (see :func:`_fenced`); ``data``:
-    a turn's stored record, its big values already out in blobs."""
+    a turn's stored record, its big values already out in blobs. ``careful=False``: a
+    plain ``INSERT`` for what is expected to be new (:func:`_optimistic`)."""
     kind, payload, fence = op
+    plain = not careful and _optimistic(op)
     params = _fence_params(fence)
     if kind == "turn":
         turn: Turn = payload
@@ -112,9 +135,9 @@ def statement(op: PendingOp, data: str | None = None) -> Statement:
             parent_id=turn.parent_id,
             entity_id=turn.entity_id,
             sequence=turn.sequence,
-            data=data if data is not None else encode_record(turn.to_dict()),
+            data=data if data is not None else encode_record(turn.to_stored()),
         )
-        return _fenced(_INSERT_TURN, fence), params
+        return _fenced(_NEW_TURN if plain else _INSERT_TURN, fence), params
     if kind == "entity":
         record: EntityRecord = payload
         params.update(
@@ -134,8 +157,9 @@ def statement(op: PendingOp, data: str | None = None) -> Statement:
             record=journal_text(journaled),
         )
         if ordinal < 0:  # a new utterance: what an abandoned attempt left is void
-            return _fenced(_JOURNAL_UTTERANCE, fence, also=_JOURNAL_VOID), params
-        return _fenced(_JOURNAL_CALL, fence), params
+            write = _JOURNAL_NEW if plain else _JOURNAL_UTTERANCE
+            return _fenced(write, fence, also=_JOURNAL_VOID), params
+        return _fenced(_JOURNAL_NEW if plain else _JOURNAL_CALL, fence), params
     turn_id, reward = payload
     params.update(id=turn_id, reward=reward)
     return _fenced(_SET_REWARD, fence), params
@@ -173,44 +197,59 @@ escapes every quote of every JSON record with a regular expression, ~70 us a rec
 (issue 46); in binary a record is copied as it is."""
 
 _FENCE_COLUMNS = (("lease_entity", "text"), ("owner", "text"), ("epoch", "bigint"))
+_TURN_COLUMNS = (
+    ("id", "text"),
+    ("parent_id", "text"),
+    ("entity_id", "text"),
+    ("sequence", "integer"),
+    ("data", "text"),
+)
+_JOURNAL_COLUMNS = (
+    ("entity_id", "text"),
+    ("sequence", "integer"),
+    ("ordinal", "integer"),
+    ("gate", "text"),
+    ("data", "text"),
+    ("record", "text"),
+)
 _ROW_KINDS: dict[str, tuple[tuple[tuple[str, str], ...], str, str]] = {
     "turn": (
-        (
-            ("id", "text"),
-            ("parent_id", "text"),
-            ("entity_id", "text"),
-            ("sequence", "integer"),
-            ("data", "text"),
-        ),
+        _TURN_COLUMNS,
         "w AS (INSERT INTO cantrip_turns (id, parent_id, entity_id, sequence, data) "
         "SELECT id, parent_id, entity_id, sequence, data FROM ok ORDER BY n "
         "ON CONFLICT DO NOTHING RETURNING id)",
         "i.id IN (SELECT id FROM w)",
     ),
     "call": (
-        (
-            ("entity_id", "text"),
-            ("sequence", "integer"),
-            ("ordinal", "integer"),
-            ("gate", "text"),
-            ("data", "text"),
-            ("record", "text"),
-        ),
+        _JOURNAL_COLUMNS,
         "w AS (INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
         "SELECT entity_id, sequence, ordinal, gate, data, record FROM ok "
         "ON CONFLICT (entity_id, sequence, ordinal) DO UPDATE SET record = excluded.record "
         "WHERE cantrip_journal.record IS NULL RETURNING 1)",
         "true",
     ),
+    "new turn": (
+        _TURN_COLUMNS,
+        "w AS (INSERT INTO cantrip_turns (id, parent_id, entity_id, sequence, data) "
+        "SELECT id, parent_id, entity_id, sequence, data FROM ok ORDER BY n RETURNING id)",
+        "i.id IN (SELECT id FROM w)",
+    ),
+    "new start": (
+        _JOURNAL_COLUMNS,
+        "w AS (INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
+        "SELECT entity_id, sequence, ordinal, gate, data, record FROM ok RETURNING 1)",
+        "true",
+    ),
+    "new utterance": (
+        _JOURNAL_COLUMNS,
+        "void AS (DELETE FROM cantrip_journal j USING ok WHERE j.entity_id = ok.entity_id "
+        "AND j.sequence = ok.sequence AND j.ordinal >= 0), "
+        "w AS (INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
+        "SELECT entity_id, sequence, ordinal, gate, data, record FROM ok RETURNING 1)",
+        "true",
+    ),
     "utterance": (
-        (
-            ("entity_id", "text"),
-            ("sequence", "integer"),
-            ("ordinal", "integer"),
-            ("gate", "text"),
-            ("data", "text"),
-            ("record", "text"),
-        ),
+        _JOURNAL_COLUMNS,
         "void AS (DELETE FROM cantrip_journal j USING ok WHERE j.entity_id = ok.entity_id "
         "AND j.sequence = ok.sequence AND j.ordinal >= 0), "
         "w AS (INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
@@ -234,11 +273,13 @@ def _rows_sql(kind: str) -> str:
     )
 
 
-def _row_kind(op: PendingOp) -> str:
+def _row_kind(op: PendingOp, careful: bool) -> str:
     kind, payload, _ = op
     if kind == "journal":
-        return "utterance" if payload[2] < 0 else "call"
-    return kind
+        kind = "utterance" if payload[2] < 0 else "call"
+    if careful or not _optimistic(op):
+        return kind
+    return "new start" if kind == "call" else f"new {kind}"
 
 
 def _row_values(op: PendingOp, data: str | None = None) -> tuple[Any, ...]:
@@ -247,7 +288,7 @@ def _row_values(op: PendingOp, data: str | None = None) -> tuple[Any, ...]:
     if kind == "turn":
         turn: Turn = payload
         values = (turn.id, turn.parent_id, turn.entity_id, turn.sequence)
-        return (*fenced, *values, data if data is not None else encode_record(turn.to_dict()))
+        return (*fenced, *values, data if data is not None else encode_record(turn.to_stored()))
     if kind == "journal":  # a result is encoded here, only when it is written
         return (*fenced, *payload[:5], journal_text(payload[5]))
     return (*fenced, *payload)
@@ -275,7 +316,7 @@ def _turn_records(
     for index, (kind, payload, _) in enumerate(batch):
         if kind != "turn":
             continue
-        record, found = externalize(payload.to_dict())
+        record, found = externalize(payload.to_stored())
         records[index] = encode_record(record)
         for digest, value in found:
             blobs.setdefault(digest, value)
@@ -336,7 +377,15 @@ def lease_lost_message(fence: Fence) -> str:
     )
 
 
-_KIND_ORDER = {"entity": 0, "utterance": 1, "call": 2, "turn": 3}
+_KIND_ORDER = {
+    "entity": 0,
+    "utterance": 1,
+    "new utterance": 1,
+    "call": 2,
+    "new start": 2,
+    "turn": 3,
+    "new turn": 3,
+}
 """The order a batch's kinds are written in: an utterance voids what an abandoned
 attempt of its turn journaled, so it goes before the calls that follow it."""
 
@@ -359,9 +408,17 @@ def covered(batch: Sequence[PendingOp]) -> dict[int, int]:
     return dropped
 
 
-def plan_batch(batch: Sequence[PendingOp], skip: Sequence[int] = ()) -> list[PlannedStatement]:
+def plan_batch(
+    batch: Sequence[PendingOp], skip: Sequence[int] = (), *, careful: bool = False
+) -> list[PlannedStatement]:
     """The statements that make ``batch``, in the order they run (one transaction),
     leaving out the writes at ``skip`` (:func:`covered`).
+
+    A turn, an utterance and a call's start are new but for a crash or a refused
+    append, so they are first written as a plain ``INSERT``: ``ON CONFLICT`` costs a
+    WAL record per row (the speculative insertion's confirmation; issue 46.3). A
+    batch where one is not new fails with a unique violation, rolls back whole, and
+    is planned again ``careful`` -- every write as it handles a row already there.
 
     Each write is one statement that checks its own fence (:func:`_fenced`), and
     when a batch holds several turns or journal entries (a group commit of many
@@ -375,18 +432,20 @@ def plan_batch(batch: Sequence[PendingOp], skip: Sequence[int] = ()) -> list[Pla
     if len(written) > 2 and _independent([batch[i] for i in written]):
         by_kind: dict[str, list[int]] = {}
         for index in written:
-            by_kind.setdefault(_row_kind(batch[index]), []).append(index)
+            by_kind.setdefault(_row_kind(batch[index], careful), []).append(index)
         ordered = sorted(by_kind.items(), key=lambda kv: _KIND_ORDER.get(kv[0], 9))
         for kind, indexes in ordered:
             if len(indexes) == 1 or kind not in _ROW_KINDS:
-                plan.extend((*statement(batch[i], records.get(i)), [i]) for i in indexes)
+                plan.extend(
+                    (*statement(batch[i], records.get(i), careful=careful), [i]) for i in indexes
+                )
                 continue
             columns = _FENCE_COLUMNS + _ROW_KINDS[kind][0]
             rows_of = [_row_values(batch[i], records.get(i)) for i in indexes]
             params = {name: [row[c] for row in rows_of] for c, (name, _) in enumerate(columns)}
             plan.append((_rows_sql(kind), params, indexes))
     else:
-        plan = [(*statement(batch[i], records.get(i)), [i]) for i in written]
+        plan = [(*statement(batch[i], records.get(i), careful=careful), [i]) for i in written]
     if blobs is not None:
         plan.insert(0, (*blobs, []))
     return plan

@@ -32,7 +32,7 @@ import orjson
 
 from cantrip._errors import LoomError
 from cantrip.loom._blobs import decode_blob, intact, internalize
-from cantrip.loom._model import EntityRecord, Turn
+from cantrip.loom._model import EntityRecord, Turn, with_columns
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 LOOM_TABLES = frozenset({"entities", "turns"})
@@ -283,15 +283,16 @@ def _read_sqlite(db: sqlite3.Connection, found: Salvage) -> None:
             found.integrity = [line for (text,) in rows for line in str(text).splitlines()]
         except sqlite3.DatabaseError as exc:
             found.integrity = [str(exc)]
-        for data, _ in _rows(db, "entities", found):
+        for data, _, _ in _rows(db, "entities", found):
             try:
                 found.entities.append(EntityRecord.from_dict(orjson.loads(data)))
             except (orjson.JSONDecodeError, TypeError, ValueError):
                 found.unreadable += 1
         fetch = _salvaged(functools.partial(_sqlite_blob, db))
-        for data, reward in _rows(db, "turns", found):
+        for data, reward, columns in _rows(db, "turns", found):
             try:
-                turn = Turn.from_dict(internalize(orjson.loads(data), fetch, damaged=_damaged))
+                record = with_columns(orjson.loads(data), [data, *columns])
+                turn = Turn.from_dict(internalize(record, fetch, damaged=_damaged))
             except (orjson.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError):
                 found.unreadable += 1
                 continue
@@ -346,13 +347,17 @@ def _salvaged(fetch: Callable[[str], Any]) -> Callable[[str], Any]:
     return found
 
 
-def _rows(db: sqlite3.Connection, table: str, found: Salvage) -> Iterator[tuple[Any, Any]]:
-    """Rows in order of position, stepping over the ones SQLite cannot read.
+def _rows(
+    db: sqlite3.Connection, table: str, found: Salvage
+) -> Iterator[tuple[Any, Any, list[Any]]]:
+    """(data, reward, the columns a stored turn leaves out of its data) of the rows in
+    order of position, stepping over the ones SQLite cannot read.
 
     Reads in batches while the table reads cleanly; after the first error, one
     row at a time, so the rows before and after a damaged page are still found."""
     column = "reward" if table == "turns" else "NULL"
-    query = f"SELECT pos, data, {column} FROM {table} WHERE pos > ? ORDER BY pos LIMIT ?"
+    columns = ", id, parent_id, entity_id, sequence" if table == "turns" else ""
+    query = f"SELECT pos, data, {column}{columns} FROM {table} WHERE pos > ? ORDER BY pos LIMIT ?"
     last, skipped, batch_size = 0, 0, 256
     while skipped < MAX_SKIPPED:
         try:
@@ -368,7 +373,7 @@ def _rows(db: sqlite3.Connection, table: str, found: Salvage) -> Iterator[tuple[
             continue
         if not batch:
             return
-        for pos, data, reward in batch:
+        for pos, data, reward, *columns in batch:
             if not isinstance(pos, int) or pos <= last:
                 # A damaged page can answer with rows out of order: never go back.
                 last += 1
@@ -377,7 +382,7 @@ def _rows(db: sqlite3.Connection, table: str, found: Salvage) -> Iterator[tuple[
                 break
             skipped = 0
             last = pos
-            yield data, reward
+            yield data, reward, columns
 
 
 def _keep_complete(found: Salvage) -> None:

@@ -167,7 +167,7 @@ class SQLiteStore(IndexedQueries):
             ) from exc
 
     def append_turn(self, turn: Turn) -> None:
-        record, blobs = externalize(turn.to_dict())
+        record, blobs = externalize(turn.to_stored())  # each piece once (Turn.to_stored)
         if blobs:
             self._append_with_blobs(turn, record, blobs)
             return

@@ -62,7 +62,8 @@ from cantrip.distributed._work import (
     steer_on,
 )
 from cantrip.loom._codec import decode_record
-from cantrip.loom._model import Turn, new_entity_id
+from cantrip.loom._indexed import TURN_ROW
+from cantrip.loom._model import Turn, new_entity_id, with_columns
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import same_user
@@ -381,11 +382,11 @@ class DbSessions:
         """The entity's turns recorded after loom position ``pos`` (tailing the loom)."""
         with self.store.pool.connection() as conn:
             rows = conn.execute(
-                "SELECT pos, data FROM cantrip_turns WHERE entity_id = %s AND pos > %s "
+                f"SELECT pos, {TURN_ROW} FROM cantrip_turns WHERE entity_id = %s AND pos > %s "
                 "ORDER BY pos",
                 (entity_id, pos),
             ).fetchall()
-        return [(int(p), Turn.from_dict(decode_record(d))) for p, d in rows]
+        return [(int(r[0]), Turn.from_dict(with_columns(decode_record(r[1]), r[1:]))) for r in rows]
 
     def last_pos(self, entity_id: str) -> int:
         with self.store.pool.connection() as conn:
