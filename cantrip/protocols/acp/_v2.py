@@ -42,6 +42,7 @@ from cantrip.protocols.acp._updates import Translator, replay
 from cantrip.protocols.sessions._backend import SessionError, SessionEvent
 from cantrip.protocols.sessions._idempotency import KEY_TAG
 from cantrip.protocols.sessions._process import ProcessBackend
+from cantrip.protocols.sessions._through import follow_through
 
 
 class Host(Protocol):
@@ -191,7 +192,7 @@ class Connection:
         backend = self.server.backend
         info = await backend.find(session_id)
         translator = Translator(info.entity_id, self.server.context_window())
-        events = backend.follow(session_id, after)
+        events = follow_through(backend, session_id, after)
         task_status.started()
         try:
             await self._tell(session_id, events, translator, info.entity_id)

@@ -79,6 +79,7 @@ from cantrip.protocols.sessions import (
     SessionEvent,
     SessionInfo,
     Submitted,
+    follow_through,
 )
 
 log = get_logger("cantrip.agui")
@@ -421,7 +422,7 @@ class AguiRun:
 
             async def pump() -> None:
                 since = after.after if after is not None else 0
-                events = backend.follow(session_id, since, prompt_id=submitted.prompt_id)
+                events = follow_through(backend, session_id, since, prompt_id=submitted.prompt_id)
                 try:
                     async with contextlib.aclosing(events):
                         async for event in events:
