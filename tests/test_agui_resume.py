@@ -383,3 +383,53 @@ async def test_a_run_past_the_held_events_is_not_resumable_and_says_so() -> None
     assert [(i, e["type"]) for i, e in again] == [(0, "RUN_STARTED"), (11, "RUN_ERROR")]
     assert again[-1][1]["code"] == "not_resumable"
     assert "no longer held" in again[-1][1]["message"] or "gone" in again[-1][1]["message"]
+
+
+async def test_a_run_whose_prompt_streams_faster_than_it_reads_tells_every_event() -> None:
+    """The scripted model streams an answer without a pause: ~1,500 text deltas reach
+    the session before the run's own follower reads one, more than a follower may have
+    waiting (``WATCHER_BUFFER``), so the session lets that follower go (``dropped``).
+    The run is the session's client here: it follows again from the last event it was
+    given -- the session still holds them -- so its client reads every delta once, in
+    order, and the run ends. Before, the run went on to the cast's end with the rest of
+    the stream missing (a silent gap)."""
+    from cantrip.llm._scripted import STREAM_CHUNK
+    from cantrip.protocols.sessions._positions import RESUMABLE_EVENTS, WATCHER_BUFFER
+
+    deltas = WATCHER_BUFFER + 500
+    assert deltas < RESUMABLE_EVENTS
+    text = "".join(chr(ord("a") + k % 26) for k in range(STREAM_CHUNK * deltas))
+    thread = "t-fast"
+    script = [  # first a call the test lets go once the run follows the prompt live
+        {"tool_calls": [{"gate": "hold", "args": {"thread": thread}}]},
+        {"content": text, "tool_calls": [{"gate": "done", "args": {"answer": "fast"}}]},
+    ]
+    s = cantrip.Cantrip(
+        llm=cantrip.ScriptedLLM(script),
+        identity=cantrip.Identity(),
+        circle=cantrip.Circle([done, hold], [cantrip.max_turns(3)]),
+        loom=cantrip.Loom(),
+    )
+    RELEASE[thread] = trio.Event()
+    body = run_input(thread, "talk fast")
+    async with serving(s) as base, httpx.AsyncClient(base_url=base, timeout=60, verify=TLS) as http:
+        told = []
+        with trio.fail_after(60):
+            async with run_stream(http, body) as frames:
+                async for frame in frames:
+                    told.append(frame)
+                    if frame[1]["type"] == "TOOL_CALL_END":
+                        RELEASE[thread].set()  # the burst comes while the run follows
+    ids = [i for i, _ in told]
+    assert ids == list(range(len(told)))  # no gap, no duplicate
+    events = [e for _, e in told]
+    first = next(e["messageId"] for e in events if e["type"] == "TEXT_MESSAGE_START")
+    contents = [
+        e["delta"]
+        for e in events
+        if e["type"] == "TEXT_MESSAGE_CONTENT" and e["messageId"] == first
+    ]
+    assert len(contents) == deltas
+    assert "".join(contents) == text
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert events[-1]["outcome"]["type"] == "success"

@@ -67,7 +67,7 @@ from cantrip.protocols.a2a._server import (
     working,
 )
 from cantrip.protocols.asgi._responses import Receive, Scope, Send
-from cantrip.protocols.sessions import SessionBackend, SessionError, TaskRecord
+from cantrip.protocols.sessions import SessionBackend, SessionError, TaskRecord, follow_through
 
 log = get_logger("cantrip.a2a")
 
@@ -246,7 +246,7 @@ class A2AHandler:
         task, _ = view_of(record, fresh=True)
         if record.canceled or not (fresh or record.state == "open"):
             return
-        events = self.backend.follow(record.session_id, after, until=record.prompt_id)
+        events = follow_through(self.backend, record.session_id, after, until=record.prompt_id)
         async with contextlib.aclosing(events):
             while True:
                 with protocol_errors():

@@ -83,6 +83,7 @@ from cantrip.protocols.sessions._backend import (
 )
 from cantrip.protocols.sessions._ids import BadIdError, client_id
 from cantrip.protocols.sessions._process import ProcessBackend
+from cantrip.protocols.sessions._through import follow_through
 
 log = get_logger("cantrip.acp")
 
@@ -480,7 +481,7 @@ class AcpServer:
         """The prompt's events as updates (``tell``), until it ends; a question that
         waits in place (an MCP server's, its call still running) is asked meanwhile."""
         async with trio.open_nursery() as asks:
-            follow = self.backend.follow(session_id, prompt_id=prompt_id)
+            follow = follow_through(self.backend, session_id, prompt_id=prompt_id)
             async with contextlib.aclosing(follow) as events:
                 async for told in events:
                     for update in await self.updates(translator, told) if tell else ():

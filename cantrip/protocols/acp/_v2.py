@@ -41,6 +41,7 @@ from cantrip.protocols.acp._running import Running
 from cantrip.protocols.acp._updates import Translator, replay
 from cantrip.protocols.sessions._backend import SessionBackend, SessionError, SessionEvent
 from cantrip.protocols.sessions._idempotency import KEY_TAG
+from cantrip.protocols.sessions._through import follow_through
 
 
 class Host(Protocol):
@@ -192,7 +193,7 @@ class Connection:
         backend = self.server.backend
         info = await backend.find(session_id)
         translator = await self.server.translator(session_id)
-        events = backend.follow(session_id, after)
+        events = follow_through(backend, session_id, after)
         task_status.started()
         try:
             await self._tell(session_id, events, translator, info.entity_id)

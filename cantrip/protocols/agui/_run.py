@@ -53,6 +53,7 @@ from cantrip._redact import get_logger
 from cantrip.llm._contract import Response, ToolCall
 from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import GateCallRecord
+from cantrip.loom._view import CHECKPOINT_PHASES
 from cantrip.protocols.agui._input import (
     check_tools,
     client_answers,
@@ -79,6 +80,7 @@ from cantrip.protocols.sessions import (
     SessionEvent,
     SessionInfo,
     Submitted,
+    follow_through,
 )
 
 log = get_logger("cantrip.agui")
@@ -421,7 +423,7 @@ class AguiRun:
 
             async def pump() -> None:
                 since = after.after if after is not None else 0
-                events = backend.follow(session_id, since, prompt_id=submitted.prompt_id)
+                events = follow_through(backend, session_id, since, prompt_id=submitted.prompt_id)
                 try:
                     async with contextlib.aclosing(events):
                         async for event in events:
@@ -503,10 +505,13 @@ class AguiRun:
                 if live:
                     turn = item.turn
                     await self.stream.event(StepComplete(turn=turn, entity_id=turn.entity_id))
+                    # a pause's record piece leaves its turn open: the rest of the turn
+                    # is still heard live (told from its record again, the approved
+                    # call's result came twice)
+                    live = turn.extras.get("phase") in CHECKPOINT_PHASES
                 else:  # a turn whose events this run did not hear: told from its record
                     for event in recorded_events(item.turn):
                         await self.stream.event(event)
-                live = False
             else:
                 said = loop_event(item)
                 if said is not None:

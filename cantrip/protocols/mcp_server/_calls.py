@@ -33,7 +33,7 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._outcome import CastResult
 from cantrip.loom._model import Turn
 from cantrip.loom._view import CHECKPOINT_PHASES
-from cantrip.protocols.sessions import SessionBackend, SessionError
+from cantrip.protocols.sessions import SessionBackend, SessionError, follow_through
 
 Ask = Callable[[Pause], Awaitable[Decision | None]]
 """How a pause is asked of the client: its decision, or None to leave the pause open
@@ -90,7 +90,7 @@ async def drive(
                 # until the prompt has ended and its turns were told: none is missed
                 # when the result comes first
                 async with nudge:  # its close ends the asking below
-                    events = backend.follow(session_id, position, until=until)
+                    events = follow_through(backend, session_id, position, until=until)
                     async with contextlib.aclosing(events):
                         async for event in events:
                             if event.turn is not None and event.position is not None:

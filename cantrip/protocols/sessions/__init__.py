@@ -52,6 +52,7 @@ from cantrip.protocols.sessions._backend import (
 )
 from cantrip.protocols.sessions._positions import parse_event_id
 from cantrip.protocols.sessions._shapes import event_dict, steered, turn_dict
+from cantrip.protocols.sessions._through import follow_through
 
 if TYPE_CHECKING:
     from cantrip.protocols.sessions._postgres import PostgresBackend
@@ -114,6 +115,7 @@ __all__ = [
     "capabilities_table",
     "entity_id_for",
     "event_dict",
+    "follow_through",
     "modes_table",
     "parse_event_id",
     "session_id_for",

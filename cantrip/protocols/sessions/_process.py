@@ -471,9 +471,13 @@ class ProcessBackend:
         self, session_id: str, pause_id: str, decision: Decision, *, repeat: bool = False
     ) -> Submitted | None:
         session = await self._session(session_id)
-        known = self._answers.get((session.id, pause_id)) if repeat else None
-        if known is not None and known[1] == decision and known[0] in self._runs:
-            return Submitted(known[0], session.id, replayed=True)  # this answer, again
+        if repeat and all(p.pause_id != pause_id for p in session.entity.pending):
+            known = self._answers.get((session.id, pause_id))
+            if known is not None and known[1] == decision and known[0] in self._runs:
+                return Submitted(known[0], session.id, replayed=True)  # this answer, again
+            # not open, and not answered so: refused as the pause's, not as ``busy``
+            # (a child may be waiting in place on another pause of a running prompt)
+            raise PauseError(f"pause {pause_id!r} is not pending (answered, or unknown)")
         run = _Run(session.id)
         handle = Prompt("", None)  # the continuation: a prompt a cancel can name
         await self._start(run, lambda: self.hub.answer(session, pause_id, decision, handle=handle))
