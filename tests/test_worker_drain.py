@@ -32,7 +32,12 @@ from typing import Any
 import psycopg
 import pytest
 from distributed_workload import CountingLLM
-from test_worker_faults import effects_db, procs, spawn_worker  # noqa: F401 -- fixtures
+from test_worker_faults import (  # noqa: F401 -- fixtures
+    effects_db,
+    procs,
+    spawn_worker,
+    wait_ready,
+)
 
 import cantrip
 from cantrip.distributed._dispatcher import Dispatcher
@@ -45,6 +50,11 @@ from gates import done
 WORKLOAD = spell_from_factory("distributed_workload:build")
 HOLDING = spell_from_factory("distributed_workload:holding")
 TURNS = 5
+LEASE_S = 10.0
+"""The workers' leases here: long enough that a worker on a loaded machine (2 cores, load
+20) never lets one run out between two heartbeats. A lease that ran out is a crash -- the
+worker's own next claim reaps it and takes the cast again, at ``crashes`` 1 -- and these
+tests are about casts handed back with none (losing a lease: tests/test_worker_faults.py)."""
 
 
 def _until(what: str, ready: Callable[[], bool], log: Path, timeout: float = 60) -> None:
@@ -127,14 +137,14 @@ def test_a_sigterm_during_120_casts_loses_none(
         work, entity_id = dispatcher.submit(WORKLOAD, f"job-{i}")
         works.append(work)
         jobs[entity_id] = f"job-{i}"
-    # 5 s leases: on a busy machine a 1 s lease can run out (a crash, tested elsewhere)
     procs.extend(
-        spawn_worker(effects_db, logs[i], lease=5, concurrency=64, **env) for i in range(2)
+        spawn_worker(effects_db, logs[i], lease=LEASE_S, concurrency=64, **env) for i in range(2)
     )
-    stopped = procs[0]
+    for i in range(2):
+        wait_ready(logs[i], procs[i : i + 1])
     with psycopg.connect(effects_db, autocommit=True) as conn:
 
-        def mid_cast() -> bool:  # every cast has a turn recorded, and none has ended
+        def mid_cast() -> bool:  # every cast has a turn recorded
             row = conn.execute(
                 "SELECT count(DISTINCT entity_id) FROM cantrip_turns t WHERE EXISTS "
                 "(SELECT 1 FROM cantrip_work w WHERE w.entity_id = t.entity_id)"
@@ -142,11 +152,21 @@ def test_a_sigterm_during_120_casts_loses_none(
             return row is not None and row[0] == len(works)
 
         _until("every cast under way", mid_cast, logs[0])
+        # the worker that runs more casts now is stopped: one that started first may have
+        # ended all of its own already (owner: host:pid:suffix)
+        running = conn.execute(
+            "SELECT owner, count(*) FROM cantrip_work WHERE state = 'running' "
+            "AND owner IS NOT NULL GROUP BY owner"
+        ).fetchall()
+        held = {int(owner.split(":")[-2]): int(n) for owner, n in running}
+        index = max(range(2), key=lambda i: held.get(procs[i].pid, 0))
+    stopped, stopped_log = procs[index], logs[index]
     stopped.send_signal(signal.SIGTERM)
     sent = time.monotonic()
-    assert stopped.wait(timeout=60) == 0, logs[0].read_text()
+    assert stopped.wait(timeout=60) == 0, stopped_log.read_text()
     drained = time.monotonic() - sent
-    procs.append(spawn_worker(effects_db, logs[2], lease=5, concurrency=64, **env))  # a new one
+    procs.append(spawn_worker(effects_db, logs[2], lease=LEASE_S, concurrency=64, **env))
+    wait_ready(logs[2], procs[-1:])  # a new one
     for work in works:
         state, outcome = dispatcher.wait(work, timeout=120)
         assert state in ("done", "cancelled"), (state, outcome)
@@ -168,7 +188,7 @@ def test_a_sigterm_during_120_casts_loses_none(
         [log.read_text() for log in logs],
     )
     assert handed > 0  # the stopped worker held casts mid-cast
-    assert "handed back" in logs[0].read_text()
+    assert "handed back" in stopped_log.read_text()
     _assert_intact(effects_db, jobs)
 
 
@@ -190,8 +210,9 @@ def test_the_first_sigterm_stops_claiming_and_hands_back_at_the_turn_boundary(
     }
     dispatcher = Dispatcher(effects_db)
     held, held_entity = dispatcher.submit(HOLDING, "held")
-    procs.append(spawn_worker(effects_db, log, concurrency=1, **env))
+    procs.append(spawn_worker(effects_db, log, lease=LEASE_S, concurrency=1, **env))
     stopped = procs[0]
+    wait_ready(log, [stopped])
     _until("the second gate call began", lambda: len(_effects(effects_db, "held")) == 2, log)
     queued, queued_entity = dispatcher.submit(HOLDING, "queued")  # no slot free for it
     stopped.send_signal(signal.SIGTERM)
@@ -203,7 +224,8 @@ def test_the_first_sigterm_stops_claiming_and_hands_back_at_the_turn_boundary(
     assert _turns(effects_db, held_entity) == 2  # the turn in flight at SIGTERM, recorded
     assert before[queued]["state"] == "queued" and before[queued]["attempts"] == 0
     assert before[queued]["holder"] is None and before[queued]["epoch"] is None  # never leased
-    procs.append(spawn_worker(effects_db, later, concurrency=1, **env))
+    procs.append(spawn_worker(effects_db, later, lease=LEASE_S, concurrency=1, **env))
+    wait_ready(later, procs[-1:])
     for work in (held, queued):
         state, outcome = dispatcher.wait(work, timeout=60)
         assert state == "done", (state, outcome, later.read_text())
@@ -235,8 +257,9 @@ def _cut_off_and_resumed(
     env["WORKLOAD_LLM_HOLD_TURN" if model else "WORKLOAD_HOLD_STEP"] = "2"
     dispatcher = Dispatcher(url)
     work, entity_id = dispatcher.submit(HOLDING if not model else WORKLOAD, "stuck")
-    procs.append(spawn_worker(url, log, "--drain-s", drain_s, concurrency=4, **env))
+    procs.append(spawn_worker(url, log, "--drain-s", drain_s, lease=LEASE_S, concurrency=4, **env))
     stopped = procs[0]
+    wait_ready(log, [stopped])
     if model:
         _until("the second model call began", hold.with_suffix(".asked").exists, log)
     else:
@@ -249,7 +272,8 @@ def _cut_off_and_resumed(
     assert _turns(url, entity_id) == 1, log.read_text()  # the turn cut off is not recorded
     if model:
         hold.touch()  # (the next worker asks the model again)
-    procs.append(spawn_worker(url, later, concurrency=4, **env))
+    procs.append(spawn_worker(url, later, lease=LEASE_S, concurrency=4, **env))
+    wait_ready(later, procs[-1:])
     state, outcome = dispatcher.wait(work, timeout=60)
     dispatcher.close()
     assert state == "done", (state, outcome, later.read_text())

@@ -15,6 +15,7 @@ past its leases while it has free slots, a poison cast among good ones.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +33,9 @@ from cantrip.loom import Loom
 
 TESTS = Path(__file__).resolve().parent
 WORKLOAD = spell_from_factory("distributed_workload:build")
+START_S = 120.0
+"""How long a worker may take to say ``ready``: an interpreter's start-up, which on a loaded
+machine takes many seconds. The tests' own time limits start after it (:func:`wait_ready`)."""
 
 
 @pytest.fixture
@@ -55,6 +59,18 @@ def spawn_worker(
         stdout=subprocess.DEVNULL,
         stderr=log.open("ab"),
     )
+
+
+def wait_ready(log: Path, workers: list[subprocess.Popen[bytes]]) -> None:
+    """Wait until every one of ``workers`` (all writing to ``log``) said ``ready``, so that
+    the time limits a test starts after this count its work, not the interpreters'
+    start-up."""
+    deadline = time.monotonic() + START_S
+    while len(re.findall(r"worker \S+ ready", log.read_text())) < len(workers):
+        exited = [w.returncode for w in workers if w.poll() is not None]
+        assert not exited, f"a worker exited {exited} before it was ready: {log.read_text()}"
+        assert time.monotonic() < deadline, f"not ready after {START_S} s: {log.read_text()}"
+        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -94,6 +110,7 @@ def test_a_worker_frozen_past_its_leases_with_free_slots_runs_each_entity_once(
     env = {"CANTRIP_TEST_DB": effects_db, "WORKLOAD_LATENCY_MS": "100"}
     worker = spawn_worker(effects_db, log, **env)
     procs.append(worker)
+    wait_ready(log, [worker])  # (the first round's 30 s do not count its start-up)
     dispatcher = Dispatcher(effects_db)
     loom = Loom.open(effects_db)
     jobs: dict[str, str] = {}
@@ -152,6 +169,7 @@ def test_a_cast_that_cannot_run_fails_alone_and_the_workers_stay_up(
     log = tmp_path / "workers.log"
     env = {"CANTRIP_TEST_DB": effects_db, "WORKLOAD_LATENCY_MS": "20"}
     procs.extend(spawn_worker(effects_db, log, concurrency=4, **env) for _ in range(3))
+    wait_ready(log, procs)  # (the time limits below do not count their start-up)
     spec = tmp_path / "poison.toml"
     spec.write_text(POISON_SPEC)
     dispatcher = Dispatcher(effects_db)
@@ -164,7 +182,7 @@ def test_a_cast_that_cannot_run_fails_alone_and_the_workers_stay_up(
         env={**os.environ, "PYTHONPATH": str(TESTS)},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_S + 60,  # (its own start-up, then the cast)
     )
     assert waiting.returncode == 1, waiting.stderr
     assert "CANTRIP_TEST_ABSENT_KEY" in waiting.stderr and "Traceback" not in waiting.stderr
@@ -196,6 +214,7 @@ def test_a_cast_that_kills_its_workers_is_dead_lettered_after_the_attempt_limit(
     # one slot each: a worker the poison kills held nothing else (a killed worker's other
     # casts are claimed again too, and count an attempt like the poison does)
     procs.extend(spawn_worker(effects_db, log, *limit, concurrency=1, **env) for _ in range(3))
+    wait_ready(log, procs)  # (the time limits below do not count their start-up)
     dispatcher = Dispatcher(effects_db)
     crash = dispatcher.submit(spell_from_factory("distributed_workload:crasher"), "boom")[0]
     good = [dispatcher.submit(WORKLOAD, f"good-{i}")[0] for i in range(12)]
