@@ -537,7 +537,8 @@ class AguiRun:
         """The pause ``item`` tells, and its place in the prompt's stream, if one of
         this run's sub-agents waits on it in place (a ``call_agent`` child at any
         depth, heard in this run or left in flight by the run it resumes; on ``serve
-        --db`` children are not told, AGUI-9, so none is); None for the run's own
+        --db`` a child is told only once its parent's turn is recorded, AGUI-9, so none
+        is); None for the run's own
         entity's pauses (a cast that pauses returns ``paused``) and anything else."""
         data = item.data.get("pause")
         if not isinstance(data, Mapping) or item.id is None:
