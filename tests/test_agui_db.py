@@ -25,7 +25,12 @@ from ag_ui_validate.pytest_plugin import assert_valid_agui
 from pg_cluster import fresh_database
 from test_agui import BAD_BODIES, fuzz_runs, types
 from test_agui_client import TOKEN, js_client, kinds, validate_live
+from test_mcp_server import _toml
 from test_serve_db import Stack, open_stack
+
+from cantrip.cli._spec_file import load_cantrip
+from cantrip.loom._indexed import TURN_ROW
+from cantrip.loom._model import Turn, with_columns
 
 pytestmark = pytest.mark.loop_watch  # nothing here may block the trio loop
 
@@ -403,15 +408,14 @@ async def test_a_front_end_tool_is_called_at_the_client_and_its_result_observed(
     assert continued[-1]["result"] == "where ok #1 in Oslo, Norway"
     assert all(e.get("toolCallId") != call_id for e in continued)
     entity = last_state(continued)["cantrip"]["entity_id"]
-    (record,) = [
+    rows = await stack.query(f"SELECT {TURN_ROW} FROM cantrip_turns WHERE entity_id = %s", entity)
+    (record,) = [  # read as the loom reads a row (the stored form keeps each piece once)
         c
-        for (data,) in await stack.query(
-            "SELECT data FROM cantrip_turns WHERE entity_id = %s", entity
-        )
-        for c in json.loads(data)["gate_calls"]
-        if c["gate"] == "get_location"
+        for row in rows
+        for c in Turn.from_dict(with_columns(json.loads(row[0]), row)).gate_calls
+        if c.gate == "get_location"
     ]
-    assert record["result"] == "Oslo, Norway" and record["tool_call_id"] == call_id
+    assert record.result == "Oslo, Norway" and record.tool_call_id == call_id
 
 
 async def test_the_official_js_client_runs_a_front_end_tool_at_a_replica(stack: Stack) -> None:
@@ -653,3 +657,86 @@ async def test_a_hang_up_grace_with_no_client_back_cancels_and_records_it(stack:
     work_id, _ = await _work(stack, entity)
     rows = "SELECT count(*) FROM cantrip_prompt_watches WHERE work_id = %s"
     assert await stack.query(rows, work_id) == [(0,)], "its watch let go"
+
+
+DELEGATING = [
+    {
+        "content": "delegating",
+        "tool_calls": [{"gate": "call_agent", "args": {"intent": "look", "llm": "kid"}}],
+    },
+    {"tool_calls": [{"gate": "done", "args": {"answer": "ok"}}]},
+]
+KID = [{"content": "looking", "tool_calls": [{"gate": "done", "args": {"answer": "found"}}]}]
+"""The parent says a line and delegates to a child on the ``kid`` LLM, which says its
+own line and answers; then the parent answers."""
+
+
+def delegating_spec(folder: Path) -> Path:
+    spec = folder / "delegating.toml"
+    spec.write_text(
+        "[llm]\n"
+        'provider = "scripted"\n' + _toml(DELEGATING) + "\n[llms.kid]\n"
+        'provider = "scripted"\n' + _toml(KID) + "\n[circle]\n"
+        'medium = "conversation"\n'
+        'gates = ["done", "call_agent"]\n'
+        "wards = [{ max_turns = 6 }, { max_depth = 1 }]\n"
+    )
+    return spec
+
+
+def _shape(events: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    """A run's events as (type, who) -- who: the sub-agent's place among the run's
+    sub-agents, None for the run's own -- without the token deltas (a live run splits a
+    message or a call's arguments into any number of them; a told record sends each
+    whole) and without ids (minted per run)."""
+    order: dict[str, str] = {}
+    shape: list[tuple[str, str | None]] = []
+    for event in events:
+        sub = event.get("subagentRunId")
+        who = order.setdefault(sub, f"sub-{len(order) + 1}") if sub else None
+        item = (event["type"], who)
+        if shape and item == shape[-1] and item[0].endswith(("_CONTENT", "_ARGS")):
+            continue
+        shape.append(item)
+    return shape
+
+
+async def test_a_call_agent_child_is_a_subagent_at_a_replica_as_in_process(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """On ``serve --db`` a ``call_agent`` child's recorded turns are told as an AG-UI
+    sub-agent before its call's result -- ``SUBAGENT_STARTED`` in the delegation call,
+    its events carrying its ``subagentRunId``, ``SUBAGENT_FINISHED`` -- the same events
+    in the same order as the in-process server tells for the same cast."""
+    spec = delegating_spec(tmp_path)
+    replica = stack.start_replica(spec, token=TOKEN)
+    answer, events = await agui(replica, run_input("db-subagent", "go"))
+    assert answer.status_code == 200 and events[-1]["type"] == "RUN_FINISHED", types(events)
+    (started,) = [e for e in events if e["type"] == "SUBAGENT_STARTED"]
+    child = started["subagentRunId"]
+    assert child.startswith("entity-") and started["description"] == "look"
+    (delegation,) = [
+        e
+        for e in events
+        if e["type"] == "TOOL_CALL_START"
+        and e["toolCallName"] == "call_agent"
+        and "subagentRunId" not in e
+    ]
+    call_id = delegation["toolCallId"]
+    assert started["parentToolCallId"] == call_id
+    place = {
+        (e["type"], e.get("subagentRunId"), e.get("toolCallId")): i for i, e in enumerate(events)
+    }
+    finished = place["SUBAGENT_FINISHED", child, None]
+    result = place["TOOL_CALL_RESULT", None, call_id]
+    assert place["SUBAGENT_STARTED", child, None] < finished < result
+    assert events[finished]["outcome"] == {"type": "success"}
+    said = "".join(
+        e["delta"]
+        for e in events
+        if e["type"] == "TEXT_MESSAGE_CONTENT" and e.get("subagentRunId") == child
+    )
+    assert said == "looking"
+    async with in_process.serving(load_cantrip(spec)) as base:
+        _, live = await in_process.agui(base, run_input("subagent", "go"))
+    assert _shape(events) == _shape(live)

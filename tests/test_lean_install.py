@@ -48,6 +48,7 @@ OPTIONAL_MODULES = {
     "cantrip.protocols.agui._protocol": "ag_ui",
     "cantrip.protocols.agui._run": "ag_ui",
     "cantrip.protocols.agui._translate": "ag_ui",
+    "cantrip.protocols.agui._waiting": "ag_ui",
     "mediums._js_worker": "quickjs",
     "mediums._python_sandbox": "pydantic_monty",
     "mediums._python_values": "pydantic_monty",

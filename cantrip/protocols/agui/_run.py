@@ -29,6 +29,7 @@ PostgreSQL, or a third one -- with :mod:`._input`'s meaning of the input,
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -52,8 +53,7 @@ from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
 from cantrip.llm._contract import Response, ToolCall
 from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
-from cantrip.loom._model import GateCallRecord
-from cantrip.loom._view import CHECKPOINT_PHASES
+from cantrip.loom._model import GateCallRecord, Turn
 from cantrip.protocols.agui._input import (
     check_tools,
     client_answers,
@@ -66,7 +66,7 @@ from cantrip.protocols.agui._input import (
     tool_results,
 )
 from cantrip.protocols.agui._protocol import RunFailed, RunStream, Where
-from cantrip.protocols.agui._translate import recorded_events
+from cantrip.protocols.agui._translate import ends_its_step, recorded_tree
 from cantrip.protocols.agui._waiting import Waiting, remember, take
 from cantrip.protocols.asgi._requests import last_event_id, read_body, until_disconnect
 from cantrip.protocols.asgi._responses import HttpError, Receive, Scope, Send, heartbeat_s
@@ -504,14 +504,13 @@ class AguiRun:
                 told.add(item.turn.id)
                 if live:
                     turn = item.turn
-                    await self.stream.event(StepComplete(turn=turn, entity_id=turn.entity_id))
-                    # a pause's record piece leaves its turn open: the rest of the turn
-                    # is still heard live (told from its record again, the approved
-                    # call's result came twice)
-                    live = turn.extras.get("phase") in CHECKPOINT_PHASES
+                    if ends_its_step(turn):  # a checkpoint's turn goes on (its results)
+                        await self.stream.event(StepComplete(turn=turn, entity_id=turn.entity_id))
+                    # and the rest of that turn is still heard live (taken for a turn not
+                    # heard, an approved call's result was told again from its record)
+                    live = not ends_its_step(turn)
                 else:  # a turn whose events this run did not hear: told from its record
-                    for event in recorded_events(item.turn):
-                        await self.stream.event(event)
+                    await self._tell_recorded(item.turn)
             else:
                 said = loop_event(item)
                 if said is not None:
@@ -524,15 +523,25 @@ class AguiRun:
         if not _told_its_end(cast, told) and not live:  # fell behind: tell it from the record
             for turn in cast.turns if cast is not None else ():
                 if turn.id not in told:
-                    for event in recorded_events(turn):
-                        await self.stream.event(event)
+                    await self._tell_recorded(turn)
         return cast, None
+
+    async def _tell_recorded(self, turn: Turn) -> None:
+        """A turn whose events this run did not hear, told from its record -- with the
+        children its delegation calls ran, from theirs, as sub-agents before each
+        call's result (:func:`._translate.recorded_tree`: a replica follows only its
+        session entity's turns, so a child is told from the loom)."""
+        translator = self.stream.translator
+        read = functools.partial(recorded_tree, turn, tells=translator.tells)
+        for event in await self.backend.read_loom(read):
+            await self.stream.event(event)
 
     def _waits_in_place(self, item: SessionEvent) -> tuple[Pause, EventId] | None:
         """The pause ``item`` tells, and its place in the prompt's stream, if one of
         this run's sub-agents waits on it in place (a ``call_agent`` child at any
         depth, heard in this run or left in flight by the run it resumes; on ``serve
-        --db`` children are not told, AGUI-9, so none is); None for the run's own
+        --db`` a child is told only once its parent's turn is recorded, AGUI-9, so none
+        is); None for the run's own
         entity's pauses (a cast that pauses returns ``paused``) and anything else."""
         data = item.data.get("pause")
         if not isinstance(data, Mapping) or item.id is None:
