@@ -309,6 +309,27 @@ async def test_a_deleted_session_is_gone_from_every_operation(world: World) -> N
     assert text(await cast(world, other, "Add three.")) == "Add three. ok #2"  # others go on
 
 
+async def test_a_deleted_sessions_tasks_go_with_it(world: World) -> None:
+    """A protocol's task records (A2A's) are the session's: its delete removes them,
+    where the backend can delete (on PostgreSQL ``cantrip_a2a_tasks`` rows outlived the
+    session's tree before); another session's tasks stay."""
+    if world.kind in ("memory", "double"):
+        return  # cannot delete (the test above)
+    backend = world.backend
+    sid, other = await new_session(world), await new_session(world)
+    mine = await backend.submit_task(sid, "One.", task_id="t-gone", message="m1")
+    await finished(world, sid, mine.prompt_id)
+    kept = await backend.submit_task(other, "Two.", task_id="t-kept", message="m2")
+    await finished(world, other, kept.prompt_id)
+    await backend.delete(sid)
+    assert await backend.task("t-gone") is None
+    assert [t.task_id for t in await backend.tasks(None) if t.task_id.startswith("t-")] == [
+        "t-kept"
+    ]
+    kept_now = await backend.task("t-kept")
+    assert kept_now is not None and kept_now.state == "ended"
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 async def test_a_session_with_a_prompt_open_is_not_deleted(
     kind: str, tmp_path: Path, key_env: None, request: pytest.FixtureRequest

@@ -34,7 +34,10 @@ _TABLES = (
     "cantrip_messages",
     "cantrip_blob_refs",
     "cantrip_blobs",
+    "cantrip_a2a_tasks",
+    "cantrip_prompt_watches",
 )
+"""The tables a tree lives in (those the session front ends make exist once used)."""
 _OPEN_WORK = "SELECT entity_id FROM cantrip_work WHERE state IN ('queued', 'running')"
 RUNNING = "running (queued or running work, or a live lease)"
 """Why a tree with open work stays (a session's delete answers it ``busy``)."""
@@ -106,6 +109,12 @@ class PostgresRetention:
             deleted = conn.execute(
                 "DELETE FROM cantrip_turns WHERE entity_id = ANY(%s)", (ids,)
             ).rowcount
+            if "cantrip_prompt_watches" in tables:  # keyed by work: before the work goes
+                conn.execute(
+                    "DELETE FROM cantrip_prompt_watches WHERE work_id IN "
+                    "(SELECT id FROM cantrip_work WHERE entity_id = ANY(%s))",
+                    (ids,),
+                )
             for table in (
                 "cantrip_entities",
                 "cantrip_journal",
@@ -116,6 +125,7 @@ class PostgresRetention:
                 "cantrip_messages",
                 "cantrip_sessions",
                 "cantrip_blob_refs",
+                "cantrip_a2a_tasks",
             ):
                 if table in tables:
                     conn.execute(f"DELETE FROM {table} WHERE entity_id = ANY(%s)", (ids,))

@@ -328,6 +328,8 @@ class ProcessBackend:
             why = dict(pruned.plan.kept).get(entity_id, "the retention rule keeps it")
             raise SessionError("cannot_delete", f"session {session_id} stays: {why}")
         loom.forget(pruned.plan.entities)
+        for task in [t for t in self._tasks.values() if t.session_id == session_id]:
+            del self._tasks[task.task_id]  # a protocol's record of the session goes too
 
     async def fork(self, turn_id: str) -> SessionInfo:
         if not self.hub.spell.loom.has_turn(turn_id):
