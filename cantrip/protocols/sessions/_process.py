@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
-import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -40,7 +39,6 @@ from collections.abc import (
 )
 from typing import Any, TypeVar
 
-import attrs
 import trio
 
 from cantrip._approval import Decision, Pause, PauseError
@@ -48,14 +46,13 @@ from cantrip._cantrip import Cantrip
 from cantrip._client_gates import client_gates
 from cantrip._errors import CantripError, ConstructionError
 from cantrip._gate import Gate
-from cantrip._outcome import CastResult, result_dict
+from cantrip._outcome import CastResult
 from cantrip._providers import ProviderScope
 from cantrip._redact import get_logger, redact
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._retention import prune, retention_of
 from cantrip.protocols.sessions._backend import (
-    MAX_TASKS,
     BusyPolicy,
     Cancelled,
     Capabilities,
@@ -65,7 +62,6 @@ from cantrip.protocols.sessions._backend import (
     SessionInfo,
     SessionRef,
     Submitted,
-    TaskRecord,
     check_cwd,
     check_user,
     session_id_of,
@@ -75,7 +71,6 @@ from cantrip.protocols.sessions._hub import (
     Session,
     SessionError,
     SessionHub,
-    Watcher,
 )
 from cantrip.protocols.sessions._idempotency import keyed_prompt_id
 from cantrip.protocols.sessions._limits import SessionLimits, make_room
@@ -88,6 +83,7 @@ from cantrip.protocols.sessions._positions import (
     reset_event,
     resolve,
 )
+from cantrip.protocols.sessions._process_tasks import ProcessTasks, Run, Task
 from cantrip.protocols.sessions._watches import Watches
 
 log = get_logger("cantrip.sessions")
@@ -95,41 +91,6 @@ T = TypeVar("T")
 
 KEPT_RESULTS = 1000
 """Ended prompts whose outcome is kept for :meth:`ProcessBackend.result` (the oldest go)."""
-
-
-@attrs.define(eq=False)
-class _Run:
-    """A prompt (or an answer's continuation) this backend started, and how it ended."""
-
-    session_id: str
-    done: trio.Event = attrs.field(factory=trio.Event)
-    cast: CastResult | None = None
-    error: BaseException | None = None
-    ended_at: float | None = None
-    """When it ended (seconds since the epoch)."""
-    watchers: list[Watcher] = attrs.field(factory=list)
-    """Followers that end with it (``follow(until=...)``, a prompt's own stream):
-    closed once it has ended, after every event of its cast was sent to them."""
-
-    def end(self) -> None:
-        self.ended_at = time.time()
-        self.done.set()
-        for watcher in self.watchers:  # every event of the cast was sent before
-            watcher.close()
-        self.watchers.clear()
-
-
-@attrs.define(eq=False)
-class _Task:
-    """A task recorded beside a prompt (the seam's :class:`TaskRecord`, in memory)."""
-
-    task_id: str
-    session_id: str
-    prompt_id: str
-    messages: list[str]
-    seq: int
-    canceled: bool = False
-    changed: float = attrs.field(factory=time.time)
 
 
 CAPABILITIES = Capabilities(
@@ -150,7 +111,7 @@ _ANNOUNCED: contextvars.ContextVar[Prompt | None] = contextvars.ContextVar(
 ``submit`` is that prompt (its id handed out, a cancel that found it kept)."""
 
 
-class ProcessBackend:
+class ProcessBackend(ProcessTasks):
     """:class:`~cantrip.protocols.sessions.SessionBackend` over a :class:`SessionHub`."""
 
     def __init__(
@@ -166,8 +127,8 @@ class ProcessBackend:
         forks and cancels only)."""
         self.limits = limits
         """How many sessions stay in memory, and how long (None: no bound)."""
-        self._runs: dict[str, _Run] = {}
-        self._tasks: dict[str, _Task] = {}
+        self._runs: dict[str, Run] = {}
+        self._tasks: dict[str, Task] = {}
         """The tasks recorded beside prompts (``MAX_TASKS``, the oldest settled go)."""
         self._seq = itertools.count(1)
         self._answers: dict[tuple[str, str], tuple[str, Decision]] = {}
@@ -377,11 +338,11 @@ class ProcessBackend:
         if admitted.action != "cast":  # a key's replay, or the running prompt joined
             depart()
             if admitted.action == "replay" or prompt_id not in self._runs:
-                run = _Run(session.id)
+                run = Run(session.id)
                 self._keep(prompt_id, run)
                 self._spawn(run, lambda: self.hub.run(session, admitted))
             return Submitted(prompt_id, session.id, replayed=True)
-        run = _Run(session.id)
+        run = Run(session.id)
         self._keep(prompt_id, run)
 
         async def cast() -> CastResult | None:
@@ -393,12 +354,12 @@ class ProcessBackend:
         self._spawn(run, cast)
         return Submitted(prompt_id, session.id)
 
-    def _spawn(self, run: _Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
+    def _spawn(self, run: Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
         """Run ``cast`` in the backend's nursery, its outcome or error kept in ``run``."""
         assert self.nursery is not None  # (submit checked)
         self.nursery.start_soon(self._carry, run, cast)
 
-    async def _carry(self, run: _Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
+    async def _carry(self, run: Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
         try:
             run.cast = await cast()
         except (SessionError, CantripError) as exc:  # refused, or failed: told the caller
@@ -409,7 +370,7 @@ class ProcessBackend:
         finally:
             run.end()
 
-    async def _start(self, run: _Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
+    async def _start(self, run: Run, cast: Callable[[], Awaitable[CastResult | None]]) -> None:
         """Run ``cast`` in the backend's nursery; return once it has blocked or ended
         (an answer: ``SessionHub.answer`` decides its refusals before its first
         checkpoint, so by then a refusal is in ``run``)."""
@@ -424,7 +385,7 @@ class ProcessBackend:
             raise RuntimeError("this backend has no nursery to run casts in (see open)")
         await self.nursery.start(task)
 
-    def _keep(self, prompt_id: str, run: _Run) -> None:
+    def _keep(self, prompt_id: str, run: Run) -> None:
         self._runs[prompt_id] = run
         if len(self._runs) > KEPT_RESULTS:
             for old, kept in list(self._runs.items()):
@@ -480,7 +441,7 @@ class ProcessBackend:
             # not open, and not answered so: refused as the pause's, not as ``busy``
             # (a child may be waiting in place on another pause of a running prompt)
             raise PauseError(f"pause {pause_id!r} is not pending (answered, or unknown)")
-        run = _Run(session.id)
+        run = Run(session.id)
         handle = Prompt("", None)  # the continuation: a prompt a cancel can name
         await self._start(run, lambda: self.hub.answer(session, pause_id, decision, handle=handle))
         if run.done.is_set() and run.error is not None:
@@ -510,7 +471,7 @@ class ProcessBackend:
                 async for told in own:
                     yield told
             return
-        run: _Run | None = None
+        run: Run | None = None
         if until is not None:
             run = self._runs.get(until)
             if run is None or run.session_id != session.id:
@@ -578,92 +539,6 @@ class ProcessBackend:
 
     async def health(self) -> Health:
         return Health("process", self.hub.running, len(self.hub.sessions), self.hub.persistent)
-
-    # -- tasks -------------------------------------------------------------------
-
-    async def submit_task(
-        self,
-        session_id: str,
-        intent: str,
-        *,
-        task_id: str,
-        message: str,
-        on_busy: BusyPolicy = "reject",
-    ) -> TaskRecord:
-        submitted = await self.submit(session_id, intent, on_busy=on_busy)
-        task = _Task(task_id, submitted.session_id, submitted.prompt_id, [message], next(self._seq))
-        self._tasks[task_id] = task
-        self._forget_settled()
-        return self._record(task)
-
-    def _forget_settled(self) -> None:
-        """Beyond ``MAX_TASKS``, the oldest that will not change again go."""
-        for task in list(self._tasks.values()):
-            if len(self._tasks) <= MAX_TASKS:
-                return
-            record = self._record(task)
-            waiting = (record.result or {}).get("reason") == "paused" and not record.canceled
-            if record.state != "open" and not waiting:
-                del self._tasks[task.task_id]
-
-    def _record(self, task: _Task) -> TaskRecord:
-        run = self._runs.get(task.prompt_id)
-        fields: dict[str, Any] = {"state": "open"}
-        updated = task.changed
-        if run is None:  # forgotten (beyond KEPT_RESULTS): nothing is known of its end
-            fields = {"state": "failed", "failure": "the prompt's outcome was forgotten"}
-        elif run.done.is_set():
-            updated = max(updated, run.ended_at or 0.0)
-            if run.error is None:
-                fields = {"state": "ended", "result": result_dict(run.cast)}
-            else:
-                fields = {"state": "failed", "failure": _failure(run.error)}
-        return TaskRecord(
-            task.task_id,
-            task.session_id,
-            task.prompt_id,
-            tuple(task.messages),
-            task.seq,
-            task.canceled,
-            updated,
-            **fields,
-        )
-
-    async def task(self, task_id: str) -> TaskRecord | None:
-        task = self._tasks.get(task_id)
-        return None if task is None else self._record(task)
-
-    async def tasks(
-        self, session_id: str | None, *, before: int | None = None, limit: int = MAX_TASKS
-    ) -> list[TaskRecord]:
-        found = [
-            t
-            for t in sorted(self._tasks.values(), key=lambda t: -t.seq)
-            if (session_id is None or t.session_id == session_id)
-            and (before is None or t.seq < before)
-        ]
-        return [self._record(t) for t in found[:limit]]
-
-    async def answer_task(
-        self, task_id: str, prompt_id: str, pause_id: str, decision: Decision, message: str
-    ) -> TaskRecord | None:
-        task = self._tasks.get(task_id)
-        if task is None or task.prompt_id != prompt_id or task.canceled:
-            return None
-        submitted = await self.answer(task.session_id, pause_id, decision)  # PauseError
-        if submitted is not None:
-            task.prompt_id = submitted.prompt_id
-        task.messages.append(message)
-        task.changed = time.time()
-        return self._record(task)
-
-    async def cancel_waiting_task(self, task_id: str, prompt_id: str) -> TaskRecord | None:
-        task = self._tasks.get(task_id)
-        if task is None or task.prompt_id != prompt_id or task.canceled:
-            return None
-        task.canceled = True
-        task.changed = time.time()
-        return self._record(task)
 
 
 def _failure(error: BaseException) -> str:
