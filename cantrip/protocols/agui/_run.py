@@ -15,7 +15,7 @@ the wire.
 * what the run tells is its prompt's own stream, ``follow(prompt_id=...)``, from the
   prompt's beginning: in process the entity's events as they happen (token deltas,
   tool calls), on PostgreSQL the turns as a worker records them. A turn whose events
-  were not heard live is told from its record (:func:`._translate.recorded_events`),
+  were not heard live is told from its record (:func:`._recorded.recorded_events`),
   so the one :class:`._translate.Translator` takes both, and no backend is asked what
   it is. A run told again (joined, replayed, or a client reconnecting with
   ``Last-Event-ID``) is told the same way, event for event, so an event's id -- its
@@ -60,7 +60,7 @@ from cantrip.protocols.agui._input import (
 from cantrip.protocols.agui._loop_events import loop_event
 from cantrip.protocols.agui._protocol import RunFailed, RunStream, Where
 from cantrip.protocols.agui._reconnect import reconnection
-from cantrip.protocols.agui._translate import ends_its_step, recorded_tree
+from cantrip.protocols.agui._recorded import ends_its_step, recorded_tree
 from cantrip.protocols.agui._waiting import Waiting, remember, take
 from cantrip.protocols.asgi._requests import read_body, until_disconnect
 from cantrip.protocols.asgi._responses import HttpError, Receive, Scope, Send, heartbeat_s
@@ -490,7 +490,7 @@ class AguiRun:
     async def _tell_recorded(self, turn: Turn) -> None:
         """A turn whose events this run did not hear, told from its record -- with the
         children its delegation calls ran, from theirs, as sub-agents before each
-        call's result (:func:`._translate.recorded_tree`: a replica follows only its
+        call's result (:func:`._recorded.recorded_tree`: a replica follows only its
         session entity's turns, so a child is told from the loom)."""
         translator = self.stream.translator
         read = functools.partial(recorded_tree, turn, tells=translator.tells)
