@@ -1,12 +1,14 @@
 """ACP's JSON-RPC 2.0 framing and the parameters of its requests: the error codes, the
-error response, a prompt's text and its busy policy -- what every ACP transport shares (a
-prompt's text is read as every front end reads it, :mod:`cantrip.protocols.sessions._prompts`)."""
+error response, the backend's refusals as errors, a prompt's text and its busy policy --
+what every ACP transport shares (a prompt's text is read as every front end reads it,
+:mod:`cantrip.protocols.sessions._prompts`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from cantrip.protocols.sessions._backend import SessionError
 from cantrip.protocols.sessions._prompts import PromptError, read_prompt
 
 PROTOCOL_VERSION = 1
@@ -28,6 +30,19 @@ class RpcError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+_CODES = {
+    "not_found": RESOURCE_NOT_FOUND,
+    "bad_request": INVALID_PARAMS,
+    "cast_failed": INTERNAL,
+    "crashed": INTERNAL,
+}
+"""JSON-RPC codes for the backend's refusals (any other kind: the request's fault)."""
+
+
+def rpc_error(exc: SessionError) -> RpcError:
+    return RpcError(_CODES.get(exc.kind, INVALID_REQUEST), exc.message)
 
 
 def prompt_text(params: Mapping[str, Any]) -> str:

@@ -9,7 +9,8 @@ notifications and the agent's own requests go out through the ``notify`` callbac
 package is split by job: :mod:`._rpc` (JSON-RPC framing, a prompt's parameters),
 :mod:`._updates` (session events to ``session/update``), :mod:`._asking` (a pause asked
 of the client), :mod:`._listing` (``session/list`` from the loom), :mod:`._stdio` (the
-line-delimited stdio transport) and :mod:`._v2` (the v2 draft's prompt lifecycle).
+line-delimited stdio transport), :mod:`._client` (the agent's own requests to the
+client, waiting for their answers) and :mod:`._v2` (the v2 draft's prompt lifecycle).
 
 What a session is, how prompts queue, steer, interrupt and roll back, how a cancel
 finds its prompt and how a pause is answered are the backend's -- written once for
@@ -38,12 +39,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-import attrs
 import trio
 
 from cantrip._approval import Decision, Pause, PauseError
@@ -54,6 +53,7 @@ from cantrip._redact import get_logger
 from cantrip.llm._contract import plain_json
 from cantrip.protocols.acp import _listing, _v2
 from cantrip.protocols.acp._asking import ask, elicitation_modes
+from cantrip.protocols.acp._client import ClientRequests, Notify
 from cantrip.protocols.acp._rpc import (
     INTERNAL,
     INVALID_PARAMS,
@@ -61,10 +61,10 @@ from cantrip.protocols.acp._rpc import (
     METHOD_NOT_FOUND,
     PROTOCOL_VERSION,
     REQUEST_CANCELLED,
-    RESOURCE_NOT_FOUND,
     RpcError,
     on_busy,
     prompt_text,
+    rpc_error,
 )
 from cantrip.protocols.acp._rpc import error_response as _error
 from cantrip.protocols.acp._running import Running
@@ -86,27 +86,6 @@ from cantrip.protocols.sessions._process import ProcessBackend
 from cantrip.protocols.sessions._through import follow_through
 
 log = get_logger("cantrip.acp")
-
-Notify = Callable[[dict[str, Any]], Awaitable[None]]
-
-_CODES = {
-    "not_found": RESOURCE_NOT_FOUND,
-    "bad_request": INVALID_PARAMS,
-    "cast_failed": INTERNAL,
-    "crashed": INTERNAL,
-}
-"""JSON-RPC codes for the backend's refusals (any other kind: the request's fault)."""
-
-
-def rpc_error(exc: SessionError) -> RpcError:
-    return RpcError(_CODES.get(exc.kind, INVALID_REQUEST), exc.message)
-
-
-@attrs.define(eq=False)
-class _Reply:
-    done: trio.Event = attrs.field(factory=trio.Event)
-    result: Any = None
-    error: Mapping[str, Any] | None = None
 
 
 class AcpServer:
@@ -133,9 +112,8 @@ class AcpServer:
         self.tasks: trio.Nursery
         """This connection's own tasks (set while :meth:`running`)."""
         self._notify = notify
-        self._requests = itertools.count(1)
-        self._waiting: dict[str, _Reply] = {}
-        """Requests this agent sent the client, by id."""
+        self._client = ClientRequests(notify)
+        """Requests this agent sends the client, waiting for their answers."""
         self._modes: frozenset[str] = frozenset()
         """The elicitation modes the client advertised at ``initialize``."""
         self._running: dict[Any, Running] = {}
@@ -169,7 +147,7 @@ class AcpServer:
         msg_id = message.get("id")
         if not isinstance(message.get("method"), str):
             if msg_id is not None and ("result" in message or "error" in message):
-                self._deliver(message)  # the client's answer to a request of ours
+                self._client.deliver(message)  # the client's answer to a request of ours
                 return None
             return _error(msg_id, INVALID_REQUEST, "not a JSON-RPC request (needs a method)")
         method = str(message["method"])
@@ -536,42 +514,8 @@ class AcpServer:
     # -- requests to the client -------------------------------------------------
 
     async def request_client(self, method: str, params: Mapping[str, Any]) -> Any:
-        """Send the client a JSON-RPC request and wait for its result; cancelled, the
-        request is withdrawn with ``$/cancel_request``."""
-        if self._notify is None:
-            raise RpcError(INTERNAL, f"no client to send {method} to")
-        request_id = f"cantrip-{next(self._requests)}"
-        reply = self._waiting[request_id] = _Reply()
-        try:
-            await self._notify(
-                {"jsonrpc": "2.0", "id": request_id, "method": method, "params": dict(params)}
-            )
-            await reply.done.wait()
-        except trio.Cancelled:
-            with trio.CancelScope(shield=True):
-                await self._notify(
-                    {
-                        "jsonrpc": "2.0",
-                        "method": "$/cancel_request",
-                        "params": {"requestId": request_id},
-                    }
-                )
-            raise
-        finally:
-            self._waiting.pop(request_id, None)
-        if reply.error is not None:
-            raise RpcError(int(reply.error.get("code", INTERNAL)), str(reply.error.get("message")))
-        return reply.result
-
-    def _deliver(self, message: Mapping[str, Any]) -> None:
-        reply = self._waiting.get(str(message.get("id")))
-        if reply is None:
-            log.info("a response to no request of ours: %r", message.get("id"))
-            return
-        error = message.get("error")
-        reply.error = error if isinstance(error, Mapping) else None
-        reply.result = message.get("result")
-        reply.done.set()
+        """Send the client a JSON-RPC request and wait for its result (:mod:`._client`)."""
+        return await self._client.request(method, params)
 
     # -- sessions --------------------------------------------------------------
 

@@ -1,7 +1,9 @@
 """``POST /agui``, written once over the session seam (SPEC.md "AG-UI"): one AG-UI run
 against any :class:`~cantrip.protocols.sessions.SessionBackend` -- in process, on
-PostgreSQL, or a third one -- with :mod:`._input`'s meaning of the input,
-:mod:`._translate`'s one event mapping and :mod:`._protocol`'s run on the wire.
+PostgreSQL, or a third one -- with :mod:`._input`'s meaning of the input (and
+:mod:`._reconnect`'s of a request's reconnecting), :mod:`._translate`'s one event mapping
+(:mod:`._loop_events` reading the seam's events back) and :mod:`._protocol`'s run on
+the wire.
 
 * ``threadId`` names a session: a session (or entity) id the backend finds is itself,
   any other id the session it created on that thread's first run (``create`` by key);
@@ -13,7 +15,7 @@ PostgreSQL, or a third one -- with :mod:`._input`'s meaning of the input,
 * what the run tells is its prompt's own stream, ``follow(prompt_id=...)``, from the
   prompt's beginning: in process the entity's events as they happen (token deltas,
   tool calls), on PostgreSQL the turns as a worker records them. A turn whose events
-  were not heard live is told from its record (:func:`._translate.recorded_events`),
+  were not heard live is told from its record (:func:`._recorded.recorded_events`),
   so the one :class:`._translate.Translator` takes both, and no backend is asked what
   it is. A run told again (joined, replayed, or a client reconnecting with
   ``Last-Event-ID``) is told the same way, event for event, so an event's id -- its
@@ -34,26 +36,16 @@ import math
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
-from urllib.parse import parse_qs
 
 import attrs
 import trio
 from ag_ui.core import RunAgentInput
 
 from cantrip._approval import Decision, Pause, PauseError
-from cantrip._events import (
-    FinalResponse,
-    GateProgress,
-    MessageComplete,
-    StepComplete,
-    StepStart,
-    ToolResultEvent,
-)
+from cantrip._events import FinalResponse, StepComplete
 from cantrip._outcome import CastResult
 from cantrip._redact import get_logger
-from cantrip.llm._contract import Response, ToolCall
-from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
-from cantrip.loom._model import GateCallRecord, Turn
+from cantrip.loom._model import Turn
 from cantrip.protocols.agui._input import (
     check_tools,
     client_answers,
@@ -65,10 +57,12 @@ from cantrip.protocols.agui._input import (
     tool_definitions,
     tool_results,
 )
+from cantrip.protocols.agui._loop_events import loop_event
 from cantrip.protocols.agui._protocol import RunFailed, RunStream, Where
-from cantrip.protocols.agui._translate import ends_its_step, recorded_tree
+from cantrip.protocols.agui._reconnect import reconnection
+from cantrip.protocols.agui._recorded import ends_its_step, recorded_tree
 from cantrip.protocols.agui._waiting import Waiting, remember, take
-from cantrip.protocols.asgi._requests import last_event_id, read_body, until_disconnect
+from cantrip.protocols.asgi._requests import read_body, until_disconnect
 from cantrip.protocols.asgi._responses import HttpError, Receive, Scope, Send, heartbeat_s
 from cantrip.protocols.middleware._lifecycle import Drain
 from cantrip.protocols.sessions import (
@@ -129,39 +123,6 @@ async def serve_agui(
 
 PARSING = trio.CapacityLimiter(2)
 """Threads that may check ``RunAgentInput`` bodies at once (:func:`parse_input`)."""
-
-MAX_RECONNECT_S = 300.0
-"""The longest ``?reconnect_s=`` a run may ask for."""
-
-
-def reconnection(scope: Scope | None) -> tuple[int | None, float]:
-    """What a request says of reconnecting: the id of the last event a client has
-    (``Last-Event-ID``: a run's ids are whole numbers, its events' places), and how
-    long a prompt outlives a hang-up waiting for its client to come back
-    (``?reconnect_s=``, 0 to :data:`MAX_RECONNECT_S`; default 0: a hang-up cancels at
-    once). Anything else is a 400 before anything runs."""
-    if scope is None:
-        return None, 0.0
-    after: int | None = None
-    raw = last_event_id(scope)
-    if raw is not None:
-        if not (raw.isdigit() and raw.isascii() and len(raw) <= 12):
-            raise HttpError(400, "bad_event_id", "an AG-UI run's event ids are whole numbers")
-        after = int(raw)
-    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    reconnect_s = 0.0
-    if query.get("reconnect_s"):
-        try:
-            reconnect_s = float(query["reconnect_s"][-1])
-        except ValueError:
-            reconnect_s = -1.0
-        if not 0 <= reconnect_s <= MAX_RECONNECT_S:  # (NaN fails both)
-            raise HttpError(
-                400,
-                "bad_request",
-                f"reconnect_s is a number of seconds from 0 to {MAX_RECONNECT_S:g}",
-            )
-    return after, reconnect_s
 
 
 async def thread_session(backend: SessionBackend, thread_id: str) -> SessionInfo:
@@ -529,7 +490,7 @@ class AguiRun:
     async def _tell_recorded(self, turn: Turn) -> None:
         """A turn whose events this run did not hear, told from its record -- with the
         children its delegation calls ran, from theirs, as sub-agents before each
-        call's result (:func:`._translate.recorded_tree`: a replica follows only its
+        call's result (:func:`._recorded.recorded_tree`: a replica follows only its
         session entity's turns, so a child is told from the loom)."""
         translator = self.stream.translator
         read = functools.partial(recorded_tree, turn, tells=translator.tells)
@@ -568,47 +529,3 @@ def _told_its_end(cast: CastResult | None, told: set[str]) -> bool:
     if cast.pending:
         return all(p.pause_id in told for p in cast.pending)
     return cast.turns[-1].id in told
-
-
-def loop_event(told: SessionEvent) -> Event | None:
-    """A session's event (the seam's JSON shape, :func:`event_dict`'s) as the loop's
-    event the :class:`Translator` takes; None for what it does not tell (usage, a
-    pause, a kind it does not know). A recorded turn is told apart (it carries it)."""
-    data, entity_id = told.data, str(told.data.get("entity_id") or "")
-    kind = told.type
-    if kind == "step_start":
-        return StepStart(sequence=int(data.get("sequence") or 0), entity_id=entity_id)
-    if kind == "message_start":
-        return MessageStart(attempt=int(data.get("attempt") or 1), entity_id=entity_id)
-    if kind == "text_delta":
-        return TextDelta(text=str(data.get("text") or ""), entity_id=entity_id)
-    if kind == "thinking_delta":
-        return ThinkingDelta(text=str(data.get("text") or ""), entity_id=entity_id)
-    if kind == "tool_call":
-        return ToolCallEvent(
-            call_id=str(data.get("call_id") or ""),
-            name=str(data.get("name") or ""),
-            arguments=data.get("arguments") or {},
-            final=bool(data.get("final")),
-            entity_id=entity_id,
-        )
-    if kind == "message_complete":
-        calls = [
-            ToolCall(id=c["id"], name=c["name"], arguments=c.get("arguments") or {})
-            for c in data.get("tool_calls") or ()
-        ]
-        response = Response(content=data.get("content"), tool_calls=calls)
-        return MessageComplete(response=response, entity_id=entity_id)
-    if kind == "tool_result" and isinstance(data.get("record"), dict):
-        return ToolResultEvent(record=GateCallRecord.from_dict(data["record"]), entity_id=entity_id)
-    if kind == "gate_progress":
-        return GateProgress(
-            gate=str(data.get("gate") or ""),
-            progress=float(data.get("progress") or 0.0),
-            total=data.get("total"),
-            message=data.get("message"),
-            entity_id=entity_id,
-        )
-    if kind == "final_response":
-        return FinalResponse(result=data.get("result"), entity_id=entity_id)
-    return None

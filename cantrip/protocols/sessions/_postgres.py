@@ -20,14 +20,14 @@ a call succeeds), input PostgreSQL cannot hold ``bad_request``, any other databa
 Waiting on a prompt (:meth:`PostgresBackend.result`, a prompt's :meth:`follow`) waits a
 lost database out instead: the cast goes on at its worker once it is back.
 
-Not here: the replica's wait count, ``max_running`` and drain -- the server's lifecycle
+Not here: the A2A task methods (:mod:`._postgres_tasks`, a base class); the replica's
+wait count, ``max_running`` and drain -- the server's lifecycle
 (:mod:`cantrip.protocols.middleware._lifecycle`), the same for both modes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -54,7 +54,6 @@ from cantrip.protocols.sessions._admit import (
     unavailable,
 )
 from cantrip.protocols.sessions._backend import (
-    MAX_TASKS,
     BusyPolicy,
     Cancelled,
     Capabilities,
@@ -65,7 +64,6 @@ from cantrip.protocols.sessions._backend import (
     SessionInfo,
     SessionRef,
     Submitted,
-    TaskRecord,
     check_cwd,
     check_user,
     entity_id_for,
@@ -76,6 +74,7 @@ from cantrip.protocols.sessions._enqueue import PromptRequest, prompt_id_for, wo
 from cantrip.protocols.sessions._looks import ProgressLooks
 from cantrip.protocols.sessions._notify import Notifier
 from cantrip.protocols.sessions._positions import START, EventId, TurnIds, check_reachable
+from cantrip.protocols.sessions._postgres_tasks import PostgresTasks
 from cantrip.protocols.sessions._rows import DbSessions, Progress, SessionRow, failure_message
 from cantrip.protocols.sessions._shapes import event_dict
 from cantrip.protocols.sessions._tail import Beat, follow
@@ -97,7 +96,7 @@ CAPABILITIES = Capabilities(
 """What this backend offers (the docs' table of modes is generated from it)."""
 
 
-class PostgresBackend:
+class PostgresBackend(PostgresTasks):
     """:class:`~cantrip.protocols.sessions.SessionBackend` over ``serve --db``'s tables."""
 
     def __init__(
@@ -534,61 +533,6 @@ class PostgresBackend:
 
     async def health(self) -> Health:
         return Health("db", self.waiting, await self._db(self.db.count), True)
-
-    # -- tasks -------------------------------------------------------------------
-
-    async def _tasks(self) -> TaskRows:
-        """The task rows (their table made on first use)."""
-        if self._task_rows is None:
-            self._task_rows = await self._db(TaskRows, self.db.store)
-        return self._task_rows
-
-    async def submit_task(
-        self,
-        session_id: str,
-        intent: str,
-        *,
-        task_id: str,
-        message: str,
-        on_busy: BusyPolicy = "reject",
-    ) -> TaskRecord:
-        rows = await self._tasks()
-        entity_id = entity_id_for(session_id)  # (its batch checks the session, as submit's)
-        also = functools.partial(rows.add_on, task_id=task_id, entity_id=entity_id, message=message)
-        await self.prompts.enqueue(
-            PromptRequest(entity_id, self.spell, intent, None, on_busy, also, session=session_id)
-        )
-        found = await self._db(rows.record, task_id)
-        assert found is not None  # written with its prompt
-        return found
-
-    async def task(self, task_id: str) -> TaskRecord | None:
-        rows = await self._tasks()
-        return await self._db(rows.record, task_id)
-
-    async def tasks(
-        self, session_id: str | None, *, before: int | None = None, limit: int = MAX_TASKS
-    ) -> list[TaskRecord]:
-        rows = await self._tasks()
-        entity = None if session_id is None else entity_id_for(session_id)
-        return await self._db(rows.newest, entity, before, limit)
-
-    async def answer_task(
-        self, task_id: str, prompt_id: str, pause_id: str, decision: Decision, message: str
-    ) -> TaskRecord | None:
-        rows = await self._tasks()
-        work_id = work_id_for(prompt_id)
-        if work_id is None:
-            return None
-        moved = await self._db(rows.answer, task_id, work_id, pause_id, decision.to_dict(), message)
-        return await self._db(rows.record, task_id) if moved else None
-
-    async def cancel_waiting_task(self, task_id: str, prompt_id: str) -> TaskRecord | None:
-        rows = await self._tasks()
-        work_id = work_id_for(prompt_id)
-        if work_id is None or not await self._db(rows.cancel_waiting, task_id, work_id):
-            return None
-        return await self._db(rows.record, task_id)
 
 
 @attrs.define
