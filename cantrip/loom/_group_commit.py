@@ -52,8 +52,13 @@ class GroupCommit(Generic[T]):
         """Set when the batch being written now is done (None: none is)."""
         self._in_flight_last = -1
         """The last ticket of the batch being written now."""
-        self._heir = False
-        """A caller whose item came after the batch in flight waits to write the next."""
+        self._heir_of: trio.Event | None = None
+        """The batch in flight (its event) whose successor has a writer: a caller whose
+        item came after that batch waits for it and writes the next (the *heir*). Tied
+        to the batch, not a flag: once that batch ended, whoever started the next one
+        (a caller that found none in flight) makes its heir stale -- the one waking
+        from it has nothing left to write -- and a caller after that batch must become
+        its heir itself, or nobody writes it."""
         self._following: trio.Event | None = None
         """Set when the next batch is done: what the callers besides its writer (the heir)
         wait for -- woken once, when their batch is written, not also when the batch
@@ -110,7 +115,7 @@ class GroupCommit(Generic[T]):
                 await self._write_next()
             elif ticket <= self._in_flight_last:  # in the batch being written
                 await self._in_flight.wait()
-            elif self._heir:  # the next batch has its writer: wait for it alone
+            elif self._heir_of is self._in_flight:  # the next batch has its writer
                 if self._following is None:
                     self._following = trio.Event()
                 await self._following.wait()
@@ -122,14 +127,15 @@ class GroupCommit(Generic[T]):
         caller's loop writes it as soon as this returns, with no checkpoint between). An
         heir that stops waiting (cancelled) wakes the callers that counted on it, so one
         of them writes instead."""
-        self._heir = True
+        self._heir_of = in_flight
         try:
             await in_flight.wait()
         except BaseException:
             self._wake_following()
             raise
         finally:
-            self._heir = False
+            if self._heir_of is in_flight:
+                self._heir_of = None
 
     def _wake_following(self) -> None:
         following, self._following = self._following, None
