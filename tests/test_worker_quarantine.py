@@ -316,7 +316,10 @@ def test_a_killed_workers_casts_are_resumed_at_no_attempt(
         assert state == "done", (state, outcome, log.read_text())
     dispatcher.close()
     after = _work(effects_db)
-    assert [(after[w]["attempts"], after[w]["crashes"]) for w in works] == [(1, 1)] * 8
+    # the kill is a crash of each (a new worker that, on a loaded machine, lets a 1 s
+    # lease run out counts another -- still at no attempt)
+    assert [after[w]["attempts"] for w in works] == [1] * 8, after
+    assert all(after[w]["crashes"] >= 1 for w in works), after
     _assert_intact(effects_db, jobs)
 
 
