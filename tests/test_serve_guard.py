@@ -399,6 +399,66 @@ def test_slow_clients_are_dropped_by_the_read_timeout() -> None:
     assert trio.run(main) == b"", "the server closed the silent connection"
 
 
+def slow_spell(delay_ms: int) -> cantrip.Cantrip:
+    """A spell whose one answer takes ``delay_ms`` of its model's time."""
+    answer = {"tool_calls": [{"gate": "done", "args": {"answer": "late"}}], "delay_ms": delay_ms}
+    doc: dict[str, Any] = {
+        "llm": {"provider": "scripted", "responses": [answer]},
+        "circle": {"medium": "conversation", "gates": ["done"], "wards": [{"max_turns": 3}]},
+    }
+    return build_cantrip(parse_spec(doc))
+
+
+async def test_a_prompt_that_runs_longer_than_the_read_timeout_gets_its_answer() -> None:
+    """The read timeout drops a client that stops sending its request, not one that waits
+    for the answer: before, a prompt that ran past ``--client-timeout`` (30 s) had its
+    connection cut ("server disconnected without sending a response")."""
+    async with serving(slow_spell(2500), read_timeout_s=1) as (http, _):
+        sid = (await http.post("/sessions")).json()["session_id"]
+        response = await http.post(f"/sessions/{sid}/prompt", json={"prompt": "slow"})
+    assert response.status_code == 200, response.text
+    assert response.json()["result"] == "late"
+
+
+async def test_a_stream_outlives_the_read_timeout() -> None:
+    """A prompt's event stream that lasts past the read timeout is told to its end."""
+    async with serving(slow_spell(2500), read_timeout_s=1) as (http, _):
+        sid = (await http.post("/sessions")).json()["session_id"]
+        async with http.stream(
+            "POST",
+            f"/sessions/{sid}/prompt",
+            json={"prompt": "slow"},
+            headers={"accept": "text/event-stream"},
+        ) as response:
+            lines = [line async for line in response.aiter_lines()]
+    events = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    assert events[0] == "prompt" and events[-1] == "result", events
+
+
+def test_a_silent_client_is_still_dropped_after_an_answered_request() -> None:
+    """Once a request is answered, the read timeout (with the keep-alive timer) counts
+    again: a client that then starts a request and stops sending is disconnected."""
+
+    async def main() -> bytes:
+        options = ServeOptions(keep_alive_s=1)
+        async with serving(make_spell(), read_timeout_s=1, options=options) as (_, url):
+            port = int(url.rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.settimeout(20)
+                sock.sendall(
+                    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                    b"POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                )
+                received = b""
+                while chunk := await trio.to_thread.run_sync(sock.recv, 4096):
+                    received += chunk
+                return received
+
+    received = trio.run(main)
+    assert received.startswith(b"HTTP/1.1 200"), received[:100]
+    assert received.count(b"HTTP/1.1 ") == 1, "the half-sent request got no answer"
+
+
 def test_a_token_given_as_a_flag_is_redacted_like_the_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -310,13 +310,19 @@ def test_a_killed_workers_casts_are_resumed_at_no_attempt(
     loom.close()
     procs[0].kill()
     procs[0].wait()
-    procs.append(spawn_worker(effects_db, log, *limit, concurrency=8, **env))
+    # the new worker's leases are long: a 1 s lease run out on a loaded machine is a
+    # crash too, and a second one makes a cast a suspect that dies charged (that rule is
+    # tested above), which is not what this test is about
+    procs.append(spawn_worker(effects_db, log, *limit, lease=10.0, concurrency=8, **env))
     for work in works:
         state, outcome = dispatcher.wait(work, timeout=60)
         assert state == "done", (state, outcome, log.read_text())
     dispatcher.close()
     after = _work(effects_db)
-    assert [(after[w]["attempts"], after[w]["crashes"]) for w in works] == [(1, 1)] * 8
+    # the kill is a crash of each (the killed worker, on a loaded machine, may have let a
+    # 1 s lease run out before it: another crash, still at no attempt)
+    assert [after[w]["attempts"] for w in works] == [1] * 8, after
+    assert all(after[w]["crashes"] >= 1 for w in works), after
     _assert_intact(effects_db, jobs)
 
 

@@ -379,8 +379,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
         type=int,
         default=30,
         metavar="SECONDS",
-        help="drop a client that sends nothing for this long, or whose body takes longer "
-        "(default: 30)",
+        help="drop a client that stops sending its request for this long, or whose body "
+        "takes longer; an answer may take as long as it runs (default: 30)",
     )
 
     conformance = commands.add_parser(
