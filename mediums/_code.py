@@ -1,4 +1,5 @@
-"""What every code medium shares: presentation, argument mapping, the viewport.
+"""What every code medium shares: presentation, argument mapping, the viewport, and
+the limits of a sandbox (the ``max_eval_ms`` and ``max_memory_mb`` ward kinds).
 
 A code medium shows the LLM exactly one tool (its language), whose
 description documents the circle's gates as host functions; ``tool_choice``
@@ -24,10 +25,16 @@ import attrs
 from cantrip.medium import (
     Gate,
     GateCallRecord,
+    Message,
     Response,
     ToolCall,
     ToolDefinition,
+    Turn,
+    WardKind,
+    WardSet,
     history_view,
+    register_ward_kind,
+    render_code_observation,
     running_entity,
     to_loom_value,
 )
@@ -46,6 +53,44 @@ PROSE_IN_CODE = (
 
 VIEWPORT_CHARS = 500
 PREVIEW_CHARS = 150
+
+MAX_EVAL_MS = register_ward_kind(
+    WardKind("max_eval_ms", "min", doc="milliseconds one code call may run (code mediums)")
+)
+MAX_MEMORY_MB = register_ward_kind(
+    WardKind("max_memory_mb", "min", doc="heap megabytes of a code sandbox (code mediums)")
+)
+
+
+def ward_limit(own: int, wards: WardSet, kind: str) -> int:
+    """A medium's limit, or the circle's ward of ``kind`` where that is lower (wards of
+    the ``min`` kinds only tighten; an absent or zero ward leaves the medium's)."""
+    return int(min(own, wards.get(kind) or own))
+
+
+@attrs.frozen
+class SandboxMedium:
+    """The limits of a sandboxed code medium (JavaScript, Python): the time one code
+    call may run and the sandbox's heap, each tightened by the circle's wards.
+
+    A subclass's own fields follow these two, so its positional order is
+    ``max_eval_ms, max_memory_mb, ...``."""
+
+    max_eval_ms: int = 5000
+    max_memory_mb: int = 64
+
+    def ward_kinds(self) -> Sequence[WardKind]:
+        return (MAX_EVAL_MS, MAX_MEMORY_MB)
+
+    def limits(self, wards: WardSet) -> tuple[int, int]:
+        """(milliseconds a code call may run, heap megabytes) of a session under ``wards``."""
+        return (
+            ward_limit(self.max_eval_ms, wards, "max_eval_ms"),
+            ward_limit(self.max_memory_mb, wards, "max_memory_mb"),
+        )
+
+    def render_observation(self, turn: Turn) -> list[Message]:
+        return render_code_observation(turn)
 
 
 def code_tool(language: str, tool_name: str, gates: Sequence[Gate], notes: str) -> ToolDefinition:

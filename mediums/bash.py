@@ -99,15 +99,16 @@ from cantrip.medium import (
 from mediums._bash_shell import Output, Sandbox, Shell, ShellDied, gate_commands
 from mediums._bwrap import bwrap_path, bwrap_problem
 from mediums._code import (
+    MAX_EVAL_MS,
     CodeRun,
     boundary_arguments,
     code_tool,
     execute_code_calls,
     map_arguments,
     observation_text,
+    ward_limit,
 )
 from mediums.base import Execution, GateHost
-from mediums.js import MAX_EVAL_MS
 
 TOOL_NAME = "bash"
 EXIT_GRACE_S = 0.2
@@ -174,7 +175,7 @@ class BashMedium:
         return (attrs.evolve(tool, description=notes),)
 
     async def open(self, wards: WardSet) -> BashSession:
-        eval_ms = int(min(self.max_eval_ms, wards.get("max_eval_ms") or self.max_eval_ms))
+        eval_ms = ward_limit(self.max_eval_ms, wards, "max_eval_ms")
         sandbox = None
         if self.isolation == "bwrap":
             bwrap = bwrap_path()

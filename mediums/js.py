@@ -43,18 +43,13 @@ import attrs
 from cantrip.medium import (
     Gate,
     GateCallRecord,
-    Message,
     Response,
     ToolCall,
     ToolChoice,
     ToolDefinition,
-    Turn,
     ValueBoundaryError,
-    WardKind,
     WardSet,
     preview,
-    register_ward_kind,
-    render_code_observation,
     require_extra,
     to_loom_value,
 )
@@ -62,6 +57,7 @@ from mediums._code import (
     LOOM_DOC,
     CodeRun,
     HistorySource,
+    SandboxMedium,
     code_tool,
     execute_code_calls,
     history_source,
@@ -72,23 +68,15 @@ from mediums._code import (
 from mediums._worker import WorkerDied, WorkerProcess
 from mediums.base import Execution, GateHost
 
-MAX_EVAL_MS = register_ward_kind(
-    WardKind("max_eval_ms", "min", doc="milliseconds one code call may run (code mediums)")
-)
-MAX_MEMORY_MB = register_ward_kind(
-    WardKind("max_memory_mb", "min", doc="heap megabytes of a code sandbox (code mediums)")
-)
-
 TOOL_NAME = "js"
 WORKER_SCRIPT = str(Path(__file__).with_name("_js_worker.py"))
 
 
 @attrs.frozen
-class JsMedium:
-    """JavaScript (QuickJS) as the medium: A = M + G - W."""
+class JsMedium(SandboxMedium):
+    """JavaScript (QuickJS) as the medium: A = M + G - W (``max_eval_ms``, ``max_memory_mb``
+    and the wards they obey: :class:`~mediums._code.SandboxMedium`)."""
 
-    max_eval_ms: int = 5000
-    max_memory_mb: int = 64
     stack_kb: int = 1024
     expose_loom: bool = True
     """A read-only ``loom`` object with the entity's own history in the sandbox (LOOM-11)."""
@@ -96,9 +84,6 @@ class JsMedium:
     default_tool_choice: ToolChoice = "required"
     fork_strategy: str = "replay"
     """How a fork's (or a resumed entity's) sandbox state is rebuilt (LOOM-4)."""
-
-    def ward_kinds(self) -> Sequence[WardKind]:
-        return (MAX_EVAL_MS, MAX_MEMORY_MB)
 
     def present(self, gates: Sequence[Gate]) -> tuple[ToolDefinition, ...]:
         notes = (
@@ -113,12 +98,8 @@ class JsMedium:
         # QuickJS runs in the worker process: a missing extra is said here, in one
         # line, not as the worker's traceback.
         require_extra("js", "the js medium")
-        eval_ms = int(min(self.max_eval_ms, wards.get("max_eval_ms") or self.max_eval_ms))
-        memory_mb = int(min(self.max_memory_mb, wards.get("max_memory_mb") or self.max_memory_mb))
+        eval_ms, memory_mb = self.limits(wards)
         return JsSession(eval_ms, memory_mb, self.stack_kb, expose_loom=self.expose_loom)
-
-    def render_observation(self, turn: Turn) -> list[Message]:
-        return render_code_observation(turn)
 
 
 class JsSession:

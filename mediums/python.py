@@ -95,20 +95,17 @@ import trio
 from cantrip.medium import (
     Gate,
     GateCallRecord,
-    Message,
     Response,
     ToolCall,
     ToolChoice,
     ToolDefinition,
-    Turn,
     ValueBoundaryError,
-    WardKind,
     WardSet,
-    render_code_observation,
 )
 from mediums._code import (
     LOOM_DOC,
     CodeRun,
+    SandboxMedium,
     boundary_arguments,
     code_tool,
     execute_code_calls,
@@ -140,7 +137,6 @@ from mediums._python_values import (
     to_sandbox,
 )
 from mediums.base import Execution, GateHost
-from mediums.js import MAX_EVAL_MS, MAX_MEMORY_MB
 
 _T = TypeVar("_T")
 
@@ -161,11 +157,10 @@ _NOTES = (
 
 
 @attrs.frozen
-class PythonMedium:
-    """Python (Monty) as the medium: A = M + G - W."""
+class PythonMedium(SandboxMedium):
+    """Python (Monty) as the medium: A = M + G - W (``max_eval_ms``, ``max_memory_mb``
+    and the wards they obey: :class:`~mediums._code.SandboxMedium`)."""
 
-    max_eval_ms: int = 5000
-    max_memory_mb: int = 64
     max_recursion_depth: int = 1000
     expose_loom: bool = True
     """A read-only ``loom`` object with the entity's own history in the sandbox (LOOM-11)."""
@@ -174,22 +169,15 @@ class PythonMedium:
     fork_strategy: str = "replay"
     """How a fork's (or a resumed entity's) sandbox state is rebuilt (LOOM-4)."""
 
-    def ward_kinds(self) -> Sequence[WardKind]:
-        return (MAX_EVAL_MS, MAX_MEMORY_MB)
-
     def present(self, gates: Sequence[Gate]) -> tuple[ToolDefinition, ...]:
         notes = _NOTES + ("\n" + LOOM_DOC if self.expose_loom else "")
         return (code_tool("Python", TOOL_NAME, gates, notes),)
 
     async def open(self, wards: WardSet) -> PythonSession:
-        eval_ms = int(min(self.max_eval_ms, wards.get("max_eval_ms") or self.max_eval_ms))
-        memory_mb = int(min(self.max_memory_mb, wards.get("max_memory_mb") or self.max_memory_mb))
+        eval_ms, memory_mb = self.limits(wards)
         return PythonSession(
             eval_ms, memory_mb, self.max_recursion_depth, expose_loom=self.expose_loom
         )
-
-    def render_observation(self, turn: Turn) -> list[Message]:
-        return render_code_observation(turn)
 
 
 @attrs.define

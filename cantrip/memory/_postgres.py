@@ -22,22 +22,17 @@ import trio
 from cantrip.llm._embed_contract import Embedder
 from cantrip.memory._model import (
     Item,
-    MemoryStoreError,
     Namespace,
     PreparedPut,
     SearchItem,
     check_key,
     check_namespace,
-    check_revision,
-    decode_json,
-    prepare_put,
-    split_namespace,
 )
 from cantrip.memory._postgres_vectors import SCHEMA as VECTOR_SCHEMA
 from cantrip.memory._postgres_vectors import PostgresVectors
-from cantrip.memory._sql_reads import COLUMNS, SqlReads
+from cantrip.memory._sql_reads import COLUMNS, SqlReads, row_item, schema_is_current
 from cantrip.memory._store import now
-from cantrip.memory._vectors import Plan, Stale
+from cantrip.memory._vectors import Plan
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
@@ -87,13 +82,7 @@ def migrate(conn: Any, where: str) -> None:
         exists = conn.execute("SELECT to_regclass('cantrip_memory_schema')").fetchone()
         if exists is not None and exists[0] is not None:
             row = conn.execute("SELECT max(version) FROM cantrip_memory_schema").fetchone()
-            version = row[0] if row is not None and row[0] is not None else 0
-            if version > SCHEMA_VERSION:
-                raise MemoryStoreError(
-                    f"the memory tables at {where} were written by a newer cantrip "
-                    f"(memory schema {version}; this one knows up to {SCHEMA_VERSION}): upgrade"
-                )
-            if version == SCHEMA_VERSION:
+            if schema_is_current(row, SCHEMA_VERSION, f"at {where}"):
                 return
         conn.execute(SCHEMA)
         conn.execute("INSERT INTO cantrip_memory_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
@@ -104,6 +93,7 @@ class PostgresMemory(SqlReads):
 
     MARK = "%s"
     ITEMS = "cantrip_memory_items"
+    REVISIONS = "cantrip_memory_revisions"
     vectors: PostgresVectors
 
     def __init__(
@@ -123,15 +113,6 @@ class PostgresMemory(SqlReads):
             migrate(conn, where)
         self.vectors = PostgresVectors(pool, embedder)
         self.vectors.open(reindex)
-
-    @property
-    def embedder(self) -> Embedder | None:
-        """The embedder this store was opened with (None: text search only)."""
-        return self.vectors.embedder
-
-    def reindex(self) -> int:
-        """Embed every item that has no vector yet (put without an embedder); how many."""
-        return self.vectors.reindex()
 
     @classmethod
     def beside(
@@ -161,17 +142,6 @@ class PostgresMemory(SqlReads):
             pool.close()
             raise
 
-    def put(
-        self, namespace: Namespace, key: str, value: Any, metadata: dict[str, Any] | None = None
-    ) -> Item:
-        p = prepare_put(namespace, key, value, metadata)
-        plan = self.vectors.plan((p.namespace, p.key), p.text)
-        while True:
-            try:
-                return self._put(p, plan)
-            except Stale:  # the text changed since the plan kept its vector
-                plan = self.vectors.plan((p.namespace, p.key), p.text, force=True)
-
     def _put(self, p: PreparedPut, plan: Plan) -> Item:
         stamp = now()
         with self.pool.connection() as conn, conn.transaction():
@@ -193,26 +163,6 @@ class PostgresMemory(SqlReads):
             self.vectors.write(conn, (p.namespace, p.key), plan)
         return _item(row)
 
-    def get(self, namespace: Namespace, key: str, revision: int | None = None) -> Item | None:
-        ns, key = check_namespace(namespace), check_key(key)
-        check_revision(revision)
-        with self.pool.connection() as conn:
-            if revision is None:
-                row = conn.execute(
-                    f"SELECT {COLUMNS} FROM cantrip_memory_items i "
-                    "WHERE namespace = %s AND key = %s",
-                    (ns, key),
-                ).fetchone()
-            else:
-                row = conn.execute(
-                    "SELECT r.namespace, r.key, r.value, r.metadata, r.revision, i.created_at, "
-                    "r.updated_at FROM cantrip_memory_revisions r JOIN cantrip_memory_items i "
-                    "ON i.namespace = r.namespace AND i.key = r.key "
-                    "WHERE r.namespace = %s AND r.key = %s AND r.revision = %s",
-                    (ns, key, revision),
-                ).fetchone()
-        return None if row is None else _item(row)
-
     def delete(self, namespace: Namespace, key: str) -> bool:
         ns, key = check_namespace(namespace), check_key(key)
         with self.pool.connection() as conn, conn.transaction():
@@ -228,6 +178,9 @@ class PostgresMemory(SqlReads):
     def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
         with self.pool.connection() as conn:
             return conn.execute(sql, params).fetchall()
+
+    def _item(self, row: Any) -> Item:
+        return _item(row)
 
     def _search_item(self, row: Any) -> SearchItem:
         return SearchItem(_item(row[:7]), _score(row[7]))
@@ -254,13 +207,9 @@ def _score(rank: Any) -> float | None:
 
 
 def _item(row: Any) -> Item:
-    ns, key, value, metadata, revision, created, updated = row
-    return Item(
-        namespace=split_namespace(ns),
-        key=key,
-        value=decode_json(value),
-        metadata=decode_json(metadata),
-        revision=revision,
-        created_at=created,
-        updated_at=updated,
-    )
+    """A row of :data:`COLUMNS` as an item (psycopg reads TIMESTAMPTZ as datetimes)."""
+    return row_item(row, _as_is)
+
+
+def _as_is(stamp: Any) -> Any:
+    return stamp

@@ -25,22 +25,17 @@ import trio
 from cantrip.llm._embed_contract import Embedder
 from cantrip.memory._model import (
     Item,
-    MemoryStoreError,
     Namespace,
     PreparedPut,
     SearchItem,
     check_key,
     check_namespace,
-    check_revision,
-    decode_json,
-    prepare_put,
-    split_namespace,
 )
-from cantrip.memory._sql_reads import COLUMNS, SqlReads
+from cantrip.memory._sql_reads import COLUMNS, SqlReads, row_item, schema_is_current
 from cantrip.memory._sqlite_vectors import SCHEMA as VECTOR_SCHEMA
 from cantrip.memory._sqlite_vectors import SQLiteVectors
 from cantrip.memory._store import now
-from cantrip.memory._vectors import Plan, Stale
+from cantrip.memory._vectors import Plan
 
 SCHEMA_VERSION = 2
 """1: items, their revisions, and the full-text index. 2: items' vectors
@@ -88,6 +83,7 @@ class SQLiteMemory(SqlReads):
 
     MARK = "?"
     ITEMS = "memory_items"
+    REVISIONS = "memory_revisions"
     vectors: SQLiteVectors
 
     def __init__(
@@ -120,37 +116,10 @@ class SQLiteMemory(SqlReads):
         ).fetchone()
         if found is not None:
             row = db.execute("SELECT max(version) FROM memory_schema").fetchone()
-            version = row[0] if row is not None and row[0] is not None else 0
-            if version > SCHEMA_VERSION:
-                raise MemoryStoreError(
-                    f"the memory tables in {self.path} were written by a newer cantrip "
-                    f"(memory schema {version}; this one knows up to {SCHEMA_VERSION}): upgrade"
-                )
-            if version == SCHEMA_VERSION:
+            if schema_is_current(row, SCHEMA_VERSION, f"in {self.path}"):
                 return
         db.executescript(_SCHEMA)
         db.execute("INSERT INTO memory_schema (version) VALUES (?)", (SCHEMA_VERSION,))
-
-    def put(
-        self, namespace: Namespace, key: str, value: Any, metadata: dict[str, Any] | None = None
-    ) -> Item:
-        prepared = prepare_put(namespace, key, value, metadata)
-        ns, key = prepared.namespace, prepared.key
-        plan = self.vectors.plan((ns, key), prepared.text)
-        while True:
-            try:
-                return self._put(prepared, plan)
-            except Stale:  # the text changed since the plan kept its vector
-                plan = self.vectors.plan((ns, key), prepared.text, force=True)
-
-    @property
-    def embedder(self) -> Embedder | None:
-        """The embedder this store was opened with (None: text search only)."""
-        return self.vectors.embedder
-
-    def reindex(self) -> int:
-        """Embed every item that has no vector yet (put without an embedder); how many."""
-        return self.vectors.reindex()
 
     def _put(self, prepared: PreparedPut, plan: Plan) -> Item:
         stamp = now().strftime(_TIME)
@@ -195,25 +164,6 @@ class SQLiteMemory(SqlReads):
             db.execute("COMMIT")
         return _item((ns, key, prepared.value, prepared.metadata, revision, created, stamp))
 
-    def get(self, namespace: Namespace, key: str, revision: int | None = None) -> Item | None:
-        ns, key = check_namespace(namespace), check_key(key)
-        check_revision(revision)
-        with self._lock:
-            if revision is None:
-                row = self._db.execute(
-                    f"SELECT {COLUMNS} FROM memory_items i WHERE namespace = ? AND key = ?",
-                    (ns, key),
-                ).fetchone()
-            else:
-                row = self._db.execute(
-                    "SELECT r.namespace, r.key, r.value, r.metadata, r.revision, i.created_at, "
-                    "r.updated_at FROM memory_revisions r JOIN memory_items i "
-                    "ON i.namespace = r.namespace AND i.key = r.key "
-                    "WHERE r.namespace = ? AND r.key = ? AND r.revision = ?",
-                    (ns, key, revision),
-                ).fetchone()
-        return None if row is None else _item(row)
-
     def delete(self, namespace: Namespace, key: str) -> bool:
         ns, key = check_namespace(namespace), check_key(key)
         with self._lock:
@@ -239,6 +189,9 @@ class SQLiteMemory(SqlReads):
         with self._lock:
             return self._db.execute(sql, params).fetchall()
 
+    def _item(self, row: Any) -> Item:
+        return _item(row)
+
     def _search_item(self, row: Any) -> SearchItem:
         return SearchItem(_item(row[:7]), row[7])
 
@@ -258,13 +211,9 @@ class SQLiteMemory(SqlReads):
 
 
 def _item(row: Any) -> Item:
-    ns, key, value, metadata, revision, created, updated = row
-    return Item(
-        namespace=split_namespace(ns),
-        key=key,
-        value=decode_json(value),
-        metadata=decode_json(metadata),
-        revision=revision,
-        created_at=datetime.strptime(created, _TIME),
-        updated_at=datetime.strptime(updated, _TIME),
-    )
+    """A row of :data:`COLUMNS` as an item (times stored as :data:`_TIME` text)."""
+    return row_item(row, _time)
+
+
+def _time(stamp: str) -> datetime:
+    return datetime.strptime(stamp, _TIME)

@@ -18,8 +18,9 @@ one turn's I/O, in order:
   diagnostics logged (:mod:`._debug_log`).
 
 Beside it, the small pure helpers the adapters share: ``extra`` split into
-hyperparameters and pass-through fields, the system texts, an assistant
-message's reasoning artefacts put back in their places (:func:`with_reasoning`),
+hyperparameters and pass-through fields, the system texts, consecutive turns of
+one role joined (:func:`append_turn`), an assistant message's reasoning artefacts
+put back in their places (:func:`with_reasoning`),
 the body's JSON bytes, a tool-call id for a provider that gives none, events
 for an answer that arrived whole.
 
@@ -151,6 +152,21 @@ def split_extra(
 def system_texts(messages: Iterable[Message]) -> list[str]:
     """The texts of the system messages: every API takes them apart from the turns."""
     return [m.content for m in messages if m.role == "system" and m.content]
+
+
+def append_turn(
+    turns: list[dict[str, Any]], role: str, items: list[dict[str, Any]], key: str
+) -> None:
+    """Add ``items`` to ``turns`` as a ``role`` turn holding them under ``key``; nothing
+    for no items. Consecutive turns of one role become one: Anthropic and Gemini
+    want user and model turns to alternate, so the results of one round of tool
+    calls share a turn (and so does a user message after them)."""
+    if not items:
+        return
+    if turns and turns[-1]["role"] == role:
+        turns[-1][key].extend(items)
+    else:
+        turns.append({"role": role, key: items})
 
 
 def with_reasoning(

@@ -61,6 +61,7 @@ from cantrip.llm.providers._base import (
     EventSink,
     HTTPAdapter,
     StreamState,
+    append_turn,
     log,
     split_extra,
     system_texts,
@@ -200,20 +201,12 @@ class AnthropicAdapter(HTTPAdapter):
 
     def wire_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-
-        def push(role: str, blocks: list[dict[str, Any]]) -> None:
-            if not blocks:
-                return
-            if out and out[-1]["role"] == role:
-                out[-1]["content"].extend(blocks)
-            else:
-                out.append({"role": role, "content": blocks})
-
         for m in messages:
             if m.role == "system":
                 continue
             if m.role == "user":
-                push("user", [{"type": "text", "text": m.content or "(empty)"}])
+                text = {"type": "text", "text": m.content or "(empty)"}
+                append_turn(out, "user", [text], "content")
             elif m.role == "tool":
                 block: dict[str, Any] = {
                     "type": "tool_result",
@@ -222,9 +215,9 @@ class AnthropicAdapter(HTTPAdapter):
                 }
                 if m.is_error:
                     block["is_error"] = True
-                push("user", [block])
+                append_turn(out, "user", [block], "content")
             else:
-                push("assistant", assistant_blocks(m))
+                append_turn(out, "assistant", assistant_blocks(m), "content")
         return out
 
     def parse(self, payload: Mapping[str, Any], messages: Sequence[Message]) -> Response:

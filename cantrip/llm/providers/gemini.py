@@ -64,6 +64,7 @@ from cantrip.llm.providers._base import (
     EventSink,
     HTTPAdapter,
     StreamState,
+    append_turn,
     split_extra,
     synthetic_call_id,
     system_texts,
@@ -199,31 +200,20 @@ class GeminiAdapter(HTTPAdapter):
     def wire_contents(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         names: dict[str, str] = {}
-
-        def push(role: str, parts: list[dict[str, Any]]) -> None:
-            if not parts:
-                return
-            if out and out[-1]["role"] == role:
-                out[-1]["parts"].extend(parts)
-            else:
-                out.append({"role": role, "parts": parts})
-
         for m in messages:
             if m.role == "system":
                 continue
             if m.role == "user":
-                push("user", [{"text": m.content or "(empty)"}])
+                append_turn(out, "user", [{"text": m.content or "(empty)"}], "parts")
             elif m.role == "tool":
                 name = m.name or names.get(m.tool_call_id or "", "")
                 key = "error" if m.is_error else "result"
-                push(
-                    "user",
-                    [{"functionResponse": {"name": name, "response": {key: m.content or ""}}}],
-                )
+                response = {"name": name, "response": {key: m.content or ""}}
+                append_turn(out, "user", [{"functionResponse": response}], "parts")
             else:
                 for call in m.tool_calls:
                     names[call.id] = call.name
-                push("model", model_parts(m, foreign=self.strict_signatures))
+                append_turn(out, "model", model_parts(m, foreign=self.strict_signatures), "parts")
         return out
 
     @property
