@@ -7,11 +7,13 @@ The standard Postgres queue pattern and nothing of our own beyond it:
   free slots, one per entity -- with ``SELECT ... FOR UPDATE SKIP LOCKED``
   (runnable: queued, or running under a lease that expired -- its worker
   died), takes each entity's lease in ``cantrip_leases`` -- which bumps the
-  **fencing epoch** -- and marks the rows running, all in one statement.
+  **fencing epoch** -- and marks the rows running, all in one statement (a statement
+  per :data:`~cantrip.distributed._renewal.FENCE_CHUNK` items for a worker with more
+  free slots: each takes that many fence locks, held to its commit).
   Work for one entity runs in enqueue order, one at a time;
 * **heartbeat** extends the lease, but only while it is still this worker's at
   this epoch and unexpired (a worker paused past its lease cannot revive it); a
-  worker renews all its leases in one statement
+  worker renews its leases a few hundred per statement
   (:func:`~cantrip.distributed._renewal.heartbeat_on`);
 * **attempts** count claims, except one a killed worker's bystander gets: a run that
   stopped without an outcome is *reaped* before the next claim -- its lease released
@@ -55,7 +57,7 @@ import orjson
 
 from cantrip._redact import redact_value
 from cantrip.distributed._pauses import Answered, answer_on, live_pending_on, pending_on
-from cantrip.distributed._renewal import RECLAIM, RECLAIM_ONE, heartbeat_on
+from cantrip.distributed._renewal import FENCE_CHUNK, HELD, RECLAIM, RECLAIM_ONE, heartbeat_on
 from cantrip.distributed._work import (
     ANSWER_KEY,
     DEAD,
@@ -271,13 +273,20 @@ class WorkQueue:
 
         Each lease is changed under its entity's fence lock held exclusively, as a claim
         changes one (a heartbeat renews without a row lock: ``_renewal.HEARTBEAT``): first
-        all those whose lock is free, in one statement; then each of the others -- a
-        write or a beat of the old process in flight -- in a transaction of its own that
-        waits for that one lock only (holding no other, it deadlocks with no one)."""
+        all those whose lock is free, a statement per :data:`FENCE_CHUNK` of them (each
+        its own transaction: a bounded number of locks at a time); then each of the
+        others -- a write or a beat of the old process in flight -- in a transaction of
+        its own that waits for that one lock only (holding no other, it deadlocks with
+        no one)."""
         with self.store.pool.connection() as conn:
-            row = conn.execute(RECLAIM, {"owner": owner}).fetchone()
-            assert row is not None
-            expired, busy = int(row[0]), list(row[1] or ())
+            held = [str(e) for (e,) in conn.execute(HELD, {"owner": owner}).fetchall()]
+            expired, busy = 0, list[str]()
+            for start in range(0, len(held), FENCE_CHUNK):
+                chunk = held[start : start + FENCE_CHUNK]
+                row = conn.execute(RECLAIM, {"owner": owner, "entities": chunk}).fetchone()
+                assert row is not None
+                expired += int(row[0])
+                busy.extend(row[1] or ())
             for entity in busy:
                 with conn.transaction():
                     conn.execute("SELECT pg_advisory_xact_lock(cantrip_fence_key(%s))", (entity,))
@@ -314,9 +323,15 @@ class WorkQueue:
         ids of its casts the queue holds as alone (not any more once this claim takes
         one beside them). The runs that
         ended without an outcome are accounted first (:data:`_REAP`: one more statement,
-        which also dead-letters those past ``max_attempts``)."""
+        which also dead-letters those past ``max_attempts``).
+
+        A claim takes a fence lock per entity, held to its commit (an entry each in
+        PostgreSQL's shared lock table): a ``limit`` over :data:`FENCE_CHUNK` is claimed
+        a chunk per statement, each its own transaction, until one comes back short (the
+        queue has no more runnable now) or the limit is reached."""
         if limit < 1:
             raise ValueError(f"claim at least one work item, not {limit}")
+        rows: list[Any] = []
         with self.store.pool.connection() as conn:
             conn.execute(
                 _REAP,
@@ -326,19 +341,25 @@ class WorkQueue:
                     "channel": WORK_CHANNEL,
                 },
             )
-            rows = conn.execute(
-                _CLAIM_AND_LEASE,
-                {
-                    "owner": owner,
-                    "lease": lease_s,
-                    "limit": limit,
-                    "busy": list(busy or ()),
-                    "max_attempts": max_attempts,
-                    "idle": idle,
-                    "one_slot": one_slot,
-                    "alone": list(alone or ()),
-                },
-            ).fetchall()
+            while len(rows) < limit:
+                chunk = min(limit - len(rows), FENCE_CHUNK)
+                got = conn.execute(
+                    _CLAIM_AND_LEASE,
+                    {
+                        "owner": owner,
+                        "lease": lease_s,
+                        "limit": chunk,
+                        "busy": list(busy or ()),
+                        "max_attempts": max_attempts,
+                        # once this claim took a cast, the worker is not idle any more
+                        "idle": idle and not rows,
+                        "one_slot": one_slot,
+                        "alone": list(alone or ()),
+                    },
+                ).fetchall()
+                rows.extend(got)
+                if len(got) < chunk or any(row[9] for row in got):  # (quarantined: alone)
+                    break
         claims = []
         for row in rows:
             work_id, entity_id, intent, spell, attempts, epoch, result, waited = row[:8]

@@ -1,12 +1,22 @@
 """Renewing and reclaiming leases: the statements, under the entities' fence locks.
 
 A worker's leases are renewed by its heartbeat (:mod:`~cantrip.distributed._leases`)
-in one statement, and taken back at once by a worker restarted under the same identity
-(:meth:`~cantrip.distributed._queue.WorkQueue.reclaim`). Neither takes a row lock to
+a few hundred per statement, and taken back at once by a worker restarted under the
+same identity (:meth:`~cantrip.distributed._queue.WorkQueue.reclaim`). Neither takes a row lock to
 keep out of a claim's way (a row lock is a WAL record per lease, issue 46.2): both go
 by schema 6's fence lock (``cantrip_fence_key``), as claims and loom writes do -- a
 renewal holds it shared and never waits for it; a reclaim, like a claim, changes a
 lease only holding it exclusively.
+
+Each of those locks is an entry in PostgreSQL's shared lock table, which holds
+``max_locks_per_transaction`` x (``max_connections`` + ``max_prepared_transactions``)
+of them for the whole server, and a transaction keeps its advisory locks to its end. So
+no statement here takes more than :data:`FENCE_CHUNK` of them: a worker's leases are
+renewed, and reclaimed, a chunk per statement (each its own transaction on an
+autocommit connection), as claims are (``WorkQueue.claim_many``). Before, one beat took
+a lock per lease in one transaction, and a worker holding more leases than the table
+has room for (about 6,400 with PostgreSQL's defaults, fewer while other transactions
+hold locks) failed its beat with "out of shared memory", which stopped the worker.
 """
 
 from __future__ import annotations
@@ -14,6 +24,12 @@ from __future__ import annotations
 from typing import Any
 
 from cantrip.loom._fence import Fence
+
+FENCE_CHUNK = 256
+"""The most fence locks one statement (one transaction) of a worker takes: a heartbeat
+renews, a reclaim expires and a claim takes at most this many entities at once. With
+PostgreSQL's defaults (64 x 100 connections) the lock table holds 25 such statements in
+flight; a chunk still renews hundreds of leases per round trip."""
 
 HEARTBEAT = """
 WITH mine AS (
@@ -51,12 +67,18 @@ exclusively, and this worker's own releases (one short statement each) are the o
 other writers of its leases. Loom writes share the lock (``cantrip_fence_holds``)."""
 
 
+HELD = (
+    "SELECT entity_id FROM cantrip_leases "
+    "WHERE owner = %(owner)s AND expires_at > clock_timestamp() ORDER BY entity_id"
+)
+"""The entities whose lease ``owner`` holds now (no lock: ``RECLAIM`` checks each again
+under its fence lock)."""
+
 RECLAIM = """
-WITH held AS MATERIALIZED (
-    SELECT entity_id FROM cantrip_leases
-    WHERE owner = %(owner)s AND expires_at > clock_timestamp()
+WITH taken AS MATERIALIZED (
+    SELECT entity_id FROM unnest(%(entities)s::text[]) AS h(entity_id)
+    WHERE cantrip_fence_take(entity_id)
 ),
-taken AS MATERIALIZED (SELECT entity_id FROM held WHERE cantrip_fence_take(entity_id)),
 expired AS (
     UPDATE cantrip_leases l SET expires_at = clock_timestamp()
     FROM taken t
@@ -65,10 +87,12 @@ expired AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM expired),
-    (SELECT array_agg(entity_id) FROM held WHERE entity_id NOT IN (SELECT entity_id FROM taken))
+    (SELECT array_agg(entity_id) FROM unnest(%(entities)s::text[]) AS h(entity_id)
+     WHERE entity_id NOT IN (SELECT entity_id FROM taken))
 """
-"""``WorkQueue.reclaim``'s first pass: the leases ``owner`` holds whose fence lock is
-free, expired now under it; the answer: how many, and the entities whose lock was busy."""
+"""``WorkQueue.reclaim``'s first pass over a chunk of ``owner``'s leases (``entities``,
+at most :data:`FENCE_CHUNK`): those whose fence lock is free, expired now under it; the
+answer: how many, and the entities whose lock was busy."""
 
 RECLAIM_ONE = (
     "UPDATE cantrip_leases SET expires_at = clock_timestamp() "
@@ -79,18 +103,25 @@ RECLAIM_ONE = (
 def heartbeat_on(
     conn: Any, owner: str, fences: list[Fence], lease_s: float
 ) -> dict[str, str | None]:
-    """Extend every lease of ``fences`` (one worker's) that still holds, in one statement:
-    {lease entity: the reason of a cancel requested, or "" for none} for those renewed,
-    None for those skipped because a claim held their fence lock this moment (neither
-    renewed nor known lost); one missing from the answer is lost (expired, or claimed by
-    another worker)."""
-    rows = conn.execute(
-        HEARTBEAT,
-        {
-            "entities": [f.lease_entity for f in fences],
-            "epochs": [f.epoch for f in fences],
-            "owner": owner,
-            "lease": lease_s,
-        },
-    ).fetchall()
-    return {str(entity): None if skipped else (cancel or "") for entity, skipped, cancel in rows}
+    """Extend every lease of ``fences`` (one worker's) that still holds, a statement per
+    :data:`FENCE_CHUNK` of them (``conn`` in autocommit mode: each its own transaction,
+    so the fence locks one takes are let go before the next): {lease entity: the reason
+    of a cancel requested, or "" for none} for those renewed, None for those skipped
+    because a claim held their fence lock this moment (neither renewed nor known lost);
+    one missing from the answer is lost (expired, or claimed by another worker)."""
+    answer: dict[str, str | None] = {}
+    for start in range(0, len(fences), FENCE_CHUNK):
+        chunk = fences[start : start + FENCE_CHUNK]
+        rows = conn.execute(
+            HEARTBEAT,
+            {
+                "entities": [f.lease_entity for f in chunk],
+                "epochs": [f.epoch for f in chunk],
+                "owner": owner,
+                "lease": lease_s,
+            },
+        ).fetchall()
+        answer.update(
+            {str(entity): None if skipped else (cancel or "") for entity, skipped, cancel in rows}
+        )
+    return answer
