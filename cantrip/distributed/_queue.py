@@ -174,8 +174,35 @@ _RELEASE_LEASE = (
     "AND expires_at > clock_timestamp()"
 )
 """A fenced lease, released: only if it is still this claim's (owner and epoch) and
-unexpired. The one release :meth:`WorkQueue.abandon`, :meth:`~WorkQueue.hand_back` and
-:meth:`~WorkQueue.finish` share (the last two as a CTE their own update depends on)."""
+unexpired. The one release :meth:`WorkQueue.abandon` and :meth:`~WorkQueue.finish` share
+(the last as a CTE its own update depends on); :data:`_HAND_BACK` releases an expired
+lease too."""
+
+_HAND_BACK = """
+WITH returned AS (
+    UPDATE cantrip_work SET owner = NULL, spare = true
+    WHERE id = %(work)s AND owner = %(owner)s AND epoch = %(epoch)s AND state = 'running'
+        AND EXISTS (SELECT 1 FROM cantrip_leases WHERE entity_id = %(entity)s
+            AND owner = %(owner)s AND epoch = %(epoch)s)
+    RETURNING 1
+),
+released AS (
+    UPDATE cantrip_leases SET owner = NULL, expires_at = '-infinity'
+    WHERE entity_id = %(entity)s AND owner = %(owner)s AND epoch = %(epoch)s
+        AND EXISTS (SELECT 1 FROM returned)
+)
+SELECT EXISTS (SELECT 1 FROM returned),
+    (SELECT count(pg_notify(%(channel)s, %(entity)s)) FROM returned)
+"""
+""":meth:`WorkQueue.hand_back`: the row left reaped and ``spare`` and the lease released
+-- expired or not -- if the row is still this claim's (owner and epoch, running, its
+entity's lease at that epoch), else nothing. That check is the fence: no other claim of
+the entity can have come since -- a claim takes only a reaped row, and this one's open
+row keeps the entity's later ones from being claimed -- and a reaping that came first
+(the lease ran out: a crash accounted) cleared ``owner``, so the update finds nothing
+(it waits for that reaping's row lock and checks the row again after it). The lease is
+released only with the row: a released lease beside a row still owned reads, to the
+reaping, as a run given up on a fault (:meth:`WorkQueue.abandon`: an attempt charged)."""
 
 _REAP = """
 WITH orphan AS (
@@ -423,18 +450,20 @@ class WorkQueue:
         stopped at a turn boundary, or was cut off with nothing more recorded): the lease
         is released and the row is left already reaped (``owner`` cleared) and ``spare``,
         so its next claim -- any worker's, at once (``NOTIFY cantrip_work``) -- costs no
-        attempt and counts no crash. One statement, fenced like :meth:`finish`; False if
-        the lease was not this claim's any more (then the queue accounts for it as a
-        lease lost)."""
+        attempt and counts no crash. One statement (:data:`_HAND_BACK`); False if the
+        work was not this claim's any more (another worker's claim, or the reaping of a
+        lease that ran out, came first: then the queue has accounted for it).
+
+        Unlike :meth:`finish` it does not need the lease unexpired: a lease that ran out
+        while the worker was handing back (its heartbeat stops renewing a cast being
+        handed back) is still this claim's while no claim has reaped the row. Before, such
+        a hand-back was refused and the next claim counted the cast a crash -- and for a
+        cast held alone (a one-slot worker's, a quarantined one) charged it an attempt,
+        dead-lettering it at the attempt limit, though its worker stopped on purpose."""
         fence = claim.fence
         with self.store.pool.connection() as conn:
             row = conn.execute(
-                f"WITH released AS ({_RELEASE_LEASE} RETURNING 1), "
-                "returned AS (UPDATE cantrip_work SET owner = NULL, spare = true "
-                "WHERE id = %(work)s AND owner = %(owner)s AND epoch = %(epoch)s "
-                "AND state = 'running' AND EXISTS (SELECT 1 FROM released) RETURNING 1) "
-                "SELECT EXISTS (SELECT 1 FROM returned), "
-                "(SELECT count(pg_notify(%(channel)s, %(entity)s)) FROM returned)",
+                _HAND_BACK,
                 {
                     "entity": fence.lease_entity,
                     "owner": fence.owner,
