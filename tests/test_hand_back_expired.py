@@ -1,11 +1,12 @@
 """A cast handed back after its lease ran out, before any claim reaped it, is still handed
-back (``WorkQueue.hand_back``): its next claim costs no attempt and counts no crash. A
-draining worker's heartbeat stops renewing a cast it is handing back, so a hand-back
-that waits (a busy thread limiter, a slow database) can come after the lease's expiry.
-Before, the hand-back was refused, the next claim reaped the row as a crash -- and a
-cast held alone (a one-slot worker's, a quarantined one) was charged an attempt, so at
-the attempt limit a cast its worker stopped on purpose was dead-lettered. Fenced: once
-another claim reaped or took the cast, a hand-back changes nothing. A real PostgreSQL
+back (``WorkQueue.hand_back``): its next claim costs no attempt and counts no crash; one
+that ended then still records its outcome (``WorkQueue.finish``). A worker's heartbeat
+stops renewing a cast it is settling, so a hand-back or finish that waits (a busy thread
+limiter, a slow database) can come after the lease's expiry. Before, it was refused, the
+next claim reaped the row as a crash -- and a cast held alone (a one-slot worker's, a
+quarantined one) was charged an attempt, so at the attempt limit a cast its worker
+stopped on purpose, or had ended, was dead-lettered. Fenced: once another claim reaped
+or took the cast, a hand-back or finish changes nothing. A real PostgreSQL
 (tests/conftest.py)."""
 
 from __future__ import annotations
@@ -108,3 +109,35 @@ def test_a_hand_back_after_the_reaping_came_first_is_not_taken_for_a_fault(
     assert _row(queue) == reaped
     (second,) = queue.claim_many("next", 30, 1, max_attempts=1)
     assert (second.attempt, second.resumed) == (1, True)
+
+
+def test_a_cast_that_ended_after_its_lease_ran_out_still_records_its_outcome(
+    queue: WorkQueue, pg_url: str
+) -> None:
+    """``finish`` settles the row the same way: a one-slot worker's cast that ended while
+    its lease ran out (its finish waited) is recorded ``done`` -- before, the finish was
+    refused and the next claim dead-lettered the cast it had just ended."""
+    queue.enqueue({"factory": "m:f"}, "kept", "entity-a")
+    (first,) = queue.claim_many("ending", 30, 1, max_attempts=1, one_slot=True)
+    _expire(queue, first)
+    with psycopg.connect(pg_url, autocommit=True) as listener:
+        listener.execute("LISTEN cantrip_work")
+        assert queue.finish(first, "done", {"answer": "ok"})  # before: refused
+        woken = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert woken == ["entity-a"]
+    assert queue.status(first.work_id) == ("done", {"answer": "ok"})
+    row = _row(queue)
+    assert (row["holder"], row["crashes"], row["attempts"]) == (None, 0, 1)
+    assert queue.claim_many("next", 30, 1, max_attempts=1) == []  # nothing left to run
+    assert queue.dead_letters() == []
+
+
+def test_a_finish_after_another_claim_took_the_cast_records_nothing(queue: WorkQueue) -> None:
+    queue.enqueue({"factory": "m:f"}, "kept", "entity-a")
+    (first,) = queue.claim_many("zombie", 30, 1)
+    _expire(queue, first)
+    (second,) = queue.claim_many("next", 30, 1)
+    assert not queue.finish(first, "done", {"answer": "stale"})
+    assert queue.status(first.work_id)[0] == "running"
+    assert queue.finish(second, "done", {"answer": "ok"})
+    assert queue.status(first.work_id) == ("done", {"answer": "ok"})

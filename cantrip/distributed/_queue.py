@@ -25,10 +25,11 @@ The standard Postgres queue pattern and nothing of our own beyond it:
   the culprit, which alone is charged. An
   item whose next claim would pass ``max_attempts`` is not claimed again but
   *dead-lettered* -- state ``dead``, the reason in its result;
-* **finish** records the outcome and releases the lease, fenced the same way;
+* **finish** records the outcome and releases the lease, fenced by the work row: only
+  while it is still this claim's -- after its lease ran out too, until a claim reaped it;
 * **hand back** releases the lease of a run stopped on purpose, unrecorded (its worker
   is shutting down), and leaves the row reaped and ``spare``: its next claim costs no
-  attempt and counts no crash;
+  attempt and counts no crash (fenced as finish is);
 * **cancel** marks queued work cancelled and running work ``cancel_requested`` (with
   its ``cancel_reason``), and ``NOTIFY cantrip_cancel`` with the entity id (and the
   reason, when it is not plain ``cancelled``, and the work item, when one is named: a
@@ -57,7 +58,16 @@ import orjson
 
 from cantrip._redact import redact_value
 from cantrip.distributed._pauses import Answered, answer_on, live_pending_on, pending_on
-from cantrip.distributed._renewal import FENCE_CHUNK, HELD, RECLAIM, RECLAIM_ONE, heartbeat_on
+from cantrip.distributed._renewal import (
+    FENCE_CHUNK,
+    FINISH,
+    HAND_BACK,
+    HELD,
+    RECLAIM,
+    RECLAIM_ONE,
+    RELEASE_LEASE,
+    heartbeat_on,
+)
 from cantrip.distributed._work import (
     ANSWER_KEY,
     DEAD,
@@ -167,42 +177,6 @@ A claim costs an attempt unless the row is ``spare``; a one-slot worker's claims
 all ``alone`` (it never holds another cast beside one). ``alone``: the claiming worker's
 casts the queue holds as alone -- each is not any more once this claim takes a cast
 beside it (in the same statement: a crash from then on is not blamed on it alone)."""
-
-_RELEASE_LEASE = (
-    "UPDATE cantrip_leases SET owner = NULL, expires_at = '-infinity' "
-    "WHERE entity_id = %(entity)s AND owner = %(owner)s AND epoch = %(epoch)s "
-    "AND expires_at > clock_timestamp()"
-)
-"""A fenced lease, released: only if it is still this claim's (owner and epoch) and
-unexpired. The one release :meth:`WorkQueue.abandon` and :meth:`~WorkQueue.finish` share
-(the last as a CTE its own update depends on); :data:`_HAND_BACK` releases an expired
-lease too."""
-
-_HAND_BACK = """
-WITH returned AS (
-    UPDATE cantrip_work SET owner = NULL, spare = true
-    WHERE id = %(work)s AND owner = %(owner)s AND epoch = %(epoch)s AND state = 'running'
-        AND EXISTS (SELECT 1 FROM cantrip_leases WHERE entity_id = %(entity)s
-            AND owner = %(owner)s AND epoch = %(epoch)s)
-    RETURNING 1
-),
-released AS (
-    UPDATE cantrip_leases SET owner = NULL, expires_at = '-infinity'
-    WHERE entity_id = %(entity)s AND owner = %(owner)s AND epoch = %(epoch)s
-        AND EXISTS (SELECT 1 FROM returned)
-)
-SELECT EXISTS (SELECT 1 FROM returned),
-    (SELECT count(pg_notify(%(channel)s, %(entity)s)) FROM returned)
-"""
-""":meth:`WorkQueue.hand_back`: the row left reaped and ``spare`` and the lease released
--- expired or not -- if the row is still this claim's (owner and epoch, running, its
-entity's lease at that epoch), else nothing. That check is the fence: no other claim of
-the entity can have come since -- a claim takes only a reaped row, and this one's open
-row keeps the entity's later ones from being claimed -- and a reaping that came first
-(the lease ran out: a crash accounted) cleared ``owner``, so the update finds nothing
-(it waits for that reaping's row lock and checks the row again after it). The lease is
-released only with the row: a released lease beside a row still owned reads, to the
-reaping, as a run given up on a fault (:meth:`WorkQueue.abandon`: an attempt charged)."""
 
 _REAP = """
 WITH orphan AS (
@@ -440,7 +414,7 @@ class WorkQueue:
         fence = claim.fence
         with self.store.pool.connection() as conn:
             released = conn.execute(
-                _RELEASE_LEASE,
+                RELEASE_LEASE,
                 {"entity": fence.lease_entity, "owner": fence.owner, "epoch": fence.epoch},
             ).rowcount
         return bool(released)
@@ -450,20 +424,14 @@ class WorkQueue:
         stopped at a turn boundary, or was cut off with nothing more recorded): the lease
         is released and the row is left already reaped (``owner`` cleared) and ``spare``,
         so its next claim -- any worker's, at once (``NOTIFY cantrip_work``) -- costs no
-        attempt and counts no crash. One statement (:data:`_HAND_BACK`); False if the
-        work was not this claim's any more (another worker's claim, or the reaping of a
-        lease that ran out, came first: then the queue has accounted for it).
-
-        Unlike :meth:`finish` it does not need the lease unexpired: a lease that ran out
-        while the worker was handing back (its heartbeat stops renewing a cast being
-        handed back) is still this claim's while no claim has reaped the row. Before, such
-        a hand-back was refused and the next claim counted the cast a crash -- and for a
-        cast held alone (a one-slot worker's, a quarantined one) charged it an attempt,
-        dead-lettering it at the attempt limit, though its worker stopped on purpose."""
+        attempt and counts no crash. One statement (``_renewal.HAND_BACK``); False if the
+        work was not this claim's any more (another claim, or the reaping of a lease that
+        ran out, came first: then the queue has accounted for it). Unlike a release it
+        does not need the lease unexpired (see ``_renewal.settled``)."""
         fence = claim.fence
         with self.store.pool.connection() as conn:
             row = conn.execute(
-                _HAND_BACK,
+                HAND_BACK,
                 {
                     "entity": fence.lease_entity,
                     "owner": fence.owner,
@@ -499,20 +467,16 @@ class WorkQueue:
         ]
 
     def finish(self, claim: Claim, state: str, outcome: dict[str, Any]) -> bool:
-        """Record how the work ended and release the lease; False if the lease was lost.
+        """Record how the work ended and release the lease; False if the work was not this
+        claim's any more (another claim, or the reaping of its lease, came first).
 
-        One statement: the lease is released only if it is still this worker's at this
-        epoch and unexpired (the release locks it), and only then is the outcome
-        recorded and ``NOTIFY cantrip_work`` sent (at commit)."""
+        One statement (``_renewal.FINISH``, fenced by the work row like :meth:`hand_back`:
+        a lease that ran out while no claim has reaped the row is still this claim's);
+        ``NOTIFY cantrip_work`` at its commit."""
         fence = claim.fence
         with self.store.pool.connection() as conn:
             row = conn.execute(
-                f"WITH released AS ({_RELEASE_LEASE} RETURNING 1), "
-                "ended AS (UPDATE cantrip_work SET state = %(state)s, result = %(result)s, "
-                "finished_at = clock_timestamp() WHERE id = %(work)s "
-                "AND EXISTS (SELECT 1 FROM released) RETURNING 1) "
-                "SELECT EXISTS (SELECT 1 FROM released), "
-                "(SELECT count(pg_notify(%(channel)s, %(entity)s)) FROM ended)",
+                FINISH,
                 {
                     "entity": fence.lease_entity,
                     "owner": fence.owner,

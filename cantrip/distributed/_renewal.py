@@ -1,4 +1,4 @@
-"""Renewing and reclaiming leases: the statements, under the entities' fence locks.
+"""Renewing, reclaiming and settling leases: the statements, under the entities' fences.
 
 A worker's leases are renewed by its heartbeat (:mod:`~cantrip.distributed._leases`)
 a few hundred per statement, and taken back at once by a worker restarted under the
@@ -17,6 +17,10 @@ autocommit connection), as claims are (``WorkQueue.claim_many``). Before, one be
 a lock per lease in one transaction, and a worker holding more leases than the table
 has room for (about 6,400 with PostgreSQL's defaults, fewer while other transactions
 hold locks) failed its beat with "out of shared memory", which stopped the worker.
+
+A claim's end -- its outcome recorded (``finish``) or its work handed back -- settles
+the work row and releases the lease in one statement (:func:`settled`), fenced by the
+row itself, so that a lease that ran out while nobody has reaped it yet is still settled.
 """
 
 from __future__ import annotations
@@ -125,3 +129,55 @@ def heartbeat_on(
             {str(entity): None if skipped else (cancel or "") for entity, skipped, cancel in rows}
         )
     return answer
+
+
+RELEASE_LEASE = (
+    "UPDATE cantrip_leases SET owner = NULL, expires_at = '-infinity' "
+    "WHERE entity_id = %(entity)s AND owner = %(owner)s AND epoch = %(epoch)s "
+    "AND expires_at > clock_timestamp()"
+)
+"""A fenced lease, released: only if it is still this claim's (owner and epoch) and
+unexpired -- ``WorkQueue.abandon``'s release, which leaves the row to the reaping
+(:func:`settled` releases the lease with the row)."""
+
+
+def settled(change: str) -> str:
+    """The statement that settles a claim's work row -- ``change`` it (the ``SET`` list)
+    -- and releases its lease, expired or not, if the row is still this claim's (owner
+    and epoch, running, its entity's lease at that epoch), else nothing; NOTIFY
+    ``cantrip_work`` when it did. Answers (settled, notified).
+
+    The row is the fence: no other claim of the entity can have come since -- a claim
+    takes only a reaped row, and this one's open row keeps the entity's later ones from
+    being claimed -- and a reaping that came first (the lease ran out: a crash
+    accounted) cleared ``owner``, so the update finds nothing (it waits for that
+    reaping's row lock and checks the row again after it). So a lease that ran out
+    while the worker was finishing or handing back (its heartbeat stops renewing a cast
+    it settles; the call may wait behind others) is still settled, where requiring it
+    unexpired made the next claim reap the row as a crash -- and a cast held alone (a
+    one-slot worker's, a quarantined one) as the culprit: an attempt charged, a cast
+    dead-lettered at the attempt limit although it had ended or been handed back on
+    purpose. The lease is released only with the row: a released lease beside a row
+    still owned reads, to the reaping, as a run given up on a fault (an attempt)."""
+    return f"""
+WITH settled AS (
+    UPDATE cantrip_work SET {change}
+    WHERE id = %(work)s AND owner = %(owner)s AND epoch = %(epoch)s AND state = 'running'
+        AND EXISTS (SELECT 1 FROM cantrip_leases WHERE entity_id = %(entity)s
+            AND owner = %(owner)s AND epoch = %(epoch)s)
+    RETURNING 1
+),
+released AS (
+    UPDATE cantrip_leases SET owner = NULL, expires_at = '-infinity'
+    WHERE entity_id = %(entity)s AND owner = %(owner)s AND epoch = %(epoch)s
+        AND EXISTS (SELECT 1 FROM settled)
+)
+SELECT EXISTS (SELECT 1 FROM settled),
+    (SELECT count(pg_notify(%(channel)s, %(entity)s)) FROM settled)
+"""
+
+
+HAND_BACK = settled("owner = NULL, spare = true")
+""":meth:`~cantrip.distributed._queue.WorkQueue.hand_back`: the row left reaped and ``spare``."""
+FINISH = settled("state = %(state)s, result = %(result)s, finished_at = clock_timestamp()")
+""":meth:`~cantrip.distributed._queue.WorkQueue.finish`: the outcome recorded."""
