@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 import psycopg
+import pytest
 import trio
 from test_retention import greeter
 
@@ -109,3 +110,25 @@ async def test_prune_keeps_an_entity_a_claim_is_taking(pg_url: str) -> None:
         claim.rollback()
     pruned = await trio.to_thread.run_sync(_prune_in_a_thread, pg_url, entity_id)
     assert pruned.plan.roots == (entity_id,)
+
+
+async def test_a_session_whose_entity_a_claim_is_taking_is_busy_not_deleted(pg_url: str) -> None:
+    """``serve --db``'s delete of a session goes by the same rule: while its entity's
+    fence lock is held it answers ``busy`` (a prompt is being taken), and deletes once
+    it is free."""
+    from cantrip.protocols.sessions import PostgresBackend, SessionError
+
+    spell = {"factory": "tests.nowhere:build"}  # no worker runs it
+    async with PostgresBackend.open(pg_url, spell, poll_s=0.2, tail_s=0.05) as backend:
+        info, _ = await backend.create()
+        with psycopg.connect(pg_url) as claim:
+            taken = claim.execute("SELECT cantrip_fence_take(%s)", (info.entity_id,)).fetchone()
+            assert taken == (True,)
+            with pytest.raises(SessionError) as refused:
+                await backend.delete(info.session_id)
+            assert refused.value.kind == "busy", refused.value.message
+            claim.rollback()
+        await backend.delete(info.session_id)
+        with pytest.raises(SessionError) as gone:
+            await backend.find(info.session_id)
+        assert gone.value.kind == "not_found"

@@ -64,6 +64,8 @@ the lease rows this replaces did not hold off (an entity's first lease is a new 
 One lock per entity of the batch (:data:`~cantrip.loom._retention.BATCH` trees)."""
 WRITING = "running (a write or a claim under its lease is in flight)"
 """Why a tree whose fence lock is held stays."""
+BUSY = frozenset({RUNNING, WRITING})
+"""The reasons a tree stays because it is running now (a session's delete: ``busy``)."""
 
 
 class PostgresRetention:
