@@ -1,8 +1,8 @@
 """Leases: the heartbeats that keep a worker's leases, and what happens when one is lost.
 
 A worker holds each entity it runs under a fenced lease. Renewing them is a job of its
-own -- one statement for all of them, on a connection of its own, every third of the
-lease -- and so is losing one: the loom refuses the run's writes from then on and the
+own -- a statement per few hundred of them, on a connection of its own, every third
+of the lease -- and so is losing one: the loom refuses the run's writes from then on and the
 run stops, so the next claim (any worker's) continues from what the loom holds.
 """
 
@@ -27,8 +27,9 @@ async def heartbeats(
     runs: Mapping[str, Owned], *, url: str, worker_id: str, lease_s: float, loom: Loom
 ) -> None:
     """Renew every lease this worker holds (``runs``: the entities it runs now), every
-    third of the lease, in one statement on a connection of its own -- never queued
-    behind the loom's writes. A renewal moves each run's local deadline to when it was
+    third of the lease, a few hundred per statement (``_renewal.FENCE_CHUNK``: each its
+    own transaction, within PostgreSQL's lock table) on a connection of its own -- never
+    queued behind the loom's writes. A renewal moves each run's local deadline to when it was
     *sent* plus the lease; a lease the database no longer holds stops its run at once;
     one that cannot be renewed (the database is away) stops its run at its deadline."""
     import psycopg

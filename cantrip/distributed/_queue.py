@@ -7,11 +7,13 @@ The standard Postgres queue pattern and nothing of our own beyond it:
   free slots, one per entity -- with ``SELECT ... FOR UPDATE SKIP LOCKED``
   (runnable: queued, or running under a lease that expired -- its worker
   died), takes each entity's lease in ``cantrip_leases`` -- which bumps the
-  **fencing epoch** -- and marks the rows running, all in one statement.
+  **fencing epoch** -- and marks the rows running, all in one statement (a statement
+  per :data:`~cantrip.distributed._renewal.FENCE_CHUNK` items for a worker with more
+  free slots: each takes that many fence locks, held to its commit).
   Work for one entity runs in enqueue order, one at a time;
 * **heartbeat** extends the lease, but only while it is still this worker's at
   this epoch and unexpired (a worker paused past its lease cannot revive it); a
-  worker renews all its leases in one statement
+  worker renews its leases a few hundred per statement
   (:func:`~cantrip.distributed._renewal.heartbeat_on`);
 * **attempts** count claims, except one a killed worker's bystander gets: a run that
   stopped without an outcome is *reaped* before the next claim -- its lease released
@@ -23,10 +25,11 @@ The standard Postgres queue pattern and nothing of our own beyond it:
   the culprit, which alone is charged. An
   item whose next claim would pass ``max_attempts`` is not claimed again but
   *dead-lettered* -- state ``dead``, the reason in its result;
-* **finish** records the outcome and releases the lease, fenced the same way;
+* **finish** records the outcome and releases the lease, fenced by the work row: only
+  while it is still this claim's -- after its lease ran out too, until a claim reaped it;
 * **hand back** releases the lease of a run stopped on purpose, unrecorded (its worker
   is shutting down), and leaves the row reaped and ``spare``: its next claim costs no
-  attempt and counts no crash;
+  attempt and counts no crash (fenced as finish is);
 * **cancel** marks queued work cancelled and running work ``cancel_requested`` (with
   its ``cancel_reason``), and ``NOTIFY cantrip_cancel`` with the entity id (and the
   reason, when it is not plain ``cancelled``, and the work item, when one is named: a
@@ -55,7 +58,16 @@ import orjson
 
 from cantrip._redact import redact_value
 from cantrip.distributed._pauses import Answered, answer_on, live_pending_on, pending_on
-from cantrip.distributed._renewal import RECLAIM, RECLAIM_ONE, heartbeat_on
+from cantrip.distributed._renewal import (
+    FENCE_CHUNK,
+    FINISH,
+    HAND_BACK,
+    HELD,
+    RECLAIM,
+    RECLAIM_ONE,
+    RELEASE_LEASE,
+    heartbeat_on,
+)
 from cantrip.distributed._work import (
     ANSWER_KEY,
     DEAD,
@@ -166,15 +178,6 @@ all ``alone`` (it never holds another cast beside one). ``alone``: the claiming 
 casts the queue holds as alone -- each is not any more once this claim takes a cast
 beside it (in the same statement: a crash from then on is not blamed on it alone)."""
 
-_RELEASE_LEASE = (
-    "UPDATE cantrip_leases SET owner = NULL, expires_at = '-infinity' "
-    "WHERE entity_id = %(entity)s AND owner = %(owner)s AND epoch = %(epoch)s "
-    "AND expires_at > clock_timestamp()"
-)
-"""A fenced lease, released: only if it is still this claim's (owner and epoch) and
-unexpired. The one release :meth:`WorkQueue.abandon`, :meth:`~WorkQueue.hand_back` and
-:meth:`~WorkQueue.finish` share (the last two as a CTE their own update depends on)."""
-
 _REAP = """
 WITH orphan AS (
     SELECT w.id, w.owner IS NOT NULL AS fresh,
@@ -271,13 +274,20 @@ class WorkQueue:
 
         Each lease is changed under its entity's fence lock held exclusively, as a claim
         changes one (a heartbeat renews without a row lock: ``_renewal.HEARTBEAT``): first
-        all those whose lock is free, in one statement; then each of the others -- a
-        write or a beat of the old process in flight -- in a transaction of its own that
-        waits for that one lock only (holding no other, it deadlocks with no one)."""
+        all those whose lock is free, a statement per :data:`FENCE_CHUNK` of them (each
+        its own transaction: a bounded number of locks at a time); then each of the
+        others -- a write or a beat of the old process in flight -- in a transaction of
+        its own that waits for that one lock only (holding no other, it deadlocks with
+        no one)."""
         with self.store.pool.connection() as conn:
-            row = conn.execute(RECLAIM, {"owner": owner}).fetchone()
-            assert row is not None
-            expired, busy = int(row[0]), list(row[1] or ())
+            held = [str(e) for (e,) in conn.execute(HELD, {"owner": owner}).fetchall()]
+            expired, busy = 0, list[str]()
+            for start in range(0, len(held), FENCE_CHUNK):
+                chunk = held[start : start + FENCE_CHUNK]
+                row = conn.execute(RECLAIM, {"owner": owner, "entities": chunk}).fetchone()
+                assert row is not None
+                expired += int(row[0])
+                busy.extend(row[1] or ())
             for entity in busy:
                 with conn.transaction():
                     conn.execute("SELECT pg_advisory_xact_lock(cantrip_fence_key(%s))", (entity,))
@@ -314,9 +324,15 @@ class WorkQueue:
         ids of its casts the queue holds as alone (not any more once this claim takes
         one beside them). The runs that
         ended without an outcome are accounted first (:data:`_REAP`: one more statement,
-        which also dead-letters those past ``max_attempts``)."""
+        which also dead-letters those past ``max_attempts``).
+
+        A claim takes a fence lock per entity, held to its commit (an entry each in
+        PostgreSQL's shared lock table): a ``limit`` over :data:`FENCE_CHUNK` is claimed
+        a chunk per statement, each its own transaction, until one comes back short (the
+        queue has no more runnable now) or the limit is reached."""
         if limit < 1:
             raise ValueError(f"claim at least one work item, not {limit}")
+        rows: list[Any] = []
         with self.store.pool.connection() as conn:
             conn.execute(
                 _REAP,
@@ -326,19 +342,25 @@ class WorkQueue:
                     "channel": WORK_CHANNEL,
                 },
             )
-            rows = conn.execute(
-                _CLAIM_AND_LEASE,
-                {
-                    "owner": owner,
-                    "lease": lease_s,
-                    "limit": limit,
-                    "busy": list(busy or ()),
-                    "max_attempts": max_attempts,
-                    "idle": idle,
-                    "one_slot": one_slot,
-                    "alone": list(alone or ()),
-                },
-            ).fetchall()
+            while len(rows) < limit:
+                chunk = min(limit - len(rows), FENCE_CHUNK)
+                got = conn.execute(
+                    _CLAIM_AND_LEASE,
+                    {
+                        "owner": owner,
+                        "lease": lease_s,
+                        "limit": chunk,
+                        "busy": list(busy or ()),
+                        "max_attempts": max_attempts,
+                        # once this claim took a cast, the worker is not idle any more
+                        "idle": idle and not rows,
+                        "one_slot": one_slot,
+                        "alone": list(alone or ()),
+                    },
+                ).fetchall()
+                rows.extend(got)
+                if len(got) < chunk or any(row[9] for row in got):  # (quarantined: alone)
+                    break
         claims = []
         for row in rows:
             work_id, entity_id, intent, spell, attempts, epoch, result, waited = row[:8]
@@ -392,7 +414,7 @@ class WorkQueue:
         fence = claim.fence
         with self.store.pool.connection() as conn:
             released = conn.execute(
-                _RELEASE_LEASE,
+                RELEASE_LEASE,
                 {"entity": fence.lease_entity, "owner": fence.owner, "epoch": fence.epoch},
             ).rowcount
         return bool(released)
@@ -402,18 +424,14 @@ class WorkQueue:
         stopped at a turn boundary, or was cut off with nothing more recorded): the lease
         is released and the row is left already reaped (``owner`` cleared) and ``spare``,
         so its next claim -- any worker's, at once (``NOTIFY cantrip_work``) -- costs no
-        attempt and counts no crash. One statement, fenced like :meth:`finish`; False if
-        the lease was not this claim's any more (then the queue accounts for it as a
-        lease lost)."""
+        attempt and counts no crash. One statement (``_renewal.HAND_BACK``); False if the
+        work was not this claim's any more (another claim, or the reaping of a lease that
+        ran out, came first: then the queue has accounted for it). Unlike a release it
+        does not need the lease unexpired (see ``_renewal.settled``)."""
         fence = claim.fence
         with self.store.pool.connection() as conn:
             row = conn.execute(
-                f"WITH released AS ({_RELEASE_LEASE} RETURNING 1), "
-                "returned AS (UPDATE cantrip_work SET owner = NULL, spare = true "
-                "WHERE id = %(work)s AND owner = %(owner)s AND epoch = %(epoch)s "
-                "AND state = 'running' AND EXISTS (SELECT 1 FROM released) RETURNING 1) "
-                "SELECT EXISTS (SELECT 1 FROM returned), "
-                "(SELECT count(pg_notify(%(channel)s, %(entity)s)) FROM returned)",
+                HAND_BACK,
                 {
                     "entity": fence.lease_entity,
                     "owner": fence.owner,
@@ -449,20 +467,16 @@ class WorkQueue:
         ]
 
     def finish(self, claim: Claim, state: str, outcome: dict[str, Any]) -> bool:
-        """Record how the work ended and release the lease; False if the lease was lost.
+        """Record how the work ended and release the lease; False if the work was not this
+        claim's any more (another claim, or the reaping of its lease, came first).
 
-        One statement: the lease is released only if it is still this worker's at this
-        epoch and unexpired (the release locks it), and only then is the outcome
-        recorded and ``NOTIFY cantrip_work`` sent (at commit)."""
+        One statement (``_renewal.FINISH``, fenced by the work row like :meth:`hand_back`:
+        a lease that ran out while no claim has reaped the row is still this claim's);
+        ``NOTIFY cantrip_work`` at its commit."""
         fence = claim.fence
         with self.store.pool.connection() as conn:
             row = conn.execute(
-                f"WITH released AS ({_RELEASE_LEASE} RETURNING 1), "
-                "ended AS (UPDATE cantrip_work SET state = %(state)s, result = %(result)s, "
-                "finished_at = clock_timestamp() WHERE id = %(work)s "
-                "AND EXISTS (SELECT 1 FROM released) RETURNING 1) "
-                "SELECT EXISTS (SELECT 1 FROM released), "
-                "(SELECT count(pg_notify(%(channel)s, %(entity)s)) FROM ended)",
+                FINISH,
                 {
                     "entity": fence.lease_entity,
                     "owner": fence.owner,

@@ -3,8 +3,9 @@
 The append-only triggers refuse every DELETE unless the transaction has set
 ``cantrip.prune = 'on'`` (``SET LOCAL``: it ends with the transaction), so only this
 module's statements can remove history, and only whole trees. A tree with open work
-or an unexpired lease is never removed: checked when the plan is made and again,
-under lock, in the deleting transaction.
+or an unexpired lease is never removed: checked when the plan is made and again in
+the deleting transaction, under each entity's fence lock taken as a claim takes it
+(:data:`_FENCE`: a loom write or a claim in flight keeps the entity).
 """
 
 from __future__ import annotations
@@ -45,6 +46,26 @@ _HELD = (
     "SELECT entity_id FROM cantrip_leases WHERE owner IS NOT NULL "
     "AND expires_at > clock_timestamp()"
 )
+
+_FENCE = """
+WITH batch AS MATERIALIZED (SELECT DISTINCT unnest(%s::text[]) AS entity_id)
+SELECT entity_id FROM batch WHERE NOT cantrip_fence_take(entity_id)
+"""
+"""The deleting transaction takes each entity's fence lock (schema 6) as a claim does:
+exclusively, never waiting, held to its commit; the answer is the entities whose lock
+is busy. A loom write under an entity's lease holds that lock shared from its fence
+check to its commit, and a claim holds it exclusively: either in flight keeps the batch
+(the check of open work and live leases that follows cannot see a write that passed its
+fence check before the lease ran out or was released; before, prune deleted the entity
+under it and the write's turn landed after). A write or a claim that comes later waits
+for, or passes over, the entity until the prune committed, then reads its lease gone and
+is refused -- a claim of work queued after the check too, which the ``FOR UPDATE`` on
+the lease rows this replaces did not hold off (an entity's first lease is a new row).
+One lock per entity of the batch (:data:`~cantrip.loom._retention.BATCH` trees)."""
+WRITING = "running (a write or a claim under its lease is in flight)"
+"""Why a tree whose fence lock is held stays."""
+BUSY = frozenset({RUNNING, WRITING})
+"""The reasons a tree stays because it is running now (a session's delete: ``busy``)."""
 
 
 class PostgresRetention:
@@ -90,10 +111,7 @@ class PostgresRetention:
         with self._store.pool.connection() as conn, conn.transaction():
             tables = set(self._existing(conn))
             conn.execute("SET LOCAL cantrip.prune = 'on'")
-            # under lock: a claim made since the plan keeps the whole batch
-            conn.execute(
-                "SELECT 1 FROM cantrip_leases WHERE entity_id = ANY(%s) FOR UPDATE", (ids,)
-            )
+            fenced = conn.execute(_FENCE, (ids,)).fetchall()
             running = conn.execute(
                 f"SELECT entity_id FROM ({_OPEN_WORK} UNION {_HELD}) b WHERE entity_id = ANY(%s)",
                 (ids,),
@@ -103,7 +121,11 @@ class PostgresRetention:
                 "FROM cantrip_turns WHERE entity_id = ANY(%s) ORDER BY pos",
                 (ids,),
             ).fetchall()
-            late = {**late_entities(turns, ids, busy_s, held), **{r[0]: RUNNING for r in running}}
+            late = {
+                **late_entities(turns, ids, busy_s, held),
+                **{r[0]: RUNNING for r in running},
+                **{r[0]: WRITING for r in fenced},
+            }
             if late:
                 return Deleted(late=late)
             deleted = conn.execute(

@@ -44,7 +44,7 @@ from cantrip.distributed._work import DEAD, PAUSED
 from cantrip.loom._loom import Loom
 from cantrip.loom._model import Turn
 from cantrip.loom._postgres import PostgresStore
-from cantrip.loom._postgres_retention import RUNNING
+from cantrip.loom._postgres_retention import BUSY
 from cantrip.loom._retention import prune, retention_of
 from cantrip.protocols.sessions._admit import (
     DB_UNAVAILABLE,
@@ -252,7 +252,7 @@ class PostgresBackend(PostgresTasks):
             raise SessionError("busy", f"session {session_id} is running a prompt")
         kept = await self._db(self._delete, row.entity_id)
         if kept is not None:
-            kind = "busy" if kept == RUNNING else "cannot_delete"
+            kind = "busy" if kept in BUSY else "cannot_delete"
             raise SessionError(kind, f"session {session_id} stays: {kept}")
 
     def _delete(self, entity_id: str) -> str | None:
