@@ -147,6 +147,36 @@ def child(url: str, concurrency: int) -> None:
 
     psycopg.Connection.wait = counted_wait  # type: ignore[method-assign]
 
+    # deterministic counters of what a turn costs the worker's threads (not timings):
+    # connections opened (the pool grows under load), threads started (trio's cache),
+    # task wake-ups on the trio thread (each is a task switch)
+    counts = collections.Counter[str]()
+    original_connect = psycopg.Connection.connect.__func__  # type: ignore[attr-defined]
+
+    def counted_connect(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            counts["connections opened"] += 1
+        return original_connect(cls, *args, **kwargs)
+
+    psycopg.Connection.connect = classmethod(counted_connect)  # type: ignore[assignment,method-assign]
+    from trio._core import _run as trio_run
+    from trio._core import _thread_cache
+
+    original_worker_init = _thread_cache.WorkerThread.__init__
+
+    def counted_worker_init(self: Any, cache: Any) -> None:
+        counts["threads started"] += 1
+        original_worker_init(self, cache)
+
+    _thread_cache.WorkerThread.__init__ = counted_worker_init  # type: ignore[method-assign]
+    original_reschedule = trio_run.Runner.reschedule
+
+    def counted_reschedule(self: Any, task: Any, next_send: Any = trio_run._NO_SEND) -> None:
+        counts["task wake-ups"] += 1
+        original_reschedule(self, task, next_send)
+
+    trio_run.Runner.reschedule = counted_reschedule  # type: ignore[method-assign]
+
     thread_profiles: list[Any] | None = (
         [] if os.environ.get("PG_TURN_COST_PROFILE_THREADS") else None
     )  # one cProfile per hop (a profile covers one thread), merged at the end
@@ -163,7 +193,11 @@ def child(url: str, concurrency: int) -> None:
             try:
                 if thread_profiles is None:
                     return fn(*args)
-                profile = cProfile.Profile()
+                profile = (
+                    cProfile.Profile(time.thread_time)
+                    if os.environ.get("PG_TURN_COST_PROFILE_CPU")
+                    else cProfile.Profile()
+                )
                 try:
                     return profile.runcall(fn, *args)
                 finally:
@@ -244,7 +278,10 @@ def child(url: str, concurrency: int) -> None:
     young = os.environ.get("PG_TURN_COST_GC_YOUNG")
     with command_gc(None if young is None else int(young)):
         if os.environ.get("PG_TURN_COST_PROFILE"):
-            profile = cProfile.Profile()
+            # PG_TURN_COST_PROFILE_CPU=1: the trio thread's CPU time, not wall time (on
+            # busy cores wall time counts waits for the GIL and for the cores)
+            cpu_timer = bool(os.environ.get("PG_TURN_COST_PROFILE_CPU"))
+            profile = cProfile.Profile(time.thread_time) if cpu_timer else cProfile.Profile()
             profile.runcall(trio.run, run)
             if os.environ["PG_TURN_COST_PROFILE"].endswith(".prof"):  # for pstats' callers
                 profile.dump_stats(os.environ["PG_TURN_COST_PROFILE"])
@@ -264,6 +301,7 @@ def child(url: str, concurrency: int) -> None:
                 "hops": {k: v for k, v in hops.items()},
                 "owned": owned,
                 "sync": sync_wall,
+                "counts": dict(counts),
             }
         ),
         flush=True,
@@ -423,13 +461,22 @@ def measure(server: str, entities: int, latency_ms: int, concurrency: int) -> No
         f"{spread:.3f} s; Loom.sync (waiting for the group commit + writing it) "
         f"{sync_s * 1e6 / max(1, syncs):,.0f} us mean, {syncs / n:.2f} per turn"
     )
-    print("thread hops per turn (to_thread.run_sync): count, then mean us queued / ran / back:")
-    for name, (count, queued, ran, back, _cpu) in sorted(
+    hops_n = sum(v[0] for v in report["hops"].values())
+    counted = {"thread hops": hops_n, **report["counts"]}
+    print(
+        "per turn: "
+        + ", ".join(f"{name} {count / n:.3f}" for name, count in sorted(counted.items()))
+    )
+    print(
+        "thread hops per turn (to_thread.run_sync): count, then mean us queued / ran / back,"
+        " then the thread's CPU us per turn:"
+    )
+    for name, (count, queued, ran, back, hop_cpu_s) in sorted(
         report["hops"].items(), key=lambda kv: -kv[1][0]
     ):
         print(
             f"  {count / n:5.2f}  {queued * 1e6 / count:8.0f} {ran * 1e6 / count:8.0f} "
-            f"{back * 1e6 / count:8.0f}   {name}"
+            f"{back * 1e6 / count:8.0f} {hop_cpu_s * 1e6 / n:8.1f}   {name}"
         )
 
 

@@ -1,7 +1,8 @@
 """What a worker does per cast and per turn that costs it CPU and does not need to (issue
 46.4), on a real PostgreSQL (tests/conftest.py) with the distributed workload: a gate
 result the group commit drops (its turn, in the same commit, holds it) is never
-encoded, and a cast's spell key is made once."""
+encoded, a cast's spell key is made once, and a worker of any concurrency opens a
+bounded number of database connections."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from cantrip import _journal
 from cantrip.distributed import _execution
 from cantrip.distributed._dispatcher import Dispatcher
 from cantrip.distributed._spells import spell_from_factory
-from cantrip.distributed._worker import Worker
+from cantrip.distributed._worker import DB_CONNECTIONS, Worker
 from cantrip.loom import Loom
 
 WORKLOAD = spell_from_factory("distributed_workload:build")
@@ -91,3 +92,30 @@ async def test_a_casts_spell_key_is_made_once(db: str, monkeypatch: pytest.Monke
     monkeypatch.setattr(_execution, "spell_key", counted)
     await _run_casts(db)
     assert len(keyed) == CASTS  # before: twice per cast (asks_humans, then the attempt)
+
+
+async def test_a_busy_worker_opens_a_bounded_number_of_connections(db: str) -> None:
+    # 200 casts at once: their first reads come together, and the pool grows to what
+    # they ask for -- before, up to half the concurrency (100 connections and as many
+    # threads, each costing both processes CPU); now at most DB_CONNECTIONS
+    casts = 200
+    dispatcher = await trio.to_thread.run_sync(Dispatcher, db)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(db, concurrency=casts, poll_s=0.05)
+            await nursery.start(worker.run)
+            queued = await trio.to_thread.run_sync(
+                lambda: dispatcher.submit_many(WORKLOAD, [f"job-{i}" for i in range(casts)])
+            )
+            for work, _ in queued:
+                state, _ = await trio.to_thread.run_sync(
+                    lambda w=work: dispatcher.wait(w, timeout=120)
+                )
+                assert state == "done"
+            stats = worker.loom.store.pool.get_stats()  # type: ignore[attr-defined]
+            nursery.cancel_scope.cancel()
+    finally:
+        dispatcher.close()
+    assert worker.completed == casts
+    assert stats["connections_num"] <= DB_CONNECTIONS, stats
+    assert stats["pool_max"] == DB_CONNECTIONS

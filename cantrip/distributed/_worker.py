@@ -87,6 +87,13 @@ log = get_logger("cantrip.worker")
 DRAIN_S = 30.0
 """How long a stopping worker's running casts get to reach their next turn boundary
 before the rest are cut off and handed back (``cantrip worker --drain-s``)."""
+DB_CONNECTIONS = 16
+"""The most connections (and database threads) a worker's loom pool opens, whatever its
+concurrency: half the concurrency up to this. Its casts' database calls are short (the
+loom's writes go a batch at a time, on one connection), so more connections only queue
+in the server instead of in trio; at ``--concurrency 1000`` the old half (500) had the
+worker open ~50-100 connections and ~400 threads a run, each costing both processes CPU
+(and could exhaust a server's ``max_connections``; issue 46.4)."""
 HANDED_BACK = "handed back at shutdown"
 """Why the loom refuses a cut-off run's writes: its lease is being handed back."""
 
@@ -138,7 +145,7 @@ class Worker:
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         store = await trio.to_thread.run_sync(
-            lambda: PostgresStore(self.url, max_connections=max(4, self.concurrency // 2))
+            lambda: PostgresStore(self.url, max_connections=pool_size(self.concurrency))
         )
         self.loom = Loom(store)
         self.queue = WorkQueue(store)
@@ -476,6 +483,11 @@ class Worker:
             self.completed += 1
         else:
             log.warning("%s: lease lost before the outcome was recorded", claim.entity_id)
+
+
+def pool_size(concurrency: int) -> int:
+    """The loom pool's size (and its thread limiter's) for a worker of ``concurrency``."""
+    return min(DB_CONNECTIONS, max(4, concurrency // 2))
 
 
 async def _take_free(free: trio.Semaphore) -> int:
