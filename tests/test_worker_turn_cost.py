@@ -18,6 +18,7 @@ from cantrip import _journal
 from cantrip.distributed import _execution
 from cantrip.distributed._dispatcher import Dispatcher
 from cantrip.distributed._spells import spell_from_factory
+from cantrip.distributed._work import WORK_CHANNEL
 from cantrip.distributed._worker import DB_CONNECTIONS, Worker
 from cantrip.loom import Loom
 
@@ -119,3 +120,42 @@ async def test_a_busy_worker_opens_a_bounded_number_of_connections(db: str) -> N
     assert worker.completed == casts
     assert stats["connections_num"] <= DB_CONNECTIONS, stats
     assert stats["pool_max"] == DB_CONNECTIONS
+
+
+async def test_the_listen_waits_for_notifications_without_thread_hops(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the worker's LISTEN: before, a thread hop per notification (and one every 0.25 s
+    # when idle); now the socket is waited on in trio. A cast is still claimed on its
+    # NOTIFY alone (poll_s 60: the claim loop's own look would come too late)
+    listen_hops: list[str] = []
+    run_sync = trio.to_thread.run_sync
+
+    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if "_listen" in trio.lowlevel.current_task().name:
+            listen_hops.append(getattr(fn, "__qualname__", repr(fn)))
+        return await run_sync(fn, *args, **kwargs)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    dispatcher = await run_sync(Dispatcher, db)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(db, concurrency=2, poll_s=60)
+            await nursery.start(worker.run)
+
+            def notify_many() -> None:
+                with psycopg.connect(db, autocommit=True) as conn:
+                    for i in range(20):
+                        conn.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, f"nobody-{i}"))
+
+            await run_sync(notify_many)
+            [(work, _)] = await run_sync(lambda: dispatcher.submit_many(WORKLOAD, ["job-n"]))
+            with trio.fail_after(30):
+                state, _ = await run_sync(lambda: dispatcher.wait(work, timeout=30))
+            assert state == "done"
+            running = list(listen_hops)  # (its connection is closed in a hop as it ends)
+            nursery.cancel_scope.cancel()
+    finally:
+        dispatcher.close()
+    # connecting and the LISTEN, nothing more (before: a hop per notification at least)
+    assert len(running) == 2, running
