@@ -6,6 +6,8 @@ bounded number of database connections."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 import distributed_workload
@@ -17,8 +19,9 @@ from distributed_workload import EFFECTS_TABLE
 from cantrip import _journal
 from cantrip.distributed import _execution
 from cantrip.distributed._dispatcher import Dispatcher
+from cantrip.distributed._queue import WorkQueue
 from cantrip.distributed._spells import spell_from_factory
-from cantrip.distributed._work import WORK_CHANNEL
+from cantrip.distributed._work import WORK_CHANNEL, Claim
 from cantrip.distributed._worker import DB_CONNECTIONS, Worker
 from cantrip.loom import Loom
 
@@ -159,3 +162,63 @@ async def test_the_listen_waits_for_notifications_without_thread_hops(
         dispatcher.close()
     # connecting and the LISTEN, nothing more (before: a hop per notification at least)
     assert len(running) == 2, running
+
+
+async def _casts_ending_together(
+    db: str, monkeypatch: pytest.MonkeyPatch, *, fail_batches: bool
+) -> tuple[list[int], Worker]:
+    """CASTS casts, the first outcome's recording held until every other cast's end is
+    queued behind it (the race made certain): the sizes of the batches recorded."""
+    sizes: list[int] = []
+    release = threading.Event()
+    finish_many = WorkQueue.finish_many
+
+    def held(self: WorkQueue, ended: Sequence[tuple[Claim, str, dict[str, Any]]]) -> list[bool]:
+        sizes.append(len(ended))
+        if len(sizes) == 1:
+            release.wait(timeout=30)
+        if fail_batches and len(ended) > 1:
+            raise psycopg.OperationalError("the batch's connection was lost")
+        return finish_many(self, ended)
+
+    monkeypatch.setattr(WorkQueue, "finish_many", held)
+    dispatcher = await trio.to_thread.run_sync(Dispatcher, db)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(db, concurrency=CASTS, poll_s=0.05)
+            await nursery.start(worker.run)
+            queued = await trio.to_thread.run_sync(
+                lambda: dispatcher.submit_many(WORKLOAD, [f"job-{i}" for i in range(CASTS)])
+            )
+            with trio.fail_after(60):
+                while len(worker._endings.pending) < CASTS - 1:
+                    await trio.sleep(0.01)
+            release.set()
+            for work, _ in queued:
+                state, _ = await trio.to_thread.run_sync(
+                    lambda w=work: dispatcher.wait(w, timeout=60)
+                )
+                assert state == "done"
+            nursery.cancel_scope.cancel()
+    finally:
+        release.set()
+        dispatcher.close()
+    return sizes, worker
+
+
+async def test_casts_that_end_together_share_one_commit(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # before: one thread hop and one commit per cast's outcome
+    sizes, worker = await _casts_ending_together(db, monkeypatch, fail_batches=False)
+    assert sizes == [1, CASTS - 1]
+    assert worker.completed == CASTS
+
+
+async def test_a_batch_of_outcomes_that_fails_is_recorded_one_by_one(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes, worker = await _casts_ending_together(db, monkeypatch, fail_batches=True)
+    # the batch of three failed: each of its casts recorded its own end
+    assert sizes == [1, CASTS - 1, 1, 1, 1]
+    assert worker.completed == CASTS

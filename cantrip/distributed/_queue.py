@@ -47,6 +47,7 @@ pauses and their answers in :mod:`~cantrip.distributed._pauses`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -454,28 +455,43 @@ class WorkQueue:
         One statement: the lease is released only if it is still this worker's at this
         epoch and unexpired (the release locks it), and only then is the outcome
         recorded and ``NOTIFY cantrip_work`` sent (at commit)."""
-        fence = claim.fence
-        with self.store.pool.connection() as conn:
-            row = conn.execute(
-                f"WITH released AS ({_RELEASE_LEASE} RETURNING 1), "
-                "ended AS (UPDATE cantrip_work SET state = %(state)s, result = %(result)s, "
-                "finished_at = clock_timestamp() WHERE id = %(work)s "
-                "AND EXISTS (SELECT 1 FROM released) RETURNING 1) "
-                "SELECT EXISTS (SELECT 1 FROM released), "
-                "(SELECT count(pg_notify(%(channel)s, %(entity)s)) FROM ended)",
-                {
-                    "entity": fence.lease_entity,
-                    "owner": fence.owner,
-                    "epoch": fence.epoch,
-                    "state": state,
-                    # redacted at rest: no secret goes into a table (issue 28.6)
-                    "result": orjson.dumps(redact_value(outcome), default=str).decode(),
-                    "work": claim.work_id,
-                    "channel": WORK_CHANNEL,
-                },
-            ).fetchone()
-        assert row is not None
-        return bool(row[0])
+        return self.finish_many([(claim, state, outcome)])[0]
+
+    def finish_many(self, ended: Sequence[tuple[Claim, str, dict[str, Any]]]) -> list[bool]:
+        """:meth:`finish` for several casts (claim, state, outcome), in one transaction:
+        a worker's casts that end together share one commit and one thread hop (issue
+        46.4). Each True, or False if its lease was lost (its outcome is not recorded;
+        the others' are)."""
+        results = [  # redacted at rest: no secret goes into a table (issue 28.6)
+            orjson.dumps(redact_value(outcome), default=str).decode() for _, _, outcome in ended
+        ]
+        done: list[bool] = []
+        with (
+            self.store.pool.connection() as conn,
+            conn.transaction() if len(ended) > 1 else contextlib.nullcontext(),
+        ):
+            for (claim, state, _), result in zip(ended, results, strict=True):
+                fence = claim.fence
+                row = conn.execute(
+                    f"WITH released AS ({_RELEASE_LEASE} RETURNING 1), "
+                    "ended AS (UPDATE cantrip_work SET state = %(state)s, "
+                    "result = %(result)s, finished_at = clock_timestamp() "
+                    "WHERE id = %(work)s AND EXISTS (SELECT 1 FROM released) RETURNING 1) "
+                    "SELECT EXISTS (SELECT 1 FROM released), "
+                    "(SELECT count(pg_notify(%(channel)s, %(entity)s)) FROM ended)",
+                    {
+                        "entity": fence.lease_entity,
+                        "owner": fence.owner,
+                        "epoch": fence.epoch,
+                        "state": state,
+                        "result": result,
+                        "work": claim.work_id,
+                        "channel": WORK_CHANNEL,
+                    },
+                ).fetchone()
+                assert row is not None
+                done.append(bool(row[0]))
+        return done
 
     def cancel(self, entity_id: str) -> int:
         """Cancel ``entity_id``'s open work (queued: at once; running: by its worker).

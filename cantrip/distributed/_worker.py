@@ -54,6 +54,7 @@ import os
 import socket
 from typing import Any
 
+import attrs
 import trio
 
 from cantrip._errors import CantripError
@@ -78,6 +79,7 @@ from cantrip.distributed._work import (
     Claim,
     parse_cancel,
 )
+from cantrip.loom._group_commit import GroupCommit
 from cantrip.loom._loom import Loom
 from cantrip.loom._postgres import PostgresStore
 
@@ -142,6 +144,9 @@ class Worker:
         self.draining = False
         self._claiming = trio.CancelScope()
         """The claim loop's scope: :meth:`drain` cancels it (the runs go on)."""
+        self._endings: GroupCommit[_Ending] = GroupCommit(self._record_endings)
+        """Casts' outcomes, recorded a batch at a time: casts that end together share
+        one thread hop and one commit (:meth:`_finish`; issue 46.4)."""
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         store = await trio.to_thread.run_sync(
@@ -472,17 +477,60 @@ class Worker:
     async def _finish(self, owned: Owned, state: str, outcome: dict[str, Any]) -> None:
         """Record the outcome and release the lease (fenced: refused if it was lost). A
         lost connection here leaves the cast to the next claim, which finds its end in
-        the loom and records it then."""
+        the loom and records it then.
+
+        Recorded with the other casts that end meanwhile (a group commit: one thread hop
+        and one transaction for the batch); a batch that failed leaves each of its casts
+        to record its own end alone, as if there had been no batch -- so what a failure
+        means for a cast is what it always meant."""
         claim = owned.claim
         owned.releasing = True
-        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
-        finished = await trio.to_thread.run_sync(
-            self.queue.finish, claim, state, outcome, limiter=limiter
-        )
+        ending = _Ending(claim, state, outcome)
+        ticket = self._endings.queue(ending)
+        try:
+            await self._endings.wait(ticket)
+        except BaseException:
+            self._endings.withdraw(ticket)  # (cancelled while queued: never recorded here)
+            raise
+        finished = ending.finished
+        if finished is None:  # its batch failed: alone, where its own error is raised
+            limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+            finished = await trio.to_thread.run_sync(
+                self.queue.finish, claim, state, outcome, limiter=limiter
+            )
         if finished:
             self.completed += 1
         else:
             log.warning("%s: lease lost before the outcome was recorded", claim.entity_id)
+
+    async def _record_endings(self, batch: list[_Ending]) -> None:
+        """Write a batch of :meth:`_finish` (the group commit's writer). Shielded: the
+        batch holds other casts' outcomes, which their tasks wait for. A batch that
+        failed is not this writer's failure alone: each of its casts, seeing no answer,
+        records its own end (:meth:`_finish`)."""
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        ended = [(e.claim, e.state, e.outcome) for e in batch]
+        with trio.CancelScope(shield=True):
+            try:
+                finished = await trio.to_thread.run_sync(
+                    self.queue.finish_many, ended, limiter=limiter
+                )
+            except Exception as exc:  # noqa: BLE001 -- each cast tries alone (_finish)
+                log.info("%d outcomes recorded one by one: %s", len(batch), describe(exc))
+                return
+        for ending, done in zip(batch, finished, strict=True):
+            ending.finished = done
+
+
+@attrs.define(slots=True)
+class _Ending:
+    """A cast's end waiting for the batch that records it (:meth:`Worker._finish`)."""
+
+    claim: Claim
+    state: str
+    outcome: dict[str, Any]
+    finished: bool | None = None
+    """True once recorded, False if its lease was lost; None: its batch failed."""
 
 
 def pool_size(concurrency: int) -> int:
