@@ -222,3 +222,20 @@ async def test_a_batch_of_outcomes_that_fails_is_recorded_one_by_one(
     # the batch of three failed: each of its casts recorded its own end
     assert sizes == [1, CASTS - 1, 1, 1, 1]
     assert worker.completed == CASTS
+
+
+async def test_casts_claimed_together_look_themselves_up_in_one_hop(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each cast's entity refresh and first mail read: before, a thread hop per cast
+    hops: list[str] = []
+    run_sync = trio.to_thread.run_sync
+
+    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(getattr(fn, "__qualname__", repr(fn)))
+        return await run_sync(fn, *args, **kwargs)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    await _run_casts(db)
+    looks = [h for h in hops if "look" in h or "refresh" in h]
+    assert looks == ["Execution.look_many"], looks  # the CASTS casts were claimed at once

@@ -96,6 +96,9 @@ loom's writes go a batch at a time, on one connection), so more connections only
 in the server instead of in trio; at ``--concurrency 1000`` the old half (500) had the
 worker open ~50-100 connections and ~400 threads a run, each costing both processes CPU
 (and could exhaust a server's ``max_connections``; issue 46.4)."""
+LOOKS_PER_HOP = 32
+"""Casts claimed together whose first reads share one thread hop (``Worker._look``): a
+claim of 1,000 looks in 32 hops, side by side, not 1,000 (nor one hop, one after another)."""
 HANDED_BACK = "handed back at shutdown"
 """Why the loom refuses a cut-off run's writes: its lease is being handed back."""
 
@@ -235,6 +238,7 @@ class Worker:
         claims = await trio.to_thread.run_sync(unless_draining, limiter=store.limiter)
         for _ in range(slots - len(claims)):
             free.release()
+        taken: list[Owned] = []
         for claimed in claims:
             until = sent + self.lease_s  # never after the database's expiry
             owned = Owned(claimed, trio.CancelScope(deadline=until))
@@ -250,8 +254,30 @@ class Worker:
                 owned.handing_back = True
             self._owned[claimed.entity_id] = owned
             self.loom.hold(claimed.entity_id, claimed.fence, until=until)
+            taken.append(owned)
+        for start in range(0, len(taken), LOOKS_PER_HOP):  # (once each is in _owned: a
+            chunk = taken[start : start + LOOKS_PER_HOP]  # message NOTIFY'd since wakes it)
+            looking = trio.Event()
+            for owned in chunk:
+                owned.looking = looking
+            runs.start_soon(self._look, chunk, looking)
+        for owned in taken:
             runs.start_soon(self._own, owned, free)
         return len(claims)
+
+    async def _look(self, chunk: list[Owned], looking: trio.Event) -> None:
+        """Look up what the casts of ``chunk`` need before they begin, in one thread hop
+        (:meth:`Execution.look_many`); each cast waits for it, or looks itself if it
+        got nothing."""
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        try:
+            looks = await trio.to_thread.run_sync(
+                self._execution.look_many, [o.claim for o in chunk], limiter=limiter
+            )
+            for owned, looked in zip(chunk, looks, strict=True):
+                owned.looked = looked
+        finally:
+            looking.set()
 
     # -- stopping ------------------------------------------------------------------
 
