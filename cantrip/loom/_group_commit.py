@@ -52,8 +52,10 @@ class GroupCommit(Generic[T]):
         """Set when the batch being written now is done (None: none is)."""
         self._in_flight_last = -1
         """The last ticket of the batch being written now."""
-        self._heir = False
-        """A caller whose item came after the batch in flight waits to write the next."""
+        self._heir_of: trio.Event | None = None
+        """The batch (its event) an heir waits for, to write the next one after it. Only
+        an heir of the batch in flight counts: an heir whose batch ended -- woken, not yet
+        run -- may find its item written by another caller's batch and write nothing."""
         self._following: trio.Event | None = None
         """Set when the next batch is done: what the callers besides its writer (the heir)
         wait for -- woken once, when their batch is written, not also when the batch
@@ -110,7 +112,7 @@ class GroupCommit(Generic[T]):
                 await self._write_next()
             elif ticket <= self._in_flight_last:  # in the batch being written
                 await self._in_flight.wait()
-            elif self._heir:  # the next batch has its writer: wait for it alone
+            elif self._heir_of is self._in_flight:  # the next batch has its writer
                 if self._following is None:
                     self._following = trio.Event()
                 await self._following.wait()
@@ -122,14 +124,16 @@ class GroupCommit(Generic[T]):
         caller's loop writes it as soon as this returns, with no checkpoint between). An
         heir that stops waiting (cancelled) wakes the callers that counted on it, so one
         of them writes instead."""
-        self._heir = True
+        self._heir_of = in_flight
         try:
             await in_flight.wait()
         except BaseException:
-            self._wake_following()
+            if self._heir_of is in_flight:
+                self._wake_following()
             raise
         finally:
-            self._heir = False
+            if self._heir_of is in_flight:
+                self._heir_of = None
 
     def _wake_following(self) -> None:
         following, self._following = self._following, None
