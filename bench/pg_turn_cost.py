@@ -64,6 +64,20 @@ Python calls 4.70 M -> 4.50 M. Worker CPU per turn over 9 pairs: median 1,007 ->
 (main 805-1,197, branch 779-1,130); the pairs' differences run from -300 to +202 us
 (median +17): at this load the saving is inside the noise, and whichever side runs
 second in a pair tends to read lower -- alternate the order when comparing.
+Issue 46.4's fourth pass (same command, 6 interleaved pairs, main 4c3213f vs branch, load
+7-22): the worker's loom pool at most 16 connections (it grew towards concurrency/2 =
+500: ~50-100 connections and ~400 threads a run), its LISTEN waiting in trio, the casts
+of one claim looked up 32 to a thread hop, casts that end together recording their
+outcomes in one hop and one transaction. Counted per turn (stable from run to run):
+thread hops 1.27-1.42 -> 0.86-0.93 (cantrip's own ~0.5 -> ~0.06; the other 0.80 is the
+workload's blocking gate), threads started 0.04-0.10 -> 0.009, connections opened
+0.007-0.014 -> 0.002-0.003, task wake-ups 7.0-7.9 -> 6.6-7.0, transactions 2.05-2.23
+-> 1.65-1.90, statements 2.07-2.24 -> 2.12-2.28 (a batch of outcomes adds its
+``BEGIN``/``COMMIT``). Worker CPU per turn: median 921 -> 694 us (before 846-954, after
+619-818; every pair lower, by 105-299 us), PostgreSQL 546 -> 377 us. A thread hop costs
+~65 us of CPU here, both threads together (a loop of ``to_thread.run_sync`` of a no-op).
+``PG_TURN_COST_PROFILE_CPU=1`` profiles CPU time instead of wall time (on busy cores
+wall time counts waits for the GIL and for a core as the code's).
 
 ``PG_TURN_COST_PROFILE=x.prof`` keeps the trio thread's profile for pstats,
 ``PG_TURN_COST_PROFILE_THREADS=y.prof`` profiles every thread hop (the DB threads).
