@@ -139,6 +139,20 @@ at load 20-30: their slowness adds lease heartbeats, ~150-500 B a turn; 200 x 1 
 the turn row ~520 B and its indexes ~430 B, the journal row ~215 B and its index ~75 B,
 the work row's updates ~150 B, the effect row ~115 B, the entity row ~77 B.
 
+Issue 46.4's fourth pass (the worker's pool at most 16 connections, its LISTEN in trio,
+a claim's casts looked up 32 to a hop, outcomes recorded a batch at a time, the group
+commit's heir rule corrected), ``--table --agents 1000 --latencies 0 --workers 1
+--no-kill``, 6 pairs interleaved with main (4c3213f), load 7-22: worker CPU per turn
+1,262-1,992 -> 1,096-1,890 us (pairwise -302 to +172, median -89), PostgreSQL
+790-1,254 -> 662-1,148 us (median pairwise -73); transactions 2.17-2.49 -> 2.03-2.55,
+statements 2.74-3.50 -> 3.07-3.74 per turn. The statements rose: the loom's group
+commit writes more, smaller batches than on main, whose heir rule let a caller wait
+for a later caller's batch -- a bigger batch by luck, or for ever when none came (the
+stuck casts this pass fixed); a batch of two writes or fewer is one statement per
+write, each batch a ``BEGIN`` and ``COMMIT``. The worker's CPU here stays over 1 ms at
+this load (main: 932 us in one run at load 3.5, before this pass); ``bench/pg_turn_cost.py``
+(fsync off) shows the pass's part alone: 921 -> 694 us.
+
 How to run
 ----------
 From the repository root::

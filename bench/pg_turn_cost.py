@@ -64,6 +64,20 @@ Python calls 4.70 M -> 4.50 M. Worker CPU per turn over 9 pairs: median 1,007 ->
 (main 805-1,197, branch 779-1,130); the pairs' differences run from -300 to +202 us
 (median +17): at this load the saving is inside the noise, and whichever side runs
 second in a pair tends to read lower -- alternate the order when comparing.
+Issue 46.4's fourth pass (same command, 6 interleaved pairs, main 4c3213f vs branch, load
+7-22): the worker's loom pool at most 16 connections (it grew towards concurrency/2 =
+500: ~50-100 connections and ~400 threads a run), its LISTEN waiting in trio, the casts
+of one claim looked up 32 to a thread hop, casts that end together recording their
+outcomes in one hop and one transaction. Counted per turn (stable from run to run):
+thread hops 1.27-1.42 -> 0.86-0.93 (cantrip's own ~0.5 -> ~0.06; the other 0.80 is the
+workload's blocking gate), threads started 0.04-0.10 -> 0.009, connections opened
+0.007-0.014 -> 0.002-0.003, task wake-ups 7.0-7.9 -> 6.6-7.0, transactions 2.05-2.23
+-> 1.65-1.90, statements 2.07-2.24 -> 2.12-2.28 (a batch of outcomes adds its
+``BEGIN``/``COMMIT``). Worker CPU per turn: median 921 -> 694 us (before 846-954, after
+619-818; every pair lower, by 105-299 us), PostgreSQL 546 -> 377 us. A thread hop costs
+~65 us of CPU here, both threads together (a loop of ``to_thread.run_sync`` of a no-op).
+``PG_TURN_COST_PROFILE_CPU=1`` profiles CPU time instead of wall time (on busy cores
+wall time counts waits for the GIL and for a core as the code's).
 
 ``PG_TURN_COST_PROFILE=x.prof`` keeps the trio thread's profile for pstats,
 ``PG_TURN_COST_PROFILE_THREADS=y.prof`` profiles every thread hop (the DB threads).
@@ -147,6 +161,36 @@ def child(url: str, concurrency: int) -> None:
 
     psycopg.Connection.wait = counted_wait  # type: ignore[method-assign]
 
+    # deterministic counters of what a turn costs the worker's threads (not timings):
+    # connections opened (the pool grows under load), threads started (trio's cache),
+    # task wake-ups on the trio thread (each is a task switch)
+    counts = collections.Counter[str]()
+    original_connect = psycopg.Connection.connect.__func__  # type: ignore[attr-defined]
+
+    def counted_connect(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            counts["connections opened"] += 1
+        return original_connect(cls, *args, **kwargs)
+
+    psycopg.Connection.connect = classmethod(counted_connect)  # type: ignore[assignment,method-assign]
+    from trio._core import _run as trio_run
+    from trio._core import _thread_cache
+
+    original_worker_init = _thread_cache.WorkerThread.__init__
+
+    def counted_worker_init(self: Any, cache: Any) -> None:
+        counts["threads started"] += 1
+        original_worker_init(self, cache)
+
+    _thread_cache.WorkerThread.__init__ = counted_worker_init  # type: ignore[method-assign]
+    original_reschedule = trio_run.Runner.reschedule
+
+    def counted_reschedule(self: Any, task: Any, next_send: Any = trio_run._NO_SEND) -> None:
+        counts["task wake-ups"] += 1
+        original_reschedule(self, task, next_send)
+
+    trio_run.Runner.reschedule = counted_reschedule  # type: ignore[method-assign]
+
     thread_profiles: list[Any] | None = (
         [] if os.environ.get("PG_TURN_COST_PROFILE_THREADS") else None
     )  # one cProfile per hop (a profile covers one thread), merged at the end
@@ -163,7 +207,11 @@ def child(url: str, concurrency: int) -> None:
             try:
                 if thread_profiles is None:
                     return fn(*args)
-                profile = cProfile.Profile()
+                profile = (
+                    cProfile.Profile(time.thread_time)
+                    if os.environ.get("PG_TURN_COST_PROFILE_CPU")
+                    else cProfile.Profile()
+                )
                 try:
                     return profile.runcall(fn, *args)
                 finally:
@@ -244,7 +292,10 @@ def child(url: str, concurrency: int) -> None:
     young = os.environ.get("PG_TURN_COST_GC_YOUNG")
     with command_gc(None if young is None else int(young)):
         if os.environ.get("PG_TURN_COST_PROFILE"):
-            profile = cProfile.Profile()
+            # PG_TURN_COST_PROFILE_CPU=1: the trio thread's CPU time, not wall time (on
+            # busy cores wall time counts waits for the GIL and for the cores)
+            cpu_timer = bool(os.environ.get("PG_TURN_COST_PROFILE_CPU"))
+            profile = cProfile.Profile(time.thread_time) if cpu_timer else cProfile.Profile()
             profile.runcall(trio.run, run)
             if os.environ["PG_TURN_COST_PROFILE"].endswith(".prof"):  # for pstats' callers
                 profile.dump_stats(os.environ["PG_TURN_COST_PROFILE"])
@@ -264,6 +315,7 @@ def child(url: str, concurrency: int) -> None:
                 "hops": {k: v for k, v in hops.items()},
                 "owned": owned,
                 "sync": sync_wall,
+                "counts": dict(counts),
             }
         ),
         flush=True,
@@ -423,13 +475,22 @@ def measure(server: str, entities: int, latency_ms: int, concurrency: int) -> No
         f"{spread:.3f} s; Loom.sync (waiting for the group commit + writing it) "
         f"{sync_s * 1e6 / max(1, syncs):,.0f} us mean, {syncs / n:.2f} per turn"
     )
-    print("thread hops per turn (to_thread.run_sync): count, then mean us queued / ran / back:")
-    for name, (count, queued, ran, back, _cpu) in sorted(
+    hops_n = sum(v[0] for v in report["hops"].values())
+    counted = {"thread hops": hops_n, **report["counts"]}
+    print(
+        "per turn: "
+        + ", ".join(f"{name} {count / n:.3f}" for name, count in sorted(counted.items()))
+    )
+    print(
+        "thread hops per turn (to_thread.run_sync): count, then mean us queued / ran / back,"
+        " then the thread's CPU us per turn:"
+    )
+    for name, (count, queued, ran, back, hop_cpu_s) in sorted(
         report["hops"].items(), key=lambda kv: -kv[1][0]
     ):
         print(
             f"  {count / n:5.2f}  {queued * 1e6 / count:8.0f} {ran * 1e6 / count:8.0f} "
-            f"{back * 1e6 / count:8.0f}   {name}"
+            f"{back * 1e6 / count:8.0f} {hop_cpu_s * 1e6 / n:8.1f}   {name}"
         )
 
 

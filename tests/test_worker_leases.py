@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -59,9 +60,9 @@ async def test_a_lease_given_up_by_finish_is_never_reported_lost(
         return real_heartbeat(conn, owner, fences, lease_s)
 
     class LateFinish(WorkQueue):
-        def finish(self, claim: Claim, state: str, outcome: dict[str, Any]) -> bool:
+        def finish_many(self, ended: Sequence[tuple[Claim, str, dict[str, Any]]]) -> list[bool]:
             try:
-                return super().finish(claim, state, outcome)
+                return super().finish_many(ended)
             finally:
                 finished.set()
 

@@ -49,7 +49,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     def counted_messages(self: WorkQueue, work_id: int, after: int = 0) -> Any:
         found = messages(self, work_id, after)
         seen["messages"].append((work_id, found))
-        with_refresh = any(f.name == "refresh" for f in traceback.extract_stack())
+        with_refresh = any(f.name == "look" for f in traceback.extract_stack())
         seen["with_refresh"].append((work_id, with_refresh))
         return found
 

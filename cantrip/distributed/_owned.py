@@ -12,6 +12,11 @@ import trio
 
 from cantrip._core import Entity
 from cantrip.distributed._work import Claim
+from cantrip.loom._model import EntityRecord, Turn
+
+Look = tuple[list[tuple[int, str]] | None, EntityRecord | None, Turn | None]
+"""What a cast looks up in the database before it begins: the messages to its work (None:
+the worker reads none), its entity's record and latest turn."""
 
 
 @attrs.define
@@ -40,6 +45,11 @@ class Owned:
     first_mail: list[tuple[int, str]] | None = None
     """The messages to this work read with the entity's refresh (the mailbox's first
     read, made in that thread hop), until the mailbox takes them."""
+    looked: Look | None = None
+    """The entity's refresh and the mailbox's first read, made for it with other casts
+    claimed together in one thread hop (``Worker._look``), until the cast takes them."""
+    looking: trio.Event | None = None
+    """Set when that hop ended (None: no hop looks for this cast; it looks itself)."""
     casting: trio.Event = attrs.Factory(trio.Event)
     """Set as the cast is about to begin (``delivered`` is known then)."""
     delivered: int = 0

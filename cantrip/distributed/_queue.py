@@ -50,6 +50,7 @@ pauses and their answers in :mod:`~cantrip.distributed._pauses`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -473,23 +474,38 @@ class WorkQueue:
         One statement (``_renewal.FINISH``, fenced by the work row like :meth:`hand_back`:
         a lease that ran out while no claim has reaped the row is still this claim's);
         ``NOTIFY cantrip_work`` at its commit."""
-        fence = claim.fence
-        with self.store.pool.connection() as conn:
-            row = conn.execute(
-                FINISH,
-                {
-                    "entity": fence.lease_entity,
-                    "owner": fence.owner,
-                    "epoch": fence.epoch,
-                    "state": state,
-                    # redacted at rest: no secret goes into a table (issue 28.6)
-                    "result": orjson.dumps(redact_value(outcome), default=str).decode(),
-                    "work": claim.work_id,
-                    "channel": WORK_CHANNEL,
-                },
-            ).fetchone()
-        assert row is not None
-        return bool(row[0])
+        return self.finish_many([(claim, state, outcome)])[0]
+
+    def finish_many(self, ended: Sequence[tuple[Claim, str, dict[str, Any]]]) -> list[bool]:
+        """:meth:`finish` for several casts (claim, state, outcome), in one transaction:
+        a worker's casts that end together share one commit and one thread hop (issue
+        46.4). Each True, or False if the work was not its claim's any more (its outcome
+        is not recorded; the others' are)."""
+        results = [  # redacted at rest: no secret goes into a table (issue 28.6)
+            orjson.dumps(redact_value(outcome), default=str).decode() for _, _, outcome in ended
+        ]
+        done: list[bool] = []
+        with (
+            self.store.pool.connection() as conn,
+            conn.transaction() if len(ended) > 1 else contextlib.nullcontext(),
+        ):
+            for (claim, state, _), result in zip(ended, results, strict=True):
+                fence = claim.fence
+                row = conn.execute(
+                    FINISH,
+                    {
+                        "entity": fence.lease_entity,
+                        "owner": fence.owner,
+                        "epoch": fence.epoch,
+                        "state": state,
+                        "result": result,
+                        "work": claim.work_id,
+                        "channel": WORK_CHANNEL,
+                    },
+                ).fetchone()
+                assert row is not None
+                done.append(bool(row[0]))
+        return done
 
     def cancel(self, entity_id: str) -> int:
         """Cancel ``entity_id``'s open work (queued: at once; running: by its worker).

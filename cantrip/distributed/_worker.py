@@ -54,6 +54,7 @@ import os
 import socket
 from typing import Any
 
+import attrs
 import trio
 
 from cantrip._errors import CantripError
@@ -78,6 +79,7 @@ from cantrip.distributed._work import (
     Claim,
     parse_cancel,
 )
+from cantrip.loom._group_commit import GroupCommit
 from cantrip.loom._loom import Loom
 from cantrip.loom._postgres import PostgresStore
 
@@ -87,6 +89,16 @@ log = get_logger("cantrip.worker")
 DRAIN_S = 30.0
 """How long a stopping worker's running casts get to reach their next turn boundary
 before the rest are cut off and handed back (``cantrip worker --drain-s``)."""
+DB_CONNECTIONS = 16
+"""The most connections (and database threads) a worker's loom pool opens, whatever its
+concurrency: half the concurrency up to this. Its casts' database calls are short (the
+loom's writes go a batch at a time, on one connection), so more connections only queue
+in the server instead of in trio; at ``--concurrency 1000`` the old half (500) had the
+worker open ~50-100 connections and ~400 threads a run, each costing both processes CPU
+(and could exhaust a server's ``max_connections``; issue 46.4)."""
+LOOKS_PER_HOP = 32
+"""Casts claimed together whose first reads share one thread hop (``Worker._look``): a
+claim of 1,000 looks in 32 hops, side by side, not 1,000 (nor one hop, one after another)."""
 HANDED_BACK = "handed back at shutdown"
 """Why the loom refuses a cut-off run's writes: its lease is being handed back."""
 
@@ -135,10 +147,13 @@ class Worker:
         self.draining = False
         self._claiming = trio.CancelScope()
         """The claim loop's scope: :meth:`drain` cancels it (the runs go on)."""
+        self._endings: GroupCommit[_Ending] = GroupCommit(self._record_endings)
+        """Casts' outcomes, recorded a batch at a time: casts that end together share
+        one thread hop and one commit (:meth:`_finish`; issue 46.4)."""
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         store = await trio.to_thread.run_sync(
-            lambda: PostgresStore(self.url, max_connections=max(4, self.concurrency // 2))
+            lambda: PostgresStore(self.url, max_connections=pool_size(self.concurrency))
         )
         self.loom = Loom(store)
         self.queue = WorkQueue(store)
@@ -223,6 +238,7 @@ class Worker:
         claims = await trio.to_thread.run_sync(unless_draining, limiter=store.limiter)
         for _ in range(slots - len(claims)):
             free.release()
+        taken: list[Owned] = []
         for claimed in claims:
             until = sent + self.lease_s  # never after the database's expiry
             owned = Owned(claimed, trio.CancelScope(deadline=until))
@@ -238,8 +254,30 @@ class Worker:
                 owned.handing_back = True
             self._owned[claimed.entity_id] = owned
             self.loom.hold(claimed.entity_id, claimed.fence, until=until)
+            taken.append(owned)
+        for start in range(0, len(taken), LOOKS_PER_HOP):  # (once each is in _owned: a
+            chunk = taken[start : start + LOOKS_PER_HOP]  # message NOTIFY'd since wakes it)
+            looking = trio.Event()
+            for owned in chunk:
+                owned.looking = looking
+            runs.start_soon(self._look, chunk, looking)
+        for owned in taken:
             runs.start_soon(self._own, owned, free)
         return len(claims)
+
+    async def _look(self, chunk: list[Owned], looking: trio.Event) -> None:
+        """Look up what the casts of ``chunk`` need before they begin, in one thread hop
+        (:meth:`Execution.look_many`); each cast waits for it, or looks itself if it
+        got nothing."""
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        try:
+            looks = await trio.to_thread.run_sync(
+                self._execution.look_many, [o.claim for o in chunk], limiter=limiter
+            )
+            for owned, looked in zip(chunk, looks, strict=True):
+                owned.looked = looked
+        finally:
+            looking.set()
 
     # -- stopping ------------------------------------------------------------------
 
@@ -332,12 +370,11 @@ class Worker:
             outage.ok()
             task_status.started()
             while True:
-                notes = await trio.to_thread.run_sync(
-                    lambda: [
-                        (n.channel, n.payload) for n in conn.notifies(timeout=0.25, stop_after=1)
-                    ],
-                    limiter=limiter,
-                )
+                # what arrived is read at once, without waiting (first: what came with
+                # the LISTEN's answer), then the socket is waited on here, in trio: no
+                # thread hop per notification, nor one every 0.25 s when idle (issue
+                # 46.4); a lost connection is readable too, and its read raises
+                notes = [(n.channel, n.payload) for n in conn.notifies(timeout=0)]
                 for channel, payload in notes:
                     if channel == WORK_CHANNEL:
                         self._wake.set()
@@ -350,6 +387,7 @@ class Worker:
                             running.cancel(reason)  # named another item: not this cast
                     elif channel == STEER_CHANNEL and payload in self._owned:
                         self._owned[payload].mail.set()
+                await trio.lowlevel.wait_readable(conn.fileno())
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(conn.close)
@@ -465,17 +503,65 @@ class Worker:
     async def _finish(self, owned: Owned, state: str, outcome: dict[str, Any]) -> None:
         """Record the outcome and release the lease (fenced: refused if it was lost). A
         lost connection here leaves the cast to the next claim, which finds its end in
-        the loom and records it then."""
+        the loom and records it then.
+
+        Recorded with the other casts that end meanwhile (a group commit: one thread hop
+        and one transaction for the batch); a batch that failed leaves each of its casts
+        to record its own end alone, as if there had been no batch -- so what a failure
+        means for a cast is what it always meant."""
         claim = owned.claim
         owned.releasing = True
-        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
-        finished = await trio.to_thread.run_sync(
-            self.queue.finish, claim, state, outcome, limiter=limiter
-        )
+        ending = _Ending(claim, state, outcome)
+        ticket = self._endings.queue(ending)
+        try:
+            await self._endings.wait(ticket)
+        except BaseException:
+            self._endings.withdraw(ticket)  # (cancelled while queued: never recorded here)
+            raise
+        finished = ending.finished
+        if finished is None:  # its batch failed: alone, where its own error is raised
+            limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+            finished = await trio.to_thread.run_sync(
+                self.queue.finish, claim, state, outcome, limiter=limiter
+            )
         if finished:
             self.completed += 1
         else:
             log.warning("%s: lease lost before the outcome was recorded", claim.entity_id)
+
+    async def _record_endings(self, batch: list[_Ending]) -> None:
+        """Write a batch of :meth:`_finish` (the group commit's writer). Shielded: the
+        batch holds other casts' outcomes, which their tasks wait for. A batch that
+        failed is not this writer's failure alone: each of its casts, seeing no answer,
+        records its own end (:meth:`_finish`)."""
+        limiter = self.loom.store.limiter  # type: ignore[attr-defined]
+        ended = [(e.claim, e.state, e.outcome) for e in batch]
+        with trio.CancelScope(shield=True):
+            try:
+                finished = await trio.to_thread.run_sync(
+                    self.queue.finish_many, ended, limiter=limiter
+                )
+            except Exception as exc:  # noqa: BLE001 -- each cast tries alone (_finish)
+                log.info("%d outcomes recorded one by one: %s", len(batch), describe(exc))
+                return
+        for ending, done in zip(batch, finished, strict=True):
+            ending.finished = done
+
+
+@attrs.define(slots=True)
+class _Ending:
+    """A cast's end waiting for the batch that records it (:meth:`Worker._finish`)."""
+
+    claim: Claim
+    state: str
+    outcome: dict[str, Any]
+    finished: bool | None = None
+    """True once recorded, False if its lease was lost; None: its batch failed."""
+
+
+def pool_size(concurrency: int) -> int:
+    """The loom pool's size (and its thread limiter's) for a worker of ``concurrency``."""
+    return min(DB_CONNECTIONS, max(4, concurrency // 2))
 
 
 async def _take_free(free: trio.Semaphore) -> int:
