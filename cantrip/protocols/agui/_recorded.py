@@ -70,7 +70,7 @@ def delegated(record: GateCallRecord) -> list[str]:
     if record.gate not in DELEGATES:
         return []
     detail = record.detail
-    named = detail.get("children", ()) if "children" in detail else (detail.get("child"),)
+    named = detail["children"] if "children" in detail else (detail.get("child"),)
     if not isinstance(named, list | tuple):
         return []
     return [child for child in named if isinstance(child, str) and child]
