@@ -258,7 +258,7 @@ class Circle:
                 started,
                 gate_error_text(exc),
                 error=True,
-                detail={**detail, **_kind(exc), **_reported(exc)},
+                detail={**detail, **_reported(exc), **_kind(exc)},
             )
         error = False
         if isinstance(result, GateResult):
