@@ -258,7 +258,7 @@ class Circle:
                 started,
                 gate_error_text(exc),
                 error=True,
-                detail={**detail, **_kind(exc)},
+                detail={**detail, **_reported(exc), **_kind(exc)},
             )
         error = False
         if isinstance(result, GateResult):
@@ -329,6 +329,11 @@ def gate_error_text(exc: BaseException) -> str:
 def _kind(exc: BaseException) -> dict[str, str]:
     """The exception's type for the record's ``detail`` (kept in the loom)."""
     return {"exception": type(exc).__name__}
+
+
+def _reported(exc: BaseException) -> Mapping[str, Any]:
+    """What a :class:`GateError` reports for its record (its ``detail``)."""
+    return exc.detail if isinstance(exc, GateError) else EMPTY
 
 
 def _is_crash(exc: BaseException) -> bool:

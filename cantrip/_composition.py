@@ -83,7 +83,38 @@ async def delegate(request: Mapping[str, Any]) -> ChildOutcome:
 
 
 async def delegate_batch(requests: Sequence[Mapping[str, Any]]) -> list[Any]:
-    """Run children concurrently; results in request order (COMP-3).
+    """Run children concurrently; results in request order (COMP-3): the values of
+    :func:`delegate_batch_outcome`, for a gate that needs no record of its children."""
+    return list((await delegate_batch_outcome(requests)).values)
+
+
+@attrs.frozen
+class BatchOutcome:
+    """What a batch returns to its gate: each request's value and the child it ran."""
+
+    values: tuple[Any, ...]
+    """In request order; a failed child's entry is ``{"error": message}``."""
+    children: tuple[str | None, ...]
+    """The entity each request ran, in request order (``None``: none was spawned --
+    its request could not be built, or the tree's budget refused it)."""
+    failed: tuple[str, ...] = ()
+    """The children that failed (their entries are errors), in request order."""
+
+    @property
+    def detail(self) -> dict[str, Any]:
+        """The batch call's record detail: ``children`` (and ``failed`` if any), so
+        a reader of the loom -- a replica telling the children as sub-agents, an
+        export -- finds each child's own turns from the call, as ``child`` does for
+        ``call_agent``."""
+        detail: dict[str, Any] = {"children": list(self.children)}
+        if self.failed:
+            detail["failed"] = list(self.failed)
+        return detail
+
+
+async def delegate_batch_outcome(requests: Sequence[Mapping[str, Any]]) -> BatchOutcome:
+    """Run children concurrently; results in request order (COMP-3), with the child
+    each request ran (:class:`BatchOutcome`).
 
     Children start in request order and at most ``max_concurrency`` (default
     8) run at once; a batch holds at most ``max_batch_size`` (default 50). One
@@ -97,10 +128,12 @@ async def delegate_batch(requests: Sequence[Mapping[str, Any]]) -> list[Any]:
             f"a batch holds at most {min(limit, MAX_BATCH)} requests, got {len(requests)}"
         )
     if not requests:
-        return []
+        return BatchOutcome((), ())
     spawn_point = parent.checkpoint()
     limiter = trio.CapacityLimiter(int(wards.get("max_concurrency") or DEFAULT_CONCURRENCY))
     results: list[Any] = [None] * len(requests)
+    children: list[str | None] = [None] * len(requests)
+    failed: list[bool] = [False] * len(requests)
 
     async def one(index: int, request: dict[str, Any], task_status: Any) -> None:
         task_status.started()
@@ -109,13 +142,20 @@ async def delegate_batch(requests: Sequence[Mapping[str, Any]]) -> list[Any]:
                 outcome = await _run_child(parent, request, spawn_point)
             except GateError as failure:
                 results[index] = {"error": str(failure)}
+                child = failure.detail.get("child")
+                if isinstance(child, str):
+                    children[index], failed[index] = child, True
                 return
-            results[index] = outcome.value
+            results[index], children[index] = outcome.value, outcome.entity_id
 
     async with trio.open_nursery() as nursery:
         for index, request in enumerate(requests):
             await nursery.start(one, index, dict(request))
-    return results
+    return BatchOutcome(
+        tuple(results),
+        tuple(children),
+        tuple(c for c, bad in zip(children, failed, strict=True) if bad and c is not None),
+    )
 
 
 async def _run_child(parent: Entity, request: dict[str, Any], spawn_point: str) -> ChildOutcome:
@@ -146,7 +186,10 @@ async def _run_child(parent: Entity, request: dict[str, Any], spawn_point: str) 
             outcome: CastResult = await child.send(intent)
     except CantripError as exc:  # the child boundary (COMP-8, D-011): its LLM gave up, ...
         _log.warning("child entity %s failed", child.id, exc_info=exc)
-        raise GateError(f"child entity {child.id} failed: {type(exc).__name__}: {exc}") from exc
+        raise GateError(
+            f"child entity {child.id} failed: {type(exc).__name__}: {exc}",
+            detail={"child": child.id},  # its turns, for a reader of the loom
+        ) from exc
     except ChildCrashedError:
         raise  # a grandchild's crash, already described
     except Exception as exc:

@@ -30,7 +30,16 @@ class GateArgumentError(ValueError):
 
 
 class GateError(Exception):
-    """Raise from a gate to report a failure in plain words (no traceback noise)."""
+    """Raise from a gate to report a failure in plain words (no traceback noise).
+
+    ``detail``: facts for the failed call's record (``GateCallRecord.detail``), as a
+    :class:`GateResult` gives them for one that answered -- e.g. the id of a
+    delegation's child that failed, so a reader of the loom finds the child's own
+    turns from its parent's call. The entity sees only the message."""
+
+    def __init__(self, *args: object, detail: Mapping[str, Any] | None = None) -> None:
+        super().__init__(*args)
+        self.detail: Mapping[str, Any] = dict(detail or {})
 
 
 @attrs.frozen

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from cantrip import GateResult, gate
-from cantrip.delegation import delegate, delegate_batch
+from cantrip.delegation import delegate, delegate_batch_outcome
 
 
 @gate(delegates=True, aliases=("call_entity",))
@@ -53,13 +53,15 @@ async def call_agent(
 
 
 @gate(delegates=True, aliases=("call_entity_batch",))
-async def call_agent_batch(requests: list[dict[str, Any]]) -> list[Any]:
+async def call_agent_batch(requests: list[dict[str, Any]]) -> Any:
     """Delegate several sub-tasks at once; children run concurrently.
 
     Each request has the fields of call_agent. Results come back in request
     order; a failed child's entry is {"error": message}.
     """
-    return await delegate_batch(requests)
+    outcome = await delegate_batch_outcome(requests)
+    # The record names each child (as call_agent's does its one), in request order.
+    return GateResult(list(outcome.values), outcome.detail)
 
 
 DELEGATION_GATES = (call_agent, call_agent_batch)

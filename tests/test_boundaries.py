@@ -77,6 +77,27 @@ async def test_a_gate_error_reads_as_written_and_is_logged_quietly(
     assert logged.levelno == logging.INFO  # a deliberate report, not a fault: no warning noise
 
 
+@cantrip.gate
+def refuse_with_facts(reason: str) -> str:
+    """Fails on purpose, naming facts for its record (one that tries to pass for
+    another exception type)."""
+    raise cantrip.GateError(f"refused: {reason}", detail={"ticket": 7, "exception": "Nope"})
+
+
+async def test_a_gate_errors_detail_reaches_its_record_and_not_the_model() -> None:
+    """``GateError(message, detail=...)``: the facts are merged into the failed call's
+    record (kept by the loom), the model reads only the message, and the exception's
+    own type stays the record's ``exception``."""
+    script = [_call("refuse_with_facts", reason="closed"), _call("done", answer="ok")]
+    spell = _spell(script, [refuse_with_facts])
+    outcome = await spell.cast_async("ask")
+    first = outcome.turns[0]
+    assert first.observation == "refused: closed"
+    record = spell.loom.get(first.id).gate_calls[0]
+    assert record.is_error and dict(record.detail) == {"ticket": 7, "exception": "GateError"}
+    assert outcome.result == "ok"
+
+
 async def test_refused_arguments_are_logged_with_their_type(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -9,7 +9,7 @@ know whether an event was heard or read back."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from cantrip._events import (
     FinalResponse,
@@ -62,12 +62,37 @@ def recorded_events(turn: Turn) -> list[Event]:
 
 
 def delegated(record: GateCallRecord) -> list[str]:
-    """The child entities a delegation call's record names: the child of a
-    ``call_agent`` that answered or was cut off (its record's ``detail["child"]``).
-    A record that names none -- ``call_agent_batch``'s, a failed call's -- has none
-    to tell."""
-    child = record.detail.get("child") if record.gate in DELEGATES else None
-    return [child] if isinstance(child, str) and child else []
+    """The child entities a delegation call's record names, in the order they were
+    asked for: a ``call_agent``'s child (``detail["child"]``, also when the child
+    failed) or a ``call_agent_batch``'s (``detail["children"]``, one per request;
+    ``None`` where a request spawned none). A record that names none -- a call that
+    spawned no child, or one recorded before records named them -- has none to tell."""
+    if record.gate not in DELEGATES:
+        return []
+    detail = record.detail
+    named = detail["children"] if "children" in detail else (detail.get("child"),)
+    if not isinstance(named, list | tuple):
+        return []
+    return [child for child in named if isinstance(child, str) and child]
+
+
+def failures(record: GateCallRecord) -> dict[str, str]:
+    """The children of a ``call_agent_batch`` call that failed (``detail["failed"]``),
+    each with its entry's error message -- the batch answered, so its record is no
+    error, yet those sub-agents ended in one."""
+    failed = record.detail.get("failed") if record.gate in DELEGATES else None
+    children = record.detail.get("children")
+    entries = record.result
+    if not isinstance(failed, list | tuple) or not isinstance(children, list | tuple):
+        return {}
+    if not isinstance(entries, list | tuple) or len(entries) != len(children):
+        entries = [None] * len(children)
+    out: dict[str, str] = {}
+    for child, entry in zip(children, entries, strict=True):
+        if isinstance(child, str) and child in failed:
+            said = entry.get("error") if isinstance(entry, Mapping) else None
+            out[child] = str(said or "failed")
+    return out
 
 
 def recorded_tree(turn: Turn, loom: Loom, tells: Callable[[str], bool]) -> list[Event]:

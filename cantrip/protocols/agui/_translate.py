@@ -55,7 +55,7 @@ from cantrip._redact import get_logger
 from cantrip.llm._contract import plain_json
 from cantrip.llm._stream import Event, MessageStart, TextDelta, ThinkingDelta, ToolCallEvent
 from cantrip.loom._model import GateCallRecord, Turn
-from cantrip.protocols.agui._recorded import DELEGATES
+from cantrip.protocols.agui._recorded import DELEGATES, failures
 
 log = get_logger("cantrip.agui")
 
@@ -482,11 +482,13 @@ class Translator:
                 self.delegations[call_id] = (entity, str(intent or ""))
 
     def _end_children(self, out: list[BaseEvent], record: GateCallRecord) -> None:
-        """A delegation call's result: the children it ran end first."""
+        """A delegation call's result: the children it ran end first -- in error if
+        the call failed, or if its record names the child among a batch's failed."""
+        failed = failures(record)
         for sub, child in self.children.items():
             if child.call_id == record.tool_call_id and not child.done:
-                if record.is_error:
-                    self._end(out, sub, child, record.text)
+                if record.is_error or sub in failed:
+                    self._end(out, sub, child, record.text if record.is_error else failed[sub])
                 else:
                     out.extend(_attributed(child.voice.finish(None), sub))
                     child.done = True
