@@ -280,7 +280,7 @@ class HttpApp:
             await json_response(send, 202, steered())
         elif action == "pending":
             allow(method, "GET")
-            pending = [p.to_dict() for p in await backend.pauses(sid)]
+            pending = [p.to_dict() for p in await backend.pauses(info)]
             await json_response(send, 200, {**info.to_dict(), "pending": pending})
         elif action == "cancel":
             allow(method, "POST")
@@ -291,7 +291,7 @@ class HttpApp:
             await json_response(send, 200, cancelled.to_dict())
         elif action == "thread":
             allow(method, "GET")
-            turns = [turn_dict(t) for t in await backend.thread(sid)]
+            turns = [turn_dict(t) for t in await backend.thread(info)]
             await json_response(send, 200, {**info.to_dict(), "turns": turns})
         elif action == "events":
             allow(method, "GET")

@@ -131,6 +131,23 @@ def same_user(session_id: str, has: str | None, asked: str | None) -> None:
         )
 
 
+TITLE_CHARS = 80
+"""A session summary's title: its first intent, cut to this many characters."""
+
+
+@attrs.frozen
+class SessionSummary:
+    """A session as a list shows it (``SessionBackend.summaries``, :mod:`._summaries`)."""
+
+    session_id: str
+    title: str | None
+    """Its first intent (cut to :data:`TITLE_CHARS`); None before its first prompt."""
+    updated_at: str | None
+    """Its latest turn's time, else its entity's creation (None: neither recorded)."""
+    cwd: str | None = None
+    """Where it was created (its casts' ``cwd`` tag); None: not recorded."""
+
+
 SessionRef = str | SessionInfo
 """How a call names a session: its id, or the :class:`SessionInfo` the caller's
 :meth:`SessionBackend.find` returned in this request -- then the backend takes it as
