@@ -13,7 +13,8 @@ one table, :mod:`._errors`):
 
 * ``GET  /health`` -- liveness, and what the cantrip is;
 * ``GET  /openapi.json`` -- this API as an OpenAPI 3.1 document;
-* ``POST /sessions`` (``Idempotency-Key``) -- a new session (201); ``GET /sessions``;
+* ``POST /sessions`` (``Idempotency-Key``; ``user``, ``cwd``) -- a new session (201);
+  ``GET /sessions``;
 * ``GET  /sessions/{id}`` -- one session; ``DELETE`` removes its tree from the loom
   (the backend's ``delete``: the retention rule, refused while a prompt runs);
 * ``POST /sessions/{id}/prompt`` -- ``{"prompt": ...}``: one cast, answered with its
@@ -210,7 +211,9 @@ class HttpApp:
             allow(method, "GET", "POST")
             if method == "POST":
                 asked = validated(CreateSession, await read_body(receive))
-                info, created = await backend.create(idempotency_key(scope), user=asked.user)
+                info, created = await backend.create(
+                    idempotency_key(scope), user=asked.user, cwd=asked.cwd
+                )
                 # A repeated key gets the response the key first got (201, the same
                 # session), marked as a replay -- one status per outcome keeps the
                 # documented contract independent of server state.
