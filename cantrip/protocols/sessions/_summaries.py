@@ -7,7 +7,8 @@ latest that recorded a ``cwd`` tag. The walk (:func:`summaries_in`) reads every 
 of every session to find them: in process (a loom in memory or a local file) that is
 what it always was. On PostgreSQL it was a query per session, every one of its turns
 sent over the wire (N+1: 50 sessions, 51 statements); :func:`summaries_on` reads the
-three turns of every session in one statement, whatever their number, and the two
+three turns of every session in one statement, whatever their number (a session whose
+candidate turn proves not to be what was looked for is walked alone), and the two
 agree on every summary (``tests/test_acp_list_db.py``).
 """
 
