@@ -194,7 +194,8 @@ class HttpApp:
         refuse_nul(scope)
         method = scope["method"]
         parts = [p for p in scope["path"].split("/") if p]
-        query = parse_qs(scope.get("query_string", b"").decode())
+        # a blank value is a value (``?stream=`` is a 400 like any bad one, not "no")
+        query = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True)
         backend = self.backend
         if parts == ["health"]:
             allow(method, "GET")
