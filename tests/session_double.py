@@ -38,12 +38,14 @@ from cantrip.protocols.sessions import (
     SessionEvent,
     SessionInfo,
     SessionRef,
+    SessionSummary,
     Submitted,
     TaskRecord,
     session_id_of,
 )
 from cantrip.protocols.sessions._backend import check_cwd, check_user, same_user
 from cantrip.protocols.sessions._hub import SessionError
+from cantrip.protocols.sessions._summaries import summaries_in
 from cantrip.protocols.sessions._watches import Watches
 
 STICKY_S = 5.0
@@ -213,8 +215,11 @@ class DoubleBackend:
     async def find(self, session_id: str) -> SessionInfo:
         return self._info(self._get(session_id))
 
-    async def thread(self, session_id: str) -> list[Turn]:
-        return self._get(session_id).thread()
+    async def summaries(self) -> list[SessionSummary]:
+        return summaries_in(self.loom)
+
+    async def thread(self, ref: SessionRef) -> list[Turn]:
+        return self._get(session_id_of(ref)).thread()
 
     async def read_loom(self, read: Callable[[Loom], T]) -> T:
         return read(self.loom)
@@ -478,8 +483,8 @@ class DoubleBackend:
 
     # -- pauses ------------------------------------------------------------------
 
-    async def pauses(self, session_id: str) -> list[Pause]:
-        return list(self._get(session_id).pending.values())
+    async def pauses(self, ref: SessionRef) -> list[Pause]:
+        return list(self._get(session_id_of(ref)).pending.values())
 
     async def answer(
         self, session_id: str, pause_id: str, decision: Decision, *, repeat: bool = False

@@ -236,6 +236,17 @@ async def test_mistakes_are_json_errors_and_the_server_keeps_serving() -> None:
                 "bad_request",
             ),
             (lambda: http.post(f"/sessions/{sid}/prompt", json=[1, 2]), 400, "bad_request"),
+            # a blank yes/no or policy is not "no" (schemathesis' ST201: it was taken)
+            (
+                lambda: http.post(f"/sessions/{sid}/prompt?stream=", json={"prompt": "hi"}),
+                400,
+                "bad_request",
+            ),
+            (
+                lambda: http.post(f"/sessions/{sid}/prompt?on_busy=", json={"prompt": "hi"}),
+                400,
+                "bad_request",
+            ),
         ]
         for request, status, code in cases:
             response = await request()

@@ -211,19 +211,20 @@ async def test_a_sessions_user_tags_its_casts_and_no_create_switches_it(world: W
 async def test_a_sessions_working_directory_is_kept_and_recorded_on_its_casts(
     world: World,
 ) -> None:
-    """A session made with a ``cwd`` (an editor's, over ACP) keeps it and its casts
-    record it as their ``cwd`` tag -- the loom's record of where it ran; a relative or
-    control-character path is refused before anything is made."""
+    """A session made with a ``cwd`` (an editor's over ACP, or ``POST /sessions``'s) keeps
+    it, shows it in the API's shape, and its casts record it as their ``cwd`` tag -- the
+    loom's record of where it ran; a relative or control-character path is refused
+    before anything is made."""
     backend = world.backend
     info, created = await backend.create(cwd="/work/project")
-    assert created and info.cwd == "/work/project" and "cwd" not in info.to_dict()
+    assert created and info.cwd == "/work/project" and info.to_dict()["cwd"] == "/work/project"
     assert (await backend.find(info.session_id)).cwd == "/work/project"
     await cast(world, info.session_id, "Add one.")
     await cast(world, info.session_id, "Add two.")
     thread = await backend.thread(info.session_id)
     assert [t.extras.get("cwd") for t in thread if t.intent] == ["/work/project"] * 2
     plain, _ = await backend.create()
-    assert plain.cwd is None
+    assert plain.cwd is None and "cwd" not in plain.to_dict()
     before = len(await backend.sessions())
     for bad in ("relative/dir", "/tmp/a\nb", ""):
         with refused("bad_request"):

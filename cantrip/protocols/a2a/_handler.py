@@ -67,7 +67,14 @@ from cantrip.protocols.a2a._server import (
     working,
 )
 from cantrip.protocols.asgi._responses import Receive, Scope, Send
-from cantrip.protocols.sessions import SessionBackend, SessionError, TaskRecord, follow_through
+from cantrip.protocols.sessions import (
+    SessionBackend,
+    SessionError,
+    SessionInfo,
+    SessionRef,
+    TaskRecord,
+    follow_through,
+)
 
 log = get_logger("cantrip.a2a")
 
@@ -176,12 +183,18 @@ class A2AHandler:
 
     async def _turns(self, session_id: str) -> int:
         """How many turns the session has: a task's events are followed from here."""
-        with protocol_errors():
-            return (await self.backend.find(session_id)).turns
+        return (await self._session(session_id)).turns
 
-    async def _send(self, message: Any) -> tuple[TaskRecord, int]:
+    async def _session(self, session_id: str) -> SessionInfo:
+        """The session, read (its ``turns``: a task's events are followed from there)."""
+        with protocol_errors():
+            return await self.backend.find(session_id)
+
+    async def _send(self, message: Any) -> tuple[TaskRecord, SessionInfo]:
         """Start the task ``message`` asks for (a new prompt, or the answer to a paused
-        task); the task, and the session's turns before it started."""
+        task); the task, and its session as read before it started (its ``turns``: where
+        the task's events begin) -- the request's one read of it, handed down to the
+        task's result and events (issue 46)."""
         from a2a.utils.errors import InvalidParamsError
         from google.protobuf.json_format import MessageToJson
 
@@ -195,14 +208,14 @@ class A2AHandler:
             with protocol_errors():
                 if self.admit is not None:
                     await self.admit(record.session_id)
-                before = await self._turns(record.session_id)
+                info = await self._session(record.session_id)
                 message.context_id = record.session_id
                 moved = await backend.answer_task(
                     record.task_id, record.prompt_id, pause_id, decision, MessageToJson(message)
                 )
             if moved is None:
                 raise InvalidParamsError(message=f"task {record.task_id} moved on meanwhile")
-            return moved, before
+            return moved, info
         text = prompt_of(message)
         with protocol_errors():
             if self.admit is not None:
@@ -227,17 +240,23 @@ class A2AHandler:
                     message=f"context {info.session_id} is running another task: "
                     "wait for it or cancel it"
                 ) from None
-        return record, info.turns
+        return record, info
 
-    async def _settled(self, record: TaskRecord) -> TaskRecord:
-        """The task once its prompt has ended."""
+    async def _settled(self, record: TaskRecord, session: SessionRef | None = None) -> TaskRecord:
+        """The task once its prompt has ended (``session``: its session as this request
+        read it, not read again)."""
         if record.state == "open":
             with protocol_errors(), contextlib.suppress(SessionError):  # failed: it says so
-                await self.backend.result(record.session_id, record.prompt_id)
+                await self.backend.result(session or record.session_id, record.prompt_id)
         return await self._require(record.task_id)
 
     async def _events(
-        self, record: TaskRecord, after: int, *, fresh: bool = False
+        self,
+        record: TaskRecord,
+        after: int,
+        *,
+        fresh: bool = False,
+        session: SessionRef | None = None,
     ) -> AsyncIterator[Any]:
         """A ``working`` update per event of the task's prompt (the session's turns
         after ``after`` first), then its final events. A task not working now has none
@@ -246,7 +265,8 @@ class A2AHandler:
         task, _ = view_of(record, fresh=True)
         if record.canceled or not (fresh or record.state == "open"):
             return
-        events = follow_through(self.backend, record.session_id, after, until=record.prompt_id)
+        named = session or record.session_id  # (as this request read it: not again)
+        events = follow_through(self.backend, named, after, until=record.prompt_id)
         async with contextlib.aclosing(events):
             while True:
                 with protocol_errors():
@@ -265,18 +285,18 @@ class A2AHandler:
     async def on_message_send(self, params: Any, context: Any) -> Any:
         length = self._history_length(params.configuration)
         push = await self._checked_push(params.configuration)  # refused before anything runs
-        record, before = await self._send(params.message)
-        self._keep_push(record, push, before)
+        record, info = await self._send(params.message)
+        self._keep_push(record, push, info.turns)
         if not params.configuration.return_immediately:
-            record = await self._settled(record)
+            record = await self._settled(record, info)
         return view_of(record)[0].to_proto(length)
 
     async def on_message_send_stream(self, params: Any, context: Any) -> AsyncIterator[Any]:
         push = await self._checked_push(params.configuration)
-        record, before = await self._send(params.message)
-        self._keep_push(record, push, before)
+        record, info = await self._send(params.message)
+        self._keep_push(record, push, info.turns)
         yield view_of(record, fresh=True)[0].to_proto()
-        async for event in self._events(record, before, fresh=True):
+        async for event in self._events(record, info.turns, fresh=True, session=info):
             yield event
 
     async def on_subscribe_to_task(self, params: Any, context: Any) -> AsyncIterator[Any]:

@@ -80,6 +80,8 @@ from cantrip.protocols.sessions._backend import (
     SessionError,
     SessionEvent,
     SessionInfo,
+    SessionRef,
+    session_id_of,
 )
 from cantrip.protocols.sessions._ids import BadIdError, client_id
 from cantrip.protocols.sessions._process import ProcessBackend
@@ -237,14 +239,12 @@ class AcpServer:
         return info.cwd if info.cwd is not None else self.cwd
 
     async def _list_sessions(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        listed = _listing.in_cwd(
-            await self.backend.read_loom(_listing.sessions_in), params, self.cwd
-        )
+        listed = _listing.in_cwd(await self.backend.summaries(), params, self.cwd)
         try:
             chunk, cursor = _listing.page(listed, params.get("cursor"))
         except ValueError as exc:
             raise RpcError(INVALID_PARAMS, str(exc)) from None
-        answer: dict[str, Any] = {"sessions": [s.to_dict(self.cwd) for s in chunk]}
+        answer: dict[str, Any] = {"sessions": [_listing.to_dict(s, self.cwd) for s in chunk]}
         if cursor is not None:
             answer["nextCursor"] = cursor
         return answer
@@ -297,10 +297,10 @@ class AcpServer:
     # -- prompts ------------------------------------------------------------------
 
     async def _prompt(self, params: Mapping[str, Any], msg_id: Any = None) -> dict[str, Any]:
-        session_id = await self._session_id(params)
+        info = await self._session(params)  # the prompt's one read of its session (issue 46)
         if self.v2 is not None:
-            return await self.v2.prompt(session_id, prompt_text(params))
-        return await self.run_prompt(session_id, prompt_text(params), on_busy(params), msg_id)
+            return await self.v2.prompt(info, prompt_text(params))
+        return await self.run_prompt(info, prompt_text(params), on_busy(params), msg_id)
 
     async def prepare_prompt(
         self, message: Mapping[str, Any]
@@ -322,18 +322,18 @@ class AcpServer:
         try:
             if not isinstance(params, Mapping):
                 raise RpcError(INVALID_PARAMS, "params must be an object")
-            session_id = await self._session_id(params)
+            info = await self._session(params)
             text = prompt_text(params)
             policy = on_busy(params)
         except RpcError as exc:
             return _error(msg_id, exc.code, exc.message)
-        running = Running(session_id)
+        running = Running(info.session_id)
         if msg_id is not None:
             self._running[msg_id] = running  # a $/cancel_request from now on finds it
 
         async def run() -> dict[str, Any] | None:
             try:
-                result = await self.run_prompt(session_id, text, policy, msg_id, running)
+                result = await self.run_prompt(info, text, policy, msg_id, running)
             except RpcError as exc:
                 return None if msg_id is None else _error(msg_id, exc.code, exc.message)
             except SessionError as exc:
@@ -347,7 +347,7 @@ class AcpServer:
 
     async def run_prompt(
         self,
-        session_id: str,
+        session: SessionRef,
         text: str,
         policy: str,
         msg_id: Any = None,
@@ -355,7 +355,9 @@ class AcpServer:
     ) -> dict[str, Any]:
         """Submit the prompt and carry it out: its events as updates, its pauses asked
         of the client, until it ends. ``steer`` inserts the text into the running
-        cast instead (a prompt when none runs)."""
+        cast instead (a prompt when none runs). ``session``: as this request read it
+        (handed down to every call of the prompt: not read again), or its id."""
+        session_id = session_id_of(session)
         if policy == "steer":
             try:
                 await self.backend.steer(session_id, text)
@@ -363,7 +365,7 @@ class AcpServer:
                 if exc.kind != "not_running":
                     raise
             else:
-                info = await self.backend.find(session_id)
+                info = await self._info(session)
                 meta = {"entityId": info.entity_id, "steered": True}
                 return {"stopReason": "end_turn", "_meta": {"cantrip": meta}}
             policy = "enqueue"
@@ -374,16 +376,16 @@ class AcpServer:
         try:
             if running.cancelled:  # withdrawn before it was submitted
                 raise RpcError(REQUEST_CANCELLED, "the prompt was cancelled ($/cancel_request)")
-            translator = await self.translator(session_id)  # its cost: before the prompt's
-            submitted = await self.backend.submit(session_id, text, on_busy=policy)  # type: ignore[arg-type]
+            translator = await self.translator(session)  # its cost: before the prompt's
+            submitted = await self.backend.submit(session, text, on_busy=policy)  # type: ignore[arg-type]
             running.prompt_id = submitted.prompt_id
-            cast = await self._carry(session_id, running, translator=translator)
+            cast = await self._carry(session_id, running, translator=translator, session=session)
         finally:
             if msg_id is not None:
                 self._running.pop(msg_id, None)
         if running.cancelled:
             raise RpcError(REQUEST_CANCELLED, "the prompt was cancelled ($/cancel_request)")
-        return await self._answer(session_id, cast)
+        return await self._answer(session, cast)
 
     async def _carry(
         self,
@@ -392,16 +394,19 @@ class AcpServer:
         *,
         stream: bool = True,
         translator: Translator | None = None,
+        session: SessionRef | None = None,
     ) -> CastResult | None:
         """Follow the prompt and each continuation of it until it ends not paused
-        (``stream``: its events as updates; a v2 connection's follower tells them)."""
+        (``stream``: its events as updates; a v2 connection's follower tells them).
+        ``session``: as the request read it (its follows and results read it no more)."""
+        ref = session if session is not None else session_id
         if translator is None:
-            translator = await self.translator(session_id)
+            translator = await self.translator(ref)
         while True:
             assert running.prompt_id is not None
-            await self._stream(session_id, running.prompt_id, translator, tell=stream)
+            await self._stream(ref, running.prompt_id, translator, tell=stream)
             try:
-                outcome = await self.backend.result(session_id, running.prompt_id)
+                outcome = await self.backend.result(ref, running.prompt_id)
             except SessionError as exc:
                 if exc.kind in ("cast_failed", "crashed"):
                     raise RpcError(INTERNAL, exc.message) from None
@@ -409,7 +414,7 @@ class AcpServer:
             cast = outcome.cast
             if cast is None or cast.reason != "paused" or running.cancelled:
                 return cast
-            pauses = await self.backend.pauses(session_id)
+            pauses = await self.backend.pauses(ref)
             if not pauses:
                 return cast
             decision = await self._ask(session_id, pauses[0], running)
@@ -420,9 +425,13 @@ class AcpServer:
                 return cast
             running.prompt_id = submitted.prompt_id
 
-    async def translator(self, session_id: str) -> Translator:
+    async def _info(self, session: SessionRef) -> SessionInfo:
+        """The session as the request read it, or read now (named by id)."""
+        return session if isinstance(session, SessionInfo) else await self.backend.find(session)
+
+    async def translator(self, session: SessionRef) -> Translator:
         """A translator of the session's events, its cost so far read from the loom."""
-        info = await self.backend.find(session_id)
+        info = await self._info(session)
         translator = Translator(
             info.entity_id,
             self.context_window(),
@@ -454,12 +463,13 @@ class AcpServer:
         return policy.context_window if policy is not None else None
 
     async def _stream(
-        self, session_id: str, prompt_id: str, translator: Translator, *, tell: bool = True
+        self, session: SessionRef, prompt_id: str, translator: Translator, *, tell: bool = True
     ) -> None:
         """The prompt's events as updates (``tell``), until it ends; a question that
         waits in place (an MCP server's, its call still running) is asked meanwhile."""
+        session_id = session_id_of(session)
         async with trio.open_nursery() as asks:
-            follow = follow_through(self.backend, session_id, prompt_id=prompt_id)
+            follow = follow_through(self.backend, session, prompt_id=prompt_id)
             async with contextlib.aclosing(follow) as events:
                 async for told in events:
                     for update in await self.updates(translator, told) if tell else ():
@@ -492,11 +502,11 @@ class AcpServer:
                 running.asking = None
         return None
 
-    async def _answer(self, session_id: str, outcome: CastResult | None) -> dict[str, Any]:
+    async def _answer(self, session: SessionRef, outcome: CastResult | None) -> dict[str, Any]:
         stop = stop_reason(outcome)
         if outcome is not None and outcome.truncated and stop != "cancelled":
-            await self._update(session_id, message(outcome.summary or "truncated"))
-        info = await self.backend.find(session_id)
+            await self._update(session_id_of(session), message(outcome.summary or "truncated"))
+        info = await self._info(session)
         meta: dict[str, Any] = {"entityId": info.entity_id, "reason": "cancelled"}
         if outcome is not None:
             meta = {
@@ -531,21 +541,24 @@ class AcpServer:
             raise RpcError(INVALID_PARAMS, str(exc)) from None
 
     async def _session_id(self, params: Mapping[str, Any], *, required: bool = False) -> str:
-        """The session a request names (resumed from the loom if need be); without
-        ``sessionId``, the one session there is."""
+        """The id of the session a request names (:meth:`_session`)."""
+        return (await self._session(params, required=required)).session_id
+
+    async def _session(self, params: Mapping[str, Any], *, required: bool = False) -> SessionInfo:
+        """The session a request names (resumed from the loom if need be), as read now;
+        without ``sessionId``, the one session there is."""
         if params.get("sessionId") is None and not required:
             known = await self.backend.sessions()
             if len(known) != 1:
                 raise RpcError(
                     INVALID_PARAMS, f"sessionId is required ({len(known)} sessions exist)"
                 )
-            return known[0].session_id
+            return known[0]
         session_id = self._named(params)
         try:
-            await self.backend.find(session_id)
+            return await self.backend.find(session_id)
         except SessionError as exc:
             raise rpc_error(exc) from None
-        return session_id
 
     async def _update(self, session_id: str, update: dict[str, Any]) -> None:
         if self._notify is None:

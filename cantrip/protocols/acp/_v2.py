@@ -39,7 +39,13 @@ from cantrip.loom._model import Turn
 from cantrip.protocols.acp._rpc import RpcError
 from cantrip.protocols.acp._running import Running
 from cantrip.protocols.acp._updates import Translator, replay
-from cantrip.protocols.sessions._backend import SessionBackend, SessionError, SessionEvent
+from cantrip.protocols.sessions._backend import (
+    SessionBackend,
+    SessionError,
+    SessionEvent,
+    SessionInfo,
+    SessionRef,
+)
 from cantrip.protocols.sessions._idempotency import KEY_TAG
 from cantrip.protocols.sessions._through import follow_through
 
@@ -52,11 +58,16 @@ class Host(Protocol):
     _running: dict[Any, Running]
 
     def context_window(self) -> int | None: ...
-    async def translator(self, session_id: str) -> Translator: ...
+    async def translator(self, session: SessionRef) -> Translator: ...
     async def updates(self, translator: Translator, told: SessionEvent) -> list[dict[str, Any]]: ...
     async def _update(self, session_id: str, update: dict[str, Any]) -> None: ...
     async def _carry(
-        self, session_id: str, running: Running, *, stream: bool = True
+        self,
+        session_id: str,
+        running: Running,
+        *,
+        stream: bool = True,
+        session: SessionRef | None = None,
     ) -> CastResult | None: ...
 
 
@@ -192,8 +203,8 @@ class Connection:
     ) -> None:
         backend = self.server.backend
         info = await backend.find(session_id)
-        translator = await self.server.translator(session_id)
-        events = follow_through(backend, session_id, after)
+        translator = await self.server.translator(info)
+        events = follow_through(backend, info, after)
         task_status.started()
         try:
             await self._tell(session_id, events, translator, info.entity_id)
@@ -242,10 +253,11 @@ class Connection:
         for steer in waiting:
             steer.accept(await self._submit(session_id, steer.text))
 
-    async def prompt(self, session_id: str, text: str) -> dict[str, Any]:
-        """Accept a message: a prompt if the session is idle, else inserted into the
-        running cast; answered with its message id once accepted."""
-        info = await self.server.backend.find(session_id)
+    async def prompt(self, info: SessionInfo, text: str) -> dict[str, Any]:
+        """Accept a message: a prompt if the session is idle (``info``: as this request
+        read it, handed down), else inserted into the running cast; answered with its
+        message id once accepted."""
+        session_id = info.session_id
         if info.running:
             steer = _Steer(text)
             self.steering.setdefault(session_id, []).append(steer)
@@ -259,24 +271,26 @@ class Connection:
                 await steer.accepted.wait()
                 assert steer.message_id is not None
                 return {"messageId": steer.message_id}
-        return {"messageId": await self._submit(session_id, text)}
+        return {"messageId": await self._submit(session_id, text, info)}
 
-    async def _submit(self, session_id: str, text: str) -> str:
+    async def _submit(self, session_id: str, text: str, info: SessionInfo | None = None) -> str:
+        """Submit a prompt (``info``: the session as the request read it, if it did)."""
         message_id = "msg-" + secrets.token_hex(8)
         self.told.add(message_id)
         await self.server._update(session_id, user_message(message_id, text))
-        submitted = await self.server.backend.submit(
-            session_id, text, key=message_id, on_busy="enqueue"
-        )
+        ref: SessionRef = info if info is not None else session_id
+        submitted = await self.server.backend.submit(ref, text, key=message_id, on_busy="enqueue")
         running = Running(session_id, submitted.prompt_id)
         self.server._running[message_id] = running  # a session/cancel withdraws its asks
-        self.server.tasks.start_soon(self._carry, session_id, running, message_id)
+        self.server.tasks.start_soon(self._carry, session_id, running, message_id, ref)
         return message_id
 
-    async def _carry(self, session_id: str, running: Running, message_id: str) -> None:
+    async def _carry(
+        self, session_id: str, running: Running, message_id: str, ref: SessionRef
+    ) -> None:
         """The prompt's pauses asked of this client; its events are the followers'."""
         try:
-            await self.server._carry(session_id, running, stream=False)
+            await self.server._carry(session_id, running, stream=False, session=ref)
         except (RpcError, SessionError) as exc:  # told as the session's idle state
             log.info("session %s: a v2 prompt failed: %s", session_id, exc)
         finally:

@@ -114,7 +114,7 @@ async def serve_agui(
     check_tools(run, gate_names)
     async with admitted() if admitted is not None else contextlib.nullcontext():
         info = await thread_session(backend, run.thread_id)
-        thread = await backend.thread(info.session_id)
+        thread = await backend.thread(info)  # the run's one read of its session (issue 46)
         where = Where(info.session_id, info.entity_id, thread[-1].sequence if thread else 0)
         async with RunStream(run, send, after=after).running(where) as stream:
             agui_run = AguiRun(backend, info, run, stream, drain, reconnect_s=reconnect_s)
@@ -170,6 +170,8 @@ class AguiRun:
     ) -> None:
         self.backend = backend
         self.reconnect_s = reconnect_s
+        self.info = info
+        """The session as this request read it: handed down, not read again."""
         self.session_id = info.session_id
         self.run = run
         self.stream = stream
@@ -211,7 +213,7 @@ class AguiRun:
                 "the server is shutting down before the run ended: run it again with the "
                 "same runId for its outcome",
             )
-        thread = await self.backend.thread(self.session_id)
+        thread = await self.backend.thread(self.info)
         here = Where(self.session_id, self.stream.entity_id, thread[-1].sequence if thread else 0)
         if isinstance(outcome, Waiting):  # remembered already (:meth:`_follow`)
             await self.stream.finish(None, here, thread, waiting=outcome.pauses)
@@ -252,7 +254,7 @@ class AguiRun:
             return answered[0]
         return await self._follow(
             lambda: self.backend.submit(
-                self.session_id,
+                self.info,
                 intent_of(self.run),
                 key=run_key(self.run),
                 tools=tool_definitions(self.run),
@@ -266,7 +268,7 @@ class AguiRun:
         results = tool_results(self.run)
         if not results:
             return None
-        calls = client_answers(results, await self.backend.pauses(self.session_id))
+        calls = client_answers(results, await self.backend.pauses(self.info))
         if not calls:
             return None
         outcome: CastResult | Waiting | None = None
@@ -283,7 +285,7 @@ class AguiRun:
         ``bad_resume``."""
         outcome: CastResult | Waiting | None = None
         for entry in self.run.resume or ():
-            pending = {p.pause_id: p for p in await self.backend.pauses(self.session_id)}
+            pending = {p.pause_id: p for p in await self.backend.pauses(self.info)}
             pause = pending.get(entry.interrupt_id)
             try:
                 decision = decision_for(pause, entry)
@@ -378,13 +380,13 @@ class AguiRun:
     async def _tell_prompt(
         self, submitted: Submitted, after: Waiting | None = None
     ) -> tuple[CastResult | Waiting | None, RunFailed | None]:
-        backend, session_id = self.backend, self.session_id
+        backend, session_id, info = self.backend, self.session_id, self.info
         told, heard = trio.open_memory_channel[SessionEvent | _Ended | _Followed](math.inf)
         async with told, heard, trio.open_nursery() as nursery:
 
             async def pump() -> None:
                 since = after.after if after is not None else 0
-                events = follow_through(backend, session_id, since, prompt_id=submitted.prompt_id)
+                events = follow_through(backend, info, since, prompt_id=submitted.prompt_id)
                 try:
                     async with contextlib.aclosing(events):
                         async for event in events:
@@ -395,7 +397,7 @@ class AguiRun:
 
             async def result() -> None:
                 try:
-                    ended = await backend.result(session_id, submitted.prompt_id)
+                    ended = await backend.result(info, submitted.prompt_id)
                 except SessionError as exc:
                     told.send_nowait(_Ended(failure=RunFailed(exc.kind, exc.message)))
                 else:

@@ -12,9 +12,10 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic.json_schema import SkipJsonSchema
+from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
 
 from cantrip.protocols.sessions._ids import client_id
+from cantrip.protocols.sessions._values import CWD_SCHEMA
 
 Text = Annotated[str, Field(pattern=r"^[^\x00]*[^\s\x00][^\x00]*$")]
 """Prompt text: something that is not whitespace, and no NUL (U+0000), which PostgreSQL
@@ -95,7 +96,8 @@ def _plain(value: str | list[Block]) -> Any:
 
 
 class CreateSession(_In):
-    """``POST /sessions``: an empty body, ``{}``, or the user the session is for."""
+    """``POST /sessions``: an empty body, ``{}``, or the user the session is for and the
+    working directory it works in."""
 
     user: (
         SkipJsonSchema[None]
@@ -103,6 +105,14 @@ class CreateSession(_In):
     ) = Field(default=None, examples=["alice"])
     """Who the session's casts are for: their ``user`` tag, which fills a memory
     namespace's ``{user}``. Fixed when the session is made (no control characters)."""
+    cwd: Annotated[str | None, WithJsonSchema({"type": "string", **CWD_SCHEMA})] = Field(
+        default=None, examples=["/home/alice/project"]
+    )
+    """The working directory the session works in, as ACP's ``session/new`` gives one:
+    its casts' ``cwd`` tag, fixed when the session is made. Checked by the backend's
+    ``create`` (``check_cwd``: absolute, at most 4,096 characters, no control
+    characters), the schema only describing it: 400 ``bad_request`` otherwise, and
+    nothing is made."""
 
 
 _NO_NUL: dict[str, Any] = {"pattern": "^[^\\x00]+$"}
@@ -220,6 +230,7 @@ class PendingBody(_Out):
     running: bool
     turns: int
     user: SkipJsonSchema[None] | str = None
+    cwd: SkipJsonSchema[None] | str = None
     pending: list[PauseInfo]
 
 
@@ -258,6 +269,8 @@ class SessionInfo(_Out):
     turns: int
     user: SkipJsonSchema[None] | str = None
     """The user the session was created for (absent: none)."""
+    cwd: SkipJsonSchema[None] | str = None
+    """The working directory the session was created with (absent: none)."""
 
 
 class SessionList(_Out):
@@ -269,6 +282,7 @@ class ThreadBody(_Out):
     entity_id: str
     running: bool
     user: SkipJsonSchema[None] | str = None
+    cwd: SkipJsonSchema[None] | str = None
     turns: list[dict[str, Any]]
     """The session's turns, root first, as ``cantrip loom export`` writes them."""
 

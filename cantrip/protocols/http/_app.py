@@ -13,7 +13,8 @@ one table, :mod:`._errors`):
 
 * ``GET  /health`` -- liveness, and what the cantrip is;
 * ``GET  /openapi.json`` -- this API as an OpenAPI 3.1 document;
-* ``POST /sessions`` (``Idempotency-Key``) -- a new session (201); ``GET /sessions``;
+* ``POST /sessions`` (``Idempotency-Key``; ``user``, ``cwd``) -- a new session (201);
+  ``GET /sessions``;
 * ``GET  /sessions/{id}`` -- one session; ``DELETE`` removes its tree from the loom
   (the backend's ``delete``: the retention rule, refused while a prompt runs);
 * ``POST /sessions/{id}/prompt`` -- ``{"prompt": ...}``: one cast, answered with its
@@ -193,7 +194,8 @@ class HttpApp:
         refuse_nul(scope)
         method = scope["method"]
         parts = [p for p in scope["path"].split("/") if p]
-        query = parse_qs(scope.get("query_string", b"").decode())
+        # a blank value is a value (``?stream=`` is a 400 like any bad one, not "no")
+        query = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True)
         backend = self.backend
         if parts == ["health"]:
             allow(method, "GET")
@@ -210,7 +212,9 @@ class HttpApp:
             allow(method, "GET", "POST")
             if method == "POST":
                 asked = validated(CreateSession, await read_body(receive))
-                info, created = await backend.create(idempotency_key(scope), user=asked.user)
+                info, created = await backend.create(
+                    idempotency_key(scope), user=asked.user, cwd=asked.cwd
+                )
                 # A repeated key gets the response the key first got (201, the same
                 # session), marked as a replay -- one status per outcome keeps the
                 # documented contract independent of server state.
@@ -280,7 +284,7 @@ class HttpApp:
             await json_response(send, 202, steered())
         elif action == "pending":
             allow(method, "GET")
-            pending = [p.to_dict() for p in await backend.pauses(sid)]
+            pending = [p.to_dict() for p in await backend.pauses(info)]
             await json_response(send, 200, {**info.to_dict(), "pending": pending})
         elif action == "cancel":
             allow(method, "POST")
@@ -291,7 +295,7 @@ class HttpApp:
             await json_response(send, 200, cancelled.to_dict())
         elif action == "thread":
             allow(method, "GET")
-            turns = [turn_dict(t) for t in await backend.thread(sid)]
+            turns = [turn_dict(t) for t in await backend.thread(info)]
             await json_response(send, 200, {**info.to_dict(), "turns": turns})
         elif action == "events":
             allow(method, "GET")

@@ -33,7 +33,14 @@ from cantrip._approval import Decision, Pause, PauseError
 from cantrip._outcome import CastResult
 from cantrip.loom._model import Turn
 from cantrip.loom._view import CHECKPOINT_PHASES
-from cantrip.protocols.sessions import SessionBackend, SessionError, follow_through
+from cantrip.protocols.sessions import (
+    SessionBackend,
+    SessionError,
+    SessionInfo,
+    SessionRef,
+    follow_through,
+    session_id_of,
+)
 
 Ask = Callable[[Pause], Awaitable[Decision | None]]
 """How a pause is asked of the client: its decision, or None to leave the pause open
@@ -62,7 +69,7 @@ def is_checkpoint(turn: Turn) -> bool:
 
 async def drive(
     backend: SessionBackend,
-    session_id: str,
+    session: SessionRef,
     prompt_id: str,
     *,
     after: int,
@@ -75,9 +82,14 @@ async def drive(
     a call is denied) and answered through the backend, the continued cast driven in
     turn (``on_prompt`` is told its id). A call cancelled meanwhile cuts its prompt off
     (``cancel``, by id). A prompt that ended for good releases its session (its entity
-    and the providers it opened close; the loom keeps it): each call makes its own."""
+    and the providers it opened close; the loom keeps it): each call makes its own.
+
+    ``session``: its id, or the session as the call read it (its ``create`` or ``find``),
+    handed down to every follow and result -- not read again (issue 46)."""
     position = after
-    root = (await backend.find(session_id)).entity_id
+    session_id = session_id_of(session)
+    info = session if isinstance(session, SessionInfo) else await backend.find(session_id)
+    root = info.entity_id
     while True:
         left: list[Pause] = []
 
@@ -90,7 +102,7 @@ async def drive(
                 # until the prompt has ended and its turns were told: none is missed
                 # when the result comes first
                 async with nudge:  # its close ends the asking below
-                    events = follow_through(backend, session_id, position, until=until)
+                    events = follow_through(backend, info, position, until=until)
                     async with contextlib.aclosing(events):
                         async for event in events:
                             if event.turn is not None and event.position is not None:
@@ -102,7 +114,7 @@ async def drive(
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(follow)
-                if not await _ask_waiting(backend, session_id, root, nudged, ask, left):
+                if not await _ask_waiting(backend, info, root, nudged, ask, left):
                     scope.cancel()  # a pause left open: the prompt goes on waiting
 
         ended = False
@@ -111,7 +123,7 @@ async def drive(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch, nursery.cancel_scope, left, prompt_id)
                 try:
-                    outcome = await backend.result(session_id, prompt_id)
+                    outcome = await backend.result(info, prompt_id)
                 except SessionError as exc:  # raised out of the nursery, not in a group
                     failed = exc
                 ended = True  # the watch ends once it has told the prompt's turns
@@ -152,7 +164,7 @@ posted before the session's event stream was followed has no event to tell it.""
 
 async def _ask_waiting(
     backend: SessionBackend,
-    session_id: str,
+    session: SessionInfo,
     root: str,
     nudged: trio.MemoryReceiveChannel[None],
     ask: Ask | None,
@@ -163,9 +175,10 @@ async def _ask_waiting(
     (``nudged`` closes: True) or ``ask`` leaves a pause open (it goes in ``left``:
     False). Looked for at once, on each pause event, and every :data:`SWEEP_S`."""
     asked: set[str] = set()
+    session_id = session.session_id
     while True:
         try:
-            waiting = await backend.pauses(session_id)
+            waiting = await backend.pauses(session)  # (each sweep: no read of the session)
         except SessionError:  # the session went (released, evicted): nothing to ask
             waiting = []
         for pause in waiting:

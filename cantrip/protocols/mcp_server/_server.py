@@ -228,11 +228,9 @@ async def _run(
             return await _ask_in_place(ctx, pause, url_mode)
 
         ask = ask_client
-    info, _ = await backend.create()
-    submitted = await backend.submit(info.session_id, intent)
-    return await drive(
-        backend, info.session_id, submitted.prompt_id, after=0, on_turn=on_turn, ask=ask
-    )
+    info, _ = await backend.create()  # the call's one read of its session: handed down
+    submitted = await backend.submit(info, intent)
+    return await drive(backend, info, submitted.prompt_id, after=0, on_turn=on_turn, ask=ask)
 
 
 async def _ask_in_place(ctx: Any, pause: Pause, url_mode: bool) -> Decision:
@@ -305,7 +303,7 @@ async def _answered(
     prompt_id = continued.prompt_id if continued is not None else str(state["prompt_id"])
 
     return await drive(
-        backend, session_id, prompt_id, after=info.turns, on_turn=on_turn, ask=_between_requests
+        backend, info, prompt_id, after=info.turns, on_turn=on_turn, ask=_between_requests
     )
 
 

@@ -51,7 +51,7 @@ from cantrip.protocols.mcp_server._result import (
     failed_tool_result,
     progress_message,
 )
-from cantrip.protocols.sessions import SessionBackend, SessionError
+from cantrip.protocols.sessions import SessionBackend, SessionError, SessionInfo
 
 log = get_logger("cantrip.mcp.tasks")
 
@@ -164,7 +164,7 @@ class TaskBoard:
         assert self.nursery is not None and self.backend is not None
         backend = self.backend
         info, _ = await backend.create()
-        submitted = await backend.submit(info.session_id, intent)
+        submitted = await backend.submit(info, intent)  # as created: not read again
         task = Task(task_id="task-" + os.urandom(16).hex(), form=form, url_mode=url_mode)
         self.tasks[task.task_id] = task
 
@@ -172,7 +172,7 @@ class TaskBoard:
             await backend.cancel(info.session_id, prompt_id=task.prompt_id)
 
         task.prompt_id, task.cancel = submitted.prompt_id, cancel
-        self.nursery.start_soon(self._run, backend, task, info.session_id)
+        self.nursery.start_soon(self._run, backend, task, info)
         return task
 
     def get(self, task_id: str) -> Task:
@@ -185,7 +185,8 @@ class TaskBoard:
             raise MCPError(INVALID_PARAMS, f"no task {task_id!r} (unknown, or expired)")
         return task
 
-    async def _run(self, backend: SessionBackend, task: Task, session_id: str) -> None:
+    async def _run(self, backend: SessionBackend, task: Task, session: SessionInfo) -> None:
+        session_id = session.session_id
         done = [0]
 
         def on_turn(turn: Turn) -> None:
@@ -212,7 +213,7 @@ class TaskBoard:
 
         with trio.CancelScope() as scope:
             task.scope = scope
-            driven = await self._drive(backend, task, session_id, on_turn, ask, driving)
+            driven = await self._drive(backend, task, session, on_turn, ask, driving)
         if scope.cancelled_caught:  # tasks/cancel while it waited for input
             await let_go(backend, session_id, task.prompt_id)
             task.questions.clear()
@@ -234,7 +235,7 @@ class TaskBoard:
         self,
         backend: SessionBackend,
         task: Task,
-        session_id: str,
+        session: SessionInfo,
         on_turn: Callable[[Turn], None],
         ask: Callable[[Pause], Awaitable[Decision]],
         driving: Callable[[str], None],
@@ -244,7 +245,7 @@ class TaskBoard:
             # A client that takes no elicitation is not asked: the cast returns paused.
             return await drive(
                 backend,
-                session_id,
+                session,
                 task.prompt_id,
                 after=0,
                 on_turn=on_turn,

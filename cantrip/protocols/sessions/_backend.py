@@ -8,9 +8,10 @@ twice, through the HTTP server shell's twenty hooks typed ``Any``, A2A's handler
 hooks and a replica protocol, and the copies drifted (below).
 :class:`SessionBackend` says it once, typed: sessions are named by id (a string), never
 handed out as objects, and every answer is one of the values below. A prompt's calls
-(``submit``, ``result``, ``follow``) take instead the :class:`SessionInfo` the front end's
-``find`` gave it in the same request (:data:`SessionRef`): the session is read once per
-request, not once per call (on PostgreSQL a read is a transaction). Two backends
+(``submit``, ``result``, ``follow``), ``thread`` and ``pauses`` take instead the
+:class:`SessionInfo` the front end's ``find`` (or ``create``) gave it in the same request
+(:data:`SessionRef`): the session is read once per request, not once per call (on
+PostgreSQL a read is a transaction) -- every front end hands down what it read. Two backends
 implement it (:mod:`._process`, :mod:`._postgres`);
 ``tests/test_session_backend_contract.py`` runs one set of tests against both and
 against a double that implements it alone.
@@ -20,7 +21,8 @@ The operations
 
 * **sessions** -- ``create`` (with an idempotency key: the session that key made,
   anywhere, any time before), ``sessions`` (list), ``find`` (one; a top-level entity
-  the loom holds counts, and in process is resumed from the loom).
+  the loom holds counts, and in process is resumed from the loom), ``summaries`` (every
+  top-level entity of the loom with its title, last activity and ``cwd``: ACP's list).
 * **submit** a prompt with an idempotency key, a busy policy (``reject``,
   ``enqueue``, ``interrupt``, ``rollback``) and the client's own tools (AG-UI's,
   offered to this prompt only: in process ``Entity.offer`` as it starts, on
@@ -188,6 +190,7 @@ from cantrip.protocols.sessions._values import (
     SessionEvent,
     SessionInfo,
     SessionRef,
+    SessionSummary,
     Submitted,
     TaskRecord,
     TaskState,
@@ -219,6 +222,7 @@ __all__ = [  # the values are re-exported: every importer keeps this path
     "SessionEvent",
     "SessionInfo",
     "SessionRef",
+    "SessionSummary",
     "Submitted",
     "TaskRecord",
     "TaskState",
@@ -263,6 +267,12 @@ class SessionBackend(Protocol):
         ...
 
     async def sessions(self) -> list[SessionInfo]: ...
+
+    async def summaries(self) -> list[SessionSummary]:
+        """Every session the loom holds (a top-level entity, an earlier process's too) as
+        a list shows it -- title, last activity, recorded ``cwd`` -- most recently active
+        first (:mod:`._summaries`: on PostgreSQL one statement, whatever their number)."""
+        ...
 
     async def find(self, session_id: str) -> SessionInfo:
         """The session named (``not_found`` if none)."""
@@ -332,7 +342,10 @@ class SessionBackend(Protocol):
         prompt)."""
         ...
 
-    async def pauses(self, session_id: str) -> list[Pause]: ...
+    async def pauses(self, session: SessionRef) -> list[Pause]:
+        """The calls the session waits on a human for now (the session named as
+        :meth:`thread`'s: its pauses are read afresh either way)."""
+        ...
 
     async def answer(
         self, session_id: str, pause_id: str, decision: Decision, *, repeat: bool = False
@@ -345,7 +358,10 @@ class SessionBackend(Protocol):
         of a :class:`~cantrip.PauseError`; another decision is one all the same."""
         ...
 
-    async def thread(self, session_id: str) -> list[Turn]: ...
+    async def thread(self, session: SessionRef) -> list[Turn]:
+        """The session's turns, root first (a :data:`SessionRef`: the front end's look
+        of this request names it, and is not read again)."""
+        ...
 
     async def read_loom(self, read: Callable[[Loom], T]) -> T:
         """``read`` run over the loom the sessions are recorded in, where reading it

@@ -63,6 +63,7 @@ from cantrip.protocols.sessions._backend import (
     SessionEvent,
     SessionInfo,
     SessionRef,
+    SessionSummary,
     Submitted,
     check_cwd,
     check_user,
@@ -77,6 +78,7 @@ from cantrip.protocols.sessions._positions import START, EventId, TurnIds, check
 from cantrip.protocols.sessions._postgres_tasks import PostgresTasks
 from cantrip.protocols.sessions._rows import DbSessions, Progress, SessionRow, failure_message
 from cantrip.protocols.sessions._shapes import event_dict
+from cantrip.protocols.sessions._summaries import summaries_on
 from cantrip.protocols.sessions._tail import Beat, follow
 from cantrip.protocols.sessions._task_rows import TaskRows
 from cantrip.protocols.sessions._watches import WatchRows
@@ -233,8 +235,11 @@ class PostgresBackend(PostgresTasks):
     async def find(self, session_id: str) -> SessionInfo:
         return _info(await self._row(session_id))
 
-    async def thread(self, session_id: str) -> list[Turn]:
-        row = await self._row(session_id)
+    async def summaries(self) -> list[SessionSummary]:
+        return await self._db(summaries_on, self.db.store)
+
+    async def thread(self, session: SessionRef) -> list[Turn]:
+        row = await self._row(session)
         return await self._db(self.db.thread, row.entity_id)
 
     async def read_loom(self, read: Callable[[Loom], T]) -> T:
@@ -372,8 +377,8 @@ class PostgresBackend(PostgresTasks):
 
     # -- pauses ------------------------------------------------------------------
 
-    async def pauses(self, session_id: str) -> list[Pause]:
-        row = await self._row(session_id)
+    async def pauses(self, session: SessionRef) -> list[Pause]:
+        row = await self._row(session)
         return [Pause.from_dict(p) for p in await self._db(self.db.pending, row.entity_id)]
 
     async def answer(
@@ -421,9 +426,13 @@ class PostgresBackend(PostgresTasks):
         # with ``until``: once its work has ended, one more look reads the last turns
         # it recorded, and that look's beat ends the following
         ending = False
+        if not isinstance(session, str) and _turn_of(after) > row.turns:
+            # the caller's look is older than the place asked for (a follow again
+            # from further on): the session as it is now says whether it is reachable
+            row = await self._row(session.session_id)
         check_reachable(after, row.turns)  # (read with the row: not again)
         # the turn named is read again: its events' ids go on from it
-        before = max((after.turn if isinstance(after, EventId) else after) - 1, 0)
+        before = max(_turn_of(after) - 1, 0)
         pos = await self._db(self._pos_of, row.entity_id, before)
         ids = TurnIds(before)
         keep = _after(after)
@@ -546,6 +555,11 @@ class _Tail:
 
 def _info(row: SessionRow) -> SessionInfo:
     return SessionInfo(row.session_id, row.entity_id, row.running, row.turns, row.user, row.cwd)
+
+
+def _turn_of(after: int | EventId) -> int:
+    """The turn a follow's ``after`` names (a count of turns, or an event's turn)."""
+    return after.turn if isinstance(after, EventId) else after
 
 
 def _after(after: int | EventId) -> Callable[[SessionEvent], bool]:

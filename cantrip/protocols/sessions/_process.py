@@ -61,6 +61,7 @@ from cantrip.protocols.sessions._backend import (
     SessionEvent,
     SessionInfo,
     SessionRef,
+    SessionSummary,
     Submitted,
     check_cwd,
     check_user,
@@ -84,6 +85,7 @@ from cantrip.protocols.sessions._positions import (
     resolve,
 )
 from cantrip.protocols.sessions._process_tasks import ProcessTasks, Run, Task
+from cantrip.protocols.sessions._summaries import summaries_in
 from cantrip.protocols.sessions._watches import Watches
 
 log = get_logger("cantrip.sessions")
@@ -249,8 +251,11 @@ class ProcessBackend(ProcessTasks):
     async def find(self, session_id: str) -> SessionInfo:
         return _info(await self._session(session_id))
 
-    async def thread(self, session_id: str) -> list[Turn]:
-        return self.hub.history(await self._session(session_id))
+    async def summaries(self) -> list[SessionSummary]:
+        return summaries_in(self.hub.spell.loom)  # in memory, or a local file: at once
+
+    async def thread(self, ref: SessionRef) -> list[Turn]:
+        return self.hub.history(await self._session(session_id_of(ref)))
 
     async def read_loom(self, read: Callable[[Loom], T]) -> T:
         return read(self.hub.spell.loom)  # in memory, or a local file: read at once
@@ -427,8 +432,8 @@ class ProcessBackend(ProcessTasks):
 
     # -- pauses ------------------------------------------------------------------
 
-    async def pauses(self, session_id: str) -> list[Pause]:
-        return list((await self._session(session_id)).entity.pending)
+    async def pauses(self, ref: SessionRef) -> list[Pause]:
+        return list((await self._session(session_id_of(ref))).entity.pending)
 
     async def answer(
         self, session_id: str, pause_id: str, decision: Decision, *, repeat: bool = False

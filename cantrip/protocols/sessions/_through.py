@@ -19,19 +19,29 @@ import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from cantrip.protocols.sessions._backend import EventId, SessionBackend, SessionEvent
+from cantrip.protocols.sessions._backend import (
+    EventId,
+    SessionBackend,
+    SessionEvent,
+    SessionRef,
+    session_id_of,
+)
 from cantrip.protocols.sessions._positions import parse_event_id
 
 
 async def follow_through(
-    backend: SessionBackend, session_id: str, after: int | EventId = 0, **options: Any
+    backend: SessionBackend, session: SessionRef, after: int | EventId = 0, **options: Any
 ) -> AsyncGenerator[SessionEvent, None]:
-    """``backend.follow(session_id, after, **options)``, followed again from where a
-    ``dropped`` left it (never yielded) until the follow ends."""
+    """``backend.follow(session, after, **options)``, followed again from where a
+    ``dropped`` left it (never yielded) until the follow ends. ``session``: the front
+    end's look of this request (:data:`~._backend.SessionRef`) for the first follow; a
+    follow again names the session by id (that look may be older than where it
+    rejoins)."""
     since = after
+    named: SessionRef = session
     while True:
         rejoin: EventId | int | None = None
-        events = backend.follow(session_id, since, **options)
+        events = backend.follow(named, since, **options)
         async with contextlib.aclosing(events):
             async for event in events:
                 if event.type == "dropped":
@@ -40,4 +50,4 @@ async def follow_through(
                 yield event
         if rejoin is None:
             return
-        since = rejoin
+        since, named = rejoin, session_id_of(session)

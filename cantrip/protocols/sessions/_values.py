@@ -74,15 +74,17 @@ class SessionInfo:
     """The user its casts are for (their ``user`` tag: a memory namespace's ``{user}``),
     fixed when the session is created."""
     cwd: str | None = None
-    """The working directory it was created in (an editor's, over ACP), fixed when the
-    session is created; its casts record it as their ``cwd`` tag."""
+    """The working directory it was created in (ACP's ``session/new``, the HTTP API's
+    ``POST /sessions``), fixed when the session is created; its casts record it as
+    their ``cwd`` tag."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The API's ``SessionInfo`` shape (``user`` only when the session has one)."""
+        """The API's ``SessionInfo`` shape (``user`` and ``cwd`` only when the session
+        has one)."""
         data = attrs.asdict(self)
-        del data["cwd"]  # ACP's: not part of the HTTP API's shape
-        if self.user is None:
-            del data["user"]
+        for optional in ("user", "cwd"):
+            if data[optional] is None:
+                del data[optional]
         return data
 
 
@@ -101,12 +103,22 @@ def check_user(user: str | None) -> str | None:
 
 
 MAX_CWD_CHARS = 4096
+CWD_SCHEMA: dict[str, Any] = {
+    "minLength": 1,
+    "maxLength": MAX_CWD_CHARS,
+    "pattern": "^/[^\\x00-\\x1f\\x7f]*$",
+}
+"""What :func:`check_cwd` accepts, as JSON Schema says it (the HTTP API's document):
+a description only -- :func:`check_cwd` is the one check, wherever a cwd arrives
+(ACP's ``session/new``, ``POST /sessions``); ``tests/test_http_cwd.py`` holds the two
+to agreeing."""
 
 
 def check_cwd(cwd: str | None) -> str | None:
     """A session's working directory as given, or ``bad_request`` saying what is wrong:
     an absolute path of at most :data:`MAX_CWD_CHARS` characters, none a control
-    character (it is recorded in the loom and listed back)."""
+    character (it is recorded in the loom and listed back). Every backend's ``create``
+    checks it before anything is made."""
     if cwd is None:
         return None
     if not isinstance(cwd, str) or not cwd:
@@ -129,6 +141,23 @@ def same_user(session_id: str, has: str | None, asked: str | None) -> None:
             f"session {session_id} was created for another user (a session's user is "
             "fixed when it is created)",
         )
+
+
+TITLE_CHARS = 80
+"""A session summary's title: its first intent, cut to this many characters."""
+
+
+@attrs.frozen
+class SessionSummary:
+    """A session as a list shows it (``SessionBackend.summaries``, :mod:`._summaries`)."""
+
+    session_id: str
+    title: str | None
+    """Its first intent (cut to :data:`TITLE_CHARS`); None before its first prompt."""
+    updated_at: str | None
+    """Its latest turn's time, else its entity's creation (None: neither recorded)."""
+    cwd: str | None = None
+    """Where it was created (its casts' ``cwd`` tag); None: not recorded."""
 
 
 SessionRef = str | SessionInfo
