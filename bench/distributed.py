@@ -488,6 +488,12 @@ def cost_row(
 def _wal_detail(mon: Any, lsn0: Any, lsn1: Any) -> list[tuple[str, float, float]]:
     """(what, records, bytes) of the WAL between two positions, by record type and by
     relation (pg_walinspect)."""
+    # pg_walinspect reads only flushed WAL; the last records may be written but not yet
+    # flushed (an asynchronous commit, a hint bit's record): the WAL writer flushes them
+    for _ in range(100):
+        if mon.execute("SELECT pg_current_wal_flush_lsn() >= %s", (lsn1,)).fetchone()[0]:
+            break
+        time.sleep(0.05)
     rows = mon.execute(
         "SELECT resource_manager || ' ' || coalesce(split_part(record_type, ' ', 1), ''), "
         "count(*), sum(record_length + fpi_length), "
@@ -574,7 +580,9 @@ def cost_table(
                         flush=True,
                     )
                     if r["detail"]:
-                        for what, count, size in sorted(r["detail"], key=lambda d: -d[2])[:25]:
+                        for what, count, size in sorted(r["detail"], key=lambda d: -d[2]):
+                            if size / r["turns"] < 3:  # the rest: a few bytes a turn
+                                break
                             print(
                                 f"        {count / r['turns']:6.2f} rec {size / r['turns']:7.0f} B"
                                 f"  {what}"

@@ -61,6 +61,7 @@ from cantrip.distributed._work import (
     DEAD,
     ENDED,
     MAX_ATTEMPTS,
+    OPEN,
     PAUSED,
     QUARANTINE_AFTER,
     WORK_CHANNEL,
@@ -77,7 +78,7 @@ _CLAIM = """
 SELECT w.id, w.entity_id, w.intent, w.spell, w.state, w.attempts, w.spare, w.suspect,
     w.paroled
 FROM cantrip_work w
-WHERE w.state IN ('queued', 'running')
+WHERE w.live
   AND w.owner IS NULL
   AND w.suspect = %(suspect)s
   AND (w.spare OR w.attempts < %(max_attempts)s)
@@ -88,7 +89,7 @@ WHERE w.state IN ('queued', 'running')
         AND l.expires_at > clock_timestamp())
   AND NOT EXISTS (
       SELECT 1 FROM cantrip_work e
-      WHERE e.entity_id = w.entity_id AND e.id < w.id AND e.state IN ('queued', 'running'))
+      WHERE e.entity_id = w.entity_id AND e.id < w.id AND e.live)
 ORDER BY w.id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
@@ -514,7 +515,7 @@ class WorkQueue:
         with self.store.pool.connection() as conn:
             row = conn.execute(
                 "SELECT id FROM cantrip_work WHERE entity_id = %s AND intent = %s "
-                "AND state IN ('queued', 'running') ORDER BY id DESC LIMIT 1",
+                f"AND {OPEN} ORDER BY id DESC LIMIT 1",
                 (entity_id, intent),
             ).fetchone()
         return None if row is None else int(row[0])

@@ -21,6 +21,7 @@ from cantrip.loom._activity import (
     recently_active,
 )
 from cantrip.loom._postgres import PostgresStore
+from cantrip.loom._postgres_schema import WORK_OPEN
 
 _TABLES = (
     "cantrip_turns",
@@ -38,7 +39,7 @@ _TABLES = (
     "cantrip_prompt_watches",
 )
 """The tables a tree lives in (those the session front ends make exist once used)."""
-_OPEN_WORK = "SELECT entity_id FROM cantrip_work WHERE state IN ('queued', 'running')"
+_OPEN_WORK = f"SELECT entity_id FROM cantrip_work WHERE {WORK_OPEN}"
 RUNNING = "running (queued or running work, or a live lease)"
 """Why a tree with open work stays (a session's delete answers it ``busy``)."""
 _HELD = (

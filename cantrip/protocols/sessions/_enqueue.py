@@ -36,6 +36,7 @@ from cantrip.distributed._work import (
     CWD_KEY,
     ENTITY_LOCK,
     INTERRUPTED,
+    OPEN,
     REWIND_KEY,
     USER_KEY,
     cancel_on,
@@ -48,7 +49,6 @@ from cantrip.protocols.sessions._hub import session_id_for
 
 PROMPT_PREFIX = "work-"
 """A replica's prompt id is its work item's id (any replica can resolve it)."""
-_OPEN = "state IN ('queued', 'running')"
 
 
 @attrs.frozen
@@ -181,7 +181,7 @@ def _meet(conn: Any, prompts: Sequence[PromptRequest]) -> list[_Meets]:
         "(SELECT s.user_id FROM cantrip_sessions s WHERE s.entity_id = p.e), "
         "(SELECT s.workdir FROM cantrip_sessions s WHERE s.entity_id = p.e), "
         "EXISTS (SELECT 1 FROM cantrip_work w WHERE w.entity_id = p.e "
-        f"AND w.{_OPEN}), "
+        f"AND w.{OPEN}), "
         "EXISTS (SELECT 1 FROM cantrip_sessions s WHERE s.entity_id = p.e "
         "AND s.cancel_until IS NOT NULL) "
         "OR EXISTS (SELECT 1 FROM cantrip_prompts c WHERE c.entity_id = p.e "
@@ -331,7 +331,7 @@ def _make_way(conn: Any, entity_id: str, spell: dict[str, Any], on_busy: str) ->
     point)."""
     running = conn.execute(
         "SELECT id, attempts, (result::json)->>'base_turn', result IS NOT NULL "
-        f"FROM cantrip_work WHERE entity_id = %s AND {_OPEN} ORDER BY id LIMIT 1 FOR UPDATE",
+        f"FROM cantrip_work WHERE entity_id = %s AND {OPEN} ORDER BY id LIMIT 1 FOR UPDATE",
         (entity_id,),
     ).fetchone()
     if running is None or on_busy == "enqueue":

@@ -56,6 +56,7 @@ from cantrip.distributed._work import (
     ANSWER_KEY,
     ENDED,
     ENTITY_LOCK,
+    OPEN,
     PAUSED,
     cancel_on,
     messages_on,
@@ -116,7 +117,6 @@ CREATE TABLE IF NOT EXISTS cantrip_prompts (
 );
 """
 
-_OPEN = "state IN ('queued', 'running')"
 __all__ = [
     "ENDED",
     "DbSessions",
@@ -211,7 +211,7 @@ class DbSessions:
             row = conn.execute(
                 f"SELECT {known_session('%(e)s')}, "
                 "(SELECT count(*) FROM cantrip_turns WHERE entity_id = %(e)s), "
-                f"EXISTS (SELECT 1 FROM cantrip_work WHERE entity_id = %(e)s AND {_OPEN}), "
+                f"EXISTS (SELECT 1 FROM cantrip_work WHERE entity_id = %(e)s AND {OPEN}), "
                 "(SELECT user_id FROM cantrip_sessions WHERE entity_id = %(e)s), "
                 "(SELECT workdir FROM cantrip_sessions WHERE entity_id = %(e)s)",
                 {"e": entity_id, **RUNTIME_PARAMS},
@@ -236,7 +236,7 @@ class DbSessions:
                 "SELECT s.session_id, s.entity_id, "
                 "(SELECT count(*) FROM cantrip_turns t WHERE t.entity_id = s.entity_id), "
                 "EXISTS (SELECT 1 FROM cantrip_work w WHERE w.entity_id = s.entity_id "
-                f"AND w.{_OPEN}), s.user_id, s.workdir "
+                f"AND w.{OPEN}), s.user_id, s.workdir "
                 "FROM (SELECT * FROM cantrip_sessions ORDER BY created_at DESC LIMIT %s) s "
                 "ORDER BY s.created_at",
                 (LIST_LIMIT,),
@@ -428,7 +428,7 @@ class DbSessions:
             rows = conn.execute(
                 "SELECT w.id, w.state, w.attempts, w.intent, p.idempotency_key "
                 "FROM cantrip_work w LEFT JOIN cantrip_prompts p ON p.work_id = w.id "
-                f"WHERE w.entity_id = %s AND w.{_OPEN} ORDER BY w.id",
+                f"WHERE w.entity_id = %s AND w.{OPEN} ORDER BY w.id",
                 (entity_id,),
             ).fetchall()
             wanted = work_id_for(prompt_id) if prompt_id is not None else None
