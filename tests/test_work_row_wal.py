@@ -3,12 +3,14 @@
 * **A claim rewrites its work row in place.** The partial indexes on ``cantrip_work``
   name the generated ``live`` column, not ``state``: a claim (queued to running) changes
   no column an index names, and the table leaves room on its pages, so PostgreSQL
-  writes the new row version beside the old one with no index entry and no lock
-  record (a heap-only tuple). Before: a new version on another page, a lock record
-  first, and an entry in each of the table's three indexes, per claim.
+  writes the new row version beside the old one with no index entry (a heap-only
+  tuple; the claim's ``FOR UPDATE`` lock record stays). Before: a new version on
+  another page, a second lock record, and an entry in each of the table's three
+  indexes, per claim.
 * **The queries the old indexes served still use an index** (EXPLAIN on a table of
   20,000 finished rows): the claim, the quarantine's, the open work of all entities.
-* **A version 6 database is brought to version 7 in place.**
+* **A version 6 database is brought to version 7 in place** (the turn index on entity
+  and position dropped too: tests/test_turn_indexes.py).
 
 A real PostgreSQL (tests/conftest.py)."""
 
@@ -147,9 +149,10 @@ def test_the_queries_of_open_work_use_an_index(pg_url: str, store: PostgresStore
 
 
 def test_a_version_6_database_is_brought_to_version_7_in_place(pg_url: str) -> None:
-    """A database made before schema 7 (partial indexes on ``state``, full pages) gains
-    ``live``, its indexes and room on its pages when a store opens it; its open and
-    finished work stay as they were and are told apart by ``live``."""
+    """A database made before schema 7 (partial indexes on ``state``, full pages, an index
+    on the turns' entity and position) gains ``live``, its indexes and room on its pages
+    when a store opens it, and loses that turn index (tests/test_turn_indexes.py); its
+    open and finished work stay as they were and are told apart by ``live``."""
     from cantrip.loom._postgres_schema import SCHEMA_VERSION
 
     store = PostgresStore(pg_url)
@@ -166,6 +169,7 @@ def test_a_version_6_database_is_brought_to_version_7_in_place(pg_url: str) -> N
             "WHERE state IN ('queued', 'running'); "
             "CREATE INDEX cantrip_work_suspects ON cantrip_work (id) "
             "WHERE suspect AND state = 'running'; "
+            "CREATE INDEX cantrip_turns_by_entity ON cantrip_turns (entity_id, pos); "
             "DELETE FROM cantrip_schema; INSERT INTO cantrip_schema (version) VALUES (6)"
         )
         assert conn.execute("SELECT to_regclass('cantrip_work_live')").fetchone() == (None,)
@@ -191,6 +195,7 @@ def test_a_version_6_database_is_brought_to_version_7_in_place(pg_url: str) -> N
             "cantrip_work_pkey",
             "cantrip_work_suspect",
         ]
+        assert conn.execute("SELECT to_regclass('cantrip_turns_by_entity')").fetchone() == (None,)
         options = conn.execute(
             "SELECT relname, reloptions FROM pg_class "
             "WHERE relname IN ('cantrip_work', 'cantrip_leases') ORDER BY 1"

@@ -73,6 +73,7 @@ from cantrip.distributed._work import (
 )
 from cantrip.loom._fence import Fence
 from cantrip.loom._postgres import PostgresStore
+from cantrip.loom._postgres_schema import LAST_POS
 
 _CLAIM = """
 SELECT w.id, w.entity_id, w.intent, w.spell, w.state, w.attempts, w.spare, w.suspect,
@@ -123,12 +124,11 @@ claimed AS (
     SET state = 'running', owner = %(owner)s, epoch = lease.epoch,
         attempts = w.attempts + (NOT w.spare)::int, spare = false,
         alone = w.suspect OR %(one_slot)s, claimed_at = clock_timestamp(),
-        base_pos = CASE WHEN w.state = 'queued' THEN (
-            SELECT coalesce(max(t.pos), 0) FROM cantrip_turns t
-            WHERE t.entity_id = lease.entity_id) ELSE w.base_pos END,
+        base_pos = CASE WHEN w.state = 'queued' THEN {LAST_POS.format(entity="lease.entity_id")}
+            ELSE w.base_pos END,
         result = CASE WHEN w.state = 'queued' THEN json_build_object('base_turn', (
             SELECT t.id FROM cantrip_turns t WHERE t.entity_id = lease.entity_id
-            ORDER BY t.pos DESC LIMIT 1))::text ELSE w.result END
+            ORDER BY t.sequence DESC LIMIT 1))::text ELSE w.result END
     FROM pick JOIN lease ON lease.entity_id = pick.entity_id
     WHERE w.id = pick.id
     RETURNING w.id, w.entity_id, w.intent, w.spell, w.attempts, lease.epoch, w.result,

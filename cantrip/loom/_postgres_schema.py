@@ -43,6 +43,11 @@ tables a cast updates (``cantrip_work``, ``cantrip_leases``) leave room on each 
 (``fillfactor``) for the new versions of its rows. The open-work index is
 ``cantrip_work_live`` (was ``cantrip_work_open``), the suspects' ``cantrip_work_suspect``
 (was ``cantrip_work_suspects``, on running suspects: no query could use it).
+``cantrip_turns_by_entity`` (entity, position) is gone: an entity's turns are read in
+sequence order through ``UNIQUE (entity_id, sequence)`` -- the order they are appended
+in, one writer at a time under the entity's fence -- and a loom position ``p`` an
+entity's reading goes on from (a cursor: ``base_pos``, a session's tail) is the
+entity's largest sequence at or before ``p`` (:data:`TURNS_AFTER`).
 Each statement is idempotent, so a database at any earlier version is brought up to
 date by running the schema again."""
 SCHEMA_LOCK = 0x63616E74  # "cant": the advisory lock schema creation runs under
@@ -51,6 +56,22 @@ WORK_OPEN = "live"
 """The predicate of an open (queued or running) ``cantrip_work`` row: its generated
 ``live`` column (schema 7), which the open-work index names -- a query must say
 ``live``, not the ``state`` it is made of, for the planner to use that index."""
+
+TURNS_AFTER = (
+    "sequence > coalesce((SELECT max(b.sequence) FROM cantrip_turns b "
+    "WHERE b.entity_id = {entity} AND b.pos <= {pos}), 0)"
+)
+"""The predicate of ``{entity}``'s turns recorded after loom position ``{pos}`` (format
+it with the two SQL expressions), through the (entity, sequence) index: the turns after
+the entity's latest at or before that position (an entity's positions grow with its
+sequence)."""
+
+LAST_POS = (
+    "coalesce((SELECT l.pos FROM cantrip_turns l WHERE l.entity_id = {entity} "
+    "ORDER BY l.sequence DESC LIMIT 1), 0)"
+)
+"""The loom position of ``{entity}``'s latest turn, 0 if it has none (format it with
+the SQL expression of the entity): where reading its next turns begins."""
 
 WORK_FILLFACTOR = 40
 """How full an insert leaves a page of ``cantrip_work`` and ``cantrip_leases`` (percent):
@@ -75,7 +96,7 @@ CREATE TABLE IF NOT EXISTS cantrip_turns (
     reward DOUBLE PRECISION,
     UNIQUE (entity_id, sequence)
 );
-CREATE INDEX IF NOT EXISTS cantrip_turns_by_entity ON cantrip_turns (entity_id, pos);
+DROP INDEX IF EXISTS cantrip_turns_by_entity;
 CREATE INDEX IF NOT EXISTS cantrip_turns_by_parent ON cantrip_turns (parent_id);
 CREATE OR REPLACE FUNCTION cantrip_append_only() RETURNS trigger AS $$
 BEGIN

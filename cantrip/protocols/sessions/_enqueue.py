@@ -44,6 +44,7 @@ from cantrip.distributed._work import (
     enqueue_on,
 )
 from cantrip.loom._model import RUNTIME_CANTRIPS
+from cantrip.loom._postgres_schema import LAST_POS
 from cantrip.protocols.sessions._backend import SessionError
 from cantrip.protocols.sessions._hub import session_id_for
 
@@ -248,8 +249,7 @@ def _queue_plain(
         work.update({i: queued[prompts[i].entity_id] for i in indexes})
     conn.execute(
         "INSERT INTO cantrip_prompts (work_id, entity_id, idempotency_key, intent, base_pos) "
-        "SELECT w, e, k, i, (SELECT coalesce(max(t.pos), 0) FROM cantrip_turns t "
-        "WHERE t.entity_id = p.e) "
+        f"SELECT w, e, k, i, {LAST_POS.format(entity='p.e')} "
         "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[]) AS p(w, e, k, i)",
         (
             [work[i] for i in plain],
@@ -295,9 +295,7 @@ def _queue_one(conn: Any, prompt: PromptRequest) -> Queued:
         conn.execute(
             "UPDATE cantrip_sessions SET cancel_until = NULL WHERE entity_id = %s", (entity_id,)
         )
-    base = conn.execute(
-        "SELECT coalesce(max(pos), 0) FROM cantrip_turns WHERE entity_id = %s", (entity_id,)
-    ).fetchone()
+    base = conn.execute(f"SELECT {LAST_POS.format(entity='%s')}", (entity_id,)).fetchone()
     base_pos = int(base[0]) if base else 0
     named = None
     if key is not None:

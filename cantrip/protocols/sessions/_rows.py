@@ -66,6 +66,7 @@ from cantrip.loom._codec import decode_record
 from cantrip.loom._indexed import TURN_ROW
 from cantrip.loom._model import Turn, new_entity_id, with_columns
 from cantrip.loom._postgres import PostgresStore
+from cantrip.loom._postgres_schema import LAST_POS, TURNS_AFTER
 from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import same_user
 from cantrip.protocols.sessions._enqueue import (
@@ -117,6 +118,15 @@ CREATE TABLE IF NOT EXISTS cantrip_prompts (
 );
 """
 
+_TURNS_AFTER = (
+    f"SELECT pos, {TURN_ROW} FROM cantrip_turns WHERE entity_id = %(e)s "
+    f"AND {TURNS_AFTER.format(entity='%(e)s', pos='%(p)s')} ORDER BY sequence"
+)
+"""An entity's turns recorded after a loom position (:meth:`DbSessions.turns_after`)."""
+_LAST_POS = f"SELECT {LAST_POS.format(entity='%s')}"
+"""The loom position of an entity's latest turn (:meth:`DbSessions.last_pos`)."""
+POS_OF = "SELECT pos FROM cantrip_turns WHERE entity_id = %s ORDER BY sequence OFFSET %s LIMIT 1"
+"""The loom position of an entity's turn after its first ``n`` (parameters: entity, n)."""
 __all__ = [
     "ENDED",
     "DbSessions",
@@ -381,19 +391,12 @@ class DbSessions:
     def turns_after(self, entity_id: str, pos: int) -> list[tuple[int, Turn]]:
         """The entity's turns recorded after loom position ``pos`` (tailing the loom)."""
         with self.store.pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT pos, {TURN_ROW} FROM cantrip_turns WHERE entity_id = %s AND pos > %s "
-                "ORDER BY pos",
-                (entity_id, pos),
-            ).fetchall()
+            rows = conn.execute(_TURNS_AFTER, {"e": entity_id, "p": pos}).fetchall()
         return [(int(r[0]), Turn.from_dict(with_columns(decode_record(r[1]), r[1:]))) for r in rows]
 
     def last_pos(self, entity_id: str) -> int:
         with self.store.pool.connection() as conn:
-            row = conn.execute(
-                "SELECT coalesce(max(pos), 0) FROM cantrip_turns WHERE entity_id = %s",
-                (entity_id,),
-            ).fetchone()
+            row = conn.execute(_LAST_POS, (entity_id,)).fetchone()
         return int(row[0]) if row else 0
 
     def thread(self, entity_id: str) -> list[Turn]:
