@@ -139,15 +139,16 @@ at load 20-30: their slowness adds lease heartbeats, ~150-500 B a turn; 200 x 1 
 the turn row ~520 B and its indexes ~430 B, the journal row ~215 B and its index ~75 B,
 the work row's updates ~150 B, the effect row ~115 B, the entity row ~77 B.
 
-Issue 46.2, fourth pass (schema 7, journal start, stored form 3): ``--table --no-kill
---agents 200 1000 --workers 1 2 --latencies 0`` on main (4c3213f, load 4) then on this
-branch (``--wal-detail``, load 11), WAL bytes per turn::
+Issue 46.2, fourth pass (schema 7, the journal's first start, stored form 3, entities
+without ``ON CONFLICT``): ``--table --no-kill --agents 200 1000 --workers 1 2
+--latencies 0`` on main (4c3213f, load 4) then on this branch (``--wal-detail``, load
+10), WAL bytes per turn; and the branch at 50 ms model latency (load 10)::
 
-    agents x workers    main    branch
-       200 x 1          2142     1861
-       200 x 2          2168     1836
-      1000 x 1          2253     1910
-      1000 x 2          2321     1890
+    agents x workers    main 0 ms   branch 0 ms   branch 50 ms
+       200 x 1             2142        1848          1852
+       200 x 2             2168        1844          1834
+      1000 x 1             2253        1901          1901
+      1000 x 2             2321        1905          1893
 
 What changed, per turn (200 x 1, main -> branch): the work row's claim is a heap-only
 update on its page (``cantrip_work.live`` names the open rows in the partial indexes
@@ -156,10 +157,11 @@ its heap, lock and index records ~330 -> ~250 B, and lease releases and renewals
 stay on their page (no index entry); the (entity, position) turn index is gone (an
 entity's turns read through ``UNIQUE (entity_id, sequence)``): 95 -> 0 B; the answer's
 journal row carries its first start as ``{"start": 0}``: 215 -> 146 B; a gate-call
-record's call id is not written again in the turn row (stored form 3): ~485 -> ~470 B.
-What is left (1,000 x 2): the turn row ~500 B and its four indexes ~330 B, the journal
+record's call id is not written again in the turn row (stored form 3): ~485 -> ~470 B;
+an entity's record is a plain INSERT (its ``HEAP_CONFIRM``, 10 B, gone).
+What is left (1,000 x 2): the turn row ~470 B and its four indexes ~330 B, the journal
 row and index ~220 B, the work row's insert, claim and finish ~240 B, the workload's
-own effect row and index ~115 B, the entity row and its indexes ~120 B, lease renewals
+own effect row and index ~115 B, the entity row and its indexes ~110 B, lease renewals
 ~50 B (more in a slower run), commits ~45 B.
 
 How to run
