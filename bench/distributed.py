@@ -153,6 +153,31 @@ write, each batch a ``BEGIN`` and ``COMMIT``. The worker's CPU here stays over 1
 this load (main: 932 us in one run at load 3.5, before this pass); ``bench/pg_turn_cost.py``
 (fsync off) shows the pass's part alone: 921 -> 694 us.
 
+Issue 46.2, fourth pass (schema 7, the journal's first start, stored form 3, entities
+without ``ON CONFLICT``): ``--table --no-kill --agents 200 1000 --workers 1 2
+--latencies 0`` on main (4c3213f, load 4) then on this branch (``--wal-detail``, load
+10), WAL bytes per turn; and the branch at 50 ms model latency (load 10)::
+
+    agents x workers    main 0 ms   branch 0 ms   branch 50 ms
+       200 x 1             2142        1848          1852
+       200 x 2             2168        1844          1834
+      1000 x 1             2253        1901          1901
+      1000 x 2             2321        1905          1893
+
+What changed, per turn (200 x 1, main -> branch): the work row's claim is a heap-only
+update on its page (``cantrip_work.live`` names the open rows in the partial indexes
+instead of ``state``; ``fillfactor`` 40 on ``cantrip_work`` and ``cantrip_leases``):
+its heap, lock and index records ~330 -> ~250 B, and lease releases and renewals
+stay on their page (no index entry); the (entity, position) turn index is gone (an
+entity's turns read through ``UNIQUE (entity_id, sequence)``): 95 -> 0 B; the answer's
+journal row carries its first start as ``{"start": 0}``: 215 -> 146 B; a gate-call
+record's call id is not written again in the turn row (stored form 3): ~485 -> ~470 B;
+an entity's record is a plain INSERT (its ``HEAP_CONFIRM``, 10 B, gone).
+What is left (1,000 x 2): the turn row ~470 B and its four indexes ~330 B, the journal
+row and index ~220 B, the work row's insert, claim and finish ~240 B, the workload's
+own effect row and index ~115 B, the entity row and its indexes ~110 B, lease renewals
+~50 B (more in a slower run), commits ~45 B.
+
 How to run
 ----------
 From the repository root::
@@ -502,6 +527,12 @@ def cost_row(
 def _wal_detail(mon: Any, lsn0: Any, lsn1: Any) -> list[tuple[str, float, float]]:
     """(what, records, bytes) of the WAL between two positions, by record type and by
     relation (pg_walinspect)."""
+    # pg_walinspect reads only flushed WAL; the last records may be written but not yet
+    # flushed (an asynchronous commit, a hint bit's record): the WAL writer flushes them
+    for _ in range(100):
+        if mon.execute("SELECT pg_current_wal_flush_lsn() >= %s", (lsn1,)).fetchone()[0]:
+            break
+        time.sleep(0.05)
     rows = mon.execute(
         "SELECT resource_manager || ' ' || coalesce(split_part(record_type, ' ', 1), ''), "
         "count(*), sum(record_length + fpi_length), "
@@ -588,7 +619,9 @@ def cost_table(
                         flush=True,
                     )
                     if r["detail"]:
-                        for what, count, size in sorted(r["detail"], key=lambda d: -d[2])[:25]:
+                        for what, count, size in sorted(r["detail"], key=lambda d: -d[2]):
+                            if size / r["turns"] < 3:  # the rest: a few bytes a turn
+                                break
                             print(
                                 f"        {count / r['turns']:6.2f} rec {size / r['turns']:7.0f} B"
                                 f"  {what}"

@@ -354,7 +354,7 @@ def _kind(query: str) -> str:
         ("UPDATE cantrip_leases SET owner = NULL", "finish: release lease"),
         ("pg_notify", "notify"),
         (
-            "FROM cantrip_turns WHERE entity_id = $1 ORDER BY pos DESC",
+            "FROM cantrip_turns WHERE entity_id = $1 ORDER BY sequence DESC",
             "latest turn (claim/refresh)",
         ),
         ("WITH RECURSIVE", "thread read (refresh)"),

@@ -6,10 +6,10 @@ keyed by (entity, turn sequence, call ordinal), in the loom's own database
 (SQLite or PostgreSQL; SPEC.md "Ownership, fencing and effects on PostgreSQL"):
 
 * the utterance (ordinal -1), committed with the first gate call it makes, before that
-  gate runs, as one row: the utterance's row carries that call's start (its ordinal and
-  gate, and its data only when it is not the utterance's call of that id with the very
-  same arguments -- a reader rebuilds it from the utterance; issue 46.2). On resume the
-  turn continues with the *same* utterance instead of asking the LLM again (a turn
+  gate runs, as one row: the utterance's row carries that call's start (its ordinal; its
+  gate, id and data only when they are not the utterance's call's at that ordinal with
+  the very same arguments -- a reader rebuilds them from the utterance; issue 46.2). On
+  resume the turn continues with the *same* utterance instead of asking the LLM again (a turn
   that calls no journaled gate journals nothing: nothing of it took effect, so a crash
   before it is recorded asks the LLM again);
 * each later gate call as *started* before the gate runs (that commit is waited for), and
@@ -146,16 +146,33 @@ def _first_start(
     tool_call_id: str | None,
     calls: tuple[ToolCall, ...],
 ) -> str:
-    """The utterance row's record: the first journaled call's start (its ordinal and
-    gate), and its data unless it is the utterance's call of that id with these very
-    arguments -- then a reader rebuilds it from the utterance (:func:`_with_first_start`)
-    rather than the row holding the arguments twice."""
-    start: dict[str, Any] = {FIRST_START: ordinal, "gate": gate}
-    call = next((c for c in calls if c.id == tool_call_id), None)
-    if call is not None and call.arguments is args:
-        start["call"] = call.id
-    else:
-        start["data"] = data
+    """The utterance row's record: the first journaled call's start, its ordinal and
+    what a reader cannot rebuild from the utterance (:func:`_with_first_start`). When
+    the call is the utterance's call of that id with arguments that encode to the very
+    same ``data``, the record holds neither the data nor -- if the call is the one at
+    ``ordinal`` -- its id, nor -- if the gate has the call's name -- the gate: most
+    records are ``{"start": 0}`` (issue 46.2: the id, the gate and the arguments were
+    each in the row twice). Compared as encoded text, which is what the journal's
+    replay compares (``True`` and ``1`` are equal as values, not as data)."""
+    start: dict[str, Any] = {FIRST_START: ordinal}
+    at = calls[ordinal] if ordinal < len(calls) else None
+    call = at if at is not None and at.id == tool_call_id else None
+    if call is None:
+        call = next((c for c in calls if c.id == tool_call_id), None)
+        if call is not None:
+            start["call"] = call.id
+    same = call is not None and (
+        call.arguments is args
+        or (
+            call.arguments == args
+            and _dumps({"args": call.arguments, "tool_call_id": call.id}) == data
+        )
+    )
+    if not same:
+        return _dumps({FIRST_START: ordinal, "gate": gate, "data": data})
+    assert call is not None
+    if gate != call.name:
+        start["gate"] = gate
     return _dumps(start)
 
 
@@ -171,12 +188,14 @@ def _with_first_start(entries: list[JournalEntry]) -> dict[int, JournalEntry]:
     ordinal = int(start[FIRST_START])
     if ordinal in by_ordinal:
         return by_ordinal
-    data = start.get("data")
-    if data is None:  # the utterance's call of that id, with its arguments
+    data, gate = start.get("data"), start.get("gate")
+    if data is None:  # the utterance's call (of that id, or at that ordinal), its arguments
         calls = decode_response(utterance[2]).tool_calls
-        call = next(c for c in calls if c.id == start["call"])
+        named = start.get("call")
+        call = calls[ordinal] if named is None else next(c for c in calls if c.id == named)
         data = _dumps({"args": call.arguments, "tool_call_id": call.id})
-    by_ordinal[ordinal] = (ordinal, str(start["gate"]), str(data), None)
+        gate = call.name if gate is None else gate
+    by_ordinal[ordinal] = (ordinal, str(gate), str(data), None)
     by_ordinal[UTTERANCE] = (UTTERANCE, utterance[1], utterance[2], None)
     return by_ordinal
 

@@ -455,6 +455,36 @@ def test_new_turns_and_starts_are_written_without_on_conflict(pg_url: str, size:
             s.close()
 
 
+def test_a_new_entity_is_written_without_on_conflict(pg_url: str) -> None:
+    """An entity's record is new but after a crash: a plain INSERT, no speculative
+    insertion's confirmation in the WAL (fails before: one HEAP_CONFIRM); one already
+    there is still refused, the rest of its batch made
+    (test_a_batch_refuses_exactly_the_writes_whose_fence_is_lost)."""
+    store, fence = _claimed(pg_url, "fresh")
+    try:
+        record = EntityRecord(entity_id="fresh", cantrip_id="c")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            start = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
+            assert store.write_batch([("entity", record, fence)]) == []
+            end = conn.execute("SELECT pg_switch_wal()").fetchone()
+            assert start is not None and end is not None
+            node = conn.execute("SELECT pg_relation_filenode('cantrip_entities')::text").fetchone()
+            assert node is not None
+            kinds = [
+                str(kind)
+                for (kind,) in conn.execute(
+                    "SELECT record_type FROM pg_get_wal_records_info(%s, %s) "
+                    "WHERE resource_manager = 'Heap' AND block_ref LIKE %s",
+                    (start[0], end[0], f"%/{node[0]} %"),
+                ).fetchall()
+            ]
+        assert len(kinds) == 1 and kinds[0].startswith("INSERT"), kinds  # no HEAP_CONFIRM
+        assert store.get_entity("fresh") == record
+    finally:
+        store.close()
+
+
 def test_a_batch_with_a_row_already_there_is_written_again_with_care(pg_url: str) -> None:
     """A start already journaled (a crashed attempt's) in a batch of new rows: the plain
     INSERT fails, nothing of it stays, and the batch is written again as it always was

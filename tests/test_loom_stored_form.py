@@ -142,6 +142,36 @@ def _shapes() -> dict[str, Turn]:
                 ),
             ),
         ),
+        "a record without a call id beside a call": _turn(
+            1,
+            utterance=f"echo({a.arguments_json})",
+            tool_calls=(a,),
+            observation="x",
+            gate_calls=(GateCallRecord(gate="echo", args=a.arguments, result="x"),),
+        ),
+        "records in another order than their calls": _turn(
+            1,
+            utterance=f"echo({a.arguments_json})\necho({b.arguments_json})",
+            tool_calls=(a, b),
+            observation='{"k": [1, 2.5]}\nx',
+            gate_calls=(echo_b, echo_a),
+        ),
+        "a call id no call of the turn has": _turn(
+            1,
+            utterance=f"echo({a.arguments_json})",
+            tool_calls=(a,),
+            observation="x",
+            gate_calls=(
+                GateCallRecord(gate="echo", args=a.arguments, result="x", tool_call_id="zz"),
+            ),
+        ),
+        "more records than calls": _turn(
+            1,
+            utterance=f"echo({a.arguments_json})",
+            tool_calls=(a,),
+            observation="x\nx",
+            gate_calls=(echo_a, GateCallRecord(gate="echo", args={"text": "x"}, result="x")),
+        ),
         "a NaN and an infinity": _turn(
             1,
             utterance=f"measure({nan.arguments_json})",
@@ -236,7 +266,8 @@ def test_the_common_turn_is_stored_without_repeating_itself() -> None:
     assert text.count(NEEDLE) == 1  # the call's arguments, nowhere else
     assert not {"id", "parent_id", "entity_id", "sequence"} & set(stored)  # the row's columns
     assert "utterance" not in stored and "observation" not in stored
-    assert stored["gate_calls"] == [{"result": "charged", "tool_call_id": "c1", "duration_ms": 0.5}]
+    # the record's call is the turn's call at its place: its id is not written again
+    assert stored["gate_calls"] == [{"result": "charged", "duration_ms": 0.5}]
     assert len(text) < len(encode_record(typical().to_dict())) * 0.6
 
 
@@ -362,7 +393,41 @@ def test_a_row_in_the_old_form_reads_as_it_did(loom: Loom, where: str) -> None:
         reopened.close()
     stored = dict(_raw_rows(where))
     assert "form" not in decode_record(stored[old.id])
-    assert decode_record(stored[new.id])["form"] == 2
+    assert decode_record(stored[new.id])["form"] == 3
+
+
+def test_a_row_in_form_2_reads_as_it_did(loom: Loom, where: str) -> None:
+    """Form 2 (written before form 3) left a gate-call record's ``tool_call_id`` out only
+    when it had none: such a record still reads back without one, though the turn has
+    a call at its place; one that named its call reads back as ever."""
+    call = ToolCall("c9", "echo", {"text": "x"})
+    turn = _turn(
+        1,
+        utterance=f"echo({call.arguments_json})",
+        tool_calls=(call,),
+        observation="x\ny",
+        gate_calls=(
+            GateCallRecord(gate="echo", args={"text": "x"}, result="x"),
+            GateCallRecord(gate="echo", args=call.arguments, result="y", tool_call_id="c9"),
+        ),
+    )
+    form_2 = {
+        "form": 2,
+        "cantrip_id": "cantrip-s",
+        "tool_calls": [{"id": "c9", "name": "echo", "arguments": {"text": "x"}}],
+        "gate_calls": [
+            {"gate": "echo", "args": {"text": "x"}, "result": "x"},
+            {"result": "y", "tool_call_id": "c9"},
+        ],
+    }
+    _insert_raw(where, turn, encode_record(form_2))
+    reopened = _open(where)
+    try:
+        back = reopened.get(turn.id)
+        assert back == turn
+        assert [r.tool_call_id for r in back.gate_calls] == [None, "c9"]
+    finally:
+        reopened.close()
 
 
 def test_a_damaged_stored_record_names_the_turn() -> None:

@@ -354,7 +354,7 @@ def test_a_version_4_database_is_brought_to_version_5_in_place(pg_url: str) -> N
     store.close()
     with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what v4 made
         conn.execute(
-            "DROP INDEX cantrip_work_suspects; ALTER TABLE cantrip_work DROP COLUMN crashes, "
+            "DROP INDEX cantrip_work_suspect; ALTER TABLE cantrip_work DROP COLUMN crashes, "
             "DROP COLUMN spare, DROP COLUMN suspect, DROP COLUMN alone, DROP COLUMN paroled; "
             "DELETE FROM cantrip_schema; INSERT INTO cantrip_schema (version) VALUES (4); "
             "UPDATE cantrip_leases SET expires_at = clock_timestamp() - interval '1 second'"
@@ -374,6 +374,6 @@ def test_a_version_4_database_is_brought_to_version_5_in_place(pg_url: str) -> N
             ).fetchall()
             == [(1, False, False, False)] * 2
         )
-        assert conn.execute("SELECT to_regclass('cantrip_work_suspects')").fetchone() == (
-            "cantrip_work_suspects",
+        assert conn.execute("SELECT to_regclass('cantrip_work_suspect')").fetchone() == (
+            "cantrip_work_suspect",
         )

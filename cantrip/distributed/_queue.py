@@ -74,6 +74,7 @@ from cantrip.distributed._work import (
     DEAD,
     ENDED,
     MAX_ATTEMPTS,
+    OPEN,
     PAUSED,
     QUARANTINE_AFTER,
     WORK_CHANNEL,
@@ -85,12 +86,13 @@ from cantrip.distributed._work import (
 )
 from cantrip.loom._fence import Fence
 from cantrip.loom._postgres import PostgresStore
+from cantrip.loom._postgres_schema import LAST_POS
 
 _CLAIM = """
 SELECT w.id, w.entity_id, w.intent, w.spell, w.state, w.attempts, w.spare, w.suspect,
     w.paroled
 FROM cantrip_work w
-WHERE w.state IN ('queued', 'running')
+WHERE w.live
   AND w.owner IS NULL
   AND w.suspect = %(suspect)s
   AND (w.spare OR w.attempts < %(max_attempts)s)
@@ -101,7 +103,7 @@ WHERE w.state IN ('queued', 'running')
         AND l.expires_at > clock_timestamp())
   AND NOT EXISTS (
       SELECT 1 FROM cantrip_work e
-      WHERE e.entity_id = w.entity_id AND e.id < w.id AND e.state IN ('queued', 'running'))
+      WHERE e.entity_id = w.entity_id AND e.id < w.id AND e.live)
 ORDER BY w.id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
@@ -135,12 +137,11 @@ claimed AS (
     SET state = 'running', owner = %(owner)s, epoch = lease.epoch,
         attempts = w.attempts + (NOT w.spare)::int, spare = false,
         alone = w.suspect OR %(one_slot)s, claimed_at = clock_timestamp(),
-        base_pos = CASE WHEN w.state = 'queued' THEN (
-            SELECT coalesce(max(t.pos), 0) FROM cantrip_turns t
-            WHERE t.entity_id = lease.entity_id) ELSE w.base_pos END,
+        base_pos = CASE WHEN w.state = 'queued' THEN {LAST_POS.format(entity="lease.entity_id")}
+            ELSE w.base_pos END,
         result = CASE WHEN w.state = 'queued' THEN json_build_object('base_turn', (
             SELECT t.id FROM cantrip_turns t WHERE t.entity_id = lease.entity_id
-            ORDER BY t.pos DESC LIMIT 1))::text ELSE w.result END
+            ORDER BY t.sequence DESC LIMIT 1))::text ELSE w.result END
     FROM pick JOIN lease ON lease.entity_id = pick.entity_id
     WHERE w.id = pick.id
     RETURNING w.id, w.entity_id, w.intent, w.spell, w.attempts, lease.epoch, w.result,
@@ -544,7 +545,7 @@ class WorkQueue:
         with self.store.pool.connection() as conn:
             row = conn.execute(
                 "SELECT id FROM cantrip_work WHERE entity_id = %s AND intent = %s "
-                "AND state IN ('queued', 'running') ORDER BY id DESC LIMIT 1",
+                f"AND {OPEN} ORDER BY id DESC LIMIT 1",
                 (entity_id, intent),
             ).fetchone()
         return None if row is None else int(row[0])

@@ -17,6 +17,7 @@ import attrs
 
 from cantrip.distributed._spell_secrets import check_queued_spell
 from cantrip.loom._fence import Fence
+from cantrip.loom._postgres_schema import WORK_OPEN
 
 WORK_CHANNEL = "cantrip_work"
 CANCEL_CHANNEL = "cantrip_cancel"
@@ -63,7 +64,9 @@ BUDGETS_KEY = "session_budgets"
 charges the session's history to an account above the cast (cantrip._core._budget)."""
 INTERRUPTED = "interrupted"
 """The cancel reason of a prompt a newer one displaced (``interrupt``, ``rollback``)."""
-_OPEN = "state IN ('queued', 'running')"
+OPEN = WORK_OPEN
+"""An open (queued or running) work row, as a query says it (the open-work index's
+predicate: :data:`~cantrip.loom._postgres_schema.WORK_OPEN`)."""
 ENTITY_LOCK = 0x70726F6D
 """The advisory-lock class of one entity's prompts and answers (``serve --db``)."""
 
@@ -132,7 +135,7 @@ def cancel_on(
     ).rowcount
     running = conn.execute(
         "UPDATE cantrip_work SET cancel_requested = true, cancel_reason = %(reason)s "
-        f"WHERE {where} AND state IN ('queued', 'running')",
+        f"WHERE {where} AND {OPEN}",
         params,
     ).rowcount
     conn.execute(
@@ -175,7 +178,7 @@ def steer_on(
     (nothing is added), so concurrent senders cannot pass a bound it keeps."""
     while True:
         row = conn.execute(
-            f"SELECT id FROM cantrip_work WHERE entity_id = %s AND {_OPEN} "
+            f"SELECT id FROM cantrip_work WHERE entity_id = %s AND {OPEN} "
             "ORDER BY id LIMIT 1 FOR UPDATE",
             (entity_id,),
         ).fetchone()
@@ -183,7 +186,7 @@ def steer_on(
             break
         # the row found ended while we waited for its lock: is another open (queued)?
         more = conn.execute(
-            f"SELECT 1 FROM cantrip_work WHERE entity_id = %s AND {_OPEN} LIMIT 1", (entity_id,)
+            f"SELECT 1 FROM cantrip_work WHERE entity_id = %s AND {OPEN} LIMIT 1", (entity_id,)
         ).fetchone()
         if more is None:
             return None

@@ -121,9 +121,16 @@ TURN_ROW = "data, id, parent_id, entity_id, sequence"
 it (:func:`~cantrip.loom._model.with_columns`)."""
 
 
-def query_sql(prefix: str, param: str) -> QuerySQL:
+def query_sql(prefix: str, param: str, order: Literal["pos", "sequence"]) -> QuerySQL:
     """The read queries over tables named ``prefix`` + ``turns`` (``entities``, ``blobs``,
-    ``journal``) with ``param`` for a parameter (``?`` for SQLite, ``%s`` for psycopg)."""
+    ``journal``) with ``param`` for a parameter (``?`` for SQLite, ``%s`` for psycopg).
+
+    ``order``: the column an entity's turns are read in order of, by the store's index on
+    (entity, that column). The same order either way -- an entity's turns are appended
+    in sequence order -- but PostgreSQL holds one index for both its uniqueness and its
+    reads (``sequence``: ``UNIQUE (entity_id, sequence)``; a second index on (entity,
+    position) cost ~95 B of WAL a turn, issue 46.2); SQLite has no unique sequence (an
+    old file may repeat one) and reads by position (``pos``)."""
 
     def sql(template: str) -> str:
         return template.format(
@@ -133,18 +140,21 @@ def query_sql(prefix: str, param: str) -> QuerySQL:
             journal=f"{prefix}journal",
             row=TURN_ROW,
             p=param,
+            order=order,
         )
 
     return QuerySQL(
         get_turn=sql("SELECT {row} FROM {turns} WHERE id = {p}"),
         get_entity=sql("SELECT data FROM {entities} WHERE entity_id = {p}"),
         entities=sql("SELECT data FROM {entities} ORDER BY pos"),
-        entity_turns=sql("SELECT {row} FROM {turns} WHERE entity_id = {p} ORDER BY pos"),
+        entity_turns=sql("SELECT {row} FROM {turns} WHERE entity_id = {p} ORDER BY {order}"),
         entity_turns_from=sql(
             "SELECT {row} FROM {turns} WHERE entity_id = {p} "
-            "AND pos >= (SELECT pos FROM {turns} WHERE id = {p}) ORDER BY pos"
+            "AND {order} >= (SELECT {order} FROM {turns} WHERE id = {p}) ORDER BY {order}"
         ),
-        last_turn=sql("SELECT {row} FROM {turns} WHERE entity_id = {p} ORDER BY pos DESC LIMIT 1"),
+        last_turn=sql(
+            "SELECT {row} FROM {turns} WHERE entity_id = {p} ORDER BY {order} DESC LIMIT 1"
+        ),
         roots=sql("SELECT {row} FROM {turns} WHERE parent_id IS NULL ORDER BY pos"),
         children=sql("SELECT {row} FROM {turns} WHERE parent_id = {p} ORDER BY pos"),
         thread=sql(

@@ -256,8 +256,10 @@ class Turn:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Turn:
         """A turn from :meth:`to_dict`'s record, or from the stored form
-        (:meth:`to_stored`, marked ``"form": 2``) with what it left out rebuilt."""
-        stored = data.get(FORM_KEY) == STORED_FORM
+        (:meth:`to_stored`, marked ``"form": 3``, or 2 as written before) with what it
+        left out rebuilt."""
+        form = data.get(FORM_KEY)
+        stored = form in STORED_FORMS
         tool_calls = tuple(
             ToolCall(
                 c["id"],
@@ -270,7 +272,7 @@ class Turn:
         )
         records = data.get("gate_calls", ())
         if stored:
-            gate_calls = _stored_records(records, tool_calls, data.get("id"))
+            gate_calls = _stored_records(records, tool_calls, data.get("id"), form)
         else:
             gate_calls = tuple(GateCallRecord.from_dict(r) for r in records)
         content = data.get("content")
@@ -308,8 +310,13 @@ class Turn:
 # -- the stored form (issue 46.2) ---------------------------------------------------------
 
 FORM_KEY = "form"
-STORED_FORM = 2
-"""The stored form's mark: ``"form": 2`` (a record without it is :meth:`Turn.to_dict`'s)."""
+STORED_FORM = 3
+"""The stored form's mark: ``"form": 3`` (a record without it is :meth:`Turn.to_dict`'s).
+Form 2 (written before) differs in one thing: a gate-call record without a
+``tool_call_id`` has none; in form 3 it has the id of the turn's call at its own place
+(:func:`stored_record`), and ``null`` is written when that is not so."""
+STORED_FORMS = (2, STORED_FORM)
+"""The stored forms a reader reads."""
 
 _DEFAULTS: dict[str, Any] = {
     "parent_id": None,
@@ -342,7 +349,6 @@ _CALL_DEFAULTS: dict[str, Any] = {
     "is_error": False,
     "status": "ok",
     "duration_ms": 0.0,
-    "tool_call_id": None,
 }
 
 
@@ -387,7 +393,7 @@ def with_columns(record: dict[str, Any], row: Sequence[Any]) -> dict[str, Any]:
     """A stored record with the fields its row keeps as columns: ``row`` is (data, id,
     parent_id, entity_id, sequence). A record in the stored form left them out; one
     written before it holds them itself, and keeps its own."""
-    if record.get(FORM_KEY) == STORED_FORM:
+    if record.get(FORM_KEY) in STORED_FORMS:
         record.update(zip(COLUMNS, row[1:5], strict=True))
     return record
 
@@ -401,7 +407,10 @@ def stored_record(full: dict[str, Any], turn: Turn) -> dict[str, Any]:
     exactly from the rest: the utterance when it is the calls' text (:func:`spoken`),
     the observation when it is the results' (:func:`heard`), a gate-call record's
     arguments and gate when they are those of the call its ``tool_call_id`` names (the
-    first of that id), fields at their defaults, and the fields the row holds as
+    first of that id), its ``tool_call_id`` when it is the id of the turn's call at the
+    record's own place and that call is the first of its id -- or, when the turn has no
+    call there, when it has none (issue 46.2: a provider's call id is 20-40 characters,
+    written twice) -- fields at their defaults, and the fields the row holds as
     columns (:data:`COLUMNS`; a reader puts them back: :func:`with_columns`). Each
     omission is checked against the value it stands for, so a turn that differs
     anywhere keeps that field whole."""
@@ -429,18 +438,35 @@ def stored_record(full: dict[str, Any], turn: Turn) -> dict[str, Any]:
         calls: dict[str, ToolCall] = {}
         for call in turn.tool_calls:
             calls.setdefault(call.id, call)
+        placed = turn.tool_calls
         out["gate_calls"] = [
-            _stored_call(plain, record, calls.get(record.tool_call_id or ""))
-            for plain, record in zip(out["gate_calls"], turn.gate_calls, strict=True)
+            _stored_call(
+                plain,
+                record,
+                calls.get(record.tool_call_id or ""),
+                placed[i] if i < len(placed) else None,
+            )
+            for i, (plain, record) in enumerate(
+                zip(out["gate_calls"], turn.gate_calls, strict=True)
+            )
         ]
     return out
 
 
 def _stored_call(
-    plain: dict[str, Any], record: GateCallRecord, call: ToolCall | None
+    plain: dict[str, Any], record: GateCallRecord, call: ToolCall | None, placed: ToolCall | None
 ) -> dict[str, Any]:
-    """A gate-call record's stored form (see :func:`stored_record`)."""
+    """A gate-call record's stored form (see :func:`stored_record`): ``call`` is the
+    first call of its id, ``placed`` the turn's call at the record's place, if any."""
     out = {k: v for k, v in plain.items() if not _is(v, _CALL_DEFAULTS.get(k, _KEEP))}
+    # no id and no call at its place; or the first call of its id is the one there
+    implied = (  # no id and no call at its place; or the first of its id is there
+        placed is None if record.tool_call_id is None else call is not None and call is placed
+    )
+    if implied:
+        out.pop("tool_call_id", None)  # a reader takes the placed call's id (or none)
+    else:
+        out["tool_call_id"] = record.tool_call_id  # (null written: none, not the placed one's)
     if call is not None:
         if record.gate == call.name:
             del out["gate"]
@@ -465,15 +491,18 @@ def _same_arguments(args: Mapping[str, Any], call: ToolCall) -> bool:
 
 
 def _stored_records(
-    records: Iterable[Mapping[str, Any]], calls: tuple[ToolCall, ...], turn_id: Any
+    records: Iterable[Mapping[str, Any]], calls: tuple[ToolCall, ...], turn_id: Any, form: Any
 ) -> tuple[GateCallRecord, ...]:
     """The gate-call records of a stored turn, each one's arguments and gate taken
-    from its call when it left them out."""
+    from its call when it left them out, and in form 3 its call id from the call at its
+    place when it left that out."""
     by_id: dict[str, ToolCall] = {}
     for call in calls:
         by_id.setdefault(call.id, call)
     out = []
-    for data in records:
+    for i, data in enumerate(records):
+        if "tool_call_id" not in data and form == STORED_FORM:
+            data = {**data, "tool_call_id": calls[i].id if i < len(calls) else None}
         if "gate" in data and "args" in data:
             out.append(GateCallRecord.from_dict(data))
             continue

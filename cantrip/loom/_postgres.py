@@ -50,7 +50,7 @@ class PostgresStore(IndexedQueries):
     deferred = True
     """Writes are queued by the loom and committed by :meth:`write_batch` in a thread."""
 
-    _sql = query_sql("cantrip_", "%s")
+    _sql = query_sql("cantrip_", "%s", "sequence")
 
     def __init__(self, url: str, *, max_connections: int = 8, create: bool = True) -> None:
         """``create=False``: a database with no cantrip loom in it is a :class:`LoomError`

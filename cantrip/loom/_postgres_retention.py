@@ -22,6 +22,7 @@ from cantrip.loom._activity import (
     recently_active,
 )
 from cantrip.loom._postgres import PostgresStore
+from cantrip.loom._postgres_schema import WORK_OPEN
 
 _TABLES = (
     "cantrip_turns",
@@ -39,7 +40,7 @@ _TABLES = (
     "cantrip_prompt_watches",
 )
 """The tables a tree lives in (those the session front ends make exist once used)."""
-_OPEN_WORK = "SELECT entity_id FROM cantrip_work WHERE state IN ('queued', 'running')"
+_OPEN_WORK = f"SELECT entity_id FROM cantrip_work WHERE {WORK_OPEN}"
 RUNNING = "running (queued or running work, or a live lease)"
 """Why a tree with open work stays (a session's delete answers it ``busy``)."""
 _HELD = (
@@ -84,9 +85,9 @@ class PostgresRetention:
             rows = conn.execute(
                 "SELECT e.data, COALESCE(t.data::json->'metadata'->>'timestamp', ''), "
                 "COALESCE(c.n, 0), f.entity_id FROM cantrip_entities e "
-                "LEFT JOIN (SELECT entity_id, MAX(pos) AS last, COUNT(*) AS n "
+                "LEFT JOIN (SELECT entity_id, MAX(sequence) AS last, COUNT(*) AS n "
                 "FROM cantrip_turns GROUP BY entity_id) c ON c.entity_id = e.entity_id "
-                "LEFT JOIN cantrip_turns t ON t.pos = c.last "
+                "LEFT JOIN cantrip_turns t ON t.entity_id = c.entity_id AND t.sequence = c.last "
                 "LEFT JOIN cantrip_turns f ON f.id = e.data::json->>'forked_from' "
                 "ORDER BY e.pos"
             ).fetchall()
@@ -165,7 +166,7 @@ class PostgresRetention:
                 conn.execute(
                     "DELETE FROM cantrip_journal j USING (SELECT DISTINCT ON (entity_id) "
                     "entity_id, sequence, data FROM cantrip_turns "
-                    "ORDER BY entity_id, pos DESC) t WHERE t.entity_id = j.entity_id "
+                    "ORDER BY entity_id DESC, sequence DESC) t WHERE t.entity_id = j.entity_id "
                     "AND j.sequence <= t.sequence AND ((t.data::json->>'terminated')::boolean "
                     "OR (t.data::json->>'truncated')::boolean)"
                 ).rowcount

@@ -14,7 +14,7 @@ from typing import Any
 
 from cantrip._errors import LoomError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """2: the append-only trigger lets prune delete whole trees (``cantrip.prune``).
 3: big values stored once (``cantrip_blobs``, ``cantrip_blob_refs``; see ``_blobs``).
 4: steering and double-texting under workers: ``cantrip_messages`` (a message sent to a
@@ -33,9 +33,50 @@ was a WAL record per write): ``cantrip_fence_holds`` checks the fence under a sh
 advisory lock on the entity, in a snapshot taken after the lock, and a claim takes the
 entity only if it gets that lock exclusively (``cantrip_fence_take``, never waiting):
 so a write and a claim of its entity are still ordered, as the row lock ordered them.
+7: a claim rewrites its work row in place (issue 46.2: each claim and finish wrote a new
+row version on another page, with a new entry in every index and a lock record first).
+``cantrip_work.live`` (a stored generated column: the row is queued or running) is what
+the partial indexes name instead of ``state``: PostgreSQL updates a row in place (HOT:
+no index entries) only if no column an index names -- in its key or its predicate --
+changes, and a claim changes ``state`` (queued to running) but not ``live``; the two
+tables a cast updates (``cantrip_work``, ``cantrip_leases``) leave room on each page
+(``fillfactor``) for the new versions of its rows. The open-work index is
+``cantrip_work_live`` (was ``cantrip_work_open``), the suspects' ``cantrip_work_suspect``
+(was ``cantrip_work_suspects``, on running suspects: no query could use it).
+``cantrip_turns_by_entity`` (entity, position) is gone: an entity's turns are read in
+sequence order through ``UNIQUE (entity_id, sequence)`` -- the order they are appended
+in, one writer at a time under the entity's fence -- and a loom position ``p`` an
+entity's reading goes on from (a cursor: ``base_pos``, a session's tail) is the
+entity's largest sequence at or before ``p`` (:data:`TURNS_AFTER`).
 Each statement is idempotent, so a database at any earlier version is brought up to
 date by running the schema again."""
 SCHEMA_LOCK = 0x63616E74  # "cant": the advisory lock schema creation runs under
+
+WORK_OPEN = "live"
+"""The predicate of an open (queued or running) ``cantrip_work`` row: its generated
+``live`` column (schema 7), which the open-work index names -- a query must say
+``live``, not the ``state`` it is made of, for the planner to use that index."""
+
+TURNS_AFTER = (
+    "sequence > coalesce((SELECT max(b.sequence) FROM cantrip_turns b "
+    "WHERE b.entity_id = {entity} AND b.pos <= {pos}), 0)"
+)
+"""The predicate of ``{entity}``'s turns recorded after loom position ``{pos}`` (format
+it with the two SQL expressions), through the (entity, sequence) index: the turns after
+the entity's latest at or before that position (an entity's positions grow with its
+sequence)."""
+
+LAST_POS = (
+    "coalesce((SELECT l.pos FROM cantrip_turns l WHERE l.entity_id = {entity} "
+    "ORDER BY l.sequence DESC LIMIT 1), 0)"
+)
+"""The loom position of ``{entity}``'s latest turn, 0 if it has none (format it with
+the SQL expression of the entity): where reading its next turns begins."""
+
+WORK_FILLFACTOR = 40
+"""How full an insert leaves a page of ``cantrip_work`` and ``cantrip_leases`` (percent):
+the rest is for the new versions a claim, a finish and each heartbeat make of the rows
+on it, written in place (a row's claim and finish; a lease's renewals)."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cantrip_schema (version INTEGER NOT NULL);
@@ -55,7 +96,7 @@ CREATE TABLE IF NOT EXISTS cantrip_turns (
     reward DOUBLE PRECISION,
     UNIQUE (entity_id, sequence)
 );
-CREATE INDEX IF NOT EXISTS cantrip_turns_by_entity ON cantrip_turns (entity_id, pos);
+DROP INDEX IF EXISTS cantrip_turns_by_entity;
 CREATE INDEX IF NOT EXISTS cantrip_turns_by_parent ON cantrip_turns (parent_id);
 CREATE OR REPLACE FUNCTION cantrip_append_only() RETURNS trigger AS $$
 BEGIN
@@ -112,11 +153,15 @@ CREATE TABLE IF NOT EXISTS cantrip_messages (
     created_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS cantrip_messages_by_work ON cantrip_messages (work_id, id);
-CREATE INDEX IF NOT EXISTS cantrip_work_open ON cantrip_work (id)
-    WHERE state IN ('queued', 'running');
+ALTER TABLE cantrip_work SET (fillfactor = {fill});
+ALTER TABLE cantrip_leases SET (fillfactor = {fill});
+ALTER TABLE cantrip_work ADD COLUMN IF NOT EXISTS live BOOLEAN
+    GENERATED ALWAYS AS (state IN ('queued', 'running')) STORED;
+DROP INDEX IF EXISTS cantrip_work_open;
+DROP INDEX IF EXISTS cantrip_work_suspects;
+CREATE INDEX IF NOT EXISTS cantrip_work_live ON cantrip_work (id) WHERE live;
 CREATE INDEX IF NOT EXISTS cantrip_work_by_entity ON cantrip_work (entity_id, id);
-CREATE INDEX IF NOT EXISTS cantrip_work_suspects ON cantrip_work (id)
-    WHERE suspect AND state = 'running';
+CREATE INDEX IF NOT EXISTS cantrip_work_suspect ON cantrip_work (id) WHERE suspect AND live;
 CREATE TABLE IF NOT EXISTS cantrip_blobs (hash TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS cantrip_blob_refs (
     hash TEXT NOT NULL,
@@ -151,7 +196,7 @@ CREATE TABLE IF NOT EXISTS cantrip_journal (
     record TEXT,
     PRIMARY KEY (entity_id, sequence, ordinal)
 );
-"""
+""".replace("{fill}", str(WORK_FILLFACTOR))
 
 
 def migrate(conn: Any, *, create: bool, where: str) -> None:

@@ -82,6 +82,11 @@ _INSERT_ENTITY = (
     "SELECT %(entity_id)s, %(parent_entity_id)s, %(data)s {where} "
     "ON CONFLICT DO NOTHING RETURNING 1"
 )
+_NEW_ENTITY = (
+    "INSERT INTO cantrip_entities (entity_id, parent_entity_id, data) "
+    "SELECT %(entity_id)s, %(parent_entity_id)s, %(data)s {where} RETURNING 1"
+)
+"""An entity, written on the expectation that it is new (see :func:`plan_batch`)."""
 _SET_REWARD = "UPDATE cantrip_turns SET reward = %(reward)s WHERE id = %(id)s {and} RETURNING 1"
 _JOURNAL_CALL = (
     "INSERT INTO cantrip_journal (entity_id, sequence, ordinal, gate, data, record) "
@@ -113,12 +118,14 @@ at that ordinal yet (see :func:`plan_batch`)."""
 
 
 def _optimistic(op: PendingOp) -> bool:
-    """Whether a write goes first as a plain ``INSERT`` (:func:`plan_batch`): a turn, an
-    utterance or a call's start -- each new but after a crash or a refused append.
-    A result or a checkpoint keeps ``ON CONFLICT``: it is written over its call's start
-    row, or kept if one is there already."""
+    """Whether a write goes first as a plain ``INSERT`` (:func:`plan_batch`): an entity, a
+    turn, an utterance or a call's start -- each new but after a crash or a refused
+    append. A result or a checkpoint keeps ``ON CONFLICT``: it is written over its call's
+    start row, or kept if one is there already."""
     kind, payload, _ = op
-    return kind == "turn" or (kind == "journal" and (payload[2] < 0 or payload[5] is None))
+    if kind in ("turn", "entity"):
+        return True
+    return kind == "journal" and (payload[2] < 0 or payload[5] is None)
 
 
 def statement(op: PendingOp, data: str | None = None, *, careful: bool = True) -> Statement:
@@ -145,7 +152,7 @@ def statement(op: PendingOp, data: str | None = None, *, careful: bool = True) -
             parent_entity_id=record.parent_entity_id,
             data=encode_record(record.to_dict()),
         )
-        return _fenced(_INSERT_ENTITY, fence), params
+        return _fenced(_NEW_ENTITY if plain else _INSERT_ENTITY, fence), params
     if kind == "journal":
         entity_id, sequence, ordinal, gate, data, journaled = payload
         params.update(
@@ -379,6 +386,7 @@ def lease_lost_message(fence: Fence) -> str:
 
 _KIND_ORDER = {
     "entity": 0,
+    "new entity": 0,
     "utterance": 1,
     "new utterance": 1,
     "call": 2,
@@ -414,7 +422,7 @@ def plan_batch(
     """The statements that make ``batch``, in the order they run (one transaction),
     leaving out the writes at ``skip`` (:func:`covered`).
 
-    A turn, an utterance and a call's start are new but for a crash or a refused
+    An entity, a turn, an utterance and a call's start are new but for a crash or a refused
     append, so they are first written as a plain ``INSERT``: ``ON CONFLICT`` costs a
     WAL record per row (the speculative insertion's confirmation; issue 46.3). A
     batch where one is not new fails with a unique violation, rolls back whole, and

@@ -130,7 +130,7 @@ class SQLiteStore(IndexedQueries):
     reads it by query (:class:`~cantrip.loom._indexed.IndexedQueries`), never whole.
     """
 
-    _sql = query_sql("", "?")
+    _sql = query_sql("", "?", "pos")
 
     def __init__(
         self,

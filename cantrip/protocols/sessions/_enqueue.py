@@ -36,6 +36,7 @@ from cantrip.distributed._work import (
     CWD_KEY,
     ENTITY_LOCK,
     INTERRUPTED,
+    OPEN,
     REWIND_KEY,
     USER_KEY,
     cancel_on,
@@ -43,12 +44,12 @@ from cantrip.distributed._work import (
     enqueue_on,
 )
 from cantrip.loom._model import RUNTIME_CANTRIPS
+from cantrip.loom._postgres_schema import LAST_POS
 from cantrip.protocols.sessions._backend import SessionError
 from cantrip.protocols.sessions._hub import session_id_for
 
 PROMPT_PREFIX = "work-"
 """A replica's prompt id is its work item's id (any replica can resolve it)."""
-_OPEN = "state IN ('queued', 'running')"
 
 
 @attrs.frozen
@@ -181,7 +182,7 @@ def _meet(conn: Any, prompts: Sequence[PromptRequest]) -> list[_Meets]:
         "(SELECT s.user_id FROM cantrip_sessions s WHERE s.entity_id = p.e), "
         "(SELECT s.workdir FROM cantrip_sessions s WHERE s.entity_id = p.e), "
         "EXISTS (SELECT 1 FROM cantrip_work w WHERE w.entity_id = p.e "
-        f"AND w.{_OPEN}), "
+        f"AND w.{OPEN}), "
         "EXISTS (SELECT 1 FROM cantrip_sessions s WHERE s.entity_id = p.e "
         "AND s.cancel_until IS NOT NULL) "
         "OR EXISTS (SELECT 1 FROM cantrip_prompts c WHERE c.entity_id = p.e "
@@ -248,8 +249,7 @@ def _queue_plain(
         work.update({i: queued[prompts[i].entity_id] for i in indexes})
     conn.execute(
         "INSERT INTO cantrip_prompts (work_id, entity_id, idempotency_key, intent, base_pos) "
-        "SELECT w, e, k, i, (SELECT coalesce(max(t.pos), 0) FROM cantrip_turns t "
-        "WHERE t.entity_id = p.e) "
+        f"SELECT w, e, k, i, {LAST_POS.format(entity='p.e')} "
         "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[]) AS p(w, e, k, i)",
         (
             [work[i] for i in plain],
@@ -295,9 +295,7 @@ def _queue_one(conn: Any, prompt: PromptRequest) -> Queued:
         conn.execute(
             "UPDATE cantrip_sessions SET cancel_until = NULL WHERE entity_id = %s", (entity_id,)
         )
-    base = conn.execute(
-        "SELECT coalesce(max(pos), 0) FROM cantrip_turns WHERE entity_id = %s", (entity_id,)
-    ).fetchone()
+    base = conn.execute(f"SELECT {LAST_POS.format(entity='%s')}", (entity_id,)).fetchone()
     base_pos = int(base[0]) if base else 0
     named = None
     if key is not None:
@@ -331,7 +329,7 @@ def _make_way(conn: Any, entity_id: str, spell: dict[str, Any], on_busy: str) ->
     point)."""
     running = conn.execute(
         "SELECT id, attempts, (result::json)->>'base_turn', result IS NOT NULL "
-        f"FROM cantrip_work WHERE entity_id = %s AND {_OPEN} ORDER BY id LIMIT 1 FOR UPDATE",
+        f"FROM cantrip_work WHERE entity_id = %s AND {OPEN} ORDER BY id LIMIT 1 FOR UPDATE",
         (entity_id,),
     ).fetchone()
     if running is None or on_busy == "enqueue":

@@ -76,7 +76,13 @@ from cantrip.protocols.sessions._looks import ProgressLooks
 from cantrip.protocols.sessions._notify import Notifier
 from cantrip.protocols.sessions._positions import START, EventId, TurnIds, check_reachable
 from cantrip.protocols.sessions._postgres_tasks import PostgresTasks
-from cantrip.protocols.sessions._rows import DbSessions, Progress, SessionRow, failure_message
+from cantrip.protocols.sessions._rows import (
+    POS_OF,
+    DbSessions,
+    Progress,
+    SessionRow,
+    failure_message,
+)
 from cantrip.protocols.sessions._shapes import event_dict
 from cantrip.protocols.sessions._summaries import summaries_on
 from cantrip.protocols.sessions._tail import Beat, follow
@@ -528,10 +534,7 @@ class PostgresBackend(PostgresTasks):
         if after <= 0:
             return 0
         with self.db.store.pool.connection() as conn:
-            found = conn.execute(
-                "SELECT pos FROM cantrip_turns WHERE entity_id = %s ORDER BY pos OFFSET %s LIMIT 1",
-                (entity_id, after - 1),
-            ).fetchone()
+            found = conn.execute(POS_OF, (entity_id, after - 1)).fetchone()
         if found is None:
             raise SessionError("bad_request", f"the session has no turn {after} yet")
         return int(found[0])

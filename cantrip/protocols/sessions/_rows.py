@@ -56,6 +56,7 @@ from cantrip.distributed._work import (
     ANSWER_KEY,
     ENDED,
     ENTITY_LOCK,
+    OPEN,
     PAUSED,
     cancel_on,
     messages_on,
@@ -65,6 +66,7 @@ from cantrip.loom._codec import decode_record
 from cantrip.loom._indexed import TURN_ROW
 from cantrip.loom._model import Turn, new_entity_id, with_columns
 from cantrip.loom._postgres import PostgresStore
+from cantrip.loom._postgres_schema import LAST_POS, TURNS_AFTER
 from cantrip.protocols.sessions import _steering as steering
 from cantrip.protocols.sessions._backend import same_user
 from cantrip.protocols.sessions._enqueue import (
@@ -116,7 +118,15 @@ CREATE TABLE IF NOT EXISTS cantrip_prompts (
 );
 """
 
-_OPEN = "state IN ('queued', 'running')"
+_TURNS_AFTER = (
+    f"SELECT pos, {TURN_ROW} FROM cantrip_turns WHERE entity_id = %(e)s "
+    f"AND {TURNS_AFTER.format(entity='%(e)s', pos='%(p)s')} ORDER BY sequence"
+)
+"""An entity's turns recorded after a loom position (:meth:`DbSessions.turns_after`)."""
+_LAST_POS = f"SELECT {LAST_POS.format(entity='%s')}"
+"""The loom position of an entity's latest turn (:meth:`DbSessions.last_pos`)."""
+POS_OF = "SELECT pos FROM cantrip_turns WHERE entity_id = %s ORDER BY sequence OFFSET %s LIMIT 1"
+"""The loom position of an entity's turn after its first ``n`` (parameters: entity, n)."""
 __all__ = [
     "ENDED",
     "DbSessions",
@@ -211,7 +221,7 @@ class DbSessions:
             row = conn.execute(
                 f"SELECT {known_session('%(e)s')}, "
                 "(SELECT count(*) FROM cantrip_turns WHERE entity_id = %(e)s), "
-                f"EXISTS (SELECT 1 FROM cantrip_work WHERE entity_id = %(e)s AND {_OPEN}), "
+                f"EXISTS (SELECT 1 FROM cantrip_work WHERE entity_id = %(e)s AND {OPEN}), "
                 "(SELECT user_id FROM cantrip_sessions WHERE entity_id = %(e)s), "
                 "(SELECT workdir FROM cantrip_sessions WHERE entity_id = %(e)s)",
                 {"e": entity_id, **RUNTIME_PARAMS},
@@ -236,7 +246,7 @@ class DbSessions:
                 "SELECT s.session_id, s.entity_id, "
                 "(SELECT count(*) FROM cantrip_turns t WHERE t.entity_id = s.entity_id), "
                 "EXISTS (SELECT 1 FROM cantrip_work w WHERE w.entity_id = s.entity_id "
-                f"AND w.{_OPEN}), s.user_id, s.workdir "
+                f"AND w.{OPEN}), s.user_id, s.workdir "
                 "FROM (SELECT * FROM cantrip_sessions ORDER BY created_at DESC LIMIT %s) s "
                 "ORDER BY s.created_at",
                 (LIST_LIMIT,),
@@ -381,19 +391,12 @@ class DbSessions:
     def turns_after(self, entity_id: str, pos: int) -> list[tuple[int, Turn]]:
         """The entity's turns recorded after loom position ``pos`` (tailing the loom)."""
         with self.store.pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT pos, {TURN_ROW} FROM cantrip_turns WHERE entity_id = %s AND pos > %s "
-                "ORDER BY pos",
-                (entity_id, pos),
-            ).fetchall()
+            rows = conn.execute(_TURNS_AFTER, {"e": entity_id, "p": pos}).fetchall()
         return [(int(r[0]), Turn.from_dict(with_columns(decode_record(r[1]), r[1:]))) for r in rows]
 
     def last_pos(self, entity_id: str) -> int:
         with self.store.pool.connection() as conn:
-            row = conn.execute(
-                "SELECT coalesce(max(pos), 0) FROM cantrip_turns WHERE entity_id = %s",
-                (entity_id,),
-            ).fetchone()
+            row = conn.execute(_LAST_POS, (entity_id,)).fetchone()
         return int(row[0]) if row else 0
 
     def thread(self, entity_id: str) -> list[Turn]:
@@ -428,7 +431,7 @@ class DbSessions:
             rows = conn.execute(
                 "SELECT w.id, w.state, w.attempts, w.intent, p.idempotency_key "
                 "FROM cantrip_work w LEFT JOIN cantrip_prompts p ON p.work_id = w.id "
-                f"WHERE w.entity_id = %s AND w.{_OPEN} ORDER BY w.id",
+                f"WHERE w.entity_id = %s AND w.{OPEN} ORDER BY w.id",
                 (entity_id,),
             ).fetchall()
             wanted = work_id_for(prompt_id) if prompt_id is not None else None
