@@ -22,6 +22,7 @@ from cantrip.distributed._queue import _CLAIM_AND_LEASE
 from cantrip.loom import EntityRecord, Loom, Turn
 from cantrip.loom._postgres import PostgresStore
 from cantrip.protocols.sessions._rows import _LAST_POS, _TURNS_AFTER, POS_OF
+from cantrip.protocols.sessions._summaries import _SUMMARIES
 
 ENTITIES, TURNS = 200, 40
 
@@ -95,6 +96,7 @@ def test_every_read_of_an_entitys_turns_uses_the_sequence_index(
             "turns_after": _plan(conn, _TURNS_AFTER, {"e": "entity-3", "p": 4000}),
             "last_pos": _plan(conn, _LAST_POS, ("entity-3",)),
             "pos_of": _plan(conn, POS_OF, ("entity-3", 5)),
+            "session_summaries": _plan(conn, _SUMMARIES, None),
             "claim": _plan(
                 conn,
                 _CLAIM_AND_LEASE,

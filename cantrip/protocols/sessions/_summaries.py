@@ -64,14 +64,14 @@ SELECT e.data,
 FROM cantrip_entities e
 LEFT JOIN LATERAL (
     SELECT {TURN_ROW} FROM cantrip_turns t WHERE {_TURN} AND strpos(t.data, '"intent":') > 0
-    ORDER BY t.pos LIMIT 1
+    ORDER BY t.sequence LIMIT 1
 ) f ON true
 LEFT JOIN LATERAL (
-    SELECT {TURN_ROW} FROM cantrip_turns t WHERE {_TURN} ORDER BY t.pos DESC LIMIT 1
+    SELECT {TURN_ROW} FROM cantrip_turns t WHERE {_TURN} ORDER BY t.sequence DESC LIMIT 1
 ) l ON true
 LEFT JOIN LATERAL (
     SELECT {TURN_ROW} FROM cantrip_turns t WHERE {_TURN} AND strpos(t.data, '"{CWD_TAG}":') > 0
-    ORDER BY t.pos DESC LIMIT 1
+    ORDER BY t.sequence DESC LIMIT 1
 ) c ON true
 WHERE e.parent_entity_id IS NULL
 ORDER BY e.pos
