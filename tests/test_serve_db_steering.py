@@ -92,7 +92,9 @@ async def _in_background(
 
 async def _replace_worker_once(stack: Stack, entity: str, turn_where: str) -> None:
     """Once a turn of ``entity`` matching ``turn_where`` is recorded, SIGKILL the one
-    running worker and start another (which takes the cast over)."""
+    running worker and start another (which takes the cast over). The new one holds 10 s
+    leases: the tests count the kill as the cast's one crash, and on a loaded machine a
+    live worker's 1 s lease can run out (a second crash, by design)."""
     with trio.fail_after(60):
         while not await stack.query(
             f"SELECT 1 FROM cantrip_turns WHERE entity_id = %s AND {turn_where}", entity
@@ -101,7 +103,7 @@ async def _replace_worker_once(stack: Stack, entity: str, turn_where: str) -> No
     (victim,) = [w for w in stack.workers if w.poll() is None]
     victim.kill()
     await trio.to_thread.run_sync(victim.wait)
-    await trio.to_thread.run_sync(stack.start_worker)
+    await trio.to_thread.run_sync(stack.start_worker, "--lease", "10")
 
 
 def _steered(thread: list[dict[str, Any]]) -> list[str]:
