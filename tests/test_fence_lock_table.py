@@ -15,11 +15,13 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+import trio
 from pg_cluster import fresh_database, postgres_cluster
 
 from cantrip.distributed._queue import WorkQueue
 from cantrip.distributed._renewal import FENCE_CHUNK, heartbeat_on
 from cantrip.distributed._work import Claim
+from cantrip.loom import EntityRecord, Loom, Turn
 from cantrip.loom._postgres import PostgresStore
 
 LEASES = 2000
@@ -99,3 +101,47 @@ def test_a_reclaim_of_more_leases_than_the_lock_table_holds_expires_them_all(
     assert queue.reclaim("worker-1") == LEASES  # before: out of shared memory
     resumed = _held(queue, "worker-1")  # taken back at once, at a new epoch
     assert {(c.resumed, c.fence.epoch, c.attempt) for c in resumed} == {(True, 2, 1)}
+
+
+def _fenced_turns(loom: Loom, claims: list[Claim]) -> None:
+    """A first turn of each claimed entity, queued under its claim's fence."""
+    for claim in claims:
+        loom.hold(claim.entity_id, claim.fence)
+        loom.register_entity(EntityRecord(entity_id=claim.entity_id, cantrip_id="c"))
+        loom.append(
+            Turn(
+                id=f"turn-{claim.entity_id}", parent_id=None, entity_id=claim.entity_id, sequence=1
+            )
+        )
+
+
+def _turn_count(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM cantrip_turns").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("how", ["sync", "close"])
+def test_the_writes_of_more_entities_than_the_lock_table_holds_are_all_committed(
+    store: PostgresStore, how: str
+) -> None:
+    """The loom's group commit writes a batch in one transaction, one fence lock per
+    entity in it: a worker whose 2,000 casts all wrote at once (or a loom closed with
+    their writes queued) failed the commit -- "out of shared memory" -- with batches
+    unbounded. They go ``max_batch`` writes a transaction now (:data:`MAX_BATCH` on a
+    real server; here a size this small table holds)."""
+    claims = _held(_queue(store), "worker-1")
+    loom = Loom(PostgresStore(store.url, max_connections=2, max_batch=FENCE_CHUNK))
+    try:
+        _fenced_turns(loom, claims)
+        if how == "sync":
+            trio.run(loom.sync)
+    finally:
+        loom.close()
+    assert _turn_count(store.url) == LEASES
+
+
+def test_a_store_refuses_a_batch_bound_below_one(store: PostgresStore) -> None:
+    with pytest.raises(ValueError, match="max_batch must be at least 1, not 0"):
+        PostgresStore(store.url, max_batch=0)

@@ -58,7 +58,9 @@ class Loom(LoomReads):
             self.store if isinstance(self.store, IndexedStore) else None
         )
         self._deferred = bool(getattr(self.store, "deferred", False))
-        self._commits: GroupCommit[PendingOp] = GroupCommit(self._write_batch)
+        self._commits: GroupCommit[PendingOp] = GroupCommit(
+            self._write_batch, max_batch=getattr(self.store, "max_batch", None)
+        )
         """Deferred writes, written a batch at a time (:meth:`sync`)."""
         self._pending = self._commits.pending
         """The deferred writes not taken into a batch yet (a live view)."""
@@ -152,9 +154,12 @@ class Loom(LoomReads):
 
     def close(self) -> None:
         if self._pending:  # a deferred store: commit what is queued before closing
-            batch = self._commits.take_all()
-            for index, why in self.store.write_batch(batch):  # type: ignore[attr-defined]
-                self._refused(batch[index], why)
+            queued = self._commits.take_all()
+            size = self._commits.max_batch or len(queued)
+            for start in range(0, len(queued), size):  # in batches the store takes
+                batch = queued[start : start + size]
+                for index, why in self.store.write_batch(batch):  # type: ignore[attr-defined]
+                    self._refused(batch[index], why)
         self.store.close()
 
     # -- writing -------------------------------------------------------------

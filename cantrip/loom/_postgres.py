@@ -43,6 +43,15 @@ from cantrip.loom._postgres_writes import (
     statement,
 )
 
+MAX_BATCH = 1024
+"""The most deferred writes the loom's group commit puts in one transaction here. Each
+write's fence is checked under its entity's advisory lock, held to the commit, and
+every such lock is an entry of the server's shared lock table
+(``max_locks_per_transaction`` x connections, 6,400 by default, for all sessions): a
+batch as big as a worker's concurrency would make the lock table the limit of how many
+casts a server can run (a worker of 2,000 casts failed its commits on a small table).
+Batches rarely reach this under load (what arrives during one commit)."""
+
 
 class PostgresStore(IndexedQueries):
     """A loom store on PostgreSQL (psycopg 3 + a connection pool)."""
@@ -52,11 +61,22 @@ class PostgresStore(IndexedQueries):
 
     _sql = query_sql("cantrip_", "%s", "sequence")
 
-    def __init__(self, url: str, *, max_connections: int = 8, create: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_connections: int = 8,
+        create: bool = True,
+        max_batch: int = MAX_BATCH,
+    ) -> None:
         """``create=False``: a database with no cantrip loom in it is a :class:`LoomError`
         instead of getting cantrip's tables -- for commands that read or edit a loom
         (``cantrip loom URL ...``), where a mistyped database name must not leave
-        tables behind in somebody else's database."""
+        tables behind in somebody else's database. ``max_batch``: see :data:`MAX_BATCH`."""
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, not {max_batch}")
+        self.max_batch = max_batch
+        """The most writes one :meth:`write_batch` gets from the loom (:data:`MAX_BATCH`)."""
         self.url = url
         self.path = None
         """Not a file (front ends that print a loom path print :meth:`__str__`)."""
