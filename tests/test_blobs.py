@@ -320,3 +320,22 @@ def test_references_written_before_the_kind_was_in_the_key_still_read(tmp_path: 
         timeout=60,
     )
     assert orjson.loads(checked.stdout)["intact"] is True, checked.stdout
+
+
+async def test_a_db_session_tails_its_turns_with_their_big_values(pg_url: str) -> None:
+    """``serve --db`` tells a session's turns to its followers from the loom
+    (``DbSessions.turns_after``): a big value stored apart is told whole, as every other
+    reader gets it -- before, its followers got the reference that stands in its place."""
+    from cantrip.loom._postgres import PostgresStore
+    from cantrip.protocols.sessions._rows import DbSessions
+
+    loom = Loom.open(pg_url)
+    result = await reader(loom, 2).cast_async("pg tail")
+    loom.close()
+    store = PostgresStore(pg_url, max_connections=2)
+    try:
+        told = DbSessions(store).turns_after(result.entity_id, 0)
+    finally:
+        store.close()
+    calls = [c for _, turn in told for c in turn.gate_calls if c.gate == "read_big"]
+    assert len(calls) == 2 and all(c.result == BIG for c in calls)

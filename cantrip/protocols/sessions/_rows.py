@@ -62,9 +62,8 @@ from cantrip.distributed._work import (
     messages_on,
     steer_on,
 )
-from cantrip.loom._codec import decode_record
 from cantrip.loom._indexed import TURN_ROW
-from cantrip.loom._model import Turn, new_entity_id, with_columns
+from cantrip.loom._model import Turn, new_entity_id
 from cantrip.loom._postgres import PostgresStore
 from cantrip.loom._postgres_schema import LAST_POS, TURNS_AFTER
 from cantrip.protocols.sessions import _steering as steering
@@ -389,10 +388,12 @@ class DbSessions:
         return cast, undelivered
 
     def turns_after(self, entity_id: str, pos: int) -> list[tuple[int, Turn]]:
-        """The entity's turns recorded after loom position ``pos`` (tailing the loom)."""
+        """The entity's turns recorded after loom position ``pos`` (tailing the loom),
+        read as every reader of the loom reads them: a big value stored apart is read
+        back whole (the store's decoder), never told as the reference in its place."""
         with self.store.pool.connection() as conn:
             rows = conn.execute(_TURNS_AFTER, {"e": entity_id, "p": pos}).fetchall()
-        return [(int(r[0]), Turn.from_dict(with_columns(decode_record(r[1]), r[1:]))) for r in rows]
+        return [(int(r[0]), self.store._read_turn(r[1:])) for r in rows]
 
     def last_pos(self, entity_id: str) -> int:
         with self.store.pool.connection() as conn:
