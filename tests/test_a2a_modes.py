@@ -57,6 +57,15 @@ def serve_in_process(stack: Stack, spec: Path) -> str:
         time.sleep(0.1)
 
 
+def process_and_replica(stack: Stack) -> dict[str, str]:
+    """Each serve mode's server over the stack's spec: ``cantrip serve`` in process on an
+    SQLite loom beside the stack's files, and the stack's first replica."""
+    spec = stack.spec.with_name("sqlite.toml")
+    loom = stack.spec.with_name("loom.db")
+    spec.write_text(stack.spec.read_text() + f'\n[loom]\npath = "{loom}"\n')
+    return {"process": serve_in_process(stack, spec), "db": stack.replicas[0]}
+
+
 @pytest.fixture(scope="module")
 def stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     url = fresh_database(pg_server, "a2a_modes")

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import trio
 from pg_cluster import fresh_database
-from test_a2a_modes import serve_in_process
+from test_a2a_modes import process_and_replica, serve_in_process
 from test_serve_db import Stack, open_stack
 
 from cantrip.protocols.asgi._openapi import openapi_document
@@ -31,10 +31,7 @@ def stack(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 @pytest.fixture(scope="module")
 def servers(stack: Stack) -> dict[str, str]:
     """Each mode's server: in process on an SQLite loom, and the replica."""
-    spec = stack.spec.with_name("sqlite.toml")
-    loom = stack.spec.with_name("loom.db")
-    spec.write_text(stack.spec.read_text() + f'\n[loom]\npath = "{loom}"\n')
-    return {"process": serve_in_process(stack, spec), "db": stack.replicas[0]}
+    return process_and_replica(stack)
 
 
 @pytest.mark.loop_watch

@@ -12,11 +12,10 @@ not five. A real PostgreSQL (tests/conftest.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 import pytest
 import trio
+from test_work_row_wal import CLAIM_PARAMS, _plan
 
 from cantrip.distributed._queue import _CLAIM_AND_LEASE
 from cantrip.loom import EntityRecord, Loom, Turn
@@ -78,11 +77,6 @@ def test_an_entitys_reads_give_its_turns_in_position_order(
             ], pos
 
 
-def _plan(conn: psycopg.Connection[Any], sql: str, params: Any) -> str:
-    rows = conn.execute("EXPLAIN " + sql, params).fetchall()
-    return "\n".join(str(row[0]) for row in rows)
-
-
 def test_every_read_of_an_entitys_turns_uses_the_sequence_index(
     pg_url: str, store: PostgresStore
 ) -> None:
@@ -97,20 +91,7 @@ def test_every_read_of_an_entitys_turns_uses_the_sequence_index(
             "last_pos": _plan(conn, _LAST_POS, ("entity-3",)),
             "pos_of": _plan(conn, POS_OF, ("entity-3", 5)),
             "session_summaries": _plan(conn, _SUMMARIES, None),
-            "claim": _plan(
-                conn,
-                _CLAIM_AND_LEASE,
-                {
-                    "owner": "w",
-                    "lease": 30,
-                    "limit": 10,
-                    "busy": [],
-                    "max_attempts": 3,
-                    "idle": True,
-                    "one_slot": False,
-                    "alone": [],
-                },
-            ),
+            "claim": _plan(conn, _CLAIM_AND_LEASE, CLAIM_PARAMS),
         }
     for name, plan in plans.items():
         assert "Seq Scan on cantrip_turns" not in plan, (name, plan)

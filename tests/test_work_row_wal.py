@@ -101,6 +101,19 @@ def test_the_claim_and_its_finish_release_the_lease_in_place(
     assert [r for r in records if r[1] != "cantrip_leases"] == []  # no index entry
 
 
+CLAIM_PARAMS = {
+    "owner": "w",
+    "lease": 30,
+    "limit": 10,
+    "busy": [],
+    "max_attempts": 3,
+    "idle": True,
+    "one_slot": False,
+    "alone": [],
+}
+"""A claim's parameters, for EXPLAIN of :data:`_CLAIM_AND_LEASE`."""
+
+
 def _plan(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> str:
     rows = conn.execute("EXPLAIN " + sql, params).fetchall()
     return "\n".join(str(row[0]) for row in rows)
@@ -120,20 +133,7 @@ def test_the_queries_of_open_work_use_an_index(pg_url: str, store: PostgresStore
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("ANALYZE cantrip_work")
         conn.execute("SET plan_cache_mode = force_custom_plan")
-        claim = _plan(
-            conn,
-            _CLAIM_AND_LEASE,
-            {
-                "owner": "w",
-                "lease": 30,
-                "limit": 10,
-                "busy": [],
-                "max_attempts": 3,
-                "idle": True,
-                "one_slot": False,
-                "alone": [],
-            },
-        )
+        claim = _plan(conn, _CLAIM_AND_LEASE, CLAIM_PARAMS)
         everyone = _plan(conn, _OPEN_WORK)
         one = _plan(
             conn,
