@@ -7,7 +7,7 @@ bounded number of database connections."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import distributed_workload
@@ -41,23 +41,36 @@ def db(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return pg_url
 
 
-async def _run_casts(db: str) -> None:
+async def _run_casts(
+    db: str,
+    casts: int = CASTS,
+    *,
+    meanwhile: Callable[[Worker], Awaitable[None]] | None = None,
+    at_end: Callable[[Worker], None] | None = None,
+) -> Worker:
+    """Run ``casts`` workload casts on one worker, each to ``done``: ``meanwhile`` runs once
+    they are queued, ``at_end`` once all are done, before the worker stops."""
     dispatcher = await trio.to_thread.run_sync(Dispatcher, db)
     try:
         async with trio.open_nursery() as nursery:
-            worker = Worker(db, concurrency=CASTS, poll_s=0.05)
+            worker = Worker(db, concurrency=casts, poll_s=0.05)
             await nursery.start(worker.run)
             queued = await trio.to_thread.run_sync(
-                lambda: dispatcher.submit_many(WORKLOAD, [f"job-{i}" for i in range(CASTS)])
+                lambda: dispatcher.submit_many(WORKLOAD, [f"job-{i}" for i in range(casts)])
             )
+            if meanwhile is not None:
+                await meanwhile(worker)
             for work, _ in queued:
                 state, _ = await trio.to_thread.run_sync(
-                    lambda w=work: dispatcher.wait(w, timeout=60)
+                    lambda w=work: dispatcher.wait(w, timeout=120)
                 )
                 assert state == "done"
+            if at_end is not None:
+                at_end(worker)
             nursery.cancel_scope.cancel()
     finally:
         dispatcher.close()
+    return worker
 
 
 async def test_a_gate_result_is_encoded_only_when_it_is_written(
@@ -103,23 +116,12 @@ async def test_a_busy_worker_opens_a_bounded_number_of_connections(db: str) -> N
     # they ask for -- before, up to half the concurrency (100 connections and as many
     # threads, each costing both processes CPU); now at most DB_CONNECTIONS
     casts = 200
-    dispatcher = await trio.to_thread.run_sync(Dispatcher, db)
-    try:
-        async with trio.open_nursery() as nursery:
-            worker = Worker(db, concurrency=casts, poll_s=0.05)
-            await nursery.start(worker.run)
-            queued = await trio.to_thread.run_sync(
-                lambda: dispatcher.submit_many(WORKLOAD, [f"job-{i}" for i in range(casts)])
-            )
-            for work, _ in queued:
-                state, _ = await trio.to_thread.run_sync(
-                    lambda w=work: dispatcher.wait(w, timeout=120)
-                )
-                assert state == "done"
-            stats = worker.loom.store.pool.get_stats()  # type: ignore[attr-defined]
-            nursery.cancel_scope.cancel()
-    finally:
-        dispatcher.close()
+    stats: dict[str, int] = {}
+
+    def pool_stats(worker: Worker) -> None:
+        stats.update(worker.loom.store.pool.get_stats())  # type: ignore[attr-defined]
+
+    worker = await _run_casts(db, casts, at_end=pool_stats)
     assert worker.completed == casts
     assert stats["connections_num"] <= DB_CONNECTIONS, stats
     assert stats["pool_max"] == DB_CONNECTIONS
@@ -182,27 +184,17 @@ async def _casts_ending_together(
         return finish_many(self, ended)
 
     monkeypatch.setattr(WorkQueue, "finish_many", held)
-    dispatcher = await trio.to_thread.run_sync(Dispatcher, db)
+
+    async def release_once_the_rest_wait(worker: Worker) -> None:
+        with trio.fail_after(60):
+            while len(worker._endings.pending) < CASTS - 1:
+                await trio.sleep(0.01)
+        release.set()
+
     try:
-        async with trio.open_nursery() as nursery:
-            worker = Worker(db, concurrency=CASTS, poll_s=0.05)
-            await nursery.start(worker.run)
-            queued = await trio.to_thread.run_sync(
-                lambda: dispatcher.submit_many(WORKLOAD, [f"job-{i}" for i in range(CASTS)])
-            )
-            with trio.fail_after(60):
-                while len(worker._endings.pending) < CASTS - 1:
-                    await trio.sleep(0.01)
-            release.set()
-            for work, _ in queued:
-                state, _ = await trio.to_thread.run_sync(
-                    lambda w=work: dispatcher.wait(w, timeout=60)
-                )
-                assert state == "done"
-            nursery.cancel_scope.cancel()
+        worker = await _run_casts(db, meanwhile=release_once_the_rest_wait)
     finally:
         release.set()
-        dispatcher.close()
     return sizes, worker
 
 

@@ -31,6 +31,8 @@ from __future__ import annotations
 from math import inf
 from typing import Any
 
+import h11
+
 _installed = False
 
 
@@ -38,9 +40,7 @@ def answering(protocol: Any) -> bool:
     """Whether the connection's client has sent its request whole and the app is answering
     it (so the client owes nothing): on HTTP/1.1, h11's client side is ``DONE`` and its
     server side is sending; on HTTP/2, a stream is open. ``protocol``: hypercorn's
-    ``ProtocolWrapper``."""
-    import h11
-
+    ``ProtocolWrapper``. Asked before each read of the connection."""
     inner = getattr(protocol, "protocol", None)
     streams = getattr(inner, "streams", None)
     if isinstance(streams, dict):  # HTTP/2
